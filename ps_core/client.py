@@ -1,0 +1,357 @@
+"""The parameter-server client: ``await pull(table, keys)``, ``await push(table, keys, grads)``.
+
+`PSClient` routes each key with `shard_of`, sends one request per shard
+concurrently, and reassembles the answers in the caller's order. It talks to
+shards through a `ShardTransport`: `HttpTransport` (binary frames over aiohttp
+keep-alive, retried with backoff up to a deadline on connection errors, then
+`ShardUnavailableError` naming the shard) or `LocalTransport` (a `Shard` object
+in this process, no encoding: for the demo and tests). Both behave the same.
+
+Every push carries a request id; a shard acknowledges a retried id without
+applying it twice, so retrying after a lost ack is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+from types import TracebackType
+from typing import Any, Protocol, Sequence
+
+import aiohttp
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from . import codec
+from .errors import PSError, ShardUnavailableError, error_from_body
+from .hashing import U64, shard_of
+from .server import FRAME_CONTENT_TYPE
+from .shard import Shard
+from .table import F32, TableConfig
+
+__all__ = ["PSClient", "ShardTransport", "HttpTransport", "LocalTransport", "RetryPolicy"]
+
+
+class ShardTransport(Protocol):
+    """How a client reaches one shard."""
+
+    shard_id: int
+
+    async def pull(self, table: str, keys: U64) -> F32: ...
+
+    async def push(
+        self,
+        table: str,
+        keys: U64,
+        grads: F32,
+        counts: F32 | None,
+        event_time: float,
+        request_id: int,
+    ) -> int: ...
+
+    async def declare(self, config: TableConfig) -> bool: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+class LocalTransport:
+    """A shard in this process: handlers called directly, no copies or frames."""
+
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+        self.shard_id = shard.spec.shard_id
+
+    async def pull(self, table: str, keys: U64) -> F32:
+        return self.shard.handle_pull(table, keys)[0]
+
+    async def push(
+        self,
+        table: str,
+        keys: U64,
+        grads: F32,
+        counts: F32 | None,
+        event_time: float,
+        request_id: int,
+    ) -> int:
+        return self.shard.handle_push(
+            table, keys, grads, counts=counts, event_time=event_time, request_id=request_id
+        )[0]
+
+    async def declare(self, config: TableConfig) -> bool:
+        return self.shard.declare(config)
+
+    async def stats(self) -> dict[str, Any]:
+        return self.shard.stats()
+
+    async def close(self) -> None:
+        return None
+
+
+class RetryPolicy:
+    """Backoff for connection errors: `first_delay_s` doubling to `max_delay_s`,
+    giving up `deadline_s` after the first attempt."""
+
+    def __init__(
+        self, deadline_s: float = 10.0, first_delay_s: float = 0.02, max_delay_s: float = 1.0
+    ) -> None:
+        self.deadline_s = deadline_s
+        self.first_delay_s = first_delay_s
+        self.max_delay_s = max_delay_s
+
+
+class HttpTransport:
+    """A shard server reached over HTTP/1.1 keep-alive with binary frames."""
+
+    def __init__(
+        self,
+        shard_id: int,
+        url: str,
+        session: aiohttp.ClientSession,
+        retry: RetryPolicy,
+    ) -> None:
+        self.shard_id = shard_id
+        self.url = url.rstrip("/")
+        self._session = session
+        self._retry = retry
+
+    async def _request(
+        self, method: str, path: str, body: bytes | None = None, content_type: str = ""
+    ) -> tuple[int, bytes]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._retry.deadline_s
+        delay = self._retry.first_delay_s
+        attempts = 0
+        while True:
+            attempts += 1
+            remaining = deadline - loop.time()
+            try:
+                async with self._session.request(
+                    method,
+                    self.url + path,
+                    data=body,
+                    headers={"Content-Type": content_type} if content_type else None,
+                    timeout=aiohttp.ClientTimeout(total=max(remaining, 0.05)),
+                ) as resp:
+                    payload = await resp.read()
+                    if resp.status < 400:
+                        return resp.status, payload
+                    if resp.status not in (502, 503, 504):
+                        raise error_from_body(resp.status, _json_or_text(payload))
+                    last: str = f"http {resp.status}"
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if loop.time() + delay >= deadline:
+                raise ShardUnavailableError(
+                    f"shard {self.shard_id} at {self.url} unreachable after {attempts} attempts "
+                    f"in {self._retry.deadline_s:.1f}s ({last})",
+                    shard_id=self.shard_id,
+                    url=self.url,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._retry.max_delay_s)
+
+    async def pull(self, table: str, keys: U64) -> F32:
+        _, reply = await self._request(
+            "POST", "/v1/pull", codec.encode_pull(table, keys), FRAME_CONTENT_TYPE
+        )
+        frame = codec.decode(reply, codec.Op.WEIGHTS)
+        assert frame.values is not None
+        return frame.values
+
+    async def push(
+        self,
+        table: str,
+        keys: U64,
+        grads: F32,
+        counts: F32 | None,
+        event_time: float,
+        request_id: int,
+    ) -> int:
+        body = codec.encode_push(
+            table, keys, grads, counts=counts, event_time=event_time, request_id=request_id
+        )
+        _, reply = await self._request("POST", "/v1/push", body, FRAME_CONTENT_TYPE)
+        return codec.decode(reply, codec.Op.ACK).count
+
+    async def declare(self, config: TableConfig) -> bool:
+        status, _ = await self._request(
+            "POST", "/v1/tables", orjson.dumps(config.to_dict()), "application/json"
+        )
+        return status == 201
+
+    async def stats(self) -> dict[str, Any]:
+        _, reply = await self._request("GET", "/v1/stats")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
+
+    async def close(self) -> None:
+        return None
+
+
+def _json_or_text(payload: bytes) -> object:
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return payload[:200].decode("utf-8", "replace")
+
+
+class PSClient:
+    """Pull and push whole key batches across all shards.
+
+    Use ``async with PSClient.connect(urls) as client`` for shard servers or
+    ``PSClient.local(shards)`` for shards in this process.
+    """
+
+    def __init__(
+        self,
+        transports: Sequence[ShardTransport],
+        *,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        if not transports:
+            raise ValueError("a client needs at least one shard")
+        ids = [t.shard_id for t in transports]
+        if ids != list(range(len(ids))):
+            raise ValueError(f"transports must be shards 0..{len(ids) - 1} in order, got {ids}")
+        self.transports = list(transports)
+        self.num_shards = len(transports)
+        self._session = session
+        # A random base keeps request ids of different clients apart.
+        self._request_ids = itertools.count(secrets.randbits(62) + 1)
+
+    @classmethod
+    def connect(
+        cls,
+        urls: Sequence[str],
+        *,
+        retry: RetryPolicy | None = None,
+        connections_per_shard: int = 16,
+    ) -> PSClient:
+        """A client for shard servers at `urls` (shard i at urls[i]).
+
+        Must be called with an event loop running (it opens a connection pool).
+        """
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit_per_host=connections_per_shard, limit=0),
+            skip_auto_headers=("User-Agent",),
+        )
+        policy = retry or RetryPolicy()
+        transports = [HttpTransport(i, u, session, policy) for i, u in enumerate(urls)]
+        return cls(transports, session=session)
+
+    @classmethod
+    def local(cls, shards: Sequence[Shard]) -> PSClient:
+        """A client over shards in this process."""
+        return cls([LocalTransport(s) for s in shards])
+
+    async def __aenter__(self) -> PSClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close connections; safe to call more than once."""
+        for t in self.transports:
+            await t.close()
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+    # -- routing -------------------------------------------------------------
+    def _split(self, keys: U64) -> tuple[npt.NDArray[np.intp] | None, list[slice]]:
+        """Order that groups keys by shard, and each shard's slice of it."""
+        if self.num_shards == 1:
+            return None, [slice(0, keys.size)]
+        sid = shard_of(keys, self.num_shards)
+        order = np.argsort(sid, kind="stable")
+        bounds = np.concatenate(([0], np.cumsum(np.bincount(sid, minlength=self.num_shards))))
+        return order, [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(self.num_shards)]
+
+    async def pull(self, table: str, keys: npt.ArrayLike) -> F32:
+        """Weights (n, dim) of `keys`, in their order."""
+        k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+        order, parts = self._split(k)
+        sk = k if order is None else k[order]
+        # An empty batch still asks shard 0, which answers with the table's dim.
+        jobs = [
+            (i, p) for i, p in enumerate(parts) if p.stop > p.start or (i == 0 and k.size == 0)
+        ]
+        results = await _fan_out([self.transports[i].pull(table, sk[p]) for i, p in jobs])
+        got = results[0] if len(results) == 1 else np.concatenate(results)
+        if order is None:
+            # A reply frame is a read-only view of the received bytes.
+            return got if got.flags.writeable else got.copy()
+        out = np.empty_like(got)
+        out[order] = got
+        return out
+
+    async def push(
+        self,
+        table: str,
+        keys: npt.ArrayLike,
+        grads: npt.ArrayLike,
+        *,
+        counts: npt.ArrayLike | None = None,
+        event_time: float = 0.0,
+    ) -> int:
+        """Apply gradients (n, dim) of `keys`; returns distinct keys applied.
+
+        `counts` (n, 2) adds shows and clicks; `event_time` sets ``last_seen``.
+        Returns when every shard involved has acknowledged.
+        """
+        k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+        g = np.asarray(grads, dtype=np.float32)
+        if g.ndim == 1:
+            g = g.reshape(-1, 1)
+        c = None if counts is None else np.asarray(counts, dtype=np.float32).reshape(-1, 2)
+        if g.shape[0] != k.size or (c is not None and c.shape[0] != k.size):
+            raise ValueError(f"{k.size} keys but {g.shape[0]} gradient rows")
+        if k.size == 0:
+            return 0
+        rid = next(self._request_ids)
+        order, parts = self._split(k)
+        if order is not None:
+            k, g = k[order], g[order]
+            c = None if c is None else c[order]
+        coros = [
+            self.transports[i].push(
+                table, k[p], g[p], None if c is None else c[p], event_time, rid
+            )
+            for i, p in enumerate(parts)
+            if p.stop > p.start
+        ]
+        return sum(await _fan_out(coros))
+
+    async def declare(self, config: TableConfig) -> bool:
+        """Declare a table on every shard; True if any shard created it."""
+        return any(await _fan_out([t.declare(config) for t in self.transports]))
+
+    async def stats(self) -> list[dict[str, Any]]:
+        """Each shard's stats, in shard order."""
+        return await _fan_out([t.stats() for t in self.transports])
+
+
+async def _fan_out(coros: Sequence[Any]) -> list[Any]:
+    """Run coroutines concurrently; on the first failure cancel the rest and
+    raise that failure itself (not an ExceptionGroup)."""
+    if len(coros) == 1:
+        return [await coros[0]]
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(c) for c in coros]
+    except BaseExceptionGroup as group:
+        first = group.exceptions[0]
+        for exc in group.exceptions:
+            if isinstance(exc, PSError):
+                raise exc from None
+        raise first from None
+    return [t.result() for t in tasks]

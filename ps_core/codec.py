@@ -1,0 +1,253 @@
+"""The binary frame of the shard RPC (format version 1).
+
+Bulk keys and values never travel as JSON. A frame is a fixed 48-byte header,
+the table name, zero padding to a multiple of 8 bytes, then raw little-endian
+arrays::
+
+    offset size  field
+    0      4     magic b"CTPS"
+    4      1     format version (1)
+    5      1     op: 1 pull request, 2 push request, 3 weights reply, 4 push ack
+    6      2     flags: bit 0 = a counts array follows the values
+    8      4     count n: keys in a request, rows in a weights reply,
+                 distinct keys applied in a push ack
+    12     4     dim: values per key (0 in a pull request and a push ack)
+    16     8     event_time, float64 seconds (push; 0 = the shard's clock)
+    24     8     version, uint64: the table's open export version (replies)
+    32     8     request_id, uint64: a push's id for retry dedup (0 = none)
+    40     2     name length L (bytes of UTF-8)
+    42     6     reserved, zero
+    48     L     table name, then zero padding to the next multiple of 8
+    ...    8n    keys, uint64            (pull and push requests)
+    ...    4n·d  values, float32 (n, d)  (push request, weights reply)
+    ...    8n    counts, float32 (n, 2)  (push request with flag bit 0: shows, clicks)
+
+A reader checks magic, version, op, and that the length is exactly what the
+header implies; any mismatch is a `FrameError` and nothing is applied. Arrays
+are read zero-copy with ``np.frombuffer`` (aligned, since every section starts
+at a multiple of 8).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import FrameError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "Op",
+    "Frame",
+    "encode",
+    "decode",
+    "encode_pull",
+    "encode_push",
+    "encode_weights",
+    "encode_ack",
+    "FLAG_COUNTS",
+    "MAX_NAME",
+]
+
+MAGIC = b"CTPS"
+FORMAT_VERSION = 1
+FLAG_COUNTS = 1
+MAX_NAME = 255
+_HEADER = struct.Struct("<4sBBHIIdQQH6x")
+HEADER_SIZE = _HEADER.size  # 48
+
+
+class Op:
+    """Frame operations."""
+
+    PULL = 1
+    PUSH = 2
+    WEIGHTS = 3
+    ACK = 4
+
+
+_OPS = {Op.PULL, Op.PUSH, Op.WEIGHTS, Op.ACK}
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A decoded frame; arrays are read-only views of the received bytes."""
+
+    op: int
+    """One of `Op`."""
+    table: str
+    """Table name."""
+    count: int
+    """n: keys, rows or applied keys (see the module docstring)."""
+    dim: int
+    """Values per key (0 when there are none)."""
+    keys: npt.NDArray[np.uint64] | None
+    """(n,) uint64 keys of a request, else None."""
+    values: npt.NDArray[np.float32] | None
+    """(n, dim) float32 values of a push or a weights reply, else None."""
+    counts: npt.NDArray[np.float32] | None = None
+    """(n, 2) float32 shows and clicks of a push, if sent."""
+    event_time: float = 0.0
+    """Event time of a push (seconds), 0 when unset."""
+    version: int = 0
+    """The table's open export version, in replies."""
+    request_id: int = 0
+    """A push's id for retry dedup; 0 when none."""
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def encode(
+    op: int,
+    table: str,
+    *,
+    keys: npt.NDArray[np.uint64] | None = None,
+    values: npt.NDArray[np.float32] | None = None,
+    counts: npt.NDArray[np.float32] | None = None,
+    count: int | None = None,
+    event_time: float = 0.0,
+    version: int = 0,
+    request_id: int = 0,
+) -> bytes:
+    """Encode one frame; arrays are converted to little-endian as needed."""
+    name = table.encode("utf-8")
+    if len(name) > MAX_NAME:
+        raise FrameError(f"table name longer than {MAX_NAME} bytes")
+    n = count
+    parts: list[bytes] = []
+    if keys is not None:
+        k = np.ascontiguousarray(keys, dtype="<u8").reshape(-1)
+        n = k.size if n is None else n
+        parts.append(k.tobytes())
+    dim = 0
+    if values is not None:
+        v = np.ascontiguousarray(values, dtype="<f4")
+        if v.ndim == 1:
+            v = v.reshape(-1, 1)
+        dim = int(v.shape[1])
+        n = int(v.shape[0]) if n is None else n
+        parts.append(v.tobytes())
+    flags = 0
+    if counts is not None:
+        c = np.ascontiguousarray(counts, dtype="<f4").reshape(-1, 2)
+        flags |= FLAG_COUNTS
+        parts.append(c.tobytes())
+    header = _HEADER.pack(
+        MAGIC, FORMAT_VERSION, op, flags, n or 0, dim, event_time, version, request_id, len(name)
+    )
+    pad = b"\0" * (_pad8(len(name)) - len(name))
+    return b"".join([header, name, pad, *parts])
+
+
+def encode_pull(table: str, keys: npt.NDArray[np.uint64]) -> bytes:
+    """A pull request: the keys whose weights are wanted."""
+    return encode(Op.PULL, table, keys=keys)
+
+
+def encode_push(
+    table: str,
+    keys: npt.NDArray[np.uint64],
+    grads: npt.NDArray[np.float32],
+    *,
+    counts: npt.NDArray[np.float32] | None = None,
+    event_time: float = 0.0,
+    request_id: int = 0,
+) -> bytes:
+    """A push request: keys, gradients (n, dim) and optional shows/clicks."""
+    return encode(
+        Op.PUSH,
+        table,
+        keys=keys,
+        values=grads,
+        counts=counts,
+        event_time=event_time,
+        request_id=request_id,
+    )
+
+
+def encode_weights(table: str, weights: npt.NDArray[np.float32], version: int) -> bytes:
+    """A pull reply: weights (n, dim) in the order of the request's keys."""
+    return encode(Op.WEIGHTS, table, values=weights, version=version)
+
+
+def encode_ack(table: str, applied: int, version: int) -> bytes:
+    """A push reply: how many distinct keys were applied."""
+    return encode(Op.ACK, table, count=applied, version=version)
+
+
+def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) -> Frame:
+    """Decode and check one frame; raises `FrameError` on any inconsistency."""
+    mv = memoryview(buf)
+    if len(mv) < HEADER_SIZE:
+        raise FrameError(f"frame of {len(mv)} bytes is shorter than the {HEADER_SIZE}-byte header")
+    magic, ver, op, flags, n, dim, event_time, version, request_id, name_len = _HEADER.unpack_from(
+        mv, 0
+    )
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
+    if ver != FORMAT_VERSION:
+        raise FrameError(f"unsupported frame format version {ver} (this server speaks {FORMAT_VERSION})")
+    if op not in _OPS:
+        raise FrameError(f"unknown op {op}")
+    if expect_op is not None and op != expect_op:
+        raise FrameError(f"expected op {expect_op}, got {op}")
+    if flags & ~FLAG_COUNTS:
+        raise FrameError(f"unknown flags {flags:#x}")
+    if name_len == 0 or name_len > MAX_NAME:
+        raise FrameError(f"table name length {name_len} outside 1..{MAX_NAME}")
+    name_end = HEADER_SIZE + name_len
+    if len(mv) < name_end:
+        raise FrameError("frame truncated inside the table name")
+    try:
+        table = bytes(mv[HEADER_SIZE:name_end]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise FrameError("table name is not UTF-8") from None
+    has_keys = op in (Op.PULL, Op.PUSH)
+    has_values = op in (Op.PUSH, Op.WEIGHTS)
+    has_counts = bool(flags & FLAG_COUNTS)
+    if has_counts and op != Op.PUSH:
+        raise FrameError("only a push carries counts")
+    if has_values and dim == 0 and n > 0:
+        raise FrameError("a frame with values needs dim >= 1")
+    if not has_values and dim != 0:
+        raise FrameError(f"op {op} carries no values but dim is {dim}")
+    start = _pad8(name_end)
+    expected = start
+    if has_keys:
+        expected += 8 * n
+    if has_values:
+        expected += 4 * n * dim
+    if has_counts:
+        expected += 8 * n
+    if len(mv) != expected:
+        raise FrameError(
+            f"frame is {len(mv)} bytes but its header (n={n}, dim={dim}) implies {expected}"
+        )
+    pos = start
+    keys = values = counts = None
+    if has_keys:
+        keys = np.frombuffer(mv, dtype="<u8", count=n, offset=pos)
+        pos += 8 * n
+    if has_values:
+        values = np.frombuffer(mv, dtype="<f4", count=n * dim, offset=pos).reshape(n, dim)
+        pos += 4 * n * dim
+    if has_counts:
+        counts = np.frombuffer(mv, dtype="<f4", count=2 * n, offset=pos).reshape(n, 2)
+    return Frame(
+        op=op,
+        table=table,
+        count=n,
+        dim=dim,
+        keys=keys,
+        values=values,
+        counts=counts,
+        event_time=float(event_time),
+        version=int(version),
+        request_id=int(request_id),
+    )

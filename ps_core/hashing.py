@@ -1,0 +1,69 @@
+"""Stable 64-bit mixing of feature ids, and the sharding function.
+
+Everything here is a pure function of its input: the same in every process,
+Python version and machine (never Python's ``hash()``). Arrays are mixed in a
+handful of vectorised numpy operations (a few ns per id).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["mix64", "shard_of", "uniform_from_keys", "U64"]
+
+U64 = npt.NDArray[np.uint64]
+
+_C1 = np.uint64(0xFF51AFD7ED558CCD)
+_C2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S33 = np.uint64(33)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def mix64(keys: npt.ArrayLike, salt: int = 0) -> U64:
+    """MurmurHash3's 64-bit finaliser (fmix64) of ``keys ^ salt``.
+
+    A bijection on uint64 with full avalanche: every output bit depends on
+    every input bit, so any slice of its bits is a good hash. Different salts
+    give independent-looking hashes of the same keys (sharding and the
+    in-shard index use different salts, so keys of one shard do not crowd
+    together in its index).
+    """
+    h = np.asarray(keys, dtype=np.uint64)
+    if salt:
+        h = h ^ np.uint64(salt & 0xFFFFFFFFFFFFFFFF)
+    else:
+        h = h.copy()
+    h ^= h >> _S33
+    h *= _C1
+    h ^= h >> _S33
+    h *= _C2
+    h ^= h >> _S33
+    return h
+
+
+def shard_of(keys: npt.ArrayLike, num_shards: int) -> npt.NDArray[np.intp]:
+    """The shard that owns each key: ``mix64(key) % num_shards``.
+
+    The one routing function of the system: clients split batches with it,
+    shards check ownership with it, restores re-hash with it.
+    """
+    if num_shards < 1:
+        raise ValueError("num_shards must be >= 1")
+    if num_shards == 1:
+        return np.zeros(np.shape(keys), dtype=np.intp)
+    return (mix64(keys) % np.uint64(num_shards)).astype(np.intp)
+
+
+def uniform_from_keys(keys: U64, seed: int, width: int) -> npt.NDArray[np.float64]:
+    """Deterministic uniform [0, 1) numbers, `width` per key, from (key, seed, column).
+
+    The initial value of an embedding is a pure function of its key and the
+    table's seed, so every shard, restore and serving replica agrees on the
+    value of a feature it has never stored.
+    """
+    base = mix64(keys, salt=seed * 0x632BE59BD9B4E019 + 0x1D8E4E27C47D124F)
+    cols = np.arange(width, dtype=np.uint64) * _GOLDEN
+    h = mix64(base[:, None] ^ cols[None, :])
+    # The top 53 bits make an exact double in [0, 1).
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))

@@ -1,0 +1,188 @@
+"""Optimizers: tiny classes with hyperparameters in ``__init__`` and one
+vectorised `step`.
+
+A table row of width ``dim * optimizer.slots`` holds a weight vector and its
+optimizer state side by side, ``slots`` blocks of ``dim`` floats, so that one
+gather fetches everything an update needs:
+
+=========  ==========================  ====================================
+optimizer  row blocks                  weight
+=========  ==========================  ====================================
+SGD        ``[w]``                     ``w``
+AdaGrad    ``[w, G]`` (sum of g²)      ``w``
+FTRL       ``[z, n]`` (McMahan 2013)   derived from ``z, n`` on every read
+=========  ==========================  ====================================
+
+`step` updates gathered rows in place from the (duplicate-summed) gradients;
+`weights` reads the weight block; `rows_from_weights` builds the state a fresh
+row starts with so that its weight is a given initial value.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import TableConfigError
+
+__all__ = ["Optimizer", "SGD", "AdaGrad", "FTRL", "make_optimizer", "OPTIMIZERS"]
+
+F32 = npt.NDArray[np.float32]
+
+
+class Optimizer(ABC):
+    """One update rule. Subclasses set `name` and `slots` and take their
+    hyperparameters as keyword arguments (all floats)."""
+
+    name: ClassVar[str]
+    slots: ClassVar[int]
+
+    def params(self) -> dict[str, float]:
+        """Hyperparameters, as given to ``__init__``."""
+        return {k: float(v) for k, v in vars(self).items()}
+
+    def spec(self) -> dict[str, Any]:
+        """``{"name": ..., **params}``: enough to rebuild it with `make_optimizer`."""
+        return {"name": self.name, **self.params()}
+
+    @abstractmethod
+    def weights(self, rows: F32, dim: int) -> F32:
+        """The weights (n, dim) of rows (n, dim * slots)."""
+
+    @abstractmethod
+    def rows_from_weights(self, w: F32) -> F32:
+        """Fresh state rows whose weights are `w` (n, dim)."""
+
+    @abstractmethod
+    def step(self, rows: F32, grads: F32) -> None:
+        """Apply one update to `rows` (n, dim * slots) in place; grads (n, dim)."""
+
+
+class SGD(Optimizer):
+    """Plain stochastic gradient descent with optional L2: ``w -= lr (g + l2 w)``."""
+
+    name = "sgd"
+    slots = 1
+
+    def __init__(self, lr: float = 0.05, l2: float = 0.0) -> None:
+        if lr <= 0 or l2 < 0:
+            raise TableConfigError("sgd needs lr > 0 and l2 >= 0")
+        self.lr = lr
+        self.l2 = l2
+
+    def weights(self, rows: F32, dim: int) -> F32:
+        return rows[:, :dim]
+
+    def rows_from_weights(self, w: F32) -> F32:
+        return np.array(w, dtype=np.float32, copy=True)
+
+    def step(self, rows: F32, grads: F32) -> None:
+        if self.l2:
+            grads = grads + np.float32(self.l2) * rows
+        rows -= np.float32(self.lr) * grads
+
+
+class AdaGrad(Optimizer):
+    """AdaGrad (Duchi et al. 2011): ``G += g²; w -= lr g / (sqrt(G) + eps)``.
+
+    `initial_accumulator` starts G above zero, damping the first steps."""
+
+    name = "adagrad"
+    slots = 2
+
+    def __init__(
+        self, lr: float = 0.05, eps: float = 1e-8, initial_accumulator: float = 0.0
+    ) -> None:
+        if lr <= 0 or eps <= 0 or initial_accumulator < 0:
+            raise TableConfigError("adagrad needs lr > 0, eps > 0, initial_accumulator >= 0")
+        self.lr = lr
+        self.eps = eps
+        self.initial_accumulator = initial_accumulator
+
+    def weights(self, rows: F32, dim: int) -> F32:
+        return rows[:, :dim]
+
+    def rows_from_weights(self, w: F32) -> F32:
+        out = np.empty((w.shape[0], 2 * w.shape[1]), dtype=np.float32)
+        d = w.shape[1]
+        out[:, :d] = w
+        out[:, d:] = self.initial_accumulator
+        return out
+
+    def step(self, rows: F32, grads: F32) -> None:
+        d = grads.shape[1]
+        w, acc = rows[:, :d], rows[:, d:]
+        acc += grads * grads
+        w -= np.float32(self.lr) * grads / (np.sqrt(acc) + np.float32(self.eps))
+
+
+class FTRL(Optimizer):
+    """FTRL-Proximal, per coordinate (McMahan et al. 2013, Algorithm 1).
+
+    State ``z, n``; the weight is ``0`` where ``|z| <= l1``, else
+    ``-(z - sign(z) l1) / ((beta + sqrt(n)) / alpha + l2)``. Update with
+    gradient g: ``sigma = (sqrt(n + g²) - sqrt(n)) / alpha``,
+    ``z += g - sigma w``, ``n += g²``."""
+
+    name = "ftrl"
+    slots = 2
+
+    def __init__(
+        self, alpha: float = 0.05, beta: float = 1.0, l1: float = 1.0, l2: float = 1.0
+    ) -> None:
+        if alpha <= 0 or beta < 0 or l1 < 0 or l2 < 0:
+            raise TableConfigError("ftrl needs alpha > 0 and beta, l1, l2 >= 0")
+        self.alpha = alpha
+        self.beta = beta
+        self.l1 = l1
+        self.l2 = l2
+
+    def _w(self, z: F32, n: F32) -> F32:
+        a = np.float32(self.alpha)
+        denom = (np.float32(self.beta) + np.sqrt(n)) / a + np.float32(self.l2)
+        shrunk = np.abs(z) - np.float32(self.l1)
+        w = -np.sign(z) * np.maximum(shrunk, np.float32(0)) / denom
+        return w.astype(np.float32, copy=False)
+
+    def weights(self, rows: F32, dim: int) -> F32:
+        return self._w(rows[:, :dim], rows[:, dim:])
+
+    def rows_from_weights(self, w: F32) -> F32:
+        # With n = 0 the weight is -(z - sign(z) l1) / (beta/alpha + l2):
+        # solve for z so a fresh row reads back exactly its initial weight.
+        d = w.shape[1]
+        out = np.zeros((w.shape[0], 2 * d), dtype=np.float32)
+        denom = np.float32(self.beta / self.alpha + self.l2)
+        out[:, :d] = -w * denom - np.sign(w) * np.float32(self.l1)
+        return out
+
+    def step(self, rows: F32, grads: F32) -> None:
+        d = grads.shape[1]
+        z, n = rows[:, :d], rows[:, d:]
+        w = self._w(z, n)
+        n_new = n + grads * grads
+        sigma = (np.sqrt(n_new) - np.sqrt(n)) / np.float32(self.alpha)
+        z += grads - sigma * w
+        n[...] = n_new
+
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {c.name: c for c in (SGD, AdaGrad, FTRL)}
+
+
+def make_optimizer(spec: dict[str, Any]) -> Optimizer:
+    """Build an optimizer from ``{"name": ..., **hyperparameters}``."""
+    params = dict(spec)
+    name = params.pop("name", None)
+    cls = OPTIMIZERS.get(str(name))
+    if cls is None:
+        raise TableConfigError(
+            f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}"
+        )
+    try:
+        floats = {k: float(v) for k, v in params.items()}
+        return cls(**floats)
+    except (TypeError, ValueError) as exc:
+        raise TableConfigError(f"bad {name} hyperparameters {params}: {exc}") from None

@@ -1,0 +1,113 @@
+"""The shard's HTTP/1.1 server (aiohttp): routes decode, call the `Shard`
+handlers, encode. No logic lives here.
+
+Routes:
+
+- ``POST /v1/pull``, ``POST /v1/push``: binary frames (`ps_core.codec`),
+  ``Content-Type: application/x-ctrps-frame``;
+- ``POST /v1/tables``: declare a table (JSON `TableConfig`), 201 when created,
+  200 when an identical table exists, 409 when a different one does;
+  ``GET /v1/tables``: the declared tables;
+- ``GET /v1/stats``: features, bytes and call counts per table;
+- ``GET /healthz``: liveness.
+
+Errors are JSON ``{"error": code, "detail": reason}`` with the status of the
+`PSError` raised, mapped once in `error_middleware`.
+"""
+
+from __future__ import annotations
+
+from typing import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from . import codec
+from .errors import PSError, TableConfigError
+from .shard import Shard
+from .table import TableConfig
+
+__all__ = ["create_shard_app", "SHARD", "FRAME_CONTENT_TYPE", "DEFAULT_MAX_BODY"]
+
+SHARD = web.AppKey("shard", Shard)
+FRAME_CONTENT_TYPE = "application/x-ctrps-frame"
+DEFAULT_MAX_BODY = 512 * 1024 * 1024
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(body: object, status: int = 200) -> web.Response:
+    """A JSON response encoded with orjson."""
+    return web.Response(
+        body=orjson.dumps(body), status=status, content_type="application/json"
+    )
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Map typed errors to JSON error bodies; the one place that does."""
+    try:
+        return await handler(request)
+    except PSError as exc:
+        return json_response(exc.to_body(), status=exc.status)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return json_response({"error": "too_large", "detail": exc.text or "body too large"}, 413)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return json_response(
+                {"error": exc.reason.lower().replace(" ", "_"), "detail": exc.text or exc.reason},
+                exc.status,
+            )
+        raise
+
+
+async def _frame(request: web.Request, op: int) -> web.Response:
+    reply = request.app[SHARD].handle_frame(await request.read(), expect_op=op)
+    return web.Response(body=reply, content_type=FRAME_CONTENT_TYPE)
+
+
+async def pull(request: web.Request) -> web.Response:
+    return await _frame(request, codec.Op.PULL)
+
+
+async def push(request: web.Request) -> web.Response:
+    return await _frame(request, codec.Op.PUSH)
+
+
+async def declare_table(request: web.Request) -> web.Response:
+    try:
+        raw = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise TableConfigError(f"body is not JSON: {exc}") from None
+    created = request.app[SHARD].declare(TableConfig.from_dict(raw))
+    table = request.app[SHARD].table(str(raw["name"]))
+    return json_response(
+        {"created": created, "table": table.config.to_dict()}, status=201 if created else 200
+    )
+
+
+async def list_tables(request: web.Request) -> web.Response:
+    shard = request.app[SHARD]
+    return json_response({name: t.config.to_dict() for name, t in shard.tables.items()})
+
+
+async def stats(request: web.Request) -> web.Response:
+    return json_response(request.app[SHARD].stats())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    spec = request.app[SHARD].spec
+    return json_response({"status": "ok", "shard_id": spec.shard_id, "num_shards": spec.num_shards})
+
+
+def create_shard_app(shard: Shard, *, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
+    """The aiohttp application serving `shard`."""
+    app = web.Application(client_max_size=max_body, middlewares=[error_middleware])
+    app[SHARD] = shard
+    app.router.add_post("/v1/pull", pull)
+    app.router.add_post("/v1/push", push)
+    app.router.add_post("/v1/tables", declare_table)
+    app.router.add_get("/v1/tables", list_tables)
+    app.router.add_get("/v1/stats", stats)
+    app.router.add_get("/healthz", healthz)
+    return app
