@@ -224,11 +224,11 @@ class KeyIndex:
             if width == 1:
                 target = pos
                 cur = np.take(slots, pos)
-                has_free = cur < 0
+                has_free = np.asarray(cur < 0)
             else:
                 win = (pos[:, None] + _OFFSETS[:width]) & mask
                 free = np.take(slots, win) < 0
-                has_free = free.any(axis=1)
+                has_free = np.asarray(free.any(axis=1))
                 target = np.take_along_axis(win, free.argmax(axis=1)[:, None], axis=1)[:, 0]
                 cur = np.take(slots, target)
             tpos = target[has_free]

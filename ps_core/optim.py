@@ -144,8 +144,10 @@ class FTRL(Optimizer):
         a = np.float32(self.alpha)
         denom = (np.float32(self.beta) + np.sqrt(n)) / a + np.float32(self.l2)
         shrunk = np.abs(z) - np.float32(self.l1)
-        w = -np.sign(z) * np.maximum(shrunk, np.float32(0)) / denom
-        return w.astype(np.float32, copy=False)
+        w: F32 = (-np.sign(z) * np.maximum(shrunk, np.float32(0)) / denom).astype(
+            np.float32, copy=False
+        )
+        return w
 
     def weights(self, rows: F32, dim: int) -> F32:
         return self._w(rows[:, :dim], rows[:, dim:])

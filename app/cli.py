@@ -1,0 +1,102 @@
+"""The ``ctrps`` command line: one subcommand per role."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Sequence
+
+import uvloop
+
+from .logs import configure_logging
+from .settings import SettingsError, ShardSettings
+
+__all__ = ["main", "build_parser"]
+
+_SHARD_EXAMPLE = """\
+example:
+  ctrps shard --port 7100 --shard-id 0 --num-shards 2 \\
+      --table lr,optimizer=ftrl,alpha=0.05,beta=1,l1=1,l2=1
+  ctrps shard --port 7101 --shard-id 1 --num-shards 2   # tables declared by clients
+
+Every flag falls back to a CTRPS_* variable (CTRPS_SHARD_PORT, CTRPS_SHARD_ID,
+CTRPS_NUM_SHARDS, CTRPS_TABLES="lr,optimizer=ftrl;fm_v,dim=8,optimizer=adagrad", ...).
+"""
+
+_DEMO_EXAMPLE = """\
+example:
+  ctrps demo
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ctrps",
+        description="ctrps: an online-learning parameter server for sparse CTR models.",
+        epilog="example:\n  ctrps shard --help",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    shard = sub.add_parser(
+        "shard",
+        help="serve one shard of the sparse tables over HTTP",
+        description="Serve one shard of the sparse tables (binary pull/push RPC, stats, health).",
+        epilog=_SHARD_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    shard.add_argument("--host", help="listen address (default 127.0.0.1)")
+    shard.add_argument("--port", type=int, help="listen port; 0 picks a free one (default 7100)")
+    shard.add_argument("--shard-id", type=int, help="this shard's number (default 0)")
+    shard.add_argument("--num-shards", type=int, help="shards in the cluster (default 1)")
+    shard.add_argument(
+        "--table",
+        action="append",
+        metavar="SPEC",
+        help="declare a table: NAME[,dim=D][,optimizer=ftrl|adagrad|sgd][,init_scale=S]"
+        "[,seed=N][,HYPER=V...]; repeatable",
+    )
+    shard.add_argument("--max-body-mb", type=int, help="largest request body, MiB (default 512)")
+    shard.add_argument(
+        "--stats-interval", type=float, help="seconds between progress lines; 0 = off (default 60)"
+    )
+    shard.add_argument("--log-format", choices=("text", "json"), help="log line format")
+
+    sub.add_parser(
+        "demo",
+        help="one-command demo (arrives with the app)",
+        description="The one-command demo: embedded broker, producer, shards, worker and API.",
+        epilog=_DEMO_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ctrps`` console script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "shard":
+        try:
+            settings = ShardSettings.from_args(args)
+        except SettingsError as exc:
+            print(f"ctrps shard: {exc}", file=sys.stderr)
+            return 2
+        configure_logging(settings.log_format)
+        from .shard_role import run_shard
+
+        uvloop.run(run_shard(settings))
+        return 0
+    if args.command == "demo":
+        print(
+            "ctrps demo is not yet available: it needs the Kafka workers and the HTTP API, "
+            "which are still being built. Meanwhile: `ctrps shard --help`.",
+            file=sys.stderr,
+        )
+        return 3
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

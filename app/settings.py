@@ -1,0 +1,148 @@
+"""Settings: one frozen object per role, from CLI flags over ``CTRPS_*``
+environment variables over defaults, handed down explicitly.
+
+Nothing below `app` reads the environment; roles get everything from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ps_core.errors import TableConfigError
+from ps_core.table import TableConfig
+
+__all__ = ["ShardSettings", "parse_table_spec", "SettingsError"]
+
+
+class SettingsError(ValueError):
+    """A flag or environment variable has an unusable value."""
+
+
+def parse_table_spec(spec: str) -> TableConfig:
+    """``NAME[,dim=D][,optimizer=ftrl|adagrad|sgd][,init_scale=S][,seed=N][,HYPER=V...]``.
+
+    Any other ``key=value`` is a hyperparameter of the optimizer, e.g.
+    ``lr,optimizer=ftrl,alpha=0.05,l1=1`` or ``fm_v,dim=8,optimizer=adagrad,lr=0.05,init_scale=0.01``.
+    """
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts or "=" in parts[0]:
+        raise SettingsError(f"table spec {spec!r} must start with the table name")
+    name, fields = parts[0], parts[1:]
+    optimizer: dict[str, Any] = {"name": "ftrl"}
+    kwargs: dict[str, Any] = {}
+    for f in fields:
+        key, sep, value = f.partition("=")
+        if not sep:
+            raise SettingsError(f"table spec {spec!r}: {f!r} is not key=value")
+        try:
+            if key == "dim":
+                kwargs["dim"] = int(value)
+            elif key == "seed":
+                kwargs["seed"] = int(value)
+            elif key == "init_scale":
+                kwargs["init_scale"] = float(value)
+            elif key == "optimizer":
+                optimizer["name"] = value
+            else:
+                optimizer[key] = float(value)
+        except ValueError:
+            raise SettingsError(f"table spec {spec!r}: {key}={value!r} is not a number") from None
+    try:
+        return TableConfig(name=name, optimizer=optimizer, **kwargs)
+    except TableConfigError as exc:
+        raise SettingsError(f"table spec {spec!r}: {exc.detail}") from None
+
+
+def _env_int(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r} is not an integer") from None
+
+
+def _env_float(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r} is not a number") from None
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    """Settings of one shard server (`ctrps shard`)."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on (``CTRPS_SHARD_HOST``)."""
+    port: int = 7100
+    """Port to listen on; 0 picks a free one (``CTRPS_SHARD_PORT``)."""
+    shard_id: int = 0
+    """This shard's number (``CTRPS_SHARD_ID``)."""
+    num_shards: int = 1
+    """Shards in the cluster (``CTRPS_NUM_SHARDS``)."""
+    tables: tuple[TableConfig, ...] = field(default_factory=tuple)
+    """Tables declared at start (``CTRPS_TABLES``, specs joined by ``;``); with
+    none, the shard accepts declarations from clients."""
+    max_body_mb: int = 512
+    """Largest request body accepted, MiB (``CTRPS_MAX_BODY_MB``)."""
+    stats_interval_s: float = 60.0
+    """Seconds between progress log lines; 0 disables (``CTRPS_STATS_INTERVAL``)."""
+    log_format: str = "text"
+    """``text`` or ``json`` (``CTRPS_LOG_FORMAT``)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise SettingsError(f"port {self.port} out of range")
+        if self.num_shards < 1 or not 0 <= self.shard_id < self.num_shards:
+            raise SettingsError(f"shard id {self.shard_id} not in [0, {self.num_shards})")
+        if self.log_format not in ("text", "json"):
+            raise SettingsError("log format is text or json")
+        if self.max_body_mb < 1:
+            raise SettingsError("max body must be at least 1 MiB")
+        names = [t.name for t in self.tables]
+        if len(set(names)) != len(names):
+            raise SettingsError(f"a table is declared twice: {names}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> ShardSettings:
+        """Defaults overridden by ``CTRPS_*`` variables."""
+        d = cls()
+        tables = tuple(
+            parse_table_spec(s) for s in env.get("CTRPS_TABLES", "").split(";") if s.strip()
+        )
+        return cls(
+            host=env.get("CTRPS_SHARD_HOST", d.host),
+            port=_env_int(env, "CTRPS_SHARD_PORT", d.port),
+            shard_id=_env_int(env, "CTRPS_SHARD_ID", d.shard_id),
+            num_shards=_env_int(env, "CTRPS_NUM_SHARDS", d.num_shards),
+            tables=tables,
+            max_body_mb=_env_int(env, "CTRPS_MAX_BODY_MB", d.max_body_mb),
+            stats_interval_s=_env_float(env, "CTRPS_STATS_INTERVAL", d.stats_interval_s),
+            log_format=env.get("CTRPS_LOG_FORMAT", d.log_format),
+        )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> ShardSettings:
+        """Flags (where given) over `from_env`."""
+        base = cls.from_env(env)
+        tables = tuple(parse_table_spec(s) for s in args.table) if args.table else base.tables
+        return cls(
+            host=args.host if args.host is not None else base.host,
+            port=args.port if args.port is not None else base.port,
+            shard_id=args.shard_id if args.shard_id is not None else base.shard_id,
+            num_shards=args.num_shards if args.num_shards is not None else base.num_shards,
+            tables=tables,
+            max_body_mb=args.max_body_mb if args.max_body_mb is not None else base.max_body_mb,
+            stats_interval_s=(
+                args.stats_interval if args.stats_interval is not None else base.stats_interval_s
+            ),
+            log_format=args.log_format if args.log_format is not None else base.log_format,
+        )

@@ -1,0 +1,137 @@
+"""Every optimizer's vectorised step against a scalar, per-coordinate reference."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from ps_core.errors import TableConfigError
+from ps_core.optim import FTRL, SGD, AdaGrad, Optimizer, make_optimizer
+from ps_core.table import SparseTable, TableConfig
+
+# A scalar reference updates one coordinate's state (a dict) with one gradient
+# and returns its weight, written straight from the papers' formulas.
+Scalar = Callable[[dict[str, float], float], None]
+
+
+def sgd_ref(lr: float, l2: float) -> tuple[Callable[[dict[str, float]], float], Scalar]:
+    def w(s: dict[str, float]) -> float:
+        return s["w"]
+
+    def step(s: dict[str, float], g: float) -> None:
+        s["w"] -= lr * (g + l2 * s["w"])
+
+    return w, step
+
+
+def adagrad_ref(lr: float, eps: float) -> tuple[Callable[[dict[str, float]], float], Scalar]:
+    def w(s: dict[str, float]) -> float:
+        return s["w"]
+
+    def step(s: dict[str, float], g: float) -> None:
+        s["G"] += g * g
+        s["w"] -= lr * g / (math.sqrt(s["G"]) + eps)
+
+    return w, step
+
+
+def ftrl_ref(
+    alpha: float, beta: float, l1: float, l2: float
+) -> tuple[Callable[[dict[str, float]], float], Scalar]:
+    """McMahan et al. 2013, Algorithm 1, one coordinate."""
+
+    def w(s: dict[str, float]) -> float:
+        z, n = s["z"], s["n"]
+        if abs(z) <= l1:
+            return 0.0
+        sign = 1.0 if z > 0 else -1.0
+        return -(z - sign * l1) / ((beta + math.sqrt(n)) / alpha + l2)
+
+    def step(s: dict[str, float], g: float) -> None:
+        wt = w(s)
+        sigma = (math.sqrt(s["n"] + g * g) - math.sqrt(s["n"])) / alpha
+        s["z"] += g - sigma * wt
+        s["n"] += g * g
+
+    return w, step
+
+
+CASES = [
+    pytest.param(SGD(lr=0.1, l2=0.01), sgd_ref(0.1, 0.01), {"w": 0.0}, id="sgd"),
+    pytest.param(AdaGrad(lr=0.3, eps=1e-6), adagrad_ref(0.3, 1e-6), {"w": 0.0, "G": 0.0}, id="adagrad"),
+    pytest.param(FTRL(alpha=0.5, beta=1.0, l1=0.3, l2=0.2), ftrl_ref(0.5, 1.0, 0.3, 0.2), {"z": 0.0, "n": 0.0}, id="ftrl"),
+    pytest.param(FTRL(alpha=0.1, beta=0.5, l1=0.0, l2=0.0), ftrl_ref(0.1, 0.5, 0.0, 0.0), {"z": 0.0, "n": 0.0}, id="ftrl-no-reg"),
+]
+
+
+@pytest.mark.parametrize("opt, ref, init", CASES)
+def test_step_matches_scalar_reference(
+    opt: Optimizer,
+    ref: tuple[Callable[[dict[str, float]], float], Scalar],
+    init: dict[str, float],
+) -> None:
+    ref_w, ref_step = ref
+    rng = np.random.default_rng(11)
+    n, dim, steps = 40, 3, 25
+    rows = opt.rows_from_weights(np.zeros((n, dim), dtype=np.float32))
+    states = [[dict(init) for _ in range(dim)] for _ in range(n)]
+    for _ in range(steps):
+        grads = (rng.normal(size=(n, dim)) * rng.choice([0.1, 1.0, 5.0])).astype(np.float32)
+        opt.step(rows, grads)
+        for i in range(n):
+            for j in range(dim):
+                ref_step(states[i][j], float(grads[i, j]))
+        expected = np.array([[ref_w(states[i][j]) for j in range(dim)] for i in range(n)])
+        np.testing.assert_allclose(opt.weights(rows, dim), expected, rtol=2e-4, atol=2e-6)
+
+
+def test_ftrl_closed_form_weight() -> None:
+    """w = 0 inside the L1 ball, else -(z - sign(z) l1) / ((beta + sqrt n)/alpha + l2)."""
+    opt = FTRL(alpha=0.2, beta=1.0, l1=1.5, l2=0.5)
+    z = np.array([[-3.0], [-1.5], [0.0], [1.0], [1.5000001], [4.0]], dtype=np.float32)
+    n = np.array([[4.0], [1.0], [0.0], [9.0], [0.0], [16.0]], dtype=np.float32)
+    w = opt.weights(np.hstack([z, n]), 1)[:, 0]
+    expected = [
+        -(-3.0 + 1.5) / ((1.0 + 2.0) / 0.2 + 0.5),
+        0.0,
+        0.0,
+        0.0,
+        -(1.5000001 - 1.5) / (1.0 / 0.2 + 0.5),
+        -(4.0 - 1.5) / ((1.0 + 4.0) / 0.2 + 0.5),
+    ]
+    np.testing.assert_allclose(w, expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("spec", [{"name": "sgd"}, {"name": "adagrad", "initial_accumulator": 0.1}, {"name": "ftrl"}])
+def test_rows_from_weights_read_back(spec: dict[str, object]) -> None:
+    opt = make_optimizer(dict(spec))
+    w = np.array([[0.0, 0.25, -0.5], [1e-3, -2.0, 3.0]], dtype=np.float32)
+    np.testing.assert_allclose(opt.weights(opt.rows_from_weights(w), 3), w, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("spec", [{"name": "sgd", "lr": 0.1}, {"name": "adagrad", "lr": 0.2}, {"name": "ftrl", "alpha": 0.3, "l1": 0.1}])
+def test_push_sums_duplicate_gradients_before_one_step(spec: dict[str, object]) -> None:
+    """A push naming a key three times equals one step with the summed gradient
+    (not three steps)."""
+    table = SparseTable(TableConfig("t", 2, dict(spec)))
+    keys = np.array([7, 9, 7, 7, 2**64 - 1], dtype=np.uint64)
+    grads = np.array([[1, 2], [0.5, 0.5], [0.25, -1], [-0.5, 3], [2, 2]], dtype=np.float32)
+    table.push(keys, grads)
+    opt = make_optimizer(dict(spec))
+    rows = opt.rows_from_weights(np.zeros((3, 2), dtype=np.float32))
+    summed = np.array([grads[[0, 2, 3]].sum(0), grads[1], grads[4]], dtype=np.float32)
+    opt.step(rows, summed)
+    got = table.pull(np.array([7, 9, 2**64 - 1], dtype=np.uint64))
+    np.testing.assert_allclose(got, opt.weights(rows, 2), rtol=1e-6)
+
+
+def test_bad_hyperparameters_are_config_errors() -> None:
+    with pytest.raises(TableConfigError):
+        make_optimizer({"name": "ftrl", "alpha": -1})
+    with pytest.raises(TableConfigError):
+        make_optimizer({"name": "adam"})
+    with pytest.raises(TableConfigError):
+        make_optimizer({"name": "sgd", "momentum": 0.9})

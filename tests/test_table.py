@@ -1,0 +1,157 @@
+"""SparseTable: pulls that allocate nothing, deterministic initial values,
+version stamps, metadata, validation, and declarations on a shard."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ps_core.errors import InvalidValuesError, TableConfigError, TableConflictError, WrongShardError
+from ps_core.hashing import shard_of
+from ps_core.shard import Shard, ShardSpec
+from ps_core.table import SparseTable, TableConfig
+
+FM = TableConfig("fm_v", 8, {"name": "adagrad", "lr": 0.05}, init_scale=0.01, seed=42)
+
+
+def test_pull_of_absent_keys_allocates_nothing() -> None:
+    table = SparseTable(FM)
+    before = table.memory_bytes()
+    w = table.pull(np.arange(10_000, dtype=np.uint64))
+    assert w.shape == (10_000, 8) and w.dtype == np.float32
+    assert len(table) == 0
+    assert table.memory_bytes() == before
+
+
+def test_initial_values_are_a_pure_function_of_key_and_seed() -> None:
+    keys = np.array([0, 1, 5, 2**64 - 1, 123456789], dtype=np.uint64)
+    a = SparseTable(FM).pull(keys)
+    b = SparseTable(FM).pull(keys[::-1])[::-1]
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(a).max() <= 0.01 and np.abs(a).min() > 0
+    assert len({tuple(r) for r in a.tolist()}) == len(keys)  # distinct per key
+    other_seed = SparseTable(TableConfig("fm_v", 8, {"name": "adagrad"}, init_scale=0.01, seed=43))
+    assert not np.array_equal(a, other_seed.pull(keys))
+    # A row created by a zero-gradient push starts at exactly that value.
+    t = SparseTable(FM)
+    t.push(keys, np.zeros((keys.size, 8), dtype=np.float32))
+    np.testing.assert_array_equal(t.pull(keys), a)
+
+
+def test_ftrl_rows_start_at_their_initial_value() -> None:
+    cfg = TableConfig("e", 4, {"name": "ftrl", "l1": 0.5}, init_scale=0.1, seed=1)
+    t = SparseTable(cfg)
+    keys = np.arange(50, dtype=np.uint64)
+    before = t.pull(keys)
+    t.push(keys, np.zeros((50, 4), dtype=np.float32))
+    np.testing.assert_allclose(t.pull(keys), before, rtol=1e-6, atol=1e-8)
+
+
+def test_pull_mixes_present_and_absent_in_caller_order() -> None:
+    t = SparseTable(TableConfig("lr", 1, {"name": "sgd", "lr": 1.0}))
+    t.push(np.array([10, 20], dtype=np.uint64), np.array([1.0, -2.0], dtype=np.float32))
+    got = t.pull(np.array([20, 99, 10, 20], dtype=np.uint64))[:, 0]
+    assert got.tolist() == [2.0, 0.0, -1.0, 2.0]
+
+
+def test_changed_since_selects_rows_by_version() -> None:
+    t = SparseTable(TableConfig("lr", 1, {"name": "sgd"}))
+    t.push(np.array([1, 2, 3], dtype=np.uint64), np.ones(3, dtype=np.float32))
+    t.version = 2
+    t.push(np.array([3, 4], dtype=np.uint64), np.ones(2, dtype=np.float32))
+    keys, rows = t.changed_since(1)
+    assert sorted(keys.tolist()) == [3, 4]
+    assert sorted(t.changed_since(0)[0].tolist()) == [1, 2, 3, 4]
+    t.delete(np.array([4], dtype=np.uint64))
+    assert sorted(t.changed_since(1)[0].tolist()) == [3]
+    assert t.weights_of_rows(rows).shape == (2, 1)
+
+
+def test_metadata_counts_and_last_seen() -> None:
+    t = SparseTable(TableConfig("lr", 1))
+    keys = np.array([5, 6, 5], dtype=np.uint64)
+    counts = np.array([[1, 1], [1, 0], [1, 0]], dtype=np.float32)
+    t.push(keys, np.zeros(3, dtype=np.float32), counts=counts, event_time=1_764_681_600.7)
+    rows = t.index.lookup(np.array([5, 6], dtype=np.uint64))
+    assert t.shows[rows].tolist() == [2, 1]
+    assert t.clicks[rows].tolist() == [1, 0]
+    assert t.last_seen[rows].tolist() == [1_764_681_600, 1_764_681_600]
+    assert t.updated_at[rows].tolist() == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "grads, counts",
+    [
+        (np.array([0.1, np.nan], dtype=np.float32), None),
+        (np.array([np.inf, 0.0], dtype=np.float32), None),
+        (np.array([0.1, 0.2], dtype=np.float32), np.array([[1, 0], [-1, 0]], dtype=np.float32)),
+        (np.zeros((2, 3), dtype=np.float32), None),
+    ],
+    ids=["nan", "inf", "negative-count", "wrong-dim"],
+)
+def test_invalid_push_changes_nothing(grads: np.ndarray, counts: np.ndarray | None) -> None:
+    t = SparseTable(TableConfig("lr", 1, {"name": "sgd", "lr": 1.0}))
+    t.push(np.array([1], dtype=np.uint64), np.array([1.0], dtype=np.float32))
+    before = (len(t), t.pull(np.array([1, 2], dtype=np.uint64)).copy(), t.pushes)
+    with pytest.raises(InvalidValuesError):
+        t.push(np.array([1, 2], dtype=np.uint64), grads, counts=counts)
+    assert (len(t), t.pushes) == (before[0], before[2])
+    np.testing.assert_array_equal(t.pull(np.array([1, 2], dtype=np.uint64)), before[1])
+
+
+def test_memory_grows_with_features() -> None:
+    t = SparseTable(TableConfig("lr", 1))
+    small = t.memory_bytes()
+    t.push(np.arange(100_000, dtype=np.uint64), np.full(100_000, 0.1, dtype=np.float32))
+    assert len(t) == 100_000
+    assert t.memory_bytes() > small
+    assert t.memory_bytes() / len(t) < 80
+
+
+def test_config_normalised_and_round_trips() -> None:
+    a = TableConfig("lr", 1, {"name": "ftrl"})
+    b = TableConfig.from_dict({"name": "lr", "optimizer": "ftrl"})
+    c = TableConfig.from_dict(a.to_dict())
+    assert a == b == c
+    assert a.optimizer == {"name": "ftrl", "alpha": 0.05, "beta": 1.0, "l1": 1.0, "l2": 1.0}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"name": "", "dim": 1},
+        {"name": "has space"},
+        {"name": "x", "dim": 0},
+        {"name": "x", "dim": "4"},
+        {"name": "x", "init_scale": -1},
+        {"name": "x", "optimizer": {"name": "nope"}},
+        {"name": "x", "colour": "red"},
+        ["not", "an", "object"],
+    ],
+)
+def test_bad_declarations_rejected(raw: object) -> None:
+    with pytest.raises(TableConfigError):
+        TableConfig.from_dict(raw)
+
+
+def test_shard_declarations_are_idempotent_and_never_overwrite() -> None:
+    shard = Shard()
+    assert shard.declare(TableConfig("lr", 1)) is True
+    assert shard.declare(TableConfig("lr", 1, {"name": "ftrl", "alpha": 0.05})) is False
+    with pytest.raises(TableConflictError):
+        shard.declare(TableConfig("lr", 1, {"name": "ftrl", "alpha": 0.1}))
+    with pytest.raises(TableConflictError):
+        shard.declare(TableConfig("lr", 2))
+    assert shard.tables["lr"].config == TableConfig("lr", 1)
+
+
+def test_shard_refuses_keys_it_does_not_own() -> None:
+    shard = Shard(ShardSpec(0, 2), [TableConfig("lr", 1)])
+    keys = np.arange(100, dtype=np.uint64)
+    mine = keys[shard_of(keys, 2) == 0]
+    shard.handle_push("lr", mine, np.ones((mine.size, 1), dtype=np.float32))
+    with pytest.raises(WrongShardError):
+        shard.handle_push("lr", keys, np.ones((100, 1), dtype=np.float32))
+    with pytest.raises(WrongShardError):
+        shard.handle_pull("lr", keys)
+    assert len(shard.tables["lr"]) == mine.size
