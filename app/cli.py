@@ -24,6 +24,14 @@ Every flag falls back to a CTRPS_* variable (CTRPS_SHARD_PORT, CTRPS_SHARD_ID,
 CTRPS_NUM_SHARDS, CTRPS_TABLES="lr,optimizer=ftrl;fm_v,dim=8,optimizer=adagrad", ...).
 """
 
+_BROKER_EXAMPLE = """\
+example:
+  ctrps broker --port 9092 --topic clicks:4 --topic clicks.dlq:1
+  # then: CTRPS_KAFKA_BOOTSTRAP=127.0.0.1:9092 ...
+
+Runs the embedded Tansu broker (memory only) until Ctrl-C or SIGTERM.
+"""
+
 _DEMO_EXAMPLE = """\
 example:
   ctrps demo
@@ -64,6 +72,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shard.add_argument("--log-format", choices=("text", "json"), help="log line format")
 
+    broker = sub.add_parser(
+        "broker",
+        help="run the embedded Kafka-protocol broker (development and tests)",
+        description="Run the embedded Kafka-protocol broker on 127.0.0.1 and create topics.",
+        epilog=_BROKER_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    broker.add_argument("--port", type=int, default=0, help="listen port (default: a free one)")
+    broker.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        metavar="NAME:PARTITIONS",
+        help="create a topic; repeatable (default clicks:4 and clicks.dlq:1)",
+    )
+    broker.add_argument("--log-format", choices=("text", "json"), default="text")
+
     sub.add_parser(
         "demo",
         help="one-command demo (arrives with the app)",
@@ -72,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return parser
+
+
+def _parse_topics(specs: Sequence[str]) -> dict[str, int]:
+    topics: dict[str, int] = {}
+    for spec in specs:
+        name, _, parts = spec.partition(":")
+        if not name or not parts.isdigit() or int(parts) < 1:
+            raise ValueError(f"topic {spec!r} is not NAME:PARTITIONS")
+        topics[name] = int(parts)
+    return topics
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,6 +122,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .shard_role import run_shard
 
         uvloop.run(run_shard(settings))
+        return 0
+    if args.command == "broker":
+        try:
+            topics = _parse_topics(args.topic or ["clicks:4", "clicks.dlq:1"])
+        except ValueError as exc:
+            print(f"ctrps broker: {exc}", file=sys.stderr)
+            return 2
+        configure_logging(args.log_format)
+        from .broker_role import run_broker
+
+        uvloop.run(run_broker(args.port, topics))
         return 0
     if args.command == "demo":
         print(

