@@ -107,6 +107,8 @@ class ShardSettings:
             raise SettingsError("log format is text or json")
         if self.max_body_mb < 1:
             raise SettingsError("max body must be at least 1 MiB")
+        if not self.stats_interval_s >= 0 or self.stats_interval_s == float("inf"):
+            raise SettingsError("stats interval must be a finite number of seconds >= 0")
         names = [t.name for t in self.tables]
         if len(set(names)) != len(names):
             raise SettingsError(f"a table is declared twice: {names}")
@@ -119,14 +121,14 @@ class ShardSettings:
             parse_table_spec(s) for s in env.get("CTRPS_TABLES", "").split(";") if s.strip()
         )
         return cls(
-            host=env.get("CTRPS_SHARD_HOST", d.host),
+            host=env.get("CTRPS_SHARD_HOST") or d.host,
             port=_env_int(env, "CTRPS_SHARD_PORT", d.port),
             shard_id=_env_int(env, "CTRPS_SHARD_ID", d.shard_id),
             num_shards=_env_int(env, "CTRPS_NUM_SHARDS", d.num_shards),
             tables=tables,
             max_body_mb=_env_int(env, "CTRPS_MAX_BODY_MB", d.max_body_mb),
             stats_interval_s=_env_float(env, "CTRPS_STATS_INTERVAL", d.stats_interval_s),
-            log_format=env.get("CTRPS_LOG_FORMAT", d.log_format),
+            log_format=env.get("CTRPS_LOG_FORMAT") or d.log_format,
         )
 
     @classmethod

@@ -144,14 +144,16 @@ class HttpTransport:
                     last: str = f"http {resp.status}"
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
-            if loop.time() + delay >= deadline:
+            left = deadline - loop.time()
+            if left <= 0:
                 raise ShardUnavailableError(
                     f"shard {self.shard_id} at {self.url} unreachable after {attempts} attempts "
                     f"in {self._retry.deadline_s:.1f}s ({last})",
                     shard_id=self.shard_id,
                     url=self.url,
                 )
-            await asyncio.sleep(delay)
+            # The last sleep is cut to the deadline, then one final attempt.
+            await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, self._retry.max_delay_s)
 
     async def pull(self, table: str, keys: U64) -> F32:
@@ -302,22 +304,29 @@ class PSClient:
         *,
         counts: npt.ArrayLike | None = None,
         event_time: float = 0.0,
+        request_id: int | None = None,
     ) -> int:
         """Apply gradients (n, dim) of `keys`; returns distinct keys applied.
 
         `counts` (n, 2) adds shows and clicks; `event_time` sets ``last_seen``.
-        Returns when every shard involved has acknowledged.
+        Returns when every shard involved has acknowledged. A push spanning
+        several shards is not atomic: if one shard fails, the others keep their
+        part. To retry such a push safely, pass the same `request_id` again
+        (see `new_request_id`); shards that applied it acknowledge without
+        applying twice.
         """
         k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
         g = np.asarray(grads, dtype=np.float32)
         if g.ndim == 1:
             g = g.reshape(-1, 1)
         c = None if counts is None else np.asarray(counts, dtype=np.float32).reshape(-1, 2)
-        if g.shape[0] != k.size or (c is not None and c.shape[0] != k.size):
+        if g.shape[0] != k.size:
             raise ValueError(f"{k.size} keys but {g.shape[0]} gradient rows")
+        if c is not None and c.shape[0] != k.size:
+            raise ValueError(f"{k.size} keys but {c.shape[0]} rows of counts")
         if k.size == 0:
             return 0
-        rid = next(self._request_ids)
+        rid = self.new_request_id() if request_id is None else request_id
         order, parts = self._split(k)
         if order is not None:
             k, g = k[order], g[order]
@@ -330,6 +339,10 @@ class PSClient:
             if p.stop > p.start
         ]
         return sum(await _fan_out(coros))
+
+    def new_request_id(self) -> int:
+        """A fresh push id, unique to this client."""
+        return next(self._request_ids)
 
     async def declare(self, config: TableConfig) -> bool:
         """Declare a table on every shard; True if any shard created it."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -181,6 +182,15 @@ def encode_ack(table: str, applied: int, version: int) -> bytes:
     return encode(Op.ACK, table, count=applied, version=version)
 
 
+_A = TypeVar("_A", bound=np.ndarray)
+
+
+def _readonly(a: _A) -> _A:
+    # A view of a writable buffer (bytearray) would be writable; frames are not.
+    a.flags.writeable = False
+    return a
+
+
 def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) -> Frame:
     """Decode and check one frame; raises `FrameError` on any inconsistency."""
     mv = memoryview(buf)
@@ -232,13 +242,13 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     pos = start
     keys = values = counts = None
     if has_keys:
-        keys = np.frombuffer(mv, dtype="<u8", count=n, offset=pos)
+        keys = _readonly(np.frombuffer(mv, dtype="<u8", count=n, offset=pos))
         pos += 8 * n
     if has_values:
-        values = np.frombuffer(mv, dtype="<f4", count=n * dim, offset=pos).reshape(n, dim)
+        values = _readonly(np.frombuffer(mv, dtype="<f4", count=n * dim, offset=pos).reshape(n, dim))
         pos += 4 * n * dim
     if has_counts:
-        counts = np.frombuffer(mv, dtype="<f4", count=2 * n, offset=pos).reshape(n, 2)
+        counts = _readonly(np.frombuffer(mv, dtype="<f4", count=2 * n, offset=pos).reshape(n, 2))
     return Frame(
         op=op,
         table=table,

@@ -23,6 +23,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+import math
+
 import numpy as np
 import numpy.typing as npt
 
@@ -35,10 +37,15 @@ F32 = npt.NDArray[np.float32]
 
 class Optimizer(ABC):
     """One update rule. Subclasses set `name` and `slots` and take their
-    hyperparameters as keyword arguments (all floats)."""
+    hyperparameters as keyword arguments (all finite floats)."""
 
     name: ClassVar[str]
     slots: ClassVar[int]
+
+    def _check_finite(self) -> None:
+        bad = {k: v for k, v in self.params().items() if not math.isfinite(v)}
+        if bad:
+            raise TableConfigError(f"{self.name} hyperparameters must be finite, got {bad}")
 
     def params(self) -> dict[str, float]:
         """Hyperparameters, as given to ``__init__``."""
@@ -72,6 +79,7 @@ class SGD(Optimizer):
             raise TableConfigError("sgd needs lr > 0 and l2 >= 0")
         self.lr = lr
         self.l2 = l2
+        self._check_finite()
 
     def weights(self, rows: F32, dim: int) -> F32:
         return rows[:, :dim]
@@ -101,6 +109,7 @@ class AdaGrad(Optimizer):
         self.lr = lr
         self.eps = eps
         self.initial_accumulator = initial_accumulator
+        self._check_finite()
 
     def weights(self, rows: F32, dim: int) -> F32:
         return rows[:, :dim]
@@ -139,6 +148,7 @@ class FTRL(Optimizer):
         self.beta = beta
         self.l1 = l1
         self.l2 = l2
+        self._check_finite()
 
     def _w(self, z: F32, n: F32) -> F32:
         a = np.float32(self.alpha)

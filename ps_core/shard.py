@@ -119,15 +119,17 @@ class Shard:
         with its earlier result and not applied again.
         """
         t = self.table(table)
-        if request_id and request_id in self._recent_pushes:
-            self.duplicate_pushes += 1
-            return self._recent_pushes[request_id], t.version
         if grads.ndim != 2 or grads.shape[1] != t.dim:
             raise InvalidValuesError(
                 f"table {table} has dim {t.dim}, the push carries dim "
                 f"{grads.shape[1] if grads.ndim == 2 else grads.ndim}"
             )
         self._check_owned(keys)
+        # Checked after validation, so a malformed request never reads as a
+        # duplicate of an earlier good one.
+        if request_id and request_id in self._recent_pushes:
+            self.duplicate_pushes += 1
+            return self._recent_pushes[request_id], t.version
         applied = t.push(keys, grads, counts=counts, event_time=event_time or None)
         if request_id:
             self._recent_pushes[request_id] = applied

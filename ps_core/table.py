@@ -97,7 +97,10 @@ class TableConfig:
             raise TableConfigError("seed must be an integer")
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise TableConfigError("init_scale must be a number")
-        return cls(str(raw.get("name", "")), dim, dict(opt), float(scale), seed)
+        name = raw.get("name")
+        if not isinstance(name, str):
+            raise TableConfigError("name must be a string (it is required)")
+        return cls(name, dim, dict(opt), float(scale), seed)
 
 
 class SparseTable:

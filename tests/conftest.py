@@ -22,7 +22,8 @@ ServeShards = Callable[..., Awaitable[tuple[list[Shard], list[str]]]]
 async def serve_shards() -> AsyncIterator[ServeShards]:
     """Start `n` shard servers on 127.0.0.1 (free ports); returns (shards, urls).
 
-    All are stopped at teardown; a test may stop one earlier with `stop_shard`."""
+    All are stopped at teardown; a test may stop one earlier through
+    ``serve_shards.runners[i].cleanup()``."""
     runners: list[web.AppRunner] = []
 
     async def start(n: int, tables: tuple[TableConfig, ...] = ()) -> tuple[list[Shard], list[str]]:

@@ -1,0 +1,318 @@
+"""PSClient over real shard servers on loopback (and over in-process shards).
+
+The client must give exactly the weights one in-process `SparseTable` would
+give when fed the same pushes: a key lives on one shard, duplicate gradients
+are summed there in the caller's order, and every optimizer step is
+elementwise float32, so sharding changes no bit of the result (asserted with
+`assert_array_equal`, no tolerance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from ps_core.client import PSClient, RetryPolicy
+from ps_core.errors import (
+    InvalidValuesError,
+    PSError,
+    ShardUnavailableError,
+    TableConflictError,
+    UnknownTableError,
+    WrongShardError,
+)
+from ps_core.hashing import shard_of
+from ps_core.server import create_shard_app
+from ps_core.shard import Shard, ShardSpec
+from ps_core.table import SparseTable, TableConfig
+
+LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
+EMB = TableConfig(
+    "emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=7
+)
+TABLES = (LR, EMB)
+U64_MAX = 2**64 - 1
+
+MakeClient = Callable[[int, tuple[TableConfig, ...]], Awaitable[tuple[PSClient, list[Shard]]]]
+
+
+@pytest.fixture(params=["http", "local"])
+async def make_client(request: pytest.FixtureRequest, serve_shards: Any) -> AsyncIterator[MakeClient]:
+    """Builds a client over `n` shards, through HTTP servers or in process."""
+    clients: list[PSClient] = []
+
+    async def make(n: int, tables: tuple[TableConfig, ...] = TABLES) -> tuple[PSClient, list[Shard]]:
+        if request.param == "http":
+            shards, urls = await serve_shards(n, tables)
+            client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=2.0))
+        else:
+            shards = [Shard(ShardSpec(i, n), tables) for i in range(n)]
+            client = PSClient.local(shards)
+        clients.append(client)
+        return client, shards
+
+    yield make
+    for c in clients:
+        await c.close()
+
+
+def key_pool(rng: np.random.Generator, size: int = 30) -> np.ndarray:
+    pool = np.concatenate(
+        [np.array([0, U64_MAX], np.uint64), rng.integers(1, U64_MAX, size, dtype=np.uint64)]
+    )
+    assert set(shard_of(pool, 2).tolist()) == {0, 1}
+    return pool
+
+
+async def run_random_sequence(client: PSClient, seed: int, steps: int = 80) -> list[np.ndarray]:
+    """Random pulls and pushes checked step by step against reference tables;
+    returns every pull result (and a final pull of the whole key pool)."""
+    rng = np.random.default_rng(seed)
+    refs = {c.name: SparseTable(c) for c in TABLES}
+    pool = key_pool(rng)
+    pulls: list[np.ndarray] = []
+    batches_with_duplicates = 0
+    for _ in range(steps):
+        cfg = TABLES[int(rng.integers(2))]
+        n = int(rng.integers(0, 25))
+        keys = rng.choice(pool, n)
+        batches_with_duplicates += int(np.unique(keys).size < n)
+        if rng.random() < 0.4:
+            got = await client.pull(cfg.name, keys)
+            assert got.shape == (n, cfg.dim) and got.dtype == np.float32
+            np.testing.assert_array_equal(got, refs[cfg.name].pull(keys))
+            pulls.append(got)
+        else:
+            grads = (rng.standard_normal((n, cfg.dim)) * 2).astype(np.float32)
+            counts = rng.integers(0, 3, (n, 2)).astype(np.float32) if rng.random() < 0.5 else None
+            applied = await client.push(cfg.name, keys, grads, counts=counts, event_time=1e9)
+            assert applied == refs[cfg.name].push(keys, grads, counts=counts, event_time=1e9)
+    assert batches_with_duplicates > 5  # the sequence did exercise duplicate keys
+    for cfg in TABLES:
+        got = await client.pull(cfg.name, pool)
+        np.testing.assert_array_equal(got, refs[cfg.name].pull(pool))
+        assert np.count_nonzero(got) > 0
+        pulls.append(got)
+    return pulls
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_random_pull_push_equals_one_reference_table(
+    make_client: MakeClient, seed: int
+) -> None:
+    client, shards = await make_client(2, TABLES)
+    await run_random_sequence(client, seed)
+    # Each shard holds only the keys it owns.
+    for shard in shards:
+        for t in shard.tables.values():
+            live = t.index.row_keys[: t.index.num_rows][t.index.row_live[: t.index.num_rows]]
+            assert live.size > 0
+            assert (shard_of(live, 2) == shard.spec.shard_id).all()
+
+
+async def test_local_and_http_clients_give_identical_results(serve_shards: Any) -> None:
+    _, urls = await serve_shards(2, TABLES)
+    local_shards = [Shard(ShardSpec(i, 2), TABLES) for i in range(2)]
+    async with PSClient.connect(urls) as http_client, PSClient.local(local_shards) as local:
+        via_http = await run_random_sequence(http_client, seed=3)
+        via_local = await run_random_sequence(local, seed=3)
+        assert len(via_http) == len(via_local)
+        for a, b in zip(via_http, via_local):
+            np.testing.assert_array_equal(a, b)
+        http_stats, local_stats = await http_client.stats(), await local.stats()
+    for h, loc in zip(http_stats, local_stats):
+        for name in ("lr", "emb"):
+            assert h["tables"][name]["features"] == loc["tables"][name]["features"]
+            assert h["tables"][name]["pushes"] == loc["tables"][name]["pushes"]
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3])
+async def test_pull_answers_in_the_callers_order(make_client: MakeClient, num_shards: int) -> None:
+    sgd = TableConfig("w", dim=2, optimizer={"name": "sgd", "lr": 1.0})
+    client, _ = await make_client(num_shards, (sgd,))
+    keys = np.array([U64_MAX, 0, *range(100, 120)], dtype=np.uint64)
+    # SGD with lr 1 from zero: a key's weights are minus its gradient.
+    grads = np.stack([np.arange(keys.size), -np.arange(keys.size) * 0.5], axis=1).astype(np.float32)
+    assert await client.push("w", keys, grads) == keys.size
+
+    rng = np.random.default_rng(0)
+    pick = rng.integers(0, keys.size, 60)  # shuffled, with repeats, mixing shards
+    if num_shards > 1:
+        assert len(set(shard_of(keys[pick], num_shards).tolist())) == num_shards
+    got = await client.pull("w", keys[pick])
+    np.testing.assert_array_equal(got, -grads[pick])
+    assert got.flags.writeable  # the caller owns the result
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+async def test_empty_batches(make_client: MakeClient, num_shards: int) -> None:
+    client, shards = await make_client(num_shards, TABLES)
+    for cfg in TABLES:
+        got = await client.pull(cfg.name, np.zeros(0, np.uint64))
+        assert got.shape == (0, cfg.dim) and got.dtype == np.float32
+        assert await client.push(cfg.name, [], np.zeros((0, cfg.dim), np.float32)) == 0
+    assert all(len(t) == 0 for s in shards for t in s.tables.values())
+
+
+async def test_declare_is_idempotent_and_conflicts_are_typed(make_client: MakeClient) -> None:
+    client, shards = await make_client(2, ())
+    fm = TableConfig("fm", dim=8, optimizer={"name": "adagrad"}, init_scale=0.01)
+    assert await client.declare(fm) is True
+    assert await client.declare(fm) is False
+    assert all(s.tables["fm"].config == fm for s in shards)
+
+    conflicting = TableConfig("fm", dim=4, optimizer={"name": "adagrad"}, init_scale=0.01)
+    with pytest.raises(TableConflictError, match="table fm exists with"):
+        await client.declare(conflicting)
+    assert all(s.tables["fm"].dim == 8 for s in shards)
+    assert (await client.pull("fm", [1, 2, 3])).shape == (3, 8)
+
+
+async def test_unknown_table_is_a_typed_error(make_client: MakeClient) -> None:
+    client, _ = await make_client(2, TABLES)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(UnknownTableError, match="no table 'nope'"):
+        await client.pull("nope", [1, 2, 3])
+    with pytest.raises(UnknownTableError):
+        await client.push("nope", [1, 2, 3], [1.0, 2.0, 3.0])
+    with pytest.raises(UnknownTableError):
+        await client.pull("nope", [])
+    assert loop.time() - start < 1.0  # answered, not retried until the deadline
+
+
+async def test_invalid_values_are_typed_and_apply_nothing(make_client: MakeClient) -> None:
+    client, shards = await make_client(2, TABLES)
+    keys = np.arange(20, dtype=np.uint64)
+    grads = np.ones(20, np.float32)
+    grads[7] = np.nan
+    with pytest.raises(InvalidValuesError, match="NaN or inf"):
+        await client.push("lr", keys, grads)
+    with pytest.raises(InvalidValuesError, match="has dim 4, the push carries dim 2"):
+        await client.push("emb", keys, np.ones((20, 2), np.float32))
+    with pytest.raises(ValueError, match="20 keys but 19 gradient rows"):
+        await client.push("lr", keys, np.ones(19, np.float32))
+    # The shard without the NaN key may have applied its part; the NaN one did not.
+    bad_owner = int(shard_of(keys[7:8], 2)[0])
+    assert len(shards[bad_owner].tables["lr"]) == 0
+    assert len(shards[bad_owner].tables["emb"]) == 0
+
+
+async def test_client_with_the_wrong_shard_count_gets_wrong_shard(serve_shards: Any) -> None:
+    _, urls = await serve_shards(2, TABLES)
+    keys = np.arange(50, dtype=np.uint64)
+    theirs = keys[shard_of(keys, 2) == 1]
+    async with PSClient.connect(urls[:1]) as client:  # believes there is one shard
+        with pytest.raises(WrongShardError, match="not shard 0 of 2"):
+            await client.pull("lr", theirs)
+
+
+# -- unavailable shards -------------------------------------------------------------
+
+
+def both_shard_keys() -> np.ndarray:
+    keys = np.arange(40, dtype=np.uint64)
+    assert set(shard_of(keys, 2).tolist()) == {0, 1}
+    return keys
+
+
+async def test_stopped_shard_raises_shard_unavailable_naming_it(serve_shards: Any) -> None:
+    _, urls = await serve_shards(2, TABLES)
+    keys = both_shard_keys()
+    deadline = 1.0
+    loop = asyncio.get_running_loop()
+    async with PSClient.connect(urls, retry=RetryPolicy(deadline_s=deadline)) as client:
+        await client.push("lr", keys, np.ones(keys.size, np.float32))  # connections now open
+        await serve_shards.runners[1].cleanup()
+
+        for call in (
+            lambda: client.pull("lr", keys),
+            lambda: client.push("lr", keys, np.ones(keys.size, np.float32)),
+        ):
+            start = loop.time()
+            with pytest.raises(ShardUnavailableError) as info:
+                await call()
+            elapsed = loop.time() - start
+            err = info.value
+            assert err.shard_id == 1 and err.url == urls[1]
+            assert f"shard 1 at {urls[1]} unreachable" in str(err)
+            assert err.retriable and err.code == "shard_unavailable"
+            # Retried with backoff for a good part of the deadline, not forever.
+            # (That it gives up *before* the deadline is a bug: see below.)
+            assert 0.5 <= elapsed < deadline + 1.0, elapsed
+
+        # Shard 0 alone still answers for its own keys.
+        mine = keys[shard_of(keys, 2) == 0]
+        assert (await client.pull("lr", mine)).shape == (mine.size, 1)
+
+
+async def test_shard_unavailable_only_after_the_full_deadline(serve_shards: Any) -> None:
+    _, urls = await serve_shards(2, TABLES)
+    deadline = 1.0
+    loop = asyncio.get_running_loop()
+    async with PSClient.connect(urls, retry=RetryPolicy(deadline_s=deadline)) as client:
+        await serve_shards.runners[1].cleanup()
+        start = loop.time()
+        with pytest.raises(ShardUnavailableError):
+            await client.pull("lr", both_shard_keys())
+        elapsed = loop.time() - start
+    assert elapsed >= 0.95 * deadline, f"gave up after {elapsed:.2f}s of a {deadline}s deadline"
+
+
+async def test_shard_back_before_the_deadline_is_transparent(serve_shards: Any) -> None:
+    shards, urls = await serve_shards(2, TABLES)
+    port = int(urls[1].rsplit(":", 1)[1])
+    keys = both_shard_keys()
+    ref = SparseTable(LR)
+    outage_s = 0.3
+    loop = asyncio.get_running_loop()
+
+    async def restart_shard_1_after_outage() -> None:
+        await asyncio.sleep(outage_s)  # the simulated outage, not a wait for readiness
+        runner = web.AppRunner(create_shard_app(shards[1]), access_log=None)
+        await runner.setup()
+        serve_shards.runners.append(runner)  # stopped at fixture teardown
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+
+    async with PSClient.connect(urls, retry=RetryPolicy(deadline_s=5.0)) as client:
+        grads = np.linspace(-3, 3, keys.size, dtype=np.float32)
+        await client.push("lr", keys, grads)
+        ref.push(keys, grads)
+        await serve_shards.runners[1].cleanup()
+
+        restart = asyncio.create_task(restart_shard_1_after_outage())
+        start = loop.time()
+        applied = await client.push("lr", keys, grads)  # spans the outage
+        elapsed = loop.time() - start
+        await asyncio.wait_for(restart, timeout=5.0)
+        ref.push(keys, grads)
+        assert applied == keys.size
+        assert outage_s * 0.8 <= elapsed < 5.0, elapsed
+
+        # Applied exactly once on each shard despite the retries.
+        np.testing.assert_array_equal(await client.pull("lr", keys), ref.pull(keys))
+        assert shards[1].tables["lr"].pushes == 2
+
+
+async def test_client_needs_shards_in_order() -> None:
+    with pytest.raises(ValueError, match="at least one shard"):
+        PSClient.local([])
+    with pytest.raises(ValueError, match="shards 0..1 in order"):
+        PSClient.local([Shard(ShardSpec(1, 2)), Shard(ShardSpec(0, 2))])
+
+
+async def test_errors_are_ps_errors(make_client: MakeClient) -> None:
+    client, _ = await make_client(1, TABLES)
+    with pytest.raises(PSError) as info:
+        await client.pull("missing", [1])
+    assert info.value.status == 404
+
+
+async def test_counts_row_mismatch_names_the_counts() -> None:
+    client = PSClient.local([Shard(ShardSpec(0, 1), TABLES)])
+    with pytest.raises(ValueError, match="counts"):
+        await client.push("lr", [1, 2, 3], [1.0, 2.0, 3.0], counts=[[1, 0], [1, 0]])

@@ -1,0 +1,509 @@
+"""The shard's HTTP server, driven over real sockets on 127.0.0.1.
+
+Every malformed or unusable request must get its typed JSON error body and
+leave the shard exactly as it was: same stats (features, bytes, pushes, pulls,
+versions) and same table contents.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from typing import Any, AsyncIterator, Callable
+
+import aiohttp
+import numpy as np
+import orjson
+import pytest
+from aiohttp.test_utils import TestServer
+
+from ps_core import codec
+from ps_core.codec import Op
+from ps_core.hashing import shard_of
+from ps_core.server import FRAME_CONTENT_TYPE, create_shard_app
+from ps_core.shard import Shard, ShardSpec
+from ps_core.table import SparseTable, TableConfig
+
+LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl"})
+EMB = TableConfig("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=3)
+SEED_KEYS = np.array([0, 1, 2, 3, 2**64 - 1], dtype=np.uint64)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def post(
+    session: aiohttp.ClientSession, url: str, body: bytes, content_type: str = FRAME_CONTENT_TYPE
+) -> tuple[int, str, bytes]:
+    async with session.post(url, data=body, headers={"Content-Type": content_type}) as resp:
+        return resp.status, resp.content_type, await resp.read()
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
+    async with session.get(url) as resp:
+        assert resp.content_type == "application/json"
+        return resp.status, orjson.loads(await resp.read())
+
+
+def error_body(content_type: str, raw: bytes) -> dict[str, str]:
+    assert content_type == "application/json", raw[:200]
+    body: dict[str, str] = orjson.loads(raw)
+    assert set(body) == {"error", "detail"}, body
+    assert isinstance(body["detail"], str) and body["detail"]
+    return body
+
+
+def contents(shard: Shard) -> dict[str, tuple[Any, ...]]:
+    """Every table's live keys and raw rows (weights and optimizer state)."""
+    out = {}
+    for name, t in shard.tables.items():
+        n = t.index.num_rows
+        out[name] = (
+            len(t),
+            t.index.row_keys[:n].copy(),
+            t.index.row_live[:n].copy(),
+            t.data[:n].copy(),
+            t.shows[:n].copy(),
+            t.clicks[:n].copy(),
+        )
+    return out
+
+
+def assert_same_contents(a: dict[str, tuple[Any, ...]], b: dict[str, tuple[Any, ...]]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name][0] == b[name][0], name
+        for x, y in zip(a[name][1:], b[name][1:]):
+            np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture
+async def one_shard(serve_shards: Any, http: aiohttp.ClientSession) -> tuple[Shard, str]:
+    """One shard (of 1) with tables lr and emb, holding a few updated keys."""
+    shards, urls = await serve_shards(1, (LR, EMB))
+    url = urls[0]
+    for cfg in (LR, EMB):
+        grads = np.linspace(-1, 1, SEED_KEYS.size * cfg.dim, dtype=np.float32).reshape(-1, cfg.dim)
+        status, _, _ = await post(
+            http, url + "/v1/push", codec.encode_push(cfg.name, SEED_KEYS, grads * 4)
+        )
+        assert status == 200
+    return shards[0], url
+
+
+# -- frames that must be rejected -------------------------------------------------
+
+
+def _patched(frame: bytes, offset: int, fmt: str, value: int) -> bytes:
+    buf = bytearray(frame)
+    struct.pack_into("<" + fmt, buf, offset, value)
+    return bytes(buf)
+
+
+def _keys(*k: int) -> np.ndarray:
+    return np.array(k, dtype=np.uint64)
+
+
+def _push(table: str = "lr", grads: Any = None, counts: Any = None, keys: Any = None) -> bytes:
+    k = _keys(1, 2, 99) if keys is None else keys
+    g = np.array([[0.5], [-1.0], [2.0]], np.float32) if grads is None else np.asarray(grads, np.float32)
+    return codec.encode_push(table, k, g, counts=counts)
+
+
+def _pull(table: str = "lr") -> bytes:
+    return codec.encode_pull(table, _keys(1, 2, 99))
+
+
+BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
+    # (id, path, body, status, error code, detail pattern)
+    ("push-wrong-version", "/v1/push", lambda: _patched(_push(), 4, "B", 7), 400, "bad_frame",
+     r"unsupported frame format version 7"),
+    ("pull-wrong-version", "/v1/pull", lambda: _patched(_pull(), 4, "B", 2), 400, "bad_frame",
+     r"unsupported frame format version 2"),
+    ("push-truncated", "/v1/push", lambda: _push()[:-3], 400, "bad_frame",
+     r"frame is \d+ bytes but its header \(n=3, dim=1\) implies"),
+    ("pull-truncated", "/v1/pull", lambda: _pull()[:-8], 400, "bad_frame",
+     r"frame is \d+ bytes but its header \(n=3, dim=0\) implies"),
+    ("push-short-header", "/v1/push", lambda: _push()[:20], 400, "bad_frame",
+     r"shorter than the 48-byte header"),
+    ("pull-empty-body", "/v1/pull", lambda: b"", 400, "bad_frame",
+     r"frame of 0 bytes is shorter"),
+    ("push-json-body", "/v1/push", lambda: orjson.dumps({"keys": [1, 2, 3], "grads": [1, 2, 3]}),
+     400, "bad_frame", r"(bad magic|shorter than)"),
+    ("push-count-mismatch", "/v1/push", lambda: _patched(_push(), 8, "I", 2), 400, "bad_frame",
+     r"header \(n=2, dim=1\) implies"),
+    ("pull-count-mismatch", "/v1/pull", lambda: _patched(_pull(), 8, "I", 5), 400, "bad_frame",
+     r"header \(n=5, dim=0\) implies"),
+    ("push-unknown-table", "/v1/push", lambda: _push("nope"), 404, "unknown_table",
+     r"no table 'nope' on shard 0; declared: \['emb', 'lr'\]"),
+    ("pull-unknown-table", "/v1/pull", lambda: _pull("nope"), 404, "unknown_table",
+     r"no table 'nope'"),
+    ("push-nan", "/v1/push", lambda: _push(grads=[[1.0], [np.nan], [1.0]]), 400, "invalid_values",
+     r"NaN or inf"),
+    ("push-inf", "/v1/push", lambda: _push(grads=[[np.inf], [1.0], [1.0]]), 400, "invalid_values",
+     r"NaN or inf"),
+    ("push-minus-inf-dim4", "/v1/push",
+     lambda: _push("emb", grads=np.where(np.eye(3, 4) > 0, -np.inf, 0.1)), 400, "invalid_values",
+     r"NaN or inf"),
+    ("push-dim-mismatch", "/v1/push", lambda: _push("lr", grads=np.ones((3, 4))), 400,
+     "invalid_values", r"table lr has dim 1, the push carries dim 4"),
+    ("push-dim-mismatch-emb", "/v1/push", lambda: _push("emb", grads=np.ones((3, 1))), 400,
+     "invalid_values", r"table emb has dim 4, the push carries dim 1"),
+    ("push-negative-counts", "/v1/push",
+     lambda: _push(counts=np.array([[1, 0], [-1, 0], [2, 1]], np.float32)), 400,
+     "invalid_values", r"counts must be \(n, 2\), finite and >= 0"),
+    ("push-nan-counts", "/v1/push",
+     lambda: _push(counts=np.array([[1, 0], [1, np.nan], [2, 1]], np.float32)), 400,
+     "invalid_values", r"counts must be"),
+    ("pull-frame-to-push", "/v1/push", _pull, 400, "bad_frame", r"expected op 2, got 1"),
+    ("push-frame-to-pull", "/v1/pull", _push, 400, "bad_frame", r"expected op 1, got 2"),
+    ("weights-frame-to-pull", "/v1/pull",
+     lambda: codec.encode_weights("lr", np.zeros((3, 1), np.float32), 1), 400, "bad_frame",
+     r"expected op 1, got 3"),
+    ("unknown-flags", "/v1/push", lambda: _patched(_push(), 6, "H", 2), 400, "bad_frame",
+     r"unknown flags 0x2"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "make_body", "status", "code", "detail"),
+    [case[1:] for case in BAD_REQUESTS],
+    ids=[case[0] for case in BAD_REQUESTS],
+)
+async def test_bad_request_gets_json_error_and_changes_nothing(
+    one_shard: tuple[Shard, str],
+    http: aiohttp.ClientSession,
+    path: str,
+    make_body: Callable[[], bytes],
+    status: int,
+    code: str,
+    detail: str,
+) -> None:
+    shard, url = one_shard
+    _, stats_before = await get_json(http, url + "/v1/stats")
+    before = contents(shard)
+
+    got_status, ctype, raw = await post(http, url + path, make_body())
+
+    assert got_status == status, raw
+    body = error_body(ctype, raw)
+    assert body["error"] == code
+    assert re.search(detail, body["detail"]), body["detail"]
+    _, stats_after = await get_json(http, url + "/v1/stats")
+    assert stats_after == stats_before
+    assert_same_contents(contents(shard), before)
+
+
+async def test_keys_of_the_other_shard_are_rejected(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    shards, urls = await serve_shards(2, (LR,))
+    keys = np.arange(64, dtype=np.uint64)
+    owner = shard_of(keys, 2)
+    mine, theirs = keys[owner == 0][:3], keys[owner == 1][:2]
+    mixed = np.concatenate([mine, theirs])
+    _, stats_before = await get_json(http, urls[0] + "/v1/stats")
+
+    status, ctype, raw = await post(
+        http, urls[0] + "/v1/push", codec.encode_push("lr", mixed, np.ones(5, np.float32))
+    )
+    assert status == 400
+    body = error_body(ctype, raw)
+    assert body["error"] == "wrong_shard"
+    assert "2 of 5 keys belong to other shards, not shard 0 of 2" in body["detail"]
+    assert f"first: {int(theirs[0])}" in body["detail"]
+
+    status, ctype, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("lr", mixed))
+    assert status == 400 and error_body(ctype, raw)["error"] == "wrong_shard"
+
+    _, stats_after = await get_json(http, urls[0] + "/v1/stats")
+    assert stats_after == stats_before
+    assert len(shards[0].tables["lr"]) == 0
+
+    # The owned keys alone are fine.
+    status, _, _ = await post(
+        http, urls[0] + "/v1/push", codec.encode_push("lr", mine, np.ones(3, np.float32))
+    )
+    assert status == 200 and len(shards[0].tables["lr"]) == 3
+
+
+async def test_rejected_push_does_not_consume_its_request_id(
+    one_shard: tuple[Shard, str], http: aiohttp.ClientSession
+) -> None:
+    shard, url = one_shard
+    keys = _keys(500, 501)
+    bad = codec.encode_push("lr", keys, np.array([np.nan, 1.0], np.float32), request_id=1234)
+    good = codec.encode_push("lr", keys, np.array([3.0, 1.0], np.float32), request_id=1234)
+    assert (await post(http, url + "/v1/push", bad))[0] == 400
+    status, _, raw = await post(http, url + "/v1/push", good)
+    assert status == 200
+    assert codec.decode(raw, Op.ACK).count == 2
+    assert shard.duplicate_pushes == 0
+    assert len(shard.tables["lr"]) == SEED_KEYS.size + 2
+
+
+# -- pull and push that work -----------------------------------------------------
+
+
+async def test_push_then_pull_over_http_matches_a_reference_table(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    _, urls = await serve_shards(1, (EMB,))
+    ref = SparseTable(EMB)
+    keys = _keys(2**64 - 1, 0, 7, 7, 42)
+    grads = (np.arange(20).reshape(5, 4) / 10 - 1).astype(np.float32)
+    counts = np.array([[1, 0], [1, 1], [2, 0], [1, 0], [3, 2]], np.float32)
+
+    status, ctype, raw = await post(
+        http, urls[0] + "/v1/push", codec.encode_push("emb", keys, grads, counts=counts)
+    )
+    assert status == 200 and ctype == FRAME_CONTENT_TYPE
+    ack = codec.decode(raw, Op.ACK)
+    assert ack.count == 4 == ref.push(keys, grads, counts=counts)
+    assert ack.table == "emb" and ack.version == 1
+
+    query = _keys(42, 7, 0, 2**64 - 1, 123456)
+    status, ctype, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("emb", query))
+    assert status == 200 and ctype == FRAME_CONTENT_TYPE
+    reply = codec.decode(raw, Op.WEIGHTS)
+    assert reply.dim == 4 and reply.count == 5
+    np.testing.assert_array_equal(reply.values, ref.pull(query))
+
+
+async def test_empty_pull_answers_with_the_table_dim(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    _, urls = await serve_shards(1, (EMB,))
+    status, _, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("emb", _keys()))
+    assert status == 200
+    reply = codec.decode(raw, Op.WEIGHTS)
+    assert reply.values is not None and reply.values.shape == (0, 4)
+
+
+async def test_same_push_request_id_is_applied_once(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    shards, urls = await serve_shards(1, (LR,))
+    keys = _keys(10, 11, 10)
+    grads = np.array([2.0, -3.0, 1.5], np.float32)
+    frame = codec.encode_push("lr", keys, grads, request_id=2**63 + 5)
+    ref_once = SparseTable(LR)
+    ref_once.push(keys, grads)
+
+    acks = []
+    for _ in range(2):
+        status, _, raw = await post(http, urls[0] + "/v1/push", frame)
+        assert status == 200
+        acks.append(codec.decode(raw, Op.ACK).count)
+    assert acks == [2, 2]
+    assert shards[0].duplicate_pushes == 1
+    _, stats = await get_json(http, urls[0] + "/v1/stats")
+    assert stats["duplicate_pushes"] == 1 and stats["tables"]["lr"]["pushes"] == 1
+
+    status, _, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("lr", keys[:2]))
+    np.testing.assert_array_equal(codec.decode(raw).values, ref_once.pull(keys[:2]))
+
+    # Control: a new request id is applied again.
+    again = codec.encode_push("lr", keys, grads, request_id=2**63 + 6)
+    assert (await post(http, urls[0] + "/v1/push", again))[0] == 200
+    ref_once.push(keys, grads)
+    status, _, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("lr", keys[:2]))
+    np.testing.assert_array_equal(codec.decode(raw).values, ref_once.pull(keys[:2]))
+    assert shards[0].duplicate_pushes == 1
+
+
+async def test_pushes_without_request_id_are_never_deduplicated(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    shards, urls = await serve_shards(1, (LR,))
+    frame = codec.encode_push("lr", _keys(1), np.array([1.0], np.float32))
+    for _ in range(3):
+        assert (await post(http, urls[0] + "/v1/push", frame))[0] == 200
+    assert shards[0].tables["lr"].pushes == 3 and shards[0].duplicate_pushes == 0
+
+
+# -- table declarations --------------------------------------------------------------
+
+
+async def declare(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
+    raw_body = body if isinstance(body, bytes) else orjson.dumps(body)
+    status, ctype, raw = await post(http, url + "/v1/tables", raw_body, "application/json")
+    assert ctype == "application/json", raw
+    return status, orjson.loads(raw)
+
+
+async def test_declare_creates_then_is_idempotent(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    shards, urls = await serve_shards(1)
+    url = urls[0]
+    spec = {"name": "fm", "dim": 8, "optimizer": "adagrad", "init_scale": 0.01, "seed": 4}
+
+    status, body = await declare(http, url, spec)
+    assert status == 201 and body["created"] is True
+    assert body["table"] == TableConfig("fm", 8, {"name": "adagrad"}, 0.01, 4).to_dict()
+    assert shards[0].tables["fm"].dim == 8
+
+    status, body = await declare(http, url, spec)
+    assert status == 200 and body["created"] is False
+
+    # The same table spelt with every default written out is the same table.
+    explicit = dict(spec, optimizer={"name": "adagrad", "lr": 0.05, "eps": 1e-8})
+    status, body = await declare(http, url, explicit)
+    assert status == 200 and body["created"] is False
+
+    status, tables = await get_json(http, url + "/v1/tables")
+    assert status == 200 and list(tables) == ["fm"]
+    assert tables["fm"]["dim"] == 8 and tables["fm"]["optimizer"]["name"] == "adagrad"
+
+
+async def test_declare_with_a_different_config_conflicts(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    shards, urls = await serve_shards(1, (LR,))
+    for other in (
+        {"name": "lr", "dim": 2},
+        {"name": "lr", "optimizer": "sgd"},
+        {"name": "lr", "optimizer": {"name": "ftrl", "alpha": 0.1}},
+        {"name": "lr", "init_scale": 0.5},
+        {"name": "lr", "seed": 1},
+    ):
+        status, body = await declare(http, urls[0], other)
+        assert status == 409, other
+        assert body["error"] == "table_conflict"
+        assert "table lr exists with" in body["detail"]
+    assert shards[0].tables["lr"].config == LR
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ({"name": "t", "optimizer": "adam"}, r"unknown optimizer 'adam'"),
+        ({"name": "t", "optimizer": {"alpha": 1}}, r"unknown optimizer None"),
+        ({"name": "t", "dim": 0}, r"dim must be an integer in \[1, 4096\]"),
+        ({"name": "t", "dim": 5000}, r"dim must be an integer in \[1, 4096\]"),
+        ({"name": "t", "dim": 2.5}, r"dim must be an integer"),
+        ({"name": "t", "dim": True}, r"dim must be an integer"),
+        ({"name": "t", "seed": -1}, r"seed must be an integer"),
+        ({"name": "t", "init_scale": -0.1}, r"init_scale must be finite and >= 0"),
+        ({"name": "t", "init_scale": "big"}, r"init_scale must be a number"),
+        ({"name": "t", "optimizer": {"name": "ftrl", "alpha": -1}}, r"ftrl needs alpha > 0"),
+        ({"name": "t", "optimizer": {"name": "sgd", "momentum": 0.9}}, r"bad sgd hyperparameters"),
+        ({"name": "t", "optimizer": 3}, r"optimizer is a name or an object"),
+        ({"name": "t", "shards": 2}, r"unknown table fields: \['shards'\]"),
+        ({"dim": 2}, r"name must be a string"),
+        ({"name": "no spaces"}, r"bad table name 'no spaces'"),
+        ({"name": "x" * 65}, r"bad table name"),
+        ([{"name": "t"}], r"a table declaration is a JSON object"),
+        (b"{not json", r"body is not JSON"),
+        (b"", r"body is not JSON"),
+    ],
+)
+async def test_invalid_declaration_is_rejected(
+    serve_shards: Any, http: aiohttp.ClientSession, body: Any, detail: str
+) -> None:
+    shards, urls = await serve_shards(1, (LR,))
+    status, reply = await declare(http, urls[0], body)
+    assert status == 400, reply
+    assert reply["error"] == "bad_table_config"
+    assert re.search(detail, reply["detail"]), reply["detail"]
+    assert list(shards[0].tables) == ["lr"]
+
+
+async def test_declaration_with_a_null_name_is_rejected(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    shards, urls = await serve_shards(1)
+    status, reply = await declare(http, urls[0], {"name": None, "dim": 2})
+    assert status == 400 and reply["error"] == "bad_table_config"
+    assert shards[0].tables == {}
+
+
+# -- stats, health, limits ---------------------------------------------------------------
+
+
+async def test_stats_report_features_bytes_and_calls(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    _, urls = await serve_shards(1, (LR, EMB))
+    _, empty = await get_json(http, urls[0] + "/v1/stats")
+    assert empty["shard_id"] == 0 and empty["num_shards"] == 1
+    assert empty["duplicate_pushes"] == 0
+    assert empty["tables"]["lr"]["features"] == 0 and empty["tables"]["lr"]["pushes"] == 0
+    assert empty["tables"]["lr"]["config"] == LR.to_dict()
+
+    keys = np.arange(5000, dtype=np.uint64)
+    for batch in np.array_split(keys, 2):
+        frame = codec.encode_push("lr", batch, np.ones(batch.size, np.float32))
+        assert (await post(http, urls[0] + "/v1/push", frame))[0] == 200
+    assert (await post(http, urls[0] + "/v1/pull", codec.encode_pull("emb", keys[:3])))[0] == 200
+
+    status, stats = await get_json(http, urls[0] + "/v1/stats")
+    assert status == 200
+    lr, emb = stats["tables"]["lr"], stats["tables"]["emb"]
+    assert (lr["features"], lr["pushes"], lr["pulls"]) == (5000, 2, 0)
+    assert (emb["features"], emb["pushes"], emb["pulls"]) == (0, 0, 1)
+    # 5000 rows of 2 float32 slots plus metadata and index: well above 40 kB.
+    assert lr["bytes"] > 5000 * 8 > 0
+    assert lr["bytes"] > empty["tables"]["lr"]["bytes"]
+
+
+async def test_healthz(serve_shards: Any, http: aiohttp.ClientSession) -> None:
+    _, urls = await serve_shards(2)
+    for i, url in enumerate(urls):
+        status, body = await get_json(http, url + "/healthz")
+        assert status == 200
+        assert body == {"status": "ok", "shard_id": i, "num_shards": 2}
+
+
+async def test_wrong_method_and_unknown_route_get_json_errors(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    _, urls = await serve_shards(1)
+    async with http.get(urls[0] + "/v1/push") as resp:
+        assert resp.status == 405
+        assert error_body(resp.content_type, await resp.read())["error"] == "method_not_allowed"
+    async with http.get(urls[0] + "/v2/nothing") as resp:
+        assert resp.status == 404
+        assert error_body(resp.content_type, await resp.read())["error"] == "not_found"
+
+
+@pytest.fixture
+async def small_body_server() -> AsyncIterator[tuple[Shard, str]]:
+    shard = Shard(ShardSpec(0, 1), (LR,))
+    server = TestServer(create_shard_app(shard, max_body=1024), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield shard, str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize("path", ["/v1/push", "/v1/pull", "/v1/tables"])
+async def test_body_over_the_limit_is_413_json(
+    small_body_server: tuple[Shard, str], http: aiohttp.ClientSession, path: str
+) -> None:
+    shard, url = small_body_server
+    keys = np.arange(200, dtype=np.uint64)  # 1600 bytes of keys alone
+    big = {
+        "/v1/push": codec.encode_push("lr", keys, np.ones(200, np.float32)),
+        "/v1/pull": codec.encode_pull("lr", keys),
+        "/v1/tables": orjson.dumps({"name": "t", "optimizer": {"name": "sgd"}, "x": "y" * 2000}),
+    }[path]
+    assert len(big) > 1024
+    status, ctype, raw = await post(http, url + path, big)
+    assert status == 413
+    body = error_body(ctype, raw)
+    assert body["error"] == "too_large"
+    assert "1024" in body["detail"]
+    assert len(shard.tables["lr"]) == 0 and shard.tables["lr"].pushes == 0
+    assert list(shard.tables) == ["lr"]
+
+    # A small request on the same server still works.
+    small = codec.encode_push("lr", keys[:10], np.ones(10, np.float32))
+    assert len(small) <= 1024
+    status, _, raw = await post(http, url + "/v1/push", small)
+    assert status == 200 and codec.decode(raw, Op.ACK).count == 10
