@@ -103,6 +103,15 @@ class TableConfig:
         return cls(name, dim, dict(opt), float(scale), seed)
 
 
+def _saturating_add(
+    counts: npt.NDArray[np.uint32], add: npt.NDArray[Any]
+) -> npt.NDArray[np.uint32]:
+    """uint32 counters plus whole-number increments, saturating at 2**32 - 1."""
+    total = counts.astype(np.float64) + add
+    out: npt.NDArray[np.uint32] = np.minimum(total, float(2**32 - 1)).astype(np.uint32)
+    return out
+
+
 class SparseTable:
     """One table's rows on one shard. Not thread-safe: one event loop owns it."""
 
@@ -210,11 +219,19 @@ class SparseTable:
         if counts is not None:
             c = np.asarray(counts, dtype=np.float32).reshape(-1, 2) if k.size else None
             if c is not None and (
-                c.shape[0] != k.size or not np.isfinite(c).all() or (c < 0).any()
+                c.shape[0] != k.size
+                or not np.isfinite(c).all()
+                or (c < 0).any()
+                or (c != np.floor(c)).any()
             ):
                 raise InvalidValuesError(
-                    f"table {self.config.name}: counts must be (n, 2), finite and >= 0"
+                    f"table {self.config.name}: counts must be (n, 2), finite, whole and >= 0"
                 )
+        seen = time.time() if event_time is None else event_time
+        if not (math.isfinite(seen) and 0 <= seen < 2**32):
+            raise InvalidValuesError(
+                f"table {self.config.name}: event time {seen!r} is not seconds in [0, 2**32)"
+            )
         if k.size == 0:
             return 0
         rows, new_rows, new_keys = self.index.get_or_insert(k)
@@ -238,13 +255,10 @@ class SparseTable:
         self.optimizer.step(block, summed)
         self.data[uniq] = block
         self.updated_at[uniq] = self.version
-        seen = time.time() if event_time is None else event_time
-        self.last_seen[uniq] = np.uint32(max(0, min(int(seen), 2**32 - 1)))
+        self.last_seen[uniq] = np.uint32(int(seen))
         if c is not None:
-            self.shows[uniq] += np.bincount(inverse, weights=c[:, 0], minlength=m).astype(np.uint32)
-            self.clicks[uniq] += np.bincount(inverse, weights=c[:, 1], minlength=m).astype(
-                np.uint32
-            )
+            self.shows[uniq] = _saturating_add(self.shows[uniq], np.bincount(inverse, c[:, 0], m))
+            self.clicks[uniq] = _saturating_add(self.clicks[uniq], np.bincount(inverse, c[:, 1], m))
         self.pushes += 1
         return int(m)
 

@@ -154,7 +154,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
      "invalid_values", r"table emb has dim 4, the push carries dim 1"),
     ("push-negative-counts", "/v1/push",
      lambda: _push(counts=np.array([[1, 0], [-1, 0], [2, 1]], np.float32)), 400,
-     "invalid_values", r"counts must be \(n, 2\), finite and >= 0"),
+     "invalid_values", r"counts must be \(n, 2\), finite, whole and >= 0"),
     ("push-nan-counts", "/v1/push",
      lambda: _push(counts=np.array([[1, 0], [1, np.nan], [2, 1]], np.float32)), 400,
      "invalid_values", r"counts must be"),

@@ -155,3 +155,24 @@ def test_shard_refuses_keys_it_does_not_own() -> None:
     with pytest.raises(WrongShardError):
         shard.handle_pull("lr", keys)
     assert len(shard.tables["lr"]) == mine.size
+
+
+@pytest.mark.parametrize("event_time", [float("nan"), float("inf"), -1.0, 2.0**33])
+def test_bad_event_time_changes_nothing(event_time: float) -> None:
+    t = SparseTable(TableConfig("lr", 1, {"name": "sgd", "lr": 1.0}))
+    with pytest.raises(InvalidValuesError, match="event time"):
+        t.push(np.array([1], dtype=np.uint64), np.array([1.0], dtype=np.float32), event_time=event_time)
+    assert len(t) == 0 and t.pushes == 0
+    assert t.pull(np.array([1], dtype=np.uint64))[0, 0] == 0.0
+
+
+def test_counts_must_be_whole_and_saturate_instead_of_wrapping() -> None:
+    t = SparseTable(TableConfig("lr", 1))
+    key, g = np.array([3], dtype=np.uint64), np.zeros(1, dtype=np.float32)
+    with pytest.raises(InvalidValuesError, match="whole"):
+        t.push(key, g, counts=np.array([[0.5, 0]], dtype=np.float32))
+    t.push(key, g, counts=np.array([[5e9, 1]], dtype=np.float32))
+    t.push(key, g, counts=np.array([[1, 1]], dtype=np.float32))
+    row = t.index.lookup(key)
+    assert t.shows[row].tolist() == [2**32 - 1]
+    assert t.clicks[row].tolist() == [2]
