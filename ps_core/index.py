@@ -27,8 +27,11 @@ _INDEX_SALT = 0x5BD1E9955BD1E995
 I64 = npt.NDArray[np.int64]
 _MAX_WINDOW = 32
 _OFFSETS = np.arange(_MAX_WINDOW, dtype=np.int64)
+# Shared empty results; read-only so no caller can change them for the others.
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 _NO_KEYS = np.zeros(0, dtype=np.uint64)
+_NO_ROWS.flags.writeable = False
+_NO_KEYS.flags.writeable = False
 
 
 class KeyIndex:
