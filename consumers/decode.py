@@ -1,0 +1,64 @@
+"""Decoding a window's records into a hashed `EventBatch`, in a worker process.
+
+`decode_records` is a pure, picklable function: the worker runs it in a
+process pool so that the per-event Python work (JSON decoding, validation)
+uses another core and never blocks the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ps_core.features import EventBatch, EventError, FeatureHasher, decode_message
+
+__all__ = ["Decoded", "Rejected", "decode_records"]
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A record that failed to decode or validate."""
+
+    index: int
+    """Its position in the window."""
+    reason: str
+    """One of `ps_core.features.REASONS`."""
+    detail: str
+    """Explanation."""
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """The result of decoding a window's records."""
+
+    batch: EventBatch
+    """Events of every good record; `batch.index` maps events to `record_of`."""
+    record_of: list[int]
+    """For each event given to the hasher, the record (window position) it came from."""
+    rejected: list[Rejected]
+    """Records that go to the dead-letter queue, in window order."""
+
+
+@lru_cache(maxsize=8)
+def _hasher(namespace: str) -> FeatureHasher:
+    # One hasher per process and namespace keeps its field-name cache warm.
+    return FeatureHasher(namespace)
+
+
+def decode_records(values: list[bytes | None], namespace: str, max_bytes: int) -> Decoded:
+    """Decode, validate and hash records; a record is trained whole or rejected whole."""
+    events: list[dict[str, object]] = []
+    record_of: list[int] = []
+    rejected: list[Rejected] = []
+    for i, value in enumerate(values):
+        try:
+            evs = decode_message(value, max_bytes)
+        except EventError as exc:
+            rejected.append(Rejected(i, exc.reason, exc.detail))
+            continue
+        events.extend(evs)
+        record_of.extend([i] * len(evs))
+    batch, errors = _hasher(namespace).featurize(events, groups=record_of)
+    rejected.extend(Rejected(g, e.reason, e.detail) for g, e in errors.items())
+    rejected.sort(key=lambda r: r.index)
+    return Decoded(batch, record_of, rejected)

@@ -1,0 +1,326 @@
+"""The training worker: a Kafka consumer in group ``ctrps`` that trains the
+model from click events, one micro-batch window at a time.
+
+For each window (`consumers.windows`):
+
+1. decode, validate and hash its records in a process pool (`decode_records`);
+2. send rejected records to the dead-letter topic, awaiting the broker's acks;
+3. progressive validation: predict every event with the weights as they are
+   before the window trains (one pull of the window's distinct ids), and
+   compute log loss, AUC and COPC;
+4. train in mini-batches: pull → gradients → push (update mode ``async``:
+   each mini-batch's push applies on arrival, no barrier between workers);
+5. commit, for partitions still assigned, the offsets after the window —
+   only now, when every push and every dead letter has been acknowledged.
+
+A window is applied at least once: if the worker dies before its commit, the
+partition's next owner replays it (so a partition sees at most one window
+applied twice). On revoke, an in-flight window finishes and commits first;
+buffered records of revoked partitions are dropped for the new owner to read.
+On stop (SIGTERM), the buffered window is finished and committed, then the
+consumer leaves the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import multiprocessing
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+
+from ps_core.client import PSClient
+from ps_core.metrics import Metrics, evaluate
+from ps_core.models import Model, sigmoid
+
+from .decode import Decoded, decode_records
+from .dlq import DeadLetter, DeadLetterQueue
+from .windows import TopicPartitionKey, Window, WindowBuilder
+
+__all__ = ["WorkerConfig", "Worker", "WindowReport"]
+
+log = logging.getLogger("ctrps.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs besides its client and model."""
+
+    bootstrap: str
+    """Kafka bootstrap servers."""
+    topic: str = "clicks"
+    """Topic of click events."""
+    group: str = "ctrps"
+    """Consumer group."""
+    dlq_topic: str = "clicks.dlq"
+    """Dead-letter topic."""
+    window_seconds: float = 60.0
+    """Window span in record time (and the wall-time bound of an open window)."""
+    window_events: int = 100_000
+    """Most records in one window."""
+    mini_batch: int = 4096
+    """Events per pull/push step."""
+    max_message_bytes: int = 1 << 20
+    """Larger messages are dead-lettered as oversized."""
+    decode_processes: int = 1
+    """Processes decoding records; 0 decodes on the event loop (tests, tiny loads)."""
+    session_timeout_ms: int = 10_000
+    """Kafka group session timeout: how fast a dead worker's partitions move."""
+    heartbeat_interval_ms: int = 1_000
+    """Kafka heartbeat interval."""
+    mode: str = "async"
+    """Update mode; ``async`` for now."""
+
+    def __post_init__(self) -> None:
+        if self.mode != "async":
+            raise ValueError(f"update mode {self.mode!r} is not available; use async")
+        if self.window_seconds <= 0 or self.window_events < 1 or self.mini_batch < 1:
+            raise ValueError("window_seconds, window_events and mini_batch must be positive")
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    """What one window did (one log line)."""
+
+    window: int
+    partitions: list[int]
+    events: int
+    records: int
+    dlq: int
+    metrics: Metrics
+    events_per_s: float
+    lag: int
+    seconds: float
+
+    def fields(self) -> dict[str, Any]:
+        m = self.metrics
+        return {
+            "window": self.window,
+            "partitions": ",".join(map(str, self.partitions)),
+            "events": self.events,
+            "dlq": self.dlq,
+            "logloss": round(m.logloss, 5),
+            "auc": round(m.auc, 4),
+            "copc": round(m.copc, 3),
+            "events_per_s": round(self.events_per_s),
+            "lag": self.lag,
+        }
+
+
+@dataclass
+class WorkerStats:
+    """Running totals."""
+
+    windows: int = 0
+    records: int = 0
+    events_trained: int = 0
+    dead_letters: int = 0
+    commits: int = 0
+    failed_commits: int = 0
+    last: WindowReport | None = None
+    history: list[WindowReport] = field(default_factory=list)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._worker._on_revoked({(tp.topic, tp.partition) for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        log.info("assigned", extra={"fields": {"partitions": sorted(tp.partition for tp in assigned)}})
+
+
+class Worker:
+    """A training worker. ``await worker.run(stop)`` until `stop` is set."""
+
+    def __init__(self, config: WorkerConfig, client: PSClient, model: Model) -> None:
+        self.config = config
+        self.client = client
+        self.model = model
+        self.stats = WorkerStats()
+        self._builder = WindowBuilder(config.window_seconds, config.window_events)
+        self._lock = asyncio.Lock()  # one window applies at a time (revoke waits for it)
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._dlq: DeadLetterQueue | None = None
+        self._committed: dict[TopicPartitionKey, int] = {}
+
+    # -- lifecycle -------------------------------------------------------------
+    async def _start(self) -> None:
+        c = self.config
+        for t in self.model.tables():
+            await self.client.declare(t)
+        if c.decode_processes > 0:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                c.decode_processes, mp_context=multiprocessing.get_context("spawn")
+            )
+        self._producer = AIOKafkaProducer(bootstrap_servers=c.bootstrap, linger_ms=5)
+        await self._producer.start()
+        self._dlq = DeadLetterQueue(self._producer, c.dlq_topic)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=c.bootstrap,
+            group_id=c.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=c.session_timeout_ms,
+            heartbeat_interval_ms=c.heartbeat_interval_ms,
+            max_partition_fetch_bytes=max(c.max_message_bytes * 2, 1 << 20),
+            fetch_max_bytes=max(c.max_message_bytes * 4, 50 << 20),
+        )
+        self._consumer.subscribe([c.topic], listener=_Rebalance(self))
+        await self._consumer.start()
+
+    async def _close(self) -> None:
+        if self._consumer is not None:
+            with contextlib.suppress(KafkaError):
+                await self._consumer.stop()  # leaves the group
+        if self._producer is not None:
+            with contextlib.suppress(KafkaError):
+                await self._producer.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._consumer = self._producer = self._pool = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume and train until `stop` is set; then finish the buffered
+        window, commit, and leave the group."""
+        await self._start()
+        try:
+            while not stop.is_set():
+                batches = await self._consumer.getmany(timeout_ms=200, max_records=20_000)
+                for records in batches.values():
+                    self._builder.add(records)
+                if self._builder.should_close():
+                    await self._apply(self._builder.take())
+            await self._apply(self._builder.take())
+        finally:
+            await self._close()
+
+    # -- one window ------------------------------------------------------------
+    async def _on_revoked(self, revoked: set[TopicPartitionKey]) -> None:
+        async with self._lock:  # an in-flight window finishes and commits first
+            dropped = self._builder.drop_partitions(revoked)
+        log.info(
+            "revoked",
+            extra={"fields": {"partitions": sorted(p for _, p in revoked), "dropped_records": dropped}},
+        )
+
+    async def _decode(self, window: Window) -> Decoded:
+        if self._pool is None:
+            return decode_records(window.values, self.model.name, self.config.max_message_bytes)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._pool, decode_records, window.values, self.model.name, self.config.max_message_bytes
+        )
+
+    async def _apply(self, window: Window | None) -> None:
+        if window is None:
+            return
+        async with self._lock:
+            t0 = time.perf_counter()
+            decoded = await self._decode(window)
+            assert self._dlq is not None
+            await self._dlq.send_all(
+                [
+                    DeadLetter(window.values[r.index], r.reason, r.detail, *window.sources[r.index])
+                    for r in decoded.rejected
+                ]
+            )
+            metrics = await self._progressive(decoded)
+            await self._train(decoded, window)
+            await self._commit(window)
+            self._report(window, decoded, metrics, time.perf_counter() - t0)
+
+    async def _pull_all(self, keys: np.ndarray) -> dict[str, Any]:
+        names = self.model.table_names
+        got = await asyncio.gather(*(self.client.pull(t, keys) for t in names))
+        return dict(zip(names, got))
+
+    async def _progressive(self, decoded: Decoded) -> Metrics:
+        batch = decoded.batch
+        if batch.size == 0:
+            return evaluate([], [])
+        plan = self.model.plan(batch)
+        weights = await self._pull_all(plan.keys)
+        p = sigmoid(self.model.logits(batch, plan, weights))
+        return evaluate(p, batch.labels)
+
+    async def _train(self, decoded: Decoded, window: Window) -> None:
+        batch = decoded.batch
+        step = self.config.mini_batch
+        for start in range(0, batch.size, step):  # per mini-batch, not per event
+            sub = batch.select(np.arange(start, min(start + step, batch.size)))
+            plan = self.model.plan(sub)
+            weights = await self._pull_all(plan.keys)
+            p = sigmoid(self.model.logits(sub, plan, weights))
+            dlogit = (p - sub.labels) * sub.weights
+            grads = self.model.gradients(sub, plan, weights, dlogit)
+            ts = sub.ts[np.isfinite(sub.ts)]
+            event_time = float(ts.max()) if ts.size else window.last_ts_ms / 1000.0
+            counts = plan.counts(sub.labels)
+            await asyncio.gather(
+                *(
+                    self.client.push(t, plan.keys, g, counts=counts, event_time=event_time)
+                    for t, g in grads.items()
+                )
+            )
+        self.stats.events_trained += batch.size
+
+    async def _commit(self, window: Window) -> None:
+        owned = self._consumer.assignment()
+        offsets = {
+            TopicPartition(t, p): off
+            for (t, p), off in window.next_offsets.items()
+            if TopicPartition(t, p) in owned
+        }
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit(offsets)
+            self.stats.commits += 1
+            self._committed.update({(tp.topic, tp.partition): off for tp, off in offsets.items()})
+        except (CommitFailedError, IllegalStateError) as exc:
+            # The group rebalanced mid-window: the new owner replays it.
+            self.stats.failed_commits += 1
+            log.warning("commit failed", extra={"fields": {"window": window.seq, "error": str(exc)}})
+
+    def _lag(self) -> int:
+        """Records behind, over owned partitions: highwater − next offset to apply."""
+        total = 0
+        for tp in self._consumer.assignment():
+            hw = self._consumer.highwater(tp)
+            done = self._committed.get((tp.topic, tp.partition))
+            if hw is not None and done is not None:
+                total += max(0, hw - done)
+        return total
+
+    def _report(self, window: Window, decoded: Decoded, metrics: Metrics, seconds: float) -> None:
+        report = WindowReport(
+            window=window.seq,
+            partitions=sorted({p for _, p in window.next_offsets}),
+            events=decoded.batch.size,
+            records=window.size,
+            dlq=len(decoded.rejected),
+            metrics=metrics,
+            events_per_s=decoded.batch.size / seconds if seconds > 0 else 0.0,
+            lag=self._lag(),
+            seconds=seconds,
+        )
+        s = self.stats
+        s.windows += 1
+        s.records += window.size
+        s.dead_letters += report.dlq
+        s.last = report
+        s.history.append(report)
+        del s.history[:-1000]
+        log.info("window", extra={"fields": report.fields()})

@@ -1,0 +1,137 @@
+"""The worker against the real broker: training, dead letters, commits."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from consumers.broker import create_topics
+from consumers.dlq import read_headers
+from consumers.worker import Worker, WorkerConfig
+from ps_core.client import PSClient
+from ps_core.features import FeatureHasher
+from ps_core.hashing import shard_of
+from ps_core.models import LogisticRegression
+from ps_core.shard import Shard, ShardSpec
+
+
+def _topic() -> str:
+    return f"clicks-{uuid.uuid4().hex[:10]}"
+
+
+async def _produce(bootstrap: str, topic: str, values: list[bytes], partitions: int) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        futs = [await producer.send(topic, v, partition=i % partitions) for i, v in enumerate(values)]
+        await asyncio.gather(*futs)
+    finally:
+        await producer.stop()
+
+
+async def _committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await c.start()
+    try:
+        out = {}
+        for p in range(partitions):
+            out[p] = await c.committed(TopicPartition(topic, p)) or 0
+        return out
+    finally:
+        await c.stop()
+
+
+async def _run_until(worker: Worker, done: Any, timeout_s: float = 60.0) -> None:
+    """Run the worker until done() holds (checked between windows) or time runs out."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    try:
+        while not done():
+            if task.done():
+                task.result()
+                raise AssertionError("worker stopped early")
+            assert loop.time() < deadline, f"not done within {timeout_s}s: {worker.stats}"
+            await asyncio.sleep(0.05)  # poll interval
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def _good(i: int) -> bytes:
+    return orjson.dumps({"id": f"g{i}", "ts": 1_764_681_600 + i, "label": i % 3 == 0 and 1 or 0,
+                         "features": {"site": f"s{i % 7}", "ad": f"a{i % 11}", "price": 1.5}})
+
+
+async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_bootstrap: str) -> None:
+    topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
+    dlq = topic + ".dlq"
+    await create_topics(kafka_bootstrap, {topic: 2, dlq: 1})
+    bad = {
+        b"{not json": "invalid_json",
+        b'{"label": 1, "features": {"a": "x"}, "p": NaN}': "invalid_json",
+        b"": "empty",
+        b'{"features": {"a": "x"}}': "missing_label",
+        b'{"label": "yes", "features": {"a": "x"}}': "bad_label",
+        b'{"label": 1, "features": {"a": {"deep": 1}}}': "bad_value",
+        b'{"label": 1, "features": ["a"]}': "bad_features",
+        b'{"label": 1, "features": {"a": "' + b"x" * 3000 + b'"}}': "oversized",
+        b'[{"label": 1, "keys": [1]}, {"label": 1, "keys": [-5]}]': "bad_keys",
+    }
+    values: list[bytes] = []
+    good = 0
+    for i, (raw, _) in enumerate(bad.items()):
+        values += [_good(good), _good(good + 1), raw]
+        good += 2
+    values += [orjson.dumps([orjson.loads(_good(good)), orjson.loads(_good(good + 1))])]  # one array message
+    good += 2
+    await _produce(kafka_bootstrap, topic, values, 2)
+
+    model = LogisticRegression("m")
+    shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, dlq_topic=dlq,
+                          window_seconds=0.3, window_events=7, mini_batch=4,
+                          max_message_bytes=2000, decode_processes=0)
+    worker = Worker(config, PSClient.local(shards), model)
+    await _run_until(worker, lambda: worker.stats.records >= len(values))
+
+    # Every bad message is in the DLQ with its reason and source offset.
+    c = AIOKafkaConsumer(dlq, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
+                         group_id=f"r-{uuid.uuid4().hex[:8]}", enable_auto_commit=False)
+    await c.start()
+    letters: list[Any] = []
+    try:
+        async with asyncio.timeout(20):
+            while len(letters) < len(bad):
+                for recs in (await c.getmany(timeout_ms=500)).values():
+                    letters += recs
+    finally:
+        await c.stop()
+    got = {}
+    for rec in letters:
+        h = read_headers(rec.headers)
+        assert h["ctrps-source-topic"] == topic
+        src = (int(h["ctrps-source-partition"]), int(h["ctrps-source-offset"]))
+        got[rec.value] = (h["ctrps-reason"], src)
+    assert {v: r for v, (r, _) in got.items()} == bad
+    for raw, (_, (p, off)) in got.items():
+        i = values.index(raw)
+        assert (p, off) == (i % 2, i // 2)  # where it was produced
+
+    # Every good event trained exactly once: the bias feature was shown once per event.
+    bias = np.array([FeatureHasher("m").bias_key], dtype=np.uint64)
+    owner = shards[int(shard_of(bias, 2)[0])]
+    table = owner.tables["m_w"]
+    assert int(table.shows[table.index.lookup(bias)][0]) == good
+    assert worker.stats.events_trained == good
+    assert worker.stats.dead_letters == len(bad)
+    assert worker.stats.last is not None and worker.stats.last.metrics.events > 0
+    # Offsets are committed to the end of each partition.
+    committed = await _committed(kafka_bootstrap, group, topic, 2)
+    assert committed == {0: (len(values) + 1) // 2, 1: len(values) // 2}
