@@ -10,7 +10,7 @@ from typing import Sequence
 import uvloop
 
 from .logs import configure_logging
-from .settings import SettingsError, ShardSettings
+from .settings import SettingsError, ShardSettings, WorkerSettings
 
 __all__ = ["main", "build_parser"]
 
@@ -30,6 +30,18 @@ example:
   # then: CTRPS_KAFKA_BOOTSTRAP=127.0.0.1:9092 ...
 
 Runs the embedded Tansu broker (memory only) until Ctrl-C or SIGTERM.
+"""
+
+_WORKER_EXAMPLE = """\
+example:
+  ctrps broker --port 9092 &
+  ctrps shard --port 7100 --shard-id 0 --num-shards 2 &
+  ctrps shard --port 7101 --shard-id 1 --num-shards 2 &
+  ctrps worker --bootstrap 127.0.0.1:9092 \\
+      --shards http://127.0.0.1:7100,http://127.0.0.1:7101 --window-seconds 5
+
+Every flag falls back to a CTRPS_* variable (CTRPS_KAFKA_BOOTSTRAP, CTRPS_SHARDS,
+CTRPS_TOPIC, CTRPS_WINDOW_SECONDS, ...). One log line per window.
 """
 
 _DEMO_EXAMPLE = """\
@@ -71,6 +83,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--stats-interval", type=float, help="seconds between progress lines; 0 = off (default 60)"
     )
     shard.add_argument("--log-format", choices=("text", "json"), help="log line format")
+
+    worker = sub.add_parser(
+        "worker",
+        help="train from the Kafka click stream, pushing to shard servers",
+        description="A training worker: consume click events in micro-batch windows, "
+        "predict them first (progressive validation), train, commit.",
+        epilog=_WORKER_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    worker.add_argument("--bootstrap", help="Kafka bootstrap servers (host:port)")
+    worker.add_argument("--shards", help="shard URLs, comma-separated, shard 0 first")
+    worker.add_argument("--topic", help="topic of click events (default clicks)")
+    worker.add_argument("--group", help="consumer group (default ctrps)")
+    worker.add_argument("--dlq-topic", help="dead-letter topic (default <topic>.dlq)")
+    worker.add_argument("--window-seconds", type=float, help="window span in event time (default 60)")
+    worker.add_argument("--window-events", type=int, help="most events per window (default 100000)")
+    worker.add_argument("--mini-batch", type=int, help="events per pull/push step (default 4096)")
+    worker.add_argument("--model", choices=("lr", "fm"), help="model kind (default lr)")
+    worker.add_argument("--model-name", help="model name (default ctr)")
+    worker.add_argument("--decode-processes", type=int, help="decoding processes (default 1)")
+    worker.add_argument("--log-format", choices=("text", "json"), help="log line format")
 
     broker = sub.add_parser(
         "broker",
@@ -122,6 +155,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .shard_role import run_shard
 
         uvloop.run(run_shard(settings))
+        return 0
+    if args.command == "worker":
+        try:
+            wsettings = WorkerSettings.from_args(args)
+        except SettingsError as exc:
+            print(f"ctrps worker: {exc}", file=sys.stderr)
+            return 2
+        configure_logging(wsettings.log_format)
+        from .worker_role import run_worker
+
+        uvloop.run(run_worker(wsettings))
         return 0
     if args.command == "broker":
         try:

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from ps_core.errors import TableConfigError
 from ps_core.table import TableConfig
 
-__all__ = ["ShardSettings", "parse_table_spec", "SettingsError"]
+__all__ = ["ShardSettings", "WorkerSettings", "parse_table_spec", "SettingsError"]
 
 
 class SettingsError(ValueError):
@@ -147,4 +147,92 @@ class ShardSettings:
                 args.stats_interval if args.stats_interval is not None else base.stats_interval_s
             ),
             log_format=args.log_format if args.log_format is not None else base.log_format,
+        )
+
+
+def _env_list(env: Mapping[str, str], key: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in env.get(key, "").split(",") if s.strip())
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Settings of one training worker (`ctrps worker`)."""
+
+    bootstrap: str = ""
+    """Kafka bootstrap servers (``CTRPS_KAFKA_BOOTSTRAP``); required."""
+    shards: tuple[str, ...] = ()
+    """Shard server URLs, shard i at position i (``CTRPS_SHARDS``, comma-separated); required."""
+    topic: str = "clicks"
+    """Topic of click events (``CTRPS_TOPIC``)."""
+    group: str = "ctrps"
+    """Consumer group (``CTRPS_GROUP``)."""
+    dlq_topic: str = ""
+    """Dead-letter topic (``CTRPS_DLQ_TOPIC``); default ``<topic>.dlq``."""
+    window_seconds: float = 60.0
+    """Window span in event time (``CTRPS_WINDOW_SECONDS``)."""
+    window_events: int = 100_000
+    """Most events in a window (``CTRPS_WINDOW_EVENTS``)."""
+    mini_batch: int = 4096
+    """Events per pull/push step (``CTRPS_MINI_BATCH``)."""
+    model: str = "lr"
+    """``lr`` or ``fm`` (``CTRPS_MODEL``)."""
+    model_name: str = "ctr"
+    """Model name: table prefix and feature-hash namespace (``CTRPS_MODEL_NAME``)."""
+    decode_processes: int = 1
+    """Processes decoding events (``CTRPS_DECODE_PROCESSES``); 0 decodes in the event loop."""
+    log_format: str = "text"
+    """``text`` or ``json`` (``CTRPS_LOG_FORMAT``)."""
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap:
+            raise SettingsError(
+                "no Kafka bootstrap: pass --bootstrap or set CTRPS_KAFKA_BOOTSTRAP "
+                "(for development, `ctrps broker` starts one)"
+            )
+        if not self.shards:
+            raise SettingsError("no shards: pass --shards URL,URL,... or set CTRPS_SHARDS")
+        if self.model not in ("lr", "fm"):
+            raise SettingsError(f"model {self.model!r} is not lr or fm")
+        if not self.window_seconds > 0 or self.window_events < 1 or self.mini_batch < 1:
+            raise SettingsError("window seconds, window events and mini-batch must be positive")
+        if self.decode_processes < 0:
+            raise SettingsError("decode processes must be >= 0")
+        if self.log_format not in ("text", "json"):
+            raise SettingsError("log format is text or json")
+
+    @property
+    def dlq(self) -> str:
+        """The dead-letter topic in effect."""
+        return self.dlq_topic or f"{self.topic}.dlq"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> WorkerSettings:
+        """Flags (where given) over ``CTRPS_*`` variables over defaults."""
+        d = cls.__dataclass_fields__
+
+        def pick(flag: Any, key: str, name: str, conv: Any = str) -> Any:
+            if flag is not None:
+                return flag
+            raw = env.get(key)
+            if raw:
+                try:
+                    return conv(raw)
+                except ValueError:
+                    raise SettingsError(f"{key}={raw!r} is not a valid {conv.__name__}") from None
+            return d[name].default
+
+        shards = tuple(s for s in (args.shards or "").split(",") if s) or _env_list(env, "CTRPS_SHARDS")
+        return cls(
+            bootstrap=pick(args.bootstrap, "CTRPS_KAFKA_BOOTSTRAP", "bootstrap"),
+            shards=shards,
+            topic=pick(args.topic, "CTRPS_TOPIC", "topic"),
+            group=pick(args.group, "CTRPS_GROUP", "group"),
+            dlq_topic=pick(args.dlq_topic, "CTRPS_DLQ_TOPIC", "dlq_topic"),
+            window_seconds=pick(args.window_seconds, "CTRPS_WINDOW_SECONDS", "window_seconds", float),
+            window_events=pick(args.window_events, "CTRPS_WINDOW_EVENTS", "window_events", int),
+            mini_batch=pick(args.mini_batch, "CTRPS_MINI_BATCH", "mini_batch", int),
+            model=pick(args.model, "CTRPS_MODEL", "model"),
+            model_name=pick(args.model_name, "CTRPS_MODEL_NAME", "model_name"),
+            decode_processes=pick(args.decode_processes, "CTRPS_DECODE_PROCESSES", "decode_processes", int),
+            log_format=pick(args.log_format, "CTRPS_LOG_FORMAT", "log_format"),
         )
