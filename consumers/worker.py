@@ -28,6 +28,7 @@ import concurrent.futures
 import contextlib
 import logging
 import multiprocessing
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,6 +129,13 @@ class WorkerStats:
     history: list[WindowReport] = field(default_factory=list)
 
 
+def _ignore_stop_signals() -> None:
+    """Decode processes leave stopping to the worker: Ctrl-C and a group-wide
+    SIGTERM reach them too, and the worker still needs them to flush."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
@@ -162,7 +170,9 @@ class Worker:
             await self.client.declare(t)
         if c.decode_processes > 0:
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                c.decode_processes, mp_context=multiprocessing.get_context("spawn")
+                c.decode_processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_ignore_stop_signals,
             )
         self._producer = AIOKafkaProducer(bootstrap_servers=c.bootstrap, linger_ms=5)
         await self._producer.start()
@@ -193,17 +203,44 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume and train until `stop` is set; then finish the buffered
-        window, commit, and leave the group."""
+        window, commit, and leave the group.
+
+        Windows are pipelined one deep: window N+1 decodes in the pool while
+        window N trains; applies and commits stay strictly in order.
+        """
         await self._start()
+        inflight: asyncio.Task[None] | None = None
         try:
             while not stop.is_set():
-                batches = await self._consumer.getmany(timeout_ms=200, max_records=20_000)
+                # Never fetch past the window's capacity: a window holds at most
+                # window_events records.
+                room = self.config.window_events - len(self._builder)
+                batches = await self._consumer.getmany(
+                    timeout_ms=200, max_records=max(1, min(room, 20_000))
+                )
                 for records in batches.values():
                     self._builder.add(records)
+                if inflight is not None and inflight.done():
+                    inflight.result()  # re-raise a failed window here, on the hot path
+                    inflight = None
                 if self._builder.should_close():
-                    await self._apply(self._builder.take())
-            await self._apply(self._builder.take())
+                    window = self._builder.take()
+                    assert window is not None
+                    decoding = self._decode(window)
+                    if inflight is not None:
+                        await inflight
+                    inflight = asyncio.create_task(self._apply(window, decoding))
+            last = self._builder.take()
+            if inflight is not None:
+                await inflight
+                inflight = None
+            if last is not None:
+                await self._apply(last, self._decode(last))
         finally:
+            if inflight is not None and not inflight.done():
+                inflight.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await inflight
             await self._close()
 
     # -- one window ------------------------------------------------------------
@@ -215,20 +252,43 @@ class Worker:
             extra={"fields": {"partitions": sorted(p for _, p in revoked), "dropped_records": dropped}},
         )
 
-    async def _decode(self, window: Window) -> Decoded:
+    def _decode(self, window: Window) -> asyncio.Future[Decoded]:
+        """Start decoding `window` (in the pool when there is one)."""
+        args = (window.values, self.model.name, self.config.max_message_bytes)
         if self._pool is None:
-            return decode_records(window.values, self.model.name, self.config.max_message_bytes)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._pool, decode_records, window.values, self.model.name, self.config.max_message_bytes
-        )
+            fut: asyncio.Future[Decoded] = asyncio.get_running_loop().create_future()
+            fut.set_result(decode_records(*args))
+            return fut
+        return asyncio.get_running_loop().run_in_executor(self._pool, decode_records, *args)
 
-    async def _apply(self, window: Window | None) -> None:
-        if window is None:
-            return
+    def _owned_only(self, window: Window, decoded: Decoded) -> tuple[Window, Decoded]:
+        """Drop what belongs to partitions revoked since the window closed: their
+        new owner reads them again from the committed offset."""
+        owned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+        if all(tp in owned for tp in window.next_offsets):
+            return window, decoded
+        keep_record = np.array([(s[0], s[1]) in owned for s in window.sources], dtype=bool)
+        record_of = np.asarray(decoded.record_of, dtype=np.int64)
+        events = np.flatnonzero(keep_record[record_of[decoded.batch.index]])
+        trimmed = Decoded(
+            batch=decoded.batch.select(events),
+            record_of=decoded.record_of,
+            rejected=[r for r in decoded.rejected if keep_record[r.index]],
+        )
+        kept = Window(
+            seq=window.seq,
+            values=window.values,
+            sources=window.sources,
+            next_offsets={tp: o for tp, o in window.next_offsets.items() if tp in owned},
+            first_ts_ms=window.first_ts_ms,
+            last_ts_ms=window.last_ts_ms,
+        )
+        return kept, trimmed
+
+    async def _apply(self, window: Window, decoding: asyncio.Future[Decoded]) -> None:
         async with self._lock:
             t0 = time.perf_counter()
-            decoded = await self._decode(window)
+            window, decoded = self._owned_only(window, await decoding)
             assert self._dlq is not None
             await self._dlq.send_all(
                 [

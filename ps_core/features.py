@@ -122,48 +122,33 @@ def _multipliers(width: int) -> U64:
     return _MULTS[:width]
 
 
-_LONG = 256
-
-
 def string_hashes(strings: Sequence[str] | npt.NDArray[np.object_]) -> U64:
     """Stable 64-bit hashes of strings: ``fmix64(sum_i cp_i * M_i)`` over the
     code points ``cp_i`` with fixed odd multipliers ``M_i`` (mod 2**64).
 
-    Vectorised over a numpy unicode array; strings longer than 256 code points
-    are hashed one by one (same function) so that one long value does not widen
-    the array for all.
+    Vectorised: all strings are encoded as one UTF-32 buffer; each code point
+    is multiplied by the multiplier of its position within its string, and
+    ``np.add.reduceat`` sums each string's run.
     """
-    n = len(strings)
+    seq = strings.tolist() if isinstance(strings, np.ndarray) else strings
+    n = len(seq)
     if n == 0:
         return np.zeros(0, dtype=np.uint64)
-    longest = max(map(len, strings))
-    if longest > _LONG:
-        out = np.empty(n, dtype=np.uint64)
-        lens = np.fromiter(map(len, strings), dtype=np.int64, count=n)
-        short = np.flatnonzero(lens <= _LONG)
-        seq = list(strings)
-        out[short] = string_hashes([seq[i] for i in short.tolist()])
-        for i in np.flatnonzero(lens > _LONG).tolist():
-            cps = np.frombuffer(seq[i].encode("utf-32-le"), dtype="<u4")
-            out[i] = _hash_codepoints(cps[None, :])[0]
-        return out
-    arr = (
-        strings.astype(np.str_)
-        if isinstance(strings, np.ndarray)
-        else np.array(strings, dtype=np.str_)
-    )
-    if arr.dtype.itemsize == 0:
-        return np.full(n, mix64(np.zeros(1, dtype=np.uint64))[0], dtype=np.uint64)
-    cps = arr.view(np.uint32).reshape(n, -1)
-    return _hash_codepoints(cps)
-
-
-def _hash_codepoints(cps: npt.NDArray[np.uint32]) -> U64:
-    mults = _multipliers(cps.shape[1])
-    acc = np.zeros(cps.shape[0], dtype=np.uint64)
-    for i in range(cps.shape[1]):  # one pass per character position, not per string
-        acc += cps[:, i].astype(np.uint64) * mults[i]
-    return mix64(acc)
+    # One buffer, each string followed by a NUL: boundaries come from the
+    # buffer itself instead of a len() per string.
+    cps = np.frombuffer(("\0".join(seq) + "\0").encode("utf-32-le"), dtype="<u4")
+    ends = np.flatnonzero(cps == 0)
+    if ends.size != n:  # some string holds a NUL: take lengths the slow way
+        lens = np.fromiter(map(len, seq), dtype=np.int64, count=n)
+        ends = np.cumsum(lens + 1) - 1
+    starts = np.empty(n, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    seg_lens = ends - starts + 1  # including the terminator, so never empty
+    # Position of each code point within its own string; terminators are 0 and add nothing.
+    rel = np.arange(cps.size, dtype=np.int64) - np.repeat(starts, seg_lens)
+    prod = cps.astype(np.uint64) * _multipliers(int(seg_lens.max()))[rel]
+    return mix64(np.add.reduceat(prod, starts))
 
 
 # -- events → batches ----------------------------------------------------------
