@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--model", choices=("lr", "fm"), help="model kind (default lr)")
     worker.add_argument("--model-name", help="model name (default ctr)")
     worker.add_argument("--decode-processes", type=int, help="decoding processes (default 1)")
+    worker.add_argument(
+        "--session-timeout-ms", type=int, help="Kafka session timeout (default 10000)"
+    )
     worker.add_argument("--log-format", choices=("text", "json"), help="log line format")
 
     broker = sub.add_parser(

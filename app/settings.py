@@ -180,6 +180,8 @@ class WorkerSettings:
     """Model name: table prefix and feature-hash namespace (``CTRPS_MODEL_NAME``)."""
     decode_processes: int = 1
     """Processes decoding events (``CTRPS_DECODE_PROCESSES``); 0 decodes in the event loop."""
+    session_timeout_ms: int = 10_000
+    """Kafka session timeout: how soon a dead worker's partitions move (``CTRPS_SESSION_TIMEOUT_MS``)."""
     log_format: str = "text"
     """``text`` or ``json`` (``CTRPS_LOG_FORMAT``)."""
 
@@ -197,6 +199,8 @@ class WorkerSettings:
             raise SettingsError("window seconds, window events and mini-batch must be positive")
         if self.decode_processes < 0:
             raise SettingsError("decode processes must be >= 0")
+        if self.session_timeout_ms < 1000:
+            raise SettingsError("session timeout must be at least 1000 ms")
         if self.log_format not in ("text", "json"):
             raise SettingsError("log format is text or json")
 
@@ -234,5 +238,8 @@ class WorkerSettings:
             model=pick(args.model, "CTRPS_MODEL", "model"),
             model_name=pick(args.model_name, "CTRPS_MODEL_NAME", "model_name"),
             decode_processes=pick(args.decode_processes, "CTRPS_DECODE_PROCESSES", "decode_processes", int),
+            session_timeout_ms=pick(
+                args.session_timeout_ms, "CTRPS_SESSION_TIMEOUT_MS", "session_timeout_ms", int
+            ),
             log_format=pick(args.log_format, "CTRPS_LOG_FORMAT", "log_format"),
         )

@@ -34,6 +34,8 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
         window_events=settings.window_events,
         mini_batch=settings.mini_batch,
         decode_processes=settings.decode_processes,
+        session_timeout_ms=settings.session_timeout_ms,
+        heartbeat_interval_ms=max(100, settings.session_timeout_ms // 5),
     )
     model = make_model(settings.model, settings.model_name)
     log_event(log, "starting", topic=settings.topic, group=settings.group,

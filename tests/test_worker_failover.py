@@ -1,0 +1,164 @@
+"""Workers sharing a group, and a worker killed mid-stream: nothing lost."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from consumers.broker import create_topics
+from consumers.worker import Worker, WorkerConfig
+from ps_core.client import PSClient
+from ps_core.hashing import shard_of
+from ps_core.shard import Shard, ShardSpec
+from ps_core.models import LogisticRegression
+
+PARTITIONS = 4
+KEY_BASE = 10**12  # event i carries the pre-hashed key KEY_BASE + i: its shows count its applications
+
+
+def _event(i: int) -> bytes:
+    return orjson.dumps({"id": f"e{i}", "ts": 1_764_681_600 + i * 0.01, "label": i % 4 == 0 and 1 or 0,
+                         "features": {"site": f"s{i % 13}"}, "keys": [KEY_BASE + i]})
+
+
+async def _produce(bootstrap: str, topic: str, lo: int, hi: int, rate: float | None = None) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    try:
+        futs = []
+        for i in range(lo, hi):
+            futs.append(await producer.send(topic, _event(i), partition=i % PARTITIONS))
+            if rate and i % 500 == 0:
+                await asyncio.sleep(max(0.0, t0 + (i - lo) / rate - loop.time()))  # pacing
+        await asyncio.gather(*futs)
+    finally:
+        await producer.stop()
+
+
+async def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await c.start()
+    try:
+        return {p: (await c.committed(TopicPartition(topic, p))) or 0 for p in range(PARTITIONS)}
+    finally:
+        await c.stop()
+
+
+async def _wait(cond: Any, timeout_s: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await cond():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)  # poll interval
+
+
+def _applications(shards: list[Shard], n: int) -> np.ndarray:
+    """How many times each event 0..n-1 was applied (shows of its own key)."""
+    keys = np.arange(KEY_BASE, KEY_BASE + n, dtype=np.uint64)
+    out = np.zeros(n, dtype=np.int64)
+    owner = shard_of(keys, len(shards))
+    for i, shard in enumerate(shards):
+        mine = np.flatnonzero(owner == i)
+        table = shard.tables["m_w"]
+        rows = table.index.lookup(keys[mine])
+        present = rows >= 0
+        out[mine[present]] = table.shows[rows[present]]
+    return out
+
+
+async def test_two_workers_share_partitions_and_apply_every_event(kafka_bootstrap: str) -> None:
+    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    n = 6000
+    shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    model = LogisticRegression("m")
+    workers = [
+        Worker(
+            WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5,
+                         window_events=400, mini_batch=128, decode_processes=0,
+                         session_timeout_ms=6000, heartbeat_interval_ms=500),
+            PSClient.local(shards),
+            model,
+        )
+        for _ in range(2)
+    ]
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(w.run(stop)) for w in workers]
+    try:
+        # Both members join before the events arrive, so both get partitions.
+        await _wait(lambda: _assigned(workers), 30, "both workers to get partitions")
+        await _produce(kafka_bootstrap, topic, 0, n)
+        await _wait(lambda: _all_committed(kafka_bootstrap, group, topic, n), 60, "every event committed")
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    parts = [set(p for r in w.stats.history for p in r.partitions) for w in workers]
+    assert parts[0] and parts[1], parts
+    assert not parts[0] & parts[1], f"a partition was consumed by both: {parts}"
+    applied = _applications(shards, n)
+    assert (applied == 1).all(), f"missing {np.flatnonzero(applied == 0)[:10]}, twice {np.flatnonzero(applied > 1)[:10]}"
+    assert sum(w.stats.events_trained for w in workers) == n
+
+
+async def _assigned(workers: list[Worker]) -> bool:
+    return all(w._consumer is not None and len(w._consumer.assignment()) > 0 for w in workers)
+
+
+async def _all_committed(bootstrap: str, group: str, topic: str, n: int) -> bool:
+    committed = await _committed(bootstrap, group, topic)
+    return sum(committed.values()) >= n
+
+
+async def test_sigkilled_worker_loses_nothing(kafka_bootstrap: str, serve_shards: Any) -> None:
+    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    n, window = 12000, 300
+    shards, urls = await serve_shards(2)
+    cmd = [sys.executable, "-m", "app.cli", "worker", "--bootstrap", kafka_bootstrap,
+           "--shards", ",".join(urls), "--topic", topic, "--group", group,
+           "--window-seconds", "1", "--window-events", str(window), "--mini-batch", "100",
+           "--model-name", "m", "--decode-processes", "0", "--session-timeout-ms", "3000",
+           "--log-format", "json"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    second = None
+    try:
+        producing = asyncio.create_task(_produce(kafka_bootstrap, topic, 0, n, rate=4000))
+        # Kill it once it has committed some windows, while events still arrive.
+        await _wait(lambda: _some_committed(kafka_bootstrap, group, topic, 1500), 60, "first commits")
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        at_kill = sum((await _committed(kafka_bootstrap, group, topic)).values())
+        assert at_kill < n, "the worker finished before it was killed: nothing was tested"
+        second = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        await producing
+        await _wait(lambda: _all_committed(kafka_bootstrap, group, topic, n), 90, "every event committed")
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(30) == 0
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)
+        if first.stderr is not None:
+            first.stderr.close()
+    applied = _applications(shards, n)
+    assert (applied >= 1).all(), f"lost events: {np.flatnonzero(applied == 0)[:20]}"
+    twice = int((applied - 1).sum())
+    # At most the killed worker's uncommitted window of each partition is replayed.
+    assert twice <= PARTITIONS * window, twice
+
+
+async def _some_committed(bootstrap: str, group: str, topic: str, at_least: int) -> bool:
+    return sum((await _committed(bootstrap, group, topic)).values()) >= at_least
