@@ -10,6 +10,7 @@ from typing import Sequence
 import uvloop
 
 from .logs import configure_logging
+from .produce_cli import add_produce_parser, run_produce
 from .settings import SettingsError, ShardSettings, WorkerSettings
 
 __all__ = ["main", "build_parser"]
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--dlq-topic", help="dead-letter topic (default <topic>.dlq)")
     worker.add_argument("--window-seconds", type=float, help="window span in event time (default 60)")
     worker.add_argument("--window-events", type=int, help="most events per window (default 100000)")
-    worker.add_argument("--mini-batch", type=int, help="events per pull/push step (default 4096)")
+    worker.add_argument("--mini-batch", type=int, help="events per pull/push step (default 256)")
     worker.add_argument("--model", choices=("lr", "fm"), help="model kind (default lr)")
     worker.add_argument("--model-name", help="model name (default ctr)")
     worker.add_argument("--decode-processes", type=int, help="decoding processes (default 1)")
@@ -124,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="create a topic; repeatable (default clicks:4 and clicks.dlq:1)",
     )
     broker.add_argument("--log-format", choices=("text", "json"), default="text")
+
+    add_produce_parser(sub)
 
     sub.add_parser(
         "demo",
@@ -181,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         uvloop.run(run_broker(args.port, topics))
         return 0
+    if args.command == "produce":
+        return int(uvloop.run(run_produce(args)))
     if args.command == "demo":
         print(
             "ctrps demo is not yet available: it needs the Kafka workers and the HTTP API, "

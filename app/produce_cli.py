@@ -1,0 +1,220 @@
+"""``ctrps produce``: send the synthetic stream or a data file to Kafka.
+
+Wired into ``app/cli.py`` by `add_produce_parser` (adds the ``produce``
+subcommand with its ``synthetic`` and ``file`` sources) and `run_produce`
+(runs it; returns the exit code). Also runnable alone:
+``python -m app.produce_cli produce synthetic --events 1000``.
+
+Exit codes: 0 done; 1 the broker could not be reached or failed, or no event of
+a file was usable; 2 a usage error (no broker address, no such file, an
+unusable header).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from consumers.broker import BrokerError, create_topics, wait_for_metadata
+from consumers.formats import FORMATS, FormatError, iter_file
+from consumers.producer import EventSource, produce
+from consumers.synthetic import SyntheticStream
+
+from .logs import configure_logging, log_event
+
+__all__ = ["add_produce_parser", "run_produce"]
+
+log = logging.getLogger("ctrps.produce")
+
+_PRODUCE_EXAMPLE = """\
+examples:
+  ctrps broker --port 9092 &                  # or any Kafka: set CTRPS_KAFKA_BOOTSTRAP
+  ctrps produce synthetic --events 1000000 --rate 20000 --bootstrap 127.0.0.1:9092
+  ctrps produce file --format criteo train.txt.gz --bootstrap 127.0.0.1:9092
+"""
+
+_SYNTHETIC_EXAMPLE = """\
+example:
+  CTRPS_KAFKA_BOOTSTRAP=127.0.0.1:9092 ctrps produce synthetic --events 200000 --rate 5000
+
+Events are Criteo-like (I1..I13 counts, C1..C26 hex categoricals) with a hidden
+logistic model; each carries p_true, its true click probability. The same
+--seed gives the same events.
+"""
+
+_FILE_EXAMPLE = """\
+examples:
+  ctrps produce file --format criteo day_0.gz --bootstrap 127.0.0.1:9092
+  ctrps produce file --format avazu train.gz --limit 1000000 --topic avazu
+  ctrps produce file --format jsonl events.jsonl
+
+Formats: criteo (TSV: label, I1..I13, C1..C26), avazu (CSV with header; click is
+the label, hour YYMMDDHH the time), jsonl (one event object per line). A .gz
+suffix is read as gzip. Bad rows are skipped, counted by reason and reported.
+"""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        help="Kafka bootstrap address (default: $CTRPS_KAFKA_BOOTSTRAP)",
+    )
+    p.add_argument("--topic", default="clicks", help="topic to send to (default clicks)")
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=4,
+        help="partitions when the topic is created (default 4); an existing topic keeps its own",
+    )
+    p.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
+    p.add_argument("--batch-size", type=int, default=1000, help="events per send (default 1000)")
+    p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
+
+
+def add_produce_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``produce {synthetic,file}`` to the ``ctrps`` subcommands."""
+    produce_p = subparsers.add_parser(
+        "produce",
+        help="send synthetic events or a Criteo/Avazu/JSON-lines file to Kafka",
+        description="Send click events to a Kafka topic: the synthetic stream or a data file.",
+        epilog=_PRODUCE_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sources = produce_p.add_subparsers(dest="source", metavar="SOURCE")
+    sources.required = True
+
+    syn = sources.add_parser(
+        "synthetic",
+        help="the synthetic Criteo-like stream with a known ground truth",
+        description="Send N events of the synthetic stream (deterministic for a seed).",
+        epilog=_SYNTHETIC_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    syn.add_argument("--events", type=int, default=100_000, help="events to send (default 100000)")
+    syn.add_argument("--seed", type=int, default=0, help="stream and model seed (default 0)")
+    syn.add_argument(
+        "--drift",
+        type=float,
+        default=0.0,
+        help="rotation of the true weights, radians per hour of event time (default 0)",
+    )
+    syn.add_argument("--base-ctr", type=float, default=0.1, help="mean click rate (default 0.1)")
+    _common(syn)
+
+    file_p = sources.add_parser(
+        "file",
+        help="a Criteo TSV, Avazu CSV or JSON-lines file (.gz allowed)",
+        description="Send the rows of a data file; bad rows are skipped and reported by reason.",
+        epilog=_FILE_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    file_p.add_argument("--format", required=True, choices=FORMATS, help="file format")
+    file_p.add_argument("path", metavar="PATH", help="the file (plain or .gz)")
+    file_p.add_argument("--limit", type=int, help="read at most this many rows")
+    _common(file_p)
+
+
+class _Progress:
+    """A progress line at most once per `every_s`: events acknowledged and the recent rate."""
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s = every_s
+        self._last_t = time.monotonic()
+        self._last_n = 0
+
+    def __call__(self, sent: int) -> None:
+        now = time.monotonic()
+        if now - self._last_t < self.every_s:
+            return
+        rate = (sent - self._last_n) / (now - self._last_t)
+        self._last_t, self._last_n = now, sent
+        log_event(log, "progress", sent=sent, events_per_s=round(rate))
+
+
+def _fail(msg: str, code: int) -> int:
+    print(f"ctrps produce: {msg}", file=sys.stderr)
+    return code
+
+
+async def run_produce(args: argparse.Namespace) -> int:
+    """Run ``ctrps produce`` with parsed `args`; returns the exit code."""
+    configure_logging(args.log_format)
+    bootstrap = args.bootstrap or os.environ.get("CTRPS_KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        return _fail(
+            "no Kafka broker: pass --bootstrap HOST:PORT or set CTRPS_KAFKA_BOOTSTRAP "
+            "(for a local one, start `ctrps broker --port 9092` and use 127.0.0.1:9092)",
+            2,
+        )
+    if args.partitions < 1 or args.batch_size < 1 or (args.rate is not None and args.rate <= 0):
+        return _fail("--partitions and --batch-size must be >= 1 and --rate > 0", 2)
+
+    events: EventSource
+    what: dict[str, Any]
+    if args.source == "synthetic":
+        if args.events < 0:
+            return _fail("--events must be >= 0", 2)
+        try:
+            stream = SyntheticStream(seed=args.seed, drift=args.drift, base_ctr=args.base_ctr)
+        except ValueError as exc:
+            return _fail(str(exc), 2)
+        events = itertools.chain.from_iterable(stream.iter_batches(args.events, 10_000))
+        what = {"source": "synthetic", "events": args.events, "seed": args.seed}
+    else:
+        path = Path(args.path)
+        if not path.is_file():
+            return _fail(f"no such file: {path}", 2)
+        if args.limit is not None and args.limit < 0:
+            return _fail("--limit must be >= 0", 2)
+        events = itertools.islice(iter_file(path, args.format), args.limit)
+        what = {"source": str(path), "format": args.format}
+
+    try:
+        await wait_for_metadata(bootstrap, timeout_s=10.0)
+        await create_topics(bootstrap, {args.topic: args.partitions})
+    except BrokerError as exc:
+        return _fail(f"cannot reach the broker at {bootstrap}: {exc}", 1)
+
+    log_event(log, "producing", bootstrap=bootstrap, topic=args.topic, **what)
+    try:
+        report = await produce(
+            bootstrap,
+            args.topic,
+            events,
+            batch_size=args.batch_size,
+            rate=args.rate,
+            progress=_Progress(),
+        )
+    except FormatError as exc:  # only an unusable header is raised; rows are skipped
+        return _fail(f"{args.path}: {exc}", 2)
+    except Exception as exc:  # a broker failure: report it plainly, no traceback
+        return _fail(f"sending to {bootstrap} failed: {type(exc).__name__}: {exc}", 1)
+    for example in report.skipped_examples:
+        log.warning("skipped row", extra={"fields": {"row": example}})
+    log_event(log, "done", **report.as_fields())
+    if report.sent == 0 and report.skipped_total > 0:
+        return _fail("no usable row: every row was skipped (is --format right?)", 1)
+    return 0
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import uvloop
+
+    parser = argparse.ArgumentParser(prog="ctrps")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    add_produce_parser(sub)
+    args = parser.parse_args(argv)
+    result: int = uvloop.run(run_produce(args))
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,262 @@
+"""Sending events to Kafka in batches (the producer side of DESIGN.md §2).
+
+`produce` encodes each event with orjson (one event per message value) and
+spreads events round-robin over the topic's partitions. Each chunk of
+`batch_size` events is split by partition into aiokafka record batches
+(``create_batch`` / ``send_batch``) rather than one ``send`` per event: against
+the embedded broker that is about twice as fast (measured ~165-180k events/s
+against ~80-90k/s for per-event ``send`` with gathered futures, 100k events of
+~640 B on 4 partitions) because the per-record work is one ``append`` instead of
+a coroutine, a future and an accumulator lookup.
+
+The Kafka timestamp of a record is the event's ``ts`` (CreateTime, in ms) when
+the event has one, so workers window by event time; otherwise the send time.
+
+Items of `events` that are `FormatError`s (rows a parser rejected) or cannot be
+encoded are skipped and counted by reason in the report, never sent.
+The producer is plain (not idempotent nor transactional: the embedded broker
+supports neither), so a retried request may duplicate records: at-least-once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from .formats import FormatError
+
+__all__ = ["produce", "ProduceReport", "EventSource"]
+
+Item = Union[dict[str, Any], FormatError]
+EventSource = Union[Iterable[Item], AsyncIterable[Item]]
+"""What `produce` sends: events (dicts) and, in their place, rows a parser rejected."""
+
+_MAX_EXAMPLES = 5
+_MAX_BATCH_BYTES = 512 * 1024  # under brokers' default 1 MiB message.max.bytes
+
+
+@dataclass
+class ProduceReport:
+    """What `produce` did. `sent` counts events acknowledged by the broker."""
+
+    topic: str
+    sent: int = 0
+    partitions: dict[int, int] = field(default_factory=dict)
+    """Events acknowledged per partition."""
+    bytes: int = 0
+    """Encoded message bytes sent (values only)."""
+    elapsed_s: float = 0.0
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Rows not sent, by reason (a `FormatError.reason`, or ``not_serializable``)."""
+    skipped_examples: list[str] = field(default_factory=list)
+    """The first few skipped rows' messages."""
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+    @property
+    def events_per_s(self) -> float:
+        return self.sent / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def skip(self, reason: str, message: str) -> None:
+        """Count one skipped row."""
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if len(self.skipped_examples) < _MAX_EXAMPLES:
+            self.skipped_examples.append(message)
+
+    def as_fields(self) -> dict[str, Any]:
+        """The report as flat fields for a log line."""
+        return {
+            "topic": self.topic,
+            "sent": self.sent,
+            "skipped": self.skipped_total,
+            "skipped_by_reason": ",".join(f"{k}={v}" for k, v in sorted(self.skipped.items()))
+            or "-",
+            "partitions": ",".join(f"{p}={n}" for p, n in sorted(self.partitions.items())),
+            "bytes": self.bytes,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "events_per_s": round(self.events_per_s),
+        }
+
+
+def _chunks(events: Iterable[Item], size: int) -> Iterator[list[Item]]:
+    it = iter(events)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+async def _achunks(events: AsyncIterable[Item], size: int) -> AsyncIterator[list[Item]]:
+    chunk: list[Item] = []
+    async for item in events:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+async def _as_async(chunks: Iterator[list[Item]]) -> AsyncIterator[list[Item]]:
+    for chunk in chunks:
+        yield chunk
+
+
+def _encode(
+    chunk: list[Item], report: ProduceReport
+) -> tuple[list[bytes], list[int | None]]:
+    """Values and timestamps (ms) of the chunk's events; rejects are counted and dropped."""
+    values: list[bytes] = []
+    stamps: list[int | None] = []
+    for item in chunk:
+        if isinstance(item, FormatError):
+            report.skip(item.reason, str(item))
+            continue
+        if not isinstance(item, dict):
+            report.skip("not_an_object", f"not an event dict: {type(item).__name__}")
+            continue
+        try:
+            values.append(orjson.dumps(item, option=orjson.OPT_SERIALIZE_NUMPY))
+        except TypeError as exc:  # orjson.JSONEncodeError
+            report.skip("not_serializable", f"event {item.get('id')!r}: {exc}")
+            continue
+        ts = item.get("ts")
+        if isinstance(ts, (int, float)) and not isinstance(ts, bool) and 0 <= ts < 1e13:
+            stamps.append(int(ts * 1000))
+        else:
+            stamps.append(None)
+    return values, stamps
+
+
+async def produce(
+    bootstrap: str,
+    topic: str,
+    events: EventSource,
+    *,
+    partitions: int | None = None,
+    batch_size: int = 1000,
+    progress: Callable[[int], None] | None = None,
+    rate: float | None = None,
+    max_in_flight: int = 4,
+    request_timeout_ms: int = 30_000,
+) -> ProduceReport:
+    """Send `events` to `topic` and return what was sent.
+
+    - `partitions`: spread over partitions ``0..partitions-1`` (at most the
+      topic's count); ``None`` = all of the topic's partitions. Round-robin in
+      event order, so counts differ by at most one.
+    - `batch_size`: events encoded and handed to Kafka at a time; up to
+      `max_in_flight` such chunks await acknowledgement at once.
+    - `progress(sent)`: called after each chunk is acknowledged, with the total
+      acknowledged so far (callers throttle their printing).
+    - `rate`: events per second (wall time), paced per chunk by a token bucket
+      with at most ~1 s of burst; chunks are shrunk to ~1/20 s of events so the
+      pace is smooth. ``None`` = as fast as possible.
+
+    Raises aiokafka errors when the broker refuses or fails to acknowledge, and
+    `ValueError` for bad arguments or a topic with fewer partitions than asked.
+    """
+    if batch_size < 1 or max_in_flight < 1:
+        raise ValueError("batch_size and max_in_flight must be >= 1")
+    if rate is not None and not rate > 0:
+        raise ValueError("rate must be > 0 events/s")
+    chunk_size = batch_size if rate is None else max(1, min(batch_size, int(rate / 20)))
+    report = ProduceReport(topic)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        client_id="ctrps-producer",
+        max_batch_size=_MAX_BATCH_BYTES,
+        request_timeout_ms=request_timeout_ms,
+        enable_idempotence=False,
+    )
+    in_flight: collections.deque[tuple[asyncio.Future[Any], dict[int, int], int]] = (
+        collections.deque()
+    )
+    await producer.start()
+    try:
+        available = sorted(await producer.partitions_for(topic))
+        if partitions is not None:
+            if not 1 <= partitions <= len(available):
+                raise ValueError(
+                    f"topic {topic!r} has {len(available)} partitions; cannot use {partitions}"
+                )
+            available = available[:partitions]
+        parts: list[int] = available
+        n_parts = len(parts)
+        report.partitions = {p: 0 for p in parts}
+        chunks: AsyncIterator[list[Item]] = (
+            _achunks(events, chunk_size)
+            if isinstance(events, AsyncIterable)
+            else _as_async(_chunks(events, chunk_size))
+        )
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        bucket_t0 = loop.time()
+        enqueued = 0  # events handed to Kafka; their partition is enqueued % n_parts
+
+        async def settle_oldest() -> None:
+            done, counts, nbytes = in_flight.popleft()
+            await done
+            for p, n in counts.items():
+                report.partitions[p] += n
+                report.sent += n
+            report.bytes += nbytes
+            if progress is not None:
+                progress(report.sent)
+
+        async for chunk in chunks:
+            values, stamps = _encode(chunk, report)
+            if not values:
+                continue
+            if rate is not None:
+                # Token bucket: the chunk may go once the previous events' time has passed.
+                due = bucket_t0 + enqueued / rate
+                now = loop.time()
+                if due > now:
+                    await asyncio.sleep(due - now)
+                elif now - due > 1.0:  # fell behind: forget the debt, no burst beyond ~1 s
+                    bucket_t0 = now - enqueued / rate - 1.0
+            futures: list[asyncio.Future[Any]] = []
+            counts: dict[int, int] = {}
+            for k in range(n_parts):
+                # Event j of this chunk goes to partition (enqueued + j) % n_parts.
+                j0 = (k - enqueued) % n_parts
+                p = parts[k]
+                batch = producer.create_batch()
+                n = 0
+                for value, ts in zip(values[j0::n_parts], stamps[j0::n_parts]):
+                    if batch.append(key=None, value=value, timestamp=ts) is None:
+                        batch.close()  # full: send it, start another
+                        futures.append(await producer.send_batch(batch, topic, partition=p))
+                        batch = producer.create_batch()
+                        batch.append(key=None, value=value, timestamp=ts)
+                    n += 1
+                if n:
+                    batch.close()
+                    futures.append(await producer.send_batch(batch, topic, partition=p))
+                    counts[p] = n
+            enqueued += len(values)
+            in_flight.append((asyncio.gather(*futures), counts, sum(map(len, values))))
+            while len(in_flight) >= max_in_flight:
+                await settle_oldest()
+        while in_flight:
+            await settle_oldest()
+        report.elapsed_s = time.perf_counter() - start
+    finally:
+        await producer.stop()  # flushes what is still queued
+        # After a failure, chunks still in flight are abandoned: retrieve their outcome
+        # so asyncio does not log "exception was never retrieved".
+        for done, _, _ in in_flight:
+            if done.done() and not done.cancelled():
+                done.exception()
+            else:
+                done.cancel()
+    return report
