@@ -172,7 +172,7 @@ class WorkerSettings:
     """Window span in event time (``CTRPS_WINDOW_SECONDS``)."""
     window_events: int = 100_000
     """Most events in a window (``CTRPS_WINDOW_EVENTS``)."""
-    mini_batch: int = 4096
+    mini_batch: int = 256
     """Events per pull/push step (``CTRPS_MINI_BATCH``)."""
     model: str = "lr"
     """``lr`` or ``fm`` (``CTRPS_MODEL``)."""

@@ -66,7 +66,7 @@ class WorkerConfig:
     """Window span in record time (and the wall-time bound of an open window)."""
     window_events: int = 100_000
     """Most records in one window."""
-    mini_batch: int = 4096
+    mini_batch: int = 256
     """Events per pull/push step."""
     max_message_bytes: int = 1 << 20
     """Larger messages are dead-lettered as oversized."""
