@@ -99,6 +99,8 @@ class WindowReport:
     events_per_s: float
     lag: int
     seconds: float
+    decode_wait_s: float = 0.0
+    train_s: float = 0.0
 
     def fields(self) -> dict[str, Any]:
         m = self.metrics
@@ -112,6 +114,8 @@ class WindowReport:
             "copc": round(m.copc, 3),
             "events_per_s": round(self.events_per_s),
             "lag": self.lag,
+            "decode_wait_ms": round(self.decode_wait_s * 1000),
+            "train_ms": round(self.train_s * 1000),
         }
 
 
@@ -162,6 +166,7 @@ class Worker:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._dlq: DeadLetterQueue | None = None
         self._committed: dict[TopicPartitionKey, int] = {}
+        self._warmup: asyncio.Future[Decoded] | None = None
 
     # -- lifecycle -------------------------------------------------------------
     async def _start(self) -> None:
@@ -173,6 +178,13 @@ class Worker:
                 c.decode_processes,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_ignore_stop_signals,
+            )
+            # Spawn and warm the decoders (imports, caches) while the consumer
+            # joins its group, not on the first window. The pool runs jobs in
+            # order, so the first real window queues behind this one.
+            sample: list[bytes | None] = [b'{"label": 0, "features": {"f": "v", "n": 1}}']
+            self._warmup = asyncio.get_running_loop().run_in_executor(
+                self._pool, decode_records, sample, self.model.name, c.max_message_bytes
             )
         self._producer = AIOKafkaProducer(bootstrap_servers=c.bootstrap, linger_ms=5)
         await self._producer.start()
@@ -197,6 +209,9 @@ class Worker:
         if self._producer is not None:
             with contextlib.suppress(KafkaError):
                 await self._producer.stop()
+        if self._warmup is not None and not self._warmup.done():
+            self._warmup.cancel()
+        self._warmup = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._consumer = self._producer = self._pool = None
@@ -289,6 +304,7 @@ class Worker:
         async with self._lock:
             t0 = time.perf_counter()
             window, decoded = self._owned_only(window, await decoding)
+            t_decoded = time.perf_counter()
             assert self._dlq is not None
             await self._dlq.send_all(
                 [
@@ -298,8 +314,12 @@ class Worker:
             )
             metrics = await self._progressive(decoded)
             await self._train(decoded, window)
+            t_trained = time.perf_counter()
             await self._commit(window)
-            self._report(window, decoded, metrics, time.perf_counter() - t0)
+            self._report(
+                window, decoded, metrics, time.perf_counter() - t0,
+                decode_wait_s=t_decoded - t0, train_s=t_trained - t_decoded,
+            )
 
     async def _pull_all(self, keys: np.ndarray) -> dict[str, Any]:
         names = self.model.table_names
@@ -364,7 +384,15 @@ class Worker:
                 total += max(0, hw - done)
         return total
 
-    def _report(self, window: Window, decoded: Decoded, metrics: Metrics, seconds: float) -> None:
+    def _report(
+        self,
+        window: Window,
+        decoded: Decoded,
+        metrics: Metrics,
+        seconds: float,
+        decode_wait_s: float,
+        train_s: float,
+    ) -> None:
         report = WindowReport(
             window=window.seq,
             partitions=sorted({p for _, p in window.next_offsets}),
@@ -375,6 +403,8 @@ class Worker:
             events_per_s=decoded.batch.size / seconds if seconds > 0 else 0.0,
             lag=self._lag(),
             seconds=seconds,
+            decode_wait_s=decode_wait_s,
+            train_s=train_s,
         )
         s = self.stats
         s.windows += 1

@@ -1,0 +1,258 @@
+"""Benchmark: worker training throughput against the raw consume limit, and
+progressive log loss against the Bayes (ground-truth) log loss.
+
+A topic on the embedded broker (or ``CTRPS_KAFKA_BOOTSTRAP``) is pre-loaded
+with synthetic Criteo-like events (13 numeric, 26 categorical fields; each
+carries its true click probability). Then, in one run:
+
+(a) raw: an aiokafka consumer reads every record and decodes it with orjson —
+    the limit a worker cannot beat;
+(b) a worker (`consumers.worker.Worker`, LR with FTRL, one decode process)
+    trains on the topic with in-process shards;
+(c) the same worker with 2 shard servers (``ctrps shard`` processes) over HTTP.
+
+Rates are events / second from the worker's first assigned partition to its
+last commit (group joining excluded). Ratios b/a and c/a are printed, and the
+progressive log loss of (b) over the whole stream (each event predicted before
+it is learnt from) next to the Bayes log loss of the true probabilities.
+
+Run: ``python bench/bench_worker.py [--quick]``; the last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import orjson
+import uvloop
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from consumers.broker import EmbeddedBroker, create_topics, free_port
+from consumers.synthetic import SyntheticStream, bayes_logloss
+from consumers.worker import Worker, WorkerConfig
+from ps_core.client import PSClient
+from ps_core.models import LogisticRegression
+from ps_core.shard import Shard, ShardSpec
+
+PARTITIONS = 4
+_T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    """One progress line on stderr."""
+    print(f"[bench_worker +{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+async def preload(bootstrap: str, topic: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Produce n synthetic events; returns their p_true and labels."""
+    stream = SyntheticStream(seed=seed)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
+    await producer.start()
+    p_true: list[float] = []
+    labels: list[int] = []
+    try:
+        sent = 0
+        for events in stream.iter_batches(n, 10_000):
+            futs = []
+            for i, ev in enumerate(events):
+                p_true.append(ev["p_true"])
+                labels.append(ev["label"])
+                futs.append(
+                    await producer.send(
+                        topic,
+                        orjson.dumps(ev),
+                        partition=(sent + i) % PARTITIONS,
+                        timestamp_ms=int(ev["ts"] * 1000),
+                    )
+                )
+            await asyncio.gather(*futs)
+            sent += len(events)
+            log(f"preloaded {sent}/{n}")
+    finally:
+        await producer.stop()
+    return np.array(p_true), np.array(labels)
+
+
+async def raw_rate(bootstrap: str, topic: str, n: int) -> float:
+    """(a) consume + orjson decode, no group, no training."""
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_bytes=50 << 20)
+    await c.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        got = 0
+        t0 = time.perf_counter()
+        deadline = t0 + 300
+        loads = orjson.loads
+        while got < n and time.perf_counter() < deadline:
+            for recs in (await c.getmany(timeout_ms=500, max_records=20_000)).values():
+                for r in recs:
+                    loads(r.value)
+                got += len(recs)
+        return got / (time.perf_counter() - t0)
+    finally:
+        await c.stop()
+
+
+async def worker_rate(
+    bootstrap: str, topic: str, n: int, client: PSClient, window_events: int
+) -> tuple[float, Worker]:
+    """(b)/(c) a worker trains the whole topic; events/s from assignment to last commit."""
+    group = f"bench-{uuid.uuid4().hex[:8]}"
+    config = WorkerConfig(
+        bootstrap, topic=topic, group=group, dlq_topic=topic + ".dlq", window_seconds=3600,
+        window_events=window_events, decode_processes=1,
+    )
+    worker = Worker(config, client, LogisticRegression("ctr"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 600
+    t_assigned = None
+    last_report = 0.0
+    try:
+        while worker.stats.events_trained + worker.stats.dead_letters < n:
+            if task.done():
+                task.result()
+            if loop.time() > deadline:
+                raise TimeoutError(f"worker trained {worker.stats.events_trained}/{n}")
+            if t_assigned is None and worker._consumer is not None and worker._consumer.assignment():
+                t_assigned = time.perf_counter()
+            if time.perf_counter() - last_report > 2:
+                log(f"  trained {worker.stats.events_trained}/{n}")
+                last_report = time.perf_counter()
+            await asyncio.sleep(0.02)  # poll interval
+        t_done = time.perf_counter()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+    assert t_assigned is not None
+    return n / (t_done - t_assigned), worker
+
+
+def start_shards(num: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    procs, urls = [], []
+    for i in range(num):
+        port = free_port()
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "app.cli", "shard", "--port", str(port), "--shard-id", str(i),
+                 "--num-shards", str(num), "--stats-interval", "0"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        urls.append(f"http://127.0.0.1:{port}")
+    return procs, urls
+
+
+async def wait_healthy(urls: list[str]) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s:
+        for url in urls:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    async with s.get(url + "/healthz") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(url)
+                await asyncio.sleep(0.05)  # poll interval
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    n = args.events or (100_000 if args.quick else 500_000)
+    window = 20_000
+    external = os.environ.get("CTRPS_KAFKA_BOOTSTRAP")
+    broker = None if external else EmbeddedBroker()
+    if broker is not None:
+        await broker.start()
+    bootstrap = external or (broker.bootstrap if broker else "")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        topic = f"bench-{uuid.uuid4().hex[:8]}"
+        await create_topics(bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+        log(f"broker {bootstrap}; preloading {n} events into {PARTITIONS} partitions")
+        p_true, labels = await preload(bootstrap, topic, n, args.seed)
+
+        log("(a) raw consume + orjson decode")
+        a = await raw_rate(bootstrap, topic, n)
+        log(f"(a) {a:,.0f} events/s")
+
+        log("(b) worker, in-process shards")
+        b, wb = await worker_rate(bootstrap, topic, n, PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)]), window)
+        log(f"(b) {b:,.0f} events/s  b/a = {b / a:.2f}")
+
+        log("(c) worker, 2 shard servers over HTTP")
+        procs, urls = start_shards(2)
+        await wait_healthy(urls)
+        async with PSClient.connect(urls) as client:
+            c, _ = await worker_rate(bootstrap, topic, n, client, window)
+        log(f"(c) {c:,.0f} events/s  c/a = {c / a:.2f}")
+
+        hist = wb.stats.history
+        for r in hist:
+            log(f"  window {r.window}: {r.events} events, decode wait {r.decode_wait_s*1e3:.0f} ms, "
+                f"train {r.train_s*1e3:.0f} ms, total {r.seconds*1e3:.0f} ms")
+        ev = np.array([r.metrics.events for r in hist], dtype=np.float64)
+        ll = np.array([r.metrics.logloss for r in hist], dtype=np.float64)
+        progressive = float((ev * ll).sum() / ev.sum())
+        late = hist[len(hist) // 2 :]
+        ev2 = np.array([r.metrics.events for r in late], dtype=np.float64)
+        progressive_late = float((ev2 * np.array([r.metrics.logloss for r in late])).sum() / ev2.sum())
+        bayes = float(bayes_logloss(p_true, labels))
+        bayes_late = float(bayes_logloss(p_true[n // 2 :], labels[n // 2 :]))
+        log(f"progressive logloss {progressive:.4f} vs Bayes {bayes:.4f} (ratio {progressive / bayes:.3f}); "
+            f"second half {progressive_late:.4f} vs {bayes_late:.4f}")
+        return {
+            "mode": "quick" if args.quick else "full",
+            "events": n,
+            "partitions": PARTITIONS,
+            "window_events": window,
+            "raw_consume_decode_events_per_s": a,
+            "worker_inprocess_events_per_s": b,
+            "worker_http_events_per_s": c,
+            "ratio_inprocess_vs_raw": b / a,
+            "ratio_http_vs_raw": c / a,
+            "progressive_logloss": progressive,
+            "bayes_logloss": bayes,
+            "ratio_logloss_vs_bayes": progressive / bayes,
+            "progressive_logloss_second_half": progressive_late,
+            "bayes_logloss_second_half": bayes_late,
+            "ratio_logloss_vs_bayes_second_half": progressive_late / bayes_late,
+            "last_window_auc": hist[-1].metrics.auc,
+            "elapsed_s": time.perf_counter() - _T0,
+        }
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if broker is not None:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="100k events (under a minute)")
+    parser.add_argument("--events", type=int, help="override the number of events")
+    parser.add_argument("--seed", type=int, default=0)
+    result = uvloop.run(main(parser.parse_args()))
+    print(orjson.dumps(result).decode())
