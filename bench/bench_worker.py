@@ -206,7 +206,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
         hist = wb.stats.history
         for r in hist:
-            log(f"  window {r.window}: {r.events} events, decode wait {r.decode_wait_s*1e3:.0f} ms, "
+            log(f"  window {r.window}: {r.events} events, decode {r.decode_s*1e3:.0f} ms, decode wait {r.decode_wait_s*1e3:.0f} ms, "
                 f"train {r.train_s*1e3:.0f} ms, total {r.seconds*1e3:.0f} ms")
         ev = np.array([r.metrics.events for r in hist], dtype=np.float64)
         ll = np.array([r.metrics.logloss for r in hist], dtype=np.float64)

@@ -99,6 +99,7 @@ class WindowReport:
     events_per_s: float
     lag: int
     seconds: float
+    decode_s: float = 0.0
     decode_wait_s: float = 0.0
     train_s: float = 0.0
 
@@ -114,6 +115,7 @@ class WindowReport:
             "copc": round(m.copc, 3),
             "events_per_s": round(self.events_per_s),
             "lag": self.lag,
+            "decode_ms": round(self.decode_s * 1000),
             "decode_wait_ms": round(self.decode_wait_s * 1000),
             "train_ms": round(self.train_s * 1000),
         }
@@ -209,8 +211,13 @@ class Worker:
         if self._producer is not None:
             with contextlib.suppress(KafkaError):
                 await self._producer.stop()
-        if self._warmup is not None and not self._warmup.done():
-            self._warmup.cancel()
+        if self._warmup is not None:
+            if not self._warmup.done():
+                self._warmup.cancel()
+            elif not self._warmup.cancelled() and self._warmup.exception() is not None:
+                # A broken pool fails the warm-up too; the window that saw it
+                # has raised already, so this one is only logged.
+                log.warning("decoder warm-up failed", extra={"fields": {"error": repr(self._warmup.exception())}})
         self._warmup = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
@@ -403,6 +410,7 @@ class Worker:
             events_per_s=decoded.batch.size / seconds if seconds > 0 else 0.0,
             lag=self._lag(),
             seconds=seconds,
+            decode_s=decoded.seconds,
             decode_wait_s=decode_wait_s,
             train_s=train_s,
         )
