@@ -41,7 +41,7 @@ from ps_core.client import PSClient
 from ps_core.metrics import Metrics, evaluate
 from ps_core.models import Model, sigmoid
 
-from .decode import Decoded, decode_records
+from .decode import Decoded, decode_records, merge_decoded
 from .dlq import DeadLetter, DeadLetterQueue
 from .windows import TopicPartitionKey, Window, WindowBuilder
 
@@ -169,6 +169,9 @@ class Worker:
         self._dlq: DeadLetterQueue | None = None
         self._committed: dict[TopicPartitionKey, int] = {}
         self._warmup: asyncio.Future[Decoded] | None = None
+        # Decode jobs of the open window, in the order of its records:
+        # (partition, number of records, decoding).
+        self._chunks: list[tuple[TopicPartitionKey, int, asyncio.Future[Decoded]]] = []
 
     # -- lifecycle -------------------------------------------------------------
     async def _start(self) -> None:
@@ -211,6 +214,12 @@ class Worker:
         if self._producer is not None:
             with contextlib.suppress(KafkaError):
                 await self._producer.stop()
+        for _, _, fut in self._chunks:  # decodings of a window that was never applied
+            if not fut.done():
+                fut.cancel()
+            elif not fut.cancelled():
+                fut.exception()  # retrieved: the window it belonged to is abandoned
+        self._chunks = []
         if self._warmup is not None:
             if not self._warmup.done():
                 self._warmup.cancel()
@@ -240,24 +249,24 @@ class Worker:
                 batches = await self._consumer.getmany(
                     timeout_ms=200, max_records=max(1, min(room, 20_000))
                 )
-                for records in batches.values():
+                for tp, records in batches.items():
                     self._builder.add(records)
+                    # Decoding starts as records arrive, one job per partition's
+                    # fetch, so it overlaps fetching and training.
+                    self._chunks.append(((tp.topic, tp.partition), len(records), self._decode(records)))
                 if inflight is not None and inflight.done():
                     inflight.result()  # re-raise a failed window here, on the hot path
                     inflight = None
                 if self._builder.should_close():
-                    window = self._builder.take()
-                    assert window is not None
-                    decoding = self._decode(window)
+                    window, decoding = self._take()
                     if inflight is not None:
                         await inflight
                     inflight = asyncio.create_task(self._apply(window, decoding))
-            last = self._builder.take()
             if inflight is not None:
                 await inflight
                 inflight = None
-            if last is not None:
-                await self._apply(last, self._decode(last))
+            if len(self._builder):
+                await self._apply(*self._take())
         finally:
             if inflight is not None and not inflight.done():
                 inflight.cancel()
@@ -269,19 +278,39 @@ class Worker:
     async def _on_revoked(self, revoked: set[TopicPartitionKey]) -> None:
         async with self._lock:  # an in-flight window finishes and commits first
             dropped = self._builder.drop_partitions(revoked)
+            keep = []
+            for chunk in self._chunks:
+                if chunk[0] in revoked:
+                    chunk[2].cancel()  # its records are dropped with the partition
+                else:
+                    keep.append(chunk)
+            self._chunks = keep
         log.info(
             "revoked",
             extra={"fields": {"partitions": sorted(p for _, p in revoked), "dropped_records": dropped}},
         )
 
-    def _decode(self, window: Window) -> asyncio.Future[Decoded]:
-        """Start decoding `window` (in the pool when there is one)."""
-        args = (window.values, self.model.name, self.config.max_message_bytes)
+    def _decode(self, records: list[Any]) -> asyncio.Future[Decoded]:
+        """Start decoding one partition's fetched records (in the pool when there is one)."""
+        args = ([r.value for r in records], self.model.name, self.config.max_message_bytes)
         if self._pool is None:
             fut: asyncio.Future[Decoded] = asyncio.get_running_loop().create_future()
             fut.set_result(decode_records(*args))
             return fut
         return asyncio.get_running_loop().run_in_executor(self._pool, decode_records, *args)
+
+    def _take(self) -> tuple[Window, asyncio.Future[Decoded]]:
+        """Close the window; its decoding is the merge of its chunks' decodings."""
+        window = self._builder.take()
+        assert window is not None
+        chunks, self._chunks = self._chunks, []
+        assert sum(size for _, size, _ in chunks) == window.size
+
+        async def merged() -> Decoded:
+            parts = [await fut for _, _, fut in chunks]
+            return merge_decoded(parts, [size for _, size, _ in chunks])
+
+        return window, asyncio.ensure_future(merged())
 
     def _owned_only(self, window: Window, decoded: Decoded) -> tuple[Window, Decoded]:
         """Drop what belongs to partitions revoked since the window closed: their

@@ -182,6 +182,26 @@ class EventBatch:
         """(nnz,) the event each feature occurrence belongs to."""
         return np.repeat(np.arange(self.size, dtype=np.int64), np.diff(self.offsets))
 
+    @staticmethod
+    def concat(batches: Sequence[EventBatch], index_shifts: Sequence[int]) -> EventBatch:
+        """Batches one after the other; `index_shifts[i]` is added to batch i's `index`."""
+        if len(batches) == 1 and index_shifts[0] == 0:
+            return batches[0]
+        sizes = np.array([b.keys.size for b in batches], dtype=np.int64)
+        key_shift = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        offsets = np.concatenate(
+            [b.offsets[:-1] + key_shift[i] for i, b in enumerate(batches)] + [np.array([sizes.sum()])]
+        ).astype(np.int64)
+        return EventBatch(
+            keys=np.concatenate([b.keys for b in batches]),
+            values=np.concatenate([b.values for b in batches]),
+            offsets=offsets,
+            labels=np.concatenate([b.labels for b in batches]),
+            weights=np.concatenate([b.weights for b in batches]),
+            ts=np.concatenate([b.ts for b in batches]),
+            index=np.concatenate([b.index + shift for b, shift in zip(batches, index_shifts)]),
+        )
+
     def select(self, events: I64) -> EventBatch:
         """A batch of the given events (sorted positions in this batch)."""
         lens = np.diff(self.offsets)[events]
