@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 from consumers.broker import EmbeddedBroker
 
 from .logs import log_event
+from .signals import stop_on_signals
 
 __all__ = ["run_broker"]
 
@@ -18,10 +18,7 @@ log = logging.getLogger("ctrps.broker")
 async def run_broker(port: int, topics: dict[str, int], stop: asyncio.Event | None = None) -> None:
     """Start the embedded broker, create `topics`, serve until SIGTERM/SIGINT."""
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
+    with stop_on_signals(stop):
         async with EmbeddedBroker(port=port) as broker:
             await broker.create_topics(topics)
             log_event(
@@ -32,7 +29,4 @@ async def run_broker(port: int, topics: dict[str, int], stop: asyncio.Event | No
                 topics=",".join(f"{k}:{v}" for k, v in topics.items()),
             )
             await stop.wait()
-        log_event(log, "stopped")
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+    log_event(log, "stopped")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Sequence
+from typing import Any, Callable, Coroutine, Sequence
 
 import uvloop
 
@@ -148,52 +148,48 @@ def _parse_topics(specs: Sequence[str]) -> dict[str, int]:
     return topics
 
 
+def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, Any, None]]]:
+    """The log format and the coroutine of a long-running role, from its flags.
+
+    Raises `SettingsError` or `ValueError` on unusable flags."""
+    if args.command == "shard":
+        shard = ShardSettings.from_args(args)
+        from .shard_role import run_shard
+
+        return shard.log_format, lambda: run_shard(shard)
+    if args.command == "worker":
+        worker = WorkerSettings.from_args(args)
+        from .worker_role import run_worker
+
+        return worker.log_format, lambda: run_worker(worker)
+    if args.command == "broker":
+        topics = _parse_topics(args.topic or ["clicks:4", "clicks.dlq:1"])
+        from .broker_role import run_broker
+
+        return args.log_format, lambda: run_broker(args.port, topics)
+    raise ValueError(f"unknown command {args.command!r}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ctrps`` console script."""
     args = build_parser().parse_args(argv)
-    if args.command == "shard":
-        try:
-            settings = ShardSettings.from_args(args)
-        except SettingsError as exc:
-            print(f"ctrps shard: {exc}", file=sys.stderr)
-            return 2
-        configure_logging(settings.log_format)
-        from .shard_role import run_shard
-
-        uvloop.run(run_shard(settings))
-        return 0
-    if args.command == "worker":
-        try:
-            wsettings = WorkerSettings.from_args(args)
-        except SettingsError as exc:
-            print(f"ctrps worker: {exc}", file=sys.stderr)
-            return 2
-        configure_logging(wsettings.log_format)
-        from .worker_role import run_worker
-
-        uvloop.run(run_worker(wsettings))
-        return 0
-    if args.command == "broker":
-        try:
-            topics = _parse_topics(args.topic or ["clicks:4", "clicks.dlq:1"])
-        except ValueError as exc:
-            print(f"ctrps broker: {exc}", file=sys.stderr)
-            return 2
-        configure_logging(args.log_format)
-        from .broker_role import run_broker
-
-        uvloop.run(run_broker(args.port, topics))
-        return 0
     if args.command == "produce":
         return int(uvloop.run(run_produce(args)))
     if args.command == "demo":
         print(
-            "ctrps demo is not yet available: it needs the Kafka workers and the HTTP API, "
-            "which are still being built. Meanwhile: `ctrps shard --help`.",
+            "ctrps demo is not yet available: it arrives with the HTTP prediction API. "
+            "Meanwhile README.md shows the pipeline with ctrps broker, shard, worker and produce.",
             file=sys.stderr,
         )
         return 3
-    return 2
+    try:
+        log_format, role = _role(args)
+    except (SettingsError, ValueError) as exc:
+        print(f"ctrps {args.command}: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(log_format)
+    uvloop.run(role())
+    return 0
 
 
 if __name__ == "__main__":

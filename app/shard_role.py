@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 
 from aiohttp import web
 
@@ -14,6 +13,7 @@ from ps_core.shard import Shard, ShardSpec
 
 from .logs import log_event
 from .settings import ShardSettings
+from .signals import stop_on_signals
 
 __all__ = ["run_shard"]
 
@@ -50,9 +50,6 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
         # Port 0 asked the OS for a free port: report the one it gave.
         port = sockets[0].getsockname()[1]
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     log_event(
         log,
         "listening",
@@ -67,13 +64,12 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
         else None
     )
     try:
-        await stop.wait()
+        with stop_on_signals(stop):
+            await stop.wait()
     finally:
         if reporter is not None:
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reporter
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         await runner.cleanup()
         log_event(log, "stopped", shard_id=settings.shard_id)

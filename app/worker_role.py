@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 from consumers.worker import Worker, WorkerConfig
 from ps_core.client import PSClient
@@ -12,6 +11,7 @@ from ps_core.models import make_model
 
 from .logs import log_event
 from .settings import WorkerSettings
+from .signals import stop_on_signals
 
 __all__ = ["run_worker"]
 
@@ -22,9 +22,6 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
     """Train from Kafka until SIGTERM/SIGINT (or `stop`): then finish the
     buffered window, commit it, and leave the group."""
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     config = WorkerConfig(
         bootstrap=settings.bootstrap,
         topic=settings.topic,
@@ -40,13 +37,10 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
     model = make_model(settings.model, settings.model_name)
     log_event(log, "starting", topic=settings.topic, group=settings.group,
               shards=len(settings.shards), model=settings.model, name=settings.model_name)
-    try:
+    with stop_on_signals(stop):
         async with PSClient.connect(settings.shards) as client:
             worker = Worker(config, client, model)
             await worker.run(stop)
-        s = worker.stats
-        log_event(log, "stopped", windows=s.windows, events=s.events_trained,
-                  dead_letters=s.dead_letters, commits=s.commits)
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+    s = worker.stats
+    log_event(log, "stopped", windows=s.windows, events=s.events_trained,
+              dead_letters=s.dead_letters, commits=s.commits)
