@@ -37,7 +37,7 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
-from ps_core.client import PSClient
+from ps_core.client import PSClient, Routed
 from ps_core.metrics import Metrics, evaluate
 from ps_core.models import Model, sigmoid
 
@@ -357,7 +357,7 @@ class Worker:
                 decode_wait_s=t_decoded - t0, train_s=t_trained - t_decoded,
             )
 
-    async def _pull_all(self, keys: np.ndarray) -> dict[str, Any]:
+    async def _pull_all(self, keys: Routed) -> dict[str, Any]:
         names = self.model.table_names
         got = await asyncio.gather(*(self.client.pull(t, keys) for t in names))
         return dict(zip(names, got))
@@ -367,7 +367,7 @@ class Worker:
         if batch.size == 0:
             return evaluate([], [])
         plan = self.model.plan(batch)
-        weights = await self._pull_all(plan.keys)
+        weights = await self._pull_all(self.client.route(plan.keys))
         p = sigmoid(self.model.logits(batch, plan, weights))
         return evaluate(p, batch.labels)
 
@@ -377,7 +377,8 @@ class Worker:
         for start in range(0, batch.size, step):  # per mini-batch, not per event
             sub = batch.select(np.arange(start, min(start + step, batch.size)))
             plan = self.model.plan(sub)
-            weights = await self._pull_all(plan.keys)
+            routed = self.client.route(plan.keys)  # split once for the pull and the push
+            weights = await self._pull_all(routed)
             p = sigmoid(self.model.logits(sub, plan, weights))
             dlogit = (p - sub.labels) * sub.weights
             grads = self.model.gradients(sub, plan, weights, dlogit)
@@ -386,7 +387,7 @@ class Worker:
             counts = plan.counts(sub.labels)
             await asyncio.gather(
                 *(
-                    self.client.push(t, plan.keys, g, counts=counts, event_time=event_time)
+                    self.client.push(t, routed, g, counts=counts, event_time=event_time)
                     for t, g in grads.items()
                 )
             )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, Sequence
 
@@ -31,7 +32,7 @@ from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
 from .table import F32, TableConfig
 
-__all__ = ["PSClient", "ShardTransport", "HttpTransport", "LocalTransport", "RetryPolicy"]
+__all__ = ["PSClient", "Routed", "ShardTransport", "HttpTransport", "LocalTransport", "RetryPolicy"]
 
 
 class ShardTransport(Protocol):
@@ -201,6 +202,20 @@ def _json_or_text(payload: bytes) -> object:
         return payload[:200].decode("utf-8", "replace")
 
 
+@dataclass(frozen=True)
+class Routed:
+    """Keys split by shard (`PSClient.route`), reusable for a pull and a push."""
+
+    keys: U64
+    """The keys, in the caller's order."""
+    order: npt.NDArray[np.intp] | None
+    """Permutation grouping the keys by shard (None with one shard)."""
+    parts: list[slice]
+    """Each shard's slice of the grouped keys."""
+    by_shard: U64
+    """The keys grouped by shard (``keys[order]``)."""
+
+
 class PSClient:
     """Pull and push whole key batches across all shards.
 
@@ -269,20 +284,21 @@ class PSClient:
             await self._session.close()
 
     # -- routing -------------------------------------------------------------
-    def _split(self, keys: U64) -> tuple[npt.NDArray[np.intp] | None, list[slice]]:
-        """Order that groups keys by shard, and each shard's slice of it."""
+    def route(self, keys: npt.ArrayLike) -> Routed:
+        """Split `keys` by shard once, for a pull and a push of the same keys."""
+        k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
         if self.num_shards == 1:
-            return None, [slice(0, keys.size)]
-        sid = shard_of(keys, self.num_shards)
+            return Routed(k, None, [slice(0, k.size)], k)
+        sid = shard_of(k, self.num_shards)
         order = np.argsort(sid, kind="stable")
         bounds = np.concatenate(([0], np.cumsum(np.bincount(sid, minlength=self.num_shards))))
-        return order, [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(self.num_shards)]
+        parts = [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(self.num_shards)]
+        return Routed(k, order, parts, k[order])
 
-    async def pull(self, table: str, keys: npt.ArrayLike) -> F32:
-        """Weights (n, dim) of `keys`, in their order."""
-        k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
-        order, parts = self._split(k)
-        sk = k if order is None else k[order]
+    async def pull(self, table: str, keys: npt.ArrayLike | Routed) -> F32:
+        """Weights (n, dim) of `keys` (or a `route` of them), in their order."""
+        r = keys if isinstance(keys, Routed) else self.route(keys)
+        k, order, parts, sk = r.keys, r.order, r.parts, r.by_shard
         # An empty batch still asks shard 0, which answers with the table's dim.
         jobs = [
             (i, p) for i, p in enumerate(parts) if p.stop > p.start or (i == 0 and k.size == 0)
@@ -299,7 +315,7 @@ class PSClient:
     async def push(
         self,
         table: str,
-        keys: npt.ArrayLike,
+        keys: npt.ArrayLike | Routed,
         grads: npt.ArrayLike,
         *,
         counts: npt.ArrayLike | None = None,
@@ -315,7 +331,8 @@ class PSClient:
         (see `new_request_id`); shards that applied it acknowledge without
         applying twice.
         """
-        k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+        r = keys if isinstance(keys, Routed) else self.route(keys)
+        k = r.keys
         g = np.asarray(grads, dtype=np.float32)
         if g.ndim == 1:
             g = g.reshape(-1, 1)
@@ -327,9 +344,9 @@ class PSClient:
         if k.size == 0:
             return 0
         rid = self.new_request_id() if request_id is None else request_id
-        order, parts = self._split(k)
+        order, parts = r.order, r.parts
         if order is not None:
-            k, g = k[order], g[order]
+            k, g = r.by_shard, g[order]
             c = None if c is None else c[order]
         coros = [
             self.transports[i].push(

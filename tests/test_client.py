@@ -316,3 +316,19 @@ async def test_counts_row_mismatch_names_the_counts() -> None:
     client = PSClient.local([Shard(ShardSpec(0, 1), TABLES)])
     with pytest.raises(ValueError, match="counts"):
         await client.push("lr", [1, 2, 3], [1.0, 2.0, 3.0], counts=[[1, 0], [1, 0]])
+
+
+@pytest.mark.parametrize("num_shards", [1, 3])
+async def test_a_routed_batch_pulls_and_pushes_like_plain_keys(make_client: MakeClient, num_shards: int) -> None:
+    sgd = TableConfig("w", dim=2, optimizer={"name": "sgd", "lr": 1.0})
+    client, _ = await make_client(num_shards, (sgd,))
+    rng = np.random.default_rng(5)
+    keys = rng.integers(0, 2**64, 500, dtype=np.uint64)
+    grads = rng.normal(size=(500, 2)).astype(np.float32)
+    routed = client.route(keys)
+    assert await client.push("w", routed, grads) == 500
+    np.testing.assert_array_equal(await client.pull("w", routed), -grads)
+    np.testing.assert_array_equal(await client.pull("w", keys), -grads)
+    # The same routing serves a second push (the worker's pull-then-push step).
+    await client.push("w", routed, grads, counts=np.ones((500, 2), dtype=np.float32))
+    np.testing.assert_allclose(await client.pull("w", keys[::-1]), -2 * grads[::-1])
