@@ -175,3 +175,27 @@ async def test_worker_learns_the_synthetic_stream(kafka_bootstrap: str) -> None:
     # Progressive validation improved as the stream went on.
     hist = worker.stats.history
     assert hist[-1].metrics.auc > hist[0].metrics.auc
+
+
+async def test_an_fm_worker_trains_both_tables(kafka_bootstrap: str) -> None:
+    from consumers.producer import produce
+    from consumers.synthetic import SyntheticStream
+    from ps_core.models import FactorizationMachine
+
+    topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
+    n = 6000
+    await produce(kafka_bootstrap, topic, SyntheticStream(seed=5, vocab=200).batch(n))
+    model = FactorizationMachine("fm", k=4)
+    shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    worker = Worker(
+        WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=1.0,
+                     window_events=1500, decode_processes=0),
+        PSClient.local(shards), model,
+    )
+    await _run_until(worker, lambda: worker.stats.events_trained >= n)
+    for table in ("fm_w", "fm_v"):
+        assert sum(len(s.tables[table]) for s in shards) > 1000
+        assert sum(s.tables[table].pushes for s in shards) > 0
+    hist = worker.stats.history
+    assert hist[-1].metrics.auc > 0.65 and hist[-1].metrics.auc > hist[0].metrics.auc

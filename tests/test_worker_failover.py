@@ -151,8 +151,15 @@ async def test_sigkilled_worker_loses_nothing(kafka_bootstrap: str, serve_shards
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait(10)
+        logged = first.stderr.read() if first.stderr is not None else b""
         if first.stderr is not None:
             first.stderr.close()
+    # The killed worker logged one JSON line per window with the fields.
+    windows = [orjson.loads(line) for line in logged.splitlines() if b'"msg":"window"' in line]
+    assert windows, logged[-2000:]
+    for w in windows:
+        assert {"window", "partitions", "events", "dlq", "logloss", "auc", "copc", "events_per_s", "lag"} <= set(w)
+    assert sum(w["events"] for w in windows) <= n
     applied = _applications(shards, n)
     assert (applied >= 1).all(), f"lost events: {np.flatnonzero(applied == 0)[:20]}"
     twice = int((applied - 1).sum())
