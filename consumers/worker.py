@@ -30,6 +30,8 @@ import logging
 import multiprocessing
 import signal
 import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +107,10 @@ class WindowReport:
     decode_s: float = 0.0
     decode_wait_s: float = 0.0
     train_s: float = 0.0
+    lag_by_partition: dict[int, int] = field(default_factory=dict)
+    """Records behind per owned partition (highwater − committed), where known."""
+    dlq_by_reason: dict[str, int] = field(default_factory=dict)
+    """This window's dead letters by reason."""
 
     def fields(self) -> dict[str, Any]:
         m = self.metrics
@@ -132,6 +138,7 @@ class WorkerStats:
     records: int = 0
     events_trained: int = 0
     dead_letters: int = 0
+    dead_letters_by_reason: Counter[str] = field(default_factory=Counter)
     commits: int = 0
     failed_commits: int = 0
     last: WindowReport | None = None
@@ -159,10 +166,19 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 class Worker:
     """A training worker. ``await worker.run(stop)`` until `stop` is set."""
 
-    def __init__(self, config: WorkerConfig, client: PSClient, model: Model) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        client: PSClient,
+        model: Model,
+        on_window: Callable[[WindowReport], Awaitable[None]] | None = None,
+    ) -> None:
+        """`on_window` is awaited after each window is committed (metrics,
+        status reports); an exception from it is logged, never stops training."""
         self.config = config
         self.client = client
         self.model = model
+        self.on_window = on_window
         self.stats = WorkerStats()
         self._builder = WindowBuilder(config.window_seconds, config.window_events)
         self._lock = asyncio.Lock()  # one window applies at a time (revoke waits for it)
@@ -360,10 +376,15 @@ class Worker:
             await self._train(decoded, window)
             t_trained = time.perf_counter()
             await self._commit(window)
-            self._report(
+            report = self._report(
                 window, decoded, metrics, time.perf_counter() - t0,
                 decode_wait_s=t_decoded - t0, train_s=t_trained - t_decoded,
             )
+        if self.on_window is not None:
+            try:
+                await self.on_window(report)
+            except Exception as exc:  # a status sink must never stop training
+                log.warning("window hook failed", extra={"fields": {"error": repr(exc)}})
 
     async def _pull_all(self, keys: Routed) -> dict[str, Any]:
         names = self.model.table_names
@@ -419,15 +440,15 @@ class Worker:
             self.stats.failed_commits += 1
             log.warning("commit failed", extra={"fields": {"window": window.seq, "error": str(exc)}})
 
-    def _lag(self) -> int:
-        """Records behind, over owned partitions: highwater − next offset to apply."""
-        total = 0
+    def _lag(self) -> dict[int, int]:
+        """Records behind per owned partition: highwater − next offset to apply."""
+        lag: dict[int, int] = {}
         for tp in self._consumer.assignment():
             hw = self._consumer.highwater(tp)
             done = self._committed.get((tp.topic, tp.partition))
             if hw is not None and done is not None:
-                total += max(0, hw - done)
-        return total
+                lag[tp.partition] = max(0, hw - done)
+        return lag
 
     def _report(
         self,
@@ -437,7 +458,8 @@ class Worker:
         seconds: float,
         decode_wait_s: float,
         train_s: float,
-    ) -> None:
+    ) -> WindowReport:
+        lag = self._lag()
         report = WindowReport(
             window=window.seq,
             partitions=sorted({p for _, p in window.next_offsets}),
@@ -446,17 +468,21 @@ class Worker:
             dlq=len(decoded.rejected),
             metrics=metrics,
             events_per_s=decoded.batch.size / seconds if seconds > 0 else 0.0,
-            lag=self._lag(),
+            lag=sum(lag.values()),
             seconds=seconds,
             decode_s=decoded.seconds,
             decode_wait_s=decode_wait_s,
             train_s=train_s,
+            lag_by_partition=lag,
+            dlq_by_reason=dict(Counter(r.reason for r in decoded.rejected)),
         )
         s = self.stats
         s.windows += 1
         s.records += window.size
         s.dead_letters += report.dlq
+        s.dead_letters_by_reason.update(report.dlq_by_reason)
         s.last = report
         s.history.append(report)
         del s.history[:-1000]
         log.info("window", extra={"fields": report.fields()})
+        return report

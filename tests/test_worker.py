@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import uuid
 from typing import Any
@@ -100,7 +101,14 @@ async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_b
     config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, dlq_topic=dlq,
                           window_seconds=0.3, window_events=7, mini_batch=4,
                           max_message_bytes=2000, decode_processes=0)
-    worker = Worker(config, PSClient.local(shards), model)
+    reports: list[Any] = []
+
+    async def on_window(report: Any) -> None:
+        reports.append(report)
+        if len(reports) == 1:
+            raise RuntimeError("a failing window hook is only logged")
+
+    worker = Worker(config, PSClient.local(shards), model, on_window=on_window)
     await _run_until(worker, lambda: worker.stats.records >= len(values))
 
     # Every bad message is in the DLQ with its reason and source offset.
@@ -134,6 +142,13 @@ async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_b
     assert worker.stats.events_trained == good
     assert worker.stats.dead_letters == len(bad)
     assert worker.stats.last is not None and worker.stats.last.metrics.events > 0
+    # The window hook saw every window, with its dead letters by reason.
+    assert len(reports) == worker.stats.windows
+    by_reason: dict[str, int] = {}
+    for r in reports:
+        for reason, n in r.dlq_by_reason.items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+    assert by_reason == dict(worker.stats.dead_letters_by_reason) == dict(collections.Counter(bad.values()))
     # Offsets are committed to the end of each partition.
     committed = await _committed(kafka_bootstrap, group, topic, 2)
     assert committed == {0: (len(values) + 1) // 2, 1: len(values) // 2}
