@@ -12,6 +12,7 @@ from ps_core.models import make_model
 from .logs import log_event
 from .settings import WorkerSettings
 from .signals import stop_on_signals
+from .status import default_worker_id, make_status_hook
 
 __all__ = ["run_worker"]
 
@@ -20,7 +21,10 @@ log = logging.getLogger("ctrps.worker")
 
 async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None) -> None:
     """Train from Kafka until SIGTERM/SIGINT (or `stop`): then finish the
-    buffered window, commit it, and leave the group."""
+    buffered window, commit it, and leave the group.
+
+    After each window the worker's status goes to the shards' status board
+    (`app.status`), where the API reads it for ``/v1/model`` and ``/metrics``."""
     stop = stop or asyncio.Event()
     config = WorkerConfig(
         bootstrap=settings.bootstrap,
@@ -35,11 +39,16 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
         heartbeat_interval_ms=max(100, settings.session_timeout_ms // 5),
     )
     model = make_model(settings.model, settings.model_name)
-    log_event(log, "starting", topic=settings.topic, group=settings.group,
+    worker_id = default_worker_id()
+    log_event(log, "starting", worker=worker_id, topic=settings.topic, group=settings.group,
               shards=len(settings.shards), model=settings.model, name=settings.model_name)
     with stop_on_signals(stop):
         async with PSClient.connect(settings.shards) as client:
             worker = Worker(config, client, model)
+            # Set after construction: the hook reads the worker's own stats.
+            worker.on_window = make_status_hook(
+                client, worker_id, worker.stats, update_mode=config.mode
+            )
             await worker.run(stop)
     s = worker.stats
     log_event(log, "stopped", windows=s.windows, events=s.events_trained,

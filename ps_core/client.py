@@ -9,6 +9,11 @@ in this process, no encoding: for the demo and tests). Both behave the same.
 
 Every push carries a request id; a shard acknowledges a retried id without
 applying it twice, so retrying after a lost ack is safe.
+
+Besides pull and push: `pull_versioned` (weights with the tables' open
+version and, if asked, whether each key has a row), and the status board of
+shard 0 (`report_status`, `statuses`), where workers leave their progress for
+processes that do not train.
 """
 
 from __future__ import annotations
@@ -26,13 +31,34 @@ import numpy.typing as npt
 import orjson
 
 from . import codec
-from .errors import PSError, ShardUnavailableError, error_from_body
+from .errors import FrameError, PSError, ShardUnavailableError, StatusError, error_from_body
 from .hashing import U64, shard_of
 from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
 from .table import F32, TableConfig
 
-__all__ = ["PSClient", "Routed", "ShardTransport", "HttpTransport", "LocalTransport", "RetryPolicy"]
+__all__ = [
+    "PSClient",
+    "Pulled",
+    "Routed",
+    "ShardTransport",
+    "HttpTransport",
+    "LocalTransport",
+    "RetryPolicy",
+]
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """The answer of `PSClient.pull_versioned` (or of one shard to it)."""
+
+    weights: F32
+    """(n, dim) weights, in the order of the keys asked for."""
+    version: int
+    """The table's open export version (the smallest over the shards asked)."""
+    present: npt.NDArray[np.bool_] | None
+    """(n,) whether each key has a row (absent keys read their initial
+    value); None unless presence was asked for."""
 
 
 class ShardTransport(Protocol):
@@ -41,6 +67,8 @@ class ShardTransport(Protocol):
     shard_id: int
 
     async def pull(self, table: str, keys: U64) -> F32: ...
+
+    async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled: ...
 
     async def push(
         self,
@@ -56,6 +84,10 @@ class ShardTransport(Protocol):
 
     async def stats(self) -> dict[str, Any]: ...
 
+    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def statuses(self) -> list[dict[str, Any]]: ...
+
     async def close(self) -> None: ...
 
 
@@ -68,6 +100,10 @@ class LocalTransport:
 
     async def pull(self, table: str, keys: U64) -> F32:
         return self.shard.handle_pull(table, keys)[0]
+
+    async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled:
+        weights, version = self.shard.handle_pull(table, keys)
+        return Pulled(weights, version, self.shard.contains(table, keys) if presence else None)
 
     async def push(
         self,
@@ -87,6 +123,12 @@ class LocalTransport:
 
     async def stats(self) -> dict[str, Any]:
         return self.shard.stats()
+
+    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
+        return self.shard.report_status(source, status)
+
+    async def statuses(self) -> list[dict[str, Any]]:
+        return self.shard.statuses()
 
     async def close(self) -> None:
         return None
@@ -165,6 +207,15 @@ class HttpTransport:
         assert frame.values is not None
         return frame.values
 
+    async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled:
+        body = codec.encode_pull(table, keys, presence=presence)
+        _, reply = await self._request("POST", "/v1/pull", body, FRAME_CONTENT_TYPE)
+        frame = codec.decode(reply, codec.Op.WEIGHTS)
+        assert frame.values is not None
+        if presence and frame.present is None:
+            raise FrameError(f"shard {self.shard_id} answered a presence pull without presence")
+        return Pulled(frame.values, frame.version, frame.present)
+
     async def push(
         self,
         table: str,
@@ -189,6 +240,17 @@ class HttpTransport:
     async def stats(self) -> dict[str, Any]:
         _, reply = await self._request("GET", "/v1/stats")
         out: dict[str, Any] = orjson.loads(reply)
+        return out
+
+    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
+        body = orjson.dumps({"source": source, "status": status})
+        _, reply = await self._request("POST", "/v1/status", body, "application/json")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
+
+    async def statuses(self) -> list[dict[str, Any]]:
+        _, reply = await self._request("GET", "/v1/status")
+        out: list[dict[str, Any]] = orjson.loads(reply)["statuses"]
         return out
 
     async def close(self) -> None:
@@ -298,19 +360,28 @@ class PSClient:
     async def pull(self, table: str, keys: npt.ArrayLike | Routed) -> F32:
         """Weights (n, dim) of `keys` (or a `route` of them), in their order."""
         r = keys if isinstance(keys, Routed) else self.route(keys)
-        k, order, parts, sk = r.keys, r.order, r.parts, r.by_shard
-        # An empty batch still asks shard 0, which answers with the table's dim.
-        jobs = [
-            (i, p) for i, p in enumerate(parts) if p.stop > p.start or (i == 0 and k.size == 0)
-        ]
-        results = await _fan_out([self.transports[i].pull(table, sk[p]) for i, p in jobs])
-        got = results[0] if len(results) == 1 else np.concatenate(results)
-        if order is None:
-            # A reply frame is a read-only view of the received bytes.
-            return got if got.flags.writeable else got.copy()
-        out = np.empty_like(got)
-        out[order] = got
-        return out
+        jobs = _pull_jobs(r)
+        results = await _fan_out([self.transports[i].pull(table, r.by_shard[p]) for i, p in jobs])
+        return _reassemble(r, results)
+
+    async def pull_versioned(
+        self, table: str, keys: npt.ArrayLike | Routed, *, presence: bool = False
+    ) -> Pulled:
+        """Like `pull`, with the table's open version and, with `presence`,
+        whether each key has a row (an index lookup on the shard, no insert)."""
+        r = keys if isinstance(keys, Routed) else self.route(keys)
+        jobs = _pull_jobs(r)
+        results: list[Pulled] = await _fan_out(
+            [self.transports[i].pull_versioned(table, r.by_shard[p], presence) for i, p in jobs]
+        )
+        present = None
+        if presence:
+            present = _reassemble(r, [x.present for x in results if x.present is not None])
+        return Pulled(
+            _reassemble(r, [x.weights for x in results]),
+            min(x.version for x in results),
+            present,
+        )
 
     async def push(
         self,
@@ -368,6 +439,38 @@ class PSClient:
     async def stats(self) -> list[dict[str, Any]]:
         """Each shard's stats, in shard order."""
         return await _fan_out([t.stats() for t in self.transports])
+
+    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Leave `status` (a JSON object) on the status board of shard 0 as
+        the latest of `source`; replaces that source's previous status."""
+        if not isinstance(status, dict):
+            raise StatusError(f"status must be a dict, got {type(status).__name__}")
+        return await self.transports[0].report_status(source, status)
+
+    async def statuses(self) -> list[dict[str, Any]]:
+        """The status board of shard 0: ``{"source", "received_at",
+        "status"}`` per source, the least recently reported first."""
+        return await self.transports[0].statuses()
+
+
+def _pull_jobs(r: Routed) -> list[tuple[int, slice]]:
+    """The shards a pull asks, with their slices of ``r.by_shard``.
+
+    An empty batch still asks shard 0, which answers with the table's dim."""
+    return [
+        (i, p) for i, p in enumerate(r.parts) if p.stop > p.start or (i == 0 and r.keys.size == 0)
+    ]
+
+
+def _reassemble(r: Routed, parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+    """Per-shard answers (in shard order) back in the order of ``r.keys``."""
+    got = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    if r.order is None:
+        # A reply frame is a read-only view of the received bytes.
+        return got if got.flags.writeable else got.copy()
+    out = np.empty_like(got)
+    out[r.order] = got
+    return out
 
 
 async def _fan_out(coros: Sequence[Any]) -> list[Any]:

@@ -8,7 +8,9 @@ arrays::
     0      4     magic b"CTPS"
     4      1     format version (1)
     5      1     op: 1 pull request, 2 push request, 3 weights reply, 4 push ack
-    6      2     flags: bit 0 = a counts array follows the values
+    6      2     flags: bit 0 = a counts array follows the values (push);
+                 bit 1 = presence: in a pull request, asks for it; in a
+                 weights reply, a presence array follows the values
     8      4     count n: keys in a request, rows in a weights reply,
                  distinct keys applied in a push ack
     12     4     dim: values per key (0 in a pull request and a push ack)
@@ -21,6 +23,8 @@ arrays::
     ...    8n    keys, uint64            (pull and push requests)
     ...    4n·d  values, float32 (n, d)  (push request, weights reply)
     ...    8n    counts, float32 (n, 2)  (push request with flag bit 0: shows, clicks)
+    ...    n     presence, uint8 0/1, then zero padding to a multiple of 8
+                                     (weights reply with flag bit 1: the key has a row)
 
 A reader checks magic, version, op, and that the length is exactly what the
 header implies; any mismatch is a `FrameError` and nothing is applied. Arrays
@@ -51,12 +55,14 @@ __all__ = [
     "encode_weights",
     "encode_ack",
     "FLAG_COUNTS",
+    "FLAG_PRESENCE",
     "MAX_NAME",
 ]
 
 MAGIC = b"CTPS"
 FORMAT_VERSION = 1
 FLAG_COUNTS = 1
+FLAG_PRESENCE = 2
 MAX_NAME = 255
 _HEADER = struct.Struct("<4sBBHIIdQQH6x")
 HEADER_SIZE = _HEADER.size  # 48
@@ -98,6 +104,10 @@ class Frame:
     """The table's open export version, in replies."""
     request_id: int = 0
     """A push's id for retry dedup; 0 when none."""
+    presence: bool = False
+    """A pull asks for presence; a weights reply carries `present`."""
+    present: npt.NDArray[np.bool_] | None = None
+    """(n,) whether each key has a row (weights reply with presence), else None."""
 
 
 def _pad8(n: int) -> int:
@@ -115,8 +125,13 @@ def encode(
     event_time: float = 0.0,
     version: int = 0,
     request_id: int = 0,
+    presence: bool = False,
+    present: npt.NDArray[np.bool_] | None = None,
 ) -> bytes:
-    """Encode one frame; arrays are converted to little-endian as needed."""
+    """Encode one frame; arrays are converted to little-endian as needed.
+
+    `presence` flags a pull that asks for presence; `present` is the reply's
+    presence array (and sets the flag)."""
     name = table.encode("utf-8")
     if len(name) > MAX_NAME:
         raise FrameError(f"table name longer than {MAX_NAME} bytes")
@@ -139,6 +154,11 @@ def encode(
         c = np.ascontiguousarray(counts, dtype="<f4").reshape(-1, 2)
         flags |= FLAG_COUNTS
         parts.append(c.tobytes())
+    if presence or present is not None:
+        flags |= FLAG_PRESENCE
+    if present is not None:
+        pr = np.ascontiguousarray(present, dtype=np.uint8).reshape(-1)
+        parts.append(pr.tobytes() + b"\0" * (_pad8(pr.size) - pr.size))
     header = _HEADER.pack(
         MAGIC, FORMAT_VERSION, op, flags, n or 0, dim, event_time, version, request_id, len(name)
     )
@@ -146,9 +166,10 @@ def encode(
     return b"".join([header, name, pad, *parts])
 
 
-def encode_pull(table: str, keys: npt.NDArray[np.uint64]) -> bytes:
-    """A pull request: the keys whose weights are wanted."""
-    return encode(Op.PULL, table, keys=keys)
+def encode_pull(table: str, keys: npt.NDArray[np.uint64], *, presence: bool = False) -> bytes:
+    """A pull request: the keys whose weights are wanted (and, with
+    `presence`, whether each has a row)."""
+    return encode(Op.PULL, table, keys=keys, presence=presence)
 
 
 def encode_push(
@@ -172,9 +193,15 @@ def encode_push(
     )
 
 
-def encode_weights(table: str, weights: npt.NDArray[np.float32], version: int) -> bytes:
-    """A pull reply: weights (n, dim) in the order of the request's keys."""
-    return encode(Op.WEIGHTS, table, values=weights, version=version)
+def encode_weights(
+    table: str,
+    weights: npt.NDArray[np.float32],
+    version: int,
+    present: npt.NDArray[np.bool_] | None = None,
+) -> bytes:
+    """A pull reply: weights (n, dim) in the order of the request's keys, and
+    the presence of each key when the pull asked for it."""
+    return encode(Op.WEIGHTS, table, values=weights, version=version, present=present)
 
 
 def encode_ack(table: str, applied: int, version: int) -> bytes:
@@ -207,7 +234,7 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         raise FrameError(f"unknown op {op}")
     if expect_op is not None and op != expect_op:
         raise FrameError(f"expected op {expect_op}, got {op}")
-    if flags & ~FLAG_COUNTS:
+    if flags & ~(FLAG_COUNTS | FLAG_PRESENCE):
         raise FrameError(f"unknown flags {flags:#x}")
     if name_len == 0 or name_len > MAX_NAME:
         raise FrameError(f"table name length {name_len} outside 1..{MAX_NAME}")
@@ -223,6 +250,11 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     has_counts = bool(flags & FLAG_COUNTS)
     if has_counts and op != Op.PUSH:
         raise FrameError("only a push carries counts")
+    has_presence = bool(flags & FLAG_PRESENCE)
+    if has_presence and op not in (Op.PULL, Op.WEIGHTS):
+        raise FrameError(f"unknown flags {FLAG_PRESENCE:#x} for op {op}: only pulls carry presence")
+    presence_reply = has_presence and op == Op.WEIGHTS
+    presence_bytes = _pad8(n) if presence_reply else 0
     if has_values and dim == 0 and n > 0:
         raise FrameError("a frame with values needs dim >= 1")
     if not has_values and dim != 0:
@@ -235,12 +267,14 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         expected += 4 * n * dim
     if has_counts:
         expected += 8 * n
+    expected += presence_bytes
     if len(mv) != expected:
         raise FrameError(
             f"frame is {len(mv)} bytes but its header (n={n}, dim={dim}) implies {expected}"
         )
     pos = start
     keys = values = counts = None
+    present = None
     if has_keys:
         keys = _readonly(np.frombuffer(mv, dtype="<u8", count=n, offset=pos))
         pos += 8 * n
@@ -249,6 +283,12 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         pos += 4 * n * dim
     if has_counts:
         counts = _readonly(np.frombuffer(mv, dtype="<f4", count=2 * n, offset=pos).reshape(n, 2))
+        pos += 8 * n
+    if presence_reply:
+        raw = np.frombuffer(mv, dtype=np.uint8, count=n, offset=pos)
+        if (raw > 1).any():
+            raise FrameError("presence bytes must be 0 or 1")
+        present = _readonly(raw.view(np.bool_))
     return Frame(
         op=op,
         table=table,
@@ -260,4 +300,6 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         event_time=float(event_time),
         version=int(version),
         request_id=int(request_id),
+        presence=has_presence,
+        present=present,
     )

@@ -17,6 +17,7 @@ __all__ = [
     "UnknownTableError",
     "TableConfigError",
     "TableConflictError",
+    "StatusError",
     "ShardUnavailableError",
     "error_from_body",
 ]
@@ -86,6 +87,15 @@ class TableConflictError(PSError):
     status = 409
 
 
+class StatusError(PSError):
+    """A status report for the shard's status board is malformed (not a JSON
+    object of a source name and a status object, or too large). Nothing was
+    stored."""
+
+    code = "bad_status"
+    status = 400
+
+
 class ShardUnavailableError(PSError):
     """A shard could not be reached before the client's deadline.
 
@@ -110,6 +120,7 @@ _BY_CODE: dict[str, type[PSError]] = {
         UnknownTableError,
         TableConfigError,
         TableConflictError,
+        StatusError,
     )
 }
 

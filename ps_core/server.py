@@ -9,6 +9,8 @@ Routes:
   200 when an identical table exists, 409 when a different one does;
   ``GET /v1/tables``: the declared tables;
 - ``GET /v1/stats``: features, bytes and call counts per table;
+- ``POST /v1/status``: report a source's status to the status board (JSON
+  ``{"source": str, "status": {...}}``); ``GET /v1/status``: the board;
 - ``GET /healthz``: liveness.
 
 Errors are JSON ``{"error": code, "detail": reason}`` with the status of the
@@ -23,7 +25,7 @@ import orjson
 from aiohttp import web
 
 from . import codec
-from .errors import PSError, TableConfigError
+from .errors import PSError, StatusError, TableConfigError
 from .shard import Shard
 from .table import TableConfig
 
@@ -91,6 +93,21 @@ async def list_tables(request: web.Request) -> web.Response:
     return json_response({name: t.config.to_dict() for name, t in shard.tables.items()})
 
 
+async def report_status(request: web.Request) -> web.Response:
+    try:
+        raw = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise StatusError(f"body is not JSON: {exc}") from None
+    if not isinstance(raw, dict) or set(raw) != {"source", "status"}:
+        fields = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
+        raise StatusError(f'body must be {{"source": ..., "status": {{...}}}}, got {fields}')
+    return json_response(request.app[SHARD].report_status(raw["source"], raw["status"]))
+
+
+async def list_statuses(request: web.Request) -> web.Response:
+    return json_response({"statuses": request.app[SHARD].statuses()})
+
+
 async def stats(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].stats())
 
@@ -109,5 +126,7 @@ def create_shard_app(shard: Shard, *, max_body: int = DEFAULT_MAX_BODY) -> web.A
     app.router.add_post("/v1/tables", declare_table)
     app.router.add_get("/v1/tables", list_tables)
     app.router.add_get("/v1/stats", stats)
+    app.router.add_post("/v1/status", report_status)
+    app.router.add_get("/v1/status", list_statuses)
     app.router.add_get("/healthz", healthz)
     return app

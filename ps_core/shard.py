@@ -5,23 +5,42 @@ table. The HTTP server (`ps_core.server`) and the in-process transport
 (`ps_core.client.LocalTransport`) both call these handlers, so the same checks
 and effects hold whichever way a request arrives. Handlers run to completion
 without awaiting: one request's effects are never interleaved with another's.
+
+A shard also keeps a small status board: the latest status (a JSON object)
+reported by each source, e.g. each training worker, so that processes which do
+not train (the API, its metrics) can read the workers' progress. Clients report
+to shard 0 (`PSClient.report_status`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from . import codec
-from .errors import FrameError, InvalidValuesError, TableConflictError, UnknownTableError, WrongShardError
+from .errors import (
+    FrameError,
+    InvalidValuesError,
+    StatusError,
+    TableConflictError,
+    UnknownTableError,
+    WrongShardError,
+)
 from .hashing import shard_of
 from .table import F32, SparseTable, TableConfig
 
-__all__ = ["Shard", "ShardSpec"]
+__all__ = ["Shard", "ShardSpec", "MAX_STATUS_BYTES", "MAX_SOURCE_CHARS"]
+
+MAX_STATUS_BYTES = 64 * 1024
+"""Largest status object the board stores (encoded as JSON)."""
+MAX_SOURCE_CHARS = 200
+"""Longest source name on the board."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +66,10 @@ class Shard:
         tables: Iterable[TableConfig] = (),
         *,
         dedup_window: int = 4096,
+        max_sources: int = 256,
     ) -> None:
+        """`dedup_window` push ids are remembered for retry dedup; the status
+        board keeps the latest status of the `max_sources` most recent sources."""
         self.spec = spec
         self.tables: dict[str, SparseTable] = {}
         self._dedup_window = dedup_window
@@ -56,6 +78,9 @@ class Shard:
         self._recent_pushes: OrderedDict[int, int] = OrderedDict()
         self.duplicate_pushes = 0
         """Retried pushes recognised by request id and not applied again."""
+        self._max_sources = max_sources
+        # source -> (received_at, status), least recently reported first.
+        self._statuses: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
         for config in tables:
             self.declare(config)
 
@@ -103,6 +128,13 @@ class Shard:
         self._check_owned(keys)
         return t.pull(keys), t.version
 
+    def contains(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+        """Whether each key has a row in `table` (one vectorised index lookup)."""
+        t = self.table(table)
+        self._check_owned(keys)
+        out: npt.NDArray[np.bool_] = t.index.lookup(keys) >= 0
+        return out
+
     def handle_push(
         self,
         table: str,
@@ -145,7 +177,8 @@ class Shard:
         if frame.op == codec.Op.PULL:
             assert frame.keys is not None
             weights, version = self.handle_pull(frame.table, frame.keys)
-            return codec.encode_weights(frame.table, weights, version)
+            present = self.contains(frame.table, frame.keys) if frame.presence else None
+            return codec.encode_weights(frame.table, weights, version, present)
         if frame.op == codec.Op.PUSH:
             assert frame.keys is not None and frame.values is not None
             applied, version = self.handle_push(
@@ -158,6 +191,47 @@ class Shard:
             )
             return codec.encode_ack(frame.table, applied, version)
         raise FrameError(f"op {frame.op} is a reply, not a request")
+
+    # -- status board ----------------------------------------------------------
+    def report_status(
+        self, source: object, status: object, *, now: float | None = None
+    ) -> dict[str, Any]:
+        """Store `status` (a JSON object) as the latest of `source`.
+
+        The board keeps the latest status of the `max_sources` sources that
+        reported most recently; an older source is forgotten first. Returns
+        the stored entry's summary. Raises `StatusError` on a source that is
+        not a short non-empty string, a status that is not a JSON object, or
+        one larger than `MAX_STATUS_BYTES` encoded.
+        """
+        if not isinstance(source, str) or not source.strip() or len(source) > MAX_SOURCE_CHARS:
+            raise StatusError(
+                f"source must be a non-empty string of at most {MAX_SOURCE_CHARS} characters, "
+                f"got {str(source)[:40]!r}"
+            )
+        if not isinstance(status, dict):
+            raise StatusError(f"status must be a JSON object, got {type(status).__name__}")
+        try:
+            encoded = orjson.dumps(status)
+        except TypeError as exc:  # orjson's error for non-string keys, objects, huge ints
+            raise StatusError(f"status is not JSON: {exc}") from None
+        if len(encoded) > MAX_STATUS_BYTES:
+            raise StatusError(f"status of {len(encoded)} bytes exceeds {MAX_STATUS_BYTES}")
+        received = time.time() if now is None else now
+        # Stored as decoded from its encoding: a detached copy, as over HTTP.
+        self._statuses[source] = (received, orjson.loads(encoded))
+        self._statuses.move_to_end(source)
+        while len(self._statuses) > self._max_sources:
+            self._statuses.popitem(last=False)
+        return {"source": source, "received_at": received, "sources": len(self._statuses)}
+
+    def statuses(self) -> list[dict[str, Any]]:
+        """The board: ``{"source", "received_at", "status"}`` per source, the
+        least recently reported first (JSON-ready)."""
+        return [
+            {"source": src, "received_at": at, "status": status}
+            for src, (at, status) in self._statuses.items()
+        ]
 
     def stats(self) -> dict[str, Any]:
         """Features, bytes and call counts per table (JSON-ready)."""

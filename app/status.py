@@ -1,0 +1,239 @@
+"""Worker status: what a training worker leaves on the shards' status board
+after each window, and the summary the API reads back from it.
+
+Workers run in other processes than the API (or in the same one, in the demo);
+the board on shard 0 (`ps_core.shard.Shard.report_status`) is where they meet.
+A worker reports one JSON object per window (`worker_status`), holding
+cumulative totals, so a lost report loses nothing but freshness::
+
+    worker = Worker(config, client, model)
+    worker.on_window = make_status_hook(client, default_worker_id(), worker.stats)
+
+The API summarises the board (`summarize`) for ``GET /v1/model`` and
+``/metrics``: totals summed over workers, the last window of the most recent
+report, and lag per partition from the most recent report naming it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumers.worker import WindowReport, WorkerStats
+from ps_core.client import PSClient
+
+__all__ = [
+    "WINDOW_SECONDS_BUCKETS",
+    "SecondsHistogram",
+    "worker_status",
+    "make_status_hook",
+    "default_worker_id",
+    "WorkerView",
+    "BoardSummary",
+    "summarize",
+]
+
+WINDOW_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+"""Upper bounds (seconds) of the window-duration histogram; +Inf is implied."""
+
+
+@dataclass
+class SecondsHistogram:
+    """A cumulative histogram of window durations, kept by the status hook
+    (a worker's own stats keep only recent windows)."""
+
+    bounds: tuple[float, ...] = WINDOW_SECONDS_BUCKETS
+    """Bucket upper bounds, increasing; a last bucket (+Inf) follows."""
+    counts: list[int] = field(default_factory=list)
+    """Observations per bucket (not cumulative), ``len(bounds) + 1`` of them."""
+    total: float = 0.0
+    """Sum of the observations."""
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, seconds: float) -> None:
+        """Count one window of `seconds`."""
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.total += seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"bounds", "counts", "sum", "count"}`` (JSON-ready)."""
+        return {
+            "bounds": list(self.bounds),
+            "counts": list(self.counts),
+            "sum": self.total,
+            "count": sum(self.counts),
+        }
+
+
+def worker_status(
+    report: WindowReport,
+    stats: WorkerStats,
+    *,
+    window_seconds: SecondsHistogram | None = None,
+    update_mode: str = "async",
+    started_at: float | None = None,
+) -> dict[str, Any]:
+    """A worker's status after the window of `report` (a JSON object).
+
+    Totals come from `stats` (cumulative since the worker started), the last
+    window from `report`; lag per partition is keyed by the partition number
+    as a string (JSON object keys are strings)."""
+    last = report.fields()
+    last["seconds"] = report.seconds
+    status: dict[str, Any] = {
+        "kind": "worker",
+        "update_mode": update_mode,
+        "reported_at": time.time(),
+        "windows": stats.windows,
+        "records_consumed": stats.records,
+        "events_trained": stats.events_trained,
+        "dead_letters": stats.dead_letters,
+        "dead_letters_by_reason": dict(stats.dead_letters_by_reason),
+        "commits": stats.commits,
+        "failed_commits": stats.failed_commits,
+        "last_window": last,
+        "lag_by_partition": {str(p): int(n) for p, n in report.lag_by_partition.items()},
+    }
+    if started_at is not None:
+        status["started_at"] = started_at
+    if window_seconds is not None:
+        status["window_seconds"] = window_seconds.to_dict()
+    return status
+
+
+def make_status_hook(
+    client: PSClient,
+    worker_id: str,
+    stats: WorkerStats,
+    *,
+    update_mode: str = "async",
+) -> Callable[[WindowReport], Awaitable[None]]:
+    """An ``on_window`` hook for `consumers.worker.Worker` that reports the
+    worker's status to the board of shard 0 under `worker_id` after each window.
+
+    `stats` is the worker's own `WorkerStats` (``worker.stats``); the hook
+    keeps the histogram of window durations itself."""
+    histogram = SecondsHistogram()
+    started_at = time.time()
+
+    async def report_status(report: WindowReport) -> None:
+        histogram.observe(report.seconds)
+        status = worker_status(
+            report,
+            stats,
+            window_seconds=histogram,
+            update_mode=update_mode,
+            started_at=started_at,
+        )
+        await client.report_status(worker_id, status)
+
+    return report_status
+
+
+def default_worker_id() -> str:
+    """``<host>-<pid>-<random>``: unique per worker process, so a restarted
+    worker starts a new entry instead of resetting another's totals."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+# -- reading the board ----------------------------------------------------------
+
+
+def _count(value: object) -> int:
+    """A non-negative whole count from a status field; anything else is 0.
+
+    The board accepts any JSON object, so a summary never trusts a field's type."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        return 0
+    return int(min(value, 2**63 - 1))
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker's entry on the board."""
+
+    source: str
+    """The worker's id."""
+    received_at: float
+    """When shard 0 received its latest status (shard clock, seconds)."""
+    status: dict[str, Any]
+    """Its latest status (`worker_status`)."""
+
+
+@dataclass(frozen=True)
+class BoardSummary:
+    """The workers' statuses, combined."""
+
+    workers: list[WorkerView]
+    """Entries whose status is a worker's, least recently reported first."""
+    records_consumed: int
+    """Kafka records consumed, summed over workers."""
+    events_trained: int
+    """Events trained, summed over workers."""
+    windows: int
+    """Windows trained, summed over workers."""
+    dead_letters_by_reason: dict[str, int]
+    """Dead letters per reason, summed over workers."""
+    lag_by_partition: dict[int, int]
+    """Records behind per partition, each from the latest report naming it."""
+    last_window: dict[str, Any] | None
+    """The last window of the most recent report (None before any)."""
+    update_mode: str | None
+    """The update mode of the most recent report (None before any)."""
+
+    @property
+    def dead_letters(self) -> int:
+        """Dead letters, all reasons."""
+        return sum(self.dead_letters_by_reason.values())
+
+    @property
+    def lag(self) -> int:
+        """Records behind, all partitions."""
+        return sum(self.lag_by_partition.values())
+
+
+def summarize(statuses: list[dict[str, Any]]) -> BoardSummary:
+    """Combine the board (`PSClient.statuses`, least recently reported first).
+
+    Entries that are not worker statuses are left out; fields of the wrong
+    type count as absent."""
+    workers = [
+        WorkerView(str(e["source"]), float(e["received_at"]), e["status"])
+        for e in statuses
+        if isinstance(e.get("status"), dict) and e["status"].get("kind") == "worker"
+    ]
+    reasons: dict[str, int] = {}
+    lag: dict[int, int] = {}
+    for w in workers:  # per worker (the board holds at most a few hundred)
+        by_reason = w.status.get("dead_letters_by_reason")
+        if isinstance(by_reason, dict):
+            for reason, n in by_reason.items():
+                reasons[reason] = reasons.get(reason, 0) + _count(n)
+        by_partition = w.status.get("lag_by_partition")
+        if isinstance(by_partition, dict):
+            # Later entries are more recent: a partition's latest report wins.
+            lag.update(
+                {int(p): _count(n) for p, n in by_partition.items() if str(p).isdigit()}
+            )
+    latest = workers[-1].status if workers else None
+    last_window = latest.get("last_window") if latest is not None else None
+    mode = latest.get("update_mode") if latest is not None else None
+    return BoardSummary(
+        workers=workers,
+        records_consumed=sum(_count(w.status.get("records_consumed")) for w in workers),
+        events_trained=sum(_count(w.status.get("events_trained")) for w in workers),
+        windows=sum(_count(w.status.get("windows")) for w in workers),
+        dead_letters_by_reason=reasons,
+        lag_by_partition=dict(sorted(lag.items())),
+        last_window=last_window if isinstance(last_window, dict) else None,
+        update_mode=mode if isinstance(mode, str) else None,
+    )
