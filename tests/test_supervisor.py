@@ -1,0 +1,209 @@
+"""The process supervisor of ``ctrps cluster``, with small ``python -c`` children."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import sys
+import textwrap
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from app.supervisor import ChildFailed, ChildSpec, LinePrefixer, Supervisor
+
+# A child that says "up" once its SIGTERM handler is in place, then waits; on
+# SIGTERM it says "term" and exits 0.
+PATIENT = textwrap.dedent(
+    """
+    import signal, sys, time
+    def term(*_):
+        print("term", flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, term)
+    print("up", flush=True)
+    while True:
+        time.sleep(1)
+    """
+)
+
+
+def py(role: str, code: str, **kw: Any) -> ChildSpec:
+    return ChildSpec(role, (sys.executable, "-c", code), **kw)
+
+
+def lines(out: io.BytesIO) -> list[str]:
+    return out.getvalue().decode().splitlines()
+
+
+def said(out: io.BytesIO, line: str) -> Callable[[], Awaitable[bool]]:
+    """A readiness check: `line` is in the prefixed output."""
+
+    async def check() -> bool:
+        return line in lines(out)
+
+    return check
+
+
+def gone(pid: int) -> bool:
+    """The process no longer runs (or is a zombie nobody has reaped yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state == "Z"
+
+
+# -- LinePrefixer ------------------------------------------------------------------
+
+
+def test_text_lines_are_prefixed_across_chunk_boundaries() -> None:
+    out = io.BytesIO()
+    p = LinePrefixer("shard-0", out)
+    p.feed(b"first\nsec")
+    p.feed(b"ond\r\n\nthi")
+    assert lines(out) == ["[shard-0] first", "[shard-0] second", "[shard-0] "]
+    p.close()
+    assert lines(out)[-1] == "[shard-0] thi"
+    p.close()  # nothing buffered: writes nothing
+    assert len(lines(out)) == 4
+
+
+def test_json_lines_get_a_role_key_and_other_lines_are_wrapped() -> None:
+    out = io.BytesIO()
+    p = LinePrefixer("worker-1", out, "json")
+    p.feed(b'{"msg": "window", "auc": 0.8}\nTraceback (most recent call last):\n[1, 2]\n')
+    got = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    assert got == [
+        {"role": "worker-1", "msg": "window", "auc": 0.8},
+        {"role": "worker-1", "msg": "output", "line": "Traceback (most recent call last):"},
+        {"role": "worker-1", "msg": "output", "line": "[1, 2]"},
+    ]
+
+
+# -- Supervisor ---------------------------------------------------------------------
+
+
+async def test_a_child_that_dies_stops_all_and_the_status_is_1() -> None:
+    out = io.BytesIO()
+    sup = Supervisor(out=out, grace_s=5.0)
+    patient = await sup.start(py("patient", PATIENT))
+    await sup.wait_ready(patient, said(out, "[patient] up"), timeout_s=20)
+    dier = await sup.start(py("dier", "print('bye'); raise SystemExit(3)"))
+    stop = asyncio.Event()
+    await asyncio.wait_for(sup.wait(stop), 20)  # returns because of the failure
+    assert not stop.is_set()
+    assert sup.failed is dier and dier.failure == "exited with 3"
+    await asyncio.wait_for(sup.stop_all(), 20)
+    assert patient.returncode == 0  # stopped by SIGTERM, cleanly
+    assert sup.exit_status() == 1
+    assert "[dier] bye" in lines(out)
+    assert lines(out).count("[patient] term") == 1
+    assert gone(patient.pid) and gone(dier.pid)
+    await sup.stop_all()  # idempotent
+
+
+async def test_stop_order_is_reverse_start_order_one_group_at_a_time() -> None:
+    out = io.BytesIO()
+    sup = Supervisor(out=out, grace_s=5.0)
+    children = []
+    for role, group in [("broker", ""), ("shard-0", "shards"), ("shard-1", "shards"), ("worker", "")]:
+        child = await sup.start(py(role, PATIENT.replace('"term"', f'"term {role}"'), group=group))
+        children.append(child)
+    for child in children:
+        await sup.wait_ready(child, said(out, f"[{child.role}] up"), timeout_s=20)
+    await asyncio.wait_for(sup.stop_all(), 20)
+    terms = [line.split()[-1] for line in lines(out) if " term " in line]
+    assert terms[0] == "worker" and terms[-1] == "broker"
+    assert sorted(terms[1:3]) == ["shard-0", "shard-1"]
+    assert sup.exit_status() == 0
+    assert all(c.returncode == 0 for c in children)
+
+
+async def test_a_child_ignoring_sigterm_is_killed_with_its_process_group() -> None:
+    code = textwrap.dedent(
+        """
+        import signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        print("helper", helper.pid, flush=True)
+        while True:
+            time.sleep(1)
+        """
+    )
+    out = io.BytesIO()
+    sup = Supervisor(out=out, grace_s=0.5)
+    stubborn = await sup.start(py("stubborn", code))
+
+    async def helper_started() -> bool:
+        return any(line.startswith("[stubborn] helper ") for line in lines(out))
+
+    await sup.wait_ready(stubborn, helper_started, timeout_s=20)
+    helper_pid = int(next(x for x in lines(out) if x.startswith("[stubborn] helper ")).split()[-1])
+    await asyncio.wait_for(sup.stop_all(), 20)
+    assert stubborn.returncode == -9
+    assert sup.unclean == [stubborn] and sup.exit_status() == 1
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while not gone(helper_pid):  # killed with the group; init reaps it
+        assert loop.time() < deadline, "the child's helper outlived it"
+        await asyncio.sleep(0.05)  # poll interval
+
+
+async def test_wait_ready_fails_when_the_child_exits_or_the_deadline_passes() -> None:
+    out = io.BytesIO()
+    sup = Supervisor(out=out, grace_s=5.0)
+
+    async def never() -> bool:
+        return False
+
+    early = await sup.start(py("early", "raise SystemExit(0)"))
+    with pytest.raises(ChildFailed, match="early: exited with 0 before it was ready"):
+        await sup.wait_ready(early, never, timeout_s=20)
+
+    async def refused() -> bool:
+        raise ConnectionRefusedError  # not listening yet: not ready, no error
+
+    slow = await sup.start(py("slow", PATIENT))
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(ChildFailed, match="slow: not ready within 1s"):
+        await sup.wait_ready(slow, refused, timeout_s=1.0)
+    assert loop.time() - t0 < 5
+    await asyncio.wait_for(sup.stop_all(), 20)
+    assert slow.returncode == 0
+    assert sup.failed is early  # exiting 0 is a failure for a child that must keep running
+
+
+async def test_a_child_that_may_finish_exits_0_without_stopping_the_rest() -> None:
+    out = io.BytesIO()
+    sup = Supervisor(out=out, grace_s=5.0)
+    patient = await sup.start(py("patient", PATIENT))
+    once = await sup.start(py("once", "print('done')", may_finish=True))
+    await asyncio.wait_for(once.exited.wait(), 20)
+    stop = asyncio.Event()
+    waiting = asyncio.create_task(sup.wait(stop))
+    assert once.watcher is not None
+    await asyncio.wait_for(once.watcher, 20)
+    assert not waiting.done() and sup.failed is None
+    stop.set()
+    await asyncio.wait_for(waiting, 20)
+    await asyncio.wait_for(sup.stop_all(), 20)
+    assert sup.exit_status() == 0 and patient.returncode == 0 and once.returncode == 0
+    assert "[once] done" in lines(out)
+
+
+async def test_children_get_the_given_environment() -> None:
+    out = io.BytesIO()
+    sup = Supervisor(out=out, grace_s=5.0)
+    env = {**os.environ, "CTRPS_PROBE": "42"}
+    child = await sup.start(
+        py("env", "import os; print(os.environ['CTRPS_PROBE'])", env=env, may_finish=True)
+    )
+    await asyncio.wait_for(child.exited.wait(), 20)
+    await sup.stop_all()
+    assert lines(out) == ["[env] 42"]
