@@ -47,12 +47,36 @@ def _port_is_free(host: str, port: int) -> bool:
         return True
 
 
+async def _accepts_connections(bootstrap: str) -> bool:
+    """Whether any of the ``host:port[,host:port...]`` servers accepts a TCP connection."""
+    for server in bootstrap.split(","):
+        host, sep, port = server.strip().rpartition(":")
+        if not sep or not port.isdigit():
+            host, port = server.strip(), "9092"  # Kafka's default port, as clients assume
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(host.strip("[]"), int(port)), 1.0
+            )
+        except (OSError, asyncio.TimeoutError):
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+    return False
+
+
 async def wait_for_metadata(bootstrap: str, timeout_s: float = 20.0) -> None:
     """Return once a broker at `bootstrap` answers a metadata request."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     last: Exception | None = None
     while loop.time() < deadline:
+        if not await _accepts_connections(bootstrap):
+            # Not listening yet: a Kafka client would log an error per attempt.
+            last = ConnectionRefusedError(f"nothing listening at {bootstrap}")
+            await asyncio.sleep(0.05)
+            continue
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
         try:
             await admin.start()
