@@ -13,6 +13,7 @@ unusable header).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import logging
 import os
@@ -27,6 +28,7 @@ from consumers.producer import EventSource, produce
 from consumers.synthetic import SyntheticStream
 
 from .logs import configure_logging, log_event
+from .signals import stop_on_signals
 
 __all__ = ["add_produce_parser", "run_produce"]
 
@@ -128,8 +130,11 @@ class _Progress:
         self.every_s = every_s
         self._last_t = time.monotonic()
         self._last_n = 0
+        self.sent = 0
+        """Events acknowledged so far."""
 
     def __call__(self, sent: int) -> None:
+        self.sent = sent
         now = time.monotonic()
         if now - self._last_t < self.every_s:
             return
@@ -183,15 +188,32 @@ async def run_produce(args: argparse.Namespace) -> int:
         return _fail(f"cannot reach the broker at {bootstrap}: {exc}", 1)
 
     log_event(log, "producing", bootstrap=bootstrap, topic=args.topic, **what)
-    try:
-        report = await produce(
+    progress = _Progress()
+    sending = asyncio.ensure_future(
+        produce(
             bootstrap,
             args.topic,
             events,
             batch_size=args.batch_size,
             rate=args.rate,
-            progress=_Progress(),
+            progress=progress,
         )
+    )
+    stop = asyncio.Event()
+    try:
+        # SIGTERM/SIGINT end the stream early but cleanly: what was handed to
+        # Kafka is flushed (produce's cleanup), and the exit status is 0.
+        with stop_on_signals(stop):
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({sending, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            await asyncio.gather(stopping, return_exceptions=True)
+            if not sending.done():
+                sending.cancel()
+                await asyncio.gather(sending, return_exceptions=True)
+                log_event(log, "stopped", sent=progress.sent)
+                return 0
+        report = sending.result()
     except FormatError as exc:  # only an unusable header is raised; rows are skipped
         return _fail(f"{args.path}: {exc}", 2)
     except Exception as exc:  # a broker failure: report it plainly, no traceback

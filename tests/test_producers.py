@@ -12,6 +12,9 @@ import io
 import itertools
 import logging
 import math
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -574,3 +577,31 @@ def test_cli_help_shows_examples(capsys: pytest.CaptureFixture[str]) -> None:
         assert exc.value.code == 0
         out = capsys.readouterr().out
         assert "example" in out and f"ctrps produce {sub}" in out
+
+
+async def test_cli_sigterm_ends_an_endless_stream_with_exit_0(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A producer stopped by SIGTERM (as `ctrps cluster` stops it) flushes and exits 0."""
+    log = tmp_path / "produce.log"
+    topic = f"cli-{uuid.uuid4().hex[:10]}"
+    with log.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli", "produce", "synthetic", "--events", str(10**12),
+            "--rate", "2000", "--topic", topic, "--bootstrap", kafka_bootstrap, "--log-format", "json",
+            cwd=Path(__file__).resolve().parent.parent, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while b'"msg":"progress"' not in log.read_bytes():  # sending for a second at least
+            assert proc.returncode is None and loop.time() < deadline, log.read_text()
+            await asyncio.sleep(0.05)  # poll interval
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0, log.read_text()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    lines = [orjson.loads(x) for x in log.read_bytes().splitlines() if x.startswith(b"{")]
+    stopped = [x for x in lines if x["msg"] == "stopped"]
+    assert len(stopped) == 1 and stopped[0]["sent"] >= 1000, lines
