@@ -372,8 +372,7 @@ class Worker:
                     for r in decoded.rejected
                 ]
             )
-            metrics = await self._progressive(decoded)
-            await self._train(decoded, window)
+            metrics = await self._train(decoded, window)
             t_trained = time.perf_counter()
             await self._commit(window)
             report = self._report(
@@ -391,24 +390,26 @@ class Worker:
         got = await asyncio.gather(*(self.client.pull(t, keys) for t in names))
         return dict(zip(names, got))
 
-    async def _progressive(self, decoded: Decoded) -> Metrics:
-        batch = decoded.batch
-        if batch.size == 0:
-            return evaluate([], [])
-        plan = self.model.plan(batch)
-        weights = await self._pull_all(self.client.route(plan.keys))
-        p = sigmoid(self.model.logits(batch, plan, weights))
-        return evaluate(p, batch.labels)
+    async def _train(self, decoded: Decoded, window: Window) -> Metrics:
+        """Mini-batches of pull → predict → gradient → push; returns the
+        progressive metrics of the window.
 
-    async def _train(self, decoded: Decoded, window: Window) -> None:
+        Progressive validation: each event's prediction is made from the
+        weights pulled for its mini-batch, before that mini-batch's push, so
+        every event is predicted before it is learnt from, by the model as it
+        stands at that moment (not as it stood at the window's start).
+        """
         batch = decoded.batch
         step = self.config.mini_batch
+        predicted = np.empty(batch.size, dtype=np.float64)
         for start in range(0, batch.size, step):  # per mini-batch, not per event
-            sub = batch.select(np.arange(start, min(start + step, batch.size)))
+            stop = min(start + step, batch.size)
+            sub = batch.slice(start, stop)
             plan = self.model.plan(sub)
             routed = self.client.route(plan.keys)  # split once for the pull and the push
             weights = await self._pull_all(routed)
             p = sigmoid(self.model.logits(sub, plan, weights))
+            predicted[start:stop] = p
             dlogit = (p - sub.labels) * sub.weights
             grads = self.model.gradients(sub, plan, weights, dlogit)
             ts = sub.ts[np.isfinite(sub.ts)]
@@ -420,7 +421,11 @@ class Worker:
                     for t, g in grads.items()
                 )
             )
+            # In-process shards never suspend: give the fetcher its turn, so
+            # the next window arrives while this one trains.
+            await asyncio.sleep(0)
         self.stats.events_trained += batch.size
+        return evaluate(predicted, batch.labels)
 
     async def _commit(self, window: Window) -> None:
         owned = self._consumer.assignment()

@@ -202,6 +202,19 @@ class EventBatch:
             index=np.concatenate([b.index + shift for b, shift in zip(batches, index_shifts)]),
         )
 
+    def slice(self, start: int, stop: int) -> EventBatch:
+        """Events ``start:stop`` as views of this batch (no copy)."""
+        o0, o1 = int(self.offsets[start]), int(self.offsets[stop])
+        return EventBatch(
+            keys=self.keys[o0:o1],
+            values=self.values[o0:o1],
+            offsets=self.offsets[start : stop + 1] - o0,
+            labels=self.labels[start:stop],
+            weights=self.weights[start:stop],
+            ts=self.ts[start:stop],
+            index=self.index[start:stop],
+        )
+
     def select(self, events: I64) -> EventBatch:
         """A batch of the given events (sorted positions in this batch)."""
         lens = np.diff(self.offsets)[events]

@@ -57,6 +57,8 @@ class KeyIndex:
         self._free: list[I64] = []
         self._size = 0
         self._tombstones = 0
+        self.mutations = 0
+        """Count of inserting and deleting calls: equal counts mean the same key set."""
 
     # -- sizes -----------------------------------------------------------
     @property
@@ -145,10 +147,18 @@ class KeyIndex:
         missing = rows < 0
         if not missing.any():
             return rows, _NO_ROWS, _NO_KEYS
-        new_keys, inverse = np.unique(k[missing], return_inverse=True)
-        new_rows = self._insert_absent(new_keys)
-        rows[missing] = new_rows[inverse.reshape(-1)]
+        rows[missing], new_rows, new_keys = self.insert_absent(k[missing])
         return rows, new_rows, new_keys
+
+    def insert_absent(self, keys: npt.ArrayLike) -> tuple[I64, I64, U64]:
+        """Insert keys the caller knows are absent (e.g. a lookup said so and
+        `mutations` has not moved since); repeats are allowed.
+
+        Returns the row of each key, and the distinct rows and keys inserted.
+        """
+        new_keys, inverse = np.unique(np.ascontiguousarray(keys, dtype=np.uint64), return_inverse=True)
+        new_rows = self._insert_absent(new_keys)
+        return new_rows[inverse.reshape(-1)], new_rows, new_keys
 
     def delete(self, keys: npt.ArrayLike) -> U64:
         """Remove keys; returns the keys that were present (each once)."""
@@ -163,6 +173,7 @@ class KeyIndex:
         self.row_live[freed] = False
         self._free.append(freed)
         self._size -= int(freed.size)
+        self.mutations += 1
         self._tombstones += int(freed.size)
         return k[present]
 
@@ -209,6 +220,7 @@ class KeyIndex:
         self.row_live[rows] = True
         self._place(keys, rows)
         self._size += n
+        self.mutations += 1
         return rows
 
     def _place(self, keys: U64, rows: I64) -> None:
@@ -232,7 +244,7 @@ class KeyIndex:
                 win = (pos[:, None] + _OFFSETS[:width]) & mask
                 free = np.take(slots, win) < 0
                 has_free = np.asarray(free.any(axis=1))
-                target = np.take_along_axis(win, free.argmax(axis=1)[:, None], axis=1)[:, 0]
+                target = win.ravel()[np.arange(0, win.size, width) + free.argmax(axis=1)]
                 cur = np.take(slots, target)
             tpos = target[has_free]
             trow = prow[has_free]

@@ -142,3 +142,14 @@ def test_select_and_flatten_groups() -> None:
     assert sub.offsets.tolist() == [0, 3, 5]
     assert sub.keys.tolist() == batch.keys[3:6].tolist() + batch.keys[9:11].tolist()
     assert sub.labels.tolist() == [1, 0]
+
+
+def test_slice_equals_select_of_a_range() -> None:
+    h = FeatureHasher("m")
+    events = [{"label": i % 2, "ts": float(i), "features": {"a": str(i), "n": float(i)} if i % 3 else {"a": "z"}}
+              for i in range(7)]
+    batch, _ = h.featurize(events)
+    for start, stop in [(0, 7), (2, 5), (6, 7), (3, 3)]:
+        a, b = batch.slice(start, stop), batch.select(np.arange(start, stop))
+        for name in ("keys", "values", "offsets", "labels", "weights", "ts", "index"):
+            assert getattr(a, name).tolist() == getattr(b, name).tolist(), name

@@ -176,3 +176,43 @@ def test_counts_must_be_whole_and_saturate_instead_of_wrapping() -> None:
     row = t.index.lookup(key)
     assert t.shows[row].tolist() == [2**32 - 1]
     assert t.clicks[row].tolist() == [2]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_push_reusing_its_pull_lookup_equals_a_cold_push(seed: int) -> None:
+    """Pull-then-push reuses the pull's lookup; interleaved pushes (inserting
+    keys the pull saw absent) and deletes (freeing rows) must not fool it."""
+    rng = np.random.default_rng(seed)
+    cfg = TableConfig("t", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.0, "l2": 0.0})
+    warm, cold = SparseTable(cfg), SparseTable(cfg)
+    universe = np.arange(1, 400, dtype=np.uint64)
+    pending: list[np.ndarray] = []
+    for _ in range(200):
+        action = rng.integers(0, 4)
+        keys = rng.choice(universe, size=int(rng.integers(1, 60)), replace=False)
+        if action == 0:  # pull now, push later (possibly after other operations)
+            warm.pull(keys)
+            pending.append(keys)
+        elif action == 1 and pending:
+            keys = pending.pop(int(rng.integers(0, len(pending))))
+            grads = rng.normal(size=keys.size).astype(np.float32)
+            counts = np.stack([np.ones(keys.size), rng.integers(0, 2, keys.size)], axis=1).astype(np.float32)
+            assert warm.push(keys, grads, counts=counts, event_time=5.0) == cold.push(
+                keys, grads, counts=counts, event_time=5.0
+            )
+        elif action == 2:  # a push nobody pulled for: inserts keys behind a pull's back
+            grads = rng.normal(size=keys.size).astype(np.float32)
+            warm.push(keys, grads, event_time=5.0)
+            cold.push(keys, grads, event_time=5.0)
+        else:
+            gone = rng.choice(universe, size=20, replace=False)
+            assert sorted(warm.delete(gone).tolist()) == sorted(cold.delete(gone).tolist())
+    assert warm.index.size == cold.index.size
+    np.testing.assert_array_equal(warm.pull(universe), cold.pull(universe))
+    for t in (warm, cold):
+        n = t.index.num_rows
+        live = t.index.row_keys[:n][t.index.row_live[:n]]
+        assert np.unique(live).size == live.size == t.index.size  # no key got two rows
+    wr, cr = warm.index.lookup(universe), cold.index.lookup(universe)
+    assert ((wr >= 0) == (cr >= 0)).all()
+    np.testing.assert_array_equal(warm.shows[wr[wr >= 0]], cold.shows[cr[cr >= 0]])
