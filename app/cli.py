@@ -45,6 +45,16 @@ Every flag falls back to a CTRPS_* variable (CTRPS_KAFKA_BOOTSTRAP, CTRPS_SHARDS
 CTRPS_TOPIC, CTRPS_WINDOW_SECONDS, ...). One log line per window.
 """
 
+_SERVE_EXAMPLE = """\
+example:
+  ctrps serve --shards http://127.0.0.1:7100,http://127.0.0.1:7101 --port 8080
+  curl -s localhost:8080/v1/predict -d '{"events": [{"features": {"site": "a3f09", "hour": "13"}}]}'
+
+Every flag falls back to a CTRPS_* variable (CTRPS_SHARDS, CTRPS_API_PORT,
+CTRPS_MODEL, CTRPS_MODEL_NAME, CTRPS_MAX_EVENTS, ...). Set CTRPS_ADMIN_TOKEN to
+require "Authorization: Bearer <token>" on admin routes (POST /v1/status).
+"""
+
 _DEMO_EXAMPLE = """\
 example:
   ctrps demo
@@ -126,6 +136,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     broker.add_argument("--log-format", choices=("text", "json"), default="text")
 
+    serve = sub.add_parser(
+        "serve",
+        help="serve the HTTP prediction API from shard servers",
+        description="The HTTP API: predictions, weights, model info, health, metrics "
+        "(GET /openapi.json describes it), reading the current weights from the shards.",
+        epilog=_SERVE_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--shards", help="shard URLs, comma-separated, shard 0 first")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port; 0 picks a free one (default 8080)")
+    serve.add_argument("--model", choices=("lr", "fm"), help="model kind (default lr)")
+    serve.add_argument("--model-name", help="model name (default ctr)")
+    serve.add_argument("--max-events", type=int, help="most events per request (default 10000)")
+    serve.add_argument(
+        "--max-body-bytes", type=int, help="largest request body (default 16777216)"
+    )
+    serve.add_argument(
+        "--shard-deadline", type=float, help="seconds a shard call is retried before 503 (default 2)"
+    )
+    serve.add_argument("--log-format", choices=("text", "json"), help="log line format")
+
     add_produce_parser(sub)
 
     sub.add_parser(
@@ -162,6 +194,12 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
         from .worker_role import run_worker
 
         return worker.log_format, lambda: run_worker(worker)
+    if args.command == "serve":
+        from .serve_role import run_serve
+        from .settings import ApiSettings
+
+        api = ApiSettings.from_args(args)
+        return api.log_format, lambda: run_serve(api)
     if args.command == "broker":
         topics = _parse_topics(args.topic or ["clicks:4", "clicks.dlq:1"])
         from .broker_role import run_broker

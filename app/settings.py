@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from ps_core.errors import TableConfigError
 from ps_core.table import TableConfig
 
-__all__ = ["ShardSettings", "WorkerSettings", "parse_table_spec", "SettingsError"]
+__all__ = ["ShardSettings", "WorkerSettings", "ApiSettings", "parse_table_spec", "SettingsError"]
 
 
 class SettingsError(ValueError):
@@ -242,4 +242,82 @@ class WorkerSettings:
                 args.session_timeout_ms, "CTRPS_SESSION_TIMEOUT_MS", "session_timeout_ms", int
             ),
             log_format=pick(args.log_format, "CTRPS_LOG_FORMAT", "log_format"),
+        )
+
+
+def _pick(flag: Any, env: Mapping[str, str], key: str, default: Any, conv: Any = str) -> Any:
+    """A flag when given, else the variable `key` when set and not empty, else `default`."""
+    if flag is not None:
+        return flag
+    raw = env.get(key)
+    if raw:
+        try:
+            return conv(raw)
+        except ValueError:
+            raise SettingsError(f"{key}={raw!r} is not a valid {conv.__name__}") from None
+    return default
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """Settings of the HTTP prediction API (`ctrps serve`, and the demo's API)."""
+
+    shards: tuple[str, ...] = ()
+    """Shard server URLs, shard i at position i (``CTRPS_SHARDS``); `ctrps serve`
+    requires them, an API over in-process shards (the demo) has none."""
+    host: str = "127.0.0.1"
+    """Address to listen on (``CTRPS_API_HOST``)."""
+    port: int = 8080
+    """Port to listen on; 0 picks a free one (``CTRPS_API_PORT``)."""
+    model: str = "lr"
+    """``lr`` or ``fm``: the model the workers train (``CTRPS_MODEL``)."""
+    model_name: str = "ctr"
+    """Model name: table prefix and feature-hash namespace (``CTRPS_MODEL_NAME``)."""
+    max_events: int = 10_000
+    """Most events in one request (``CTRPS_MAX_EVENTS``)."""
+    max_body_bytes: int = 16 * 1024 * 1024
+    """Largest request body; larger ones get 413 (``CTRPS_MAX_BODY_BYTES``)."""
+    admin_token: str = field(default="", repr=False)
+    """Bearer token required by mutating and admin routes; empty leaves them
+    open (``CTRPS_ADMIN_TOKEN`` only: a flag would show in ``ps``)."""
+    shard_deadline_s: float = 2.0
+    """How long a shard call is retried before 503 (``CTRPS_SHARD_DEADLINE``)."""
+    log_format: str = "text"
+    """``text`` or ``json`` (``CTRPS_LOG_FORMAT``)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise SettingsError(f"port {self.port} out of range")
+        if self.model not in ("lr", "fm"):
+            raise SettingsError(f"model {self.model!r} is not lr or fm")
+        if not self.model_name:
+            raise SettingsError("model name must not be empty")
+        if self.max_events < 1 or self.max_body_bytes < 1024:
+            raise SettingsError("max events must be >= 1 and max body bytes >= 1024")
+        if not 0 < self.shard_deadline_s < float("inf"):
+            raise SettingsError("shard deadline must be a positive number of seconds")
+        if self.log_format not in ("text", "json"):
+            raise SettingsError("log format is text or json")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> ApiSettings:
+        """Flags (where given) over ``CTRPS_*`` variables over defaults; shard
+        URLs are required."""
+        d = cls()
+        shards = tuple(s for s in (args.shards or "").split(",") if s) or _env_list(env, "CTRPS_SHARDS")
+        if not shards:
+            raise SettingsError("no shards: pass --shards URL,URL,... or set CTRPS_SHARDS")
+        return cls(
+            shards=shards,
+            host=_pick(args.host, env, "CTRPS_API_HOST", d.host),
+            port=_pick(args.port, env, "CTRPS_API_PORT", d.port, int),
+            model=_pick(args.model, env, "CTRPS_MODEL", d.model),
+            model_name=_pick(args.model_name, env, "CTRPS_MODEL_NAME", d.model_name),
+            max_events=_pick(args.max_events, env, "CTRPS_MAX_EVENTS", d.max_events, int),
+            max_body_bytes=_pick(args.max_body_bytes, env, "CTRPS_MAX_BODY_BYTES", d.max_body_bytes, int),
+            admin_token=env.get("CTRPS_ADMIN_TOKEN", ""),
+            shard_deadline_s=_pick(
+                args.shard_deadline, env, "CTRPS_SHARD_DEADLINE", d.shard_deadline_s, float
+            ),
+            log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
         )

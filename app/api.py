@@ -1,0 +1,476 @@
+"""The public HTTP API: predictions, weights, model information, the status
+board, health, readiness, metrics and its OpenAPI document.
+
+``create_app(settings, client, model)`` builds the aiohttp application over a
+`PSClient` (shard servers or shards in this process) and the `Model` the
+workers train; `ApiServer` serves it on a socket and `run_api` until an event
+is set. State lives under `web.AppKey`s; nothing is global.
+
+Routes (the OpenAPI document, ``GET /openapi.json``, has the schemas):
+
+- ``POST /v1/predict`` ``{"events": [{"features": {...}} | {"keys": [...]}, ...]}``
+  → ``{"predictions": [...], "model": name, "model_version": v}``;
+- ``POST /v1/weights`` ``{"features": {...}, "keys": [...]}`` → each
+  feature's current weights, bias first, absent ones flagged;
+- ``GET /v1/model``: configuration, size, training progress, lag;
+- ``GET /v1/status``, ``POST /v1/status`` (admin): the status board;
+- ``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET /openapi.json``.
+
+Errors are ``{"error": code, "detail": reason}``, mapped from typed errors
+(`app.errors`, `ps_core.errors`) in one middleware; handlers do not catch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from ps_core.client import PSClient
+from ps_core.errors import PSError, ShardUnavailableError, StatusError
+from ps_core.models import Model
+
+from .errors import (
+    BadRequestError,
+    InvalidEventError,
+    InvalidJSONError,
+    NoEventsError,
+    TooManyEventsError,
+    UnauthorizedError,
+    UnknownModelError,
+)
+from .logs import log_event
+from .metrics import ApiMetrics
+from .openapi import openapi_document, validate
+from .predictor import Predictor
+from .settings import ApiSettings
+from .status import summarize
+
+__all__ = [
+    "create_app",
+    "ApiServer",
+    "run_api",
+    "SETTINGS",
+    "CLIENT",
+    "MODEL",
+    "PREDICTOR",
+    "METRICS",
+    "OPENAPI",
+]
+
+log = logging.getLogger("ctrps.api")
+
+SETTINGS = web.AppKey("settings", ApiSettings)
+CLIENT = web.AppKey("client", PSClient)
+"""The client the app reads the shards with (instrumented: every call timed)."""
+MODEL = web.AppKey("model", Model)
+PREDICTOR = web.AppKey("predictor", Predictor)
+METRICS = web.AppKey("metrics", ApiMetrics)
+OPENAPI = web.AppKey("openapi", dict)
+"""The OpenAPI document (a dict)."""
+_OPENAPI_BODY = web.AppKey("openapi_body", bytes)
+_ERROR_LOG = web.AppKey("error_log", dict)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Errors a caller of the API can act on; any other PSError comes from a
+# shard refusing what this server sent, which is this server's problem (502).
+_CALLER_ERRORS = (
+    BadRequestError,
+    InvalidEventError,
+    NoEventsError,
+    TooManyEventsError,
+    UnauthorizedError,
+    UnknownModelError,
+    ShardUnavailableError,
+    StatusError,
+)
+_ERROR_LOG_INTERVAL_S = 10.0
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+        status=status,
+        content_type="application/json",
+    )
+
+
+def _error(code: str, detail: str, status: int) -> web.Response:
+    return _json({"error": code, "detail": detail}, status)
+
+
+def _ps_error(exc: PSError) -> web.Response:
+    if isinstance(exc, _CALLER_ERRORS):
+        resp = _error(exc.code, exc.detail, exc.status)
+        if isinstance(exc, UnauthorizedError):
+            resp.headers["WWW-Authenticate"] = 'Bearer realm="ctrps"'
+        return resp
+    return _error("shard_error", f"a shard refused the call: {exc.code}: {exc.detail}", 502)
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        limit = request.app[SETTINGS].max_body_bytes
+        return _error("too_large", f"the body is over the limit of {limit} bytes", 413)
+    if isinstance(exc, web.HTTPNotFound):
+        return _error("not_found", f"no route {request.method} {request.path}; see /openapi.json", 404)
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        resp = _error("method_not_allowed", f"{request.path} takes {allowed}, not {request.method}", 405)
+        resp.headers["Allow"] = allowed
+        return resp
+    return _error(exc.reason.lower().replace(" ", "_"), exc.text or exc.reason, exc.status)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Map typed errors to JSON error bodies (the one place that does) and
+    count every request by route and status."""
+    try:
+        resp = await handler(request)
+    except PSError as exc:
+        resp = _ps_error(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        resp = _http_error(request, exc)
+    except Exception as exc:
+        log.exception("unhandled error", extra={"fields": {"path": request.path}})
+        resp = _error("internal", f"{type(exc).__name__}: {exc}", 500)
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"
+    request.app[METRICS].requests.labels(route, str(resp.status)).inc()
+    if resp.status >= 500 and isinstance(resp, web.Response):
+        _log_server_error(request.app, route, resp)
+    return resp
+
+
+def _log_server_error(app: web.Application, route: str, resp: web.Response) -> None:
+    """One line per kind of server error and route every few seconds: a shard
+    outage under load must not become a line per request."""
+    body = orjson.loads(resp.body) if isinstance(resp.body, bytes) else {}
+    key = (route, resp.status, body.get("error"))
+    now = time.monotonic()
+    last: dict[tuple[Any, ...], float] = app[_ERROR_LOG]
+    if now - last.get(key, -_ERROR_LOG_INTERVAL_S) >= _ERROR_LOG_INTERVAL_S:
+        last[key] = now
+        log.warning(
+            "request failed",
+            extra={"fields": {"route": route, "status": resp.status, **body}},
+        )
+
+
+async def _json_body(request: web.Request) -> Any:
+    """The request body as JSON; 413 over the size limit (aiohttp raises it)."""
+    raw = await request.read()
+    if not raw.strip():
+        raise InvalidJSONError("the body is empty; send a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJSONError(f"the body is not JSON: {exc}") from None
+
+
+def _object(body: Any, allowed: tuple[str, ...], example: str) -> dict[str, Any]:
+    """`body` as an object holding only `allowed` fields."""
+    if not isinstance(body, dict):
+        raise BadRequestError(f"the body must be a JSON object like {example}, not {type(body).__name__}")
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise BadRequestError(f"unknown fields {unknown}; expected {list(allowed)}")
+    return body
+
+
+def _check_model(request: web.Request, body: dict[str, Any]) -> None:
+    name = body.get("model")
+    if name is None:
+        return
+    if not isinstance(name, str):
+        raise BadRequestError(f"model must be a string, not {type(name).__name__}")
+    served = request.app[MODEL].name
+    if name != served:
+        raise UnknownModelError(f"model {name!r} is not served here; this server serves {served!r}")
+
+
+def _require_admin(request: web.Request) -> None:
+    """401 unless the bearer token matches `ApiSettings.admin_token` (when set)."""
+    token = request.app[SETTINGS].admin_token
+    if not token:
+        return
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise UnauthorizedError("this route needs an Authorization: Bearer <token> header")
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise UnauthorizedError("the bearer token is not the server's admin token")
+
+
+# -- routes ---------------------------------------------------------------------
+
+
+async def predict(request: web.Request) -> web.Response:
+    t0 = time.perf_counter()
+    app = request.app
+    body = _object(await _json_body(request), ("events", "model"), '{"events": [...]}')
+    _check_model(request, body)
+    if "events" not in body:
+        raise BadRequestError('missing field "events": a list of events')
+    events = body["events"]
+    if not isinstance(events, list):
+        raise BadRequestError(f"events must be a list, not {type(events).__name__}")
+    if not events:
+        raise NoEventsError("events is empty; send at least one event")
+    limit = app[SETTINGS].max_events
+    if len(events) > limit:
+        raise TooManyEventsError(f"{len(events)} events in one request; the limit is {limit}")
+    result = await app[PREDICTOR].predict(events)
+    resp = _json(
+        {
+            "predictions": result.probabilities,
+            "model": app[MODEL].name,
+            "model_version": result.version,
+        }
+    )
+    metrics = app[METRICS]
+    metrics.predict_events.inc(len(events))
+    metrics.predict_seconds.observe(time.perf_counter() - t0)
+    return resp
+
+
+async def weights(request: web.Request) -> web.Response:
+    body = _object(
+        await _json_body(request), ("features", "keys", "model"), '{"features": {...}, "keys": [...]}'
+    )
+    _check_model(request, body)
+    features, keys = body.get("features"), body.get("keys")
+    if features is not None and not isinstance(features, dict):
+        raise BadRequestError(f"features must be an object, not {type(features).__name__}")
+    if keys is not None and not isinstance(keys, list):
+        raise BadRequestError(f"keys must be a list of uint64 integers, not {type(keys).__name__}")
+    found = await request.app[PREDICTOR].weights(features, keys)
+    tables = list(found.weights)
+    per_table = [found.weights[t].tolist() for t in tables]
+    rows = [
+        {
+            "feature": name,
+            "key": key,
+            "value": value,
+            "present": present,
+            "weights": dict(zip(tables, ws)),
+        }
+        # One lookup's features, each named: building the answer is per feature.
+        for name, key, value, present, *ws in zip(
+            found.names,
+            found.keys.tolist(),
+            found.values.tolist(),
+            found.present.tolist(),
+            *per_table,
+        )
+    ]
+    return _json(
+        {
+            "model": request.app[MODEL].name,
+            "model_version": found.version,
+            "tables": tables,
+            "weights": rows,
+        }
+    )
+
+
+async def model_info(request: web.Request) -> web.Response:
+    client, model = request.app[CLIENT], request.app[MODEL]
+    stats, board_raw = await asyncio.gather(client.stats(), client.statuses())
+    board = summarize(board_raw)
+    tables: dict[str, Any] = {}
+    versions = []
+    for config in model.tables():
+        on_shards = [s["tables"][config.name] for s in stats if config.name in s["tables"]]
+        info: dict[str, Any] = {
+            "declared": len(on_shards) == len(stats),
+            "features": sum(t["features"] for t in on_shards),
+            "bytes": sum(t["bytes"] for t in on_shards),
+            "dim": config.dim,
+            # What the shards hold is the truth; the model's declaration until then.
+            "optimizer": on_shards[0]["config"]["optimizer"] if on_shards else config.optimizer,
+        }
+        if on_shards:
+            info["version"] = min(t["version"] for t in on_shards)
+            versions.append(info["version"])
+        tables[config.name] = info
+    now = time.time()
+    return _json(
+        {
+            "model": model.name,
+            "config": model.config(),
+            "update_mode": board.update_mode,
+            "tables": tables,
+            "features": sum(t["features"] for t in tables.values()),
+            "bytes": sum(t["bytes"] for t in tables.values()),
+            "events_trained": board.events_trained,
+            "records_consumed": board.records_consumed,
+            "windows": board.windows,
+            "dead_letters": {"total": board.dead_letters, "by_reason": board.dead_letters_by_reason},
+            "last_window": board.last_window,
+            "lag": {
+                "total": board.lag,
+                "by_partition": {str(p): n for p, n in board.lag_by_partition.items()},
+            },
+            "workers": [
+                {"source": w.source, "received_at": w.received_at, "age_s": max(0.0, now - w.received_at)}
+                for w in board.workers
+            ],
+            "model_version": min(versions) if versions else None,
+            # Exports arrive with the coordinator; until then there is none.
+            "last_export_version": None,
+            "shards": client.num_shards,
+        }
+    )
+
+
+async def list_statuses(request: web.Request) -> web.Response:
+    return _json({"statuses": await request.app[CLIENT].statuses()})
+
+
+async def report_status(request: web.Request) -> web.Response:
+    _require_admin(request)
+    body = await _json_body(request)
+    doc = request.app[OPENAPI]
+    problems = validate(body, doc["components"]["schemas"]["StatusReport"], doc)
+    if problems:
+        raise BadRequestError("; ".join(problems[:5]))
+    ack = await request.app[CLIENT].report_status(body["source"], body["status"])
+    return _json(ack)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    client = request.app[CLIENT]
+    got = await asyncio.gather(*(t.stats() for t in client.transports), return_exceptions=True)
+    down = [r for r in got if isinstance(r, BaseException)]
+    for r in down:
+        if not isinstance(r, PSError):
+            raise r
+    if down:
+        raise ShardUnavailableError(
+            "; ".join(r.detail for r in down if isinstance(r, PSError)),
+        )
+    return _json({"status": "ready", "shards": client.num_shards})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = await request.app[METRICS].scrape(request.app[CLIENT])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[_OPENAPI_BODY], content_type="application/json")
+
+
+# -- the application ------------------------------------------------------------
+
+
+def create_app(settings: ApiSettings, client: PSClient, model: Model) -> web.Application:
+    """The API over the shards of `client`, serving `model`.
+
+    The caller keeps `client` (and closes it); the app only reads through it.
+    The predictor's batching task starts and stops with the app."""
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
+    app[SETTINGS] = settings
+    app[MODEL] = model
+    app[METRICS] = api_metrics = ApiMetrics()
+    app[CLIENT] = api_metrics.instrument(client)
+    app[PREDICTOR] = Predictor(app[CLIENT], model, on_batch=api_metrics.on_batch)
+    app[OPENAPI] = openapi_document(settings.max_events)
+    app[_OPENAPI_BODY] = orjson.dumps(app[OPENAPI])
+    app[_ERROR_LOG] = {}
+    app.cleanup_ctx.append(_predictor_ctx)
+    app.router.add_post("/v1/predict", predict)
+    app.router.add_post("/v1/weights", weights)
+    app.router.add_get("/v1/model", model_info)
+    app.router.add_get("/v1/status", list_statuses)
+    app.router.add_post("/v1/status", report_status)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
+    return app
+
+
+async def _predictor_ctx(app: web.Application) -> Any:
+    async with app[PREDICTOR]:
+        yield
+
+
+class ApiServer:
+    """The API on a TCP socket: ``async with ApiServer(...) as server`` (or
+    ``await start()`` / ``await stop()``, idempotent); `url` once started."""
+
+    def __init__(self, settings: ApiSettings, client: PSClient, model: Model) -> None:
+        self.settings = settings
+        self.app = create_app(settings, client, model)
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        """``http://host:port`` with the port actually bound (``--port 0``)."""
+
+    async def start(self) -> str:
+        """Listen; returns the URL."""
+        if self._runner is not None:
+            return self.url
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runner = runner
+        site = web.TCPSite(runner, self.settings.host, self.settings.port, reuse_address=True)
+        await site.start()
+        port = self.settings.port
+        server = site._server
+        sockets = getattr(server, "sockets", None)
+        if sockets:
+            port = sockets[0].getsockname()[1]
+        self.url = f"http://{self.settings.host}:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop listening and release the app's resources."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> ApiServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def run_api(
+    settings: ApiSettings, client: PSClient, model: Model, stop: asyncio.Event
+) -> None:
+    """Serve the API until `stop` is set, logging where it listens."""
+    async with ApiServer(settings, client, model) as server:
+        log_event(
+            log,
+            "listening",
+            url=server.url,
+            model=model.name,
+            shards=client.num_shards,
+            max_events=settings.max_events,
+            admin_token="set" if settings.admin_token else "none",
+        )
+        if not settings.admin_token and settings.host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning(
+                "admin routes are open: set CTRPS_ADMIN_TOKEN",
+                extra={"fields": {"host": settings.host}},
+            )
+        await stop.wait()
+    log_event(log, "stopped", url=server.url)

@@ -1,0 +1,81 @@
+"""Typed errors of the HTTP API, in the style of `ps_core.errors`.
+
+Each is a `PSError`: a stable ``error`` code, an HTTP status and a detail; the
+API's one error middleware turns any `PSError` into ``{"error": code,
+"detail": reason}``. The split between statuses: 400 when the body is not the
+request's shape (not JSON, not an object, wrong types, unknown or missing
+fields); 422 when it is, but its content cannot be used (no events, too many,
+an event that fails validation); 404 for an unknown route or model; 401 for a
+missing or wrong admin token; 413 for a body over the limit; 503 (from
+`ps_core`) when a shard cannot be reached.
+"""
+
+from __future__ import annotations
+
+from ps_core.errors import PSError
+
+__all__ = [
+    "BadRequestError",
+    "InvalidJSONError",
+    "NoEventsError",
+    "TooManyEventsError",
+    "InvalidEventError",
+    "UnknownModelError",
+    "UnauthorizedError",
+]
+
+
+class BadRequestError(PSError):
+    """The body is JSON but not the request's shape: wrong types, unknown or
+    missing fields."""
+
+    code = "bad_request"
+    status = 400
+
+
+class InvalidJSONError(BadRequestError):
+    """The body is not JSON (or holds NaN/Infinity literals)."""
+
+    code = "invalid_json"
+
+
+class NoEventsError(PSError):
+    """A request holds an empty list of events (or nothing to look up)."""
+
+    code = "no_events"
+    status = 422
+
+
+class TooManyEventsError(PSError):
+    """A request holds more events than the server's limit (``--max-events``)."""
+
+    code = "too_many_events"
+    status = 422
+
+
+class InvalidEventError(PSError):
+    """An event fails validation. The ``error`` code is the reason, one of
+    `ps_core.features.REASONS` (``bad_value``, ``bad_keys``, ...), and the
+    detail names the event by its position in the request."""
+
+    status = 422
+
+    def __init__(self, reason: str, event: int, detail: str) -> None:
+        super().__init__(f"event {event}: {detail}")
+        self.code = reason
+        self.event = event
+
+
+class UnknownModelError(PSError):
+    """The request names another model than the one served, or the served
+    model's tables are not on the shards (no worker has declared them yet)."""
+
+    code = "unknown_model"
+    status = 404
+
+
+class UnauthorizedError(PSError):
+    """An admin route was called without the bearer token the server requires."""
+
+    code = "unauthorized"
+    status = 401

@@ -1,0 +1,302 @@
+"""Prometheus metrics of the API, in one `CollectorRegistry` per app (no
+global registry, so several apps — tests, the demo — never share counters).
+
+Two kinds:
+
+- the API's own, updated as it works: request counts by route and status,
+  predict latency, events predicted, events per scored batch, and the latency
+  and errors of every shard call (`instrument` wraps the client's transports);
+- the cluster's, read at scrape time (`ApiMetrics.scrape`): features and bytes
+  per table and shard, whether each shard answers, and the workers' progress
+  from the status board — records consumed, events trained, dead letters by
+  reason, windows and their durations, lag per partition, the last window's
+  progressive metrics. Workers' totals are exposed as counters by a custom
+  collector, from the latest snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from ps_core.client import PSClient, Pulled, ShardTransport
+from ps_core.errors import PSError
+from ps_core.hashing import U64
+from ps_core.table import F32, TableConfig
+
+from .status import BoardSummary, summarize
+
+__all__ = ["ApiMetrics", "ClusterSnapshot", "InstrumentedTransport", "take_snapshot"]
+
+T = TypeVar("T")
+
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
+)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """What the shards said at one scrape."""
+
+    stats: list[dict[str, Any] | None]
+    """Each shard's stats, None where the shard did not answer."""
+    board: BoardSummary | None
+    """The status board of shard 0, None when it did not answer."""
+    taken_at: float = field(default_factory=time.time)
+    """When (seconds since the epoch)."""
+
+
+async def take_snapshot(client: PSClient) -> ClusterSnapshot:
+    """Every shard's stats and the status board; a shard that does not
+    answer is None, never an error."""
+    stats = await asyncio.gather(
+        *(t.stats() for t in client.transports), client.statuses(), return_exceptions=True
+    )
+    for got in stats:
+        if isinstance(got, BaseException) and not isinstance(got, PSError):
+            raise got
+    board = stats[-1]
+    return ClusterSnapshot(
+        stats=[s if isinstance(s, dict) else None for s in stats[:-1]],
+        board=summarize(board) if isinstance(board, list) else None,
+    )
+
+
+class _ClusterCollector(Collector):
+    """Exposes the latest `ClusterSnapshot` (set just before each exposition)."""
+
+    def __init__(self) -> None:
+        self.snapshot: ClusterSnapshot | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        if snap is None:
+            return
+        yield from self._shards(snap)
+        if snap.board is not None:
+            yield from self._workers(snap.board, snap.taken_at)
+
+    @staticmethod
+    def _shards(snap: ClusterSnapshot) -> Iterator[Metric]:
+        up = GaugeMetricFamily("ctrps_shard_up", "Whether the shard answered at this scrape.", labels=["shard"])
+        features = GaugeMetricFamily(
+            "ctrps_table_features", "Features (rows) per table and shard.", labels=["shard", "table"]
+        )
+        size = GaugeMetricFamily(
+            "ctrps_table_bytes", "Bytes allocated per table and shard.", labels=["shard", "table"]
+        )
+        for i, stats in enumerate(snap.stats):
+            up.add_metric([str(i)], 0.0 if stats is None else 1.0)
+            for name, t in (stats or {}).get("tables", {}).items():
+                features.add_metric([str(i), name], float(t["features"]))
+                size.add_metric([str(i), name], float(t["bytes"]))
+        yield from (up, features, size)
+
+    @staticmethod
+    def _workers(board: BoardSummary, now: float) -> Iterator[Metric]:
+        def counter(name: str, doc: str) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, labels=["worker"])
+
+        records = counter("ctrps_records_consumed", "Kafka records consumed by the worker.")
+        trained = counter("ctrps_events_trained", "Events trained by the worker.")
+        windows = counter("ctrps_windows", "Windows trained by the worker.")
+        dead = CounterMetricFamily(
+            "ctrps_dead_letters", "Records dead-lettered, by reason.", labels=["worker", "reason"]
+        )
+        window_s = HistogramMetricFamily(
+            "ctrps_window_seconds", "Duration of the worker's windows.", labels=["worker"]
+        )
+        age = GaugeMetricFamily(
+            "ctrps_worker_report_age_seconds",
+            "Seconds since the worker's latest status reached the board.",
+            labels=["worker"],
+        )
+        quality = {
+            k: GaugeMetricFamily(
+                f"ctrps_progressive_{k}",
+                f"Progressive {k} of the worker's last window (predicted before training).",
+                labels=["worker"],
+            )
+            for k in ("logloss", "auc", "copc")
+        }
+        for w in board.workers:
+            s, labels = w.status, [w.source]
+            records.add_metric(labels, _num(s.get("records_consumed")))
+            trained.add_metric(labels, _num(s.get("events_trained")))
+            windows.add_metric(labels, _num(s.get("windows")))
+            by_reason = s.get("dead_letters_by_reason")
+            for reason, n in (by_reason if isinstance(by_reason, dict) else {}).items():
+                dead.add_metric([w.source, str(reason)], _num(n))
+            hist = _histogram(s.get("window_seconds"))
+            if hist is not None:
+                window_s.add_metric(labels, buckets=hist[0], sum_value=hist[1])
+            age.add_metric(labels, max(0.0, now - w.received_at))
+            last = s.get("last_window")
+            for k, family in quality.items():
+                v = last.get(k) if isinstance(last, dict) else None
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    family.add_metric(labels, float(v))
+        lag = GaugeMetricFamily(
+            "ctrps_consumer_lag_records",
+            "Records behind per partition: highwater - committed, from the latest report naming it.",
+            labels=["partition"],
+        )
+        for p, n in board.lag_by_partition.items():
+            lag.add_metric([str(p)], float(n))
+        yield from (records, trained, windows, dead, window_s, age, *quality.values(), lag)
+
+
+def _num(v: object) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
+def _histogram(raw: object) -> tuple[list[tuple[str, float]], float] | None:
+    """Cumulative Prometheus buckets from a status's ``window_seconds``, or
+    None when it is absent or malformed."""
+    if not isinstance(raw, dict):
+        return None
+    bounds, counts, total = raw.get("bounds"), raw.get("counts"), raw.get("sum")
+    if (
+        not isinstance(bounds, list)
+        or not isinstance(counts, list)
+        or len(counts) != len(bounds) + 1
+        or not all(isinstance(x, (int, float)) for x in bounds + counts)
+        or not isinstance(total, (int, float))
+    ):
+        return None
+    cumulative = np.cumsum(np.asarray(counts, dtype=np.float64)).tolist()
+    les = [repr(float(b)) for b in bounds] + ["+Inf"]
+    return list(zip(les, cumulative)), float(total)
+
+
+class ApiMetrics:
+    """The API's metrics and their registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "ctrps_http_requests", "HTTP requests by route and status.", ["route", "status"], registry=r
+        )
+        self.predict_seconds = Histogram(
+            "ctrps_predict_seconds",
+            "Latency of POST /v1/predict, from body read to response.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.predict_events = Counter(
+            "ctrps_predict_events", "Events predicted (successful requests).", registry=r
+        )
+        self.batch_events = Histogram(
+            "ctrps_predict_batch_events",
+            "Events per scored batch (concurrent requests are scored together).",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.rpc_seconds = Histogram(
+            "ctrps_shard_rpc_seconds",
+            "Latency of shard calls, by shard and operation (retries included).",
+            ["shard", "op"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rpc_errors = Counter(
+            "ctrps_shard_rpc_errors",
+            "Failed shard calls, by shard, operation and error code.",
+            ["shard", "op", "error"],
+            registry=r,
+        )
+        self._cluster = _ClusterCollector()
+        r.register(self._cluster)
+
+    def instrument(self, client: PSClient) -> PSClient:
+        """A client over the same transports, timing every shard call.
+
+        Closing it closes nothing: `client`'s owner keeps its connections."""
+        return PSClient([InstrumentedTransport(t, self) for t in client.transports])
+
+    def on_batch(self, requests: int, events: int) -> None:
+        """A predict batch was scored (`Predictor` callback)."""
+        self.batch_events.observe(events)
+
+    async def scrape(self, client: PSClient) -> bytes:
+        """The exposition: the cluster read now, plus the API's own metrics."""
+        snapshot = await take_snapshot(client)
+        # No await between setting the snapshot and rendering it, so
+        # concurrent scrapes never mix snapshots.
+        self._cluster.snapshot = snapshot
+        return generate_latest(self.registry)
+
+
+class InstrumentedTransport:
+    """A `ShardTransport` that times each call of another and counts its errors."""
+
+    def __init__(self, inner: ShardTransport, metrics: ApiMetrics) -> None:
+        self.inner = inner
+        self.shard_id = inner.shard_id
+        self._metrics = metrics
+        shard = str(inner.shard_id)
+        # Bound once: a labelled child per call would cost a dict lookup each.
+        self._seconds = {
+            op: metrics.rpc_seconds.labels(shard, op)
+            for op in ("pull", "push", "declare", "stats", "status")
+        }
+
+    async def _timed(self, op: str, call: Awaitable[T]) -> T:
+        t0 = time.perf_counter()
+        try:
+            return await call
+        except PSError as exc:
+            self._metrics.rpc_errors.labels(str(self.shard_id), op, exc.code).inc()
+            raise
+        finally:
+            self._seconds[op].observe(time.perf_counter() - t0)
+
+    async def pull(self, table: str, keys: U64) -> F32:
+        return await self._timed("pull", self.inner.pull(table, keys))
+
+    async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled:
+        return await self._timed("pull", self.inner.pull_versioned(table, keys, presence))
+
+    async def push(
+        self,
+        table: str,
+        keys: U64,
+        grads: F32,
+        counts: F32 | None,
+        event_time: float,
+        request_id: int,
+    ) -> int:
+        return await self._timed(
+            "push", self.inner.push(table, keys, grads, counts, event_time, request_id)
+        )
+
+    async def declare(self, config: TableConfig) -> bool:
+        return await self._timed("declare", self.inner.declare(config))
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._timed("stats", self.inner.stats())
+
+    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
+        return await self._timed("status", self.inner.report_status(source, status))
+
+    async def statuses(self) -> list[dict[str, Any]]:
+        return await self._timed("status", self.inner.statuses())
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,431 @@
+"""The OpenAPI 3.1 document of the HTTP API, and a validator for the part of
+JSON Schema it uses.
+
+`openapi_document` describes every route: request bodies, and the body of
+each success and error status. The tests check every response the app gives
+against it with `validate`, which knows exactly the keywords listed in
+`KEYWORDS` and refuses a schema using any other, so a keyword the document
+starts to use can never be silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ps_core.features import REASONS
+from ps_core.shard import MAX_SOURCE_CHARS
+
+__all__ = ["openapi_document", "validate", "response_schema", "KEYWORDS", "SchemaError"]
+
+KEYWORDS = frozenset(
+    {
+        "$ref", "type", "properties", "required", "additionalProperties", "items",
+        "minItems", "maxItems", "minimum", "maximum", "minLength", "maxLength", "enum",
+        "description", "examples",
+    }
+)
+"""The JSON Schema keywords `validate` implements (the last two are annotations)."""
+
+
+class SchemaError(ValueError):
+    """A schema uses a keyword `validate` does not implement."""
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_ERROR = _ref("Error")
+
+
+def _closed(properties: dict[str, Any], *optional: str) -> dict[str, Any]:
+    """An object with exactly these properties, all required but `optional`."""
+    return {
+        "type": "object",
+        "required": [k for k in properties if k not in optional],
+        "additionalProperties": False,
+        "properties": properties,
+    }
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    text = {
+        400: "The body is not the request's shape (invalid_json, bad_request).",
+        401: "Missing or wrong bearer token (unauthorized).",
+        404: "Unknown model (unknown_model).",
+        413: "The body is over the limit (too_large).",
+        422: "Unusable content: no_events, too_many_events, or an event's validation reason.",
+        502: "A shard refused the call (shard_error).",
+        503: "A shard is unreachable (shard_unavailable); the detail names it.",
+    }
+    out = {str(s): _json(_ERROR, text[s]) for s in statuses}
+    out["default"] = _json(_ERROR, "Any other error (not_found, method_not_allowed, internal).")
+    return out
+
+
+def _schemas(max_events: int) -> dict[str, Any]:
+    count = {"type": "integer", "minimum": 0}
+    counts_by = {"type": "object", "additionalProperties": count}
+    string, number, integer = {"type": "string"}, {"type": "number"}, {"type": "integer"}
+    key = {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}
+    window = {"type": "object", "additionalProperties": {"type": ["number", "string", "null"]}}
+    return {
+        "Error": _closed(
+            {
+                "error": {"type": "string", "description": "A stable code, e.g. " + ", ".join(REASONS[:3])},
+                "detail": {"type": "string", "minLength": 1},
+            }
+        ),
+        "Features": {
+            "type": "object",
+            "description": "Strings are categorical (field=value), numbers numeric, lists of "
+            "strings multi-hot, booleans the strings true/false; null is a missing feature.",
+            "additionalProperties": {
+                "type": ["string", "number", "boolean", "array", "null"],
+                "items": string,
+            },
+            "examples": [{"site": "a3f09", "hour": "13", "price": 12.5, "tags": ["a", "b"]}],
+        },
+        "Keys": {
+            "type": "array",
+            "description": "Pre-hashed uint64 feature ids, used as they are.",
+            "items": key,
+        },
+        "Event": {
+            "type": "object",
+            "description": "features and/or keys; other event fields (id, ts, label, weight) "
+            "are validated as in training and otherwise ignored.",
+            "properties": {"features": _ref("Features"), "keys": _ref("Keys")},
+        },
+        "PredictRequest": _closed(
+            {
+                "events": {"type": "array", "minItems": 1, "maxItems": max_events, "items": _ref("Event")},
+                "model": {"type": "string", "description": "If given, must be the served model."},
+            },
+            "model",
+        ),
+        "PredictResponse": _closed(
+            {
+                "predictions": {
+                    "type": "array",
+                    "items": {"type": "number", "minimum": 0, "maximum": 1},
+                    "description": "Click probability of each event, in request order.",
+                },
+                "model": string,
+                "model_version": {
+                    "type": "integer",
+                    "description": "Open export version of the weights read.",
+                },
+            }
+        ),
+        "WeightsRequest": _closed(
+            {"features": _ref("Features"), "keys": _ref("Keys"), "model": string},
+            "features", "keys", "model",
+        ),
+        "FeatureWeights": _closed(
+            {
+                "feature": {
+                    "type": ["string", "null"],
+                    "description": "field=value, field (numeric), (bias), or null for a pre-hashed key.",
+                },
+                "key": key,
+                "value": number,
+                "present": {
+                    "type": "boolean",
+                    "description": "False: never trained; the weights are its initial value.",
+                },
+                "weights": {
+                    "type": "object",
+                    "additionalProperties": {"type": "array", "items": number},
+                },
+            }
+        ),
+        "WeightsResponse": _closed(
+            {
+                "model": string,
+                "model_version": integer,
+                "tables": {"type": "array", "items": string},
+                "weights": {"type": "array", "items": _ref("FeatureWeights")},
+            }
+        ),
+        "TableInfo": _closed(
+            {
+                "declared": {"type": "boolean", "description": "Whether the shards hold the table."},
+                "features": count,
+                "bytes": count,
+                "dim": {"type": "integer", "minimum": 1},
+                "optimizer": {"type": "object"},
+                "version": integer,
+            },
+            "version",
+        ),
+        "ModelInfo": _closed(
+            {
+                "model": string,
+                "config": {"type": "object"},
+                "update_mode": {"type": ["string", "null"]},
+                "tables": {"type": "object", "additionalProperties": _ref("TableInfo")},
+                "features": count,
+                "bytes": count,
+                "events_trained": count,
+                "records_consumed": count,
+                "windows": count,
+                "dead_letters": _closed({"total": count, "by_reason": counts_by}),
+                "last_window": {**window, "type": ["object", "null"]},
+                "lag": _closed({"total": count, "by_partition": counts_by}),
+                "workers": {
+                    "type": "array",
+                    "items": _closed({"source": string, "received_at": number, "age_s": number}),
+                },
+                "model_version": {"type": ["integer", "null"]},
+                "last_export_version": {
+                    "type": ["integer", "null"],
+                    "description": "null until exports exist.",
+                },
+                "shards": {"type": "integer", "minimum": 1},
+            }
+        ),
+        "WorkerStatus": {
+            "type": "object",
+            "description": "What app.status.worker_status reports; the board accepts any object.",
+            "properties": {
+                "kind": {"type": "string", "enum": ["worker"]},
+                "update_mode": string,
+                "windows": count,
+                "records_consumed": count,
+                "events_trained": count,
+                "dead_letters": count,
+                "dead_letters_by_reason": counts_by,
+                "lag_by_partition": counts_by,
+                "last_window": window,
+                "window_seconds": {
+                    "type": "object",
+                    "required": ["bounds", "counts", "sum", "count"],
+                    "properties": {
+                        "bounds": {"type": "array", "items": number},
+                        "counts": {"type": "array", "items": count},
+                        "sum": {"type": "number", "minimum": 0},
+                        "count": count,
+                    },
+                },
+            },
+        },
+        "StatusReport": _closed(
+            {
+                "source": {"type": "string", "minLength": 1, "maxLength": MAX_SOURCE_CHARS},
+                "status": _ref("WorkerStatus"),
+            }
+        ),
+        "StatusAck": _closed(
+            {"source": string, "received_at": number, "sources": {"type": "integer", "minimum": 1}}
+        ),
+        "StatusBoard": _closed(
+            {
+                "statuses": {
+                    "type": "array",
+                    "items": _closed(
+                        {"source": string, "received_at": number, "status": {"type": "object"}}
+                    ),
+                }
+            }
+        ),
+        "Health": _closed({"status": {"type": "string", "enum": ["ok"]}}),
+        "Ready": _closed(
+            {"status": {"type": "string", "enum": ["ready"]}, "shards": {"type": "integer", "minimum": 1}}
+        ),
+    }
+
+
+def openapi_document(max_events: int = 10_000) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the API (`max_events` bounds a predict request)."""
+    schemas = _schemas(max_events)
+
+    def body(name: str) -> dict[str, Any]:
+        return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
+
+    admin: list[dict[str, list[str]]] = [{"bearer": []}]
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ctrps",
+            "version": "1",
+            "description": "Predictions and model information from an online-learning "
+            "parameter server for sparse CTR models. Errors are "
+            '{"error": code, "detail": reason}.',
+        },
+        "paths": {
+            "/v1/predict": {
+                "post": {
+                    "summary": "Click probabilities of events, from the current weights.",
+                    "requestBody": body("PredictRequest"),
+                    "responses": {
+                        "200": _json(_ref("PredictResponse"), "One probability per event."),
+                        **_errors(400, 404, 413, 422, 502, 503),
+                    },
+                }
+            },
+            "/v1/weights": {
+                "post": {
+                    "summary": "Current weights of an event's features or of pre-hashed keys.",
+                    "requestBody": body("WeightsRequest"),
+                    "responses": {
+                        "200": _json(_ref("WeightsResponse"), "The bias first, then each feature."),
+                        **_errors(400, 404, 413, 422, 502, 503),
+                    },
+                }
+            },
+            "/v1/model": {
+                "get": {
+                    "summary": "Model configuration, size, training progress and lag.",
+                    "responses": {
+                        "200": _json(_ref("ModelInfo"), "The model as trained so far."),
+                        **_errors(502, 503),
+                    },
+                }
+            },
+            "/v1/status": {
+                "get": {
+                    "summary": "The status board: the latest status of each worker.",
+                    "responses": {
+                        "200": _json(_ref("StatusBoard"), "Least recently reported first."),
+                        **_errors(502, 503),
+                    },
+                },
+                "post": {
+                    "summary": "Report a status to the board (admin).",
+                    "security": admin,
+                    "requestBody": body("StatusReport"),
+                    "responses": {
+                        "200": _json(_ref("StatusAck"), "Stored."),
+                        **_errors(400, 401, 413, 502, 503),
+                    },
+                },
+            },
+            "/healthz": {
+                "get": {
+                    "summary": "Liveness: the process answers.",
+                    "responses": {"200": _json(_ref("Health"), "Alive."), **_errors()},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness: every shard answers.",
+                    "responses": {
+                        "200": _json(_ref("Ready"), "Every shard answered."),
+                        **_errors(503),
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics (text format).",
+                    "responses": {
+                        "200": {
+                            "description": "Prometheus text exposition format.",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        },
+                        **_errors(),
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document.",
+                    "responses": {
+                        "200": _json({"type": "object", "required": ["openapi", "paths"]}, "OpenAPI 3.1."),
+                        **_errors(),
+                    },
+                }
+            },
+        },
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "CTRPS_ADMIN_TOKEN, when the server has one.",
+                }
+            },
+        },
+    }
+
+
+def response_schema(
+    doc: dict[str, Any], path: str, method: str, status: int, content_type: str = "application/json"
+) -> dict[str, Any]:
+    """The schema `doc` gives for a response (the operation's ``default``
+    response when the status is not listed). KeyError if the document has
+    no such operation or content type."""
+    responses = doc["paths"][path][method.lower()]["responses"]
+    response = responses.get(str(status)) or responses["default"]
+    schema: dict[str, Any] = response["content"][content_type]["schema"]
+    return schema
+
+
+_TYPES: dict[str, Any] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool))
+    or (isinstance(v, float) and v.is_integer()),
+}
+
+
+def validate(instance: Any, schema: dict[str, Any], doc: dict[str, Any], path: str = "$") -> list[str]:
+    """Where `instance` breaks `schema` (``$ref`` resolved in `doc`): one
+    message per violation, empty when it conforms. Raises `SchemaError` for
+    a keyword outside `KEYWORDS`."""
+    unknown = set(schema) - KEYWORDS
+    if unknown:
+        raise SchemaError(f"{path}: unsupported schema keywords {sorted(unknown)}")
+    if "$ref" in schema:
+        name = schema["$ref"].removeprefix("#/components/schemas/")
+        return validate(instance, doc["components"]["schemas"][name], doc, path)
+    errors: list[str] = []
+    types = schema.get("type")
+    if types is not None:
+        allowed = [types] if isinstance(types, str) else types
+        if not any(_TYPES[t](instance) for t in allowed):
+            return [f"{path}: {type(instance).__name__} {instance!r:.60} is not {'/'.join(allowed)}"]
+    if "enum" in schema and instance not in schema["enum"]:
+        errors.append(f"{path}: {instance!r} not in {schema['enum']}")
+    if _TYPES["number"](instance):
+        if "minimum" in schema and instance < schema["minimum"]:
+            errors.append(f"{path}: {instance} < minimum {schema['minimum']}")
+        if "maximum" in schema and instance > schema["maximum"]:
+            errors.append(f"{path}: {instance} > maximum {schema['maximum']}")
+    if isinstance(instance, str):
+        if len(instance) < schema.get("minLength", 0):
+            errors.append(f"{path}: shorter than {schema['minLength']}")
+        if "maxLength" in schema and len(instance) > schema["maxLength"]:
+            errors.append(f"{path}: longer than {schema['maxLength']}")
+    if isinstance(instance, list):
+        if len(instance) < schema.get("minItems", 0):
+            errors.append(f"{path}: fewer than {schema['minItems']} items")
+        if "maxItems" in schema and len(instance) > schema["maxItems"]:
+            errors.append(f"{path}: more than {schema['maxItems']} items")
+        if "items" in schema:
+            for i, item in enumerate(instance):
+                errors += validate(item, schema["items"], doc, f"{path}[{i}]")
+    if isinstance(instance, dict):
+        props = schema.get("properties", {})
+        for name in schema.get("required", []):
+            if name not in instance:
+                errors.append(f"{path}: missing {name!r}")
+        extra = schema.get("additionalProperties", True)
+        for name, value in instance.items():
+            if name in props:
+                errors += validate(value, props[name], doc, f"{path}.{name}")
+            elif extra is False:
+                errors.append(f"{path}: unexpected property {name!r}")
+            elif isinstance(extra, dict):
+                errors += validate(value, extra, doc, f"{path}.{name}")
+    return errors

@@ -1,0 +1,729 @@
+"""The HTTP API (`app.api`), in process (aiohttp test_utils) against real
+shards: in this process (`PSClient.local`) and shard servers on 127.0.0.1.
+
+Every response any test here gets is checked against the OpenAPI document the
+app serves (`Api.call`), success and error alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import numpy as np
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.api import PREDICTOR, create_app
+from app.openapi import KEYWORDS, SchemaError, openapi_document, response_schema, validate
+from app.settings import ApiSettings
+from app.status import make_status_hook
+from consumers.worker import WindowReport, WorkerStats
+from ps_core.client import PSClient, RetryPolicy
+from ps_core.features import FeatureHasher
+from ps_core.metrics import evaluate
+from ps_core.models import Model, make_model, sigmoid
+from ps_core.shard import Shard, ShardSpec
+from ps_core.table import SparseTable
+
+PROJECT = Path(__file__).resolve().parent.parent
+MAX_EVENTS = 50
+MAX_BODY = 32 * 1024
+TOKEN = "s3cret-token"
+
+
+@dataclass
+class Api:
+    """The app in process, the shards behind it and a client that trains them."""
+
+    http: TestClient  # type: ignore[type-arg]
+    client: PSClient
+    model: Model
+    shards: list[Shard]
+    urls: list[str]
+    doc: dict[str, Any] = field(default_factory=dict)
+    seen: set[tuple[str, str, int]] = field(default_factory=set)
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        """One request; the response is checked against the OpenAPI document."""
+        payload = orjson.dumps(body) if body is not None else data
+        async with self.http.request(method, path, data=payload, headers=headers) as resp:
+            raw = await resp.read()
+            ctype = resp.content_type
+            status = resp.status
+        operation = self.doc["paths"].get(path, {}).get(method.lower())
+        if ctype == "text/plain":
+            parsed: Any = raw.decode()
+        else:
+            assert ctype == "application/json", (status, ctype, raw[:200])
+            parsed = orjson.loads(raw)
+        if operation is not None:
+            schema = response_schema(self.doc, path, method, status, ctype)
+        else:  # an unknown route: still the error body
+            schema = {"$ref": "#/components/schemas/Error"}
+        assert validate(parsed, schema, self.doc) == [], (method, path, status, parsed)
+        if status >= 400:
+            assert parsed["detail"], parsed
+        self.seen.add((method, path, status))
+        return status, parsed
+
+
+MakeApi = Callable[..., Awaitable[Api]]
+
+
+@pytest.fixture(params=["local", "http"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def make_api(transport: str, serve_shards: Any) -> AsyncIterator[MakeApi]:
+    """Builds the API over 2 shards holding the model's tables."""
+    opened: list[tuple[TestClient, PSClient]] = []  # type: ignore[type-arg]
+
+    async def make(kind: str = "lr", num_shards: int = 2, **settings: Any) -> Api:
+        model = make_model(kind, "ctr")
+        if transport == "http":
+            shards, urls = await serve_shards(num_shards, model.tables())
+            client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=0.5))
+        else:
+            shards = [Shard(ShardSpec(i, num_shards), model.tables()) for i in range(num_shards)]
+            urls = []
+            client = PSClient.local(shards)
+        options = {"max_events": MAX_EVENTS, "max_body_bytes": MAX_BODY, **settings}
+        app = create_app(ApiSettings(**options), client, model)
+        http = TestClient(TestServer(app))
+        await http.start_server()
+        opened.append((http, client))
+        status, doc = await Api(http, client, model, shards, urls, openapi_document()).call(
+            "GET", "/openapi.json"
+        )
+        assert status == 200
+        return Api(http, client, model, shards, urls, doc)
+
+    yield make
+    for http, client in opened:
+        await http.close()
+        await client.close()
+
+
+def synthetic_events(rng: np.random.Generator, n: int) -> list[dict[str, Any]]:
+    """Events with categorical, numeric, multi-hot, boolean and pre-hashed features."""
+    out = []
+    for _ in range(n):
+        site = int(rng.integers(0, 12))
+        features: dict[str, Any] = {
+            "site": f"s{site}",
+            "ad": f"a{int(rng.integers(0, 30))}",
+            "price": round(float(rng.uniform(0.5, 3.0)), 3),
+            "tags": [f"t{int(t)}" for t in rng.choice(8, size=2, replace=False)],
+            "mobile": bool(rng.integers(0, 2)),
+            "missing": None,
+        }
+        out.append(
+            {
+                "label": int(rng.random() < (0.8 if site < 4 else 0.15)),
+                "features": features,
+                "keys": [int(rng.integers(1, 2**63))],
+            }
+        )
+    return out
+
+
+async def train(client: PSClient, model: Model, events: list[dict[str, Any]], rounds: int = 3) -> None:
+    """The worker's training step (pull → gradients → push), on `events`."""
+    batch, errors = FeatureHasher(model.name).featurize(events)
+    assert not errors
+    for _ in range(rounds):
+        plan = model.plan(batch)
+        routed = client.route(plan.keys)
+        w = {t: await client.pull(t, routed) for t in model.table_names}
+        p = sigmoid(model.logits(batch, plan, w))
+        grads = model.gradients(batch, plan, w, (p - batch.labels) * batch.weights)
+        for t, g in grads.items():
+            await client.push(t, routed, g, counts=plan.counts(batch.labels))
+
+
+def by_hand(rows: list[dict[str, Any]], model: Model) -> float:
+    """A probability from `/v1/weights` rows: LR's sum of w·x, plus FM's
+    pairwise term over the non-bias features."""
+    w_table, *v_table = model.table_names
+    x = np.array([r["value"] for r in rows], dtype=np.float64)
+    logit = sum(r["weights"][w_table][0] * r["value"] for r in rows)
+    if v_table:
+        v = np.array([r["weights"][v_table[0]] for r in rows[1:]], dtype=np.float64) * x[1:, None]
+        logit += 0.5 * float(((v.sum(axis=0) ** 2) - (v**2).sum(axis=0)).sum())
+    return 1.0 / (1.0 + math.exp(-logit))
+
+
+# -- predictions and weights ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["lr", "fm"])
+async def test_predict_equals_a_prediction_by_hand_from_weights(make_api: MakeApi, kind: str) -> None:
+    api = await make_api(kind)
+    rng = np.random.default_rng(11)
+    await train(api.client, api.model, synthetic_events(rng, 300))
+    probe = synthetic_events(rng, 12) + [{"features": {"site": "never-seen", "price": 1.0}}]
+    status, got = await api.call("POST", "/v1/predict", {"events": probe})
+    assert status == 200
+    assert got["model"] == "ctr" and got["model_version"] == 1
+    assert len(got["predictions"]) == len(probe)
+    for event, p in zip(probe, got["predictions"]):
+        status, w = await api.call(
+            "POST", "/v1/weights", {"features": event["features"], **({"keys": event["keys"]} if "keys" in event else {})}
+        )
+        assert status == 200 and w["tables"] == list(api.model.table_names)
+        assert p == pytest.approx(by_hand(w["weights"], api.model), rel=1e-9, abs=1e-12)
+    # The same probabilities as the model computes directly from the shards.
+    batch, _ = FeatureHasher("ctr").featurize(probe, require_label=False)
+    plan = api.model.plan(batch)
+    weights = {t: await api.client.pull(t, plan.keys) for t in api.model.table_names}
+    np.testing.assert_allclose(got["predictions"], sigmoid(api.model.logits(batch, plan, weights)), rtol=1e-12)
+    assert len(set(got["predictions"])) > 3  # trained: not every event at the prior
+
+
+async def test_weights_name_every_feature_and_flag_absent_ones(make_api: MakeApi) -> None:
+    api = await make_api("fm")
+    rng = np.random.default_rng(5)
+    events = synthetic_events(rng, 50)
+    await train(api.client, api.model, events, rounds=1)
+    features = dict(events[0]["features"], unseen="zzz")
+    status, got = await api.call("POST", "/v1/weights", {"features": features, "keys": [7, 2**64 - 1]})
+    assert status == 200
+    rows = got["weights"]
+    names = [r["feature"] for r in rows]
+    tags = features["tags"]
+    mobile = "true" if features["mobile"] else "false"
+    assert names == [
+        "(bias)", f"site={features['site']}", f"ad={features['ad']}", "price",
+        f"tags={tags[0]}", f"tags={tags[1]}", f"mobile={mobile}", "unseen=zzz", None, None,
+    ]
+    assert [r["value"] for r in rows][:4] == [1.0, 1.0, 1.0, pytest.approx(features["price"])]
+    # The ids are the ones training hashes for the same event.
+    batch, _ = FeatureHasher("ctr").featurize([{"features": features, "keys": [7, 2**64 - 1]}], require_label=False)
+    assert sorted(r["key"] for r in rows) == sorted(batch.keys.tolist())
+    assert [r["present"] for r in rows] == [True] * 7 + [False, False, False]
+    # Absent features read their initial values: 0 for the linear part, the
+    # key's deterministic init for the embeddings.
+    w_cfg, v_cfg = api.model.tables()
+    for r in rows[7:]:
+        assert r["weights"]["ctr_w"] == [0.0]
+        expect = SparseTable(v_cfg).initial_weights(np.array([r["key"]], dtype=np.uint64))[0]
+        assert r["weights"]["ctr_v"] == pytest.approx(expect.tolist(), abs=0)
+    assert any(r["weights"]["ctr_w"] != [0.0] for r in rows[:7])
+    # Only the bias: an empty features object is a valid event.
+    status, only_bias = await api.call("POST", "/v1/weights", {"features": {}})
+    assert status == 200 and [r["feature"] for r in only_bias["weights"]] == ["(bias)"]
+
+
+async def test_one_event_or_thousands_per_request(make_api: MakeApi) -> None:
+    api = await make_api(max_events=5000, max_body_bytes=4 * 1024 * 1024)
+    rng = np.random.default_rng(2)
+    events = synthetic_events(rng, 100)
+    await train(api.client, api.model, events)
+    many = synthetic_events(rng, 5000)
+    status, got = await api.call("POST", "/v1/predict", {"events": many})
+    assert status == 200 and len(got["predictions"]) == 5000
+    status, one = await api.call("POST", "/v1/predict", {"events": many[4321:4322]})
+    assert status == 200 and one["predictions"] == [got["predictions"][4321]]
+
+
+async def test_concurrent_requests_are_batched_and_a_bad_event_fails_only_its_request(
+    make_api: MakeApi,
+) -> None:
+    api = await make_api()
+    rng = np.random.default_rng(9)
+    await train(api.client, api.model, synthetic_events(rng, 200))
+    requests = [synthetic_events(rng, int(rng.integers(1, 6))) for _ in range(40)]
+    bad = {3, 17, 28}
+    for i in bad:
+        requests[i][-1]["features"]["price"] = {"nested": 1}
+    batches: list[tuple[int, int]] = []
+    predictor = api.http.app[PREDICTOR]
+    predictor._on_batch = lambda r, e: batches.append((r, e))  # observe the batching
+    results = await asyncio.gather(*(api.call("POST", "/v1/predict", {"events": r}) for r in requests))
+    assert max(r for r, _ in batches) > 1  # some requests were scored together
+    for i, (status, body) in enumerate(results):
+        if i in bad:
+            assert (status, body["error"]) == (422, "bad_value")
+            assert body["detail"].startswith(f"event {len(requests[i]) - 1}: price")
+            continue
+        assert status == 200
+        alone_status, alone = await api.call("POST", "/v1/predict", {"events": requests[i]})
+        assert alone_status == 200 and alone["predictions"] == body["predictions"]
+
+
+# -- bad requests -----------------------------------------------------------------------
+
+EV = {"features": {"site": "a"}}
+
+BAD_REQUESTS: list[tuple[str, str, str, bytes | Any, int, str, str]] = [
+    # (name, method, path, body (bytes are sent raw), status, error, detail substring)
+    ("not-json", "POST", "/v1/predict", b"{events: [", 400, "invalid_json", "not JSON"),
+    ("empty-body", "POST", "/v1/predict", b"", 400, "invalid_json", "empty"),
+    ("nan-literal", "POST", "/v1/predict", b'{"events": [{"features": {"x": NaN}}]}', 400, "invalid_json", "not JSON"),
+    ("array-body", "POST", "/v1/predict", [EV], 400, "bad_request", "JSON object"),
+    ("no-events-field", "POST", "/v1/predict", {"event": [EV]}, 400, "bad_request", "unknown fields ['event']"),
+    ("missing-events", "POST", "/v1/predict", {}, 400, "bad_request", 'missing field "events"'),
+    ("events-not-list", "POST", "/v1/predict", {"events": EV}, 400, "bad_request", "events must be a list"),
+    ("model-not-string", "POST", "/v1/predict", {"events": [EV], "model": 3}, 400, "bad_request", "model must be a string"),
+    ("unknown-model", "POST", "/v1/predict", {"events": [EV], "model": "other"}, 404, "unknown_model", "'other'"),
+    ("empty-events", "POST", "/v1/predict", {"events": []}, 422, "no_events", "empty"),
+    ("too-many-events", "POST", "/v1/predict", {"events": [EV] * (MAX_EVENTS + 1)}, 422, "too_many_events", f"limit is {MAX_EVENTS}"),
+    ("event-not-object", "POST", "/v1/predict", {"events": [EV, 5]}, 422, "not_an_object", "event 1:"),
+    ("no-features", "POST", "/v1/predict", {"events": [{"id": "x"}]}, 422, "bad_features", "features or keys"),
+    ("features-not-object", "POST", "/v1/predict", {"events": [{"features": ["a"]}]}, 422, "bad_features", "object"),
+    ("nested-value", "POST", "/v1/predict", {"events": [EV, EV, {"features": {"x": {"y": 1}}}]}, 422, "bad_value", "event 2: x"),
+    ("float32-overflow", "POST", "/v1/predict", {"events": [{"features": {"x": 1e39}}]}, 422, "bad_value", "finite float32"),
+    ("negative-key", "POST", "/v1/predict", {"events": [{"keys": [-1]}]}, 422, "bad_keys", "[0, 2**64)"),
+    ("key-over-u64", "POST", "/v1/predict", b'{"events": [{"keys": [18446744073709551616]}]}', 422, "bad_keys", "[0, 2**64)"),
+    ("string-label", "POST", "/v1/predict", {"events": [{"features": {"a": "b"}, "label": "1"}]}, 422, "bad_label", "0 or 1"),
+    ("body-too-large", "POST", "/v1/predict", {"events": [{"features": {"x": "y" * MAX_BODY}}]}, 413, "too_large", f"{MAX_BODY} bytes"),
+    ("weights-features-list", "POST", "/v1/weights", {"features": ["a"]}, 400, "bad_request", "features must be an object"),
+    ("weights-keys-not-list", "POST", "/v1/weights", {"keys": 5}, 400, "bad_request", "keys must be a list"),
+    ("weights-unknown-field", "POST", "/v1/weights", {"features": {}, "events": []}, 400, "bad_request", "unknown fields ['events']"),
+    ("weights-nothing", "POST", "/v1/weights", {}, 422, "bad_features", "features or keys"),
+    ("weights-bad-key", "POST", "/v1/weights", {"keys": [1.5]}, 422, "bad_keys", "integers"),
+    ("weights-unknown-model", "POST", "/v1/weights", {"keys": [1], "model": "x"}, 404, "unknown_model", "serves 'ctr'"),
+    ("status-not-object", "POST", "/v1/status", [1], 400, "bad_request", "is not object"),
+    ("status-no-source", "POST", "/v1/status", {"status": {}}, 400, "bad_request", "missing 'source'"),
+    ("status-bad-field", "POST", "/v1/status", {"source": "w", "status": {"windows": -1}}, 400, "bad_request", "minimum"),
+    ("status-extra", "POST", "/v1/status", {"source": "w", "status": {}, "x": 1}, 400, "bad_request", "unexpected property 'x'"),
+    ("unknown-route", "GET", "/v1/nope", None, 404, "not_found", "no route GET /v1/nope"),
+    ("wrong-method", "GET", "/v1/predict", None, 405, "method_not_allowed", "takes POST"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "error", "detail"),
+    [case[1:] for case in BAD_REQUESTS],
+    ids=[case[0] for case in BAD_REQUESTS],
+)
+async def test_bad_requests_get_their_status_and_reason(
+    make_api: MakeApi, method: str, path: str, body: Any, status: int, error: str, detail: str
+) -> None:
+    api = await make_api()
+    if isinstance(body, bytes):
+        got_status, got = await api.call(method, path, data=body)
+    else:
+        got_status, got = await api.call(method, path, body)
+    assert (got_status, got["error"]) == (status, error), got
+    assert detail in got["detail"], got
+    # Nothing reached the board or the tables.
+    assert await api.client.statuses() == []
+    assert sum(len(t) for s in api.shards for t in s.tables.values()) == 0
+
+
+def test_the_bad_request_table_is_broad() -> None:
+    assert len(BAD_REQUESTS) >= 15
+    assert {s for *_, s, _, _ in BAD_REQUESTS} >= {400, 404, 405, 413, 422}
+
+
+# -- model info, status and metrics -------------------------------------------------------
+
+
+def window_report(window: int, events: int, lag: dict[int, int], dlq: dict[str, int]) -> WindowReport:
+    m = evaluate(np.array([0.1, 0.8, 0.3]), np.array([0.0, 1.0, 1.0]))
+    return WindowReport(
+        window=window, partitions=sorted(lag), events=events, records=events + sum(dlq.values()),
+        dlq=sum(dlq.values()), metrics=m, events_per_s=1000.0, lag=sum(lag.values()),
+        seconds=0.75, lag_by_partition=lag, dlq_by_reason=dlq,
+    )
+
+
+async def report_windows(client: PSClient, worker: str, reports: list[WindowReport]) -> WorkerStats:
+    """What a worker's status hook reports after each of `reports`."""
+    stats = WorkerStats()
+    hook = make_status_hook(client, worker, stats)
+    for r in reports:
+        stats.windows += 1
+        stats.records += r.records
+        stats.events_trained += r.events
+        stats.dead_letters += r.dlq
+        stats.dead_letters_by_reason.update(r.dlq_by_reason)
+        await hook(r)
+    return stats
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus exposition, by name and sorted labels."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def test_model_info_and_metrics_report_what_was_trained(make_api: MakeApi) -> None:
+    api = await make_api("fm")
+    rng = np.random.default_rng(4)
+    events = synthetic_events(rng, 120)
+    await train(api.client, api.model, events)
+    await report_windows(
+        api.client, "w-a",
+        [window_report(1, 100, {0: 5, 1: 2}, {"invalid_json": 2}), window_report(2, 20, {0: 1, 1: 0}, {})],
+    )
+    await report_windows(api.client, "w-b", [window_report(1, 7, {2: 9}, {"bad_label": 1})])
+    features = {t: sum(len(s.tables[t]) for s in api.shards) for t in api.model.table_names}
+    assert features["ctr_w"] > 100
+
+    status, info = await api.call("GET", "/v1/model")
+    assert status == 200
+    assert info["model"] == "ctr" and info["config"]["kind"] == "FactorizationMachine"
+    assert info["update_mode"] == "async"
+    assert {t: info["tables"][t]["features"] for t in features} == features
+    assert info["tables"]["ctr_v"]["dim"] == 8 and info["tables"]["ctr_v"]["optimizer"]["name"] == "adagrad"
+    assert info["tables"]["ctr_w"]["optimizer"]["name"] == "ftrl" and info["tables"]["ctr_w"]["declared"]
+    assert info["features"] == sum(features.values())
+    assert info["bytes"] == sum(t.memory_bytes() for s in api.shards for t in s.tables.values())
+    assert (info["events_trained"], info["records_consumed"], info["windows"]) == (127, 130, 3)
+    assert info["dead_letters"] == {"total": 3, "by_reason": {"invalid_json": 2, "bad_label": 1}}
+    assert info["lag"] == {"total": 10, "by_partition": {"0": 1, "1": 0, "2": 9}}
+    assert info["last_window"]["window"] == 1 and info["last_window"]["events"] == 7  # w-b's, the latest
+    assert [w["source"] for w in info["workers"]] == ["w-a", "w-b"]
+    assert info["model_version"] == 1 and info["last_export_version"] is None
+    assert info["shards"] == 2
+
+    for _ in range(3):
+        assert (await api.call("POST", "/v1/predict", {"events": events[:4]}))[0] == 200
+    status, text = await api.call("GET", "/metrics")
+    assert status == 200
+    m = samples(text)
+    for t, n in features.items():
+        assert sum(v for (name, lab), v in m.items() if name == "ctrps_table_features" and ("table", t) in lab) == n
+    assert m[("ctrps_shard_up", (("shard", "1"),))] == 1.0
+    assert m[("ctrps_events_trained_total", (("worker", "w-a"),))] == 120
+    assert m[("ctrps_records_consumed_total", (("worker", "w-b"),))] == 8
+    assert m[("ctrps_windows_total", (("worker", "w-a"),))] == 2
+    assert m[("ctrps_dead_letters_total", (("reason", "invalid_json"), ("worker", "w-a")))] == 2
+    assert m[("ctrps_consumer_lag_records", (("partition", "2"),))] == 9
+    assert m[("ctrps_window_seconds_count", (("worker", "w-a"),))] == 2
+    assert m[("ctrps_window_seconds_sum", (("worker", "w-a"),))] == 1.5
+    assert m[("ctrps_window_seconds_bucket", (("le", "1.0"), ("worker", "w-a")))] == 2
+    assert m[("ctrps_window_seconds_bucket", (("le", "0.5"), ("worker", "w-a")))] == 0
+    assert m[("ctrps_progressive_auc", (("worker", "w-b"),))] == 1.0
+    assert m[("ctrps_predict_seconds_count", ())] == 3
+    assert m[("ctrps_predict_events_total", ())] == 12
+    assert m[("ctrps_http_requests_total", (("route", "/v1/predict"), ("status", "200")))] == 3
+    # Every predict pulled each of the 2 tables from each shard.
+    for shard in ("0", "1"):
+        assert m[("ctrps_shard_rpc_seconds_count", (("op", "pull"), ("shard", shard)))] == 6
+        assert m[("ctrps_shard_rpc_seconds_count", (("op", "stats"), ("shard", shard)))] >= 2
+
+
+async def test_model_info_before_any_worker(make_api: MakeApi) -> None:
+    api = await make_api()
+    status, info = await api.call("GET", "/v1/model")
+    assert status == 200
+    assert info["events_trained"] == 0 and info["workers"] == [] and info["last_window"] is None
+    assert info["update_mode"] is None and info["lag"] == {"total": 0, "by_partition": {}}
+    assert info["tables"]["ctr_w"]["features"] == 0
+
+
+async def test_a_model_whose_tables_are_not_on_the_shards_is_unknown(transport: str, serve_shards: Any) -> None:
+    model = make_model("lr", "ctr")
+    if transport == "http":
+        _, urls = await serve_shards(1)  # no tables declared
+        client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=0.5))
+    else:
+        client = PSClient.local([Shard()])
+    app = create_app(ApiSettings(), client, model)
+    async with TestClient(TestServer(app)) as http:
+        async with http.post("/v1/predict", data=orjson.dumps({"events": [EV]})) as resp:
+            body = orjson.loads(await resp.read())
+            assert resp.status == 404 and body["error"] == "unknown_model"
+            assert "ctr_w" in body["detail"]
+        async with http.get("/v1/model") as resp:
+            info = orjson.loads(await resp.read())
+            assert resp.status == 200 and info["tables"]["ctr_w"]["declared"] is False
+    await client.close()
+
+
+# -- status board and auth ------------------------------------------------------------
+
+
+async def test_status_board_round_trip_through_the_api(make_api: MakeApi) -> None:
+    api = await make_api()
+    status, ack = await api.call("POST", "/v1/status", {"source": "ext-1", "status": {"kind": "worker", "windows": 2}})
+    assert status == 200 and ack["source"] == "ext-1" and ack["sources"] == 1
+    status, board = await api.call("GET", "/v1/status")
+    assert status == 200
+    assert [(e["source"], e["status"]) for e in board["statuses"]] == [("ext-1", {"kind": "worker", "windows": 2})]
+    assert (await api.client.statuses())[0]["status"]["windows"] == 2
+
+
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [
+        (None, 401),
+        ("Bearer wrong", 401),
+        (f"Bearer {TOKEN}x", 401),
+        (f"Basic {TOKEN}", 401),
+        ("Bearer", 401),
+        (f"Bearer {TOKEN}", 200),
+        (f"bearer {TOKEN}", 200),
+    ],
+)
+async def test_admin_routes_need_the_bearer_token(make_api: MakeApi, header: str | None, status: int) -> None:
+    api = await make_api(admin_token=TOKEN)
+    headers = {"Authorization": header} if header is not None else None
+    report = {"source": "w", "status": {"kind": "worker"}}
+    got_status, body = await api.call("POST", "/v1/status", report, headers=headers)
+    assert got_status == status, body
+    board = await api.client.statuses()
+    if status == 401:
+        assert body["error"] == "unauthorized" and board == []
+    else:
+        assert [e["source"] for e in board] == ["w"]
+    # Read-only routes stay open.
+    assert (await api.call("GET", "/v1/status"))[0] == 200
+    assert (await api.call("POST", "/v1/predict", {"events": [EV]}))[0] == 200
+
+
+async def test_unauthorized_answers_name_the_scheme(make_api: MakeApi) -> None:
+    api = await make_api(admin_token=TOKEN)
+    async with api.http.post("/v1/status", data=b"{}") as resp:
+        assert resp.status == 401
+        assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+async def test_without_a_token_admin_routes_are_open(make_api: MakeApi) -> None:
+    api = await make_api()
+    status, _ = await api.call("POST", "/v1/status", {"source": "w", "status": {}}, headers={"Authorization": "Bearer anything"})
+    assert status == 200
+
+
+# -- health, readiness, shards down -----------------------------------------------------
+
+
+async def test_health_and_readiness(make_api: MakeApi) -> None:
+    api = await make_api()
+    assert await api.call("GET", "/healthz") == (200, {"status": "ok"})
+    assert await api.call("GET", "/readyz") == (200, {"status": "ready", "shards": 2})
+
+
+async def test_a_shard_down_is_503_naming_it(serve_shards: Any) -> None:
+    model = make_model("lr", "ctr")
+    shards, urls = await serve_shards(2, model.tables())
+    client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=0.3))
+    api_app = create_app(ApiSettings(max_events=MAX_EVENTS), client, model)
+    async with TestClient(TestServer(api_app)) as http:
+        api = Api(http, client, model, shards, urls, openapi_document(MAX_EVENTS))
+        events = synthetic_events(np.random.default_rng(1), 20)  # features on both shards
+        assert (await api.call("POST", "/v1/predict", {"events": events}))[0] == 200
+        await serve_shards.runners[1].cleanup()
+        for method, path, body in [
+            ("POST", "/v1/predict", {"events": events}),
+            ("POST", "/v1/weights", {"features": events[0]["features"]}),
+            ("GET", "/v1/model", None),
+            ("GET", "/readyz", None),
+        ]:
+            status, err = await api.call(method, path, body)
+            assert (status, err["error"]) == (503, "shard_unavailable"), (path, err)
+            assert "shard 1" in err["detail"] and urls[1] in err["detail"], err
+            assert "shard 0" not in err["detail"]
+        assert await api.call("GET", "/healthz") == (200, {"status": "ok"})
+        # The board is on shard 0, which still answers.
+        assert (await api.call("GET", "/v1/status"))[0] == 200
+        status, text = await api.call("GET", "/metrics")
+        assert status == 200
+        m = samples(text)
+        assert m[("ctrps_shard_up", (("shard", "1"),))] == 0.0
+        assert m[("ctrps_shard_up", (("shard", "0"),))] == 1.0
+        assert m[("ctrps_shard_rpc_errors_total", (("error", "shard_unavailable"), ("op", "pull"), ("shard", "1")))] >= 2
+        assert m[("ctrps_http_requests_total", (("route", "/v1/predict"), ("status", "503")))] == 1
+    await client.close()
+
+
+async def test_a_shard_that_refuses_is_502() -> None:
+    """A client that disagrees with the shards on their number sends keys to
+    the wrong shard; the shard's 400 is the server's fault, not the caller's."""
+    model = make_model("lr", "ctr")
+    shard = Shard(ShardSpec(0, 2), model.tables())  # shard 0 of 2, reached as if alone
+    client = PSClient.local([shard])
+    async with TestClient(TestServer(create_app(ApiSettings(), client, model))) as http:
+        api = Api(http, client, model, [shard], [], openapi_document())
+        status, err = await api.call("POST", "/v1/predict", {"events": synthetic_events(np.random.default_rng(0), 10)})
+        assert (status, err["error"]) == (502, "shard_error") and "wrong_shard" in err["detail"]
+
+
+# -- the OpenAPI document -------------------------------------------------------------
+
+
+async def test_every_route_is_documented_and_every_documented_response_happens(make_api: MakeApi) -> None:
+    api = await make_api(admin_token=TOKEN)
+    routes = {
+        (r.method, r.resource.canonical)
+        for r in api.http.app.router.routes()
+        if r.resource is not None and r.method != "HEAD"
+    }
+    documented = {(m.upper(), p) for p, ops in api.doc["paths"].items() for m in ops}
+    assert routes == documented
+    events = synthetic_events(np.random.default_rng(3), 5)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    calls: list[tuple[str, str, Any, dict[str, str] | None]] = [
+        ("POST", "/v1/predict", {"events": events}, None),
+        ("POST", "/v1/predict", {"x": 1}, None),
+        ("POST", "/v1/predict", {"events": events, "model": "m"}, None),
+        ("POST", "/v1/predict", {"events": [{"f": 1}] * 2000}, None),
+        ("POST", "/v1/predict", {"events": [{"f": 1}] * 5000}, None),
+        ("POST", "/v1/predict", {"events": []}, None),
+        ("POST", "/v1/weights", {"features": events[0]["features"]}, None),
+        ("POST", "/v1/weights", {"features": 1}, None),
+        ("POST", "/v1/weights", {"keys": [1], "model": "m"}, None),
+        ("POST", "/v1/weights", {"features": {"x": "y" * MAX_BODY}}, None),
+        ("POST", "/v1/weights", {"keys": [-1]}, None),
+        ("GET", "/v1/model", None, None),
+        ("GET", "/v1/status", None, None),
+        ("POST", "/v1/status", {"source": "w", "status": {}}, auth),
+        ("POST", "/v1/status", {"source": 1, "status": {}}, auth),
+        ("POST", "/v1/status", {"source": "w", "status": {}}, None),
+        ("POST", "/v1/status", {"source": "w", "status": {"x": "y" * MAX_BODY}}, auth),
+        ("GET", "/healthz", None, None),
+        ("GET", "/readyz", None, None),
+        ("GET", "/metrics", None, None),
+        ("GET", "/openapi.json", None, None),
+    ]
+    for method, path, body, headers in calls:
+        await api.call(method, path, body, headers=headers)
+    # 502 and 503 need a broken cluster: shards that answer 500 to everything,
+    # then none at all.
+    broken = web.Application()
+
+    async def fail(request: web.Request) -> web.Response:
+        return web.json_response({"error": "boom", "detail": "broken on purpose"}, status=500)
+
+    broken.router.add_route("*", "/{tail:.*}", fail)
+    async with TestServer(broken) as bad_server:
+        url = str(bad_server.make_url(""))
+        await _call_every_route(api, [url], auth)
+    await _call_every_route(api, [url], auth)  # now closed: 503
+    expected = {
+        (m.upper(), p, int(s))
+        for p, ops in api.doc["paths"].items()
+        for m, op in ops.items()
+        for s in op["responses"]
+        if s != "default"
+    }
+    assert expected - api.seen == set()
+
+
+async def _call_every_route(api: Api, urls: list[str], auth: dict[str, str]) -> None:
+    """Every shard-reading route, through an app over the shards at `urls`;
+    responses checked against the document and recorded in ``api.seen``."""
+    client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=0.2))
+    app = create_app(ApiSettings(max_events=MAX_EVENTS, max_body_bytes=MAX_BODY), client, api.model)
+    async with TestClient(TestServer(app)) as http:
+        other = Api(http, client, api.model, [], urls, api.doc, api.seen)
+        for method, path, body, headers in [
+            ("POST", "/v1/predict", {"events": [EV]}, None),
+            ("POST", "/v1/weights", {"keys": [1]}, None),
+            ("GET", "/v1/model", None, None),
+            ("GET", "/v1/status", None, None),
+            ("POST", "/v1/status", {"source": "w", "status": {}}, auth),
+            ("GET", "/readyz", None, None),
+            ("GET", "/metrics", None, None),
+        ]:
+            status, _ = await other.call(method, path, body, headers=headers)
+            assert status in (200, 502, 503), (path, status)
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    ("instance", "schema", "problem"),
+    [
+        ({"error": "x"}, {"$ref": "#/components/schemas/Error"}, "missing 'detail'"),
+        ({"error": "x", "detail": "y", "z": 1}, {"$ref": "#/components/schemas/Error"}, "unexpected property 'z'"),
+        ({"error": 1, "detail": "y"}, {"$ref": "#/components/schemas/Error"}, "$.error: int 1 is not string"),
+        ([1.5], {"type": "array", "items": {"type": "integer"}}, "$[0]"),
+        (True, {"type": "number"}, "not number"),
+        ([], {"type": "array", "minItems": 1}, "fewer than 1"),
+        ([1, 2], {"type": "array", "maxItems": 1}, "more than 1"),
+        (1.5, {"type": "number", "maximum": 1}, "> maximum"),
+        (-1, {"type": "integer", "minimum": 0}, "< minimum"),
+        ("", {"type": "string", "minLength": 1}, "shorter"),
+        ("abc", {"type": "string", "maxLength": 2}, "longer"),
+        ("b", {"type": "string", "enum": ["a"]}, "not in"),
+        ({"a": "x"}, {"type": "object", "additionalProperties": {"type": "number"}}, "$.a"),
+        (None, {"type": ["string", "integer"]}, "not string/integer"),
+    ],
+)
+def test_the_validator_finds_violations(instance: Any, schema: dict[str, Any], problem: str) -> None:
+    doc = openapi_document()
+    problems = validate(instance, schema, doc)
+    assert problems and any(problem in p for p in problems), problems
+
+
+def test_the_validator_refuses_keywords_it_does_not_implement() -> None:
+    with pytest.raises(SchemaError, match="pattern"):
+        validate("x", {"type": "string", "pattern": "^x$"}, {})
+    # The document uses only implemented keywords: walking every schema in it
+    # with a matching instance raises nothing.
+    doc = openapi_document()
+
+    def keywords(node: Any) -> set[str]:
+        if isinstance(node, dict):
+            own = set(node) if ("type" in node or "$ref" in node) else set()
+            return own.union(*(keywords(v) for k, v in node.items() if k not in ("examples", "enum")))
+        if isinstance(node, list):
+            return set().union(*(keywords(v) for v in node))
+        return set()
+
+    used = keywords(doc["components"]["schemas"])
+    assert used <= KEYWORDS, used - KEYWORDS
+    assert {"additionalProperties", "required", "items", "$ref", "maxItems"} <= used
+
+
+# -- ctrps serve ------------------------------------------------------------------------
+
+
+async def test_ctrps_serve_answers_and_stops_on_sigterm(serve_shards: Any) -> None:
+    model = make_model("lr", "ctr")
+    _, urls = await serve_shards(2, model.tables())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "app.cli", "serve", "--shards", ",".join(urls), "--port", "0",
+        "--log-format", "json", "--max-events", "7",
+        cwd=PROJECT, env=env, stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    try:
+        line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
+        started = orjson.loads(line)
+        assert started["msg"] == "listening" and started["shards"] == 2 and started["max_events"] == 7
+        url = started["url"]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/readyz") as resp:
+                assert resp.status == 200
+            async with http.post(url + "/v1/predict", data=orjson.dumps({"events": [EV] * 2})) as resp:
+                assert resp.status == 200
+                assert orjson.loads(await resp.read())["predictions"] == [0.5, 0.5]
+            async with http.post(url + "/v1/predict", data=orjson.dumps({"events": [EV] * 8})) as resp:
+                assert resp.status == 422
+        proc.send_signal(signal.SIGTERM)
+        rest = await asyncio.wait_for(proc.stderr.read(), timeout=30)
+        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+        assert any(orjson.loads(ln)["msg"] == "stopped" for ln in rest.splitlines() if ln.strip())
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
