@@ -11,7 +11,7 @@ import uvloop
 
 from .logs import configure_logging
 from .produce_cli import add_produce_parser, run_produce
-from .settings import SettingsError, ShardSettings, WorkerSettings
+from .settings import ClusterSettings, DemoSettings, SettingsError, ShardSettings, WorkerSettings
 
 __all__ = ["main", "build_parser"]
 
@@ -56,8 +56,26 @@ require "Authorization: Bearer <token>" on admin routes (POST /v1/status).
 """
 
 _DEMO_EXAMPLE = """\
-example:
-  ctrps demo
+examples:
+  ctrps demo                                   # until Ctrl-C; API on http://127.0.0.1:8080
+  ctrps demo --duration 60 --port 0 --shards 4 --rate 10000 --log-format json
+
+Nothing else to start: the embedded Kafka-protocol broker (or the one at
+CTRPS_KAFKA_BOOTSTRAP), a synthetic producer, in-process shards, a worker and the
+HTTP API. Flags fall back to CTRPS_DEMO_DURATION, CTRPS_DEMO_PORT,
+CTRPS_DEMO_SHARDS, CTRPS_DEMO_RATE, ... One line per window.
+"""
+
+_CLUSTER_EXAMPLE = """\
+examples:
+  ctrps cluster                                # broker, 2 shards, API, 2 workers, producer
+  ctrps cluster --shards 4 --workers 3 --port 8081 --produce-rate 5000 --duration 120
+  CTRPS_KAFKA_BOOTSTRAP=kafka:9092 ctrps cluster --no-produce
+
+Every role is its own process (ctrps broker/shard/serve/worker/produce) on
+127.0.0.1, started in that order, each line of output prefixed with its role,
+e.g. [shard-0]. Ctrl-C stops them in reverse order. Flags fall back to
+CTRPS_CLUSTER_SHARDS, CTRPS_CLUSTER_WORKERS, CTRPS_CLUSTER_PORT, ...
 """
 
 
@@ -160,13 +178,47 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_produce_parser(sub)
 
-    sub.add_parser(
+    demo = sub.add_parser(
         "demo",
-        help="one-command demo (arrives with the app)",
-        description="The one-command demo: embedded broker, producer, shards, worker and API.",
+        help="the one-command demo: broker, producer, shards, worker and API in one process",
+        description="The one-command demo: embedded broker, synthetic producer, shards, "
+        "a worker and the HTTP API in one process; one progress line per window.",
         epilog=_DEMO_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    demo.add_argument("--duration", type=float, help="stop after S seconds once ready; 0 = until Ctrl-C (default 0)")
+    demo.add_argument("--host", help="API listen address (default 127.0.0.1)")
+    demo.add_argument("--port", type=int, help="API port; 0 picks a free one (default 8080)")
+    demo.add_argument("--shards", type=int, help="in-process shards (default 2)")
+    demo.add_argument("--rate", type=float, help="synthetic events per second (default 5000)")
+    demo.add_argument("--window-seconds", type=float, help="window span, seconds (default 1)")
+    demo.add_argument("--bootstrap", help="use this Kafka instead of the embedded broker")
+    demo.add_argument("--seed", type=int, help="seed of the synthetic stream (default 0)")
+    demo.add_argument("--log-format", choices=("text", "json"), help="log line format")
+
+    cluster = sub.add_parser(
+        "cluster",
+        help="every role as its own process on loopback, supervised",
+        description="Run broker, shards, API, workers and a producer as child processes "
+        "on 127.0.0.1; stop them all on Ctrl-C or when one dies.",
+        epilog=_CLUSTER_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cluster.add_argument("--shards", type=int, help="shard server processes (default 2)")
+    cluster.add_argument("--workers", type=int, help="worker processes (default 2)")
+    cluster.add_argument("--port", type=int, help="API port; 0 picks a free one (default 8080)")
+    producing = cluster.add_mutually_exclusive_group()
+    producing.add_argument(
+        "--produce-rate", type=float, help="synthetic events per second (default 2000)"
+    )
+    producing.add_argument("--no-produce", action="store_true", help="start no producer")
+    cluster.add_argument("--window-seconds", type=float, help="workers' window span (default 2)")
+    cluster.add_argument("--partitions", type=int, help="partitions of the click topic (default 4)")
+    cluster.add_argument("--duration", type=float, help="stop after S seconds; 0 = until Ctrl-C (default 0)")
+    cluster.add_argument("--bootstrap", help="use this Kafka instead of a broker process")
+    cluster.add_argument("--ready-timeout", type=float, help="seconds each role may take to be ready (default 60)")
+    cluster.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL (default 10)")
+    cluster.add_argument("--log-format", choices=("text", "json"), help="log line format (children too)")
     return parser
 
 
@@ -208,18 +260,34 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
     raise ValueError(f"unknown command {args.command!r}")
 
 
+def _compose(args: argparse.Namespace) -> int:
+    """Run ``demo`` or ``cluster``: compositions of roles that return an exit status."""
+    try:
+        if args.command == "demo":
+            demo = DemoSettings.from_args(args)
+        else:
+            cluster = ClusterSettings.from_args(args)
+    except SettingsError as exc:
+        print(f"ctrps {args.command}: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "demo":
+        from .demo import run_demo
+
+        configure_logging(demo.log_format)
+        return int(uvloop.run(run_demo(demo)))
+    from .cluster import run_cluster
+
+    configure_logging(cluster.log_format)
+    return int(uvloop.run(run_cluster(cluster)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ctrps`` console script."""
     args = build_parser().parse_args(argv)
     if args.command == "produce":
         return int(uvloop.run(run_produce(args)))
-    if args.command == "demo":
-        print(
-            "ctrps demo is not yet available: it arrives with the HTTP prediction API. "
-            "Meanwhile README.md shows the pipeline with ctrps broker, shard, worker and produce.",
-            file=sys.stderr,
-        )
-        return 3
+    if args.command in ("demo", "cluster"):
+        return _compose(args)
     try:
         log_format, role = _role(args)
     except (SettingsError, ValueError) as exc:

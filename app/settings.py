@@ -14,7 +14,15 @@ from typing import Any, Mapping
 from ps_core.errors import TableConfigError
 from ps_core.table import TableConfig
 
-__all__ = ["ShardSettings", "WorkerSettings", "ApiSettings", "parse_table_spec", "SettingsError"]
+__all__ = [
+    "ShardSettings",
+    "WorkerSettings",
+    "DemoSettings",
+    "ClusterSettings",
+    "ApiSettings",
+    "parse_table_spec",
+    "SettingsError",
+]
 
 
 class SettingsError(ValueError):
@@ -256,6 +264,134 @@ def _pick(flag: Any, env: Mapping[str, str], key: str, default: Any, conv: Any =
         except ValueError:
             raise SettingsError(f"{key}={raw!r} is not a valid {conv.__name__}") from None
     return default
+
+
+def _check_composition(duration_s: float, port: int, window_seconds: float, log_format: str) -> None:
+    """Checks shared by `DemoSettings` and `ClusterSettings`."""
+    if not 0 <= duration_s < float("inf"):
+        raise SettingsError("duration must be a finite number of seconds >= 0 (0: until Ctrl-C)")
+    if not 0 <= port <= 65535:
+        raise SettingsError(f"port {port} out of range")
+    if not 0 < window_seconds < float("inf"):
+        raise SettingsError("window seconds must be a positive number")
+    if log_format not in ("text", "json"):
+        raise SettingsError("log format is text or json")
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Settings of the one-command demo (`ctrps demo`): broker, producer,
+    shards, a worker and the API in one process."""
+
+    duration_s: float = 0.0
+    """Stop after this many seconds; 0 runs until Ctrl-C/SIGTERM (``CTRPS_DEMO_DURATION``)."""
+    host: str = "127.0.0.1"
+    """Address of the HTTP API (``CTRPS_DEMO_HOST``)."""
+    port: int = 8080
+    """Port of the HTTP API; 0 picks a free one (``CTRPS_DEMO_PORT``)."""
+    shards: int = 2
+    """In-process shards (``CTRPS_DEMO_SHARDS``)."""
+    rate: float = 5000.0
+    """Synthetic events per second (``CTRPS_DEMO_RATE``)."""
+    window_seconds: float = 1.0
+    """The worker's window span (``CTRPS_DEMO_WINDOW_SECONDS``)."""
+    bootstrap: str = ""
+    """Kafka bootstrap servers (``CTRPS_KAFKA_BOOTSTRAP``); empty starts the embedded broker."""
+    seed: int = 0
+    """Seed of the synthetic stream and its hidden model (``CTRPS_DEMO_SEED``)."""
+    log_format: str = "text"
+    """``text`` or ``json`` (``CTRPS_LOG_FORMAT``)."""
+
+    def __post_init__(self) -> None:
+        _check_composition(self.duration_s, self.port, self.window_seconds, self.log_format)
+        if not 1 <= self.shards <= 64:
+            raise SettingsError(f"shards must be in [1, 64], not {self.shards}")
+        if not 0 < self.rate < float("inf"):
+            raise SettingsError("rate must be a positive number of events per second")
+        if self.seed < 0:
+            raise SettingsError("seed must be >= 0")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> DemoSettings:
+        """Flags (where given) over ``CTRPS_*`` variables over defaults."""
+        d = cls()
+        return cls(
+            duration_s=_pick(args.duration, env, "CTRPS_DEMO_DURATION", d.duration_s, float),
+            host=_pick(args.host, env, "CTRPS_DEMO_HOST", d.host),
+            port=_pick(args.port, env, "CTRPS_DEMO_PORT", d.port, int),
+            shards=_pick(args.shards, env, "CTRPS_DEMO_SHARDS", d.shards, int),
+            rate=_pick(args.rate, env, "CTRPS_DEMO_RATE", d.rate, float),
+            window_seconds=_pick(
+                args.window_seconds, env, "CTRPS_DEMO_WINDOW_SECONDS", d.window_seconds, float
+            ),
+            bootstrap=_pick(args.bootstrap, env, "CTRPS_KAFKA_BOOTSTRAP", d.bootstrap),
+            seed=_pick(args.seed, env, "CTRPS_DEMO_SEED", d.seed, int),
+            log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
+        )
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Settings of `ctrps cluster`: every role as its own process on loopback."""
+
+    shards: int = 2
+    """Shard server processes (``CTRPS_CLUSTER_SHARDS``)."""
+    workers: int = 2
+    """Worker processes, one consumer group (``CTRPS_CLUSTER_WORKERS``)."""
+    port: int = 8080
+    """Port of the HTTP API; 0 picks a free one (``CTRPS_CLUSTER_PORT``).
+    The other roles get free ports."""
+    produce_rate: float = 2000.0
+    """Synthetic events per second from a producer process; 0 starts none
+    (``--no-produce``; ``CTRPS_CLUSTER_PRODUCE_RATE``)."""
+    window_seconds: float = 2.0
+    """The workers' window span (``CTRPS_CLUSTER_WINDOW_SECONDS``)."""
+    partitions: int = 4
+    """Partitions of the click topic, created at start (``CTRPS_CLUSTER_PARTITIONS``)."""
+    duration_s: float = 0.0
+    """Stop after this many seconds; 0 runs until Ctrl-C/SIGTERM (``CTRPS_CLUSTER_DURATION``)."""
+    bootstrap: str = ""
+    """Kafka bootstrap servers (``CTRPS_KAFKA_BOOTSTRAP``); empty starts a broker process."""
+    ready_timeout_s: float = 60.0
+    """How long each role may take to become ready (``CTRPS_CLUSTER_READY_TIMEOUT``)."""
+    grace_s: float = 10.0
+    """How long a child may take to stop after SIGTERM before SIGKILL (``CTRPS_CLUSTER_GRACE``)."""
+    log_format: str = "text"
+    """``text`` or ``json``, for the cluster and every child (``CTRPS_LOG_FORMAT``)."""
+
+    def __post_init__(self) -> None:
+        _check_composition(self.duration_s, self.port, self.window_seconds, self.log_format)
+        if not 1 <= self.shards <= 64 or not 1 <= self.workers <= 64:
+            raise SettingsError("shards and workers must be in [1, 64]")
+        if not 0 <= self.produce_rate < float("inf"):
+            raise SettingsError("produce rate must be a number of events per second >= 0")
+        if self.partitions < 1:
+            raise SettingsError("partitions must be >= 1")
+        if not 0 < self.ready_timeout_s < float("inf") or not 0 < self.grace_s < float("inf"):
+            raise SettingsError("ready timeout and grace must be positive numbers of seconds")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> ClusterSettings:
+        """Flags (where given) over ``CTRPS_*`` variables over defaults."""
+        d = cls()
+        rate = 0.0 if args.no_produce else args.produce_rate
+        return cls(
+            shards=_pick(args.shards, env, "CTRPS_CLUSTER_SHARDS", d.shards, int),
+            workers=_pick(args.workers, env, "CTRPS_CLUSTER_WORKERS", d.workers, int),
+            port=_pick(args.port, env, "CTRPS_CLUSTER_PORT", d.port, int),
+            produce_rate=_pick(rate, env, "CTRPS_CLUSTER_PRODUCE_RATE", d.produce_rate, float),
+            window_seconds=_pick(
+                args.window_seconds, env, "CTRPS_CLUSTER_WINDOW_SECONDS", d.window_seconds, float
+            ),
+            partitions=_pick(args.partitions, env, "CTRPS_CLUSTER_PARTITIONS", d.partitions, int),
+            duration_s=_pick(args.duration, env, "CTRPS_CLUSTER_DURATION", d.duration_s, float),
+            bootstrap=_pick(args.bootstrap, env, "CTRPS_KAFKA_BOOTSTRAP", d.bootstrap),
+            ready_timeout_s=_pick(
+                args.ready_timeout, env, "CTRPS_CLUSTER_READY_TIMEOUT", d.ready_timeout_s, float
+            ),
+            grace_s=_pick(args.grace, env, "CTRPS_CLUSTER_GRACE", d.grace_s, float),
+            log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
+        )
 
 
 @dataclass(frozen=True)

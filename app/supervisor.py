@@ -265,9 +265,12 @@ class Supervisor:
 
     @property
     def unclean(self) -> list[Child]:
-        """Children that were asked to stop but did not exit with 0 (killed, or
-        an error while stopping)."""
-        return [c for c in self.children if c.failure is None and c.returncode not in (0, None)]
+        """Children that did not stop cleanly when asked: killed after the
+        grace period, or an error status. Exiting 0, or by the SIGTERM itself
+        (a child stopped while still starting, before its handler was in
+        place), is clean."""
+        clean = (None, 0, -signal.SIGTERM)
+        return [c for c in self.children if c.failure is None and c.returncode not in clean]
 
     def exit_status(self) -> int:
         """0 when no child failed and every child stopped cleanly, else 1."""

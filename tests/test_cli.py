@@ -110,13 +110,6 @@ def test_unknown_flag_is_an_argparse_error() -> None:
     assert "unrecognized arguments: --bogus" in out.stderr
 
 
-def test_demo_is_not_yet_available() -> None:
-    out = ctrps("demo")
-    assert out.returncode == 3
-    assert "not yet available" in out.stdout + out.stderr
-    assert "Traceback" not in out.stderr
-
-
 async def wait_healthy(
     proc: asyncio.subprocess.Process, url: str, log: Path, timeout_s: float = 20.0
 ) -> dict[str, Any]:

@@ -1,0 +1,229 @@
+"""``ctrps cluster``: every role as its own process on loopback.
+
+The production topology on one machine: a broker (``ctrps broker``, or the
+Kafka at ``CTRPS_KAFKA_BOOTSTRAP``), S shard servers, the HTTP API
+(``ctrps serve``), W workers in one consumer group and, optionally, a
+synthetic producer — each a child process of this one (`app.supervisor`),
+started in that order, each waited for before the next that needs it:
+
+- broker: answers metadata and lists the click and dead-letter topics;
+- shards: ``GET /healthz`` answers 200;
+- API: ``GET /readyz`` answers 200;
+- workers and producer: started (they wait for the group and the topic).
+
+Every child's output is copied with its role on each line. Ctrl-C/SIGTERM, the
+end of ``--duration``, or a child exiting on its own stops them all in reverse
+start order (producer, workers, API, shards, broker): SIGTERM, then SIGKILL
+after a grace period. Exit status 0 when everything started and stopped
+cleanly, 1 when a child failed or had to be killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import BinaryIO
+
+import aiohttp
+from aiokafka.admin import AIOKafkaAdminClient
+
+from consumers.broker import create_topics, free_port, wait_for_metadata
+
+from .logs import log_event
+from .settings import ClusterSettings
+from .signals import stop_on_signals
+from .supervisor import Child, ChildFailed, ChildSpec, Supervisor
+
+__all__ = ["run_cluster", "TOPIC", "PRODUCER_EVENTS"]
+
+log = logging.getLogger("ctrps.cluster")
+
+TOPIC = "clicks"
+"""The click topic (its dead letters go to ``clicks.dlq``)."""
+
+PRODUCER_EVENTS = 10**12
+"""Events the producer is asked for: unbounded in practice (16 years at 2,000/s)."""
+
+HOST = "127.0.0.1"
+
+
+def _ctrps(*args: str) -> tuple[str, ...]:
+    """A ``ctrps`` command run by this same Python (same venv, same code)."""
+    return (sys.executable, "-m", "app.cli", *args)
+
+
+async def _http_ok(session: aiohttp.ClientSession, url: str) -> bool:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+        return resp.status == 200
+
+
+async def _topics_listed(bootstrap: str, topics: set[str]) -> bool:
+    # Metadata first: it waits for the port quietly, a Kafka client would log errors.
+    await wait_for_metadata(bootstrap, timeout_s=2.0)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+    try:
+        await admin.start()
+        return topics <= set(await admin.list_topics())
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
+class _Cluster:
+    """The composition: which children, with which flags, in which order."""
+
+    def __init__(self, settings: ClusterSettings, sup: Supervisor, session: aiohttp.ClientSession):
+        self.s = settings
+        self.sup = sup
+        self.session = session
+        self.bootstrap = settings.bootstrap
+        self.shard_urls: list[str] = []
+        self.api_url = ""
+
+    async def _start(
+        self, spec: ChildSpec, check: Callable[[], Awaitable[bool]] | None = None
+    ) -> Child:
+        child = await self.sup.start(spec)
+        if check is not None:
+            await self.sup.wait_ready(child, check, self.s.ready_timeout_s)
+        return child
+
+    async def start(self) -> None:
+        """Start every role, each ready before the roles that need it."""
+        s, fmt = self.s, self.s.log_format
+        topics = {TOPIC: s.partitions, f"{TOPIC}.dlq": 1}
+        if self.bootstrap:
+            await wait_for_metadata(self.bootstrap, timeout_s=s.ready_timeout_s)
+            await create_topics(self.bootstrap, topics)
+        else:
+            port = free_port(HOST)
+            self.bootstrap = f"{HOST}:{port}"
+            await self._start(
+                ChildSpec(
+                    "broker",
+                    _ctrps("broker", "--port", str(port), "--log-format", fmt,
+                           *(a for t, n in topics.items() for a in ("--topic", f"{t}:{n}"))),
+                ),
+                partial(_topics_listed, self.bootstrap, set(topics)),
+            )  # fmt: skip
+
+        shards = []
+        for i in range(s.shards):
+            shard_port = free_port(HOST)
+            self.shard_urls.append(f"http://{HOST}:{shard_port}")
+            spec = ChildSpec(
+                f"shard-{i}",
+                _ctrps("shard", "--host", HOST, "--port", str(shard_port), "--shard-id", str(i),
+                       "--num-shards", str(s.shards), "--stats-interval", "10", "--log-format", fmt),
+                group="shards",
+            )  # fmt: skip
+            shards.append(await self.sup.start(spec))
+        # Shards start together: their interpreters load in parallel.
+        await asyncio.gather(
+            *(
+                self.sup.wait_ready(c, partial(_http_ok, self.session, u + "/healthz"), s.ready_timeout_s)
+                for c, u in zip(shards, self.shard_urls)
+            )
+        )
+
+        api_port = s.port or free_port(HOST)
+        self.api_url = f"http://{HOST}:{api_port}"
+        await self._start(
+            ChildSpec(
+                "api",
+                _ctrps("serve", "--host", HOST, "--port", str(api_port),
+                       "--shards", ",".join(self.shard_urls), "--log-format", fmt),
+            ),
+            partial(_http_ok, self.session, self.api_url + "/readyz"),
+        )  # fmt: skip
+
+        for j in range(s.workers):
+            await self._start(
+                ChildSpec(
+                    f"worker-{j}",
+                    _ctrps("worker", "--bootstrap", self.bootstrap,
+                           "--shards", ",".join(self.shard_urls), "--topic", TOPIC,
+                           "--window-seconds", str(s.window_seconds), "--log-format", fmt),
+                    group="workers",
+                )
+            )  # fmt: skip
+
+        if s.produce_rate > 0:
+            await self._start(
+                ChildSpec(
+                    "producer",
+                    _ctrps("produce", "synthetic", "--bootstrap", self.bootstrap,
+                           "--topic", TOPIC, "--partitions", str(s.partitions),
+                           "--events", str(PRODUCER_EVENTS), "--rate", str(s.produce_rate),
+                           "--log-format", fmt),
+                    may_finish=True,
+                )
+            )  # fmt: skip
+
+
+async def run_cluster(
+    settings: ClusterSettings,
+    stop: asyncio.Event | None = None,
+    out: BinaryIO | None = None,
+) -> int:
+    """Run the cluster until SIGTERM/SIGINT, `stop`, ``duration_s`` or a
+    child's failure; returns the exit status (0 clean, 1 a child failed)."""
+    stop = stop or asyncio.Event()
+    sup = Supervisor(out=out, fmt=settings.log_format, grace_s=settings.grace_s)
+    loop = asyncio.get_running_loop()
+    failed = False
+    timer: asyncio.TimerHandle | None = None
+    with stop_on_signals(stop):
+        async with aiohttp.ClientSession() as session:
+            cluster = _Cluster(settings, sup, session)
+            starting = asyncio.create_task(cluster.start())
+            waiting = asyncio.create_task(sup.wait(stop))
+            try:
+                # A signal or a failed child during start-up aborts it; the
+                # children started so far are stopped below.
+                await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+                if not starting.done():
+                    starting.cancel()
+                try:
+                    await starting
+                except asyncio.CancelledError:
+                    log_event(log, "start-up interrupted")
+                else:
+                    log_event(
+                        log,
+                        "ready",
+                        api=cluster.api_url,
+                        shards=",".join(cluster.shard_urls),
+                        bootstrap=cluster.bootstrap,
+                        pids=",".join(f"{c.role}={c.pid}" for c in sup.children),
+                    )
+                    if settings.duration_s > 0:
+                        timer = loop.call_later(settings.duration_s, stop.set)
+                    await waiting
+            except Exception as exc:  # ChildFailed, an unreachable external broker, ...
+                failed = True
+                log.error("start-up failed", extra={"fields": {"error": str(exc)}})
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                waiting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiting
+                await sup.stop_all()
+    unclean = sup.unclean
+    if sup.failed is not None:
+        log.error(
+            "stopped because a child failed",
+            extra={"fields": {"role": sup.failed.role, "reason": sup.failed.failure}},
+        )
+    if unclean:
+        log.error(
+            "children did not stop cleanly",
+            extra={"fields": {"roles": ",".join(f"{c.role}={c.returncode}" for c in unclean)}},
+        )
+    log_event(log, "stopped", children=len(sup.children))
+    return 1 if failed else sup.exit_status()

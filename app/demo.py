@@ -1,0 +1,269 @@
+"""``ctrps demo``: the whole pipeline in one process, nothing else to start.
+
+- Kafka: the embedded broker (`consumers.broker.EmbeddedBroker`, memory only),
+  or the broker at ``CTRPS_KAFKA_BOOTSTRAP``; topics ``clicks`` (4 partitions)
+  and ``clicks.dlq``.
+- A producer task sends the synthetic stream (`consumers.synthetic`) at a
+  steady rate, event time following wall time.
+- N shards in this process (`PSClient.local`), a worker with short windows
+  (group ``ctrps-demo``), and the HTTP API on ``--port``.
+
+It prints the URLs and ``curl`` examples, then one progress line per window,
+and stops cleanly on Ctrl-C/SIGTERM or after ``--duration``: producer first,
+then the worker (which trains and commits its last window), the API, the
+broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TextIO
+
+import orjson
+
+from consumers.broker import BrokerError, EmbeddedBroker, create_topics, wait_for_metadata
+from consumers.producer import produce
+from consumers.synthetic import SyntheticStream
+from consumers.worker import WindowReport, Worker, WorkerConfig
+from ps_core.client import PSClient
+from ps_core.models import Model, make_model
+from ps_core.shard import Shard, ShardSpec
+
+from .api import ApiServer
+from .logs import log_event
+from .settings import ApiSettings, DemoSettings
+from .signals import stop_on_signals
+from .status import default_worker_id, make_status_hook
+
+__all__ = ["run_demo", "TOPIC", "GROUP", "PARTITIONS", "example_event"]
+
+log = logging.getLogger("ctrps.demo")
+
+TOPIC = "clicks"
+"""The click topic; dead letters go to ``clicks.dlq``."""
+GROUP = "ctrps-demo"
+"""The demo worker's consumer group: apart from production ``ctrps`` workers
+when the demo runs against a shared Kafka."""
+PARTITIONS = 4
+"""Partitions of the click topic when the demo creates it."""
+WINDOW_EVENTS = 100_000
+"""Most events in one window (the window's seconds bound it first at demo rates)."""
+
+
+def example_event(seed: int) -> dict[str, Any]:
+    """A short predict request event: some fields of the stream's first event,
+    so the prediction reads weights the demo has learnt."""
+    first = SyntheticStream(seed=seed).batch(1)[0]["features"]
+    keep = ("C1", "C2", "C3", "C4", "C5", "C6", "I1", "I2")
+    return {"features": {k: first[k] for k in keep if k in first}}
+
+
+class _Progress:
+    """The per-window progress line: throughput over wall time, the window's
+    progressive log loss / AUC, features in the model."""
+
+    def __init__(self, client: PSClient, model: Model) -> None:
+        self._client = client
+        self._table = model.table_names[0]  # the linear table: one row per feature
+        self._t = time.monotonic()
+        self.trained = 0
+
+    async def __call__(self, report: WindowReport) -> None:
+        now = time.monotonic()
+        rate = report.events / (now - self._t) if now > self._t else 0.0
+        self._t = now
+        self.trained += report.events
+        stats = await self._client.stats()
+        features = sum(s["tables"].get(self._table, {}).get("features", 0) for s in stats)
+        m = report.metrics
+        log_event(
+            log,
+            "window",
+            window=report.window,
+            events=report.events,
+            events_per_s=round(rate),
+            logloss=round(m.logloss, 4),
+            auc=round(m.auc, 4),
+            copc=round(m.copc, 3),
+            features=features,
+            trained=self.trained,
+            dlq=report.dlq,
+            lag=report.lag,
+        )
+
+
+class _DropWorkerWindowLines(logging.Filter):
+    """The demo's progress line replaces the worker's own window line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "window"
+
+
+@contextlib.contextmanager
+def _demo_logging() -> Iterator[None]:
+    """One line per window, and no Kafka client chatter (group joins, ...)
+    below warnings, while the demo runs."""
+    worker_log, kafka_log = logging.getLogger("ctrps.worker"), logging.getLogger("aiokafka")
+    drop, level = _DropWorkerWindowLines(), kafka_log.level
+    worker_log.addFilter(drop)
+    kafka_log.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        worker_log.removeFilter(drop)
+        kafka_log.setLevel(level)
+
+
+def _hooks(
+    *hooks: Callable[[WindowReport], Awaitable[None]],
+) -> Callable[[WindowReport], Awaitable[None]]:
+    """One `on_window` hook running `hooks` in order."""
+
+    async def run(report: WindowReport) -> None:
+        for hook in hooks:
+            await hook(report)
+
+    return run
+
+
+def _banner(out: TextIO, server: ApiServer, bootstrap: str, settings: DemoSettings) -> None:
+    api = server.url
+    body = orjson.dumps({"events": [example_event(settings.seed)]}).decode()
+    served = {r.resource.canonical for r in server.app.router.routes() if r.resource is not None}
+    lines = [
+        "",
+        "ctrps demo: synthetic clicks -> Kafka -> worker -> "
+        f"{settings.shards} shards -> HTTP API",
+        f"  API        {api}",
+        *([f"  dashboard  {api}/"] if "/" in served else []),
+        f"  metrics    {api}/metrics",
+        f"  kafka      {bootstrap} (topic {TOPIC}, group {GROUP})",
+        "",
+        "Try:",
+        f"  curl -s {api}/v1/model",
+        f"  curl -s -XPOST {api}/v1/predict -H 'Content-Type: application/json' \\",
+        f"       -d '{body}'",
+        f"  curl -s {api}/metrics | grep ctrps_",
+        "",
+        f"One line per {settings.window_seconds:g}s window follows; Ctrl-C stops.",
+        "",
+    ]
+    out.write("\n".join(lines) + "\n")
+    out.flush()
+
+
+async def run_demo(
+    settings: DemoSettings,
+    stop: asyncio.Event | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """Run the demo until SIGTERM/SIGINT, `stop` or ``duration_s`` after it is
+    ready; returns the exit status (0 clean, 1 a part failed or could not start)."""
+    stop = stop or asyncio.Event()
+    out = out or sys.stdout
+    with stop_on_signals(stop), _demo_logging():
+        try:
+            return await _run(settings, stop, out)
+        except (BrokerError, OSError) as exc:  # no broker, the API's port taken, ...
+            log.error("could not start", extra={"fields": {"error": str(exc)}})
+            return 1
+
+
+async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO) -> int:
+    async with contextlib.AsyncExitStack() as stack:
+        # Entered in dependency order, so they close in the reverse: API,
+        # client, broker (the worker and producer stop first, below).
+        if settings.bootstrap:
+            bootstrap = settings.bootstrap
+            await wait_for_metadata(bootstrap)
+        else:
+            bootstrap = (await stack.enter_async_context(EmbeddedBroker())).bootstrap
+        await create_topics(bootstrap, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
+
+        shards = [Shard(ShardSpec(i, settings.shards)) for i in range(settings.shards)]
+        client = await stack.enter_async_context(PSClient.local(shards))
+        api_settings = ApiSettings(host=settings.host, port=settings.port, log_format=settings.log_format)
+        model = make_model(api_settings.model, api_settings.model_name)
+        for table in model.tables():
+            await client.declare(table)
+        server = await stack.enter_async_context(ApiServer(api_settings, client, model))
+
+        worker = Worker(
+            WorkerConfig(
+                bootstrap=bootstrap,
+                topic=TOPIC,
+                group=GROUP,
+                dlq_topic=f"{TOPIC}.dlq",
+                window_seconds=settings.window_seconds,
+                window_events=WINDOW_EVENTS,
+                decode_processes=1,
+                session_timeout_ms=6000,
+                heartbeat_interval_ms=1000,
+            ),
+            client,
+            model,
+        )
+        # The status board feeds the API's /v1/model and /metrics, as for a
+        # worker process; then the demo's own progress line.
+        worker.on_window = _hooks(
+            make_status_hook(client, default_worker_id(), worker.stats, update_mode=worker.config.mode),
+            _Progress(client, model),
+        )
+        # Event time follows wall time, so windows close on time either way.
+        stream = SyntheticStream(seed=settings.seed, events_per_s=settings.rate, start_ts=time.time())
+        worker_stop = asyncio.Event()
+        working = asyncio.create_task(worker.run(worker_stop), name="worker")
+        producing = asyncio.create_task(
+            produce(bootstrap, TOPIC, iter(stream), rate=settings.rate), name="producer"
+        )
+        _banner(out, server, bootstrap, settings)
+        log_event(log, "ready", api=server.url, bootstrap=bootstrap, shards=settings.shards,
+                  rate=settings.rate, window_seconds=settings.window_seconds)  # fmt: skip
+        failed = await _until_stopped(settings, stop, working, producing)
+
+        # Shutdown: no new events; the worker trains and commits what it
+        # holds and leaves the group; then the stack closes API, client, broker.
+        producing.cancel()
+        await asyncio.gather(producing, return_exceptions=True)
+        worker_stop.set()
+        if not working.done():
+            try:
+                await working
+            except Exception as exc:
+                failed = True
+                log.error("worker failed while stopping", extra={"fields": {"error": repr(exc)}})
+        s = worker.stats
+        log_event(log, "stopped", windows=s.windows, events=s.events_trained, dead_letters=s.dead_letters)
+    return 1 if failed else 0
+
+
+async def _until_stopped(
+    settings: DemoSettings, stop: asyncio.Event, *tasks: asyncio.Task[Any]
+) -> bool:
+    """Wait for `stop` (a signal, or the end of the duration) or for one of
+    `tasks` to end, which is a failure: they run until stopped. Returns
+    whether one failed."""
+    loop = asyncio.get_running_loop()
+    timer = loop.call_later(settings.duration_s, stop.set) if settings.duration_s > 0 else None
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait({stopping, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        stopping.cancel()
+        await asyncio.gather(stopping, return_exceptions=True)
+    failed = False
+    for task in tasks:
+        if task in done:
+            failed = True
+            log.error(
+                f"{task.get_name()} stopped unexpectedly",
+                extra={"fields": {"error": repr(task.exception())}},
+            )
+    return failed

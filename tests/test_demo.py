@@ -1,0 +1,162 @@
+"""``ctrps demo``: one command, as a user runs it; and its settings."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from app.cli import build_parser
+from app.demo import example_event
+from app.settings import DemoSettings, SettingsError
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without CTRPS_* variables, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
+    env.update(extra, PYTHONUNBUFFERED="1")
+    return env
+
+
+def demo_args(*flags: str) -> Any:
+    return build_parser().parse_args(["demo", *flags])
+
+
+# -- settings -------------------------------------------------------------------------
+
+
+def test_demo_help_shows_an_example() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "demo", "--help"],
+        cwd=PROJECT, env=clean_env(), capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "usage: ctrps demo" in out.stdout and "examples:" in out.stdout
+    assert "ctrps demo --duration 60 --port 0" in out.stdout
+    for flag in ("--duration", "--port", "--shards", "--rate", "--log-format"):
+        assert flag in out.stdout
+
+
+def test_demo_settings_defaults_env_and_flags() -> None:
+    assert DemoSettings.from_args(demo_args(), env={}) == DemoSettings()
+    env = {
+        "CTRPS_DEMO_DURATION": "30",
+        "CTRPS_DEMO_PORT": "9000",
+        "CTRPS_DEMO_SHARDS": "4",
+        "CTRPS_DEMO_RATE": "100",
+        "CTRPS_KAFKA_BOOTSTRAP": "kafka:9092",
+        "CTRPS_LOG_FORMAT": "json",
+    }
+    s = DemoSettings.from_args(demo_args(), env=env)
+    assert (s.duration_s, s.port, s.shards, s.rate) == (30.0, 9000, 4, 100.0)
+    assert (s.bootstrap, s.log_format) == ("kafka:9092", "json")
+    s = DemoSettings.from_args(demo_args("--port", "0", "--rate", "50", "--log-format", "text"), env=env)
+    assert (s.port, s.rate, s.shards, s.log_format) == (0, 50.0, 4, "text")
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        (["--rate", "0"], {}, "rate must be a positive number"),
+        (["--shards", "0"], {}, "shards must be in"),
+        (["--window-seconds", "0"], {}, "window seconds must be a positive number"),
+        (["--duration", "inf"], {}, "duration must be"),
+        ([], {"CTRPS_DEMO_PORT": "http"}, "CTRPS_DEMO_PORT='http' is not a valid int"),
+        ([], {"CTRPS_LOG_FORMAT": "xml"}, "log format is text or json"),
+    ],
+)
+def test_bad_demo_settings(flags: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        DemoSettings.from_args(demo_args(*flags), env=env)
+
+
+def test_example_event_is_part_of_the_streams_first_event() -> None:
+    event = example_event(0)
+    assert set(event) == {"features"}
+    assert {"C1", "C2", "I1"} <= set(event["features"])
+    assert example_event(0) == event and example_event(1) != event
+
+
+# -- the demo, as a user runs it ----------------------------------------------------------
+
+DURATION_S = 25.0
+WINDOW_LINE = re.compile(r"ctrps\.demo: window .*? auc=(?P<auc>[-\d.na]+) .*?trained=(?P<trained>\d+)")
+
+
+async def wait_for_api(proc: asyncio.subprocess.Process, out_log: Path, timeout_s: float) -> str:
+    """The API URL the demo printed, once it has printed it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not (found := re.search(r"^  API +(http://127\.0\.0\.1:\d+)$", out_log.read_text(), re.M)):
+        if proc.returncode is not None or loop.time() > deadline:
+            pytest.fail(f"no API URL (exit {proc.returncode}): {out_log.read_text()[-2000:]}")
+        await asyncio.sleep(0.05)  # poll interval
+    return found.group(1)
+
+
+async def predict(session: aiohttp.ClientSession, api: str, events: list[dict[str, Any]]) -> dict[str, Any]:
+    async with session.post(api + "/v1/predict", json={"events": events}) as resp:
+        assert resp.status == 200, await resp.text()
+        body: dict[str, Any] = await resp.json()
+        return body
+
+
+async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
+    out_log, err_log = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    with out_log.open("wb") as out, err_log.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli", "demo", "--duration", str(DURATION_S), "--port", "0",
+            cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+        )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    try:
+        api = await wait_for_api(proc, out_log, 60)
+        ready_at = loop.time()
+        banner = out_log.read_text()
+        assert f"curl -s {api}/v1/model" in banner and f"curl -s -XPOST {api}/v1/predict" in banner
+        async with aiohttp.ClientSession() as session:
+            events = [example_event(0), {"features": {"C1": "never-seen"}}]
+            first = await predict(session, api, events)  # served at once, before any training
+            assert len(first["predictions"]) == 2 and first["model"] == "ctr"
+            # Training reaches the API through the status board.
+            while True:
+                async with session.get(api + "/v1/model") as resp:
+                    model = await resp.json()
+                if model["events_trained"] > 0 and model["features"] > 0:
+                    break
+                assert loop.time() < ready_at + DURATION_S, f"nothing trained: {model}"
+                await asyncio.sleep(0.2)  # poll interval
+            assert len(model["workers"]) == 1
+            later = await predict(session, api, events)
+            assert all(0.0 < p < 1.0 for p in later["predictions"])
+            assert later["predictions"] != first["predictions"]  # the weights moved
+        rc = await asyncio.wait_for(proc.wait(), DURATION_S + 60)
+        ran_s = loop.time() - ready_at
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    log = err_log.read_text()
+    assert rc == 0, log[-3000:]
+    assert DURATION_S - 1 <= ran_s <= DURATION_S + 30, ran_s
+    windows = [(float(m["auc"]), int(m["trained"])) for m in WINDOW_LINE.finditer(log)]
+    assert len(windows) >= 10, log[-3000:]
+    aucs = [auc for auc, _ in windows]
+    # Progressive AUC (each event predicted before it is learnt from) rises
+    # above 0.7 and stays there; the ground truth's is about 0.86.
+    assert max(aucs[1:]) > aucs[0] and max(aucs) > 0.8, aucs
+    assert all(auc > 0.7 for auc in aucs[len(aucs) // 2 :]), aucs
+    trained = [n for _, n in windows]
+    assert trained == sorted(trained) and trained[-1] >= 10 * 5000 // 2, trained
+    assert "ctrps.demo: stopped" in log and "Traceback" not in log
+    assert log.count("ctrps.worker: window") == 0  # one line per window: the demo's
