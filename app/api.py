@@ -146,7 +146,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         resp = _error("internal", f"{type(exc).__name__}: {exc}", 500)
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
-    request.app[METRICS].requests.labels(route, str(resp.status)).inc()
+    request.app[METRICS].count_request(route, resp.status)
     if resp.status >= 500 and isinstance(resp, web.Response):
         _log_server_error(request.app, route, resp)
     return resp

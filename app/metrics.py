@@ -221,8 +221,17 @@ class ApiMetrics:
             ["shard", "op", "error"],
             registry=r,
         )
+        self._request_counts: dict[tuple[str, int], Any] = {}
         self._cluster = _ClusterCollector()
         r.register(self._cluster)
+
+    def count_request(self, route: str, status: int) -> None:
+        """Count one answered request."""
+        child = self._request_counts.get((route, status))
+        if child is None:
+            # Labelled children are cached: `labels()` takes a lock and builds a key each call.
+            child = self._request_counts[(route, status)] = self.requests.labels(route, str(status))
+        child.inc()
 
     def instrument(self, client: PSClient) -> PSClient:
         """A client over the same transports, timing every shard call.

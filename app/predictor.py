@@ -174,6 +174,10 @@ class Predictor:
                     p.future.set_result(outcome)
             if self._on_batch is not None:
                 self._on_batch(len(batch), n)
+            # Let the handlers answer before the next batch is scored: with
+            # in-process shards scoring never suspends, and the answers would
+            # otherwise wait for every queued batch.
+            await asyncio.sleep(0)
 
     async def _score_requests(
         self, requests: list[list[dict[str, Any]]]
@@ -189,14 +193,16 @@ class Predictor:
         version = 0
         if batch.size:
             probabilities, version = await self._score(batch)
-        starts = np.concatenate(([0], np.cumsum(sizes)))
+        # Failed requests are left out whole, so each good request's events
+        # are a contiguous run of the batch, starting where its first event went.
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        firsts = np.searchsorted(batch.index, starts).tolist()
         out: list[Prediction | Exception] = []
         for g, request in enumerate(requests):  # per request, not per event
             if g in errors:
                 out.append(self._event_error(request))
-                continue
-            lo = int(np.searchsorted(batch.index, starts[g]))
-            out.append(Prediction(probabilities[lo : lo + sizes[g]], version))
+            else:
+                out.append(Prediction(probabilities[firsts[g] : firsts[g] + sizes[g]], version))
         return out
 
     async def _score(self, batch: EventBatch) -> tuple[F64, int]:
