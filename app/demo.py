@@ -131,24 +131,31 @@ def _hooks(
     return run
 
 
-def _banner(out: TextIO, server: ApiServer, bootstrap: str, settings: DemoSettings) -> None:
+def _announce(out: TextIO, server: ApiServer, bootstrap: str, settings: DemoSettings) -> None:
+    """Where everything is and what to try: a banner on `out` for people, or,
+    with JSON logs, one ``ready`` line holding the same (stdout stays empty)."""
     api = server.url
     body = orjson.dumps({"events": [example_event(settings.seed)]}).decode()
     served = {r.resource.canonical for r in server.app.router.routes() if r.resource is not None}
+    urls = {"api": api, **({"dashboard": f"{api}/"} if "/" in served else {}), "metrics": f"{api}/metrics"}
+    examples = [
+        f"curl -s {api}/v1/model",
+        f"curl -s -XPOST {api}/v1/predict -H 'Content-Type: application/json' -d '{body}'",
+        f"curl -s {api}/metrics | grep ctrps_",
+    ]
+    log_event(log, "ready", **urls, bootstrap=bootstrap, topic=TOPIC, group=GROUP,
+              shards=settings.shards, rate=settings.rate, window_seconds=settings.window_seconds,
+              **({"examples": examples} if settings.log_format == "json" else {}))  # fmt: skip
+    if settings.log_format == "json":
+        return
     lines = [
         "",
-        "ctrps demo: synthetic clicks -> Kafka -> worker -> "
-        f"{settings.shards} shards -> HTTP API",
-        f"  API        {api}",
-        *([f"  dashboard  {api}/"] if "/" in served else []),
-        f"  metrics    {api}/metrics",
-        f"  kafka      {bootstrap} (topic {TOPIC}, group {GROUP})",
+        f"ctrps demo: synthetic clicks -> Kafka -> worker -> {settings.shards} shards -> HTTP API",
+        *(f"  {'API' if name == 'api' else name:<10} {url}" for name, url in urls.items()),
+        f"  {'kafka':<10} {bootstrap} (topic {TOPIC}, group {GROUP})",
         "",
         "Try:",
-        f"  curl -s {api}/v1/model",
-        f"  curl -s -XPOST {api}/v1/predict -H 'Content-Type: application/json' \\",
-        f"       -d '{body}'",
-        f"  curl -s {api}/metrics | grep ctrps_",
+        *(f"  {e}" for e in examples),
         "",
         f"One line per {settings.window_seconds:g}s window follows; Ctrl-C stops.",
         "",
@@ -221,9 +228,7 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO) -> int:
         producing = asyncio.create_task(
             produce(bootstrap, TOPIC, iter(stream), rate=settings.rate), name="producer"
         )
-        _banner(out, server, bootstrap, settings)
-        log_event(log, "ready", api=server.url, bootstrap=bootstrap, shards=settings.shards,
-                  rate=settings.rate, window_seconds=settings.window_seconds)  # fmt: skip
+        _announce(out, server, bootstrap, settings)
         failed = await _until_stopped(settings, stop, working, producing)
 
         # Shutdown: no new events; the worker trains and commits what it

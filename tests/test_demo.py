@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
 import os
 import re
 import subprocess
@@ -14,9 +16,13 @@ import aiohttp
 import orjson
 import pytest
 
+from app.api import ApiServer
 from app.cli import build_parser
-from app.demo import example_event
-from app.settings import DemoSettings, SettingsError
+from app.demo import _announce, example_event
+from app.settings import ApiSettings, DemoSettings, SettingsError
+from ps_core.client import PSClient
+from ps_core.models import make_model
+from ps_core.shard import Shard
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -160,3 +166,31 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
     assert trained == sorted(trained) and trained[-1] >= 10 * 5000 // 2, trained
     assert "ctrps.demo: stopped" in log and "Traceback" not in log
     assert log.count("ctrps.worker: window") == 0  # one line per window: the demo's
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+async def test_the_demo_announces_its_urls_and_curl_examples(
+    fmt: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Text: a banner for people on stdout. JSON: only the ``ready`` line, holding the same."""
+    out = io.StringIO()
+    settings = DemoSettings(port=0, log_format=fmt)
+    async with PSClient.local([Shard()]) as client:
+        async with ApiServer(ApiSettings(port=0), client, make_model("lr")) as server:
+            with caplog.at_level(logging.INFO, logger="ctrps.demo"):
+                _announce(out, server, "127.0.0.1:9092", settings)
+    ready = [r for r in caplog.records if r.getMessage() == "ready"]
+    assert len(ready) == 1
+    fields = ready[0].fields  # type: ignore[attr-defined]
+    assert fields["api"] == server.url and fields["metrics"] == server.url + "/metrics"
+    assert fields["bootstrap"] == "127.0.0.1:9092" and fields["group"] == "ctrps-demo"
+    body = orjson.dumps({"events": [example_event(0)]}).decode()
+    if fmt == "json":
+        assert out.getvalue() == ""
+        assert f"curl -s {server.url}/v1/model" in fields["examples"]
+        assert any(body in e for e in fields["examples"])
+    else:
+        banner = out.getvalue()
+        assert f"  API        {server.url}\n" in banner
+        assert f"-d '{body}'" in banner and f"curl -s {server.url}/v1/model" in banner
+        assert "examples" not in fields
