@@ -36,7 +36,7 @@ from consumers.broker import create_topics, free_port, wait_for_metadata
 from .logs import log_event
 from .settings import ClusterSettings
 from .signals import stop_on_signals
-from .supervisor import Child, ChildFailed, ChildSpec, Supervisor
+from .supervisor import Child, ChildSpec, Supervisor
 
 __all__ = ["run_cluster", "TOPIC", "PRODUCER_EVENTS"]
 
@@ -49,6 +49,10 @@ PRODUCER_EVENTS = 10**12
 """Events the producer is asked for: unbounded in practice (16 years at 2,000/s)."""
 
 HOST = "127.0.0.1"
+
+SHARD_STATS_INTERVAL_S = 10.0
+"""Seconds between the shards' table lines: often enough to watch a table
+grow, rare enough not to drown the workers' window lines."""
 
 
 def _ctrps(*args: str) -> tuple[str, ...]:
@@ -118,7 +122,7 @@ class _Cluster:
             spec = ChildSpec(
                 f"shard-{i}",
                 _ctrps("shard", "--host", HOST, "--port", str(shard_port), "--shard-id", str(i),
-                       "--num-shards", str(s.shards), "--stats-interval", "10", "--log-format", fmt),
+                       "--num-shards", str(s.shards), "--stats-interval", str(SHARD_STATS_INTERVAL_S), "--log-format", fmt),
                 group="shards",
             )  # fmt: skip
             shards.append(await self.sup.start(spec))
