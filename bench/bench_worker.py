@@ -105,13 +105,13 @@ async def raw_rate(bootstrap: str, topic: str, n: int) -> float:
 
 
 async def worker_rate(
-    bootstrap: str, topic: str, n: int, client: PSClient, window_events: int
+    bootstrap: str, topic: str, n: int, client: PSClient, window_events: int, decode_processes: int = 1
 ) -> tuple[float, Worker]:
     """(b)/(c) a worker trains the whole topic; events/s from assignment to last commit."""
     group = f"bench-{uuid.uuid4().hex[:8]}"
     config = WorkerConfig(
         bootstrap, topic=topic, group=group, dlq_topic=topic + ".dlq", window_seconds=3600,
-        window_events=window_events, decode_processes=1,
+        window_events=window_events, decode_processes=decode_processes,
     )
     worker = Worker(config, client, LogisticRegression("ctr"))
     stop = asyncio.Event()
@@ -194,14 +194,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         log(f"(a) {a:,.0f} events/s")
 
         log("(b) worker, in-process shards")
-        b, wb = await worker_rate(bootstrap, topic, n, PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)]), window)
+        b, wb = await worker_rate(bootstrap, topic, n, PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)]), window, args.decode_processes)
         log(f"(b) {b:,.0f} events/s  b/a = {b / a:.2f}")
 
         log("(c) worker, 2 shard servers over HTTP")
         procs, urls = start_shards(2)
         await wait_healthy(urls)
         async with PSClient.connect(urls) as client:
-            c, _ = await worker_rate(bootstrap, topic, n, client, window)
+            c, _ = await worker_rate(bootstrap, topic, n, client, window, args.decode_processes)
         log(f"(c) {c:,.0f} events/s  c/a = {c / a:.2f}")
 
         hist = wb.stats.history
@@ -254,5 +254,6 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="100k events (under a minute)")
     parser.add_argument("--events", type=int, help="override the number of events")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--decode-processes", type=int, default=1, help="the worker's decode processes")
     result = uvloop.run(main(parser.parse_args()))
     print(orjson.dumps(result).decode())

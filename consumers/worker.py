@@ -30,7 +30,7 @@ import logging
 import multiprocessing
 import signal
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +53,9 @@ log = logging.getLogger("ctrps.worker")
 
 DECODE_CHUNK = 512
 """Most records in one decode job."""
+
+APPLY_AHEAD = 2
+"""Closed windows training or waiting to train while the next one fills."""
 
 
 @dataclass(frozen=True)
@@ -255,11 +258,14 @@ class Worker:
         """Consume and train until `stop` is set; then finish the buffered
         window, commit, and leave the group.
 
-        Windows are pipelined one deep: window N+1 decodes in the pool while
-        window N trains; applies and commits stay strictly in order.
+        Windows are pipelined: while one window trains, the next closed one
+        waits with its decoding done or under way, and a third fills, so the
+        decode pool never waits for training. Applies and commits stay
+        strictly in order.
         """
         await self._start()
-        inflight: asyncio.Task[None] | None = None
+        # Apply tasks in window order; each awaits its predecessor first.
+        applies: deque[asyncio.Task[None]] = deque()
         try:
             while not stop.is_set():
                 # Never fetch past the window's capacity: a window holds at most
@@ -278,25 +284,31 @@ class Worker:
                     for i in range(0, len(records), DECODE_CHUNK):
                         part = records[i : i + DECODE_CHUNK]
                         self._chunks.append((key, len(part), self._decode(part)))
-                if inflight is not None and inflight.done():
-                    inflight.result()  # re-raise a failed window here, on the hot path
-                    inflight = None
+                while applies and applies[0].done():
+                    applies.popleft().result()  # re-raise a failed window here, on the hot path
                 if self._builder.should_close():
                     window, decoding = self._take()
-                    if inflight is not None:
-                        await inflight
-                    inflight = asyncio.create_task(self._apply(window, decoding))
-            if inflight is not None:
-                await inflight
-                inflight = None
+                    while len(applies) >= APPLY_AHEAD:
+                        await applies.popleft()
+                    prev = applies[-1] if applies else None
+                    applies.append(asyncio.create_task(self._apply_after(prev, window, decoding)))
+            while applies:
+                await applies.popleft()
             if len(self._builder):
                 await self._apply(*self._take())
         finally:
-            if inflight is not None and not inflight.done():
-                inflight.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await inflight
+            for task in applies:
+                task.cancel()
+            # Their outcome is moot: the error that brought us here is raised.
+            await asyncio.gather(*applies, return_exceptions=True)
             await self._close()
+
+    async def _apply_after(
+        self, prev: asyncio.Task[None] | None, window: Window, decoding: asyncio.Future[Decoded]
+    ) -> None:
+        if prev is not None:
+            await prev  # its failure fails this window too: nothing applies out of order
+        await self._apply(window, decoding)
 
     # -- one window ------------------------------------------------------------
     async def _on_revoked(self, revoked: set[TopicPartitionKey]) -> None:

@@ -126,17 +126,33 @@ def string_hashes(strings: Sequence[str] | npt.NDArray[np.object_]) -> U64:
     """Stable 64-bit hashes of strings: ``fmix64(sum_i cp_i * M_i)`` over the
     code points ``cp_i`` with fixed odd multipliers ``M_i`` (mod 2**64).
 
-    Vectorised: all strings are encoded as one UTF-32 buffer; each code point
-    is multiplied by the multiplier of its position within its string, and
-    ``np.add.reduceat`` sums each string's run.
+    Vectorised: all strings are encoded as one buffer (a byte per code point
+    when ASCII, else UTF-32). When they all have the same length, the buffer
+    is a matrix and the hashes one matrix-vector product; otherwise each code
+    point is multiplied by the multiplier of its position within its string
+    and ``np.add.reduceat`` sums each string's run.
     """
     seq = strings.tolist() if isinstance(strings, np.ndarray) else strings
     n = len(seq)
     if n == 0:
         return np.zeros(0, dtype=np.uint64)
     # One buffer, each string followed by a NUL: boundaries come from the
-    # buffer itself instead of a len() per string.
-    cps = np.frombuffer(("\0".join(seq) + "\0").encode("utf-32-le"), dtype="<u4")
+    # buffer itself instead of a len() per string. ASCII (the usual alphabet
+    # of ids) takes one byte per code point, a quarter of UTF-32 to scan.
+    joined = "\0".join(seq) + "\0"
+    cps: npt.NDArray[np.uint8] | npt.NDArray[np.uint32] = (
+        np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+        if joined.isascii()
+        else np.frombuffer(joined.encode("utf-32-le"), dtype="<u4")
+    )
+    width = cps.size // n
+    if width * n == cps.size:
+        grid = cps.reshape(n, width)
+        # NULs exactly at the end of every row: all strings have length
+        # width - 1 (hex ids, say), so each hash is one row times the
+        # multipliers, with no per-code-point positions to compute.
+        if not grid[:, -1].any() and grid[:, :-1].all():
+            return mix64(grid.astype(np.uint64) @ _multipliers(width))
     ends = np.flatnonzero(cps == 0)
     if ends.size != n:  # some string holds a NUL: take lengths the slow way
         lens = np.fromiter(map(len, seq), dtype=np.int64, count=n)
@@ -447,7 +463,8 @@ class FeatureHasher:
             failed = np.fromiter((g in errors for g in grp), dtype=bool, count=n)
             bad_event |= failed
         good = np.flatnonzero(~bad_event)
-        keep &= ~bad_event[event_of]
+        if errors:
+            keep &= ~bad_event[event_of]
         per_event = np.bincount(event_of[keep], minlength=n)
         if not extra_keys:
             # Common case: features are already in event order; slot the bias

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from ps_core.features import EventError, FeatureHasher, decode_message, flatten_groups, string_hashes
+from ps_core.features import EventError, FeatureHasher, _multipliers, decode_message, flatten_groups, string_hashes
 from ps_core.hashing import mix64
 
 
@@ -37,6 +39,26 @@ def test_decode_errors_have_reasons(raw: bytes | None, reason: str) -> None:
     with pytest.raises(EventError) as info:
         decode_message(raw, max_bytes=1000)
     assert info.value.reason == reason
+
+
+def _reference_hash(s: str) -> int:
+    """The definition, one string at a time: fmix64(sum_i cp_i * M_i mod 2**64)."""
+    m = _multipliers(len(s) + 1).tolist()
+    total = sum(ord(c) * m[i] for i, c in enumerate(s)) % 2**64
+    return int(mix64(np.array([total], dtype=np.uint64))[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.lists(st.text(max_size=12), max_size=20),  # any code points, NUL included
+        # equal lengths (the one-row-per-string path), ASCII or not
+        st.integers(0, 9).flatmap(lambda n: st.lists(st.text(min_size=n, max_size=n), min_size=1, max_size=20)),
+        st.lists(st.text(alphabet="0123456789abcdef", min_size=8, max_size=8), min_size=1, max_size=20),
+    )
+)
+def test_string_hashes_match_the_definition(strings: list[str]) -> None:
+    assert string_hashes(strings).tolist() == [_reference_hash(s) for s in strings]
 
 
 def test_string_hashes_are_stable_and_independent_of_the_batch() -> None:
