@@ -30,8 +30,8 @@ Measured, each system the same way in the same run:
 
 Run (from the repository root)::
 
-    .venv/bin/python bench/bench_predict.py --quick   # ~40 s
-    .venv/bin/python bench/bench_predict.py           # ~2 min
+    .venv/bin/python bench/bench_predict.py --quick   # ~25 s
+    .venv/bin/python bench/bench_predict.py           # ~1 min
 
 Progress goes to stderr; a summary and, as the last line of stdout, one JSON
 object with the figures.

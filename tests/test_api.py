@@ -11,6 +11,7 @@ import asyncio
 import math
 import os
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.api import PREDICTOR, create_app
 from app.openapi import KEYWORDS, SchemaError, openapi_document, response_schema, validate
-from app.settings import ApiSettings
+from app.cli import build_parser
+from app.settings import ApiSettings, SettingsError
 from app.status import make_status_hook
 from consumers.worker import WindowReport, WorkerStats
 from ps_core.client import PSClient, RetryPolicy
@@ -727,3 +729,45 @@ async def test_ctrps_serve_answers_and_stops_on_sigterm(serve_shards: Any) -> No
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def ctrps(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args], cwd=PROJECT, env={**clean, **(env or {})},
+        capture_output=True, text=True, timeout=30,
+    )
+
+
+def test_serve_help_shows_an_example_and_every_flag() -> None:
+    out = ctrps("serve", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "example:" in out.stdout and "ctrps serve --shards http://127.0.0.1:7100" in out.stdout
+    for flag in ("--shards", "--port", "--host", "--model", "--model-name", "--max-events", "--max-body-bytes"):
+        assert flag in out.stdout
+    assert "CTRPS_ADMIN_TOKEN" in out.stdout
+
+
+def test_serve_without_shards_is_a_usage_error() -> None:
+    out = ctrps("serve")
+    assert out.returncode == 2 and "no shards" in out.stderr
+    out = ctrps("serve", "--shards", "http://x", env={"CTRPS_MAX_EVENTS": "many"})
+    assert out.returncode == 2 and "CTRPS_MAX_EVENTS" in out.stderr
+
+
+def test_api_settings_flags_over_environment_over_defaults() -> None:
+    parse = build_parser().parse_args
+    env = {
+        "CTRPS_SHARDS": "http://a:1,http://b:2", "CTRPS_API_PORT": "9000", "CTRPS_MODEL": "fm",
+        "CTRPS_MAX_EVENTS": "20", "CTRPS_ADMIN_TOKEN": "tok", "CTRPS_SHARD_DEADLINE": "0.5",
+    }
+    s = ApiSettings.from_args(parse(["serve", "--port", "9100", "--model-name", "m"]), env=env)
+    assert s.shards == ("http://a:1", "http://b:2") and s.port == 9100 and s.model == "fm"
+    assert (s.model_name, s.max_events, s.admin_token, s.shard_deadline_s) == ("m", 20, "tok", 0.5)
+    assert "tok" not in repr(s)
+    d = ApiSettings.from_args(parse(["serve", "--shards", "http://c:3"]), env={})
+    assert d == ApiSettings(shards=("http://c:3",))
+    assert (d.host, d.port, d.model, d.max_events, d.max_body_bytes) == ("127.0.0.1", 8080, "lr", 10_000, 16 << 20)
+    for bad in ({"port": 70000}, {"model": "gbdt"}, {"max_events": 0}, {"shard_deadline_s": 0.0}):
+        with pytest.raises(SettingsError):
+            ApiSettings(**bad)
