@@ -223,15 +223,7 @@ class WorkerSettings:
         d = cls.__dataclass_fields__
 
         def pick(flag: Any, key: str, name: str, conv: Any = str) -> Any:
-            if flag is not None:
-                return flag
-            raw = env.get(key)
-            if raw:
-                try:
-                    return conv(raw)
-                except ValueError:
-                    raise SettingsError(f"{key}={raw!r} is not a valid {conv.__name__}") from None
-            return d[name].default
+            return _pick(flag, env, key, d[name].default, conv)
 
         shards = tuple(s for s in (args.shards or "").split(",") if s) or _env_list(env, "CTRPS_SHARDS")
         return cls(

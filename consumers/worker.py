@@ -312,6 +312,8 @@ class Worker:
 
     # -- one window ------------------------------------------------------------
     async def _on_revoked(self, revoked: set[TopicPartitionKey]) -> None:
+        if not revoked:  # the first join revokes nothing
+            return
         async with self._lock:  # an in-flight window finishes and commits first
             dropped = self._builder.drop_partitions(revoked)
             keep = []
