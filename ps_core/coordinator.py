@@ -1,0 +1,235 @@
+"""Consistent cuts: leases around workers' windows, export versions, offsets.
+
+A worker holds a lease while it applies a window: from its first pull to the
+commit of its offsets. A cut
+
+1. stops granting leases and waits for the active ones to be released (a
+   lease not released within its time to live belongs to a dead worker and
+   stops counting: its window is replayed by whoever takes its partitions);
+2. has every shard snapshot its rows (the pause: a memory copy);
+3. records the offsets the workers committed with their released leases;
+4. grants leases again. Files are written after this, outside the pause.
+
+So a cut holds whole windows only, and its offsets say exactly which: a
+restore that seeks to them applies nothing twice and loses nothing.
+
+`Coordinator` is pure asyncio: the caller supplies the snapshot step (the
+shard fan-out), so it runs in a shard server, in-process in ``ctrps demo``, or
+in a test with real shards and no sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from .errors import PSError
+
+__all__ = ["Coordinator", "Lease", "Cut", "Offsets", "LeaseError", "CutInProgressError"]
+
+Offsets = dict[str, dict[int, int]]
+"""Next offset to consume, by topic and partition."""
+
+T = TypeVar("T")
+
+
+class LeaseError(PSError):
+    """A lease id that is not active (never granted, released, or expired)."""
+
+    code = "unknown_lease"
+    status = 404
+
+
+class CutInProgressError(PSError):
+    """A lease was not granted within its wait limit because a cut is pausing."""
+
+    code = "cut_in_progress"
+    status = 503
+    retriable = True
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Permission to apply one window."""
+
+    lease_id: int
+    """Identifies the lease in `release`."""
+    worker: str
+    """Who holds it (for logs and expiry reports)."""
+    expires_at: float
+    """Monotonic time after which a cut stops waiting for it."""
+
+
+@dataclass(frozen=True)
+class Cut(Generic[T]):
+    """What one cut produced."""
+
+    version: int
+    """The version of this cut."""
+    parent: int | None
+    """The previous version (None for the first)."""
+    kind: str
+    """``base`` (every row) or ``delta`` (rows changed since `parent`)."""
+    offsets: Offsets
+    """Committed offsets of every window the cut holds."""
+    snapshot: T
+    """What the snapshot step returned (the shards' copies)."""
+    lease_wait_s: float
+    """How long the cut waited for active leases."""
+    pause_s: float
+    """How long leases were refused: the wait plus the snapshot."""
+    expired_leases: list[str] = field(default_factory=list)
+    """Workers whose leases expired during the wait."""
+
+
+class Coordinator:
+    """Leases and cuts for one model's shards (one per deployment).
+
+    `lease_ttl_s` bounds how long a cut waits for one window: make it longer
+    than a window takes to apply. Every `base_every`-th cut (and the first)
+    is a base.
+    """
+
+    def __init__(
+        self,
+        *,
+        lease_ttl_s: float = 120.0,
+        base_every: int = 10,
+        last_version: int = 0,
+        last_base: int = 0,
+        offsets: Mapping[str, Mapping[int, int]] | None = None,
+    ) -> None:
+        """`last_version`, `last_base` and `offsets` resume after a restore."""
+        if lease_ttl_s <= 0 or base_every < 1:
+            raise ValueError("lease_ttl_s must be > 0 and base_every >= 1")
+        self.lease_ttl_s = lease_ttl_s
+        self.base_every = base_every
+        self.last_version = last_version
+        """The newest cut (0: none yet)."""
+        self.last_base = last_base
+        """The newest base cut (0: none yet)."""
+        self._offsets: Offsets = {t: dict(p) for t, p in (offsets or {}).items()}
+        self._ids = itertools.count(1)
+        self._active: dict[int, Lease] = {}
+        self._open = asyncio.Event()
+        self._open.set()
+        self._changed = asyncio.Condition()
+        self._cut_lock = asyncio.Lock()
+        self.leases_granted = 0
+        """Leases granted so far."""
+        self.leases_expired = 0
+        """Leases a cut gave up waiting for."""
+
+    # -- leases --------------------------------------------------------------
+    async def acquire(self, worker: str, wait_s: float | None = None) -> Lease:
+        """A lease for one window; waits while a cut is pausing (at most
+        `wait_s`, then `CutInProgressError`)."""
+        if not self._open.is_set():
+            try:
+                await asyncio.wait_for(self._open.wait(), wait_s)
+            except TimeoutError:
+                raise CutInProgressError(f"no lease within {wait_s} s: a cut is in progress") from None
+        lease = Lease(next(self._ids), worker, time.monotonic() + self.lease_ttl_s)
+        self._active[lease.lease_id] = lease
+        self.leases_granted += 1
+        return lease
+
+    async def release(self, lease_id: int, offsets: Mapping[str, Mapping[int, int]] | None = None) -> bool:
+        """End a lease, recording the offsets its window committed.
+
+        Returns False when the lease had expired (a cut may hold part of its
+        window): the offsets are still recorded, since they were committed.
+        """
+        lease = self._active.pop(lease_id, None)
+        for topic, parts in (offsets or {}).items():
+            self._offsets.setdefault(topic, {}).update({int(p): int(o) for p, o in parts.items()})
+        async with self._changed:
+            self._changed.notify_all()
+        if lease is None:
+            if lease_id >= 1 and lease_id < self._peek_next_id():
+                return False
+            raise LeaseError(f"lease {lease_id} was never granted")
+        return True
+
+    def _peek_next_id(self) -> int:
+        # itertools.count has no peek: granted ids are 1..leases_granted.
+        return self.leases_granted + 1
+
+    @property
+    def active_leases(self) -> int:
+        """Leases granted and not yet released or expired."""
+        return len(self._active)
+
+    def offsets(self) -> Offsets:
+        """The latest committed offsets reported with released leases."""
+        return {t: dict(p) for t, p in self._offsets.items()}
+
+    # -- cuts ----------------------------------------------------------------
+    def next_kind(self) -> str:
+        """``base`` for the first cut and every `base_every`-th, else ``delta``."""
+        if self.last_base == 0 or self.last_version - self.last_base + 1 >= self.base_every:
+            return "base"
+        return "delta"
+
+    async def cut(
+        self, snapshot: Callable[[int, str], Awaitable[T]], kind: str | None = None
+    ) -> Cut[T]:
+        """Take a consistent cut; `snapshot(version, kind)` copies the shards' rows.
+
+        Cuts run one at a time. If the snapshot step fails, leases reopen and
+        the version is not used.
+        """
+        if kind not in (None, "base", "delta"):
+            raise ValueError(f"kind {kind!r} is not base or delta")
+        async with self._cut_lock:
+            kind = kind or self.next_kind()
+            if self.last_version == 0:
+                kind = "base"  # a delta needs a parent
+            t0 = time.perf_counter()
+            self._open.clear()
+            try:
+                expired = await self._drain()
+                t_drained = time.perf_counter()
+                version = self.last_version + 1
+                snap = await snapshot(version, kind)
+                offsets = self.offsets()
+            finally:
+                self._open.set()
+            t_done = time.perf_counter()
+            parent = self.last_version or None
+            self.last_version = version
+            if kind == "base":
+                self.last_base = version
+            return Cut(
+                version=version,
+                parent=None if kind == "base" else parent,
+                kind=kind,
+                offsets=offsets,
+                snapshot=snap,
+                lease_wait_s=t_drained - t0,
+                pause_s=t_done - t0,
+                expired_leases=expired,
+            )
+
+    async def _drain(self) -> list[str]:
+        """Wait until no lease is active; leases past their expiry are dropped."""
+        expired: list[str] = []
+        async with self._changed:
+            while self._active:
+                now = time.monotonic()
+                for lease in [l for l in self._active.values() if l.expires_at <= now]:
+                    del self._active[lease.lease_id]
+                    expired.append(lease.worker)
+                    self.leases_expired += 1
+                if not self._active:
+                    break
+                soonest = min(l.expires_at for l in self._active.values())
+                try:
+                    await asyncio.wait_for(self._changed.wait(), max(0.0, soonest - now))
+                except TimeoutError:
+                    pass  # the soonest lease has expired: the loop drops it
+        return expired

@@ -1,0 +1,104 @@
+"""Leases and cuts: a cut holds whole windows and their offsets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from ps_core.coordinator import Coordinator, CutInProgressError, LeaseError
+
+
+async def test_a_cut_waits_for_active_leases_and_blocks_new_ones() -> None:
+    coord = Coordinator(lease_ttl_s=10)
+    lease = await coord.acquire("w1")
+    events: list[str] = []
+
+    async def snapshot(version: int, kind: str) -> str:
+        events.append(f"snapshot {version} {kind}")
+        return "copy"
+
+    async def finish_window() -> None:
+        await asyncio.sleep(0.2)  # the window's pushes
+        events.append("released")
+        assert await coord.release(lease.lease_id, {"clicks": {0: 40, 1: 38}})
+
+    async def late_worker() -> None:
+        await asyncio.sleep(0.05)  # arrives while the cut waits
+        got = await coord.acquire("w2")
+        events.append("w2 leased")
+        await coord.release(got.lease_id, {"clicks": {0: 50}})
+
+    t0 = time.monotonic()
+    cut, _, _ = await asyncio.gather(coord.cut(snapshot), finish_window(), late_worker())
+    assert events == ["released", "snapshot 1 base", "w2 leased"]
+    assert cut.version == 1 and cut.kind == "base" and cut.parent is None and cut.snapshot == "copy"
+    assert cut.offsets == {"clicks": {0: 40, 1: 38}}  # w2's window is not in this cut
+    assert 0.15 <= cut.lease_wait_s <= cut.pause_s < time.monotonic() - t0 + 0.01
+    assert coord.offsets() == {"clicks": {0: 50, 1: 38}}
+
+
+async def test_an_expired_lease_stops_blocking_cuts() -> None:
+    coord = Coordinator(lease_ttl_s=0.3)
+    dead = await coord.acquire("dead-worker")
+
+    async def snapshot(version: int, kind: str) -> None:
+        return None
+
+    cut = await asyncio.wait_for(coord.cut(snapshot), 5)
+    assert cut.expired_leases == ["dead-worker"] and 0.25 <= cut.lease_wait_s < 2
+    assert coord.leases_expired == 1 and coord.active_leases == 0
+    # A late release is answered False, but its committed offsets still count.
+    assert await coord.release(dead.lease_id, {"t": {3: 7}}) is False
+    assert coord.offsets() == {"t": {3: 7}}
+    with pytest.raises(LeaseError):
+        await coord.release(99)
+
+
+async def test_kinds_parents_and_a_failed_snapshot() -> None:
+    coord = Coordinator(base_every=3)
+
+    async def ok(version: int, kind: str) -> tuple[int, str]:
+        return version, kind
+
+    async def broken(version: int, kind: str) -> None:
+        raise RuntimeError("a shard failed")
+
+    cuts = [await coord.cut(ok) for _ in range(4)]
+    assert [(c.version, c.kind, c.parent) for c in cuts] == [
+        (1, "base", None), (2, "delta", 1), (3, "delta", 2), (4, "base", None)
+    ]
+    with pytest.raises(RuntimeError):
+        await coord.cut(broken)
+    # Leases reopen and the version is not spent.
+    lease = await asyncio.wait_for(coord.acquire("w"), 1)
+    await coord.release(lease.lease_id)
+    again = await coord.cut(ok, kind="base")
+    assert (again.version, again.kind, again.parent) == (5, "base", None)
+    delta = await coord.cut(ok)
+    assert (delta.version, delta.kind, delta.parent) == (6, "delta", 5)
+
+
+async def test_a_lease_wait_can_be_bounded() -> None:
+    coord = Coordinator(lease_ttl_s=10)
+    held = await coord.acquire("slow")
+    gate = asyncio.Event()
+
+    async def snapshot(version: int, kind: str) -> None:
+        await gate.wait()
+
+    cut = asyncio.create_task(coord.cut(snapshot))
+    await coord.release(held.lease_id)
+    await asyncio.sleep(0.05)  # the cut is now in its snapshot
+    with pytest.raises(CutInProgressError):
+        await coord.acquire("w", wait_s=0.05)
+    gate.set()
+    await cut
+    assert (await coord.acquire("w", wait_s=0.05)).worker == "w"
+
+
+def test_resuming_after_a_restore_continues_the_versions() -> None:
+    coord = Coordinator(last_version=12, last_base=10, base_every=5, offsets={"t": {0: 5}})
+    assert coord.next_kind() == "delta" and coord.offsets() == {"t": {0: 5}}
+    assert Coordinator(last_version=14, last_base=10, base_every=5).next_kind() == "base"
