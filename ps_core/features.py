@@ -264,8 +264,15 @@ _C_BIAS = np.uint64(0xA0761D6478BD642F)
 _KEY_LIMIT = 2**64
 
 
+MAX_CACHED_FIELDS = 65_536
+"""Field names whose hashes a `FeatureHasher` keeps; later new names are hashed each time."""
+
+
 class _FieldHashes(dict[str, int]):
-    """field name → ``fmix64(H(field) ^ namespace)``, computed on first use."""
+    """field name → ``fmix64(H(field) ^ namespace)``, computed on first use.
+
+    Bounded: requests may name any fields (a predict API is open to the
+    world), and an unbounded cache would let them grow the process."""
 
     def __init__(self, namespace: int) -> None:
         super().__init__()
@@ -273,7 +280,8 @@ class _FieldHashes(dict[str, int]):
 
     def __missing__(self, field: str) -> int:
         h = int(mix64(string_hashes([field]) ^ self._ns)[0])
-        self[field] = h
+        if len(self) < MAX_CACHED_FIELDS:
+            self[field] = h
         return h
 
 

@@ -175,3 +175,16 @@ def test_slice_equals_select_of_a_range() -> None:
         a, b = batch.slice(start, stop), batch.select(np.arange(start, stop))
         for name in ("keys", "values", "offsets", "labels", "weights", "ts", "index"):
             assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
+
+
+def test_the_field_name_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ps_core.features as features
+
+    monkeypatch.setattr(features, "MAX_CACHED_FIELDS", 4)
+    h = FeatureHasher("m")
+    events = [{"label": 0, "features": {f"f{i}": "x"}} for i in range(10)]
+    batch, _ = h.featurize(events)
+    assert len(h._fields) == 4
+    # Names hashed past the bound get the same ids as cached ones would.
+    again, _ = FeatureHasher("m").featurize(events)
+    assert batch.keys.tolist() == again.keys.tolist()
