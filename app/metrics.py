@@ -33,6 +33,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ps_core.client import PSClient, Pulled, ShardTransport
+from ps_core.coordinator import Offsets
 from ps_core.errors import PSError
 from ps_core.hashing import U64
 from ps_core.table import F32, TableConfig
@@ -306,6 +307,15 @@ class InstrumentedTransport:
 
     async def statuses(self) -> list[dict[str, Any]]:
         return await self._timed("status", self.inner.statuses())
+
+    async def acquire_lease(self, worker: str, wait_s: float) -> int:
+        return await self._timed("lease", self.inner.acquire_lease(worker, wait_s))
+
+    async def release_lease(self, lease_id: int, offsets: Offsets) -> bool:
+        return await self._timed("lease", self.inner.release_lease(lease_id, offsets))
+
+    async def coordinator_offsets(self) -> Offsets:
+        return await self._timed("offsets", self.inner.coordinator_offsets())
 
     async def close(self) -> None:
         return None

@@ -28,7 +28,9 @@ import concurrent.futures
 import contextlib
 import logging
 import multiprocessing
+import os
 import signal
+import socket
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
@@ -40,6 +42,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from ps_core.client import PSClient, Routed
+from ps_core.coordinator import Offsets
+from ps_core.errors import NoCoordinatorError, PSError
 from ps_core.metrics import Metrics, evaluate
 from ps_core.models import Model, sigmoid
 
@@ -86,6 +90,8 @@ class WorkerConfig:
     """Kafka heartbeat interval."""
     mode: str = "async"
     """Update mode; ``async`` for now."""
+    worker_id: str = ""
+    """Name in leases and logs; default ``<host>-<pid>``."""
 
     def __post_init__(self) -> None:
         if self.mode != "async":
@@ -164,6 +170,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         log.info("assigned", extra={"fields": {"partitions": sorted(tp.partition for tp in assigned)}})
+        await self._worker._on_assigned(assigned)
 
 
 class Worker:
@@ -194,12 +201,20 @@ class Worker:
         # Decode jobs of the open window, in the order of its records:
         # (partition, number of records, decoding).
         self._chunks: list[tuple[TopicPartitionKey, int, asyncio.Future[Decoded]]] = []
+        self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.leased = False
+        """Whether windows are leased from a coordinator (found at start)."""
 
     # -- lifecycle -------------------------------------------------------------
     async def _start(self) -> None:
         c = self.config
         for t in self.model.tables():
             await self.client.declare(t)
+        try:
+            await self.client.coordinator_offsets()
+            self.leased = True
+        except NoCoordinatorError:
+            log.info("no coordinator: windows are not leased and exports hold no offsets")
         if c.decode_processes > 0:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 c.decode_processes,
@@ -311,6 +326,25 @@ class Worker:
         await self._apply(window, decoding)
 
     # -- one window ------------------------------------------------------------
+    async def _on_assigned(self, assigned: Any) -> None:
+        """Resume where the coordinator says the shards' state ends.
+
+        Normally that is the group's committed offset (each lease release
+        reports the commit); after a restore it is the cut's offset, earlier
+        than the group's, and the windows in between are trained again.
+        """
+        if not self.leased or not assigned:
+            return
+        known = await self.client.coordinator_offsets()
+        moved = {}
+        for tp in assigned:
+            off = known.get(tp.topic, {}).get(tp.partition)
+            if off is not None:
+                self._consumer.seek(tp, off)
+                moved[tp.partition] = off
+        if moved:
+            log.info("seek", extra={"fields": {"offsets": moved}})
+
     async def _on_revoked(self, revoked: set[TopicPartitionKey]) -> None:
         if not revoked:  # the first join revokes nothing
             return
@@ -386,9 +420,17 @@ class Worker:
                     for r in decoded.rejected
                 ]
             )
-            metrics = await self._train(decoded, window)
-            t_trained = time.perf_counter()
-            await self._commit(window)
+            # The lease spans the window's pushes and commit: a cut holds the
+            # whole window and its offsets, or neither.
+            lease = await self.client.acquire_lease(self.worker_id) if self.leased else None
+            committed: Offsets = {}
+            try:
+                metrics = await self._train(decoded, window)
+                t_trained = time.perf_counter()
+                committed = await self._commit(window)
+            finally:
+                if lease is not None:
+                    await self._release(lease, committed)
             report = self._report(
                 window, decoded, metrics, time.perf_counter() - t0,
                 decode_wait_s=t_decoded - t0, train_s=t_trained - t_decoded,
@@ -441,7 +483,8 @@ class Worker:
         self.stats.events_trained += batch.size
         return evaluate(predicted, batch.labels)
 
-    async def _commit(self, window: Window) -> None:
+    async def _commit(self, window: Window) -> Offsets:
+        """Commit the window's offsets for partitions still owned; returns what was committed."""
         owned = self._consumer.assignment()
         offsets = {
             TopicPartition(t, p): off
@@ -449,15 +492,29 @@ class Worker:
             if TopicPartition(t, p) in owned
         }
         if not offsets:
-            return
+            return {}
         try:
             await self._consumer.commit(offsets)
-            self.stats.commits += 1
-            self._committed.update({(tp.topic, tp.partition): off for tp, off in offsets.items()})
         except (CommitFailedError, IllegalStateError) as exc:
             # The group rebalanced mid-window: the new owner replays it.
             self.stats.failed_commits += 1
             log.warning("commit failed", extra={"fields": {"window": window.seq, "error": str(exc)}})
+            return {}
+        self.stats.commits += 1
+        self._committed.update({(tp.topic, tp.partition): off for tp, off in offsets.items()})
+        out: Offsets = {}
+        for tp, off in offsets.items():
+            out.setdefault(tp.topic, {})[tp.partition] = off
+        return out
+
+    async def _release(self, lease_id: int, committed: Offsets) -> None:
+        try:
+            if not await self.client.release_lease(lease_id, committed):
+                log.warning("lease expired", extra={"fields": {"lease": lease_id}})
+        except PSError as exc:
+            # The window is committed (or failed); a cut gives up on the lease
+            # when it expires, and the committed offsets are the group's.
+            log.warning("lease release failed", extra={"fields": {"lease": lease_id, "error": str(exc)}})
 
     def _lag(self) -> dict[int, int]:
         """Records behind per owned partition: highwater − next offset to apply."""

@@ -31,7 +31,16 @@ import numpy.typing as npt
 import orjson
 
 from . import codec
-from .errors import FrameError, PSError, ShardUnavailableError, StatusError, error_from_body
+from .coordinator import Coordinator, Offsets, parse_offsets
+from .errors import (
+    FrameError,
+    LeaseError,
+    NoCoordinatorError,
+    PSError,
+    ShardUnavailableError,
+    StatusError,
+    error_from_body,
+)
 from .hashing import U64, shard_of
 from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
@@ -88,15 +97,22 @@ class ShardTransport(Protocol):
 
     async def statuses(self) -> list[dict[str, Any]]: ...
 
+    async def acquire_lease(self, worker: str, wait_s: float) -> int: ...
+
+    async def release_lease(self, lease_id: int, offsets: Offsets) -> bool: ...
+
+    async def coordinator_offsets(self) -> Offsets: ...
+
     async def close(self) -> None: ...
 
 
 class LocalTransport:
     """A shard in this process: handlers called directly, no copies or frames."""
 
-    def __init__(self, shard: Shard) -> None:
+    def __init__(self, shard: Shard, coordinator: Coordinator | None = None) -> None:
         self.shard = shard
         self.shard_id = shard.spec.shard_id
+        self.coordinator = coordinator
 
     async def pull(self, table: str, keys: U64) -> F32:
         return self.shard.handle_pull(table, keys)[0]
@@ -129,6 +145,20 @@ class LocalTransport:
 
     async def statuses(self) -> list[dict[str, Any]]:
         return self.shard.statuses()
+
+    def _coordinator(self) -> Coordinator:
+        if self.coordinator is None:
+            raise NoCoordinatorError(f"shard {self.shard_id} hosts no coordinator")
+        return self.coordinator
+
+    async def acquire_lease(self, worker: str, wait_s: float) -> int:
+        return (await self._coordinator().acquire(worker, wait_s)).lease_id
+
+    async def release_lease(self, lease_id: int, offsets: Offsets) -> bool:
+        return await self._coordinator().release(lease_id, offsets)
+
+    async def coordinator_offsets(self) -> Offsets:
+        return self._coordinator().offsets()
 
     async def close(self) -> None:
         return None
@@ -253,6 +283,29 @@ class HttpTransport:
         out: list[dict[str, Any]] = orjson.loads(reply)["statuses"]
         return out
 
+    async def _coordinator_request(self, method: str, path: str, body: object = None) -> Any:
+        try:
+            _, reply = await self._request(
+                method, path, None if body is None else orjson.dumps(body), "application/json"
+            )
+        except PSError as exc:
+            if exc.status == 404 and not isinstance(exc, (LeaseError, NoCoordinatorError)):
+                # The route is not there: this shard serves no coordinator.
+                raise NoCoordinatorError(f"shard {self.shard_id} at {self.url} hosts no coordinator") from None
+            raise
+        return orjson.loads(reply)
+
+    async def acquire_lease(self, worker: str, wait_s: float) -> int:
+        got = await self._coordinator_request("POST", "/v1/leases", {"worker": worker, "wait_s": wait_s})
+        return int(got["lease_id"])
+
+    async def release_lease(self, lease_id: int, offsets: Offsets) -> bool:
+        body = {"lease_id": lease_id, "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()}}
+        return bool((await self._coordinator_request("POST", "/v1/leases/release", body))["released"])
+
+    async def coordinator_offsets(self) -> Offsets:
+        return parse_offsets((await self._coordinator_request("GET", "/v1/offsets"))["offsets"])
+
     async def close(self) -> None:
         return None
 
@@ -323,9 +376,10 @@ class PSClient:
         return cls(transports, session=session)
 
     @classmethod
-    def local(cls, shards: Sequence[Shard]) -> PSClient:
-        """A client over shards in this process."""
-        return cls([LocalTransport(s) for s in shards])
+    def local(cls, shards: Sequence[Shard], coordinator: Coordinator | None = None) -> PSClient:
+        """A client over shards in this process; `coordinator`, if given, is
+        reached through shard 0 as a shard server would host it."""
+        return cls([LocalTransport(s, coordinator if i == 0 else None) for i, s in enumerate(shards)])
 
     async def __aenter__(self) -> PSClient:
         return self
@@ -451,6 +505,19 @@ class PSClient:
         """The status board of shard 0: ``{"source", "received_at",
         "status"}`` per source, the least recently reported first."""
         return await self.transports[0].statuses()
+
+    # -- the coordinator, hosted by shard 0 ------------------------------------
+    async def acquire_lease(self, worker: str, wait_s: float = 30.0) -> int:
+        """A lease for one window (`NoCoordinatorError` when shard 0 hosts none)."""
+        return await self.transports[0].acquire_lease(worker, wait_s)
+
+    async def release_lease(self, lease_id: int, offsets: Offsets) -> bool:
+        """End a lease with the offsets its window committed; False if it had expired."""
+        return await self.transports[0].release_lease(lease_id, offsets)
+
+    async def coordinator_offsets(self) -> Offsets:
+        """The coordinator's committed offsets: where workers resume after a restore."""
+        return await self.transports[0].coordinator_offsets()
 
 
 def _pull_jobs(r: Routed) -> list[tuple[int, slice]]:

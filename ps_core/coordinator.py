@@ -27,29 +27,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from .errors import PSError
+from .errors import CutInProgressError, LeaseError
 
-__all__ = ["Coordinator", "Lease", "Cut", "Offsets", "LeaseError", "CutInProgressError"]
+__all__ = ["Coordinator", "Lease", "Cut", "Offsets", "parse_offsets"]
 
 Offsets = dict[str, dict[int, int]]
 """Next offset to consume, by topic and partition."""
 
 T = TypeVar("T")
-
-
-class LeaseError(PSError):
-    """A lease id that is not active (never granted, released, or expired)."""
-
-    code = "unknown_lease"
-    status = 404
-
-
-class CutInProgressError(PSError):
-    """A lease was not granted within its wait limit because a cut is pausing."""
-
-    code = "cut_in_progress"
-    status = 503
-    retriable = True
 
 
 @dataclass(frozen=True)
@@ -84,6 +69,24 @@ class Cut(Generic[T]):
     """How long leases were refused: the wait plus the snapshot."""
     expired_leases: list[str] = field(default_factory=list)
     """Workers whose leases expired during the wait."""
+
+
+def parse_offsets(raw: object) -> Offsets:
+    """Offsets from JSON (``{"topic": {"partition": offset}}``, partitions as
+    strings); `LeaseError` on anything else."""
+    if not isinstance(raw, dict):
+        raise LeaseError(f"offsets must be an object of topics, got {type(raw).__name__}")
+    out: Offsets = {}
+    for topic, parts in raw.items():
+        if not isinstance(topic, str) or not isinstance(parts, dict):
+            raise LeaseError(f"offsets of topic {topic!r} must be an object of partitions")
+        try:
+            out[topic] = {int(p): int(o) for p, o in parts.items()}
+        except (TypeError, ValueError):
+            raise LeaseError(f"offsets of topic {topic!r} must map partitions to integers") from None
+        if any(p < 0 or o < 0 for p, o in out[topic].items()):
+            raise LeaseError(f"offsets of topic {topic!r} must be non-negative")
+    return out
 
 
 class Coordinator:

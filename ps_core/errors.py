@@ -19,6 +19,11 @@ __all__ = [
     "TableConflictError",
     "StatusError",
     "ShardUnavailableError",
+    "LeaseError",
+    "CutInProgressError",
+    "NoCoordinatorError",
+    "ExportCorruptError",
+    "ExportNotFoundError",
     "error_from_body",
 ]
 
@@ -111,6 +116,52 @@ class ShardUnavailableError(PSError):
         self.url = url
 
 
+class LeaseError(PSError):
+    """A lease id that is not active (never granted) or a malformed lease request."""
+
+    code = "unknown_lease"
+    status = 404
+
+
+class CutInProgressError(PSError):
+    """A lease was not granted within its wait limit because a cut is pausing."""
+
+    code = "cut_in_progress"
+    status = 503
+    retriable = True
+
+
+class NoCoordinatorError(PSError):
+    """The shards host no coordinator (shard 0 runs without exports)."""
+
+    code = "no_coordinator"
+    status = 404
+
+
+class ExportCorruptError(PSError):
+    """An export version fails its checks: a file is missing, or its size or
+    SHA-256 differs from its manifest, or the manifest itself is unreadable.
+
+    `file` names the file; `expected` and `actual` the checksums (or sizes,
+    or ``"missing"``)."""
+
+    code = "export_corrupt"
+    status = 500
+
+    def __init__(self, detail: str, *, file: str = "", expected: str = "", actual: str = "") -> None:
+        super().__init__(detail)
+        self.file = file
+        self.expected = expected
+        self.actual = actual
+
+
+class ExportNotFoundError(PSError):
+    """No export version (or no complete chain of them) matches the request."""
+
+    code = "export_not_found"
+    status = 404
+
+
 _BY_CODE: dict[str, type[PSError]] = {
     cls.code: cls
     for cls in (
@@ -121,6 +172,11 @@ _BY_CODE: dict[str, type[PSError]] = {
         TableConfigError,
         TableConflictError,
         StatusError,
+        LeaseError,
+        CutInProgressError,
+        NoCoordinatorError,
+        ExportCorruptError,
+        ExportNotFoundError,
     )
 }
 

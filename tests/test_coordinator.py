@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from ps_core.coordinator import Coordinator, CutInProgressError, LeaseError
+from ps_core.coordinator import Coordinator
+from ps_core.errors import CutInProgressError, LeaseError
 
 
 async def test_a_cut_waits_for_active_leases_and_blocks_new_ones() -> None:

@@ -214,3 +214,45 @@ async def test_an_fm_worker_trains_both_tables(kafka_bootstrap: str) -> None:
         assert sum(s.tables[table].pushes for s in shards) > 0
     hist = worker.stats.history
     assert hist[-1].metrics.auc > 0.65 and hist[-1].metrics.auc > hist[0].metrics.auc
+
+
+def _bias_shows(shards: list[Shard], namespace: str) -> int:
+    bias = np.array([FeatureHasher(namespace).bias_key], dtype=np.uint64)
+    table = shards[int(shard_of(bias, len(shards))[0])].tables[f"{namespace}_w"]
+    row = table.index.lookup(bias)
+    return int(table.shows[row][0]) if row[0] >= 0 else 0
+
+
+async def test_leased_windows_report_offsets_and_a_restore_seeks_to_them(kafka_bootstrap: str) -> None:
+    from ps_core.coordinator import Coordinator
+
+    topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
+    values = [_good(i) for i in range(400)]
+    await _produce(kafka_bootstrap, topic, values, 2)
+    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, dlq_topic=topic + ".dlq",
+                          window_seconds=0.3, window_events=50, decode_processes=0)
+
+    # Every window is leased; released leases carry the committed offsets.
+    coord = Coordinator(lease_ttl_s=30)
+    shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    worker = Worker(config, PSClient.local(shards, coord), LogisticRegression("m"))
+    await _run_until(worker, lambda: worker.stats.records >= len(values))
+    assert worker.leased and coord.leases_granted == worker.stats.windows and coord.active_leases == 0
+    assert coord.offsets() == {topic: {0: 200, 1: 200}}
+    assert await _committed(kafka_bootstrap, group, topic, 2) == {0: 200, 1: 200}
+
+    # Restored shards (empty here) whose cut holds offsets 150 and 120: a
+    # worker of the same group resumes there, not at the group's commits,
+    # and trains exactly what the cut lacks.
+    restored = Coordinator(offsets={topic: {0: 150, 1: 120}})
+    fresh = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    again = Worker(config, PSClient.local(fresh, restored), LogisticRegression("m"))
+    await _run_until(again, lambda: again.stats.records >= 130)
+    assert _bias_shows(fresh, "m") == again.stats.events_trained == 130
+    assert restored.offsets() == {topic: {0: 200, 1: 200}}
+
+    # Without a coordinator the worker trains unleased.
+    plain = Worker(config, PSClient.local([Shard(ShardSpec(0, 1))]), LogisticRegression("m"))
+    await _run_until(plain, lambda: plain._consumer is not None and plain._consumer.assignment() != set(), 30)
+    assert not plain.leased

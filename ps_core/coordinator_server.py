@@ -1,0 +1,71 @@
+"""The coordinator's HTTP routes, mounted on the app of the shard that hosts it
+(shard 0), so workers reach it through the shard URLs they already have.
+
+- ``POST /v1/leases``: ``{"worker": str}`` → ``{"lease_id": int}``; waits while
+  a cut is pausing (503 ``cut_in_progress`` after ``wait_s``, default 30 s);
+- ``POST /v1/leases/release``: ``{"lease_id": int, "offsets": {topic:
+  {partition: next_offset}}}`` → ``{"released": bool}`` (False: it had expired);
+- ``GET /v1/offsets``: ``{"offsets": {...}}``, the latest committed offsets
+  reported with released leases (after a restore: the cut's).
+
+A shard app without these routes answers 404, which clients read as "no
+coordinator" (`ps_core.errors.NoCoordinatorError`).
+"""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+from .coordinator import Coordinator, parse_offsets
+from .errors import LeaseError
+from .server import json_response
+
+__all__ = ["add_coordinator_routes", "COORDINATOR"]
+
+COORDINATOR = web.AppKey("coordinator", Coordinator)
+
+_MAX_WAIT_S = 300.0
+
+
+async def _json(request: web.Request) -> dict[str, object]:
+    try:
+        raw = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise LeaseError(f"body is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise LeaseError(f"body must be a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+async def acquire(request: web.Request) -> web.Response:
+    body = await _json(request)
+    worker, wait_s = body.get("worker"), body.get("wait_s", 30.0)
+    if not isinstance(worker, str) or not 0 < len(worker) <= 200:
+        raise LeaseError("worker must be a non-empty string of at most 200 characters")
+    if not isinstance(wait_s, (int, float)) or isinstance(wait_s, bool) or not 0 <= wait_s <= _MAX_WAIT_S:
+        raise LeaseError(f"wait_s must be a number of seconds in [0, {_MAX_WAIT_S:g}]")
+    lease = await request.app[COORDINATOR].acquire(worker, float(wait_s))
+    return json_response({"lease_id": lease.lease_id, "ttl_s": request.app[COORDINATOR].lease_ttl_s})
+
+
+async def release(request: web.Request) -> web.Response:
+    body = await _json(request)
+    lease_id = body.get("lease_id")
+    if not isinstance(lease_id, int) or isinstance(lease_id, bool):
+        raise LeaseError("lease_id must be an integer")
+    offsets = parse_offsets(body.get("offsets", {}))
+    released = await request.app[COORDINATOR].release(lease_id, offsets)
+    return json_response({"released": released})
+
+
+async def offsets(request: web.Request) -> web.Response:
+    return json_response({"offsets": request.app[COORDINATOR].offsets()})
+
+
+def add_coordinator_routes(app: web.Application, coordinator: Coordinator) -> None:
+    """Serve `coordinator` from `app` (a shard app, before it starts)."""
+    app[COORDINATOR] = coordinator
+    app.router.add_post("/v1/leases", acquire)
+    app.router.add_post("/v1/leases/release", release)
+    app.router.add_get("/v1/offsets", offsets)
