@@ -13,6 +13,11 @@ number (see `KeyIndex`):
 `pull` never allocates: an absent key reads its deterministic initial value.
 `push` sums the gradients of duplicate keys, then applies the optimizer once
 per distinct key, in place.
+
+`snapshot` is an export cut: a `TableSnapshot` (copies of the rows of a base
+or a delta, and the keys deleted since the previous cut), after which the open
+`version` moves on. `load_rows` and `mark_exported` are its inverse, for
+restores (`ps_core.export`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -31,9 +36,11 @@ from .hashing import U64, uniform_from_keys
 from .index import KeyIndex
 from .optim import Optimizer, make_optimizer
 
-__all__ = ["TableConfig", "SparseTable", "F32"]
+__all__ = ["TableConfig", "SparseTable", "TableSnapshot", "SnapshotKind", "F32", "U32"]
 
 F32 = npt.NDArray[np.float32]
+U32 = npt.NDArray[np.uint32]
+SnapshotKind = Literal["base", "delta"]
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 _NO_KEYS = np.zeros(0, dtype=np.uint64)
 _MAX_DIM = 4096
@@ -106,6 +113,88 @@ class TableConfig:
         return cls(name, dim, dict(opt), float(scale), seed)
 
 
+@dataclass(frozen=True, eq=False)
+class TableSnapshot:
+    """The rows of one table on one shard at an export cut, as copies it owns.
+
+    A base holds every live row; a delta the live rows changed after `parent`
+    and the keys deleted since then. Row ``i`` of every per-row array belongs
+    to ``keys[i]``. (Not comparable with ``==``: compare the arrays.)
+    """
+
+    table: str
+    """The table's name."""
+    config: TableConfig
+    """The table's declaration: dim, optimizer (so the row layout), initial values."""
+    version: int
+    """The export version this snapshot closes: its rows have ``updated_at <= version``."""
+    kind: SnapshotKind
+    """``"base"`` (every live row) or ``"delta"`` (rows changed after `parent`)."""
+    parent: int | None
+    """For a delta, the version it applies on top of; None for a base."""
+    keys: U64
+    """(n,) uint64 feature ids, distinct."""
+    data: F32
+    """(n, dim * slots) float32: each row's weights and optimizer state (see `ps_core.optim`)."""
+    updated_at: U32
+    """(n,) export version of each row's last change."""
+    last_seen: U32
+    """(n,) event time of each row's last update, whole seconds."""
+    shows: U32
+    """(n,) impressions counted for each key."""
+    clicks: U32
+    """(n,) clicks counted for each key."""
+    deleted: U64
+    """(m,) keys deleted since `parent` and absent at the cut (empty for a base).
+    May name keys `parent` never held (inserted and deleted in between)."""
+
+    ARRAYS = ("keys", "data", "updated_at", "last_seen", "shows", "clicks", "deleted")
+    """Names of the array fields, in file order."""
+
+    def __post_init__(self) -> None:
+        n = self.keys.shape[0] if self.keys.ndim == 1 else -1
+        width = self.config.dim * make_optimizer(self.config.optimizer).slots
+        expect: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {
+            "keys": (np.dtype(np.uint64), (n,)),
+            "data": (np.dtype(np.float32), (n, width)),
+            "updated_at": (np.dtype(np.uint32), (n,)),
+            "last_seen": (np.dtype(np.uint32), (n,)),
+            "shows": (np.dtype(np.uint32), (n,)),
+            "clicks": (np.dtype(np.uint32), (n,)),
+        }
+        for name, (dtype, shape) in expect.items():
+            a = getattr(self, name)
+            if a.dtype != dtype or a.shape != shape:
+                raise ValueError(
+                    f"snapshot of table {self.table}: {name} is {a.dtype}{list(a.shape)}, "
+                    f"expected {dtype}{list(shape)}"
+                )
+        if self.deleted.dtype != np.uint64 or self.deleted.ndim != 1:
+            raise ValueError(f"snapshot of table {self.table}: deleted must be 1-d uint64")
+        if self.table != self.config.name:
+            raise ValueError(f"snapshot names table {self.table}, its config {self.config.name}")
+        if (self.kind == "base") != (self.parent is None):
+            raise ValueError(f"a {self.kind} snapshot with parent {self.parent}")
+        if self.kind == "base" and self.deleted.size:
+            raise ValueError("a base snapshot has no deleted keys")
+        if self.parent is not None and not 0 <= self.parent < self.version:
+            raise ValueError(f"parent {self.parent} is not below version {self.version}")
+
+    @property
+    def rows(self) -> int:
+        """Number of rows."""
+        return int(self.keys.size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all arrays."""
+        return sum(a.nbytes for a in self.arrays().values())
+
+    def arrays(self) -> dict[str, npt.NDArray[Any]]:
+        """The arrays by field name, in `ARRAYS` order."""
+        return {name: getattr(self, name) for name in self.ARRAYS}
+
+
 def _saturating_add(
     counts: npt.NDArray[np.uint32], add: npt.NDArray[Any]
 ) -> npt.NDArray[np.uint32]:
@@ -126,6 +215,9 @@ class SparseTable:
         self.index = KeyIndex(initial_slots=max(16, int(initial_rows / 0.6)))
         self.version = 1
         """The open export version: rows changed now get ``updated_at = version``."""
+        self.last_snapshot = 0
+        """The version of the last cut (`snapshot`, or a restore's `mark_exported`);
+        0, the empty table, before any. A delta is always taken relative to it."""
         self.pushes = 0
         """Push calls applied."""
         self.pulls = 0
@@ -135,6 +227,12 @@ class SparseTable:
         # row stays valid until its key is deleted (rehashing moves slots,
         # never rows), so `delete` clears this.
         self._pulled: deque[tuple[U64, npt.NDArray[np.int64], int]] = deque(maxlen=8)
+        # Keys deleted since the last cut, for the next delta. Kept as the
+        # arrays `delete` returned; folded into one distinct array when they
+        # have doubled, so the log holds each deleted key about once.
+        self._deleted: list[U64] = []
+        self._deleted_len = 0
+        self._deleted_fold_at = 1024
         self._alloc(0)
 
     # -- storage -----------------------------------------------------------
@@ -294,7 +392,7 @@ class SparseTable:
                 return rows, new_rows, new_keys
         return self.index.get_or_insert(k)
 
-    # -- versions and deletes ----------------------------------------------
+    # -- versions, snapshots and deletes --------------------------------------
     def changed_since(self, version: int) -> tuple[U64, npt.NDArray[np.int64]]:
         """Keys and rows of live rows changed after `version` (a delta's content)."""
         n = self.index.num_rows
@@ -303,9 +401,147 @@ class SparseTable:
         return self.index.row_keys[rows], rows
 
     def delete(self, keys: npt.ArrayLike) -> U64:
-        """Remove keys (eviction); returns those that were present."""
+        """Remove keys (eviction); returns those that were present.
+
+        The removed keys are remembered until the next `snapshot`, whose delta
+        lists them as deleted.
+        """
         self._pulled.clear()  # freed rows may be reused by other keys
-        return self.index.delete(keys)
+        gone = self.index.delete(keys)
+        if gone.size:
+            self._deleted.append(gone)
+            self._deleted_len += int(gone.size)
+            if self._deleted_len >= 2 * self._deleted_fold_at:
+                folded = np.unique(np.concatenate(self._deleted))
+                self._deleted, self._deleted_len = [folded], int(folded.size)
+                self._deleted_fold_at = max(1024, self._deleted_len)
+        return gone
+
+    def snapshot(self, since: int | None = None) -> TableSnapshot:
+        """Cut export version `version`: copy its rows, then open the next version.
+
+        ``since=None`` copies every live row (a base). Otherwise `since` must be
+        the version of the previous cut (`last_snapshot`) and the delta holds
+        the live rows with ``updated_at > since`` plus the keys deleted since
+        that cut and absent now (a key deleted and inserted again is a live
+        row, not a deletion). Rows changed after the cut belong to the next
+        version. Only memory copies happen here: this is the pause of a cut.
+        """
+        if since is not None and since != self.last_snapshot:
+            raise ValueError(
+                f"table {self.config.name}: a delta must follow the last cut "
+                f"(version {self.last_snapshot}), not version {since}"
+            )
+        n = self.index.num_rows
+        live = self.index.row_live[:n]
+        sel = live if since is None else live & (self.updated_at[:n] > since)
+        deleted = _NO_KEYS if since is None else self._deleted_since_cut()
+        snap = self._copy_rows(np.flatnonzero(sel), self.version, since, deleted)
+        self.mark_exported(self.version)
+        return snap
+
+    def base_copy(self, version: int) -> TableSnapshot:
+        """Every live row as a base labelled `version`, without cutting: the open
+        version and the deletion log stay as they are (compaction uses this on
+        a table restored to `version`)."""
+        n = self.index.num_rows
+        return self._copy_rows(np.flatnonzero(self.index.row_live[:n]), version, None, _NO_KEYS)
+
+    def _copy_rows(
+        self, rows: npt.NDArray[np.intp], version: int, parent: int | None, deleted: U64
+    ) -> TableSnapshot:
+        if rows.size == self.index.num_rows:
+            # Every row handed out is selected (no freed rows): a slice copy
+            # is a straight memcpy, cheaper than a gather.
+            def take(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+                return a[: rows.size].copy()
+        else:
+            def take(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+                return np.take(a, rows, axis=0)
+        return TableSnapshot(
+            table=self.config.name,
+            config=self.config,
+            version=version,
+            kind="base" if parent is None else "delta",
+            parent=parent,
+            keys=take(self.index.row_keys),
+            data=take(self.data),
+            updated_at=take(self.updated_at),
+            last_seen=take(self.last_seen),
+            shows=take(self.shows),
+            clicks=take(self.clicks),
+            deleted=deleted,
+        )
+
+    def _deleted_since_cut(self) -> U64:
+        """Distinct keys deleted since the last cut that have no row now."""
+        if not self._deleted:
+            return _NO_KEYS.copy()
+        keys = np.unique(np.concatenate(self._deleted))
+        absent: U64 = keys[self.index.lookup(keys) < 0]
+        return absent
+
+    def mark_exported(self, version: int) -> None:
+        """Declare the table's content to be export `version`: the open version
+        becomes ``version + 1``, the next delta is relative to `version`, and
+        the deletion log starts empty. `snapshot` calls it; a restore calls it
+        after loading a chain."""
+        if version < 0 or version + 1 >= 2**32:
+            raise ValueError(f"version {version} outside [0, 2**32 - 1)")
+        self.last_snapshot = version
+        self.version = version + 1
+        self._deleted, self._deleted_len, self._deleted_fold_at = [], 0, 1024
+
+    def load_rows(
+        self,
+        keys: npt.ArrayLike,
+        data: npt.ArrayLike,
+        updated_at: npt.ArrayLike,
+        last_seen: npt.ArrayLike,
+        shows: npt.ArrayLike,
+        clicks: npt.ArrayLike,
+    ) -> int:
+        """Upsert whole rows as stored (state, `updated_at` and metadata); returns
+        how many keys were new. Keys must be distinct and data finite; a refused
+        call changes nothing.
+
+        Rows keep their stored `updated_at`, so a later delta carries them only
+        if they change again: meant for restoring a chain, then `mark_exported`.
+        """
+        k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+        n = k.size
+        d = np.asarray(data, dtype=np.float32)
+        meta = [np.asarray(a).reshape(-1) for a in (updated_at, last_seen, shows, clicks)]
+        name = self.config.name
+        if d.shape != (n, self.width):
+            raise InvalidValuesError(f"table {name}: rows of shape {d.shape}, expected ({n}, {self.width})")
+        if any(m.shape != (n,) for m in meta):
+            raise InvalidValuesError(f"table {name}: metadata arrays must hold {n} values each")
+        if any(m.size and (m.min() < 0 or m.max() >= 2**32) for m in meta):
+            raise InvalidValuesError(f"table {name}: metadata must be in [0, 2**32)")
+        if not np.isfinite(d).all():
+            raise InvalidValuesError(f"table {name}: rows hold NaN or inf")
+        if n == 0:
+            return 0
+        rows = self.index.lookup(k)
+        absent = np.flatnonzero(rows < 0)
+        if absent.size:
+            got, new_rows, _ = self.index.insert_absent(k[absent])
+            rows[absent] = got
+        else:
+            new_rows = _NO_ROWS
+        # Duplicate keys share a row: fewer distinct rows than keys. Marking
+        # rows is O(rows), cheaper than sorting the keys.
+        mark = np.zeros(self.index.num_rows, dtype=bool)
+        mark[rows] = True
+        if int(np.count_nonzero(mark)) != n:
+            self.index.delete(self.index.row_keys[new_rows])  # undo the inserts
+            raise InvalidValuesError(f"table {name}: load_rows keys must be distinct")
+        self._sync_capacity()
+        self.data[rows] = d
+        for dst, src in zip((self.updated_at, self.last_seen, self.shows, self.clicks), meta):
+            dst[rows] = src
+        return int(new_rows.size)
 
     def weights_of_rows(self, rows: npt.NDArray[np.int64]) -> F32:
         """Weights (n, dim) of given row numbers."""
