@@ -9,6 +9,7 @@ import json
 import os
 import re
 import time
+import zipfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -282,6 +283,28 @@ def test_write_then_load_is_exact(tmp_path: Path) -> None:
     assert raw["created_at"].endswith("Z") and raw["offsets"] == {"clicks": {"0": 50, "3": 7}}
     with pytest.raises(FileExistsError):
         write_version(tmp_path, "ctr", 4, 3, snaps, {}, MODEL_CONFIG, 2)
+
+
+def test_data_files_hold_exactly_what_np_savez_writes(tmp_path: Path) -> None:
+    """The writer streams arrays itself (no copies); its members must still be
+    byte for byte what np.savez writes, including empty and 2-d arrays."""
+
+    arrays = {
+        "keys": np.arange(300_000, dtype=np.uint64) * np.uint64(2**40),
+        "data": np.arange(12, dtype=np.float32).reshape(6, 2),
+        "wide": np.ones((3, 0), dtype=np.float32),
+        "deleted": np.zeros(0, dtype=np.uint64),
+    }
+    size, digest = export._write_npz(tmp_path / "ours.npz", arrays)
+    raw = (tmp_path / "ours.npz").read_bytes()
+    assert (size, digest) == (len(raw), hashlib.sha256(raw).hexdigest())
+    np.savez(tmp_path / "numpy.npz", allow_pickle=False, **arrays)
+    with zipfile.ZipFile(tmp_path / "ours.npz") as ours, zipfile.ZipFile(tmp_path / "numpy.npz") as ref:
+        assert ours.namelist() == ref.namelist()
+        for name in ref.namelist():
+            assert ours.read(name) == ref.read(name), name
+    with pytest.raises(FileExistsError):  # never overwrites
+        export._write_npz(tmp_path / "ours.npz", arrays)
 
 
 def test_write_version_refuses_what_is_not_one_cut(tmp_path: Path) -> None:
