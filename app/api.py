@@ -14,6 +14,7 @@ Routes (the OpenAPI document, ``GET /openapi.json``, has the schemas):
   feature's current weights, bias first, absent ones flagged;
 - ``GET /v1/model``: configuration, size, training progress, lag;
 - ``GET /v1/status``, ``POST /v1/status`` (admin): the status board;
+- ``GET /`` the dashboard, drawing ``GET /v1/history`` (`app.history`);
 - ``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET /openapi.json``.
 
 Errors are ``{"error": code, "detail": reason}``, mapped from typed errors
@@ -23,9 +24,12 @@ Errors are ``{"error": code, "detail": reason}``, mapped from typed errors
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
+import math
 import time
+from importlib import resources
 from typing import Any, Awaitable, Callable
 
 import orjson
@@ -45,6 +49,7 @@ from .errors import (
     UnauthorizedError,
     UnknownModelError,
 )
+from .history import History
 from .logs import log_event
 from .metrics import ApiMetrics
 from .openapi import openapi_document, validate
@@ -61,6 +66,7 @@ __all__ = [
     "MODEL",
     "PREDICTOR",
     "METRICS",
+    "HISTORY",
     "OPENAPI",
 ]
 
@@ -72,6 +78,8 @@ CLIENT = web.AppKey("client", PSClient)
 MODEL = web.AppKey("model", Model)
 PREDICTOR = web.AppKey("predictor", Predictor)
 METRICS = web.AppKey("metrics", ApiMetrics)
+HISTORY = web.AppKey("history", History)
+"""The dashboard's samples of the cluster, taken while the app runs."""
 OPENAPI = web.AppKey("openapi", dict)
 """The OpenAPI document (a dict)."""
 _OPENAPI_BODY = web.AppKey("openapi_body", bytes)
@@ -376,6 +384,50 @@ async def openapi(request: web.Request) -> web.Response:
     return web.Response(body=request.app[_OPENAPI_BODY], content_type="application/json")
 
 
+@functools.cache
+def _dashboard_page() -> bytes:
+    return resources.files("app").joinpath("static", "dashboard.html").read_bytes()
+
+
+# The page loads nothing but itself and the API's JSON: the browser enforces
+# it, so a stray external reference fails visibly instead of phoning out.
+_DASHBOARD_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+
+
+async def dashboard(request: web.Request) -> web.Response:
+    return web.Response(
+        body=_dashboard_page(), content_type="text/html", charset="utf-8", headers=_DASHBOARD_HEADERS
+    )
+
+
+async def history(request: web.Request) -> web.Response:
+    raw = request.query.get("since")
+    since = None
+    if raw is not None:
+        try:
+            since = float(raw)
+        except ValueError:
+            since = math.nan
+        if not math.isfinite(since):
+            raise BadRequestError(f"since must be a time in seconds since the epoch, not {raw!r}")
+    h = request.app[HISTORY]
+    return _json(
+        {
+            "model": request.app[MODEL].name,
+            "interval_s": h.interval_s,
+            "max_points": h.max_points,
+            "error": h.error,
+            "points": h.points(since),
+        }
+    )
+
+
 # -- the application ------------------------------------------------------------
 
 
@@ -383,17 +435,24 @@ def create_app(settings: ApiSettings, client: PSClient, model: Model) -> web.App
     """The API over the shards of `client`, serving `model`.
 
     The caller keeps `client` (and closes it); the app only reads through it.
-    The predictor's batching task starts and stops with the app."""
+    The predictor's batching task and the dashboard's sampling task start and
+    stop with the app."""
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
     app[SETTINGS] = settings
     app[MODEL] = model
     app[METRICS] = api_metrics = ApiMetrics()
     app[CLIENT] = api_metrics.instrument(client)
     app[PREDICTOR] = Predictor(app[CLIENT], model, on_batch=api_metrics.on_batch)
+    app[HISTORY] = History(
+        app[CLIENT], model, interval_s=settings.history_interval_s, max_points=settings.history_points
+    )
     app[OPENAPI] = openapi_document(settings.max_events)
     app[_OPENAPI_BODY] = orjson.dumps(app[OPENAPI])
     app[_ERROR_LOG] = {}
     app.cleanup_ctx.append(_predictor_ctx)
+    app.cleanup_ctx.append(_history_ctx)
+    app.router.add_get("/", dashboard)
+    app.router.add_get("/v1/history", history)
     app.router.add_post("/v1/predict", predict)
     app.router.add_post("/v1/weights", weights)
     app.router.add_get("/v1/model", model_info)
@@ -408,6 +467,11 @@ def create_app(settings: ApiSettings, client: PSClient, model: Model) -> web.App
 
 async def _predictor_ctx(app: web.Application) -> Any:
     async with app[PREDICTOR]:
+        yield
+
+
+async def _history_ctx(app: web.Application) -> Any:
+    async with app[HISTORY]:
         yield
 
 

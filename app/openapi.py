@@ -233,6 +233,35 @@ def _schemas(max_events: int) -> dict[str, Any]:
                 }
             }
         ),
+        "HistoryPoint": _closed(
+            {
+                "t": {"type": "number", "description": "When sampled, seconds since the epoch."},
+                "events_trained": count,
+                "events_per_s": {
+                    "type": ["number", "null"],
+                    "minimum": 0,
+                    "description": "Since the previous sample; null for the first or when the total fell.",
+                },
+                "logloss": {**number, "type": ["number", "null"]},
+                "auc": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+                "copc": {**number, "type": ["number", "null"]},
+                "lag": count,
+                "dead_letters": count,
+                "features": {**counts_by, "description": "Per table of the model, summed over shards."},
+            }
+        ),
+        "History": _closed(
+            {
+                "model": string,
+                "interval_s": {"type": "number", "description": "Seconds between samples."},
+                "max_points": {"type": "integer", "minimum": 1},
+                "error": {
+                    "type": ["string", "null"],
+                    "description": "Why the latest sample failed; null after a success.",
+                },
+                "points": {"type": "array", "items": _ref("HistoryPoint"), "description": "Oldest first."},
+            }
+        ),
         "Health": _closed({"status": {"type": "string", "enum": ["ok"]}}),
         "Ready": _closed(
             {"status": {"type": "string", "enum": ["ready"]}, "shards": {"type": "integer", "minimum": 1}}
@@ -304,6 +333,37 @@ def openapi_document(max_events: int = 10_000) -> dict[str, Any]:
                         **_errors(400, 401, 413, 502, 503),
                     },
                 },
+            },
+            "/v1/history": {
+                "get": {
+                    "summary": "The dashboard's samples of the cluster, kept in this process.",
+                    "parameters": [
+                        {
+                            "name": "since",
+                            "in": "query",
+                            "required": False,
+                            "description": "Only points taken after this time (seconds since the epoch).",
+                            "schema": {"type": "number"},
+                        }
+                    ],
+                    "responses": {
+                        "200": _json(_ref("History"), "The newest max_points samples."),
+                        "400": _json(_ERROR, "since is not a finite number (bad_request)."),
+                        **_errors(),
+                    },
+                }
+            },
+            "/": {
+                "get": {
+                    "summary": "The dashboard: one self-contained HTML page drawing /v1/history.",
+                    "responses": {
+                        "200": {
+                            "description": "An HTML page with inline script and style.",
+                            "content": {"text/html": {"schema": {"type": "string"}}},
+                        },
+                        **_errors(),
+                    },
+                }
             },
             "/healthz": {
                 "get": {

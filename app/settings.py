@@ -412,10 +412,16 @@ class ApiSettings:
     """How long a shard call is retried before 503 (``CTRPS_SHARD_DEADLINE``)."""
     log_format: str = "text"
     """``text`` or ``json`` (``CTRPS_LOG_FORMAT``)."""
+    history_interval_s: float = 2.0
+    """Seconds between the dashboard's samples of the cluster (``CTRPS_HISTORY_INTERVAL``)."""
+    history_points: int = 1800
+    """How many samples the dashboard keeps, the newest (``CTRPS_HISTORY_POINTS``)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port {self.port} out of range")
+        if not 0 < self.history_interval_s < float("inf") or self.history_points < 1:
+            raise SettingsError("history interval must be a positive number of seconds and history points >= 1")
         if self.model not in ("lr", "fm"):
             raise SettingsError(f"model {self.model!r} is not lr or fm")
         if not self.model_name:
@@ -448,4 +454,7 @@ class ApiSettings:
                 args.shard_deadline, env, "CTRPS_SHARD_DEADLINE", d.shard_deadline_s, float
             ),
             log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
+            # Environment only: `ctrps serve` has no flags for these.
+            history_interval_s=_pick(None, env, "CTRPS_HISTORY_INTERVAL", d.history_interval_s, float),
+            history_points=_pick(None, env, "CTRPS_HISTORY_POINTS", d.history_points, int),
         )

@@ -1,0 +1,250 @@
+"""The dashboard's history: a bounded series of samples of the cluster, kept
+in the API process.
+
+Every `History.interval_s` a background task reads the shards' stats and the
+status board of shard 0 (the same two reads as ``GET /v1/model``) and appends
+one `HistoryPoint`: events trained, events/s since the previous sample, the
+latest windows' progressive log loss / AUC / COPC, lag, dead letters and
+features per table. The newest `History.max_points` are kept; ``GET
+/v1/history`` serves them and the dashboard (``GET /``) draws them::
+
+    async with History(client, model, interval_s=2.0, max_points=1800) as history:
+        ...
+        history.points(since=t)
+
+A sample the shards do not answer is skipped: `History.error` says why until
+a sample succeeds again, and the outage is logged once. Any other exception
+ends the task, is logged with its traceback and is raised again by
+`History.points`, so a bug shows on the dashboard instead of a frozen chart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ps_core.client import PSClient
+from ps_core.errors import PSError
+from ps_core.models import Model
+
+from .logs import log_event
+from .status import BoardSummary, WorkerView, summarize
+
+__all__ = [
+    "History",
+    "HistoryPoint",
+    "window_quality",
+    "LIVE_WORKER_S",
+]
+
+log = logging.getLogger("ctrps.history")
+
+LIVE_WORKER_S = 60.0
+"""A worker's last window counts in a sample's log loss / AUC / COPC while its
+latest report is at most this much older than the board's newest report.
+Both times are shard 0's clock, so no clock skew enters; a worker that
+stopped drops out after this long, while live workers with windows up to this
+long always count."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPoint:
+    """One sample of the cluster (a JSON object in ``GET /v1/history``)."""
+
+    t: float
+    """When it was taken (seconds since the epoch, the API's clock)."""
+    events_trained: int
+    """Events trained, summed over the workers on the board."""
+    events_per_s: float | None
+    """Events trained per second since the previous sample; None for the first
+    sample, or when the total fell (a worker left the board)."""
+    logloss: float | None
+    """Progressive log loss of the live workers' latest windows (mean over
+    their events); None before any window."""
+    auc: float | None
+    """Progressive AUC of the live workers' latest windows (their mean,
+    weighted by events: exact for one worker, an approximation for several)."""
+    copc: float | None
+    """Clicks over predicted clicks of the live workers' latest windows (their
+    mean, weighted by events)."""
+    lag: int
+    """Records behind, all partitions."""
+    dead_letters: int
+    """Records dead-lettered, summed over workers, all reasons."""
+    features: dict[str, int]
+    """Features (rows) per table of the model, summed over shards."""
+
+
+def _finite(value: object) -> float | None:
+    """A status field as a finite float, or None (the board holds any JSON)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def window_quality(workers: list[WorkerView]) -> dict[str, float | None]:
+    """``logloss``, ``auc`` and ``copc`` over the latest windows of the live
+    workers (`LIVE_WORKER_S`), each weighted by its window's events; a metric
+    no window reports is None."""
+    if not workers:
+        return {"logloss": None, "auc": None, "copc": None}
+    newest = max(w.received_at for w in workers)
+    windows = [w.status.get("last_window") for w in workers if w.received_at >= newest - LIVE_WORKER_S]
+    out: dict[str, float | None] = {}
+    for key in ("logloss", "auc", "copc"):
+        pairs = []
+        for window in windows:  # one per worker: a handful
+            if isinstance(window, dict):
+                events, value = _finite(window.get("events")), _finite(window.get(key))
+                if events is not None and events > 0 and value is not None:
+                    pairs.append((events, value))
+        weight = sum(events for events, _ in pairs)
+        # Shares first: one worker's figure comes out exactly as it reported it.
+        out[key] = sum(value * (events / weight) for events, value in pairs) if pairs else None
+    return out
+
+
+class History:
+    """Samples the cluster every `interval_s` and keeps the newest `max_points`.
+
+    `start()` starts the sampling task (the first sample at once), `stop()`
+    cancels and awaits it (idempotent); ``async with`` does both. `sample()` is
+    one step, for callers that drive it themselves (tests)."""
+
+    def __init__(
+        self,
+        client: PSClient,
+        model: Model,
+        *,
+        interval_s: float,
+        max_points: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """The app passes `ApiSettings.history_interval_s` and
+        `ApiSettings.history_points`; `clock` gives each point's time, in
+        seconds since the epoch."""
+        if not 0 < interval_s < math.inf:
+            raise ValueError(f"interval_s must be a positive number of seconds, not {interval_s!r}")
+        if max_points < 1:
+            raise ValueError(f"max_points must be >= 1, not {max_points!r}")
+        self.client = client
+        self.model = model
+        self.interval_s = interval_s
+        self.max_points = max_points
+        self.error: str | None = None
+        """Why the latest sample failed (the shards' error), None after a success."""
+        self._clock = clock
+        self._points: deque[HistoryPoint] = deque(maxlen=max_points)
+        # The last successful sample, even once it has left the window: the
+        # next events/s is measured from it.
+        self._previous: HistoryPoint | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the sampling task is running."""
+        return self._task is not None and not self._task.done()
+
+    async def start(self) -> None:
+        """Start sampling (once)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="ctrps-history")
+
+    async def stop(self) -> None:
+        """Stop sampling; the points are kept."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        # Its own failure was logged when it happened; stopping must not raise it.
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def __aenter__(self) -> History:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def points(self, since: float | None = None) -> list[HistoryPoint]:
+        """The points kept, oldest first; with `since`, only those taken after it.
+
+        Raises what ended the sampling task if it failed."""
+        task = self._task
+        if task is not None and task.done() and not task.cancelled():
+            error = task.exception()
+            if error is not None:
+                raise RuntimeError(f"the history sampler stopped: {error!r}") from error
+        if since is None:
+            return list(self._points)
+        # Newest last: walk back from the end, usually only a point or two.
+        newer: list[HistoryPoint] = []
+        for p in reversed(self._points):
+            if p.t <= since:
+                break
+            newer.append(p)
+        return newer[::-1]
+
+    async def sample(self) -> HistoryPoint | None:
+        """Read the cluster once and append a point; returns it, or None when
+        the shards did not answer (`error` says why)."""
+        try:
+            stats, board = await asyncio.gather(self.client.stats(), self.client.statuses())
+        except PSError as exc:
+            self._failed(f"{exc.code}: {exc.detail}")
+            return None
+        point = self._point(self._clock(), stats, summarize(board))
+        self._points.append(point)
+        self._previous = point
+        if self.error is not None:
+            log_event(log, "history sampling resumed", points=len(self._points))
+            self.error = None
+        return point
+
+    def _point(self, t: float, stats: list[dict[str, Any]], board: BoardSummary) -> HistoryPoint:
+        features = {
+            name: sum(int(s["tables"][name]["features"]) for s in stats if name in s["tables"])
+            for name in self.model.table_names
+        }
+        rate = None
+        prev = self._previous
+        if prev is not None and t > prev.t and board.events_trained >= prev.events_trained:
+            rate = (board.events_trained - prev.events_trained) / (t - prev.t)
+        quality = window_quality(board.workers)
+        return HistoryPoint(
+            t=t,
+            events_trained=board.events_trained,
+            events_per_s=rate,
+            logloss=quality["logloss"],
+            auc=quality["auc"],
+            copc=quality["copc"],
+            lag=board.lag,
+            dead_letters=board.dead_letters,
+            features=features,
+        )
+
+    def _failed(self, error: str) -> None:
+        # Once per outage (and when its cause changes), not once per sample.
+        if error != self.error:
+            log.warning("history sample failed", extra={"fields": {"error": error}})
+        self.error = error
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            try:
+                await self.sample()
+            except Exception:
+                log.exception("history sampler failed")
+                raise
+            # A fixed cadence; after a sample slower than the interval (shard
+            # retries) the next starts at once, not a burst catching up.
+            next_at = max(next_at + self.interval_s, loop.time())
+            await asyncio.sleep(next_at - loop.time())

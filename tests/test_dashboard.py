@@ -1,0 +1,534 @@
+"""The dashboard: the history the API samples (`app.history`, ``GET
+/v1/history``) and the page that draws it (``GET /``), against real shards in
+this process and on loopback.
+
+The sampler is driven deterministically: `History.sample()` called directly
+with an injected clock, or the app's own task at a tiny interval with a
+bounded wait for a condition. The page's script runs under node (when
+installed) over a minimal DOM and the app's real responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import io
+import logging
+import math
+import re
+import shutil
+import tomllib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from app.api import HISTORY, ApiServer, create_app
+from app.cli import build_parser
+from app.demo import _announce
+from app.history import LIVE_WORKER_S, History, window_quality
+from app.openapi import openapi_document, response_schema, validate
+from app.settings import ApiSettings, DemoSettings, SettingsError
+from app.status import WorkerView
+from ps_core.client import PSClient, RetryPolicy
+from ps_core.models import Model, make_model
+from ps_core.server import create_shard_app
+from ps_core.shard import Shard, ShardSpec
+from test_api import report_windows, synthetic_events, train, window_report
+
+PROJECT = Path(__file__).resolve().parent.parent
+PAGE = PROJECT / "app" / "static" / "dashboard.html"
+
+
+class FakeClock:
+    """Seconds since the epoch that move only when told."""
+
+    # Not a whole number: JavaScript would print 1700000000.0 as 1700000000.
+    def __init__(self, t: float = 1_700_000_000.25) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait (bounded) for `condition`, checking between turns of the loop."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.002)
+
+
+def local_cluster(kind: str = "lr", shards: int = 2) -> tuple[PSClient, Model, list[Shard]]:
+    model = make_model(kind, "ctr")
+    held = [Shard(ShardSpec(i, shards), model.tables()) for i in range(shards)]
+    return PSClient.local(held), model, held
+
+
+def table_sizes(model: Model, shards: list[Shard]) -> dict[str, int]:
+    return {t: sum(len(s.tables[t]) for s in shards) for t in model.table_names}
+
+
+class Http:
+    """The app in process; every JSON answer is checked against its OpenAPI document."""
+
+    def __init__(self, http: TestClient) -> None:  # type: ignore[type-arg]
+        self.http = http
+        self.doc = openapi_document()
+
+    async def get(self, path_and_query: str) -> tuple[int, Any]:
+        async with self.http.get(path_and_query) as resp:
+            status, ctype, raw = resp.status, resp.content_type, await resp.read()
+        assert ctype == "application/json", (status, ctype, raw[:200])
+        body = orjson.loads(raw)
+        path = path_and_query.partition("?")[0]
+        schema = response_schema(self.doc, path, "GET", status)
+        assert validate(body, schema, self.doc) == [], (path_and_query, status, body)
+        return status, body
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[..., Any]]:
+    """Serves `create_app(settings, client, model)` in process; the app, then
+    `client`, closed at teardown."""
+    opened: list[tuple[TestClient, PSClient]] = []  # type: ignore[type-arg]
+
+    async def start(
+        client: PSClient, model: Model, history: History | None = None, **settings: Any
+    ) -> tuple[web.Application, Http]:
+        app = create_app(ApiSettings(**settings), client, model)
+        if history is not None:
+            app[HISTORY] = history  # before the app starts: its task is this one's
+        http = TestClient(TestServer(app))
+        await http.start_server()
+        opened.append((http, client))
+        return app, Http(http)
+
+    yield start
+    for http, client in opened:
+        await http.close()
+        await client.close()
+
+
+# -- the history ----------------------------------------------------------------------
+
+
+async def test_each_sample_is_a_point_and_events_per_s_comes_from_consecutive_samples() -> None:
+    client, model, shards = local_cluster("fm")
+    clock = FakeClock()
+    history = History(client, model, interval_s=2.0, max_points=100, clock=clock)
+    first = await history.sample()
+    assert first is not None and first.t == clock.t
+    assert (first.events_trained, first.events_per_s, first.lag, first.dead_letters) == (0, None, 0, 0)
+    assert (first.logloss, first.auc, first.copc) == (None, None, None)
+    assert first.features == {"ctr_w": 0, "ctr_v": 0}
+
+    rng = np.random.default_rng(1)
+    await train(client, model, synthetic_events(rng, 150), rounds=1)
+    await report_windows(client, "w-a", [window_report(1, 150, {0: 4, 1: 3}, {"bad_label": 2})])
+    clock.t += 2.0
+    second = await history.sample()
+    assert second is not None
+    assert second.events_trained == 150 and second.events_per_s == pytest.approx(150 / 2.0)
+    assert second.features == table_sizes(model, shards) and second.features["ctr_w"] > 100
+    assert (second.lag, second.dead_letters) == (7, 2)
+    last = (await client.statuses())[0]["status"]["last_window"]
+    assert (second.logloss, second.auc, second.copc) == (last["logloss"], last["auc"], last["copc"])
+
+    await report_windows(client, "w-b", [window_report(1, 60, {2: 1}, {})])
+    clock.t += 4.0
+    third = await history.sample()
+    assert third is not None and third.events_trained == 210
+    assert third.events_per_s == pytest.approx(60 / 4.0)
+    assert [p.t for p in history.points()] == [first.t, second.t, third.t]
+    assert history.points(since=second.t) == [third]
+    assert history.points(since=third.t) == []
+    assert history.points(since=0.0) == [first, second, third]
+    await client.close()
+
+
+async def test_the_history_keeps_the_newest_max_points() -> None:
+    client, model, _ = local_cluster()
+    clock = FakeClock()
+    history = History(client, model, interval_s=1.0, max_points=3, clock=clock)
+    for i in range(1, 6):
+        await report_windows(client, f"w{i}", [window_report(1, 10 * i, {0: 0}, {})])
+        clock.t += 1.0
+        await history.sample()
+    points = history.points()
+    assert len(points) == 3
+    # Totals are cumulative over workers: 10, 30, 60, 100, 150.
+    assert [p.events_trained for p in points] == [60, 100, 150]
+    # Rates stay measured from the previous sample, dropped or not.
+    assert [p.events_per_s for p in points] == [30.0, 40.0, 50.0]
+    await client.close()
+
+
+async def test_events_per_s_is_unknown_when_the_total_falls_or_time_does_not_advance() -> None:
+    client, model, shards = local_cluster()
+    clock = FakeClock()
+    history = History(client, model, interval_s=1.0, max_points=10, clock=clock)
+    await report_windows(client, "w", [window_report(1, 50, {0: 0}, {})])
+    await history.sample()
+    # Shard 0 restarted: its board is empty, so the total falls to 0.
+    client2 = PSClient.local([Shard(ShardSpec(0, 2), model.tables()), shards[1]])
+    history.client = client2
+    clock.t += 1.0
+    fell = await history.sample()
+    assert fell is not None and fell.events_trained == 0 and fell.events_per_s is None
+    same_time = await history.sample()
+    assert same_time is not None and same_time.events_per_s is None
+    await client.close()
+    await client2.close()
+
+
+def view(source: str, received_at: float, **window: Any) -> WorkerView:
+    return WorkerView(source, received_at, {"kind": "worker", "last_window": window})
+
+
+def test_window_quality_weighs_live_workers_by_their_events() -> None:
+    now = 1000.0
+    got = window_quality(
+        [
+            view("stale", now - LIVE_WORKER_S - 1, events=1000, logloss=9.0, auc=0.1, copc=9.0),
+            view("a", now - 5, events=300, logloss=0.4, auc=0.7, copc=1.2),
+            view("b", now, events=100, logloss=0.2, auc=0.9, copc=0.8),
+            view("empty", now, events=0, logloss=0.0, auc=0.0, copc=0.0),
+            view("junk", now, events="many", logloss="x", auc=None),
+        ]
+    )
+    assert got["logloss"] == pytest.approx((300 * 0.4 + 100 * 0.2) / 400)
+    assert got["auc"] == pytest.approx((300 * 0.7 + 100 * 0.9) / 400)
+    assert got["copc"] == pytest.approx((300 * 1.2 + 100 * 0.8) / 400)
+    # A window without a metric (NaN becomes null on the board) leaves it out.
+    partial = window_quality([view("a", now, events=10, logloss=0.3, auc=None, copc=math.inf)])
+    assert partial == {"logloss": 0.3, "auc": None, "copc": None}
+    assert window_quality([]) == {"logloss": None, "auc": None, "copc": None}
+
+
+async def test_an_unreachable_shard_skips_samples_logs_once_and_recovers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = make_model("lr", "ctr")
+    shard = Shard(ShardSpec(0, 1), model.tables())
+    runner = web.AppRunner(create_shard_app(shard), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = PSClient.connect([f"http://127.0.0.1:{port}"], retry=RetryPolicy(deadline_s=0.2))
+    history = History(client, model, interval_s=1.0, max_points=10, clock=FakeClock())
+    try:
+        assert await history.sample() is not None and history.error is None
+        await runner.cleanup()
+        with caplog.at_level(logging.INFO, logger="ctrps.history"):
+            assert await history.sample() is None
+            assert await history.sample() is None
+            assert history.error is not None and "shard_unavailable" in history.error
+            assert f"127.0.0.1:{port}" in history.error
+            assert len(history.points()) == 1
+            # The same shard back on the same port.
+            runner = web.AppRunner(create_shard_app(shard), access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port, reuse_address=True).start()
+            assert await history.sample() is not None and history.error is None
+        lines = [r.getMessage() for r in caplog.records if r.name == "ctrps.history"]
+        assert lines == ["history sample failed", "history sampling resumed"]
+        assert len(history.points()) == 2
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+def test_history_arguments_and_settings_are_checked() -> None:
+    client, model, _ = local_cluster()
+    for interval_s, max_points in ((0.0, 1), (-1.0, 1), (math.inf, 1), (math.nan, 1), (1.0, 0)):
+        with pytest.raises(ValueError):
+            History(client, model, interval_s=interval_s, max_points=max_points)
+    args = build_parser().parse_args(["serve"])
+    shards = {"CTRPS_SHARDS": "http://a:1"}
+    s = ApiSettings.from_args(args, env={**shards, "CTRPS_HISTORY_INTERVAL": "0.5", "CTRPS_HISTORY_POINTS": "60"})
+    assert (s.history_interval_s, s.history_points) == (0.5, 60)
+    d = ApiSettings.from_args(args, env=shards)
+    assert (d.history_interval_s, d.history_points) == (2.0, 1800)
+    for env in ({"CTRPS_HISTORY_INTERVAL": "0"}, {"CTRPS_HISTORY_POINTS": "0"}, {"CTRPS_HISTORY_POINTS": "x"}):
+        with pytest.raises(SettingsError):
+            ApiSettings.from_args(args, env={**shards, **env})
+
+
+# -- GET /v1/history, through the app's own sampler -------------------------------------
+
+
+async def test_the_app_samples_while_it_runs_and_stops_on_shutdown(serve: Any) -> None:
+    client, model, shards = local_cluster()
+    app, api = await serve(client, model, history_interval_s=0.005, history_points=5)
+    history = app[HISTORY]
+    assert history.running
+    await until(lambda: len(history.points()) >= 1)
+    status, body = await api.get("/v1/history")
+    assert status == 200
+    assert (body["model"], body["interval_s"], body["max_points"], body["error"]) == ("ctr", 0.005, 5, None)
+    assert body["points"][0]["events_trained"] == 0
+
+    rng = np.random.default_rng(7)
+    await train(client, model, synthetic_events(rng, 80), rounds=1)
+    await report_windows(client, "w", [window_report(1, 80, {0: 2}, {})])
+    # The first sample has no rate; once it has left, more than 5 were taken.
+    await until(lambda: history.points()[-1].events_trained == 80 and history.points()[0].events_per_s is not None)
+    status, body = await api.get("/v1/history")
+    points = body["points"]
+    assert len(points) == 5
+    for a, b in zip(points, points[1:]):  # consecutive samples
+        assert b["events_per_s"] == pytest.approx((b["events_trained"] - a["events_trained"]) / (b["t"] - a["t"]))
+    assert points[-1]["features"] == table_sizes(model, shards) and points[-1]["lag"] == 2
+    assert points[-1]["logloss"] is not None and 0 <= points[-1]["auc"] <= 1
+
+    await api.http.close()
+    assert not history.running
+    taken = history.points()  # a sampler that crashed instead would raise here
+    assert taken and taken[-1].events_trained == 80
+
+
+async def test_the_first_sample_and_the_rate_through_the_app_are_exact(serve: Any) -> None:
+    client, model, _ = local_cluster()
+    clock = FakeClock()
+    mine = History(client, model, interval_s=3600.0, max_points=10, clock=clock)
+    app, api = await serve(client, model, history=mine)
+    history = app[HISTORY]
+    # The task samples once at start, then not for an hour: the rest is driven here.
+    await until(lambda: len(history.points()) == 1)
+    await report_windows(client, "w", [window_report(1, 500, {0: 0}, {})])
+    clock.t += 2.5
+    await history.sample()
+    _, body = await api.get("/v1/history")
+    points = body["points"]
+    assert [(p["events_trained"], p["events_per_s"]) for p in points] == [(0, None), (500, 200.0)]
+    status, newer = await api.get(f"/v1/history?since={points[0]['t']!r}")
+    assert status == 200 and newer["points"] == points[1:]
+    assert (await api.get(f"/v1/history?since={points[1]['t']!r}"))[1]["points"] == []
+    for bad in ("x", "nan", "inf", ""):
+        status, err = await api.get(f"/v1/history?since={bad}")
+        assert (status, err["error"]) == (400, "bad_request") and "since" in err["detail"]
+
+
+async def test_a_sampler_that_fails_is_logged_and_answers_500(
+    serve: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    client, model, _ = local_cluster()
+
+    class Broken(History):
+        async def sample(self) -> None:
+            raise RuntimeError("boom")
+
+    broken = Broken(client, model, interval_s=0.01, max_points=5)
+    with caplog.at_level(logging.ERROR, logger="ctrps.history"):
+        _, api = await serve(client, model, history=broken)
+        await until(lambda: not broken.running)
+    failed = [r for r in caplog.records if r.getMessage() == "history sampler failed"]
+    assert len(failed) == 1 and failed[0].exc_info is not None
+    status, err = await api.get("/v1/history")
+    assert (status, err["error"]) == (500, "internal") and "boom" in err["detail"]
+    await api.http.close()  # stopping does not raise the failure again
+
+
+# -- GET / --------------------------------------------------------------------------------
+
+
+async def test_the_dashboard_is_one_self_contained_html_page(serve: Any) -> None:
+    client, model, _ = local_cluster()
+    app, api = await serve(client, model)
+    async with api.http.get("/") as resp:
+        assert resp.status == 200
+        assert (resp.content_type, resp.charset) == ("text/html", "utf-8")
+        csp = resp.headers["Content-Security-Policy"]
+        page = await resp.text()
+    assert "default-src 'none'" in csp and "connect-src 'self'" in csp
+    assert page == PAGE.read_text() and page.lstrip().lower().startswith("<!doctype html>")
+    # Nothing from elsewhere: no absolute URL at all, no src attributes, no
+    # stylesheet or font links, one inline script.
+    assert "http://" not in page and "https://" not in page
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:[a-z]+:)?//""", page, re.I)
+    assert not re.search(r"\bsrc\s*=", page, re.I) and "@import" not in page and "url(" not in page
+    assert re.findall(r"<link\b[^>]*>", page) == ['<link rel="icon" href="data:,">']
+    assert page.count("<script") == 1 and "<script>" in page
+    # Every URL the script fetches is a route of this app, relative to the page.
+    fetched = set(re.findall(r'"\./(v1/[a-z/]+)"', _script(page)))
+    assert fetched == {"v1/history", "v1/model"}
+    served = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
+    assert {"/" + f for f in fetched} <= served
+
+
+def _script(page: str) -> str:
+    scripts: list[str] = re.findall(r"<script>(.*?)</script>", page, re.S)
+    assert len(scripts) == 1
+    return scripts[0]
+
+
+def test_the_page_ships_with_the_package() -> None:
+    config = tomllib.loads((PROJECT / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["app"]
+    relative = PAGE.relative_to(PROJECT / "app").as_posix()
+    assert any(fnmatch.fnmatch(relative, g) for g in globs), globs
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+async def test_the_demo_announces_the_dashboard(fmt: str, caplog: pytest.LogCaptureFixture) -> None:
+    out = io.StringIO()
+    async with PSClient.local([Shard()]) as client:
+        async with ApiServer(ApiSettings(port=0), client, make_model("lr")) as server:
+            with caplog.at_level(logging.INFO, logger="ctrps.demo"):
+                _announce(out, server, "127.0.0.1:9092", DemoSettings(port=0, log_format=fmt))
+    ready = [r for r in caplog.records if r.getMessage() == "ready"]
+    assert ready[0].fields["dashboard"] == server.url + "/"  # type: ignore[attr-defined]
+    if fmt == "text":
+        assert f"  dashboard  {server.url}/\n" in out.getvalue()
+
+
+# -- the page's script, under node ----------------------------------------------------------
+
+NODE = shutil.which("node")
+
+# A browser's part, as little as the page uses: elements by id (those the
+# page's HTML declares, so a missing id is null as in a browser), fetch
+# answering from canned responses, and a setTimeout that hands the next poll
+# to this harness. Prints the elements after each poll, the URLs fetched and
+# any unhandled rejection.
+HARNESS = r"""
+const fs = require("fs"), vm = require("vm");
+const [pagePath, roundsPath] = process.argv.slice(2);
+const html = fs.readFileSync(pagePath, "utf8");
+const rounds = JSON.parse(fs.readFileSync(roundsPath, "utf8"));
+const script = html.match(/<script>([\s\S]*?)<\/script>/)[1];
+const elements = new Map();
+for (const m of html.matchAll(/<[a-z][a-z0-9]*\b([^>]*?)\sid="([^"]+)"([^>]*)>/g)) {
+  const hidden = /\shidden\b/.test(m[1] + " " + m[3]);
+  elements.set(m[2], { textContent: "", innerHTML: "", className: "", hidden });
+}
+let round = 0, next = null;
+const urls = [], snapshots = [], errors = [];
+process.on("unhandledRejection", (e) => errors.push(String((e && e.stack) || e)));
+const sandbox = {
+  console,
+  document: { getElementById: (id) => elements.get(id) ?? null },
+  setTimeout: (fn) => { next = fn; },
+  fetch: (url) => {
+    urls.push(url);
+    const r = rounds[round][url.split("?")[0]];
+    if (!r) return Promise.reject(new TypeError("Failed to fetch " + url));
+    return Promise.resolve({ ok: r.status < 400, status: r.status, json: async () => r.body });
+  },
+};
+vm.createContext(sandbox);
+vm.runInContext(script, sandbox, { filename: "dashboard.js" });
+(async () => {
+  for (round = 0; round < rounds.length; round++) {
+    if (round > 0) { const fn = next; next = null; fn(); }
+    for (let spins = 0; next === null; spins++) {
+      if (spins > 10000) throw new Error("the poll never finished");
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+    snapshots.push(Object.fromEntries([...elements].map(([id, e]) => [id, e])));
+    snapshots[snapshots.length - 1] = JSON.parse(JSON.stringify(snapshots[snapshots.length - 1]));
+  }
+  console.log(JSON.stringify({ urls, snapshots, errors }));
+})().catch((e) => { console.error(e.stack); process.exit(1); });
+"""
+
+
+async def run_page(tmp_path: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The page's script through `rounds` of polls (each: path → {status, body})."""
+    assert NODE is not None
+    harness, data = tmp_path / "harness.js", tmp_path / "rounds.json"
+    harness.write_text(HARNESS)
+    data.write_bytes(orjson.dumps(rounds))
+    proc = await asyncio.create_subprocess_exec(
+        NODE, str(harness), str(PAGE), str(data),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 0, err.decode()
+    result: dict[str, Any] = orjson.loads(out)
+    assert result["errors"] == []
+    return result
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+async def test_the_page_script_parses(tmp_path: Path) -> None:
+    source = tmp_path / "dashboard.js"
+    source.write_text(_script(PAGE.read_text()))
+    proc = await asyncio.create_subprocess_exec(NODE, "--check", str(source), stderr=asyncio.subprocess.PIPE)  # type: ignore[arg-type]
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 0, err.decode()
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(
+    serve: Any, tmp_path: Path
+) -> None:
+    client, model, shards = local_cluster()
+    clock = FakeClock()
+    app, api = await serve(client, model, history=History(client, model, interval_s=3600.0, max_points=50, clock=clock))
+    history = app[HISTORY]
+    await until(lambda: len(history.points()) == 1)
+
+    async def answers(history_path: str) -> dict[str, Any]:
+        out = {}
+        for path, url in (("./v1/history", history_path), ("./v1/model", "/v1/model")):
+            status, body = await api.get(url)
+            out[path] = {"status": status, "body": body}
+        return out
+
+    empty = await answers("/v1/history")
+    since = history.points()[-1].t
+    await train(client, model, synthetic_events(np.random.default_rng(3), 100), rounds=1)
+    await report_windows(client, "w-1", [window_report(1, 100, {0: 3, 1: 1}, {"bad_label": 1})])
+    for _ in range(3):
+        clock.t += 2.0
+        await history.sample()
+    trained = await answers(f"/v1/history?since={since!r}")
+    outage = {
+        "./v1/history": {"status": 200, "body": {**trained["./v1/history"]["body"], "points": [],
+                                                 "error": "shard_unavailable: shard 1 at http://h:1 is unreachable"}},
+        "./v1/model": {"status": 503, "body": {"error": "shard_unavailable", "detail": "shard 1 is unreachable"}},
+    }  # fmt: skip
+    result = await run_page(tmp_path, [empty, trained, outage])
+    first, second, third = result["snapshots"]
+
+    # Before training: the explanation, the header, charts without data; no error.
+    assert first["empty"]["hidden"] is False
+    assert first["status"]["className"] == "ok", first["status"]
+    assert first["interval"]["textContent"] == "3600"
+    assert first["model"]["textContent"] == "ctr" and first["workers"]["textContent"] == "0"
+    assert first["mode"]["textContent"] == "–" and first["version"]["textContent"] == "1"
+    for chart in ("logloss", "auc", "rate"):
+        assert "no data yet" in first[f"{chart}-chart"]["innerHTML"], chart
+    assert "<path" in first["lag-chart"]["innerHTML"]  # a lag of 0 is data
+
+    # After training: the charts, the header from /v1/model, and the next
+    # request asked only for newer points.
+    assert result["urls"][2] == f"./v1/history?since={since!r}"
+    assert second["empty"]["hidden"] is True and second["status"]["className"] == "ok"
+    assert "4 points" in second["status"]["textContent"]
+    assert second["trained"]["textContent"] == "100" and second["workers"]["textContent"] == "1"
+    assert second["mode"]["textContent"] == "async" and second["dead"]["textContent"] == "1"
+    n_features = table_sizes(model, shards)["ctr_w"]
+    assert second["features"]["textContent"] == second["features-now"]["textContent"] == f"{n_features:,}"
+    assert second["lag-now"]["textContent"] == "4"
+    last = trained["./v1/history"]["body"]["points"][-1]
+    assert second["logloss-now"]["textContent"] == f"{last['logloss']:.4f}"
+    for chart in ("logloss", "auc", "rate", "lag", "features"):
+        svg = second[f"{chart}-chart"]["innerHTML"]
+        assert svg.startswith("<svg") and "<path" in svg and "no data yet" not in svg, chart
+    # The log loss line: a dot at the empty first sample is absent (null), then
+    # three samples joined by two segments.
+    d = re.search(r'd="([^"]*)"', second["logloss-chart"]["innerHTML"])
+    assert d is not None and d.group(1).count("M") == 1 and d.group(1).count("L") == 2
+
+    # An outage: said in the status line, the charts stay.
+    assert third["status"]["className"] == "warn"
+    assert "shard_unavailable" in third["status"]["textContent"] and "model:" in third["status"]["textContent"]
+    assert third["logloss-chart"]["innerHTML"] == second["logloss-chart"]["innerHTML"]
