@@ -689,9 +689,16 @@ def prune(model_dir: Path, keep_bases: int = 2, *, stale_after_s: float = 3600.0
             _fsync_dir(mdir)
     now = time.time()
     for e in list(os.scandir(mdir)):
-        if e.name.startswith(_HIDDEN_PREFIXES) and now - e.stat(follow_symlinks=False).st_mtime > stale_after_s:
+        if not e.name.startswith(_HIDDEN_PREFIXES):
+            continue
+        try:
+            # A writer may rename its temporary away meanwhile: gone is fine.
+            if now - e.stat(follow_symlinks=False).st_mtime <= stale_after_s:
+                continue
             if e.is_dir(follow_symlinks=False):
-                shutil.rmtree(e.path, ignore_errors=True)
+                shutil.rmtree(e.path)
             else:
                 os.unlink(e.path)
+        except FileNotFoundError:
+            pass
     return removed
