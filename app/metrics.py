@@ -36,7 +36,7 @@ from ps_core.client import PSClient, Pulled, ShardTransport
 from ps_core.coordinator import Offsets
 from ps_core.errors import PSError
 from ps_core.hashing import U64
-from ps_core.table import F32, TableConfig
+from ps_core.table import F32, TableConfig, TableSnapshot
 
 from .status import BoardSummary, summarize
 
@@ -307,6 +307,12 @@ class InstrumentedTransport:
 
     async def statuses(self) -> list[dict[str, Any]]:
         return await self._timed("status", self.inner.statuses())
+
+    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
+        return await self._timed("snapshot", self.inner.take_snapshot(version, parent))
+
+    async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
+        return await self._timed("snapshot", self.inner.fetch_snapshot(version))
 
     async def acquire_lease(self, worker: str, wait_s: float) -> int:
         return await self._timed("lease", self.inner.acquire_lease(worker, wait_s))

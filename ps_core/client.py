@@ -44,7 +44,8 @@ from .errors import (
 from .hashing import U64, shard_of
 from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
-from .table import F32, TableConfig
+from .export import snapshots_from_bytes
+from .table import F32, TableConfig, TableSnapshot
 
 __all__ = [
     "PSClient",
@@ -97,6 +98,10 @@ class ShardTransport(Protocol):
 
     async def statuses(self) -> list[dict[str, Any]]: ...
 
+    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]: ...
+
+    async def fetch_snapshot(self, version: int) -> list[TableSnapshot]: ...
+
     async def acquire_lease(self, worker: str, wait_s: float) -> int: ...
 
     async def release_lease(self, lease_id: int, offsets: Offsets) -> bool: ...
@@ -145,6 +150,12 @@ class LocalTransport:
 
     async def statuses(self) -> list[dict[str, Any]]:
         return self.shard.statuses()
+
+    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
+        return self.shard.take_snapshot(version, parent)
+
+    async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
+        return self.shard.pop_snapshot(version)
 
     def _coordinator(self) -> Coordinator:
         if self.coordinator is None:
@@ -282,6 +293,16 @@ class HttpTransport:
         _, reply = await self._request("GET", "/v1/status")
         out: list[dict[str, Any]] = orjson.loads(reply)["statuses"]
         return out
+
+    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
+        body = orjson.dumps({"version": version, "parent": parent})
+        _, reply = await self._request("POST", "/v1/snapshots", body, "application/json")
+        rows: dict[str, int] = orjson.loads(reply)["rows"]
+        return rows
+
+    async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
+        _, reply = await self._request("GET", f"/v1/snapshots/{version}")
+        return snapshots_from_bytes(reply)
 
     async def _coordinator_request(self, method: str, path: str, body: object = None) -> Any:
         try:
@@ -505,6 +526,17 @@ class PSClient:
         """The status board of shard 0: ``{"source", "received_at",
         "status"}`` per source, the least recently reported first."""
         return await self.transports[0].statuses()
+
+    # -- export cuts -----------------------------------------------------------
+    async def take_snapshots(self, version: int, parent: int | None) -> list[dict[str, int]]:
+        """Every shard copies its rows for cut `version` (the cut's pause);
+        rows per table, in shard order."""
+        return await _fan_out([t.take_snapshot(version, parent) for t in self.transports])
+
+    async def fetch_snapshots(self, version: int) -> dict[int, list[TableSnapshot]]:
+        """The copies of cut `version` from every shard, by shard id (once)."""
+        got = await _fan_out([t.fetch_snapshot(version) for t in self.transports])
+        return {t.shard_id: snaps for t, snaps in zip(self.transports, got)}
 
     # -- the coordinator, hosted by shard 0 ------------------------------------
     async def acquire_lease(self, worker: str, wait_s: float = 30.0) -> int:

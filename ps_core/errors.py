@@ -22,6 +22,7 @@ __all__ = [
     "LeaseError",
     "CutInProgressError",
     "NoCoordinatorError",
+    "SnapshotError",
     "ExportCorruptError",
     "ExportNotFoundError",
     "error_from_body",
@@ -162,6 +163,14 @@ class ExportNotFoundError(PSError):
     status = 404
 
 
+class SnapshotError(PSError):
+    """A snapshot request that does not fit the shard: an unknown or already
+    fetched version, or labels that are not one cut's."""
+
+    code = "bad_snapshot"
+    status = 409
+
+
 _BY_CODE: dict[str, type[PSError]] = {
     cls.code: cls
     for cls in (
@@ -177,6 +186,7 @@ _BY_CODE: dict[str, type[PSError]] = {
         NoCoordinatorError,
         ExportCorruptError,
         ExportNotFoundError,
+        SnapshotError,
     )
 }
 

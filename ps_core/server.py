@@ -11,6 +11,10 @@ Routes:
 - ``GET /v1/stats``: features, bytes and call counts per table;
 - ``POST /v1/status``: report a source's status to the status board (JSON
   ``{"source": str, "status": {...}}``); ``GET /v1/status``: the board;
+- ``POST /v1/snapshots``: ``{"version": int, "parent": int | null}``, copy
+  the tables' rows for an export cut (the coordinator's pause), answering
+  ``{"rows": {table: n}}``; ``GET /v1/snapshots/{version}``: those copies as
+  one ``.npz`` body (`ps_core.export.snapshots_to_bytes`), handed over once;
 - ``GET /healthz``: liveness.
 
 Errors are JSON ``{"error": code, "detail": reason}`` with the status of the
@@ -25,7 +29,8 @@ import orjson
 from aiohttp import web
 
 from . import codec
-from .errors import PSError, StatusError, TableConfigError
+from .errors import PSError, SnapshotError, StatusError, TableConfigError
+from .export import snapshots_to_bytes
 from .shard import Shard
 from .table import TableConfig
 
@@ -108,6 +113,29 @@ async def list_statuses(request: web.Request) -> web.Response:
     return json_response({"statuses": request.app[SHARD].statuses()})
 
 
+async def take_snapshot(request: web.Request) -> web.Response:
+    try:
+        raw = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise SnapshotError(f"body is not JSON: {exc}") from None
+    version, parent = (raw.get("version"), raw.get("parent")) if isinstance(raw, dict) else (None, None)
+    if not isinstance(version, int) or isinstance(version, bool) or not (
+        parent is None or (isinstance(parent, int) and not isinstance(parent, bool))
+    ):
+        raise SnapshotError('body must be {"version": int, "parent": int or null}')
+    return json_response({"rows": request.app[SHARD].take_snapshot(version, parent)})
+
+
+async def fetch_snapshot(request: web.Request) -> web.Response:
+    try:
+        version = int(request.match_info["version"])
+    except ValueError:
+        raise SnapshotError(f"version {request.match_info['version']!r} is not an integer") from None
+    snaps = request.app[SHARD].pop_snapshot(version)
+    # Encoding is file-speed work on the event loop; cuts are minutes apart.
+    return web.Response(body=snapshots_to_bytes(snaps), content_type="application/octet-stream")
+
+
 async def stats(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].stats())
 
@@ -128,5 +156,7 @@ def create_shard_app(shard: Shard, *, max_body: int = DEFAULT_MAX_BODY) -> web.A
     app.router.add_get("/v1/stats", stats)
     app.router.add_post("/v1/status", report_status)
     app.router.add_get("/v1/status", list_statuses)
+    app.router.add_post("/v1/snapshots", take_snapshot)
+    app.router.add_get("/v1/snapshots/{version}", fetch_snapshot)
     app.router.add_get("/healthz", healthz)
     return app

@@ -6,6 +6,10 @@ table. The HTTP server (`ps_core.server`) and the in-process transport
 and effects hold whichever way a request arrives. Handlers run to completion
 without awaiting: one request's effects are never interleaved with another's.
 
+At an export cut, a shard copies its tables' rows (`take_snapshot`, the
+cut's pause) and holds the copies until the coordinator fetches them
+(`pop_snapshot`), after the pause.
+
 A shard also keeps a small status board: the latest status (a JSON object)
 reported by each source, e.g. each training worker, so that processes which do
 not train (the API, its metrics) can read the workers' progress. Clients report
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 import numpy as np
@@ -27,13 +31,14 @@ from . import codec
 from .errors import (
     FrameError,
     InvalidValuesError,
+    SnapshotError,
     StatusError,
     TableConflictError,
     UnknownTableError,
     WrongShardError,
 )
 from .hashing import shard_of
-from .table import F32, SparseTable, TableConfig
+from .table import F32, SnapshotKind, SparseTable, TableConfig, TableSnapshot
 
 __all__ = ["Shard", "ShardSpec", "MAX_STATUS_BYTES", "MAX_SOURCE_CHARS"]
 
@@ -81,6 +86,8 @@ class Shard:
         self._max_sources = max_sources
         # source -> (received_at, status), least recently reported first.
         self._statuses: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+        # version -> the copies of a cut, until the coordinator fetches them.
+        self._snapshots: OrderedDict[int, list[TableSnapshot]] = OrderedDict()
         for config in tables:
             self.declare(config)
 
@@ -191,6 +198,46 @@ class Shard:
             )
             return codec.encode_ack(frame.table, applied, version)
         raise FrameError(f"op {frame.op} is a reply, not a request")
+
+    # -- export cuts -------------------------------------------------------------
+    MAX_PENDING_SNAPSHOTS = 4
+    """Cuts held for fetching; older ones are dropped (their coordinator is gone)."""
+
+    def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
+        """Copy every table's rows for cut `version` (a base when `parent` is
+        None, else a delta on `parent`); returns rows per table.
+
+        A table never cut before (declared since the last base) gives all its
+        rows in a delta: upserts of rows the parent lacks.
+        """
+        if version < 1 or (parent is not None and not 0 < parent < version):
+            raise SnapshotError(f"cut {version} with parent {parent} is not a cut")
+        if version in self._snapshots:
+            raise SnapshotError(f"shard {self.spec.shard_id} holds cut {version} already")
+        kind: SnapshotKind = "base" if parent is None else "delta"
+        for t in self.tables.values():  # all checks before any table is cut
+            if parent is not None and t.last_snapshot > parent:
+                raise SnapshotError(
+                    f"table {t.config.name} was cut at version {t.last_snapshot}, after parent {parent}"
+                )
+        snaps = []
+        for t in self.tables.values():
+            snap = t.snapshot(None if parent is None else t.last_snapshot)
+            # The table labels the copy with its own open version; the cut's
+            # version is the coordinator's, and the table resumes after it.
+            snaps.append(replace(snap, version=version, kind=kind, parent=parent))
+            t.mark_exported(version)
+        self._snapshots[version] = snaps
+        while len(self._snapshots) > self.MAX_PENDING_SNAPSHOTS:
+            self._snapshots.popitem(last=False)
+        return {s.table: s.rows for s in snaps}
+
+    def pop_snapshot(self, version: int) -> list[TableSnapshot]:
+        """The copies of cut `version`, handed over once."""
+        try:
+            return self._snapshots.pop(version)
+        except KeyError:
+            raise SnapshotError(f"shard {self.spec.shard_id} holds no cut {version}") from None
 
     # -- status board ----------------------------------------------------------
     def report_status(

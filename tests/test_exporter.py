@@ -1,0 +1,127 @@
+"""Export cuts end to end: coordinator pause, shard copies, files, restore."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ServeShards
+from ps_core.client import PSClient
+from ps_core.coordinator import Coordinator
+from ps_core.errors import SnapshotError
+from ps_core.export import latest_chain, list_versions, restore_shards
+from ps_core.exporter import Exporter
+from ps_core.shard import Shard, ShardSpec
+from ps_core.table import TableConfig
+
+LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})
+FM_V = TableConfig("m_v", 4, {"name": "adagrad", "lr": 0.05}, init_scale=0.01)
+
+
+async def _train(client: PSClient, table: TableConfig, keys: np.ndarray, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    grads = rng.normal(size=(keys.size, table.dim)).astype(np.float32)
+    counts = np.stack([np.ones(keys.size), rng.integers(0, 2, keys.size)], axis=1).astype(np.float32)
+    routed = client.route(keys)
+    await client.pull(table.name, routed)  # as a worker does: pull, then push the same keys
+    await client.push(table.name, routed, grads, counts=counts, event_time=1_764_681_600.0 + seed)
+
+
+def _state(shards: list[Shard], table: str, keys: np.ndarray) -> dict[int, tuple[object, ...]]:
+    """Every live key's row, weights, state and metadata, whichever shard holds it."""
+    out: dict[int, tuple[object, ...]] = {}
+    for s in shards:
+        t = s.tables.get(table)
+        if t is None:
+            continue
+        rows = t.index.lookup(keys)
+        for k, r in zip(keys.tolist(), rows.tolist()):
+            if r >= 0:
+                out[k] = (t.data[r].tolist(), int(t.shows[r]), int(t.clicks[r]), int(t.last_seen[r]), int(t.updated_at[r]))
+    return out
+
+
+async def test_cuts_write_a_chain_that_restores_every_row_into_more_shards(tmp_path: Path) -> None:
+    coord = Coordinator()
+    shards = [Shard(ShardSpec(i, 2), (LR,)) for i in range(2)]
+    client = PSClient.local(shards, coord)
+    exporter = Exporter(coord, client, tmp_path, "m")
+    universe = np.arange(1, 3000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+
+    await _train(client, LR, universe[:1000], 1)
+    lease = await client.acquire_lease("w")
+    await client.release_lease(lease, {"clicks": {0: 10, 1: 12}})
+    base = await exporter.cut()
+    assert (base.version, base.kind, base.parent, base.rows) == (1, "base", None, 1000)
+
+    await _train(client, LR, universe[500:1500], 2)
+    for s in shards:
+        s.tables["m_w"].delete(universe[:100])  # evicted features are part of the next delta
+    await client.declare(FM_V)  # a table born after the base: all its rows go in the next delta
+    await _train(client, FM_V, universe[:300], 3)
+    lease = await client.acquire_lease("w")
+    await client.release_lease(lease, {"clicks": {0: 20, 1: 25}})
+    d1 = await exporter.cut()
+    assert (d1.version, d1.kind, d1.parent) == (2, "delta", 1)
+    assert d1.rows == 1000 + 300  # keys 500..1499 changed; FM rows all new
+
+    await _train(client, LR, universe[2000:2500], 4)
+    d2 = await exporter.cut()
+    assert (d2.version, d2.kind, d2.parent, d2.rows) == (3, "delta", 2, 500)
+    assert d2.offsets == {"clicks": {0: 20, 1: 25}}
+    assert [v.version for v in list_versions(tmp_path / "m")] == [1, 2, 3]
+
+    chain = latest_chain(tmp_path / "m")
+    restored = restore_shards(chain, 3)
+    assert restored.version == 3 and restored.offsets == {"clicks": {0: 20, 1: 25}}
+    for table in ("m_w", "m_v"):
+        live = _state(shards, table, universe)
+        assert live and _state(restored.shards, table, universe) == live
+    # What changes after the cut is the next version's.
+    await _train(client, LR, universe[:10], 5)
+    assert all(s.tables["m_w"].version == 4 for s in shards)
+
+
+async def test_a_failed_write_makes_the_next_cut_a_base(tmp_path: Path) -> None:
+    coord = Coordinator()
+    shards = [Shard(ShardSpec(0, 1), (LR,))]
+    client = PSClient.local(shards, coord)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the exports directory should be")
+    exporter = Exporter(coord, client, blocked, "m")
+    await _train(client, LR, np.arange(1, 50, dtype=np.uint64), 1)
+    with pytest.raises(OSError):
+        await exporter.cut()
+    exporter.root = tmp_path / "exports"
+    first = await exporter.cut()
+    assert (first.version, first.kind, first.rows) == (2, "base", 49)  # version 1 is spent
+    await _train(client, LR, np.arange(1, 5, dtype=np.uint64), 2)
+    assert (await exporter.cut()).kind == "delta"
+
+
+async def test_periodic_exports_over_shard_servers(tmp_path: Path, serve_shards: ServeShards) -> None:
+    shards, urls = await serve_shards(2, (LR,))
+    coord = Coordinator(base_every=3)
+    async with PSClient.connect(urls) as client:
+        exporter = Exporter(coord, client, tmp_path, "m")
+        await _train(client, LR, np.arange(1, 400, dtype=np.uint64), 1)
+        stop = asyncio.Event()
+        task = asyncio.create_task(exporter.run(0.05, stop))
+        async with asyncio.timeout(10):
+            while coord.last_version < 4:
+                await asyncio.sleep(0.02)  # poll interval
+        stop.set()
+        await task
+        kinds = [(v.version, v.kind) for v in list_versions(tmp_path / "m")]
+        assert kinds[:4] == [(1, "base"), (2, "delta"), (3, "delta"), (4, "base")]
+        restored = restore_shards(latest_chain(tmp_path / "m"), 1)
+        keys = np.arange(1, 400, dtype=np.uint64)
+        assert _state(restored.shards, "m_w", keys) == _state(shards, "m_w", keys)
+        # A cut's copies are handed over once; a bad request is refused.
+        with pytest.raises(SnapshotError):
+            await client.fetch_snapshots(1)
+        with pytest.raises(SnapshotError):
+            await client.take_snapshots(99, 99)
