@@ -18,8 +18,14 @@ __all__ = ["main", "build_parser"]
 _SHARD_EXAMPLE = """\
 example:
   ctrps shard --port 7100 --shard-id 0 --num-shards 2 \\
-      --table lr,optimizer=ftrl,alpha=0.05,beta=1,l1=1,l2=1
+      --shards http://127.0.0.1:7100,http://127.0.0.1:7101 --exports-dir ./exports
   ctrps shard --port 7101 --shard-id 1 --num-shards 2   # tables declared by clients
+  ctrps shard --port 7100 --no-exports \\
+      --table lr,optimizer=ftrl,alpha=0.05,beta=1,l1=1,l2=1
+
+Shard 0 hosts the coordinator (leases, cuts) and exports every --export-interval
+seconds to <exports-dir>/<model-name>/; at start every shard restores its slice of
+the newest export there (--no-restore starts empty).
 
 Every flag falls back to a CTRPS_* variable (CTRPS_SHARD_PORT, CTRPS_SHARD_ID,
 CTRPS_NUM_SHARDS, CTRPS_TABLES="lr,optimizer=ftrl;fm_v,dim=8,optimizer=adagrad", ...).
@@ -112,6 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--stats-interval", type=float, help="seconds between progress lines; 0 = off (default 60)"
     )
     shard.add_argument("--log-format", choices=("text", "json"), help="log line format")
+    shard.add_argument(
+        "--shards", help="every shard's URL, shard 0 first: shard 0 hosts the coordinator through them"
+    )
+    shard.add_argument("--exports-dir", help="where exports are written and restored from (default ./exports)")
+    shard.add_argument("--no-exports", action="store_true", help="no exports, coordinator or restore")
+    shard.add_argument(
+        "--export-interval", type=float, help="seconds between exports by shard 0; 0 = only when asked (default 60)"
+    )
+    shard.add_argument("--base-every", type=int, help="every Nth export is a base (default 10)")
+    shard.add_argument("--keep-bases", type=int, help="bases kept with their deltas (default 2)")
+    shard.add_argument("--model-name", help="the model's directory under the exports (default ctr)")
+    shard.add_argument("--no-restore", action="store_true", help="start empty even if an export exists")
+    shard.add_argument("--lease-ttl", type=float, help="seconds a cut waits for one leased window (default 120)")
 
     worker = sub.add_parser(
         "worker",
@@ -195,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--bootstrap", help="use this Kafka instead of the embedded broker")
     demo.add_argument("--seed", type=int, help="seed of the synthetic stream (default 0)")
     demo.add_argument("--log-format", choices=("text", "json"), help="log line format")
+    demo.add_argument("--exports-dir", help="where model versions are written (default ./exports)")
+    demo.add_argument("--export-interval", type=float, help="seconds between exports; 0 = only when asked (default 60)")
+    demo.add_argument("--no-exports", action="store_true", help="write no exports")
 
     cluster = sub.add_parser(
         "cluster",
@@ -219,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--ready-timeout", type=float, help="seconds each role may take to be ready (default 60)")
     cluster.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL (default 10)")
     cluster.add_argument("--log-format", choices=("text", "json"), help="log line format (children too)")
+    cluster.add_argument("--exports-dir", help="where model versions are written (default ./exports)")
+    cluster.add_argument("--export-interval", type=float, help="seconds between exports; 0 = only when asked (default 60)")
+    cluster.add_argument("--no-exports", action="store_true", help="write no exports")
     return parser
 
 

@@ -116,13 +116,24 @@ class _Cluster:
             )  # fmt: skip
 
         shards = []
-        for i in range(s.shards):
-            shard_port = free_port(HOST)
-            self.shard_urls.append(f"http://{HOST}:{shard_port}")
+        self.shard_urls = [f"http://{HOST}:{free_port(HOST)}" for _ in range(s.shards)]
+        if s.exports_dir:
+            # Shard 0 hosts the coordinator and exports; it reaches the others
+            # by these URLs. A broker started here is new, so an older
+            # export's offsets mean nothing to it: restore only from Kafka
+            # the cluster did not start.
+            exports = ["--shards", ",".join(self.shard_urls), "--exports-dir", s.exports_dir,
+                       "--export-interval", str(s.export_interval_s)]
+            if not s.bootstrap:
+                exports.append("--no-restore")
+        else:
+            exports = ["--no-exports"]
+        for i, url in enumerate(self.shard_urls):
             spec = ChildSpec(
                 f"shard-{i}",
-                _ctrps("shard", "--host", HOST, "--port", str(shard_port), "--shard-id", str(i),
-                       "--num-shards", str(s.shards), "--stats-interval", str(SHARD_STATS_INTERVAL_S), "--log-format", fmt),
+                _ctrps("shard", "--host", HOST, "--port", url.rsplit(":", 1)[1], "--shard-id", str(i),
+                       "--num-shards", str(s.shards), "--stats-interval", str(SHARD_STATS_INTERVAL_S),
+                       "--log-format", fmt, *exports),
                 group="shards",
             )  # fmt: skip
             shards.append(await self.sup.start(spec))

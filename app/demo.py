@@ -22,6 +22,7 @@ import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
@@ -31,6 +32,8 @@ from consumers.producer import produce
 from consumers.synthetic import SyntheticStream
 from consumers.worker import WindowReport, Worker, WorkerConfig
 from ps_core.client import PSClient
+from ps_core.coordinator import Coordinator
+from ps_core.exporter import Exporter
 from ps_core.models import Model, make_model
 from ps_core.shard import Shard, ShardSpec
 
@@ -193,8 +196,19 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO) -> int:
         await create_topics(bootstrap, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
 
         shards = [Shard(ShardSpec(i, settings.shards)) for i in range(settings.shards)]
-        client = await stack.enter_async_context(PSClient.local(shards))
         api_settings = ApiSettings(host=settings.host, port=settings.port, log_format=settings.log_format)
+        exporter: Exporter | None = None
+        if settings.exports_dir:
+            # The broker is new, so an older export's offsets mean nothing
+            # here: the demo writes versions (after the newest on disk) but
+            # never restores.
+            newest, _ = Exporter.resume_point(Path(settings.exports_dir) / api_settings.model_name)
+            coordinator = Coordinator(lease_ttl_s=30.0, last_version=newest)
+            client = await stack.enter_async_context(PSClient.local(shards, coordinator))
+            exporter = Exporter(coordinator, client, settings.exports_dir, api_settings.model_name)
+            client.serve_exports(exporter)
+        else:
+            client = await stack.enter_async_context(PSClient.local(shards))
         model = make_model(api_settings.model, api_settings.model_name)
         for table in model.tables():
             await client.declare(table)
@@ -228,8 +242,16 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO) -> int:
         producing = asyncio.create_task(
             produce(bootstrap, TOPIC, iter(stream), rate=settings.rate), name="producer"
         )
+        exporting = (
+            asyncio.create_task(exporter.run(settings.export_interval_s, stop), name="exporter")
+            if exporter is not None and settings.export_interval_s > 0
+            else None
+        )
         _announce(out, server, bootstrap, settings)
         failed = await _until_stopped(settings, stop, working, producing)
+        if exporting is not None:
+            stop.set()
+            await exporting
 
         # Shutdown: no new events; the worker trains and commits what it
         # holds and leaves the group; then the stack closes API, client, broker.

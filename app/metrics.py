@@ -323,5 +323,11 @@ class InstrumentedTransport:
     async def coordinator_offsets(self) -> Offsets:
         return await self._timed("offsets", self.inner.coordinator_offsets())
 
+    async def export_now(self, kind: str | None) -> dict[str, Any]:
+        return await self._timed("export", self.inner.export_now(kind))
+
+    async def exports(self) -> dict[str, Any]:
+        return await self._timed("exports", self.inner.exports())
+
     async def close(self) -> None:
         return None

@@ -105,10 +105,34 @@ class ShardSettings:
     """Seconds between progress log lines; 0 disables (``CTRPS_STATS_INTERVAL``)."""
     log_format: str = "text"
     """``text`` or ``json`` (``CTRPS_LOG_FORMAT``)."""
+    shards: tuple[str, ...] = ()
+    """Every shard's URL, shard 0 first (``CTRPS_SHARDS``): shard 0 reaches the
+    others through them to host the coordinator when there are several."""
+    exports_dir: str = "exports"
+    """Where versions are written and restored from (``CTRPS_EXPORTS_DIR``);
+    empty turns exports, the coordinator and restores off."""
+    export_interval_s: float = 60.0
+    """Seconds between exports by shard 0; 0 exports only when asked (``CTRPS_EXPORT_INTERVAL``)."""
+    base_every: int = 10
+    """Every Nth export is a base (``CTRPS_BASE_EVERY``)."""
+    keep_bases: int = 2
+    """Bases kept by retention, with the deltas that follow them (``CTRPS_KEEP_BASES``)."""
+    model_name: str = "ctr"
+    """The model's name: its directory under the exports (``CTRPS_MODEL_NAME``)."""
+    restore: bool = True
+    """Load this shard's slice of the newest export at start (``CTRPS_RESTORE``, 0 or 1)."""
+    lease_ttl_s: float = 120.0
+    """How long a cut waits for one leased window (``CTRPS_LEASE_TTL``)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port {self.port} out of range")
+        if self.shards and len(self.shards) != self.num_shards:
+            raise SettingsError(f"{len(self.shards)} shard URLs for {self.num_shards} shards")
+        if not 0 <= self.export_interval_s < float("inf") or self.base_every < 1 or self.keep_bases < 1:
+            raise SettingsError("export interval must be >= 0 s, base-every and keep-bases >= 1")
+        if not 0 < self.lease_ttl_s < float("inf"):
+            raise SettingsError("lease ttl must be a positive number of seconds")
         if self.num_shards < 1 or not 0 <= self.shard_id < self.num_shards:
             raise SettingsError(f"shard id {self.shard_id} not in [0, {self.num_shards})")
         if self.log_format not in ("text", "json"):
@@ -137,6 +161,14 @@ class ShardSettings:
             max_body_mb=_env_int(env, "CTRPS_MAX_BODY_MB", d.max_body_mb),
             stats_interval_s=_env_float(env, "CTRPS_STATS_INTERVAL", d.stats_interval_s),
             log_format=env.get("CTRPS_LOG_FORMAT") or d.log_format,
+            shards=_env_list(env, "CTRPS_SHARDS"),
+            exports_dir=env.get("CTRPS_EXPORTS_DIR", d.exports_dir),
+            export_interval_s=_env_float(env, "CTRPS_EXPORT_INTERVAL", d.export_interval_s),
+            base_every=_env_int(env, "CTRPS_BASE_EVERY", d.base_every),
+            keep_bases=_env_int(env, "CTRPS_KEEP_BASES", d.keep_bases),
+            model_name=env.get("CTRPS_MODEL_NAME") or d.model_name,
+            restore=_pick(None, env, "CTRPS_RESTORE", d.restore, _parse_bool),
+            lease_ttl_s=_env_float(env, "CTRPS_LEASE_TTL", d.lease_ttl_s),
         )
 
     @classmethod
@@ -155,7 +187,30 @@ class ShardSettings:
                 args.stats_interval if args.stats_interval is not None else base.stats_interval_s
             ),
             log_format=args.log_format if args.log_format is not None else base.log_format,
+            shards=tuple(u for u in (args.shards or "").split(",") if u) or base.shards,
+            exports_dir="" if args.no_exports else _flag(args.exports_dir, base.exports_dir),
+            export_interval_s=_flag(args.export_interval, base.export_interval_s),
+            base_every=_flag(args.base_every, base.base_every),
+            keep_bases=_flag(args.keep_bases, base.keep_bases),
+            model_name=_flag(args.model_name, base.model_name),
+            restore=False if args.no_restore else base.restore,
+            lease_ttl_s=_flag(args.lease_ttl, base.lease_ttl_s),
         )
+
+
+def _flag(value: Any, default: Any) -> Any:
+    """A flag's value when it was given, else `default`."""
+    return default if value is None else value
+
+
+def _parse_bool(raw: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off``."""
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
 
 
 def _env_list(env: Mapping[str, str], key: str) -> tuple[str, ...]:
@@ -258,6 +313,11 @@ def _pick(flag: Any, env: Mapping[str, str], key: str, default: Any, conv: Any =
     return default
 
 
+def _check_exports(interval_s: float) -> None:
+    if not 0 <= interval_s < float("inf"):
+        raise SettingsError("export interval must be a finite number of seconds >= 0")
+
+
 def _check_composition(duration_s: float, port: int, window_seconds: float, log_format: str) -> None:
     """Checks shared by `DemoSettings` and `ClusterSettings`."""
     if not 0 <= duration_s < float("inf"):
@@ -293,9 +353,14 @@ class DemoSettings:
     """Seed of the synthetic stream and its hidden model (``CTRPS_DEMO_SEED``)."""
     log_format: str = "text"
     """``text`` or ``json`` (``CTRPS_LOG_FORMAT``)."""
+    exports_dir: str = "exports"
+    """Where versions of the model are written (``CTRPS_EXPORTS_DIR``); empty turns exports off."""
+    export_interval_s: float = 60.0
+    """Seconds between exports; 0 exports only when asked (``CTRPS_EXPORT_INTERVAL``)."""
 
     def __post_init__(self) -> None:
         _check_composition(self.duration_s, self.port, self.window_seconds, self.log_format)
+        _check_exports(self.export_interval_s)
         if not 1 <= self.shards <= 64:
             raise SettingsError(f"shards must be in [1, 64], not {self.shards}")
         if not 0 < self.rate < float("inf"):
@@ -319,6 +384,10 @@ class DemoSettings:
             bootstrap=_pick(args.bootstrap, env, "CTRPS_KAFKA_BOOTSTRAP", d.bootstrap),
             seed=_pick(args.seed, env, "CTRPS_DEMO_SEED", d.seed, int),
             log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
+            exports_dir="" if args.no_exports else _pick(args.exports_dir, env, "CTRPS_EXPORTS_DIR", d.exports_dir),
+            export_interval_s=_pick(
+                args.export_interval, env, "CTRPS_EXPORT_INTERVAL", d.export_interval_s, float
+            ),
         )
 
 
@@ -350,9 +419,14 @@ class ClusterSettings:
     """How long a child may take to stop after SIGTERM before SIGKILL (``CTRPS_CLUSTER_GRACE``)."""
     log_format: str = "text"
     """``text`` or ``json``, for the cluster and every child (``CTRPS_LOG_FORMAT``)."""
+    exports_dir: str = "exports"
+    """Where versions of the model are written (``CTRPS_EXPORTS_DIR``); empty turns exports off."""
+    export_interval_s: float = 60.0
+    """Seconds between exports; 0 exports only when asked (``CTRPS_EXPORT_INTERVAL``)."""
 
     def __post_init__(self) -> None:
         _check_composition(self.duration_s, self.port, self.window_seconds, self.log_format)
+        _check_exports(self.export_interval_s)
         if not 1 <= self.shards <= 64 or not 1 <= self.workers <= 64:
             raise SettingsError("shards and workers must be in [1, 64]")
         if not 0 <= self.produce_rate < float("inf"):
@@ -383,6 +457,10 @@ class ClusterSettings:
             ),
             grace_s=_pick(args.grace, env, "CTRPS_CLUSTER_GRACE", d.grace_s, float),
             log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
+            exports_dir="" if args.no_exports else _pick(args.exports_dir, env, "CTRPS_EXPORTS_DIR", d.exports_dir),
+            export_interval_s=_pick(
+                args.export_interval, env, "CTRPS_EXPORT_INTERVAL", d.export_interval_s, float
+            ),
         )
 
 

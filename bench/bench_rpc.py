@@ -336,6 +336,7 @@ def start_shards(num_shards: int, log_dir: Path) -> list[ShardProc]:
             TABLE_SPEC,
             "--stats-interval",
             "0",
+            "--no-exports",
         ]
         cmd = [str(ctrps), *args] if ctrps.exists() else [sys.executable, "-m", "app.cli", *args]
         log_path = log_dir / f"shard{i}.log"

@@ -147,7 +147,7 @@ def start_shards(num: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "app.cli", "shard", "--port", str(port), "--shard-id", str(i),
-                 "--num-shards", str(num), "--stats-interval", "0"],
+                 "--num-shards", str(num), "--stats-interval", "0", "--no-exports"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )

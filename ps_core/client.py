@@ -71,6 +71,15 @@ class Pulled:
     value); None unless presence was asked for."""
 
 
+class ExportService(Protocol):
+    """What shard 0's transport needs of an in-process exporter
+    (`ps_core.exporter.Exporter`)."""
+
+    async def export_json(self, kind: str | None = None) -> dict[str, Any]: ...
+
+    def exports_json(self) -> dict[str, Any]: ...
+
+
 class ShardTransport(Protocol):
     """How a client reaches one shard."""
 
@@ -108,6 +117,10 @@ class ShardTransport(Protocol):
 
     async def coordinator_offsets(self) -> Offsets: ...
 
+    async def export_now(self, kind: str | None) -> dict[str, Any]: ...
+
+    async def exports(self) -> dict[str, Any]: ...
+
     async def close(self) -> None: ...
 
 
@@ -118,6 +131,8 @@ class LocalTransport:
         self.shard = shard
         self.shard_id = shard.spec.shard_id
         self.coordinator = coordinator
+        self.exporter: ExportService | None = None
+        """Set by whoever runs an exporter beside the coordinator (``ctrps demo``)."""
 
     async def pull(self, table: str, keys: U64) -> F32:
         return self.shard.handle_pull(table, keys)[0]
@@ -170,6 +185,17 @@ class LocalTransport:
 
     async def coordinator_offsets(self) -> Offsets:
         return self._coordinator().offsets()
+
+    def _exporter(self) -> ExportService:
+        if self.exporter is None:
+            raise NoCoordinatorError(f"shard {self.shard_id} runs no exporter")
+        return self.exporter
+
+    async def export_now(self, kind: str | None) -> dict[str, Any]:
+        return await self._exporter().export_json(kind)
+
+    async def exports(self) -> dict[str, Any]:
+        return self._exporter().exports_json()
 
     async def close(self) -> None:
         return None
@@ -326,6 +352,14 @@ class HttpTransport:
 
     async def coordinator_offsets(self) -> Offsets:
         return parse_offsets((await self._coordinator_request("GET", "/v1/offsets"))["offsets"])
+
+    async def export_now(self, kind: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = await self._coordinator_request("POST", "/v1/exports", {} if kind is None else {"kind": kind})
+        return out
+
+    async def exports(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._coordinator_request("GET", "/v1/exports")
+        return out
 
     async def close(self) -> None:
         return None
@@ -527,6 +561,14 @@ class PSClient:
         "status"}`` per source, the least recently reported first."""
         return await self.transports[0].statuses()
 
+    def serve_exports(self, exporter: ExportService) -> None:
+        """Answer `export_now`/`exports` with an in-process exporter, as shard
+        0's server does with its own (in-process deployments: ``ctrps demo``)."""
+        first = self.transports[0]
+        if not isinstance(first, LocalTransport):
+            raise ValueError("only an in-process shard 0 serves an in-process exporter")
+        first.exporter = exporter
+
     # -- export cuts -----------------------------------------------------------
     async def take_snapshots(self, version: int, parent: int | None) -> list[dict[str, int]]:
         """Every shard copies its rows for cut `version` (the cut's pause);
@@ -550,6 +592,15 @@ class PSClient:
     async def coordinator_offsets(self) -> Offsets:
         """The coordinator's committed offsets: where workers resume after a restore."""
         return await self.transports[0].coordinator_offsets()
+
+    async def export_now(self, kind: str | None = None) -> dict[str, Any]:
+        """Cut and write a version now (`ps_core.exporter.ExportReport` as JSON);
+        `NoCoordinatorError` when shard 0 runs no exporter."""
+        return await self.transports[0].export_now(kind)
+
+    async def exports(self) -> dict[str, Any]:
+        """``{"model", "versions", "last"}`` from shard 0's exporter."""
+        return await self.transports[0].exports()
 
 
 def _pull_jobs(r: Routed) -> list[tuple[int, slice]]:

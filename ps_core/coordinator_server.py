@@ -6,7 +6,11 @@
 - ``POST /v1/leases/release``: ``{"lease_id": int, "offsets": {topic:
   {partition: next_offset}}}`` → ``{"released": bool}`` (False: it had expired);
 - ``GET /v1/offsets``: ``{"offsets": {...}}``, the latest committed offsets
-  reported with released leases (after a restore: the cut's).
+  reported with released leases (after a restore: the cut's);
+- with an exporter: ``POST /v1/exports`` (``{"kind": "base" | "delta"}``,
+  optional) cuts and writes a version now, 201 with its report;
+  ``GET /v1/exports``: ``{"model", "versions": [...], "last": report | null}``.
+  These are internal routes: the public, authenticated ones are the API's.
 
 A shard app without these routes answers 404, which clients read as "no
 coordinator" (`ps_core.errors.NoCoordinatorError`).
@@ -18,12 +22,14 @@ import orjson
 from aiohttp import web
 
 from .coordinator import Coordinator, parse_offsets
-from .errors import LeaseError
+from .errors import LeaseError, SnapshotError
+from .exporter import Exporter
 from .server import json_response
 
-__all__ = ["add_coordinator_routes", "COORDINATOR"]
+__all__ = ["add_coordinator_routes", "COORDINATOR", "EXPORTER"]
 
 COORDINATOR = web.AppKey("coordinator", Coordinator)
+EXPORTER = web.AppKey("exporter", Exporter)
 
 _MAX_WAIT_S = 300.0
 
@@ -63,9 +69,34 @@ async def offsets(request: web.Request) -> web.Response:
     return json_response({"offsets": request.app[COORDINATOR].offsets()})
 
 
-def add_coordinator_routes(app: web.Application, coordinator: Coordinator) -> None:
-    """Serve `coordinator` from `app` (a shard app, before it starts)."""
+async def export_now(request: web.Request) -> web.Response:
+    raw = await request.read()
+    kind = None
+    if raw.strip():
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise SnapshotError(f"body is not JSON: {exc}") from None
+        kind = body.get("kind") if isinstance(body, dict) else "?"
+        if kind not in (None, "base", "delta") or set(body) - {"kind"}:
+            raise SnapshotError('body must be {} or {"kind": "base" | "delta"}')
+    return json_response(await request.app[EXPORTER].export_json(kind), status=201)
+
+
+async def list_exports(request: web.Request) -> web.Response:
+    return json_response(request.app[EXPORTER].exports_json())
+
+
+def add_coordinator_routes(
+    app: web.Application, coordinator: Coordinator, exporter: Exporter | None = None
+) -> None:
+    """Serve `coordinator` (and `exporter`, if any) from `app`, a shard app
+    that has not started yet."""
     app[COORDINATOR] = coordinator
     app.router.add_post("/v1/leases", acquire)
     app.router.add_post("/v1/leases/release", release)
     app.router.add_get("/v1/offsets", offsets)
+    if exporter is not None:
+        app[EXPORTER] = exporter
+        app.router.add_post("/v1/exports", export_now)
+        app.router.add_get("/v1/exports", list_exports)

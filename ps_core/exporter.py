@@ -192,6 +192,15 @@ class Exporter:
             except Exception as exc:  # one failed export must not end exporting
                 log.warning("export failed", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
 
+    async def export_json(self, kind: str | None = None) -> dict[str, Any]:
+        """`cut`, answered as JSON (``POST /v1/exports``)."""
+        return (await self.cut(kind)).to_dict()
+
+    def exports_json(self) -> dict[str, Any]:
+        """The model, its versions and the last export's report (``GET /v1/exports``)."""
+        last = self.last.to_dict() if self.last is not None else None
+        return {"model": self.model, "versions": self.versions(), "last": last}
+
     def versions(self) -> list[dict[str, Any]]:
         """The versions on disk, oldest first, as JSON-ready dicts."""
         if not self.model_dir.is_dir():

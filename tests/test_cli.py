@@ -143,7 +143,7 @@ async def test_shard_subprocess_serves_logs_json_and_stops_on_sigterm(tmp_path: 
             sys.executable, "-m", "app.cli", "shard",
             "--host", "127.0.0.1", "--port", str(port),
             "--table", "lr,optimizer=ftrl",
-            "--log-format", "json", "--stats-interval", "0",
+            "--log-format", "json", "--stats-interval", "0", "--no-exports",
             cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=stderr,
         )  # fmt: skip
@@ -361,7 +361,7 @@ async def test_shard_on_port_0_logs_the_port_it_got(tmp_path: Path) -> None:
     with log.open("wb") as stderr:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "app.cli", "shard", "--port", "0",
-            "--shard-id", "1", "--num-shards", "2", "--log-format", "json",
+            "--shard-id", "1", "--num-shards", "2", "--log-format", "json", "--no-exports",
             cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=stderr,
         )  # fmt: skip

@@ -16,6 +16,7 @@ import pytest
 
 from app.cli import build_parser
 from app.settings import ClusterSettings, SettingsError
+from ps_core.export import list_versions
 PROJECT = Path(__file__).resolve().parent.parent
 
 
@@ -167,6 +168,7 @@ async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path
             sys.executable, "-m", "app.cli", "cluster", "--shards", "2", "--workers", "2",
             "--port", "0", "--produce-rate", "2000", "--window-seconds", "1",
             "--duration", "300", "--log-format", "json",  # the duration only bounds a broken run
+            "--exports-dir", str(tmp_path / "exports"), "--export-interval", "1",
             cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
         )  # fmt: skip
     try:
@@ -186,6 +188,18 @@ async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path
                 assert resp.status == 200, await resp.text()
                 body = await resp.json()
             assert 0.0 < body["predictions"][0] < 1.0
+        # Shard 0 exports every second; the workers' leased windows put
+        # their committed offsets in the versions.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while True:
+            model_dir = tmp_path / "exports" / "ctr"
+            versions = list_versions(model_dir) if model_dir.is_dir() else []
+            if versions and any(v.manifest.offsets for v in versions):
+                break
+            assert loop.time() < deadline, f"no export with offsets: {versions}"
+            await asyncio.sleep(0.2)  # poll interval
+        assert versions[0].kind == "base" and versions[0].manifest.num_shards == 2
         proc.send_signal(signal.SIGINT)
         rc = await asyncio.wait_for(proc.wait(), 60)
     finally:
@@ -211,6 +225,7 @@ async def test_a_killed_child_stops_the_cluster_with_status_1(tmp_path: Path) ->
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "app.cli", "cluster", "--shards", "1", "--workers", "1",
             "--port", "0", "--no-produce", "--duration", "300", "--log-format", "json",
+            "--exports-dir", str(tmp_path / "exports"),
             cwd=PROJECT, env=clean_env(CTRPS_DECODE_PROCESSES="0"), stdin=subprocess.DEVNULL,
             stdout=out, stderr=err,
         )  # fmt: skip

@@ -21,6 +21,7 @@ from app.cli import build_parser
 from app.demo import _announce, example_event
 from app.settings import ApiSettings, DemoSettings, SettingsError
 from ps_core.client import PSClient
+from ps_core.export import list_versions
 from ps_core.models import make_model
 from ps_core.shard import Shard
 
@@ -122,6 +123,7 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
     with out_log.open("wb") as out, err_log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "app.cli", "demo", "--duration", str(DURATION_S), "--port", "0",
+            "--exports-dir", str(tmp_path / "exports"), "--export-interval", "8",
             cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
         )  # fmt: skip
     loop = asyncio.get_running_loop()
@@ -166,6 +168,12 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
     assert trained == sorted(trained) and trained[-1] >= 10 * 5000 // 2, trained
     assert "ctrps.demo: stopped" in log and "Traceback" not in log
     assert log.count("ctrps.worker: window") == 0  # one line per window: the demo's
+    # It exported on its interval: a base, then deltas, each holding the
+    # offsets its leased windows committed.
+    versions = list_versions(tmp_path / "exports" / "ctr")
+    assert [v.kind for v in versions][:2] == ["base", "delta"], versions
+    offsets = [sum(p.values()) for v in versions for p in v.manifest.offsets.values()]
+    assert offsets == sorted(offsets) and offsets[-1] > 0, offsets
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
