@@ -10,6 +10,7 @@ from typing import Any, Callable, Coroutine, Sequence
 import uvloop
 
 from .logs import configure_logging
+from .export_cli import add_export_parser, run_export
 from .produce_cli import add_produce_parser, run_produce
 from .settings import ClusterSettings, DemoSettings, SettingsError, ShardSettings, WorkerSettings
 
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-format", choices=("text", "json"), help="log line format")
 
     add_produce_parser(sub)
+    add_export_parser(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -311,6 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "produce":
         return int(uvloop.run(run_produce(args)))
+    if args.command == "export":
+        return int(uvloop.run(run_export(args)))
     if args.command in ("demo", "cluster"):
         return _compose(args)
     try:

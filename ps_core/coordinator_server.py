@@ -66,7 +66,8 @@ async def release(request: web.Request) -> web.Response:
 
 
 async def offsets(request: web.Request) -> web.Response:
-    return json_response({"offsets": request.app[COORDINATOR].offsets()})
+    known = request.app[COORDINATOR].offsets()
+    return json_response({"offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in known.items()}})
 
 
 async def export_now(request: web.Request) -> web.Response:

@@ -125,3 +125,64 @@ async def test_periodic_exports_over_shard_servers(tmp_path: Path, serve_shards:
             await client.fetch_snapshots(1)
         with pytest.raises(SnapshotError):
             await client.take_snapshots(99, 99)
+
+
+async def test_cuts_during_steady_training_wait_only_for_leased_windows(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Cuts every 50 ms while a worker trains: each waits at most for the
+    window being applied, and the last one holds exactly what was trained."""
+    import uuid
+
+    import orjson
+    from aiokafka import AIOKafkaProducer
+
+    from consumers.broker import create_topics
+    from consumers.synthetic import SyntheticStream
+    from consumers.worker import Worker, WorkerConfig
+    from ps_core.models import LogisticRegression
+
+    topic = f"clicks-{uuid.uuid4().hex[:10]}"
+    await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
+    n = 12_000
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        futs = [await producer.send(topic, orjson.dumps(e), partition=i % 2)
+                for i, e in enumerate(SyntheticStream(seed=2).batch(n))]
+        await asyncio.gather(*futs)
+    finally:
+        await producer.stop()
+
+    coord = Coordinator(lease_ttl_s=30)
+    shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    client = PSClient.local(shards, coord)
+    exporter = Exporter(coord, client, tmp_path, "ctr")
+    worker = Worker(
+        WorkerConfig(kafka_bootstrap, topic=topic, group=f"g-{uuid.uuid4().hex[:8]}", dlq_topic=topic + ".dlq",
+                     window_seconds=3600, window_events=1000, decode_processes=0),
+        client, LogisticRegression("ctr"),
+    )
+    stop = asyncio.Event()
+    training = asyncio.create_task(worker.run(stop))
+    reports = []
+    async with asyncio.timeout(90):
+        while worker.stats.records < n:
+            assert not training.done(), training
+            reports.append(await exporter.cut())
+            await asyncio.sleep(0.05)  # the cut interval
+    stop.set()
+    await training
+    reports.append(await exporter.cut())
+
+    window_s = max(r.seconds for r in worker.stats.history)
+    during = [r for r in reports[:-1] if r.lease_wait_s > 0.001]
+    assert during, "no cut met a window being applied"
+    # A cut waits for the window in flight, never for more than one.
+    assert all(r.lease_wait_s <= window_s + 0.5 for r in reports), ([r.lease_wait_s for r in reports], window_s)
+    # The shards' part of the pause is the copy: small next to the wait.
+    assert all(r.pause_s - r.lease_wait_s < 0.5 for r in reports)
+    assert reports[-1].offsets == {topic: {0: n // 2, 1: n // 2}}
+    restored = restore_shards(latest_chain(tmp_path / "ctr"), 2)
+    keys = np.concatenate([s.tables["ctr_w"].index.row_keys[: s.tables["ctr_w"].index.num_rows] for s in shards])
+    assert _state(restored.shards, "ctr_w", keys) == _state(shards, "ctr_w", keys)

@@ -1,0 +1,61 @@
+"""``ctrps export``: cut a version now, or list the versions, through shard 0.
+
+Shard 0 hosts the coordinator and its exporter (``ctrps shard --shards ...``),
+so this command needs only its URL. It prints the export's report (or the
+list) as JSON on stdout; errors go to stderr with exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import orjson
+
+from ps_core.client import PSClient, RetryPolicy
+from ps_core.errors import PSError
+
+__all__ = ["add_export_parser", "run_export"]
+
+_EXAMPLE = """\
+example:
+  ctrps export --shard0 http://127.0.0.1:7100             # cut now (base or delta by schedule)
+  ctrps export --shard0 http://127.0.0.1:7100 --kind base
+  ctrps export --shard0 http://127.0.0.1:7100 --list      # the versions on disk
+
+--shard0 falls back to the first URL of CTRPS_SHARDS. The API offers the same
+as POST/GET /v1/exports (POST needs the admin token when one is set).
+"""
+
+
+def add_export_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The ``export`` subcommand."""
+    p = sub.add_parser(
+        "export",
+        help="cut and write a model version now, or list the versions",
+        description="Ask shard 0's coordinator to cut and write an export version now, or list them.",
+        epilog=_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--shard0", help="URL of shard 0 (default: first of CTRPS_SHARDS)")
+    p.add_argument("--kind", choices=("base", "delta"), help="force a base or a delta")
+    p.add_argument("--list", action="store_true", help="list the versions instead of cutting one")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for shard 0 (default 120)")
+
+
+async def run_export(args: argparse.Namespace) -> int:
+    """Run the command; returns the exit status."""
+    url = args.shard0 or next((u for u in os.environ.get("CTRPS_SHARDS", "").split(",") if u.strip()), "")
+    if not url:
+        print("ctrps export: no shard 0: pass --shard0 URL or set CTRPS_SHARDS", file=sys.stderr)
+        return 2
+    # Only shard 0 is asked, so the client holds only its transport.
+    async with PSClient.connect([url.strip()], retry=RetryPolicy(deadline_s=args.timeout)) as client:
+        try:
+            out = await (client.exports() if args.list else client.export_now(args.kind))
+        except PSError as exc:
+            print(f"ctrps export: {exc.detail}", file=sys.stderr)
+            return 1
+    sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
