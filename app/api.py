@@ -17,6 +17,11 @@ Routes (the OpenAPI document, ``GET /openapi.json``, has the schemas):
 - ``GET /`` the dashboard, drawing ``GET /v1/history`` (`app.history`);
 - ``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET /openapi.json``.
 
+With a `Follower` (``ctrps serve --follow``) the app is a serving replica:
+the client reads the follower's in-process shard, ``GET /v1/model`` adds the
+served version and the follow state, ``/readyz`` waits for a loaded version,
+and mutating routes answer 409 ``read_only_replica``.
+
 Errors are ``{"error": code, "detail": reason}``, mapped from typed errors
 (`app.errors`, `ps_core.errors`) in one middleware; handlers do not catch.
 """
@@ -45,10 +50,13 @@ from .errors import (
     InvalidEventError,
     InvalidJSONError,
     NoEventsError,
+    NoVersionError,
+    ReadOnlyReplicaError,
     TooManyEventsError,
     UnauthorizedError,
     UnknownModelError,
 )
+from .follower import Follower
 from .history import History
 from .logs import log_event
 from .metrics import ApiMetrics
@@ -68,6 +76,7 @@ __all__ = [
     "METRICS",
     "HISTORY",
     "OPENAPI",
+    "FOLLOWER",
 ]
 
 log = logging.getLogger("ctrps.api")
@@ -82,6 +91,8 @@ HISTORY = web.AppKey("history", History)
 """The dashboard's samples of the cluster, taken while the app runs."""
 OPENAPI = web.AppKey("openapi", dict)
 """The OpenAPI document (a dict)."""
+FOLLOWER = web.AppKey("follower", Follower)
+"""Present on a serving replica: what it serves and how it follows the exports."""
 _OPENAPI_BODY = web.AppKey("openapi_body", bytes)
 _ERROR_LOG = web.AppKey("error_log", dict)
 
@@ -98,6 +109,8 @@ _CALLER_ERRORS = (
     UnknownModelError,
     ShardUnavailableError,
     StatusError,
+    ReadOnlyReplicaError,
+    NoVersionError,
 )
 _ERROR_LOG_INTERVAL_S = 10.0
 
@@ -339,7 +352,14 @@ async def model_info(request: web.Request) -> web.Response:
             "last_export_version": None,
             "shards": client.num_shards,
         }
+        | _replica_info(request.app)
     )
+
+
+def _replica_info(app: web.Application) -> dict[str, Any]:
+    """On a serving replica, what it serves (`Follower.info`); else nothing."""
+    follower = app.get(FOLLOWER)
+    return {} if follower is None else follower.info()
 
 
 async def list_statuses(request: web.Request) -> web.Response:
@@ -362,6 +382,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    follower = request.app.get(FOLLOWER)
+    if follower is not None:
+        follower.check_ready()
     client = request.app[CLIENT]
     got = await asyncio.gather(*(t.stats() for t in client.transports), return_exceptions=True)
     down = [r for r in got if isinstance(r, BaseException)]
@@ -431,14 +454,20 @@ async def history(request: web.Request) -> web.Response:
 # -- the application ------------------------------------------------------------
 
 
-def create_app(settings: ApiSettings, client: PSClient, model: Model) -> web.Application:
+def create_app(
+    settings: ApiSettings, client: PSClient, model: Model, *, follower: Follower | None = None
+) -> web.Application:
     """The API over the shards of `client`, serving `model`.
 
     The caller keeps `client` (and closes it); the app only reads through it.
     The predictor's batching task and the dashboard's sampling task start and
-    stop with the app."""
+    stop with the app; so does `follower`'s polling, which makes the app a
+    serving replica (`client` is then ``follower.client``)."""
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
     app[SETTINGS] = settings
+    if follower is not None:
+        app[FOLLOWER] = follower
+        app.cleanup_ctx.append(_follower_ctx)
     app[MODEL] = model
     app[METRICS] = api_metrics = ApiMetrics()
     app[CLIENT] = api_metrics.instrument(client)
@@ -446,7 +475,7 @@ def create_app(settings: ApiSettings, client: PSClient, model: Model) -> web.App
     app[HISTORY] = History(
         app[CLIENT], model, interval_s=settings.history_interval_s, max_points=settings.history_points
     )
-    app[OPENAPI] = openapi_document(settings.max_events)
+    app[OPENAPI] = openapi_document(settings.max_events, replica=follower is not None)
     app[_OPENAPI_BODY] = orjson.dumps(app[OPENAPI])
     app[_ERROR_LOG] = {}
     app.cleanup_ctx.append(_predictor_ctx)
@@ -465,6 +494,11 @@ def create_app(settings: ApiSettings, client: PSClient, model: Model) -> web.App
     return app
 
 
+async def _follower_ctx(app: web.Application) -> Any:
+    async with app[FOLLOWER]:
+        yield
+
+
 async def _predictor_ctx(app: web.Application) -> Any:
     async with app[PREDICTOR]:
         yield
@@ -479,9 +513,11 @@ class ApiServer:
     """The API on a TCP socket: ``async with ApiServer(...) as server`` (or
     ``await start()`` / ``await stop()``, idempotent); `url` once started."""
 
-    def __init__(self, settings: ApiSettings, client: PSClient, model: Model) -> None:
+    def __init__(
+        self, settings: ApiSettings, client: PSClient, model: Model, *, follower: Follower | None = None
+    ) -> None:
         self.settings = settings
-        self.app = create_app(settings, client, model)
+        self.app = create_app(settings, client, model, follower=follower)
         self._runner: web.AppRunner | None = None
         self.url = ""
         """``http://host:port`` with the port actually bound (``--port 0``)."""
@@ -518,16 +554,23 @@ class ApiServer:
 
 
 async def run_api(
-    settings: ApiSettings, client: PSClient, model: Model, stop: asyncio.Event
+    settings: ApiSettings,
+    client: PSClient,
+    model: Model,
+    stop: asyncio.Event,
+    *,
+    follower: Follower | None = None,
 ) -> None:
-    """Serve the API until `stop` is set, logging where it listens."""
-    async with ApiServer(settings, client, model) as server:
+    """Serve the API until `stop` is set, logging where it listens (a
+    serving replica of `follower`'s exports when given)."""
+    async with ApiServer(settings, client, model, follower=follower) as server:
         log_event(
             log,
             "listening",
             url=server.url,
             model=model.name,
             shards=client.num_shards,
+            follow=None if follower is None else str(follower.model_dir),
             max_events=settings.max_events,
             admin_token="set" if settings.admin_token else "none",
         )

@@ -56,9 +56,16 @@ _SERVE_EXAMPLE = """\
 example:
   ctrps serve --shards http://127.0.0.1:7100,http://127.0.0.1:7101 --port 8080
   curl -s localhost:8080/v1/predict -d '{"events": [{"features": {"site": "a3f09", "hour": "13"}}]}'
+  ctrps serve --follow exports/ctr --port 8081   # a replica: the exports, in memory
 
-Every flag falls back to a CTRPS_* variable (CTRPS_SHARDS, CTRPS_API_PORT,
-CTRPS_MODEL, CTRPS_MODEL_NAME, CTRPS_MAX_EVENTS, ...). Set CTRPS_ADMIN_TOKEN to
+With --follow the API serves the newest export of exports/<model> (base and
+deltas) from memory, without the shards, and applies each new delta as it
+appears (checked every --follow-interval seconds; the model comes from the
+manifest). GET /v1/model shows the version served; /readyz waits for one.
+
+Every flag falls back to a CTRPS_* variable (CTRPS_SHARDS, CTRPS_FOLLOW,
+CTRPS_FOLLOW_INTERVAL, CTRPS_API_PORT, CTRPS_MODEL, CTRPS_MODEL_NAME,
+CTRPS_MAX_EVENTS, ...). Set CTRPS_ADMIN_TOKEN to
 require "Authorization: Bearer <token>" on admin routes (POST /v1/status).
 """
 
@@ -182,11 +189,20 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_SERVE_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    serve.add_argument("--shards", help="shard URLs, comma-separated, shard 0 first")
+    source = serve.add_mutually_exclusive_group()
+    source.add_argument("--shards", help="shard URLs, comma-separated, shard 0 first")
+    source.add_argument(
+        "--follow", metavar="DIR", help="serve a model's exports (exports/<model>) as a read-only replica"
+    )
+    serve.add_argument(
+        "--follow-interval", type=float, metavar="S", help="seconds between looks at DIR (default 1)"
+    )
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port; 0 picks a free one (default 8080)")
-    serve.add_argument("--model", choices=("lr", "fm"), help="model kind (default lr)")
-    serve.add_argument("--model-name", help="model name (default ctr)")
+    serve.add_argument(
+        "--model", choices=("lr", "fm"), help="model kind (default lr; with --follow, the manifest's)"
+    )
+    serve.add_argument("--model-name", help="model name (default ctr; with --follow, the manifest's)")
     serve.add_argument("--max-events", type=int, help="most events per request (default 10000)")
     serve.add_argument(
         "--max-body-bytes", type=int, help="largest request body (default 16777216)"

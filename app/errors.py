@@ -7,7 +7,8 @@ request's shape (not JSON, not an object, wrong types, unknown or missing
 fields); 422 when it is, but its content cannot be used (no events, too many,
 an event that fails validation); 404 for an unknown route or model; 401 for a
 missing or wrong admin token; 413 for a body over the limit; 503 (from
-`ps_core`) when a shard cannot be reached.
+`ps_core`) when a shard cannot be reached, or when a serving replica has no
+version loaded yet; 409 for a mutating route on a serving replica.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ __all__ = [
     "InvalidEventError",
     "UnknownModelError",
     "UnauthorizedError",
+    "ReadOnlyReplicaError",
+    "NoVersionError",
 ]
 
 
@@ -79,3 +82,19 @@ class UnauthorizedError(PSError):
 
     code = "unauthorized"
     status = 401
+
+
+class ReadOnlyReplicaError(PSError):
+    """A mutating route was called on a serving replica (``ctrps serve
+    --follow``): it serves exported versions and changes nothing."""
+
+    code = "read_only_replica"
+    status = 409
+
+
+class NoVersionError(PSError):
+    """A serving replica has not loaded an export version yet."""
+
+    code = "no_version"
+    status = 503
+    retriable = True

@@ -2,7 +2,9 @@
 JSON Schema it uses.
 
 `openapi_document` describes every route: request bodies, and the body of
-each success and error status. The tests check every response the app gives
+each success and error status. A serving replica (``ctrps serve --follow``)
+serves its own variant (``replica=True``): `/v1/model` always carries the
+served version and the follow state, and mutating routes answer 409. The tests check every response the app gives
 against it with `validate`, which knows exactly the keywords listed in
 `KEYWORDS` and refuses a schema using any other, so a keyword the document
 starts to use can never be silently ignored.
@@ -57,17 +59,19 @@ def _errors(*statuses: int) -> dict[str, Any]:
         400: "The body is not the request's shape (invalid_json, bad_request).",
         401: "Missing or wrong bearer token (unauthorized).",
         404: "Unknown model (unknown_model).",
+        409: "A serving replica changes nothing (read_only_replica).",
         413: "The body is over the limit (too_large).",
         422: "Unusable content: no_events, too_many_events, or an event's validation reason.",
         502: "A shard refused the call (shard_error).",
-        503: "A shard is unreachable (shard_unavailable); the detail names it.",
+        503: "A shard is unreachable (shard_unavailable); the detail names it. A serving "
+        "replica: no export version loaded yet (no_version).",
     }
     out = {str(s): _json(_ERROR, text[s]) for s in statuses}
     out["default"] = _json(_ERROR, "Any other error (not_found, method_not_allowed, internal).")
     return out
 
 
-def _schemas(max_events: int) -> dict[str, Any]:
+def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
     count = {"type": "integer", "minimum": 0}
     counts_by = {"type": "object", "additionalProperties": count}
     string, number, integer = {"type": "string"}, {"type": "number"}, {"type": "integer"}
@@ -118,7 +122,8 @@ def _schemas(max_events: int) -> dict[str, Any]:
                 "model": string,
                 "model_version": {
                     "type": "integer",
-                    "description": "Open export version of the weights read.",
+                    "description": "Open export version of the weights read; on a serving "
+                    "replica, the export version served.",
                 },
             }
         ),
@@ -187,6 +192,49 @@ def _schemas(max_events: int) -> dict[str, Any]:
                     "description": "null until exports exist.",
                 },
                 "shards": {"type": "integer", "minimum": 1},
+                "served_version": {
+                    "type": ["integer", "null"],
+                    "description": "A serving replica's export version; null until one is loaded.",
+                },
+                "follow": _ref("FollowInfo"),
+            },
+            # Only a serving replica reports what it serves.
+            *(() if replica else ("served_version", "follow")),
+        ),
+        "FollowInfo": _closed(
+            {
+                "dir": {"type": "string", "description": "The model's export directory followed."},
+                "interval_s": {"type": "number", "description": "Seconds between polls."},
+                "base_version": {
+                    "type": ["integer", "null"],
+                    "description": "The base of the chain served.",
+                },
+                "newest_version": {
+                    "type": ["integer", "null"],
+                    "description": "The newest version directory seen at the last poll.",
+                },
+                "created_at": {
+                    "type": ["string", "null"],
+                    "description": "When the served version was cut (ISO 8601 UTC).",
+                },
+                "loaded_at": {**number, "type": ["number", "null"]},
+                "last_poll_at": {**number, "type": ["number", "null"]},
+                "last_load_ms": {
+                    "type": ["number", "null"],
+                    "minimum": 0,
+                    "description": "Reading and hashing the last version (in a thread).",
+                },
+                "last_apply_ms": {
+                    "type": ["number", "null"],
+                    "minimum": 0,
+                    "description": "The event loop's time applying the last delta or swapping a base in.",
+                },
+                "deltas_applied": count,
+                "bases_loaded": count,
+                "error": {
+                    "type": ["string", "null"],
+                    "description": "Why the last poll refused a version (file and checksums), else null.",
+                },
             }
         ),
         "WorkerStatus": {
@@ -269,9 +317,11 @@ def _schemas(max_events: int) -> dict[str, Any]:
     }
 
 
-def openapi_document(max_events: int = 10_000) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the API (`max_events` bounds a predict request)."""
-    schemas = _schemas(max_events)
+def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the API (`max_events` bounds a predict
+    request); with `replica`, of a serving replica (``ctrps serve --follow``)."""
+    schemas = _schemas(max_events, replica)
+    read_only = (409,) if replica else ()
 
     def body(name: str) -> dict[str, Any]:
         return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
@@ -330,7 +380,7 @@ def openapi_document(max_events: int = 10_000) -> dict[str, Any]:
                     "requestBody": body("StatusReport"),
                     "responses": {
                         "200": _json(_ref("StatusAck"), "Stored."),
-                        **_errors(400, 401, 413, 502, 503),
+                        **_errors(400, 401, *read_only, 413, 502, 503),
                     },
                 },
             },

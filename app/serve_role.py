@@ -1,14 +1,16 @@
-"""The serve role: the HTTP API alone, reading weights from shard servers,
-until signalled."""
+"""The serve role: the HTTP API alone, reading weights from shard servers or,
+as a serving replica, from a model's exports in memory, until signalled."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from ps_core.client import PSClient, RetryPolicy
 from ps_core.models import make_model
 
 from .api import run_api
+from .follower import Follower, model_of_exports
 from .settings import ApiSettings
 from .signals import stop_on_signals
 
@@ -18,10 +20,19 @@ __all__ = ["run_serve"]
 async def run_serve(settings: ApiSettings, stop: asyncio.Event | None = None) -> None:
     """Serve the API over the shards at ``settings.shards`` until SIGTERM/SIGINT
     (or `stop`). A shard call is retried for ``settings.shard_deadline_s``,
-    then the request gets 503 naming the shard."""
+    then the request gets 503 naming the shard. With ``settings.follow``,
+    serve that export directory instead (`Follower`): the model is the newest
+    manifest's, or the settings' while the directory holds no version."""
     stop = stop or asyncio.Event()
     model = make_model(settings.model, settings.model_name)
-    retry = RetryPolicy(deadline_s=settings.shard_deadline_s)
     with stop_on_signals(stop):
+        if settings.follow:
+            model_dir = Path(settings.follow)
+            model = await asyncio.to_thread(model_of_exports, model_dir, model)
+            follower = Follower(model_dir, model, interval_s=settings.follow_interval_s)
+            async with follower.client as client:
+                await run_api(settings, client, model, stop, follower=follower)
+            return
+        retry = RetryPolicy(deadline_s=settings.shard_deadline_s)
         async with PSClient.connect(settings.shards, retry=retry) as client:
             await run_api(settings, client, model, stop)

@@ -470,7 +470,12 @@ class ApiSettings:
 
     shards: tuple[str, ...] = ()
     """Shard server URLs, shard i at position i (``CTRPS_SHARDS``); `ctrps serve`
-    requires them, an API over in-process shards (the demo) has none."""
+    requires them or `follow`, an API over in-process shards (the demo) has none."""
+    follow: str = ""
+    """A model's export directory, ``exports/<model>``, to serve as a replica
+    instead of shard servers (``CTRPS_FOLLOW``; `ctrps serve --follow`)."""
+    follow_interval_s: float = 1.0
+    """Seconds between looks at the followed directory (``CTRPS_FOLLOW_INTERVAL``)."""
     host: str = "127.0.0.1"
     """Address to listen on (``CTRPS_API_HOST``)."""
     port: int = 8080
@@ -510,17 +515,32 @@ class ApiSettings:
             raise SettingsError("shard deadline must be a positive number of seconds")
         if self.log_format not in ("text", "json"):
             raise SettingsError("log format is text or json")
+        if self.shards and self.follow:
+            raise SettingsError("shards and follow are exclusive: serve shard servers or an export directory")
+        if not 0 < self.follow_interval_s < float("inf"):
+            raise SettingsError("follow interval must be a positive number of seconds")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> ApiSettings:
         """Flags (where given) over ``CTRPS_*`` variables over defaults; shard
-        URLs are required."""
+        URLs or an export directory to follow are required (a flag for one
+        overrides a variable for the other)."""
         d = cls()
-        shards = tuple(s for s in (args.shards or "").split(",") if s) or _env_list(env, "CTRPS_SHARDS")
-        if not shards:
-            raise SettingsError("no shards: pass --shards URL,URL,... or set CTRPS_SHARDS")
+        shards = tuple(s for s in (args.shards or "").split(",") if s)
+        follow = args.follow or ""
+        if not shards and not follow:
+            shards, follow = _env_list(env, "CTRPS_SHARDS"), env.get("CTRPS_FOLLOW", "")
+        if not shards and not follow:
+            raise SettingsError(
+                "no shards: pass --shards URL,URL,... or --follow exports/<model> "
+                "(or set CTRPS_SHARDS or CTRPS_FOLLOW)"
+            )
         return cls(
             shards=shards,
+            follow=follow,
+            follow_interval_s=_pick(
+                args.follow_interval, env, "CTRPS_FOLLOW_INTERVAL", d.follow_interval_s, float
+            ),
             host=_pick(args.host, env, "CTRPS_API_HOST", d.host),
             port=_pick(args.port, env, "CTRPS_API_PORT", d.port, int),
             model=_pick(args.model, env, "CTRPS_MODEL", d.model),

@@ -37,7 +37,7 @@ import numpy.typing as npt
 import orjson
 from numpy.lib import format as npy_format
 
-from .errors import ExportCorruptError, ExportNotFoundError
+from .errors import ExportCorruptError, ExportNotFoundError, InvalidValuesError, TableConflictError
 from .hashing import shard_of
 from .manifest import (
     MANIFEST_NAME,
@@ -58,6 +58,7 @@ __all__ = [
     "RestoreResult",
     "write_version",
     "list_versions",
+    "version_dirs",
     "read_manifest",
     "verify_version",
     "iter_version",
@@ -65,6 +66,7 @@ __all__ = [
     "latest_chain",
     "restore_into",
     "restore_shards",
+    "apply_version",
     "compact",
     "prune",
     "snapshots_to_bytes",
@@ -319,9 +321,10 @@ def read_manifest(version_dir: Path) -> ExportManifest:
     return manifest
 
 
-def _version_dirs(model_dir: Path) -> dict[int, Path]:
+def version_dirs(model_dir: Path) -> dict[int, Path]:
     """Version number → directory for every visible version name (hidden
-    temporaries and anything not a number are skipped)."""
+    temporaries and anything not a number are skipped); no manifest is read,
+    so a damaged version is listed too (`list_versions` skips those)."""
     out: dict[int, Path] = {}
     try:
         entries = list(os.scandir(model_dir))
@@ -351,7 +354,7 @@ def list_versions(model_dir: Path) -> list[VersionInfo]:
     or unreadable (`latest_chain` reports those). Files are not checked.
     """
     out: list[VersionInfo] = []
-    for v, path in sorted(_version_dirs(Path(model_dir)).items()):
+    for v, path in sorted(version_dirs(Path(model_dir)).items()):
         try:
             out.append(_info(path, read_manifest(path)))
         except ExportCorruptError:
@@ -502,7 +505,7 @@ def latest_chain(
     which tries the next older version instead. `ExportNotFoundError` when
     there is no version, or (with fallback) no complete chain.
     """
-    dirs = _version_dirs(Path(model_dir))
+    dirs = version_dirs(Path(model_dir))
     candidates = sorted((v for v in dirs if upto is None or v <= upto), reverse=True)
     if not candidates:
         raise ExportNotFoundError(
@@ -611,6 +614,47 @@ def restore_shards(
     return restore_into(shards, chain, verify=verify)
 
 
+def apply_version(shards: Sequence[Shard], loaded: LoadedVersion) -> None:
+    """Apply one version read into memory (`load_version`) on top of what
+    shards of any count hold: a base into shards that hold none of its
+    tables' rows, a delta onto its parent (every table's last version).
+
+    Everything is checked before anything changes (declarations, parents,
+    finite rows), so a refused version leaves the shards as they were: a
+    `TableConflictError`, `InvalidValuesError` or `ValueError`. Afterwards
+    the tables are marked exported at the version (`SparseTable.mark_exported`).
+    """
+    m = loaded.manifest
+    for shard in shards:
+        for config in m.tables.values():
+            table = shard.tables.get(config.name)
+            if table is not None and table.config != config:
+                raise TableConflictError(
+                    f"version {m.version} declares table {config.name} as {config.to_dict()}, "
+                    f"shard {shard.spec.shard_id} holds {table.config.to_dict()}"
+                )
+            held = 0 if table is None else table.last_snapshot
+            if m.kind == "delta" and held != m.parent:
+                raise ValueError(
+                    f"version {m.version} is a delta of {m.parent}; table {config.name} "
+                    f"on shard {shard.spec.shard_id} holds version {held}"
+                )
+            if m.kind == "base" and table is not None and len(table):
+                raise ValueError(f"base {m.version} into table {config.name}, which holds rows")
+    snaps = [s for part in loaded.snapshots.values() for s in part]
+    for snap in snaps:
+        if not np.isfinite(snap.data).all():
+            raise InvalidValuesError(f"version {m.version}, table {snap.table}: rows hold NaN or inf")
+    for shard in shards:
+        for config in m.tables.values():
+            shard.declare(config)
+    for snap in snaps:
+        _apply(snap, shards)
+    for shard in shards:
+        for name in m.tables:
+            shard.tables[name].mark_exported(m.version)
+
+
 # -- compaction and retention ----------------------------------------------------------
 
 
@@ -681,7 +725,7 @@ def prune(model_dir: Path, keep_bases: int = 2, *, stale_after_s: float = 3600.0
     removed: list[int] = []
     if len(bases) > keep_bases:
         oldest_kept = bases[-keep_bases]
-        for v, path in sorted(_version_dirs(mdir).items()):
+        for v, path in sorted(version_dirs(mdir).items()):
             if v >= oldest_kept:
                 continue
             doomed = mdir / f".del-{version_dir_name(v)}-{secrets.token_hex(4)}"

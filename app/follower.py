@@ -1,0 +1,525 @@
+"""A serving replica: a model's exports loaded into this process and kept
+current as new versions appear (``ctrps serve --follow exports/<model>``).
+
+`Follower` loads the newest chain of a model's export directory (its base,
+then each delta) into one in-process `Shard` (a replica holds the whole
+model, so keys need no routing), then polls the directory every
+`Follower.interval_s` and applies each new delta, in order, every file's
+SHA-256 checked before anything of the version is applied. A newer base (a
+periodic base, or a compaction) is loaded into a fresh shard and swapped in
+whole; so is the newest chain when a delta does not follow the served
+version (a gap). A version that fails its checks is refused with one log
+line naming the file and both checksums; the replica keeps serving what it
+has and tries the version again at each poll, logging the same failure once.
+
+The API reads the replica through `Follower.client`, a `PSClient` over one
+`ReplicaTransport`: pulls answer from the served shard and report the served
+export version; writes are refused (`ReadOnlyReplicaError`, 409); before the
+first version is loaded, reads are `NoVersionError` (503).
+
+Files are read and hashed in a thread. A delta is applied to the served
+shard, and a fresh shard swapped in, on the event loop in one synchronous
+step, so each read sees one version or the next, never part of one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ps_core.client import LocalTransport, PSClient, Pulled
+from ps_core.errors import ExportCorruptError, ExportNotFoundError, PSError
+from ps_core.export import (
+    LoadedVersion,
+    VersionInfo,
+    apply_version,
+    latest_chain,
+    list_versions,
+    load_version,
+    read_manifest,
+    restore_into,
+    version_dirs,
+)
+from ps_core.hashing import U64
+from ps_core.manifest import ExportManifest
+from ps_core.models import FactorizationMachine, LogisticRegression, Model
+from ps_core.shard import Shard
+from ps_core.table import F32, TableConfig
+
+from .errors import NoVersionError, ReadOnlyReplicaError
+from .logs import log_event
+
+__all__ = ["Follower", "ReplicaTransport", "model_from_manifest", "model_of_exports"]
+
+log = logging.getLogger("ctrps.follow")
+_T = TypeVar("_T")
+
+# What makes a version unusable rather than this code broken: damaged or
+# vanished files (pruned or compacted while read), a manifest that does not
+# fit the served model or chain, rows a table refuses.
+_REFUSALS = (PSError, ValueError, OSError)
+_MAX_LOGGED_FAILURES = 1024
+_KINDS = {"lr": "lr", "LogisticRegression": "lr", "fm": "fm", "FactorizationMachine": "fm"}
+
+
+def model_from_manifest(manifest: ExportManifest) -> Model:
+    """The model whose tables a version holds.
+
+    Its name is ``model_config["name"]`` (what the exporter writes) when a
+    table ``<name>_w`` exists, else the model directory's name, else the
+    prefix of the one ``*_w`` table. The kind follows from the tables, as the
+    models name them: ``<name>_w`` alone is logistic regression,
+    ``<name>_w`` and ``<name>_v`` a factorization machine (k is the
+    ``_v`` table's dim); the tables' optimizers and initial values are
+    taken as declared. A kind named in ``model_config`` (``"model"``:
+    ``lr``/``fm``, or ``"kind"`` as `Model.config` writes it) must agree.
+    `ValueError` when the tables are not a model's.
+    """
+    tables, config = manifest.tables, manifest.model_config
+    hinted = config.get("name")
+    prefixes = [t[: -len("_w")] for t in tables if t.endswith("_w")]
+    candidates = [hinted, manifest.model] + (prefixes if len(prefixes) == 1 else [])
+    name = next((c for c in candidates if isinstance(c, str) and f"{c}_w" in tables), None)
+    if name is None:
+        raise ValueError(
+            f"version {manifest.version}: no model in tables {sorted(tables)} "
+            f"(expected <name>_w, and <name>_v for a factorization machine)"
+        )
+    w, v = tables[f"{name}_w"], tables.get(f"{name}_v")
+    model: Model
+    if v is None:
+        model = LogisticRegression(name, optimizer=w.optimizer)
+    else:
+        model = FactorizationMachine(
+            name, k=v.dim, optimizer=w.optimizer, embedding_optimizer=v.optimizer,
+            init_scale=v.init_scale, seed=v.seed,
+        )
+    hint = config.get("model", config.get("kind"))
+    kind = "lr" if v is None else "fm"
+    if hint is not None and _KINDS.get(str(hint)) != kind:
+        raise ValueError(f"version {manifest.version}: model_config names {hint!r}, its tables are {kind}")
+    # The models build their own declarations: they must be the stored ones
+    # (a `_w` table of another dim is not a model's linear part).
+    mismatch = [t.name for t in model.tables() if t != tables[t.name]]
+    if mismatch:
+        raise ValueError(f"version {manifest.version}: tables {mismatch} are not those of a {kind} model")
+    return model
+
+
+def model_of_exports(model_dir: Path, default: Model) -> Model:
+    """The model of the newest version in `model_dir` whose manifest reads
+    and names a model; `default` when there is none (the replica then waits
+    for versions of `default`)."""
+    for info in reversed(list_versions(model_dir)):
+        try:
+            return model_from_manifest(info.manifest)
+        except ValueError:
+            continue
+    return default
+
+
+def _describe(model: Model) -> str:
+    return f"{type(model).__name__} {model.name!r} (tables {', '.join(model.table_names)})"
+
+
+class ReplicaTransport(LocalTransport):
+    """The served shard of a replica, as the API's only transport.
+
+    `Follower` swaps `shard` whole when a new base loads and sets `version`
+    with it; reads use the shard in place at the time of the call. Pulls
+    report the served export version (the weights are exactly that
+    version's), writes are `ReadOnlyReplicaError`, and reads before the first
+    version are `NoVersionError`."""
+
+    def __init__(self, source: Path) -> None:
+        super().__init__(Shard())
+        self.source = source
+        """The export directory followed (named in errors)."""
+        self.version: int | None = None
+        """The export version `shard` holds; None until one is loaded."""
+
+    def _served(self) -> tuple[Shard, int]:
+        if self.version is None:
+            raise NoVersionError(f"no export version loaded yet from {self.source}")
+        return self.shard, self.version
+
+    def _read_only(self, what: str) -> ReadOnlyReplicaError:
+        return ReadOnlyReplicaError(
+            f"this server is a read-only replica of {self.source}: {what} go to the training cluster"
+        )
+
+    async def pull(self, table: str, keys: U64) -> F32:
+        return self._served()[0].handle_pull(table, keys)[0]
+
+    async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled:
+        shard, version = self._served()
+        weights = shard.handle_pull(table, keys)[0]
+        return Pulled(weights, version, shard.contains(table, keys) if presence else None)
+
+    async def push(
+        self,
+        table: str,
+        keys: U64,
+        grads: F32,
+        counts: F32 | None,
+        event_time: float,
+        request_id: int,
+    ) -> int:
+        raise self._read_only("pushes")
+
+    async def declare(self, config: TableConfig) -> bool:
+        raise self._read_only("table declarations")
+
+    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
+        raise self._read_only("status reports")
+
+    async def export_now(self, kind: str | None) -> dict[str, Any]:
+        raise self._read_only("export requests")
+
+    async def stats(self) -> dict[str, Any]:
+        stats = self.shard.stats()
+        # A table's open version would read one above the export it holds.
+        for table in stats["tables"].values():
+            table["version"] = self.version
+        return stats
+
+
+class Follower:
+    """Serves a model's export directory and follows it.
+
+    ``async with Follower(model_dir, model) as follower`` starts the polling
+    task (the first poll loads the newest chain) and stops it; `poll` is one
+    look at the directory and may be awaited directly. The API reads through
+    `client`; `info` is what ``GET /v1/model`` adds about the replica.
+    """
+
+    def __init__(self, model_dir: Path | str, model: Model, *, interval_s: float = 1.0) -> None:
+        """`model` is what the replica serves: versions holding another
+        model's tables are refused (see `model_of_exports`)."""
+        if not 0 < interval_s < float("inf"):
+            raise ValueError("the poll interval must be a positive number of seconds")
+        self.model_dir = Path(model_dir)
+        self.model = model
+        self.interval_s = interval_s
+        self.transport = ReplicaTransport(self.model_dir)
+        self.client = PSClient([self.transport])
+        """A client over the served shard: what the API reads."""
+        self._served: ExportManifest | None = None
+        self._base_version: int | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        # Failures already logged (by detail), oldest first: a version that
+        # stays damaged is retried at every poll but logged once.
+        self._logged: OrderedDict[str, None] = OrderedDict()
+        self._errors: list[tuple[int | None, str]] = []
+        # Refused versions with their files' signature then: tried again only
+        # once the files change.
+        self._refused: dict[int, tuple[tuple[tuple[str, int, int], ...], Exception]] = {}
+        self.error: str | None = None
+        """Why the last poll refused a version (or found none), else None."""
+        self.newest_version: int | None = None
+        """The newest version directory seen at the last poll."""
+        self.last_poll_at: float | None = None
+        """When the last poll ended (seconds since the epoch)."""
+        self.loaded_at: float | None = None
+        """When the served version was applied or swapped in."""
+        self.last_load_ms: float | None = None
+        """Reading and hashing the last version applied (in a thread)."""
+        self.last_apply_ms: float | None = None
+        """The event loop's time applying the last delta, or swapping a shard in."""
+        self.deltas_applied = 0
+        """Deltas applied to the served shard."""
+        self.bases_loaded = 0
+        """Chains loaded into a fresh shard and swapped in."""
+
+    @property
+    def served_version(self) -> int | None:
+        """The export version served; None until one is loaded."""
+        return self.transport.version
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start polling (once): the first poll runs at once."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="ctrps-follower")
+
+    async def stop(self) -> None:
+        """Stop polling (idempotent); the served version stays in memory."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        # Its own failure was logged when it happened; stopping must not raise it.
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def __aenter__(self) -> Follower:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def check_ready(self) -> None:
+        """Raise unless a version is served: `NoVersionError`, or what ended
+        the polling task if it failed."""
+        task = self._task
+        if task is not None and task.done() and not task.cancelled():
+            error = task.exception()
+            if error is not None:
+                raise RuntimeError(f"the export follower stopped: {error!r}") from error
+        if self._served is None:
+            detail = f" ({self.error})" if self.error else ""
+            raise NoVersionError(f"no export version loaded yet from {self.model_dir}{detail}")
+
+    def info(self) -> dict[str, Any]:
+        """``last_export_version``, ``served_version`` and ``follow`` for ``GET /v1/model``."""
+        served = self._served
+        return {
+            "last_export_version": self.served_version,
+            "served_version": self.served_version,
+            "follow": {
+                "dir": str(self.model_dir),
+                "interval_s": self.interval_s,
+                "base_version": self._base_version,
+                "newest_version": self.newest_version,
+                "created_at": None if served is None else served.created_at.isoformat(),
+                "loaded_at": self.loaded_at,
+                "last_poll_at": self.last_poll_at,
+                "last_load_ms": self.last_load_ms,
+                "last_apply_ms": self.last_apply_ms,
+                "deltas_applied": self.deltas_applied,
+                "bases_loaded": self.bases_loaded,
+                "error": self.error,
+            },
+        }
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except Exception:
+                log.exception("export follower failed", extra={"fields": {"dir": str(self.model_dir)}})
+                raise
+            await asyncio.sleep(self.interval_s)
+
+    # -- one poll --------------------------------------------------------------------
+    async def poll(self) -> bool:
+        """Look at the directory once and serve what is new there: the deltas
+        after the served version, in order, or the newest chain (at start, on
+        a newer base or a gap). True when the served version changed."""
+        async with self._lock:
+            before = self.served_version
+            self._errors = []
+            dirs = await asyncio.to_thread(version_dirs, self.model_dir)
+            self.newest_version = max(dirs, default=None)
+            served = self.served_version
+            if served is None or await self._apply_new_deltas(dirs, served):
+                await self._reload()
+            served = self.served_version
+            # A refusal of a version older than the one now served is moot.
+            self.error = "; ".join(
+                detail for v, detail in self._errors if v is None or served is None or v > served
+            ) or None
+            for v in [v for v in self._refused if served is not None and v <= served]:
+                del self._refused[v]
+            self.last_poll_at = time.time()
+            return served != before
+
+    async def _apply_new_deltas(self, dirs: Mapping[int, Path], served: int) -> bool:
+        """Apply each delta after version `served`, in order, up to the first
+        refused; True when a base or a gap calls for a reload."""
+        for version in sorted(v for v in dirs if v > served):
+            path = dirs[version]
+            t0 = time.perf_counter()
+            try:
+                got = await asyncio.to_thread(self._attempt, version, path, self._read_delta, path, served)
+                if isinstance(got, ExportManifest):
+                    if got.kind == "delta":
+                        self._note(
+                            f"version {version} follows {got.parent}, not the served version "
+                            f"{served}: loading the newest chain"
+                        )
+                    return True
+                load_ms = (time.perf_counter() - t0) * 1000
+                t1 = time.perf_counter()
+                # Checks everything before it changes anything: a refusal
+                # leaves the served shard as it was.
+                apply_version([self.transport.shard], got)
+            except _REFUSALS as exc:
+                self._refuse(version, exc)
+                return await asyncio.to_thread(self._base_after, dirs, version)
+            self._serve(self.transport.shard, got.manifest, "delta applied", load_ms, t1)
+            self.deltas_applied += 1
+            served = version
+        return False
+
+    def _attempt(self, version: int, path: Path, read: Callable[..., _T], *args: Any) -> _T:
+        """``read(*args)`` of a version, unless it was refused before and its
+        files have not changed since: then that refusal again, without
+        reading (a damaged base is not hashed again at every poll). Runs in
+        a thread, under the poll's lock."""
+        signature = _signature(path)
+        known = self._refused.get(version)
+        if known is not None and known[0] == signature:
+            raise known[1]
+        try:
+            return read(*args)
+        except (PSError, ValueError) as exc:
+            # OSError is not remembered: a read that failed may succeed as is.
+            self._refused[version] = (signature, exc)
+            raise
+
+    @staticmethod
+    def _base_after(dirs: Mapping[int, Path], refused: int) -> bool:
+        """Whether a base newer than the refused version is there: then the
+        replica moves on to it instead of waiting for the refused one."""
+        for version in sorted((v for v in dirs if v > refused), reverse=True):
+            try:
+                if read_manifest(dirs[version]).kind == "base":
+                    return True
+            except _REFUSALS:
+                continue
+        return False
+
+    def _read_delta(self, path: Path, parent: int) -> LoadedVersion | ExportManifest:
+        """The delta at `path`, read and hashed, if it is one of `parent`;
+        else its manifest (a base, or a delta of another parent)."""
+        manifest = read_manifest(path)
+        if manifest.kind != "delta" or manifest.parent != parent:
+            return manifest
+        self._check_model(manifest)
+        loaded = load_version(path, verify=True)
+        # Compacted into a base since its manifest was read: reload instead.
+        if loaded.manifest.kind != "delta" or loaded.manifest.parent != parent:
+            return loaded.manifest
+        return loaded
+
+    async def _reload(self) -> None:
+        """Load the newest complete chain into a fresh shard and swap it in
+        if it is newer than what is served."""
+        try:
+            chain, failure = await asyncio.to_thread(self._newest_chain)
+        except ExportNotFoundError as exc:
+            self._errors.append((None, exc.detail))
+            self._note(f"waiting for an export: {exc.detail}")
+            return
+        if failure is not None:
+            self._refuse(None, failure)
+        served = self.served_version
+        if served is not None and chain[-1].version <= served:
+            return
+        t0 = time.perf_counter()
+        shard, manifest, refused = await asyncio.to_thread(self._build, chain)
+        if refused is not None:
+            self._refuse(*refused)
+        if manifest is None or (served is not None and manifest.version <= served):
+            return
+        self._serve(shard, manifest, "chain loaded", (time.perf_counter() - t0) * 1000, time.perf_counter())
+        self._base_version = chain[0].version
+        self.bases_loaded += 1
+
+    def _newest_chain(self) -> tuple[list[VersionInfo], ExportCorruptError | None]:
+        """The newest complete chain (files present, sizes right), and why
+        the newest version could not end it, if so. Runs in a thread."""
+        try:
+            return latest_chain(self.model_dir), None
+        except ExportCorruptError as exc:
+            return latest_chain(self.model_dir, fallback=True), exc
+
+    def _build(
+        self, chain: list[VersionInfo]
+    ) -> tuple[Shard, ExportManifest | None, tuple[int, Exception] | None]:
+        """A fresh shard holding as much of `chain` as passes its checks: the
+        shard, the last version applied (None: not even the base) and the
+        refused version with why. Runs in a thread: the shard is nobody
+        else's until it is swapped in."""
+        shard = Shard()
+        applied: ExportManifest | None = None
+        for info in chain:
+            try:
+                self._attempt(info.version, info.path, self._load_into, shard, info, applied is None)
+            except _REFUSALS as exc:
+                return shard, applied, (info.version, exc)
+            applied = info.manifest
+        return shard, applied, None
+
+    def _load_into(self, shard: Shard, info: VersionInfo, base: bool) -> None:
+        self._check_model(info.manifest)
+        if base:
+            restore_into([shard], [info])  # hashed file by file as it is read
+        else:
+            apply_version([shard], load_version(info.path, verify=True))
+
+    def _check_model(self, manifest: ExportManifest) -> None:
+        got = model_from_manifest(manifest)
+        if got.table_names != self.model.table_names:
+            raise ValueError(
+                f"version {manifest.version} holds {_describe(got)}; this replica serves "
+                f"{_describe(self.model)}: restart it to serve the other model"
+            )
+
+    def _serve(
+        self, shard: Shard, manifest: ExportManifest, how: str, load_ms: float, t_apply: float
+    ) -> None:
+        """Make `shard`, holding `manifest`'s version, the served one: one
+        synchronous step, so no read sees the shard and version disagree."""
+        self.transport.shard = shard
+        self.transport.version = manifest.version
+        self._served = manifest
+        self.loaded_at = time.time()
+        self.last_load_ms = round(load_ms, 3)
+        self.last_apply_ms = round((time.perf_counter() - t_apply) * 1000, 3)
+        log_event(
+            log,
+            f"serving export version: {how}",
+            version=manifest.version,
+            kind=manifest.kind,
+            parent=manifest.parent,
+            rows=manifest.rows(),
+            deleted=manifest.deleted(),
+            load_ms=self.last_load_ms,
+            apply_ms=self.last_apply_ms,
+        )
+
+    # -- logging once ----------------------------------------------------------------
+    def _once(self, detail: str) -> bool:
+        """Whether `detail` is new (and remember it)."""
+        if detail in self._logged:
+            return False
+        self._logged[detail] = None
+        if len(self._logged) > _MAX_LOGGED_FAILURES:
+            self._logged.popitem(last=False)
+        return True
+
+    def _refuse(self, version: int | None, exc: Exception) -> None:
+        """A version failed its checks: one warning per distinct failure."""
+        detail = exc.detail if isinstance(exc, PSError) else f"{type(exc).__name__}: {exc}"
+        self._errors.append((version, detail if version is None else f"version {version}: {detail}"))
+        if not self._once(detail):
+            return
+        fields: dict[str, Any] = {"dir": str(self.model_dir), "version": version, "serving": self.served_version}
+        if isinstance(exc, ExportCorruptError):
+            fields.update(file=exc.file, expected=exc.expected, actual=exc.actual)
+        fields["detail"] = detail
+        log.warning("export version refused", extra={"fields": fields})
+
+    def _note(self, message: str) -> None:
+        """An expected condition (no export yet, a gap), logged once at INFO."""
+        if self._once(message):
+            log_event(log, message, dir=str(self.model_dir), serving=self.served_version)
+
+
+def _signature(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """What changes when a version directory's files are rewritten: each
+    file's name, size and modification time (empty if it cannot be listed)."""
+    try:
+        entries = list(os.scandir(path))
+        return tuple(sorted((e.name, st.st_size, st.st_mtime_ns) for e in entries for st in (e.stat(),)))
+    except OSError:
+        return ()

@@ -1,0 +1,628 @@
+"""Serving replicas (`app.follower`, ``ctrps serve --follow``): a trainer's
+real shards cut real export versions into tmp_path; the replica's API, in
+process (aiohttp test_utils) or as ``ctrps serve --follow``, must answer
+exactly the trainer's predictions at the version it serves, refuse damaged
+versions (one log line naming the file and both checksums) while serving
+the previous one, reload on a gap, and swap a new base in.
+
+The follower's background poll runs once at start and then waits an hour:
+the tests drive `Follower.poll` themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import numpy as np
+import numpy.typing as npt
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+import app.follower as follower_module
+from app.api import create_app
+from app.cli import build_parser
+from app.follower import Follower, model_from_manifest, model_of_exports
+from app.openapi import openapi_document, response_schema, validate
+from app.settings import ApiSettings, SettingsError
+from ps_core.client import PSClient
+from ps_core.errors import InvalidValuesError
+from ps_core.export import apply_version, latest_chain, load_version, read_manifest, restore_shards, write_version
+from ps_core.features import FeatureHasher
+from ps_core.models import FactorizationMachine, LogisticRegression, Model, make_model, sigmoid
+from ps_core.shard import Shard, ShardSpec
+from ps_core.table import TableConfig, TableSnapshot
+
+PROJECT = Path(__file__).resolve().parent.parent
+TOKEN = "replica-token"
+F64 = npt.NDArray[np.float64]
+
+
+# -- a trainer: real shards, trained through the client, cut into versions ------------
+
+
+def events(rng: np.random.Generator, n: int, *, sites: int = 20) -> list[dict[str, Any]]:
+    """Labelled events with categorical, numeric and multi-hot features."""
+    out = []
+    for _ in range(n):
+        site = int(rng.integers(0, sites))
+        out.append(
+            {
+                "label": int(rng.random() < (0.7 if site % 3 == 0 else 0.2)),
+                "features": {
+                    "site": f"s{site}",
+                    "ad": f"a{int(rng.integers(0, 40))}",
+                    "price": round(float(rng.uniform(0.5, 3.0)), 3),
+                    "tags": [f"t{int(t)}" for t in rng.choice(6, size=2, replace=False)],
+                },
+            }
+        )
+    return out
+
+
+@dataclass
+class Trainer:
+    """Shards a model trains on, and the versions cut from them into ``root/<model>``."""
+
+    root: Path
+    model: Model
+    shards: list[Shard]
+    client: PSClient
+    last: int = 0
+    expected: dict[int, F64] = field(default_factory=dict)
+    """The trainer's own predictions of `PROBE` at each version it cut."""
+
+    @classmethod
+    def new(cls, root: Path, kind: str = "lr", num_shards: int = 2) -> Trainer:
+        model = make_model(kind, "ctr")
+        shards = [Shard(ShardSpec(i, num_shards), model.tables()) for i in range(num_shards)]
+        return cls(root, model, shards, PSClient.local(shards))
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / self.model.name
+
+    async def train(self, batch: list[dict[str, Any]], rounds: int = 2) -> None:
+        """The worker's step (pull, gradients, push) on `batch`."""
+        b, errors = FeatureHasher(self.model.name).featurize(batch)
+        assert not errors
+        for _ in range(rounds):
+            plan = self.model.plan(b)
+            w = {t: await self.client.pull(t, plan.keys) for t in self.model.table_names}
+            p = sigmoid(self.model.logits(b, plan, w))
+            grads = self.model.gradients(b, plan, w, (p - b.labels) * b.weights)
+            for t, g in grads.items():
+                await self.client.push(t, plan.keys, g, counts=plan.counts(b.labels))
+
+    def evict(self, batch: list[dict[str, Any]]) -> None:
+        """Delete the features of `batch` from every table (an eviction)."""
+        b, _ = FeatureHasher(self.model.name).featurize(batch, require_label=False)
+        for shard in self.shards:
+            for table in shard.tables.values():
+                table.delete(np.unique(b.keys))
+
+    async def predict(self, probe: list[dict[str, Any]]) -> F64:
+        """What the model predicts from the trainer's shards now."""
+        b, _ = FeatureHasher(self.model.name).featurize(probe, require_label=False)
+        plan = self.model.plan(b)
+        w = {t: await self.client.pull(t, plan.keys) for t in self.model.table_names}
+        return sigmoid(self.model.logits(b, plan, w))
+
+    def snapshots(self, base: bool) -> dict[int, list[TableSnapshot]]:
+        """A cut of every table (the coordinator's pause)."""
+        return {
+            s.spec.shard_id: [t.snapshot(None if base else self.last) for t in s.tables.values()]
+            for s in self.shards
+        }
+
+    async def cut(self, base: bool = False) -> int:
+        """Cut a base or a delta, write it (atomic rename) and remember the
+        trainer's predictions at it."""
+        version = self.shards[0].tables[self.model.table_names[0]].version
+        config = {"name": self.model.name, "tables": [t.to_dict() for t in self.model.tables()]}
+        write_version(
+            self.root, self.model.name, version, None if base else self.last,
+            self.snapshots(base), {"clicks": {0: version * 10}}, config, len(self.shards),
+        )
+        self.last = version
+        self.expected[version] = await self.predict(PROBE)
+        return version
+
+
+PROBE = events(np.random.default_rng(99), 40) + [{"features": {"site": "never-seen", "price": 1.0}}]
+
+
+async def trained(root: Path, kind: str = "lr", versions: int = 3) -> Trainer:
+    """A trainer that cut a base (1) and `versions - 1` deltas, with evictions."""
+    trainer = Trainer.new(root, kind)
+    rng = np.random.default_rng(7)
+    await trainer.train(events(rng, 300) + PROBE[:10])
+    await trainer.cut(base=True)
+    for _ in range(versions - 1):
+        batch = events(rng, 150, sites=30)
+        await trainer.train(batch)
+        trainer.evict(batch[:5])
+        await trainer.cut()
+    return trainer
+
+
+# -- the replica, in process ------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    """A replica's app in process; every answer is checked against the
+    OpenAPI document it serves."""
+
+    http: TestClient  # type: ignore[type-arg]
+    follower: Follower
+    doc: dict[str, Any]
+    seen: set[tuple[str, str, int]] = field(default_factory=set)
+
+    async def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        data = None if body is None else orjson.dumps(body)
+        async with self.http.request(method, path, data=data, headers=headers) as resp:
+            raw, status, ctype = await resp.read(), resp.status, resp.content_type
+        if ctype != "application/json":
+            return status, raw.decode()
+        parsed = orjson.loads(raw)
+        schema = response_schema(self.doc, path.partition("?")[0], method, status)
+        assert validate(parsed, schema, self.doc) == [], (method, path, status, parsed)
+        self.seen.add((method, path, status))
+        return status, parsed
+
+    async def predict(self, probe: list[dict[str, Any]]) -> tuple[F64, int]:
+        status, got = await self.call("POST", "/v1/predict", {"events": probe})
+        assert status == 200, got
+        return np.array(got["predictions"]), got["model_version"]
+
+    async def serves(self, trainer: Trainer, version: int) -> None:
+        """The replica serves `version`: the trainer's predictions at it, and says so."""
+        assert self.follower.served_version == version
+        got, model_version = await self.predict(PROBE)
+        assert model_version == version
+        np.testing.assert_allclose(got, trainer.expected[version], rtol=1e-12, atol=0)
+        status, info = await self.call("GET", "/v1/model")
+        assert status == 200
+        assert info["served_version"] == info["last_export_version"] == info["model_version"] == version
+
+
+MakeReplica = Callable[..., Awaitable[Replica]]
+
+
+@pytest.fixture
+async def make_replica() -> AsyncIterator[MakeReplica]:
+    opened: list[TestClient] = []  # type: ignore[type-arg]
+
+    async def make(model_dir: Path, model: Model | None = None, **settings: Any) -> Replica:
+        served = model_of_exports(model_dir, make_model("lr", "ctr")) if model is None else model
+        follower = Follower(model_dir, served, interval_s=3600)
+        app = create_app(ApiSettings(**settings), follower.client, served, follower=follower)
+        http = TestClient(TestServer(app))
+        await http.start_server()
+        opened.append(http)
+        replica = Replica(http, follower, openapi_document(replica=True))
+        status, doc = await replica.call("GET", "/openapi.json")
+        assert status == 200 and doc == replica.doc
+        await follower.poll()  # after the start's own poll, whichever ran first
+        return replica
+
+    yield make
+    for http in opened:
+        await http.close()
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "ctrps.follow" and r.levelno >= logging.WARNING]
+
+
+# -- following ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["lr", "fm"])
+async def test_replica_predicts_as_the_trainer_at_each_version(
+    tmp_path: Path, make_replica: MakeReplica, kind: str
+) -> None:
+    trainer = Trainer.new(tmp_path, kind)
+    replica = await make_replica(trainer.model_dir, trainer.model)
+    # Nothing exported yet: alive, not ready, and it says why.
+    assert (await replica.call("GET", "/healthz"))[0] == 200
+    status, body = await replica.call("GET", "/readyz")
+    assert (status, body["error"]) == (503, "no_version") and str(trainer.model_dir) in body["detail"]
+    assert (await replica.call("POST", "/v1/predict", {"events": PROBE}))[1]["error"] == "no_version"
+    status, info = await replica.call("GET", "/v1/model")
+    assert status == 200 and info["served_version"] is None and "no export version" in info["follow"]["error"]
+
+    rng = np.random.default_rng(3)
+    await trainer.train(events(rng, 300) + PROBE[:10])
+    assert await trainer.cut(base=True) == 1
+    assert await replica.follower.poll() is True
+    await replica.serves(trainer, 1)
+    assert (await replica.call("GET", "/readyz"))[0] == 200
+    for version in (2, 3):
+        batch = events(rng, 150, sites=30)
+        await trainer.train(batch)
+        trainer.evict(batch[:5])  # deletions travel in the delta
+        assert await trainer.cut() == version
+        assert not np.allclose(trainer.expected[version], trainer.expected[version - 1])
+        assert await replica.follower.poll() is True
+        await replica.serves(trainer, version)
+    assert await replica.follower.poll() is False  # nothing new
+    status, info = await replica.call("GET", "/v1/model")
+    follow = info["follow"]
+    assert (follow["base_version"], follow["newest_version"], follow["deltas_applied"], follow["bases_loaded"]) == (
+        1, 3, 2, 1,
+    )
+    assert follow["error"] is None and follow["dir"] == str(trainer.model_dir)
+    assert info["config"] == trainer.model.config() and info["shards"] == 1
+    # The replica holds exactly the trainer's rows (2 shards re-hashed into 1).
+    for name in trainer.model.table_names:
+        assert info["tables"][name]["features"] == sum(len(s.tables[name]) for s in trainer.shards)
+        assert info["tables"][name]["version"] == 3
+    status, w = await replica.call("POST", "/v1/weights", {"features": PROBE[0]["features"]})
+    keys = np.array([row["key"] for row in w["weights"]], dtype=np.uint64)
+    assert status == 200 and w["model_version"] == 3
+    for name in trainer.model.table_names:
+        np.testing.assert_array_equal([row["weights"][name] for row in w["weights"]], await trainer.client.pull(name, keys))
+
+
+async def test_a_replica_started_on_a_chain_loads_it_whole(tmp_path: Path, make_replica: MakeReplica) -> None:
+    trainer = await trained(tmp_path, "fm", versions=3)
+    replica = await make_replica(trainer.model_dir)  # the model from the manifest
+    assert isinstance(replica.follower.model, FactorizationMachine)
+    await replica.serves(trainer, 3)
+    status, info = await replica.call("GET", "/v1/model")
+    assert (info["follow"]["bases_loaded"], info["follow"]["deltas_applied"]) == (1, 0)
+
+
+@pytest.mark.parametrize(("damage", "then"), [("flip", "replaced"), ("truncate", "newer_base"), ("missing", "replaced")])
+async def test_a_damaged_version_is_refused_once_and_the_previous_one_keeps_serving(
+    tmp_path: Path, make_replica: MakeReplica, caplog: pytest.LogCaptureFixture, damage: str, then: str
+) -> None:
+    trainer = await trained(tmp_path, versions=2)
+    replica = await make_replica(trainer.model_dir, trainer.model)
+    await replica.serves(trainer, 2)
+    await trainer.train(events(np.random.default_rng(4), 200, sites=30))
+    assert await trainer.cut() == 3
+    vdir = trainer.model_dir / "0000000003"
+    entry = next(f for f in read_manifest(vdir).files if f.rows > 0)
+    path = vdir / entry.name
+    good = path.read_bytes()
+    expected = entry.sha256
+    if damage == "flip":
+        bad = bytearray(good)
+        bad[len(bad) // 2] ^= 0x01
+        path.write_bytes(bad)
+        actual = hashlib.sha256(bad).hexdigest()
+    elif damage == "truncate":
+        path.write_bytes(good[:100])
+        expected, actual = f"{entry.bytes} bytes", "100 bytes"
+    else:
+        path.unlink()
+        actual = "missing"
+
+    caplog.set_level(logging.INFO, logger="ctrps.follow")
+    for _ in range(3):  # retried at every poll, logged once
+        assert await replica.follower.poll() is False
+        await replica.serves(trainer, 2)
+    (record,) = warnings_of(caplog)
+    fields = record.fields  # type: ignore[attr-defined]
+    assert record.getMessage() == "export version refused"
+    assert (fields["file"], fields["expected"], fields["actual"]) == (str(path), expected, actual)
+    assert (fields["version"], fields["serving"]) == (3, 2)
+    assert str(path) in fields["detail"] and actual in fields["detail"]
+    status, info = await replica.call("GET", "/v1/model")
+    assert str(path) in info["follow"]["error"] and info["follow"]["newest_version"] == 3
+    assert (await replica.call("GET", "/readyz"))[0] == 200  # still serving version 2
+
+    if then == "replaced":
+        path.write_bytes(good)
+        assert await replica.follower.poll() is True
+        await replica.serves(trainer, 3)
+    else:  # a newer base moves the replica past the damaged delta
+        await trainer.train(events(np.random.default_rng(5), 100))
+        assert await trainer.cut(base=True) == 4
+        assert await replica.follower.poll() is True
+        await replica.serves(trainer, 4)
+        assert replica.follower.info()["follow"]["base_version"] == 4
+    assert replica.follower.error is None
+    assert len(warnings_of(caplog)) == 1
+
+
+async def test_a_gap_reloads_the_chain_from_the_base(
+    tmp_path: Path, make_replica: MakeReplica, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer = await trained(tmp_path, versions=2)
+    replica = await make_replica(trainer.model_dir, trainer.model)
+    await replica.serves(trainer, 2)
+    # Another trainer restored from version 1 goes on, numbering after the
+    # newest version: its next delta, version 3, applies to 1, not to 2.
+    restored = restore_shards(latest_chain(trainer.model_dir, upto=1), 2)
+    fork = Trainer(tmp_path, trainer.model, restored.shards, PSClient.local(restored.shards), last=1)
+    await fork.train(events(np.random.default_rng(8), 200, sites=30))
+    snaps = {i: [dataclasses.replace(s, version=3) for s in part] for i, part in fork.snapshots(base=False).items()}
+    config = {"name": "ctr", "tables": [t.to_dict() for t in trainer.model.tables()]}
+    write_version(tmp_path, "ctr", 3, 1, snaps, {"clicks": {0: 30}}, config, 2)
+    fork.expected[3] = await fork.predict(PROBE)
+
+    caplog.set_level(logging.INFO, logger="ctrps.follow")
+    assert await replica.follower.poll() is True
+    await replica.serves(fork, 3)
+    info = replica.follower.info()["follow"]
+    assert (info["base_version"], info["bases_loaded"]) == (1, 2)
+    assert any("follows 1, not the served version 2" in r.getMessage() for r in caplog.records)
+    assert warnings_of(caplog) == []
+
+
+async def test_a_new_base_is_swapped_in_and_the_old_shard_is_left_as_it_was(
+    tmp_path: Path, make_replica: MakeReplica
+) -> None:
+    trainer = await trained(tmp_path, versions=2)
+    replica = await make_replica(trainer.model_dir, trainer.model)
+    await replica.serves(trainer, 2)
+    old = replica.follower.transport.shard
+    b, _ = FeatureHasher("ctr").featurize(PROBE, require_label=False)
+    keys = np.unique(b.keys)
+    before = old.handle_pull("ctr_w", keys)[0].copy()
+    rng = np.random.default_rng(6)
+    await trainer.train(events(rng, 200, sites=30))
+    assert await trainer.cut(base=True) == 3
+    await trainer.train(events(rng, 100, sites=30))
+    assert await trainer.cut() == 4
+    assert await replica.follower.poll() is True
+    await replica.serves(trainer, 4)
+    assert replica.follower.transport.shard is not old
+    # A request that was reading the old shard finishes on version 2.
+    np.testing.assert_array_equal(old.handle_pull("ctr_w", keys)[0], before)
+    info = replica.follower.info()["follow"]
+    assert (info["base_version"], info["bases_loaded"], info["deltas_applied"]) == (3, 2, 0)
+
+
+async def test_concurrent_requests_each_read_one_version(tmp_path: Path, make_replica: MakeReplica) -> None:
+    """FM reads two tables per request: while deltas are applied and a base
+    swapped in, every answer must be exactly one version's predictions."""
+    trainer = await trained(tmp_path, "fm", versions=1)
+    replica = await make_replica(trainer.model_dir, trainer.model)
+    rng = np.random.default_rng(12)
+    for base in [False] * 6 + [True, False, False]:
+        await trainer.train(events(rng, 120, sites=30))
+        await trainer.cut(base=base)
+    poll = asyncio.create_task(replica.follower.poll())
+    answers: list[tuple[F64, int]] = []
+
+    async def user() -> None:
+        while not poll.done():  # requests in flight all along the poll
+            answers.append(await replica.predict(PROBE))
+
+    await asyncio.gather(*(user() for _ in range(8)))
+    assert poll.result() is True and replica.follower.served_version == 10
+    answers.append(await replica.predict(PROBE))
+    for got, version in answers:
+        np.testing.assert_allclose(got, trainer.expected[version], rtol=1e-12, atol=0)
+    # Deltas 2-7 are applied in place, then the chain 8-10 swapped in.
+    versions = {version for _, version in answers}
+    assert versions <= {1, 2, 3, 4, 5, 6, 7, 10} and 10 in versions and len(versions) >= 2
+
+
+async def test_mutating_routes_answer_409_and_the_replica_document_holds(
+    tmp_path: Path, make_replica: MakeReplica
+) -> None:
+    trainer = await trained(tmp_path, versions=1)
+    replica = await make_replica(trainer.model_dir, admin_token=TOKEN)
+    routes = {
+        (r.method, r.resource.canonical)
+        for r in replica.http.app.router.routes()
+        if r.resource is not None and r.method != "HEAD"
+    }
+    assert routes == {(m.upper(), p) for p, ops in replica.doc["paths"].items() for m in ops}
+    report = {"source": "ops", "status": {"note": "x"}}
+    status, body = await replica.call("POST", "/v1/status", report, {"Authorization": f"Bearer {TOKEN}"})
+    assert (status, body["error"]) == (409, "read_only_replica") and "read-only replica" in body["detail"]
+    assert (await replica.call("POST", "/v1/status", report))[0] == 401  # the token still comes first
+    status, board = await replica.call("GET", "/v1/status")
+    assert (status, board) == (200, {"statuses": []})
+    for path in ("/metrics", "/v1/history", "/"):
+        assert (await replica.call("GET", path))[0] == 200
+    # The training API's document has no 409 and leaves the replica's fields optional.
+    plain = openapi_document()
+    assert "409" not in plain["paths"]["/v1/status"]["post"]["responses"]
+    assert "409" in replica.doc["paths"]["/v1/status"]["post"]["responses"]
+    assert {"served_version", "follow"} <= set(replica.doc["components"]["schemas"]["ModelInfo"]["required"])
+    assert not {"served_version", "follow"} & set(plain["components"]["schemas"]["ModelInfo"]["required"])
+
+
+async def test_a_version_of_another_model_is_refused(
+    tmp_path: Path, make_replica: MakeReplica, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer = await trained(tmp_path, versions=1)
+    replica = await make_replica(trainer.model_dir, trainer.model)
+    await replica.serves(trainer, 1)
+    other = Trainer.new(tmp_path, "fm")
+    for shard in other.shards:  # numbered after version 1
+        for t in shard.tables.values():
+            t.mark_exported(1)
+    await other.train(events(np.random.default_rng(2), 50))
+    assert await other.cut(base=True) == 2
+    caplog.set_level(logging.INFO, logger="ctrps.follow")
+    assert await replica.follower.poll() is False
+    await replica.serves(trainer, 1)
+    (record,) = warnings_of(caplog)
+    assert "FactorizationMachine" in record.fields["detail"] and "restart" in record.fields["detail"]  # type: ignore[attr-defined]
+
+
+async def test_the_poll_task_is_owned_by_the_app(
+    tmp_path: Path, make_replica: MakeReplica, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = await trained(tmp_path, versions=1)
+    replica = await make_replica(trainer.model_dir, trainer.model)
+    task = replica.follower._task
+    assert task is not None and not task.done()
+    # A failure that is no version's fault ends the task, and readiness says so.
+    def broken(model_dir: Path) -> dict[int, Path]:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(follower_module, "version_dirs", broken)
+    failing = Follower(trainer.model_dir, trainer.model, interval_s=0.01)
+    async with failing:
+        assert failing._task is not None
+        await asyncio.wait([failing._task], timeout=10)
+        with pytest.raises(RuntimeError, match="disk on fire"):
+            failing.check_ready()
+    assert failing._task is None
+    await replica.http.close()
+    assert replica.follower._task is None and task.cancelled()
+
+
+# -- the pieces ------------------------------------------------------------------------------
+
+
+def test_model_from_manifest_infers_the_kind_from_the_tables(tmp_path: Path) -> None:
+    def manifest(tables: tuple[TableConfig, ...], config: dict[str, Any], model: str = "ctr") -> Any:
+        shard = Shard(ShardSpec(0, 1), tables)
+        write_version(tmp_path, model, 1, None, {0: [t.snapshot(None) for t in shard.tables.values()]}, {}, config, 1)
+        out = read_manifest(tmp_path / model / "0000000001")
+        shutil.rmtree(tmp_path / model)
+        return out
+
+    lr = LogisticRegression("ctr", optimizer={"name": "ftrl", "alpha": 0.1})
+    got = model_from_manifest(manifest(lr.tables(), {"name": "ctr"}))
+    assert isinstance(got, LogisticRegression) and got.tables() == lr.tables()
+    fm = FactorizationMachine("m1", k=4, embedding_optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.02, seed=3)
+    for config in ({}, {"model": "fm"}, {"kind": "FactorizationMachine", "name": "m1"}):
+        got = model_from_manifest(manifest(fm.tables(), config, model="exports-m1"))
+        assert isinstance(got, FactorizationMachine) and got.tables() == fm.tables() and got.name == "m1"
+    with pytest.raises(ValueError, match="model_config names 'lr', its tables are fm"):
+        model_from_manifest(manifest(fm.tables(), {"model": "lr"}))
+    with pytest.raises(ValueError, match="no model in tables"):
+        model_from_manifest(manifest((TableConfig("lr"), TableConfig("fm_v", 4)), {}))
+    with pytest.raises(ValueError, match="not those of a lr model"):
+        model_from_manifest(manifest((TableConfig("ctr_w", 2),), {}))
+    # An empty directory: the given model.
+    assert model_of_exports(tmp_path / "nothing", lr) is lr
+
+
+def test_apply_version_checks_before_it_changes_anything(tmp_path: Path) -> None:
+    config = TableConfig("t", 1, {"name": "sgd", "lr": 0.5})
+    src = Shard(ShardSpec(0, 1), (config,))
+    table = src.tables["t"]
+    table.push(np.arange(1, 11, dtype=np.uint64), np.ones(10))
+    write_version(tmp_path, "m", 1, None, {0: [table.snapshot(None)]}, {}, {}, 1)
+    table.push(np.arange(5, 16, dtype=np.uint64), np.ones(11))
+    table.delete(np.array([1, 2], dtype=np.uint64))
+    write_version(tmp_path, "m", 2, 1, {0: [table.snapshot(1)]}, {}, {}, 1)
+    base, delta = load_version(tmp_path / "m" / "0000000001"), load_version(tmp_path / "m" / "0000000002")
+
+    replica = Shard()
+    with pytest.raises(ValueError, match="delta of 1; table t on shard 0 holds version 0"):
+        apply_version([replica], delta)
+    assert replica.tables == {}
+    apply_version([replica], base)
+    with pytest.raises(ValueError, match="which holds rows"):
+        apply_version([replica], base)
+    snap = delta.snapshots[0][0]
+    poisoned = dataclasses.replace(snap, data=np.full_like(snap.data, np.nan))
+    with pytest.raises(InvalidValuesError, match="NaN"):
+        apply_version([replica], dataclasses.replace(delta, snapshots={0: [poisoned]}))
+    assert replica.tables["t"].last_snapshot == 1 and len(replica.tables["t"]) == 10
+    apply_version([replica], delta)
+    keys = np.arange(1, 16, dtype=np.uint64)
+    np.testing.assert_array_equal(replica.handle_pull("t", keys)[0], src.handle_pull("t", keys)[0])
+    assert (len(replica.tables["t"]), replica.tables["t"].version) == (13, 3)
+
+
+def test_serve_follow_settings_and_flags() -> None:
+    parse = build_parser().parse_args
+    s = ApiSettings.from_args(parse(["serve", "--follow", "exports/ctr", "--follow-interval", "0.25"]), env={})
+    assert (s.follow, s.follow_interval_s, s.shards) == ("exports/ctr", 0.25, ())
+    env = {"CTRPS_FOLLOW": "x/ctr", "CTRPS_FOLLOW_INTERVAL": "2"}
+    s = ApiSettings.from_args(parse(["serve"]), env=env)
+    assert (s.follow, s.follow_interval_s) == ("x/ctr", 2.0)
+    # A flag for one source overrides a variable for the other.
+    s = ApiSettings.from_args(parse(["serve", "--shards", "http://a:1"]), env=env)
+    assert (s.shards, s.follow) == (("http://a:1",), "")
+    with pytest.raises(SettingsError, match="exclusive"):
+        ApiSettings.from_args(parse(["serve"]), env={**env, "CTRPS_SHARDS": "http://a:1"})
+    with pytest.raises(SettingsError, match="--follow exports/<model>"):
+        ApiSettings.from_args(parse(["serve"]), env={})
+    with pytest.raises(SettingsError, match="follow interval"):
+        ApiSettings(follow="x", follow_interval_s=0.0)
+    with pytest.raises(SystemExit):
+        parse(["serve", "--shards", "http://a:1", "--follow", "x"])
+
+
+# -- ctrps serve --follow ----------------------------------------------------------------------
+
+
+async def test_ctrps_serve_follow_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    trainer = await trained(tmp_path, versions=2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "app.cli", "serve", "--follow", str(trainer.model_dir), "--port", "0",
+        "--follow-interval", "0.05", "--log-format", "json",
+        cwd=PROJECT, env=env, stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    lines: list[dict[str, Any]] = []
+
+    async def read_until(msg: str) -> dict[str, Any]:
+        assert proc.stderr is not None
+        while True:
+            line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
+            assert line, f"ctrps serve exited before {msg!r}: {lines}"
+            lines.append(orjson.loads(line))
+            if lines[-1]["msg"] == msg:
+                return lines[-1]
+
+    async def wait_for_version(http: aiohttp.ClientSession, url: str, version: int) -> list[float]:
+        for _ in range(600):  # bounded: 30 s at most
+            async with http.post(url + "/v1/predict", data=orjson.dumps({"events": PROBE})) as resp:
+                body = orjson.loads(await resp.read())
+            if resp.status == 200 and body["model_version"] == version:
+                return list(body["predictions"])
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the replica never served version {version}: {body}")
+
+    try:
+        started = await read_until("listening")
+        assert started["follow"] == str(trainer.model_dir) and started["model"] == "ctr"
+        url = started["url"]
+        async with aiohttp.ClientSession() as http:
+            got = await wait_for_version(http, url, 2)
+            np.testing.assert_allclose(got, trainer.expected[2], rtol=1e-12, atol=0)
+            async with http.get(url + "/readyz") as resp:
+                assert resp.status == 200
+            await trainer.train(events(np.random.default_rng(21), 100, sites=30))
+            assert await trainer.cut() == 3
+            got = await wait_for_version(http, url, 3)
+            np.testing.assert_allclose(got, trainer.expected[3], rtol=1e-12, atol=0)
+            async with http.get(url + "/v1/model") as resp:
+                info = orjson.loads(await resp.read())
+            assert info["served_version"] == 3 and info["follow"]["interval_s"] == 0.05
+        proc.send_signal(signal.SIGTERM)
+        await read_until("stopped")
+        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def test_serve_help_shows_the_follow_example(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["serve", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "ctrps serve --follow exports/ctr" in out and "--follow-interval" in out and "CTRPS_FOLLOW" in out
