@@ -50,7 +50,7 @@ from ps_core.hashing import U64
 from ps_core.manifest import ExportManifest
 from ps_core.models import FactorizationMachine, LogisticRegression, Model
 from ps_core.shard import Shard
-from ps_core.table import F32, TableConfig
+from ps_core.table import F32, SparseTable, TableConfig
 
 from .errors import NoVersionError, ReadOnlyReplicaError
 from .logs import log_event
@@ -65,6 +65,8 @@ _T = TypeVar("_T")
 # fit the served model or chain, rows a table refuses.
 _REFUSALS = (PSError, ValueError, OSError)
 _MAX_LOGGED_FAILURES = 1024
+_HEADROOM = 1.5
+"""A loaded chain's tables have index room for this many times its rows."""
 _KINDS = {"lr": "lr", "LogisticRegression": "lr", "fm": "fm", "FactorizationMachine": "fm"}
 
 
@@ -440,6 +442,13 @@ class Follower:
         refused version with why. Runs in a thread: the shard is nobody
         else's until it is swapped in."""
         shard = Shard()
+        # Tables sized for half again the chain's rows: sized to fit, a
+        # table's index would rehash at the first delta adding keys, on the
+        # event loop (about a second at 5M rows). restore_into's declarations
+        # of the same tables then change nothing.
+        for config in chain[-1].manifest.tables.values():
+            rows = sum(f.rows for info in chain for f in info.manifest.files if f.table == config.name)
+            shard.tables[config.name] = SparseTable(config, initial_rows=int(rows * _HEADROOM) + 1024)
         applied: ExportManifest | None = None
         for info in chain:
             try:

@@ -1,0 +1,330 @@
+"""Benchmark: how far a serving replica (``ctrps serve --follow``) lags the trainer.
+
+A trainer process owns an LR table (FTRL) of N rows and, on command, changes
+M rows (90 % existing keys, 10 % new) by real pushes, cuts a delta
+(`SparseTable.snapshot`) and writes it (`write_version`: fsynced files, then
+the atomic rename). This process runs the replica: a `Follower` polling the
+model's directory every ``interval`` seconds behind the real API
+(`ApiServer`, loopback), and a probe sending ``POST /v1/predict`` every
+~2 ms, noting when each version first answers.
+
+- **Replica lag**: from the moment `write_version` returned (the rename plus
+  one fsync of the model directory) to the first prediction carrying that
+  version. Deltas are written at random phases of the poll, so the lag is
+  about half the interval plus the load, on average; p50, p90 and max.
+- **Load**: the follower's own split, per delta: reading and hashing it in a
+  thread (``last_load_ms``) and the event loop's pause applying it
+  (``last_apply_ms``).
+- **Baseline** (same run, same files, from the page cache as the follower
+  read them): ``np.load`` of the delta's file alone, no checks. Ratios: the
+  follower's load + apply over it, and the lag over it.
+- **Model**: with the writes at uniform phases, the mean lag should be half
+  the interval plus the load and apply; the ratio of the measured mean to
+  that is reported.
+- **A new base**: at the end the trainer writes a base of all N rows; its lag
+  and the follower's load (a fresh shard, then a swap) against ``np.load``
+  of the base file, and against ``np.load`` plus one `KeyIndex` insert of
+  its keys (the least a load into a table must do).
+
+Run (from the repository root)::
+
+    .venv/bin/python bench/bench_follow.py --quick   # N = 1M, M = 100k, interval 1 s; < 1 minute
+    .venv/bin/python bench/bench_follow.py           # N = 5M, M = 500k, intervals 1 s and 0.1 s
+
+Progress goes to stderr; a summary and, as the last line of stdout, one JSON
+object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import multiprocessing as mp
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Sequence
+
+import aiohttp
+import numpy as np
+import orjson
+
+from app.api import ApiServer
+from app.follower import Follower, model_of_exports
+from app.settings import ApiSettings
+from ps_core.export import write_version
+from ps_core.index import KeyIndex
+from ps_core.models import make_model
+from ps_core.table import SparseTable, TableConfig
+
+MODEL = "bench"
+TABLE = TableConfig(f"{MODEL}_w", 1, {"name": "ftrl"})
+BATCH = 100_000
+PROBE_EVERY_S = 0.002
+WAIT_FACTOR = 10.0
+"""A version not served within this many intervals (plus 10 s) is a failure."""
+
+_T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    """One progress line on stderr."""
+    print(f"[bench_follow +{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+# -- the trainer (a child process) -----------------------------------------------------
+
+
+def trainer_main(conn: Connection, root: str, rows: int, seed: int) -> None:
+    """Build the table, write base 1, then obey: ``("delta", m)``, ``("base",)``,
+    ``("stop",)``; each write answers ``(version, t_written, rows, write_ms)``
+    with ``t_written`` on the machine-wide monotonic clock."""
+    rng = np.random.default_rng(seed)
+    table = SparseTable(TABLE, initial_rows=rows * 2)
+    keys = np.unique(rng.integers(1, 2**63, size=rows + rows // 50, dtype=np.uint64))[:rows]
+    for i in range(0, keys.size, BATCH):
+        part = keys[i : i + BATCH]
+        table.push(part, rng.normal(size=part.size).astype(np.float32), event_time=1.0)
+    config = {"name": MODEL, "tables": [TABLE.to_dict()]}
+
+    def write(base: bool) -> tuple[int, float, int, float]:
+        snap = table.snapshot(None if base else table.last_snapshot)
+        t0 = time.perf_counter()
+        write_version(Path(root), MODEL, snap.version, snap.parent, {0: [snap]}, {}, config, 1)
+        t_written = time.monotonic()
+        return snap.version, t_written, snap.rows, (time.perf_counter() - t0) * 1000
+
+    conn.send(write(base=True))
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "stop":
+            return
+        if cmd[0] == "delta":
+            m = int(cmd[1])
+            old = rng.choice(keys, size=m - m // 10, replace=False)
+            new = rng.integers(1, 2**63, size=m // 10, dtype=np.uint64)
+            changed = np.unique(np.concatenate([old, new]))
+            for i in range(0, changed.size, BATCH):
+                part = changed[i : i + BATCH]
+                table.push(part, rng.normal(size=part.size).astype(np.float32), event_time=2.0)
+            keys = np.concatenate([keys, new])  # random 63-bit ids: no duplicates to speak of
+        conn.send(write(base=cmd[0] == "base"))
+
+
+# -- the replica (this process) --------------------------------------------------------------
+
+
+def raw_load_ms(version_dir: Path, repeats: int = 3, index: bool = False) -> float:
+    """Median time of ``np.load`` of every array of a version's data files,
+    no checks; with `index`, plus inserting its keys into a fresh `KeyIndex`."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for path in sorted(version_dir.glob("*.npz")):
+            with np.load(path) as z:
+                arrays = {name: z[name] for name in z.files}
+            if index:
+                KeyIndex(initial_slots=int(arrays["keys"].size / 0.6) + 16).get_or_insert(arrays["keys"])
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+class Probe:
+    """Predicts continuously; notes when each model version first answers."""
+
+    def __init__(self, url: str, keys: list[int]) -> None:
+        self.url = url
+        self.body = orjson.dumps({"events": [{"keys": keys}]})
+        self.first_seen: dict[int, float] = {}
+        self.requests = 0
+
+    async def run(self) -> None:
+        async with aiohttp.ClientSession() as http:
+            while True:
+                async with http.post(self.url + "/v1/predict", data=self.body) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+                now = time.monotonic()
+                self.requests += 1
+                if status == 200:
+                    self.first_seen.setdefault(orjson.loads(raw)["model_version"], now)
+                await asyncio.sleep(PROBE_EVERY_S)
+
+    async def wait_for(self, version: int, timeout_s: float) -> float:
+        deadline = time.monotonic() + timeout_s
+        while version not in self.first_seen:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"version {version} not served within {timeout_s:.0f} s")
+            await asyncio.sleep(PROBE_EVERY_S)
+        return self.first_seen[version]
+
+
+async def recv(conn: Connection) -> tuple[int, float, int, float]:
+    got: tuple[int, float, int, float] = await asyncio.to_thread(conn.recv)
+    return got
+
+
+async def run_interval(
+    root: Path, interval_s: float, rows: int, changed: int, deltas: int, seed: int
+) -> dict[str, Any]:
+    """One trainer and one replica polling every `interval_s`: `deltas` deltas, then a base."""
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    trainer = ctx.Process(target=trainer_main, args=(theirs, str(root), rows, seed), daemon=True)
+    trainer.start()
+    rng = np.random.default_rng(seed + 1)
+    model_dir = root / MODEL
+    try:
+        base_version, _, _, base_write_ms = await recv(ours)
+        log(f"interval {interval_s} s: base {base_version} of {rows:,} rows written in {base_write_ms:.0f} ms")
+        model = model_of_exports(model_dir, make_model("lr", MODEL))
+        follower = Follower(model_dir, model, interval_s=interval_s)
+        settings = ApiSettings(port=0)
+        async with ApiServer(settings, follower.client, model, follower=follower) as server:
+            probe = Probe(server.url, [int(k) for k in rng.integers(1, 2**63, size=20, dtype=np.uint64)])
+            probe_task = asyncio.create_task(probe.run())
+            try:
+                timeout = WAIT_FACTOR * interval_s + 10.0
+                await probe.wait_for(base_version, timeout + rows / 1e5)
+                lags, loads, applies, raws, writes = [], [], [], [], []
+                for _ in range(deltas):
+                    # A random phase of the poll, as a trainer's exports would be.
+                    await asyncio.sleep(float(rng.uniform(0.0, interval_s)))
+                    ours.send(("delta", changed))
+                    version, t_written, delta_rows, write_ms = await recv(ours)
+                    seen = await probe.wait_for(version, timeout)
+                    lags.append((seen - t_written) * 1000)
+                    assert follower.last_load_ms is not None and follower.last_apply_ms is not None
+                    loads.append(follower.last_load_ms)
+                    applies.append(follower.last_apply_ms)
+                    raws.append(await asyncio.to_thread(raw_load_ms, model_dir / f"{version:010d}"))
+                    writes.append(write_ms)
+                log(
+                    f"interval {interval_s} s: {deltas} deltas of {delta_rows:,} rows, lag p50 "
+                    f"{statistics.median(lags):.0f} ms, load {statistics.median(loads):.1f} ms + apply "
+                    f"{statistics.median(applies):.1f} ms, raw np.load {statistics.median(raws):.1f} ms"
+                )
+                await asyncio.sleep(float(rng.uniform(0.0, interval_s)))
+                ours.send(("base",))
+                version, t_written, _, _ = await recv(ours)
+                seen = await probe.wait_for(version, timeout + rows / 1e5)
+                base_lag = (seen - t_written) * 1000
+                assert follower.last_load_ms is not None and follower.last_apply_ms is not None
+                base_load, base_swap = follower.last_load_ms, follower.last_apply_ms
+                base_dir = model_dir / f"{version:010d}"
+                base_raw = await asyncio.to_thread(raw_load_ms, base_dir)
+                base_indexed = await asyncio.to_thread(raw_load_ms, base_dir, 3, True)
+                log(f"interval {interval_s} s: new base of {rows:,} rows served {base_lag:.0f} ms after its write")
+            finally:
+                probe_task.cancel()
+                await asyncio.gather(probe_task, return_exceptions=True)
+        ours.send(("stop",))
+    finally:
+        trainer.join(timeout=30)
+        if trainer.is_alive():
+            trainer.kill()
+    lag_p50 = statistics.median(lags)
+    load_p50 = statistics.median(loads)
+    apply_p50 = statistics.median(applies)
+    raw_p50 = statistics.median(raws)
+    modelled = interval_s * 1000 / 2 + statistics.fmean(loads) + statistics.fmean(applies)
+    return {
+        "poll_interval_ms": interval_s * 1000,
+        "deltas": deltas,
+        "delta_rows": delta_rows,
+        "replica_lag_p50_ms": lag_p50,
+        "replica_lag_p90_ms": float(np.percentile(lags, 90)),
+        "replica_lag_max_ms": max(lags),
+        "replica_lag_mean_ms": statistics.fmean(lags),
+        "replica_lag_over_interval_ratio": statistics.fmean(lags) / (interval_s * 1000),
+        "replica_lag_modelled_ms": modelled,
+        "replica_lag_mean_over_modelled_ratio": statistics.fmean(lags) / modelled,
+        "delta_write_ms": statistics.median(writes),
+        "delta_load_ms": load_p50,
+        "delta_apply_ms": apply_p50,
+        "delta_apply_max_ms": max(applies),
+        "delta_raw_np_load_ms": raw_p50,
+        "delta_load_apply_ratio_vs_raw": (load_p50 + apply_p50) / raw_p50,
+        "replica_lag_ratio_vs_raw_load": lag_p50 / raw_p50,
+        "base_lag_ms": base_lag,
+        "base_load_ms": base_load,
+        "base_swap_ms": base_swap,
+        "base_raw_np_load_ms": base_raw,
+        "base_load_ratio_vs_raw": base_load / base_raw,
+        "base_np_load_index_ms": base_indexed,
+        "base_load_ratio_vs_np_load_index": base_load / base_indexed,
+        "probe_requests": probe.requests,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Benchmark how far a serving replica lags the trainer's exports, against the "
+        "raw load of the same files. The last stdout line is a JSON object.",
+    )
+    parser.add_argument("--quick", action="store_true", help="N = 1M, M = 100k, interval 1 s, 20 deltas (< 1 minute)")
+    parser.add_argument("--rows", type=int, help="override N, the table's rows")
+    parser.add_argument("--changed", type=int, help="override M, rows changed per delta")
+    parser.add_argument("--deltas", type=int, help="deltas per interval")
+    parser.add_argument("--interval", type=float, action="append", help="poll interval, s (repeatable)")
+    parser.add_argument("--dir", type=Path, help="where to write (default: the system temp directory)")
+    parser.add_argument("--seed", type=int, default=12345, help="RNG seed (default 12345)")
+    args = parser.parse_args(argv)
+    # The probe meets 503 until the first version is loaded: not news here.
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("ctrps.api").setLevel(logging.ERROR)
+    mode = "quick" if args.quick else "full"
+    rows = args.rows or (1_000_000 if args.quick else 5_000_000)
+    changed = args.changed or (100_000 if args.quick else 500_000)
+    deltas = args.deltas or (20 if args.quick else 40)
+    intervals = args.interval or ([1.0] if args.quick else [1.0, 0.1])
+    log(f"mode {mode}: N={rows:,} rows, M={changed:,} changed per delta, {deltas} deltas, intervals {intervals} s")
+    runs: list[dict[str, Any]] = []
+    for i, interval in enumerate(intervals):
+        root = Path(tempfile.mkdtemp(prefix="bench_follow-", dir=args.dir))
+        try:
+            runs.append(asyncio.run(run_interval(root, interval, rows, changed, deltas, args.seed + i)))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    first = runs[0]
+    result: dict[str, Any] = {"mode": mode, "rows": rows, "changed_rows": changed, **first}
+    for run in runs[1:]:
+        tag = f"at_{run['poll_interval_ms']:.0f}ms"
+        result.update({f"{k}_{tag}": v for k, v in run.items() if k.startswith("replica_lag")})
+    result["elapsed_s"] = time.perf_counter() - _T0
+
+    print(f"bench_follow ({mode}, N={rows:,} rows, deltas of {first['delta_rows']:,} rows, LR FTRL)")
+    for run in runs:
+        print(
+            f"  poll every {run['poll_interval_ms']:6.0f} ms: replica lag p50 {run['replica_lag_p50_ms']:7.1f} ms, "
+            f"p90 {run['replica_lag_p90_ms']:7.1f}, max {run['replica_lag_max_ms']:7.1f} "
+            f"(mean {run['replica_lag_over_interval_ratio']:.2f}x the interval; {run['deltas']} deltas)"
+        )
+        print(
+            f"      mean lag {run['replica_lag_mean_ms']:.0f} ms vs interval/2 + load + apply "
+            f"{run['replica_lag_modelled_ms']:.0f} ms: {run['replica_lag_mean_over_modelled_ratio']:.2f}x"
+        )
+        print(
+            f"      delta: read + SHA-256 {run['delta_load_ms']:.1f} ms in a thread, apply {run['delta_apply_ms']:.1f} ms "
+            f"on the loop (max {run['delta_apply_max_ms']:.1f}); raw np.load {run['delta_raw_np_load_ms']:.1f} ms: "
+            f"{run['delta_load_apply_ratio_vs_raw']:.1f}x; lag p50 = {run['replica_lag_ratio_vs_raw_load']:.0f}x raw load"
+        )
+        print(
+            f"      new base of {rows:,} rows: served {run['base_lag_ms']:.0f} ms after its write; load "
+            f"{run['base_load_ms']:.0f} ms (swap {run['base_swap_ms']:.3f} ms) vs raw np.load "
+            f"{run['base_raw_np_load_ms']:.0f} ms: {run['base_load_ratio_vs_raw']:.1f}x; vs np.load + one index "
+            f"insert {run['base_np_load_index_ms']:.0f} ms: {run['base_load_ratio_vs_np_load_index']:.2f}x"
+        )
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
