@@ -570,7 +570,7 @@ async def run_api(
             url=server.url,
             model=model.name,
             shards=client.num_shards,
-            follow=None if follower is None else str(follower.model_dir),
+            follow=None if follower is None else str(follower.path),
             max_events=settings.max_events,
             admin_token="set" if settings.admin_token else "none",
         )

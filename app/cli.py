@@ -192,7 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     source = serve.add_mutually_exclusive_group()
     source.add_argument("--shards", help="shard URLs, comma-separated, shard 0 first")
     source.add_argument(
-        "--follow", metavar="DIR", help="serve a model's exports (exports/<model>) as a read-only replica"
+        "--follow",
+        metavar="DIR",
+        help="serve a model's exports as a read-only replica: exports/<model>, or the "
+        "exports root for its <model-name>/",
     )
     serve.add_argument(
         "--follow-interval", type=float, metavar="S", help="seconds between looks at DIR (default 1)"

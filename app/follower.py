@@ -55,7 +55,7 @@ from ps_core.table import F32, SparseTable, TableConfig
 from .errors import NoVersionError, ReadOnlyReplicaError
 from .logs import log_event
 
-__all__ = ["Follower", "ReplicaTransport", "model_from_manifest", "model_of_exports"]
+__all__ = ["Follower", "ReplicaTransport", "model_from_manifest", "model_of_exports", "follow_dir"]
 
 log = logging.getLogger("ctrps.follow")
 _T = TypeVar("_T")
@@ -124,6 +124,16 @@ def model_of_exports(model_dir: Path, default: Model) -> Model:
         except ValueError:
             continue
     return default
+
+
+def follow_dir(path: Path, model_name: str) -> Path:
+    """The model directory to follow: `path` itself, or, when `path` holds
+    no version but a directory `model_name`, that one (`path` is then an
+    exports root, as ``ctrps shard --exports-dir`` fills it)."""
+    nested = path / model_name
+    if not version_dirs(path) and nested.is_dir():
+        return nested
+    return path
 
 
 def _describe(model: Model) -> str:
@@ -203,10 +213,15 @@ class Follower:
 
     def __init__(self, model_dir: Path | str, model: Model, *, interval_s: float = 1.0) -> None:
         """`model` is what the replica serves: versions holding another
-        model's tables are refused (see `model_of_exports`)."""
+        model's tables are refused (see `model_of_exports`). `model_dir` may
+        be an exports root: until a version is served, each poll looks for
+        ``<model.name>/`` in it (`follow_dir`), which may appear later."""
         if not 0 < interval_s < float("inf"):
             raise ValueError("the poll interval must be a positive number of seconds")
-        self.model_dir = Path(model_dir)
+        self.path = Path(model_dir)
+        """The directory given."""
+        self.model_dir = self.path
+        """The model directory followed: `path`, or its ``<model.name>/``."""
         self.model = model
         self.interval_s = interval_s
         self.transport = ReplicaTransport(self.model_dir)
@@ -217,7 +232,7 @@ class Follower:
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         # Failures already logged (by detail), oldest first: a version that
-        # stays damaged is retried at every poll but logged once.
+        # stays damaged is refused at every poll but logged once.
         self._logged: OrderedDict[str, None] = OrderedDict()
         self._errors: list[tuple[int | None, str]] = []
         # Refused versions with their files' signature then: tried again only
@@ -318,6 +333,9 @@ class Follower:
         async with self._lock:
             before = self.served_version
             self._errors = []
+            if before is None:
+                self.model_dir = await asyncio.to_thread(follow_dir, self.path, self.model.name)
+                self.transport.source = self.model_dir
             dirs = await asyncio.to_thread(version_dirs, self.model_dir)
             self.newest_version = max(dirs, default=None)
             served = self.served_version

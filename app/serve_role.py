@@ -10,7 +10,7 @@ from ps_core.client import PSClient, RetryPolicy
 from ps_core.models import make_model
 
 from .api import run_api
-from .follower import Follower, model_of_exports
+from .follower import Follower, follow_dir, model_of_exports
 from .settings import ApiSettings
 from .signals import stop_on_signals
 
@@ -21,15 +21,17 @@ async def run_serve(settings: ApiSettings, stop: asyncio.Event | None = None) ->
     """Serve the API over the shards at ``settings.shards`` until SIGTERM/SIGINT
     (or `stop`). A shard call is retried for ``settings.shard_deadline_s``,
     then the request gets 503 naming the shard. With ``settings.follow``,
-    serve that export directory instead (`Follower`): the model is the newest
-    manifest's, or the settings' while the directory holds no version."""
+    serve that export directory instead (`Follower`; an exports root means
+    its ``<model_name>/``): the model is the newest manifest's, or the
+    settings' while the directory holds no version."""
     stop = stop or asyncio.Event()
     model = make_model(settings.model, settings.model_name)
     with stop_on_signals(stop):
         if settings.follow:
-            model_dir = Path(settings.follow)
+            path = Path(settings.follow)
+            model_dir = await asyncio.to_thread(follow_dir, path, settings.model_name)
             model = await asyncio.to_thread(model_of_exports, model_dir, model)
-            follower = Follower(model_dir, model, interval_s=settings.follow_interval_s)
+            follower = Follower(path, model, interval_s=settings.follow_interval_s)
             async with follower.client as client:
                 await run_api(settings, client, model, stop, follower=follower)
             return

@@ -33,7 +33,7 @@ from aiohttp.test_utils import TestClient, TestServer
 import app.follower as follower_module
 from app.api import create_app
 from app.cli import build_parser
-from app.follower import Follower, model_from_manifest, model_of_exports
+from app.follower import Follower, follow_dir, model_from_manifest, model_of_exports
 from app.openapi import openapi_document, response_schema, validate
 from app.settings import ApiSettings, SettingsError
 from ps_core.client import PSClient
@@ -42,7 +42,7 @@ from ps_core.export import apply_version, latest_chain, load_version, read_manif
 from ps_core.features import FeatureHasher
 from ps_core.models import FactorizationMachine, LogisticRegression, Model, make_model, sigmoid
 from ps_core.shard import Shard, ShardSpec
-from ps_core.table import TableConfig, TableSnapshot
+from ps_core.table import SparseTable, TableConfig, TableSnapshot
 
 PROJECT = Path(__file__).resolve().parent.parent
 TOKEN = "replica-token"
@@ -514,6 +514,19 @@ def test_model_from_manifest_infers_the_kind_from_the_tables(tmp_path: Path) -> 
     assert model_of_exports(tmp_path / "nothing", lr) is lr
 
 
+async def test_a_loaded_chain_has_room_to_grow(tmp_path: Path) -> None:
+    """A table sized to fit would rehash its index at the first delta adding
+    keys, on the event loop: a loaded chain has room for half again its rows."""
+    rows = 19_300  # just under 0.6 x 2**15: an index sized to fit has 2**15 slots
+    table = SparseTable(TableConfig("ctr_w", 1, {"name": "sgd"}))
+    table.push(np.arange(1, rows + 1, dtype=np.uint64), np.ones(rows))
+    write_version(tmp_path, "ctr", 1, None, {0: [table.snapshot(None)]}, {}, {"name": "ctr"}, 1)
+    follower = Follower(tmp_path / "ctr", model_of_exports(tmp_path / "ctr", make_model("fm")))
+    assert await follower.poll() is True
+    served = follower.transport.shard.tables["ctr_w"]
+    assert len(served) == rows and served.index.num_slots * served.index.max_load >= 1.5 * rows
+
+
 def test_apply_version_checks_before_it_changes_anything(tmp_path: Path) -> None:
     config = TableConfig("t", 1, {"name": "sgd", "lr": 0.5})
     src = Shard(ShardSpec(0, 1), (config,))
@@ -543,6 +556,18 @@ def test_apply_version_checks_before_it_changes_anything(tmp_path: Path) -> None
     assert (len(replica.tables["t"]), replica.tables["t"].version) == (13, 3)
 
 
+async def test_follow_dir_takes_a_model_directory_or_an_exports_root(tmp_path: Path) -> None:
+    # A replica started on an empty exports root finds <model>/ once it appears.
+    follower = Follower(tmp_path / "exports", make_model("lr", "ctr"))
+    assert await follower.poll() is False and follower.model_dir == tmp_path / "exports"
+    trainer = await trained(tmp_path / "exports", versions=1)
+    assert await follower.poll() is True and follower.model_dir == trainer.model_dir
+    assert follow_dir(trainer.model_dir, "ctr") == trainer.model_dir
+    assert follow_dir(tmp_path / "exports", "ctr") == trainer.model_dir
+    assert follow_dir(tmp_path / "exports", "other") == tmp_path / "exports"
+    assert follow_dir(tmp_path / "nothing", "ctr") == tmp_path / "nothing"
+
+
 def test_serve_follow_settings_and_flags() -> None:
     parse = build_parser().parse_args
     s = ApiSettings.from_args(parse(["serve", "--follow", "exports/ctr", "--follow-interval", "0.25"]), env={})
@@ -570,7 +595,8 @@ async def test_ctrps_serve_follow_answers_and_stops_on_sigterm(tmp_path: Path) -
     trainer = await trained(tmp_path, versions=2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app.cli", "serve", "--follow", str(trainer.model_dir), "--port", "0",
+        # The exports root: the replica follows its ctr/ (the default model name).
+        sys.executable, "-m", "app.cli", "serve", "--follow", str(tmp_path), "--port", "0",
         "--follow-interval", "0.05", "--log-format", "json",
         cwd=PROJECT, env=env, stderr=asyncio.subprocess.PIPE,
     )
@@ -597,7 +623,7 @@ async def test_ctrps_serve_follow_answers_and_stops_on_sigterm(tmp_path: Path) -
 
     try:
         started = await read_until("listening")
-        assert started["follow"] == str(trainer.model_dir) and started["model"] == "ctr"
+        assert started["follow"] == str(tmp_path) and started["model"] == "ctr"
         url = started["url"]
         async with aiohttp.ClientSession() as http:
             got = await wait_for_version(http, url, 2)
@@ -611,6 +637,7 @@ async def test_ctrps_serve_follow_answers_and_stops_on_sigterm(tmp_path: Path) -
             async with http.get(url + "/v1/model") as resp:
                 info = orjson.loads(await resp.read())
             assert info["served_version"] == 3 and info["follow"]["interval_s"] == 0.05
+            assert info["follow"]["dir"] == str(trainer.model_dir)
         proc.send_signal(signal.SIGTERM)
         await read_until("stopped")
         assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
