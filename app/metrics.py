@@ -32,7 +32,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from ps_core.client import PSClient, Pulled, ShardTransport
+from ps_core.client import LeaseGrant, PSClient, Pulled, ShardTransport
 from ps_core.coordinator import Offsets
 from ps_core.errors import PSError
 from ps_core.hashing import U64
@@ -314,7 +314,7 @@ class InstrumentedTransport:
     async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
         return await self._timed("snapshot", self.inner.fetch_snapshot(version))
 
-    async def acquire_lease(self, worker: str, wait_s: float) -> int:
+    async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant:
         return await self._timed("lease", self.inner.acquire_lease(worker, wait_s))
 
     async def release_lease(self, lease_id: int, offsets: Offsets) -> bool:

@@ -149,6 +149,8 @@ class WorkerStats:
     dead_letters: int = 0
     dead_letters_by_reason: Counter[str] = field(default_factory=Counter)
     commits: int = 0
+    rewinds: int = 0
+    """Times a restarted coordinator made the worker resume from its offsets."""
     failed_commits: int = 0
     last: WindowReport | None = None
     history: list[WindowReport] = field(default_factory=list)
@@ -159,6 +161,15 @@ def _ignore_stop_signals() -> None:
     SIGTERM reach them too, and the worker still needs them to flush."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class CoordinatorRestarted(Exception):
+    """A lease came from a coordinator other than the one before (its epoch
+    changed): the worker rewinds to that coordinator's offsets."""
+
+    def __init__(self, epoch: str) -> None:
+        super().__init__(f"coordinator epoch is now {epoch}")
+        self.epoch = epoch
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -204,6 +215,7 @@ class Worker:
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.leased = False
         """Whether windows are leased from a coordinator (found at start)."""
+        self._epoch: str | None = None
 
     # -- lifecycle -------------------------------------------------------------
     async def _start(self) -> None:
@@ -211,8 +223,10 @@ class Worker:
         for t in self.model.tables():
             await self.client.declare(t)
         try:
-            await self.client.coordinator_offsets()
-            self.leased = True
+            # An empty lease tells whether there is a coordinator, and its epoch.
+            grant = await self.client.acquire_lease(self.worker_id)
+            await self.client.release_lease(grant.lease_id, {})
+            self._epoch, self.leased = grant.epoch, True
         except NoCoordinatorError:
             log.info("no coordinator: windows are not leased and exports hold no offsets")
         if c.decode_processes > 0:
@@ -299,14 +313,22 @@ class Worker:
                     for i in range(0, len(records), DECODE_CHUNK):
                         part = records[i : i + DECODE_CHUNK]
                         self._chunks.append((key, len(part), self._decode(part)))
-                while applies and applies[0].done():
-                    applies.popleft().result()  # re-raise a failed window here, on the hot path
-                if self._builder.should_close():
-                    window, decoding = self._take()
-                    while len(applies) >= APPLY_AHEAD:
-                        await applies.popleft()
-                    prev = applies[-1] if applies else None
-                    applies.append(asyncio.create_task(self._apply_after(prev, window, decoding)))
+                try:
+                    while applies and applies[0].done():
+                        applies.popleft().result()  # re-raise a failed window here, on the hot path
+                    if self._builder.should_close():
+                        window, decoding = self._take()
+                        while len(applies) >= APPLY_AHEAD:
+                            await applies.popleft()
+                        prev = applies[-1] if applies else None
+                        applies.append(asyncio.create_task(self._apply_after(prev, window, decoding)))
+                except CoordinatorRestarted as restart:
+                    # The windows queued behind fail the same way: drop them.
+                    for task in applies:
+                        task.cancel()
+                    await asyncio.gather(*applies, return_exceptions=True)
+                    applies.clear()
+                    await self._rewind(restart.epoch)
             while applies:
                 await applies.popleft()
             if len(self._builder):
@@ -422,7 +444,7 @@ class Worker:
             )
             # The lease spans the window's pushes and commit: a cut holds the
             # whole window and its offsets, or neither.
-            lease = await self.client.acquire_lease(self.worker_id) if self.leased else None
+            lease = await self._lease() if self.leased else None
             committed: Offsets = {}
             try:
                 metrics = await self._train(decoded, window)
@@ -506,6 +528,42 @@ class Worker:
         for tp, off in offsets.items():
             out.setdefault(tp.topic, {})[tp.partition] = off
         return out
+
+    async def _lease(self) -> int:
+        grant = await self.client.acquire_lease(self.worker_id)
+        if self._epoch is not None and grant.epoch != self._epoch:
+            # A new coordinator: the shards may hold an older cut than this
+            # worker's commits. Train nothing more from where we are.
+            await self._release(grant.lease_id, {})
+            raise CoordinatorRestarted(grant.epoch)
+        self._epoch = grant.epoch
+        return grant.lease_id
+
+    async def _rewind(self, epoch: str) -> None:
+        """Resume every owned partition where the new coordinator's shards
+        end (or at the group's commit where it knows nothing), dropping what
+        is buffered: the windows after the cut are trained again, once."""
+        owned = self._consumer.assignment()
+        self._builder.drop_partitions({(tp.topic, tp.partition) for tp in owned})
+        for _, _, fut in self._chunks:
+            fut.cancel()
+        self._chunks = []
+        for t in self.model.tables():  # shards that restarted empty need them again
+            await self.client.declare(t)
+        known = await self.client.coordinator_offsets()
+        moved = {}
+        for tp in owned:
+            off = known.get(tp.topic, {}).get(tp.partition)
+            if off is None:
+                off = self._committed.get((tp.topic, tp.partition))
+            if off is None:
+                off = await self._consumer.committed(tp)
+            if off is not None:
+                self._consumer.seek(tp, off)
+                moved[tp.partition] = off
+        self._epoch = epoch
+        self.stats.rewinds += 1
+        log.warning("coordinator restarted: rewound", extra={"fields": {"epoch": epoch, "offsets": moved}})
 
     async def _release(self, lease_id: int, committed: Offsets) -> None:
         try:

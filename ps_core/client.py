@@ -23,7 +23,7 @@ import itertools
 import secrets
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol, Sequence
 
 import aiohttp
 import numpy as np
@@ -71,6 +71,15 @@ class Pulled:
     value); None unless presence was asked for."""
 
 
+class LeaseGrant(NamedTuple):
+    """A lease granted by the coordinator."""
+
+    lease_id: int
+    """What `release_lease` names."""
+    epoch: str
+    """The coordinator's life (`ps_core.coordinator.Coordinator.epoch`)."""
+
+
 class ExportService(Protocol):
     """What shard 0's transport needs of an in-process exporter
     (`ps_core.exporter.Exporter`)."""
@@ -111,7 +120,7 @@ class ShardTransport(Protocol):
 
     async def fetch_snapshot(self, version: int) -> list[TableSnapshot]: ...
 
-    async def acquire_lease(self, worker: str, wait_s: float) -> int: ...
+    async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant: ...
 
     async def release_lease(self, lease_id: int, offsets: Offsets) -> bool: ...
 
@@ -177,8 +186,9 @@ class LocalTransport:
             raise NoCoordinatorError(f"shard {self.shard_id} hosts no coordinator")
         return self.coordinator
 
-    async def acquire_lease(self, worker: str, wait_s: float) -> int:
-        return (await self._coordinator().acquire(worker, wait_s)).lease_id
+    async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant:
+        lease = await self._coordinator().acquire(worker, wait_s)
+        return LeaseGrant(lease.lease_id, lease.epoch)
 
     async def release_lease(self, lease_id: int, offsets: Offsets) -> bool:
         return await self._coordinator().release(lease_id, offsets)
@@ -342,9 +352,9 @@ class HttpTransport:
             raise
         return orjson.loads(reply)
 
-    async def acquire_lease(self, worker: str, wait_s: float) -> int:
+    async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant:
         got = await self._coordinator_request("POST", "/v1/leases", {"worker": worker, "wait_s": wait_s})
-        return int(got["lease_id"])
+        return LeaseGrant(int(got["lease_id"]), str(got["epoch"]))
 
     async def release_lease(self, lease_id: int, offsets: Offsets) -> bool:
         body = {"lease_id": lease_id, "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()}}
@@ -581,8 +591,9 @@ class PSClient:
         return {t.shard_id: snaps for t, snaps in zip(self.transports, got)}
 
     # -- the coordinator, hosted by shard 0 ------------------------------------
-    async def acquire_lease(self, worker: str, wait_s: float = 30.0) -> int:
-        """A lease for one window (`NoCoordinatorError` when shard 0 hosts none)."""
+    async def acquire_lease(self, worker: str, wait_s: float = 30.0) -> LeaseGrant:
+        """A lease for one window and the coordinator's epoch
+        (`NoCoordinatorError` when shard 0 hosts none)."""
         return await self.transports[0].acquire_lease(worker, wait_s)
 
     async def release_lease(self, lease_id: int, offsets: Offsets) -> bool:

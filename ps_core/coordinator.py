@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ class Lease:
     """Who holds it (for logs and expiry reports)."""
     expires_at: float
     """Monotonic time after which a cut stops waiting for it."""
+    epoch: str = ""
+    """The granting coordinator's `Coordinator.epoch`."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,10 @@ class Coordinator:
         self._open.set()
         self._changed = asyncio.Condition()
         self._cut_lock = asyncio.Lock()
+        self.epoch = secrets.token_hex(8)
+        """This coordinator's life. Workers compare it between leases: a new
+        one means the coordinator restarted, perhaps with shards restored to
+        a cut, and the workers must resume from its offsets."""
         self.leases_granted = 0
         """Leases granted so far."""
         self.leases_expired = 0
@@ -136,7 +143,7 @@ class Coordinator:
                 await asyncio.wait_for(self._open.wait(), wait_s)
             except TimeoutError:
                 raise CutInProgressError(f"no lease within {wait_s} s: a cut is in progress") from None
-        lease = Lease(next(self._ids), worker, time.monotonic() + self.lease_ttl_s)
+        lease = Lease(next(self._ids), worker, time.monotonic() + self.lease_ttl_s, self.epoch)
         self._active[lease.lease_id] = lease
         self.leases_granted += 1
         return lease

@@ -1,7 +1,8 @@
 """The coordinator's HTTP routes, mounted on the app of the shard that hosts it
 (shard 0), so workers reach it through the shard URLs they already have.
 
-- ``POST /v1/leases``: ``{"worker": str}`` → ``{"lease_id": int}``; waits while
+- ``POST /v1/leases``: ``{"worker": str}`` → ``{"lease_id": int, "epoch": str,
+  "ttl_s": float}`` (the epoch changes when the coordinator restarts); waits while
   a cut is pausing (503 ``cut_in_progress`` after ``wait_s``, default 30 s);
 - ``POST /v1/leases/release``: ``{"lease_id": int, "offsets": {topic:
   {partition: next_offset}}}`` → ``{"released": bool}`` (False: it had expired);
@@ -52,7 +53,9 @@ async def acquire(request: web.Request) -> web.Response:
     if not isinstance(wait_s, (int, float)) or isinstance(wait_s, bool) or not 0 <= wait_s <= _MAX_WAIT_S:
         raise LeaseError(f"wait_s must be a number of seconds in [0, {_MAX_WAIT_S:g}]")
     lease = await request.app[COORDINATOR].acquire(worker, float(wait_s))
-    return json_response({"lease_id": lease.lease_id, "ttl_s": request.app[COORDINATOR].lease_ttl_s})
+    return json_response(
+        {"lease_id": lease.lease_id, "epoch": lease.epoch, "ttl_s": request.app[COORDINATOR].lease_ttl_s}
+    )
 
 
 async def release(request: web.Request) -> web.Response:

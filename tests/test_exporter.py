@@ -52,7 +52,7 @@ async def test_cuts_write_a_chain_that_restores_every_row_into_more_shards(tmp_p
     universe = np.arange(1, 3000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
 
     await _train(client, LR, universe[:1000], 1)
-    lease = await client.acquire_lease("w")
+    lease = (await client.acquire_lease("w")).lease_id
     await client.release_lease(lease, {"clicks": {0: 10, 1: 12}})
     base = await exporter.cut()
     assert (base.version, base.kind, base.parent, base.rows) == (1, "base", None, 1000)
@@ -62,7 +62,7 @@ async def test_cuts_write_a_chain_that_restores_every_row_into_more_shards(tmp_p
         s.tables["m_w"].delete(universe[:100])  # evicted features are part of the next delta
     await client.declare(FM_V)  # a table born after the base: all its rows go in the next delta
     await _train(client, FM_V, universe[:300], 3)
-    lease = await client.acquire_lease("w")
+    lease = (await client.acquire_lease("w")).lease_id
     await client.release_lease(lease, {"clicks": {0: 20, 1: 25}})
     d1 = await exporter.cut()
     assert (d1.version, d1.kind, d1.parent) == (2, "delta", 1)

@@ -218,7 +218,9 @@ async def test_an_fm_worker_trains_both_tables(kafka_bootstrap: str) -> None:
 
 def _bias_shows(shards: list[Shard], namespace: str) -> int:
     bias = np.array([FeatureHasher(namespace).bias_key], dtype=np.uint64)
-    table = shards[int(shard_of(bias, len(shards))[0])].tables[f"{namespace}_w"]
+    table = shards[int(shard_of(bias, len(shards))[0])].tables.get(f"{namespace}_w")
+    if table is None:
+        return 0
     row = table.index.lookup(bias)
     return int(table.shows[row][0]) if row[0] >= 0 else 0
 
@@ -238,7 +240,8 @@ async def test_leased_windows_report_offsets_and_a_restore_seeks_to_them(kafka_b
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
     worker = Worker(config, PSClient.local(shards, coord), LogisticRegression("m"))
     await _run_until(worker, lambda: worker.stats.records >= len(values))
-    assert worker.leased and coord.leases_granted == worker.stats.windows and coord.active_leases == 0
+    # One lease per window, and one at start (which finds the coordinator's epoch).
+    assert worker.leased and coord.leases_granted == worker.stats.windows + 1 and coord.active_leases == 0
     assert coord.offsets() == {topic: {0: 200, 1: 200}}
     assert await _committed(kafka_bootstrap, group, topic, 2) == {0: 200, 1: 200}
 
@@ -256,3 +259,38 @@ async def test_leased_windows_report_offsets_and_a_restore_seeks_to_them(kafka_b
     plain = Worker(config, PSClient.local([Shard(ShardSpec(0, 1))]), LogisticRegression("m"))
     await _run_until(plain, lambda: plain._consumer is not None and plain._consumer.assignment() != set(), 30)
     assert not plain.leased
+
+
+async def test_a_worker_that_outlives_its_coordinator_rewinds_to_the_new_ones_offsets(kafka_bootstrap: str) -> None:
+    """Shards restored under a new coordinator (a new epoch) hold an older cut
+    than the running worker's commits: the worker drops what it holds and
+    resumes from the new coordinator's offsets, training each later event once."""
+    from ps_core.coordinator import Coordinator
+
+    topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
+    await _produce(kafka_bootstrap, topic, [_good(i) for i in range(400)], 2)
+    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, dlq_topic=topic + ".dlq",
+                          window_seconds=0.3, window_events=50, decode_processes=0)
+    client = PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)], Coordinator())
+    worker = Worker(config, client, LogisticRegression("m"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        async with asyncio.timeout(60):
+            while worker.stats.records < 400:
+                assert not task.done(), task
+                await asyncio.sleep(0.02)  # poll interval
+            # "Restored" shards: a cut at offsets 50 and 50 that held nothing.
+            fresh = [Shard(ShardSpec(i, 2)) for i in range(2)]
+            async with worker._lock:  # no window is applying while the shards change
+                client.transports[:] = PSClient.local(fresh, Coordinator(offsets={topic: {0: 50, 1: 50}})).transports
+            # The stream goes on; the worker's next lease finds the new coordinator.
+            await _produce(kafka_bootstrap, topic, [_good(i) for i in range(400, 500)], 2)
+            while not (worker.stats.rewinds == 1 and _bias_shows(fresh, "m") >= 400):
+                assert not task.done(), task
+                await asyncio.sleep(0.02)  # poll interval
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert _bias_shows(fresh, "m") == 400 and worker.stats.rewinds == 1
