@@ -14,6 +14,8 @@ Routes (the OpenAPI document, ``GET /openapi.json``, has the schemas):
   feature's current weights, bias first, absent ones flagged;
 - ``GET /v1/model``: configuration, size, training progress, lag;
 - ``GET /v1/status``, ``POST /v1/status`` (admin): the status board;
+- ``POST /v1/exports`` (admin) cuts and writes a model version now (through
+  shard 0's exporter); ``GET /v1/exports`` lists the versions;
 - ``GET /`` the dashboard, drawing ``GET /v1/history`` (`app.history`);
 - ``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET /openapi.json``.
 
@@ -42,7 +44,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ps_core.client import PSClient
-from ps_core.errors import PSError, ShardUnavailableError, StatusError
+from ps_core.errors import NoCoordinatorError, PSError, ShardUnavailableError, StatusError
+from ps_core.export import list_versions
 from ps_core.models import Model
 
 from .errors import (
@@ -111,6 +114,7 @@ _CALLER_ERRORS = (
     StatusError,
     ReadOnlyReplicaError,
     NoVersionError,
+    NoCoordinatorError,
 )
 _ERROR_LOG_INTERVAL_S = 10.0
 
@@ -348,12 +352,50 @@ async def model_info(request: web.Request) -> web.Response:
                 for w in board.workers
             ],
             "model_version": min(versions) if versions else None,
-            # Exports arrive with the coordinator; until then there is none.
-            "last_export_version": None,
+            "last_export_version": await _last_export(request.app),
             "shards": client.num_shards,
         }
         | _replica_info(request.app)
     )
+
+
+async def _last_export(app: web.Application) -> int | None:
+    """The newest export version on disk, from shard 0's exporter (None
+    without one, or with none written yet; a replica reports its own)."""
+    if app.get(FOLLOWER) is not None:
+        return None
+    try:
+        versions = (await app[CLIENT].exports())["versions"]
+    except NoCoordinatorError:
+        return None
+    return int(versions[-1]["version"]) if versions else None
+
+
+async def export_now(request: web.Request) -> web.Response:
+    _require_admin(request)
+    if request.app.get(FOLLOWER) is not None:
+        raise ReadOnlyReplicaError("a serving replica cuts no exports: ask the trainer's API or shard 0")
+    kind = None
+    if (await request.read()).strip():
+        body = _object(await _json_body(request), ("kind",), '{"kind": "base"}')
+        kind = body.get("kind")
+        if kind not in (None, "base", "delta"):
+            raise BadRequestError(f"kind must be base or delta, not {kind!r}")
+    return _json(await request.app[CLIENT].export_now(kind), status=201)
+
+
+async def list_exports(request: web.Request) -> web.Response:
+    follower = request.app.get(FOLLOWER)
+    if follower is None:
+        return _json(await request.app[CLIENT].exports())
+    # A replica lists the versions it follows; the trainer's last report is not its to know.
+    found = await asyncio.to_thread(list_versions, follower.model_dir) if follower.model_dir.is_dir() else []
+    versions = [
+        {"version": v.version, "kind": v.kind, "parent": v.parent, "created_at": v.created_at,
+         "rows": v.manifest.rows(), "bytes": v.manifest.nbytes()}
+        for v in found
+    ]
+    return _json({"model": request.app[MODEL].name, "versions": versions, "last": None})
 
 
 def _replica_info(app: web.Application) -> dict[str, Any]:
@@ -486,6 +528,8 @@ def create_app(
     app.router.add_post("/v1/weights", weights)
     app.router.add_get("/v1/model", model_info)
     app.router.add_get("/v1/status", list_statuses)
+    app.router.add_post("/v1/exports", export_now)
+    app.router.add_get("/v1/exports", list_exports)
     app.router.add_post("/v1/status", report_status)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

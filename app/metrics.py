@@ -264,7 +264,7 @@ class InstrumentedTransport:
         # Bound once: a labelled child per call would cost a dict lookup each.
         self._seconds = {
             op: metrics.rpc_seconds.labels(shard, op)
-            for op in ("pull", "push", "declare", "stats", "status")
+            for op in ("pull", "push", "declare", "stats", "status", "lease", "offsets", "snapshot", "export", "exports")
         }
 
     async def _timed(self, op: str, call: Awaitable[T]) -> T:

@@ -268,6 +268,48 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
                 "status": _ref("WorkerStatus"),
             }
         ),
+        "ExportReport": _closed(
+            {
+                "version": {"type": "integer", "minimum": 1},
+                "kind": {"type": "string", "enum": ["base", "delta"]},
+                "parent": {"type": ["integer", "null"]},
+                "path": {"type": "string", "description": "The version's directory on shard 0."},
+                "rows": count,
+                "bytes": count,
+                "offsets": {
+                    "type": "object",
+                    "description": "Next offset to consume per topic and partition: where workers resume.",
+                    "additionalProperties": counts_by,
+                },
+                "lease_wait_ms": {"type": "number", "minimum": 0},
+                "pause_ms": {"type": "number", "minimum": 0, "description": "Leases refused: the wait plus the shards' copies."},
+                "write_ms": {"type": "number", "minimum": 0},
+                "expired_leases": {"type": "array", "items": {"type": "string"}},
+                "pruned": {"type": "array", "items": {"type": "integer"}},
+            }
+        ),
+        "ExportList": _closed(
+            {
+                "model": {"type": "string"},
+                "versions": {
+                    "type": "array",
+                    "items": _closed(
+                        {
+                            "version": {"type": "integer", "minimum": 1},
+                            "kind": {"type": "string", "enum": ["base", "delta"]},
+                            "parent": {"type": ["integer", "null"]},
+                            "created_at": {"type": "string", "description": "RFC 3339, UTC."},
+                            "rows": count,
+                            "bytes": count,
+                        }
+                    ),
+                },
+                "last": {
+                    "description": "The last export this process's coordinator wrote (null on a replica or before one).",
+                    "type": ["object", "null"],
+                },
+            }
+        ),
         "StatusAck": _closed(
             {"source": string, "received_at": number, "sources": {"type": "integer", "minimum": 1}}
         ),
@@ -381,6 +423,34 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                     "responses": {
                         "200": _json(_ref("StatusAck"), "Stored."),
                         **_errors(400, 401, *read_only, 413, 502, 503),
+                    },
+                },
+            },
+            "/v1/exports": {
+                "get": {
+                    "summary": "The export versions on disk, oldest first.",
+                    "responses": {
+                        "200": _json(_ref("ExportList"), "The versions, and the last export's report."),
+                        "404": _json(_ERROR, "Shard 0 hosts no exporter (no_coordinator)."),
+                        **_errors(502, 503),
+                    },
+                },
+                "post": {
+                    "summary": "Cut and write a model version now (admin): a consistent cut of every shard.",
+                    "security": admin,
+                    "requestBody": {
+                        "required": False,
+                        "content": {
+                            "application/json": {
+                                "schema": _closed({"kind": {"type": "string", "enum": ["base", "delta"]}}, "kind")
+                            }
+                        },
+                    },
+                    "responses": {
+                        "201": _json(_ref("ExportReport"), "Written."),
+                        "400": _json(_ERROR, "The body is not {} or {\"kind\": \"base\" | \"delta\"} (invalid_json, bad_request)."),
+                        "404": _json(_ERROR, "Shard 0 hosts no exporter (no_coordinator)."),
+                        **_errors(401, *read_only, 413, 502, 503),
                     },
                 },
             },

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, Iterator
 
+import aiohttp
 import pytest
 from aiohttp import web
 
-from consumers.broker import EmbeddedBroker, wait_for_metadata
+from consumers.broker import EmbeddedBroker, free_port, wait_for_metadata
+from ps_core.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
+from ps_core.coordinator import Coordinator
+from ps_core.coordinator_server import add_coordinator_routes
+from ps_core.exporter import Exporter
 from ps_core.server import create_shard_app
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
@@ -26,25 +32,37 @@ async def serve_shards() -> AsyncIterator[ServeShards]:
     ``serve_shards.runners[i].cleanup()``."""
     runners: list[web.AppRunner] = []
 
-    async def start(n: int, tables: tuple[TableConfig, ...] = ()) -> tuple[list[Shard], list[str]]:
-        shards, urls = [], []
-        for i in range(n):
-            shard = Shard(ShardSpec(i, n), tables)
-            runner = web.AppRunner(create_shard_app(shard), access_log=None)
+    async def start(
+        n: int, tables: tuple[TableConfig, ...] = (), exports: Path | None = None
+    ) -> tuple[list[Shard], list[str]]:
+        """With `exports`, shard 0 hosts a coordinator and an exporter writing
+        there, as ``ctrps shard --shards ...`` does."""
+        ports = [free_port() for _ in range(n)]
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        shards = [Shard(ShardSpec(i, n), tables) for i in range(n)]
+        for i, (shard, port) in enumerate(zip(shards, ports)):
+            app = create_shard_app(shard)
+            if i == 0 and exports is not None:
+                coordinator = Coordinator()
+                session = aiohttp.ClientSession()
+                sessions.append(session)
+                transports: list[ShardTransport] = [LocalTransport(shard, coordinator)]
+                transports += [HttpTransport(j, u, session, RetryPolicy()) for j, u in enumerate(urls) if j]
+                exporter = Exporter(coordinator, PSClient(transports), exports, "ctr")
+                add_coordinator_routes(app, coordinator, exporter)
+            runner = web.AppRunner(app, access_log=None)
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            assert site._server is not None
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-            shards.append(shard)
-            urls.append(f"http://127.0.0.1:{port}")
+            await web.TCPSite(runner, "127.0.0.1", port).start()
             runners.append(runner)
         return shards, urls
 
+    sessions: list[aiohttp.ClientSession] = []
     start.runners = runners  # type: ignore[attr-defined]
     yield start
     for r in runners:
         await r.cleanup()
+    for s in sessions:
+        await s.close()
 
 
 @pytest.fixture(scope="session")

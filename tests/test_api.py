@@ -32,6 +32,8 @@ from app.settings import ApiSettings, SettingsError
 from app.status import make_status_hook
 from consumers.worker import WindowReport, WorkerStats
 from ps_core.client import PSClient, RetryPolicy
+from ps_core.coordinator import Coordinator
+from ps_core.exporter import Exporter
 from ps_core.features import FeatureHasher
 from ps_core.metrics import evaluate
 from ps_core.models import Model, make_model, sigmoid
@@ -102,15 +104,21 @@ async def make_api(transport: str, serve_shards: Any) -> AsyncIterator[MakeApi]:
     """Builds the API over 2 shards holding the model's tables."""
     opened: list[tuple[TestClient, PSClient]] = []  # type: ignore[type-arg]
 
-    async def make(kind: str = "lr", num_shards: int = 2, **settings: Any) -> Api:
+    async def make(kind: str = "lr", num_shards: int = 2, exports: Path | None = None, **settings: Any) -> Api:
+        """With `exports`, shard 0 hosts a coordinator and exporter writing there."""
         model = make_model(kind, "ctr")
         if transport == "http":
-            shards, urls = await serve_shards(num_shards, model.tables())
+            shards, urls = await serve_shards(num_shards, model.tables(), exports)
             client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=0.5))
         else:
             shards = [Shard(ShardSpec(i, num_shards), model.tables()) for i in range(num_shards)]
             urls = []
-            client = PSClient.local(shards)
+            if exports is None:
+                client = PSClient.local(shards)
+            else:
+                coordinator = Coordinator()
+                client = PSClient.local(shards, coordinator)
+                client.serve_exports(Exporter(coordinator, client, exports, "ctr"))
         options = {"max_events": MAX_EVENTS, "max_body_bytes": MAX_BODY, **settings}
         app = create_app(ApiSettings(**options), client, model)
         http = TestClient(TestServer(app))
@@ -572,8 +580,10 @@ async def test_a_shard_that_refuses_is_502() -> None:
 # -- the OpenAPI document -------------------------------------------------------------
 
 
-async def test_every_route_is_documented_and_every_documented_response_happens(make_api: MakeApi) -> None:
-    api = await make_api(admin_token=TOKEN)
+async def test_every_route_is_documented_and_every_documented_response_happens(
+    make_api: MakeApi, tmp_path: Path
+) -> None:
+    api = await make_api(admin_token=TOKEN, exports=tmp_path)
     routes = {
         (r.method, r.resource.canonical)
         for r in api.http.app.router.routes()
@@ -608,9 +618,21 @@ async def test_every_route_is_documented_and_every_documented_response_happens(m
         ("GET", "/", None, None),
         ("GET", "/v1/history", None, None),
         ("GET", "/v1/history?since=soon", None, None),
+        ("POST", "/v1/exports", {}, auth),
+        ("POST", "/v1/exports", {"kind": "base"}, auth),
+        ("POST", "/v1/exports", {"kind": "sideways"}, auth),
+        ("POST", "/v1/exports", {}, None),
+        ("POST", "/v1/exports", {"kind": "y" * MAX_BODY}, auth),
+        ("GET", "/v1/exports", None, None),
     ]
     for method, path, body, headers in calls:
         await api.call(method, path, body, headers=headers)
+    # Without an exporter on shard 0, the exports routes are 404.
+    bare = await make_api(admin_token=TOKEN)
+    for method, body in (("GET", None), ("POST", {})):
+        status, got = await bare.call(method, "/v1/exports", body, headers=auth)
+        assert (status, got["error"]) == (404, "no_coordinator"), got
+    api.seen |= bare.seen
     # 502 and 503 need a broken cluster: shards that answer 500 to everything,
     # then none at all.
     broken = web.Application()
@@ -646,6 +668,8 @@ async def _call_every_route(api: Api, urls: list[str], auth: dict[str, str]) -> 
             ("GET", "/v1/model", None, None),
             ("GET", "/v1/status", None, None),
             ("POST", "/v1/status", {"source": "w", "status": {}}, auth),
+            ("GET", "/v1/exports", None, None),
+            ("POST", "/v1/exports", {}, auth),
             ("GET", "/readyz", None, None),
             ("GET", "/metrics", None, None),
         ]:
@@ -775,3 +799,19 @@ def test_api_settings_flags_over_environment_over_defaults() -> None:
     for bad in ({"port": 70000}, {"model": "gbdt"}, {"max_events": 0}, {"shard_deadline_s": 0.0}):
         with pytest.raises(SettingsError):
             ApiSettings(**bad)
+
+
+async def test_exports_through_the_api(make_api: MakeApi, tmp_path: Path) -> None:
+    api = await make_api(exports=tmp_path)
+    status, model = await api.call("GET", "/v1/model")
+    assert status == 200 and model["last_export_version"] is None
+    status, first = await api.call("POST", "/v1/exports", {})
+    assert status == 201 and (first["version"], first["kind"], first["parent"]) == (1, "base", None)
+    status, second = await api.call("POST", "/v1/exports", {"kind": "delta"})
+    assert status == 201 and (second["version"], second["kind"], second["parent"]) == (2, "delta", 1)
+    status, listed = await api.call("GET", "/v1/exports")
+    assert status == 200 and [v["version"] for v in listed["versions"]] == [1, 2]
+    assert listed["model"] == "ctr" and listed["last"]["version"] == 2
+    assert (tmp_path / "ctr" / "0000000002" / "manifest.json").is_file()
+    status, model = await api.call("GET", "/v1/model")
+    assert model["last_export_version"] == 2
