@@ -16,6 +16,7 @@ Routes (the OpenAPI document, ``GET /openapi.json``, has the schemas):
 - ``GET /v1/status``, ``POST /v1/status`` (admin): the status board;
 - ``POST /v1/exports`` (admin) cuts and writes a model version now (through
   shard 0's exporter); ``GET /v1/exports`` lists the versions;
+  ``POST /v1/exports/compact`` (admin) folds the newest chain into a base;
 - ``GET /`` the dashboard, drawing ``GET /v1/history`` (`app.history`);
 - ``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET /openapi.json``.
 
@@ -384,6 +385,13 @@ async def export_now(request: web.Request) -> web.Response:
     return _json(await request.app[CLIENT].export_now(kind), status=201)
 
 
+async def compact_exports(request: web.Request) -> web.Response:
+    _require_admin(request)
+    if request.app.get(FOLLOWER) is not None:
+        raise ReadOnlyReplicaError("a serving replica compacts nothing: ask the trainer's API or shard 0")
+    return _json(await request.app[CLIENT].compact_exports())
+
+
 async def list_exports(request: web.Request) -> web.Response:
     follower = request.app.get(FOLLOWER)
     if follower is None:
@@ -530,6 +538,7 @@ def create_app(
     app.router.add_get("/v1/status", list_statuses)
     app.router.add_post("/v1/exports", export_now)
     app.router.add_get("/v1/exports", list_exports)
+    app.router.add_post("/v1/exports/compact", compact_exports)
     app.router.add_post("/v1/status", report_status)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -23,6 +23,7 @@ example:
   ctrps export --shard0 http://127.0.0.1:7100             # cut now (base or delta by schedule)
   ctrps export --shard0 http://127.0.0.1:7100 --kind base
   ctrps export --shard0 http://127.0.0.1:7100 --list      # the versions on disk
+  ctrps export --shard0 http://127.0.0.1:7100 --compact   # fold the newest chain into a base
 
 --shard0 falls back to the first URL of CTRPS_SHARDS. The API offers the same
 as POST/GET /v1/exports (POST needs the admin token when one is set).
@@ -40,7 +41,9 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     )
     p.add_argument("--shard0", help="URL of shard 0 (default: first of CTRPS_SHARDS)")
     p.add_argument("--kind", choices=("base", "delta"), help="force a base or a delta")
-    p.add_argument("--list", action="store_true", help="list the versions instead of cutting one")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--list", action="store_true", help="list the versions instead of cutting one")
+    what.add_argument("--compact", action="store_true", help="fold the newest chain into a base, then prune")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for shard 0 (default 120)")
 
 
@@ -53,7 +56,12 @@ async def run_export(args: argparse.Namespace) -> int:
     # Only shard 0 is asked, so the client holds only its transport.
     async with PSClient.connect([url.strip()], retry=RetryPolicy(deadline_s=args.timeout)) as client:
         try:
-            out = await (client.exports() if args.list else client.export_now(args.kind))
+            if args.list:
+                out = await client.exports()
+            elif args.compact:
+                out = await client.compact_exports()
+            else:
+                out = await client.export_now(args.kind)
         except PSError as exc:
             print(f"ctrps export: {exc.detail}", file=sys.stderr)
             return 1

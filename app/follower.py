@@ -194,6 +194,9 @@ class ReplicaTransport(LocalTransport):
     async def export_now(self, kind: str | None) -> dict[str, Any]:
         raise self._read_only("export requests")
 
+    async def compact_exports(self) -> dict[str, Any]:
+        raise self._read_only("compaction requests")
+
     async def stats(self) -> dict[str, Any]:
         stats = self.shard.stats()
         # A table's open version would read one above the export it holds.

@@ -329,5 +329,8 @@ class InstrumentedTransport:
     async def exports(self) -> dict[str, Any]:
         return await self._timed("exports", self.inner.exports())
 
+    async def compact_exports(self) -> dict[str, Any]:
+        return await self._timed("export", self.inner.compact_exports())
+
     async def close(self) -> None:
         return None

@@ -288,6 +288,17 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
                 "pruned": {"type": "array", "items": {"type": "integer"}},
             }
         ),
+        "Compaction": _closed(
+            {
+                "version": {"type": "integer", "minimum": 1},
+                "kind": {"type": "string", "enum": ["base"]},
+                "compacted_from": {"type": "array", "items": {"type": "integer"}, "description": "Empty when the newest version was a base already."},
+                "rows": count,
+                "bytes": count,
+                "pruned": {"type": "array", "items": {"type": "integer"}},
+                "seconds": {"type": "number", "minimum": 0},
+            }
+        ),
         "ExportList": _closed(
             {
                 "model": {"type": "string"},
@@ -453,6 +464,17 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                         **_errors(401, *read_only, 413, 502, 503),
                     },
                 },
+            },
+            "/v1/exports/compact": {
+                "post": {
+                    "summary": "Fold the newest chain into a base of its newest version, then prune (admin).",
+                    "security": admin,
+                    "responses": {
+                        "200": _json(_ref("Compaction"), "The base written, what it folds and what was pruned."),
+                        "404": _json(_ERROR, "Shard 0 hosts no exporter (no_coordinator), or there is no version."),
+                        **_errors(401, *read_only, 502, 503),
+                    },
+                }
             },
             "/v1/history": {
                 "get": {

@@ -88,6 +88,8 @@ class ExportService(Protocol):
 
     def exports_json(self) -> dict[str, Any]: ...
 
+    async def compact(self) -> dict[str, Any]: ...
+
 
 class ShardTransport(Protocol):
     """How a client reaches one shard."""
@@ -129,6 +131,8 @@ class ShardTransport(Protocol):
     async def export_now(self, kind: str | None) -> dict[str, Any]: ...
 
     async def exports(self) -> dict[str, Any]: ...
+
+    async def compact_exports(self) -> dict[str, Any]: ...
 
     async def close(self) -> None: ...
 
@@ -206,6 +210,9 @@ class LocalTransport:
 
     async def exports(self) -> dict[str, Any]:
         return self._exporter().exports_json()
+
+    async def compact_exports(self) -> dict[str, Any]:
+        return await self._exporter().compact()
 
     async def close(self) -> None:
         return None
@@ -369,6 +376,10 @@ class HttpTransport:
 
     async def exports(self) -> dict[str, Any]:
         out: dict[str, Any] = await self._coordinator_request("GET", "/v1/exports")
+        return out
+
+    async def compact_exports(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._coordinator_request("POST", "/v1/exports/compact", {})
         return out
 
     async def close(self) -> None:
@@ -612,6 +623,10 @@ class PSClient:
     async def exports(self) -> dict[str, Any]:
         """``{"model", "versions", "last"}`` from shard 0's exporter."""
         return await self.transports[0].exports()
+
+    async def compact_exports(self) -> dict[str, Any]:
+        """Have shard 0's exporter fold the newest chain into a base (and prune)."""
+        return await self.transports[0].compact_exports()
 
 
 def _pull_jobs(r: Routed) -> list[tuple[int, slice]]:

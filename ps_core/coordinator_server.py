@@ -10,7 +10,8 @@
   reported with released leases (after a restore: the cut's);
 - with an exporter: ``POST /v1/exports`` (``{"kind": "base" | "delta"}``,
   optional) cuts and writes a version now, 201 with its report;
-  ``GET /v1/exports``: ``{"model", "versions": [...], "last": report | null}``.
+  ``GET /v1/exports``: ``{"model", "versions": [...], "last": report | null}``;
+  ``POST /v1/exports/compact`` folds the newest chain into a base (and prunes).
   These are internal routes: the public, authenticated ones are the API's.
 
 A shard app without these routes answers 404, which clients read as "no
@@ -91,6 +92,10 @@ async def list_exports(request: web.Request) -> web.Response:
     return json_response(request.app[EXPORTER].exports_json())
 
 
+async def compact_exports(request: web.Request) -> web.Response:
+    return json_response(await request.app[EXPORTER].compact())
+
+
 def add_coordinator_routes(
     app: web.Application, coordinator: Coordinator, exporter: Exporter | None = None
 ) -> None:
@@ -104,3 +109,4 @@ def add_coordinator_routes(
         app[EXPORTER] = exporter
         app.router.add_post("/v1/exports", export_now)
         app.router.add_get("/v1/exports", list_exports)
+        app.router.add_post("/v1/exports/compact", compact_exports)

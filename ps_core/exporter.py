@@ -21,7 +21,7 @@ from typing import Any
 
 from .client import PSClient
 from .coordinator import Coordinator, Offsets
-from .export import list_versions, prune, write_version
+from .export import compact, list_versions, prune, write_version
 from .manifest import check_model_name
 
 __all__ = ["Exporter", "ExportReport"]
@@ -195,6 +195,26 @@ class Exporter:
     async def export_json(self, kind: str | None = None) -> dict[str, Any]:
         """`cut`, answered as JSON (``POST /v1/exports``)."""
         return (await self.cut(kind)).to_dict()
+
+    async def compact(self) -> dict[str, Any]:
+        """Fold the newest chain into a base of its newest version (same
+        version, offsets and rows; deltas after it stay valid), then prune;
+        one at a time with cuts, since both rewrite the directory."""
+        async with self._lock:
+            t0 = time.perf_counter()
+            info = await asyncio.to_thread(compact, self.model_dir)
+            pruned = await asyncio.to_thread(prune, self.model_dir, self.keep_bases)
+            out = {
+                "version": info.version,
+                "kind": info.kind,
+                "compacted_from": list(info.manifest.compacted_from),
+                "rows": info.manifest.rows(),
+                "bytes": info.manifest.nbytes(),
+                "pruned": pruned,
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
+        log.info("compacted", extra={"fields": {k: v for k, v in out.items() if k != "compacted_from"}})
+        return out
 
     def exports_json(self) -> dict[str, Any]:
         """The model, its versions and the last export's report (``GET /v1/exports``)."""

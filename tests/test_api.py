@@ -624,13 +624,15 @@ async def test_every_route_is_documented_and_every_documented_response_happens(
         ("POST", "/v1/exports", {}, None),
         ("POST", "/v1/exports", {"kind": "y" * MAX_BODY}, auth),
         ("GET", "/v1/exports", None, None),
+        ("POST", "/v1/exports/compact", None, auth),
+        ("POST", "/v1/exports/compact", None, None),
     ]
     for method, path, body, headers in calls:
         await api.call(method, path, body, headers=headers)
     # Without an exporter on shard 0, the exports routes are 404.
     bare = await make_api(admin_token=TOKEN)
-    for method, body in (("GET", None), ("POST", {})):
-        status, got = await bare.call(method, "/v1/exports", body, headers=auth)
+    for method, path, body in (("GET", "/v1/exports", None), ("POST", "/v1/exports", {}), ("POST", "/v1/exports/compact", None)):
+        status, got = await bare.call(method, path, body, headers=auth)
         assert (status, got["error"]) == (404, "no_coordinator"), got
     api.seen |= bare.seen
     # 502 and 503 need a broken cluster: shards that answer 500 to everything,
@@ -670,6 +672,7 @@ async def _call_every_route(api: Api, urls: list[str], auth: dict[str, str]) -> 
             ("POST", "/v1/status", {"source": "w", "status": {}}, auth),
             ("GET", "/v1/exports", None, None),
             ("POST", "/v1/exports", {}, auth),
+            ("POST", "/v1/exports/compact", None, auth),
             ("GET", "/readyz", None, None),
             ("GET", "/metrics", None, None),
         ]:
@@ -815,3 +818,8 @@ async def test_exports_through_the_api(make_api: MakeApi, tmp_path: Path) -> Non
     assert (tmp_path / "ctr" / "0000000002" / "manifest.json").is_file()
     status, model = await api.call("GET", "/v1/model")
     assert model["last_export_version"] == 2
+    # Compaction folds base 1 and delta 2 into a base 2.
+    status, folded = await api.call("POST", "/v1/exports/compact")
+    assert status == 200 and (folded["version"], folded["kind"], folded["compacted_from"]) == (2, "base", [1, 2])
+    status, listed = await api.call("GET", "/v1/exports")
+    assert [(v["version"], v["kind"]) for v in listed["versions"]] == [(1, "base"), (2, "base")]

@@ -186,3 +186,37 @@ async def test_cuts_during_steady_training_wait_only_for_leased_windows(
     restored = restore_shards(latest_chain(tmp_path / "ctr"), 2)
     keys = np.concatenate([s.tables["ctr_w"].index.row_keys[: s.tables["ctr_w"].index.num_rows] for s in shards])
     assert _state(restored.shards, "ctr_w", keys) == _state(shards, "ctr_w", keys)
+
+
+async def test_ctrps_export_cuts_lists_and_compacts_through_shard_0(
+    tmp_path: Path, serve_shards: ServeShards
+) -> None:
+    import subprocess
+    import sys
+
+    import orjson
+
+    shards, urls = await serve_shards(2, (LR,), tmp_path)
+
+    async def ctrps_export(*args: str) -> dict[str, object]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli", "export", "--shard0", urls[0], *args,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1],
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        got: dict[str, object] = orjson.loads(out)
+        return got
+
+    async with PSClient.connect(urls) as client:
+        await _train(client, LR, np.arange(1, 200, dtype=np.uint64), 1)
+        assert (await ctrps_export())["kind"] == "base"
+        await _train(client, LR, np.arange(100, 300, dtype=np.uint64), 2)
+        delta = await ctrps_export("--kind", "delta")
+        assert (delta["version"], delta["parent"], delta["rows"]) == (2, 1, 200)
+        folded = await ctrps_export("--compact")
+        assert (folded["version"], folded["kind"], folded["compacted_from"]) == (2, "base", [1, 2])
+        listed = await ctrps_export("--list")
+        assert [(v["version"], v["kind"]) for v in listed["versions"]] == [(1, "base"), (2, "base")]  # type: ignore[attr-defined]
+        keys = np.arange(1, 300, dtype=np.uint64)
+        assert _state(restore_shards(latest_chain(tmp_path / "ctr"), 1).shards, "m_w", keys) == _state(shards, "m_w", keys)
