@@ -313,6 +313,16 @@ def _pick(flag: Any, env: Mapping[str, str], key: str, default: Any, conv: Any =
     return default
 
 
+def _export_args(
+    args: argparse.Namespace, env: Mapping[str, str], exports_dir: str, interval_s: float
+) -> dict[str, Any]:
+    """``exports_dir`` and ``export_interval_s`` of a composition (demo, cluster)."""
+    return {
+        "exports_dir": "" if args.no_exports else _pick(args.exports_dir, env, "CTRPS_EXPORTS_DIR", exports_dir),
+        "export_interval_s": _pick(args.export_interval, env, "CTRPS_EXPORT_INTERVAL", interval_s, float),
+    }
+
+
 def _check_exports(interval_s: float) -> None:
     if not 0 <= interval_s < float("inf"):
         raise SettingsError("export interval must be a finite number of seconds >= 0")
@@ -384,10 +394,7 @@ class DemoSettings:
             bootstrap=_pick(args.bootstrap, env, "CTRPS_KAFKA_BOOTSTRAP", d.bootstrap),
             seed=_pick(args.seed, env, "CTRPS_DEMO_SEED", d.seed, int),
             log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
-            exports_dir="" if args.no_exports else _pick(args.exports_dir, env, "CTRPS_EXPORTS_DIR", d.exports_dir),
-            export_interval_s=_pick(
-                args.export_interval, env, "CTRPS_EXPORT_INTERVAL", d.export_interval_s, float
-            ),
+            **_export_args(args, env, d.exports_dir, d.export_interval_s),
         )
 
 
@@ -457,10 +464,7 @@ class ClusterSettings:
             ),
             grace_s=_pick(args.grace, env, "CTRPS_CLUSTER_GRACE", d.grace_s, float),
             log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
-            exports_dir="" if args.no_exports else _pick(args.exports_dir, env, "CTRPS_EXPORTS_DIR", d.exports_dir),
-            export_interval_s=_pick(
-                args.export_interval, env, "CTRPS_EXPORT_INTERVAL", d.export_interval_s, float
-            ),
+            **_export_args(args, env, d.exports_dir, d.export_interval_s),
         )
 
 

@@ -202,3 +202,14 @@ async def test_the_demo_announces_its_urls_and_curl_examples(
         assert f"  API        {server.url}\n" in banner
         assert f"-d '{body}'" in banner and f"curl -s {server.url}/v1/model" in banner
         assert "examples" not in fields
+
+
+def test_export_settings_flags_over_environment() -> None:
+    env = {"CTRPS_EXPORTS_DIR": "/tmp/x", "CTRPS_EXPORT_INTERVAL": "5"}
+    s = DemoSettings.from_args(demo_args(), env)
+    assert (s.exports_dir, s.export_interval_s) == ("/tmp/x", 5.0)
+    s = DemoSettings.from_args(demo_args("--exports-dir", "e", "--export-interval", "0"), env)
+    assert (s.exports_dir, s.export_interval_s) == ("e", 0.0)
+    assert DemoSettings.from_args(demo_args("--no-exports"), env).exports_dir == ""
+    with pytest.raises(SettingsError, match="export interval"):
+        DemoSettings.from_args(demo_args("--export-interval", "-1"), {})
