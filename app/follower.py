@@ -53,6 +53,7 @@ from ps_core.shard import Shard
 from ps_core.table import F32, SparseTable, TableConfig
 
 from .errors import NoVersionError, ReadOnlyReplicaError
+from .background import BackgroundLoop
 from .logs import log_event
 
 __all__ = ["Follower", "ReplicaTransport", "model_from_manifest", "model_of_exports", "follow_dir"]
@@ -205,7 +206,7 @@ class ReplicaTransport(LocalTransport):
         return stats
 
 
-class Follower:
+class Follower(BackgroundLoop):
     """Serves a model's export directory and follows it.
 
     ``async with Follower(model_dir, model) as follower`` starts the polling
@@ -213,6 +214,8 @@ class Follower:
     look at the directory and may be awaited directly. The API reads through
     `client`; `info` is what ``GET /v1/model`` adds about the replica.
     """
+
+    task_name = "ctrps-follower"
 
     def __init__(self, model_dir: Path | str, model: Model, *, interval_s: float = 1.0) -> None:
         """`model` is what the replica serves: versions holding another
@@ -232,7 +235,6 @@ class Follower:
         """A client over the served shard: what the API reads."""
         self._served: ExportManifest | None = None
         self._base_version: int | None = None
-        self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         # Failures already logged (by detail), oldest first: a version that
         # stays damaged is refused at every poll but logged once.
@@ -263,28 +265,7 @@ class Follower:
         """The export version served; None until one is loaded."""
         return self.transport.version
 
-    # -- lifecycle -------------------------------------------------------------------
-    async def start(self) -> None:
-        """Start polling (once): the first poll runs at once."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="ctrps-follower")
-
-    async def stop(self) -> None:
-        """Stop polling (idempotent); the served version stays in memory."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        # Its own failure was logged when it happened; stopping must not raise it.
-        await asyncio.gather(task, return_exceptions=True)
-
-    async def __aenter__(self) -> Follower:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
+    # -- lifecycle (start/stop: BackgroundLoop) ---------------------------------------
     def check_ready(self) -> None:
         """Raise unless a version is served: `NoVersionError`, or what ended
         the polling task if it failed."""

@@ -33,6 +33,7 @@ from ps_core.client import PSClient
 from ps_core.errors import PSError
 from ps_core.models import Model
 
+from .background import BackgroundLoop
 from .logs import log_event
 from .status import BoardSummary, WorkerView, summarize
 
@@ -110,12 +111,14 @@ def window_quality(workers: list[WorkerView]) -> dict[str, float | None]:
     return out
 
 
-class History:
+class History(BackgroundLoop):
     """Samples the cluster every `interval_s` and keeps the newest `max_points`.
 
     `start()` starts the sampling task (the first sample at once), `stop()`
     cancels and awaits it (idempotent); ``async with`` does both. `sample()` is
     one step, for callers that drive it themselves (tests)."""
+
+    task_name = "ctrps-history"
 
     def __init__(
         self,
@@ -144,33 +147,11 @@ class History:
         # The last successful sample, even once it has left the window: the
         # next events/s is measured from it.
         self._previous: HistoryPoint | None = None
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def running(self) -> bool:
         """Whether the sampling task is running."""
         return self._task is not None and not self._task.done()
-
-    async def start(self) -> None:
-        """Start sampling (once)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="ctrps-history")
-
-    async def stop(self) -> None:
-        """Stop sampling; the points are kept."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        # Its own failure was logged when it happened; stopping must not raise it.
-        await asyncio.gather(task, return_exceptions=True)
-
-    async def __aenter__(self) -> History:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     def points(self, since: float | None = None) -> list[HistoryPoint]:
         """The points kept, oldest first; with `since`, only those taken after it.
