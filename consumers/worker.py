@@ -412,7 +412,7 @@ class Worker:
         owned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
         if all(tp in owned for tp in window.next_offsets):
             return window, decoded
-        keep_record = np.array([(s[0], s[1]) in owned for s in window.sources], dtype=bool)
+        keep_record = window.in_partitions(owned)
         record_of = np.asarray(decoded.record_of, dtype=np.int64)
         events = np.flatnonzero(keep_record[record_of[decoded.batch.index]])
         trimmed = Decoded(
@@ -423,7 +423,9 @@ class Worker:
         kept = Window(
             seq=window.seq,
             values=window.values,
-            sources=window.sources,
+            partitions=window.partitions,
+            record_partition=window.record_partition,
+            offsets=window.offsets,
             next_offsets={tp: o for tp, o in window.next_offsets.items() if tp in owned},
             first_ts_ms=window.first_ts_ms,
             last_ts_ms=window.last_ts_ms,
@@ -438,7 +440,7 @@ class Worker:
             assert self._dlq is not None
             await self._dlq.send_all(
                 [
-                    DeadLetter(window.values[r.index], r.reason, r.detail, *window.sources[r.index])
+                    DeadLetter(window.values[r.index], r.reason, r.detail, *window.source(r.index))
                     for r in decoded.rejected
                 ]
             )

@@ -32,7 +32,7 @@ def test_closes_at_max_events_and_records_offsets() -> None:
     w = b.take()
     assert w is not None and w.size == 10 and w.seq == 1
     assert w.next_offsets == {("t", 0): 10, ("t", 1): 5}
-    assert w.sources[0] == ("t", 0, 5) and w.sources[4] == ("t", 1, 0)
+    assert w.source(0) == ("t", 0, 5) and w.source(4) == ("t", 1, 0)
     assert w.values[4] == b"v1-0"
     assert len(b) == 0 and b.take() is None
 
@@ -66,6 +66,8 @@ def test_revoked_partitions_are_dropped() -> None:
     assert b.drop_partitions({("t", 1)}) == 4
     w = b.take()
     assert w is not None and w.size == 5
-    assert {s[1] for s in w.sources} == {0, 2}
+    assert {w.source(i)[1] for i in range(w.size)} == {0, 2}
+    assert w.offsets.tolist() == [0, 1, 2, 7, 8]
+    assert w.in_partitions({("t", 2)}).tolist() == [False] * 3 + [True] * 2
     assert w.next_offsets == {("t", 0): 3, ("t", 2): 9}
     assert [v[:3] for v in w.values] == [b"v0-"] * 3 + [b"v2-"] * 2
