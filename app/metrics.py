@@ -264,7 +264,7 @@ class InstrumentedTransport:
         # Bound once: a labelled child per call would cost a dict lookup each.
         self._seconds = {
             op: metrics.rpc_seconds.labels(shard, op)
-            for op in ("pull", "push", "declare", "stats", "status", "lease", "offsets", "snapshot", "export", "exports")
+            for op in ("pull", "push", "push_pull", "declare", "stats", "status", "lease", "offsets", "snapshot", "export", "exports")
         }
 
     async def _timed(self, op: str, call: Awaitable[T]) -> T:
@@ -294,6 +294,21 @@ class InstrumentedTransport:
     ) -> int:
         return await self._timed(
             "push", self.inner.push(table, keys, grads, counts, event_time, request_id)
+        )
+
+    async def push_pull(
+        self,
+        table: str,
+        keys: U64,
+        grads: F32,
+        counts: F32 | None,
+        event_time: float,
+        request_id: int,
+        pull_keys: U64,
+    ) -> tuple[int, F32]:
+        return await self._timed(
+            "push_pull",
+            self.inner.push_pull(table, keys, grads, counts, event_time, request_id, pull_keys),
         )
 
     async def declare(self, config: TableConfig) -> bool:

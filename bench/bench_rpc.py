@@ -26,6 +26,20 @@ that drifts in the load of this shared machine hit all alike; each has its own
 fresh batches, each batch used once. Batches and gradients of a distribution
 are generated before its rounds, outside the timed region.
 
+A second phase measures a training worker's mini-batch on the same two shard
+processes: ``--minibatch-keys`` distinct keys (5,000 by default, ~2,500 per
+shard, like a 256-event mini-batch), routed once, then either
+
+- ``two_requests``: ``pull(r_i)`` then ``push(r_i, g_i)``, 2 requests per shard;
+- ``push_pull``: ``push_pull(r_(i-1), g_(i-1), pull_keys=r_i)``, 1 request per
+  shard (mini-batch i-1's push and mini-batch i's pull in one frame).
+
+Both do one push and one pull of the same sizes per mini-batch. They run in
+alternating blocks of rounds, so that each block's CPU can be charged to one
+of them: besides wall time per mini-batch (p50/p99), the shard processes' CPU
+(utime + stime from ``/proc/<pid>/stat``, summed over both shards) and this
+client process's CPU (``time.process_time``) per mini-batch.
+
 Run (from the repository root)::
 
     .venv/bin/python bench/bench_rpc.py --quick   # 50 rounds, < 1 minute
@@ -57,7 +71,7 @@ import numpy.typing as npt
 import uvloop
 
 from ps_core import codec
-from ps_core.client import PSClient
+from ps_core.client import PSClient, Routed
 from ps_core.hashing import shard_of
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
@@ -139,6 +153,86 @@ class System(Protocol):
     name: str
 
     async def round(self, b: Batch) -> RoundResult: ...
+
+
+class MiniBatchLoop:
+    """A worker's per-mini-batch RPC, as 2 requests per shard or 1 push_pull."""
+
+    def __init__(self, name: str, client: PSClient) -> None:
+        self.name = name
+        self.client = client
+        self._prev: tuple[Routed, F32] | None = None
+
+    async def step(self, keys: U64, grads: F32) -> None:
+        r = self.client.route(keys)
+        if self.name == "two_requests":
+            w = await self.client.pull(TABLE, r)
+            applied = await self.client.push(TABLE, r, grads)
+        else:
+            prev, prev_grads = self._prev or (self.client.route(keys[:0]), grads[:0])
+            applied, w = await self.client.push_pull(TABLE, prev, prev_grads, pull_keys=r)
+            applied = applied or keys.size  # the first step has nothing to push
+            self._prev = (r, grads)
+        if w.shape != (keys.size, 1) or applied <= 0:
+            raise RuntimeError(f"{self.name}: bad reply: weights {w.shape}, applied {applied}")
+
+
+def proc_cpu_s(pids: Sequence[int]) -> float | None:
+    """User + system CPU seconds of processes `pids` (all their threads), or
+    None where /proc is not available."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                # Fields after the parenthesised command name; utime, stime are 14, 15.
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
+
+
+@dataclass
+class LoopTimings:
+    """Seconds per mini-batch, and CPU seconds over all the loop's blocks."""
+
+    wall: list[float] = field(default_factory=list)
+    shard_cpu_s: float | None = 0.0
+    client_cpu_s: float = 0.0
+
+
+async def measure_minibatches(
+    loops: Sequence[MiniBatchLoop],
+    batches: Sequence[Sequence[Batch]],
+    pids: Sequence[int],
+    block: int,
+    warmup_blocks: int = 1,
+) -> list[LoopTimings]:
+    """Alternate blocks of `block` mini-batches between the loops (rotating
+    who goes first); the shards' and this process's CPU over a block is
+    charged to that block's loop. The first `warmup_blocks` per loop are not kept."""
+    out = [LoopTimings() for _ in loops]
+    nblocks = min(len(b) for b in batches) // block
+    for bi in range(nblocks):
+        for j in ((bi + o) % len(loops) for o in range(len(loops))):
+            cpu0, proc0 = proc_cpu_s(pids), time.process_time()
+            walls = []
+            for b in batches[j][bi * block : (bi + 1) * block]:
+                t = time.perf_counter()
+                await loops[j].step(b.keys, b.grads)
+                walls.append(time.perf_counter() - t)
+            cpu1, proc1 = proc_cpu_s(pids), time.process_time()
+            if bi < warmup_blocks:
+                continue
+            o = out[j]
+            o.wall += walls
+            o.client_cpu_s += proc1 - proc0
+            if cpu0 is None or cpu1 is None or o.shard_cpu_s is None:
+                o.shard_cpu_s = None
+            else:
+                o.shard_cpu_s += cpu1 - cpu0
+    return out
 
 
 class ClientSystem:
@@ -417,6 +511,61 @@ class Config:
     seed: int
     ready_timeout_s: float
     quick: bool
+    minibatch_keys: int = 5_000
+    minibatch_rounds: int = 1_000
+    minibatch_block: int = 25
+
+
+async def run_minibatches(
+    cfg: Config, work: Workload, client: PSClient, pids: Sequence[int]
+) -> dict[str, Any]:
+    """The mini-batch phase: 2 requests per shard vs 1 push_pull per shard."""
+    rounds = cfg.minibatch_rounds + cfg.minibatch_block  # + one warm-up block each
+    loops = [MiniBatchLoop("two_requests", client), MiniBatchLoop("push_pull", client)]
+    t = time.perf_counter()
+    batches = []
+    for _ in loops:
+        bs = []
+        for _ in range(rounds):
+            # Distinct keys (a worker pulls a mini-batch's distinct keys), fresh each round.
+            idx = np.unique(work.rng.integers(0, work.pool.size, cfg.minibatch_keys))
+            keys = np.ascontiguousarray(work.pool[idx])
+            bs.append(Batch(keys, work.rng.normal(0.0, 0.1, (keys.size, 1)).astype(np.float32)))
+        batches.append(bs)
+    per_shard = np.bincount(shard_of(batches[0][0].keys, cfg.num_shards), minlength=cfg.num_shards)
+    log(
+        f"mini-batches: {len(loops)} x {rounds} of ~{batches[0][0].keys.size:,} distinct keys "
+        f"({per_shard.tolist()} per shard) generated in {time.perf_counter() - t:.1f}s (untimed)"
+    )
+    got = await measure_minibatches(loops, batches, pids, cfg.minibatch_block)
+    out: dict[str, Any] = {
+        "minibatch_distinct_keys": int(np.median([b.keys.size for b in batches[0]])),
+        "minibatch_rounds": len(got[0].wall),
+    }
+    for loop, g in zip(loops, got):
+        n = len(g.wall)
+        pre = f"minibatch_{loop.name}_"
+        out[pre + "p50_ms"] = pct_ms(g.wall, 50)
+        out[pre + "p99_ms"] = pct_ms(g.wall, 99)
+        out[pre + "mean_ms"] = float(np.mean(g.wall)) * 1e3
+        out[pre + "shard_cpu_us"] = None if g.shard_cpu_s is None else g.shard_cpu_s / n * 1e6
+        out[pre + "client_cpu_us"] = g.client_cpu_s / n * 1e6
+        log(
+            f"mini-batch {loop.name:12}: p50 {out[pre + 'p50_ms']:.2f} ms, p99 "
+            f"{out[pre + 'p99_ms']:.2f} ms; per mini-batch CPU: shards "
+            f"{out[pre + 'shard_cpu_us'] or float('nan'):.0f} us, client "
+            f"{out[pre + 'client_cpu_us']:.0f} us ({n} mini-batches)"
+        )
+    a, b = "minibatch_push_pull_", "minibatch_two_requests_"
+    out["minibatch_ratio_push_pull_vs_two_requests_p50"] = out[a + "p50_ms"] / out[b + "p50_ms"]
+    if out[a + "shard_cpu_us"] is not None and out[b + "shard_cpu_us"]:
+        out["minibatch_ratio_push_pull_vs_two_requests_shard_cpu"] = (
+            out[a + "shard_cpu_us"] / out[b + "shard_cpu_us"]
+        )
+    out["minibatch_ratio_push_pull_vs_two_requests_client_cpu"] = (
+        out[a + "client_cpu_us"] / out[b + "client_cpu_us"]
+    )
+    return out
 
 
 async def run(cfg: Config) -> dict[str, Any]:
@@ -430,6 +579,7 @@ async def run(cfg: Config) -> dict[str, Any]:
     local_shards = [Shard(s, [TABLE_CONFIG]) for s in spec]
     frame_shards = [Shard(s, [TABLE_CONFIG]) for s in spec]
     exit_codes: list[int | None] = []
+    mb: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench_rpc_") as tmp:
         procs: list[ShardProc] = []
         try:
@@ -477,6 +627,7 @@ async def run(cfg: Config) -> dict[str, Any]:
                         + " | segment p50 ms: "
                         + ", ".join(f"{k} {pct_ms(v, 50):.2f}" for k, v in fr.parts.items())
                     )
+                mb = await run_minibatches(cfg, work, hc, [p.proc.pid for p in procs])
         finally:
             exit_codes = stop_shards(procs)
             if procs:
@@ -503,6 +654,7 @@ async def run(cfg: Config) -> dict[str, Any]:
         for k, v in r["frames"].parts.items():
             out[f"{pre}frames_{k}_p50_ms"] = pct_ms(v, 50)
         out[f"{pre}http_keys_per_s"] = cfg.keys_per_request / (http_p50 / 1e3)
+    out.update(mb)
     out["aim_http_round_trip_p50_met"] = out["http_round_trip_p50_ms"] <= AIM_HTTP_ROUND_TRIP_P50_MS
     out["shard_exit_codes"] = exit_codes
     out["elapsed_s"] = time.perf_counter() - _T0
@@ -528,6 +680,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--zipf-s", type=float, default=1.0, help="Zipf exponent of the zipf workload (default 1.0)"
     )
     parser.add_argument("--shards", type=int, default=2, help="shard servers (default 2)")
+    parser.add_argument(
+        "--minibatch-keys", type=int, default=5_000,
+        help="keys drawn per mini-batch in the push_pull phase (default 5000; ~2,500 distinct per shard)",
+    )
+    parser.add_argument(
+        "--minibatch-rounds", type=int,
+        help="timed mini-batches per variant in the push_pull phase (1000; quick 300)",
+    )
     parser.add_argument("--seed", type=int, default=2024, help="RNG seed (default 2024)")
     parser.add_argument(
         "--ready-timeout", type=float, default=60.0, help="seconds to wait for the shards (60)"
@@ -538,6 +698,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("rounds, keys, pool and shards must be >= 1, warmup >= 0")
     if args.zipf_s <= 0:
         parser.error("--zipf-s must be > 0")
+    mb_rounds = args.minibatch_rounds if args.minibatch_rounds is not None else (300 if args.quick else 1000)
+    if mb_rounds < 25 or args.minibatch_keys < 1:
+        parser.error("--minibatch-rounds must be >= 25 (one block), --minibatch-keys >= 1")
     cfg = Config(
         rounds=rounds,
         warmup=args.warmup,
@@ -548,6 +711,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         ready_timeout_s=args.ready_timeout,
         quick=args.quick,
+        minibatch_keys=args.minibatch_keys,
+        minibatch_rounds=mb_rounds,
     )
     log(
         f"mode {'quick' if cfg.quick else 'full'}: {cfg.rounds} rounds (+{cfg.warmup} warm-up) "
@@ -574,6 +739,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result['frames_encode_p50_ms']:.2f}, shards' handle_frame pull "
         f"{result['frames_shard_pull_p50_ms']:.2f} + push {result['frames_shard_push_p50_ms']:.2f} "
         f"(summed over shards), decode {result['frames_decode_p50_ms']:.2f}"
+    )
+    print(
+        f"  mini-batch of ~{result['minibatch_distinct_keys']:,} distinct keys, pull + push: "
+        f"2 requests per shard p50 {result['minibatch_two_requests_p50_ms']:.2f} ms, 1 push_pull "
+        f"per shard p50 {result['minibatch_push_pull_p50_ms']:.2f} ms "
+        f"({result['minibatch_ratio_push_pull_vs_two_requests_p50']:.2f}x); CPU per mini-batch: "
+        f"shards {result['minibatch_two_requests_shard_cpu_us'] or float('nan'):.0f} -> "
+        f"{result['minibatch_push_pull_shard_cpu_us'] or float('nan'):.0f} us, client "
+        f"{result['minibatch_two_requests_client_cpu_us']:.0f} -> "
+        f"{result['minibatch_push_pull_client_cpu_us']:.0f} us"
     )
     print(
         f"  aim: HTTP round trip p50 <= {AIM_HTTP_ROUND_TRIP_P50_MS:.0f} ms: "

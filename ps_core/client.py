@@ -10,6 +10,10 @@ in this process, no encoding: for the demo and tests). Both behave the same.
 Every push carries a request id; a shard acknowledges a retried id without
 applying it twice, so retrying after a lost ack is safe.
 
+`push_pull` sends one mini-batch's push and the next one's pull in one request
+per shard (the shard applies the push, then answers the pull), halving a
+training loop's requests.
+
 Besides pull and push: `pull_versioned` (weights with the tables' open
 version and, if asked, whether each key has a row), and the status board of
 shard 0 (`report_status`, `statuses`), where workers leave their progress for
@@ -110,6 +114,17 @@ class ShardTransport(Protocol):
         request_id: int,
     ) -> int: ...
 
+    async def push_pull(
+        self,
+        table: str,
+        keys: U64,
+        grads: F32,
+        counts: F32 | None,
+        event_time: float,
+        request_id: int,
+        pull_keys: U64,
+    ) -> tuple[int, F32]: ...
+
     async def declare(self, config: TableConfig) -> bool: ...
 
     async def stats(self) -> dict[str, Any]: ...
@@ -166,6 +181,27 @@ class LocalTransport:
         return self.shard.handle_push(
             table, keys, grads, counts=counts, event_time=event_time, request_id=request_id
         )[0]
+
+    async def push_pull(
+        self,
+        table: str,
+        keys: U64,
+        grads: F32,
+        counts: F32 | None,
+        event_time: float,
+        request_id: int,
+        pull_keys: U64,
+    ) -> tuple[int, F32]:
+        applied, weights, _ = self.shard.handle_push_pull(
+            table,
+            keys,
+            grads,
+            pull_keys,
+            counts=counts,
+            event_time=event_time,
+            request_id=request_id,
+        )
+        return applied, weights
 
     async def declare(self, config: TableConfig) -> bool:
         return self.shard.declare(config)
@@ -314,6 +350,36 @@ class HttpTransport:
         )
         _, reply = await self._request("POST", "/v1/push", body, FRAME_CONTENT_TYPE)
         return codec.decode(reply, codec.Op.ACK).count
+
+    async def push_pull(
+        self,
+        table: str,
+        keys: U64,
+        grads: F32,
+        counts: F32 | None,
+        event_time: float,
+        request_id: int,
+        pull_keys: U64,
+    ) -> tuple[int, F32]:
+        body = codec.encode_push_pull(
+            table,
+            keys,
+            grads,
+            pull_keys,
+            counts=counts,
+            event_time=event_time,
+            request_id=request_id,
+        )
+        # Retried like a push, with the same body and so the same request id:
+        # a shard that applied the push answers the pull without applying again.
+        _, reply = await self._request("POST", "/v1/push_pull", body, FRAME_CONTENT_TYPE)
+        frame = codec.decode(reply, codec.Op.PUSH_PULL_REPLY)
+        assert frame.values is not None
+        if frame.count != pull_keys.size:
+            raise FrameError(
+                f"shard {self.shard_id} answered {frame.count} rows for {pull_keys.size} pull keys"
+            )
+        return frame.applied, frame.values
 
     async def declare(self, config: TableConfig) -> bool:
         status, _ = await self._request(
@@ -533,30 +599,76 @@ class PSClient:
         applying twice.
         """
         r = keys if isinstance(keys, Routed) else self.route(keys)
-        k = r.keys
-        g = np.asarray(grads, dtype=np.float32)
-        if g.ndim == 1:
-            g = g.reshape(-1, 1)
-        c = None if counts is None else np.asarray(counts, dtype=np.float32).reshape(-1, 2)
-        if g.shape[0] != k.size:
-            raise ValueError(f"{k.size} keys but {g.shape[0]} gradient rows")
-        if c is not None and c.shape[0] != k.size:
-            raise ValueError(f"{k.size} keys but {c.shape[0]} rows of counts")
+        k, g, c = _push_arrays(r, grads, counts)
         if k.size == 0:
             return 0
         rid = self.new_request_id() if request_id is None else request_id
-        order, parts = r.order, r.parts
-        if order is not None:
-            k, g = r.by_shard, g[order]
-            c = None if c is None else c[order]
         coros = [
             self.transports[i].push(
                 table, k[p], g[p], None if c is None else c[p], event_time, rid
             )
-            for i, p in enumerate(parts)
+            for i, p in enumerate(r.parts)
             if p.stop > p.start
         ]
         return sum(await _fan_out(coros))
+
+    async def push_pull(
+        self,
+        table: str,
+        push_keys: npt.ArrayLike | Routed,
+        grads: npt.ArrayLike,
+        *,
+        pull_keys: npt.ArrayLike | Routed,
+        counts: npt.ArrayLike | None = None,
+        event_time: float = 0.0,
+        request_id: int | None = None,
+    ) -> tuple[int, F32]:
+        """Push gradients of `push_keys`, then pull `pull_keys`, in one
+        request per shard; returns (distinct keys applied, weights (m, dim) of
+        `pull_keys` in their order).
+
+        The same as ``await push(table, push_keys, grads, ...)`` then ``await
+        pull(table, pull_keys)``: each shard applies its part of the push
+        before answering its part of the pull, so the pull sees the push. In a
+        training loop, push mini-batch i and pull mini-batch i+1 (each a
+        `route`); either may be empty. A shard with only a push part or only a
+        pull part still gets one request. Requests are retried with their
+        request id, as a push's are; like a push, it is not atomic across
+        shards: pass the same `request_id` again to retry it whole.
+        """
+        pr = push_keys if isinstance(push_keys, Routed) else self.route(push_keys)
+        qr = pull_keys if isinstance(pull_keys, Routed) else self.route(pull_keys)
+        for name, r in (("push_keys", pr), ("pull_keys", qr)):
+            if len(r.parts) != self.num_shards:
+                raise ValueError(
+                    f"{name} were routed for {len(r.parts)} shards, this client has {self.num_shards}"
+                )
+        k, g, c = _push_arrays(pr, grads, counts)
+        rid = self.new_request_id() if request_id is None else request_id
+        jobs = [
+            i
+            for i, (p, q) in enumerate(zip(pr.parts, qr.parts))
+            if p.stop > p.start or q.stop > q.start
+        ]
+        # Nothing at all to send still asks shard 0, which answers with the
+        # table's dim (and an unknown table's error), as an empty pull does.
+        results: list[tuple[int, F32]] = await _fan_out(
+            [
+                self.transports[i].push_pull(
+                    table,
+                    k[pr.parts[i]],
+                    g[pr.parts[i]],
+                    None if c is None else c[pr.parts[i]],
+                    event_time,
+                    rid,
+                    qr.by_shard[qr.parts[i]],
+                )
+                for i in jobs or [0]
+            ]
+        )
+        # Every reply's weights have the table's dim, empty or not, so all
+        # concatenate (in shard order) into the pull's grouped order.
+        return sum(a for a, _ in results), _reassemble(qr, [w for _, w in results])
 
     def new_request_id(self) -> int:
         """A fresh push id, unique to this client."""
@@ -627,6 +739,26 @@ class PSClient:
     async def compact_exports(self) -> dict[str, Any]:
         """Have shard 0's exporter fold the newest chain into a base (and prune)."""
         return await self.transports[0].compact_exports()
+
+
+def _push_arrays(
+    r: Routed, grads: npt.ArrayLike, counts: npt.ArrayLike | None
+) -> tuple[U64, F32, F32 | None]:
+    """A push's keys, gradients (n, dim) and counts (n, 2), checked against
+    the keys and grouped by shard like ``r.by_shard``."""
+    k = r.keys
+    g = np.asarray(grads, dtype=np.float32)
+    if g.ndim == 1:
+        g = g.reshape(-1, 1)
+    c = None if counts is None else np.asarray(counts, dtype=np.float32).reshape(-1, 2)
+    if g.shape[0] != k.size:
+        raise ValueError(f"{k.size} keys but {g.shape[0]} gradient rows")
+    if c is not None and c.shape[0] != k.size:
+        raise ValueError(f"{k.size} keys but {c.shape[0]} rows of counts")
+    if r.order is not None and k.size:
+        k, g = r.by_shard, g[r.order]
+        c = None if c is None else c[r.order]
+    return k, g, c
 
 
 def _pull_jobs(r: Routed) -> list[tuple[int, slice]]:

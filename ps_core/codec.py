@@ -7,29 +7,47 @@ arrays::
     offset size  field
     0      4     magic b"CTPS"
     4      1     format version (1)
-    5      1     op: 1 pull request, 2 push request, 3 weights reply, 4 push ack
-    6      2     flags: bit 0 = a counts array follows the values (push);
-                 bit 1 = presence: in a pull request, asks for it; in a
-                 weights reply, a presence array follows the values
-    8      4     count n: keys in a request, rows in a weights reply,
+    5      1     op: 1 pull request, 2 push request, 3 weights reply, 4 push ack,
+                 5 push_pull request, 6 push_pull reply
+    6      2     flags: bit 0 = a counts array follows the values (push,
+                 push_pull); bit 1 = presence: in a pull request, asks for it;
+                 in a weights reply, a presence array follows the values
+    8      4     count n: keys in a pull or push request, push keys in a
+                 push_pull request, rows in a weights or push_pull reply,
                  distinct keys applied in a push ack
-    12     4     dim: values per key (0 in a pull request and a push ack)
-    16     8     event_time, float64 seconds (push; 0 = the shard's clock)
+    12     4     dim: values per key (0 in a pull request and a push ack; a
+                 push_pull request's push dim, which may be 0 when n = 0)
+    16     8     event_time, float64 seconds (push, push_pull; 0 = the shard's clock)
     24     8     version, uint64: the table's open export version (replies)
     32     8     request_id, uint64: a push's id for retry dedup (0 = none)
     40     2     name length L (bytes of UTF-8)
-    42     6     reserved, zero
+    42     2     reserved, zero
+    44     4     count m: pull keys in a push_pull request, distinct keys
+                 applied in a push_pull reply; 0 for every other op
     48     L     table name, then zero padding to the next multiple of 8
-    ...    8n    keys, uint64            (pull and push requests)
-    ...    4n·d  values, float32 (n, d)  (push request, weights reply)
-    ...    8n    counts, float32 (n, 2)  (push request with flag bit 0: shows, clicks)
+    ...    8n    keys, uint64            (pull, push and push_pull requests)
+    ...    8m    pull keys, uint64       (push_pull request)
+    ...    4n·d  values, float32 (n, d)  (push and push_pull requests: gradients;
+                                          weights and push_pull replies: weights)
+    ...    8n    counts, float32 (n, 2)  (push or push_pull request with flag
+                                          bit 0: shows, clicks)
     ...    n     presence, uint8 0/1, then zero padding to a multiple of 8
                                      (weights reply with flag bit 1: the key has a row)
 
+A push_pull request is a push of n keys and a pull of m keys of the same
+table in one frame; the shard applies the push, then answers the pull, as a
+push request followed by a pull request would. Its two key arrays come
+before the float32 sections so that both stay 8-byte aligned whatever n·d is.
+
+Ops 5 and 6 were added within format version 1: every earlier frame still
+decodes unchanged (its writers zeroed bytes 42..47, which were reserved), and
+a reader that predates them refuses them as an unknown op rather than
+misreading them, so no version bump was needed.
+
 A reader checks magic, version, op, and that the length is exactly what the
 header implies; any mismatch is a `FrameError` and nothing is applied. Arrays
-are read zero-copy with ``np.frombuffer`` (aligned, since every section starts
-at a multiple of 8).
+are read zero-copy with ``np.frombuffer``: uint64 sections start at a
+multiple of 8, float32 ones at a multiple of 4.
 """
 
 from __future__ import annotations
@@ -54,6 +72,8 @@ __all__ = [
     "encode_push",
     "encode_weights",
     "encode_ack",
+    "encode_push_pull",
+    "encode_push_pull_reply",
     "FLAG_COUNTS",
     "FLAG_PRESENCE",
     "MAX_NAME",
@@ -64,7 +84,7 @@ FORMAT_VERSION = 1
 FLAG_COUNTS = 1
 FLAG_PRESENCE = 2
 MAX_NAME = 255
-_HEADER = struct.Struct("<4sBBHIIdQQH6x")
+_HEADER = struct.Struct("<4sBBHIIdQQH2xI")
 HEADER_SIZE = _HEADER.size  # 48
 
 
@@ -75,9 +95,13 @@ class Op:
     PUSH = 2
     WEIGHTS = 3
     ACK = 4
+    PUSH_PULL = 5
+    """A push and then a pull of the same table, in one request."""
+    PUSH_PULL_REPLY = 6
+    """The push's applied count and the pull's weights."""
 
 
-_OPS = {Op.PULL, Op.PUSH, Op.WEIGHTS, Op.ACK}
+_OPS = {Op.PULL, Op.PUSH, Op.WEIGHTS, Op.ACK, Op.PUSH_PULL, Op.PUSH_PULL_REPLY}
 
 
 @dataclass(frozen=True)
@@ -108,6 +132,10 @@ class Frame:
     """A pull asks for presence; a weights reply carries `present`."""
     present: npt.NDArray[np.bool_] | None = None
     """(n,) whether each key has a row (weights reply with presence), else None."""
+    pull_keys: npt.NDArray[np.uint64] | None = None
+    """(m,) uint64 keys of a push_pull request's pull, else None."""
+    applied: int = 0
+    """Distinct keys a push_pull's push applied (push_pull reply), else 0."""
 
 
 def _pad8(n: int) -> int:
@@ -127,11 +155,14 @@ def encode(
     request_id: int = 0,
     presence: bool = False,
     present: npt.NDArray[np.bool_] | None = None,
+    pull_keys: npt.NDArray[np.uint64] | None = None,
+    applied: int = 0,
 ) -> bytes:
     """Encode one frame; arrays are converted to little-endian as needed.
 
     `presence` flags a pull that asks for presence; `present` is the reply's
-    presence array (and sets the flag)."""
+    presence array (and sets the flag). `pull_keys` (a push_pull request) and
+    `applied` (a push_pull reply) fill count m at offset 44."""
     name = table.encode("utf-8")
     if len(name) > MAX_NAME:
         raise FrameError(f"table name longer than {MAX_NAME} bytes")
@@ -141,6 +172,11 @@ def encode(
         k = np.ascontiguousarray(keys, dtype="<u8").reshape(-1)
         n = k.size if n is None else n
         parts.append(k.tobytes())
+    m = applied
+    if pull_keys is not None:
+        pk = np.ascontiguousarray(pull_keys, dtype="<u8").reshape(-1)
+        m = pk.size
+        parts.append(pk.tobytes())
     dim = 0
     if values is not None:
         v = np.ascontiguousarray(values, dtype="<f4")
@@ -160,7 +196,7 @@ def encode(
         pr = np.ascontiguousarray(present, dtype=np.uint8).reshape(-1)
         parts.append(pr.tobytes() + b"\0" * (_pad8(pr.size) - pr.size))
     header = _HEADER.pack(
-        MAGIC, FORMAT_VERSION, op, flags, n or 0, dim, event_time, version, request_id, len(name)
+        MAGIC, FORMAT_VERSION, op, flags, n or 0, dim, event_time, version, request_id, len(name), m
     )
     pad = b"\0" * (_pad8(len(name)) - len(name))
     return b"".join([header, name, pad, *parts])
@@ -209,6 +245,46 @@ def encode_ack(table: str, applied: int, version: int) -> bytes:
     return encode(Op.ACK, table, count=applied, version=version)
 
 
+def encode_push_pull(
+    table: str,
+    keys: npt.NDArray[np.uint64],
+    grads: npt.NDArray[np.float32],
+    pull_keys: npt.NDArray[np.uint64],
+    *,
+    counts: npt.NDArray[np.float32] | None = None,
+    event_time: float = 0.0,
+    request_id: int = 0,
+) -> bytes:
+    """A push_pull request: push `keys` with `grads` (n, dim) and optional
+    shows/clicks, then pull `pull_keys`. Either part may be empty; an empty
+    push is skipped by the shard (its dim is not checked)."""
+    g = np.asarray(grads)
+    rows = g.shape[0] if g.ndim else 0
+    if rows != np.asarray(keys).size or (counts is not None and np.asarray(counts).size != 2 * rows):
+        # The length check cannot catch sections that disagree with each
+        # other in a well-formed frame, so refuse to write one.
+        raise FrameError(
+            f"push section of {np.asarray(keys).size} keys, {rows} gradient rows"
+            + ("" if counts is None else f", {np.asarray(counts).size // 2} rows of counts")
+        )
+    return encode(
+        Op.PUSH_PULL,
+        table,
+        keys=keys,
+        pull_keys=pull_keys,
+        values=grads,
+        counts=counts,
+        event_time=event_time,
+        request_id=request_id,
+    )
+
+
+def encode_push_pull_reply(table: str, applied: int, weights: npt.NDArray[np.float32], version: int) -> bytes:
+    """A push_pull reply: distinct keys the push applied, and the pull's
+    weights (m, dim) in the order of its keys."""
+    return encode(Op.PUSH_PULL_REPLY, table, values=weights, version=version, applied=applied)
+
+
 _A = TypeVar("_A", bound=np.ndarray)
 
 
@@ -223,8 +299,8 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     mv = memoryview(buf)
     if len(mv) < HEADER_SIZE:
         raise FrameError(f"frame of {len(mv)} bytes is shorter than the {HEADER_SIZE}-byte header")
-    magic, ver, op, flags, n, dim, event_time, version, request_id, name_len = _HEADER.unpack_from(
-        mv, 0
+    magic, ver, op, flags, n, dim, event_time, version, request_id, name_len, m = (
+        _HEADER.unpack_from(mv, 0)
     )
     if magic != MAGIC:
         raise FrameError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
@@ -236,6 +312,8 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         raise FrameError(f"expected op {expect_op}, got {op}")
     if flags & ~(FLAG_COUNTS | FLAG_PRESENCE):
         raise FrameError(f"unknown flags {flags:#x}")
+    if m and op not in (Op.PUSH_PULL, Op.PUSH_PULL_REPLY):
+        raise FrameError(f"op {op} carries no second count but bytes 44..47 hold {m}")
     if name_len == 0 or name_len > MAX_NAME:
         raise FrameError(f"table name length {name_len} outside 1..{MAX_NAME}")
     name_end = HEADER_SIZE + name_len
@@ -245,10 +323,11 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         table = bytes(mv[HEADER_SIZE:name_end]).decode("utf-8")
     except UnicodeDecodeError:
         raise FrameError("table name is not UTF-8") from None
-    has_keys = op in (Op.PULL, Op.PUSH)
-    has_values = op in (Op.PUSH, Op.WEIGHTS)
+    has_keys = op in (Op.PULL, Op.PUSH, Op.PUSH_PULL)
+    has_pull_keys = op == Op.PUSH_PULL
+    has_values = op in (Op.PUSH, Op.WEIGHTS, Op.PUSH_PULL, Op.PUSH_PULL_REPLY)
     has_counts = bool(flags & FLAG_COUNTS)
-    if has_counts and op != Op.PUSH:
+    if has_counts and op not in (Op.PUSH, Op.PUSH_PULL):
         raise FrameError("only a push carries counts")
     has_presence = bool(flags & FLAG_PRESENCE)
     if has_presence and op not in (Op.PULL, Op.WEIGHTS):
@@ -263,6 +342,8 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     expected = start
     if has_keys:
         expected += 8 * n
+    if has_pull_keys:
+        expected += 8 * m
     if has_values:
         expected += 4 * n * dim
     if has_counts:
@@ -270,14 +351,19 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     expected += presence_bytes
     if len(mv) != expected:
         raise FrameError(
-            f"frame is {len(mv)} bytes but its header (n={n}, dim={dim}) implies {expected}"
+            f"frame is {len(mv)} bytes but its header (n={n}, dim={dim}"
+            + (f", m={m}" if has_pull_keys else "")
+            + f") implies {expected}"
         )
     pos = start
     keys = values = counts = None
-    present = None
+    present = pull_keys = None
     if has_keys:
         keys = _readonly(np.frombuffer(mv, dtype="<u8", count=n, offset=pos))
         pos += 8 * n
+    if has_pull_keys:
+        pull_keys = _readonly(np.frombuffer(mv, dtype="<u8", count=m, offset=pos))
+        pos += 8 * m
     if has_values:
         values = _readonly(np.frombuffer(mv, dtype="<f4", count=n * dim, offset=pos).reshape(n, dim))
         pos += 4 * n * dim
@@ -302,4 +388,6 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         request_id=int(request_id),
         presence=has_presence,
         present=present,
+        pull_keys=pull_keys,
+        applied=int(m) if op == Op.PUSH_PULL_REPLY else 0,
     )

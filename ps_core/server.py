@@ -3,7 +3,8 @@ handlers, encode. No logic lives here.
 
 Routes:
 
-- ``POST /v1/pull``, ``POST /v1/push``: binary frames (`ps_core.codec`),
+- ``POST /v1/pull``, ``POST /v1/push``, ``POST /v1/push_pull`` (a push then
+  a pull of one table in one request): binary frames (`ps_core.codec`),
   ``Content-Type: application/x-ctrps-frame``;
 - ``POST /v1/tables``: declare a table (JSON `TableConfig`), 201 when created,
   200 when an identical table exists, 409 when a different one does;
@@ -81,6 +82,10 @@ async def push(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.PUSH)
 
 
+async def push_pull(request: web.Request) -> web.Response:
+    return await _frame(request, codec.Op.PUSH_PULL)
+
+
 async def declare_table(request: web.Request) -> web.Response:
     try:
         raw = orjson.loads(await request.read())
@@ -151,6 +156,7 @@ def create_shard_app(shard: Shard, *, max_body: int = DEFAULT_MAX_BODY) -> web.A
     app[SHARD] = shard
     app.router.add_post("/v1/pull", pull)
     app.router.add_post("/v1/push", push)
+    app.router.add_post("/v1/push_pull", push_pull)
     app.router.add_post("/v1/tables", declare_table)
     app.router.add_get("/v1/tables", list_tables)
     app.router.add_get("/v1/stats", stats)

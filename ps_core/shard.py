@@ -176,10 +176,45 @@ class Shard:
                 self._recent_pushes.popitem(last=False)
         return applied, t.version
 
+    def handle_push_pull(
+        self,
+        table: str,
+        push_keys: npt.NDArray[np.uint64],
+        grads: F32,
+        pull_keys: npt.NDArray[np.uint64],
+        *,
+        counts: F32 | None = None,
+        event_time: float = 0.0,
+        request_id: int = 0,
+    ) -> tuple[int, F32, int]:
+        """Apply a push, then pull: (distinct keys applied, weights of
+        `pull_keys`, open version), as `handle_push` then `handle_pull`.
+
+        Both parts are checked before the push is applied, so a request that
+        fails changes nothing. An empty part is skipped: an empty push is not
+        checked and remembers no request id; an empty pull answers (0, dim)
+        without counting as a pull. A retried `request_id` is not applied
+        again, but its pull is answered.
+        """
+        t = self.table(table)
+        # The pull's only checks, done first: a bad pull must not leave the
+        # push applied. handle_push checks its part before changing anything.
+        self._check_owned(pull_keys)
+        applied = 0
+        if push_keys.size:
+            applied, _ = self.handle_push(
+                table, push_keys, grads, counts=counts, event_time=event_time, request_id=request_id
+            )
+        if not pull_keys.size:
+            # Not t.pull: that would also push the table's remembered pull
+            # lookups (which the next push of those keys reuses) out of line.
+            return applied, np.empty((0, t.dim), dtype=np.float32), t.version
+        return applied, t.pull(pull_keys), t.version
+
     def handle_frame(
         self, body: bytes | bytearray | memoryview, expect_op: int | None = None
     ) -> bytes:
-        """Decode a pull or push frame, apply it, encode the reply."""
+        """Decode a pull, push or push_pull frame, apply it, encode the reply."""
         frame = codec.decode(body, expect_op)
         if frame.op == codec.Op.PULL:
             assert frame.keys is not None
@@ -197,6 +232,19 @@ class Shard:
                 request_id=frame.request_id,
             )
             return codec.encode_ack(frame.table, applied, version)
+        if frame.op == codec.Op.PUSH_PULL:
+            assert frame.keys is not None and frame.values is not None
+            assert frame.pull_keys is not None
+            applied, weights, version = self.handle_push_pull(
+                frame.table,
+                frame.keys,
+                frame.values,
+                frame.pull_keys,
+                counts=frame.counts,
+                event_time=frame.event_time,
+                request_id=frame.request_id,
+            )
+            return codec.encode_push_pull_reply(frame.table, applied, weights, version)
         raise FrameError(f"op {frame.op} is a reply, not a request")
 
     # -- export cuts -------------------------------------------------------------

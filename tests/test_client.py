@@ -332,3 +332,151 @@ async def test_a_routed_batch_pulls_and_pushes_like_plain_keys(make_client: Make
     # The same routing serves a second push (the worker's pull-then-push step).
     await client.push("w", routed, grads, counts=np.ones((500, 2), dtype=np.float32))
     np.testing.assert_allclose(await client.pull("w", keys[::-1]), -2 * grads[::-1])
+
+
+# -- push_pull: one request per shard for a mini-batch's push and the next pull -----
+
+
+async def test_push_pull_loop_equals_one_reference_table(make_client: MakeClient) -> None:
+    """The worker loop: push mini-batch i and pull mini-batch i+1 in one call,
+    each routed once; every answer equals push-then-pull on one table."""
+    client, shards = await make_client(2, TABLES)
+    rng = np.random.default_rng(21)
+    refs = {c.name: SparseTable(c) for c in TABLES}
+    pool = key_pool(rng, 60)
+    for cfg in TABLES:
+        prev = client.route(np.zeros(0, np.uint64))
+        for step in range(15):
+            nxt = client.route(rng.choice(pool, int(rng.integers(0, 40))))  # may be empty, repeats
+            n = prev.keys.size
+            grads = (rng.standard_normal((n, cfg.dim)) * 2).astype(np.float32)
+            counts = rng.integers(0, 3, (n, 2)).astype(np.float32) if step % 2 else None
+            applied, weights = await client.push_pull(
+                cfg.name, prev, grads, pull_keys=nxt, counts=counts, event_time=1e9 + step
+            )
+            ref = refs[cfg.name]
+            assert applied == ref.push(prev.keys, grads, counts=counts, event_time=1e9 + step)
+            assert weights.shape == (nxt.keys.size, cfg.dim) and weights.dtype == np.float32
+            assert weights.flags.writeable  # the caller owns the result
+            np.testing.assert_array_equal(weights, ref.pull(nxt.keys))
+            prev = nxt
+        np.testing.assert_array_equal(await client.pull(cfg.name, pool), refs[cfg.name].pull(pool))
+    for shard in shards:
+        for name, t in shard.tables.items():
+            assert len(t) > 0, name
+            live = t.index.row_keys[: t.index.num_rows][t.index.row_live[: t.index.num_rows]]
+            assert (shard_of(live, 2) == shard.spec.shard_id).all()
+
+
+def count_calls(client: PSClient) -> dict[str, list[int]]:
+    """Wrap every transport's pull, push and push_pull to record which shard
+    each call went to."""
+    calls: dict[str, list[int]] = {"pull": [], "push": [], "push_pull": []}
+    for t in client.transports:
+        for name in calls:
+            inner = getattr(t, name)
+
+            async def wrapped(*a: Any, _inner: Any = inner, _name: str = name, _id: int = t.shard_id) -> Any:
+                calls[_name].append(_id)
+                return await _inner(*a)
+
+            setattr(t, name, wrapped)
+    return calls
+
+
+async def test_push_pull_sends_one_request_per_shard_with_anything(make_client: MakeClient) -> None:
+    sgd = TableConfig("w", dim=2, optimizer={"name": "sgd", "lr": 1.0})
+    client, shards = await make_client(3, (sgd,))
+    keys = np.arange(300, dtype=np.uint64)
+    owner = shard_of(keys, 3)
+    on0, on1 = keys[owner == 0][:20], keys[owner == 1][:30]
+    calls = count_calls(client)
+    grads = np.stack([np.arange(20), np.ones(20)], axis=1).astype(np.float32)
+    # Push only to shard 0, pull only from shard 1, nothing for shard 2.
+    applied, w = await client.push_pull("w", on0, grads, pull_keys=on1)
+    assert applied == 20 and w.shape == (30, 2) and not w.any()
+    assert calls == {"pull": [], "push": [], "push_pull": [0, 1]}
+    # Now the reverse direction sees the push (SGD lr 1 from zero: w = -grad).
+    applied, w = await client.push_pull("w", on1[:0], np.zeros((0, 2), np.float32), pull_keys=on0[::-1])
+    assert applied == 0
+    np.testing.assert_array_equal(w, -grads[::-1])
+    assert calls["push_pull"] == [0, 1, 0]
+    assert shards[2].tables["w"].pushes == shards[2].tables["w"].pulls == 0
+    # Nothing at all still asks shard 0 once, for the dim.
+    applied, w = await client.push_pull("w", [], [], pull_keys=[])
+    assert (applied, w.shape) == (0, (0, 2))
+    assert calls["push_pull"] == [0, 1, 0, 0]
+
+
+async def test_push_pull_with_a_repeated_request_id_applies_once(make_client: MakeClient) -> None:
+    client, shards = await make_client(2, TABLES)
+    keys = both_shard_keys()
+    grads = np.linspace(-1, 1, keys.size, dtype=np.float32)
+    ref = SparseTable(LR)
+    ref.push(keys, grads)
+    rid = client.new_request_id()
+    first = await client.push_pull("lr", keys, grads, pull_keys=keys[::-1], request_id=rid)
+    again = await client.push_pull("lr", keys, grads, pull_keys=keys[::-1], request_id=rid)
+    assert first[0] == again[0] == keys.size  # the earlier count, acknowledged again
+    for _, w in (first, again):
+        np.testing.assert_array_equal(w, ref.pull(keys[::-1]))
+    assert [s.duplicate_pushes for s in shards] == [1, 1]
+    assert [s.tables["lr"].pushes for s in shards] == [1, 1]
+
+
+async def test_push_pull_errors_are_typed_and_apply_nothing(make_client: MakeClient) -> None:
+    client, shards = await make_client(2, TABLES)
+    keys = both_shard_keys()
+    grads = np.ones(keys.size, np.float32)
+    grads[7] = np.nan
+    with pytest.raises(InvalidValuesError, match="NaN or inf"):
+        await client.push_pull("lr", keys, grads, pull_keys=keys)
+    bad_owner = int(shard_of(keys[7:8], 2)[0])
+    assert len(shards[bad_owner].tables["lr"]) == 0
+    assert shards[bad_owner].tables["lr"].pulls == 0  # the pull was not answered either
+    with pytest.raises(UnknownTableError):
+        await client.push_pull("nope", keys, np.ones(keys.size, np.float32), pull_keys=keys)
+    with pytest.raises(ValueError, match="40 keys but 39 gradient rows"):
+        await client.push_pull("lr", keys, np.ones(39, np.float32), pull_keys=keys)
+    with pytest.raises(ValueError, match="counts"):
+        await client.push_pull("lr", keys, np.ones(40, np.float32), pull_keys=keys, counts=np.ones((3, 2)))
+    other = PSClient.local([Shard(ShardSpec(i, 3), TABLES) for i in range(3)])
+    with pytest.raises(ValueError, match="pull_keys were routed for 3 shards, this client has 2"):
+        await client.push_pull("lr", [], [], pull_keys=other.route(keys))
+
+
+async def test_push_pull_retried_after_a_lost_reply_is_applied_once(serve_shards: Any) -> None:
+    """Shard 1 applies the first push_pull it gets, then answers 503 as a
+    proxy losing the reply would; the client retries with the same body, and
+    the shard answers the pull without applying the push again."""
+    shards, urls = await serve_shards(2, TABLES)
+    await serve_shards.runners[1].cleanup()
+    port = int(urls[1].rsplit(":", 1)[1])
+    lost: list[int] = []
+
+    @web.middleware
+    async def lose_first_reply(request: web.Request, handler: Any) -> web.StreamResponse:
+        resp: web.StreamResponse = await handler(request)
+        if request.path == "/v1/push_pull" and not lost:
+            lost.append(resp.status)
+            return web.Response(status=503, text="reply lost")
+        return resp
+
+    app = create_shard_app(shards[1])
+    app.middlewares.append(lose_first_reply)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    serve_shards.runners.append(runner)
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+
+    keys = both_shard_keys()
+    grads = np.linspace(-2, 2, keys.size, dtype=np.float32)
+    ref = SparseTable(LR)
+    ref.push(keys, grads)
+    async with PSClient.connect(urls, retry=RetryPolicy(deadline_s=5.0)) as client:
+        applied, w = await client.push_pull("lr", keys, grads, pull_keys=keys[::-1])
+    assert lost == [200]  # the first attempt was applied, its reply dropped
+    assert applied == keys.size
+    np.testing.assert_array_equal(w, ref.pull(keys[::-1]))
+    assert shards[1].duplicate_pushes == 1 and shards[1].tables["lr"].pushes == 1
+    assert shards[0].duplicate_pushes == 0 and shards[0].tables["lr"].pushes == 1

@@ -3,7 +3,7 @@
 Malformed frames are built by encoding a valid frame and patching bytes at the
 header offsets documented in `ps_core.codec` (magic 0, version 4, op 5,
 flags 6, n 8, dim 12, event_time 16, version 24, request_id 32, name length
-40, table name 48).
+40, count m 44, table name 48).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ps_core import codec
-from ps_core.codec import FLAG_COUNTS, FORMAT_VERSION, HEADER_SIZE, MAX_NAME, Frame, Op
+from ps_core.codec import FLAG_COUNTS, FLAG_PRESENCE, FORMAT_VERSION, HEADER_SIZE, MAX_NAME, Frame, Op
 from ps_core.errors import FrameError
 
 U64_MAX = 2**64 - 1
@@ -26,6 +26,7 @@ OFF_FLAGS = 6
 OFF_N = 8
 OFF_DIM = 12
 OFF_NAME_LEN = 40
+OFF_M = 44
 
 
 def patch(frame: bytes, offset: int, fmt: str, value: int) -> bytes:
@@ -220,7 +221,7 @@ def test_unsupported_version(version: int) -> None:
     expect_frame_error(buf, rf"unsupported frame format version {version} .*speaks 1")
 
 
-@pytest.mark.parametrize("op", [0, 5, 255])
+@pytest.mark.parametrize("op", [0, 7, 255])
 def test_unknown_op(op: int) -> None:
     expect_frame_error(patch(pull_frame(), OFF_OP, "B", op), rf"unknown op {op}")
 
@@ -317,3 +318,205 @@ def test_dim_zero_with_values(frame: bytes) -> None:
 )
 def test_dim_nonzero_without_values(frame: bytes, op: int) -> None:
     expect_frame_error(patch(frame, OFF_DIM, "I", 1), rf"op {op} carries no values but dim is 1")
+
+
+# -- push_pull frames (ops 5 and 6) ---------------------------------------------------
+
+# The format-1 header as it was before push_pull: bytes 42..47 reserved.
+_V1_HEADER = struct.Struct("<4sBBHIIdQQH6x")
+
+
+def test_earlier_frames_are_byte_identical_to_the_format_before_push_pull() -> None:
+    keys = keys_of(1, 2**64 - 1)
+    grads = np.array([[0.5], [-2.0]], np.float32)
+    counts = np.array([[1, 0], [2, 1]], np.float32)
+    old_push = (
+        _V1_HEADER.pack(b"CTPS", 1, Op.PUSH, FLAG_COUNTS, 2, 1, 1.5e9, 0, 77, 2)
+        + b"lr" + b"\0" * 6 + keys.astype("<u8").tobytes() + grads.astype("<f4").tobytes()
+        + counts.astype("<f4").tobytes()
+    )
+    assert codec.encode_push("lr", keys, grads, counts=counts, event_time=1.5e9, request_id=77) == old_push
+    old_ack = _V1_HEADER.pack(b"CTPS", 1, Op.ACK, 0, 5, 0, 0.0, 3, 0, 2) + b"lr" + b"\0" * 6
+    assert codec.encode_ack("lr", 5, 3) == old_ack
+    f = codec.decode(old_push, Op.PUSH)
+    assert f.pull_keys is None and f.applied == 0 and f.request_id == 77
+
+
+def push_pull_frame(
+    n: int = 3, dim: int = 2, m: int = 4, counts: bool = False, request_id: int = 9
+) -> bytes:
+    rng = np.random.default_rng(n * 100 + dim * 10 + m)
+    return codec.encode_push_pull(
+        "fm",
+        rng.integers(0, U64_MAX, n, dtype=np.uint64, endpoint=True),
+        rng.standard_normal((n, dim)).astype(np.float32),
+        rng.integers(0, U64_MAX, m, dtype=np.uint64, endpoint=True),
+        counts=rng.integers(0, 4, (n, 2)).astype(np.float32) if counts else None,
+        event_time=1.7e9,
+        request_id=request_id,
+    )
+
+
+@pytest.mark.parametrize("with_counts", [False, True])
+def test_push_pull_request_round_trip(with_counts: bool) -> None:
+    keys = keys_of(0, U64_MAX, 5)
+    grads = np.array([[0.5, -1.0, 3.0], [2.0, 3.0, 1e-30], [-0.25, 0.0, 7.0]], np.float32)
+    counts = np.array([[1, 0], [3, 2], [0, 0]], np.float32) if with_counts else None
+    pull = keys_of(U64_MAX, 8, 0, 5, 5)
+    buf = codec.encode_push_pull(
+        "fm_v", keys, grads, pull, counts=counts, event_time=1.7e9 + 0.5, request_id=U64_MAX
+    )
+    # header, "fm_v" padded to 8, push keys, pull keys, grads, counts
+    assert len(buf) == HEADER_SIZE + 8 + 8 * 3 + 8 * 5 + 4 * 9 + (8 * 3 if with_counts else 0)
+    assert struct.unpack_from("<I", buf, OFF_M)[0] == 5
+    f = codec.decode(buf, expect_op=Op.PUSH_PULL)
+    assert (f.op, f.table, f.count, f.dim) == (Op.PUSH_PULL, "fm_v", 3, 3)
+    assert (f.event_time, f.request_id, f.applied) == (1.7e9 + 0.5, U64_MAX, 0)
+    np.testing.assert_array_equal(f.keys, keys)
+    np.testing.assert_array_equal(f.pull_keys, pull)
+    np.testing.assert_array_equal(f.values, grads)
+    if with_counts:
+        np.testing.assert_array_equal(f.counts, counts)
+        assert_read_only_view(f.counts)
+    else:
+        assert f.counts is None
+    for a in (f.keys, f.pull_keys, f.values):
+        assert_read_only_view(a)
+
+
+@pytest.mark.parametrize(("n", "dim", "m"), [(1, 1, 1), (3, 1, 2), (5, 3, 7), (1, 1, 0), (0, 1, 3)])
+def test_push_pull_key_sections_are_8_aligned_whatever_n_dim(n: int, dim: int, m: int) -> None:
+    # n·dim odd would leave a uint64 section after the float32 gradients at 4 mod 8.
+    f = codec.decode(push_pull_frame(n, dim, m, counts=True))
+    assert f.keys is not None and f.pull_keys is not None and f.values is not None
+    assert (f.count, f.dim, f.pull_keys.size) == (n, dim, m)
+    for a in (f.keys, f.pull_keys, f.values, f.counts):
+        assert a is not None and a.flags.aligned
+
+
+def test_push_pull_with_an_empty_push_or_pull() -> None:
+    only_pull = codec.decode(
+        codec.encode_push_pull("lr", keys_of(), np.zeros((0, 1), np.float32), keys_of(4, 5))
+    )
+    assert only_pull.count == 0 and only_pull.dim == 1
+    assert only_pull.keys is not None and only_pull.keys.shape == (0,)
+    np.testing.assert_array_equal(only_pull.pull_keys, keys_of(4, 5))
+    # An empty push may carry dim 0 (a caller with nothing to push).
+    dimless = codec.decode(codec.encode_push_pull("lr", keys_of(), np.zeros(0, np.float32), keys_of(4)))
+    assert dimless.count == 0 and dimless.values is not None and dimless.values.shape[0] == 0
+    only_push = codec.decode(
+        codec.encode_push_pull("lr", keys_of(4, 5), np.ones((2, 1), np.float32), keys_of())
+    )
+    assert only_push.count == 2
+    assert only_push.pull_keys is not None and only_push.pull_keys.shape == (0,)
+
+
+def test_push_pull_reply_round_trip() -> None:
+    w = np.arange(12, dtype=np.float32).reshape(3, 4) - 5.5
+    buf = codec.encode_push_pull_reply("fm_v", applied=2**32 - 1, weights=w, version=2**40 + 3)
+    f = codec.decode(buf, expect_op=Op.PUSH_PULL_REPLY)
+    assert (f.op, f.count, f.dim, f.version, f.applied) == (Op.PUSH_PULL_REPLY, 3, 4, 2**40 + 3, 2**32 - 1)
+    assert f.keys is None and f.pull_keys is None and f.counts is None and f.present is None
+    np.testing.assert_array_equal(f.values, w)
+    assert_read_only_view(f.values)
+    empty = codec.decode(codec.encode_push_pull_reply("fm_v", 7, np.zeros((0, 4), np.float32), 1))
+    assert empty.values is not None and empty.values.shape == (0, 4) and empty.applied == 7
+
+
+def test_encode_push_pull_refuses_disagreeing_push_sections() -> None:
+    with pytest.raises(FrameError, match="push section of 3 keys, 2 gradient rows"):
+        codec.encode_push_pull("lr", keys_of(1, 2, 3), np.ones((2, 1), np.float32), keys_of())
+    with pytest.raises(FrameError, match="1 rows of counts"):
+        codec.encode_push_pull(
+            "lr", keys_of(1, 2), np.ones((2, 1), np.float32), keys_of(), counts=np.ones((1, 2), np.float32)
+        )
+
+
+def push_pull_reply_frame() -> bytes:
+    return codec.encode_push_pull_reply("lr", 3, np.ones((4, 2), np.float32), 1)
+
+
+@pytest.mark.parametrize(
+    ("frame", "expect_op", "got"),
+    [
+        (push_pull_frame(), Op.PUSH, Op.PUSH_PULL),
+        (push_frame(), Op.PUSH_PULL, Op.PUSH),
+        (pull_frame(), Op.PUSH_PULL, Op.PULL),
+        (push_pull_reply_frame(), Op.WEIGHTS, Op.PUSH_PULL_REPLY),
+        (codec.encode_weights("lr", np.ones((3, 2), np.float32), 1), Op.PUSH_PULL_REPLY, Op.WEIGHTS),
+    ],
+)
+def test_push_pull_unexpected_op(frame: bytes, expect_op: int, got: int) -> None:
+    expect_frame_error(frame, rf"expected op {expect_op}, got {got}", expect_op=expect_op)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [pull_frame(), push_frame(), codec.encode_weights("lr", np.ones((3, 2), np.float32), 1),
+     codec.encode_ack("lr", 3, 1)],
+    ids=["pull", "push", "weights", "ack"],
+)
+def test_second_count_on_an_earlier_op(frame: bytes) -> None:
+    # Bytes 44..47 were reserved: an earlier op with them set is refused, not read.
+    op = frame[OFF_OP]
+    expect_frame_error(patch(frame, OFF_M, "I", 2), rf"op {op} carries no second count but bytes 44..47 hold 2")
+
+
+@pytest.mark.parametrize(
+    ("cut", "counts"), [(1, False), (4, False), (8, False), (8, True), (100, True)]
+)
+def test_push_pull_truncated(cut: int, counts: bool) -> None:
+    frame = push_pull_frame(counts=counts)
+    expected = len(frame)
+    expect_frame_error(
+        frame[:-cut],
+        rf"frame is {expected - cut} bytes but its header \(n=3, dim=2, m=4\) implies {expected}",
+    )
+
+
+@pytest.mark.parametrize("extra", [1, 8, 32])
+def test_push_pull_trailing_bytes(extra: int) -> None:
+    frame = push_pull_frame()
+    expect_frame_error(frame + b"\0" * extra, rf"frame is {len(frame) + extra} bytes but .*m=4\) implies {len(frame)}")
+
+
+@pytest.mark.parametrize(("m", "label"), [(3, "fewer"), (5, "more"), (2**32 - 1, "huge")])
+def test_push_pull_pull_count_disagrees_with_the_body(m: int, label: str) -> None:
+    expect_frame_error(patch(push_pull_frame(), OFF_M, "I", m), rf"header \(n=3, dim=2, m={m}\) implies")
+
+
+@pytest.mark.parametrize("n", [2, 4, 0])
+def test_push_pull_push_count_disagrees_with_the_body(n: int) -> None:
+    expect_frame_error(patch(push_pull_frame(), OFF_N, "I", n), rf"header \(n={n}, dim=2, m=4\) implies")
+
+
+def test_push_pull_dim_disagrees_with_the_body() -> None:
+    expect_frame_error(patch(push_pull_frame(), OFF_DIM, "I", 3), r"header \(n=3, dim=3, m=4\) implies")
+    expect_frame_error(patch(push_pull_frame(), OFF_DIM, "I", 0), r"a frame with values needs dim >= 1")
+
+
+def test_push_pull_counts_flag_set_but_counts_missing() -> None:
+    buf = patch(push_pull_frame(counts=False), OFF_FLAGS, "H", FLAG_COUNTS)
+    expect_frame_error(buf, r"but its header \(n=3, dim=2, m=4\) implies")
+
+
+@pytest.mark.parametrize("flags", [FLAG_PRESENCE, FLAG_PRESENCE | FLAG_COUNTS])
+def test_push_pull_refuses_presence(flags: int) -> None:
+    expect_frame_error(patch(push_pull_frame(), OFF_FLAGS, "H", flags), r"only pulls carry presence")
+    expect_frame_error(patch(push_pull_reply_frame(), OFF_FLAGS, "H", FLAG_PRESENCE), r"only pulls carry presence")
+
+
+def test_push_pull_reply_refuses_counts_and_unknown_flags() -> None:
+    expect_frame_error(patch(push_pull_reply_frame(), OFF_FLAGS, "H", FLAG_COUNTS), r"only a push carries counts")
+    expect_frame_error(patch(push_pull_frame(), OFF_FLAGS, "H", 4), r"unknown flags 0x4")
+
+
+def test_push_pull_reply_truncated_or_padded() -> None:
+    frame = push_pull_reply_frame()
+    expect_frame_error(frame[:-4], r"header \(n=4, dim=2\) implies")
+    expect_frame_error(frame + b"\0" * 8, r"header \(n=4, dim=2\) implies")
+
+
+@pytest.mark.parametrize("version", [0, 2])
+def test_push_pull_wrong_format_version(version: int) -> None:
+    expect_frame_error(patch(push_pull_frame(), OFF_VERSION, "B", version), rf"unsupported frame format version {version}")

@@ -117,6 +117,17 @@ def _pull(table: str = "lr") -> bytes:
     return codec.encode_pull(table, _keys(1, 2, 99))
 
 
+def _push_pull(
+    table: str = "lr", grads: Any = None, counts: Any = None, pull: Any = None, request_id: int = 0
+) -> bytes:
+    """A push of keys 1, 2, 99 (seeded keys and one new) and a pull of the
+    seeded keys and another new one."""
+    dim = EMB.dim if table == "emb" else 1
+    g = np.full((3, dim), 0.5, np.float32) if grads is None else np.asarray(grads, np.float32)
+    pk = _keys(0, 3, 1234) if pull is None else pull
+    return codec.encode_push_pull(table, _keys(1, 2, 99), g, pk, counts=counts, request_id=request_id)
+
+
 BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     # (id, path, body, status, error code, detail pattern)
     ("push-wrong-version", "/v1/push", lambda: _patched(_push(), 4, "B", 7), 400, "bad_frame",
@@ -165,6 +176,33 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
      r"expected op 1, got 3"),
     ("unknown-flags", "/v1/push", lambda: _patched(_push(), 6, "H", 2), 400, "bad_frame",
      r"unknown flags 0x2"),
+    # push_pull: whichever section is bad, the push must not be applied either.
+    ("pp-wrong-version", "/v1/push_pull", lambda: _patched(_push_pull(), 4, "B", 2), 400,
+     "bad_frame", r"unsupported frame format version 2"),
+    ("pp-truncated-pull-keys", "/v1/push_pull", lambda: _push_pull()[:-8], 400, "bad_frame",
+     r"header \(n=3, dim=1, m=3\) implies"),
+    ("pp-pull-count-mismatch", "/v1/push_pull", lambda: _patched(_push_pull(), 44, "I", 4), 400,
+     "bad_frame", r"header \(n=3, dim=1, m=4\) implies"),
+    ("pp-push-count-mismatch", "/v1/push_pull", lambda: _patched(_push_pull(), 8, "I", 2), 400,
+     "bad_frame", r"header \(n=2, dim=1, m=3\) implies"),
+    ("pp-presence-flag", "/v1/push_pull", lambda: _patched(_push_pull(), 6, "H", 2), 400,
+     "bad_frame", r"only pulls carry presence"),
+    ("pp-unknown-table", "/v1/push_pull", lambda: _push_pull("nope"), 404, "unknown_table",
+     r"no table 'nope'"),
+    ("pp-nan", "/v1/push_pull", lambda: _push_pull(grads=[[1.0], [np.nan], [1.0]]), 400,
+     "invalid_values", r"NaN or inf"),
+    ("pp-dim-mismatch", "/v1/push_pull", lambda: _push_pull("emb", grads=np.ones((3, 1))), 400,
+     "invalid_values", r"table emb has dim 4, the push carries dim 1"),
+    ("pp-negative-counts", "/v1/push_pull",
+     lambda: _push_pull(counts=np.array([[1, 0], [-1, 0], [2, 1]], np.float32)), 400,
+     "invalid_values", r"counts must be"),
+    ("push-frame-to-push-pull", "/v1/push_pull", _push, 400, "bad_frame", r"expected op 5, got 2"),
+    ("pull-frame-to-push-pull", "/v1/push_pull", _pull, 400, "bad_frame", r"expected op 5, got 1"),
+    ("push-pull-frame-to-push", "/v1/push", _push_pull, 400, "bad_frame", r"expected op 2, got 5"),
+    ("push-pull-frame-to-pull", "/v1/pull", _push_pull, 400, "bad_frame", r"expected op 1, got 5"),
+    ("reply-frame-to-push-pull", "/v1/push_pull",
+     lambda: codec.encode_push_pull_reply("lr", 3, np.zeros((3, 1), np.float32), 1), 400,
+     "bad_frame", r"expected op 5, got 6"),
 ]
 
 
@@ -245,6 +283,39 @@ async def test_rejected_push_does_not_consume_its_request_id(
     assert len(shard.tables["lr"]) == SEED_KEYS.size + 2
 
 
+async def test_push_pull_with_a_bad_section_on_a_2_shard_server_changes_nothing(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    """Either section holding another shard's key is refused whole: the push
+    part is not applied even when it alone is fine (and vice versa)."""
+    shards, urls = await serve_shards(2, (LR,))
+    keys = np.arange(64, dtype=np.uint64)
+    owner = shard_of(keys, 2)
+    mine, theirs = keys[owner == 0][:4], keys[owner == 1][:2]
+    seed = codec.encode_push("lr", mine, np.ones(4, np.float32), request_id=1)
+    assert (await post(http, urls[0] + "/v1/push", seed))[0] == 200
+    _, stats_before = await get_json(http, urls[0] + "/v1/stats")
+    before = contents(shards[0])
+    grads = np.full(4, -2.0, np.float32)
+    for body in (
+        codec.encode_push_pull("lr", mine, grads, np.concatenate([mine[:1], theirs]), request_id=2),
+        codec.encode_push_pull("lr", np.concatenate([mine, theirs]), np.ones(6, np.float32), mine,
+                               request_id=3),
+    ):
+        status, ctype, raw = await post(http, urls[0] + "/v1/push_pull", body)
+        assert status == 400, raw
+        assert error_body(ctype, raw)["error"] == "wrong_shard"
+        _, stats_after = await get_json(http, urls[0] + "/v1/stats")
+        assert stats_after == stats_before
+        assert_same_contents(contents(shards[0]), before)
+    # The rejected request id 2 was not consumed: the good request is applied.
+    status, _, raw = await post(
+        http, urls[0] + "/v1/push_pull", codec.encode_push_pull("lr", mine, grads, mine, request_id=2)
+    )
+    assert status == 200 and codec.decode(raw, Op.PUSH_PULL_REPLY).applied == 4
+    assert shards[0].duplicate_pushes == 0 and shards[0].tables["lr"].pushes == 2
+
+
 # -- pull and push that work -----------------------------------------------------
 
 
@@ -271,6 +342,132 @@ async def test_push_then_pull_over_http_matches_a_reference_table(
     reply = codec.decode(raw, Op.WEIGHTS)
     assert reply.dim == 4 and reply.count == 5
     np.testing.assert_array_equal(reply.values, ref.pull(query))
+
+
+async def test_push_pull_equals_push_then_pull(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    """Worker-style steps (push mini-batch i, pull mini-batch i+1): one
+    push_pull request per step leaves a shard and answers exactly as a push
+    request then a pull request do on another shard server fed the same."""
+    (combined,), (url_c,) = await serve_shards(1, (EMB,))
+    (sequential,), (url_s,) = await serve_shards(1, (EMB,))
+    ref = SparseTable(EMB)
+    rng = np.random.default_rng(11)
+    pool = np.concatenate([_keys(0, 2**64 - 1), rng.integers(1, 2**64 - 1, 60, dtype=np.uint64)])
+    prev = _keys()
+    for step in range(12):
+        nxt = rng.choice(pool, int(rng.integers(1, pool.size)), replace=False)
+        nxt = np.concatenate([nxt, nxt[:2]])  # a pull may repeat keys
+        grads = rng.standard_normal((prev.size, 4)).astype(np.float32)
+        counts = rng.integers(0, 3, (prev.size, 2)).astype(np.float32)
+        t = 1.7e9 + step
+        status, ctype, raw = await post(
+            http, url_c + "/v1/push_pull",
+            codec.encode_push_pull("emb", prev, grads, nxt, counts=counts, event_time=t,
+                                   request_id=100 + step),
+        )
+        assert status == 200 and ctype == FRAME_CONTENT_TYPE
+        reply = codec.decode(raw, Op.PUSH_PULL_REPLY)
+        if prev.size:
+            status, _, ack = await post(
+                http, url_s + "/v1/push",
+                codec.encode_push("emb", prev, grads, counts=counts, event_time=t,
+                                  request_id=100 + step),
+            )
+            assert status == 200
+            assert reply.applied == codec.decode(ack, Op.ACK).count == prev.size
+            assert ref.push(prev, grads, counts=counts, event_time=t) == prev.size
+        else:
+            assert reply.applied == 0
+        status, _, raw = await post(http, url_s + "/v1/pull", codec.encode_pull("emb", nxt))
+        weights = codec.decode(raw, Op.WEIGHTS)
+        assert (reply.count, reply.dim, reply.version) == (nxt.size, 4, weights.version)
+        np.testing.assert_array_equal(reply.values, weights.values)
+        np.testing.assert_array_equal(reply.values, ref.pull(nxt))
+        prev = np.unique(nxt)
+    assert_same_contents(contents(combined), contents(sequential))
+    tc, ts = combined.tables["emb"], sequential.tables["emb"]
+    assert (tc.pushes, tc.pulls) == (ts.pushes, ts.pulls) == (11, 12)
+    n = tc.index.num_rows
+    np.testing.assert_array_equal(tc.last_seen[:n], ts.last_seen[:n])
+    np.testing.assert_array_equal(tc.updated_at[:n], ts.updated_at[:n])
+
+
+async def test_retried_push_pull_is_applied_once_and_still_answers(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    shards, urls = await serve_shards(1, (LR,))
+    push_keys, pull_keys = _keys(10, 11, 10), _keys(11, 12, 10)
+    grads = np.array([2.0, -3.0, 1.5], np.float32)
+    frame = codec.encode_push_pull("lr", push_keys, grads, pull_keys, request_id=2**63 + 5)
+    ref = SparseTable(LR)
+    ref.push(push_keys, grads)
+    once = ref.pull(pull_keys)
+
+    replies = []
+    for _ in range(2):
+        status, _, raw = await post(http, urls[0] + "/v1/push_pull", frame)
+        assert status == 200
+        replies.append(codec.decode(raw, Op.PUSH_PULL_REPLY))
+    assert [r.applied for r in replies] == [2, 2]
+    for r in replies:
+        np.testing.assert_array_equal(r.values, once)  # the retry's pull is answered too
+    assert shards[0].duplicate_pushes == 1
+    _, stats = await get_json(http, urls[0] + "/v1/stats")
+    assert stats["duplicate_pushes"] == 1 and stats["tables"]["lr"]["pushes"] == 1
+
+    # A plain push with the same id is a duplicate as well (one id space).
+    status, _, raw = await post(
+        http, urls[0] + "/v1/push", codec.encode_push("lr", push_keys, grads, request_id=2**63 + 5)
+    )
+    assert status == 200 and shards[0].duplicate_pushes == 2
+    # Control: a new id is applied.
+    again = codec.encode_push_pull("lr", push_keys, grads, pull_keys, request_id=2**63 + 6)
+    status, _, raw = await post(http, urls[0] + "/v1/push_pull", again)
+    ref.push(push_keys, grads)
+    np.testing.assert_array_equal(codec.decode(raw, Op.PUSH_PULL_REPLY).values, ref.pull(pull_keys))
+    assert shards[0].tables["lr"].pushes == 2
+
+
+async def test_push_pull_with_an_empty_part(serve_shards: Any, http: aiohttp.ClientSession) -> None:
+    shards, urls = await serve_shards(1, (EMB,))
+    ref = SparseTable(EMB)
+    t = shards[0].tables["emb"]
+    keys = _keys(5, 6, 7)
+    grads = np.ones((3, 4), np.float32)
+    # Push only: applied, and the empty pull answers (0, dim) without counting.
+    status, _, raw = await post(
+        http, urls[0] + "/v1/push_pull",
+        codec.encode_push_pull("emb", keys, grads, _keys(), request_id=1),
+    )
+    ref.push(keys, grads)
+    reply = codec.decode(raw, Op.PUSH_PULL_REPLY)
+    assert status == 200 and reply.applied == 3
+    assert reply.values is not None and reply.values.shape == (0, 4)
+    assert (t.pushes, t.pulls) == (1, 0)
+    # Pull only (an empty push of dim 0): nothing applied, no id remembered.
+    status, _, raw = await post(
+        http, urls[0] + "/v1/push_pull",
+        codec.encode_push_pull("emb", _keys(), np.zeros(0, np.float32), keys[::-1], request_id=2),
+    )
+    reply = codec.decode(raw, Op.PUSH_PULL_REPLY)
+    assert status == 200 and reply.applied == 0
+    np.testing.assert_array_equal(reply.values, ref.pull(keys[::-1]))
+    assert (t.pushes, t.pulls, shards[0].duplicate_pushes) == (1, 1, 0)
+    # Both empty: the table's dim, and an unknown table is still an error.
+    status, _, raw = await post(
+        http, urls[0] + "/v1/push_pull",
+        codec.encode_push_pull("emb", _keys(), np.zeros((0, 4), np.float32), _keys()),
+    )
+    assert status == 200
+    v = codec.decode(raw, Op.PUSH_PULL_REPLY).values
+    assert v is not None and v.shape == (0, 4)
+    status, _, _ = await post(
+        http, urls[0] + "/v1/push_pull",
+        codec.encode_push_pull("nope", _keys(), np.zeros((0, 4), np.float32), _keys()),
+    )
+    assert status == 404
 
 
 async def test_empty_pull_answers_with_the_table_dim(
@@ -482,7 +679,7 @@ async def small_body_server() -> AsyncIterator[tuple[Shard, str]]:
         await server.close()
 
 
-@pytest.mark.parametrize("path", ["/v1/push", "/v1/pull", "/v1/tables"])
+@pytest.mark.parametrize("path", ["/v1/push", "/v1/pull", "/v1/push_pull", "/v1/tables"])
 async def test_body_over_the_limit_is_413_json(
     small_body_server: tuple[Shard, str], http: aiohttp.ClientSession, path: str
 ) -> None:
@@ -491,6 +688,7 @@ async def test_body_over_the_limit_is_413_json(
     big = {
         "/v1/push": codec.encode_push("lr", keys, np.ones(200, np.float32)),
         "/v1/pull": codec.encode_pull("lr", keys),
+        "/v1/push_pull": codec.encode_push_pull("lr", keys[:10], np.ones(10, np.float32), keys),
         "/v1/tables": orjson.dumps({"name": "t", "optimizer": {"name": "sgd"}, "x": "y" * 2000}),
     }[path]
     assert len(big) > 1024
