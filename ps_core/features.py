@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from itertools import chain, compress, repeat
+from operator import is_, is_not
+from typing import Any, Iterable, Sequence, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +44,7 @@ __all__ = [
     "EventBatch",
     "FeatureHasher",
     "decode_message",
+    "message_events",
     "string_hashes",
     "REASONS",
 ]
@@ -80,16 +83,29 @@ class EventError(PSError):
 def decode_message(value: bytes | None, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
     """The events of one message: a JSON object, a JSON array of objects, or
     JSON lines. Raises `EventError` (empty, oversized, invalid_json, not_an_object)."""
-    if not value or not value.strip():
+    if not value:
         raise EventError("empty", "the message has no content")
     if len(value) > max_bytes:
+        if not value.strip():  # blank is "empty" whatever its size
+            raise EventError("empty", "the message has no content")
         raise EventError("oversized", f"{len(value)} bytes > limit {max_bytes}")
     try:
         doc = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
-        if b"\n" not in value.strip():
+        # Stripping copies the message, so only a failed parse pays for it.
+        stripped = value.strip()
+        if not stripped:
+            raise EventError("empty", "the message has no content") from None
+        if b"\n" not in stripped:
             raise EventError("invalid_json", str(exc)) from None
         doc = None
+    return message_events(doc, value)
+
+
+def message_events(doc: Any, value: bytes) -> list[dict[str, Any]]:
+    """The events of a message `value` (at most the size limit) that parsed as
+    one JSON document `doc`; a `doc` of None (JSON ``null``, or a failed parse
+    of several lines) reads `value` as JSON lines. Raises like `decode_message`."""
     if doc is None:
         lines = [ln for ln in value.split(b"\n") if ln.strip()]
         try:
@@ -151,8 +167,14 @@ def string_hashes(strings: Sequence[str] | npt.NDArray[np.object_]) -> U64:
         # NULs exactly at the end of every row: all strings have length
         # width - 1 (hex ids, say), so each hash is one row times the
         # multipliers, with no per-code-point positions to compute.
-        if not grid[:, -1].any() and grid[:, :-1].all():
-            return mix64(grid.astype(np.uint64) @ _multipliers(width))
+        if not grid[:, -1].any() and np.count_nonzero(cps) == n * (width - 1):
+            mults = _multipliers(width).tolist()
+            # A column at a time: no (n, width) uint64 temporary, and the
+            # terminator column (all 0) adds nothing.
+            acc = grid[:, 0] * np.uint64(mults[0])
+            for i in range(1, width - 1):
+                acc += grid[:, i] * np.uint64(mults[i])
+            return mix64(acc)
     ends = np.flatnonzero(cps == 0)
     if ends.size != n:  # some string holds a NUL: take lengths the slow way
         lens = np.fromiter(map(len, seq), dtype=np.int64, count=n)
@@ -263,9 +285,27 @@ _C_NUM = np.uint64(0xD6E8FEB86659FD93)
 _C_BIAS = np.uint64(0xA0761D6478BD642F)
 _KEY_LIMIT = 2**64
 
+_NONE_TYPE = type(None)
+# Exact types the column-wise checks accept; anything else (bool, str, a
+# subclass) sends the call to the per-event checks, which name the error.
+_NUMBER = frozenset({int, float})
+_NUMBER_OR_NONE = frozenset({int, float, _NONE_TYPE})
+_ONLY_NONE = frozenset({_NONE_TYPE})
+_LABEL_VALUES = frozenset({0, 1, None})
+_FEATURES_TYPES = frozenset({dict, _NONE_TYPE})
+_KEYS_TYPES = frozenset({list, _NONE_TYPE})
+_DICT = frozenset({dict})
+_INT = frozenset({int})
+
 
 MAX_CACHED_FIELDS = 65_536
 """Field names whose hashes a `FeatureHasher` keeps; later new names are hashed each time."""
+
+MAX_CACHED_SCHEMAS = 8192
+"""Feature layouts (see `FeatureHasher`) a hasher keeps; later new layouts are resolved per call."""
+
+MAX_CACHED_SCHEMA_FIELDS = 1 << 19
+"""Field names in all cached layouts together (bounds the layout cache to ~5 MB)."""
 
 
 class _FieldHashes(dict[str, int]):
@@ -285,6 +325,110 @@ class _FieldHashes(dict[str, int]):
         return h
 
 
+class _Layouts:
+    """Feature layouts: the tuple of a ``features`` object's names, in order →
+    the field hashes of its values, and the types (and type codes) its values
+    had in the first event seen with it.
+
+    Events of one producer come in a few layouts, so the field hashes of a
+    chunk are one gather from `fh` instead of a dict lookup per value, and the
+    type codes one gather from `codes` plus a C-level list comparison of the
+    actual types against the expected ones. Bounded like `_FieldHashes`: past
+    `MAX_CACHED_SCHEMAS` layouts or `MAX_CACHED_SCHEMA_FIELDS` names, new
+    layouts are resolved for the call only and not kept."""
+
+    def __init__(self, fields: _FieldHashes) -> None:
+        self._fields = fields
+        self.ids: dict[tuple[str, ...], int] = {}
+        self.types: list[tuple[type, ...]] = []
+        self.starts = np.zeros(64, dtype=np.int64)  # layout → its first slot in fh/codes
+        self.lens = np.zeros(64, dtype=np.int64)
+        self.fh = np.zeros(4096, dtype=np.uint64)
+        self.codes = np.zeros(4096, dtype=np.int8)
+        self.used = 0  # slots of fh/codes in use
+
+    def _resolve(self, names: tuple[str, ...], feats: dict[str, Any]) -> tuple[U64, npt.NDArray[np.int8], tuple[type, ...]]:
+        fh = np.fromiter(map(self._fields.__getitem__, names), dtype=np.uint64, count=len(names))
+        types = tuple(map(type, feats.values()))
+        codes = np.array([_TYPE_CODE.get(t, _T_OTHER) for t in types], dtype=np.int8)
+        return fh, codes, types
+
+    def _keep(self, names: tuple[str, ...], fh: U64, codes: npt.NDArray[np.int8], types: tuple[type, ...]) -> bool:
+        k = len(names)
+        s = len(self.types)
+        if s >= MAX_CACHED_SCHEMAS or self.used + k > MAX_CACHED_SCHEMA_FIELDS:
+            return False
+        if s == self.starts.size:
+            self.starts = np.concatenate((self.starts, np.zeros_like(self.starts)))
+            self.lens = np.concatenate((self.lens, np.zeros_like(self.lens)))
+        if self.used + k > self.fh.size:
+            grow = max(self.fh.size, k)
+            self.fh = np.concatenate((self.fh, np.zeros(grow, dtype=np.uint64)))
+            self.codes = np.concatenate((self.codes, np.zeros(grow, dtype=np.int8)))
+        self.fh[self.used : self.used + k] = fh
+        self.codes[self.used : self.used + k] = codes
+        self.starts[s] = self.used
+        self.lens[s] = k
+        self.used += k
+        self.types.append(types)
+        self.ids[names] = s  # published last: the entry is complete once visible
+        return True
+
+    def gather(self, present: list[dict[str, Any]]) -> tuple[U64, npt.NDArray[np.int8], list[type], I64]:
+        """For the values of `present` (non-empty dicts) in order: field
+        hashes, expected type codes and expected types; and each dict's length."""
+        names = list(map(tuple, present))  # C level; names hash once, then cached
+        sid = np.fromiter(map(self.ids.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        local_fh: list[U64] = []
+        local_codes: list[npt.NDArray[np.int8]] = []
+        local_types: list[tuple[type, ...]] = []
+        local_ids: dict[tuple[str, ...], int] = {}
+        if sid.size and int(sid.min()) < 0:
+            miss = np.flatnonzero(sid < 0).tolist()
+            first: dict[tuple[str, ...], int] = {}
+            for j in miss:  # per event only for layouts not in the cache
+                first.setdefault(names[j], j)
+            for key, j in first.items():
+                fh, codes, types = self._resolve(key, present[j])
+                if not self._keep(key, fh, codes, types):
+                    local_ids[key] = len(local_types)
+                    local_fh.append(fh)
+                    local_codes.append(codes)
+                    local_types.append(types)
+            n_cached = len(self.types)
+            ids = self.ids
+            sid[miss] = [ids[names[j]] if names[j] in ids else n_cached + local_ids[names[j]] for j in miss]
+        n_cached = len(self.types)
+        starts, lens = self.starts[:n_cached], self.lens[:n_cached]
+        if local_types:
+            local_lens = np.array([a.size for a in local_fh], dtype=np.int64)
+            local_starts = np.concatenate(([0], np.cumsum(local_lens)[:-1])).astype(np.int64)
+            starts = np.concatenate((starts, local_starts))
+            lens = np.concatenate((lens, local_lens))
+        ev_lens = lens[sid]
+        m = int(ev_lens.sum())
+        # Slot of each value: its layout's start plus its position in the dict.
+        slot = np.repeat(starts[sid] - (np.cumsum(ev_lens) - ev_lens), ev_lens) + np.arange(m, dtype=np.int64)
+        all_types = self.types
+        if not local_types:
+            fhash, codes = self.fh[slot], self.codes[slot]
+        else:
+            local = np.repeat(sid >= n_cached, ev_lens)
+            fhash = np.empty(m, dtype=np.uint64)
+            codes = np.empty(m, dtype=np.int8)
+            fhash[~local] = self.fh[slot[~local]]
+            codes[~local] = self.codes[slot[~local]]
+            fhash[local] = np.concatenate(local_fh)[slot[local]]
+            codes[local] = np.concatenate(local_codes)[slot[local]]
+            all_types = all_types + local_types
+        expected = list(chain.from_iterable(map(all_types.__getitem__, sid.tolist())))
+        return fhash, codes, expected, ev_lens
+
+
+_Checked: TypeAlias = tuple[F32, F32, F64, list[Any], list[tuple[int, list[Any]]], dict[int, EventError]]
+"""labels, weights, ts, each event's features to hash (None: nothing), pre-hashed keys, errors."""
+
+
 class FeatureHasher:
     """Validates events and hashes their features into one model's id space.
 
@@ -299,12 +443,16 @@ class FeatureHasher:
     - the bias: ``fmix64(ns ^ 0xA0761D6478BD642F)``, value 1, first in every event.
 
     ``null`` feature values are missing features and skipped.
+
+    A hasher caches field-name hashes and feature layouts (the names of a
+    ``features`` object in order), both bounded; it is not thread-safe.
     """
 
     def __init__(self, namespace: str, *, max_features: int = 4096) -> None:
         self.namespace = namespace
         self._ns = int(string_hashes([namespace])[0])
         self._fields = _FieldHashes(self._ns)
+        self._layouts = _Layouts(self._fields)
         self.max_features = max_features
         self.bias_key = int(mix64(np.array([self._ns], dtype=np.uint64) ^ _C_BIAS)[0])
 
@@ -335,17 +483,86 @@ class FeatureHasher:
         """
         n = len(events)
         grp = list(range(n)) if groups is None else list(groups)
+        checked = self._check_columns(events, require_label)
+        if checked is None:
+            # Some event is invalid (or unusual): check them one by one to
+            # find each failed group's first error, exactly.
+            checked = self._check_each(events, require_label, grp)
+        return self._hash(*checked, grp)
+
+    def _check_columns(self, events: Sequence[dict[str, Any]], require_label: bool) -> _Checked | None:
+        """Every event checked at once, a column at a time in C-level maps;
+        None if some event may fail (then `_check_each` decides)."""
+        n = len(events)
+        if not n or set(map(type, events)) != _DICT:
+            return None
+        get = dict.get
+        labs = list(map(get, events, repeat("label")))
+        if not set(map(type, labs)) <= (_NUMBER if require_label else _NUMBER_OR_NONE):
+            return None
+        if not set(labs) <= _LABEL_VALUES:  # exact int/float here, so no bools
+            return None
+        labels = np.array(labs, dtype=np.float32)  # None → NaN
+        try:
+            ts = self._number_column(list(map(get, events, repeat("ts"))), n, finite=True)
+            w = self._number_column(list(map(get, events, repeat("weight"))), n, finite=False)
+        except OverflowError:  # an int beyond float range: the per-event checks raise as before
+            return None
+        if ts is None or w is None:
+            return None
+        weights = w.astype(np.float32)
+        if np.isnan(w).any():  # only where absent: NaN itself was refused
+            weights[np.isnan(w)] = 1
+        feats: list[Any] = list(map(get, events, repeat("features")))
+        keys: list[Any] = list(map(get, events, repeat("keys")))
+        ftypes, ktypes = set(map(type, feats)), set(map(type, keys))
+        if not ftypes <= _FEATURES_TYPES or not ktypes <= _KEYS_TYPES:
+            return None
+        if _NONE_TYPE in ftypes:
+            has_f = np.fromiter(map(is_not, feats, repeat(None)), dtype=bool, count=n)
+            nf = np.zeros(n, dtype=np.int64)
+            nf[has_f] = np.fromiter(map(len, compress(feats, has_f.tolist())), dtype=np.int64, count=int(has_f.sum()))
+        else:
+            has_f = None
+            nf = np.fromiter(map(len, feats), dtype=np.int64, count=n)
+        prehashed: list[tuple[int, list[Any]]] = []
+        if ktypes != _ONLY_NONE:
+            has_k = np.fromiter(map(is_not, keys, repeat(None)), dtype=bool, count=n)
+            if has_f is not None and not (has_f | has_k).all():
+                return None  # an event with neither
+            sel = has_k.tolist()
+            prehashed = list(compress(enumerate(keys), sel))
+            nf[has_k] += np.fromiter(map(len, compress(keys, sel)), dtype=np.int64, count=len(prehashed))
+        elif has_f is not None:
+            return None
+        if int(nf.max()) > self.max_features:
+            return None
+        return labels, weights, ts, feats, prehashed, {}
+
+    @staticmethod
+    def _number_column(col: list[Any], n: int, *, finite: bool) -> F64 | None:
+        """`ts` (finite) or `weight` (>= 0, finite or not) of every event as
+        float64, NaN where absent; None if some present value is wrong."""
+        types = set(map(type, col))
+        if types == _ONLY_NONE:
+            return np.full(n, np.nan)
+        if not types <= _NUMBER_OR_NONE:
+            return None
+        x = np.array(col, dtype=np.float64)  # None → NaN
+        ok = np.isfinite(x) if finite else (x >= 0) & (x < np.inf)  # NaN fails both
+        absent = col.count(None) if _NONE_TYPE in types else 0
+        return x if int(np.count_nonzero(ok)) == n - absent else None
+
+    def _check_each(self, events: Sequence[dict[str, Any]], require_label: bool, grp: list[int]) -> _Checked:
+        """The per-event checks: the first error of each failed group, in event order."""
+        n = len(events)
         errors: dict[int, EventError] = {}
-        fields: list[str] = []
-        values: list[Any] = []
-        counts = np.zeros(n, dtype=np.int64)
+        to_hash: list[Any] = [None] * n
         labels = np.full(n, np.nan, dtype=np.float32)
         weights = np.ones(n, dtype=np.float32)
         ts = np.full(n, np.nan, dtype=np.float64)
         prehashed: list[tuple[int, list[Any]]] = []
-        fext, vext = fields.extend, values.extend
         for i, ev in enumerate(events):
-            # The per-event budget: checks and two list extends, nothing per feature.
             try:
                 if not isinstance(ev, dict):
                     raise EventError("not_an_object", f"event is {type(ev).__name__}")
@@ -383,39 +600,67 @@ class FeatureHasher:
             except EventError as exc:
                 errors.setdefault(grp[i], exc)
                 continue
-            # Extended only once the event passed, so nothing needs undoing.
-            if feats:
-                fext(feats)
-                vext(feats.values())
-                counts[i] = nf
+            # Recorded only once the event passed, so a failed event hashes nothing.
+            to_hash[i] = feats
             if keys is not None:
                 prehashed.append((i, keys))
-        return self._hash(events, fields, values, counts, labels, weights, ts, prehashed, grp, errors)
+        return labels, weights, ts, to_hash, prehashed, errors
+
+    def _gather(self, present: list[Any]) -> tuple[U64, list[Any], npt.NDArray[np.int8], I64, list[str] | None]:
+        """Field hashes, values, type codes of the values of `present` (the
+        non-empty features objects, in event order), and their lengths; plus
+        the field names when they were built anyway (else built on demand)."""
+        if set(map(type, present)) <= _DICT:
+            fhash, codes, expected, lens = self._layouts.gather(present)
+            values = list(chain.from_iterable(map(dict.values, present)))
+            types = list(map(type, values))
+            if types != expected:  # C-level, elementwise identity first
+                # Values whose type differs from their layout's first event:
+                # only those get their code looked up one by one.
+                diff = np.flatnonzero(~np.fromiter(map(is_, types, expected), dtype=bool, count=len(types)))
+                codes[diff] = [_TYPE_CODE.get(types[j], _T_OTHER) for j in diff.tolist()]
+            return fhash, values, codes, lens, None
+        # Dict subclasses: as they iterate, per value (rare: JSON gives dicts).
+        fields: list[str] = []
+        values = []
+        for feats in present:
+            fields.extend(feats)
+            values.extend(feats.values())
+        lens = np.fromiter(map(len, present), dtype=np.int64, count=len(present))
+        m = len(values)
+        fhash = np.fromiter(map(self._fields.__getitem__, fields), dtype=np.uint64, count=m)
+        codes = np.fromiter((_TYPE_CODE.get(type(v), _T_OTHER) for v in values), dtype=np.int8, count=m)
+        return fhash, values, codes, lens, fields
 
     def _hash(
         self,
-        events: Sequence[dict[str, Any]],
-        fields: list[str],
-        values: list[Any],
-        counts: I64,
         labels: F32,
         weights: F32,
         ts: F64,
+        to_hash: list[Any],
         prehashed: list[tuple[int, list[Any]]],
-        grp: list[int],
         errors: dict[int, EventError],
+        grp: list[int],
     ) -> tuple[EventBatch, dict[int, EventError]]:
-        n = counts.size
+        n = len(to_hash)
+        present = list(filter(None, to_hash))  # drops None and empty objects, in C
+        fhash, values, codes, lens, field_list = self._gather(present)
+        counts = np.zeros(n, dtype=np.int64)
+        if len(present) == n:
+            counts[:] = lens
+        else:
+            counts[np.fromiter(map(bool, to_hash), dtype=bool, count=n)] = lens
         m = len(values)
+
+        def field(j: int) -> str:
+            # Names are only needed to word an error: built then, once.
+            nonlocal field_list
+            if field_list is None:
+                field_list = list(chain.from_iterable(present))
+            return field_list[j]
+
         event_of = np.repeat(np.arange(n, dtype=np.int64), counts)
-        try:
-            codes = np.fromiter(map(_TYPE_CODE.__getitem__, map(type, values)), dtype=np.int8, count=m)
-        except KeyError:
-            codes = np.fromiter(
-                (_TYPE_CODE.get(type(v), _T_OTHER) for v in values), dtype=np.int8, count=m
-            )
         bad_event = np.zeros(n, dtype=bool)
-        fhash = np.fromiter(map(self._fields.__getitem__, fields), dtype=np.uint64, count=m)
         keys = np.zeros(m, dtype=np.uint64)
         vals = np.ones(m, dtype=np.float32)
         keep = np.ones(m, dtype=bool)
@@ -433,7 +678,7 @@ class FeatureHasher:
             finite = np.isfinite(x) & (np.abs(x) < 3.4e38)
             if not finite.all():
                 for j in num[~finite]:
-                    self._fail(errors, grp, bad_event, int(event_of[j]), "bad_value", f"{fields[j]}={values[j]!r} is not a finite float32")
+                    self._fail(errors, grp, bad_event, int(event_of[j]), "bad_value", f"{field(j)}={values[j]!r} is not a finite float32")
             keys[num] = mix64(fhash[num] ^ _C_NUM)
             vals[num] = np.where(finite, x, 0).astype(np.float32)
         keep[codes == _T_NONE] = False
@@ -448,24 +693,15 @@ class FeatureHasher:
             if codes[j] == _T_BOOL:
                 v = ["true" if v else "false"]
             elif codes[j] == _T_OTHER or not all(isinstance(s, str) for s in v):
-                self._fail(errors, grp, bad_event, e, "bad_value", f"{fields[j]} has a {type(v).__name__} value; expected string, number or list of strings")
+                self._fail(errors, grp, bad_event, e, "bad_value", f"{field(int(j))} has a {type(v).__name__} value; expected string, number or list of strings")
                 continue
             if v:
                 hv = string_hashes(v)
                 extra_keys.append(mix64(np.uint64(fhash[j]) ^ (hv * _C_CAT)))
                 extra_vals.append(np.ones(len(v), dtype=np.float32))
                 extra_event.append(np.full(len(v), e, dtype=np.int64))
-        for e, klist in prehashed:
-            try:
-                if not all(type(k) is int and 0 <= k < _KEY_LIMIT for k in klist):
-                    raise ValueError
-                ka = np.array(klist, dtype=np.uint64)
-            except (ValueError, OverflowError, TypeError):
-                self._fail(errors, grp, bad_event, e, "bad_keys", "keys must be integers in [0, 2**64)")
-                continue
-            extra_keys.append(ka)
-            extra_vals.append(np.ones(ka.size, dtype=np.float32))
-            extra_event.append(np.full(ka.size, e, dtype=np.int64))
+        if prehashed:
+            self._prehashed(prehashed, errors, grp, bad_event, extra_keys, extra_vals, extra_event)
         # Every event of a failed group goes, whatever failed in it.
         if errors:
             failed = np.fromiter((g in errors for g in grp), dtype=bool, count=n)
@@ -514,6 +750,45 @@ class FeatureHasher:
             index=good.astype(np.int64),
         )
         return batch, errors
+
+    def _prehashed(
+        self,
+        prehashed: list[tuple[int, list[Any]]],
+        errors: dict[int, EventError],
+        grp: list[int],
+        bad_event: npt.NDArray[np.bool_],
+        extra_keys: list[np.ndarray],
+        extra_vals: list[np.ndarray],
+        extra_event: list[np.ndarray],
+    ) -> None:
+        """Append the pre-hashed keys of each event as extra features."""
+        klists = [k for _, k in prehashed]
+        flat = list(chain.from_iterable(klists))
+        if set(map(type, flat)) <= _INT:
+            try:
+                # One array for all events; numpy refuses ints outside [0, 2**64).
+                ka = np.array(flat, dtype=np.uint64)
+            except OverflowError:
+                pass
+            else:
+                # One block: the stable sort by event puts each event's keys
+                # after its other features, as one block per event would.
+                lens = np.fromiter(map(len, klists), dtype=np.int64, count=len(klists))
+                extra_keys.append(ka)
+                extra_vals.append(np.ones(ka.size, dtype=np.float32))
+                extra_event.append(np.repeat(np.array([e for e, _ in prehashed], dtype=np.int64), lens))
+                return
+        for e, klist in prehashed:  # some key is wrong: find which events, one by one
+            try:
+                if not all(type(k) is int and 0 <= k < _KEY_LIMIT for k in klist):
+                    raise ValueError
+                kb = np.array(klist, dtype=np.uint64)
+            except (ValueError, OverflowError, TypeError):
+                self._fail(errors, grp, bad_event, e, "bad_keys", "keys must be integers in [0, 2**64)")
+                continue
+            extra_keys.append(kb)
+            extra_vals.append(np.ones(kb.size, dtype=np.float32))
+            extra_event.append(np.full(kb.size, e, dtype=np.int64))
 
     @staticmethod
     def _fail(
