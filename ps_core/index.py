@@ -13,20 +13,30 @@ them, and a rehash drops them. Freed row numbers are recycled by later inserts.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import numpy.typing as npt
 
-from .hashing import U64, mix64
+from .hashing import U64
 
 __all__ = ["KeyIndex", "EMPTY", "TOMBSTONE"]
 
 EMPTY = -1
 TOMBSTONE = -2
 
-_INDEX_SALT = 0x5BD1E9955BD1E995
 I64 = npt.NDArray[np.int64]
 _MAX_WINDOW = 32
-_OFFSETS = np.arange(_MAX_WINDOW, dtype=np.int64)
+# Probe offsets from a home slot; longer chains (rare) make their own.
+_OFFSETS = np.arange(1024, dtype=np.int64)
+_S32 = np.uint64(32)
+_HOME_MULT = np.uint64(0x9E3779B97F4A7C15)  # odd: 2**64 / golden ratio
+# Window widths of the probe rounds after the home slot, then `_MAX_WINDOW`
+# until done. Per-call overhead dominates a few-thousand-key batch, so few
+# rounds beat small windows: at load 0.6 about a quarter of the keys probe
+# past home, a few percent past 4 more slots, almost none past 32.
+_WINDOWS = (4,)
+_NO_SLOT = np.iinfo(np.int64).max
 # Shared empty results; read-only so no caller can change them for the others.
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 _NO_KEYS = np.zeros(0, dtype=np.uint64)
@@ -81,58 +91,139 @@ class KeyIndex:
 
     # -- queries ---------------------------------------------------------
     def _home(self, keys: U64) -> I64:
-        # The top bits of a salted mix: independent of the low bits the
-        # sharding function uses.
-        return (mix64(keys, _INDEX_SALT) >> self._shift).astype(np.int64)
+        # Multiply-shift hashing (the top bits of an odd multiple) of the
+        # keys folded by an xorshift, so every key bit reaches the bits used:
+        # four numpy calls where fmix64 takes eleven. Feature ids are hashes
+        # already, so this only has to spread them; the low bits of fmix64
+        # that pick a key's shard are unrelated to it. Values are below
+        # 2**31, so the int64 view is the same number.
+        h = keys >> _S32
+        h ^= keys
+        h *= _HOME_MULT
+        h >>= self._shift
+        return h.view(np.int64)
 
-    def _find(self, keys: U64, want_slots: bool = False) -> tuple[I64, I64 | None]:
-        """Row of each key (-1 where absent) and, if asked, its slot.
+    def _find(
+        self, keys: U64, want_slots: bool = False, want_free: bool = False
+    ) -> tuple[I64, I64 | None, I64 | None]:
+        """Row of each key (-1 where absent) and, if asked, the slot of each
+        present key and the first free slot (EMPTY or TOMBSTONE) of each
+        absent key's probe chain, where an insert would put it (meaningful
+        until the next insert or delete; entries of the other keys are junk).
 
         Round one probes every key's home slot with whole-array operations.
         Later rounds look at a window of consecutive slots for each key still
-        pending; the window doubles per round (2, 4, ... `_MAX_WINDOW`), so the
-        long tail of a big batch costs a few rounds instead of dozens.
+        pending (`_WINDOWS`), so the long tail of a big batch costs a few
+        rounds instead of dozens. Per-call overhead dominates at the batch
+        sizes of training (a few thousand keys), so each round is written to
+        make few numpy calls: windows are read with ``mode="wrap"`` (the slot
+        count is a power of two) instead of masking positions, and row keys
+        with ``mode="clip"``, which maps EMPTY and TOMBSTONE to row 0: with no
+        tombstones such a false match can only be at an EMPTY slot, which ends
+        the probe as absent either way, so the ``>= 0`` mask is needed only
+        when tombstones exist.
         """
         n = keys.size
         if n == 0 or self._size == 0:
-            empty = np.full(n, -1, dtype=np.int64)
-            return empty, (empty.copy() if want_slots else None)
+            rows = np.full(n, -1, dtype=np.int64)
+            # With no key stored every slot is free: the home slot is the answer.
+            return rows, (rows.copy() if want_slots else None), (self._home(keys) if want_free else None)
         slots = self._slots
         row_keys = self.row_keys
         mask = self._mask
+        tombs = self._tombstones > 0
         pos = self._home(keys)
-        r = np.take(slots, pos).astype(np.int64)
-        # Empty/tombstone slots read row 0; the `r >= 0` test masks them out.
-        hit = (np.take(row_keys, np.maximum(r, 0)) == keys) & (r >= 0)
-        rows = np.where(hit, r, -1)
-        slots_out = np.where(hit, pos, -1) if want_slots else None
-        pending = np.flatnonzero(~hit & (r != EMPTY))
-        pos = (np.take(pos, pending) + 1) & mask
-        pkeys = np.take(keys, pending)
-        width = 2
-        while pending.size:
-            win = (pos[:, None] + _OFFSETS[:width]) & mask
-            r2 = np.take(slots, win).astype(np.int64)
-            hit2 = (np.take(row_keys, np.maximum(r2, 0)) == pkeys[:, None]) & (r2 >= 0)
-            found = hit2.any(axis=1)
-            if found.any():
-                col = hit2[found].argmax(axis=1)
-                hp = pending[found]
-                rows[hp] = r2[found, col]
-                if slots_out is not None:
-                    slots_out[hp] = win[found, col]
-            # A present key sits before the first EMPTY of its chain, so a
-            # window holding an EMPTY and no hit proves absence.
-            go_on = ~(found | (r2 == EMPTY).any(axis=1))
-            pending = pending[go_on]
-            pos = (pos[go_on] + width) & mask
-            pkeys = pkeys[go_on]
-            width = min(2 * width, _MAX_WINDOW)
-        return rows, slots_out
+        r = slots.take(pos)
+        hit = row_keys.take(r, mode="clip") == keys
+        if tombs:
+            hit &= r >= 0
+            go = r != EMPTY
+        else:
+            go = r >= 0
+        # Probe on where the home slot holds another key (or a tombstone).
+        np.greater(go, hit, out=go)
+        pending = np.flatnonzero(go)
+        rows = r.astype(np.int64)  # right for a hit and for EMPTY (-1) ...
+        rows[pending] = -1  # ... and pending keys are absent until found
+        slots_out = np.where(rows >= 0, pos, -1) if want_slots else None
+        free = pos if want_free else None  # right where the home slot is free
+        if not pending.size:
+            if free is not None:
+                free &= mask
+            return rows, slots_out, free
+        # The pending keys' index, home and key, one array so that a round
+        # drops the finished ones in one call.
+        st = np.empty((3, pending.size), dtype=np.int64)
+        st[0] = pending
+        pos.take(pending, out=st[1])
+        keys.view(np.int64).take(pending, out=st[2])
+        # With tombstones, a pending key whose home is one has found its free slot.
+        need = r.take(pending) >= 0 if (want_free and tombs) else None
+        lo = 1  # offset from home of the next window
+        widths = itertools.chain(_WINDOWS, itertools.repeat(_MAX_WINDOW))
+        while st.shape[1]:
+            width = next(widths)
+            idx, home, pkeys = st[0], st[1], st[2].view(np.uint64)
+            if lo + width <= _OFFSETS.size:
+                offsets = _OFFSETS[lo : lo + width, None]
+            else:
+                offsets = np.arange(lo, lo + width, dtype=np.int64)[:, None]
+            # Windows are (width, pending): numpy reduces over a leading axis
+            # with whole-row operations, over a short trailing one slowly.
+            win = offsets + home
+            r2 = slots.take(win, mode="wrap")
+            h2 = row_keys.take(r2, mode="clip") == pkeys
+            if tombs:
+                h2 &= r2 >= 0
+            # A key sits in at most one slot: its row, or -1.
+            # (np.where then a reduction: a reduction's own where= is far
+            # slower on masks this dense.)
+            rows[idx] = np.where(h2, r2, -1).max(axis=0)
+            # A key's probe stops at its slot or at the first EMPTY of its
+            # chain (a present key sits before it), whichever comes first.
+            # Without tombstones every negative slot is EMPTY, and a false
+            # match sits on one.
+            if tombs:
+                stop = r2 == EMPTY
+            else:
+                stop = r2 < 0
+            stop |= h2
+            first = np.where(stop, win, _NO_SLOT).min(axis=0)
+            if slots_out is not None:
+                f = rows.take(idx) >= 0
+                slots_out[idx[f]] = first[f] & mask
+            if free is not None:
+                if need is None:
+                    # Absent keys stopped at their chain's EMPTY; the others'
+                    # entries are junk (overwritten if they probe on).
+                    free[idx] = first
+                else:
+                    fr = np.where(r2 < 0, win, _NO_SLOT).min(axis=0)
+                    fill = fr != _NO_SLOT
+                    fill &= need
+                    free[idx[fill]] = fr[fill]
+                    need &= ~fill
+            go_on = first == _NO_SLOT
+            st = st[:, go_on]
+            if need is not None:
+                need = need[go_on]
+            lo += width
+        if free is not None:
+            free &= mask
+        return rows, slots_out, free
 
     def lookup(self, keys: npt.ArrayLike) -> I64:
         """Row number of each key, -1 where the key is absent."""
         return self._find(np.ascontiguousarray(keys, dtype=np.uint64))[0]
+
+    def probe(self, keys: npt.ArrayLike) -> tuple[I64, I64]:
+        """`lookup`, plus where each absent key would go: the first free slot
+        of its probe chain (junk for present keys). Pass those slots to
+        `insert_absent` while `mutations` has not moved; they spare the
+        insert walking the chains again."""
+        rows, _, free = self._find(np.ascontiguousarray(keys, dtype=np.uint64), want_free=True)
+        assert free is not None
+        return rows, free
 
     # -- updates ---------------------------------------------------------
     def get_or_insert(self, keys: npt.ArrayLike) -> tuple[I64, I64, U64]:
@@ -143,27 +234,44 @@ class KeyIndex:
         Freed rows are reused first; the caller initialises new rows.
         """
         k = np.ascontiguousarray(keys, dtype=np.uint64)
-        rows, _ = self._find(k)
-        missing = rows < 0
-        if not missing.any():
+        rows, _, free = self._find(k, want_free=True)
+        assert free is not None
+        missing = np.flatnonzero(rows < 0)
+        if not missing.size:
             return rows, _NO_ROWS, _NO_KEYS
-        rows[missing], new_rows, new_keys = self.insert_absent(k[missing])
+        got, new_rows, new_keys = self.insert_absent(k.take(missing), free.take(missing))
+        rows[missing] = got
         return rows, new_rows, new_keys
 
-    def insert_absent(self, keys: npt.ArrayLike) -> tuple[I64, I64, U64]:
+    def insert_absent(
+        self, keys: npt.ArrayLike, free: I64 | None = None
+    ) -> tuple[I64, I64, U64]:
         """Insert keys the caller knows are absent (e.g. a lookup said so and
-        `mutations` has not moved since); repeats are allowed.
+        `mutations` has not moved since); repeats are allowed. `free`, if
+        given, is each key's first free slot as `probe` reported it at the
+        current `mutations`.
 
-        Returns the row of each key, and the distinct rows and keys inserted.
+        Returns the row of each key, and the distinct rows and keys inserted
+        (keys ascending, rows handed out in that order).
         """
-        new_keys, inverse = np.unique(np.ascontiguousarray(keys, dtype=np.uint64), return_inverse=True)
-        new_rows = self._insert_absent(new_keys)
-        return new_rows[inverse.reshape(-1)], new_rows, new_keys
+        k = np.ascontiguousarray(keys, dtype=np.uint64)
+        order = k.argsort()
+        new_keys = k.take(order)
+        if new_keys.size > 1 and (new_keys[1:] == new_keys[:-1]).any():
+            new_keys, first, inverse = np.unique(k, return_index=True, return_inverse=True)
+            hint = None if free is None else free.take(first)
+            new_rows = self._insert_absent(new_keys, hint)
+            return new_rows[inverse.reshape(-1)], new_rows, new_keys
+        # Distinct (the usual case): a sort is several times cheaper than np.unique.
+        new_rows = self._insert_absent(new_keys, None if free is None else free.take(order))
+        rows = np.empty_like(new_rows)
+        rows[order] = new_rows
+        return rows, new_rows, new_keys
 
     def delete(self, keys: npt.ArrayLike) -> U64:
         """Remove keys; returns the keys that were present (each once)."""
         k = np.unique(np.ascontiguousarray(keys, dtype=np.uint64))
-        rows, slots = self._find(k, want_slots=True)
+        rows, slots, _ = self._find(k, want_slots=True)
         assert slots is not None
         present = rows >= 0
         if not present.any():
@@ -211,67 +319,88 @@ class KeyIndex:
         """Allocated row entries (≥ `num_rows`); tables size their rows to it."""
         return int(self.row_keys.size)
 
-    def _insert_absent(self, keys: U64) -> I64:
-        """Insert keys known to be absent and distinct; returns their rows."""
+    def _insert_absent(self, keys: U64, free: I64 | None = None) -> I64:
+        """Insert keys known to be absent and distinct; returns their rows.
+        `free`: each key's first free slot (see `insert_absent`)."""
         n = int(keys.size)
-        self._reserve(n)
+        if self._reserve(n):
+            free = None  # rehashed: the slots moved
+        start = self._num_rows
         rows = self._take_rows(n)
-        self.row_keys[rows] = keys
-        self.row_live[rows] = True
-        self._place(keys, rows)
+        if self._num_rows - start == n:
+            # All fresh rows, one range: slices instead of scatters.
+            self.row_keys[start : start + n] = keys
+            self.row_live[start : start + n] = True
+        else:
+            self.row_keys[rows] = keys
+            self.row_live[rows] = True
+        self._place(keys, rows, free)
         self._size += n
         self.mutations += 1
         return rows
 
-    def _place(self, keys: U64, rows: I64) -> None:
+    def _place(self, keys: U64, rows: I64, free: I64 | None = None) -> None:
         """Write rows into the first free slot of each key's probe chain.
 
         Keys whose first free slot is the same all write it; the one whose row
         reads back won, the others probe on from the next slot. Round one
-        tries each home slot; later rounds scan doubling windows as `_find`.
+        writes each key's first free slot if `free` gives it (a lookup found
+        it), else scans from the home slot; later rounds scan windows, read
+        as in `_find`.
         """
         slots = self._slots
         mask = self._mask
-        pos = self._home(keys)
         prow = rows.astype(np.int32)
-        width = 1
+        if free is None:
+            pos = self._home(keys)
+            width = 1
+        else:
+            pos = free
+            width = 0  # the targets are known to be free
         while pos.size:
-            if width == 1:
-                target = pos
-                cur = np.take(slots, pos)
-                has_free = np.asarray(cur < 0)
+            skipped = None
+            if width:
+                # The first free slot of each (width, pending) window.
+                win = _OFFSETS[:width, None] + pos
+                first = np.where(slots.take(win, mode="wrap") < 0, win, _NO_SLOT).min(axis=0)
+                has = first != _NO_SLOT
+                if not has.all():
+                    # Keys with no free slot in the window skip all of it.
+                    none = ~has
+                    skipped = ((pos[none] + width) & mask, prow[none])
+                    first, prow = first[has], prow[has]
+                target = first & mask
             else:
-                win = (pos[:, None] + _OFFSETS[:width]) & mask
-                free = np.take(slots, win) < 0
-                has_free = np.asarray(free.any(axis=1))
-                target = win.ravel()[np.arange(0, win.size, width) + free.argmax(axis=1)]
-                cur = np.take(slots, target)
-            tpos = target[has_free]
-            trow = prow[has_free]
-            slots[tpos] = trow
-            won_sub = np.take(slots, tpos) == trow
-            if self._tombstones:
-                was_tomb = cur[has_free] == TOMBSTONE
-                self._tombstones -= int(np.count_nonzero(won_sub & was_tomb))
-            won = np.zeros(pos.size, dtype=bool)
-            won[has_free] = won_sub
-            # Losers restart just past the slot they lost; keys with no free
-            # slot in the window skip the whole window.
+                target = pos
+            was_tomb = slots.take(target) == TOMBSTONE if self._tombstones else None
+            slots[target] = prow
+            won = slots.take(target) == prow
+            if was_tomb is not None:
+                self._tombstones -= int(np.count_nonzero(won & was_tomb))
+            if skipped is None and won.all():
+                return
+            # Losers probe on just past the slot they lost.
             lost = ~won
-            pos = np.where(has_free, target + 1, pos + width)[lost] & mask
+            pos = (target[lost] + 1) & mask
             prow = prow[lost]
-            width = min(2 * width, _MAX_WINDOW)
+            if skipped is not None:
+                pos = np.concatenate((pos, skipped[0]))
+                prow = np.concatenate((prow, skipped[1]))
+            # A loser's chain usually has a free slot close by: start wide.
+            width = min(max(2 * width, 8), _MAX_WINDOW)
 
-    def _reserve(self, incoming: int) -> None:
-        """Rehash before the load (keys + tombstones) would pass `max_load`."""
+    def _reserve(self, incoming: int) -> bool:
+        """Rehash before the load (keys + tombstones) would pass `max_load`;
+        returns whether it did."""
         nslots = self._slots.size
         if self._size + self._tombstones + incoming <= self.max_load * nslots:
-            return
+            return False
         want = self._size + incoming
         new_slots = nslots
         while want > self.max_load * new_slots:
             new_slots *= 2
         self._rehash(new_slots)
+        return True
 
     def _rehash(self, nslots: int) -> None:
         self._slots = np.full(nslots, EMPTY, dtype=np.int32)
