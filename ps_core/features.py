@@ -13,10 +13,29 @@ feature ids of every event in CSR form, their values, labels, weights and
 event times. Feature ids are stable 64-bit hashes (`FeatureHasher.feature_ids`
 documents the function), namespaced by model.
 
-Hashing is vectorised: the per-event Python work is validating the event and
-extending two flat lists (field names, values). Categorical values are hashed
-as one numpy unicode array (a multilinear hash of the code points, finished
-with fmix64); field names through a small cache.
+There is no Python loop per event or per value on the common path (every
+Python-level step below is a C-level ``map`` over a column, or numpy):
+
+- Validation is column-wise (`FeatureHasher._check_columns`): each of label,
+  ts, weight, features and keys is gathered for all events with
+  ``map(dict.get, ...)``, and its exact types and values are checked at once.
+  If anything may fail, the per-event checks (`FeatureHasher._check_each`)
+  run instead and find each failed group's first error exactly as before;
+  the hashing below is the same either way.
+- Field hashes come from a cache of layouts (`_Layouts`): the tuple of a
+  features object's names, in order, keys precomputed field hashes and the
+  type codes its first event had. A chunk's field hashes are one gather from
+  that table. Values go straight from the dicts into one object array; the
+  expected types are checked a class at a time (`_split`: every expected
+  string exactly ``str``, every number int or float), falling back to a
+  type lookup per value only when a check fails. The cache is bounded
+  (`MAX_CACHED_SCHEMAS`, `MAX_CACHED_SCHEMA_FIELDS`); layouts past it are
+  resolved per call, with the same ids.
+- Categorical values are hashed together (`string_hashes`: a multilinear hash
+  of the code points, finished with fmix64), then every id is one fmix64
+  over the chunk.
+- Numbers, lists, booleans, nulls and pre-hashed keys are split out by type
+  code; only multi-hot lists, booleans and wrong values are handled per value.
 
 Errors are per group (a group is a message): an event that fails validation
 fails its whole group, which is left out of the batch and reported with a
@@ -28,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import is_, is_not
+from operator import countOf, is_not
 from typing import Any, Iterable, Sequence, TypeAlias
 
 import numpy as np
@@ -301,11 +320,16 @@ _INT = frozenset({int})
 MAX_CACHED_FIELDS = 65_536
 """Field names whose hashes a `FeatureHasher` keeps; later new names are hashed each time."""
 
-MAX_CACHED_SCHEMAS = 8192
-"""Feature layouts (see `FeatureHasher`) a hasher keeps; later new layouts are resolved per call."""
+MAX_CACHED_SCHEMAS = 4096
+"""Feature layouts (see `_Layouts`) a hasher keeps; later new layouts are resolved per call."""
 
-MAX_CACHED_SCHEMA_FIELDS = 1 << 19
-"""Field names in all cached layouts together (bounds the layout cache to ~5 MB)."""
+MAX_CACHED_SCHEMA_FIELDS = 1 << 18
+"""Field names in all cached layouts together: with names of at most
+`_MAX_NAME_CHARS` characters on average, the cache stays under ~25 MB even
+when requests choose every name (a few MB for real streams, which repeat names)."""
+
+_MAX_NAME_CHARS = 32
+"""A layout whose names average more characters than this is never cached."""
 
 
 class _FieldHashes(dict[str, int]):
@@ -327,102 +351,145 @@ class _FieldHashes(dict[str, int]):
 
 class _Layouts:
     """Feature layouts: the tuple of a ``features`` object's names, in order →
-    the field hashes of its values, and the types (and type codes) its values
-    had in the first event seen with it.
+    the field hashes of its values, and the type codes its values had in the
+    first event seen with it.
 
     Events of one producer come in a few layouts, so the field hashes of a
-    chunk are one gather from `fh` instead of a dict lookup per value, and the
-    type codes one gather from `codes` plus a C-level list comparison of the
-    actual types against the expected ones. Bounded like `_FieldHashes`: past
-    `MAX_CACHED_SCHEMAS` layouts or `MAX_CACHED_SCHEMA_FIELDS` names, new
-    layouts are resolved for the call only and not kept."""
+    chunk are one gather from `fh` instead of a dict lookup per value, and
+    the type codes one gather from `codes`, which `FeatureHasher` then checks
+    a class at a time. Bounded like `_FieldHashes`: past `MAX_CACHED_SCHEMAS`
+    layouts or `MAX_CACHED_SCHEMA_FIELDS` names, new layouts are resolved for
+    the call only and not kept."""
 
     def __init__(self, fields: _FieldHashes) -> None:
         self._fields = fields
         self.ids: dict[tuple[str, ...], int] = {}
-        self.types: list[tuple[type, ...]] = []
+        self.count = 0  # layouts cached
         self.starts = np.zeros(64, dtype=np.int64)  # layout → its first slot in fh/codes
         self.lens = np.zeros(64, dtype=np.int64)
         self.fh = np.zeros(4096, dtype=np.uint64)
         self.codes = np.zeros(4096, dtype=np.int8)
         self.used = 0  # slots of fh/codes in use
 
-    def _resolve(self, names: tuple[str, ...], feats: dict[str, Any]) -> tuple[U64, npt.NDArray[np.int8], tuple[type, ...]]:
-        fh = np.fromiter(map(self._fields.__getitem__, names), dtype=np.uint64, count=len(names))
-        types = tuple(map(type, feats.values()))
-        codes = np.array([_TYPE_CODE.get(t, _T_OTHER) for t in types], dtype=np.int8)
-        return fh, codes, types
-
-    def _keep(self, names: tuple[str, ...], fh: U64, codes: npt.NDArray[np.int8], types: tuple[type, ...]) -> bool:
-        k = len(names)
-        s = len(self.types)
-        if s >= MAX_CACHED_SCHEMAS or self.used + k > MAX_CACHED_SCHEMA_FIELDS:
-            return False
-        if s == self.starts.size:
+    def _keep(self, names: list[tuple[str, ...]], lens: I64, fh: U64, codes: npt.NDArray[np.int8]) -> npt.NDArray[np.bool_]:
+        """Cache those of the given new layouts that fit; returns which."""
+        s, used = self.count, self.used
+        # Names are the memory a layout holds: long ones are not kept at all.
+        chars = np.fromiter((sum(map(len, key)) for key in names), dtype=np.int64, count=len(names))
+        ok = chars <= _MAX_NAME_CHARS * lens
+        ok &= used + np.cumsum(np.where(ok, lens, 0)) <= MAX_CACHED_SCHEMA_FIELDS
+        ok &= np.cumsum(ok) <= MAX_CACHED_SCHEMAS - s
+        k = int(ok.sum())
+        if not k:
+            return ok
+        slots = np.repeat(ok, lens)
+        klens = lens[ok]
+        total = int(klens.sum())
+        while s + k > self.starts.size:
             self.starts = np.concatenate((self.starts, np.zeros_like(self.starts)))
             self.lens = np.concatenate((self.lens, np.zeros_like(self.lens)))
-        if self.used + k > self.fh.size:
-            grow = max(self.fh.size, k)
+        if used + total > self.fh.size:
+            grow = max(self.fh.size, total)
             self.fh = np.concatenate((self.fh, np.zeros(grow, dtype=np.uint64)))
             self.codes = np.concatenate((self.codes, np.zeros(grow, dtype=np.int8)))
-        self.fh[self.used : self.used + k] = fh
-        self.codes[self.used : self.used + k] = codes
-        self.starts[s] = self.used
-        self.lens[s] = k
-        self.used += k
-        self.types.append(types)
-        self.ids[names] = s  # published last: the entry is complete once visible
-        return True
+        self.fh[used : used + total] = fh[slots]
+        self.codes[used : used + total] = codes[slots]
+        self.starts[s : s + k] = used + np.cumsum(klens) - klens
+        self.lens[s : s + k] = klens
+        self.used = used + total
+        self.count = s + k
+        # Last: an entry is complete once visible.
+        self.ids.update(zip(compress(names, ok.tolist()), range(s, s + k)))
+        return ok
 
-    def gather(self, present: list[dict[str, Any]]) -> tuple[U64, npt.NDArray[np.int8], list[type], I64]:
-        """For the values of `present` (non-empty dicts) in order: field
-        hashes, expected type codes and expected types; and each dict's length."""
+    def gather(self, present: list[dict[str, Any]]) -> tuple[U64, npt.NDArray[np.int8], I64]:
+        """For the values of `present` (non-empty dicts) in order: field hashes
+        and expected type codes; and the length of each dict."""
         names = list(map(tuple, present))  # C level; names hash once, then cached
         sid = np.fromiter(map(self.ids.get, names, repeat(-1)), dtype=np.int64, count=len(names))
-        local_fh: list[U64] = []
-        local_codes: list[npt.NDArray[np.int8]] = []
-        local_types: list[tuple[type, ...]] = []
-        local_ids: dict[tuple[str, ...], int] = {}
+        n_cached = self.count
+        starts, lens = self.starts[:n_cached], self.lens[:n_cached]
+        local_fh = np.zeros(0, dtype=np.uint64)
+        local_codes = np.zeros(0, dtype=np.int8)
         if sid.size and int(sid.min()) < 0:
             miss = np.flatnonzero(sid < 0).tolist()
             first: dict[tuple[str, ...], int] = {}
             for j in miss:  # per event only for layouts not in the cache
                 first.setdefault(names[j], j)
-            for key, j in first.items():
-                fh, codes, types = self._resolve(key, present[j])
-                if not self._keep(key, fh, codes, types):
-                    local_ids[key] = len(local_types)
-                    local_fh.append(fh)
-                    local_codes.append(codes)
-                    local_types.append(types)
-            n_cached = len(self.types)
+            new = list(first)
+            new_lens = np.fromiter(map(len, new), dtype=np.int64, count=len(new))
+            total = int(new_lens.sum())
+            # All new layouts at once: field hashes and type codes in one map each.
+            fh = np.fromiter(map(self._fields.__getitem__, chain.from_iterable(new)), dtype=np.uint64, count=total)
+            firsts = map(present.__getitem__, first.values())
+            codes = _type_codes(list(chain.from_iterable(map(dict.values, firsts))))
+            kept = self._keep(new, new_lens, fh, codes)
+            n_cached = self.count
+            starts, lens = self.starts[:n_cached], self.lens[:n_cached]
+            local_ids: dict[tuple[str, ...], int] = {}
+            if not kept.all():
+                # Past the bound: the rest serve this call only, as layouts
+                # numbered after the cached ones, gathered from local tables.
+                rest = ~kept
+                local_names = list(compress(new, rest.tolist()))
+                local_ids = dict(zip(local_names, range(n_cached, n_cached + len(local_names))))
+                slots = np.repeat(rest, new_lens)
+                local_fh, local_codes = fh[slots], codes[slots]
+                local_lens = new_lens[rest]
+                starts = np.concatenate((starts, np.cumsum(local_lens) - local_lens))
+                lens = np.concatenate((lens, local_lens))
             ids = self.ids
-            sid[miss] = [ids[names[j]] if names[j] in ids else n_cached + local_ids[names[j]] for j in miss]
-        n_cached = len(self.types)
-        starts, lens = self.starts[:n_cached], self.lens[:n_cached]
-        if local_types:
-            local_lens = np.array([a.size for a in local_fh], dtype=np.int64)
-            local_starts = np.concatenate(([0], np.cumsum(local_lens)[:-1])).astype(np.int64)
-            starts = np.concatenate((starts, local_starts))
-            lens = np.concatenate((lens, local_lens))
+            sid[miss] = [ids[names[j]] if names[j] in ids else local_ids[names[j]] for j in miss]
         ev_lens = lens[sid]
         m = int(ev_lens.sum())
         # Slot of each value: its layout's start plus its position in the dict.
         slot = np.repeat(starts[sid] - (np.cumsum(ev_lens) - ev_lens), ev_lens) + np.arange(m, dtype=np.int64)
-        all_types = self.types
-        if not local_types:
-            fhash, codes = self.fh[slot], self.codes[slot]
-        else:
-            local = np.repeat(sid >= n_cached, ev_lens)
-            fhash = np.empty(m, dtype=np.uint64)
-            codes = np.empty(m, dtype=np.int8)
-            fhash[~local] = self.fh[slot[~local]]
-            codes[~local] = self.codes[slot[~local]]
-            fhash[local] = np.concatenate(local_fh)[slot[local]]
-            codes[local] = np.concatenate(local_codes)[slot[local]]
-            all_types = all_types + local_types
-        expected = list(chain.from_iterable(map(all_types.__getitem__, sid.tolist())))
-        return fhash, codes, expected, ev_lens
+        if not local_fh.size:
+            return self.fh[slot], self.codes[slot], ev_lens
+        local = np.repeat(sid >= n_cached, ev_lens)
+        fhash = np.empty(m, dtype=np.uint64)
+        codes = np.empty(m, dtype=np.int8)
+        fhash[~local] = self.fh[slot[~local]]
+        codes[~local] = self.codes[slot[~local]]
+        fhash[local] = local_fh[slot[local]]
+        codes[local] = local_codes[slot[local]]
+        return fhash, codes, ev_lens
+
+
+def _type_codes(values: list[Any]) -> npt.NDArray[np.int8]:
+    """The `_TYPE_CODE` of each value's exact type (`_T_OTHER` if none)."""
+    return np.fromiter(map(_TYPE_CODE.get, map(type, values), repeat(_T_OTHER)), dtype=np.int8, count=len(values))
+
+
+_Split: TypeAlias = tuple[I64, list[str], I64]
+"""Positions of the strings, the strings, positions of the numbers."""
+
+
+def _split(objs: npt.NDArray[np.object_], codes: npt.NDArray[np.int8], *, check: bool) -> _Split:
+    """The strings and numbers among values `objs` with type `codes`; with
+    `check`, the codes are only expected ones (a layout's) and are first made
+    exact, in place.
+
+    The check goes a class at a time, in C: the values expected to be strings
+    must all be exactly `str` and those expected to be numbers exactly int or
+    float; values expected to be anything else (null, list, bool: rare) get
+    their codes looked up. Only if a class fails are all codes looked up.
+    """
+    if check:
+        rare = np.flatnonzero(codes >= _T_LIST)
+        if rare.size:
+            codes[rare] = _type_codes(objs[rare].tolist())
+    cat = np.flatnonzero(codes == _T_STR)
+    strs = objs[cat].tolist()
+    num = np.flatnonzero(codes == _T_NUM)
+    if not check:
+        return cat, strs, num
+    if countOf(map(type, strs), str) == len(strs):
+        nums = objs[num].tolist()
+        if countOf(map(type, nums), float) == len(nums) or set(map(type, nums)) <= _NUMBER:
+            return cat, strs, num
+    codes[:] = _type_codes(objs.tolist())
+    return _split(objs, codes, check=False)
 
 
 _Checked: TypeAlias = tuple[F32, F32, F64, list[Any], list[tuple[int, list[Any]]], dict[int, EventError]]
@@ -498,21 +565,31 @@ class FeatureHasher:
             return None
         get = dict.get
         labs = list(map(get, events, repeat("label")))
-        if not set(map(type, labs)) <= (_NUMBER if require_label else _NUMBER_OR_NONE):
+        label_types = set(map(type, labs))
+        if not label_types <= (_NUMBER if require_label else _NUMBER_OR_NONE):
             return None
         if not set(labs) <= _LABEL_VALUES:  # exact int/float here, so no bools
             return None
-        labels = np.array(labs, dtype=np.float32)  # None → NaN
+        if _NONE_TYPE in label_types:
+            labels = np.array(labs, dtype=np.float32)  # None → NaN
+        else:
+            labels = np.fromiter(labs, dtype=np.float32, count=n)
+        wl = list(map(get, events, repeat("weight")))
         try:
             ts = self._number_column(list(map(get, events, repeat("ts"))), n, finite=True)
-            w = self._number_column(list(map(get, events, repeat("weight"))), n, finite=False)
+            # Weights are mostly absent: then there is no column to convert.
+            w = None if wl.count(None) == n else self._number_column(wl, n, finite=False)
         except OverflowError:  # an int beyond float range: the per-event checks raise as before
             return None
-        if ts is None or w is None:
+        if ts is None or (w is None and wl.count(None) != n):
             return None
-        weights = w.astype(np.float32)
-        if np.isnan(w).any():  # only where absent: NaN itself was refused
-            weights[np.isnan(w)] = 1
+        if w is None:
+            weights = np.ones(n, dtype=np.float32)
+        else:
+            weights = w.astype(np.float32)
+            absent = np.isnan(w)  # only where absent: NaN itself was refused
+            if absent.any():
+                weights[absent] = 1
         feats: list[Any] = list(map(get, events, repeat("features")))
         keys: list[Any] = list(map(get, events, repeat("keys")))
         ftypes, ktypes = set(map(type, feats)), set(map(type, keys))
@@ -606,31 +683,32 @@ class FeatureHasher:
                 prehashed.append((i, keys))
         return labels, weights, ts, to_hash, prehashed, errors
 
-    def _gather(self, present: list[Any]) -> tuple[U64, list[Any], npt.NDArray[np.int8], I64, list[str] | None]:
-        """Field hashes, values, type codes of the values of `present` (the
-        non-empty features objects, in event order), and their lengths; plus
-        the field names when they were built anyway (else built on demand)."""
+    def _gather(
+        self, present: list[Any]
+    ) -> tuple[U64, npt.NDArray[np.object_], npt.NDArray[np.int8], _Split, I64, list[str] | None]:
+        """Field hashes, values (an object array) and exact type codes of the
+        values of `present` (the non-empty features objects, in event order),
+        and their lengths; plus the field names when they were built anyway
+        (else they are built on demand, for an error message)."""
         if set(map(type, present)) <= _DICT:
-            fhash, codes, expected, lens = self._layouts.gather(present)
-            values = list(chain.from_iterable(map(dict.values, present)))
-            types = list(map(type, values))
-            if types != expected:  # C-level, elementwise identity first
-                # Values whose type differs from their layout's first event:
-                # only those get their code looked up one by one.
-                diff = np.flatnonzero(~np.fromiter(map(is_, types, expected), dtype=bool, count=len(types)))
-                codes[diff] = [_TYPE_CODE.get(types[j], _T_OTHER) for j in diff.tolist()]
-            return fhash, values, codes, lens, None
+            fhash, codes, lens = self._layouts.gather(present)
+            m = int(lens.sum())
+            # Straight from the dicts into the object array, no list between.
+            objs = np.fromiter(chain.from_iterable(map(dict.values, present)), dtype=object, count=m)
+            return fhash, objs, codes, _split(objs, codes, check=True), lens, None
         # Dict subclasses: as they iterate, per value (rare: JSON gives dicts).
         fields: list[str] = []
-        values = []
+        values: list[Any] = []
         for feats in present:
             fields.extend(feats)
             values.extend(feats.values())
         lens = np.fromiter(map(len, present), dtype=np.int64, count=len(present))
         m = len(values)
         fhash = np.fromiter(map(self._fields.__getitem__, fields), dtype=np.uint64, count=m)
-        codes = np.fromiter((_TYPE_CODE.get(type(v), _T_OTHER) for v in values), dtype=np.int8, count=m)
-        return fhash, values, codes, lens, fields
+        objs = np.empty(m, dtype=object)
+        objs[:] = values
+        codes = _type_codes(values)
+        return fhash, objs, codes, _split(objs, codes, check=False), lens, fields
 
     def _hash(
         self,
@@ -644,13 +722,13 @@ class FeatureHasher:
     ) -> tuple[EventBatch, dict[int, EventError]]:
         n = len(to_hash)
         present = list(filter(None, to_hash))  # drops None and empty objects, in C
-        fhash, values, codes, lens, field_list = self._gather(present)
+        fhash, objs, codes, (cat, strs, num), lens, field_list = self._gather(present)
         counts = np.zeros(n, dtype=np.int64)
         if len(present) == n:
             counts[:] = lens
         else:
             counts[np.fromiter(map(bool, to_hash), dtype=bool, count=n)] = lens
-        m = len(values)
+        m = objs.size
 
         def field(j: int) -> str:
             # Names are only needed to word an error: built then, once.
@@ -661,35 +739,35 @@ class FeatureHasher:
 
         event_of = np.repeat(np.arange(n, dtype=np.int64), counts)
         bad_event = np.zeros(n, dtype=bool)
-        keys = np.zeros(m, dtype=np.uint64)
         vals = np.ones(m, dtype=np.float32)
         keep = np.ones(m, dtype=bool)
+        # What each value's field hash is mixed with: H(value) * C for a
+        # categorical, the numeric constant otherwise (ignored unless numeric),
+        # so all ids come from one fmix64 over the chunk.
+        salt = np.full(m, _C_NUM, dtype=np.uint64)
 
-        # An object array lets numpy pick values by type in C, not per value.
-        objs = np.empty(m, dtype=object)
-        objs[:] = values
-        cat = np.flatnonzero(codes == _T_STR)
+        # The object array lets numpy pick values by type in C, not per value.
         if cat.size:
-            hv = string_hashes(objs[cat])
-            keys[cat] = mix64(fhash[cat] ^ (hv * _C_CAT))
-        num = np.flatnonzero(codes == _T_NUM)
+            salt[cat] = string_hashes(strs) * _C_CAT
         if num.size:
             x = objs[num].astype(np.float64)
             finite = np.isfinite(x) & (np.abs(x) < 3.4e38)
             if not finite.all():
                 for j in num[~finite]:
-                    self._fail(errors, grp, bad_event, int(event_of[j]), "bad_value", f"{field(j)}={values[j]!r} is not a finite float32")
-            keys[num] = mix64(fhash[num] ^ _C_NUM)
+                    self._fail(errors, grp, bad_event, int(event_of[j]), "bad_value", f"{field(j)}={objs[j]!r} is not a finite float32")
             vals[num] = np.where(finite, x, 0).astype(np.float32)
+        keys = mix64(fhash ^ salt)
         keep[codes == _T_NONE] = False
         extra_keys: list[np.ndarray] = []
         extra_vals: list[np.ndarray] = []
         extra_event: list[np.ndarray] = []
-        rare = np.flatnonzero((codes == _T_LIST) | (codes == _T_BOOL) | (codes == _T_OTHER))
+        rare = np.flatnonzero(codes >= _T_LIST)
+        if rare.size:  # nulls were dropped above; lists, booleans and other types stay
+            rare = rare[codes[rare] != _T_NONE]
         for j in rare:  # multi-hot lists, booleans and wrong types: rare, so per value
             e = int(event_of[j])
             keep[j] = False
-            v = values[j]
+            v = objs[j]
             if codes[j] == _T_BOOL:
                 v = ["true" if v else "false"]
             elif codes[j] == _T_OTHER or not all(isinstance(s, str) for s in v):
@@ -709,7 +787,8 @@ class FeatureHasher:
         good = np.flatnonzero(~bad_event)
         if errors:
             keep &= ~bad_event[event_of]
-        per_event = np.bincount(event_of[keep], minlength=n)
+        all_kept = bool(keep.all())
+        per_event = counts if all_kept else np.bincount(event_of[keep], minlength=n)
         if not extra_keys:
             # Common case: features are already in event order; slot the bias
             # in front of each event's run without sorting.
@@ -717,12 +796,12 @@ class FeatureHasher:
             offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
             out_k = np.empty(int(offsets[-1]), dtype=np.uint64)
             out_v = np.empty(out_k.size, dtype=np.float32)
-            is_bias = np.zeros(out_k.size, dtype=bool)
-            is_bias[offsets[:-1]] = True
-            out_k[is_bias] = self.bias_key
-            out_v[is_bias] = 1.0
-            out_k[~is_bias] = keys[keep]
-            out_v[~is_bias] = vals[keep]
+            is_feature = np.ones(out_k.size, dtype=bool)
+            is_feature[offsets[:-1]] = False
+            out_k[offsets[:-1]] = self.bias_key
+            out_v[offsets[:-1]] = 1.0
+            out_k[is_feature] = keys if all_kept else keys[keep]
+            out_v[is_feature] = vals if all_kept else vals[keep]
         else:
             ek = np.concatenate(extra_event)
             ok = ~bad_event[ek]

@@ -2,13 +2,41 @@
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
+from typing import Any, Sequence
+
 import numpy as np
+import numpy.typing as npt
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps_core.features import EventError, FeatureHasher, _multipliers, decode_message, flatten_groups, string_hashes
+from ps_core.features import (
+    _C_BIAS,
+    _C_CAT,
+    _C_NUM,
+    _KEY_LIMIT,
+    _T_BOOL,
+    _T_LIST,
+    _T_NONE,
+    _T_NUM,
+    _T_OTHER,
+    _T_STR,
+    _TYPE_CODE,
+    F32,
+    F64,
+    I64,
+    EventBatch,
+    EventError,
+    FeatureHasher,
+    _FieldHashes,
+    _multipliers,
+    decode_message,
+    flatten_groups,
+    string_hashes,
+)
 from ps_core.hashing import mix64
 
 
@@ -140,7 +168,7 @@ def test_bad_events_fail_their_group_only(event: object, reason: str) -> None:
     h = FeatureHasher("m")
     good = {"label": 1, "features": {"a": "x", "n": 1.0}}
     events = [good, event, good, good]
-    batch, errors = h.featurize(events, groups=[0, 1, 1, 2])  # type: ignore[list-item]
+    batch, errors = h.featurize(events, groups=[0, 1, 1, 2])  # type: ignore[arg-type]
     assert list(errors) == [1]
     assert errors[1].reason == reason
     assert batch.index.tolist() == [0, 3]  # the whole of group 1 is left out
@@ -188,3 +216,430 @@ def test_the_field_name_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     # Names hashed past the bound get the same ids as cached ones would.
     again, _ = FeatureHasher("m").featurize(events)
     assert batch.keys.tolist() == again.keys.tolist()
+
+
+# -- the reference: featurize as it was before the column-wise fast paths ------
+# Kept verbatim (one event, one value at a time) so that property tests can
+# check the fast paths give exactly the same batches and errors.
+
+
+class _Reference:
+    def __init__(self, namespace: str, *, max_features: int = 4096) -> None:
+        self.namespace = namespace
+        self._ns = int(string_hashes([namespace])[0])
+        self._fields = _FieldHashes(self._ns)
+        self.max_features = max_features
+        self.bias_key = int(mix64(np.array([self._ns], dtype=np.uint64) ^ _C_BIAS)[0])
+
+    def featurize(
+        self,
+        events: Sequence[dict[str, Any]],
+        *,
+        require_label: bool = True,
+        groups: Sequence[int] | None = None,
+    ) -> tuple[EventBatch, dict[int, EventError]]:
+        n = len(events)
+        grp = list(range(n)) if groups is None else list(groups)
+        errors: dict[int, EventError] = {}
+        fields: list[str] = []
+        values: list[Any] = []
+        counts = np.zeros(n, dtype=np.int64)
+        labels = np.full(n, np.nan, dtype=np.float32)
+        weights = np.ones(n, dtype=np.float32)
+        ts = np.full(n, np.nan, dtype=np.float64)
+        prehashed: list[tuple[int, list[Any]]] = []
+        fext, vext = fields.extend, values.extend
+        for i, ev in enumerate(events):
+            # The per-event budget: checks and two list extends, nothing per feature.
+            try:
+                if not isinstance(ev, dict):
+                    raise EventError("not_an_object", f"event is {type(ev).__name__}")
+                lab = ev.get("label")
+                if lab is None:
+                    if require_label:
+                        raise EventError("missing_label", "training events need a 0/1 label")
+                elif lab in (0, 1) and not isinstance(lab, (bool, str)):
+                    labels[i] = lab
+                else:
+                    raise EventError("bad_label", f"label must be 0 or 1, got {lab!r}")
+                t = ev.get("ts")
+                if t is not None:
+                    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
+                        raise EventError("bad_ts", f"ts must be a number of seconds, got {t!r}")
+                    ts[i] = t
+                w = ev.get("weight")
+                if w is not None:
+                    if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 <= w < math.inf:
+                        raise EventError("bad_weight", f"weight must be a number >= 0, got {w!r}")
+                    weights[i] = w
+                feats = ev.get("features")
+                keys = ev.get("keys")
+                if feats is None and keys is None:
+                    raise EventError("bad_features", "an event needs features or keys")
+                if feats is not None and not isinstance(feats, dict):
+                    raise EventError(
+                        "bad_features", f"features must be an object, got {type(feats).__name__}"
+                    )
+                if keys is not None and not isinstance(keys, list):
+                    raise EventError("bad_keys", "keys must be a list of uint64 integers")
+                nf = len(feats) if feats is not None else 0
+                if nf + (len(keys) if keys is not None else 0) > self.max_features:
+                    raise EventError("bad_features", f"more than {self.max_features} features")
+            except EventError as exc:
+                errors.setdefault(grp[i], exc)
+                continue
+            # Extended only once the event passed, so nothing needs undoing.
+            if feats:
+                fext(feats)
+                vext(feats.values())
+                counts[i] = nf
+            if keys is not None:
+                prehashed.append((i, keys))
+        return self._hash(events, fields, values, counts, labels, weights, ts, prehashed, grp, errors)
+
+    def _hash(
+        self,
+        events: Sequence[dict[str, Any]],
+        fields: list[str],
+        values: list[Any],
+        counts: I64,
+        labels: F32,
+        weights: F32,
+        ts: F64,
+        prehashed: list[tuple[int, list[Any]]],
+        grp: list[int],
+        errors: dict[int, EventError],
+    ) -> tuple[EventBatch, dict[int, EventError]]:
+        n = counts.size
+        m = len(values)
+        event_of = np.repeat(np.arange(n, dtype=np.int64), counts)
+        try:
+            codes = np.fromiter(map(_TYPE_CODE.__getitem__, map(type, values)), dtype=np.int8, count=m)
+        except KeyError:
+            codes = np.fromiter(
+                (_TYPE_CODE.get(type(v), _T_OTHER) for v in values), dtype=np.int8, count=m
+            )
+        bad_event = np.zeros(n, dtype=bool)
+        fhash = np.fromiter(map(self._fields.__getitem__, fields), dtype=np.uint64, count=m)
+        keys = np.zeros(m, dtype=np.uint64)
+        vals = np.ones(m, dtype=np.float32)
+        keep = np.ones(m, dtype=bool)
+
+        # An object array lets numpy pick values by type in C, not per value.
+        objs = np.empty(m, dtype=object)
+        objs[:] = values
+        cat = np.flatnonzero(codes == _T_STR)
+        if cat.size:
+            hv = string_hashes(objs[cat])
+            keys[cat] = mix64(fhash[cat] ^ (hv * _C_CAT))
+        num = np.flatnonzero(codes == _T_NUM)
+        if num.size:
+            x = objs[num].astype(np.float64)
+            finite = np.isfinite(x) & (np.abs(x) < 3.4e38)
+            if not finite.all():
+                for j in num[~finite]:
+                    self._fail(errors, grp, bad_event, int(event_of[j]), "bad_value", f"{fields[j]}={values[j]!r} is not a finite float32")
+            keys[num] = mix64(fhash[num] ^ _C_NUM)
+            vals[num] = np.where(finite, x, 0).astype(np.float32)
+        keep[codes == _T_NONE] = False
+        extra_keys: list[np.ndarray] = []
+        extra_vals: list[np.ndarray] = []
+        extra_event: list[np.ndarray] = []
+        rare = np.flatnonzero((codes == _T_LIST) | (codes == _T_BOOL) | (codes == _T_OTHER))
+        for j in rare:  # multi-hot lists, booleans and wrong types: rare, so per value
+            e = int(event_of[j])
+            keep[j] = False
+            v = values[j]
+            if codes[j] == _T_BOOL:
+                v = ["true" if v else "false"]
+            elif codes[j] == _T_OTHER or not all(isinstance(s, str) for s in v):
+                self._fail(errors, grp, bad_event, e, "bad_value", f"{fields[j]} has a {type(v).__name__} value; expected string, number or list of strings")
+                continue
+            if v:
+                hv = string_hashes(v)
+                extra_keys.append(mix64(np.uint64(fhash[j]) ^ (hv * _C_CAT)))
+                extra_vals.append(np.ones(len(v), dtype=np.float32))
+                extra_event.append(np.full(len(v), e, dtype=np.int64))
+        for e, klist in prehashed:
+            try:
+                if not all(type(k) is int and 0 <= k < _KEY_LIMIT for k in klist):
+                    raise ValueError
+                ka = np.array(klist, dtype=np.uint64)
+            except (ValueError, OverflowError, TypeError):
+                self._fail(errors, grp, bad_event, e, "bad_keys", "keys must be integers in [0, 2**64)")
+                continue
+            extra_keys.append(ka)
+            extra_vals.append(np.ones(ka.size, dtype=np.float32))
+            extra_event.append(np.full(ka.size, e, dtype=np.int64))
+        # Every event of a failed group goes, whatever failed in it.
+        if errors:
+            failed = np.fromiter((g in errors for g in grp), dtype=bool, count=n)
+            bad_event |= failed
+        good = np.flatnonzero(~bad_event)
+        if errors:
+            keep &= ~bad_event[event_of]
+        per_event = np.bincount(event_of[keep], minlength=n)
+        if not extra_keys:
+            # Common case: features are already in event order; slot the bias
+            # in front of each event's run without sorting.
+            lens = per_event[good] + 1
+            offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+            out_k = np.empty(int(offsets[-1]), dtype=np.uint64)
+            out_v = np.empty(out_k.size, dtype=np.float32)
+            is_bias = np.zeros(out_k.size, dtype=bool)
+            is_bias[offsets[:-1]] = True
+            out_k[is_bias] = self.bias_key
+            out_v[is_bias] = 1.0
+            out_k[~is_bias] = keys[keep]
+            out_v[~is_bias] = vals[keep]
+        else:
+            ek = np.concatenate(extra_event)
+            ok = ~bad_event[ek]
+            per_event += np.bincount(ek[ok], minlength=n)
+            k = np.concatenate(
+                [np.full(good.size, self.bias_key, dtype=np.uint64), keys[keep]]
+                + [a[ok[i : i + a.size]] for a, i in _ref_runs(extra_keys)]
+            )
+            v = np.concatenate(
+                [np.ones(good.size, dtype=np.float32), vals[keep]]
+                + [a[ok[i : i + a.size]] for a, i in _ref_runs(extra_vals)]
+            )
+            ev_of = np.concatenate([good, event_of[keep], ek[ok]])
+            # Group by event; the stable sort keeps the bias first in each.
+            order = np.argsort(ev_of, kind="stable")
+            out_k, out_v = k[order], v[order]
+            offsets = np.concatenate(([0], np.cumsum(per_event[good] + 1))).astype(np.int64)
+        batch = EventBatch(
+            keys=out_k,
+            values=out_v,
+            offsets=offsets,
+            labels=labels[good],
+            weights=weights[good],
+            ts=ts[good],
+            index=good.astype(np.int64),
+        )
+        return batch, errors
+
+    @staticmethod
+    def _fail(
+        errors: dict[int, EventError],
+        grp: list[int],
+        bad_event: npt.NDArray[np.bool_],
+        event: int,
+        reason: str,
+        detail: str,
+    ) -> None:
+        bad_event[event] = True
+        errors.setdefault(grp[event], EventError(reason, f"event {event}: {detail}"))
+
+
+def _ref_runs(parts: list[np.ndarray]) -> list[tuple[np.ndarray, int]]:
+    """Each array with the position where it starts in their concatenation."""
+    out, pos = [], 0
+    for a in parts:
+        out.append((a, pos))
+        pos += a.size
+    return out
+
+
+# -- fast paths against the reference ------------------------------------------
+
+
+class _Str(str):
+    """A str subclass (like numpy.str_): not a categorical value."""
+
+
+_NAMES = ["a", "b", "site", "price", "é", "n0", "n1", "tags", "x" * 30]
+_VALUE = st.one_of(
+    st.text(alphabet="0123456789abcdef", min_size=8, max_size=8),  # the usual ids
+    st.text(max_size=6),  # any code points, NUL and empty included
+    st.floats(allow_nan=False, width=32) | st.floats(),  # NaN, inf, beyond float32 too
+    st.integers(-(2**70), 2**70),
+    st.booleans(),
+    st.none(),
+    st.lists(st.text(max_size=3), max_size=3),
+    st.lists(st.one_of(st.text(max_size=2), st.integers(0, 3)), min_size=1, max_size=2),
+    st.builds(_Str, st.text(max_size=3)),
+    st.just({"nested": 1}),
+)
+
+
+@st.composite
+def _features(draw: st.DrawFn) -> Any:
+    names = draw(st.lists(st.sampled_from(_NAMES), unique=True, max_size=6))
+    if draw(st.integers(0, 9)) == 0:  # a layout of the usual types
+        return {k: draw(_VALUE) for k in names}
+    usual = draw(st.sampled_from([st.text("0123456789abcdef", min_size=8, max_size=8), st.floats(0, 100)]))
+    feats = {k: draw(usual) for k in names}
+    if draw(st.integers(0, 3)) == 0 and names:  # an odd value in an otherwise usual layout
+        feats[draw(st.sampled_from(names))] = draw(_VALUE)
+    return feats
+
+
+_NUMBERISH = st.one_of(
+    st.floats(0, 1e9), st.integers(0, 10**6), st.floats(), st.integers(-5, 2**1100),
+    st.booleans(), st.just("1"), st.none(),
+)
+
+
+@st.composite
+def _event(draw: st.DrawFn) -> Any:
+    kind = draw(st.integers(0, 39))
+    if kind == 0:
+        return draw(st.sampled_from(["an event", 3, None, ["x"]]))
+    ev: dict[str, Any] = {}
+    fields: list[tuple[str, st.SearchStrategy[Any]]] = [
+        ("label", st.one_of(st.sampled_from([0, 1, 0.0, 1.0, -0.0]), st.sampled_from([None, True, 2, "1", 0.5, float("nan")]))),
+        ("ts", _NUMBERISH),
+        ("weight", _NUMBERISH),
+        ("features", st.one_of(_features(), st.sampled_from([None, ["a"], "x"]))),
+        ("keys", st.one_of(
+            st.lists(st.integers(0, 2**64 - 1), max_size=3),
+            st.lists(st.one_of(st.integers(-1, 2**64), st.booleans(), st.just("12")), max_size=2),
+            st.sampled_from([None, 12, (1, 2)]),
+        )),
+    ]
+    mostly_valid = kind > 8
+    for name, strat in fields:
+        if mostly_valid and name in ("ts", "weight", "keys") and draw(st.integers(0, 3)) > 0:
+            continue  # usually absent
+        if mostly_valid and name == "label":
+            ev[name] = draw(st.sampled_from([0, 1]))
+        elif mostly_valid and name == "features":
+            if draw(st.integers(0, 4)):  # else absent: keys-only, or neither
+                ev[name] = draw(_features())
+        elif mostly_valid and name == "ts":
+            ev[name] = draw(st.floats(0, 2e9))
+        elif draw(st.booleans()):
+            ev[name] = draw(strat)
+    if kind == 1:  # dicts as Python callers may give them: subclasses
+        return OrderedDict(ev)
+    if kind == 2 and isinstance(ev.get("features"), dict):
+        ev["features"] = OrderedDict(ev["features"])
+    return ev
+
+
+def _outcome(h: Any, events: list[Any], require_label: bool, groups: list[int] | None) -> Any:
+    """A comparable picture of a featurize call: the batch and errors, or the exception."""
+    try:
+        batch, errors = h.featurize(events, require_label=require_label, groups=groups)
+    except Exception as exc:  # the fast paths must raise exactly where the reference raises
+        return ("raised", type(exc))
+    arrays = {
+        name: getattr(batch, name).tobytes() + str(getattr(batch, name).dtype).encode()
+        for name in ("keys", "values", "offsets", "labels", "weights", "ts", "index")
+    }
+    return arrays, [(g, e.reason, e.detail) for g, e in errors.items()]
+
+
+_SHARED = FeatureHasher("m")  # keeps its caches from one example to the next
+_SHARED_REF = _Reference("m")
+
+
+def _check_against_reference(events: list[Any], require_label: bool, grouped: list[bool] | None) -> None:
+    groups = None
+    if grouped is not None:  # consecutive events share a message where grouped[i]
+        groups, g = [], 0
+        for i, same in enumerate(grouped[: len(events)] + [False] * max(0, len(events) - len(grouped))):
+            g += 0 if same and i else 1
+            groups.append(g)
+    ref = _outcome(_SHARED_REF, events, require_label, groups)
+    assert _outcome(_SHARED, events, require_label, groups) == ref
+    assert _outcome(FeatureHasher("m"), events, require_label, groups) == ref
+    few = _outcome(_Reference("m", max_features=4), events, require_label, groups)
+    assert _outcome(FeatureHasher("m", max_features=4), events, require_label, groups) == few
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(_event(), max_size=12), st.booleans(), st.none() | st.lists(st.booleans(), max_size=12))
+def test_featurize_matches_the_reference(events: list[Any], require_label: bool, grouped: list[bool] | None) -> None:
+    _check_against_reference(events, require_label, grouped)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_features(), min_size=1, max_size=40), st.integers(0, 4), st.integers(0, 20))
+def test_featurize_past_the_layout_bound_matches_the_reference(
+    feats: list[Any], max_layouts: int, max_fields: int
+) -> None:
+    import ps_core.features as features
+
+    events = [{"label": i % 2, "features": f} for i, f in enumerate(feats)]
+    saved = features.MAX_CACHED_SCHEMAS, features.MAX_CACHED_SCHEMA_FIELDS
+    features.MAX_CACHED_SCHEMAS, features.MAX_CACHED_SCHEMA_FIELDS = max_layouts, max_fields
+    try:
+        h = FeatureHasher("m")
+        ref = _outcome(_Reference("m"), events, True, None)
+        for _ in range(2):  # the second call meets a full cache
+            assert _outcome(h, events, True, None) == ref
+        assert h._layouts.count <= max_layouts and h._layouts.used <= max_fields
+        assert len(h._layouts.ids) == h._layouts.count
+    finally:
+        features.MAX_CACHED_SCHEMAS, features.MAX_CACHED_SCHEMA_FIELDS = saved
+
+
+def test_a_cached_layout_with_other_types_still_hashes_each_value_by_its_type() -> None:
+    h, ref = FeatureHasher("m"), _Reference("m")
+    first = {"label": 1, "features": {"a": "x", "n": 2.0}}
+    events: list[Any] = [
+        first,
+        {"label": 0, "features": {"a": 3, "n": "y"}},  # the same names, the types swapped
+        {"label": 0, "features": {"a": None, "n": 2}},
+        {"label": 1, "features": {"a": _Str("x"), "n": 1.0}},  # not a categorical value
+        {"label": 1, "features": {"a": ["p", "q"], "n": True}},
+        {"label": 0, "features": {"a": "x", "n": 1e39}},
+    ]
+    for _ in range(2):
+        assert _outcome(h, events, True, None) == _outcome(ref, events, True, None)
+    _, errors = h.featurize(events)
+    # Numbers are checked before the rare types, so event 5's error comes first.
+    assert [(g, e.reason) for g, e in errors.items()] == [(5, "bad_value"), (3, "bad_value")]
+    # Error messages name the field of the failing value.
+    assert "event 3: a has a _Str value" in str(errors[3]) and "n=1e+39" in str(errors[5])
+
+
+def test_a_bad_event_mid_chunk_fails_only_its_group() -> None:
+    h, ref = FeatureHasher("m"), _Reference("m")
+    good = [{"label": i % 2, "ts": float(i), "features": {"a": f"{i:08x}", "n": float(i)}} for i in range(600)]
+    for bad in ({"label": 1, "weight": -1, "features": {"a": "x"}}, {"label": 1, "keys": ["1"]}, "x"):
+        events: list[Any] = good[:300] + [bad] + good[300:]
+        groups = [i // 3 for i in range(len(events))]
+        out = _outcome(h, events, True, groups)
+        assert out == _outcome(ref, events, True, groups)
+        batch, errors = h.featurize(events, groups=groups)
+        assert list(errors) == [100] and batch.size == len(events) - 3
+
+
+def test_the_layout_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ps_core.features as features
+
+    monkeypatch.setattr(features, "MAX_CACHED_SCHEMAS", 3)
+    h = FeatureHasher("m")
+    events = [{"label": 0, "features": {f"f{i}": "x", "g": 1.0}} for i in range(10)]
+    batch, _ = h.featurize(events)
+    assert len(h._layouts.ids) == 3
+    again, _ = h.featurize(events[::-1])  # past the bound: the same ids
+    assert again.keys.tolist() == FeatureHasher("m").featurize(events[::-1])[0].keys.tolist()
+    assert batch.keys.tolist() == FeatureHasher("m").featurize(events)[0].keys.tolist()
+
+
+def test_layouts_with_long_names_are_not_cached_and_block_no_others() -> None:
+    h = FeatureHasher("m")
+    long = {"label": 1, "features": {"n" * 100: "x"}}
+    short = {"label": 0, "features": {"a": "y", "b": 1.0}}
+    for _ in range(2):
+        batch, errors = h.featurize([long, short])
+        assert errors == {}
+        assert list(h._layouts.ids) == [("a", "b")]
+        assert batch.keys.tolist() == _Reference("m").featurize([long, short])[0].keys.tolist()
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [{"label": 1, "keys": [1]}, {"label": 1}],
+        [{"label": 1, "features": {}}, {"label": 1, "features": None, "keys": None}],
+        [{"label": 1, "keys": [1]}, {"label": 0, "features": {"a": "x"}, "keys": [2**64 - 1, 0]}],
+    ],
+)
+def test_features_and_keys_columns_match_the_reference(events: list[Any]) -> None:
+    assert _outcome(FeatureHasher("m"), events, True, None) == _outcome(_Reference("m"), events, True, None)
