@@ -25,16 +25,18 @@ def mix64(keys: npt.ArrayLike, salt: int = 0) -> U64:
 
     A bijection on uint64 with full avalanche: every output bit depends on
     every input bit, so any slice of its bits is a good hash. Different salts
-    give independent-looking hashes of the same keys (sharding and the
-    in-shard index use different salts, so keys of one shard do not crowd
-    together in its index).
+    give independent-looking hashes of the same keys (initial values use a
+    salt derived from the table's seed; sharding uses none).
     """
-    h = np.asarray(keys, dtype=np.uint64)
+    k = np.asarray(keys, dtype=np.uint64)
+    if k.ndim == 0:  # numpy scalars would warn on the intended overflow
+        return mix64(k.reshape(1), salt).reshape(())
     if salt:
-        h = h ^ np.uint64(salt & 0xFFFFFFFFFFFFFFFF)
+        h = k ^ np.uint64(salt & 0xFFFFFFFFFFFFFFFF)
+        h ^= h >> _S33
     else:
-        h = h.copy()
-    h ^= h >> _S33
+        h = k >> _S33  # the first step makes the fresh array, no copy first
+        h ^= k
     h *= _C1
     h ^= h >> _S33
     h *= _C2
@@ -52,7 +54,14 @@ def shard_of(keys: npt.ArrayLike, num_shards: int) -> npt.NDArray[np.intp]:
         raise ValueError("num_shards must be >= 1")
     if num_shards == 1:
         return np.zeros(np.shape(keys), dtype=np.intp)
-    return (mix64(keys) % np.uint64(num_shards)).astype(np.intp)
+    h = mix64(keys)  # a fresh array: reduce it in place
+    if num_shards & (num_shards - 1) == 0:
+        h &= np.uint64(num_shards - 1)  # the same as %, without a division
+    else:
+        h %= np.uint64(num_shards)
+    if h.dtype.itemsize == np.dtype(np.intp).itemsize:
+        return h.view(np.intp)  # values < num_shards: the same numbers
+    return h.astype(np.intp)
 
 
 def uniform_from_keys(keys: U64, seed: int, width: int) -> npt.NDArray[np.float64]:

@@ -148,8 +148,6 @@ class KeyIndex:
         slots_out = np.where(rows >= 0, pos, -1) if want_slots else None
         free = pos if want_free else None  # right where the home slot is free
         if not pending.size:
-            if free is not None:
-                free &= mask
             return rows, slots_out, free
         # The pending keys' index, home and key, one array so that a round
         # drops the finished ones in one call.
@@ -175,23 +173,22 @@ class KeyIndex:
             h2 = row_keys.take(r2, mode="clip") == pkeys
             if tombs:
                 h2 &= r2 >= 0
-            # A key sits in at most one slot: its row, or -1.
-            # (np.where then a reduction: a reduction's own where= is far
-            # slower on masks this dense.)
-            rows[idx] = np.where(h2, r2, -1).max(axis=0)
             # A key's probe stops at its slot or at the first EMPTY of its
             # chain (a present key sits before it), whichever comes first.
             # Without tombstones every negative slot is EMPTY, and a false
-            # match sits on one.
-            if tombs:
-                stop = r2 == EMPTY
-            else:
-                stop = r2 < 0
+            # match sits on one. (np.where then a reduction: a reduction's
+            # own where= is far slower on masks this dense.)
+            stop = r2 == EMPTY if tombs else r2 < 0
             stop |= h2
             first = np.where(stop, win, _NO_SLOT).min(axis=0)
+            go_on = first == _NO_SLOT
+            first &= mask  # junk where go_on
+            # The slot a probe stopped at holds the key's row, or EMPTY (-1)
+            # if the key is absent; keys probing on read junk, overwritten
+            # when they stop.
+            rows[idx] = slots.take(first)
             if slots_out is not None:
-                f = rows.take(idx) >= 0
-                slots_out[idx[f]] = first[f] & mask
+                slots_out[idx] = np.where(go_on, -1, first)
             if free is not None:
                 if need is None:
                     # Absent keys stopped at their chain's EMPTY; the others'
@@ -201,15 +198,12 @@ class KeyIndex:
                     fr = np.where(r2 < 0, win, _NO_SLOT).min(axis=0)
                     fill = fr != _NO_SLOT
                     fill &= need
-                    free[idx[fill]] = fr[fill]
+                    free[idx[fill]] = fr[fill] & mask
                     need &= ~fill
-            go_on = first == _NO_SLOT
             st = st[:, go_on]
             if need is not None:
                 need = need[go_on]
             lo += width
-        if free is not None:
-            free &= mask
         return rows, slots_out, free
 
     def lookup(self, keys: npt.ArrayLike) -> I64:
@@ -252,9 +246,15 @@ class KeyIndex:
         current `mutations`.
 
         Returns the row of each key, and the distinct rows and keys inserted
-        (keys ascending, rows handed out in that order).
+        (keys ascending, rows handed out in that order). The arrays may share
+        memory with each other and with `keys`: treat them as read-only.
         """
         k = np.ascontiguousarray(keys, dtype=np.uint64)
+        if k.size < 2 or (k[1:] > k[:-1]).all():
+            # Ascending, so distinct and in order already: a worker's keys
+            # come from np.unique, and a shard's share keeps their order.
+            new_rows = self._insert_absent(k, free)
+            return new_rows, new_rows, k
         order = k.argsort()
         new_keys = k.take(order)
         if new_keys.size > 1 and (new_keys[1:] == new_keys[:-1]).any():

@@ -124,8 +124,14 @@ class AdaGrad(Optimizer):
     def step(self, rows: F32, grads: F32) -> None:
         d = grads.shape[1]
         w, acc = rows[:, :d], rows[:, d:]
-        acc += grads * grads
-        w -= np.float32(self.lr) * grads / (np.sqrt(acc) + np.float32(self.eps))
+        # acc += g²; w -= (lr g) / (sqrt(acc) + eps), with two temporaries.
+        t = grads * grads
+        acc += t
+        np.sqrt(acc, out=t)
+        t += np.float32(self.eps)
+        u = np.float32(self.lr) * grads
+        u /= t
+        w -= u
 
 
 class FTRL(Optimizer):
@@ -150,17 +156,36 @@ class FTRL(Optimizer):
         self.l2 = l2
         self._check_finite()
 
-    def _w(self, z: F32, n: F32) -> F32:
-        a = np.float32(self.alpha)
-        denom = (np.float32(self.beta) + np.sqrt(n)) / a + np.float32(self.l2)
-        shrunk = np.abs(z) - np.float32(self.l1)
-        w: F32 = (-np.sign(z) * np.maximum(shrunk, np.float32(0)) / denom).astype(
-            np.float32, copy=False
-        )
+    def _w(self, z: F32, sqrt_n: F32) -> F32:
+        """The weights from z and sqrt(n) (a step computes sqrt(n) once for
+        both uses), in place where possible.
+
+        It computes ``sign(z) max(|z| - l1, 0) / -denom`` with the negated
+        denominator ``(-beta - sqrt(n)) / alpha - l2``: IEEE rounding is
+        symmetric in sign, so every intermediate is exactly the negation of
+        the formula's and the result is the same bits, zeros' signs
+        included, one negation fewer.
+        """
+        neg_denom = np.subtract(np.float32(-self.beta), sqrt_n)
+        neg_denom /= np.float32(self.alpha)
+        neg_denom -= np.float32(self.l2)
+        shrunk = np.abs(z)
+        shrunk -= np.float32(self.l1)
+        np.maximum(shrunk, np.float32(0), out=shrunk)
+        w: F32 = np.sign(z)
+        w *= shrunk
+        w /= neg_denom
         return w
 
+    def derive(self, rows: F32, dim: int) -> tuple[F32, F32]:
+        """The weights (n, dim) of rows and their sqrt(n): what `step` derives
+        from the rows before updating them. A caller that has these for rows
+        unchanged since can pass them to `step` to spare recomputing them."""
+        sqrt_n = np.sqrt(rows[:, dim:])
+        return self._w(rows[:, :dim], sqrt_n), sqrt_n
+
     def weights(self, rows: F32, dim: int) -> F32:
-        return self._w(rows[:, :dim], rows[:, dim:])
+        return self.derive(rows, dim)[0]
 
     def rows_from_weights(self, w: F32) -> F32:
         # With n = 0 the weight is -(z - sign(z) l1) / (beta/alpha + l2):
@@ -171,13 +196,22 @@ class FTRL(Optimizer):
         out[:, :d] = -w * denom - np.sign(w) * np.float32(self.l1)
         return out
 
-    def step(self, rows: F32, grads: F32) -> None:
+    def step(self, rows: F32, grads: F32, derived: tuple[F32, F32] | None = None) -> None:
+        """`Optimizer.step`; `derived`, if given, must be `derive` of `rows`
+        as they are now (it is read, not changed)."""
         d = grads.shape[1]
         z, n = rows[:, :d], rows[:, d:]
-        w = self._w(z, n)
-        n_new = n + grads * grads
-        sigma = (np.sqrt(n_new) - np.sqrt(n)) / np.float32(self.alpha)
-        z += grads - sigma * w
+        w, sqrt_n = self.derive(rows, d) if derived is None else derived
+        # n_new = n + g²; sigma = (sqrt(n_new) - sqrt(n)) / alpha;
+        # z += g - sigma w; n = n_new (in place, in that order of operations).
+        n_new = grads * grads
+        np.add(n, n_new, out=n_new)
+        sigma = np.sqrt(n_new)
+        sigma -= sqrt_n
+        sigma /= np.float32(self.alpha)
+        sigma *= w
+        np.subtract(grads, sigma, out=sigma)
+        z += sigma
         n[...] = n_new
 
 

@@ -10,6 +10,11 @@ number (see `KeyIndex`):
 - ``last_seen`` (event time, whole seconds), ``shows`` and ``clicks``: the
   metadata that admission and eviction policies read.
 
+All of these are views of one ``(rows, width + 4)`` uint32 array, a row's
+state (as float32 bits) followed by its four metadata words: a pull's gather
+brings in the cache lines its push then updates, and a push reads and writes
+each row in one gather and one scatter.
+
 `pull` never allocates: an absent key reads its deterministic initial value.
 `push` sums the gradients of duplicate keys, then applies the optimizer once
 per distinct key, in place.
@@ -26,7 +31,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +39,7 @@ import numpy.typing as npt
 from .errors import InvalidValuesError, TableConfigError
 from .hashing import U64, uniform_from_keys
 from .index import KeyIndex
-from .optim import Optimizer, make_optimizer
+from .optim import FTRL, Optimizer, make_optimizer
 
 __all__ = ["TableConfig", "SparseTable", "TableSnapshot", "SnapshotKind", "F32", "U32"]
 
@@ -195,13 +200,42 @@ class TableSnapshot:
         return {name: getattr(self, name) for name in self.ARRAYS}
 
 
-def _saturating_add(
-    counts: npt.NDArray[np.uint32], add: npt.NDArray[Any]
-) -> npt.NDArray[np.uint32]:
-    """uint32 counters plus whole-number increments, saturating at 2**32 - 1."""
-    total = counts.astype(np.float64) + add
-    out: npt.NDArray[np.uint32] = np.minimum(total, float(2**32 - 1)).astype(np.uint32)
-    return out
+_META = ("updated_at", "last_seen", "shows", "clicks")
+"""The columns of `SparseTable.meta`, in order."""
+_COUNT_MAX = float(2**32 - 1)
+_GATHERED_KEPT = 2
+"""Recent pulls (per table) whose gathered rows are kept for their push."""
+
+
+def _row_view(a: npt.NDArray[Any]) -> npt.NDArray[np.void]:
+    """A C-contiguous 2-d array as a 1-d array of opaque rows (same memory).
+
+    Scattering whole rows through it (`put` is quicker than ``[]=`` here) is a
+    plain copy of n items, several times cheaper than numpy's 2-d fancy
+    assignment.
+    """
+    v: npt.NDArray[np.void] = a.view(np.dtype((np.void, a.shape[1] * a.itemsize))).reshape(-1)
+    return v
+
+
+class _Pulled(NamedTuple):
+    """What a pull learnt, for the push of the same keys that usually follows."""
+
+    keys: U64
+    """A copy of the keys pulled."""
+    rows: npt.NDArray[np.int64]
+    """Their rows, -1 where absent."""
+    missing: npt.NDArray[np.intp]
+    """Positions of the absent keys."""
+    free: npt.NDArray[np.int64]
+    """Those keys' first free index slots (`KeyIndex.probe`)."""
+    mutations: int
+    """The index's `mutations` then: while unchanged, rows and free slots hold."""
+    writes: int
+    """The table's `_writes` then: while unchanged, no row has changed."""
+    gathered: tuple[U32, F32, F32] | None
+    """With FTRL (see `SparseTable._derive`): the storage rows gathered and
+    `FTRL.derive` of their state; junk for absent keys. Else None."""
 
 
 class SparseTable:
@@ -222,11 +256,29 @@ class SparseTable:
         """Push calls applied."""
         self.pulls = 0
         """Pull calls served."""
-        # Rows looked up by recent pulls: a worker pushes the very keys it
-        # pulled, so its push reuses the lookup instead of probing again. A
-        # row stays valid until its key is deleted (rehashing moves slots,
+        # What recent pulls found (`_Pulled`): a worker pushes the very keys
+        # it pulled, so its push reuses the lookup instead of probing again.
+        # A row stays valid until its key is deleted (rehashing moves slots,
         # never rows), so `delete` clears this.
-        self._pulled: deque[tuple[U64, npt.NDArray[np.int64], int]] = deque(maxlen=8)
+        self._pulled: deque[_Pulled] = deque(maxlen=8)
+        self._writes = 0
+        """Count of calls that changed rows (pushes and loads)."""
+        # 0, 1, 2, ... for the duplicate check in `push`; grown on demand.
+        self._stamps = np.arange(1024, dtype=np.uint32)
+        # The whole row (state, zero metadata) of a key whose initial weight
+        # is 0 (init_scale 0): a constant, written to new rows as it is.
+        zero_state = self.optimizer.rows_from_weights(np.zeros((1, self.dim), np.float32))
+        self._zero_row = _row_view(self._full_rows(zero_state))
+        # FTRL's step starts by deriving w and sqrt(n) from the rows, as a
+        # pull does: a push right after a pull of the same keys, with no row
+        # changed in between, takes them from the pull. Fresh rows (absent at
+        # the pull) start from `zero_state`, whose derivation is a constant;
+        # other initial values would have to be derived per key, so then the
+        # push derives everything itself.
+        self._derive: FTRL | None = None
+        if isinstance(self.optimizer, FTRL) and config.init_scale == 0.0:
+            self._derive = self.optimizer
+            self._zero_derived = self.optimizer.derive(zero_state, self.dim)
         # Keys deleted since the last cut, for the next delta. Kept as the
         # arrays `delete` returned; folded into one distinct array when they
         # have doubled, so the log holds each deleted key about once.
@@ -237,38 +289,40 @@ class SparseTable:
 
     # -- storage -----------------------------------------------------------
     def _alloc(self, cap: int) -> None:
-        self.data: F32 = np.zeros((cap, self.width), dtype=np.float32)
-        self.updated_at = np.zeros(cap, dtype=np.uint32)
-        self.last_seen = np.zeros(cap, dtype=np.uint32)
-        self.shows = np.zeros(cap, dtype=np.uint32)
-        self.clicks = np.zeros(cap, dtype=np.uint32)
+        self._rows: U32 = np.zeros((cap, self.width + len(_META)), dtype=np.uint32)
+        """The storage: per row, `width` float32 state words, then `_META`."""
+        self._rows_1d = _row_view(self._rows)
+        w = self.width
+        self.data: F32 = self._rows[:, :w].view(np.float32)
+        self.meta: U32 = self._rows[:, w:]
+        """Per-row metadata; its columns are the arrays named in `_META`."""
+        self.updated_at: U32 = self.meta[:, 0]
+        self.last_seen: U32 = self.meta[:, 1]
+        self.shows: U32 = self.meta[:, 2]
+        self.clicks: U32 = self.meta[:, 3]
+
+    def _full_rows(self, state: F32) -> U32:
+        """Storage rows holding `state` (n, width) and zero metadata."""
+        out = np.zeros((state.shape[0], self.width + len(_META)), dtype=np.uint32)
+        out[:, : self.width] = state.view(np.uint32)
+        return out
 
     def _sync_capacity(self) -> None:
         """Grow row arrays to the index's row capacity (which grows by 1.5x)."""
         cap = self.index.row_capacity
-        old = self.data.shape[0]
+        old = self._rows.shape[0]
         if cap <= old:
             return
-        arrays = (self.data, self.updated_at, self.last_seen, self.shows, self.clicks)
+        prev = self._rows
         self._alloc(cap)
-        for new, prev in zip(
-            (self.data, self.updated_at, self.last_seen, self.shows, self.clicks), arrays
-        ):
-            new[:old] = prev
+        self._rows[:old] = prev
 
     def __len__(self) -> int:
         return self.index.size
 
     def memory_bytes(self) -> int:
         """Bytes allocated for this table: index, rows and metadata."""
-        return int(
-            self.index.nbytes()
-            + self.data.nbytes
-            + self.updated_at.nbytes
-            + self.last_seen.nbytes
-            + self.shows.nbytes
-            + self.clicks.nbytes
-        )
+        return int(self.index.nbytes() + self._rows.nbytes)
 
     # -- values --------------------------------------------------------------
     def initial_weights(self, keys: U64) -> F32:
@@ -279,20 +333,49 @@ class SparseTable:
         u = uniform_from_keys(keys, self.config.seed, self.dim)
         return ((u * 2.0 - 1.0) * scale).astype(np.float32)
 
+    def _initial_rows(self, keys: U64) -> npt.NDArray[np.void]:
+        """The storage rows (as `_row_view` items) of keys before their first update."""
+        if self.config.init_scale == 0.0:
+            return self._zero_row
+        return _row_view(self._full_rows(self.optimizer.rows_from_weights(self.initial_weights(keys))))
+
     def pull(self, keys: npt.ArrayLike) -> F32:
         """Current weights (n, dim) of `keys`, in their order; allocates nothing."""
         k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
         self.pulls += 1
-        rows = self.index.lookup(k)
-        self._pulled.append((k.copy(), rows, self.index.mutations))
-        present = rows >= 0
-        if present.all():
-            return self.optimizer.weights(np.take(self.data, rows, axis=0), self.dim)
-        out = np.empty((k.size, self.dim), dtype=np.float32)
-        absent = ~present
-        out[absent] = self.initial_weights(k[absent])
-        if present.any():
-            out[present] = self.weights_of_rows(rows[present])
+        rows, free = self.index.probe(k)
+        missing = np.flatnonzero(rows < 0)
+        if missing.size == k.size:  # nothing stored (perhaps no row at all yet)
+            self._pulled.append(
+                _Pulled(k.copy(), rows, missing, free, self.index.mutations, self._writes, None)
+            )
+            return self.initial_weights(k)
+        # Absent keys gather row 0 (mode="clip" maps -1 there): one gather
+        # and one weight derivation for all keys, then overwrite those few,
+        # beats splitting the keys into present and absent first.
+        # (A gather of `data`, a strided view, is slow: gather whole rows.)
+        full = self._rows.take(rows, axis=0, mode="clip")
+        state = full[:, : self.width].view(np.float32)
+        gathered = None
+        if self._derive is not None:
+            out, sqrt_n = self._derive.derive(state, self.dim)
+            gathered = (full, out.copy(), sqrt_n)  # `out` is the caller's
+        else:
+            out = self.optimizer.weights(state, self.dim)
+        self._pulled.append(
+            _Pulled(k.copy(), rows, missing, free.take(missing), self.index.mutations, self._writes, gathered)
+        )
+        if len(self._pulled) > _GATHERED_KEPT:
+            # The gathered rows are the bulk of an entry: keep them for the
+            # latest pulls only (a push follows its pull closely).
+            old = self._pulled[-1 - _GATHERED_KEPT]
+            if old.gathered is not None:
+                self._pulled[-1 - _GATHERED_KEPT] = old._replace(gathered=None)
+        if missing.size:
+            if self.config.init_scale == 0.0:
+                out[missing] = 0.0
+            else:
+                out[missing] = self.initial_weights(k.take(missing))
         return out
 
     def push(
@@ -320,16 +403,21 @@ class SparseTable:
                 f"table {self.config.name}: gradients of shape {g.shape} for "
                 f"{k.size} keys of dim {self.dim}"
             )
-        if not np.isfinite(g).all():
+        # One pass: a float64 sum of float32 values cannot overflow (below
+        # 10**269 of them), so it is finite exactly when they all are.
+        if not math.isfinite(g.sum(dtype=np.float64)):
             raise InvalidValuesError(f"table {self.config.name}: gradients hold NaN or inf")
         c = None
         if counts is not None:
             c = np.asarray(counts, dtype=np.float32).reshape(-1, 2) if k.size else None
+            # min and max propagate NaN, so the comparisons reject NaN and
+            # +-inf too; then whole numbers (np.floor is far cheaper than
+            # np.modf).
             if c is not None and (
                 c.shape[0] != k.size
-                or not np.isfinite(c).all()
-                or (c < 0).any()
-                or (c != np.floor(c)).any()
+                or not c.min() >= 0
+                or not c.max() < np.inf
+                or not (np.floor(c) == c).all()
             ):
                 raise InvalidValuesError(
                     f"table {self.config.name}: counts must be (n, 2), finite, whole and >= 0"
@@ -339,20 +427,51 @@ class SparseTable:
             raise InvalidValuesError(
                 f"table {self.config.name}: event time {seen!r} is not seconds in [0, 2**32)"
             )
-        if k.size == 0:
+        n = k.size
+        if n == 0:
             return 0
-        rows, new_rows, new_keys = self._rows_for_push(k)
+        pulled = self._take_pulled(k)
+        # With no row changed since the pull, what it gathered and derived
+        # still holds, but for the keys it found absent (inserted below).
+        gathered = None
+        if pulled is not None and pulled.writes == self._writes:
+            gathered = pulled.gathered
+        rows, new_rows, new_keys = self._rows_for_push(k, pulled)
         self._sync_capacity()
         if new_rows.size:
-            self.data[new_rows] = self.optimizer.rows_from_weights(self.initial_weights(new_keys))
-            self.shows[new_rows] = 0
-            self.clicks[new_rows] = 0
-        ordered = np.sort(rows)
-        if not (ordered[1:] == ordered[:-1]).any():
-            # Distinct keys (what the client sends): no grouping needed, and a
-            # sort is ~3x cheaper than np.unique's inverse.
+            self._rows_1d.put(new_rows, self._initial_rows(new_keys))
+        derived = None
+        if gathered is not None and pulled is not None:
+            full, weights, sqrt_n = gathered
+            if pulled.missing.size:
+                # The inserted rows start as `_zero_row` (init_scale is 0).
+                _row_view(full).put(pulled.missing, self._zero_row)
+                for part, zero in zip((weights, sqrt_n), self._zero_derived):
+                    part[pulled.missing] = zero
+            derived = (weights, sqrt_n)
+        w = self.width
+        if n < 2 or (k[1:] > k[:-1]).all():
+            # Ascending keys are distinct: a worker's are (they come from
+            # np.unique, and a shard's share keeps their order).
+            if gathered is None:
+                full = self._rows.take(rows, axis=0)
+            distinct = True
+        else:
+            # Duplicate check: stamp each occurrence's position into its row's
+            # updated_at and read it back with the gather the update needs
+            # anyway; a repeated row reads a later occurrence's stamp. (Every
+            # row stamped gets updated_at = version below: nothing of it stays.)
+            if self._stamps.size < n:
+                self._stamps = np.arange(max(n, 2 * self._stamps.size), dtype=np.uint32)
+            stamps = self._stamps[:n]
+            self.updated_at[rows] = stamps
+            full = self._rows.take(rows, axis=0)
+            distinct = bool((full[:, w] == stamps).all())
+        if distinct:
+            # Distinct keys (what the client sends): no grouping needed.
             uniq, summed, row_counts = rows, g, c
         else:
+            derived = None  # per occurrence, not per distinct row
             uniq, inverse = np.unique(rows, return_inverse=True)
             inverse = inverse.reshape(-1)
             m = uniq.size
@@ -363,34 +482,51 @@ class SparseTable:
             row_counts = None
             if c is not None:
                 row_counts = np.stack([np.bincount(inverse, c[:, 0], m), np.bincount(inverse, c[:, 1], m)], axis=1)
-        block = np.take(self.data, uniq, axis=0)
-        self.optimizer.step(block, summed)
-        self.data[uniq] = block
-        self.updated_at[uniq] = self.version
-        self.last_seen[uniq] = np.uint32(int(seen))
+            full = self._rows.take(uniq, axis=0)
+        # Update the gathered rows in place, then write them back whole.
+        if derived is not None and self._derive is not None:
+            self._derive.step(full[:, :w].view(np.float32), summed, derived)
+        else:
+            self.optimizer.step(full[:, :w].view(np.float32), summed)
+        meta = full[:, w:]
+        meta[:, 0] = self.version
+        meta[:, 1] = int(seen)
         if row_counts is not None:
-            self.shows[uniq] = _saturating_add(self.shows[uniq], row_counts[:, 0])
-            self.clicks[uniq] = _saturating_add(self.clicks[uniq], row_counts[:, 1])
+            # Saturate at 2**32 - 1 instead of wrapping: add in float64 (exact
+            # for any uint32 plus a whole float32), clamp, cast back.
+            total = np.add(meta[:, 2:], row_counts, dtype=np.float64)
+            np.minimum(total, _COUNT_MAX, out=total)
+            meta[:, 2:] = total
+        self._rows_1d.put(uniq, _row_view(full))
         self.pushes += 1
+        self._writes += 1
         return int(uniq.size)
 
-    def _rows_for_push(self, k: U64) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], U64]:
-        """`KeyIndex.get_or_insert`, reusing a recent pull's lookup of the same keys."""
+    def _take_pulled(self, k: U64) -> _Pulled | None:
+        """Remove and return the latest pull of exactly the keys `k`, if any."""
         for i in range(len(self._pulled) - 1, -1, -1):
-            keys, rows, mutations = self._pulled[i]
-            if keys.size == k.size and np.array_equal(keys, k):
-                del self._pulled[i]
-                missing = np.flatnonzero(rows < 0)
-                if not missing.size:
-                    return rows, _NO_ROWS, _NO_KEYS
-                if mutations == self.index.mutations:  # still absent: no probing
-                    got, new_rows, new_keys = self.index.insert_absent(k[missing])
-                else:  # another push may have inserted some since the pull
-                    got, new_rows, new_keys = self.index.get_or_insert(k[missing])
-                rows = rows.copy()
-                rows[missing] = got
-                return rows, new_rows, new_keys
-        return self.index.get_or_insert(k)
+            p = self._pulled[i]
+            if p.keys.size == k.size and (p.keys == k).all():
+                del self._pulled[i]  # its arrays are ours now: no copies needed
+                return p
+        return None
+
+    def _rows_for_push(
+        self, k: U64, pulled: _Pulled | None
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], U64]:
+        """`KeyIndex.get_or_insert`, reusing the pull of the same keys if there was one."""
+        if pulled is None:
+            return self.index.get_or_insert(k)
+        rows, missing = pulled.rows, pulled.missing
+        if not missing.size:
+            return rows, _NO_ROWS, _NO_KEYS
+        if pulled.mutations == self.index.mutations:
+            # Still absent, and the slots the pull found free still are.
+            got, new_rows, new_keys = self.index.insert_absent(k.take(missing), pulled.free)
+        else:  # another push may have inserted some since the pull
+            got, new_rows, new_keys = self.index.get_or_insert(k.take(missing))
+        rows[missing] = got
+        return rows, new_rows, new_keys
 
     # -- versions, snapshots and deletes --------------------------------------
     def changed_since(self, version: int) -> tuple[U64, npt.NDArray[np.int64]]:
@@ -523,10 +659,10 @@ class SparseTable:
             raise InvalidValuesError(f"table {name}: rows hold NaN or inf")
         if n == 0:
             return 0
-        rows = self.index.lookup(k)
+        rows, free = self.index.probe(k)
         absent = np.flatnonzero(rows < 0)
         if absent.size:
-            got, new_rows, _ = self.index.insert_absent(k[absent])
+            got, new_rows, _ = self.index.insert_absent(k[absent], free[absent])
             rows[absent] = got
         else:
             new_rows = _NO_ROWS
@@ -538,6 +674,7 @@ class SparseTable:
             self.index.delete(self.index.row_keys[new_rows])  # undo the inserts
             raise InvalidValuesError(f"table {name}: load_rows keys must be distinct")
         self._sync_capacity()
+        self._writes += 1
         self.data[rows] = d
         for dst, src in zip((self.updated_at, self.last_seen, self.shows, self.clicks), meta):
             dst[rows] = src
@@ -545,4 +682,5 @@ class SparseTable:
 
     def weights_of_rows(self, rows: npt.NDArray[np.int64]) -> F32:
         """Weights (n, dim) of given row numbers."""
-        return self.optimizer.weights(np.take(self.data, rows, axis=0), self.dim)
+        full = self._rows.take(rows, axis=0)
+        return self.optimizer.weights(full[:, : self.width].view(np.float32), self.dim)

@@ -57,6 +57,22 @@ class IndexMachine(RuleBasedStateMachine):
         assert rows.tolist() == [self.ref.get(k, -1) for k in keys]
 
     @rule(keys=key_batches)
+    def probe_then_insert_absent(self, keys: list[int]) -> None:
+        """The push path: a lookup's first free slots steer the insert of the
+        keys it found absent (with tombstones about, and duplicates)."""
+        k = _arr(keys)
+        rows, free = self.index.probe(k)
+        assert rows.tolist() == [self.ref.get(x, -1) for x in keys]
+        missing = np.flatnonzero(rows < 0)
+        if not missing.size:
+            return
+        got, new_rows, new_keys = self.index.insert_absent(k[missing], free[missing])
+        assert sorted(int(x) for x in new_keys) == sorted(set(keys) - set(self.ref))
+        assert len(set(new_rows.tolist())) == len(new_rows)
+        for x, r in zip(k[missing].tolist(), got.tolist()):
+            assert self.ref.setdefault(x, r) == r
+
+    @rule(keys=key_batches)
     def delete(self, keys: list[int]) -> None:
         removed = self.index.delete(_arr(keys))
         expected = sorted(set(k for k in keys if k in self.ref))
@@ -154,3 +170,71 @@ def test_empty_inputs() -> None:
 def test_bad_load_factor_rejected() -> None:
     with pytest.raises(ValueError):
         KeyIndex(max_load=0.99)
+
+
+def _chain_free_slot(index: KeyIndex, key: int) -> int:
+    """The first EMPTY or TOMBSTONE slot of a key's probe chain, by a scan."""
+    pos = int(index._home(_arr([key]))[0])
+    while index._slots[pos] >= 0:
+        pos = (pos + 1) % index.num_slots
+    return pos
+
+
+@pytest.mark.parametrize("deletes", [False, True], ids=["no-tombstones", "tombstones"])
+def test_probe_reports_each_absent_keys_first_free_slot(deletes: bool) -> None:
+    """At a high load (long chains, windows past 32 slots, wrap-around) the
+    free slot `probe` reports is the one a scan of the chain finds."""
+    rng = np.random.default_rng(5)
+    index = KeyIndex(initial_slots=1 << 10, max_load=0.9)
+    keys = rng.integers(0, 2**64, 900, dtype=np.uint64)
+    index.get_or_insert(keys)
+    if deletes:
+        index.delete(keys[::3])
+        assert index._tombstones > 0
+    probe = np.concatenate([keys, rng.integers(0, 2**64, 2000, dtype=np.uint64)])
+    rows, free = index.probe(probe)
+    np.testing.assert_array_equal(rows, index.lookup(probe))
+    absent = np.flatnonzero(rows < 0)
+    assert absent.size >= 2000
+    assert index.size / index.num_slots > 0.55  # long chains
+    assert free[absent].tolist() == [_chain_free_slot(index, int(x)) for x in probe[absent]]
+
+
+def test_insert_absent_with_free_slots_matches_plain_inserts() -> None:
+    """Hinted inserts (several keys sharing a first free slot among them)
+    give the same rows and an index that finds every key, as without hints."""
+    rng = np.random.default_rng(9)
+    base = rng.integers(0, 2**64, 500, dtype=np.uint64)
+    new = rng.integers(0, 2**64, 300, dtype=np.uint64)
+    plain, hinted = KeyIndex(initial_slots=1 << 10, max_load=0.9), KeyIndex(initial_slots=1 << 10, max_load=0.9)
+    for index in (plain, hinted):
+        index.get_or_insert(base)
+        index.delete(base[::5])
+    rows, free = hinted.probe(new)
+    assert (rows < 0).all()
+    assert np.unique(free).size < free.size  # some keys contend for one slot
+    got_h, rows_h, keys_h = hinted.insert_absent(new, free)
+    got_p, rows_p, keys_p = plain.insert_absent(new)
+    np.testing.assert_array_equal(got_h, got_p)
+    np.testing.assert_array_equal(rows_h, rows_p)
+    np.testing.assert_array_equal(keys_h, keys_p)
+    everything = np.concatenate([base, new])
+    np.testing.assert_array_equal(hinted.lookup(everything), plain.lookup(everything))
+    assert hinted.size == plain.size and hinted._tombstones == plain._tombstones
+
+
+@pytest.mark.parametrize("layout", ["ascending", "shuffled", "repeats"])
+def test_insert_absent_key_orders(layout: str) -> None:
+    """Ascending keys skip the sort; any order hands rows out in key order."""
+    rng = np.random.default_rng(2)
+    keys = np.unique(rng.integers(0, 2**64, 200, dtype=np.uint64))
+    if layout == "shuffled":
+        keys = rng.permutation(keys)
+    elif layout == "repeats":
+        keys = np.concatenate([keys, keys[::7]])
+    index = KeyIndex()
+    got, new_rows, new_keys = index.insert_absent(keys)
+    np.testing.assert_array_equal(new_keys, np.unique(keys))
+    np.testing.assert_array_equal(new_rows, np.arange(new_keys.size))
+    np.testing.assert_array_equal(got, new_rows[np.searchsorted(new_keys, keys)])
+    np.testing.assert_array_equal(index.lookup(keys), got)

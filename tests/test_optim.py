@@ -135,3 +135,61 @@ def test_bad_hyperparameters_are_config_errors() -> None:
         make_optimizer({"name": "adam"})
     with pytest.raises(TableConfigError):
         make_optimizer({"name": "sgd", "momentum": 0.9})
+
+
+def _ftrl_formula(opt: FTRL, rows: np.ndarray, d: int) -> np.ndarray:
+    """The weight as the docstring writes it, in float32 (no in-place tricks)."""
+    z, n = rows[:, :d], rows[:, d:]
+    denom = (np.float32(opt.beta) + np.sqrt(n)) / np.float32(opt.alpha) + np.float32(opt.l2)
+    shrunk = np.abs(z) - np.float32(opt.l1)
+    w: np.ndarray = -np.sign(z) * np.maximum(shrunk, np.float32(0)) / denom
+    return w
+
+
+@pytest.mark.parametrize(
+    "params",
+    [dict(alpha=0.05, beta=1.0, l1=1.0, l2=1.0), dict(alpha=0.1, beta=0.5, l1=0.0, l2=0.0), dict(alpha=1.7, beta=0.01, l1=3.0, l2=0.2)],
+)
+def test_ftrl_weights_and_steps_are_the_formulas_bit_for_bit(params: dict[str, float]) -> None:
+    """The in-place arithmetic (and the negated denominator) gives the very
+    bits of the plain formulas, zeros' signs included (fresh rows hold
+    z = -0.0); a step given `derive`'s output equals one deriving itself."""
+    opt = FTRL(**params)
+    rng = np.random.default_rng(3)
+    n, d = 4000, 2
+    z = (rng.normal(size=(n, d)) * 10.0 ** rng.uniform(-6, 2, (n, d))).astype(np.float32)
+    z[:8] = [[0.0, -0.0]] * 8
+    acc = (np.abs(rng.normal(size=(n, d))) * 10.0 ** rng.uniform(-6, 4, (n, d))).astype(np.float32)
+    acc[:4] = 0.0
+    rows = np.hstack([z, acc])
+    fresh = opt.rows_from_weights(np.zeros((3, d), dtype=np.float32))
+    assert np.signbit(fresh[:, :d]).all()  # -0.0: what the bit-exactness must preserve
+    rows = np.vstack([rows, fresh])
+    assert opt.weights(rows, d).view(np.uint32).tolist() == _ftrl_formula(opt, rows, d).view(np.uint32).tolist()
+    grads = rng.normal(size=(rows.shape[0], d)).astype(np.float32)
+    grads[:2] = 0.0
+    expect = rows.copy()
+    w = _ftrl_formula(opt, expect, d)
+    zz, nn = expect[:, :d], expect[:, d:]
+    n_new = nn + grads * grads
+    sigma = (np.sqrt(n_new) - np.sqrt(nn)) / np.float32(opt.alpha)
+    zz += grads - sigma * w
+    nn[...] = n_new
+    plain, given = rows.copy(), rows.copy()
+    opt.step(plain, grads)
+    opt.step(given, grads, opt.derive(given, d))
+    assert plain.view(np.uint32).tolist() == expect.view(np.uint32).tolist()
+    assert given.view(np.uint32).tolist() == expect.view(np.uint32).tolist()
+
+
+def test_adagrad_step_is_the_formula_bit_for_bit() -> None:
+    opt = AdaGrad(lr=0.3, eps=1e-6, initial_accumulator=0.1)
+    rng = np.random.default_rng(4)
+    rows = opt.rows_from_weights(rng.normal(size=(500, 4)).astype(np.float32))
+    grads = rng.normal(size=(500, 4)).astype(np.float32)
+    expect = rows.copy()
+    w, acc = expect[:, :4], expect[:, 4:]
+    acc += grads * grads
+    w -= np.float32(opt.lr) * grads / (np.sqrt(acc) + np.float32(opt.eps))
+    opt.step(rows, grads)
+    assert rows.view(np.uint32).tolist() == expect.view(np.uint32).tolist()

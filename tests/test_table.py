@@ -178,35 +178,18 @@ def test_counts_must_be_whole_and_saturate_instead_of_wrapping() -> None:
     assert t.clicks[row].tolist() == [2]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_a_push_reusing_its_pull_lookup_equals_a_cold_push(seed: int) -> None:
-    """Pull-then-push reuses the pull's lookup; interleaved pushes (inserting
-    keys the pull saw absent) and deletes (freeing rows) must not fool it."""
-    rng = np.random.default_rng(seed)
-    cfg = TableConfig("t", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.0, "l2": 0.0})
-    warm, cold = SparseTable(cfg), SparseTable(cfg)
-    universe = np.arange(1, 400, dtype=np.uint64)
-    pending: list[np.ndarray] = []
-    for _ in range(200):
-        action = rng.integers(0, 4)
-        keys = rng.choice(universe, size=int(rng.integers(1, 60)), replace=False)
-        if action == 0:  # pull now, push later (possibly after other operations)
-            warm.pull(keys)
-            pending.append(keys)
-        elif action == 1 and pending:
-            keys = pending.pop(int(rng.integers(0, len(pending))))
-            grads = rng.normal(size=keys.size).astype(np.float32)
-            counts = np.stack([np.ones(keys.size), rng.integers(0, 2, keys.size)], axis=1).astype(np.float32)
-            assert warm.push(keys, grads, counts=counts, event_time=5.0) == cold.push(
-                keys, grads, counts=counts, event_time=5.0
-            )
-        elif action == 2:  # a push nobody pulled for: inserts keys behind a pull's back
-            grads = rng.normal(size=keys.size).astype(np.float32)
-            warm.push(keys, grads, event_time=5.0)
-            cold.push(keys, grads, event_time=5.0)
-        else:
-            gone = rng.choice(universe, size=20, replace=False)
-            assert sorted(warm.delete(gone).tolist()) == sorted(cold.delete(gone).tolist())
+REUSE_CONFIGS = [
+    # FTRL from zero: the push also reuses the rows and weights the pull derived.
+    TableConfig("t", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.0, "l2": 0.0}),
+    TableConfig("t", 2, {"name": "ftrl", "alpha": 0.1, "beta": 0.5, "l1": 0.3, "l2": 0.1}),
+    # Random initial values: fresh rows are derived per key.
+    TableConfig("t", 3, {"name": "adagrad", "lr": 0.2}, init_scale=0.05, seed=4),
+    TableConfig("t", 2, {"name": "ftrl", "l1": 0.1}, init_scale=0.05, seed=4),
+]
+
+
+def _same_tables(warm: SparseTable, cold: SparseTable, universe: np.ndarray) -> None:
+    """Equal bit for bit: weights, state and metadata of every key."""
     assert warm.index.size == cold.index.size
     np.testing.assert_array_equal(warm.pull(universe), cold.pull(universe))
     for t in (warm, cold):
@@ -215,4 +198,106 @@ def test_a_push_reusing_its_pull_lookup_equals_a_cold_push(seed: int) -> None:
         assert np.unique(live).size == live.size == t.index.size  # no key got two rows
     wr, cr = warm.index.lookup(universe), cold.index.lookup(universe)
     assert ((wr >= 0) == (cr >= 0)).all()
-    np.testing.assert_array_equal(warm.shows[wr[wr >= 0]], cold.shows[cr[cr >= 0]])
+    wr, cr = wr[wr >= 0], cr[cr >= 0]
+    assert warm.data[wr].view(np.uint32).tolist() == cold.data[cr].view(np.uint32).tolist()
+    np.testing.assert_array_equal(warm.meta[wr], cold.meta[cr])
+
+
+@pytest.mark.parametrize("cfg", REUSE_CONFIGS, ids=["ftrl", "ftrl-l1", "adagrad-init", "ftrl-init"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_push_reusing_its_pull_lookup_equals_a_cold_push(cfg: TableConfig, seed: int) -> None:
+    """Pull-then-push reuses the pull's lookup (and with FTRL what it
+    gathered); interleaved pushes (inserting keys the pull saw absent,
+    changing rows it read), loads and deletes (freeing rows) must not fool
+    it, with keys ascending (as a worker sends them), shuffled or repeated."""
+    rng = np.random.default_rng(seed)
+    warm, cold = SparseTable(cfg), SparseTable(cfg)
+    universe = np.arange(1, 400, dtype=np.uint64)
+    pending: list[np.ndarray] = []
+
+    def some_keys() -> np.ndarray:
+        keys = rng.choice(universe, size=int(rng.integers(1, 60)), replace=False)
+        shape = rng.integers(0, 4)
+        if shape:  # repeated, ascending, or ascending with repeats
+            if shape != 2:
+                keys = np.concatenate([keys, keys[: int(rng.integers(1, 4))]])
+            if shape != 1:
+                keys = np.sort(keys)
+        return keys
+
+    def grads(n: int) -> np.ndarray:
+        return rng.normal(size=(n, cfg.dim)).astype(np.float32)
+
+    for _ in range(200):
+        action = rng.integers(0, 5)
+        if action == 0:  # pull now, push later (possibly after other operations)
+            keys = some_keys()
+            warm.pull(keys)
+            pending.append(keys)
+        elif action == 1 and pending:
+            keys = pending.pop(int(rng.integers(0, len(pending))))
+            g = grads(keys.size)
+            counts = np.stack([np.ones(keys.size), rng.integers(0, 2, keys.size)], axis=1).astype(np.float32)
+            assert warm.push(keys, g, counts=counts, event_time=5.0) == cold.push(
+                keys, g, counts=counts, event_time=5.0
+            )
+        elif action == 2:  # a push nobody pulled for: inserts keys behind a pull's back
+            keys, g = some_keys(), None
+            g = grads(keys.size)
+            warm.push(keys, g, event_time=6.0)
+            cold.push(keys, g, event_time=6.0)
+        elif action == 3:  # a restore-style load, also behind the pulls' backs
+            keys = rng.choice(universe, size=10, replace=False)
+            state = np.abs(rng.normal(size=(10, warm.width))).astype(np.float32)
+            meta = [np.full(10, v, dtype=np.uint32) for v in (1, 7, 3, 1)]
+            assert warm.load_rows(keys, state, *meta) == cold.load_rows(keys, state, *meta)
+        else:
+            gone = rng.choice(universe, size=20, replace=False)
+            assert sorted(warm.delete(gone).tolist()) == sorted(cold.delete(gone).tolist())
+    _same_tables(warm, cold, universe)
+
+
+@pytest.mark.parametrize("cfg", REUSE_CONFIGS[:3], ids=["ftrl", "ftrl-l1", "adagrad-init"])
+def test_push_reusing_a_pull_after_another_push_inserted_some_keys(cfg: TableConfig) -> None:
+    """Between a pull and its push, another push inserts some of the keys the
+    pull found absent and updates some it found present."""
+    warm, cold = SparseTable(cfg), SparseTable(cfg)
+    rng = np.random.default_rng(1)
+    first = np.arange(0, 200, 2, dtype=np.uint64)
+    for t in (warm, cold):
+        t.push(first, np.ones((first.size, cfg.dim), dtype=np.float32), event_time=1.0)
+    keys = np.arange(100, 300, dtype=np.uint64)  # half present, half absent
+    g = rng.normal(size=(keys.size, cfg.dim)).astype(np.float32)
+    warm.pull(keys)
+    between = np.arange(150, 260, 3, dtype=np.uint64)  # some of either half
+    gb = rng.normal(size=(between.size, cfg.dim)).astype(np.float32)
+    for t in (warm, cold):
+        t.push(between, gb, event_time=2.0)
+    counts = np.ones((keys.size, 2), dtype=np.float32)
+    assert warm.push(keys, g, counts=counts, event_time=3.0) == cold.push(keys, g, counts=counts, event_time=3.0)
+    _same_tables(warm, cold, np.arange(0, 320, dtype=np.uint64))
+
+
+@pytest.mark.parametrize("cfg", REUSE_CONFIGS[:3], ids=["ftrl", "ftrl-l1", "adagrad-init"])
+@pytest.mark.parametrize("ordered", [False, True], ids=["shuffled", "ascending"])
+def test_push_of_repeated_keys_reusing_a_pull_sums_them(cfg: TableConfig, ordered: bool) -> None:
+    """A pull and push naming keys twice (present and absent ones) reuse the
+    lookup but not its per-occurrence rows: the push sums, then steps once.
+    Keys in ascending order with repeats are not mistaken for distinct."""
+    warm, cold = SparseTable(cfg), SparseTable(cfg)
+    for t in (warm, cold):
+        t.push(np.array([1, 2], dtype=np.uint64), np.ones((2, cfg.dim), dtype=np.float32))
+    keys = np.array([3, 1, 3, 2, 1, 4], dtype=np.uint64)
+    g = np.arange(6 * cfg.dim, dtype=np.float32).reshape(6, cfg.dim) / 10
+    counts = np.array([[1, 0], [1, 1], [1, 1], [1, 0], [2, 0], [1, 0]], dtype=np.float32)
+    distinct = np.array([1, 2, 3, 4], dtype=np.uint64)
+    summed = np.stack([g[[1, 4]].sum(0), g[3], g[[0, 2]].sum(0), g[5]])
+    if ordered:  # each occurrence keeps its gradient and counts
+        order = np.argsort(keys, kind="stable")
+        keys, g, counts = keys[order], g[order], counts[order]
+    warm.pull(keys)
+    assert warm.push(keys, g, counts=counts, event_time=9.0) == 4
+    cold.push(distinct, summed, counts=np.array([[3, 1], [1, 0], [2, 1], [1, 0]], dtype=np.float32), event_time=9.0)
+    _same_tables(warm, cold, np.arange(0, 6, dtype=np.uint64))
+    rows = warm.index.lookup(distinct)
+    assert warm.shows[rows].tolist() == [3, 1, 2, 1] and warm.clicks[rows].tolist() == [1, 0, 1, 0]
