@@ -104,14 +104,39 @@ async def raw_rate(bootstrap: str, topic: str, n: int) -> float:
         await c.stop()
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def cpu_by_role(worker: Worker, others: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far of the worker's process, its decode processes and `others`."""
+    pool = worker._pool
+    decoders = list(pool._processes) if pool is not None and pool._processes else []  # type: ignore[attr-defined]
+    roles = {"main": [os.getpid()], "decode": decoders, **others}
+    return {role: sum(cpu_seconds(p) for p in pids) for role, pids in roles.items()}
+
+
 async def worker_rate(
-    bootstrap: str, topic: str, n: int, client: PSClient, window_events: int, decode_processes: int = 1
-) -> tuple[float, Worker]:
-    """(b)/(c) a worker trains the whole topic; events/s from assignment to last commit."""
+    bootstrap: str, topic: str, n: int, client: PSClient, window_events: int, decode_processes: int = 1,
+    mini_batch: int = WorkerConfig.mini_batch,
+    others: dict[str, list[int]] | None = None,
+) -> tuple[float, Worker, dict[str, float]]:
+    """(b)/(c) a worker trains the whole topic; events/s from assignment to
+    last commit, and the CPU microseconds per event of each role (the worker's
+    process, its decode processes, and `others`: broker, shard servers)."""
     group = f"bench-{uuid.uuid4().hex[:8]}"
     config = WorkerConfig(
         bootstrap, topic=topic, group=group, dlq_topic=topic + ".dlq", window_seconds=3600,
-        window_events=window_events, decode_processes=decode_processes,
+        window_events=window_events, decode_processes=decode_processes, mini_batch=mini_batch,
     )
     worker = Worker(config, client, LogisticRegression("ctr"))
     stop = asyncio.Event()
@@ -128,16 +153,20 @@ async def worker_rate(
                 raise TimeoutError(f"worker trained {worker.stats.events_trained}/{n}")
             if t_assigned is None and worker._consumer is not None and worker._consumer.assignment():
                 t_assigned = time.perf_counter()
+                cpu0 = cpu_by_role(worker, others or {})
             if time.perf_counter() - last_report > 2:
                 log(f"  trained {worker.stats.events_trained}/{n}")
                 last_report = time.perf_counter()
             await asyncio.sleep(0.02)  # poll interval
         t_done = time.perf_counter()
+        cpu1 = cpu_by_role(worker, others or {})
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
     assert t_assigned is not None
-    return n / (t_done - t_assigned), worker
+    cpu_us = {role: (cpu1[role] - cpu0[role]) * 1e6 / n for role in cpu1}
+    log("  CPU per event: " + ", ".join(f"{r} {us:.1f} us" for r, us in cpu_us.items()))
+    return n / (t_done - t_assigned), worker, cpu_us
 
 
 def start_shards(num: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
@@ -194,14 +223,21 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         log(f"(a) {a:,.0f} events/s")
 
         log("(b) worker, in-process shards")
-        b, wb = await worker_rate(bootstrap, topic, n, PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)]), window, args.decode_processes)
+        brokers = {"broker": [broker.pid]} if broker is not None else {}
+        b, wb, cpu_b = await worker_rate(
+            bootstrap, topic, n, PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)]),
+            window, args.decode_processes, args.mini_batch, brokers,
+        )
         log(f"(b) {b:,.0f} events/s  b/a = {b / a:.2f}")
 
         log("(c) worker, 2 shard servers over HTTP")
         procs, urls = start_shards(2)
         await wait_healthy(urls)
         async with PSClient.connect(urls) as client:
-            c, _ = await worker_rate(bootstrap, topic, n, client, window, args.decode_processes)
+            c, _, cpu_c = await worker_rate(
+                bootstrap, topic, n, client, window, args.decode_processes, args.mini_batch,
+                {**brokers, "shards": [p.pid for p in procs]},
+            )
         log(f"(c) {c:,.0f} events/s  c/a = {c / a:.2f}")
 
         hist = wb.stats.history
@@ -228,6 +264,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "worker_http_events_per_s": c,
             "ratio_inprocess_vs_raw": b / a,
             "ratio_http_vs_raw": c / a,
+            "mini_batch": args.mini_batch,
+            **{f"inprocess_cpu_{role}_us_per_event": us for role, us in cpu_b.items()},
+            **{f"http_cpu_{role}_us_per_event": us for role, us in cpu_c.items()},
             "progressive_logloss": progressive,
             "bayes_logloss": bayes,
             "ratio_logloss_vs_bayes": progressive / bayes,
@@ -255,5 +294,8 @@ if __name__ == "__main__":
     parser.add_argument("--events", type=int, help="override the number of events")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--decode-processes", type=int, default=1, help="the worker's decode processes")
+    parser.add_argument(
+        "--mini-batch", type=int, default=WorkerConfig.mini_batch, help="events per pull/push step"
+    )
     result = uvloop.run(main(parser.parse_args()))
     print(orjson.dumps(result).decode())
