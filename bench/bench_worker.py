@@ -120,7 +120,7 @@ def cpu_seconds(pid: int) -> float:
 def cpu_by_role(worker: Worker, others: dict[str, list[int]]) -> dict[str, float]:
     """CPU seconds so far of the worker's process, its decode processes and `others`."""
     pool = worker._pool
-    decoders = list(pool._processes) if pool is not None and pool._processes else []  # type: ignore[attr-defined]
+    decoders = list(pool._processes) if pool is not None and pool._processes else []
     roles = {"main": [os.getpid()], "decode": decoders, **others}
     return {role: sum(cpu_seconds(p) for p in pids) for role, pids in roles.items()}
 
