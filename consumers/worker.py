@@ -45,7 +45,8 @@ from ps_core.client import PSClient, Routed
 from ps_core.coordinator import Offsets
 from ps_core.errors import NoCoordinatorError, PSError
 from ps_core.metrics import Metrics, evaluate
-from ps_core.models import Model, sigmoid
+from ps_core.features import EventBatch
+from ps_core.models import BatchPlan, Model, sigmoid
 
 from .decode import Decoded, decode_records, merge_decoded
 from .dlq import DeadLetter, DeadLetterQueue
@@ -482,25 +483,45 @@ class Worker:
         batch = decoded.batch
         step = self.config.mini_batch
         predicted = np.empty(batch.size, dtype=np.float64)
-        for start in range(0, batch.size, step):  # per mini-batch, not per event
-            stop = min(start + step, batch.size)
-            sub = batch.slice(start, stop)
+        names = self.model.table_names
+        starts = range(0, batch.size, step)  # per mini-batch, not per event
+
+        def planned(start: int) -> tuple[EventBatch, BatchPlan, Routed]:
+            sub = batch.slice(start, min(start + step, batch.size))
             plan = self.model.plan(sub)
-            routed = self.client.route(plan.keys)  # split once for the pull and the push
-            weights = await self._pull_all(routed)
+            return sub, plan, self.client.route(plan.keys)  # split once for the pull and the push
+
+        nxt = planned(0) if batch.size else None
+        weights = await self._pull_all(nxt[2]) if nxt is not None else {}
+        for start in starts:
+            assert nxt is not None
+            sub, plan, routed = nxt
             p = sigmoid(self.model.logits(sub, plan, weights))
-            predicted[start:stop] = p
+            predicted[start : start + sub.size] = p
             dlogit = (p - sub.labels) * sub.weights
             grads = self.model.gradients(sub, plan, weights, dlogit)
             ts = sub.ts[np.isfinite(sub.ts)]
             event_time = float(ts.max()) if ts.size else window.last_ts_ms / 1000.0
             counts = plan.counts(sub.labels)
-            await asyncio.gather(
-                *(
-                    self.client.push(t, routed, g, counts=counts, event_time=event_time)
-                    for t, g in grads.items()
+            nxt = planned(start + step) if start + step < batch.size else None
+            if nxt is None:
+                await asyncio.gather(
+                    *(self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names)
                 )
-            )
+            else:
+                # This mini-batch's push and the next one's pull travel in
+                # one request per shard; each shard applies the push before
+                # reading the pull, so the next mini-batch is predicted by
+                # weights that have learnt from this one, as before.
+                got = await asyncio.gather(
+                    *(
+                        self.client.push_pull(
+                            t, routed, grads[t], pull_keys=nxt[2], counts=counts, event_time=event_time
+                        )
+                        for t in names
+                    )
+                )
+                weights = {t: w for t, (_, w) in zip(names, got)}
             # In-process shards never suspend: give the fetcher its turn, so
             # the next window arrives while this one trains.
             await asyncio.sleep(0)
