@@ -59,8 +59,9 @@ log = logging.getLogger("ctrps.worker")
 DECODE_CHUNK = 512
 """Most records in one decode job."""
 
-APPLY_AHEAD = 2
-"""Closed windows training or waiting to train while the next one fills."""
+APPLY_AHEAD = 3
+"""Closed windows training or waiting to train while the next one fills (see
+docs/architecture.md, Workers: with 2 the decode process idled)."""
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,10 @@ async def test_a_killed_shard_recovers_from_the_cut_and_the_replay_loses_nothing
             )
             assert cut.returncode == 0, cut.stderr
             report = orjson.loads(cut.stdout)
-            at_cut = [report["offsets"][topic][str(p)] for p in range(PARTITIONS)]
+            # A partition with no commit yet (fetches need not reach every
+            # partition in the first third) is replayed from its start.
+            cut_offsets = report["offsets"].get(topic, {})
+            at_cut = [cut_offsets.get(str(p), 0) for p in range(PARTITIONS)]
             assert 0 < sum(at_cut) < N
 
             worker = Worker(config, client, LogisticRegression("m"))
@@ -187,7 +190,7 @@ async def test_a_killed_shard_recovers_from_the_cut_and_the_replay_loses_nothing
         async with PSClient.connect(urls) as client:
             await _healthy(client)
             offsets = await client.coordinator_offsets()
-            assert [offsets[topic][p] for p in range(PARTITIONS)] == at_cut
+            assert [offsets.get(topic, {}).get(p, 0) for p in range(PARTITIONS)] == at_cut
             worker = Worker(config, client, LogisticRegression("m"))
             assert await _train(worker, lambda: worker.stats.records >= N - sum(at_cut)) is None
             assert worker.stats.records == N - sum(at_cut)
