@@ -44,8 +44,8 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from ps_core.client import PSClient, Routed
 from ps_core.coordinator import Offsets
 from ps_core.errors import NoCoordinatorError, PSError
-from ps_core.metrics import Metrics, evaluate
 from ps_core.features import EventBatch
+from ps_core.metrics import Metrics, evaluate
 from ps_core.models import BatchPlan, Model, sigmoid
 
 from .decode import Decoded, decode_records, merge_decoded
@@ -485,18 +485,19 @@ class Worker:
         step = self.config.mini_batch
         predicted = np.empty(batch.size, dtype=np.float64)
         names = self.model.table_names
-        starts = range(0, batch.size, step)  # per mini-batch, not per event
 
         def planned(start: int) -> tuple[EventBatch, BatchPlan, Routed]:
             sub = batch.slice(start, min(start + step, batch.size))
             plan = self.model.plan(sub)
             return sub, plan, self.client.route(plan.keys)  # split once for the pull and the push
 
-        nxt = planned(0) if batch.size else None
-        weights = await self._pull_all(nxt[2]) if nxt is not None else {}
-        for start in starts:
-            assert nxt is not None
-            sub, plan, routed = nxt
+        if batch.size == 0:
+            return evaluate(predicted, batch.labels)
+        # Planned one mini-batch ahead: the next one's keys go with this push.
+        current = planned(0)
+        weights = await self._pull_all(current[2])
+        for start in range(0, batch.size, step):  # per mini-batch, not per event
+            sub, plan, routed = current
             p = sigmoid(self.model.logits(sub, plan, weights))
             predicted[start : start + sub.size] = p
             dlogit = (p - sub.labels) * sub.weights
@@ -504,8 +505,7 @@ class Worker:
             ts = sub.ts[np.isfinite(sub.ts)]
             event_time = float(ts.max()) if ts.size else window.last_ts_ms / 1000.0
             counts = plan.counts(sub.labels)
-            nxt = planned(start + step) if start + step < batch.size else None
-            if nxt is None:
+            if start + step >= batch.size:
                 await asyncio.gather(
                     *(self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names)
                 )
@@ -514,10 +514,11 @@ class Worker:
                 # one request per shard; each shard applies the push before
                 # reading the pull, so the next mini-batch is predicted by
                 # weights that have learnt from this one, as before.
+                current = planned(start + step)
                 got = await asyncio.gather(
                     *(
                         self.client.push_pull(
-                            t, routed, grads[t], pull_keys=nxt[2], counts=counts, event_time=event_time
+                            t, routed, grads[t], pull_keys=current[2], counts=counts, event_time=event_time
                         )
                         for t in names
                     )

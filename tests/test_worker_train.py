@@ -81,3 +81,17 @@ async def test_pipelined_training_matches_pull_then_push(shards: int, kind: str)
     want = evaluate(expected, decoded.batch.labels)
     assert metrics.logloss == pytest.approx(want.logloss, rel=1e-9)
     assert metrics.auc == pytest.approx(want.auc, rel=1e-9)
+
+
+async def test_a_window_of_only_rejected_records_trains_nothing() -> None:
+    model = LogisticRegression("m")
+    shard = Shard(ShardSpec(0, 1))
+    for t in model.tables():
+        shard.declare(t)
+    worker = Worker(WorkerConfig("unused:9092", decode_processes=0), PSClient.local([shard]), model)
+    values: list[bytes | None] = [b"not json", b'{"features": {}}']
+    decoded = decode_records(values, model.name, 1 << 20)
+    assert decoded.batch.size == 0 and len(decoded.rejected) == 2
+    metrics = await worker._train(decoded, _window(values))
+    assert metrics.events == 0 and worker.stats.events_trained == 0
+    assert shard.tables["m_w"].pushes == 0 and shard.tables["m_w"].pulls == 0
