@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     shard.add_argument("--model-name", help="the model's directory under the exports (default ctr)")
     shard.add_argument("--no-restore", action="store_true", help="start empty even if an export exists")
     shard.add_argument("--lease-ttl", type=float, help="seconds a cut waits for one leased window (default 120)")
+    shard.add_argument(
+        "--rpc-port", type=int, help="TCP RPC port for pulls and pushes; 0 picks a free one (default 0)"
+    )
+    shard.add_argument("--no-rpc", action="store_true", help="serve pulls and pushes over HTTP only")
 
     worker = sub.add_parser(
         "worker",
@@ -158,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--mini-batch", type=int, help="events per pull/push step (default 256)")
     worker.add_argument("--model", choices=("lr", "fm"), help="model kind (default lr)")
     worker.add_argument("--model-name", help="model name (default ctr)")
+    worker.add_argument("--no-rpc", action="store_true", help="reach the shards over HTTP only, not their TCP RPC")
     worker.add_argument("--decode-processes", type=int, help="decoding processes (default 1)")
     worker.add_argument(
         "--session-timeout-ms", type=int, help="Kafka session timeout (default 10000)"
@@ -213,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--shard-deadline", type=float, help="seconds a shard call is retried before 503 (default 2)"
     )
+    serve.add_argument("--no-rpc", action="store_true", help="reach the shards over HTTP only, not their TCP RPC")
     serve.add_argument("--log-format", choices=("text", "json"), help="log line format")
 
     add_produce_parser(sub)

@@ -36,5 +36,5 @@ async def run_serve(settings: ApiSettings, stop: asyncio.Event | None = None) ->
                 await run_api(settings, client, model, stop, follower=follower)
             return
         retry = RetryPolicy(deadline_s=settings.shard_deadline_s)
-        async with PSClient.connect(settings.shards, retry=retry) as client:
+        async with PSClient.connect(settings.shards, retry=retry, rpc=settings.use_rpc) as client:
             await run_api(settings, client, model, stop)

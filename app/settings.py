@@ -123,10 +123,17 @@ class ShardSettings:
     """Load this shard's slice of the newest export at start (``CTRPS_RESTORE``, 0 or 1)."""
     lease_ttl_s: float = 120.0
     """How long a cut waits for one leased window (``CTRPS_LEASE_TTL``)."""
+    rpc: bool = True
+    """Serve pulls and pushes on a TCP RPC port besides HTTP (``CTRPS_RPC``, 0 or 1)."""
+    rpc_port: int = 0
+    """The TCP RPC's port; 0 picks a free one. ``/healthz`` advertises it, and
+    clients find it there (``CTRPS_RPC_PORT``)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port {self.port} out of range")
+        if not 0 <= self.rpc_port <= 65535:
+            raise SettingsError(f"rpc port {self.rpc_port} out of range")
         if self.shards and len(self.shards) != self.num_shards:
             raise SettingsError(f"{len(self.shards)} shard URLs for {self.num_shards} shards")
         if not 0 <= self.export_interval_s < float("inf") or self.base_every < 1 or self.keep_bases < 1:
@@ -169,6 +176,8 @@ class ShardSettings:
             model_name=env.get("CTRPS_MODEL_NAME") or d.model_name,
             restore=_pick(None, env, "CTRPS_RESTORE", d.restore, _parse_bool),
             lease_ttl_s=_env_float(env, "CTRPS_LEASE_TTL", d.lease_ttl_s),
+            rpc=_pick(None, env, "CTRPS_RPC", d.rpc, _parse_bool),
+            rpc_port=_env_int(env, "CTRPS_RPC_PORT", d.rpc_port),
         )
 
     @classmethod
@@ -195,6 +204,8 @@ class ShardSettings:
             model_name=_flag(args.model_name, base.model_name),
             restore=False if args.no_restore else base.restore,
             lease_ttl_s=_flag(args.lease_ttl, base.lease_ttl_s),
+            rpc=False if args.no_rpc else base.rpc,
+            rpc_port=_flag(args.rpc_port, base.rpc_port),
         )
 
 
@@ -247,6 +258,9 @@ class WorkerSettings:
     """Kafka session timeout: how soon a dead worker's partitions move (``CTRPS_SESSION_TIMEOUT_MS``)."""
     log_format: str = "text"
     """``text`` or ``json`` (``CTRPS_LOG_FORMAT``)."""
+    use_rpc: bool = True
+    """Pull and push over the shards' TCP RPC where they offer it; else HTTP
+    only (``CTRPS_USE_RPC``, 0 or 1)."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -297,6 +311,7 @@ class WorkerSettings:
                 args.session_timeout_ms, "CTRPS_SESSION_TIMEOUT_MS", "session_timeout_ms", int
             ),
             log_format=pick(args.log_format, "CTRPS_LOG_FORMAT", "log_format"),
+            use_rpc=False if args.no_rpc else pick(None, "CTRPS_USE_RPC", "use_rpc", _parse_bool),
         )
 
 
@@ -497,6 +512,8 @@ class ApiSettings:
     open (``CTRPS_ADMIN_TOKEN`` only: a flag would show in ``ps``)."""
     shard_deadline_s: float = 2.0
     """How long a shard call is retried before 503 (``CTRPS_SHARD_DEADLINE``)."""
+    use_rpc: bool = True
+    """Pull over the shards' TCP RPC where they offer it; else HTTP only (``CTRPS_USE_RPC``, 0 or 1)."""
     log_format: str = "text"
     """``text`` or ``json`` (``CTRPS_LOG_FORMAT``)."""
     history_interval_s: float = 2.0
@@ -555,6 +572,7 @@ class ApiSettings:
             shard_deadline_s=_pick(
                 args.shard_deadline, env, "CTRPS_SHARD_DEADLINE", d.shard_deadline_s, float
             ),
+            use_rpc=False if args.no_rpc else _pick(None, env, "CTRPS_USE_RPC", d.use_rpc, _parse_bool),
             log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
             # Environment only: `ctrps serve` has no flags for these.
             history_interval_s=_pick(None, env, "CTRPS_HISTORY_INTERVAL", d.history_interval_s, float),

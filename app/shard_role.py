@@ -1,4 +1,4 @@
-"""The shard-server role: a `Shard` behind its aiohttp app, until signalled."""
+"""The shard-server role: a `Shard` behind its aiohttp app and its TCP RPC, until signalled."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ps_core.coordinator import Coordinator
 from ps_core.coordinator_server import add_coordinator_routes
 from ps_core.export import latest_chain, list_versions, restore_shards
 from ps_core.exporter import Exporter
+from ps_core.rpc import start_rpc_server
 from ps_core.server import create_shard_app
 from ps_core.shard import Shard, ShardSpec
 
@@ -79,7 +80,14 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
     Every shard first restores its slice of the newest export; shard 0 hosts
     the coordinator and exports on an interval (when it knows every shard)."""
     shard, newest, offsets = await asyncio.to_thread(_restore, settings)
-    app = create_shard_app(shard, max_body=settings.max_body_mb * 1024 * 1024)
+    max_body = settings.max_body_mb * 1024 * 1024
+    # The RPC first: the HTTP app advertises its port.
+    rpc = (
+        await start_rpc_server(shard, settings.host, settings.rpc_port, max_body=max_body)
+        if settings.rpc
+        else None
+    )
+    app = create_shard_app(shard, max_body=max_body, rpc_port=rpc.port if rpc is not None else None)
     client: PSClient | None = None
     exporter: Exporter | None = None
     if _hosts_coordinator(settings):
@@ -112,6 +120,7 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
         log,
         "listening",
         url=f"http://{settings.host}:{port}",
+        rpc_port=rpc.port if rpc is not None else "-",
         shard_id=settings.shard_id,
         num_shards=settings.num_shards,
         tables=",".join(t.name for t in settings.tables) or "-",
@@ -139,6 +148,8 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
                 await reporter
         if exporting is not None:
             await exporting  # returns once stop is set; an export under way finishes
+        if rpc is not None:
+            await rpc.close()
         await runner.cleanup()
         if client is not None:
             await client.close()

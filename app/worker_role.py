@@ -43,7 +43,7 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
     log_event(log, "starting", worker=worker_id, topic=settings.topic, group=settings.group,
               shards=len(settings.shards), model=settings.model, name=settings.model_name)
     with stop_on_signals(stop):
-        async with PSClient.connect(settings.shards) as client:
+        async with PSClient.connect(settings.shards, rpc=settings.use_rpc) as client:
             worker = Worker(config, client, model)
             # Set after construction: the hook reads the worker's own stats.
             worker.on_window = make_status_hook(

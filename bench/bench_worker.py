@@ -9,10 +9,13 @@ carries its true click probability). Then, in one run:
     the limit a worker cannot beat;
 (b) a worker (`consumers.worker.Worker`, LR with FTRL, one decode process)
     trains on the topic with in-process shards;
-(c) the same worker with 2 shard servers (``ctrps shard`` processes) over HTTP.
+(c) the same worker with 2 shard servers (``ctrps shard`` processes), every
+    call over HTTP (``PSClient.connect(urls, rpc=False)``, ``--no-rpc``);
+(d) the same with fresh shard servers, pulls and pushes over their TCP RPC
+    (`ps_core.rpc`, the default of ``ctrps worker``).
 
 Rates are events / second from the worker's first assigned partition to its
-last commit (group joining excluded). Ratios b/a and c/a are printed, and the
+last commit (group joining excluded). Ratios b/a, c/a and d/a are printed, and the
 progressive log loss of (b) over the whole stream (each event predicted before
 it is learnt from) next to the Bayes log loss of the true probabilities.
 
@@ -185,6 +188,18 @@ def start_shards(num: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     return procs, urls
 
 
+def stop_shards(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM, then SIGKILL whoever has not exited within 10 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 async def wait_healthy(urls: list[str]) -> None:
     import aiohttp
 
@@ -230,15 +245,21 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         )
         log(f"(b) {b:,.0f} events/s  b/a = {b / a:.2f}")
 
-        log("(c) worker, 2 shard servers over HTTP")
-        procs, urls = start_shards(2)
-        await wait_healthy(urls)
-        async with PSClient.connect(urls) as client:
-            c, _, cpu_c = await worker_rate(
-                bootstrap, topic, n, client, window, args.decode_processes, args.mini_batch,
-                {**brokers, "shards": [p.pid for p in procs]},
-            )
-        log(f"(c) {c:,.0f} events/s  c/a = {c / a:.2f}")
+        remote: dict[str, tuple[float, dict[str, float]]] = {}
+        for label, rpc in (("c", False), ("d", True)):
+            log(f"({label}) worker, 2 shard servers, " + ("pulls and pushes over TCP RPC" if rpc else "HTTP only"))
+            started, urls = start_shards(2)
+            procs += started
+            await wait_healthy(urls)
+            async with PSClient.connect(urls, rpc=rpc) as client:
+                rate, _, cpu = await worker_rate(
+                    bootstrap, topic, n, client, window, args.decode_processes, args.mini_batch,
+                    {**brokers, "shards": [p.pid for p in started]},
+                )
+            stop_shards(started)
+            remote[label] = (rate, cpu)
+            log(f"({label}) {rate:,.0f} events/s  {label}/a = {rate / a:.2f}")
+        (c, cpu_c), (d, cpu_d) = remote["c"], remote["d"]
 
         hist = wb.stats.history
         for r in hist:
@@ -264,9 +285,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "worker_http_events_per_s": c,
             "ratio_inprocess_vs_raw": b / a,
             "ratio_http_vs_raw": c / a,
+            "worker_rpc_events_per_s": d,
+            "ratio_rpc_vs_raw": d / a,
             "mini_batch": args.mini_batch,
             **{f"inprocess_cpu_{role}_us_per_event": us for role, us in cpu_b.items()},
             **{f"http_cpu_{role}_us_per_event": us for role, us in cpu_c.items()},
+            **{f"rpc_cpu_{role}_us_per_event": us for role, us in cpu_d.items()},
             "progressive_logloss": progressive,
             "bayes_logloss": bayes,
             "ratio_logloss_vs_bayes": progressive / bayes,
@@ -277,13 +301,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "elapsed_s": time.perf_counter() - _T0,
         }
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_shards(procs)
         if broker is not None:
             broker.stop()
 

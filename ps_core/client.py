@@ -4,8 +4,10 @@
 concurrently, and reassembles the answers in the caller's order. It talks to
 shards through a `ShardTransport`: `HttpTransport` (binary frames over aiohttp
 keep-alive, retried with backoff up to a deadline on connection errors, then
-`ShardUnavailableError` naming the shard) or `LocalTransport` (a `Shard` object
-in this process, no encoding: for the demo and tests). Both behave the same.
+`ShardUnavailableError` naming the shard), `TcpTransport` (the same, but pulls
+and pushes over the shard's TCP RPC, `ps_core.rpc`: the default of
+`PSClient.connect`) or `LocalTransport` (a `Shard` object in this process, no
+encoding: for the demo and tests). All behave the same.
 
 Every push carries a request id; a shard acknowledges a retried id without
 applying it twice, so retrying after a lost ack is safe.
@@ -27,7 +29,8 @@ import itertools
 import secrets
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -46,6 +49,7 @@ from .errors import (
     error_from_body,
 )
 from .hashing import U64, shard_of
+from .rpc import RpcConnection
 from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
 from .export import snapshots_from_bytes
@@ -57,6 +61,7 @@ __all__ = [
     "Routed",
     "ShardTransport",
     "HttpTransport",
+    "TcpTransport",
     "LocalTransport",
     "RetryPolicy",
 ]
@@ -266,6 +271,31 @@ class RetryPolicy:
         self.max_delay_s = max_delay_s
 
 
+class _Backoff:
+    """One call's attempts under a `RetryPolicy`: `failed` sleeps before the
+    next attempt, or raises once the deadline has passed."""
+
+    def __init__(self, retry: RetryPolicy) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._retry = retry
+        self._deadline = self._loop.time() + retry.deadline_s
+        self._delay = retry.first_delay_s
+        self.attempts = 1
+
+    def remaining(self) -> float:
+        """Seconds left for this attempt (at least a short minimum)."""
+        return max(self._deadline - self._loop.time(), 0.05)
+
+    async def failed(self, reason: str, unavailable: Callable[[int, str], Exception]) -> None:
+        left = self._deadline - self._loop.time()
+        if left <= 0:
+            raise unavailable(self.attempts, reason)
+        # The last sleep is cut to the deadline, then one final attempt.
+        await asyncio.sleep(min(self._delay, left))
+        self._delay = min(self._delay * 2, self._retry.max_delay_s)
+        self.attempts += 1
+
+
 class HttpTransport:
     """A shard server reached over HTTP/1.1 keep-alive with binary frames."""
 
@@ -284,20 +314,15 @@ class HttpTransport:
     async def _request(
         self, method: str, path: str, body: bytes | None = None, content_type: str = ""
     ) -> tuple[int, bytes]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._retry.deadline_s
-        delay = self._retry.first_delay_s
-        attempts = 0
+        backoff = _Backoff(self._retry)
         while True:
-            attempts += 1
-            remaining = deadline - loop.time()
             try:
                 async with self._session.request(
                     method,
                     self.url + path,
                     data=body,
                     headers={"Content-Type": content_type} if content_type else None,
-                    timeout=aiohttp.ClientTimeout(total=max(remaining, 0.05)),
+                    timeout=aiohttp.ClientTimeout(total=backoff.remaining()),
                 ) as resp:
                     payload = await resp.read()
                     if resp.status < 400:
@@ -307,29 +332,30 @@ class HttpTransport:
                     last: str = f"http {resp.status}"
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
-            left = deadline - loop.time()
-            if left <= 0:
-                raise ShardUnavailableError(
-                    f"shard {self.shard_id} at {self.url} unreachable after {attempts} attempts "
-                    f"in {self._retry.deadline_s:.1f}s ({last})",
-                    shard_id=self.shard_id,
-                    url=self.url,
-                )
-            # The last sleep is cut to the deadline, then one final attempt.
-            await asyncio.sleep(min(delay, left))
-            delay = min(delay * 2, self._retry.max_delay_s)
+            await backoff.failed(last, self._unavailable)
+
+    def _unavailable(self, attempts: int, last: str, via: str = "") -> ShardUnavailableError:
+        return ShardUnavailableError(
+            f"shard {self.shard_id} at {self.url}{via} unreachable after {attempts} attempts "
+            f"in {self._retry.deadline_s:.1f}s ({last})",
+            shard_id=self.shard_id,
+            url=self.url,
+        )
+
+    async def _frame_request(self, path: str, body: bytes) -> bytes:
+        """A frame's round trip: POSTed to `path`, the reply frame back."""
+        _, reply = await self._request("POST", path, body, FRAME_CONTENT_TYPE)
+        return reply
 
     async def pull(self, table: str, keys: U64) -> F32:
-        _, reply = await self._request(
-            "POST", "/v1/pull", codec.encode_pull(table, keys), FRAME_CONTENT_TYPE
-        )
+        reply = await self._frame_request("/v1/pull", codec.encode_pull(table, keys))
         frame = codec.decode(reply, codec.Op.WEIGHTS)
         assert frame.values is not None
         return frame.values
 
     async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled:
         body = codec.encode_pull(table, keys, presence=presence)
-        _, reply = await self._request("POST", "/v1/pull", body, FRAME_CONTENT_TYPE)
+        reply = await self._frame_request("/v1/pull", body)
         frame = codec.decode(reply, codec.Op.WEIGHTS)
         assert frame.values is not None
         if presence and frame.present is None:
@@ -348,7 +374,7 @@ class HttpTransport:
         body = codec.encode_push(
             table, keys, grads, counts=counts, event_time=event_time, request_id=request_id
         )
-        _, reply = await self._request("POST", "/v1/push", body, FRAME_CONTENT_TYPE)
+        reply = await self._frame_request("/v1/push", body)
         return codec.decode(reply, codec.Op.ACK).count
 
     async def push_pull(
@@ -372,7 +398,7 @@ class HttpTransport:
         )
         # Retried like a push, with the same body and so the same request id:
         # a shard that applied the push answers the pull without applying again.
-        _, reply = await self._request("POST", "/v1/push_pull", body, FRAME_CONTENT_TYPE)
+        reply = await self._frame_request("/v1/push_pull", body)
         frame = codec.decode(reply, codec.Op.PUSH_PULL_REPLY)
         assert frame.values is not None
         if frame.count != pull_keys.size:
@@ -452,6 +478,86 @@ class HttpTransport:
         return None
 
 
+class TcpTransport(HttpTransport):
+    """A shard server whose pulls and pushes travel over its TCP RPC
+    (`ps_core.rpc`: the same frames, no HTTP), everything else over HTTP.
+
+    The RPC port is read from the shard's ``GET /healthz`` on first use and
+    again after a connection fails (a restarted shard may listen on another).
+    A shard that advertises none is reached over HTTP alone. Calls share one
+    connection (pipelined) and are retried like HTTP requests: connection
+    errors and timeouts with backoff up to the deadline, then
+    `ShardUnavailableError`; a retried push keeps its request id.
+    """
+
+    def __init__(
+        self,
+        shard_id: int,
+        url: str,
+        session: aiohttp.ClientSession,
+        retry: RetryPolicy,
+    ) -> None:
+        super().__init__(shard_id, url, session, retry)
+        self._host = urlsplit(self.url).hostname or "127.0.0.1"
+        self._conn: RpcConnection | None = None
+        self._opening = asyncio.Lock()
+        self.rpc_port: int | None = None
+        """The shard's RPC port, once read from its ``/healthz``."""
+        self.uses_rpc: bool | None = None
+        """Whether data calls go over the RPC (None until the shard was asked)."""
+
+    async def _connection(self) -> RpcConnection | None:
+        """The open RPC connection (opened if needed), or None when the shard offers no RPC."""
+        async with self._opening:
+            if self._conn is not None and self._conn.is_open:
+                return self._conn
+            if self.rpc_port is None:
+                _, reply = await self._request("GET", "/healthz")
+                port = _json_or_text(reply)
+                port = port.get("rpc_port") if isinstance(port, dict) else None
+                if not isinstance(port, int) or isinstance(port, bool):
+                    self.uses_rpc = False
+                    return None
+                self.rpc_port = port
+            self._conn = await RpcConnection.open(self._host, self.rpc_port)
+            self.uses_rpc = True
+            return self._conn
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.abort()
+        self._conn = None
+        self.rpc_port = None
+
+    async def _frame_request(self, path: str, body: bytes) -> bytes:
+        if self.uses_rpc is False:
+            return await super()._frame_request(path, body)
+        backoff = _Backoff(self._retry)
+        while True:
+            try:
+                conn = self._conn
+                if conn is None or not conn.is_open:
+                    conn = await self._connection()
+                    if conn is None:
+                        return await super()._frame_request(path, body)
+                status, payload = await asyncio.wait_for(conn.call(body), backoff.remaining())
+            except (OSError, asyncio.TimeoutError) as exc:  # ConnectionError is an OSError
+                last = f"{type(exc).__name__}: {exc}"
+                # A timed-out call's reply may still come: drop the connection
+                # so that no later call reads it as its own.
+                self._drop()
+            else:
+                if status == 200:
+                    return payload
+                raise error_from_body(status, _json_or_text(payload))
+            await backoff.failed(last, lambda n, why: self._unavailable(n, why, via=" (rpc)"))
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+
 def _json_or_text(payload: bytes) -> object:
     try:
         return orjson.loads(payload)
@@ -504,9 +610,12 @@ class PSClient:
         *,
         retry: RetryPolicy | None = None,
         connections_per_shard: int = 16,
+        rpc: bool = True,
     ) -> PSClient:
         """A client for shard servers at `urls` (shard i at urls[i]).
 
+        With `rpc` (the default), pulls and pushes go over a shard's TCP RPC
+        when it offers one (`TcpTransport`); without, everything is HTTP.
         Must be called with an event loop running (it opens a connection pool).
         """
         session = aiohttp.ClientSession(
@@ -514,7 +623,8 @@ class PSClient:
             skip_auto_headers=("User-Agent",),
         )
         policy = retry or RetryPolicy()
-        transports = [HttpTransport(i, u, session, policy) for i, u in enumerate(urls)]
+        kind = TcpTransport if rpc else HttpTransport
+        transports = [kind(i, u, session, policy) for i, u in enumerate(urls)]
         return cls(transports, session=session)
 
     @classmethod

@@ -16,7 +16,8 @@ Routes:
   the tables' rows for an export cut (the coordinator's pause), answering
   ``{"rows": {table: n}}``; ``GET /v1/snapshots/{version}``: those copies as
   one ``.npz`` body (`ps_core.export.snapshots_to_bytes`), handed over once;
-- ``GET /healthz``: liveness.
+- ``GET /healthz``: liveness, the shard's id and count, and ``rpc_port``: the
+  port of its TCP RPC for pulls and pushes (`ps_core.rpc`), or null.
 
 Errors are JSON ``{"error": code, "detail": reason}`` with the status of the
 `PSError` raised, mapped once in `error_middleware`.
@@ -38,6 +39,7 @@ from .table import TableConfig
 __all__ = ["create_shard_app", "SHARD", "FRAME_CONTENT_TYPE", "DEFAULT_MAX_BODY"]
 
 SHARD = web.AppKey("shard", Shard)
+RPC_PORT: web.AppKey[int | None] = web.AppKey("rpc_port")
 FRAME_CONTENT_TYPE = "application/x-ctrps-frame"
 DEFAULT_MAX_BODY = 512 * 1024 * 1024
 
@@ -147,13 +149,24 @@ async def stats(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     spec = request.app[SHARD].spec
-    return json_response({"status": "ok", "shard_id": spec.shard_id, "num_shards": spec.num_shards})
+    return json_response(
+        {
+            "status": "ok",
+            "shard_id": spec.shard_id,
+            "num_shards": spec.num_shards,
+            "rpc_port": request.app[RPC_PORT],
+        }
+    )
 
 
-def create_shard_app(shard: Shard, *, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
-    """The aiohttp application serving `shard`."""
+def create_shard_app(
+    shard: Shard, *, max_body: int = DEFAULT_MAX_BODY, rpc_port: int | None = None
+) -> web.Application:
+    """The aiohttp application serving `shard`; `rpc_port`, the port of its
+    TCP RPC (`ps_core.rpc`) if it has one, is advertised by ``/healthz``."""
     app = web.Application(client_max_size=max_body, middlewares=[error_middleware])
     app[SHARD] = shard
+    app[RPC_PORT] = rpc_port
     app.router.add_post("/v1/pull", pull)
     app.router.add_post("/v1/push", push)
     app.router.add_post("/v1/push_pull", push_pull)

@@ -17,7 +17,8 @@ from ps_core.client import HttpTransport, LocalTransport, PSClient, RetryPolicy,
 from ps_core.coordinator import Coordinator
 from ps_core.coordinator_server import add_coordinator_routes
 from ps_core.exporter import Exporter
-from ps_core.server import create_shard_app
+from ps_core.rpc import RpcServer, start_rpc_server
+from ps_core.server import DEFAULT_MAX_BODY, create_shard_app
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
 
@@ -33,15 +34,21 @@ async def serve_shards() -> AsyncIterator[ServeShards]:
     runners: list[web.AppRunner] = []
 
     async def start(
-        n: int, tables: tuple[TableConfig, ...] = (), exports: Path | None = None
+        n: int, tables: tuple[TableConfig, ...] = (), exports: Path | None = None, rpc: bool = False
     ) -> tuple[list[Shard], list[str]]:
         """With `exports`, shard 0 hosts a coordinator and an exporter writing
-        there, as ``ctrps shard --shards ...`` does."""
+        there, as ``ctrps shard --shards ...`` does; with `rpc`, each shard
+        also serves its TCP RPC and advertises it, as ``ctrps shard`` does."""
         ports = [free_port() for _ in range(n)]
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         shards = [Shard(ShardSpec(i, n), tables) for i in range(n)]
         for i, (shard, port) in enumerate(zip(shards, ports)):
-            app = create_shard_app(shard)
+            rpc_port = None
+            if rpc:
+                server = await start_rpc_server(shard, "127.0.0.1", 0, max_body=DEFAULT_MAX_BODY)
+                rpc_servers.append(server)
+                rpc_port = server.port
+            app = create_shard_app(shard, rpc_port=rpc_port)
             if i == 0 and exports is not None:
                 coordinator = Coordinator()
                 session = aiohttp.ClientSession()
@@ -57,8 +64,12 @@ async def serve_shards() -> AsyncIterator[ServeShards]:
         return shards, urls
 
     sessions: list[aiohttp.ClientSession] = []
+    rpc_servers: list[RpcServer] = []
     start.runners = runners  # type: ignore[attr-defined]
+    start.rpc_servers = rpc_servers  # type: ignore[attr-defined]
     yield start
+    for server in rpc_servers:
+        await server.close()
     for r in runners:
         await r.cleanup()
     for s in sessions:

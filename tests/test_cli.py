@@ -22,7 +22,7 @@ import pytest
 
 from app.cli import build_parser
 from app.settings import SettingsError, ShardSettings, parse_table_spec
-from ps_core.client import PSClient, RetryPolicy
+from ps_core.client import PSClient, RetryPolicy, TcpTransport
 from ps_core.table import SparseTable, TableConfig
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -149,7 +149,9 @@ async def test_shard_subprocess_serves_logs_json_and_stops_on_sigterm(tmp_path: 
         )  # fmt: skip
     try:
         health = await wait_healthy(proc, url, log)
+        rpc_port = health.pop("rpc_port")
         assert health == {"status": "ok", "shard_id": 0, "num_shards": 1}
+        assert isinstance(rpc_port, int) and rpc_port not in (0, port)
 
         ref = SparseTable(parse_table_spec("lr,optimizer=ftrl"))
         keys = np.array([0, 5, 5, 2**64 - 1, 77], dtype=np.uint64)
@@ -162,6 +164,10 @@ async def test_shard_subprocess_serves_logs_json_and_stops_on_sigterm(tmp_path: 
             assert np.count_nonzero(got) >= 3
             stats = (await client.stats())[0]
             assert stats["tables"]["lr"]["features"] == 4
+            # Pulls and pushes went over the advertised RPC port.
+            transport = client.transports[0]
+            assert isinstance(transport, TcpTransport)
+            assert transport.uses_rpc and transport.rpc_port == rpc_port
 
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -180,6 +186,7 @@ async def test_shard_subprocess_serves_logs_json_and_stops_on_sigterm(tmp_path: 
     assert len(listening) == 1, lines
     event = listening[0]
     assert event["url"] == url and event["shard_id"] == 0 and event["num_shards"] == 1
+    assert event["rpc_port"] == rpc_port
     assert event["tables"] == "lr" and event["level"] == "info"
     assert any(e.get("msg") == "stopped" for e in lines)
 
@@ -254,6 +261,7 @@ FULL_ENV = {
     "CTRPS_MAX_BODY_MB": "64",
     "CTRPS_STATS_INTERVAL": "2.5",
     "CTRPS_LOG_FORMAT": "json",
+    "CTRPS_RPC_PORT": "7201",
 }
 
 
@@ -275,6 +283,7 @@ def test_from_env_overrides_every_default() -> None:
         max_body_mb=64,
         stats_interval_s=2.5,
         log_format="json",
+        rpc_port=7201,
     )
 
 
@@ -294,6 +303,8 @@ def test_empty_numeric_variables_mean_the_default() -> None:
         ({"CTRPS_MAX_BODY_MB": "0"}, "max body must be at least 1 MiB"),
         ({"CTRPS_STATS_INTERVAL": "often"}, "CTRPS_STATS_INTERVAL='often' is not a number"),
         ({"CTRPS_LOG_FORMAT": "xml"}, "log format is text or json"),
+        ({"CTRPS_RPC_PORT": "70000"}, "rpc port 70000 out of range"),
+        ({"CTRPS_RPC": "maybe"}, "CTRPS_RPC='maybe'"),
         ({"CTRPS_TABLES": "lr;lr,dim=2"}, "a table is declared twice"),
         ({"CTRPS_TABLES": "lr,dim=zero"}, "dim='zero' is not a number"),
     ],
@@ -313,7 +324,7 @@ def test_flags_override_env() -> None:
     args = shard_args(
         "--host", "127.0.0.2", "--port", "0", "--shard-id", "3", "--num-shards", "5",
         "--table", "only,dim=2", "--max-body-mb", "8", "--stats-interval", "0",
-        "--log-format", "text",
+        "--log-format", "text", "--rpc-port", "0",
     )  # fmt: skip
     s = ShardSettings.from_args(args, env=FULL_ENV)
     assert s == ShardSettings(
@@ -325,7 +336,10 @@ def test_flags_override_env() -> None:
         max_body_mb=8,
         stats_interval_s=0.0,
         log_format="text",
+        rpc_port=0,
     )
+    assert ShardSettings.from_args(shard_args("--no-rpc"), env=FULL_ENV).rpc is False
+    assert ShardSettings.from_env({"CTRPS_RPC": "0"}).rpc is False
 
 
 def test_some_flags_combine_with_the_rest_of_env() -> None:
@@ -373,14 +387,15 @@ async def test_shard_on_port_0_logs_the_port_it_got(tmp_path: Path) -> None:
             for line in log.read_text().splitlines():
                 event = orjson.loads(line)
                 if event.get("msg") == "listening":
-                    url = event["url"]
+                    url, rpc_port = event["url"], event["rpc_port"]
             if not url:
                 assert proc.returncode is None, log.read_text()
                 assert loop.time() < deadline, f"no listening line: {log.read_text()}"
                 await asyncio.sleep(0.05)  # poll interval
         assert not url.endswith(":0")
         health = await wait_healthy(proc, url, log)
-        assert health == {"status": "ok", "shard_id": 1, "num_shards": 2}
+        assert health == {"status": "ok", "shard_id": 1, "num_shards": 2, "rpc_port": rpc_port}
+        assert isinstance(rpc_port, int) and rpc_port > 0
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), timeout=10.0) == 0
     finally:

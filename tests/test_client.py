@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from ps_core.client import PSClient, RetryPolicy
+from ps_core.client import PSClient, RetryPolicy, TcpTransport
 from ps_core.errors import (
     InvalidValuesError,
     PSError,
@@ -40,14 +40,15 @@ U64_MAX = 2**64 - 1
 MakeClient = Callable[[int, tuple[TableConfig, ...]], Awaitable[tuple[PSClient, list[Shard]]]]
 
 
-@pytest.fixture(params=["http", "local"])
+@pytest.fixture(params=["http", "rpc", "local"])
 async def make_client(request: pytest.FixtureRequest, serve_shards: Any) -> AsyncIterator[MakeClient]:
-    """Builds a client over `n` shards, through HTTP servers or in process."""
+    """Builds a client over `n` shards: through HTTP servers, through servers
+    that also offer the TCP RPC (pulls and pushes go there), or in process."""
     clients: list[PSClient] = []
 
     async def make(n: int, tables: tuple[TableConfig, ...] = TABLES) -> tuple[PSClient, list[Shard]]:
-        if request.param == "http":
-            shards, urls = await serve_shards(n, tables)
+        if request.param in ("http", "rpc"):
+            shards, urls = await serve_shards(n, tables, rpc=request.param == "rpc")
             client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=2.0))
         else:
             shards = [Shard(ShardSpec(i, n), tables) for i in range(n)]
@@ -57,6 +58,10 @@ async def make_client(request: pytest.FixtureRequest, serve_shards: Any) -> Asyn
 
     yield make
     for c in clients:
+        # Each remote data call went where the fixture says: the RPC when the
+        # shard offers it, HTTP when it does not (None: no data call made).
+        used = {t.uses_rpc for t in c.transports if isinstance(t, TcpTransport)} - {None}
+        assert used <= ({True} if request.param == "rpc" else {False})
         await c.close()
 
 

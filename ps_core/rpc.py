@@ -1,0 +1,295 @@
+"""The shard's TCP RPC: the same binary frames as ``POST /v1/pull`` (``push``,
+``push_pull``), length-prefixed on a persistent connection, with no HTTP.
+
+A training step is one request per shard of some tens of kilobytes; over
+aiohttp, parsing and building HTTP messages costs the shard server and the
+worker each about as much CPU as the table work of the step. This protocol
+carries the data operations only; everything else (tables, stats, status,
+snapshots, the coordinator) stays on HTTP, which also advertises the RPC port
+(``GET /healthz``: ``"rpc_port"``).
+
+Wire format (all integers little-endian):
+
+- on connecting, the client sends ``HELLO`` (``b"ctrpsrpc"``, then u32
+  protocol version); the server answers ``b"ctrpsrpc"``, its u32 version,
+  u32 shard id and u32 shard count, or closes the connection when the magic
+  or version is not its own;
+- a request is a u32 body length, then the body: one `ps_core.codec` frame
+  (PULL, PUSH or PUSH_PULL);
+- a reply is a u32 payload length, a u16 status (HTTP's meaning: 200, or the
+  `PSError` status), two reserved zero bytes, then the payload: the reply
+  frame for 200, else the JSON error body the HTTP routes send
+  (``{"error": code, "detail": reason}``).
+
+Requests may be pipelined: the server answers them in order, one at a time
+(`Shard.handle_frame` never suspends). A body longer than the server's limit
+is answered 413 and the connection closed, since its bytes are not read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections import deque
+from typing import NamedTuple, cast
+
+import orjson
+
+from .errors import PSError
+from .shard import Shard
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "RpcConnection",
+    "RpcHello",
+    "RpcServerProtocol",
+    "start_rpc_server",
+]
+
+log = logging.getLogger("ctrps.rpc")
+
+MAGIC = b"ctrpsrpc"
+PROTOCOL_VERSION = 1
+_HELLO = struct.Struct("<8sI")
+_HELLO_REPLY = struct.Struct("<8sIII")
+_LENGTH = struct.Struct("<I")
+_REPLY = struct.Struct("<IHH")  # payload length, status, reserved
+OK = 200
+
+# Pause reading a connection whose replies pile up unsent (a client that
+# pipelines without reading); resume once the buffer drains.
+_WRITE_HIGH = 8 << 20
+_WRITE_LOW = 1 << 20
+
+
+class RpcHello(NamedTuple):
+    """What a shard's RPC server says about itself on connecting."""
+
+    version: int
+    shard_id: int
+    num_shards: int
+
+
+def _error_payload(code: str, detail: str) -> bytes:
+    return orjson.dumps({"error": code, "detail": detail})
+
+
+class RpcServerProtocol(asyncio.Protocol):
+    """One client connection to a shard's RPC server."""
+
+    def __init__(self, shard: Shard, max_body: int, connections: set[RpcServerProtocol]) -> None:
+        self._shard = shard
+        self._max_body = max_body
+        self._connections = connections
+        self._buf = bytearray()
+        self._greeted = False
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio.Transport subclasses, but are ones.)
+        self._transport = transport = cast(asyncio.Transport, transport)
+        transport.set_write_buffer_limits(high=_WRITE_HIGH, low=_WRITE_LOW)
+        self._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.discard(self)
+        self._transport = None
+
+    def pause_writing(self) -> None:
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None:
+            self._transport.resume_reading()
+
+    def close(self) -> None:
+        """Close the connection (pending replies are written first)."""
+        if self._transport is not None:
+            self._transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        transport = self._transport
+        start = 0
+        try:
+            if not self._greeted:
+                if len(buf) < _HELLO.size:
+                    return
+                magic, version = _HELLO.unpack_from(buf, 0)
+                if magic != MAGIC or version != PROTOCOL_VERSION:
+                    log.warning("rpc: closing a connection that did not greet as a ctrps client")
+                    self.close()
+                    return
+                spec = self._shard.spec
+                assert transport is not None
+                transport.write(_HELLO_REPLY.pack(MAGIC, PROTOCOL_VERSION, spec.shard_id, spec.num_shards))
+                self._greeted = True
+                start = _HELLO.size
+            # Every whole request in the buffer, in order.
+            while transport is not None and len(buf) - start >= _LENGTH.size:
+                (size,) = _LENGTH.unpack_from(buf, start)
+                if size > self._max_body:
+                    detail = f"request of {size} bytes over the {self._max_body}-byte limit"
+                    self._reply(413, _error_payload("too_large", detail))
+                    self.close()
+                    start = len(buf)
+                    return
+                end = start + _LENGTH.size + size
+                if len(buf) < end:
+                    break
+                # A copy: the frame's arrays are views of it, and `buf` moves on.
+                body = bytes(buf[start + _LENGTH.size : end])
+                start = end
+                self._handle(body)
+        finally:
+            del buf[:start]
+
+    def _handle(self, body: bytes) -> None:
+        try:
+            reply = self._shard.handle_frame(body)
+        except PSError as exc:
+            self._reply(exc.status, orjson.dumps(exc.to_body()))
+            return
+        except Exception as exc:  # a bug must not drop the other requests of the connection
+            log.exception("rpc: request failed")
+            self._reply(500, _error_payload("internal", repr(exc)))
+            return
+        self._reply(OK, reply)
+
+    def _reply(self, status: int, payload: bytes) -> None:
+        if self._transport is not None:
+            self._transport.writelines([_REPLY.pack(len(payload), status, 0), payload])
+
+
+class RpcServer:
+    """A shard's RPC server; `close` stops listening and closes every connection."""
+
+    def __init__(self, server: asyncio.Server, connections: set[RpcServerProtocol]) -> None:
+        self._server = server
+        self._connections = connections
+        sockets = server.sockets or ()
+        self.port: int = sockets[0].getsockname()[1] if sockets else 0
+        """The port it listens on (the one the OS chose when asked for 0)."""
+
+    async def close(self) -> None:
+        self._server.close()
+        for conn in list(self._connections):
+            conn.close()
+        await self._server.wait_closed()
+
+
+async def start_rpc_server(shard: Shard, host: str, port: int, *, max_body: int) -> RpcServer:
+    """Serve `shard`'s pulls and pushes on `host`:`port` (0 picks a free port)."""
+    connections: set[RpcServerProtocol] = set()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: RpcServerProtocol(shard, max_body, connections), host, port, reuse_address=True
+    )
+    return RpcServer(server, connections)
+
+
+class _ClientProtocol(asyncio.Protocol):
+    """Matches replies to the waiting calls, in order."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.hello: asyncio.Future[RpcHello] = asyncio.get_running_loop().create_future()
+        self.waiting: deque[asyncio.Future[tuple[int, bytes]]] = deque()
+        self._buf = bytearray()
+        self.lost: Exception | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = exc if exc is not None else ConnectionResetError("connection closed by the shard")
+        self.transport = None
+        if not self.hello.done():
+            self.hello.set_exception(self.lost)
+        while self.waiting:
+            fut = self.waiting.popleft()
+            if not fut.done():
+                fut.set_exception(ConnectionResetError(str(self.lost)))
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        start = 0
+        if not self.hello.done():
+            if len(buf) < _HELLO_REPLY.size:
+                return
+            magic, version, shard_id, num_shards = _HELLO_REPLY.unpack_from(buf, 0)
+            start = _HELLO_REPLY.size
+            if magic != MAGIC or version != PROTOCOL_VERSION:
+                self.hello.set_exception(
+                    ConnectionError(f"not a ctrps RPC server of version {PROTOCOL_VERSION} ({magic!r}, {version})")
+                )
+                if self.transport is not None:
+                    self.transport.abort()
+                return
+            self.hello.set_result(RpcHello(version, shard_id, num_shards))
+        while len(buf) - start >= _REPLY.size:
+            size, status, _ = _REPLY.unpack_from(buf, start)
+            end = start + _REPLY.size + size
+            if len(buf) < end:
+                break
+            payload = bytes(buf[start + _REPLY.size : end])
+            start = end
+            if not self.waiting:
+                # A reply nobody asked for: the stream is out of step.
+                if self.transport is not None:
+                    self.transport.abort()
+                break
+            fut = self.waiting.popleft()
+            if not fut.done():  # a cancelled call's reply is read and dropped
+                fut.set_result((status, payload))
+        del buf[:start]
+
+
+class RpcConnection:
+    """A client's connection to one shard's RPC server; calls may overlap."""
+
+    def __init__(self, protocol: _ClientProtocol, hello: RpcHello) -> None:
+        self._protocol = protocol
+        self.hello = hello
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> RpcConnection:
+        """Connect and greet; raises OSError (or ConnectionError) when that fails."""
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.create_connection(_ClientProtocol, host, port)
+        transport.write(_HELLO.pack(MAGIC, PROTOCOL_VERSION))
+        try:
+            hello = await protocol.hello
+        except BaseException:
+            transport.abort()
+            raise
+        return cls(protocol, hello)
+
+    @property
+    def is_open(self) -> bool:
+        return self._protocol.transport is not None
+
+    def call(self, body: bytes) -> asyncio.Future[tuple[int, bytes]]:
+        """Send one request; the future gets (status, payload) or a ConnectionError."""
+        protocol = self._protocol
+        fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        if protocol.transport is None:
+            fut.set_exception(ConnectionResetError(f"connection lost: {protocol.lost}"))
+            return fut
+        protocol.waiting.append(fut)
+        protocol.transport.writelines([_LENGTH.pack(len(body)), body])
+        return fut
+
+    def abort(self) -> None:
+        """Drop the connection at once; calls waiting get a ConnectionError."""
+        if self._protocol.transport is not None:
+            self._protocol.transport.abort()
+
+    async def close(self) -> None:
+        transport = self._protocol.transport
+        if transport is not None:
+            transport.close()
