@@ -23,7 +23,7 @@ import orjson
 
 from ps_core.features import EventBatch, EventError, FeatureHasher, decode_message, message_events
 
-__all__ = ["Decoded", "Rejected", "decode_records", "merge_decoded"]
+__all__ = ["Decoded", "Rejected", "decode_records"]
 
 
 @dataclass(frozen=True)
@@ -133,21 +133,3 @@ def _decode(values: list[bytes | None], namespace: str, max_bytes: int, t0: floa
     rejected.extend(Rejected(g, e.reason, e.detail) for g, e in errors.items())
     rejected.sort(key=lambda r: r.index)
     return Decoded(batch, record_of, rejected, time.perf_counter() - t0)
-
-
-def merge_decoded(parts: list[Decoded], sizes: list[int]) -> Decoded:
-    """One `Decoded` for records decoded in consecutive chunks of `sizes` records."""
-    if len(parts) == 1:
-        return parts[0]
-    record_starts = [0]
-    event_starts = [0]
-    for part, size in zip(parts, sizes):
-        record_starts.append(record_starts[-1] + size)
-        event_starts.append(event_starts[-1] + len(part.record_of))
-    batch = EventBatch.concat([p.batch for p in parts], event_starts[:-1])
-    record_of: list[int] = []
-    rejected: list[Rejected] = []
-    for part, start in zip(parts, record_starts):
-        record_of.extend(r + start for r in part.record_of)
-        rejected.extend(Rejected(r.index + start, r.reason, r.detail) for r in part.rejected)
-    return Decoded(batch, record_of, rejected, sum(p.seconds for p in parts))

@@ -35,9 +35,10 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, AsyncIterator, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
@@ -48,7 +49,7 @@ from ps_core.features import EventBatch
 from ps_core.metrics import Metrics, evaluate
 from ps_core.models import BatchPlan, Model, sigmoid
 
-from .decode import Decoded, decode_records, merge_decoded
+from .decode import Decoded, Rejected, decode_records
 from .dlq import DeadLetter, DeadLetterQueue
 from .windows import TopicPartitionKey, Window, WindowBuilder
 
@@ -62,6 +63,19 @@ DECODE_CHUNK = 2048
 APPLY_AHEAD = 3
 """Closed windows training or waiting to train while the next one fills (see
 docs/architecture.md, Workers: with 2 the decode process idled)."""
+
+
+class _Step(NamedTuple):
+    """A mini-batch ready to train: its events and everything but the weights."""
+
+    batch: EventBatch
+    plan: BatchPlan
+    routed: Routed
+    event_time: float
+
+
+_Chunk = tuple[TopicPartitionKey, int, "asyncio.Future[Decoded]"]
+"""A decode job: its partition, its number of records, its decoding."""
 
 
 @dataclass(frozen=True)
@@ -213,7 +227,7 @@ class Worker:
         self._warmup: asyncio.Future[Decoded] | None = None
         # Decode jobs of the open window, in the order of its records:
         # (partition, number of records, decoding).
-        self._chunks: list[tuple[TopicPartitionKey, int, asyncio.Future[Decoded]]] = []
+        self._chunks: list[_Chunk] = []
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.leased = False
         """Whether windows are leased from a coordinator (found at start)."""
@@ -319,11 +333,11 @@ class Worker:
                     while applies and applies[0].done():
                         applies.popleft().result()  # re-raise a failed window here, on the hot path
                     if self._builder.should_close():
-                        window, decoding = self._take()
+                        window, chunks = self._take()
                         while len(applies) >= APPLY_AHEAD:
                             await applies.popleft()
                         prev = applies[-1] if applies else None
-                        applies.append(asyncio.create_task(self._apply_after(prev, window, decoding)))
+                        applies.append(asyncio.create_task(self._apply_after(prev, window, chunks)))
                 except CoordinatorRestarted as restart:
                     # The windows queued behind fail the same way: drop them.
                     for task in applies:
@@ -342,12 +356,10 @@ class Worker:
             await asyncio.gather(*applies, return_exceptions=True)
             await self._close()
 
-    async def _apply_after(
-        self, prev: asyncio.Task[None] | None, window: Window, decoding: asyncio.Future[Decoded]
-    ) -> None:
+    async def _apply_after(self, prev: asyncio.Task[None] | None, window: Window, chunks: list[_Chunk]) -> None:
         if prev is not None:
             await prev  # its failure fails this window too: nothing applies out of order
-        await self._apply(window, decoding)
+        await self._apply(window, chunks)
 
     # -- one window ------------------------------------------------------------
     async def _on_assigned(self, assigned: Any) -> None:
@@ -395,33 +407,21 @@ class Worker:
             return fut
         return asyncio.get_running_loop().run_in_executor(self._pool, decode_records, *args)
 
-    def _take(self) -> tuple[Window, asyncio.Future[Decoded]]:
-        """Close the window; its decoding is the merge of its chunks' decodings."""
+    def _take(self) -> tuple[Window, list[_Chunk]]:
+        """Close the window, with its chunks' decodings (under way or done), in order."""
         window = self._builder.take()
         assert window is not None
         chunks, self._chunks = self._chunks, []
         assert sum(size for _, size, _ in chunks) == window.size
+        return window, chunks
 
-        async def merged() -> Decoded:
-            parts = [await fut for _, _, fut in chunks]
-            return merge_decoded(parts, [size for _, size, _ in chunks])
-
-        return window, asyncio.ensure_future(merged())
-
-    def _owned_only(self, window: Window, decoded: Decoded) -> tuple[Window, Decoded]:
-        """Drop what belongs to partitions revoked since the window closed: their
-        new owner reads them again from the committed offset."""
+    def _owned(self, window: Window) -> tuple[Window, npt.NDArray[np.bool_] | None]:
+        """The window without partitions revoked since it closed (their new owner
+        reads them again from the committed offset), and which of its records
+        to keep (None: all)."""
         owned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
         if all(tp in owned for tp in window.next_offsets):
-            return window, decoded
-        keep_record = window.in_partitions(owned)
-        record_of = np.asarray(decoded.record_of, dtype=np.int64)
-        events = np.flatnonzero(keep_record[record_of[decoded.batch.index]])
-        trimmed = Decoded(
-            batch=decoded.batch.select(events),
-            record_of=decoded.record_of,
-            rejected=[r for r in decoded.rejected if keep_record[r.index]],
-        )
+            return window, None
         kept = Window(
             seq=window.seq,
             values=window.values,
@@ -432,34 +432,62 @@ class Worker:
             first_ts_ms=window.first_ts_ms,
             last_ts_ms=window.last_ts_ms,
         )
-        return kept, trimmed
+        return kept, window.in_partitions(owned)
 
-    async def _apply(self, window: Window, decoding: asyncio.Future[Decoded]) -> None:
+    async def _apply(self, window: Window, chunks: list[_Chunk]) -> None:
         async with self._lock:
             t0 = time.perf_counter()
-            window, decoded = self._owned_only(window, await decoding)
-            t_decoded = time.perf_counter()
-            assert self._dlq is not None
-            await self._dlq.send_all(
-                [
-                    DeadLetter(window.values[r.index], r.reason, r.detail, *window.source(r.index))
-                    for r in decoded.rejected
-                ]
-            )
+            # Revocation waits for this lock, so what is owned now stays owned
+            # until the commit.
+            window, keep_record = self._owned(window)
+            rejected: list[Rejected] = []
+            decode_s = 0.0
+            decode_wait_s = 0.0
+
+            async def pieces() -> AsyncIterator[EventBatch]:
+                """Each chunk's good events, as its decoding completes: training
+                starts on a window's first chunk while the rest decode."""
+                nonlocal decode_s, decode_wait_s
+                first = 0  # the chunk's first record in the window
+                for _, size, fut in chunks:
+                    t = time.perf_counter()
+                    part = await fut
+                    decode_wait_s += time.perf_counter() - t
+                    decode_s += part.seconds
+                    shifted = [Rejected(r.index + first, r.reason, r.detail) for r in part.rejected]
+                    batch = part.batch
+                    if keep_record is not None:
+                        keep = keep_record[first : first + size]
+                        record_of = np.asarray(part.record_of, dtype=np.int64)
+                        batch = batch.select(np.flatnonzero(keep[record_of[batch.index]]))
+                        shifted = [r for r in shifted if keep_record[r.index]]
+                    rejected.extend(shifted)
+                    first += size
+                    yield batch
+
             # The lease spans the window's pushes and commit: a cut holds the
             # whole window and its offsets, or neither.
             lease = await self._lease() if self.leased else None
             committed: Offsets = {}
             try:
-                metrics = await self._train(decoded, window)
+                t_train = time.perf_counter()
+                metrics = await self._train_pieces(pieces(), window)
                 t_trained = time.perf_counter()
+                # Dead letters go out before the commit that passes their offsets.
+                assert self._dlq is not None
+                await self._dlq.send_all(
+                    [
+                        DeadLetter(window.values[r.index], r.reason, r.detail, *window.source(r.index))
+                        for r in rejected
+                    ]
+                )
                 committed = await self._commit(window)
             finally:
                 if lease is not None:
                     await self._release(lease, committed)
             report = self._report(
-                window, decoded, metrics, time.perf_counter() - t0,
-                decode_wait_s=t_decoded - t0, train_s=t_trained - t_decoded,
+                window, metrics, rejected, time.perf_counter() - t0, decode_s=decode_s,
+                decode_wait_s=decode_wait_s, train_s=t_trained - t_train - decode_wait_s,
             )
         if self.on_window is not None:
             try:
@@ -473,62 +501,102 @@ class Worker:
         return dict(zip(names, got))
 
     async def _train(self, decoded: Decoded, window: Window) -> Metrics:
-        """Mini-batches of pull → predict → gradient → push; returns the
-        progressive metrics of the window.
+        """`_train_pieces` of one decoded batch."""
+
+        async def one() -> AsyncIterator[EventBatch]:
+            yield decoded.batch
+
+        return await self._train_pieces(one(), window)
+
+    def _mini_batches(self, pieces: AsyncIterator[EventBatch]) -> AsyncIterator[EventBatch]:
+        """Consecutive mini-batches of the pieces' events: a mini-batch takes
+        the end of one piece and the start of the next, as if they were one
+        batch (only its few events are copied, not the pieces)."""
+        step = self.config.mini_batch
+
+        async def gen() -> AsyncIterator[EventBatch]:
+            rest: EventBatch | None = None
+            async for batch in pieces:
+                start = 0
+                if rest is not None:
+                    start = min(step - rest.size, batch.size)
+                    rest = EventBatch.concat([rest, batch.slice(0, start)], [0, 0])
+                    if rest.size < step:
+                        continue
+                    yield rest
+                    rest = None
+                while batch.size - start >= step:  # per mini-batch, not per event
+                    yield batch.slice(start, start + step)
+                    start += step
+                if start < batch.size:
+                    rest = batch.slice(start, batch.size)
+            if rest is not None and rest.size:
+                yield rest
+
+        return gen()
+
+    async def _train_pieces(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
+        """Mini-batches of pull → predict → gradient → push over the events of
+        `pieces`, in order; returns the progressive metrics of the window.
 
         Progressive validation: each event's prediction is made from the
         weights pulled for its mini-batch, before that mini-batch's push, so
         every event is predicted before it is learnt from, by the model as it
         stands at that moment (not as it stood at the window's start).
         """
-        batch = decoded.batch
-        step = self.config.mini_batch
-        predicted = np.empty(batch.size, dtype=np.float64)
         names = self.model.table_names
+        predicted: list[npt.NDArray[np.float64]] = []
+        labels: list[npt.NDArray[np.float32]] = []
 
-        def planned(start: int) -> tuple[EventBatch, BatchPlan, Routed]:
-            sub = batch.slice(start, min(start + step, batch.size))
+        def planned(sub: EventBatch) -> _Step:
             plan = self.model.plan(sub)
-            return sub, plan, self.client.route(plan.keys)  # split once for the pull and the push
-
-        if batch.size == 0:
-            return evaluate(predicted, batch.labels)
-        # Planned one mini-batch ahead: the next one's keys go with this push.
-        current = planned(0)
-        weights = await self._pull_all(current[2])
-        for start in range(0, batch.size, step):  # per mini-batch, not per event
-            sub, plan, routed = current
-            p = sigmoid(self.model.logits(sub, plan, weights))
-            predicted[start : start + sub.size] = p
-            dlogit = (p - sub.labels) * sub.weights
-            grads = self.model.gradients(sub, plan, weights, dlogit)
             ts = sub.ts[np.isfinite(sub.ts)]
             event_time = float(ts.max()) if ts.size else window.last_ts_ms / 1000.0
+            # Split once for the pull and the push.
+            return _Step(sub, plan, self.client.route(plan.keys), event_time)
+
+        batches = self._mini_batches(pieces)
+        first = await anext(batches, None)
+        if first is None:
+            return evaluate(np.empty(0), np.empty(0, dtype=np.float32))
+        # Planned one mini-batch ahead: the next one's keys go with this push.
+        current = planned(first)
+        weights = await self._pull_all(current.routed)
+        trained = 0
+        while True:
+            sub, plan, routed, event_time = current
+            p = sigmoid(self.model.logits(sub, plan, weights))
+            predicted.append(p)
+            labels.append(sub.labels)
+            trained += sub.size
+            dlogit = (p - sub.labels) * sub.weights
+            grads = self.model.gradients(sub, plan, weights, dlogit)
             counts = plan.counts(sub.labels)
-            if start + step >= batch.size:
+            nxt = await anext(batches, None)  # may wait for the next chunk's decoding
+            if nxt is None:
                 await asyncio.gather(
                     *(self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names)
                 )
-            else:
-                # This mini-batch's push and the next one's pull travel in
-                # one request per shard; each shard applies the push before
-                # reading the pull, so the next mini-batch is predicted by
-                # weights that have learnt from this one, as before.
-                current = planned(start + step)
-                got = await asyncio.gather(
-                    *(
-                        self.client.push_pull(
-                            t, routed, grads[t], pull_keys=current[2], counts=counts, event_time=event_time
-                        )
-                        for t in names
+                break
+            # This mini-batch's push and the next one's pull travel in one
+            # request per shard; each shard applies the push before reading
+            # the pull, so the next mini-batch is predicted by weights that
+            # have learnt from this one, as before.
+            current = planned(nxt)
+            got = await asyncio.gather(
+                *(
+                    self.client.push_pull(
+                        t, routed, grads[t], pull_keys=current.routed, counts=counts, event_time=event_time
                     )
+                    for t in names
                 )
-                weights = {t: w for t, (_, w) in zip(names, got)}
+            )
+            weights = {t: w for t, (_, w) in zip(names, got)}
             # In-process shards never suspend: give the fetcher its turn, so
             # the next window arrives while this one trains.
             await asyncio.sleep(0)
-        self.stats.events_trained += batch.size
-        return evaluate(predicted, batch.labels)
+        self.stats.events_trained += trained
+        return evaluate(np.concatenate(predicted), np.concatenate(labels))
 
     async def _commit(self, window: Window) -> Offsets:
         """Commit the window's offsets for partitions still owned; returns what was committed."""
@@ -612,9 +680,10 @@ class Worker:
     def _report(
         self,
         window: Window,
-        decoded: Decoded,
         metrics: Metrics,
+        rejected: list[Rejected],
         seconds: float,
+        decode_s: float,
         decode_wait_s: float,
         train_s: float,
     ) -> WindowReport:
@@ -622,18 +691,18 @@ class Worker:
         report = WindowReport(
             window=window.seq,
             partitions=sorted({p for _, p in window.next_offsets}),
-            events=decoded.batch.size,
+            events=metrics.events,
             records=window.size,
-            dlq=len(decoded.rejected),
+            dlq=len(rejected),
             metrics=metrics,
-            events_per_s=decoded.batch.size / seconds if seconds > 0 else 0.0,
+            events_per_s=metrics.events / seconds if seconds > 0 else 0.0,
             lag=sum(lag.values()),
             seconds=seconds,
-            decode_s=decoded.seconds,
+            decode_s=decode_s,
             decode_wait_s=decode_wait_s,
             train_s=train_s,
             lag_by_partition=lag,
-            dlq_by_reason=dict(Counter(r.reason for r in decoded.rejected)),
+            dlq_by_reason=dict(Counter(r.reason for r in rejected)),
         )
         s = self.stats
         s.windows += 1

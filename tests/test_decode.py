@@ -1,4 +1,4 @@
-"""decode_records, and merging the decodings of consecutive chunks."""
+"""decode_records: the fast paths against the record-at-a-time reference."""
 
 from __future__ import annotations
 
@@ -11,31 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.decode import Decoded, Rejected, decode_records, merge_decoded
+from consumers.decode import Decoded, Rejected, decode_records
 from ps_core.features import EventError, FeatureHasher, decode_message
-
-
-def test_chunked_decoding_merges_to_the_whole() -> None:
-    values: list[bytes | None] = []
-    for i in range(40):
-        if i % 7 == 3:
-            values.append(b"{broken")
-        elif i % 11 == 5:
-            values.append(orjson.dumps([{"label": 1, "keys": [i]}, {"label": 0, "features": {"a": str(i)}}]))
-        else:
-            values.append(orjson.dumps({"label": i % 2, "features": {"a": str(i), "n": i}}))
-    whole = decode_records(values, "m", 1 << 20)
-    sizes = [5, 1, 13, 21]
-    parts, start = [], 0
-    for size in sizes:
-        parts.append(decode_records(values[start : start + size], "m", 1 << 20))
-        start += size
-    merged = merge_decoded(parts, sizes)
-    for field in ("keys", "values", "offsets", "labels", "index"):
-        np.testing.assert_array_equal(getattr(merged.batch, field), getattr(whole.batch, field), err_msg=field)
-    assert merged.record_of == whole.record_of
-    assert [(r.index, r.reason) for r in merged.rejected] == [(r.index, r.reason) for r in whole.rejected]
-    assert {r.index for r in whole.rejected} == {i for i in range(40) if i % 7 == 3}
 
 
 # -- the fast paths against the record-at-a-time reference ----------------------

@@ -3,6 +3,8 @@ one request) against a plain pull → predict → push reference."""
 
 from __future__ import annotations
 
+from typing import AsyncIterator
+
 import numpy as np
 import orjson
 import pytest
@@ -12,6 +14,7 @@ from consumers.synthetic import SyntheticStream
 from consumers.windows import Window
 from consumers.worker import Worker, WorkerConfig
 from ps_core.client import PSClient
+from ps_core.features import EventBatch
 from ps_core.metrics import evaluate
 from ps_core.models import FactorizationMachine, LogisticRegression, Model, sigmoid
 from ps_core.shard import Shard, ShardSpec
@@ -95,3 +98,43 @@ async def test_a_window_of_only_rejected_records_trains_nothing() -> None:
     metrics = await worker._train(decoded, _window(values))
     assert metrics.events == 0 and worker.stats.events_trained == 0
     assert shard.tables["m_w"].pushes == 0 and shard.tables["m_w"].pulls == 0
+
+
+async def _as_pieces(batches: list[EventBatch]) -> AsyncIterator[EventBatch]:
+    for b in batches:
+        yield b
+
+
+@pytest.mark.parametrize("sizes", [[137, 0, 400, 463], [1000], [96, 96, 808], [5] * 200])
+async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int]) -> None:
+    """A window's chunks, decoded separately and trained as they arrive, give
+    the same mini-batches, predictions and weights as the whole window at
+    once: a mini-batch takes the end of one chunk and the start of the next."""
+    events = SyntheticStream(seed=5).batch(1000)
+    values: list[bytes | None] = [orjson.dumps(e) for e in events]
+    step = 96
+
+    def make() -> tuple[Worker, PSClient, Model]:
+        model: Model = LogisticRegression("m")
+        shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
+        for s in shards:
+            for t in model.tables():
+                s.declare(t)
+        client = PSClient.local(shards)
+        return Worker(WorkerConfig("unused:9092", mini_batch=step, decode_processes=0), client, model), client, model
+
+    whole_worker, whole_client, model = make()
+    whole = decode_records(values, model.name, 1 << 20)
+    expected = await whole_worker._train(whole, _window(values))
+
+    bounds = np.cumsum([0] + sizes)
+    parts = [decode_records(values[a:b], model.name, 1 << 20).batch for a, b in zip(bounds[:-1], bounds[1:])]
+    worker, client, _ = make()
+    got_sizes = [b.size async for b in worker._mini_batches(_as_pieces(parts))]
+    assert got_sizes == [step] * (1000 // step) + [1000 % step]
+    metrics = await worker._train_pieces(_as_pieces(parts), _window(values))
+
+    assert metrics == expected
+    keys = model.plan(whole.batch).keys
+    for t in model.table_names:
+        np.testing.assert_array_equal(await client.pull(t, keys), await whole_client.pull(t, keys))
