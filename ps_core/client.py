@@ -658,7 +658,8 @@ class PSClient:
         if self.num_shards == 1:
             return Routed(k, None, [slice(0, k.size)], k)
         sid = shard_of(k, self.num_shards)
-        order = np.argsort(sid, kind="stable")
+        # A stable sort of 16-bit values is a radix sort: ~3x faster than of intp.
+        order = np.argsort(sid.astype(np.uint16) if self.num_shards <= 1 << 16 else sid, kind="stable")
         bounds = np.concatenate(([0], np.cumsum(np.bincount(sid, minlength=self.num_shards))))
         parts = [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(self.num_shards)]
         return Routed(k, order, parts, k[order])

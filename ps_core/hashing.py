@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["mix64", "shard_of", "uniform_from_keys", "U64"]
+__all__ = ["mix64", "shard_of", "distinct", "uniform_from_keys", "U64"]
 
 U64 = npt.NDArray[np.uint64]
 
@@ -62,6 +62,46 @@ def shard_of(keys: npt.ArrayLike, num_shards: int) -> npt.NDArray[np.intp]:
     if h.dtype.itemsize == np.dtype(np.intp).itemsize:
         return h.view(np.intp)  # values < num_shards: the same numbers
     return h.astype(np.intp)
+
+
+_POS_BITS = 16
+_POS_MASK = np.uint64((1 << _POS_BITS) - 1)
+_PREFIX = np.uint64(_POS_BITS)
+
+
+def distinct(keys: U64) -> tuple[U64, npt.NDArray[np.int64]]:
+    """Exactly ``np.unique(keys, return_inverse=True)`` (distinct keys
+    ascending, and each key's index among them), faster for a mini-batch.
+
+    Each key's top 48 bits and its position are packed into one uint64 and
+    sorted by value (numpy's vectorised sort, ~3x faster than the argsort
+    ``np.unique`` needs). Distinct keys sharing their top 48 bits would
+    interleave by position: such a batch (about 1 in 10**8 for 3,000 hashed
+    ids) is detected and handed to ``np.unique``; so is one of 2**16 keys or
+    more, whose positions do not fit.
+    """
+    n = keys.size
+    if n < 2 or n > 1 << _POS_BITS:
+        keys_u, inverse = np.unique(keys, return_inverse=True)
+        return keys_u, inverse.reshape(-1).astype(np.int64, copy=False)
+    packed = keys >> _PREFIX
+    packed <<= _PREFIX
+    packed |= np.arange(n, dtype=np.uint64)
+    packed.sort()
+    order = (packed & _POS_MASK).astype(np.intp)
+    ordered = keys.take(order)
+    first = np.empty(n, dtype=bool)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    packed >>= _PREFIX
+    if (first[1:] & (packed[1:] == packed[:-1])).any():
+        keys_u, inverse = np.unique(keys, return_inverse=True)
+        return keys_u, inverse.reshape(-1).astype(np.int64, copy=False)
+    ids = np.cumsum(first, dtype=np.int64)
+    ids -= 1
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[order] = ids
+    return ordered[first], inverse
 
 
 def uniform_from_keys(keys: U64, seed: int, width: int) -> npt.NDArray[np.float64]:

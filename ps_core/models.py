@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .features import EventBatch
-from .hashing import U64
+from .hashing import U64, distinct
 from .table import TableConfig
 
 __all__ = ["Model", "LogisticRegression", "FactorizationMachine", "BatchPlan", "sigmoid", "make_model"]
@@ -96,8 +96,8 @@ class Model(ABC):
 
     def plan(self, batch: EventBatch) -> BatchPlan:
         """Distinct ids of `batch` and the occurrence → id map."""
-        keys, inverse = np.unique(batch.keys, return_inverse=True)
-        return BatchPlan(keys, inverse.reshape(-1).astype(np.int64), batch.event_of_feature())
+        keys, inverse = distinct(batch.keys)
+        return BatchPlan(keys, inverse, batch.event_of_feature())
 
     @abstractmethod
     def logits(self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32]) -> F64:

@@ -3,7 +3,7 @@ on the weights.
 
 A worker trains a window in mini-batches: pull the distinct ids, predict,
 compute gradients, push. Before any weight is read, each mini-batch already
-fixes its distinct ids and where each occurrence points (`np.unique`, the
+fixes its distinct ids and where each occurrence points (`distinct`, the
 costliest step), how those ids split over the shards, and the shows and
 clicks each id gets. `plan_steps` computes all of it for a decoded batch, so
 the worker's decode processes can do it beside the decoding and the event
@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .features import EventBatch
-from .hashing import U64, shard_of
+from .hashing import U64, distinct, shard_of
 
 __all__ = ["TrainStep", "plan_steps", "split_by_shard"]
 
@@ -37,7 +37,7 @@ def split_by_shard(keys: U64, num_shards: int) -> tuple[npt.NDArray[np.intp] | N
     if num_shards == 1:
         return None, np.array([0, keys.size], dtype=np.int64)
     sid = shard_of(keys, num_shards)
-    order = np.argsort(sid, kind="stable")
+    order = np.argsort(sid.astype(np.uint16) if num_shards <= 1 << 16 else sid, kind="stable")
     bounds = np.zeros(num_shards + 1, dtype=np.int64)
     np.cumsum(np.bincount(sid, minlength=num_shards), out=bounds[1:])
     return order, bounds
@@ -77,8 +77,8 @@ def plan_steps(batch: EventBatch, mini_batch: int, num_shards: int) -> list[Trai
     for start in range(0, batch.size, mini_batch):  # per mini-batch, not per event
         stop = min(start + mini_batch, batch.size)
         sub = batch.slice(start, stop)
-        keys, inverse = np.unique(sub.keys, return_inverse=True)
-        inv = inverse.reshape(-1).astype(np.int32)
+        keys, inverse = distinct(sub.keys)
+        inv = inverse.astype(np.int32)
         u = keys.size
         counts = np.empty((u, 2), dtype=np.float32)
         counts[:, 0] = np.bincount(inv, minlength=u)

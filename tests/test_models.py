@@ -7,8 +7,11 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ps_core.features import FeatureHasher
+from ps_core.hashing import distinct
 from ps_core.metrics import auc, copc, evaluate, logloss
 from ps_core.models import FactorizationMachine, LogisticRegression, Model, sigmoid
 from ps_core.table import SparseTable
@@ -118,3 +121,29 @@ def test_metrics() -> None:
     assert copc([0.25, 0.25], [0, 1]) == pytest.approx(2.0)
     m = evaluate([0.2, 0.8], [0, 1])
     assert (m.events, m.auc, m.ctr) == (2, 1.0, 0.5)
+
+
+@given(
+    base=st.lists(st.integers(0, 2**64 - 1), min_size=0, max_size=60),
+    low=st.lists(st.integers(0, 2**16 - 1), min_size=1, max_size=4),
+    picks=st.lists(st.integers(0, 10**6), min_size=0, max_size=400),
+)
+@settings(max_examples=300, deadline=None)
+def test_distinct_is_np_unique(base: list[int], low: list[int], picks: list[int]) -> None:
+    """Keys drawn with repeats from a pool that includes keys differing only
+    in their low 16 bits (the packed sort's blind spot): the same as np.unique."""
+    pool = base + [(b & ~0xFFFF) | lo for b in base[:3] for lo in low]
+    keys = np.array([pool[i % len(pool)] for i in picks] if pool else [], dtype=np.uint64)
+    got_keys, got_inverse = distinct(keys)
+    want_keys, want_inverse = np.unique(keys, return_inverse=True)
+    np.testing.assert_array_equal(got_keys, want_keys)
+    np.testing.assert_array_equal(got_inverse, want_inverse.reshape(-1))
+    assert got_inverse.dtype == np.int64 and got_keys.dtype == np.uint64
+
+
+def test_distinct_of_more_keys_than_positions_fit() -> None:
+    keys = np.random.default_rng(0).integers(0, 2**40, 70_000, dtype=np.uint64)
+    got_keys, got_inverse = distinct(keys)
+    want_keys, want_inverse = np.unique(keys, return_inverse=True)
+    np.testing.assert_array_equal(got_keys, want_keys)
+    np.testing.assert_array_equal(got_inverse, want_inverse)
