@@ -19,6 +19,10 @@ last commit (group joining excluded). Ratios b/a, c/a and d/a are printed, and t
 progressive log loss of (b) over the whole stream (each event predicted before
 it is learnt from) next to the Bayes log loss of the true probabilities.
 
+The full run repeats (a)-(d) in 3 rounds (``--rounds``) and reports medians
+(ratios: the median of each round's ratio to its own (a)): on a shared 2-core
+machine one run's rates move by about 10 %. ``--quick`` runs one round.
+
 Run: ``python bench/bench_worker.py [--quick]``; the last line is JSON.
 """
 
@@ -233,33 +237,53 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         log(f"broker {bootstrap}; preloading {n} events into {PARTITIONS} partitions")
         p_true, labels = await preload(bootstrap, topic, n, args.seed)
 
-        log("(a) raw consume + orjson decode")
-        a = await raw_rate(bootstrap, topic, n)
-        log(f"(a) {a:,.0f} events/s")
-
-        log("(b) worker, in-process shards")
         brokers = {"broker": [broker.pid]} if broker is not None else {}
-        b, wb, cpu_b = await worker_rate(
-            bootstrap, topic, n, PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)]),
-            window, args.decode_processes, args.mini_batch, brokers,
-        )
-        log(f"(b) {b:,.0f} events/s  b/a = {b / a:.2f}")
+        rates: dict[str, list[float]] = {k: [] for k in "abcd"}
+        cpus: dict[str, list[dict[str, float]]] = {k: [] for k in "bcd"}
+        wb: Worker | None = None
+        for rnd in range(args.rounds):
+            # Every round measures all four, the baseline included, so that
+            # each round's ratios compare runs under the same machine load.
+            tag = f"round {rnd + 1}/{args.rounds}: " if args.rounds > 1 else ""
+            log(f"{tag}(a) raw consume + orjson decode")
+            a = await raw_rate(bootstrap, topic, n)
+            rates["a"].append(a)
+            log(f"(a) {a:,.0f} events/s")
 
-        remote: dict[str, tuple[float, dict[str, float]]] = {}
-        for label, rpc in (("c", False), ("d", True)):
-            log(f"({label}) worker, 2 shard servers, " + ("pulls and pushes over TCP RPC" if rpc else "HTTP only"))
-            started, urls = start_shards(2)
-            procs += started
-            await wait_healthy(urls)
-            async with PSClient.connect(urls, rpc=rpc) as client:
-                rate, _, cpu = await worker_rate(
-                    bootstrap, topic, n, client, window, args.decode_processes, args.mini_batch,
-                    {**brokers, "shards": [p.pid for p in started]},
-                )
-            stop_shards(started)
-            remote[label] = (rate, cpu)
-            log(f"({label}) {rate:,.0f} events/s  {label}/a = {rate / a:.2f}")
-        (c, cpu_c), (d, cpu_d) = remote["c"], remote["d"]
+            log(f"{tag}(b) worker, in-process shards")
+            b, worker_b, cpu_b = await worker_rate(
+                bootstrap, topic, n, PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)]),
+                window, args.decode_processes, args.mini_batch, brokers,
+            )
+            wb = wb or worker_b
+            rates["b"].append(b)
+            cpus["b"].append(cpu_b)
+            log(f"(b) {b:,.0f} events/s  b/a = {b / a:.2f}")
+
+            for label, rpc in (("c", False), ("d", True)):
+                log(f"{tag}({label}) worker, 2 shard servers, "
+                    + ("pulls and pushes over TCP RPC" if rpc else "HTTP only"))
+                started, urls = start_shards(2)
+                procs += started
+                await wait_healthy(urls)
+                async with PSClient.connect(urls, rpc=rpc) as client:
+                    rate, _, cpu = await worker_rate(
+                        bootstrap, topic, n, client, window, args.decode_processes, args.mini_batch,
+                        {**brokers, "shards": [p.pid for p in started]},
+                    )
+                stop_shards(started)
+                rates[label].append(rate)
+                cpus[label].append(cpu)
+                log(f"({label}) {rate:,.0f} events/s  {label}/a = {rate / a:.2f}")
+        assert wb is not None
+        med = {k: float(np.median(v)) for k, v in rates.items()}
+        ratio = {k: float(np.median(np.array(rates[k]) / np.array(rates["a"]))) for k in "bcd"}
+        cpu_mean = {
+            k: {role: float(np.mean([c[role] for c in v])) for role in v[0]} for k, v in cpus.items()
+        }
+        if args.rounds > 1:
+            log(f"medians of {args.rounds} rounds: a {med['a']:,.0f}, b {med['b']:,.0f} (b/a {ratio['b']:.2f}), "
+                f"c {med['c']:,.0f} (c/a {ratio['c']:.2f}), d {med['d']:,.0f} (d/a {ratio['d']:.2f}) events/s")
 
         hist = wb.stats.history
         for r in hist:
@@ -280,17 +304,20 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "events": n,
             "partitions": PARTITIONS,
             "window_events": window,
-            "raw_consume_decode_events_per_s": a,
-            "worker_inprocess_events_per_s": b,
-            "worker_http_events_per_s": c,
-            "ratio_inprocess_vs_raw": b / a,
-            "ratio_http_vs_raw": c / a,
-            "worker_rpc_events_per_s": d,
-            "ratio_rpc_vs_raw": d / a,
+            "rounds": args.rounds,
+            "raw_consume_decode_events_per_s": med["a"],
+            "worker_inprocess_events_per_s": med["b"],
+            "worker_http_events_per_s": med["c"],
+            "worker_rpc_events_per_s": med["d"],
+            "ratio_inprocess_vs_raw": ratio["b"],
+            "ratio_http_vs_raw": ratio["c"],
+            "ratio_rpc_vs_raw": ratio["d"],
+            **{f"rounds_{name}_events_per_s": rates[k] for k, name in
+               (("a", "raw"), ("b", "inprocess"), ("c", "http"), ("d", "rpc"))},
             "mini_batch": args.mini_batch,
-            **{f"inprocess_cpu_{role}_us_per_event": us for role, us in cpu_b.items()},
-            **{f"http_cpu_{role}_us_per_event": us for role, us in cpu_c.items()},
-            **{f"rpc_cpu_{role}_us_per_event": us for role, us in cpu_d.items()},
+            **{f"inprocess_cpu_{role}_us_per_event": us for role, us in cpu_mean["b"].items()},
+            **{f"http_cpu_{role}_us_per_event": us for role, us in cpu_mean["c"].items()},
+            **{f"rpc_cpu_{role}_us_per_event": us for role, us in cpu_mean["d"].items()},
             "progressive_logloss": progressive,
             "bayes_logloss": bayes,
             "ratio_logloss_vs_bayes": progressive / bayes,
@@ -308,12 +335,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="100k events (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="100k events, one round (under a minute)")
+    parser.add_argument(
+        "--rounds", type=int, help="rounds of (a)-(d); figures are medians (default 3, --quick 1)"
+    )
     parser.add_argument("--events", type=int, help="override the number of events")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--decode-processes", type=int, default=1, help="the worker's decode processes")
     parser.add_argument(
         "--mini-batch", type=int, default=WorkerConfig.mini_batch, help="events per pull/push step"
     )
-    result = uvloop.run(main(parser.parse_args()))
+    parsed = parser.parse_args()
+    if parsed.rounds is None:
+        parsed.rounds = 1 if parsed.quick else 3
+    result = uvloop.run(main(parsed))
     print(orjson.dumps(result).decode())
