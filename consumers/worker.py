@@ -483,6 +483,11 @@ class Worker:
                 )
                 committed = await self._commit(window)
             finally:
+                for _, _, fut in chunks:  # a window that failed part-way
+                    if not fut.done():
+                        fut.cancel()
+                    elif not fut.cancelled():
+                        fut.exception()  # retrieved: the failure raised is the training's
                 if lease is not None:
                     await self._release(lease, committed)
             report = self._report(

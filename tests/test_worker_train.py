@@ -3,18 +3,21 @@ one request) against a plain pull → predict → push reference."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import AsyncIterator, NamedTuple
+
+from aiokafka import ConsumerRecord, TopicPartition
 
 import numpy as np
 import orjson
 import pytest
 
 from consumers.decode import decode_records
+from consumers.dlq import DeadLetter
 from consumers.synthetic import SyntheticStream
-from consumers.windows import Window
+from consumers.windows import Window, WindowBuilder
 from consumers.worker import Worker, WorkerConfig
 from ps_core.client import PSClient
-from ps_core.features import EventBatch
+from ps_core.features import EventBatch, FeatureHasher
 from ps_core.metrics import evaluate
 from ps_core.models import FactorizationMachine, LogisticRegression, Model, sigmoid
 from ps_core.shard import Shard, ShardSpec
@@ -138,3 +141,73 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int]) -> 
     keys = model.plan(whole.batch).keys
     for t in model.table_names:
         np.testing.assert_array_equal(await client.pull(t, keys), await whole_client.pull(t, keys))
+
+
+class _Value(NamedTuple):
+    value: bytes | None
+
+
+class _Letters:
+    def __init__(self) -> None:
+        self.sent: list[DeadLetter] = []
+
+    async def send_all(self, letters: list[DeadLetter]) -> None:
+        self.sent.extend(letters)
+
+
+class _Consumer:
+    """What `Worker._apply` asks of its consumer: the assignment and commits."""
+
+    def __init__(self, owned: set[TopicPartition]) -> None:
+        self.owned = owned
+        self.commits: list[dict[TopicPartition, int]] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        return self.owned
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append(offsets)
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return None
+
+
+async def test_a_window_trains_only_the_partitions_still_owned() -> None:
+    """Chunks of partitions 0 and 1 in one window, partition 1 revoked after
+    it closed: only partition 0's good events train, only its bad record is
+    dead-lettered (with its own offset), only its offset is committed."""
+    good = [orjson.dumps(e) for e in SyntheticStream(seed=9).batch(12)]
+    p0a: list[bytes | None] = [*good[:5], b"{broken"]
+    p1: list[bytes | None] = [*good[5:9], b"[1, 2"]
+    p0b: list[bytes | None] = good[9:12]
+    builder = WindowBuilder(within_s=3600, max_events=100)
+    for part, values, first in ((0, p0a, 0), (1, p1, 0), (0, p0b, 6)):
+        records = [
+            ConsumerRecord("clicks", part, first + i, 1_700_000_000_000, 0, None, v, None, -1, len(v or b""), ())
+            for i, v in enumerate(values)
+        ]
+        builder.add(records)
+    window = builder.take()
+    assert window is not None
+
+    model = LogisticRegression("m")
+    shard = Shard(ShardSpec(0, 1))
+    for t in model.tables():
+        shard.declare(t)
+    worker = Worker(WorkerConfig("unused:9092", decode_processes=0), PSClient.local([shard]), model)
+    consumer = _Consumer({TopicPartition("clicks", 0)})
+    letters = _Letters()
+    worker._consumer, worker._dlq = consumer, letters  # type: ignore[assignment]
+    chunks = [
+        (("clicks", part), len(v), worker._decode([_Value(x) for x in v]))
+        for part, v in ((0, p0a), (1, p1), (0, p0b))
+    ]
+    await worker._apply(window, chunks)
+
+    assert worker.stats.events_trained == 8
+    table = shard.tables["m_w"]
+    bias = np.array([FeatureHasher("m").bias_key], dtype=np.uint64)
+    assert int(table.shows[table.index.lookup(bias)][0]) == 8  # the bias is shown once per event
+    assert [(d.reason, d.partition, d.offset) for d in letters.sent] == [("invalid_json", 0, 5)]
+    assert consumer.commits == [{TopicPartition("clicks", 0): 9}]
+    assert worker.stats.last is not None and worker.stats.last.events == 8 and worker.stats.last.dlq == 1
