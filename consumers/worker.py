@@ -27,9 +27,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import multiprocessing
 import os
-import signal
 import socket
 import time
 from collections import Counter, deque
@@ -50,6 +48,7 @@ from ps_core.metrics import Metrics, evaluate
 from ps_core.models import BatchPlan, Model, sigmoid
 
 from .decode import Decoded, Rejected, decode_records
+from .decode_pool import start_decode_pool
 from .dlq import DeadLetter, DeadLetterQueue
 from .windows import TopicPartitionKey, Window, WindowBuilder
 
@@ -172,13 +171,6 @@ class WorkerStats:
     history: list[WindowReport] = field(default_factory=list)
 
 
-def _ignore_stop_signals() -> None:
-    """Decode processes leave stopping to the worker: Ctrl-C and a group-wide
-    SIGTERM reach them too, and the worker still needs them to flush."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
 class CoordinatorRestarted(Exception):
     """A lease came from a coordinator other than the one before (its epoch
     changed): the worker rewinds to that coordinator's offsets."""
@@ -246,11 +238,7 @@ class Worker:
         except NoCoordinatorError:
             log.info("no coordinator: windows are not leased and exports hold no offsets")
         if c.decode_processes > 0:
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                c.decode_processes,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_ignore_stop_signals,
-            )
+            self._pool = start_decode_pool(c.decode_processes)
             # Spawn and warm the decoders (imports, caches) while the consumer
             # joins its group, not on the first window. The pool runs jobs in
             # order, so the first real window queues behind this one.
