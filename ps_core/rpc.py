@@ -2,11 +2,11 @@
 ``push_pull``), length-prefixed on a persistent connection, with no HTTP.
 
 A training step is one request per shard of some tens of kilobytes; over
-aiohttp, parsing and building HTTP messages costs the shard server and the
-worker each about as much CPU as the table work of the step. This protocol
-carries the data operations only; everything else (tables, stats, status,
-snapshots, the coordinator) stays on HTTP, which also advertises the RPC port
-(``GET /healthz``: ``"rpc_port"``).
+aiohttp, handling HTTP costs the shard servers and the worker each about
+1.4 µs per trained event more than this protocol (some 115 µs of Python per
+request on a shard server). It carries the data operations only; everything
+else (tables, stats, status, snapshots, the coordinator) stays on HTTP,
+which also advertises the RPC port (``GET /healthz``: ``"rpc_port"``).
 
 Wire format (all integers little-endian):
 
