@@ -2,7 +2,8 @@
 
 Two shard servers are started as subprocesses (``python -m app.cli shard``,
 one ``lr`` table with FTRL, on free 127.0.0.1 ports) and reached with
-``PSClient.connect`` (binary frames over aiohttp keep-alive, uvloop). Each
+``PSClient.connect(urls, rpc=False)`` (binary frames over aiohttp keep-alive,
+uvloop; every call over HTTP). Each
 round is ``await client.pull("lr", keys)`` then ``await client.push("lr",
 keys, grads)`` of a fresh 100k-key batch; pull, push and the whole round trip
 are timed with ``time.perf_counter`` and reported as p50/p99 in ms.
@@ -32,9 +33,11 @@ shard, like a 256-event mini-batch), routed once, then either
 
 - ``two_requests``: ``pull(r_i)`` then ``push(r_i, g_i)``, 2 requests per shard;
 - ``push_pull``: ``push_pull(r_(i-1), g_(i-1), pull_keys=r_i)``, 1 request per
-  shard (mini-batch i-1's push and mini-batch i's pull in one frame).
+  shard (mini-batch i-1's push and mini-batch i's pull in one frame);
+- ``push_pull_rpc``: the same over the shards' TCP RPC (`ps_core.rpc`, the
+  default of ``PSClient.connect``) instead of HTTP.
 
-Both do one push and one pull of the same sizes per mini-batch. They run in
+All do one push and one pull of the same sizes per mini-batch. They run in
 alternating blocks of rounds, so that each block's CPU can be charged to one
 of them: besides wall time per mini-batch (p50/p99), the shard processes' CPU
 (utime + stime from ``/proc/<pid>/stat``, summed over both shards) and this
@@ -517,11 +520,16 @@ class Config:
 
 
 async def run_minibatches(
-    cfg: Config, work: Workload, client: PSClient, pids: Sequence[int]
+    cfg: Config, work: Workload, client: PSClient, rpc_client: PSClient, pids: Sequence[int]
 ) -> dict[str, Any]:
-    """The mini-batch phase: 2 requests per shard vs 1 push_pull per shard."""
+    """The mini-batch phase: 2 requests per shard vs 1 push_pull per shard
+    over HTTP, and 1 push_pull per shard over the shards' TCP RPC."""
     rounds = cfg.minibatch_rounds + cfg.minibatch_block  # + one warm-up block each
-    loops = [MiniBatchLoop("two_requests", client), MiniBatchLoop("push_pull", client)]
+    loops = [
+        MiniBatchLoop("two_requests", client),
+        MiniBatchLoop("push_pull", client),
+        MiniBatchLoop("push_pull_rpc", rpc_client),
+    ]
     t = time.perf_counter()
     batches = []
     for _ in loops:
@@ -565,6 +573,11 @@ async def run_minibatches(
     out["minibatch_ratio_push_pull_vs_two_requests_client_cpu"] = (
         out[a + "client_cpu_us"] / out[b + "client_cpu_us"]
     )
+    r = "minibatch_push_pull_rpc_"
+    out["minibatch_ratio_rpc_vs_http_p50"] = out[r + "p50_ms"] / out[a + "p50_ms"]
+    if out[r + "shard_cpu_us"] is not None and out[a + "shard_cpu_us"]:
+        out["minibatch_ratio_rpc_vs_http_shard_cpu"] = out[r + "shard_cpu_us"] / out[a + "shard_cpu_us"]
+    out["minibatch_ratio_rpc_vs_http_client_cpu"] = out[r + "client_cpu_us"] / out[a + "client_cpu_us"]
     return out
 
 
@@ -590,9 +603,11 @@ async def run(cfg: Config) -> dict[str, Any]:
                 f"{cfg.num_shards} shard servers ready in {time.perf_counter() - t:.2f}s at "
                 + ", ".join(p.url for p in procs)
             )
-            async with PSClient.connect([p.url for p in procs]) as hc, PSClient.local(
-                local_shards
-            ) as lc, PSClient.local(frame_shards) as fc:
+            # "HTTP" is every call over HTTP; the shard servers' TCP RPC (the
+            # default of PSClient.connect) is measured in the mini-batch phase.
+            async with PSClient.connect([p.url for p in procs], rpc=False) as hc, PSClient.connect(
+                [p.url for p in procs]
+            ) as rc, PSClient.local(local_shards) as lc, PSClient.local(frame_shards) as fc:
                 warm: list[float] = []
                 for c in (hc, lc, fc):
                     t = time.perf_counter()
@@ -627,7 +642,7 @@ async def run(cfg: Config) -> dict[str, Any]:
                         + " | segment p50 ms: "
                         + ", ".join(f"{k} {pct_ms(v, 50):.2f}" for k, v in fr.parts.items())
                     )
-                mb = await run_minibatches(cfg, work, hc, [p.proc.pid for p in procs])
+                mb = await run_minibatches(cfg, work, hc, rc, [p.proc.pid for p in procs])
         finally:
             exit_codes = stop_shards(procs)
             if procs:
@@ -749,6 +764,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result['minibatch_push_pull_shard_cpu_us'] or float('nan'):.0f} us, client "
         f"{result['minibatch_two_requests_client_cpu_us']:.0f} -> "
         f"{result['minibatch_push_pull_client_cpu_us']:.0f} us"
+    )
+    print(
+        f"  the same push_pull over the shards' TCP RPC: p50 {result['minibatch_push_pull_rpc_p50_ms']:.2f} ms "
+        f"({result['minibatch_ratio_rpc_vs_http_p50']:.2f}x HTTP); CPU per mini-batch: shards "
+        f"{result['minibatch_push_pull_rpc_shard_cpu_us'] or float('nan'):.0f} us, client "
+        f"{result['minibatch_push_pull_rpc_client_cpu_us']:.0f} us"
     )
     print(
         f"  aim: HTTP round trip p50 <= {AIM_HTTP_ROUND_TRIP_P50_MS:.0f} ms: "
