@@ -141,7 +141,7 @@ class RpcServerProtocol(asyncio.Protocol):
                 if len(buf) < end:
                     break
                 # A copy: the frame's arrays are views of it, and `buf` moves on.
-                body = bytes(buf[start + _LENGTH.size : end])
+                body = bytes(memoryview(buf)[start + _LENGTH.size : end])
                 start = end
                 self._handle(body)
         finally:
@@ -236,7 +236,7 @@ class _ClientProtocol(asyncio.Protocol):
             end = start + _REPLY.size + size
             if len(buf) < end:
                 break
-            payload = bytes(buf[start + _REPLY.size : end])
+            payload = bytes(memoryview(buf)[start + _REPLY.size : end])
             start = end
             if not self.waiting:
                 # A reply nobody asked for: the stream is out of step.

@@ -292,3 +292,18 @@ async def test_a_connection_to_a_stranger_fails_to_open() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_frames_larger_than_a_socket_read_cross_whole(served: Served) -> None:
+    """A push and a pull of 300k keys (2.4 MB requests, arriving in many
+    reads): the same weights as an in-process table."""
+    served.max_body = 1 << 30
+    await served.stop()
+    await served.start()
+    ref = SparseTable(LR)
+    keys, grads = keys_grads(300_000, seed=3)
+    ref.push(keys, grads, event_time=1e9)
+    async with PSClient.connect([served.url]) as client:
+        assert await client.push("lr", keys, grads, event_time=1e9) == keys.size
+        np.testing.assert_array_equal(await client.pull("lr", keys), ref.pull(keys))
+        assert transport(client).uses_rpc
