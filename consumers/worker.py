@@ -501,32 +501,28 @@ class Worker:
 
         return await self._train_pieces(one(), window)
 
-    def _mini_batches(self, pieces: AsyncIterator[EventBatch]) -> AsyncIterator[EventBatch]:
+    async def _mini_batches(self, pieces: AsyncIterator[EventBatch]) -> AsyncIterator[EventBatch]:
         """Consecutive mini-batches of the pieces' events: a mini-batch takes
         the end of one piece and the start of the next, as if they were one
         batch (only its few events are copied, not the pieces)."""
         step = self.config.mini_batch
-
-        async def gen() -> AsyncIterator[EventBatch]:
-            rest: EventBatch | None = None
-            async for batch in pieces:
-                start = 0
-                if rest is not None:
-                    start = min(step - rest.size, batch.size)
-                    rest = EventBatch.concat([rest, batch.slice(0, start)], [0, 0])
-                    if rest.size < step:
-                        continue
-                    yield rest
-                    rest = None
-                while batch.size - start >= step:  # per mini-batch, not per event
-                    yield batch.slice(start, start + step)
-                    start += step
-                if start < batch.size:
-                    rest = batch.slice(start, batch.size)
-            if rest is not None and rest.size:
+        rest: EventBatch | None = None
+        async for batch in pieces:
+            start = 0
+            if rest is not None:
+                start = min(step - rest.size, batch.size)
+                rest = EventBatch.concat([rest, batch.slice(0, start)], [0, 0])
+                if rest.size < step:
+                    continue
                 yield rest
-
-        return gen()
+                rest = None
+            while batch.size - start >= step:  # per mini-batch, not per event
+                yield batch.slice(start, start + step)
+                start += step
+            if start < batch.size:
+                rest = batch.slice(start, batch.size)
+        if rest is not None and rest.size:
+            yield rest
 
     async def _train_pieces(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
         """Mini-batches of pull → predict → gradient → push over the events of

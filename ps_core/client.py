@@ -48,10 +48,11 @@ from .errors import (
     StatusError,
     error_from_body,
 )
-from .hashing import U64, shard_of
+from .hashing import U64
 from .rpc import RpcConnection
 from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
+from .steps import split_by_shard
 from .export import snapshots_from_bytes
 from .table import F32, TableConfig, TableSnapshot
 
@@ -513,8 +514,8 @@ class TcpTransport(HttpTransport):
                 return self._conn
             if self.rpc_port is None:
                 _, reply = await self._request("GET", "/healthz")
-                port = _json_or_text(reply)
-                port = port.get("rpc_port") if isinstance(port, dict) else None
+                health = _json_or_text(reply)
+                port = health.get("rpc_port") if isinstance(health, dict) else None
                 if not isinstance(port, int) or isinstance(port, bool):
                     self.uses_rpc = False
                     return None
@@ -655,14 +656,9 @@ class PSClient:
     def route(self, keys: npt.ArrayLike) -> Routed:
         """Split `keys` by shard once, for a pull and a push of the same keys."""
         k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
-        if self.num_shards == 1:
-            return Routed(k, None, [slice(0, k.size)], k)
-        sid = shard_of(k, self.num_shards)
-        # A stable sort of 16-bit values is a radix sort: ~3x faster than of intp.
-        order = np.argsort(sid.astype(np.uint16) if self.num_shards <= 1 << 16 else sid, kind="stable")
-        bounds = np.concatenate(([0], np.cumsum(np.bincount(sid, minlength=self.num_shards))))
+        order, bounds = split_by_shard(k, self.num_shards)
         parts = [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(self.num_shards)]
-        return Routed(k, order, parts, k[order])
+        return Routed(k, order, parts, k if order is None else k[order])
 
     async def pull(self, table: str, keys: npt.ArrayLike | Routed) -> F32:
         """Weights (n, dim) of `keys` (or a `route` of them), in their order."""

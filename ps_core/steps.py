@@ -37,6 +37,7 @@ def split_by_shard(keys: U64, num_shards: int) -> tuple[npt.NDArray[np.intp] | N
     if num_shards == 1:
         return None, np.array([0, keys.size], dtype=np.int64)
     sid = shard_of(keys, num_shards)
+    # A stable sort of 16-bit values is a radix sort: ~3x faster than of intp.
     order = np.argsort(sid.astype(np.uint16) if num_shards <= 1 << 16 else sid, kind="stable")
     bounds = np.zeros(num_shards + 1, dtype=np.int64)
     np.cumsum(np.bincount(sid, minlength=num_shards), out=bounds[1:])
