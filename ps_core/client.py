@@ -49,6 +49,7 @@ from .errors import (
     error_from_body,
 )
 from .hashing import U64
+from .http1 import Http1Connection
 from .rpc import RpcConnection
 from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
@@ -297,8 +298,30 @@ class _Backoff:
         self.attempts += 1
 
 
+class FrameConnection(Protocol):
+    """A persistent connection carrying frame calls, pipelined and answered
+    in order: `ps_core.http1.Http1Connection` or `ps_core.rpc.RpcConnection`."""
+
+    @property
+    def is_open(self) -> bool: ...
+
+    def call(self, path: str, body: bytes) -> asyncio.Future[tuple[int, bytes]]: ...
+
+    def abort(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class HttpTransport:
-    """A shard server reached over HTTP/1.1 keep-alive with binary frames."""
+    """A shard server reached over HTTP/1.1 keep-alive with binary frames.
+
+    Pulls and pushes (the frame routes) share one lean pipelined connection
+    (`ps_core.http1`) that is reopened after a failure; everything else
+    goes through the aiohttp session. Both are retried on connection errors,
+    timeouts and 502/503/504 with backoff up to the deadline, then
+    `ShardUnavailableError`; a retried push keeps its request id. A shard
+    URL that is not ``http://`` (``https://``) sends frames through aiohttp too.
+    """
 
     def __init__(
         self,
@@ -311,6 +334,12 @@ class HttpTransport:
         self.url = url.rstrip("/")
         self._session = session
         self._retry = retry
+        parts = urlsplit(self.url)
+        self._host = parts.hostname or "127.0.0.1"
+        self._port = parts.port or 80
+        self._lean = parts.scheme == "http"
+        self._conn: FrameConnection | None = None
+        self._opening = asyncio.Lock()
 
     async def _request(
         self, method: str, path: str, body: bytes | None = None, content_type: str = ""
@@ -328,25 +357,67 @@ class HttpTransport:
                     payload = await resp.read()
                     if resp.status < 400:
                         return resp.status, payload
-                    if resp.status not in (502, 503, 504):
+                    if resp.status not in _RETRIED_STATUSES:
                         raise error_from_body(resp.status, _json_or_text(payload))
                     last: str = f"http {resp.status}"
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             await backoff.failed(last, self._unavailable)
 
-    def _unavailable(self, attempts: int, last: str, via: str = "") -> ShardUnavailableError:
+    def _via(self) -> str:
+        """How frame calls travel, for error messages."""
+        return ""
+
+    def _unavailable(self, attempts: int, last: str) -> ShardUnavailableError:
         return ShardUnavailableError(
-            f"shard {self.shard_id} at {self.url}{via} unreachable after {attempts} attempts "
+            f"shard {self.shard_id} at {self.url}{self._via()} unreachable after {attempts} attempts "
             f"in {self._retry.deadline_s:.1f}s ({last})",
             shard_id=self.shard_id,
             url=self.url,
         )
 
+    async def _open(self) -> FrameConnection | None:
+        """A new connection for frame calls; None to send them through aiohttp."""
+        if not self._lean:
+            return None
+        return await Http1Connection.open(self._host, self._port)
+
+    async def _connection(self) -> FrameConnection | None:
+        """The open frame connection (opened if needed), or None for aiohttp."""
+        async with self._opening:
+            if self._conn is None or not self._conn.is_open:
+                self._conn = await self._open()
+            return self._conn
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.abort()
+        self._conn = None
+
     async def _frame_request(self, path: str, body: bytes) -> bytes:
         """A frame's round trip: POSTed to `path`, the reply frame back."""
-        _, reply = await self._request("POST", path, body, FRAME_CONTENT_TYPE)
-        return reply
+        backoff = _Backoff(self._retry)
+        while True:
+            try:
+                conn = self._conn
+                if conn is None or not conn.is_open:
+                    conn = await self._connection()
+                    if conn is None:
+                        _, reply = await self._request("POST", path, body, FRAME_CONTENT_TYPE)
+                        return reply
+                status, payload = await asyncio.wait_for(conn.call(path, body), backoff.remaining())
+            except (OSError, asyncio.TimeoutError) as exc:  # ConnectionError is an OSError
+                last = f"{type(exc).__name__}: {exc}"
+                # A timed-out call's reply may still come: drop the connection
+                # so that no later call reads it as its own.
+                self._drop()
+            else:
+                if status < 400:
+                    return payload
+                if status not in _RETRIED_STATUSES:
+                    raise error_from_body(status, _json_or_text(payload))
+                last = f"http {status}"
+            await backoff.failed(last, self._unavailable)
 
     async def pull(self, table: str, keys: U64) -> F32:
         reply = await self._frame_request("/v1/pull", codec.encode_pull(table, keys))
@@ -476,7 +547,9 @@ class HttpTransport:
         return out
 
     async def close(self) -> None:
-        return None
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
 
 
 class TcpTransport(HttpTransport):
@@ -486,9 +559,7 @@ class TcpTransport(HttpTransport):
     The RPC port is read from the shard's ``GET /healthz`` on first use and
     again after a connection fails (a restarted shard may listen on another).
     A shard that advertises none is reached over HTTP alone. Calls share one
-    connection (pipelined) and are retried like HTTP requests: connection
-    errors and timeouts with backoff up to the deadline, then
-    `ShardUnavailableError`; a retried push keeps its request id.
+    connection (pipelined) and are retried as `HttpTransport` retries them.
     """
 
     def __init__(
@@ -499,64 +570,36 @@ class TcpTransport(HttpTransport):
         retry: RetryPolicy,
     ) -> None:
         super().__init__(shard_id, url, session, retry)
-        self._host = urlsplit(self.url).hostname or "127.0.0.1"
-        self._conn: RpcConnection | None = None
-        self._opening = asyncio.Lock()
         self.rpc_port: int | None = None
         """The shard's RPC port, once read from its ``/healthz``."""
         self.uses_rpc: bool | None = None
         """Whether data calls go over the RPC (None until the shard was asked)."""
 
-    async def _connection(self) -> RpcConnection | None:
-        """The open RPC connection (opened if needed), or None when the shard offers no RPC."""
-        async with self._opening:
-            if self._conn is not None and self._conn.is_open:
-                return self._conn
-            if self.rpc_port is None:
-                _, reply = await self._request("GET", "/healthz")
-                health = _json_or_text(reply)
-                port = health.get("rpc_port") if isinstance(health, dict) else None
-                if not isinstance(port, int) or isinstance(port, bool):
-                    self.uses_rpc = False
-                    return None
-                self.rpc_port = port
-            self._conn = await RpcConnection.open(self._host, self.rpc_port)
-            self.uses_rpc = True
-            return self._conn
+    def _via(self) -> str:
+        return " (rpc)" if self.uses_rpc else ""
+
+    async def _open(self) -> FrameConnection | None:
+        if self.uses_rpc is False:
+            return await super()._open()
+        if self.rpc_port is None:
+            _, reply = await self._request("GET", "/healthz")
+            health = _json_or_text(reply)
+            port = health.get("rpc_port") if isinstance(health, dict) else None
+            if not isinstance(port, int) or isinstance(port, bool):
+                self.uses_rpc = False
+                return await super()._open()
+            self.rpc_port = port
+        conn = await RpcConnection.open(self._host, self.rpc_port)
+        self.uses_rpc = True
+        return conn
 
     def _drop(self) -> None:
-        if self._conn is not None:
-            self._conn.abort()
-        self._conn = None
-        self.rpc_port = None
+        super()._drop()
+        if self.uses_rpc:
+            self.rpc_port = None
 
-    async def _frame_request(self, path: str, body: bytes) -> bytes:
-        if self.uses_rpc is False:
-            return await super()._frame_request(path, body)
-        backoff = _Backoff(self._retry)
-        while True:
-            try:
-                conn = self._conn
-                if conn is None or not conn.is_open:
-                    conn = await self._connection()
-                    if conn is None:
-                        return await super()._frame_request(path, body)
-                status, payload = await asyncio.wait_for(conn.call(body), backoff.remaining())
-            except (OSError, asyncio.TimeoutError) as exc:  # ConnectionError is an OSError
-                last = f"{type(exc).__name__}: {exc}"
-                # A timed-out call's reply may still come: drop the connection
-                # so that no later call reads it as its own.
-                self._drop()
-            else:
-                if status == 200:
-                    return payload
-                raise error_from_body(status, _json_or_text(payload))
-            await backoff.failed(last, lambda n, why: self._unavailable(n, why, via=" (rpc)"))
-
-    async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+_RETRIED_STATUSES = (502, 503, 504)
+"""Replies of a proxy or balancer in front of a shard that may pass."""
 
 
 def _json_or_text(payload: bytes) -> object:

@@ -31,12 +31,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections import deque
 from typing import NamedTuple, cast
 
 import orjson
 
 from .errors import PSError
+from .pipelined import PipelinedConnection, PipelinedProtocol, Reply
 from .shard import Shard
 
 __all__ = [
@@ -191,28 +191,18 @@ async def start_rpc_server(shard: Shard, host: str, port: int, *, max_body: int)
     return RpcServer(server, connections)
 
 
-class _ClientProtocol(asyncio.Protocol):
-    """Matches replies to the waiting calls, in order."""
+class _ClientProtocol(PipelinedProtocol):
+    """Reads the greeting, then replies, matched to the waiting calls in order."""
 
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+        super().__init__()
         self.hello: asyncio.Future[RpcHello] = asyncio.get_running_loop().create_future()
-        self.waiting: deque[asyncio.Future[tuple[int, bytes]]] = deque()
-        self._buf = bytearray()
-        self.lost: Exception | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = exc if exc is not None else ConnectionResetError("connection closed by the shard")
-        self.transport = None
+        super().connection_lost(exc)
         if not self.hello.done():
+            assert self.lost is not None
             self.hello.set_exception(self.lost)
-        while self.waiting:
-            fut = self.waiting.popleft()
-            if not fut.done():
-                fut.set_exception(ConnectionResetError(str(self.lost)))
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf
@@ -227,8 +217,7 @@ class _ClientProtocol(asyncio.Protocol):
                 self.hello.set_exception(
                     ConnectionError(f"not a ctrps RPC server of version {PROTOCOL_VERSION} ({magic!r}, {version})")
                 )
-                if self.transport is not None:
-                    self.transport.abort()
+                self.fail("not a ctrps RPC server")
                 return
             self.hello.set_result(RpcHello(version, shard_id, num_shards))
         while len(buf) - start >= _REPLY.size:
@@ -238,22 +227,16 @@ class _ClientProtocol(asyncio.Protocol):
                 break
             payload = bytes(memoryview(buf)[start + _REPLY.size : end])
             start = end
-            if not self.waiting:
-                # A reply nobody asked for: the stream is out of step.
-                if self.transport is not None:
-                    self.transport.abort()
-                break
-            fut = self.waiting.popleft()
-            if not fut.done():  # a cancelled call's reply is read and dropped
-                fut.set_result((status, payload))
+            if not self.deliver(status, payload):
+                return  # out of step: dropped
         del buf[:start]
 
 
-class RpcConnection:
+class RpcConnection(PipelinedConnection):
     """A client's connection to one shard's RPC server; calls may overlap."""
 
     def __init__(self, protocol: _ClientProtocol, hello: RpcHello) -> None:
-        self._protocol = protocol
+        super().__init__(protocol)
         self.hello = hello
 
     @classmethod
@@ -269,27 +252,9 @@ class RpcConnection:
             raise
         return cls(protocol, hello)
 
-    @property
-    def is_open(self) -> bool:
-        return self._protocol.transport is not None
+    def call(self, path: str, body: bytes) -> asyncio.Future[Reply]:
+        """Send one request; the future gets (status, payload) or a ConnectionError.
 
-    def call(self, body: bytes) -> asyncio.Future[tuple[int, bytes]]:
-        """Send one request; the future gets (status, payload) or a ConnectionError."""
-        protocol = self._protocol
-        fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
-        if protocol.transport is None:
-            fut.set_exception(ConnectionResetError(f"connection lost: {protocol.lost}"))
-            return fut
-        protocol.waiting.append(fut)
-        protocol.transport.writelines([_LENGTH.pack(len(body)), body])
-        return fut
-
-    def abort(self) -> None:
-        """Drop the connection at once; calls waiting get a ConnectionError."""
-        if self._protocol.transport is not None:
-            self._protocol.transport.abort()
-
-    async def close(self) -> None:
-        transport = self._protocol.transport
-        if transport is not None:
-            transport.close()
+        `path`, the HTTP route of the same call, is not sent: the frame's op
+        says what it is."""
+        return self._send((_LENGTH.pack(len(body)), body))

@@ -102,7 +102,7 @@ async def test_shard_errors_come_back_typed_and_the_connection_stays(served: Ser
             await client.pull("nope", keys)
         conn = transport(client)._conn
         assert conn is not None and conn.is_open
-        status, payload = await conn.call(b"not a frame")
+        status, payload = await conn.call("/v1/pull", b"not a frame")
         assert status == 400 and b"bad_frame" in payload
         with pytest.raises(FrameError):
             await transport(client)._frame_request("/v1/pull", b"\x00" * 60)

@@ -1,0 +1,98 @@
+"""What the shard servers' two client connections share: one persistent
+connection on which calls are pipelined and replies matched to them in order.
+
+`ps_core.rpc.RpcConnection` (the TCP RPC) and `ps_core.http1.Http1Connection`
+(HTTP/1.1) differ only in how a request is written and a reply is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Iterable, cast
+
+__all__ = ["PipelinedConnection", "PipelinedProtocol", "Reply"]
+
+Reply = tuple[int, bytes]
+"""A call's outcome: the status (HTTP's meaning) and the reply body."""
+
+
+class PipelinedProtocol(asyncio.Protocol):
+    """The client side of one connection: the calls waiting, oldest first.
+    Subclasses parse `data_received` and hand each reply to `deliver`."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiting: deque[asyncio.Future[Reply]] = deque()
+        self.lost: Exception | None = None
+        """Why the connection ended, once it has."""
+        self.closing = False
+        """The server announced it ends the connection: no new calls on it."""
+        self._buf = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio.Transport subclasses, but are ones.)
+        self.transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.lost is None:  # (`fail` has said why it aborted)
+            self.lost = exc if exc is not None else ConnectionResetError("connection closed by the server")
+        self.transport = None
+        while self.waiting:
+            fut = self.waiting.popleft()
+            if not fut.done():
+                fut.set_exception(ConnectionResetError(str(self.lost)))
+
+    def deliver(self, status: int, payload: bytes) -> bool:
+        """Give the oldest waiting call its reply; False (and the connection
+        dropped) when no call waits: the stream is out of step."""
+        if not self.waiting:
+            self.fail("a reply nobody asked for")
+            return False
+        fut = self.waiting.popleft()
+        if not fut.done():  # a cancelled call's reply is read and dropped
+            fut.set_result((status, payload))
+        return True
+
+    def fail(self, why: str) -> None:
+        """Drop the connection: the stream cannot be read (waiting calls get `why`)."""
+        if self.lost is None:
+            self.lost = ConnectionError(why)
+        self._buf.clear()
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class PipelinedConnection:
+    """A client's connection to one server; calls may overlap."""
+
+    def __init__(self, protocol: PipelinedProtocol) -> None:
+        self._protocol = protocol
+
+    @property
+    def is_open(self) -> bool:
+        """Whether new calls may use it (connected, and the server did not
+        announce its close)."""
+        return self._protocol.transport is not None and not self._protocol.closing
+
+    def _send(self, parts: Iterable[bytes]) -> asyncio.Future[Reply]:
+        """Write one request; the future gets its reply or a ConnectionError."""
+        protocol = self._protocol
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        if protocol.transport is None or protocol.closing:
+            fut.set_exception(ConnectionResetError(f"connection closed: {protocol.lost}"))
+            return fut
+        protocol.waiting.append(fut)
+        protocol.transport.writelines(parts)
+        return fut
+
+    def abort(self) -> None:
+        """Drop the connection at once; calls waiting get a ConnectionError."""
+        if self._protocol.transport is not None:
+            self._protocol.transport.abort()
+
+    async def close(self) -> None:
+        """Close the connection (requests written are sent first)."""
+        transport = self._protocol.transport
+        if transport is not None:
+            transport.close()
