@@ -2,8 +2,9 @@
 
 Two shard servers are started as subprocesses (``python -m app.cli shard``,
 one ``lr`` table with FTRL, on free 127.0.0.1 ports) and reached with
-``PSClient.connect(urls, rpc=False)`` (binary frames over aiohttp keep-alive,
-uvloop; every call over HTTP). Each
+``PSClient.connect(urls, rpc=False)`` (every call over HTTP/1.1 keep-alive,
+uvloop: binary frames on the client's lean pipelined connection,
+`ps_core.http1`, to the shards' aiohttp servers). Each
 round is ``await client.pull("lr", keys)`` then ``await client.push("lr",
 keys, grads)`` of a fresh 100k-key batch; pull, push and the whole round trip
 are timed with ``time.perf_counter`` and reported as p50/p99 in ms.

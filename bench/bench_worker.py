@@ -10,7 +10,9 @@ carries its true click probability). Then, in one run:
 (b) a worker (`consumers.worker.Worker`, LR with FTRL, one decode process)
     trains on the topic with in-process shards;
 (c) the same worker with 2 shard servers (``ctrps shard`` processes), every
-    call over HTTP (``PSClient.connect(urls, rpc=False)``, ``--no-rpc``);
+    call over HTTP (``PSClient.connect(urls, rpc=False)``, ``--no-rpc``:
+    pulls and pushes on the lean HTTP/1.1 connection of `ps_core.http1`, to
+    the shards' aiohttp servers);
 (d) the same with fresh shard servers, pulls and pushes over their TCP RPC
     (`ps_core.rpc`, the default of ``ctrps worker``).
 

@@ -2,10 +2,11 @@
 
 `PSClient` routes each key with `shard_of`, sends one request per shard
 concurrently, and reassembles the answers in the caller's order. It talks to
-shards through a `ShardTransport`: `HttpTransport` (binary frames over aiohttp
-keep-alive, retried with backoff up to a deadline on connection errors, then
-`ShardUnavailableError` naming the shard), `TcpTransport` (the same, but pulls
-and pushes over the shard's TCP RPC, `ps_core.rpc`: the default of
+shards through a `ShardTransport`: `HttpTransport` (HTTP/1.1 keep-alive:
+binary frames on a lean pipelined connection, `ps_core.http1`, the rest
+through aiohttp; retried with backoff up to a deadline on connection errors,
+then `ShardUnavailableError` naming the shard), `TcpTransport` (the same, but
+pulls and pushes over the shard's TCP RPC, `ps_core.rpc`: the default of
 `PSClient.connect`) or `LocalTransport` (a `Shard` object in this process, no
 encoding: for the demo and tests). All behave the same.
 
@@ -659,7 +660,9 @@ class PSClient:
         """A client for shard servers at `urls` (shard i at urls[i]).
 
         With `rpc` (the default), pulls and pushes go over a shard's TCP RPC
-        when it offers one (`TcpTransport`); without, everything is HTTP.
+        when it offers one (`TcpTransport`); without, everything is HTTP
+        (pulls and pushes on one pipelined connection per shard, the other
+        calls through an aiohttp pool of `connections_per_shard`).
         Must be called with an event loop running (it opens a connection pool).
         """
         session = aiohttp.ClientSession(

@@ -2,9 +2,8 @@
 ``push_pull``), length-prefixed on a persistent connection, with no HTTP.
 
 A training step is one request per shard of some tens of kilobytes; over
-aiohttp, handling HTTP costs the shard servers and the worker each about
-1.4 µs per trained event more than this protocol (some 115 µs of Python per
-request on a shard server). It carries the data operations only; everything
+HTTP, aiohttp's server costs the shard servers about 1.4 µs per trained event
+more than this protocol (some 115 µs of Python per request). It carries the data operations only; everything
 else (tables, stats, status, snapshots, the coordinator) stays on HTTP,
 which also advertises the RPC port (``GET /healthz``: ``"rpc_port"``).
 
