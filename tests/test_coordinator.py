@@ -26,7 +26,8 @@ async def test_a_cut_waits_for_active_leases_and_blocks_new_ones() -> None:
         assert await coord.release(lease.lease_id, {"clicks": {0: 40, 1: 38}})
 
     async def late_worker() -> None:
-        await asyncio.sleep(0.05)  # arrives while the cut waits
+        # gather starts the cut first, and it closes leases before its first
+        # await: this acquire arrives while the cut waits for w1.
         got = await coord.acquire("w2")
         events.append("w2 leased")
         await coord.release(got.lease_id, {"clicks": {0: 50}})
@@ -85,13 +86,15 @@ async def test_a_lease_wait_can_be_bounded() -> None:
     coord = Coordinator(lease_ttl_s=10)
     held = await coord.acquire("slow")
     gate = asyncio.Event()
+    entered = asyncio.Event()
 
     async def snapshot(version: int, kind: str) -> None:
+        entered.set()
         await gate.wait()
 
     cut = asyncio.create_task(coord.cut(snapshot))
     await coord.release(held.lease_id)
-    await asyncio.sleep(0.05)  # the cut is now in its snapshot
+    await asyncio.wait_for(entered.wait(), 5)  # the cut is now in its snapshot
     with pytest.raises(CutInProgressError):
         await coord.acquire("w", wait_s=0.05)
     gate.set()

@@ -60,7 +60,7 @@ async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
     """Wait (bounded) for `condition`, checking between turns of the loop."""
     async with asyncio.timeout(timeout_s):
         while not condition():
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0.002)  # poll interval
 
 
 def local_cluster(kind: str = "lr", shards: int = 2) -> tuple[PSClient, Model, list[Shard]]:

@@ -618,7 +618,7 @@ async def test_ctrps_serve_follow_answers_and_stops_on_sigterm(tmp_path: Path) -
                 body = orjson.loads(await resp.read())
             if resp.status == 200 and body["model_version"] == version:
                 return list(body["predictions"])
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # poll interval
         raise AssertionError(f"the replica never served version {version}: {body}")
 
     try:

@@ -177,7 +177,7 @@ async def test_a_connection_the_server_closes_when_idle_is_reopened() -> None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 5.0
             while first.is_open and loop.time() < deadline:
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # poll interval
             assert not first.is_open
             assert await client.push("lr", keys, grads) == keys.size
             assert transport(client)._conn is not first
