@@ -15,6 +15,7 @@ from ps_core.coordinator import Coordinator
 from ps_core.coordinator_server import add_coordinator_routes
 from ps_core.export import latest_chain, list_versions, restore_shards
 from ps_core.exporter import Exporter
+from ps_core.http1_server import start_shard_http
 from ps_core.rpc import start_rpc_server
 from ps_core.server import create_shard_app
 from ps_core.shard import Shard, ShardSpec
@@ -108,13 +109,9 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
         add_coordinator_routes(app, coordinator, exporter)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
-    await site.start()
-    port = settings.port
-    sockets = getattr(site._server, "sockets", None)
-    if sockets:
-        # Port 0 asked the OS for a free port: report the one it gave.
-        port = sockets[0].getsockname()[1]
+    # Frame requests are answered by the port's front, the rest by the app.
+    http = await start_shard_http(runner, shard, settings.host, settings.port, max_body=max_body)
+    port = http.port  # the one the OS gave, when asked for 0
     stop = stop or asyncio.Event()
     log_event(
         log,
@@ -150,7 +147,7 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
             await exporting  # returns once stop is set; an export under way finishes
         if rpc is not None:
             await rpc.close()
-        await runner.cleanup()
+        await http.cleanup()
         if client is not None:
             await client.close()
         log_event(log, "stopped", shard_id=settings.shard_id)

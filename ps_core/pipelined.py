@@ -1,8 +1,10 @@
-"""What the shard servers' two client connections share: one persistent
+"""What the shard servers' two transports share at both ends: one persistent
 connection on which calls are pipelined and replies matched to them in order.
 
 `ps_core.rpc.RpcConnection` (the TCP RPC) and `ps_core.http1.Http1Connection`
-(HTTP/1.1) differ only in how a request is written and a reply is read.
+(HTTP/1.1) differ only in how a request is written and a reply is read;
+`ServerConnection` is the server side of either (`ps_core.rpc`'s protocol,
+`ps_core.http1_server.FrameFront`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import asyncio
 from collections import deque
 from typing import Iterable, cast
 
-__all__ = ["PipelinedConnection", "PipelinedProtocol", "Reply"]
+__all__ = ["PipelinedConnection", "PipelinedProtocol", "Reply", "ServerConnection"]
 
 Reply = tuple[int, bytes]
 """A call's outcome: the status (HTTP's meaning) and the reply body."""
@@ -96,3 +98,42 @@ class PipelinedConnection:
         transport = self._protocol.transport
         if transport is not None:
             transport.close()
+
+
+# Pause reading a connection whose replies pile up unsent (a client that
+# pipelines without reading); resume once the buffer drains.
+_WRITE_HIGH = 8 << 20
+_WRITE_LOW = 1 << 20
+
+
+class ServerConnection(asyncio.Protocol):
+    """A server's side of one pipelined connection, kept in `connections`
+    while open (so that a server closing can close it)."""
+
+    def __init__(self, connections: set[ServerConnection]) -> None:
+        self._connections = connections
+        self._buf = bytearray()
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio.Transport subclasses, but are ones.)
+        self._transport = transport = cast(asyncio.Transport, transport)
+        transport.set_write_buffer_limits(high=_WRITE_HIGH, low=_WRITE_LOW)
+        self._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.discard(self)
+        self._transport = None
+
+    def pause_writing(self) -> None:
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None:
+            self._transport.resume_reading()
+
+    def close(self) -> None:
+        """Close the connection (replies written are sent first)."""
+        if self._transport is not None:
+            self._transport.close()

@@ -1,9 +1,11 @@
 """The shard's TCP RPC: the same binary frames as ``POST /v1/pull`` (``push``,
 ``push_pull``), length-prefixed on a persistent connection, with no HTTP.
 
-A training step is one request per shard of some tens of kilobytes; over
-HTTP, aiohttp's server costs the shard servers about 1.4 µs per trained event
-more than this protocol (some 115 µs of Python per request). It carries the data operations only; everything
+A training step is one request per shard of some tens of kilobytes; with
+aiohttp at both ends, HTTP cost the shard servers and the worker each about
+1.4 µs per trained event more than this protocol. (HTTP frame requests now
+skip aiohttp at both ends, `ps_core.http1` and `ps_core.http1_server`, and
+cost about what this protocol does.) It carries the data operations only; everything
 else (tables, stats, status, snapshots, the coordinator) stays on HTTP,
 which also advertises the RPC port (``GET /healthz``: ``"rpc_port"``).
 
@@ -30,12 +32,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import orjson
 
 from .errors import PSError
-from .pipelined import PipelinedConnection, PipelinedProtocol, Reply
+from .pipelined import PipelinedConnection, PipelinedProtocol, Reply, ServerConnection
 from .shard import Shard
 
 __all__ = [
@@ -56,11 +58,6 @@ _LENGTH = struct.Struct("<I")
 _REPLY = struct.Struct("<IHH")  # payload length, status, reserved
 OK = 200
 
-# Pause reading a connection whose replies pile up unsent (a client that
-# pipelines without reading); resume once the buffer drains.
-_WRITE_HIGH = 8 << 20
-_WRITE_LOW = 1 << 20
-
 
 class RpcHello(NamedTuple):
     """What a shard's RPC server says about itself on connecting."""
@@ -74,39 +71,14 @@ def _error_payload(code: str, detail: str) -> bytes:
     return orjson.dumps({"error": code, "detail": detail})
 
 
-class RpcServerProtocol(asyncio.Protocol):
+class RpcServerProtocol(ServerConnection):
     """One client connection to a shard's RPC server."""
 
-    def __init__(self, shard: Shard, max_body: int, connections: set[RpcServerProtocol]) -> None:
+    def __init__(self, shard: Shard, max_body: int, connections: set[ServerConnection]) -> None:
+        super().__init__(connections)
         self._shard = shard
         self._max_body = max_body
-        self._connections = connections
-        self._buf = bytearray()
         self._greeted = False
-        self._transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # (uvloop's transports are not asyncio.Transport subclasses, but are ones.)
-        self._transport = transport = cast(asyncio.Transport, transport)
-        transport.set_write_buffer_limits(high=_WRITE_HIGH, low=_WRITE_LOW)
-        self._connections.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._connections.discard(self)
-        self._transport = None
-
-    def pause_writing(self) -> None:
-        if self._transport is not None:
-            self._transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self._transport is not None:
-            self._transport.resume_reading()
-
-    def close(self) -> None:
-        """Close the connection (pending replies are written first)."""
-        if self._transport is not None:
-            self._transport.close()
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf
@@ -166,7 +138,7 @@ class RpcServerProtocol(asyncio.Protocol):
 class RpcServer:
     """A shard's RPC server; `close` stops listening and closes every connection."""
 
-    def __init__(self, server: asyncio.Server, connections: set[RpcServerProtocol]) -> None:
+    def __init__(self, server: asyncio.Server, connections: set[ServerConnection]) -> None:
         self._server = server
         self._connections = connections
         sockets = server.sockets or ()
@@ -182,7 +154,7 @@ class RpcServer:
 
 async def start_rpc_server(shard: Shard, host: str, port: int, *, max_body: int) -> RpcServer:
     """Serve `shard`'s pulls and pushes on `host`:`port` (0 picks a free port)."""
-    connections: set[RpcServerProtocol] = set()
+    connections: set[ServerConnection] = set()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
         lambda: RpcServerProtocol(shard, max_body, connections), host, port, reuse_address=True

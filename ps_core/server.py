@@ -1,5 +1,7 @@
 """The shard's HTTP/1.1 server (aiohttp): routes decode, call the `Shard`
-handlers, encode. No logic lives here.
+handlers, encode. No logic lives here. On ``ctrps shard``'s port, simple
+frame requests are answered before they reach this app, alike
+(`ps_core.http1_server`); the app serves every other request.
 
 Routes:
 

@@ -17,6 +17,7 @@ from ps_core.client import HttpTransport, LocalTransport, PSClient, RetryPolicy,
 from ps_core.coordinator import Coordinator
 from ps_core.coordinator_server import add_coordinator_routes
 from ps_core.exporter import Exporter
+from ps_core.http1_server import ShardHttpServer, start_shard_http
 from ps_core.rpc import RpcServer, start_rpc_server
 from ps_core.server import DEFAULT_MAX_BODY, create_shard_app
 from ps_core.shard import Shard, ShardSpec
@@ -31,7 +32,7 @@ async def serve_shards() -> AsyncIterator[ServeShards]:
 
     All are stopped at teardown; a test may stop one earlier through
     ``serve_shards.runners[i].cleanup()``."""
-    runners: list[web.AppRunner] = []
+    runners: list[ShardHttpServer | web.AppRunner] = []
 
     async def start(
         n: int, tables: tuple[TableConfig, ...] = (), exports: Path | None = None, rpc: bool = False
@@ -59,8 +60,8 @@ async def serve_shards() -> AsyncIterator[ServeShards]:
                 add_coordinator_routes(app, coordinator, exporter)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", port).start()
-            runners.append(runner)
+            # The port as `ctrps shard` serves it: frame requests by the front.
+            runners.append(await start_shard_http(runner, shard, "127.0.0.1", port, max_body=DEFAULT_MAX_BODY))
         return shards, urls
 
     sessions: list[aiohttp.ClientSession] = []

@@ -1,5 +1,6 @@
 """The lean HTTP/1.1 client of the frame routes (`ps_core.http1`) and
-`HttpTransport`'s use of it.
+`HttpTransport`'s use of it, against a shard's aiohttp app and against its
+port's front (`ps_core.http1_server`).
 
 Real servers on loopback: a `Shard` behind its aiohttp app, and small raw
 servers where a reply must be one aiohttp would not send (chunked, read to
@@ -24,7 +25,8 @@ from ps_core import codec
 from ps_core.client import HttpTransport, PSClient, RetryPolicy
 from ps_core.errors import PSError, ShardUnavailableError, UnknownTableError
 from ps_core.http1 import Http1Connection, _chunked_body
-from ps_core.server import create_shard_app
+from ps_core.http1_server import start_shard_http
+from ps_core.server import DEFAULT_MAX_BODY, create_shard_app
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import SparseTable, TableConfig
 
@@ -45,12 +47,21 @@ async def serve_app(app: web.Application, keepalive_timeout: float = 75.0) -> tu
     return runner, f"http://127.0.0.1:{port}"
 
 
-@pytest.fixture
-async def shard_url() -> AsyncIterator[tuple[Shard, str]]:
+@pytest.fixture(params=["app", "front"])
+async def shard_url(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Shard, str]]:
+    """A shard behind its aiohttp app alone, or on its port as ``ctrps
+    shard`` serves it (frame requests answered by `ps_core.http1_server`)."""
     shard = Shard(ShardSpec(0, 1), (LR,))
-    runner, url = await serve_app(create_shard_app(shard))
-    yield shard, url
-    await runner.cleanup()
+    if request.param == "app":
+        runner, url = await serve_app(create_shard_app(shard))
+        yield shard, url
+        await runner.cleanup()
+        return
+    runner = web.AppRunner(create_shard_app(shard), access_log=None)
+    await runner.setup()
+    front = await start_shard_http(runner, shard, "127.0.0.1", 0, max_body=DEFAULT_MAX_BODY)
+    yield shard, f"http://127.0.0.1:{front.port}"
+    await front.cleanup()
 
 
 def transport(client: PSClient) -> HttpTransport:
