@@ -142,6 +142,9 @@ class FrameFront(ServerConnection):
         self._transport = None
         rest = bytes(self._buf[start:])
         handler = self._fallback()
+        # Reading may be paused by `pause_writing`: the app is not told of
+        # that pause, so it must not inherit it (resuming is idempotent).
+        transport.resume_reading()
         transport.set_protocol(handler)
         handler.connection_made(transport)
         if rest:
