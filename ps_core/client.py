@@ -563,18 +563,11 @@ class TcpTransport(HttpTransport):
     connection (pipelined) and are retried as `HttpTransport` retries them.
     """
 
-    def __init__(
-        self,
-        shard_id: int,
-        url: str,
-        session: aiohttp.ClientSession,
-        retry: RetryPolicy,
-    ) -> None:
-        super().__init__(shard_id, url, session, retry)
-        self.rpc_port: int | None = None
-        """The shard's RPC port, once read from its ``/healthz``."""
-        self.uses_rpc: bool | None = None
-        """Whether data calls go over the RPC (None until the shard was asked)."""
+    # Per instance once set (class-level until then: no __init__ of its own).
+    rpc_port: int | None = None
+    """The shard's RPC port, once read from its ``/healthz``."""
+    uses_rpc: bool | None = None
+    """Whether data calls go over the RPC (None until the shard was asked)."""
 
     def _via(self) -> str:
         return " (rpc)" if self.uses_rpc else ""
