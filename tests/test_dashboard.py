@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import io
 import logging
 import math
@@ -40,6 +41,10 @@ from ps_core.models import Model, make_model
 from ps_core.server import create_shard_app
 from ps_core.shard import Shard, ShardSpec
 from test_api import report_windows, synthetic_events, train, window_report
+import waiting
+
+# The history's points change between turns of the loop: check every one.
+until = functools.partial(waiting.until, poll_s=0.002)
 
 PROJECT = Path(__file__).resolve().parent.parent
 PAGE = PROJECT / "app" / "static" / "dashboard.html"
@@ -54,13 +59,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.t
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Wait (bounded) for `condition`, checking between turns of the loop."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.002)  # poll interval
 
 
 def local_cluster(kind: str = "lr", shards: int = 2) -> tuple[PSClient, Model, list[Shard]]:

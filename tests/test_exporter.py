@@ -16,6 +16,7 @@ from ps_core.export import latest_chain, list_versions, restore_shards
 from ps_core.exporter import Exporter
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
+from waiting import until
 
 LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})
 FM_V = TableConfig("m_v", 4, {"name": "adagrad", "lr": 0.05}, init_scale=0.01)
@@ -110,9 +111,7 @@ async def test_periodic_exports_over_shard_servers(tmp_path: Path, serve_shards:
         await _train(client, LR, np.arange(1, 400, dtype=np.uint64), 1)
         stop = asyncio.Event()
         task = asyncio.create_task(exporter.run(0.05, stop))
-        async with asyncio.timeout(10):
-            while coord.last_version < 4:
-                await asyncio.sleep(0.02)  # poll interval
+        await until(lambda: coord.last_version >= 4, 10, what="4 exports", task=task)
         stop.set()
         await task
         kinds = [(v.version, v.kind) for v in list_versions(tmp_path / "m")]

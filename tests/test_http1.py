@@ -29,6 +29,7 @@ from ps_core.http1_server import start_shard_http
 from ps_core.server import DEFAULT_MAX_BODY, create_shard_app
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import SparseTable, TableConfig
+from waiting import until
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
 
@@ -185,11 +186,7 @@ async def test_a_connection_the_server_closes_when_idle_is_reopened() -> None:
             assert await client.push("lr", keys, grads) == keys.size
             first = transport(client)._conn
             assert first is not None
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 5.0
-            while first.is_open and loop.time() < deadline:
-                await asyncio.sleep(0.01)  # poll interval
-            assert not first.is_open
+            await until(lambda: not first.is_open, 5, what="the server to close the idle connection")
             assert await client.push("lr", keys, grads) == keys.size
             assert transport(client)._conn is not first
     finally:

@@ -24,6 +24,7 @@ from ps_core.http1_server import FrameFront, ShardHttpServer, start_shard_http
 from ps_core.server import FRAME_CONTENT_TYPE, create_shard_app
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import SparseTable, TableConfig
+from waiting import until
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
 
@@ -291,11 +292,7 @@ async def test_an_idle_connection_is_closed() -> None:
         conn = await Http1Connection.open("127.0.0.1", f.port)
         status, _ = await conn.call("/v1/pull", codec.encode_pull("lr", keys_grads(3)[0]))
         assert status == 200
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5.0
-        while conn.is_open and loop.time() < deadline:
-            await asyncio.sleep(0.01)  # poll interval
-        assert not conn.is_open
+        await until(lambda: not conn.is_open, 5, what="the idle connection to be closed")
     finally:
         await f.server.cleanup()
 
@@ -308,9 +305,8 @@ async def test_cleanup_closes_every_connection(front: Front) -> None:
     await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     await front.server.cleanup()
     try:
+        await until(lambda: not lean.is_open, 5, what="the front's connection to close")
         async with asyncio.timeout(5):
-            while lean.is_open:
-                await asyncio.sleep(0.01)  # poll interval
             while await reader.read(65536):
                 pass  # the rest of the health reply, then the close
     finally:

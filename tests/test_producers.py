@@ -39,6 +39,7 @@ from consumers.formats import (
 )
 from consumers.producer import produce
 from consumers.synthetic import SyntheticStream, bayes_logloss
+from waiting import until
 
 # -- helpers -------------------------------------------------------------------------
 
@@ -591,11 +592,11 @@ async def test_cli_sigterm_ends_an_endless_stream_with_exit_0(kafka_bootstrap: s
             stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while b'"msg":"progress"' not in log.read_bytes():  # sending for a second at least
-            assert proc.returncode is None and loop.time() < deadline, log.read_text()
-            await asyncio.sleep(0.05)  # poll interval
+        def sending() -> bool:  # for a second at least: it has reported progress
+            assert proc.returncode is None, log.read_text()
+            return b'"msg":"progress"' in log.read_bytes()
+
+        await until(sending, 30, what="a progress line", poll_s=0.05)
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0, log.read_text()
     finally:

@@ -26,6 +26,7 @@ from ps_core.features import FeatureHasher
 from ps_core.metrics import auc
 from ps_core.models import LogisticRegression, sigmoid
 from ps_core.shard import Shard, ShardSpec
+from waiting import until
 
 PROJECT = Path(__file__).resolve().parents[1]
 PARTITIONS = 2
@@ -70,13 +71,14 @@ def _start_shards(ports: list[int], exports: Path, log_dir: Path, tag: str, rest
 
 
 async def _healthy(client: PSClient, timeout_s: float = 30) -> None:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            try:
-                await client.stats()
-                return
-            except Exception:
-                await asyncio.sleep(0.1)  # poll interval: processes starting
+    async def answers() -> bool:
+        try:
+            await client.stats()
+        except Exception:
+            return False  # processes starting
+        return True
+
+    await until(answers, timeout_s, what="every shard to answer", poll_s=0.1)
 
 
 async def _train(worker: Worker, done: Callable[[], bool], timeout_s: float = 60) -> BaseException | None:
@@ -84,9 +86,7 @@ async def _train(worker: Worker, done: Callable[[], bool], timeout_s: float = 60
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        async with asyncio.timeout(timeout_s):
-            while not done() and not task.done():
-                await asyncio.sleep(0.02)  # poll interval
+        await until(lambda: done() or task.done(), timeout_s, what="the worker to finish")
     finally:
         stop.set()
         try:

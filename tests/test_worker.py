@@ -21,6 +21,7 @@ from ps_core.features import FeatureHasher
 from ps_core.hashing import shard_of
 from ps_core.models import LogisticRegression
 from ps_core.shard import Shard, ShardSpec
+from waiting import until
 
 
 def _topic() -> str:
@@ -53,15 +54,8 @@ async def _run_until(worker: Worker, done: Any, timeout_s: float = 60.0) -> None
     """Run the worker until done() holds (checked between windows) or time runs out."""
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
     try:
-        while not done():
-            if task.done():
-                task.result()
-                raise AssertionError("worker stopped early")
-            assert loop.time() < deadline, f"not done within {timeout_s}s: {worker.stats}"
-            await asyncio.sleep(0.05)  # poll interval
+        await until(done, timeout_s, what=f"the worker to be done ({worker.stats})", task=task, poll_s=0.05)
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
@@ -277,19 +271,17 @@ async def test_a_worker_that_outlives_its_coordinator_rewinds_to_the_new_ones_of
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        async with asyncio.timeout(60):
-            while worker.stats.records < 400:
-                assert not task.done(), task
-                await asyncio.sleep(0.02)  # poll interval
-            # "Restored" shards: a cut at offsets 50 and 50 that held nothing.
-            fresh = [Shard(ShardSpec(i, 2)) for i in range(2)]
-            async with worker._lock:  # no window is applying while the shards change
-                client.transports[:] = PSClient.local(fresh, Coordinator(offsets={topic: {0: 50, 1: 50}})).transports
-            # The stream goes on; the worker's next lease finds the new coordinator.
-            await _produce(kafka_bootstrap, topic, [_good(i) for i in range(400, 500)], 2)
-            while not (worker.stats.rewinds == 1 and _bias_shows(fresh, "m") >= 400):
-                assert not task.done(), task
-                await asyncio.sleep(0.02)  # poll interval
+        await until(lambda: worker.stats.records >= 400, 60, what="400 records", task=task)
+        # "Restored" shards: a cut at offsets 50 and 50 that held nothing.
+        fresh = [Shard(ShardSpec(i, 2)) for i in range(2)]
+        async with worker._lock:  # no window is applying while the shards change
+            client.transports[:] = PSClient.local(fresh, Coordinator(offsets={topic: {0: 50, 1: 50}})).transports
+        # The stream goes on; the worker's next lease finds the new coordinator.
+        await _produce(kafka_bootstrap, topic, [_good(i) for i in range(400, 500)], 2)
+        await until(
+            lambda: worker.stats.rewinds == 1 and _bias_shows(fresh, "m") >= 400, 60,
+            what="the rewind and 400 events trained again", task=task,
+        )
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)

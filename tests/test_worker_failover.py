@@ -20,6 +20,7 @@ from ps_core.client import PSClient
 from ps_core.hashing import shard_of
 from ps_core.shard import Shard, ShardSpec
 from ps_core.models import LogisticRegression
+from waiting import until
 
 PARTITIONS = 4
 KEY_BASE = 10**12  # event i carries the pre-hashed key KEY_BASE + i: its shows count its applications
@@ -56,11 +57,7 @@ async def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
 
 
 async def _wait(cond: Any, timeout_s: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not await cond():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)  # poll interval
+    await until(cond, timeout_s, what=what, poll_s=0.1)
 
 
 def _applications(shards: list[Shard], n: int) -> np.ndarray:
