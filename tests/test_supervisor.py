@@ -183,6 +183,8 @@ async def test_a_child_that_may_finish_exits_0_without_stopping_the_rest() -> No
     out = io.BytesIO()
     sup = Supervisor(out=out, grace_s=5.0)
     patient = await sup.start(py("patient", PATIENT))
+    # Up first: a SIGTERM before its handler is installed would kill it (-15).
+    await sup.wait_ready(patient, said(out, "[patient] up"), timeout_s=20)
     once = await sup.start(py("once", "print('done')", may_finish=True))
     await asyncio.wait_for(once.exited.wait(), 20)
     stop = asyncio.Event()
