@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from app.supervisor import ChildFailed, ChildSpec, LinePrefixer, Supervisor
+from waiting import until
 
 # A child that says "up" once its SIGTERM handler is in place, then waits; on
 # SIGTERM it says "term" and exits 0.
@@ -174,6 +175,8 @@ async def test_wait_ready_fails_when_the_child_exits_or_the_deadline_passes() ->
     with pytest.raises(ChildFailed, match="slow: not ready within 1s"):
         await sup.wait_ready(slow, refused, timeout_s=1.0)
     assert loop.time() - t0 < 5
+    # Up (its SIGTERM handler installed) before it is stopped, however slow to start.
+    await until(said(out, "[slow] up"), 20, what="the slow child to start")
     await asyncio.wait_for(sup.stop_all(), 20)
     assert slow.returncode == 0
     assert sup.failed is early  # exiting 0 is a failure for a child that must keep running
