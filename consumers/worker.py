@@ -31,9 +31,9 @@ import os
 import socket
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, NamedTuple
+from typing import Any, AsyncIterator, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -75,6 +75,17 @@ class _Step(NamedTuple):
 
 _Chunk = tuple[TopicPartitionKey, int, "asyncio.Future[Decoded]"]
 """A decode job: its partition, its number of records, its decoding."""
+
+_T = TypeVar("_T")
+
+
+async def _per_table(calls: list[Coroutine[Any, Any, _T]]) -> list[_T]:
+    """The results of one call per table, concurrently. A model of one table
+    (LR) awaits its call directly: `asyncio.gather` would wrap it in a task
+    and a loop round trip on every training step."""
+    if len(calls) == 1:
+        return [await calls[0]]
+    return list(await asyncio.gather(*calls))
 
 
 @dataclass(frozen=True)
@@ -490,7 +501,7 @@ class Worker:
 
     async def _pull_all(self, keys: Routed) -> dict[str, Any]:
         names = self.model.table_names
-        got = await asyncio.gather(*(self.client.pull(t, keys) for t in names))
+        got = await _per_table([self.client.pull(t, keys) for t in names])
         return dict(zip(names, got))
 
     async def _train(self, decoded: Decoded, window: Window) -> Metrics:
@@ -563,8 +574,8 @@ class Worker:
             counts = plan.counts(sub.labels)
             nxt = await anext(batches, None)  # may wait for the next chunk's decoding
             if nxt is None:
-                await asyncio.gather(
-                    *(self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names)
+                await _per_table(
+                    [self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names]
                 )
                 break
             # This mini-batch's push and the next one's pull travel in one
@@ -572,13 +583,13 @@ class Worker:
             # the pull, so the next mini-batch is predicted by weights that
             # have learnt from this one, as before.
             current = planned(nxt)
-            got = await asyncio.gather(
-                *(
+            got = await _per_table(
+                [
                     self.client.push_pull(
                         t, routed, grads[t], pull_keys=current.routed, counts=counts, event_time=event_time
                     )
                     for t in names
-                )
+                ]
             )
             weights = {t: w for t, (_, w) in zip(names, got)}
             # In-process shards never suspend: give the fetcher its turn, so

@@ -129,10 +129,18 @@ class Shard:
             )
 
     # -- handlers ------------------------------------------------------------
-    def handle_pull(self, table: str, keys: npt.NDArray[np.uint64]) -> tuple[F32, int]:
-        """Weights of `keys` and the table's open version."""
+    def handle_pull(
+        self, table: str, keys: npt.NDArray[np.uint64], *, owned: bool = False
+    ) -> tuple[F32, int]:
+        """Weights of `keys` and the table's open version.
+
+        `owned` (here and in the push handlers): the caller split the keys
+        with `shard_of` for this shard's own spec (an in-process client, see
+        `PSClient.local`), so they are not hashed again to check ownership.
+        """
         t = self.table(table)
-        self._check_owned(keys)
+        if not owned:
+            self._check_owned(keys)
         return t.pull(keys), t.version
 
     def contains(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
@@ -151,6 +159,7 @@ class Shard:
         counts: F32 | None = None,
         event_time: float = 0.0,
         request_id: int = 0,
+        owned: bool = False,
     ) -> tuple[int, int]:
         """Apply a push; returns (distinct keys applied, open version).
 
@@ -163,7 +172,8 @@ class Shard:
                 f"table {table} has dim {t.dim}, the push carries dim "
                 f"{grads.shape[1] if grads.ndim == 2 else grads.ndim}"
             )
-        self._check_owned(keys)
+        if not owned:
+            self._check_owned(keys)
         # Checked after validation, so a malformed request never reads as a
         # duplicate of an earlier good one.
         if request_id and request_id in self._recent_pushes:
@@ -186,6 +196,7 @@ class Shard:
         counts: F32 | None = None,
         event_time: float = 0.0,
         request_id: int = 0,
+        owned: bool = False,
     ) -> tuple[int, F32, int]:
         """Apply a push, then pull: (distinct keys applied, weights of
         `pull_keys`, open version), as `handle_push` then `handle_pull`.
@@ -199,11 +210,13 @@ class Shard:
         t = self.table(table)
         # The pull's only checks, done first: a bad pull must not leave the
         # push applied. handle_push checks its part before changing anything.
-        self._check_owned(pull_keys)
+        if not owned:
+            self._check_owned(pull_keys)
         applied = 0
         if push_keys.size:
             applied, _ = self.handle_push(
-                table, push_keys, grads, counts=counts, event_time=event_time, request_id=request_id
+                table, push_keys, grads, counts=counts, event_time=event_time, request_id=request_id,
+                owned=owned,
             )
         if not pull_keys.size:
             # Not t.pull: that would also push the table's remembered pull

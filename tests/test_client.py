@@ -207,6 +207,27 @@ async def test_invalid_values_are_typed_and_apply_nothing(make_client: MakeClien
     assert len(shards[bad_owner].tables["emb"]) == 0
 
 
+async def test_a_local_client_skips_ownership_checks_only_where_its_routing_is_the_shards() -> None:
+    keys = np.arange(200, dtype=np.uint64)
+    shards = [Shard(ShardSpec(i, 2), TABLES) for i in range(2)]
+    async with PSClient.local(shards) as client:
+        assert [t.routed for t in client.transports] == [True, True]  # type: ignore[attr-defined]
+        await client.push("lr", keys, np.ones((keys.size, 1), dtype=np.float32))
+    for i, s in enumerate(shards):
+        assert len(s.tables["lr"]) == int((shard_of(keys, 2) == i).sum())
+    # Shard 0 of 2 as if it were alone: the client sends it every key, and it
+    # checks them and refuses the other shard's, as a shard server does.
+    theirs = keys[shard_of(keys, 2) == 1]
+    async with PSClient.local(shards[:1]) as alone:
+        assert [t.routed for t in alone.transports] == [False]  # type: ignore[attr-defined]
+        with pytest.raises(WrongShardError):
+            await alone.pull("lr", theirs)
+        with pytest.raises(WrongShardError):
+            await alone.push("lr", theirs, np.ones((theirs.size, 1), dtype=np.float32))
+        with pytest.raises(WrongShardError):
+            await alone.push_pull("lr", theirs[:0], np.ones((0, 1), dtype=np.float32), pull_keys=theirs)
+
+
 async def test_client_with_the_wrong_shard_count_gets_wrong_shard(serve_shards: Any) -> None:
     _, urls = await serve_shards(2, TABLES)
     keys = np.arange(50, dtype=np.uint64)
