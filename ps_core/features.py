@@ -168,13 +168,18 @@ def string_hashes(strings: Sequence[str] | npt.NDArray[np.object_]) -> U64:
     and ``np.add.reduceat`` sums each string's run.
     """
     seq = strings.tolist() if isinstance(strings, np.ndarray) else strings
-    n = len(seq)
-    if n == 0:
+    if len(seq) == 0:
         return np.zeros(0, dtype=np.uint64)
     # One buffer, each string followed by a NUL: boundaries come from the
-    # buffer itself instead of a len() per string. ASCII (the usual alphabet
-    # of ids) takes one byte per code point, a quarter of UTF-32 to scan.
-    joined = "\0".join(seq) + "\0"
+    # buffer itself instead of a len() per string.
+    return _joined_hashes("\0".join(seq) + "\0", seq)
+
+
+def _joined_hashes(joined: str, seq: Sequence[str]) -> U64:
+    """`string_hashes` of `seq` (not empty), given ``"\\0".join(seq) + "\\0"``."""
+    n = len(seq)
+    # ASCII (the usual alphabet of ids) takes one byte per code point, a
+    # quarter of UTF-32 to scan.
     cps: npt.NDArray[np.uint8] | npt.NDArray[np.uint32] = (
         np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
         if joined.isascii()
@@ -461,11 +466,14 @@ def _type_codes(values: list[Any]) -> npt.NDArray[np.int8]:
     return np.fromiter(map(_TYPE_CODE.get, map(type, values), repeat(_T_OTHER)), dtype=np.int8, count=len(values))
 
 
-_Split: TypeAlias = tuple[I64, list[str], I64]
-"""Positions of the strings, the strings, positions of the numbers."""
+_Split: TypeAlias = tuple[I64, list[str], I64, "str | None"]
+"""Positions of the strings, the strings, positions of the numbers; and the
+strings joined for `_joined_hashes` when the check built that anyway."""
 
 
-def _split(objs: npt.NDArray[np.object_], codes: npt.NDArray[np.int8], *, check: bool) -> _Split:
+def _split(
+    objs: npt.NDArray[np.object_], codes: npt.NDArray[np.int8], *, check: bool, json_types: bool = False
+) -> _Split:
     """The strings and numbers among values `objs` with type `codes`; with
     `check`, the codes are only expected ones (a layout's) and are first made
     exact, in place.
@@ -474,6 +482,9 @@ def _split(objs: npt.NDArray[np.object_], codes: npt.NDArray[np.int8], *, check:
     must all be exactly `str` and those expected to be numbers exactly int or
     float; values expected to be anything else (null, list, bool: rare) get
     their codes looked up. Only if a class fails are all codes looked up.
+    With `json_types` (values as a JSON parser makes them, so no str
+    subclass), the strings are checked by joining them for hashing, which
+    raises on any non-string: no pass over their types.
     """
     if check:
         rare = np.flatnonzero(codes >= _T_LIST)
@@ -483,11 +494,20 @@ def _split(objs: npt.NDArray[np.object_], codes: npt.NDArray[np.int8], *, check:
     strs = objs[cat].tolist()
     num = np.flatnonzero(codes == _T_NUM)
     if not check:
-        return cat, strs, num
-    if countOf(map(type, strs), str) == len(strs):
+        return cat, strs, num, None
+    joined = None
+    if json_types:
+        try:
+            joined = "\0".join(strs) + "\0"
+            strings_ok = True
+        except TypeError:
+            strings_ok = False
+    else:
+        strings_ok = countOf(map(type, strs), str) == len(strs)
+    if strings_ok:
         nums = objs[num].tolist()
         if countOf(map(type, nums), float) == len(nums) or set(map(type, nums)) <= _NUMBER:
-            return cat, strs, num
+            return cat, strs, num, joined
     codes[:] = _type_codes(objs.tolist())
     return _split(objs, codes, check=False)
 
@@ -541,12 +561,16 @@ class FeatureHasher:
         *,
         require_label: bool = True,
         groups: Sequence[int] | None = None,
+        json_types: bool = False,
     ) -> tuple[EventBatch, dict[int, EventError]]:
         """Validate and hash `events`.
 
         `groups[i]` is the group (message) of event i (default: each event its
         own group). Returns the batch of every event whose group had no error,
-        and the first error of each failed group.
+        and the first error of each failed group. `json_types`: the events
+        come from a JSON parser (orjson), so their values are exactly str,
+        int, float, bool, None, list or dict, never a subclass; the checks
+        then skip a pass over the strings' types. The result is the same.
         """
         n = len(events)
         grp = list(range(n)) if groups is None else list(groups)
@@ -555,7 +579,7 @@ class FeatureHasher:
             # Some event is invalid (or unusual): check them one by one to
             # find each failed group's first error, exactly.
             checked = self._check_each(events, require_label, grp)
-        return self._hash(*checked, grp)
+        return self._hash(*checked, grp, json_types=json_types)
 
     def _check_columns(self, events: Sequence[dict[str, Any]], require_label: bool) -> _Checked | None:
         """Every event checked at once, a column at a time in C-level maps;
@@ -684,7 +708,7 @@ class FeatureHasher:
         return labels, weights, ts, to_hash, prehashed, errors
 
     def _gather(
-        self, present: list[Any]
+        self, present: list[Any], json_types: bool = False
     ) -> tuple[U64, npt.NDArray[np.object_], npt.NDArray[np.int8], _Split, I64, list[str] | None]:
         """Field hashes, values (an object array) and exact type codes of the
         values of `present` (the non-empty features objects, in event order),
@@ -695,7 +719,7 @@ class FeatureHasher:
             m = int(lens.sum())
             # Straight from the dicts into the object array, no list between.
             objs = np.fromiter(chain.from_iterable(map(dict.values, present)), dtype=object, count=m)
-            return fhash, objs, codes, _split(objs, codes, check=True), lens, None
+            return fhash, objs, codes, _split(objs, codes, check=True, json_types=json_types), lens, None
         # Dict subclasses: as they iterate, per value (rare: JSON gives dicts).
         fields: list[str] = []
         values: list[Any] = []
@@ -719,10 +743,12 @@ class FeatureHasher:
         prehashed: list[tuple[int, list[Any]]],
         errors: dict[int, EventError],
         grp: list[int],
+        *,
+        json_types: bool = False,
     ) -> tuple[EventBatch, dict[int, EventError]]:
         n = len(to_hash)
         present = list(filter(None, to_hash))  # drops None and empty objects, in C
-        fhash, objs, codes, (cat, strs, num), lens, field_list = self._gather(present)
+        fhash, objs, codes, (cat, strs, num, joined), lens, field_list = self._gather(present, json_types)
         counts = np.zeros(n, dtype=np.int64)
         if len(present) == n:
             counts[:] = lens
@@ -748,7 +774,8 @@ class FeatureHasher:
 
         # The object array lets numpy pick values by type in C, not per value.
         if cat.size:
-            salt[cat] = string_hashes(strs) * _C_CAT
+            hv = string_hashes(strs) if joined is None else _joined_hashes(joined, strs)
+            salt[cat] = hv * _C_CAT
         if num.size:
             x = objs[num].astype(np.float64)
             finite = np.isfinite(x) & (np.abs(x) < 3.4e38)

@@ -519,10 +519,12 @@ def _event(draw: st.DrawFn) -> Any:
     return ev
 
 
-def _outcome(h: Any, events: list[Any], require_label: bool, groups: list[int] | None) -> Any:
+def _outcome(
+    h: Any, events: list[Any], require_label: bool, groups: list[int] | None, **options: Any
+) -> Any:
     """A comparable picture of a featurize call: the batch and errors, or the exception."""
     try:
-        batch, errors = h.featurize(events, require_label=require_label, groups=groups)
+        batch, errors = h.featurize(events, require_label=require_label, groups=groups, **options)
     except Exception as exc:  # the fast paths must raise exactly where the reference raises
         return ("raised", type(exc))
     arrays = {
@@ -575,6 +577,33 @@ def test_featurize_past_the_layout_bound_matches_the_reference(
         assert len(h._layouts.ids) == h._layouts.count
     finally:
         features.MAX_CACHED_SCHEMAS, features.MAX_CACHED_SCHEMA_FIELDS = saved
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_event(), max_size=12), st.booleans())
+def test_featurize_of_json_types_matches_the_reference(events: list[Any], require_label: bool) -> None:
+    """With ``json_types`` (the worker's decoding), events as orjson makes
+    them hash exactly as the reference hashes them."""
+    try:
+        parsed = orjson.loads(orjson.dumps(events))  # exact JSON types, as a worker sees them
+    except orjson.JSONEncodeError:  # integers past 64 bits: not JSON orjson makes
+        return
+    ref = _outcome(_SHARED_REF, parsed, require_label, None)
+    assert _outcome(_SHARED, parsed, require_label, None, json_types=True) == ref
+    assert _outcome(FeatureHasher("m"), parsed, require_label, None, json_types=True) == ref
+
+
+def test_json_types_still_catch_a_non_string_where_a_layout_had_one() -> None:
+    h, ref = FeatureHasher("m"), _Reference("m")
+    events = orjson.loads(
+        b'[{"label": 1, "features": {"a": "x", "n": 2.0}}, {"label": 0, "features": {"a": 3, "n": "y"}},'
+        b' {"label": 0, "features": {"a": null, "n": 2}}, {"label": 1, "features": {"a": ["p"], "n": true}},'
+        b' {"label": 0, "features": {"a": {"b": 1}, "n": 1.0}}]'
+    )
+    for _ in range(2):  # the layout of event 0 is cached after the first call
+        assert _outcome(h, events, True, None, json_types=True) == _outcome(ref, events, True, None)
+    batch, errors = h.featurize(events, json_types=True)
+    assert batch.size == 4 and list(errors) == [4]
 
 
 def test_a_cached_layout_with_other_types_still_hashes_each_value_by_its_type() -> None:
