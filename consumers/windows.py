@@ -96,16 +96,18 @@ class WindowBuilder:
     _opened_at: float = 0.0
     _seq: int = 0
 
-    def add(self, records: list[Any]) -> None:
-        """Add aiokafka ConsumerRecords of one partition (one ``getmany`` entry)."""
+    def add(self, records: list[Any]) -> list[bytes | None]:
+        """Add aiokafka ConsumerRecords of one partition (one ``getmany``
+        entry); returns their values, in order."""
         if not records:
-            return
+            return []
         if not self._values:
             self._opened_at = time.monotonic()
         n = len(records)
         # Attribute extraction through map/attrgetter runs in C: no Python
         # bytecode per record on the fetch path.
-        self._values.extend(map(_VALUE, records))
+        values: list[bytes | None] = list(map(_VALUE, records))
+        self._values.extend(values)
         tp = (records[0].topic, records[0].partition)
         if tp not in self._partitions:
             self._partitions.append(tp)
@@ -118,6 +120,7 @@ class WindowBuilder:
             self._first_ts = lo
         if hi > self._last_ts:
             self._last_ts = hi
+        return values
 
     def __len__(self) -> int:
         return len(self._values)

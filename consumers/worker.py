@@ -319,14 +319,14 @@ class Worker:
                     timeout_ms=200, max_records=max(1, min(room, 20_000))
                 )
                 for tp, records in batches.items():
-                    self._builder.add(records)
+                    values = self._builder.add(records)
                     # Decoding starts as records arrive, so it overlaps fetching
                     # and training. Jobs of a few thousand records keep their
                     # Python objects in cache (20k-record jobs decode ~1.3x
                     # slower per event) and the per-job IPC small.
                     key = (tp.topic, tp.partition)
-                    for i in range(0, len(records), DECODE_CHUNK):
-                        part = records[i : i + DECODE_CHUNK]
+                    for i in range(0, len(values), DECODE_CHUNK):
+                        part = values[i : i + DECODE_CHUNK]
                         self._chunks.append((key, len(part), self._decode(part)))
                 try:
                     while applies and applies[0].done():
@@ -397,9 +397,9 @@ class Worker:
             extra={"fields": {"partitions": sorted(p for _, p in revoked), "dropped_records": dropped}},
         )
 
-    def _decode(self, records: list[Any]) -> asyncio.Future[Decoded]:
-        """Start decoding one partition's fetched records (in the pool when there is one)."""
-        args = ([r.value for r in records], self.model.name, self.config.max_message_bytes)
+    def _decode(self, values: list[bytes | None]) -> asyncio.Future[Decoded]:
+        """Start decoding record values of one partition (in the pool when there is one)."""
+        args = (values, self.model.name, self.config.max_message_bytes)
         if self._pool is None:
             fut: asyncio.Future[Decoded] = asyncio.get_running_loop().create_future()
             fut.set_result(decode_records(*args))

@@ -24,8 +24,9 @@ def recs(p: int, first: int, n: int, ts0: int = 0, step_ms: int = 10) -> list[Re
 
 def test_closes_at_max_events_and_records_offsets() -> None:
     b = WindowBuilder(within_s=1000, max_events=10)
-    b.add(recs(0, 5, 4))
+    assert b.add(recs(0, 5, 4)) == [b"v0-5", b"v0-6", b"v0-7", b"v0-8"]  # what the decoder gets
     b.add(recs(1, 0, 5))
+    assert b.add([]) == []
     assert not b.should_close()
     b.add(recs(0, 9, 1))
     assert b.should_close()

@@ -3,7 +3,7 @@ one request) against a plain pull → predict → push reference."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator, NamedTuple
+from typing import AsyncIterator
 
 from aiokafka import ConsumerRecord, TopicPartition
 
@@ -143,10 +143,6 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int]) -> 
         np.testing.assert_array_equal(await client.pull(t, keys), await whole_client.pull(t, keys))
 
 
-class _Value(NamedTuple):
-    value: bytes | None
-
-
 class _Letters:
     def __init__(self) -> None:
         self.sent: list[DeadLetter] = []
@@ -199,7 +195,7 @@ async def test_a_window_trains_only_the_partitions_still_owned() -> None:
     letters = _Letters()
     worker._consumer, worker._dlq = consumer, letters  # type: ignore[assignment]
     chunks = [
-        (("clicks", part), len(v), worker._decode([_Value(x) for x in v]))
+        (("clicks", part), len(v), worker._decode(v))
         for part, v in ((0, p0a), (1, p1), (0, p0b))
     ]
     await worker._apply(window, chunks)
