@@ -47,6 +47,7 @@ from ps_core.features import EventBatch
 from ps_core.metrics import Metrics, evaluate
 from ps_core.models import BatchPlan, Model, sigmoid
 
+from .collector import fewer_collections
 from .decode import Decoded, Rejected, decode_records
 from .decode_pool import start_decode_pool
 from .dlq import DeadLetter, DeadLetterQueue
@@ -306,7 +307,15 @@ class Worker:
         waits with its decoding done or under way, and a third fills, so the
         decode pool never waits for training. Applies and commits stay
         strictly in order.
+
+        While it runs, the process's collector makes fewer young-generation
+        collections (`consumers.collector`): fetches make thousands of
+        short-lived records at once.
         """
+        with fewer_collections():
+            await self._run(stop)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         await self._start()
         # Apply tasks in window order; each awaits its predecessor first.
         applies: deque[asyncio.Task[None]] = deque()

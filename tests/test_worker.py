@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import itertools
 import uuid
 from typing import Any
@@ -13,6 +14,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from consumers.broker import create_topics
+from consumers.collector import YOUNG_THRESHOLD
 from consumers.decode import decode_records
 from consumers.dlq import read_headers
 from consumers.worker import Worker, WorkerConfig
@@ -96,9 +98,12 @@ async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_b
                           window_seconds=0.3, window_events=7, mini_batch=4,
                           max_message_bytes=2000, decode_processes=0)
     reports: list[Any] = []
+    young_thresholds: set[int] = set()
+    before = gc.get_threshold()
 
     async def on_window(report: Any) -> None:
         reports.append(report)
+        young_thresholds.add(gc.get_threshold()[0])
         if len(reports) == 1:
             raise RuntimeError("a failing window hook is only logged")
 
@@ -138,6 +143,9 @@ async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_b
     assert worker.stats.last is not None and worker.stats.last.metrics.events > 0
     # The window hook saw every window, with its dead letters by reason.
     assert len(reports) == worker.stats.windows
+    # The running worker collected young objects less often; stopped, it restored that.
+    assert young_thresholds == {max(YOUNG_THRESHOLD, before[0])}
+    assert gc.get_threshold() == before
     by_reason: dict[str, int] = {}
     for r in reports:
         for reason, n in r.dlq_by_reason.items():
