@@ -195,6 +195,12 @@ class ReplicaTransport(LocalTransport):
     async def export_now(self, kind: str | None) -> dict[str, Any]:
         raise self._read_only("export requests")
 
+    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
+        raise self._read_only("export cuts")
+
+    async def drop_snapshot(self, version: int) -> bool:
+        raise self._read_only("export cuts")
+
     async def compact_exports(self) -> dict[str, Any]:
         raise self._read_only("compaction requests")
 

@@ -107,6 +107,7 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
             coordinator, client, settings.exports_dir, settings.model_name, keep_bases=settings.keep_bases
         )
         add_coordinator_routes(app, coordinator, exporter)
+        shard.extra_stats["exports"] = exporter.stats
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     # Frame requests are answered by the port's front, the rest by the app.

@@ -145,6 +145,8 @@ class ShardTransport(Protocol):
 
     async def fetch_snapshot(self, version: int) -> list[TableSnapshot]: ...
 
+    async def drop_snapshot(self, version: int) -> bool: ...
+
     async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant: ...
 
     async def release_lease(self, lease_id: int, offsets: Offsets) -> bool: ...
@@ -234,6 +236,9 @@ class LocalTransport:
 
     async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
         return self.shard.pop_snapshot(version)
+
+    async def drop_snapshot(self, version: int) -> bool:
+        return self.shard.drop_snapshot(version)
 
     def _coordinator(self) -> Coordinator:
         if self.coordinator is None:
@@ -517,6 +522,10 @@ class HttpTransport:
     async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
         _, reply = await self._request("GET", f"/v1/snapshots/{version}")
         return snapshots_from_bytes(reply)
+
+    async def drop_snapshot(self, version: int) -> bool:
+        _, reply = await self._request("DELETE", f"/v1/snapshots/{version}")
+        return bool(orjson.loads(reply)["dropped"])
 
     async def _coordinator_request(self, method: str, path: str, body: object = None) -> Any:
         try:

@@ -133,6 +133,8 @@ class Coordinator:
         """Leases granted so far."""
         self.leases_expired = 0
         """Leases a cut gave up waiting for."""
+        self.cuts_spent = 0
+        """Versions spent by cuts that produced no export."""
 
     # -- leases --------------------------------------------------------------
     async def acquire(self, worker: str, wait_s: float | None = None) -> Lease:
@@ -190,23 +192,31 @@ class Coordinator:
     ) -> Cut[T]:
         """Take a consistent cut; `snapshot(version, kind)` copies the shards' rows.
 
-        Cuts run one at a time. If the snapshot step fails, leases reopen and
-        the version is not used.
+        Cuts run one at a time. If the snapshot step fails, leases reopen,
+        the version is spent (never handed out again: shards that did copy
+        may still hold it, and their tables moved on past it) and the next
+        cut is a base. Undoing the shards' copies is the caller's (the
+        exporter aborts the cut on every shard).
         """
         if kind not in (None, "base", "delta"):
             raise ValueError(f"kind {kind!r} is not base or delta")
         async with self._cut_lock:
             kind = kind or self.next_kind()
-            if self.last_version == 0:
-                kind = "base"  # a delta needs a parent
+            if self.last_version == 0 or self.last_base == 0:
+                kind = "base"  # a delta needs a parent, and a spent cut broke the chain
             t0 = time.perf_counter()
             self._open.clear()
+            version = 0
             try:
                 expired = await self._drain()
                 t_drained = time.perf_counter()
                 version = self.last_version + 1
                 snap = await snapshot(version, kind)
                 offsets = self.offsets()
+            except BaseException:
+                if version:
+                    self.spend(version)
+                raise
             finally:
                 self._open.set()
             t_done = time.perf_counter()
@@ -224,6 +234,14 @@ class Coordinator:
                 pause_s=t_done - t0,
                 expired_leases=expired,
             )
+
+    def spend(self, version: int) -> None:
+        """Mark `version` used by a cut that produced no export (its snapshot
+        or its write failed): it is never handed out again, and the next cut
+        is a base, since shards that copied moved their tables on past it."""
+        self.last_version = max(self.last_version, version)
+        self.last_base = 0
+        self.cuts_spent += 1
 
     async def _drain(self) -> list[str]:
         """Wait until no lease is active; leases past their expiry are dropped."""

@@ -18,6 +18,8 @@ Routes:
   the tables' rows for an export cut (the coordinator's pause), answering
   ``{"rows": {table: n}}``; ``GET /v1/snapshots/{version}``: those copies as
   one ``.npz`` body (`ps_core.export.snapshots_to_bytes`), handed over once;
+  ``DELETE /v1/snapshots/{version}``: drop those copies (an aborted cut),
+  ``{"dropped": bool}``, idempotent;
 - ``GET /healthz``: liveness, the shard's id and count, and ``rpc_port``: the
   port of its TCP RPC for pulls and pushes (`ps_core.rpc`), or null.
 
@@ -145,6 +147,14 @@ async def fetch_snapshot(request: web.Request) -> web.Response:
     return web.Response(body=snapshots_to_bytes(snaps), content_type="application/octet-stream")
 
 
+async def drop_snapshot(request: web.Request) -> web.Response:
+    try:
+        version = int(request.match_info["version"])
+    except ValueError:
+        raise SnapshotError(f"version {request.match_info['version']!r} is not an integer") from None
+    return json_response({"dropped": request.app[SHARD].drop_snapshot(version)})
+
+
 async def stats(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].stats())
 
@@ -179,5 +189,6 @@ def create_shard_app(
     app.router.add_get("/v1/status", list_statuses)
     app.router.add_post("/v1/snapshots", take_snapshot)
     app.router.add_get("/v1/snapshots/{version}", fetch_snapshot)
+    app.router.add_delete("/v1/snapshots/{version}", drop_snapshot)
     app.router.add_get("/healthz", healthz)
     return app

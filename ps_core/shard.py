@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import numpy.typing as npt
@@ -88,6 +88,11 @@ class Shard:
         self._statuses: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
         # version -> the copies of a cut, until the coordinator fetches them.
         self._snapshots: OrderedDict[int, list[TableSnapshot]] = OrderedDict()
+        self.extra_stats: dict[str, Callable[[], dict[str, Any]]] = {}
+        """Sections added to `stats` by what this shard's process hosts
+        (shard 0: ``exports``, the exporter's counters; ``cluster``, the
+        coordinator's view of the shards), so metrics reach them through the
+        shard's stats like every other figure."""
         for config in tables:
             self.declare(config)
 
@@ -273,8 +278,10 @@ class Shard:
         """
         if version < 1 or (parent is not None and not 0 < parent < version):
             raise SnapshotError(f"cut {version} with parent {parent} is not a cut")
-        if version in self._snapshots:
-            raise SnapshotError(f"shard {self.spec.shard_id} holds cut {version} already")
+        # A copy held under this version is a stale one (an aborted attempt,
+        # or a stray request): the coordinator never reuses a number, so this
+        # request is the one that counts. Refusing it would block every cut.
+        self._snapshots.pop(version, None)
         kind: SnapshotKind = "base" if parent is None else "delta"
         for t in self.tables.values():  # all checks before any table is cut
             if parent is not None and t.last_snapshot > parent:
@@ -292,6 +299,16 @@ class Shard:
         while len(self._snapshots) > self.MAX_PENDING_SNAPSHOTS:
             self._snapshots.popitem(last=False)
         return {s.table: s.rows for s in snaps}
+
+    def drop_snapshot(self, version: int) -> bool:
+        """Forget the copies of cut `version` (an aborted cut); True when
+        held. Idempotent: dropping what is not held is no error."""
+        return self._snapshots.pop(version, None) is not None
+
+    @property
+    def pending_snapshots(self) -> list[int]:
+        """Versions of the copies held, not yet fetched, oldest first."""
+        return list(self._snapshots)
 
     def pop_snapshot(self, version: int) -> list[TableSnapshot]:
         """The copies of cut `version`, handed over once."""
@@ -358,4 +375,5 @@ class Shard:
                 }
                 for name, t in self.tables.items()
             },
+            **{name: section() for name, section in self.extra_stats.items()},
         }
