@@ -299,7 +299,8 @@ class InstrumentedTransport:
         # Bound once: a labelled child per call would cost a dict lookup each.
         self._seconds = {
             op: metrics.rpc_seconds.labels(shard, op)
-            for op in ("pull", "push", "push_pull", "declare", "stats", "status", "lease", "offsets", "snapshot", "export", "exports")
+            for op in ("pull", "push", "push_pull", "declare", "stats", "status", "lease", "offsets", "snapshot", "export", "exports",
+                       "membership", "restore")
         }
 
     async def _timed(self, op: str, call: Awaitable[T]) -> T:
@@ -363,6 +364,15 @@ class InstrumentedTransport:
 
     async def drop_snapshot(self, version: int) -> bool:
         return await self._timed("snapshot", self.inner.drop_snapshot(version))
+
+    async def membership(self) -> dict[str, Any]:
+        return await self._timed("membership", self.inner.membership())
+
+    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
+        return await self._timed("membership", self.inner.admit(epoch, version))
+
+    async def restore_version(self, version: int) -> dict[str, Any]:
+        return await self._timed("restore", self.inner.restore_version(version))
 
     async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
         return await self._timed("snapshot", self.inner.fetch_snapshot(version))

@@ -56,6 +56,7 @@ from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
 from .steps import split_by_shard
 from .export import snapshots_from_bytes
+from .joining import restore_version
 from .table import F32, TableConfig, TableSnapshot
 
 __all__ = [
@@ -146,6 +147,12 @@ class ShardTransport(Protocol):
     async def fetch_snapshot(self, version: int) -> list[TableSnapshot]: ...
 
     async def drop_snapshot(self, version: int) -> bool: ...
+
+    async def membership(self) -> dict[str, Any]: ...
+
+    async def admit(self, epoch: str, version: int) -> dict[str, Any]: ...
+
+    async def restore_version(self, version: int) -> dict[str, Any]: ...
 
     async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant: ...
 
@@ -239,6 +246,16 @@ class LocalTransport:
 
     async def drop_snapshot(self, version: int) -> bool:
         return self.shard.drop_snapshot(version)
+
+    async def membership(self) -> dict[str, Any]:
+        return self.shard.membership()
+
+    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
+        self.shard.admit(epoch, version)
+        return self.shard.membership()
+
+    async def restore_version(self, version: int) -> dict[str, Any]:
+        return await restore_version(self.shard, version)
 
     def _coordinator(self) -> Coordinator:
         if self.coordinator is None:
@@ -526,6 +543,23 @@ class HttpTransport:
     async def drop_snapshot(self, version: int) -> bool:
         _, reply = await self._request("DELETE", f"/v1/snapshots/{version}")
         return bool(orjson.loads(reply)["dropped"])
+
+    async def membership(self) -> dict[str, Any]:
+        _, reply = await self._request("GET", "/v1/membership")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
+
+    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
+        body = orjson.dumps({"epoch": epoch, "version": version})
+        _, reply = await self._request("POST", "/v1/membership/admit", body, "application/json")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
+
+    async def restore_version(self, version: int) -> dict[str, Any]:
+        body = orjson.dumps({"version": version})
+        _, reply = await self._request("POST", "/v1/restore", body, "application/json")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
 
     async def _coordinator_request(self, method: str, path: str, body: object = None) -> Any:
         try:

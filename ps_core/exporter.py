@@ -222,6 +222,7 @@ class Exporter:
                          error=str(exc.strerror or exc))
         self._need_base = False
         self.exports += 1
+        self.coordinator.version = cut.version
         files = [s for shard in snaps.values() for s in shard]
         report = ExportReport(
             version=cut.version,

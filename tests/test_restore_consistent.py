@@ -1,0 +1,303 @@
+"""Restores are all-or-nothing across shards: every shard restores the same
+version or the cluster refuses to train (``ctrps shard`` processes on
+loopback, real export files, the embedded broker)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from consumers.broker import create_topics, free_port
+from consumers.worker import Worker, WorkerConfig
+from ps_core.client import PSClient, RetryPolicy
+from ps_core.errors import NoCommonVersionError
+from ps_core.export import latest_chain, restore_shards
+from ps_core.models import LogisticRegression
+from ps_core.table import TableConfig
+from test_exporter import _train
+from test_recovery import _events, _part_keys, _produce, _shows_in
+from test_recovery import _train as _run_worker
+from waiting import until
+
+PROJECT = Path(__file__).resolve().parents[1]
+LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})
+KEYS = np.arange(1, 3001, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+
+
+class Shards:
+    """``ctrps shard`` processes for shards 0..n-1 on fixed ports, each
+    restartable alone; JSON logs per process start."""
+
+    def __init__(self, n: int, exports: Path, logs: Path) -> None:
+        self.ports = [free_port() for _ in range(n)]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.exports, self.logs = exports, logs
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
+        self.starts = [0] * n
+
+    def start(self, i: int, restore: bool = True) -> None:
+        args = [sys.executable, "-m", "app.cli", "shard", "--port", str(self.ports[i]), "--shard-id", str(i),
+                "--num-shards", str(len(self.ports)), "--shards", ",".join(self.urls),
+                "--exports-dir", str(self.exports), "--export-interval", "0", "--model-name", "m",
+                "--stats-interval", "0", "--log-format", "json"]
+        if not restore:
+            args.append("--no-restore")
+        self.starts[i] += 1
+        with open(self.log_path(i), "wb") as log:
+            self.procs[i] = subprocess.Popen(args, cwd=PROJECT, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+    def start_all(self, restore: bool = True) -> None:
+        for i in range(len(self.ports)):
+            self.start(i, restore)
+
+    def log_path(self, i: int) -> Path:
+        return self.logs / f"shard{i}-{self.starts[i]}.log"
+
+    def lines(self, i: int) -> list[dict[str, Any]]:
+        out = []
+        for raw in self.log_path(i).read_bytes().splitlines():
+            try:
+                out.append(orjson.loads(raw))
+            except orjson.JSONDecodeError:
+                out.append({"msg": raw.decode(errors="replace"), "raw": True})
+        return out
+
+    def stop(self, i: int, sig: int = signal.SIGTERM) -> None:
+        proc = self.procs[i]
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+            proc.wait(30)
+        self.procs[i] = None
+
+    def stop_all(self) -> None:
+        for i in range(len(self.ports)):
+            self.stop(i)
+
+    def check_running(self) -> None:
+        for i, proc in enumerate(self.procs):
+            if proc is not None and proc.poll() is not None:
+                raise AssertionError(f"shard {i} exited: {self.log_path(i).read_text()[-2000:]}")
+
+
+async def _memberships(client: PSClient) -> list[dict[str, Any]]:
+    return [await t.membership() for t in client.transports]
+
+
+async def _joined(client: PSClient, shards: Shards, timeout_s: float = 60) -> list[dict[str, Any]]:
+    """Wait until every shard is joined under shard 0's epoch; their reports."""
+    got: list[dict[str, Any]] = []
+
+    async def all_joined() -> bool:
+        nonlocal got
+        shards.check_running()
+        try:
+            got = await _memberships(client)
+            cluster = (await client.stats())[0]["cluster"]
+        except Exception:
+            return False  # starting
+        return bool(cluster["ready"]) and all(r["joined"] and r["epoch"] == cluster["epoch"] for r in got)
+
+    await until(all_joined, timeout_s, what="every shard to join", poll_s=0.1)
+    return got
+
+
+def _no_tracebacks(shards: Shards, i: int) -> None:
+    text = shards.log_path(i).read_text()
+    assert "Traceback" not in text, text[-3000:]
+
+
+async def _lease_works(client: PSClient) -> None:
+    lease = await client.acquire_lease("probe", wait_s=5)
+    await client.release_lease(lease.lease_id, {})
+
+
+async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_older_version(tmp_path: Path) -> None:
+    exports = tmp_path / "exports"
+    shards = Shards(2, exports, tmp_path)
+    shards.start_all(restore=False)
+    try:
+        async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as client:
+            await _joined(client, shards)
+            await client.declare(LR)
+            for step, kind in enumerate(("base", "delta", "base", "delta"), start=1):
+                await _train(client, LR, KEYS[(step - 1) * 500 : step * 500 + 500], step)
+                lease = await client.acquire_lease("w", wait_s=5)
+                await client.release_lease(lease.lease_id, {"clicks": {0: 100 * step, 1: 10 * step}})
+                assert (await client.export_now(kind))["version"] == step
+    finally:
+        shards.stop_all()
+    # One flipped byte in shard 1's file of the newest base (version 3).
+    damaged = exports / "m" / "0000000003" / "shard-1.m_w.npz"
+    raw = bytearray(damaged.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    damaged.write_bytes(bytes(raw))
+    expected_v2 = restore_shards(latest_chain(exports / "m", upto=2, verify=True), 2)
+
+    shards.start_all(restore=True)
+    try:
+        async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as client:
+            reports = await _joined(client, shards)
+            assert [r["version"] for r in reports] == [2, 2]
+            await _lease_works(client)
+            assert await client.coordinator_offsets() == {"clicks": {0: 200, 1: 20}}
+            # Both shards serve version 2 exactly (version 3's rows are absent).
+            want = await PSClient.local(expected_v2.shards).pull("m_w", KEYS)
+            np.testing.assert_array_equal(await client.pull("m_w", KEYS), want)
+            for i in range(2):
+                refused = [l for l in shards.lines(i) if l.get("msg") == "version refused"]
+                assert len(refused) == 1, refused
+                assert refused[0]["file"] == str(damaged)
+                assert refused[0]["expected"] != refused[0]["actual"]
+                assert len(refused[0]["expected"]) == len(refused[0]["actual"]) == 64  # both SHA-256
+                restored = [l for l in shards.lines(i) if l.get("msg") == "restore"]
+                assert [(l["version"], l["chain"], l["shard_id"]) for l in restored] == [(2, "1,2", i)]
+                _no_tracebacks(shards, i)
+    finally:
+        shards.stop_all()
+
+
+async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(tmp_path: Path) -> None:
+    exports = tmp_path / "exports"
+    shards = Shards(2, exports, tmp_path)
+    shards.start_all(restore=False)
+    try:
+        async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as client:
+            await _joined(client, shards)
+            await client.declare(LR)
+            for step, kind in enumerate(("base", "delta"), start=1):
+                await _train(client, LR, KEYS[: step * 1000], step)
+                assert (await client.export_now(kind))["version"] == step
+    finally:
+        shards.stop_all()
+    damaged = exports / "m" / "0000000001" / "shard-0.m_w.npz"
+    raw = bytearray(damaged.read_bytes())
+    raw[len(raw) // 3] ^= 0x80
+    damaged.write_bytes(bytes(raw))
+
+    shards.start_all(restore=True)
+    try:
+        async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as client:
+            async def refused() -> bool:
+                shards.check_running()
+                return any(l.get("msg") == "no common version: leases refused" for l in shards.lines(0))
+
+            await until(refused, 60, what="the coordinator to refuse", poll_s=0.1)
+            with pytest.raises(NoCommonVersionError) as failed:
+                await client.acquire_lease("w", wait_s=1)
+            assert str(damaged) in str(failed.value) and "--no-restore" in str(failed.value)
+            assert [r["joined"] for r in await _memberships(client)] == [False, False]
+            lines = [l for l in shards.lines(0) if l.get("msg") == "no common version: leases refused"]
+            assert len(lines) == 1 and lines[0]["level"] == "error"
+            cluster = (await client.stats())[0]["cluster"]
+            assert not cluster["ready"] and cluster["versions_refused"] == 2
+
+            # Moving the damaged versions aside is what the line says to do:
+            # with nothing left to load, the shards join empty.
+            for name in ("0000000001", "0000000002"):
+                (exports / "m" / name).rename(exports / "m" / f"damaged-{name}")
+            reports = await _joined(client, shards)
+            assert [r["version"] for r in reports] == [0, 0]
+            await _lease_works(client)
+            for i in range(2):
+                _no_tracebacks(shards, i)
+    finally:
+        shards.stop_all()
+
+
+async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and_nothing_is_lost(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    events, _ = _events()
+    n, partitions = len(events), 2
+    topic = f"clicks-{uuid.uuid4().hex[:10]}"
+    await create_topics(kafka_bootstrap, {topic: partitions, topic + ".dlq": 1})
+    await _produce(kafka_bootstrap, topic, events)
+    produced = [sum(1 for i in range(n) if i % partitions == p) for p in range(partitions)]
+    config = WorkerConfig(kafka_bootstrap, topic=topic, group=f"g-{uuid.uuid4().hex[:8]}", dlq_topic=topic + ".dlq",
+                          window_seconds=3600, window_events=1000, decode_processes=0,
+                          session_timeout_ms=3000, heartbeat_interval_ms=500)
+    shards = Shards(2, tmp_path / "exports", tmp_path)
+    shards.start_all(restore=True)  # an empty directory: they join holding nothing
+    try:
+        async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1.0)) as client:
+            await _joined(client, shards)
+
+            async def committed() -> list[int]:
+                known = (await client.coordinator_offsets()).get(topic, {})
+                return [known.get(p, 0) for p in range(partitions)]
+
+            # Train a third, with both partitions committed, and cut.
+            worker = Worker(config, client, LogisticRegression("m"))
+            assert await _run_worker(worker, lambda: worker.stats.events_trained >= n // 3) is None
+            assert all(await committed())
+            cut = await client.export_now()
+            assert (cut["version"], cut["kind"]) == (1, "base")
+
+            # Train on; mid-stream shard 1 dies and is started again alone.
+            worker = Worker(config, client, LogisticRegression("m"))
+            restarted = False
+
+            def restart_shard_1_mid_stream() -> bool:
+                nonlocal restarted
+                if not restarted and worker.stats.events_trained >= 4000:
+                    shards.stop(1, signal.SIGKILL)
+                    shards.start(1, restore=True)
+                    restarted = True
+                return False
+
+            await _run_worker(worker, restart_shard_1_mid_stream, timeout_s=60)
+            assert restarted
+
+            # The cluster restores one version on every shard, and workers
+            # (a new one whenever one gave up) train everything after it.
+            for _ in range(8):
+                if await committed() == produced:
+                    break
+                worker = Worker(config, client, LogisticRegression("m"))
+                done = asyncio.Event()
+
+                async def caught_up() -> None:
+                    with contextlib.suppress(Exception):
+                        if await committed() == produced:
+                            done.set()
+
+                async def watch() -> None:
+                    while not done.is_set():
+                        await caught_up()
+                        await asyncio.sleep(0.1)
+
+                watcher = asyncio.create_task(watch())
+                await _run_worker(worker, done.is_set, timeout_s=60)
+                watcher.cancel()
+            assert await committed() == produced
+            reports = await _joined(client, shards)
+            assert [r["version"] for r in reports] == [1, 1]  # both restored version 1, then trained
+            cluster = (await client.stats())[0]["cluster"]
+            assert cluster["cluster_restores"] == 1
+            restores = [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
+            assert len(restores) == 1 and restores[0]["version"] == 1
+            assert "trained past" in restores[0]["why"]
+            for i in range(2):
+                assert [l["version"] for l in shards.lines(i) if l.get("msg") == "restore"][-1] == 1
+            final = await client.export_now()
+        shards.check_running()
+    finally:
+        shards.stop_all()
+    # Every produced event was applied at least once (the bias row's shows
+    # per partition's feature count applications), at most one window more.
+    recovered = restore_shards(latest_chain(tmp_path / "exports" / "m", verify=True), 2)
+    assert recovered.version == final["version"]
+    shows = _shows_in(recovered.shards, _part_keys())
+    assert all(p <= s <= p + 1000 for s, p in zip(shows, produced)), (shows, produced)
+    for i in range(2):
+        _no_tracebacks(shards, i)
