@@ -388,7 +388,7 @@ class HttpTransport:
                         return resp.status, payload
                     if resp.status not in _RETRIED_STATUSES:
                         raise error_from_body(resp.status, _json_or_text(payload))
-                    last: str = f"http {resp.status}"
+                    last: str = _retried_reason(resp.status, payload)
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             await backoff.failed(last, self._unavailable)
@@ -445,7 +445,7 @@ class HttpTransport:
                     return payload
                 if status not in _RETRIED_STATUSES:
                     raise error_from_body(status, _json_or_text(payload))
-                last = f"http {status}"
+                last = _retried_reason(status, payload)
             await backoff.failed(last, self._unavailable)
 
     async def pull(self, table: str, keys: U64) -> F32:
@@ -643,6 +643,16 @@ class TcpTransport(HttpTransport):
 
 _RETRIED_STATUSES = (502, 503, 504)
 """Replies of a proxy or balancer in front of a shard that may pass."""
+
+
+def _retried_reason(status: int, payload: bytes) -> str:
+    """A retried reply, for the error raised once retries run out: the
+    status, and the shard's own reason when it gave one (e.g. 503
+    ``shard_not_joined``: it waits to be admitted)."""
+    body = _json_or_text(payload)
+    if isinstance(body, dict) and "error" in body:
+        return f"http {status} {body['error']}: {str(body.get('detail', ''))[:300]}"
+    return f"http {status}"
 
 
 def _json_or_text(payload: bytes) -> object:

@@ -13,12 +13,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import orjson
 import pytest
 
 from consumers.broker import create_topics, free_port
 from consumers.worker import Worker, WorkerConfig
+from ps_core import codec
 from ps_core.client import PSClient, RetryPolicy
 from ps_core.errors import NoCommonVersionError
 from ps_core.export import latest_chain, restore_shards
@@ -301,3 +303,63 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
     assert all(p <= s <= p + 1000 for s, p in zip(shows, produced)), (shows, produced)
     for i in range(2):
         _no_tracebacks(shards, i)
+
+
+async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(tmp_path: Path) -> None:
+    exports = tmp_path / "exports"
+    shards = Shards(2, exports, tmp_path)
+    shards.start_all(restore=True)
+    try:
+        async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as client:
+            await _joined(client, shards)
+            await client.declare(LR)
+            await _train(client, LR, KEYS[:1500], 1)
+            lease = await client.acquire_lease("w", wait_s=5)
+            await client.release_lease(lease.lease_id, {"clicks": {0: 7}})
+            assert (await client.export_now())["version"] == 1
+            at_v1 = await client.pull("m_w", KEYS)
+            lease = await client.acquire_lease("w", wait_s=5)
+            await _train(client, LR, KEYS[1000:], 2)  # trained past version 1
+            await client.release_lease(lease.lease_id, {"clicks": {0: 9}})
+            old_epoch = (await client.stats())[0]["cluster"]["epoch"]
+
+            # Shard 0 (and its coordinator) restarts alone: its new
+            # coordinator makes shard 1 load version 1 too.
+            shards.stop(0, signal.SIGKILL)
+            shards.start(0)
+            reports = await _joined(client, shards)
+            assert [r["version"] for r in reports] == [1, 1] and reports[1]["epoch"] != old_epoch
+            np.testing.assert_array_equal(await client.pull("m_w", KEYS), at_v1)
+            assert await client.coordinator_offsets() == {"clicks": {0: 7}}
+            restores = [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
+            assert len(restores) == 1 and restores[0]["version"] == 1
+
+            # Shard 1 started while shard 0 is down: it restores, but serves
+            # nothing until a coordinator admits it, and says so.
+            shards.stop(0)
+            shards.stop(1)
+            shards.start(1)
+
+            async def waits() -> bool:
+                shards.check_running()
+                return any(l.get("msg") == "not joined" for l in shards.lines(1))
+
+            await until(waits, 30, what="shard 1 to say it is not joined", poll_s=0.1)
+            line = next(l for l in shards.lines(1) if l.get("msg") == "not joined")
+            assert line["level"] == "warning" and "shard 0" in line["hint"] and line["version"] == 1
+            async with aiohttp.ClientSession() as http:
+                frame = codec.encode_pull("m_w", KEYS[:10])
+                async with http.post(f"{shards.urls[1]}/v1/pull", data=frame) as r:
+                    body = orjson.loads(await r.read())
+                    assert (r.status, body["error"]) == (503, "shard_not_joined")
+                    assert "version 1" in body["detail"]
+            shards.start(0)
+            reports = await _joined(client, shards)
+            assert [r["version"] for r in reports] == [1, 1]
+            # Both loaded version 1 and trained nothing since: admitted as they are.
+            assert not [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
+            np.testing.assert_array_equal(await client.pull("m_w", KEYS), at_v1)
+            for i in range(2):
+                _no_tracebacks(shards, i)
+    finally:
+        shards.stop_all()
