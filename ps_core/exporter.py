@@ -21,7 +21,15 @@ from typing import Any
 
 from .client import PSClient
 from .coordinator import Coordinator, Offsets
-from .errors import CutAbortedError, ExportWriteError, PSError, ShardUnavailableError, SnapshotError
+from .errors import (
+    ClusterNotReadyError,
+    CutAbortedError,
+    ExportWriteError,
+    NoCommonVersionError,
+    PSError,
+    ShardUnavailableError,
+    SnapshotError,
+)
 from .export import compact, list_versions, prune, write_version
 from .manifest import check_model_name
 
@@ -124,7 +132,8 @@ class Exporter:
         self.failures: dict[str, int] = {}
         """Failed cuts and writes by reason: ``unreachable``, ``timeout``,
         ``refused``, ``error`` (a shard's copy), ``fetch``, ``disk`` (any
-        `OSError` writing), ``prune``."""
+        `OSError` writing), ``prune``, ``not_ready`` (a periodic export
+        skipped while shards join or restore)."""
         self.client = client
         self.model = check_model_name(model)
         self.root = Path(root)
@@ -329,6 +338,10 @@ class Exporter:
                 await self.cut()
             except (CutAbortedError, ExportWriteError):
                 pass  # logged (one line) and counted where it failed
+            except (ClusterNotReadyError, NoCommonVersionError) as exc:
+                # Shards joining or restoring: nothing consistent to cut yet.
+                self.failures["not_ready"] = self.failures.get("not_ready", 0) + 1
+                log.warning("export skipped", extra={"fields": {"reason": "not_ready", "error": exc.detail}})
             except Exception as exc:  # one failed export must not end exporting
                 self.failures["error"] = self.failures.get("error", 0) + 1
                 log.warning("export failed", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})

@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .coordinator import Coordinator
-from .errors import ClusterNotReadyError, ExportCorruptError, ExportNotFoundError, NoCommonVersionError, PSError
+from .errors import (
+    ClusterNotReadyError,
+    ExportCorruptError,
+    ExportNotFoundError,
+    NoCommonVersionError,
+    PSError,
+    ShardUnavailableError,
+)
 from .export import latest_chain, read_manifest, restore_shards, version_dirs
 from .manifest import parse_version_dir
 from .shard import Shard, ShardSpec
@@ -327,9 +334,14 @@ class Membership:
                 _already(v) if int(r["version"]) == v and r["clean"] else t.restore_version(v)
                 for t, r in zip(self.restore_client.transports, reports)
             ), return_exceptions=True)
-            for r in got:
+            for j, r in enumerate(got):
                 if isinstance(r, BaseException) and not isinstance(r, Exception):
                     raise r
+                if isinstance(r, PSError) and not isinstance(r, ShardUnavailableError):
+                    # An answer, not an outage (e.g. a shard without an
+                    # exports directory): that shard cannot load `v`.
+                    got[j] = {"version": None, "refused": {"file": "", "expected": f"version {v}",
+                                                           "actual": r.code, "detail": r.detail}}
             unreachable = [i for i, r in enumerate(got) if isinstance(r, Exception)]
             if unreachable:
                 log.warning("cluster restore interrupted", extra={"fields": {

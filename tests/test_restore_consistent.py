@@ -18,13 +18,18 @@ import numpy as np
 import orjson
 import pytest
 
+from app.metrics import ApiMetrics
 from consumers.broker import create_topics, free_port
 from consumers.worker import Worker, WorkerConfig
 from ps_core import codec
 from ps_core.client import PSClient, RetryPolicy
-from ps_core.errors import NoCommonVersionError
+from ps_core.coordinator import Coordinator
+from ps_core.errors import ClusterNotReadyError, NoCommonVersionError
 from ps_core.export import latest_chain, restore_shards
+from ps_core.exporter import Exporter
+from ps_core.joining import Membership, load_shard
 from ps_core.models import LogisticRegression
+from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
 from test_exporter import _train
 from test_recovery import _events, _part_keys, _produce, _shows_in
@@ -286,6 +291,9 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
             assert [r["version"] for r in reports] == [1, 1]  # both restored version 1, then trained
             cluster = (await client.stats())[0]["cluster"]
             assert cluster["cluster_restores"] == 1
+            exposition = (await ApiMetrics().scrape(client)).decode()
+            assert "ctrps_cluster_restores_total 1.0" in exposition
+            assert "ctrps_cluster_ready 1.0" in exposition and "ctrps_cluster_version 1.0" in exposition
             restores = [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
             assert len(restores) == 1 and restores[0]["version"] == 1
             assert "trained past" in restores[0]["why"]
@@ -363,3 +371,57 @@ async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(tmp_p
                 _no_tracebacks(shards, i)
     finally:
         shards.stop_all()
+
+
+async def _two_versions(exports: Path) -> None:
+    """Versions 1 (base) and 2 (delta) of model ``m`` over two shards, with offsets."""
+    coord = Coordinator()
+    live = [Shard(ShardSpec(i, 2), (LR,)) for i in range(2)]
+    client = PSClient.local(live, coord)
+    exporter = Exporter(coord, client, exports, "m")
+    for step in (1, 2):
+        await _train(client, LR, KEYS[: step * 1000], step)
+        lease = await client.acquire_lease("w")
+        await client.release_lease(lease.lease_id, {"clicks": {0: step * 10}})
+        await exporter.cut()
+
+
+def _slice(exports: Path, shard_id: int, version: int) -> Shard:
+    shard, _ = load_shard(ShardSpec(shard_id, 2), exports / "m", version, (LR,))
+    shard.mark_state(version)
+    shard.restore_dir, shard.restores_at_start = exports / "m", True
+    shard.leave("waiting for the coordinator")
+    return shard
+
+
+async def test_shards_that_loaded_different_versions_are_restored_to_the_newest_common_one(tmp_path: Path) -> None:
+    exports = tmp_path / "exports"
+    await _two_versions(exports)
+    # Shard 1 came up when only version 1 was readable to it.
+    shards = [_slice(exports, 0, 2), _slice(exports, 1, 1)]
+    coord = Coordinator(last_version=2, version=2, offsets={"clicks": {0: 20}})
+    membership = Membership(coord, PSClient.local(shards, coord), exports / "m")
+    with pytest.raises(ClusterNotReadyError):
+        await coord.acquire("w")
+    await membership.check()
+    assert coord.ready and [s.state_version for s in shards] == [2, 2]
+    assert all(s.joined and s.joined_epoch == coord.epoch for s in shards)
+    assert membership.cluster_restores == 1 and coord.offsets() == {"clicks": {0: 20}}
+    want = restore_shards(latest_chain(exports / "m", upto=2), 2).shards
+    np.testing.assert_array_equal(
+        await PSClient.local(shards).pull("m_w", KEYS), await PSClient.local(want).pull("m_w", KEYS)
+    )
+
+    # Version 2 turns out damaged for one shard after the others loaded it:
+    # the refusal of any shard moves every shard to version 1.
+    damaged = exports / "m" / "0000000002" / "shard-1.m_w.npz"
+    raw = bytearray(damaged.read_bytes())
+    raw[len(raw) // 2] ^= 0x04
+    damaged.write_bytes(bytes(raw))
+    shards[1] = _slice(exports, 1, 1)
+    coord2 = Coordinator(last_version=2, version=2, offsets={"clicks": {0: 20}})
+    membership = Membership(coord2, PSClient.local(shards, coord2), exports / "m")
+    await membership.check()
+    assert coord2.ready and [s.state_version for s in shards] == [1, 1]
+    assert coord2.offsets() == {"clicks": {0: 10}} and membership.versions_refused == 1
+    assert coord2.next_kind() == "base"
