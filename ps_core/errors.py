@@ -28,6 +28,7 @@ __all__ = [
     "ExportWriteError",
     "CutAbortedError",
     "ShardNotJoinedError",
+    "CutNotJoinedError",
     "ClusterNotReadyError",
     "NoCommonVersionError",
     "error_from_body",
@@ -202,6 +203,14 @@ class CutAbortedError(PSError):
     exit_code = 1
 
 
+class CutNotJoinedError(SnapshotError):
+    """A cut asked of a shard the coordinator has not admitted: its state
+    may be another version than the other shards', so it copies nothing."""
+
+    code = "cut_shard_not_joined"
+    status = 409
+
+
 class ShardNotJoinedError(PSError):
     """The shard restored its state but the coordinator has not admitted it
     into the cluster yet (or is restoring every shard to one version): it
@@ -249,6 +258,7 @@ _BY_CODE: dict[str, type[PSError]] = {
         SnapshotError,
         ExportWriteError,
         CutAbortedError,
+        CutNotJoinedError,
         ShardNotJoinedError,
         ClusterNotReadyError,
         NoCommonVersionError,

@@ -24,6 +24,7 @@ from .coordinator import Coordinator, Offsets
 from .errors import (
     ClusterNotReadyError,
     CutAbortedError,
+    CutNotJoinedError,
     ExportWriteError,
     NoCommonVersionError,
     PSError,
@@ -131,7 +132,7 @@ class Exporter:
         """Versions written."""
         self.failures: dict[str, int] = {}
         """Failed cuts and writes by reason: ``unreachable``, ``timeout``,
-        ``refused``, ``error`` (a shard's copy), ``fetch``, ``disk`` (any
+        ``refused``, ``not_joined``, ``error`` (a shard's copy), ``fetch``, ``disk`` (any
         `OSError` writing), ``prune``, ``not_ready`` (a periodic export
         skipped while shards join or restore)."""
         self.client = client
@@ -269,7 +270,9 @@ class Exporter:
                     raise r  # cancelled: not a failure of the cut
                 failed[t.shard_id] = r
         if failed:
-            if all(isinstance(e, ShardUnavailableError) for e in failed.values()):
+            if any(isinstance(e, CutNotJoinedError) for e in failed.values()):
+                reason = "not_joined"  # a shard restarted since the cluster joined
+            elif all(isinstance(e, ShardUnavailableError) for e in failed.values()):
                 reason = "unreachable"
             elif all(isinstance(e, TimeoutError) for e in failed.values()):
                 reason = "timeout"

@@ -31,6 +31,7 @@ import orjson
 
 from . import codec
 from .errors import (
+    CutNotJoinedError,
     FrameError,
     InvalidValuesError,
     ShardNotJoinedError,
@@ -380,6 +381,11 @@ class Shard:
         """
         if version < 1 or (parent is not None and not 0 < parent < version):
             raise SnapshotError(f"cut {version} with parent {parent} is not a cut")
+        if not self.joined:
+            raise CutNotJoinedError(
+                f"shard {self.spec.shard_id} is not joined (it holds version {self.state_version}): "
+                "a cut of it could mix versions"
+            )
         # A copy held under this version is a stale one (an aborted attempt,
         # or a stray request): the coordinator never reuses a number, so this
         # request is the one that counts. Refusing it would block every cut.

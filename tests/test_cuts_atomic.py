@@ -268,3 +268,24 @@ async def test_a_full_disk_fails_one_cut_and_the_next_succeeds(
                 assert _restores_to_live(exports, cluster.shards) == 4
         finally:
             await cluster.close()
+
+
+async def test_a_shard_not_joined_copies_nothing_and_the_cut_is_aborted(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with PSClient.connect(cluster.urls) as client:
+        await _train(client, LR, KEYS, 1)
+        assert (await client.export_now())["version"] == 1
+        # Shard 1 restarted (not yet admitted): its state may be another
+        # version than shard 0's, so a cut of it would mix versions.
+        cluster.shards[1].leave("restarted")
+        with caplog.at_level(logging.WARNING, logger="ctrps.export"):
+            with pytest.raises(CutAbortedError):
+                await cluster.exporter.cut()
+        assert [r.fields["reason"] for r in _aborted(caplog)] == ["not_joined"]  # type: ignore[attr-defined]
+        assert cluster.shards[0].pending_snapshots == [] and cluster.shards[1].pending_snapshots == []
+        assert [v.version for v in list_versions(cluster.exports / "m")] == [1]
+        cluster.shards[1].admit("", cluster.shards[1].state_version)
+        after = await client.export_now()
+        assert (after["version"], after["kind"]) == (3, "base")
+        assert _restores_to_live(cluster.exports, cluster.shards) == 3
