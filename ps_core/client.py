@@ -443,8 +443,12 @@ class HttpTransport:
             else:
                 if status < 400:
                     return payload
-                if status not in _RETRIED_STATUSES:
-                    raise error_from_body(status, _json_or_text(payload))
+                reply_body = _json_or_text(payload)
+                if status not in _RETRIED_STATUSES or _not_joined(reply_body):
+                    # A shard waiting to be admitted is not retried: a push
+                    # held back until after a cluster restore would land on
+                    # the restored state, and its window is replayed anyway.
+                    raise error_from_body(status, reply_body)
                 last = _retried_reason(status, payload)
             await backoff.failed(last, self._unavailable)
 
@@ -643,6 +647,10 @@ class TcpTransport(HttpTransport):
 
 _RETRIED_STATUSES = (502, 503, 504)
 """Replies of a proxy or balancer in front of a shard that may pass."""
+
+
+def _not_joined(body: object) -> bool:
+    return isinstance(body, dict) and body.get("error") == "shard_not_joined"
 
 
 def _retried_reason(status: int, payload: bytes) -> str:

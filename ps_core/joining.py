@@ -281,10 +281,12 @@ class Membership:
             await self._decide([r for r in reports if r is not None], key)
 
     def _dir_key(self) -> tuple[tuple[int, float], ...]:
+        """The versions and their files' latest change: a refusal is tried
+        again once a damaged file is replaced or a version moved aside."""
         out = []
         for v, path in sorted(version_dirs(self.model_dir).items()):
             try:
-                out.append((v, path.stat().st_mtime))
+                out.append((v, max([path.stat().st_mtime] + [e.stat().st_mtime for e in path.iterdir()])))
             except OSError:
                 continue
         return tuple(out)

@@ -24,7 +24,7 @@ from consumers.worker import Worker, WorkerConfig
 from ps_core import codec
 from ps_core.client import PSClient, RetryPolicy
 from ps_core.coordinator import Coordinator
-from ps_core.errors import ClusterNotReadyError, NoCommonVersionError
+from ps_core.errors import ClusterNotReadyError, NoCommonVersionError, ShardNotJoinedError
 from ps_core.export import latest_chain, restore_shards
 from ps_core.exporter import Exporter
 from ps_core.joining import Membership, load_shard
@@ -361,6 +361,11 @@ async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(tmp_p
                     body = orjson.loads(await r.read())
                     assert (r.status, body["error"]) == (503, "shard_not_joined")
                     assert "version 1" in body["detail"]
+            # Clients get it at once, typed (not retried into "unreachable"):
+            # a push held back until after a restore would land on it.
+            async with PSClient.connect(shards.urls[1:], retry=RetryPolicy(deadline_s=30)) as direct:
+                with pytest.raises(ShardNotJoinedError):
+                    await asyncio.wait_for(direct.transports[0].pull("m_w", KEYS[:10]), 5)
             shards.start(0)
             reports = await _joined(client, shards)
             assert [r["version"] for r in reports] == [1, 1]
