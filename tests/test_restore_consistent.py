@@ -251,41 +251,39 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
             assert (cut["version"], cut["kind"]) == (1, "base")
 
             # Train on; mid-stream shard 1 dies and is started again alone.
-            worker = Worker(config, client, LogisticRegression("m"))
-            restarted = False
-
-            def restart_shard_1_mid_stream() -> bool:
-                nonlocal restarted
-                if not restarted and worker.stats.events_trained >= 4000:
-                    shards.stop(1, signal.SIGKILL)
-                    shards.start(1, restore=True)
-                    restarted = True
-                return False
-
-            await _run_worker(worker, restart_shard_1_mid_stream, timeout_s=60)
-            assert restarted
-
             # The cluster restores one version on every shard, and workers
-            # (a new one whenever one gave up) train everything after it.
-            for _ in range(8):
-                if await committed() == produced:
-                    break
-                worker = Worker(config, client, LogisticRegression("m"))
-                done = asyncio.Event()
+            # (a new one whenever one gave up; one that rides the restart out
+            # rewinds) train everything after it.
+            restarted = False
+            done = asyncio.Event()
 
-                async def caught_up() -> None:
+            async def watch() -> None:
+                while not done.is_set():
                     with contextlib.suppress(Exception):
-                        if await committed() == produced:
+                        restores = (await client.stats())[0]["cluster"]["cluster_restores"]
+                        if restarted and restores >= 1 and await committed() == produced:
                             done.set()
+                    await asyncio.sleep(0.1)
 
-                async def watch() -> None:
-                    while not done.is_set():
-                        await caught_up()
-                        await asyncio.sleep(0.1)
+            watcher = asyncio.create_task(watch())
+            try:
+                for _ in range(8):
+                    worker = Worker(config, client, LogisticRegression("m"))
 
-                watcher = asyncio.create_task(watch())
-                await _run_worker(worker, done.is_set, timeout_s=60)
+                    def step(worker: Worker = worker) -> bool:
+                        nonlocal restarted
+                        if not restarted and worker.stats.events_trained >= 4000:
+                            shards.stop(1, signal.SIGKILL)
+                            shards.start(1, restore=True)
+                            restarted = True
+                        return done.is_set()
+
+                    await _run_worker(worker, step, timeout_s=90)
+                    if done.is_set():
+                        break
+            finally:
                 watcher.cancel()
+            assert restarted and done.is_set()
             assert await committed() == produced
             reports = await _joined(client, shards)
             assert [r["version"] for r in reports] == [1, 1]  # both restored version 1, then trained
