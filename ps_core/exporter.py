@@ -220,10 +220,13 @@ class Exporter:
             # one is removed); the copies were handed over, so nothing else
             # holds the version: it is spent.
             self.coordinator.spend(cut.version)
-            where = exc.filename or self.model_dir
-            detail = f"export version {cut.version} not written to {where}: {exc.strerror or exc}"
-            self._failed("disk", version=cut.version, path=str(where), error=str(exc.strerror or exc))
-            raise ExportWriteError(detail, path=str(where)) from None
+            # The directory is what an operator frees or fixes; the file that
+            # failed may be inside the (removed) hidden temporary one.
+            where, failed_file = str(self.model_dir), str(exc.filename or "-")
+            why = exc.strerror or str(exc)
+            detail = f"export version {cut.version} not written to {where}: {why} (at {failed_file})"
+            self._failed("disk", version=cut.version, path=where, file=failed_file, error=why)
+            raise ExportWriteError(detail, path=where) from None
         try:
             pruned = await asyncio.to_thread(prune, self.model_dir, self.keep_bases)
         except OSError as exc:
