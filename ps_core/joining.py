@@ -201,7 +201,7 @@ class Membership:
         """Refusals of a version by a shard during cluster restores."""
         self.last_reports: list[dict[str, Any] | None] = []
         self._refused_key: object = None
-        self._last_wait_log = 0.0
+        self._last_wait_log = float("-inf")
         coordinator.refuse(ClusterNotReadyError("the shards have not joined yet"))
 
     def stats(self) -> dict[str, Any]:
@@ -226,6 +226,8 @@ class Membership:
                 await self.check()
             except PSError as exc:
                 log.warning("membership check failed", extra={"fields": {"error": f"{exc.code}: {exc.detail}"}})
+            except Exception:  # a bug: logged with its traceback; leases stay as they were
+                log.exception("membership check failed")
             try:
                 await asyncio.wait_for(stop.wait(), self.interval_s)
             except TimeoutError:

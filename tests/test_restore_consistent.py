@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from app.metrics import ApiMetrics
 from consumers.broker import create_topics, free_port
 from consumers.worker import Worker, WorkerConfig
 from ps_core import codec
-from ps_core.client import PSClient, RetryPolicy
+from ps_core.client import HttpTransport, LocalTransport, PSClient, RetryPolicy
 from ps_core.coordinator import Coordinator
 from ps_core.errors import ClusterNotReadyError, NoCommonVersionError, ShardNotJoinedError
 from ps_core.export import latest_chain, restore_shards
@@ -428,3 +429,23 @@ async def test_shards_that_loaded_different_versions_are_restored_to_the_newest_
     assert coord2.ready and [s.state_version for s in shards] == [1, 1]
     assert coord2.offsets() == {"clicks": {0: 10}} and membership.versions_refused == 1
     assert coord2.next_kind() == "base"
+
+
+async def test_the_coordinator_waits_for_an_unreachable_shard_with_a_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shard0 = Shard(ShardSpec(0, 2), (LR,))
+    coord = Coordinator()
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with aiohttp.ClientSession() as session:
+        client = PSClient([LocalTransport(shard0, coord), HttpTransport(1, dead, session, RetryPolicy(deadline_s=0.2))])
+        membership = Membership(coord, client, tmp_path / "m", urls=["local", dead], wait_log_s=3600)
+        with caplog.at_level(logging.WARNING, logger="ctrps.join"):
+            await membership.check()
+            await membership.check()  # one line per wait_log_s, not per poll
+        lines = [r for r in caplog.records if r.getMessage() == "waiting for shards to join"]
+        assert len(lines) == 1 and dead in lines[0].fields["unreachable"]  # type: ignore[attr-defined]
+        with pytest.raises(ClusterNotReadyError) as refused:
+            await coord.acquire("w")
+        assert "shard(s) 1" in str(refused.value)
+        assert membership.stats()["joined"] == [False, None] and not membership.stats()["ready"]
