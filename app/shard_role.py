@@ -174,7 +174,7 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
                 for i, url in enumerate(settings.shards) if i > 0
             ])
             membership = Membership(coordinator, quick, exporter.model_dir, urls=settings.shards,
-                                    restore_client=slow)
+                                    restore_client=slow, files_lock=exporter.lock)
             shard.extra_stats["cluster"] = membership.stats
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()

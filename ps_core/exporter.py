@@ -147,6 +147,11 @@ class Exporter:
         """The latest export written."""
 
     @property
+    def lock(self) -> asyncio.Lock:
+        """Held by every cut and compaction (which rewrite the directory)."""
+        return self._lock
+
+    @property
     def model_dir(self) -> Path:
         """``<root>/<model>``."""
         return self.root / self.model

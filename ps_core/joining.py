@@ -184,10 +184,14 @@ class Membership:
         wait_log_s: float = 5.0,
         urls: Sequence[str] = (),
         restore_client: PSClient | None = None,
+        files_lock: asyncio.Lock | None = None,
     ) -> None:
         """`client` reaches every shard (shard 0 in process) for the quick
         calls; `restore_client` (default `client`) for loads, which may take
-        minutes; `urls` name the shards in log lines."""
+        minutes; `urls` name the shards in log lines; `files_lock` is held
+        while deciding (the exporter's: a compaction swapping a version
+        while shards read it would read as damaged)."""
+        self._files_lock = files_lock or asyncio.Lock()
         self.coordinator = coordinator
         self.client = client
         self.restore_client = restore_client or client
@@ -276,7 +280,7 @@ class Membership:
         joining = [i for i, r in enumerate(reports) if not self._member(r)]
         self.coordinator.refuse(ClusterNotReadyError(
             f"shard(s) {','.join(map(str, joining))} joining: the cluster is settling on one export version"))
-        async with self.coordinator.paused():
+        async with self._files_lock, self.coordinator.paused():
             reports = await self._reports()
             if any(r is None for r in reports):
                 return  # next round
