@@ -27,9 +27,8 @@ Routes:
   (``{"version": int}``) has it load that version from its exports
   directory (leaving the cluster until admitted), answering the version
   loaded or the refusal naming a damaged file (`ps_core.joining`);
-- ``GET /healthz``: liveness, the shard's id and count, ``rpc_port``: the
-  port of its TCP RPC for pulls and pushes (`ps_core.rpc`), or null, and
-  ``joined`` (see ``/v1/membership``).
+- ``GET /healthz``: liveness, the shard's id and count, and ``rpc_port``: the
+  port of its TCP RPC for pulls and pushes (`ps_core.rpc`), or null.
 
 Errors are JSON ``{"error": code, "detail": reason}`` with the status of the
 `PSError` raised, mapped once in `error_middleware`.
@@ -207,9 +206,6 @@ async def healthz(request: web.Request) -> web.Response:
             "shard_id": spec.shard_id,
             "num_shards": spec.num_shards,
             "rpc_port": request.app[RPC_PORT],
-            # Alive but serving no pulls or pushes until admitted (not a
-            # liveness failure: restarting it would not help).
-            "joined": request.app[SHARD].joined,
         }
     )
 

@@ -653,7 +653,7 @@ async def test_healthz(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     for i, url in enumerate(urls):
         status, body = await get_json(http, url + "/healthz")
         assert status == 200
-        assert body == {"status": "ok", "shard_id": i, "num_shards": 2, "rpc_port": None, "joined": True}
+        assert body == {"status": "ok", "shard_id": i, "num_shards": 2, "rpc_port": None}
 
 
 async def test_wrong_method_and_unknown_route_get_json_errors(
