@@ -195,6 +195,18 @@ class ReplicaTransport(LocalTransport):
     async def export_now(self, kind: str | None) -> dict[str, Any]:
         raise self._read_only("export requests")
 
+    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
+        raise self._read_only("export cuts")
+
+    async def drop_snapshot(self, version: int) -> bool:
+        raise self._read_only("export cuts")
+
+    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
+        raise self._read_only("cluster admissions")
+
+    async def restore_version(self, version: int) -> dict[str, Any]:
+        raise self._read_only("cluster restores")
+
     async def compact_exports(self) -> dict[str, Any]:
         raise self._read_only("compaction requests")
 

@@ -107,6 +107,41 @@ class _ClusterCollector(Collector):
                 features.add_metric([str(i), name], float(t["features"]))
                 size.add_metric([str(i), name], float(t["bytes"]))
         yield from (up, features, size)
+        yield from _ClusterCollector._exports(snap.stats[0] if snap.stats else None)
+
+    @staticmethod
+    def _exports(stats0: dict[str, Any] | None) -> Iterator[Metric]:
+        """Shard 0's exporter and coordinator counters (absent when it hosts none)."""
+        exports = (stats0 or {}).get("exports")
+        if isinstance(exports, dict):
+            written = CounterMetricFamily("ctrps_exports", "Export versions written by shard 0's exporter.")
+            written.add_metric([], _num(exports.get("exports")))
+            failures = CounterMetricFamily(
+                "ctrps_export_failures",
+                "Failed export cuts (aborted on every shard) and writes, by reason.",
+                labels=["reason"],
+            )
+            by_reason = exports.get("failures")
+            for reason, n in (by_reason if isinstance(by_reason, dict) else {}).items():
+                failures.add_metric([str(reason)], _num(n))
+            yield from (written, failures)
+        cluster = (stats0 or {}).get("cluster")
+        if isinstance(cluster, dict):
+            restores = CounterMetricFamily(
+                "ctrps_cluster_restores", "Times every shard was made to load one export version together."
+            )
+            restores.add_metric([], _num(cluster.get("cluster_restores")))
+            refused = CounterMetricFamily(
+                "ctrps_versions_refused", "Export versions a shard refused to load (a damaged file)."
+            )
+            refused.add_metric([], _num(cluster.get("versions_refused")))
+            ready = GaugeMetricFamily(
+                "ctrps_cluster_ready", "Whether every shard is joined at one version (leases granted)."
+            )
+            ready.add_metric([], 1.0 if cluster.get("ready") else 0.0)
+            version = GaugeMetricFamily("ctrps_cluster_version", "The export version the shards were joined at.")
+            version.add_metric([], _num(cluster.get("version")))
+            yield from (restores, refused, ready, version)
 
     @staticmethod
     def _workers(board: BoardSummary, now: float) -> Iterator[Metric]:
@@ -264,7 +299,8 @@ class InstrumentedTransport:
         # Bound once: a labelled child per call would cost a dict lookup each.
         self._seconds = {
             op: metrics.rpc_seconds.labels(shard, op)
-            for op in ("pull", "push", "push_pull", "declare", "stats", "status", "lease", "offsets", "snapshot", "export", "exports")
+            for op in ("pull", "push", "push_pull", "declare", "stats", "status", "lease", "offsets", "snapshot", "export", "exports",
+                       "membership", "restore")
         }
 
     async def _timed(self, op: str, call: Awaitable[T]) -> T:
@@ -325,6 +361,18 @@ class InstrumentedTransport:
 
     async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
         return await self._timed("snapshot", self.inner.take_snapshot(version, parent))
+
+    async def drop_snapshot(self, version: int) -> bool:
+        return await self._timed("snapshot", self.inner.drop_snapshot(version))
+
+    async def membership(self) -> dict[str, Any]:
+        return await self._timed("membership", self.inner.membership())
+
+    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
+        return await self._timed("membership", self.inner.admit(epoch, version))
+
+    async def restore_version(self, version: int) -> dict[str, Any]:
+        return await self._timed("restore", self.inner.restore_version(version))
 
     async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
         return await self._timed("snapshot", self.inner.fetch_snapshot(version))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
 
 import aiohttp
@@ -13,8 +14,9 @@ from aiohttp import web
 from ps_core.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
 from ps_core.coordinator import Coordinator
 from ps_core.coordinator_server import add_coordinator_routes
-from ps_core.export import latest_chain, list_versions, restore_shards
+from ps_core.export import restore_shards, version_dirs
 from ps_core.exporter import Exporter
+from ps_core.joining import Membership, newest_loadable, refusal_fields
 from ps_core.http1_server import start_shard_http
 from ps_core.rpc import start_rpc_server
 from ps_core.server import create_shard_app
@@ -46,31 +48,78 @@ async def _report(shard: Shard, interval_s: float) -> None:
 
 
 def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, int]]]:
-    """This shard's slice of the newest whole export (or an empty shard), the
-    newest version on disk, and the restored cut's offsets."""
+    """This shard's slice of the newest export every file of which checks
+    (or an empty shard), the newest version on disk, and the restored cut's
+    offsets. A version passed over is logged (``version refused``: file and
+    both checksums); in a cluster of several shards, whether that fallback
+    stands is the coordinator's decision, made for every shard together."""
     spec = ShardSpec(settings.shard_id, settings.num_shards)
     model_dir = Path(settings.exports_dir) / settings.model_name
-    versions = list_versions(model_dir) if settings.exports_dir and model_dir.is_dir() else []
-    newest = versions[-1].version if versions else 0
-    if not (settings.restore and versions):
-        return Shard(spec, settings.tables), newest, {}
-    chain = latest_chain(model_dir, fallback=True, verify=True)
-    result = restore_shards(chain, settings.num_shards, shard_ids=[settings.shard_id])
-    shard = result.shards[0]
-    for config in settings.tables:
-        shard.declare(config)
-    log_event(
-        log, "restored", version=result.version, chain=",".join(str(v.version) for v in chain),
-        rows=sum(len(t) for t in shard.tables.values()), shard_id=settings.shard_id,
-    )
-    return shard, newest, {t: dict(p) for t, p in result.offsets.items()}
+    versions = version_dirs(model_dir) if settings.exports_dir else {}
+    newest = max(versions, default=0)
+    shard = Shard(spec, settings.tables)
+    shard.restores_at_start = settings.restore
+    if settings.restore and versions:
+        chain, refusals = newest_loadable(model_dir)
+        for exc in refusals:
+            log.warning("version refused", extra={"fields": {"shard_id": settings.shard_id, **refusal_fields(exc)}})
+        if chain is None:
+            log.warning("nothing to restore: no version loads", extra={"fields": {
+                "exports": str(model_dir), "shard_id": settings.shard_id}})
+        else:
+            result = restore_shards(chain, settings.num_shards, shard_ids=[settings.shard_id])
+            shard = result.shards[0]
+            for config in settings.tables:
+                shard.declare(config)
+            shard.configured_tables = tuple(settings.tables)
+            shard.mark_state(result.version)
+            shard.restores_at_start = True
+            log_event(
+                log, "restore", version=result.version, chain=",".join(str(v.version) for v in chain),
+                rows=sum(len(t) for t in shard.tables.values()), shard_id=settings.shard_id,
+            )
+            offsets = {t: dict(p) for t, p in result.offsets.items()}
+            shard.restore_dir = model_dir
+            return shard, newest, offsets
+    if settings.exports_dir:
+        shard.restore_dir = model_dir
+    return shard, newest, {}
 
 
-def _hosts_coordinator(settings: ShardSettings) -> bool:
+def _joins(settings: ShardSettings) -> bool:
+    """Whether this shard starts unjoined, to be admitted by the coordinator:
+    a restoring shard of several, unless it is a shard 0 that hosts none."""
+    if settings.num_shards == 1 or not settings.exports_dir:
+        return False
+    if settings.shard_id == 0:
+        return _hosts_coordinator(settings, quiet=True)
+    return settings.restore
+
+
+async def _wait_for_admission(shard: Shard, every_s: float = 5.0) -> None:
+    """One line every `every_s` while the shard is not joined, saying what it waits for."""
+    started = time.monotonic()
+    while True:
+        await asyncio.sleep(every_s)
+        if shard.joined:
+            continue
+        now = time.monotonic()
+        heard = shard.last_contact
+        log.warning("not joined", extra={"fields": {
+            "shard_id": shard.spec.shard_id, "version": shard.state_version,
+            "waiting_s": round(now - started),
+            "coordinator_last_seen_s": round(now - heard) if heard else "never",
+            "hint": "serving no pulls or pushes until shard 0's coordinator admits this shard; "
+                    "if shard 0 is not running, start it with --shards listing every shard's URL",
+        }})
+
+
+def _hosts_coordinator(settings: ShardSettings, quiet: bool = False) -> bool:
     if settings.shard_id != 0 or not settings.exports_dir:
         return False
     if settings.num_shards > 1 and not settings.shards:
-        log_event(log, "no coordinator: shard 0 needs --shards (every shard's URL) to export")
+        if not quiet:
+            log_event(log, "no coordinator: shard 0 needs --shards (every shard's URL) to export")
         return False
     return True
 
@@ -81,6 +130,9 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
     Every shard first restores its slice of the newest export; shard 0 hosts
     the coordinator and exports on an interval (when it knows every shard)."""
     shard, newest, offsets = await asyncio.to_thread(_restore, settings)
+    if _joins(settings):
+        shard.leave("it restored version "
+                    f"{shard.state_version} and waits for the coordinator (shard 0) to admit it")
     max_body = settings.max_body_mb * 1024 * 1024
     # The RPC first: the HTTP app advertises its port.
     rpc = (
@@ -91,11 +143,12 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
     app = create_shard_app(shard, max_body=max_body, rpc_port=rpc.port if rpc is not None else None)
     client: PSClient | None = None
     exporter: Exporter | None = None
+    membership: Membership | None = None
     if _hosts_coordinator(settings):
         # Versions continue after the newest on disk; its first cut is a base.
         coordinator = Coordinator(
             lease_ttl_s=settings.lease_ttl_s, base_every=settings.base_every,
-            last_version=newest, offsets=offsets,
+            last_version=newest, offsets=offsets, version=shard.state_version,
         )
         session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         transports: list[ShardTransport] = [LocalTransport(shard, coordinator)]
@@ -107,6 +160,22 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
             coordinator, client, settings.exports_dir, settings.model_name, keep_bases=settings.keep_bases
         )
         add_coordinator_routes(app, coordinator, exporter)
+        shard.extra_stats["exports"] = exporter.stats
+        if settings.num_shards > 1:
+            # Every shard at one version, or no leases (ps_core/joining.py).
+            # Membership polls give up quickly (a shard down is a round
+            # missed); a load of every shard's chain may take minutes.
+            quick = PSClient([transports[0]] + [
+                HttpTransport(i, url, session, RetryPolicy(deadline_s=2.0))
+                for i, url in enumerate(settings.shards) if i > 0
+            ])
+            slow = PSClient([transports[0]] + [
+                HttpTransport(i, url, session, RetryPolicy(deadline_s=900.0))
+                for i, url in enumerate(settings.shards) if i > 0
+            ])
+            membership = Membership(coordinator, quick, exporter.model_dir, urls=settings.shards,
+                                    restore_client=slow, files_lock=exporter.lock)
+            shard.extra_stats["cluster"] = membership.stats
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     # Frame requests are answered by the port's front, the rest by the app.
@@ -132,6 +201,10 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
         if exporter is not None and settings.export_interval_s > 0
         else None
     )
+    joining = (
+        asyncio.create_task(membership.run(stop)) if membership is not None else None
+    )
+    waiting = asyncio.create_task(_wait_for_admission(shard))
     if exporter is not None:
         log_event(log, "coordinator", exports=str(exporter.model_dir),
                   interval_s=settings.export_interval_s, next_version=newest + 1)
@@ -143,8 +216,13 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reporter
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
         if exporting is not None:
             await exporting  # returns once stop is set; an export under way finishes
+        if joining is not None:
+            await joining  # returns once stop is set
         if rpc is not None:
             await rpc.close()
         await http.cleanup()

@@ -56,6 +56,7 @@ from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
 from .steps import split_by_shard
 from .export import snapshots_from_bytes
+from .joining import restore_version
 from .table import F32, TableConfig, TableSnapshot
 
 __all__ = [
@@ -144,6 +145,14 @@ class ShardTransport(Protocol):
     async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]: ...
 
     async def fetch_snapshot(self, version: int) -> list[TableSnapshot]: ...
+
+    async def drop_snapshot(self, version: int) -> bool: ...
+
+    async def membership(self) -> dict[str, Any]: ...
+
+    async def admit(self, epoch: str, version: int) -> dict[str, Any]: ...
+
+    async def restore_version(self, version: int) -> dict[str, Any]: ...
 
     async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant: ...
 
@@ -234,6 +243,19 @@ class LocalTransport:
 
     async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
         return self.shard.pop_snapshot(version)
+
+    async def drop_snapshot(self, version: int) -> bool:
+        return self.shard.drop_snapshot(version)
+
+    async def membership(self) -> dict[str, Any]:
+        return self.shard.membership()
+
+    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
+        self.shard.admit(epoch, version)
+        return self.shard.membership()
+
+    async def restore_version(self, version: int) -> dict[str, Any]:
+        return await restore_version(self.shard, version)
 
     def _coordinator(self) -> Coordinator:
         if self.coordinator is None:
@@ -366,7 +388,7 @@ class HttpTransport:
                         return resp.status, payload
                     if resp.status not in _RETRIED_STATUSES:
                         raise error_from_body(resp.status, _json_or_text(payload))
-                    last: str = f"http {resp.status}"
+                    last: str = _retried_reason(resp.status, payload)
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             await backoff.failed(last, self._unavailable)
@@ -421,9 +443,13 @@ class HttpTransport:
             else:
                 if status < 400:
                     return payload
-                if status not in _RETRIED_STATUSES:
-                    raise error_from_body(status, _json_or_text(payload))
-                last = f"http {status}"
+                reply_body = _json_or_text(payload)
+                if status not in _RETRIED_STATUSES or _not_joined(reply_body):
+                    # A shard waiting to be admitted is not retried: a push
+                    # held back until after a cluster restore would land on
+                    # the restored state, and its window is replayed anyway.
+                    raise error_from_body(status, reply_body)
+                last = _retried_reason(status, payload)
             await backoff.failed(last, self._unavailable)
 
     async def pull(self, table: str, keys: U64) -> F32:
@@ -518,6 +544,27 @@ class HttpTransport:
         _, reply = await self._request("GET", f"/v1/snapshots/{version}")
         return snapshots_from_bytes(reply)
 
+    async def drop_snapshot(self, version: int) -> bool:
+        _, reply = await self._request("DELETE", f"/v1/snapshots/{version}")
+        return bool(orjson.loads(reply)["dropped"])
+
+    async def membership(self) -> dict[str, Any]:
+        _, reply = await self._request("GET", "/v1/membership")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
+
+    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
+        body = orjson.dumps({"epoch": epoch, "version": version})
+        _, reply = await self._request("POST", "/v1/membership/admit", body, "application/json")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
+
+    async def restore_version(self, version: int) -> dict[str, Any]:
+        body = orjson.dumps({"version": version})
+        _, reply = await self._request("POST", "/v1/restore", body, "application/json")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
+
     async def _coordinator_request(self, method: str, path: str, body: object = None) -> Any:
         try:
             _, reply = await self._request(
@@ -600,6 +647,20 @@ class TcpTransport(HttpTransport):
 
 _RETRIED_STATUSES = (502, 503, 504)
 """Replies of a proxy or balancer in front of a shard that may pass."""
+
+
+def _not_joined(body: object) -> bool:
+    return isinstance(body, dict) and body.get("error") == "shard_not_joined"
+
+
+def _retried_reason(status: int, payload: bytes) -> str:
+    """A retried reply, for the error raised once retries run out: the
+    status, and the shard's own reason when it gave one (e.g. 503
+    ``shard_not_joined``: it waits to be admitted)."""
+    body = _json_or_text(payload)
+    if isinstance(body, dict) and "error" in body:
+        return f"http {status} {body['error']}: {str(body.get('detail', ''))[:300]}"
+    return f"http {status}"
 
 
 def _json_or_text(payload: bytes) -> object:

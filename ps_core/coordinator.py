@@ -21,14 +21,15 @@ in a test with real shards and no sockets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from .errors import CutInProgressError, LeaseError
+from .errors import ClusterNotReadyError, CutInProgressError, LeaseError, PSError
 
 __all__ = ["Coordinator", "Lease", "Cut", "Offsets", "parse_offsets"]
 
@@ -108,8 +109,10 @@ class Coordinator:
         last_version: int = 0,
         last_base: int = 0,
         offsets: Mapping[str, Mapping[int, int]] | None = None,
+        version: int = 0,
     ) -> None:
-        """`last_version`, `last_base` and `offsets` resume after a restore."""
+        """`last_version`, `last_base` and `offsets` resume after a restore;
+        `version` is the export version the shards hold (the offsets')."""
         if lease_ttl_s <= 0 or base_every < 1:
             raise ValueError("lease_ttl_s must be > 0 and base_every >= 1")
         self.lease_ttl_s = lease_ttl_s
@@ -133,16 +136,27 @@ class Coordinator:
         """Leases granted so far."""
         self.leases_expired = 0
         """Leases a cut gave up waiting for."""
+        self.cuts_spent = 0
+        """Versions spent by cuts that produced no export."""
+        self.version = version
+        """The export version the shards were last together at: restored
+        at start or by a cluster restore, or the last version written."""
+        self._refusal: PSError | None = None
 
     # -- leases --------------------------------------------------------------
     async def acquire(self, worker: str, wait_s: float | None = None) -> Lease:
         """A lease for one window; waits while a cut is pausing (at most
-        `wait_s`, then `CutInProgressError`)."""
+        `wait_s`, then `CutInProgressError`). While the cluster is not
+        ready (`refuse`), the refusal is raised at once."""
+        if self._refusal is not None:
+            raise self._refusal
         if not self._open.is_set():
             try:
                 await asyncio.wait_for(self._open.wait(), wait_s)
             except TimeoutError:
                 raise CutInProgressError(f"no lease within {wait_s} s: a cut is in progress") from None
+            if self._refusal is not None:
+                raise self._refusal
         lease = Lease(next(self._ids), worker, time.monotonic() + self.lease_ttl_s, self.epoch)
         self._active[lease.lease_id] = lease
         self.leases_granted += 1
@@ -190,23 +204,33 @@ class Coordinator:
     ) -> Cut[T]:
         """Take a consistent cut; `snapshot(version, kind)` copies the shards' rows.
 
-        Cuts run one at a time. If the snapshot step fails, leases reopen and
-        the version is not used.
+        Cuts run one at a time. If the snapshot step fails, leases reopen,
+        the version is spent (never handed out again: shards that did copy
+        may still hold it, and their tables moved on past it) and the next
+        cut is a base. Undoing the shards' copies is the caller's (the
+        exporter aborts the cut on every shard).
         """
         if kind not in (None, "base", "delta"):
             raise ValueError(f"kind {kind!r} is not base or delta")
         async with self._cut_lock:
+            if self._refusal is not None:
+                raise ClusterNotReadyError(f"no cut while the cluster is not ready: {self._refusal.detail}")
             kind = kind or self.next_kind()
-            if self.last_version == 0:
-                kind = "base"  # a delta needs a parent
+            if self.last_version == 0 or self.last_base == 0:
+                kind = "base"  # a delta needs a parent, and a spent cut broke the chain
             t0 = time.perf_counter()
             self._open.clear()
+            version = 0
             try:
                 expired = await self._drain()
                 t_drained = time.perf_counter()
                 version = self.last_version + 1
                 snap = await snapshot(version, kind)
                 offsets = self.offsets()
+            except BaseException:
+                if version:
+                    self.spend(version)
+                raise
             finally:
                 self._open.set()
             t_done = time.perf_counter()
@@ -224,6 +248,51 @@ class Coordinator:
                 pause_s=t_done - t0,
                 expired_leases=expired,
             )
+
+    # -- the cluster's version ---------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Whether leases are granted (no `refuse` standing)."""
+        return self._refusal is None
+
+    @property
+    def refusal(self) -> PSError | None:
+        """Why leases are refused, if they are."""
+        return self._refusal
+
+    def refuse(self, error: PSError | None) -> None:
+        """Refuse leases and cuts with `error` (retriable `ClusterNotReadyError`
+        while shards join or restore; `NoCommonVersionError` when they cannot
+        agree), or grant them again with None."""
+        self._refusal = error
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[list[str]]:
+        """Hold the cut lock with leases closed and none active (as a cut's
+        pause); yields the workers whose leases expired meanwhile."""
+        async with self._cut_lock:
+            self._open.clear()
+            try:
+                yield await self._drain()
+            finally:
+                self._open.set()
+
+    def reset(self, version: int, offsets: Mapping[str, Mapping[int, int]]) -> None:
+        """Every shard now holds export `version`: resume from its offsets
+        under a new epoch (workers drop what they buffered and seek there),
+        and make the next cut a base."""
+        self._offsets = {t: dict(p) for t, p in offsets.items()}
+        self.version = version
+        self.last_base = 0
+        self.epoch = secrets.token_hex(8)
+
+    def spend(self, version: int) -> None:
+        """Mark `version` used by a cut that produced no export (its snapshot
+        or its write failed): it is never handed out again, and the next cut
+        is a base, since shards that copied moved their tables on past it."""
+        self.last_version = max(self.last_version, version)
+        self.last_base = 0
+        self.cuts_spent += 1
 
     async def _drain(self) -> list[str]:
         """Wait until no lease is active; leases past their expiry are dropped."""

@@ -4,6 +4,8 @@
 - ``POST /v1/leases``: ``{"worker": str}`` → ``{"lease_id": int, "epoch": str,
   "ttl_s": float}`` (the epoch changes when the coordinator restarts); waits while
   a cut is pausing (503 ``cut_in_progress`` after ``wait_s``, default 30 s);
+  refused at once while the shards join or restore (503 ``cluster_not_ready``)
+  or cannot agree on a version (409 ``no_common_version``, see `ps_core.joining`);
 - ``POST /v1/leases/release``: ``{"lease_id": int, "offsets": {topic:
   {partition: next_offset}}}`` → ``{"released": bool}`` (False: it had expired);
 - ``GET /v1/offsets``: ``{"offsets": {...}}``, the latest committed offsets

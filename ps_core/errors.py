@@ -25,6 +25,12 @@ __all__ = [
     "SnapshotError",
     "ExportCorruptError",
     "ExportNotFoundError",
+    "ExportWriteError",
+    "CutAbortedError",
+    "ShardNotJoinedError",
+    "CutNotJoinedError",
+    "ClusterNotReadyError",
+    "NoCommonVersionError",
     "error_from_body",
 ]
 
@@ -171,6 +177,69 @@ class SnapshotError(PSError):
     status = 409
 
 
+class ExportWriteError(PSError):
+    """An export's files could not be written (disk full, permissions: any
+    `OSError`). `path` names what failed; no partial version is left behind,
+    the shards' copies are dropped and the next cut is a base."""
+
+    code = "export_write_failed"
+    status = 507
+    retriable = True
+    exit_code = 1
+
+    def __init__(self, detail: str, *, path: str = "") -> None:
+        super().__init__(detail)
+        self.path = path
+
+
+class CutAbortedError(PSError):
+    """A cut failed on at least one shard (unreachable, refused, too slow)
+    and was aborted on every shard it reached: leases reopened, copies
+    dropped, its version never used again. The next cut is a base."""
+
+    code = "cut_aborted"
+    status = 500  # not 503: transports retry those, and a retry would cut again
+    retriable = True
+    exit_code = 1
+
+
+class CutNotJoinedError(SnapshotError):
+    """A cut asked of a shard the coordinator has not admitted: its state
+    may be another version than the other shards', so it copies nothing."""
+
+    code = "cut_shard_not_joined"
+    status = 409
+
+
+class ShardNotJoinedError(PSError):
+    """The shard restored its state but the coordinator has not admitted it
+    into the cluster yet (or is restoring every shard to one version): it
+    serves no pulls or pushes until then. Retrying later may succeed."""
+
+    code = "shard_not_joined"
+    status = 503
+    retriable = True
+
+
+class ClusterNotReadyError(PSError):
+    """The coordinator grants no lease (and cuts nothing) while a shard is
+    not joined or every shard is being restored to one version."""
+
+    code = "cluster_not_ready"
+    status = 503
+    retriable = True
+
+
+class NoCommonVersionError(PSError):
+    """No export version loads on every shard: the cluster refuses to train
+    rather than mix versions (exit code 4: refused to resume)."""
+
+    code = "no_common_version"
+    status = 409
+    retriable = False
+    exit_code = 4
+
+
 _BY_CODE: dict[str, type[PSError]] = {
     cls.code: cls
     for cls in (
@@ -187,6 +256,12 @@ _BY_CODE: dict[str, type[PSError]] = {
         ExportCorruptError,
         ExportNotFoundError,
         SnapshotError,
+        ExportWriteError,
+        CutAbortedError,
+        CutNotJoinedError,
+        ShardNotJoinedError,
+        ClusterNotReadyError,
+        NoCommonVersionError,
     )
 }
 

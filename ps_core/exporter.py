@@ -21,6 +21,16 @@ from typing import Any
 
 from .client import PSClient
 from .coordinator import Coordinator, Offsets
+from .errors import (
+    ClusterNotReadyError,
+    CutAbortedError,
+    CutNotJoinedError,
+    ExportWriteError,
+    NoCommonVersionError,
+    PSError,
+    ShardUnavailableError,
+    SnapshotError,
+)
 from .export import compact, list_versions, prune, write_version
 from .manifest import check_model_name
 
@@ -76,6 +86,29 @@ class ExportReport:
         }
 
 
+class _CutFailed(Exception):
+    """The snapshot step failed on some shards (inside the coordinator's cut)."""
+
+    def __init__(self, version: int, kind: str, reason: str, by_shard: dict[int, BaseException]) -> None:
+        super().__init__(reason)
+        self.version, self.kind, self.reason, self.by_shard = version, kind, reason, by_shard
+
+    def detail(self) -> str:
+        why = "; ".join(_describe(i, e) for i, e in sorted(self.by_shard.items()))
+        return f"cut {self.version} aborted on every shard ({self.reason}: {why}); the next cut is a base"
+
+
+class _Refused(Exception):
+    """A shard refused a delta: the cut is tried again at once as a base."""
+
+
+def _describe(shard_id: int, exc: BaseException) -> str:
+    what = f"shard {shard_id}" if shard_id >= 0 else "a shard"
+    if isinstance(exc, TimeoutError):
+        return f"{what}: no answer in time"
+    return f"{what}: {getattr(exc, 'detail', None) or exc or type(exc).__name__}"
+
+
 class Exporter:
     """Cuts and writes versions of one model; one cut at a time."""
 
@@ -87,8 +120,21 @@ class Exporter:
         model: str,
         *,
         keep_bases: int = 2,
+        cut_timeout_s: float = 30.0,
+        abort_timeout_s: float = 10.0,
     ) -> None:
+        """`cut_timeout_s` bounds each shard's copy (in the pause) and each
+        fetch; `abort_timeout_s` each shard's drop of an aborted cut."""
         self.coordinator = coordinator
+        self.cut_timeout_s = cut_timeout_s
+        self.abort_timeout_s = abort_timeout_s
+        self.exports = 0
+        """Versions written."""
+        self.failures: dict[str, int] = {}
+        """Failed cuts and writes by reason: ``unreachable``, ``timeout``,
+        ``refused``, ``not_joined``, ``error`` (a shard's copy), ``fetch``, ``disk`` (any
+        `OSError` writing), ``prune``, ``not_ready`` (a periodic export
+        skipped while shards join or restore)."""
         self.client = client
         self.model = check_model_name(model)
         self.root = Path(root)
@@ -99,6 +145,11 @@ class Exporter:
         self._need_base = False
         self.last: ExportReport | None = None
         """The latest export written."""
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held by every cut and compaction (which rewrite the directory)."""
+        return self._lock
 
     @property
     def model_dir(self) -> Path:
@@ -117,58 +168,165 @@ class Exporter:
 
     async def cut(self, kind: str | None = None) -> ExportReport:
         """Cut, then write; `kind` forces ``base`` or ``delta`` (default: the
-        coordinator's schedule, a base after a failed write)."""
+        coordinator's schedule, a base after a failed cut or write).
+
+        A cut that fails on any shard is aborted on every shard
+        (`CutAbortedError`); files that cannot be written are
+        `ExportWriteError` naming the path. Either way: one WARNING line, a
+        count in `failures`, no partial version, and the next cut is a base.
+        A delta refused by a shard (its tables were cut since the parent,
+        e.g. by a stray snapshot request) is retried at once as a base.
+        """
         async with self._lock:
-            if self._need_base or not self._chain_is_whole():
-                kind = "base"
-            t0 = time.perf_counter()
-
-            async def snapshot(version: int, cut_kind: str) -> int | None:
-                parent = self.coordinator.last_version if cut_kind == "delta" else None
-                await self.client.take_snapshots(version, parent)
-                return parent
-
             try:
-                cut = await self.coordinator.cut(snapshot, kind)
-            except BaseException:
-                # Some shards may have cut and moved on: the next cut is a base.
-                self._need_base = True
-                raise
+                return await self._cut(kind)
+            except _Refused:
+                return await self._cut("base")
+
+    async def _cut(self, kind: str | None) -> ExportReport:
+        if self._need_base or not self._chain_is_whole():
+            kind = "base"
+        t0 = time.perf_counter()
+
+        async def snapshot(version: int, cut_kind: str) -> int | None:
+            parent = self.coordinator.last_version if cut_kind == "delta" else None
+            await self._snapshot_all(version, parent)
+            return parent
+
+        try:
+            cut = await self.coordinator.cut(snapshot, kind)
+        except _CutFailed as failed:
+            # Some shards may have cut and moved on: the next cut is a base.
             self._need_base = True
-            try:
-                snaps = await self.client.fetch_snapshots(cut.version)
-                tables = {s.table: s.config.to_dict() for shard in snaps.values() for s in shard}
-                config = {"name": self.model, "tables": [tables[n] for n in sorted(tables)]}
-                path = await asyncio.to_thread(
-                    write_version, self.root, self.model, cut.version, cut.snapshot, snaps,
-                    cut.offsets, config, self.client.num_shards,
-                )
-                pruned = await asyncio.to_thread(prune, self.model_dir, self.keep_bases)
-            except BaseException:
-                log.error("export failed after its cut", extra={"fields": {"version": cut.version}})
-                raise
-            self._need_base = False
-            files = [s for shard in snaps.values() for s in shard]
-            report = ExportReport(
-                version=cut.version,
-                kind=cut.kind,
-                parent=cut.snapshot,
-                path=str(path),
-                rows=sum(s.rows for s in files),
-                bytes=sum(p.stat().st_size for p in Path(path).iterdir()),
-                offsets=cut.offsets,
-                lease_wait_s=cut.lease_wait_s,
-                pause_s=cut.pause_s,
-                write_s=time.perf_counter() - t0 - cut.pause_s,
-                expired_leases=cut.expired_leases,
-                pruned=pruned,
+            await self._abort(failed.version, failed.reason, failed.by_shard)
+            if failed.reason == "refused" and failed.kind == "delta":
+                raise _Refused() from None
+            raise CutAbortedError(failed.detail()) from None
+        except BaseException:
+            self._need_base = True
+            raise
+        self._need_base = True
+        try:
+            snaps = await asyncio.wait_for(self.client.fetch_snapshots(cut.version), self.cut_timeout_s)
+        except (PSError, TimeoutError) as exc:
+            self.coordinator.spend(cut.version)
+            by_shard: dict[int, BaseException] = {int(getattr(exc, "shard_id", -1)): exc}
+            await self._abort(cut.version, "fetch", by_shard)
+            raise CutAbortedError(_CutFailed(cut.version, cut.kind, "fetch", by_shard).detail()) from None
+        tables = {s.table: s.config.to_dict() for shard in snaps.values() for s in shard}
+        config = {"name": self.model, "tables": [tables[n] for n in sorted(tables)]}
+        try:
+            path = await asyncio.to_thread(
+                write_version, self.root, self.model, cut.version, cut.snapshot, snaps,
+                cut.offsets, config, self.client.num_shards,
             )
-            self.last = report
-            log.info(
-                "export",
-                extra={"fields": {k: v for k, v in report.to_dict().items() if k not in ("offsets", "path")}},
-            )
-            return report
+        except OSError as exc:
+            # write_version leaves no partial directory behind (its temporary
+            # one is removed); the copies were handed over, so nothing else
+            # holds the version: it is spent.
+            self.coordinator.spend(cut.version)
+            # The directory is what an operator frees or fixes; the file that
+            # failed may be inside the (removed) hidden temporary one.
+            where, failed_file = str(self.model_dir), str(exc.filename or "-")
+            why = exc.strerror or str(exc)
+            detail = f"export version {cut.version} not written to {where}: {why} (at {failed_file})"
+            self._failed("disk", version=cut.version, path=where, file=failed_file, error=why)
+            raise ExportWriteError(detail, path=where) from None
+        try:
+            pruned = await asyncio.to_thread(prune, self.model_dir, self.keep_bases)
+        except OSError as exc:
+            pruned = []  # the version is written; retention runs again after the next one
+            self._failed("prune", version=cut.version, path=str(exc.filename or self.model_dir),
+                         error=str(exc.strerror or exc))
+        self._need_base = False
+        self.exports += 1
+        self.coordinator.version = cut.version
+        files = [s for shard in snaps.values() for s in shard]
+        report = ExportReport(
+            version=cut.version,
+            kind=cut.kind,
+            parent=cut.snapshot,
+            path=str(path),
+            rows=sum(s.rows for s in files),
+            bytes=sum(p.stat().st_size for p in Path(path).iterdir()),
+            offsets=cut.offsets,
+            lease_wait_s=cut.lease_wait_s,
+            pause_s=cut.pause_s,
+            write_s=time.perf_counter() - t0 - cut.pause_s,
+            expired_leases=cut.expired_leases,
+            pruned=pruned,
+        )
+        self.last = report
+        log.info(
+            "export",
+            extra={"fields": {k: v for k, v in report.to_dict().items() if k not in ("offsets", "path")}},
+        )
+        return report
+
+    async def _snapshot_all(self, version: int, parent: int | None) -> None:
+        """Every shard copies its rows for `version`, each within
+        `cut_timeout_s`; `_CutFailed` lists every shard that did not."""
+        kind = "base" if parent is None else "delta"
+        got = await asyncio.gather(
+            *(asyncio.wait_for(t.take_snapshot(version, parent), self.cut_timeout_s) for t in self.client.transports),
+            return_exceptions=True,
+        )
+        failed: dict[int, BaseException] = {}
+        for t, r in zip(self.client.transports, got):
+            if isinstance(r, BaseException):
+                if not isinstance(r, Exception):
+                    raise r  # cancelled: not a failure of the cut
+                failed[t.shard_id] = r
+        if failed:
+            if any(isinstance(e, CutNotJoinedError) for e in failed.values()):
+                reason = "not_joined"  # a shard restarted since the cluster joined
+            elif all(isinstance(e, ShardUnavailableError) for e in failed.values()):
+                reason = "unreachable"
+            elif all(isinstance(e, TimeoutError) for e in failed.values()):
+                reason = "timeout"
+            elif all(isinstance(e, SnapshotError) for e in failed.values()):
+                reason = "refused"
+            else:
+                reason = "error"
+            raise _CutFailed(version, kind, reason, failed)
+
+    async def _abort(self, version: int, reason: str, by_shard: dict[int, BaseException]) -> None:
+        """Drop the copies of `version` on every shard, each within
+        `abort_timeout_s`, then log the failed cut in one WARNING line. A
+        shard not reached keeps its copy among its few pending ones (dropped
+        oldest first), and a later cut of that number replaces it."""
+        got = await asyncio.gather(
+            *(asyncio.wait_for(t.drop_snapshot(version), self.abort_timeout_s) for t in self.client.transports),
+            return_exceptions=True,
+        )
+        unreached = []
+        for t, r in zip(self.client.transports, got):
+            if isinstance(r, BaseException):
+                if not isinstance(r, Exception):
+                    raise r
+                unreached.append(t.shard_id)
+        self._failed(
+            reason,
+            version=version,
+            shards=",".join(str(i) for i in sorted(by_shard)),
+            error="; ".join(_describe(i, e) for i, e in sorted(by_shard.items())),
+            not_aborted_on=",".join(str(i) for i in unreached) or "-",
+        )
+
+    def _failed(self, reason: str, **fields: object) -> None:
+        """Count a failed cut or write and log it: one WARNING line."""
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+        log.warning("export cut aborted" if reason not in ("disk", "prune") else "export write failed",
+                    extra={"fields": {"reason": reason, **fields}})
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for metrics: exports written and failures by reason."""
+        return {
+            "exports": self.exports,
+            "failures": dict(self.failures),
+            "last_version": self.last.version if self.last is not None else None,
+            "cuts_spent": self.coordinator.cuts_spent,
+        }
 
     def _chain_is_whole(self) -> bool:
         """Whether the newest version on disk is the coordinator's last cut,
@@ -189,7 +347,14 @@ class Exporter:
                 pass
             try:
                 await self.cut()
+            except (CutAbortedError, ExportWriteError):
+                pass  # logged (one line) and counted where it failed
+            except (ClusterNotReadyError, NoCommonVersionError) as exc:
+                # Shards joining or restoring: nothing consistent to cut yet.
+                self.failures["not_ready"] = self.failures.get("not_ready", 0) + 1
+                log.warning("export skipped", extra={"fields": {"reason": "not_ready", "error": exc.detail}})
             except Exception as exc:  # one failed export must not end exporting
+                self.failures["error"] = self.failures.get("error", 0) + 1
                 log.warning("export failed", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
 
     async def export_json(self, kind: str | None = None) -> dict[str, Any]:

@@ -18,6 +18,15 @@ Routes:
   the tables' rows for an export cut (the coordinator's pause), answering
   ``{"rows": {table: n}}``; ``GET /v1/snapshots/{version}``: those copies as
   one ``.npz`` body (`ps_core.export.snapshots_to_bytes`), handed over once;
+  ``DELETE /v1/snapshots/{version}``: drop those copies (an aborted cut),
+  ``{"dropped": bool}``, idempotent;
+- ``GET /v1/membership``: the shard's boot id, whether it is joined (under
+  which coordinator epoch), the version its state was restored or cut at and
+  whether anything was pushed since; ``POST /v1/membership/admit``
+  (``{"epoch": str, "version": int}``) joins it; ``POST /v1/restore``
+  (``{"version": int}``) has it load that version from its exports
+  directory (leaving the cluster until admitted), answering the version
+  loaded or the refusal naming a damaged file (`ps_core.joining`);
 - ``GET /healthz``: liveness, the shard's id and count, and ``rpc_port``: the
   port of its TCP RPC for pulls and pushes (`ps_core.rpc`), or null.
 
@@ -35,6 +44,7 @@ from aiohttp import web
 from . import codec
 from .errors import PSError, SnapshotError, StatusError, TableConfigError
 from .export import snapshots_to_bytes
+from .joining import restore_version
 from .shard import Shard
 from .table import TableConfig
 
@@ -145,6 +155,45 @@ async def fetch_snapshot(request: web.Request) -> web.Response:
     return web.Response(body=snapshots_to_bytes(snaps), content_type="application/octet-stream")
 
 
+async def drop_snapshot(request: web.Request) -> web.Response:
+    try:
+        version = int(request.match_info["version"])
+    except ValueError:
+        raise SnapshotError(f"version {request.match_info['version']!r} is not an integer") from None
+    return json_response({"dropped": request.app[SHARD].drop_snapshot(version)})
+
+
+async def _int_fields(request: web.Request, *names: str) -> dict[str, object]:
+    try:
+        raw = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise SnapshotError(f"body is not JSON: {exc}") from None
+    if not isinstance(raw, dict) or set(raw) != set(names):
+        raise SnapshotError(f"body must be an object of {', '.join(names)}")
+    return raw
+
+
+async def membership(request: web.Request) -> web.Response:
+    return json_response(request.app[SHARD].membership())
+
+
+async def admit(request: web.Request) -> web.Response:
+    raw = await _int_fields(request, "epoch", "version")
+    epoch, version = raw["epoch"], raw["version"]
+    if not isinstance(epoch, str) or not isinstance(version, int) or isinstance(version, bool):
+        raise SnapshotError('body must be {"epoch": str, "version": int}')
+    request.app[SHARD].admit(epoch, version)
+    return json_response(request.app[SHARD].membership())
+
+
+async def restore(request: web.Request) -> web.Response:
+    raw = await _int_fields(request, "version")
+    version = raw["version"]
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise SnapshotError('body must be {"version": int >= 0}')
+    return json_response(await restore_version(request.app[SHARD], version))
+
+
 async def stats(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].stats())
 
@@ -179,5 +228,9 @@ def create_shard_app(
     app.router.add_get("/v1/status", list_statuses)
     app.router.add_post("/v1/snapshots", take_snapshot)
     app.router.add_get("/v1/snapshots/{version}", fetch_snapshot)
+    app.router.add_delete("/v1/snapshots/{version}", drop_snapshot)
+    app.router.add_get("/v1/membership", membership)
+    app.router.add_post("/v1/membership/admit", admit)
+    app.router.add_post("/v1/restore", restore)
     app.router.add_get("/healthz", healthz)
     return app

@@ -18,10 +18,12 @@ to shard 0 (`PSClient.report_status`).
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import numpy.typing as npt
@@ -29,8 +31,10 @@ import orjson
 
 from . import codec
 from .errors import (
+    CutNotJoinedError,
     FrameError,
     InvalidValuesError,
+    ShardNotJoinedError,
     SnapshotError,
     StatusError,
     TableConflictError,
@@ -88,8 +92,104 @@ class Shard:
         self._statuses: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
         # version -> the copies of a cut, until the coordinator fetches them.
         self._snapshots: OrderedDict[int, list[TableSnapshot]] = OrderedDict()
+        self.extra_stats: dict[str, Callable[[], dict[str, Any]]] = {}
+        """Sections added to `stats` by what this shard's process hosts
+        (shard 0: ``exports``, the exporter's counters; ``cluster``, the
+        coordinator's view of the shards), so metrics reach them through the
+        shard's stats like every other figure."""
+        self.boot_id = secrets.token_hex(8)
+        """This shard object's life: a restarted shard process has a new one."""
+        self.joined = True
+        """Whether the coordinator admitted this shard into the cluster. An
+        unjoined shard refuses pulls and pushes (`ShardNotJoinedError`); a
+        shard started to restore in a cluster of several starts unjoined."""
+        self.joined_epoch = ""
+        """The epoch of the coordinator that admitted it ("" from the start)."""
+        self.state_version = 0
+        """The export version this shard's state was at its last restore or
+        cut (0: none); with `clean`, whether it still is exactly that."""
+        self.not_joined_hint = ""
+        """What an unjoined shard's refusals add: what it waits for."""
+        self.last_contact = 0.0
+        """Monotonic time the coordinator last asked this shard's membership."""
+        self._pushes_at_mark = 0
+        self.restores_at_start = False
+        """Whether this shard was started to restore the newest export (not
+        ``--no-restore``): holding nothing then means nothing loaded."""
+        self.restore_dir: Path | None = None
+        """The model's exports directory, where the coordinator may ask this
+        shard to load a version from (`ps_core.joining.restore_version`)."""
+        tables = tuple(tables)
+        self.configured_tables = tables
+        """The tables this shard was started with (declared again after a restore)."""
         for config in tables:
             self.declare(config)
+
+    # -- membership ------------------------------------------------------------
+    def _pushes(self) -> int:
+        return sum(t.pushes for t in self.tables.values())
+
+    @property
+    def clean(self) -> bool:
+        """Nothing was pushed since the state was `state_version`."""
+        return self._pushes() == self._pushes_at_mark
+
+    def mark_state(self, version: int) -> None:
+        """Declare the state to be exactly export `version` (restored, or cut)."""
+        self.state_version = version
+        self._pushes_at_mark = self._pushes()
+
+    def membership(self, *, now: float | None = None) -> dict[str, Any]:
+        """What the coordinator decides admission on (JSON-ready); records
+        the contact."""
+        self.last_contact = time.monotonic() if now is None else now
+        return {
+            "shard_id": self.spec.shard_id,
+            "num_shards": self.spec.num_shards,
+            "boot_id": self.boot_id,
+            "joined": self.joined,
+            "epoch": self.joined_epoch,
+            "version": self.state_version,
+            "clean": self.clean,
+            "restores": self.restores_at_start,
+        }
+
+    def admit(self, epoch: str, version: int) -> None:
+        """Join the cluster of coordinator `epoch` at `version`, which must
+        be this shard's state (`SnapshotError` otherwise: the coordinator
+        decided on another version than the one loaded)."""
+        if version != self.state_version or not self.clean:
+            raise SnapshotError(
+                f"shard {self.spec.shard_id} holds version {self.state_version}"
+                f"{'' if self.clean else ' and trained since'}, not version {version}"
+            )
+        self.joined, self.joined_epoch = True, epoch
+
+    def leave(self, reason: str = "") -> None:
+        """Stop serving pulls and pushes until admitted again (the coordinator
+        is about to restore every shard to one version)."""
+        self.joined = False
+        if reason:
+            self.not_joined_hint = reason
+
+    def replace_state(self, other: Shard, version: int) -> None:
+        """Take `other`'s tables (a restore of `version`, built aside) in one
+        step; the copies held and the push ids remembered belong to the old
+        state and are dropped. The same object keeps serving, so servers and
+        transports holding it see the new state at once."""
+        if other.spec != self.spec:
+            raise ValueError(f"a restore of {other.spec} into shard {self.spec}")
+        self.tables = other.tables
+        self._snapshots.clear()
+        self._recent_pushes.clear()
+        self.mark_state(version)
+
+    def _check_joined(self) -> None:
+        if not self.joined:
+            raise ShardNotJoinedError(
+                f"shard {self.spec.shard_id} is not joined to the cluster (it holds version "
+                f"{self.state_version}){': ' + self.not_joined_hint if self.not_joined_hint else ''}"
+            )
 
     # -- tables --------------------------------------------------------------
     def declare(self, config: TableConfig) -> bool:
@@ -138,6 +238,8 @@ class Shard:
         with `shard_of` for this shard's own spec (an in-process client, see
         `PSClient.local`), so they are not hashed again to check ownership.
         """
+        if not self.joined:
+            self._check_joined()
         t = self.table(table)
         if not owned:
             self._check_owned(keys)
@@ -145,6 +247,8 @@ class Shard:
 
     def contains(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
         """Whether each key has a row in `table` (one vectorised index lookup)."""
+        if not self.joined:
+            self._check_joined()
         t = self.table(table)
         self._check_owned(keys)
         out: npt.NDArray[np.bool_] = t.index.lookup(keys) >= 0
@@ -166,6 +270,8 @@ class Shard:
         A push whose nonzero `request_id` was applied recently is acknowledged
         with its earlier result and not applied again.
         """
+        if not self.joined:
+            self._check_joined()
         t = self.table(table)
         if grads.ndim != 2 or grads.shape[1] != t.dim:
             raise InvalidValuesError(
@@ -207,6 +313,8 @@ class Shard:
         without counting as a pull. A retried `request_id` is not applied
         again, but its pull is answered.
         """
+        if not self.joined:
+            self._check_joined()
         t = self.table(table)
         # The pull's only checks, done first: a bad pull must not leave the
         # push applied. handle_push checks its part before changing anything.
@@ -273,8 +381,15 @@ class Shard:
         """
         if version < 1 or (parent is not None and not 0 < parent < version):
             raise SnapshotError(f"cut {version} with parent {parent} is not a cut")
-        if version in self._snapshots:
-            raise SnapshotError(f"shard {self.spec.shard_id} holds cut {version} already")
+        if not self.joined:
+            raise CutNotJoinedError(
+                f"shard {self.spec.shard_id} is not joined (it holds version {self.state_version}): "
+                "a cut of it could mix versions"
+            )
+        # A copy held under this version is a stale one (an aborted attempt,
+        # or a stray request): the coordinator never reuses a number, so this
+        # request is the one that counts. Refusing it would block every cut.
+        self._snapshots.pop(version, None)
         kind: SnapshotKind = "base" if parent is None else "delta"
         for t in self.tables.values():  # all checks before any table is cut
             if parent is not None and t.last_snapshot > parent:
@@ -289,9 +404,20 @@ class Shard:
             snaps.append(replace(snap, version=version, kind=kind, parent=parent))
             t.mark_exported(version)
         self._snapshots[version] = snaps
+        self.mark_state(version)
         while len(self._snapshots) > self.MAX_PENDING_SNAPSHOTS:
             self._snapshots.popitem(last=False)
         return {s.table: s.rows for s in snaps}
+
+    def drop_snapshot(self, version: int) -> bool:
+        """Forget the copies of cut `version` (an aborted cut); True when
+        held. Idempotent: dropping what is not held is no error."""
+        return self._snapshots.pop(version, None) is not None
+
+    @property
+    def pending_snapshots(self) -> list[int]:
+        """Versions of the copies held, not yet fetched, oldest first."""
+        return list(self._snapshots)
 
     def pop_snapshot(self, version: int) -> list[TableSnapshot]:
         """The copies of cut `version`, handed over once."""
@@ -358,4 +484,5 @@ class Shard:
                 }
                 for name, t in self.tables.items()
             },
+            **{name: section() for name, section in self.extra_stats.items()},
         }

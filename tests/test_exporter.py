@@ -11,7 +11,7 @@ import pytest
 from conftest import ServeShards
 from ps_core.client import PSClient
 from ps_core.coordinator import Coordinator
-from ps_core.errors import SnapshotError
+from ps_core.errors import ExportWriteError, SnapshotError
 from ps_core.export import latest_chain, list_versions, restore_shards
 from ps_core.exporter import Exporter
 from ps_core.shard import Shard, ShardSpec
@@ -94,8 +94,10 @@ async def test_a_failed_write_makes_the_next_cut_a_base(tmp_path: Path) -> None:
     blocked.write_text("a file where the exports directory should be")
     exporter = Exporter(coord, client, blocked, "m")
     await _train(client, LR, np.arange(1, 50, dtype=np.uint64), 1)
-    with pytest.raises(OSError):
+    with pytest.raises(ExportWriteError) as failed:
         await exporter.cut()
+    assert str(blocked) in str(failed.value) and failed.value.path == str(blocked / "m")
+    assert exporter.failures == {"disk": 1}
     exporter.root = tmp_path / "exports"
     first = await exporter.cut()
     assert (first.version, first.kind, first.rows) == (2, "base", 49)  # version 1 is spent
