@@ -19,6 +19,7 @@ from ps_core.http1_server import start_shard_http
 from ps_core.rpc import start_rpc_server
 from ps_core.server import create_shard_app
 from ps_core.shard import Shard, ShardSpec
+from ps_core.stream import StreamIdentity
 
 from .logs import log_event
 from .settings import ShardSettings
@@ -45,15 +46,15 @@ async def _report(shard: Shard, interval_s: float) -> None:
             )
 
 
-def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, int]]]:
+def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, int]], StreamIdentity | None]:
     """This shard's slice of the newest whole export (or an empty shard), the
-    newest version on disk, and the restored cut's offsets."""
+    newest version on disk, and the restored cut's offsets with their stream."""
     spec = ShardSpec(settings.shard_id, settings.num_shards)
     model_dir = Path(settings.exports_dir) / settings.model_name
     versions = list_versions(model_dir) if settings.exports_dir and model_dir.is_dir() else []
     newest = versions[-1].version if versions else 0
     if not (settings.restore and versions):
-        return Shard(spec, settings.tables), newest, {}
+        return Shard(spec, settings.tables), newest, {}, None
     chain = latest_chain(model_dir, fallback=True, verify=True)
     result = restore_shards(chain, settings.num_shards, shard_ids=[settings.shard_id])
     shard = result.shards[0]
@@ -62,8 +63,9 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, i
     log_event(
         log, "restored", version=result.version, chain=",".join(str(v.version) for v in chain),
         rows=sum(len(t) for t in shard.tables.values()), shard_id=settings.shard_id,
+        cluster_id=result.manifest.stream.cluster_id if result.manifest.stream is not None else "-",
     )
-    return shard, newest, {t: dict(p) for t, p in result.offsets.items()}
+    return shard, newest, {t: dict(p) for t, p in result.offsets.items()}, result.manifest.stream
 
 
 def _hosts_coordinator(settings: ShardSettings) -> bool:
@@ -80,7 +82,7 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
 
     Every shard first restores its slice of the newest export; shard 0 hosts
     the coordinator and exports on an interval (when it knows every shard)."""
-    shard, newest, offsets = await asyncio.to_thread(_restore, settings)
+    shard, newest, offsets, stream = await asyncio.to_thread(_restore, settings)
     max_body = settings.max_body_mb * 1024 * 1024
     # The RPC first: the HTTP app advertises its port.
     rpc = (
@@ -95,7 +97,7 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
         # Versions continue after the newest on disk; its first cut is a base.
         coordinator = Coordinator(
             lease_ttl_s=settings.lease_ttl_s, base_every=settings.base_every,
-            last_version=newest, offsets=offsets,
+            last_version=newest, offsets=offsets, stream=stream,
         )
         session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         transports: list[ShardTransport] = [LocalTransport(shard, coordinator)]

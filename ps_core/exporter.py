@@ -23,6 +23,7 @@ from .client import PSClient
 from .coordinator import Coordinator, Offsets
 from .export import compact, list_versions, prune, write_version
 from .manifest import check_model_name
+from .stream import StreamIdentity
 
 __all__ = ["Exporter", "ExportReport"]
 
@@ -57,6 +58,8 @@ class ExportReport:
     """Workers whose leases expired during the wait."""
     pruned: list[int] = field(default_factory=list)
     """Versions removed by retention."""
+    stream: StreamIdentity | None = None
+    """The stream the offsets were read from (None: not known)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (offsets with string partitions)."""
@@ -73,6 +76,7 @@ class ExportReport:
             "write_ms": round(self.write_s * 1000, 3),
             "expired_leases": self.expired_leases,
             "pruned": self.pruned,
+            "stream": self.stream.to_dict() if self.stream is not None else None,
         }
 
 
@@ -141,7 +145,7 @@ class Exporter:
                 config = {"name": self.model, "tables": [tables[n] for n in sorted(tables)]}
                 path = await asyncio.to_thread(
                     write_version, self.root, self.model, cut.version, cut.snapshot, snaps,
-                    cut.offsets, config, self.client.num_shards,
+                    cut.offsets, config, self.client.num_shards, stream=cut.stream,
                 )
                 pruned = await asyncio.to_thread(prune, self.model_dir, self.keep_bases)
             except BaseException:
@@ -162,11 +166,12 @@ class Exporter:
                 write_s=time.perf_counter() - t0 - cut.pause_s,
                 expired_leases=cut.expired_leases,
                 pruned=pruned,
+                stream=cut.stream,
             )
             self.last = report
             log.info(
                 "export",
-                extra={"fields": {k: v for k, v in report.to_dict().items() if k not in ("offsets", "path")}},
+                extra={"fields": {k: v for k, v in report.to_dict().items() if k not in ("offsets", "path", "stream")}},
             )
             return report
 
