@@ -448,7 +448,7 @@ class Worker:
         stale: list[StalePartition] = []
         actual = self.stream()
         mismatch = stream_mismatch(point.stream, actual) if actual is not None else None
-        for tp in tps:  # per partition, on assignment only
+        for tp in sorted(tps):  # per partition, on assignment only
             start, end = bounds[tp]
             off = point.offsets.get(tp.topic, {}).get(tp.partition)
             if off is not None:
