@@ -381,3 +381,19 @@ async def test_the_worker_process_refuses_stale_offsets_with_exit_code_4(
     assert len(lines) == 1, text
     mine = await cluster_id(kafka_bootstrap)
     assert "other-cluster" in lines[0] and mine in lines[0] and "0:40[0,50)" in lines[0], lines[0]
+
+
+def test_on_stale_offsets_setting_flag_over_environment_over_default() -> None:
+    from app.cli import build_parser
+    from app.settings import SettingsError, WorkerSettings
+
+    base = ["worker", "--bootstrap", "k:9092", "--shards", "http://127.0.0.1:7100"]
+    parse = build_parser().parse_args
+    assert WorkerSettings.from_args(parse(base), env={}).on_stale_offsets == "committed"
+    env = {"CTRPS_ON_STALE_OFFSETS": "earliest"}
+    assert WorkerSettings.from_args(parse(base), env=env).on_stale_offsets == "earliest"
+    assert WorkerSettings.from_args(parse([*base, "--on-stale-offsets", "fail"]), env=env).on_stale_offsets == "fail"
+    with pytest.raises(SettingsError, match="on-stale-offsets 'latest'"):
+        WorkerSettings.from_args(parse(base), env={"CTRPS_ON_STALE_OFFSETS": "latest"})
+    with pytest.raises(ValueError, match="on_stale_offsets"):
+        WorkerConfig("k:9092", on_stale_offsets="latest")
