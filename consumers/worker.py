@@ -38,7 +38,13 @@ from typing import Any, AsyncIterator, NamedTuple, TypeVar
 import numpy as np
 import numpy.typing as npt
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError, IncompatibleBrokerVersion, KafkaError, UnsupportedVersionError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    IncompatibleBrokerVersion,
+    KafkaError,
+    UnsupportedVersionError,
+)
 
 from ps_core.client import PSClient, ResumePoint, Routed
 from ps_core.coordinator import Offsets
@@ -51,8 +57,8 @@ from ps_core.stream import StreamIdentity, stream_mismatch
 from .collector import fewer_collections
 from .decode import Decoded, Rejected, decode_records
 from .decode_pool import start_decode_pool
-from .resume import STALE_POLICIES, StaleOffsetsError, StalePartition, bounds_reason, cluster_id, partition_bounds
 from .dlq import DeadLetter, DeadLetterQueue
+from .resume import STALE_POLICIES, StaleOffsetsError, StalePartition, bounds_reason, cluster_id, partition_bounds
 from .windows import TopicPartitionKey, Window, WindowBuilder
 
 __all__ = ["WorkerConfig", "Worker", "WindowReport"]
@@ -429,7 +435,9 @@ class Worker:
             self.cluster_id = await cluster_id(self.config.bootstrap)
         except (IncompatibleBrokerVersion, UnsupportedVersionError):
             if self.cluster_id is None:
-                log.warning("the broker reports no cluster id: resume offsets are checked against partition bounds only")
+                log.warning(
+                    "the broker reports no cluster id: resume offsets are checked against partition bounds only"
+                )
             self.cluster_id = None
 
     async def _resume(self, tps: list[TopicPartition], *, rewind: bool) -> dict[int, int]:
@@ -496,7 +504,8 @@ class Worker:
             seek[tp] = to
             self._committed.pop((tp.topic, tp.partition), None)  # a commit of another stream
             resolved.append(StalePartition(s.partition, s.offset, s.start, s.end, s.reason, s.source, to))
-        log.warning(self._stale_line(resolved, point, action), extra={"fields": self._stale_fields(resolved, point, action)})
+        fields = self._stale_fields(resolved, point, action)
+        log.warning(self._stale_line(resolved, point, action), extra={"fields": fields})
         return seek
 
     def _stale_fields(self, stale: list[StalePartition], point: ResumePoint, action: str) -> dict[str, Any]:
@@ -522,7 +531,10 @@ class Worker:
         """The one line saying what was found and what is done about it."""
         f = self._stale_fields(stale, point, action)
         found = {
-            "cluster": f"the offsets were read from Kafka cluster {f['expected_cluster_id']}, this broker is {f['cluster_id']}",
+            "cluster": (
+                f"the offsets were read from Kafka cluster {f['expected_cluster_id']}, "
+                f"this broker is {f['cluster_id']}"
+            ),
             "group": f"the offsets were read by group {f['expected_group']}, this worker is in {f['group']}",
             "beyond_end": "offsets beyond the partition's end",
             "before_start": "offsets before the partition's first offset",

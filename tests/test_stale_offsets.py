@@ -157,7 +157,8 @@ async def test_the_coordinator_drops_the_old_streams_offsets_when_workers_report
         assert point == ({"clicks": {0: 40}}, new)  # partition 1's offset was the old stream's
         assert await client.coordinator_offsets() == {"clicks": {0: 40}}
         [line] = [r for r in caplog.records if r.getMessage().startswith("stream changed")]
-        assert line.fields["old_cluster_id"] == "cluster-a" and line.fields["cluster_id"] == "cluster-b"  # type: ignore[attr-defined]
+        fields = line.fields  # type: ignore[attr-defined]
+        assert (fields["old_cluster_id"], fields["cluster_id"]) == ("cluster-a", "cluster-b")
         # A later cut records the new stream's offsets only.
         report = await client.export_now()
         assert report["offsets"] == {"clicks": {"0": 40}}
@@ -274,7 +275,8 @@ async def test_offsets_beyond_the_end_of_a_recreated_topic_are_detected(
     await _produce(kafka_bootstrap, topic, 200, seed=4)
 
     shards, coordinator = _restore(model_dir)
-    worker = Worker(_config(kafka_bootstrap, topic, group), PSClient.local(shards, coordinator), LogisticRegression("m"))
+    client = PSClient.local(shards, coordinator)
+    worker = Worker(_config(kafka_bootstrap, topic, group), client, LogisticRegression("m"))
     caplog.set_level(logging.WARNING, logger="ctrps.worker")
     await _train(worker, lambda: _bias_shows(shards) >= 2200)
     assert worker.stats.events_trained == 200 and _bias_shows(shards) == 2200
