@@ -548,8 +548,9 @@ class Worker:
                 "or restart the shards with --no-restore or a fresh --exports-dir"
             )
         at = "the partition's first offset" if action == "earliest" else "the group's commit (first offset where none)"
+        # The fields follow the message on the line: topic, partitions, ids.
         return (
-            f"stale offsets not applied: {what}; resuming at {at} ({where}); "
+            f"stale offsets not applied: {what}; resuming at {at}; "
             "the model's weights are kept and this stream's events train on top of them"
         )
 

@@ -399,3 +399,151 @@ def test_on_stale_offsets_setting_flag_over_environment_over_default() -> None:
         WorkerSettings.from_args(parse(base), env={"CTRPS_ON_STALE_OFFSETS": "latest"})
     with pytest.raises(ValueError, match="on_stale_offsets"):
         WorkerConfig("k:9092", on_stale_offsets="latest")
+
+
+# -- the README's pipeline, every role a process, across a broker restart ---------------
+
+
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+class _Procs:
+    """Role processes of one test, logging JSON to files; stopped by SIGTERM."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(self, name: str, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
+        path = self.log_dir / f"{name}.log"
+        with path.open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "app.cli", *args, "--log-format", "json"],
+                cwd=PROJECT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            )  # fmt: skip
+        self.procs.append((proc, path))
+        return proc, path
+
+    async def line(self, proc: subprocess.Popen[bytes], path: Path, msg: str, timeout_s: float = 60) -> dict[str, Any]:
+        found: list[dict[str, Any]] = []
+
+        def seen() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"{path.name} exited {proc.returncode}: {path.read_text()[-2000:]}")
+            found[:] = [o for o in _json_lines(path) if o.get("msg") == msg]
+            return bool(found)
+
+        await until(seen, timeout_s, what=f"{msg!r} in {path.name}", poll_s=0.1)
+        return found[0]
+
+    def stop_all(self) -> None:
+        for proc, _ in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, _ in reversed(self.procs):
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        self.procs = []
+
+
+async def _worker_totals(client: PSClient) -> tuple[int, dict[str, Any]]:
+    """Events trained over the board's workers, and the stale-offset counts."""
+    trained, stale = 0, {}
+    for entry in await client.statuses():
+        status = entry.get("status", {})
+        if status.get("kind") == "worker":
+            trained += int(status.get("events_trained", 0))
+            for reason, actions in status.get("stale_offsets", {}).items():
+                stale.setdefault(reason, {}).update(actions)
+    return trained, stale
+
+
+async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_event(tmp_path: Path) -> None:
+    """`ctrps broker`, two `ctrps shard` and a `ctrps worker` as in the README;
+    an export; everything stopped; a new broker (memory: empty, a new cluster)
+    and the shards restoring the export: the worker trains every new event,
+    says so in one line, and the next export is the new stream's."""
+    procs = _Procs(tmp_path)
+    ports = [free_port(), free_port()]
+    urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    exports = tmp_path / "exports"
+
+    def start_shards(tag: str) -> list[tuple[subprocess.Popen[bytes], Path]]:
+        return [
+            procs.start(f"shard{i}-{tag}", "shard", "--port", str(port), "--shard-id", str(i), "--num-shards", "2",
+                        "--shards", urls, "--exports-dir", str(exports), "--export-interval", "0",
+                        "--model-name", "m", "--stats-interval", "0")  # fmt: skip
+            for i, port in enumerate(ports)
+        ]
+
+    def start_worker(tag: str, bootstrap: str) -> tuple[subprocess.Popen[bytes], Path]:
+        return procs.start(f"worker-{tag}", "worker", "--bootstrap", bootstrap, "--shards", urls,
+                           "--model-name", "m", "--window-seconds", "1", "--window-events", "100",
+                           "--decode-processes", "0", "--session-timeout-ms", "3000")  # fmt: skip
+
+    async def trained_reaches(client: PSClient, n: int) -> None:
+        async def done() -> bool:
+            return (await _worker_totals(client))[0] >= n
+
+        await until(done, 90, what=f"{n} events trained", poll_s=0.2)
+
+    try:
+        broker, broker_log = procs.start("broker-1", "broker", "--port", str(free_port()))
+        first = await procs.line(broker, broker_log, "ready")
+        shards = start_shards("1")
+        for proc, path in shards:
+            await procs.line(proc, path, "listening")
+        start_worker("1", first["bootstrap"])
+        await _produce(first["bootstrap"], "clicks", 2000, seed=8)
+        async with PSClient.connect(urls.split(",")) as client:
+            await trained_reaches(client, 2000)
+
+            async def all_released() -> bool:
+                return (await client.coordinator_offsets()).get("clicks") == {0: 1000, 1: 1000}
+
+            await until(all_released, 30, what="the commits")
+            cut = await client.export_now()
+            assert cut["stream"] == {"cluster_id": first["cluster_id"], "group": "ctrps", "topics": ["clicks"]}
+        procs.stop_all()
+
+        broker, broker_log = procs.start("broker-2", "broker", "--port", str(free_port()))
+        second = await procs.line(broker, broker_log, "ready")
+        assert second["cluster_id"] != first["cluster_id"]
+        shards = start_shards("2")
+        for proc, path in shards:
+            restored = await procs.line(proc, path, "restored")
+            assert restored["version"] == cut["version"] and restored["cluster_id"] == first["cluster_id"]
+        # Fewer events than the cut's offsets, and partitions 2 and 3 too.
+        await _produce(second["bootstrap"], "clicks", 1000, seed=9)
+        worker, worker_log = start_worker("2", second["bootstrap"])
+        async with PSClient.connect(urls.split(",")) as client:
+            await trained_reaches(client, 1000)
+            trained, stale = await _worker_totals(client)
+            assert trained == 1000 and stale == {"cluster": {"committed": 2}}, (trained, stale)
+
+            async def new_stream_released() -> bool:
+                return (await client.coordinator_offsets()).get("clicks") == {0: 500, 1: 500}
+
+            await until(new_stream_released, 30, what="the new stream's commits")
+            after = await client.export_now()
+            assert after["offsets"] == {"clicks": {"0": 500, "1": 500}}
+            assert after["stream"]["cluster_id"] == second["cluster_id"]
+        lines = [o for o in _json_lines(worker_log) if str(o.get("msg", "")).startswith("stale offsets")]
+        assert len(lines) == 1, worker_log.read_text()[-3000:]
+        assert (lines[0]["expected_cluster_id"], lines[0]["cluster_id"]) == (first["cluster_id"], second["cluster_id"])
+        assert lines[0]["partitions"] == "0:1000[0,500)->0 1:1000[0,500)->0"
+        assert "Traceback" not in worker_log.read_text()
+    finally:
+        procs.stop_all()
