@@ -152,7 +152,7 @@ def fresh_exports_dir(parent: Path) -> Path:
 
 
 def _announce(
-    out: TextIO, server: ApiServer, bootstrap: str, settings: DemoSettings, exports: Path | None
+    out: TextIO, server: ApiServer, bootstrap: str, settings: DemoSettings, exports: Path | None = None
 ) -> None:
     """Where everything is and what to try: a banner on `out` for people, or,
     with JSON logs, one ``ready`` line holding the same (stdout stays empty)."""
