@@ -547,3 +547,34 @@ async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_eve
         assert "Traceback" not in worker_log.read_text()
     finally:
         procs.stop_all()
+
+
+async def test_offsets_of_another_group_are_not_applied_silently(
+    kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = f"clicks-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    await _produce(kafka_bootstrap, topic, 1000, seed=10)
+    model_dir = await _export_from(kafka_bootstrap, topic, "group-a", tmp_path / "exports", 1000)
+    shards, coordinator = _restore(model_dir)
+    worker = Worker(_config(kafka_bootstrap, topic, "group-b", "earliest"), PSClient.local(shards, coordinator),
+                    LogisticRegression("m"))  # fmt: skip
+    caplog.set_level(logging.WARNING, logger="ctrps.worker")
+    await _train(worker, lambda: _bias_shows(shards) >= 2000)
+    assert worker.stats.events_trained == 1000 and worker.stats.stale_offsets == {("group", "earliest"): 2}
+    [line] = _stale_lines(caplog)
+    fields = line.fields  # type: ignore[attr-defined]
+    assert (fields["expected_group"], fields["group"], fields["reason"]) == ("group-a", "group-b", "group")
+
+
+async def test_a_coordinator_restored_from_an_older_export_adopts_the_first_reported_stream() -> None:
+    """An export written before streams were recorded: its offsets are kept
+    (checked against partition bounds only) and the first stream reported
+    becomes theirs."""
+    coordinator = Coordinator(offsets={"clicks": {0: 10, 1: 20}})
+    assert coordinator.stream is None
+    lease = await coordinator.acquire("w")
+    stream = StreamIdentity("c", "g", ("clicks",))
+    await coordinator.release(lease.lease_id, {"clicks": {0: 15}}, stream)
+    assert coordinator.offsets() == {"clicks": {0: 15, 1: 20}} and coordinator.stream == stream
+    assert coordinator.stream_changes == 0
