@@ -208,6 +208,18 @@ class CoordinatorRestarted(Exception):
         self.epoch = epoch
 
 
+async def _retrying(call: Callable[[], Awaitable[_T]], attempts: int = 5, pause_s: float = 1.0) -> _T:
+    """`call()`, tried again on a Kafka or socket error: a broker that has
+    just come back (the group rejoins as soon as it answers) may refuse a
+    first admin or fetch connection."""
+    for _ in range(attempts - 1):
+        try:
+            return await call()
+        except (KafkaError, OSError):
+            await asyncio.sleep(pause_s)
+    return await call()
+
+
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
@@ -449,9 +461,9 @@ class Worker:
         commit (checked the same way); with `rewind` (a new coordinator
         epoch) it is sought there explicitly, since the consumer's position
         has moved on."""
-        await self._refresh_cluster_id()
+        await _retrying(self._refresh_cluster_id)
         point = await self.client.coordinator_resume() if self.leased else ResumePoint({}, None)
-        bounds = await partition_bounds(self.config.bootstrap, tps)
+        bounds = await _retrying(lambda: partition_bounds(self.config.bootstrap, tps))
         seek: dict[TopicPartition, int] = {}
         stale: list[StalePartition] = []
         actual = self.stream()
