@@ -26,6 +26,8 @@ async def run_broker(port: int, topics: dict[str, int], stop: asyncio.Event | No
                 "ready",
                 bootstrap=broker.bootstrap,
                 pid=broker.pid,
+                # New at every start: its memory, and so its offsets, are new too.
+                cluster_id=broker.cluster_id,
                 topics=",".join(f"{k}:{v}" for k, v in topics.items()),
             )
             await stop.wait()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from typing import Any, Callable, Coroutine, Sequence
 
@@ -164,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--model-name", help="model name (default ctr)")
     worker.add_argument("--no-rpc", action="store_true", help="reach the shards over HTTP only, not their TCP RPC")
     worker.add_argument("--decode-processes", type=int, help="decoding processes (default 1)")
+    worker.add_argument(
+        "--on-stale-offsets", choices=("committed", "earliest", "fail"),
+        help="resume offsets of another Kafka cluster or group, or outside a partition's range: "
+        "resume at the group's commit (committed, the default), at the first offset (earliest), "
+        "or exit with code 4 (fail); the model's weights are kept",
+    )
     worker.add_argument(
         "--session-timeout-ms", type=int, help="Kafka session timeout (default 10000)"
     )
@@ -348,7 +355,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ctrps {args.command}: {exc}", file=sys.stderr)
         return 2
     configure_logging(log_format)
-    uvloop.run(role())
+    try:
+        uvloop.run(role())
+    except Exception as exc:
+        # An expected failure carries its exit code: one line, no traceback.
+        code = getattr(type(exc), "exit_code", None)
+        if not isinstance(code, int):
+            raise
+        logging.getLogger(f"ctrps.{args.command}").error(str(exc))
+        return code
     return 0
 
 

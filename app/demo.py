@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -43,7 +45,7 @@ from .settings import ApiSettings, DemoSettings
 from .signals import stop_on_signals
 from .status import default_worker_id, make_status_hook
 
-__all__ = ["run_demo", "TOPIC", "GROUP", "PARTITIONS", "example_event"]
+__all__ = ["run_demo", "TOPIC", "GROUP", "PARTITIONS", "example_event", "fresh_exports_dir"]
 
 log = logging.getLogger("ctrps.demo")
 
@@ -134,7 +136,24 @@ def _hooks(
     return run
 
 
-def _announce(out: TextIO, server: ApiServer, bootstrap: str, settings: DemoSettings) -> None:
+def fresh_exports_dir(parent: Path) -> Path:
+    """A directory of this run's own under `parent`:
+    ``demo-<UTC time>-<random>``, created now (never one that exists), so
+    no other run — another demo, or shards restoring ``<parent>/<model>`` —
+    shares its versions."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    while True:
+        path = parent / f"demo-{stamp}-{secrets.token_hex(3)}"
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            continue  # the same second and the same 24 random bits: draw again
+        return path
+
+
+def _announce(
+    out: TextIO, server: ApiServer, bootstrap: str, settings: DemoSettings, exports: Path | None = None
+) -> None:
     """Where everything is and what to try: a banner on `out` for people, or,
     with JSON logs, one ``ready`` line holding the same (stdout stays empty)."""
     api = server.url
@@ -148,6 +167,7 @@ def _announce(out: TextIO, server: ApiServer, bootstrap: str, settings: DemoSett
     ]
     log_event(log, "ready", **urls, bootstrap=bootstrap, topic=TOPIC, group=GROUP,
               shards=settings.shards, rate=settings.rate, window_seconds=settings.window_seconds,
+              exports=str(exports) if exports is not None else "-",
               **({"examples": examples} if settings.log_format == "json" else {}))  # fmt: skip
     if settings.log_format == "json":
         return
@@ -156,6 +176,11 @@ def _announce(out: TextIO, server: ApiServer, bootstrap: str, settings: DemoSett
         f"ctrps demo: synthetic clicks -> Kafka -> worker -> {settings.shards} shards -> HTTP API",
         *(f"  {'API' if name == 'api' else name:<10} {url}" for name, url in urls.items()),
         f"  {'kafka':<10} {bootstrap} (topic {TOPIC}, group {GROUP})",
+        *(
+            [f"  {'exports':<10} {exports} (this run's own; the demo never restores)"]
+            if exports is not None
+            else []
+        ),
         "",
         "Try:",
         *(f"  {e}" for e in examples),
@@ -198,14 +223,16 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO) -> int:
         shards = [Shard(ShardSpec(i, settings.shards)) for i in range(settings.shards)]
         api_settings = ApiSettings(host=settings.host, port=settings.port, log_format=settings.log_format)
         exporter: Exporter | None = None
+        exports: Path | None = None
         if settings.exports_dir:
             # The broker is new, so an older export's offsets mean nothing
-            # here: the demo writes versions (after the newest on disk) but
-            # never restores.
-            newest, _ = Exporter.resume_point(Path(settings.exports_dir) / api_settings.model_name)
-            coordinator = Coordinator(lease_ttl_s=30.0, last_version=newest)
+            # here: the demo never restores, and writes into a directory of
+            # its own, so no later run (shards restoring the newest export of
+            # <exports-dir>/<model>, another demo) resumes from its offsets.
+            exports = fresh_exports_dir(Path(settings.exports_dir))
+            coordinator = Coordinator(lease_ttl_s=30.0)
             client = await stack.enter_async_context(PSClient.local(shards, coordinator))
-            exporter = Exporter(coordinator, client, settings.exports_dir, api_settings.model_name)
+            exporter = Exporter(coordinator, client, exports, api_settings.model_name)
             client.serve_exports(exporter)
         else:
             client = await stack.enter_async_context(PSClient.local(shards))
@@ -247,7 +274,7 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO) -> int:
             if exporter is not None and settings.export_interval_s > 0
             else None
         )
-        _announce(out, server, bootstrap, settings)
+        _announce(out, server, bootstrap, settings, exports / api_settings.model_name if exports is not None else None)
         failed = await _until_stopped(settings, stop, working, producing)
         if exporting is not None:
             stop.set()

@@ -32,10 +32,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from ps_core.client import LeaseGrant, PSClient, Pulled, ShardTransport
+from ps_core.client import LeaseGrant, PSClient, Pulled, ResumePoint, ShardTransport
 from ps_core.coordinator import Offsets
 from ps_core.errors import PSError
 from ps_core.hashing import U64
+from ps_core.stream import StreamIdentity
 from ps_core.table import F32, TableConfig, TableSnapshot
 
 from .status import BoardSummary, summarize
@@ -154,6 +155,12 @@ class _ClusterCollector(Collector):
         dead = CounterMetricFamily(
             "ctrps_dead_letters", "Records dead-lettered, by reason.", labels=["worker", "reason"]
         )
+        stale = CounterMetricFamily(
+            "ctrps_worker_stale_offsets",
+            "Partitions whose resume offset was not applied as given (another Kafka cluster or group, "
+            "beyond the end, before the start), by reason and the action taken (--on-stale-offsets).",
+            labels=["worker", "reason", "action"],
+        )
         window_s = HistogramMetricFamily(
             "ctrps_window_seconds", "Duration of the worker's windows.", labels=["worker"]
         )
@@ -178,6 +185,10 @@ class _ClusterCollector(Collector):
             by_reason = s.get("dead_letters_by_reason")
             for reason, n in (by_reason if isinstance(by_reason, dict) else {}).items():
                 dead.add_metric([w.source, str(reason)], _num(n))
+            by_stale = s.get("stale_offsets")
+            for reason, actions in (by_stale if isinstance(by_stale, dict) else {}).items():
+                for action, n in (actions if isinstance(actions, dict) else {}).items():
+                    stale.add_metric([w.source, str(reason), str(action)], _num(n))
             hist = _histogram(s.get("window_seconds"))
             if hist is not None:
                 window_s.add_metric(labels, buckets=hist[0], sum_value=hist[1])
@@ -194,7 +205,7 @@ class _ClusterCollector(Collector):
         )
         for p, n in board.lag_by_partition.items():
             lag.add_metric([str(p)], float(n))
-        yield from (records, trained, windows, dead, window_s, age, *quality.values(), lag)
+        yield from (records, trained, windows, dead, stale, window_s, age, *quality.values(), lag)
 
 
 def _num(v: object) -> float:
@@ -380,11 +391,14 @@ class InstrumentedTransport:
     async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant:
         return await self._timed("lease", self.inner.acquire_lease(worker, wait_s))
 
-    async def release_lease(self, lease_id: int, offsets: Offsets) -> bool:
-        return await self._timed("lease", self.inner.release_lease(lease_id, offsets))
+    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
+        return await self._timed("lease", self.inner.release_lease(lease_id, offsets, stream))
 
     async def coordinator_offsets(self) -> Offsets:
         return await self._timed("offsets", self.inner.coordinator_offsets())
+
+    async def coordinator_resume(self) -> ResumePoint:
+        return await self._timed("offsets", self.inner.coordinator_resume())
 
     async def export_now(self, kind: str | None) -> dict[str, Any]:
         return await self._timed("export", self.inner.export_now(kind))

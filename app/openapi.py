@@ -248,6 +248,11 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
                 "events_trained": count,
                 "dead_letters": count,
                 "dead_letters_by_reason": counts_by,
+                "stale_offsets": {
+                    "type": "object",
+                    "description": "Partitions whose resume offset was not applied as given, by reason and action.",
+                    "additionalProperties": counts_by,
+                },
                 "lag_by_partition": counts_by,
                 "last_window": window,
                 "window_seconds": {
@@ -286,6 +291,18 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
                 "write_ms": {"type": "number", "minimum": 0},
                 "expired_leases": {"type": "array", "items": {"type": "string"}},
                 "pruned": {"type": "array", "items": {"type": "integer"}},
+                "stream": {
+                    **_closed(
+                        {
+                            "cluster_id": string,
+                            "group": string,
+                            "topics": {"type": "array", "items": string},
+                        }
+                    ),
+                    "type": ["object", "null"],
+                    "description": "The stream the offsets were read from (Kafka cluster id, group, topics); "
+                    "null when no worker reported one.",
+                },
             }
         ),
         "Compaction": _closed(

@@ -261,8 +261,16 @@ class WorkerSettings:
     use_rpc: bool = True
     """Pull and push over the shards' TCP RPC where they offer it; else HTTP
     only (``CTRPS_USE_RPC``, 0 or 1)."""
+    on_stale_offsets: str = "committed"
+    """Resume offsets of another stream (Kafka cluster or group), or beyond a
+    partition's end or before its start (``CTRPS_ON_STALE_OFFSETS``):
+    ``committed`` resumes at the group's commit (first offset where none),
+    ``earliest`` at the partition's first offset, ``fail`` exits with code 4.
+    The model's weights are kept either way."""
 
     def __post_init__(self) -> None:
+        if self.on_stale_offsets not in ("committed", "earliest", "fail"):
+            raise SettingsError(f"on-stale-offsets {self.on_stale_offsets!r} is not committed, earliest or fail")
         if not self.bootstrap:
             raise SettingsError(
                 "no Kafka bootstrap: pass --bootstrap or set CTRPS_KAFKA_BOOTSTRAP "
@@ -312,6 +320,7 @@ class WorkerSettings:
             ),
             log_format=pick(args.log_format, "CTRPS_LOG_FORMAT", "log_format"),
             use_rpc=False if args.no_rpc else pick(None, "CTRPS_USE_RPC", "use_rpc", _parse_bool),
+            on_stale_offsets=pick(args.on_stale_offsets, "CTRPS_ON_STALE_OFFSETS", "on_stale_offsets"),
         )
 
 

@@ -21,6 +21,7 @@ from ps_core.http1_server import start_shard_http
 from ps_core.rpc import start_rpc_server
 from ps_core.server import create_shard_app
 from ps_core.shard import Shard, ShardSpec
+from ps_core.stream import StreamIdentity
 
 from .logs import log_event
 from .settings import ShardSettings
@@ -47,10 +48,10 @@ async def _report(shard: Shard, interval_s: float) -> None:
             )
 
 
-def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, int]]]:
+def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, int]], StreamIdentity | None]:
     """This shard's slice of the newest export every file of which checks
     (or an empty shard), the newest version on disk, and the restored cut's
-    offsets. A version passed over is logged (``version refused``: file and
+    offsets with their stream. A version passed over is logged (``version refused``: file and
     both checksums); in a cluster of several shards, whether that fallback
     stands is the coordinator's decision, made for every shard together."""
     spec = ShardSpec(settings.shard_id, settings.num_shards)
@@ -77,13 +78,14 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, i
             log_event(
                 log, "restore", version=result.version, chain=",".join(str(v.version) for v in chain),
                 rows=sum(len(t) for t in shard.tables.values()), shard_id=settings.shard_id,
+                cluster_id=result.manifest.stream.cluster_id if result.manifest.stream is not None else "-",
             )
             offsets = {t: dict(p) for t, p in result.offsets.items()}
             shard.restore_dir = model_dir
-            return shard, newest, offsets
+            return shard, newest, offsets, result.manifest.stream
     if settings.exports_dir:
         shard.restore_dir = model_dir
-    return shard, newest, {}
+    return shard, newest, {}, None
 
 
 def _joins(settings: ShardSettings) -> bool:
@@ -129,7 +131,7 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
 
     Every shard first restores its slice of the newest export; shard 0 hosts
     the coordinator and exports on an interval (when it knows every shard)."""
-    shard, newest, offsets = await asyncio.to_thread(_restore, settings)
+    shard, newest, offsets, stream = await asyncio.to_thread(_restore, settings)
     if _joins(settings):
         shard.leave("it restored version "
                     f"{shard.state_version} and waits for the coordinator (shard 0) to admit it")
@@ -148,7 +150,7 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
         # Versions continue after the newest on disk; its first cut is a base.
         coordinator = Coordinator(
             lease_ttl_s=settings.lease_ttl_s, base_every=settings.base_every,
-            last_version=newest, offsets=offsets, version=shard.state_version,
+            last_version=newest, offsets=offsets, version=shard.state_version, stream=stream,
         )
         session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         transports: list[ShardTransport] = [LocalTransport(shard, coordinator)]

@@ -21,7 +21,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +100,8 @@ def worker_status(
         "dead_letters_by_reason": dict(stats.dead_letters_by_reason),
         "commits": stats.commits,
         "failed_commits": stats.failed_commits,
+        # {reason: {action: partitions}}: resume offsets not applied as given.
+        "stale_offsets": _nested(stats.stale_offsets),
         "last_window": last,
         "lag_by_partition": {str(p): int(n) for p, n in report.lag_by_partition.items()},
     }
@@ -108,6 +110,13 @@ def worker_status(
     if window_seconds is not None:
         status["window_seconds"] = window_seconds.to_dict()
     return status
+
+
+def _nested(counts: Mapping[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (reason, action), n in counts.items():
+        out.setdefault(reason, {})[action] = int(n)
+    return out
 
 
 def make_status_hook(

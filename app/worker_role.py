@@ -37,11 +37,13 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
         decode_processes=settings.decode_processes,
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=max(100, settings.session_timeout_ms // 5),
+        on_stale_offsets=settings.on_stale_offsets,
     )
     model = make_model(settings.model, settings.model_name)
     worker_id = default_worker_id()
     log_event(log, "starting", worker=worker_id, topic=settings.topic, group=settings.group,
-              shards=len(settings.shards), model=settings.model, name=settings.model_name)
+              shards=len(settings.shards), model=settings.model, name=settings.model_name,
+              on_stale_offsets=settings.on_stale_offsets)
     with stop_on_signals(stop):
         async with PSClient.connect(settings.shards, rpc=settings.use_rpc) as client:
             worker = Worker(config, client, model)

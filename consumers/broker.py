@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -126,6 +127,8 @@ class EmbeddedBroker:
         self._want_port = port
         self._start_timeout_s = start_timeout_s
         self._proc: _Proc | None = None
+        self.cluster_id = ""
+        """The Kafka cluster id of the running broker: new at every `start`."""
 
     @property
     def bootstrap(self) -> str:
@@ -150,6 +153,7 @@ class EmbeddedBroker:
         if not _port_is_free(self.host, port):
             raise BrokerError(f"port {port} on {self.host} is taken; the broker would exit silently")
         url = f"tcp://{self.host}:{port}"
+        self.cluster_id = f"ctrps-{secrets.token_hex(8)}"
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
         popen = subprocess.Popen(
             [
@@ -158,6 +162,9 @@ class EmbeddedBroker:
                 "--listener-url", url,
                 "--advertised-listener-url", url,
                 "--storage-engine", "memory://tansu/",
+                # A fresh id per start: a restarted memory broker holds other
+                # records at the same offsets, and is visibly another cluster.
+                "--cluster-id", self.cluster_id,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

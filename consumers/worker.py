@@ -38,19 +38,27 @@ from typing import Any, AsyncIterator, NamedTuple, TypeVar
 import numpy as np
 import numpy.typing as npt
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    IncompatibleBrokerVersion,
+    KafkaError,
+    UnsupportedVersionError,
+)
 
-from ps_core.client import PSClient, Routed
+from ps_core.client import PSClient, ResumePoint, Routed
 from ps_core.coordinator import Offsets
 from ps_core.errors import NoCoordinatorError, PSError
 from ps_core.features import EventBatch
 from ps_core.metrics import Metrics, evaluate
 from ps_core.models import BatchPlan, Model, sigmoid
+from ps_core.stream import StreamIdentity, stream_mismatch
 
 from .collector import fewer_collections
 from .decode import Decoded, Rejected, decode_records
 from .decode_pool import start_decode_pool
 from .dlq import DeadLetter, DeadLetterQueue
+from .resume import STALE_POLICIES, StaleOffsetsError, StalePartition, bounds_reason, cluster_id, partition_bounds
 from .windows import TopicPartitionKey, Window, WindowBuilder
 
 __all__ = ["WorkerConfig", "Worker", "WindowReport"]
@@ -119,8 +127,14 @@ class WorkerConfig:
     """Update mode; ``async`` for now."""
     worker_id: str = ""
     """Name in leases and logs; default ``<host>-<pid>``."""
+    on_stale_offsets: str = "committed"
+    """What to do with resume offsets that do not belong to the broker's
+    stream (another cluster or group, beyond a partition's end or before its
+    start): ``committed``, ``earliest`` or ``fail`` (`consumers.resume.STALE_POLICIES`)."""
 
     def __post_init__(self) -> None:
+        if self.on_stale_offsets not in STALE_POLICIES:
+            raise ValueError(f"on_stale_offsets {self.on_stale_offsets!r} is not one of {', '.join(STALE_POLICIES)}")
         if self.mode != "async":
             raise ValueError(f"update mode {self.mode!r} is not available; use async")
         if self.window_seconds <= 0 or self.window_events < 1 or self.mini_batch < 1:
@@ -179,6 +193,8 @@ class WorkerStats:
     rewinds: int = 0
     """Times a restarted coordinator made the worker resume from its offsets."""
     failed_commits: int = 0
+    stale_offsets: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """Partitions whose resume offset failed a check, by (reason, action)."""
     last: WindowReport | None = None
     history: list[WindowReport] = field(default_factory=list)
 
@@ -190,6 +206,18 @@ class CoordinatorRestarted(Exception):
     def __init__(self, epoch: str) -> None:
         super().__init__(f"coordinator epoch is now {epoch}")
         self.epoch = epoch
+
+
+async def _retrying(call: Callable[[], Awaitable[_T]], attempts: int = 5, pause_s: float = 1.0) -> _T:
+    """`call()`, tried again on a Kafka or socket error: a broker that has
+    just come back (the group rejoins as soon as it answers) may refuse a
+    first admin or fetch connection."""
+    for _ in range(attempts - 1):
+        try:
+            return await call()
+        except (KafkaError, OSError):
+            await asyncio.sleep(pause_s)
+    return await call()
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -236,6 +264,11 @@ class Worker:
         self.leased = False
         """Whether windows are leased from a coordinator (found at start)."""
         self._epoch: str | None = None
+        self.cluster_id: str | None = None
+        """The broker's cluster id, as last asked (None: it reports none)."""
+        # Set by an assignment whose offsets are refused (policy ``fail``),
+        # or could not be checked; the run loop raises it.
+        self._refusal: Exception | None = None
 
     # -- lifecycle -------------------------------------------------------------
     async def _start(self) -> None:
@@ -249,6 +282,11 @@ class Worker:
             self._epoch, self.leased = grant.epoch, True
         except NoCoordinatorError:
             log.info("no coordinator: windows are not leased and exports hold no offsets")
+        # The stream this worker reads; under ``fail`` a restored cut of
+        # another stream is refused before anything starts.
+        await self._refresh_cluster_id()
+        if self.leased and c.on_stale_offsets == "fail":
+            await self._refuse_stale_at_start()
         if c.decode_processes > 0:
             self._pool = start_decode_pool(c.decode_processes)
             # Spawn and warm the decoders (imports, caches) while the consumer
@@ -327,6 +365,8 @@ class Worker:
                 batches = await self._consumer.getmany(
                     timeout_ms=200, max_records=max(1, min(room, 20_000))
                 )
+                if self._refusal is not None:  # an assignment's offsets were refused
+                    raise self._refusal
                 for tp, records in batches.items():
                     values = self._builder.add(records)
                     # Decoding starts as records arrive, so it overlaps fetching
@@ -371,23 +411,179 @@ class Worker:
 
     # -- one window ------------------------------------------------------------
     async def _on_assigned(self, assigned: Any) -> None:
-        """Resume where the coordinator says the shards' state ends.
+        """Resume where the coordinator says the shards' state ends, once the
+        offsets are checked against the broker (`_resume`).
 
         Normally that is the group's committed offset (each lease release
         reports the commit); after a restore it is the cut's offset, earlier
         than the group's, and the windows in between are trained again.
         """
-        if not self.leased or not assigned:
+        if not assigned:
             return
-        known = await self.client.coordinator_offsets()
-        moved = {}
-        for tp in assigned:
-            off = known.get(tp.topic, {}).get(tp.partition)
-            if off is not None:
-                self._consumer.seek(tp, off)
-                moved[tp.partition] = off
+        # The consumer fetches from the group's commit as soon as partitions
+        # are assigned, while this check awaits the broker: nothing fetched
+        # before the seek may reach a window.
+        self._consumer.pause(*assigned)
+        try:
+            moved = await self._resume(list(assigned), rewind=False)
+        except Exception as exc:
+            # Raised here it would only be logged by the Kafka client, and
+            # the partitions would resume unchecked: fetch nothing, and let
+            # the run loop raise it (a refusal, or the check's own failure).
+            self._refusal = exc
+            return
+        self._consumer.resume(*assigned)
         if moved:
-            log.info("seek", extra={"fields": {"offsets": moved}})
+            log.info("seek", extra={"fields": {"offsets": {str(p): o for p, o in moved.items()}}})
+
+    def stream(self) -> StreamIdentity | None:
+        """The stream this worker reads (None while the broker's cluster id is unknown)."""
+        if self.cluster_id is None:
+            return None
+        return StreamIdentity(self.cluster_id, self.config.group, (self.config.topic,))
+
+    async def _refresh_cluster_id(self) -> None:
+        try:
+            self.cluster_id = await cluster_id(self.config.bootstrap)
+        except (IncompatibleBrokerVersion, UnsupportedVersionError):
+            if self.cluster_id is None:
+                log.warning(
+                    "the broker reports no cluster id: resume offsets are checked against partition bounds only"
+                )
+            self.cluster_id = None
+
+    async def _resume(self, tps: list[TopicPartition], *, rewind: bool) -> dict[int, int]:
+        """Seek `tps` to the coordinator's offsets where they belong to the
+        broker's stream; apply ``on_stale_offsets`` where they do not (one log
+        line, counted). Returns the partitions sought and where.
+
+        A partition the coordinator knows nothing of starts from the group's
+        commit (checked the same way); with `rewind` (a new coordinator
+        epoch) it is sought there explicitly, since the consumer's position
+        has moved on."""
+        await _retrying(self._refresh_cluster_id)
+        point = await self.client.coordinator_resume() if self.leased else ResumePoint({}, None)
+        bounds = await _retrying(lambda: partition_bounds(self.config.bootstrap, tps))
+        seek: dict[TopicPartition, int] = {}
+        stale: list[StalePartition] = []
+        actual = self.stream()
+        mismatch = stream_mismatch(point.stream, actual) if actual is not None else None
+        for tp in sorted(tps):  # per partition, on assignment only
+            start, end = bounds[tp]
+            off = point.offsets.get(tp.topic, {}).get(tp.partition)
+            if off is not None:
+                reason = mismatch or bounds_reason(off, start, end)
+                source = "coordinator"
+            else:
+                off = self._committed.get((tp.topic, tp.partition)) if rewind else None
+                if off is None:
+                    off = await self._consumer.committed(tp)
+                if off is None:
+                    continue  # no commit: the consumer starts at the partition's first offset
+                # The group's commit is the broker's own: only its range can be wrong.
+                reason, source = bounds_reason(off, start, end), "group"
+            if reason is None:
+                if source == "coordinator" or rewind:
+                    seek[tp] = off
+                continue
+            stale.append(StalePartition(tp.partition, off, start, end, reason, source))
+        if stale:
+            seek.update(await self._stale(stale, point, tps))
+        for tp, off in seek.items():
+            self._consumer.seek(tp, off)
+        return {tp.partition: off for tp, off in seek.items()}
+
+    async def _stale(
+        self, stale: list[StalePartition], point: ResumePoint, tps: list[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        """Apply ``on_stale_offsets`` to `stale` partitions: where to seek them
+        instead, or `StaleOffsetsError` under ``fail``. One line, counted."""
+        action = self.config.on_stale_offsets
+        by_partition = {tp.partition: tp for tp in tps}
+        for s in stale:
+            self.stats.stale_offsets[(s.reason, action)] += 1
+        if action == "fail":
+            raise StaleOffsetsError(self._stale_line(stale, point, action))
+        seek: dict[TopicPartition, int] = {}
+        resolved = []
+        for s in stale:
+            tp = by_partition[s.partition]
+            to = s.start
+            if action == "committed" and s.source == "coordinator":
+                group = await self._consumer.committed(tp)
+                if group is not None and bounds_reason(group, s.start, s.end) is None:
+                    to = group
+            seek[tp] = to
+            self._committed.pop((tp.topic, tp.partition), None)  # a commit of another stream
+            resolved.append(StalePartition(s.partition, s.offset, s.start, s.end, s.reason, s.source, to))
+        fields = self._stale_fields(resolved, point, action)
+        log.warning(self._stale_line(resolved, point, action), extra={"fields": fields})
+        return seek
+
+    def _stale_fields(self, stale: list[StalePartition], point: ResumePoint, action: str) -> dict[str, Any]:
+        recorded = point.stream
+        return {
+            "reason": ",".join(sorted({s.reason for s in stale})),
+            "action": action,
+            "expected_cluster_id": recorded.cluster_id if recorded is not None else "-",
+            "cluster_id": self.cluster_id or "-",
+            "expected_group": recorded.group if recorded is not None else "-",
+            "group": self.config.group,
+            "topic": self.config.topic,
+            # partition: offset [start, end) -> resumed
+            "partitions": " ".join(
+                f"{s.partition}:{s.offset}[{s.start},{s.end})"
+                + (f"->{s.resumed}" if s.resumed is not None else "")
+                + ("(group)" if s.source == "group" else "")
+                for s in stale
+            ),
+        }
+
+    def _stale_line(self, stale: list[StalePartition], point: ResumePoint, action: str) -> str:
+        """The one line saying what was found and what is done about it."""
+        f = self._stale_fields(stale, point, action)
+        found = {
+            "cluster": (
+                f"the offsets were read from Kafka cluster {f['expected_cluster_id']}, "
+                f"this broker is {f['cluster_id']}"
+            ),
+            "group": f"the offsets were read by group {f['expected_group']}, this worker is in {f['group']}",
+            "beyond_end": "offsets beyond the partition's end",
+            "before_start": "offsets before the partition's first offset",
+        }
+        what = "; ".join(found[r] for r in f["reason"].split(","))
+        where = f"topic {f['topic']} partition:offset[start,end) {f['partitions']}"
+        if action == "fail":
+            return (
+                f"stale offsets refused (--on-stale-offsets fail): {what}; {where}. "
+                "--on-stale-offsets committed or earliest resumes (the model's weights are kept), "
+                "or restart the shards with --no-restore or a fresh --exports-dir"
+            )
+        at = "the partition's first offset" if action == "earliest" else "the group's commit (first offset where none)"
+        # The fields follow the message on the line: topic, partitions, ids.
+        return (
+            f"stale offsets not applied: {what}; resuming at {at}; "
+            "the model's weights are kept and this stream's events train on top of them"
+        )
+
+    async def _refuse_stale_at_start(self) -> None:
+        """Under ``fail``, refuse before joining the group when the
+        coordinator's offsets for this topic do not belong to the broker."""
+        point = await self.client.coordinator_resume()
+        known = point.offsets.get(self.config.topic, {})
+        if not known:
+            return
+        tps = [TopicPartition(self.config.topic, p) for p in sorted(known)]
+        bounds = await partition_bounds(self.config.bootstrap, tps)
+        actual = self.stream()
+        mismatch = stream_mismatch(point.stream, actual) if actual is not None else None
+        stale = [
+            StalePartition(tp.partition, known[tp.partition], *bounds[tp], reason, "coordinator")
+            for tp in tps
+            if (reason := mismatch or bounds_reason(known[tp.partition], *bounds[tp])) is not None
+        ]
+        if stale:
+            await self._stale(stale, point, tps)
 
     async def _on_revoked(self, revoked: set[TopicPartitionKey]) -> None:
         if not revoked:  # the first join revokes nothing
@@ -644,7 +840,8 @@ class Worker:
     async def _rewind(self, epoch: str) -> None:
         """Resume every owned partition where the new coordinator's shards
         end (or at the group's commit where it knows nothing), dropping what
-        is buffered: the windows after the cut are trained again, once."""
+        is buffered: the windows after the cut are trained again, once. The
+        offsets are checked against the broker as on assignment."""
         owned = self._consumer.assignment()
         self._builder.drop_partitions({(tp.topic, tp.partition) for tp in owned})
         for _, _, fut in self._chunks:
@@ -652,24 +849,14 @@ class Worker:
         self._chunks = []
         for t in self.model.tables():  # shards that restarted empty need them again
             await self.client.declare(t)
-        known = await self.client.coordinator_offsets()
-        moved = {}
-        for tp in owned:
-            off = known.get(tp.topic, {}).get(tp.partition)
-            if off is None:
-                off = self._committed.get((tp.topic, tp.partition))
-            if off is None:
-                off = await self._consumer.committed(tp)
-            if off is not None:
-                self._consumer.seek(tp, off)
-                moved[tp.partition] = off
+        moved = {str(p): o for p, o in (await self._resume(list(owned), rewind=True)).items()}
         self._epoch = epoch
         self.stats.rewinds += 1
         log.warning("coordinator restarted: rewound", extra={"fields": {"epoch": epoch, "offsets": moved}})
 
     async def _release(self, lease_id: int, committed: Offsets) -> None:
         try:
-            if not await self.client.release_lease(lease_id, committed):
+            if not await self.client.release_lease(lease_id, committed, self.stream() if committed else None):
                 log.warning("lease expired", extra={"fields": {"lease": lease_id}})
         except PSError as exc:
             # The window is committed (or failed); a cut gives up on the lease

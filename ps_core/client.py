@@ -55,6 +55,7 @@ from .rpc import RpcConnection
 from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
 from .steps import split_by_shard
+from .stream import StreamIdentity
 from .export import snapshots_from_bytes
 from .joining import restore_version
 from .table import F32, TableConfig, TableSnapshot
@@ -68,6 +69,7 @@ __all__ = [
     "TcpTransport",
     "LocalTransport",
     "RetryPolicy",
+    "ResumePoint",
 ]
 
 
@@ -91,6 +93,25 @@ class LeaseGrant(NamedTuple):
     """What `release_lease` names."""
     epoch: str
     """The coordinator's life (`ps_core.coordinator.Coordinator.epoch`)."""
+
+
+class ResumePoint(NamedTuple):
+    """Where the coordinator says the shards' state ends, and in which stream."""
+
+    offsets: Offsets
+    """Next offset to consume per topic and partition."""
+    stream: StreamIdentity | None
+    """The stream they were read from (None: not known, e.g. an older export)."""
+
+
+def _resume_point(got: Any) -> ResumePoint:
+    """A ``GET /v1/offsets`` answer as a `ResumePoint`."""
+    raw = got.get("stream")
+    try:
+        stream = StreamIdentity.from_dict(raw) if raw is not None else None
+    except ValueError as exc:
+        raise LeaseError(f"bad stream in the coordinator's answer: {exc}") from None
+    return ResumePoint(parse_offsets(got["offsets"]), stream)
 
 
 class ExportService(Protocol):
@@ -156,9 +177,11 @@ class ShardTransport(Protocol):
 
     async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant: ...
 
-    async def release_lease(self, lease_id: int, offsets: Offsets) -> bool: ...
+    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool: ...
 
     async def coordinator_offsets(self) -> Offsets: ...
+
+    async def coordinator_resume(self) -> ResumePoint: ...
 
     async def export_now(self, kind: str | None) -> dict[str, Any]: ...
 
@@ -266,11 +289,15 @@ class LocalTransport:
         lease = await self._coordinator().acquire(worker, wait_s)
         return LeaseGrant(lease.lease_id, lease.epoch)
 
-    async def release_lease(self, lease_id: int, offsets: Offsets) -> bool:
-        return await self._coordinator().release(lease_id, offsets)
+    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
+        return await self._coordinator().release(lease_id, offsets, stream)
 
     async def coordinator_offsets(self) -> Offsets:
         return self._coordinator().offsets()
+
+    async def coordinator_resume(self) -> ResumePoint:
+        c = self._coordinator()
+        return ResumePoint(c.offsets(), c.stream)
 
     def _exporter(self) -> ExportService:
         if self.exporter is None:
@@ -581,12 +608,19 @@ class HttpTransport:
         got = await self._coordinator_request("POST", "/v1/leases", {"worker": worker, "wait_s": wait_s})
         return LeaseGrant(int(got["lease_id"]), str(got["epoch"]))
 
-    async def release_lease(self, lease_id: int, offsets: Offsets) -> bool:
-        body = {"lease_id": lease_id, "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()}}
+    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
+        body: dict[str, Any] = {
+            "lease_id": lease_id, "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()}
+        }
+        if stream is not None:
+            body["stream"] = stream.to_dict()
         return bool((await self._coordinator_request("POST", "/v1/leases/release", body))["released"])
 
     async def coordinator_offsets(self) -> Offsets:
         return parse_offsets((await self._coordinator_request("GET", "/v1/offsets"))["offsets"])
+
+    async def coordinator_resume(self) -> ResumePoint:
+        return _resume_point(await self._coordinator_request("GET", "/v1/offsets"))
 
     async def export_now(self, kind: str | None) -> dict[str, Any]:
         out: dict[str, Any] = await self._coordinator_request("POST", "/v1/exports", {} if kind is None else {"kind": kind})
@@ -945,13 +979,19 @@ class PSClient:
         (`NoCoordinatorError` when shard 0 hosts none)."""
         return await self.transports[0].acquire_lease(worker, wait_s)
 
-    async def release_lease(self, lease_id: int, offsets: Offsets) -> bool:
-        """End a lease with the offsets its window committed; False if it had expired."""
-        return await self.transports[0].release_lease(lease_id, offsets)
+    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
+        """End a lease with the offsets its window committed, read from
+        `stream`; False if it had expired."""
+        return await self.transports[0].release_lease(lease_id, offsets, stream)
 
     async def coordinator_offsets(self) -> Offsets:
         """The coordinator's committed offsets: where workers resume after a restore."""
         return await self.transports[0].coordinator_offsets()
+
+    async def coordinator_resume(self) -> ResumePoint:
+        """The coordinator's offsets and the stream they were read from
+        (`StreamIdentity`; None when not known)."""
+        return await self.transports[0].coordinator_resume()
 
     async def export_now(self, kind: str | None = None) -> dict[str, Any]:
         """Cut and write a version now (`ps_core.exporter.ExportReport` as JSON);

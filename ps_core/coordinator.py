@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from .errors import ClusterNotReadyError, CutInProgressError, LeaseError, PSError
+from .stream import StreamIdentity, stream_mismatch
 
 __all__ = ["Coordinator", "Lease", "Cut", "Offsets", "parse_offsets"]
 
@@ -37,6 +39,8 @@ Offsets = dict[str, dict[int, int]]
 """Next offset to consume, by topic and partition."""
 
 T = TypeVar("T")
+
+log = logging.getLogger("ctrps.coordinator")
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class Cut(Generic[T]):
     """How long leases were refused: the wait plus the snapshot."""
     expired_leases: list[str] = field(default_factory=list)
     """Workers whose leases expired during the wait."""
+    stream: StreamIdentity | None = None
+    """The stream `offsets` were read from (None: no worker reported one)."""
 
 
 def parse_offsets(raw: object) -> Offsets:
@@ -110,9 +116,11 @@ class Coordinator:
         last_base: int = 0,
         offsets: Mapping[str, Mapping[int, int]] | None = None,
         version: int = 0,
+        stream: StreamIdentity | None = None,
     ) -> None:
-        """`last_version`, `last_base` and `offsets` resume after a restore;
-        `version` is the export version the shards hold (the offsets')."""
+        """`last_version`, `last_base`, `offsets` and their `stream` resume
+        after a restore; `version` is the export version the shards hold (the
+        offsets')."""
         if lease_ttl_s <= 0 or base_every < 1:
             raise ValueError("lease_ttl_s must be > 0 and base_every >= 1")
         self.lease_ttl_s = lease_ttl_s
@@ -122,6 +130,9 @@ class Coordinator:
         self.last_base = last_base
         """The newest base cut (0: none yet)."""
         self._offsets: Offsets = {t: dict(p) for t, p in (offsets or {}).items()}
+        self._stream = stream
+        self.stream_changes = 0
+        """Times workers reported a stream other than the one the offsets were read from."""
         self._ids = itertools.count(1)
         self._active: dict[int, Lease] = {}
         self._open = asyncio.Event()
@@ -162,13 +173,24 @@ class Coordinator:
         self.leases_granted += 1
         return lease
 
-    async def release(self, lease_id: int, offsets: Mapping[str, Mapping[int, int]] | None = None) -> bool:
-        """End a lease, recording the offsets its window committed.
+    async def release(
+        self,
+        lease_id: int,
+        offsets: Mapping[str, Mapping[int, int]] | None = None,
+        stream: StreamIdentity | None = None,
+    ) -> bool:
+        """End a lease, recording the offsets its window committed, read from `stream`.
 
         Returns False when the lease had expired (a cut may hold part of its
         window): the offsets are still recorded, since they were committed.
+        Offsets of a stream other than the recorded one (another Kafka
+        cluster, or group) replace every offset held: those of the old
+        stream mean nothing in the new one, so a later cut records the new
+        stream's offsets only.
         """
         lease = self._active.pop(lease_id, None)
+        if offsets and stream is not None:
+            self._adopt(stream.with_topics(list(offsets)))
         for topic, parts in (offsets or {}).items():
             self._offsets.setdefault(topic, {}).update({int(p): int(o) for p, o in parts.items()})
         async with self._changed:
@@ -191,6 +213,32 @@ class Coordinator:
     def offsets(self) -> Offsets:
         """The latest committed offsets reported with released leases."""
         return {t: dict(p) for t, p in self._offsets.items()}
+
+    @property
+    def stream(self) -> StreamIdentity | None:
+        """The stream the offsets were read from (None: not known)."""
+        return self._stream
+
+    def _adopt(self, stream: StreamIdentity) -> None:
+        """Record `stream` as the offsets' stream; a different one drops the old offsets."""
+        reason = stream_mismatch(self._stream, stream)
+        if reason is not None:
+            assert self._stream is not None
+            log.warning(
+                "stream changed: offsets of the old stream dropped",
+                extra={"fields": {
+                    "reason": reason, "old_cluster_id": self._stream.cluster_id,
+                    "cluster_id": stream.cluster_id, "old_group": self._stream.group, "group": stream.group,
+                    "dropped_partitions": sum(len(p) for p in self._offsets.values()),
+                }},
+            )
+            self._offsets = {}
+            self.stream_changes += 1
+            self._stream = stream
+        elif self._stream is None:
+            self._stream = stream
+        else:
+            self._stream = self._stream.with_topics(stream.topics)
 
     # -- cuts ----------------------------------------------------------------
     def next_kind(self) -> str:
@@ -226,7 +274,7 @@ class Coordinator:
                 t_drained = time.perf_counter()
                 version = self.last_version + 1
                 snap = await snapshot(version, kind)
-                offsets = self.offsets()
+                offsets, stream = self.offsets(), self._stream
             except BaseException:
                 if version:
                     self.spend(version)
@@ -247,6 +295,7 @@ class Coordinator:
                 lease_wait_s=t_drained - t0,
                 pause_s=t_done - t0,
                 expired_leases=expired,
+                stream=stream,
             )
 
     # -- the cluster's version ---------------------------------------------------
@@ -277,11 +326,14 @@ class Coordinator:
             finally:
                 self._open.set()
 
-    def reset(self, version: int, offsets: Mapping[str, Mapping[int, int]]) -> None:
+    def reset(
+        self, version: int, offsets: Mapping[str, Mapping[int, int]], stream: StreamIdentity | None = None
+    ) -> None:
         """Every shard now holds export `version`: resume from its offsets
-        under a new epoch (workers drop what they buffered and seek there),
-        and make the next cut a base."""
+        (read from `stream`) under a new epoch (workers drop what they
+        buffered and seek there), and make the next cut a base."""
         self._offsets = {t: dict(p) for t, p in offsets.items()}
+        self._stream = stream
         self.version = version
         self.last_base = 0
         self.epoch = secrets.token_hex(8)

@@ -7,9 +7,12 @@
   refused at once while the shards join or restore (503 ``cluster_not_ready``)
   or cannot agree on a version (409 ``no_common_version``, see `ps_core.joining`);
 - ``POST /v1/leases/release``: ``{"lease_id": int, "offsets": {topic:
-  {partition: next_offset}}}`` → ``{"released": bool}`` (False: it had expired);
-- ``GET /v1/offsets``: ``{"offsets": {...}}``, the latest committed offsets
-  reported with released leases (after a restore: the cut's);
+  {partition: next_offset}}, "stream": {"cluster_id", "group", "topics"}}``
+  (``stream`` optional: where the offsets were read) → ``{"released": bool}``
+  (False: it had expired);
+- ``GET /v1/offsets``: ``{"offsets": {...}, "stream": {...} | null}``, the
+  latest committed offsets reported with released leases (after a restore:
+  the cut's) and the stream they were read from;
 - with an exporter: ``POST /v1/exports`` (``{"kind": "base" | "delta"}``,
   optional) cuts and writes a version now, 201 with its report;
   ``GET /v1/exports``: ``{"model", "versions": [...], "last": report | null}``;
@@ -29,6 +32,7 @@ from .coordinator import Coordinator, parse_offsets
 from .errors import LeaseError, SnapshotError
 from .exporter import Exporter
 from .server import json_response
+from .stream import StreamIdentity
 
 __all__ = ["add_coordinator_routes", "COORDINATOR", "EXPORTER"]
 
@@ -67,13 +71,21 @@ async def release(request: web.Request) -> web.Response:
     if not isinstance(lease_id, int) or isinstance(lease_id, bool):
         raise LeaseError("lease_id must be an integer")
     offsets = parse_offsets(body.get("offsets", {}))
-    released = await request.app[COORDINATOR].release(lease_id, offsets)
+    raw_stream = body.get("stream")
+    try:
+        stream = StreamIdentity.from_dict(raw_stream) if raw_stream is not None else None
+    except ValueError as exc:
+        raise LeaseError(str(exc)) from None
+    released = await request.app[COORDINATOR].release(lease_id, offsets, stream)
     return json_response({"released": released})
 
 
 async def offsets(request: web.Request) -> web.Response:
-    known = request.app[COORDINATOR].offsets()
-    return json_response({"offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in known.items()}})
+    known, stream = request.app[COORDINATOR].offsets(), request.app[COORDINATOR].stream
+    return json_response({
+        "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in known.items()},
+        "stream": stream.to_dict() if stream is not None else None,
+    })
 
 
 async def export_now(request: web.Request) -> web.Response:

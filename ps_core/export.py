@@ -50,6 +50,7 @@ from .manifest import (
     version_dir_name,
 )
 from .shard import Shard, ShardSpec
+from .stream import StreamIdentity
 from .table import SnapshotKind, SparseTable, TableConfig, TableSnapshot
 
 __all__ = [
@@ -256,13 +257,16 @@ def write_version(
     offsets: Mapping[str, Mapping[int, int]],
     model_config: Mapping[str, Any],
     num_shards: int,
+    *,
+    stream: StreamIdentity | None = None,
 ) -> Path:
     """Write one export version and make it visible atomically; returns its directory.
 
     `snapshots` maps every shard number in ``range(num_shards)`` to its
     tables' snapshots of this cut (all of `version`; deltas of `parent`, or
     bases when `parent` is None). `offsets` are the next offsets to consume per
-    topic and partition; `model_config` is stored as given (JSON). The files
+    topic and partition, read from `stream` (recorded in the manifest, so a
+    restore can tell which Kafka they belong to); `model_config` is stored as given (JSON). The files
     go to a hidden temporary directory, are fsynced, and the directory is
     renamed to ``<root>/<model>/<version>`` (then the model directory is
     fsynced). `FileExistsError` if the version exists. Synchronous: run it in
@@ -283,6 +287,7 @@ def write_version(
         "model_config": dict(model_config),
         "num_shards": num_shards,
         "offsets": {str(t): {int(p): int(o) for p, o in parts.items()} for t, parts in offsets.items()},
+        "stream": stream,
     }
     tmp, _ = _write_tree(mdir, fields, snapshots)
     try:
@@ -692,6 +697,7 @@ def compact(model_dir: Path, version: int | None = None, *, verify: bool = True)
         "model_config": m.model_config,
         "num_shards": m.num_shards,
         "offsets": m.offsets,
+        "stream": m.stream,
         "compacted_from": tuple(c.version for c in chain),
     }
     tmp, manifest = _write_tree(mdir, fields, snapshots)

@@ -33,6 +33,7 @@ from .errors import (
 )
 from .export import compact, list_versions, prune, write_version
 from .manifest import check_model_name
+from .stream import StreamIdentity
 
 __all__ = ["Exporter", "ExportReport"]
 
@@ -67,6 +68,8 @@ class ExportReport:
     """Workers whose leases expired during the wait."""
     pruned: list[int] = field(default_factory=list)
     """Versions removed by retention."""
+    stream: StreamIdentity | None = None
+    """The stream the offsets were read from (None: not known)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (offsets with string partitions)."""
@@ -83,6 +86,7 @@ class ExportReport:
             "write_ms": round(self.write_s * 1000, 3),
             "expired_leases": self.expired_leases,
             "pruned": self.pruned,
+            "stream": self.stream.to_dict() if self.stream is not None else None,
         }
 
 
@@ -218,7 +222,7 @@ class Exporter:
         try:
             path = await asyncio.to_thread(
                 write_version, self.root, self.model, cut.version, cut.snapshot, snaps,
-                cut.offsets, config, self.client.num_shards,
+                cut.offsets, config, self.client.num_shards, stream=cut.stream,
             )
         except OSError as exc:
             # write_version leaves no partial directory behind (its temporary
@@ -255,11 +259,12 @@ class Exporter:
             write_s=time.perf_counter() - t0 - cut.pause_s,
             expired_leases=cut.expired_leases,
             pruned=pruned,
+            stream=cut.stream,
         )
         self.last = report
         log.info(
             "export",
-            extra={"fields": {k: v for k, v in report.to_dict().items() if k not in ("offsets", "path")}},
+            extra={"fields": {k: v for k, v in report.to_dict().items() if k not in ("offsets", "path", "stream")}},
         )
         return report
 

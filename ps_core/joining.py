@@ -320,8 +320,8 @@ class Membership:
             agreed in dirs or (agreed == 0 and nothing_ok)
         ):
             if agreed != coord.version:
-                offsets = read_manifest(dirs[agreed]).offsets if agreed else {}
-                coord.reset(agreed, offsets)
+                manifest = read_manifest(dirs[agreed]) if agreed else None
+                coord.reset(agreed, manifest.offsets if manifest else {}, manifest.stream if manifest else None)
             if await self._admit(agreed):
                 coord.refuse(None)
                 log.info("cluster joined", extra={"fields": {"version": agreed, "shards": len(reports),
@@ -383,7 +383,8 @@ class Membership:
             coord.refuse(err)
             log.error("no common version: leases refused", extra={"fields": {"detail": err.detail}})
             return
-        coord.reset(chosen, read_manifest(dirs[chosen]).offsets)
+        manifest = read_manifest(dirs[chosen])
+        coord.reset(chosen, manifest.offsets, manifest.stream)
         self.cluster_restores += 1
         if await self._admit(chosen):
             coord.refuse(None)

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .errors import ExportCorruptError, PSError
+from .stream import StreamIdentity
 from .table import SnapshotKind, TableConfig
 
 __all__ = [
@@ -130,6 +131,10 @@ class ExportManifest:
     """Next offset to consume per topic and partition: where workers resume."""
     compacted_from: tuple[int, ...] = field(default=())
     """For a base written by compaction, the versions it folds (base first); else empty."""
+    stream: StreamIdentity | None = None
+    """The stream `offsets` were read from (Kafka cluster id, group, topics);
+    None in manifests written before streams were recorded, or when no worker
+    reported one."""
 
     def rows(self) -> int:
         """Rows over all files."""
@@ -161,6 +166,7 @@ class ExportManifest:
             "files": [f.to_dict() for f in self.files],
             "offsets": {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in self.offsets.items()},
             "compacted_from": list(self.compacted_from),
+            "stream": self.stream.to_dict() if self.stream is not None else None,
         }
         return (json.dumps(raw, indent=2, allow_nan=False) + "\n").encode()
 
@@ -232,6 +238,8 @@ class ExportManifest:
             files=files,
             offsets=parse_offsets_json(obj["offsets"]),
             compacted_from=tuple(_int(v) for v in obj.get("compacted_from", [])),
+            # Absent in older manifests: their offsets' stream is unknown.
+            stream=StreamIdentity.from_dict(obj["stream"]) if obj.get("stream") is not None else None,
         )
 
 

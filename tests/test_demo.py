@@ -168,12 +168,40 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
     assert trained == sorted(trained) and trained[-1] >= 10 * 5000 // 2, trained
     assert "ctrps.demo: stopped" in log and "Traceback" not in log
     assert log.count("ctrps.worker: window") == 0  # one line per window: the demo's
-    # It exported on its interval: a base, then deltas, each holding the
-    # offsets its leased windows committed.
-    versions = list_versions(tmp_path / "exports" / "ctr")
+    # It exported on its interval, into a directory of this run's own under
+    # --exports-dir, named in its banner: a base, then deltas, each holding
+    # the offsets its leased windows committed, read from its own broker.
+    exports = _banner_exports(banner)
+    assert exports.parent.parent == tmp_path / "exports" and exports.name == "ctr", exports
+    assert re.fullmatch(r"demo-\d{8}T\d{6}Z-[0-9a-f]{6}", exports.parent.name), exports
+    assert not (tmp_path / "exports" / "ctr").exists()  # nothing where shards restore from
+    versions = list_versions(exports)
     assert [v.kind for v in versions][:2] == ["base", "delta"], versions
     offsets = [sum(p.values()) for v in versions for p in v.manifest.offsets.values()]
     assert offsets == sorted(offsets) and offsets[-1] > 0, offsets
+    streams = {v.manifest.stream for v in versions[1:]}
+    assert len(streams) == 1 and None not in streams, streams
+    stream = streams.pop()
+    assert stream is not None and stream.group == "ctrps-demo" and stream.cluster_id.startswith("ctrps-")
+
+    # A second run with the same --exports-dir gets a directory of its own
+    # and leaves the first run's versions alone.
+    second = subprocess.run(
+        [sys.executable, "-m", "app.cli", "demo", "--duration", "1", "--port", "0",
+         "--exports-dir", str(tmp_path / "exports"), "--export-interval", "0"],
+        cwd=PROJECT, env=clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+    other = _banner_exports(second.stdout)
+    assert other != exports and other.parent.parent == tmp_path / "exports", (other, exports)
+    assert [v.version for v in list_versions(exports)] == [v.version for v in versions]
+
+
+def _banner_exports(banner: str) -> Path:
+    """The exports directory a demo's banner names."""
+    found = re.search(r"^  exports +(\S+) \(this run's own; the demo never restores\)$", banner, re.M)
+    assert found, banner
+    return Path(found.group(1))
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
@@ -186,12 +214,13 @@ async def test_the_demo_announces_its_urls_and_curl_examples(
     async with PSClient.local([Shard()]) as client:
         async with ApiServer(ApiSettings(port=0), client, make_model("lr")) as server:
             with caplog.at_level(logging.INFO, logger="ctrps.demo"):
-                _announce(out, server, "127.0.0.1:9092", settings)
+                _announce(out, server, "127.0.0.1:9092", settings, Path("exports/demo-x/ctr"))
     ready = [r for r in caplog.records if r.getMessage() == "ready"]
     assert len(ready) == 1
     fields = ready[0].fields  # type: ignore[attr-defined]
     assert fields["api"] == server.url and fields["metrics"] == server.url + "/metrics"
     assert fields["bootstrap"] == "127.0.0.1:9092" and fields["group"] == "ctrps-demo"
+    assert fields["exports"] == "exports/demo-x/ctr"
     body = orjson.dumps({"events": [example_event(0)]}).decode()
     if fmt == "json":
         assert out.getvalue() == ""
@@ -201,6 +230,7 @@ async def test_the_demo_announces_its_urls_and_curl_examples(
         banner = out.getvalue()
         assert f"  API        {server.url}\n" in banner
         assert f"-d '{body}'" in banner and f"curl -s {server.url}/v1/model" in banner
+        assert "  exports    exports/demo-x/ctr (this run's own; the demo never restores)\n" in banner
         assert "examples" not in fields
 
 
