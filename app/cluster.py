@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -61,6 +62,52 @@ HOST = "127.0.0.1"
 SHARD_STATS_INTERVAL_S = 10.0
 """Seconds between the shards' table lines: often enough to watch a table
 grow, rare enough not to drown the workers' window lines."""
+
+
+def broker_processes(port: int) -> list[int]:
+    """Pids of broker binaries listening on `port` of 127.0.0.1 (read from /proc).
+
+    The broker role starts its binary in a session of its own, so a SIGKILLed
+    role leaves it running, holding the port; this finds it by its listener
+    URL, which names the cluster's own port."""
+    needle = f"--listener-url\0tcp://{HOST}:{port}\0".encode()
+    pids = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                        cmdline = f.read()
+                except OSError:
+                    continue
+                if needle in cmdline:
+                    pids.append(int(entry.name))
+    return pids
+
+
+async def end_broker_processes(port: int, timeout_s: float = 5.0) -> list[int]:
+    """SIGKILL every broker binary on `port` and wait (bounded) until each is gone."""
+    pids = broker_processes(port)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while any(_alive(pid) for pid in pids) and loop.time() < deadline:
+        await asyncio.sleep(0.05)  # poll interval: init reaps the orphan
+    if pids:
+        log.warning(
+            "ended a broker left running by its role", extra={"fields": {"pids": ",".join(map(str, pids)), "port": port}}
+        )
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _free_ports(n: int) -> list[int]:
@@ -105,6 +152,8 @@ class _Cluster:
         self.bootstrap = settings.bootstrap
         self.shard_urls: list[str] = []
         self.api_url = ""
+        self.broker_port = 0
+        """The port of the broker process this cluster started (0: none)."""
         # Every role is restarted when it fails, unless restarts are off.
         self.restart = settings.max_restarts > 0
         self.model_dir = (
@@ -145,7 +194,7 @@ class _Cluster:
             await wait_for_metadata(self.bootstrap, timeout_s=s.ready_timeout_s)
             await create_topics(self.bootstrap, topics)
         else:
-            port = free_port(HOST)
+            port = self.broker_port = free_port(HOST)
             self.bootstrap = f"{HOST}:{port}"
             await self._start(
                 ChildSpec(
@@ -153,6 +202,8 @@ class _Cluster:
                     _ctrps("broker", "--port", str(port), "--log-format", fmt,
                            *(a for t, n in topics.items() for a in ("--topic", f"{t}:{n}"))),
                     restart=self.restart,
+                    # A SIGKILLed role leaves its binary holding the port.
+                    before_restart=partial(end_broker_processes, port),
                 ),
                 partial(_topics_listed, self.bootstrap, set(topics)),
             )  # fmt: skip
@@ -284,6 +335,9 @@ async def run_cluster(
                 with contextlib.suppress(asyncio.CancelledError):
                     await waiting
                 await sup.stop_all()
+                if cluster.broker_port:
+                    # Nothing may outlive the cluster, not even a killed role's broker.
+                    await end_broker_processes(cluster.broker_port)
     unclean = sup.unclean
     if sup.failed is not None:
         log.error(

@@ -62,6 +62,9 @@ class ChildSpec:
     own, instead of failing; see `RestartPolicy`."""
     restart_argv: Callable[[], tuple[str, ...]] | None = None
     """The arguments of a restart, asked for at each restart; None: `argv`."""
+    before_restart: Callable[[], Awaitable[object]] | None = None
+    """Awaited after the backoff, before the process is started again (e.g.
+    to end a helper of the last run that left its process group)."""
 
     @property
     def stop_group(self) -> str:
@@ -332,6 +335,11 @@ class Supervisor:
         )  # fmt: skip
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(child.stop_requested.wait(), delay)
+        if child.spec.before_restart is not None and not child.stopping:
+            try:
+                await child.spec.before_restart()
+            except Exception as exc:  # e.g. a leftover process that would not die
+                log.warning("before restart", extra={"fields": {"role": child.role, "error": repr(exc)}})
         async with child.spawning:
             # `_stop` takes the lock after setting `stopping`: either it sees
             # the new process, or no new process is started.

@@ -17,7 +17,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from app.cli import build_parser
+from app.cluster import broker_processes, end_broker_processes
 from app.settings import ClusterSettings, SettingsError
+from consumers.broker import free_port
 from consumers.synthetic import SyntheticStream
 from ps_core.export import latest_chain, list_versions, restore_shards
 from ps_core.features import FeatureHasher
@@ -392,3 +394,29 @@ async def test_a_cluster_survives_a_sigkilled_worker_and_trains_every_event(tmp_
     assert (restart["role"], restart["reason"], restart["attempt"]) == ("worker-0", "killed by SIGKILL", 1)
     assert pid_gone(first) and pid_gone(again["pid"])
     assert [x["restarts"] for x in lines if x.get("logger") == "ctrps.cluster" and x.get("msg") == "stopped"] == [1]
+
+
+async def test_a_sigkilled_broker_roles_binary_is_found_and_ended(tmp_path: Path) -> None:
+    """The broker role runs its binary in a session of its own: SIGKILL of the
+    role leaves it holding the port, until the cluster ends it."""
+    port = free_port()
+    log_path = tmp_path / "broker.log"
+    with log_path.open("wb") as out:
+        role = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli", "broker", "--port", str(port), "--log-format", "json",
+            cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        ready = await wait_for_line(role, log_path, {"msg": "ready"}, 60)
+        assert broker_processes(port) == [ready["pid"]]
+        os.killpg(role.pid, signal.SIGKILL)
+        await role.wait()
+        assert not pid_gone(ready["pid"])  # orphaned, still serving
+        assert await end_broker_processes(port) == [ready["pid"]]
+        assert pid_gone(ready["pid"]) and broker_processes(port) == []
+    finally:
+        if role.returncode is None:
+            role.kill()
+            await role.wait()
+        await end_broker_processes(port)
