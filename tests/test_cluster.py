@@ -420,3 +420,40 @@ async def test_a_sigkilled_broker_roles_binary_is_found_and_ended(tmp_path: Path
             role.kill()
             await role.wait()
         await end_broker_processes(port)
+
+
+async def test_a_restarted_shard_comes_back_on_its_ports_and_restores_this_runs_export(tmp_path: Path) -> None:
+    out_log, err_log = tmp_path / "children.log", tmp_path / "cluster.log"
+    proc = await start_cluster(
+        tmp_path, "--shards", "2", "--workers", "1", "--no-produce", "--window-seconds", "1",
+        "--export-interval", "0", "--restart-backoff", "0.5", CTRPS_DECODE_PROCESSES="0",
+    )  # fmt: skip
+    try:
+        ready = await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
+        await produce_synthetic(ready["bootstrap"], 0, 2000)
+        async with aiohttp.ClientSession() as session:
+            await wait_for_training(proc, session, ready["api"], workers=1, timeout_s=90)
+            async with session.post(ready["api"] + "/v1/exports", json={}) as resp:
+                assert resp.status == 201, await resp.text()
+                cut = await resp.json()
+        first = await wait_for_line(proc, out_log, {"role": "shard-1", "msg": "listening"}, 10)
+        os.kill(pids_started(err_log)["shard-1"][0], signal.SIGKILL)
+        await wait_for_line(proc, err_log, {"msg": "started", "role": "shard-1", "attempt": 1}, 60)
+        restored = await wait_for_line(proc, out_log, {"role": "shard-1", "msg": "restored"}, 60)
+        assert restored["version"] == cut["version"]
+
+        async def listening_twice() -> bool:
+            return len([x for x in read_json_lines(out_log) if x.get("role") == "shard-1" and x.get("msg") == "listening"]) == 2
+
+        await until(listening_twice, 60, what="the restarted shard listening")
+        again = [x for x in read_json_lines(out_log) if x.get("role") == "shard-1" and x.get("msg") == "listening"][-1]
+        assert (again["url"], again["rpc_port"]) == (first["url"], first["rpc_port"])
+        proc.send_signal(signal.SIGINT)
+        rc = await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert rc == 0, err_log.read_text()[-3000:]
+    # Shard 0 was never restarted: it did not restore (the cluster's own broker is new).
+    assert not [x for x in read_json_lines(out_log) if x.get("role") == "shard-0" and x.get("msg") == "restored"]
