@@ -132,6 +132,8 @@ class Child:
     """Loop time its current process started."""
     restart_times: list[float] = field(default_factory=list)
     """Loop times of its restarts within the policy's window."""
+    waiting_restart: bool = False
+    """Between an exit and the next process: its backoff."""
     stopped_while_down: bool = False
     """Stopped while waiting to be restarted: its last exit was handled."""
     stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
@@ -285,7 +287,8 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child.pid, signal.SIGKILL)
             reason = describe_exit(rc)
-            if not child.spec.restart:
+            if not child.spec.restart or self._stopped:
+                # Not restarted while everything stops: that exit is a failure, as before.
                 self._fail(child, reason, "child exited unexpectedly", rc)
                 return
             if not await self._restart(child, rc, reason, loop):
@@ -333,6 +336,7 @@ class Supervisor:
                               "returncode": rc, "attempt": child.attempt, "delay_s": delay,
                               "restarts": self.restarts}},
         )  # fmt: skip
+        child.waiting_restart = True
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(child.stop_requested.wait(), delay)
         if child.spec.before_restart is not None and not child.stopping:
@@ -345,16 +349,18 @@ class Supervisor:
             # the new process, or no new process is started.
             if child.stopping or self._stopped:
                 return False
-            argv = child.spec.restart_argv() if child.spec.restart_argv else child.spec.argv
-            try:
-                process = await self._spawn(child.spec, argv)
-            except OSError as exc:  # the program vanished, too many processes, ...
-                self._fail(child, f"{reason}; restart failed: {exc}", "child could not be restarted", rc)
-                return False
             if child.pump is not None:
                 # The last run's output is copied whole before the new run's.
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(child.pump), 5.0)
+            argv = child.spec.restart_argv() if child.spec.restart_argv else child.spec.argv
+            try:
+                process = await self._spawn(child.spec, argv)
+            except OSError as exc:  # the program vanished, too many processes, ...
+                child.waiting_restart = False
+                self._fail(child, f"{reason}; restart failed: {exc}", "child could not be restarted", rc)
+                return False
+            child.waiting_restart = False
             child.process = process
             child.started_at = loop.time()
             child.exited.clear()
@@ -434,8 +440,7 @@ class Supervisor:
         child.stop_requested.set()  # a child waiting to be restarted stays down
         async with child.spawning:  # a restart under way finishes first
             pass
-        finished = child.returncode == 0 and child.spec.may_finish
-        if child.spec.restart and child.exited.is_set() and child.failure is None and not finished:
+        if child.waiting_restart and child.failure is None:
             # It had exited on its own and was waiting for its restart: handled.
             child.stopped_while_down = True
         if not child.exited.is_set():

@@ -541,8 +541,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         pre_s=2.0 if quick else 10.0,
         post_s=2.0 if quick else 10.0,
         export_interval_s=2.0 if quick else 5.0,
-        phase_timeout_s=20.0 if quick else 90.0,
-        drill_timeout_s=75.0 if quick else 400.0,
+        phase_timeout_s=20.0 if quick else 60.0,
+        drill_timeout_s=55.0 if quick else 300.0,
         decode_processes=args.decode_processes,
         workdir=workdir,
     )

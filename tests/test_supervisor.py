@@ -364,3 +364,53 @@ async def test_a_child_without_restart_still_fails_at_once(tmp_path: Path) -> No
     await asyncio.wait_for(sup.wait(asyncio.Event()), 30)
     await sup.stop_all()
     assert sup.failed is child and child.failure == "exited with 3" and child.restarts == 0
+
+
+async def test_a_child_exiting_while_everything_stops_is_not_restarted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # "late" (started last, stopped first) answers SIGTERM by creating a
+    # file and waiting until "early" has exited: early exits 3 on seeing the
+    # file, while stop_all is still stopping late.
+    flag = tmp_path / "flag"
+    early_code = textwrap.dedent(
+        f"""
+        import os, sys, time
+        print("up", flush=True)
+        while not os.path.exists({str(flag)!r}):
+            time.sleep(0.02)
+        sys.exit(3)
+        """
+    )
+    late_code = textwrap.dedent(
+        f"""
+        import os, pathlib, signal, sys, time
+        def term(*_):
+            pathlib.Path({str(flag)!r}).touch()
+            pid = int(sys.argv[1])
+            while True:
+                try:
+                    state = pathlib.Path(f"/proc/{{pid}}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                except FileNotFoundError:
+                    break
+                if state == "Z":
+                    break
+                time.sleep(0.02)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, term)
+        print("up", flush=True)
+        while True:
+            time.sleep(1)
+        """
+    )
+    out = io.BytesIO()
+    sup = Supervisor(out=out, grace_s=20.0, restart=RestartPolicy(backoff_s=0.1))
+    caplog.set_level(logging.INFO, logger="ctrps.supervisor")
+    early = await sup.start(ChildSpec("early", (sys.executable, "-c", early_code), restart=True))
+    await sup.wait_ready(early, said(out, "[early] up"), timeout_s=20)
+    late = await sup.start(ChildSpec("late", (sys.executable, "-c", late_code, str(early.pid)), restart=True))
+    await sup.wait_ready(late, said(out, "[late] up"), timeout_s=20)
+    await asyncio.wait_for(sup.stop_all(), 30)
+    assert late.returncode == 0 and early.returncode == 3
+    assert early.restarts == 0 and not restart_lines(caplog)
+    assert sup.failed is early and early.failure == "exited with 3" and sup.exit_status() == 1
