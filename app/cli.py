@@ -278,6 +278,15 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--exports-dir", help="where model versions are written (default ./exports)")
     cluster.add_argument("--export-interval", type=float, help="seconds between exports; 0 = only when asked (default 60)")
     cluster.add_argument("--no-exports", action="store_true", help="write no exports")
+    cluster.add_argument(
+        "--restart-backoff", type=float, help="seconds before restarting a failed child, doubling (default 1)"
+    )
+    cluster.add_argument("--restart-backoff-max", type=float, help="longest restart delay, seconds (default 30)")
+    cluster.add_argument(
+        "--max-restarts", type=int,
+        help="restarts of one child within --restart-window before the cluster stops; 0 = never restart (default 5)",
+    )  # fmt: skip
+    cluster.add_argument("--restart-window", type=float, help="seconds the restarts are counted over (default 300)")
     return parser
 
 

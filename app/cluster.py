@@ -11,11 +11,16 @@ started in that order, each waited for before the next that needs it:
 - API: ``GET /readyz`` answers 200;
 - workers and producer: started (they wait for the group and the topic).
 
-Every child's output is copied with its role on each line. Ctrl-C/SIGTERM, the
-end of ``--duration``, or a child exiting on its own stops them all in reverse
-start order (producer, workers, API, shards, broker): SIGTERM, then SIGKILL
-after a grace period. Exit status 0 when everything started and stopped
-cleanly, 1 when a child failed or had to be killed.
+Every child's output is copied with its role on each line. Once running, a
+child that exits on its own (a crash, SIGKILL, a worker that gave up) is
+started again on the same ports with the same arguments, after a doubling
+backoff (``--restart-backoff``, ``--restart-backoff-max``); a child restarted
+more than ``--max-restarts`` times within ``--restart-window`` stops the
+cluster. Ctrl-C/SIGTERM, the end of ``--duration``, or a child that keeps
+failing (or fails while the cluster starts) stops them all in reverse start
+order (producer, workers, API, shards, broker): SIGTERM, then SIGKILL after a
+grace period. Exit status 0 when everything started and stopped cleanly, 1
+when a child kept failing or had to be killed.
 """
 
 from __future__ import annotations
@@ -23,20 +28,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
+from pathlib import Path
 from typing import BinaryIO
 
 import aiohttp
 from aiokafka.admin import AIOKafkaAdminClient
 
 from consumers.broker import create_topics, free_port, wait_for_metadata
+from ps_core.export import list_versions
 
 from .logs import log_event
-from .settings import ClusterSettings
+from .settings import ClusterSettings, ShardSettings
 from .signals import stop_on_signals
-from .supervisor import Child, ChildSpec, Supervisor
+from .supervisor import Child, ChildSpec, RestartPolicy, Supervisor
 
 __all__ = ["run_cluster", "TOPIC", "PRODUCER_EVENTS"]
 
@@ -53,6 +62,62 @@ HOST = "127.0.0.1"
 SHARD_STATS_INTERVAL_S = 10.0
 """Seconds between the shards' table lines: often enough to watch a table
 grow, rare enough not to drown the workers' window lines."""
+
+
+def broker_processes(port: int) -> list[int]:
+    """Pids of broker binaries listening on `port` of 127.0.0.1 (read from /proc).
+
+    The broker role starts its binary in a session of its own, so a SIGKILLed
+    role leaves it running, holding the port; this finds it by its listener
+    URL, which names the cluster's own port."""
+    needle = f"--listener-url\0tcp://{HOST}:{port}\0".encode()
+    pids = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                        cmdline = f.read()
+                except OSError:
+                    continue
+                if needle in cmdline:
+                    pids.append(int(entry.name))
+    return pids
+
+
+async def end_broker_processes(port: int, timeout_s: float = 5.0) -> list[int]:
+    """SIGKILL every broker binary on `port` and wait (bounded) until each is gone."""
+    pids = broker_processes(port)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while any(_alive(pid) for pid in pids) and loop.time() < deadline:
+        await asyncio.sleep(0.05)  # poll interval: init reaps the orphan
+    if pids:
+        log.warning(
+            "ended a broker left running by its role", extra={"fields": {"pids": ",".join(map(str, pids)), "port": port}}
+        )
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _free_ports(n: int) -> list[int]:
+    """`n` distinct ports that were free a moment ago."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port(HOST)
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def _ctrps(*args: str) -> tuple[str, ...]:
@@ -87,6 +152,31 @@ class _Cluster:
         self.bootstrap = settings.bootstrap
         self.shard_urls: list[str] = []
         self.api_url = ""
+        self.broker_port = 0
+        """The port of the broker process this cluster started (0: none)."""
+        # Every role is restarted when it fails, unless restarts are off.
+        self.restart = settings.max_restarts > 0
+        self.model_dir = (
+            Path(settings.exports_dir) / (os.environ.get("CTRPS_MODEL_NAME") or ShardSettings.model_name)
+            if settings.exports_dir
+            else None
+        )
+        self.newest_at_start = self._newest_version()
+
+    def _newest_version(self) -> int:
+        if self.model_dir is None or not self.model_dir.is_dir():
+            return 0
+        versions = list_versions(self.model_dir)
+        return versions[-1].version if versions else 0
+
+    def _shard_restart_argv(self, argv: tuple[str, ...]) -> tuple[str, ...]:
+        """A restarted shard restores what this cluster exported: without
+        ``--no-restore`` once a version newer than those at start is on disk
+        (an older one holds offsets of another broker); as first started
+        otherwise."""
+        if "--no-restore" in argv and self._newest_version() > self.newest_at_start:
+            return tuple(a for a in argv if a != "--no-restore")
+        return argv
 
     async def _start(
         self, spec: ChildSpec, check: Callable[[], Awaitable[bool]] | None = None
@@ -104,19 +194,23 @@ class _Cluster:
             await wait_for_metadata(self.bootstrap, timeout_s=s.ready_timeout_s)
             await create_topics(self.bootstrap, topics)
         else:
-            port = free_port(HOST)
+            port = self.broker_port = free_port(HOST)
             self.bootstrap = f"{HOST}:{port}"
             await self._start(
                 ChildSpec(
                     "broker",
                     _ctrps("broker", "--port", str(port), "--log-format", fmt,
                            *(a for t, n in topics.items() for a in ("--topic", f"{t}:{n}"))),
+                    restart=self.restart,
+                    # A SIGKILLed role leaves its binary holding the port.
+                    before_restart=partial(end_broker_processes, port),
                 ),
                 partial(_topics_listed, self.bootstrap, set(topics)),
             )  # fmt: skip
 
         shards = []
-        self.shard_urls = [f"http://{HOST}:{free_port(HOST)}" for _ in range(s.shards)]
+        ports = _free_ports(2 * s.shards)  # HTTP and RPC
+        self.shard_urls = [f"http://{HOST}:{p}" for p in ports[: s.shards]]
         if s.exports_dir:
             # Shard 0 hosts the coordinator and exports; it reaches the others
             # by these URLs. A broker started here is new, so an older
@@ -129,12 +223,15 @@ class _Cluster:
         else:
             exports = ["--no-exports"]
         for i, url in enumerate(self.shard_urls):
+            # The RPC port is fixed too: a restarted shard comes back where
+            # the workers' and the API's clients know it.
+            argv = _ctrps("shard", "--host", HOST, "--port", url.rsplit(":", 1)[1],
+                          "--rpc-port", str(ports[s.shards + i]), "--shard-id", str(i),
+                          "--num-shards", str(s.shards), "--stats-interval", str(SHARD_STATS_INTERVAL_S),
+                          "--log-format", fmt, *exports)  # fmt: skip
             spec = ChildSpec(
-                f"shard-{i}",
-                _ctrps("shard", "--host", HOST, "--port", url.rsplit(":", 1)[1], "--shard-id", str(i),
-                       "--num-shards", str(s.shards), "--stats-interval", str(SHARD_STATS_INTERVAL_S),
-                       "--log-format", fmt, *exports),
-                group="shards",
+                f"shard-{i}", argv, group="shards", restart=self.restart,
+                restart_argv=partial(self._shard_restart_argv, argv),
             )  # fmt: skip
             shards.append(await self.sup.start(spec))
         # Shards start together: their interpreters load in parallel.
@@ -152,6 +249,7 @@ class _Cluster:
                 "api",
                 _ctrps("serve", "--host", HOST, "--port", str(api_port),
                        "--shards", ",".join(self.shard_urls), "--log-format", fmt),
+                restart=self.restart,
             ),
             partial(_http_ok, self.session, self.api_url + "/readyz"),
         )  # fmt: skip
@@ -164,6 +262,7 @@ class _Cluster:
                            "--shards", ",".join(self.shard_urls), "--topic", TOPIC,
                            "--window-seconds", str(s.window_seconds), "--log-format", fmt),
                     group="workers",
+                    restart=self.restart,
                 )
             )  # fmt: skip
 
@@ -176,6 +275,7 @@ class _Cluster:
                            "--events", str(PRODUCER_EVENTS), "--rate", str(s.produce_rate),
                            "--log-format", fmt),
                     may_finish=True,
+                    restart=self.restart,
                 )
             )  # fmt: skip
 
@@ -188,7 +288,13 @@ async def run_cluster(
     """Run the cluster until SIGTERM/SIGINT, `stop`, ``duration_s`` or a
     child's failure; returns the exit status (0 clean, 1 a child failed)."""
     stop = stop or asyncio.Event()
-    sup = Supervisor(out=out, fmt=settings.log_format, grace_s=settings.grace_s)
+    policy = RestartPolicy(
+        backoff_s=settings.restart_backoff_s,
+        max_backoff_s=settings.restart_backoff_max_s,
+        max_restarts=settings.max_restarts,
+        window_s=settings.restart_window_s,
+    )
+    sup = Supervisor(out=out, fmt=settings.log_format, grace_s=settings.grace_s, restart=policy)
     loop = asyncio.get_running_loop()
     failed = False
     timer: asyncio.TimerHandle | None = None
@@ -229,6 +335,9 @@ async def run_cluster(
                 with contextlib.suppress(asyncio.CancelledError):
                     await waiting
                 await sup.stop_all()
+                if cluster.broker_port:
+                    # Nothing may outlive the cluster, not even a killed role's broker.
+                    await end_broker_processes(cluster.broker_port)
     unclean = sup.unclean
     if sup.failed is not None:
         log.error(
@@ -240,5 +349,5 @@ async def run_cluster(
             "children did not stop cleanly",
             extra={"fields": {"roles": ",".join(f"{c.role}={c.returncode}" for c in unclean)}},
         )
-    log_event(log, "stopped", children=len(sup.children))
+    log_event(log, "stopped", children=len(sup.children), restarts=sup.restarts)
     return 1 if failed else sup.exit_status()

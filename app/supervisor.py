@@ -4,9 +4,14 @@
 its output line by line to one stream with the child's role name on each line
 (``[shard-0] ...``; in JSON mode a ``"role"`` key is added to each JSON line),
 waits for readiness checks with a deadline, and notices a child that exits on
-its own. `Supervisor.stop` stops the children in the reverse of their start
+its own. A child whose spec says ``restart`` is then started again with the
+same arguments after a backoff (`RestartPolicy`: doubling delays, reset once
+a run lasted long enough), one log line per restart; a child that keeps
+failing (too many restarts within a window), or one that may not restart, is
+a failure. `Supervisor.stop` stops the children in the reverse of their start
 order, one stop group at a time (e.g. every worker at once): SIGTERM, then
-SIGKILL of the child's whole process group after a grace period.
+SIGKILL of the child's whole process group after a grace period; a child
+waiting to be restarted is not started again.
 
 Own process groups: Ctrl-C in a terminal then reaches only the supervisor, which
 decides the order (workers must flush their last window while the shards are
@@ -30,7 +35,7 @@ import orjson
 
 from .logs import log_event
 
-__all__ = ["ChildSpec", "Child", "ChildFailed", "Supervisor", "LinePrefixer"]
+__all__ = ["ChildSpec", "Child", "ChildFailed", "RestartPolicy", "Supervisor", "LinePrefixer", "describe_exit"]
 
 log = logging.getLogger("ctrps.supervisor")
 
@@ -52,11 +57,49 @@ class ChildSpec:
     not a failure. Any other exit of any child is a failure."""
     env: Mapping[str, str] | None = None
     """The child's environment; None inherits the supervisor's."""
+    restart: bool = False
+    """Start it again (same arguments, after a backoff) when it exits on its
+    own, instead of failing; see `RestartPolicy`."""
+    restart_argv: Callable[[], tuple[str, ...]] | None = None
+    """The arguments of a restart, asked for at each restart; None: `argv`."""
+    before_restart: Callable[[], Awaitable[object]] | None = None
+    """Awaited after the backoff, before the process is started again (e.g.
+    to end a helper of the last run that left its process group)."""
 
     @property
     def stop_group(self) -> str:
         """The group it is stopped with."""
         return self.group or self.role
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When and how often a child with ``restart`` is started again.
+
+    The n-th restart in a row waits ``min(max_backoff_s, backoff_s * 2**(n-1))``;
+    a run that lasted `healthy_s` or longer starts the count again. A child
+    that would be restarted more than `max_restarts` times within `window_s`
+    keeps failing: that is a failure of the child (0: never restarted)."""
+
+    backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+    healthy_s: float = 60.0
+    max_restarts: int = 5
+    window_s: float = 300.0
+
+    def delay(self, attempt: int) -> float:
+        """Seconds before restart number `attempt` (1, 2, ...) in a row."""
+        return float(min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt - 1, 60)))
+
+
+def describe_exit(rc: int) -> str:
+    """``exited with 3`` or ``killed by SIGKILL``."""
+    if rc >= 0:
+        return f"exited with {rc}"
+    try:
+        return f"killed by {signal.Signals(-rc).name}"
+    except ValueError:
+        return f"killed by signal {-rc}"
 
 
 class ChildFailed(RuntimeError):
@@ -80,6 +123,22 @@ class Child:
     failure: str | None = None
     """Why its exit was a failure, when it was."""
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set while its current process has exited (cleared when it is restarted)."""
+    restarts: int = 0
+    """Times it was started again."""
+    attempt: int = 0
+    """Restarts in a row since its last healthy run."""
+    started_at: float = 0.0
+    """Loop time its current process started."""
+    restart_times: list[float] = field(default_factory=list)
+    """Loop times of its restarts within the policy's window."""
+    waiting_restart: bool = False
+    """Between an exit and the next process: its backoff."""
+    stopped_while_down: bool = False
+    """Stopped while waiting to be restarted: its last exit was handled."""
+    stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    spawning: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while a restart checks `stopping` and starts the process."""
 
     @property
     def role(self) -> str:
@@ -156,10 +215,14 @@ class Supervisor:
         out: BinaryIO | None = None,
         fmt: str = "text",
         grace_s: float = 10.0,
+        restart: RestartPolicy | None = None,
     ) -> None:
         self.out = out if out is not None else sys.stdout.buffer
         self.fmt = fmt
         self.grace_s = grace_s
+        self.restart = restart or RestartPolicy()
+        self.restarts = 0
+        """Restarts of every child so far (the counter in each ``restarting`` line)."""
         self.children: list[Child] = []
         self.failed: Child | None = None
         self._failure = asyncio.Event()
@@ -169,16 +232,7 @@ class Supervisor:
         """Start `spec` in its own process group, its output prefixed."""
         if self._stopped:
             raise RuntimeError("the supervisor has stopped")
-        creating = asyncio.ensure_future(
-            asyncio.create_subprocess_exec(
-                *spec.argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=dict(spec.env) if spec.env is not None else None,
-                start_new_session=True,
-            )
-        )
+        creating = asyncio.ensure_future(self._spawn(spec, spec.argv))
         try:
             process = await asyncio.shield(creating)
         except asyncio.CancelledError:
@@ -189,8 +243,19 @@ class Supervisor:
             raise
         return self._register(spec, process)
 
+    @staticmethod
+    async def _spawn(spec: ChildSpec, argv: Sequence[str]) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=dict(spec.env) if spec.env is not None else None,
+            start_new_session=True,
+        )
+
     def _register(self, spec: ChildSpec, process: asyncio.subprocess.Process) -> Child:
-        child = Child(spec, process)
+        child = Child(spec, process, started_at=asyncio.get_running_loop().time())
         self.children.append(child)
         child.pump = asyncio.create_task(self._pump(child), name=f"pump-{spec.role}")
         child.watcher = asyncio.create_task(self._watch(child), name=f"watch-{spec.role}")
@@ -199,7 +264,7 @@ class Supervisor:
 
     async def _pump(self, child: Child) -> None:
         prefixer = LinePrefixer(child.role, self.out, self.fmt)
-        stream = child.process.stdout
+        stream = child.process.stdout  # this run's: a restart has a pump of its own
         assert stream is not None
         try:
             # Raw chunks, not readline: a line of any length is copied whole.
@@ -209,21 +274,99 @@ class Supervisor:
             prefixer.close()
 
     async def _watch(self, child: Child) -> None:
-        rc = await child.process.wait()
-        child.exited.set()
-        if child.stopping:
-            return
-        if rc == 0 and child.spec.may_finish:
-            log_event(log, "finished", role=child.role, pid=child.pid)
-            return
-        child.failure = f"exited with {rc}" if rc >= 0 else f"killed by {signal.Signals(-rc).name}"
+        loop = asyncio.get_running_loop()
+        while True:
+            rc = await child.process.wait()
+            child.exited.set()
+            if child.stopping:
+                return
+            if rc == 0 and child.spec.may_finish:
+                log_event(log, "finished", role=child.role, pid=child.pid)
+                return
+            # Its helpers (a worker's decode processes) go with it, before any restart.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+            reason = describe_exit(rc)
+            if not child.spec.restart or self._stopped:
+                # Not restarted while everything stops: that exit is a failure, as before.
+                self._fail(child, reason, "child exited unexpectedly", rc)
+                return
+            if not await self._restart(child, rc, reason, loop):
+                return
+
+    def _fail(self, child: Child, reason: str, message: str, rc: int, **fields: object) -> None:
+        child.failure = reason
         log.error(
-            "child exited unexpectedly",
-            extra={"fields": {"role": child.role, "pid": child.pid, "returncode": rc}},
+            message,
+            extra={"fields": {"role": child.role, "pid": child.pid, "returncode": rc, **fields}},
         )
         if self.failed is None:
             self.failed = child
         self._failure.set()
+
+    async def _restart(
+        self, child: Child, rc: int, reason: str, loop: asyncio.AbstractEventLoop
+    ) -> bool:
+        """Wait the backoff and start `child` again; False when it is not
+        restarted (it keeps failing, or it was stopped meanwhile)."""
+        policy = self.restart
+        now = loop.time()
+        if now - child.started_at >= policy.healthy_s:
+            child.attempt = 0
+        child.restart_times = [t for t in child.restart_times if now - t < policy.window_s]
+        if len(child.restart_times) >= policy.max_restarts:
+            self._fail(
+                child,
+                f"{reason}; restarted {len(child.restart_times)} times within {policy.window_s:g}s",
+                "child keeps failing: stopping",
+                rc,
+                restarts=child.restarts,
+                max_restarts=policy.max_restarts,
+                window_s=policy.window_s,
+            )
+            return False
+        child.attempt += 1
+        child.restarts += 1
+        self.restarts += 1
+        child.restart_times.append(now)
+        delay = policy.delay(child.attempt)
+        log.warning(
+            "restarting a child",
+            extra={"fields": {"role": child.role, "pid": child.pid, "reason": reason,
+                              "returncode": rc, "attempt": child.attempt, "delay_s": delay,
+                              "restarts": self.restarts}},
+        )  # fmt: skip
+        child.waiting_restart = True
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(child.stop_requested.wait(), delay)
+        if child.spec.before_restart is not None and not child.stopping:
+            try:
+                await child.spec.before_restart()
+            except Exception as exc:  # e.g. a leftover process that would not die
+                log.warning("before restart", extra={"fields": {"role": child.role, "error": repr(exc)}})
+        async with child.spawning:
+            # `_stop` takes the lock after setting `stopping`: either it sees
+            # the new process, or no new process is started.
+            if child.stopping or self._stopped:
+                return False
+            if child.pump is not None:
+                # The last run's output is copied whole before the new run's.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(child.pump), 5.0)
+            argv = child.spec.restart_argv() if child.spec.restart_argv else child.spec.argv
+            try:
+                process = await self._spawn(child.spec, argv)
+            except OSError as exc:  # the program vanished, too many processes, ...
+                child.waiting_restart = False
+                self._fail(child, f"{reason}; restart failed: {exc}", "child could not be restarted", rc)
+                return False
+            child.waiting_restart = False
+            child.process = process
+            child.started_at = loop.time()
+            child.exited.clear()
+            child.pump = asyncio.create_task(self._pump(child), name=f"pump-{child.role}")
+        log_event(log, "started", role=child.role, pid=process.pid, attempt=child.attempt)
+        return True
 
     async def wait_ready(
         self,
@@ -270,7 +413,11 @@ class Supervisor:
         (a child stopped while still starting, before its handler was in
         place), is clean."""
         clean = (None, 0, -signal.SIGTERM)
-        return [c for c in self.children if c.failure is None and c.returncode not in clean]
+        return [
+            c
+            for c in self.children
+            if c.failure is None and not c.stopped_while_down and c.returncode not in clean
+        ]
 
     def exit_status(self) -> int:
         """0 when no child failed and every child stopped cleanly, else 1."""
@@ -290,6 +437,12 @@ class Supervisor:
 
     async def _stop(self, child: Child) -> None:
         child.stopping = True
+        child.stop_requested.set()  # a child waiting to be restarted stays down
+        async with child.spawning:  # a restart under way finishes first
+            pass
+        if child.waiting_restart and child.failure is None:
+            # It had exited on its own and was waiting for its restart: handled.
+            child.stopped_while_down = True
         if not child.exited.is_set():
             log_event(log, "stopping", role=child.role, pid=child.pid)
             with contextlib.suppress(ProcessLookupError):
@@ -315,5 +468,9 @@ class Supervisor:
                 await asyncio.wait_for(child.pump, 5.0)
             except asyncio.TimeoutError:
                 pass
-        if child.returncode is not None and child.failure is None:
-            log_event(log, "stopped", role=child.role, pid=child.pid, returncode=child.returncode)
+        if child.stopped_while_down:
+            log_event(log, "stopped", role=child.role, pid=child.pid, returncode=child.returncode,
+                      restarts=child.restarts, waiting_to_restart=True)  # fmt: skip
+        elif child.returncode is not None and child.failure is None:
+            log_event(log, "stopped", role=child.role, pid=child.pid, returncode=child.returncode,
+                      restarts=child.restarts)  # fmt: skip

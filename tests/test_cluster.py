@@ -11,12 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import orjson
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from app.cli import build_parser
+from app.cluster import broker_processes, end_broker_processes
 from app.settings import ClusterSettings, SettingsError
-from ps_core.export import list_versions
+from consumers.broker import free_port
+from consumers.synthetic import SyntheticStream
+from ps_core.export import latest_chain, list_versions, restore_shards
+from ps_core.features import FeatureHasher
+from ps_core.hashing import shard_of
+from waiting import until
 PROJECT = Path(__file__).resolve().parent.parent
 
 
@@ -46,7 +54,8 @@ def test_cluster_help_shows_an_example() -> None:
     assert out.returncode == 0, out.stderr
     assert "usage: ctrps cluster" in out.stdout and "examples:" in out.stdout
     assert "ctrps cluster --shards 4 --workers 3" in out.stdout
-    for flag in ("--shards", "--workers", "--port", "--produce-rate", "--no-produce", "--duration"):
+    for flag in ("--shards", "--workers", "--port", "--produce-rate", "--no-produce", "--duration",
+                 "--max-restarts", "--restart-backoff", "--restart-window"):
         assert flag in out.stdout
 
 
@@ -68,6 +77,17 @@ def test_cluster_settings_defaults_env_and_flags() -> None:
     assert (s.shards, s.workers, s.port, s.produce_rate) == (3, 4, 0, 0.0)
     s = ClusterSettings.from_args(cluster_args("--produce-rate", "100"), env=env)
     assert s.produce_rate == 100.0
+    d = ClusterSettings()
+    assert (d.restart_backoff_s, d.restart_backoff_max_s, d.max_restarts, d.restart_window_s) == (1, 30, 5, 300)
+    env = {"CTRPS_CLUSTER_RESTART_BACKOFF": "2", "CTRPS_CLUSTER_RESTART_BACKOFF_MAX": "60",
+           "CTRPS_CLUSTER_MAX_RESTARTS": "3", "CTRPS_CLUSTER_RESTART_WINDOW": "120"}  # fmt: skip
+    s = ClusterSettings.from_args(cluster_args(), env=env)
+    assert (s.restart_backoff_s, s.restart_backoff_max_s, s.max_restarts, s.restart_window_s) == (2, 60, 3, 120)
+    s = ClusterSettings.from_args(
+        cluster_args("--restart-backoff", "0.5", "--restart-backoff-max", "4", "--max-restarts", "0",
+                     "--restart-window", "10"), env=env,
+    )  # fmt: skip
+    assert (s.restart_backoff_s, s.restart_backoff_max_s, s.max_restarts, s.restart_window_s) == (0.5, 4, 0, 10)
 
 
 @pytest.mark.parametrize(
@@ -77,6 +97,10 @@ def test_cluster_settings_defaults_env_and_flags() -> None:
         (["--produce-rate", "-1"], {}, "produce rate must be"),
         (["--duration", "-5"], {}, "duration must be"),
         (["--port", "70000"], {}, "port 70000 out of range"),
+        (["--restart-backoff", "0"], {}, "restart backoff must be > 0"),
+        (["--restart-backoff", "40"], {}, "restart backoff must be > 0 and at most the largest"),
+        (["--max-restarts", "-1"], {}, "max restarts must be >= 0"),
+        (["--restart-window", "0"], {}, "the restart window > 0"),
         ([], {"CTRPS_CLUSTER_WORKERS": "two"}, "CTRPS_CLUSTER_WORKERS='two' is not a valid int"),
     ],
 )
@@ -219,32 +243,217 @@ async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path
     assert any(x["role"] == "worker-1" and x["msg"] == "window" for x in lines)
 
 
-async def test_a_killed_child_stops_the_cluster_with_status_1(tmp_path: Path) -> None:
+async def start_cluster(tmp_path: Path, *flags: str, **env: str) -> asyncio.subprocess.Process:
     out_log, err_log = tmp_path / "children.log", tmp_path / "cluster.log"
     with out_log.open("wb") as out, err_log.open("wb") as err:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "app.cli", "cluster", "--shards", "1", "--workers", "1",
-            "--port", "0", "--no-produce", "--duration", "300", "--log-format", "json",
-            "--exports-dir", str(tmp_path / "exports"),
-            cwd=PROJECT, env=clean_env(CTRPS_DECODE_PROCESSES="0"), stdin=subprocess.DEVNULL,
-            stdout=out, stderr=err,
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli", "cluster", "--port", "0", "--duration", "300",
+            "--log-format", "json", "--exports-dir", str(tmp_path / "exports"), *flags,
+            cwd=PROJECT, env=clean_env(**env), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
         )  # fmt: skip
+
+
+def pids_started(err_log: Path) -> dict[str, list[int]]:
+    """Every pid each role was started with, in order (restarts included)."""
+    out: dict[str, list[int]] = {}
+    for x in read_json_lines(err_log):
+        if x.get("msg") == "started":
+            out.setdefault(x["role"], []).append(x["pid"])
+    return out
+
+
+async def test_a_child_that_keeps_failing_stops_the_cluster_with_one_line_and_status_1(
+    tmp_path: Path,
+) -> None:
+    err_log = tmp_path / "cluster.log"
+    proc = await start_cluster(
+        tmp_path, "--shards", "1", "--workers", "1", "--no-produce",
+        "--max-restarts", "1", "--restart-backoff", "0.5", CTRPS_DECODE_PROCESSES="0",
+    )  # fmt: skip
     try:
         await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
-        started = {x["role"]: x["pid"] for x in read_json_lines(err_log) if x.get("msg") == "started"}
+        started = pids_started(err_log)
         assert set(started) == {"broker", "shard-0", "api", "worker-0"}
-        os.kill(started["shard-0"], signal.SIGKILL)
+        # The API: the other roles do not depend on it (a worker that cannot
+        # reach a shard is a matter of its own).
+        first = started["api"][0]
+        os.kill(first, signal.SIGKILL)
+        # Restarted once, on its port; killed again, it has failed twice within the window.
+        again = await wait_for_line(proc, err_log, {"msg": "started", "role": "api", "attempt": 1}, 60)
+        os.kill(again["pid"], signal.SIGKILL)
         rc = await asyncio.wait_for(proc.wait(), 60)
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
     assert rc == 1
-    assert all(pid_gone(pid) for pid in started.values())
+    started = pids_started(err_log)
+    assert started["api"] == [first, again["pid"]]
+    assert all(pid_gone(pid) for pids in started.values() for pid in pids)
+    lines = read_json_lines(err_log)
+    [restart] = [x for x in lines if x.get("msg") == "restarting a child"]
+    assert (restart["role"], restart["returncode"], restart["attempt"], restart["delay_s"]) == ("api", -9, 1, 0.5)
+    errors = [x for x in lines if x.get("level") == "error" and x.get("logger") == "ctrps.supervisor"]
+    assert [(x["msg"], x["role"], x["returncode"]) for x in errors] == [
+        ("child keeps failing: stopping", "api", -9)
+    ]
+    [summary] = [x for x in lines if x.get("msg") == "stopped because a child failed"]
+    assert summary["reason"] == "killed by SIGKILL; restarted 1 times within 300s"
+    stopped = {x["role"]: x["returncode"] for x in lines if x.get("msg") == "stopped" and "role" in x}
+    # A worker stopped while still importing dies of the SIGTERM itself: clean too.
+    assert stopped.keys() == {"broker", "shard-0", "worker-0"}
+    assert stopped["broker"] == stopped["shard-0"] == 0 and stopped["worker-0"] in (0, -signal.SIGTERM)
+
+
+async def test_with_restarts_off_a_killed_child_stops_the_cluster_with_status_1(tmp_path: Path) -> None:
+    err_log = tmp_path / "cluster.log"
+    proc = await start_cluster(
+        tmp_path, "--shards", "1", "--workers", "1", "--no-produce", "--max-restarts", "0",
+        CTRPS_DECODE_PROCESSES="0",
+    )  # fmt: skip
+    try:
+        await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
+        started = pids_started(err_log)
+        os.kill(started["shard-0"][0], signal.SIGKILL)
+        rc = await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert rc == 1
     lines = read_json_lines(err_log)
     failed = [x for x in lines if x.get("msg") == "child exited unexpectedly"]
     assert [(x["role"], x["returncode"]) for x in failed] == [("shard-0", -9)]
-    stopped = {x["role"]: x["returncode"] for x in lines if x.get("msg") == "stopped" and "role" in x}
-    # A worker stopped while still importing dies of the SIGTERM itself: clean too.
-    assert stopped.keys() == {"broker", "api", "worker-0"}
-    assert stopped["broker"] == stopped["api"] == 0 and stopped["worker-0"] in (0, -signal.SIGTERM)
+    assert not [x for x in lines if x.get("msg") == "restarting a child"]
+    assert all(pid_gone(pid) for pids in pids_started(err_log).values() for pid in pids)
+
+
+def bias_shows(model_dir: Path, num_shards: int) -> int:
+    """Events applied, as of the newest export: the shows of the bias row."""
+    chain = latest_chain(model_dir)
+    restored = restore_shards(chain, num_shards)
+    bias = np.array([FeatureHasher("ctr").bias_key], dtype=np.uint64)
+    table = restored.shards[int(shard_of(bias, num_shards)[0])].tables["ctr_w"]
+    row = int(table.index.lookup(bias)[0])
+    return int(table.shows[row]) if row >= 0 else 0
+
+
+async def produce_synthetic(bootstrap: str, lo: int, hi: int) -> None:
+    """Events lo..hi-1 of one synthetic stream to the cluster's click topic, acknowledged."""
+    events = [e for batch in SyntheticStream(seed=7).iter_batches(hi) for e in batch][lo:hi]
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        futs = [
+            await producer.send("clicks", orjson.dumps(e), partition=(lo + i) % 4, timestamp_ms=int(e["ts"] * 1000))
+            for i, e in enumerate(events)
+        ]
+        await asyncio.gather(*futs)
+    finally:
+        await producer.stop()
+
+
+async def test_a_cluster_survives_a_sigkilled_worker_and_trains_every_event(tmp_path: Path) -> None:
+    err_log = tmp_path / "cluster.log"
+    proc = await start_cluster(
+        tmp_path, "--shards", "2", "--workers", "1", "--no-produce", "--window-seconds", "1",
+        "--export-interval", "0", "--restart-backoff", "0.5",
+    )  # fmt: skip
+    n_before, n = 3000, 6000
+    try:
+        ready = await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
+        api, bootstrap = ready["api"], ready["bootstrap"]
+        await produce_synthetic(bootstrap, 0, n_before)
+        async with aiohttp.ClientSession() as session:
+            await wait_for_training(proc, session, api, workers=1, timeout_s=90)
+            first = pids_started(err_log)["worker-0"][0]
+            os.kill(first, signal.SIGKILL)
+            again = await wait_for_line(proc, err_log, {"msg": "started", "role": "worker-0", "attempt": 1}, 60)
+            await produce_synthetic(bootstrap, n_before, n)
+
+            async def all_trained() -> bool:
+                # A cut holds every window committed before it (leases).
+                async with session.post(api + "/v1/exports", json={}) as resp:
+                    assert resp.status == 201, await resp.text()
+                assert proc.returncode is None, "the cluster stopped"
+                return bias_shows(tmp_path / "exports" / "ctr", 2) >= n
+
+            await until(all_trained, 120, what=f"{n} events trained", poll_s=1.0)
+        trained = bias_shows(tmp_path / "exports" / "ctr", 2)
+        proc.send_signal(signal.SIGINT)
+        rc = await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    # At least once; the killed worker's uncommitted windows at most once more.
+    assert n <= trained <= n + n_before, trained
+    assert rc == 0, err_log.read_text()[-3000:]
+    lines = read_json_lines(err_log)
+    [restart] = [x for x in lines if x.get("msg") == "restarting a child"]
+    assert (restart["role"], restart["reason"], restart["attempt"]) == ("worker-0", "killed by SIGKILL", 1)
+    assert pid_gone(first) and pid_gone(again["pid"])
+    assert [x["restarts"] for x in lines if x.get("logger") == "ctrps.cluster" and x.get("msg") == "stopped"] == [1]
+
+
+async def test_a_sigkilled_broker_roles_binary_is_found_and_ended(tmp_path: Path) -> None:
+    """The broker role runs its binary in a session of its own: SIGKILL of the
+    role leaves it holding the port, until the cluster ends it."""
+    port = free_port()
+    log_path = tmp_path / "broker.log"
+    with log_path.open("wb") as out:
+        role = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli", "broker", "--port", str(port), "--log-format", "json",
+            cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        ready = await wait_for_line(role, log_path, {"msg": "ready"}, 60)
+        assert broker_processes(port) == [ready["pid"]]
+        os.killpg(role.pid, signal.SIGKILL)
+        await role.wait()
+        assert not pid_gone(ready["pid"])  # orphaned, still serving
+        assert await end_broker_processes(port) == [ready["pid"]]
+        assert pid_gone(ready["pid"]) and broker_processes(port) == []
+    finally:
+        if role.returncode is None:
+            role.kill()
+            await role.wait()
+        await end_broker_processes(port)
+
+
+async def test_a_restarted_shard_comes_back_on_its_ports_and_restores_this_runs_export(tmp_path: Path) -> None:
+    out_log, err_log = tmp_path / "children.log", tmp_path / "cluster.log"
+    proc = await start_cluster(
+        tmp_path, "--shards", "2", "--workers", "1", "--no-produce", "--window-seconds", "1",
+        "--export-interval", "0", "--restart-backoff", "0.5", CTRPS_DECODE_PROCESSES="0",
+    )  # fmt: skip
+    try:
+        ready = await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
+        await produce_synthetic(ready["bootstrap"], 0, 2000)
+        async with aiohttp.ClientSession() as session:
+            await wait_for_training(proc, session, ready["api"], workers=1, timeout_s=90)
+            async with session.post(ready["api"] + "/v1/exports", json={}) as resp:
+                assert resp.status == 201, await resp.text()
+                cut = await resp.json()
+        first = await wait_for_line(proc, out_log, {"role": "shard-1", "msg": "listening"}, 10)
+        os.kill(pids_started(err_log)["shard-1"][0], signal.SIGKILL)
+        await wait_for_line(proc, err_log, {"msg": "started", "role": "shard-1", "attempt": 1}, 60)
+        restored = await wait_for_line(proc, out_log, {"role": "shard-1", "msg": "restored"}, 60)
+        assert restored["version"] == cut["version"]
+
+        async def listening_twice() -> bool:
+            return len([x for x in read_json_lines(out_log) if x.get("role") == "shard-1" and x.get("msg") == "listening"]) == 2
+
+        await until(listening_twice, 60, what="the restarted shard listening")
+        again = [x for x in read_json_lines(out_log) if x.get("role") == "shard-1" and x.get("msg") == "listening"][-1]
+        assert (again["url"], again["rpc_port"]) == (first["url"], first["rpc_port"])
+        proc.send_signal(signal.SIGINT)
+        rc = await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert rc == 0, err_log.read_text()[-3000:]
+    # Shard 0 was never restarted: it did not restore (the cluster's own broker is new).
+    assert not [x for x in read_json_lines(out_log) if x.get("role") == "shard-0" and x.get("msg") == "restored"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import os
+import signal
 import sys
 import textwrap
 from collections.abc import Awaitable, Callable
@@ -14,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from app.supervisor import ChildFailed, ChildSpec, LinePrefixer, Supervisor
+from app.supervisor import ChildFailed, ChildSpec, LinePrefixer, RestartPolicy, Supervisor
 from waiting import until
 
 # A child that says "up" once its SIGTERM handler is in place, then waits; on
@@ -212,3 +214,203 @@ async def test_children_get_the_given_environment() -> None:
     await asyncio.wait_for(child.exited.wait(), 20)
     await sup.stop_all()
     assert lines(out) == ["[env] 42"]
+
+
+# -- restarts -----------------------------------------------------------------------
+
+# A child that counts its runs in the file given as argv[1], prints "run N",
+# and then does what its run's entry of argv[2] says: "x" exits 3 at once, a
+# number sleeps that many seconds and exits 3, "p" behaves like PATIENT.
+SCRIPTED = textwrap.dedent(
+    """
+    import pathlib, signal, sys, time
+    counter = pathlib.Path(sys.argv[1])
+    n = int(counter.read_text()) + 1 if counter.exists() else 1
+    counter.write_text(str(n))
+    plan = sys.argv[2].split(",")
+    step = plan[min(n, len(plan)) - 1]
+    def term(*_):
+        print("term", n, flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, term)
+    print("run", n, flush=True)
+    if step == "p":
+        while True:
+            time.sleep(1)
+    if step != "x":
+        time.sleep(float(step))
+    sys.exit(3)
+    """
+)
+
+
+def scripted(role: str, counter: Path, plan: str, **kw: Any) -> ChildSpec:
+    return ChildSpec(role, (sys.executable, "-c", SCRIPTED, str(counter), plan), restart=True, **kw)
+
+
+def restart_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [
+        dict(getattr(r, "fields", {}))
+        for r in caplog.records
+        if r.name == "ctrps.supervisor" and r.getMessage() == "restarting a child"
+    ]
+
+
+def test_restart_delays_double_up_to_the_cap() -> None:
+    p = RestartPolicy(backoff_s=1.0, max_backoff_s=30.0)
+    assert [p.delay(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    assert p.delay(10**6) == 30
+
+
+async def test_a_failing_child_is_restarted_with_backoff_until_it_keeps_failing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = io.BytesIO()
+    policy = RestartPolicy(backoff_s=0.1, max_backoff_s=0.3, max_restarts=3, window_s=600)
+    sup = Supervisor(out=out, grace_s=5.0, restart=policy)
+    caplog.set_level(logging.INFO, logger="ctrps.supervisor")
+    child = await sup.start(scripted("flaky", tmp_path / "runs", "x"))
+    stop = asyncio.Event()
+    await asyncio.wait_for(sup.wait(stop), 60)  # returns because it keeps failing
+    assert sup.failed is child
+    assert child.failure == "exited with 3; restarted 3 times within 600s"
+    got = restart_lines(caplog)
+    assert [(x["attempt"], x["delay_s"], x["restarts"]) for x in got] == [
+        (1, 0.1, 1), (2, 0.2, 2), (3, 0.3, 3)
+    ]
+    assert all(x["reason"] == "exited with 3" and x["returncode"] == 3 for x in got)
+    gave_up = [r for r in caplog.records if r.getMessage() == "child keeps failing: stopping"]
+    assert len(gave_up) == 1 and gave_up[0].levelno == logging.ERROR
+    await asyncio.wait_for(sup.stop_all(), 20)
+    assert sup.exit_status() == 1 and child.restarts == 3 and sup.restarts == 3
+    assert [x for x in lines(out) if x.startswith("[flaky] run")] == [f"[flaky] run {n}" for n in (1, 2, 3, 4)]
+    assert (tmp_path / "runs").read_text() == "4"
+
+
+async def test_a_sigkilled_child_comes_back_with_the_same_arguments(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = io.BytesIO()
+    sup = Supervisor(out=out, grace_s=5.0, restart=RestartPolicy(backoff_s=0.1))
+    caplog.set_level(logging.INFO, logger="ctrps.supervisor")
+    child = await sup.start(scripted("steady", tmp_path / "runs", "p"))
+    await sup.wait_ready(child, said(out, "[steady] run 1"), timeout_s=20)
+    first = child.pid
+    os.kill(first, signal.SIGKILL)
+    await until(said(out, "[steady] run 2"), 30, what="the restarted child")
+    assert child.pid != first and gone(first) and child.restarts == 1
+    [line] = restart_lines(caplog)
+    assert (line["reason"], line["returncode"], line["attempt"]) == ("killed by SIGKILL", -9, 1)
+    assert sup.failed is None
+    await asyncio.wait_for(sup.stop_all(), 20)
+    assert child.returncode == 0 and sup.exit_status() == 0
+    assert "[steady] term 2" in lines(out)
+
+
+async def test_a_healthy_run_resets_the_backoff(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Runs 1 and 2 fail at once (attempts 1, 2), run 3 lasts longer than
+    # healthy_s: its restart is attempt 1 again, with the first delay.
+    out = io.BytesIO()
+    policy = RestartPolicy(backoff_s=0.1, max_backoff_s=10.0, healthy_s=3.0, max_restarts=10)
+    sup = Supervisor(out=out, grace_s=5.0, restart=policy)
+    caplog.set_level(logging.INFO, logger="ctrps.supervisor")
+    child = await sup.start(scripted("resets", tmp_path / "runs", "x,x,4,x,p"))
+    await until(said(out, "[resets] run 5"), 60, what="the fifth run")
+    got = [(x["attempt"], x["delay_s"]) for x in restart_lines(caplog)]
+    assert got == [(1, 0.1), (2, 0.2), (1, 0.1), (2, 0.2)]
+    await asyncio.wait_for(sup.stop_all(), 20)
+    assert sup.exit_status() == 0 and child.restarts == 4
+
+
+async def test_stopping_during_the_backoff_starts_nothing_and_does_not_wait(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = io.BytesIO()
+    sup = Supervisor(out=out, grace_s=5.0, restart=RestartPolicy(backoff_s=3600.0, max_backoff_s=3600.0))
+    caplog.set_level(logging.INFO, logger="ctrps.supervisor")
+    patient = await sup.start(py("patient", PATIENT))
+    await sup.wait_ready(patient, said(out, "[patient] up"), timeout_s=20)
+    child = await sup.start(scripted("down", tmp_path / "runs", "x"))
+    await until(lambda: bool(restart_lines(caplog)), 30, what="the restart's backoff")
+    # The backoff is an hour: stop_all returning at all shows it did not wait for it.
+    await asyncio.wait_for(sup.stop_all(), 20)
+    assert child.stopped_while_down and child.returncode == 3
+    assert (tmp_path / "runs").read_text() == "1"  # never started again
+    assert sup.failed is None and sup.exit_status() == 0 and patient.returncode == 0
+    assert child.watcher is not None and child.watcher.done()
+    stopped = [dict(getattr(r, "fields", {})) for r in caplog.records if r.getMessage() == "stopped"]
+    assert {"role": "down", "pid": child.pid, "returncode": 3, "restarts": 1, "waiting_to_restart": True} in stopped
+
+
+async def test_a_restart_asks_for_its_arguments(tmp_path: Path) -> None:
+    out = io.BytesIO()
+    sup = Supervisor(out=out, grace_s=5.0, restart=RestartPolicy(backoff_s=0.1))
+    runs = tmp_path / "runs"
+    spec = ChildSpec(
+        "again", (sys.executable, "-c", SCRIPTED, str(runs), "x"), restart=True,
+        restart_argv=lambda: (sys.executable, "-c", SCRIPTED, str(runs), "x,p"),
+    )  # fmt: skip
+    child = await sup.start(spec)
+    await until(said(out, "[again] run 2"), 30, what="the restart")
+    await asyncio.wait_for(sup.stop_all(), 20)
+    assert child.returncode == 0 and "[again] term 2" in lines(out) and sup.exit_status() == 0
+
+
+async def test_a_child_without_restart_still_fails_at_once(tmp_path: Path) -> None:
+    out = io.BytesIO()
+    sup = Supervisor(out=out, grace_s=5.0, restart=RestartPolicy(backoff_s=0.1))
+    spec = ChildSpec("once", (sys.executable, "-c", SCRIPTED, str(tmp_path / "runs"), "x"))
+    child = await sup.start(spec)
+    await asyncio.wait_for(sup.wait(asyncio.Event()), 30)
+    await sup.stop_all()
+    assert sup.failed is child and child.failure == "exited with 3" and child.restarts == 0
+
+
+async def test_a_child_exiting_while_everything_stops_is_not_restarted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # "late" (started last, stopped first) answers SIGTERM by creating a
+    # file and waiting until "early" has exited: early exits 3 on seeing the
+    # file, while stop_all is still stopping late.
+    flag = tmp_path / "flag"
+    early_code = textwrap.dedent(
+        f"""
+        import os, sys, time
+        print("up", flush=True)
+        while not os.path.exists({str(flag)!r}):
+            time.sleep(0.02)
+        sys.exit(3)
+        """
+    )
+    late_code = textwrap.dedent(
+        f"""
+        import os, pathlib, signal, sys, time
+        def term(*_):
+            pathlib.Path({str(flag)!r}).touch()
+            pid = int(sys.argv[1])
+            while True:
+                try:
+                    state = pathlib.Path(f"/proc/{{pid}}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                except FileNotFoundError:
+                    break
+                if state == "Z":
+                    break
+                time.sleep(0.02)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, term)
+        print("up", flush=True)
+        while True:
+            time.sleep(1)
+        """
+    )
+    out = io.BytesIO()
+    sup = Supervisor(out=out, grace_s=20.0, restart=RestartPolicy(backoff_s=0.1))
+    caplog.set_level(logging.INFO, logger="ctrps.supervisor")
+    early = await sup.start(ChildSpec("early", (sys.executable, "-c", early_code), restart=True))
+    await sup.wait_ready(early, said(out, "[early] up"), timeout_s=20)
+    late = await sup.start(ChildSpec("late", (sys.executable, "-c", late_code, str(early.pid)), restart=True))
+    await sup.wait_ready(late, said(out, "[late] up"), timeout_s=20)
+    await asyncio.wait_for(sup.stop_all(), 30)
+    assert late.returncode == 0 and early.returncode == 3
+    assert early.restarts == 0 and not restart_lines(caplog)
+    assert sup.failed is early and early.failure == "exited with 3" and sup.exit_status() == 1
