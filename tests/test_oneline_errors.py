@@ -124,11 +124,15 @@ def test_a_bad_log_level_is_a_usage_error() -> None:
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
-@pytest.mark.parametrize("role", ["shard", "shard-rpc", "serve", "broker"])
-def test_a_port_in_use_is_one_line_and_exit_1(role: str, fmt: str, listening_port: int) -> None:
+@pytest.mark.parametrize("role", ["shard", "shard-coordinator", "shard-rpc", "serve", "broker"])
+def test_a_port_in_use_is_one_line_and_exit_1(
+    role: str, fmt: str, listening_port: int, tmp_path: Path
+) -> None:
     port = str(listening_port)
     args = {
         "shard": ["shard", "--port", port, "--no-exports"],
+        "shard-coordinator": ["shard", "--port", port, "--num-shards", "2", "--exports-dir", str(tmp_path),
+                              "--shards", "http://127.0.0.1:1,http://127.0.0.1:2"],
         "shard-rpc": ["shard", "--port", "0", "--rpc-port", port, "--no-exports"],
         "serve": ["serve", "--port", port, "--shards", "http://127.0.0.1:1"],
         "broker": ["broker", "--port", port],
