@@ -397,8 +397,8 @@ def run_command(args: argparse.Namespace, run: Callable[[argparse.Namespace], in
         return run(args)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:
-        found = expected_failure(exc)
+    except (Exception, asyncio.CancelledError) as exc:  # a stray cancellation is a bug too
+        found = None if isinstance(exc, asyncio.CancelledError) else expected_failure(exc)
         if found is None:
             log.critical(
                 "crashed: %s: %s", type(exc).__name__, exc, exc_info=exc,

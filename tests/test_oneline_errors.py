@@ -217,6 +217,17 @@ def test_a_bug_keeps_its_traceback_inside_one_json_object(
     assert "Traceback" in line["exc"] and "surprise" in line["exc"]
 
 
+def test_a_stray_cancellation_is_a_bug_in_the_chosen_format(
+    capsys: pytest.CaptureFixture[str], restore_logging: None
+) -> None:
+    def run(args: argparse.Namespace) -> int:
+        raise asyncio.CancelledError()
+
+    assert run_command(_args("worker", "--log-format", "json"), run) == 1
+    (line,) = [orjson.loads(x) for x in capsys.readouterr().err.splitlines()]
+    assert "CancelledError" in line["msg"] and "Traceback" in line["exc"]
+
+
 def test_a_bug_in_text_keeps_its_traceback(capsys: pytest.CaptureFixture[str], restore_logging: None) -> None:
     def run(args: argparse.Namespace) -> int:
         raise ZeroDivisionError("oops")
@@ -438,3 +449,56 @@ async def test_produce_log_level_warning_hides_info_lines(kafka_bootstrap: str) 
     )  # fmt: skip
     assert loud.returncode == 0 and "done" in loud.stderr and "sent=20 " in loud.stderr
 
+
+
+@pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="kills its own broker")
+async def test_a_worker_whose_broker_died_logs_few_kafka_client_lines(tmp_path: Path) -> None:
+    """Once the broker is gone the Kafka client repeats a handful of lines
+    dozens of times a second; the worker shows each at most every 5 s, with
+    the count held back, and no traceback."""
+    broker = EmbeddedBroker()
+    await broker.start()
+    log = tmp_path / "worker.log"
+    proc: asyncio.subprocess.Process | None = None
+    shard_runner: Any = None
+    try:
+        await broker.create_topics({"clicks": 2, "clicks.dlq": 1})
+        one = Shard(ShardSpec(0, 1))
+        runner = web.AppRunner(create_shard_app(one), access_log=None)
+        await runner.setup()
+        port = free_port()
+        shard_runner = await start_shard_http(runner, one, "127.0.0.1", port, max_body=1 << 20)
+        with log.open("wb") as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "app.cli", "worker", "--bootstrap", broker.bootstrap,
+                "--shards", f"http://127.0.0.1:{port}", "--window-seconds", "1", "--decode-processes", "0",
+                "--log-format", "json",
+                cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            )  # fmt: skip
+
+        def lines() -> list[dict[str, Any]]:
+            return [orjson.loads(x) for x in log.read_bytes().splitlines()]
+
+        def assigned() -> bool:
+            assert proc is not None and proc.returncode is None, log.read_text()
+            return any(x["msg"] == "assigned" for x in lines())
+
+        await until(assigned, 60, what="the worker's assignment", poll_s=0.1)
+        mark = len(lines())
+        os.kill(broker.pid, signal.SIGKILL)
+        # A collapsed line comes once a template has repeated for 5 s.
+        await until(lambda: any("suppressed" in x for x in lines()[mark:]), 60,
+                    what="a line saying how many were held back", poll_s=0.1)  # fmt: skip
+        after = lines()[mark:]
+        kafka = [x for x in after if x["logger"].startswith("aiokafka")]
+        held = sum(x.get("suppressed", 0) for x in kafka)
+        assert held > len(kafka), (held, kafka)  # more held back than shown
+        assert len(kafka) < 40, kafka
+        assert not [x for x in after if "exc" in x], "no traceback"
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if shard_runner is not None:
+            await shard_runner.cleanup()
+        broker.stop()
