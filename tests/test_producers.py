@@ -616,3 +616,44 @@ async def test_cli_sigterm_ends_an_endless_stream_with_exit_0(kafka_bootstrap: s
     lines = [orjson.loads(x) for x in log.read_bytes().splitlines() if x.startswith(b"{")]
     stopped = [x for x in lines if x["msg"] == "stopped"]
     assert len(stopped) == 1 and stopped[0]["sent"] >= 1000, lines
+
+
+async def test_cli_compression_and_delivery_timeout_settings_are_checked(
+    kafka_bootstrap: str, restore_logging: None
+) -> None:
+    from app.settings import SettingsError
+
+    base = ("synthetic", "--events", "10", "--bootstrap", kafka_bootstrap)
+    with pytest.raises(SettingsError, match="compression 'brotli' is not one of none, gzip, snappy, lz4, zstd"):
+        await run_produce(produce_args(*base), env={"CTRPS_COMPRESSION": "brotli"})
+    with pytest.raises(SettingsError, match="CTRPS_DELIVERY_TIMEOUT='soon' is not a number"):
+        await run_produce(produce_args(*base), env={"CTRPS_DELIVERY_TIMEOUT": "soon"})
+    with pytest.raises(SettingsError, match="delivery timeout must be a positive"):
+        await run_produce(produce_args(*base, "--delivery-timeout", "0"), env={})
+    with pytest.raises(SystemExit):  # argparse: not a choice
+        produce_args(*base, "--compression", "brotli")
+
+
+async def test_produce_compresses_with_the_codec_asked(kafka_bootstrap: str) -> None:
+    """Each codec round-trips through the broker (the worker side is tests/test_codecs.py)."""
+    from consumers.producer import COMPRESSIONS
+
+    with pytest.raises(ValueError, match="compression 'lzma'"):
+        await produce(kafka_bootstrap, "unused", [], compression="lzma")
+    for codec in COMPRESSIONS:
+        topic = f"codec-{codec}-{uuid.uuid4().hex[:8]}"
+        await create_topics(kafka_bootstrap, {topic: 1})
+        events = SyntheticStream(seed=2).batch(300)
+        report = await produce(kafka_bootstrap, topic, events, compression=codec)
+        assert report.sent == 300
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest")
+        await consumer.start()
+        got: list[bytes] = []
+        try:
+            async with asyncio.timeout(30):
+                while len(got) < 300:
+                    batch = await consumer.getmany(timeout_ms=500)
+                    got += [r.value for records in batch.values() for r in records if r.value is not None]
+        finally:
+            await consumer.stop()
+        assert [orjson.loads(v)["id"] for v in got] == [e["id"] for e in events], codec
