@@ -3,9 +3,10 @@
 An *expected failure* is an exception whose class carries an ``exit_code: int``
 class attribute (`ExpectedFailure` and its subclasses, `SettingsError`,
 `consumers.broker.BrokerError`, ...), or one of the few foreign exceptions
-that mean the same at start (`expected_failure` maps them): a port already in
-use, an address this host does not have, nothing listening where a shard or a
-broker should be. The command's top level logs ``str(exc)`` as ONE error line
+that mean the same (`expected_failure` maps them): a port already in use, an
+address this host does not have, nothing listening where a shard or a broker
+should be, a file that cannot be written (a full disk, a read-only or
+forbidden directory; the line names the path). The command's top level logs ``str(exc)`` as ONE error line
 in the chosen log format and exits with the code; any other exception is a bug
 and is logged with its traceback (one JSON object under ``--log-format json``).
 
@@ -61,6 +62,7 @@ _LISTEN_HINTS = {
     errno.EADDRNOTAVAIL: "this host has no such address",
     errno.EACCES: "ports below 1024 need privileges",
 }
+_FILE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 _NOTHING_THERE_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT}
 
 
@@ -96,7 +98,10 @@ def expected_failure(exc: BaseException) -> tuple[str, int] | None:
         return exc.detail, EXIT_FAILURE
     if _kafka_nothing_there(exc):
         return f"no Kafka broker answered: {exc}", EXIT_FAILURE
-    if isinstance(exc, OSError) and exc.errno in _LISTEN_HINTS:
+    if isinstance(exc, OSError) and exc.filename is not None and exc.errno in _FILE_ERRNOS:
+        # A full disk, a read-only or forbidden directory: the path says where.
+        return f"{exc.strerror or exc}: {exc.filename}", EXIT_FAILURE
+    if isinstance(exc, OSError) and exc.filename is None and exc.errno in _LISTEN_HINTS:
         # uvloop's message names the address: "error while attempting to bind
         # on address ('127.0.0.1', 7100): address already in use".
         return f"cannot listen: {exc.strerror or exc} ({_LISTEN_HINTS[exc.errno]})", EXIT_FAILURE

@@ -261,6 +261,10 @@ def test_known_foreign_errors_are_expected_failures() -> None:
     assert expected_failure(group) == ("a", 1)
     assert expected_failure(ExceptionGroup("mixed", [BrokerError("a"), KeyError("b")])) is None
     assert expected_failure(OSError(errno.ENOENT, "No such file")) is None  # not one of ours: a bug
+    full = OSError(errno.ENOSPC, "No space left on device", "/exports/ctr/.tmp-3/shard-0.lr.npz")
+    assert expected_failure(full) == ("No space left on device: /exports/ctr/.tmp-3/shard-0.lr.npz", 1)
+    denied = PermissionError(errno.EACCES, "Permission denied", "/exports")
+    assert expected_failure(denied) == ("Permission denied: /exports", 1)  # a file, not a listen
     assert expected_failure(RuntimeError("x")) is None
 
 
