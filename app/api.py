@@ -99,6 +99,8 @@ FOLLOWER = web.AppKey("follower", Follower)
 """Present on a serving replica: what it serves and how it follows the exports."""
 _OPENAPI_BODY = web.AppKey("openapi_body", bytes)
 _ERROR_LOG = web.AppKey("error_log", dict)
+_READINESS = web.AppKey("readiness", list)
+"""``[last answer of /readyz: None (not asked yet), True or False]``."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -173,7 +175,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
     request.app[METRICS].count_request(route, resp.status)
-    if resp.status >= 500 and isinstance(resp, web.Response):
+    if resp.status >= 500 and isinstance(resp, web.Response) and route != "/readyz":
+        # /readyz logs its own changes of state (`_note_readiness`): a probe
+        # polls it every few seconds, and each 503 is the same news.
         _log_server_error(request.app, route, resp)
     return resp
 
@@ -431,20 +435,39 @@ async def healthz(request: web.Request) -> web.Response:
     return _json({"status": "ok"})
 
 
+def _note_readiness(app: web.Application, ready: bool, detail: str = "") -> None:
+    """One line when readiness changes (a warning when it is lost), none
+    while it stays the same."""
+    state: list[bool | None] = app[_READINESS]
+    if state[0] is ready:
+        return
+    before, state[0] = state[0], ready
+    if ready:
+        if before is not None:
+            log_event(log, "ready again")
+    else:
+        log.warning("not ready", extra={"fields": {"detail": detail}})
+
+
 async def readyz(request: web.Request) -> web.Response:
-    follower = request.app.get(FOLLOWER)
-    if follower is not None:
-        follower.check_ready()
-    client = request.app[CLIENT]
-    got = await asyncio.gather(*(t.stats() for t in client.transports), return_exceptions=True)
-    down = [r for r in got if isinstance(r, BaseException)]
-    for r in down:
-        if not isinstance(r, PSError):
-            raise r
-    if down:
-        raise ShardUnavailableError(
-            "; ".join(r.detail for r in down if isinstance(r, PSError)),
-        )
+    try:
+        follower = request.app.get(FOLLOWER)
+        if follower is not None:
+            follower.check_ready()
+        client = request.app[CLIENT]
+        got = await asyncio.gather(*(t.stats() for t in client.transports), return_exceptions=True)
+        down = [r for r in got if isinstance(r, BaseException)]
+        for r in down:
+            if not isinstance(r, PSError):
+                raise r
+        if down:
+            raise ShardUnavailableError(
+                "; ".join(r.detail for r in down if isinstance(r, PSError)),
+            )
+    except PSError as exc:
+        _note_readiness(request.app, False, f"{exc.code}: {exc.detail}")
+        raise
+    _note_readiness(request.app, True)
     return _json({"status": "ready", "shards": client.num_shards})
 
 
@@ -528,6 +551,7 @@ def create_app(
     app[OPENAPI] = openapi_document(settings.max_events, replica=follower is not None)
     app[_OPENAPI_BODY] = orjson.dumps(app[OPENAPI])
     app[_ERROR_LOG] = {}
+    app[_READINESS] = [None]
     app.cleanup_ctx.append(_predictor_ctx)
     app.cleanup_ctx.append(_history_ctx)
     app.router.add_get("/", dashboard)

@@ -5,15 +5,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from typing import Any, Callable, Coroutine, Sequence
 
 import uvloop
 
-from .logs import configure_logging
+from .failures import EXIT_FAILURE, expected_failure
+from .logs import LEVELS, configure_logging, parse_level
 from .export_cli import add_export_parser, run_export
 from .produce_cli import add_produce_parser, run_produce
-from .settings import ClusterSettings, DemoSettings, SettingsError, ShardSettings, WorkerSettings
+from .settings import (
+    ClusterSettings,
+    DemoSettings,
+    LogSettings,
+    SettingsError,
+    ShardSettings,
+    WorkerSettings,
+)
 
 __all__ = ["main", "build_parser"]
 
@@ -191,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME:PARTITIONS",
         help="create a topic; repeatable (default clicks:4 and clicks.dlq:1)",
     )
-    broker.add_argument("--log-format", choices=("text", "json"), default="text")
+    broker.add_argument("--log-format", choices=("text", "json"), help="log line format")
 
     serve = sub.add_parser(
         "serve",
@@ -287,7 +296,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="restarts of one child within --restart-window before the cluster stops; 0 = never restart (default 5)",
     )  # fmt: skip
     cluster.add_argument("--restart-window", type=float, help="seconds the restarts are counted over (default 300)")
+    _add_logging_flags(parser)
     return parser
+
+
+def _add_logging_flags(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` and ``--kafka-log-level`` (and ``--log-format`` where a
+    command lacks it) on every command: each leaf of the subcommand tree,
+    ``produce synthetic`` and ``produce file`` included."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if subs:
+        for action in subs:
+            for child in set(action.choices.values()):
+                _add_logging_flags(child)
+        return
+    if not any("--log-format" in a.option_strings for a in parser._actions):
+        parser.add_argument("--log-format", choices=("text", "json"), help="log line format (CTRPS_LOG_FORMAT)")
+    parser.add_argument(
+        "--log-level", type=str.lower, choices=LEVELS,
+        help="least severe level logged (default info; CTRPS_LOG_LEVEL)",
+    )
+    parser.add_argument(
+        "--kafka-log-level", type=str.lower, choices=LEVELS,
+        help="the Kafka client's level (default warning, debug with --log-level debug; "
+        "CTRPS_KAFKA_LOG_LEVEL)",
+    )
 
 
 def _parse_topics(specs: Sequence[str]) -> dict[str, int]:
@@ -295,7 +328,7 @@ def _parse_topics(specs: Sequence[str]) -> dict[str, int]:
     for spec in specs:
         name, _, parts = spec.partition(":")
         if not name or not parts.isdigit() or int(parts) < 1:
-            raise ValueError(f"topic {spec!r} is not NAME:PARTITIONS")
+            raise SettingsError(f"topic {spec!r} is not NAME:PARTITIONS")
         topics[name] = int(parts)
     return topics
 
@@ -303,7 +336,7 @@ def _parse_topics(specs: Sequence[str]) -> dict[str, int]:
 def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, Any, None]]]:
     """The log format and the coroutine of a long-running role, from its flags.
 
-    Raises `SettingsError` or `ValueError` on unusable flags."""
+    Raises `SettingsError` on unusable flags."""
     if args.command == "shard":
         shard = ShardSettings.from_args(args)
         from .shard_role import run_shard
@@ -330,50 +363,72 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
 
 def _compose(args: argparse.Namespace) -> int:
     """Run ``demo`` or ``cluster``: compositions of roles that return an exit status."""
-    try:
-        if args.command == "demo":
-            demo = DemoSettings.from_args(args)
-        else:
-            cluster = ClusterSettings.from_args(args)
-    except SettingsError as exc:
-        print(f"ctrps {args.command}: {exc}", file=sys.stderr)
-        return 2
     if args.command == "demo":
+        demo = DemoSettings.from_args(args)
         from .demo import run_demo
 
-        configure_logging(demo.log_format)
         return int(uvloop.run(run_demo(demo)))
+    cluster = ClusterSettings.from_args(args)
     from .cluster import run_cluster
 
-    configure_logging(cluster.log_format)
     return int(uvloop.run(run_cluster(cluster)))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``ctrps`` console script."""
-    args = build_parser().parse_args(argv)
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the parsed command; its exit status."""
     if args.command == "produce":
         return int(uvloop.run(run_produce(args)))
     if args.command == "export":
         return int(uvloop.run(run_export(args)))
     if args.command in ("demo", "cluster"):
         return _compose(args)
-    try:
-        log_format, role = _role(args)
-    except (SettingsError, ValueError) as exc:
-        print(f"ctrps {args.command}: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(log_format)
-    try:
-        uvloop.run(role())
-    except Exception as exc:
-        # An expected failure carries its exit code: one line, no traceback.
-        code = getattr(type(exc), "exit_code", None)
-        if not isinstance(code, int):
-            raise
-        logging.getLogger(f"ctrps.{args.command}").error(str(exc))
-        return code
+    _, role = _role(args)
+    uvloop.run(role())
     return 0
+
+
+def _configure(args: argparse.Namespace) -> None:
+    """Logging as the flags and ``CTRPS_LOG_*`` say; raises `SettingsError`
+    (reported in text, the format not being known)."""
+    configure_logging("text")
+    logs = LogSettings.from_args(args)
+    kafka = parse_level(logs.kafka_level) if logs.kafka_level else None
+    configure_logging(logs.log_format, parse_level(logs.level), kafka)
+    if args.command == "cluster":
+        # Its children are `ctrps` commands that inherit its environment: they log alike.
+        os.environ["CTRPS_LOG_LEVEL"] = logs.level
+        if logs.kafka_level:
+            os.environ["CTRPS_KAFKA_LOG_LEVEL"] = logs.kafka_level
+
+
+def run_command(args: argparse.Namespace, run: Callable[[argparse.Namespace], int]) -> int:
+    """``run(args)`` with the command's failures reported: an expected failure
+    (`app.failures`) is one error line, ``str(exc)``, and its exit code; any
+    other exception is a bug, logged with its traceback (in the chosen format),
+    exit 1. Ctrl-C before a role's own handler is installed exits 130."""
+    log = logging.getLogger(f"ctrps {args.command}")  # lines read "ctrps shard: ..."
+    try:
+        _configure(args)
+        return run(args)
+    except KeyboardInterrupt:
+        return 130
+    except (Exception, asyncio.CancelledError) as exc:  # a stray cancellation is a bug too
+        found = None if isinstance(exc, asyncio.CancelledError) else expected_failure(exc)
+        if found is None:
+            log.critical(
+                "crashed: %s: %s", type(exc).__name__, exc, exc_info=exc,
+                extra={"fields": {"exit_code": EXIT_FAILURE}},
+            )
+            return EXIT_FAILURE
+        message, code = found
+        log.error(message, extra={"fields": {"error": type(exc).__name__, "exit_code": code}})
+        return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ctrps`` console script."""
+    args = build_parser().parse_args(argv)  # usage errors: argparse's message, exit 2
+    return run_command(args, _dispatch)
 
 
 if __name__ == "__main__":

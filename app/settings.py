@@ -11,8 +11,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from urllib.parse import urlsplit
+
 from ps_core.errors import TableConfigError
+from ps_core.manifest import check_model_name
 from ps_core.table import TableConfig
+
+from .logs import LEVELS
 
 __all__ = [
     "ShardSettings",
@@ -22,11 +27,36 @@ __all__ = [
     "ApiSettings",
     "parse_table_spec",
     "SettingsError",
+    "LogSettings",
 ]
 
 
 class SettingsError(ValueError):
-    """A flag or environment variable has an unusable value."""
+    """A flag or environment variable has an unusable value: a usage error,
+    reported as one line with exit code 2 (see `app.failures`)."""
+
+    exit_code = 2
+
+
+def _check_urls(urls: tuple[str, ...]) -> None:
+    """Every shard URL is ``http(s)://host[:port]``: caught here, at start,
+    rather than as a client error on the first call."""
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+            parts.port  # raises ValueError on a port that is not a number in range
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SettingsError(f"shard URL {url!r} is not http://host:port")
+
+
+def _check_model_name(name: str) -> None:
+    """A model name is one path component (its directory under the exports)."""
+    try:
+        check_model_name(name)
+    except ValueError as exc:
+        raise SettingsError(f"model name: {exc}") from None
 
 
 def parse_table_spec(spec: str) -> TableConfig:
@@ -151,6 +181,8 @@ class ShardSettings:
         names = [t.name for t in self.tables]
         if len(set(names)) != len(names):
             raise SettingsError(f"a table is declared twice: {names}")
+        _check_urls(self.shards)
+        _check_model_name(self.model_name)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ShardSettings:
@@ -278,6 +310,8 @@ class WorkerSettings:
             )
         if not self.shards:
             raise SettingsError("no shards: pass --shards URL,URL,... or set CTRPS_SHARDS")
+        _check_urls(self.shards)
+        _check_model_name(self.model_name)
         if self.model not in ("lr", "fm"):
             raise SettingsError(f"model {self.model!r} is not lr or fm")
         if not self.window_seconds > 0 or self.window_events < 1 or self.mini_batch < 1:
@@ -578,8 +612,8 @@ class ApiSettings:
             raise SettingsError("history interval must be a positive number of seconds and history points >= 1")
         if self.model not in ("lr", "fm"):
             raise SettingsError(f"model {self.model!r} is not lr or fm")
-        if not self.model_name:
-            raise SettingsError("model name must not be empty")
+        _check_model_name(self.model_name)
+        _check_urls(self.shards)
         if self.max_events < 1 or self.max_body_bytes < 1024:
             raise SettingsError("max events must be >= 1 and max body bytes >= 1024")
         if not 0 < self.shard_deadline_s < float("inf"):
@@ -627,4 +661,37 @@ class ApiSettings:
             # Environment only: `ctrps serve` has no flags for these.
             history_interval_s=_pick(None, env, "CTRPS_HISTORY_INTERVAL", d.history_interval_s, float),
             history_points=_pick(None, env, "CTRPS_HISTORY_POINTS", d.history_points, int),
+        )
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """How every command logs; read before the role's own settings, so that
+    even a settings error is reported in the chosen format."""
+
+    log_format: str = "text"
+    """``text`` or ``json`` (``--log-format``, ``CTRPS_LOG_FORMAT``)."""
+    level: str = "info"
+    """``debug``, ``info``, ``warning`` or ``error`` (``--log-level``, ``CTRPS_LOG_LEVEL``)."""
+    kafka_level: str = ""
+    """The Kafka client's level (``--kafka-log-level``, ``CTRPS_KAFKA_LOG_LEVEL``);
+    empty: WARNING, or DEBUG when `level` is ``debug``."""
+
+    def __post_init__(self) -> None:
+        if self.log_format not in ("text", "json"):
+            raise SettingsError(f"log format {self.log_format!r} is not text or json")
+        for key, value in (("log level", self.level), ("kafka log level", self.kafka_level)):
+            if value and value.lower() not in LEVELS:
+                raise SettingsError(f"{key} {value!r} is not one of {', '.join(LEVELS)}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> LogSettings:
+        """Flags (where the command has them and they were given) over ``CTRPS_*`` over defaults."""
+        d = cls()
+        return cls(
+            log_format=_pick(getattr(args, "log_format", None), env, "CTRPS_LOG_FORMAT", d.log_format),
+            level=_pick(getattr(args, "log_level", None), env, "CTRPS_LOG_LEVEL", d.level).lower(),
+            kafka_level=_pick(
+                getattr(args, "kafka_log_level", None), env, "CTRPS_KAFKA_LOG_LEVEL", d.kafka_level
+            ).lower(),
         )

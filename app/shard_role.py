@@ -181,7 +181,15 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     # Frame requests are answered by the port's front, the rest by the app.
-    http = await start_shard_http(runner, shard, settings.host, settings.port, max_body=max_body)
+    try:
+        http = await start_shard_http(runner, shard, settings.host, settings.port, max_body=max_body)
+    except BaseException:  # e.g. the port in use: release what was opened, then report it
+        await runner.cleanup()
+        if rpc is not None:
+            await rpc.close()
+        if client is not None:
+            await client.close()
+        raise
     port = http.port  # the one the OS gave, when asked for 0
     stop = stop or asyncio.Event()
     log_event(

@@ -6,8 +6,9 @@ metadata requests, creates topics, and stops it by PID. A real broker, never a
 mock: the same client code runs against Apache Kafka when a bootstrap address
 is given instead (`KafkaTarget.external`).
 
-Tansu exits 0 when its port is taken, so the port is checked free first and
-the process is watched while waiting for readiness.
+Tansu exits 0 when its port is taken, so the port is checked free first (as
+a listening server binds it, with SO_REUSEADDR: a port in TIME_WAIT is free)
+and the process is watched while waiting for readiness.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ __all__ = ["EmbeddedBroker", "BrokerError", "create_topics", "free_port", "wait_
 
 
 class BrokerError(RuntimeError):
-    """The broker could not be started, reached or configured."""
+    """The broker could not be started, reached or configured.
+
+    An expected failure: the ``ctrps`` command reports it as one line and
+    exits with `exit_code`."""
+
+    exit_code = 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -40,7 +46,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _port_is_free(host: str, port: int) -> bool:
+    """Whether a listening server could bind `port` now.
+
+    With SO_REUSEADDR, as a server sets it (Tansu included): a port whose
+    last connections linger in TIME_WAIT is free to listen on, and only a
+    socket bound or listening there makes it taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -151,7 +163,10 @@ class EmbeddedBroker:
 
         port = self._want_port or free_port(self.host)
         if not _port_is_free(self.host, port):
-            raise BrokerError(f"port {port} on {self.host} is taken; the broker would exit silently")
+            raise BrokerError(
+                f"cannot listen: port {port} on {self.host} is in use (another process "
+                "listens there; pick another port, 0 picks a free one, or stop it)"
+            )
         url = f"tcp://{self.host}:{port}"
         self.cluster_id = f"ctrps-{secrets.token_hex(8)}"
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}

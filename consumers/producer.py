@@ -16,6 +16,11 @@ Items of `events` that are `FormatError`s (rows a parser rejected) or cannot be
 encoded are skipped and counted by reason in the report, never sent.
 The producer is plain (not idempotent nor transactional: the embedded broker
 supports neither), so a retried request may duplicate records: at-least-once.
+
+Only acknowledged events are counted. A broker that stops acknowledging (dead,
+hung, unreachable) is noticed within `delivery_timeout_s`: the sends still
+waiting fail and `produce` raises `DeliveryTimeout` with what was acknowledged;
+any other refusal of the broker raises `ProduceError`.
 """
 
 from __future__ import annotations
@@ -30,10 +35,15 @@ from typing import Any, Union
 
 import orjson
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from .formats import FormatError
 
-__all__ = ["produce", "ProduceReport", "EventSource"]
+__all__ = ["produce", "ProduceReport", "EventSource", "ProduceError", "DeliveryTimeout", "COMPRESSIONS"]
+
+COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+"""The record-batch codecs `produce` can use (snappy, lz4 and zstd through
+aiokafka's extras, i.e. cramjam)."""
 
 Item = Union[dict[str, Any], FormatError]
 EventSource = Union[Iterable[Item], AsyncIterable[Item]]
@@ -88,6 +98,27 @@ class ProduceReport:
         }
 
 
+class ProduceError(Exception):
+    """The broker refused or failed a send; `report` holds what was acknowledged.
+
+    An expected failure: ``ctrps produce`` reports it as one line and exits
+    with `exit_code`."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, report: ProduceReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class DeliveryTimeout(ProduceError):
+    """The broker acknowledged nothing for the delivery timeout: it is dead,
+    hung or unreachable, and the producer gave up (exit code 3, as every role
+    that gives up after an outage)."""
+
+    exit_code = 3
+
+
 def _chunks(events: Iterable[Item], size: int) -> Iterator[list[Item]]:
     it = iter(events)
     while chunk := list(itertools.islice(it, size)):
@@ -136,6 +167,29 @@ def _encode(
     return values, stamps
 
 
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _failure(
+    exc: BaseException, report: ProduceReport, bootstrap: str, topic: str, delivery_timeout_s: float
+) -> ProduceError:
+    """The `ProduceError` for a failed send: a timeout or a connection-level
+    (retriable) error means the broker stopped answering."""
+    if isinstance(exc, (asyncio.TimeoutError, KafkaTimeoutError)) or getattr(exc, "retriable", False):
+        return DeliveryTimeout(
+            f"the broker at {bootstrap} acknowledged no send for {delivery_timeout_s:g} s: "
+            f"gave up with {report.sent} events acknowledged ({type(exc).__name__}: {exc})",
+            report,
+        )
+    return ProduceError(
+        f"the broker at {bootstrap} refused a send to {topic!r}: {type(exc).__name__}: {exc} "
+        f"({report.sent} events acknowledged)",
+        report,
+    )
+
+
 async def produce(
     bootstrap: str,
     topic: str,
@@ -146,7 +200,8 @@ async def produce(
     progress: Callable[[int], None] | None = None,
     rate: float | None = None,
     max_in_flight: int = 4,
-    request_timeout_ms: int = 30_000,
+    delivery_timeout_s: float = 10.0,
+    compression: str = "none",
 ) -> ProduceReport:
     """Send `events` to `topic` and return what was sent.
 
@@ -160,27 +215,45 @@ async def produce(
     - `rate`: events per second (wall time), paced per chunk by a token bucket
       with at most ~1 s of burst; chunks are shrunk to ~1/20 s of events so the
       pace is smooth. ``None`` = as fast as possible.
+    - `delivery_timeout_s`: the longest a send waits for its acknowledgement
+      (the client's request timeout, after which it expires queued batches);
+      past it `DeliveryTimeout` is raised.
+    - `compression`: the record batches' codec, one of `COMPRESSIONS`.
 
-    Raises aiokafka errors when the broker refuses or fails to acknowledge, and
-    `ValueError` for bad arguments or a topic with fewer partitions than asked.
+    Raises `DeliveryTimeout` when the broker stops acknowledging,
+    `ProduceError` when it refuses a send (both carry the report of what was
+    acknowledged), and `ValueError` for bad arguments or a topic with fewer
+    partitions than asked.
     """
     if batch_size < 1 or max_in_flight < 1:
         raise ValueError("batch_size and max_in_flight must be >= 1")
     if rate is not None and not rate > 0:
         raise ValueError("rate must be > 0 events/s")
+    if not 0 < delivery_timeout_s < float("inf"):
+        raise ValueError("delivery_timeout_s must be a positive number of seconds")
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
     chunk_size = batch_size if rate is None else max(1, min(batch_size, int(rate / 20)))
     report = ProduceReport(topic)
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         client_id="ctrps-producer",
         max_batch_size=_MAX_BATCH_BYTES,
-        request_timeout_ms=request_timeout_ms,
+        # The client expires a batch not acknowledged within its request
+        # timeout (aiokafka has no separate delivery timeout): a dead broker
+        # fails the sends within this, instead of 30 s per request and retry.
+        request_timeout_ms=int(delivery_timeout_s * 1000),
         enable_idempotence=False,
+        compression_type=None if compression == "none" else compression,
     )
     in_flight: collections.deque[tuple[asyncio.Future[Any], dict[int, int], int]] = (
         collections.deque()
     )
-    await producer.start()
+    try:
+        await producer.start()
+    except KafkaError as exc:
+        await producer.stop()
+        raise ProduceError(f"cannot connect to the broker at {bootstrap}: {type(exc).__name__}: {exc}", report) from exc
     try:
         available = sorted(await producer.partitions_for(topic))
         if partitions is not None:
@@ -203,8 +276,11 @@ async def produce(
         enqueued = 0  # events handed to Kafka; their partition is enqueued % n_parts
 
         async def settle_oldest() -> None:
-            done, counts, nbytes = in_flight.popleft()
-            await done
+            done, counts, nbytes = in_flight[0]
+            # The client's own expiry fails `done` first; this bound is the
+            # backstop should a send hang past it (e.g. a frozen broker).
+            await asyncio.wait_for(asyncio.shield(done), delivery_timeout_s * 2)
+            in_flight.popleft()
             for p, n in counts.items():
                 report.partitions[p] += n
                 report.sent += n
@@ -250,13 +326,18 @@ async def produce(
         while in_flight:
             await settle_oldest()
         report.elapsed_s = time.perf_counter() - start
+    except (KafkaError, asyncio.TimeoutError) as exc:
+        raise _failure(exc, report, bootstrap, topic, delivery_timeout_s) from exc
     finally:
-        await producer.stop()  # flushes what is still queued
-        # After a failure, chunks still in flight are abandoned: retrieve their outcome
-        # so asyncio does not log "exception was never retrieved".
+        try:
+            # Flushes what is still queued; against a dead broker the client
+            # expires it within the request timeout, and this bounds the rest.
+            await asyncio.wait_for(producer.stop(), delivery_timeout_s * 2)
+        except (KafkaError, asyncio.TimeoutError):
+            pass  # the failure that brought us here is the one to report
+        # After a failure, chunks still in flight are abandoned: retrieve their
+        # outcome, now or when the client settles them (its stop cancels what it
+        # still holds), so asyncio does not log "exception was never retrieved".
         for done, _, _ in in_flight:
-            if done.done() and not done.cancelled():
-                done.exception()
-            else:
-                done.cancel()
+            done.add_done_callback(_retrieve)
     return report

@@ -439,7 +439,7 @@ async def test_a_restarted_shard_comes_back_on_its_ports_and_restores_this_runs_
         first = await wait_for_line(proc, out_log, {"role": "shard-1", "msg": "listening"}, 10)
         os.kill(pids_started(err_log)["shard-1"][0], signal.SIGKILL)
         await wait_for_line(proc, err_log, {"msg": "started", "role": "shard-1", "attempt": 1}, 60)
-        restored = await wait_for_line(proc, out_log, {"role": "shard-1", "msg": "restored"}, 60)
+        restored = await wait_for_line(proc, out_log, {"role": "shard-1", "msg": "restore"}, 60)
         assert restored["version"] == cut["version"]
 
         async def listening_twice() -> bool:
@@ -456,4 +456,4 @@ async def test_a_restarted_shard_comes_back_on_its_ports_and_restores_this_runs_
             await proc.wait()
     assert rc == 0, err_log.read_text()[-3000:]
     # Shard 0 was never restarted: it did not restore (the cluster's own broker is new).
-    assert not [x for x in read_json_lines(out_log) if x.get("role") == "shard-0" and x.get("msg") == "restored"]
+    assert not [x for x in read_json_lines(out_log) if x.get("role") == "shard-0" and x.get("msg") == "restore"]

@@ -27,6 +27,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from app.logs import KAFKA_LOGGERS, configure_logging
 from app.produce_cli import add_produce_parser, run_produce
 from consumers.broker import create_topics
 from consumers.formats import (
@@ -124,12 +125,21 @@ def train_ftrl(
 
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
-    """`run_produce` configures the root logger (as the CLI does); put it back."""
+    """`run_cli` configures the root logger (as the CLI does); put it back."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    kafka = {name: logging.getLogger(name).level for name in KAFKA_LOGGERS}
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+    for name, lvl in kafka.items():
+        logging.getLogger(name).setLevel(lvl)
+
+
+async def run_cli(args: argparse.Namespace) -> int:
+    """`run_produce` with logging configured from its flags, as `ctrps produce` has it."""
+    configure_logging(args.log_format or "text")
+    return await run_produce(args)
 
 
 def produce_args(*argv: str) -> argparse.Namespace:
@@ -520,7 +530,7 @@ async def test_cli_synthetic_sends_and_reports(
     topic = f"cli-{uuid.uuid4().hex[:10]}"
     args = produce_args("synthetic", "--events", "2000", "--topic", topic, "--partitions", "3",
                         "--bootstrap", kafka_bootstrap, "--log-format", "json")  # fmt: skip
-    assert await run_produce(args) == 0
+    assert await run_cli(args) == 0
     lines = [orjson.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     done = [x for x in lines if x["msg"] == "done"]
     assert len(done) == 1
@@ -537,7 +547,7 @@ async def test_cli_file_reports_skips_in_text(
     path.write_text("\n".join([row, "1\t2", row, criteo_row("9", ["1"] * 13, ["a"] * 26)]) + "\n")
     topic = f"cli-{uuid.uuid4().hex[:10]}"
     args = produce_args("file", "--format", "criteo", str(path), "--topic", topic, "--bootstrap", kafka_bootstrap)
-    assert await run_produce(args) == 0
+    assert await run_cli(args) == 0
     err = capsys.readouterr().err
     assert "done" in err and "sent=2 " in err
     assert "skipped_by_reason=column_count=1,label_not_0_or_1=1" in err
@@ -546,9 +556,9 @@ async def test_cli_file_reports_skips_in_text(
     bad = tmp_path / "bad.tsv"
     bad.write_text("a\tb\n")
     args = produce_args("file", "--format", "criteo", str(bad), "--topic", topic, "--bootstrap", kafka_bootstrap)
-    assert await run_produce(args) == 1  # nothing usable
+    assert await run_cli(args) == 1  # nothing usable
     args = produce_args("file", "--format", "avazu", str(tmp_path / "missing.csv"), "--bootstrap", kafka_bootstrap)
-    assert await run_produce(args) == 2
+    assert await run_cli(args) == 2
     assert "no such file" in capsys.readouterr().err
 
 
@@ -556,7 +566,7 @@ async def test_cli_without_a_broker_address_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], restore_logging: None
 ) -> None:
     monkeypatch.delenv("CTRPS_KAFKA_BOOTSTRAP", raising=False)
-    assert await run_produce(produce_args("synthetic", "--events", "10")) == 2
+    assert await run_cli(produce_args("synthetic", "--events", "10")) == 2
     err = capsys.readouterr().err
     assert "CTRPS_KAFKA_BOOTSTRAP" in err and "--bootstrap" in err and "ctrps broker" in err
 
@@ -567,7 +577,7 @@ async def test_cli_uses_the_environment_bootstrap(
 ) -> None:  # fmt: skip
     monkeypatch.setenv("CTRPS_KAFKA_BOOTSTRAP", kafka_bootstrap)
     topic = f"cli-{uuid.uuid4().hex[:10]}"
-    assert await run_produce(produce_args("synthetic", "--events", "50", "--topic", topic)) == 0
+    assert await run_cli(produce_args("synthetic", "--events", "50", "--topic", topic)) == 0
     assert "sent=50 " in capsys.readouterr().err
 
 
@@ -606,3 +616,44 @@ async def test_cli_sigterm_ends_an_endless_stream_with_exit_0(kafka_bootstrap: s
     lines = [orjson.loads(x) for x in log.read_bytes().splitlines() if x.startswith(b"{")]
     stopped = [x for x in lines if x["msg"] == "stopped"]
     assert len(stopped) == 1 and stopped[0]["sent"] >= 1000, lines
+
+
+async def test_cli_compression_and_delivery_timeout_settings_are_checked(
+    kafka_bootstrap: str, restore_logging: None
+) -> None:
+    from app.settings import SettingsError
+
+    base = ("synthetic", "--events", "10", "--bootstrap", kafka_bootstrap)
+    with pytest.raises(SettingsError, match="compression 'brotli' is not one of none, gzip, snappy, lz4, zstd"):
+        await run_produce(produce_args(*base), env={"CTRPS_COMPRESSION": "brotli"})
+    with pytest.raises(SettingsError, match="CTRPS_DELIVERY_TIMEOUT='soon' is not a number"):
+        await run_produce(produce_args(*base), env={"CTRPS_DELIVERY_TIMEOUT": "soon"})
+    with pytest.raises(SettingsError, match="delivery timeout must be a positive"):
+        await run_produce(produce_args(*base, "--delivery-timeout", "0"), env={})
+    with pytest.raises(SystemExit):  # argparse: not a choice
+        produce_args(*base, "--compression", "brotli")
+
+
+async def test_produce_compresses_with_the_codec_asked(kafka_bootstrap: str) -> None:
+    """Each codec round-trips through the broker (the worker side is tests/test_codecs.py)."""
+    from consumers.producer import COMPRESSIONS
+
+    with pytest.raises(ValueError, match="compression 'lzma'"):
+        await produce(kafka_bootstrap, "unused", [], compression="lzma")
+    for codec in COMPRESSIONS:
+        topic = f"codec-{codec}-{uuid.uuid4().hex[:8]}"
+        await create_topics(kafka_bootstrap, {topic: 1})
+        events = SyntheticStream(seed=2).batch(300)
+        report = await produce(kafka_bootstrap, topic, events, compression=codec)
+        assert report.sent == 300
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest")
+        await consumer.start()
+        got: list[bytes] = []
+        try:
+            async with asyncio.timeout(30):
+                while len(got) < 300:
+                    batch = await consumer.getmany(timeout_ms=500)
+                    got += [r.value for records in batch.values() for r in records if r.value is not None]
+        finally:
+            await consumer.stop()
+        assert [orjson.loads(v)["id"] for v in got] == [e["id"] for e in events], codec
