@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from typing import Any, Callable, Coroutine, Sequence
 
@@ -166,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--decode-processes", type=int, help="decoding processes (default 1)")
     worker.add_argument(
         "--session-timeout-ms", type=int, help="Kafka session timeout (default 10000)"
+    )
+    worker.add_argument(
+        "--outage-deadline", type=float, metavar="SECONDS",
+        help="give up (exit code 3) when a shard, the coordinator or the broker stays "
+        "unreachable this long; 0 waits forever (default 600)",
     )
     worker.add_argument("--log-format", choices=("text", "json"), help="log line format")
 
@@ -348,7 +354,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ctrps {args.command}: {exc}", file=sys.stderr)
         return 2
     configure_logging(log_format)
-    uvloop.run(role())
+    try:
+        uvloop.run(role())
+    except Exception as exc:
+        # An expected failure carries its exit code: one line, no traceback.
+        code = getattr(type(exc), "exit_code", None)
+        if not isinstance(code, int):
+            raise
+        logging.getLogger(f"ctrps.{args.command}").error(str(exc))
+        return code
     return 0
 
 

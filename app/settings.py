@@ -261,6 +261,10 @@ class WorkerSettings:
     use_rpc: bool = True
     """Pull and push over the shards' TCP RPC where they offer it; else HTTP
     only (``CTRPS_USE_RPC``, 0 or 1)."""
+    outage_deadline_s: float = 600.0
+    """Seconds one outage (a shard, the coordinator or the broker unreachable)
+    is waited out before the worker gives up with exit code 3; 0 waits forever
+    (``CTRPS_OUTAGE_DEADLINE_S``)."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap:
@@ -280,6 +284,8 @@ class WorkerSettings:
             raise SettingsError("session timeout must be at least 1000 ms")
         if self.log_format not in ("text", "json"):
             raise SettingsError("log format is text or json")
+        if not self.outage_deadline_s >= 0:
+            raise SettingsError("outage deadline must be >= 0 seconds (0 waits forever)")
 
     @property
     def dlq(self) -> str:
@@ -312,6 +318,9 @@ class WorkerSettings:
             ),
             log_format=pick(args.log_format, "CTRPS_LOG_FORMAT", "log_format"),
             use_rpc=False if args.no_rpc else pick(None, "CTRPS_USE_RPC", "use_rpc", _parse_bool),
+            outage_deadline_s=pick(
+                args.outage_deadline, "CTRPS_OUTAGE_DEADLINE_S", "outage_deadline_s", float
+            ),
         )
 
 

@@ -100,6 +100,9 @@ def worker_status(
         "dead_letters_by_reason": dict(stats.dead_letters_by_reason),
         "commits": stats.commits,
         "failed_commits": stats.failed_commits,
+        "outages": stats.outages,
+        "outage_seconds": round(stats.outage_seconds, 3),
+        "windows_replayed": stats.windows_replayed,
         "last_window": last,
         "lag_by_partition": {str(p): int(n) for p, n in report.lag_by_partition.items()},
     }

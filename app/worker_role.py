@@ -37,6 +37,7 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
         decode_processes=settings.decode_processes,
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=max(100, settings.session_timeout_ms // 5),
+        outage_deadline_s=settings.outage_deadline_s,
     )
     model = make_model(settings.model, settings.model_name)
     worker_id = default_worker_id()
