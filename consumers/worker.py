@@ -567,12 +567,16 @@ class Worker:
                 # While the broker is unreachable no window starts: its
                 # commit could not be made.
                 if not self._broker_down and self._builder.should_close():
-                    window, chunks = self._take()
+                    # Room first, then the window is taken: a window taken
+                    # while a failure surfaces here would be in neither the
+                    # builder nor the queue, and a recovery would miss it.
                     while len(applies) >= APPLY_AHEAD:
                         await applies[0][0]
                         applies.popleft()
-                    prev = applies[-1][0] if applies else None
-                    applies.append((asyncio.create_task(self._apply_after(prev, window, chunks)), window))
+                    if len(self._builder):  # a revoke may have emptied it meanwhile
+                        window, chunks = self._take()
+                        prev = applies[-1][0] if applies else None
+                        applies.append((asyncio.create_task(self._apply_after(prev, window, chunks)), window))
             except CoordinatorRestarted as restart:
                 # The windows queued behind fail the same way: drop them.
                 for task, _ in applies:
