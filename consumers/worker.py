@@ -229,6 +229,10 @@ class WorkerStats:
     history: list[WindowReport] = field(default_factory=list)
 
 
+class _Stopped(Exception):
+    """A stop request arrived while the worker waited out an outage."""
+
+
 class CoordinatorRestarted(Exception):
     """A lease came from a coordinator other than the one before (its epoch
     changed): the worker rewinds to that coordinator's offsets."""
@@ -285,6 +289,7 @@ class Worker:
         self._outage = OutageWatch(config.outage_deadline_s, config.outage_log_every_s)
         self._broker_down = False
         """Set while the broker is unreachable: no window starts training."""
+        self._stop = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------
     async def _start(self) -> None:
@@ -346,17 +351,30 @@ class Worker:
         if not await broker_listening(self.config.bootstrap):
             raise KafkaConnectionError(f"nothing listening at {self.config.bootstrap}")
 
-    async def _ride_out(self, exc: BaseException, probe: Callable[[], Awaitable[object]], since: float) -> None:
+    async def _ride_out(
+        self, exc: BaseException, probe: Callable[[], Awaitable[object]], since: float, *, stoppable: bool = True
+    ) -> None:
         """Wait until `probe` succeeds after the outage `exc` (seen at `since`),
-        counting it; `OutageDeadlineError` past the deadline."""
+        counting it; `OutageDeadlineError` past the deadline. When `stoppable`,
+        a stop request ends the wait with `_Stopped`."""
         what = describe(exc, self.config.bootstrap)
         s = self.stats
         s.outages += 1
         s.waiting_for = what
+        wait = asyncio.create_task(self._outage.wait(what, probe, since))
+        stopping = asyncio.create_task(self._stop.wait())
         try:
-            s.outage_seconds += await self._outage.wait(what, probe, since)
+            await asyncio.wait({wait, stopping} if stoppable else {wait}, return_when=asyncio.FIRST_COMPLETED)
+            if not wait.done():
+                log.info("stop asked while waiting: nothing more is trained or committed",
+                         extra={"fields": {"waiting_for": what}})
+                raise _Stopped()
+            s.outage_seconds += wait.result()
         finally:
             s.waiting_for = ""
+            for t in (wait, stopping):
+                t.cancel()
+            await asyncio.gather(wait, stopping, return_exceptions=True)
 
     async def _retrying(self, op: Callable[[], Awaitable[_T]]) -> _T:
         """`op()`, waiting out the shards' outages between attempts."""
@@ -404,7 +422,7 @@ class Worker:
                 continue
             self._broker_down = True
             try:
-                await self._ride_out(KafkaConnectionError(), self._probe_broker, since)
+                await self._ride_out(KafkaConnectionError(), self._probe_broker, since, stoppable=False)
             finally:
                 self._broker_down = False
 
@@ -508,7 +526,12 @@ class Worker:
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:
-        await self._start()
+        self._stop = stop
+        try:
+            await self._start()
+        except _Stopped:
+            await self._close()
+            return
         # Apply tasks in window order, with their windows; each awaits its
         # predecessor first.
         applies: deque[tuple[asyncio.Task[None], Window]] = deque()
@@ -521,7 +544,8 @@ class Worker:
                 main.cancel()
                 await asyncio.gather(main, return_exceptions=True)
                 watch.result()
-            main.result()
+            with contextlib.suppress(_Stopped):  # stopped in an outage: nothing left to commit
+                main.result()
         finally:
             for task in (main, watch, *(t for t, _ in applies)):
                 task.cancel()
@@ -589,12 +613,23 @@ class Worker:
                     raise
                 await self._recover(exc, applies)
         # Stopping (or before an undecodable batch): finish what is buffered.
+        # While the broker is unreachable nothing can be committed: what is
+        # not is replayed from the committed offsets by the next owner.
         try:
+            if len(self._builder) and not self._broker_down:
+                window, chunks = self._take()
+                prev = applies[-1][0] if applies else None
+                applies.append((asyncio.create_task(self._apply_after(prev, window, chunks)), window))
             while applies:
-                await applies[0][0]
-                applies.popleft()
-            if len(self._builder):
-                await self._apply(*self._take())
+                head = applies[0][0]
+                await asyncio.wait({head}, timeout=0.5)
+                if head.done():
+                    head.result()
+                    applies.popleft()
+                elif self._broker_down:
+                    log.warning("stopped while the broker is unreachable: the last windows are not "
+                                "committed and will be replayed", extra={"fields": {"windows": len(applies)}})
+                    break
         except Exception as exc:
             if not is_outage(exc):
                 raise

@@ -295,6 +295,20 @@ def _children(pid: int) -> set[int]:
     return out
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _read_some(proc: subprocess.Popen[bytes]) -> list[bytes]:
+    """What a child wrote to its (non-blocking) stderr pipe so far."""
+    assert proc.stderr is not None
+    got = proc.stderr.read()
+    return [got] if got else []
+
+
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -309,16 +323,24 @@ async def test_decode_processes_end_with_a_sigkilled_worker(kafka_bootstrap: str
     await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
     _, urls = await serve_shards(1)
     proc = subprocess.Popen(_worker_cmd(kafka_bootstrap, urls, "--topic", topic, "--decode-processes", "1"),
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    os.set_blocking(proc.stderr.fileno(), False)
     decoders: set[int] = set()
+    logged: list[bytes] = []
     try:
-        def spawned() -> bool:
+        def running() -> bool:
+            # Its children: multiprocessing's resource tracker, then the decode
+            # process; a window trained, so the decode process is past its
+            # start (one still starting ends anyway, at its pipe's end of file).
             decoders.update(_children(proc.pid))
             if proc.poll() is not None:
                 raise AssertionError(f"the worker exited with {proc.returncode}")
-            return bool(decoders)
+            logged.extend(_read_some(proc))
+            return any(b"spawn_main" in _cmdline(p) for p in decoders) and b"ctrps.worker: window" in b"".join(logged)
 
-        await until(spawned, 60, what="the worker's decode process", poll_s=0.1)
+        await _produce(kafka_bootstrap, topic, 0, 100)
+        await until(running, 60, what="a window decoded by the worker's decode process", poll_s=0.1)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         await until(lambda: not any(_alive(p) for p in decoders), 15,
@@ -330,6 +352,7 @@ async def test_decode_processes_end_with_a_sigkilled_worker(kafka_bootstrap: str
         for p in decoders:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+        proc.stderr.close()
 
 
 async def _send_corrupt_batch(bootstrap: str, topic: str, partition: int, n: int) -> int:
@@ -364,28 +387,37 @@ async def test_an_undecodable_batch_stops_the_worker_naming_it_and_nothing_is_co
 ) -> None:
     topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
     await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
-    await _produce(kafka_bootstrap, topic, 0, 400)  # 100 per partition
-    bad_offset = await _send_corrupt_batch(kafka_bootstrap, topic, 2, 5)
-    assert bad_offset == 100
-    await _produce(kafka_bootstrap, topic, 400, 800)  # behind the bad batch on partition 2 too
     shards = [Shard(ShardSpec(0, 1))]
     config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5, window_events=150,
                           mini_batch=50, decode_processes=0, session_timeout_ms=6000, heartbeat_interval_ms=500)
     worker = Worker(config, PSClient.local(shards), LogisticRegression("m"))
-    with pytest.raises(UndecodableBatchError) as raised:
-        await asyncio.wait_for(worker.run(asyncio.Event()), 90)
+    task = asyncio.create_task(worker.run(asyncio.Event()), name="worker")
+    try:
+        await _produce(kafka_bootstrap, topic, 0, 400)  # offsets 0..99 of each partition
+        await until(lambda: worker._committed.get((topic, 2)) == 100, 60, what="the first events committed",
+                    task=task)
+        bad_offset = await _send_corrupt_batch(kafka_bootstrap, topic, 2, 5)
+        assert bad_offset == 100
+        await _produce(kafka_bootstrap, topic, 400, 800)  # behind the bad batch on partition 2 too
+        with pytest.raises(UndecodableBatchError) as raised:
+            await asyncio.wait_for(asyncio.shield(task), 90)
+    finally:
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
     err = raised.value
     assert (err.topic, err.partition, err.offset, err.exact) == (topic, 2, bad_offset, True), str(err)
     assert f"{topic}/2 at offset {bad_offset}" in str(err) and err.exit_code == 1
     committed = await _committed(kafka_bootstrap, group, topic)
-    assert committed[2] <= bad_offset, committed
-    # The other partitions trained on; what was committed was applied.
+    assert committed[2] == bad_offset, committed  # everything before it, nothing past it
+    assert all(off >= 100 for off in committed.values()), committed
+    # Whatever was committed was applied. Event i sits in partition i % 4 at
+    # offset i // 4 (the first 400) or 100 + (i - 400) // 4 (partition 2's
+    # sit 5 further, behind the bad batch, and none of them is committed).
     applied = _applications(shards, 0, 800)
     for p, off in committed.items():
-        # Event i sits in partition i % 4 at offset i // 4 (first 400) or 100 + (i - 400) // 4.
         ids = [i for i in range(800) if i % PARTITIONS == p and (i // 4 if i < 400 else 100 + (i - 400) // 4) < off]
         assert (applied[ids] >= 1).all(), (p, off)
-    assert sum(committed.values()) > 0
 
 
 async def test_an_undecodable_batch_is_one_line_and_exit_1_from_ctrps_worker(
@@ -407,3 +439,34 @@ async def test_an_undecodable_batch_is_one_line_and_exit_1_from_ctrps_worker(
     assert code == 1, err
     assert "Traceback" not in err, err
     assert err.strip().splitlines()[-1].count(f"record batch of {topic}/0 at offset 0 cannot be decoded") == 1, err
+
+
+async def test_sigterm_while_waiting_for_the_broker_stops_the_worker_at_once(serve_shards: Any) -> None:
+    _, urls = await serve_shards(1)
+    nothing = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(_worker_cmd(nothing, urls, "--decode-processes", "0", "--outage-deadline", "0"),
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stderr is not None
+    os.set_blocking(proc.stderr.fileno(), False)
+    seen: list[bytes] = []
+
+    def waiting() -> bool:
+        seen.extend(_read_some(proc))
+        if proc.poll() is not None:
+            raise AssertionError(f"the worker exited with {proc.returncode}: {b''.join(seen).decode()}")
+        text = b"".join(seen)
+        return b"waiting for the Kafka broker" in text and b"waiting without a deadline" in text
+
+    try:
+        await until(waiting, 60, what="the waiting line", poll_s=0.1)
+        proc.send_signal(signal.SIGTERM)
+        code = await _wait_exit(proc, 20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    os.set_blocking(proc.stderr.fileno(), True)
+    err = b"".join(seen).decode() + _stderr(proc)
+    assert code == 0, err
+    assert "Traceback" not in err, err
