@@ -20,8 +20,13 @@ import numpy as np
 import orjson
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from app.api import create_app
+from app.settings import ApiSettings
+from app.status import make_status_hook
 from consumers.broker import BrokerError, EmbeddedBroker, create_topics, free_port
 from consumers.outage import UndecodableBatchError
 from consumers.worker import Worker, WorkerConfig
@@ -129,7 +134,9 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
                               session_timeout_ms=6000, heartbeat_interval_ms=500,
                               outage_deadline_s=300, outage_log_every_s=2.0)
         async with PSClient.connect(servers.urls, retry=RetryPolicy(deadline_s=2.0), rpc=False) as client:
-            worker = Worker(config, client, LogisticRegression("m"))
+            model = LogisticRegression("m")
+            worker = Worker(config, client, model)
+            worker.on_window = make_status_hook(client, "w-out", worker.stats)
             stop = asyncio.Event()
             task = asyncio.create_task(worker.run(stop), name="worker")
             try:
@@ -151,6 +158,20 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
             finally:
                 stop.set()
                 await asyncio.wait_for(task, 60)
+            # The outage is counted in the worker's status, and /metrics shows it.
+            http = TestClient(TestServer(create_app(ApiSettings(), client, model)))
+            await http.start_server()
+            try:
+                resp = await http.get("/metrics")
+                text = await resp.text()
+            finally:
+                await http.close()
+            metrics = {(m.name, tuple(sorted(m.labels.items()))): m.value
+                       for f in text_string_to_metric_families(text) for m in f.samples}
+            w = (("worker", "w-out"),)
+            assert metrics[("ctrps_worker_outages_total", w)] == worker.stats.outages >= 1
+            assert metrics[("ctrps_worker_windows_replayed_total", w)] == worker.stats.windows_replayed
+            assert metrics[("ctrps_worker_outage_seconds_total", w)] >= outage_s - 10
     applied = _applications(servers.shards, 0, 6000)
     assert (applied >= 1).all(), f"lost: {np.flatnonzero(applied == 0)[:20]}"
     s = worker.stats
