@@ -31,6 +31,8 @@ from consumers.broker import BrokerError, EmbeddedBroker, create_topics, free_po
 from consumers.outage import UndecodableBatchError
 from consumers.worker import Worker, WorkerConfig
 from ps_core.client import PSClient, RetryPolicy
+from ps_core.coordinator import Coordinator
+from ps_core.coordinator_server import add_coordinator_routes
 from ps_core.features import FeatureHasher
 from ps_core.hashing import shard_of
 from ps_core.http1_server import ShardHttpServer, start_shard_http
@@ -90,14 +92,19 @@ class _ShardServers:
     again on the same port, keeping each shard's state (the process of a
     shard server that lost its network, not one that restarted empty)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, coordinator: Coordinator | None = None) -> None:
+        self.coordinator = coordinator
+        """Hosted by shard 0 (kept across its restarts: same epoch), if given."""
         self.shards = [Shard(ShardSpec(i, n)) for i in range(n)]
         self.ports = [free_port() for _ in range(n)]
         self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
         self.servers: list[ShardHttpServer | None] = [None] * n
 
     async def start(self, i: int) -> None:
-        runner = web.AppRunner(create_shard_app(self.shards[i]), access_log=None)
+        app = create_shard_app(self.shards[i])
+        if i == 0 and self.coordinator is not None:
+            add_coordinator_routes(app, self.coordinator)
+        runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         self.servers[i] = await start_shard_http(
             runner, self.shards[i], "127.0.0.1", self.ports[i], max_body=DEFAULT_MAX_BODY
@@ -183,6 +190,48 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
     assert len(waiting) >= 5, waiting  # one every 2 s over ~30 s, not one per attempt
     assert len(waiting) <= 2 * (outage_s / 2.0) + 10, len(waiting)
     assert _lines(caplog, f"shard 1 at {servers.urls[1]} is back"), "no line when the shard came back"
+
+
+async def test_leased_worker_rides_out_an_outage_of_shard_0_and_its_coordinator(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="ctrps.worker")
+    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    window = 300
+    coordinator = Coordinator()
+    async with _ShardServers(2, coordinator) as servers:
+        config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5,
+                              window_events=window, mini_batch=100, decode_processes=0,
+                              session_timeout_ms=6000, heartbeat_interval_ms=500,
+                              outage_deadline_s=120, outage_log_every_s=1.0)
+        async with PSClient.connect(servers.urls, retry=RetryPolicy(deadline_s=1.0), rpc=False) as client:
+            worker = Worker(config, client, LogisticRegression("m"))
+            stop = asyncio.Event()
+            task = asyncio.create_task(worker.run(stop), name="worker")
+            try:
+                await _produce(kafka_bootstrap, topic, 0, 1000)
+                await until(lambda: worker.leased and worker.stats.events_trained >= 1000, 60,
+                            what="the first events", task=task)
+                await servers.stop(0)
+                await _produce(kafka_bootstrap, topic, 1000, 3000)
+                await until(lambda: servers.urls[0] in worker.stats.waiting_for, 60,
+                            what="the worker to wait for shard 0", task=task)
+                await until(lambda: len(_lines(caplog, f"waiting for shard 0 at {servers.urls[0]}")) >= 3, 30,
+                            what="a few waiting lines", task=task)
+                await servers.start(0)
+                await until(lambda: (_applications(servers.shards, 0, 3000) >= 1).all(), 90,
+                            what="every event applied", task=task)
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 60)
+    applied = _applications(servers.shards, 0, 3000)
+    assert (applied >= 1).all(), f"lost: {np.flatnonzero(applied == 0)[:20]}"
+    s = worker.stats
+    assert s.outages >= 1 and s.rewinds == 0, s  # the same coordinator: nothing to rewind
+    assert int((applied - 1).sum()) <= s.windows_replayed * window
+    # The coordinator holds the committed offsets: every event's partition end.
+    assert sum(coordinator.offsets().get(topic, {}).values()) == 3000
 
 
 @pytest.mark.timeout(300)
