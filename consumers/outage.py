@@ -159,8 +159,9 @@ async def locate_bad_batch(
         while loop.time() < deadline:
             try:
                 await consumer.getmany(tp, timeout_ms=200, max_records=1)
-            except KafkaError as exc:
+            except Exception as exc:  # a codec's own error is not a KafkaError
                 if is_outage(exc):
+                    await asyncio.sleep(0.2)
                     continue
                 pos: int = await consumer.position(tp)
                 return pos

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -23,6 +24,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.record.default_records import DefaultRecordBase
+from aiokafka.record.util import calc_crc32c
 
 from app.api import create_app
 from app.settings import ApiSettings
@@ -425,9 +428,10 @@ async def test_decode_processes_end_with_a_sigkilled_worker(kafka_bootstrap: str
         proc.stderr.close()
 
 
-async def _send_corrupt_batch(bootstrap: str, topic: str, partition: int, n: int) -> int:
+async def _send_corrupt_batch(bootstrap: str, topic: str, partition: int, n: int, codec: int | None = None) -> int:
     """A record batch of `n` events whose CRC does not match its bytes (one
-    byte of a record flipped after the batch was built): returns its offset."""
+    byte of a record flipped after the batch was built), or with `codec`, a
+    valid CRC over attributes naming that compression codec: returns its offset."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
     try:
@@ -435,7 +439,13 @@ async def _send_corrupt_batch(bootstrap: str, topic: str, partition: int, n: int
         for i in range(n):
             batch.append(key=None, value=_event(90_000 + i), timestamp=None)
         buf = bytearray(batch._build())
-        buf[-3] ^= 0xFF  # inside the last record's value
+        if codec is None:
+            buf[-3] ^= 0xFF  # inside the last record's value
+        else:
+            at, crc_at = DefaultRecordBase.ATTRIBUTES_OFFSET, DefaultRecordBase.CRC_OFFSET
+            (attributes,) = struct.unpack_from(">h", buf, at)
+            struct.pack_into(">h", buf, at, (attributes & ~0x07) | codec)
+            struct.pack_into(">I", buf, crc_at, calc_crc32c(bytes(buf[at:])))
         batch._buffer = buf
         meta = await (await producer.send_batch(batch, topic, partition=partition))
         return int(meta.offset)
@@ -540,3 +550,22 @@ async def test_sigterm_while_waiting_for_the_broker_stops_the_worker_at_once(ser
     err = b"".join(seen).decode() + _stderr(proc)
     assert code == 0, err
     assert "Traceback" not in err, err
+
+
+async def test_a_batch_the_codec_cannot_read_is_named_by_partition_and_offset(kafka_bootstrap: str) -> None:
+    """A batch marked zstd that is not compressed. The codec's error names no
+    partition (a CRC error does): the fetch that raised is found instead."""
+    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    await _produce(kafka_bootstrap, topic, 0, 40)  # offsets 0..9 of each partition
+    bad_offset = await _send_corrupt_batch(kafka_bootstrap, topic, 1, 3, codec=4)  # zstd, not compressed
+    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5, window_events=150,
+                          mini_batch=50, decode_processes=0, session_timeout_ms=6000, heartbeat_interval_ms=500)
+    worker = Worker(config, PSClient.local([Shard(ShardSpec(0, 1))]), LogisticRegression("m"))
+    with pytest.raises(UndecodableBatchError) as raised:
+        await asyncio.wait_for(worker.run(asyncio.Event()), 90)
+    err = raised.value
+    assert (err.topic, err.partition, err.offset, err.exact) == (topic, 1, bad_offset, True), str(err)
+    # Without a zstd library aiokafka's UnsupportedCodecError, with one the library's own error.
+    assert err.reason, err
+    assert (await _committed(kafka_bootstrap, group, topic))[1] <= bad_offset
