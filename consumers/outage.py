@@ -62,11 +62,14 @@ class UndecodableBatchError(Exception):
     exit_code = 1
 
     def __init__(self, topic: str, partition: int, offset: int, exact: bool, reason: str) -> None:
-        where = f"at offset {offset}" if exact else f"at or after offset {offset}"
-        super().__init__(
-            f"record batch of {topic}/{partition} {where} cannot be decoded ({reason}); "
-            f"nothing past offset {offset} is committed"
-        )
+        if partition < 0:  # the client's error named no partition, and none was found
+            message = (f"a record batch of topic {topic} (partition not known) cannot be decoded ({reason}); "
+                       "nothing past the offsets already committed is committed")
+        else:
+            where = f"at offset {offset}" if exact else f"at or after offset {offset}"
+            message = (f"record batch of {topic}/{partition} {where} cannot be decoded ({reason}); "
+                       f"nothing past offset {offset} is committed")
+        super().__init__(message)
         self.topic = topic
         self.partition = partition
         self.offset = offset

@@ -19,6 +19,13 @@ applied twice). On revoke, an in-flight window finishes and commits first;
 buffered records of revoked partitions are dropped for the new owner to read.
 On stop (SIGTERM), the buffered window is finished and committed, then the
 consumer leaves the group.
+
+Outages (a shard, the coordinator or the broker unreachable) are waited out
+(`consumers.outage`): nothing trains or commits meanwhile, one line every few
+seconds says what is awaited, a window that failed part-way is trained again
+from its first offsets, and past the outage deadline the worker gives up
+(exit code 3). A record batch the Kafka client cannot decode stops the worker
+before it, naming topic, partition and offset (exit code 1).
 """
 
 from __future__ import annotations
