@@ -183,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--session-timeout-ms", type=int, help="Kafka session timeout (default 10000)"
     )
+    worker.add_argument(
+        "--outage-deadline", type=float, metavar="SECONDS",
+        help="give up (exit code 3) when a shard, the coordinator or the broker stays "
+        "unreachable this long; 0 waits forever (default 600)",
+    )
     worker.add_argument("--log-format", choices=("text", "json"), help="log line format")
 
     broker = sub.add_parser(

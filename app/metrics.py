@@ -152,6 +152,13 @@ class _ClusterCollector(Collector):
         records = counter("ctrps_records_consumed", "Kafka records consumed by the worker.")
         trained = counter("ctrps_events_trained", "Events trained by the worker.")
         windows = counter("ctrps_windows", "Windows trained by the worker.")
+        outages = counter(
+            "ctrps_worker_outages", "Outages (a shard, the coordinator or the broker unreachable) the worker waited out."
+        )
+        outage_s = counter("ctrps_worker_outage_seconds", "Seconds the worker spent waiting in outages that ended.")
+        replayed = counter(
+            "ctrps_worker_windows_replayed", "Windows that failed part-way in an outage and were trained again."
+        )
         dead = CounterMetricFamily(
             "ctrps_dead_letters", "Records dead-lettered, by reason.", labels=["worker", "reason"]
         )
@@ -182,6 +189,9 @@ class _ClusterCollector(Collector):
             records.add_metric(labels, _num(s.get("records_consumed")))
             trained.add_metric(labels, _num(s.get("events_trained")))
             windows.add_metric(labels, _num(s.get("windows")))
+            outages.add_metric(labels, _num(s.get("outages")))
+            outage_s.add_metric(labels, _num(s.get("outage_seconds")))
+            replayed.add_metric(labels, _num(s.get("windows_replayed")))
             by_reason = s.get("dead_letters_by_reason")
             for reason, n in (by_reason if isinstance(by_reason, dict) else {}).items():
                 dead.add_metric([w.source, str(reason)], _num(n))
@@ -205,7 +215,7 @@ class _ClusterCollector(Collector):
         )
         for p, n in board.lag_by_partition.items():
             lag.add_metric([str(p)], float(n))
-        yield from (records, trained, windows, dead, stale, window_s, age, *quality.values(), lag)
+        yield from (records, trained, windows, outages, outage_s, replayed, dead, stale, window_s, age, *quality.values(), lag)
 
 
 def _num(v: object) -> float:

@@ -299,6 +299,10 @@ class WorkerSettings:
     ``committed`` resumes at the group's commit (first offset where none),
     ``earliest`` at the partition's first offset, ``fail`` exits with code 4.
     The model's weights are kept either way."""
+    outage_deadline_s: float = 600.0
+    """Seconds one outage (a shard, the coordinator or the broker unreachable)
+    is waited out before the worker gives up with exit code 3; 0 waits forever
+    (``CTRPS_OUTAGE_DEADLINE_S``)."""
 
     def __post_init__(self) -> None:
         if self.on_stale_offsets not in ("committed", "earliest", "fail"):
@@ -322,6 +326,8 @@ class WorkerSettings:
             raise SettingsError("session timeout must be at least 1000 ms")
         if self.log_format not in ("text", "json"):
             raise SettingsError("log format is text or json")
+        if not self.outage_deadline_s >= 0:
+            raise SettingsError("outage deadline must be >= 0 seconds (0 waits forever)")
 
     @property
     def dlq(self) -> str:
@@ -355,6 +361,9 @@ class WorkerSettings:
             log_format=pick(args.log_format, "CTRPS_LOG_FORMAT", "log_format"),
             use_rpc=False if args.no_rpc else pick(None, "CTRPS_USE_RPC", "use_rpc", _parse_bool),
             on_stale_offsets=pick(args.on_stale_offsets, "CTRPS_ON_STALE_OFFSETS", "on_stale_offsets"),
+            outage_deadline_s=pick(
+                args.outage_deadline, "CTRPS_OUTAGE_DEADLINE_S", "outage_deadline_s", float
+            ),
         )
 
 

@@ -102,6 +102,9 @@ def worker_status(
         "failed_commits": stats.failed_commits,
         # {reason: {action: partitions}}: resume offsets not applied as given.
         "stale_offsets": _nested(stats.stale_offsets),
+        "outages": stats.outages,
+        "outage_seconds": round(stats.outage_seconds, 3),
+        "windows_replayed": stats.windows_replayed,
         "last_window": last,
         "lag_by_partition": {str(p): int(n) for p, n in report.lag_by_partition.items()},
     }

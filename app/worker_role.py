@@ -38,6 +38,7 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=max(100, settings.session_timeout_ms // 5),
         on_stale_offsets=settings.on_stale_offsets,
+        outage_deadline_s=settings.outage_deadline_s,
     )
     model = make_model(settings.model, settings.model_name)
     worker_id = default_worker_id()

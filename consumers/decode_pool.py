@@ -7,27 +7,68 @@ other process and, on the worker's side, a GIL hand-off to the pool's feeder
 or result thread while the event loop trains. 1 MiB pipes make that two or
 three (in-process training 111k events/s against 105k over 100k events,
 four interleaved pairs of runs).
+
+Decode processes end with their worker, even a SIGKILLed one: on Linux the
+kernel sends them SIGKILL when it dies (``PR_SET_PDEATHSIG``), and a thread
+in each checks that its parent is still the worker, for systems without it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
+import ctypes.util
 import fcntl
 import multiprocessing
+import os
 import signal
+import sys
+import threading
+import time
 
-__all__ = ["PIPE_BYTES", "start_decode_pool", "widen_pipes"]
+__all__ = ["PIPE_BYTES", "PARENT_CHECK_S", "start_decode_pool", "widen_pipes"]
 
 PIPE_BYTES = 1 << 20
 """Buffer size asked for the job and result pipes (Linux's default limit for
 an unprivileged process, ``/proc/sys/fs/pipe-max-size``)."""
 
 
-def _ignore_stop_signals() -> None:
+PARENT_CHECK_S = 1.0
+"""How often a decode process checks that its worker is alive (the fallback
+to ``PR_SET_PDEATHSIG``)."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> bool:
+    """Ask Linux to SIGKILL this process when its parent dies; whether it took."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        if os.getppid() != parent:  # re-parented: the worker is gone
+            os._exit(1)
+        time.sleep(PARENT_CHECK_S)
+
+
+def _init_decoder(parent: int) -> None:
     """Decode processes leave stopping to the worker: Ctrl-C and a group-wide
-    SIGTERM reach them too, and the worker still needs them to flush."""
+    SIGTERM reach them too, and the worker still needs them to flush. They
+    end when the worker ends, however it ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    # The worker may have died before the death signal was asked for.
+    if os.getppid() != parent:
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="parent-watch", daemon=True).start()
 
 
 def widen_pipes(pool: concurrent.futures.ProcessPoolExecutor, size: int = PIPE_BYTES) -> bool:
@@ -53,11 +94,16 @@ def widen_pipes(pool: concurrent.futures.ProcessPoolExecutor, size: int = PIPE_B
 
 
 def start_decode_pool(processes: int) -> concurrent.futures.ProcessPoolExecutor:
-    """`processes` spawned decode processes that ignore stop signals, with wide pipes."""
+    """`processes` spawned decode processes that ignore stop signals and end
+    with this process, with wide pipes.
+
+    The death signal is tied to the thread that spawns them: the pool spawns
+    from the thread that submits (the event loop's)."""
     pool = concurrent.futures.ProcessPoolExecutor(
         processes,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=_ignore_stop_signals,
+        initializer=_init_decoder,
+        initargs=(os.getpid(),),
     )
     widen_pipes(pool)
     return pool

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CorruptRecordException, KafkaError, UnsupportedCodecError
 
 __all__ = [
     "STALE_POLICIES",
@@ -127,7 +127,13 @@ async def partition_bounds(
             if loop.time() > deadline:
                 missing = sorted(tp.partition for tp in tps if consumer.highwater(tp) is None)
                 raise KafkaError(f"no fetch answer for partitions {missing} within {timeout_s:g} s")
-            await consumer.getmany(timeout_ms=100, max_records=1)
+            try:
+                await consumer.getmany(timeout_ms=100, max_records=1)
+            except (CorruptRecordException, UnsupportedCodecError):
+                # The fetch answered (its high watermark is known); a batch
+                # that cannot be decoded is the worker's to report, not the
+                # bounds check's.
+                pass
         return {tp: (int(starts[tp]), int(consumer.highwater(tp))) for tp in tps}
     finally:
         with contextlib.suppress(KafkaError, OSError):

@@ -19,6 +19,13 @@ applied twice). On revoke, an in-flight window finishes and commits first;
 buffered records of revoked partitions are dropped for the new owner to read.
 On stop (SIGTERM), the buffered window is finished and committed, then the
 consumer leaves the group.
+
+Outages (a shard, the coordinator or the broker unreachable) are waited out
+(`consumers.outage`): nothing trains or commits meanwhile, one line every few
+seconds says what is awaited, a window that failed part-way is trained again
+from its first offsets, and past the outage deadline the worker gives up
+(exit code 3). A record batch the Kafka client cannot decode stops the worker
+before it, naming topic, partition and offset (exit code 1).
 """
 
 from __future__ import annotations
@@ -40,9 +47,12 @@ import numpy.typing as npt
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
     CommitFailedError,
+    CorruptRecordException,
     IllegalStateError,
     IncompatibleBrokerVersion,
+    KafkaConnectionError,
     KafkaError,
+    UnsupportedCodecError,
     UnsupportedVersionError,
 )
 
@@ -59,6 +69,15 @@ from .decode import Decoded, Rejected, decode_records
 from .decode_pool import start_decode_pool
 from .dlq import DeadLetter, DeadLetterQueue
 from .resume import STALE_POLICIES, StaleOffsetsError, StalePartition, bounds_reason, cluster_id, partition_bounds
+from .outage import (
+    OutageWatch,
+    UndecodableBatchError,
+    broker_listening,
+    describe,
+    failed_partition,
+    is_outage,
+    locate_bad_batch,
+)
 from .windows import TopicPartitionKey, Window, WindowBuilder
 
 __all__ = ["WorkerConfig", "Worker", "WindowReport"]
@@ -86,6 +105,20 @@ _Chunk = tuple[TopicPartitionKey, int, "asyncio.Future[Decoded]"]
 """A decode job: its partition, its number of records, its decoding."""
 
 _T = TypeVar("_T")
+
+_DECODE_ERRORS = (CorruptRecordException, UnsupportedCodecError)
+"""Kafka errors of a record batch the client cannot decode (any error that is
+not a `KafkaError` counts too: a malformed batch can fail in the parser)."""
+
+
+def _first_offsets(window: Window) -> dict[TopicPartitionKey, int]:
+    """Each partition's first offset in `window` (one numpy pass per partition)."""
+    out: dict[TopicPartitionKey, int] = {}
+    for j, tp in enumerate(window.partitions):
+        mine = window.offsets[window.record_partition == j]
+        if mine.size:
+            out[tp] = int(mine.min())
+    return out
 
 
 async def _per_table(calls: list[Coroutine[Any, Any, _T]]) -> list[_T]:
@@ -131,6 +164,11 @@ class WorkerConfig:
     """What to do with resume offsets that do not belong to the broker's
     stream (another cluster or group, beyond a partition's end or before its
     start): ``committed``, ``earliest`` or ``fail`` (`consumers.resume.STALE_POLICIES`)."""
+    outage_deadline_s: float = 600.0
+    """How long one outage (a shard, the coordinator or the broker unreachable)
+    is waited out before the worker gives up; 0 waits forever."""
+    outage_log_every_s: float = 5.0
+    """Seconds between the lines saying what an outage waits for."""
 
     def __post_init__(self) -> None:
         if self.on_stale_offsets not in STALE_POLICIES:
@@ -139,6 +177,8 @@ class WorkerConfig:
             raise ValueError(f"update mode {self.mode!r} is not available; use async")
         if self.window_seconds <= 0 or self.window_events < 1 or self.mini_batch < 1:
             raise ValueError("window_seconds, window_events and mini_batch must be positive")
+        if self.outage_deadline_s < 0 or not self.outage_log_every_s > 0:
+            raise ValueError("outage_deadline_s must be >= 0 and outage_log_every_s positive")
 
 
 @dataclass(frozen=True)
@@ -195,8 +235,21 @@ class WorkerStats:
     failed_commits: int = 0
     stale_offsets: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Partitions whose resume offset failed a check, by (reason, action)."""
+    outages: int = 0
+    """Outages waited out (or being waited out): a shard, the coordinator or the broker unreachable."""
+    outage_seconds: float = 0.0
+    """Seconds spent waiting in outages that ended."""
+    windows_replayed: int = 0
+    """Windows that failed part-way in an outage: their partitions resumed from
+    the window's first offsets, so that window is trained again."""
+    waiting_for: str = ""
+    """What the worker waits for now ("" when it is not waiting)."""
     last: WindowReport | None = None
     history: list[WindowReport] = field(default_factory=list)
+
+
+class _Stopped(Exception):
+    """A stop request arrived while the worker waited out an outage."""
 
 
 class CoordinatorRestarted(Exception):
@@ -269,22 +322,32 @@ class Worker:
         # Set by an assignment whose offsets are refused (policy ``fail``),
         # or could not be checked; the run loop raises it.
         self._refusal: Exception | None = None
+        self._outage = OutageWatch(config.outage_deadline_s, config.outage_log_every_s)
+        self._broker_down = False
+        """Set while the broker is unreachable: no window starts training."""
+        self._stop = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------
     async def _start(self) -> None:
         c = self.config
-        for t in self.model.tables():
-            await self.client.declare(t)
+        # Shards (or the broker, below) unreachable at start are waited for
+        # like any outage.
+        await self._retrying(self._declare_tables)
         try:
             # An empty lease tells whether there is a coordinator, and its epoch.
-            grant = await self.client.acquire_lease(self.worker_id)
-            await self.client.release_lease(grant.lease_id, {})
+            grant = await self._retrying(lambda: self.client.acquire_lease(self.worker_id))
+            await self._retrying(lambda: self.client.release_lease(grant.lease_id, {}))
             self._epoch, self.leased = grant.epoch, True
         except NoCoordinatorError:
             log.info("no coordinator: windows are not leased and exports hold no offsets")
         # The stream this worker reads; under ``fail`` a restored cut of
-        # another stream is refused before anything starts.
-        await self._refresh_cluster_id()
+        # another stream is refused before anything starts. A broker not
+        # there yet is waited for like any outage (probed first: the Kafka
+        # client would log every attempt).
+        since = time.monotonic()
+        if not await broker_listening(c.bootstrap):
+            await self._ride_out(KafkaConnectionError(), self._probe_broker, since)
+        await self._retrying(self._refresh_cluster_id, broker=True)
         if self.leased and c.on_stale_offsets == "fail":
             await self._refuse_stale_at_start()
         if c.decode_processes > 0:
@@ -296,29 +359,186 @@ class Worker:
             self._warmup = asyncio.get_running_loop().run_in_executor(
                 self._pool, decode_records, sample, self.model.name, c.max_message_bytes
             )
-        self._producer = AIOKafkaProducer(bootstrap_servers=c.bootstrap, linger_ms=5)
-        await self._producer.start()
+        await self._start_kafka("_producer", lambda: AIOKafkaProducer(bootstrap_servers=c.bootstrap, linger_ms=5))
         self._dlq = DeadLetterQueue(self._producer, c.dlq_topic)
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=c.bootstrap,
-            group_id=c.group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            session_timeout_ms=c.session_timeout_ms,
-            heartbeat_interval_ms=c.heartbeat_interval_ms,
-            max_partition_fetch_bytes=max(c.max_message_bytes * 2, 1 << 20),
-            fetch_max_bytes=max(c.max_message_bytes * 4, 50 << 20),
+
+        def consumer() -> Any:
+            made = AIOKafkaConsumer(
+                bootstrap_servers=c.bootstrap,
+                group_id=c.group,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                session_timeout_ms=c.session_timeout_ms,
+                heartbeat_interval_ms=c.heartbeat_interval_ms,
+                max_partition_fetch_bytes=max(c.max_message_bytes * 2, 1 << 20),
+                fetch_max_bytes=max(c.max_message_bytes * 4, 50 << 20),
+            )
+            made.subscribe([c.topic], listener=_Rebalance(self))
+            return made
+
+        await self._start_kafka("_consumer", consumer)
+
+    # -- outages -----------------------------------------------------------------
+    async def _declare_tables(self) -> None:
+        for t in self.model.tables():
+            await self.client.declare(t)
+
+    async def _probe_shards(self) -> None:
+        """Return once every shard answers (declaring the tables again, for a
+        shard that restarted) and, with a coordinator, a lease is granted."""
+        await self._declare_tables()
+        if self.leased:
+            # The epoch is not taken here: a new coordinator is found by the
+            # next window's lease, which rewinds.
+            grant = await self.client.acquire_lease(self.worker_id, wait_s=1.0)
+            await self.client.release_lease(grant.lease_id, {})
+
+    async def _probe_broker(self) -> None:
+        if not await broker_listening(self.config.bootstrap):
+            raise KafkaConnectionError(f"nothing listening at {self.config.bootstrap}")
+
+    async def _ride_out(
+        self, exc: BaseException, probe: Callable[[], Awaitable[object]], since: float, *, stoppable: bool = True
+    ) -> None:
+        """Wait until `probe` succeeds after the outage `exc` (seen at `since`),
+        counting it; `OutageDeadlineError` past the deadline. When `stoppable`,
+        a stop request ends the wait with `_Stopped`."""
+        what = describe(exc, self.config.bootstrap)
+        s = self.stats
+        s.outages += 1
+        s.waiting_for = what
+        wait = asyncio.create_task(self._outage.wait(what, probe, since))
+        stopping = asyncio.create_task(self._stop.wait())
+        try:
+            await asyncio.wait({wait, stopping} if stoppable else {wait}, return_when=asyncio.FIRST_COMPLETED)
+            if not wait.done():
+                log.info("stop asked while waiting: nothing more is trained or committed",
+                         extra={"fields": {"waiting_for": what}})
+                raise _Stopped()
+            s.outage_seconds += wait.result()
+        finally:
+            s.waiting_for = ""
+            for t in (wait, stopping):
+                t.cancel()
+            await asyncio.gather(wait, stopping, return_exceptions=True)
+
+    async def _retrying(self, op: Callable[[], Awaitable[_T]], *, broker: bool = False) -> _T:
+        """`op()`, waiting out the shards' (or, with `broker`, the broker's)
+        outages between attempts."""
+        probe = self._probe_broker if broker else self._probe_shards
+        while True:
+            since = time.monotonic()
+            try:
+                return await op()
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                await self._ride_out(exc, probe, since)
+
+    async def _start_kafka(self, attr: str, make: Callable[[], Any]) -> None:
+        """Start an aiokafka client from `make()` as attribute `attr`, waiting
+        while nothing listens at the bootstrap address (one line every few
+        seconds, not the client's own lines per attempt).
+
+        The attribute is set before the client starts: a consumer may join its
+        group, and call the rebalance listener, before `start` returns."""
+        while True:
+            since = time.monotonic()
+            if not await broker_listening(self.config.bootstrap):
+                await self._ride_out(KafkaConnectionError(), self._probe_broker, since)
+            made = make()
+            setattr(self, attr, made)
+            try:
+                await made.start()
+                return
+            except KafkaError as exc:
+                setattr(self, attr, None)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(made.stop(), 10)
+                if not is_outage(exc):
+                    raise
+                await self._ride_out(exc, self._probe_broker, since)
+
+    async def _watch_broker(self) -> None:
+        """While the worker runs: probe the broker every second; while it is
+        unreachable, no window starts training, and one line every few seconds
+        says so. Raises `OutageDeadlineError` past the deadline."""
+        while True:
+            await asyncio.sleep(self._outage.probe_every_s)
+            since = time.monotonic()
+            if await broker_listening(self.config.bootstrap):
+                continue
+            self._broker_down = True
+            try:
+                await self._ride_out(KafkaConnectionError(), self._probe_broker, since, stoppable=False)
+            finally:
+                self._broker_down = False
+
+    async def _recover(self, exc: BaseException, applies: deque[tuple[asyncio.Task[None], Window]]) -> None:
+        """After a window failed in an outage: drop it, the windows queued
+        behind it and the buffered records; seek each of their partitions back
+        to its first offset among them (the window's start: what was last
+        committed, or applied and about to be); wait until the dependency
+        answers. The failed window is trained again, once."""
+        since = time.monotonic()
+        dropped = [w for _, w in applies]
+        for task, _ in applies:
+            task.cancel()
+        await asyncio.gather(*(t for t, _ in applies), return_exceptions=True)
+        applies.clear()
+        if len(self._builder):
+            buffered, chunks = self._take()
+            for _, _, fut in chunks:
+                fut.cancel()
+            dropped.append(buffered)
+        first: dict[TopicPartitionKey, int] = {}
+        for w in dropped:
+            for tp, off in _first_offsets(w).items():
+                first[tp] = min(off, first.get(tp, off))
+        owned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+        moved = {}
+        for (topic, p), off in first.items():
+            if (topic, p) in owned:
+                self._consumer.seek(TopicPartition(topic, p), off)
+                moved[p] = off
+        self.stats.windows_replayed += 1
+        log.warning(
+            "window failed in an outage: not committed, its partitions resume from its first offsets",
+            extra={"fields": {"window": dropped[0].seq if dropped else None, "error": str(exc),
+                              "resume": ",".join(f"{p}@{o}" for p, o in sorted(moved.items()))}},
         )
-        self._consumer.subscribe([c.topic], listener=_Rebalance(self))
-        await self._consumer.start()
+        probe = self._probe_shards if isinstance(exc, PSError) else self._probe_broker
+        await self._ride_out(exc, probe, since)
+
+    async def _undecodable(self, exc: Exception) -> UndecodableBatchError:
+        """The error for a fetch that raised `exc` decoding a record batch:
+        which partition, from which offset (located exactly by a reader of
+        its own where it can be)."""
+        found = failed_partition(exc, self._consumer)
+        reason = f"{type(exc).__name__}: {exc}"
+        if found is None:
+            owned = sorted((tp.topic, tp.partition) for tp in self._consumer.assignment())
+            topic, partition = owned[0] if len(owned) == 1 else (self.config.topic, -1)
+        else:
+            topic, partition = found
+        if partition < 0:
+            return UndecodableBatchError(topic, -1, -1, False, reason)
+        tp = TopicPartition(topic, partition)
+        start = self._committed.get((topic, partition), 0)
+        with contextlib.suppress(Exception):
+            start = await asyncio.wait_for(self._consumer.position(tp), 10)
+        exact = await locate_bad_batch(self.config.bootstrap, topic, partition, start)
+        return UndecodableBatchError(topic, partition, start if exact is None else exact, exact is not None, reason)
 
     async def _close(self) -> None:
+        # Bounded: with the broker gone, leaving the group or flushing the
+        # producer would wait for it.
         if self._consumer is not None:
-            with contextlib.suppress(KafkaError):
-                await self._consumer.stop()  # leaves the group
+            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._consumer.stop(), 15)  # leaves the group
         if self._producer is not None:
-            with contextlib.suppress(KafkaError):
-                await self._producer.stop()
+            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._producer.stop(), 15)
         for _, _, fut in self._chunks:  # decodings of a window that was never applied
             if not fut.done():
                 fut.cancel()
@@ -354,55 +574,129 @@ class Worker:
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:
-        await self._start()
-        # Apply tasks in window order; each awaits its predecessor first.
-        applies: deque[asyncio.Task[None]] = deque()
+        self._stop = stop
         try:
-            while not stop.is_set():
-                # Never fetch past the window's capacity: a window holds at most
-                # window_events records.
-                room = self.config.window_events - len(self._builder)
-                batches = await self._consumer.getmany(
-                    timeout_ms=200, max_records=max(1, min(room, 20_000))
-                )
-                if self._refusal is not None:  # an assignment's offsets were refused
-                    raise self._refusal
-                for tp, records in batches.items():
-                    values = self._builder.add(records)
-                    # Decoding starts as records arrive, so it overlaps fetching
-                    # and training. Jobs of a few thousand records keep their
-                    # Python objects in cache (20k-record jobs decode ~1.3x
-                    # slower per event) and the per-job IPC small.
-                    key = (tp.topic, tp.partition)
-                    for i in range(0, len(values), DECODE_CHUNK):
-                        part = values[i : i + DECODE_CHUNK]
-                        self._chunks.append((key, len(part), self._decode(part)))
-                try:
-                    while applies and applies[0].done():
-                        applies.popleft().result()  # re-raise a failed window here, on the hot path
-                    if self._builder.should_close():
-                        window, chunks = self._take()
-                        while len(applies) >= APPLY_AHEAD:
-                            await applies.popleft()
-                        prev = applies[-1] if applies else None
-                        applies.append(asyncio.create_task(self._apply_after(prev, window, chunks)))
-                except CoordinatorRestarted as restart:
-                    # The windows queued behind fail the same way: drop them.
-                    for task in applies:
-                        task.cancel()
-                    await asyncio.gather(*applies, return_exceptions=True)
-                    applies.clear()
-                    await self._rewind(restart.epoch)
-            while applies:
-                await applies.popleft()
-            if len(self._builder):
-                await self._apply(*self._take())
+            await self._start()
+        except _Stopped:
+            await self._close()
+            return
+        # Apply tasks in window order, with their windows; each awaits its
+        # predecessor first.
+        applies: deque[tuple[asyncio.Task[None], Window]] = deque()
+        main = asyncio.create_task(self._consume(stop, applies))
+        watch = asyncio.create_task(self._watch_broker())
+        try:
+            await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not main.done():
+                # The broker watch gave up (its deadline passed) or failed.
+                main.cancel()
+                await asyncio.gather(main, return_exceptions=True)
+                watch.result()
+            with contextlib.suppress(_Stopped):  # stopped in an outage: nothing left to commit
+                main.result()
         finally:
-            for task in applies:
+            for task in (main, watch, *(t for t, _ in applies)):
                 task.cancel()
             # Their outcome is moot: the error that brought us here is raised.
-            await asyncio.gather(*applies, return_exceptions=True)
+            await asyncio.gather(main, watch, *(t for t, _ in applies), return_exceptions=True)
             await self._close()
+
+    async def _consume(self, stop: asyncio.Event, applies: deque[tuple[asyncio.Task[None], Window]]) -> None:
+        undecodable: UndecodableBatchError | None = None
+        while not stop.is_set():
+            # Never fetch past the window's capacity: a window holds at most
+            # window_events records.
+            room = self.config.window_events - len(self._builder)
+            try:
+                batches = await self._consumer.getmany(timeout_ms=200, max_records=max(1, min(room, 20_000)))
+            except Exception as exc:
+                if is_outage(exc):
+                    await asyncio.sleep(0.2)  # the client retries on its own
+                    continue
+                if isinstance(exc, KafkaError) and not isinstance(exc, _DECODE_ERRORS):
+                    raise
+                # A batch the client cannot decode. Fetching again would skip
+                # the records fetched with it: stop here, apply and commit what
+                # came before it, then fail naming it.
+                undecodable = await self._undecodable(exc)
+                log.error(str(undecodable), extra={"fields": {"topic": undecodable.topic,
+                          "partition": undecodable.partition, "offset": undecodable.offset}})
+                break
+            if self._refusal is not None:  # an assignment's offsets were refused, or not checked
+                refusal, self._refusal = self._refusal, None
+                if not is_outage(refusal):
+                    raise refusal
+                # Shard 0 or the broker did not answer the check: wait for it,
+                # then check the partitions (still paused) again.
+                probe = self._probe_shards if isinstance(refusal, PSError) else self._probe_broker
+                await self._ride_out(refusal, probe, time.monotonic())
+                await self._on_assigned(self._consumer.assignment())
+                continue
+            for tp, records in batches.items():
+                values = self._builder.add(records)
+                # Decoding starts as records arrive, so it overlaps fetching
+                # and training. Jobs of a few thousand records keep their
+                # Python objects in cache (20k-record jobs decode ~1.3x
+                # slower per event) and the per-job IPC small.
+                key = (tp.topic, tp.partition)
+                for i in range(0, len(values), DECODE_CHUNK):
+                    part = values[i : i + DECODE_CHUNK]
+                    self._chunks.append((key, len(part), self._decode(part)))
+            try:
+                while applies and applies[0][0].done():
+                    applies[0][0].result()  # re-raise a failed window here, on the hot path
+                    applies.popleft()
+                # While the broker is unreachable no window starts: its
+                # commit could not be made.
+                if not self._broker_down and self._builder.should_close():
+                    # Room first, then the window is taken: a window taken
+                    # while a failure surfaces here would be in neither the
+                    # builder nor the queue, and a recovery would miss it.
+                    while len(applies) >= APPLY_AHEAD:
+                        await applies[0][0]
+                        applies.popleft()
+                    if len(self._builder):  # a revoke may have emptied it meanwhile
+                        window, chunks = self._take()
+                        prev = applies[-1][0] if applies else None
+                        applies.append((asyncio.create_task(self._apply_after(prev, window, chunks)), window))
+            except CoordinatorRestarted as restart:
+                # The windows queued behind fail the same way: drop them.
+                for task, _ in applies:
+                    task.cancel()
+                await asyncio.gather(*(t for t, _ in applies), return_exceptions=True)
+                applies.clear()
+                await self._rewind(restart.epoch)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                await self._recover(exc, applies)
+        # Stopping (or before an undecodable batch): finish what is buffered.
+        # While the broker is unreachable nothing can be committed: what is
+        # not is replayed from the committed offsets by the next owner.
+        try:
+            if len(self._builder) and not self._broker_down:
+                window, chunks = self._take()
+                prev = applies[-1][0] if applies else None
+                applies.append((asyncio.create_task(self._apply_after(prev, window, chunks)), window))
+            while applies:
+                head = applies[0][0]
+                await asyncio.wait({head}, timeout=0.5)
+                if head.done():
+                    head.result()
+                    applies.popleft()
+                elif self._broker_down:
+                    log.warning("stopped while the broker is unreachable: the last windows are not "
+                                "committed and will be replayed", extra={"fields": {"windows": len(applies)}})
+                    break
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            # Stopping in an outage: what was not committed is replayed by
+            # the partitions' next owner.
+            log.warning("stopped in an outage: the last windows are not committed and will be replayed",
+                        extra={"fields": {"error": str(exc)}})
+        if undecodable is not None:
+            raise undecodable
 
     async def _apply_after(self, prev: asyncio.Task[None] | None, window: Window, chunks: list[_Chunk]) -> None:
         if prev is not None:

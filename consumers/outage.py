@@ -1,0 +1,245 @@
+"""Riding out outages: waiting for a shard, the coordinator or the broker,
+one log line every few seconds, until it is back or a deadline passes; and
+the error for a record batch the consumer cannot decode.
+
+An outage is an error retrying can cure (`is_outage`): a `PSError` marked
+`retriable` (a shard unreachable past the client's deadline, a cut holding
+leases, a cluster not ready to grant them), a retriable Kafka error, or a
+connection error. `OutageWatch.wait` probes the dependency until it answers,
+logging what it waits for and for how long; past its deadline it raises
+`OutageDeadlineError` (exit code 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from ps_core.errors import PSError, ShardUnavailableError
+
+__all__ = [
+    "OutageDeadlineError",
+    "UndecodableBatchError",
+    "OutageWatch",
+    "is_outage",
+    "describe",
+    "broker_listening",
+    "failed_partition",
+    "locate_bad_batch",
+]
+
+log = logging.getLogger("ctrps.worker")
+
+
+class OutageDeadlineError(Exception):
+    """A dependency stayed unreachable past the outage deadline: the worker
+    gives up (exit code 3)."""
+
+    exit_code = 3
+
+    def __init__(self, what: str, waited_s: float, deadline_s: float) -> None:
+        super().__init__(
+            f"gave up waiting for {what}: unreachable for {waited_s:.0f}s "
+            f"(outage deadline {deadline_s:.0f}s, --outage-deadline)"
+        )
+        self.what = what
+        self.waited_s = waited_s
+
+
+class UndecodableBatchError(Exception):
+    """A record batch the Kafka client cannot decode (a bad CRC, a codec it
+    cannot read, a malformed batch). The worker stops before it: nothing at
+    or after `offset` of the partition is committed (exit code 1)."""
+
+    exit_code = 1
+
+    def __init__(self, topic: str, partition: int, offset: int, exact: bool, reason: str) -> None:
+        if partition < 0:  # the client's error named no partition, and none was found
+            message = (f"a record batch of topic {topic} (partition not known) cannot be decoded ({reason}); "
+                       "nothing past the offsets already committed is committed")
+        else:
+            where = f"at offset {offset}" if exact else f"at or after offset {offset}"
+            message = (f"record batch of {topic}/{partition} {where} cannot be decoded ({reason}); "
+                       f"nothing past offset {offset} is committed")
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.exact = exact
+        self.reason = reason
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether `exc` is a failure that waiting can cure."""
+    if isinstance(exc, PSError):
+        return exc.retriable
+    if isinstance(exc, KafkaError):
+        return bool(getattr(exc, "retriable", False)) or type(exc).__name__ in (
+            "KafkaConnectionError",
+            "KafkaTimeoutError",
+            "NodeNotReadyError",
+        )
+    return isinstance(exc, (OSError, asyncio.TimeoutError))
+
+
+def describe(exc: BaseException, bootstrap: str) -> str:
+    """What an outage waits for, for the log line: a shard and its URL, the
+    coordinator, or the broker at the bootstrap address."""
+    if isinstance(exc, ShardUnavailableError):
+        return f"shard {exc.shard_id} at {exc.url}"
+    if isinstance(exc, PSError):
+        return f"the shards' coordinator ({exc.code}: {exc.detail})"
+    return f"the Kafka broker at {bootstrap}"
+
+
+async def broker_listening(bootstrap: str, timeout_s: float = 1.0) -> bool:
+    """Whether any server of `bootstrap` accepts a TCP connection: a probe
+    that makes no Kafka client log a line per failed attempt."""
+    for server in bootstrap.split(","):
+        host, sep, port = server.strip().rpartition(":")
+        if not sep or not port.isdigit():
+            host, port = server.strip(), "9092"
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
+        except (OSError, asyncio.TimeoutError):
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+    return False
+
+
+_TP = re.compile(r"TopicPartition\(topic='([^']*)', partition=(\d+)\)")
+
+
+def failed_partition(exc: BaseException, consumer: Any) -> tuple[str, int] | None:
+    """The partition whose fetched batch raised `exc` in the consumer.
+
+    aiokafka names it in a CRC error's message; for other decode errors the
+    fetched result that raised is found in the consumer's fetcher (a private
+    structure: None where it is not found)."""
+    m = _TP.search(str(exc))
+    if m:
+        return m.group(1), int(m.group(2))
+    records = getattr(getattr(consumer, "_fetcher", None), "_records", None)
+    if not isinstance(records, dict):
+        return None
+    for tp, result in records.items():
+        parts = getattr(result, "_partition_records", None)
+        it = getattr(parts, "_records_iterator", None)
+        # A generator that raised is finished (no frame) but still held.
+        if it is not None and getattr(it, "gi_frame", True) is None:
+            return tp.topic, tp.partition
+    return None
+
+
+async def locate_bad_batch(
+    bootstrap: str, topic: str, partition: int, start: int, timeout_s: float = 20.0
+) -> int | None:
+    """The offset of the first batch at or after `start` that the Kafka client
+    cannot decode, read one record at a time by a consumer of its own (no
+    group, nothing committed); None when it is not found within `timeout_s`.
+
+    One record per read: the client then raises on the bad batch with its
+    position just before it, not at the start of a larger fetch."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    tp = TopicPartition(topic, partition)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    try:
+        await asyncio.wait_for(consumer.start(), timeout_s)
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        while loop.time() < deadline:
+            try:
+                await consumer.getmany(tp, timeout_ms=200, max_records=1)
+            except Exception as exc:  # a codec's own error is not a KafkaError
+                if is_outage(exc):
+                    await asyncio.sleep(0.2)
+                    continue
+                pos: int = await consumer.position(tp)
+                return pos
+        return None
+    except (KafkaError, OSError, asyncio.TimeoutError):
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(consumer.stop(), 5)
+
+
+class OutageWatch:
+    """Waits out outages under one deadline policy.
+
+    `deadline_s` bounds each outage (0: wait forever); while waiting, one
+    line every `log_every_s` says what is awaited and for how long."""
+
+    def __init__(self, deadline_s: float, log_every_s: float = 5.0, probe_every_s: float = 1.0) -> None:
+        self.deadline_s = deadline_s
+        self.log_every_s = log_every_s
+        self.probe_every_s = probe_every_s
+
+    def waiting_line(self, what: str, waited_s: float) -> None:
+        """Log that `what` has been awaited for `waited_s`."""
+        limit = f"giving up after {self.deadline_s:.0f}s" if self.deadline_s > 0 else "waiting without a deadline"
+        log.warning(
+            f"waiting for {what}: unreachable for {waited_s:.0f}s, {limit}; not training or committing",
+            extra={"fields": {"waiting_for": what, "waited_s": round(waited_s, 1), "deadline_s": self.deadline_s}},
+        )
+
+    def check_deadline(self, what: str, since: float) -> None:
+        """Raise `OutageDeadlineError` once an outage begun at `since` (monotonic) outlasts the deadline."""
+        waited = time.monotonic() - since
+        if self.deadline_s > 0 and waited >= self.deadline_s:
+            raise OutageDeadlineError(what, waited, self.deadline_s)
+
+    async def wait(self, what: str, probe: Callable[[], Awaitable[object]], since: float) -> float:
+        """Probe until `probe()` returns (the dependency answers); returns the
+        seconds waited since `since` (monotonic, when the outage was seen).
+
+        A probe failure that `is_outage` keeps waiting; any other is raised.
+        Past the deadline, `OutageDeadlineError`."""
+
+        async def ticker() -> None:
+            while True:
+                self.waiting_line(what, time.monotonic() - since)
+                await asyncio.sleep(self.log_every_s)
+
+        async def probing() -> None:
+            while True:
+                try:
+                    await probe()
+                    return
+                except Exception as exc:
+                    if not is_outage(exc):
+                        raise
+                await asyncio.sleep(self.probe_every_s)
+
+        tick = asyncio.create_task(ticker())
+        try:
+            if self.deadline_s > 0:
+                left = max(0.0, self.deadline_s - (time.monotonic() - since))
+                try:
+                    await asyncio.wait_for(probing(), left)
+                except asyncio.TimeoutError:
+                    raise OutageDeadlineError(what, time.monotonic() - since, self.deadline_s) from None
+            else:
+                await probing()
+        finally:
+            tick.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await tick
+        waited = time.monotonic() - since
+        log.info(
+            f"{what} is back after {waited:.0f}s: resuming",
+            extra={"fields": {"resumed": what, "waited_s": round(waited, 1)}},
+        )
+        return waited

@@ -1,0 +1,571 @@
+"""Workers outliving outages, with real processes and servers: a shard server
+stopped and started again on its port, the broker killed and started again,
+a worker that gives up after its deadline, decode processes that die with a
+SIGKILLed worker, and a record batch the consumer cannot decode."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.record.default_records import DefaultRecordBase
+from aiokafka.record.util import calc_crc32c
+
+from app.api import create_app
+from app.settings import ApiSettings
+from app.status import make_status_hook
+from consumers.broker import BrokerError, EmbeddedBroker, create_topics, free_port
+from consumers.outage import UndecodableBatchError
+from consumers.worker import Worker, WorkerConfig
+from ps_core.client import PSClient, RetryPolicy
+from ps_core.coordinator import Coordinator
+from ps_core.coordinator_server import add_coordinator_routes
+from ps_core.features import FeatureHasher
+from ps_core.hashing import shard_of
+from ps_core.http1_server import ShardHttpServer, start_shard_http
+from ps_core.models import LogisticRegression
+from ps_core.server import DEFAULT_MAX_BODY, create_shard_app
+from ps_core.shard import Shard, ShardSpec
+from waiting import until
+
+PARTITIONS = 4
+KEY_BASE = 10**12  # event i carries the pre-hashed key KEY_BASE + i: its shows count its applications
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _event(i: int) -> bytes:
+    return orjson.dumps({"id": f"e{i}", "ts": 1_764_681_600 + i * 0.01, "label": 1 if i % 4 == 0 else 0,
+                         "features": {"site": f"s{i % 13}"}, "keys": [KEY_BASE + i]})
+
+
+async def _produce(bootstrap: str, topic: str, lo: int, hi: int) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        futs = [await producer.send(topic, _event(i), partition=i % PARTITIONS) for i in range(lo, hi)]
+        await asyncio.gather(*futs)
+    finally:
+        await producer.stop()
+
+
+def _applications(shards: list[Shard], lo: int, hi: int) -> np.ndarray:
+    """How many times each event lo..hi-1 was applied (shows of its own key)."""
+    keys = np.arange(KEY_BASE + lo, KEY_BASE + hi, dtype=np.uint64)
+    out = np.zeros(hi - lo, dtype=np.int64)
+    owner = shard_of(keys, len(shards))
+    for i, shard in enumerate(shards):
+        table = shard.tables.get("m_w")
+        if table is None:
+            continue
+        mine = np.flatnonzero(owner == i)
+        rows = table.index.lookup(keys[mine])
+        present = rows >= 0
+        out[mine[present]] = table.shows[rows[present]]
+    return out
+
+
+def _bias_shows(shards: list[Shard]) -> int:
+    """Events applied in all, replays included (docs/architecture.md, "Applied-event count")."""
+    bias = np.array([FeatureHasher("m").bias_key], dtype=np.uint64)
+    table = shards[int(shard_of(bias, len(shards))[0])].tables.get("m_w")
+    if table is None:
+        return 0
+    row = table.index.lookup(bias)
+    return int(table.shows[row][0]) if row[0] >= 0 else 0
+
+
+class _ShardServers:
+    """Shard servers on fixed loopback ports that a test can stop and start
+    again on the same port, keeping each shard's state (the process of a
+    shard server that lost its network, not one that restarted empty)."""
+
+    def __init__(self, n: int, coordinator: Coordinator | None = None) -> None:
+        self.coordinator = coordinator
+        """Hosted by shard 0 (kept across its restarts: same epoch), if given."""
+        self.shards = [Shard(ShardSpec(i, n)) for i in range(n)]
+        self.ports = [free_port() for _ in range(n)]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.servers: list[ShardHttpServer | None] = [None] * n
+
+    async def start(self, i: int) -> None:
+        app = create_shard_app(self.shards[i])
+        if i == 0 and self.coordinator is not None:
+            add_coordinator_routes(app, self.coordinator)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        self.servers[i] = await start_shard_http(
+            runner, self.shards[i], "127.0.0.1", self.ports[i], max_body=DEFAULT_MAX_BODY
+        )
+
+    async def stop(self, i: int) -> None:
+        server, self.servers[i] = self.servers[i], None
+        if server is not None:
+            await server.cleanup()
+
+    async def __aenter__(self) -> _ShardServers:
+        for i in range(len(self.shards)):
+            await self.start(i)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for i in range(len(self.shards)):
+            await self.stop(i)
+
+
+def _lines(caplog: pytest.LogCaptureFixture, start: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(start)]
+
+
+@pytest.mark.timeout(300)
+async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="ctrps.worker")
+    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    window, outage_s = 300, 30.0
+    async with _ShardServers(2) as servers:
+        config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5,
+                              window_events=window, mini_batch=100, decode_processes=0,
+                              session_timeout_ms=6000, heartbeat_interval_ms=500,
+                              outage_deadline_s=300, outage_log_every_s=2.0)
+        async with PSClient.connect(servers.urls, retry=RetryPolicy(deadline_s=2.0), rpc=False) as client:
+            model = LogisticRegression("m")
+            worker = Worker(config, client, model)
+            worker.on_window = make_status_hook(client, "w-out", worker.stats)
+            stop = asyncio.Event()
+            task = asyncio.create_task(worker.run(stop), name="worker")
+            try:
+                await _produce(kafka_bootstrap, topic, 0, 2000)
+                await until(lambda: worker.stats.events_trained >= 2000, 60, what="the first events", task=task)
+                await servers.stop(1)
+                # Events keep arriving while the shard is away.
+                await _produce(kafka_bootstrap, topic, 2000, 6000)
+                stopped_at = time.monotonic()
+                await until(lambda: servers.urls[1] in worker.stats.waiting_for, 60,
+                            what="the worker to wait for shard 1", task=task)
+                trained_in_outage = worker.stats.events_trained
+                await until(lambda: time.monotonic() - stopped_at >= outage_s, outage_s + 5,
+                            what="the outage to last", task=task)
+                assert worker.stats.events_trained == trained_in_outage, "trained while a shard was away"
+                await servers.start(1)
+                await until(lambda: (_applications(servers.shards, 0, 6000) >= 1).all(), 90,
+                            what="every event applied", task=task)
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 60)
+            # The outage is counted in the worker's status, and /metrics shows it.
+            http = TestClient(TestServer(create_app(ApiSettings(), client, model)))
+            await http.start_server()
+            try:
+                resp = await http.get("/metrics")
+                text = await resp.text()
+            finally:
+                await http.close()
+            metrics = {(m.name, tuple(sorted(m.labels.items()))): m.value
+                       for f in text_string_to_metric_families(text) for m in f.samples}
+            w = (("worker", "w-out"),)
+            assert metrics[("ctrps_worker_outages_total", w)] == worker.stats.outages >= 1
+            assert metrics[("ctrps_worker_windows_replayed_total", w)] == worker.stats.windows_replayed
+            assert metrics[("ctrps_worker_outage_seconds_total", w)] >= outage_s - 10
+    applied = _applications(servers.shards, 0, 6000)
+    assert (applied >= 1).all(), f"lost: {np.flatnonzero(applied == 0)[:20]}"
+    s = worker.stats
+    assert s.outages >= 1 and s.windows_replayed >= 1 and s.outage_seconds >= outage_s - 10, s
+    # Only windows that failed part-way are trained again, each at most once.
+    assert int((applied - 1).sum()) <= s.windows_replayed * window, (int((applied - 1).sum()), s.windows_replayed)
+    assert 6000 <= _bias_shows(servers.shards) <= 6000 + s.windows_replayed * window
+    waiting = _lines(caplog, f"waiting for shard 1 at {servers.urls[1]}")
+    assert len(waiting) >= 5, waiting  # one every 2 s over ~30 s, not one per attempt
+    assert len(waiting) <= 2 * (outage_s / 2.0) + 10, len(waiting)
+    assert _lines(caplog, f"shard 1 at {servers.urls[1]} is back"), "no line when the shard came back"
+
+
+async def test_leased_worker_rides_out_an_outage_of_shard_0_and_its_coordinator(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="ctrps.worker")
+    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    window = 300
+    coordinator = Coordinator()
+    async with _ShardServers(2, coordinator) as servers:
+        config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5,
+                              window_events=window, mini_batch=100, decode_processes=0,
+                              session_timeout_ms=6000, heartbeat_interval_ms=500,
+                              outage_deadline_s=120, outage_log_every_s=1.0)
+        async with PSClient.connect(servers.urls, retry=RetryPolicy(deadline_s=1.0), rpc=False) as client:
+            worker = Worker(config, client, LogisticRegression("m"))
+            stop = asyncio.Event()
+            task = asyncio.create_task(worker.run(stop), name="worker")
+            try:
+                await _produce(kafka_bootstrap, topic, 0, 1000)
+                await until(lambda: worker.leased and worker.stats.events_trained >= 1000, 60,
+                            what="the first events", task=task)
+                await servers.stop(0)
+                await _produce(kafka_bootstrap, topic, 1000, 3000)
+                await until(lambda: servers.urls[0] in worker.stats.waiting_for, 60,
+                            what="the worker to wait for shard 0", task=task)
+                await until(lambda: len(_lines(caplog, f"waiting for shard 0 at {servers.urls[0]}")) >= 3, 30,
+                            what="a few waiting lines", task=task)
+                await servers.start(0)
+                await until(lambda: (_applications(servers.shards, 0, 3000) >= 1).all(), 90,
+                            what="every event applied", task=task)
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 60)
+    applied = _applications(servers.shards, 0, 3000)
+    assert (applied >= 1).all(), f"lost: {np.flatnonzero(applied == 0)[:20]}"
+    s = worker.stats
+    assert s.outages >= 1 and s.rewinds == 0, s  # the same coordinator: nothing to rewind
+    assert int((applied - 1).sum()) <= s.windows_replayed * window
+    # The coordinator holds the committed offsets: every event's partition end.
+    assert sum(coordinator.offsets().get(topic, {}).values()) == 3000
+
+
+@pytest.mark.timeout(300)
+async def test_worker_rides_out_a_broker_restart(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="ctrps.worker")
+    topic, group = "clicks", f"g-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    broker = EmbeddedBroker(port=port)
+    await broker.start()
+    shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    try:
+        bootstrap = broker.bootstrap
+        await broker.create_topics({topic: PARTITIONS, topic + ".dlq": 1})
+        config = WorkerConfig(bootstrap, topic=topic, group=group, window_seconds=0.5, window_events=300,
+                              mini_batch=100, decode_processes=0, session_timeout_ms=6000,
+                              heartbeat_interval_ms=500, outage_deadline_s=300, outage_log_every_s=2.0)
+        worker = Worker(config, PSClient.local(shards), LogisticRegression("m"))
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop), name="worker")
+        try:
+            await _produce(bootstrap, topic, 0, 2000)
+            await until(lambda: (_applications(shards, 0, 2000) >= 1).all(), 60, what="the first events", task=task)
+            broker.stop()
+            await until(lambda: worker.stats.waiting_for.startswith("the Kafka broker"), 30,
+                        what="the worker to wait for the broker", task=task)
+            # The in-memory broker comes back empty on the same port: its
+            # topics are created again, and its committed offsets are gone.
+            broker = await _restart_broker(port)
+            await broker.create_topics({topic: PARTITIONS, topic + ".dlq": 1})
+            await _produce(bootstrap, topic, 2000, 5000)
+            # Events after the restart sit at offsets 0.. of the new topic.
+            await until(lambda: (_applications(shards, 2000, 5000) >= 1).all(), 120,
+                        what="every event produced after the restart applied", task=task)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 60)
+    finally:
+        broker.stop()
+    assert worker.stats.outages >= 1
+    assert _lines(caplog, f"waiting for the Kafka broker at {bootstrap}")
+    assert _lines(caplog, f"the Kafka broker at {bootstrap} is back")
+    applied = _applications(shards, 0, 5000)
+    assert (applied >= 1).all(), f"lost: {np.flatnonzero(applied == 0)[:20]}"
+    assert _bias_shows(shards) >= 5000
+
+
+async def _restart_broker(port: int) -> EmbeddedBroker:
+    """A broker started again on `port`, once the old one's sockets let it
+    (a port whose connections are in TIME_WAIT may be refused as taken)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120
+    while True:
+        broker = EmbeddedBroker(port=port)
+        try:
+            await broker.start()
+            return broker
+        except BrokerError:
+            if loop.time() > deadline:
+                raise
+        await asyncio.sleep(0.5)  # poll interval
+
+
+def _worker_cmd(bootstrap: str, shards: list[str], *extra: str) -> list[str]:
+    return [sys.executable, "-m", "app.cli", "worker", "--bootstrap", bootstrap, "--shards", ",".join(shards),
+            "--model-name", "m", "--window-seconds", "0.5", *extra]
+
+
+def _stderr(proc: subprocess.Popen[bytes]) -> str:
+    assert proc.stderr is not None
+    with proc.stderr:
+        return proc.stderr.read().decode()
+
+
+async def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    await until(lambda: proc.poll() is not None, timeout_s, what=f"{proc.args!r} to exit", poll_s=0.1)
+    return int(proc.returncode)
+
+
+async def test_worker_without_a_broker_gives_up_after_its_deadline_with_exit_3(serve_shards: Any) -> None:
+    _, urls = await serve_shards(2)
+    nothing = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CTRPS_OUTAGE_DEADLINE_S": "4"}
+    proc = subprocess.Popen(_worker_cmd(nothing, urls, "--decode-processes", "0"), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        code = await _wait_exit(proc, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    err = _stderr(proc)
+    assert code == 3, err
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert any(f"waiting for the Kafka broker at {nothing}" in line for line in lines), err
+    gave_up = [line for line in lines if "gave up waiting for the Kafka broker" in line]
+    assert len(gave_up) == 1 and "error" in gave_up[0], err
+    assert lines[-1] == gave_up[0], err
+
+
+async def test_worker_with_a_shard_away_gives_up_after_its_deadline_with_exit_3(kafka_bootstrap: str) -> None:
+    away = f"http://127.0.0.1:{free_port()}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(_worker_cmd(kafka_bootstrap, [away], "--outage-deadline", "3"), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        code = await _wait_exit(proc, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    err = _stderr(proc)
+    assert code == 3, err
+    assert "Traceback" not in err, err
+    assert f"waiting for shard 0 at {away}" in err, err
+    assert err.strip().splitlines()[-1].count(f"gave up waiting for shard 0 at {away}") == 1, err
+
+
+def _children(pid: int) -> set[int]:
+    """Live processes whose parent is `pid` (from /proc)."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.add(int(entry))
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _read_some(proc: subprocess.Popen[bytes]) -> list[bytes]:
+    """What a child wrote to its (non-blocking) stderr pipe so far."""
+    assert proc.stderr is not None
+    got = proc.stderr.read()
+    return [got] if got else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+async def test_decode_processes_end_with_a_sigkilled_worker(kafka_bootstrap: str, serve_shards: Any) -> None:
+    topic = f"clicks-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    _, urls = await serve_shards(1)
+    proc = subprocess.Popen(_worker_cmd(kafka_bootstrap, urls, "--topic", topic, "--decode-processes", "1"),
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    os.set_blocking(proc.stderr.fileno(), False)
+    decoders: set[int] = set()
+    logged: list[bytes] = []
+    try:
+        def running() -> bool:
+            # Its children: multiprocessing's resource tracker, then the decode
+            # process; a window trained, so the decode process is past its
+            # start (one still starting ends anyway, at its pipe's end of file).
+            decoders.update(_children(proc.pid))
+            if proc.poll() is not None:
+                raise AssertionError(f"the worker exited with {proc.returncode}")
+            logged.extend(_read_some(proc))
+            return any(b"spawn_main" in _cmdline(p) for p in decoders) and b"ctrps.worker: window" in b"".join(logged)
+
+        await _produce(kafka_bootstrap, topic, 0, 100)
+        await until(running, 60, what="a window decoded by the worker's decode process", poll_s=0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        await until(lambda: not any(_alive(p) for p in decoders), 15,
+                    what=f"decode processes {sorted(decoders)} to end", poll_s=0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for p in decoders:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        proc.stderr.close()
+
+
+async def _send_corrupt_batch(bootstrap: str, topic: str, partition: int, n: int, codec: int | None = None) -> int:
+    """A record batch of `n` events whose CRC does not match its bytes (one
+    byte of a record flipped after the batch was built), or with `codec`, a
+    valid CRC over attributes naming that compression codec: returns its offset."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        batch = producer.create_batch()
+        for i in range(n):
+            batch.append(key=None, value=_event(90_000 + i), timestamp=None)
+        buf = bytearray(batch._build())
+        if codec is None:
+            buf[-3] ^= 0xFF  # inside the last record's value
+        else:
+            at, crc_at = DefaultRecordBase.ATTRIBUTES_OFFSET, DefaultRecordBase.CRC_OFFSET
+            (attributes,) = struct.unpack_from(">h", buf, at)
+            struct.pack_into(">h", buf, at, (attributes & ~0x07) | codec)
+            struct.pack_into(">I", buf, crc_at, calc_crc32c(bytes(buf[at:])))
+        batch._buffer = buf
+        meta = await (await producer.send_batch(batch, topic, partition=partition))
+        return int(meta.offset)
+    finally:
+        await producer.stop()
+
+
+async def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await c.start()
+    try:
+        return {p: (await c.committed(TopicPartition(topic, p))) or 0 for p in range(PARTITIONS)}
+    finally:
+        await c.stop()
+
+
+async def test_an_undecodable_batch_stops_the_worker_naming_it_and_nothing_is_committed_past_it(
+    kafka_bootstrap: str,
+) -> None:
+    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    shards = [Shard(ShardSpec(0, 1))]
+    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5, window_events=150,
+                          mini_batch=50, decode_processes=0, session_timeout_ms=6000, heartbeat_interval_ms=500)
+    worker = Worker(config, PSClient.local(shards), LogisticRegression("m"))
+    task = asyncio.create_task(worker.run(asyncio.Event()), name="worker")
+    try:
+        await _produce(kafka_bootstrap, topic, 0, 400)  # offsets 0..99 of each partition
+        await until(lambda: worker._committed.get((topic, 2)) == 100, 60, what="the first events committed",
+                    task=task)
+        bad_offset = await _send_corrupt_batch(kafka_bootstrap, topic, 2, 5)
+        assert bad_offset == 100
+        await _produce(kafka_bootstrap, topic, 400, 800)  # behind the bad batch on partition 2 too
+        with pytest.raises(UndecodableBatchError) as raised:
+            await asyncio.wait_for(asyncio.shield(task), 90)
+    finally:
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    err = raised.value
+    assert (err.topic, err.partition, err.offset, err.exact) == (topic, 2, bad_offset, True), str(err)
+    assert f"{topic}/2 at offset {bad_offset}" in str(err) and err.exit_code == 1
+    committed = await _committed(kafka_bootstrap, group, topic)
+    assert committed[2] == bad_offset, committed  # everything before it, nothing past it
+    assert all(off >= 100 for off in committed.values()), committed
+    # Whatever was committed was applied. Event i sits in partition i % 4 at
+    # offset i // 4 (the first 400) or 100 + (i - 400) // 4 (partition 2's
+    # sit 5 further, behind the bad batch, and none of them is committed).
+    applied = _applications(shards, 0, 800)
+    for p, off in committed.items():
+        ids = [i for i in range(800) if i % PARTITIONS == p and (i // 4 if i < 400 else 100 + (i - 400) // 4) < off]
+        assert (applied[ids] >= 1).all(), (p, off)
+
+
+async def test_an_undecodable_batch_is_one_line_and_exit_1_from_ctrps_worker(
+    kafka_bootstrap: str, serve_shards: Any
+) -> None:
+    topic = f"clicks-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: 1, topic + ".dlq": 1})
+    await _send_corrupt_batch(kafka_bootstrap, topic, 0, 3)
+    _, urls = await serve_shards(1)
+    proc = subprocess.Popen(_worker_cmd(kafka_bootstrap, urls, "--topic", topic, "--decode-processes", "0"),
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        code = await _wait_exit(proc, 90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    err = _stderr(proc)
+    assert code == 1, err
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].count(f"record batch of {topic}/0 at offset 0 cannot be decoded") == 1, err
+
+
+async def test_sigterm_while_waiting_for_the_broker_stops_the_worker_at_once(serve_shards: Any) -> None:
+    _, urls = await serve_shards(1)
+    nothing = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(_worker_cmd(nothing, urls, "--decode-processes", "0", "--outage-deadline", "0"),
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stderr is not None
+    os.set_blocking(proc.stderr.fileno(), False)
+    seen: list[bytes] = []
+
+    def waiting() -> bool:
+        seen.extend(_read_some(proc))
+        if proc.poll() is not None:
+            raise AssertionError(f"the worker exited with {proc.returncode}: {b''.join(seen).decode()}")
+        text = b"".join(seen)
+        return b"waiting for the Kafka broker" in text and b"waiting without a deadline" in text
+
+    try:
+        await until(waiting, 60, what="the waiting line", poll_s=0.1)
+        proc.send_signal(signal.SIGTERM)
+        code = await _wait_exit(proc, 20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    os.set_blocking(proc.stderr.fileno(), True)
+    err = b"".join(seen).decode() + _stderr(proc)
+    assert code == 0, err
+    assert "Traceback" not in err, err
+
+
+async def test_a_batch_the_codec_cannot_read_is_named_by_partition_and_offset(kafka_bootstrap: str) -> None:
+    """A batch marked zstd that is not compressed. The codec's error names no
+    partition (a CRC error does): the fetch that raised is found instead."""
+    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    await _produce(kafka_bootstrap, topic, 0, 40)  # offsets 0..9 of each partition
+    bad_offset = await _send_corrupt_batch(kafka_bootstrap, topic, 1, 3, codec=4)  # zstd, not compressed
+    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5, window_events=150,
+                          mini_batch=50, decode_processes=0, session_timeout_ms=6000, heartbeat_interval_ms=500)
+    worker = Worker(config, PSClient.local([Shard(ShardSpec(0, 1))]), LogisticRegression("m"))
+    with pytest.raises(UndecodableBatchError) as raised:
+        await asyncio.wait_for(worker.run(asyncio.Event()), 90)
+    err = raised.value
+    assert (err.topic, err.partition, err.offset, err.exact) == (topic, 1, bad_offset, True), str(err)
+    # Without a zstd library aiokafka's UnsupportedCodecError, with one the library's own error.
+    assert err.reason, err
+    assert (await _committed(kafka_bootstrap, group, topic))[1] <= bad_offset
