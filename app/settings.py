@@ -434,25 +434,10 @@ class DemoSettings:
     """Where versions of the model are written (``CTRPS_EXPORTS_DIR``); empty turns exports off."""
     export_interval_s: float = 60.0
     """Seconds between exports; 0 exports only when asked (``CTRPS_EXPORT_INTERVAL``)."""
-    restart_backoff_s: float = 1.0
-    """Delay before restarting a child that exited on its own, doubling with
-    each restart in a row (``CTRPS_CLUSTER_RESTART_BACKOFF``)."""
-    restart_backoff_max_s: float = 30.0
-    """The longest restart delay (``CTRPS_CLUSTER_RESTART_BACKOFF_MAX``)."""
-    max_restarts: int = 5
-    """Restarts of one child allowed within `restart_window_s`; one more
-    stops the cluster, exit 1. 0: any child exiting stops the cluster
-    (``CTRPS_CLUSTER_MAX_RESTARTS``)."""
-    restart_window_s: float = 300.0
-    """The window of `max_restarts`, seconds (``CTRPS_CLUSTER_RESTART_WINDOW``)."""
 
     def __post_init__(self) -> None:
         _check_composition(self.duration_s, self.port, self.window_seconds, self.log_format)
         _check_exports(self.export_interval_s)
-        if not 0 < self.restart_backoff_s <= self.restart_backoff_max_s < float("inf"):
-            raise SettingsError("restart backoff must be > 0 and at most the largest backoff")
-        if self.max_restarts < 0 or not 0 < self.restart_window_s < float("inf"):
-            raise SettingsError("max restarts must be >= 0 and the restart window > 0 seconds")
         if not 1 <= self.shards <= 64:
             raise SettingsError(f"shards must be in [1, 64], not {self.shards}")
         if not 0 < self.rate < float("inf"):

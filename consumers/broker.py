@@ -26,7 +26,7 @@ from types import TracebackType
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-__all__ = ["EmbeddedBroker", "BrokerError", "create_topics", "free_port", "wait_for_metadata"]
+__all__ = ["EmbeddedBroker", "BrokerError", "broker_listening", "create_topics", "free_port", "wait_for_metadata"]
 
 
 class BrokerError(RuntimeError):
@@ -60,16 +60,15 @@ def _port_is_free(host: str, port: int) -> bool:
         return True
 
 
-async def _accepts_connections(bootstrap: str) -> bool:
-    """Whether any of the ``host:port[,host:port...]`` servers accepts a TCP connection."""
+async def broker_listening(bootstrap: str, timeout_s: float = 1.0) -> bool:
+    """Whether any of the ``host:port[,host:port...]`` servers accepts a TCP
+    connection: a probe that makes no Kafka client log a line per failed attempt."""
     for server in bootstrap.split(","):
         host, sep, port = server.strip().rpartition(":")
         if not sep or not port.isdigit():
             host, port = server.strip(), "9092"  # Kafka's default port, as clients assume
         try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(host.strip("[]"), int(port)), 1.0
-            )
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
         except (OSError, asyncio.TimeoutError):
             continue
         writer.close()
@@ -85,7 +84,7 @@ async def wait_for_metadata(bootstrap: str, timeout_s: float = 20.0) -> None:
     deadline = loop.time() + timeout_s
     last: Exception | None = None
     while loop.time() < deadline:
-        if not await _accepts_connections(bootstrap):
+        if not await broker_listening(bootstrap):
             # Not listening yet: a Kafka client would log an error per attempt.
             last = ConnectionRefusedError(f"nothing listening at {bootstrap}")
             await asyncio.sleep(0.05)

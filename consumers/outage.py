@@ -31,7 +31,6 @@ __all__ = [
     "OutageWatch",
     "is_outage",
     "describe",
-    "broker_listening",
     "failed_partition",
     "locate_bad_batch",
 ]
@@ -98,24 +97,6 @@ def describe(exc: BaseException, bootstrap: str) -> str:
     if isinstance(exc, PSError):
         return f"the shards' coordinator ({exc.code}: {exc.detail})"
     return f"the Kafka broker at {bootstrap}"
-
-
-async def broker_listening(bootstrap: str, timeout_s: float = 1.0) -> bool:
-    """Whether any server of `bootstrap` accepts a TCP connection: a probe
-    that makes no Kafka client log a line per failed attempt."""
-    for server in bootstrap.split(","):
-        host, sep, port = server.strip().rpartition(":")
-        if not sep or not port.isdigit():
-            host, port = server.strip(), "9092"
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
-        except (OSError, asyncio.TimeoutError):
-            continue
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-        return True
-    return False
 
 
 _TP = re.compile(r"TopicPartition\(topic='([^']*)', partition=(\d+)\)")

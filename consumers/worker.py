@@ -64,6 +64,7 @@ from ps_core.metrics import Metrics, evaluate
 from ps_core.models import BatchPlan, Model, sigmoid
 from ps_core.stream import StreamIdentity, stream_mismatch
 
+from .broker import broker_listening
 from .collector import fewer_collections
 from .decode import Decoded, Rejected, decode_records
 from .decode_pool import start_decode_pool
@@ -72,7 +73,6 @@ from .resume import STALE_POLICIES, StaleOffsetsError, StalePartition, bounds_re
 from .outage import (
     OutageWatch,
     UndecodableBatchError,
-    broker_listening,
     describe,
     failed_partition,
     is_outage,
