@@ -17,8 +17,10 @@ at ``--rate`` and counts those the broker acknowledged (*produced*). Drills:
   8 with ``--quick``), then SIGCONTinued;
 - ``failed_cut``: that shard is SIGSTOPped during ``ctrps export`` (the cut
   cannot finish), SIGCONTinued, then ``ctrps export`` must succeed;
-- ``broker_restart`` (last, alone): the broker is SIGKILLed and started again
-  on the same port (retrying while the port is refused), its topic recreated.
+- ``broker_restart`` (last, alone): production stops and every event is
+  trained (a memory broker loses what it holds), then the broker is
+  SIGKILLed and started again on the same port, its topic recreated, and
+  production resumes: every event produced after the restart must be trained.
 
 Per drill: *trained* is the number of event applications the shards hold,
 the shows of the bias row (one per event applied), read from a final export
@@ -470,12 +472,22 @@ async def fault_failed_cut(d: Drill) -> float:
 
 
 async def fault_broker_restart(d: Drill) -> float:
+    # A memory broker loses what it holds, acknowledged or not: the producer
+    # stops and the worker trains everything first, so the drill asks what the
+    # issue of a restart is (is every event produced after it trained, and
+    # nothing trained before it lost?), not what memory storage means.
+    await d.drain()
+    if d.result.trained is None or d.result.trained < d.result.produced:
+        d.result.error = f"not drained before the kill: trained {d.result.trained} of {d.result.produced}"
+    d.result.notes["trained_before_kill"] = d.result.trained
     await d.broker.kill()
     t_down = time.monotonic()
     attempts = await d.broker.start(d.cfg.phase_timeout_s)
     await create_topics(d.broker.bootstrap, {d.topic: PARTITIONS, d.topic + ".dlq": 1})
     d.result.notes["broker_start_attempts"] = attempts
     d.result.notes["broker_down_s"] = round(time.monotonic() - t_down, 2)
+    d.producing.set()
+    d.producer_task = asyncio.create_task(d._produce(), name=f"produce-{d.name}")
     return time.monotonic()
 
 
@@ -487,6 +499,57 @@ DRILLS = {
     "failed_cut": fault_failed_cut,
     "broker_restart": fault_broker_restart,
 }
+
+
+_MEMBER = """
+import asyncio, sys, time
+from aiokafka import AIOKafkaConsumer
+async def main(boot, topic, session_ms):
+    c = AIOKafkaConsumer(topic, bootstrap_servers=boot, group_id="g-" + topic, enable_auto_commit=False,
+                         session_timeout_ms=session_ms, heartbeat_interval_ms=max(100, session_ms // 5))
+    await c.start()
+    while not c.assignment():
+        await c.getmany(timeout_ms=100)
+    print("assigned", flush=True)
+    await asyncio.sleep(600)
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+async def kafka_rejoin_s(bootstrap: str, session_timeout_ms: int, timeout_s: float) -> float | None:
+    """The broker's own floor for the worker_sigkill drill: seconds from
+    SIGKILLing a bare aiokafka consumer (the only member of its group) until a
+    new one started at once holds the partitions again. None past `timeout_s`."""
+    topic = f"rejoin-{uuid.uuid4().hex[:6]}"
+    await create_topics(bootstrap, {topic: PARTITIONS})
+
+    async def member() -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _MEMBER, bootstrap, topic, str(session_timeout_ms),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        first = await member()
+        procs.append(first)
+        assert first.stdout is not None
+        await asyncio.wait_for(first.stdout.readline(), timeout_s)
+        first.kill()
+        await first.wait()
+        t_kill = time.monotonic()
+        second = await member()
+        procs.append(second)
+        assert second.stdout is not None
+        await asyncio.wait_for(second.stdout.readline(), timeout_s)
+        return time.monotonic() - t_kill
+    except asyncio.TimeoutError:
+        return None
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
 
 
 async def run_drill(name: str, cfg: Config, broker: Broker) -> Result:
@@ -551,9 +614,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         f"session timeout {cfg.session_timeout_ms} ms, outage {cfg.outage_s:g} s; faults hit shard-{BIAS_SHARD}")
     broker_out = (workdir / "broker.log").open("wb")
     broker = Broker(broker_out)
+    floor: float | None = None
     results: dict[str, Result] = {}
     try:
         await broker.start(60.0)
+        floor = await kafka_rejoin_s(broker.bootstrap, cfg.session_timeout_ms, cfg.phase_timeout_s + 30)
+        log(f"the broker's floor: a bare consumer SIGKILLed and started again holds its partitions after "
+            f"{'-' if floor is None else f'{floor:.1f}'} s (session timeout {cfg.session_timeout_ms} ms)")
         parallel = quick if args.parallel is None else args.parallel
         # The broker drill disturbs every drill on the broker: it runs last, alone.
         first = [n for n in names if n != "broker_restart"]
@@ -586,6 +653,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "outage_s": cfg.outage_s,
         "aim_resume_s": cfg.resume_aim_s,
         "aim_replay_max": cfg.replay_bound,
+        "kafka_rejoin_floor_s": floor,
         "workdir": str(workdir),
     }
     passed = 0
@@ -598,6 +666,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "resume_s": r.resume_s,
             "ratio_resume_vs_baseline": (r.resume_s / base.resume_s)
             if base and base.resume_s and r.resume_s is not None else None,
+            **({"ratio_resume_vs_kafka_floor": r.resume_s / floor}
+               if name == "worker_sigkill" and floor and r.resume_s is not None else {}),
             "tracebacks": r.tracebacks, "restarts": r.restarts, "send_failures": r.send_failures,
             "seconds": round(r.seconds, 1), "aims": r.aims, "passed": ok, "error": r.error, **r.notes,
         }  # fmt: skip
