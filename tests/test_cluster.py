@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -227,9 +228,7 @@ async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path
         proc.send_signal(signal.SIGINT)
         rc = await asyncio.wait_for(proc.wait(), 60)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await kill_cluster(proc, tmp_path)
     assert rc == 0, err_log.read_text()[-3000:]
     for pid in [*started.values(), tansu["pid"]]:
         assert pid_gone(pid), f"{pid} outlived the cluster"
@@ -251,6 +250,23 @@ async def start_cluster(tmp_path: Path, *flags: str, **env: str) -> asyncio.subp
             "--log-format", "json", "--exports-dir", str(tmp_path / "exports"), *flags,
             cwd=PROJECT, env=clean_env(**env), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
         )  # fmt: skip
+
+
+async def kill_cluster(proc: asyncio.subprocess.Process, tmp_path: Path) -> None:
+    """A cluster still running when a test ends (it failed): SIGKILL it and
+    every child it started, each in its own process group, and the broker
+    binaries the broker roles announced, so nothing outlives the test."""
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+        pids = [p for ps in pids_started(tmp_path / "cluster.log").values() for p in ps]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        for x in read_json_lines(tmp_path / "children.log"):
+            if x.get("role") == "broker" and x.get("msg") == "ready" and isinstance(x.get("pid"), int):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(x["pid"], signal.SIGKILL)
 
 
 def pids_started(err_log: Path) -> dict[str, list[int]]:
@@ -283,9 +299,7 @@ async def test_a_child_that_keeps_failing_stops_the_cluster_with_one_line_and_st
         os.kill(again["pid"], signal.SIGKILL)
         rc = await asyncio.wait_for(proc.wait(), 60)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await kill_cluster(proc, tmp_path)
     assert rc == 1
     started = pids_started(err_log)
     assert started["api"] == [first, again["pid"]]
@@ -317,9 +331,7 @@ async def test_with_restarts_off_a_killed_child_stops_the_cluster_with_status_1(
         os.kill(started["shard-0"][0], signal.SIGKILL)
         rc = await asyncio.wait_for(proc.wait(), 60)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await kill_cluster(proc, tmp_path)
     assert rc == 1
     lines = read_json_lines(err_log)
     failed = [x for x in lines if x.get("msg") == "child exited unexpectedly"]
@@ -383,9 +395,7 @@ async def test_a_cluster_survives_a_sigkilled_worker_and_trains_every_event(tmp_
         proc.send_signal(signal.SIGINT)
         rc = await asyncio.wait_for(proc.wait(), 60)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await kill_cluster(proc, tmp_path)
     # At least once; the killed worker's uncommitted windows at most once more.
     assert n <= trained <= n + n_before, trained
     assert rc == 0, err_log.read_text()[-3000:]
@@ -451,9 +461,7 @@ async def test_a_restarted_shard_comes_back_on_its_ports_and_restores_this_runs_
         proc.send_signal(signal.SIGINT)
         rc = await asyncio.wait_for(proc.wait(), 60)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await kill_cluster(proc, tmp_path)
     assert rc == 0, err_log.read_text()[-3000:]
     # Shard 0 was never restarted: it did not restore (the cluster's own broker is new).
     assert not [x for x in read_json_lines(out_log) if x.get("role") == "shard-0" and x.get("msg") == "restore"]
