@@ -58,7 +58,7 @@ from aiokafka.errors import (
 
 from ps_core.client import PSClient, ResumePoint, Routed
 from ps_core.coordinator import Offsets
-from ps_core.errors import NoCoordinatorError, PSError
+from ps_core.errors import CutInProgressError, NoCoordinatorError, PSError
 from ps_core.features import EventBatch
 from ps_core.metrics import Metrics, evaluate
 from ps_core.models import BatchPlan, Model, sigmoid
@@ -86,6 +86,10 @@ log = logging.getLogger("ctrps.worker")
 
 DECODE_CHUNK = 2048
 """Most records in one decode job."""
+
+LEASE_WAIT_S = 5.0
+"""How long one lease request waits for a cut to end: well inside the
+client's deadline (10 s), so the answer always reaches the worker."""
 
 APPLY_AHEAD = 3
 """Closed windows training or waiting to train while the next one fills (see
@@ -335,7 +339,7 @@ class Worker:
         await self._retrying(self._declare_tables)
         try:
             # An empty lease tells whether there is a coordinator, and its epoch.
-            grant = await self._retrying(lambda: self.client.acquire_lease(self.worker_id))
+            grant = await self._retrying(lambda: self.client.acquire_lease(self.worker_id, wait_s=LEASE_WAIT_S))
             await self._retrying(lambda: self.client.release_lease(grant.lease_id, {}))
             self._epoch, self.leased = grant.epoch, True
         except NoCoordinatorError:
@@ -1122,7 +1126,15 @@ class Worker:
         return out
 
     async def _lease(self) -> int:
-        grant = await self.client.acquire_lease(self.worker_id)
+        while True:
+            try:
+                grant = await self.client.acquire_lease(self.worker_id, wait_s=LEASE_WAIT_S)
+                break
+            except CutInProgressError:
+                # A cut is pausing (it lasts at most the lease TTL): ask again.
+                # Short waits keep every answer within the client's deadline,
+                # so no lease is granted to a caller that has given up.
+                continue
         if self._epoch is not None and grant.epoch != self._epoch:
             # A new coordinator: the shards may hold an older cut than this
             # worker's commits. Train nothing more from where we are.

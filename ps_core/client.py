@@ -974,9 +974,11 @@ class PSClient:
         return {t.shard_id: snaps for t, snaps in zip(self.transports, got)}
 
     # -- the coordinator, hosted by shard 0 ------------------------------------
-    async def acquire_lease(self, worker: str, wait_s: float = 30.0) -> LeaseGrant:
+    async def acquire_lease(self, worker: str, wait_s: float = 5.0) -> LeaseGrant:
         """A lease for one window and the coordinator's epoch
-        (`NoCoordinatorError` when shard 0 hosts none)."""
+        (`NoCoordinatorError` when shard 0 hosts none); `CutInProgressError`
+        after `wait_s` of a cut's pause. Keep `wait_s` inside the retry
+        deadline, so a lease granted late is never granted to nobody."""
         return await self.transports[0].acquire_lease(worker, wait_s)
 
     async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:

@@ -29,7 +29,7 @@ import orjson
 from aiohttp import web
 
 from .coordinator import Coordinator, parse_offsets
-from .errors import LeaseError, SnapshotError
+from .errors import CutInProgressError, LeaseError, SnapshotError
 from .exporter import Exporter
 from .server import json_response
 from .stream import StreamIdentity
@@ -59,7 +59,13 @@ async def acquire(request: web.Request) -> web.Response:
         raise LeaseError("worker must be a non-empty string of at most 200 characters")
     if not isinstance(wait_s, (int, float)) or isinstance(wait_s, bool) or not 0 <= wait_s <= _MAX_WAIT_S:
         raise LeaseError(f"wait_s must be a number of seconds in [0, {_MAX_WAIT_S:g}]")
-    lease = await request.app[COORDINATOR].acquire(worker, float(wait_s))
+    coordinator = request.app[COORDINATOR]
+    lease = await coordinator.acquire(worker, float(wait_s))
+    if request.transport is None or request.transport.is_closing():
+        # The caller gave up while this waited for a cut: a lease nobody
+        # holds would stall the next cut until it expires.
+        await coordinator.release(lease.lease_id)
+        raise CutInProgressError("the caller left before the lease was granted")
     return json_response(
         {"lease_id": lease.lease_id, "epoch": lease.epoch, "ttl_s": request.app[COORDINATOR].lease_ttl_s}
     )

@@ -5,6 +5,7 @@ loopback, real files, a real tmpfs)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import subprocess
@@ -31,6 +32,7 @@ from ps_core.server import DEFAULT_MAX_BODY, create_shard_app
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
 from test_exporter import _state, _train
+from waiting import until
 
 LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})
 KEYS = np.arange(1, 2001, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
@@ -289,3 +291,36 @@ async def test_a_shard_not_joined_copies_nothing_and_the_cut_is_aborted(
         after = await client.export_now()
         assert (after["version"], after["kind"]) == (3, "base")
         assert _restores_to_live(cluster.exports, cluster.shards) == 3
+
+
+async def test_a_lease_whose_caller_gave_up_during_a_cut_is_not_left_active(cluster: Cluster) -> None:
+    """A worker's lease request that times out while a cut pauses must not
+    leave a lease granted to nobody: the next cut would wait for it until its
+    TTL (two minutes by default)."""
+    held = await cluster.coordinator.acquire("window")  # a window in flight: the cut waits for it
+    release = asyncio.Event()
+
+    async def snapshot(version: int, kind: str) -> None:
+        await release.wait()
+
+    cut = asyncio.create_task(cluster.coordinator.cut(snapshot))
+    await until(lambda: not cluster.coordinator._open.is_set(), 5, what="the cut's pause")
+    assert cluster.session is not None
+    with pytest.raises(asyncio.TimeoutError):  # the caller gives up before the coordinator answers
+        async with cluster.session.post(
+            cluster.urls[0] + "/v1/leases", json={"worker": "late", "wait_s": 30},
+            timeout=aiohttp.ClientTimeout(total=0.5),
+        ) as resp:
+            await resp.read()
+    await cluster.coordinator.release(held.lease_id, {})
+    release.set()
+    await asyncio.wait_for(cut, 10)
+    # The late request is never left holding a lease: the next cut does not
+    # wait for one (it would until the lease's TTL).
+    await until(lambda: cluster.coordinator.active_leases == 0, 5, what="no lease left active")
+
+    async def no_wait(version: int, kind: str) -> None:
+        return None
+
+    after = await asyncio.wait_for(cluster.coordinator.cut(no_wait), 5)
+    assert after.lease_wait_s < 1.0 and after.expired_leases == []
