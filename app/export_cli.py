@@ -2,12 +2,14 @@
 
 Shard 0 hosts the coordinator and its exporter (``ctrps shard --shards ...``),
 so this command needs only its URL. It prints the export's report (or the
-list) as JSON on stdout; errors go to stderr with exit status 1.
+list) as JSON on stdout; an error is one log line on stderr (in the chosen
+``--log-format``) with exit status 1, or 2 without a shard 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -17,6 +19,8 @@ from ps_core.client import PSClient, RetryPolicy
 from ps_core.errors import PSError
 
 __all__ = ["add_export_parser", "run_export"]
+
+log = logging.getLogger("ctrps export")
 
 _EXAMPLE = """\
 example:
@@ -51,7 +55,7 @@ async def run_export(args: argparse.Namespace) -> int:
     """Run the command; returns the exit status."""
     url = args.shard0 or next((u for u in os.environ.get("CTRPS_SHARDS", "").split(",") if u.strip()), "")
     if not url:
-        print("ctrps export: no shard 0: pass --shard0 URL or set CTRPS_SHARDS", file=sys.stderr)
+        log.error("no shard 0: pass --shard0 URL or set CTRPS_SHARDS", extra={"fields": {"exit_code": 2}})
         return 2
     # Only shard 0 is asked, so the client holds only its transport.
     async with PSClient.connect([url.strip()], retry=RetryPolicy(deadline_s=args.timeout)) as client:
@@ -63,7 +67,7 @@ async def run_export(args: argparse.Namespace) -> int:
             else:
                 out = await client.export_now(args.kind)
         except PSError as exc:
-            print(f"ctrps export: {exc.detail}", file=sys.stderr)
+            log.error(exc.detail, extra={"fields": {"error": exc.code, "exit_code": 1}})
             return 1
     sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0

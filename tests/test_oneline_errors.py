@@ -506,3 +506,20 @@ async def test_a_worker_whose_broker_died_logs_few_kafka_client_lines(tmp_path: 
         if shard_runner is not None:
             await shard_runner.cleanup()
         broker.stop()
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_export_errors_are_one_line_in_the_chosen_format(fmt: str) -> None:
+    out = ctrps("export", "--log-format", fmt)
+    assert out.returncode == 2
+    line = one_error_line(out, fmt)
+    if fmt == "json":
+        assert isinstance(line, dict) and line["logger"] == "ctrps export" and line["exit_code"] == 2
+        assert line["msg"].startswith("no shard 0")
+    else:
+        assert "ctrps export: no shard 0" in line
+    port = free_port()  # nothing listens there: shard 0 unreachable within the timeout
+    out = ctrps("export", "--shard0", f"http://127.0.0.1:{port}", "--timeout", "0.5", "--log-format", fmt)
+    assert out.returncode == 1
+    line = one_error_line(out, fmt)
+    assert "unreachable" in (line["msg"] if isinstance(line, dict) else line)
