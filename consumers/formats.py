@@ -1,4 +1,5 @@
-"""Parsers of public CTR data sets into events (DESIGN.md §2).
+"""Parsers of public CTR data sets into events (the event format is in
+docs/architecture.md, "Events and feature ids").
 
 Each parser turns one row into an event dict ``{"id", ["ts",] "label", "features"}``
 or raises `FormatError`; `iter_file` reads a whole file (plain or ``.gz``) and

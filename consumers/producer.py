@@ -1,4 +1,5 @@
-"""Sending events to Kafka in batches (the producer side of DESIGN.md §2).
+"""Sending events to Kafka in batches (the producer side of the event format:
+docs/architecture.md, "Events and feature ids").
 
 `produce` encodes each event with orjson (one event per message value) and
 spreads events round-robin over the topic's partitions. Each chunk of

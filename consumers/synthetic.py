@@ -1,6 +1,6 @@
 """A synthetic, Criteo-like click stream with a hidden ground-truth model.
 
-`SyntheticStream` emits events in the format of DESIGN.md §2::
+`SyntheticStream` emits events in the event format (docs/architecture.md, "Events and feature ids")::
 
     {"id": "s-0-000123", "ts": 1764681600.25, "label": 0,
      "features": {"I1": 3.0, ..., "C1": "68fd1e64", ...}, "p_true": 0.031}
