@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -21,7 +20,6 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-import consumers.broker as broker_module
 from app.metrics import ApiMetrics
 from app.status import make_status_hook
 from conftest import ServeShards
@@ -289,23 +287,9 @@ async def test_offsets_beyond_the_end_of_a_recreated_topic_are_detected(
 # -- the embedded broker restarted under running shards and a worker ---------------------
 
 
-def _free_for_reuse(host: str, port: int) -> bool:
-    """Whether a listener may bind `port` now: with SO_REUSEADDR, as Tansu
-    binds, so connections of the killed broker in TIME_WAIT do not count."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
 async def test_events_after_a_broker_restart_are_all_trained(
-    serve_shards: ServeShards, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    serve_shards: ServeShards, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # The broker's own check refuses a port its previous run left in TIME_WAIT.
-    monkeypatch.setattr(broker_module, "_port_is_free", _free_for_reuse)
     port = free_port()
     topic, group = "clicks", f"g-{uuid.uuid4().hex[:8]}"
     shards, urls = await serve_shards(2, exports=tmp_path / "exports")
