@@ -47,6 +47,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from ps_core.client import PSClient
 from ps_core.errors import NoCoordinatorError, PSError, ShardUnavailableError, StatusError
 from ps_core.export import list_versions
+from ps_core.limits import PortGuard, ServedPort, serve_limited
 from ps_core.models import Model
 
 from .errors import (
@@ -595,7 +596,11 @@ class ApiServer:
     ) -> None:
         self.settings = settings
         self.app = create_app(settings, client, model, follower=follower)
+        self.guard = PortGuard("api", settings.limits)
+        """The port's limits and counters (connections, deadlines)."""
+        self.guard.install(self.app)
         self._runner: web.AppRunner | None = None
+        self._served: ServedPort | None = None
         self.url = ""
         """``http://host:port`` with the port actually bound (``--port 0``)."""
 
@@ -603,23 +608,27 @@ class ApiServer:
         """Listen; returns the URL."""
         if self._runner is not None:
             return self.url
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, **self.settings.limits.runner_kwargs()
+        )
         await runner.setup()
         self._runner = runner
-        site = web.TCPSite(runner, self.settings.host, self.settings.port, reuse_address=True)
-        await site.start()
-        port = self.settings.port
-        server = site._server
-        sockets = getattr(server, "sockets", None)
-        if sockets:
-            port = sockets[0].getsockname()[1]
-        self.url = f"http://{self.settings.host}:{port}"
+        try:
+            self._served = await serve_limited(runner, self.guard, self.settings.host, self.settings.port)
+        except BaseException:
+            self._runner = None
+            await runner.cleanup()
+            raise
+        self.url = f"http://{self.settings.host}:{self._served.port}"
         return self.url
 
     async def stop(self) -> None:
         """Stop listening and release the app's resources."""
         runner, self._runner = self._runner, None
-        if runner is not None:
+        served, self._served = self._served, None
+        if served is not None:
+            await served.close()
+        elif runner is not None:
             await runner.cleanup()
 
     async def __aenter__(self) -> ApiServer:

@@ -32,11 +32,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import orjson
 
 from .errors import PSError
+from .limits import Occurrences, RpcLimits
 from .pipelined import PipelinedConnection, PipelinedProtocol, Reply, ServerConnection
 from .shard import Shard
 
@@ -71,14 +72,103 @@ def _error_payload(code: str, detail: str) -> bytes:
     return orjson.dumps({"error": code, "detail": detail})
 
 
-class RpcServerProtocol(ServerConnection):
-    """One client connection to a shard's RPC server."""
+class _PortState:
+    """What an RPC port's connections share: its limits, the bytes of frames
+    announced but not yet whole (the buffer budget), and its counters."""
 
-    def __init__(self, shard: Shard, max_body: int, connections: set[ServerConnection]) -> None:
+    def __init__(self, limits: RpcLimits) -> None:
+        self.limits = limits
+        self.reserved = 0
+        self.refused = Occurrences(log, f"rpc: connection cap of {limits.max_connections} reached, closing new ones")
+        self.hello_timeouts = Occurrences(
+            log, f"rpc: closed connections that sent no hello within {limits.hello_timeout_s:g} s"
+        )
+        self.frame_timeouts = Occurrences(
+            log, f"rpc: closed connections whose frame did not arrive within {limits.frame_timeout_s:g} s"
+        )
+        self.overloaded = Occurrences(
+            log, f"rpc: refused frames over the {limits.buffer_budget_bytes >> 20} MiB buffer budget (503 overloaded)"
+        )
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "buffered_frame_bytes": self.reserved,
+            "refused_total": self.refused.total,
+            "hello_timeouts_total": self.hello_timeouts.total,
+            "frame_timeouts_total": self.frame_timeouts.total,
+            "overloaded_total": self.overloaded.total,
+        }
+
+
+class RpcServerProtocol(ServerConnection):
+    """One client connection to a shard's RPC server.
+
+    It must greet within the hello deadline, and each frame must arrive whole
+    within the frame deadline of its length prefix; a frame that does not
+    arrive in one read holds its announced length of the port's buffer
+    budget until it is whole, and one that would take the budget over is
+    refused (503 ``overloaded``, connection closed)."""
+
+    def __init__(
+        self, shard: Shard, max_body: int, connections: set[ServerConnection], state: _PortState | None = None
+    ) -> None:
         super().__init__(connections)
         self._shard = shard
         self._max_body = max_body
         self._greeted = False
+        self._state = state or _PortState(RpcLimits())
+        self._timer: asyncio.TimerHandle | None = None
+        self._reserved = 0
+        """Bytes of the budget held by the frame being read (0: none)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if len(self._connections) >= self._state.limits.max_connections:
+            self._state.refused.happened()
+            cast(asyncio.Transport, transport).abort()
+            return
+        super().connection_made(transport)
+        self._arm(self._state.limits.hello_timeout_s, self._state.hello_timeouts)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self._release()
+        super().connection_lost(exc)
+
+    def _arm(self, seconds: float, counter: Occurrences) -> None:
+        self._disarm()
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._expire, counter)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self, counter: Occurrences) -> None:
+        self._timer = None
+        counter.happened()
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _release(self) -> None:
+        self._state.reserved -= self._reserved
+        self._reserved = 0
+
+    def _waiting_for(self, size: int) -> bool:
+        """A frame of `size` bytes is not whole yet: hold its share of the
+        budget and start its deadline (once); False when it was refused."""
+        if self._reserved:
+            return True
+        state = self._state
+        if state.reserved + size > state.limits.buffer_budget_bytes:
+            state.overloaded.happened()
+            detail = f"the shard holds {state.reserved} bytes of unfinished frames; retry"
+            self._reply(503, _error_payload("overloaded", detail))
+            self.close()
+            return False
+        state.reserved += size
+        self._reserved = size
+        self._arm(state.limits.frame_timeout_s, state.frame_timeouts)
+        return True
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf
@@ -98,6 +188,7 @@ class RpcServerProtocol(ServerConnection):
                 assert transport is not None
                 transport.write(_HELLO_REPLY.pack(MAGIC, PROTOCOL_VERSION, spec.shard_id, spec.num_shards))
                 self._greeted = True
+                self._disarm()
                 start = _HELLO.size
             # Every whole request in the buffer, in order.
             while transport is not None and len(buf) - start >= _LENGTH.size:
@@ -110,7 +201,13 @@ class RpcServerProtocol(ServerConnection):
                     return
                 end = start + _LENGTH.size + size
                 if len(buf) < end:
+                    if not self._waiting_for(size):
+                        start = len(buf)
+                        return
                     break
+                if self._reserved:
+                    self._release()
+                    self._disarm()
                 # A copy: the frame's arrays are views of it, and `buf` moves on.
                 body = bytes(memoryview(buf)[start + _LENGTH.size : end])
                 start = end
@@ -138,12 +235,19 @@ class RpcServerProtocol(ServerConnection):
 class RpcServer:
     """A shard's RPC server; `close` stops listening and closes every connection."""
 
-    def __init__(self, server: asyncio.Server, connections: set[ServerConnection]) -> None:
+    def __init__(
+        self, server: asyncio.Server, connections: set[ServerConnection], state: _PortState | None = None
+    ) -> None:
         self._server = server
         self._connections = connections
+        self._state = state or _PortState(RpcLimits())
         sockets = server.sockets or ()
         self.port: int = sockets[0].getsockname()[1] if sockets else 0
         """The port it listens on (the one the OS chose when asked for 0)."""
+
+    def stats(self) -> dict[str, int]:
+        """The port's open connections, buffered frame bytes and counters (for the metrics)."""
+        return {"open_connections": len(self._connections), **self._state.stats()}
 
     async def close(self) -> None:
         self._server.close()
@@ -152,14 +256,18 @@ class RpcServer:
         await self._server.wait_closed()
 
 
-async def start_rpc_server(shard: Shard, host: str, port: int, *, max_body: int) -> RpcServer:
-    """Serve `shard`'s pulls and pushes on `host`:`port` (0 picks a free port)."""
+async def start_rpc_server(
+    shard: Shard, host: str, port: int, *, max_body: int, limits: RpcLimits | None = None
+) -> RpcServer:
+    """Serve `shard`'s pulls and pushes on `host`:`port` (0 picks a free port)
+    under `limits` (connections, deadlines, the buffer budget)."""
     connections: set[ServerConnection] = set()
+    state = _PortState(limits or RpcLimits())
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: RpcServerProtocol(shard, max_body, connections), host, port, reuse_address=True
+        lambda: RpcServerProtocol(shard, max_body, connections, state), host, port, reuse_address=True
     )
-    return RpcServer(server, connections)
+    return RpcServer(server, connections, state)
 
 
 class _ClientProtocol(PipelinedProtocol):
