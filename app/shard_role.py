@@ -138,7 +138,7 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
     max_body = settings.max_body_mb * 1024 * 1024
     # The RPC first: the HTTP app advertises its port.
     rpc = (
-        await start_rpc_server(shard, settings.host, settings.rpc_port, max_body=max_body)
+        await start_rpc_server(shard, settings.host, settings.rpc_port, max_body=max_body, limits=settings.rpc_limits)
         if settings.rpc
         else None
     )
