@@ -28,6 +28,7 @@ from aiohttp import web
 from app.api import ApiServer
 from app.settings import ApiSettings, SettingsError, port_limits_from_env, rpc_limits_from_env
 from ps_core import codec
+from ps_core.client import PSClient
 from ps_core.limits import PortGuard, PortLimits, RpcLimits, serve_limited
 from ps_core.models import make_model
 from ps_core.rpc import MAGIC, PROTOCOL_VERSION, RpcConnection, RpcServer, start_rpc_server
