@@ -35,6 +35,7 @@ from ps_core.rpc import MAGIC, PROTOCOL_VERSION, RpcConnection, RpcServer, start
 from ps_core.server import create_shard_app
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
+from waiting import until
 
 LR = TableConfig("ctr_lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
 SMALL = PortLimits(max_connections=20, header_timeout_s=0.3, body_timeout_s=0.3, idle_timeout_s=0.5)
@@ -102,8 +103,7 @@ async def test_connections_over_the_cap_are_closed_logged_once_and_counted(
 ) -> None:
     port = _port(api)
     held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(SMALL.max_connections)]
-    await asyncio.sleep(0.05)
-    assert api.guard.open_connections == SMALL.max_connections
+    await until(lambda: api.guard.open_connections == SMALL.max_connections, 2.0, what="every connection admitted")
     with caplog.at_level(logging.WARNING, logger="ctrps.limits"):
         over = [await asyncio.open_connection("127.0.0.1", port) for _ in range(5)]
         closed = await asyncio.gather(*(_closed_within(r, 0.2) for r, _ in over))
@@ -113,9 +113,7 @@ async def test_connections_over_the_cap_are_closed_logged_once_and_counted(
     for _, w in held + over:
         w.close()
     # Once the idle ones are gone (head deadline), the port serves again.
-    deadline = time.monotonic() + 3.0
-    while api.guard.open_connections and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await until(lambda: api.guard.open_connections == 0, 3.0, what="the idle connections closed")
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{api.url}/healthz") as resp:
             assert resp.status == 200
@@ -196,14 +194,13 @@ async def test_rpc_connections_that_never_greet_are_closed(caplog: pytest.LogCap
     _, server = await _rpc(RpcLimits(hello_timeout_s=0.3))
     try:
         conns = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(300)]
-        await asyncio.sleep(0.05)
-        assert server.stats()["open_connections"] == 300
+        await until(lambda: server.stats()["open_connections"] == 300, 2.0, what="300 connections open")
         with caplog.at_level(logging.WARNING, logger="ctrps.limits"):
             closed = await asyncio.gather(*(_closed_within(r, 3.0) for r, _ in conns))
         assert all(c is not None for c in closed), "a connection that never greeted stayed open"
         assert server.stats()["hello_timeouts_total"] == 300
         assert server.stats()["open_connections"] == 0
-        assert len([r for r in caplog.records if "sent no hello" in r.getMessage()]) <= 1
+        assert len([r for r in caplog.records if "sent no hello" in r.getMessage()]) == 1
         for _, w in conns:
             w.close()
     finally:
@@ -220,7 +217,10 @@ async def test_rpc_frames_announced_huge_and_trickled_stay_within_the_budget() -
             w.write(_hello() + struct.pack("<I", 512 << 20) + b"\x00" * 1024)  # 512 MiB announced, 1 KiB sent
             await w.drain()
             conns.append((r, w))
-        await asyncio.sleep(0.1)
+        await until(
+            lambda: server.stats()["overloaded_total"] == 6 and server.stats()["buffered_frame_bytes"] == 2 * (512 << 20),
+            2.0, what="two frames held and six refused",
+        )
         stats = server.stats()
         # Two frames fit the budget; six were refused with 503 overloaded.
         assert stats["buffered_frame_bytes"] <= budget
