@@ -36,6 +36,7 @@ import functools
 import hmac
 import logging
 import math
+import ssl
 import time
 from importlib import resources
 from typing import Any, Awaitable, Callable
@@ -591,13 +592,21 @@ class ApiServer:
     ``await start()`` / ``await stop()``, idempotent); `url` once started."""
 
     def __init__(
-        self, settings: ApiSettings, client: PSClient, model: Model, *, follower: Follower | None = None
+        self,
+        settings: ApiSettings,
+        client: PSClient,
+        model: Model,
+        *,
+        follower: Follower | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`ssl_context`, a server context (`ps_core.tls.server_context`): serve HTTPS."""
         self.settings = settings
+        self.ssl_context = ssl_context
         self.app = create_app(settings, client, model, follower=follower)
         self._runner: web.AppRunner | None = None
         self.url = ""
-        """``http://host:port`` with the port actually bound (``--port 0``)."""
+        """``http(s)://host:port`` with the port actually bound (``--port 0``)."""
 
     async def start(self) -> str:
         """Listen; returns the URL."""
@@ -606,14 +615,16 @@ class ApiServer:
         runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await runner.setup()
         self._runner = runner
-        site = web.TCPSite(runner, self.settings.host, self.settings.port, reuse_address=True)
+        site = web.TCPSite(
+            runner, self.settings.host, self.settings.port, ssl_context=self.ssl_context, reuse_address=True
+        )
         await site.start()
         port = self.settings.port
         server = site._server
         sockets = getattr(server, "sockets", None)
         if sockets:
             port = sockets[0].getsockname()[1]
-        self.url = f"http://{self.settings.host}:{port}"
+        self.url = f"{'https' if self.ssl_context is not None else 'http'}://{self.settings.host}:{port}"
         return self.url
 
     async def stop(self) -> None:
@@ -637,10 +648,11 @@ async def run_api(
     stop: asyncio.Event,
     *,
     follower: Follower | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve the API until `stop` is set, logging where it listens (a
-    serving replica of `follower`'s exports when given)."""
-    async with ApiServer(settings, client, model, follower=follower) as server:
+    serving replica of `follower`'s exports when given; HTTPS with `ssl_context`)."""
+    async with ApiServer(settings, client, model, follower=follower, ssl_context=ssl_context) as server:
         log_event(
             log,
             "listening",
