@@ -249,7 +249,11 @@ class _ClientProtocol(PipelinedProtocol):
         if not self.hello.done():
             if len(buf) >= _REPLY.size and buf[: len(MAGIC)] != MAGIC:
                 # An error reply instead of the greeting: the token was refused.
-                size, status, _ = _REPLY.unpack_from(buf, 0)
+                size, status, reserved = _REPLY.unpack_from(buf, 0)
+                if not (400 <= status < 600 and reserved == 0 and size <= 1 << 16):
+                    self.hello.set_exception(ConnectionError(f"not a ctrps RPC server of version {PROTOCOL_VERSION}"))
+                    self.fail("not a ctrps RPC server")
+                    return
                 if len(buf) < _REPLY.size + size:
                     return
                 body = bytes(buf[_REPLY.size : _REPLY.size + size])
