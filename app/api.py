@@ -36,6 +36,7 @@ import functools
 import hmac
 import logging
 import math
+import ssl
 import time
 from importlib import resources
 from typing import Any, Awaitable, Callable
@@ -592,9 +593,17 @@ class ApiServer:
     ``await start()`` / ``await stop()``, idempotent); `url` once started."""
 
     def __init__(
-        self, settings: ApiSettings, client: PSClient, model: Model, *, follower: Follower | None = None
+        self,
+        settings: ApiSettings,
+        client: PSClient,
+        model: Model,
+        *,
+        follower: Follower | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`ssl_context`, a server context (`ps_core.tls.server_context`): serve HTTPS."""
         self.settings = settings
+        self.ssl_context = ssl_context
         self.app = create_app(settings, client, model, follower=follower)
         self.guard = PortGuard("api", settings.limits)
         """The port's limits and counters (connections, deadlines)."""
@@ -602,7 +611,7 @@ class ApiServer:
         self._runner: web.AppRunner | None = None
         self._served: ServedPort | None = None
         self.url = ""
-        """``http://host:port`` with the port actually bound (``--port 0``)."""
+        """``http(s)://host:port`` with the port actually bound (``--port 0``)."""
 
     async def start(self) -> str:
         """Listen; returns the URL."""
@@ -614,12 +623,15 @@ class ApiServer:
         await runner.setup()
         self._runner = runner
         try:
-            self._served = await serve_limited(runner, self.guard, self.settings.host, self.settings.port)
+            self._served = await serve_limited(
+                runner, self.guard, self.settings.host, self.settings.port, ssl_context=self.ssl_context
+            )
         except BaseException:
             self._runner = None
             await runner.cleanup()
             raise
-        self.url = f"http://{self.settings.host}:{self._served.port}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        self.url = f"{scheme}://{self.settings.host}:{self._served.port}"
         return self.url
 
     async def stop(self) -> None:
@@ -646,10 +658,11 @@ async def run_api(
     stop: asyncio.Event,
     *,
     follower: Follower | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve the API until `stop` is set, logging where it listens (a
-    serving replica of `follower`'s exports when given)."""
-    async with ApiServer(settings, client, model, follower=follower) as server:
+    serving replica of `follower`'s exports when given; HTTPS with `ssl_context`)."""
+    async with ApiServer(settings, client, model, follower=follower, ssl_context=ssl_context) as server:
         log_event(
             log,
             "listening",

@@ -185,9 +185,8 @@ async def _rpc(limits: RpcLimits, max_body: int = 512 << 20) -> tuple[Shard, Rpc
 
 
 def _hello() -> bytes:
-    # The client's own hello, read off a real connection's first bytes would be
-    # simpler; packed here as the wire format says.
-    return struct.pack("<8sI", MAGIC, PROTOCOL_VERSION)
+    # Packed here as the wire format says: magic, version, an empty token.
+    return struct.pack("<8sIH", MAGIC, PROTOCOL_VERSION, 0)
 
 
 async def test_rpc_connections_that_never_greet_are_closed(caplog: pytest.LogCaptureFixture) -> None:
