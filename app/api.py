@@ -36,6 +36,7 @@ import functools
 import hmac
 import logging
 import math
+import ssl
 import time
 from importlib import resources
 from typing import Any, Awaitable, Callable
@@ -47,6 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from ps_core.client import PSClient
 from ps_core.errors import NoCoordinatorError, PSError, ShardUnavailableError, StatusError
 from ps_core.export import list_versions
+from ps_core.limits import PortGuard, ServedPort, serve_limited
 from ps_core.models import Model
 
 from .errors import (
@@ -591,35 +593,54 @@ class ApiServer:
     ``await start()`` / ``await stop()``, idempotent); `url` once started."""
 
     def __init__(
-        self, settings: ApiSettings, client: PSClient, model: Model, *, follower: Follower | None = None
+        self,
+        settings: ApiSettings,
+        client: PSClient,
+        model: Model,
+        *,
+        follower: Follower | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`ssl_context`, a server context (`ps_core.tls.server_context`): serve HTTPS."""
         self.settings = settings
+        self.ssl_context = ssl_context
         self.app = create_app(settings, client, model, follower=follower)
+        self.guard = PortGuard("api", settings.limits)
+        """The port's limits and counters (connections, deadlines)."""
+        self.guard.install(self.app)
         self._runner: web.AppRunner | None = None
+        self._served: ServedPort | None = None
         self.url = ""
-        """``http://host:port`` with the port actually bound (``--port 0``)."""
+        """``http(s)://host:port`` with the port actually bound (``--port 0``)."""
 
     async def start(self) -> str:
         """Listen; returns the URL."""
         if self._runner is not None:
             return self.url
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, **self.settings.limits.runner_kwargs()
+        )
         await runner.setup()
         self._runner = runner
-        site = web.TCPSite(runner, self.settings.host, self.settings.port, reuse_address=True)
-        await site.start()
-        port = self.settings.port
-        server = site._server
-        sockets = getattr(server, "sockets", None)
-        if sockets:
-            port = sockets[0].getsockname()[1]
-        self.url = f"http://{self.settings.host}:{port}"
+        try:
+            self._served = await serve_limited(
+                runner, self.guard, self.settings.host, self.settings.port, ssl_context=self.ssl_context
+            )
+        except BaseException:
+            self._runner = None
+            await runner.cleanup()
+            raise
+        scheme = "https" if self.ssl_context is not None else "http"
+        self.url = f"{scheme}://{self.settings.host}:{self._served.port}"
         return self.url
 
     async def stop(self) -> None:
         """Stop listening and release the app's resources."""
         runner, self._runner = self._runner, None
-        if runner is not None:
+        served, self._served = self._served, None
+        if served is not None:
+            await served.close()
+        elif runner is not None:
             await runner.cleanup()
 
     async def __aenter__(self) -> ApiServer:
@@ -637,10 +658,11 @@ async def run_api(
     stop: asyncio.Event,
     *,
     follower: Follower | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve the API until `stop` is set, logging where it listens (a
-    serving replica of `follower`'s exports when given)."""
-    async with ApiServer(settings, client, model, follower=follower) as server:
+    serving replica of `follower`'s exports when given; HTTPS with `ssl_context`)."""
+    async with ApiServer(settings, client, model, follower=follower, ssl_context=ssl_context) as server:
         log_event(
             log,
             "listening",

@@ -15,6 +15,7 @@ from .failures import EXIT_FAILURE, expected_failure
 from .logs import LEVELS, configure_logging, parse_level
 from .export_cli import add_export_parser, run_export
 from .produce_cli import add_produce_parser, run_produce
+from .security import SecuritySettings, add_security_flags
 from .settings import (
     ClusterSettings,
     DemoSettings,
@@ -103,6 +104,16 @@ CTRPS_CLUSTER_SHARDS, CTRPS_CLUSTER_WORKERS, CTRPS_CLUSTER_PORT, ...
 """
 
 
+_TOKEN_EXAMPLE = """\
+example:
+  export CTRPS_CLUSTER_SECRET_FILE=/run/secrets/ctrps-cluster   # what the shards hold
+  CTRPS_SHARD_TOKEN=$(ctrps token --scope train) ctrps worker --shards https://shard-0:7100
+  ctrps token --scope read > /run/secrets/ctrps-read-token       # for a serving API
+
+Exit 2 when no secret is set (or it is shorter than 16 bytes).
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctrps",
@@ -153,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rpc-port", type=int, help="TCP RPC port for pulls and pushes; 0 picks a free one (default 0)"
     )
     shard.add_argument("--no-rpc", action="store_true", help="serve pulls and pushes over HTTP only")
+    add_security_flags(shard)
 
     worker = sub.add_parser(
         "worker",
@@ -189,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         "unreachable this long; 0 waits forever (default 600)",
     )
     worker.add_argument("--log-format", choices=("text", "json"), help="log line format")
+    add_security_flags(worker, serves=False)
 
     broker = sub.add_parser(
         "broker",
@@ -241,9 +254,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--no-rpc", action="store_true", help="reach the shards over HTTP only, not their TCP RPC")
     serve.add_argument("--log-format", choices=("text", "json"), help="log line format")
+    add_security_flags(serve)
 
     add_produce_parser(sub)
     add_export_parser(sub)
+
+    token = sub.add_parser(
+        "token",
+        help="print the shard token of a scope, derived from the cluster secret",
+        description="Print the token of one scope (read: pulls and listings; train: pushes, "
+        "leases, reports; admin: snapshots, exports, membership, restores), derived from "
+        "CTRPS_CLUSTER_SECRET or the file named by CTRPS_CLUSTER_SECRET_FILE. Give it to a "
+        "role as CTRPS_SHARD_TOKEN (or CTRPS_SHARD_TOKEN_FILE).",
+        epilog=_TOKEN_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    token.add_argument("--scope", required=True, choices=("read", "train", "admin"), help="the token's scope")
 
     demo = sub.add_parser(
         "demo",
@@ -344,20 +370,25 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
     Raises `SettingsError` on unusable flags."""
     if args.command == "shard":
         shard = ShardSettings.from_args(args)
+        security = SecuritySettings.from_args(args)
+        # Before anything starts: a shard exposed without credentials is a settings error.
+        security.check_exposed("shard", shard.host, has_credentials=bool(security.cluster_secret))
         from .shard_role import run_shard
 
-        return shard.log_format, lambda: run_shard(shard)
+        return shard.log_format, lambda: run_shard(shard, security=security)
     if args.command == "worker":
         worker = WorkerSettings.from_args(args)
+        worker_security = SecuritySettings.from_args(args)
         from .worker_role import run_worker
 
-        return worker.log_format, lambda: run_worker(worker)
+        return worker.log_format, lambda: run_worker(worker, security=worker_security)
     if args.command == "serve":
         from .serve_role import run_serve
         from .settings import ApiSettings
 
         api = ApiSettings.from_args(args)
-        return api.log_format, lambda: run_serve(api)
+        api_security = SecuritySettings.from_args(args)
+        return api.log_format, lambda: run_serve(api, security=api_security)
     if args.command == "broker":
         topics = _parse_topics(args.topic or ["clicks:4", "clicks.dlq:1"])
         from .broker_role import run_broker
@@ -379,12 +410,25 @@ def _compose(args: argparse.Namespace) -> int:
     return int(uvloop.run(run_cluster(cluster)))
 
 
+def _print_token(args: argparse.Namespace) -> int:
+    """``ctrps token``: the scope's token on stdout (the secret never leaves)."""
+    from ps_core.auth import Scope, derive_token
+
+    security = SecuritySettings.from_args(None)
+    if not security.cluster_secret:
+        raise SettingsError("no cluster secret: set CTRPS_CLUSTER_SECRET or CTRPS_CLUSTER_SECRET_FILE")
+    sys.stdout.write(derive_token(security.cluster_secret, Scope.parse(args.scope)) + "\n")
+    return 0
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the parsed command; its exit status."""
     if args.command == "produce":
         return int(uvloop.run(run_produce(args)))
     if args.command == "export":
         return int(uvloop.run(run_export(args)))
+    if args.command == "token":
+        return _print_token(args)
     if args.command in ("demo", "cluster"):
         return _compose(args)
     _, role = _role(args)

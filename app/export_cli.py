@@ -15,8 +15,12 @@ import sys
 
 import orjson
 
+from ps_core.auth import Scope
 from ps_core.client import PSClient, RetryPolicy
 from ps_core.errors import PSError
+from ps_core.tls import client_context
+
+from .security import SecuritySettings, add_security_flags
 
 __all__ = ["add_export_parser", "run_export"]
 
@@ -31,6 +35,8 @@ example:
 
 --shard0 falls back to the first URL of CTRPS_SHARDS. The API offers the same
 as POST/GET /v1/exports (POST needs the admin token when one is set).
+Shard 0 with a cluster secret needs an admin token: CTRPS_SHARD_TOKEN (from
+`ctrps token --scope admin`) or the secret itself; --tls-ca verifies https://.
 """
 
 
@@ -49,6 +55,7 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     what.add_argument("--list", action="store_true", help="list the versions instead of cutting one")
     what.add_argument("--compact", action="store_true", help="fold the newest chain into a base, then prune")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for shard 0 (default 120)")
+    add_security_flags(p, serves=False)
 
 
 async def run_export(args: argparse.Namespace) -> int:
@@ -57,8 +64,12 @@ async def run_export(args: argparse.Namespace) -> int:
     if not url:
         log.error("no shard 0: pass --shard0 URL or set CTRPS_SHARDS", extra={"fields": {"exit_code": 2}})
         return 2
+    security = SecuritySettings.from_args(args)
+    tls = client_context(security.tls) if security.tls.ca or security.tls.serves else None
     # Only shard 0 is asked, so the client holds only its transport.
-    async with PSClient.connect([url.strip()], retry=RetryPolicy(deadline_s=args.timeout)) as client:
+    async with PSClient.connect(
+        [url.strip()], retry=RetryPolicy(deadline_s=args.timeout), token=security.token_for(Scope.ADMIN), ssl=tls
+    ) as client:
         try:
             if args.list:
                 out = await client.exports()

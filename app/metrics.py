@@ -107,7 +107,18 @@ class _ClusterCollector(Collector):
             for name, t in (stats or {}).get("tables", {}).items():
                 features.add_metric([str(i), name], float(t["features"]))
                 size.add_metric([str(i), name], float(t["bytes"]))
-        yield from (up, features, size)
+        refused = CounterMetricFamily(
+            "ctrps_shard_auth_refused",
+            "Requests and RPC connections a shard refused for their credentials, by reason "
+            "(missing, wrong, scope).",
+            labels=["shard", "reason"],
+        )
+        for i, stats in enumerate(snap.stats):
+            auth = (stats or {}).get("auth")
+            counts = auth.get("refused") if isinstance(auth, dict) else None
+            for reason, n in (counts if isinstance(counts, dict) else {}).items():
+                refused.add_metric([str(i), str(reason)], _num(n))
+        yield from (up, features, size, refused)
         yield from _ClusterCollector._exports(snap.stats[0] if snap.stats else None)
 
     @staticmethod

@@ -6,25 +6,38 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from ps_core.auth import Scope
 from ps_core.client import PSClient, RetryPolicy
 from ps_core.models import make_model
+from ps_core.tls import client_context, server_context
 
 from .api import run_api
 from .follower import Follower, follow_dir, model_of_exports
+from .security import SecuritySettings
 from .settings import ApiSettings
 from .signals import stop_on_signals
 
 __all__ = ["run_serve"]
 
 
-async def run_serve(settings: ApiSettings, stop: asyncio.Event | None = None) -> None:
+async def run_serve(
+    settings: ApiSettings, stop: asyncio.Event | None = None, *, security: SecuritySettings | None = None
+) -> None:
     """Serve the API over the shards at ``settings.shards`` until SIGTERM/SIGINT
     (or `stop`). A shard call is retried for ``settings.shard_deadline_s``,
     then the request gets 503 naming the shard. With ``settings.follow``,
     serve that export directory instead (`Follower`; an exports root means
     its ``<model_name>/``): the model is the newest manifest's, or the
-    settings' while the directory holds no version."""
+    settings' while the directory holds no version.
+
+    `security`: the API listens over TLS when given a certificate and key,
+    and presents its shard token (the admin scope's when it holds the
+    secret: its admin routes reach shard 0's exports) to ``https://``
+    shards verified against its CA."""
     stop = stop or asyncio.Event()
+    security = security or SecuritySettings()
+    served = server_context(security.tls) if security.tls.serves else None
+    tls = client_context(security.tls) if security.tls.ca or security.tls.serves else None
     model = make_model(settings.model, settings.model_name)
     with stop_on_signals(stop):
         if settings.follow:
@@ -33,8 +46,10 @@ async def run_serve(settings: ApiSettings, stop: asyncio.Event | None = None) ->
             model = await asyncio.to_thread(model_of_exports, model_dir, model)
             follower = Follower(path, model, interval_s=settings.follow_interval_s)
             async with follower.client as client:
-                await run_api(settings, client, model, stop, follower=follower)
+                await run_api(settings, client, model, stop, follower=follower, ssl_context=served)
             return
         retry = RetryPolicy(deadline_s=settings.shard_deadline_s)
-        async with PSClient.connect(settings.shards, retry=retry, rpc=settings.use_rpc) as client:
-            await run_api(settings, client, model, stop)
+        async with PSClient.connect(
+            settings.shards, retry=retry, rpc=settings.use_rpc, token=security.token_for(Scope.ADMIN), ssl=tls
+        ) as client:
+            await run_api(settings, client, model, stop, ssl_context=served)

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from ps_core.errors import TableConfigError
+from ps_core.limits import PortLimits, RpcLimits
 from ps_core.manifest import check_model_name
 from ps_core.table import TableConfig
 
@@ -114,6 +115,36 @@ def _env_float(env: Mapping[str, str], key: str, default: float) -> float:
         raise SettingsError(f"{key}={raw!r} is not a number") from None
 
 
+def port_limits_from_env(env: Mapping[str, str], prefix: str) -> PortLimits:
+    """An HTTP port's limits from ``{prefix}_MAX_CONNECTIONS``, ``_HEADER_TIMEOUT``,
+    ``_BODY_TIMEOUT`` and ``_IDLE_TIMEOUT`` (seconds), over the defaults."""
+    d = PortLimits()
+    try:
+        return PortLimits(
+            max_connections=_env_int(env, f"{prefix}_MAX_CONNECTIONS", d.max_connections),
+            header_timeout_s=_env_float(env, f"{prefix}_HEADER_TIMEOUT", d.header_timeout_s),
+            body_timeout_s=_env_float(env, f"{prefix}_BODY_TIMEOUT", d.body_timeout_s),
+            idle_timeout_s=_env_float(env, f"{prefix}_IDLE_TIMEOUT", d.idle_timeout_s),
+        )
+    except ValueError as exc:
+        raise SettingsError(f"{prefix}_*: {exc}") from None
+
+
+def rpc_limits_from_env(env: Mapping[str, str]) -> RpcLimits:
+    """The RPC port's limits from ``CTRPS_RPC_MAX_CONNECTIONS``, ``CTRPS_RPC_HELLO_TIMEOUT``,
+    ``CTRPS_RPC_FRAME_TIMEOUT`` (seconds) and ``CTRPS_RPC_BUFFER_BUDGET_MB``."""
+    d = RpcLimits()
+    try:
+        return RpcLimits(
+            max_connections=_env_int(env, "CTRPS_RPC_MAX_CONNECTIONS", d.max_connections),
+            hello_timeout_s=_env_float(env, "CTRPS_RPC_HELLO_TIMEOUT", d.hello_timeout_s),
+            frame_timeout_s=_env_float(env, "CTRPS_RPC_FRAME_TIMEOUT", d.frame_timeout_s),
+            buffer_budget_bytes=_env_int(env, "CTRPS_RPC_BUFFER_BUDGET_MB", d.buffer_budget_bytes >> 20) << 20,
+        )
+    except ValueError as exc:
+        raise SettingsError(f"CTRPS_RPC_*: {exc}") from None
+
+
 @dataclass(frozen=True)
 class ShardSettings:
     """Settings of one shard server (`ctrps shard`)."""
@@ -158,6 +189,10 @@ class ShardSettings:
     rpc_port: int = 0
     """The TCP RPC's port; 0 picks a free one. ``/healthz`` advertises it, and
     clients find it there (``CTRPS_RPC_PORT``)."""
+    http_limits: PortLimits = PortLimits()
+    """Limits of the HTTP port (``CTRPS_SHARD_MAX_CONNECTIONS``, ``CTRPS_SHARD_HEADER_TIMEOUT``, ...)."""
+    rpc_limits: RpcLimits = RpcLimits()
+    """Limits of the RPC port (``CTRPS_RPC_MAX_CONNECTIONS``, ``CTRPS_RPC_HELLO_TIMEOUT``, ...)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -210,6 +245,8 @@ class ShardSettings:
             lease_ttl_s=_env_float(env, "CTRPS_LEASE_TTL", d.lease_ttl_s),
             rpc=_pick(None, env, "CTRPS_RPC", d.rpc, _parse_bool),
             rpc_port=_env_int(env, "CTRPS_RPC_PORT", d.rpc_port),
+            http_limits=port_limits_from_env(env, "CTRPS_SHARD"),
+            rpc_limits=rpc_limits_from_env(env),
         )
 
     @classmethod
@@ -238,6 +275,8 @@ class ShardSettings:
             lease_ttl_s=_flag(args.lease_ttl, base.lease_ttl_s),
             rpc=False if args.no_rpc else base.rpc,
             rpc_port=_flag(args.rpc_port, base.rpc_port),
+            http_limits=base.http_limits,
+            rpc_limits=base.rpc_limits,
         )
 
 
@@ -598,6 +637,9 @@ class ApiSettings:
     """Seconds between the dashboard's samples of the cluster (``CTRPS_HISTORY_INTERVAL``)."""
     history_points: int = 1800
     """How many samples the dashboard keeps, the newest (``CTRPS_HISTORY_POINTS``)."""
+    limits: PortLimits = PortLimits()
+    """Limits of the API's port (``CTRPS_API_MAX_CONNECTIONS``, ``CTRPS_API_HEADER_TIMEOUT``,
+    ``CTRPS_API_BODY_TIMEOUT``, ``CTRPS_API_IDLE_TIMEOUT``)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -655,6 +697,7 @@ class ApiSettings:
             # Environment only: `ctrps serve` has no flags for these.
             history_interval_s=_pick(None, env, "CTRPS_HISTORY_INTERVAL", d.history_interval_s, float),
             history_points=_pick(None, env, "CTRPS_HISTORY_POINTS", d.history_points, int),
+            limits=port_limits_from_env(env, "CTRPS_API"),
         )
 
 

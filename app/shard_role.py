@@ -9,21 +9,22 @@ import time
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 
+from ps_core.auth import Refusals, Scope
 from ps_core.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
 from ps_core.coordinator import Coordinator
 from ps_core.coordinator_server import add_coordinator_routes
 from ps_core.export import restore_shards, version_dirs
 from ps_core.exporter import Exporter
 from ps_core.joining import Membership, newest_loadable, refusal_fields
-from ps_core.http1_server import start_shard_http
 from ps_core.rpc import start_rpc_server
-from ps_core.server import create_shard_app
+from ps_core.server import create_shard_app, start_shard_site
+from ps_core.tls import client_context, server_context
 from ps_core.shard import Shard, ShardSpec
 from ps_core.stream import StreamIdentity
 
 from .logs import log_event
+from .security import SecuritySettings
 from .settings import ShardSettings
 from .signals import stop_on_signals
 
@@ -126,11 +127,24 @@ def _hosts_coordinator(settings: ShardSettings, quiet: bool = False) -> bool:
     return True
 
 
-async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) -> None:
+async def run_shard(
+    settings: ShardSettings, stop: asyncio.Event | None = None, *, security: SecuritySettings | None = None
+) -> None:
     """Serve one shard until SIGTERM/SIGINT (or `stop` is set), then close cleanly.
 
     Every shard first restores its slice of the newest export; shard 0 hosts
-    the coordinator and exports on an interval (when it knows every shard)."""
+    the coordinator and exports on an interval (when it knows every shard).
+    With `security`'s cluster secret every route but ``/healthz`` and the RPC
+    need tokens; with its certificate both ports serve TLS. A non-loopback
+    host without a secret is refused (`SettingsError`) unless ``--insecure``."""
+    security = security or SecuritySettings()
+    security.check_exposed("shard", settings.host, has_credentials=bool(security.cluster_secret))
+    verifier = security.verifier()
+    server_tls = server_context(security.tls) if security.tls.serves else None
+    # Shard 0 calls the other shards as an admin, verifying them like any client.
+    admin_token = verifier.token(Scope.ADMIN) if verifier is not None else security.token_for(Scope.ADMIN)
+    client_tls = client_context(security.tls) if security.tls.ca or security.tls.serves else None
+    refusals = Refusals(logging.getLogger("ctrps.shard.auth"))
     shard, newest, offsets, stream = await asyncio.to_thread(_restore, settings)
     if _joins(settings):
         shard.leave("it restored version "
@@ -138,11 +152,25 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
     max_body = settings.max_body_mb * 1024 * 1024
     # The RPC first: the HTTP app advertises its port.
     rpc = (
-        await start_rpc_server(shard, settings.host, settings.rpc_port, max_body=max_body)
+        await start_rpc_server(
+            shard,
+            settings.host,
+            settings.rpc_port,
+            max_body=max_body,
+            limits=settings.rpc_limits,
+            verifier=verifier,
+            refusals=refusals,
+            ssl=server_tls,
+        )
         if settings.rpc
         else None
     )
-    app = create_shard_app(shard, max_body=max_body, rpc_port=rpc.port if rpc is not None else None)
+    app = create_shard_app(shard, max_body=max_body, rpc_port=rpc.port if rpc is not None else None,
+                           verifier=verifier, refusals=refusals)
+
+    def peer(i: int, url: str, deadline_s: float = 10.0) -> HttpTransport:
+        return HttpTransport(i, url, session, RetryPolicy(deadline_s=deadline_s), token=admin_token, ssl=client_tls)
+
     client: PSClient | None = None
     exporter: Exporter | None = None
     membership: Membership | None = None
@@ -155,7 +183,7 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
         session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         transports: list[ShardTransport] = [LocalTransport(shard, coordinator)]
         transports += [
-            HttpTransport(i, url, session, RetryPolicy()) for i, url in enumerate(settings.shards) if i > 0
+            peer(i, url) for i, url in enumerate(settings.shards) if i > 0
         ]
         client = PSClient(transports, session=session)
         exporter = Exporter(
@@ -168,23 +196,19 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
             # Membership polls give up quickly (a shard down is a round
             # missed); a load of every shard's chain may take minutes.
             quick = PSClient([transports[0]] + [
-                HttpTransport(i, url, session, RetryPolicy(deadline_s=2.0))
-                for i, url in enumerate(settings.shards) if i > 0
+                peer(i, url, 2.0) for i, url in enumerate(settings.shards) if i > 0
             ])
             slow = PSClient([transports[0]] + [
-                HttpTransport(i, url, session, RetryPolicy(deadline_s=900.0))
-                for i, url in enumerate(settings.shards) if i > 0
+                peer(i, url, 900.0) for i, url in enumerate(settings.shards) if i > 0
             ])
             membership = Membership(coordinator, quick, exporter.model_dir, urls=settings.shards,
                                     restore_client=slow, files_lock=exporter.lock)
             shard.extra_stats["cluster"] = membership.stats
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    # Frame requests are answered by the port's front, the rest by the app.
     try:
-        http = await start_shard_http(runner, shard, settings.host, settings.port, max_body=max_body)
+        http = await start_shard_site(
+            app, settings.host, settings.port, ssl_context=server_tls, limits=settings.http_limits
+        )
     except BaseException:  # e.g. the port in use: release what was opened, then report it
-        await runner.cleanup()
         if rpc is not None:
             await rpc.close()
         if client is not None:
@@ -195,8 +219,10 @@ async def run_shard(settings: ShardSettings, stop: asyncio.Event | None = None) 
     log_event(
         log,
         "listening",
-        url=f"http://{settings.host}:{port}",
+        url=f"{'https' if server_tls is not None else 'http'}://{settings.host}:{port}",
         rpc_port=rpc.port if rpc is not None else "-",
+        auth="on" if verifier is not None else "off",
+        tls="mutual" if security.tls.require_client_cert else ("on" if server_tls is not None else "off"),
         shard_id=settings.shard_id,
         num_shards=settings.num_shards,
         tables=",".join(t.name for t in settings.tables) or "-",

@@ -6,10 +6,13 @@ import asyncio
 import logging
 
 from consumers.worker import Worker, WorkerConfig
+from ps_core.auth import Scope
 from ps_core.client import PSClient
 from ps_core.models import make_model
+from ps_core.tls import client_context
 
 from .logs import log_event
+from .security import SecuritySettings
 from .settings import WorkerSettings
 from .signals import stop_on_signals
 from .status import default_worker_id, make_status_hook
@@ -19,13 +22,19 @@ __all__ = ["run_worker"]
 log = logging.getLogger("ctrps.worker")
 
 
-async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None) -> None:
+async def run_worker(
+    settings: WorkerSettings, stop: asyncio.Event | None = None, *, security: SecuritySettings | None = None
+) -> None:
     """Train from Kafka until SIGTERM/SIGINT (or `stop`): then finish the
     buffered window, commit it, and leave the group.
 
     After each window the worker's status goes to the shards' status board
-    (`app.status`), where the API reads it for ``/v1/model`` and ``/metrics``."""
+    (`app.status`), where the API reads it for ``/v1/model`` and ``/metrics``.
+    It presents `security`'s token of the train scope, and verifies
+    ``https://`` shards against its CA."""
     stop = stop or asyncio.Event()
+    security = security or SecuritySettings()
+    tls = client_context(security.tls) if security.tls.ca or security.tls.serves else None
     config = WorkerConfig(
         bootstrap=settings.bootstrap,
         topic=settings.topic,
@@ -46,7 +55,9 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event | None = None
               shards=len(settings.shards), model=settings.model, name=settings.model_name,
               on_stale_offsets=settings.on_stale_offsets)
     with stop_on_signals(stop):
-        async with PSClient.connect(settings.shards, rpc=settings.use_rpc) as client:
+        async with PSClient.connect(
+            settings.shards, rpc=settings.use_rpc, token=security.token_for(Scope.TRAIN), ssl=tls
+        ) as client:
             worker = Worker(config, client, model)
             # Set after construction: the hook reads the worker's own stats.
             worker.on_window = make_status_hook(

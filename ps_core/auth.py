@@ -22,13 +22,18 @@ import base64
 import enum
 import hashlib
 import hmac
+import logging
 import secrets
+import time
+from typing import Any
 
 __all__ = [
     "MIN_SECRET_BYTES",
+    "Refusals",
     "Scope",
     "TokenVerifier",
     "bearer",
+    "check",
     "derive_token",
     "new_secret",
     "token_from_header",
@@ -116,3 +121,52 @@ def token_from_header(value: str | None) -> str | None:
     if kind.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
+
+
+class Refusals:
+    """Counts a server's refused credentials and logs them without flooding.
+
+    The first refusal is logged at once; after it, at most one line per
+    `every_s`, saying how many were refused since the last line. Reasons:
+    ``missing`` (no token), ``wrong`` (a token no scope has), ``scope`` (a
+    valid token of too low a scope). No token is ever part of a line."""
+
+    def __init__(self, log: logging.Logger, *, every_s: float = 10.0) -> None:
+        self._log = log
+        self._every_s = every_s
+        self.counts: dict[str, int] = {"missing": 0, "wrong": 0, "scope": 0}
+        self._last_line = -float("inf")
+        self._unlogged = 0
+
+    def refuse(self, reason: str, *, plane: str, peer: str, what: str, needs: Scope) -> None:
+        """Count one refusal (of `what`, from `peer`) and log it if it is time."""
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        self._unlogged += 1
+        now = time.monotonic()
+        if now - self._last_line < self._every_s:
+            return
+        self._last_line = now
+        self._log.warning("credentials refused", extra={"fields": {
+            "plane": plane, "reason": reason, "peer": peer, "request": what, "needs": needs.label,
+            "refused": self._unlogged, "refused_total": sum(self.counts.values()),
+        }})
+        self._unlogged = 0
+
+    def stats(self) -> dict[str, Any]:
+        """``{"refused": {reason: n}}`` for the shard's stats (and metrics)."""
+        return {"refused": dict(self.counts)}
+
+
+def check(verifier: TokenVerifier | None, token: str | bytes | None, needs: Scope) -> tuple[str, Scope | None]:
+    """Whether `token` may do what needs `needs`: ("", scope) when it may
+    (scope None on an open server), else (reason, scope granted)."""
+    if verifier is None:
+        return "", None
+    if not token:
+        return "missing", None
+    granted = verifier.scope_of(token)
+    if granted is None:
+        return "wrong", None
+    if granted < needs:
+        return "scope", granted
+    return "", granted

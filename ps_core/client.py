@@ -2,13 +2,20 @@
 
 `PSClient` routes each key with `shard_of`, sends one request per shard
 concurrently, and reassembles the answers in the caller's order. It talks to
-shards through a `ShardTransport`: `HttpTransport` (HTTP/1.1 keep-alive:
-binary frames on a lean pipelined connection, `ps_core.http1`, the rest
-through aiohttp; retried with backoff up to a deadline on connection errors,
-then `ShardUnavailableError` naming the shard), `TcpTransport` (the same, but
-pulls and pushes over the shard's TCP RPC, `ps_core.rpc`: the default of
-`PSClient.connect`) or `LocalTransport` (a `Shard` object in this process, no
-encoding: for the demo and tests). All behave the same.
+shards through a `ShardTransport`: `HttpTransport` (HTTP keep-alive through
+aiohttp, binary frames for pulls and pushes; retried with backoff up to a
+deadline on connection errors, then `ShardUnavailableError` naming the
+shard), `TcpTransport` (the same, but pulls and pushes over the shard's TCP
+RPC, `ps_core.rpc`: the default of `PSClient.connect`) or `LocalTransport`
+(a `Shard` object in this process, no encoding: for the demo and tests). All
+behave the same.
+
+Credentials and TLS: `PSClient.connect(urls, token=..., ssl=...)` presents
+the token (`ps_core.auth`) on every HTTP request and in the RPC's hello, and
+verifies ``https://`` shards (and their RPC, then TLS too) with the client
+context `ssl`. A refused token raises `AuthError` (401) or `ForbiddenError`
+(403), a server certificate that does not verify `TlsVerifyError`: neither
+is retried, since waiting does not fix a configuration.
 
 Every push carries a request id; a shard acknowledges a retried id without
 applying it twice, so retrying after a lost ack is safe.
@@ -28,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
+import ssl as ssl_
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
@@ -39,6 +47,7 @@ import numpy.typing as npt
 import orjson
 
 from . import codec
+from .auth import bearer
 from .coordinator import Coordinator, Offsets, parse_offsets
 from .errors import (
     FrameError,
@@ -47,10 +56,10 @@ from .errors import (
     PSError,
     ShardUnavailableError,
     StatusError,
+    TlsVerifyError,
     error_from_body,
 )
 from .hashing import U64
-from .http1 import Http1Connection
 from .rpc import RpcConnection
 from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
@@ -356,7 +365,7 @@ class _Backoff:
 
 class FrameConnection(Protocol):
     """A persistent connection carrying frame calls, pipelined and answered
-    in order: `ps_core.http1.Http1Connection` or `ps_core.rpc.RpcConnection`."""
+    in order (`ps_core.rpc.RpcConnection`)."""
 
     @property
     def is_open(self) -> bool: ...
@@ -369,14 +378,13 @@ class FrameConnection(Protocol):
 
 
 class HttpTransport:
-    """A shard server reached over HTTP/1.1 keep-alive with binary frames.
+    """A shard server reached over HTTP keep-alive (aiohttp) with binary frames.
 
-    Pulls and pushes (the frame routes) share one lean pipelined connection
-    (`ps_core.http1`) that is reopened after a failure; everything else
-    goes through the aiohttp session. Both are retried on connection errors,
-    timeouts and 502/503/504 with backoff up to the deadline, then
-    `ShardUnavailableError`; a retried push keeps its request id. A shard
-    URL that is not ``http://`` (``https://``) sends frames through aiohttp too.
+    Every call goes through the aiohttp session, retried on connection
+    errors, timeouts and 502/503/504 with backoff up to the deadline, then
+    `ShardUnavailableError`; a retried push keeps its request id. `token`
+    is presented on every request (``Authorization: Bearer``); `ssl`, a
+    client context, verifies an ``https://`` shard (None: the system's CAs).
     """
 
     def __init__(
@@ -385,6 +393,9 @@ class HttpTransport:
         url: str,
         session: aiohttp.ClientSession,
         retry: RetryPolicy,
+        *,
+        token: str = "",
+        ssl: ssl_.SSLContext | None = None,
     ) -> None:
         self.shard_id = shard_id
         self.url = url.rstrip("/")
@@ -392,8 +403,10 @@ class HttpTransport:
         self._retry = retry
         parts = urlsplit(self.url)
         self._host = parts.hostname or "127.0.0.1"
-        self._port = parts.port or 80
-        self._lean = parts.scheme == "http"
+        self._tls = parts.scheme == "https"
+        self._token = token
+        self._headers = bearer(token)
+        self._ssl: ssl_.SSLContext | bool = ssl if ssl is not None else True
         self._conn: FrameConnection | None = None
         self._opening = asyncio.Lock()
 
@@ -403,12 +416,14 @@ class HttpTransport:
         backoff = _Backoff(self._retry)
         while True:
             try:
+                headers = {"Content-Type": content_type, **self._headers} if content_type else self._headers
                 async with self._session.request(
                     method,
                     self.url + path,
                     data=body,
-                    headers={"Content-Type": content_type} if content_type else None,
+                    headers=headers,
                     timeout=aiohttp.ClientTimeout(total=backoff.remaining()),
+                    ssl=self._ssl,
                 ) as resp:
                     payload = await resp.read()
                     if resp.status < 400:
@@ -416,9 +431,18 @@ class HttpTransport:
                     if resp.status not in _RETRIED_STATUSES:
                         raise error_from_body(resp.status, _json_or_text(payload))
                     last: str = _retried_reason(resp.status, payload)
+            except aiohttp.ClientConnectorCertificateError as exc:
+                raise self._unverified(exc.certificate_error) from None
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             await backoff.failed(last, self._unavailable)
+
+    def _unverified(self, exc: Exception) -> TlsVerifyError:
+        reason = getattr(exc, "verify_message", "") or str(exc)
+        return TlsVerifyError(
+            f"shard {self.shard_id} at {self.url}{self._via()}: its TLS certificate did not verify "
+            f"({reason}); check --tls-ca"
+        )
 
     def _via(self) -> str:
         """How frame calls travel, for error messages."""
@@ -434,9 +458,7 @@ class HttpTransport:
 
     async def _open(self) -> FrameConnection | None:
         """A new connection for frame calls; None to send them through aiohttp."""
-        if not self._lean:
-            return None
-        return await Http1Connection.open(self._host, self._port)
+        return None
 
     async def _connection(self) -> FrameConnection | None:
         """The open frame connection (opened if needed), or None for aiohttp."""
@@ -462,6 +484,8 @@ class HttpTransport:
                         _, reply = await self._request("POST", path, body, FRAME_CONTENT_TYPE)
                         return reply
                 status, payload = await asyncio.wait_for(conn.call(path, body), backoff.remaining())
+            except ssl_.SSLCertVerificationError as exc:
+                raise self._unverified(exc) from None
             except (OSError, asyncio.TimeoutError) as exc:  # ConnectionError is an OSError
                 last = f"{type(exc).__name__}: {exc}"
                 # A timed-out call's reply may still come: drop the connection
@@ -670,7 +694,13 @@ class TcpTransport(HttpTransport):
                 self.uses_rpc = False
                 return await super()._open()
             self.rpc_port = port
-        conn = await RpcConnection.open(self._host, self.rpc_port)
+        # The RPC of an https:// shard is TLS too, verified the same way.
+        tls = None
+        if self._tls:
+            tls = self._ssl if isinstance(self._ssl, ssl_.SSLContext) else ssl_.create_default_context()
+        conn = await RpcConnection.open(
+            self._host, self.rpc_port, token=self._token, ssl=tls, server_hostname=self._host
+        )
         self.uses_rpc = True
         return conn
 
@@ -750,13 +780,17 @@ class PSClient:
         retry: RetryPolicy | None = None,
         connections_per_shard: int = 16,
         rpc: bool = True,
+        token: str = "",
+        ssl: ssl_.SSLContext | None = None,
     ) -> PSClient:
         """A client for shard servers at `urls` (shard i at urls[i]).
 
         With `rpc` (the default), pulls and pushes go over a shard's TCP RPC
         when it offers one (`TcpTransport`); without, everything is HTTP
-        (pulls and pushes on one pipelined connection per shard, the other
-        calls through an aiohttp pool of `connections_per_shard`).
+        through an aiohttp pool of `connections_per_shard` per shard.
+        `token` is presented to every shard (`ps_core.auth`; "" for none);
+        `ssl`, a client context (`ps_core.tls.client_context`), verifies
+        ``https://`` shards and their RPC.
         Must be called with an event loop running (it opens a connection pool).
         """
         session = aiohttp.ClientSession(
@@ -765,7 +799,7 @@ class PSClient:
         )
         policy = retry or RetryPolicy()
         kind = TcpTransport if rpc else HttpTransport
-        transports = [kind(i, u, session, policy) for i, u in enumerate(urls)]
+        transports = [kind(i, u, session, policy, token=token, ssl=ssl) for i, u in enumerate(urls)]
         return cls(transports, session=session)
 
     @classmethod

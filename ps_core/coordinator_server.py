@@ -17,7 +17,11 @@
   optional) cuts and writes a version now, 201 with its report;
   ``GET /v1/exports``: ``{"model", "versions": [...], "last": report | null}``;
   ``POST /v1/exports/compact`` folds the newest chain into a base (and prunes).
-  These are internal routes: the public, authenticated ones are the API's.
+  These are internal routes: the public ones, for people, are the API's.
+
+On a shard app given a `TokenVerifier` these routes need tokens like every
+other (`ps_core.server.ROUTE_SCOPES`): leases and offsets the train scope,
+the exports listing read, an export or a compaction admin.
 
 A shard app without these routes answers 404, which clients read as "no
 coordinator" (`ps_core.errors.NoCoordinatorError`).

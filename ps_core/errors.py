@@ -32,6 +32,9 @@ __all__ = [
     "CutNotJoinedError",
     "ClusterNotReadyError",
     "NoCommonVersionError",
+    "AuthError",
+    "ForbiddenError",
+    "TlsVerifyError",
     "error_from_body",
 ]
 
@@ -250,6 +253,33 @@ class NoCommonVersionError(PSError):
     exit_code = 4
 
 
+class AuthError(PSError):
+    """The shard refused the credentials: no token, or one that is not this
+    cluster's. A configuration error: never retried (set CTRPS_SHARD_TOKEN or
+    CTRPS_CLUSTER_SECRET)."""
+
+    code = "unauthorized"
+    status = 401
+    exit_code = 2  # a settings error: the token or secret given is not the cluster's
+
+
+class ForbiddenError(AuthError):
+    """The token is valid but of too low a scope for the call (a read token
+    pushing, a train token cutting a snapshot). Never retried."""
+
+    code = "forbidden"
+    status = 403
+
+
+class TlsVerifyError(PSError):
+    """The server's TLS certificate did not verify against the CA this
+    client trusts (--tls-ca), or names another host. Never retried."""
+
+    code = "tls_verify_failed"
+    status = 495
+    exit_code = 2
+
+
 _BY_CODE: dict[str, type[PSError]] = {
     cls.code: cls
     for cls in (
@@ -273,6 +303,8 @@ _BY_CODE: dict[str, type[PSError]] = {
         ShardNotJoinedError,
         ClusterNotReadyError,
         NoCommonVersionError,
+        AuthError,
+        ForbiddenError,
     )
 }
 

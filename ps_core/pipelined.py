@@ -1,10 +1,8 @@
-"""What the shard servers' two transports share at both ends: one persistent
-connection on which calls are pipelined and replies matched to them in order.
+"""A persistent connection on which calls are pipelined and replies matched
+to them in order, at both ends: the TCP RPC's (`ps_core.rpc`).
 
-`ps_core.rpc.RpcConnection` (the TCP RPC) and `ps_core.http1.Http1Connection`
-(HTTP/1.1) differ only in how a request is written and a reply is read;
-`ServerConnection` is the server side of either (`ps_core.rpc`'s protocol,
-`ps_core.http1_server.FrameFront`).
+`PipelinedProtocol` and `PipelinedConnection` are the client's side (a
+subclass says how a reply is read), `ServerConnection` the server's.
 """
 
 from __future__ import annotations

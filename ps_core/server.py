@@ -1,7 +1,6 @@
-"""The shard's HTTP/1.1 server (aiohttp): routes decode, call the `Shard`
-handlers, encode. No logic lives here. On ``ctrps shard``'s port, simple
-frame requests are answered before they reach this app, alike
-(`ps_core.http1_server`); the app serves every other request.
+"""The shard's HTTP server (aiohttp): routes decode, call the `Shard`
+handlers, encode. No logic lives here. The data calls' fast path is the TCP
+RPC (`ps_core.rpc`); this app serves them too, and every other call.
 
 Routes:
 
@@ -37,28 +36,53 @@ digits, JSON integers; anything else is 400 ``bad_request``.
 
 Errors are JSON ``{"error": code, "detail": reason}`` with the status of the
 `PSError` raised, mapped once in `error_middleware`.
+
+Credentials: given a `TokenVerifier`, every route but ``/healthz`` and ``/openapi.json`` needs an
+``Authorization: Bearer <token>`` of the route's scope (`ROUTE_SCOPES`, the
+coordinator's routes included); a missing or wrong token is answered 401
+``unauthorized``, one of too low a scope 403 ``forbidden``, each counted in
+the shard's stats (``auth.refused``) and logged without the token
+(`ps_core.auth.Refusals`). ``GET /openapi.json`` is open as well (it describes the routes,
+it holds no state). Without a verifier the app is open.
 """
 
 from __future__ import annotations
 
+import logging
+import ssl
 from typing import Any, Awaitable, Callable
 
 import orjson
 from aiohttp import web
 
 from . import codec
+from .auth import Refusals, Scope, TokenVerifier, check, token_from_header
 from .errors import InvalidRequestError, PSError, StatusError, TableConfigError
 from .export import snapshots_to_bytes
 from .joining import restore_version
+from .limits import PortGuard, PortLimits, ServedPort, serve_limited
 from .parsing import json_int, parse_int
 from .shard import Shard
 from .shard_openapi import shard_document
 from .table import TableConfig
 
-__all__ = ["create_shard_app", "SHARD", "FRAME_CONTENT_TYPE", "DEFAULT_MAX_BODY"]
+__all__ = [
+    "create_shard_app",
+    "refusal_body",
+    "start_shard_site",
+    "ShardSite",
+    "ROUTE_SCOPES",
+    "SHARD",
+    "FRAME_CONTENT_TYPE",
+    "DEFAULT_MAX_BODY",
+]
+
+log = logging.getLogger("ctrps.shard.auth")
 
 SHARD = web.AppKey("shard", Shard)
 RPC_PORT: web.AppKey[int | None] = web.AppKey("rpc_port")
+VERIFIER: web.AppKey[TokenVerifier | None] = web.AppKey("verifier")
+REFUSALS = web.AppKey("refusals", Refusals)
 FRAME_CONTENT_TYPE = "application/x-ctrps-frame"
 DEFAULT_MAX_BODY = 512 * 1024 * 1024
 
@@ -88,6 +112,71 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                 exc.status,
             )
         raise
+
+
+ROUTE_SCOPES: dict[tuple[str, str], Scope | None] = {
+    ("POST", "/v1/pull"): Scope.READ,
+    ("GET", "/v1/tables"): Scope.READ,
+    ("GET", "/v1/stats"): Scope.READ,
+    ("GET", "/v1/status"): Scope.READ,
+    ("GET", "/v1/exports"): Scope.READ,
+    ("POST", "/v1/push"): Scope.TRAIN,
+    ("POST", "/v1/push_pull"): Scope.TRAIN,
+    ("POST", "/v1/tables"): Scope.TRAIN,
+    ("POST", "/v1/status"): Scope.TRAIN,
+    ("POST", "/v1/leases"): Scope.TRAIN,
+    ("POST", "/v1/leases/release"): Scope.TRAIN,
+    ("GET", "/v1/offsets"): Scope.TRAIN,
+    ("POST", "/v1/snapshots"): Scope.ADMIN,
+    ("GET", "/v1/snapshots/{version}"): Scope.ADMIN,
+    ("DELETE", "/v1/snapshots/{version}"): Scope.ADMIN,
+    ("GET", "/v1/membership"): Scope.ADMIN,
+    ("POST", "/v1/membership/admit"): Scope.ADMIN,
+    ("POST", "/v1/restore"): Scope.ADMIN,
+    ("POST", "/v1/exports"): Scope.ADMIN,
+    ("POST", "/v1/exports/compact"): Scope.ADMIN,
+    ("GET", "/healthz"): None,  # probes
+    # Open too: the document describes routes (public in the source), holds
+    # no state, and fuzzers and clients read it before they hold a token.
+    ("GET", "/openapi.json"): None,
+}
+"""The scope each route needs (None: open). A request no route matches
+needs a valid token of any scope, so its 404 says nothing to a stranger."""
+
+
+def refusal_body(reason: str, needs: Scope, granted: Scope | None) -> tuple[int, dict[str, str]]:
+    """The status and JSON error body of a refusal (`ps_core.auth.check`'s reason)."""
+    if reason == "scope":
+        held = granted.label if granted is not None else "none"
+        return 403, {"error": "forbidden", "detail": f"this call needs a token of scope {needs.label}, "
+                                                     f"the one presented is {held}"}
+    detail = ("no token presented (Authorization: Bearer <token>)" if reason == "missing"
+              else "the token presented is not valid for this cluster")
+    return 401, {"error": "unauthorized", "detail": detail}
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse a request whose token does not grant its route's scope."""
+    verifier = request.app[VERIFIER]
+    if verifier is None:
+        return await handler(request)
+    route = request.match_info.route.resource
+    key = (request.method, route.canonical if route is not None else "")
+    needs = ROUTE_SCOPES.get(key, Scope.READ)
+    if needs is None:
+        return await handler(request)
+    reason, granted = check(verifier, token_from_header(request.headers.get("Authorization")), needs)
+    if not reason:
+        return await handler(request)
+    request.app[REFUSALS].refuse(
+        reason, plane="http", peer=str(request.remote), what=f"{request.method} {request.path}", needs=needs
+    )
+    status, body = refusal_body(reason, needs, granted)
+    resp = json_response(body, status)
+    if status == 401:
+        resp.headers["WWW-Authenticate"] = "Bearer"
+    return resp
 
 
 async def _frame(request: web.Request, op: int) -> web.Response:
@@ -219,13 +308,26 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def create_shard_app(
-    shard: Shard, *, max_body: int = DEFAULT_MAX_BODY, rpc_port: int | None = None
+    shard: Shard,
+    *,
+    max_body: int = DEFAULT_MAX_BODY,
+    rpc_port: int | None = None,
+    verifier: TokenVerifier | None = None,
+    refusals: Refusals | None = None,
 ) -> web.Application:
     """The aiohttp application serving `shard`; `rpc_port`, the port of its
-    TCP RPC (`ps_core.rpc`) if it has one, is advertised by ``/healthz``."""
-    app = web.Application(client_max_size=max_body, middlewares=[error_middleware])
+    TCP RPC (`ps_core.rpc`) if it has one, is advertised by ``/healthz``.
+
+    With `verifier`, every route but ``/healthz`` needs a token of its scope
+    (`ROUTE_SCOPES`); refusals are counted in `refusals` (pass the RPC
+    server's to count both planes together) and the shard's stats."""
+    app = web.Application(client_max_size=max_body, middlewares=[error_middleware, auth_middleware])
     app[SHARD] = shard
     app[RPC_PORT] = rpc_port
+    app[VERIFIER] = verifier
+    app[REFUSALS] = refusals = refusals or Refusals(log)
+    if verifier is not None:
+        shard.extra_stats["auth"] = refusals.stats
     app.router.add_post("/v1/pull", pull)
     app.router.add_post("/v1/push", push)
     app.router.add_post("/v1/push_pull", push_pull)
@@ -243,3 +345,46 @@ def create_shard_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.json", openapi)
     return app
+
+
+class ShardSite:
+    """A shard app listening on one port under its limits; `cleanup` stops it
+    (safe twice)."""
+
+    def __init__(self, served: ServedPort, guard: PortGuard) -> None:
+        self._served = served
+        self.guard = guard
+        """The port's limits and counters (connections, deadlines)."""
+        self.port: int = served.port
+        """The port it listens on (the one the OS chose when asked for 0)."""
+        self._closed = False
+
+    async def cleanup(self) -> None:
+        """Stop listening and close every connection."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._served.close()
+
+
+async def start_shard_site(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    limits: PortLimits | None = None,
+) -> ShardSite:
+    """Serve `app` (a `create_shard_app`, not yet set up) on `host`:`port`
+    (0 picks a free port) under `limits` (connections, head, body and idle
+    deadlines: `ps_core.limits`), over TLS with `ssl_context`."""
+    guard = PortGuard("shard", limits or PortLimits())
+    guard.install(app)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, **guard.limits.runner_kwargs())
+    await runner.setup()
+    try:
+        served = await serve_limited(runner, guard, host, port, ssl_context=ssl_context)
+    except BaseException:  # e.g. the port in use
+        await runner.cleanup()
+        raise
+    return ShardSite(served, guard)

@@ -17,7 +17,7 @@ from ps_core.client import HttpTransport, LocalTransport, PSClient, RetryPolicy,
 from ps_core.coordinator import Coordinator
 from ps_core.coordinator_server import add_coordinator_routes
 from ps_core.exporter import Exporter
-from ps_core.http1_server import ShardHttpServer, start_shard_http
+from ps_core.server import ShardSite, start_shard_site
 from ps_core.rpc import RpcServer, start_rpc_server
 from ps_core.server import DEFAULT_MAX_BODY, create_shard_app
 from ps_core.shard import Shard, ShardSpec
@@ -32,7 +32,7 @@ async def serve_shards() -> AsyncIterator[ServeShards]:
 
     All are stopped at teardown; a test may stop one earlier through
     ``serve_shards.runners[i].cleanup()``."""
-    runners: list[ShardHttpServer | web.AppRunner] = []
+    runners: list[ShardSite | web.AppRunner] = []
 
     async def start(
         n: int, tables: tuple[TableConfig, ...] = (), exports: Path | None = None, rpc: bool = False
@@ -58,10 +58,8 @@ async def serve_shards() -> AsyncIterator[ServeShards]:
                 transports += [HttpTransport(j, u, session, RetryPolicy()) for j, u in enumerate(urls) if j]
                 exporter = Exporter(coordinator, PSClient(transports), exports, "ctr")
                 add_coordinator_routes(app, coordinator, exporter)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            # The port as `ctrps shard` serves it: frame requests by the front.
-            runners.append(await start_shard_http(runner, shard, "127.0.0.1", port, max_body=DEFAULT_MAX_BODY))
+            # The port as `ctrps shard` serves it, under its limits.
+            runners.append(await start_shard_site(app, "127.0.0.1", port))
         return shards, urls
 
     sessions: list[aiohttp.ClientSession] = []

@@ -17,7 +17,6 @@ import aiohttp
 import numpy as np
 import orjson
 import pytest
-from aiohttp import web
 
 from app.metrics import ApiMetrics
 from consumers.broker import free_port
@@ -27,7 +26,7 @@ from ps_core.coordinator_server import add_coordinator_routes
 from ps_core.errors import CutAbortedError, ExportWriteError
 from ps_core.export import latest_chain, list_versions, restore_shards
 from ps_core.exporter import Exporter
-from ps_core.http1_server import ShardHttpServer, start_shard_http
+from ps_core.server import ShardSite, start_shard_site
 from ps_core.server import DEFAULT_MAX_BODY, create_shard_app
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
@@ -48,7 +47,7 @@ class Cluster:
         self.shards = [Shard(ShardSpec(i, 2), (LR,)) for i in range(2)]
         self.ports = [free_port(), free_port()]
         self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
-        self.servers: list[ShardHttpServer | None] = [None, None]
+        self.servers: list[ShardSite | None] = [None, None]
         self.coordinator = Coordinator()
         self.session: aiohttp.ClientSession | None = None
         self.exports = exports
@@ -70,11 +69,7 @@ class Cluster:
         app = create_shard_app(self.shards[i])
         if i == 0:
             add_coordinator_routes(app, self.coordinator, self.exporter)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        self.servers[i] = await start_shard_http(
-            runner, self.shards[i], "127.0.0.1", self.ports[i], max_body=DEFAULT_MAX_BODY
-        )
+        self.servers[i] = await start_shard_site(app, "127.0.0.1", self.ports[i])
 
     async def stop_shard(self, i: int) -> None:
         server = self.servers[i]

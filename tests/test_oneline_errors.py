@@ -22,7 +22,6 @@ from typing import Any, Iterator
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from app.api import ApiServer
 from app.cli import build_parser, run_command
@@ -31,7 +30,7 @@ from app.logs import KAFKA_LOGGERS, RepeatFilter, configure_logging
 from app.settings import ApiSettings
 from consumers.broker import EmbeddedBroker, free_port
 from ps_core.client import PSClient, RetryPolicy
-from ps_core.http1_server import start_shard_http
+from ps_core.server import start_shard_site
 from ps_core.models import make_model
 from ps_core.server import create_shard_app
 from ps_core.shard import Shard, ShardSpec
@@ -363,9 +362,7 @@ async def test_a_failing_readyz_logs_once_per_change(caplog: pytest.LogCaptureFi
                     assert resp.status == 503
             assert lines("not ready") == 1 and lines("request failed") == 0
             one = Shard(ShardSpec(0, 1))
-            runner = web.AppRunner(create_shard_app(one), access_log=None)
-            await runner.setup()
-            shard = await start_shard_http(runner, one, "127.0.0.1", port, max_body=1 << 20)
+            shard = await start_shard_site(create_shard_app(one), "127.0.0.1", port)
             try:
                 for _ in range(3):
                     async with http.get(server.url + "/readyz") as resp:
@@ -468,10 +465,8 @@ async def test_a_worker_whose_broker_died_logs_few_kafka_client_lines(tmp_path: 
     try:
         await broker.create_topics({"clicks": 2, "clicks.dlq": 1})
         one = Shard(ShardSpec(0, 1))
-        runner = web.AppRunner(create_shard_app(one), access_log=None)
-        await runner.setup()
         port = free_port()
-        shard_runner = await start_shard_http(runner, one, "127.0.0.1", port, max_body=1 << 20)
+        shard_runner = await start_shard_site(create_shard_app(one), "127.0.0.1", port)
         with log.open("wb") as err:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "app.cli", "worker", "--bootstrap", broker.bootstrap,

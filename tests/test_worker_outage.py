@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -38,7 +37,7 @@ from ps_core.coordinator import Coordinator
 from ps_core.coordinator_server import add_coordinator_routes
 from ps_core.features import FeatureHasher
 from ps_core.hashing import shard_of
-from ps_core.http1_server import ShardHttpServer, start_shard_http
+from ps_core.server import ShardSite, start_shard_site
 from ps_core.models import LogisticRegression
 from ps_core.server import DEFAULT_MAX_BODY, create_shard_app
 from ps_core.shard import Shard, ShardSpec
@@ -101,17 +100,13 @@ class _ShardServers:
         self.shards = [Shard(ShardSpec(i, n)) for i in range(n)]
         self.ports = [free_port() for _ in range(n)]
         self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
-        self.servers: list[ShardHttpServer | None] = [None] * n
+        self.servers: list[ShardSite | None] = [None] * n
 
     async def start(self, i: int) -> None:
         app = create_shard_app(self.shards[i])
         if i == 0 and self.coordinator is not None:
             add_coordinator_routes(app, self.coordinator)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        self.servers[i] = await start_shard_http(
-            runner, self.shards[i], "127.0.0.1", self.ports[i], max_body=DEFAULT_MAX_BODY
-        )
+        self.servers[i] = await start_shard_site(app, "127.0.0.1", self.ports[i])
 
     async def stop(self, i: int) -> None:
         server, self.servers[i] = self.servers[i], None
