@@ -46,7 +46,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ps_core.client import PSClient
-from ps_core.errors import NoCoordinatorError, PSError, ShardUnavailableError, StatusError
+from ps_core.errors import (
+    CutInProgressError,
+    ExportNotFoundError,
+    NoCoordinatorError,
+    PSError,
+    ShardUnavailableError,
+    StatusError,
+)
 from ps_core.export import list_versions
 from ps_core.limits import PortGuard, ServedPort, serve_limited
 from ps_core.models import Model
@@ -120,6 +127,10 @@ _CALLER_ERRORS = (
     ReadOnlyReplicaError,
     NoVersionError,
     NoCoordinatorError,
+    # Shard 0's exporter answers for the export routes: nothing to compact
+    # (404), a cut already pausing the cluster (503, retry).
+    ExportNotFoundError,
+    CutInProgressError,
 )
 _ERROR_LOG_INTERVAL_S = 10.0
 

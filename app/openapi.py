@@ -28,6 +28,11 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+def _nullable(name: str) -> dict[str, Any]:
+    """The schema `name`, or null (which the handlers read as absent)."""
+    return {"anyOf": [_ref(name), {"type": "null"}]}
+
+
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
@@ -92,14 +97,25 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
         },
         "Event": {
             "type": "object",
-            "description": "features and/or keys; other event fields (id, ts, label, weight) "
-            "are validated as in training and otherwise ignored.",
-            "properties": {"features": _ref("Features"), "keys": _ref("Keys")},
+            "description": "features and/or keys (at least one of them not null); other event "
+            "fields (id, ts, label, weight) are validated as in training and otherwise ignored.",
+            "properties": {
+                "features": _nullable("Features"),
+                "keys": _nullable("Keys"),
+                "label": {"type": ["integer", "number", "null"], "enum": [0, 1, None]},
+                "ts": {"type": ["number", "null"], "description": "Seconds since the epoch."},
+                "weight": {"type": ["number", "null"], "minimum": 0},
+            },
+            # What the handler refuses as bad_features: neither given (or both null).
+            "anyOf": [
+                {"required": ["features"], "properties": {"features": {"type": "object"}}},
+                {"required": ["keys"], "properties": {"keys": {"type": "array"}}},
+            ],
         },
         "PredictRequest": _closed(
             {
                 "events": {"type": "array", "minItems": 1, "maxItems": max_events, "items": _ref("Event")},
-                "model": {"type": "string", "description": "If given, must be the served model."},
+                "model": {"type": ["string", "null"], "description": "If given (not null), must be the served model."},
             },
             "model",
         ),
@@ -119,7 +135,11 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
             }
         ),
         "WeightsRequest": _closed(
-            {"features": _ref("Features"), "keys": _ref("Keys"), "model": string},
+            {
+                "features": _nullable("Features"),
+                "keys": _nullable("Keys"),
+                "model": {"type": ["string", "null"], "description": "If given (not null), must be the served model."},
+            },
             "features", "keys", "model",
         ),
         "FeatureWeights": _closed(
