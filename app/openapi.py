@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ps_core.board import SOURCE_SCHEMA, STATUS_SCHEMA
-from ps_core.features import REASONS
+from ps_core.features import MAX_FEATURES, MAX_WEIGHT, REASONS
 from ps_core.schema import KEYWORDS, SchemaError, validate
 from ps_core.shard_openapi import COMPACTION_SCHEMA, EXPORT_LIST_SCHEMA, EXPORT_REPORT_SCHEMA
 
@@ -26,6 +26,13 @@ __all__ = ["openapi_document", "validate", "response_schema", "KEYWORDS", "Schem
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
+
+
+# What the handlers refuse as bad_features: neither features nor keys (or both null).
+_FEATURES_OR_KEYS = [
+    {"required": ["features"], "properties": {"features": {"type": "object"}}},
+    {"required": ["keys"], "properties": {"keys": {"type": "array"}}},
+]
 
 
 def _nullable(name: str) -> dict[str, Any]:
@@ -84,15 +91,21 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
             "type": "object",
             "description": "Strings are categorical (field=value), numbers numeric, lists of "
             "strings multi-hot, booleans the strings true/false; null is a missing feature.",
+            "maxProperties": MAX_FEATURES,
             "additionalProperties": {
                 "type": ["string", "number", "boolean", "array", "null"],
                 "items": string,
+                # A numeric value is kept as a float32 and must stay finite there.
+                "minimum": -MAX_WEIGHT,
+                "maximum": MAX_WEIGHT,
             },
             "examples": [{"site": "a3f09", "hour": "13", "price": 12.5, "tags": ["a", "b"]}],
         },
         "Keys": {
             "type": "array",
-            "description": "Pre-hashed uint64 feature ids, used as they are.",
+            "description": "Pre-hashed uint64 feature ids, used as they are "
+            f"(at most {MAX_FEATURES} features and keys together).",
+            "maxItems": MAX_FEATURES,
             "items": key,
         },
         "Event": {
@@ -104,13 +117,9 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
                 "keys": _nullable("Keys"),
                 "label": {"type": ["integer", "number", "null"], "enum": [0, 1, None]},
                 "ts": {"type": ["number", "null"], "description": "Seconds since the epoch."},
-                "weight": {"type": ["number", "null"], "minimum": 0},
+                "weight": {"type": ["number", "null"], "minimum": 0, "maximum": MAX_WEIGHT},
             },
-            # What the handler refuses as bad_features: neither given (or both null).
-            "anyOf": [
-                {"required": ["features"], "properties": {"features": {"type": "object"}}},
-                {"required": ["keys"], "properties": {"keys": {"type": "array"}}},
-            ],
+            "anyOf": _FEATURES_OR_KEYS,
         },
         "PredictRequest": _closed(
             {
@@ -141,7 +150,8 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
                 "model": {"type": ["string", "null"], "description": "If given (not null), must be the served model."},
             },
             "features", "keys", "model",
-        ),
+        )
+        | {"anyOf": _FEATURES_OR_KEYS},
         "FeatureWeights": _closed(
             {
                 "feature": {

@@ -8,8 +8,10 @@ so every route parses integers here instead:
 - a text (a path segment, a query value, a JSON object key) is an integer
   when it is ASCII digits only, with no sign, blank, underscore or leading
   zero (``"0"`` itself excepted): `parse_int`;
-- a JSON value is an integer when it is a JSON integer: not a boolean, not
-  a float (``3.0`` included): `json_int`.
+- a JSON value is an integer when its value is one, as JSON Schema says
+  (``3`` and ``3.0`` alike: JSON numbers are values, not texts) and it is
+  exact: a float beyond ``2**53`` is not (``9.2e18`` stands for many
+  integers), nor is a boolean or a string: `json_int`, `exact_ints`.
 
 Both check bounds and raise `InvalidRequestError` (400), naming the field.
 """
@@ -17,13 +19,17 @@ Both check bounds and raise `InvalidRequestError` (400), naming the field.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .errors import InvalidRequestError, PSError
 
-__all__ = ["parse_int", "json_int", "is_int_text", "MAX_INT", "INT_TEXT"]
+__all__ = ["parse_int", "json_int", "exact_ints", "is_int_text", "MAX_INT", "MAX_EXACT", "INT_TEXT"]
 
 MAX_INT = 2**63 - 1
 """The default upper bound: what a signed 64-bit field holds."""
+
+MAX_EXACT = 2**53
+"""A float names exactly one integer up to here; past it, a float is refused as an integer."""
 
 INT_TEXT = "^(0|[1-9][0-9]{0,18})$"
 """The text of a non-negative integer, as a JSON Schema pattern."""
@@ -65,9 +71,34 @@ def json_int(
     error: type[PSError] = InvalidRequestError,
 ) -> int:
     """`value` (decoded JSON) as an integer in ``[minimum, maximum]``: a
-    JSON integer, not a boolean or a float; `error` naming `name` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    JSON integer, or a float of an integer value up to `MAX_EXACT`; not a
+    boolean or a string; `error` naming `name` otherwise."""
+    whole = _whole(value)
+    if whole is None:
         raise error(f"{name} must be an integer, not {type(value).__name__} {str(value)[:40]}")
+    value = whole
     if not minimum <= value <= maximum:
         raise error(f"{name} must be in [{minimum}, {maximum}], not {value}")
     return value
+
+
+def _whole(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_EXACT:
+        return int(value)
+    return None
+
+
+def exact_ints(values: list[Any]) -> list[Any]:
+    """`values` with each float of an exact integer value (`json_int`'s
+    rule) as that int; anything else as it was, for the caller to refuse."""
+    if all(type(v) is int for v in values):
+        return values
+    out: list[Any] = []
+    for v in values:
+        whole = _whole(v) if isinstance(v, float) else None
+        out.append(v if whole is None else whole)
+    return out

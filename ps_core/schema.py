@@ -8,8 +8,9 @@ with exactly the schema the documents publish, so the two cannot drift.
 using any other, so a keyword a document starts to use is never silently
 ignored. Two rules are stricter than JSON Schema's, on purpose:
 
-- ``integer`` is a JSON integer: ``3.0`` and booleans are refused (a count
-  or a version means one number, see `ps_core.parsing`);
+- ``integer`` is a number of an integer value that is exact: ``3.0`` is
+  an integer as JSON Schema says, a float beyond ``2**53`` is not, nor is
+  a boolean (`ps_core.parsing.json_int`, the handlers' rule);
 - a ``pattern`` must be anchored (``^...$``) and matches the whole string
   with ASCII classes (Python's ``$`` would also match before a final newline).
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 import re
 from functools import cache
 from typing import Any
+
+from .parsing import MAX_EXACT
 
 __all__ = ["validate", "KEYWORDS", "SchemaError"]
 
@@ -50,7 +53,8 @@ _TYPES: dict[str, Any] = {
     "boolean": lambda v: isinstance(v, bool),
     "null": lambda v: v is None,
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool))
+    or (isinstance(v, float) and v.is_integer() and abs(v) <= MAX_EXACT),
 }
 
 

@@ -73,10 +73,16 @@ def test_integer_text_in_bounds() -> None:
         parse_int("9" * 20, "v")
 
 
-@pytest.mark.parametrize("value", [3.0, 1e9, True, "3", None, [3], 2**63])
-def test_json_integers_are_json_integers(value: object) -> None:
+@pytest.mark.parametrize("value", [2.5, 9.2e18, 2.0**53 + 2, True, "3", "1e9", None, [3], 2**63, -1])
+def test_json_integers_are_exact_integer_values(value: object) -> None:
     with pytest.raises(InvalidRequestError):
         json_int(value, "version")
+
+
+def test_a_float_of_an_exact_integer_value_is_that_integer() -> None:
+    # JSON Schema's rule (2.0 is the integer 2), which the documents publish.
+    assert json_int(3.0, "v") == 3 and type(json_int(1e9, "v")) is int
+    assert json_int(2.0**53, "v") == 2**53
 
 
 # -- the shard: strict integers in paths and bodies ------------------------------
@@ -114,16 +120,16 @@ async def test_a_snapshot_version_in_the_path_is_ascii_digits(
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        ("/v1/snapshots", {"version": 1e9, "parent": None}),
-        ("/v1/snapshots", {"version": 3.0, "parent": None}),
+        ("/v1/snapshots", {"version": 1.5, "parent": None}),
+        ("/v1/snapshots", {"version": 9.2e18, "parent": None}),
         ("/v1/snapshots", {"version": True, "parent": None}),
         ("/v1/snapshots", {"version": "3", "parent": None}),
         ("/v1/snapshots", {"version": 3, "parent": 2.5}),
         ("/v1/snapshots", b'{"version": 18446744073709551616, "parent": null}'),
         ("/v1/snapshots", {"version": 2**63, "parent": None}),
-        ("/v1/membership/admit", {"epoch": "e", "version": 1e9}),
+        ("/v1/membership/admit", {"epoch": "e", "version": 1e300}),
         ("/v1/membership/admit", {"epoch": "e", "version": "0x10"}),
-        ("/v1/restore", {"version": 1e9}),
+        ("/v1/restore", {"version": 0.5}),
         ("/v1/restore", {"version": -1}),
         ("/v1/snapshots", [1]),
         ("/v1/restore", b"{nope"),
@@ -140,10 +146,10 @@ async def test_integer_fields_of_shard_bodies_are_json_integers(
 @pytest.mark.parametrize(
     "body",
     [
-        {"lease_id": 1.0, "offsets": {}},
+        {"lease_id": 1.5, "offsets": {}},
         {"lease_id": 1, "offsets": {"t": {"³": 5}}},
         {"lease_id": 1, "offsets": {"t": {"0x10": 5}}},
-        {"lease_id": 1, "offsets": {"t": {"0": 1e9}}},
+        {"lease_id": 1, "offsets": {"t": {"0": 1e300}}},
         {"lease_id": 1, "offsets": {"t": {"0": -1}}},
         {"lease_id": 1, "offsets": [], "x": 1},
     ],
@@ -380,3 +386,19 @@ async def test_an_event_with_features_or_keys_is_valid_by_both(
     assert validate({"events": [event]}, request_schema, doc) == []
     status, _ = await _api_call(http, "POST", "/v1/predict", {"events": [event]})
     assert status == 200
+
+
+async def test_a_whole_float_key_is_that_key_and_a_weight_must_fit_a_float32(api: tuple[TestClient, Shard]) -> None:  # type: ignore[type-arg]
+    # What the fuzzer found: 3.0 is the integer 3 by the document's schema, and
+    # a weight of 1e300 became an infinite float32 (a warning, then a 500).
+    http, _ = api
+    status, as_int = await _api_call(http, "POST", "/v1/predict", {"events": [{"keys": [3, 2**60]}]})
+    assert status == 200
+    status, as_float = await _api_call(http, "POST", "/v1/predict", {"events": [{"keys": [3.0, 2**60]}]})
+    assert status == 200 and as_float["predictions"] == as_int["predictions"]
+    status, got = await _api_call(http, "POST", "/v1/weights", {"keys": [3.0]})
+    assert status == 200 and got["weights"][1]["key"] == 3
+    status, err = await _api_call(http, "POST", "/v1/predict", {"events": [{"keys": [1], "weight": 1e300}]})
+    assert status == 422 and err["error"] == "bad_weight", err
+    status, err = await _api_call(http, "POST", "/v1/predict", {"events": [{"features": {"x": 1e300}}]})
+    assert status == 422 and err["error"] == "bad_value", err
