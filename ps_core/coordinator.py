@@ -43,8 +43,10 @@ T = TypeVar("T")
 
 MAX_TOPIC_CHARS = 249
 """Kafka's limit on a topic name."""
-MAX_PARTITION = 2**31 - 1
-"""Kafka's partitions are numbered by a signed 32-bit integer."""
+MAX_PARTITION = 10**9 - 1
+"""Highest partition number taken (at most nine ASCII digits, as on the
+status board: `ps_core.board.PARTITION_KEY`); Kafka's int32 allows more,
+no topic has that many."""
 
 log = logging.getLogger("ctrps.coordinator")
 

@@ -28,7 +28,7 @@ __all__ = ["validate", "KEYWORDS", "SchemaError"]
 KEYWORDS = frozenset(
     {
         "$ref", "type", "properties", "required", "additionalProperties", "items",
-        "minItems", "maxItems", "minimum", "maximum", "minLength", "maxLength", "enum",
+        "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "minLength", "maxLength", "enum",
         "pattern", "maxProperties", "propertyNames", "anyOf", "description", "examples",
     }
 )
@@ -87,6 +87,8 @@ def validate(
     if _TYPES["number"](instance):
         if "minimum" in schema and instance < schema["minimum"]:
             errors.append(f"{path}: {instance} < minimum {schema['minimum']}")
+        if "exclusiveMinimum" in schema and instance <= schema["exclusiveMinimum"]:
+            errors.append(f"{path}: {instance} <= exclusive minimum {schema['exclusiveMinimum']}")
         if "maximum" in schema and instance > schema["maximum"]:
             errors.append(f"{path}: {instance} > maximum {schema['maximum']}")
     if isinstance(instance, str):

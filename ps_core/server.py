@@ -64,7 +64,7 @@ from .limits import PortGuard, PortLimits, ServedPort, serve_limited
 from .parsing import json_int, parse_int
 from .shard import Shard
 from .shard_openapi import shard_document
-from .table import TableConfig
+from .table import MAX_VERSION, TableConfig
 
 __all__ = [
     "create_shard_app",
@@ -243,13 +243,13 @@ async def list_statuses(request: web.Request) -> web.Response:
 async def take_snapshot(request: web.Request) -> web.Response:
     raw = await _body(request)
     _exactly(raw, ("version", "parent"), '{"version": int, "parent": int or null}')
-    version = json_int(raw["version"], "version")
-    parent = None if raw["parent"] is None else json_int(raw["parent"], "parent")
+    version = json_int(raw["version"], "version", maximum=MAX_VERSION)
+    parent = None if raw["parent"] is None else json_int(raw["parent"], "parent", maximum=MAX_VERSION)
     return json_response({"rows": request.app[SHARD].take_snapshot(version, parent)})
 
 
 def _version(request: web.Request) -> int:
-    return parse_int(request.match_info["version"], "version")
+    return parse_int(request.match_info["version"], "version", maximum=MAX_VERSION)
 
 
 async def fetch_snapshot(request: web.Request) -> web.Response:
@@ -269,7 +269,7 @@ async def membership(request: web.Request) -> web.Response:
 async def admit(request: web.Request) -> web.Response:
     raw = await _body(request)
     _exactly(raw, ("epoch", "version"), '{"epoch": str, "version": int}')
-    epoch, version = raw["epoch"], json_int(raw["version"], "version")
+    epoch, version = raw["epoch"], json_int(raw["version"], "version", maximum=MAX_VERSION)
     if not isinstance(epoch, str) or len(epoch) > 200:
         raise InvalidRequestError("epoch must be a string of at most 200 characters")
     request.app[SHARD].admit(epoch, version)
@@ -279,7 +279,8 @@ async def admit(request: web.Request) -> web.Response:
 async def restore(request: web.Request) -> web.Response:
     raw = await _body(request)
     _exactly(raw, ("version",), '{"version": int >= 0}')
-    return json_response(await restore_version(request.app[SHARD], json_int(raw["version"], "version")))
+    version = json_int(raw["version"], "version", maximum=MAX_VERSION)
+    return json_response(await restore_version(request.app[SHARD], version))
 
 
 async def stats(request: web.Request) -> web.Response:

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .board import SOURCE_SCHEMA, STATUS_SCHEMA
-from .parsing import INT_TEXT, MAX_INT
+from .board import PARTITION_KEY, SOURCE_SCHEMA, STATUS_SCHEMA
+from .parsing import MAX_INT
+from .optim import MAX_HYPERPARAMETER, MIN_POSITIVE
+from .table import MAX_DIM, MAX_INIT_SCALE, MAX_VERSION
 
 __all__ = [
     "shard_document",
@@ -50,7 +52,7 @@ count: dict[str, Any] = {"type": "integer", "minimum": 0}
 counts_by: dict[str, Any] = {"type": "object", "additionalProperties": count}
 string: dict[str, Any] = {"type": "string"}
 boolean: dict[str, Any] = {"type": "boolean"}
-version: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_INT}
+version: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_VERSION}
 
 EXPORT_REPORT_SCHEMA: dict[str, Any] = _closed(
     {
@@ -120,17 +122,27 @@ EXPORT_LIST_SCHEMA: dict[str, Any] = _closed(
     }
 )
 
+_POSITIVE = {"type": "number", "minimum": MIN_POSITIVE, "maximum": MAX_HYPERPARAMETER}
+_NON_NEGATIVE = {"type": "number", "minimum": 0, "maximum": MAX_HYPERPARAMETER}
+
+
+def _optimizer(name: str, **params: dict[str, Any]) -> dict[str, Any]:
+    return _closed({"name": {"type": "string", "enum": [name]}, **params}, *params)
+
+
 _TABLE = _closed(
     {
-        "name": {"type": "string", "minLength": 1, "maxLength": 64},
-        "dim": {"type": "integer", "minimum": 1},
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+        "dim": {"type": "integer", "minimum": 1, "maximum": MAX_DIM},
         "optimizer": {
-            "type": "object",
-            "required": ["name"],
-            "properties": {"name": {"type": "string", "enum": ["ftrl", "adagrad", "sgd"]}},
-            "additionalProperties": {"type": "number"},
+            "description": "An optimizer and its hyperparameters (ps_core.optim), defaults filled in.",
+            "anyOf": [
+                _optimizer("sgd", lr=_POSITIVE, l2=_NON_NEGATIVE),
+                _optimizer("adagrad", lr=_POSITIVE, eps=_POSITIVE, initial_accumulator=_NON_NEGATIVE),
+                _optimizer("ftrl", alpha=_POSITIVE, beta=_NON_NEGATIVE, l1=_NON_NEGATIVE, l2=_NON_NEGATIVE),
+            ],
         },
-        "init_scale": {"type": "number", "minimum": 0},
+        "init_scale": {"type": "number", "minimum": 0, "maximum": MAX_INIT_SCALE},
         "seed": {"type": "integer", "minimum": 0, "maximum": MAX_INT},
     }
 )
@@ -138,7 +150,23 @@ _TABLE = _closed(
 _SCHEMAS: dict[str, Any] = {
     "Error": _closed({"error": string, "detail": {"type": "string", "minLength": 1}}),
     "Table": _TABLE,
-    "TableDeclaration": {**_TABLE, "required": ["name"]},
+    "TableDeclaration": {
+        **_TABLE,
+        "required": ["name"],
+        "properties": {
+            **_TABLE["properties"],
+            "optimizer": {
+                "description": "A name, or an object of a name and hyperparameters (the rest defaulted).",
+                "anyOf": [
+                    {"type": "string", "enum": ["sgd", "adagrad", "ftrl"]},
+                    *(
+                        {**o, "required": ["name"]}
+                        for o in _TABLE["properties"]["optimizer"]["anyOf"]
+                    ),
+                ],
+            },
+        },
+    },
     "Declared": _closed({"created": boolean, "table": _ref("Table")}),
     "Tables": {"type": "object", "additionalProperties": _ref("Table")},
     "Stats": {
@@ -225,8 +253,8 @@ _SCHEMAS: dict[str, Any] = {
         "propertyNames": {"type": "string", "minLength": 1, "maxLength": 249},
         "additionalProperties": {
             "type": "object",
-            "propertyNames": {"type": "string", "pattern": INT_TEXT},
-            "additionalProperties": count,
+            "propertyNames": {"type": "string", "pattern": PARTITION_KEY},
+            "additionalProperties": {"type": "integer", "minimum": 0, "maximum": MAX_INT},
         },
     },
     "Stream": _closed(
@@ -238,7 +266,7 @@ _SCHEMAS: dict[str, Any] = {
         "topics",
     ),
     "Release": _closed(
-        {"lease_id": version, "offsets": _ref("Offsets"), "stream": {**_ref("Stream")}},
+        {"lease_id": {"type": "integer", "minimum": 0, "maximum": MAX_INT}, "offsets": _ref("Offsets"), "stream": {**_ref("Stream")}},
         "offsets", "stream",
     ),
     "Released": _closed({"released": boolean}),
@@ -253,6 +281,8 @@ _ERRORS = {
     400: "The request is not the route's shape (bad_request, bad_status, bad_table_config).",
     404: "Nothing to act on (unknown_lease, export_not_found).",
     409: "Refused in the cluster's current state (table_conflict, bad_snapshot, cut_shard_not_joined).",
+    401: "A cluster secret is set and no valid token was presented (unauthorized).",
+    403: "The token presented is of too low a scope for this route (forbidden).",
     413: "The body is over the limit (too_large).",
     500: "A cut failed and was aborted on every shard (cut_aborted), or an export fails its checks (export_corrupt).",
     503: "Not now: a cut is pausing (cut_in_progress), the cluster is not ready (cluster_not_ready).",
@@ -260,9 +290,21 @@ _ERRORS = {
 }
 
 
-def _op(summary: str, ok: dict[str, Any], *errors: int, body: str | None = None, optional_body: bool = False) -> dict[str, Any]:
+def _op(
+    summary: str,
+    ok: dict[str, Any],
+    *errors: int,
+    body: str | None = None,
+    optional_body: bool = False,
+    open_: bool = False,
+) -> dict[str, Any]:
     out: dict[str, Any] = {"summary": summary, "responses": {**ok}}
-    for status in errors:
+    if not open_:
+        # With a cluster secret, every route but /healthz and /openapi.json
+        # needs a token of its scope (ps_core.server.ROUTE_SCOPES).
+        out["security"] = [{"bearer": []}]
+        errors = (*errors, 401, 403)
+    for status in sorted(set(errors)):
         out["responses"][str(status)] = _json(_ref("Error"), _ERRORS[status])
     out["responses"]["default"] = _json(_ref("Error"), "Any other error (not_found, method_not_allowed).")
     if body is not None:
@@ -282,7 +324,7 @@ _VERSION_PARAM = {
     "in": "path",
     "required": True,
     "description": "The cut's version, in ASCII digits.",
-    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_INT},
+    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_VERSION},
 }
 
 _PATHS: dict[str, dict[str, Any]] = {
@@ -329,9 +371,13 @@ _PATHS: dict[str, dict[str, Any]] = {
             body="Restore",
         ),
     },
-    "/healthz": {"get": _op("Liveness.", _ok("Health", "Alive."))},
+    "/healthz": {"get": _op("Liveness.", _ok("Health", "Alive."), open_=True)},
     "/openapi.json": {
-        "get": _op("This document.", {"200": _json({"type": "object", "required": ["openapi", "paths"]}, "OpenAPI 3.1.")}),
+        "get": _op(
+            "This document.",
+            {"200": _json({"type": "object", "required": ["openapi", "paths"]}, "OpenAPI 3.1.")},
+            open_=True,
+        ),
     },
     "/v1/leases": {
         "post": _op("A lease for one window of training.", _ok("Lease", "Granted."), 400, 409, 413, 503, body="LeaseRequest"),
@@ -377,5 +423,15 @@ def shard_document(served: set[tuple[str, str]] | None = None) -> dict[str, Any]
             'Errors are {"error": code, "detail": reason}.',
         },
         "paths": paths,
-        "components": {"schemas": _SCHEMAS},
+        "components": {
+            "schemas": _SCHEMAS,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A token of the route's scope (read, train, admin) derived from "
+                    "the cluster secret (`ctrps token --scope ...`), when the shard holds one.",
+                }
+            },
+        },
     }

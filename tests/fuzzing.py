@@ -5,6 +5,7 @@ documented, invalid requests refused, valid ones accepted)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Callable
 
 import requests
@@ -21,10 +22,12 @@ After = Callable[[Any, requests.Response, requests.Session, str], None]
 
 
 def fuzz(operation: Any, url: str, headers: dict[str, str], *, after: After | None = None,
-         examples: int = EXAMPLES) -> None:
+         examples: int = EXAMPLES) -> Counter[int]:
     """Send `examples` generated requests to `operation` at `url` (with
     `headers`), validating each response; `after(case, response, session,
-    url)` checks more after each. Derandomized: a failure reproduces."""
+    url)` checks more after each. Returns how often each status came back.
+    Derandomized: a failure reproduces."""
+    statuses: Counter[int] = Counter()
     modes = [operation.as_strategy(GenerationMode.POSITIVE)]
     if operation.body or any(True for _ in operation.iter_parameters()):
         modes.append(operation.as_strategy(GenerationMode.NEGATIVE))
@@ -35,6 +38,7 @@ def fuzz(operation: Any, url: str, headers: dict[str, str], *, after: After | No
               suppress_health_check=list(HealthCheck))
     def run(case: Any) -> None:
         response = case.call(base_url=url, headers=headers, session=session, timeout=10)
+        statuses[response.status_code] += 1
         case.validate_response(response, headers=headers)
         if after is not None:
             after(case, response, session, url)
@@ -43,3 +47,4 @@ def fuzz(operation: Any, url: str, headers: dict[str, str], *, after: After | No
         run()
     finally:
         session.close()
+    return statuses
