@@ -35,7 +35,6 @@ import asyncio
 import functools
 import hmac
 import logging
-import math
 import ssl
 import time
 from importlib import resources
@@ -57,6 +56,7 @@ from ps_core.errors import (
 from ps_core.export import list_versions
 from ps_core.limits import PortGuard, ServedPort, serve_limited
 from ps_core.models import Model
+from ps_core.parsing import parse_number
 
 from .errors import (
     BadRequestError,
@@ -517,14 +517,7 @@ async def dashboard(request: web.Request) -> web.Response:
 
 async def history(request: web.Request) -> web.Response:
     raw = request.query.get("since")
-    since = None
-    if raw is not None:
-        try:
-            since = float(raw)
-        except ValueError:
-            since = math.nan
-        if not math.isfinite(since):
-            raise BadRequestError(f"since must be a time in seconds since the epoch, not {raw!r}")
+    since = None if raw is None else parse_number(raw, "since (seconds since the epoch)", error=BadRequestError)
     h = request.app[HISTORY]
     return _json(
         {

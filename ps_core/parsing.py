@@ -18,12 +18,22 @@ Both check bounds and raise `InvalidRequestError` (400), naming the field.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 from .errors import InvalidRequestError, PSError
 
-__all__ = ["parse_int", "json_int", "exact_ints", "is_int_text", "MAX_INT", "MAX_EXACT", "INT_TEXT"]
+__all__ = [
+    "parse_int",
+    "parse_number",
+    "json_int",
+    "exact_ints",
+    "is_int_text",
+    "MAX_INT",
+    "MAX_EXACT",
+    "INT_TEXT",
+]
 
 MAX_INT = 2**63 - 1
 """The default upper bound: what a signed 64-bit field holds."""
@@ -35,6 +45,19 @@ INT_TEXT = "^(0|[1-9][0-9]{0,18})$"
 """The text of a non-negative integer, as a JSON Schema pattern."""
 
 _INT_TEXT = re.compile(INT_TEXT[1:-1], re.ASCII)
+
+
+# A JSON number's text: float() also takes "١٢", " 1", "1_0", "inf" and "nan".
+_NUMBER_TEXT = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?", re.ASCII)
+
+
+def parse_number(text: str, name: str, *, error: type[PSError] = InvalidRequestError) -> float:
+    """`text` as a finite number written as JSON writes one (ASCII digits,
+    an optional sign, fraction and exponent); `error` naming `name` otherwise."""
+    value = float(text) if len(text) <= 400 and _NUMBER_TEXT.fullmatch(text) else math.nan
+    if not math.isfinite(value):
+        raise error(f"{name} must be a finite number in ASCII digits, not {text[:40]!r}")
+    return value
 
 
 def is_int_text(text: object) -> bool:

@@ -402,3 +402,16 @@ async def test_a_whole_float_key_is_that_key_and_a_weight_must_fit_a_float32(api
     assert status == 422 and err["error"] == "bad_weight", err
     status, err = await _api_call(http, "POST", "/v1/predict", {"events": [{"features": {"x": 1e300}}]})
     assert status == 422 and err["error"] == "bad_value", err
+
+
+@pytest.mark.parametrize("since", ["١٢", " 1", "1_0", "inf", "nan", "0x10", "1e400", "--1", ""])
+async def test_history_since_is_a_number_in_ascii(api: tuple[TestClient, Shard], since: str) -> None:  # type: ignore[type-arg]
+    http, _ = api
+    status, err = await _api_call(http, "GET", f"/v1/history?since={since}")
+    assert (status, err["error"]) == (400, "bad_request") and "since" in err["detail"], err
+
+
+@pytest.mark.parametrize("since", ["0", "-1.5", "1e9", "1796400000.25"])
+async def test_history_since_takes_json_numbers(api: tuple[TestClient, Shard], since: str) -> None:  # type: ignore[type-arg]
+    http, _ = api
+    assert (await _api_call(http, "GET", f"/v1/history?since={since}"))[0] == 200
