@@ -323,8 +323,9 @@ _DICT = frozenset({dict})
 _INT = frozenset({int})
 MAX_FEATURES = 4096
 """Most features (fields and pre-hashed keys together) of one event, by default."""
-MAX_WEIGHT = float(np.finfo(np.float32).max)
-"""Largest event weight: a weight is kept as a float32, and must stay finite there."""
+MAX_WEIGHT = 3.4e38
+"""Largest event weight or numeric feature value, in magnitude: each is kept
+as a float32 (whose largest is 3.4028235e38) and must stay finite there."""
 
 
 MAX_CACHED_FIELDS = 65_536
@@ -784,7 +785,7 @@ class FeatureHasher:
             salt[cat] = hv * _C_CAT
         if num.size:
             x = objs[num].astype(np.float64)
-            finite = np.isfinite(x) & (np.abs(x) < 3.4e38)
+            finite = np.isfinite(x) & (np.abs(x) <= MAX_WEIGHT)
             if not finite.all():
                 for j in num[~finite]:
                     self._fail(errors, grp, bad_event, int(event_of[j]), "bad_value", f"{field(j)}={objs[j]!r} is not a finite float32")

@@ -168,6 +168,9 @@ class FTRL(Optimizer):
     ) -> None:
         if alpha < MIN_POSITIVE or beta < 0 or l1 < 0 or l2 < 0:
             raise TableConfigError(f"ftrl needs alpha >= {MIN_POSITIVE:g} and beta, l1, l2 >= 0")
+        if beta < MIN_POSITIVE and l2 < MIN_POSITIVE:
+            # A fresh row's denominator is beta / alpha + l2: 0 divides by zero.
+            raise TableConfigError(f"ftrl needs beta or l2 >= {MIN_POSITIVE:g}")
         self.alpha = alpha
         self.beta = beta
         self.l1 = l1

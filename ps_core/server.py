@@ -31,8 +31,10 @@ Routes:
 - ``GET /openapi.json``: the OpenAPI document of the JSON routes this app
   serves (`ps_core.shard_openapi`).
 
-Integers in paths and bodies are parsed strictly (`ps_core.parsing`): ASCII
-digits, JSON integers; anything else is 400 ``bad_request``.
+Integers are parsed strictly (`ps_core.parsing`): in a path, ASCII digits;
+in a body, exact integer values (``3`` or ``3.0``, not ``2.5``, ``true``,
+``"3"`` or a float past ``2**53``), within bounds (versions fit a uint32);
+anything else is 400 ``bad_request`` with the reason.
 
 Errors are JSON ``{"error": code, "detail": reason}`` with the status of the
 `PSError` raised, mapped once in `error_middleware`.

@@ -139,7 +139,14 @@ _TABLE = _closed(
             "anyOf": [
                 _optimizer("sgd", lr=_POSITIVE, l2=_NON_NEGATIVE),
                 _optimizer("adagrad", lr=_POSITIVE, eps=_POSITIVE, initial_accumulator=_NON_NEGATIVE),
-                _optimizer("ftrl", alpha=_POSITIVE, beta=_NON_NEGATIVE, l1=_NON_NEGATIVE, l2=_NON_NEGATIVE),
+                {
+                    **_optimizer("ftrl", alpha=_POSITIVE, beta=_NON_NEGATIVE, l1=_NON_NEGATIVE, l2=_NON_NEGATIVE),
+                    # beta or l2 positive (each defaults to 1): a fresh row divides by beta / alpha + l2.
+                    "anyOf": [
+                        {"properties": {"beta": {"minimum": MIN_POSITIVE}}},
+                        {"properties": {"l2": {"minimum": MIN_POSITIVE}}},
+                    ],
+                },
             ],
         },
         "init_scale": {"type": "number", "minimum": 0, "maximum": MAX_INIT_SCALE},

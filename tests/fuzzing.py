@@ -5,6 +5,7 @@ documented, invalid requests refused, valid ones accepted)."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any, Callable
 
@@ -15,8 +16,9 @@ from schemathesis.generation.modes import GenerationMode
 
 __all__ = ["fuzz", "EXAMPLES"]
 
-EXAMPLES = 30
-"""Examples per operation: enough to find a route's gaps, few enough for a quick suite."""
+EXAMPLES = int(os.environ.get("CTRPS_FUZZ_EXAMPLES", "30"))
+"""Examples per operation: enough to find a route's gaps, few enough for a
+quick suite (``CTRPS_FUZZ_EXAMPLES`` for a longer search)."""
 
 After = Callable[[Any, requests.Response, requests.Session, str], None]
 

@@ -336,7 +336,7 @@ class _Reference:
         num = np.flatnonzero(codes == _T_NUM)
         if num.size:
             x = objs[num].astype(np.float64)
-            finite = np.isfinite(x) & (np.abs(x) < 3.4e38)
+            finite = np.isfinite(x) & (np.abs(x) <= MAX_WEIGHT)
             if not finite.all():
                 for j in num[~finite]:
                     self._fail(errors, grp, bad_event, int(event_of[j]), "bad_value", f"{fields[j]}={values[j]!r} is not a finite float32")

@@ -591,6 +591,7 @@ async def test_declare_with_a_different_config_conflicts(
         ({"name": "t", "init_scale": "big"}, r"init_scale must be a number"),
         ({"name": "t", "optimizer": {"name": "ftrl", "alpha": -1}}, r"ftrl needs alpha >= 1e-12"),
         ({"name": "t", "optimizer": {"name": "ftrl", "l1": 1e300}}, r"at most 1e\+06"),
+        ({"name": "t", "optimizer": {"name": "ftrl", "beta": 5e-324, "l2": 0}}, r"ftrl needs beta or l2"),
         ({"name": "t", "optimizer": {"name": "sgd", "lr": "0.1"}}, r"must be numbers"),
         ({"name": "t", "optimizer": {"name": "sgd", "momentum": 0.9}}, r"bad sgd hyperparameters"),
         ({"name": "t", "optimizer": 3}, r"optimizer is a name or an object"),
