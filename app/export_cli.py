@@ -3,7 +3,8 @@
 Shard 0 hosts the coordinator and its exporter (``ctrps shard --shards ...``),
 so this command needs only its URL. It prints the export's report (or the
 list) as JSON on stdout; an error is one log line on stderr (in the chosen
-``--log-format``) with exit status 1, or 2 without a shard 0.
+``--log-format``) with exit status 1, or 2 without a shard 0 or when shard 0 refuses the
+token or its certificate does not verify.
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ async def run_export(args: argparse.Namespace) -> int:
             else:
                 out = await client.export_now(args.kind)
         except PSError as exc:
-            log.error(exc.detail, extra={"fields": {"error": exc.code, "exit_code": 1}})
-            return 1
+            # A refused token or an unverified certificate is a settings error (2).
+            code = getattr(type(exc), "exit_code", 1)
+            log.error(exc.detail, extra={"fields": {"error": exc.code, "exit_code": code}})
+            return int(code)
     sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
