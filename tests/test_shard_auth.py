@@ -395,6 +395,36 @@ async def test_refusals_are_one_line_per_kind_counted_and_never_show_a_token(
     assert s.secret.encode() not in text
 
 
+def test_refusals_collapse_into_one_line_per_kind_and_interval(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Within `every_s` a kind's refusals are counted, not logged; the next
+    line of that kind says how many it stands for."""
+    import ps_core.auth as auth
+
+    now = [1000.0]
+    monkeypatch.setattr(auth.time, "monotonic", lambda: now[0])  # a sync test: no loop reads the clock
+    caplog.set_level(logging.WARNING, logger="test.refusals")
+    refusals = Refusals(logging.getLogger("test.refusals"), every_s=10.0)
+
+    def refuse(reason: str, n: int) -> None:
+        for _ in range(n):
+            refusals.refuse(reason, plane="http", peer="10.0.0.9:5000", what="GET /v1/stats", needs=Scope.READ)
+
+    refuse("missing", 7)
+    refuse("wrong", 3)
+    now[0] += 9.9
+    refuse("missing", 2)
+    assert [(r.fields["reason"], r.fields["refused"]) for r in caplog.records] == [  # type: ignore[attr-defined]
+        ("missing", 1), ("wrong", 1)
+    ]
+    now[0] += 0.2
+    refuse("missing", 1)
+    lines = [(r.fields["reason"], r.fields["refused"], r.fields["refused_total"]) for r in caplog.records]  # type: ignore[attr-defined]
+    assert lines[-1] == ("missing", 9, 10)  # the 8 unlogged since the first line, and this one
+    assert refusals.stats() == {"refused": {"missing": 10, "wrong": 3, "scope": 0}}
+
+
 # -- clients do not retry a refusal ----------------------------------------------------
 
 
@@ -417,6 +447,36 @@ async def test_refusals_are_not_retried(secured: Secured, rpc: bool) -> None:
             with pytest.raises(error):
                 await asyncio.wait_for(call(client), BOUND_S)
             assert _refused(s) == before + 1, (scope, error)
+
+
+async def test_an_api_with_a_refused_shard_token_answers_502_not_401(secured: Secured) -> None:
+    """The API's shard token is the server's configuration, not the caller's
+    credentials: a shard refusing it is a 502 naming the refusal."""
+    s = secured
+    model = make_model("lr")
+    s.shard.declare(model.tables()[0])
+    body = orjson.dumps({"events": [{"features": {"site": "a3f09"}}]})
+    for token, code in ((derive_token(new_secret(), Scope.READ), "unauthorized"), ("", "unauthorized")):
+        client = PSClient.connect([s.url], token=token, retry=PATIENT)
+        api = ApiServer(ApiSettings(port=0), client, model)
+        await api.start()
+        try:
+            status, got = await asyncio.wait_for(_http("POST", api.url + "/v1/predict", body=body), BOUND_S)
+        finally:
+            await api.stop()
+            await client.close()
+        assert status == 502, got
+        assert isinstance(got, dict) and got["error"] == "shard_error" and code in got["detail"]
+        assert not token or token not in got["detail"]
+    client = PSClient.connect([s.url], token=s.tokens[Scope.READ])
+    api = ApiServer(ApiSettings(port=0), client, model)
+    await api.start()
+    try:
+        status, got = await _http("POST", api.url + "/v1/predict", body=body)
+    finally:
+        await api.stop()
+        await client.close()
+    assert status == 200, got
 
 
 # -- the command line ------------------------------------------------------------------
@@ -453,12 +513,14 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
-async def test_worker_and_export_with_a_wrong_token_exit_2_with_one_line(secured: Secured) -> None:
+async def test_worker_and_export_with_a_wrong_token_exit_2_with_one_line(secured: Secured, tmp_path: Path) -> None:
     s = secured
     wrong = derive_token(new_secret(), Scope.TRAIN)
+    token_file = tmp_path / "token"
+    token_file.write_text(wrong + "\n")
     code, _, err = await _ctrps(
         "worker", "--shards", s.url, "--bootstrap", f"127.0.0.1:{free_port()}", "--decode-processes", "0",
-        env=_env(CTRPS_SHARD_TOKEN=wrong),
+        env=_env(CTRPS_SHARD_TOKEN_FILE=str(token_file)),
     )
     line = _one_line(err)
     assert code == 2, err
