@@ -308,6 +308,25 @@ async def test_unknown_routes_and_methods_need_a_valid_token(secured: Secured) -
         assert status in (404, 405)
 
 
+async def test_a_strangers_body_is_not_read(secured: Secured) -> None:
+    """The credentials are checked before the body is read: a stranger
+    announcing 500 MB and sending none is answered 401 at once (were the body
+    read first, the answer would be the body deadline's 408)."""
+    port = int(secured.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            b"POST /v1/push HTTP/1.1\r\nHost: shard\r\nContent-Type: application/x-ctrps-frame\r\n"
+            b"Content-Length: 500000000\r\n\r\n" + b"\0" * 1024
+        )
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND_S)
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 401 "), head
+    assert secured.refusals.counts["missing"] == 1
+
+
 def _forged_tokens(secret: str) -> dict[str, str]:
     read = derive_token(secret, Scope.READ)
     mac = read.split(".", 1)[1]
