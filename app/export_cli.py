@@ -19,7 +19,6 @@ import orjson
 from ps_core.auth import Scope
 from ps_core.client import PSClient, RetryPolicy
 from ps_core.errors import PSError
-from ps_core.tls import client_context
 
 from .security import SecuritySettings, add_security_flags
 
@@ -66,7 +65,7 @@ async def run_export(args: argparse.Namespace) -> int:
         log.error("no shard 0: pass --shard0 URL or set CTRPS_SHARDS", extra={"fields": {"exit_code": 2}})
         return 2
     security = SecuritySettings.from_args(args)
-    tls = client_context(security.tls) if security.tls.ca or security.tls.serves else None
+    tls = security.client_tls()
     # Only shard 0 is asked, so the client holds only its transport.
     async with PSClient.connect(
         [url.strip()], retry=RetryPolicy(deadline_s=args.timeout), token=security.token_for(Scope.ADMIN), ssl=tls

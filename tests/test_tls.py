@@ -347,3 +347,19 @@ async def test_shard_and_serve_roles_with_tls_and_a_secret(
     assert all(r.fields["url"].startswith("https://") for r in listening)  # type: ignore[attr-defined]
     text_logged = "\n".join(f"{r.getMessage()} {r.__dict__!r}" for r in caplog.records)
     assert secret not in text_logged
+
+
+async def test_tls_files_that_do_not_load_are_one_line_and_exit_2(pki: Pki, tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    env = _env(CTRPS_CLUSTER_SECRET=new_secret())
+    for args in (
+        ["shard", "--port", "0", "--no-exports", "--tls-cert", pki.server, "--tls-key", pki.other_client],
+        ["serve", "--port", "0", "--shards", "https://127.0.0.1:1", "--tls-cert", str(junk), "--tls-key", str(junk)],
+        ["export", "--shard0", "https://127.0.0.1:1", "--tls-ca", str(junk)],
+        ["worker", "--shards", "https://127.0.0.1:1", "--bootstrap", "127.0.0.1:1", "--tls-ca", str(junk)],
+    ):
+        code, _, err = await _ctrps(*args, env=env)
+        line = _one_line(err)
+        assert code == 2, err
+        assert "cannot be loaded" in line and ("--tls-key" in line or "--tls-ca" in line), line
