@@ -23,7 +23,10 @@ async def run_serve(settings: ApiSettings, stop: asyncio.Event | None = None) ->
     then the request gets 503 naming the shard. With ``settings.follow``,
     serve that export directory instead (`Follower`; an exports root means
     its ``<model_name>/``): the model is the newest manifest's, or the
-    settings' while the directory holds no version."""
+    settings' while the directory holds no version. Refuses (`SettingsError`)
+    a non-loopback host without an admin token unless ``settings.insecure``."""
+    # Before anything connects or loads: an exposed API with open admin routes never starts.
+    settings.check_exposed()
     stop = stop or asyncio.Event()
     model = make_model(settings.model, settings.model_name)
     with stop_on_signals(stop):
