@@ -51,7 +51,7 @@ from .settings import ApiSettings, DemoSettings
 from .signals import stop_on_signals
 from .status import default_worker_id, make_status_hook
 
-__all__ = ["run_demo", "TOPIC", "GROUP", "PARTITIONS", "example_event", "fresh_exports_dir"]
+__all__ = ["run_demo", "api_settings_of", "TOPIC", "GROUP", "PARTITIONS", "example_event", "fresh_exports_dir"]
 
 log = logging.getLogger("ctrps.demo")
 
@@ -215,11 +215,16 @@ async def run_demo(
             return 1
 
 
-async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO) -> int:
-    api_settings = ApiSettings(
+def api_settings_of(settings: DemoSettings) -> ApiSettings:
+    """The settings of the demo's API."""
+    return ApiSettings(
         host=settings.host, port=settings.port, log_format=settings.log_format,
         admin_token=settings.admin_token, insecure=settings.insecure,
     )  # fmt: skip
+
+
+async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO) -> int:
+    api_settings = api_settings_of(settings)
     # Refused before the broker starts: an exposed API needs CTRPS_ADMIN_TOKEN or --insecure.
     api_settings.check_exposed()
     async with contextlib.AsyncExitStack() as stack:
