@@ -50,6 +50,7 @@ from ps_core.errors import NoCoordinatorError, PSError, ShardUnavailableError, S
 from ps_core.export import list_versions
 from ps_core.limits import PortGuard, ServedPort, serve_limited
 from ps_core.models import Model
+from ps_core.tls import HandshakeFailures, watch_handshakes
 
 from .errors import (
     BadRequestError,
@@ -609,6 +610,11 @@ class ApiServer:
         self.guard = PortGuard("api", settings.limits)
         """The port's limits and counters (connections, deadlines)."""
         self.guard.install(self.app)
+        self.handshakes = HandshakeFailures()
+        """The port's refused TLS handshakes, by reason."""
+        if ssl_context is not None:
+            watch_handshakes(ssl_context, self.handshakes)
+        self.app[METRICS].watch_port(lambda: {"http": self.guard.stats(), "tls": self.handshakes.stats()})
         self._runner: web.AppRunner | None = None
         self._served: ServedPort | None = None
         self.url = ""

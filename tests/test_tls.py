@@ -222,6 +222,16 @@ async def test_mutual_tls_refuses_a_client_without_a_certificate_of_the_ca(
         await _train_and_read(s.url, token, _client(pki.ca, pki.client), rpc=rpc)
 
 
+async def _plaintext_request(url: str) -> None:
+    """One plaintext HTTP request to a TLS port, read to its close: no answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    got = await asyncio.wait_for(reader.read(), BOUND_S)
+    writer.close()
+    assert b"HTTP/1.1 200" not in got
+
+
 async def test_the_api_serves_https(pki: Pki) -> None:
     model = make_model("lr")
     client = PSClient.local([Shard(ShardSpec(0, 1), model.tables())])
@@ -239,6 +249,19 @@ async def test_the_api_serves_https(pki: Pki) -> None:
                 await session.post(api.url + "/v1/predict", data=body, ssl=_client(pki.other_ca))
             with pytest.raises(aiohttp.ClientError):
                 await session.get(api.url.replace("https://", "http://") + "/healthz")
+            # Refused plaintext requests are counted by reason (aiohttp's request
+            # may have been retried; the raw one is exactly one) and shown in the metrics.
+            await until(lambda: "http_request" in api.handshakes.counts, BOUND_S, what="the refusal counted")
+            before = api.handshakes.counts["http_request"]
+            await _plaintext_request(api.url)
+            await until(
+                lambda: api.handshakes.counts["http_request"] == before + 1, BOUND_S, what="one more refusal counted"
+            )
+            async with session.get(api.url + "/metrics", ssl=_client(pki.ca)) as resp:
+                text = (await resp.read()).decode()
+            assert f'ctrps_tls_handshake_failures_total{{reason="http_request",role="api",shard=""}} {before + 1}.0' in text
+            assert 'ctrps_port_open_connections{port="http",role="api",shard=""}' in text
+            assert 'ctrps_port_refused_total{port="http",reason="head_timeout",role="api",shard=""} 0.0' in text
     finally:
         await api.stop()
         await client.close()
@@ -333,9 +356,14 @@ async def test_shard_and_serve_roles_with_tls_and_a_secret(
                     return False
 
             await until(predicts, 30.0, what="the API over https")
+            # Plaintext to shard 1's TLS port: refused, counted there, relayed by the API.
+            await _plaintext_request(urls[1])
             async with session.get(api_url + "/metrics", ssl=ctx) as resp:
                 text = (await resp.read()).decode()
             assert 'ctrps_shard_up{shard="1"} 1.0' in text
+            assert 'ctrps_tls_handshake_failures_total{reason="http_request",role="shard",shard="1"} 1.0' in text
+            assert 'ctrps_port_open_connections{port="rpc",role="shard",shard="0"}' in text
+            assert 'ctrps_port_refused_total{port="rpc",reason="overloaded",role="shard",shard="1"} 0.0' in text
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*shards, serve, return_exceptions=True), 30.0)
@@ -347,6 +375,8 @@ async def test_shard_and_serve_roles_with_tls_and_a_secret(
     assert all(r.fields["url"].startswith("https://") for r in listening)  # type: ignore[attr-defined]
     text_logged = "\n".join(f"{r.getMessage()} {r.__dict__!r}" for r in caplog.records)
     assert secret not in text_logged
+    refused = [r for r in caplog.records if r.name == "ctrps.tls"]
+    assert [r.getMessage() for r in refused] == ["tls: refused a handshake (http_request) total=1"]
 
 
 async def test_tls_files_that_do_not_load_are_one_line_and_exit_2(pki: Pki, tmp_path: Path) -> None:
