@@ -40,10 +40,12 @@ import aiohttp
 from aiokafka.admin import AIOKafkaAdminClient
 
 from consumers.broker import create_topics, free_port, wait_for_metadata
+from consumers.kafka_security import KafkaSecurity
 from ps_core.export import list_versions
 
+from .kafka_flags import kafka_child_argv, kafka_child_env
 from .logs import log_event
-from .settings import ClusterSettings, ShardSettings
+from .settings import ClusterSettings, SettingsError, ShardSettings
 from .signals import stop_on_signals
 from .supervisor import Child, ChildSpec, RestartPolicy, Supervisor
 
@@ -130,10 +132,10 @@ async def _http_ok(session: aiohttp.ClientSession, url: str) -> bool:
         return resp.status == 200
 
 
-async def _topics_listed(bootstrap: str, topics: set[str]) -> bool:
+async def _topics_listed(bootstrap: str, topics: set[str], security: KafkaSecurity = KafkaSecurity()) -> bool:
     # Metadata first: it waits for the port quietly, a Kafka client would log errors.
-    await wait_for_metadata(bootstrap, timeout_s=2.0)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+    await wait_for_metadata(bootstrap, timeout_s=2.0, security=security)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000, **security.client_kwargs())
     try:
         await admin.start()
         return topics <= set(await admin.list_topics())
@@ -145,8 +147,16 @@ async def _topics_listed(bootstrap: str, topics: set[str]) -> bool:
 class _Cluster:
     """The composition: which children, with which flags, in which order."""
 
-    def __init__(self, settings: ClusterSettings, sup: Supervisor, session: aiohttp.ClientSession):
+    def __init__(
+        self,
+        settings: ClusterSettings,
+        sup: Supervisor,
+        session: aiohttp.ClientSession,
+        kafka: KafkaSecurity = KafkaSecurity(),
+    ):
         self.s = settings
+        self.kafka = kafka
+        """How the cluster and the children that talk to Kafka (workers, producer) reach it."""
         self.sup = sup
         self.session = session
         self.bootstrap = settings.bootstrap
@@ -191,8 +201,8 @@ class _Cluster:
         s, fmt = self.s, self.s.log_format
         topics = {TOPIC: s.partitions, f"{TOPIC}.dlq": 1}
         if self.bootstrap:
-            await wait_for_metadata(self.bootstrap, timeout_s=s.ready_timeout_s)
-            await create_topics(self.bootstrap, topics)
+            await wait_for_metadata(self.bootstrap, timeout_s=s.ready_timeout_s, security=self.kafka)
+            await create_topics(self.bootstrap, topics, security=self.kafka)
         else:
             port = self.broker_port = free_port(HOST)
             self.bootstrap = f"{HOST}:{port}"
@@ -202,6 +212,7 @@ class _Cluster:
                     _ctrps("broker", "--port", str(port), "--log-format", fmt,
                            *(a for t, n in topics.items() for a in ("--topic", f"{t}:{n}"))),
                     restart=self.restart,
+                    env=kafka_child_env(self.kafka, talks_to_kafka=False),
                     # A SIGKILLed role leaves its binary holding the port.
                     before_restart=partial(end_broker_processes, port),
                 ),
@@ -232,6 +243,7 @@ class _Cluster:
             spec = ChildSpec(
                 f"shard-{i}", argv, group="shards", restart=self.restart,
                 restart_argv=partial(self._shard_restart_argv, argv),
+                env=kafka_child_env(self.kafka, talks_to_kafka=False),
             )  # fmt: skip
             shards.append(await self.sup.start(spec))
         # Shards start together: their interpreters load in parallel.
@@ -250,6 +262,7 @@ class _Cluster:
                 _ctrps("serve", "--host", HOST, "--port", str(api_port),
                        "--shards", ",".join(self.shard_urls), "--log-format", fmt),
                 restart=self.restart,
+                env=kafka_child_env(self.kafka, talks_to_kafka=False),
             ),
             partial(_http_ok, self.session, self.api_url + "/readyz"),
         )  # fmt: skip
@@ -260,9 +273,11 @@ class _Cluster:
                     f"worker-{j}",
                     _ctrps("worker", "--bootstrap", self.bootstrap,
                            "--shards", ",".join(self.shard_urls), "--topic", TOPIC,
-                           "--window-seconds", str(s.window_seconds), "--log-format", fmt),
+                           "--window-seconds", str(s.window_seconds), "--log-format", fmt,
+                           *kafka_child_argv(self.kafka)),
                     group="workers",
                     restart=self.restart,
+                    env=kafka_child_env(self.kafka, talks_to_kafka=True),
                 )
             )  # fmt: skip
 
@@ -273,9 +288,10 @@ class _Cluster:
                     _ctrps("produce", "synthetic", "--bootstrap", self.bootstrap,
                            "--topic", TOPIC, "--partitions", str(s.partitions),
                            "--events", str(PRODUCER_EVENTS), "--rate", str(s.produce_rate),
-                           "--log-format", fmt),
+                           "--log-format", fmt, *kafka_child_argv(self.kafka)),
                     may_finish=True,
                     restart=self.restart,
+                    env=kafka_child_env(self.kafka, talks_to_kafka=True),
                 )
             )  # fmt: skip
 
@@ -284,9 +300,22 @@ async def run_cluster(
     settings: ClusterSettings,
     stop: asyncio.Event | None = None,
     out: BinaryIO | None = None,
+    *,
+    kafka: KafkaSecurity = KafkaSecurity(),
 ) -> int:
     """Run the cluster until SIGTERM/SIGINT, `stop`, ``duration_s`` or a
-    child's failure; returns the exit status (0 clean, 1 a child failed)."""
+    child's failure; returns the exit status (0 clean, 1 a child failed).
+
+    `kafka` is how the cluster, its workers and its producer reach the Kafka
+    at ``settings.bootstrap`` (the broker process it starts otherwise speaks
+    PLAINTEXT only: other settings need a bootstrap, `SettingsError`). The
+    workers and the producer get it as flags and the SASL password in their
+    environment; no other child gets the password."""
+    if kafka.security_protocol != "PLAINTEXT" and not settings.bootstrap:
+        raise SettingsError(
+            f"Kafka security protocol {kafka.security_protocol} needs --bootstrap: "
+            "the broker process the cluster starts speaks PLAINTEXT only"
+        )
     stop = stop or asyncio.Event()
     policy = RestartPolicy(
         backoff_s=settings.restart_backoff_s,
@@ -300,7 +329,7 @@ async def run_cluster(
     timer: asyncio.TimerHandle | None = None
     with stop_on_signals(stop):
         async with aiohttp.ClientSession() as session:
-            cluster = _Cluster(settings, sup, session)
+            cluster = _Cluster(settings, sup, session, kafka)
             starting = asyncio.create_task(cluster.start())
             waiting = asyncio.create_task(sup.wait(stop))
             try:
