@@ -222,17 +222,24 @@ async def check_access(bootstrap: str, security: KafkaSecurity, timeout_s: float
             continue  # not there (yet): an outage, not a refusal
         except KafkaError as exc:
             name = type(exc).__name__
+            if name == "UnsupportedSaslMechanismError":
+                raise KafkaAccessError(
+                    f"the Kafka broker at {where} does not offer SASL mechanism {security.sasl_mechanism} "
+                    "(--kafka-sasl-mechanism)"
+                ) from None
             if "Sasl" in name or "Authentication" in name or "Authorization" in name:
                 raise KafkaAccessError(
                     f"SASL authentication as {security.sasl_username!r} ({security.sasl_mechanism}) with the "
                     f"Kafka broker at {where} failed: {name}: {exc}"
                 ) from None
-            if name == "KafkaConnectionError" and security.uses_tls:
-                # Closed right after the handshake: typically a client certificate it does not accept.
-                raise KafkaAccessError(
-                    f"the Kafka broker at {where} closed the TLS connection (does it require a client "
-                    "certificate, --kafka-ssl-cert/--kafka-ssl-key, that it accepts?)"
-                ) from None
+            if name == "KafkaConnectionError":
+                # It listens, yet closed the connection before answering.
+                hint = (
+                    "does it require a client certificate, --kafka-ssl-cert/--kafka-ssl-key, that it accepts?"
+                    if security.uses_tls
+                    else "does it expect TLS, --kafka-security-protocol SSL or SASL_SSL?"
+                )
+                raise KafkaAccessError(f"the Kafka broker at {where} closed the connection ({hint})") from None
             continue
         with contextlib.suppress(Exception):
             conn.close()
