@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import ssl
 from dataclasses import dataclass, field
@@ -45,6 +46,27 @@ PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 """Kafka's security protocols."""
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 """The SASL mechanisms offered (GSSAPI and OAUTHBEARER need more than a password)."""
+
+
+class _RedactSasl(logging.Filter):
+    """aiokafka logs every request and response at DEBUG, the SASL exchange
+    included: a PLAIN login's bytes hold the password. Such a record's
+    SASL structure is replaced by its name before any handler sees it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and any(type(a).__name__.startswith("SaslAuthenticate") for a in args):
+            record.args = tuple(
+                f"{type(a).__name__}(<redacted>)" if type(a).__name__.startswith("SaslAuthenticate") else a
+                for a in args
+            )
+        return True
+
+
+_REDACT = _RedactSasl()
+# On the logger that writes them (a logger's filters apply to its own records
+# only): installed on import, i.e. before any client that could log them exists.
+logging.getLogger("aiokafka.conn").addFilter(_REDACT)
 
 
 class KafkaSecurityError(ValueError):
@@ -215,8 +237,8 @@ async def check_access(bootstrap: str, security: KafkaSecurity, timeout_s: float
             )  # fmt: skip
         except ssl.SSLError as exc:
             hint = "is --kafka-ssl-ca the CA that signed the broker's certificate?"
-            if isinstance(exc, ssl.SSLCertVerificationError) and "hostname" in (exc.verify_message or ""):
-                hint = "the broker's certificate does not name this host"
+            if isinstance(exc, ssl.SSLCertVerificationError) and "mismatch" in (exc.verify_message or ""):
+                hint = "the broker's certificate does not name this host; --kafka-ssl-no-check-hostname skips the check"
             raise KafkaAccessError(f"TLS handshake with the Kafka broker at {where} failed: {_reason(exc)} ({hint})") from None
         except (ConnectionRefusedError, asyncio.TimeoutError, OSError):
             continue  # not there (yet): an outage, not a refusal

@@ -65,6 +65,7 @@ class KafkaFront:
     _port: int = 0
     _tansu_port: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
     @property
     def bootstrap(self) -> str:
@@ -95,9 +96,12 @@ class KafkaFront:
     async def __aexit__(self, *exc: object) -> None:
         if self._server is not None:
             self._server.close()
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Closing the connections ends their handlers (cancelling them would
+        # make asyncio's stream callback log the cancellation as an error).
+        for w in list(self._writers):
+            w.close()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=5)
         if self._proc is not None and self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
             try:
@@ -110,6 +114,7 @@ class KafkaFront:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)  # type: ignore[arg-type]
+        self._writers.add(writer)
         pipe: asyncio.Task[None] | None = None
         up_writer: asyncio.StreamWriter | None = None
         try:
@@ -163,6 +168,7 @@ class KafkaFront:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             self._tasks.discard(task)  # type: ignore[arg-type]
+            self._writers.discard(writer)
 
     @staticmethod
     async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
