@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import ssl
 import sys
 import uuid
@@ -426,3 +428,77 @@ async def test_plaintext_set_explicitly_works_against_the_embedded_broker(kafka_
         finally:
             stop.set()
             await asyncio.wait_for(task, 30)
+
+
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_bytes().splitlines():
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+async def test_a_cluster_over_sasl_ssl_hands_the_password_to_its_kafka_children_only(
+    pki: Pki, tmp_path: Path
+) -> None:
+    """`ctrps cluster --bootstrap` of a SASL_SSL Kafka with mutual TLS: its
+    workers and producer log in (flags, and the password in their
+    environment) and train; the shard and the API hold no password."""
+    import aiohttp
+
+    err_log, out_log = tmp_path / "cluster.log", tmp_path / "children.log"
+    async with KafkaFront(ssl_context=pki.server_context(client_certs=True), users={"alice": PASSWORD}) as front:
+        with out_log.open("wb") as out, err_log.open("wb") as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "app.cli", "cluster", "--bootstrap", front.bootstrap,
+                "--shards", "1", "--workers", "1", "--port", "0", "--produce-rate", "2000",
+                "--window-seconds", "1", "--no-exports", "--duration", "120", "--log-format", "json",
+                "--kafka-security-protocol", "SASL_SSL", "--kafka-sasl-username", "alice",
+                "--kafka-ssl-ca", str(pki.ca_file), "--kafka-ssl-cert", str(pki.cert_file),
+                "--kafka-ssl-key", str(pki.key_file),
+                env={**_ctrps_env(CTRPS_KAFKA_SASL_PASSWORD=PASSWORD), "PYTHONUNBUFFERED": "1"},
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
+            )  # fmt: skip
+        try:
+
+            def ready() -> dict[str, Any] | None:
+                assert proc.returncode is None, err_log.read_text()[-3000:]
+                lines = _json_lines(err_log)
+                return next((x for x in lines if x.get("msg") == "ready" and x.get("logger") == "ctrps.cluster"), None)
+
+            await until(lambda: ready() is not None, 90, what="the cluster to be ready")
+            info = ready()
+            assert info is not None
+            started = {x["role"]: x["pid"] for x in _json_lines(err_log) if x.get("msg") == "started"}
+            assert set(started) == {"shard-0", "api", "worker-0", "producer"}
+            holds = {role: _environ(pid).get("CTRPS_KAFKA_SASL_PASSWORD") == PASSWORD for role, pid in started.items()}
+            assert holds == {"shard-0": False, "api": False, "worker-0": True, "producer": True}
+            async with aiohttp.ClientSession() as session:
+
+                async def trained() -> bool:
+                    async with session.get(info["api"] + "/v1/model") as resp:
+                        return bool((await resp.json())["events_trained"] > 0)
+
+                await until(trained, 90, what="events trained through the secured Kafka")
+            proc.send_signal(signal.SIGINT)
+            rc = await asyncio.wait_for(proc.wait(), 60)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+                for pid in (x["pid"] for x in _json_lines(err_log) if x.get("msg") == "started"):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, signal.SIGKILL)
+    assert rc == 0, err_log.read_text()[-3000:]
+    assert front.logins and all(ok for _, ok in front.logins) and front.refused == 0
+    logged = err_log.read_text() + out_log.read_text()
+    assert PASSWORD not in logged
