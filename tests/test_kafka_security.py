@@ -502,3 +502,21 @@ async def test_a_cluster_over_sasl_ssl_hands_the_password_to_its_kafka_children_
     assert front.logins and all(ok for _, ok in front.logins) and front.refused == 0
     logged = err_log.read_text() + out_log.read_text()
     assert PASSWORD not in logged
+
+
+async def test_a_worker_refused_by_the_broker_exits_1_with_one_line(pki: Pki, serve_shards: Any) -> None:
+    """A wrong CA is not an outage to wait out: the worker stops at start."""
+    _, urls = await serve_shards(1)
+    other = Pki(pki.ca_file.parent.parent / "other")
+    async with KafkaFront(ssl_context=pki.server_context(client_certs=False), users={"alice": PASSWORD}) as front:
+        code, out = await _ctrps(
+            "worker", "--bootstrap", front.bootstrap, "--shards", urls[0], "--topic", _topic(),
+            "--kafka-security-protocol", "SASL_SSL", "--kafka-sasl-username", "alice",
+            "--kafka-ssl-ca", str(other.ca_file),
+            env=_ctrps_env(CTRPS_KAFKA_SASL_PASSWORD=PASSWORD),
+        )  # fmt: skip
+    assert code == 1, out
+    errors = [line for line in out.splitlines() if " error " in line]
+    assert len(errors) == 1 and "TLS handshake with the Kafka broker at" in errors[0], out
+    assert "Traceback" not in out and PASSWORD not in out
+    assert "kafka_security=SASL_SSL" in out  # the start line says how it connects
