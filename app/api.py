@@ -68,6 +68,7 @@ from .logs import log_event
 from .metrics import ApiMetrics
 from .openapi import openapi_document, validate
 from .predictor import Predictor
+from .security import is_loopback
 from .settings import ApiSettings
 from .status import summarize
 
@@ -614,9 +615,11 @@ class ApiServer:
         """``http(s)://host:port`` with the port actually bound (``--port 0``)."""
 
     async def start(self) -> str:
-        """Listen; returns the URL."""
+        """Listen; returns the URL. Refuses (`SettingsError`) a non-loopback
+        host with the admin routes open, unless ``insecure``."""
         if self._runner is not None:
             return self.url
+        self.settings.check_exposed()
         runner = web.AppRunner(
             self.app, access_log=None, handle_signals=False, **self.settings.limits.runner_kwargs()
         )
@@ -673,9 +676,10 @@ async def run_api(
             max_events=settings.max_events,
             admin_token="set" if settings.admin_token else "none",
         )
-        if not settings.admin_token and settings.host not in ("127.0.0.1", "localhost", "::1"):
+        if not settings.admin_token and not is_loopback(settings.host):
+            # Only with --insecure: `start` refuses this otherwise.
             log.warning(
-                "admin routes are open: set CTRPS_ADMIN_TOKEN",
+                "admin routes are open (--insecure): set CTRPS_ADMIN_TOKEN",
                 extra={"fields": {"host": settings.host}},
             )
         await stop.wait()

@@ -77,8 +77,9 @@ manifest). GET /v1/model shows the version served; /readyz waits for one.
 
 Every flag falls back to a CTRPS_* variable (CTRPS_SHARDS, CTRPS_FOLLOW,
 CTRPS_FOLLOW_INTERVAL, CTRPS_API_PORT, CTRPS_MODEL, CTRPS_MODEL_NAME,
-CTRPS_MAX_EVENTS, ...). Set CTRPS_ADMIN_TOKEN to
-require "Authorization: Bearer <token>" on admin routes (POST /v1/status).
+CTRPS_MAX_EVENTS, ...). Set CTRPS_ADMIN_TOKEN (or CTRPS_ADMIN_TOKEN_FILE) to
+require "Authorization: Bearer <token>" on admin routes (POST /v1/status);
+on a non-loopback --host the API refuses to start without it (or --insecure).
 """
 
 _DEMO_EXAMPLE = """\
@@ -89,7 +90,9 @@ examples:
 Nothing else to start: the embedded Kafka-protocol broker (or the one at
 CTRPS_KAFKA_BOOTSTRAP), a synthetic producer, in-process shards, a worker and the
 HTTP API. Flags fall back to CTRPS_DEMO_DURATION, CTRPS_DEMO_PORT,
-CTRPS_DEMO_SHARDS, CTRPS_DEMO_RATE, ... One line per window.
+CTRPS_DEMO_SHARDS, CTRPS_DEMO_RATE, ... One line per window. Set
+CTRPS_ADMIN_TOKEN to require "Authorization: Bearer <token>" on admin routes;
+a non-loopback --host needs it (or --insecure).
 """
 
 _CLUSTER_EXAMPLE = """\
@@ -293,6 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--exports-dir", help="where model versions are written (default ./exports)")
     demo.add_argument("--export-interval", type=float, help="seconds between exports; 0 = only when asked (default 60)")
     demo.add_argument("--no-exports", action="store_true", help="write no exports")
+    demo.add_argument(
+        "--insecure", action="store_true", default=None,
+        help="let the API listen on a non-loopback --host without CTRPS_ADMIN_TOKEN",
+    )  # fmt: skip
     add_kafka_security_flags(demo)
 
     cluster = sub.add_parser(

@@ -8,6 +8,12 @@
 - N shards in this process (`PSClient.local`), a worker with short windows
   (group ``ctrps-demo``), and the HTTP API on ``--port``.
 
+The shards are objects in this process, not servers: the demo opens no
+shard port, so it has no cluster secret to hand out. The API's admin routes
+take ``CTRPS_ADMIN_TOKEN`` (or ``_FILE``) as ``ctrps serve``'s do; on a
+non-loopback ``--host`` the demo refuses to start without it unless
+``--insecure``.
+
 It prints the URLs and ``curl`` examples, then one progress line per window,
 and stops cleanly on Ctrl-C/SIGTERM or after ``--duration``: producer first,
 then the worker (which trains and commits its last window), the API, the
@@ -46,7 +52,7 @@ from .settings import ApiSettings, DemoSettings, SettingsError
 from .signals import stop_on_signals
 from .status import default_worker_id, make_status_hook
 
-__all__ = ["run_demo", "TOPIC", "GROUP", "PARTITIONS", "example_event", "fresh_exports_dir"]
+__all__ = ["run_demo", "api_settings_of", "TOPIC", "GROUP", "PARTITIONS", "example_event", "fresh_exports_dir"]
 
 log = logging.getLogger("ctrps.demo")
 
@@ -221,7 +227,18 @@ async def run_demo(
             return 1
 
 
+def api_settings_of(settings: DemoSettings) -> ApiSettings:
+    """The settings of the demo's API."""
+    return ApiSettings(
+        host=settings.host, port=settings.port, log_format=settings.log_format,
+        admin_token=settings.admin_token, insecure=settings.insecure,
+    )  # fmt: skip
+
+
 async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: KafkaSecurity) -> int:
+    api_settings = api_settings_of(settings)
+    # Refused before the broker starts: an exposed API needs CTRPS_ADMIN_TOKEN or --insecure.
+    api_settings.check_exposed()
     async with contextlib.AsyncExitStack() as stack:
         # Entered in dependency order, so they close in the reverse: API,
         # client, broker (the worker and producer stop first, below).
@@ -233,7 +250,6 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
         await create_topics(bootstrap, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1}, security=kafka)
 
         shards = [Shard(ShardSpec(i, settings.shards)) for i in range(settings.shards)]
-        api_settings = ApiSettings(host=settings.host, port=settings.port, log_format=settings.log_format)
         exporter: Exporter | None = None
         exports: Path | None = None
         if settings.exports_dir:

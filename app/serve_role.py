@@ -28,12 +28,15 @@ async def run_serve(
     then the request gets 503 naming the shard. With ``settings.follow``,
     serve that export directory instead (`Follower`; an exports root means
     its ``<model_name>/``): the model is the newest manifest's, or the
-    settings' while the directory holds no version.
+    settings' while the directory holds no version. Refuses (`SettingsError`)
+    a non-loopback host without an admin token unless ``settings.insecure``.
 
     `security`: the API listens over TLS when given a certificate and key,
     and presents its shard token (the admin scope's when it holds the
     secret: its admin routes reach shard 0's exports) to ``https://``
     shards verified against its CA."""
+    # Before anything connects or loads: an exposed API with open admin routes never starts.
+    settings.check_exposed()
     stop = stop or asyncio.Event()
     security = security or SecuritySettings()
     served = server_context(security.tls) if security.tls.serves else None

@@ -5,10 +5,12 @@ of the scope it needs, derived from the secret with HMAC-SHA256, so a token
 given to a serving replica cannot train, and none of them can be turned back
 into the secret. Scopes are ordered, each including the ones below it:
 
-- ``read``: pulls, table listing, stats (the API's predictions, replicas);
-- ``train``: pushes, leases and the coordinator's offsets (the workers);
-- ``admin``: tables, snapshots, exports, compaction, restores, the status
-  board (the exporter, ``ctrps export``, the API's admin routes, shard 0).
+- ``read``: pulls, table listing, stats, the status board and the exports'
+  listing (the API's predictions, replicas' sources);
+- ``train``: pushes, leases and the coordinator's offsets, declaring the
+  model's tables and reporting to the status board (the workers);
+- ``admin``: snapshots, exports, compaction, membership and restores (the
+  exporter, ``ctrps export``, the API's admin routes, shard 0).
 
 A token is ``<scope>.<mac>`` (the mac in unpadded base64url), sent as
 ``Authorization: Bearer <token>`` over HTTP and in the RPC's hello. Tokens
