@@ -9,7 +9,6 @@ from pathlib import Path
 from ps_core.auth import Scope
 from ps_core.client import PSClient, RetryPolicy
 from ps_core.models import make_model
-from ps_core.tls import client_context, server_context
 
 from .api import run_api
 from .follower import Follower, follow_dir, model_of_exports
@@ -39,8 +38,8 @@ async def run_serve(
     settings.check_exposed()
     stop = stop or asyncio.Event()
     security = security or SecuritySettings()
-    served = server_context(security.tls) if security.tls.serves else None
-    tls = client_context(security.tls) if security.tls.ca or security.tls.serves else None
+    served = security.server_tls()
+    tls = security.client_tls()
     model = make_model(settings.model, settings.model_name)
     with stop_on_signals(stop):
         if settings.follow:

@@ -10,7 +10,6 @@ from consumers.worker import Worker, WorkerConfig
 from ps_core.auth import Scope
 from ps_core.client import PSClient
 from ps_core.models import make_model
-from ps_core.tls import client_context
 
 from .logs import log_event
 from .security import SecuritySettings
@@ -40,7 +39,7 @@ async def run_worker(
     connects as `kafka` says."""
     stop = stop or asyncio.Event()
     security = security or SecuritySettings()
-    tls = client_context(security.tls) if security.tls.ca or security.tls.serves else None
+    tls = security.client_tls()
     config = WorkerConfig(
         bootstrap=settings.bootstrap,
         topic=settings.topic,

@@ -128,31 +128,33 @@ def token_from_header(value: str | None) -> str | None:
 class Refusals:
     """Counts a server's refused credentials and logs them without flooding.
 
-    The first refusal is logged at once; after it, at most one line per
-    `every_s`, saying how many were refused since the last line. Reasons:
-    ``missing`` (no token), ``wrong`` (a token no scope has), ``scope`` (a
-    valid token of too low a scope). No token is ever part of a line."""
+    Per reason, the first refusal is logged at once; after it, at most one
+    line per `every_s`, saying how many of that reason were refused since its
+    last line (so a misconfigured worker's ``wrong`` token does not hide a
+    stranger's ``missing`` one). Reasons: ``missing`` (no token), ``wrong``
+    (a token no scope has), ``scope`` (a valid token of too low a scope). No
+    token is ever part of a line."""
 
     def __init__(self, log: logging.Logger, *, every_s: float = 10.0) -> None:
         self._log = log
         self._every_s = every_s
         self.counts: dict[str, int] = {"missing": 0, "wrong": 0, "scope": 0}
-        self._last_line = -float("inf")
-        self._unlogged = 0
+        self._last_line: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
 
     def refuse(self, reason: str, *, plane: str, peer: str, what: str, needs: Scope) -> None:
         """Count one refusal (of `what`, from `peer`) and log it if it is time."""
         self.counts[reason] = self.counts.get(reason, 0) + 1
-        self._unlogged += 1
+        self._unlogged[reason] = unlogged = self._unlogged.get(reason, 0) + 1
         now = time.monotonic()
-        if now - self._last_line < self._every_s:
+        if now - self._last_line.get(reason, -float("inf")) < self._every_s:
             return
-        self._last_line = now
+        self._last_line[reason] = now
+        self._unlogged[reason] = 0
         self._log.warning("credentials refused", extra={"fields": {
             "plane": plane, "reason": reason, "peer": peer, "request": what, "needs": needs.label,
-            "refused": self._unlogged, "refused_total": sum(self.counts.values()),
+            "refused": unlogged, "refused_total": self.counts[reason],
         }})
-        self._unlogged = 0
 
     def stats(self) -> dict[str, Any]:
         """``{"refused": {reason: n}}`` for the shard's stats (and metrics)."""
