@@ -50,12 +50,14 @@ import aiohttp
 from aiokafka.admin import AIOKafkaAdminClient
 
 from consumers.broker import create_topics, free_port, wait_for_metadata
+from consumers.kafka_security import KafkaSecurity
 from ps_core.auth import Scope, derive_token, new_secret
 from ps_core.export import list_versions
 
+from .kafka_flags import kafka_child_argv, kafka_child_env
 from .logs import log_event
 from .security import SecuritySettings, _secret_from
-from .settings import ClusterSettings, ShardSettings
+from .settings import ClusterSettings, SettingsError, ShardSettings
 from .signals import stop_on_signals
 from .supervisor import Child, ChildSpec, RestartPolicy, Supervisor
 
@@ -193,10 +195,10 @@ async def _http_ok(session: aiohttp.ClientSession, url: str) -> bool:
         return resp.status == 200
 
 
-async def _topics_listed(bootstrap: str, topics: set[str]) -> bool:
+async def _topics_listed(bootstrap: str, topics: set[str], security: KafkaSecurity = KafkaSecurity()) -> bool:
     # Metadata first: it waits for the port quietly, a Kafka client would log errors.
-    await wait_for_metadata(bootstrap, timeout_s=2.0)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+    await wait_for_metadata(bootstrap, timeout_s=2.0, security=security)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000, **security.client_kwargs())
     try:
         await admin.start()
         return topics <= set(await admin.list_topics())
@@ -215,11 +217,14 @@ class _Cluster:
         session: aiohttp.ClientSession,
         credentials: ChildCredentials,
         env: Mapping[str, str],
+        kafka: KafkaSecurity = KafkaSecurity(),
     ):
         self.s = settings
         self.credentials = credentials
         self.base_env = dict(env)
         """What every child inherits, less the credentials (`ChildCredentials`)."""
+        self.kafka = kafka
+        """How the cluster and the children that talk to Kafka (workers, producer) reach it."""
         self.sup = sup
         self.session = session
         self.bootstrap = settings.bootstrap
@@ -252,8 +257,10 @@ class _Cluster:
         return argv
 
     def env(self, kind: str) -> dict[str, str]:
-        """The environment of a child of `kind`."""
-        return self.credentials.env_for(kind, self.base_env)
+        """The environment of a child of `kind`: its shard-plane credentials,
+        and the Kafka SASL password for the workers and the producer only."""
+        env = self.credentials.env_for(kind, self.base_env)
+        return kafka_child_env(self.kafka, talks_to_kafka=kind in ("worker", "producer"), env=env)
 
     async def _start(
         self, spec: ChildSpec, check: Callable[[], Awaitable[bool]] | None = None
@@ -268,8 +275,8 @@ class _Cluster:
         s, fmt = self.s, self.s.log_format
         topics = {TOPIC: s.partitions, f"{TOPIC}.dlq": 1}
         if self.bootstrap:
-            await wait_for_metadata(self.bootstrap, timeout_s=s.ready_timeout_s)
-            await create_topics(self.bootstrap, topics)
+            await wait_for_metadata(self.bootstrap, timeout_s=s.ready_timeout_s, security=self.kafka)
+            await create_topics(self.bootstrap, topics, security=self.kafka)
         else:
             port = self.broker_port = free_port(HOST)
             self.bootstrap = f"{HOST}:{port}"
@@ -339,7 +346,8 @@ class _Cluster:
                     f"worker-{j}",
                     _ctrps("worker", "--bootstrap", self.bootstrap,
                            "--shards", ",".join(self.shard_urls), "--topic", TOPIC,
-                           "--window-seconds", str(s.window_seconds), "--log-format", fmt),
+                           "--window-seconds", str(s.window_seconds), "--log-format", fmt,
+                           *kafka_child_argv(self.kafka)),
                     group="workers",
                     restart=self.restart,
                     env=self.env("worker"),
@@ -353,7 +361,7 @@ class _Cluster:
                     _ctrps("produce", "synthetic", "--bootstrap", self.bootstrap,
                            "--topic", TOPIC, "--partitions", str(s.partitions),
                            "--events", str(PRODUCER_EVENTS), "--rate", str(s.produce_rate),
-                           "--log-format", fmt),
+                           "--log-format", fmt, *kafka_child_argv(self.kafka)),
                     may_finish=True,
                     restart=self.restart,
                     env=self.env("producer"),
@@ -366,12 +374,25 @@ async def run_cluster(
     stop: asyncio.Event | None = None,
     out: BinaryIO | None = None,
     env: Mapping[str, str] | None = None,
+    *,
+    kafka: KafkaSecurity = KafkaSecurity(),
 ) -> int:
     """Run the cluster until SIGTERM/SIGINT, `stop`, ``duration_s`` or a
     child's failure; returns the exit status (0 clean, 1 a child failed).
     The children inherit `env` (default: this process's environment) less
     its credentials, plus their own (`ChildCredentials`); `SettingsError`
-    for an unusable given secret, before anything starts."""
+    for an unusable given secret, before anything starts.
+
+    `kafka` is how the cluster, its workers and its producer reach the Kafka
+    at ``settings.bootstrap`` (the broker process it starts otherwise speaks
+    PLAINTEXT only: other settings need a bootstrap, `SettingsError`). The
+    workers and the producer get it as flags and the SASL password in their
+    environment; no other child gets the password."""
+    if kafka.security_protocol != "PLAINTEXT" and not settings.bootstrap:
+        raise SettingsError(
+            f"Kafka security protocol {kafka.security_protocol} needs --bootstrap: "
+            "the broker process the cluster starts speaks PLAINTEXT only"
+        )
     env = os.environ if env is None else env
     credentials = ChildCredentials.from_env(env)
     stop = stop or asyncio.Event()
@@ -387,7 +408,7 @@ async def run_cluster(
     timer: asyncio.TimerHandle | None = None
     with stop_on_signals(stop):
         async with aiohttp.ClientSession() as session:
-            cluster = _Cluster(settings, sup, session, credentials, env)
+            cluster = _Cluster(settings, sup, session, credentials, env, kafka)
             starting = asyncio.create_task(cluster.start())
             waiting = asyncio.create_task(sup.wait(stop))
             try:
