@@ -418,6 +418,7 @@ def test_k8s_each_secret_goes_only_to_the_roles_that_use_it() -> None:
         "ctrps-api-shard-token": {"api"},
         "ctrps-admin-token": {"api"},
         "ctrps-tls": {"shard", "worker", "api"},
+        "ctrps-kafka": {"worker"},
     }
     # TLS: the servers get the certificate, key and CA; the workers only the CA.
     assert readable["shard"]["ctrps-tls"] == readable["api"]["ctrps-tls"] == {"*"}
@@ -426,7 +427,7 @@ def test_k8s_each_secret_goes_only_to_the_roles_that_use_it() -> None:
     created = {name: key for name, (key, _) in make_secrets.KUBERNETES.items()}
     for got in readable.values():
         for name, keys in got.items():
-            if name != "ctrps-tls":
+            if name not in ("ctrps-tls", "ctrps-kafka"):
                 assert keys == {created[name]}, (name, keys)
     # Files readable by the image's user only through its group; no API token to the pods.
     for role, pod in pods.items():
