@@ -57,6 +57,7 @@ from ps_core.export import list_versions
 from ps_core.limits import PortGuard, ServedPort, serve_limited
 from ps_core.models import Model
 from ps_core.parsing import parse_number
+from ps_core.tls import HandshakeFailures, watch_handshakes
 
 from .errors import (
     BadRequestError,
@@ -75,6 +76,7 @@ from .logs import log_event
 from .metrics import ApiMetrics
 from .openapi import openapi_document, validate
 from .predictor import Predictor
+from .security import is_loopback
 from .settings import ApiSettings
 from .status import summarize
 
@@ -612,15 +614,22 @@ class ApiServer:
         self.guard = PortGuard("api", settings.limits)
         """The port's limits and counters (connections, deadlines)."""
         self.guard.install(self.app)
+        self.handshakes = HandshakeFailures()
+        """The port's refused TLS handshakes, by reason."""
+        if ssl_context is not None:
+            watch_handshakes(ssl_context, self.handshakes)
+        self.app[METRICS].watch_port(lambda: {"http": self.guard.stats(), "tls": self.handshakes.stats()})
         self._runner: web.AppRunner | None = None
         self._served: ServedPort | None = None
         self.url = ""
         """``http(s)://host:port`` with the port actually bound (``--port 0``)."""
 
     async def start(self) -> str:
-        """Listen; returns the URL."""
+        """Listen; returns the URL. Refuses (`SettingsError`) a non-loopback
+        host with the admin routes open, unless ``insecure``."""
         if self._runner is not None:
             return self.url
+        self.settings.check_exposed()
         runner = web.AppRunner(
             self.app, access_log=None, handle_signals=False, **self.settings.limits.runner_kwargs()
         )
@@ -677,9 +686,10 @@ async def run_api(
             max_events=settings.max_events,
             admin_token="set" if settings.admin_token else "none",
         )
-        if not settings.admin_token and settings.host not in ("127.0.0.1", "localhost", "::1"):
+        if not settings.admin_token and not is_loopback(settings.host):
+            # Only with --insecure: `start` refuses this otherwise.
             log.warning(
-                "admin routes are open: set CTRPS_ADMIN_TOKEN",
+                "admin routes are open (--insecure): set CTRPS_ADMIN_TOKEN",
                 extra={"fields": {"host": settings.host}},
             )
         await stop.wait()

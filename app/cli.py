@@ -14,6 +14,7 @@ import uvloop
 from .failures import EXIT_FAILURE, expected_failure
 from .logs import LEVELS, configure_logging, parse_level
 from .export_cli import add_export_parser, run_export
+from .kafka_flags import add_kafka_security_flags, kafka_security_from
 from .produce_cli import add_produce_parser, run_produce
 from .security import SecuritySettings, add_security_flags
 from .settings import (
@@ -76,8 +77,9 @@ manifest). GET /v1/model shows the version served; /readyz waits for one.
 
 Every flag falls back to a CTRPS_* variable (CTRPS_SHARDS, CTRPS_FOLLOW,
 CTRPS_FOLLOW_INTERVAL, CTRPS_API_PORT, CTRPS_MODEL, CTRPS_MODEL_NAME,
-CTRPS_MAX_EVENTS, ...). Set CTRPS_ADMIN_TOKEN to
-require "Authorization: Bearer <token>" on admin routes (POST /v1/status).
+CTRPS_MAX_EVENTS, ...). Set CTRPS_ADMIN_TOKEN (or CTRPS_ADMIN_TOKEN_FILE) to
+require "Authorization: Bearer <token>" on admin routes (POST /v1/status);
+on a non-loopback --host the API refuses to start without it (or --insecure).
 """
 
 _DEMO_EXAMPLE = """\
@@ -88,7 +90,9 @@ examples:
 Nothing else to start: the embedded Kafka-protocol broker (or the one at
 CTRPS_KAFKA_BOOTSTRAP), a synthetic producer, in-process shards, a worker and the
 HTTP API. Flags fall back to CTRPS_DEMO_DURATION, CTRPS_DEMO_PORT,
-CTRPS_DEMO_SHARDS, CTRPS_DEMO_RATE, ... One line per window.
+CTRPS_DEMO_SHARDS, CTRPS_DEMO_RATE, ... One line per window. Set
+CTRPS_ADMIN_TOKEN to require "Authorization: Bearer <token>" on admin routes;
+a non-loopback --host needs it (or --insecure).
 """
 
 _CLUSTER_EXAMPLE = """\
@@ -202,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--log-format", choices=("text", "json"), help="log line format")
     add_security_flags(worker, serves=False)
+    add_kafka_security_flags(worker)
 
     broker = sub.add_parser(
         "broker",
@@ -291,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--exports-dir", help="where model versions are written (default ./exports)")
     demo.add_argument("--export-interval", type=float, help="seconds between exports; 0 = only when asked (default 60)")
     demo.add_argument("--no-exports", action="store_true", help="write no exports")
+    demo.add_argument(
+        "--insecure", action="store_true", default=None,
+        help="let the API listen on a non-loopback --host without CTRPS_ADMIN_TOKEN",
+    )  # fmt: skip
+    add_kafka_security_flags(demo)
 
     cluster = sub.add_parser(
         "cluster",
@@ -327,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="restarts of one child within --restart-window before the cluster stops; 0 = never restart (default 5)",
     )  # fmt: skip
     cluster.add_argument("--restart-window", type=float, help="seconds the restarts are counted over (default 300)")
+    add_kafka_security_flags(cluster)
     _add_logging_flags(parser)
     return parser
 
@@ -379,9 +390,10 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
     if args.command == "worker":
         worker = WorkerSettings.from_args(args)
         worker_security = SecuritySettings.from_args(args)
+        kafka = kafka_security_from(args)
         from .worker_role import run_worker
 
-        return worker.log_format, lambda: run_worker(worker, security=worker_security)
+        return worker.log_format, lambda: run_worker(worker, security=worker_security, kafka=kafka)
     if args.command == "serve":
         from .serve_role import run_serve
         from .settings import ApiSettings
@@ -401,13 +413,15 @@ def _compose(args: argparse.Namespace) -> int:
     """Run ``demo`` or ``cluster``: compositions of roles that return an exit status."""
     if args.command == "demo":
         demo = DemoSettings.from_args(args)
+        demo_kafka = kafka_security_from(args)
         from .demo import run_demo
 
-        return int(uvloop.run(run_demo(demo)))
+        return int(uvloop.run(run_demo(demo, kafka=demo_kafka)))
     cluster = ClusterSettings.from_args(args)
+    kafka = kafka_security_from(args)
     from .cluster import run_cluster
 
-    return int(uvloop.run(run_cluster(cluster)))
+    return int(uvloop.run(run_cluster(cluster, kafka=kafka)))
 
 
 def _print_token(args: argparse.Namespace) -> int:

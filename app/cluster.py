@@ -11,6 +11,15 @@ started in that order, each waited for before the next that needs it:
 - API: ``GET /readyz`` answers 200;
 - workers and producer: started (they wait for the group and the topic).
 
+Each child gets only the credentials its role uses, in its environment
+(never its arguments, which ``ps`` shows), from a cluster secret made for
+this run (`ps_core.auth.new_secret`) unless ``CTRPS_CLUSTER_SECRET`` (or
+``_FILE``) gives one: the shards the secret; the workers a train-scope
+``CTRPS_SHARD_TOKEN``; the API an admin-scope one (its admin routes export
+through shard 0) and ``CTRPS_ADMIN_TOKEN`` when this process has one; the
+broker and the producer none of them (`ChildCredentials`). Logs say whether
+the secret was made or given, never the secret.
+
 Every child's output is copied with its role on each line. Once running, a
 child that exits on its own (a crash, SIGKILL, a worker that gave up) is
 started again on the same ports with the same arguments, after a doubling
@@ -31,7 +40,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import BinaryIO
@@ -40,14 +50,18 @@ import aiohttp
 from aiokafka.admin import AIOKafkaAdminClient
 
 from consumers.broker import create_topics, free_port, wait_for_metadata
+from consumers.kafka_security import KafkaSecurity
+from ps_core.auth import Scope, derive_token, new_secret
 from ps_core.export import list_versions
 
+from .kafka_flags import kafka_child_argv, kafka_child_env
 from .logs import log_event
-from .settings import ClusterSettings, ShardSettings
+from .security import SecuritySettings, _secret_from
+from .settings import ClusterSettings, SettingsError, ShardSettings
 from .signals import stop_on_signals
 from .supervisor import Child, ChildSpec, RestartPolicy, Supervisor
 
-__all__ = ["run_cluster", "TOPIC", "PRODUCER_EVENTS"]
+__all__ = ["run_cluster", "ChildCredentials", "CREDENTIAL_VARIABLES", "TOPIC", "PRODUCER_EVENTS"]
 
 log = logging.getLogger("ctrps.cluster")
 
@@ -62,6 +76,57 @@ HOST = "127.0.0.1"
 SHARD_STATS_INTERVAL_S = 10.0
 """Seconds between the shards' table lines: often enough to watch a table
 grow, rare enough not to drown the workers' window lines."""
+
+
+CREDENTIAL_VARIABLES = (
+    "CTRPS_CLUSTER_SECRET",
+    "CTRPS_CLUSTER_SECRET_FILE",
+    "CTRPS_SHARD_TOKEN",
+    "CTRPS_SHARD_TOKEN_FILE",
+    "CTRPS_ADMIN_TOKEN",
+    "CTRPS_ADMIN_TOKEN_FILE",
+)
+"""Never inherited by a child: each gets only what `ChildCredentials.env_for` adds."""
+
+
+@dataclass(frozen=True)
+class ChildCredentials:
+    """The cluster's credentials and which child gets which."""
+
+    secret: str = field(repr=False)
+    """The cluster secret: the shards verify tokens with it."""
+    admin_token: str = field(default="", repr=False)
+    """The API's own admin token (``CTRPS_ADMIN_TOKEN`` of this process); empty: none."""
+    generated: bool = True
+    """Whether `secret` was made for this run (else it was given)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ChildCredentials:
+        """The secret of ``CTRPS_CLUSTER_SECRET`` (or ``_FILE``), else a new
+        one; `SettingsError` for a short or unreadable one."""
+        given = _secret_from(env, "CTRPS_CLUSTER_SECRET")
+        SecuritySettings(cluster_secret=given)  # the same checks as a shard's (length)
+        return cls(
+            secret=given or new_secret(),
+            admin_token=_secret_from(env, "CTRPS_ADMIN_TOKEN"),
+            generated=not given,
+        )
+
+    def env_for(self, kind: str, base: Mapping[str, str]) -> dict[str, str]:
+        """`base` without any credential, plus those of a child of `kind`
+        (``broker``, ``shard``, ``api``, ``worker`` or ``producer``)."""
+        env = {k: v for k, v in base.items() if k not in CREDENTIAL_VARIABLES}
+        if kind == "shard":
+            env["CTRPS_CLUSTER_SECRET"] = self.secret
+        elif kind == "worker":
+            env["CTRPS_SHARD_TOKEN"] = derive_token(self.secret, Scope.TRAIN)
+        elif kind == "api":
+            env["CTRPS_SHARD_TOKEN"] = derive_token(self.secret, Scope.ADMIN)
+            if self.admin_token:
+                env["CTRPS_ADMIN_TOKEN"] = self.admin_token
+        elif kind not in ("broker", "producer"):
+            raise ValueError(f"no child of kind {kind!r}")
+        return env
 
 
 def broker_processes(port: int) -> list[int]:
@@ -130,10 +195,10 @@ async def _http_ok(session: aiohttp.ClientSession, url: str) -> bool:
         return resp.status == 200
 
 
-async def _topics_listed(bootstrap: str, topics: set[str]) -> bool:
+async def _topics_listed(bootstrap: str, topics: set[str], security: KafkaSecurity = KafkaSecurity()) -> bool:
     # Metadata first: it waits for the port quietly, a Kafka client would log errors.
-    await wait_for_metadata(bootstrap, timeout_s=2.0)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+    await wait_for_metadata(bootstrap, timeout_s=2.0, security=security)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000, **security.client_kwargs())
     try:
         await admin.start()
         return topics <= set(await admin.list_topics())
@@ -145,8 +210,21 @@ async def _topics_listed(bootstrap: str, topics: set[str]) -> bool:
 class _Cluster:
     """The composition: which children, with which flags, in which order."""
 
-    def __init__(self, settings: ClusterSettings, sup: Supervisor, session: aiohttp.ClientSession):
+    def __init__(
+        self,
+        settings: ClusterSettings,
+        sup: Supervisor,
+        session: aiohttp.ClientSession,
+        credentials: ChildCredentials,
+        env: Mapping[str, str],
+        kafka: KafkaSecurity = KafkaSecurity(),
+    ):
         self.s = settings
+        self.credentials = credentials
+        self.base_env = dict(env)
+        """What every child inherits, less the credentials (`ChildCredentials`)."""
+        self.kafka = kafka
+        """How the cluster and the children that talk to Kafka (workers, producer) reach it."""
         self.sup = sup
         self.session = session
         self.bootstrap = settings.bootstrap
@@ -178,6 +256,12 @@ class _Cluster:
             return tuple(a for a in argv if a != "--no-restore")
         return argv
 
+    def env(self, kind: str) -> dict[str, str]:
+        """The environment of a child of `kind`: its shard-plane credentials,
+        and the Kafka SASL password for the workers and the producer only."""
+        env = self.credentials.env_for(kind, self.base_env)
+        return kafka_child_env(self.kafka, talks_to_kafka=kind in ("worker", "producer"), env=env)
+
     async def _start(
         self, spec: ChildSpec, check: Callable[[], Awaitable[bool]] | None = None
     ) -> Child:
@@ -191,8 +275,8 @@ class _Cluster:
         s, fmt = self.s, self.s.log_format
         topics = {TOPIC: s.partitions, f"{TOPIC}.dlq": 1}
         if self.bootstrap:
-            await wait_for_metadata(self.bootstrap, timeout_s=s.ready_timeout_s)
-            await create_topics(self.bootstrap, topics)
+            await wait_for_metadata(self.bootstrap, timeout_s=s.ready_timeout_s, security=self.kafka)
+            await create_topics(self.bootstrap, topics, security=self.kafka)
         else:
             port = self.broker_port = free_port(HOST)
             self.bootstrap = f"{HOST}:{port}"
@@ -202,6 +286,7 @@ class _Cluster:
                     _ctrps("broker", "--port", str(port), "--log-format", fmt,
                            *(a for t, n in topics.items() for a in ("--topic", f"{t}:{n}"))),
                     restart=self.restart,
+                    env=self.env("broker"),
                     # A SIGKILLed role leaves its binary holding the port.
                     before_restart=partial(end_broker_processes, port),
                 ),
@@ -230,7 +315,7 @@ class _Cluster:
                           "--num-shards", str(s.shards), "--stats-interval", str(SHARD_STATS_INTERVAL_S),
                           "--log-format", fmt, *exports)  # fmt: skip
             spec = ChildSpec(
-                f"shard-{i}", argv, group="shards", restart=self.restart,
+                f"shard-{i}", argv, group="shards", restart=self.restart, env=self.env("shard"),
                 restart_argv=partial(self._shard_restart_argv, argv),
             )  # fmt: skip
             shards.append(await self.sup.start(spec))
@@ -250,6 +335,7 @@ class _Cluster:
                 _ctrps("serve", "--host", HOST, "--port", str(api_port),
                        "--shards", ",".join(self.shard_urls), "--log-format", fmt),
                 restart=self.restart,
+                env=self.env("api"),
             ),
             partial(_http_ok, self.session, self.api_url + "/readyz"),
         )  # fmt: skip
@@ -260,9 +346,11 @@ class _Cluster:
                     f"worker-{j}",
                     _ctrps("worker", "--bootstrap", self.bootstrap,
                            "--shards", ",".join(self.shard_urls), "--topic", TOPIC,
-                           "--window-seconds", str(s.window_seconds), "--log-format", fmt),
+                           "--window-seconds", str(s.window_seconds), "--log-format", fmt,
+                           *kafka_child_argv(self.kafka)),
                     group="workers",
                     restart=self.restart,
+                    env=self.env("worker"),
                 )
             )  # fmt: skip
 
@@ -273,9 +361,10 @@ class _Cluster:
                     _ctrps("produce", "synthetic", "--bootstrap", self.bootstrap,
                            "--topic", TOPIC, "--partitions", str(s.partitions),
                            "--events", str(PRODUCER_EVENTS), "--rate", str(s.produce_rate),
-                           "--log-format", fmt),
+                           "--log-format", fmt, *kafka_child_argv(self.kafka)),
                     may_finish=True,
                     restart=self.restart,
+                    env=self.env("producer"),
                 )
             )  # fmt: skip
 
@@ -284,9 +373,28 @@ async def run_cluster(
     settings: ClusterSettings,
     stop: asyncio.Event | None = None,
     out: BinaryIO | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    kafka: KafkaSecurity = KafkaSecurity(),
 ) -> int:
     """Run the cluster until SIGTERM/SIGINT, `stop`, ``duration_s`` or a
-    child's failure; returns the exit status (0 clean, 1 a child failed)."""
+    child's failure; returns the exit status (0 clean, 1 a child failed).
+    The children inherit `env` (default: this process's environment) less
+    its credentials, plus their own (`ChildCredentials`); `SettingsError`
+    for an unusable given secret, before anything starts.
+
+    `kafka` is how the cluster, its workers and its producer reach the Kafka
+    at ``settings.bootstrap`` (the broker process it starts otherwise speaks
+    PLAINTEXT only: other settings need a bootstrap, `SettingsError`). The
+    workers and the producer get it as flags and the SASL password in their
+    environment; no other child gets the password."""
+    if kafka.security_protocol != "PLAINTEXT" and not settings.bootstrap:
+        raise SettingsError(
+            f"Kafka security protocol {kafka.security_protocol} needs --bootstrap: "
+            "the broker process the cluster starts speaks PLAINTEXT only"
+        )
+    env = os.environ if env is None else env
+    credentials = ChildCredentials.from_env(env)
     stop = stop or asyncio.Event()
     policy = RestartPolicy(
         backoff_s=settings.restart_backoff_s,
@@ -300,7 +408,7 @@ async def run_cluster(
     timer: asyncio.TimerHandle | None = None
     with stop_on_signals(stop):
         async with aiohttp.ClientSession() as session:
-            cluster = _Cluster(settings, sup, session)
+            cluster = _Cluster(settings, sup, session, credentials, env, kafka)
             starting = asyncio.create_task(cluster.start())
             waiting = asyncio.create_task(sup.wait(stop))
             try:
@@ -320,6 +428,10 @@ async def run_cluster(
                         api=cluster.api_url,
                         shards=",".join(cluster.shard_urls),
                         bootstrap=cluster.bootstrap,
+                        # Whether, never what: no secret or token is logged.
+                        auth="on",
+                        cluster_secret="generated" if credentials.generated else "given",
+                        admin_token="set" if credentials.admin_token else "none",
                         pids=",".join(f"{c.role}={c.pid}" for c in sup.children),
                     )
                     if settings.duration_s > 0:

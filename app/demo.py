@@ -8,6 +8,12 @@
 - N shards in this process (`PSClient.local`), a worker with short windows
   (group ``ctrps-demo``), and the HTTP API on ``--port``.
 
+The shards are objects in this process, not servers: the demo opens no
+shard port, so it has no cluster secret to hand out. The API's admin routes
+take ``CTRPS_ADMIN_TOKEN`` (or ``_FILE``) as ``ctrps serve``'s do; on a
+non-loopback ``--host`` the demo refuses to start without it unless
+``--insecure``.
+
 It prints the URLs and ``curl`` examples, then one progress line per window,
 and stops cleanly on Ctrl-C/SIGTERM or after ``--duration``: producer first,
 then the worker (which trains and commits its last window), the API, the
@@ -30,6 +36,7 @@ from typing import Any, TextIO
 import orjson
 
 from consumers.broker import BrokerError, EmbeddedBroker, create_topics, wait_for_metadata
+from consumers.kafka_security import KafkaSecurity
 from consumers.producer import produce
 from consumers.synthetic import SyntheticStream
 from consumers.worker import WindowReport, Worker, WorkerConfig
@@ -41,11 +48,11 @@ from ps_core.shard import Shard, ShardSpec
 
 from .api import ApiServer
 from .logs import log_event
-from .settings import ApiSettings, DemoSettings
+from .settings import ApiSettings, DemoSettings, SettingsError
 from .signals import stop_on_signals
 from .status import default_worker_id, make_status_hook
 
-__all__ = ["run_demo", "TOPIC", "GROUP", "PARTITIONS", "example_event", "fresh_exports_dir"]
+__all__ = ["run_demo", "api_settings_of", "TOPIC", "GROUP", "PARTITIONS", "example_event", "fresh_exports_dir"]
 
 log = logging.getLogger("ctrps.demo")
 
@@ -196,32 +203,53 @@ async def run_demo(
     settings: DemoSettings,
     stop: asyncio.Event | None = None,
     out: TextIO | None = None,
+    *,
+    kafka: KafkaSecurity = KafkaSecurity(),
 ) -> int:
     """Run the demo until SIGTERM/SIGINT, `stop` or ``duration_s`` after it is
-    ready; returns the exit status (0 clean, 1 a part failed or could not start)."""
+    ready; returns the exit status (0 clean, 1 a part failed or could not start).
+
+    `kafka` is how the worker and the producer reach the Kafka at
+    ``settings.bootstrap``; the embedded broker speaks PLAINTEXT only, so
+    other settings need a bootstrap (`SettingsError` otherwise)."""
+    if kafka.security_protocol != "PLAINTEXT" and not settings.bootstrap:
+        raise SettingsError(
+            f"Kafka security protocol {kafka.security_protocol} needs --bootstrap: "
+            "the embedded broker speaks PLAINTEXT only"
+        )
     stop = stop or asyncio.Event()
     out = out or sys.stdout
     with stop_on_signals(stop), _demo_logging():
         try:
-            return await _run(settings, stop, out)
+            return await _run(settings, stop, out, kafka)
         except (BrokerError, OSError) as exc:  # no broker, the API's port taken, ...
             log.error("could not start", extra={"fields": {"error": str(exc)}})
             return 1
 
 
-async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO) -> int:
+def api_settings_of(settings: DemoSettings) -> ApiSettings:
+    """The settings of the demo's API."""
+    return ApiSettings(
+        host=settings.host, port=settings.port, log_format=settings.log_format,
+        admin_token=settings.admin_token, insecure=settings.insecure,
+    )  # fmt: skip
+
+
+async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: KafkaSecurity) -> int:
+    api_settings = api_settings_of(settings)
+    # Refused before the broker starts: an exposed API needs CTRPS_ADMIN_TOKEN or --insecure.
+    api_settings.check_exposed()
     async with contextlib.AsyncExitStack() as stack:
         # Entered in dependency order, so they close in the reverse: API,
         # client, broker (the worker and producer stop first, below).
         if settings.bootstrap:
             bootstrap = settings.bootstrap
-            await wait_for_metadata(bootstrap)
+            await wait_for_metadata(bootstrap, security=kafka)
         else:
             bootstrap = (await stack.enter_async_context(EmbeddedBroker())).bootstrap
-        await create_topics(bootstrap, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1})
+        await create_topics(bootstrap, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1}, security=kafka)
 
         shards = [Shard(ShardSpec(i, settings.shards)) for i in range(settings.shards)]
-        api_settings = ApiSettings(host=settings.host, port=settings.port, log_format=settings.log_format)
         exporter: Exporter | None = None
         exports: Path | None = None
         if settings.exports_dir:
@@ -252,6 +280,7 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO) -> int:
                 decode_processes=1,
                 session_timeout_ms=6000,
                 heartbeat_interval_ms=1000,
+                kafka=kafka,
             ),
             client,
             model,
@@ -267,7 +296,7 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO) -> int:
         worker_stop = asyncio.Event()
         working = asyncio.create_task(worker.run(worker_stop), name="worker")
         producing = asyncio.create_task(
-            produce(bootstrap, TOPIC, iter(stream), rate=settings.rate), name="producer"
+            produce(bootstrap, TOPIC, iter(stream), rate=settings.rate, security=kafka), name="producer"
         )
         exporting = (
             asyncio.create_task(exporter.run(settings.export_interval_s, stop), name="exporter")

@@ -3,7 +3,8 @@
 Shard 0 hosts the coordinator and its exporter (``ctrps shard --shards ...``),
 so this command needs only its URL. It prints the export's report (or the
 list) as JSON on stdout; an error is one log line on stderr (in the chosen
-``--log-format``) with exit status 1, or 2 without a shard 0.
+``--log-format``) with exit status 1, or 2 without a shard 0 or when shard 0 refuses the
+token or its certificate does not verify.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import orjson
 from ps_core.auth import Scope
 from ps_core.client import PSClient, RetryPolicy
 from ps_core.errors import PSError
-from ps_core.tls import client_context
 
 from .security import SecuritySettings, add_security_flags
 
@@ -65,7 +65,7 @@ async def run_export(args: argparse.Namespace) -> int:
         log.error("no shard 0: pass --shard0 URL or set CTRPS_SHARDS", extra={"fields": {"exit_code": 2}})
         return 2
     security = SecuritySettings.from_args(args)
-    tls = client_context(security.tls) if security.tls.ca or security.tls.serves else None
+    tls = security.client_tls()
     # Only shard 0 is asked, so the client holds only its transport.
     async with PSClient.connect(
         [url.strip()], retry=RetryPolicy(deadline_s=args.timeout), token=security.token_for(Scope.ADMIN), ssl=tls
@@ -78,7 +78,9 @@ async def run_export(args: argparse.Namespace) -> int:
             else:
                 out = await client.export_now(args.kind)
         except PSError as exc:
-            log.error(exc.detail, extra={"fields": {"error": exc.code, "exit_code": 1}})
-            return 1
+            # A refused token or an unverified certificate is a settings error (2).
+            code = getattr(type(exc), "exit_code", 1)
+            log.error(exc.detail, extra={"fields": {"error": exc.code, "exit_code": code}})
+            return int(code)
     sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0

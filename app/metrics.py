@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -40,6 +40,7 @@ from ps_core.hashing import U64
 from ps_core.stream import StreamIdentity
 from ps_core.table import F32, TableConfig, TableSnapshot
 
+from .port_metrics import PortCollector, PortStats, port_families
 from .status import BoardSummary, summarize
 
 __all__ = ["ApiMetrics", "ClusterSnapshot", "InstrumentedTransport", "take_snapshot"]
@@ -120,6 +121,9 @@ class _ClusterCollector(Collector):
             for reason, n in (counts if isinstance(counts, dict) else {}).items():
                 refused.add_metric([str(i), str(reason)], _num(n))
         yield from (up, features, size, refused)
+        yield from port_families(
+            ("shard", str(i), (stats or {}).get("ports")) for i, stats in enumerate(snap.stats)
+        )
         yield from _ClusterCollector._exports(snap.stats[0] if snap.stats else None)
 
     @staticmethod
@@ -302,6 +306,14 @@ class ApiMetrics:
         self._request_counts: dict[tuple[str, int], Any] = {}
         self._cluster = _ClusterCollector()
         r.register(self._cluster)
+        self._port: PortCollector | None = None
+
+    def watch_port(self, stats: Callable[[], PortStats]) -> None:
+        """Expose the API's own port (`app.port_metrics`), read from `stats` at each scrape."""
+        if self._port is not None:
+            self.registry.unregister(self._port)
+        self._port = PortCollector(stats)
+        self.registry.register(self._port)
 
     def count_request(self, route: str, status: int) -> None:
         """Count one answered request."""

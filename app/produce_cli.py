@@ -29,6 +29,7 @@ from consumers.formats import FORMATS, FormatError, iter_file
 from consumers.producer import COMPRESSIONS, EventSource, produce
 from consumers.synthetic import SyntheticStream
 
+from .kafka_flags import add_kafka_security_flags, kafka_security_from
 from .logs import log_event
 from .settings import SettingsError
 from .signals import stop_on_signals
@@ -93,6 +94,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="seconds a send may wait for the broker's acknowledgement before the "
         "producer gives up with exit code 3 (default 10; CTRPS_DELIVERY_TIMEOUT)",
     )
+    add_kafka_security_flags(p)
 
 
 def add_produce_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -187,6 +189,7 @@ async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.envi
     refuses or never acknowledges raises `consumers.producer.ProduceError`
     (one line and its exit code at the command's top level)."""
     compression, delivery_timeout = _sending_options(args, env)
+    kafka = kafka_security_from(args, env)
     bootstrap = args.bootstrap or env.get("CTRPS_KAFKA_BOOTSTRAP")
     if not bootstrap:
         return _fail(
@@ -218,12 +221,13 @@ async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.envi
         what = {"source": str(path), "format": args.format}
 
     try:
-        await wait_for_metadata(bootstrap, timeout_s=10.0)
-        await create_topics(bootstrap, {args.topic: args.partitions})
+        await wait_for_metadata(bootstrap, timeout_s=10.0, security=kafka)
+        await create_topics(bootstrap, {args.topic: args.partitions}, security=kafka)
     except BrokerError as exc:
         return _fail(f"cannot reach the broker at {bootstrap}: {exc}", 1)
 
-    log_event(log, "producing", bootstrap=bootstrap, topic=args.topic, compression=compression, **what)
+    log_event(log, "producing", bootstrap=bootstrap, topic=args.topic, compression=compression,
+              **kafka.fields(), **what)
     progress = _Progress()
     sending = asyncio.ensure_future(
         produce(
@@ -235,6 +239,7 @@ async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.envi
             progress=progress,
             compression=compression,
             delivery_timeout_s=delivery_timeout,
+            security=kafka,
         )
     )
     stop = asyncio.Event()

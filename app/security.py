@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
 from ps_core.auth import MIN_SECRET_BYTES, Scope, TokenVerifier, derive_token
-from ps_core.tls import TlsFiles
+from ps_core.tls import TlsFiles, client_context, server_context
 
 __all__ = ["SecuritySettings", "add_security_flags", "is_loopback"]
 
@@ -127,6 +128,34 @@ class SecuritySettings:
             ),
             insecure=pick_bool("insecure", "CTRPS_INSECURE"),
         )
+
+    def server_tls(self) -> ssl.SSLContext | None:
+        """The context this role serves TLS with (None: no certificate given).
+        Files that do not load (a key of another certificate, not PEM) are a
+        `SettingsError` naming them, not a traceback."""
+        if not self.tls.serves:
+            return None
+        try:
+            return server_context(self.tls)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            files = f"--tls-cert {self.tls.cert!r} with --tls-key {self.tls.key!r}"
+            if self.tls.require_client_cert:
+                files += f" and --tls-ca {self.tls.ca!r}"
+            raise _settings_error(f"{files} cannot be loaded: {exc}") from None
+
+    def client_tls(self) -> ssl.SSLContext | None:
+        """The context this role verifies ``https://`` peers with (and presents
+        its certificate in): None when it has neither a CA nor a certificate
+        (the system's CAs). Files that do not load are a `SettingsError`."""
+        if not (self.tls.ca or self.tls.serves):
+            return None
+        try:
+            return client_context(self.tls)
+        except (OSError, ValueError) as exc:
+            files = f"--tls-ca {self.tls.ca!r}" if self.tls.ca else ""
+            if self.tls.serves:
+                files += (" or " if files else "") + f"--tls-cert {self.tls.cert!r} with --tls-key {self.tls.key!r}"
+            raise _settings_error(f"{files} cannot be loaded: {exc}") from None
 
     def token_for(self, scope: Scope) -> str:
         """The token this role presents when it needs `scope`: the given

@@ -9,7 +9,6 @@ from pathlib import Path
 from ps_core.auth import Scope
 from ps_core.client import PSClient, RetryPolicy
 from ps_core.models import make_model
-from ps_core.tls import client_context, server_context
 
 from .api import run_api
 from .follower import Follower, follow_dir, model_of_exports
@@ -28,16 +27,19 @@ async def run_serve(
     then the request gets 503 naming the shard. With ``settings.follow``,
     serve that export directory instead (`Follower`; an exports root means
     its ``<model_name>/``): the model is the newest manifest's, or the
-    settings' while the directory holds no version.
+    settings' while the directory holds no version. Refuses (`SettingsError`)
+    a non-loopback host without an admin token unless ``settings.insecure``.
 
     `security`: the API listens over TLS when given a certificate and key,
     and presents its shard token (the admin scope's when it holds the
     secret: its admin routes reach shard 0's exports) to ``https://``
     shards verified against its CA."""
+    # Before anything connects or loads: an exposed API with open admin routes never starts.
+    settings.check_exposed()
     stop = stop or asyncio.Event()
     security = security or SecuritySettings()
-    served = server_context(security.tls) if security.tls.serves else None
-    tls = client_context(security.tls) if security.tls.ca or security.tls.serves else None
+    served = security.server_tls()
+    tls = security.client_tls()
     model = make_model(settings.model, settings.model_name)
     with stop_on_signals(stop):
         if settings.follow:

@@ -19,6 +19,7 @@ from ps_core.manifest import check_model_name
 from ps_core.table import TableConfig
 
 from .logs import LEVELS
+from .security import SecuritySettings, _secret_from
 
 __all__ = [
     "ShardSettings",
@@ -473,6 +474,10 @@ class DemoSettings:
     """Where versions of the model are written (``CTRPS_EXPORTS_DIR``); empty turns exports off."""
     export_interval_s: float = 60.0
     """Seconds between exports; 0 exports only when asked (``CTRPS_EXPORT_INTERVAL``)."""
+    admin_token: str = field(default="", repr=False)
+    """The API's admin token (``CTRPS_ADMIN_TOKEN`` or ``CTRPS_ADMIN_TOKEN_FILE``); empty leaves admin routes open."""
+    insecure: bool = False
+    """Let the API listen on a non-loopback host without an admin token (``--insecure``, ``CTRPS_INSECURE``)."""
 
     def __post_init__(self) -> None:
         _check_composition(self.duration_s, self.port, self.window_seconds, self.log_format)
@@ -501,6 +506,8 @@ class DemoSettings:
             seed=_pick(args.seed, env, "CTRPS_DEMO_SEED", d.seed, int),
             log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
             **_export_args(args, env, d.exports_dir, d.export_interval_s),
+            admin_token=_secret_from(env, "CTRPS_ADMIN_TOKEN"),
+            insecure=SecuritySettings.from_args(args, env).insecure,
         )
 
 
@@ -626,7 +633,11 @@ class ApiSettings:
     """Largest request body; larger ones get 413 (``CTRPS_MAX_BODY_BYTES``)."""
     admin_token: str = field(default="", repr=False)
     """Bearer token required by mutating and admin routes; empty leaves them
-    open (``CTRPS_ADMIN_TOKEN`` only: a flag would show in ``ps``)."""
+    open (``CTRPS_ADMIN_TOKEN`` or ``CTRPS_ADMIN_TOKEN_FILE`` only: a flag
+    would show in ``ps``)."""
+    insecure: bool = False
+    """Listen on a non-loopback host without an admin token (``--insecure``,
+    ``CTRPS_INSECURE``); otherwise the API refuses to start there."""
     shard_deadline_s: float = 2.0
     """How long a shard call is retried before 503 (``CTRPS_SHARD_DEADLINE``)."""
     use_rpc: bool = True
@@ -661,6 +672,13 @@ class ApiSettings:
         if not 0 < self.follow_interval_s < float("inf"):
             raise SettingsError("follow interval must be a positive number of seconds")
 
+    def check_exposed(self) -> None:
+        """Refuse (`SettingsError`, exit 2) to listen on a non-loopback host
+        with the admin routes open, unless `insecure`."""
+        SecuritySettings(insecure=self.insecure).check_exposed(
+            "the API", self.host, has_credentials=bool(self.admin_token), hint="set CTRPS_ADMIN_TOKEN (or _FILE)"
+        )
+
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> ApiSettings:
         """Flags (where given) over ``CTRPS_*`` variables over defaults; shard
@@ -688,7 +706,8 @@ class ApiSettings:
             model_name=_pick(args.model_name, env, "CTRPS_MODEL_NAME", d.model_name),
             max_events=_pick(args.max_events, env, "CTRPS_MAX_EVENTS", d.max_events, int),
             max_body_bytes=_pick(args.max_body_bytes, env, "CTRPS_MAX_BODY_BYTES", d.max_body_bytes, int),
-            admin_token=env.get("CTRPS_ADMIN_TOKEN", ""),
+            admin_token=_secret_from(env, "CTRPS_ADMIN_TOKEN"),
+            insecure=SecuritySettings.from_args(args, env).insecure,
             shard_deadline_s=_pick(
                 args.shard_deadline, env, "CTRPS_SHARD_DEADLINE", d.shard_deadline_s, float
             ),

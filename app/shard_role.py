@@ -19,7 +19,7 @@ from ps_core.exporter import Exporter
 from ps_core.joining import Membership, newest_loadable, refusal_fields
 from ps_core.rpc import start_rpc_server
 from ps_core.server import create_shard_app, start_shard_site
-from ps_core.tls import client_context, server_context
+from ps_core.tls import HandshakeFailures, watch_handshakes
 from ps_core.shard import Shard, ShardSpec
 from ps_core.stream import StreamIdentity
 
@@ -140,10 +140,13 @@ async def run_shard(
     security = security or SecuritySettings()
     security.check_exposed("shard", settings.host, has_credentials=bool(security.cluster_secret))
     verifier = security.verifier()
-    server_tls = server_context(security.tls) if security.tls.serves else None
+    server_tls = security.server_tls()
+    handshakes = HandshakeFailures()
+    if server_tls is not None:
+        watch_handshakes(server_tls, handshakes)
     # Shard 0 calls the other shards as an admin, verifying them like any client.
     admin_token = verifier.token(Scope.ADMIN) if verifier is not None else security.token_for(Scope.ADMIN)
-    client_tls = client_context(security.tls) if security.tls.ca or security.tls.serves else None
+    client_tls = security.client_tls()
     refusals = Refusals(logging.getLogger("ctrps.shard.auth"))
     shard, newest, offsets, stream = await asyncio.to_thread(_restore, settings)
     if _joins(settings):
@@ -215,6 +218,12 @@ async def run_shard(
             await client.close()
         raise
     port = http.port  # the one the OS gave, when asked for 0
+    # The ports' connections and what their limits refused (the API relays them as metrics).
+    shard.extra_stats["ports"] = lambda: {
+        "http": http.guard.stats(),
+        **({"rpc": rpc.stats()} if rpc is not None else {}),
+        "tls": handshakes.stats(),
+    }
     stop = stop or asyncio.Event()
     log_event(
         log,

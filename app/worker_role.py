@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from consumers.kafka_security import KafkaSecurity
 from consumers.worker import Worker, WorkerConfig
 from ps_core.auth import Scope
 from ps_core.client import PSClient
 from ps_core.models import make_model
-from ps_core.tls import client_context
 
 from .logs import log_event
 from .security import SecuritySettings
@@ -23,7 +23,11 @@ log = logging.getLogger("ctrps.worker")
 
 
 async def run_worker(
-    settings: WorkerSettings, stop: asyncio.Event | None = None, *, security: SecuritySettings | None = None
+    settings: WorkerSettings,
+    stop: asyncio.Event | None = None,
+    *,
+    security: SecuritySettings | None = None,
+    kafka: KafkaSecurity = KafkaSecurity(),
 ) -> None:
     """Train from Kafka until SIGTERM/SIGINT (or `stop`): then finish the
     buffered window, commit it, and leave the group.
@@ -31,10 +35,11 @@ async def run_worker(
     After each window the worker's status goes to the shards' status board
     (`app.status`), where the API reads it for ``/v1/model`` and ``/metrics``.
     It presents `security`'s token of the train scope, and verifies
-    ``https://`` shards against its CA."""
+    ``https://`` shards against its CA. Every Kafka client of the worker
+    connects as `kafka` says."""
     stop = stop or asyncio.Event()
     security = security or SecuritySettings()
-    tls = client_context(security.tls) if security.tls.ca or security.tls.serves else None
+    tls = security.client_tls()
     config = WorkerConfig(
         bootstrap=settings.bootstrap,
         topic=settings.topic,
@@ -48,12 +53,13 @@ async def run_worker(
         heartbeat_interval_ms=max(100, settings.session_timeout_ms // 5),
         on_stale_offsets=settings.on_stale_offsets,
         outage_deadline_s=settings.outage_deadline_s,
+        kafka=kafka,
     )
     model = make_model(settings.model, settings.model_name)
     worker_id = default_worker_id()
     log_event(log, "starting", worker=worker_id, topic=settings.topic, group=settings.group,
               shards=len(settings.shards), model=settings.model, name=settings.model_name,
-              on_stale_offsets=settings.on_stale_offsets)
+              on_stale_offsets=settings.on_stale_offsets, **kafka.fields())
     with stop_on_signals(stop):
         async with PSClient.connect(
             settings.shards, rpc=settings.use_rpc, token=security.token_for(Scope.TRAIN), ssl=tls

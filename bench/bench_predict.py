@@ -1,6 +1,6 @@
 """Benchmark: ``POST /v1/predict`` of the HTTP API, against a bare aiohttp endpoint.
 
-Four servers run as subprocesses of this script on free 127.0.0.1 ports, each
+Six servers run as subprocesses of this script on free 127.0.0.1 ports, each
 with uvloop, each stopping itself after ``--lifetime`` seconds or when this
 script goes away (and on SIGTERM, which this script sends at the end):
 
@@ -9,9 +9,11 @@ script goes away (and on SIGTERM, which this script sends at the end):
 - ``api-local``: the API (``app.api.run_api``) over one shard in its own
   process (``PSClient.local``), as in ``ctrps demo``;
 - ``shard`` + ``api-http``: a shard server (``ctrps shard``'s role) and the
-  API over it (``ctrps serve``'s role, ``app.serve_role.run_serve``).
+  API over it (``ctrps serve``'s role, ``app.serve_role.run_serve``);
+- ``shard-secure`` + ``api-secure``: the same with TLS on both and
+  credentials on the shard (``api-secure`` presents a read token).
 
-Both shards are trained first with the same 20,000 synthetic events
+The three shards are trained first with the same 20,000 synthetic events
 (Criteo-like: 26 categorical fields with Zipf-distributed values, 13 numeric),
 with the worker's pull → gradients → push step, so a prediction reads mostly
 present features. Requests carry fresh events from the same distribution (a
@@ -25,7 +27,12 @@ Measured, each system the same way in the same run:
    when installed (a Lua script cycles the bodies), else an aiohttp load
    generator subprocess; requests/s and p50/p99 latency, and the ratio of
    each API to the bare endpoint (aim: ≥ 0.4);
-2. batch ``/v1/predict`` of 1,000 events, one request at a time on one
+2. the same for ``api-http`` and ``api-secure`` — the API serving HTTPS
+   (a throwaway CA's certificate, made with ``trustme`` for the run) over a
+   shard serving TLS and checking credentials (a cluster secret; the API
+   presents a read token) — in 3 alternating rounds: the ratio of their
+   medians is security's cost (aim: ≥ 0.8);
+3. batch ``/v1/predict`` of 1,000 events, one request at a time on one
    keep-alive connection from this process: p50/p99 latency (aim: p50 ≤ 20 ms).
 
 Run (from the repository root)::
@@ -66,21 +73,27 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from app.api import run_api  # noqa: E402
+from app.security import SecuritySettings  # noqa: E402
 from app.serve_role import run_serve  # noqa: E402
 from app.settings import ApiSettings, ShardSettings  # noqa: E402
 from app.shard_role import run_shard  # noqa: E402
 from app.signals import stop_on_signals  # noqa: E402
+from ps_core.auth import Scope, derive_token, new_secret  # noqa: E402
 from ps_core.client import PSClient  # noqa: E402
 from ps_core.features import FeatureHasher  # noqa: E402
 from ps_core.models import Model, make_model, sigmoid  # noqa: E402
 from ps_core.shard import Shard  # noqa: E402
+from ps_core.tls import TlsFiles, client_context  # noqa: E402
 
 MODEL_NAME = "ctr"
 TRAIN_EVENTS = 20_000
 BATCH_EVENTS = 1_000
 AIM_RATIO = 0.4
 AIM_BATCH_P50_MS = 20.0
-SYSTEMS = ("bare", "api_local", "api_http")
+AIM_SECURE_RATIO = 0.8
+PAIR_ROUNDS = 3
+"""The API over HTTPS, with credentials to its TLS shard, against the same in plaintext."""
+SYSTEMS = ("bare", "api_local", "api_http", "api_secure")
 
 _T0 = time.perf_counter()
 
@@ -170,8 +183,27 @@ async def _bare(port: int, stop: asyncio.Event) -> None:
         await runner.cleanup()
 
 
-async def serve(kind: str, port: int, shard_url: str, lifetime_s: float) -> None:
-    """Run one server until SIGTERM, its lifetime, or the parent's exit."""
+def tls_files(tls_dir: Path, *, ca_only: bool = False) -> TlsFiles:
+    """The run's TLS files in `tls_dir` (made by `make_tls`)."""
+    if ca_only:
+        return TlsFiles(ca=str(tls_dir / "ca.pem"))
+    return TlsFiles(cert=str(tls_dir / "cert.pem"), key=str(tls_dir / "key.pem"), ca=str(tls_dir / "ca.pem"))
+
+
+def make_tls(tls_dir: Path) -> None:
+    """A throwaway CA and a certificate for 127.0.0.1 signed by it (trustme, a dev dependency)."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(tls_dir / "ca.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tls_dir / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(tls_dir / "key.pem"))
+
+
+async def serve(kind: str, port: int, shard_url: str, lifetime_s: float, tls_dir: Path | None = None) -> None:
+    """Run one server until SIGTERM, its lifetime, or the parent's exit (the
+    secure ones with the TLS files in `tls_dir` and ``CTRPS_CLUSTER_SECRET``)."""
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch(stop, lifetime_s))
     model = make_model("lr", MODEL_NAME)
@@ -182,6 +214,16 @@ async def serve(kind: str, port: int, shard_url: str, lifetime_s: float) -> None
             await run_shard(ShardSettings(port=port, stats_interval_s=0, tables=model.tables()), stop)
         elif kind == "api-http":
             await run_serve(ApiSettings(shards=(shard_url,), port=port), stop)
+        elif kind == "shard-secure":
+            assert tls_dir is not None
+            security = SecuritySettings(cluster_secret=os.environ["CTRPS_CLUSTER_SECRET"], tls=tls_files(tls_dir))
+            await run_shard(ShardSettings(port=port, stats_interval_s=0, tables=model.tables()), stop, security=security)
+        elif kind == "api-secure":
+            # As `ctrps serve` is deployed: HTTPS, a read token, the shard verified against the CA.
+            assert tls_dir is not None
+            token = derive_token(os.environ["CTRPS_CLUSTER_SECRET"], Scope.READ)
+            security = SecuritySettings(shard_token=token, tls=tls_files(tls_dir))
+            await run_serve(ApiSettings(shards=(shard_url,), port=port), stop, security=security)
         elif kind == "api-local":
             shard = Shard(tables=model.tables())
             client = PSClient.local([shard])
@@ -248,7 +290,7 @@ async def _python_load(url: str, bodies_path: Path, connections: int, seconds: f
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + seconds
-    connector = aiohttp.TCPConnector(limit=connections)
+    connector = _connector(url, connections)
     headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=connector) as http:
 
@@ -284,6 +326,12 @@ def run_python_load(url: str, bodies_path: Path, connections: int, seconds: floa
     return Load(**json.loads(out.strip().splitlines()[-1]))
 
 
+def _connector(url: str, limit: int) -> aiohttp.TCPConnector:
+    ca = os.environ.get("BENCH_CA", "")
+    tls = client_context(TlsFiles(ca=ca)) if url.startswith("https://") else None
+    return aiohttp.TCPConnector(limit=limit, ssl=tls if tls is not None else True)
+
+
 async def batch_latencies(
     url: str, payloads: Sequence[bytes], warmup: int, expect: int
 ) -> tuple[float, float, int]:
@@ -291,7 +339,7 @@ async def batch_latencies(
     an answer without `expect` predictions is an error."""
     times: list[float] = []
     errors = 0
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
+    async with aiohttp.ClientSession(connector=_connector(url, 1)) as http:
         for i, body in enumerate(payloads):
             t0 = time.perf_counter()
             async with http.post(url + "/v1/predict", data=body, headers={"Content-Type": "application/json"}) as r:
@@ -320,21 +368,25 @@ class Server:
     log_path: Path
 
 
-def start(kind: str, log_dir: Path, lifetime_s: float, shard_url: str = "") -> Server:
+def start(kind: str, log_dir: Path, lifetime_s: float, shard_url: str = "", secret: str = "") -> Server:
+    """One server subprocess; a ``*-secure`` one serves TLS with the files in
+    `log_dir` and holds `secret` (the shard) or a token derived from it (the API)."""
     port = free_port()
     log_path = log_dir / f"{kind}.log"
+    secure = kind.endswith("-secure")
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(
             [sys.executable, __file__, "--serve", kind, "--port", str(port), "--shard-url", shard_url,
-             "--lifetime", str(lifetime_s)],
+             "--lifetime", str(lifetime_s), *(["--tls-dir", str(log_dir)] if secure else [])],
             cwd=REPO, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+            env={**os.environ, **({"CTRPS_CLUSTER_SECRET": secret} if secure else {})},
         )
-    return Server(kind, f"http://127.0.0.1:{port}", proc, log_path)
+    return Server(kind, f"{'https' if secure else 'http'}://127.0.0.1:{port}", proc, log_path)
 
 
 async def wait_ready(servers: Sequence[Server], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(connector=_connector("https://", 8)) as http:
         for s in servers:
             while True:
                 if s.proc.poll() is not None:
@@ -376,19 +428,29 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         bodies_path = tmpdir / "single.jsonl"
         bodies_path.write_bytes(b"\n".join(single) + b"\n")
         lifetime = 10 * seconds + 600
+        make_tls(tmpdir)
+        os.environ["BENCH_CA"] = str(tmpdir / "ca.pem")  # the load generators verify the API's certificate
+        secret = new_secret()
         shard = start("shard", tmpdir, lifetime)
-        servers = [shard]
+        secure_shard = start("shard-secure", tmpdir, lifetime, secret=secret)
+        servers = [shard, secure_shard]
         try:
             servers += [
                 start("bare", tmpdir, lifetime),
                 start("api-local", tmpdir, lifetime),
                 start("api-http", tmpdir, lifetime, shard.url),
+                start("api-secure", tmpdir, lifetime, secure_shard.url, secret=secret),
             ]
             await wait_ready(servers, 60)
+            model = make_model("lr", MODEL_NAME)
             async with PSClient.connect([shard.url]) as client:
-                await train(client, make_model("lr", MODEL_NAME), make_events(np.random.default_rng(1), TRAIN_EVENTS))
-            log(f"shards trained with {TRAIN_EVENTS} events")
-            urls = {"bare": servers[1].url, "api_local": servers[2].url, "api_http": servers[3].url}
+                await train(client, model, make_events(np.random.default_rng(1), TRAIN_EVENTS))
+            tls = client_context(tls_files(tmpdir, ca_only=True))
+            async with PSClient.connect([secure_shard.url], token=derive_token(secret, Scope.TRAIN), ssl=tls) as client:
+                await train(client, model, make_events(np.random.default_rng(1), TRAIN_EVENTS))
+            log(f"shards (plaintext, and TLS with credentials) trained with the same {TRAIN_EVENTS} events")
+            urls = {"bare": servers[2].url, "api_local": servers[3].url, "api_http": servers[4].url,
+                    "api_secure": servers[5].url}
             run = run_wrk if loadgen == "wrk" else run_python_load
             loads: dict[str, Load] = {}
             for name in SYSTEMS:
@@ -397,6 +459,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 r = loads[name]
                 log(f"{name:9} single-event: {r.requests_per_s:8.0f} req/s  p50 {r.p50_ms:6.2f} ms  "
                     f"p99 {r.p99_ms:6.2f} ms  errors {r.errors}")
+            # Security's cost, plaintext and secure alternating, so that drifts
+            # of this shared machine's load hit both alike: medians of 3 rounds.
+            pair: dict[str, list[float]] = {"api_http": [], "api_secure": []}
+            for i in range(PAIR_ROUNDS):
+                for name in (("api_http", "api_secure") if i % 2 == 0 else ("api_secure", "api_http")):
+                    pair[name].append(run(urls[name], bodies_path, args.connections, seconds / 2).requests_per_s)
+            log("alternating rounds, req/s: " + "; ".join(
+                f"{k} " + ", ".join(f"{v:.0f}" for v in vs) for k, vs in pair.items()))
             batches = {}
             for name in SYSTEMS:
                 # The bare endpoint answers one constant prediction.
@@ -418,8 +488,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         out[f"{name}_requests_per_s"] = round(r.requests_per_s, 1)
         out[f"{name}_p50_ms"] = round(r.p50_ms, 3)
         out[f"{name}_p99_ms"] = round(r.p99_ms, 3)
-    for name in ("api_local", "api_http"):
+    for name in ("api_local", "api_http", "api_secure"):
         out[f"{name}_over_bare_ratio"] = round(loads[name].requests_per_s / loads["bare"].requests_per_s, 3)
+    for name, vs in pair.items():
+        out[f"alternating_{name}_requests_per_s"] = round(float(np.median(vs)), 1)
+    out["ratio_secure_vs_plaintext"] = round(
+        out["alternating_api_secure_requests_per_s"] / out["alternating_api_http_requests_per_s"], 3
+    )
+    out["batch_ratio_secure_vs_plaintext_p50"] = round(batches["api_secure"][0] / batches["api_http"][0], 3)
+    out["aim_secure_ratio"] = AIM_SECURE_RATIO
     for name in SYSTEMS:
         out[f"batch_{name}_p50_ms"] = round(batches[name][0], 3)
         out[f"batch_{name}_p99_ms"] = round(batches[name][1], 3)
@@ -437,7 +514,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--seconds", type=float, default=0.0, help="seconds per load run (default 4 quick, 15 full)")
     # Internal: this script as a server or a load generator subprocess.
-    p.add_argument("--serve", choices=("bare", "shard", "api-local", "api-http"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--serve", choices=("bare", "shard", "api-local", "api-http", "shard-secure", "api-secure"), help=argparse.SUPPRESS
+    )
+    p.add_argument("--tls-dir", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--shard-url", default="", help=argparse.SUPPRESS)
     p.add_argument("--lifetime", type=float, default=600.0, help=argparse.SUPPRESS)
@@ -445,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--bodies", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
-        uvloop.run(serve(args.serve, args.port, args.shard_url, args.lifetime))
+        uvloop.run(serve(args.serve, args.port, args.shard_url, args.lifetime, args.tls_dir))
         return 0
     if args.loadgen_child:
         result = uvloop.run(_python_load(args.loadgen_child, args.bodies, args.connections, args.seconds))
@@ -457,8 +537,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in SYSTEMS:
         print(f"  {name:9} {out[f'{name}_requests_per_s']:9.0f} req/s  p50 {out[f'{name}_p50_ms']:.2f} ms  "
               f"p99 {out[f'{name}_p99_ms']:.2f} ms")
-    for name in ("api_local", "api_http"):
+    for name in ("api_local", "api_http", "api_secure"):
         print(f"  {name} / bare: {out[f'{name}_over_bare_ratio']:.2f} (aim >= {AIM_RATIO})")
+    print(f"  api_secure (HTTPS, TLS and a token to its shard) / api_http, medians of {PAIR_ROUNDS} alternating rounds: "
+          f"{out['ratio_secure_vs_plaintext']:.2f} "
+          f"(aim >= {AIM_SECURE_RATIO}); {BATCH_EVENTS}-event p50 ratio {out['batch_ratio_secure_vs_plaintext_p50']:.2f}")
     print(f"{BATCH_EVENTS}-event predict, one at a time:")
     for name in SYSTEMS:
         print(f"  {name:9} p50 {out[f'batch_{name}_p50_ms']:.2f} ms  p99 {out[f'batch_{name}_p99_ms']:.2f} ms"

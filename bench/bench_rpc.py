@@ -2,9 +2,8 @@
 
 Two shard servers are started as subprocesses (``python -m app.cli shard``,
 one ``lr`` table with FTRL, on free 127.0.0.1 ports) and reached with
-``PSClient.connect(urls, rpc=False)`` (every call over HTTP/1.1 keep-alive,
-uvloop: binary frames on the client's lean pipelined connection,
-`ps_core.http1`, to the shards' aiohttp servers). Each
+``PSClient.connect(urls, rpc=False)`` (every call over HTTP/1.1 keep-alive
+through aiohttp at both ends, uvloop: binary frames). Each
 round is ``await client.pull("lr", keys)`` then ``await client.push("lr",
 keys, grads)`` of a fresh 100k-key batch; pull, push and the whole round trip
 are timed with ``time.perf_counter`` and reported as p50/p99 in ms.
@@ -44,6 +43,12 @@ of them: besides wall time per mini-batch (p50/p99), the shard processes' CPU
 (utime + stime from ``/proc/<pid>/stat``, summed over both shards) and this
 client process's CPU (``time.process_time``) per mini-batch.
 
+A third phase measures what security costs: a second set of shard processes
+serves TLS (a throwaway CA's certificate, made with ``trustme`` for the run)
+and checks credentials (a cluster secret; the client presents a train token),
+and the 100k-key zipf round trip over the TCP RPC is timed on both sets,
+interleaved round by round: ``ratio_rpc_tls_auth_vs_plaintext`` (aim <= 1.3).
+
 Run (from the repository root)::
 
     .venv/bin/python bench/bench_rpc.py --quick   # 50 rounds, < 1 minute
@@ -61,6 +66,7 @@ import asyncio
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -75,10 +81,12 @@ import numpy.typing as npt
 import uvloop
 
 from ps_core import codec
+from ps_core.auth import Scope, derive_token, new_secret
 from ps_core.client import PSClient, Routed
 from ps_core.hashing import shard_of
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
+from ps_core.tls import TlsFiles, client_context
 
 U64 = npt.NDArray[np.uint64]
 F32 = npt.NDArray[np.float32]
@@ -88,6 +96,8 @@ TABLE = "lr"
 TABLE_SPEC = "lr,optimizer=ftrl"
 TABLE_CONFIG = TableConfig(TABLE, 1, {"name": "ftrl"})
 AIM_HTTP_ROUND_TRIP_P50_MS = 10.0
+AIM_TLS_AUTH_RATIO = 1.3
+"""TLS and credentials on may cost at most this much of the plaintext RPC round trip."""
 DISTS = ("zipf", "uniform")
 
 _T0 = time.perf_counter()
@@ -414,8 +424,12 @@ def free_port() -> int:
         return port
 
 
-def start_shards(num_shards: int, log_dir: Path) -> list[ShardProc]:
-    """Start the shard servers; the caller must `stop_shards` them (also on error)."""
+def start_shards(
+    num_shards: int, log_dir: Path, *, extra: Sequence[str] = (), env: dict[str, str] | None = None,
+    scheme: str = "http", name: str = "shard",
+) -> list[ShardProc]:
+    """Start the shard servers (`extra` flags, `env` added to the environment);
+    the caller must `stop_shards` them (also on error)."""
     out: list[ShardProc] = []
     ctrps = Path(sys.executable).with_name("ctrps")
     for i in range(num_shards):
@@ -435,14 +449,16 @@ def start_shards(num_shards: int, log_dir: Path) -> list[ShardProc]:
             "--stats-interval",
             "0",
             "--no-exports",
+            *extra,
         ]
         cmd = [str(ctrps), *args] if ctrps.exists() else [sys.executable, "-m", "app.cli", *args]
-        log_path = log_dir / f"shard{i}.log"
+        log_path = log_dir / f"{name}{i}.log"
         with open(log_path, "wb") as logf:
             proc = subprocess.Popen(
-                cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT
+                cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
             )
-        out.append(ShardProc(i, f"http://127.0.0.1:{port}", proc, log_path))
+        out.append(ShardProc(i, f"{scheme}://127.0.0.1:{port}", proc, log_path))
     return out
 
 
@@ -453,10 +469,13 @@ def tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-async def wait_ready(shards: Sequence[ShardProc], timeout_s: float) -> None:
+async def wait_ready(
+    shards: Sequence[ShardProc], timeout_s: float, ssl_context: ssl.SSLContext | None = None
+) -> None:
     """Poll GET /healthz of every shard until it answers, or raise at the deadline."""
     deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
+    connector = aiohttp.TCPConnector(ssl=ssl_context) if ssl_context is not None else None
+    async with aiohttp.ClientSession(connector=connector) as session:
         for s in shards:
             while True:
                 if s.proc.poll() is not None:
@@ -582,6 +601,53 @@ async def run_minibatches(
     return out
 
 
+async def run_secure(cfg: Config, work: Workload, plain: PSClient, tmp: Path) -> dict[str, Any]:
+    """The 100k-key round trip over the TCP RPC, plaintext (`plain`, on the
+    first shard processes) against TLS with credentials on (a second set of
+    shard processes with a throwaway CA's certificate and a cluster secret,
+    reached with a train token), interleaved round by round."""
+    import trustme  # a dev dependency: the TLS files are made for this run only
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca_path, cert_path, key_path = tmp / "ca.pem", tmp / "cert.pem", tmp / "key.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    cert.cert_chain_pems[0].write_to_path(str(cert_path))
+    cert.private_key_pem.write_to_path(str(key_path))
+    secret = new_secret()
+    tls = client_context(TlsFiles(ca=str(ca_path)))
+    procs: list[ShardProc] = []
+    try:
+        procs = start_shards(
+            cfg.num_shards, tmp, extra=["--tls-cert", str(cert_path), "--tls-key", str(key_path)],
+            env={"CTRPS_CLUSTER_SECRET": secret}, scheme="https", name="secure",
+        )
+        await wait_ready(procs, cfg.ready_timeout_s, tls)
+        log(f"{cfg.num_shards} shard servers with TLS and credentials ready at " + ", ".join(p.url for p in procs))
+        token = derive_token(secret, Scope.TRAIN)
+        async with PSClient.connect([p.url for p in procs], token=token, ssl=tls) as sc:
+            t = time.perf_counter()
+            await warm_pool(sc, work.pool, cfg.keys_per_request)
+            log(f"secure warm-up: pushed the {work.pool.size:,}-id pool in {time.perf_counter() - t:.2f}s")
+            systems: list[System] = [ClientSystem("rpc", plain), ClientSystem("rpc_tls_auth", sc)]
+            per_system = cfg.warmup + cfg.rounds
+            batches = [work.batches(DISTS[0], cfg.keys_per_request, per_system) for _ in systems]
+            plain_t, secure_t = await measure_interleaved(systems, batches, cfg.warmup)
+    finally:
+        codes = stop_shards(procs)
+        if procs:
+            log(f"secure shard servers stopped, exit codes {codes}")
+    log(describe(f"RPC plaintext  {DISTS[0]}", plain_t))
+    log(describe(f"RPC TLS+token  {DISTS[0]}", secure_t))
+    out: dict[str, Any] = {}
+    out.update(summarize("rpc_", plain_t))
+    out.update(summarize("rpc_tls_auth_", secure_t))
+    out["ratio_rpc_tls_auth_vs_plaintext"] = out["rpc_tls_auth_round_trip_p50_ms"] / out["rpc_round_trip_p50_ms"]
+    out["aim_rpc_tls_auth_ratio_met"] = out["ratio_rpc_tls_auth_vs_plaintext"] <= AIM_TLS_AUTH_RATIO
+    out["secure_shard_exit_codes"] = codes
+    return out
+
+
 async def run(cfg: Config) -> dict[str, Any]:
     rng = np.random.default_rng(cfg.seed)
     work = Workload(rng, cfg.pool_size, cfg.zipf_s)
@@ -644,6 +710,7 @@ async def run(cfg: Config) -> dict[str, Any]:
                         + ", ".join(f"{k} {pct_ms(v, 50):.2f}" for k, v in fr.parts.items())
                     )
                 mb = await run_minibatches(cfg, work, hc, rc, [p.proc.pid for p in procs])
+                mb.update(await run_secure(cfg, work, rc, Path(tmp)))
         finally:
             exit_codes = stop_shards(procs)
             if procs:
@@ -771,6 +838,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({result['minibatch_ratio_rpc_vs_http_p50']:.2f}x HTTP); CPU per mini-batch: shards "
         f"{result['minibatch_push_pull_rpc_shard_cpu_us'] or float('nan'):.0f} us, client "
         f"{result['minibatch_push_pull_rpc_client_cpu_us']:.0f} us"
+    )
+    print(
+        f"  100k-key round trip over the RPC: plaintext p50 {result['rpc_round_trip_p50_ms']:.2f} ms, "
+        f"TLS + credentials p50 {result['rpc_tls_auth_round_trip_p50_ms']:.2f} ms "
+        f"({result['ratio_rpc_tls_auth_vs_plaintext']:.2f}x; aim <= {AIM_TLS_AUTH_RATIO}x: "
+        f"{'met' if result['aim_rpc_tls_auth_ratio_met'] else 'NOT met'})"
     )
     print(
         f"  aim: HTTP round trip p50 <= {AIM_HTTP_ROUND_TRIP_P50_MS:.0f} ms: "

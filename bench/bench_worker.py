@@ -11,8 +11,7 @@ carries its true click probability). Then, in one run:
     trains on the topic with in-process shards;
 (c) the same worker with 2 shard servers (``ctrps shard`` processes), every
     call over HTTP (``PSClient.connect(urls, rpc=False)``, ``--no-rpc``:
-    pulls and pushes on the lean HTTP/1.1 connection of `ps_core.http1`, to
-    the shards' aiohttp servers);
+    aiohttp at both ends);
 (d) the same with fresh shard servers, pulls and pushes over their TCP RPC
     (`ps_core.rpc`, the default of ``ctrps worker``).
 

@@ -26,6 +26,8 @@ from types import TracebackType
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from .kafka_security import KafkaSecurity, check_access
+
 __all__ = ["EmbeddedBroker", "BrokerError", "broker_listening", "create_topics", "free_port", "wait_for_metadata"]
 
 
@@ -78,18 +80,28 @@ async def broker_listening(bootstrap: str, timeout_s: float = 1.0) -> bool:
     return False
 
 
-async def wait_for_metadata(bootstrap: str, timeout_s: float = 20.0) -> None:
-    """Return once a broker at `bootstrap` answers a metadata request."""
+async def wait_for_metadata(
+    bootstrap: str, timeout_s: float = 20.0, security: KafkaSecurity = KafkaSecurity()
+) -> None:
+    """Return once a broker at `bootstrap` answers a metadata request.
+
+    With TLS or SASL, the first server that listens is checked once
+    (`check_access`): a refused handshake or login raises `KafkaAccessError`
+    at once, instead of a retry every 50 ms until the deadline."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     last: Exception | None = None
+    checked = security.security_protocol == "PLAINTEXT"
     while loop.time() < deadline:
         if not await broker_listening(bootstrap):
             # Not listening yet: a Kafka client would log an error per attempt.
             last = ConnectionRefusedError(f"nothing listening at {bootstrap}")
             await asyncio.sleep(0.05)
             continue
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+        if not checked:
+            await check_access(bootstrap, security, timeout_s=max(1.0, deadline - loop.time()))
+            checked = True
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000, **security.client_kwargs())
         try:
             await admin.start()
             await admin.list_topics()
@@ -103,9 +115,11 @@ async def wait_for_metadata(bootstrap: str, timeout_s: float = 20.0) -> None:
     raise BrokerError(f"no metadata from {bootstrap} within {timeout_s:.0f}s: {last}")
 
 
-async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+async def create_topics(
+    bootstrap: str, topics: dict[str, int], security: KafkaSecurity = KafkaSecurity()
+) -> None:
     """Create topics (name → partitions); existing topics are left as they are."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000, **security.client_kwargs())
     await admin.start()
     try:
         existing = set(await admin.list_topics())

@@ -25,6 +25,8 @@ from aiokafka.errors import KafkaError
 
 from ps_core.errors import PSError, ShardUnavailableError
 
+from .kafka_security import KafkaSecurity
+
 __all__ = [
     "OutageDeadlineError",
     "UndecodableBatchError",
@@ -124,7 +126,12 @@ def failed_partition(exc: BaseException, consumer: Any) -> tuple[str, int] | Non
 
 
 async def locate_bad_batch(
-    bootstrap: str, topic: str, partition: int, start: int, timeout_s: float = 20.0
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    start: int,
+    timeout_s: float = 20.0,
+    security: KafkaSecurity = KafkaSecurity(),
 ) -> int | None:
     """The offset of the first batch at or after `start` that the Kafka client
     cannot decode, read one record at a time by a consumer of its own (no
@@ -132,7 +139,9 @@ async def locate_bad_batch(
 
     One record per read: the client then raises on the bad batch with its
     position just before it, not at the start of a larger fetch."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **security.client_kwargs()
+    )
     tp = TopicPartition(topic, partition)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s

@@ -39,6 +39,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from .formats import FormatError
+from .kafka_security import KafkaSecurity
 
 __all__ = ["produce", "ProduceReport", "EventSource", "ProduceError", "DeliveryTimeout", "COMPRESSIONS"]
 
@@ -203,6 +204,7 @@ async def produce(
     max_in_flight: int = 4,
     delivery_timeout_s: float = 10.0,
     compression: str = "none",
+    security: KafkaSecurity = KafkaSecurity(),
 ) -> ProduceReport:
     """Send `events` to `topic` and return what was sent.
 
@@ -220,6 +222,7 @@ async def produce(
       (the client's request timeout, after which it expires queued batches);
       past it `DeliveryTimeout` is raised.
     - `compression`: the record batches' codec, one of `COMPRESSIONS`.
+    - `security`: how the producer authenticates and encrypts (`KafkaSecurity`).
 
     Raises `DeliveryTimeout` when the broker stops acknowledging,
     `ProduceError` when it refuses a send (both carry the report of what was
@@ -246,6 +249,7 @@ async def produce(
         request_timeout_ms=int(delivery_timeout_s * 1000),
         enable_idempotence=False,
         compression_type=None if compression == "none" else compression,
+        **security.client_kwargs(),
     )
     in_flight: collections.deque[tuple[asyncio.Future[Any], dict[int, int], int]] = (
         collections.deque()

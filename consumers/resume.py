@@ -27,6 +27,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CorruptRecordException, KafkaError, UnsupportedCodecError
 
+from .kafka_security import KafkaSecurity
+
 __all__ = [
     "STALE_POLICIES",
     "StaleOffsetsError",
@@ -81,9 +83,9 @@ def bounds_reason(offset: int, start: int, end: int) -> str | None:
     return None
 
 
-async def cluster_id(bootstrap: str, timeout_ms: int = 10_000) -> str:
+async def cluster_id(bootstrap: str, timeout_ms: int = 10_000, security: KafkaSecurity = KafkaSecurity()) -> str:
     """The cluster id the broker at `bootstrap` reports (``DescribeCluster``)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms, **security.client_kwargs())
     await admin.start()
     try:
         answer = await admin.describe_cluster()
@@ -97,7 +99,10 @@ async def cluster_id(bootstrap: str, timeout_ms: int = 10_000) -> str:
 
 
 async def partition_bounds(
-    bootstrap: str, partitions: Iterable[TopicPartition], timeout_s: float = 15.0
+    bootstrap: str,
+    partitions: Iterable[TopicPartition],
+    timeout_s: float = 15.0,
+    security: KafkaSecurity = KafkaSecurity(),
 ) -> dict[TopicPartition, tuple[int, int]]:
     """Each partition's first offset and end, as (start, end).
 
@@ -113,7 +118,7 @@ async def partition_bounds(
         return {}
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-        auto_offset_reset="earliest", max_partition_fetch_bytes=64 << 10,
+        auto_offset_reset="earliest", max_partition_fetch_bytes=64 << 10, **security.client_kwargs(),
     )
     await consumer.start()
     try:

@@ -69,6 +69,7 @@ from .collector import fewer_collections
 from .decode import Decoded, Rejected, decode_records
 from .decode_pool import start_decode_pool
 from .dlq import DeadLetter, DeadLetterQueue
+from .kafka_security import KafkaSecurity, check_access
 from .resume import STALE_POLICIES, StaleOffsetsError, StalePartition, bounds_reason, cluster_id, partition_bounds
 from .outage import (
     OutageWatch,
@@ -173,6 +174,9 @@ class WorkerConfig:
     is waited out before the worker gives up; 0 waits forever."""
     outage_log_every_s: float = 5.0
     """Seconds between the lines saying what an outage waits for."""
+    kafka: KafkaSecurity = KafkaSecurity()
+    """How every Kafka client of the worker authenticates and encrypts
+    (consumer, dead-letter producer, admin and offset lookups)."""
 
     def __post_init__(self) -> None:
         if self.on_stale_offsets not in STALE_POLICIES:
@@ -351,6 +355,9 @@ class Worker:
         since = time.monotonic()
         if not await broker_listening(c.bootstrap):
             await self._ride_out(KafkaConnectionError(), self._probe_broker, since)
+        # A refused TLS handshake or login is not an outage to wait out: one
+        # line and exit, rather than the client's "Unable to bootstrap" forever.
+        await check_access(c.bootstrap, c.kafka)
         await self._retrying(self._refresh_cluster_id, broker=True)
         if self.leased and c.on_stale_offsets == "fail":
             await self._refuse_stale_at_start()
@@ -363,7 +370,9 @@ class Worker:
             self._warmup = asyncio.get_running_loop().run_in_executor(
                 self._pool, decode_records, sample, self.model.name, c.max_message_bytes
             )
-        await self._start_kafka("_producer", lambda: AIOKafkaProducer(bootstrap_servers=c.bootstrap, linger_ms=5))
+        await self._start_kafka(
+            "_producer", lambda: AIOKafkaProducer(bootstrap_servers=c.bootstrap, linger_ms=5, **c.kafka.client_kwargs())
+        )
         self._dlq = DeadLetterQueue(self._producer, c.dlq_topic)
 
         def consumer() -> Any:
@@ -376,6 +385,7 @@ class Worker:
                 heartbeat_interval_ms=c.heartbeat_interval_ms,
                 max_partition_fetch_bytes=max(c.max_message_bytes * 2, 1 << 20),
                 fetch_max_bytes=max(c.max_message_bytes * 4, 50 << 20),
+                **c.kafka.client_kwargs(),
             )
             made.subscribe([c.topic], listener=_Rebalance(self))
             return made
@@ -531,7 +541,9 @@ class Worker:
         start = self._committed.get((topic, partition), 0)
         with contextlib.suppress(Exception):
             start = await asyncio.wait_for(self._consumer.position(tp), 10)
-        exact = await locate_bad_batch(self.config.bootstrap, topic, partition, start)
+        exact = await locate_bad_batch(
+            self.config.bootstrap, topic, partition, start, security=self.config.kafka
+        )
         return UndecodableBatchError(topic, partition, start if exact is None else exact, exact is not None, reason)
 
     async def _close(self) -> None:
@@ -742,7 +754,7 @@ class Worker:
 
     async def _refresh_cluster_id(self) -> None:
         try:
-            self.cluster_id = await cluster_id(self.config.bootstrap)
+            self.cluster_id = await cluster_id(self.config.bootstrap, security=self.config.kafka)
         except (IncompatibleBrokerVersion, UnsupportedVersionError):
             if self.cluster_id is None:
                 log.warning(
@@ -761,7 +773,7 @@ class Worker:
         has moved on."""
         await _retrying(self._refresh_cluster_id)
         point = await self.client.coordinator_resume() if self.leased else ResumePoint({}, None)
-        bounds = await _retrying(lambda: partition_bounds(self.config.bootstrap, tps))
+        bounds = await _retrying(lambda: partition_bounds(self.config.bootstrap, tps, security=self.config.kafka))
         seek: dict[TopicPartition, int] = {}
         stale: list[StalePartition] = []
         actual = self.stream()
@@ -872,7 +884,7 @@ class Worker:
         if not known:
             return
         tps = [TopicPartition(self.config.topic, p) for p in sorted(known)]
-        bounds = await partition_bounds(self.config.bootstrap, tps)
+        bounds = await partition_bounds(self.config.bootstrap, tps, security=self.config.kafka)
         actual = self.stream()
         mismatch = stream_mismatch(point.stream, actual) if actual is not None else None
         stale = [

@@ -5,10 +5,12 @@ of the scope it needs, derived from the secret with HMAC-SHA256, so a token
 given to a serving replica cannot train, and none of them can be turned back
 into the secret. Scopes are ordered, each including the ones below it:
 
-- ``read``: pulls, table listing, stats (the API's predictions, replicas);
-- ``train``: pushes, leases and the coordinator's offsets (the workers);
-- ``admin``: tables, snapshots, exports, compaction, restores, the status
-  board (the exporter, ``ctrps export``, the API's admin routes, shard 0).
+- ``read``: pulls, table listing, stats, the status board and the exports'
+  listing (the API's predictions, replicas' sources);
+- ``train``: pushes, leases and the coordinator's offsets, declaring the
+  model's tables and reporting to the status board (the workers);
+- ``admin``: snapshots, exports, compaction, membership and restores (the
+  exporter, ``ctrps export``, the API's admin routes, shard 0).
 
 A token is ``<scope>.<mac>`` (the mac in unpadded base64url), sent as
 ``Authorization: Bearer <token>`` over HTTP and in the RPC's hello. Tokens
@@ -126,31 +128,33 @@ def token_from_header(value: str | None) -> str | None:
 class Refusals:
     """Counts a server's refused credentials and logs them without flooding.
 
-    The first refusal is logged at once; after it, at most one line per
-    `every_s`, saying how many were refused since the last line. Reasons:
-    ``missing`` (no token), ``wrong`` (a token no scope has), ``scope`` (a
-    valid token of too low a scope). No token is ever part of a line."""
+    Per reason, the first refusal is logged at once; after it, at most one
+    line per `every_s`, saying how many of that reason were refused since its
+    last line (so a misconfigured worker's ``wrong`` token does not hide a
+    stranger's ``missing`` one). Reasons: ``missing`` (no token), ``wrong``
+    (a token no scope has), ``scope`` (a valid token of too low a scope). No
+    token is ever part of a line."""
 
     def __init__(self, log: logging.Logger, *, every_s: float = 10.0) -> None:
         self._log = log
         self._every_s = every_s
         self.counts: dict[str, int] = {"missing": 0, "wrong": 0, "scope": 0}
-        self._last_line = -float("inf")
-        self._unlogged = 0
+        self._last_line: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
 
     def refuse(self, reason: str, *, plane: str, peer: str, what: str, needs: Scope) -> None:
         """Count one refusal (of `what`, from `peer`) and log it if it is time."""
         self.counts[reason] = self.counts.get(reason, 0) + 1
-        self._unlogged += 1
+        self._unlogged[reason] = unlogged = self._unlogged.get(reason, 0) + 1
         now = time.monotonic()
-        if now - self._last_line < self._every_s:
+        if now - self._last_line.get(reason, -float("inf")) < self._every_s:
             return
-        self._last_line = now
+        self._last_line[reason] = now
+        self._unlogged[reason] = 0
         self._log.warning("credentials refused", extra={"fields": {
             "plane": plane, "reason": reason, "peer": peer, "request": what, "needs": needs.label,
-            "refused": self._unlogged, "refused_total": sum(self.counts.values()),
+            "refused": unlogged, "refused_total": self.counts[reason],
         }})
-        self._unlogged = 0
 
     def stats(self) -> dict[str, Any]:
         """``{"refused": {reason: n}}`` for the shard's stats (and metrics)."""

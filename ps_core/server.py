@@ -164,7 +164,10 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if verifier is None:
         return await handler(request)
     route = request.match_info.route.resource
-    key = (request.method, route.canonical if route is not None else "")
+    # aiohttp answers HEAD with a GET route's handler (which runs whole: a
+    # HEAD of a snapshot would hand it over): it needs the GET's scope.
+    method = "GET" if request.method == "HEAD" else request.method
+    key = (method, route.canonical if route is not None else "")
     needs = ROUTE_SCOPES.get(key, Scope.READ)
     if needs is None:
         return await handler(request)
@@ -340,7 +343,8 @@ def create_shard_app(
     app.router.add_post("/v1/status", report_status)
     app.router.add_get("/v1/status", list_statuses)
     app.router.add_post("/v1/snapshots", take_snapshot)
-    app.router.add_get("/v1/snapshots/{version}", fetch_snapshot)
+    # No HEAD: a fetch hands the copies over once, and a HEAD would drop them unseen.
+    app.router.add_get("/v1/snapshots/{version}", fetch_snapshot, allow_head=False)
     app.router.add_delete("/v1/snapshots/{version}", drop_snapshot)
     app.router.add_get("/v1/membership", membership)
     app.router.add_post("/v1/membership/admit", admit)

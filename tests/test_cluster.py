@@ -22,6 +22,7 @@ from app.cluster import broker_processes, end_broker_processes
 from app.settings import ClusterSettings, SettingsError
 from consumers.broker import free_port
 from consumers.synthetic import SyntheticStream
+from ps_core.auth import Scope, derive_token
 from ps_core.export import latest_chain, list_versions, restore_shards
 from ps_core.features import FeatureHasher
 from ps_core.hashing import shard_of
@@ -194,14 +195,17 @@ async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path
             "--port", "0", "--produce-rate", "2000", "--window-seconds", "1",
             "--duration", "300", "--log-format", "json",  # the duration only bounds a broken run
             "--exports-dir", str(tmp_path / "exports"), "--export-interval", "1",
-            cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            cwd=PROJECT, env=clean_env(CTRPS_ADMIN_TOKEN=ADMIN_TOKEN, CTRPS_SHARD_TOKEN="decoy-not-for-children"),
+            stdin=subprocess.DEVNULL, stdout=out, stderr=err,
         )  # fmt: skip
     try:
         ready = await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
+        assert (ready["auth"], ready["cluster_secret"], ready["admin_token"]) == ("on", "generated", "set")
         started = {
             x["role"]: x["pid"] for x in read_json_lines(err_log) if x.get("msg") == "started"
         }
         assert set(started) == ROLES
+        secret = check_child_credentials(started)
         # The broker role's own child, the Tansu binary, must stop with it.
         tansu = await wait_for_line(proc, out_log, {"role": "broker", "msg": "ready"}, 10)
         api = ready["api"]
@@ -213,6 +217,11 @@ async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path
                 assert resp.status == 200, await resp.text()
                 body = await resp.json()
             assert 0.0 < body["predictions"][0] < 1.0
+            # The API's admin routes take the cluster's admin token, and export through shard 0.
+            async with session.post(api + "/v1/exports") as resp:
+                assert resp.status == 401, await resp.text()
+            async with session.post(api + "/v1/exports", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
+                assert resp.status == 201, await resp.text()
         # Shard 0 exports every second; the workers' leased windows put
         # their committed offsets in the versions.
         loop = asyncio.get_running_loop()
@@ -240,6 +249,36 @@ async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path
     strays = [x for x in lines if x["msg"] == "output"]  # lines that were not JSON log lines
     assert not strays, strays[:5]
     assert any(x["role"] == "worker-1" and x["msg"] == "window" for x in lines)
+    # No secret or token reaches a log line.
+    logs = out_log.read_text() + err_log.read_text()
+    for value in (secret, derive_token(secret, Scope.TRAIN), derive_token(secret, Scope.ADMIN), ADMIN_TOKEN):
+        assert value not in logs
+
+
+ADMIN_TOKEN = "the-admin-token-of-this-test"
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def check_child_credentials(started: dict[str, int]) -> str:
+    """Each running child's own environment and arguments hold the
+    credentials of its role and no other (read from /proc); returns the
+    cluster secret the shards hold."""
+    names = ("CTRPS_CLUSTER_SECRET", "CTRPS_SHARD_TOKEN", "CTRPS_ADMIN_TOKEN")
+    held = {role: {k: v for k, v in _environ(pid).items() if k.startswith(names)} for role, pid in started.items()}
+    secret = held["shard-0"]["CTRPS_CLUSTER_SECRET"]
+    assert len(secret) >= 32
+    assert held["shard-0"] == held["shard-1"] == {"CTRPS_CLUSTER_SECRET": secret}
+    for role in ("worker-0", "worker-1"):
+        assert held[role] == {"CTRPS_SHARD_TOKEN": derive_token(secret, Scope.TRAIN)}, role
+    assert held["api"] == {"CTRPS_SHARD_TOKEN": derive_token(secret, Scope.ADMIN), "CTRPS_ADMIN_TOKEN": ADMIN_TOKEN}
+    assert held["broker"] == held["producer"] == {}
+    for pid in started.values():
+        assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return secret
 
 
 async def start_cluster(tmp_path: Path, *flags: str, **env: str) -> asyncio.subprocess.Process:

@@ -97,6 +97,7 @@ def test_example_event_is_part_of_the_streams_first_event() -> None:
 # -- the demo, as a user runs it ----------------------------------------------------------
 
 DURATION_S = 25.0
+ADMIN_TOKEN = "the-demo-admin-token-of-this-test"
 WINDOW_LINE = re.compile(r"ctrps\.demo: window .*? auc=(?P<auc>[-\d.na]+) .*?trained=(?P<trained>\d+)")
 
 
@@ -124,7 +125,7 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "app.cli", "demo", "--duration", str(DURATION_S), "--port", "0",
             "--exports-dir", str(tmp_path / "exports"), "--export-interval", "8",
-            cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            cwd=PROJECT, env=clean_env(CTRPS_ADMIN_TOKEN=ADMIN_TOKEN), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
         )  # fmt: skip
     loop = asyncio.get_running_loop()
     try:
@@ -145,6 +146,13 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
                 assert loop.time() < ready_at + DURATION_S, f"nothing trained: {model}"
                 await asyncio.sleep(0.2)  # poll interval
             assert len(model["workers"]) == 1
+            # The demo's admin routes take CTRPS_ADMIN_TOKEN, as `ctrps serve`'s do.
+            async with session.post(api + "/v1/exports") as resp:
+                assert resp.status == 401, await resp.text()
+            async with session.post(api + "/v1/exports", headers={"Authorization": "Bearer wrong"}) as resp:
+                assert resp.status == 401, await resp.text()
+            async with session.post(api + "/v1/exports", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp:
+                assert resp.status == 201, await resp.text()
             later = await predict(session, api, events)
             assert all(0.0 < p < 1.0 for p in later["predictions"])
             assert later["predictions"] != first["predictions"]  # the weights moved
@@ -167,6 +175,7 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
     trained = [n for _, n in windows]
     assert trained == sorted(trained) and trained[-1] >= 10 * 5000 // 2, trained
     assert "ctrps.demo: stopped" in log and "Traceback" not in log
+    assert ADMIN_TOKEN not in log and ADMIN_TOKEN not in out_log.read_text()
     assert log.count("ctrps.worker: window") == 0  # one line per window: the demo's
     # It exported on its interval, into a directory of this run's own under
     # --exports-dir, named in its banner: a base, then deltas, each holding

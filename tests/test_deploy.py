@@ -13,26 +13,44 @@ and the API must become ready over them and predict.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import functools
+import importlib.util
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import aiohttp
+import orjson
 import pytest
 import yaml
 
 from app.cli import build_parser
 from app.settings import ApiSettings, ShardSettings, WorkerSettings
 from consumers.broker import free_port
-from ps_core.client import PSClient
+from ps_core.auth import Scope, TokenVerifier, bearer, derive_token
 from ps_core.models import make_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
+
+def _load_make_secrets() -> Any:
+    """deploy/make_secrets.py, a script beside the manifests (not a package)."""
+    spec = importlib.util.spec_from_file_location("make_secrets", DEPLOY / "make_secrets.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_secrets = _load_make_secrets()
 CTRPS_IMAGE = "ctrps:latest"
 
 
@@ -64,9 +82,28 @@ def _settings(argv: list[str], env: dict[str, str]) -> Any:
     return args
 
 
+@functools.cache
+def _secret_files() -> dict[str, Path]:
+    """One set of credentials as make_secrets.py writes them, for the files the services name."""
+    directory = Path(tempfile.mkdtemp(prefix="ctrps-deploy-test-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    files: dict[str, Path] = make_secrets.make(directory / "secrets")
+    return files
+
+
+def _with_secret_files(env: dict[str, Any]) -> dict[str, str]:
+    """A compose service's environment, its /run/secrets/<name> paths the files of `_secret_files`."""
+    by_name = {name: Path(s["file"]).name for name, s in _compose()["secrets"].items()}
+    out = {k: str(v) for k, v in env.items()}
+    for key, value in out.items():
+        if value.startswith("/run/secrets/"):
+            out[key] = str(_secret_files()[by_name[value.removeprefix("/run/secrets/")]])
+    return out
+
+
 def _compose_settings() -> dict[str, Any]:
     return {
-        name: _settings(list(s["command"]), {k: str(v) for k, v in s["environment"].items()})
+        name: _settings(list(s["command"]), _with_secret_files(s["environment"]))
         for name, s in _ctrps_services().items()
     }
 
@@ -148,7 +185,11 @@ def test_every_ctrps_variable_named_in_deploy_is_read_by_the_code() -> None:
             named |= set(re.findall(r"\bCTRPS_[A-Z_]+\b", path.read_text()))
     assert named, "deploy names no settings"
     source = "\n".join(p.read_text() for d in ("app", "consumers") for p in (ROOT / d).glob("*.py"))
-    unknown = sorted(v for v in named if f'"{v}"' not in source)
+    # A secret's X_FILE is read wherever X is read from the environment or a file.
+    read_from_file = set(re.findall(r'_secret_from\(env, "(CTRPS_[A-Z_]+)"\)', source))
+    unknown = sorted(
+        v for v in named if f'"{v}"' not in source and v.removesuffix("_FILE") not in read_from_file
+    )
     assert not unknown, f"not read by any setting: {unknown}"
 
 
@@ -180,18 +221,30 @@ async def test_compose_shard_and_api_commands_run_on_loopback(tmp_path: Path) ->
     http = {i: free_port() for i in range(n)}
     rpc = {i: free_port() for i in range(n)}
     api_port = free_port()
-    env_base = {k: str(v) for k, v in services["api"]["environment"].items()}
-    env_base["CTRPS_SHARDS"] = ",".join(f"http://127.0.0.1:{http[i]}" for i in range(n))
+    # The credentials as an operator makes them, each service given its
+    # compose secrets at the files its CTRPS_*_FILE names.
+    secret_files = make_secrets.make(tmp_path / "secrets")
+    compose_secrets = {name: Path(s["file"]).name for name, s in _compose()["secrets"].items()}
+    shards = ",".join(f"http://127.0.0.1:{http[i]}" for i in range(n))
     procs: list[asyncio.subprocess.Process] = []
     logs = []
 
-    async def start(argv: list[str], name: str) -> None:
+    def service_env(service: str) -> dict[str, str]:
+        env = {k: str(v) for k, v in services[service]["environment"].items()}
+        for key, value in env.items():
+            if value.startswith("/run/secrets/"):
+                name = value.removeprefix("/run/secrets/")
+                assert name in services[service]["secrets"], (service, name)
+                env[key] = str(secret_files[compose_secrets[name]])
+        return {**env, "CTRPS_SHARDS": shards}
+
+    async def start(argv: list[str], name: str, service: str) -> None:
         log = (tmp_path / f"{name}.log").open("wb")
         logs.append(log)
         procs.append(
             await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "app.cli", *argv, cwd=ROOT,
-                env={**_clean_env(), **env_base}, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                env={**_clean_env(), **service_env(service)}, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             )  # fmt: skip
         )
 
@@ -199,24 +252,45 @@ async def test_compose_shard_and_api_commands_run_on_loopback(tmp_path: Path) ->
         for i in range(n):
             argv = _local(list(services[f"shard-{i}"]["command"]), http)
             argv = _replace(argv, {"--port": str(http[i]), "--rpc-port": str(rpc[i]), "--exports-dir": str(tmp_path / "exports")})
-            await start(argv, f"shard-{i}")
-        await start(_replace(_local(list(services["api"]["command"]), http), {"--port": str(api_port)}), "api")
+            await start(argv, f"shard-{i}", f"shard-{i}")
+        await start(_replace(_local(list(services["api"]["command"]), http), {"--port": str(api_port)}), "api", "api")
         async with aiohttp.ClientSession() as session:
             for i in range(n):
                 health = await _poll(session, f"http://127.0.0.1:{http[i]}/healthz", procs, tmp_path)
                 assert health["shard_id"] == i and health["rpc_port"] == rpc[i]
             ready = await _poll(session, f"http://127.0.0.1:{api_port}/readyz", procs, tmp_path)
             assert ready == {"status": "ready", "shards": n}
-            # The tables, as the first worker would declare them, then a prediction.
-            async with PSClient.connect([f"http://127.0.0.1:{http[i]}" for i in range(n)]) as client:
+            # The tables, as the first worker would declare them (with the
+            # workers' token), then a prediction through the API's own token.
+            worker_token = secret_files["worker-token"].read_text().strip()
+            admin_shard_token = secret_files["api-shard-token"].read_text().strip()
+            for i in range(n):
+                # Shard 0 admits every shard (itself too) once it starts.
+                await _poll(
+                    session, f"http://127.0.0.1:{http[i]}/v1/membership", procs, tmp_path,
+                    headers=bearer(admin_shard_token), until=lambda m: bool(m["joined"]),
+                )  # fmt: skip
+            for i in range(n):
                 for table in make_model("lr", "ctr").tables():
-                    await client.declare(table)
+                    async with session.post(
+                        f"http://127.0.0.1:{http[i]}/v1/tables", data=orjson.dumps(table.to_dict()),
+                        headers={"Content-Type": "application/json", **bearer(worker_token)},
+                    ) as resp:  # fmt: skip
+                        assert resp.status in (200, 201), await resp.text()
             async with session.post(
                 f"http://127.0.0.1:{api_port}/v1/predict", json={"events": [{"features": {"site": "a"}}]}
             ) as resp:
                 assert resp.status == 200, await resp.text()
                 body = await resp.json()
             assert len(body["predictions"]) == 1
+            # The API on 0.0.0.0 in compose started because it has its admin token (from its file).
+            admin = secret_files["admin-token"].read_text().strip()
+            async with session.post(f"http://127.0.0.1:{api_port}/v1/status", json={}) as resp:
+                assert resp.status == 401, await resp.text()
+            async with session.post(
+                f"http://127.0.0.1:{api_port}/v1/status", json={}, headers=bearer(admin)
+            ) as resp:
+                assert resp.status != 401, await resp.text()
     finally:
         for p in procs:
             if p.returncode is None:
@@ -245,7 +319,12 @@ def _clean_env() -> dict[str, str]:
 
 
 async def _poll(
-    session: aiohttp.ClientSession, url: str, procs: list[asyncio.subprocess.Process], logs: Path
+    session: aiohttp.ClientSession,
+    url: str,
+    procs: list[asyncio.subprocess.Process],
+    logs: Path,
+    headers: dict[str, str] | None = None,
+    until: Callable[[Any], bool] = lambda body: True,
 ) -> Any:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 30.0
@@ -255,11 +334,219 @@ async def _poll(
             text = "\n".join(f.read_text() for f in logs.glob("*.log"))
             pytest.fail(f"a role exited with {dead[0].returncode}:\n{text}")
         try:
-            async with session.get(url, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
-                if resp.status == 200:
-                    return await resp.json()
+            async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+                if resp.status == 200 and until(body := await resp.json()):
+                    return body
         except (aiohttp.ClientError, asyncio.TimeoutError):
             pass
         if loop.time() > deadline:
             pytest.fail(f"{url} not ready after 30 s")
         await asyncio.sleep(0.1)  # poll interval
+
+
+# -- secrets and the network policy ---------------------------------------------------------
+
+COMPONENT = "app.kubernetes.io/component"
+
+
+def _pods() -> dict[str, dict[str, Any]]:
+    """Each workload's pod spec, by its component label (shard, worker, api)."""
+    return {
+        d["spec"]["template"]["metadata"]["labels"][COMPONENT]: d["spec"]["template"]["spec"]
+        for d in _k8s()
+        if d["kind"] in ("Deployment", "StatefulSet")
+    }
+
+
+def _secrets_of(pod: dict[str, Any]) -> dict[str, set[str]]:
+    """Secret name -> the keys of it a pod can read (every key: ``*``)."""
+    got: dict[str, set[str]] = {}
+
+    def add(name: str, items: list[dict[str, str]] | None) -> None:
+        got.setdefault(name, set()).update({i["key"] for i in items} if items else {"*"})
+
+    for volume in pod.get("volumes", []):
+        if "secret" in volume:
+            add(volume["secret"]["secretName"], volume["secret"].get("items"))
+        for source in volume.get("projected", {}).get("sources", []):
+            if "secret" in source:
+                add(source["secret"]["name"], source["secret"].get("items"))
+    for c in pod["containers"]:
+        for e in c.get("env", []):
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                add(ref["name"], [{"key": ref["key"]}])
+        for e in c.get("envFrom", []):
+            if "secretRef" in e:
+                add(e["secretRef"]["name"], None)
+    return got
+
+
+def _file_env(pod: dict[str, Any]) -> dict[str, str]:
+    """The container's CTRPS_*_FILE variables mapped to the Secret key behind each file."""
+    [c] = pod["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+    files: dict[str, tuple[str, str]] = {}
+    for volume in pod.get("volumes", []):
+        sources = [{"secret": {"name": volume["secret"]["secretName"], **volume["secret"]}}] if "secret" in volume else []
+        sources += volume.get("projected", {}).get("sources", [])
+        for source in sources:
+            for item in source.get("secret", {}).get("items", []):
+                files[f"{mounts[volume['name']]}/{item['path']}"] = (source["secret"]["name"], item["key"])
+    return {
+        e["name"]: "/".join(files[e["value"]])
+        for e in c.get("env", [])
+        if e["name"].endswith("_FILE")
+    }
+
+
+def test_k8s_each_secret_goes_only_to_the_roles_that_use_it() -> None:
+    pods = _pods()
+    assert set(pods) == {"shard", "worker", "api"}
+    # The credentials, as files named by CTRPS_*_FILE (never values in the environment).
+    assert _file_env(pods["shard"]) == {"CTRPS_CLUSTER_SECRET_FILE": "ctrps-cluster-secret/secret"}
+    assert _file_env(pods["worker"]) == {"CTRPS_SHARD_TOKEN_FILE": "ctrps-worker-token/token"}
+    assert _file_env(pods["api"]) == {
+        "CTRPS_SHARD_TOKEN_FILE": "ctrps-api-shard-token/token",
+        "CTRPS_ADMIN_TOKEN_FILE": "ctrps-admin-token/token",
+    }
+    readable = {role: _secrets_of(pod) for role, pod in pods.items()}
+    holders = {name: {role for role, got in readable.items() if name in got} for got in readable.values() for name in got}
+    assert holders == {
+        "ctrps-cluster-secret": {"shard"},
+        "ctrps-worker-token": {"worker"},
+        "ctrps-api-shard-token": {"api"},
+        "ctrps-admin-token": {"api"},
+        "ctrps-tls": {"shard", "worker", "api"},
+        "ctrps-kafka": {"worker"},
+    }
+    # TLS: the servers get the certificate, key and CA; the workers only the CA.
+    assert readable["shard"]["ctrps-tls"] == readable["api"]["ctrps-tls"] == {"*"}
+    assert readable["worker"]["ctrps-tls"] == {"ca.crt"}
+    # The secret names and keys are those make_secrets.py tells kubectl to create.
+    created = {name: key for name, (key, _) in make_secrets.KUBERNETES.items()}
+    for got in readable.values():
+        for name, keys in got.items():
+            if name not in ("ctrps-tls", "ctrps-kafka"):
+                assert keys == {created[name]}, (name, keys)
+    # Files readable by the image's user only through its group; no API token to the pods.
+    for role, pod in pods.items():
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"] == 10001, role
+        assert pod["automountServiceAccountToken"] is False, role
+    # Whatever the ConfigMap gives every pod holds no credential.
+    config = next(d for d in _k8s() if d["kind"] == "ConfigMap")["data"]
+    assert not [k for k in config if re.search(r"SECRET|TOKEN|KEY", k)]
+
+
+def test_k8s_roles_on_0_0_0_0_start_with_their_credentials_and_without_insecure(tmp_path: Path) -> None:
+    """The API binds 0.0.0.0 and accepts that only with an admin token; nothing passes --insecure."""
+    for path in DEPLOY.rglob("*"):
+        if path.is_file():
+            assert "--insecure" not in path.read_text() and "CTRPS_INSECURE" not in path.read_text(), path
+    files = make_secrets.make(tmp_path / "s")
+    pod = _pods()["api"]
+    [c] = pod["containers"]
+    env = {**next(d for d in _k8s() if d["kind"] == "ConfigMap")["data"]}
+    for key, secret_key in _file_env(pod).items():
+        env[key] = str(files[{"ctrps-api-shard-token/token": "api-shard-token", "ctrps-admin-token/token": "admin-token"}[secret_key]])
+    settings = _settings(list(c["args"]), env)
+    assert settings.host == "0.0.0.0" and not settings.insecure
+    settings.check_exposed()  # the admin token from its file: it starts
+    with pytest.raises(Exception, match="no credentials"):
+        _settings(list(c["args"]), {k: v for k, v in env.items() if k != "CTRPS_ADMIN_TOKEN_FILE"}).check_exposed()
+
+
+def test_the_network_policy_lets_only_workers_the_api_and_shards_reach_the_shards() -> None:
+    policies = {d["metadata"]["name"]: d["spec"] for d in _k8s() if d["kind"] == "NetworkPolicy"}
+    shard_labels = next(d for d in _k8s() if d["kind"] == "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    # A default deny for every ctrps pod: no rule, ingress only.
+    deny = policies["ctrps-default-deny"]
+    assert deny["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "ctrps"}}
+    assert deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+    selecting_shards = {
+        name: p for name, p in policies.items() if p["podSelector"]["matchLabels"].items() <= shard_labels.items()
+    }
+    assert set(selecting_shards) == {"ctrps-default-deny", "ctrps-shard"}
+    [rule] = policies["ctrps-shard"]["ingress"]
+    allowed = {peer["podSelector"]["matchLabels"][COMPONENT] for peer in rule["from"]}
+    assert allowed == {"worker", "api", "shard"}
+    assert all(set(peer) == {"podSelector"} for peer in rule["from"])  # no namespace or IP block widens it
+    pods = _pods()
+    assert {pods[r]["containers"][0]["name"] for r in allowed} == {"worker", "api", "shard"}
+    service = next(d for d in _k8s() if d["kind"] == "Service" and d["metadata"]["name"] == "ctrps-shard")
+    assert {(p["protocol"], p["port"]) for p in rule["ports"]} == {("TCP", p["targetPort"]) for p in service["spec"]["ports"]}
+    # The API's port is the one thing open to everyone.
+    [api_rule] = policies["ctrps-api"]["ingress"]
+    assert "from" not in api_rule and api_rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    # Every pod is under the default deny.
+    for d in _k8s():
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            assert d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "ctrps"
+
+
+def test_compose_gives_each_service_only_its_own_secrets() -> None:
+    doc = _compose()
+    files = {name: s["file"] for name, s in doc["secrets"].items()}
+    assert sorted(Path(f).name for f in files.values()) == sorted(make_secrets.FILES)
+    assert all(f.startswith("./secrets/") for f in files.values())
+    got = {name: (set(s.get("secrets", [])), {k: v for k, v in s["environment"].items() if k.endswith("_FILE")})
+           for name, s in _ctrps_services().items()}  # fmt: skip
+    assert got == {
+        "shard-0": ({"cluster_secret"}, {"CTRPS_CLUSTER_SECRET_FILE": "/run/secrets/cluster_secret"}),
+        "shard-1": ({"cluster_secret"}, {"CTRPS_CLUSTER_SECRET_FILE": "/run/secrets/cluster_secret"}),
+        "worker": ({"worker_token"}, {"CTRPS_SHARD_TOKEN_FILE": "/run/secrets/worker_token"}),
+        "api": ({"api_shard_token", "admin_token"}, {"CTRPS_SHARD_TOKEN_FILE": "/run/secrets/api_shard_token",
+                                                   "CTRPS_ADMIN_TOKEN_FILE": "/run/secrets/admin_token"}),
+        "producer": (set(), {}),
+    }  # fmt: skip
+    assert "secrets/" in (ROOT / ".gitignore").read_text()
+
+
+def test_no_deploy_file_holds_a_literal_credential() -> None:
+    for path in DEPLOY.rglob("*"):
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        # A token looks like <scope>.<43 base64url characters>; a secret is long base64url.
+        assert not re.search(r"\b(read|train|admin)\.[A-Za-z0-9_-]{43}\b", text), path
+        for run in re.findall(r"[A-Za-z0-9_-]{24,}", text):
+            mixed = re.search(r"[a-z]", run) and re.search(r"[A-Z]", run) and re.search(r"[0-9]", run)
+            assert not mixed, (path, run)
+    for d in _k8s():
+        assert d["kind"] != "Secret", "Secrets are created by the operator, not shipped"
+        for pod in ([d["spec"]["template"]["spec"]] if d["kind"] in ("Deployment", "StatefulSet") else []):
+            for c in pod["containers"]:
+                for e in c.get("env", []):
+                    assert "valueFrom" in e or e["name"].endswith("_FILE"), e
+    for s in _ctrps_services().values():
+        for key, value in s["environment"].items():
+            assert not re.search(r"SECRET|TOKEN", key) or key.endswith("_FILE"), key
+
+
+def test_make_secrets_writes_private_files_of_derived_tokens(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(DEPLOY / "make_secrets.py"), str(tmp_path / "s"), "ml"],
+        cwd=ROOT, env=_clean_env(), capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    d = tmp_path / "s"
+    values = {name: (d / name).read_text().strip() for name in make_secrets.FILES}
+    assert sorted(p.name for p in d.iterdir()) == sorted(make_secrets.FILES)
+    assert (d.stat().st_mode & 0o777) == 0o700
+    assert all(((d / n).stat().st_mode & 0o777) == 0o600 for n in make_secrets.FILES)
+    secret = values["cluster-secret"]
+    verifier = TokenVerifier(secret)
+    assert values["worker-token"] == derive_token(secret, Scope.TRAIN)
+    assert verifier.scope_of(values["api-shard-token"]) is Scope.ADMIN
+    assert verifier.scope_of(values["admin-token"]) is None and len(values["admin-token"]) >= 32
+    for value in values.values():
+        assert value not in out.stdout  # it prints where, never what
+    for name, (key, file) in make_secrets.KUBERNETES.items():
+        assert f"kubectl create secret generic {name} --namespace ml --from-file={key}={d / file}" in out.stdout
+    # A second run never overwrites: exit 1, the files unchanged.
+    again = subprocess.run(
+        [sys.executable, str(DEPLOY / "make_secrets.py"), str(d)],
+        cwd=ROOT, env=_clean_env(), capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert again.returncode == 1 and "exists" in again.stderr
+    assert {n: (d / n).read_text().strip() for n in make_secrets.FILES} == values
