@@ -35,7 +35,6 @@ import asyncio
 import functools
 import hmac
 import logging
-import math
 import ssl
 import time
 from importlib import resources
@@ -46,10 +45,18 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ps_core.client import PSClient
-from ps_core.errors import NoCoordinatorError, PSError, ShardUnavailableError, StatusError
+from ps_core.errors import (
+    CutInProgressError,
+    ExportNotFoundError,
+    NoCoordinatorError,
+    PSError,
+    ShardUnavailableError,
+    StatusError,
+)
 from ps_core.export import list_versions
 from ps_core.limits import PortGuard, ServedPort, serve_limited
 from ps_core.models import Model
+from ps_core.parsing import parse_number
 from ps_core.tls import HandshakeFailures, watch_handshakes
 
 from .errors import (
@@ -122,6 +129,10 @@ _CALLER_ERRORS = (
     ReadOnlyReplicaError,
     NoVersionError,
     NoCoordinatorError,
+    # Shard 0's exporter answers for the export routes: nothing to compact
+    # (404), a cut already pausing the cluster (503, retry).
+    ExportNotFoundError,
+    CutInProgressError,
 )
 _ERROR_LOG_INTERVAL_S = 10.0
 
@@ -508,14 +519,7 @@ async def dashboard(request: web.Request) -> web.Response:
 
 async def history(request: web.Request) -> web.Response:
     raw = request.query.get("since")
-    since = None
-    if raw is not None:
-        try:
-            since = float(raw)
-        except ValueError:
-            since = math.nan
-        if not math.isfinite(since):
-            raise BadRequestError(f"since must be a time in seconds since the epoch, not {raw!r}")
+    since = None if raw is None else parse_number(raw, "since (seconds since the epoch)", error=BadRequestError)
     h = request.app[HISTORY]
     return _json(
         {

@@ -12,10 +12,11 @@ features per table. The newest `History.max_points` are kept; ``GET
         ...
         history.points(since=t)
 
-A sample the shards do not answer is skipped: `History.error` says why until
-a sample succeeds again, and the outage is logged once. Any other exception
-ends the task, is logged with its traceback and is raised again by
-`History.points`, so a bug shows on the dashboard instead of a frozen chart.
+A sample that fails is skipped: `History.error` says why (the shards'
+error, or the exception a bug raised) until a sample succeeds again, and
+each new cause is logged once, one line. The task never ends on an error:
+the dashboard keeps drawing and shows `error` (``GET /v1/history``) instead
+of a frozen chart.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ import asyncio
 import logging
 import math
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ps_core.client import PSClient
@@ -141,7 +144,8 @@ class History(BackgroundLoop):
         self.interval_s = interval_s
         self.max_points = max_points
         self.error: str | None = None
-        """Why the latest sample failed (the shards' error), None after a success."""
+        """Why the latest sample failed (the shards' error, or an unexpected
+        exception's type and message), None after a success."""
         self._clock = clock
         self._points: deque[HistoryPoint] = deque(maxlen=max_points)
         # The last successful sample, even once it has left the window: the
@@ -154,14 +158,7 @@ class History(BackgroundLoop):
         return self._task is not None and not self._task.done()
 
     def points(self, since: float | None = None) -> list[HistoryPoint]:
-        """The points kept, oldest first; with `since`, only those taken after it.
-
-        Raises what ended the sampling task if it failed."""
-        task = self._task
-        if task is not None and task.done() and not task.cancelled():
-            error = task.exception()
-            if error is not None:
-                raise RuntimeError(f"the history sampler stopped: {error!r}") from error
+        """The points kept, oldest first; with `since`, only those taken after it."""
         if since is None:
             return list(self._points)
         # Newest last: walk back from the end, usually only a point or two.
@@ -174,13 +171,16 @@ class History(BackgroundLoop):
 
     async def sample(self) -> HistoryPoint | None:
         """Read the cluster once and append a point; returns it, or None when
-        the shards did not answer (`error` says why)."""
+        the sample failed (`error` says why). Never raises but on cancellation."""
         try:
             stats, board = await asyncio.gather(self.client.stats(), self.client.statuses())
+            point = self._point(self._clock(), stats, summarize(board))
         except PSError as exc:
             self._failed(f"{exc.code}: {exc.detail}")
             return None
-        point = self._point(self._clock(), stats, summarize(board))
+        except Exception as exc:  # a bug: shown and logged, the sampler goes on
+            self._unexpected(exc)
+            return None
         self._points.append(point)
         self._previous = point
         if self.error is not None:
@@ -210,10 +210,17 @@ class History(BackgroundLoop):
             features=features,
         )
 
-    def _failed(self, error: str) -> None:
-        # Once per outage (and when its cause changes), not once per sample.
+    def _unexpected(self, exc: Exception) -> None:
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
+        self._failed(f"{type(exc).__name__}: {exc}"[:500], where=where)
+
+    def _failed(self, error: str, *, where: str | None = None) -> None:
+        # Once per outage (and when its cause changes), not once per sample;
+        # one line even for a bug (`where` names the line that raised).
         if error != self.error:
-            log.warning("history sample failed", extra={"fields": {"error": error}})
+            fields = {"error": error} if where is None else {"error": error, "where": where}
+            log.warning("history sample failed", extra={"fields": fields})
         self.error = error
 
     async def _run(self) -> None:
@@ -222,9 +229,8 @@ class History(BackgroundLoop):
         while True:
             try:
                 await self.sample()
-            except Exception:
-                log.exception("history sampler failed")
-                raise
+            except Exception as exc:  # `sample` catches its own; a subclass's too
+                self._unexpected(exc)
             # A fixed cadence; after a sample slower than the interval (shard
             # retries) the next starts at once, not a burst catching up.
             next_at = max(next_at + self.interval_s, loop.time())

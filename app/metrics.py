@@ -17,6 +17,7 @@ Two kinds:
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -222,7 +223,7 @@ class _ClusterCollector(Collector):
             for k, family in quality.items():
                 v = last.get(k) if isinstance(last, dict) else None
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    family.add_metric(labels, float(v))
+                    family.add_metric(labels, _num(v))
         lag = GaugeMetricFamily(
             "ctrps_consumer_lag_records",
             "Records behind per partition: highwater - committed, from the latest report naming it.",
@@ -234,7 +235,13 @@ class _ClusterCollector(Collector):
 
 
 def _num(v: object) -> float:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+    """A status field as a sample value (0 when it is not a number)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return 0.0
+    try:
+        return float(v)
+    except OverflowError:  # an integer beyond a float's range
+        return math.copysign(math.inf, v)
 
 
 def _histogram(raw: object) -> tuple[list[tuple[str, float]], float] | None:
@@ -247,13 +254,16 @@ def _histogram(raw: object) -> tuple[list[tuple[str, float]], float] | None:
         not isinstance(bounds, list)
         or not isinstance(counts, list)
         or len(counts) != len(bounds) + 1
-        or not all(isinstance(x, (int, float)) for x in bounds + counts)
+        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in bounds + counts)
         or not isinstance(total, (int, float))
     ):
         return None
-    cumulative = np.cumsum(np.asarray(counts, dtype=np.float64)).tolist()
-    les = [repr(float(b)) for b in bounds] + ["+Inf"]
-    return list(zip(les, cumulative)), float(total)
+    values = [_num(x) for x in bounds + counts + [total]]
+    if not all(math.isfinite(x) for x in values):
+        return None
+    cumulative = np.cumsum(np.asarray(values[len(bounds) : -1], dtype=np.float64)).tolist()
+    les = [repr(b) for b in values[: len(bounds)]] + ["+Inf"]
+    return list(zip(les, cumulative)), values[-1]
 
 
 class ApiMetrics:
@@ -325,7 +335,10 @@ class ApiMetrics:
 
     async def scrape(self, client: PSClient) -> bytes:
         """The exposition: the cluster read now, plus the API's own metrics."""
-        snapshot = await take_snapshot(client)
+        return self.render(await take_snapshot(client))
+
+    def render(self, snapshot: ClusterSnapshot) -> bytes:
+        """The exposition of `snapshot` plus the API's own metrics."""
         # No await between setting the snapshot and rendering it, so
         # concurrent scrapes never mix snapshots.
         self._cluster.snapshot = snapshot

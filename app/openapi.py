@@ -1,40 +1,43 @@
-"""The OpenAPI 3.1 document of the HTTP API, and a validator for the part of
-JSON Schema it uses.
+"""The OpenAPI 3.1 document of the HTTP API.
 
 `openapi_document` describes every route: request bodies, and the body of
 each success and error status. A serving replica (``ctrps serve --follow``)
 serves its own variant (``replica=True``): `/v1/model` always carries the
-served version and the follow state, and mutating routes answer 409. The tests check every response the app gives
-against it with `validate`, which knows exactly the keywords listed in
-`KEYWORDS` and refuses a schema using any other, so a keyword the document
-starts to use can never be silently ignored.
+served version and the follow state, and mutating routes answer 409. The
+tests check every response the app gives against it with `validate` (`ps_core.schema`, re-exported here), which knows
+exactly the keywords listed in `KEYWORDS` and refuses a schema using any
+other, so a keyword the document starts to use can never be silently ignored.
+The status board's schema (`ps_core.board`) and the exporter's reports
+(`ps_core.shard_openapi`) are the shard's own, embedded as they are: the API
+relays what the shard checks.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ps_core.features import REASONS
-from ps_core.shard import MAX_SOURCE_CHARS
+from ps_core.board import SOURCE_SCHEMA, STATUS_SCHEMA
+from ps_core.features import MAX_FEATURES, MAX_WEIGHT, REASONS
+from ps_core.schema import KEYWORDS, SchemaError, validate
+from ps_core.shard_openapi import COMPACTION_SCHEMA, EXPORT_LIST_SCHEMA, EXPORT_REPORT_SCHEMA
 
 __all__ = ["openapi_document", "validate", "response_schema", "KEYWORDS", "SchemaError"]
-
-KEYWORDS = frozenset(
-    {
-        "$ref", "type", "properties", "required", "additionalProperties", "items",
-        "minItems", "maxItems", "minimum", "maximum", "minLength", "maxLength", "enum",
-        "description", "examples",
-    }
-)
-"""The JSON Schema keywords `validate` implements (the last two are annotations)."""
-
-
-class SchemaError(ValueError):
-    """A schema uses a keyword `validate` does not implement."""
 
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
+
+
+# What the handlers refuse as bad_features: neither features nor keys (or both null).
+_FEATURES_OR_KEYS = [
+    {"required": ["features"], "properties": {"features": {"type": "object"}}},
+    {"required": ["keys"], "properties": {"keys": {"type": "array"}}},
+]
+
+
+def _nullable(name: str) -> dict[str, Any]:
+    """The schema `name`, or null (which the handlers read as absent)."""
+    return {"anyOf": [_ref(name), {"type": "null"}]}
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -88,27 +91,40 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
             "type": "object",
             "description": "Strings are categorical (field=value), numbers numeric, lists of "
             "strings multi-hot, booleans the strings true/false; null is a missing feature.",
+            "maxProperties": MAX_FEATURES,
             "additionalProperties": {
                 "type": ["string", "number", "boolean", "array", "null"],
                 "items": string,
+                # A numeric value is kept as a float32 and must stay finite there.
+                "minimum": -MAX_WEIGHT,
+                "maximum": MAX_WEIGHT,
             },
             "examples": [{"site": "a3f09", "hour": "13", "price": 12.5, "tags": ["a", "b"]}],
         },
         "Keys": {
             "type": "array",
-            "description": "Pre-hashed uint64 feature ids, used as they are.",
+            "description": "Pre-hashed uint64 feature ids, used as they are "
+            f"(at most {MAX_FEATURES} features and keys together).",
+            "maxItems": MAX_FEATURES,
             "items": key,
         },
         "Event": {
             "type": "object",
-            "description": "features and/or keys; other event fields (id, ts, label, weight) "
-            "are validated as in training and otherwise ignored.",
-            "properties": {"features": _ref("Features"), "keys": _ref("Keys")},
+            "description": "features and/or keys (at least one of them not null); other event "
+            "fields (id, ts, label, weight) are validated as in training and otherwise ignored.",
+            "properties": {
+                "features": _nullable("Features"),
+                "keys": _nullable("Keys"),
+                "label": {"type": ["integer", "number", "null"], "enum": [0, 1, None]},
+                "ts": {"type": ["number", "null"], "description": "Seconds since the epoch."},
+                "weight": {"type": ["number", "null"], "minimum": 0, "maximum": MAX_WEIGHT},
+            },
+            "anyOf": _FEATURES_OR_KEYS,
         },
         "PredictRequest": _closed(
             {
                 "events": {"type": "array", "minItems": 1, "maxItems": max_events, "items": _ref("Event")},
-                "model": {"type": "string", "description": "If given, must be the served model."},
+                "model": {"type": ["string", "null"], "description": "If given (not null), must be the served model."},
             },
             "model",
         ),
@@ -128,9 +144,14 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
             }
         ),
         "WeightsRequest": _closed(
-            {"features": _ref("Features"), "keys": _ref("Keys"), "model": string},
+            {
+                "features": _nullable("Features"),
+                "keys": _nullable("Keys"),
+                "model": {"type": ["string", "null"], "description": "If given (not null), must be the served model."},
+            },
             "features", "keys", "model",
-        ),
+        )
+        | {"anyOf": _FEATURES_OR_KEYS},
         "FeatureWeights": _closed(
             {
                 "feature": {
@@ -237,107 +258,11 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
                 },
             }
         ),
-        "WorkerStatus": {
-            "type": "object",
-            "description": "What app.status.worker_status reports; the board accepts any object.",
-            "properties": {
-                "kind": {"type": "string", "enum": ["worker"]},
-                "update_mode": string,
-                "windows": count,
-                "records_consumed": count,
-                "events_trained": count,
-                "dead_letters": count,
-                "dead_letters_by_reason": counts_by,
-                "stale_offsets": {
-                    "type": "object",
-                    "description": "Partitions whose resume offset was not applied as given, by reason and action.",
-                    "additionalProperties": counts_by,
-                },
-                "lag_by_partition": counts_by,
-                "last_window": window,
-                "window_seconds": {
-                    "type": "object",
-                    "required": ["bounds", "counts", "sum", "count"],
-                    "properties": {
-                        "bounds": {"type": "array", "items": number},
-                        "counts": {"type": "array", "items": count},
-                        "sum": {"type": "number", "minimum": 0},
-                        "count": count,
-                    },
-                },
-            },
-        },
-        "StatusReport": _closed(
-            {
-                "source": {"type": "string", "minLength": 1, "maxLength": MAX_SOURCE_CHARS},
-                "status": _ref("WorkerStatus"),
-            }
-        ),
-        "ExportReport": _closed(
-            {
-                "version": {"type": "integer", "minimum": 1},
-                "kind": {"type": "string", "enum": ["base", "delta"]},
-                "parent": {"type": ["integer", "null"]},
-                "path": {"type": "string", "description": "The version's directory on shard 0."},
-                "rows": count,
-                "bytes": count,
-                "offsets": {
-                    "type": "object",
-                    "description": "Next offset to consume per topic and partition: where workers resume.",
-                    "additionalProperties": counts_by,
-                },
-                "lease_wait_ms": {"type": "number", "minimum": 0},
-                "pause_ms": {"type": "number", "minimum": 0, "description": "Leases refused: the wait plus the shards' copies."},
-                "write_ms": {"type": "number", "minimum": 0},
-                "expired_leases": {"type": "array", "items": {"type": "string"}},
-                "pruned": {"type": "array", "items": {"type": "integer"}},
-                "stream": {
-                    **_closed(
-                        {
-                            "cluster_id": string,
-                            "group": string,
-                            "topics": {"type": "array", "items": string},
-                        }
-                    ),
-                    "type": ["object", "null"],
-                    "description": "The stream the offsets were read from (Kafka cluster id, group, topics); "
-                    "null when no worker reported one.",
-                },
-            }
-        ),
-        "Compaction": _closed(
-            {
-                "version": {"type": "integer", "minimum": 1},
-                "kind": {"type": "string", "enum": ["base"]},
-                "compacted_from": {"type": "array", "items": {"type": "integer"}, "description": "Empty when the newest version was a base already."},
-                "rows": count,
-                "bytes": count,
-                "pruned": {"type": "array", "items": {"type": "integer"}},
-                "seconds": {"type": "number", "minimum": 0},
-            }
-        ),
-        "ExportList": _closed(
-            {
-                "model": {"type": "string"},
-                "versions": {
-                    "type": "array",
-                    "items": _closed(
-                        {
-                            "version": {"type": "integer", "minimum": 1},
-                            "kind": {"type": "string", "enum": ["base", "delta"]},
-                            "parent": {"type": ["integer", "null"]},
-                            "created_at": {"type": "string", "description": "RFC 3339, UTC."},
-                            "rows": count,
-                            "bytes": count,
-                        }
-                    ),
-                },
-                "last": {
-                    "description": "The last export this process's coordinator wrote (null on a replica or before one).",
-                    "type": ["object", "null"],
-                },
-            }
-        ),
+        "WorkerStatus": STATUS_SCHEMA,
+        "StatusReport": _closed({"source": SOURCE_SCHEMA, "status": _ref("WorkerStatus")}),
+        "ExportReport": EXPORT_REPORT_SCHEMA,
+        "Compaction": COMPACTION_SCHEMA,
+        "ExportList": EXPORT_LIST_SCHEMA,
         "StatusAck": _closed(
             {"source": string, "received_at": number, "sources": {"type": "integer", "minimum": 1}}
         ),
@@ -584,67 +509,3 @@ def response_schema(
     response = responses.get(str(status)) or responses["default"]
     schema: dict[str, Any] = response["content"][content_type]["schema"]
     return schema
-
-
-_TYPES: dict[str, Any] = {
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "string": lambda v: isinstance(v, str),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool))
-    or (isinstance(v, float) and v.is_integer()),
-}
-
-
-def validate(instance: Any, schema: dict[str, Any], doc: dict[str, Any], path: str = "$") -> list[str]:
-    """Where `instance` breaks `schema` (``$ref`` resolved in `doc`): one
-    message per violation, empty when it conforms. Raises `SchemaError` for
-    a keyword outside `KEYWORDS`."""
-    unknown = set(schema) - KEYWORDS
-    if unknown:
-        raise SchemaError(f"{path}: unsupported schema keywords {sorted(unknown)}")
-    if "$ref" in schema:
-        name = schema["$ref"].removeprefix("#/components/schemas/")
-        return validate(instance, doc["components"]["schemas"][name], doc, path)
-    errors: list[str] = []
-    types = schema.get("type")
-    if types is not None:
-        allowed = [types] if isinstance(types, str) else types
-        if not any(_TYPES[t](instance) for t in allowed):
-            return [f"{path}: {type(instance).__name__} {instance!r:.60} is not {'/'.join(allowed)}"]
-    if "enum" in schema and instance not in schema["enum"]:
-        errors.append(f"{path}: {instance!r} not in {schema['enum']}")
-    if _TYPES["number"](instance):
-        if "minimum" in schema and instance < schema["minimum"]:
-            errors.append(f"{path}: {instance} < minimum {schema['minimum']}")
-        if "maximum" in schema and instance > schema["maximum"]:
-            errors.append(f"{path}: {instance} > maximum {schema['maximum']}")
-    if isinstance(instance, str):
-        if len(instance) < schema.get("minLength", 0):
-            errors.append(f"{path}: shorter than {schema['minLength']}")
-        if "maxLength" in schema and len(instance) > schema["maxLength"]:
-            errors.append(f"{path}: longer than {schema['maxLength']}")
-    if isinstance(instance, list):
-        if len(instance) < schema.get("minItems", 0):
-            errors.append(f"{path}: fewer than {schema['minItems']} items")
-        if "maxItems" in schema and len(instance) > schema["maxItems"]:
-            errors.append(f"{path}: more than {schema['maxItems']} items")
-        if "items" in schema:
-            for i, item in enumerate(instance):
-                errors += validate(item, schema["items"], doc, f"{path}[{i}]")
-    if isinstance(instance, dict):
-        props = schema.get("properties", {})
-        for name in schema.get("required", []):
-            if name not in instance:
-                errors.append(f"{path}: missing {name!r}")
-        extra = schema.get("additionalProperties", True)
-        for name, value in instance.items():
-            if name in props:
-                errors += validate(value, props[name], doc, f"{path}.{name}")
-            elif extra is False:
-                errors.append(f"{path}: unexpected property {name!r}")
-            elif isinstance(extra, dict):
-                errors += validate(value, extra, doc, f"{path}.{name}")
-    return errors

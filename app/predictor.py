@@ -29,6 +29,7 @@ from ps_core.client import PSClient, Pulled
 from ps_core.errors import UnknownTableError
 from ps_core.features import EventBatch, EventError, FeatureHasher
 from ps_core.models import Model, sigmoid
+from ps_core.parsing import exact_ints
 
 from .errors import InvalidEventError, UnknownModelError
 
@@ -248,7 +249,7 @@ class Predictor:
         if features is not None:
             event["features"] = features
         if keys is not None:
-            event["keys"] = keys
+            keys = event["keys"] = exact_ints(keys)
         # The training path's validation, so a lookup accepts exactly what an event may hold.
         _, errors = self.hasher.featurize([event], require_label=False)
         if errors:

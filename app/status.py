@@ -27,6 +27,7 @@ from typing import Any
 
 from consumers.worker import WindowReport, WorkerStats
 from ps_core.client import PSClient
+from ps_core.parsing import is_int_text
 
 __all__ = [
     "WINDOW_SECONDS_BUCKETS",
@@ -163,7 +164,8 @@ def default_worker_id() -> str:
 def _count(value: object) -> int:
     """A non-negative whole count from a status field; anything else is 0.
 
-    The board accepts any JSON object, so a summary never trusts a field's type."""
+    The board stores only statuses of its schema (`ps_core.board`), but a
+    summary never trusts a field's type: a board is whatever shard 0 says."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         return 0
     return int(min(value, 2**63 - 1))
@@ -213,15 +215,21 @@ class BoardSummary:
         return sum(self.lag_by_partition.values())
 
 
-def summarize(statuses: list[dict[str, Any]]) -> BoardSummary:
+def summarize(statuses: list[Any]) -> BoardSummary:
     """Combine the board (`PSClient.statuses`, least recently reported first).
 
     Entries that are not worker statuses are left out; fields of the wrong
-    type count as absent."""
+    type count as absent. Never raises, whatever the board holds: the API's
+    model, metrics and dashboard all read it."""
     workers = [
-        WorkerView(str(e["source"]), float(e["received_at"]), e["status"])
+        WorkerView(e["source"], float(e["received_at"]), e["status"])
         for e in statuses
-        if isinstance(e.get("status"), dict) and e["status"].get("kind") == "worker"
+        if isinstance(e, dict)
+        and isinstance(e.get("source"), str)
+        and isinstance(e.get("received_at"), (int, float))
+        and not isinstance(e.get("received_at"), bool)
+        and isinstance(e.get("status"), dict)
+        and e["status"].get("kind") == "worker"
     ]
     reasons: dict[str, int] = {}
     lag: dict[int, int] = {}
@@ -233,9 +241,8 @@ def summarize(statuses: list[dict[str, Any]]) -> BoardSummary:
         by_partition = w.status.get("lag_by_partition")
         if isinstance(by_partition, dict):
             # Later entries are more recent: a partition's latest report wins.
-            lag.update(
-                {int(p): _count(n) for p, n in by_partition.items() if str(p).isdigit()}
-            )
+            # ASCII digits only: "³".isdigit() is true, int("³") is an error.
+            lag.update({int(p): _count(n) for p, n in by_partition.items() if is_int_text(p)})
     latest = workers[-1].status if workers else None
     last_window = latest.get("last_window") if latest is not None else None
     mode = latest.get("update_mode") if latest is not None else None

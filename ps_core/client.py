@@ -50,6 +50,7 @@ from . import codec
 from .auth import bearer
 from .coordinator import Coordinator, Offsets, parse_offsets
 from .errors import (
+    ExportNotFoundError,
     FrameError,
     LeaseError,
     NoCoordinatorError,
@@ -622,7 +623,7 @@ class HttpTransport:
                 method, path, None if body is None else orjson.dumps(body), "application/json"
             )
         except PSError as exc:
-            if exc.status == 404 and not isinstance(exc, (LeaseError, NoCoordinatorError)):
+            if exc.status == 404 and not isinstance(exc, (LeaseError, NoCoordinatorError, ExportNotFoundError)):
                 # The route is not there: this shard serves no coordinator.
                 raise NoCoordinatorError(f"shard {self.shard_id} at {self.url} hosts no coordinator") from None
             raise

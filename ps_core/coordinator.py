@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from .errors import ClusterNotReadyError, CutInProgressError, LeaseError, PSError
+from .parsing import json_int, parse_int
 from .stream import StreamIdentity, stream_mismatch
 
 __all__ = ["Coordinator", "Lease", "Cut", "Offsets", "parse_offsets"]
@@ -39,6 +40,13 @@ Offsets = dict[str, dict[int, int]]
 """Next offset to consume, by topic and partition."""
 
 T = TypeVar("T")
+
+MAX_TOPIC_CHARS = 249
+"""Kafka's limit on a topic name."""
+MAX_PARTITION = 10**9 - 1
+"""Highest partition number taken (at most nine ASCII digits, as on the
+status board: `ps_core.board.PARTITION_KEY`); Kafka's int32 allows more,
+no topic has that many."""
 
 log = logging.getLogger("ctrps.coordinator")
 
@@ -81,21 +89,21 @@ class Cut(Generic[T]):
     """The stream `offsets` were read from (None: no worker reported one)."""
 
 
-def parse_offsets(raw: object) -> Offsets:
+def parse_offsets(raw: object, *, error: type[PSError] = LeaseError) -> Offsets:
     """Offsets from JSON (``{"topic": {"partition": offset}}``, partitions as
-    strings); `LeaseError` on anything else."""
+    strings of ASCII digits, offsets JSON integers, both non-negative);
+    `error` on anything else (a route passes its 400)."""
     if not isinstance(raw, dict):
-        raise LeaseError(f"offsets must be an object of topics, got {type(raw).__name__}")
+        raise error(f"offsets must be an object of topics, got {type(raw).__name__}")
     out: Offsets = {}
     for topic, parts in raw.items():
-        if not isinstance(topic, str) or not isinstance(parts, dict):
-            raise LeaseError(f"offsets of topic {topic!r} must be an object of partitions")
-        try:
-            out[topic] = {int(p): int(o) for p, o in parts.items()}
-        except (TypeError, ValueError):
-            raise LeaseError(f"offsets of topic {topic!r} must map partitions to integers") from None
-        if any(p < 0 or o < 0 for p, o in out[topic].items()):
-            raise LeaseError(f"offsets of topic {topic!r} must be non-negative")
+        if not isinstance(parts, dict) or not 0 < len(topic) <= MAX_TOPIC_CHARS:
+            raise error(f"offsets of topic {topic[:40]!r} must be an object of partitions")
+        out[topic] = {
+            parse_int(p, f"partition {p[:20]!r} of topic {topic[:40]!r}", maximum=MAX_PARTITION, error=error):
+            json_int(o, f"offset of topic {topic[:40]!r}", error=error)
+            for p, o in parts.items()
+        }
     return out
 
 

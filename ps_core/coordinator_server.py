@@ -33,7 +33,8 @@ import orjson
 from aiohttp import web
 
 from .coordinator import Coordinator, parse_offsets
-from .errors import CutInProgressError, LeaseError, SnapshotError
+from .errors import CutInProgressError, InvalidRequestError
+from .parsing import json_int
 from .exporter import Exporter
 from .server import json_response
 from .stream import StreamIdentity
@@ -50,19 +51,21 @@ async def _json(request: web.Request) -> dict[str, object]:
     try:
         raw = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
-        raise LeaseError(f"body is not JSON: {exc}") from None
+        raise InvalidRequestError(f"body is not JSON: {exc}") from None
     if not isinstance(raw, dict):
-        raise LeaseError(f"body must be a JSON object, got {type(raw).__name__}")
+        raise InvalidRequestError(f"body must be a JSON object, got {type(raw).__name__}")
     return raw
 
 
 async def acquire(request: web.Request) -> web.Response:
     body = await _json(request)
     worker, wait_s = body.get("worker"), body.get("wait_s", 30.0)
+    if set(body) - {"worker", "wait_s"}:
+        raise InvalidRequestError(f'body must be {{"worker": str, "wait_s": number}}, got {sorted(body)[:10]}')
     if not isinstance(worker, str) or not 0 < len(worker) <= 200:
-        raise LeaseError("worker must be a non-empty string of at most 200 characters")
+        raise InvalidRequestError("worker must be a non-empty string of at most 200 characters")
     if not isinstance(wait_s, (int, float)) or isinstance(wait_s, bool) or not 0 <= wait_s <= _MAX_WAIT_S:
-        raise LeaseError(f"wait_s must be a number of seconds in [0, {_MAX_WAIT_S:g}]")
+        raise InvalidRequestError(f"wait_s must be a number of seconds in [0, {_MAX_WAIT_S:g}]")
     coordinator = request.app[COORDINATOR]
     lease = await coordinator.acquire(worker, float(wait_s))
     if request.transport is None or request.transport.is_closing():
@@ -77,15 +80,15 @@ async def acquire(request: web.Request) -> web.Response:
 
 async def release(request: web.Request) -> web.Response:
     body = await _json(request)
-    lease_id = body.get("lease_id")
-    if not isinstance(lease_id, int) or isinstance(lease_id, bool):
-        raise LeaseError("lease_id must be an integer")
-    offsets = parse_offsets(body.get("offsets", {}))
+    if set(body) - {"lease_id", "offsets", "stream"}:
+        raise InvalidRequestError(f"unknown fields {sorted(set(body) - {'lease_id', 'offsets', 'stream'})[:10]}")
+    lease_id = json_int(body.get("lease_id"), "lease_id")
+    offsets = parse_offsets(body.get("offsets", {}), error=InvalidRequestError)
     raw_stream = body.get("stream")
     try:
         stream = StreamIdentity.from_dict(raw_stream) if raw_stream is not None else None
-    except ValueError as exc:
-        raise LeaseError(str(exc)) from None
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise InvalidRequestError(f"stream: {exc}") from None
     released = await request.app[COORDINATOR].release(lease_id, offsets, stream)
     return json_response({"released": released})
 
@@ -105,10 +108,10 @@ async def export_now(request: web.Request) -> web.Response:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise SnapshotError(f"body is not JSON: {exc}") from None
-        kind = body.get("kind") if isinstance(body, dict) else "?"
-        if kind not in (None, "base", "delta") or set(body) - {"kind"}:
-            raise SnapshotError('body must be {} or {"kind": "base" | "delta"}')
+            raise InvalidRequestError(f"body is not JSON: {exc}") from None
+        if not isinstance(body, dict) or set(body) - {"kind"} or body.get("kind") not in (None, "base", "delta"):
+            raise InvalidRequestError('body must be {} or {"kind": "base" | "delta"}')
+        kind = body.get("kind")
     return json_response(await request.app[EXPORTER].export_json(kind), status=201)
 
 

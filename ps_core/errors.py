@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "PSError",
+    "InvalidRequestError",
     "FrameError",
     "InvalidValuesError",
     "WrongShardError",
@@ -52,6 +53,15 @@ class PSError(Exception):
     def to_body(self) -> dict[str, str]:
         """The JSON error body: ``{"error": code, "detail": reason}``."""
         return {"error": self.code, "detail": self.detail}
+
+
+class InvalidRequestError(PSError):
+    """A request is not its route's shape: a body that is not the JSON
+    object documented, a field of the wrong type or out of bounds, an
+    integer that is not ASCII digits (`ps_core.parsing`). Nothing was done."""
+
+    code = "bad_request"
+    status = 400
 
 
 class FrameError(PSError):
@@ -273,6 +283,7 @@ class TlsVerifyError(PSError):
 _BY_CODE: dict[str, type[PSError]] = {
     cls.code: cls
     for cls in (
+        InvalidRequestError,
         FrameError,
         InvalidValuesError,
         WrongShardError,

@@ -56,6 +56,7 @@ import orjson
 
 from .errors import PSError
 from .hashing import U64, mix64
+from .parsing import exact_ints
 
 __all__ = [
     "flatten_groups",
@@ -320,6 +321,11 @@ _FEATURES_TYPES = frozenset({dict, _NONE_TYPE})
 _KEYS_TYPES = frozenset({list, _NONE_TYPE})
 _DICT = frozenset({dict})
 _INT = frozenset({int})
+MAX_FEATURES = 4096
+"""Most features (fields and pre-hashed keys together) of one event, by default."""
+MAX_WEIGHT = 3.4e38
+"""Largest event weight or numeric feature value, in magnitude: each is kept
+as a float32 (whose largest is 3.4028235e38) and must stay finite there."""
 
 
 MAX_CACHED_FIELDS = 65_536
@@ -535,7 +541,7 @@ class FeatureHasher:
     ``features`` object in order), both bounded; it is not thread-safe.
     """
 
-    def __init__(self, namespace: str, *, max_features: int = 4096) -> None:
+    def __init__(self, namespace: str, *, max_features: int = MAX_FEATURES) -> None:
         self.namespace = namespace
         self._ns = int(string_hashes([namespace])[0])
         self._fields = _FieldHashes(self._ns)
@@ -642,15 +648,16 @@ class FeatureHasher:
 
     @staticmethod
     def _number_column(col: list[Any], n: int, *, finite: bool) -> F64 | None:
-        """`ts` (finite) or `weight` (>= 0, finite or not) of every event as
-        float64, NaN where absent; None if some present value is wrong."""
+        """`ts` (finite) or `weight` (>= 0, at most `MAX_WEIGHT`: finite as a
+        float32) of every event as float64, NaN where absent; None if some
+        present value is wrong."""
         types = set(map(type, col))
         if types == _ONLY_NONE:
             return np.full(n, np.nan)
         if not types <= _NUMBER_OR_NONE:
             return None
         x = np.array(col, dtype=np.float64)  # None → NaN
-        ok = np.isfinite(x) if finite else (x >= 0) & (x < np.inf)  # NaN fails both
+        ok = np.isfinite(x) if finite else (x >= 0) & (x <= MAX_WEIGHT)  # NaN fails both
         absent = col.count(None) if _NONE_TYPE in types else 0
         return x if int(np.count_nonzero(ok)) == n - absent else None
 
@@ -682,8 +689,8 @@ class FeatureHasher:
                     ts[i] = t
                 w = ev.get("weight")
                 if w is not None:
-                    if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 <= w < math.inf:
-                        raise EventError("bad_weight", f"weight must be a number >= 0, got {w!r}")
+                    if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 <= w <= MAX_WEIGHT:
+                        raise EventError("bad_weight", f"weight must be a number in [0, {MAX_WEIGHT:.6g}], got {w!r}")
                     weights[i] = w
                 feats = ev.get("features")
                 keys = ev.get("keys")
@@ -778,7 +785,7 @@ class FeatureHasher:
             salt[cat] = hv * _C_CAT
         if num.size:
             x = objs[num].astype(np.float64)
-            finite = np.isfinite(x) & (np.abs(x) < 3.4e38)
+            finite = np.isfinite(x) & (np.abs(x) <= MAX_WEIGHT)
             if not finite.all():
                 for j in num[~finite]:
                     self._fail(errors, grp, bad_event, int(event_of[j]), "bad_value", f"{field(j)}={objs[j]!r} is not a finite float32")
@@ -868,6 +875,8 @@ class FeatureHasher:
         extra_event: list[np.ndarray],
     ) -> None:
         """Append the pre-hashed keys of each event as extra features."""
+        # A float of an exact integer value is that integer, as JSON Schema says.
+        prehashed = [(e, exact_ints(k)) for e, k in prehashed]
         klists = [k for _, k in prehashed]
         flat = list(chain.from_iterable(klists))
         if set(map(type, flat)) <= _INT:

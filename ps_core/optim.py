@@ -30,7 +30,21 @@ import numpy.typing as npt
 
 from .errors import TableConfigError
 
-__all__ = ["Optimizer", "SGD", "AdaGrad", "FTRL", "make_optimizer", "OPTIMIZERS"]
+__all__ = [
+    "Optimizer",
+    "SGD",
+    "AdaGrad",
+    "FTRL",
+    "make_optimizer",
+    "OPTIMIZERS",
+    "MIN_POSITIVE",
+    "MAX_HYPERPARAMETER",
+]
+
+MIN_POSITIVE = 1e-12
+"""Smallest learning rate, eps or alpha (a rate is divided by)."""
+MAX_HYPERPARAMETER = 1e6
+"""Largest hyperparameter: the float32 rows stay finite with any of them."""
 
 F32 = npt.NDArray[np.float32]
 
@@ -43,9 +57,13 @@ class Optimizer(ABC):
     slots: ClassVar[int]
 
     def _check_finite(self) -> None:
-        bad = {k: v for k, v in self.params().items() if not math.isfinite(v)}
+        # Bounded, not only finite: the rows are float32, and a hyperparameter
+        # of 1e300 (or 1e30 with a tiny alpha) makes them infinite at once.
+        bad = {k: v for k, v in self.params().items() if not (math.isfinite(v) and abs(v) <= MAX_HYPERPARAMETER)}
         if bad:
-            raise TableConfigError(f"{self.name} hyperparameters must be finite, got {bad}")
+            raise TableConfigError(
+                f"{self.name} hyperparameters must be finite and at most {MAX_HYPERPARAMETER:g}, got {bad}"
+            )
 
     def params(self) -> dict[str, float]:
         """Hyperparameters, as given to ``__init__``."""
@@ -75,8 +93,8 @@ class SGD(Optimizer):
     slots = 1
 
     def __init__(self, lr: float = 0.05, l2: float = 0.0) -> None:
-        if lr <= 0 or l2 < 0:
-            raise TableConfigError("sgd needs lr > 0 and l2 >= 0")
+        if lr < MIN_POSITIVE or l2 < 0:
+            raise TableConfigError(f"sgd needs lr >= {MIN_POSITIVE:g} and l2 >= 0")
         self.lr = lr
         self.l2 = l2
         self._check_finite()
@@ -104,8 +122,8 @@ class AdaGrad(Optimizer):
     def __init__(
         self, lr: float = 0.05, eps: float = 1e-8, initial_accumulator: float = 0.0
     ) -> None:
-        if lr <= 0 or eps <= 0 or initial_accumulator < 0:
-            raise TableConfigError("adagrad needs lr > 0, eps > 0, initial_accumulator >= 0")
+        if lr < MIN_POSITIVE or eps < MIN_POSITIVE or initial_accumulator < 0:
+            raise TableConfigError(f"adagrad needs lr, eps >= {MIN_POSITIVE:g} and initial_accumulator >= 0")
         self.lr = lr
         self.eps = eps
         self.initial_accumulator = initial_accumulator
@@ -148,8 +166,11 @@ class FTRL(Optimizer):
     def __init__(
         self, alpha: float = 0.05, beta: float = 1.0, l1: float = 1.0, l2: float = 1.0
     ) -> None:
-        if alpha <= 0 or beta < 0 or l1 < 0 or l2 < 0:
-            raise TableConfigError("ftrl needs alpha > 0 and beta, l1, l2 >= 0")
+        if alpha < MIN_POSITIVE or beta < 0 or l1 < 0 or l2 < 0:
+            raise TableConfigError(f"ftrl needs alpha >= {MIN_POSITIVE:g} and beta, l1, l2 >= 0")
+        if beta < MIN_POSITIVE and l2 < MIN_POSITIVE:
+            # A fresh row's denominator is beta / alpha + l2: 0 divides by zero.
+            raise TableConfigError(f"ftrl needs beta or l2 >= {MIN_POSITIVE:g}")
         self.alpha = alpha
         self.beta = beta
         self.l1 = l1
@@ -227,6 +248,10 @@ def make_optimizer(spec: dict[str, Any]) -> Optimizer:
         raise TableConfigError(
             f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}"
         )
+    # Numbers only: float() would also take "0.1" and True.
+    wrong = {k: v for k, v in params.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
+    if wrong:
+        raise TableConfigError(f"{name} hyperparameters must be numbers, got {wrong}")
     try:
         floats = {k: float(v) for k, v in params.items()}
         return cls(**floats)

@@ -27,36 +27,46 @@ Routes:
   directory (leaving the cluster until admitted), answering the version
   loaded or the refusal naming a damaged file (`ps_core.joining`);
 - ``GET /healthz``: liveness, the shard's id and count, and ``rpc_port``: the
-  port of its TCP RPC for pulls and pushes (`ps_core.rpc`), or null.
+  port of its TCP RPC for pulls and pushes (`ps_core.rpc`), or null;
+- ``GET /openapi.json``: the OpenAPI document of the JSON routes this app
+  serves (`ps_core.shard_openapi`).
+
+Integers are parsed strictly (`ps_core.parsing`): in a path, ASCII digits;
+in a body, exact integer values (``3`` or ``3.0``, not ``2.5``, ``true``,
+``"3"`` or a float past ``2**53``), within bounds (versions fit a uint32);
+anything else is 400 ``bad_request`` with the reason.
 
 Errors are JSON ``{"error": code, "detail": reason}`` with the status of the
 `PSError` raised, mapped once in `error_middleware`.
 
-Credentials: given a `TokenVerifier`, every route but ``/healthz`` needs an
+Credentials: given a `TokenVerifier`, every route but ``/healthz`` and ``/openapi.json`` needs an
 ``Authorization: Bearer <token>`` of the route's scope (`ROUTE_SCOPES`, the
 coordinator's routes included); a missing or wrong token is answered 401
 ``unauthorized``, one of too low a scope 403 ``forbidden``, each counted in
 the shard's stats (``auth.refused``) and logged without the token
-(`ps_core.auth.Refusals`). Without a verifier the app is open.
+(`ps_core.auth.Refusals`). ``GET /openapi.json`` is open as well (it describes the routes,
+it holds no state). Without a verifier the app is open.
 """
 
 from __future__ import annotations
 
 import logging
 import ssl
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import orjson
 from aiohttp import web
 
 from . import codec
 from .auth import Refusals, Scope, TokenVerifier, check, token_from_header
-from .errors import PSError, SnapshotError, StatusError, TableConfigError
+from .errors import InvalidRequestError, PSError, StatusError, TableConfigError
 from .export import snapshots_to_bytes
 from .joining import restore_version
 from .limits import PortGuard, PortLimits, ServedPort, serve_limited
+from .parsing import json_int, parse_int
 from .shard import Shard
-from .table import TableConfig
+from .shard_openapi import shard_document
+from .table import MAX_VERSION, TableConfig
 
 __all__ = [
     "create_shard_app",
@@ -128,6 +138,9 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope | None] = {
     ("POST", "/v1/exports"): Scope.ADMIN,
     ("POST", "/v1/exports/compact"): Scope.ADMIN,
     ("GET", "/healthz"): None,  # probes
+    # Open too: the document describes routes (public in the source), holds
+    # no state, and fuzzers and clients read it before they hold a token.
+    ("GET", "/openapi.json"): None,
 }
 """The scope each route needs (None: open). A request no route matches
 needs a valid token of any scope, so its 404 says nothing to a stranger."""
@@ -205,14 +218,26 @@ async def list_tables(request: web.Request) -> web.Response:
     return json_response({name: t.config.to_dict() for name, t in shard.tables.items()})
 
 
-async def report_status(request: web.Request) -> web.Response:
+async def _body(request: web.Request, error: type[PSError] = InvalidRequestError) -> dict[str, Any]:
+    """The body as a JSON object; `error` (400) when it is not one."""
     try:
         raw = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
-        raise StatusError(f"body is not JSON: {exc}") from None
-    if not isinstance(raw, dict) or set(raw) != {"source", "status"}:
-        fields = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
-        raise StatusError(f'body must be {{"source": ..., "status": {{...}}}}, got {fields}')
+        raise error(f"body is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise error(f"body must be a JSON object, not {type(raw).__name__}")
+    return raw
+
+
+def _exactly(raw: dict[str, Any], names: tuple[str, ...], example: str) -> None:
+    if set(raw) != set(names):
+        raise InvalidRequestError(f"body must be {example}, got fields {sorted(raw)[:10]}")
+
+
+async def report_status(request: web.Request) -> web.Response:
+    raw = await _body(request, StatusError)
+    if set(raw) != {"source", "status"}:
+        raise StatusError(f'body must be {{"source": ..., "status": {{...}}}}, got {sorted(raw)[:10]}')
     return json_response(request.app[SHARD].report_status(raw["source"], raw["status"]))
 
 
@@ -221,44 +246,25 @@ async def list_statuses(request: web.Request) -> web.Response:
 
 
 async def take_snapshot(request: web.Request) -> web.Response:
-    try:
-        raw = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        raise SnapshotError(f"body is not JSON: {exc}") from None
-    version, parent = (raw.get("version"), raw.get("parent")) if isinstance(raw, dict) else (None, None)
-    if not isinstance(version, int) or isinstance(version, bool) or not (
-        parent is None or (isinstance(parent, int) and not isinstance(parent, bool))
-    ):
-        raise SnapshotError('body must be {"version": int, "parent": int or null}')
+    raw = await _body(request)
+    _exactly(raw, ("version", "parent"), '{"version": int, "parent": int or null}')
+    version = json_int(raw["version"], "version", maximum=MAX_VERSION)
+    parent = None if raw["parent"] is None else json_int(raw["parent"], "parent", maximum=MAX_VERSION)
     return json_response({"rows": request.app[SHARD].take_snapshot(version, parent)})
 
 
+def _version(request: web.Request) -> int:
+    return parse_int(request.match_info["version"], "version", maximum=MAX_VERSION)
+
+
 async def fetch_snapshot(request: web.Request) -> web.Response:
-    try:
-        version = int(request.match_info["version"])
-    except ValueError:
-        raise SnapshotError(f"version {request.match_info['version']!r} is not an integer") from None
-    snaps = request.app[SHARD].pop_snapshot(version)
+    snaps = request.app[SHARD].pop_snapshot(_version(request))
     # Encoding is file-speed work on the event loop; cuts are minutes apart.
     return web.Response(body=snapshots_to_bytes(snaps), content_type="application/octet-stream")
 
 
 async def drop_snapshot(request: web.Request) -> web.Response:
-    try:
-        version = int(request.match_info["version"])
-    except ValueError:
-        raise SnapshotError(f"version {request.match_info['version']!r} is not an integer") from None
-    return json_response({"dropped": request.app[SHARD].drop_snapshot(version)})
-
-
-async def _int_fields(request: web.Request, *names: str) -> dict[str, object]:
-    try:
-        raw = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        raise SnapshotError(f"body is not JSON: {exc}") from None
-    if not isinstance(raw, dict) or set(raw) != set(names):
-        raise SnapshotError(f"body must be an object of {', '.join(names)}")
-    return raw
+    return json_response({"dropped": request.app[SHARD].drop_snapshot(_version(request))})
 
 
 async def membership(request: web.Request) -> web.Response:
@@ -266,24 +272,33 @@ async def membership(request: web.Request) -> web.Response:
 
 
 async def admit(request: web.Request) -> web.Response:
-    raw = await _int_fields(request, "epoch", "version")
-    epoch, version = raw["epoch"], raw["version"]
-    if not isinstance(epoch, str) or not isinstance(version, int) or isinstance(version, bool):
-        raise SnapshotError('body must be {"epoch": str, "version": int}')
+    raw = await _body(request)
+    _exactly(raw, ("epoch", "version"), '{"epoch": str, "version": int}')
+    epoch, version = raw["epoch"], json_int(raw["version"], "version", maximum=MAX_VERSION)
+    if not isinstance(epoch, str) or len(epoch) > 200:
+        raise InvalidRequestError("epoch must be a string of at most 200 characters")
     request.app[SHARD].admit(epoch, version)
     return json_response(request.app[SHARD].membership())
 
 
 async def restore(request: web.Request) -> web.Response:
-    raw = await _int_fields(request, "version")
-    version = raw["version"]
-    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        raise SnapshotError('body must be {"version": int >= 0}')
+    raw = await _body(request)
+    _exactly(raw, ("version",), '{"version": int >= 0}')
+    version = json_int(raw["version"], "version", maximum=MAX_VERSION)
     return json_response(await restore_version(request.app[SHARD], version))
 
 
 async def stats(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].stats())
+
+
+async def openapi(request: web.Request) -> web.Response:
+    # Built per request from the router: shard 0's coordinator routes are
+    # added after the app is created, and the document names only those served.
+    served = {
+        (r.method, r.resource.canonical) for r in request.app.router.routes() if r.resource is not None
+    }
+    return json_response(shard_document(served))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -335,6 +350,7 @@ def create_shard_app(
     app.router.add_post("/v1/membership/admit", admit)
     app.router.add_post("/v1/restore", restore)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/openapi.json", openapi)
     return app
 
 

@@ -41,16 +41,11 @@ from .errors import (
     UnknownTableError,
     WrongShardError,
 )
+from .board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, check_report
 from .hashing import shard_of
 from .table import F32, SnapshotKind, SparseTable, TableConfig, TableSnapshot
 
 __all__ = ["Shard", "ShardSpec", "MAX_STATUS_BYTES", "MAX_SOURCE_CHARS"]
-
-MAX_STATUS_BYTES = 64 * 1024
-"""Largest status object the board stores (encoded as JSON)."""
-MAX_SOURCE_CHARS = 200
-"""Longest source name on the board."""
-
 
 @dataclass(frozen=True)
 class ShardSpec:
@@ -434,23 +429,17 @@ class Shard:
 
         The board keeps the latest status of the `max_sources` sources that
         reported most recently; an older source is forgotten first. Returns
-        the stored entry's summary. Raises `StatusError` on a source that is
-        not a short non-empty string, a status that is not a JSON object, or
-        one larger than `MAX_STATUS_BYTES` encoded.
+        the stored entry's summary. Raises `StatusError` (nothing stored)
+        unless `source` and `status` match the board's schema
+        (`ps_core.board`): a short printable source, a closed object of
+        bounded counts and times, at most `MAX_STATUS_BYTES` encoded.
         """
-        if not isinstance(source, str) or not source.strip() or len(source) > MAX_SOURCE_CHARS:
-            raise StatusError(
-                f"source must be a non-empty string of at most {MAX_SOURCE_CHARS} characters, "
-                f"got {str(source)[:40]!r}"
-            )
-        if not isinstance(status, dict):
-            raise StatusError(f"status must be a JSON object, got {type(status).__name__}")
         try:
             encoded = orjson.dumps(status)
         except TypeError as exc:  # orjson's error for non-string keys, objects, huge ints
             raise StatusError(f"status is not JSON: {exc}") from None
-        if len(encoded) > MAX_STATUS_BYTES:
-            raise StatusError(f"status of {len(encoded)} bytes exceeds {MAX_STATUS_BYTES}")
+        check_report(source, status, len(encoded))
+        assert isinstance(source, str)
         received = time.time() if now is None else now
         # Stored as decoded from its encoding: a detached copy, as over HTTP.
         self._statuses[source] = (received, orjson.loads(encoded))

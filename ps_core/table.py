@@ -40,6 +40,7 @@ from .errors import InvalidValuesError, TableConfigError
 from .hashing import U64, uniform_from_keys
 from .index import KeyIndex
 from .optim import FTRL, Optimizer, make_optimizer
+from .parsing import json_int
 
 __all__ = ["TableConfig", "SparseTable", "TableSnapshot", "SnapshotKind", "F32", "U32"]
 
@@ -48,7 +49,14 @@ U32 = npt.NDArray[np.uint32]
 SnapshotKind = Literal["base", "delta"]
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 _NO_KEYS = np.zeros(0, dtype=np.uint64)
-_MAX_DIM = 4096
+MAX_DIM = 4096
+"""Most weights per key a table may have."""
+MAX_INIT_SCALE = 1e3
+"""Largest initial-weight scale (weights are float32, and an optimizer's
+state is a multiple of them)."""
+MAX_VERSION = 2**32 - 2
+"""Highest export version: rows carry versions as uint32, and a cut at
+`version` starts `version + 1`."""
 
 
 @dataclass(frozen=True)
@@ -72,10 +80,10 @@ class TableConfig:
             raise TableConfigError(f"bad table name {name!r}: 1-64 of [A-Za-z0-9_.-]")
         if not name.isascii():
             raise TableConfigError(f"bad table name {name!r}: ASCII only")
-        if not isinstance(self.dim, int) or not 1 <= self.dim <= _MAX_DIM:
-            raise TableConfigError(f"table {name}: dim must be an integer in [1, {_MAX_DIM}]")
-        if not math.isfinite(self.init_scale) or self.init_scale < 0:
-            raise TableConfigError(f"table {name}: init_scale must be finite and >= 0")
+        if not isinstance(self.dim, int) or not 1 <= self.dim <= MAX_DIM:
+            raise TableConfigError(f"table {name}: dim must be an integer in [1, {MAX_DIM}]")
+        if not 0 <= self.init_scale <= MAX_INIT_SCALE:  # NaN fails too
+            raise TableConfigError(f"table {name}: init_scale must be in [0, {MAX_INIT_SCALE:g}]")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise TableConfigError(f"table {name}: seed must be an integer in [0, 2**63)")
         # Normalise the optimizer spec (defaults filled in) so that two
@@ -106,10 +114,9 @@ class TableConfig:
         if not isinstance(opt, dict):
             raise TableConfigError("optimizer is a name or an object with a name")
         dim, seed, scale = raw.get("dim", 1), raw.get("seed", 0), raw.get("init_scale", 0.0)
-        if isinstance(dim, bool) or not isinstance(dim, int):
-            raise TableConfigError("dim must be an integer")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TableConfigError("seed must be an integer")
+        # JSON integers by value (2.0 is 2), exact only (`ps_core.parsing`).
+        dim = json_int(dim, "dim", minimum=1, maximum=MAX_DIM, error=TableConfigError)
+        seed = json_int(seed, "seed", maximum=2**63 - 1, error=TableConfigError)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise TableConfigError("init_scale must be a number")
         name = raw.get("name")
@@ -622,7 +629,7 @@ class SparseTable:
         becomes ``version + 1``, the next delta is relative to `version`, and
         the deletion log starts empty. `snapshot` calls it; a restore calls it
         after loading a chain."""
-        if version < 0 or version + 1 >= 2**32:
+        if not 0 <= version <= MAX_VERSION:
             raise ValueError(f"version {version} outside [0, 2**32 - 1)")
         self.last_snapshot = version
         self.version = version + 1

@@ -707,8 +707,10 @@ def test_the_validator_finds_violations(instance: Any, schema: dict[str, Any], p
 
 
 def test_the_validator_refuses_keywords_it_does_not_implement() -> None:
-    with pytest.raises(SchemaError, match="pattern"):
-        validate("x", {"type": "string", "pattern": "^x$"}, {})
+    with pytest.raises(SchemaError, match="oneOf"):
+        validate("x", {"type": "string", "oneOf": [{"type": "string"}]}, {})
+    with pytest.raises(SchemaError, match="anchored"):
+        validate("x", {"type": "string", "pattern": "x"}, {})
     # The document uses only implemented keywords: walking every schema in it
     # with a matching instance raises nothing.
     doc = openapi_document()

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ps_core.features import (
+    MAX_WEIGHT,
     _C_BIAS,
     _C_CAT,
     _C_NUM,
@@ -269,8 +270,8 @@ class _Reference:
                     ts[i] = t
                 w = ev.get("weight")
                 if w is not None:
-                    if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 <= w < math.inf:
-                        raise EventError("bad_weight", f"weight must be a number >= 0, got {w!r}")
+                    if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 <= w <= MAX_WEIGHT:
+                        raise EventError("bad_weight", f"weight must be a number in [0, {MAX_WEIGHT:.6g}], got {w!r}")
                     weights[i] = w
                 feats = ev.get("features")
                 keys = ev.get("keys")
@@ -335,7 +336,7 @@ class _Reference:
         num = np.flatnonzero(codes == _T_NUM)
         if num.size:
             x = objs[num].astype(np.float64)
-            finite = np.isfinite(x) & (np.abs(x) < 3.4e38)
+            finite = np.isfinite(x) & (np.abs(x) <= MAX_WEIGHT)
             if not finite.all():
                 for j in num[~finite]:
                     self._fail(errors, grp, bad_event, int(event_of[j]), "bad_value", f"{fields[j]}={values[j]!r} is not a finite float32")
@@ -361,6 +362,8 @@ class _Reference:
                 extra_vals.append(np.ones(len(v), dtype=np.float32))
                 extra_event.append(np.full(len(v), e, dtype=np.int64))
         for e, klist in prehashed:
+            # A float of an exact integer value is that integer.
+            klist = [int(k) if type(k) is float and k.is_integer() and abs(k) <= 2**53 else k for k in klist]
             try:
                 if not all(type(k) is int and 0 <= k < _KEY_LIMIT for k in klist):
                     raise ValueError

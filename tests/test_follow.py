@@ -428,7 +428,7 @@ async def test_mutating_routes_answer_409_and_the_replica_document_holds(
         if r.resource is not None and r.method != "HEAD"
     }
     assert routes == {(m.upper(), p) for p, ops in replica.doc["paths"].items() for m in ops}
-    report = {"source": "ops", "status": {"note": "x"}}
+    report = {"source": "ops", "status": {"kind": "worker", "windows": 1}}
     status, body = await replica.call("POST", "/v1/status", report, {"Authorization": f"Bearer {TOKEN}"})
     assert (status, body["error"]) == (409, "read_only_replica") and "read-only replica" in body["detail"]
     assert (await replica.call("POST", "/v1/status", report))[0] == 401  # the token still comes first
