@@ -223,10 +223,10 @@ def test_table_spec_tolerates_spaces_and_empty_parts() -> None:
         ("lr,init_scale=big", "init_scale='big' is not a number"),
         ("lr,alpha=fast", "alpha='fast' is not a number"),
         ("lr,dim=0", "dim must be an integer in [1, 4096]"),
-        ("lr,init_scale=-1", "init_scale must be finite and >= 0"),
+        ("lr,init_scale=-1", "init_scale must be in [0, 1000]"),
         ("lr,optimizer=adam", "unknown optimizer 'adam'"),
         ("lr,optimizer=sgd,momentum=0.9", "bad sgd hyperparameters"),
-        ("lr,optimizer=ftrl,alpha=0", "ftrl needs alpha > 0"),
+        ("lr,optimizer=ftrl,alpha=0", "ftrl needs alpha >= 1e-12"),
         ("bad name", "bad table name"),
     ],
 )
