@@ -30,8 +30,9 @@ Measured, each system the same way in the same run:
 2. the same for ``api-http`` and ``api-secure`` — the API serving HTTPS
    (a throwaway CA's certificate, made with ``trustme`` for the run) over a
    shard serving TLS and checking credentials (a cluster secret; the API
-   presents a read token) — in 3 alternating rounds: the ratio of their
-   medians is security's cost (aim: ≥ 0.8);
+   presents a read token) — in alternating rounds (7; quick 3): the ratio of
+   their median requests/s is security's cost (aim: ≥ 0.8), next to the CPU
+   the API and its shard spend per request (``/proc/<pid>/stat``);
 3. batch ``/v1/predict`` of 1,000 events, one request at a time on one
    keep-alive connection from this process: p50/p99 latency (aim: p50 ≤ 20 ms).
 
@@ -91,7 +92,8 @@ BATCH_EVENTS = 1_000
 AIM_RATIO = 0.4
 AIM_BATCH_P50_MS = 20.0
 AIM_SECURE_RATIO = 0.8
-PAIR_ROUNDS = 3
+PAIR_ROUNDS = 7
+PAIR_ROUNDS_QUICK = 3
 """The API over HTTPS, with credentials to its TLS shard, against the same in plaintext."""
 SYSTEMS = ("bare", "api_local", "api_http", "api_secure")
 
@@ -354,6 +356,19 @@ async def batch_latencies(
 # -- orchestration --------------------------------------------------------------------
 
 
+def proc_cpu_s(pids: Sequence[int]) -> float | None:
+    """User + system CPU seconds of processes `pids`, or None without /proc."""
+    total = 0.0
+    try:
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # utime, stime are fields 14, 15
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -416,6 +431,7 @@ def stop(servers: Sequence[Server]) -> None:
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     seconds = args.seconds or (4.0 if args.quick else 15.0)
     batch_requests = 30 if args.quick else 100
+    rounds = PAIR_ROUNDS_QUICK if args.quick else PAIR_ROUNDS
     loadgen = args.loadgen
     if loadgen == "auto":
         loadgen = "wrk" if shutil.which("wrk") else "python"
@@ -461,12 +477,24 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     f"p99 {r.p99_ms:6.2f} ms  errors {r.errors}")
             # Security's cost, plaintext and secure alternating, so that drifts
             # of this shared machine's load hit both alike: medians of 3 rounds.
+            # Besides requests/s, the CPU the API and its shard spend per request
+            # (steadier than throughput on a shared machine).
             pair: dict[str, list[float]] = {"api_http": [], "api_secure": []}
-            for i in range(PAIR_ROUNDS):
+            pair_cpu: dict[str, list[float]] = {"api_http": [], "api_secure": []}
+            pids = {"api_http": (servers[4].proc.pid, shard.proc.pid),
+                    "api_secure": (servers[5].proc.pid, secure_shard.proc.pid)}
+            for i in range(rounds):
                 for name in (("api_http", "api_secure") if i % 2 == 0 else ("api_secure", "api_http")):
-                    pair[name].append(run(urls[name], bodies_path, args.connections, seconds / 2).requests_per_s)
+                    cpu0 = proc_cpu_s(pids[name])
+                    load = run(urls[name], bodies_path, args.connections, seconds / 2)
+                    cpu1 = proc_cpu_s(pids[name])
+                    pair[name].append(load.requests_per_s)
+                    if cpu0 is not None and cpu1 is not None and load.requests_per_s > 0:
+                        pair_cpu[name].append((cpu1 - cpu0) / (load.requests_per_s * seconds / 2) * 1e6)
             log("alternating rounds, req/s: " + "; ".join(
                 f"{k} " + ", ".join(f"{v:.0f}" for v in vs) for k, vs in pair.items()))
+            log("alternating rounds, API + shard CPU us per request: " + "; ".join(
+                f"{k} " + ", ".join(f"{v:.0f}" for v in vs) for k, vs in pair_cpu.items()))
             batches = {}
             for name in SYSTEMS:
                 # The bare endpoint answers one constant prediction.
@@ -495,6 +523,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     out["ratio_secure_vs_plaintext"] = round(
         out["alternating_api_secure_requests_per_s"] / out["alternating_api_http_requests_per_s"], 3
     )
+    if all(pair_cpu.values()):
+        for name, vs in pair_cpu.items():
+            out[f"alternating_{name}_server_cpu_us_per_request"] = round(float(np.median(vs)), 1)
+        out["cpu_ratio_secure_vs_plaintext"] = round(
+            out["alternating_api_secure_server_cpu_us_per_request"]
+            / out["alternating_api_http_server_cpu_us_per_request"], 3
+        )
+    out["alternating_rounds"] = rounds
     out["batch_ratio_secure_vs_plaintext_p50"] = round(batches["api_secure"][0] / batches["api_http"][0], 3)
     out["aim_secure_ratio"] = AIM_SECURE_RATIO
     for name in SYSTEMS:
@@ -539,8 +575,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"p99 {out[f'{name}_p99_ms']:.2f} ms")
     for name in ("api_local", "api_http", "api_secure"):
         print(f"  {name} / bare: {out[f'{name}_over_bare_ratio']:.2f} (aim >= {AIM_RATIO})")
-    print(f"  api_secure (HTTPS, TLS and a token to its shard) / api_http, medians of {PAIR_ROUNDS} alternating rounds: "
-          f"{out['ratio_secure_vs_plaintext']:.2f} "
+    if "cpu_ratio_secure_vs_plaintext" in out:
+        print(f"  API + shard CPU per request: api_http {out['alternating_api_http_server_cpu_us_per_request']:.0f} us, "
+              f"api_secure {out['alternating_api_secure_server_cpu_us_per_request']:.0f} us "
+              f"({out['cpu_ratio_secure_vs_plaintext']:.2f}x)")
+    print(f"  api_secure (HTTPS, TLS and a token to its shard) / api_http, medians of {out['alternating_rounds']} "
+          f"alternating rounds: {out['ratio_secure_vs_plaintext']:.2f} "
           f"(aim >= {AIM_SECURE_RATIO}); {BATCH_EVENTS}-event p50 ratio {out['batch_ratio_secure_vs_plaintext_p50']:.2f}")
     print(f"{BATCH_EVENTS}-event predict, one at a time:")
     for name in SYSTEMS:
