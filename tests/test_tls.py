@@ -43,7 +43,7 @@ from ps_core.rpc import RpcConnection, start_rpc_server
 from ps_core.server import DEFAULT_MAX_BODY, create_shard_app, start_shard_site
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
-from ps_core.tls import TlsFiles, client_context, server_context
+from ps_core.tls import HandshakeFailures, TlsFiles, client_context, server_context, watch_handshakes
 from test_shard_auth import _ctrps, _env, _one_line
 from waiting import until
 
@@ -101,6 +101,7 @@ class TlsShard:
     rpc_port: int
     shard: Shard
     tokens: dict[Scope, str]
+    handshakes: HandshakeFailures
 
 
 async def _tls_shard(pki: Pki, *, mutual: bool = False, cert: str = "") -> AsyncIterator[TlsShard]:
@@ -108,13 +109,15 @@ async def _tls_shard(pki: Pki, *, mutual: bool = False, cert: str = "") -> Async
     verifier = TokenVerifier(secret)
     shard = Shard(ShardSpec(0, 1), [LR])
     ctx = _served(pki, mutual=mutual, cert=cert)
+    handshakes = HandshakeFailures()
+    watch_handshakes(ctx, handshakes)
     rpc = await start_rpc_server(shard, "127.0.0.1", 0, max_body=DEFAULT_MAX_BODY, verifier=verifier, ssl=ctx)
     site = await start_shard_site(
         create_shard_app(shard, rpc_port=rpc.port, verifier=verifier), "127.0.0.1", 0, ssl_context=ctx
     )
     try:
         yield TlsShard(f"https://127.0.0.1:{site.port}", rpc.port, shard,
-                       {s: derive_token(secret, s) for s in Scope})
+                       {s: derive_token(secret, s) for s in Scope}, handshakes)
     finally:
         await rpc.close()
         await site.cleanup()
@@ -205,7 +208,7 @@ async def test_plaintext_to_a_tls_port_is_not_served(pki: Pki, tls_shard: TlsSha
 
 
 async def test_mutual_tls_refuses_a_client_without_a_certificate_of_the_ca(
-    pki: Pki, mtls_shard: TlsShard
+    pki: Pki, mtls_shard: TlsShard, caplog: pytest.LogCaptureFixture
 ) -> None:
     s = mtls_shard
     token = s.tokens[Scope.TRAIN]
@@ -218,6 +221,15 @@ async def test_mutual_tls_refuses_a_client_without_a_certificate_of_the_ca(
             conn = await RpcConnection.open("127.0.0.1", s.rpc_port, token=token, ssl=ctx)
             await conn.call("/v1/pull", b"")  # TLS 1.3: the refusal may come after the handshake
     assert len(s.shard.table("ctr_lr")) == 0
+    # The client sees a disconnect; the shard says why, by reason, in its counters and one line each.
+    assert set(s.handshakes.counts) <= {"peer_did_not_return_a_certificate", "certificate_verify_failed"}
+    assert s.handshakes.counts.get("peer_did_not_return_a_certificate", 0) > 0
+    assert s.handshakes.counts.get("certificate_verify_failed", 0) > 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "ctrps.tls"]
+    assert sorted(m.split(" total=")[0] for m in lines) == [
+        "tls: refused a handshake (certificate_verify_failed)",
+        "tls: refused a handshake (peer_did_not_return_a_certificate)",
+    ]
     for rpc in (True, False):
         await _train_and_read(s.url, token, _client(pki.ca, pki.client), rpc=rpc)
 
