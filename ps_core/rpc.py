@@ -334,6 +334,8 @@ async def start_rpc_server(
         port,
         reuse_address=True,
         ssl=ssl,
+        # A burst of connections is queued, not refused, up to the cap.
+        backlog=min(4096, state.limits.max_connections),
         # A TLS handshake is part of the hello: it shares its deadline.
         ssl_handshake_timeout=state.limits.hello_timeout_s if ssl is not None else None,
     )

@@ -192,12 +192,13 @@ def _hello() -> bytes:
 async def test_rpc_connections_that_never_greet_are_closed(caplog: pytest.LogCaptureFixture) -> None:
     _, server = await _rpc(RpcLimits(hello_timeout_s=0.3))
     try:
-        conns = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(300)]
-        await until(lambda: server.stats()["open_connections"] == 300, 2.0, what="300 connections open")
+        # (Not all 300 need be open at once: on a loaded machine the first may
+        # time out before the last is accepted.)
         with caplog.at_level(logging.WARNING, logger="ctrps.limits"):
-            closed = await asyncio.gather(*(_closed_within(r, 3.0) for r, _ in conns))
+            conns = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(300)]
+            closed = await asyncio.gather(*(_closed_within(r, 10.0) for r, _ in conns))
         assert all(c is not None for c in closed), "a connection that never greeted stayed open"
-        assert server.stats()["hello_timeouts_total"] == 300
+        await until(lambda: server.stats()["hello_timeouts_total"] == 300, 5.0, what="300 hello timeouts")
         assert server.stats()["open_connections"] == 0
         assert len([r for r in caplog.records if "sent no hello" in r.getMessage()]) == 1
         for _, w in conns:
