@@ -37,8 +37,9 @@ import hmac
 import logging
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -290,9 +291,7 @@ async def predict(request: web.Request) -> web.Response:
 
 
 async def weights(request: web.Request) -> web.Response:
-    body = _object(
-        await _json_body(request), ("features", "keys", "model"), '{"features": {...}, "keys": [...]}'
-    )
+    body = _object(await _json_body(request), ("features", "keys", "model"), '{"features": {...}, "keys": [...]}')
     _check_model(request, body)
     features, keys = body.get("features"), body.get("keys")
     if features is not None and not isinstance(features, dict):
@@ -418,8 +417,14 @@ async def list_exports(request: web.Request) -> web.Response:
     # A replica lists the versions it follows; the trainer's last report is not its to know.
     found = await asyncio.to_thread(list_versions, follower.model_dir) if follower.model_dir.is_dir() else []
     versions = [
-        {"version": v.version, "kind": v.kind, "parent": v.parent, "created_at": v.created_at,
-         "rows": v.manifest.rows(), "bytes": v.manifest.nbytes()}
+        {
+            "version": v.version,
+            "kind": v.kind,
+            "parent": v.parent,
+            "created_at": v.created_at,
+            "rows": v.manifest.rows(),
+            "bytes": v.manifest.nbytes(),
+        }
         for v in found
     ]
     return _json({"model": request.app[MODEL].name, "versions": versions, "last": None})
@@ -512,9 +517,7 @@ _DASHBOARD_HEADERS = {
 
 
 async def dashboard(request: web.Request) -> web.Response:
-    return web.Response(
-        body=_dashboard_page(), content_type="text/html", charset="utf-8", headers=_DASHBOARD_HEADERS
-    )
+    return web.Response(body=_dashboard_page(), content_type="text/html", charset="utf-8", headers=_DASHBOARD_HEADERS)
 
 
 async def history(request: web.Request) -> web.Response:
@@ -630,9 +633,7 @@ class ApiServer:
         if self._runner is not None:
             return self.url
         self.settings.check_exposed()
-        runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, **self.settings.limits.runner_kwargs()
-        )
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False, **self.settings.limits.runner_kwargs())
         await runner.setup()
         self._runner = runner
         try:

@@ -7,14 +7,15 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Any, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import uvloop
 
-from .failures import EXIT_FAILURE, expected_failure
-from .logs import LEVELS, configure_logging, parse_level
 from .export_cli import add_export_parser, run_export
+from .failures import EXIT_FAILURE, expected_failure
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
+from .logs import LEVELS, configure_logging, parse_level
 from .produce_cli import add_produce_parser, run_produce
 from .security import SecuritySettings, add_security_flags
 from .settings import (
@@ -147,13 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
         "[,seed=N][,HYPER=V...]; repeatable",
     )
     shard.add_argument("--max-body-mb", type=int, help="largest request body, MiB (default 512)")
-    shard.add_argument(
-        "--stats-interval", type=float, help="seconds between progress lines; 0 = off (default 60)"
-    )
+    shard.add_argument("--stats-interval", type=float, help="seconds between progress lines; 0 = off (default 60)")
     shard.add_argument("--log-format", choices=("text", "json"), help="log line format")
-    shard.add_argument(
-        "--shards", help="every shard's URL, shard 0 first: shard 0 hosts the coordinator through them"
-    )
+    shard.add_argument("--shards", help="every shard's URL, shard 0 first: shard 0 hosts the coordinator through them")
     shard.add_argument("--exports-dir", help="where exports are written and restored from (default ./exports)")
     shard.add_argument("--no-exports", action="store_true", help="no exports, coordinator or restore")
     shard.add_argument(
@@ -164,9 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     shard.add_argument("--model-name", help="the model's directory under the exports (default ctr)")
     shard.add_argument("--no-restore", action="store_true", help="start empty even if an export exists")
     shard.add_argument("--lease-ttl", type=float, help="seconds a cut waits for one leased window (default 120)")
-    shard.add_argument(
-        "--rpc-port", type=int, help="TCP RPC port for pulls and pushes; 0 picks a free one (default 0)"
-    )
+    shard.add_argument("--rpc-port", type=int, help="TCP RPC port for pulls and pushes; 0 picks a free one (default 0)")
     shard.add_argument("--no-rpc", action="store_true", help="serve pulls and pushes over HTTP only")
     add_security_flags(shard)
 
@@ -191,16 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--no-rpc", action="store_true", help="reach the shards over HTTP only, not their TCP RPC")
     worker.add_argument("--decode-processes", type=int, help="decoding processes (default 1)")
     worker.add_argument(
-        "--on-stale-offsets", choices=("committed", "earliest", "fail"),
+        "--on-stale-offsets",
+        choices=("committed", "earliest", "fail"),
         help="resume offsets of another Kafka cluster or group, or outside a partition's range: "
         "resume at the group's commit (committed, the default), at the first offset (earliest), "
         "or exit with code 4 (fail); the model's weights are kept",
     )
+    worker.add_argument("--session-timeout-ms", type=int, help="Kafka session timeout (default 10000)")
     worker.add_argument(
-        "--session-timeout-ms", type=int, help="Kafka session timeout (default 10000)"
-    )
-    worker.add_argument(
-        "--outage-deadline", type=float, metavar="SECONDS",
+        "--outage-deadline",
+        type=float,
+        metavar="SECONDS",
         help="give up (exit code 3) when a shard, the coordinator or the broker stays "
         "unreachable this long; 0 waits forever (default 600)",
     )
@@ -241,22 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve a model's exports as a read-only replica: exports/<model>, or the "
         "exports root for its <model-name>/",
     )
-    serve.add_argument(
-        "--follow-interval", type=float, metavar="S", help="seconds between looks at DIR (default 1)"
-    )
+    serve.add_argument("--follow-interval", type=float, metavar="S", help="seconds between looks at DIR (default 1)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port; 0 picks a free one (default 8080)")
-    serve.add_argument(
-        "--model", choices=("lr", "fm"), help="model kind (default lr; with --follow, the manifest's)"
-    )
+    serve.add_argument("--model", choices=("lr", "fm"), help="model kind (default lr; with --follow, the manifest's)")
     serve.add_argument("--model-name", help="model name (default ctr; with --follow, the manifest's)")
     serve.add_argument("--max-events", type=int, help="most events per request (default 10000)")
-    serve.add_argument(
-        "--max-body-bytes", type=int, help="largest request body (default 16777216)"
-    )
-    serve.add_argument(
-        "--shard-deadline", type=float, help="seconds a shard call is retried before 503 (default 2)"
-    )
+    serve.add_argument("--max-body-bytes", type=int, help="largest request body (default 16777216)")
+    serve.add_argument("--shard-deadline", type=float, help="seconds a shard call is retried before 503 (default 2)")
     serve.add_argument("--no-rpc", action="store_true", help="reach the shards over HTTP only, not their TCP RPC")
     serve.add_argument("--log-format", choices=("text", "json"), help="log line format")
     add_security_flags(serve)
@@ -314,9 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--workers", type=int, help="worker processes (default 2)")
     cluster.add_argument("--port", type=int, help="API port; 0 picks a free one (default 8080)")
     producing = cluster.add_mutually_exclusive_group()
-    producing.add_argument(
-        "--produce-rate", type=float, help="synthetic events per second (default 2000)"
-    )
+    producing.add_argument("--produce-rate", type=float, help="synthetic events per second (default 2000)")
     producing.add_argument("--no-produce", action="store_true", help="start no producer")
     cluster.add_argument("--window-seconds", type=float, help="workers' window span (default 2)")
     cluster.add_argument("--partitions", type=int, help="partitions of the click topic (default 4)")
@@ -326,7 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL (default 10)")
     cluster.add_argument("--log-format", choices=("text", "json"), help="log line format (children too)")
     cluster.add_argument("--exports-dir", help="where model versions are written (default ./exports)")
-    cluster.add_argument("--export-interval", type=float, help="seconds between exports; 0 = only when asked (default 60)")
+    cluster.add_argument(
+        "--export-interval", type=float, help="seconds between exports; 0 = only when asked (default 60)"
+    )
     cluster.add_argument("--no-exports", action="store_true", help="write no exports")
     cluster.add_argument(
         "--restart-backoff", type=float, help="seconds before restarting a failed child, doubling (default 1)"
@@ -355,13 +343,16 @@ def _add_logging_flags(parser: argparse.ArgumentParser) -> None:
     if not any("--log-format" in a.option_strings for a in parser._actions):
         parser.add_argument("--log-format", choices=("text", "json"), help="log line format (CTRPS_LOG_FORMAT)")
     parser.add_argument(
-        "--log-level", type=str.lower, choices=LEVELS,
+        "--log-level",
+        type=str.lower,
+        choices=LEVELS,
         help="least severe level logged (default info; CTRPS_LOG_LEVEL)",
     )
     parser.add_argument(
-        "--kafka-log-level", type=str.lower, choices=LEVELS,
-        help="the Kafka client's level (default warning, debug with --log-level debug; "
-        "CTRPS_KAFKA_LOG_LEVEL)",
+        "--kafka-log-level",
+        type=str.lower,
+        choices=LEVELS,
+        help="the Kafka client's level (default warning, debug with --log-level debug; CTRPS_KAFKA_LOG_LEVEL)",
     )
 
 
@@ -479,7 +470,10 @@ def run_command(args: argparse.Namespace, run: Callable[[argparse.Namespace], in
         found = None if isinstance(exc, asyncio.CancelledError) else expected_failure(exc)
         if found is None:
             log.critical(
-                "crashed: %s: %s", type(exc).__name__, exc, exc_info=exc,
+                "crashed: %s: %s",
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
                 extra={"fields": {"exit_code": EXIT_FAILURE}},
             )
             return EXIT_FAILURE

@@ -162,7 +162,8 @@ async def end_broker_processes(port: int, timeout_s: float = 5.0) -> list[int]:
         await asyncio.sleep(0.05)  # poll interval: init reaps the orphan
     if pids:
         log.warning(
-            "ended a broker left running by its role", extra={"fields": {"pids": ",".join(map(str, pids)), "port": port}}
+            "ended a broker left running by its role",
+            extra={"fields": {"pids": ",".join(map(str, pids)), "port": port}},
         )
     return pids
 
@@ -262,9 +263,7 @@ class _Cluster:
         env = self.credentials.env_for(kind, self.base_env)
         return kafka_child_env(self.kafka, talks_to_kafka=kind in ("worker", "producer"), env=env)
 
-    async def _start(
-        self, spec: ChildSpec, check: Callable[[], Awaitable[bool]] | None = None
-    ) -> Child:
+    async def _start(self, spec: ChildSpec, check: Callable[[], Awaitable[bool]] | None = None) -> Child:
         child = await self.sup.start(spec)
         if check is not None:
             await self.sup.wait_ready(child, check, self.s.ready_timeout_s)
@@ -301,8 +300,14 @@ class _Cluster:
             # by these URLs. A broker started here is new, so an older
             # export's offsets mean nothing to it: restore only from Kafka
             # the cluster did not start.
-            exports = ["--shards", ",".join(self.shard_urls), "--exports-dir", s.exports_dir,
-                       "--export-interval", str(s.export_interval_s)]
+            exports = [
+                "--shards",
+                ",".join(self.shard_urls),
+                "--exports-dir",
+                s.exports_dir,
+                "--export-interval",
+                str(s.export_interval_s),
+            ]
             if not s.bootstrap:
                 exports.append("--no-restore")
         else:

@@ -29,7 +29,7 @@ import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -148,7 +148,7 @@ def fresh_exports_dir(parent: Path) -> Path:
     ``demo-<UTC time>-<random>``, created now (never one that exists), so
     no other run — another demo, or shards restoring ``<parent>/<model>`` —
     shares its versions."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     while True:
         path = parent / f"demo-{stamp}-{secrets.token_hex(3)}"
         try:
@@ -183,11 +183,7 @@ def _announce(
         f"ctrps demo: synthetic clicks -> Kafka -> worker -> {settings.shards} shards -> HTTP API",
         *(f"  {'API' if name == 'api' else name:<10} {url}" for name, url in urls.items()),
         f"  {'kafka':<10} {bootstrap} (topic {TOPIC}, group {GROUP})",
-        *(
-            [f"  {'exports':<10} {exports} (this run's own; the demo never restores)"]
-            if exports is not None
-            else []
-        ),
+        *([f"  {'exports':<10} {exports} (this run's own; the demo never restores)"] if exports is not None else []),
         "",
         "Try:",
         *(f"  {e}" for e in examples),
@@ -325,9 +321,7 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
     return 1 if failed else 0
 
 
-async def _until_stopped(
-    settings: DemoSettings, stop: asyncio.Event, *tasks: asyncio.Task[Any]
-) -> bool:
+async def _until_stopped(settings: DemoSettings, stop: asyncio.Event, *tasks: asyncio.Task[Any]) -> bool:
     """Wait for `stop` (a signal, or the end of the duration) or for one of
     `tasks` to end, which is a failure: they run until stopped. Returns
     whether one failed."""

@@ -52,8 +52,8 @@ from ps_core.models import FactorizationMachine, LogisticRegression, Model
 from ps_core.shard import Shard
 from ps_core.table import F32, SparseTable, TableConfig
 
-from .errors import NoVersionError, ReadOnlyReplicaError
 from .background import BackgroundLoop
+from .errors import NoVersionError, ReadOnlyReplicaError
 from .logs import log_event
 
 __all__ = ["Follower", "ReplicaTransport", "model_from_manifest", "model_of_exports", "follow_dir"]
@@ -100,8 +100,12 @@ def model_from_manifest(manifest: ExportManifest) -> Model:
         model = LogisticRegression(name, optimizer=w.optimizer)
     else:
         model = FactorizationMachine(
-            name, k=v.dim, optimizer=w.optimizer, embedding_optimizer=v.optimizer,
-            init_scale=v.init_scale, seed=v.seed,
+            name,
+            k=v.dim,
+            optimizer=w.optimizer,
+            embedding_optimizer=v.optimizer,
+            init_scale=v.init_scale,
+            seed=v.seed,
         )
     hint = config.get("model", config.get("kind"))
     kind = "lr" if v is None else "fm"
@@ -339,9 +343,9 @@ class Follower(BackgroundLoop):
                 await self._reload()
             served = self.served_version
             # A refusal of a version older than the one now served is moot.
-            self.error = "; ".join(
-                detail for v, detail in self._errors if v is None or served is None or v > served
-            ) or None
+            self.error = (
+                "; ".join(detail for v, detail in self._errors if v is None or served is None or v > served) or None
+            )
             for v in [v for v in self._refused if served is not None and v <= served]:
                 del self._refused[v]
             self.last_poll_at = time.time()
@@ -448,9 +452,7 @@ class Follower(BackgroundLoop):
         except ExportCorruptError as exc:
             return latest_chain(self.model_dir, fallback=True), exc
 
-    def _build(
-        self, chain: list[VersionInfo]
-    ) -> tuple[Shard, ExportManifest | None, tuple[int, Exception] | None]:
+    def _build(self, chain: list[VersionInfo]) -> tuple[Shard, ExportManifest | None, tuple[int, Exception] | None]:
         """A fresh shard holding as much of `chain` as passes its checks: the
         shard, the last version applied (None: not even the base) and the
         refused version with why. Runs in a thread: the shard is nobody
@@ -487,9 +489,7 @@ class Follower(BackgroundLoop):
                 f"{_describe(self.model)}: restart it to serve the other model"
             )
 
-    def _serve(
-        self, shard: Shard, manifest: ExportManifest, how: str, load_ms: float, t_apply: float
-    ) -> None:
+    def _serve(self, shard: Shard, manifest: ExportManifest, how: str, load_ms: float, t_apply: float) -> None:
         """Make `shard`, holding `manifest`'s version, the served one: one
         synchronous step, so no read sees the shard and version disagree."""
         self.transport.shard = shard

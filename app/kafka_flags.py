@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from consumers.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity, KafkaSecurityError
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -125,9 +126,7 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-def configure_logging(
-    fmt: str = "text", level: int = logging.INFO, kafka_level: int | None = None
-) -> None:
+def configure_logging(fmt: str = "text", level: int = logging.INFO, kafka_level: int | None = None) -> None:
     """Send logs to stderr, one line each, as ``text`` or ``json``, at `level`.
 
     The Kafka client logs at `kafka_level`; by default at WARNING, or DEBUG

@@ -47,9 +47,7 @@ __all__ = ["ApiMetrics", "ClusterSnapshot", "InstrumentedTransport", "take_snaps
 
 T = TypeVar("T")
 
-_LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
-)
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
@@ -68,9 +66,7 @@ class ClusterSnapshot:
 async def take_snapshot(client: PSClient) -> ClusterSnapshot:
     """Every shard's stats and the status board; a shard that does not
     answer is None, never an error."""
-    stats = await asyncio.gather(
-        *(t.stats() for t in client.transports), client.statuses(), return_exceptions=True
-    )
+    stats = await asyncio.gather(*(t.stats() for t in client.transports), client.statuses(), return_exceptions=True)
     for got in stats:
         if isinstance(got, BaseException) and not isinstance(got, PSError):
             raise got
@@ -101,9 +97,7 @@ class _ClusterCollector(Collector):
         features = GaugeMetricFamily(
             "ctrps_table_features", "Features (rows) per table and shard.", labels=["shard", "table"]
         )
-        size = GaugeMetricFamily(
-            "ctrps_table_bytes", "Bytes allocated per table and shard.", labels=["shard", "table"]
-        )
+        size = GaugeMetricFamily("ctrps_table_bytes", "Bytes allocated per table and shard.", labels=["shard", "table"])
         for i, stats in enumerate(snap.stats):
             up.add_metric([str(i)], 0.0 if stats is None else 1.0)
             for name, t in (stats or {}).get("tables", {}).items():
@@ -111,8 +105,7 @@ class _ClusterCollector(Collector):
                 size.add_metric([str(i), name], float(t["bytes"]))
         refused = CounterMetricFamily(
             "ctrps_shard_auth_refused",
-            "Requests and RPC connections a shard refused for their credentials, by reason "
-            "(missing, wrong, scope).",
+            "Requests and RPC connections a shard refused for their credentials, by reason (missing, wrong, scope).",
             labels=["shard", "reason"],
         )
         for i, stats in enumerate(snap.stats):
@@ -121,9 +114,7 @@ class _ClusterCollector(Collector):
             for reason, n in (counts if isinstance(counts, dict) else {}).items():
                 refused.add_metric([str(i), str(reason)], _num(n))
         yield from (up, features, size, refused)
-        yield from port_families(
-            ("shard", str(i), (stats or {}).get("ports")) for i, stats in enumerate(snap.stats)
-        )
+        yield from port_families(("shard", str(i), (stats or {}).get("ports")) for i, stats in enumerate(snap.stats))
         yield from _ClusterCollector._exports(snap.stats[0] if snap.stats else None)
 
     @staticmethod
@@ -169,7 +160,8 @@ class _ClusterCollector(Collector):
         trained = counter("ctrps_events_trained", "Events trained by the worker.")
         windows = counter("ctrps_windows", "Windows trained by the worker.")
         outages = counter(
-            "ctrps_worker_outages", "Outages (a shard, the coordinator or the broker unreachable) the worker waited out."
+            "ctrps_worker_outages",
+            "Outages (a shard, the coordinator or the broker unreachable) the worker waited out.",
         )
         outage_s = counter("ctrps_worker_outage_seconds", "Seconds the worker spent waiting in outages that ended.")
         replayed = counter(
@@ -184,9 +176,7 @@ class _ClusterCollector(Collector):
             "beyond the end, before the start), by reason and the action taken (--on-stale-offsets).",
             labels=["worker", "reason", "action"],
         )
-        window_s = HistogramMetricFamily(
-            "ctrps_window_seconds", "Duration of the worker's windows.", labels=["worker"]
-        )
+        window_s = HistogramMetricFamily("ctrps_window_seconds", "Duration of the worker's windows.", labels=["worker"])
         age = GaugeMetricFamily(
             "ctrps_worker_report_age_seconds",
             "Seconds since the worker's latest status reached the board.",
@@ -231,7 +221,20 @@ class _ClusterCollector(Collector):
         )
         for p, n in board.lag_by_partition.items():
             lag.add_metric([str(p)], float(n))
-        yield from (records, trained, windows, outages, outage_s, replayed, dead, stale, window_s, age, *quality.values(), lag)
+        yield from (
+            records,
+            trained,
+            windows,
+            outages,
+            outage_s,
+            replayed,
+            dead,
+            stale,
+            window_s,
+            age,
+            *quality.values(),
+            lag,
+        )
 
 
 def _num(v: object) -> float:
@@ -281,9 +284,7 @@ class ApiMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.predict_events = Counter(
-            "ctrps_predict_events", "Events predicted (successful requests).", registry=r
-        )
+        self.predict_events = Counter("ctrps_predict_events", "Events predicted (successful requests).", registry=r)
         self.batch_events = Histogram(
             "ctrps_predict_batch_events",
             "Events per scored batch (concurrent requests are scored together).",
@@ -356,8 +357,21 @@ class InstrumentedTransport:
         # Bound once: a labelled child per call would cost a dict lookup each.
         self._seconds = {
             op: metrics.rpc_seconds.labels(shard, op)
-            for op in ("pull", "push", "push_pull", "declare", "stats", "status", "lease", "offsets", "snapshot", "export", "exports",
-                       "membership", "restore")
+            for op in (
+                "pull",
+                "push",
+                "push_pull",
+                "declare",
+                "stats",
+                "status",
+                "lease",
+                "offsets",
+                "snapshot",
+                "export",
+                "exports",
+                "membership",
+                "restore",
+            )
         }
 
     async def _timed(self, op: str, call: Awaitable[T]) -> T:
@@ -385,9 +399,7 @@ class InstrumentedTransport:
         event_time: float,
         request_id: int,
     ) -> int:
-        return await self._timed(
-            "push", self.inner.push(table, keys, grads, counts, event_time, request_id)
-        )
+        return await self._timed("push", self.inner.push(table, keys, grads, counts, event_time, request_id))
 
     async def push_pull(
         self,

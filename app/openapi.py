@@ -149,7 +149,9 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
                 "keys": _nullable("Keys"),
                 "model": {"type": ["string", "null"], "description": "If given (not null), must be the served model."},
             },
-            "features", "keys", "model",
+            "features",
+            "keys",
+            "model",
         )
         | {"anyOf": _FEATURES_OR_KEYS},
         "FeatureWeights": _closed(
@@ -263,16 +265,12 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
         "ExportReport": EXPORT_REPORT_SCHEMA,
         "Compaction": COMPACTION_SCHEMA,
         "ExportList": EXPORT_LIST_SCHEMA,
-        "StatusAck": _closed(
-            {"source": string, "received_at": number, "sources": {"type": "integer", "minimum": 1}}
-        ),
+        "StatusAck": _closed({"source": string, "received_at": number, "sources": {"type": "integer", "minimum": 1}}),
         "StatusBoard": _closed(
             {
                 "statuses": {
                     "type": "array",
-                    "items": _closed(
-                        {"source": string, "received_at": number, "status": {"type": "object"}}
-                    ),
+                    "items": _closed({"source": string, "received_at": number, "status": {"type": "object"}}),
                 }
             }
         ),
@@ -401,7 +399,9 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                     },
                     "responses": {
                         "201": _json(_ref("ExportReport"), "Written."),
-                        "400": _json(_ERROR, "The body is not {} or {\"kind\": \"base\" | \"delta\"} (invalid_json, bad_request)."),
+                        "400": _json(
+                            _ERROR, 'The body is not {} or {"kind": "base" | "delta"} (invalid_json, bad_request).'
+                        ),
                         "404": _json(_ERROR, "Shard 0 hosts no exporter (no_coordinator)."),
                         **_errors(401, *read_only, 413, 502, 503),
                     },

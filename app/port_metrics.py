@@ -49,9 +49,7 @@ def port_families(rows: Iterable[tuple[str, str, PortStats | None]]) -> Iterator
     """The families of `rows`: (role, shard, ports stats) each; a shard that
     sent no (or a malformed) ``ports`` section adds nothing."""
     labels = ["role", "shard"]
-    open_ = GaugeMetricFamily(
-        "ctrps_port_open_connections", "Connections open on the port.", labels=[*labels, "port"]
-    )
+    open_ = GaugeMetricFamily("ctrps_port_open_connections", "Connections open on the port.", labels=[*labels, "port"])
     refused = CounterMetricFamily(
         "ctrps_port_refused",
         "Connections a port closed, or requests it refused, under its limits, by reason.",

@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -180,9 +181,7 @@ class Predictor:
             # otherwise wait for every queued batch.
             await asyncio.sleep(0)
 
-    async def _score_requests(
-        self, requests: list[list[dict[str, Any]]]
-    ) -> list[Prediction | Exception]:
+    async def _score_requests(self, requests: list[list[dict[str, Any]]]) -> list[Prediction | Exception]:
         """Score several requests' events as one batch; each request gets its
         predictions or the error of its first bad event."""
         sizes = [len(r) for r in requests]
@@ -221,9 +220,7 @@ class Predictor:
             if len(names) == 1:
                 got = [await self.client.pull_versioned(names[0], routed, presence=presence)]
             else:
-                got = await asyncio.gather(
-                    *(self.client.pull_versioned(t, routed, presence=presence) for t in names)
-                )
+                got = await asyncio.gather(*(self.client.pull_versioned(t, routed, presence=presence) for t in names))
         except UnknownTableError as exc:
             raise UnknownModelError(
                 f"model {self.model.name!r} is not on the shards yet (its tables are "
@@ -240,9 +237,7 @@ class Predictor:
         return _invalid_event(err, i)
 
     # -- weights ---------------------------------------------------------------
-    async def weights(
-        self, features: dict[str, Any] | None, keys: list[Any] | None
-    ) -> WeightsLookup:
+    async def weights(self, features: dict[str, Any] | None, keys: list[Any] | None) -> WeightsLookup:
         """The current weights of an event's features (`features` and/or
         pre-hashed `keys`), bias first, each named, with its presence."""
         event: dict[str, Any] = {}
@@ -269,9 +264,7 @@ class Predictor:
             version=min(p.version for p in pulled.values()),
         )
 
-    def _named_features(
-        self, features: dict[str, Any], keys: list[int]
-    ) -> tuple[list[str | None], U64, F32]:
+    def _named_features(self, features: dict[str, Any], keys: list[int]) -> tuple[list[str | None], U64, F32]:
         """Names, ids and values of validated features, in request order."""
         fields: list[str] = []
         cats: list[str | None] = []

@@ -21,8 +21,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from consumers.broker import BrokerError, create_topics, wait_for_metadata
 from consumers.formats import FORMATS, FormatError, iter_file
@@ -226,8 +227,9 @@ async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.envi
     except BrokerError as exc:
         return _fail(f"cannot reach the broker at {bootstrap}: {exc}", 1)
 
-    log_event(log, "producing", bootstrap=bootstrap, topic=args.topic, compression=compression,
-              **kafka.fields(), **what)
+    log_event(
+        log, "producing", bootstrap=bootstrap, topic=args.topic, compression=compression, **kafka.fields(), **what
+    )
     progress = _Progress()
     sending = asyncio.ensure_future(
         produce(

@@ -19,9 +19,9 @@ import argparse
 import ipaddress
 import os
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from ps_core.auth import MIN_SECRET_BYTES, Scope, TokenVerifier, derive_token
 from ps_core.tls import TlsFiles, client_context, server_context
@@ -63,17 +63,23 @@ def is_loopback(host: str) -> bool:
 
 def add_security_flags(parser: argparse.ArgumentParser, *, serves: bool = True) -> None:
     """The TLS flags (and ``--insecure`` for a role that listens)."""
-    group = parser.add_argument_group("security (secrets only from CTRPS_CLUSTER_SECRET[_FILE], CTRPS_SHARD_TOKEN[_FILE])")
+    group = parser.add_argument_group(
+        "security (secrets only from CTRPS_CLUSTER_SECRET[_FILE], CTRPS_SHARD_TOKEN[_FILE])"
+    )
     group.add_argument("--tls-cert", help="PEM certificate to serve with (and present to servers that ask)")
     group.add_argument("--tls-key", help="PEM private key of --tls-cert")
     group.add_argument("--tls-ca", help="PEM CA bundle that peers' certificates are verified against")
     if serves:
         group.add_argument(
-            "--tls-client-auth", action="store_true", default=None,
+            "--tls-client-auth",
+            action="store_true",
+            default=None,
             help="require client certificates signed by --tls-ca (mutual TLS)",
         )
         group.add_argument(
-            "--insecure", action="store_true", default=None,
+            "--insecure",
+            action="store_true",
+            default=None,
             help="allow listening on a non-loopback address without credentials",
         )
 

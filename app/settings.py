@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
-
+from typing import Any
 from urllib.parse import urlsplit
 
 from ps_core.errors import TableConfigError
@@ -46,7 +46,7 @@ def _check_urls(urls: tuple[str, ...]) -> None:
     for url in urls:
         try:
             parts = urlsplit(url)
-            parts.port  # raises ValueError on a port that is not a number in range
+            _ = parts.port  # raises ValueError on a port that is not a number in range
         except ValueError:
             parts = None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
@@ -224,9 +224,7 @@ class ShardSettings:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ShardSettings:
         """Defaults overridden by ``CTRPS_*`` variables."""
         d = cls()
-        tables = tuple(
-            parse_table_spec(s) for s in env.get("CTRPS_TABLES", "").split(";") if s.strip()
-        )
+        tables = tuple(parse_table_spec(s) for s in env.get("CTRPS_TABLES", "").split(";") if s.strip())
         return cls(
             host=env.get("CTRPS_SHARD_HOST") or d.host,
             port=_env_int(env, "CTRPS_SHARD_PORT", d.port),
@@ -262,9 +260,7 @@ class ShardSettings:
             num_shards=args.num_shards if args.num_shards is not None else base.num_shards,
             tables=tables,
             max_body_mb=args.max_body_mb if args.max_body_mb is not None else base.max_body_mb,
-            stats_interval_s=(
-                args.stats_interval if args.stats_interval is not None else base.stats_interval_s
-            ),
+            stats_interval_s=(args.stats_interval if args.stats_interval is not None else base.stats_interval_s),
             log_format=args.log_format if args.log_format is not None else base.log_format,
             shards=tuple(u for u in (args.shards or "").split(",") if u) or base.shards,
             exports_dir="" if args.no_exports else _flag(args.exports_dir, base.exports_dir),
@@ -395,15 +391,11 @@ class WorkerSettings:
             model=pick(args.model, "CTRPS_MODEL", "model"),
             model_name=pick(args.model_name, "CTRPS_MODEL_NAME", "model_name"),
             decode_processes=pick(args.decode_processes, "CTRPS_DECODE_PROCESSES", "decode_processes", int),
-            session_timeout_ms=pick(
-                args.session_timeout_ms, "CTRPS_SESSION_TIMEOUT_MS", "session_timeout_ms", int
-            ),
+            session_timeout_ms=pick(args.session_timeout_ms, "CTRPS_SESSION_TIMEOUT_MS", "session_timeout_ms", int),
             log_format=pick(args.log_format, "CTRPS_LOG_FORMAT", "log_format"),
             use_rpc=False if args.no_rpc else pick(None, "CTRPS_USE_RPC", "use_rpc", _parse_bool),
             on_stale_offsets=pick(args.on_stale_offsets, "CTRPS_ON_STALE_OFFSETS", "on_stale_offsets"),
-            outage_deadline_s=pick(
-                args.outage_deadline, "CTRPS_OUTAGE_DEADLINE_S", "outage_deadline_s", float
-            ),
+            outage_deadline_s=pick(args.outage_deadline, "CTRPS_OUTAGE_DEADLINE_S", "outage_deadline_s", float),
         )
 
 
@@ -499,9 +491,7 @@ class DemoSettings:
             port=_pick(args.port, env, "CTRPS_DEMO_PORT", d.port, int),
             shards=_pick(args.shards, env, "CTRPS_DEMO_SHARDS", d.shards, int),
             rate=_pick(args.rate, env, "CTRPS_DEMO_RATE", d.rate, float),
-            window_seconds=_pick(
-                args.window_seconds, env, "CTRPS_DEMO_WINDOW_SECONDS", d.window_seconds, float
-            ),
+            window_seconds=_pick(args.window_seconds, env, "CTRPS_DEMO_WINDOW_SECONDS", d.window_seconds, float),
             bootstrap=_pick(args.bootstrap, env, "CTRPS_KAFKA_BOOTSTRAP", d.bootstrap),
             seed=_pick(args.seed, env, "CTRPS_DEMO_SEED", d.seed, int),
             log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
@@ -581,15 +571,11 @@ class ClusterSettings:
             workers=_pick(args.workers, env, "CTRPS_CLUSTER_WORKERS", d.workers, int),
             port=_pick(args.port, env, "CTRPS_CLUSTER_PORT", d.port, int),
             produce_rate=_pick(rate, env, "CTRPS_CLUSTER_PRODUCE_RATE", d.produce_rate, float),
-            window_seconds=_pick(
-                args.window_seconds, env, "CTRPS_CLUSTER_WINDOW_SECONDS", d.window_seconds, float
-            ),
+            window_seconds=_pick(args.window_seconds, env, "CTRPS_CLUSTER_WINDOW_SECONDS", d.window_seconds, float),
             partitions=_pick(args.partitions, env, "CTRPS_CLUSTER_PARTITIONS", d.partitions, int),
             duration_s=_pick(args.duration, env, "CTRPS_CLUSTER_DURATION", d.duration_s, float),
             bootstrap=_pick(args.bootstrap, env, "CTRPS_KAFKA_BOOTSTRAP", d.bootstrap),
-            ready_timeout_s=_pick(
-                args.ready_timeout, env, "CTRPS_CLUSTER_READY_TIMEOUT", d.ready_timeout_s, float
-            ),
+            ready_timeout_s=_pick(args.ready_timeout, env, "CTRPS_CLUSTER_READY_TIMEOUT", d.ready_timeout_s, float),
             grace_s=_pick(args.grace, env, "CTRPS_CLUSTER_GRACE", d.grace_s, float),
             log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
             **_export_args(args, env, d.exports_dir, d.export_interval_s),
@@ -597,13 +583,14 @@ class ClusterSettings:
                 args.restart_backoff, env, "CTRPS_CLUSTER_RESTART_BACKOFF", d.restart_backoff_s, float
             ),
             restart_backoff_max_s=_pick(
-                args.restart_backoff_max, env, "CTRPS_CLUSTER_RESTART_BACKOFF_MAX",
-                d.restart_backoff_max_s, float,
+                args.restart_backoff_max,
+                env,
+                "CTRPS_CLUSTER_RESTART_BACKOFF_MAX",
+                d.restart_backoff_max_s,
+                float,
             ),  # fmt: skip
             max_restarts=_pick(args.max_restarts, env, "CTRPS_CLUSTER_MAX_RESTARTS", d.max_restarts, int),
-            restart_window_s=_pick(
-                args.restart_window, env, "CTRPS_CLUSTER_RESTART_WINDOW", d.restart_window_s, float
-            ),
+            restart_window_s=_pick(args.restart_window, env, "CTRPS_CLUSTER_RESTART_WINDOW", d.restart_window_s, float),
         )
 
 
@@ -691,15 +678,12 @@ class ApiSettings:
             shards, follow = _env_list(env, "CTRPS_SHARDS"), env.get("CTRPS_FOLLOW", "")
         if not shards and not follow:
             raise SettingsError(
-                "no shards: pass --shards URL,URL,... or --follow exports/<model> "
-                "(or set CTRPS_SHARDS or CTRPS_FOLLOW)"
+                "no shards: pass --shards URL,URL,... or --follow exports/<model> (or set CTRPS_SHARDS or CTRPS_FOLLOW)"
             )
         return cls(
             shards=shards,
             follow=follow,
-            follow_interval_s=_pick(
-                args.follow_interval, env, "CTRPS_FOLLOW_INTERVAL", d.follow_interval_s, float
-            ),
+            follow_interval_s=_pick(args.follow_interval, env, "CTRPS_FOLLOW_INTERVAL", d.follow_interval_s, float),
             host=_pick(args.host, env, "CTRPS_API_HOST", d.host),
             port=_pick(args.port, env, "CTRPS_API_PORT", d.port, int),
             model=_pick(args.model, env, "CTRPS_MODEL", d.model),
@@ -708,9 +692,7 @@ class ApiSettings:
             max_body_bytes=_pick(args.max_body_bytes, env, "CTRPS_MAX_BODY_BYTES", d.max_body_bytes, int),
             admin_token=_secret_from(env, "CTRPS_ADMIN_TOKEN"),
             insecure=SecuritySettings.from_args(args, env).insecure,
-            shard_deadline_s=_pick(
-                args.shard_deadline, env, "CTRPS_SHARD_DEADLINE", d.shard_deadline_s, float
-            ),
+            shard_deadline_s=_pick(args.shard_deadline, env, "CTRPS_SHARD_DEADLINE", d.shard_deadline_s, float),
             use_rpc=False if args.no_rpc else _pick(None, env, "CTRPS_USE_RPC", d.use_rpc, _parse_bool),
             log_format=_pick(args.log_format, env, "CTRPS_LOG_FORMAT", d.log_format),
             # Environment only: `ctrps serve` has no flags for these.

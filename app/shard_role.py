@@ -19,9 +19,9 @@ from ps_core.exporter import Exporter
 from ps_core.joining import Membership, newest_loadable, refusal_fields
 from ps_core.rpc import start_rpc_server
 from ps_core.server import create_shard_app, start_shard_site
-from ps_core.tls import HandshakeFailures, watch_handshakes
 from ps_core.shard import Shard, ShardSpec
 from ps_core.stream import StreamIdentity
+from ps_core.tls import HandshakeFailures, watch_handshakes
 
 from .logs import log_event
 from .security import SecuritySettings
@@ -66,8 +66,10 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, i
         for exc in refusals:
             log.warning("version refused", extra={"fields": {"shard_id": settings.shard_id, **refusal_fields(exc)}})
         if chain is None:
-            log.warning("nothing to restore: no version loads", extra={"fields": {
-                "exports": str(model_dir), "shard_id": settings.shard_id}})
+            log.warning(
+                "nothing to restore: no version loads",
+                extra={"fields": {"exports": str(model_dir), "shard_id": settings.shard_id}},
+            )
         else:
             result = restore_shards(chain, settings.num_shards, shard_ids=[settings.shard_id])
             shard = result.shards[0]
@@ -77,8 +79,12 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, i
             shard.mark_state(result.version)
             shard.restores_at_start = True
             log_event(
-                log, "restore", version=result.version, chain=",".join(str(v.version) for v in chain),
-                rows=sum(len(t) for t in shard.tables.values()), shard_id=settings.shard_id,
+                log,
+                "restore",
+                version=result.version,
+                chain=",".join(str(v.version) for v in chain),
+                rows=sum(len(t) for t in shard.tables.values()),
+                shard_id=settings.shard_id,
                 cluster_id=result.manifest.stream.cluster_id if result.manifest.stream is not None else "-",
             )
             offsets = {t: dict(p) for t, p in result.offsets.items()}
@@ -108,13 +114,19 @@ async def _wait_for_admission(shard: Shard, every_s: float = 5.0) -> None:
             continue
         now = time.monotonic()
         heard = shard.last_contact
-        log.warning("not joined", extra={"fields": {
-            "shard_id": shard.spec.shard_id, "version": shard.state_version,
-            "waiting_s": round(now - started),
-            "coordinator_last_seen_s": round(now - heard) if heard else "never",
-            "hint": "serving no pulls or pushes until shard 0's coordinator admits this shard; "
+        log.warning(
+            "not joined",
+            extra={
+                "fields": {
+                    "shard_id": shard.spec.shard_id,
+                    "version": shard.state_version,
+                    "waiting_s": round(now - started),
+                    "coordinator_last_seen_s": round(now - heard) if heard else "never",
+                    "hint": "serving no pulls or pushes until shard 0's coordinator admits this shard; "
                     "if shard 0 is not running, start it with --shards listing every shard's URL",
-        }})
+                }
+            },
+        )
 
 
 def _hosts_coordinator(settings: ShardSettings, quiet: bool = False) -> bool:
@@ -150,8 +162,7 @@ async def run_shard(
     refusals = Refusals(logging.getLogger("ctrps.shard.auth"))
     shard, newest, offsets, stream = await asyncio.to_thread(_restore, settings)
     if _joins(settings):
-        shard.leave("it restored version "
-                    f"{shard.state_version} and waits for the coordinator (shard 0) to admit it")
+        shard.leave(f"it restored version {shard.state_version} and waits for the coordinator (shard 0) to admit it")
     max_body = settings.max_body_mb * 1024 * 1024
     # The RPC first: the HTTP app advertises its port.
     rpc = (
@@ -168,8 +179,9 @@ async def run_shard(
         if settings.rpc
         else None
     )
-    app = create_shard_app(shard, max_body=max_body, rpc_port=rpc.port if rpc is not None else None,
-                           verifier=verifier, refusals=refusals)
+    app = create_shard_app(
+        shard, max_body=max_body, rpc_port=rpc.port if rpc is not None else None, verifier=verifier, refusals=refusals
+    )
 
     def peer(i: int, url: str, deadline_s: float = 10.0) -> HttpTransport:
         return HttpTransport(i, url, session, RetryPolicy(deadline_s=deadline_s), token=admin_token, ssl=client_tls)
@@ -180,14 +192,16 @@ async def run_shard(
     if _hosts_coordinator(settings):
         # Versions continue after the newest on disk; its first cut is a base.
         coordinator = Coordinator(
-            lease_ttl_s=settings.lease_ttl_s, base_every=settings.base_every,
-            last_version=newest, offsets=offsets, version=shard.state_version, stream=stream,
+            lease_ttl_s=settings.lease_ttl_s,
+            base_every=settings.base_every,
+            last_version=newest,
+            offsets=offsets,
+            version=shard.state_version,
+            stream=stream,
         )
         session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         transports: list[ShardTransport] = [LocalTransport(shard, coordinator)]
-        transports += [
-            peer(i, url) for i, url in enumerate(settings.shards) if i > 0
-        ]
+        transports += [peer(i, url) for i, url in enumerate(settings.shards) if i > 0]
         client = PSClient(transports, session=session)
         exporter = Exporter(
             coordinator, client, settings.exports_dir, settings.model_name, keep_bases=settings.keep_bases
@@ -198,14 +212,16 @@ async def run_shard(
             # Every shard at one version, or no leases (ps_core/joining.py).
             # Membership polls give up quickly (a shard down is a round
             # missed); a load of every shard's chain may take minutes.
-            quick = PSClient([transports[0]] + [
-                peer(i, url, 2.0) for i, url in enumerate(settings.shards) if i > 0
-            ])
-            slow = PSClient([transports[0]] + [
-                peer(i, url, 900.0) for i, url in enumerate(settings.shards) if i > 0
-            ])
-            membership = Membership(coordinator, quick, exporter.model_dir, urls=settings.shards,
-                                    restore_client=slow, files_lock=exporter.lock)
+            quick = PSClient([transports[0]] + [peer(i, url, 2.0) for i, url in enumerate(settings.shards) if i > 0])
+            slow = PSClient([transports[0]] + [peer(i, url, 900.0) for i, url in enumerate(settings.shards) if i > 0])
+            membership = Membership(
+                coordinator,
+                quick,
+                exporter.model_dir,
+                urls=settings.shards,
+                restore_client=slow,
+                files_lock=exporter.lock,
+            )
             shard.extra_stats["cluster"] = membership.stats
     try:
         http = await start_shard_site(
@@ -236,23 +252,22 @@ async def run_shard(
         num_shards=settings.num_shards,
         tables=",".join(t.name for t in settings.tables) or "-",
     )
-    reporter = (
-        asyncio.create_task(_report(shard, settings.stats_interval_s))
-        if settings.stats_interval_s > 0
-        else None
-    )
+    reporter = asyncio.create_task(_report(shard, settings.stats_interval_s)) if settings.stats_interval_s > 0 else None
     exporting = (
         asyncio.create_task(exporter.run(settings.export_interval_s, stop))
         if exporter is not None and settings.export_interval_s > 0
         else None
     )
-    joining = (
-        asyncio.create_task(membership.run(stop)) if membership is not None else None
-    )
+    joining = asyncio.create_task(membership.run(stop)) if membership is not None else None
     waiting = asyncio.create_task(_wait_for_admission(shard))
     if exporter is not None:
-        log_event(log, "coordinator", exports=str(exporter.model_dir),
-                  interval_s=settings.export_interval_s, next_version=newest + 1)
+        log_event(
+            log,
+            "coordinator",
+            exports=str(exporter.model_dir),
+            interval_s=settings.export_interval_s,
+            next_version=newest + 1,
+        )
     try:
         with stop_on_signals(stop):
             await stop.wait()

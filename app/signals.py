@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from typing import Iterator
+from collections.abc import Iterator
 
 __all__ = ["stop_on_signals"]
 

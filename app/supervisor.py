@@ -195,9 +195,7 @@ class LinePrefixer:
             obj = None
         if isinstance(obj, dict):
             return orjson.dumps({"role": self.role, **obj})
-        return orjson.dumps(
-            {"role": self.role, "msg": "output", "line": line.decode("utf-8", "replace")}
-        )
+        return orjson.dumps({"role": self.role, "msg": "output", "line": line.decode("utf-8", "replace")})
 
 
 class Supervisor:
@@ -304,9 +302,7 @@ class Supervisor:
             self.failed = child
         self._failure.set()
 
-    async def _restart(
-        self, child: Child, rc: int, reason: str, loop: asyncio.AbstractEventLoop
-    ) -> bool:
+    async def _restart(self, child: Child, rc: int, reason: str, loop: asyncio.AbstractEventLoop) -> bool:
         """Wait the backoff and start `child` again; False when it is not
         restarted (it keeps failing, or it was stopped meanwhile)."""
         policy = self.restart
@@ -414,9 +410,7 @@ class Supervisor:
         place), is clean."""
         clean = (None, 0, -signal.SIGTERM)
         return [
-            c
-            for c in self.children
-            if c.failure is None and not c.stopped_while_down and c.returncode not in clean
+            c for c in self.children if c.failure is None and not c.stopped_while_down and c.returncode not in clean
         ]
 
     def exit_status(self) -> int:
@@ -449,7 +443,7 @@ class Supervisor:
                 child.process.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(child.exited.wait(), self.grace_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning(
                     "killing a child that ignored SIGTERM",
                     extra={"fields": {"role": child.role, "pid": child.pid, "grace_s": self.grace_s}},
@@ -466,7 +460,7 @@ class Supervisor:
             # rest of the output is copied, within a bound.
             try:
                 await asyncio.wait_for(child.pump, 5.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         if child.stopped_while_down:
             log_event(log, "stopped", role=child.role, pid=child.pid, returncode=child.returncode,

@@ -57,19 +57,27 @@ async def run_worker(
     )
     model = make_model(settings.model, settings.model_name)
     worker_id = default_worker_id()
-    log_event(log, "starting", worker=worker_id, topic=settings.topic, group=settings.group,
-              shards=len(settings.shards), model=settings.model, name=settings.model_name,
-              on_stale_offsets=settings.on_stale_offsets, **kafka.fields())
+    log_event(
+        log,
+        "starting",
+        worker=worker_id,
+        topic=settings.topic,
+        group=settings.group,
+        shards=len(settings.shards),
+        model=settings.model,
+        name=settings.model_name,
+        on_stale_offsets=settings.on_stale_offsets,
+        **kafka.fields(),
+    )
     with stop_on_signals(stop):
         async with PSClient.connect(
             settings.shards, rpc=settings.use_rpc, token=security.token_for(Scope.TRAIN), ssl=tls
         ) as client:
             worker = Worker(config, client, model)
             # Set after construction: the hook reads the worker's own stats.
-            worker.on_window = make_status_hook(
-                client, worker_id, worker.stats, update_mode=config.mode
-            )
+            worker.on_window = make_status_hook(client, worker_id, worker.stats, update_mode=config.mode)
             await worker.run(stop)
     s = worker.stats
-    log_event(log, "stopped", windows=s.windows, events=s.events_trained,
-              dead_letters=s.dead_letters, commits=s.commits)
+    log_event(
+        log, "stopped", windows=s.windows, events=s.events_trained, dead_letters=s.dead_letters, commits=s.commits
+    )

@@ -231,7 +231,10 @@ class Drill:
                          "--exports-dir", str(self.exports), "--model-name", MODEL, *extra)  # fmt: skip
             self.shards.append(await self.sup.start(ChildSpec(f"shard-{i}", argv, group="shards", restart=True)))
         await asyncio.gather(
-            *(self.sup.wait_ready(ch, partial(self._healthy, u), c.phase_timeout_s) for ch, u in zip(self.shards, self.urls))
+            *(
+                self.sup.wait_ready(ch, partial(self._healthy, u), c.phase_timeout_s)
+                for ch, u in zip(self.shards, self.urls)
+            )
         )
         self.worker = await self.sup.start(
             ChildSpec(
@@ -343,7 +346,7 @@ class Drill:
         )  # fmt: skip
         try:
             _, err = await asyncio.wait_for(proc.communicate(), self.cfg.phase_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
             return -1, "timed out"
@@ -425,9 +428,7 @@ async def fault_shard_sigkill(d: Drill) -> float:
     pid = shard.pid
     os.kill(pid, signal.SIGKILL)
     # Its supervisor starts it again on the same ports; it restores the newest export.
-    await until(
-        lambda: _healthy_new(d, shard, pid), d.cfg.phase_timeout_s, f"shard-{BIAS_SHARD} back", poll_s=0.1
-    )
+    await until(lambda: _healthy_new(d, shard, pid), d.cfg.phase_timeout_s, f"shard-{BIAS_SHARD} back", poll_s=0.1)
     return time.monotonic()
 
 
@@ -543,7 +544,7 @@ async def kafka_rejoin_s(bootstrap: str, session_timeout_ms: int, timeout_s: flo
         assert second.stdout is not None
         await asyncio.wait_for(second.stdout.readline(), timeout_s)
         return time.monotonic() - t_kill
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return None
     finally:
         for p in procs:
@@ -556,6 +557,7 @@ async def run_drill(name: str, cfg: Config, broker: Broker) -> Result:
     d = Drill(name, cfg, broker)
     t0 = time.monotonic()
     try:
+
         async def body() -> None:
             await d.start()
             await d.wait_training()
@@ -610,8 +612,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         workdir=workdir,
     )
     names = args.drill or list(DRILLS)
-    log(f"drills {','.join(names)} in {workdir}; rate {cfg.rate:g}/s, window {cfg.window_s:g} s, "
-        f"session timeout {cfg.session_timeout_ms} ms, outage {cfg.outage_s:g} s; faults hit shard-{BIAS_SHARD}")
+    log(
+        f"drills {','.join(names)} in {workdir}; rate {cfg.rate:g}/s, window {cfg.window_s:g} s, "
+        f"session timeout {cfg.session_timeout_ms} ms, outage {cfg.outage_s:g} s; faults hit shard-{BIAS_SHARD}"
+    )
     broker_out = (workdir / "broker.log").open("wb")
     broker = Broker(broker_out)
     floor: float | None = None
@@ -619,8 +623,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         await broker.start(60.0)
         floor = await kafka_rejoin_s(broker.bootstrap, cfg.session_timeout_ms, cfg.phase_timeout_s + 30)
-        log(f"the broker's floor: a bare consumer SIGKILLed and started again holds its partitions after "
-            f"{'-' if floor is None else f'{floor:.1f}'} s (session timeout {cfg.session_timeout_ms} ms)")
+        log(
+            f"the broker's floor: a bare consumer SIGKILLed and started again holds its partitions after "
+            f"{'-' if floor is None else f'{floor:.1f}'} s (session timeout {cfg.session_timeout_ms} ms)"
+        )
         parallel = quick if args.parallel is None else args.parallel
         # The broker drill disturbs every drill on the broker: it runs last, alone.
         first = [n for n in names if n != "broker_restart"]

@@ -45,8 +45,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -131,7 +132,9 @@ def copy_baseline(snap: TableSnapshot) -> float:
 # -- (a) the pause -------------------------------------------------------------------------
 
 
-def bench_pause(config: TableConfig, n: int, rng: np.random.Generator) -> tuple[dict[str, Any], SparseTable, U64, TableSnapshot]:
+def bench_pause(
+    config: TableConfig, n: int, rng: np.random.Generator
+) -> tuple[dict[str, Any], SparseTable, U64, TableSnapshot]:
     """Median snapshot time of a 1M-row delta and of its copy baseline."""
     keys = distinct_keys(rng, n)
     t, dt = timed(lambda: filled_table(config, keys, rng))
@@ -253,7 +256,7 @@ def bench_write(
     file_bytes = 0
     for i in range(WRITE_REPEATS):
         path, dt = timed(
-            lambda: write_version(
+            lambda i=i: write_version(
                 root, f"w{label}{i}", version, parent, snapshots, {"clicks": {0: 1}}, {}, len(snapshots)
             )
         )
@@ -261,7 +264,7 @@ def bench_write(
         file_bytes = dir_bytes(path)
         shutil.rmtree(root / f"w{label}{i}")
         for hashed, out in ((False, raw_times), (True, hashed_times)):
-            _, dt = timed(lambda: raw_write(root / f"raw-{label}", arrays, hashed))
+            _, dt = timed(lambda hashed=hashed: raw_write(root / f"raw-{label}", arrays, hashed))
             out.append(dt)
             os.unlink(root / f"raw-{label}")
     t, rt, ht = statistics.median(times), statistics.median(raw_times), statistics.median(hashed_times)

@@ -47,9 +47,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import aiohttp
 import numpy as np

@@ -57,8 +57,9 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -193,9 +194,7 @@ def fmt_rate(x: float) -> str:
 # -- (a) index throughput ------------------------------------------------------
 
 
-def bench_throughput(
-    rng: np.random.Generator, keys: U64, sz: Sizes
-) -> tuple[dict[str, Any], int]:
+def bench_throughput(rng: np.random.Generator, keys: U64, sz: Sizes) -> tuple[dict[str, Any], int]:
     """Build, lookup and get_or_insert rates of KeyIndex and of a dict.
 
     Returns the figures and ``sys.getsizeof`` of the dict right after it held
@@ -249,8 +248,11 @@ def bench_throughput(
         return index.size / index.num_slots
 
     def phase(
-        label: str, fn: Callable[[U64], object], dfn: Callable[[U64], object],
-        batches: Sequence[U64], dbatches: Sequence[U64],
+        label: str,
+        fn: Callable[[U64], object],
+        dfn: Callable[[U64], object],
+        batches: Sequence[U64],
+        dbatches: Sequence[U64],
     ) -> tuple[list[float], list[float], float, float]:
         """Warm up both, then alternate timed batches of KeyIndex and dict."""
         time_batches(fn, batches[:nw])
@@ -312,8 +314,6 @@ def bench_throughput(
         "lookup_again_ratio_vs_dict": lookups2 / dict_lookups2,
         "lookup_again_slot_load_ratio": lookup2_load,
     }
-    del d, index
-    gc.collect()
     return figures, dict_container_bytes_at_n
 
 
@@ -475,11 +475,7 @@ def bench_table_memory(rng: np.random.Generator, keys: U64) -> dict[str, Any]:
     allocated = table.memory_bytes()
     row_cap = idx.row_capacity
     rows_alloc = (
-        table.data.nbytes
-        + table.updated_at.nbytes
-        + table.last_seen.nbytes
-        + table.shows.nbytes
-        + table.clicks.nbytes
+        table.data.nbytes + table.updated_at.nbytes + table.last_seen.nbytes + table.shows.nbytes + table.clicks.nbytes
     )
     per_row = (rows_alloc + idx.row_keys.nbytes + idx.row_live.nbytes) / row_cap
     slots = idx.nbytes() - idx.row_keys.nbytes - idx.row_live.nbytes
@@ -518,13 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "feature of an LR/FTRL SparseTable, against Python-dict baselines measured "
         "in the same run. The last stdout line is a JSON object.",
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="2M keys and fewer batches (< 1 minute)"
-    )
+    parser.add_argument("--quick", action="store_true", help="2M keys and fewer batches (< 1 minute)")
     parser.add_argument("--keys", type=int, help="override the number of keys N")
-    parser.add_argument(
-        "--dict-sample", type=int, help="keys in the dict memory sample (default 1M, quick 200k)"
-    )
+    parser.add_argument("--dict-sample", type=int, help="keys in the dict memory sample (default 1M, quick 200k)")
     parser.add_argument("--seed", type=int, default=12345, help="RNG seed (default 12345)")
     parser.add_argument("--rss-probe", choices=("lists", "index"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -555,14 +547,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Dict memory first, before the big structures of (a) exist.
     lists_mem, index_mem = bench_dict_memory(keys, sample, args.seed)
     fig, dict_container_at_n = bench_throughput(rng, keys, sz)
+    gc.collect()  # the index and dict of that phase, with their closures, before the memory phases
     mem = bench_table_memory(rng, keys)
 
     n = keys.size
     container_per_feature = dict_container_at_n / n
     dict_bpf = lists_mem.object_bytes_per_feature + container_per_feature
-    dict_index_bpf = (
-        index_mem.object_bytes_per_feature + container_per_feature + mem["table_rows_bytes_per_feature"]
-    )
+    dict_index_bpf = index_mem.object_bytes_per_feature + container_per_feature + mem["table_rows_bytes_per_feature"]
     bpf = mem["bytes_per_feature"]
     log(
         f"dict baselines at N={n:,} (per-entry objects from the {sample:,}-key sample, "

@@ -60,9 +60,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -219,7 +220,9 @@ async def serve(kind: str, port: int, shard_url: str, lifetime_s: float, tls_dir
         elif kind == "shard-secure":
             assert tls_dir is not None
             security = SecuritySettings(cluster_secret=os.environ["CTRPS_CLUSTER_SECRET"], tls=tls_files(tls_dir))
-            await run_shard(ShardSettings(port=port, stats_interval_s=0, tables=model.tables()), stop, security=security)
+            await run_shard(
+                ShardSettings(port=port, stats_interval_s=0, tables=model.tables()), stop, security=security
+            )
         elif kind == "api-secure":
             # As `ctrps serve` is deployed: HTTPS, a read token, the shard verified against the CA.
             assert tls_dir is not None
@@ -321,9 +324,22 @@ async def _python_load(url: str, bodies_path: Path, connections: int, seconds: f
 
 def run_python_load(url: str, bodies_path: Path, connections: int, seconds: float) -> Load:
     out = subprocess.run(
-        [sys.executable, __file__, "--loadgen-child", url, "--bodies", str(bodies_path),
-         "--connections", str(connections), "--seconds", str(seconds)],
-        capture_output=True, text=True, timeout=seconds + 60, check=True,
+        [
+            sys.executable,
+            __file__,
+            "--loadgen-child",
+            url,
+            "--bodies",
+            str(bodies_path),
+            "--connections",
+            str(connections),
+            "--seconds",
+            str(seconds),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        check=True,
     ).stdout
     return Load(**json.loads(out.strip().splitlines()[-1]))
 
@@ -334,9 +350,7 @@ def _connector(url: str, limit: int) -> aiohttp.TCPConnector:
     return aiohttp.TCPConnector(limit=limit, ssl=tls if tls is not None else True)
 
 
-async def batch_latencies(
-    url: str, payloads: Sequence[bytes], warmup: int, expect: int
-) -> tuple[float, float, int]:
+async def batch_latencies(url: str, payloads: Sequence[bytes], warmup: int, expect: int) -> tuple[float, float, int]:
     """p50/p99 ms of one request at a time on one keep-alive connection;
     an answer without `expect` predictions is an error."""
     times: list[float] = []
@@ -391,9 +405,23 @@ def start(kind: str, log_dir: Path, lifetime_s: float, shard_url: str = "", secr
     secure = kind.endswith("-secure")
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", kind, "--port", str(port), "--shard-url", shard_url,
-             "--lifetime", str(lifetime_s), *(["--tls-dir", str(log_dir)] if secure else [])],
-            cwd=REPO, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                __file__,
+                "--serve",
+                kind,
+                "--port",
+                str(port),
+                "--shard-url",
+                shard_url,
+                "--lifetime",
+                str(lifetime_s),
+                *(["--tls-dir", str(log_dir)] if secure else []),
+            ],
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
             env={**os.environ, **({"CTRPS_CLUSTER_SECRET": secret} if secure else {})},
         )
     return Server(kind, f"{'https' if secure else 'http'}://127.0.0.1:{port}", proc, log_path)
@@ -465,36 +493,48 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             async with PSClient.connect([secure_shard.url], token=derive_token(secret, Scope.TRAIN), ssl=tls) as client:
                 await train(client, model, make_events(np.random.default_rng(1), TRAIN_EVENTS))
             log(f"shards (plaintext, and TLS with credentials) trained with the same {TRAIN_EVENTS} events")
-            urls = {"bare": servers[2].url, "api_local": servers[3].url, "api_http": servers[4].url,
-                    "api_secure": servers[5].url}
+            urls = {
+                "bare": servers[2].url,
+                "api_local": servers[3].url,
+                "api_http": servers[4].url,
+                "api_secure": servers[5].url,
+            }
             run = run_wrk if loadgen == "wrk" else run_python_load
             loads: dict[str, Load] = {}
             for name in SYSTEMS:
                 run(urls[name], bodies_path, args.connections, 1.0)  # warm-up
                 loads[name] = run(urls[name], bodies_path, args.connections, seconds)
                 r = loads[name]
-                log(f"{name:9} single-event: {r.requests_per_s:8.0f} req/s  p50 {r.p50_ms:6.2f} ms  "
-                    f"p99 {r.p99_ms:6.2f} ms  errors {r.errors}")
+                log(
+                    f"{name:9} single-event: {r.requests_per_s:8.0f} req/s  p50 {r.p50_ms:6.2f} ms  "
+                    f"p99 {r.p99_ms:6.2f} ms  errors {r.errors}"
+                )
             # Security's cost, plaintext and secure alternating, so that drifts
             # of this shared machine's load hit both alike: medians of 3 rounds.
             # Besides requests/s, the CPU the API and its shard spend per request
             # (steadier than throughput on a shared machine).
             pair: dict[str, list[float]] = {"api_http": [], "api_secure": []}
             pair_cpu: dict[str, list[float]] = {"api_http": [], "api_secure": []}
-            pids = {"api_http": (servers[4].proc.pid, shard.proc.pid),
-                    "api_secure": (servers[5].proc.pid, secure_shard.proc.pid)}
+            pids = {
+                "api_http": (servers[4].proc.pid, shard.proc.pid),
+                "api_secure": (servers[5].proc.pid, secure_shard.proc.pid),
+            }
             for i in range(rounds):
-                for name in (("api_http", "api_secure") if i % 2 == 0 else ("api_secure", "api_http")):
+                for name in ("api_http", "api_secure") if i % 2 == 0 else ("api_secure", "api_http"):
                     cpu0 = proc_cpu_s(pids[name])
                     load = run(urls[name], bodies_path, args.connections, seconds / 2)
                     cpu1 = proc_cpu_s(pids[name])
                     pair[name].append(load.requests_per_s)
                     if cpu0 is not None and cpu1 is not None and load.requests_per_s > 0:
                         pair_cpu[name].append((cpu1 - cpu0) / (load.requests_per_s * seconds / 2) * 1e6)
-            log("alternating rounds, req/s: " + "; ".join(
-                f"{k} " + ", ".join(f"{v:.0f}" for v in vs) for k, vs in pair.items()))
-            log("alternating rounds, API + shard CPU us per request: " + "; ".join(
-                f"{k} " + ", ".join(f"{v:.0f}" for v in vs) for k, vs in pair_cpu.items()))
+            log(
+                "alternating rounds, req/s: "
+                + "; ".join(f"{k} " + ", ".join(f"{v:.0f}" for v in vs) for k, vs in pair.items())
+            )
+            log(
+                "alternating rounds, API + shard CPU us per request: "
+                + "; ".join(f"{k} " + ", ".join(f"{v:.0f}" for v in vs) for k, vs in pair_cpu.items())
+            )
             batches = {}
             for name in SYSTEMS:
                 # The bare endpoint answers one constant prediction.
@@ -528,7 +568,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             out[f"alternating_{name}_server_cpu_us_per_request"] = round(float(np.median(vs)), 1)
         out["cpu_ratio_secure_vs_plaintext"] = round(
             out["alternating_api_secure_server_cpu_us_per_request"]
-            / out["alternating_api_http_server_cpu_us_per_request"], 3
+            / out["alternating_api_http_server_cpu_us_per_request"],
+            3,
         )
     out["alternating_rounds"] = rounds
     out["batch_ratio_secure_vs_plaintext_p50"] = round(batches["api_secure"][0] / batches["api_http"][0], 3)
@@ -551,7 +592,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=0.0, help="seconds per load run (default 4 quick, 15 full)")
     # Internal: this script as a server or a load generator subprocess.
     p.add_argument(
-        "--serve", choices=("bare", "shard", "api-local", "api-http", "shard-secure", "api-secure"), help=argparse.SUPPRESS
+        "--serve",
+        choices=("bare", "shard", "api-local", "api-http", "shard-secure", "api-secure"),
+        help=argparse.SUPPRESS,
     )
     p.add_argument("--tls-dir", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -571,21 +614,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(f"single-event predict at {out['connections']} connections ({out['loadgen']}):")
     for name in SYSTEMS:
-        print(f"  {name:9} {out[f'{name}_requests_per_s']:9.0f} req/s  p50 {out[f'{name}_p50_ms']:.2f} ms  "
-              f"p99 {out[f'{name}_p99_ms']:.2f} ms")
+        print(
+            f"  {name:9} {out[f'{name}_requests_per_s']:9.0f} req/s  p50 {out[f'{name}_p50_ms']:.2f} ms  "
+            f"p99 {out[f'{name}_p99_ms']:.2f} ms"
+        )
     for name in ("api_local", "api_http", "api_secure"):
         print(f"  {name} / bare: {out[f'{name}_over_bare_ratio']:.2f} (aim >= {AIM_RATIO})")
     if "cpu_ratio_secure_vs_plaintext" in out:
-        print(f"  API + shard CPU per request: api_http {out['alternating_api_http_server_cpu_us_per_request']:.0f} us, "
-              f"api_secure {out['alternating_api_secure_server_cpu_us_per_request']:.0f} us "
-              f"({out['cpu_ratio_secure_vs_plaintext']:.2f}x)")
-    print(f"  api_secure (HTTPS, TLS and a token to its shard) / api_http, medians of {out['alternating_rounds']} "
-          f"alternating rounds: {out['ratio_secure_vs_plaintext']:.2f} "
-          f"(aim >= {AIM_SECURE_RATIO}); {BATCH_EVENTS}-event p50 ratio {out['batch_ratio_secure_vs_plaintext_p50']:.2f}")
+        print(
+            f"  API + shard CPU per request: api_http {out['alternating_api_http_server_cpu_us_per_request']:.0f} us, "
+            f"api_secure {out['alternating_api_secure_server_cpu_us_per_request']:.0f} us "
+            f"({out['cpu_ratio_secure_vs_plaintext']:.2f}x)"
+        )
+    print(
+        f"  api_secure (HTTPS, TLS and a token to its shard) / api_http, medians of {out['alternating_rounds']} "
+        f"alternating rounds: {out['ratio_secure_vs_plaintext']:.2f} "
+        f"(aim >= {AIM_SECURE_RATIO}); {BATCH_EVENTS}-event p50 ratio {out['batch_ratio_secure_vs_plaintext_p50']:.2f}"
+    )
     print(f"{BATCH_EVENTS}-event predict, one at a time:")
     for name in SYSTEMS:
-        print(f"  {name:9} p50 {out[f'batch_{name}_p50_ms']:.2f} ms  p99 {out[f'batch_{name}_p99_ms']:.2f} ms"
-              + (f" (aim p50 <= {AIM_BATCH_P50_MS:.0f} ms)" if name != "bare" else ""))
+        print(
+            f"  {name:9} p50 {out[f'batch_{name}_p50_ms']:.2f} ms  p99 {out[f'batch_{name}_p99_ms']:.2f} ms"
+            + (f" (aim p50 <= {AIM_BATCH_P50_MS:.0f} ms)" if name != "bare" else "")
+        )
     print(json.dumps(out))
     return 0 if out["errors"] == 0 else 1
 

@@ -71,9 +71,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
@@ -425,8 +426,13 @@ def free_port() -> int:
 
 
 def start_shards(
-    num_shards: int, log_dir: Path, *, extra: Sequence[str] = (), env: dict[str, str] | None = None,
-    scheme: str = "http", name: str = "shard",
+    num_shards: int,
+    log_dir: Path,
+    *,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    scheme: str = "http",
+    name: str = "shard",
 ) -> list[ShardProc]:
     """Start the shard servers (`extra` flags, `env` added to the environment);
     the caller must `stop_shards` them (also on error)."""
@@ -455,7 +461,11 @@ def start_shards(
         log_path = log_dir / f"{name}{i}.log"
         with open(log_path, "wb") as logf:
             proc = subprocess.Popen(
-                cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                cmd,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},
             )
         out.append(ShardProc(i, f"{scheme}://127.0.0.1:{port}", proc, log_path))
@@ -469,9 +479,7 @@ def tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-async def wait_ready(
-    shards: Sequence[ShardProc], timeout_s: float, ssl_context: ssl.SSLContext | None = None
-) -> None:
+async def wait_ready(shards: Sequence[ShardProc], timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> None:
     """Poll GET /healthz of every shard until it answers, or raise at the deadline."""
     deadline = time.monotonic() + timeout_s
     connector = aiohttp.TCPConnector(ssl=ssl_context) if ssl_context is not None else None
@@ -479,24 +487,19 @@ async def wait_ready(
         for s in shards:
             while True:
                 if s.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"shard {s.shard_id} exited with {s.proc.returncode}:\n{tail(s.log_path)}"
-                    )
+                    raise RuntimeError(f"shard {s.shard_id} exited with {s.proc.returncode}:\n{tail(s.log_path)}")
                 try:
-                    async with session.get(
-                        s.url + "/healthz", timeout=aiohttp.ClientTimeout(total=1.0)
-                    ) as resp:
+                    async with session.get(s.url + "/healthz", timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
                         if resp.status == 200:
                             body = await resp.json()
                             if body.get("shard_id") != s.shard_id:
                                 raise RuntimeError(f"{s.url} is not shard {s.shard_id}: {body}")
                             break
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     pass
                 if time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"shard {s.shard_id} at {s.url} not ready after {timeout_s:.0f}s:\n"
-                        f"{tail(s.log_path)}"
+                        f"shard {s.shard_id} at {s.url} not ready after {timeout_s:.0f}s:\n{tail(s.log_path)}"
                     )
                 await asyncio.sleep(0.05)
 
@@ -587,12 +590,8 @@ async def run_minibatches(
     a, b = "minibatch_push_pull_", "minibatch_two_requests_"
     out["minibatch_ratio_push_pull_vs_two_requests_p50"] = out[a + "p50_ms"] / out[b + "p50_ms"]
     if out[a + "shard_cpu_us"] is not None and out[b + "shard_cpu_us"]:
-        out["minibatch_ratio_push_pull_vs_two_requests_shard_cpu"] = (
-            out[a + "shard_cpu_us"] / out[b + "shard_cpu_us"]
-        )
-    out["minibatch_ratio_push_pull_vs_two_requests_client_cpu"] = (
-        out[a + "client_cpu_us"] / out[b + "client_cpu_us"]
-    )
+        out["minibatch_ratio_push_pull_vs_two_requests_shard_cpu"] = out[a + "shard_cpu_us"] / out[b + "shard_cpu_us"]
+    out["minibatch_ratio_push_pull_vs_two_requests_client_cpu"] = out[a + "client_cpu_us"] / out[b + "client_cpu_us"]
     r = "minibatch_push_pull_rpc_"
     out["minibatch_ratio_rpc_vs_http_p50"] = out[r + "p50_ms"] / out[a + "p50_ms"]
     if out[r + "shard_cpu_us"] is not None and out[a + "shard_cpu_us"]:
@@ -619,8 +618,12 @@ async def run_secure(cfg: Config, work: Workload, plain: PSClient, tmp: Path) ->
     procs: list[ShardProc] = []
     try:
         procs = start_shards(
-            cfg.num_shards, tmp, extra=["--tls-cert", str(cert_path), "--tls-key", str(key_path)],
-            env={"CTRPS_CLUSTER_SECRET": secret}, scheme="https", name="secure",
+            cfg.num_shards,
+            tmp,
+            extra=["--tls-cert", str(cert_path), "--tls-key", str(key_path)],
+            env={"CTRPS_CLUSTER_SECRET": secret},
+            scheme="https",
+            name="secure",
         )
         await wait_ready(procs, cfg.ready_timeout_s, tls)
         log(f"{cfg.num_shards} shard servers with TLS and credentials ready at " + ", ".join(p.url for p in procs))
@@ -672,9 +675,12 @@ async def run(cfg: Config) -> dict[str, Any]:
             )
             # "HTTP" is every call over HTTP; the shard servers' TCP RPC (the
             # default of PSClient.connect) is measured in the mini-batch phase.
-            async with PSClient.connect([p.url for p in procs], rpc=False) as hc, PSClient.connect(
-                [p.url for p in procs]
-            ) as rc, PSClient.local(local_shards) as lc, PSClient.local(frame_shards) as fc:
+            async with (
+                PSClient.connect([p.url for p in procs], rpc=False) as hc,
+                PSClient.connect([p.url for p in procs]) as rc,
+                PSClient.local(local_shards) as lc,
+                PSClient.local(frame_shards) as fc,
+            ):
                 warm: list[float] = []
                 for c in (hc, lc, fc):
                     t = time.perf_counter()
@@ -753,28 +759,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="50 rounds (< 1 minute)")
     parser.add_argument("--rounds", type=int, help="timed rounds per distribution (200; quick 50)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
-    parser.add_argument(
-        "--keys", type=int, default=100_000, help="keys per request (default 100000)"
-    )
-    parser.add_argument(
-        "--pool", type=int, default=1_000_000, help="feature ids in the pool (default 1000000)"
-    )
-    parser.add_argument(
-        "--zipf-s", type=float, default=1.0, help="Zipf exponent of the zipf workload (default 1.0)"
-    )
+    parser.add_argument("--keys", type=int, default=100_000, help="keys per request (default 100000)")
+    parser.add_argument("--pool", type=int, default=1_000_000, help="feature ids in the pool (default 1000000)")
+    parser.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent of the zipf workload (default 1.0)")
     parser.add_argument("--shards", type=int, default=2, help="shard servers (default 2)")
     parser.add_argument(
-        "--minibatch-keys", type=int, default=5_000,
+        "--minibatch-keys",
+        type=int,
+        default=5_000,
         help="keys drawn per mini-batch in the push_pull phase (default 5000; ~2,500 distinct per shard)",
     )
     parser.add_argument(
-        "--minibatch-rounds", type=int,
+        "--minibatch-rounds",
+        type=int,
         help="timed mini-batches per variant in the push_pull phase (1000; quick 300)",
     )
     parser.add_argument("--seed", type=int, default=2024, help="RNG seed (default 2024)")
-    parser.add_argument(
-        "--ready-timeout", type=float, default=60.0, help="seconds to wait for the shards (60)"
-    )
+    parser.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the shards (60)")
     args = parser.parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (50 if args.quick else 200)
     if rounds < 1 or args.warmup < 0 or args.keys < 1 or args.pool < 1 or args.shards < 1:

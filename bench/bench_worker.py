@@ -134,7 +134,12 @@ def cpu_by_role(worker: Worker, others: dict[str, list[int]]) -> dict[str, float
 
 
 async def worker_rate(
-    bootstrap: str, topic: str, n: int, client: PSClient, window_events: int, decode_processes: int = 1,
+    bootstrap: str,
+    topic: str,
+    n: int,
+    client: PSClient,
+    window_events: int,
+    decode_processes: int = 1,
     mini_batch: int = WorkerConfig.mini_batch,
     others: dict[str, list[int]] | None = None,
 ) -> tuple[float, Worker, dict[str, float]]:
@@ -143,8 +148,14 @@ async def worker_rate(
     process, its decode processes, and `others`: broker, shard servers)."""
     group = f"bench-{uuid.uuid4().hex[:8]}"
     config = WorkerConfig(
-        bootstrap, topic=topic, group=group, dlq_topic=topic + ".dlq", window_seconds=3600,
-        window_events=window_events, decode_processes=decode_processes, mini_batch=mini_batch,
+        bootstrap,
+        topic=topic,
+        group=group,
+        dlq_topic=topic + ".dlq",
+        window_seconds=3600,
+        window_events=window_events,
+        decode_processes=decode_processes,
+        mini_batch=mini_batch,
     )
     worker = Worker(config, client, LogisticRegression("ctr"))
     stop = asyncio.Event()
@@ -183,8 +194,21 @@ def start_shards(num: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
         port = free_port()
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "shard", "--port", str(port), "--shard-id", str(i),
-                 "--num-shards", str(num), "--stats-interval", "0", "--no-exports"],
+                [
+                    sys.executable,
+                    "-m",
+                    "app.cli",
+                    "shard",
+                    "--port",
+                    str(port),
+                    "--shard-id",
+                    str(i),
+                    "--num-shards",
+                    str(num),
+                    "--stats-interval",
+                    "0",
+                    "--no-exports",
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -253,8 +277,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
             log(f"{tag}(b) worker, in-process shards")
             b, worker_b, cpu_b = await worker_rate(
-                bootstrap, topic, n, PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)]),
-                window, args.decode_processes, args.mini_batch, brokers,
+                bootstrap,
+                topic,
+                n,
+                PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)]),
+                window,
+                args.decode_processes,
+                args.mini_batch,
+                brokers,
             )
             wb = wb or worker_b
             rates["b"].append(b)
@@ -262,14 +292,22 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             log(f"(b) {b:,.0f} events/s  b/a = {b / a:.2f}")
 
             for label, rpc in (("c", False), ("d", True)):
-                log(f"{tag}({label}) worker, 2 shard servers, "
-                    + ("pulls and pushes over TCP RPC" if rpc else "HTTP only"))
+                log(
+                    f"{tag}({label}) worker, 2 shard servers, "
+                    + ("pulls and pushes over TCP RPC" if rpc else "HTTP only")
+                )
                 started, urls = start_shards(2)
                 procs += started
                 await wait_healthy(urls)
                 async with PSClient.connect(urls, rpc=rpc) as client:
                     rate, _, cpu = await worker_rate(
-                        bootstrap, topic, n, client, window, args.decode_processes, args.mini_batch,
+                        bootstrap,
+                        topic,
+                        n,
+                        client,
+                        window,
+                        args.decode_processes,
+                        args.mini_batch,
                         {**brokers, "shards": [p.pid for p in started]},
                     )
                 stop_shards(started)
@@ -279,17 +317,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         assert wb is not None
         med = {k: float(np.median(v)) for k, v in rates.items()}
         ratio = {k: float(np.median(np.array(rates[k]) / np.array(rates["a"]))) for k in "bcd"}
-        cpu_mean = {
-            k: {role: float(np.mean([c[role] for c in v])) for role in v[0]} for k, v in cpus.items()
-        }
+        cpu_mean = {k: {role: float(np.mean([c[role] for c in v])) for role in v[0]} for k, v in cpus.items()}
         if args.rounds > 1:
-            log(f"medians of {args.rounds} rounds: a {med['a']:,.0f}, b {med['b']:,.0f} (b/a {ratio['b']:.2f}), "
-                f"c {med['c']:,.0f} (c/a {ratio['c']:.2f}), d {med['d']:,.0f} (d/a {ratio['d']:.2f}) events/s")
+            log(
+                f"medians of {args.rounds} rounds: a {med['a']:,.0f}, b {med['b']:,.0f} (b/a {ratio['b']:.2f}), "
+                f"c {med['c']:,.0f} (c/a {ratio['c']:.2f}), d {med['d']:,.0f} (d/a {ratio['d']:.2f}) events/s"
+            )
 
         hist = wb.stats.history
         for r in hist:
-            log(f"  window {r.window}: {r.events} events, decode {r.decode_s*1e3:.0f} ms, decode wait {r.decode_wait_s*1e3:.0f} ms, "
-                f"train {r.train_s*1e3:.0f} ms, total {r.seconds*1e3:.0f} ms")
+            log(
+                f"  window {r.window}: {r.events} events, decode {r.decode_s * 1e3:.0f} ms, decode wait {r.decode_wait_s * 1e3:.0f} ms, "
+                f"train {r.train_s * 1e3:.0f} ms, total {r.seconds * 1e3:.0f} ms"
+            )
         ev = np.array([r.metrics.events for r in hist], dtype=np.float64)
         ll = np.array([r.metrics.logloss for r in hist], dtype=np.float64)
         progressive = float((ev * ll).sum() / ev.sum())
@@ -298,8 +338,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         progressive_late = float((ev2 * np.array([r.metrics.logloss for r in late])).sum() / ev2.sum())
         bayes = float(bayes_logloss(p_true, labels))
         bayes_late = float(bayes_logloss(p_true[n // 2 :], labels[n // 2 :]))
-        log(f"progressive logloss {progressive:.4f} vs Bayes {bayes:.4f} (ratio {progressive / bayes:.3f}); "
-            f"second half {progressive_late:.4f} vs {bayes_late:.4f}")
+        log(
+            f"progressive logloss {progressive:.4f} vs Bayes {bayes:.4f} (ratio {progressive / bayes:.3f}); "
+            f"second half {progressive_late:.4f} vs {bayes_late:.4f}"
+        )
         return {
             "mode": "quick" if args.quick else "full",
             "events": n,
@@ -313,8 +355,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "ratio_inprocess_vs_raw": ratio["b"],
             "ratio_http_vs_raw": ratio["c"],
             "ratio_rpc_vs_raw": ratio["d"],
-            **{f"rounds_{name}_events_per_s": rates[k] for k, name in
-               (("a", "raw"), ("b", "inprocess"), ("c", "http"), ("d", "rpc"))},
+            **{
+                f"rounds_{name}_events_per_s": rates[k]
+                for k, name in (("a", "raw"), ("b", "inprocess"), ("c", "http"), ("d", "rpc"))
+            },
             "mini_batch": args.mini_batch,
             **{f"inprocess_cpu_{role}_us_per_event": us for role, us in cpu_mean["b"].items()},
             **{f"http_cpu_{role}_us_per_event": us for role, us in cpu_mean["c"].items()},
@@ -337,15 +381,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="100k events, one round (under a minute)")
-    parser.add_argument(
-        "--rounds", type=int, help="rounds of (a)-(d); figures are medians (default 3, --quick 1)"
-    )
+    parser.add_argument("--rounds", type=int, help="rounds of (a)-(d); figures are medians (default 3, --quick 1)")
     parser.add_argument("--events", type=int, help="override the number of events")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--decode-processes", type=int, default=1, help="the worker's decode processes")
-    parser.add_argument(
-        "--mini-batch", type=int, default=WorkerConfig.mini_batch, help="events per pull/push step"
-    )
+    parser.add_argument("--mini-batch", type=int, default=WorkerConfig.mini_batch, help="events per pull/push step")
     parsed = parser.parse_args()
     if parsed.rounds is None:
         parsed.rounds = 1 if parsed.quick else 3

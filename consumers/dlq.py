@@ -67,9 +67,6 @@ class DeadLetterQueue:
     async def send_all(self, letters: list[DeadLetter]) -> None:
         if not letters:
             return
-        futures = [
-            await self._producer.send(self.topic, value=d.value or b"", headers=d.headers())
-            for d in letters
-        ]
+        futures = [await self._producer.send(self.topic, value=d.value or b"", headers=d.headers()) for d in letters]
         await asyncio.gather(*futures)
         self.counts.update(d.reason for d in letters)

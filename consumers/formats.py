@@ -111,8 +111,7 @@ def parse_criteo_line(line: str, lineno: int, *, id_prefix: str = "criteo-") -> 
     if len(cols) != _CRITEO_COLUMNS:
         raise FormatError(
             "column_count",
-            f"expected {_CRITEO_COLUMNS} tab-separated columns (label, I1..I13, C1..C26), "
-            f"got {len(cols)}",
+            f"expected {_CRITEO_COLUMNS} tab-separated columns (label, I1..I13, C1..C26), got {len(cols)}",
             lineno,
         )
     label = _label(cols[0], lineno)
@@ -122,9 +121,7 @@ def parse_criteo_line(line: str, lineno: int, *, id_prefix: str = "criteo-") -> 
             try:
                 features[name] = criteo_int_bucket(int(raw))
             except ValueError:
-                raise FormatError(
-                    "bad_integer", f"{name} value {_short(raw)} is not an integer", lineno
-                ) from None
+                raise FormatError("bad_integer", f"{name} value {_short(raw)} is not an integer", lineno) from None
     for name, raw in zip(CRITEO_CATEGORICAL, cols[14:]):
         if raw:
             features[name] = raw
@@ -169,9 +166,7 @@ def parse_avazu_row(
     try:
         ts = _avazu_hour(hour)
     except ValueError:
-        raise FormatError(
-            "bad_hour", f"hour {_short(hour)} is not a valid YYMMDDHH (UTC) time", lineno
-        ) from None
+        raise FormatError("bad_hour", f"hour {_short(hour)} is not a valid YYMMDDHH (UTC) time", lineno) from None
     features: dict[str, Any] = {"hour": hour[6:8]}
     for name in header:
         value = row[name]
@@ -181,9 +176,7 @@ def parse_avazu_row(
     return {"id": event_id, "ts": ts, "label": label, "features": features}
 
 
-def parse_jsonl_line(
-    line: str | bytes, lineno: int, *, id_prefix: str = "jsonl-"
-) -> dict[str, Any]:
+def parse_jsonl_line(line: str | bytes, lineno: int, *, id_prefix: str = "jsonl-") -> dict[str, Any]:
     """One JSON-lines event, checked lightly and passed through (an ``id`` is added
     when missing). The label must be 0 or 1; ``features`` an object (or ``keys`` a
     list of ids); ``ts``, when present, a number."""
@@ -280,9 +273,7 @@ def iter_file(path: str | Path, fmt: str) -> Iterator[dict[str, Any] | FormatErr
         yield from _iter_avazu(_lines(fh), prefix)
 
 
-def _iter_avazu(
-    lines: Iterator[tuple[int, str | FormatError]], prefix: str
-) -> Iterator[dict[str, Any] | FormatError]:
+def _iter_avazu(lines: Iterator[tuple[int, str | FormatError]], prefix: str) -> Iterator[dict[str, Any] | FormatError]:
     header: list[str] | None = None
     for lineno, line in lines:
         if isinstance(line, FormatError):
@@ -297,9 +288,7 @@ def _iter_avazu(
             header = [h.strip().lstrip("\ufeff") for h in values]
             missing = [h for h in ("click", "hour") if h not in header]
             if missing:
-                raise FormatError(
-                    "bad_header", f"the header has no {' or '.join(missing)} column", lineno
-                )
+                raise FormatError("bad_header", f"the header has no {' or '.join(missing)} column", lineno)
             continue
         if len(values) != len(header):
             yield FormatError(

@@ -117,7 +117,10 @@ class KafkaSecurity:
                     what
                     for what, given in (
                         ("a username (--kafka-sasl-username or CTRPS_KAFKA_SASL_USERNAME)", self.sasl_username),
-                        ("a password (CTRPS_KAFKA_SASL_PASSWORD or CTRPS_KAFKA_SASL_PASSWORD_FILE)", self.sasl_password),
+                        (
+                            "a password (CTRPS_KAFKA_SASL_PASSWORD or CTRPS_KAFKA_SASL_PASSWORD_FILE)",
+                            self.sasl_password,
+                        ),
                     )
                     if not given
                 )
@@ -145,7 +148,7 @@ class KafkaSecurity:
                 raise KafkaSecurityError(f"{flag} {path!r}: no such file")
             if not os.access(path, os.R_OK):
                 raise KafkaSecurityError(f"{flag} {path!r} cannot be read")
-        self.ssl_context  # built now: a PEM that does not load is a settings error at start
+        _ = self.ssl_context  # built now: a PEM that does not load is a settings error at start
 
     @property
     def uses_tls(self) -> bool:
@@ -239,8 +242,10 @@ async def check_access(bootstrap: str, security: KafkaSecurity, timeout_s: float
             hint = "is --kafka-ssl-ca the CA that signed the broker's certificate?"
             if isinstance(exc, ssl.SSLCertVerificationError) and "mismatch" in (exc.verify_message or ""):
                 hint = "the broker's certificate does not name this host; --kafka-ssl-no-check-hostname skips the check"
-            raise KafkaAccessError(f"TLS handshake with the Kafka broker at {where} failed: {_reason(exc)} ({hint})") from None
-        except (ConnectionRefusedError, asyncio.TimeoutError, OSError):
+            raise KafkaAccessError(
+                f"TLS handshake with the Kafka broker at {where} failed: {_reason(exc)} ({hint})"
+            ) from None
+        except (TimeoutError, ConnectionRefusedError, OSError):
             continue  # not there (yet): an outage, not a refusal
         except KafkaError as exc:
             name = type(exc).__name__

@@ -64,12 +64,16 @@ class UndecodableBatchError(Exception):
 
     def __init__(self, topic: str, partition: int, offset: int, exact: bool, reason: str) -> None:
         if partition < 0:  # the client's error named no partition, and none was found
-            message = (f"a record batch of topic {topic} (partition not known) cannot be decoded ({reason}); "
-                       "nothing past the offsets already committed is committed")
+            message = (
+                f"a record batch of topic {topic} (partition not known) cannot be decoded ({reason}); "
+                "nothing past the offsets already committed is committed"
+            )
         else:
             where = f"at offset {offset}" if exact else f"at or after offset {offset}"
-            message = (f"record batch of {topic}/{partition} {where} cannot be decoded ({reason}); "
-                       f"nothing past offset {offset} is committed")
+            message = (
+                f"record batch of {topic}/{partition} {where} cannot be decoded ({reason}); "
+                f"nothing past offset {offset} is committed"
+            )
         super().__init__(message)
         self.topic = topic
         self.partition = partition
@@ -159,7 +163,7 @@ async def locate_bad_batch(
                 pos: int = await consumer.position(tp)
                 return pos
         return None
-    except (KafkaError, OSError, asyncio.TimeoutError):
+    except (TimeoutError, KafkaError, OSError):
         return None
     finally:
         with contextlib.suppress(Exception):
@@ -219,7 +223,7 @@ class OutageWatch:
                 left = max(0.0, self.deadline_s - (time.monotonic() - since))
                 try:
                     await asyncio.wait_for(probing(), left)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise OutageDeadlineError(what, time.monotonic() - since, self.deadline_s) from None
             else:
                 await probing()

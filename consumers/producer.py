@@ -32,7 +32,7 @@ import itertools
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
@@ -47,8 +47,8 @@ COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 """The record-batch codecs `produce` can use (snappy, lz4 and zstd through
 aiokafka's extras, i.e. cramjam)."""
 
-Item = Union[dict[str, Any], FormatError]
-EventSource = Union[Iterable[Item], AsyncIterable[Item]]
+Item = dict[str, Any] | FormatError
+EventSource = Iterable[Item] | AsyncIterable[Item]
 """What `produce` sends: events (dicts) and, in their place, rows a parser rejected."""
 
 _MAX_EXAMPLES = 5
@@ -91,8 +91,7 @@ class ProduceReport:
             "topic": self.topic,
             "sent": self.sent,
             "skipped": self.skipped_total,
-            "skipped_by_reason": ",".join(f"{k}={v}" for k, v in sorted(self.skipped.items()))
-            or "-",
+            "skipped_by_reason": ",".join(f"{k}={v}" for k, v in sorted(self.skipped.items())) or "-",
             "partitions": ",".join(f"{p}={n}" for p, n in sorted(self.partitions.items())),
             "bytes": self.bytes,
             "elapsed_s": round(self.elapsed_s, 3),
@@ -143,9 +142,7 @@ async def _as_async(chunks: Iterator[list[Item]]) -> AsyncIterator[list[Item]]:
         yield chunk
 
 
-def _encode(
-    chunk: list[Item], report: ProduceReport
-) -> tuple[list[bytes], list[int | None]]:
+def _encode(chunk: list[Item], report: ProduceReport) -> tuple[list[bytes], list[int | None]]:
     """Values and timestamps (ms) of the chunk's events; rejects are counted and dropped."""
     values: list[bytes] = []
     stamps: list[int | None] = []
@@ -251,9 +248,7 @@ async def produce(
         compression_type=None if compression == "none" else compression,
         **security.client_kwargs(),
     )
-    in_flight: collections.deque[tuple[asyncio.Future[Any], dict[int, int], int]] = (
-        collections.deque()
-    )
+    in_flight: collections.deque[tuple[asyncio.Future[Any], dict[int, int], int]] = collections.deque()
     try:
         await producer.start()
     except KafkaError as exc:
@@ -263,9 +258,7 @@ async def produce(
         available = sorted(await producer.partitions_for(topic))
         if partitions is not None:
             if not 1 <= partitions <= len(available):
-                raise ValueError(
-                    f"topic {topic!r} has {len(available)} partitions; cannot use {partitions}"
-                )
+                raise ValueError(f"topic {topic!r} has {len(available)} partitions; cannot use {partitions}")
             available = available[:partitions]
         parts: list[int] = available
         n_parts = len(parts)
@@ -331,14 +324,14 @@ async def produce(
         while in_flight:
             await settle_oldest()
         report.elapsed_s = time.perf_counter() - start
-    except (KafkaError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, KafkaError) as exc:
         raise _failure(exc, report, bootstrap, topic, delivery_timeout_s) from exc
     finally:
         try:
             # Flushes what is still queued; against a dead broker the client
             # expires it within the request timeout, and this bounds the rest.
             await asyncio.wait_for(producer.stop(), delivery_timeout_s * 2)
-        except (KafkaError, asyncio.TimeoutError):
+        except (TimeoutError, KafkaError):
             pass  # the failure that brought us here is the one to report
         # After a failure, chunks still in flight are abandoned: retrieve their
         # outcome, now or when the client settles them (its stop cancels what it

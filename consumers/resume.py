@@ -117,8 +117,12 @@ async def partition_bounds(
     if not tps:
         return {}
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-        auto_offset_reset="earliest", max_partition_fetch_bytes=64 << 10, **security.client_kwargs(),
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=64 << 10,
+        **security.client_kwargs(),
     )
     await consumer.start()
     try:

@@ -46,8 +46,8 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Iterator, Sequence
-from itertools import compress
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -197,9 +197,7 @@ class SyntheticStream:
         # counts in the thousands cost it ~0.015).
         self._num_mu: F64 = rng.uniform(0.0, 1.5, num_numeric)
         self._num_sigma: F64 = rng.uniform(0.5, 1.0, num_numeric)
-        self._num_missing: F64 = np.where(
-            rng.random(num_numeric) < 0.6, rng.uniform(0.0, 0.45, num_numeric), 0.0
-        )
+        self._num_missing: F64 = np.where(rng.random(num_numeric) < 0.6, rng.uniform(0.0, 0.45, num_numeric), 0.0)
         self._num_w: F64 = _NUM_STD * rng.standard_normal(num_numeric)
         self._num_center: F64 = np.zeros(num_numeric)
         self._hex_key = int(rng.integers(0, 2**32))

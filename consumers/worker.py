@@ -38,9 +38,9 @@ import os
 import socket
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -70,7 +70,6 @@ from .decode import Decoded, Rejected, decode_records
 from .decode_pool import start_decode_pool
 from .dlq import DeadLetter, DeadLetterQueue
 from .kafka_security import KafkaSecurity, check_access
-from .resume import STALE_POLICIES, StaleOffsetsError, StalePartition, bounds_reason, cluster_id, partition_bounds
 from .outage import (
     OutageWatch,
     UndecodableBatchError,
@@ -79,6 +78,7 @@ from .outage import (
     is_outage,
     locate_bad_batch,
 )
+from .resume import STALE_POLICIES, StaleOffsetsError, StalePartition, bounds_reason, cluster_id, partition_bounds
 from .windows import TopicPartitionKey, Window, WindowBuilder
 
 __all__ = ["WorkerConfig", "Worker", "WindowReport"]
@@ -426,8 +426,10 @@ class Worker:
         try:
             await asyncio.wait({wait, stopping} if stoppable else {wait}, return_when=asyncio.FIRST_COMPLETED)
             if not wait.done():
-                log.info("stop asked while waiting: nothing more is trained or committed",
-                         extra={"fields": {"waiting_for": what}})
+                log.info(
+                    "stop asked while waiting: nothing more is trained or committed",
+                    extra={"fields": {"waiting_for": what}},
+                )
                 raise _Stopped()
             s.outage_seconds += wait.result()
         finally:
@@ -518,8 +520,13 @@ class Worker:
         self.stats.windows_replayed += 1
         log.warning(
             "window failed in an outage: not committed, its partitions resume from its first offsets",
-            extra={"fields": {"window": dropped[0].seq if dropped else None, "error": str(exc),
-                              "resume": ",".join(f"{p}@{o}" for p, o in sorted(moved.items()))}},
+            extra={
+                "fields": {
+                    "window": dropped[0].seq if dropped else None,
+                    "error": str(exc),
+                    "resume": ",".join(f"{p}@{o}" for p, o in sorted(moved.items())),
+                }
+            },
         )
         probe = self._probe_shards if isinstance(exc, PSError) else self._probe_broker
         await self._ride_out(exc, probe, since)
@@ -541,9 +548,7 @@ class Worker:
         start = self._committed.get((topic, partition), 0)
         with contextlib.suppress(Exception):
             start = await asyncio.wait_for(self._consumer.position(tp), 10)
-        exact = await locate_bad_batch(
-            self.config.bootstrap, topic, partition, start, security=self.config.kafka
-        )
+        exact = await locate_bad_batch(self.config.bootstrap, topic, partition, start, security=self.config.kafka)
         return UndecodableBatchError(topic, partition, start if exact is None else exact, exact is not None, reason)
 
     async def _close(self) -> None:
@@ -635,8 +640,16 @@ class Worker:
                 # the records fetched with it: stop here, apply and commit what
                 # came before it, then fail naming it.
                 undecodable = await self._undecodable(exc)
-                log.error(str(undecodable), extra={"fields": {"topic": undecodable.topic,
-                          "partition": undecodable.partition, "offset": undecodable.offset}})
+                log.error(
+                    str(undecodable),
+                    extra={
+                        "fields": {
+                            "topic": undecodable.topic,
+                            "partition": undecodable.partition,
+                            "offset": undecodable.offset,
+                        }
+                    },
+                )
                 break
             if self._refusal is not None:  # an assignment's offsets were refused, or not checked
                 refusal, self._refusal = self._refusal, None
@@ -701,16 +714,21 @@ class Worker:
                     head.result()
                     applies.popleft()
                 elif self._broker_down:
-                    log.warning("stopped while the broker is unreachable: the last windows are not "
-                                "committed and will be replayed", extra={"fields": {"windows": len(applies)}})
+                    log.warning(
+                        "stopped while the broker is unreachable: the last windows are not "
+                        "committed and will be replayed",
+                        extra={"fields": {"windows": len(applies)}},
+                    )
                     break
         except Exception as exc:
             if not is_outage(exc):
                 raise
             # Stopping in an outage: what was not committed is replayed by
             # the partitions' next owner.
-            log.warning("stopped in an outage: the last windows are not committed and will be replayed",
-                        extra={"fields": {"error": str(exc)}})
+            log.warning(
+                "stopped in an outage: the last windows are not committed and will be replayed",
+                extra={"fields": {"error": str(exc)}},
+            )
         if undecodable is not None:
             raise undecodable
 
@@ -854,8 +872,7 @@ class Worker:
         f = self._stale_fields(stale, point, action)
         found = {
             "cluster": (
-                f"the offsets were read from Kafka cluster {f['expected_cluster_id']}, "
-                f"this broker is {f['cluster_id']}"
+                f"the offsets were read from Kafka cluster {f['expected_cluster_id']}, this broker is {f['cluster_id']}"
             ),
             "group": f"the offsets were read by group {f['expected_group']}, this worker is in {f['group']}",
             "beyond_end": "offsets beyond the partition's end",
@@ -990,10 +1007,7 @@ class Worker:
                 # Dead letters go out before the commit that passes their offsets.
                 assert self._dlq is not None
                 await self._dlq.send_all(
-                    [
-                        DeadLetter(window.values[r.index], r.reason, r.detail, *window.source(r.index))
-                        for r in rejected
-                    ]
+                    [DeadLetter(window.values[r.index], r.reason, r.detail, *window.source(r.index)) for r in rejected]
                 )
                 committed = await self._commit(window)
             finally:
@@ -1005,8 +1019,13 @@ class Worker:
                 if lease is not None:
                     await self._release(lease, committed)
             report = self._report(
-                window, metrics, rejected, time.perf_counter() - t0, decode_s=decode_s,
-                decode_wait_s=decode_wait_s, train_s=t_trained - t_train - decode_wait_s,
+                window,
+                metrics,
+                rejected,
+                time.perf_counter() - t0,
+                decode_s=decode_s,
+                decode_wait_s=decode_wait_s,
+                train_s=t_trained - t_train - decode_wait_s,
             )
         if self.on_window is not None:
             try:
@@ -1117,9 +1136,7 @@ class Worker:
         """Commit the window's offsets for partitions still owned; returns what was committed."""
         owned = self._consumer.assignment()
         offsets = {
-            TopicPartition(t, p): off
-            for (t, p), off in window.next_offsets.items()
-            if TopicPartition(t, p) in owned
+            TopicPartition(t, p): off for (t, p), off in window.next_offsets.items() if TopicPartition(t, p) in owned
         }
         if not offsets:
             return {}

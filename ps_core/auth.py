@@ -151,10 +151,20 @@ class Refusals:
             return
         self._last_line[reason] = now
         self._unlogged[reason] = 0
-        self._log.warning("credentials refused", extra={"fields": {
-            "plane": plane, "reason": reason, "peer": peer, "request": what, "needs": needs.label,
-            "refused": unlogged, "refused_total": self.counts[reason],
-        }})
+        self._log.warning(
+            "credentials refused",
+            extra={
+                "fields": {
+                    "plane": plane,
+                    "reason": reason,
+                    "peer": peer,
+                    "request": what,
+                    "needs": needs.label,
+                    "refused": unlogged,
+                    "refused_total": self.counts[reason],
+                }
+            },
+        )
 
     def stats(self) -> dict[str, Any]:
         """``{"refused": {reason: n}}`` for the shard's stats (and metrics)."""

@@ -36,9 +36,10 @@ import asyncio
 import itertools
 import secrets
 import ssl as ssl_
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -60,14 +61,14 @@ from .errors import (
     TlsVerifyError,
     error_from_body,
 )
+from .export import snapshots_from_bytes
 from .hashing import U64
+from .joining import restore_version
 from .rpc import RpcConnection
 from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
 from .steps import split_by_shard
 from .stream import StreamIdentity
-from .export import snapshots_from_bytes
-from .joining import restore_version
 from .table import F32, TableConfig, TableSnapshot
 
 __all__ = [
@@ -331,9 +332,7 @@ class RetryPolicy:
     """Backoff for connection errors: `first_delay_s` doubling to `max_delay_s`,
     giving up `deadline_s` after the first attempt."""
 
-    def __init__(
-        self, deadline_s: float = 10.0, first_delay_s: float = 0.02, max_delay_s: float = 1.0
-    ) -> None:
+    def __init__(self, deadline_s: float = 10.0, first_delay_s: float = 0.02, max_delay_s: float = 1.0) -> None:
         self.deadline_s = deadline_s
         self.first_delay_s = first_delay_s
         self.max_delay_s = max_delay_s
@@ -434,7 +433,7 @@ class HttpTransport:
                     last: str = _retried_reason(resp.status, payload)
             except aiohttp.ClientConnectorCertificateError as exc:
                 raise self._unverified(exc.certificate_error) from None
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientConnectionError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             await backoff.failed(last, self._unavailable)
 
@@ -487,7 +486,7 @@ class HttpTransport:
                 status, payload = await asyncio.wait_for(conn.call(path, body), backoff.remaining())
             except ssl_.SSLCertVerificationError as exc:
                 raise self._unverified(exc) from None
-            except (OSError, asyncio.TimeoutError) as exc:  # ConnectionError is an OSError
+            except (TimeoutError, OSError) as exc:  # ConnectionError is an OSError
                 last = f"{type(exc).__name__}: {exc}"
                 # A timed-out call's reply may still come: drop the connection
                 # so that no later call reads it as its own.
@@ -528,9 +527,7 @@ class HttpTransport:
         event_time: float,
         request_id: int,
     ) -> int:
-        body = codec.encode_push(
-            table, keys, grads, counts=counts, event_time=event_time, request_id=request_id
-        )
+        body = codec.encode_push(table, keys, grads, counts=counts, event_time=event_time, request_id=request_id)
         reply = await self._frame_request("/v1/push", body)
         return codec.decode(reply, codec.Op.ACK).count
 
@@ -559,15 +556,11 @@ class HttpTransport:
         frame = codec.decode(reply, codec.Op.PUSH_PULL_REPLY)
         assert frame.values is not None
         if frame.count != pull_keys.size:
-            raise FrameError(
-                f"shard {self.shard_id} answered {frame.count} rows for {pull_keys.size} pull keys"
-            )
+            raise FrameError(f"shard {self.shard_id} answered {frame.count} rows for {pull_keys.size} pull keys")
         return frame.applied, frame.values
 
     async def declare(self, config: TableConfig) -> bool:
-        status, _ = await self._request(
-            "POST", "/v1/tables", orjson.dumps(config.to_dict()), "application/json"
-        )
+        status, _ = await self._request("POST", "/v1/tables", orjson.dumps(config.to_dict()), "application/json")
         return status == 201
 
     async def stats(self) -> dict[str, Any]:
@@ -635,7 +628,8 @@ class HttpTransport:
 
     async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
         body: dict[str, Any] = {
-            "lease_id": lease_id, "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()}
+            "lease_id": lease_id,
+            "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()},
         }
         if stream is not None:
             body["stream"] = stream.to_dict()
@@ -648,7 +642,9 @@ class HttpTransport:
         return _resume_point(await self._coordinator_request("GET", "/v1/offsets"))
 
     async def export_now(self, kind: str | None) -> dict[str, Any]:
-        out: dict[str, Any] = await self._coordinator_request("POST", "/v1/exports", {} if kind is None else {"kind": kind})
+        out: dict[str, Any] = await self._coordinator_request(
+            "POST", "/v1/exports", {} if kind is None else {"kind": kind}
+        )
         return out
 
     async def exports(self) -> dict[str, Any]:
@@ -709,6 +705,7 @@ class TcpTransport(HttpTransport):
         super()._drop()
         if self.uses_rpc:
             self.rpc_port = None
+
 
 _RETRIED_STATUSES = (502, 503, 504)
 """Replies of a proxy or balancer in front of a shard that may pass."""
@@ -855,9 +852,7 @@ class PSClient:
         results = await _fan_out([self.transports[i].pull(table, r.by_shard[p]) for i, p in jobs])
         return _reassemble(r, results)
 
-    async def pull_versioned(
-        self, table: str, keys: npt.ArrayLike | Routed, *, presence: bool = False
-    ) -> Pulled:
+    async def pull_versioned(self, table: str, keys: npt.ArrayLike | Routed, *, presence: bool = False) -> Pulled:
         """Like `pull`, with the table's open version and, with `presence`,
         whether each key has a row (an index lookup on the shard, no insert)."""
         r = keys if isinstance(keys, Routed) else self.route(keys)
@@ -899,9 +894,7 @@ class PSClient:
             return 0
         rid = self.new_request_id() if request_id is None else request_id
         coros = [
-            self.transports[i].push(
-                table, k[p], g[p], None if c is None else c[p], event_time, rid
-            )
+            self.transports[i].push(table, k[p], g[p], None if c is None else c[p], event_time, rid)
             for i, p in enumerate(r.parts)
             if p.stop > p.start
         ]
@@ -935,16 +928,10 @@ class PSClient:
         qr = pull_keys if isinstance(pull_keys, Routed) else self.route(pull_keys)
         for name, r in (("push_keys", pr), ("pull_keys", qr)):
             if len(r.parts) != self.num_shards:
-                raise ValueError(
-                    f"{name} were routed for {len(r.parts)} shards, this client has {self.num_shards}"
-                )
+                raise ValueError(f"{name} were routed for {len(r.parts)} shards, this client has {self.num_shards}")
         k, g, c = _push_arrays(pr, grads, counts)
         rid = self.new_request_id() if request_id is None else request_id
-        jobs = [
-            i
-            for i, (p, q) in enumerate(zip(pr.parts, qr.parts))
-            if p.stop > p.start or q.stop > q.start
-        ]
+        jobs = [i for i, (p, q) in enumerate(zip(pr.parts, qr.parts)) if p.stop > p.start or q.stop > q.start]
         # Nothing at all to send still asks shard 0, which answers with the
         # table's dim (and an unknown table's error), as an empty pull does.
         results: list[tuple[int, F32]] = await _fan_out(
@@ -1044,9 +1031,7 @@ class PSClient:
         return await self.transports[0].compact_exports()
 
 
-def _push_arrays(
-    r: Routed, grads: npt.ArrayLike, counts: npt.ArrayLike | None
-) -> tuple[U64, F32, F32 | None]:
+def _push_arrays(r: Routed, grads: npt.ArrayLike, counts: npt.ArrayLike | None) -> tuple[U64, F32, F32 | None]:
     """A push's keys, gradients (n, dim) and counts (n, 2), checked against
     the keys and grouped by shard like ``r.by_shard``."""
     k = r.keys
@@ -1068,9 +1053,7 @@ def _pull_jobs(r: Routed) -> list[tuple[int, slice]]:
     """The shards a pull asks, with their slices of ``r.by_shard``.
 
     An empty batch still asks shard 0, which answers with the table's dim."""
-    return [
-        (i, p) for i, p in enumerate(r.parts) if p.stop > p.start or (i == 0 and r.keys.size == 0)
-    ]
+    return [(i, p) for i, p in enumerate(r.parts) if p.stop > p.start or (i == 0 and r.keys.size == 0)]
 
 
 def _reassemble(r: Routed, parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:

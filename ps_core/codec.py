@@ -195,9 +195,7 @@ def encode(
     if present is not None:
         pr = np.ascontiguousarray(present, dtype=np.uint8).reshape(-1)
         parts.append(pr.tobytes() + b"\0" * (_pad8(pr.size) - pr.size))
-    header = _HEADER.pack(
-        MAGIC, FORMAT_VERSION, op, flags, n or 0, dim, event_time, version, request_id, len(name), m
-    )
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, op, flags, n or 0, dim, event_time, version, request_id, len(name), m)
     pad = b"\0" * (_pad8(len(name)) - len(name))
     return b"".join([header, name, pad, *parts])
 
@@ -299,9 +297,7 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     mv = memoryview(buf)
     if len(mv) < HEADER_SIZE:
         raise FrameError(f"frame of {len(mv)} bytes is shorter than the {HEADER_SIZE}-byte header")
-    magic, ver, op, flags, n, dim, event_time, version, request_id, name_len, m = (
-        _HEADER.unpack_from(mv, 0)
-    )
+    magic, ver, op, flags, n, dim, event_time, version, request_id, name_len, m = _HEADER.unpack_from(mv, 0)
     if magic != MAGIC:
         raise FrameError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
     if ver != FORMAT_VERSION:

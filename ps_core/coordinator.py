@@ -100,8 +100,9 @@ def parse_offsets(raw: object, *, error: type[PSError] = LeaseError) -> Offsets:
         if not isinstance(parts, dict) or not 0 < len(topic) <= MAX_TOPIC_CHARS:
             raise error(f"offsets of topic {topic[:40]!r} must be an object of partitions")
         out[topic] = {
-            parse_int(p, f"partition {p[:20]!r} of topic {topic[:40]!r}", maximum=MAX_PARTITION, error=error):
-            json_int(o, f"offset of topic {topic[:40]!r}", error=error)
+            parse_int(p, f"partition {p[:20]!r} of topic {topic[:40]!r}", maximum=MAX_PARTITION, error=error): json_int(
+                o, f"offset of topic {topic[:40]!r}", error=error
+            )
             for p, o in parts.items()
         }
     return out
@@ -234,11 +235,16 @@ class Coordinator:
             assert self._stream is not None
             log.warning(
                 "stream changed: offsets of the old stream dropped",
-                extra={"fields": {
-                    "reason": reason, "old_cluster_id": self._stream.cluster_id,
-                    "cluster_id": stream.cluster_id, "old_group": self._stream.group, "group": stream.group,
-                    "dropped_partitions": sum(len(p) for p in self._offsets.values()),
-                }},
+                extra={
+                    "fields": {
+                        "reason": reason,
+                        "old_cluster_id": self._stream.cluster_id,
+                        "cluster_id": stream.cluster_id,
+                        "old_group": self._stream.group,
+                        "group": stream.group,
+                        "dropped_partitions": sum(len(p) for p in self._offsets.values()),
+                    }
+                },
             )
             self._offsets = {}
             self.stream_changes += 1
@@ -255,9 +261,7 @@ class Coordinator:
             return "base"
         return "delta"
 
-    async def cut(
-        self, snapshot: Callable[[int, str], Awaitable[T]], kind: str | None = None
-    ) -> Cut[T]:
+    async def cut(self, snapshot: Callable[[int, str], Awaitable[T]], kind: str | None = None) -> Cut[T]:
         """Take a consistent cut; `snapshot(version, kind)` copies the shards' rows.
 
         Cuts run one at a time. If the snapshot step fails, leases reopen,

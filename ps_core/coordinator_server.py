@@ -34,8 +34,8 @@ from aiohttp import web
 
 from .coordinator import Coordinator, parse_offsets
 from .errors import CutInProgressError, InvalidRequestError
-from .parsing import json_int
 from .exporter import Exporter
+from .parsing import json_int
 from .server import json_response
 from .stream import StreamIdentity
 
@@ -95,10 +95,12 @@ async def release(request: web.Request) -> web.Response:
 
 async def offsets(request: web.Request) -> web.Response:
     known, stream = request.app[COORDINATOR].offsets(), request.app[COORDINATOR].stream
-    return json_response({
-        "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in known.items()},
-        "stream": stream.to_dict() if stream is not None else None,
-    })
+    return json_response(
+        {
+            "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in known.items()},
+            "stream": stream.to_dict() if stream is not None else None,
+        }
+    )
 
 
 async def export_now(request: web.Request) -> web.Response:
@@ -123,9 +125,7 @@ async def compact_exports(request: web.Request) -> web.Response:
     return json_response(await request.app[EXPORTER].compact())
 
 
-def add_coordinator_routes(
-    app: web.Application, coordinator: Coordinator, exporter: Exporter | None = None
-) -> None:
+def add_coordinator_routes(app: web.Application, coordinator: Coordinator, exporter: Exporter | None = None) -> None:
     """Serve `coordinator` (and `exporter`, if any) from `app`, a shard app
     that has not started yet."""
     app[COORDINATOR] = coordinator

@@ -28,7 +28,7 @@ import time
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,7 +51,7 @@ from .manifest import (
 )
 from .shard import Shard, ShardSpec
 from .stream import StreamIdentity
-from .table import SnapshotKind, SparseTable, TableConfig, TableSnapshot
+from .table import SnapshotKind, TableConfig, TableSnapshot
 
 __all__ = [
     "VersionInfo",
@@ -204,9 +204,7 @@ def _write_tree(
             for snap in snapshots[shard]:
                 name = shard_file_name(shard, snap.table)
                 size, digest = _write_npz(tmp / name, snap.arrays())
-                files.append(
-                    ManifestFile(name, shard, snap.table, snap.rows, int(snap.deleted.size), size, digest)
-                )
+                files.append(ManifestFile(name, shard, snap.table, snap.rows, int(snap.deleted.size), size, digest))
                 tables[snap.table] = snap.config
         manifest = ExportManifest(tables=dict(sorted(tables.items())), files=tuple(files), **manifest_fields)
         with open(tmp / MANIFEST_NAME, "xb") as f:
@@ -283,7 +281,7 @@ def write_version(
         "version": version,
         "parent": parent,
         "kind": kind,
-        "created_at": datetime.now(timezone.utc),
+        "created_at": datetime.now(UTC),
         "model_config": dict(model_config),
         "num_shards": num_shards,
         "offsets": {str(t): {int(p): int(o) for p, o in parts.items()} for t, parts in offsets.items()},
@@ -311,9 +309,7 @@ def read_manifest(version_dir: Path) -> ExportManifest:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ExportCorruptError(
-            f"{path}: missing", file=str(path), expected="a manifest", actual="missing"
-        ) from None
+        raise ExportCorruptError(f"{path}: missing", file=str(path), expected="a manifest", actual="missing") from None
     manifest = ExportManifest.from_json(raw, str(path))
     expect = parse_version_dir(Path(version_dir).name)
     if expect is not None and manifest.version != expect:
@@ -346,9 +342,7 @@ def version_dirs(model_dir: Path) -> dict[int, Path]:
 
 
 def _info(path: Path, manifest: ExportManifest) -> VersionInfo:
-    return VersionInfo(
-        manifest.version, manifest.kind, manifest.parent, manifest.created_at, path, manifest
-    )
+    return VersionInfo(manifest.version, manifest.kind, manifest.parent, manifest.created_at, path, manifest)
 
 
 def list_versions(model_dir: Path) -> list[VersionInfo]:
@@ -359,7 +353,7 @@ def list_versions(model_dir: Path) -> list[VersionInfo]:
     or unreadable (`latest_chain` reports those). Files are not checked.
     """
     out: list[VersionInfo] = []
-    for v, path in sorted(version_dirs(Path(model_dir)).items()):
+    for _, path in sorted(version_dirs(Path(model_dir)).items()):
         try:
             out.append(_info(path, read_manifest(path)))
         except ExportCorruptError:
@@ -367,9 +361,7 @@ def list_versions(model_dir: Path) -> list[VersionInfo]:
     return out
 
 
-def _check_file(
-    version_dir: Path, entry: ManifestFile, verify: bool
-) -> bytes | None:
+def _check_file(version_dir: Path, entry: ManifestFile, verify: bool) -> bytes | None:
     """Check a file against its entry: present with the right size, and, when
     `verify`, the right SHA-256 (then its bytes are returned, read once)."""
     path = version_dir / entry.name
@@ -411,9 +403,7 @@ def verify_version(version_dir: Path) -> ExportManifest:
     return manifest
 
 
-def _read_snapshot(
-    version_dir: Path, manifest: ExportManifest, entry: ManifestFile, verify: bool
-) -> TableSnapshot:
+def _read_snapshot(version_dir: Path, manifest: ExportManifest, entry: ManifestFile, verify: bool) -> TableSnapshot:
     raw = _check_file(version_dir, entry, verify)
     path = version_dir / entry.name
     source: Path | io.BytesIO = path if raw is None else io.BytesIO(raw)
@@ -431,9 +421,7 @@ def _read_snapshot(
     except (ValueError, KeyError, OSError, EOFError, TypeError, AttributeError, zipfile.BadZipFile) as exc:
         # Whatever np.load makes of bytes that are not the .npz the manifest
         # describes (possible without `verify`, or if the writer was wrong).
-        raise ExportCorruptError(
-            f"{path}: unreadable: {type(exc).__name__}: {exc}", file=str(path)
-        ) from None
+        raise ExportCorruptError(f"{path}: unreadable: {type(exc).__name__}: {exc}", file=str(path)) from None
     if (snap.rows, int(snap.deleted.size)) != (entry.rows, entry.deleted):
         raise ExportCorruptError(
             f"{path}: {snap.rows} rows and {snap.deleted.size} deletions, manifest says "
@@ -455,9 +443,7 @@ def iter_version(version_dir: Path, verify: bool = True) -> Iterator[tuple[int, 
     return _iter_snapshots(vdir, read_manifest(vdir), verify)
 
 
-def _iter_snapshots(
-    vdir: Path, manifest: ExportManifest, verify: bool
-) -> Iterator[tuple[int, TableSnapshot]]:
+def _iter_snapshots(vdir: Path, manifest: ExportManifest, verify: bool) -> Iterator[tuple[int, TableSnapshot]]:
     for entry in manifest.files:
         yield entry.shard, _read_snapshot(vdir, manifest, entry, verify)
 
@@ -513,9 +499,7 @@ def latest_chain(
     dirs = version_dirs(Path(model_dir))
     candidates = sorted((v for v in dirs if upto is None or v <= upto), reverse=True)
     if not candidates:
-        raise ExportNotFoundError(
-            f"no export version{'' if upto is None else f' <= {upto}'} in {model_dir}"
-        )
+        raise ExportNotFoundError(f"no export version{'' if upto is None else f' <= {upto}'} in {model_dir}")
     failures: list[str] = []
     for v in candidates:
         try:
@@ -537,9 +521,7 @@ def _check_chain(chain: Sequence[VersionInfo]) -> None:
         raise ValueError(f"a chain starts with a base, not a {chain[0].kind} ({chain[0].path})")
     for prev, cur in zip(chain, chain[1:]):
         if cur.kind != "delta" or cur.parent != prev.version:
-            raise ValueError(
-                f"version {cur.version} ({cur.kind}, parent {cur.parent}) does not follow {prev.version}"
-            )
+            raise ValueError(f"version {cur.version} ({cur.kind}, parent {cur.parent}) does not follow {prev.version}")
 
 
 def _route(keys: npt.NDArray[np.uint64], shards: Sequence[Shard]) -> list[npt.NDArray[np.intp] | None]:
@@ -569,9 +551,7 @@ def _apply(snap: TableSnapshot, shards: Sequence[Shard]) -> None:
             table.delete(snap.deleted if sel is None else snap.deleted[sel])
 
 
-def restore_into(
-    shards: Sequence[Shard], chain: Sequence[VersionInfo], *, verify: bool = True
-) -> RestoreResult:
+def restore_into(shards: Sequence[Shard], chain: Sequence[VersionInfo], *, verify: bool = True) -> RestoreResult:
     """Load a chain (base, then each delta) into shards of any count.
 
     The shards must share one `num_shards` and have distinct ids; they may be
@@ -685,8 +665,7 @@ def compact(model_dir: Path, version: int | None = None, *, verify: bool = True)
     m = last.manifest
     restored = restore_shards(chain, m.num_shards, verify=verify)
     snapshots = {
-        s.spec.shard_id: [t.base_copy(last.version) for _, t in sorted(s.tables.items())]
-        for s in restored.shards
+        s.spec.shard_id: [t.base_copy(last.version) for _, t in sorted(s.tables.items())] for s in restored.shards
     }
     fields: dict[str, Any] = {
         "model": m.model,

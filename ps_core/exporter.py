@@ -221,8 +221,16 @@ class Exporter:
         config = {"name": self.model, "tables": [tables[n] for n in sorted(tables)]}
         try:
             path = await asyncio.to_thread(
-                write_version, self.root, self.model, cut.version, cut.snapshot, snaps,
-                cut.offsets, config, self.client.num_shards, stream=cut.stream,
+                write_version,
+                self.root,
+                self.model,
+                cut.version,
+                cut.snapshot,
+                snaps,
+                cut.offsets,
+                config,
+                self.client.num_shards,
+                stream=cut.stream,
             )
         except OSError as exc:
             # write_version leaves no partial directory behind (its temporary
@@ -240,8 +248,9 @@ class Exporter:
             pruned = await asyncio.to_thread(prune, self.model_dir, self.keep_bases)
         except OSError as exc:
             pruned = []  # the version is written; retention runs again after the next one
-            self._failed("prune", version=cut.version, path=str(exc.filename or self.model_dir),
-                         error=str(exc.strerror or exc))
+            self._failed(
+                "prune", version=cut.version, path=str(exc.filename or self.model_dir), error=str(exc.strerror or exc)
+            )
         self._need_base = False
         self.exports += 1
         self.coordinator.version = cut.version
@@ -321,8 +330,10 @@ class Exporter:
     def _failed(self, reason: str, **fields: object) -> None:
         """Count a failed cut or write and log it: one WARNING line."""
         self.failures[reason] = self.failures.get(reason, 0) + 1
-        log.warning("export cut aborted" if reason not in ("disk", "prune") else "export write failed",
-                    extra={"fields": {"reason": reason, **fields}})
+        log.warning(
+            "export cut aborted" if reason not in ("disk", "prune") else "export write failed",
+            extra={"fields": {"reason": reason, **fields}},
+        )
 
     def stats(self) -> dict[str, Any]:
         """Counters for metrics: exports written and failures by reason."""
@@ -406,4 +417,3 @@ class Exporter:
             }
             for v in list_versions(self.model_dir)
         ]
-

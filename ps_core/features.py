@@ -45,10 +45,11 @@ reason, so a message is either trained whole or dead-lettered whole.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import countOf, is_not
-from typing import Any, Iterable, Sequence, TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -382,7 +383,9 @@ class _Layouts:
         self.codes = np.zeros(4096, dtype=np.int8)
         self.used = 0  # slots of fh/codes in use
 
-    def _keep(self, names: list[tuple[str, ...]], lens: I64, fh: U64, codes: npt.NDArray[np.int8]) -> npt.NDArray[np.bool_]:
+    def _keep(
+        self, names: list[tuple[str, ...]], lens: I64, fh: U64, codes: npt.NDArray[np.int8]
+    ) -> npt.NDArray[np.bool_]:
         """Cache those of the given new layouts that fit; returns which."""
         s, used = self.count, self.used
         # Names are the memory a layout holds: long ones are not kept at all.
@@ -697,9 +700,7 @@ class FeatureHasher:
                 if feats is None and keys is None:
                     raise EventError("bad_features", "an event needs features or keys")
                 if feats is not None and not isinstance(feats, dict):
-                    raise EventError(
-                        "bad_features", f"features must be an object, got {type(feats).__name__}"
-                    )
+                    raise EventError("bad_features", f"features must be an object, got {type(feats).__name__}")
                 if keys is not None and not isinstance(keys, list):
                     raise EventError("bad_keys", "keys must be a list of uint64 integers")
                 nf = len(feats) if feats is not None else 0
@@ -788,7 +789,14 @@ class FeatureHasher:
             finite = np.isfinite(x) & (np.abs(x) <= MAX_WEIGHT)
             if not finite.all():
                 for j in num[~finite]:
-                    self._fail(errors, grp, bad_event, int(event_of[j]), "bad_value", f"{field(j)}={objs[j]!r} is not a finite float32")
+                    self._fail(
+                        errors,
+                        grp,
+                        bad_event,
+                        int(event_of[j]),
+                        "bad_value",
+                        f"{field(j)}={objs[j]!r} is not a finite float32",
+                    )
             vals[num] = np.where(finite, x, 0).astype(np.float32)
         keys = mix64(fhash ^ salt)
         keep[codes == _T_NONE] = False
@@ -805,7 +813,14 @@ class FeatureHasher:
             if codes[j] == _T_BOOL:
                 v = ["true" if v else "false"]
             elif codes[j] == _T_OTHER or not all(isinstance(s, str) for s in v):
-                self._fail(errors, grp, bad_event, e, "bad_value", f"{field(int(j))} has a {type(v).__name__} value; expected string, number or list of strings")
+                self._fail(
+                    errors,
+                    grp,
+                    bad_event,
+                    e,
+                    "bad_value",
+                    f"{field(int(j))} has a {type(v).__name__} value; expected string, number or list of strings",
+                )
                 continue
             if v:
                 hv = string_hashes(v)

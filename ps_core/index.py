@@ -103,9 +103,7 @@ class KeyIndex:
         h >>= self._shift
         return h.view(np.int64)
 
-    def _find(
-        self, keys: U64, want_slots: bool = False, want_free: bool = False
-    ) -> tuple[I64, I64 | None, I64 | None]:
+    def _find(self, keys: U64, want_slots: bool = False, want_free: bool = False) -> tuple[I64, I64 | None, I64 | None]:
         """Row of each key (-1 where absent) and, if asked, the slot of each
         present key and the first free slot (EMPTY or TOMBSTONE) of each
         absent key's probe chain, where an insert would put it (meaningful
@@ -237,9 +235,7 @@ class KeyIndex:
         rows[missing] = got
         return rows, new_rows, new_keys
 
-    def insert_absent(
-        self, keys: npt.ArrayLike, free: I64 | None = None
-    ) -> tuple[I64, I64, U64]:
+    def insert_absent(self, keys: npt.ArrayLike, free: I64 | None = None) -> tuple[I64, I64, U64]:
         """Insert keys the caller knows are absent (e.g. a lookup said so and
         `mutations` has not moved since); repeats are allowed. `free`, if
         given, is each key's first free slot as `probe` reported it at the

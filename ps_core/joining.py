@@ -28,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .coordinator import Coordinator
 from .errors import (
@@ -138,16 +139,30 @@ async def restore_version(shard: Shard, version: int) -> dict[str, Any]:
             load_shard, shard.spec, shard.restore_dir, version, shard.configured_tables
         )
     except ExportCorruptError as exc:
-        log.warning("version refused", extra={"fields": {"version": version, "shard_id": shard.spec.shard_id,
-                                                         **refusal_fields(exc)}})
+        log.warning(
+            "version refused",
+            extra={"fields": {"version": version, "shard_id": shard.spec.shard_id, **refusal_fields(exc)}},
+        )
         return {"version": None, "refused": refusal_fields(exc)}
     except ExportNotFoundError as exc:
-        return {"version": None, "refused": {"file": "", "expected": f"version {version}", "actual": "missing",
-                                             "detail": exc.detail}}
+        return {
+            "version": None,
+            "refused": {"file": "", "expected": f"version {version}", "actual": "missing", "detail": exc.detail},
+        }
     shard.replace_state(fresh, version)
     rows = sum(len(t) for t in shard.tables.values())
-    log.info("restore", extra={"fields": {"version": version, "chain": chain, "rows": rows,
-                                          "shard_id": shard.spec.shard_id, "by": "coordinator"}})
+    log.info(
+        "restore",
+        extra={
+            "fields": {
+                "version": version,
+                "chain": chain,
+                "rows": rows,
+                "shard_id": shard.spec.shard_id,
+                "by": "coordinator",
+            }
+        },
+    )
     return {"version": version, "chain": chain, "rows": rows}
 
 
@@ -218,8 +233,10 @@ class Membership:
             "cluster_restores": self.cluster_restores,
             "versions_refused": self.versions_refused,
             "refusal": None if refusal is None else refusal.detail,
-            "joined": [None if r is None else bool(r["joined"] and r["epoch"] == self.coordinator.epoch)
-                       for r in self.last_reports],
+            "joined": [
+                None if r is None else bool(r["joined"] and r["epoch"] == self.coordinator.epoch)
+                for r in self.last_reports
+            ],
         }
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -265,21 +282,33 @@ class Membership:
             if self.coordinator.ready and all(self._member(r) for r in reports if r is not None):
                 return  # a shard is down: its clients see it; back, it comes unjoined
             if not isinstance(self.coordinator.refusal, NoCommonVersionError):
-                self.coordinator.refuse(ClusterNotReadyError(
-                    f"waiting for shard(s) {','.join(map(str, down))} to answer before training resumes"))
+                self.coordinator.refuse(
+                    ClusterNotReadyError(
+                        f"waiting for shard(s) {','.join(map(str, down))} to answer before training resumes"
+                    )
+                )
             now = time.monotonic()
             if now - self._last_wait_log >= self.wait_log_s:
                 self._last_wait_log = now
-                log.warning("waiting for shards to join", extra={"fields": {
-                    "unreachable": ",".join(f"{i} ({self._url(i)})" for i in down),
-                    "hint": "start them (ctrps shard --shard-id N ...); leases are refused until every shard joins"}})
+                log.warning(
+                    "waiting for shards to join",
+                    extra={
+                        "fields": {
+                            "unreachable": ",".join(f"{i} ({self._url(i)})" for i in down),
+                            "hint": "start them (ctrps shard --shard-id N ...); leases are refused until every shard joins",
+                        }
+                    },
+                )
             return
         key = (tuple((r or {}).get("boot_id") for r in reports), self._dir_key())
         if isinstance(self.coordinator.refusal, NoCommonVersionError) and key == self._refused_key:
             return  # nothing changed since the refusal: do not hash everything again
         joining = [i for i, r in enumerate(reports) if not self._member(r)]
-        self.coordinator.refuse(ClusterNotReadyError(
-            f"shard(s) {','.join(map(str, joining))} joining: the cluster is settling on one export version"))
+        self.coordinator.refuse(
+            ClusterNotReadyError(
+                f"shard(s) {','.join(map(str, joining))} joining: the cluster is settling on one export version"
+            )
+        )
         async with self._files_lock, self.coordinator.paused():
             reports = await self._reports()
             if any(r is None for r in reports):
@@ -299,8 +328,7 @@ class Membership:
 
     async def _admit(self, version: int) -> bool:
         epoch = self.coordinator.epoch
-        got = await asyncio.gather(*(t.admit(epoch, version) for t in self.client.transports),
-                                   return_exceptions=True)
+        got = await asyncio.gather(*(t.admit(epoch, version) for t in self.client.transports), return_exceptions=True)
         failed = [(i, r) for i, r in enumerate(got) if isinstance(r, BaseException)]
         for i, exc in failed:
             if not isinstance(exc, Exception):
@@ -316,16 +344,20 @@ class Membership:
         # Holding nothing agrees only when nothing was to be loaded: shards
         # started with --no-restore, or an empty directory.
         nothing_ok = not dirs or not any(r.get("restores") for r in reports)
-        if len(set(versions)) == 1 and all(r["clean"] for r in reports) and (
-            agreed in dirs or (agreed == 0 and nothing_ok)
+        if (
+            len(set(versions)) == 1
+            and all(r["clean"] for r in reports)
+            and (agreed in dirs or (agreed == 0 and nothing_ok))
         ):
             if agreed != coord.version:
                 manifest = read_manifest(dirs[agreed]) if agreed else None
                 coord.reset(agreed, manifest.offsets if manifest else {}, manifest.stream if manifest else None)
             if await self._admit(agreed):
                 coord.refuse(None)
-                log.info("cluster joined", extra={"fields": {"version": agreed, "shards": len(reports),
-                                                             "epoch": coord.epoch}})
+                log.info(
+                    "cluster joined",
+                    extra={"fields": {"version": agreed, "shards": len(reports), "epoch": coord.epoch}},
+                )
             return
         why = _why(reports, dirs, self._member)
         bad: set[int] = set()
@@ -338,23 +370,35 @@ class Membership:
                 continue
             # A shard that holds exactly `v` already (it loaded it at start,
             # every file checked, and trained nothing since) needs no reload.
-            got = await asyncio.gather(*(
-                _already(v) if int(r["version"]) == v and r["clean"] else t.restore_version(v)
-                for t, r in zip(self.restore_client.transports, reports)
-            ), return_exceptions=True)
+            got = await asyncio.gather(
+                *(
+                    _already(v) if int(r["version"]) == v and r["clean"] else t.restore_version(v)
+                    for t, r in zip(self.restore_client.transports, reports)
+                ),
+                return_exceptions=True,
+            )
             for j, r in enumerate(got):
                 if isinstance(r, BaseException) and not isinstance(r, Exception):
                     raise r
                 if isinstance(r, PSError) and not isinstance(r, ShardUnavailableError):
                     # An answer, not an outage (e.g. a shard without an
                     # exports directory): that shard cannot load `v`.
-                    got[j] = {"version": None, "refused": {"file": "", "expected": f"version {v}",
-                                                           "actual": r.code, "detail": r.detail}}
+                    got[j] = {
+                        "version": None,
+                        "refused": {"file": "", "expected": f"version {v}", "actual": r.code, "detail": r.detail},
+                    }
             unreachable = [i for i, r in enumerate(got) if isinstance(r, Exception)]
             if unreachable:
-                log.warning("cluster restore interrupted", extra={"fields": {
-                    "version": v, "unreachable": ",".join(map(str, unreachable)),
-                    "error": str(got[unreachable[0]])}})
+                log.warning(
+                    "cluster restore interrupted",
+                    extra={
+                        "fields": {
+                            "version": v,
+                            "unreachable": ",".join(map(str, unreachable)),
+                            "error": str(got[unreachable[0]]),
+                        }
+                    },
+                )
                 return  # the shards stay unjoined; the next round starts over
             answers = [r for r in got if isinstance(r, dict)]
             refusals = [(i, a["refused"]) for i, a in enumerate(answers) if a.get("version") != v]
@@ -367,9 +411,19 @@ class Membership:
             by = ",".join(str(i) for i, _ in refusals)
             refused.append(f"{v} by shard(s) {by}: {first.get('file') or first.get('detail')}")
             # One line per version refused (each shard logs its own refusal too).
-            log.warning("version refused", extra={"fields": {
-                "version": v, "shards": by, "file": first.get("file", ""), "expected": first.get("expected", ""),
-                "actual": first.get("actual", ""), "by": "cluster restore"}})
+            log.warning(
+                "version refused",
+                extra={
+                    "fields": {
+                        "version": v,
+                        "shards": by,
+                        "file": first.get("file", ""),
+                        "expected": first.get("expected", ""),
+                        "actual": first.get("actual", ""),
+                        "by": "cluster restore",
+                    }
+                },
+            )
             for _, r in refusals:
                 bv = _bad_version(ExportCorruptError("", file=str(r.get("file", ""))))
                 bad.add(bv if bv is not None else v)
@@ -388,6 +442,15 @@ class Membership:
         self.cluster_restores += 1
         if await self._admit(chosen):
             coord.refuse(None)
-        log.warning("cluster restore", extra={"fields": {
-            "version": chosen, "chain": chains, "why": why, "refused": "; ".join(refused) or "-",
-            "epoch": coord.epoch}})
+        log.warning(
+            "cluster restore",
+            extra={
+                "fields": {
+                    "version": chosen,
+                    "chain": chains,
+                    "why": why,
+                    "refused": "; ".join(refused) or "-",
+                    "epoch": coord.epoch,
+                }
+            },
+        )

@@ -27,8 +27,9 @@ import asyncio
 import logging
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, cast
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -193,8 +194,9 @@ class PortGuard:
         self._open: dict[object, _Watched] = {}
         self.refused = Occurrences(log, f"{name}: connection cap of {limits.max_connections} reached, closing new ones")
         self.head_timeouts = Occurrences(
-            log, f"{name}: closed connections that sent no request head in time "
-            f"({limits.header_timeout_s:g} s, {limits.idle_timeout_s:g} s kept alive)"
+            log,
+            f"{name}: closed connections that sent no request head in time "
+            f"({limits.header_timeout_s:g} s, {limits.idle_timeout_s:g} s kept alive)",
         )
         self.body_timeouts = Occurrences(
             log, f"{name}: answered 408 to requests whose body did not arrive within {limits.body_timeout_s:g} s"
@@ -246,7 +248,7 @@ class PortGuard:
         if request.body_exists:
             try:
                 await asyncio.wait_for(request.read(), self.limits.body_timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.body_timeouts.happened(port=self.name, path=request.path)
                 raise web.HTTPRequestTimeout(
                     text='{"error": "body_timeout", "detail": "the request body did not arrive within '

@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .errors import ExportCorruptError, PSError
@@ -157,9 +157,7 @@ class ExportManifest:
             "version": self.version,
             "parent": self.parent,
             "kind": self.kind,
-            "created_at": self.created_at.astimezone(timezone.utc)
-            .isoformat(timespec="microseconds")
-            .replace("+00:00", "Z"),
+            "created_at": self.created_at.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
             "num_shards": self.num_shards,
             "model_config": self.model_config,
             "tables": {name: cfg.to_dict() for name, cfg in self.tables.items()},
@@ -231,7 +229,7 @@ class ExportManifest:
             version=version,
             parent=parent,
             kind=kind,
-            created_at=created.astimezone(timezone.utc),
+            created_at=created.astimezone(UTC),
             model_config=model_config,
             num_shards=num_shards,
             tables=tables,

@@ -104,9 +104,7 @@ class Model(ABC):
         """(n,) logits of the batch's events."""
 
     @abstractmethod
-    def gradients(
-        self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32], dlogit: F64
-    ) -> dict[str, F32]:
+    def gradients(self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32], dlogit: F64) -> dict[str, F32]:
         """Per table, (u, dim) gradients for `plan.keys`, given dLoss/dlogit per event."""
 
     def config(self) -> dict[str, Any]:
@@ -130,9 +128,7 @@ class LogisticRegression(Model):
         w = weights[self._table.name][:, 0].astype(np.float64)
         return _segment_sum(w[plan.inverse] * batch.values, batch.offsets)
 
-    def gradients(
-        self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32], dlogit: F64
-    ) -> dict[str, F32]:
+    def gradients(self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32], dlogit: F64) -> dict[str, F32]:
         return {self._table.name: plan.sum_to_keys(dlogit[plan.event_of] * batch.values)}
 
 
@@ -184,9 +180,7 @@ class FactorizationMachine(Model):
         out: F64 = linear + 0.5 * (s * s - sq).sum(axis=1)
         return out
 
-    def gradients(
-        self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32], dlogit: F64
-    ) -> dict[str, F32]:
+    def gradients(self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32], dlogit: F64) -> dict[str, F32]:
         g_occ = dlogit[plan.event_of]
         x, v, s = self._interaction_inputs(batch, plan, weights)
         # d logit / d v_if = x_i * s_f - v_if * x_i^2

@@ -20,10 +20,9 @@ row starts with so that its weight is a given initial value.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
-
-import math
 
 import numpy as np
 import numpy.typing as npt
@@ -119,9 +118,7 @@ class AdaGrad(Optimizer):
     name = "adagrad"
     slots = 2
 
-    def __init__(
-        self, lr: float = 0.05, eps: float = 1e-8, initial_accumulator: float = 0.0
-    ) -> None:
+    def __init__(self, lr: float = 0.05, eps: float = 1e-8, initial_accumulator: float = 0.0) -> None:
         if lr < MIN_POSITIVE or eps < MIN_POSITIVE or initial_accumulator < 0:
             raise TableConfigError(f"adagrad needs lr, eps >= {MIN_POSITIVE:g} and initial_accumulator >= 0")
         self.lr = lr
@@ -163,9 +160,7 @@ class FTRL(Optimizer):
     name = "ftrl"
     slots = 2
 
-    def __init__(
-        self, alpha: float = 0.05, beta: float = 1.0, l1: float = 1.0, l2: float = 1.0
-    ) -> None:
+    def __init__(self, alpha: float = 0.05, beta: float = 1.0, l1: float = 1.0, l2: float = 1.0) -> None:
         if alpha < MIN_POSITIVE or beta < 0 or l1 < 0 or l2 < 0:
             raise TableConfigError(f"ftrl needs alpha >= {MIN_POSITIVE:g} and beta, l1, l2 >= 0")
         if beta < MIN_POSITIVE and l2 < MIN_POSITIVE:
@@ -245,9 +240,7 @@ def make_optimizer(spec: dict[str, Any]) -> Optimizer:
     name = params.pop("name", None)
     cls = OPTIMIZERS.get(str(name))
     if cls is None:
-        raise TableConfigError(
-            f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}"
-        )
+        raise TableConfigError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")
     # Numbers only: float() would also take "0.1" and True.
     wrong = {k: v for k, v in params.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
     if wrong:

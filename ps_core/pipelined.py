@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Iterable, cast
+from collections.abc import Iterable
+from typing import cast
 
 __all__ = ["PipelinedConnection", "PipelinedProtocol", "Reply", "ServerConnection"]
 

@@ -205,12 +205,22 @@ class RpcServerProtocol(ServerConnection):
         end = _HELLO.size + int(token_len)
         if len(buf) < end:
             return 0
-        reason, self._scope = check(self._verifier, bytes(buf[_HELLO.size:end]), Scope.READ)
+        reason, self._scope = check(self._verifier, bytes(buf[_HELLO.size : end]), Scope.READ)
         if reason:
             self._refusals.refuse(reason, plane="rpc", peer=self._peer(), what="hello", needs=Scope.READ)
-            self._reply(401, orjson.dumps({"error": "unauthorized", "detail": (
-                "no token presented in the hello" if reason == "missing"
-                else "the token presented is not valid for this cluster")}))
+            self._reply(
+                401,
+                orjson.dumps(
+                    {
+                        "error": "unauthorized",
+                        "detail": (
+                            "no token presented in the hello"
+                            if reason == "missing"
+                            else "the token presented is not valid for this cluster"
+                        ),
+                    }
+                ),
+            )
             self.close()
             return -1
         spec = self._shard.spec
@@ -261,8 +271,7 @@ class RpcServerProtocol(ServerConnection):
             # The op byte of the frame (`ps_core.codec`): a pull reads, all else trains.
             needs = Scope.READ if len(body) > 5 and body[5] == codec.Op.PULL else Scope.TRAIN
             if self._scope < needs:
-                self._refusals.refuse("scope", plane="rpc", peer=self._peer(), what=f"frame op {body[5]}",
-                                      needs=needs)
+                self._refusals.refuse("scope", plane="rpc", peer=self._peer(), what=f"frame op {body[5]}", needs=needs)
                 detail = f"this call needs a token of scope {needs.label}, the one presented is {self._scope.label}"
                 self._reply(403, _error_payload("forbidden", detail))
                 return

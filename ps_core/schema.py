@@ -27,9 +27,26 @@ __all__ = ["validate", "KEYWORDS", "SchemaError"]
 
 KEYWORDS = frozenset(
     {
-        "$ref", "type", "properties", "required", "additionalProperties", "items",
-        "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "minLength", "maxLength", "enum",
-        "pattern", "maxProperties", "propertyNames", "anyOf", "description", "examples",
+        "$ref",
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "minItems",
+        "maxItems",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "minLength",
+        "maxLength",
+        "enum",
+        "pattern",
+        "maxProperties",
+        "propertyNames",
+        "anyOf",
+        "description",
+        "examples",
     }
 )
 """The JSON Schema keywords `validate` implements (the last two are annotations)."""
@@ -53,14 +70,14 @@ _TYPES: dict[str, Any] = {
     "boolean": lambda v: isinstance(v, bool),
     "null": lambda v: v is None,
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool))
-    or (isinstance(v, float) and v.is_integer() and abs(v) <= MAX_EXACT),
+    "integer": lambda v: (
+        (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, float) and v.is_integer() and abs(v) <= MAX_EXACT)
+    ),
 }
 
 
-def validate(
-    instance: Any, schema: dict[str, Any], doc: dict[str, Any] | None = None, path: str = "$"
-) -> list[str]:
+def validate(instance: Any, schema: dict[str, Any], doc: dict[str, Any] | None = None, path: str = "$") -> list[str]:
     """Where `instance` breaks `schema` (``$ref`` resolved in `doc`'s
     ``components.schemas``): one message per violation, empty when it
     conforms. Raises `SchemaError` for a keyword outside `KEYWORDS`."""

@@ -52,7 +52,8 @@ from __future__ import annotations
 
 import logging
 import ssl
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -93,9 +94,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def json_response(body: object, status: int = 200) -> web.Response:
     """A JSON response encoded with orjson."""
-    return web.Response(
-        body=orjson.dumps(body), status=status, content_type="application/json"
-    )
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
 
 
 @web.middleware
@@ -150,10 +149,15 @@ def refusal_body(reason: str, needs: Scope, granted: Scope | None) -> tuple[int,
     """The status and JSON error body of a refusal (`ps_core.auth.check`'s reason)."""
     if reason == "scope":
         held = granted.label if granted is not None else "none"
-        return 403, {"error": "forbidden", "detail": f"this call needs a token of scope {needs.label}, "
-                                                     f"the one presented is {held}"}
-    detail = ("no token presented (Authorization: Bearer <token>)" if reason == "missing"
-              else "the token presented is not valid for this cluster")
+        return 403, {
+            "error": "forbidden",
+            "detail": f"this call needs a token of scope {needs.label}, the one presented is {held}",
+        }
+    detail = (
+        "no token presented (Authorization: Bearer <token>)"
+        if reason == "missing"
+        else "the token presented is not valid for this cluster"
+    )
     return 401, {"error": "unauthorized", "detail": detail}
 
 
@@ -208,9 +212,7 @@ async def declare_table(request: web.Request) -> web.Response:
         raise TableConfigError(f"body is not JSON: {exc}") from None
     created = request.app[SHARD].declare(TableConfig.from_dict(raw))
     table = request.app[SHARD].table(str(raw["name"]))
-    return json_response(
-        {"created": created, "table": table.config.to_dict()}, status=201 if created else 200
-    )
+    return json_response({"created": created, "table": table.config.to_dict()}, status=201 if created else 200)
 
 
 async def list_tables(request: web.Request) -> web.Response:
@@ -295,9 +297,7 @@ async def stats(request: web.Request) -> web.Response:
 async def openapi(request: web.Request) -> web.Response:
     # Built per request from the router: shard 0's coordinator routes are
     # added after the app is created, and the document names only those served.
-    served = {
-        (r.method, r.resource.canonical) for r in request.app.router.routes() if r.resource is not None
-    }
+    served = {(r.method, r.resource.canonical) for r in request.app.router.routes() if r.resource is not None}
     return json_response(shard_document(served))
 
 

@@ -21,15 +21,17 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
 from . import codec
+from .board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, check_report
 from .errors import (
     CutNotJoinedError,
     FrameError,
@@ -41,11 +43,11 @@ from .errors import (
     UnknownTableError,
     WrongShardError,
 )
-from .board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, check_report
 from .hashing import shard_of
 from .table import F32, SnapshotKind, SparseTable, TableConfig, TableSnapshot
 
 __all__ = ["Shard", "ShardSpec", "MAX_STATUS_BYTES", "MAX_SOURCE_CHARS"]
+
 
 @dataclass(frozen=True)
 class ShardSpec:
@@ -224,9 +226,7 @@ class Shard:
             )
 
     # -- handlers ------------------------------------------------------------
-    def handle_pull(
-        self, table: str, keys: npt.NDArray[np.uint64], *, owned: bool = False
-    ) -> tuple[F32, int]:
+    def handle_pull(self, table: str, keys: npt.NDArray[np.uint64], *, owned: bool = False) -> tuple[F32, int]:
         """Weights of `keys` and the table's open version.
 
         `owned` (here and in the push handlers): the caller split the keys
@@ -318,7 +318,12 @@ class Shard:
         applied = 0
         if push_keys.size:
             applied, _ = self.handle_push(
-                table, push_keys, grads, counts=counts, event_time=event_time, request_id=request_id,
+                table,
+                push_keys,
+                grads,
+                counts=counts,
+                event_time=event_time,
+                request_id=request_id,
                 owned=owned,
             )
         if not pull_keys.size:
@@ -327,9 +332,7 @@ class Shard:
             return applied, np.empty((0, t.dim), dtype=np.float32), t.version
         return applied, t.pull(pull_keys), t.version
 
-    def handle_frame(
-        self, body: bytes | bytearray | memoryview, expect_op: int | None = None
-    ) -> bytes:
+    def handle_frame(self, body: bytes | bytearray | memoryview, expect_op: int | None = None) -> bytes:
         """Decode a pull, push or push_pull frame, apply it, encode the reply."""
         frame = codec.decode(body, expect_op)
         if frame.op == codec.Op.PULL:
@@ -422,9 +425,7 @@ class Shard:
             raise SnapshotError(f"shard {self.spec.shard_id} holds no cut {version}") from None
 
     # -- status board ----------------------------------------------------------
-    def report_status(
-        self, source: object, status: object, *, now: float | None = None
-    ) -> dict[str, Any]:
+    def report_status(self, source: object, status: object, *, now: float | None = None) -> dict[str, Any]:
         """Store `status` (a JSON object) as the latest of `source`.
 
         The board keeps the latest status of the `max_sources` sources that
@@ -451,10 +452,7 @@ class Shard:
     def statuses(self) -> list[dict[str, Any]]:
         """The board: ``{"source", "received_at", "status"}`` per source, the
         least recently reported first (JSON-ready)."""
-        return [
-            {"source": src, "received_at": at, "status": status}
-            for src, (at, status) in self._statuses.items()
-        ]
+        return [{"source": src, "received_at": at, "status": status} for src, (at, status) in self._statuses.items()]
 
     def stats(self) -> dict[str, Any]:
         """Features, bytes and call counts per table (JSON-ready)."""

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from .board import PARTITION_KEY, SOURCE_SCHEMA, STATUS_SCHEMA
-from .parsing import MAX_INT
 from .optim import MAX_HYPERPARAMETER, MIN_POSITIVE
+from .parsing import MAX_INT
 from .table import MAX_DIM, MAX_INIT_SCALE, MAX_VERSION
 
 __all__ = [
@@ -68,7 +68,11 @@ EXPORT_REPORT_SCHEMA: dict[str, Any] = _closed(
             "additionalProperties": counts_by,
         },
         "lease_wait_ms": {"type": "number", "minimum": 0},
-        "pause_ms": {"type": "number", "minimum": 0, "description": "Leases refused: the wait plus the shards' copies."},
+        "pause_ms": {
+            "type": "number",
+            "minimum": 0,
+            "description": "Leases refused: the wait plus the shards' copies.",
+        },
         "write_ms": {"type": "number", "minimum": 0},
         "expired_leases": {"type": "array", "items": {"type": "string"}},
         "pruned": {"type": "array", "items": {"type": "integer"}},
@@ -91,7 +95,11 @@ COMPACTION_SCHEMA: dict[str, Any] = _closed(
     {
         "version": {"type": "integer", "minimum": 1},
         "kind": {"type": "string", "enum": ["base"]},
-        "compacted_from": {"type": "array", "items": {"type": "integer"}, "description": "Empty when the newest version was a base already."},
+        "compacted_from": {
+            "type": "array",
+            "items": {"type": "integer"},
+            "description": "Empty when the newest version was a base already.",
+        },
         "rows": count,
         "bytes": count,
         "pruned": {"type": "array", "items": {"type": "integer"}},
@@ -166,10 +174,7 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "A name, or an object of a name and hyperparameters (the rest defaulted).",
                 "anyOf": [
                     {"type": "string", "enum": ["sgd", "adagrad", "ftrl"]},
-                    *(
-                        {**o, "required": ["name"]}
-                        for o in _TABLE["properties"]["optimizer"]["anyOf"]
-                    ),
+                    *({**o, "required": ["name"]} for o in _TABLE["properties"]["optimizer"]["anyOf"]),
                 ],
             },
         },
@@ -200,7 +205,9 @@ _SCHEMAS: dict[str, Any] = {
         "description": "Shard 0 adds sections of what it hosts (exports, cluster).",
     },
     "StatusReport": _closed({"source": SOURCE_SCHEMA, "status": STATUS_SCHEMA}),
-    "StatusAck": _closed({"source": string, "received_at": {"type": "number"}, "sources": {"type": "integer", "minimum": 1}}),
+    "StatusAck": _closed(
+        {"source": string, "received_at": {"type": "number"}, "sources": {"type": "integer", "minimum": 1}}
+    ),
     "StatusBoard": _closed(
         {
             "statuses": {
@@ -273,8 +280,13 @@ _SCHEMAS: dict[str, Any] = {
         "topics",
     ),
     "Release": _closed(
-        {"lease_id": {"type": "integer", "minimum": 0, "maximum": MAX_INT}, "offsets": _ref("Offsets"), "stream": {**_ref("Stream")}},
-        "offsets", "stream",
+        {
+            "lease_id": {"type": "integer", "minimum": 0, "maximum": MAX_INT},
+            "offsets": _ref("Offsets"),
+            "stream": {**_ref("Stream")},
+        },
+        "offsets",
+        "stream",
     ),
     "Released": _closed({"released": boolean}),
     "KnownOffsets": _closed({"offsets": _ref("Offsets"), "stream": {"type": ["object", "null"]}}),
@@ -340,7 +352,9 @@ _PATHS: dict[str, dict[str, Any]] = {
         "post": _op(
             "Declare a table: 201 created, 200 an identical one exists.",
             {**_ok("Declared", "Created.", 201), **_ok("Declared", "Declared already, identically.")},
-            400, 409, 413,
+            400,
+            409,
+            413,
             body="TableDeclaration",
         ),
     },
@@ -350,7 +364,14 @@ _PATHS: dict[str, dict[str, Any]] = {
         "post": _op("Report a status to the board.", _ok("StatusAck", "Stored."), 400, 413, body="StatusReport"),
     },
     "/v1/snapshots": {
-        "post": _op("Copy every table's rows for a cut.", _ok("SnapshotRows", "Rows per table."), 400, 409, 413, body="SnapshotRequest"),
+        "post": _op(
+            "Copy every table's rows for a cut.",
+            _ok("SnapshotRows", "Rows per table."),
+            400,
+            409,
+            413,
+            body="SnapshotRequest",
+        ),
     },
     "/v1/snapshots/{version}": {
         "parameters": [_VERSION_PARAM],
@@ -362,7 +383,8 @@ _PATHS: dict[str, dict[str, Any]] = {
                     "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                 }
             },
-            400, 409,
+            400,
+            409,
         ),
         "delete": _op("Drop the copies of a cut (idempotent).", _ok("Dropped", "Whether they were held."), 400),
     },
@@ -374,7 +396,9 @@ _PATHS: dict[str, dict[str, Any]] = {
         "post": _op(
             "Load a version from the exports directory (the shard leaves the cluster until admitted).",
             _ok("Restored", "Loaded, or refused naming the file that does not check."),
-            400, 404, 413,
+            400,
+            404,
+            413,
             body="Restore",
         ),
     },
@@ -387,10 +411,19 @@ _PATHS: dict[str, dict[str, Any]] = {
         ),
     },
     "/v1/leases": {
-        "post": _op("A lease for one window of training.", _ok("Lease", "Granted."), 400, 409, 413, 503, body="LeaseRequest"),
+        "post": _op(
+            "A lease for one window of training.", _ok("Lease", "Granted."), 400, 409, 413, 503, body="LeaseRequest"
+        ),
     },
     "/v1/leases/release": {
-        "post": _op("Release a lease with its committed offsets.", _ok("Released", "False: it had expired."), 400, 404, 413, body="Release"),
+        "post": _op(
+            "Release a lease with its committed offsets.",
+            _ok("Released", "False: it had expired."),
+            400,
+            404,
+            413,
+            body="Release",
+        ),
     },
     "/v1/offsets": {"get": _op("The latest committed offsets.", _ok("KnownOffsets", "And their stream."))},
     "/v1/exports": {
@@ -398,7 +431,12 @@ _PATHS: dict[str, dict[str, Any]] = {
         "post": _op(
             "Cut and write a version now.",
             _ok("ExportReport", "Written.", 201),
-            400, 409, 413, 500, 503, 507,
+            400,
+            409,
+            413,
+            500,
+            503,
+            507,
             body="ExportRequest",
             optional_body=True,
         ),
@@ -414,11 +452,7 @@ def shard_document(served: set[tuple[str, str]] | None = None) -> dict[str, Any]
     pairs, from the app's router), only the operations the app serves."""
     paths: dict[str, Any] = {}
     for path, item in _PATHS.items():
-        ops = {
-            k: v
-            for k, v in item.items()
-            if k == "parameters" or served is None or (k.upper(), path) in served
-        }
+        ops = {k: v for k, v in item.items() if k == "parameters" or served is None or (k.upper(), path) in served}
         if set(ops) - {"parameters"}:
             paths[path] = ops
     return {

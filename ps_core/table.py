@@ -178,8 +178,7 @@ class TableSnapshot:
             a = getattr(self, name)
             if a.dtype != dtype or a.shape != shape:
                 raise ValueError(
-                    f"snapshot of table {self.table}: {name} is {a.dtype}{list(a.shape)}, "
-                    f"expected {dtype}{list(shape)}"
+                    f"snapshot of table {self.table}: {name} is {a.dtype}{list(a.shape)}, expected {dtype}{list(shape)}"
                 )
         if self.deleted.dtype != np.uint64 or self.deleted.ndim != 1:
             raise ValueError(f"snapshot of table {self.table}: deleted must be 1-d uint64")
@@ -353,9 +352,7 @@ class SparseTable:
         rows, free = self.index.probe(k)
         missing = np.flatnonzero(rows < 0)
         if missing.size == k.size:  # nothing stored (perhaps no row at all yet)
-            self._pulled.append(
-                _Pulled(k.copy(), rows, missing, free, self.index.mutations, self._writes, None)
-            )
+            self._pulled.append(_Pulled(k.copy(), rows, missing, free, self.index.mutations, self._writes, None))
             return self.initial_weights(k)
         # Absent keys gather row 0 (mode="clip" maps -1 there): one gather
         # and one weight derivation for all keys, then overwrite those few,
@@ -407,8 +404,7 @@ class SparseTable:
             g = g.reshape(-1, 1)
         if g.shape != (k.size, self.dim):
             raise InvalidValuesError(
-                f"table {self.config.name}: gradients of shape {g.shape} for "
-                f"{k.size} keys of dim {self.dim}"
+                f"table {self.config.name}: gradients of shape {g.shape} for {k.size} keys of dim {self.dim}"
             )
         # One pass: a float64 sum of float32 values cannot overflow (below
         # 10**269 of them), so it is finite exactly when they all are.
@@ -421,19 +417,12 @@ class SparseTable:
             # +-inf too; then whole numbers (np.floor is far cheaper than
             # np.modf).
             if c is not None and (
-                c.shape[0] != k.size
-                or not c.min() >= 0
-                or not c.max() < np.inf
-                or not (np.floor(c) == c).all()
+                c.shape[0] != k.size or not c.min() >= 0 or not c.max() < np.inf or not (np.floor(c) == c).all()
             ):
-                raise InvalidValuesError(
-                    f"table {self.config.name}: counts must be (n, 2), finite, whole and >= 0"
-                )
+                raise InvalidValuesError(f"table {self.config.name}: counts must be (n, 2), finite, whole and >= 0")
         seen = time.time() if event_time is None else event_time
         if not (math.isfinite(seen) and 0 <= seen < 2**32):
-            raise InvalidValuesError(
-                f"table {self.config.name}: event time {seen!r} is not seconds in [0, 2**32)"
-            )
+            raise InvalidValuesError(f"table {self.config.name}: event time {seen!r} is not seconds in [0, 2**32)")
         n = k.size
         if n == 0:
             return 0
@@ -590,17 +579,17 @@ class SparseTable:
         n = self.index.num_rows
         return self._copy_rows(np.flatnonzero(self.index.row_live[:n]), version, None, _NO_KEYS)
 
-    def _copy_rows(
-        self, rows: npt.NDArray[np.intp], version: int, parent: int | None, deleted: U64
-    ) -> TableSnapshot:
+    def _copy_rows(self, rows: npt.NDArray[np.intp], version: int, parent: int | None, deleted: U64) -> TableSnapshot:
         if rows.size == self.index.num_rows:
             # Every row handed out is selected (no freed rows): a slice copy
             # is a straight memcpy, cheaper than a gather.
             def take(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
                 return a[: rows.size].copy()
         else:
+
             def take(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
                 return np.take(a, rows, axis=0)
+
         return TableSnapshot(
             table=self.config.name,
             config=self.config,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable, Iterator
 
 import aiohttp
 import pytest
@@ -17,9 +17,8 @@ from ps_core.client import HttpTransport, LocalTransport, PSClient, RetryPolicy,
 from ps_core.coordinator import Coordinator
 from ps_core.coordinator_server import add_coordinator_routes
 from ps_core.exporter import Exporter
-from ps_core.server import ShardSite, start_shard_site
 from ps_core.rpc import RpcServer, start_rpc_server
-from ps_core.server import DEFAULT_MAX_BODY, create_shard_app
+from ps_core.server import DEFAULT_MAX_BODY, ShardSite, create_shard_app, start_shard_site
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import requests
 from hypothesis import HealthCheck, given, settings
@@ -23,8 +24,9 @@ quick suite (``CTRPS_FUZZ_EXAMPLES`` for a longer search)."""
 After = Callable[[Any, requests.Response, requests.Session, str], None]
 
 
-def fuzz(operation: Any, url: str, headers: dict[str, str], *, after: After | None = None,
-         examples: int = EXAMPLES) -> Counter[int]:
+def fuzz(
+    operation: Any, url: str, headers: dict[str, str], *, after: After | None = None, examples: int = EXAMPLES
+) -> Counter[int]:
     """Send `examples` generated requests to `operation` at `url` (with
     `headers`), validating each response; `after(case, response, session,
     url)` checks more after each. Returns how often each status came back.
@@ -36,8 +38,9 @@ def fuzz(operation: Any, url: str, headers: dict[str, str], *, after: After | No
     session = requests.Session()
 
     @given(case=st.one_of(modes))
-    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+    )
     def run(case: Any) -> None:
         response = case.call(base_url=url, headers=headers, session=session, timeout=10)
         statuses[response.status_code] += 1

@@ -13,9 +13,10 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -26,8 +27,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.api import PREDICTOR, create_app
-from app.openapi import KEYWORDS, SchemaError, openapi_document, response_schema, validate
 from app.cli import build_parser
+from app.openapi import KEYWORDS, SchemaError, openapi_document, response_schema, validate
 from app.settings import ApiSettings, SettingsError
 from app.status import make_status_hook
 from consumers.worker import WindowReport, WorkerStats
@@ -124,9 +125,7 @@ async def make_api(transport: str, serve_shards: Any) -> AsyncIterator[MakeApi]:
         http = TestClient(TestServer(app))
         await http.start_server()
         opened.append((http, client))
-        status, doc = await Api(http, client, model, shards, urls, openapi_document()).call(
-            "GET", "/openapi.json"
-        )
+        status, doc = await Api(http, client, model, shards, urls, openapi_document()).call("GET", "/openapi.json")
         assert status == 200
         return Api(http, client, model, shards, urls, doc)
 
@@ -200,7 +199,9 @@ async def test_predict_equals_a_prediction_by_hand_from_weights(make_api: MakeAp
     assert len(got["predictions"]) == len(probe)
     for event, p in zip(probe, got["predictions"]):
         status, w = await api.call(
-            "POST", "/v1/weights", {"features": event["features"], **({"keys": event["keys"]} if "keys" in event else {})}
+            "POST",
+            "/v1/weights",
+            {"features": event["features"], **({"keys": event["keys"]} if "keys" in event else {})},
         )
         assert status == 200 and w["tables"] == list(api.model.table_names)
         assert p == pytest.approx(by_hand(w["weights"], api.model), rel=1e-9, abs=1e-12)
@@ -225,8 +226,16 @@ async def test_weights_name_every_feature_and_flag_absent_ones(make_api: MakeApi
     tags = features["tags"]
     mobile = "true" if features["mobile"] else "false"
     assert names == [
-        "(bias)", f"site={features['site']}", f"ad={features['ad']}", "price",
-        f"tags={tags[0]}", f"tags={tags[1]}", f"mobile={mobile}", "unseen=zzz", None, None,
+        "(bias)",
+        f"site={features['site']}",
+        f"ad={features['ad']}",
+        "price",
+        f"tags={tags[0]}",
+        f"tags={tags[1]}",
+        f"mobile={mobile}",
+        "unseen=zzz",
+        None,
+        None,
     ]
     assert [r["value"] for r in rows][:4] == [1.0, 1.0, 1.0, pytest.approx(features["price"])]
     # The ids are the ones training hashes for the same event.
@@ -296,29 +305,117 @@ BAD_REQUESTS: list[tuple[str, str, str, bytes | Any, int, str, str]] = [
     ("no-events-field", "POST", "/v1/predict", {"event": [EV]}, 400, "bad_request", "unknown fields ['event']"),
     ("missing-events", "POST", "/v1/predict", {}, 400, "bad_request", 'missing field "events"'),
     ("events-not-list", "POST", "/v1/predict", {"events": EV}, 400, "bad_request", "events must be a list"),
-    ("model-not-string", "POST", "/v1/predict", {"events": [EV], "model": 3}, 400, "bad_request", "model must be a string"),
+    (
+        "model-not-string",
+        "POST",
+        "/v1/predict",
+        {"events": [EV], "model": 3},
+        400,
+        "bad_request",
+        "model must be a string",
+    ),
     ("unknown-model", "POST", "/v1/predict", {"events": [EV], "model": "other"}, 404, "unknown_model", "'other'"),
     ("empty-events", "POST", "/v1/predict", {"events": []}, 422, "no_events", "empty"),
-    ("too-many-events", "POST", "/v1/predict", {"events": [EV] * (MAX_EVENTS + 1)}, 422, "too_many_events", f"limit is {MAX_EVENTS}"),
+    (
+        "too-many-events",
+        "POST",
+        "/v1/predict",
+        {"events": [EV] * (MAX_EVENTS + 1)},
+        422,
+        "too_many_events",
+        f"limit is {MAX_EVENTS}",
+    ),
     ("event-not-object", "POST", "/v1/predict", {"events": [EV, 5]}, 422, "not_an_object", "event 1:"),
     ("no-features", "POST", "/v1/predict", {"events": [{"id": "x"}]}, 422, "bad_features", "features or keys"),
     ("features-not-object", "POST", "/v1/predict", {"events": [{"features": ["a"]}]}, 422, "bad_features", "object"),
-    ("nested-value", "POST", "/v1/predict", {"events": [EV, EV, {"features": {"x": {"y": 1}}}]}, 422, "bad_value", "event 2: x"),
-    ("float32-overflow", "POST", "/v1/predict", {"events": [{"features": {"x": 1e39}}]}, 422, "bad_value", "finite float32"),
+    (
+        "nested-value",
+        "POST",
+        "/v1/predict",
+        {"events": [EV, EV, {"features": {"x": {"y": 1}}}]},
+        422,
+        "bad_value",
+        "event 2: x",
+    ),
+    (
+        "float32-overflow",
+        "POST",
+        "/v1/predict",
+        {"events": [{"features": {"x": 1e39}}]},
+        422,
+        "bad_value",
+        "finite float32",
+    ),
     ("negative-key", "POST", "/v1/predict", {"events": [{"keys": [-1]}]}, 422, "bad_keys", "[0, 2**64)"),
-    ("key-over-u64", "POST", "/v1/predict", b'{"events": [{"keys": [18446744073709551616]}]}', 422, "bad_keys", "[0, 2**64)"),
-    ("string-label", "POST", "/v1/predict", {"events": [{"features": {"a": "b"}, "label": "1"}]}, 422, "bad_label", "0 or 1"),
-    ("body-too-large", "POST", "/v1/predict", {"events": [{"features": {"x": "y" * MAX_BODY}}]}, 413, "too_large", f"{MAX_BODY} bytes"),
-    ("weights-features-list", "POST", "/v1/weights", {"features": ["a"]}, 400, "bad_request", "features must be an object"),
+    (
+        "key-over-u64",
+        "POST",
+        "/v1/predict",
+        b'{"events": [{"keys": [18446744073709551616]}]}',
+        422,
+        "bad_keys",
+        "[0, 2**64)",
+    ),
+    (
+        "string-label",
+        "POST",
+        "/v1/predict",
+        {"events": [{"features": {"a": "b"}, "label": "1"}]},
+        422,
+        "bad_label",
+        "0 or 1",
+    ),
+    (
+        "body-too-large",
+        "POST",
+        "/v1/predict",
+        {"events": [{"features": {"x": "y" * MAX_BODY}}]},
+        413,
+        "too_large",
+        f"{MAX_BODY} bytes",
+    ),
+    (
+        "weights-features-list",
+        "POST",
+        "/v1/weights",
+        {"features": ["a"]},
+        400,
+        "bad_request",
+        "features must be an object",
+    ),
     ("weights-keys-not-list", "POST", "/v1/weights", {"keys": 5}, 400, "bad_request", "keys must be a list"),
-    ("weights-unknown-field", "POST", "/v1/weights", {"features": {}, "events": []}, 400, "bad_request", "unknown fields ['events']"),
+    (
+        "weights-unknown-field",
+        "POST",
+        "/v1/weights",
+        {"features": {}, "events": []},
+        400,
+        "bad_request",
+        "unknown fields ['events']",
+    ),
     ("weights-nothing", "POST", "/v1/weights", {}, 422, "bad_features", "features or keys"),
     ("weights-bad-key", "POST", "/v1/weights", {"keys": [1.5]}, 422, "bad_keys", "integers"),
     ("weights-unknown-model", "POST", "/v1/weights", {"keys": [1], "model": "x"}, 404, "unknown_model", "serves 'ctr'"),
     ("status-not-object", "POST", "/v1/status", [1], 400, "bad_request", "is not object"),
     ("status-no-source", "POST", "/v1/status", {"status": {}}, 400, "bad_request", "missing 'source'"),
-    ("status-bad-field", "POST", "/v1/status", {"source": "w", "status": {"windows": -1}}, 400, "bad_request", "minimum"),
-    ("status-extra", "POST", "/v1/status", {"source": "w", "status": {}, "x": 1}, 400, "bad_request", "unexpected property 'x'"),
+    (
+        "status-bad-field",
+        "POST",
+        "/v1/status",
+        {"source": "w", "status": {"windows": -1}},
+        400,
+        "bad_request",
+        "minimum",
+    ),
+    (
+        "status-extra",
+        "POST",
+        "/v1/status",
+        {"source": "w", "status": {}, "x": 1},
+        400,
+        "bad_request",
+        "unexpected property 'x'",
+    ),
     ("unknown-route", "GET", "/v1/nope", None, 404, "not_found", "no route GET /v1/nope"),
     ("wrong-method", "GET", "/v1/predict", None, 405, "method_not_allowed", "takes POST"),
 ]
@@ -355,9 +452,17 @@ def test_the_bad_request_table_is_broad() -> None:
 def window_report(window: int, events: int, lag: dict[int, int], dlq: dict[str, int]) -> WindowReport:
     m = evaluate(np.array([0.1, 0.8, 0.3]), np.array([0.0, 1.0, 1.0]))
     return WindowReport(
-        window=window, partitions=sorted(lag), events=events, records=events + sum(dlq.values()),
-        dlq=sum(dlq.values()), metrics=m, events_per_s=1000.0, lag=sum(lag.values()),
-        seconds=0.75, lag_by_partition=lag, dlq_by_reason=dlq,
+        window=window,
+        partitions=sorted(lag),
+        events=events,
+        records=events + sum(dlq.values()),
+        dlq=sum(dlq.values()),
+        metrics=m,
+        events_per_s=1000.0,
+        lag=sum(lag.values()),
+        seconds=0.75,
+        lag_by_partition=lag,
+        dlq_by_reason=dlq,
     )
 
 
@@ -390,7 +495,8 @@ async def test_model_info_and_metrics_report_what_was_trained(make_api: MakeApi)
     events = synthetic_events(rng, 120)
     await train(api.client, api.model, events)
     await report_windows(
-        api.client, "w-a",
+        api.client,
+        "w-a",
         [window_report(1, 100, {0: 5, 1: 2}, {"invalid_json": 2}), window_report(2, 20, {0: 1, 1: 0}, {})],
     )
     await report_windows(api.client, "w-b", [window_report(1, 7, {2: 9}, {"bad_label": 1})])
@@ -519,7 +625,9 @@ async def test_unauthorized_answers_name_the_scheme(make_api: MakeApi) -> None:
 
 async def test_without_a_token_admin_routes_are_open(make_api: MakeApi) -> None:
     api = await make_api()
-    status, _ = await api.call("POST", "/v1/status", {"source": "w", "status": {}}, headers={"Authorization": "Bearer anything"})
+    status, _ = await api.call(
+        "POST", "/v1/status", {"source": "w", "status": {}}, headers={"Authorization": "Bearer anything"}
+    )
     assert status == 200
 
 
@@ -560,7 +668,9 @@ async def test_a_shard_down_is_503_naming_it(serve_shards: Any) -> None:
         m = samples(text)
         assert m[("ctrps_shard_up", (("shard", "1"),))] == 0.0
         assert m[("ctrps_shard_up", (("shard", "0"),))] == 1.0
-        assert m[("ctrps_shard_rpc_errors_total", (("error", "shard_unavailable"), ("op", "pull"), ("shard", "1")))] >= 2
+        assert (
+            m[("ctrps_shard_rpc_errors_total", (("error", "shard_unavailable"), ("op", "pull"), ("shard", "1")))] >= 2
+        )
         assert m[("ctrps_http_requests_total", (("route", "/v1/predict"), ("status", "503")))] == 1
     await client.close()
 
@@ -631,7 +741,11 @@ async def test_every_route_is_documented_and_every_documented_response_happens(
         await api.call(method, path, body, headers=headers)
     # Without an exporter on shard 0, the exports routes are 404.
     bare = await make_api(admin_token=TOKEN)
-    for method, path, body in (("GET", "/v1/exports", None), ("POST", "/v1/exports", {}), ("POST", "/v1/exports/compact", None)):
+    for method, path, body in (
+        ("GET", "/v1/exports", None),
+        ("POST", "/v1/exports", {}),
+        ("POST", "/v1/exports/compact", None),
+    ):
         status, got = await bare.call(method, path, body, headers=auth)
         assert (status, got["error"]) == (404, "no_coordinator"), got
     api.seen |= bare.seen
@@ -736,9 +850,21 @@ async def test_ctrps_serve_answers_and_stops_on_sigterm(serve_shards: Any) -> No
     _, urls = await serve_shards(2, model.tables())
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app.cli", "serve", "--shards", ",".join(urls), "--port", "0",
-        "--log-format", "json", "--max-events", "7",
-        cwd=PROJECT, env=env, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "app.cli",
+        "serve",
+        "--shards",
+        ",".join(urls),
+        "--port",
+        "0",
+        "--log-format",
+        "json",
+        "--max-events",
+        "7",
+        cwd=PROJECT,
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stderr is not None
     try:
@@ -767,8 +893,12 @@ async def test_ctrps_serve_answers_and_stops_on_sigterm(serve_shards: Any) -> No
 def ctrps(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args], cwd=PROJECT, env={**clean, **(env or {})},
-        capture_output=True, text=True, timeout=30,
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=PROJECT,
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
 
@@ -791,8 +921,12 @@ def test_serve_without_shards_is_a_usage_error() -> None:
 def test_api_settings_flags_over_environment_over_defaults() -> None:
     parse = build_parser().parse_args
     env = {
-        "CTRPS_SHARDS": "http://a:1,http://b:2", "CTRPS_API_PORT": "9000", "CTRPS_MODEL": "fm",
-        "CTRPS_MAX_EVENTS": "20", "CTRPS_ADMIN_TOKEN": "tok", "CTRPS_SHARD_DEADLINE": "0.5",
+        "CTRPS_SHARDS": "http://a:1,http://b:2",
+        "CTRPS_API_PORT": "9000",
+        "CTRPS_MODEL": "fm",
+        "CTRPS_MAX_EVENTS": "20",
+        "CTRPS_ADMIN_TOKEN": "tok",
+        "CTRPS_SHARD_DEADLINE": "0.5",
     }
     s = ApiSettings.from_args(parse(["serve", "--port", "9100", "--model-name", "m"]), env=env)
     assert s.shards == ("http://a:1", "http://b:2") and s.port == 9100 and s.model == "fm"

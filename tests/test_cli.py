@@ -12,8 +12,9 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -69,8 +70,17 @@ def test_shard_help_exits_0_and_shows_an_example() -> None:
 def test_the_help_examples_are_valid_settings() -> None:
     """The table spec and the CTRPS_TABLES value shown in --help really parse."""
     args = build_parser().parse_args(
-        ["shard", "--port", "7100", "--shard-id", "0", "--num-shards", "2",
-         "--table", "lr,optimizer=ftrl,alpha=0.05,beta=1,l1=1,l2=1"]
+        [
+            "shard",
+            "--port",
+            "7100",
+            "--shard-id",
+            "0",
+            "--num-shards",
+            "2",
+            "--table",
+            "lr,optimizer=ftrl,alpha=0.05,beta=1,l1=1,l2=1",
+        ]
     )
     s = ShardSettings.from_args(args, env={})
     assert s.tables == (TableConfig("lr", optimizer={"name": "ftrl"}),)  # the defaults, spelt out
@@ -121,13 +131,11 @@ async def wait_healthy(
             if proc.returncode is not None:
                 pytest.fail(f"shard exited with {proc.returncode}: {log.read_text()}")
             try:
-                async with session.get(
-                    url + "/healthz", timeout=aiohttp.ClientTimeout(total=1.0)
-                ) as resp:
+                async with session.get(url + "/healthz", timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
                     if resp.status == 200:
                         body: dict[str, Any] = orjson.loads(await resp.read())
                         return body
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientConnectionError):
                 pass
             if loop.time() > deadline:
                 pytest.fail(f"shard not healthy after {timeout_s}s: {log.read_text()}")
@@ -206,9 +214,7 @@ def test_table_spec_with_every_field() -> None:
 
 
 def test_table_spec_tolerates_spaces_and_empty_parts() -> None:
-    assert parse_table_spec(" lr , dim=2 ,, optimizer=sgd ,") == TableConfig(
-        "lr", dim=2, optimizer={"name": "sgd"}
-    )
+    assert parse_table_spec(" lr , dim=2 ,, optimizer=sgd ,") == TableConfig("lr", dim=2, optimizer={"name": "sgd"})
 
 
 @pytest.mark.parametrize(
@@ -357,9 +363,7 @@ def test_some_flags_combine_with_the_rest_of_env() -> None:
         (["--log-format", "json"], {"CTRPS_SHARD_PORT": "x"}, "CTRPS_SHARD_PORT='x'"),
     ],
 )
-def test_from_args_bad_values_raise_settings_error(
-    flags: list[str], env: dict[str, str], message: str
-) -> None:
+def test_from_args_bad_values_raise_settings_error(flags: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError) as info:
         ShardSettings.from_args(shard_args(*flags), env=env)
     assert message in str(info.value)

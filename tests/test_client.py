@@ -10,7 +10,8 @@ elementwise float32, so sharding changes no bit of the result (asserted with
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,9 +32,7 @@ from ps_core.shard import Shard, ShardSpec
 from ps_core.table import SparseTable, TableConfig
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
-EMB = TableConfig(
-    "emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=7
-)
+EMB = TableConfig("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=7)
 TABLES = (LR, EMB)
 U64_MAX = 2**64 - 1
 
@@ -66,9 +65,7 @@ async def make_client(request: pytest.FixtureRequest, serve_shards: Any) -> Asyn
 
 
 def key_pool(rng: np.random.Generator, size: int = 30) -> np.ndarray:
-    pool = np.concatenate(
-        [np.array([0, U64_MAX], np.uint64), rng.integers(1, U64_MAX, size, dtype=np.uint64)]
-    )
+    pool = np.concatenate([np.array([0, U64_MAX], np.uint64), rng.integers(1, U64_MAX, size, dtype=np.uint64)])
     assert set(shard_of(pool, 2).tolist()) == {0, 1}
     return pool
 
@@ -106,9 +103,7 @@ async def run_random_sequence(client: PSClient, seed: int, steps: int = 80) -> l
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-async def test_random_pull_push_equals_one_reference_table(
-    make_client: MakeClient, seed: int
-) -> None:
+async def test_random_pull_push_equals_one_reference_table(make_client: MakeClient, seed: int) -> None:
     client, shards = await make_client(2, TABLES)
     await run_random_sequence(client, seed)
     # Each shard holds only the keys it owns.

@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
+from waiting import until
 
 from app.cli import build_parser
 from app.cluster import broker_processes, end_broker_processes
@@ -26,7 +27,7 @@ from ps_core.auth import Scope, derive_token
 from ps_core.export import latest_chain, list_versions, restore_shards
 from ps_core.features import FeatureHasher
 from ps_core.hashing import shard_of
-from waiting import until
+
 PROJECT = Path(__file__).resolve().parent.parent
 
 
@@ -56,8 +57,17 @@ def test_cluster_help_shows_an_example() -> None:
     assert out.returncode == 0, out.stderr
     assert "usage: ctrps cluster" in out.stdout and "examples:" in out.stdout
     assert "ctrps cluster --shards 4 --workers 3" in out.stdout
-    for flag in ("--shards", "--workers", "--port", "--produce-rate", "--no-produce", "--duration",
-                 "--max-restarts", "--restart-backoff", "--restart-window"):
+    for flag in (
+        "--shards",
+        "--workers",
+        "--port",
+        "--produce-rate",
+        "--no-produce",
+        "--duration",
+        "--max-restarts",
+        "--restart-backoff",
+        "--restart-window",
+    ):
         assert flag in out.stdout
 
 
@@ -201,9 +211,7 @@ async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path
     try:
         ready = await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
         assert (ready["auth"], ready["cluster_secret"], ready["admin_token"]) == ("on", "generated", "set")
-        started = {
-            x["role"]: x["pid"] for x in read_json_lines(err_log) if x.get("msg") == "started"
-        }
+        started = {x["role"]: x["pid"] for x in read_json_lines(err_log) if x.get("msg") == "started"}
         assert set(started) == ROLES
         secret = check_child_credentials(started)
         # The broker role's own child, the Tansu binary, must stop with it.
@@ -241,7 +249,9 @@ async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path
     assert rc == 0, err_log.read_text()[-3000:]
     for pid in [*started.values(), tansu["pid"]]:
         assert pid_gone(pid), f"{pid} outlived the cluster"
-    stopped = {x["role"]: x["returncode"] for x in read_json_lines(err_log) if x.get("msg") == "stopped" and "role" in x}
+    stopped = {
+        x["role"]: x["returncode"] for x in read_json_lines(err_log) if x.get("msg") == "stopped" and "role" in x
+    }
     assert stopped == {role: 0 for role in ROLES}
     # Every child's lines carry its role; workers logged windows.
     lines = read_json_lines(out_log)
@@ -347,9 +357,7 @@ async def test_a_child_that_keeps_failing_stops_the_cluster_with_one_line_and_st
     [restart] = [x for x in lines if x.get("msg") == "restarting a child"]
     assert (restart["role"], restart["returncode"], restart["attempt"], restart["delay_s"]) == ("api", -9, 1, 0.5)
     errors = [x for x in lines if x.get("level") == "error" and x.get("logger") == "ctrps.supervisor"]
-    assert [(x["msg"], x["role"], x["returncode"]) for x in errors] == [
-        ("child keeps failing: stopping", "api", -9)
-    ]
+    assert [(x["msg"], x["role"], x["returncode"]) for x in errors] == [("child keeps failing: stopping", "api", -9)]
     [summary] = [x for x in lines if x.get("msg") == "stopped because a child failed"]
     assert summary["reason"] == "killed by SIGKILL; restarted 1 times within 300s"
     stopped = {x["role"]: x["returncode"] for x in lines if x.get("msg") == "stopped" and "role" in x}
@@ -492,7 +500,10 @@ async def test_a_restarted_shard_comes_back_on_its_ports_and_restores_this_runs_
         assert restored["version"] == cut["version"]
 
         async def listening_twice() -> bool:
-            return len([x for x in read_json_lines(out_log) if x.get("role") == "shard-1" and x.get("msg") == "listening"]) == 2
+            return (
+                len([x for x in read_json_lines(out_log) if x.get("role") == "shard-1" and x.get("msg") == "listening"])
+                == 2
+            )
 
         await until(listening_twice, 60, what="the restarted shard listening")
         again = [x for x in read_json_lines(out_log) if x.get("role") == "shard-1" and x.get("msg") == "listening"][-1]

@@ -136,9 +136,7 @@ def test_empty_weights_reply_keeps_dim() -> None:
 
 def test_ack_round_trip() -> None:
     f = codec.decode(codec.encode_ack("lr", applied=2**32 - 1, version=9), expect_op=Op.ACK)
-    assert f == Frame(
-        op=Op.ACK, table="lr", count=2**32 - 1, dim=0, keys=None, values=None, version=9
-    )
+    assert f == Frame(op=Op.ACK, table="lr", count=2**32 - 1, dim=0, keys=None, values=None, version=9)
 
 
 def test_big_batch_round_trip() -> None:
@@ -332,7 +330,10 @@ def test_earlier_frames_are_byte_identical_to_the_format_before_push_pull() -> N
     counts = np.array([[1, 0], [2, 1]], np.float32)
     old_push = (
         _V1_HEADER.pack(b"CTPS", 1, Op.PUSH, FLAG_COUNTS, 2, 1, 1.5e9, 0, 77, 2)
-        + b"lr" + b"\0" * 6 + keys.astype("<u8").tobytes() + grads.astype("<f4").tobytes()
+        + b"lr"
+        + b"\0" * 6
+        + keys.astype("<u8").tobytes()
+        + grads.astype("<f4").tobytes()
         + counts.astype("<f4").tobytes()
     )
     assert codec.encode_push("lr", keys, grads, counts=counts, event_time=1.5e9, request_id=77) == old_push
@@ -342,9 +343,7 @@ def test_earlier_frames_are_byte_identical_to_the_format_before_push_pull() -> N
     assert f.pull_keys is None and f.applied == 0 and f.request_id == 77
 
 
-def push_pull_frame(
-    n: int = 3, dim: int = 2, m: int = 4, counts: bool = False, request_id: int = 9
-) -> bytes:
+def push_pull_frame(n: int = 3, dim: int = 2, m: int = 4, counts: bool = False, request_id: int = 9) -> bytes:
     rng = np.random.default_rng(n * 100 + dim * 10 + m)
     return codec.encode_push_pull(
         "fm",
@@ -363,9 +362,7 @@ def test_push_pull_request_round_trip(with_counts: bool) -> None:
     grads = np.array([[0.5, -1.0, 3.0], [2.0, 3.0, 1e-30], [-0.25, 0.0, 7.0]], np.float32)
     counts = np.array([[1, 0], [3, 2], [0, 0]], np.float32) if with_counts else None
     pull = keys_of(U64_MAX, 8, 0, 5, 5)
-    buf = codec.encode_push_pull(
-        "fm_v", keys, grads, pull, counts=counts, event_time=1.7e9 + 0.5, request_id=U64_MAX
-    )
+    buf = codec.encode_push_pull("fm_v", keys, grads, pull, counts=counts, event_time=1.7e9 + 0.5, request_id=U64_MAX)
     # header, "fm_v" padded to 8, push keys, pull keys, grads, counts
     assert len(buf) == HEADER_SIZE + 8 + 8 * 3 + 8 * 5 + 4 * 9 + (8 * 3 if with_counts else 0)
     assert struct.unpack_from("<I", buf, OFF_M)[0] == 5
@@ -395,18 +392,14 @@ def test_push_pull_key_sections_are_8_aligned_whatever_n_dim(n: int, dim: int, m
 
 
 def test_push_pull_with_an_empty_push_or_pull() -> None:
-    only_pull = codec.decode(
-        codec.encode_push_pull("lr", keys_of(), np.zeros((0, 1), np.float32), keys_of(4, 5))
-    )
+    only_pull = codec.decode(codec.encode_push_pull("lr", keys_of(), np.zeros((0, 1), np.float32), keys_of(4, 5)))
     assert only_pull.count == 0 and only_pull.dim == 1
     assert only_pull.keys is not None and only_pull.keys.shape == (0,)
     np.testing.assert_array_equal(only_pull.pull_keys, keys_of(4, 5))
     # An empty push may carry dim 0 (a caller with nothing to push).
     dimless = codec.decode(codec.encode_push_pull("lr", keys_of(), np.zeros(0, np.float32), keys_of(4)))
     assert dimless.count == 0 and dimless.values is not None and dimless.values.shape[0] == 0
-    only_push = codec.decode(
-        codec.encode_push_pull("lr", keys_of(4, 5), np.ones((2, 1), np.float32), keys_of())
-    )
+    only_push = codec.decode(codec.encode_push_pull("lr", keys_of(4, 5), np.ones((2, 1), np.float32), keys_of()))
     assert only_push.count == 2
     assert only_push.pull_keys is not None and only_push.pull_keys.shape == (0,)
 
@@ -452,8 +445,12 @@ def test_push_pull_unexpected_op(frame: bytes, expect_op: int, got: int) -> None
 
 @pytest.mark.parametrize(
     "frame",
-    [pull_frame(), push_frame(), codec.encode_weights("lr", np.ones((3, 2), np.float32), 1),
-     codec.encode_ack("lr", 3, 1)],
+    [
+        pull_frame(),
+        push_frame(),
+        codec.encode_weights("lr", np.ones((3, 2), np.float32), 1),
+        codec.encode_ack("lr", 3, 1),
+    ],
     ids=["pull", "push", "weights", "ack"],
 )
 def test_second_count_on_an_earlier_op(frame: bytes) -> None:
@@ -462,9 +459,7 @@ def test_second_count_on_an_earlier_op(frame: bytes) -> None:
     expect_frame_error(patch(frame, OFF_M, "I", 2), rf"op {op} carries no second count but bytes 44..47 hold 2")
 
 
-@pytest.mark.parametrize(
-    ("cut", "counts"), [(1, False), (4, False), (8, False), (8, True), (100, True)]
-)
+@pytest.mark.parametrize(("cut", "counts"), [(1, False), (4, False), (8, False), (8, True), (100, True)])
 def test_push_pull_truncated(cut: int, counts: bool) -> None:
     frame = push_pull_frame(counts=counts)
     expected = len(frame)
@@ -519,4 +514,6 @@ def test_push_pull_reply_truncated_or_padded() -> None:
 
 @pytest.mark.parametrize("version", [0, 2])
 def test_push_pull_wrong_format_version(version: int) -> None:
-    expect_frame_error(patch(push_pull_frame(), OFF_VERSION, "B", version), rf"unsupported frame format version {version}")
+    expect_frame_error(
+        patch(push_pull_frame(), OFF_VERSION, "B", version), rf"unsupported frame format version {version}"
+    )

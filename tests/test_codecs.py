@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from waiting import until
 
 from consumers.broker import create_topics
 from consumers.producer import COMPRESSIONS
@@ -30,7 +31,6 @@ from ps_core.features import FeatureHasher
 from ps_core.hashing import shard_of
 from ps_core.models import LogisticRegression
 from ps_core.shard import Shard, ShardSpec
-from waiting import until
 
 PROJECT = Path(__file__).resolve().parent.parent
 N = 1500  # events per producer, per codec
@@ -89,9 +89,7 @@ def _needs_cramjam(bootstrap: str, topic: str, last: bool) -> str:
         "        await c.stop()\n"
         "asyncio.run(main())\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=PROJECT
-    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=PROJECT)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 

@@ -69,7 +69,10 @@ async def test_kinds_parents_and_a_failed_snapshot() -> None:
 
     cuts = [await coord.cut(ok) for _ in range(4)]
     assert [(c.version, c.kind, c.parent) for c in cuts] == [
-        (1, "base", None), (2, "delta", 1), (3, "delta", 2), (4, "base", None)
+        (1, "base", None),
+        (2, "delta", 1),
+        (3, "delta", 2),
+        (4, "base", None),
     ]
     with pytest.raises(RuntimeError):
         await coord.cut(broken)

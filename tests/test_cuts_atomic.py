@@ -10,13 +10,15 @@ import contextlib
 import logging
 import subprocess
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import AsyncIterator, Iterator
 
 import aiohttp
 import numpy as np
 import orjson
 import pytest
+from test_exporter import _state, _train
+from waiting import until
 
 from app.metrics import ApiMetrics
 from consumers.broker import free_port
@@ -26,12 +28,9 @@ from ps_core.coordinator_server import add_coordinator_routes
 from ps_core.errors import CutAbortedError, ExportWriteError
 from ps_core.export import latest_chain, list_versions, restore_shards
 from ps_core.exporter import Exporter
-from ps_core.server import ShardSite, start_shard_site
-from ps_core.server import DEFAULT_MAX_BODY, create_shard_app
+from ps_core.server import ShardSite, create_shard_app, start_shard_site
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
-from test_exporter import _state, _train
-from waiting import until
 
 LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})
 KEYS = np.arange(1, 2001, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
@@ -149,9 +148,7 @@ async def test_a_shard_unreachable_at_the_pause_aborts_the_cut_everywhere(
         assert "ctrps_exports_total 3.0" in exposition
 
 
-async def test_a_shard_lost_between_the_pause_and_the_fetch(
-    cluster: Cluster, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_a_shard_lost_between_the_pause_and_the_fetch(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
     async with PSClient.connect(cluster.urls) as client:
         await _train(client, LR, KEYS[:1000], 1)
         await client.export_now()
@@ -185,9 +182,7 @@ async def test_a_shard_lost_between_the_pause_and_the_fetch(
         assert _restores_to_live(cluster.exports, cluster.shards) == 3
 
 
-async def test_a_stray_snapshot_request_does_not_block_cuts(
-    cluster: Cluster, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_a_stray_snapshot_request_does_not_block_cuts(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
     async with PSClient.connect(cluster.urls) as client:
         await _train(client, LR, KEYS[:1000], 1)
         assert (await client.export_now())["version"] == 1
@@ -213,8 +208,9 @@ async def test_a_stray_snapshot_request_does_not_block_cuts(
 @contextlib.contextmanager
 def _tmpfs(path: Path, size: str) -> Iterator[Path]:
     path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"mounting a tmpfs is not permitted here: {mounted.stderr.strip()}")
     try:
@@ -303,7 +299,8 @@ async def test_a_lease_whose_caller_gave_up_during_a_cut_is_not_left_active(clus
     assert cluster.session is not None
     with pytest.raises(asyncio.TimeoutError):  # the caller gives up before the coordinator answers
         async with cluster.session.post(
-            cluster.urls[0] + "/v1/leases", json={"worker": "late", "wait_s": 30},
+            cluster.urls[0] + "/v1/leases",
+            json={"worker": "late", "wait_s": 30},
             timeout=aiohttp.ClientTimeout(total=0.5),
         ) as resp:
             await resp.read()

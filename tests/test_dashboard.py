@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+import waiting
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from test_api import report_windows, synthetic_events, train, window_report
 
 from app.api import HISTORY, ApiServer, create_app
 from app.cli import build_parser
@@ -40,8 +42,6 @@ from ps_core.client import PSClient, RetryPolicy
 from ps_core.models import Model, make_model
 from ps_core.server import create_shard_app
 from ps_core.shard import Shard, ShardSpec
-from test_api import report_windows, synthetic_events, train, window_report
-import waiting
 
 # The history's points change between turns of the loop: check every one.
 until = functools.partial(waiting.until, poll_s=0.002)
@@ -468,9 +468,7 @@ async def test_the_page_script_parses(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
-async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(
-    serve: Any, tmp_path: Path
-) -> None:
+async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(serve: Any, tmp_path: Path) -> None:
     client, model, shards = local_cluster()
     clock = FakeClock()
     app, api = await serve(client, model, history=History(client, model, interval_s=3600.0, max_points=50, clock=clock))

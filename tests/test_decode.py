@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from consumers.decode import Decoded, Rejected, decode_records
 from ps_core.features import EventError, FeatureHasher, decode_message
 
-
 # -- the fast paths against the record-at-a-time reference ----------------------
 
 
@@ -68,7 +67,10 @@ def _reference_decode_records(values: list[bytes | None], namespace: str, max_by
 
 
 _EVENT = st.fixed_dictionaries(
-    {"label": st.sampled_from([0, 1, 1, 1, 2]), "features": st.dictionaries(st.sampled_from("abc"), st.text("xyz", max_size=3) | st.floats(0, 9), max_size=3)},
+    {
+        "label": st.sampled_from([0, 1, 1, 1, 2]),
+        "features": st.dictionaries(st.sampled_from("abc"), st.text("xyz", max_size=3) | st.floats(0, 9), max_size=3),
+    },
     optional={"ts": st.floats(0, 1e9), "keys": st.lists(st.integers(0, 9), max_size=2)},
 )
 _RECORD = st.one_of(
@@ -78,9 +80,24 @@ _RECORD = st.one_of(
     st.lists(_EVENT, max_size=3).map(orjson.dumps),  # arrays, the empty one too
     st.lists(_EVENT, min_size=1, max_size=3).map(lambda evs: b"\n".join(map(orjson.dumps, evs)) + b"\n"),
     st.sampled_from(
-        [None, b"", b"  \n", b"{broken", b"null", b"42", b'"x"', b'[{"label": 1, "keys": [1]}, 3]',
-         b'{"label": 1, "keys": [1]}\n{broken', b"\xff\xfe", b"[]", b" " * 300, b'{"pad": "' + b"x" * 300 + b'"}',
-         b"[\n]", b"null\nnull", b'{"label": 1, "keys": [1]}\n\n']
+        [
+            None,
+            b"",
+            b"  \n",
+            b"{broken",
+            b"null",
+            b"42",
+            b'"x"',
+            b'[{"label": 1, "keys": [1]}, 3]',
+            b'{"label": 1, "keys": [1]}\n{broken',
+            b"\xff\xfe",
+            b"[]",
+            b" " * 300,
+            b'{"pad": "' + b"x" * 300 + b'"}',
+            b"[\n]",
+            b"null\nnull",
+            b'{"label": 1, "keys": [1]}\n\n',
+        ]
     ),
 )
 

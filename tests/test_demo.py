@@ -214,9 +214,7 @@ def _banner_exports(banner: str) -> Path:
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
-async def test_the_demo_announces_its_urls_and_curl_examples(
-    fmt: str, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_the_demo_announces_its_urls_and_curl_examples(fmt: str, caplog: pytest.LogCaptureFixture) -> None:
     """Text: a banner for people on stdout. JSON: only the ``ready`` line, holding the same."""
     out = io.StringIO()
     settings = DemoSettings(port=0, log_format=fmt)

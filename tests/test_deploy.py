@@ -23,8 +23,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -40,6 +41,7 @@ from ps_core.models import make_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
+
 
 def _load_make_secrets() -> Any:
     """deploy/make_secrets.py, a script beside the manifests (not a package)."""
@@ -165,7 +167,10 @@ def test_k8s_manifests_configure_a_consistent_cluster() -> None:
     name, svc = shards_set["metadata"]["name"], service["metadata"]["name"]
     assert list(shards[0].shards) == [f"http://{name}-{i}.{svc}:{ports['http']}" for i in range(replicas)]
 
-    for kind, app_name, cls in (("Deployment", "ctrps-worker", WorkerSettings), ("Deployment", "ctrps-api", ApiSettings)):
+    for kind, app_name, cls in (
+        ("Deployment", "ctrps-worker", WorkerSettings),
+        ("Deployment", "ctrps-api", ApiSettings),
+    ):
         pod = by_kind[(kind, app_name)]["spec"]["template"]["spec"]
         c = pod["containers"][0]
         s = _settings(list(c["args"]), env)
@@ -175,7 +180,9 @@ def test_k8s_manifests_configure_a_consistent_cluster() -> None:
         else:
             api_service = by_kind[("Service", "ctrps-api")]
             assert api_service["spec"]["ports"][0]["port"] == s.port
-            assert api_service["spec"]["selector"] == by_kind[(kind, app_name)]["spec"]["template"]["metadata"]["labels"]
+            assert (
+                api_service["spec"]["selector"] == by_kind[(kind, app_name)]["spec"]["template"]["metadata"]["labels"]
+            )
 
 
 def test_every_ctrps_variable_named_in_deploy_is_read_by_the_code() -> None:
@@ -187,9 +194,7 @@ def test_every_ctrps_variable_named_in_deploy_is_read_by_the_code() -> None:
     source = "\n".join(p.read_text() for d in ("app", "consumers") for p in (ROOT / d).glob("*.py"))
     # A secret's X_FILE is read wherever X is read from the environment or a file.
     read_from_file = set(re.findall(r'_secret_from\(env, "(CTRPS_[A-Z_]+)"\)', source))
-    unknown = sorted(
-        v for v in named if f'"{v}"' not in source and v.removesuffix("_FILE") not in read_from_file
-    )
+    unknown = sorted(v for v in named if f'"{v}"' not in source and v.removesuffix("_FILE") not in read_from_file)
     assert not unknown, f"not read by any setting: {unknown}"
 
 
@@ -243,15 +248,24 @@ async def test_compose_shard_and_api_commands_run_on_loopback(tmp_path: Path) ->
         logs.append(log)
         procs.append(
             await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "app.cli", *argv, cwd=ROOT,
-                env={**_clean_env(), **service_env(service)}, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                sys.executable,
+                "-m",
+                "app.cli",
+                *argv,
+                cwd=ROOT,
+                env={**_clean_env(), **service_env(service)},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
             )  # fmt: skip
         )
 
     try:
         for i in range(n):
             argv = _local(list(services[f"shard-{i}"]["command"]), http)
-            argv = _replace(argv, {"--port": str(http[i]), "--rpc-port": str(rpc[i]), "--exports-dir": str(tmp_path / "exports")})
+            argv = _replace(
+                argv, {"--port": str(http[i]), "--rpc-port": str(rpc[i]), "--exports-dir": str(tmp_path / "exports")}
+            )
             await start(argv, f"shard-{i}", f"shard-{i}")
         await start(_replace(_local(list(services["api"]["command"]), http), {"--port": str(api_port)}), "api", "api")
         async with aiohttp.ClientSession() as session:
@@ -287,9 +301,7 @@ async def test_compose_shard_and_api_commands_run_on_loopback(tmp_path: Path) ->
             admin = secret_files["admin-token"].read_text().strip()
             async with session.post(f"http://127.0.0.1:{api_port}/v1/status", json={}) as resp:
                 assert resp.status == 401, await resp.text()
-            async with session.post(
-                f"http://127.0.0.1:{api_port}/v1/status", json={}, headers=bearer(admin)
-            ) as resp:
+            async with session.post(f"http://127.0.0.1:{api_port}/v1/status", json={}, headers=bearer(admin)) as resp:
                 assert resp.status != 401, await resp.text()
     finally:
         for p in procs:
@@ -298,7 +310,7 @@ async def test_compose_shard_and_api_commands_run_on_loopback(tmp_path: Path) ->
         for p in procs:
             try:
                 await asyncio.wait_for(p.wait(), 15.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 p.kill()
                 await p.wait()
         for log in logs:
@@ -313,7 +325,6 @@ def _replace(argv: list[str], values: dict[str, str]) -> list[str]:
 
 
 def _clean_env() -> dict[str, str]:
-    import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
 
@@ -337,7 +348,7 @@ async def _poll(
             async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
                 if resp.status == 200 and until(body := await resp.json()):
                     return body
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             pass
         if loop.time() > deadline:
             pytest.fail(f"{url} not ready after 30 s")
@@ -388,16 +399,14 @@ def _file_env(pod: dict[str, Any]) -> dict[str, str]:
     mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
     files: dict[str, tuple[str, str]] = {}
     for volume in pod.get("volumes", []):
-        sources = [{"secret": {"name": volume["secret"]["secretName"], **volume["secret"]}}] if "secret" in volume else []
+        sources = (
+            [{"secret": {"name": volume["secret"]["secretName"], **volume["secret"]}}] if "secret" in volume else []
+        )
         sources += volume.get("projected", {}).get("sources", [])
         for source in sources:
             for item in source.get("secret", {}).get("items", []):
                 files[f"{mounts[volume['name']]}/{item['path']}"] = (source["secret"]["name"], item["key"])
-    return {
-        e["name"]: "/".join(files[e["value"]])
-        for e in c.get("env", [])
-        if e["name"].endswith("_FILE")
-    }
+    return {e["name"]: "/".join(files[e["value"]]) for e in c.get("env", []) if e["name"].endswith("_FILE")}
 
 
 def test_k8s_each_secret_goes_only_to_the_roles_that_use_it() -> None:
@@ -411,7 +420,9 @@ def test_k8s_each_secret_goes_only_to_the_roles_that_use_it() -> None:
         "CTRPS_ADMIN_TOKEN_FILE": "ctrps-admin-token/token",
     }
     readable = {role: _secrets_of(pod) for role, pod in pods.items()}
-    holders = {name: {role for role, got in readable.items() if name in got} for got in readable.values() for name in got}
+    holders = {
+        name: {role for role, got in readable.items() if name in got} for got in readable.values() for name in got
+    }
     assert holders == {
         "ctrps-cluster-secret": {"shard"},
         "ctrps-worker-token": {"worker"},
@@ -448,7 +459,11 @@ def test_k8s_roles_on_0_0_0_0_start_with_their_credentials_and_without_insecure(
     [c] = pod["containers"]
     env = {**next(d for d in _k8s() if d["kind"] == "ConfigMap")["data"]}
     for key, secret_key in _file_env(pod).items():
-        env[key] = str(files[{"ctrps-api-shard-token/token": "api-shard-token", "ctrps-admin-token/token": "admin-token"}[secret_key]])
+        env[key] = str(
+            files[
+                {"ctrps-api-shard-token/token": "api-shard-token", "ctrps-admin-token/token": "admin-token"}[secret_key]
+            ]
+        )
     settings = _settings(list(c["args"]), env)
     assert settings.host == "0.0.0.0" and not settings.insecure
     settings.check_exposed()  # the admin token from its file: it starts
@@ -474,7 +489,9 @@ def test_the_network_policy_lets_only_workers_the_api_and_shards_reach_the_shard
     pods = _pods()
     assert {pods[r]["containers"][0]["name"] for r in allowed} == {"worker", "api", "shard"}
     service = next(d for d in _k8s() if d["kind"] == "Service" and d["metadata"]["name"] == "ctrps-shard")
-    assert {(p["protocol"], p["port"]) for p in rule["ports"]} == {("TCP", p["targetPort"]) for p in service["spec"]["ports"]}
+    assert {(p["protocol"], p["port"]) for p in rule["ports"]} == {
+        ("TCP", p["targetPort"]) for p in service["spec"]["ports"]
+    }
     # The API's port is the one thing open to everyone.
     [api_rule] = policies["ctrps-api"]["ingress"]
     assert "from" not in api_rule and api_rule["ports"] == [{"protocol": "TCP", "port": 8080}]
@@ -514,12 +531,12 @@ def test_no_deploy_file_holds_a_literal_credential() -> None:
             assert not mixed, (path, run)
     for d in _k8s():
         assert d["kind"] != "Secret", "Secrets are created by the operator, not shipped"
-        for pod in ([d["spec"]["template"]["spec"]] if d["kind"] in ("Deployment", "StatefulSet") else []):
+        for pod in [d["spec"]["template"]["spec"]] if d["kind"] in ("Deployment", "StatefulSet") else []:
             for c in pod["containers"]:
                 for e in c.get("env", []):
                     assert "valueFrom" in e or e["name"].endswith("_FILE"), e
     for s in _ctrps_services().values():
-        for key, value in s["environment"].items():
+        for key in s["environment"]:
             assert not re.search(r"SECRET|TOKEN", key) or key.endswith("_FILE"), key
 
 

@@ -10,7 +10,7 @@ import os
 import re
 import time
 import zipfile
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +206,11 @@ def test_replaying_every_delta_rebuilds_the_table() -> None:
             if scripted:
                 keys = universe[:3000] if step == 0 else universe[1000 * op : 1000 * (op + 1)]
             if (step, op) == (0, 5) or (not scripted and rng.random() < 0.6):
-                t.push(keys, rng.normal(size=(keys.size, 2)).astype(np.float32), event_time=float(rng.integers(1, 1_000_000)))
+                t.push(
+                    keys,
+                    rng.normal(size=(keys.size, 2)).astype(np.float32),
+                    event_time=float(rng.integers(1, 1_000_000)),
+                )
             else:
                 t.delete(keys)
         snap = t.snapshot(since)
@@ -254,7 +258,7 @@ def test_write_then_load_is_exact(tmp_path: Path) -> None:
     push(shards, rng.integers(0, 2**64, size=500, dtype=np.uint64), rng, 4_000)
     delete(shards, rows_of(shards, "lr")["keys"][:40])
     snaps = cut(shards, 3)
-    t0 = datetime.now(timezone.utc)
+    t0 = datetime.now(UTC)
     path = write_version(tmp_path, "ctr", 4, 3, snaps, {"clicks": {3: 7, 0: 50}}, MODEL_CONFIG, 2)
     assert path == mdir / "0000000004"
 
@@ -396,9 +400,12 @@ def test_a_flipped_byte_names_the_file_and_both_checksums(tmp_path: Path) -> Non
     path.write_bytes(raw)
     actual = hashlib.sha256(raw).hexdigest()
 
-    for attempt in (lambda: load_version(vdir), lambda: verify_version(vdir),
-                    lambda: restore_shards(latest_chain(tmp_path / "ctr"), 3),
-                    lambda: latest_chain(tmp_path / "ctr", verify=True)):
+    for attempt in (
+        lambda: load_version(vdir),
+        lambda: verify_version(vdir),
+        lambda: restore_shards(latest_chain(tmp_path / "ctr"), 3),
+        lambda: latest_chain(tmp_path / "ctr", verify=True),
+    ):
         with pytest.raises(ExportCorruptError) as info:
             attempt()
         err = info.value
@@ -558,9 +565,7 @@ def test_the_documented_numpy_reader_reads_the_chain(tmp_path: Path) -> None:
         keys = client_keys[cfg.name]
         assert sorted(weights[cfg.name]) == keys.tolist()
         got = np.stack([weights[cfg.name][k] for k in keys.tolist()])
-        want = np.concatenate(
-            [s.tables[cfg.name].pull(keys[shard_of(keys, 2) == s.spec.shard_id]) for s in source]
-        )
+        want = np.concatenate([s.tables[cfg.name].pull(keys[shard_of(keys, 2) == s.spec.shard_id]) for s in source])
         order = np.concatenate([np.flatnonzero(shard_of(keys, 2) == i) for i in range(2)])
         np.testing.assert_allclose(got[order], want, rtol=1e-6, atol=0)
         assert not set(deleted.tolist()) & set(weights[cfg.name])

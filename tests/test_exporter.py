@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import ServeShards
+from waiting import until
+
 from ps_core.client import PSClient
 from ps_core.coordinator import Coordinator
 from ps_core.errors import ExportWriteError, SnapshotError
@@ -16,7 +17,6 @@ from ps_core.export import latest_chain, list_versions, restore_shards
 from ps_core.exporter import Exporter
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
-from waiting import until
 
 LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})
 FM_V = TableConfig("m_v", 4, {"name": "adagrad", "lr": 0.05}, init_scale=0.01)
@@ -41,7 +41,13 @@ def _state(shards: list[Shard], table: str, keys: np.ndarray) -> dict[int, tuple
         rows = t.index.lookup(keys)
         for k, r in zip(keys.tolist(), rows.tolist()):
             if r >= 0:
-                out[k] = (t.data[r].tolist(), int(t.shows[r]), int(t.clicks[r]), int(t.last_seen[r]), int(t.updated_at[r]))
+                out[k] = (
+                    t.data[r].tolist(),
+                    int(t.shows[r]),
+                    int(t.clicks[r]),
+                    int(t.last_seen[r]),
+                    int(t.updated_at[r]),
+                )
     return out
 
 
@@ -128,9 +134,7 @@ async def test_periodic_exports_over_shard_servers(tmp_path: Path, serve_shards:
             await client.take_snapshots(99, 99)
 
 
-async def test_cuts_during_steady_training_wait_only_for_leased_windows(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
+async def test_cuts_during_steady_training_wait_only_for_leased_windows(kafka_bootstrap: str, tmp_path: Path) -> None:
     """Cuts every 50 ms while a worker trains: each waits at most for the
     window being applied, and the last one holds exactly what was trained."""
     import uuid
@@ -149,8 +153,10 @@ async def test_cuts_during_steady_training_wait_only_for_leased_windows(
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
     await producer.start()
     try:
-        futs = [await producer.send(topic, orjson.dumps(e), partition=i % 2)
-                for i, e in enumerate(SyntheticStream(seed=2).batch(n))]
+        futs = [
+            await producer.send(topic, orjson.dumps(e), partition=i % 2)
+            for i, e in enumerate(SyntheticStream(seed=2).batch(n))
+        ]
         await asyncio.gather(*futs)
     finally:
         await producer.stop()
@@ -160,9 +166,17 @@ async def test_cuts_during_steady_training_wait_only_for_leased_windows(
     client = PSClient.local(shards, coord)
     exporter = Exporter(coord, client, tmp_path, "ctr")
     worker = Worker(
-        WorkerConfig(kafka_bootstrap, topic=topic, group=f"g-{uuid.uuid4().hex[:8]}", dlq_topic=topic + ".dlq",
-                     window_seconds=3600, window_events=1000, decode_processes=0),
-        client, LogisticRegression("ctr"),
+        WorkerConfig(
+            kafka_bootstrap,
+            topic=topic,
+            group=f"g-{uuid.uuid4().hex[:8]}",
+            dlq_topic=topic + ".dlq",
+            window_seconds=3600,
+            window_events=1000,
+            decode_processes=0,
+        ),
+        client,
+        LogisticRegression("ctr"),
     )
     stop = asyncio.Event()
     training = asyncio.create_task(worker.run(stop))
@@ -189,9 +203,7 @@ async def test_cuts_during_steady_training_wait_only_for_leased_windows(
     assert _state(restored.shards, "ctr_w", keys) == _state(shards, "ctr_w", keys)
 
 
-async def test_ctrps_export_cuts_lists_and_compacts_through_shard_0(
-    tmp_path: Path, serve_shards: ServeShards
-) -> None:
+async def test_ctrps_export_cuts_lists_and_compacts_through_shard_0(tmp_path: Path, serve_shards: ServeShards) -> None:
     import subprocess
     import sys
 
@@ -201,8 +213,16 @@ async def test_ctrps_export_cuts_lists_and_compacts_through_shard_0(
 
     async def ctrps_export(*args: str) -> dict[str, object]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "app.cli", "export", "--shard0", urls[0], *args,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1],
+            sys.executable,
+            "-m",
+            "app.cli",
+            "export",
+            "--shard0",
+            urls[0],
+            *args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[1],
         )
         out, err = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode == 0, err.decode()
@@ -220,4 +240,6 @@ async def test_ctrps_export_cuts_lists_and_compacts_through_shard_0(
         listed = await ctrps_export("--list")
         assert [(v["version"], v["kind"]) for v in listed["versions"]] == [(1, "base"), (2, "base")]  # type: ignore[attr-defined]
         keys = np.arange(1, 300, dtype=np.uint64)
-        assert _state(restore_shards(latest_chain(tmp_path / "ctr"), 1).shards, "m_w", keys) == _state(shards, "m_w", keys)
+        assert _state(restore_shards(latest_chain(tmp_path / "ctr"), 1).shards, "m_w", keys) == _state(
+            shards, "m_w", keys
+        )

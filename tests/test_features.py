@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -14,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ps_core.features import (
-    MAX_WEIGHT,
     _C_BIAS,
     _C_CAT,
     _C_NUM,
@@ -29,6 +29,7 @@ from ps_core.features import (
     F32,
     F64,
     I64,
+    MAX_WEIGHT,
     EventBatch,
     EventError,
     FeatureHasher,
@@ -185,7 +186,10 @@ def test_predict_events_need_no_label() -> None:
 
 def test_select_and_flatten_groups() -> None:
     h = FeatureHasher("m")
-    msgs = [orjson.dumps([{"label": 1, "features": {"a": str(i), "b": "y"}} for i in range(3)]), b'{"label": 0, "keys": [5]}']
+    msgs = [
+        orjson.dumps([{"label": 1, "features": {"a": str(i), "b": "y"}} for i in range(3)]),
+        b'{"label": 0, "keys": [5]}',
+    ]
     events, owner = flatten_groups([decode_message(m) for m in msgs])
     assert owner == [0, 0, 0, 1]
     batch, _ = h.featurize(events, groups=owner)
@@ -197,8 +201,10 @@ def test_select_and_flatten_groups() -> None:
 
 def test_slice_equals_select_of_a_range() -> None:
     h = FeatureHasher("m")
-    events = [{"label": i % 2, "ts": float(i), "features": {"a": str(i), "n": float(i)} if i % 3 else {"a": "z"}}
-              for i in range(7)]
+    events = [
+        {"label": i % 2, "ts": float(i), "features": {"a": str(i), "n": float(i)} if i % 3 else {"a": "z"}}
+        for i in range(7)
+    ]
     batch, _ = h.featurize(events)
     for start, stop in [(0, 7), (2, 5), (6, 7), (3, 3)]:
         a, b = batch.slice(start, stop), batch.select(np.arange(start, stop))
@@ -278,9 +284,7 @@ class _Reference:
                 if feats is None and keys is None:
                     raise EventError("bad_features", "an event needs features or keys")
                 if feats is not None and not isinstance(feats, dict):
-                    raise EventError(
-                        "bad_features", f"features must be an object, got {type(feats).__name__}"
-                    )
+                    raise EventError("bad_features", f"features must be an object, got {type(feats).__name__}")
                 if keys is not None and not isinstance(keys, list):
                     raise EventError("bad_keys", "keys must be a list of uint64 integers")
                 nf = len(feats) if feats is not None else 0
@@ -317,9 +321,7 @@ class _Reference:
         try:
             codes = np.fromiter(map(_TYPE_CODE.__getitem__, map(type, values)), dtype=np.int8, count=m)
         except KeyError:
-            codes = np.fromiter(
-                (_TYPE_CODE.get(type(v), _T_OTHER) for v in values), dtype=np.int8, count=m
-            )
+            codes = np.fromiter((_TYPE_CODE.get(type(v), _T_OTHER) for v in values), dtype=np.int8, count=m)
         bad_event = np.zeros(n, dtype=bool)
         fhash = np.fromiter(map(self._fields.__getitem__, fields), dtype=np.uint64, count=m)
         keys = np.zeros(m, dtype=np.uint64)
@@ -339,7 +341,14 @@ class _Reference:
             finite = np.isfinite(x) & (np.abs(x) <= MAX_WEIGHT)
             if not finite.all():
                 for j in num[~finite]:
-                    self._fail(errors, grp, bad_event, int(event_of[j]), "bad_value", f"{fields[j]}={values[j]!r} is not a finite float32")
+                    self._fail(
+                        errors,
+                        grp,
+                        bad_event,
+                        int(event_of[j]),
+                        "bad_value",
+                        f"{fields[j]}={values[j]!r} is not a finite float32",
+                    )
             keys[num] = mix64(fhash[num] ^ _C_NUM)
             vals[num] = np.where(finite, x, 0).astype(np.float32)
         keep[codes == _T_NONE] = False
@@ -354,7 +363,14 @@ class _Reference:
             if codes[j] == _T_BOOL:
                 v = ["true" if v else "false"]
             elif codes[j] == _T_OTHER or not all(isinstance(s, str) for s in v):
-                self._fail(errors, grp, bad_event, e, "bad_value", f"{fields[j]} has a {type(v).__name__} value; expected string, number or list of strings")
+                self._fail(
+                    errors,
+                    grp,
+                    bad_event,
+                    e,
+                    "bad_value",
+                    f"{fields[j]} has a {type(v).__name__} value; expected string, number or list of strings",
+                )
                 continue
             if v:
                 hv = string_hashes(v)
@@ -480,8 +496,13 @@ def _features(draw: st.DrawFn) -> Any:
 
 
 _NUMBERISH = st.one_of(
-    st.floats(0, 1e9), st.integers(0, 10**6), st.floats(), st.integers(-5, 2**1100),
-    st.booleans(), st.just("1"), st.none(),
+    st.floats(0, 1e9),
+    st.integers(0, 10**6),
+    st.floats(),
+    st.integers(-5, 2**1100),
+    st.booleans(),
+    st.just("1"),
+    st.none(),
 )
 
 
@@ -492,15 +513,23 @@ def _event(draw: st.DrawFn) -> Any:
         return draw(st.sampled_from(["an event", 3, None, ["x"]]))
     ev: dict[str, Any] = {}
     fields: list[tuple[str, st.SearchStrategy[Any]]] = [
-        ("label", st.one_of(st.sampled_from([0, 1, 0.0, 1.0, -0.0]), st.sampled_from([None, True, 2, "1", 0.5, float("nan")]))),
+        (
+            "label",
+            st.one_of(
+                st.sampled_from([0, 1, 0.0, 1.0, -0.0]), st.sampled_from([None, True, 2, "1", 0.5, float("nan")])
+            ),
+        ),
         ("ts", _NUMBERISH),
         ("weight", _NUMBERISH),
         ("features", st.one_of(_features(), st.sampled_from([None, ["a"], "x"]))),
-        ("keys", st.one_of(
-            st.lists(st.integers(0, 2**64 - 1), max_size=3),
-            st.lists(st.one_of(st.integers(-1, 2**64), st.booleans(), st.just("12")), max_size=2),
-            st.sampled_from([None, 12, (1, 2)]),
-        )),
+        (
+            "keys",
+            st.one_of(
+                st.lists(st.integers(0, 2**64 - 1), max_size=3),
+                st.lists(st.one_of(st.integers(-1, 2**64), st.booleans(), st.just("12")), max_size=2),
+                st.sampled_from([None, 12, (1, 2)]),
+            ),
+        ),
     ]
     mostly_valid = kind > 8
     for name, strat in fields:
@@ -522,9 +551,7 @@ def _event(draw: st.DrawFn) -> Any:
     return ev
 
 
-def _outcome(
-    h: Any, events: list[Any], require_label: bool, groups: list[int] | None, **options: Any
-) -> Any:
+def _outcome(h: Any, events: list[Any], require_label: bool, groups: list[int] | None, **options: Any) -> Any:
     """A comparable picture of a featurize call: the batch and errors, or the exception."""
     try:
         batch, errors = h.featurize(events, require_label=require_label, groups=groups, **options)

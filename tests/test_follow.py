@@ -19,9 +19,10 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -122,8 +123,7 @@ class Trainer:
     def snapshots(self, base: bool) -> dict[int, list[TableSnapshot]]:
         """A cut of every table (the coordinator's pause)."""
         return {
-            s.spec.shard_id: [t.snapshot(None if base else self.last) for t in s.tables.values()]
-            for s in self.shards
+            s.spec.shard_id: [t.snapshot(None if base else self.last) for t in s.tables.values()] for s in self.shards
         }
 
     async def cut(self, base: bool = False) -> int:
@@ -132,8 +132,14 @@ class Trainer:
         version = self.shards[0].tables[self.model.table_names[0]].version
         config = {"name": self.model.name, "tables": [t.to_dict() for t in self.model.tables()]}
         write_version(
-            self.root, self.model.name, version, None if base else self.last,
-            self.snapshots(base), {"clicks": {0: version * 10}}, config, len(self.shards),
+            self.root,
+            self.model.name,
+            version,
+            None if base else self.last,
+            self.snapshots(base),
+            {"clicks": {0: version * 10}},
+            config,
+            len(self.shards),
         )
         self.last = version
         self.expected[version] = await self.predict(PROBE)
@@ -264,7 +270,10 @@ async def test_replica_predicts_as_the_trainer_at_each_version(
     status, info = await replica.call("GET", "/v1/model")
     follow = info["follow"]
     assert (follow["base_version"], follow["newest_version"], follow["deltas_applied"], follow["bases_loaded"]) == (
-        1, 3, 2, 1,
+        1,
+        3,
+        2,
+        1,
     )
     assert follow["error"] is None and follow["dir"] == str(trainer.model_dir)
     assert info["config"] == trainer.model.config() and info["shards"] == 1
@@ -276,7 +285,9 @@ async def test_replica_predicts_as_the_trainer_at_each_version(
     keys = np.array([row["key"] for row in w["weights"]], dtype=np.uint64)
     assert status == 200 and w["model_version"] == 3
     for name in trainer.model.table_names:
-        np.testing.assert_array_equal([row["weights"][name] for row in w["weights"]], await trainer.client.pull(name, keys))
+        np.testing.assert_array_equal(
+            [row["weights"][name] for row in w["weights"]], await trainer.client.pull(name, keys)
+        )
 
 
 async def test_a_replica_started_on_a_chain_loads_it_whole(tmp_path: Path, make_replica: MakeReplica) -> None:
@@ -288,7 +299,9 @@ async def test_a_replica_started_on_a_chain_loads_it_whole(tmp_path: Path, make_
     assert (info["follow"]["bases_loaded"], info["follow"]["deltas_applied"]) == (1, 0)
 
 
-@pytest.mark.parametrize(("damage", "then"), [("flip", "replaced"), ("truncate", "newer_base"), ("missing", "replaced")])
+@pytest.mark.parametrize(
+    ("damage", "then"), [("flip", "replaced"), ("truncate", "newer_base"), ("missing", "replaced")]
+)
 async def test_a_damaged_version_is_refused_once_and_the_previous_one_keeps_serving(
     tmp_path: Path, make_replica: MakeReplica, caplog: pytest.LogCaptureFixture, damage: str, then: str
 ) -> None:
@@ -470,6 +483,7 @@ async def test_the_poll_task_is_owned_by_the_app(
     replica = await make_replica(trainer.model_dir, trainer.model)
     task = replica.follower._task
     assert task is not None and not task.done()
+
     # A failure that is no version's fault ends the task, and readiness says so.
     def broken(model_dir: Path) -> dict[int, Path]:
         raise RuntimeError("disk on fire")
@@ -596,9 +610,21 @@ async def test_ctrps_serve_follow_answers_and_stops_on_sigterm(tmp_path: Path) -
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
     proc = await asyncio.create_subprocess_exec(
         # The exports root: the replica follows its ctr/ (the default model name).
-        sys.executable, "-m", "app.cli", "serve", "--follow", str(tmp_path), "--port", "0",
-        "--follow-interval", "0.05", "--log-format", "json",
-        cwd=PROJECT, env=env, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "app.cli",
+        "serve",
+        "--follow",
+        str(tmp_path),
+        "--port",
+        "0",
+        "--follow-interval",
+        "0.05",
+        "--log-format",
+        "json",
+        cwd=PROJECT,
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stderr is not None
     lines: list[dict[str, Any]] = []

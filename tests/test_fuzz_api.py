@@ -12,12 +12,15 @@ reader. A bounded number of examples per operation keeps the file short.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 import requests
 import schemathesis
+from fuzzing import fuzz
+from threaded import serve_in_thread
 
 from app.api import ApiServer
 from app.openapi import openapi_document
@@ -27,9 +30,6 @@ from ps_core.coordinator import Coordinator
 from ps_core.exporter import Exporter
 from ps_core.models import make_model
 from ps_core.shard import Shard, ShardSpec
-
-from fuzzing import fuzz
-from threaded import serve_in_thread
 
 TOKEN = "fuzz-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

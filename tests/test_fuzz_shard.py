@@ -13,13 +13,16 @@ and a read token is refused the admin routes, each as documented.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any
 
 import aiohttp
 import pytest
 import requests
 import schemathesis
+from fuzzing import fuzz
+from threaded import serve_in_thread
 
 from ps_core.auth import Scope, TokenVerifier, bearer, derive_token, new_secret
 from ps_core.client import LocalTransport, PSClient, ShardTransport
@@ -30,9 +33,6 @@ from ps_core.server import ROUTE_SCOPES, create_shard_app, start_shard_site
 from ps_core.shard import Shard, ShardSpec
 from ps_core.shard_openapi import shard_document
 from ps_core.table import TableConfig
-
-from fuzzing import fuzz
-from threaded import serve_in_thread
 
 SECRET = new_secret()
 ADMIN = bearer(derive_token(SECRET, Scope.ADMIN))

@@ -27,6 +27,8 @@ import orjson
 import pytest
 import trustme
 from aiokafka import TopicPartition
+from kafka_front import KafkaFront
+from waiting import until
 
 import app.cluster
 import consumers.broker
@@ -42,12 +44,10 @@ from consumers.outage import locate_bad_batch
 from consumers.producer import produce
 from consumers.resume import cluster_id, partition_bounds
 from consumers.worker import Worker, WorkerConfig
-from kafka_front import KafkaFront
 from ps_core.client import PSClient
 from ps_core.coordinator import Coordinator
 from ps_core.models import LogisticRegression
 from ps_core.shard import Shard, ShardSpec
-from waiting import until
 
 PASSWORD = "pw-Zq81-never-shown"
 
@@ -191,7 +191,9 @@ def test_a_composition_hands_the_password_to_its_kafka_children_only(pki: Pki) -
     child_env = kafka_child_env(sec, talks_to_kafka=True, env=env)
     assert child_env == {"PATH": "/bin", "CTRPS_KAFKA_SASL_PASSWORD": PASSWORD}
     assert kafka_security_from(_parser().parse_args(argv), child_env) == sec
-    assert kafka_child_env(sec, talks_to_kafka=False, env={**env, "CTRPS_KAFKA_SASL_PASSWORD": PASSWORD}) == {"PATH": "/bin"}
+    assert kafka_child_env(sec, talks_to_kafka=False, env={**env, "CTRPS_KAFKA_SASL_PASSWORD": PASSWORD}) == {
+        "PATH": "/bin"
+    }
     assert kafka_child_argv(KafkaSecurity()) == []
 
 
@@ -447,9 +449,7 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
-async def test_a_cluster_over_sasl_ssl_hands_the_password_to_its_kafka_children_only(
-    pki: Pki, tmp_path: Path
-) -> None:
+async def test_a_cluster_over_sasl_ssl_hands_the_password_to_its_kafka_children_only(pki: Pki, tmp_path: Path) -> None:
     """`ctrps cluster --bootstrap` of a SASL_SSL Kafka with mutual TLS: its
     workers and producer log in (flags, and the password in their
     environment) and train; the shard and the API hold no password."""

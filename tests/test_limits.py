@@ -18,12 +18,13 @@ import asyncio
 import logging
 import struct
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
+from waiting import until
 
 from app.api import ApiServer
 from app.settings import ApiSettings, SettingsError, port_limits_from_env, rpc_limits_from_env
@@ -35,7 +36,6 @@ from ps_core.rpc import MAGIC, PROTOCOL_VERSION, RpcConnection, RpcServer, start
 from ps_core.server import create_shard_app
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
-from waiting import until
 
 LR = TableConfig("ctr_lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
 SMALL = PortLimits(max_connections=20, header_timeout_s=0.3, body_timeout_s=0.3, idle_timeout_s=0.5)
@@ -51,7 +51,7 @@ async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes 
             return None
         try:
             chunk = await asyncio.wait_for(reader.read(65536), left)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         except ConnectionResetError:
             return got
@@ -218,8 +218,11 @@ async def test_rpc_frames_announced_huge_and_trickled_stay_within_the_budget() -
             await w.drain()
             conns.append((r, w))
         await until(
-            lambda: server.stats()["overloaded_total"] == 6 and server.stats()["buffered_frame_bytes"] == 2 * (512 << 20),
-            2.0, what="two frames held and six refused",
+            lambda: (
+                server.stats()["overloaded_total"] == 6 and server.stats()["buffered_frame_bytes"] == 2 * (512 << 20)
+            ),
+            2.0,
+            what="two frames held and six refused",
         )
         stats = server.stats()
         # Two frames fit the budget; six were refused with 503 overloaded.

@@ -89,7 +89,9 @@ def test_lr_learns_with_a_table() -> None:
         plan = model.plan(batch)
         weights = {"m_w": table.pull(plan.keys)}
         p = sigmoid(model.logits(batch, plan, weights))
-        table.push(plan.keys, model.gradients(batch, plan, weights, p - batch.labels)["m_w"], counts=plan.counts(batch.labels))
+        table.push(
+            plan.keys, model.gradients(batch, plan, weights, p - batch.labels)["m_w"], counts=plan.counts(batch.labels)
+        )
     test, _ = h.featurize(events(5000))
     plan = model.plan(test)
     p = sigmoid(model.logits(test, plan, {"m_w": table.pull(plan.keys)}))

@@ -16,12 +16,14 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import aiohttp
 import orjson
 import pytest
+from waiting import until
 
 from app.api import ApiServer
 from app.cli import build_parser, run_command
@@ -30,11 +32,9 @@ from app.logs import KAFKA_LOGGERS, RepeatFilter, configure_logging
 from app.settings import ApiSettings
 from consumers.broker import EmbeddedBroker, free_port
 from ps_core.client import PSClient, RetryPolicy
-from ps_core.server import start_shard_site
 from ps_core.models import make_model
-from ps_core.server import create_shard_app
+from ps_core.server import create_shard_app, start_shard_site
 from ps_core.shard import Shard, ShardSpec
-from waiting import until
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -124,14 +124,21 @@ def test_a_bad_log_level_is_a_usage_error() -> None:
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
 @pytest.mark.parametrize("role", ["shard", "shard-coordinator", "shard-rpc", "serve", "broker"])
-def test_a_port_in_use_is_one_line_and_exit_1(
-    role: str, fmt: str, listening_port: int, tmp_path: Path
-) -> None:
+def test_a_port_in_use_is_one_line_and_exit_1(role: str, fmt: str, listening_port: int, tmp_path: Path) -> None:
     port = str(listening_port)
     args = {
         "shard": ["shard", "--port", port, "--no-exports"],
-        "shard-coordinator": ["shard", "--port", port, "--num-shards", "2", "--exports-dir", str(tmp_path),
-                              "--shards", "http://127.0.0.1:1,http://127.0.0.1:2"],
+        "shard-coordinator": [
+            "shard",
+            "--port",
+            port,
+            "--num-shards",
+            "2",
+            "--exports-dir",
+            str(tmp_path),
+            "--shards",
+            "http://127.0.0.1:1,http://127.0.0.1:2",
+        ],
         "shard-rpc": ["shard", "--port", "0", "--rpc-port", port, "--no-exports"],
         "serve": ["serve", "--port", port, "--shards", "http://127.0.0.1:1"],
         "broker": ["broker", "--port", port],
@@ -244,7 +251,9 @@ def test_known_foreign_errors_are_expected_failures() -> None:
     from consumers.broker import BrokerError
     from ps_core.errors import ShardUnavailableError
 
-    in_use = OSError(errno.EADDRINUSE, "error while attempting to bind on address ('127.0.0.1', 7): address already in use")
+    in_use = OSError(
+        errno.EADDRINUSE, "error while attempting to bind on address ('127.0.0.1', 7): address already in use"
+    )
     assert expected_failure(in_use) == (
         "cannot listen: error while attempting to bind on address ('127.0.0.1', 7): address already in use "
         "(another process listens there: pick another port (0 picks a free one) or stop it)",
@@ -267,9 +276,7 @@ def test_known_foreign_errors_are_expected_failures() -> None:
     assert expected_failure(RuntimeError("x")) is None
 
 
-def test_json_lines_take_integer_keys_and_odd_values(
-    capsys: pytest.CaptureFixture[str], restore_logging: None
-) -> None:
+def test_json_lines_take_integer_keys_and_odd_values(capsys: pytest.CaptureFixture[str], restore_logging: None) -> None:
     """The worker's seek line logs {partition: offset}."""
     configure_logging("json")
     logging.getLogger("ctrps.worker").info(
@@ -282,7 +289,9 @@ def test_json_lines_take_integer_keys_and_odd_values(
 # -- log levels and the Kafka client ----------------------------------------------------
 
 
-def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+def _leaves(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
         yield path, parser
@@ -397,6 +406,7 @@ async def test_the_producer_gives_up_on_a_dead_broker_with_one_line(how: str, tm
                 cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
             )  # fmt: skip
         try:
+
             def sending() -> bool:
                 assert proc.returncode is None, log.read_text()
                 return b'"msg":"progress"' in log.read_bytes()
@@ -449,7 +459,6 @@ async def test_produce_log_level_warning_hides_info_lines(kafka_bootstrap: str) 
         ctrps, "produce", "synthetic", "--events", "20", "--topic", topic, "--bootstrap", kafka_bootstrap,
     )  # fmt: skip
     assert loud.returncode == 0 and "done" in loud.stderr and "sent=20 " in loud.stderr
-
 
 
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="kills its own broker")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -38,9 +38,7 @@ def adagrad_ref(lr: float, eps: float) -> tuple[Callable[[dict[str, float]], flo
     return w, step
 
 
-def ftrl_ref(
-    alpha: float, beta: float, l1: float, l2: float
-) -> tuple[Callable[[dict[str, float]], float], Scalar]:
+def ftrl_ref(alpha: float, beta: float, l1: float, l2: float) -> tuple[Callable[[dict[str, float]], float], Scalar]:
     """McMahan et al. 2013, Algorithm 1, one coordinate."""
 
     def w(s: dict[str, float]) -> float:
@@ -62,8 +60,12 @@ def ftrl_ref(
 CASES = [
     pytest.param(SGD(lr=0.1, l2=0.01), sgd_ref(0.1, 0.01), {"w": 0.0}, id="sgd"),
     pytest.param(AdaGrad(lr=0.3, eps=1e-6), adagrad_ref(0.3, 1e-6), {"w": 0.0, "G": 0.0}, id="adagrad"),
-    pytest.param(FTRL(alpha=0.5, beta=1.0, l1=0.3, l2=0.2), ftrl_ref(0.5, 1.0, 0.3, 0.2), {"z": 0.0, "n": 0.0}, id="ftrl"),
-    pytest.param(FTRL(alpha=0.1, beta=0.5, l1=0.0, l2=0.0), ftrl_ref(0.1, 0.5, 0.0, 0.0), {"z": 0.0, "n": 0.0}, id="ftrl-no-reg"),
+    pytest.param(
+        FTRL(alpha=0.5, beta=1.0, l1=0.3, l2=0.2), ftrl_ref(0.5, 1.0, 0.3, 0.2), {"z": 0.0, "n": 0.0}, id="ftrl"
+    ),
+    pytest.param(
+        FTRL(alpha=0.1, beta=0.5, l1=0.0, l2=0.0), ftrl_ref(0.1, 0.5, 0.0, 0.0), {"z": 0.0, "n": 0.0}, id="ftrl-no-reg"
+    ),
 ]
 
 
@@ -112,7 +114,9 @@ def test_rows_from_weights_read_back(spec: dict[str, object]) -> None:
     np.testing.assert_allclose(opt.weights(opt.rows_from_weights(w), 3), w, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("spec", [{"name": "sgd", "lr": 0.1}, {"name": "adagrad", "lr": 0.2}, {"name": "ftrl", "alpha": 0.3, "l1": 0.1}])
+@pytest.mark.parametrize(
+    "spec", [{"name": "sgd", "lr": 0.1}, {"name": "adagrad", "lr": 0.2}, {"name": "ftrl", "alpha": 0.3, "l1": 0.1}]
+)
 def test_push_sums_duplicate_gradients_before_one_step(spec: dict[str, object]) -> None:
     """A push naming a key three times equals one step with the summed gradient
     (not three steps)."""
@@ -148,7 +152,11 @@ def _ftrl_formula(opt: FTRL, rows: np.ndarray, d: int) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "params",
-    [dict(alpha=0.05, beta=1.0, l1=1.0, l2=1.0), dict(alpha=0.1, beta=0.5, l1=0.0, l2=0.0), dict(alpha=1.7, beta=0.01, l1=3.0, l2=0.2)],
+    [
+        dict(alpha=0.05, beta=1.0, l1=1.0, l2=1.0),
+        dict(alpha=0.1, beta=0.5, l1=0.0, l2=0.0),
+        dict(alpha=1.7, beta=0.01, l1=3.0, l2=0.2),
+    ],
 )
 def test_ftrl_weights_and_steps_are_the_formulas_bit_for_bit(params: dict[str, float]) -> None:
     """The in-place arithmetic (and the negated denominator) gives the very

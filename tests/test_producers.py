@@ -26,6 +26,7 @@ import numpy.typing as npt
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
+from waiting import until
 
 from app.logs import KAFKA_LOGGERS, configure_logging
 from app.produce_cli import add_produce_parser, run_produce
@@ -40,7 +41,6 @@ from consumers.formats import (
 )
 from consumers.producer import produce
 from consumers.synthetic import SyntheticStream, bayes_logloss
-from waiting import until
 
 # -- helpers -------------------------------------------------------------------------
 
@@ -79,7 +79,9 @@ def one_hot_indices(events: list[dict[str, Any]]) -> npt.NDArray[np.int64]:
     return np.stack(cols, axis=1)
 
 
-def train_adagrad(x: npt.NDArray[np.int64], y: npt.NDArray[np.float64], epochs: int, lr: float) -> npt.NDArray[np.float64]:
+def train_adagrad(
+    x: npt.NDArray[np.int64], y: npt.NDArray[np.float64], epochs: int, lr: float
+) -> npt.NDArray[np.float64]:
     """Logistic regression on one-hot rows (index lists) by mini-batch Adagrad."""
     dim = int(x.max()) + 1
     w = np.zeros(dim)
@@ -176,7 +178,12 @@ async def consume_all(bootstrap: str, topic: str, n: int, timeout_s: float = 30.
 def test_same_seed_same_events_whatever_the_batch_sizes() -> None:
     a = SyntheticStream(seed=7).batch(20_000)
     s = SyntheticStream(seed=7)
-    b = s.batch(1) + s.batch(8191) + s.batch(3000) + list(itertools.chain.from_iterable(s.iter_batches(7808 + 1000, 5000)))
+    b = (
+        s.batch(1)
+        + s.batch(8191)
+        + s.batch(3000)
+        + list(itertools.chain.from_iterable(s.iter_batches(7808 + 1000, 5000)))
+    )
     assert a == b
     assert s.produced == 20_000
     c = SyntheticStream(seed=8).batch(1000)
@@ -602,6 +609,7 @@ async def test_cli_sigterm_ends_an_endless_stream_with_exit_0(kafka_bootstrap: s
             stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
     try:
+
         def sending() -> bool:  # for a second at least: it has reported progress
             assert proc.returncode is None, log.read_text()
             return b'"msg":"progress"' in log.read_bytes()

@@ -9,12 +9,14 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import orjson
 from aiokafka import AIOKafkaProducer
+from waiting import until
 
 from consumers.broker import create_topics, free_port
 from consumers.decode import decode_records
@@ -26,7 +28,6 @@ from ps_core.features import FeatureHasher
 from ps_core.metrics import auc
 from ps_core.models import LogisticRegression, sigmoid
 from ps_core.shard import Shard, ShardSpec
-from waiting import until
 
 PROJECT = Path(__file__).resolve().parents[1]
 PARTITIONS = 2
@@ -47,22 +48,40 @@ async def _produce(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await producer.start()
     try:
-        futs = [
-            await producer.send(topic, orjson.dumps(ev), partition=i % PARTITIONS)
-            for i, ev in enumerate(events)
-        ]
+        futs = [await producer.send(topic, orjson.dumps(ev), partition=i % PARTITIONS) for i, ev in enumerate(events)]
         await asyncio.gather(*futs)
     finally:
         await producer.stop()
 
 
-def _start_shards(ports: list[int], exports: Path, log_dir: Path, tag: str, restore: bool) -> list[subprocess.Popen[bytes]]:
+def _start_shards(
+    ports: list[int], exports: Path, log_dir: Path, tag: str, restore: bool
+) -> list[subprocess.Popen[bytes]]:
     urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
     procs = []
     for i, port in enumerate(ports):
-        args = [sys.executable, "-m", "app.cli", "shard", "--port", str(port), "--shard-id", str(i),
-                "--num-shards", str(len(ports)), "--shards", urls, "--exports-dir", str(exports),
-                "--export-interval", "0", "--model-name", "m", "--stats-interval", "0"]
+        args = [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "shard",
+            "--port",
+            str(port),
+            "--shard-id",
+            str(i),
+            "--num-shards",
+            str(len(ports)),
+            "--shards",
+            urls,
+            "--exports-dir",
+            str(exports),
+            "--export-interval",
+            "0",
+            "--model-name",
+            "m",
+            "--stats-interval",
+            "0",
+        ]
         if not restore:
             args.append("--no-restore")
         with open(log_dir / f"shard{i}-{tag}.log", "wb") as log:
@@ -134,9 +153,17 @@ async def test_a_killed_shard_recovers_from_the_cut_and_the_replay_loses_nothing
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     group = f"g-{uuid.uuid4().hex[:8]}"
-    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, dlq_topic=topic + ".dlq",
-                          window_seconds=3600, window_events=1000, decode_processes=0,
-                          session_timeout_ms=3000, heartbeat_interval_ms=500)
+    config = WorkerConfig(
+        kafka_bootstrap,
+        topic=topic,
+        group=group,
+        dlq_topic=topic + ".dlq",
+        window_seconds=3600,
+        window_events=1000,
+        decode_processes=0,
+        session_timeout_ms=3000,
+        heartbeat_interval_ms=500,
+    )
     part_keys = _part_keys()
 
     shards = _start_shards(ports, exports, tmp_path, "first", restore=False)
@@ -150,7 +177,10 @@ async def test_a_killed_shard_recovers_from_the_cut_and_the_replay_loses_nothing
             assert worker.leased
             cut = subprocess.run(
                 [sys.executable, "-m", "app.cli", "export", "--shard0", urls[0], "--kind", "base"],
-                cwd=PROJECT, capture_output=True, text=True, timeout=60,
+                cwd=PROJECT,
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
             assert cut.returncode == 0, cut.stderr
             report = orjson.loads(cut.stdout)
@@ -219,9 +249,17 @@ async def test_a_killed_shard_recovers_from_the_cut_and_the_replay_loses_nothing
     # The same stream without a failure, once through.
     local = [Shard(ShardSpec(i, 2)) for i in range(2)]
     baseline = Worker(
-        WorkerConfig(kafka_bootstrap, topic=topic, group=f"g-{uuid.uuid4().hex[:8]}", dlq_topic=topic + ".dlq",
-                     window_seconds=3600, window_events=1000, decode_processes=0),
-        PSClient.local(local), LogisticRegression("m"),
+        WorkerConfig(
+            kafka_bootstrap,
+            topic=topic,
+            group=f"g-{uuid.uuid4().hex[:8]}",
+            dlq_topic=topic + ".dlq",
+            window_seconds=3600,
+            window_events=1000,
+            decode_processes=0,
+        ),
+        PSClient.local(local),
+        LogisticRegression("m"),
     )
     assert await _train(baseline, lambda: baseline.stats.records >= N) is None
     assert _shows_in(local, part_keys) == produced

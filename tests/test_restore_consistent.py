@@ -18,6 +18,10 @@ import aiohttp
 import numpy as np
 import orjson
 import pytest
+from test_exporter import _train
+from test_recovery import _events, _part_keys, _produce, _shows_in
+from test_recovery import _train as _run_worker
+from waiting import until
 
 from app.metrics import ApiMetrics
 from consumers.broker import create_topics, free_port
@@ -32,10 +36,6 @@ from ps_core.joining import Membership, load_shard
 from ps_core.models import LogisticRegression
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
-from test_exporter import _train
-from test_recovery import _events, _part_keys, _produce, _shows_in
-from test_recovery import _train as _run_worker
-from waiting import until
 
 PROJECT = Path(__file__).resolve().parents[1]
 LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})
@@ -54,10 +54,30 @@ class Shards:
         self.starts = [0] * n
 
     def start(self, i: int, restore: bool = True) -> None:
-        args = [sys.executable, "-m", "app.cli", "shard", "--port", str(self.ports[i]), "--shard-id", str(i),
-                "--num-shards", str(len(self.ports)), "--shards", ",".join(self.urls),
-                "--exports-dir", str(self.exports), "--export-interval", "0", "--model-name", "m",
-                "--stats-interval", "0", "--log-format", "json"]
+        args = [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "shard",
+            "--port",
+            str(self.ports[i]),
+            "--shard-id",
+            str(i),
+            "--num-shards",
+            str(len(self.ports)),
+            "--shards",
+            ",".join(self.urls),
+            "--exports-dir",
+            str(self.exports),
+            "--export-interval",
+            "0",
+            "--model-name",
+            "m",
+            "--stats-interval",
+            "0",
+            "--log-format",
+            "json",
+        ]
         if not restore:
             args.append("--no-restore")
         self.starts[i] += 1
@@ -195,6 +215,7 @@ async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(tmp_
     shards.start_all(restore=True)
     try:
         async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as client:
+
             async def refused() -> bool:
                 shards.check_running()
                 return any(l.get("msg") == "no common version: leases refused" for l in shards.lines(0))
@@ -231,9 +252,17 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
     await create_topics(kafka_bootstrap, {topic: partitions, topic + ".dlq": 1})
     await _produce(kafka_bootstrap, topic, events)
     produced = [sum(1 for i in range(n) if i % partitions == p) for p in range(partitions)]
-    config = WorkerConfig(kafka_bootstrap, topic=topic, group=f"g-{uuid.uuid4().hex[:8]}", dlq_topic=topic + ".dlq",
-                          window_seconds=3600, window_events=1000, decode_processes=0,
-                          session_timeout_ms=3000, heartbeat_interval_ms=500)
+    config = WorkerConfig(
+        kafka_bootstrap,
+        topic=topic,
+        group=f"g-{uuid.uuid4().hex[:8]}",
+        dlq_topic=topic + ".dlq",
+        window_seconds=3600,
+        window_events=1000,
+        decode_processes=0,
+        session_timeout_ms=3000,
+        heartbeat_interval_ms=500,
+    )
     shards = Shards(2, tmp_path / "exports", tmp_path)
     shards.start_all(restore=True)  # an empty directory: they join holding nothing
     try:

@@ -13,7 +13,8 @@ is retried without applying the push twice, and an unreachable RPC ends in
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import pytest

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -87,9 +88,7 @@ async def one_shard(serve_shards: Any, http: aiohttp.ClientSession) -> tuple[Sha
     url = urls[0]
     for cfg in (LR, EMB):
         grads = np.linspace(-1, 1, SEED_KEYS.size * cfg.dim, dtype=np.float32).reshape(-1, cfg.dim)
-        status, _, _ = await post(
-            http, url + "/v1/push", codec.encode_push(cfg.name, SEED_KEYS, grads * 4)
-        )
+        status, _, _ = await post(http, url + "/v1/push", codec.encode_push(cfg.name, SEED_KEYS, grads * 4))
         assert status == 200
     return shards[0], url
 
@@ -130,79 +129,204 @@ def _push_pull(
 
 BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     # (id, path, body, status, error code, detail pattern)
-    ("push-wrong-version", "/v1/push", lambda: _patched(_push(), 4, "B", 7), 400, "bad_frame",
-     r"unsupported frame format version 7"),
-    ("pull-wrong-version", "/v1/pull", lambda: _patched(_pull(), 4, "B", 2), 400, "bad_frame",
-     r"unsupported frame format version 2"),
-    ("push-truncated", "/v1/push", lambda: _push()[:-3], 400, "bad_frame",
-     r"frame is \d+ bytes but its header \(n=3, dim=1\) implies"),
-    ("pull-truncated", "/v1/pull", lambda: _pull()[:-8], 400, "bad_frame",
-     r"frame is \d+ bytes but its header \(n=3, dim=0\) implies"),
-    ("push-short-header", "/v1/push", lambda: _push()[:20], 400, "bad_frame",
-     r"shorter than the 48-byte header"),
-    ("pull-empty-body", "/v1/pull", lambda: b"", 400, "bad_frame",
-     r"frame of 0 bytes is shorter"),
-    ("push-json-body", "/v1/push", lambda: orjson.dumps({"keys": [1, 2, 3], "grads": [1, 2, 3]}),
-     400, "bad_frame", r"(bad magic|shorter than)"),
-    ("push-count-mismatch", "/v1/push", lambda: _patched(_push(), 8, "I", 2), 400, "bad_frame",
-     r"header \(n=2, dim=1\) implies"),
-    ("pull-count-mismatch", "/v1/pull", lambda: _patched(_pull(), 8, "I", 5), 400, "bad_frame",
-     r"header \(n=5, dim=0\) implies"),
-    ("push-unknown-table", "/v1/push", lambda: _push("nope"), 404, "unknown_table",
-     r"no table 'nope' on shard 0; declared: \['emb', 'lr'\]"),
-    ("pull-unknown-table", "/v1/pull", lambda: _pull("nope"), 404, "unknown_table",
-     r"no table 'nope'"),
-    ("push-nan", "/v1/push", lambda: _push(grads=[[1.0], [np.nan], [1.0]]), 400, "invalid_values",
-     r"NaN or inf"),
-    ("push-inf", "/v1/push", lambda: _push(grads=[[np.inf], [1.0], [1.0]]), 400, "invalid_values",
-     r"NaN or inf"),
-    ("push-minus-inf-dim4", "/v1/push",
-     lambda: _push("emb", grads=np.where(np.eye(3, 4) > 0, -np.inf, 0.1)), 400, "invalid_values",
-     r"NaN or inf"),
-    ("push-dim-mismatch", "/v1/push", lambda: _push("lr", grads=np.ones((3, 4))), 400,
-     "invalid_values", r"table lr has dim 1, the push carries dim 4"),
-    ("push-dim-mismatch-emb", "/v1/push", lambda: _push("emb", grads=np.ones((3, 1))), 400,
-     "invalid_values", r"table emb has dim 4, the push carries dim 1"),
-    ("push-negative-counts", "/v1/push",
-     lambda: _push(counts=np.array([[1, 0], [-1, 0], [2, 1]], np.float32)), 400,
-     "invalid_values", r"counts must be \(n, 2\), finite, whole and >= 0"),
-    ("push-nan-counts", "/v1/push",
-     lambda: _push(counts=np.array([[1, 0], [1, np.nan], [2, 1]], np.float32)), 400,
-     "invalid_values", r"counts must be"),
+    (
+        "push-wrong-version",
+        "/v1/push",
+        lambda: _patched(_push(), 4, "B", 7),
+        400,
+        "bad_frame",
+        r"unsupported frame format version 7",
+    ),
+    (
+        "pull-wrong-version",
+        "/v1/pull",
+        lambda: _patched(_pull(), 4, "B", 2),
+        400,
+        "bad_frame",
+        r"unsupported frame format version 2",
+    ),
+    (
+        "push-truncated",
+        "/v1/push",
+        lambda: _push()[:-3],
+        400,
+        "bad_frame",
+        r"frame is \d+ bytes but its header \(n=3, dim=1\) implies",
+    ),
+    (
+        "pull-truncated",
+        "/v1/pull",
+        lambda: _pull()[:-8],
+        400,
+        "bad_frame",
+        r"frame is \d+ bytes but its header \(n=3, dim=0\) implies",
+    ),
+    ("push-short-header", "/v1/push", lambda: _push()[:20], 400, "bad_frame", r"shorter than the 48-byte header"),
+    ("pull-empty-body", "/v1/pull", lambda: b"", 400, "bad_frame", r"frame of 0 bytes is shorter"),
+    (
+        "push-json-body",
+        "/v1/push",
+        lambda: orjson.dumps({"keys": [1, 2, 3], "grads": [1, 2, 3]}),
+        400,
+        "bad_frame",
+        r"(bad magic|shorter than)",
+    ),
+    (
+        "push-count-mismatch",
+        "/v1/push",
+        lambda: _patched(_push(), 8, "I", 2),
+        400,
+        "bad_frame",
+        r"header \(n=2, dim=1\) implies",
+    ),
+    (
+        "pull-count-mismatch",
+        "/v1/pull",
+        lambda: _patched(_pull(), 8, "I", 5),
+        400,
+        "bad_frame",
+        r"header \(n=5, dim=0\) implies",
+    ),
+    (
+        "push-unknown-table",
+        "/v1/push",
+        lambda: _push("nope"),
+        404,
+        "unknown_table",
+        r"no table 'nope' on shard 0; declared: \['emb', 'lr'\]",
+    ),
+    ("pull-unknown-table", "/v1/pull", lambda: _pull("nope"), 404, "unknown_table", r"no table 'nope'"),
+    ("push-nan", "/v1/push", lambda: _push(grads=[[1.0], [np.nan], [1.0]]), 400, "invalid_values", r"NaN or inf"),
+    ("push-inf", "/v1/push", lambda: _push(grads=[[np.inf], [1.0], [1.0]]), 400, "invalid_values", r"NaN or inf"),
+    (
+        "push-minus-inf-dim4",
+        "/v1/push",
+        lambda: _push("emb", grads=np.where(np.eye(3, 4) > 0, -np.inf, 0.1)),
+        400,
+        "invalid_values",
+        r"NaN or inf",
+    ),
+    (
+        "push-dim-mismatch",
+        "/v1/push",
+        lambda: _push("lr", grads=np.ones((3, 4))),
+        400,
+        "invalid_values",
+        r"table lr has dim 1, the push carries dim 4",
+    ),
+    (
+        "push-dim-mismatch-emb",
+        "/v1/push",
+        lambda: _push("emb", grads=np.ones((3, 1))),
+        400,
+        "invalid_values",
+        r"table emb has dim 4, the push carries dim 1",
+    ),
+    (
+        "push-negative-counts",
+        "/v1/push",
+        lambda: _push(counts=np.array([[1, 0], [-1, 0], [2, 1]], np.float32)),
+        400,
+        "invalid_values",
+        r"counts must be \(n, 2\), finite, whole and >= 0",
+    ),
+    (
+        "push-nan-counts",
+        "/v1/push",
+        lambda: _push(counts=np.array([[1, 0], [1, np.nan], [2, 1]], np.float32)),
+        400,
+        "invalid_values",
+        r"counts must be",
+    ),
     ("pull-frame-to-push", "/v1/push", _pull, 400, "bad_frame", r"expected op 2, got 1"),
     ("push-frame-to-pull", "/v1/pull", _push, 400, "bad_frame", r"expected op 1, got 2"),
-    ("weights-frame-to-pull", "/v1/pull",
-     lambda: codec.encode_weights("lr", np.zeros((3, 1), np.float32), 1), 400, "bad_frame",
-     r"expected op 1, got 3"),
-    ("unknown-flags", "/v1/push", lambda: _patched(_push(), 6, "H", 2), 400, "bad_frame",
-     r"unknown flags 0x2"),
+    (
+        "weights-frame-to-pull",
+        "/v1/pull",
+        lambda: codec.encode_weights("lr", np.zeros((3, 1), np.float32), 1),
+        400,
+        "bad_frame",
+        r"expected op 1, got 3",
+    ),
+    ("unknown-flags", "/v1/push", lambda: _patched(_push(), 6, "H", 2), 400, "bad_frame", r"unknown flags 0x2"),
     # push_pull: whichever section is bad, the push must not be applied either.
-    ("pp-wrong-version", "/v1/push_pull", lambda: _patched(_push_pull(), 4, "B", 2), 400,
-     "bad_frame", r"unsupported frame format version 2"),
-    ("pp-truncated-pull-keys", "/v1/push_pull", lambda: _push_pull()[:-8], 400, "bad_frame",
-     r"header \(n=3, dim=1, m=3\) implies"),
-    ("pp-pull-count-mismatch", "/v1/push_pull", lambda: _patched(_push_pull(), 44, "I", 4), 400,
-     "bad_frame", r"header \(n=3, dim=1, m=4\) implies"),
-    ("pp-push-count-mismatch", "/v1/push_pull", lambda: _patched(_push_pull(), 8, "I", 2), 400,
-     "bad_frame", r"header \(n=2, dim=1, m=3\) implies"),
-    ("pp-presence-flag", "/v1/push_pull", lambda: _patched(_push_pull(), 6, "H", 2), 400,
-     "bad_frame", r"only pulls carry presence"),
-    ("pp-unknown-table", "/v1/push_pull", lambda: _push_pull("nope"), 404, "unknown_table",
-     r"no table 'nope'"),
-    ("pp-nan", "/v1/push_pull", lambda: _push_pull(grads=[[1.0], [np.nan], [1.0]]), 400,
-     "invalid_values", r"NaN or inf"),
-    ("pp-dim-mismatch", "/v1/push_pull", lambda: _push_pull("emb", grads=np.ones((3, 1))), 400,
-     "invalid_values", r"table emb has dim 4, the push carries dim 1"),
-    ("pp-negative-counts", "/v1/push_pull",
-     lambda: _push_pull(counts=np.array([[1, 0], [-1, 0], [2, 1]], np.float32)), 400,
-     "invalid_values", r"counts must be"),
+    (
+        "pp-wrong-version",
+        "/v1/push_pull",
+        lambda: _patched(_push_pull(), 4, "B", 2),
+        400,
+        "bad_frame",
+        r"unsupported frame format version 2",
+    ),
+    (
+        "pp-truncated-pull-keys",
+        "/v1/push_pull",
+        lambda: _push_pull()[:-8],
+        400,
+        "bad_frame",
+        r"header \(n=3, dim=1, m=3\) implies",
+    ),
+    (
+        "pp-pull-count-mismatch",
+        "/v1/push_pull",
+        lambda: _patched(_push_pull(), 44, "I", 4),
+        400,
+        "bad_frame",
+        r"header \(n=3, dim=1, m=4\) implies",
+    ),
+    (
+        "pp-push-count-mismatch",
+        "/v1/push_pull",
+        lambda: _patched(_push_pull(), 8, "I", 2),
+        400,
+        "bad_frame",
+        r"header \(n=2, dim=1, m=3\) implies",
+    ),
+    (
+        "pp-presence-flag",
+        "/v1/push_pull",
+        lambda: _patched(_push_pull(), 6, "H", 2),
+        400,
+        "bad_frame",
+        r"only pulls carry presence",
+    ),
+    ("pp-unknown-table", "/v1/push_pull", lambda: _push_pull("nope"), 404, "unknown_table", r"no table 'nope'"),
+    (
+        "pp-nan",
+        "/v1/push_pull",
+        lambda: _push_pull(grads=[[1.0], [np.nan], [1.0]]),
+        400,
+        "invalid_values",
+        r"NaN or inf",
+    ),
+    (
+        "pp-dim-mismatch",
+        "/v1/push_pull",
+        lambda: _push_pull("emb", grads=np.ones((3, 1))),
+        400,
+        "invalid_values",
+        r"table emb has dim 4, the push carries dim 1",
+    ),
+    (
+        "pp-negative-counts",
+        "/v1/push_pull",
+        lambda: _push_pull(counts=np.array([[1, 0], [-1, 0], [2, 1]], np.float32)),
+        400,
+        "invalid_values",
+        r"counts must be",
+    ),
     ("push-frame-to-push-pull", "/v1/push_pull", _push, 400, "bad_frame", r"expected op 5, got 2"),
     ("pull-frame-to-push-pull", "/v1/push_pull", _pull, 400, "bad_frame", r"expected op 5, got 1"),
     ("push-pull-frame-to-push", "/v1/push", _push_pull, 400, "bad_frame", r"expected op 2, got 5"),
     ("push-pull-frame-to-pull", "/v1/pull", _push_pull, 400, "bad_frame", r"expected op 1, got 5"),
-    ("reply-frame-to-push-pull", "/v1/push_pull",
-     lambda: codec.encode_push_pull_reply("lr", 3, np.zeros((3, 1), np.float32), 1), 400,
-     "bad_frame", r"expected op 5, got 6"),
+    (
+        "reply-frame-to-push-pull",
+        "/v1/push_pull",
+        lambda: codec.encode_push_pull_reply("lr", 3, np.zeros((3, 1), np.float32), 1),
+        400,
+        "bad_frame",
+        r"expected op 5, got 6",
+    ),
 ]
 
 
@@ -235,9 +359,7 @@ async def test_bad_request_gets_json_error_and_changes_nothing(
     assert_same_contents(contents(shard), before)
 
 
-async def test_keys_of_the_other_shard_are_rejected(
-    serve_shards: Any, http: aiohttp.ClientSession
-) -> None:
+async def test_keys_of_the_other_shard_are_rejected(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     shards, urls = await serve_shards(2, (LR,))
     keys = np.arange(64, dtype=np.uint64)
     owner = shard_of(keys, 2)
@@ -245,9 +367,7 @@ async def test_keys_of_the_other_shard_are_rejected(
     mixed = np.concatenate([mine, theirs])
     _, stats_before = await get_json(http, urls[0] + "/v1/stats")
 
-    status, ctype, raw = await post(
-        http, urls[0] + "/v1/push", codec.encode_push("lr", mixed, np.ones(5, np.float32))
-    )
+    status, ctype, raw = await post(http, urls[0] + "/v1/push", codec.encode_push("lr", mixed, np.ones(5, np.float32)))
     assert status == 400
     body = error_body(ctype, raw)
     assert body["error"] == "wrong_shard"
@@ -262,9 +382,7 @@ async def test_keys_of_the_other_shard_are_rejected(
     assert len(shards[0].tables["lr"]) == 0
 
     # The owned keys alone are fine.
-    status, _, _ = await post(
-        http, urls[0] + "/v1/push", codec.encode_push("lr", mine, np.ones(3, np.float32))
-    )
+    status, _, _ = await post(http, urls[0] + "/v1/push", codec.encode_push("lr", mine, np.ones(3, np.float32)))
     assert status == 200 and len(shards[0].tables["lr"]) == 3
 
 
@@ -299,8 +417,7 @@ async def test_push_pull_with_a_bad_section_on_a_2_shard_server_changes_nothing(
     grads = np.full(4, -2.0, np.float32)
     for body in (
         codec.encode_push_pull("lr", mine, grads, np.concatenate([mine[:1], theirs]), request_id=2),
-        codec.encode_push_pull("lr", np.concatenate([mine, theirs]), np.ones(6, np.float32), mine,
-                               request_id=3),
+        codec.encode_push_pull("lr", np.concatenate([mine, theirs]), np.ones(6, np.float32), mine, request_id=3),
     ):
         status, ctype, raw = await post(http, urls[0] + "/v1/push_pull", body)
         assert status == 400, raw
@@ -328,9 +445,7 @@ async def test_push_then_pull_over_http_matches_a_reference_table(
     grads = (np.arange(20).reshape(5, 4) / 10 - 1).astype(np.float32)
     counts = np.array([[1, 0], [1, 1], [2, 0], [1, 0], [3, 2]], np.float32)
 
-    status, ctype, raw = await post(
-        http, urls[0] + "/v1/push", codec.encode_push("emb", keys, grads, counts=counts)
-    )
+    status, ctype, raw = await post(http, urls[0] + "/v1/push", codec.encode_push("emb", keys, grads, counts=counts))
     assert status == 200 and ctype == FRAME_CONTENT_TYPE
     ack = codec.decode(raw, Op.ACK)
     assert ack.count == 4 == ref.push(keys, grads, counts=counts)
@@ -344,9 +459,7 @@ async def test_push_then_pull_over_http_matches_a_reference_table(
     np.testing.assert_array_equal(reply.values, ref.pull(query))
 
 
-async def test_push_pull_equals_push_then_pull(
-    serve_shards: Any, http: aiohttp.ClientSession
-) -> None:
+async def test_push_pull_equals_push_then_pull(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     """Worker-style steps (push mini-batch i, pull mini-batch i+1): one
     push_pull request per step leaves a shard and answers exactly as a push
     request then a pull request do on another shard server fed the same."""
@@ -363,17 +476,17 @@ async def test_push_pull_equals_push_then_pull(
         counts = rng.integers(0, 3, (prev.size, 2)).astype(np.float32)
         t = 1.7e9 + step
         status, ctype, raw = await post(
-            http, url_c + "/v1/push_pull",
-            codec.encode_push_pull("emb", prev, grads, nxt, counts=counts, event_time=t,
-                                   request_id=100 + step),
+            http,
+            url_c + "/v1/push_pull",
+            codec.encode_push_pull("emb", prev, grads, nxt, counts=counts, event_time=t, request_id=100 + step),
         )
         assert status == 200 and ctype == FRAME_CONTENT_TYPE
         reply = codec.decode(raw, Op.PUSH_PULL_REPLY)
         if prev.size:
             status, _, ack = await post(
-                http, url_s + "/v1/push",
-                codec.encode_push("emb", prev, grads, counts=counts, event_time=t,
-                                  request_id=100 + step),
+                http,
+                url_s + "/v1/push",
+                codec.encode_push("emb", prev, grads, counts=counts, event_time=t, request_id=100 + step),
             )
             assert status == 200
             assert reply.applied == codec.decode(ack, Op.ACK).count == prev.size
@@ -438,7 +551,8 @@ async def test_push_pull_with_an_empty_part(serve_shards: Any, http: aiohttp.Cli
     grads = np.ones((3, 4), np.float32)
     # Push only: applied, and the empty pull answers (0, dim) without counting.
     status, _, raw = await post(
-        http, urls[0] + "/v1/push_pull",
+        http,
+        urls[0] + "/v1/push_pull",
         codec.encode_push_pull("emb", keys, grads, _keys(), request_id=1),
     )
     ref.push(keys, grads)
@@ -448,7 +562,8 @@ async def test_push_pull_with_an_empty_part(serve_shards: Any, http: aiohttp.Cli
     assert (t.pushes, t.pulls) == (1, 0)
     # Pull only (an empty push of dim 0): nothing applied, no id remembered.
     status, _, raw = await post(
-        http, urls[0] + "/v1/push_pull",
+        http,
+        urls[0] + "/v1/push_pull",
         codec.encode_push_pull("emb", _keys(), np.zeros(0, np.float32), keys[::-1], request_id=2),
     )
     reply = codec.decode(raw, Op.PUSH_PULL_REPLY)
@@ -457,22 +572,22 @@ async def test_push_pull_with_an_empty_part(serve_shards: Any, http: aiohttp.Cli
     assert (t.pushes, t.pulls, shards[0].duplicate_pushes) == (1, 1, 0)
     # Both empty: the table's dim, and an unknown table is still an error.
     status, _, raw = await post(
-        http, urls[0] + "/v1/push_pull",
+        http,
+        urls[0] + "/v1/push_pull",
         codec.encode_push_pull("emb", _keys(), np.zeros((0, 4), np.float32), _keys()),
     )
     assert status == 200
     v = codec.decode(raw, Op.PUSH_PULL_REPLY).values
     assert v is not None and v.shape == (0, 4)
     status, _, _ = await post(
-        http, urls[0] + "/v1/push_pull",
+        http,
+        urls[0] + "/v1/push_pull",
         codec.encode_push_pull("nope", _keys(), np.zeros((0, 4), np.float32), _keys()),
     )
     assert status == 404
 
 
-async def test_empty_pull_answers_with_the_table_dim(
-    serve_shards: Any, http: aiohttp.ClientSession
-) -> None:
+async def test_empty_pull_answers_with_the_table_dim(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     _, urls = await serve_shards(1, (EMB,))
     status, _, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("emb", _keys()))
     assert status == 200
@@ -480,9 +595,7 @@ async def test_empty_pull_answers_with_the_table_dim(
     assert reply.values is not None and reply.values.shape == (0, 4)
 
 
-async def test_same_push_request_id_is_applied_once(
-    serve_shards: Any, http: aiohttp.ClientSession
-) -> None:
+async def test_same_push_request_id_is_applied_once(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     shards, urls = await serve_shards(1, (LR,))
     keys = _keys(10, 11, 10)
     grads = np.array([2.0, -3.0, 1.5], np.float32)
@@ -512,9 +625,7 @@ async def test_same_push_request_id_is_applied_once(
     assert shards[0].duplicate_pushes == 1
 
 
-async def test_pushes_without_request_id_are_never_deduplicated(
-    serve_shards: Any, http: aiohttp.ClientSession
-) -> None:
+async def test_pushes_without_request_id_are_never_deduplicated(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     shards, urls = await serve_shards(1, (LR,))
     frame = codec.encode_push("lr", _keys(1), np.array([1.0], np.float32))
     for _ in range(3):
@@ -532,9 +643,7 @@ async def declare(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int
     return status, orjson.loads(raw)
 
 
-async def test_declare_creates_then_is_idempotent(
-    serve_shards: Any, http: aiohttp.ClientSession
-) -> None:
+async def test_declare_creates_then_is_idempotent(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     shards, urls = await serve_shards(1)
     url = urls[0]
     spec = {"name": "fm", "dim": 8, "optimizer": "adagrad", "init_scale": 0.01, "seed": 4}
@@ -557,9 +666,7 @@ async def test_declare_creates_then_is_idempotent(
     assert tables["fm"]["dim"] == 8 and tables["fm"]["optimizer"]["name"] == "adagrad"
 
 
-async def test_declare_with_a_different_config_conflicts(
-    serve_shards: Any, http: aiohttp.ClientSession
-) -> None:
+async def test_declare_with_a_different_config_conflicts(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     shards, urls = await serve_shards(1, (LR,))
     for other in (
         {"name": "lr", "dim": 2},
@@ -615,9 +722,7 @@ async def test_invalid_declaration_is_rejected(
     assert list(shards[0].tables) == ["lr"]
 
 
-async def test_declaration_with_a_null_name_is_rejected(
-    serve_shards: Any, http: aiohttp.ClientSession
-) -> None:
+async def test_declaration_with_a_null_name_is_rejected(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     shards, urls = await serve_shards(1)
     status, reply = await declare(http, urls[0], {"name": None, "dim": 2})
     assert status == 400 and reply["error"] == "bad_table_config"
@@ -627,9 +732,7 @@ async def test_declaration_with_a_null_name_is_rejected(
 # -- stats, health, limits ---------------------------------------------------------------
 
 
-async def test_stats_report_features_bytes_and_calls(
-    serve_shards: Any, http: aiohttp.ClientSession
-) -> None:
+async def test_stats_report_features_bytes_and_calls(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     _, urls = await serve_shards(1, (LR, EMB))
     _, empty = await get_json(http, urls[0] + "/v1/stats")
     assert empty["shard_id"] == 0 and empty["num_shards"] == 1
@@ -661,9 +764,7 @@ async def test_healthz(serve_shards: Any, http: aiohttp.ClientSession) -> None:
         assert body == {"status": "ok", "shard_id": i, "num_shards": 2, "rpc_port": None}
 
 
-async def test_wrong_method_and_unknown_route_get_json_errors(
-    serve_shards: Any, http: aiohttp.ClientSession
-) -> None:
+async def test_wrong_method_and_unknown_route_get_json_errors(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     _, urls = await serve_shards(1)
     async with http.get(urls[0] + "/v1/push") as resp:
         assert resp.status == 405

@@ -28,15 +28,16 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Mapping
 
 import aiohttp
 import numpy as np
 import orjson
 import pytest
 from aiohttp import web
+from waiting import until
 
 from app.api import ApiServer
 from app.settings import ApiSettings
@@ -53,7 +54,6 @@ from ps_core.rpc import RpcConnection, RpcServer, start_rpc_server
 from ps_core.server import DEFAULT_MAX_BODY, ROUTE_SCOPES, ShardSite, create_shard_app, start_shard_site
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
-from waiting import until
 
 PROJECT = Path(__file__).resolve().parent.parent
 LR = TableConfig("ctr_lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
@@ -78,9 +78,7 @@ class Secured:
     tokens: dict[Scope, str] = field(default_factory=dict)
 
     def client(self, scope: Scope | None, *, rpc: bool = True) -> PSClient:
-        return PSClient.connect(
-            [self.url], token=self.tokens[scope] if scope else "", rpc=rpc, retry=PATIENT
-        )
+        return PSClient.connect([self.url], token=self.tokens[scope] if scope else "", rpc=rpc, retry=PATIENT)
 
 
 @pytest.fixture
@@ -99,7 +97,12 @@ async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
     site: ShardSite = await start_shard_site(app, "127.0.0.1", 0)
     try:
         yield Secured(
-            shard, f"http://127.0.0.1:{site.port}", rpc.port, secret, app, refusals,
+            shard,
+            f"http://127.0.0.1:{site.port}",
+            rpc.port,
+            secret,
+            app,
+            refusals,
             {scope: derive_token(secret, scope) for scope in Scope},
         )
     finally:
@@ -109,7 +112,10 @@ async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
 
 
 async def _http(
-    method: str, url: str, token: str | None = None, body: bytes | None = None,
+    method: str,
+    url: str,
+    token: str | None = None,
+    body: bytes | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> tuple[int, object]:
     """One request; the status and the JSON body (or the raw bytes)."""
@@ -284,7 +290,10 @@ def test_every_route_the_shard_app_registers_has_a_scope(secured: Secured) -> No
     assert registered - set(ROUTE_SCOPES) == set(), "routes without a scope in ROUTE_SCOPES"
     assert set(ROUTE_SCOPES) - registered == set(), "ROUTE_SCOPES names routes the app does not serve"
     # Open: the probes' route, and the document (routes public in the source, no state).
-    assert {key for key, scope in ROUTE_SCOPES.items() if scope is None} == {("GET", "/healthz"), ("GET", "/openapi.json")}
+    assert {key for key, scope in ROUTE_SCOPES.items() if scope is None} == {
+        ("GET", "/healthz"),
+        ("GET", "/openapi.json"),
+    }
 
 
 async def test_head_cannot_hand_over_a_snapshot(secured: Secured) -> None:
@@ -358,8 +367,13 @@ async def test_wrong_malformed_and_forged_tokens_are_401(secured: Secured) -> No
             with pytest.raises(AuthError) as info:
                 await RpcConnection.open("127.0.0.1", s.rpc_port, token=token)
             assert info.value.status == 401, what
-    for header in ("Basic " + s.tokens[Scope.ADMIN], "Bearer", "Bearer  ", s.tokens[Scope.ADMIN],
-                   "Token " + s.tokens[Scope.ADMIN]):
+    for header in (
+        "Basic " + s.tokens[Scope.ADMIN],
+        "Bearer",
+        "Bearer  ",
+        s.tokens[Scope.ADMIN],
+        "Token " + s.tokens[Scope.ADMIN],
+    ):
         status, got = await _http("GET", s.url + "/v1/tables", headers={"Authorization": header})
         assert status == 401, header
     status, _ = await _http("GET", s.url + "/v1/tables", headers={"Authorization": "bearer " + s.tokens[Scope.READ]})
@@ -436,7 +450,8 @@ def test_refusals_collapse_into_one_line_per_kind_and_interval(
     now[0] += 9.9
     refuse("missing", 2)
     assert [(r.fields["reason"], r.fields["refused"]) for r in caplog.records] == [  # type: ignore[attr-defined]
-        ("missing", 1), ("wrong", 1)
+        ("missing", 1),
+        ("wrong", 1),
     ]
     now[0] += 0.2
     refuse("missing", 1)
@@ -539,7 +554,13 @@ async def test_worker_and_export_with_a_wrong_token_exit_2_with_one_line(secured
     token_file = tmp_path / "token"
     token_file.write_text(wrong + "\n")
     code, _, err = await _ctrps(
-        "worker", "--shards", s.url, "--bootstrap", f"127.0.0.1:{free_port()}", "--decode-processes", "0",
+        "worker",
+        "--shards",
+        s.url,
+        "--bootstrap",
+        f"127.0.0.1:{free_port()}",
+        "--decode-processes",
+        "0",
         env=_env(CTRPS_SHARD_TOKEN_FILE=str(token_file)),
     )
     line = _one_line(err)
@@ -547,7 +568,13 @@ async def test_worker_and_export_with_a_wrong_token_exit_2_with_one_line(secured
     assert "not valid for this cluster" in line and wrong not in err
     # A read token: a worker needs train (it declares its tables first).
     code, _, err = await _ctrps(
-        "worker", "--shards", s.url, "--bootstrap", f"127.0.0.1:{free_port()}", "--decode-processes", "0",
+        "worker",
+        "--shards",
+        s.url,
+        "--bootstrap",
+        f"127.0.0.1:{free_port()}",
+        "--decode-processes",
+        "0",
         env=_env(CTRPS_SHARD_TOKEN=s.tokens[Scope.READ]),
     )
     assert code == 2 and "scope train" in _one_line(err), err
@@ -559,8 +586,9 @@ async def test_worker_and_export_with_a_wrong_token_exit_2_with_one_line(secured
     code, out, err = await _ctrps("export", "--shard0", s.url, env=_env(CTRPS_SHARD_TOKEN=s.tokens[Scope.TRAIN]))
     assert code == 2 and "scope admin" in _one_line(err), err
     # The secret itself: ``ctrps export`` derives the admin token from it.
-    code, out, err = await _ctrps("export", "--shard0", s.url, "--kind", "base",
-                                  env=_env(CTRPS_CLUSTER_SECRET=s.secret))
+    code, out, err = await _ctrps(
+        "export", "--shard0", s.url, "--kind", "base", env=_env(CTRPS_CLUSTER_SECRET=s.secret)
+    )
     assert code == 0, err
     assert orjson.loads(out)["version"] == 1
 
@@ -615,7 +643,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> int:
         proc.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), 15.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
     assert proc.returncode is not None

@@ -11,18 +11,20 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from conftest import ServeShards
+from waiting import until
 
 from app.metrics import ApiMetrics
 from app.status import make_status_hook
-from conftest import ServeShards
 from consumers.broker import EmbeddedBroker, create_topics, free_port
 from consumers.resume import StaleOffsetsError, cluster_id, partition_bounds
 from consumers.synthetic import SyntheticStream
@@ -37,7 +39,6 @@ from ps_core.manifest import ExportManifest
 from ps_core.models import LogisticRegression
 from ps_core.shard import Shard, ShardSpec
 from ps_core.stream import StreamIdentity
-from waiting import until
 
 PROJECT = Path(__file__).resolve().parents[1]
 PARTITIONS = 2
@@ -235,8 +236,7 @@ async def test_a_model_of_another_cluster_is_never_resumed_silently(
         # Counted in /metrics, through the status board.
         exposition = (await ApiMetrics().scrape(client)).decode()
         assert (
-            f'ctrps_worker_stale_offsets_total{{action="{policy}",reason="cluster",worker="w-stale"}} 2.0'
-            in exposition
+            f'ctrps_worker_stale_offsets_total{{action="{policy}",reason="cluster",worker="w-stale"}} 2.0' in exposition
         ), [l for l in exposition.splitlines() if "stale" in l]
         # The next cut is the new stream's alone.
         report = await Exporter(coordinator, client, tmp_path / "exports", "m").cut()
@@ -322,6 +322,7 @@ async def test_events_after_a_broker_restart_are_all_trained(
             # All of them, though the cut-off offsets (1000 a partition) are
             # inside the new partitions (1500 each).
             await until(lambda: _bias_shows(shards) >= 5000, 90, what="the events after the restart", task=task)
+
             async def released() -> bool:  # the last window's pushes land before its commit
                 return (await client.coordinator_offsets()) == {topic: {0: 1500, 1: 1500}}
 
@@ -466,9 +467,26 @@ async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_eve
 
     def start_shards(tag: str) -> list[tuple[subprocess.Popen[bytes], Path]]:
         return [
-            procs.start(f"shard{i}-{tag}", "shard", "--port", str(port), "--shard-id", str(i), "--num-shards", "2",
-                        "--shards", urls, "--exports-dir", str(exports), "--export-interval", "0",
-                        "--model-name", "m", "--stats-interval", "0")  # fmt: skip
+            procs.start(
+                f"shard{i}-{tag}",
+                "shard",
+                "--port",
+                str(port),
+                "--shard-id",
+                str(i),
+                "--num-shards",
+                "2",
+                "--shards",
+                urls,
+                "--exports-dir",
+                str(exports),
+                "--export-interval",
+                "0",
+                "--model-name",
+                "m",
+                "--stats-interval",
+                "0",
+            )  # fmt: skip
             for i, port in enumerate(ports)
         ]
 

@@ -9,7 +9,8 @@ send; a rejected report must leave the board as it was.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -146,9 +147,7 @@ async def test_client_rejects_a_status_that_is_not_a_dict(connect: Connect) -> N
         (b'{"source": "w", "status": {"lag_by_partition": {"\\u00b3": 1}}}', "does not match"),
     ],
 )
-async def test_shard_server_rejects_bad_status_bodies(
-    serve_shards: Any, body: bytes, detail: str
-) -> None:
+async def test_shard_server_rejects_bad_status_bodies(serve_shards: Any, body: bytes, detail: str) -> None:
     shards, urls = await serve_shards(1)
     shards[0].report_status("keep", {"windows": 1}, now=1.0)
     async with aiohttp.ClientSession() as http:

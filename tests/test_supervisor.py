@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 import pytest
+from waiting import until
 
 from app.supervisor import ChildFailed, ChildSpec, LinePrefixer, RestartPolicy, Supervisor
-from waiting import until
 
 # A child that says "up" once its SIGTERM handler is in place, then waits; on
 # SIGTERM it says "term" and exits 0.
@@ -208,9 +208,7 @@ async def test_children_get_the_given_environment() -> None:
     out = io.BytesIO()
     sup = Supervisor(out=out, grace_s=5.0)
     env = {**os.environ, "CTRPS_PROBE": "42"}
-    child = await sup.start(
-        py("env", "import os; print(os.environ['CTRPS_PROBE'])", env=env, may_finish=True)
-    )
+    child = await sup.start(py("env", "import os; print(os.environ['CTRPS_PROBE'])", env=env, may_finish=True))
     await asyncio.wait_for(child.exited.wait(), 20)
     await sup.stop_all()
     assert lines(out) == ["[env] 42"]
@@ -275,9 +273,7 @@ async def test_a_failing_child_is_restarted_with_backoff_until_it_keeps_failing(
     assert sup.failed is child
     assert child.failure == "exited with 3; restarted 3 times within 600s"
     got = restart_lines(caplog)
-    assert [(x["attempt"], x["delay_s"], x["restarts"]) for x in got] == [
-        (1, 0.1, 1), (2, 0.2, 2), (3, 0.3, 3)
-    ]
+    assert [(x["attempt"], x["delay_s"], x["restarts"]) for x in got] == [(1, 0.1, 1), (2, 0.2, 2), (3, 0.3, 3)]
     assert all(x["reason"] == "exited with 3" and x["returncode"] == 3 for x in got)
     gave_up = [r for r in caplog.records if r.getMessage() == "child keeps failing: stopping"]
     assert len(gave_up) == 1 and gave_up[0].levelno == logging.ERROR

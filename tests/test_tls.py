@@ -19,15 +19,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
 
 import aiohttp
 import numpy as np
 import orjson
 import pytest
 import trustme
+from test_shard_auth import _ctrps, _env, _one_line
+from waiting import until
 
 from app.api import ApiServer
 from app.security import SecuritySettings
@@ -44,8 +46,6 @@ from ps_core.server import DEFAULT_MAX_BODY, create_shard_app, start_shard_site
 from ps_core.shard import Shard, ShardSpec
 from ps_core.table import TableConfig
 from ps_core.tls import HandshakeFailures, TlsFiles, client_context, server_context, watch_handshakes
-from test_shard_auth import _ctrps, _env, _one_line
-from waiting import until
 
 LR = TableConfig("ctr_lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
 KEYS = np.array([1, 2, 3, 2**63 + 5], dtype=np.uint64)
@@ -116,8 +116,9 @@ async def _tls_shard(pki: Pki, *, mutual: bool = False, cert: str = "") -> Async
         create_shard_app(shard, rpc_port=rpc.port, verifier=verifier), "127.0.0.1", 0, ssl_context=ctx
     )
     try:
-        yield TlsShard(f"https://127.0.0.1:{site.port}", rpc.port, shard,
-                       {s: derive_token(secret, s) for s in Scope}, handshakes)
+        yield TlsShard(
+            f"https://127.0.0.1:{site.port}", rpc.port, shard, {s: derive_token(secret, s) for s in Scope}, handshakes
+        )
     finally:
         await rpc.close()
         await site.cleanup()
@@ -163,9 +164,7 @@ async def test_the_rpc_over_tls_still_needs_a_token(pki: Pki, tls_shard: TlsShar
 
 
 @pytest.mark.parametrize("rpc", [True, False], ids=["rpc", "http"])
-async def test_a_client_without_the_ca_fails_at_once_naming_tls_ca(
-    pki: Pki, tls_shard: TlsShard, rpc: bool
-) -> None:
+async def test_a_client_without_the_ca_fails_at_once_naming_tls_ca(pki: Pki, tls_shard: TlsShard, rpc: bool) -> None:
     token = tls_shard.tokens[Scope.ADMIN]
     for ctx in (None, _client(pki.other_ca)):
         async with PSClient.connect([tls_shard.url], token=token, ssl=ctx, rpc=rpc, retry=PATIENT) as client:
@@ -271,7 +270,10 @@ async def test_the_api_serves_https(pki: Pki) -> None:
             )
             async with session.get(api.url + "/metrics", ssl=_client(pki.ca)) as resp:
                 text = (await resp.read()).decode()
-            assert f'ctrps_tls_handshake_failures_total{{reason="http_request",role="api",shard=""}} {before + 1}.0' in text
+            assert (
+                f'ctrps_tls_handshake_failures_total{{reason="http_request",role="api",shard=""}} {before + 1}.0'
+                in text
+            )
             assert 'ctrps_port_open_connections{port="http",role="api",shard=""}' in text
             assert 'ctrps_port_refused_total{port="http",reason="head_timeout",role="api",shard=""} 0.0' in text
     finally:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import aiohttp
+import numpy as np
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -39,8 +41,6 @@ from ps_core.models import make_model
 from ps_core.parsing import json_int, parse_int
 from ps_core.shard import Shard, ShardSpec
 
-import numpy as np
-
 TOKEN = "admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -49,8 +49,17 @@ def a_status(**changes: Any) -> dict[str, Any]:
     """A worker's status as `app.status.worker_status` builds it, with `changes`."""
     m = evaluate(np.array([0.2, 0.7]), np.array([0.0, 1.0]))
     report = WindowReport(
-        window=1, partitions=[0, 1], events=5, records=5, dlq=0, metrics=m, events_per_s=10.0,
-        lag=3, seconds=0.5, lag_by_partition={0: 1, 1: 2}, dlq_by_reason={},
+        window=1,
+        partitions=[0, 1],
+        events=5,
+        records=5,
+        dlq=0,
+        metrics=m,
+        events_per_s=10.0,
+        lag=3,
+        seconds=0.5,
+        lag_by_partition={0: 1, 1: 2},
+        dlq_by_reason={},
     )
     stats = WorkerStats(windows=1, records=5, events_trained=5)
     return worker_status(report, stats) | changes
@@ -205,7 +214,9 @@ def test_a_source_is_short_printable_ascii(source: object) -> None:
 
 def test_what_workers_report_is_what_the_board_accepts() -> None:
     shard = Shard()
-    status = a_status(started_at=12.5, window_seconds={"bounds": [0.1, 1.0], "counts": [0, 1, 0], "sum": 0.5, "count": 1})
+    status = a_status(
+        started_at=12.5, window_seconds={"bounds": [0.1, 1.0], "counts": [0, 1, 0], "sum": 0.5, "count": 1}
+    )
     assert validate(status, STATUS_SCHEMA) == []
     shard.report_status("host-1-abc", status)
     assert shard.statuses()[0]["status"] == status
@@ -220,8 +231,20 @@ _json_values = st.recursive(
     max_leaves=20,
 )
 _statuses = st.dictionaries(
-    st.sampled_from(["kind", "events_trained", "lag_by_partition", "dead_letters_by_reason", "last_window",
-                     "window_seconds", "stale_offsets", "update_mode", "windows", "records_consumed"]),
+    st.sampled_from(
+        [
+            "kind",
+            "events_trained",
+            "lag_by_partition",
+            "dead_letters_by_reason",
+            "last_window",
+            "window_seconds",
+            "stale_offsets",
+            "update_mode",
+            "windows",
+            "records_consumed",
+        ]
+    ),
     _json_values,
 ).map(lambda s: s | {"kind": "worker"} if s.get("kind") is None else s)
 _boards = st.lists(
@@ -285,7 +308,9 @@ async def test_a_partition_key_of_a_superscript_digit_breaks_nothing(api: tuple[
 
 
 async def test_the_sampler_survives_any_exception_and_shows_it(
-    api: tuple[TestClient, Shard], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture  # type: ignore[type-arg]
+    api: tuple[TestClient, Shard],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,  # type: ignore[type-arg]
 ) -> None:
     http, _ = api
     history: History = http.app[HISTORY]
@@ -314,7 +339,8 @@ async def test_the_sampler_survives_any_exception_and_shows_it(
 
 
 async def test_the_sampling_task_keeps_running_through_errors(
-    api: tuple[TestClient, Shard], monkeypatch: pytest.MonkeyPatch  # type: ignore[type-arg]
+    api: tuple[TestClient, Shard],
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[type-arg]
 ) -> None:
     http, _ = api
     history = History(http.app[HISTORY].client, make_model("lr", "ctr"), interval_s=0.01, max_points=10)
@@ -354,7 +380,9 @@ async def test_compaction_with_no_export_is_404(serve_shards: Any, tmp_path: Pat
 @pytest.mark.parametrize("path", ["/v1/weights", "/v1/predict"])
 async def test_model_null_is_the_served_model_as_documented(api: tuple[TestClient, Shard], path: str) -> None:  # type: ignore[type-arg]
     http, _ = api
-    body: dict[str, Any] = {"keys": [1], "model": None} if path == "/v1/weights" else {"events": [{"keys": [1]}], "model": None}
+    body: dict[str, Any] = (
+        {"keys": [1], "model": None} if path == "/v1/weights" else {"events": [{"keys": [1]}], "model": None}
+    )
     doc = openapi_document()
     request_schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert validate(body, request_schema, doc) == []
@@ -366,7 +394,8 @@ async def test_model_null_is_the_served_model_as_documented(api: tuple[TestClien
     "event", [{}, {"features": None}, {"keys": None}, {"features": None, "keys": None}, {"id": "x"}]
 )
 async def test_an_event_without_features_or_keys_is_refused_by_schema_and_handler(
-    api: tuple[TestClient, Shard], event: dict[str, Any]  # type: ignore[type-arg]
+    api: tuple[TestClient, Shard],
+    event: dict[str, Any],  # type: ignore[type-arg]
 ) -> None:
     http, _ = api
     doc = openapi_document()
@@ -378,7 +407,8 @@ async def test_an_event_without_features_or_keys_is_refused_by_schema_and_handle
 
 @pytest.mark.parametrize("event", [{"features": {"a": "b"}}, {"keys": [1]}, {"features": {}, "keys": None}])
 async def test_an_event_with_features_or_keys_is_valid_by_both(
-    api: tuple[TestClient, Shard], event: dict[str, Any]  # type: ignore[type-arg]
+    api: tuple[TestClient, Shard],
+    event: dict[str, Any],  # type: ignore[type-arg]
 ) -> None:
     http, _ = api
     doc = openapi_document()

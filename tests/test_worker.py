@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from waiting import until
 
 from consumers.broker import create_topics
 from consumers.collector import YOUNG_THRESHOLD
@@ -23,7 +24,6 @@ from ps_core.features import FeatureHasher
 from ps_core.hashing import shard_of
 from ps_core.models import LogisticRegression
 from ps_core.shard import Shard, ShardSpec
-from waiting import until
 
 
 def _topic() -> str:
@@ -64,8 +64,14 @@ async def _run_until(worker: Worker, done: Any, timeout_s: float = 60.0) -> None
 
 
 def _good(i: int) -> bytes:
-    return orjson.dumps({"id": f"g{i}", "ts": 1_764_681_600 + i, "label": i % 3 == 0 and 1 or 0,
-                         "features": {"site": f"s{i % 7}", "ad": f"a{i % 11}", "price": 1.5}})
+    return orjson.dumps(
+        {
+            "id": f"g{i}",
+            "ts": 1_764_681_600 + i,
+            "label": i % 3 == 0 and 1 or 0,
+            "features": {"site": f"s{i % 7}", "ad": f"a{i % 11}", "price": 1.5},
+        }
+    )
 
 
 async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_bootstrap: str) -> None:
@@ -85,7 +91,7 @@ async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_b
     }
     values: list[bytes] = []
     good = 0
-    for i, (raw, _) in enumerate(bad.items()):
+    for raw in bad:
         values += [_good(good), _good(good + 1), raw]
         good += 2
     values += [orjson.dumps([orjson.loads(_good(good)), orjson.loads(_good(good + 1))])]  # one array message
@@ -94,9 +100,17 @@ async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_b
 
     model = LogisticRegression("m")
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
-    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, dlq_topic=dlq,
-                          window_seconds=0.3, window_events=7, mini_batch=4,
-                          max_message_bytes=2000, decode_processes=0)
+    config = WorkerConfig(
+        kafka_bootstrap,
+        topic=topic,
+        group=group,
+        dlq_topic=dlq,
+        window_seconds=0.3,
+        window_events=7,
+        mini_batch=4,
+        max_message_bytes=2000,
+        decode_processes=0,
+    )
     reports: list[Any] = []
     young_thresholds: set[int] = set()
     before = gc.get_threshold()
@@ -111,8 +125,13 @@ async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_b
     await _run_until(worker, lambda: worker.stats.records >= len(values))
 
     # Every bad message is in the DLQ with its reason and source offset.
-    c = AIOKafkaConsumer(dlq, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
-                         group_id=f"r-{uuid.uuid4().hex[:8]}", enable_auto_commit=False)
+    c = AIOKafkaConsumer(
+        dlq,
+        bootstrap_servers=kafka_bootstrap,
+        auto_offset_reset="earliest",
+        group_id=f"r-{uuid.uuid4().hex[:8]}",
+        enable_auto_commit=False,
+    )
     await c.start()
     letters: list[Any] = []
     try:
@@ -174,8 +193,9 @@ async def test_worker_learns_the_synthetic_stream(kafka_bootstrap: str) -> None:
 
     model = LogisticRegression("ctr")
     client = PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)])
-    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=2.0,
-                          window_events=5000, decode_processes=1)
+    config = WorkerConfig(
+        kafka_bootstrap, topic=topic, group=group, window_seconds=2.0, window_events=5000, decode_processes=1
+    )
     worker = Worker(config, client, model)
     await _run_until(worker, lambda: worker.stats.events_trained >= n, timeout_s=120)
     assert worker.stats.events_trained == n and worker.stats.dead_letters == 0
@@ -206,9 +226,11 @@ async def test_an_fm_worker_trains_both_tables(kafka_bootstrap: str) -> None:
     model = FactorizationMachine("fm", k=4)
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
     worker = Worker(
-        WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=1.0,
-                     window_events=1500, decode_processes=0),
-        PSClient.local(shards), model,
+        WorkerConfig(
+            kafka_bootstrap, topic=topic, group=group, window_seconds=1.0, window_events=1500, decode_processes=0
+        ),
+        PSClient.local(shards),
+        model,
     )
     await _run_until(worker, lambda: worker.stats.events_trained >= n)
     for table in ("fm_w", "fm_v"):
@@ -234,8 +256,15 @@ async def test_leased_windows_report_offsets_and_a_restore_seeks_to_them(kafka_b
     await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
     values = [_good(i) for i in range(400)]
     await _produce(kafka_bootstrap, topic, values, 2)
-    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, dlq_topic=topic + ".dlq",
-                          window_seconds=0.3, window_events=50, decode_processes=0)
+    config = WorkerConfig(
+        kafka_bootstrap,
+        topic=topic,
+        group=group,
+        dlq_topic=topic + ".dlq",
+        window_seconds=0.3,
+        window_events=50,
+        decode_processes=0,
+    )
 
     # Every window is leased; released leases carry the committed offsets.
     coord = Coordinator(lease_ttl_s=30)
@@ -272,8 +301,15 @@ async def test_a_worker_that_outlives_its_coordinator_rewinds_to_the_new_ones_of
     topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
     await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
     await _produce(kafka_bootstrap, topic, [_good(i) for i in range(400)], 2)
-    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, dlq_topic=topic + ".dlq",
-                          window_seconds=0.3, window_events=50, decode_processes=0)
+    config = WorkerConfig(
+        kafka_bootstrap,
+        topic=topic,
+        group=group,
+        dlq_topic=topic + ".dlq",
+        window_seconds=0.3,
+        window_events=50,
+        decode_processes=0,
+    )
     client = PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)], Coordinator())
     worker = Worker(config, client, LogisticRegression("m"))
     stop = asyncio.Event()
@@ -287,8 +323,10 @@ async def test_a_worker_that_outlives_its_coordinator_rewinds_to_the_new_ones_of
         # The stream goes on; the worker's next lease finds the new coordinator.
         await _produce(kafka_bootstrap, topic, [_good(i) for i in range(400, 500)], 2)
         await until(
-            lambda: worker.stats.rewinds == 1 and _bias_shows(fresh, "m") >= 400, 60,
-            what="the rewind and 400 events trained again", task=task,
+            lambda: worker.stats.rewinds == 1 and _bias_shows(fresh, "m") >= 400,
+            60,
+            what="the rewind and 400 events trained again",
+            task=task,
         )
     finally:
         stop.set()

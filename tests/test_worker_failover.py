@@ -13,22 +13,29 @@ from typing import Any
 import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from waiting import until
 
 from consumers.broker import create_topics
 from consumers.worker import Worker, WorkerConfig
 from ps_core.client import PSClient
 from ps_core.hashing import shard_of
-from ps_core.shard import Shard, ShardSpec
 from ps_core.models import LogisticRegression
-from waiting import until
+from ps_core.shard import Shard, ShardSpec
 
 PARTITIONS = 4
 KEY_BASE = 10**12  # event i carries the pre-hashed key KEY_BASE + i: its shows count its applications
 
 
 def _event(i: int) -> bytes:
-    return orjson.dumps({"id": f"e{i}", "ts": 1_764_681_600 + i * 0.01, "label": i % 4 == 0 and 1 or 0,
-                         "features": {"site": f"s{i % 13}"}, "keys": [KEY_BASE + i]})
+    return orjson.dumps(
+        {
+            "id": f"e{i}",
+            "ts": 1_764_681_600 + i * 0.01,
+            "label": i % 4 == 0 and 1 or 0,
+            "features": {"site": f"s{i % 13}"},
+            "keys": [KEY_BASE + i],
+        }
+    )
 
 
 async def _produce(bootstrap: str, topic: str, lo: int, hi: int, rate: float | None = None) -> None:
@@ -82,9 +89,17 @@ async def test_two_workers_share_partitions_and_apply_every_event(kafka_bootstra
     model = LogisticRegression("m")
     workers = [
         Worker(
-            WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5,
-                         window_events=400, mini_batch=128, decode_processes=0,
-                         session_timeout_ms=6000, heartbeat_interval_ms=500),
+            WorkerConfig(
+                kafka_bootstrap,
+                topic=topic,
+                group=group,
+                window_seconds=0.5,
+                window_events=400,
+                mini_batch=128,
+                decode_processes=0,
+                session_timeout_ms=6000,
+                heartbeat_interval_ms=500,
+            ),
             PSClient.local(shards),
             model,
         )
@@ -104,7 +119,9 @@ async def test_two_workers_share_partitions_and_apply_every_event(kafka_bootstra
     assert parts[0] and parts[1], parts
     assert not parts[0] & parts[1], f"a partition was consumed by both: {parts}"
     applied = _applications(shards, n)
-    assert (applied == 1).all(), f"missing {np.flatnonzero(applied == 0)[:10]}, twice {np.flatnonzero(applied > 1)[:10]}"
+    assert (applied == 1).all(), (
+        f"missing {np.flatnonzero(applied == 0)[:10]}, twice {np.flatnonzero(applied > 1)[:10]}"
+    )
     assert sum(w.stats.events_trained for w in workers) == n
 
 
@@ -122,11 +139,34 @@ async def test_sigkilled_worker_loses_nothing(kafka_bootstrap: str, serve_shards
     await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
     n, window = 12000, 300
     shards, urls = await serve_shards(2)
-    cmd = [sys.executable, "-m", "app.cli", "worker", "--bootstrap", kafka_bootstrap,
-           "--shards", ",".join(urls), "--topic", topic, "--group", group,
-           "--window-seconds", "1", "--window-events", str(window), "--mini-batch", "100",
-           "--model-name", "m", "--decode-processes", "0", "--session-timeout-ms", "3000",
-           "--log-format", "json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "worker",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--shards",
+        ",".join(urls),
+        "--topic",
+        topic,
+        "--group",
+        group,
+        "--window-seconds",
+        "1",
+        "--window-events",
+        str(window),
+        "--mini-batch",
+        "100",
+        "--model-name",
+        "m",
+        "--decode-processes",
+        "0",
+        "--session-timeout-ms",
+        "3000",
+        "--log-format",
+        "json",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     second = None

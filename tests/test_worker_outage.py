@@ -21,10 +21,11 @@ import numpy as np
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client.parser import text_string_to_metric_families
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.record.default_records import DefaultRecordBase
 from aiokafka.record.util import calc_crc32c
+from prometheus_client.parser import text_string_to_metric_families
+from waiting import until
 
 from app.api import create_app
 from app.settings import ApiSettings
@@ -37,11 +38,9 @@ from ps_core.coordinator import Coordinator
 from ps_core.coordinator_server import add_coordinator_routes
 from ps_core.features import FeatureHasher
 from ps_core.hashing import shard_of
-from ps_core.server import ShardSite, start_shard_site
 from ps_core.models import LogisticRegression
-from ps_core.server import DEFAULT_MAX_BODY, create_shard_app
+from ps_core.server import ShardSite, create_shard_app, start_shard_site
 from ps_core.shard import Shard, ShardSpec
-from waiting import until
 
 PARTITIONS = 4
 KEY_BASE = 10**12  # event i carries the pre-hashed key KEY_BASE + i: its shows count its applications
@@ -49,8 +48,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _event(i: int) -> bytes:
-    return orjson.dumps({"id": f"e{i}", "ts": 1_764_681_600 + i * 0.01, "label": 1 if i % 4 == 0 else 0,
-                         "features": {"site": f"s{i % 13}"}, "keys": [KEY_BASE + i]})
+    return orjson.dumps(
+        {
+            "id": f"e{i}",
+            "ts": 1_764_681_600 + i * 0.01,
+            "label": 1 if i % 4 == 0 else 0,
+            "features": {"site": f"s{i % 13}"},
+            "keys": [KEY_BASE + i],
+        }
+    )
 
 
 async def _produce(bootstrap: str, topic: str, lo: int, hi: int) -> None:
@@ -134,10 +140,19 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
     await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
     window, outage_s = 300, 30.0
     async with _ShardServers(2) as servers:
-        config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5,
-                              window_events=window, mini_batch=100, decode_processes=0,
-                              session_timeout_ms=6000, heartbeat_interval_ms=500,
-                              outage_deadline_s=300, outage_log_every_s=2.0)
+        config = WorkerConfig(
+            kafka_bootstrap,
+            topic=topic,
+            group=group,
+            window_seconds=0.5,
+            window_events=window,
+            mini_batch=100,
+            decode_processes=0,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+            outage_deadline_s=300,
+            outage_log_every_s=2.0,
+        )
         async with PSClient.connect(servers.urls, retry=RetryPolicy(deadline_s=2.0), rpc=False) as client:
             model = LogisticRegression("m")
             worker = Worker(config, client, model)
@@ -151,15 +166,27 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
                 # Events keep arriving while the shard is away.
                 await _produce(kafka_bootstrap, topic, 2000, 6000)
                 stopped_at = time.monotonic()
-                await until(lambda: servers.urls[1] in worker.stats.waiting_for, 60,
-                            what="the worker to wait for shard 1", task=task)
+                await until(
+                    lambda: servers.urls[1] in worker.stats.waiting_for,
+                    60,
+                    what="the worker to wait for shard 1",
+                    task=task,
+                )
                 trained_in_outage = worker.stats.events_trained
-                await until(lambda: time.monotonic() - stopped_at >= outage_s, outage_s + 5,
-                            what="the outage to last", task=task)
+                await until(
+                    lambda: time.monotonic() - stopped_at >= outage_s,
+                    outage_s + 5,
+                    what="the outage to last",
+                    task=task,
+                )
                 assert worker.stats.events_trained == trained_in_outage, "trained while a shard was away"
                 await servers.start(1)
-                await until(lambda: (_applications(servers.shards, 0, 6000) >= 1).all(), 90,
-                            what="every event applied", task=task)
+                await until(
+                    lambda: (_applications(servers.shards, 0, 6000) >= 1).all(),
+                    90,
+                    what="every event applied",
+                    task=task,
+                )
             finally:
                 stop.set()
                 await asyncio.wait_for(task, 60)
@@ -171,8 +198,11 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
                 text = await resp.text()
             finally:
                 await http.close()
-            metrics = {(m.name, tuple(sorted(m.labels.items()))): m.value
-                       for f in text_string_to_metric_families(text) for m in f.samples}
+            metrics = {
+                (m.name, tuple(sorted(m.labels.items()))): m.value
+                for f in text_string_to_metric_families(text)
+                for m in f.samples
+            }
             w = (("worker", "w-out"),)
             assert metrics[("ctrps_worker_outages_total", w)] == worker.stats.outages >= 1
             assert metrics[("ctrps_worker_windows_replayed_total", w)] == worker.stats.windows_replayed
@@ -199,27 +229,52 @@ async def test_leased_worker_rides_out_an_outage_of_shard_0_and_its_coordinator(
     window = 300
     coordinator = Coordinator()
     async with _ShardServers(2, coordinator) as servers:
-        config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5,
-                              window_events=window, mini_batch=100, decode_processes=0,
-                              session_timeout_ms=6000, heartbeat_interval_ms=500,
-                              outage_deadline_s=120, outage_log_every_s=1.0)
+        config = WorkerConfig(
+            kafka_bootstrap,
+            topic=topic,
+            group=group,
+            window_seconds=0.5,
+            window_events=window,
+            mini_batch=100,
+            decode_processes=0,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+            outage_deadline_s=120,
+            outage_log_every_s=1.0,
+        )
         async with PSClient.connect(servers.urls, retry=RetryPolicy(deadline_s=1.0), rpc=False) as client:
             worker = Worker(config, client, LogisticRegression("m"))
             stop = asyncio.Event()
             task = asyncio.create_task(worker.run(stop), name="worker")
             try:
                 await _produce(kafka_bootstrap, topic, 0, 1000)
-                await until(lambda: worker.leased and worker.stats.events_trained >= 1000, 60,
-                            what="the first events", task=task)
+                await until(
+                    lambda: worker.leased and worker.stats.events_trained >= 1000,
+                    60,
+                    what="the first events",
+                    task=task,
+                )
                 await servers.stop(0)
                 await _produce(kafka_bootstrap, topic, 1000, 3000)
-                await until(lambda: servers.urls[0] in worker.stats.waiting_for, 60,
-                            what="the worker to wait for shard 0", task=task)
-                await until(lambda: len(_lines(caplog, f"waiting for shard 0 at {servers.urls[0]}")) >= 3, 30,
-                            what="a few waiting lines", task=task)
+                await until(
+                    lambda: servers.urls[0] in worker.stats.waiting_for,
+                    60,
+                    what="the worker to wait for shard 0",
+                    task=task,
+                )
+                await until(
+                    lambda: len(_lines(caplog, f"waiting for shard 0 at {servers.urls[0]}")) >= 3,
+                    30,
+                    what="a few waiting lines",
+                    task=task,
+                )
                 await servers.start(0)
-                await until(lambda: (_applications(servers.shards, 0, 3000) >= 1).all(), 90,
-                            what="every event applied", task=task)
+                await until(
+                    lambda: (_applications(servers.shards, 0, 3000) >= 1).all(),
+                    90,
+                    what="every event applied",
+                    task=task,
+                )
             finally:
                 stop.set()
                 await asyncio.wait_for(task, 60)
@@ -243,9 +298,19 @@ async def test_worker_rides_out_a_broker_restart(caplog: pytest.LogCaptureFixtur
     try:
         bootstrap = broker.bootstrap
         await broker.create_topics({topic: PARTITIONS, topic + ".dlq": 1})
-        config = WorkerConfig(bootstrap, topic=topic, group=group, window_seconds=0.5, window_events=300,
-                              mini_batch=100, decode_processes=0, session_timeout_ms=6000,
-                              heartbeat_interval_ms=500, outage_deadline_s=300, outage_log_every_s=2.0)
+        config = WorkerConfig(
+            bootstrap,
+            topic=topic,
+            group=group,
+            window_seconds=0.5,
+            window_events=300,
+            mini_batch=100,
+            decode_processes=0,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+            outage_deadline_s=300,
+            outage_log_every_s=2.0,
+        )
         worker = Worker(config, PSClient.local(shards), LogisticRegression("m"))
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop), name="worker")
@@ -253,8 +318,12 @@ async def test_worker_rides_out_a_broker_restart(caplog: pytest.LogCaptureFixtur
             await _produce(bootstrap, topic, 0, 2000)
             await until(lambda: (_applications(shards, 0, 2000) >= 1).all(), 60, what="the first events", task=task)
             broker.stop()
-            await until(lambda: worker.stats.waiting_for.startswith("the Kafka broker"), 30,
-                        what="the worker to wait for the broker", task=task)
+            await until(
+                lambda: worker.stats.waiting_for.startswith("the Kafka broker"),
+                30,
+                what="the worker to wait for the broker",
+                task=task,
+            )
             # The in-memory broker comes back empty on the same port: its
             # topics are created again, and its committed offsets are gone.
             # The same port at once: the broker binds it as a listener does,
@@ -264,8 +333,12 @@ async def test_worker_rides_out_a_broker_restart(caplog: pytest.LogCaptureFixtur
             await broker.create_topics({topic: PARTITIONS, topic + ".dlq": 1})
             await _produce(bootstrap, topic, 2000, 5000)
             # Events after the restart sit at offsets 0.. of the new topic.
-            await until(lambda: (_applications(shards, 2000, 5000) >= 1).all(), 120,
-                        what="every event produced after the restart applied", task=task)
+            await until(
+                lambda: (_applications(shards, 2000, 5000) >= 1).all(),
+                120,
+                what="every event produced after the restart applied",
+                task=task,
+            )
         finally:
             stop.set()
             await asyncio.wait_for(task, 60)
@@ -280,8 +353,21 @@ async def test_worker_rides_out_a_broker_restart(caplog: pytest.LogCaptureFixtur
 
 
 def _worker_cmd(bootstrap: str, shards: list[str], *extra: str) -> list[str]:
-    return [sys.executable, "-m", "app.cli", "worker", "--bootstrap", bootstrap, "--shards", ",".join(shards),
-            "--model-name", "m", "--window-seconds", "0.5", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "worker",
+        "--bootstrap",
+        bootstrap,
+        "--shards",
+        ",".join(shards),
+        "--model-name",
+        "m",
+        "--window-seconds",
+        "0.5",
+        *extra,
+    ]
 
 
 def _stderr(proc: subprocess.Popen[bytes]) -> str:
@@ -299,8 +385,13 @@ async def test_worker_without_a_broker_gives_up_after_its_deadline_with_exit_3(s
     _, urls = await serve_shards(2)
     nothing = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "CTRPS_OUTAGE_DEADLINE_S": "4"}
-    proc = subprocess.Popen(_worker_cmd(nothing, urls, "--decode-processes", "0"), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        _worker_cmd(nothing, urls, "--decode-processes", "0"),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     try:
         code = await _wait_exit(proc, 60)
     finally:
@@ -320,8 +411,13 @@ async def test_worker_without_a_broker_gives_up_after_its_deadline_with_exit_3(s
 async def test_worker_with_a_shard_away_gives_up_after_its_deadline_with_exit_3(kafka_bootstrap: str) -> None:
     away = f"http://127.0.0.1:{free_port()}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(_worker_cmd(kafka_bootstrap, [away], "--outage-deadline", "3"), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        _worker_cmd(kafka_bootstrap, [away], "--outage-deadline", "3"),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     try:
         code = await _wait_exit(proc, 60)
     finally:
@@ -377,13 +473,18 @@ async def test_decode_processes_end_with_a_sigkilled_worker(kafka_bootstrap: str
     topic = f"clicks-{uuid.uuid4().hex[:8]}"
     await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
     _, urls = await serve_shards(1)
-    proc = subprocess.Popen(_worker_cmd(kafka_bootstrap, urls, "--topic", topic, "--decode-processes", "1"),
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _worker_cmd(kafka_bootstrap, urls, "--topic", topic, "--decode-processes", "1"),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stderr is not None
     os.set_blocking(proc.stderr.fileno(), False)
     decoders: set[int] = set()
     logged: list[bytes] = []
     try:
+
         def running() -> bool:
             # Its children: multiprocessing's resource tracker, then the decode
             # process; a window trained, so the decode process is past its
@@ -398,8 +499,12 @@ async def test_decode_processes_end_with_a_sigkilled_worker(kafka_bootstrap: str
         await until(running, 60, what="a window decoded by the worker's decode process", poll_s=0.1)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        await until(lambda: not any(_alive(p) for p in decoders), 15,
-                    what=f"decode processes {sorted(decoders)} to end", poll_s=0.1)
+        await until(
+            lambda: not any(_alive(p) for p in decoders),
+            15,
+            what=f"decode processes {sorted(decoders)} to end",
+            poll_s=0.1,
+        )
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -450,14 +555,22 @@ async def test_an_undecodable_batch_stops_the_worker_naming_it_and_nothing_is_co
     topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
     await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
     shards = [Shard(ShardSpec(0, 1))]
-    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5, window_events=150,
-                          mini_batch=50, decode_processes=0, session_timeout_ms=6000, heartbeat_interval_ms=500)
+    config = WorkerConfig(
+        kafka_bootstrap,
+        topic=topic,
+        group=group,
+        window_seconds=0.5,
+        window_events=150,
+        mini_batch=50,
+        decode_processes=0,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=500,
+    )
     worker = Worker(config, PSClient.local(shards), LogisticRegression("m"))
     task = asyncio.create_task(worker.run(asyncio.Event()), name="worker")
     try:
         await _produce(kafka_bootstrap, topic, 0, 400)  # offsets 0..99 of each partition
-        await until(lambda: worker._committed.get((topic, 2)) == 100, 60, what="the first events committed",
-                    task=task)
+        await until(lambda: worker._committed.get((topic, 2)) == 100, 60, what="the first events committed", task=task)
         bad_offset = await _send_corrupt_batch(kafka_bootstrap, topic, 2, 5)
         assert bad_offset == 100
         await _produce(kafka_bootstrap, topic, 400, 800)  # behind the bad batch on partition 2 too
@@ -489,8 +602,12 @@ async def test_an_undecodable_batch_is_one_line_and_exit_1_from_ctrps_worker(
     await create_topics(kafka_bootstrap, {topic: 1, topic + ".dlq": 1})
     await _send_corrupt_batch(kafka_bootstrap, topic, 0, 3)
     _, urls = await serve_shards(1)
-    proc = subprocess.Popen(_worker_cmd(kafka_bootstrap, urls, "--topic", topic, "--decode-processes", "0"),
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _worker_cmd(kafka_bootstrap, urls, "--topic", topic, "--decode-processes", "0"),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         code = await _wait_exit(proc, 90)
     finally:
@@ -506,9 +623,13 @@ async def test_an_undecodable_batch_is_one_line_and_exit_1_from_ctrps_worker(
 async def test_sigterm_while_waiting_for_the_broker_stops_the_worker_at_once(serve_shards: Any) -> None:
     _, urls = await serve_shards(1)
     nothing = f"127.0.0.1:{free_port()}"
-    proc = subprocess.Popen(_worker_cmd(nothing, urls, "--decode-processes", "0", "--outage-deadline", "0"),
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        _worker_cmd(nothing, urls, "--decode-processes", "0", "--outage-deadline", "0"),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.stderr is not None
     os.set_blocking(proc.stderr.fileno(), False)
     seen: list[bytes] = []
@@ -541,8 +662,17 @@ async def test_a_batch_the_codec_cannot_read_is_named_by_partition_and_offset(ka
     await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
     await _produce(kafka_bootstrap, topic, 0, 40)  # offsets 0..9 of each partition
     bad_offset = await _send_corrupt_batch(kafka_bootstrap, topic, 1, 3, codec=4)  # zstd, not compressed
-    config = WorkerConfig(kafka_bootstrap, topic=topic, group=group, window_seconds=0.5, window_events=150,
-                          mini_batch=50, decode_processes=0, session_timeout_ms=6000, heartbeat_interval_ms=500)
+    config = WorkerConfig(
+        kafka_bootstrap,
+        topic=topic,
+        group=group,
+        window_seconds=0.5,
+        window_events=150,
+        mini_batch=50,
+        decode_processes=0,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=500,
+    )
     worker = Worker(config, PSClient.local([Shard(ShardSpec(0, 1))]), LogisticRegression("m"))
     with pytest.raises(UndecodableBatchError) as raised:
         await asyncio.wait_for(worker.run(asyncio.Event()), 90)

@@ -3,13 +3,12 @@ one request) against a plain pull → predict → push reference."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator
-
-from aiokafka import ConsumerRecord, TopicPartition
+from collections.abc import AsyncIterator
 
 import numpy as np
 import orjson
 import pytest
+from aiokafka import ConsumerRecord, TopicPartition
 
 from consumers.decode import decode_records
 from consumers.dlq import DeadLetter
@@ -194,10 +193,7 @@ async def test_a_window_trains_only_the_partitions_still_owned() -> None:
     consumer = _Consumer({TopicPartition("clicks", 0)})
     letters = _Letters()
     worker._consumer, worker._dlq = consumer, letters  # type: ignore[assignment]
-    chunks = [
-        (("clicks", part), len(v), worker._decode(v))
-        for part, v in ((0, p0a), (1, p1), (0, p0b))
-    ]
+    chunks = [(("clicks", part), len(v), worker._decode(v)) for part, v in ((0, p0a), (1, p1), (0, p0b))]
     await worker._apply(window, chunks)
 
     assert worker.stats.events_trained == 8

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Awaitable, Callable, Iterator
 
 __all__ = ["serve_in_thread"]
 
