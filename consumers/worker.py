@@ -1038,14 +1038,6 @@ class Worker:
         got = await _per_table([self.client.pull(t, keys) for t in names])
         return dict(zip(names, got))
 
-    async def _train(self, decoded: Decoded, window: Window) -> Metrics:
-        """`_train_pieces` of one decoded batch."""
-
-        async def one() -> AsyncIterator[EventBatch]:
-            yield decoded.batch
-
-        return await self._train_pieces(one(), window)
-
     async def _mini_batches(self, pieces: AsyncIterator[EventBatch]) -> AsyncIterator[EventBatch]:
         """Consecutive mini-batches of the pieces' events: a mini-batch takes
         the end of one piece and the start of the next, as if they were one

@@ -64,10 +64,10 @@ from .errors import (
 from .export import snapshots_from_bytes
 from .hashing import U64
 from .joining import restore_version
+from .routing import split_by_shard
 from .rpc import RpcConnection
 from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
-from .steps import split_by_shard
 from .stream import StreamIdentity
 from .table import F32, TableConfig, TableSnapshot
 

@@ -45,7 +45,7 @@ reason, so a message is either trained whole or dead-lettered whole.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import countOf, is_not
@@ -60,7 +60,6 @@ from .hashing import U64, mix64
 from .parsing import exact_ints
 
 __all__ = [
-    "flatten_groups",
     "EventError",
     "EventBatch",
     "FeatureHasher",
@@ -940,13 +939,3 @@ def _runs(parts: list[np.ndarray]) -> list[tuple[np.ndarray, int]]:
         out.append((a, pos))
         pos += a.size
     return out
-
-
-def flatten_groups(groups: Iterable[Sequence[dict[str, Any]]]) -> tuple[list[dict[str, Any]], list[int]]:
-    """Events of several messages as one list, with the message index of each."""
-    events: list[dict[str, Any]] = []
-    owner: list[int] = []
-    for g, evs in enumerate(groups):
-        events.extend(evs)
-        owner.extend([g] * len(evs))
-    return events, owner

@@ -675,8 +675,3 @@ class SparseTable:
         for dst, src in zip((self.updated_at, self.last_seen, self.shows, self.clicks), meta):
             dst[rows] = src
         return int(new_rows.size)
-
-    def weights_of_rows(self, rows: npt.NDArray[np.int64]) -> F32:
-        """Weights (n, dim) of given row numbers."""
-        full = self._rows.take(rows, axis=0)
-        return self.optimizer.weights(full[:, : self.width].view(np.float32), self.dim)

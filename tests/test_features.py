@@ -36,7 +36,6 @@ from ps_core.features import (
     _FieldHashes,
     _multipliers,
     decode_message,
-    flatten_groups,
     string_hashes,
 )
 from ps_core.hashing import mix64
@@ -184,14 +183,14 @@ def test_predict_events_need_no_label() -> None:
     assert errors == {} and np.isnan(batch.labels[0])
 
 
-def test_select_and_flatten_groups() -> None:
+def test_select_of_grouped_events() -> None:
     h = FeatureHasher("m")
     msgs = [
         orjson.dumps([{"label": 1, "features": {"a": str(i), "b": "y"}} for i in range(3)]),
         b'{"label": 0, "keys": [5]}',
     ]
-    events, owner = flatten_groups([decode_message(m) for m in msgs])
-    assert owner == [0, 0, 0, 1]
+    events = [e for m in msgs for e in decode_message(m)]
+    owner = [0, 0, 0, 1]
     batch, _ = h.featurize(events, groups=owner)
     sub = batch.select(np.array([1, 3]))
     assert sub.offsets.tolist() == [0, 3, 5]

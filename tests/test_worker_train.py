@@ -10,14 +10,14 @@ import orjson
 import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 
-from consumers.decode import decode_records
+from consumers.decode import Decoded, decode_records
 from consumers.dlq import DeadLetter
 from consumers.synthetic import SyntheticStream
 from consumers.windows import Window, WindowBuilder
 from consumers.worker import Worker, WorkerConfig
 from ps_core.client import PSClient
 from ps_core.features import EventBatch, FeatureHasher
-from ps_core.metrics import evaluate
+from ps_core.metrics import Metrics, evaluate
 from ps_core.models import FactorizationMachine, LogisticRegression, Model, sigmoid
 from ps_core.shard import Shard, ShardSpec
 
@@ -34,6 +34,15 @@ def _window(values: list[bytes | None]) -> Window:
         first_ts_ms=0,
         last_ts_ms=0,
     )
+
+
+async def _train(worker: Worker, decoded: Decoded, window: Window) -> Metrics:
+    """The worker's training of one decoded batch, as one piece."""
+
+    async def one() -> AsyncIterator[EventBatch]:
+        yield decoded.batch
+
+    return await worker._train_pieces(one(), window)
 
 
 async def _reference(client: PSClient, model: Model, values: list[bytes | None], step: int) -> np.ndarray:
@@ -73,7 +82,7 @@ async def test_pipelined_training_matches_pull_then_push(shards: int, kind: str)
     client, model = make()
     worker = Worker(WorkerConfig("unused:9092", mini_batch=step, decode_processes=0), client, model)
     decoded = decode_records(values, model.name, 1 << 20)
-    metrics = await worker._train(decoded, _window(values))
+    metrics = await _train(worker, decoded, _window(values))
 
     assert metrics.events == len(events)
     assert worker.stats.events_trained == len(events)
@@ -97,7 +106,7 @@ async def test_a_window_of_only_rejected_records_trains_nothing() -> None:
     values: list[bytes | None] = [b"not json", b'{"features": {}}']
     decoded = decode_records(values, model.name, 1 << 20)
     assert decoded.batch.size == 0 and len(decoded.rejected) == 2
-    metrics = await worker._train(decoded, _window(values))
+    metrics = await _train(worker, decoded, _window(values))
     assert metrics.events == 0 and worker.stats.events_trained == 0
     assert shard.tables["m_w"].pushes == 0 and shard.tables["m_w"].pulls == 0
 
@@ -127,7 +136,7 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int]) -> 
 
     whole_worker, whole_client, model = make()
     whole = decode_records(values, model.name, 1 << 20)
-    expected = await whole_worker._train(whole, _window(values))
+    expected = await _train(whole_worker, whole, _window(values))
 
     bounds = np.cumsum([0] + sizes)
     parts = [decode_records(values[a:b], model.name, 1 << 20).batch for a, b in zip(bounds[:-1], bounds[1:])]
