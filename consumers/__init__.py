@@ -1,4 +1,7 @@
-"""ctrps consumers: the Kafka side (embedded broker; workers, DLQ and producers to come)."""
+"""ctrps consumers: the Kafka side. The workers (`worker`: windows, decoding,
+training, offsets), their dead-letter queue (`dlq`), producers (`producer`,
+`synthetic`), the embedded broker (`broker`) and Kafka's security settings
+(`kafka_security`). Imports `ps_core`, never `app`."""
 
 from .broker import BrokerError, EmbeddedBroker, create_topics, free_port, wait_for_metadata
 
