@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
+from jsonlog import read_json_lines
 from waiting import until
 
 from app.cli import build_parser
@@ -134,18 +135,6 @@ def test_bad_cluster_flag_exits_2_without_a_traceback() -> None:
 
 
 # -- the cluster, as processes ----------------------------------------------------------
-
-
-def read_json_lines(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_bytes().splitlines():
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
 
 
 async def wait_for_line(

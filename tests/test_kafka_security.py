@@ -27,6 +27,7 @@ import orjson
 import pytest
 import trustme
 from aiokafka import TopicPartition
+from jsonlog import read_json_lines
 from kafka_front import KafkaFront
 from waiting import until
 
@@ -432,18 +433,6 @@ async def test_plaintext_set_explicitly_works_against_the_embedded_broker(kafka_
             await asyncio.wait_for(task, 30)
 
 
-def _json_lines(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_bytes().splitlines():
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
-
-
 def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes()
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
@@ -472,13 +461,13 @@ async def test_a_cluster_over_sasl_ssl_hands_the_password_to_its_kafka_children_
 
             def ready() -> dict[str, Any] | None:
                 assert proc.returncode is None, err_log.read_text()[-3000:]
-                lines = _json_lines(err_log)
+                lines = read_json_lines(err_log)
                 return next((x for x in lines if x.get("msg") == "ready" and x.get("logger") == "ctrps.cluster"), None)
 
             await until(lambda: ready() is not None, 90, what="the cluster to be ready")
             info = ready()
             assert info is not None
-            started = {x["role"]: x["pid"] for x in _json_lines(err_log) if x.get("msg") == "started"}
+            started = {x["role"]: x["pid"] for x in read_json_lines(err_log) if x.get("msg") == "started"}
             assert set(started) == {"shard-0", "api", "worker-0", "producer"}
             holds = {role: _environ(pid).get("CTRPS_KAFKA_SASL_PASSWORD") == PASSWORD for role, pid in started.items()}
             assert holds == {"shard-0": False, "api": False, "worker-0": True, "producer": True}
@@ -495,7 +484,7 @@ async def test_a_cluster_over_sasl_ssl_hands_the_password_to_its_kafka_children_
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-                for pid in (x["pid"] for x in _json_lines(err_log) if x.get("msg") == "started"):
+                for pid in (x["pid"] for x in read_json_lines(err_log) if x.get("msg") == "started"):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(pid, signal.SIGKILL)
     assert rc == 0, err_log.read_text()[-3000:]

@@ -21,6 +21,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from conftest import ServeShards
+from jsonlog import read_json_lines
 from waiting import until
 
 from app.metrics import ApiMetrics
@@ -389,18 +390,6 @@ def test_on_stale_offsets_setting_flag_over_environment_over_default() -> None:
 # -- the README's pipeline, every role a process, across a broker restart ---------------
 
 
-def _json_lines(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
-
-
 class _Procs:
     """Role processes of one test, logging JSON to files; stopped by SIGTERM."""
 
@@ -424,7 +413,7 @@ class _Procs:
         def seen() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"{path.name} exited {proc.returncode}: {path.read_text()[-2000:]}")
-            found[:] = [o for o in _json_lines(path) if o.get("msg") == msg]
+            found[:] = [o for o in read_json_lines(path) if o.get("msg") == msg]
             return bool(found)
 
         await until(seen, timeout_s, what=f"{msg!r} in {path.name}", poll_s=0.1)
@@ -542,7 +531,7 @@ async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_eve
             after = await client.export_now()
             assert after["offsets"] == {"clicks": {"0": 500, "1": 500}}
             assert after["stream"]["cluster_id"] == second["cluster_id"]
-        lines = [o for o in _json_lines(worker_log) if str(o.get("msg", "")).startswith("stale offsets")]
+        lines = [o for o in read_json_lines(worker_log) if str(o.get("msg", "")).startswith("stale offsets")]
         assert len(lines) == 1, worker_log.read_text()[-3000:]
         assert (lines[0]["expected_cluster_id"], lines[0]["cluster_id"]) == (first["cluster_id"], second["cluster_id"])
         assert lines[0]["partitions"] == "0:1000[0,500)->0 1:1000[0,500)->0"

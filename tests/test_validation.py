@@ -11,7 +11,6 @@ compaction with no export answered 502; ``"model": null`` and
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import until
 
 from app.api import HISTORY, create_app
 from app.history import History
@@ -353,9 +353,7 @@ async def test_the_sampling_task_keeps_running_through_errors(
 
     monkeypatch.setattr(history.client, "statuses", broken)
     async with history:
-        async with asyncio.timeout(10):
-            while failures < 3:
-                await asyncio.sleep(0.01)
+        await until(lambda: failures >= 3, 10.0, what="three failed samples")
         assert history.running and "ZeroDivisionError" in (history.error or "")
         assert history.points() == []
 
