@@ -45,7 +45,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ps_core.client import PSClient
+from ps_core.checkpoint.export import list_versions
 from ps_core.errors import (
     CutInProgressError,
     ExportNotFoundError,
@@ -54,11 +54,11 @@ from ps_core.errors import (
     ShardUnavailableError,
     StatusError,
 )
-from ps_core.export import list_versions
-from ps_core.limits import PortGuard, ServedPort, serve_limited
-from ps_core.models import Model
+from ps_core.model.models import Model
+from ps_core.net.client import PSClient
+from ps_core.net.limits import PortGuard, ServedPort, serve_limited
+from ps_core.net.tls import HandshakeFailures, watch_handshakes
 from ps_core.parsing import parse_number
-from ps_core.tls import HandshakeFailures, watch_handshakes
 
 from .errors import (
     BadRequestError,
@@ -610,7 +610,7 @@ class ApiServer:
         follower: Follower | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        """`ssl_context`, a server context (`ps_core.tls.server_context`): serve HTTPS."""
+        """`ssl_context`, a server context (`ps_core.net.tls.server_context`): serve HTTPS."""
         self.settings = settings
         self.ssl_context = ssl_context
         self.app = create_app(settings, client, model, follower=follower)

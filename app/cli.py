@@ -417,7 +417,7 @@ def _compose(args: argparse.Namespace) -> int:
 
 def _print_token(args: argparse.Namespace) -> int:
     """``ctrps token``: the scope's token on stdout (the secret never leaves)."""
-    from ps_core.auth import Scope, derive_token
+    from ps_core.net.auth import Scope, derive_token
 
     security = SecuritySettings.from_args(None)
     if not security.cluster_secret:

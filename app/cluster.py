@@ -13,7 +13,7 @@ started in that order, each waited for before the next that needs it:
 
 Each child gets only the credentials its role uses, in its environment
 (never its arguments, which ``ps`` shows), from a cluster secret made for
-this run (`ps_core.auth.new_secret`) unless ``CTRPS_CLUSTER_SECRET`` (or
+this run (`ps_core.net.auth.new_secret`) unless ``CTRPS_CLUSTER_SECRET`` (or
 ``_FILE``) gives one: the shards the secret; the workers a train-scope
 ``CTRPS_SHARD_TOKEN``; the API an admin-scope one (its admin routes export
 through shard 0) and ``CTRPS_ADMIN_TOKEN`` when this process has one; the
@@ -51,8 +51,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from consumers.broker import create_topics, free_port, wait_for_metadata
 from consumers.kafka_security import KafkaSecurity
-from ps_core.auth import Scope, derive_token, new_secret
-from ps_core.export import list_versions
+from ps_core.checkpoint.export import list_versions
+from ps_core.net.auth import Scope, derive_token, new_secret
 
 from .kafka_flags import kafka_child_argv, kafka_child_env
 from .logs import log_event

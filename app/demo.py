@@ -40,11 +40,11 @@ from consumers.kafka_security import KafkaSecurity
 from consumers.producer import produce
 from consumers.synthetic import SyntheticStream
 from consumers.worker import WindowReport, Worker, WorkerConfig
-from ps_core.client import PSClient
-from ps_core.coordinator import Coordinator
-from ps_core.exporter import Exporter
-from ps_core.models import Model, make_model
-from ps_core.shard import Shard, ShardSpec
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.exporter import Exporter
+from ps_core.model.models import Model, make_model
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
 
 from .api import ApiServer
 from .logs import log_event

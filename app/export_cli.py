@@ -16,9 +16,9 @@ import sys
 
 import orjson
 
-from ps_core.auth import Scope
-from ps_core.client import PSClient, RetryPolicy
 from ps_core.errors import PSError
+from ps_core.net.auth import Scope
+from ps_core.net.client import PSClient, RetryPolicy
 
 from .security import SecuritySettings, add_security_flags
 

@@ -33,9 +33,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ps_core.client import LocalTransport, PSClient, Pulled
-from ps_core.errors import ExportCorruptError, ExportNotFoundError, PSError
-from ps_core.export import (
+from ps_core.checkpoint.export import (
     LoadedVersion,
     VersionInfo,
     apply_version,
@@ -46,11 +44,13 @@ from ps_core.export import (
     restore_into,
     version_dirs,
 )
+from ps_core.checkpoint.manifest import ExportManifest
+from ps_core.errors import ExportCorruptError, ExportNotFoundError, PSError
 from ps_core.hashing import U64
-from ps_core.manifest import ExportManifest
-from ps_core.models import FactorizationMachine, LogisticRegression, Model
-from ps_core.shard import Shard
-from ps_core.table import F32, SparseTable, TableConfig
+from ps_core.model.models import FactorizationMachine, LogisticRegression, Model
+from ps_core.net.client import LocalTransport, PSClient, Pulled
+from ps_core.net.shard import Shard
+from ps_core.store.table import F32, SparseTable, TableConfig
 
 from .background import BackgroundLoop
 from .errors import NoVersionError, ReadOnlyReplicaError

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ps_core.client import PSClient
 from ps_core.errors import PSError
-from ps_core.models import Model
+from ps_core.model.models import Model
+from ps_core.net.client import PSClient
 
 from .background import BackgroundLoop
 from .logs import log_event

@@ -33,12 +33,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from ps_core.client import LeaseGrant, PSClient, Pulled, ResumePoint, ShardTransport
-from ps_core.coordinator import Offsets
+from ps_core.checkpoint.coordinator import Offsets
+from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.errors import PSError
 from ps_core.hashing import U64
-from ps_core.stream import StreamIdentity
-from ps_core.table import F32, TableConfig, TableSnapshot
+from ps_core.net.client import LeaseGrant, PSClient, Pulled, ResumePoint, ShardTransport
+from ps_core.store.table import F32, TableConfig, TableSnapshot
 
 from .port_metrics import PortCollector, PortStats, port_families
 from .status import BoardSummary, summarize

@@ -7,8 +7,8 @@ served version and the follow state, and mutating routes answer 409. The
 tests check every response the app gives against it with `validate` (`ps_core.schema`, re-exported here), which knows
 exactly the keywords listed in `KEYWORDS` and refuses a schema using any
 other, so a keyword the document starts to use can never be silently ignored.
-The status board's schema (`ps_core.board`) and the exporter's reports
-(`ps_core.shard_openapi`) are the shard's own, embedded as they are: the API
+The status board's schema (`ps_core.store.board`) and the exporter's reports
+(`ps_core.net.shard_openapi`) are the shard's own, embedded as they are: the API
 relays what the shard checks.
 """
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ps_core.board import SOURCE_SCHEMA, STATUS_SCHEMA
-from ps_core.features import MAX_FEATURES, MAX_WEIGHT, REASONS
+from ps_core.model.features import MAX_FEATURES, MAX_WEIGHT, REASONS
+from ps_core.net.shard_openapi import COMPACTION_SCHEMA, EXPORT_LIST_SCHEMA, EXPORT_REPORT_SCHEMA
 from ps_core.schema import KEYWORDS, SchemaError, validate
-from ps_core.shard_openapi import COMPACTION_SCHEMA, EXPORT_LIST_SCHEMA, EXPORT_REPORT_SCHEMA
+from ps_core.store.board import SOURCE_SCHEMA, STATUS_SCHEMA
 
 __all__ = ["openapi_document", "validate", "response_schema", "KEYWORDS", "SchemaError"]
 

@@ -1,7 +1,7 @@
 """Serving: predictions and weight look-ups from the shards' current weights.
 
 The same code as training: events are validated and hashed by
-`ps_core.features.FeatureHasher` (namespaced by the model's name), and scored
+`ps_core.model.features.FeatureHasher` (namespaced by the model's name), and scored
 by `Model.plan` / `Model.logits` and a sigmoid, with one pull per table of the
 batch's distinct feature ids.
 
@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ps_core.client import PSClient, Pulled
 from ps_core.errors import UnknownTableError
-from ps_core.features import EventBatch, EventError, FeatureHasher
-from ps_core.models import Model, sigmoid
+from ps_core.model.features import EventBatch, EventError, FeatureHasher
+from ps_core.model.models import Model, sigmoid
+from ps_core.net.client import PSClient, Pulled
 from ps_core.parsing import exact_ints
 
 from .errors import InvalidEventError, UnknownModelError

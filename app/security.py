@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ps_core.auth import MIN_SECRET_BYTES, Scope, TokenVerifier, derive_token
-from ps_core.tls import TlsFiles, client_context, server_context
+from ps_core.net.auth import MIN_SECRET_BYTES, Scope, TokenVerifier, derive_token
+from ps_core.net.tls import TlsFiles, client_context, server_context
 
 __all__ = ["SecuritySettings", "add_security_flags", "is_loopback"]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from ps_core.auth import Scope
-from ps_core.client import PSClient, RetryPolicy
-from ps_core.models import make_model
+from ps_core.model.models import make_model
+from ps_core.net.auth import Scope
+from ps_core.net.client import PSClient, RetryPolicy
 
 from .api import run_api
 from .follower import Follower, follow_dir, model_of_exports

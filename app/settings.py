@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from ps_core.checkpoint.manifest import check_model_name
 from ps_core.errors import TableConfigError
-from ps_core.limits import PortLimits, RpcLimits
-from ps_core.manifest import check_model_name
-from ps_core.table import TableConfig
+from ps_core.net.limits import PortLimits, RpcLimits
+from ps_core.store.table import TableConfig
 
 from .logs import LEVELS
 from .security import SecuritySettings, _secret_from

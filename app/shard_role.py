@@ -10,18 +10,18 @@ from pathlib import Path
 
 import aiohttp
 
-from ps_core.auth import Refusals, Scope
-from ps_core.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
-from ps_core.coordinator import Coordinator
-from ps_core.coordinator_server import add_coordinator_routes
-from ps_core.export import restore_shards, version_dirs
-from ps_core.exporter import Exporter
-from ps_core.joining import Membership, newest_loadable, refusal_fields
-from ps_core.rpc import start_rpc_server
-from ps_core.server import create_shard_app, start_shard_site
-from ps_core.shard import Shard, ShardSpec
-from ps_core.stream import StreamIdentity
-from ps_core.tls import HandshakeFailures, watch_handshakes
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.coordinator_server import add_coordinator_routes
+from ps_core.checkpoint.export import restore_shards, version_dirs
+from ps_core.checkpoint.exporter import Exporter
+from ps_core.checkpoint.joining import Membership, newest_loadable, refusal_fields
+from ps_core.checkpoint.stream import StreamIdentity
+from ps_core.net.auth import Refusals, Scope
+from ps_core.net.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
+from ps_core.net.rpc import start_rpc_server
+from ps_core.net.server import create_shard_app, start_shard_site
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.net.tls import HandshakeFailures, watch_handshakes
 
 from .logs import log_event
 from .security import SecuritySettings
@@ -209,7 +209,7 @@ async def run_shard(
         add_coordinator_routes(app, coordinator, exporter)
         shard.extra_stats["exports"] = exporter.stats
         if settings.num_shards > 1:
-            # Every shard at one version, or no leases (ps_core/joining.py).
+            # Every shard at one version, or no leases (ps_core/checkpoint/joining.py).
             # Membership polls give up quickly (a shard down is a round
             # missed); a load of every shard's chain may take minutes.
             quick = PSClient([transports[0]] + [peer(i, url, 2.0) for i, url in enumerate(settings.shards) if i > 0])

@@ -2,7 +2,7 @@
 after each window, and the summary the API reads back from it.
 
 Workers run in other processes than the API (or in the same one, in the demo);
-the board on shard 0 (`ps_core.shard.Shard.report_status`) is where they meet.
+the board on shard 0 (`ps_core.net.shard.Shard.report_status`) is where they meet.
 A worker reports one JSON object per window (`worker_status`), holding
 cumulative totals, so a lost report loses nothing but freshness::
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.worker import WindowReport, WorkerStats
-from ps_core.client import PSClient
+from ps_core.net.client import PSClient
 from ps_core.parsing import is_int_text
 
 __all__ = [
@@ -164,7 +164,7 @@ def default_worker_id() -> str:
 def _count(value: object) -> int:
     """A non-negative whole count from a status field; anything else is 0.
 
-    The board stores only statuses of its schema (`ps_core.board`), but a
+    The board stores only statuses of its schema (`ps_core.store.board`), but a
     summary never trusts a field's type: a board is whatever shard 0 says."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         return 0

@@ -7,9 +7,9 @@ import logging
 
 from consumers.kafka_security import KafkaSecurity
 from consumers.worker import Worker, WorkerConfig
-from ps_core.auth import Scope
-from ps_core.client import PSClient
-from ps_core.models import make_model
+from ps_core.model.models import make_model
+from ps_core.net.auth import Scope
+from ps_core.net.client import PSClient
 
 from .logs import log_event
 from .security import SecuritySettings

@@ -1,4 +1,4 @@
-"""Benchmark: export cuts, files and restores (`ps_core.export`, `SparseTable.snapshot`).
+"""Benchmark: export cuts, files and restores (`ps_core.checkpoint.export`, `SparseTable.snapshot`).
 
 What is measured, each next to a baseline measured in the same run:
 
@@ -52,10 +52,10 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ps_core.export import latest_chain, restore_shards, write_version
+from ps_core.checkpoint.export import latest_chain, restore_shards, write_version
 from ps_core.hashing import shard_of
-from ps_core.index import KeyIndex
-from ps_core.table import SparseTable, TableConfig, TableSnapshot
+from ps_core.store.index import KeyIndex
+from ps_core.store.table import SparseTable, TableConfig, TableSnapshot
 
 U64 = npt.NDArray[np.uint64]
 T = TypeVar("T")
@@ -178,11 +178,11 @@ def bench_cut(root: Path, n: int, rng: np.random.Generator) -> dict[str, Any]:
     and the fetch-and-write after it."""
     import asyncio
 
-    from ps_core.client import PSClient
-    from ps_core.coordinator import Coordinator
-    from ps_core.exporter import Exporter
+    from ps_core.checkpoint.coordinator import Coordinator
+    from ps_core.checkpoint.exporter import Exporter
     from ps_core.hashing import shard_of
-    from ps_core.shard import Shard, ShardSpec
+    from ps_core.net.client import PSClient
+    from ps_core.net.shard import Shard, ShardSpec
 
     keys = distinct_keys(rng, n)
     owner = shard_of(keys, 2)

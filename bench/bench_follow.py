@@ -59,10 +59,10 @@ import orjson
 from app.api import ApiServer
 from app.follower import Follower, model_of_exports
 from app.settings import ApiSettings
-from ps_core.export import write_version
-from ps_core.index import KeyIndex
-from ps_core.models import make_model
-from ps_core.table import SparseTable, TableConfig
+from ps_core.checkpoint.export import write_version
+from ps_core.model.models import make_model
+from ps_core.store.index import KeyIndex
+from ps_core.store.table import SparseTable, TableConfig
 
 MODEL = "bench"
 TABLE = TableConfig(f"{MODEL}_w", 1, {"name": "ftrl"})

@@ -1,4 +1,4 @@
-"""Benchmark: the sparse key index (`ps_core.index.KeyIndex`) and table memory.
+"""Benchmark: the sparse key index (`ps_core.store.index.KeyIndex`) and table memory.
 
 What is measured, each next to a Python-dict baseline measured in the same run:
 
@@ -64,8 +64,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ps_core.index import KeyIndex
-from ps_core.table import SparseTable, TableConfig
+from ps_core.store.index import KeyIndex
+from ps_core.store.table import SparseTable, TableConfig
 
 U64 = npt.NDArray[np.uint64]
 F32 = npt.NDArray[np.float32]

@@ -80,12 +80,12 @@ from app.serve_role import run_serve  # noqa: E402
 from app.settings import ApiSettings, ShardSettings  # noqa: E402
 from app.shard_role import run_shard  # noqa: E402
 from app.signals import stop_on_signals  # noqa: E402
-from ps_core.auth import Scope, derive_token, new_secret  # noqa: E402
-from ps_core.client import PSClient  # noqa: E402
-from ps_core.features import FeatureHasher  # noqa: E402
-from ps_core.models import Model, make_model, sigmoid  # noqa: E402
-from ps_core.shard import Shard  # noqa: E402
-from ps_core.tls import TlsFiles, client_context  # noqa: E402
+from ps_core.model.features import FeatureHasher  # noqa: E402
+from ps_core.model.models import Model, make_model, sigmoid  # noqa: E402
+from ps_core.net.auth import Scope, derive_token, new_secret  # noqa: E402
+from ps_core.net.client import PSClient  # noqa: E402
+from ps_core.net.shard import Shard  # noqa: E402
+from ps_core.net.tls import TlsFiles, client_context  # noqa: E402
 
 MODEL_NAME = "ctr"
 TRAIN_EVENTS = 20_000

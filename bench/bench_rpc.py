@@ -34,7 +34,7 @@ shard, like a 256-event mini-batch), routed once, then either
 - ``two_requests``: ``pull(r_i)`` then ``push(r_i, g_i)``, 2 requests per shard;
 - ``push_pull``: ``push_pull(r_(i-1), g_(i-1), pull_keys=r_i)``, 1 request per
   shard (mini-batch i-1's push and mini-batch i's pull in one frame);
-- ``push_pull_rpc``: the same over the shards' TCP RPC (`ps_core.rpc`, the
+- ``push_pull_rpc``: the same over the shards' TCP RPC (`ps_core.net.rpc`, the
   default of ``PSClient.connect``) instead of HTTP.
 
 All do one push and one pull of the same sizes per mini-batch. They run in
@@ -81,13 +81,13 @@ import numpy as np
 import numpy.typing as npt
 import uvloop
 
-from ps_core import codec
-from ps_core.auth import Scope, derive_token, new_secret
-from ps_core.client import PSClient, Routed
 from ps_core.hashing import shard_of
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import TableConfig
-from ps_core.tls import TlsFiles, client_context
+from ps_core.net import codec
+from ps_core.net.auth import Scope, derive_token, new_secret
+from ps_core.net.client import PSClient, Routed
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.net.tls import TlsFiles, client_context
+from ps_core.store.table import TableConfig
 
 U64 = npt.NDArray[np.uint64]
 F32 = npt.NDArray[np.float32]

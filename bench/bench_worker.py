@@ -13,7 +13,7 @@ carries its true click probability). Then, in one run:
     call over HTTP (``PSClient.connect(urls, rpc=False)``, ``--no-rpc``:
     aiohttp at both ends);
 (d) the same with fresh shard servers, pulls and pushes over their TCP RPC
-    (`ps_core.rpc`, the default of ``ctrps worker``).
+    (`ps_core.net.rpc`, the default of ``ctrps worker``).
 
 Rates are events / second from the worker's first assigned partition to its
 last commit (group joining excluded). Ratios b/a, c/a and d/a are printed, and the
@@ -47,9 +47,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from consumers.broker import EmbeddedBroker, create_topics, free_port
 from consumers.synthetic import SyntheticStream, bayes_logloss
 from consumers.worker import Worker, WorkerConfig
-from ps_core.client import PSClient
-from ps_core.models import LogisticRegression
-from ps_core.shard import Shard, ShardSpec
+from ps_core.model.models import LogisticRegression
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
 
 PARTITIONS = 4
 _T0 = time.perf_counter()

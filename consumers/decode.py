@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from ps_core.features import EventBatch, EventError, FeatureHasher, decode_message, message_events
+from ps_core.model.features import EventBatch, EventError, FeatureHasher, decode_message, message_events
 
 __all__ = ["Decoded", "Rejected", "decode_records"]
 
@@ -33,7 +33,7 @@ class Rejected:
     index: int
     """Its position in the window."""
     reason: str
-    """One of `ps_core.features.REASONS`."""
+    """One of `ps_core.model.features.REASONS`."""
     detail: str
     """Explanation."""
 

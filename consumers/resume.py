@@ -1,7 +1,7 @@
 """Checking the offsets a worker is told to resume from against the broker.
 
 A restored model comes with the offsets its cut holds and the stream they
-were read from (`ps_core.stream.StreamIdentity`). Before a worker seeks
+were read from (`ps_core.checkpoint.stream.StreamIdentity`). Before a worker seeks
 there it asks the broker:
 
 - its cluster id (``DescribeCluster``): another cluster — or the in-memory

@@ -56,13 +56,13 @@ from aiokafka.errors import (
     UnsupportedVersionError,
 )
 
-from ps_core.client import PSClient, ResumePoint, Routed
-from ps_core.coordinator import Offsets
+from ps_core.checkpoint.coordinator import Offsets
+from ps_core.checkpoint.stream import StreamIdentity, stream_mismatch
 from ps_core.errors import CutInProgressError, NoCoordinatorError, PSError
-from ps_core.features import EventBatch
-from ps_core.metrics import Metrics, evaluate
-from ps_core.models import BatchPlan, Model, sigmoid
-from ps_core.stream import StreamIdentity, stream_mismatch
+from ps_core.model.features import EventBatch
+from ps_core.model.metrics import Metrics, evaluate
+from ps_core.model.models import BatchPlan, Model, sigmoid
+from ps_core.net.client import PSClient, ResumePoint, Routed
 
 from .broker import broker_listening
 from .collector import fewer_collections

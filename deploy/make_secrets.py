@@ -23,7 +23,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from ps_core.auth import Scope, derive_token, new_secret
+from ps_core.net.auth import Scope, derive_token, new_secret
 
 FILES = ("cluster-secret", "worker-token", "api-shard-token", "admin-token")
 

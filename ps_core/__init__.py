@@ -1,9 +1,18 @@
-"""ctrps core: sparse tables, optimizers, the shard RPC and its client, features
-and models, the coordinator and exports. No Kafka here."""
+"""ctrps core, in four packages over three shared modules; no Kafka here.
 
-from .client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
-from .codec import Frame, Op
-from .coordinator import Coordinator, Cut, Lease
+- `errors`, `hashing`, `parsing`, `schema`: typed errors, stable 64-bit ids,
+  strict parsing and JSON Schema checks, imported by every package;
+- `store`: the index, optimizers and sparse tables of one shard;
+- `model`: events, feature hashing, batches, models and metrics;
+- `net`: the codec, a shard's handlers and server, the RPC and the clients;
+- `checkpoint`: the coordinator, export files, the exporter and restores.
+
+Each package imports only the shared modules and the packages listed before
+it (`tests/test_layers.py` checks this)."""
+
+from .checkpoint.coordinator import Coordinator, Cut, Lease
+from .checkpoint.export import latest_chain, list_versions, load_version, restore_shards, write_version
+from .checkpoint.exporter import Exporter, ExportReport
 from .errors import (
     CutInProgressError,
     ExportCorruptError,
@@ -20,16 +29,16 @@ from .errors import (
     UnknownTableError,
     WrongShardError,
 )
-from .export import latest_chain, list_versions, load_version, restore_shards, write_version
-from .exporter import Exporter, ExportReport
-from .features import EventBatch, FeatureHasher, decode_message
 from .hashing import mix64, shard_of
-from .index import KeyIndex
-from .models import FactorizationMachine, LogisticRegression, Model, make_model
-from .optim import FTRL, SGD, AdaGrad, Optimizer, make_optimizer
-from .server import create_shard_app
-from .shard import Shard, ShardSpec
-from .table import SparseTable, TableConfig, TableSnapshot
+from .model.features import EventBatch, FeatureHasher, decode_message
+from .model.models import FactorizationMachine, LogisticRegression, Model, make_model
+from .net.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
+from .net.codec import Frame, Op
+from .net.server import create_shard_app
+from .net.shard import Shard, ShardSpec
+from .store.index import KeyIndex
+from .store.optim import FTRL, SGD, AdaGrad, Optimizer, make_optimizer
+from .store.table import SparseTable, TableConfig, TableSnapshot
 
 __all__ = [
     "AdaGrad",

@@ -1,7 +1,7 @@
 """A validator for the part of JSON Schema the project's documents use.
 
-The API's OpenAPI document (`app.openapi`), the shard's (`ps_core.shard_openapi`)
-and the status board (`ps_core.board`) share it: the board refuses a report
+The API's OpenAPI document (`app.openapi`), the shard's (`ps_core.net.shard_openapi`)
+and the status board (`ps_core.store.board`) share it: the board refuses a report
 with exactly the schema the documents publish, so the two cannot drift.
 
 `validate` knows exactly the keywords in `KEYWORDS` and refuses a schema

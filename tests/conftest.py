@@ -13,14 +13,14 @@ import pytest
 from aiohttp import web
 
 from consumers.broker import EmbeddedBroker, free_port, wait_for_metadata
-from ps_core.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
-from ps_core.coordinator import Coordinator
-from ps_core.coordinator_server import add_coordinator_routes
-from ps_core.exporter import Exporter
-from ps_core.rpc import RpcServer, start_rpc_server
-from ps_core.server import DEFAULT_MAX_BODY, ShardSite, create_shard_app, start_shard_site
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import TableConfig
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.coordinator_server import add_coordinator_routes
+from ps_core.checkpoint.exporter import Exporter
+from ps_core.net.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
+from ps_core.net.rpc import RpcServer, start_rpc_server
+from ps_core.net.server import DEFAULT_MAX_BODY, ShardSite, create_shard_app, start_shard_site
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import TableConfig
 
 ServeShards = Callable[..., Awaitable[tuple[list[Shard], list[str]]]]
 

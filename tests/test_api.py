@@ -32,14 +32,14 @@ from app.openapi import KEYWORDS, SchemaError, openapi_document, response_schema
 from app.settings import ApiSettings, SettingsError
 from app.status import make_status_hook
 from consumers.worker import WindowReport, WorkerStats
-from ps_core.client import PSClient, RetryPolicy
-from ps_core.coordinator import Coordinator
-from ps_core.exporter import Exporter
-from ps_core.features import FeatureHasher
-from ps_core.metrics import evaluate
-from ps_core.models import Model, make_model, sigmoid
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import SparseTable
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.exporter import Exporter
+from ps_core.model.features import FeatureHasher
+from ps_core.model.metrics import evaluate
+from ps_core.model.models import Model, make_model, sigmoid
+from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import SparseTable
 
 PROJECT = Path(__file__).resolve().parent.parent
 MAX_EVENTS = 50

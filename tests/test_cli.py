@@ -23,8 +23,8 @@ import pytest
 
 from app.cli import build_parser
 from app.settings import SettingsError, ShardSettings, parse_table_spec
-from ps_core.client import PSClient, RetryPolicy, TcpTransport
-from ps_core.table import SparseTable, TableConfig
+from ps_core.net.client import PSClient, RetryPolicy, TcpTransport
+from ps_core.store.table import SparseTable, TableConfig
 
 PROJECT = Path(__file__).resolve().parent.parent
 

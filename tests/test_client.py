@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from ps_core.client import PSClient, RetryPolicy, TcpTransport
 from ps_core.errors import (
     InvalidValuesError,
     PSError,
@@ -27,9 +26,10 @@ from ps_core.errors import (
     WrongShardError,
 )
 from ps_core.hashing import shard_of
-from ps_core.server import create_shard_app
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import SparseTable, TableConfig
+from ps_core.net.client import PSClient, RetryPolicy, TcpTransport
+from ps_core.net.server import create_shard_app
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import SparseTable, TableConfig
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
 EMB = TableConfig("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=7)

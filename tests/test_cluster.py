@@ -24,10 +24,10 @@ from app.cluster import broker_processes, end_broker_processes
 from app.settings import ClusterSettings, SettingsError
 from consumers.broker import free_port
 from consumers.synthetic import SyntheticStream
-from ps_core.auth import Scope, derive_token
-from ps_core.export import latest_chain, list_versions, restore_shards
-from ps_core.features import FeatureHasher
+from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
 from ps_core.hashing import shard_of
+from ps_core.model.features import FeatureHasher
+from ps_core.net.auth import Scope, derive_token
 
 PROJECT = Path(__file__).resolve().parent.parent
 

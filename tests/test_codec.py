@@ -1,7 +1,7 @@
 """The binary frame codec: round trips of every op, and every malformed frame.
 
 Malformed frames are built by encoding a valid frame and patching bytes at the
-header offsets documented in `ps_core.codec` (magic 0, version 4, op 5,
+header offsets documented in `ps_core.net.codec` (magic 0, version 4, op 5,
 flags 6, n 8, dim 12, event_time 16, version 24, request_id 32, name length
 40, count m 44, table name 48).
 """
@@ -13,9 +13,9 @@ import struct
 import numpy as np
 import pytest
 
-from ps_core import codec
-from ps_core.codec import FLAG_COUNTS, FLAG_PRESENCE, FORMAT_VERSION, HEADER_SIZE, MAX_NAME, Frame, Op
 from ps_core.errors import FrameError
+from ps_core.net import codec
+from ps_core.net.codec import FLAG_COUNTS, FLAG_PRESENCE, FORMAT_VERSION, HEADER_SIZE, MAX_NAME, Frame, Op
 
 U64_MAX = 2**64 - 1
 

@@ -26,11 +26,11 @@ from consumers.broker import create_topics
 from consumers.producer import COMPRESSIONS
 from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
-from ps_core.client import PSClient
-from ps_core.features import FeatureHasher
 from ps_core.hashing import shard_of
-from ps_core.models import LogisticRegression
-from ps_core.shard import Shard, ShardSpec
+from ps_core.model.features import FeatureHasher
+from ps_core.model.models import LogisticRegression
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
 
 PROJECT = Path(__file__).resolve().parent.parent
 N = 1500  # events per producer, per codec

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ps_core.coordinator import Coordinator
+from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.errors import CutInProgressError, LeaseError
 
 

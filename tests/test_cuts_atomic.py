@@ -22,15 +22,15 @@ from waiting import until
 
 from app.metrics import ApiMetrics
 from consumers.broker import free_port
-from ps_core.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
-from ps_core.coordinator import Coordinator
-from ps_core.coordinator_server import add_coordinator_routes
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.coordinator_server import add_coordinator_routes
+from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
+from ps_core.checkpoint.exporter import Exporter
 from ps_core.errors import CutAbortedError, ExportWriteError
-from ps_core.export import latest_chain, list_versions, restore_shards
-from ps_core.exporter import Exporter
-from ps_core.server import ShardSite, create_shard_app, start_shard_site
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import TableConfig
+from ps_core.net.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
+from ps_core.net.server import ShardSite, create_shard_app, start_shard_site
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import TableConfig
 
 LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})
 KEYS = np.arange(1, 2001, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)

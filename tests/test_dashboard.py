@@ -38,10 +38,10 @@ from app.history import LIVE_WORKER_S, History, window_quality
 from app.openapi import openapi_document, response_schema, validate
 from app.settings import ApiSettings, DemoSettings, SettingsError
 from app.status import WorkerView
-from ps_core.client import PSClient, RetryPolicy
-from ps_core.models import Model, make_model
-from ps_core.server import create_shard_app
-from ps_core.shard import Shard, ShardSpec
+from ps_core.model.models import Model, make_model
+from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.server import create_shard_app
+from ps_core.net.shard import Shard, ShardSpec
 
 # The history's points change between turns of the loop: check every one.
 until = functools.partial(waiting.until, poll_s=0.002)

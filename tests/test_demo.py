@@ -20,10 +20,10 @@ from app.api import ApiServer
 from app.cli import build_parser
 from app.demo import _announce, example_event
 from app.settings import ApiSettings, DemoSettings, SettingsError
-from ps_core.client import PSClient
-from ps_core.export import list_versions
-from ps_core.models import make_model
-from ps_core.shard import Shard
+from ps_core.checkpoint.export import list_versions
+from ps_core.model.models import make_model
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard
 
 PROJECT = Path(__file__).resolve().parent.parent
 

@@ -36,8 +36,8 @@ import yaml
 from app.cli import build_parser
 from app.settings import ApiSettings, ShardSettings, WorkerSettings
 from consumers.broker import free_port
-from ps_core.auth import Scope, TokenVerifier, bearer, derive_token
-from ps_core.models import make_model
+from ps_core.model.models import make_model
+from ps_core.net.auth import Scope, TokenVerifier, bearer, derive_token
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -18,10 +18,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-import ps_core.export as export
-from ps_core.client import PSClient
-from ps_core.errors import ExportCorruptError, ExportNotFoundError, InvalidValuesError
-from ps_core.export import (
+import ps_core.checkpoint.export as export
+from ps_core.checkpoint.export import (
     compact,
     latest_chain,
     list_versions,
@@ -32,9 +30,11 @@ from ps_core.export import (
     verify_version,
     write_version,
 )
+from ps_core.errors import ExportCorruptError, ExportNotFoundError, InvalidValuesError
 from ps_core.hashing import shard_of
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import SparseTable, TableConfig, TableSnapshot
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import SparseTable, TableConfig, TableSnapshot
 
 LR = TableConfig("lr", 1, {"name": "ftrl", "alpha": 0.1, "l1": 0.01})
 FM = TableConfig("fm_v", 4, {"name": "adagrad", "lr": 0.05}, init_scale=0.01, seed=7)

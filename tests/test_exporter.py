@@ -10,13 +10,13 @@ import pytest
 from conftest import ServeShards
 from waiting import until
 
-from ps_core.client import PSClient
-from ps_core.coordinator import Coordinator
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
+from ps_core.checkpoint.exporter import Exporter
 from ps_core.errors import ExportWriteError, SnapshotError
-from ps_core.export import latest_chain, list_versions, restore_shards
-from ps_core.exporter import Exporter
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import TableConfig
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import TableConfig
 
 LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})
 FM_V = TableConfig("m_v", 4, {"name": "adagrad", "lr": 0.05}, init_scale=0.01)
@@ -145,7 +145,7 @@ async def test_cuts_during_steady_training_wait_only_for_leased_windows(kafka_bo
     from consumers.broker import create_topics
     from consumers.synthetic import SyntheticStream
     from consumers.worker import Worker, WorkerConfig
-    from ps_core.models import LogisticRegression
+    from ps_core.model.models import LogisticRegression
 
     topic = f"clicks-{uuid.uuid4().hex[:10]}"
     await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})

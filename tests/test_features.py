@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps_core.features import (
+from ps_core.hashing import mix64
+from ps_core.model.features import (
     _C_BIAS,
     _C_CAT,
     _C_NUM,
@@ -38,7 +39,6 @@ from ps_core.features import (
     decode_message,
     string_hashes,
 )
-from ps_core.hashing import mix64
 
 
 def test_decode_object_array_and_json_lines() -> None:
@@ -212,7 +212,7 @@ def test_slice_equals_select_of_a_range() -> None:
 
 
 def test_the_field_name_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ps_core.features as features
+    import ps_core.model.features as features
 
     monkeypatch.setattr(features, "MAX_CACHED_FIELDS", 4)
     h = FeatureHasher("m")
@@ -592,7 +592,7 @@ def test_featurize_matches_the_reference(events: list[Any], require_label: bool,
 def test_featurize_past_the_layout_bound_matches_the_reference(
     feats: list[Any], max_layouts: int, max_fields: int
 ) -> None:
-    import ps_core.features as features
+    import ps_core.model.features as features
 
     events = [{"label": i % 2, "features": f} for i, f in enumerate(feats)]
     saved = features.MAX_CACHED_SCHEMAS, features.MAX_CACHED_SCHEMA_FIELDS
@@ -668,7 +668,7 @@ def test_a_bad_event_mid_chunk_fails_only_its_group() -> None:
 
 
 def test_the_layout_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ps_core.features as features
+    import ps_core.model.features as features
 
     monkeypatch.setattr(features, "MAX_CACHED_SCHEMAS", 3)
     h = FeatureHasher("m")

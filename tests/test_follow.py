@@ -37,13 +37,20 @@ from app.cli import build_parser
 from app.follower import Follower, follow_dir, model_from_manifest, model_of_exports
 from app.openapi import openapi_document, response_schema, validate
 from app.settings import ApiSettings, SettingsError
-from ps_core.client import PSClient
+from ps_core.checkpoint.export import (
+    apply_version,
+    latest_chain,
+    load_version,
+    read_manifest,
+    restore_shards,
+    write_version,
+)
 from ps_core.errors import InvalidValuesError
-from ps_core.export import apply_version, latest_chain, load_version, read_manifest, restore_shards, write_version
-from ps_core.features import FeatureHasher
-from ps_core.models import FactorizationMachine, LogisticRegression, Model, make_model, sigmoid
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import SparseTable, TableConfig, TableSnapshot
+from ps_core.model.features import FeatureHasher
+from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, make_model, sigmoid
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import SparseTable, TableConfig, TableSnapshot
 
 PROJECT = Path(__file__).resolve().parent.parent
 TOKEN = "replica-token"

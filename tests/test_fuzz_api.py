@@ -25,11 +25,11 @@ from threaded import serve_in_thread
 from app.api import ApiServer
 from app.openapi import openapi_document
 from app.settings import ApiSettings
-from ps_core.client import PSClient
-from ps_core.coordinator import Coordinator
-from ps_core.exporter import Exporter
-from ps_core.models import make_model
-from ps_core.shard import Shard, ShardSpec
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.exporter import Exporter
+from ps_core.model.models import make_model
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
 
 TOKEN = "fuzz-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

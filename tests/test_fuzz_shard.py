@@ -1,5 +1,5 @@
 """Schemathesis against a shard's documented routes: the document it serves
-at ``GET /openapi.json`` (`ps_core.shard_openapi`), on shard 0 of a real
+at ``GET /openapi.json`` (`ps_core.net.shard_openapi`), on shard 0 of a real
 shard port on 127.0.0.1 under its limits, with a cluster secret, a
 coordinator and an exporter (the routes ``ctrps shard`` serves on shard 0).
 
@@ -24,15 +24,15 @@ import schemathesis
 from fuzzing import fuzz
 from threaded import serve_in_thread
 
-from ps_core.auth import Scope, TokenVerifier, bearer, derive_token, new_secret
-from ps_core.client import LocalTransport, PSClient, ShardTransport
-from ps_core.coordinator import Coordinator
-from ps_core.coordinator_server import add_coordinator_routes
-from ps_core.exporter import Exporter
-from ps_core.server import ROUTE_SCOPES, create_shard_app, start_shard_site
-from ps_core.shard import Shard, ShardSpec
-from ps_core.shard_openapi import shard_document
-from ps_core.table import TableConfig
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.coordinator_server import add_coordinator_routes
+from ps_core.checkpoint.exporter import Exporter
+from ps_core.net.auth import Scope, TokenVerifier, bearer, derive_token, new_secret
+from ps_core.net.client import LocalTransport, PSClient, ShardTransport
+from ps_core.net.server import ROUTE_SCOPES, create_shard_app, start_shard_site
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.net.shard_openapi import shard_document
+from ps_core.store.table import TableConfig
 
 SECRET = new_secret()
 ADMIN = bearer(derive_token(SECRET, Scope.ADMIN))

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from ps_core.index import KeyIndex
+from ps_core.store.index import KeyIndex
 
 U64_MAX = 2**64 - 1
 

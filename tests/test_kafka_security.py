@@ -45,10 +45,10 @@ from consumers.outage import locate_bad_batch
 from consumers.producer import produce
 from consumers.resume import cluster_id, partition_bounds
 from consumers.worker import Worker, WorkerConfig
-from ps_core.client import PSClient
-from ps_core.coordinator import Coordinator
-from ps_core.models import LogisticRegression
-from ps_core.shard import Shard, ShardSpec
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.model.models import LogisticRegression
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
 
 PASSWORD = "pw-Zq81-never-shown"
 

@@ -1,4 +1,4 @@
-"""Limits on every port (`ps_core.limits`, `ps_core.rpc`): what idle, slow and
+"""Limits on every port (`ps_core.net.limits`, `ps_core.net.rpc`): what idle, slow and
 greedy peers did to the API and the shards, reproduced on real servers on
 loopback with small limits, and what each port now does about it.
 
@@ -28,14 +28,14 @@ from waiting import until
 
 from app.api import ApiServer
 from app.settings import ApiSettings, SettingsError, port_limits_from_env, rpc_limits_from_env
-from ps_core import codec
-from ps_core.client import PSClient
-from ps_core.limits import PortGuard, PortLimits, RpcLimits, serve_limited
-from ps_core.models import make_model
-from ps_core.rpc import MAGIC, PROTOCOL_VERSION, RpcConnection, RpcServer, start_rpc_server
-from ps_core.server import create_shard_app
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import TableConfig
+from ps_core.model.models import make_model
+from ps_core.net import codec
+from ps_core.net.client import PSClient
+from ps_core.net.limits import PortGuard, PortLimits, RpcLimits, serve_limited
+from ps_core.net.rpc import MAGIC, PROTOCOL_VERSION, RpcConnection, RpcServer, start_rpc_server
+from ps_core.net.server import create_shard_app
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import TableConfig
 
 LR = TableConfig("ctr_lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
 SMALL = PortLimits(max_connections=20, header_timeout_s=0.3, body_timeout_s=0.3, idle_timeout_s=0.5)

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps_core.features import FeatureHasher
 from ps_core.hashing import distinct
-from ps_core.metrics import auc, copc, evaluate, logloss
-from ps_core.models import FactorizationMachine, LogisticRegression, Model, sigmoid
-from ps_core.table import SparseTable
+from ps_core.model.features import FeatureHasher
+from ps_core.model.metrics import auc, copc, evaluate, logloss
+from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, sigmoid
+from ps_core.store.table import SparseTable
 
 EVENTS = [
     {"label": 1, "features": {"a": "x", "b": "y", "n": 0.5}},

@@ -31,10 +31,10 @@ from app.failures import ExpectedFailure, expected_failure
 from app.logs import KAFKA_LOGGERS, RepeatFilter, configure_logging
 from app.settings import ApiSettings
 from consumers.broker import EmbeddedBroker, free_port
-from ps_core.client import PSClient, RetryPolicy
-from ps_core.models import make_model
-from ps_core.server import create_shard_app, start_shard_site
-from ps_core.shard import Shard, ShardSpec
+from ps_core.model.models import make_model
+from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.server import create_shard_app, start_shard_site
+from ps_core.net.shard import Shard, ShardSpec
 
 PROJECT = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ps_core.errors import TableConfigError
-from ps_core.optim import FTRL, SGD, AdaGrad, Optimizer, make_optimizer
-from ps_core.table import SparseTable, TableConfig
+from ps_core.store.optim import FTRL, SGD, AdaGrad, Optimizer, make_optimizer
+from ps_core.store.table import SparseTable, TableConfig
 
 # A scalar reference updates one coordinate's state (a dict) with one gradient
 # and returns its weight, written straight from the papers' formulas.

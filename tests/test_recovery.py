@@ -22,12 +22,12 @@ from consumers.broker import create_topics, free_port
 from consumers.decode import decode_records
 from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
-from ps_core.client import PSClient, RetryPolicy
-from ps_core.export import latest_chain, list_versions, restore_shards
-from ps_core.features import FeatureHasher
-from ps_core.metrics import auc
-from ps_core.models import LogisticRegression, sigmoid
-from ps_core.shard import Shard, ShardSpec
+from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
+from ps_core.model.features import FeatureHasher
+from ps_core.model.metrics import auc
+from ps_core.model.models import LogisticRegression, sigmoid
+from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.shard import Shard, ShardSpec
 
 PROJECT = Path(__file__).resolve().parents[1]
 PARTITIONS = 2

@@ -26,16 +26,16 @@ from waiting import until
 from app.metrics import ApiMetrics
 from consumers.broker import create_topics, free_port
 from consumers.worker import Worker, WorkerConfig
-from ps_core import codec
-from ps_core.client import HttpTransport, LocalTransport, PSClient, RetryPolicy
-from ps_core.coordinator import Coordinator
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.export import latest_chain, restore_shards
+from ps_core.checkpoint.exporter import Exporter
+from ps_core.checkpoint.joining import Membership, load_shard
 from ps_core.errors import ClusterNotReadyError, NoCommonVersionError, ShardNotJoinedError
-from ps_core.export import latest_chain, restore_shards
-from ps_core.exporter import Exporter
-from ps_core.joining import Membership, load_shard
-from ps_core.models import LogisticRegression
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import TableConfig
+from ps_core.model.models import LogisticRegression
+from ps_core.net import codec
+from ps_core.net.client import HttpTransport, LocalTransport, PSClient, RetryPolicy
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import TableConfig
 
 PROJECT = Path(__file__).resolve().parents[1]
 LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})

@@ -21,10 +21,10 @@ from app.cli import build_parser
 from app.cluster import CREDENTIAL_VARIABLES, ChildCredentials
 from app.demo import api_settings_of
 from app.settings import ApiSettings, DemoSettings, SettingsError
-from ps_core.auth import MIN_SECRET_BYTES, Scope, TokenVerifier, derive_token
-from ps_core.client import PSClient
-from ps_core.models import make_model
-from ps_core.shard import Shard
+from ps_core.model.models import make_model
+from ps_core.net.auth import MIN_SECRET_BYTES, Scope, TokenVerifier, derive_token
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard
 
 PROJECT = Path(__file__).resolve().parent.parent
 SECRET = "s" * 43

@@ -1,4 +1,4 @@
-"""The shard's TCP RPC (`ps_core.rpc`) and the client's `TcpTransport`.
+"""The shard's TCP RPC (`ps_core.net.rpc`) and the client's `TcpTransport`.
 
 Real servers on loopback: a `Shard` behind its aiohttp app (which advertises
 the RPC port in ``/healthz``) and its RPC server, both in the test's loop.
@@ -21,12 +21,12 @@ import pytest
 from aiohttp import web
 
 from consumers.broker import free_port
-from ps_core.client import PSClient, RetryPolicy, TcpTransport
 from ps_core.errors import FrameError, PSError, ShardUnavailableError, UnknownTableError
-from ps_core.rpc import RpcConnection, RpcServer, RpcServerProtocol, start_rpc_server
-from ps_core.server import create_shard_app
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import SparseTable, TableConfig
+from ps_core.net.client import PSClient, RetryPolicy, TcpTransport
+from ps_core.net.rpc import RpcConnection, RpcServer, RpcServerProtocol, start_rpc_server
+from ps_core.net.server import create_shard_app
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import SparseTable, TableConfig
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
 

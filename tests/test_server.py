@@ -18,12 +18,12 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from ps_core import codec
-from ps_core.codec import Op
 from ps_core.hashing import shard_of
-from ps_core.server import FRAME_CONTENT_TYPE, create_shard_app
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import SparseTable, TableConfig
+from ps_core.net import codec
+from ps_core.net.codec import Op
+from ps_core.net.server import FRAME_CONTENT_TYPE, create_shard_app
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import SparseTable, TableConfig
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl"})
 EMB = TableConfig("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=3)

@@ -1,4 +1,4 @@
-"""Credentials on the shard plane (`ps_core.auth`, `ps_core.server`, `ps_core.rpc`):
+"""Credentials on the shard plane (`ps_core.net.auth`, `ps_core.net.server`, `ps_core.net.rpc`):
 what a stranger on the network could do to an open shard, reproduced against
 a shard with a cluster secret, and what each scope may do now.
 
@@ -42,18 +42,18 @@ from waiting import until
 from app.api import ApiServer
 from app.settings import ApiSettings
 from consumers.broker import free_port
-from ps_core import codec
-from ps_core.auth import Refusals, Scope, TokenVerifier, bearer, derive_token, new_secret
-from ps_core.client import LocalTransport, PSClient, RetryPolicy, TcpTransport
-from ps_core.coordinator import Coordinator
-from ps_core.coordinator_server import EXPORTER, add_coordinator_routes
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.coordinator_server import EXPORTER, add_coordinator_routes
+from ps_core.checkpoint.exporter import Exporter
 from ps_core.errors import AuthError, ForbiddenError
-from ps_core.exporter import Exporter
-from ps_core.models import make_model
-from ps_core.rpc import RpcConnection, RpcServer, start_rpc_server
-from ps_core.server import DEFAULT_MAX_BODY, ROUTE_SCOPES, ShardSite, create_shard_app, start_shard_site
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import TableConfig
+from ps_core.model.models import make_model
+from ps_core.net import codec
+from ps_core.net.auth import Refusals, Scope, TokenVerifier, bearer, derive_token, new_secret
+from ps_core.net.client import LocalTransport, PSClient, RetryPolicy, TcpTransport
+from ps_core.net.rpc import RpcConnection, RpcServer, start_rpc_server
+from ps_core.net.server import DEFAULT_MAX_BODY, ROUTE_SCOPES, ShardSite, create_shard_app, start_shard_site
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import TableConfig
 
 PROJECT = Path(__file__).resolve().parent.parent
 LR = TableConfig("ctr_lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
@@ -434,7 +434,7 @@ def test_refusals_collapse_into_one_line_per_kind_and_interval(
 ) -> None:
     """Within `every_s` a kind's refusals are counted, not logged; the next
     line of that kind says how many it stands for."""
-    import ps_core.auth as auth
+    import ps_core.net.auth as auth
 
     now = [1000.0]
     monkeypatch.setattr(auth.time, "monotonic", lambda: now[0])  # a sync test: no loop reads the clock

@@ -30,16 +30,16 @@ from consumers.broker import EmbeddedBroker, create_topics, free_port
 from consumers.resume import StaleOffsetsError, cluster_id, partition_bounds
 from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
-from ps_core.client import PSClient
-from ps_core.coordinator import Coordinator
-from ps_core.export import latest_chain, list_versions, read_manifest, restore_shards
-from ps_core.exporter import Exporter
-from ps_core.features import FeatureHasher
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.export import latest_chain, list_versions, read_manifest, restore_shards
+from ps_core.checkpoint.exporter import Exporter
+from ps_core.checkpoint.manifest import ExportManifest
+from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.hashing import shard_of
-from ps_core.manifest import ExportManifest
-from ps_core.models import LogisticRegression
-from ps_core.shard import Shard, ShardSpec
-from ps_core.stream import StreamIdentity
+from ps_core.model.features import FeatureHasher
+from ps_core.model.models import LogisticRegression
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
 
 PROJECT = Path(__file__).resolve().parents[1]
 PARTITIONS = 2
@@ -119,11 +119,11 @@ def _restore(model_dir: Path) -> tuple[list[Shard], Coordinator]:
 def test_manifests_record_the_stream_and_older_ones_still_read(tmp_path: Path) -> None:
     stream = StreamIdentity("cluster-a", "ctrps", ("clicks",))
     shards = [Shard(ShardSpec(0, 1))]
-    from ps_core.table import TableConfig
+    from ps_core.store.table import TableConfig
 
     shards[0].declare(TableConfig("m_w", 1, {"name": "ftrl"}))
     snaps = {0: [t.snapshot() for t in shards[0].tables.values()]}
-    from ps_core.export import write_version
+    from ps_core.checkpoint.export import write_version
 
     path = write_version(tmp_path, "m", 1, None, snaps, {"clicks": {0: 5}}, {"name": "m"}, 1, stream=stream)
     manifest = read_manifest(path)

@@ -25,13 +25,13 @@ from app.status import (
     worker_status,
 )
 from consumers.worker import WindowReport, WorkerStats
-from ps_core import codec
-from ps_core.client import PSClient, RetryPolicy
 from ps_core.errors import FrameError, StatusError
 from ps_core.hashing import shard_of
-from ps_core.metrics import evaluate
-from ps_core.shard import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, Shard, ShardSpec
-from ps_core.table import SparseTable, TableConfig
+from ps_core.model.metrics import evaluate
+from ps_core.net import codec
+from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.shard import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, Shard, ShardSpec
+from ps_core.store.table import SparseTable, TableConfig
 
 EMB = TableConfig("emb", dim=3, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=5)
 
@@ -285,7 +285,7 @@ async def test_status_hook_reports_to_the_board_and_summaries_add_up(connect: Co
         account(stats, report)
         await hook(report)
     # A status that is not a worker's, and a worker status with junk fields:
-    # the board refuses both (`ps_core.board`); a worker status of no windows yet.
+    # the board refuses both (`ps_core.store.board`); a worker status of no windows yet.
     with pytest.raises(StatusError, match="not in"):
         await client.report_status("coordinator", {"kind": "coordinator", "events_trained": 10**6})
     with pytest.raises(StatusError, match="is not integer"):

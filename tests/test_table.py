@@ -8,8 +8,8 @@ import pytest
 
 from ps_core.errors import InvalidValuesError, TableConfigError, TableConflictError, WrongShardError
 from ps_core.hashing import shard_of
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import SparseTable, TableConfig
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.table import SparseTable, TableConfig
 
 FM = TableConfig("fm_v", 8, {"name": "adagrad", "lr": 0.05}, init_scale=0.01, seed=42)
 

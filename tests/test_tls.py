@@ -1,4 +1,4 @@
-"""TLS on the shard's HTTP port, its RPC and the API (`ps_core.tls`), with a
+"""TLS on the shard's HTTP port, its RPC and the API (`ps_core.net.tls`), with a
 throwaway CA (`trustme`), on real servers on loopback:
 
 - a client given the CA (``--tls-ca``) verifies the shard and pulls and
@@ -37,15 +37,15 @@ from app.serve_role import run_serve
 from app.settings import ApiSettings, ShardSettings
 from app.shard_role import run_shard
 from consumers.broker import free_port
-from ps_core.auth import Scope, TokenVerifier, derive_token, new_secret
-from ps_core.client import PSClient, RetryPolicy, TcpTransport
 from ps_core.errors import AuthError, ShardUnavailableError, TlsVerifyError
-from ps_core.models import make_model
-from ps_core.rpc import RpcConnection, start_rpc_server
-from ps_core.server import DEFAULT_MAX_BODY, create_shard_app, start_shard_site
-from ps_core.shard import Shard, ShardSpec
-from ps_core.table import TableConfig
-from ps_core.tls import HandshakeFailures, TlsFiles, client_context, server_context, watch_handshakes
+from ps_core.model.models import make_model
+from ps_core.net.auth import Scope, TokenVerifier, derive_token, new_secret
+from ps_core.net.client import PSClient, RetryPolicy, TcpTransport
+from ps_core.net.rpc import RpcConnection, start_rpc_server
+from ps_core.net.server import DEFAULT_MAX_BODY, create_shard_app, start_shard_site
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.net.tls import HandshakeFailures, TlsFiles, client_context, server_context, watch_handshakes
+from ps_core.store.table import TableConfig
 
 LR = TableConfig("ctr_lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
 KEYS = np.array([1, 2, 3, 2**63 + 5], dtype=np.uint64)

@@ -33,13 +33,13 @@ from app.openapi import openapi_document, response_schema, validate
 from app.settings import ApiSettings
 from app.status import summarize, worker_status
 from consumers.worker import WindowReport, WorkerStats
-from ps_core.board import MAX_COUNT, STATUS_SCHEMA
-from ps_core.client import PSClient, RetryPolicy
 from ps_core.errors import InvalidRequestError, StatusError
-from ps_core.metrics import evaluate
-from ps_core.models import make_model
+from ps_core.model.metrics import evaluate
+from ps_core.model.models import make_model
+from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.shard import Shard, ShardSpec
 from ps_core.parsing import json_int, parse_int
-from ps_core.shard import Shard, ShardSpec
+from ps_core.store.board import MAX_COUNT, STATUS_SCHEMA
 
 TOKEN = "admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -19,11 +19,11 @@ from consumers.collector import YOUNG_THRESHOLD
 from consumers.decode import decode_records
 from consumers.dlq import read_headers
 from consumers.worker import Worker, WorkerConfig
-from ps_core.client import PSClient
-from ps_core.features import FeatureHasher
 from ps_core.hashing import shard_of
-from ps_core.models import LogisticRegression
-from ps_core.shard import Shard, ShardSpec
+from ps_core.model.features import FeatureHasher
+from ps_core.model.models import LogisticRegression
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
 
 
 def _topic() -> str:
@@ -180,8 +180,8 @@ async def test_worker_learns_the_synthetic_stream(kafka_bootstrap: str) -> None:
     score close to the ground-truth model."""
     from consumers.producer import produce
     from consumers.synthetic import SyntheticStream
-    from ps_core.metrics import auc
-    from ps_core.models import sigmoid
+    from ps_core.model.metrics import auc
+    from ps_core.model.models import sigmoid
 
     topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
     await create_topics(kafka_bootstrap, {topic: 4, topic + ".dlq": 1})
@@ -217,7 +217,7 @@ async def test_worker_learns_the_synthetic_stream(kafka_bootstrap: str) -> None:
 async def test_an_fm_worker_trains_both_tables(kafka_bootstrap: str) -> None:
     from consumers.producer import produce
     from consumers.synthetic import SyntheticStream
-    from ps_core.models import FactorizationMachine
+    from ps_core.model.models import FactorizationMachine
 
     topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
     await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
@@ -250,7 +250,7 @@ def _bias_shows(shards: list[Shard], namespace: str) -> int:
 
 
 async def test_leased_windows_report_offsets_and_a_restore_seeks_to_them(kafka_bootstrap: str) -> None:
-    from ps_core.coordinator import Coordinator
+    from ps_core.checkpoint.coordinator import Coordinator
 
     topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
     await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
@@ -296,7 +296,7 @@ async def test_a_worker_that_outlives_its_coordinator_rewinds_to_the_new_ones_of
     """Shards restored under a new coordinator (a new epoch) hold an older cut
     than the running worker's commits: the worker drops what it holds and
     resumes from the new coordinator's offsets, training each later event once."""
-    from ps_core.coordinator import Coordinator
+    from ps_core.checkpoint.coordinator import Coordinator
 
     topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
     await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})

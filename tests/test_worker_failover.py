@@ -17,10 +17,10 @@ from waiting import until
 
 from consumers.broker import create_topics
 from consumers.worker import Worker, WorkerConfig
-from ps_core.client import PSClient
 from ps_core.hashing import shard_of
-from ps_core.models import LogisticRegression
-from ps_core.shard import Shard, ShardSpec
+from ps_core.model.models import LogisticRegression
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
 
 PARTITIONS = 4
 KEY_BASE = 10**12  # event i carries the pre-hashed key KEY_BASE + i: its shows count its applications

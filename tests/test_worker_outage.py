@@ -33,14 +33,14 @@ from app.status import make_status_hook
 from consumers.broker import EmbeddedBroker, create_topics, free_port
 from consumers.outage import UndecodableBatchError
 from consumers.worker import Worker, WorkerConfig
-from ps_core.client import PSClient, RetryPolicy
-from ps_core.coordinator import Coordinator
-from ps_core.coordinator_server import add_coordinator_routes
-from ps_core.features import FeatureHasher
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.coordinator_server import add_coordinator_routes
 from ps_core.hashing import shard_of
-from ps_core.models import LogisticRegression
-from ps_core.server import ShardSite, create_shard_app, start_shard_site
-from ps_core.shard import Shard, ShardSpec
+from ps_core.model.features import FeatureHasher
+from ps_core.model.models import LogisticRegression
+from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.server import ShardSite, create_shard_app, start_shard_site
+from ps_core.net.shard import Shard, ShardSpec
 
 PARTITIONS = 4
 KEY_BASE = 10**12  # event i carries the pre-hashed key KEY_BASE + i: its shows count its applications

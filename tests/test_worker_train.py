@@ -15,11 +15,11 @@ from consumers.dlq import DeadLetter
 from consumers.synthetic import SyntheticStream
 from consumers.windows import Window, WindowBuilder
 from consumers.worker import Worker, WorkerConfig
-from ps_core.client import PSClient
-from ps_core.features import EventBatch, FeatureHasher
-from ps_core.metrics import Metrics, evaluate
-from ps_core.models import FactorizationMachine, LogisticRegression, Model, sigmoid
-from ps_core.shard import Shard, ShardSpec
+from ps_core.model.features import EventBatch, FeatureHasher
+from ps_core.model.metrics import Metrics, evaluate
+from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, sigmoid
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
 
 
 def _window(values: list[bytes | None]) -> Window:

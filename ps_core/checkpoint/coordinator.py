@@ -30,8 +30,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from .errors import ClusterNotReadyError, CutInProgressError, LeaseError, PSError
-from .parsing import json_int, parse_int
+from ..errors import ClusterNotReadyError, CutInProgressError, LeaseError, PSError
+from ..parsing import json_int, parse_int
 from .stream import StreamIdentity, stream_mismatch
 
 __all__ = ["Coordinator", "Lease", "Cut", "Offsets", "parse_offsets"]
@@ -45,7 +45,7 @@ MAX_TOPIC_CHARS = 249
 """Kafka's limit on a topic name."""
 MAX_PARTITION = 10**9 - 1
 """Highest partition number taken (at most nine ASCII digits, as on the
-status board: `ps_core.board.PARTITION_KEY`); Kafka's int32 allows more,
+status board: `ps_core.store.board.PARTITION_KEY`); Kafka's int32 allows more,
 no topic has that many."""
 
 log = logging.getLogger("ctrps.coordinator")

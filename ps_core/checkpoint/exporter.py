@@ -3,7 +3,7 @@
 `Exporter.cut` runs one export: the coordinator's pause (wait for leased
 windows, every shard copies its rows: `Shard.take_snapshot`), then, with
 leases granted again, it fetches the copies from the shards and writes the
-version (`ps_core.export.write_version`, in a thread) and prunes old ones.
+version (`ps_core.checkpoint.export.write_version`, in a thread) and prunes old ones.
 
 The exporter runs where the coordinator runs (shard 0, or ``ctrps demo``)
 and reaches every shard through a `PSClient`, so shards need no shared
@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .client import PSClient
-from .coordinator import Coordinator, Offsets
-from .errors import (
+from ..errors import (
     ClusterNotReadyError,
     CutAbortedError,
     CutNotJoinedError,
@@ -31,6 +29,8 @@ from .errors import (
     ShardUnavailableError,
     SnapshotError,
 )
+from ..net.client import PSClient
+from .coordinator import Coordinator, Offsets
 from .export import compact, list_versions, prune, write_version
 from .manifest import check_model_name
 from .stream import StreamIdentity

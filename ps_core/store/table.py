@@ -22,7 +22,7 @@ per distinct key, in place.
 `snapshot` is an export cut: a `TableSnapshot` (copies of the rows of a base
 or a delta, and the keys deleted since the previous cut), after which the open
 `version` moves on. `load_rows` and `mark_exported` are its inverse, for
-restores (`ps_core.export`).
+restores (`ps_core.checkpoint.export`).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from .errors import InvalidValuesError, TableConfigError
-from .hashing import U64, uniform_from_keys
+from ..errors import InvalidValuesError, TableConfigError
+from ..hashing import U64, uniform_from_keys
+from ..parsing import json_int
 from .index import KeyIndex
 from .optim import FTRL, Optimizer, make_optimizer
-from .parsing import json_int
 
 __all__ = ["TableConfig", "SparseTable", "TableSnapshot", "SnapshotKind", "F32", "U32"]
 
@@ -147,7 +147,7 @@ class TableSnapshot:
     keys: U64
     """(n,) uint64 feature ids, distinct."""
     data: F32
-    """(n, dim * slots) float32: each row's weights and optimizer state (see `ps_core.optim`)."""
+    """(n, dim * slots) float32: each row's weights and optimizer state (see `ps_core.store.optim`)."""
     updated_at: U32
     """(n,) export version of each row's last change."""
     last_seen: U32

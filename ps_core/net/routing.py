@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from .hashing import U64, shard_of
+from ..hashing import U64, shard_of
 
 __all__ = ["split_by_shard"]
 

@@ -5,7 +5,7 @@
   "ttl_s": float}`` (the epoch changes when the coordinator restarts); waits while
   a cut is pausing (503 ``cut_in_progress`` after ``wait_s``, default 30 s);
   refused at once while the shards join or restore (503 ``cluster_not_ready``)
-  or cannot agree on a version (409 ``no_common_version``, see `ps_core.joining`);
+  or cannot agree on a version (409 ``no_common_version``, see `ps_core.checkpoint.joining`);
 - ``POST /v1/leases/release``: ``{"lease_id": int, "offsets": {topic:
   {partition: next_offset}}, "stream": {"cluster_id", "group", "topics"}}``
   (``stream`` optional: where the offsets were read) → ``{"released": bool}``
@@ -20,7 +20,7 @@
   These are internal routes: the public ones, for people, are the API's.
 
 On a shard app given a `TokenVerifier` these routes need tokens like every
-other (`ps_core.server.ROUTE_SCOPES`): leases and offsets the train scope,
+other (`ps_core.net.server.ROUTE_SCOPES`): leases and offsets the train scope,
 the exports listing read, an export or a compaction admin.
 
 A shard app without these routes answers 404, which clients read as "no
@@ -32,11 +32,11 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from ..errors import CutInProgressError, InvalidRequestError
+from ..net.server import json_response
+from ..parsing import json_int
 from .coordinator import Coordinator, parse_offsets
-from .errors import CutInProgressError, InvalidRequestError
 from .exporter import Exporter
-from .parsing import json_int
-from .server import json_response
 from .stream import StreamIdentity
 
 __all__ = ["add_coordinator_routes", "COORDINATOR", "EXPORTER"]

@@ -12,14 +12,14 @@ over TLS (`start_rpc_server(..., ssl=)`, `RpcConnection.open(..., ssl=)`).
 Wire format (all integers little-endian):
 
 - on connecting, the client sends ``HELLO`` (``b"ctrpsrpc"``, u32 protocol
-  version, u16 token length, then the token's bytes: `ps_core.auth`, empty
+  version, u16 token length, then the token's bytes: `ps_core.net.auth`, empty
   for none); the server answers ``b"ctrpsrpc"``, its u32 version, u32 shard
   id and u32 shard count, or closes the connection when the magic or version
   is not its own. A server with a verifier answers a missing or wrong token
   with an error reply (below) of status 401 instead, then closes; it records
   the token's scope, and answers a frame the scope does not allow (PULL needs
   read, PUSH and PUSH_PULL train) 403, keeping the connection;
-- a request is a u32 body length, then the body: one `ps_core.codec` frame
+- a request is a u32 body length, then the body: one `ps_core.net.codec` frame
   (PULL, PUSH or PUSH_PULL);
 - a reply is a u32 payload length, a u16 status (HTTP's meaning: 200, or the
   `PSError` status), two reserved zero bytes, then the payload: the reply
@@ -41,9 +41,9 @@ from typing import NamedTuple, cast
 
 import orjson
 
+from ..errors import AuthError, PSError, error_from_body
 from . import codec
 from .auth import Refusals, Scope, TokenVerifier, check
-from .errors import AuthError, PSError, error_from_body
 from .limits import Occurrences, RpcLimits
 from .pipelined import PipelinedConnection, PipelinedProtocol, Reply, ServerConnection
 from .shard import Shard
@@ -268,7 +268,7 @@ class RpcServerProtocol(ServerConnection):
 
     def _handle(self, body: bytes) -> None:
         if self._scope is not None:
-            # The op byte of the frame (`ps_core.codec`): a pull reads, all else trains.
+            # The op byte of the frame (`ps_core.net.codec`): a pull reads, all else trains.
             needs = Scope.READ if len(body) > 5 and body[5] == codec.Op.PULL else Scope.TRAIN
             if self._scope < needs:
                 self._refusals.refuse("scope", plane="rpc", peer=self._peer(), what=f"frame op {body[5]}", needs=needs)
@@ -331,7 +331,7 @@ async def start_rpc_server(
 
     With `verifier`, each connection's hello must carry a token (of read
     scope at least; train to push), refusals counted in `refusals` (shared
-    with the HTTP app's, see `ps_core.server.create_shard_app`); with `ssl`,
+    with the HTTP app's, see `ps_core.net.server.create_shard_app`); with `ssl`,
     a server context, connections are TLS."""
     connections: set[ServerConnection] = set()
     state = _PortState(limits or RpcLimits())

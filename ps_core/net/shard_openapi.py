@@ -1,15 +1,15 @@
 """The OpenAPI 3.1 document of a shard's JSON routes (``GET /openapi.json``
 on every shard's HTTP port), so they can be fuzzed like the API's.
 
-It documents the routes of `ps_core.server` and, on shard 0 with a
-coordinator and exporter, of `ps_core.coordinator_server`: tables, stats,
+It documents the routes of `ps_core.net.server` and, on shard 0 with a
+coordinator and exporter, of `ps_core.checkpoint.coordinator_server`: tables, stats,
 status, snapshots, membership, restore, leases, offsets, exports. The
 binary frame routes (``/v1/pull``, ``/v1/push``, ``/v1/push_pull``) are
-left out: their bodies are `ps_core.codec` frames, not JSON, and the codec
+left out: their bodies are `ps_core.net.codec` frames, not JSON, and the codec
 has its own tests. `shard_document` keeps only the paths the app serves.
 
 The exporter's reports (`EXPORT_REPORT_SCHEMA`, `COMPACTION_SCHEMA`,
-`EXPORT_LIST_SCHEMA`) and the status board's schema (`ps_core.board`) are
+`EXPORT_LIST_SCHEMA`) and the status board's schema (`ps_core.store.board`) are
 embedded in the API's document too: the API relays them.
 """
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .board import PARTITION_KEY, SOURCE_SCHEMA, STATUS_SCHEMA
-from .optim import MAX_HYPERPARAMETER, MIN_POSITIVE
-from .parsing import MAX_INT
-from .table import MAX_DIM, MAX_INIT_SCALE, MAX_VERSION
+from ..parsing import MAX_INT
+from ..store.board import PARTITION_KEY, SOURCE_SCHEMA, STATUS_SCHEMA
+from ..store.optim import MAX_HYPERPARAMETER, MIN_POSITIVE
+from ..store.table import MAX_DIM, MAX_INIT_SCALE, MAX_VERSION
 
 __all__ = [
     "shard_document",
@@ -143,7 +143,7 @@ _TABLE = _closed(
         "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
         "dim": {"type": "integer", "minimum": 1, "maximum": MAX_DIM},
         "optimizer": {
-            "description": "An optimizer and its hyperparameters (ps_core.optim), defaults filled in.",
+            "description": "An optimizer and its hyperparameters (ps_core.store.optim), defaults filled in.",
             "anyOf": [
                 _optimizer("sgd", lr=_POSITIVE, l2=_NON_NEGATIVE),
                 _optimizer("adagrad", lr=_POSITIVE, eps=_POSITIVE, initial_accumulator=_NON_NEGATIVE),
@@ -320,7 +320,7 @@ def _op(
     out: dict[str, Any] = {"summary": summary, "responses": {**ok}}
     if not open_:
         # With a cluster secret, every route but /healthz and /openapi.json
-        # needs a token of its scope (ps_core.server.ROUTE_SCOPES).
+        # needs a token of its scope (ps_core.net.server.ROUTE_SCOPES).
         out["security"] = [{"bearer": []}]
         errors = (*errors, 401, 403)
     for status in sorted(set(errors)):

@@ -6,12 +6,12 @@ shards through a `ShardTransport`: `HttpTransport` (HTTP keep-alive through
 aiohttp, binary frames for pulls and pushes; retried with backoff up to a
 deadline on connection errors, then `ShardUnavailableError` naming the
 shard), `TcpTransport` (the same, but pulls and pushes over the shard's TCP
-RPC, `ps_core.rpc`: the default of `PSClient.connect`) or `LocalTransport`
+RPC, `ps_core.net.rpc`: the default of `PSClient.connect`) or `LocalTransport`
 (a `Shard` object in this process, no encoding: for the demo and tests). All
 behave the same.
 
 Credentials and TLS: `PSClient.connect(urls, token=..., ssl=...)` presents
-the token (`ps_core.auth`) on every HTTP request and in the RPC's hello, and
+the token (`ps_core.net.auth`) on every HTTP request and in the RPC's hello, and
 verifies ``https://`` shards (and their RPC, then TLS too) with the client
 context `ssl`. A refused token raises `AuthError` (401) or `ForbiddenError`
 (403), a server certificate that does not verify `TlsVerifyError`: neither
@@ -47,10 +47,10 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from . import codec
-from .auth import bearer
-from .coordinator import Coordinator, Offsets, parse_offsets
-from .errors import (
+from ..checkpoint.coordinator import Coordinator, Offsets, parse_offsets
+from ..checkpoint.joining import restore_version
+from ..checkpoint.stream import StreamIdentity
+from ..errors import (
     ExportNotFoundError,
     FrameError,
     LeaseError,
@@ -61,15 +61,14 @@ from .errors import (
     TlsVerifyError,
     error_from_body,
 )
-from .export import snapshots_from_bytes
-from .hashing import U64
-from .joining import restore_version
+from ..hashing import U64
+from ..store.table import F32, TableConfig, TableSnapshot
+from . import codec
+from .auth import bearer
 from .routing import split_by_shard
 from .rpc import RpcConnection
 from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
-from .stream import StreamIdentity
-from .table import F32, TableConfig, TableSnapshot
 
 __all__ = [
     "PSClient",
@@ -103,7 +102,7 @@ class LeaseGrant(NamedTuple):
     lease_id: int
     """What `release_lease` names."""
     epoch: str
-    """The coordinator's life (`ps_core.coordinator.Coordinator.epoch`)."""
+    """The coordinator's life (`ps_core.checkpoint.coordinator.Coordinator.epoch`)."""
 
 
 class ResumePoint(NamedTuple):
@@ -127,7 +126,7 @@ def _resume_point(got: Any) -> ResumePoint:
 
 class ExportService(Protocol):
     """What shard 0's transport needs of an in-process exporter
-    (`ps_core.exporter.Exporter`)."""
+    (`ps_core.checkpoint.exporter.Exporter`)."""
 
     async def export_json(self, kind: str | None = None) -> dict[str, Any]: ...
 
@@ -365,7 +364,7 @@ class _Backoff:
 
 class FrameConnection(Protocol):
     """A persistent connection carrying frame calls, pipelined and answered
-    in order (`ps_core.rpc.RpcConnection`)."""
+    in order (`ps_core.net.rpc.RpcConnection`)."""
 
     @property
     def is_open(self) -> bool: ...
@@ -587,7 +586,7 @@ class HttpTransport:
 
     async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
         _, reply = await self._request("GET", f"/v1/snapshots/{version}")
-        return snapshots_from_bytes(reply)
+        return codec.snapshots_from_bytes(reply)
 
     async def drop_snapshot(self, version: int) -> bool:
         _, reply = await self._request("DELETE", f"/v1/snapshots/{version}")
@@ -663,7 +662,7 @@ class HttpTransport:
 
 class TcpTransport(HttpTransport):
     """A shard server whose pulls and pushes travel over its TCP RPC
-    (`ps_core.rpc`: the same frames, no HTTP), everything else over HTTP.
+    (`ps_core.net.rpc`: the same frames, no HTTP), everything else over HTTP.
 
     The RPC port is read from the shard's ``GET /healthz`` on first use and
     again after a connection fails (a restarted shard may listen on another).
@@ -786,8 +785,8 @@ class PSClient:
         With `rpc` (the default), pulls and pushes go over a shard's TCP RPC
         when it offers one (`TcpTransport`); without, everything is HTTP
         through an aiohttp pool of `connections_per_shard` per shard.
-        `token` is presented to every shard (`ps_core.auth`; "" for none);
-        `ssl`, a client context (`ps_core.tls.client_context`), verifies
+        `token` is presented to every shard (`ps_core.net.auth`; "" for none);
+        `ssl`, a client context (`ps_core.net.tls.client_context`), verifies
         ``https://`` shards and their RPC.
         Must be called with an event loop running (it opens a connection pool).
         """
@@ -1018,7 +1017,7 @@ class PSClient:
         return await self.transports[0].coordinator_resume()
 
     async def export_now(self, kind: str | None = None) -> dict[str, Any]:
-        """Cut and write a version now (`ps_core.exporter.ExportReport` as JSON);
+        """Cut and write a version now (`ps_core.checkpoint.exporter.ExportReport` as JSON);
         `NoCoordinatorError` when shard 0 runs no exporter."""
         return await self.transports[0].export_now(kind)
 

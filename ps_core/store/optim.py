@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from .errors import TableConfigError
+from ..errors import TableConfigError
 
 __all__ = [
     "Optimizer",

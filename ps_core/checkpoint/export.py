@@ -34,11 +34,12 @@ from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 from numpy.lib import format as npy_format
 
-from .errors import ExportCorruptError, ExportNotFoundError, InvalidValuesError, TableConflictError
-from .hashing import shard_of
+from ..errors import ExportCorruptError, ExportNotFoundError, InvalidValuesError, TableConflictError
+from ..hashing import shard_of
+from ..net.shard import Shard, ShardSpec
+from ..store.table import SnapshotKind, TableConfig, TableSnapshot
 from .manifest import (
     MANIFEST_NAME,
     ExportManifest,
@@ -49,9 +50,7 @@ from .manifest import (
     shard_file_name,
     version_dir_name,
 )
-from .shard import Shard, ShardSpec
 from .stream import StreamIdentity
-from .table import SnapshotKind, TableConfig, TableSnapshot
 
 __all__ = [
     "VersionInfo",
@@ -70,8 +69,6 @@ __all__ = [
     "apply_version",
     "compact",
     "prune",
-    "snapshots_to_bytes",
-    "snapshots_from_bytes",
 ]
 
 _HIDDEN_PREFIXES = (".tmp-", ".old-", ".del-")
@@ -734,43 +731,3 @@ def prune(model_dir: Path, keep_bases: int = 2, *, stale_after_s: float = 3600.0
         except FileNotFoundError:
             pass
     return removed
-
-
-# -- snapshots in transit (shard → coordinator) ----------------------------------
-
-
-def snapshots_to_bytes(snapshots: Sequence[TableSnapshot]) -> bytes:
-    """One shard's snapshots as one uncompressed ``.npz`` body: members
-    ``<i>.<array>`` per snapshot and ``meta`` (their labels and configs as
-    JSON bytes), so the coordinator can fetch a cut without shared storage."""
-    meta = [
-        {"table": s.table, "config": s.config.to_dict(), "version": s.version, "kind": s.kind, "parent": s.parent}
-        for s in snapshots
-    ]
-    arrays: dict[str, npt.NDArray[Any]] = {"meta": np.frombuffer(orjson.dumps(meta), dtype=np.uint8)}
-    for i, snap in enumerate(snapshots):
-        for name, a in snap.arrays().items():
-            arrays[f"{i}.{name}"] = a
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)  # type: ignore[arg-type]
-    return buf.getvalue()
-
-
-def snapshots_from_bytes(raw: bytes) -> list[TableSnapshot]:
-    """Inverse of `snapshots_to_bytes`; `ExportCorruptError` on anything else."""
-    try:
-        with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
-            meta = orjson.loads(npz["meta"].tobytes())
-            return [
-                TableSnapshot(
-                    table=m["table"],
-                    config=TableConfig.from_dict(m["config"]),
-                    version=int(m["version"]),
-                    kind=m["kind"],
-                    parent=m["parent"],
-                    **{name: npz[f"{i}.{name}"] for name in TableSnapshot.ARRAYS},
-                )
-                for i, m in enumerate(meta)
-            ]
-    except (ValueError, KeyError, OSError, EOFError, TypeError, zipfile.BadZipFile, orjson.JSONDecodeError) as exc:
-        raise ExportCorruptError(f"snapshot body unreadable: {type(exc).__name__}: {exc}") from None

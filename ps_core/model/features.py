@@ -55,9 +55,9 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from .errors import PSError
-from .hashing import U64, mix64
-from .parsing import exact_ints
+from ..errors import PSError
+from ..hashing import U64, mix64
+from ..parsing import exact_ints
 
 __all__ = [
     "EventError",

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..hashing import U64, distinct
+from ..store.table import TableConfig
 from .features import EventBatch
-from .hashing import U64, distinct
-from .table import TableConfig
 
 __all__ = ["Model", "LogisticRegression", "FactorizationMachine", "BatchPlan", "sigmoid", "make_model"]
 

@@ -1,8 +1,8 @@
 """One shard of the parameter server, as pure handlers (no sockets).
 
 A `Shard` owns the slice ``shard_of(key, num_shards) == shard_id`` of every
-table. The HTTP server (`ps_core.server`) and the in-process transport
-(`ps_core.client.LocalTransport`) both call these handlers, so the same checks
+table. The HTTP server (`ps_core.net.server`) and the in-process transport
+(`ps_core.net.client.LocalTransport`) both call these handlers, so the same checks
 and effects hold whichever way a request arrives. Handlers run to completion
 without awaiting: one request's effects are never interleaved with another's.
 
@@ -30,9 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from . import codec
-from .board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, check_report
-from .errors import (
+from ..errors import (
     CutNotJoinedError,
     FrameError,
     InvalidValuesError,
@@ -43,8 +41,10 @@ from .errors import (
     UnknownTableError,
     WrongShardError,
 )
-from .hashing import shard_of
-from .table import F32, SnapshotKind, SparseTable, TableConfig, TableSnapshot
+from ..hashing import shard_of
+from ..store.board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, check_report
+from ..store.table import F32, SnapshotKind, SparseTable, TableConfig, TableSnapshot
+from . import codec
 
 __all__ = ["Shard", "ShardSpec", "MAX_STATUS_BYTES", "MAX_SOURCE_CHARS"]
 
@@ -115,7 +115,7 @@ class Shard:
         ``--no-restore``): holding nothing then means nothing loaded."""
         self.restore_dir: Path | None = None
         """The model's exports directory, where the coordinator may ask this
-        shard to load a version from (`ps_core.joining.restore_version`)."""
+        shard to load a version from (`ps_core.checkpoint.joining.restore_version`)."""
         tables = tuple(tables)
         self.configured_tables = tables
         """The tables this shard was started with (declared again after a restore)."""
@@ -432,7 +432,7 @@ class Shard:
         reported most recently; an older source is forgotten first. Returns
         the stored entry's summary. Raises `StatusError` (nothing stored)
         unless `source` and `status` match the board's schema
-        (`ps_core.board`): a short printable source, a closed object of
+        (`ps_core.store.board`): a short printable source, a closed object of
         bounded counts and times, at most `MAX_STATUS_BYTES` encoded.
         """
         try:

@@ -1,11 +1,11 @@
 """The shard's HTTP server (aiohttp): routes decode, call the `Shard`
 handlers, encode. No logic lives here. The data calls' fast path is the TCP
-RPC (`ps_core.rpc`); this app serves them too, and every other call.
+RPC (`ps_core.net.rpc`); this app serves them too, and every other call.
 
 Routes:
 
 - ``POST /v1/pull``, ``POST /v1/push``, ``POST /v1/push_pull`` (a push then
-  a pull of one table in one request): binary frames (`ps_core.codec`),
+  a pull of one table in one request): binary frames (`ps_core.net.codec`),
   ``Content-Type: application/x-ctrps-frame``;
 - ``POST /v1/tables``: declare a table (JSON `TableConfig`), 201 when created,
   200 when an identical table exists, 409 when a different one does;
@@ -16,7 +16,7 @@ Routes:
 - ``POST /v1/snapshots``: ``{"version": int, "parent": int | null}``, copy
   the tables' rows for an export cut (the coordinator's pause), answering
   ``{"rows": {table: n}}``; ``GET /v1/snapshots/{version}``: those copies as
-  one ``.npz`` body (`ps_core.export.snapshots_to_bytes`), handed over once;
+  one ``.npz`` body (`ps_core.net.codec.snapshots_to_bytes`), handed over once;
   ``DELETE /v1/snapshots/{version}``: drop those copies (an aborted cut),
   ``{"dropped": bool}``, idempotent;
 - ``GET /v1/membership``: the shard's boot id, whether it is joined (under
@@ -25,11 +25,11 @@ Routes:
   (``{"epoch": str, "version": int}``) joins it; ``POST /v1/restore``
   (``{"version": int}``) has it load that version from its exports
   directory (leaving the cluster until admitted), answering the version
-  loaded or the refusal naming a damaged file (`ps_core.joining`);
+  loaded or the refusal naming a damaged file (`ps_core.checkpoint.joining`);
 - ``GET /healthz``: liveness, the shard's id and count, and ``rpc_port``: the
-  port of its TCP RPC for pulls and pushes (`ps_core.rpc`), or null;
+  port of its TCP RPC for pulls and pushes (`ps_core.net.rpc`), or null;
 - ``GET /openapi.json``: the OpenAPI document of the JSON routes this app
-  serves (`ps_core.shard_openapi`).
+  serves (`ps_core.net.shard_openapi`).
 
 Integers are parsed strictly (`ps_core.parsing`): in a path, ASCII digits;
 in a body, exact integer values (``3`` or ``3.0``, not ``2.5``, ``true``,
@@ -44,7 +44,7 @@ Credentials: given a `TokenVerifier`, every route but ``/healthz`` and ``/openap
 coordinator's routes included); a missing or wrong token is answered 401
 ``unauthorized``, one of too low a scope 403 ``forbidden``, each counted in
 the shard's stats (``auth.refused``) and logged without the token
-(`ps_core.auth.Refusals`). ``GET /openapi.json`` is open as well (it describes the routes,
+(`ps_core.net.auth.Refusals`). ``GET /openapi.json`` is open as well (it describes the routes,
 it holds no state). Without a verifier the app is open.
 """
 
@@ -58,16 +58,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ..checkpoint.joining import restore_version
+from ..errors import InvalidRequestError, PSError, StatusError, TableConfigError
+from ..parsing import json_int, parse_int
+from ..store.table import MAX_VERSION, TableConfig
 from . import codec
 from .auth import Refusals, Scope, TokenVerifier, check, token_from_header
-from .errors import InvalidRequestError, PSError, StatusError, TableConfigError
-from .export import snapshots_to_bytes
-from .joining import restore_version
 from .limits import PortGuard, PortLimits, ServedPort, serve_limited
-from .parsing import json_int, parse_int
 from .shard import Shard
 from .shard_openapi import shard_document
-from .table import MAX_VERSION, TableConfig
 
 __all__ = [
     "create_shard_app",
@@ -146,7 +145,7 @@ needs a valid token of any scope, so its 404 says nothing to a stranger."""
 
 
 def refusal_body(reason: str, needs: Scope, granted: Scope | None) -> tuple[int, dict[str, str]]:
-    """The status and JSON error body of a refusal (`ps_core.auth.check`'s reason)."""
+    """The status and JSON error body of a refusal (`ps_core.net.auth.check`'s reason)."""
     if reason == "scope":
         held = granted.label if granted is not None else "none"
         return 403, {
@@ -262,7 +261,7 @@ def _version(request: web.Request) -> int:
 async def fetch_snapshot(request: web.Request) -> web.Response:
     snaps = request.app[SHARD].pop_snapshot(_version(request))
     # Encoding is file-speed work on the event loop; cuts are minutes apart.
-    return web.Response(body=snapshots_to_bytes(snaps), content_type="application/octet-stream")
+    return web.Response(body=codec.snapshots_to_bytes(snaps), content_type="application/octet-stream")
 
 
 async def drop_snapshot(request: web.Request) -> web.Response:
@@ -322,7 +321,7 @@ def create_shard_app(
     refusals: Refusals | None = None,
 ) -> web.Application:
     """The aiohttp application serving `shard`; `rpc_port`, the port of its
-    TCP RPC (`ps_core.rpc`) if it has one, is advertised by ``/healthz``.
+    TCP RPC (`ps_core.net.rpc`) if it has one, is advertised by ``/healthz``.
 
     With `verifier`, every route but ``/healthz`` needs a token of its scope
     (`ROUTE_SCOPES`); refusals are counted in `refusals` (pass the RPC
@@ -384,7 +383,7 @@ async def start_shard_site(
 ) -> ShardSite:
     """Serve `app` (a `create_shard_app`, not yet set up) on `host`:`port`
     (0 picks a free port) under `limits` (connections, head, body and idle
-    deadlines: `ps_core.limits`), over TLS with `ssl_context`."""
+    deadlines: `ps_core.net.limits`), over TLS with `ssl_context`."""
     guard = PortGuard("shard", limits or PortLimits())
     guard.install(app)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, **guard.limits.runner_kwargs())

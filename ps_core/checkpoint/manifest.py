@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import ExportCorruptError, PSError
+from ..errors import ExportCorruptError, PSError
+from ..store.table import SnapshotKind, TableConfig
 from .stream import StreamIdentity
-from .table import SnapshotKind, TableConfig
 
 __all__ = [
     "FORMAT",

@@ -32,8 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .coordinator import Coordinator
-from .errors import (
+from ..errors import (
     ClusterNotReadyError,
     ExportCorruptError,
     ExportNotFoundError,
@@ -41,13 +40,14 @@ from .errors import (
     PSError,
     ShardUnavailableError,
 )
+from ..net.shard import Shard, ShardSpec
+from ..store.table import TableConfig
+from .coordinator import Coordinator
 from .export import latest_chain, read_manifest, restore_shards, version_dirs
 from .manifest import parse_version_dir
-from .shard import Shard, ShardSpec
-from .table import TableConfig
 
 if TYPE_CHECKING:  # the client imports this module (in-process restores)
-    from .client import PSClient
+    from ..net.client import PSClient
 
 __all__ = ["Membership", "chain_of", "newest_loadable", "load_shard", "restore_version", "refusal_fields"]
 

@@ -1,5 +1,5 @@
 """A persistent connection on which calls are pipelined and replies matched
-to them in order, at both ends: the TCP RPC's (`ps_core.rpc`).
+to them in order, at both ends: the TCP RPC's (`ps_core.net.rpc`).
 
 `PipelinedProtocol` and `PipelinedConnection` are the client's side (a
 subclass says how a reply is read), `ServerConnection` the server's.

@@ -18,7 +18,7 @@ peer announced. Here each port gets:
 
 `PortGuard` holds one port's limits and counters; `serve_limited` listens
 with them. The RPC's limits (`RpcLimits`) are kept by its connections
-(`ps_core.rpc`); `Occurrences` collapses their log lines.
+(`ps_core.net.rpc`); `Occurrences` collapses their log lines.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class PortLimits:
 
 @dataclass(frozen=True)
 class RpcLimits:
-    """Limits of a shard's RPC port (`ps_core.rpc`)."""
+    """Limits of a shard's RPC port (`ps_core.net.rpc`)."""
 
     max_connections: int = 1024
     """Concurrent connections; more are closed at once."""

@@ -18,7 +18,7 @@ import itertools
 import numpy as np
 import numpy.typing as npt
 
-from .hashing import U64
+from ..hashing import U64
 
 __all__ = ["KeyIndex", "EMPTY", "TOMBSTONE"]
 

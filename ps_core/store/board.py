@@ -16,15 +16,15 @@ bounded sizes and values, so nothing stored can break a reader:
   levels deep (the schema is closed: no field outside it).
 
 The API's OpenAPI document and the shard's publish this very schema
-(`app.openapi`, `ps_core.shard_openapi`).
+(`app.openapi`, `ps_core.net.shard_openapi`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .errors import StatusError
-from .schema import validate
+from ..errors import StatusError
+from ..schema import validate
 
 __all__ = [
     "STATUS_SCHEMA",

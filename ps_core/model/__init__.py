@@ -1,0 +1,27 @@
+"""The model side, shared by training and serving.
+
+Holds events (decoding and validation), feature hashing, the CSR batch of
+hashed events (`EventBatch`), the models (`LogisticRegression`,
+`FactorizationMachine`: tables, logits and gradients for a batch) and the
+online metrics (log loss, AUC, COPC).
+
+May import: numpy, orjson, `ps_core.errors`, `ps_core.hashing`,
+`ps_core.parsing` and `ps_core.store` (a model declares its tables). Nothing of
+the network or checkpoints. A new model, feature kind or metric goes here.
+"""
+
+from .features import EventBatch, FeatureHasher, decode_message
+from .metrics import Metrics, evaluate
+from .models import FactorizationMachine, LogisticRegression, Model, make_model
+
+__all__ = [
+    "EventBatch",
+    "FactorizationMachine",
+    "FeatureHasher",
+    "LogisticRegression",
+    "Metrics",
+    "Model",
+    "decode_message",
+    "evaluate",
+    "make_model",
+]

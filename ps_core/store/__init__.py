@@ -1,0 +1,26 @@
+"""The store: sparse tables of one shard and their optimizers.
+
+Holds the vectorised key index (`KeyIndex`), the optimizers (`SGD`,
+`AdaGrad`, `FTRL`), tables (`TableConfig`, `SparseTable`, `TableSnapshot`)
+and the status board's bounded report schema (`board.check_report`).
+
+May import: numpy, and `ps_core.errors`, `ps_core.hashing`, `ps_core.parsing`,
+`ps_core.schema`. Nothing of the network, the model side or checkpoints.
+A new optimizer, per-row metadata or a table's admission and eviction go here.
+"""
+
+from .index import KeyIndex
+from .optim import FTRL, SGD, AdaGrad, Optimizer, make_optimizer
+from .table import SparseTable, TableConfig, TableSnapshot
+
+__all__ = [
+    "FTRL",
+    "SGD",
+    "AdaGrad",
+    "KeyIndex",
+    "Optimizer",
+    "SparseTable",
+    "TableConfig",
+    "TableSnapshot",
+    "make_optimizer",
+]
