@@ -45,6 +45,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export import list_versions
 from ps_core.errors import (
     CutInProgressError,
@@ -55,7 +56,7 @@ from ps_core.errors import (
     StatusError,
 )
 from ps_core.model.models import Model
-from ps_core.net.client import PSClient
+from ps_core.net.client import PSReader
 from ps_core.net.limits import PortGuard, ServedPort, serve_limited
 from ps_core.net.tls import HandshakeFailures, watch_handshakes
 from ps_core.parsing import parse_number
@@ -80,6 +81,7 @@ from .predictor import Predictor
 from .security import is_loopback
 from .settings import ApiSettings
 from .status import summarize
+from .views import ClusterView, ControlView, all_stats
 
 __all__ = [
     "create_app",
@@ -98,8 +100,12 @@ __all__ = [
 log = logging.getLogger("ctrps.api")
 
 SETTINGS = web.AppKey("settings", ApiSettings)
-CLIENT = web.AppKey("client", PSClient)
-"""The client the app reads the shards with (instrumented: every call timed)."""
+CLIENT = web.AppKey("client", PSReader)
+"""The reader the app pulls weights with (instrumented: every call timed)."""
+VIEW: web.AppKey[ClusterView] = web.AppKey("view")
+"""The shards' stats and status board: the control plane's, or a replica's."""
+CONTROL: web.AppKey[ControlClient | None] = web.AppKey("control")
+"""The training cluster's control plane (exports, status reports); None on a replica."""
 MODEL = web.AppKey("model", Model)
 PREDICTOR = web.AppKey("predictor", Predictor)
 METRICS = web.AppKey("metrics", ApiMetrics)
@@ -329,8 +335,8 @@ async def weights(request: web.Request) -> web.Response:
 
 
 async def model_info(request: web.Request) -> web.Response:
-    client, model = request.app[CLIENT], request.app[MODEL]
-    stats, board_raw = await asyncio.gather(client.stats(), client.statuses())
+    view, model = request.app[VIEW], request.app[MODEL]
+    stats, board_raw = await asyncio.gather(all_stats(view), view.statuses())
     board = summarize(board_raw)
     tables: dict[str, Any] = {}
     versions = []
@@ -372,7 +378,7 @@ async def model_info(request: web.Request) -> web.Response:
             ],
             "model_version": min(versions) if versions else None,
             "last_export_version": await _last_export(request.app),
-            "shards": client.num_shards,
+            "shards": view.num_shards,
         }
         | _replica_info(request.app)
     )
@@ -381,10 +387,11 @@ async def model_info(request: web.Request) -> web.Response:
 async def _last_export(app: web.Application) -> int | None:
     """The newest export version on disk, from shard 0's exporter (None
     without one, or with none written yet; a replica reports its own)."""
-    if app.get(FOLLOWER) is not None:
+    control = app[CONTROL]
+    if control is None:
         return None
     try:
-        versions = (await app[CLIENT].exports())["versions"]
+        versions = (await control.exports())["versions"]
     except NoCoordinatorError:
         return None
     return int(versions[-1]["version"]) if versions else None
@@ -392,7 +399,8 @@ async def _last_export(app: web.Application) -> int | None:
 
 async def export_now(request: web.Request) -> web.Response:
     _require_admin(request)
-    if request.app.get(FOLLOWER) is not None:
+    control = request.app[CONTROL]
+    if control is None:
         raise ReadOnlyReplicaError("a serving replica cuts no exports: ask the trainer's API or shard 0")
     kind = None
     if (await request.read()).strip():
@@ -400,20 +408,22 @@ async def export_now(request: web.Request) -> web.Response:
         kind = body.get("kind")
         if kind not in (None, "base", "delta"):
             raise BadRequestError(f"kind must be base or delta, not {kind!r}")
-    return _json(await request.app[CLIENT].export_now(kind), status=201)
+    return _json(await control.export_now(kind), status=201)
 
 
 async def compact_exports(request: web.Request) -> web.Response:
     _require_admin(request)
-    if request.app.get(FOLLOWER) is not None:
+    control = request.app[CONTROL]
+    if control is None:
         raise ReadOnlyReplicaError("a serving replica compacts nothing: ask the trainer's API or shard 0")
-    return _json(await request.app[CLIENT].compact_exports())
+    return _json(await control.compact_exports())
 
 
 async def list_exports(request: web.Request) -> web.Response:
-    follower = request.app.get(FOLLOWER)
-    if follower is None:
-        return _json(await request.app[CLIENT].exports())
+    follower, control = request.app.get(FOLLOWER), request.app[CONTROL]
+    if follower is None and control is not None:
+        return _json(await control.exports())
+    assert follower is not None  # create_app has one or the other
     # A replica lists the versions it follows; the trainer's last report is not its to know.
     found = await asyncio.to_thread(list_versions, follower.model_dir) if follower.model_dir.is_dir() else []
     versions = [
@@ -437,7 +447,7 @@ def _replica_info(app: web.Application) -> dict[str, Any]:
 
 
 async def list_statuses(request: web.Request) -> web.Response:
-    return _json({"statuses": await request.app[CLIENT].statuses()})
+    return _json({"statuses": await request.app[VIEW].statuses()})
 
 
 async def report_status(request: web.Request) -> web.Response:
@@ -447,7 +457,12 @@ async def report_status(request: web.Request) -> web.Response:
     problems = validate(body, doc["components"]["schemas"]["StatusReport"], doc)
     if problems:
         raise BadRequestError("; ".join(problems[:5]))
-    ack = await request.app[CLIENT].report_status(body["source"], body["status"])
+    control = request.app[CONTROL]
+    if control is None:
+        raise ReadOnlyReplicaError(
+            "this server is a read-only replica of its exports: status reports go to the training cluster"
+        )
+    ack = await control.report_status(body["source"], body["status"])
     return _json(ack)
 
 
@@ -474,25 +489,19 @@ async def readyz(request: web.Request) -> web.Response:
         follower = request.app.get(FOLLOWER)
         if follower is not None:
             follower.check_ready()
-        client = request.app[CLIENT]
-        got = await asyncio.gather(*(t.stats() for t in client.transports), return_exceptions=True)
-        down = [r for r in got if isinstance(r, BaseException)]
-        for r in down:
-            if not isinstance(r, PSError):
-                raise r
+        view = request.app[VIEW]
+        down = [r for r in await view.stats_each() if isinstance(r, PSError)]
         if down:
-            raise ShardUnavailableError(
-                "; ".join(r.detail for r in down if isinstance(r, PSError)),
-            )
+            raise ShardUnavailableError("; ".join(r.detail for r in down))
     except PSError as exc:
         _note_readiness(request.app, False, f"{exc.code}: {exc.detail}")
         raise
     _note_readiness(request.app, True)
-    return _json({"status": "ready", "shards": client.num_shards})
+    return _json({"status": "ready", "shards": view.num_shards})
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = await request.app[METRICS].scrape(request.app[CLIENT])
+    body = await request.app[METRICS].scrape(request.app[VIEW])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -539,14 +548,22 @@ async def history(request: web.Request) -> web.Response:
 
 
 def create_app(
-    settings: ApiSettings, client: PSClient, model: Model, *, follower: Follower | None = None
+    settings: ApiSettings,
+    client: PSReader[Any],
+    model: Model,
+    *,
+    control: ControlClient | None = None,
+    follower: Follower | None = None,
 ) -> web.Application:
-    """The API over the shards of `client`, serving `model`.
+    """The API over the shards of `client`, serving `model`: a training
+    cluster's with its `control` plane, or a serving replica of `follower`'s
+    exports (`client` is then ``follower.client``); one of the two.
 
-    The caller keeps `client` (and closes it); the app only reads through it.
-    The predictor's batching task and the dashboard's sampling task start and
-    stop with the app; so does `follower`'s polling, which makes the app a
-    serving replica (`client` is then ``follower.client``)."""
+    The caller keeps `client` and `control` (and closes them); the app only
+    reads through them. The predictor's batching task and the dashboard's
+    sampling task start and stop with the app; so does `follower`'s polling."""
+    if (control is None) == (follower is None):
+        raise ValueError("the API serves either a training cluster (control) or a replica (follower)")
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
     app[SETTINGS] = settings
     if follower is not None:
@@ -554,11 +571,14 @@ def create_app(
         app.cleanup_ctx.append(_follower_ctx)
     app[MODEL] = model
     app[METRICS] = api_metrics = ApiMetrics()
+    app[CONTROL] = control
+    if control is not None:
+        app[VIEW] = ControlView(control, api_metrics)
+    elif follower is not None:
+        app[VIEW] = follower.view
     app[CLIENT] = api_metrics.instrument(client)
     app[PREDICTOR] = Predictor(app[CLIENT], model, on_batch=api_metrics.on_batch)
-    app[HISTORY] = History(
-        app[CLIENT], model, interval_s=settings.history_interval_s, max_points=settings.history_points
-    )
+    app[HISTORY] = History(app[VIEW], model, interval_s=settings.history_interval_s, max_points=settings.history_points)
     app[OPENAPI] = openapi_document(settings.max_events, replica=follower is not None)
     app[_OPENAPI_BODY] = orjson.dumps(app[OPENAPI])
     app[_ERROR_LOG] = {}
@@ -604,16 +624,18 @@ class ApiServer:
     def __init__(
         self,
         settings: ApiSettings,
-        client: PSClient,
+        client: PSReader[Any],
         model: Model,
         *,
+        control: ControlClient | None = None,
         follower: Follower | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        """`ssl_context`, a server context (`ps_core.net.tls.server_context`): serve HTTPS."""
+        """`create_app`'s arguments; `ssl_context`, a server context
+        (`ps_core.net.tls.server_context`): serve HTTPS."""
         self.settings = settings
         self.ssl_context = ssl_context
-        self.app = create_app(settings, client, model, follower=follower)
+        self.app = create_app(settings, client, model, control=control, follower=follower)
         self.guard = PortGuard("api", settings.limits)
         """The port's limits and counters (connections, deadlines)."""
         self.guard.install(self.app)
@@ -667,16 +689,19 @@ class ApiServer:
 
 async def run_api(
     settings: ApiSettings,
-    client: PSClient,
+    client: PSReader[Any],
     model: Model,
     stop: asyncio.Event,
     *,
+    control: ControlClient | None = None,
     follower: Follower | None = None,
     ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve the API until `stop` is set, logging where it listens (a
     serving replica of `follower`'s exports when given; HTTPS with `ssl_context`)."""
-    async with ApiServer(settings, client, model, follower=follower, ssl_context=ssl_context) as server:
+    async with ApiServer(
+        settings, client, model, control=control, follower=follower, ssl_context=ssl_context
+    ) as server:
         log_event(
             log,
             "listening",

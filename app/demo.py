@@ -40,6 +40,7 @@ from consumers.kafka_security import KafkaSecurity
 from consumers.producer import produce
 from consumers.synthetic import SyntheticStream
 from consumers.worker import WindowReport, Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.model.models import Model, make_model
@@ -79,8 +80,8 @@ class _Progress:
     """The per-window progress line: throughput over wall time, the window's
     progressive log loss / AUC, features in the model."""
 
-    def __init__(self, client: PSClient, model: Model) -> None:
-        self._client = client
+    def __init__(self, control: ControlClient, model: Model) -> None:
+        self._control = control
         self._table = model.table_names[0]  # the linear table: one row per feature
         self._t = time.monotonic()
         self.trained = 0
@@ -90,7 +91,7 @@ class _Progress:
         rate = report.events / (now - self._t) if now > self._t else 0.0
         self._t = now
         self.trained += report.events
-        stats = await self._client.stats()
+        stats = await self._control.stats()
         features = sum(s["tables"].get(self._table, {}).get("features", 0) for s in stats)
         m = report.metrics
         log_event(
@@ -255,15 +256,16 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
             # <exports-dir>/<model>, another demo) resumes from its offsets.
             exports = fresh_exports_dir(Path(settings.exports_dir))
             coordinator = Coordinator(lease_ttl_s=30.0)
-            client = await stack.enter_async_context(PSClient.local(shards, coordinator))
-            exporter = Exporter(coordinator, client, exports, api_settings.model_name)
-            client.serve_exports(exporter)
+            control = await stack.enter_async_context(ControlClient.local(shards, coordinator))
+            exporter = Exporter(coordinator, control, exports, api_settings.model_name)
+            control.serve_exports(exporter)
         else:
-            client = await stack.enter_async_context(PSClient.local(shards))
+            control = await stack.enter_async_context(ControlClient.local(shards))
+        client = await stack.enter_async_context(PSClient.local(shards))
         model = make_model(api_settings.model, api_settings.model_name)
         for table in model.tables():
-            await client.declare(table)
-        server = await stack.enter_async_context(ApiServer(api_settings, client, model))
+            await control.declare(table)
+        server = await stack.enter_async_context(ApiServer(api_settings, client, model, control=control))
 
         worker = Worker(
             WorkerConfig(
@@ -279,13 +281,14 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
                 kafka=kafka,
             ),
             client,
+            control,
             model,
         )
         # The status board feeds the API's /v1/model and /metrics, as for a
         # worker process; then the demo's own progress line.
         worker.on_window = _hooks(
-            make_status_hook(client, default_worker_id(), worker.stats, update_mode=worker.config.mode),
-            _Progress(client, model),
+            make_status_hook(control, default_worker_id(), worker.stats, update_mode=worker.config.mode),
+            _Progress(control, model),
         )
         # Event time follows wall time, so windows close on time either way.
         stream = SyntheticStream(seed=settings.seed, events_per_s=settings.rate, start_ts=time.time())

@@ -16,9 +16,10 @@ import sys
 
 import orjson
 
+from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import PSError
 from ps_core.net.auth import Scope
-from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.endpoint import RetryPolicy
 
 from .security import SecuritySettings, add_security_flags
 
@@ -67,7 +68,7 @@ async def run_export(args: argparse.Namespace) -> int:
     security = SecuritySettings.from_args(args)
     tls = security.client_tls()
     # Only shard 0 is asked, so the client holds only its transport.
-    async with PSClient.connect(
+    async with ControlClient.connect(
         [url.strip()], retry=RetryPolicy(deadline_s=args.timeout), token=security.token_for(Scope.ADMIN), ssl=tls
     ) as client:
         try:

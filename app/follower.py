@@ -12,10 +12,11 @@ version (a gap). A version that fails its checks is refused with one log
 line naming the file and both checksums; the replica keeps serving what it
 has and tries the version again at each poll, logging the same failure once.
 
-The API reads the replica through `Follower.client`, a `PSClient` over one
+The API reads the replica through `Follower.client`, a `PSReader` over one
 `ReplicaTransport`: pulls answer from the served shard and report the served
-export version; writes are refused (`ReadOnlyReplicaError`, 409); before the
-first version is loaded, reads are `NoVersionError` (503).
+export version. It has no write path at all: the API answers its mutating
+routes with `ReadOnlyReplicaError` (409) itself. Before the first version is
+loaded, reads are `NoVersionError` (503).
 
 Files are read and hashed in a thread. A delta is applied to the served
 shard, and a fresh shard swapped in, on the event loop in one synchronous
@@ -48,12 +49,13 @@ from ps_core.checkpoint.manifest import ExportManifest
 from ps_core.errors import ExportCorruptError, ExportNotFoundError, PSError
 from ps_core.hashing import U64
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model
-from ps_core.net.client import LocalTransport, PSClient, Pulled
+from ps_core.net.client import PSReader
 from ps_core.net.shard import Shard
-from ps_core.store.table import F32, SparseTable, TableConfig
+from ps_core.net.transports import Pulled
+from ps_core.store.table import F32, SparseTable
 
 from .background import BackgroundLoop
-from .errors import NoVersionError, ReadOnlyReplicaError
+from .errors import NoVersionError
 from .logs import log_event
 
 __all__ = ["Follower", "ReplicaTransport", "model_from_manifest", "model_of_exports", "follow_dir"]
@@ -145,17 +147,19 @@ def _describe(model: Model) -> str:
     return f"{type(model).__name__} {model.name!r} (tables {', '.join(model.table_names)})"
 
 
-class ReplicaTransport(LocalTransport):
-    """The served shard of a replica, as the API's only transport.
+class ReplicaTransport:
+    """The served shard of a replica, as the API's only transport: a
+    `ShardReader`, with no write path at all.
 
     `Follower` swaps `shard` whole when a new base loads and sets `version`
     with it; reads use the shard in place at the time of the call. Pulls
     report the served export version (the weights are exactly that
-    version's), writes are `ReadOnlyReplicaError`, and reads before the first
-    version are `NoVersionError`."""
+    version's), and reads before the first version are `NoVersionError`."""
+
+    shard_id = 0
 
     def __init__(self, source: Path) -> None:
-        super().__init__(Shard())
+        self.shard = Shard()
         self.source = source
         """The export directory followed (named in errors)."""
         self.version: int | None = None
@@ -166,11 +170,6 @@ class ReplicaTransport(LocalTransport):
             raise NoVersionError(f"no export version loaded yet from {self.source}")
         return self.shard, self.version
 
-    def _read_only(self, what: str) -> ReadOnlyReplicaError:
-        return ReadOnlyReplicaError(
-            f"this server is a read-only replica of {self.source}: {what} go to the training cluster"
-        )
-
     async def pull(self, table: str, keys: U64) -> F32:
         return self._served()[0].handle_pull(table, keys)[0]
 
@@ -179,47 +178,28 @@ class ReplicaTransport(LocalTransport):
         weights = shard.handle_pull(table, keys)[0]
         return Pulled(weights, version, shard.contains(table, keys) if presence else None)
 
-    async def push(
-        self,
-        table: str,
-        keys: U64,
-        grads: F32,
-        counts: F32 | None,
-        event_time: float,
-        request_id: int,
-    ) -> int:
-        raise self._read_only("pushes")
+    async def close(self) -> None:
+        return None
 
-    async def declare(self, config: TableConfig) -> bool:
-        raise self._read_only("table declarations")
 
-    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
-        raise self._read_only("status reports")
+class ReplicaView:
+    """What the API observes of a replica: its one shard's stats (tables at
+    the served version) and an empty status board (no worker reports here)."""
 
-    async def export_now(self, kind: str | None) -> dict[str, Any]:
-        raise self._read_only("export requests")
+    num_shards = 1
 
-    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
-        raise self._read_only("export cuts")
+    def __init__(self, transport: ReplicaTransport) -> None:
+        self._transport = transport
 
-    async def drop_snapshot(self, version: int) -> bool:
-        raise self._read_only("export cuts")
-
-    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
-        raise self._read_only("cluster admissions")
-
-    async def restore_version(self, version: int) -> dict[str, Any]:
-        raise self._read_only("cluster restores")
-
-    async def compact_exports(self) -> dict[str, Any]:
-        raise self._read_only("compaction requests")
-
-    async def stats(self) -> dict[str, Any]:
-        stats = self.shard.stats()
+    async def stats_each(self) -> list[dict[str, Any] | PSError]:
+        stats = self._transport.shard.stats()
         # A table's open version would read one above the export it holds.
         for table in stats["tables"].values():
-            table["version"] = self.version
-        return stats
+            table["version"] = self._transport.version
+        return [stats]
+
+    async def statuses(self) -> list[dict[str, Any]]:
+        return []
 
 
 class Follower(BackgroundLoop):
@@ -247,8 +227,10 @@ class Follower(BackgroundLoop):
         self.model = model
         self.interval_s = interval_s
         self.transport = ReplicaTransport(self.model_dir)
-        self.client = PSClient([self.transport])
-        """A client over the served shard: what the API reads."""
+        self.client = PSReader([self.transport])
+        """A reader of the served shard: what the API pulls from."""
+        self.view = ReplicaView(self.transport)
+        """What the API observes of the replica (stats, no board)."""
         self._served: ExportManifest | None = None
         self._base_version: int | None = None
         self._lock = asyncio.Lock()

@@ -8,7 +8,7 @@ latest windows' progressive log loss / AUC / COPC, lag, dead letters and
 features per table. The newest `History.max_points` are kept; ``GET
 /v1/history`` serves them and the dashboard (``GET /``) draws them::
 
-    async with History(client, model, interval_s=2.0, max_points=1800) as history:
+    async with History(view, model, interval_s=2.0, max_points=1800) as history:
         ...
         history.points(since=t)
 
@@ -34,11 +34,11 @@ from typing import Any
 
 from ps_core.errors import PSError
 from ps_core.model.models import Model
-from ps_core.net.client import PSClient
 
 from .background import BackgroundLoop
 from .logs import log_event
 from .status import BoardSummary, WorkerView, summarize
+from .views import ClusterView, all_stats
 
 __all__ = [
     "History",
@@ -125,7 +125,7 @@ class History(BackgroundLoop):
 
     def __init__(
         self,
-        client: PSClient,
+        view: ClusterView,
         model: Model,
         *,
         interval_s: float,
@@ -139,7 +139,7 @@ class History(BackgroundLoop):
             raise ValueError(f"interval_s must be a positive number of seconds, not {interval_s!r}")
         if max_points < 1:
             raise ValueError(f"max_points must be >= 1, not {max_points!r}")
-        self.client = client
+        self.view = view
         self.model = model
         self.interval_s = interval_s
         self.max_points = max_points
@@ -173,7 +173,7 @@ class History(BackgroundLoop):
         """Read the cluster once and append a point; returns it, or None when
         the sample failed (`error` says why). Never raises but on cancellation."""
         try:
-            stats, board = await asyncio.gather(self.client.stats(), self.client.statuses())
+            stats, board = await asyncio.gather(all_stats(self.view), self.view.statuses())
             point = self._point(self._clock(), stats, summarize(board))
         except PSError as exc:
             self._failed(f"{exc.code}: {exc.detail}")

@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -33,17 +33,19 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from ps_core.checkpoint.coordinator import Offsets
-from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.errors import PSError
 from ps_core.hashing import U64
-from ps_core.net.client import LeaseGrant, PSClient, Pulled, ResumePoint, ShardTransport
-from ps_core.store.table import F32, TableConfig, TableSnapshot
+from ps_core.net.client import PSReader
+from ps_core.net.transports import Pulled, ShardReader
+from ps_core.store.table import F32
 
 from .port_metrics import PortCollector, PortStats, port_families
 from .status import BoardSummary, summarize
 
-__all__ = ["ApiMetrics", "ClusterSnapshot", "InstrumentedTransport", "take_snapshot"]
+if TYPE_CHECKING:  # the views time their calls here
+    from .views import ClusterView
+
+__all__ = ["ApiMetrics", "ClusterSnapshot", "InstrumentedReader", "take_snapshot"]
 
 T = TypeVar("T")
 
@@ -63,16 +65,15 @@ class ClusterSnapshot:
     """When (seconds since the epoch)."""
 
 
-async def take_snapshot(client: PSClient) -> ClusterSnapshot:
+async def take_snapshot(view: ClusterView) -> ClusterSnapshot:
     """Every shard's stats and the status board; a shard that does not
     answer is None, never an error."""
-    stats = await asyncio.gather(*(t.stats() for t in client.transports), client.statuses(), return_exceptions=True)
-    for got in stats:
+    stats, board = await asyncio.gather(view.stats_each(), view.statuses(), return_exceptions=True)
+    for got in (stats, board):
         if isinstance(got, BaseException) and not isinstance(got, PSError):
             raise got
-    board = stats[-1]
     return ClusterSnapshot(
-        stats=[s if isinstance(s, dict) else None for s in stats[:-1]],
+        stats=[s if isinstance(s, dict) else None for s in stats] if isinstance(stats, list) else [None],
         board=summarize(board) if isinstance(board, list) else None,
     )
 
@@ -324,19 +325,30 @@ class ApiMetrics:
             child = self._request_counts[(route, status)] = self.requests.labels(route, str(status))
         child.inc()
 
-    def instrument(self, client: PSClient) -> PSClient:
-        """A client over the same transports, timing every shard call.
+    def instrument(self, reader: PSReader[ShardReader]) -> PSReader[ShardReader]:
+        """A reader over the same transports, timing every pull.
 
-        Closing it closes nothing: `client`'s owner keeps its connections."""
-        return PSClient([InstrumentedTransport(t, self) for t in client.transports])
+        Closing it closes nothing: `reader`'s owner keeps its connections."""
+        return PSReader([InstrumentedReader(t, self) for t in reader.transports])
+
+    async def timed(self, shard: int, op: str, call: Awaitable[T]) -> T:
+        """Await a shard call, timing it and counting its error by code."""
+        t0 = time.perf_counter()
+        try:
+            return await call
+        except PSError as exc:
+            self.rpc_errors.labels(str(shard), op, exc.code).inc()
+            raise
+        finally:
+            self.rpc_seconds.labels(str(shard), op).observe(time.perf_counter() - t0)
 
     def on_batch(self, requests: int, events: int) -> None:
         """A predict batch was scored (`Predictor` callback)."""
         self.batch_events.observe(events)
 
-    async def scrape(self, client: PSClient) -> bytes:
+    async def scrape(self, view: ClusterView) -> bytes:
         """The exposition: the cluster read now, plus the API's own metrics."""
-        return self.render(await take_snapshot(client))
+        return self.render(await take_snapshot(view))
 
     def render(self, snapshot: ClusterSnapshot) -> bytes:
         """The exposition of `snapshot` plus the API's own metrics."""
@@ -346,126 +358,31 @@ class ApiMetrics:
         return generate_latest(self.registry)
 
 
-class InstrumentedTransport:
-    """A `ShardTransport` that times each call of another and counts its errors."""
+class InstrumentedReader:
+    """A `ShardReader` that times each pull of another and counts its errors."""
 
-    def __init__(self, inner: ShardTransport, metrics: ApiMetrics) -> None:
+    def __init__(self, inner: ShardReader, metrics: ApiMetrics) -> None:
         self.inner = inner
         self.shard_id = inner.shard_id
         self._metrics = metrics
-        shard = str(inner.shard_id)
         # Bound once: a labelled child per call would cost a dict lookup each.
-        self._seconds = {
-            op: metrics.rpc_seconds.labels(shard, op)
-            for op in (
-                "pull",
-                "push",
-                "push_pull",
-                "declare",
-                "stats",
-                "status",
-                "lease",
-                "offsets",
-                "snapshot",
-                "export",
-                "exports",
-                "membership",
-                "restore",
-            )
-        }
+        self._seconds = metrics.rpc_seconds.labels(str(inner.shard_id), "pull")
 
-    async def _timed(self, op: str, call: Awaitable[T]) -> T:
+    async def _timed(self, call: Awaitable[T]) -> T:
         t0 = time.perf_counter()
         try:
             return await call
         except PSError as exc:
-            self._metrics.rpc_errors.labels(str(self.shard_id), op, exc.code).inc()
+            self._metrics.rpc_errors.labels(str(self.shard_id), "pull", exc.code).inc()
             raise
         finally:
-            self._seconds[op].observe(time.perf_counter() - t0)
+            self._seconds.observe(time.perf_counter() - t0)
 
     async def pull(self, table: str, keys: U64) -> F32:
-        return await self._timed("pull", self.inner.pull(table, keys))
+        return await self._timed(self.inner.pull(table, keys))
 
     async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled:
-        return await self._timed("pull", self.inner.pull_versioned(table, keys, presence))
-
-    async def push(
-        self,
-        table: str,
-        keys: U64,
-        grads: F32,
-        counts: F32 | None,
-        event_time: float,
-        request_id: int,
-    ) -> int:
-        return await self._timed("push", self.inner.push(table, keys, grads, counts, event_time, request_id))
-
-    async def push_pull(
-        self,
-        table: str,
-        keys: U64,
-        grads: F32,
-        counts: F32 | None,
-        event_time: float,
-        request_id: int,
-        pull_keys: U64,
-    ) -> tuple[int, F32]:
-        return await self._timed(
-            "push_pull",
-            self.inner.push_pull(table, keys, grads, counts, event_time, request_id, pull_keys),
-        )
-
-    async def declare(self, config: TableConfig) -> bool:
-        return await self._timed("declare", self.inner.declare(config))
-
-    async def stats(self) -> dict[str, Any]:
-        return await self._timed("stats", self.inner.stats())
-
-    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
-        return await self._timed("status", self.inner.report_status(source, status))
-
-    async def statuses(self) -> list[dict[str, Any]]:
-        return await self._timed("status", self.inner.statuses())
-
-    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
-        return await self._timed("snapshot", self.inner.take_snapshot(version, parent))
-
-    async def drop_snapshot(self, version: int) -> bool:
-        return await self._timed("snapshot", self.inner.drop_snapshot(version))
-
-    async def membership(self) -> dict[str, Any]:
-        return await self._timed("membership", self.inner.membership())
-
-    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
-        return await self._timed("membership", self.inner.admit(epoch, version))
-
-    async def restore_version(self, version: int) -> dict[str, Any]:
-        return await self._timed("restore", self.inner.restore_version(version))
-
-    async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
-        return await self._timed("snapshot", self.inner.fetch_snapshot(version))
-
-    async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant:
-        return await self._timed("lease", self.inner.acquire_lease(worker, wait_s))
-
-    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
-        return await self._timed("lease", self.inner.release_lease(lease_id, offsets, stream))
-
-    async def coordinator_offsets(self) -> Offsets:
-        return await self._timed("offsets", self.inner.coordinator_offsets())
-
-    async def coordinator_resume(self) -> ResumePoint:
-        return await self._timed("offsets", self.inner.coordinator_resume())
-
-    async def export_now(self, kind: str | None) -> dict[str, Any]:
-        return await self._timed("export", self.inner.export_now(kind))
-
-    async def exports(self) -> dict[str, Any]:
-        return await self._timed("exports", self.inner.exports())
-
-    async def compact_exports(self) -> dict[str, Any]:
-        return await self._timed("export", self.inner.compact_exports())
+        return await self._timed(self.inner.pull_versioned(table, keys, presence))
 
     async def close(self) -> None:
-        return None
+        return None  # the inner transport's owner closes it

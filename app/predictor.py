@@ -29,7 +29,8 @@ import numpy.typing as npt
 from ps_core.errors import UnknownTableError
 from ps_core.model.features import EventBatch, EventError, FeatureHasher
 from ps_core.model.models import Model, sigmoid
-from ps_core.net.client import PSClient, Pulled
+from ps_core.net.client import PSReader
+from ps_core.net.transports import Pulled
 from ps_core.parsing import exact_ints
 
 from .errors import InvalidEventError, UnknownModelError
@@ -90,7 +91,7 @@ class Predictor:
 
     def __init__(
         self,
-        client: PSClient,
+        client: PSReader[Any],
         model: Model,
         *,
         max_batch_events: int = MAX_BATCH_EVENTS,

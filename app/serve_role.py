@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
 from ps_core.net.auth import Scope
-from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 
 from .api import run_api
 from .follower import Follower, follow_dir, model_of_exports
@@ -51,7 +53,9 @@ async def run_serve(
                 await run_api(settings, client, model, stop, follower=follower, ssl_context=served)
             return
         retry = RetryPolicy(deadline_s=settings.shard_deadline_s)
-        async with PSClient.connect(
-            settings.shards, retry=retry, rpc=settings.use_rpc, token=security.token_for(Scope.ADMIN), ssl=tls
-        ) as client:
-            await run_api(settings, client, model, stop, ssl_context=served)
+        token = security.token_for(Scope.ADMIN)
+        async with (
+            PSClient.connect(settings.shards, retry=retry, rpc=settings.use_rpc, token=token, ssl=tls) as client,
+            ControlClient.connect(settings.shards, retry=retry, token=token, ssl=tls) as control,
+        ):
+            await run_api(settings, client, model, stop, control=control, ssl_context=served)

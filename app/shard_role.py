@@ -10,16 +10,17 @@ from pathlib import Path
 
 import aiohttp
 
+from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.coordinator_server import add_coordinator_routes
 from ps_core.checkpoint.export import restore_shards, version_dirs
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.joining import Membership, newest_loadable, refusal_fields
+from ps_core.checkpoint.routes import add_coordinator_routes, checkpointed_shard_app
 from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.net.auth import Refusals, Scope
-from ps_core.net.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.rpc import start_rpc_server
-from ps_core.net.server import create_shard_app, start_shard_site
+from ps_core.net.server import start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.tls import HandshakeFailures, watch_handshakes
 
@@ -179,14 +180,14 @@ async def run_shard(
         if settings.rpc
         else None
     )
-    app = create_shard_app(
+    app = checkpointed_shard_app(
         shard, max_body=max_body, rpc_port=rpc.port if rpc is not None else None, verifier=verifier, refusals=refusals
     )
 
-    def peer(i: int, url: str, deadline_s: float = 10.0) -> HttpTransport:
-        return HttpTransport(i, url, session, RetryPolicy(deadline_s=deadline_s), token=admin_token, ssl=client_tls)
+    def peer(i: int, url: str, deadline_s: float = 10.0) -> HttpControl:
+        return HttpControl(i, url, session, RetryPolicy(deadline_s=deadline_s), token=admin_token, ssl=client_tls)
 
-    client: PSClient | None = None
+    client: ControlClient | None = None
     exporter: Exporter | None = None
     membership: Membership | None = None
     if _hosts_coordinator(settings):
@@ -200,9 +201,9 @@ async def run_shard(
             stream=stream,
         )
         session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
-        transports: list[ShardTransport] = [LocalTransport(shard, coordinator)]
-        transports += [peer(i, url) for i, url in enumerate(settings.shards) if i > 0]
-        client = PSClient(transports, session=session)
+        shards: list[ShardControl] = [LocalControl(shard, coordinator)]
+        shards += [peer(i, url) for i, url in enumerate(settings.shards) if i > 0]
+        client = ControlClient(shards, session=session)
         exporter = Exporter(
             coordinator, client, settings.exports_dir, settings.model_name, keep_bases=settings.keep_bases
         )
@@ -212,8 +213,8 @@ async def run_shard(
             # Every shard at one version, or no leases (ps_core/checkpoint/joining.py).
             # Membership polls give up quickly (a shard down is a round
             # missed); a load of every shard's chain may take minutes.
-            quick = PSClient([transports[0]] + [peer(i, url, 2.0) for i, url in enumerate(settings.shards) if i > 0])
-            slow = PSClient([transports[0]] + [peer(i, url, 900.0) for i, url in enumerate(settings.shards) if i > 0])
+            quick = ControlClient([shards[0]] + [peer(i, url, 2.0) for i, url in enumerate(settings.shards) if i > 0])
+            slow = ControlClient([shards[0]] + [peer(i, url, 900.0) for i, url in enumerate(settings.shards) if i > 0])
             membership = Membership(
                 coordinator,
                 quick,

@@ -6,8 +6,8 @@ the board on shard 0 (`ps_core.net.shard.Shard.report_status`) is where they mee
 A worker reports one JSON object per window (`worker_status`), holding
 cumulative totals, so a lost report loses nothing but freshness::
 
-    worker = Worker(config, client, model)
-    worker.on_window = make_status_hook(client, default_worker_id(), worker.stats)
+    worker = Worker(config, client, control, model)
+    worker.on_window = make_status_hook(control, default_worker_id(), worker.stats)
 
 The API summarises the board (`summarize`) for ``GET /v1/model`` and
 ``/metrics``: totals summed over workers, the last window of the most recent
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.worker import WindowReport, WorkerStats
-from ps_core.net.client import PSClient
+from ps_core.checkpoint.control import ControlClient
 from ps_core.parsing import is_int_text
 
 __all__ = [
@@ -124,7 +124,7 @@ def _nested(counts: Mapping[tuple[str, str], int]) -> dict[str, dict[str, int]]:
 
 
 def make_status_hook(
-    client: PSClient,
+    control: ControlClient,
     worker_id: str,
     stats: WorkerStats,
     *,
@@ -147,7 +147,7 @@ def make_status_hook(
             update_mode=update_mode,
             started_at=started_at,
         )
-        await client.report_status(worker_id, status)
+        await control.report_status(worker_id, status)
 
     return report_status
 

@@ -7,6 +7,7 @@ import logging
 
 from consumers.kafka_security import KafkaSecurity
 from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
 from ps_core.net.auth import Scope
 from ps_core.net.client import PSClient
@@ -70,12 +71,14 @@ async def run_worker(
         **kafka.fields(),
     )
     with stop_on_signals(stop):
-        async with PSClient.connect(
-            settings.shards, rpc=settings.use_rpc, token=security.token_for(Scope.TRAIN), ssl=tls
-        ) as client:
-            worker = Worker(config, client, model)
+        token = security.token_for(Scope.TRAIN)
+        async with (
+            PSClient.connect(settings.shards, rpc=settings.use_rpc, token=token, ssl=tls) as client,
+            ControlClient.connect(settings.shards, token=token, ssl=tls) as control,
+        ):
+            worker = Worker(config, client, control, model)
             # Set after construction: the hook reads the worker's own stats.
-            worker.on_window = make_status_hook(client, worker_id, worker.stats, update_mode=config.mode)
+            worker.on_window = make_status_hook(control, worker_id, worker.stats, update_mode=config.mode)
             await worker.run(stop)
     s = worker.stats
     log_event(

@@ -178,10 +178,10 @@ def bench_cut(root: Path, n: int, rng: np.random.Generator) -> dict[str, Any]:
     and the fetch-and-write after it."""
     import asyncio
 
+    from ps_core.checkpoint.control import ControlClient
     from ps_core.checkpoint.coordinator import Coordinator
     from ps_core.checkpoint.exporter import Exporter
     from ps_core.hashing import shard_of
-    from ps_core.net.client import PSClient
     from ps_core.net.shard import Shard, ShardSpec
 
     keys = distinct_keys(rng, n)
@@ -201,7 +201,7 @@ def bench_cut(root: Path, n: int, rng: np.random.Generator) -> dict[str, Any]:
 
     async def cut() -> tuple[Any, Any]:
         coordinator = Coordinator()
-        exporter = Exporter(coordinator, PSClient.local(shards, coordinator), root / "e2e", "m")
+        exporter = Exporter(coordinator, ControlClient.local(shards, coordinator), root / "e2e", "m")
         base = await exporter.cut()  # every row: version 1
         change()
         gc.collect()

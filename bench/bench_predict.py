@@ -80,6 +80,7 @@ from app.serve_role import run_serve  # noqa: E402
 from app.settings import ApiSettings, ShardSettings  # noqa: E402
 from app.shard_role import run_shard  # noqa: E402
 from app.signals import stop_on_signals  # noqa: E402
+from ps_core.checkpoint.control import ControlClient  # noqa: E402
 from ps_core.model.features import FeatureHasher  # noqa: E402
 from ps_core.model.models import Model, make_model, sigmoid  # noqa: E402
 from ps_core.net.auth import Scope, derive_token, new_secret  # noqa: E402
@@ -123,10 +124,12 @@ def make_events(rng: np.random.Generator, n: int) -> list[dict[str, Any]]:
     return out
 
 
-async def train(client: PSClient, model: Model, events: list[dict[str, Any]], step: int = 1024) -> None:
+async def train(
+    client: PSClient, control: ControlClient, model: Model, events: list[dict[str, Any]], step: int = 1024
+) -> None:
     """The worker's training step over `events`, `step` events at a time."""
     for t in model.tables():
-        await client.declare(t)
+        await control.declare(t)
     batch, errors = FeatureHasher(model.name).featurize(events)
     assert not errors
     for start in range(0, batch.size, step):
@@ -231,9 +234,9 @@ async def serve(kind: str, port: int, shard_url: str, lifetime_s: float, tls_dir
             await run_serve(ApiSettings(shards=(shard_url,), port=port), stop, security=security)
         elif kind == "api-local":
             shard = Shard(tables=model.tables())
-            client = PSClient.local([shard])
-            await train(client, model, make_events(np.random.default_rng(1), TRAIN_EVENTS))
-            await run_api(ApiSettings(port=port), client, model, stop)
+            client, control = PSClient.local([shard]), ControlClient.local([shard])
+            await train(client, control, model, make_events(np.random.default_rng(1), TRAIN_EVENTS))
+            await run_api(ApiSettings(port=port), client, model, stop, control=control)
         else:
             raise ValueError(kind)
     await watcher
@@ -487,11 +490,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             ]
             await wait_ready(servers, 60)
             model = make_model("lr", MODEL_NAME)
-            async with PSClient.connect([shard.url]) as client:
-                await train(client, model, make_events(np.random.default_rng(1), TRAIN_EVENTS))
+            async with PSClient.connect([shard.url]) as client, ControlClient.connect([shard.url]) as control:
+                await train(client, control, model, make_events(np.random.default_rng(1), TRAIN_EVENTS))
             tls = client_context(tls_files(tmpdir, ca_only=True))
-            async with PSClient.connect([secure_shard.url], token=derive_token(secret, Scope.TRAIN), ssl=tls) as client:
-                await train(client, model, make_events(np.random.default_rng(1), TRAIN_EVENTS))
+            token = derive_token(secret, Scope.TRAIN)
+            async with (
+                PSClient.connect([secure_shard.url], token=token, ssl=tls) as client,
+                ControlClient.connect([secure_shard.url], token=token, ssl=tls) as control,
+            ):
+                await train(client, control, model, make_events(np.random.default_rng(1), TRAIN_EVENTS))
             log(f"shards (plaintext, and TLS with credentials) trained with the same {TRAIN_EVENTS} events")
             urls = {
                 "bare": servers[2].url,

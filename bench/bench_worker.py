@@ -47,6 +47,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from consumers.broker import EmbeddedBroker, create_topics, free_port
 from consumers.synthetic import SyntheticStream, bayes_logloss
 from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
@@ -138,6 +139,7 @@ async def worker_rate(
     topic: str,
     n: int,
     client: PSClient,
+    control: ControlClient,
     window_events: int,
     decode_processes: int = 1,
     mini_batch: int = WorkerConfig.mini_batch,
@@ -157,7 +159,7 @@ async def worker_rate(
         decode_processes=decode_processes,
         mini_batch=mini_batch,
     )
-    worker = Worker(config, client, LogisticRegression("ctr"))
+    worker = Worker(config, client, control, LogisticRegression("ctr"))
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     loop = asyncio.get_running_loop()
@@ -276,11 +278,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             log(f"(a) {a:,.0f} events/s")
 
             log(f"{tag}(b) worker, in-process shards")
+            local = [Shard(ShardSpec(i, 2)) for i in range(2)]
             b, worker_b, cpu_b = await worker_rate(
                 bootstrap,
                 topic,
                 n,
-                PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)]),
+                PSClient.local(local),
+                ControlClient.local(local),
                 window,
                 args.decode_processes,
                 args.mini_batch,
@@ -299,12 +303,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 started, urls = start_shards(2)
                 procs += started
                 await wait_healthy(urls)
-                async with PSClient.connect(urls, rpc=rpc) as client:
+                async with PSClient.connect(urls, rpc=rpc) as client, ControlClient.connect(urls) as control:
                     rate, _, cpu = await worker_rate(
                         bootstrap,
                         topic,
                         n,
                         client,
+                        control,
                         window,
                         args.decode_processes,
                         args.mini_batch,

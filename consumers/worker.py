@@ -56,13 +56,14 @@ from aiokafka.errors import (
     UnsupportedVersionError,
 )
 
+from ps_core.checkpoint.control import ControlClient, ResumePoint
 from ps_core.checkpoint.coordinator import Offsets
 from ps_core.checkpoint.stream import StreamIdentity, stream_mismatch
 from ps_core.errors import CutInProgressError, NoCoordinatorError, PSError
 from ps_core.model.features import EventBatch
 from ps_core.model.metrics import Metrics, evaluate
 from ps_core.model.models import BatchPlan, Model, sigmoid
-from ps_core.net.client import PSClient, ResumePoint, Routed
+from ps_core.net.client import PSClient, Routed
 
 from .broker import broker_listening
 from .collector import fewer_collections
@@ -300,13 +301,16 @@ class Worker:
         self,
         config: WorkerConfig,
         client: PSClient,
+        control: ControlClient,
         model: Model,
         on_window: Callable[[WindowReport], Awaitable[None]] | None = None,
     ) -> None:
-        """`on_window` is awaited after each window is committed (metrics,
+        """`client` pulls and pushes; `control` declares the model's tables
+        and takes leases from the coordinator. `on_window` is awaited after each window is committed (metrics,
         status reports); an exception from it is logged, never stops training."""
         self.config = config
         self.client = client
+        self.control = control
         self.model = model
         self.on_window = on_window
         self.stats = WorkerStats()
@@ -343,8 +347,8 @@ class Worker:
         await self._retrying(self._declare_tables)
         try:
             # An empty lease tells whether there is a coordinator, and its epoch.
-            grant = await self._retrying(lambda: self.client.acquire_lease(self.worker_id, wait_s=LEASE_WAIT_S))
-            await self._retrying(lambda: self.client.release_lease(grant.lease_id, {}))
+            grant = await self._retrying(lambda: self.control.acquire_lease(self.worker_id, wait_s=LEASE_WAIT_S))
+            await self._retrying(lambda: self.control.release_lease(grant.lease_id, {}))
             self._epoch, self.leased = grant.epoch, True
         except NoCoordinatorError:
             log.info("no coordinator: windows are not leased and exports hold no offsets")
@@ -395,7 +399,7 @@ class Worker:
     # -- outages -----------------------------------------------------------------
     async def _declare_tables(self) -> None:
         for t in self.model.tables():
-            await self.client.declare(t)
+            await self.control.declare(t)
 
     async def _probe_shards(self) -> None:
         """Return once every shard answers (declaring the tables again, for a
@@ -404,8 +408,8 @@ class Worker:
         if self.leased:
             # The epoch is not taken here: a new coordinator is found by the
             # next window's lease, which rewinds.
-            grant = await self.client.acquire_lease(self.worker_id, wait_s=1.0)
-            await self.client.release_lease(grant.lease_id, {})
+            grant = await self.control.acquire_lease(self.worker_id, wait_s=1.0)
+            await self.control.release_lease(grant.lease_id, {})
 
     async def _probe_broker(self) -> None:
         if not await broker_listening(self.config.bootstrap):
@@ -790,7 +794,7 @@ class Worker:
         epoch) it is sought there explicitly, since the consumer's position
         has moved on."""
         await _retrying(self._refresh_cluster_id)
-        point = await self.client.coordinator_resume() if self.leased else ResumePoint({}, None)
+        point = await self.control.coordinator_resume() if self.leased else ResumePoint({}, None)
         bounds = await _retrying(lambda: partition_bounds(self.config.bootstrap, tps, security=self.config.kafka))
         seek: dict[TopicPartition, int] = {}
         stale: list[StalePartition] = []
@@ -896,7 +900,7 @@ class Worker:
     async def _refuse_stale_at_start(self) -> None:
         """Under ``fail``, refuse before joining the group when the
         coordinator's offsets for this topic do not belong to the broker."""
-        point = await self.client.coordinator_resume()
+        point = await self.control.coordinator_resume()
         known = point.offsets.get(self.config.topic, {})
         if not known:
             return
@@ -1149,7 +1153,7 @@ class Worker:
     async def _lease(self) -> int:
         while True:
             try:
-                grant = await self.client.acquire_lease(self.worker_id, wait_s=LEASE_WAIT_S)
+                grant = await self.control.acquire_lease(self.worker_id, wait_s=LEASE_WAIT_S)
                 break
             except CutInProgressError:
                 # A cut is pausing (it lasts at most the lease TTL): ask again.
@@ -1175,7 +1179,7 @@ class Worker:
             fut.cancel()
         self._chunks = []
         for t in self.model.tables():  # shards that restarted empty need them again
-            await self.client.declare(t)
+            await self.control.declare(t)
         moved = {str(p): o for p, o in (await self._resume(list(owned), rewind=True)).items()}
         self._epoch = epoch
         self.stats.rewinds += 1
@@ -1183,7 +1187,7 @@ class Worker:
 
     async def _release(self, lease_id: int, committed: Offsets) -> None:
         try:
-            if not await self.client.release_lease(lease_id, committed, self.stream() if committed else None):
+            if not await self.control.release_lease(lease_id, committed, self.stream() if committed else None):
                 log.warning("lease expired", extra={"fields": {"lease": lease_id}})
         except PSError as exc:
             # The window is committed (or failed); a cut gives up on the lease

@@ -10,6 +10,7 @@
 Each package imports only the shared modules and the packages listed before
 it (`tests/test_layers.py` checks this)."""
 
+from .checkpoint.control import ControlClient
 from .checkpoint.coordinator import Coordinator, Cut, Lease
 from .checkpoint.export import latest_chain, list_versions, load_version, restore_shards, write_version
 from .checkpoint.exporter import Exporter, ExportReport
@@ -32,16 +33,19 @@ from .errors import (
 from .hashing import mix64, shard_of
 from .model.features import EventBatch, FeatureHasher, decode_message
 from .model.models import FactorizationMachine, LogisticRegression, Model, make_model
-from .net.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
+from .net.client import PSClient, PSReader
 from .net.codec import Frame, Op
+from .net.endpoint import RetryPolicy
 from .net.server import create_shard_app
 from .net.shard import Shard, ShardSpec
+from .net.transports import HttpTransport, LocalTransport, ShardReader, ShardTransport, TcpTransport
 from .store.index import KeyIndex
 from .store.optim import FTRL, SGD, AdaGrad, Optimizer, make_optimizer
 from .store.table import SparseTable, TableConfig, TableSnapshot
 
 __all__ = [
     "AdaGrad",
+    "ControlClient",
     "Coordinator",
     "Cut",
     "CutInProgressError",
@@ -67,11 +71,13 @@ __all__ = [
     "Op",
     "Optimizer",
     "PSClient",
+    "PSReader",
     "PSError",
     "RetryPolicy",
     "SGD",
     "Shard",
     "ShardSpec",
+    "ShardReader",
     "ShardTransport",
     "ShardUnavailableError",
     "SnapshotError",
@@ -80,6 +86,7 @@ __all__ = [
     "TableConfigError",
     "TableConflictError",
     "TableSnapshot",
+    "TcpTransport",
     "UnknownTableError",
     "WrongShardError",
     "create_shard_app",

@@ -13,12 +13,13 @@ import pytest
 from aiohttp import web
 
 from consumers.broker import EmbeddedBroker, free_port, wait_for_metadata
+from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.coordinator_server import add_coordinator_routes
 from ps_core.checkpoint.exporter import Exporter
-from ps_core.net.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
+from ps_core.checkpoint.routes import checkpointed_shard_app
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.rpc import RpcServer, start_rpc_server
-from ps_core.net.server import DEFAULT_MAX_BODY, ShardSite, create_shard_app, start_shard_site
+from ps_core.net.server import DEFAULT_MAX_BODY, ShardSite, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.table import TableConfig
 
@@ -48,15 +49,16 @@ async def serve_shards() -> AsyncIterator[ServeShards]:
                 server = await start_rpc_server(shard, "127.0.0.1", 0, max_body=DEFAULT_MAX_BODY)
                 rpc_servers.append(server)
                 rpc_port = server.port
-            app = create_shard_app(shard, rpc_port=rpc_port)
             if i == 0 and exports is not None:
                 coordinator = Coordinator()
                 session = aiohttp.ClientSession()
                 sessions.append(session)
-                transports: list[ShardTransport] = [LocalTransport(shard, coordinator)]
-                transports += [HttpTransport(j, u, session, RetryPolicy()) for j, u in enumerate(urls) if j]
-                exporter = Exporter(coordinator, PSClient(transports), exports, "ctr")
-                add_coordinator_routes(app, coordinator, exporter)
+                peers: list[ShardControl] = [LocalControl(shard, coordinator)]
+                peers += [HttpControl(j, u, session, RetryPolicy()) for j, u in enumerate(urls) if j]
+                exporter = Exporter(coordinator, ControlClient(peers), exports, "ctr")
+                app = checkpointed_shard_app(shard, rpc_port=rpc_port, coordinator=coordinator, exporter=exporter)
+            else:
+                app = checkpointed_shard_app(shard, rpc_port=rpc_port)
             # The port as `ctrps shard` serves it, under its limits.
             runners.append(await start_shard_site(app, "127.0.0.1", port))
         return shards, urls

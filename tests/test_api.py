@@ -32,12 +32,14 @@ from app.openapi import KEYWORDS, SchemaError, openapi_document, response_schema
 from app.settings import ApiSettings, SettingsError
 from app.status import make_status_hook
 from consumers.worker import WindowReport, WorkerStats
+from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.model.features import FeatureHasher
 from ps_core.model.metrics import evaluate
 from ps_core.model.models import Model, make_model, sigmoid
-from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.table import SparseTable
 
@@ -53,6 +55,7 @@ class Api:
 
     http: TestClient  # type: ignore[type-arg]
     client: PSClient
+    control: ControlClient
     model: Model
     shards: list[Shard]
     urls: list[str]
@@ -103,36 +106,42 @@ def transport(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def make_api(transport: str, serve_shards: Any) -> AsyncIterator[MakeApi]:
     """Builds the API over 2 shards holding the model's tables."""
-    opened: list[tuple[TestClient, PSClient]] = []  # type: ignore[type-arg]
+    opened: list[tuple[TestClient, PSClient, ControlClient]] = []  # type: ignore[type-arg]
 
     async def make(kind: str = "lr", num_shards: int = 2, exports: Path | None = None, **settings: Any) -> Api:
         """With `exports`, shard 0 hosts a coordinator and exporter writing there."""
         model = make_model(kind, "ctr")
         if transport == "http":
             shards, urls = await serve_shards(num_shards, model.tables(), exports)
-            client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=0.5))
+            client, control = planes(urls, 0.5)
         else:
             shards = [Shard(ShardSpec(i, num_shards), model.tables()) for i in range(num_shards)]
             urls = []
-            if exports is None:
-                client = PSClient.local(shards)
-            else:
-                coordinator = Coordinator()
-                client = PSClient.local(shards, coordinator)
-                client.serve_exports(Exporter(coordinator, client, exports, "ctr"))
+            coordinator = Coordinator() if exports is not None else None
+            client, control = PSClient.local(shards), ControlClient.local(shards, coordinator)
+            if coordinator is not None and exports is not None:
+                control.serve_exports(Exporter(coordinator, control, exports, "ctr"))
         options = {"max_events": MAX_EVENTS, "max_body_bytes": MAX_BODY, **settings}
-        app = create_app(ApiSettings(**options), client, model)
+        app = create_app(ApiSettings(**options), client, model, control=control)
         http = TestClient(TestServer(app))
         await http.start_server()
-        opened.append((http, client))
-        status, doc = await Api(http, client, model, shards, urls, openapi_document()).call("GET", "/openapi.json")
+        opened.append((http, client, control))
+        api = Api(http, client, control, model, shards, urls, openapi_document())
+        status, doc = await api.call("GET", "/openapi.json")
         assert status == 200
-        return Api(http, client, model, shards, urls, doc)
+        return Api(http, client, control, model, shards, urls, doc)
 
     yield make
-    for http, client in opened:
+    for http, client, control in opened:
         await http.close()
         await client.close()
+        await control.close()
+
+
+def planes(urls: list[str], deadline_s: float) -> tuple[PSClient, ControlClient]:
+    """The data plane's client and the control plane's over the shards at `urls`."""
+    retry = RetryPolicy(deadline_s=deadline_s)
+    return PSClient.connect(urls, retry=retry), ControlClient.connect(urls, retry=retry)
 
 
 def synthetic_events(rng: np.random.Generator, n: int) -> list[dict[str, Any]]:
@@ -437,7 +446,7 @@ async def test_bad_requests_get_their_status_and_reason(
     assert (got_status, got["error"]) == (status, error), got
     assert detail in got["detail"], got
     # Nothing reached the board or the tables.
-    assert await api.client.statuses() == []
+    assert await api.control.statuses() == []
     assert sum(len(t) for s in api.shards for t in s.tables.values()) == 0
 
 
@@ -466,10 +475,10 @@ def window_report(window: int, events: int, lag: dict[int, int], dlq: dict[str, 
     )
 
 
-async def report_windows(client: PSClient, worker: str, reports: list[WindowReport]) -> WorkerStats:
+async def report_windows(control: ControlClient, worker: str, reports: list[WindowReport]) -> WorkerStats:
     """What a worker's status hook reports after each of `reports`."""
     stats = WorkerStats()
-    hook = make_status_hook(client, worker, stats)
+    hook = make_status_hook(control, worker, stats)
     for r in reports:
         stats.windows += 1
         stats.records += r.records
@@ -495,11 +504,11 @@ async def test_model_info_and_metrics_report_what_was_trained(make_api: MakeApi)
     events = synthetic_events(rng, 120)
     await train(api.client, api.model, events)
     await report_windows(
-        api.client,
+        api.control,
         "w-a",
         [window_report(1, 100, {0: 5, 1: 2}, {"invalid_json": 2}), window_report(2, 20, {0: 1, 1: 0}, {})],
     )
-    await report_windows(api.client, "w-b", [window_report(1, 7, {2: 9}, {"bad_label": 1})])
+    await report_windows(api.control, "w-b", [window_report(1, 7, {2: 9}, {"bad_label": 1})])
     features = {t: sum(len(s.tables[t]) for s in api.shards) for t in api.model.table_names}
     assert features["ctr_w"] > 100
 
@@ -560,10 +569,10 @@ async def test_a_model_whose_tables_are_not_on_the_shards_is_unknown(transport: 
     model = make_model("lr", "ctr")
     if transport == "http":
         _, urls = await serve_shards(1)  # no tables declared
-        client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=0.5))
+        client, control = planes(urls, 0.5)
     else:
-        client = PSClient.local([Shard()])
-    app = create_app(ApiSettings(), client, model)
+        client, control = PSClient.local([Shard()]), ControlClient.local([Shard()])
+    app = create_app(ApiSettings(), client, model, control=control)
     async with TestClient(TestServer(app)) as http:
         async with http.post("/v1/predict", data=orjson.dumps({"events": [EV]})) as resp:
             body = orjson.loads(await resp.read())
@@ -573,6 +582,7 @@ async def test_a_model_whose_tables_are_not_on_the_shards_is_unknown(transport: 
             info = orjson.loads(await resp.read())
             assert resp.status == 200 and info["tables"]["ctr_w"]["declared"] is False
     await client.close()
+    await control.close()
 
 
 # -- status board and auth ------------------------------------------------------------
@@ -585,7 +595,7 @@ async def test_status_board_round_trip_through_the_api(make_api: MakeApi) -> Non
     status, board = await api.call("GET", "/v1/status")
     assert status == 200
     assert [(e["source"], e["status"]) for e in board["statuses"]] == [("ext-1", {"kind": "worker", "windows": 2})]
-    assert (await api.client.statuses())[0]["status"]["windows"] == 2
+    assert (await api.control.statuses())[0]["status"]["windows"] == 2
 
 
 @pytest.mark.parametrize(
@@ -606,7 +616,7 @@ async def test_admin_routes_need_the_bearer_token(make_api: MakeApi, header: str
     report = {"source": "w", "status": {"kind": "worker"}}
     got_status, body = await api.call("POST", "/v1/status", report, headers=headers)
     assert got_status == status, body
-    board = await api.client.statuses()
+    board = await api.control.statuses()
     if status == 401:
         assert body["error"] == "unauthorized" and board == []
     else:
@@ -643,10 +653,10 @@ async def test_health_and_readiness(make_api: MakeApi) -> None:
 async def test_a_shard_down_is_503_naming_it(serve_shards: Any) -> None:
     model = make_model("lr", "ctr")
     shards, urls = await serve_shards(2, model.tables())
-    client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=0.3))
-    api_app = create_app(ApiSettings(max_events=MAX_EVENTS), client, model)
+    client, control = planes(urls, 0.3)
+    api_app = create_app(ApiSettings(max_events=MAX_EVENTS), client, model, control=control)
     async with TestClient(TestServer(api_app)) as http:
-        api = Api(http, client, model, shards, urls, openapi_document(MAX_EVENTS))
+        api = Api(http, client, control, model, shards, urls, openapi_document(MAX_EVENTS))
         events = synthetic_events(np.random.default_rng(1), 20)  # features on both shards
         assert (await api.call("POST", "/v1/predict", {"events": events}))[0] == 200
         await serve_shards.runners[1].cleanup()
@@ -673,6 +683,7 @@ async def test_a_shard_down_is_503_naming_it(serve_shards: Any) -> None:
         )
         assert m[("ctrps_http_requests_total", (("route", "/v1/predict"), ("status", "503")))] == 1
     await client.close()
+    await control.close()
 
 
 async def test_a_shard_that_refuses_is_502() -> None:
@@ -680,9 +691,9 @@ async def test_a_shard_that_refuses_is_502() -> None:
     the wrong shard; the shard's 400 is the server's fault, not the caller's."""
     model = make_model("lr", "ctr")
     shard = Shard(ShardSpec(0, 2), model.tables())  # shard 0 of 2, reached as if alone
-    client = PSClient.local([shard])
-    async with TestClient(TestServer(create_app(ApiSettings(), client, model))) as http:
-        api = Api(http, client, model, [shard], [], openapi_document())
+    client, control = PSClient.local([shard]), ControlClient.local([shard])
+    async with TestClient(TestServer(create_app(ApiSettings(), client, model, control=control))) as http:
+        api = Api(http, client, control, model, [shard], [], openapi_document())
         status, err = await api.call("POST", "/v1/predict", {"events": synthetic_events(np.random.default_rng(0), 10)})
         assert (status, err["error"]) == (502, "shard_error") and "wrong_shard" in err["detail"]
 
@@ -774,10 +785,10 @@ async def test_every_route_is_documented_and_every_documented_response_happens(
 async def _call_every_route(api: Api, urls: list[str], auth: dict[str, str]) -> None:
     """Every shard-reading route, through an app over the shards at `urls`;
     responses checked against the document and recorded in ``api.seen``."""
-    client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=0.2))
-    app = create_app(ApiSettings(max_events=MAX_EVENTS, max_body_bytes=MAX_BODY), client, api.model)
+    client, control = planes(urls, 0.2)
+    app = create_app(ApiSettings(max_events=MAX_EVENTS, max_body_bytes=MAX_BODY), client, api.model, control=control)
     async with TestClient(TestServer(app)) as http:
-        other = Api(http, client, api.model, [], urls, api.doc, api.seen)
+        other = Api(http, client, control, api.model, [], urls, api.doc, api.seen)
         for method, path, body, headers in [
             ("POST", "/v1/predict", {"events": [EV]}, None),
             ("POST", "/v1/weights", {"keys": [1]}, None),
@@ -793,6 +804,7 @@ async def _call_every_route(api: Api, urls: list[str], auth: dict[str, str]) -> 
             status, _ = await other.call(method, path, body, headers=headers)
             assert status in (200, 502, 503), (path, status)
     await client.close()
+    await control.close()
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,10 @@ import pytest
 
 from app.cli import build_parser
 from app.settings import SettingsError, ShardSettings, parse_table_spec
-from ps_core.net.client import PSClient, RetryPolicy, TcpTransport
+from ps_core.checkpoint.control import ControlClient
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
+from ps_core.net.transports import TcpTransport
 from ps_core.store.table import SparseTable, TableConfig
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -164,13 +167,14 @@ async def test_shard_subprocess_serves_logs_json_and_stops_on_sigterm(tmp_path: 
         ref = SparseTable(parse_table_spec("lr,optimizer=ftrl"))
         keys = np.array([0, 5, 5, 2**64 - 1, 77], dtype=np.uint64)
         grads = np.array([4.0, -3.0, -2.5, 2.0, 0.5], dtype=np.float32)
-        async with PSClient.connect([url], retry=RetryPolicy(deadline_s=5.0)) as client:
+        retry = RetryPolicy(deadline_s=5.0)
+        async with PSClient.connect([url], retry=retry) as client, ControlClient.connect([url], retry=retry) as control:
             assert await client.push("lr", keys, grads) == 4
             ref.push(keys, grads)
             got = await client.pull("lr", keys)
             np.testing.assert_array_equal(got, ref.pull(keys))
             assert np.count_nonzero(got) >= 3
-            stats = (await client.stats())[0]
+            stats = (await control.stats())[0]
             assert stats["tables"]["lr"]["features"] == 4
             # Pulls and pushes went over the advertised RPC port.
             transport = client.transports[0]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import (
     InvalidValuesError,
     PSError,
@@ -26,9 +27,11 @@ from ps_core.errors import (
     WrongShardError,
 )
 from ps_core.hashing import shard_of
-from ps_core.net.client import PSClient, RetryPolicy, TcpTransport
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import create_shard_app
 from ps_core.net.shard import Shard, ShardSpec
+from ps_core.net.transports import TcpTransport
 from ps_core.store.table import SparseTable, TableConfig
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
@@ -36,7 +39,7 @@ EMB = TableConfig("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}, init_s
 TABLES = (LR, EMB)
 U64_MAX = 2**64 - 1
 
-MakeClient = Callable[[int, tuple[TableConfig, ...]], Awaitable[tuple[PSClient, list[Shard]]]]
+MakeClient = Callable[[int, tuple[TableConfig, ...]], Awaitable[tuple[PSClient, ControlClient, list[Shard]]]]
 
 
 @pytest.fixture(params=["http", "rpc", "local"])
@@ -44,16 +47,20 @@ async def make_client(request: pytest.FixtureRequest, serve_shards: Any) -> Asyn
     """Builds a client over `n` shards: through HTTP servers, through servers
     that also offer the TCP RPC (pulls and pushes go there), or in process."""
     clients: list[PSClient] = []
+    controls: list[ControlClient] = []
 
-    async def make(n: int, tables: tuple[TableConfig, ...] = TABLES) -> tuple[PSClient, list[Shard]]:
+    async def make(n: int, tables: tuple[TableConfig, ...] = TABLES) -> tuple[PSClient, ControlClient, list[Shard]]:
+        """The data plane's client, the control plane's, and the shards."""
         if request.param in ("http", "rpc"):
             shards, urls = await serve_shards(n, tables, rpc=request.param == "rpc")
             client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=2.0))
+            control = ControlClient.connect(urls, retry=RetryPolicy(deadline_s=2.0))
         else:
             shards = [Shard(ShardSpec(i, n), tables) for i in range(n)]
-            client = PSClient.local(shards)
+            client, control = PSClient.local(shards), ControlClient.local(shards)
         clients.append(client)
-        return client, shards
+        controls.append(control)
+        return client, control, shards
 
     yield make
     for c in clients:
@@ -62,6 +69,8 @@ async def make_client(request: pytest.FixtureRequest, serve_shards: Any) -> Asyn
         used = {t.uses_rpc for t in c.transports if isinstance(t, TcpTransport)} - {None}
         assert used <= ({True} if request.param == "rpc" else {False})
         await c.close()
+    for control in controls:
+        await control.close()
 
 
 def key_pool(rng: np.random.Generator, size: int = 30) -> np.ndarray:
@@ -104,7 +113,7 @@ async def run_random_sequence(client: PSClient, seed: int, steps: int = 80) -> l
 
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_random_pull_push_equals_one_reference_table(make_client: MakeClient, seed: int) -> None:
-    client, shards = await make_client(2, TABLES)
+    client, _, shards = await make_client(2, TABLES)
     await run_random_sequence(client, seed)
     # Each shard holds only the keys it owns.
     for shard in shards:
@@ -117,13 +126,17 @@ async def test_random_pull_push_equals_one_reference_table(make_client: MakeClie
 async def test_local_and_http_clients_give_identical_results(serve_shards: Any) -> None:
     _, urls = await serve_shards(2, TABLES)
     local_shards = [Shard(ShardSpec(i, 2), TABLES) for i in range(2)]
-    async with PSClient.connect(urls) as http_client, PSClient.local(local_shards) as local:
+    async with (
+        PSClient.connect(urls) as http_client,
+        PSClient.local(local_shards) as local,
+        ControlClient.connect(urls) as http_control,
+    ):
         via_http = await run_random_sequence(http_client, seed=3)
         via_local = await run_random_sequence(local, seed=3)
         assert len(via_http) == len(via_local)
         for a, b in zip(via_http, via_local):
             np.testing.assert_array_equal(a, b)
-        http_stats, local_stats = await http_client.stats(), await local.stats()
+        http_stats, local_stats = await http_control.stats(), await ControlClient.local(local_shards).stats()
     for h, loc in zip(http_stats, local_stats):
         for name in ("lr", "emb"):
             assert h["tables"][name]["features"] == loc["tables"][name]["features"]
@@ -133,7 +146,7 @@ async def test_local_and_http_clients_give_identical_results(serve_shards: Any) 
 @pytest.mark.parametrize("num_shards", [1, 2, 3])
 async def test_pull_answers_in_the_callers_order(make_client: MakeClient, num_shards: int) -> None:
     sgd = TableConfig("w", dim=2, optimizer={"name": "sgd", "lr": 1.0})
-    client, _ = await make_client(num_shards, (sgd,))
+    client, _, _ = await make_client(num_shards, (sgd,))
     keys = np.array([U64_MAX, 0, *range(100, 120)], dtype=np.uint64)
     # SGD with lr 1 from zero: a key's weights are minus its gradient.
     grads = np.stack([np.arange(keys.size), -np.arange(keys.size) * 0.5], axis=1).astype(np.float32)
@@ -150,7 +163,7 @@ async def test_pull_answers_in_the_callers_order(make_client: MakeClient, num_sh
 
 @pytest.mark.parametrize("num_shards", [1, 2])
 async def test_empty_batches(make_client: MakeClient, num_shards: int) -> None:
-    client, shards = await make_client(num_shards, TABLES)
+    client, _, shards = await make_client(num_shards, TABLES)
     for cfg in TABLES:
         got = await client.pull(cfg.name, np.zeros(0, np.uint64))
         assert got.shape == (0, cfg.dim) and got.dtype == np.float32
@@ -159,21 +172,21 @@ async def test_empty_batches(make_client: MakeClient, num_shards: int) -> None:
 
 
 async def test_declare_is_idempotent_and_conflicts_are_typed(make_client: MakeClient) -> None:
-    client, shards = await make_client(2, ())
+    client, control, shards = await make_client(2, ())
     fm = TableConfig("fm", dim=8, optimizer={"name": "adagrad"}, init_scale=0.01)
-    assert await client.declare(fm) is True
-    assert await client.declare(fm) is False
+    assert await control.declare(fm) is True
+    assert await control.declare(fm) is False
     assert all(s.tables["fm"].config == fm for s in shards)
 
     conflicting = TableConfig("fm", dim=4, optimizer={"name": "adagrad"}, init_scale=0.01)
     with pytest.raises(TableConflictError, match="table fm exists with"):
-        await client.declare(conflicting)
+        await control.declare(conflicting)
     assert all(s.tables["fm"].dim == 8 for s in shards)
     assert (await client.pull("fm", [1, 2, 3])).shape == (3, 8)
 
 
 async def test_unknown_table_is_a_typed_error(make_client: MakeClient) -> None:
-    client, _ = await make_client(2, TABLES)
+    client, _, _ = await make_client(2, TABLES)
     loop = asyncio.get_running_loop()
     start = loop.time()
     with pytest.raises(UnknownTableError, match="no table 'nope'"):
@@ -186,7 +199,7 @@ async def test_unknown_table_is_a_typed_error(make_client: MakeClient) -> None:
 
 
 async def test_invalid_values_are_typed_and_apply_nothing(make_client: MakeClient) -> None:
-    client, shards = await make_client(2, TABLES)
+    client, _, shards = await make_client(2, TABLES)
     keys = np.arange(20, dtype=np.uint64)
     grads = np.ones(20, np.float32)
     grads[7] = np.nan
@@ -327,7 +340,7 @@ async def test_client_needs_shards_in_order() -> None:
 
 
 async def test_errors_are_ps_errors(make_client: MakeClient) -> None:
-    client, _ = await make_client(1, TABLES)
+    client, _, _ = await make_client(1, TABLES)
     with pytest.raises(PSError) as info:
         await client.pull("missing", [1])
     assert info.value.status == 404
@@ -342,7 +355,7 @@ async def test_counts_row_mismatch_names_the_counts() -> None:
 @pytest.mark.parametrize("num_shards", [1, 3])
 async def test_a_routed_batch_pulls_and_pushes_like_plain_keys(make_client: MakeClient, num_shards: int) -> None:
     sgd = TableConfig("w", dim=2, optimizer={"name": "sgd", "lr": 1.0})
-    client, _ = await make_client(num_shards, (sgd,))
+    client, _, _ = await make_client(num_shards, (sgd,))
     rng = np.random.default_rng(5)
     keys = rng.integers(0, 2**64, 500, dtype=np.uint64)
     grads = rng.normal(size=(500, 2)).astype(np.float32)
@@ -361,7 +374,7 @@ async def test_a_routed_batch_pulls_and_pushes_like_plain_keys(make_client: Make
 async def test_push_pull_loop_equals_one_reference_table(make_client: MakeClient) -> None:
     """The worker loop: push mini-batch i and pull mini-batch i+1 in one call,
     each routed once; every answer equals push-then-pull on one table."""
-    client, shards = await make_client(2, TABLES)
+    client, _, shards = await make_client(2, TABLES)
     rng = np.random.default_rng(21)
     refs = {c.name: SparseTable(c) for c in TABLES}
     pool = key_pool(rng, 60)
@@ -407,7 +420,7 @@ def count_calls(client: PSClient) -> dict[str, list[int]]:
 
 async def test_push_pull_sends_one_request_per_shard_with_anything(make_client: MakeClient) -> None:
     sgd = TableConfig("w", dim=2, optimizer={"name": "sgd", "lr": 1.0})
-    client, shards = await make_client(3, (sgd,))
+    client, _, shards = await make_client(3, (sgd,))
     keys = np.arange(300, dtype=np.uint64)
     owner = shard_of(keys, 3)
     on0, on1 = keys[owner == 0][:20], keys[owner == 1][:30]
@@ -430,7 +443,7 @@ async def test_push_pull_sends_one_request_per_shard_with_anything(make_client: 
 
 
 async def test_push_pull_with_a_repeated_request_id_applies_once(make_client: MakeClient) -> None:
-    client, shards = await make_client(2, TABLES)
+    client, _, shards = await make_client(2, TABLES)
     keys = both_shard_keys()
     grads = np.linspace(-1, 1, keys.size, dtype=np.float32)
     ref = SparseTable(LR)
@@ -446,7 +459,7 @@ async def test_push_pull_with_a_repeated_request_id_applies_once(make_client: Ma
 
 
 async def test_push_pull_errors_are_typed_and_apply_nothing(make_client: MakeClient) -> None:
-    client, shards = await make_client(2, TABLES)
+    client, _, shards = await make_client(2, TABLES)
     keys = both_shard_keys()
     grads = np.ones(keys.size, np.float32)
     grads[7] = np.nan

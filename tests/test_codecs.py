@@ -26,6 +26,7 @@ from consumers.broker import create_topics
 from consumers.producer import COMPRESSIONS
 from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
 from ps_core.hashing import shard_of
 from ps_core.model.features import FeatureHasher
 from ps_core.model.models import LogisticRegression
@@ -124,7 +125,7 @@ async def test_a_worker_trains_every_event_of_every_codec(kafka_bootstrap: str, 
     config = WorkerConfig(kafka_bootstrap, topic=topic, group=f"g-{uuid.uuid4().hex[:8]}",
                           dlq_topic=topic + ".dlq", window_seconds=1.0, window_events=1000,
                           decode_processes=0)  # fmt: skip
-    worker = Worker(config, PSClient.local(shards), model)
+    worker = Worker(config, PSClient.local(shards), ControlClient.local(shards), model)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:

@@ -21,14 +21,17 @@ from test_exporter import _state, _train
 from waiting import until
 
 from app.metrics import ApiMetrics
+from app.views import ControlView
 from consumers.broker import free_port
+from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.coordinator_server import add_coordinator_routes
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
 from ps_core.checkpoint.exporter import Exporter
+from ps_core.checkpoint.routes import checkpointed_shard_app
 from ps_core.errors import CutAbortedError, ExportWriteError
-from ps_core.net.client import HttpTransport, LocalTransport, PSClient, RetryPolicy, ShardTransport
-from ps_core.net.server import ShardSite, create_shard_app, start_shard_site
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
+from ps_core.net.server import ShardSite, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.table import TableConfig
 
@@ -53,21 +56,22 @@ class Cluster:
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession()
-        transports: list[ShardTransport] = [
-            LocalTransport(self.shards[0], self.coordinator),
-            HttpTransport(1, self.urls[1], self.session, RetryPolicy(deadline_s=0.5)),
+        shards: list[ShardControl] = [
+            LocalControl(self.shards[0], self.coordinator),
+            HttpControl(1, self.urls[1], self.session, RetryPolicy(deadline_s=0.5)),
         ]
         self.exporter = Exporter(
-            self.coordinator, PSClient(transports), self.exports, "m", cut_timeout_s=5, abort_timeout_s=2
+            self.coordinator, ControlClient(shards), self.exports, "m", cut_timeout_s=5, abort_timeout_s=2
         )
         self.shards[0].extra_stats["exports"] = self.exporter.stats
         for i in range(2):
             await self.start_shard(i)
 
     async def start_shard(self, i: int) -> None:
-        app = create_shard_app(self.shards[i])
         if i == 0:
-            add_coordinator_routes(app, self.coordinator, self.exporter)
+            app = checkpointed_shard_app(self.shards[0], coordinator=self.coordinator, exporter=self.exporter)
+        else:
+            app = checkpointed_shard_app(self.shards[i])
         self.servers[i] = await start_shard_site(app, "127.0.0.1", self.ports[i])
 
     async def stop_shard(self, i: int) -> None:
@@ -108,9 +112,9 @@ def _restores_to_live(exports: Path, shards: list[Shard]) -> int:
 async def test_a_shard_unreachable_at_the_pause_aborts_the_cut_everywhere(
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with PSClient.connect(cluster.urls) as client:
+    async with PSClient.connect(cluster.urls) as client, ControlClient.connect(cluster.urls) as control:
         await _train(client, LR, KEYS[:1000], 1)
-        first = await client.export_now()
+        first = await control.export_now()
         assert (first["version"], first["kind"]) == (1, "base")
         await _train(client, LR, KEYS[500:1500], 2)
 
@@ -128,30 +132,31 @@ async def test_a_shard_unreachable_at_the_pause_aborts_the_cut_everywhere(
         assert (fields["version"], fields["reason"], fields["shards"]) == (2, "unreachable", "1")
         assert fields["not_aborted_on"] == "1"
         assert cluster.exporter.failures == {"unreachable": 1}
-        lease = await client.acquire_lease("w", wait_s=1)
-        await client.release_lease(lease.lease_id, {})
+        lease = await control.acquire_lease("w", wait_s=1)
+        await control.release_lease(lease.lease_id, {})
 
         await cluster.start_shard(1)
         # Version 2 is spent; the next cut is a base, and everything restores.
-        after = await client.export_now()
+        after = await control.export_now()
         assert (after["version"], after["kind"]) == (3, "base")
         await _train(client, LR, KEYS[1500:], 3)
-        delta = await client.export_now()
+        delta = await control.export_now()
         assert (delta["version"], delta["kind"], delta["parent"]) == (4, "delta", 3)
         assert [v.version for v in list_versions(cluster.exports / "m")] == [1, 3, 4]
         assert _restores_to_live(cluster.exports, cluster.shards) == 4
         # The failure is counted where metrics read shard 0's figures.
-        stats = (await client.stats())[0]["exports"]
+        stats = (await control.stats())[0]["exports"]
         assert stats["failures"] == {"unreachable": 1} and stats["exports"] == 3
-        exposition = (await ApiMetrics().scrape(client)).decode()
+        metrics = ApiMetrics()
+        exposition = (await metrics.scrape(ControlView(control, metrics))).decode()
         assert 'ctrps_export_failures_total{reason="unreachable"} 1.0' in exposition
         assert "ctrps_exports_total 3.0" in exposition
 
 
 async def test_a_shard_lost_between_the_pause_and_the_fetch(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
-    async with PSClient.connect(cluster.urls) as client:
+    async with PSClient.connect(cluster.urls) as client, ControlClient.connect(cluster.urls) as control:
         await _train(client, LR, KEYS[:1000], 1)
-        await client.export_now()
+        await control.export_now()
         await _train(client, LR, KEYS[1000:], 2)
 
         # The shard vanishes right after the pause, before its copy is fetched.
@@ -176,16 +181,16 @@ async def test_a_shard_lost_between_the_pause_and_the_fetch(cluster: Cluster, ca
         # Shard 1 could not be told to drop version 2: it still holds it,
         # and that stale copy blocks nothing.
         assert cluster.shards[1].pending_snapshots == [2]
-        after = await client.export_now()
+        after = await control.export_now()
         assert (after["version"], after["kind"]) == (3, "base")
         assert [v.version for v in list_versions(cluster.exports / "m")] == [1, 3]
         assert _restores_to_live(cluster.exports, cluster.shards) == 3
 
 
 async def test_a_stray_snapshot_request_does_not_block_cuts(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
-    async with PSClient.connect(cluster.urls) as client:
+    async with PSClient.connect(cluster.urls) as client, ControlClient.connect(cluster.urls) as control:
         await _train(client, LR, KEYS[:1000], 1)
-        assert (await client.export_now())["version"] == 1
+        assert (await control.export_now())["version"] == 1
         await _train(client, LR, KEYS[1000:], 2)
         # Someone asks shard 1 for the coordinator's next version by hand.
         async with aiohttp.ClientSession() as http:
@@ -194,12 +199,12 @@ async def test_a_stray_snapshot_request_does_not_block_cuts(cluster: Cluster, ca
         with caplog.at_level(logging.WARNING, logger="ctrps.export"):
             # Shard 1's tables moved on past the parent: the delta is refused,
             # aborted, and tried again at once as a base, which succeeds.
-            cut = await client.export_now()
+            cut = await control.export_now()
         assert (cut["version"], cut["kind"]) == (3, "base")
         assert [r.fields["reason"] for r in _aborted(caplog)] == ["refused"]  # type: ignore[attr-defined]
         await _train(client, LR, KEYS[:10], 3)
         for version in (4, 5):
-            got = await client.export_now()
+            got = await control.export_now()
             assert (got["version"], got["kind"]) == (version, "delta")
         assert cluster.shards[1].pending_snapshots == []
         assert _restores_to_live(cluster.exports, cluster.shards) == 5
@@ -226,9 +231,9 @@ async def test_a_full_disk_fails_one_cut_and_the_next_succeeds(
         cluster = Cluster(exports)
         await cluster.start()
         try:
-            async with PSClient.connect(cluster.urls) as client:
+            async with PSClient.connect(cluster.urls) as client, ControlClient.connect(cluster.urls) as control:
                 await _train(client, LR, KEYS, 1)
-                assert (await client.export_now())["version"] == 1
+                assert (await control.export_now())["version"] == 1
                 await _train(client, LR, KEYS[:1500], 2)
                 # Fill the filesystem to within a few kilobytes.
                 filler = exports / "filler"
@@ -256,7 +261,7 @@ async def test_a_full_disk_fails_one_cut_and_the_next_succeeds(
                         assert str(exports / "m") in body["detail"]
 
                 filler.unlink()
-                after = await client.export_now()
+                after = await control.export_now()
                 assert (after["version"], after["kind"]) == (4, "base")
                 assert _restores_to_live(exports, cluster.shards) == 4
         finally:
@@ -266,9 +271,9 @@ async def test_a_full_disk_fails_one_cut_and_the_next_succeeds(
 async def test_a_shard_not_joined_copies_nothing_and_the_cut_is_aborted(
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with PSClient.connect(cluster.urls) as client:
+    async with PSClient.connect(cluster.urls) as client, ControlClient.connect(cluster.urls) as control:
         await _train(client, LR, KEYS, 1)
-        assert (await client.export_now())["version"] == 1
+        assert (await control.export_now())["version"] == 1
         # Shard 1 restarted (not yet admitted): its state may be another
         # version than shard 0's, so a cut of it would mix versions.
         cluster.shards[1].leave("restarted")
@@ -279,7 +284,7 @@ async def test_a_shard_not_joined_copies_nothing_and_the_cut_is_aborted(
         assert cluster.shards[0].pending_snapshots == [] and cluster.shards[1].pending_snapshots == []
         assert [v.version for v in list_versions(cluster.exports / "m")] == [1]
         cluster.shards[1].admit("", cluster.shards[1].state_version)
-        after = await client.export_now()
+        after = await control.export_now()
         assert (after["version"], after["kind"]) == (3, "base")
         assert _restores_to_live(cluster.exports, cluster.shards) == 3
 

@@ -35,11 +35,15 @@ from app.api import HISTORY, ApiServer, create_app
 from app.cli import build_parser
 from app.demo import _announce
 from app.history import LIVE_WORKER_S, History, window_quality
+from app.metrics import ApiMetrics
 from app.openapi import openapi_document, response_schema, validate
 from app.settings import ApiSettings, DemoSettings, SettingsError
 from app.status import WorkerView
+from app.views import ControlView
+from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import Model, make_model
-from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import create_shard_app
 from ps_core.net.shard import Shard, ShardSpec
 
@@ -61,10 +65,15 @@ class FakeClock:
         return self.t
 
 
-def local_cluster(kind: str = "lr", shards: int = 2) -> tuple[PSClient, Model, list[Shard]]:
+def local_cluster(kind: str = "lr", shards: int = 2) -> tuple[PSClient, ControlClient, Model, list[Shard]]:
     model = make_model(kind, "ctr")
     held = [Shard(ShardSpec(i, shards), model.tables()) for i in range(shards)]
-    return PSClient.local(held), model, held
+    return PSClient.local(held), ControlClient.local(held), model, held
+
+
+def view_of(control: ControlClient) -> ControlView:
+    """What the API's history samples: the cluster's stats and board."""
+    return ControlView(control, ApiMetrics())
 
 
 def table_sizes(model: Model, shards: list[Shard]) -> dict[str, int]:
@@ -96,9 +105,9 @@ async def serve() -> AsyncIterator[Callable[..., Any]]:
     opened: list[tuple[TestClient, PSClient]] = []  # type: ignore[type-arg]
 
     async def start(
-        client: PSClient, model: Model, history: History | None = None, **settings: Any
+        client: PSClient, control: ControlClient, model: Model, history: History | None = None, **settings: Any
     ) -> tuple[web.Application, Http]:
-        app = create_app(ApiSettings(**settings), client, model)
+        app = create_app(ApiSettings(**settings), client, model, control=control)
         if history is not None:
             app[HISTORY] = history  # before the app starts: its task is this one's
         http = TestClient(TestServer(app))
@@ -116,9 +125,9 @@ async def serve() -> AsyncIterator[Callable[..., Any]]:
 
 
 async def test_each_sample_is_a_point_and_events_per_s_comes_from_consecutive_samples() -> None:
-    client, model, shards = local_cluster("fm")
+    client, control, model, shards = local_cluster("fm")
     clock = FakeClock()
-    history = History(client, model, interval_s=2.0, max_points=100, clock=clock)
+    history = History(view_of(control), model, interval_s=2.0, max_points=100, clock=clock)
     first = await history.sample()
     assert first is not None and first.t == clock.t
     assert (first.events_trained, first.events_per_s, first.lag, first.dead_letters) == (0, None, 0, 0)
@@ -127,17 +136,17 @@ async def test_each_sample_is_a_point_and_events_per_s_comes_from_consecutive_sa
 
     rng = np.random.default_rng(1)
     await train(client, model, synthetic_events(rng, 150), rounds=1)
-    await report_windows(client, "w-a", [window_report(1, 150, {0: 4, 1: 3}, {"bad_label": 2})])
+    await report_windows(control, "w-a", [window_report(1, 150, {0: 4, 1: 3}, {"bad_label": 2})])
     clock.t += 2.0
     second = await history.sample()
     assert second is not None
     assert second.events_trained == 150 and second.events_per_s == pytest.approx(150 / 2.0)
     assert second.features == table_sizes(model, shards) and second.features["ctr_w"] > 100
     assert (second.lag, second.dead_letters) == (7, 2)
-    last = (await client.statuses())[0]["status"]["last_window"]
+    last = (await control.statuses())[0]["status"]["last_window"]
     assert (second.logloss, second.auc, second.copc) == (last["logloss"], last["auc"], last["copc"])
 
-    await report_windows(client, "w-b", [window_report(1, 60, {2: 1}, {})])
+    await report_windows(control, "w-b", [window_report(1, 60, {2: 1}, {})])
     clock.t += 4.0
     third = await history.sample()
     assert third is not None and third.events_trained == 210
@@ -150,11 +159,11 @@ async def test_each_sample_is_a_point_and_events_per_s_comes_from_consecutive_sa
 
 
 async def test_the_history_keeps_the_newest_max_points() -> None:
-    client, model, _ = local_cluster()
+    client, control, model, _ = local_cluster()
     clock = FakeClock()
-    history = History(client, model, interval_s=1.0, max_points=3, clock=clock)
+    history = History(view_of(control), model, interval_s=1.0, max_points=3, clock=clock)
     for i in range(1, 6):
-        await report_windows(client, f"w{i}", [window_report(1, 10 * i, {0: 0}, {})])
+        await report_windows(control, f"w{i}", [window_report(1, 10 * i, {0: 0}, {})])
         clock.t += 1.0
         await history.sample()
     points = history.points()
@@ -167,21 +176,21 @@ async def test_the_history_keeps_the_newest_max_points() -> None:
 
 
 async def test_events_per_s_is_unknown_when_the_total_falls_or_time_does_not_advance() -> None:
-    client, model, shards = local_cluster()
+    client, control, model, shards = local_cluster()
     clock = FakeClock()
-    history = History(client, model, interval_s=1.0, max_points=10, clock=clock)
-    await report_windows(client, "w", [window_report(1, 50, {0: 0}, {})])
+    history = History(view_of(control), model, interval_s=1.0, max_points=10, clock=clock)
+    await report_windows(control, "w", [window_report(1, 50, {0: 0}, {})])
     await history.sample()
     # Shard 0 restarted: its board is empty, so the total falls to 0.
-    client2 = PSClient.local([Shard(ShardSpec(0, 2), model.tables()), shards[1]])
-    history.client = client2
+    control2 = ControlClient.local([Shard(ShardSpec(0, 2), model.tables()), shards[1]])
+    history.view = view_of(control2)
     clock.t += 1.0
     fell = await history.sample()
     assert fell is not None and fell.events_trained == 0 and fell.events_per_s is None
     same_time = await history.sample()
     assert same_time is not None and same_time.events_per_s is None
     await client.close()
-    await client2.close()
+    await control2.close()
 
 
 def view(source: str, received_at: float, **window: Any) -> WorkerView:
@@ -218,8 +227,8 @@ async def test_an_unreachable_shard_skips_samples_logs_once_and_recovers(
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    client = PSClient.connect([f"http://127.0.0.1:{port}"], retry=RetryPolicy(deadline_s=0.2))
-    history = History(client, model, interval_s=1.0, max_points=10, clock=FakeClock())
+    control = ControlClient.connect([f"http://127.0.0.1:{port}"], retry=RetryPolicy(deadline_s=0.2))
+    history = History(view_of(control), model, interval_s=1.0, max_points=10, clock=FakeClock())
     try:
         assert await history.sample() is not None and history.error is None
         await runner.cleanup()
@@ -238,15 +247,15 @@ async def test_an_unreachable_shard_skips_samples_logs_once_and_recovers(
         assert lines == ["history sample failed", "history sampling resumed"]
         assert len(history.points()) == 2
     finally:
-        await client.close()
+        await control.close()
         await runner.cleanup()
 
 
 def test_history_arguments_and_settings_are_checked() -> None:
-    client, model, _ = local_cluster()
+    client, control, model, _ = local_cluster()
     for interval_s, max_points in ((0.0, 1), (-1.0, 1), (math.inf, 1), (math.nan, 1), (1.0, 0)):
         with pytest.raises(ValueError):
-            History(client, model, interval_s=interval_s, max_points=max_points)
+            History(view_of(control), model, interval_s=interval_s, max_points=max_points)
     args = build_parser().parse_args(["serve"])
     shards = {"CTRPS_SHARDS": "http://a:1"}
     s = ApiSettings.from_args(args, env={**shards, "CTRPS_HISTORY_INTERVAL": "0.5", "CTRPS_HISTORY_POINTS": "60"})
@@ -262,8 +271,8 @@ def test_history_arguments_and_settings_are_checked() -> None:
 
 
 async def test_the_app_samples_while_it_runs_and_stops_on_shutdown(serve: Any) -> None:
-    client, model, shards = local_cluster()
-    app, api = await serve(client, model, history_interval_s=0.005, history_points=5)
+    client, control, model, shards = local_cluster()
+    app, api = await serve(client, control, model, history_interval_s=0.005, history_points=5)
     history = app[HISTORY]
     assert history.running
     await until(lambda: len(history.points()) >= 1)
@@ -274,7 +283,7 @@ async def test_the_app_samples_while_it_runs_and_stops_on_shutdown(serve: Any) -
 
     rng = np.random.default_rng(7)
     await train(client, model, synthetic_events(rng, 80), rounds=1)
-    await report_windows(client, "w", [window_report(1, 80, {0: 2}, {})])
+    await report_windows(control, "w", [window_report(1, 80, {0: 2}, {})])
     # The first sample has no rate; once it has left, more than 5 were taken.
     await until(lambda: history.points()[-1].events_trained == 80 and history.points()[0].events_per_s is not None)
     status, body = await api.get("/v1/history")
@@ -292,14 +301,14 @@ async def test_the_app_samples_while_it_runs_and_stops_on_shutdown(serve: Any) -
 
 
 async def test_the_first_sample_and_the_rate_through_the_app_are_exact(serve: Any) -> None:
-    client, model, _ = local_cluster()
+    client, control, model, _ = local_cluster()
     clock = FakeClock()
-    mine = History(client, model, interval_s=3600.0, max_points=10, clock=clock)
-    app, api = await serve(client, model, history=mine)
+    mine = History(view_of(control), model, interval_s=3600.0, max_points=10, clock=clock)
+    app, api = await serve(client, control, model, history=mine)
     history = app[HISTORY]
     # The task samples once at start, then not for an hour: the rest is driven here.
     await until(lambda: len(history.points()) == 1)
-    await report_windows(client, "w", [window_report(1, 500, {0: 0}, {})])
+    await report_windows(control, "w", [window_report(1, 500, {0: 0}, {})])
     clock.t += 2.5
     await history.sample()
     _, body = await api.get("/v1/history")
@@ -316,7 +325,7 @@ async def test_the_first_sample_and_the_rate_through_the_app_are_exact(serve: An
 async def test_a_sampler_that_fails_keeps_running_logs_once_and_shows_the_error(
     serve: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client, model, _ = local_cluster()
+    client, control, model, _ = local_cluster()
     calls = 0
 
     class Broken(History):
@@ -327,7 +336,7 @@ async def test_a_sampler_that_fails_keeps_running_logs_once_and_shows_the_error(
 
     broken = Broken(client, model, interval_s=0.01, max_points=5)
     with caplog.at_level(logging.WARNING, logger="ctrps.history"):
-        _, api = await serve(client, model, history=broken)
+        _, api = await serve(client, control, model, history=broken)
         await until(lambda: calls >= 3)
     assert broken.running
     failed = [r for r in caplog.records if r.name == "ctrps.history"]
@@ -341,8 +350,8 @@ async def test_a_sampler_that_fails_keeps_running_logs_once_and_shows_the_error(
 
 
 async def test_the_dashboard_is_one_self_contained_html_page(serve: Any) -> None:
-    client, model, _ = local_cluster()
-    app, api = await serve(client, model)
+    client, control, model, _ = local_cluster()
+    app, api = await serve(client, control, model)
     async with api.http.get("/") as resp:
         assert resp.status == 200
         assert (resp.content_type, resp.charset) == ("text/html", "utf-8")
@@ -381,7 +390,9 @@ def test_the_page_ships_with_the_package() -> None:
 async def test_the_demo_announces_the_dashboard(fmt: str, caplog: pytest.LogCaptureFixture) -> None:
     out = io.StringIO()
     async with PSClient.local([Shard()]) as client:
-        async with ApiServer(ApiSettings(port=0), client, make_model("lr")) as server:
+        async with ApiServer(
+            ApiSettings(port=0), client, make_model("lr"), control=ControlClient.local([Shard()])
+        ) as server:
             with caplog.at_level(logging.INFO, logger="ctrps.demo"):
                 _announce(out, server, "127.0.0.1:9092", DemoSettings(port=0, log_format=fmt))
     ready = [r for r in caplog.records if r.getMessage() == "ready"]
@@ -469,9 +480,11 @@ async def test_the_page_script_parses(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
 async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(serve: Any, tmp_path: Path) -> None:
-    client, model, shards = local_cluster()
+    client, control, model, shards = local_cluster()
     clock = FakeClock()
-    app, api = await serve(client, model, history=History(client, model, interval_s=3600.0, max_points=50, clock=clock))
+    app, api = await serve(
+        client, control, model, history=History(view_of(control), model, interval_s=3600.0, max_points=50, clock=clock)
+    )
     history = app[HISTORY]
     await until(lambda: len(history.points()) == 1)
 
@@ -485,7 +498,7 @@ async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(s
     empty = await answers("/v1/history")
     since = history.points()[-1].t
     await train(client, model, synthetic_events(np.random.default_rng(3), 100), rounds=1)
-    await report_windows(client, "w-1", [window_report(1, 100, {0: 3, 1: 1}, {"bad_label": 1})])
+    await report_windows(control, "w-1", [window_report(1, 100, {0: 3, 1: 1}, {"bad_label": 1})])
     for _ in range(3):
         clock.t += 2.0
         await history.sample()

@@ -20,6 +20,7 @@ from app.api import ApiServer
 from app.cli import build_parser
 from app.demo import _announce, example_event
 from app.settings import ApiSettings, DemoSettings, SettingsError
+from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export import list_versions
 from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
@@ -219,7 +220,9 @@ async def test_the_demo_announces_its_urls_and_curl_examples(fmt: str, caplog: p
     out = io.StringIO()
     settings = DemoSettings(port=0, log_format=fmt)
     async with PSClient.local([Shard()]) as client:
-        async with ApiServer(ApiSettings(port=0), client, make_model("lr")) as server:
+        async with ApiServer(
+            ApiSettings(port=0), client, make_model("lr"), control=ControlClient.local([Shard()])
+        ) as server:
             with caplog.at_level(logging.INFO, logger="ctrps.demo"):
                 _announce(out, server, "127.0.0.1:9092", settings, Path("exports/demo-x/ctr"))
     ready = [r for r in caplog.records if r.getMessage() == "ready"]

@@ -10,6 +10,7 @@ import pytest
 from conftest import ServeShards
 from waiting import until
 
+from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
 from ps_core.checkpoint.exporter import Exporter
@@ -54,23 +55,23 @@ def _state(shards: list[Shard], table: str, keys: np.ndarray) -> dict[int, tuple
 async def test_cuts_write_a_chain_that_restores_every_row_into_more_shards(tmp_path: Path) -> None:
     coord = Coordinator()
     shards = [Shard(ShardSpec(i, 2), (LR,)) for i in range(2)]
-    client = PSClient.local(shards, coord)
-    exporter = Exporter(coord, client, tmp_path, "m")
+    client, control = PSClient.local(shards), ControlClient.local(shards, coord)
+    exporter = Exporter(coord, control, tmp_path, "m")
     universe = np.arange(1, 3000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
 
     await _train(client, LR, universe[:1000], 1)
-    lease = (await client.acquire_lease("w")).lease_id
-    await client.release_lease(lease, {"clicks": {0: 10, 1: 12}})
+    lease = (await control.acquire_lease("w")).lease_id
+    await control.release_lease(lease, {"clicks": {0: 10, 1: 12}})
     base = await exporter.cut()
     assert (base.version, base.kind, base.parent, base.rows) == (1, "base", None, 1000)
 
     await _train(client, LR, universe[500:1500], 2)
     for s in shards:
         s.tables["m_w"].delete(universe[:100])  # evicted features are part of the next delta
-    await client.declare(FM_V)  # a table born after the base: all its rows go in the next delta
+    await control.declare(FM_V)  # a table born after the base: all its rows go in the next delta
     await _train(client, FM_V, universe[:300], 3)
-    lease = (await client.acquire_lease("w")).lease_id
-    await client.release_lease(lease, {"clicks": {0: 20, 1: 25}})
+    lease = (await control.acquire_lease("w")).lease_id
+    await control.release_lease(lease, {"clicks": {0: 20, 1: 25}})
     d1 = await exporter.cut()
     assert (d1.version, d1.kind, d1.parent) == (2, "delta", 1)
     assert d1.rows == 1000 + 300  # keys 500..1499 changed; FM rows all new
@@ -95,10 +96,10 @@ async def test_cuts_write_a_chain_that_restores_every_row_into_more_shards(tmp_p
 async def test_a_failed_write_makes_the_next_cut_a_base(tmp_path: Path) -> None:
     coord = Coordinator()
     shards = [Shard(ShardSpec(0, 1), (LR,))]
-    client = PSClient.local(shards, coord)
+    client, control = PSClient.local(shards), ControlClient.local(shards, coord)
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the exports directory should be")
-    exporter = Exporter(coord, client, blocked, "m")
+    exporter = Exporter(coord, control, blocked, "m")
     await _train(client, LR, np.arange(1, 50, dtype=np.uint64), 1)
     with pytest.raises(ExportWriteError) as failed:
         await exporter.cut()
@@ -114,8 +115,8 @@ async def test_a_failed_write_makes_the_next_cut_a_base(tmp_path: Path) -> None:
 async def test_periodic_exports_over_shard_servers(tmp_path: Path, serve_shards: ServeShards) -> None:
     shards, urls = await serve_shards(2, (LR,))
     coord = Coordinator(base_every=3)
-    async with PSClient.connect(urls) as client:
-        exporter = Exporter(coord, client, tmp_path, "m")
+    async with PSClient.connect(urls) as client, ControlClient.connect(urls) as control:
+        exporter = Exporter(coord, control, tmp_path, "m")
         await _train(client, LR, np.arange(1, 400, dtype=np.uint64), 1)
         stop = asyncio.Event()
         task = asyncio.create_task(exporter.run(0.05, stop))
@@ -129,9 +130,9 @@ async def test_periodic_exports_over_shard_servers(tmp_path: Path, serve_shards:
         assert _state(restored.shards, "m_w", keys) == _state(shards, "m_w", keys)
         # A cut's copies are handed over once; a bad request is refused.
         with pytest.raises(SnapshotError):
-            await client.fetch_snapshots(1)
+            await control.fetch_snapshots(1)
         with pytest.raises(SnapshotError):
-            await client.take_snapshots(99, 99)
+            await control.take_snapshots(99, 99)
 
 
 async def test_cuts_during_steady_training_wait_only_for_leased_windows(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -163,8 +164,8 @@ async def test_cuts_during_steady_training_wait_only_for_leased_windows(kafka_bo
 
     coord = Coordinator(lease_ttl_s=30)
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
-    client = PSClient.local(shards, coord)
-    exporter = Exporter(coord, client, tmp_path, "ctr")
+    client, control = PSClient.local(shards), ControlClient.local(shards, coord)
+    exporter = Exporter(coord, control, tmp_path, "ctr")
     worker = Worker(
         WorkerConfig(
             kafka_bootstrap,
@@ -176,6 +177,7 @@ async def test_cuts_during_steady_training_wait_only_for_leased_windows(kafka_bo
             decode_processes=0,
         ),
         client,
+        control,
         LogisticRegression("ctr"),
     )
     stop = asyncio.Event()

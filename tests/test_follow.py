@@ -452,6 +452,10 @@ async def test_mutating_routes_answer_409_and_the_replica_document_holds(
     status, body = await replica.call("POST", "/v1/status", report, {"Authorization": f"Bearer {TOKEN}"})
     assert (status, body["error"]) == (409, "read_only_replica") and "read-only replica" in body["detail"]
     assert (await replica.call("POST", "/v1/status", report))[0] == 401  # the token still comes first
+    # No write path at all: the reader the API pulls through, and its one
+    # transport, have no push, no push-pull and no control plane.
+    for reader in (replica.follower.client, replica.follower.transport):
+        assert not {"push", "push_pull", "declare", "report_status", "export_now"} & set(dir(reader))
     status, board = await replica.call("GET", "/v1/status")
     assert (status, board) == (200, {"statuses": []})
     for path in ("/metrics", "/v1/history", "/"):

@@ -25,6 +25,7 @@ from threaded import serve_in_thread
 from app.api import ApiServer
 from app.openapi import openapi_document
 from app.settings import ApiSettings
+from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.model.models import make_model
@@ -44,10 +45,10 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         model = make_model("lr", "ctr")
         shards = [Shard(ShardSpec(i, 2), model.tables()) for i in range(2)]
         coordinator = Coordinator()
-        client = PSClient.local(shards, coordinator)
-        client.serve_exports(Exporter(coordinator, client, Path(exports), "ctr"))
+        client, control = PSClient.local(shards), ControlClient.local(shards, coordinator)
+        control.serve_exports(Exporter(coordinator, control, Path(exports), "ctr"))
         settings_ = ApiSettings(port=0, admin_token=TOKEN, max_events=MAX_EVENTS, history_interval_s=0.05)
-        server = ApiServer(settings_, client, model)
+        server = ApiServer(settings_, client, model, control=control)
         url = await server.start()
 
         async def stop() -> None:

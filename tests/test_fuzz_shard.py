@@ -24,12 +24,12 @@ import schemathesis
 from fuzzing import fuzz
 from threaded import serve_in_thread
 
+from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.coordinator_server import add_coordinator_routes
 from ps_core.checkpoint.exporter import Exporter
+from ps_core.checkpoint.routes import checkpointed_shard_app
 from ps_core.net.auth import Scope, TokenVerifier, bearer, derive_token, new_secret
-from ps_core.net.client import LocalTransport, PSClient, ShardTransport
-from ps_core.net.server import ROUTE_SCOPES, create_shard_app, start_shard_site
+from ps_core.net.server import ROUTE_SCOPES, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.shard_openapi import shard_document
 from ps_core.store.table import TableConfig
@@ -47,10 +47,9 @@ def shard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
         shard = Shard(ShardSpec(0, 1), (TABLE,))
         coordinator = Coordinator()
-        transports: list[ShardTransport] = [LocalTransport(shard, coordinator)]
-        client = PSClient(transports)
-        app = create_shard_app(shard, verifier=TokenVerifier(SECRET))
-        add_coordinator_routes(app, coordinator, Exporter(coordinator, client, Path(exports), "ctr"))
+        client = ControlClient.local([shard], coordinator)
+        exporter = Exporter(coordinator, client, Path(exports), "ctr")
+        app = checkpointed_shard_app(shard, verifier=TokenVerifier(SECRET), coordinator=coordinator, exporter=exporter)
         site = await start_shard_site(app, "127.0.0.1", 0)
 
         async def stop() -> None:

@@ -45,6 +45,7 @@ from consumers.outage import locate_bad_batch
 from consumers.producer import produce
 from consumers.resume import cluster_id, partition_bounds
 from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
@@ -295,8 +296,11 @@ async def test_every_client_connects_with_sasl_over_mutual_tls(
         shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
         config = WorkerConfig(boot, topic=topic, group=f"g-{uuid.uuid4().hex[:6]}", dlq_topic=topic + ".dlq",
                               window_seconds=0.3, window_events=20, decode_processes=0, kafka=sec)  # fmt: skip
-        async with PSClient.local(shards, Coordinator(lease_ttl_s=30.0)) as client:
-            worker = Worker(config, client, LogisticRegression("m"))
+        async with (
+            PSClient.local(shards) as client,
+            ControlClient.local(shards, Coordinator(lease_ttl_s=30.0)) as control,
+        ):
+            worker = Worker(config, client, control, LogisticRegression("m"))
             stop = asyncio.Event()
             task = asyncio.create_task(worker.run(stop))
             try:
@@ -422,8 +426,9 @@ async def test_plaintext_set_explicitly_works_against_the_embedded_broker(kafka_
     assert code == 0, out
     config = WorkerConfig(kafka_bootstrap, topic=topic, group=f"g-{uuid.uuid4().hex[:6]}", dlq_topic=topic + ".dlq",
                           window_seconds=0.3, window_events=10, decode_processes=0, kafka=sec)  # fmt: skip
-    async with PSClient.local([Shard(ShardSpec(0, 1))]) as client:
-        worker = Worker(config, client, LogisticRegression("m"))
+    one = [Shard(ShardSpec(0, 1))]
+    async with PSClient.local(one) as client, ControlClient.local(one) as control:
+        worker = Worker(config, client, control, LogisticRegression("m"))
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
         try:

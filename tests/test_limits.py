@@ -28,6 +28,7 @@ from waiting import until
 
 from app.api import ApiServer
 from app.settings import ApiSettings, SettingsError, port_limits_from_env, rpc_limits_from_env
+from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
 from ps_core.net import codec
 from ps_core.net.client import PSClient
@@ -62,8 +63,9 @@ async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes 
 
 @pytest.fixture
 async def api() -> AsyncIterator[ApiServer]:
-    client = PSClient.local([Shard(ShardSpec(0, 1), [LR])])
-    server = ApiServer(ApiSettings(port=0, limits=SMALL), client, make_model("lr"))
+    shards = [Shard(ShardSpec(0, 1), [LR])]
+    client, control = PSClient.local(shards), ControlClient.local(shards)
+    server = ApiServer(ApiSettings(port=0, limits=SMALL), client, make_model("lr"), control=control)
     await server.start()
     try:
         yield server

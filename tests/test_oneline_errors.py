@@ -31,8 +31,10 @@ from app.failures import ExpectedFailure, expected_failure
 from app.logs import KAFKA_LOGGERS, RepeatFilter, configure_logging
 from app.settings import ApiSettings
 from consumers.broker import EmbeddedBroker, free_port
+from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
-from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import create_shard_app, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 
@@ -364,8 +366,15 @@ async def test_a_failing_readyz_logs_once_per_change(caplog: pytest.LogCaptureFi
     def lines(msg: str) -> int:
         return sum(1 for r in caplog.records if r.name == "ctrps.api" and r.getMessage() == msg)
 
-    async with PSClient.connect([url], retry=RetryPolicy(deadline_s=0.2), rpc=False) as client:
-        async with ApiServer(settings, client, make_model("lr", "ctr")) as server, aiohttp.ClientSession() as http:
+    retry = RetryPolicy(deadline_s=0.2)
+    async with (
+        PSClient.connect([url], retry=retry, rpc=False) as client,
+        ControlClient.connect([url], retry=retry) as control,
+    ):
+        async with (
+            ApiServer(settings, client, make_model("lr", "ctr"), control=control) as server,
+            aiohttp.ClientSession() as http,
+        ):
             for _ in range(4):
                 async with http.get(server.url + "/readyz") as resp:
                     assert resp.status == 503

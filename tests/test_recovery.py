@@ -22,11 +22,13 @@ from consumers.broker import create_topics, free_port
 from consumers.decode import decode_records
 from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
 from ps_core.model.features import FeatureHasher
 from ps_core.model.metrics import auc
 from ps_core.model.models import LogisticRegression, sigmoid
-from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.shard import Shard, ShardSpec
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -89,10 +91,10 @@ def _start_shards(
     return procs
 
 
-async def _healthy(client: PSClient, timeout_s: float = 30) -> None:
+async def _healthy(control: ControlClient, timeout_s: float = 30) -> None:
     async def answers() -> bool:
         try:
-            await client.stats()
+            await control.stats()
         except Exception:
             return False  # processes starting
         return True
@@ -168,11 +170,14 @@ async def test_a_killed_shard_recovers_from_the_cut_and_the_replay_loses_nothing
 
     shards = _start_shards(ports, exports, tmp_path, "first", restore=False)
     try:
-        async with PSClient.connect(urls, retry=RetryPolicy(deadline_s=1.0)) as client:
-            await _healthy(client)
+        async with (
+            PSClient.connect(urls, retry=RetryPolicy(deadline_s=1.0)) as client,
+            ControlClient.connect(urls, retry=RetryPolicy(deadline_s=1.0)) as control,
+        ):
+            await _healthy(control)
             # Train about a third, cut (through `ctrps export`), train on,
             # then shard 1 dies mid-stream.
-            worker = Worker(config, client, LogisticRegression("m"))
+            worker = Worker(config, client, control, LogisticRegression("m"))
             assert await _train(worker, lambda: worker.stats.events_trained >= N // 3) is None
             assert worker.leased
             cut = subprocess.run(
@@ -190,7 +195,7 @@ async def test_a_killed_shard_recovers_from_the_cut_and_the_replay_loses_nothing
             at_cut = [cut_offsets.get(str(p), 0) for p in range(PARTITIONS)]
             assert 0 < sum(at_cut) < N
 
-            worker = Worker(config, client, LogisticRegression("m"))
+            worker = Worker(config, client, control, LogisticRegression("m"))
             killed = False
 
             def kill_mid_stream() -> bool:
@@ -220,18 +225,18 @@ async def test_a_killed_shard_recovers_from_the_cut_and_the_replay_loses_nothing
     # group replays from the cut's offsets.
     shards = _start_shards(ports, exports, tmp_path, "second", restore=True)
     try:
-        async with PSClient.connect(urls) as client:
-            await _healthy(client)
-            offsets = await client.coordinator_offsets()
+        async with PSClient.connect(urls) as client, ControlClient.connect(urls) as control:
+            await _healthy(control)
+            offsets = await control.coordinator_offsets()
             assert [offsets.get(topic, {}).get(p, 0) for p in range(PARTITIONS)] == at_cut
-            worker = Worker(config, client, LogisticRegression("m"))
+            worker = Worker(config, client, control, LogisticRegression("m"))
             assert await _train(worker, lambda: worker.stats.records >= N - sum(at_cut)) is None
             assert worker.stats.records == N - sum(at_cut)
             assert worker.stats.events_trained == N - sum(at_cut)
             recovered_auc = await _held_out_auc(client, held_out)
             # A new cut of the recovered shards (versions go on after the
             # newest on disk; the first after a start is a base).
-            after = await client.export_now()
+            after = await control.export_now()
             assert (after["version"], after["kind"]) == (2, "base")
             assert after["offsets"] == {topic: {str(p): n for p, n in enumerate(produced)}}
     finally:
@@ -259,6 +264,7 @@ async def test_a_killed_shard_recovers_from_the_cut_and_the_replay_loses_nothing
             decode_processes=0,
         ),
         PSClient.local(local),
+        ControlClient.local(local),
         LogisticRegression("m"),
     )
     assert await _train(baseline, lambda: baseline.stats.records >= N) is None

@@ -24,8 +24,10 @@ from test_recovery import _train as _run_worker
 from waiting import until
 
 from app.metrics import ApiMetrics
+from app.views import ControlView
 from consumers.broker import create_topics, free_port
 from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.export import latest_chain, restore_shards
 from ps_core.checkpoint.exporter import Exporter
@@ -33,7 +35,8 @@ from ps_core.checkpoint.joining import Membership, load_shard
 from ps_core.errors import ClusterNotReadyError, NoCommonVersionError, ShardNotJoinedError
 from ps_core.model.models import LogisticRegression
 from ps_core.net import codec
-from ps_core.net.client import HttpTransport, LocalTransport, PSClient, RetryPolicy
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.table import TableConfig
 
@@ -117,11 +120,11 @@ class Shards:
                 raise AssertionError(f"shard {i} exited: {self.log_path(i).read_text()[-2000:]}")
 
 
-async def _memberships(client: PSClient) -> list[dict[str, Any]]:
-    return [await t.membership() for t in client.transports]
+async def _memberships(control: ControlClient) -> list[dict[str, Any]]:
+    return [await s.membership() for s in control.shards]
 
 
-async def _joined(client: PSClient, shards: Shards, timeout_s: float = 60) -> list[dict[str, Any]]:
+async def _joined(control: ControlClient, shards: Shards, timeout_s: float = 60) -> list[dict[str, Any]]:
     """Wait until every shard is joined under shard 0's epoch; their reports."""
     got: list[dict[str, Any]] = []
 
@@ -129,8 +132,8 @@ async def _joined(client: PSClient, shards: Shards, timeout_s: float = 60) -> li
         nonlocal got
         shards.check_running()
         try:
-            got = await _memberships(client)
-            cluster = (await client.stats())[0]["cluster"]
+            got = await _memberships(control)
+            cluster = (await control.stats())[0]["cluster"]
         except Exception:
             return False  # starting
         return bool(cluster["ready"]) and all(r["joined"] and r["epoch"] == cluster["epoch"] for r in got)
@@ -144,9 +147,9 @@ def _no_tracebacks(shards: Shards, i: int) -> None:
     assert "Traceback" not in text, text[-3000:]
 
 
-async def _lease_works(client: PSClient) -> None:
-    lease = await client.acquire_lease("probe", wait_s=5)
-    await client.release_lease(lease.lease_id, {})
+async def _lease_works(control: ControlClient) -> None:
+    lease = await control.acquire_lease("probe", wait_s=5)
+    await control.release_lease(lease.lease_id, {})
 
 
 async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_older_version(tmp_path: Path) -> None:
@@ -154,14 +157,17 @@ async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_olde
     shards = Shards(2, exports, tmp_path)
     shards.start_all(restore=False)
     try:
-        async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as client:
-            await _joined(client, shards)
-            await client.declare(LR)
+        async with (
+            PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as client,
+            ControlClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as control,
+        ):
+            await _joined(control, shards)
+            await control.declare(LR)
             for step, kind in enumerate(("base", "delta", "base", "delta"), start=1):
                 await _train(client, LR, KEYS[(step - 1) * 500 : step * 500 + 500], step)
-                lease = await client.acquire_lease("w", wait_s=5)
-                await client.release_lease(lease.lease_id, {"clicks": {0: 100 * step, 1: 10 * step}})
-                assert (await client.export_now(kind))["version"] == step
+                lease = await control.acquire_lease("w", wait_s=5)
+                await control.release_lease(lease.lease_id, {"clicks": {0: 100 * step, 1: 10 * step}})
+                assert (await control.export_now(kind))["version"] == step
     finally:
         shards.stop_all()
     # One flipped byte in shard 1's file of the newest base (version 3).
@@ -173,11 +179,14 @@ async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_olde
 
     shards.start_all(restore=True)
     try:
-        async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as client:
-            reports = await _joined(client, shards)
+        async with (
+            PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as client,
+            ControlClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as control,
+        ):
+            reports = await _joined(control, shards)
             assert [r["version"] for r in reports] == [2, 2]
-            await _lease_works(client)
-            assert await client.coordinator_offsets() == {"clicks": {0: 200, 1: 20}}
+            await _lease_works(control)
+            assert await control.coordinator_offsets() == {"clicks": {0: 200, 1: 20}}
             # Both shards serve version 2 exactly (version 3's rows are absent).
             want = await PSClient.local(expected_v2.shards).pull("m_w", KEYS)
             np.testing.assert_array_equal(await client.pull("m_w", KEYS), want)
@@ -199,12 +208,15 @@ async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(tmp_
     shards = Shards(2, exports, tmp_path)
     shards.start_all(restore=False)
     try:
-        async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as client:
-            await _joined(client, shards)
-            await client.declare(LR)
+        async with (
+            PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as client,
+            ControlClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as control,
+        ):
+            await _joined(control, shards)
+            await control.declare(LR)
             for step, kind in enumerate(("base", "delta"), start=1):
                 await _train(client, LR, KEYS[: step * 1000], step)
-                assert (await client.export_now(kind))["version"] == step
+                assert (await control.export_now(kind))["version"] == step
     finally:
         shards.stop_all()
     damaged = exports / "m" / "0000000001" / "shard-0.m_w.npz"
@@ -214,7 +226,10 @@ async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(tmp_
 
     shards.start_all(restore=True)
     try:
-        async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as client:
+        async with (
+            PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as client,
+            ControlClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as control,
+        ):
 
             async def refused() -> bool:
                 shards.check_running()
@@ -222,21 +237,21 @@ async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(tmp_
 
             await until(refused, 60, what="the coordinator to refuse", poll_s=0.1)
             with pytest.raises(NoCommonVersionError) as failed:
-                await client.acquire_lease("w", wait_s=1)
+                await control.acquire_lease("w", wait_s=1)
             assert str(damaged) in str(failed.value) and "--no-restore" in str(failed.value)
-            assert [r["joined"] for r in await _memberships(client)] == [False, False]
+            assert [r["joined"] for r in await _memberships(control)] == [False, False]
             lines = [l for l in shards.lines(0) if l.get("msg") == "no common version: leases refused"]
             assert len(lines) == 1 and lines[0]["level"] == "error"
-            cluster = (await client.stats())[0]["cluster"]
+            cluster = (await control.stats())[0]["cluster"]
             assert not cluster["ready"] and cluster["versions_refused"] == 2
 
             # Moving the damaged versions aside is what the line says to do:
             # with nothing left to load, the shards join empty.
             for name in ("0000000001", "0000000002"):
                 (exports / "m" / name).rename(exports / "m" / f"damaged-{name}")
-            reports = await _joined(client, shards)
+            reports = await _joined(control, shards)
             assert [r["version"] for r in reports] == [0, 0]
-            await _lease_works(client)
+            await _lease_works(control)
             for i in range(2):
                 _no_tracebacks(shards, i)
     finally:
@@ -266,18 +281,21 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
     shards = Shards(2, tmp_path / "exports", tmp_path)
     shards.start_all(restore=True)  # an empty directory: they join holding nothing
     try:
-        async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1.0)) as client:
-            await _joined(client, shards)
+        async with (
+            PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1.0)) as client,
+            ControlClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1.0)) as control,
+        ):
+            await _joined(control, shards)
 
             async def committed() -> list[int]:
-                known = (await client.coordinator_offsets()).get(topic, {})
+                known = (await control.coordinator_offsets()).get(topic, {})
                 return [known.get(p, 0) for p in range(partitions)]
 
             # Train a third, with both partitions committed, and cut.
-            worker = Worker(config, client, LogisticRegression("m"))
+            worker = Worker(config, client, control, LogisticRegression("m"))
             assert await _run_worker(worker, lambda: worker.stats.events_trained >= n // 3) is None
             assert all(await committed())
-            cut = await client.export_now()
+            cut = await control.export_now()
             assert (cut["version"], cut["kind"]) == (1, "base")
 
             # Train on; mid-stream shard 1 dies and is started again alone.
@@ -290,7 +308,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
             async def watch() -> None:
                 while not done.is_set():
                     with contextlib.suppress(Exception):
-                        restores = (await client.stats())[0]["cluster"]["cluster_restores"]
+                        restores = (await control.stats())[0]["cluster"]["cluster_restores"]
                         if restarted and restores >= 1 and await committed() == produced:
                             done.set()
                     await asyncio.sleep(0.1)
@@ -298,7 +316,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
             watcher = asyncio.create_task(watch())
             try:
                 for _ in range(8):
-                    worker = Worker(config, client, LogisticRegression("m"))
+                    worker = Worker(config, client, control, LogisticRegression("m"))
 
                     def step(worker: Worker = worker) -> bool:
                         nonlocal restarted
@@ -315,11 +333,12 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
                 watcher.cancel()
             assert restarted and done.is_set()
             assert await committed() == produced
-            reports = await _joined(client, shards)
+            reports = await _joined(control, shards)
             assert [r["version"] for r in reports] == [1, 1]  # both restored version 1, then trained
-            cluster = (await client.stats())[0]["cluster"]
+            cluster = (await control.stats())[0]["cluster"]
             assert cluster["cluster_restores"] == 1
-            exposition = (await ApiMetrics().scrape(client)).decode()
+            metrics = ApiMetrics()
+            exposition = (await metrics.scrape(ControlView(control, metrics))).decode()
             assert "ctrps_cluster_restores_total 1.0" in exposition
             assert "ctrps_cluster_ready 1.0" in exposition and "ctrps_cluster_version 1.0" in exposition
             restores = [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
@@ -327,7 +346,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
             assert "trained past" in restores[0]["why"]
             for i in range(2):
                 assert [l["version"] for l in shards.lines(i) if l.get("msg") == "restore"][-1] == 1
-            final = await client.export_now()
+            final = await control.export_now()
         shards.check_running()
     finally:
         shards.stop_all()
@@ -346,27 +365,30 @@ async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(tmp_p
     shards = Shards(2, exports, tmp_path)
     shards.start_all(restore=True)
     try:
-        async with PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as client:
-            await _joined(client, shards)
-            await client.declare(LR)
+        async with (
+            PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as client,
+            ControlClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as control,
+        ):
+            await _joined(control, shards)
+            await control.declare(LR)
             await _train(client, LR, KEYS[:1500], 1)
-            lease = await client.acquire_lease("w", wait_s=5)
-            await client.release_lease(lease.lease_id, {"clicks": {0: 7}})
-            assert (await client.export_now())["version"] == 1
+            lease = await control.acquire_lease("w", wait_s=5)
+            await control.release_lease(lease.lease_id, {"clicks": {0: 7}})
+            assert (await control.export_now())["version"] == 1
             at_v1 = await client.pull("m_w", KEYS)
-            lease = await client.acquire_lease("w", wait_s=5)
+            lease = await control.acquire_lease("w", wait_s=5)
             await _train(client, LR, KEYS[1000:], 2)  # trained past version 1
-            await client.release_lease(lease.lease_id, {"clicks": {0: 9}})
-            old_epoch = (await client.stats())[0]["cluster"]["epoch"]
+            await control.release_lease(lease.lease_id, {"clicks": {0: 9}})
+            old_epoch = (await control.stats())[0]["cluster"]["epoch"]
 
             # Shard 0 (and its coordinator) restarts alone: its new
             # coordinator makes shard 1 load version 1 too.
             shards.stop(0, signal.SIGKILL)
             shards.start(0)
-            reports = await _joined(client, shards)
+            reports = await _joined(control, shards)
             assert [r["version"] for r in reports] == [1, 1] and reports[1]["epoch"] != old_epoch
             np.testing.assert_array_equal(await client.pull("m_w", KEYS), at_v1)
-            assert await client.coordinator_offsets() == {"clicks": {0: 7}}
+            assert await control.coordinator_offsets() == {"clicks": {0: 7}}
             restores = [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
             assert len(restores) == 1 and restores[0]["version"] == 1
 
@@ -395,7 +417,7 @@ async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(tmp_p
                 with pytest.raises(ShardNotJoinedError):
                     await asyncio.wait_for(direct.transports[0].pull("m_w", KEYS[:10]), 5)
             shards.start(0)
-            reports = await _joined(client, shards)
+            reports = await _joined(control, shards)
             assert [r["version"] for r in reports] == [1, 1]
             # Both loaded version 1 and trained nothing since: admitted as they are.
             assert not [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
@@ -410,12 +432,12 @@ async def _two_versions(exports: Path) -> None:
     """Versions 1 (base) and 2 (delta) of model ``m`` over two shards, with offsets."""
     coord = Coordinator()
     live = [Shard(ShardSpec(i, 2), (LR,)) for i in range(2)]
-    client = PSClient.local(live, coord)
-    exporter = Exporter(coord, client, exports, "m")
+    client, control = PSClient.local(live), ControlClient.local(live, coord)
+    exporter = Exporter(coord, control, exports, "m")
     for step in (1, 2):
         await _train(client, LR, KEYS[: step * 1000], step)
-        lease = await client.acquire_lease("w")
-        await client.release_lease(lease.lease_id, {"clicks": {0: step * 10}})
+        lease = await control.acquire_lease("w")
+        await control.release_lease(lease.lease_id, {"clicks": {0: step * 10}})
         await exporter.cut()
 
 
@@ -433,7 +455,7 @@ async def test_shards_that_loaded_different_versions_are_restored_to_the_newest_
     # Shard 1 came up when only version 1 was readable to it.
     shards = [_slice(exports, 0, 2), _slice(exports, 1, 1)]
     coord = Coordinator(last_version=2, version=2, offsets={"clicks": {0: 20}})
-    membership = Membership(coord, PSClient.local(shards, coord), exports / "m")
+    membership = Membership(coord, ControlClient.local(shards, coord), exports / "m")
     with pytest.raises(ClusterNotReadyError):
         await coord.acquire("w")
     await membership.check()
@@ -453,7 +475,7 @@ async def test_shards_that_loaded_different_versions_are_restored_to_the_newest_
     damaged.write_bytes(bytes(raw))
     shards[1] = _slice(exports, 1, 1)
     coord2 = Coordinator(last_version=2, version=2, offsets={"clicks": {0: 20}})
-    membership = Membership(coord2, PSClient.local(shards, coord2), exports / "m")
+    membership = Membership(coord2, ControlClient.local(shards, coord2), exports / "m")
     await membership.check()
     assert coord2.ready and [s.state_version for s in shards] == [1, 1]
     assert coord2.offsets() == {"clicks": {0: 10}} and membership.versions_refused == 1
@@ -467,7 +489,9 @@ async def test_the_coordinator_waits_for_an_unreachable_shard_with_a_line(
     coord = Coordinator()
     dead = f"http://127.0.0.1:{free_port()}"
     async with aiohttp.ClientSession() as session:
-        client = PSClient([LocalTransport(shard0, coord), HttpTransport(1, dead, session, RetryPolicy(deadline_s=0.2))])
+        client = ControlClient(
+            [LocalControl(shard0, coord), HttpControl(1, dead, session, RetryPolicy(deadline_s=0.2))]
+        )
         membership = Membership(coord, client, tmp_path / "m", urls=["local", dead], wait_log_s=3600)
         with caplog.at_level(logging.WARNING, logger="ctrps.join"):
             await membership.check()

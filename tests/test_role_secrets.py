@@ -21,6 +21,7 @@ from app.cli import build_parser
 from app.cluster import CREDENTIAL_VARIABLES, ChildCredentials
 from app.demo import api_settings_of
 from app.settings import ApiSettings, DemoSettings, SettingsError
+from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
 from ps_core.net.auth import MIN_SECRET_BYTES, Scope, TokenVerifier, derive_token
 from ps_core.net.client import PSClient
@@ -122,7 +123,9 @@ def test_the_api_refuses_a_non_loopback_host_without_an_admin_token(tmp_path: Pa
 
 async def test_api_server_start_refuses_before_it_binds() -> None:
     async with PSClient.local([Shard()]) as client:
-        server = ApiServer(ApiSettings(host="0.0.0.0", port=0), client, make_model("lr"))
+        server = ApiServer(
+            ApiSettings(host="0.0.0.0", port=0), client, make_model("lr"), control=ControlClient.local([Shard()])
+        )
         with pytest.raises(SettingsError, match="would listen on 0.0.0.0 with no credentials"):
             await server.start()
         assert server.url == "" and server._runner is None  # nothing was set up, nothing listens

@@ -22,10 +22,12 @@ from aiohttp import web
 
 from consumers.broker import free_port
 from ps_core.errors import FrameError, PSError, ShardUnavailableError, UnknownTableError
-from ps_core.net.client import PSClient, RetryPolicy, TcpTransport
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.rpc import RpcConnection, RpcServer, RpcServerProtocol, start_rpc_server
 from ps_core.net.server import create_shard_app
 from ps_core.net.shard import Shard, ShardSpec
+from ps_core.net.transports import TcpTransport
 from ps_core.store.table import SparseTable, TableConfig
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})

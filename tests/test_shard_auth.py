@@ -28,9 +28,10 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -42,17 +43,20 @@ from waiting import until
 from app.api import ApiServer
 from app.settings import ApiSettings
 from consumers.broker import free_port
+from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.coordinator_server import EXPORTER, add_coordinator_routes
 from ps_core.checkpoint.exporter import Exporter
+from ps_core.checkpoint.routes import EXPORTER, checkpointed_shard_app
 from ps_core.errors import AuthError, ForbiddenError
 from ps_core.model.models import make_model
 from ps_core.net import codec
 from ps_core.net.auth import Refusals, Scope, TokenVerifier, bearer, derive_token, new_secret
-from ps_core.net.client import LocalTransport, PSClient, RetryPolicy, TcpTransport
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.rpc import RpcConnection, RpcServer, start_rpc_server
-from ps_core.net.server import DEFAULT_MAX_BODY, ROUTE_SCOPES, ShardSite, create_shard_app, start_shard_site
+from ps_core.net.server import DEFAULT_MAX_BODY, ROUTE_SCOPES, ShardSite, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
+from ps_core.net.transports import TcpTransport
 from ps_core.store.table import TableConfig
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -80,6 +84,9 @@ class Secured:
     def client(self, scope: Scope | None, *, rpc: bool = True) -> PSClient:
         return PSClient.connect([self.url], token=self.tokens[scope] if scope else "", rpc=rpc, retry=PATIENT)
 
+    def control(self, scope: Scope | None) -> ControlClient:
+        return ControlClient.connect([self.url], token=self.tokens[scope] if scope else "", retry=PATIENT)
+
 
 @pytest.fixture
 async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
@@ -90,10 +97,12 @@ async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
     rpc: RpcServer = await start_rpc_server(
         shard, "127.0.0.1", 0, max_body=DEFAULT_MAX_BODY, verifier=verifier, refusals=refusals
     )
-    app = create_shard_app(shard, rpc_port=rpc.port, verifier=verifier, refusals=refusals)
     coordinator = Coordinator()
-    local = PSClient([LocalTransport(shard, coordinator)])
-    add_coordinator_routes(app, coordinator, Exporter(coordinator, local, tmp_path / "exports", "ctr"))
+    local = ControlClient.local([shard], coordinator)
+    exporter = Exporter(coordinator, local, tmp_path / "exports", "ctr")
+    app = checkpointed_shard_app(
+        shard, rpc_port=rpc.port, verifier=verifier, refusals=refusals, coordinator=coordinator, exporter=exporter
+    )
     site: ShardSite = await start_shard_site(app, "127.0.0.1", 0)
     try:
         yield Secured(
@@ -149,7 +158,8 @@ async def test_no_token_cannot_push_declare_export_compact_or_copy_snapshots(sec
                     await asyncio.wait_for(stranger.push("ctr_lr", KEYS, -100 * GRADS), BOUND_S)
                 assert not isinstance(info.value, ForbiddenError)
             with pytest.raises(AuthError):
-                await stranger.declare(TableConfig("rogue", dim=1, optimizer={"name": "sgd"}))
+                async with s.control(None) as c:
+                    await c.declare(TableConfig("rogue", dim=1, optimizer={"name": "sgd"}))
             with pytest.raises(AuthError):
                 await stranger.pull("ctr_lr", KEYS)
     np.testing.assert_array_equal(s.shard.table("ctr_lr").pull(KEYS), before)
@@ -192,7 +202,8 @@ async def test_read_token_pulls_but_cannot_push_over_rpc_or_http(secured: Secure
             with pytest.raises(ForbiddenError):
                 await reader.push_pull("ctr_lr", KEYS, GRADS, pull_keys=KEYS)
             with pytest.raises(ForbiddenError):
-                await reader.declare(TableConfig("rogue", dim=1, optimizer={"name": "sgd"}))
+                async with s.control(Scope.READ) as c:
+                    await c.declare(TableConfig("rogue", dim=1, optimizer={"name": "sgd"}))
             # The refused frames left the connection open: the next pull uses it.
             np.testing.assert_array_equal(await reader.pull("ctr_lr", KEYS), want)
             if rpc:
@@ -226,28 +237,28 @@ async def test_rpc_hello_without_a_token_is_refused_and_a_read_token_cannot_push
 
 async def test_train_token_pushes_but_cannot_snapshot_or_export_and_admin_can(secured: Secured) -> None:
     s = secured
-    async with s.client(Scope.TRAIN) as trainer:
-        assert await trainer.declare(TableConfig("ctr_extra", dim=1, optimizer={"name": "sgd"}))
+    async with s.client(Scope.TRAIN) as trainer, s.control(Scope.TRAIN) as training:
+        assert await training.declare(TableConfig("ctr_extra", dim=1, optimizer={"name": "sgd"}))
         assert await trainer.push("ctr_lr", KEYS, GRADS) == KEYS.size
-        grant = await trainer.acquire_lease("w1", wait_s=1.0)
-        assert await trainer.release_lease(grant.lease_id, {"clicks": {0: 5}})
-        assert (await trainer.coordinator_offsets()) == {"clicks": {0: 5}}
+        grant = await training.acquire_lease("w1", wait_s=1.0)
+        assert await training.release_lease(grant.lease_id, {"clicks": {0: 5}})
+        assert (await training.coordinator_offsets()) == {"clicks": {0: 5}}
         for refused in (
-            trainer.take_snapshots(1, None),
-            trainer.fetch_snapshots(1),
-            trainer.export_now(),
-            trainer.compact_exports(),
+            training.take_snapshots(1, None),
+            training.fetch_snapshots(1),
+            training.export_now(),
+            training.compact_exports(),
         ):
             with pytest.raises(ForbiddenError) as info:
                 await asyncio.wait_for(refused, BOUND_S)
             assert "admin" in info.value.detail
-    async with s.client(Scope.ADMIN) as admin:
-        assert (await admin.take_snapshots(1, None)) == [{"ctr_lr": KEYS.size, "ctr_extra": 0}]
-        fetched = await admin.fetch_snapshots(1)
+    async with s.client(Scope.ADMIN) as admin, s.control(Scope.ADMIN) as admin_control:
+        assert (await admin_control.take_snapshots(1, None)) == [{"ctr_lr": KEYS.size, "ctr_extra": 0}]
+        fetched = await admin_control.fetch_snapshots(1)
         assert {snap.table for snap in fetched[0]} == {"ctr_lr", "ctr_extra"}
-        report = await admin.export_now("base")
+        report = await admin_control.export_now("base")
         assert report["version"] == 1 and report["kind"] == "base"
-        assert (await admin.exports())["versions"]
+        assert (await admin_control.exports())["versions"]
         assert await admin.push("ctr_lr", KEYS, GRADS) == KEYS.size  # admin includes train
 
 
@@ -407,19 +418,21 @@ async def test_refusals_are_one_line_per_kind_counted_and_never_show_a_token(
             assert secret not in text, record
 
     # Counted in the shard's stats, for a read token.
-    async with s.client(Scope.READ) as reader:
+    async with s.control(Scope.READ) as reader:
         stats = (await reader.stats())[0]
     assert stats["auth"] == {"refused": {"missing": 5, "wrong": 10, "scope": 5}}
 
     # And on the API's metrics, which reads the shards' stats.
     client = PSClient.connect([s.url], token=s.tokens[Scope.READ])
-    api = ApiServer(ApiSettings(port=0), client, make_model("lr"))
+    control = s.control(Scope.READ)
+    api = ApiServer(ApiSettings(port=0), client, make_model("lr"), control=control)
     await api.start()
     try:
         status, text = await _http("GET", api.url + "/metrics")
     finally:
         await api.stop()
         await client.close()
+        await control.close()
     assert status == 200 and isinstance(text, bytes)
     got = {}
     for m in re.finditer(r"^ctrps_shard_auth_refused_total\{([^}]*)\} (\S+)$", text.decode(), re.M):
@@ -468,19 +481,27 @@ async def test_refusals_are_not_retried(secured: Secured, rpc: bool) -> None:
     """One attempt per call: the shard counts one refusal, and the call
     raises long before its retry deadline (120 s) could pass."""
     s = secured
-    calls = [
+    data: list[tuple[Scope | None, Callable[[PSClient], Awaitable[Any]], type[Exception]]] = [
         (None, lambda c: c.push("ctr_lr", KEYS, GRADS), AuthError),
         (None, lambda c: c.pull("ctr_lr", KEYS), AuthError),
-        (None, lambda c: c.declare(LR), AuthError),
         (Scope.READ, lambda c: c.push("ctr_lr", KEYS, GRADS), ForbiddenError),
+    ]
+    control: list[tuple[Scope | None, Callable[[ControlClient], Awaitable[Any]], type[Exception]]] = [
+        (None, lambda c: c.declare(LR), AuthError),
         (Scope.TRAIN, lambda c: c.export_now(), ForbiddenError),
         (Scope.TRAIN, lambda c: c.take_snapshots(3, None), ForbiddenError),
     ]
-    for scope, call, error in calls:
+    for scope, call, error in data:
         async with s.client(scope, rpc=rpc) as client:
             before = _refused(s)
             with pytest.raises(error):
                 await asyncio.wait_for(call(client), BOUND_S)
+            assert _refused(s) == before + 1, (scope, error)
+    for scope, ask, error in control:
+        async with s.control(scope) as ctl:
+            before = _refused(s)
+            with pytest.raises(error):
+                await asyncio.wait_for(ask(ctl), BOUND_S)
             assert _refused(s) == before + 1, (scope, error)
 
 
@@ -493,24 +514,28 @@ async def test_an_api_with_a_refused_shard_token_answers_502_not_401(secured: Se
     body = orjson.dumps({"events": [{"features": {"site": "a3f09"}}]})
     for token, code in ((derive_token(new_secret(), Scope.READ), "unauthorized"), ("", "unauthorized")):
         client = PSClient.connect([s.url], token=token, retry=PATIENT)
-        api = ApiServer(ApiSettings(port=0), client, model)
+        control = ControlClient.connect([s.url], token=token, retry=PATIENT)
+        api = ApiServer(ApiSettings(port=0), client, model, control=control)
         await api.start()
         try:
             status, got = await asyncio.wait_for(_http("POST", api.url + "/v1/predict", body=body), BOUND_S)
         finally:
             await api.stop()
             await client.close()
+            await control.close()
         assert status == 502, got
         assert isinstance(got, dict) and got["error"] == "shard_error" and code in got["detail"]
         assert not token or token not in got["detail"]
     client = PSClient.connect([s.url], token=s.tokens[Scope.READ])
-    api = ApiServer(ApiSettings(port=0), client, model)
+    control = s.control(Scope.READ)
+    api = ApiServer(ApiSettings(port=0), client, model, control=control)
     await api.start()
     try:
         status, got = await _http("POST", api.url + "/v1/predict", body=body)
     finally:
         await api.stop()
         await client.close()
+        await control.close()
     assert status == 200, got
 
 

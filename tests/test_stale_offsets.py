@@ -26,10 +26,12 @@ from waiting import until
 
 from app.metrics import ApiMetrics
 from app.status import make_status_hook
+from app.views import ControlView
 from consumers.broker import EmbeddedBroker, create_topics, free_port
 from consumers.resume import StaleOffsetsError, cluster_id, partition_bounds
 from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.export import latest_chain, list_versions, read_manifest, restore_shards
 from ps_core.checkpoint.exporter import Exporter
@@ -96,11 +98,11 @@ async def _export_from(bootstrap: str, topic: str, group: str, exports: Path, n:
     model of one stream. Returns the model directory."""
     shards = [Shard(ShardSpec(i, PARTITIONS)) for i in range(PARTITIONS)]
     coordinator = Coordinator()
-    client = PSClient.local(shards, coordinator)
-    worker = Worker(_config(bootstrap, topic, group), client, LogisticRegression("m"))
+    client, control = PSClient.local(shards), ControlClient.local(shards, coordinator)
+    worker = Worker(_config(bootstrap, topic, group), client, control, LogisticRegression("m"))
     await _train(worker, lambda: _bias_shows(shards) >= n)
     assert worker.stats.events_trained == n and not worker.stats.stale_offsets
-    report = await Exporter(coordinator, client, exports, "m").cut("base")
+    report = await Exporter(coordinator, control, exports, "m").cut("base")
     assert report.stream == StreamIdentity(await cluster_id(bootstrap), group, (topic,))
     return exports / "m"
 
@@ -142,25 +144,25 @@ async def test_the_coordinator_drops_the_old_streams_offsets_when_workers_report
 ) -> None:
     _, urls = await serve_shards(2, exports=tmp_path)
     old, new = StreamIdentity("cluster-a", "g", ("clicks",)), StreamIdentity("cluster-b", "g", ("clicks",))
-    async with PSClient.connect(urls) as client:
-        lease = (await client.acquire_lease("w1")).lease_id
-        await client.release_lease(lease, {"clicks": {0: 900, 1: 800}}, old)
-        assert await client.coordinator_resume() == ({"clicks": {0: 900, 1: 800}}, old)
+    async with ControlClient.connect(urls) as control:
+        lease = (await control.acquire_lease("w1")).lease_id
+        await control.release_lease(lease, {"clicks": {0: 900, 1: 800}}, old)
+        assert await control.coordinator_resume() == ({"clicks": {0: 900, 1: 800}}, old)
         # A release without offsets says nothing of the stream.
-        lease = (await client.acquire_lease("w1")).lease_id
-        await client.release_lease(lease, {}, new)
-        assert (await client.coordinator_resume()).stream == old
+        lease = (await control.acquire_lease("w1")).lease_id
+        await control.release_lease(lease, {}, new)
+        assert (await control.coordinator_resume()).stream == old
         with caplog.at_level(logging.WARNING, logger="ctrps.coordinator"):
-            lease = (await client.acquire_lease("w2")).lease_id
-            await client.release_lease(lease, {"clicks": {0: 40}}, new)
-        point = await client.coordinator_resume()
+            lease = (await control.acquire_lease("w2")).lease_id
+            await control.release_lease(lease, {"clicks": {0: 40}}, new)
+        point = await control.coordinator_resume()
         assert point == ({"clicks": {0: 40}}, new)  # partition 1's offset was the old stream's
-        assert await client.coordinator_offsets() == {"clicks": {0: 40}}
+        assert await control.coordinator_offsets() == {"clicks": {0: 40}}
         [line] = [r for r in caplog.records if r.getMessage().startswith("stream changed")]
         fields = line.fields  # type: ignore[attr-defined]
         assert (fields["old_cluster_id"], fields["cluster_id"]) == ("cluster-a", "cluster-b")
         # A later cut records the new stream's offsets only.
-        report = await client.export_now()
+        report = await control.export_now()
         assert report["offsets"] == {"clicks": {"0": 40}}
         assert report["stream"] == {"cluster_id": "cluster-b", "group": "g", "topics": ["clicks"]}
     [version] = list_versions(tmp_path / "ctr")
@@ -205,9 +207,9 @@ async def test_a_model_of_another_cluster_is_never_resumed_silently(
 
         shards, coordinator = _restore(model_dir)
         assert _bias_shows(shards) == 3000
-        client = PSClient.local(shards, coordinator)
-        worker = Worker(_config(other.bootstrap, topic, group, policy), client, LogisticRegression("m"))
-        worker.on_window = make_status_hook(client, "w-stale", worker.stats)
+        client, control = PSClient.local(shards), ControlClient.local(shards, coordinator)
+        worker = Worker(_config(other.bootstrap, topic, group, policy), client, control, LogisticRegression("m"))
+        worker.on_window = make_status_hook(control, "w-stale", worker.stats)
         caplog.set_level(logging.WARNING, logger="ctrps.worker")
         if policy == "fail":
             with pytest.raises(StaleOffsetsError) as failed:
@@ -235,12 +237,13 @@ async def test_a_model_of_another_cluster_is_never_resumed_silently(
         assert fields["partitions"] == f"0:1500[0,500)->{resumed_p0} 1:1500[0,500)->0"
         assert "weights are kept" in line.getMessage()
         # Counted in /metrics, through the status board.
-        exposition = (await ApiMetrics().scrape(client)).decode()
+        metrics = ApiMetrics()
+        exposition = (await metrics.scrape(ControlView(control, metrics))).decode()
         assert (
             f'ctrps_worker_stale_offsets_total{{action="{policy}",reason="cluster",worker="w-stale"}} 2.0' in exposition
         ), [l for l in exposition.splitlines() if "stale" in l]
         # The next cut is the new stream's alone.
-        report = await Exporter(coordinator, client, tmp_path / "exports", "m").cut()
+        report = await Exporter(coordinator, control, tmp_path / "exports", "m").cut()
         assert report.offsets == {topic: {0: 500, 1: 500}}
         assert report.stream == StreamIdentity(other.cluster_id, group, (topic,))
 
@@ -274,8 +277,8 @@ async def test_offsets_beyond_the_end_of_a_recreated_topic_are_detected(
     await _produce(kafka_bootstrap, topic, 200, seed=4)
 
     shards, coordinator = _restore(model_dir)
-    client = PSClient.local(shards, coordinator)
-    worker = Worker(_config(kafka_bootstrap, topic, group), client, LogisticRegression("m"))
+    client, control = PSClient.local(shards), ControlClient.local(shards, coordinator)
+    worker = Worker(_config(kafka_bootstrap, topic, group), client, control, LogisticRegression("m"))
     caplog.set_level(logging.WARNING, logger="ctrps.worker")
     await _train(worker, lambda: _bias_shows(shards) >= 2200)
     assert worker.stats.events_trained == 200 and _bias_shows(shards) == 2200
@@ -301,13 +304,13 @@ async def test_events_after_a_broker_restart_are_all_trained(
     try:
         await broker.create_topics({topic: PARTITIONS, topic + ".dlq": 1})
         first_cluster = broker.cluster_id
-        async with PSClient.connect(urls) as client:
-            worker = Worker(_config(broker.bootstrap, topic, group), client, LogisticRegression("m"))
+        async with PSClient.connect(urls) as client, ControlClient.connect(urls) as control:
+            worker = Worker(_config(broker.bootstrap, topic, group), client, control, LogisticRegression("m"))
             task = asyncio.create_task(worker.run(stop), name="worker")
             await _produce(broker.bootstrap, topic, 2000, seed=5)
             await until(lambda: _bias_shows(shards) >= 2000, 60, what="the first events", task=task)
             await until(lambda: worker.stats.commits > 0 and not worker._builder, 30, what="the commits", task=task)
-            assert (await client.coordinator_resume()).stream == StreamIdentity(first_cluster, group, (topic,))
+            assert (await control.coordinator_resume()).stream == StreamIdentity(first_cluster, group, (topic,))
 
             # The broker dies and comes back on the same port: memory only,
             # so it is empty, a new cluster, its offsets start at 0 again.
@@ -325,10 +328,10 @@ async def test_events_after_a_broker_restart_are_all_trained(
             await until(lambda: _bias_shows(shards) >= 5000, 90, what="the events after the restart", task=task)
 
             async def released() -> bool:  # the last window's pushes land before its commit
-                return (await client.coordinator_offsets()) == {topic: {0: 1500, 1: 1500}}
+                return (await control.coordinator_offsets()) == {topic: {0: 1500, 1: 1500}}
 
             await until(released, 30, what="the last commits", task=task)
-            point = await client.coordinator_resume()
+            point = await control.coordinator_resume()
             assert point.stream == StreamIdentity(broker.cluster_id, group, (topic,))
         assert worker.stats.stale_offsets == {("cluster", "committed"): 2}
         [line] = _stale_lines(caplog)
@@ -352,10 +355,10 @@ async def test_the_worker_process_refuses_stale_offsets_with_exit_code_4(
     await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
     await _produce(kafka_bootstrap, topic, 100, seed=7)
     _, urls = await serve_shards(2, exports=tmp_path / "exports")
-    async with PSClient.connect(urls) as client:
+    async with ControlClient.connect(urls) as control:
         # What a worker of another cluster left with the coordinator.
-        lease = (await client.acquire_lease("elsewhere")).lease_id
-        await client.release_lease(lease, {topic: {0: 40, 1: 40}}, StreamIdentity("other-cluster", "ctrps", (topic,)))
+        lease = (await control.acquire_lease("elsewhere")).lease_id
+        await control.release_lease(lease, {topic: {0: 40, 1: 40}}, StreamIdentity("other-cluster", "ctrps", (topic,)))
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "app.cli", "worker", "--bootstrap", kafka_bootstrap, "--shards", ",".join(urls),
         "--topic", topic, "--on-stale-offsets", "fail", "--decode-processes", "0",
@@ -432,10 +435,10 @@ class _Procs:
         self.procs = []
 
 
-async def _worker_totals(client: PSClient) -> tuple[int, dict[str, Any]]:
+async def _worker_totals(control: ControlClient) -> tuple[int, dict[str, Any]]:
     """Events trained over the board's workers, and the stale-offset counts."""
     trained, stale = 0, {}
-    for entry in await client.statuses():
+    for entry in await control.statuses():
         status = entry.get("status", {})
         if status.get("kind") == "worker":
             trained += int(status.get("events_trained", 0))
@@ -484,9 +487,9 @@ async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_eve
                            "--model-name", "m", "--window-seconds", "1", "--window-events", "100",
                            "--decode-processes", "0", "--session-timeout-ms", "3000")  # fmt: skip
 
-    async def trained_reaches(client: PSClient, n: int) -> None:
+    async def trained_reaches(control: ControlClient, n: int) -> None:
         async def done() -> bool:
-            return (await _worker_totals(client))[0] >= n
+            return (await _worker_totals(control))[0] >= n
 
         await until(done, 90, what=f"{n} events trained", poll_s=0.2)
 
@@ -498,14 +501,14 @@ async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_eve
             await procs.line(proc, path, "listening")
         start_worker("1", first["bootstrap"])
         await _produce(first["bootstrap"], "clicks", 2000, seed=8)
-        async with PSClient.connect(urls.split(",")) as client:
-            await trained_reaches(client, 2000)
+        async with ControlClient.connect(urls.split(",")) as control:
+            await trained_reaches(control, 2000)
 
             async def all_released() -> bool:
-                return (await client.coordinator_offsets()).get("clicks") == {0: 1000, 1: 1000}
+                return (await control.coordinator_offsets()).get("clicks") == {0: 1000, 1: 1000}
 
             await until(all_released, 30, what="the commits")
-            cut = await client.export_now()
+            cut = await control.export_now()
             assert cut["stream"] == {"cluster_id": first["cluster_id"], "group": "ctrps", "topics": ["clicks"]}
         procs.stop_all()
 
@@ -519,16 +522,16 @@ async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_eve
         # Fewer events than the cut's offsets, and partitions 2 and 3 too.
         await _produce(second["bootstrap"], "clicks", 1000, seed=9)
         worker, worker_log = start_worker("2", second["bootstrap"])
-        async with PSClient.connect(urls.split(",")) as client:
-            await trained_reaches(client, 1000)
-            trained, stale = await _worker_totals(client)
+        async with ControlClient.connect(urls.split(",")) as control:
+            await trained_reaches(control, 1000)
+            trained, stale = await _worker_totals(control)
             assert trained == 1000 and stale == {"cluster": {"committed": 2}}, (trained, stale)
 
             async def new_stream_released() -> bool:
-                return (await client.coordinator_offsets()).get("clicks") == {0: 500, 1: 500}
+                return (await control.coordinator_offsets()).get("clicks") == {0: 500, 1: 500}
 
             await until(new_stream_released, 30, what="the new stream's commits")
-            after = await client.export_now()
+            after = await control.export_now()
             assert after["offsets"] == {"clicks": {"0": 500, "1": 500}}
             assert after["stream"]["cluster_id"] == second["cluster_id"]
         lines = [o for o in read_json_lines(worker_log) if str(o.get("msg", "")).startswith("stale offsets")]
@@ -548,8 +551,8 @@ async def test_offsets_of_another_group_are_not_applied_silently(
     await _produce(kafka_bootstrap, topic, 1000, seed=10)
     model_dir = await _export_from(kafka_bootstrap, topic, "group-a", tmp_path / "exports", 1000)
     shards, coordinator = _restore(model_dir)
-    worker = Worker(_config(kafka_bootstrap, topic, "group-b", "earliest"), PSClient.local(shards, coordinator),
-                    LogisticRegression("m"))  # fmt: skip
+    worker = Worker(_config(kafka_bootstrap, topic, "group-b", "earliest"), PSClient.local(shards),
+                    ControlClient.local(shards, coordinator), LogisticRegression("m"))  # fmt: skip
     caplog.set_level(logging.WARNING, logger="ctrps.worker")
     await _train(worker, lambda: _bias_shows(shards) >= 2000)
     assert worker.stats.events_trained == 1000 and worker.stats.stale_offsets == {("group", "earliest"): 2}

@@ -25,34 +25,38 @@ from app.status import (
     worker_status,
 )
 from consumers.worker import WindowReport, WorkerStats
+from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import FrameError, StatusError
 from ps_core.hashing import shard_of
 from ps_core.model.metrics import evaluate
 from ps_core.net import codec
-from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.shard import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, Shard, ShardSpec
 from ps_core.store.table import SparseTable, TableConfig
 
 EMB = TableConfig("emb", dim=3, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=5)
 
-Connect = Callable[[int], Awaitable[tuple[PSClient, list[Shard], list[str]]]]
+Connect = Callable[[int], Awaitable[tuple[PSClient, ControlClient, list[Shard], list[str]]]]
 
 
 @pytest.fixture(params=["http", "local"])
 async def connect(request: pytest.FixtureRequest, serve_shards: Any) -> AsyncIterator[Connect]:
     """A client over `n` shards (table `emb`), over HTTP or in process; the
     shard URLs are empty in process."""
-    clients: list[PSClient] = []
+    clients: list[PSClient | ControlClient] = []
 
-    async def make(n: int) -> tuple[PSClient, list[Shard], list[str]]:
+    async def make(n: int) -> tuple[PSClient, ControlClient, list[Shard], list[str]]:
+        """The data plane's client, the control plane's, the shards and their URLs."""
         if request.param == "http":
             shards, urls = await serve_shards(n, (EMB,))
             client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=2.0))
+            control = ControlClient.connect(urls, retry=RetryPolicy(deadline_s=2.0))
         else:
             shards, urls = [Shard(ShardSpec(i, n), (EMB,)) for i in range(n)], []
-            client = PSClient.local(shards)
-        clients.append(client)
-        return client, shards, urls
+            client, control = PSClient.local(shards), ControlClient.local(shards)
+        clients.extend((client, control))
+        return client, control, shards, urls
 
     yield make
     for c in clients:
@@ -63,14 +67,14 @@ async def connect(request: pytest.FixtureRequest, serve_shards: Any) -> AsyncIte
 
 
 async def test_board_round_trip_keeps_the_latest_status_per_source(connect: Connect) -> None:
-    client, shards, _ = await connect(2)
-    assert await client.statuses() == []
+    client, control, shards, _ = await connect(2)
+    assert await control.statuses() == []
     first = {"kind": "worker", "windows": 1, "last_window": {"window": 1, "auc": 0.5, "partitions": "0,1", "x": None}}
-    got = await client.report_status("w1", first)
+    got = await control.report_status("w1", first)
     assert got["source"] == "w1" and got["sources"] == 1
-    await client.report_status("w2", {"windows": 7})
-    await client.report_status("w1", {"windows": 3})  # replaces w1's, moves it last
-    board = await client.statuses()
+    await control.report_status("w2", {"windows": 7})
+    await control.report_status("w1", {"windows": 3})  # replaces w1's, moves it last
+    board = await control.statuses()
     assert [(e["source"], e["status"]) for e in board] == [("w2", {"windows": 7}), ("w1", {"windows": 3})]
     assert all(isinstance(e["received_at"], float) for e in board)
     assert board[0]["received_at"] <= board[1]["received_at"]
@@ -79,11 +83,11 @@ async def test_board_round_trip_keeps_the_latest_status_per_source(connect: Conn
 
 
 async def test_board_is_a_detached_copy(connect: Connect) -> None:
-    client, _, _ = await connect(1)
+    client, control, _, _ = await connect(1)
     status: dict[str, Any] = {"lag_by_partition": {"0": 5}}
-    await client.report_status("w", status)
+    await control.report_status("w", status)
     status["lag_by_partition"]["0"] = 99  # the caller's dict changes after the report
-    (entry,) = await client.statuses()
+    (entry,) = await control.statuses()
     assert entry["status"] == {"lag_by_partition": {"0": 5}}
 
 
@@ -126,12 +130,12 @@ def test_shard_rejects_bad_reports(source: object, status: object, match: str) -
 
 
 async def test_client_rejects_a_status_that_is_not_a_dict(connect: Connect) -> None:
-    client, _, _ = await connect(1)
+    client, control, _, _ = await connect(1)
     with pytest.raises(StatusError):
-        await client.report_status("w", [1, 2])  # type: ignore[arg-type]
+        await control.report_status("w", [1, 2])  # type: ignore[arg-type]
     with pytest.raises(StatusError, match="source"):
-        await client.report_status("", {"windows": 1})
-    assert await client.statuses() == []
+        await control.report_status("", {"windows": 1})
+    assert await control.statuses() == []
 
 
 @pytest.mark.parametrize(
@@ -165,7 +169,7 @@ async def test_shard_server_rejects_bad_status_bodies(serve_shards: Any, body: b
 
 
 async def test_pull_versioned_reports_presence_and_initial_values(connect: Connect) -> None:
-    client, _, _ = await connect(2)
+    client, control, _, _ = await connect(2)
     rng = np.random.default_rng(3)
     keys = rng.integers(0, 2**64, 40, dtype=np.uint64)
     assert set(shard_of(keys, 2).tolist()) == {0, 1}
@@ -272,10 +276,10 @@ def test_worker_status_holds_totals_and_the_last_window() -> None:
 
 
 async def test_status_hook_reports_to_the_board_and_summaries_add_up(connect: Connect) -> None:
-    client, _, _ = await connect(2)
+    client, control, _, _ = await connect(2)
     stats_a, stats_b = WorkerStats(), WorkerStats()
-    hook_a = make_status_hook(client, "a", stats_a)
-    hook_b = make_status_hook(client, "b", stats_b)
+    hook_a = make_status_hook(control, "a", stats_a)
+    hook_b = make_status_hook(control, "b", stats_b)
     for report, stats, hook in [
         (window_report(1, 0.3, {0: 10, 1: 4}, {"invalid_json": 1}), stats_a, hook_a),
         (window_report(1, 2.0, {2: 7}, {}), stats_b, hook_b),
@@ -287,11 +291,11 @@ async def test_status_hook_reports_to_the_board_and_summaries_add_up(connect: Co
     # A status that is not a worker's, and a worker status with junk fields:
     # the board refuses both (`ps_core.store.board`); a worker status of no windows yet.
     with pytest.raises(StatusError, match="not in"):
-        await client.report_status("coordinator", {"kind": "coordinator", "events_trained": 10**6})
+        await control.report_status("coordinator", {"kind": "coordinator", "events_trained": 10**6})
     with pytest.raises(StatusError, match="is not integer"):
-        await client.report_status("junk", {"kind": "worker", "events_trained": "many", "lag_by_partition": {"x": 1}})
-    await client.report_status("junk", {"kind": "worker"})
-    board = await client.statuses()
+        await control.report_status("junk", {"kind": "worker", "events_trained": "many", "lag_by_partition": {"x": 1}})
+    await control.report_status("junk", {"kind": "worker"})
+    board = await control.statuses()
     assert [e["source"] for e in board] == ["a", "b", "junk"]
     a = board[0]["status"]
     assert a["window_seconds"] == {

@@ -37,14 +37,17 @@ from app.serve_role import run_serve
 from app.settings import ApiSettings, ShardSettings
 from app.shard_role import run_shard
 from consumers.broker import free_port
+from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import AuthError, ShardUnavailableError, TlsVerifyError
 from ps_core.model.models import make_model
 from ps_core.net.auth import Scope, TokenVerifier, derive_token, new_secret
-from ps_core.net.client import PSClient, RetryPolicy, TcpTransport
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.rpc import RpcConnection, start_rpc_server
 from ps_core.net.server import DEFAULT_MAX_BODY, create_shard_app, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.tls import HandshakeFailures, TlsFiles, client_context, server_context, watch_handshakes
+from ps_core.net.transports import TcpTransport
 from ps_core.store.table import TableConfig
 
 LR = TableConfig("ctr_lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
@@ -137,11 +140,14 @@ async def mtls_shard(pki: Pki) -> AsyncIterator[TlsShard]:
 
 
 async def _train_and_read(url: str, token: str, ctx: ssl.SSLContext, *, rpc: bool) -> None:
-    async with PSClient.connect([url], token=token, ssl=ctx, rpc=rpc, retry=PATIENT) as client:
+    async with (
+        PSClient.connect([url], token=token, ssl=ctx, rpc=rpc, retry=PATIENT) as client,
+        ControlClient.connect([url], token=token, ssl=ctx, retry=PATIENT) as control,
+    ):
         assert await asyncio.wait_for(client.push("ctr_lr", KEYS, GRADS), BOUND_S) == KEYS.size
         got = await client.pull("ctr_lr", KEYS)
         assert np.count_nonzero(got) > 0
-        assert (await client.stats())[0]["tables"]["ctr_lr"]["features"] == KEYS.size
+        assert (await control.stats())[0]["tables"]["ctr_lr"]["features"] == KEYS.size
         transport = client.transports[0]
         assert isinstance(transport, TcpTransport) is rpc
         assert not rpc or transport.uses_rpc  # type: ignore[attr-defined]
@@ -167,13 +173,16 @@ async def test_the_rpc_over_tls_still_needs_a_token(pki: Pki, tls_shard: TlsShar
 async def test_a_client_without_the_ca_fails_at_once_naming_tls_ca(pki: Pki, tls_shard: TlsShard, rpc: bool) -> None:
     token = tls_shard.tokens[Scope.ADMIN]
     for ctx in (None, _client(pki.other_ca)):
-        async with PSClient.connect([tls_shard.url], token=token, ssl=ctx, rpc=rpc, retry=PATIENT) as client:
+        async with (
+            PSClient.connect([tls_shard.url], token=token, ssl=ctx, rpc=rpc, retry=PATIENT) as client,
+            ControlClient.connect([tls_shard.url], token=token, ssl=ctx, retry=PATIENT) as control,
+        ):
             with pytest.raises(TlsVerifyError) as info:
                 await asyncio.wait_for(client.pull("ctr_lr", KEYS), BOUND_S)
             assert "did not verify" in info.value.detail and "--tls-ca" in info.value.detail
             assert tls_shard.url in info.value.detail
             with pytest.raises(TlsVerifyError):
-                await asyncio.wait_for(client.stats(), BOUND_S)
+                await asyncio.wait_for(control.stats(), BOUND_S)
     # The RPC port alone verifies the same way.
     with pytest.raises(ssl.SSLCertVerificationError):
         await RpcConnection.open("127.0.0.1", tls_shard.rpc_port, token=token, ssl=_client(pki.other_ca))
@@ -245,8 +254,9 @@ async def _plaintext_request(url: str) -> None:
 
 async def test_the_api_serves_https(pki: Pki) -> None:
     model = make_model("lr")
-    client = PSClient.local([Shard(ShardSpec(0, 1), model.tables())])
-    api = ApiServer(ApiSettings(port=0), client, model, ssl_context=_served(pki))
+    shards = [Shard(ShardSpec(0, 1), model.tables())]
+    client, control = PSClient.local(shards), ControlClient.local(shards)
+    api = ApiServer(ApiSettings(port=0), client, model, control=control, ssl_context=_served(pki))
     await api.start()
     try:
         assert api.url.startswith("https://")
@@ -312,7 +322,7 @@ async def test_shard_and_serve_roles_with_tls_and_a_secret(
     worker_security = SecuritySettings(shard_token=derive_token(secret, Scope.TRAIN), tls=TlsFiles(ca=pki.ca))
     admin_security = SecuritySettings(cluster_secret=secret, tls=TlsFiles(ca=pki.ca))
     try:
-        async with PSClient.connect(
+        async with ControlClient.connect(
             urls, token=admin_security.token_for(Scope.ADMIN), ssl=ctx, retry=RetryPolicy(deadline_s=20)
         ) as admin:
 
@@ -322,29 +332,31 @@ async def test_shard_and_serve_roles_with_tls_and_a_secret(
                         task.result()
                         raise AssertionError(f"{task.get_name()} stopped")
                 try:
-                    return bool((await admin.transports[0].membership())["joined"])
+                    return bool((await admin.shards[0].membership())["joined"])
                 except ShardUnavailableError:
                     return False
 
             await until(joined, 30.0, what="shard 0 joined")
             model = make_model("lr")
-            async with PSClient.connect(
-                urls, token=worker_security.token_for(Scope.TRAIN),
-                ssl=client_context(worker_security.tls), retry=RetryPolicy(deadline_s=20),
-            ) as worker:  # fmt: skip
+            worker_tls = client_context(worker_security.tls)
+            token = worker_security.token_for(Scope.TRAIN)
+            async with (
+                PSClient.connect(urls, token=token, ssl=worker_tls, retry=RetryPolicy(deadline_s=20)) as worker,
+                ControlClient.connect(urls, token=token, ssl=worker_tls, retry=RetryPolicy(deadline_s=20)) as training,
+            ):
                 for table in model.tables():
-                    await worker.declare(table)
+                    await training.declare(table)
                 name = model.tables()[0].name
                 keys = np.arange(1, 400, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
                 assert await worker.push(name, keys, np.full(keys.size, -2.0, dtype=np.float32)) > 0
                 assert all(isinstance(t, TcpTransport) and t.uses_rpc for t in worker.transports)
                 with pytest.raises(AuthError):
-                    await worker.export_now("base")
+                    await training.export_now("base")
             report = await admin.export_now("base")
             assert report["version"] == 1
             # Shard 0 took shard 1's rows over TLS, with its admin token.
             assert report["rows"] == keys.size, report
-            rows = [(await t.stats())["tables"][name]["features"] for t in admin.transports]
+            rows = [(await t.stats())["tables"][name]["features"] for t in admin.shards]
             assert all(n > 0 for n in rows) and sum(rows) == keys.size
 
         # ``ctrps export`` verifies shard 0 with --tls-ca; without it, one line and exit 2.

@@ -33,10 +33,12 @@ from app.openapi import openapi_document, response_schema, validate
 from app.settings import ApiSettings
 from app.status import summarize, worker_status
 from consumers.worker import WindowReport, WorkerStats
+from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import InvalidRequestError, StatusError
 from ps_core.model.metrics import evaluate
 from ps_core.model.models import make_model
-from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.parsing import json_int, parse_int
 from ps_core.store.board import MAX_COUNT, STATUS_SCHEMA
@@ -269,13 +271,15 @@ async def api(request: pytest.FixtureRequest, serve_shards: Any) -> AsyncIterato
     if request.param == "http":
         shards, urls = await serve_shards(1, model.tables())
         client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=0.5))
+        control = ControlClient.connect(urls, retry=RetryPolicy(deadline_s=0.5))
     else:
         shards = [Shard(ShardSpec(0, 1), model.tables())]
-        client = PSClient.local(shards)
-    app = create_app(ApiSettings(admin_token=TOKEN, history_interval_s=3600.0), client, model)
+        client, control = PSClient.local(shards), ControlClient.local(shards)
+    app = create_app(ApiSettings(admin_token=TOKEN, history_interval_s=3600.0), client, model, control=control)
     async with TestClient(TestServer(app)) as http:
         yield http, shards[0]
     await client.close()
+    await control.close()
 
 
 async def _api_call(http: TestClient, method: str, path: str, body: Any = None) -> tuple[int, Any]:  # type: ignore[type-arg]
@@ -324,7 +328,7 @@ async def test_the_sampler_survives_any_exception_and_shows_it(
         calls += 1
         raise KeyError("received_at")
 
-    monkeypatch.setattr(history.client, "statuses", broken)
+    monkeypatch.setattr(history.view, "statuses", broken)
     caplog.set_level(logging.WARNING, "ctrps.history")
     for _ in range(3):
         assert await history.sample() is None
@@ -343,7 +347,7 @@ async def test_the_sampling_task_keeps_running_through_errors(
     monkeypatch: pytest.MonkeyPatch,  # type: ignore[type-arg]
 ) -> None:
     http, _ = api
-    history = History(http.app[HISTORY].client, make_model("lr", "ctr"), interval_s=0.01, max_points=10)
+    history = History(http.app[HISTORY].view, make_model("lr", "ctr"), interval_s=0.01, max_points=10)
     failures = 0
 
     async def broken() -> list[dict[str, Any]]:
@@ -351,7 +355,7 @@ async def test_the_sampling_task_keeps_running_through_errors(
         failures += 1
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(history.client, "statuses", broken)
+    monkeypatch.setattr(history.view, "statuses", broken)
     async with history:
         await until(lambda: failures >= 3, 10.0, what="three failed samples")
         assert history.running and "ZeroDivisionError" in (history.error or "")
@@ -365,11 +369,13 @@ async def test_compaction_with_no_export_is_404(serve_shards: Any, tmp_path: Pat
     model = make_model("lr", "ctr")
     _, urls = await serve_shards(1, model.tables(), tmp_path)
     client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=0.5))
-    app = create_app(ApiSettings(admin_token=TOKEN), client, model)
+    control = ControlClient.connect(urls, retry=RetryPolicy(deadline_s=0.5))
+    app = create_app(ApiSettings(admin_token=TOKEN), client, model, control=control)
     async with TestClient(TestServer(app)) as http:
         status, err = await _api_call(http, "POST", "/v1/exports/compact")
         assert (status, err["error"]) == (404, "export_not_found"), err
     await client.close()
+    await control.close()
     async with aiohttp.ClientSession() as raw:
         status, err = await _call(raw, "POST", urls[0] + "/v1/exports/compact")
         assert (status, err["error"]) == (404, "export_not_found"), err

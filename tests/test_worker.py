@@ -19,6 +19,7 @@ from consumers.collector import YOUNG_THRESHOLD
 from consumers.decode import decode_records
 from consumers.dlq import read_headers
 from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
 from ps_core.hashing import shard_of
 from ps_core.model.features import FeatureHasher
 from ps_core.model.models import LogisticRegression
@@ -121,7 +122,7 @@ async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_b
         if len(reports) == 1:
             raise RuntimeError("a failing window hook is only logged")
 
-    worker = Worker(config, PSClient.local(shards), model, on_window=on_window)
+    worker = Worker(config, PSClient.local(shards), ControlClient.local(shards), model, on_window=on_window)
     await _run_until(worker, lambda: worker.stats.records >= len(values))
 
     # Every bad message is in the DLQ with its reason and source offset.
@@ -192,11 +193,12 @@ async def test_worker_learns_the_synthetic_stream(kafka_bootstrap: str) -> None:
     held_out = stream.batch(10_000)  # later events, never trained on
 
     model = LogisticRegression("ctr")
-    client = PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)])
+    local = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    client, control = PSClient.local(local), ControlClient.local(local)
     config = WorkerConfig(
         kafka_bootstrap, topic=topic, group=group, window_seconds=2.0, window_events=5000, decode_processes=1
     )
-    worker = Worker(config, client, model)
+    worker = Worker(config, client, control, model)
     await _run_until(worker, lambda: worker.stats.events_trained >= n, timeout_s=120)
     assert worker.stats.events_trained == n and worker.stats.dead_letters == 0
     assert worker.stats.windows >= 10
@@ -230,6 +232,7 @@ async def test_an_fm_worker_trains_both_tables(kafka_bootstrap: str) -> None:
             kafka_bootstrap, topic=topic, group=group, window_seconds=1.0, window_events=1500, decode_processes=0
         ),
         PSClient.local(shards),
+        ControlClient.local(shards),
         model,
     )
     await _run_until(worker, lambda: worker.stats.events_trained >= n)
@@ -269,7 +272,7 @@ async def test_leased_windows_report_offsets_and_a_restore_seeks_to_them(kafka_b
     # Every window is leased; released leases carry the committed offsets.
     coord = Coordinator(lease_ttl_s=30)
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
-    worker = Worker(config, PSClient.local(shards, coord), LogisticRegression("m"))
+    worker = Worker(config, PSClient.local(shards), ControlClient.local(shards, coord), LogisticRegression("m"))
     await _run_until(worker, lambda: worker.stats.records >= len(values))
     # One lease per window, and one at start (which finds the coordinator's epoch).
     assert worker.leased and coord.leases_granted == worker.stats.windows + 1 and coord.active_leases == 0
@@ -281,13 +284,15 @@ async def test_leased_windows_report_offsets_and_a_restore_seeks_to_them(kafka_b
     # and trains exactly what the cut lacks.
     restored = Coordinator(offsets={topic: {0: 150, 1: 120}})
     fresh = [Shard(ShardSpec(i, 2)) for i in range(2)]
-    again = Worker(config, PSClient.local(fresh, restored), LogisticRegression("m"))
+    again = Worker(config, PSClient.local(fresh), ControlClient.local(fresh, restored), LogisticRegression("m"))
     await _run_until(again, lambda: again.stats.records >= 130)
     assert _bias_shows(fresh, "m") == again.stats.events_trained == 130
     assert restored.offsets() == {topic: {0: 200, 1: 200}}
 
     # Without a coordinator the worker trains unleased.
-    plain = Worker(config, PSClient.local([Shard(ShardSpec(0, 1))]), LogisticRegression("m"))
+    plain = Worker(
+        config, PSClient.local(one := [Shard(ShardSpec(0, 1))]), ControlClient.local(one), LogisticRegression("m")
+    )
     await _run_until(plain, lambda: plain._consumer is not None and plain._consumer.assignment() != set(), 30)
     assert not plain.leased
 
@@ -310,8 +315,9 @@ async def test_a_worker_that_outlives_its_coordinator_rewinds_to_the_new_ones_of
         window_events=50,
         decode_processes=0,
     )
-    client = PSClient.local([Shard(ShardSpec(i, 2)) for i in range(2)], Coordinator())
-    worker = Worker(config, client, LogisticRegression("m"))
+    local = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    client, control = PSClient.local(local), ControlClient.local(local, Coordinator())
+    worker = Worker(config, client, control, LogisticRegression("m"))
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
@@ -319,7 +325,8 @@ async def test_a_worker_that_outlives_its_coordinator_rewinds_to_the_new_ones_of
         # "Restored" shards: a cut at offsets 50 and 50 that held nothing.
         fresh = [Shard(ShardSpec(i, 2)) for i in range(2)]
         async with worker._lock:  # no window is applying while the shards change
-            client.transports[:] = PSClient.local(fresh, Coordinator(offsets={topic: {0: 50, 1: 50}})).transports
+            client.transports[:] = PSClient.local(fresh).transports
+            control.shards[:] = ControlClient.local(fresh, Coordinator(offsets={topic: {0: 50, 1: 50}})).shards
         # The stream goes on; the worker's next lease finds the new coordinator.
         await _produce(kafka_bootstrap, topic, [_good(i) for i in range(400, 500)], 2)
         await until(

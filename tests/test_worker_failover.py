@@ -17,6 +17,7 @@ from waiting import until
 
 from consumers.broker import create_topics
 from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
 from ps_core.hashing import shard_of
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
@@ -101,6 +102,7 @@ async def test_two_workers_share_partitions_and_apply_every_event(kafka_bootstra
                 heartbeat_interval_ms=500,
             ),
             PSClient.local(shards),
+            ControlClient.local(shards),
             model,
         )
         for _ in range(2)

@@ -33,12 +33,14 @@ from app.status import make_status_hook
 from consumers.broker import EmbeddedBroker, create_topics, free_port
 from consumers.outage import UndecodableBatchError
 from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.coordinator_server import add_coordinator_routes
+from ps_core.checkpoint.routes import add_coordinator_routes
 from ps_core.hashing import shard_of
 from ps_core.model.features import FeatureHasher
 from ps_core.model.models import LogisticRegression
-from ps_core.net.client import PSClient, RetryPolicy
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import ShardSite, create_shard_app, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 
@@ -153,10 +155,14 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
             outage_deadline_s=300,
             outage_log_every_s=2.0,
         )
-        async with PSClient.connect(servers.urls, retry=RetryPolicy(deadline_s=2.0), rpc=False) as client:
+        retry = RetryPolicy(deadline_s=2.0)
+        async with (
+            PSClient.connect(servers.urls, retry=retry, rpc=False) as client,
+            ControlClient.connect(servers.urls, retry=retry) as control,
+        ):
             model = LogisticRegression("m")
-            worker = Worker(config, client, model)
-            worker.on_window = make_status_hook(client, "w-out", worker.stats)
+            worker = Worker(config, client, control, model)
+            worker.on_window = make_status_hook(control, "w-out", worker.stats)
             stop = asyncio.Event()
             task = asyncio.create_task(worker.run(stop), name="worker")
             try:
@@ -191,7 +197,7 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
                 stop.set()
                 await asyncio.wait_for(task, 60)
             # The outage is counted in the worker's status, and /metrics shows it.
-            http = TestClient(TestServer(create_app(ApiSettings(), client, model)))
+            http = TestClient(TestServer(create_app(ApiSettings(), client, model, control=control)))
             await http.start_server()
             try:
                 resp = await http.get("/metrics")
@@ -242,8 +248,12 @@ async def test_leased_worker_rides_out_an_outage_of_shard_0_and_its_coordinator(
             outage_deadline_s=120,
             outage_log_every_s=1.0,
         )
-        async with PSClient.connect(servers.urls, retry=RetryPolicy(deadline_s=1.0), rpc=False) as client:
-            worker = Worker(config, client, LogisticRegression("m"))
+        retry = RetryPolicy(deadline_s=1.0)
+        async with (
+            PSClient.connect(servers.urls, retry=retry, rpc=False) as client,
+            ControlClient.connect(servers.urls, retry=retry) as control,
+        ):
+            worker = Worker(config, client, control, LogisticRegression("m"))
             stop = asyncio.Event()
             task = asyncio.create_task(worker.run(stop), name="worker")
             try:
@@ -311,7 +321,7 @@ async def test_worker_rides_out_a_broker_restart(caplog: pytest.LogCaptureFixtur
             outage_deadline_s=300,
             outage_log_every_s=2.0,
         )
-        worker = Worker(config, PSClient.local(shards), LogisticRegression("m"))
+        worker = Worker(config, PSClient.local(shards), ControlClient.local(shards), LogisticRegression("m"))
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop), name="worker")
         try:
@@ -566,7 +576,7 @@ async def test_an_undecodable_batch_stops_the_worker_naming_it_and_nothing_is_co
         session_timeout_ms=6000,
         heartbeat_interval_ms=500,
     )
-    worker = Worker(config, PSClient.local(shards), LogisticRegression("m"))
+    worker = Worker(config, PSClient.local(shards), ControlClient.local(shards), LogisticRegression("m"))
     task = asyncio.create_task(worker.run(asyncio.Event()), name="worker")
     try:
         await _produce(kafka_bootstrap, topic, 0, 400)  # offsets 0..99 of each partition
@@ -673,7 +683,9 @@ async def test_a_batch_the_codec_cannot_read_is_named_by_partition_and_offset(ka
         session_timeout_ms=6000,
         heartbeat_interval_ms=500,
     )
-    worker = Worker(config, PSClient.local([Shard(ShardSpec(0, 1))]), LogisticRegression("m"))
+    worker = Worker(
+        config, PSClient.local(one := [Shard(ShardSpec(0, 1))]), ControlClient.local(one), LogisticRegression("m")
+    )
     with pytest.raises(UndecodableBatchError) as raised:
         await asyncio.wait_for(worker.run(asyncio.Event()), 90)
     err = raised.value

@@ -15,6 +15,7 @@ from consumers.dlq import DeadLetter
 from consumers.synthetic import SyntheticStream
 from consumers.windows import Window, WindowBuilder
 from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
 from ps_core.model.features import EventBatch, FeatureHasher
 from ps_core.model.metrics import Metrics, evaluate
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, sigmoid
@@ -68,19 +69,19 @@ async def test_pipelined_training_matches_pull_then_push(shards: int, kind: str)
     values: list[bytes | None] = [orjson.dumps(e) for e in events]
     step = 96  # 1000 events: ten full mini-batches and a short last one
 
-    def make() -> tuple[PSClient, Model]:
+    def make() -> tuple[PSClient, ControlClient, Model]:
         model: Model = LogisticRegression("m") if kind == "lr" else FactorizationMachine("m", k=4)
         local = [Shard(ShardSpec(i, shards)) for i in range(shards)]
         for s in local:
             for t in model.tables():
                 s.declare(t)
-        return PSClient.local(local), model
+        return PSClient.local(local), ControlClient.local(local), model
 
-    ref_client, ref_model = make()
+    ref_client, _, ref_model = make()
     expected = await _reference(ref_client, ref_model, values, step)
 
-    client, model = make()
-    worker = Worker(WorkerConfig("unused:9092", mini_batch=step, decode_processes=0), client, model)
+    client, control, model = make()
+    worker = Worker(WorkerConfig("unused:9092", mini_batch=step, decode_processes=0), client, control, model)
     decoded = decode_records(values, model.name, 1 << 20)
     metrics = await _train(worker, decoded, _window(values))
 
@@ -102,7 +103,9 @@ async def test_a_window_of_only_rejected_records_trains_nothing() -> None:
     shard = Shard(ShardSpec(0, 1))
     for t in model.tables():
         shard.declare(t)
-    worker = Worker(WorkerConfig("unused:9092", decode_processes=0), PSClient.local([shard]), model)
+    worker = Worker(
+        WorkerConfig("unused:9092", decode_processes=0), PSClient.local([shard]), ControlClient.local([shard]), model
+    )
     values: list[bytes | None] = [b"not json", b'{"features": {}}']
     decoded = decode_records(values, model.name, 1 << 20)
     assert decoded.batch.size == 0 and len(decoded.rejected) == 2
@@ -131,8 +134,12 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int]) -> 
         for s in shards:
             for t in model.tables():
                 s.declare(t)
-        client = PSClient.local(shards)
-        return Worker(WorkerConfig("unused:9092", mini_batch=step, decode_processes=0), client, model), client, model
+        client, control = PSClient.local(shards), ControlClient.local(shards)
+        return (
+            Worker(WorkerConfig("unused:9092", mini_batch=step, decode_processes=0), client, control, model),
+            client,
+            model,
+        )
 
     whole_worker, whole_client, model = make()
     whole = decode_records(values, model.name, 1 << 20)
@@ -198,7 +205,9 @@ async def test_a_window_trains_only_the_partitions_still_owned() -> None:
     shard = Shard(ShardSpec(0, 1))
     for t in model.tables():
         shard.declare(t)
-    worker = Worker(WorkerConfig("unused:9092", decode_processes=0), PSClient.local([shard]), model)
+    worker = Worker(
+        WorkerConfig("unused:9092", decode_processes=0), PSClient.local([shard]), ControlClient.local([shard]), model
+    )
     consumer = _Consumer({TopicPartition("clicks", 0)})
     letters = _Letters()
     worker._consumer, worker._dlq = consumer, letters  # type: ignore[assignment]

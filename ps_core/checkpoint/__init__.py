@@ -3,9 +3,28 @@
 Holds the coordinator (leases around windows, cuts, committed offsets) and its
 routes, the stream identity of offsets, manifests, export files (write, list,
 verify, load, restore, compact, prune), the exporter that cuts across shards,
-and the joining of restored shards (`joining`).
+the joining of restored shards (`joining`), the control plane's client
+(`control.ControlClient`: tables, stats, the status board, snapshots,
+membership, leases, offsets and exports, as JSON) and the checkpoint routes
+of a shard app (`routes`).
 
 May import: everything else in `ps_core` (the store, the model side and the
 network). Nothing imports it from below. A new export kind, retention rule or
 coordination step goes here.
 """
+
+from .control import ControlClient, HttpControl, LocalControl, ShardControl
+from .coordinator import Coordinator
+from .exporter import Exporter, ExportReport
+from .routes import checkpointed_shard_app
+
+__all__ = [
+    "ControlClient",
+    "Coordinator",
+    "ExportReport",
+    "Exporter",
+    "HttpControl",
+    "LocalControl",
+    "ShardControl",
+    "checkpointed_shard_app",
+]

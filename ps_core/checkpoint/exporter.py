@@ -6,7 +6,7 @@ leases granted again, it fetches the copies from the shards and writes the
 version (`ps_core.checkpoint.export.write_version`, in a thread) and prunes old ones.
 
 The exporter runs where the coordinator runs (shard 0, or ``ctrps demo``)
-and reaches every shard through a `PSClient`, so shards need no shared
+and reaches every shard through a `ControlClient`, so shards need no shared
 storage: only the exporter writes files.
 """
 
@@ -29,7 +29,7 @@ from ..errors import (
     ShardUnavailableError,
     SnapshotError,
 )
-from ..net.client import PSClient
+from .control import ControlClient
 from .coordinator import Coordinator, Offsets
 from .export import compact, list_versions, prune, write_version
 from .manifest import check_model_name
@@ -119,7 +119,7 @@ class Exporter:
     def __init__(
         self,
         coordinator: Coordinator,
-        client: PSClient,
+        client: ControlClient,
         root: Path | str,
         model: str,
         *,
@@ -282,11 +282,11 @@ class Exporter:
         `cut_timeout_s`; `_CutFailed` lists every shard that did not."""
         kind = "base" if parent is None else "delta"
         got = await asyncio.gather(
-            *(asyncio.wait_for(t.take_snapshot(version, parent), self.cut_timeout_s) for t in self.client.transports),
+            *(asyncio.wait_for(t.take_snapshot(version, parent), self.cut_timeout_s) for t in self.client.shards),
             return_exceptions=True,
         )
         failed: dict[int, BaseException] = {}
-        for t, r in zip(self.client.transports, got):
+        for t, r in zip(self.client.shards, got):
             if isinstance(r, BaseException):
                 if not isinstance(r, Exception):
                     raise r  # cancelled: not a failure of the cut
@@ -310,11 +310,11 @@ class Exporter:
         shard not reached keeps its copy among its few pending ones (dropped
         oldest first), and a later cut of that number replaces it."""
         got = await asyncio.gather(
-            *(asyncio.wait_for(t.drop_snapshot(version), self.abort_timeout_s) for t in self.client.transports),
+            *(asyncio.wait_for(t.drop_snapshot(version), self.abort_timeout_s) for t in self.client.shards),
             return_exceptions=True,
         )
         unreached = []
-        for t, r in zip(self.client.transports, got):
+        for t, r in zip(self.client.shards, got):
             if isinstance(r, BaseException):
                 if not isinstance(r, Exception):
                     raise r

@@ -46,8 +46,8 @@ from .coordinator import Coordinator
 from .export import latest_chain, read_manifest, restore_shards, version_dirs
 from .manifest import parse_version_dir
 
-if TYPE_CHECKING:  # the client imports this module (in-process restores)
-    from ..net.client import PSClient
+if TYPE_CHECKING:  # the control client imports this module (in-process restores)
+    from .control import ControlClient
 
 __all__ = ["Membership", "chain_of", "newest_loadable", "load_shard", "restore_version", "refusal_fields"]
 
@@ -192,13 +192,13 @@ class Membership:
     def __init__(
         self,
         coordinator: Coordinator,
-        client: PSClient,
+        client: ControlClient,
         model_dir: Path | str,
         *,
         interval_s: float = 1.0,
         wait_log_s: float = 5.0,
         urls: Sequence[str] = (),
-        restore_client: PSClient | None = None,
+        restore_client: ControlClient | None = None,
         files_lock: asyncio.Lock | None = None,
     ) -> None:
         """`client` reaches every shard (shard 0 in process) for the quick
@@ -255,7 +255,7 @@ class Membership:
                 pass
 
     async def _reports(self) -> list[dict[str, Any] | None]:
-        got = await asyncio.gather(*(t.membership() for t in self.client.transports), return_exceptions=True)
+        got = await asyncio.gather(*(t.membership() for t in self.client.shards), return_exceptions=True)
         out: list[dict[str, Any] | None] = []
         for r in got:
             if isinstance(r, BaseException) and not isinstance(r, Exception):
@@ -328,7 +328,7 @@ class Membership:
 
     async def _admit(self, version: int) -> bool:
         epoch = self.coordinator.epoch
-        got = await asyncio.gather(*(t.admit(epoch, version) for t in self.client.transports), return_exceptions=True)
+        got = await asyncio.gather(*(t.admit(epoch, version) for t in self.client.shards), return_exceptions=True)
         failed = [(i, r) for i, r in enumerate(got) if isinstance(r, BaseException)]
         for i, exc in failed:
             if not isinstance(exc, Exception):
@@ -373,7 +373,7 @@ class Membership:
             got = await asyncio.gather(
                 *(
                     _already(v) if int(r["version"]) == v and r["clean"] else t.restore_version(v)
-                    for t, r in zip(self.restore_client.transports, reports)
+                    for t, r in zip(self.restore_client.shards, reports)
                 ),
                 return_exceptions=True,
             )

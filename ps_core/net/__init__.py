@@ -4,9 +4,33 @@ Holds the binary frame codec and the other wire formats (`codec`), a shard's
 pure handlers (`shard.Shard`), its aiohttp app (`server`) and OpenAPI
 document, the TCP RPC (`rpc`, `pipelined`), credentials (`auth`), TLS
 (`tls`), port limits (`limits`), key routing (`routing`) and the data-plane
-client (`client.PSClient` over its transports).
+client (`client.PSReader`, `client.PSClient` over the transports of
+`transports`, through the shard endpoints of `endpoint`).
 
 May import: aiohttp, numpy, orjson, `ps_core.errors`, `ps_core.hashing`,
 `ps_core.parsing`, `ps_core.schema` and `ps_core.store`. Nothing of the model
 side or checkpoints. A new frame op, value encoding or transport goes here.
 """
+
+from .client import PSClient, PSReader, Routed
+from .endpoint import RetryPolicy, ShardEndpoint
+from .server import create_shard_app
+from .shard import Shard, ShardSpec
+from .transports import HttpTransport, LocalTransport, Pulled, ShardReader, ShardTransport, TcpTransport
+
+__all__ = [
+    "HttpTransport",
+    "LocalTransport",
+    "PSClient",
+    "PSReader",
+    "Pulled",
+    "RetryPolicy",
+    "Routed",
+    "Shard",
+    "ShardEndpoint",
+    "ShardReader",
+    "ShardSpec",
+    "ShardTransport",
+    "TcpTransport",
+    "create_shard_app",
+]

@@ -58,7 +58,6 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ..checkpoint.joining import restore_version
 from ..errors import InvalidRequestError, PSError, StatusError, TableConfigError
 from ..parsing import json_int, parse_int
 from ..store.table import MAX_VERSION, TableConfig
@@ -70,6 +69,9 @@ from .shard_openapi import shard_document
 
 __all__ = [
     "create_shard_app",
+    "json_object",
+    "exact_fields",
+    "json_response",
     "refusal_body",
     "start_shard_site",
     "ShardSite",
@@ -219,7 +221,7 @@ async def list_tables(request: web.Request) -> web.Response:
     return json_response({name: t.config.to_dict() for name, t in shard.tables.items()})
 
 
-async def _body(request: web.Request, error: type[PSError] = InvalidRequestError) -> dict[str, Any]:
+async def json_object(request: web.Request, error: type[PSError] = InvalidRequestError) -> dict[str, Any]:
     """The body as a JSON object; `error` (400) when it is not one."""
     try:
         raw = orjson.loads(await request.read())
@@ -230,13 +232,14 @@ async def _body(request: web.Request, error: type[PSError] = InvalidRequestError
     return raw
 
 
-def _exactly(raw: dict[str, Any], names: tuple[str, ...], example: str) -> None:
+def exact_fields(raw: dict[str, Any], names: tuple[str, ...], example: str) -> None:
+    """400 unless `raw` has exactly the fields `names` (`example` shows the shape)."""
     if set(raw) != set(names):
         raise InvalidRequestError(f"body must be {example}, got fields {sorted(raw)[:10]}")
 
 
 async def report_status(request: web.Request) -> web.Response:
-    raw = await _body(request, StatusError)
+    raw = await json_object(request, StatusError)
     if set(raw) != {"source", "status"}:
         raise StatusError(f'body must be {{"source": ..., "status": {{...}}}}, got {sorted(raw)[:10]}')
     return json_response(request.app[SHARD].report_status(raw["source"], raw["status"]))
@@ -247,8 +250,8 @@ async def list_statuses(request: web.Request) -> web.Response:
 
 
 async def take_snapshot(request: web.Request) -> web.Response:
-    raw = await _body(request)
-    _exactly(raw, ("version", "parent"), '{"version": int, "parent": int or null}')
+    raw = await json_object(request)
+    exact_fields(raw, ("version", "parent"), '{"version": int, "parent": int or null}')
     version = json_int(raw["version"], "version", maximum=MAX_VERSION)
     parent = None if raw["parent"] is None else json_int(raw["parent"], "parent", maximum=MAX_VERSION)
     return json_response({"rows": request.app[SHARD].take_snapshot(version, parent)})
@@ -273,20 +276,13 @@ async def membership(request: web.Request) -> web.Response:
 
 
 async def admit(request: web.Request) -> web.Response:
-    raw = await _body(request)
-    _exactly(raw, ("epoch", "version"), '{"epoch": str, "version": int}')
+    raw = await json_object(request)
+    exact_fields(raw, ("epoch", "version"), '{"epoch": str, "version": int}')
     epoch, version = raw["epoch"], json_int(raw["version"], "version", maximum=MAX_VERSION)
     if not isinstance(epoch, str) or len(epoch) > 200:
         raise InvalidRequestError("epoch must be a string of at most 200 characters")
     request.app[SHARD].admit(epoch, version)
     return json_response(request.app[SHARD].membership())
-
-
-async def restore(request: web.Request) -> web.Response:
-    raw = await _body(request)
-    _exactly(raw, ("version",), '{"version": int >= 0}')
-    version = json_int(raw["version"], "version", maximum=MAX_VERSION)
-    return json_response(await restore_version(request.app[SHARD], version))
 
 
 async def stats(request: web.Request) -> web.Response:
@@ -347,7 +343,6 @@ def create_shard_app(
     app.router.add_delete("/v1/snapshots/{version}", drop_snapshot)
     app.router.add_get("/v1/membership", membership)
     app.router.add_post("/v1/membership/admit", admit)
-    app.router.add_post("/v1/restore", restore)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.json", openapi)
     return app

@@ -2,7 +2,7 @@
 
 A `Shard` owns the slice ``shard_of(key, num_shards) == shard_id`` of every
 table. The HTTP server (`ps_core.net.server`) and the in-process transport
-(`ps_core.net.client.LocalTransport`) both call these handlers, so the same checks
+(`ps_core.net.transports.LocalTransport`) both call these handlers, so the same checks
 and effects hold whichever way a request arrives. Handlers run to completion
 without awaiting: one request's effects are never interleaved with another's.
 

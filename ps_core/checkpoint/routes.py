@@ -1,5 +1,10 @@
-"""The coordinator's HTTP routes, mounted on the app of the shard that hosts it
-(shard 0), so workers reach it through the shard URLs they already have.
+"""The checkpoint routes of a shard app: every shard's restore, and the
+coordinator's routes on the shard that hosts it (shard 0), so workers reach it
+through the shard URLs they already have. `checkpointed_shard_app` composes a
+shard server's whole app.
+
+- ``POST /v1/restore``: ``{"version": int}`` loads that version from the
+  exports directory, unjoined until admitted (`ps_core.checkpoint.joining`);
 
 - ``POST /v1/leases``: ``{"worker": str}`` → ``{"lease_id": int, "epoch": str,
   "ttl_s": float}`` (the epoch changes when the coordinator restarts); waits while
@@ -29,17 +34,22 @@ coordinator" (`ps_core.errors.NoCoordinatorError`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from aiohttp import web
 
 from ..errors import CutInProgressError, InvalidRequestError
-from ..net.server import json_response
+from ..net.server import SHARD, create_shard_app, exact_fields, json_object, json_response
+from ..net.shard import Shard
 from ..parsing import json_int
+from ..store.table import MAX_VERSION
 from .coordinator import Coordinator, parse_offsets
 from .exporter import Exporter
+from .joining import restore_version
 from .stream import StreamIdentity
 
-__all__ = ["add_coordinator_routes", "COORDINATOR", "EXPORTER"]
+__all__ = ["checkpointed_shard_app", "add_coordinator_routes", "COORDINATOR", "EXPORTER"]
 
 COORDINATOR = web.AppKey("coordinator", Coordinator)
 EXPORTER = web.AppKey("exporter", Exporter)
@@ -47,18 +57,8 @@ EXPORTER = web.AppKey("exporter", Exporter)
 _MAX_WAIT_S = 300.0
 
 
-async def _json(request: web.Request) -> dict[str, object]:
-    try:
-        raw = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequestError(f"body is not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise InvalidRequestError(f"body must be a JSON object, got {type(raw).__name__}")
-    return raw
-
-
 async def acquire(request: web.Request) -> web.Response:
-    body = await _json(request)
+    body = await json_object(request)
     worker, wait_s = body.get("worker"), body.get("wait_s", 30.0)
     if set(body) - {"worker", "wait_s"}:
         raise InvalidRequestError(f'body must be {{"worker": str, "wait_s": number}}, got {sorted(body)[:10]}')
@@ -79,7 +79,7 @@ async def acquire(request: web.Request) -> web.Response:
 
 
 async def release(request: web.Request) -> web.Response:
-    body = await _json(request)
+    body = await json_object(request)
     if set(body) - {"lease_id", "offsets", "stream"}:
         raise InvalidRequestError(f"unknown fields {sorted(set(body) - {'lease_id', 'offsets', 'stream'})[:10]}")
     lease_id = json_int(body.get("lease_id"), "lease_id")
@@ -137,3 +137,27 @@ def add_coordinator_routes(app: web.Application, coordinator: Coordinator, expor
         app.router.add_post("/v1/exports", export_now)
         app.router.add_get("/v1/exports", list_exports)
         app.router.add_post("/v1/exports/compact", compact_exports)
+
+
+async def restore(request: web.Request) -> web.Response:
+    raw = await json_object(request)
+    exact_fields(raw, ("version",), '{"version": int >= 0}')
+    version = json_int(raw["version"], "version", maximum=MAX_VERSION)
+    return json_response(await restore_version(request.app[SHARD], version))
+
+
+def checkpointed_shard_app(
+    shard: Shard,
+    *,
+    coordinator: Coordinator | None = None,
+    exporter: Exporter | None = None,
+    **kwargs: Any,
+) -> web.Application:
+    """A shard server's app: `ps_core.net.server.create_shard_app(shard,
+    **kwargs)` with the restore route, and the coordinator's (and
+    exporter's) routes when this shard hosts them."""
+    app = create_shard_app(shard, **kwargs)
+    app.router.add_post("/v1/restore", restore)
+    if coordinator is not None:
+        add_coordinator_routes(app, coordinator, exporter)
+    return app

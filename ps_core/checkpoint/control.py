@@ -1,0 +1,440 @@
+"""The control plane's client: tables, stats, the status board, snapshots,
+membership, leases, offsets and exports, as JSON over aiohttp.
+
+`ControlClient` is to these what `ps_core.net.client.PSClient` is to pulls
+and pushes: one `ShardControl` per shard, `HttpControl` for a shard server
+(a `ShardEndpoint`: the same retries, deadline, credentials and TLS as the
+data plane) or `LocalControl` for a `Shard` in this process, with the
+coordinator and exporter that shard 0 hosts. Workers declare tables, report
+status and take leases through it; the API reads stats and exports; the
+exporter cuts; joining admits and restores; ``ctrps export`` asks for cuts.
+"""
+
+from __future__ import annotations
+
+import ssl as ssl_
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, NamedTuple, Protocol, Self
+
+import aiohttp
+import orjson
+
+from ..errors import ExportNotFoundError, LeaseError, NoCoordinatorError, PSError, StatusError
+from ..net import codec
+from ..net.client import fan_out
+from ..net.endpoint import RetryPolicy, ShardEndpoint
+from ..net.shard import Shard
+from ..store.table import TableConfig, TableSnapshot
+from .coordinator import Coordinator, Offsets, parse_offsets
+from .joining import restore_version
+from .stream import StreamIdentity
+
+__all__ = [
+    "ControlClient",
+    "ShardControl",
+    "HttpControl",
+    "LocalControl",
+    "LeaseGrant",
+    "ResumePoint",
+    "ExportService",
+]
+
+
+class LeaseGrant(NamedTuple):
+    """A lease granted by the coordinator."""
+
+    lease_id: int
+    """What `release_lease` names."""
+    epoch: str
+    """The coordinator's life (`ps_core.checkpoint.coordinator.Coordinator.epoch`)."""
+
+
+class ResumePoint(NamedTuple):
+    """Where the coordinator says the shards' state ends, and in which stream."""
+
+    offsets: Offsets
+    """Next offset to consume per topic and partition."""
+    stream: StreamIdentity | None
+    """The stream they were read from (None: not known, e.g. an older export)."""
+
+
+def _resume_point(got: Any) -> ResumePoint:
+    """A ``GET /v1/offsets`` answer as a `ResumePoint`."""
+    raw = got.get("stream")
+    try:
+        stream = StreamIdentity.from_dict(raw) if raw is not None else None
+    except ValueError as exc:
+        raise LeaseError(f"bad stream in the coordinator's answer: {exc}") from None
+    return ResumePoint(parse_offsets(got["offsets"]), stream)
+
+
+class ExportService(Protocol):
+    """What shard 0's transport needs of an in-process exporter
+    (`ps_core.checkpoint.exporter.Exporter`)."""
+
+    async def export_json(self, kind: str | None = None) -> dict[str, Any]: ...
+
+    def exports_json(self) -> dict[str, Any]: ...
+
+    async def compact(self) -> dict[str, Any]: ...
+
+
+class ShardControl(Protocol):
+    """How the control plane reaches one shard."""
+
+    shard_id: int
+
+    async def declare(self, config: TableConfig) -> bool: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def statuses(self) -> list[dict[str, Any]]: ...
+
+    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]: ...
+
+    async def fetch_snapshot(self, version: int) -> list[TableSnapshot]: ...
+
+    async def drop_snapshot(self, version: int) -> bool: ...
+
+    async def membership(self) -> dict[str, Any]: ...
+
+    async def admit(self, epoch: str, version: int) -> dict[str, Any]: ...
+
+    async def restore_version(self, version: int) -> dict[str, Any]: ...
+
+    async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant: ...
+
+    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool: ...
+
+    async def coordinator_offsets(self) -> Offsets: ...
+
+    async def coordinator_resume(self) -> ResumePoint: ...
+
+    async def export_now(self, kind: str | None) -> dict[str, Any]: ...
+
+    async def exports(self) -> dict[str, Any]: ...
+
+    async def compact_exports(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+class LocalControl:
+    """A shard in this process, with the coordinator (and exporter) it hosts."""
+
+    def __init__(self, shard: Shard, coordinator: Coordinator | None = None) -> None:
+        self.shard = shard
+        self.shard_id = shard.spec.shard_id
+        self.coordinator = coordinator
+        self.exporter: ExportService | None = None
+        """Set by whoever runs an exporter beside the coordinator (``ctrps demo``)."""
+
+    async def declare(self, config: TableConfig) -> bool:
+        return self.shard.declare(config)
+
+    async def stats(self) -> dict[str, Any]:
+        return self.shard.stats()
+
+    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
+        return self.shard.report_status(source, status)
+
+    async def statuses(self) -> list[dict[str, Any]]:
+        return self.shard.statuses()
+
+    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
+        return self.shard.take_snapshot(version, parent)
+
+    async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
+        return self.shard.pop_snapshot(version)
+
+    async def drop_snapshot(self, version: int) -> bool:
+        return self.shard.drop_snapshot(version)
+
+    async def membership(self) -> dict[str, Any]:
+        return self.shard.membership()
+
+    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
+        self.shard.admit(epoch, version)
+        return self.shard.membership()
+
+    async def restore_version(self, version: int) -> dict[str, Any]:
+        return await restore_version(self.shard, version)
+
+    def _coordinator(self) -> Coordinator:
+        if self.coordinator is None:
+            raise NoCoordinatorError(f"shard {self.shard_id} hosts no coordinator")
+        return self.coordinator
+
+    async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant:
+        lease = await self._coordinator().acquire(worker, wait_s)
+        return LeaseGrant(lease.lease_id, lease.epoch)
+
+    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
+        return await self._coordinator().release(lease_id, offsets, stream)
+
+    async def coordinator_offsets(self) -> Offsets:
+        return self._coordinator().offsets()
+
+    async def coordinator_resume(self) -> ResumePoint:
+        c = self._coordinator()
+        return ResumePoint(c.offsets(), c.stream)
+
+    def _exporter(self) -> ExportService:
+        if self.exporter is None:
+            raise NoCoordinatorError(f"shard {self.shard_id} runs no exporter")
+        return self.exporter
+
+    async def export_now(self, kind: str | None) -> dict[str, Any]:
+        return await self._exporter().export_json(kind)
+
+    async def exports(self) -> dict[str, Any]:
+        return self._exporter().exports_json()
+
+    async def compact_exports(self) -> dict[str, Any]:
+        return await self._exporter().compact()
+
+    async def close(self) -> None:
+        return None
+
+
+class HttpControl(ShardEndpoint):
+    """A shard server's control routes, JSON over its HTTP port."""
+
+    async def declare(self, config: TableConfig) -> bool:
+        status, _ = await self.request("POST", "/v1/tables", orjson.dumps(config.to_dict()), "application/json")
+        return status == 201
+
+    async def stats(self) -> dict[str, Any]:
+        _, reply = await self.request("GET", "/v1/stats")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
+
+    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
+        body = orjson.dumps({"source": source, "status": status})
+        _, reply = await self.request("POST", "/v1/status", body, "application/json")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
+
+    async def statuses(self) -> list[dict[str, Any]]:
+        _, reply = await self.request("GET", "/v1/status")
+        out: list[dict[str, Any]] = orjson.loads(reply)["statuses"]
+        return out
+
+    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
+        body = orjson.dumps({"version": version, "parent": parent})
+        _, reply = await self.request("POST", "/v1/snapshots", body, "application/json")
+        rows: dict[str, int] = orjson.loads(reply)["rows"]
+        return rows
+
+    async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
+        _, reply = await self.request("GET", f"/v1/snapshots/{version}")
+        return codec.snapshots_from_bytes(reply)
+
+    async def drop_snapshot(self, version: int) -> bool:
+        _, reply = await self.request("DELETE", f"/v1/snapshots/{version}")
+        return bool(orjson.loads(reply)["dropped"])
+
+    async def membership(self) -> dict[str, Any]:
+        _, reply = await self.request("GET", "/v1/membership")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
+
+    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
+        body = orjson.dumps({"epoch": epoch, "version": version})
+        _, reply = await self.request("POST", "/v1/membership/admit", body, "application/json")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
+
+    async def restore_version(self, version: int) -> dict[str, Any]:
+        body = orjson.dumps({"version": version})
+        _, reply = await self.request("POST", "/v1/restore", body, "application/json")
+        out: dict[str, Any] = orjson.loads(reply)
+        return out
+
+    async def _coordinator_request(self, method: str, path: str, body: object = None) -> Any:
+        try:
+            _, reply = await self.request(
+                method, path, None if body is None else orjson.dumps(body), "application/json"
+            )
+        except PSError as exc:
+            if exc.status == 404 and not isinstance(exc, (LeaseError, NoCoordinatorError, ExportNotFoundError)):
+                # The route is not there: this shard serves no coordinator.
+                raise NoCoordinatorError(f"shard {self.shard_id} at {self.url} hosts no coordinator") from None
+            raise
+        return orjson.loads(reply)
+
+    async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant:
+        got = await self._coordinator_request("POST", "/v1/leases", {"worker": worker, "wait_s": wait_s})
+        return LeaseGrant(int(got["lease_id"]), str(got["epoch"]))
+
+    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
+        body: dict[str, Any] = {
+            "lease_id": lease_id,
+            "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()},
+        }
+        if stream is not None:
+            body["stream"] = stream.to_dict()
+        return bool((await self._coordinator_request("POST", "/v1/leases/release", body))["released"])
+
+    async def coordinator_offsets(self) -> Offsets:
+        return parse_offsets((await self._coordinator_request("GET", "/v1/offsets"))["offsets"])
+
+    async def coordinator_resume(self) -> ResumePoint:
+        return _resume_point(await self._coordinator_request("GET", "/v1/offsets"))
+
+    async def export_now(self, kind: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = await self._coordinator_request(
+            "POST", "/v1/exports", {} if kind is None else {"kind": kind}
+        )
+        return out
+
+    async def exports(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._coordinator_request("GET", "/v1/exports")
+        return out
+
+    async def compact_exports(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._coordinator_request("POST", "/v1/exports/compact", {})
+        return out
+
+    async def close(self) -> None:
+        return None
+
+
+class ControlClient:
+    """The control plane of every shard: declarations and stats on all of
+    them, the status board and the coordinator on shard 0.
+
+    Use ``async with ControlClient.connect(urls) as control`` for shard
+    servers or ``ControlClient.local(shards, coordinator)`` in this process.
+    """
+
+    def __init__(self, shards: Sequence[ShardControl], *, session: aiohttp.ClientSession | None = None) -> None:
+        if not shards:
+            raise ValueError("a control client needs at least one shard")
+        ids = [s.shard_id for s in shards]
+        if ids != list(range(len(ids))):
+            raise ValueError(f"shards must be 0..{len(ids) - 1} in order, got {ids}")
+        self.shards = list(shards)
+        self.num_shards = len(shards)
+        self._session = session
+
+    @classmethod
+    def connect(
+        cls,
+        urls: Sequence[str],
+        *,
+        retry: RetryPolicy | None = None,
+        token: str = "",
+        ssl: ssl_.SSLContext | None = None,
+    ) -> ControlClient:
+        """A control client for shard servers at `urls` (shard i at urls[i]),
+        presenting `token` and verifying ``https://`` shards with `ssl`.
+        Must be called with an event loop running (it opens a connection pool)."""
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit_per_host=4, limit=0), skip_auto_headers=("User-Agent",)
+        )
+        policy = retry or RetryPolicy()
+        return cls(
+            [HttpControl(i, u, session, policy, token=token, ssl=ssl) for i, u in enumerate(urls)], session=session
+        )
+
+    @classmethod
+    def local(cls, shards: Sequence[Shard], coordinator: Coordinator | None = None) -> ControlClient:
+        """A control client over shards in this process; `coordinator`, if
+        given, is reached through shard 0 as a shard server would host it."""
+        return cls([LocalControl(s, coordinator if i == 0 else None) for i, s in enumerate(shards)])
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close connections; safe to call more than once."""
+        for s in self.shards:
+            await s.close()
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+    async def declare(self, config: TableConfig) -> bool:
+        """Declare a table on every shard; True if any shard created it."""
+        return any(await fan_out([t.declare(config) for t in self.shards]))
+
+    async def stats(self) -> list[dict[str, Any]]:
+        """Each shard's stats, in shard order."""
+        return await fan_out([t.stats() for t in self.shards])
+
+    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Leave `status` (a JSON object) on the status board of shard 0 as
+        the latest of `source`; replaces that source's previous status."""
+        if not isinstance(status, dict):
+            raise StatusError(f"status must be a dict, got {type(status).__name__}")
+        return await self.shards[0].report_status(source, status)
+
+    async def statuses(self) -> list[dict[str, Any]]:
+        """The status board of shard 0: ``{"source", "received_at",
+        "status"}`` per source, the least recently reported first."""
+        return await self.shards[0].statuses()
+
+    def serve_exports(self, exporter: ExportService) -> None:
+        """Answer `export_now`/`exports` with an in-process exporter, as shard
+        0's server does with its own (in-process deployments: ``ctrps demo``)."""
+        first = self.shards[0]
+        if not isinstance(first, LocalControl):
+            raise ValueError("only an in-process shard 0 serves an in-process exporter")
+        first.exporter = exporter
+
+    # -- export cuts -----------------------------------------------------------
+    async def take_snapshots(self, version: int, parent: int | None) -> list[dict[str, int]]:
+        """Every shard copies its rows for cut `version` (the cut's pause);
+        rows per table, in shard order."""
+        return await fan_out([t.take_snapshot(version, parent) for t in self.shards])
+
+    async def fetch_snapshots(self, version: int) -> dict[int, list[TableSnapshot]]:
+        """The copies of cut `version` from every shard, by shard id (once)."""
+        got = await fan_out([t.fetch_snapshot(version) for t in self.shards])
+        return {t.shard_id: snaps for t, snaps in zip(self.shards, got)}
+
+    # -- the coordinator, hosted by shard 0 ------------------------------------
+    async def acquire_lease(self, worker: str, wait_s: float = 5.0) -> LeaseGrant:
+        """A lease for one window and the coordinator's epoch
+        (`NoCoordinatorError` when shard 0 hosts none); `CutInProgressError`
+        after `wait_s` of a cut's pause. Keep `wait_s` inside the retry
+        deadline, so a lease granted late is never granted to nobody."""
+        return await self.shards[0].acquire_lease(worker, wait_s)
+
+    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
+        """End a lease with the offsets its window committed, read from
+        `stream`; False if it had expired."""
+        return await self.shards[0].release_lease(lease_id, offsets, stream)
+
+    async def coordinator_offsets(self) -> Offsets:
+        """The coordinator's committed offsets: where workers resume after a restore."""
+        return await self.shards[0].coordinator_offsets()
+
+    async def coordinator_resume(self) -> ResumePoint:
+        """The coordinator's offsets and the stream they were read from
+        (`StreamIdentity`; None when not known)."""
+        return await self.shards[0].coordinator_resume()
+
+    async def export_now(self, kind: str | None = None) -> dict[str, Any]:
+        """Cut and write a version now (`ps_core.checkpoint.exporter.ExportReport` as JSON);
+        `NoCoordinatorError` when shard 0 runs no exporter."""
+        return await self.shards[0].export_now(kind)
+
+    async def exports(self) -> dict[str, Any]:
+        """``{"model", "versions", "last"}`` from shard 0's exporter."""
+        return await self.shards[0].exports()
+
+    async def compact_exports(self) -> dict[str, Any]:
+        """Have shard 0's exporter fold the newest chain into a base (and prune)."""
+        return await self.shards[0].compact_exports()

@@ -1,0 +1,171 @@
+"""One shard server's HTTP endpoint, as both planes' clients reach it.
+
+`ShardEndpoint` holds what a data transport and a control client share: the
+shard's URL, the aiohttp session, its credentials (``Authorization: Bearer``)
+and TLS context, and requests retried on connection errors, timeouts and
+502/503/504 with backoff (`RetryPolicy`) up to a deadline, then
+`ShardUnavailableError` naming the shard. A refused token (`AuthError`,
+`ForbiddenError`) or a certificate that does not verify (`TlsVerifyError`)
+is raised at once: waiting does not fix a configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl as ssl_
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+
+from ..errors import ShardUnavailableError, TlsVerifyError, error_from_body
+from .auth import bearer
+
+__all__ = [
+    "RetryPolicy",
+    "Backoff",
+    "ShardEndpoint",
+    "RETRIED_STATUSES",
+    "json_or_text",
+    "not_joined",
+    "retried_reason",
+]
+
+
+class RetryPolicy:
+    """Backoff for connection errors: `first_delay_s` doubling to `max_delay_s`,
+    giving up `deadline_s` after the first attempt."""
+
+    def __init__(self, deadline_s: float = 10.0, first_delay_s: float = 0.02, max_delay_s: float = 1.0) -> None:
+        self.deadline_s = deadline_s
+        self.first_delay_s = first_delay_s
+        self.max_delay_s = max_delay_s
+
+
+class Backoff:
+    """One call's attempts under a `RetryPolicy`: `failed` sleeps before the
+    next attempt, or raises once the deadline has passed."""
+
+    def __init__(self, retry: RetryPolicy) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._retry = retry
+        self._deadline = self._loop.time() + retry.deadline_s
+        self._delay = retry.first_delay_s
+        self.attempts = 1
+
+    def remaining(self) -> float:
+        """Seconds left for this attempt (at least a short minimum)."""
+        return max(self._deadline - self._loop.time(), 0.05)
+
+    async def failed(self, reason: str, unavailable: Callable[[int, str], Exception]) -> None:
+        left = self._deadline - self._loop.time()
+        if left <= 0:
+            raise unavailable(self.attempts, reason)
+        # The last sleep is cut to the deadline, then one final attempt.
+        await asyncio.sleep(min(self._delay, left))
+        self._delay = min(self._delay * 2, self._retry.max_delay_s)
+        self.attempts += 1
+
+
+class ShardEndpoint:
+    """A shard server's HTTP endpoint: `request` retried under `retry`.
+
+    `token` is presented on every request; `ssl`, a client context, verifies
+    an ``https://`` shard (None: the system's CAs)."""
+
+    def __init__(
+        self,
+        shard_id: int,
+        url: str,
+        session: aiohttp.ClientSession,
+        retry: RetryPolicy,
+        *,
+        token: str = "",
+        ssl: ssl_.SSLContext | None = None,
+    ) -> None:
+        self.shard_id = shard_id
+        self.url = url.rstrip("/")
+        self._session = session
+        self._retry = retry
+        parts = urlsplit(self.url)
+        self._host = parts.hostname or "127.0.0.1"
+        self._tls = parts.scheme == "https"
+        self._token = token
+        self._headers = bearer(token)
+        self._ssl: ssl_.SSLContext | bool = ssl if ssl is not None else True
+
+    async def request(
+        self, method: str, path: str, body: bytes | None = None, content_type: str = ""
+    ) -> tuple[int, bytes]:
+        """One request's (status, body) below 400; an error status raises the
+        shard's typed error, after retries for the passing ones."""
+        backoff = Backoff(self._retry)
+        while True:
+            try:
+                headers = {"Content-Type": content_type, **self._headers} if content_type else self._headers
+                async with self._session.request(
+                    method,
+                    self.url + path,
+                    data=body,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=backoff.remaining()),
+                    ssl=self._ssl,
+                ) as resp:
+                    payload = await resp.read()
+                    if resp.status < 400:
+                        return resp.status, payload
+                    if resp.status not in RETRIED_STATUSES:
+                        raise error_from_body(resp.status, json_or_text(payload))
+                    last: str = retried_reason(resp.status, payload)
+            except aiohttp.ClientConnectorCertificateError as exc:
+                raise self._unverified(exc.certificate_error) from None
+            except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            await backoff.failed(last, self._unavailable)
+
+    def _unverified(self, exc: Exception) -> TlsVerifyError:
+        reason = getattr(exc, "verify_message", "") or str(exc)
+        return TlsVerifyError(
+            f"shard {self.shard_id} at {self.url}{self._via()}: its TLS certificate did not verify "
+            f"({reason}); check --tls-ca"
+        )
+
+    def _via(self) -> str:
+        """How calls travel, for error messages."""
+        return ""
+
+    def _unavailable(self, attempts: int, last: str) -> ShardUnavailableError:
+        return ShardUnavailableError(
+            f"shard {self.shard_id} at {self.url}{self._via()} unreachable after {attempts} attempts "
+            f"in {self._retry.deadline_s:.1f}s ({last})",
+            shard_id=self.shard_id,
+            url=self.url,
+        )
+
+
+RETRIED_STATUSES = (502, 503, 504)
+"""Replies of a proxy or balancer in front of a shard that may pass."""
+
+
+def not_joined(body: object) -> bool:
+    """Whether an error body says the shard waits to be admitted."""
+    return isinstance(body, dict) and body.get("error") == "shard_not_joined"
+
+
+def retried_reason(status: int, payload: bytes) -> str:
+    """A retried reply, for the error raised once retries run out: the
+    status, and the shard's own reason when it gave one (e.g. 503
+    ``shard_not_joined``: it waits to be admitted)."""
+    body = json_or_text(payload)
+    if isinstance(body, dict) and "error" in body:
+        return f"http {status} {body['error']}: {str(body.get('detail', ''))[:300]}"
+    return f"http {status}"
+
+
+def json_or_text(payload: bytes) -> object:
+    """A reply body as JSON, or its first bytes as text."""
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return payload[:200].decode("utf-8", "replace")
