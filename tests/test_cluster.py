@@ -114,7 +114,7 @@ def test_cluster_settings_defaults_env_and_flags() -> None:
         (["--restart-backoff", "40"], {}, "restart backoff must be > 0 and at most the largest"),
         (["--max-restarts", "-1"], {}, "max restarts must be >= 0"),
         (["--restart-window", "0"], {}, "the restart window > 0"),
-        ([], {"CTRPS_CLUSTER_WORKERS": "two"}, "CTRPS_CLUSTER_WORKERS='two' is not a valid int"),
+        ([], {"CTRPS_CLUSTER_WORKERS": "two"}, "CTRPS_CLUSTER_WORKERS='two' is not an integer"),
     ],
 )
 def test_bad_cluster_settings(flags: list[str], env: dict[str, str], message: str) -> None:
