@@ -25,7 +25,9 @@ __all__ = [
     "KEY_BASE",
     "applications",
     "bias_shows",
+    "brisk_worker_config",
     "committed",
+    "consume_all",
     "keyed_event",
     "new_topic",
     "produce",
@@ -88,6 +90,29 @@ async def committed(bootstrap: str, group: str, topic: str, partitions: int) -> 
         return {p: (await c.committed(TopicPartition(topic, p))) or 0 for p in range(partitions)}
     finally:
         await c.stop()
+
+
+async def consume_all(bootstrap: str, topic: str, n: int, timeout_s: float = 30.0) -> list[Any]:
+    """At least `n` records of `topic` from its start, read by a fresh group
+    within `timeout_s`."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"g-{uuid.uuid4().hex[:8]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    records: list[Any] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            while len(records) < n:
+                batch = await consumer.getmany(timeout_ms=500)
+                for recs in batch.values():
+                    records.extend(recs)
+    finally:
+        await consumer.stop()
+    return records
 
 
 @asynccontextmanager
@@ -156,5 +181,24 @@ def worker_config(
         window_seconds=window_seconds,
         window_events=window_events,
         decode_processes=0,
+        **kw,
+    )
+
+
+def brisk_worker_config(
+    bootstrap: str, topic: str, group: str, window_events: int, mini_batch: int, **kw: Any
+) -> WorkerConfig:
+    """A worker that notices within a second or so: half-second windows, quick
+    group heartbeats, no decode processes; `kw` sets the rest."""
+    return WorkerConfig(
+        bootstrap,
+        topic=topic,
+        group=group,
+        window_seconds=0.5,
+        window_events=window_events,
+        mini_batch=mini_batch,
+        decode_processes=0,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=500,
         **kw,
     )

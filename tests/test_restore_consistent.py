@@ -138,6 +138,12 @@ async def _joined(control: ControlClient, shards: Shards, timeout_s: float = 60)
     return got
 
 
+async def _declared(control: ControlClient, shards: Shards) -> None:
+    """Wait until every shard is joined, then declare the table LR."""
+    await _joined(control, shards)
+    await control.declare(LR)
+
+
 def _no_tracebacks(shards: Shards, i: int) -> None:
     text = shards.log_path(i).read_text()
     assert "Traceback" not in text, text[-3000:]
@@ -152,8 +158,7 @@ async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_olde
     exports = tmp_path / "exports"
     shards = Shards(2, exports, tmp_path)
     async with shards.serving(restore=False, deadline_s=2) as (client, control):
-        await _joined(control, shards)
-        await control.declare(LR)
+        await _declared(control, shards)
         for step, kind in enumerate(("base", "delta", "base", "delta"), start=1):
             await _train(client, LR, KEYS[(step - 1) * 500 : step * 500 + 500], step)
             lease = await control.acquire_lease("w", wait_s=5)
@@ -189,8 +194,7 @@ async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(tmp_
     exports = tmp_path / "exports"
     shards = Shards(2, exports, tmp_path)
     async with shards.serving(restore=False, deadline_s=2) as (client, control):
-        await _joined(control, shards)
-        await control.declare(LR)
+        await _declared(control, shards)
         for step, kind in enumerate(("base", "delta"), start=1):
             await _train(client, LR, KEYS[: step * 1000], step)
             assert (await control.export_now(kind))["version"] == step
@@ -321,8 +325,7 @@ async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(tmp_p
     exports = tmp_path / "exports"
     shards = Shards(2, exports, tmp_path)
     async with shards.serving(restore=True, deadline_s=1) as (client, control):
-        await _joined(control, shards)
-        await control.declare(LR)
+        await _declared(control, shards)
         await _train(client, LR, KEYS[:1500], 1)
         lease = await control.acquire_lease("w", wait_s=5)
         await control.release_lease(lease.lease_id, {"clicks": {0: 7}})

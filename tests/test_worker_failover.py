@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 import orjson
-from streams import applications, committed, keyed_event, new_topic, produce
+from streams import applications, brisk_worker_config, committed, keyed_event, new_topic, produce
 from waiting import until
 
-from consumers.worker import Worker, WorkerConfig
+from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
@@ -42,17 +42,7 @@ async def test_two_workers_share_partitions_and_apply_every_event(kafka_bootstra
     model = LogisticRegression("m")
     workers = [
         Worker(
-            WorkerConfig(
-                kafka_bootstrap,
-                topic=topic,
-                group=group,
-                window_seconds=0.5,
-                window_events=400,
-                mini_batch=128,
-                decode_processes=0,
-                session_timeout_ms=6000,
-                heartbeat_interval_ms=500,
-            ),
+            brisk_worker_config(kafka_bootstrap, topic, group, 400, 128),
             PSClient.local(shards),
             ControlClient.local(shards),
             model,

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.record.default_records import DefaultRecordBase
 from aiokafka.record.util import calc_crc32c
 from prometheus_client.parser import text_string_to_metric_families
-from streams import applications, bias_shows, committed, keyed_event, new_topic, produce, running
+from streams import applications, bias_shows, brisk_worker_config, committed, keyed_event, new_topic, produce, running
 from waiting import until
 
 from app.api import create_app
@@ -32,7 +32,7 @@ from app.settings import ApiSettings
 from app.status import make_status_hook
 from consumers.broker import EmbeddedBroker, free_port
 from consumers.outage import UndecodableBatchError
-from consumers.worker import Worker, WorkerConfig
+from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.routes import add_coordinator_routes
@@ -50,29 +50,8 @@ async def _produce(bootstrap: str, topic: str, lo: int, hi: int) -> None:
     await produce(bootstrap, topic, (keyed_event(i) for i in range(lo, hi)), PARTITIONS, first=lo)
 
 
-def _config(
-    bootstrap: str,
-    topic: str,
-    group: str,
-    window_events: int,
-    mini_batch: int,
-    outage_deadline_s: float = WorkerConfig.outage_deadline_s,
-    outage_log_every_s: float = WorkerConfig.outage_log_every_s,
-) -> WorkerConfig:
-    """Short windows, quick group heartbeats, no decode processes."""
-    return WorkerConfig(
-        bootstrap,
-        topic=topic,
-        group=group,
-        window_seconds=0.5,
-        window_events=window_events,
-        mini_batch=mini_batch,
-        decode_processes=0,
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=500,
-        outage_deadline_s=outage_deadline_s,
-        outage_log_every_s=outage_log_every_s,
-    )
+def _every_applied(shards: list[Shard], lo: int, hi: int) -> bool:
+    return bool((applications(shards, lo, hi) >= 1).all())
 
 
 class _ShardServers:
@@ -119,7 +98,9 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
     topic, group = await new_topic(kafka_bootstrap, PARTITIONS)
     window, outage_s = 300, 30.0
     async with _ShardServers(2) as servers:
-        config = _config(kafka_bootstrap, topic, group, window, 100, outage_deadline_s=300, outage_log_every_s=2.0)
+        config = brisk_worker_config(
+            kafka_bootstrap, topic, group, window, 100, outage_deadline_s=300, outage_log_every_s=2.0
+        )
         retry = RetryPolicy(deadline_s=2.0)
         async with (
             PSClient.connect(servers.urls, retry=retry, rpc=False) as client,
@@ -150,12 +131,7 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
                 )
                 assert worker.stats.events_trained == trained_in_outage, "trained while a shard was away"
                 await servers.start(1)
-                await until(
-                    lambda: (applications(servers.shards, 0, 6000) >= 1).all(),
-                    90,
-                    what="every event applied",
-                    task=task,
-                )
+                await until(lambda: _every_applied(servers.shards, 0, 6000), 90, what="every event applied", task=task)
             # The outage is counted in the worker's status, and /metrics shows it.
             http = TestClient(TestServer(create_app(ApiSettings(), client, model, control=control)))
             await http.start_server()
@@ -194,7 +170,9 @@ async def test_leased_worker_rides_out_an_outage_of_shard_0_and_its_coordinator(
     window = 300
     coordinator = Coordinator()
     async with _ShardServers(2, coordinator) as servers:
-        config = _config(kafka_bootstrap, topic, group, window, 100, outage_deadline_s=120, outage_log_every_s=1.0)
+        config = brisk_worker_config(
+            kafka_bootstrap, topic, group, window, 100, outage_deadline_s=120, outage_log_every_s=1.0
+        )
         retry = RetryPolicy(deadline_s=1.0)
         async with (
             PSClient.connect(servers.urls, retry=retry, rpc=False) as client,
@@ -224,12 +202,7 @@ async def test_leased_worker_rides_out_an_outage_of_shard_0_and_its_coordinator(
                     task=task,
                 )
                 await servers.start(0)
-                await until(
-                    lambda: (applications(servers.shards, 0, 3000) >= 1).all(),
-                    90,
-                    what="every event applied",
-                    task=task,
-                )
+                await until(lambda: _every_applied(servers.shards, 0, 3000), 90, what="every event applied", task=task)
     applied = applications(servers.shards, 0, 3000)
     assert (applied >= 1).all(), f"lost: {np.flatnonzero(applied == 0)[:20]}"
     s = worker.stats
@@ -250,11 +223,11 @@ async def test_worker_rides_out_a_broker_restart(caplog: pytest.LogCaptureFixtur
     try:
         bootstrap = broker.bootstrap
         await broker.create_topics({topic: PARTITIONS, topic + ".dlq": 1})
-        config = _config(bootstrap, topic, group, 300, 100, outage_deadline_s=300, outage_log_every_s=2.0)
+        config = brisk_worker_config(bootstrap, topic, group, 300, 100, outage_deadline_s=300, outage_log_every_s=2.0)
         worker = Worker(config, PSClient.local(shards), ControlClient.local(shards), LogisticRegression("m"))
         async with running(worker) as task:
             await _produce(bootstrap, topic, 0, 2000)
-            await until(lambda: (applications(shards, 0, 2000) >= 1).all(), 60, what="the first events", task=task)
+            await until(lambda: _every_applied(shards, 0, 2000), 60, what="the first events", task=task)
             broker.stop()
             await until(
                 lambda: worker.stats.waiting_for.startswith("the Kafka broker"),
@@ -272,7 +245,7 @@ async def test_worker_rides_out_a_broker_restart(caplog: pytest.LogCaptureFixtur
             await _produce(bootstrap, topic, 2000, 5000)
             # Events after the restart sit at offsets 0.. of the new topic.
             await until(
-                lambda: (applications(shards, 2000, 5000) >= 1).all(),
+                lambda: _every_applied(shards, 2000, 5000),
                 120,
                 what="every event produced after the restart applied",
                 task=task,
@@ -454,7 +427,7 @@ async def test_an_undecodable_batch_stops_the_worker_naming_it_and_nothing_is_co
 ) -> None:
     topic, group = await new_topic(kafka_bootstrap, PARTITIONS)
     shards = [Shard(ShardSpec(0, 1))]
-    config = _config(kafka_bootstrap, topic, group, 150, 50)
+    config = brisk_worker_config(kafka_bootstrap, topic, group, 150, 50)
     worker = Worker(config, PSClient.local(shards), ControlClient.local(shards), LogisticRegression("m"))
     task = asyncio.create_task(worker.run(asyncio.Event()), name="worker")
     try:
@@ -532,7 +505,7 @@ async def test_a_batch_the_codec_cannot_read_is_named_by_partition_and_offset(ka
     topic, group = await new_topic(kafka_bootstrap, PARTITIONS)
     await _produce(kafka_bootstrap, topic, 0, 40)  # offsets 0..9 of each partition
     bad_offset = await _send_corrupt_batch(kafka_bootstrap, topic, 1, 3, codec=4)  # zstd, not compressed
-    config = _config(kafka_bootstrap, topic, group, 150, 50)
+    config = brisk_worker_config(kafka_bootstrap, topic, group, 150, 50)
     worker = Worker(
         config, PSClient.local(one := [Shard(ShardSpec(0, 1))]), ControlClient.local(one), LogisticRegression("m")
     )
