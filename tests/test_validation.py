@@ -311,6 +311,19 @@ async def test_a_partition_key_of_a_superscript_digit_breaks_nothing(api: tuple[
     assert await history.sample() is not None and history.error is None
 
 
+def _break_statuses(monkeypatch: pytest.MonkeyPatch, history: History, exc: Exception) -> list[Exception]:
+    """From now on `history`'s view fails with `exc` (a bug, not an outage:
+    an exception no sample expects); the list returned grows by one a call."""
+    raised: list[Exception] = []
+
+    async def broken() -> list[dict[str, Any]]:
+        raised.append(exc)
+        raise exc
+
+    monkeypatch.setattr(history.view, "statuses", broken)
+    return raised
+
+
 async def test_the_sampler_survives_any_exception_and_shows_it(
     api: tuple[TestClient, Shard],
     monkeypatch: pytest.MonkeyPatch,
@@ -320,19 +333,11 @@ async def test_the_sampler_survives_any_exception_and_shows_it(
     history: History = http.app[HISTORY]
     await history.sample()
     kept = len(history.points())
-    calls = 0
-
-    async def broken() -> list[dict[str, Any]]:
-        # A bug, not an outage: an exception no sample expects.
-        nonlocal calls
-        calls += 1
-        raise KeyError("received_at")
-
-    monkeypatch.setattr(history.view, "statuses", broken)
+    calls = _break_statuses(monkeypatch, history, KeyError("received_at"))
     caplog.set_level(logging.WARNING, "ctrps.history")
     for _ in range(3):
         assert await history.sample() is None
-    assert calls == 3
+    assert len(calls) == 3
     assert history.error is not None and "KeyError" in history.error and "received_at" in history.error
     lines = [r for r in caplog.records if r.name == "ctrps.history"]
     assert len(lines) == 1 and lines[0].exc_info is None, lines
@@ -348,16 +353,9 @@ async def test_the_sampling_task_keeps_running_through_errors(
 ) -> None:
     http, _ = api
     history = History(http.app[HISTORY].view, make_model("lr", "ctr"), interval_s=0.01, max_points=10)
-    failures = 0
-
-    async def broken() -> list[dict[str, Any]]:
-        nonlocal failures
-        failures += 1
-        raise ZeroDivisionError("a bug")
-
-    monkeypatch.setattr(history.view, "statuses", broken)
+    failures = _break_statuses(monkeypatch, history, ZeroDivisionError("a bug"))
     async with history:
-        await until(lambda: failures >= 3, 10.0, what="three failed samples")
+        await until(lambda: len(failures) >= 3, 10.0, what="three failed samples")
         assert history.running and "ZeroDivisionError" in (history.error or "")
         assert history.points() == []
 
