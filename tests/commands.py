@@ -1,5 +1,6 @@
-"""Running ``ctrps`` from tests as a user would: a child process started in
-the project's root, without the test run's own CTRPS_ settings."""
+"""Child processes in tests: ``ctrps`` run as a user would (started in the
+project's root, without the test run's own CTRPS_ settings), and whether a
+process has ended."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-__all__ = ["PROJECT", "ctrps_process"]
+__all__ = ["PROJECT", "ctrps_process", "pid_gone"]
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -29,3 +30,12 @@ async def ctrps_process(*args: str) -> AsyncIterator[asyncio.subprocess.Process]
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def pid_gone(pid: int) -> bool:
+    """The process no longer runs (or is a zombie nobody has reaped yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state == "Z"

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,9 +186,13 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def _one_json_line(
-    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], run: Callable[[argparse.Namespace], int], code: int
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], exc: Exception, code: int
 ) -> dict[str, Any]:
-    """Run `run` as the command `argv`: it exits with `code`, having written one JSON line."""
+    """The command `argv` raising `exc` exits with `code`, having written one JSON line: that line."""
+
+    def run(args: argparse.Namespace) -> int:
+        raise exc
+
     assert run_command(_args(*argv), run) == code
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1, lines
@@ -198,10 +202,8 @@ def _one_json_line(
 def test_an_expected_failure_exits_with_its_code_as_one_json_line(
     capsys: pytest.CaptureFixture[str], restore_logging: None
 ) -> None:
-    def run(args: argparse.Namespace) -> int:
-        raise _Refused("refusing to resume: offsets ahead of the topic's end")
-
-    line = _one_json_line(capsys, ("worker", "--log-format", "json"), run, 4)
+    refused = _Refused("refusing to resume: offsets ahead of the topic's end")
+    line = _one_json_line(capsys, ("worker", "--log-format", "json"), refused, 4)
     assert line["msg"] == "refusing to resume: offsets ahead of the topic's end"
     assert line["level"] == "error" and line["exit_code"] == 4 and "exc" not in line
 
@@ -209,10 +211,7 @@ def test_an_expected_failure_exits_with_its_code_as_one_json_line(
 def test_a_bug_keeps_its_traceback_inside_one_json_object(
     capsys: pytest.CaptureFixture[str], restore_logging: None
 ) -> None:
-    def run(args: argparse.Namespace) -> int:
-        raise KeyError("surprise")
-
-    line = _one_json_line(capsys, ("shard", "--log-format", "json"), run, 1)
+    line = _one_json_line(capsys, ("shard", "--log-format", "json"), KeyError("surprise"), 1)
     assert line["level"] == "critical" and "KeyError" in line["msg"]
     assert "Traceback" in line["exc"] and "surprise" in line["exc"]
 

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,16 @@ class _ShardServers:
         if server is not None:
             await server.cleanup()
 
+    @asynccontextmanager
+    async def clients(self, deadline_s: float) -> AsyncIterator[tuple[PSClient, ControlClient]]:
+        """Both planes' clients of the servers (HTTP only), retrying for `deadline_s`."""
+        retry = RetryPolicy(deadline_s=deadline_s)
+        async with (
+            PSClient.connect(self.urls, retry=retry, rpc=False) as client,
+            ControlClient.connect(self.urls, retry=retry) as control,
+        ):
+            yield client, control
+
     async def __aenter__(self) -> _ShardServers:
         for i in range(len(self.shards)):
             await self.start(i)
@@ -101,11 +113,7 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
         config = brisk_worker_config(
             kafka_bootstrap, topic, group, window, 100, outage_deadline_s=300, outage_log_every_s=2.0
         )
-        retry = RetryPolicy(deadline_s=2.0)
-        async with (
-            PSClient.connect(servers.urls, retry=retry, rpc=False) as client,
-            ControlClient.connect(servers.urls, retry=retry) as control,
-        ):
+        async with servers.clients(deadline_s=2.0) as (client, control):
             model = LogisticRegression("m")
             worker = Worker(config, client, control, model)
             worker.on_window = make_status_hook(control, "w-out", worker.stats)
@@ -173,11 +181,7 @@ async def test_leased_worker_rides_out_an_outage_of_shard_0_and_its_coordinator(
         config = brisk_worker_config(
             kafka_bootstrap, topic, group, window, 100, outage_deadline_s=120, outage_log_every_s=1.0
         )
-        retry = RetryPolicy(deadline_s=1.0)
-        async with (
-            PSClient.connect(servers.urls, retry=retry, rpc=False) as client,
-            ControlClient.connect(servers.urls, retry=retry) as control,
-        ):
+        async with servers.clients(deadline_s=1.0) as (client, control):
             worker = Worker(config, client, control, LogisticRegression("m"))
             async with running(worker) as task:
                 await _produce(kafka_bootstrap, topic, 0, 1000)
