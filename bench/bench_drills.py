@@ -62,6 +62,7 @@ import numpy as np
 import orjson
 import uvloop
 from aiokafka import AIOKafkaProducer
+from common import elapsed_s, progress_log
 
 from app.cluster import end_broker_processes
 from app.logs import configure_logging
@@ -77,15 +78,13 @@ SHARDS = 2
 MODEL = "ctr"
 HOST = "127.0.0.1"
 TRACEBACK = b"Traceback (most recent call last):"
-_T0 = time.perf_counter()
 BIAS = np.array([FeatureHasher(MODEL).bias_key], dtype=np.uint64)
 BIAS_SHARD = int(shard_of(BIAS, SHARDS)[0])
 """The shard the faults hit: it holds the bias row, so its losses show in the count."""
 
 
-def log(msg: str) -> None:
-    """One progress line on stderr."""
-    print(f"[bench_drills +{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+log = progress_log("bench_drills")
+"""One progress line on stderr."""
 
 
 def ctrps(*args: str) -> tuple[str, ...]:
@@ -679,7 +678,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         }  # fmt: skip
     out["drills_passed"] = passed
     out["drills"] = len(results)
-    out["elapsed_s"] = round(time.perf_counter() - _T0, 1)
+    out["elapsed_s"] = round(elapsed_s(), 1)
     log(f"{passed}/{len(results)} drills met every aim")
     return out
 

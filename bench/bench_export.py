@@ -34,7 +34,6 @@ last line of stdout, one JSON object with the figures.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import hashlib
 import json
@@ -51,6 +50,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+from common import bench_parser, elapsed_s, progress_log
 
 from ps_core.checkpoint.export import latest_chain, restore_shards, write_version
 from ps_core.hashing import shard_of
@@ -73,12 +73,9 @@ AIM_RESTORE_S = 10.0
 LR = TableConfig("lr", 1, {"name": "ftrl"})
 FM = TableConfig("fm_v", 8, {"name": "adagrad"}, init_scale=0.01)
 
-_T0 = time.perf_counter()
 
-
-def log(msg: str) -> None:
-    """One progress line on stderr."""
-    print(f"[bench_export +{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+log = progress_log("bench_export")
+"""One progress line on stderr."""
 
 
 def timed(fn: Callable[[], T]) -> tuple[T, float]:
@@ -347,14 +344,14 @@ def fs_type(path: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Benchmark export cuts (the pause), file writes, delta sizes and restores, "
-        "against baselines measured in the same run. The last stdout line is a JSON object.",
+    parser = bench_parser(
+        "Benchmark export cuts (the pause), file writes, delta sizes and restores, "
+        "against baselines measured in the same run.",
+        "N = 2M rows instead of 10M (< 1 minute)",
+        seed=12345,
+        out_dir=True,
     )
-    parser.add_argument("--quick", action="store_true", help="N = 2M rows instead of 10M (< 1 minute)")
     parser.add_argument("--rows", type=int, help="override N, the rows of the tables and of the restore")
-    parser.add_argument("--dir", type=Path, help="where to write (default: the system temp directory)")
-    parser.add_argument("--seed", type=int, default=12345, help="RNG seed (default 12345)")
     args = parser.parse_args(argv)
     n = args.rows or (2_000_000 if args.quick else 10_000_000)
     if n < 2 * CHANGED:
@@ -419,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         **restore,
         "aim_pause_met": max(lr_pause["pause_ms"], fm_pause["pause_ms"], e2e["cut_pause_ms"]) <= AIM_PAUSE_MS,
         "aim_restore_met": restore["restore_s"] * 10_000_000 / n <= AIM_RESTORE_S,
-        "elapsed_s": time.perf_counter() - _T0,
+        "elapsed_s": elapsed_s(),
     }
 
     print(f"bench_export ({mode}, N={n:,} rows, {CHANGED:,} changed per cut, medians of {REPEATS})")

@@ -37,7 +37,6 @@ object with the figures.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -55,6 +54,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import orjson
+from common import bench_parser, elapsed_s, progress_log
 
 from app.api import ApiServer
 from app.follower import Follower, model_of_exports
@@ -71,12 +71,9 @@ PROBE_EVERY_S = 0.002
 WAIT_FACTOR = 10.0
 """A version not served within this many intervals (plus 10 s) is a failure."""
 
-_T0 = time.perf_counter()
 
-
-def log(msg: str) -> None:
-    """One progress line on stderr."""
-    print(f"[bench_follow +{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+log = progress_log("bench_follow")
+"""One progress line on stderr."""
 
 
 # -- the trainer (a child process) -----------------------------------------------------
@@ -265,17 +262,16 @@ async def run_interval(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Benchmark how far a serving replica lags the trainer's exports, against the "
-        "raw load of the same files. The last stdout line is a JSON object.",
+    parser = bench_parser(
+        "Benchmark how far a serving replica lags the trainer's exports, against the raw load of the same files.",
+        "N = 1M, M = 100k, interval 1 s, 20 deltas (< 1 minute)",
+        seed=12345,
+        out_dir=True,
     )
-    parser.add_argument("--quick", action="store_true", help="N = 1M, M = 100k, interval 1 s, 20 deltas (< 1 minute)")
     parser.add_argument("--rows", type=int, help="override N, the table's rows")
     parser.add_argument("--changed", type=int, help="override M, rows changed per delta")
     parser.add_argument("--deltas", type=int, help="deltas per interval")
     parser.add_argument("--interval", type=float, action="append", help="poll interval, s (repeatable)")
-    parser.add_argument("--dir", type=Path, help="where to write (default: the system temp directory)")
-    parser.add_argument("--seed", type=int, default=12345, help="RNG seed (default 12345)")
     args = parser.parse_args(argv)
     # The probe meets 503 until the first version is loaded: not news here.
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -299,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for run in runs[1:]:
         tag = f"at_{run['poll_interval_ms']:.0f}ms"
         result.update({f"{k}_{tag}": v for k, v in run.items() if k.startswith("replica_lag")})
-    result["elapsed_s"] = time.perf_counter() - _T0
+    result["elapsed_s"] = elapsed_s()
 
     print(f"bench_follow ({mode}, N={rows:,} rows, deltas of {first['delta_rows']:,} rows, LR FTRL)")
     for run in runs:

@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from common import bench_parser, elapsed_s, progress_log
 
 from ps_core.store.index import KeyIndex
 from ps_core.store.table import SparseTable, TableConfig
@@ -78,12 +79,9 @@ AIM_SPEEDUP = 5.0
 AIM_BYTES_PER_FEATURE = 48.0
 AIM_RATIO_VS_DICT = 1.0 / 3.0
 
-_T0 = time.perf_counter()
 
-
-def log(msg: str) -> None:
-    """One progress line on stderr."""
-    print(f"[bench_index +{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+log = progress_log("bench_index")
+"""One progress line on stderr."""
 
 
 @dataclass(frozen=True)
@@ -509,15 +507,15 @@ def bench_table_memory(rng: np.random.Generator, keys: U64) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Benchmark the KeyIndex (lookups, get_or_insert) and the bytes per "
+    parser = bench_parser(
+        "Benchmark the KeyIndex (lookups, get_or_insert) and the bytes per "
         "feature of an LR/FTRL SparseTable, against Python-dict baselines measured "
-        "in the same run. The last stdout line is a JSON object.",
+        "in the same run.",
+        "2M keys and fewer batches (< 1 minute)",
+        seed=12345,
     )
-    parser.add_argument("--quick", action="store_true", help="2M keys and fewer batches (< 1 minute)")
     parser.add_argument("--keys", type=int, help="override the number of keys N")
     parser.add_argument("--dict-sample", type=int, help="keys in the dict memory sample (default 1M, quick 200k)")
-    parser.add_argument("--seed", type=int, default=12345, help="RNG seed (default 12345)")
     parser.add_argument("--rss-probe", choices=("lists", "index"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rss_probe:
@@ -587,7 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "aim_bytes_per_feature_met": bpf <= AIM_BYTES_PER_FEATURE,
         "aim_ratio_vs_dict_met": bpf / dict_bpf <= AIM_RATIO_VS_DICT,
         "aim_ratio_vs_dict_index_numpy_rows_met": bpf / dict_index_bpf <= AIM_RATIO_VS_DICT,
-        "elapsed_s": time.perf_counter() - _T0,
+        "elapsed_s": elapsed_s(),
     }
 
     print(f"bench_index ({mode}, N={n:,}, batches of {BATCH:,} keys, medians)")

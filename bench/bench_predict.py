@@ -70,6 +70,7 @@ import numpy as np
 import orjson
 import uvloop
 from aiohttp import web
+from common import progress_log
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -99,12 +100,9 @@ PAIR_ROUNDS_QUICK = 3
 """The API over HTTPS, with credentials to its TLS shard, against the same in plaintext."""
 SYSTEMS = ("bare", "api_local", "api_http", "api_secure")
 
-_T0 = time.perf_counter()
 
-
-def log(msg: str) -> None:
-    """One progress line on stderr."""
-    print(f"[bench_predict +{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+log = progress_log("bench_predict")
+"""One progress line on stderr."""
 
 
 # -- workload ---------------------------------------------------------------------

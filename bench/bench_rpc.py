@@ -61,7 +61,6 @@ stdout, one JSON object with the figures. The shard servers are always stopped
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -80,6 +79,7 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 import uvloop
+from common import bench_parser, elapsed_s, progress_log
 
 from ps_core.checkpoint.control import ControlClient  # noqa: E402
 from ps_core.hashing import shard_of
@@ -102,12 +102,9 @@ AIM_TLS_AUTH_RATIO = 1.3
 """TLS and credentials on may cost at most this much of the plaintext RPC round trip."""
 DISTS = ("zipf", "uniform")
 
-_T0 = time.perf_counter()
 
-
-def log(msg: str) -> None:
-    """One progress line on stderr."""
-    print(f"[bench_rpc +{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+log = progress_log("bench_rpc")
+"""One progress line on stderr."""
 
 
 # -- workload ------------------------------------------------------------------
@@ -748,17 +745,17 @@ async def run(cfg: Config) -> dict[str, Any]:
     out.update(mb)
     out["aim_http_round_trip_p50_met"] = out["http_round_trip_p50_ms"] <= AIM_HTTP_ROUND_TRIP_P50_MS
     out["shard_exit_codes"] = exit_codes
-    out["elapsed_s"] = time.perf_counter() - _T0
+    out["elapsed_s"] = elapsed_s()
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Benchmark the pull + push round trip of 100k keys over HTTP to 2 shard "
-        "server subprocesses, against the same client in process. The last stdout line "
-        "is a JSON object.",
+    parser = bench_parser(
+        "Benchmark the pull + push round trip of 100k keys over HTTP to 2 shard "
+        "server subprocesses, against the same client in process.",
+        "50 rounds (< 1 minute)",
+        seed=2024,
     )
-    parser.add_argument("--quick", action="store_true", help="50 rounds (< 1 minute)")
     parser.add_argument("--rounds", type=int, help="timed rounds per distribution (200; quick 50)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
     parser.add_argument("--keys", type=int, default=100_000, help="keys per request (default 100000)")
@@ -776,7 +773,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         help="timed mini-batches per variant in the push_pull phase (1000; quick 300)",
     )
-    parser.add_argument("--seed", type=int, default=2024, help="RNG seed (default 2024)")
     parser.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the shards (60)")
     args = parser.parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (50 if args.quick else 200)

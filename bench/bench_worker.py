@@ -43,6 +43,7 @@ import numpy as np
 import orjson
 import uvloop
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from common import elapsed_s, progress_log
 
 from consumers.broker import EmbeddedBroker, create_topics, free_port
 from consumers.synthetic import SyntheticStream, bayes_logloss
@@ -53,12 +54,10 @@ from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 
 PARTITIONS = 4
-_T0 = time.perf_counter()
 
 
-def log(msg: str) -> None:
-    """One progress line on stderr."""
-    print(f"[bench_worker +{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+log = progress_log("bench_worker")
+"""One progress line on stderr."""
 
 
 async def preload(bootstrap: str, topic: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -375,7 +374,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "bayes_logloss_second_half": bayes_late,
             "ratio_logloss_vs_bayes_second_half": progressive_late / bayes_late,
             "last_window_auc": hist[-1].metrics.auc,
-            "elapsed_s": time.perf_counter() - _T0,
+            "elapsed_s": elapsed_s(),
         }
     finally:
         stop_shards(procs)

@@ -1,9 +1,10 @@
-"""Shared fixtures: shard servers on loopback (in-process, free ports) and a
-real Kafka-protocol broker."""
+"""Shared fixtures: shard servers on loopback (in-process, free ports), a
+real Kafka-protocol broker, and logging put back after a test."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from app.logs import KAFKA_LOGGERS
 from consumers.broker import EmbeddedBroker, free_port, wait_for_metadata
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator
@@ -93,3 +95,17 @@ def kafka_bootstrap() -> Iterator[str]:
         yield broker.bootstrap
     finally:
         broker.stop()
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """The root and Kafka loggers as they were before the test, which may
+    configure logging as the CLI does."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    kafka = {name: logging.getLogger(name).level for name in KAFKA_LOGGERS}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, lvl in kafka.items():
+        logging.getLogger(name).setLevel(lvl)

@@ -24,6 +24,7 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from commands import ctrps_process
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.api import PREDICTOR, create_app
@@ -860,26 +861,10 @@ def test_the_validator_refuses_keywords_it_does_not_implement() -> None:
 async def test_ctrps_serve_answers_and_stops_on_sigterm(serve_shards: Any) -> None:
     model = make_model("lr", "ctr")
     _, urls = await serve_shards(2, model.tables())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "app.cli",
-        "serve",
-        "--shards",
-        ",".join(urls),
-        "--port",
-        "0",
-        "--log-format",
-        "json",
-        "--max-events",
-        "7",
-        cwd=PROJECT,
-        env=env,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stderr is not None
-    try:
+    async with ctrps_process(
+        "serve", "--shards", ",".join(urls), "--port", "0", "--log-format", "json", "--max-events", "7"
+    ) as proc:
+        assert proc.stderr is not None
         line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
         started = orjson.loads(line)
         assert started["msg"] == "listening" and started["shards"] == 2 and started["max_events"] == 7
@@ -896,10 +881,6 @@ async def test_ctrps_serve_answers_and_stops_on_sigterm(serve_shards: Any) -> No
         rest = await asyncio.wait_for(proc.stderr.read(), timeout=30)
         assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
         assert any(orjson.loads(ln)["msg"] == "stopped" for ln in rest.splitlines() if ln.strip())
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 def ctrps(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -20,6 +20,7 @@ import aiohttp
 import numpy as np
 import orjson
 import pytest
+from waiting import json_when_ok
 
 from app.cli import build_parser
 from app.settings import SettingsError, ShardSettings, parse_table_spec
@@ -133,13 +134,9 @@ async def wait_healthy(
         while True:
             if proc.returncode is not None:
                 pytest.fail(f"shard exited with {proc.returncode}: {log.read_text()}")
-            try:
-                async with session.get(url + "/healthz", timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
-                    if resp.status == 200:
-                        body: dict[str, Any] = orjson.loads(await resp.read())
-                        return body
-            except (TimeoutError, aiohttp.ClientConnectionError):
-                pass
+            body: dict[str, Any] | None = await json_when_ok(session, url + "/healthz")
+            if body is not None:
+                return body
             if loop.time() > deadline:
                 pytest.fail(f"shard not healthy after {timeout_s}s: {log.read_text()}")
             await asyncio.sleep(0.05)  # poll interval

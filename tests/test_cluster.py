@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
+from commands import pid_gone
 from jsonlog import read_json_lines
 from waiting import until
 
@@ -150,15 +151,6 @@ async def wait_for_line(
         if proc.returncode is not None or loop.time() > deadline:
             pytest.fail(f"no line {match} (exit {proc.returncode}): {path.read_text()[-3000:]}")
         await asyncio.sleep(0.1)  # poll interval
-
-
-def pid_gone(pid: int) -> bool:
-    """The process no longer runs (or is a zombie its new parent has not reaped yet)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state == "Z"
 
 
 ROLES = {"broker", "shard-0", "shard-1", "api", "worker-0", "worker-1", "producer"}

@@ -17,18 +17,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 import pytest
+from streams import bias_shows, running, worker_config
 from waiting import until
 
 from consumers.broker import create_topics
 from consumers.producer import COMPRESSIONS
 from consumers.synthetic import SyntheticStream
-from consumers.worker import Worker, WorkerConfig
+from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
-from ps_core.hashing import shard_of
-from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
@@ -53,16 +51,6 @@ def _confluent_produce(bootstrap: str, topic: str, events: list[dict[str, Any]],
         producer.poll(0)
     assert producer.flush(60) == 0, "confluent-kafka could not deliver everything"
     assert not failed, failed
-
-
-def _bias_shows(shards: list[Shard], namespace: str) -> int:
-    """Events trained, as the bias feature (in every event) counts them."""
-    bias = np.array([FeatureHasher(namespace).bias_key], dtype=np.uint64)
-    table = shards[int(shard_of(bias, len(shards))[0])].tables.get(f"{namespace}_w")
-    if table is None:
-        return 0
-    row = table.index.lookup(bias)
-    return int(table.shows[row][0]) if row[0] >= 0 else 0
 
 
 def _needs_cramjam(bootstrap: str, topic: str, last: bool) -> str:
@@ -122,18 +110,11 @@ async def test_a_worker_trains_every_event_of_every_codec(kafka_bootstrap: str, 
 
     model = LogisticRegression("ctr")
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
-    config = WorkerConfig(kafka_bootstrap, topic=topic, group=f"g-{uuid.uuid4().hex[:8]}",
-                          dlq_topic=topic + ".dlq", window_seconds=1.0, window_events=1000,
-                          decode_processes=0)  # fmt: skip
+    config = worker_config(kafka_bootstrap, topic, f"g-{uuid.uuid4().hex[:8]}", 1000, window_seconds=1.0)
     worker = Worker(config, PSClient.local(shards), ControlClient.local(shards), model)
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
+    async with running(worker, 30) as task:
         await until(lambda: worker.stats.events_trained >= 2 * N, 90, task=task,
                     what=f"{2 * N} events trained ({worker.stats})", poll_s=0.05)  # fmt: skip
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
     assert worker.stats.dead_letters == 0
     assert worker.stats.events_trained == 2 * N
-    assert _bias_shows(shards, "ctr") == 2 * N
+    assert bias_shows(shards, "ctr") == 2 * N

@@ -32,6 +32,7 @@ import aiohttp
 import orjson
 import pytest
 import yaml
+from waiting import json_when_ok
 
 from app.cli import build_parser
 from app.settings import ApiSettings, ShardSettings, WorkerSettings
@@ -344,12 +345,9 @@ async def _poll(
         if dead:
             text = "\n".join(f.read_text() for f in logs.glob("*.log"))
             pytest.fail(f"a role exited with {dead[0].returncode}:\n{text}")
-        try:
-            async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
-                if resp.status == 200 and until(body := await resp.json()):
-                    return body
-        except (TimeoutError, aiohttp.ClientError):
-            pass
+        body = await json_when_ok(session, url, headers)
+        if body is not None and until(body):
+            return body
         if loop.time() > deadline:
             pytest.fail(f"{url} not ready after 30 s")
         await asyncio.sleep(0.1)  # poll interval

@@ -138,48 +138,22 @@ async def test_periodic_exports_over_shard_servers(tmp_path: Path, serve_shards:
 async def test_cuts_during_steady_training_wait_only_for_leased_windows(kafka_bootstrap: str, tmp_path: Path) -> None:
     """Cuts every 50 ms while a worker trains: each waits at most for the
     window being applied, and the last one holds exactly what was trained."""
-    import uuid
-
     import orjson
-    from aiokafka import AIOKafkaProducer
+    from streams import new_topic, produce, worker_config
 
-    from consumers.broker import create_topics
     from consumers.synthetic import SyntheticStream
-    from consumers.worker import Worker, WorkerConfig
+    from consumers.worker import Worker
     from ps_core.model.models import LogisticRegression
 
-    topic = f"clicks-{uuid.uuid4().hex[:10]}"
-    await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
+    topic, group = await new_topic(kafka_bootstrap, 2, hex_digits=10)
     n = 12_000
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
-    await producer.start()
-    try:
-        futs = [
-            await producer.send(topic, orjson.dumps(e), partition=i % 2)
-            for i, e in enumerate(SyntheticStream(seed=2).batch(n))
-        ]
-        await asyncio.gather(*futs)
-    finally:
-        await producer.stop()
+    await produce(kafka_bootstrap, topic, [orjson.dumps(e) for e in SyntheticStream(seed=2).batch(n)], 2)
 
     coord = Coordinator(lease_ttl_s=30)
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
     client, control = PSClient.local(shards), ControlClient.local(shards, coord)
     exporter = Exporter(coord, control, tmp_path, "ctr")
-    worker = Worker(
-        WorkerConfig(
-            kafka_bootstrap,
-            topic=topic,
-            group=f"g-{uuid.uuid4().hex[:8]}",
-            dlq_topic=topic + ".dlq",
-            window_seconds=3600,
-            window_events=1000,
-            decode_processes=0,
-        ),
-        client,
-        control,
-        LogisticRegression("ctr"),
-    )
+    worker = Worker(worker_config(kafka_bootstrap, topic, group, 1000), client, control, LogisticRegression("ctr"))
     stop = asyncio.Event()
     training = asyncio.create_task(worker.run(stop))
     reports = []

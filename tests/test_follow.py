@@ -15,10 +15,8 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
-import os
 import shutil
 import signal
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ import numpy.typing as npt
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from commands import ctrps_process
 
 import app.follower as follower_module
 from app.api import create_app
@@ -52,7 +51,6 @@ from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.table import SparseTable, TableConfig, TableSnapshot
 
-PROJECT = Path(__file__).resolve().parent.parent
 TOKEN = "replica-token"
 F64 = npt.NDArray[np.float64]
 
@@ -242,6 +240,15 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "ctrps.follow" and r.levelno >= logging.WARNING]
 
 
+async def _serving(root: Path, make_replica: MakeReplica, versions: int) -> tuple[Trainer, Replica]:
+    """A trainer that cut `versions` versions into `root`, and a replica
+    following it that serves the last of them."""
+    trainer = await trained(root, versions=versions)
+    replica = await make_replica(trainer.model_dir, trainer.model)
+    await replica.serves(trainer, versions)
+    return trainer, replica
+
+
 # -- following ----------------------------------------------------------------------------
 
 
@@ -312,9 +319,7 @@ async def test_a_replica_started_on_a_chain_loads_it_whole(tmp_path: Path, make_
 async def test_a_damaged_version_is_refused_once_and_the_previous_one_keeps_serving(
     tmp_path: Path, make_replica: MakeReplica, caplog: pytest.LogCaptureFixture, damage: str, then: str
 ) -> None:
-    trainer = await trained(tmp_path, versions=2)
-    replica = await make_replica(trainer.model_dir, trainer.model)
-    await replica.serves(trainer, 2)
+    trainer, replica = await _serving(tmp_path, make_replica, 2)
     await trainer.train(events(np.random.default_rng(4), 200, sites=30))
     assert await trainer.cut() == 3
     vdir = trainer.model_dir / "0000000003"
@@ -365,9 +370,7 @@ async def test_a_damaged_version_is_refused_once_and_the_previous_one_keeps_serv
 async def test_a_gap_reloads_the_chain_from_the_base(
     tmp_path: Path, make_replica: MakeReplica, caplog: pytest.LogCaptureFixture
 ) -> None:
-    trainer = await trained(tmp_path, versions=2)
-    replica = await make_replica(trainer.model_dir, trainer.model)
-    await replica.serves(trainer, 2)
+    trainer, replica = await _serving(tmp_path, make_replica, 2)
     # Another trainer restored from version 1 goes on, numbering after the
     # newest version: its next delta, version 3, applies to 1, not to 2.
     restored = restore_shards(latest_chain(trainer.model_dir, upto=1), 2)
@@ -390,9 +393,7 @@ async def test_a_gap_reloads_the_chain_from_the_base(
 async def test_a_new_base_is_swapped_in_and_the_old_shard_is_left_as_it_was(
     tmp_path: Path, make_replica: MakeReplica
 ) -> None:
-    trainer = await trained(tmp_path, versions=2)
-    replica = await make_replica(trainer.model_dir, trainer.model)
-    await replica.serves(trainer, 2)
+    trainer, replica = await _serving(tmp_path, make_replica, 2)
     old = replica.follower.transport.shard
     b, _ = FeatureHasher("ctr").featurize(PROBE, require_label=False)
     keys = np.unique(b.keys)
@@ -471,9 +472,7 @@ async def test_mutating_routes_answer_409_and_the_replica_document_holds(
 async def test_a_version_of_another_model_is_refused(
     tmp_path: Path, make_replica: MakeReplica, caplog: pytest.LogCaptureFixture
 ) -> None:
-    trainer = await trained(tmp_path, versions=1)
-    replica = await make_replica(trainer.model_dir, trainer.model)
-    await replica.serves(trainer, 1)
+    trainer, replica = await _serving(tmp_path, make_replica, 1)
     other = Trainer.new(tmp_path, "fm")
     for shard in other.shards:  # numbered after version 1
         for t in shard.tables.values():
@@ -618,47 +617,31 @@ def test_serve_follow_settings_and_flags() -> None:
 
 async def test_ctrps_serve_follow_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
     trainer = await trained(tmp_path, versions=2)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
-    proc = await asyncio.create_subprocess_exec(
-        # The exports root: the replica follows its ctr/ (the default model name).
-        sys.executable,
-        "-m",
-        "app.cli",
-        "serve",
-        "--follow",
-        str(tmp_path),
-        "--port",
-        "0",
-        "--follow-interval",
-        "0.05",
-        "--log-format",
-        "json",
-        cwd=PROJECT,
-        env=env,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stderr is not None
-    lines: list[dict[str, Any]] = []
-
-    async def read_until(msg: str) -> dict[str, Any]:
+    # The exports root: the replica follows its ctr/ (the default model name).
+    async with ctrps_process(
+        "serve", "--follow", str(tmp_path), "--port", "0", "--follow-interval", "0.05", "--log-format", "json"
+    ) as proc:
         assert proc.stderr is not None
-        while True:
-            line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
-            assert line, f"ctrps serve exited before {msg!r}: {lines}"
-            lines.append(orjson.loads(line))
-            if lines[-1]["msg"] == msg:
-                return lines[-1]
+        lines: list[dict[str, Any]] = []
 
-    async def wait_for_version(http: aiohttp.ClientSession, url: str, version: int) -> list[float]:
-        for _ in range(600):  # bounded: 30 s at most
-            async with http.post(url + "/v1/predict", data=orjson.dumps({"events": PROBE})) as resp:
-                body = orjson.loads(await resp.read())
-            if resp.status == 200 and body["model_version"] == version:
-                return list(body["predictions"])
-            await asyncio.sleep(0.05)  # poll interval
-        raise AssertionError(f"the replica never served version {version}: {body}")
+        async def read_until(msg: str) -> dict[str, Any]:
+            assert proc.stderr is not None
+            while True:
+                line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
+                assert line, f"ctrps serve exited before {msg!r}: {lines}"
+                lines.append(orjson.loads(line))
+                if lines[-1]["msg"] == msg:
+                    return lines[-1]
 
-    try:
+        async def wait_for_version(http: aiohttp.ClientSession, url: str, version: int) -> list[float]:
+            for _ in range(600):  # bounded: 30 s at most
+                async with http.post(url + "/v1/predict", data=orjson.dumps({"events": PROBE})) as resp:
+                    body = orjson.loads(await resp.read())
+                if resp.status == 200 and body["model_version"] == version:
+                    return list(body["predictions"])
+                await asyncio.sleep(0.05)  # poll interval
+            raise AssertionError(f"the replica never served version {version}: {body}")
+
         started = await read_until("listening")
         assert started["follow"] == str(tmp_path) and started["model"] == "ctr"
         url = started["url"]
@@ -678,10 +661,6 @@ async def test_ctrps_serve_follow_answers_and_stops_on_sigterm(tmp_path: Path) -
         proc.send_signal(signal.SIGTERM)
         await read_until("stopped")
         assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 def test_serve_help_shows_the_follow_example(capsys: pytest.CaptureFixture[str]) -> None:

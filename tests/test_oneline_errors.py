@@ -181,32 +181,29 @@ class _Refused(ExpectedFailure):
     exit_code = 4
 
 
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    kafka = {name: logging.getLogger(name).level for name in KAFKA_LOGGERS}
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    for name, lvl in kafka.items():
-        logging.getLogger(name).setLevel(lvl)
-
-
 def _args(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(list(argv))
+
+
+def _one_json_line(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], exc: Exception, code: int
+) -> dict[str, Any]:
+    """The command `argv` raising `exc` exits with `code`, having written one JSON line: that line."""
+
+    def run(args: argparse.Namespace) -> int:
+        raise exc
+
+    assert run_command(_args(*argv), run) == code
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    return orjson.loads(lines[0])
 
 
 def test_an_expected_failure_exits_with_its_code_as_one_json_line(
     capsys: pytest.CaptureFixture[str], restore_logging: None
 ) -> None:
-    def run(args: argparse.Namespace) -> int:
-        raise _Refused("refusing to resume: offsets ahead of the topic's end")
-
-    assert run_command(_args("worker", "--log-format", "json"), run) == 4
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1
-    line = orjson.loads(lines[0])
+    refused = _Refused("refusing to resume: offsets ahead of the topic's end")
+    line = _one_json_line(capsys, ("worker", "--log-format", "json"), refused, 4)
     assert line["msg"] == "refusing to resume: offsets ahead of the topic's end"
     assert line["level"] == "error" and line["exit_code"] == 4 and "exc" not in line
 
@@ -214,13 +211,7 @@ def test_an_expected_failure_exits_with_its_code_as_one_json_line(
 def test_a_bug_keeps_its_traceback_inside_one_json_object(
     capsys: pytest.CaptureFixture[str], restore_logging: None
 ) -> None:
-    def run(args: argparse.Namespace) -> int:
-        raise KeyError("surprise")
-
-    assert run_command(_args("shard", "--log-format", "json"), run) == 1
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1, lines
-    line = orjson.loads(lines[0])
+    line = _one_json_line(capsys, ("shard", "--log-format", "json"), KeyError("surprise"), 1)
     assert line["level"] == "critical" and "KeyError" in line["msg"]
     assert "Traceback" in line["exc"] and "surprise" in line["exc"]
 

@@ -10,14 +10,12 @@ import csv
 import gzip
 import io
 import itertools
-import logging
 import math
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +24,10 @@ import numpy.typing as npt
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
+from streams import consume_all
 from waiting import until
 
-from app.logs import KAFKA_LOGGERS, configure_logging
+from app.logs import configure_logging
 from app.produce_cli import add_produce_parser, run_produce
 from consumers.broker import create_topics
 from consumers.formats import (
@@ -125,19 +124,6 @@ def train_ftrl(
     return weights(np.arange(dim))
 
 
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """`run_cli` configures the root logger (as the CLI does); put it back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    kafka = {name: logging.getLogger(name).level for name in KAFKA_LOGGERS}
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    for name, lvl in kafka.items():
-        logging.getLogger(name).setLevel(lvl)
-
-
 async def run_cli(args: argparse.Namespace) -> int:
     """`run_produce` with logging configured from its flags, as `ctrps produce` has it."""
     configure_logging(args.log_format or "text")
@@ -149,27 +135,6 @@ def produce_args(*argv: str) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command")
     add_produce_parser(sub)
     return parser.parse_args(["produce", *argv])
-
-
-async def consume_all(bootstrap: str, topic: str, n: int, timeout_s: float = 30.0) -> list[Any]:
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=f"g-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    records: list[Any] = []
-    try:
-        async with asyncio.timeout(timeout_s):
-            while len(records) < n:
-                batch = await consumer.getmany(timeout_ms=500)
-                for recs in batch.values():
-                    records.extend(recs)
-    finally:
-        await consumer.stop()
-    return records
 
 
 # -- the synthetic stream ---------------------------------------------------------------

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 import orjson
-from aiokafka import AIOKafkaProducer
+from streams import new_topic, produce, shard_args, worker_config
 from waiting import until
 
-from consumers.broker import create_topics, free_port
+from consumers.broker import free_port
 from consumers.decode import decode_records
 from consumers.synthetic import SyntheticStream
-from consumers.worker import Worker, WorkerConfig
+from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
 from ps_core.model.hasher import FeatureHasher
@@ -47,45 +47,15 @@ def _events() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 async def _produce(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    await producer.start()
-    try:
-        futs = [await producer.send(topic, orjson.dumps(ev), partition=i % PARTITIONS) for i, ev in enumerate(events)]
-        await asyncio.gather(*futs)
-    finally:
-        await producer.stop()
+    await produce(bootstrap, topic, [orjson.dumps(ev) for ev in events], PARTITIONS)
 
 
 def _start_shards(
     ports: list[int], exports: Path, log_dir: Path, tag: str, restore: bool
 ) -> list[subprocess.Popen[bytes]]:
-    urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
     procs = []
-    for i, port in enumerate(ports):
-        args = [
-            sys.executable,
-            "-m",
-            "app.cli",
-            "shard",
-            "--port",
-            str(port),
-            "--shard-id",
-            str(i),
-            "--num-shards",
-            str(len(ports)),
-            "--shards",
-            urls,
-            "--exports-dir",
-            str(exports),
-            "--export-interval",
-            "0",
-            "--model-name",
-            "m",
-            "--stats-interval",
-            "0",
-        ]
-        if not restore:
-            args.append("--no-restore")
+    for i in range(len(ports)):
+        args = [sys.executable, "-m", "app.cli", *shard_args(i, ports, exports, *([] if restore else ["--no-restore"]))]
         with open(log_dir / f"shard{i}-{tag}.log", "wb") as log:
             procs.append(subprocess.Popen(args, cwd=PROJECT, stdin=subprocess.DEVNULL, stdout=log, stderr=log))
     return procs
@@ -147,25 +117,13 @@ async def test_a_killed_shard_recovers_from_the_cut_and_the_replay_loses_nothing
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     events, held_out = _events()
-    topic = f"clicks-{uuid.uuid4().hex[:10]}"
-    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    topic, group = await new_topic(kafka_bootstrap, PARTITIONS, hex_digits=10)
     await _produce(kafka_bootstrap, topic, events)
     produced = [sum(1 for i in range(N) if i % PARTITIONS == p) for p in range(PARTITIONS)]
     exports = tmp_path / "exports"
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    config = WorkerConfig(
-        kafka_bootstrap,
-        topic=topic,
-        group=group,
-        dlq_topic=topic + ".dlq",
-        window_seconds=3600,
-        window_events=1000,
-        decode_processes=0,
-        session_timeout_ms=3000,
-        heartbeat_interval_ms=500,
-    )
+    config = worker_config(kafka_bootstrap, topic, group, 1000, session_timeout_ms=3000, heartbeat_interval_ms=500)
     part_keys = _part_keys()
 
     shards = _start_shards(ports, exports, tmp_path, "first", restore=False)
@@ -254,15 +212,7 @@ async def test_a_killed_shard_recovers_from_the_cut_and_the_replay_loses_nothing
     # The same stream without a failure, once through.
     local = [Shard(ShardSpec(i, 2)) for i in range(2)]
     baseline = Worker(
-        WorkerConfig(
-            kafka_bootstrap,
-            topic=topic,
-            group=f"g-{uuid.uuid4().hex[:8]}",
-            dlq_topic=topic + ".dlq",
-            window_seconds=3600,
-            window_events=1000,
-            decode_processes=0,
-        ),
+        worker_config(kafka_bootstrap, topic, f"g-{uuid.uuid4().hex[:8]}", 1000),
         PSClient.local(local),
         ControlClient.local(local),
         LogisticRegression("m"),

@@ -10,7 +10,7 @@ import logging
 import signal
 import subprocess
 import sys
-import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import aiohttp
 import numpy as np
 import orjson
 import pytest
+from streams import new_topic, shard_args, worker_config
 from test_exporter import _train
 from test_recovery import _events, _part_keys, _produce, _shows_in
 from test_recovery import _train as _run_worker
@@ -25,8 +26,8 @@ from waiting import until
 
 from app.metrics import ApiMetrics
 from app.views import ControlView
-from consumers.broker import create_topics, free_port
-from consumers.worker import Worker, WorkerConfig
+from consumers.broker import free_port
+from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.export import latest_chain, restore_shards
@@ -57,32 +58,13 @@ class Shards:
         self.starts = [0] * n
 
     def start(self, i: int, restore: bool = True) -> None:
+        no_restore = [] if restore else ["--no-restore"]
         args = [
             sys.executable,
             "-m",
             "app.cli",
-            "shard",
-            "--port",
-            str(self.ports[i]),
-            "--shard-id",
-            str(i),
-            "--num-shards",
-            str(len(self.ports)),
-            "--shards",
-            ",".join(self.urls),
-            "--exports-dir",
-            str(self.exports),
-            "--export-interval",
-            "0",
-            "--model-name",
-            "m",
-            "--stats-interval",
-            "0",
-            "--log-format",
-            "json",
+            *shard_args(i, self.ports, self.exports, "--log-format", "json", *no_restore),
         ]
-        if not restore:
-            args.append("--no-restore")
         self.starts[i] += 1
         with open(self.log_path(i), "wb") as log:
             self.procs[i] = subprocess.Popen(args, cwd=PROJECT, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
@@ -90,6 +72,20 @@ class Shards:
     def start_all(self, restore: bool = True) -> None:
         for i in range(len(self.ports)):
             self.start(i, restore)
+
+    @contextlib.asynccontextmanager
+    async def serving(self, restore: bool, deadline_s: float) -> AsyncIterator[tuple[PSClient, ControlClient]]:
+        """Every shard started; both planes' clients of them, retrying for
+        `deadline_s`, while the block runs; then every shard stopped."""
+        self.start_all(restore)
+        try:
+            async with (
+                PSClient.connect(self.urls, retry=RetryPolicy(deadline_s=deadline_s)) as client,
+                ControlClient.connect(self.urls, retry=RetryPolicy(deadline_s=deadline_s)) as control,
+            ):
+                yield client, control
+        finally:
+            self.stop_all()
 
     def log_path(self, i: int) -> Path:
         return self.logs / f"shard{i}-{self.starts[i]}.log"
@@ -142,6 +138,12 @@ async def _joined(control: ControlClient, shards: Shards, timeout_s: float = 60)
     return got
 
 
+async def _declared(control: ControlClient, shards: Shards) -> None:
+    """Wait until every shard is joined, then declare the table LR."""
+    await _joined(control, shards)
+    await control.declare(LR)
+
+
 def _no_tracebacks(shards: Shards, i: int) -> None:
     text = shards.log_path(i).read_text()
     assert "Traceback" not in text, text[-3000:]
@@ -155,21 +157,13 @@ async def _lease_works(control: ControlClient) -> None:
 async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_older_version(tmp_path: Path) -> None:
     exports = tmp_path / "exports"
     shards = Shards(2, exports, tmp_path)
-    shards.start_all(restore=False)
-    try:
-        async with (
-            PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as client,
-            ControlClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as control,
-        ):
-            await _joined(control, shards)
-            await control.declare(LR)
-            for step, kind in enumerate(("base", "delta", "base", "delta"), start=1):
-                await _train(client, LR, KEYS[(step - 1) * 500 : step * 500 + 500], step)
-                lease = await control.acquire_lease("w", wait_s=5)
-                await control.release_lease(lease.lease_id, {"clicks": {0: 100 * step, 1: 10 * step}})
-                assert (await control.export_now(kind))["version"] == step
-    finally:
-        shards.stop_all()
+    async with shards.serving(restore=False, deadline_s=2) as (client, control):
+        await _declared(control, shards)
+        for step, kind in enumerate(("base", "delta", "base", "delta"), start=1):
+            await _train(client, LR, KEYS[(step - 1) * 500 : step * 500 + 500], step)
+            lease = await control.acquire_lease("w", wait_s=5)
+            await control.release_lease(lease.lease_id, {"clicks": {0: 100 * step, 1: 10 * step}})
+            assert (await control.export_now(kind))["version"] == step
     # One flipped byte in shard 1's file of the newest base (version 3).
     damaged = exports / "m" / "0000000003" / "shard-1.m_w.npz"
     raw = bytearray(damaged.read_bytes())
@@ -177,85 +171,63 @@ async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_olde
     damaged.write_bytes(bytes(raw))
     expected_v2 = restore_shards(latest_chain(exports / "m", upto=2, verify=True), 2)
 
-    shards.start_all(restore=True)
-    try:
-        async with (
-            PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as client,
-            ControlClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as control,
-        ):
-            reports = await _joined(control, shards)
-            assert [r["version"] for r in reports] == [2, 2]
-            await _lease_works(control)
-            assert await control.coordinator_offsets() == {"clicks": {0: 200, 1: 20}}
-            # Both shards serve version 2 exactly (version 3's rows are absent).
-            want = await PSClient.local(expected_v2.shards).pull("m_w", KEYS)
-            np.testing.assert_array_equal(await client.pull("m_w", KEYS), want)
-            for i in range(2):
-                refused = [l for l in shards.lines(i) if l.get("msg") == "version refused"]
-                assert len(refused) == 1, refused
-                assert refused[0]["file"] == str(damaged)
-                assert refused[0]["expected"] != refused[0]["actual"]
-                assert len(refused[0]["expected"]) == len(refused[0]["actual"]) == 64  # both SHA-256
-                restored = [l for l in shards.lines(i) if l.get("msg") == "restore"]
-                assert [(l["version"], l["chain"], l["shard_id"]) for l in restored] == [(2, "1,2", i)]
-                _no_tracebacks(shards, i)
-    finally:
-        shards.stop_all()
+    async with shards.serving(restore=True, deadline_s=2) as (client, control):
+        reports = await _joined(control, shards)
+        assert [r["version"] for r in reports] == [2, 2]
+        await _lease_works(control)
+        assert await control.coordinator_offsets() == {"clicks": {0: 200, 1: 20}}
+        # Both shards serve version 2 exactly (version 3's rows are absent).
+        want = await PSClient.local(expected_v2.shards).pull("m_w", KEYS)
+        np.testing.assert_array_equal(await client.pull("m_w", KEYS), want)
+        for i in range(2):
+            refused = [l for l in shards.lines(i) if l.get("msg") == "version refused"]
+            assert len(refused) == 1, refused
+            assert refused[0]["file"] == str(damaged)
+            assert refused[0]["expected"] != refused[0]["actual"]
+            assert len(refused[0]["expected"]) == len(refused[0]["actual"]) == 64  # both SHA-256
+            restored = [l for l in shards.lines(i) if l.get("msg") == "restore"]
+            assert [(l["version"], l["chain"], l["shard_id"]) for l in restored] == [(2, "1,2", i)]
+            _no_tracebacks(shards, i)
 
 
 async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(tmp_path: Path) -> None:
     exports = tmp_path / "exports"
     shards = Shards(2, exports, tmp_path)
-    shards.start_all(restore=False)
-    try:
-        async with (
-            PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as client,
-            ControlClient.connect(shards.urls, retry=RetryPolicy(deadline_s=2)) as control,
-        ):
-            await _joined(control, shards)
-            await control.declare(LR)
-            for step, kind in enumerate(("base", "delta"), start=1):
-                await _train(client, LR, KEYS[: step * 1000], step)
-                assert (await control.export_now(kind))["version"] == step
-    finally:
-        shards.stop_all()
+    async with shards.serving(restore=False, deadline_s=2) as (client, control):
+        await _declared(control, shards)
+        for step, kind in enumerate(("base", "delta"), start=1):
+            await _train(client, LR, KEYS[: step * 1000], step)
+            assert (await control.export_now(kind))["version"] == step
     damaged = exports / "m" / "0000000001" / "shard-0.m_w.npz"
     raw = bytearray(damaged.read_bytes())
     raw[len(raw) // 3] ^= 0x80
     damaged.write_bytes(bytes(raw))
 
-    shards.start_all(restore=True)
-    try:
-        async with (
-            PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as client,
-            ControlClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as control,
-        ):
+    async with shards.serving(restore=True, deadline_s=1) as (client, control):
 
-            async def refused() -> bool:
-                shards.check_running()
-                return any(l.get("msg") == "no common version: leases refused" for l in shards.lines(0))
+        async def refused() -> bool:
+            shards.check_running()
+            return any(l.get("msg") == "no common version: leases refused" for l in shards.lines(0))
 
-            await until(refused, 60, what="the coordinator to refuse", poll_s=0.1)
-            with pytest.raises(NoCommonVersionError) as failed:
-                await control.acquire_lease("w", wait_s=1)
-            assert str(damaged) in str(failed.value) and "--no-restore" in str(failed.value)
-            assert [r["joined"] for r in await _memberships(control)] == [False, False]
-            lines = [l for l in shards.lines(0) if l.get("msg") == "no common version: leases refused"]
-            assert len(lines) == 1 and lines[0]["level"] == "error"
-            cluster = (await control.stats())[0]["cluster"]
-            assert not cluster["ready"] and cluster["versions_refused"] == 2
+        await until(refused, 60, what="the coordinator to refuse", poll_s=0.1)
+        with pytest.raises(NoCommonVersionError) as failed:
+            await control.acquire_lease("w", wait_s=1)
+        assert str(damaged) in str(failed.value) and "--no-restore" in str(failed.value)
+        assert [r["joined"] for r in await _memberships(control)] == [False, False]
+        lines = [l for l in shards.lines(0) if l.get("msg") == "no common version: leases refused"]
+        assert len(lines) == 1 and lines[0]["level"] == "error"
+        cluster = (await control.stats())[0]["cluster"]
+        assert not cluster["ready"] and cluster["versions_refused"] == 2
 
-            # Moving the damaged versions aside is what the line says to do:
-            # with nothing left to load, the shards join empty.
-            for name in ("0000000001", "0000000002"):
-                (exports / "m" / name).rename(exports / "m" / f"damaged-{name}")
-            reports = await _joined(control, shards)
-            assert [r["version"] for r in reports] == [0, 0]
-            await _lease_works(control)
-            for i in range(2):
-                _no_tracebacks(shards, i)
-    finally:
-        shards.stop_all()
+        # Moving the damaged versions aside is what the line says to do:
+        # with nothing left to load, the shards join empty.
+        for name in ("0000000001", "0000000002"):
+            (exports / "m" / name).rename(exports / "m" / f"damaged-{name}")
+        reports = await _joined(control, shards)
+        assert [r["version"] for r in reports] == [0, 0]
+        await _lease_works(control)
+        for i in range(2):
+            _no_tracebacks(shards, i)
 
 
 async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and_nothing_is_lost(
@@ -263,21 +235,10 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
 ) -> None:
     events, _ = _events()
     n, partitions = len(events), 2
-    topic = f"clicks-{uuid.uuid4().hex[:10]}"
-    await create_topics(kafka_bootstrap, {topic: partitions, topic + ".dlq": 1})
+    topic, group = await new_topic(kafka_bootstrap, partitions, hex_digits=10)
     await _produce(kafka_bootstrap, topic, events)
     produced = [sum(1 for i in range(n) if i % partitions == p) for p in range(partitions)]
-    config = WorkerConfig(
-        kafka_bootstrap,
-        topic=topic,
-        group=f"g-{uuid.uuid4().hex[:8]}",
-        dlq_topic=topic + ".dlq",
-        window_seconds=3600,
-        window_events=1000,
-        decode_processes=0,
-        session_timeout_ms=3000,
-        heartbeat_interval_ms=500,
-    )
+    config = worker_config(kafka_bootstrap, topic, group, 1000, session_timeout_ms=3000, heartbeat_interval_ms=500)
     shards = Shards(2, tmp_path / "exports", tmp_path)
     shards.start_all(restore=True)  # an empty directory: they join holding nothing
     try:
@@ -363,69 +324,61 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
 async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(tmp_path: Path) -> None:
     exports = tmp_path / "exports"
     shards = Shards(2, exports, tmp_path)
-    shards.start_all(restore=True)
-    try:
-        async with (
-            PSClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as client,
-            ControlClient.connect(shards.urls, retry=RetryPolicy(deadline_s=1)) as control,
-        ):
-            await _joined(control, shards)
-            await control.declare(LR)
-            await _train(client, LR, KEYS[:1500], 1)
-            lease = await control.acquire_lease("w", wait_s=5)
-            await control.release_lease(lease.lease_id, {"clicks": {0: 7}})
-            assert (await control.export_now())["version"] == 1
-            at_v1 = await client.pull("m_w", KEYS)
-            lease = await control.acquire_lease("w", wait_s=5)
-            await _train(client, LR, KEYS[1000:], 2)  # trained past version 1
-            await control.release_lease(lease.lease_id, {"clicks": {0: 9}})
-            old_epoch = (await control.stats())[0]["cluster"]["epoch"]
+    async with shards.serving(restore=True, deadline_s=1) as (client, control):
+        await _declared(control, shards)
+        await _train(client, LR, KEYS[:1500], 1)
+        lease = await control.acquire_lease("w", wait_s=5)
+        await control.release_lease(lease.lease_id, {"clicks": {0: 7}})
+        assert (await control.export_now())["version"] == 1
+        at_v1 = await client.pull("m_w", KEYS)
+        lease = await control.acquire_lease("w", wait_s=5)
+        await _train(client, LR, KEYS[1000:], 2)  # trained past version 1
+        await control.release_lease(lease.lease_id, {"clicks": {0: 9}})
+        old_epoch = (await control.stats())[0]["cluster"]["epoch"]
 
-            # Shard 0 (and its coordinator) restarts alone: its new
-            # coordinator makes shard 1 load version 1 too.
-            shards.stop(0, signal.SIGKILL)
-            shards.start(0)
-            reports = await _joined(control, shards)
-            assert [r["version"] for r in reports] == [1, 1] and reports[1]["epoch"] != old_epoch
-            np.testing.assert_array_equal(await client.pull("m_w", KEYS), at_v1)
-            assert await control.coordinator_offsets() == {"clicks": {0: 7}}
-            restores = [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
-            assert len(restores) == 1 and restores[0]["version"] == 1
+        # Shard 0 (and its coordinator) restarts alone: its new
+        # coordinator makes shard 1 load version 1 too.
+        shards.stop(0, signal.SIGKILL)
+        shards.start(0)
+        reports = await _joined(control, shards)
+        assert [r["version"] for r in reports] == [1, 1] and reports[1]["epoch"] != old_epoch
+        np.testing.assert_array_equal(await client.pull("m_w", KEYS), at_v1)
+        assert await control.coordinator_offsets() == {"clicks": {0: 7}}
+        restores = [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
+        assert len(restores) == 1 and restores[0]["version"] == 1
 
-            # Shard 1 started while shard 0 is down: it restores, but serves
-            # nothing until a coordinator admits it, and says so.
-            shards.stop(0)
-            shards.stop(1)
-            shards.start(1)
+        # Shard 1 started while shard 0 is down: it restores, but serves
+        # nothing until a coordinator admits it, and says so.
+        shards.stop(0)
+        shards.stop(1)
+        shards.start(1)
 
-            async def waits() -> bool:
-                shards.check_running()
-                return any(l.get("msg") == "not joined" for l in shards.lines(1))
+        async def waits() -> bool:
+            shards.check_running()
+            return any(l.get("msg") == "not joined" for l in shards.lines(1))
 
-            await until(waits, 30, what="shard 1 to say it is not joined", poll_s=0.1)
-            line = next(l for l in shards.lines(1) if l.get("msg") == "not joined")
-            assert line["level"] == "warning" and "shard 0" in line["hint"] and line["version"] == 1
-            async with aiohttp.ClientSession() as http:
-                frame = codec.encode_pull("m_w", KEYS[:10])
-                async with http.post(f"{shards.urls[1]}/v1/pull", data=frame) as r:
-                    body = orjson.loads(await r.read())
-                    assert (r.status, body["error"]) == (503, "shard_not_joined")
-                    assert "version 1" in body["detail"]
-            # Clients get it at once, typed (not retried into "unreachable"):
-            # a push held back until after a restore would land on it.
-            async with PSClient.connect(shards.urls[1:], retry=RetryPolicy(deadline_s=30)) as direct:
-                with pytest.raises(ShardNotJoinedError):
-                    await asyncio.wait_for(direct.transports[0].pull("m_w", KEYS[:10]), 5)
-            shards.start(0)
-            reports = await _joined(control, shards)
-            assert [r["version"] for r in reports] == [1, 1]
-            # Both loaded version 1 and trained nothing since: admitted as they are.
-            assert not [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
-            np.testing.assert_array_equal(await client.pull("m_w", KEYS), at_v1)
-            for i in range(2):
-                _no_tracebacks(shards, i)
-    finally:
-        shards.stop_all()
+        await until(waits, 30, what="shard 1 to say it is not joined", poll_s=0.1)
+        line = next(l for l in shards.lines(1) if l.get("msg") == "not joined")
+        assert line["level"] == "warning" and "shard 0" in line["hint"] and line["version"] == 1
+        async with aiohttp.ClientSession() as http:
+            frame = codec.encode_pull("m_w", KEYS[:10])
+            async with http.post(f"{shards.urls[1]}/v1/pull", data=frame) as r:
+                body = orjson.loads(await r.read())
+                assert (r.status, body["error"]) == (503, "shard_not_joined")
+                assert "version 1" in body["detail"]
+        # Clients get it at once, typed (not retried into "unreachable"):
+        # a push held back until after a restore would land on it.
+        async with PSClient.connect(shards.urls[1:], retry=RetryPolicy(deadline_s=30)) as direct:
+            with pytest.raises(ShardNotJoinedError):
+                await asyncio.wait_for(direct.transports[0].pull("m_w", KEYS[:10]), 5)
+        shards.start(0)
+        reports = await _joined(control, shards)
+        assert [r["version"] for r in reports] == [1, 1]
+        # Both loaded version 1 and trained nothing since: admitted as they are.
+        assert not [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
+        np.testing.assert_array_equal(await client.pull("m_w", KEYS), at_v1)
+        for i in range(2):
+            _no_tracebacks(shards, i)
 
 
 async def _two_versions(exports: Path) -> None:

@@ -8,7 +8,6 @@ versions) and same table contents.
 from __future__ import annotations
 
 import re
-import struct
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ import numpy as np
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
+from test_codec import keys_of, patch
 
 from ps_core.hashing import shard_of
 from ps_core.net import codec
@@ -96,24 +96,14 @@ async def one_shard(serve_shards: Any, http: aiohttp.ClientSession) -> tuple[Sha
 # -- frames that must be rejected -------------------------------------------------
 
 
-def _patched(frame: bytes, offset: int, fmt: str, value: int) -> bytes:
-    buf = bytearray(frame)
-    struct.pack_into("<" + fmt, buf, offset, value)
-    return bytes(buf)
-
-
-def _keys(*k: int) -> np.ndarray:
-    return np.array(k, dtype=np.uint64)
-
-
 def _push(table: str = "lr", grads: Any = None, counts: Any = None, keys: Any = None) -> bytes:
-    k = _keys(1, 2, 99) if keys is None else keys
+    k = keys_of(1, 2, 99) if keys is None else keys
     g = np.array([[0.5], [-1.0], [2.0]], np.float32) if grads is None else np.asarray(grads, np.float32)
     return codec.encode_push(table, k, g, counts=counts)
 
 
 def _pull(table: str = "lr") -> bytes:
-    return codec.encode_pull(table, _keys(1, 2, 99))
+    return codec.encode_pull(table, keys_of(1, 2, 99))
 
 
 def _push_pull(
@@ -123,8 +113,8 @@ def _push_pull(
     seeded keys and another new one."""
     dim = EMB.dim if table == "emb" else 1
     g = np.full((3, dim), 0.5, np.float32) if grads is None else np.asarray(grads, np.float32)
-    pk = _keys(0, 3, 1234) if pull is None else pull
-    return codec.encode_push_pull(table, _keys(1, 2, 99), g, pk, counts=counts, request_id=request_id)
+    pk = keys_of(0, 3, 1234) if pull is None else pull
+    return codec.encode_push_pull(table, keys_of(1, 2, 99), g, pk, counts=counts, request_id=request_id)
 
 
 BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
@@ -132,7 +122,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "push-wrong-version",
         "/v1/push",
-        lambda: _patched(_push(), 4, "B", 7),
+        lambda: patch(_push(), 4, "B", 7),
         400,
         "bad_frame",
         r"unsupported frame format version 7",
@@ -140,7 +130,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "pull-wrong-version",
         "/v1/pull",
-        lambda: _patched(_pull(), 4, "B", 2),
+        lambda: patch(_pull(), 4, "B", 2),
         400,
         "bad_frame",
         r"unsupported frame format version 2",
@@ -174,7 +164,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "push-count-mismatch",
         "/v1/push",
-        lambda: _patched(_push(), 8, "I", 2),
+        lambda: patch(_push(), 8, "I", 2),
         400,
         "bad_frame",
         r"header \(n=2, dim=1\) implies",
@@ -182,7 +172,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "pull-count-mismatch",
         "/v1/pull",
-        lambda: _patched(_pull(), 8, "I", 5),
+        lambda: patch(_pull(), 8, "I", 5),
         400,
         "bad_frame",
         r"header \(n=5, dim=0\) implies",
@@ -248,12 +238,12 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
         "bad_frame",
         r"expected op 1, got 3",
     ),
-    ("unknown-flags", "/v1/push", lambda: _patched(_push(), 6, "H", 2), 400, "bad_frame", r"unknown flags 0x2"),
+    ("unknown-flags", "/v1/push", lambda: patch(_push(), 6, "H", 2), 400, "bad_frame", r"unknown flags 0x2"),
     # push_pull: whichever section is bad, the push must not be applied either.
     (
         "pp-wrong-version",
         "/v1/push_pull",
-        lambda: _patched(_push_pull(), 4, "B", 2),
+        lambda: patch(_push_pull(), 4, "B", 2),
         400,
         "bad_frame",
         r"unsupported frame format version 2",
@@ -269,7 +259,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "pp-pull-count-mismatch",
         "/v1/push_pull",
-        lambda: _patched(_push_pull(), 44, "I", 4),
+        lambda: patch(_push_pull(), 44, "I", 4),
         400,
         "bad_frame",
         r"header \(n=3, dim=1, m=4\) implies",
@@ -277,7 +267,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "pp-push-count-mismatch",
         "/v1/push_pull",
-        lambda: _patched(_push_pull(), 8, "I", 2),
+        lambda: patch(_push_pull(), 8, "I", 2),
         400,
         "bad_frame",
         r"header \(n=2, dim=1, m=3\) implies",
@@ -285,7 +275,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "pp-presence-flag",
         "/v1/push_pull",
-        lambda: _patched(_push_pull(), 6, "H", 2),
+        lambda: patch(_push_pull(), 6, "H", 2),
         400,
         "bad_frame",
         r"only pulls carry presence",
@@ -390,7 +380,7 @@ async def test_rejected_push_does_not_consume_its_request_id(
     one_shard: tuple[Shard, str], http: aiohttp.ClientSession
 ) -> None:
     shard, url = one_shard
-    keys = _keys(500, 501)
+    keys = keys_of(500, 501)
     bad = codec.encode_push("lr", keys, np.array([np.nan, 1.0], np.float32), request_id=1234)
     good = codec.encode_push("lr", keys, np.array([3.0, 1.0], np.float32), request_id=1234)
     assert (await post(http, url + "/v1/push", bad))[0] == 400
@@ -441,7 +431,7 @@ async def test_push_then_pull_over_http_matches_a_reference_table(
 ) -> None:
     _, urls = await serve_shards(1, (EMB,))
     ref = SparseTable(EMB)
-    keys = _keys(2**64 - 1, 0, 7, 7, 42)
+    keys = keys_of(2**64 - 1, 0, 7, 7, 42)
     grads = (np.arange(20).reshape(5, 4) / 10 - 1).astype(np.float32)
     counts = np.array([[1, 0], [1, 1], [2, 0], [1, 0], [3, 2]], np.float32)
 
@@ -451,7 +441,7 @@ async def test_push_then_pull_over_http_matches_a_reference_table(
     assert ack.count == 4 == ref.push(keys, grads, counts=counts)
     assert ack.table == "emb" and ack.version == 1
 
-    query = _keys(42, 7, 0, 2**64 - 1, 123456)
+    query = keys_of(42, 7, 0, 2**64 - 1, 123456)
     status, ctype, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("emb", query))
     assert status == 200 and ctype == FRAME_CONTENT_TYPE
     reply = codec.decode(raw, Op.WEIGHTS)
@@ -467,8 +457,8 @@ async def test_push_pull_equals_push_then_pull(serve_shards: Any, http: aiohttp.
     (sequential,), (url_s,) = await serve_shards(1, (EMB,))
     ref = SparseTable(EMB)
     rng = np.random.default_rng(11)
-    pool = np.concatenate([_keys(0, 2**64 - 1), rng.integers(1, 2**64 - 1, 60, dtype=np.uint64)])
-    prev = _keys()
+    pool = np.concatenate([keys_of(0, 2**64 - 1), rng.integers(1, 2**64 - 1, 60, dtype=np.uint64)])
+    prev = keys_of()
     for step in range(12):
         nxt = rng.choice(pool, int(rng.integers(1, pool.size)), replace=False)
         nxt = np.concatenate([nxt, nxt[:2]])  # a pull may repeat keys
@@ -511,7 +501,7 @@ async def test_retried_push_pull_is_applied_once_and_still_answers(
     serve_shards: Any, http: aiohttp.ClientSession
 ) -> None:
     shards, urls = await serve_shards(1, (LR,))
-    push_keys, pull_keys = _keys(10, 11, 10), _keys(11, 12, 10)
+    push_keys, pull_keys = keys_of(10, 11, 10), keys_of(11, 12, 10)
     grads = np.array([2.0, -3.0, 1.5], np.float32)
     frame = codec.encode_push_pull("lr", push_keys, grads, pull_keys, request_id=2**63 + 5)
     ref = SparseTable(LR)
@@ -547,13 +537,13 @@ async def test_push_pull_with_an_empty_part(serve_shards: Any, http: aiohttp.Cli
     shards, urls = await serve_shards(1, (EMB,))
     ref = SparseTable(EMB)
     t = shards[0].tables["emb"]
-    keys = _keys(5, 6, 7)
+    keys = keys_of(5, 6, 7)
     grads = np.ones((3, 4), np.float32)
     # Push only: applied, and the empty pull answers (0, dim) without counting.
     status, _, raw = await post(
         http,
         urls[0] + "/v1/push_pull",
-        codec.encode_push_pull("emb", keys, grads, _keys(), request_id=1),
+        codec.encode_push_pull("emb", keys, grads, keys_of(), request_id=1),
     )
     ref.push(keys, grads)
     reply = codec.decode(raw, Op.PUSH_PULL_REPLY)
@@ -564,7 +554,7 @@ async def test_push_pull_with_an_empty_part(serve_shards: Any, http: aiohttp.Cli
     status, _, raw = await post(
         http,
         urls[0] + "/v1/push_pull",
-        codec.encode_push_pull("emb", _keys(), np.zeros(0, np.float32), keys[::-1], request_id=2),
+        codec.encode_push_pull("emb", keys_of(), np.zeros(0, np.float32), keys[::-1], request_id=2),
     )
     reply = codec.decode(raw, Op.PUSH_PULL_REPLY)
     assert status == 200 and reply.applied == 0
@@ -574,7 +564,7 @@ async def test_push_pull_with_an_empty_part(serve_shards: Any, http: aiohttp.Cli
     status, _, raw = await post(
         http,
         urls[0] + "/v1/push_pull",
-        codec.encode_push_pull("emb", _keys(), np.zeros((0, 4), np.float32), _keys()),
+        codec.encode_push_pull("emb", keys_of(), np.zeros((0, 4), np.float32), keys_of()),
     )
     assert status == 200
     v = codec.decode(raw, Op.PUSH_PULL_REPLY).values
@@ -582,14 +572,14 @@ async def test_push_pull_with_an_empty_part(serve_shards: Any, http: aiohttp.Cli
     status, _, _ = await post(
         http,
         urls[0] + "/v1/push_pull",
-        codec.encode_push_pull("nope", _keys(), np.zeros((0, 4), np.float32), _keys()),
+        codec.encode_push_pull("nope", keys_of(), np.zeros((0, 4), np.float32), keys_of()),
     )
     assert status == 404
 
 
 async def test_empty_pull_answers_with_the_table_dim(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     _, urls = await serve_shards(1, (EMB,))
-    status, _, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("emb", _keys()))
+    status, _, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("emb", keys_of()))
     assert status == 200
     reply = codec.decode(raw, Op.WEIGHTS)
     assert reply.values is not None and reply.values.shape == (0, 4)
@@ -597,7 +587,7 @@ async def test_empty_pull_answers_with_the_table_dim(serve_shards: Any, http: ai
 
 async def test_same_push_request_id_is_applied_once(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     shards, urls = await serve_shards(1, (LR,))
-    keys = _keys(10, 11, 10)
+    keys = keys_of(10, 11, 10)
     grads = np.array([2.0, -3.0, 1.5], np.float32)
     frame = codec.encode_push("lr", keys, grads, request_id=2**63 + 5)
     ref_once = SparseTable(LR)
@@ -627,7 +617,7 @@ async def test_same_push_request_id_is_applied_once(serve_shards: Any, http: aio
 
 async def test_pushes_without_request_id_are_never_deduplicated(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     shards, urls = await serve_shards(1, (LR,))
-    frame = codec.encode_push("lr", _keys(1), np.array([1.0], np.float32))
+    frame = codec.encode_push("lr", keys_of(1), np.array([1.0], np.float32))
     for _ in range(3):
         assert (await post(http, urls[0] + "/v1/push", frame))[0] == 200
     assert shards[0].tables["lr"].pushes == 3 and shards[0].duplicate_pushes == 0

@@ -578,30 +578,18 @@ async def test_worker_and_export_with_a_wrong_token_exit_2_with_one_line(secured
     wrong = derive_token(new_secret(), Scope.TRAIN)
     token_file = tmp_path / "token"
     token_file.write_text(wrong + "\n")
-    code, _, err = await _ctrps(
-        "worker",
-        "--shards",
-        s.url,
-        "--bootstrap",
-        f"127.0.0.1:{free_port()}",
-        "--decode-processes",
-        "0",
-        env=_env(CTRPS_SHARD_TOKEN_FILE=str(token_file)),
-    )
+
+    async def worker(env: dict[str, str]) -> tuple[int, str, str]:
+        """`ctrps worker` of the secured shard, no broker at its address."""
+        bootstrap = f"127.0.0.1:{free_port()}"
+        return await _ctrps("worker", "--shards", s.url, "--bootstrap", bootstrap, "--decode-processes", "0", env=env)
+
+    code, _, err = await worker(_env(CTRPS_SHARD_TOKEN_FILE=str(token_file)))
     line = _one_line(err)
     assert code == 2, err
     assert "not valid for this cluster" in line and wrong not in err
     # A read token: a worker needs train (it declares its tables first).
-    code, _, err = await _ctrps(
-        "worker",
-        "--shards",
-        s.url,
-        "--bootstrap",
-        f"127.0.0.1:{free_port()}",
-        "--decode-processes",
-        "0",
-        env=_env(CTRPS_SHARD_TOKEN=s.tokens[Scope.READ]),
-    )
+    code, _, err = await worker(_env(CTRPS_SHARD_TOKEN=s.tokens[Scope.READ]))
     assert code == 2 and "scope train" in _one_line(err), err
 
     for args in (["--list"], [], ["--compact"]):

@@ -15,13 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from conftest import ServeShards
 from jsonlog import read_json_lines
+from streams import bias_shows, produce, shard_args, worker_config
 from waiting import until
 
 from app.metrics import ApiMetrics
@@ -37,8 +37,6 @@ from ps_core.checkpoint.export import latest_chain, list_versions, read_manifest
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.manifest import ExportManifest
 from ps_core.checkpoint.stream import StreamIdentity
-from ps_core.hashing import shard_of
-from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
@@ -49,22 +47,13 @@ PARTITIONS = 2
 
 async def _produce(bootstrap: str, topic: str, n: int, seed: int) -> None:
     """`n` synthetic events, alternating between the partitions."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    await producer.start()
-    try:
-        events = SyntheticStream(seed=seed).batch(n)
-        futs = [await producer.send(topic, orjson.dumps(e), partition=i % PARTITIONS) for i, e in enumerate(events)]
-        await asyncio.gather(*futs)
-    finally:
-        await producer.stop()
+    await produce(bootstrap, topic, [orjson.dumps(e) for e in SyntheticStream(seed=seed).batch(n)], PARTITIONS)
 
 
 def _config(bootstrap: str, topic: str, group: str, policy: str = "committed") -> WorkerConfig:
-    return WorkerConfig(
-        bootstrap, topic=topic, group=group, dlq_topic=topic + ".dlq", window_seconds=3600,
-        window_events=100, decode_processes=0, session_timeout_ms=3000, heartbeat_interval_ms=500,
-        on_stale_offsets=policy,
-    )  # fmt: skip
+    return worker_config(
+        bootstrap, topic, group, 100, session_timeout_ms=3000, heartbeat_interval_ms=500, on_stale_offsets=policy
+    )
 
 
 async def _train(worker: Worker, done: Callable[[], bool], timeout_s: float = 60) -> None:
@@ -78,17 +67,6 @@ async def _train(worker: Worker, done: Callable[[], bool], timeout_s: float = 60
         await asyncio.wait_for(asyncio.shield(task), 30)
 
 
-def _bias_shows(shards: list[Shard], model: str = "m") -> int:
-    """Events applied so far: every event's bias id gets one show per application."""
-    key = np.array([FeatureHasher(model).bias_key], dtype=np.uint64)
-    shard = shards[int(shard_of(key, len(shards))[0])]
-    table = shard.tables.get(f"{model}_w")
-    if table is None:
-        return 0
-    row = int(table.index.lookup(key)[0])
-    return int(table.shows[row]) if row >= 0 else 0
-
-
 def _stale_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.getMessage().startswith("stale offsets")]
 
@@ -100,7 +78,7 @@ async def _export_from(bootstrap: str, topic: str, group: str, exports: Path, n:
     coordinator = Coordinator()
     client, control = PSClient.local(shards), ControlClient.local(shards, coordinator)
     worker = Worker(_config(bootstrap, topic, group), client, control, LogisticRegression("m"))
-    await _train(worker, lambda: _bias_shows(shards) >= n)
+    await _train(worker, lambda: bias_shows(shards) >= n)
     assert worker.stats.events_trained == n and not worker.stats.stale_offsets
     report = await Exporter(coordinator, control, exports, "m").cut("base")
     assert report.stream == StreamIdentity(await cluster_id(bootstrap), group, (topic,))
@@ -206,7 +184,7 @@ async def test_a_model_of_another_cluster_is_never_resumed_silently(
         await consumer.stop()
 
         shards, coordinator = _restore(model_dir)
-        assert _bias_shows(shards) == 3000
+        assert bias_shows(shards) == 3000
         client, control = PSClient.local(shards), ControlClient.local(shards, coordinator)
         worker = Worker(_config(other.bootstrap, topic, group, policy), client, control, LogisticRegression("m"))
         worker.on_window = make_status_hook(control, "w-stale", worker.stats)
@@ -219,15 +197,15 @@ async def test_a_model_of_another_cluster_is_never_resumed_silently(
             assert "\n" not in line and a_cluster in line and other.cluster_id in line, line
             assert "0:1500[0,500)" in line and "1:1500[0,500)" in line, line
             assert worker.stats.stale_offsets == {("cluster", "fail"): 2}
-            assert worker.stats.events_trained == 0 and _bias_shows(shards) == 3000
+            assert worker.stats.events_trained == 0 and bias_shows(shards) == 3000
             assert _stale_lines(caplog) == []  # the error is the one line (the CLI prints it)
             return
         # earliest: every event of the new stream; committed: partition 0
         # from the group's commit there, partition 1 (no commit) from its start.
         expected = 1000 if policy == "earliest" else 1000 - 200
-        await _train(worker, lambda: _bias_shows(shards) >= 3000 + expected)
+        await _train(worker, lambda: bias_shows(shards) >= 3000 + expected)
         assert worker.stats.events_trained == expected
-        assert _bias_shows(shards) == 3000 + expected  # the weights were kept: trained on top
+        assert bias_shows(shards) == 3000 + expected  # the weights were kept: trained on top
         assert worker.stats.stale_offsets == {("cluster", policy): 2}
         [line] = _stale_lines(caplog)
         fields = line.fields  # type: ignore[attr-defined]
@@ -280,8 +258,8 @@ async def test_offsets_beyond_the_end_of_a_recreated_topic_are_detected(
     client, control = PSClient.local(shards), ControlClient.local(shards, coordinator)
     worker = Worker(_config(kafka_bootstrap, topic, group), client, control, LogisticRegression("m"))
     caplog.set_level(logging.WARNING, logger="ctrps.worker")
-    await _train(worker, lambda: _bias_shows(shards) >= 2200)
-    assert worker.stats.events_trained == 200 and _bias_shows(shards) == 2200
+    await _train(worker, lambda: bias_shows(shards) >= 2200)
+    assert worker.stats.events_trained == 200 and bias_shows(shards) == 2200
     assert worker.stats.stale_offsets == {("beyond_end", "committed"): 2}
     [line] = _stale_lines(caplog)
     assert line.fields["reason"] == "beyond_end"  # type: ignore[attr-defined]
@@ -308,7 +286,7 @@ async def test_events_after_a_broker_restart_are_all_trained(
             worker = Worker(_config(broker.bootstrap, topic, group), client, control, LogisticRegression("m"))
             task = asyncio.create_task(worker.run(stop), name="worker")
             await _produce(broker.bootstrap, topic, 2000, seed=5)
-            await until(lambda: _bias_shows(shards) >= 2000, 60, what="the first events", task=task)
+            await until(lambda: bias_shows(shards) >= 2000, 60, what="the first events", task=task)
             await until(lambda: worker.stats.commits > 0 and not worker._builder, 30, what="the commits", task=task)
             assert (await control.coordinator_resume()).stream == StreamIdentity(first_cluster, group, (topic,))
 
@@ -325,7 +303,7 @@ async def test_events_after_a_broker_restart_are_all_trained(
             await _produce(broker.bootstrap, topic, 3000, seed=6)
             # All of them, though the cut-off offsets (1000 a partition) are
             # inside the new partitions (1500 each).
-            await until(lambda: _bias_shows(shards) >= 5000, 90, what="the events after the restart", task=task)
+            await until(lambda: bias_shows(shards) >= 5000, 90, what="the events after the restart", task=task)
 
             async def released() -> bool:  # the last window's pushes land before its commit
                 return (await control.coordinator_offsets()) == {topic: {0: 1500, 1: 1500}}
@@ -342,7 +320,7 @@ async def test_events_after_a_broker_restart_are_all_trained(
         if task is not None:
             await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
         broker.stop()
-    assert _bias_shows(shards) == 5000
+    assert bias_shows(shards) == 5000
 
 
 # -- `ctrps worker --on-stale-offsets fail`, as a process ---------------------------------
@@ -458,29 +436,7 @@ async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_eve
     exports = tmp_path / "exports"
 
     def start_shards(tag: str) -> list[tuple[subprocess.Popen[bytes], Path]]:
-        return [
-            procs.start(
-                f"shard{i}-{tag}",
-                "shard",
-                "--port",
-                str(port),
-                "--shard-id",
-                str(i),
-                "--num-shards",
-                "2",
-                "--shards",
-                urls,
-                "--exports-dir",
-                str(exports),
-                "--export-interval",
-                "0",
-                "--model-name",
-                "m",
-                "--stats-interval",
-                "0",
-            )  # fmt: skip
-            for i, port in enumerate(ports)
-        ]
+        return [procs.start(f"shard{i}-{tag}", *shard_args(i, ports, exports)) for i in range(len(ports))]
 
     def start_worker(tag: str, bootstrap: str) -> tuple[subprocess.Popen[bytes], Path]:
         return procs.start(f"worker-{tag}", "worker", "--bootstrap", bootstrap, "--shards", urls,
@@ -554,7 +510,7 @@ async def test_offsets_of_another_group_are_not_applied_silently(
     worker = Worker(_config(kafka_bootstrap, topic, "group-b", "earliest"), PSClient.local(shards),
                     ControlClient.local(shards, coordinator), LogisticRegression("m"))  # fmt: skip
     caplog.set_level(logging.WARNING, logger="ctrps.worker")
-    await _train(worker, lambda: _bias_shows(shards) >= 2000)
+    await _train(worker, lambda: bias_shows(shards) >= 2000)
     assert worker.stats.events_trained == 1000 and worker.stats.stale_offsets == {("group", "earliest"): 2}
     [line] = _stale_lines(caplog)
     fields = line.fields  # type: ignore[attr-defined]

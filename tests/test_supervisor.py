@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
+from commands import pid_gone
 from waiting import until
 
 from app.supervisor import ChildFailed, ChildSpec, LinePrefixer, RestartPolicy, Supervisor
@@ -50,15 +51,6 @@ def said(out: io.BytesIO, line: str) -> Callable[[], Awaitable[bool]]:
         return line in lines(out)
 
     return check
-
-
-def gone(pid: int) -> bool:
-    """The process no longer runs (or is a zombie nobody has reaped yet)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state == "Z"
 
 
 # -- LinePrefixer ------------------------------------------------------------------
@@ -106,7 +98,7 @@ async def test_a_child_that_dies_stops_all_and_the_status_is_1() -> None:
     assert sup.exit_status() == 1
     assert "[dier] bye" in lines(out)
     assert lines(out).count("[patient] term") == 1
-    assert gone(patient.pid) and gone(dier.pid)
+    assert pid_gone(patient.pid) and pid_gone(dier.pid)
     await sup.stop_all()  # idempotent
 
 
@@ -152,7 +144,7 @@ async def test_a_child_ignoring_sigterm_is_killed_with_its_process_group() -> No
     assert sup.unclean == [stubborn] and sup.exit_status() == 1
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 10
-    while not gone(helper_pid):  # killed with the group; init reaps it
+    while not pid_gone(helper_pid):  # killed with the group; init reaps it
         assert loop.time() < deadline, "the child's helper outlived it"
         await asyncio.sleep(0.05)  # poll interval
 
@@ -294,7 +286,7 @@ async def test_a_sigkilled_child_comes_back_with_the_same_arguments(
     first = child.pid
     os.kill(first, signal.SIGKILL)
     await until(said(out, "[steady] run 2"), 30, what="the restarted child")
-    assert child.pid != first and gone(first) and child.restarts == 1
+    assert child.pid != first and pid_gone(first) and child.restarts == 1
     [line] = restart_lines(caplog)
     assert (line["reason"], line["returncode"], line["attempt"]) == ("killed by SIGKILL", -9, 1)
     assert sup.failed is None

@@ -311,6 +311,19 @@ async def test_a_partition_key_of_a_superscript_digit_breaks_nothing(api: tuple[
     assert await history.sample() is not None and history.error is None
 
 
+def _break_statuses(monkeypatch: pytest.MonkeyPatch, history: History, exc: Exception) -> list[Exception]:
+    """From now on `history`'s view fails with `exc` (a bug, not an outage:
+    an exception no sample expects); the list returned grows by one a call."""
+    raised: list[Exception] = []
+
+    async def broken() -> list[dict[str, Any]]:
+        raised.append(exc)
+        raise exc
+
+    monkeypatch.setattr(history.view, "statuses", broken)
+    return raised
+
+
 async def test_the_sampler_survives_any_exception_and_shows_it(
     api: tuple[TestClient, Shard],
     monkeypatch: pytest.MonkeyPatch,
@@ -320,19 +333,11 @@ async def test_the_sampler_survives_any_exception_and_shows_it(
     history: History = http.app[HISTORY]
     await history.sample()
     kept = len(history.points())
-    calls = 0
-
-    async def broken() -> list[dict[str, Any]]:
-        # A bug, not an outage: an exception no sample expects.
-        nonlocal calls
-        calls += 1
-        raise KeyError("received_at")
-
-    monkeypatch.setattr(history.view, "statuses", broken)
+    calls = _break_statuses(monkeypatch, history, KeyError("received_at"))
     caplog.set_level(logging.WARNING, "ctrps.history")
     for _ in range(3):
         assert await history.sample() is None
-    assert calls == 3
+    assert len(calls) == 3
     assert history.error is not None and "KeyError" in history.error and "received_at" in history.error
     lines = [r for r in caplog.records if r.name == "ctrps.history"]
     assert len(lines) == 1 and lines[0].exc_info is None, lines
@@ -348,16 +353,9 @@ async def test_the_sampling_task_keeps_running_through_errors(
 ) -> None:
     http, _ = api
     history = History(http.app[HISTORY].view, make_model("lr", "ctr"), interval_s=0.01, max_points=10)
-    failures = 0
-
-    async def broken() -> list[dict[str, Any]]:
-        nonlocal failures
-        failures += 1
-        raise ZeroDivisionError("a bug")
-
-    monkeypatch.setattr(history.view, "statuses", broken)
+    failures = _break_statuses(monkeypatch, history, ZeroDivisionError("a bug"))
     async with history:
-        await until(lambda: failures >= 3, 10.0, what="three failed samples")
+        await until(lambda: len(failures) >= 3, 10.0, what="three failed samples")
         assert history.running and "ZeroDivisionError" in (history.error or "")
         assert history.points() == []
 
@@ -394,6 +392,16 @@ async def test_model_null_is_the_served_model_as_documented(api: tuple[TestClien
     assert status == 200
 
 
+async def _predict_one(http: TestClient, event: dict[str, Any]) -> tuple[list[Any], int, Any]:  # type: ignore[type-arg]
+    """What the document's request schema finds wrong with a predict request
+    of one event, and the handler's status and answer to it."""
+    doc = openapi_document()
+    request_schema = doc["paths"]["/v1/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    schema_errors = validate({"events": [event]}, request_schema, doc)
+    status, answer = await _api_call(http, "POST", "/v1/predict", {"events": [event]})
+    return schema_errors, status, answer
+
+
 @pytest.mark.parametrize(
     "event", [{}, {"features": None}, {"keys": None}, {"features": None, "keys": None}, {"id": "x"}]
 )
@@ -401,11 +409,8 @@ async def test_an_event_without_features_or_keys_is_refused_by_schema_and_handle
     api: tuple[TestClient, Shard],
     event: dict[str, Any],  # type: ignore[type-arg]
 ) -> None:
-    http, _ = api
-    doc = openapi_document()
-    request_schema = doc["paths"]["/v1/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert validate({"events": [event]}, request_schema, doc) != []
-    status, err = await _api_call(http, "POST", "/v1/predict", {"events": [event]})
+    schema_errors, status, err = await _predict_one(api[0], event)
+    assert schema_errors != []
     assert status in (400, 422) and err["error"] in ("bad_request", "bad_features"), err
 
 
@@ -414,11 +419,8 @@ async def test_an_event_with_features_or_keys_is_valid_by_both(
     api: tuple[TestClient, Shard],
     event: dict[str, Any],  # type: ignore[type-arg]
 ) -> None:
-    http, _ = api
-    doc = openapi_document()
-    request_schema = doc["paths"]["/v1/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert validate({"events": [event]}, request_schema, doc) == []
-    status, _ = await _api_call(http, "POST", "/v1/predict", {"events": [event]})
+    schema_errors, status, _ = await _predict_one(api[0], event)
+    assert schema_errors == []
     assert status == 200
 
 

@@ -11,57 +11,24 @@ from typing import Any
 
 import numpy as np
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+import streams
+from aiokafka import AIOKafkaConsumer
 from waiting import until
 
-from consumers.broker import create_topics
 from consumers.collector import YOUNG_THRESHOLD
 from consumers.decode import decode_records
 from consumers.dlq import read_headers
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
-from ps_core.hashing import shard_of
-from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 
 
-def _topic() -> str:
-    return f"clicks-{uuid.uuid4().hex[:10]}"
-
-
-async def _produce(bootstrap: str, topic: str, values: list[bytes], partitions: int) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    await producer.start()
-    try:
-        futs = [await producer.send(topic, v, partition=i % partitions) for i, v in enumerate(values)]
-        await asyncio.gather(*futs)
-    finally:
-        await producer.stop()
-
-
-async def _committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    await c.start()
-    try:
-        out = {}
-        for p in range(partitions):
-            out[p] = await c.committed(TopicPartition(topic, p)) or 0
-        return out
-    finally:
-        await c.stop()
-
-
 async def _run_until(worker: Worker, done: Any, timeout_s: float = 60.0) -> None:
     """Run the worker until done() holds (checked between windows) or time runs out."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
+    async with streams.running(worker, 30) as task:
         await until(done, timeout_s, what=f"the worker to be done ({worker.stats})", task=task, poll_s=0.05)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 def _good(i: int) -> bytes:
@@ -76,9 +43,8 @@ def _good(i: int) -> bytes:
 
 
 async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_bootstrap: str) -> None:
-    topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
+    topic, group = await streams.new_topic(kafka_bootstrap, 2, hex_digits=10)
     dlq = topic + ".dlq"
-    await create_topics(kafka_bootstrap, {topic: 2, dlq: 1})
     bad = {
         b"{not json": "invalid_json",
         b'{"label": 1, "features": {"a": "x"}, "p": NaN}': "invalid_json",
@@ -97,20 +63,12 @@ async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_b
         good += 2
     values += [orjson.dumps([orjson.loads(_good(good)), orjson.loads(_good(good + 1))])]  # one array message
     good += 2
-    await _produce(kafka_bootstrap, topic, values, 2)
+    await streams.produce(kafka_bootstrap, topic, values, 2)
 
     model = LogisticRegression("m")
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
-    config = WorkerConfig(
-        kafka_bootstrap,
-        topic=topic,
-        group=group,
-        dlq_topic=dlq,
-        window_seconds=0.3,
-        window_events=7,
-        mini_batch=4,
-        max_message_bytes=2000,
-        decode_processes=0,
+    config = streams.worker_config(
+        kafka_bootstrap, topic, group, 7, window_seconds=0.3, mini_batch=4, max_message_bytes=2000
     )
     reports: list[Any] = []
     young_thresholds: set[int] = set()
@@ -154,10 +112,7 @@ async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_b
         assert (p, off) == (i % 2, i // 2)  # where it was produced
 
     # Every good event trained exactly once: the bias feature was shown once per event.
-    bias = np.array([FeatureHasher("m").bias_key], dtype=np.uint64)
-    owner = shards[int(shard_of(bias, 2)[0])]
-    table = owner.tables["m_w"]
-    assert int(table.shows[table.index.lookup(bias)][0]) == good
+    assert streams.bias_shows(shards) == good
     assert worker.stats.events_trained == good
     assert worker.stats.dead_letters == len(bad)
     assert worker.stats.last is not None and worker.stats.last.metrics.events > 0
@@ -172,7 +127,7 @@ async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_b
             by_reason[reason] = by_reason.get(reason, 0) + n
     assert by_reason == dict(worker.stats.dead_letters_by_reason) == dict(collections.Counter(bad.values()))
     # Offsets are committed to the end of each partition.
-    committed = await _committed(kafka_bootstrap, group, topic, 2)
+    committed = await streams.committed(kafka_bootstrap, group, topic, 2)
     assert committed == {0: (len(values) + 1) // 2, 1: len(values) // 2}
 
 
@@ -184,8 +139,7 @@ async def test_worker_learns_the_synthetic_stream(kafka_bootstrap: str) -> None:
     from ps_core.model.metrics import auc
     from ps_core.model.models import sigmoid
 
-    topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, {topic: 4, topic + ".dlq": 1})
+    topic, group = await streams.new_topic(kafka_bootstrap, 4, hex_digits=10)
     stream = SyntheticStream(seed=3)
     n = 50_000
     report = await produce(kafka_bootstrap, topic, itertools.chain.from_iterable(stream.iter_batches(n, 10_000)))
@@ -221,8 +175,7 @@ async def test_an_fm_worker_trains_both_tables(kafka_bootstrap: str) -> None:
     from consumers.synthetic import SyntheticStream
     from ps_core.model.models import FactorizationMachine
 
-    topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
+    topic, group = await streams.new_topic(kafka_bootstrap, 2, hex_digits=10)
     n = 6000
     await produce(kafka_bootstrap, topic, SyntheticStream(seed=5, vocab=200).batch(n))
     model = FactorizationMachine("fm", k=4)
@@ -243,31 +196,13 @@ async def test_an_fm_worker_trains_both_tables(kafka_bootstrap: str) -> None:
     assert hist[-1].metrics.auc > 0.65 and hist[-1].metrics.auc > hist[0].metrics.auc
 
 
-def _bias_shows(shards: list[Shard], namespace: str) -> int:
-    bias = np.array([FeatureHasher(namespace).bias_key], dtype=np.uint64)
-    table = shards[int(shard_of(bias, len(shards))[0])].tables.get(f"{namespace}_w")
-    if table is None:
-        return 0
-    row = table.index.lookup(bias)
-    return int(table.shows[row][0]) if row[0] >= 0 else 0
-
-
 async def test_leased_windows_report_offsets_and_a_restore_seeks_to_them(kafka_bootstrap: str) -> None:
     from ps_core.checkpoint.coordinator import Coordinator
 
-    topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
+    topic, group = await streams.new_topic(kafka_bootstrap, 2, hex_digits=10)
     values = [_good(i) for i in range(400)]
-    await _produce(kafka_bootstrap, topic, values, 2)
-    config = WorkerConfig(
-        kafka_bootstrap,
-        topic=topic,
-        group=group,
-        dlq_topic=topic + ".dlq",
-        window_seconds=0.3,
-        window_events=50,
-        decode_processes=0,
-    )
+    await streams.produce(kafka_bootstrap, topic, values, 2)
+    config = streams.worker_config(kafka_bootstrap, topic, group, 50, window_seconds=0.3)
 
     # Every window is leased; released leases carry the committed offsets.
     coord = Coordinator(lease_ttl_s=30)
@@ -277,7 +212,7 @@ async def test_leased_windows_report_offsets_and_a_restore_seeks_to_them(kafka_b
     # One lease per window, and one at start (which finds the coordinator's epoch).
     assert worker.leased and coord.leases_granted == worker.stats.windows + 1 and coord.active_leases == 0
     assert coord.offsets() == {topic: {0: 200, 1: 200}}
-    assert await _committed(kafka_bootstrap, group, topic, 2) == {0: 200, 1: 200}
+    assert await streams.committed(kafka_bootstrap, group, topic, 2) == {0: 200, 1: 200}
 
     # Restored shards (empty here) whose cut holds offsets 150 and 120: a
     # worker of the same group resumes there, not at the group's commits,
@@ -286,7 +221,7 @@ async def test_leased_windows_report_offsets_and_a_restore_seeks_to_them(kafka_b
     fresh = [Shard(ShardSpec(i, 2)) for i in range(2)]
     again = Worker(config, PSClient.local(fresh), ControlClient.local(fresh, restored), LogisticRegression("m"))
     await _run_until(again, lambda: again.stats.records >= 130)
-    assert _bias_shows(fresh, "m") == again.stats.events_trained == 130
+    assert streams.bias_shows(fresh) == again.stats.events_trained == 130
     assert restored.offsets() == {topic: {0: 200, 1: 200}}
 
     # Without a coordinator the worker trains unleased.
@@ -303,24 +238,13 @@ async def test_a_worker_that_outlives_its_coordinator_rewinds_to_the_new_ones_of
     resumes from the new coordinator's offsets, training each later event once."""
     from ps_core.checkpoint.coordinator import Coordinator
 
-    topic, group = _topic(), f"g-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
-    await _produce(kafka_bootstrap, topic, [_good(i) for i in range(400)], 2)
-    config = WorkerConfig(
-        kafka_bootstrap,
-        topic=topic,
-        group=group,
-        dlq_topic=topic + ".dlq",
-        window_seconds=0.3,
-        window_events=50,
-        decode_processes=0,
-    )
+    topic, group = await streams.new_topic(kafka_bootstrap, 2, hex_digits=10)
+    await streams.produce(kafka_bootstrap, topic, [_good(i) for i in range(400)], 2)
+    config = streams.worker_config(kafka_bootstrap, topic, group, 50, window_seconds=0.3)
     local = [Shard(ShardSpec(i, 2)) for i in range(2)]
     client, control = PSClient.local(local), ControlClient.local(local, Coordinator())
     worker = Worker(config, client, control, LogisticRegression("m"))
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
+    async with streams.running(worker, 30) as task:
         await until(lambda: worker.stats.records >= 400, 60, what="400 records", task=task)
         # "Restored" shards: a cut at offsets 50 and 50 that held nothing.
         fresh = [Shard(ShardSpec(i, 2)) for i in range(2)]
@@ -328,14 +252,11 @@ async def test_a_worker_that_outlives_its_coordinator_rewinds_to_the_new_ones_of
             client.transports[:] = PSClient.local(fresh).transports
             control.shards[:] = ControlClient.local(fresh, Coordinator(offsets={topic: {0: 50, 1: 50}})).shards
         # The stream goes on; the worker's next lease finds the new coordinator.
-        await _produce(kafka_bootstrap, topic, [_good(i) for i in range(400, 500)], 2)
+        await streams.produce(kafka_bootstrap, topic, [_good(i) for i in range(400, 500)], 2)
         await until(
-            lambda: worker.stats.rewinds == 1 and _bias_shows(fresh, "m") >= 400,
+            lambda: worker.stats.rewinds == 1 and streams.bias_shows(fresh) >= 400,
             60,
             what="the rewind and 400 events trained again",
             task=task,
         )
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-    assert _bias_shows(fresh, "m") == 400 and worker.stats.rewinds == 1
+    assert streams.bias_shows(fresh) == 400 and worker.stats.rewinds == 1

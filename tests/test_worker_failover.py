@@ -7,100 +7,42 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from typing import Any
 
 import numpy as np
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from streams import applications, brisk_worker_config, committed, keyed_event, new_topic, produce
 from waiting import until
 
-from consumers.broker import create_topics
-from consumers.worker import Worker, WorkerConfig
+from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
-from ps_core.hashing import shard_of
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 
 PARTITIONS = 4
-KEY_BASE = 10**12  # event i carries the pre-hashed key KEY_BASE + i: its shows count its applications
-
-
-def _event(i: int) -> bytes:
-    return orjson.dumps(
-        {
-            "id": f"e{i}",
-            "ts": 1_764_681_600 + i * 0.01,
-            "label": i % 4 == 0 and 1 or 0,
-            "features": {"site": f"s{i % 13}"},
-            "keys": [KEY_BASE + i],
-        }
-    )
 
 
 async def _produce(bootstrap: str, topic: str, lo: int, hi: int, rate: float | None = None) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    await producer.start()
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    try:
-        futs = []
-        for i in range(lo, hi):
-            futs.append(await producer.send(topic, _event(i), partition=i % PARTITIONS))
-            if rate and i % 500 == 0:
-                await asyncio.sleep(max(0.0, t0 + (i - lo) / rate - loop.time()))  # pacing
-        await asyncio.gather(*futs)
-    finally:
-        await producer.stop()
+    await produce(bootstrap, topic, (keyed_event(i) for i in range(lo, hi)), PARTITIONS, first=lo, rate=rate)
 
 
 async def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    await c.start()
-    try:
-        return {p: (await c.committed(TopicPartition(topic, p))) or 0 for p in range(PARTITIONS)}
-    finally:
-        await c.stop()
+    return await committed(bootstrap, group, topic, PARTITIONS)
 
 
 async def _wait(cond: Any, timeout_s: float, what: str) -> None:
     await until(cond, timeout_s, what=what, poll_s=0.1)
 
 
-def _applications(shards: list[Shard], n: int) -> np.ndarray:
-    """How many times each event 0..n-1 was applied (shows of its own key)."""
-    keys = np.arange(KEY_BASE, KEY_BASE + n, dtype=np.uint64)
-    out = np.zeros(n, dtype=np.int64)
-    owner = shard_of(keys, len(shards))
-    for i, shard in enumerate(shards):
-        mine = np.flatnonzero(owner == i)
-        table = shard.tables["m_w"]
-        rows = table.index.lookup(keys[mine])
-        present = rows >= 0
-        out[mine[present]] = table.shows[rows[present]]
-    return out
-
-
 async def test_two_workers_share_partitions_and_apply_every_event(kafka_bootstrap: str) -> None:
-    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    topic, group = await new_topic(kafka_bootstrap, PARTITIONS)
     n = 6000
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
     model = LogisticRegression("m")
     workers = [
         Worker(
-            WorkerConfig(
-                kafka_bootstrap,
-                topic=topic,
-                group=group,
-                window_seconds=0.5,
-                window_events=400,
-                mini_batch=128,
-                decode_processes=0,
-                session_timeout_ms=6000,
-                heartbeat_interval_ms=500,
-            ),
+            brisk_worker_config(kafka_bootstrap, topic, group, 400, 128),
             PSClient.local(shards),
             ControlClient.local(shards),
             model,
@@ -120,7 +62,7 @@ async def test_two_workers_share_partitions_and_apply_every_event(kafka_bootstra
     parts = [set(p for r in w.stats.history for p in r.partitions) for w in workers]
     assert parts[0] and parts[1], parts
     assert not parts[0] & parts[1], f"a partition was consumed by both: {parts}"
-    applied = _applications(shards, n)
+    applied = applications(shards, 0, n)
     assert (applied == 1).all(), (
         f"missing {np.flatnonzero(applied == 0)[:10]}, twice {np.flatnonzero(applied > 1)[:10]}"
     )
@@ -137,8 +79,7 @@ async def _all_committed(bootstrap: str, group: str, topic: str, n: int) -> bool
 
 
 async def test_sigkilled_worker_loses_nothing(kafka_bootstrap: str, serve_shards: Any) -> None:
-    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    topic, group = await new_topic(kafka_bootstrap, PARTITIONS)
     n, window = 12000, 300
     shards, urls = await serve_shards(2)
     cmd = [
@@ -199,7 +140,7 @@ async def test_sigkilled_worker_loses_nothing(kafka_bootstrap: str, serve_shards
     for w in windows:
         assert {"window", "partitions", "events", "dlq", "logloss", "auc", "copc", "events_per_s", "lag"} <= set(w)
     assert sum(w["events"] for w in windows) <= n
-    applied = _applications(shards, n)
+    applied = applications(shards, 0, n)
     assert (applied >= 1).all(), f"lost events: {np.flatnonzero(applied == 0)[:20]}"
     twice = int((applied - 1).sum())
     # At most the killed worker's uncommitted window of each partition is replayed.

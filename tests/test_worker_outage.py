@@ -14,30 +14,30 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.record.default_records import DefaultRecordBase
 from aiokafka.record.util import calc_crc32c
 from prometheus_client.parser import text_string_to_metric_families
+from streams import applications, bias_shows, brisk_worker_config, committed, keyed_event, new_topic, produce, running
 from waiting import until
 
 from app.api import create_app
 from app.settings import ApiSettings
 from app.status import make_status_hook
-from consumers.broker import EmbeddedBroker, create_topics, free_port
+from consumers.broker import EmbeddedBroker, free_port
 from consumers.outage import UndecodableBatchError
-from consumers.worker import Worker, WorkerConfig
+from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.routes import add_coordinator_routes
-from ps_core.hashing import shard_of
-from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
@@ -45,56 +45,15 @@ from ps_core.net.server import ShardSite, create_shard_app, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 
 PARTITIONS = 4
-KEY_BASE = 10**12  # event i carries the pre-hashed key KEY_BASE + i: its shows count its applications
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _event(i: int) -> bytes:
-    return orjson.dumps(
-        {
-            "id": f"e{i}",
-            "ts": 1_764_681_600 + i * 0.01,
-            "label": 1 if i % 4 == 0 else 0,
-            "features": {"site": f"s{i % 13}"},
-            "keys": [KEY_BASE + i],
-        }
-    )
-
-
 async def _produce(bootstrap: str, topic: str, lo: int, hi: int) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    await producer.start()
-    try:
-        futs = [await producer.send(topic, _event(i), partition=i % PARTITIONS) for i in range(lo, hi)]
-        await asyncio.gather(*futs)
-    finally:
-        await producer.stop()
+    await produce(bootstrap, topic, (keyed_event(i) for i in range(lo, hi)), PARTITIONS, first=lo)
 
 
-def _applications(shards: list[Shard], lo: int, hi: int) -> np.ndarray:
-    """How many times each event lo..hi-1 was applied (shows of its own key)."""
-    keys = np.arange(KEY_BASE + lo, KEY_BASE + hi, dtype=np.uint64)
-    out = np.zeros(hi - lo, dtype=np.int64)
-    owner = shard_of(keys, len(shards))
-    for i, shard in enumerate(shards):
-        table = shard.tables.get("m_w")
-        if table is None:
-            continue
-        mine = np.flatnonzero(owner == i)
-        rows = table.index.lookup(keys[mine])
-        present = rows >= 0
-        out[mine[present]] = table.shows[rows[present]]
-    return out
-
-
-def _bias_shows(shards: list[Shard]) -> int:
-    """Events applied in all, replays included (docs/architecture.md, "Applied-event count")."""
-    bias = np.array([FeatureHasher("m").bias_key], dtype=np.uint64)
-    table = shards[int(shard_of(bias, len(shards))[0])].tables.get("m_w")
-    if table is None:
-        return 0
-    row = table.index.lookup(bias)
-    return int(table.shows[row][0]) if row[0] >= 0 else 0
+def _every_applied(shards: list[Shard], lo: int, hi: int) -> bool:
+    return bool((applications(shards, lo, hi) >= 1).all())
 
 
 class _ShardServers:
@@ -121,6 +80,16 @@ class _ShardServers:
         if server is not None:
             await server.cleanup()
 
+    @asynccontextmanager
+    async def clients(self, deadline_s: float) -> AsyncIterator[tuple[PSClient, ControlClient]]:
+        """Both planes' clients of the servers (HTTP only), retrying for `deadline_s`."""
+        retry = RetryPolicy(deadline_s=deadline_s)
+        async with (
+            PSClient.connect(self.urls, retry=retry, rpc=False) as client,
+            ControlClient.connect(self.urls, retry=retry) as control,
+        ):
+            yield client, control
+
     async def __aenter__(self) -> _ShardServers:
         for i in range(len(self.shards)):
             await self.start(i)
@@ -138,34 +107,17 @@ def _lines(caplog: pytest.LogCaptureFixture, start: str) -> list[str]:
 @pytest.mark.timeout(300)
 async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="ctrps.worker")
-    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    topic, group = await new_topic(kafka_bootstrap, PARTITIONS)
     window, outage_s = 300, 30.0
     async with _ShardServers(2) as servers:
-        config = WorkerConfig(
-            kafka_bootstrap,
-            topic=topic,
-            group=group,
-            window_seconds=0.5,
-            window_events=window,
-            mini_batch=100,
-            decode_processes=0,
-            session_timeout_ms=6000,
-            heartbeat_interval_ms=500,
-            outage_deadline_s=300,
-            outage_log_every_s=2.0,
+        config = brisk_worker_config(
+            kafka_bootstrap, topic, group, window, 100, outage_deadline_s=300, outage_log_every_s=2.0
         )
-        retry = RetryPolicy(deadline_s=2.0)
-        async with (
-            PSClient.connect(servers.urls, retry=retry, rpc=False) as client,
-            ControlClient.connect(servers.urls, retry=retry) as control,
-        ):
+        async with servers.clients(deadline_s=2.0) as (client, control):
             model = LogisticRegression("m")
             worker = Worker(config, client, control, model)
             worker.on_window = make_status_hook(control, "w-out", worker.stats)
-            stop = asyncio.Event()
-            task = asyncio.create_task(worker.run(stop), name="worker")
-            try:
+            async with running(worker) as task:
                 await _produce(kafka_bootstrap, topic, 0, 2000)
                 await until(lambda: worker.stats.events_trained >= 2000, 60, what="the first events", task=task)
                 await servers.stop(1)
@@ -187,15 +139,7 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
                 )
                 assert worker.stats.events_trained == trained_in_outage, "trained while a shard was away"
                 await servers.start(1)
-                await until(
-                    lambda: (_applications(servers.shards, 0, 6000) >= 1).all(),
-                    90,
-                    what="every event applied",
-                    task=task,
-                )
-            finally:
-                stop.set()
-                await asyncio.wait_for(task, 60)
+                await until(lambda: _every_applied(servers.shards, 0, 6000), 90, what="every event applied", task=task)
             # The outage is counted in the worker's status, and /metrics shows it.
             http = TestClient(TestServer(create_app(ApiSettings(), client, model, control=control)))
             await http.start_server()
@@ -213,13 +157,13 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
             assert metrics[("ctrps_worker_outages_total", w)] == worker.stats.outages >= 1
             assert metrics[("ctrps_worker_windows_replayed_total", w)] == worker.stats.windows_replayed
             assert metrics[("ctrps_worker_outage_seconds_total", w)] >= outage_s - 10
-    applied = _applications(servers.shards, 0, 6000)
+    applied = applications(servers.shards, 0, 6000)
     assert (applied >= 1).all(), f"lost: {np.flatnonzero(applied == 0)[:20]}"
     s = worker.stats
     assert s.outages >= 1 and s.windows_replayed >= 1 and s.outage_seconds >= outage_s - 10, s
     # Only windows that failed part-way are trained again, each at most once.
     assert int((applied - 1).sum()) <= s.windows_replayed * window, (int((applied - 1).sum()), s.windows_replayed)
-    assert 6000 <= _bias_shows(servers.shards) <= 6000 + s.windows_replayed * window
+    assert 6000 <= bias_shows(servers.shards) <= 6000 + s.windows_replayed * window
     waiting = _lines(caplog, f"waiting for shard 1 at {servers.urls[1]}")
     assert len(waiting) >= 5, waiting  # one every 2 s over ~30 s, not one per attempt
     assert len(waiting) <= 2 * (outage_s / 2.0) + 10, len(waiting)
@@ -230,33 +174,16 @@ async def test_leased_worker_rides_out_an_outage_of_shard_0_and_its_coordinator(
     kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ctrps.worker")
-    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    topic, group = await new_topic(kafka_bootstrap, PARTITIONS)
     window = 300
     coordinator = Coordinator()
     async with _ShardServers(2, coordinator) as servers:
-        config = WorkerConfig(
-            kafka_bootstrap,
-            topic=topic,
-            group=group,
-            window_seconds=0.5,
-            window_events=window,
-            mini_batch=100,
-            decode_processes=0,
-            session_timeout_ms=6000,
-            heartbeat_interval_ms=500,
-            outage_deadline_s=120,
-            outage_log_every_s=1.0,
+        config = brisk_worker_config(
+            kafka_bootstrap, topic, group, window, 100, outage_deadline_s=120, outage_log_every_s=1.0
         )
-        retry = RetryPolicy(deadline_s=1.0)
-        async with (
-            PSClient.connect(servers.urls, retry=retry, rpc=False) as client,
-            ControlClient.connect(servers.urls, retry=retry) as control,
-        ):
+        async with servers.clients(deadline_s=1.0) as (client, control):
             worker = Worker(config, client, control, LogisticRegression("m"))
-            stop = asyncio.Event()
-            task = asyncio.create_task(worker.run(stop), name="worker")
-            try:
+            async with running(worker) as task:
                 await _produce(kafka_bootstrap, topic, 0, 1000)
                 await until(
                     lambda: worker.leased and worker.stats.events_trained >= 1000,
@@ -279,16 +206,8 @@ async def test_leased_worker_rides_out_an_outage_of_shard_0_and_its_coordinator(
                     task=task,
                 )
                 await servers.start(0)
-                await until(
-                    lambda: (_applications(servers.shards, 0, 3000) >= 1).all(),
-                    90,
-                    what="every event applied",
-                    task=task,
-                )
-            finally:
-                stop.set()
-                await asyncio.wait_for(task, 60)
-    applied = _applications(servers.shards, 0, 3000)
+                await until(lambda: _every_applied(servers.shards, 0, 3000), 90, what="every event applied", task=task)
+    applied = applications(servers.shards, 0, 3000)
     assert (applied >= 1).all(), f"lost: {np.flatnonzero(applied == 0)[:20]}"
     s = worker.stats
     assert s.outages >= 1 and s.rewinds == 0, s  # the same coordinator: nothing to rewind
@@ -308,25 +227,11 @@ async def test_worker_rides_out_a_broker_restart(caplog: pytest.LogCaptureFixtur
     try:
         bootstrap = broker.bootstrap
         await broker.create_topics({topic: PARTITIONS, topic + ".dlq": 1})
-        config = WorkerConfig(
-            bootstrap,
-            topic=topic,
-            group=group,
-            window_seconds=0.5,
-            window_events=300,
-            mini_batch=100,
-            decode_processes=0,
-            session_timeout_ms=6000,
-            heartbeat_interval_ms=500,
-            outage_deadline_s=300,
-            outage_log_every_s=2.0,
-        )
+        config = brisk_worker_config(bootstrap, topic, group, 300, 100, outage_deadline_s=300, outage_log_every_s=2.0)
         worker = Worker(config, PSClient.local(shards), ControlClient.local(shards), LogisticRegression("m"))
-        stop = asyncio.Event()
-        task = asyncio.create_task(worker.run(stop), name="worker")
-        try:
+        async with running(worker) as task:
             await _produce(bootstrap, topic, 0, 2000)
-            await until(lambda: (_applications(shards, 0, 2000) >= 1).all(), 60, what="the first events", task=task)
+            await until(lambda: _every_applied(shards, 0, 2000), 60, what="the first events", task=task)
             broker.stop()
             await until(
                 lambda: worker.stats.waiting_for.startswith("the Kafka broker"),
@@ -344,40 +249,35 @@ async def test_worker_rides_out_a_broker_restart(caplog: pytest.LogCaptureFixtur
             await _produce(bootstrap, topic, 2000, 5000)
             # Events after the restart sit at offsets 0.. of the new topic.
             await until(
-                lambda: (_applications(shards, 2000, 5000) >= 1).all(),
+                lambda: _every_applied(shards, 2000, 5000),
                 120,
                 what="every event produced after the restart applied",
                 task=task,
             )
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 60)
     finally:
         broker.stop()
     assert worker.stats.outages >= 1
     assert _lines(caplog, f"waiting for the Kafka broker at {bootstrap}")
     assert _lines(caplog, f"the Kafka broker at {bootstrap} is back")
-    applied = _applications(shards, 0, 5000)
+    applied = applications(shards, 0, 5000)
     assert (applied >= 1).all(), f"lost: {np.flatnonzero(applied == 0)[:20]}"
-    assert _bias_shows(shards) >= 5000
+    assert bias_shows(shards) >= 5000
 
 
-def _worker_cmd(bootstrap: str, shards: list[str], *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "app.cli",
-        "worker",
-        "--bootstrap",
-        bootstrap,
-        "--shards",
-        ",".join(shards),
-        "--model-name",
-        "m",
-        "--window-seconds",
-        "0.5",
-        *extra,
-    ]
+def _spawn_worker(
+    bootstrap: str, shards: list[str], *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``ctrps worker`` as a child process, its stderr piped."""
+    cmd = [sys.executable, "-m", "app.cli", "worker", "--bootstrap", bootstrap, "--shards", ",".join(shards),
+           "--model-name", "m", "--window-seconds", "0.5", *extra]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """Kill `proc` if it still runs (a test that failed before it exited)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
 
 
 def _stderr(proc: subprocess.Popen[bytes]) -> str:
@@ -391,24 +291,21 @@ async def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
     return int(proc.returncode)
 
 
+async def _exit_and_stderr(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, str]:
+    """`proc`'s exit code once it exits within `timeout_s`, and all it wrote to stderr."""
+    try:
+        code = await _wait_exit(proc, timeout_s)
+    finally:
+        _kill(proc)
+    return code, _stderr(proc)
+
+
 async def test_worker_without_a_broker_gives_up_after_its_deadline_with_exit_3(serve_shards: Any) -> None:
     _, urls = await serve_shards(2)
     nothing = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "CTRPS_OUTAGE_DEADLINE_S": "4"}
-    proc = subprocess.Popen(
-        _worker_cmd(nothing, urls, "--decode-processes", "0"),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    try:
-        code = await _wait_exit(proc, 60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    err = _stderr(proc)
+    proc = _spawn_worker(nothing, urls, "--decode-processes", "0", env=env)
+    code, err = await _exit_and_stderr(proc, 60)
     assert code == 3, err
     assert "Traceback" not in err, err
     lines = err.strip().splitlines()
@@ -420,21 +317,8 @@ async def test_worker_without_a_broker_gives_up_after_its_deadline_with_exit_3(s
 
 async def test_worker_with_a_shard_away_gives_up_after_its_deadline_with_exit_3(kafka_bootstrap: str) -> None:
     away = f"http://127.0.0.1:{free_port()}"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        _worker_cmd(kafka_bootstrap, [away], "--outage-deadline", "3"),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    try:
-        code = await _wait_exit(proc, 60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    err = _stderr(proc)
+    proc = _spawn_worker(kafka_bootstrap, [away], "--outage-deadline", "3", env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    code, err = await _exit_and_stderr(proc, 60)
     assert code == 3, err
     assert "Traceback" not in err, err
     assert f"waiting for shard 0 at {away}" in err, err
@@ -480,22 +364,16 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 async def test_decode_processes_end_with_a_sigkilled_worker(kafka_bootstrap: str, serve_shards: Any) -> None:
-    topic = f"clicks-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    topic, _ = await new_topic(kafka_bootstrap, PARTITIONS)
     _, urls = await serve_shards(1)
-    proc = subprocess.Popen(
-        _worker_cmd(kafka_bootstrap, urls, "--topic", topic, "--decode-processes", "1"),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = _spawn_worker(kafka_bootstrap, urls, "--topic", topic, "--decode-processes", "1")
     assert proc.stderr is not None
     os.set_blocking(proc.stderr.fileno(), False)
     decoders: set[int] = set()
     logged: list[bytes] = []
     try:
 
-        def running() -> bool:
+        def decoding() -> bool:
             # Its children: multiprocessing's resource tracker, then the decode
             # process; a window trained, so the decode process is past its
             # start (one still starting ends anyway, at its pipe's end of file).
@@ -506,7 +384,7 @@ async def test_decode_processes_end_with_a_sigkilled_worker(kafka_bootstrap: str
             return any(b"spawn_main" in _cmdline(p) for p in decoders) and b"ctrps.worker: window" in b"".join(logged)
 
         await _produce(kafka_bootstrap, topic, 0, 100)
-        await until(running, 60, what="a window decoded by the worker's decode process", poll_s=0.1)
+        await until(decoding, 60, what="a window decoded by the worker's decode process", poll_s=0.1)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         await until(
@@ -516,9 +394,7 @@ async def test_decode_processes_end_with_a_sigkilled_worker(kafka_bootstrap: str
             poll_s=0.1,
         )
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _kill(proc)
         for p in decoders:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
@@ -534,7 +410,7 @@ async def _send_corrupt_batch(bootstrap: str, topic: str, partition: int, n: int
     try:
         batch = producer.create_batch()
         for i in range(n):
-            batch.append(key=None, value=_event(90_000 + i), timestamp=None)
+            batch.append(key=None, value=keyed_event(90_000 + i), timestamp=None)
         buf = bytearray(batch._build())
         if codec is None:
             buf[-3] ^= 0xFF  # inside the last record's value
@@ -550,32 +426,12 @@ async def _send_corrupt_batch(bootstrap: str, topic: str, partition: int, n: int
         await producer.stop()
 
 
-async def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    await c.start()
-    try:
-        return {p: (await c.committed(TopicPartition(topic, p))) or 0 for p in range(PARTITIONS)}
-    finally:
-        await c.stop()
-
-
 async def test_an_undecodable_batch_stops_the_worker_naming_it_and_nothing_is_committed_past_it(
     kafka_bootstrap: str,
 ) -> None:
-    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    topic, group = await new_topic(kafka_bootstrap, PARTITIONS)
     shards = [Shard(ShardSpec(0, 1))]
-    config = WorkerConfig(
-        kafka_bootstrap,
-        topic=topic,
-        group=group,
-        window_seconds=0.5,
-        window_events=150,
-        mini_batch=50,
-        decode_processes=0,
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=500,
-    )
+    config = brisk_worker_config(kafka_bootstrap, topic, group, 150, 50)
     worker = Worker(config, PSClient.local(shards), ControlClient.local(shards), LogisticRegression("m"))
     task = asyncio.create_task(worker.run(asyncio.Event()), name="worker")
     try:
@@ -593,14 +449,14 @@ async def test_an_undecodable_batch_stops_the_worker_naming_it_and_nothing_is_co
     err = raised.value
     assert (err.topic, err.partition, err.offset, err.exact) == (topic, 2, bad_offset, True), str(err)
     assert f"{topic}/2 at offset {bad_offset}" in str(err) and err.exit_code == 1
-    committed = await _committed(kafka_bootstrap, group, topic)
-    assert committed[2] == bad_offset, committed  # everything before it, nothing past it
-    assert all(off >= 100 for off in committed.values()), committed
+    offsets = await committed(kafka_bootstrap, group, topic, PARTITIONS)
+    assert offsets[2] == bad_offset, offsets  # everything before it, nothing past it
+    assert all(off >= 100 for off in offsets.values()), offsets
     # Whatever was committed was applied. Event i sits in partition i % 4 at
     # offset i // 4 (the first 400) or 100 + (i - 400) // 4 (partition 2's
     # sit 5 further, behind the bad batch, and none of them is committed).
-    applied = _applications(shards, 0, 800)
-    for p, off in committed.items():
+    applied = applications(shards, 0, 800)
+    for p, off in offsets.items():
         ids = [i for i in range(800) if i % PARTITIONS == p and (i // 4 if i < 400 else 100 + (i - 400) // 4) < off]
         assert (applied[ids] >= 1).all(), (p, off)
 
@@ -608,23 +464,11 @@ async def test_an_undecodable_batch_stops_the_worker_naming_it_and_nothing_is_co
 async def test_an_undecodable_batch_is_one_line_and_exit_1_from_ctrps_worker(
     kafka_bootstrap: str, serve_shards: Any
 ) -> None:
-    topic = f"clicks-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, {topic: 1, topic + ".dlq": 1})
+    topic, _ = await new_topic(kafka_bootstrap, 1)
     await _send_corrupt_batch(kafka_bootstrap, topic, 0, 3)
     _, urls = await serve_shards(1)
-    proc = subprocess.Popen(
-        _worker_cmd(kafka_bootstrap, urls, "--topic", topic, "--decode-processes", "0"),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        code = await _wait_exit(proc, 90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    err = _stderr(proc)
+    proc = _spawn_worker(kafka_bootstrap, urls, "--topic", topic, "--decode-processes", "0")
+    code, err = await _exit_and_stderr(proc, 90)
     assert code == 1, err
     assert "Traceback" not in err, err
     assert err.strip().splitlines()[-1].count(f"record batch of {topic}/0 at offset 0 cannot be decoded") == 1, err
@@ -633,12 +477,8 @@ async def test_an_undecodable_batch_is_one_line_and_exit_1_from_ctrps_worker(
 async def test_sigterm_while_waiting_for_the_broker_stops_the_worker_at_once(serve_shards: Any) -> None:
     _, urls = await serve_shards(1)
     nothing = f"127.0.0.1:{free_port()}"
-    proc = subprocess.Popen(
-        _worker_cmd(nothing, urls, "--decode-processes", "0", "--outage-deadline", "0"),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    proc = _spawn_worker(
+        nothing, urls, "--decode-processes", "0", "--outage-deadline", "0", env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
     assert proc.stderr is not None
     os.set_blocking(proc.stderr.fileno(), False)
@@ -656,9 +496,7 @@ async def test_sigterm_while_waiting_for_the_broker_stops_the_worker_at_once(ser
         proc.send_signal(signal.SIGTERM)
         code = await _wait_exit(proc, 20)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _kill(proc)
     os.set_blocking(proc.stderr.fileno(), True)
     err = b"".join(seen).decode() + _stderr(proc)
     assert code == 0, err
@@ -668,21 +506,10 @@ async def test_sigterm_while_waiting_for_the_broker_stops_the_worker_at_once(ser
 async def test_a_batch_the_codec_cannot_read_is_named_by_partition_and_offset(kafka_bootstrap: str) -> None:
     """A batch marked zstd that is not compressed. The codec's error names no
     partition (a CRC error does): the fetch that raised is found instead."""
-    topic, group = f"clicks-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
-    await create_topics(kafka_bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    topic, group = await new_topic(kafka_bootstrap, PARTITIONS)
     await _produce(kafka_bootstrap, topic, 0, 40)  # offsets 0..9 of each partition
     bad_offset = await _send_corrupt_batch(kafka_bootstrap, topic, 1, 3, codec=4)  # zstd, not compressed
-    config = WorkerConfig(
-        kafka_bootstrap,
-        topic=topic,
-        group=group,
-        window_seconds=0.5,
-        window_events=150,
-        mini_batch=50,
-        decode_processes=0,
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=500,
-    )
+    config = brisk_worker_config(kafka_bootstrap, topic, group, 150, 50)
     worker = Worker(
         config, PSClient.local(one := [Shard(ShardSpec(0, 1))]), ControlClient.local(one), LogisticRegression("m")
     )
@@ -692,4 +519,4 @@ async def test_a_batch_the_codec_cannot_read_is_named_by_partition_and_offset(ka
     assert (err.topic, err.partition, err.offset, err.exact) == (topic, 1, bad_offset, True), str(err)
     # Without a zstd library aiokafka's UnsupportedCodecError, with one the library's own error.
     assert err.reason, err
-    assert (await _committed(kafka_bootstrap, group, topic))[1] <= bad_offset
+    assert (await committed(kafka_bootstrap, group, topic, PARTITIONS))[1] <= bad_offset

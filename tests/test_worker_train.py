@@ -47,6 +47,19 @@ async def _train(worker: Worker, decoded: Decoded, window: Window) -> Metrics:
     return await worker._train_pieces(one(), window)
 
 
+def _local_worker() -> tuple[Worker, Shard]:
+    """A worker of a logistic regression "m", and the one in-process shard
+    that holds its tables (no broker: the tests hand the worker windows)."""
+    model = LogisticRegression("m")
+    shard = Shard(ShardSpec(0, 1))
+    for t in model.tables():
+        shard.declare(t)
+    worker = Worker(
+        WorkerConfig("unused:9092", decode_processes=0), PSClient.local([shard]), ControlClient.local([shard]), model
+    )
+    return worker, shard
+
+
 async def _reference(client: PSClient, model: Model, values: list[bytes | None], step: int) -> np.ndarray:
     batch = decode_records(values, model.name, 1 << 20).batch
     out = np.empty(batch.size)
@@ -100,15 +113,9 @@ async def test_pipelined_training_matches_pull_then_push(shards: int, kind: str)
 
 
 async def test_a_window_of_only_rejected_records_trains_nothing() -> None:
-    model = LogisticRegression("m")
-    shard = Shard(ShardSpec(0, 1))
-    for t in model.tables():
-        shard.declare(t)
-    worker = Worker(
-        WorkerConfig("unused:9092", decode_processes=0), PSClient.local([shard]), ControlClient.local([shard]), model
-    )
+    worker, shard = _local_worker()
     values: list[bytes | None] = [b"not json", b'{"features": {}}']
-    decoded = decode_records(values, model.name, 1 << 20)
+    decoded = decode_records(values, worker.model.name, 1 << 20)
     assert decoded.batch.size == 0 and len(decoded.rejected) == 2
     metrics = await _train(worker, decoded, _window(values))
     assert metrics.events == 0 and worker.stats.events_trained == 0
@@ -202,13 +209,7 @@ async def test_a_window_trains_only_the_partitions_still_owned() -> None:
     window = builder.take()
     assert window is not None
 
-    model = LogisticRegression("m")
-    shard = Shard(ShardSpec(0, 1))
-    for t in model.tables():
-        shard.declare(t)
-    worker = Worker(
-        WorkerConfig("unused:9092", decode_processes=0), PSClient.local([shard]), ControlClient.local([shard]), model
-    )
+    worker, shard = _local_worker()
     consumer = _Consumer({TopicPartition("clicks", 0)})
     letters = _Letters()
     worker._consumer, worker._dlq = consumer, letters  # type: ignore[assignment]

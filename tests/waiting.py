@@ -7,7 +7,10 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["until"]
+import aiohttp
+import orjson
+
+__all__ = ["json_when_ok", "until"]
 
 
 async def until(
@@ -37,3 +40,16 @@ async def until(
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         await asyncio.sleep(poll_s)  # poll interval
+
+
+async def json_when_ok(session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None) -> Any:
+    """The JSON body of GET `url` if it answers 200 within a second; None if
+    it does not answer (yet) or answers another status: one poll of a
+    server that is starting."""
+    try:
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+            if resp.status == 200:
+                return orjson.loads(await resp.read())
+    except (TimeoutError, aiohttp.ClientError):
+        pass  # not listening yet
+    return None

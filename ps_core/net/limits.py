@@ -33,7 +33,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
-__all__ = ["Occurrences", "PortGuard", "PortLimits", "RpcLimits", "ServedPort", "serve_limited"]
+__all__ = ["Occurrences", "PortGuard", "PortLimits", "RpcLimits", "ServedPort", "listen", "serve_limited"]
 
 log = logging.getLogger("ctrps.limits")
 
@@ -274,6 +274,30 @@ class ServedPort:
         await self.server.wait_closed()
 
 
+async def listen(
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    *,
+    max_connections: int,
+    handshake_timeout_s: float,
+) -> asyncio.Server:
+    """A server listening on `host`:`port` as both planes' ports listen: the
+    address reused at once after a restart, a burst of connections queued
+    (not refused) up to `max_connections` (the listen backlog, 4096 at
+    most), and over TLS a handshake bounded by `handshake_timeout_s`."""
+    return await asyncio.get_running_loop().create_server(
+        protocol_factory,
+        host,
+        port,
+        ssl=ssl_context,
+        reuse_address=True,
+        backlog=min(4096, max_connections),
+        ssl_handshake_timeout=handshake_timeout_s if ssl_context is not None else None,
+    )
+
+
 async def serve_limited(
     runner: web.BaseRunner,
     guard: PortGuard,
@@ -288,16 +312,14 @@ async def serve_limited(
     handler_factory = runner.server
     if handler_factory is None:
         raise RuntimeError("the runner is not set up")
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
+    # A TLS handshake is part of a request's head: it shares its deadline.
+    server = await listen(
         lambda: _Watched(guard, cast(asyncio.Protocol, handler_factory())),
         host,
         port,
-        ssl=ssl_context,
-        reuse_address=True,
-        backlog=min(4096, guard.limits.max_connections),
-        # A TLS handshake is part of a request's head: it shares its deadline.
-        ssl_handshake_timeout=guard.limits.header_timeout_s if ssl_context is not None else None,
+        ssl_context,
+        max_connections=guard.limits.max_connections,
+        handshake_timeout_s=guard.limits.header_timeout_s,
     )
     sockets = server.sockets or ()
     return ServedPort(server, runner, sockets[0].getsockname()[1] if sockets else port)

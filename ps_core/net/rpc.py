@@ -44,7 +44,7 @@ import orjson
 from ..errors import AuthError, PSError, error_from_body
 from . import codec
 from .auth import Refusals, Scope, TokenVerifier, check
-from .limits import Occurrences, RpcLimits
+from .limits import Occurrences, RpcLimits, listen
 from .pipelined import PipelinedConnection, PipelinedProtocol, Reply, ServerConnection
 from .shard import Shard
 
@@ -335,18 +335,15 @@ async def start_rpc_server(
     a server context, connections are TLS."""
     connections: set[ServerConnection] = set()
     state = _PortState(limits or RpcLimits())
-    loop = asyncio.get_running_loop()
     refusals = refusals or Refusals(log)
-    server = await loop.create_server(
+    # A TLS handshake is part of the hello: it shares its deadline.
+    server = await listen(
         lambda: RpcServerProtocol(shard, max_body, connections, state, verifier, refusals),
         host,
         port,
-        reuse_address=True,
-        ssl=ssl,
-        # A burst of connections is queued, not refused, up to the cap.
-        backlog=min(4096, state.limits.max_connections),
-        # A TLS handshake is part of the hello: it shares its deadline.
-        ssl_handshake_timeout=state.limits.hello_timeout_s if ssl is not None else None,
+        ssl,
+        max_connections=state.limits.max_connections,
+        handshake_timeout_s=state.limits.hello_timeout_s,
     )
     return RpcServer(server, connections, state)
 

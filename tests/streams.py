@@ -1,0 +1,204 @@
+"""Streaming events through a real broker in tests: topics, producing,
+committed offsets, a worker run as a task, what the shards applied, and the
+arguments of a ``ctrps shard`` process."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from consumers.broker import create_topics
+from consumers.worker import Worker, WorkerConfig
+from ps_core.hashing import shard_of
+from ps_core.model.hasher import FeatureHasher
+from ps_core.net.shard import Shard
+
+__all__ = [
+    "KEY_BASE",
+    "applications",
+    "bias_shows",
+    "brisk_worker_config",
+    "committed",
+    "consume_all",
+    "keyed_event",
+    "new_topic",
+    "produce",
+    "running",
+    "shard_args",
+    "worker_config",
+]
+
+KEY_BASE = 10**12  # keyed_event(i) carries the pre-hashed key KEY_BASE + i: its shows count its applications
+
+
+def keyed_event(i: int) -> bytes:
+    """Event i, carrying its own key KEY_BASE + i (see `applications`)."""
+    return orjson.dumps(
+        {
+            "id": f"e{i}",
+            "ts": 1_764_681_600 + i * 0.01,
+            "label": 1 if i % 4 == 0 else 0,
+            "features": {"site": f"s{i % 13}"},
+            "keys": [KEY_BASE + i],
+        }
+    )
+
+
+async def new_topic(bootstrap: str, partitions: int, hex_digits: int = 8) -> tuple[str, str]:
+    """A fresh click topic with `partitions` and its one-partition dead-letter
+    topic, and a fresh group name: (topic, group)."""
+    topic, group = f"clicks-{uuid.uuid4().hex[:hex_digits]}", f"g-{uuid.uuid4().hex[:8]}"
+    await create_topics(bootstrap, {topic: partitions, topic + ".dlq": 1})
+    return topic, group
+
+
+async def produce(
+    bootstrap: str, topic: str, values: Iterable[bytes], partitions: int, first: int = 0, rate: float | None = None
+) -> None:
+    """Send `values` as messages first, first+1, ... of the stream: message i
+    to partition i % `partitions`; with `rate`, paced at that many a second.
+    Returns once every one is acknowledged."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    try:
+        futs = []
+        for j, value in enumerate(values):
+            i = first + j
+            futs.append(await producer.send(topic, value, partition=i % partitions))
+            if rate and i % 500 == 0:
+                await asyncio.sleep(max(0.0, t0 + j / rate - loop.time()))  # pacing
+        await asyncio.gather(*futs)
+    finally:
+        await producer.stop()
+
+
+async def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """The group's committed offset of each partition of `topic` (0 where none)."""
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await c.start()
+    try:
+        return {p: (await c.committed(TopicPartition(topic, p))) or 0 for p in range(partitions)}
+    finally:
+        await c.stop()
+
+
+async def consume_all(bootstrap: str, topic: str, n: int, timeout_s: float = 30.0) -> list[Any]:
+    """At least `n` records of `topic` from its start, read by a fresh group
+    within `timeout_s`."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"g-{uuid.uuid4().hex[:8]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    records: list[Any] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            while len(records) < n:
+                batch = await consumer.getmany(timeout_ms=500)
+                for recs in batch.values():
+                    records.extend(recs)
+    finally:
+        await consumer.stop()
+    return records
+
+
+@asynccontextmanager
+async def running(worker: Worker, stop_timeout_s: float = 60) -> AsyncIterator[asyncio.Task[Any]]:
+    """`worker.run` as a task named "worker" while the block runs; then the
+    worker is stopped and awaited (its failure, if any, is raised)."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop), name="worker")
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, stop_timeout_s)
+
+
+def applications(shards: list[Shard], lo: int, hi: int, table_name: str = "m_w") -> np.ndarray:
+    """How many times each keyed event lo..hi-1 was applied (shows of its own key)."""
+    keys = np.arange(KEY_BASE + lo, KEY_BASE + hi, dtype=np.uint64)
+    out = np.zeros(hi - lo, dtype=np.int64)
+    owner = shard_of(keys, len(shards))
+    for i, shard in enumerate(shards):
+        table = shard.tables.get(table_name)
+        if table is None:
+            continue
+        mine = np.flatnonzero(owner == i)
+        rows = table.index.lookup(keys[mine])
+        present = rows >= 0
+        out[mine[present]] = table.shows[rows[present]]
+    return out
+
+
+def bias_shows(shards: list[Shard], namespace: str = "m") -> int:
+    """Events applied in all, replays included: every event's bias id gets one
+    show per application (docs/architecture.md, "Applied-event count")."""
+    bias = np.array([FeatureHasher(namespace).bias_key], dtype=np.uint64)
+    table = shards[int(shard_of(bias, len(shards))[0])].tables.get(f"{namespace}_w")
+    if table is None:
+        return 0
+    row = int(table.index.lookup(bias)[0])
+    return int(table.shows[row]) if row >= 0 else 0
+
+
+def shard_args(i: int, ports: list[int], exports: Path, *extra: str) -> list[str]:
+    """The arguments of ``ctrps shard`` for shard `i` of a cluster on loopback
+    `ports`, exporting to `exports` on demand only (model "m", no stats
+    lines), then `extra`."""
+    return [
+        "shard",
+        "--port", str(ports[i]), "--shard-id", str(i), "--num-shards", str(len(ports)),
+        "--shards", ",".join(f"http://127.0.0.1:{p}" for p in ports),
+        "--exports-dir", str(exports), "--export-interval", "0", "--model-name", "m", "--stats-interval", "0",
+        *extra,
+    ]  # fmt: skip
+
+
+def worker_config(
+    bootstrap: str, topic: str, group: str, window_events: int, window_seconds: float = 3600, **kw: Any
+) -> WorkerConfig:
+    """A worker of `group` on `topic` that dead-letters to its ".dlq" topic and
+    decodes on its event loop (no decode processes); `kw` sets the rest."""
+    return WorkerConfig(
+        bootstrap,
+        topic=topic,
+        group=group,
+        dlq_topic=topic + ".dlq",
+        window_seconds=window_seconds,
+        window_events=window_events,
+        decode_processes=0,
+        **kw,
+    )
+
+
+def brisk_worker_config(
+    bootstrap: str, topic: str, group: str, window_events: int, mini_batch: int, **kw: Any
+) -> WorkerConfig:
+    """A worker that notices within a second or so: half-second windows, quick
+    group heartbeats, no decode processes; `kw` sets the rest."""
+    return WorkerConfig(
+        bootstrap,
+        topic=topic,
+        group=group,
+        window_seconds=0.5,
+        window_events=window_events,
+        mini_batch=mini_batch,
+        decode_processes=0,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=500,
+        **kw,
+    )
