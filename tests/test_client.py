@@ -333,10 +333,12 @@ async def test_shard_back_before_the_deadline_is_transparent(serve_shards: Any) 
 
 
 async def test_client_needs_shards_in_order() -> None:
-    with pytest.raises(ValueError, match="at least one shard"):
-        PSClient.local([])
-    with pytest.raises(ValueError, match="shards 0..1 in order"):
-        PSClient.local([Shard(ShardSpec(1, 2)), Shard(ShardSpec(0, 2))])
+    # Both planes' clients check the same way.
+    for make in (PSClient.local, ControlClient.local):
+        with pytest.raises(ValueError, match="at least one shard"):
+            make([])
+        with pytest.raises(ValueError, match="shards 0..1 in order"):
+            make([Shard(ShardSpec(1, 2)), Shard(ShardSpec(0, 2))])
 
 
 async def test_errors_are_ps_errors(make_client: MakeClient) -> None:
