@@ -15,16 +15,18 @@ import uvloop
 from .export_cli import add_export_parser, run_export
 from .failures import EXIT_FAILURE, expected_failure
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
-from .logs import LEVELS, configure_logging, parse_level
+from .logs import configure_logging, parse_level
 from .produce_cli import add_produce_parser, run_produce
 from .security import SecuritySettings, add_security_flags
 from .settings import (
+    ApiSettings,
     ClusterSettings,
     DemoSettings,
     LogSettings,
     SettingsError,
     ShardSettings,
     WorkerSettings,
+    add_flags,
 )
 
 __all__ = ["main", "build_parser"]
@@ -136,33 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_SHARD_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    shard.add_argument("--host", help="listen address (default 127.0.0.1)")
-    shard.add_argument("--port", type=int, help="listen port; 0 picks a free one (default 7100)")
-    shard.add_argument("--shard-id", type=int, help="this shard's number (default 0)")
-    shard.add_argument("--num-shards", type=int, help="shards in the cluster (default 1)")
-    shard.add_argument(
-        "--table",
-        action="append",
-        metavar="SPEC",
-        help="declare a table: NAME[,dim=D][,optimizer=ftrl|adagrad|sgd][,init_scale=S]"
-        "[,seed=N][,HYPER=V...]; repeatable",
-    )
-    shard.add_argument("--max-body-mb", type=int, help="largest request body, MiB (default 512)")
-    shard.add_argument("--stats-interval", type=float, help="seconds between progress lines; 0 = off (default 60)")
-    shard.add_argument("--log-format", choices=("text", "json"), help="log line format")
-    shard.add_argument("--shards", help="every shard's URL, shard 0 first: shard 0 hosts the coordinator through them")
-    shard.add_argument("--exports-dir", help="where exports are written and restored from (default ./exports)")
-    shard.add_argument("--no-exports", action="store_true", help="no exports, coordinator or restore")
-    shard.add_argument(
-        "--export-interval", type=float, help="seconds between exports by shard 0; 0 = only when asked (default 60)"
-    )
-    shard.add_argument("--base-every", type=int, help="every Nth export is a base (default 10)")
-    shard.add_argument("--keep-bases", type=int, help="bases kept with their deltas (default 2)")
-    shard.add_argument("--model-name", help="the model's directory under the exports (default ctr)")
-    shard.add_argument("--no-restore", action="store_true", help="start empty even if an export exists")
-    shard.add_argument("--lease-ttl", type=float, help="seconds a cut waits for one leased window (default 120)")
-    shard.add_argument("--rpc-port", type=int, help="TCP RPC port for pulls and pushes; 0 picks a free one (default 0)")
-    shard.add_argument("--no-rpc", action="store_true", help="serve pulls and pushes over HTTP only")
+    add_flags(shard, ShardSettings)
     add_security_flags(shard)
 
     worker = sub.add_parser(
@@ -173,34 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_WORKER_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    worker.add_argument("--bootstrap", help="Kafka bootstrap servers (host:port)")
-    worker.add_argument("--shards", help="shard URLs, comma-separated, shard 0 first")
-    worker.add_argument("--topic", help="topic of click events (default clicks)")
-    worker.add_argument("--group", help="consumer group (default ctrps)")
-    worker.add_argument("--dlq-topic", help="dead-letter topic (default <topic>.dlq)")
-    worker.add_argument("--window-seconds", type=float, help="window span in event time (default 60)")
-    worker.add_argument("--window-events", type=int, help="most events per window (default 100000)")
-    worker.add_argument("--mini-batch", type=int, help="events per pull/push step (default 256)")
-    worker.add_argument("--model", choices=("lr", "fm"), help="model kind (default lr)")
-    worker.add_argument("--model-name", help="model name (default ctr)")
-    worker.add_argument("--no-rpc", action="store_true", help="reach the shards over HTTP only, not their TCP RPC")
-    worker.add_argument("--decode-processes", type=int, help="decoding processes (default 1)")
-    worker.add_argument(
-        "--on-stale-offsets",
-        choices=("committed", "earliest", "fail"),
-        help="resume offsets of another Kafka cluster or group, or outside a partition's range: "
-        "resume at the group's commit (committed, the default), at the first offset (earliest), "
-        "or exit with code 4 (fail); the model's weights are kept",
-    )
-    worker.add_argument("--session-timeout-ms", type=int, help="Kafka session timeout (default 10000)")
-    worker.add_argument(
-        "--outage-deadline",
-        type=float,
-        metavar="SECONDS",
-        help="give up (exit code 3) when a shard, the coordinator or the broker stays "
-        "unreachable this long; 0 waits forever (default 600)",
-    )
-    worker.add_argument("--log-format", choices=("text", "json"), help="log line format")
+    add_flags(worker, WorkerSettings)
     add_security_flags(worker, serves=False)
     add_kafka_security_flags(worker)
 
@@ -229,24 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_SERVE_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    source = serve.add_mutually_exclusive_group()
-    source.add_argument("--shards", help="shard URLs, comma-separated, shard 0 first")
-    source.add_argument(
-        "--follow",
-        metavar="DIR",
-        help="serve a model's exports as a read-only replica: exports/<model>, or the "
-        "exports root for its <model-name>/",
-    )
-    serve.add_argument("--follow-interval", type=float, metavar="S", help="seconds between looks at DIR (default 1)")
-    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="listen port; 0 picks a free one (default 8080)")
-    serve.add_argument("--model", choices=("lr", "fm"), help="model kind (default lr; with --follow, the manifest's)")
-    serve.add_argument("--model-name", help="model name (default ctr; with --follow, the manifest's)")
-    serve.add_argument("--max-events", type=int, help="most events per request (default 10000)")
-    serve.add_argument("--max-body-bytes", type=int, help="largest request body (default 16777216)")
-    serve.add_argument("--shard-deadline", type=float, help="seconds a shard call is retried before 503 (default 2)")
-    serve.add_argument("--no-rpc", action="store_true", help="reach the shards over HTTP only, not their TCP RPC")
-    serve.add_argument("--log-format", choices=("text", "json"), help="log line format")
+    add_flags(serve, ApiSettings)
     add_security_flags(serve)
 
     add_produce_parser(sub)
@@ -272,18 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_DEMO_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    demo.add_argument("--duration", type=float, help="stop after S seconds once ready; 0 = until Ctrl-C (default 0)")
-    demo.add_argument("--host", help="API listen address (default 127.0.0.1)")
-    demo.add_argument("--port", type=int, help="API port; 0 picks a free one (default 8080)")
-    demo.add_argument("--shards", type=int, help="in-process shards (default 2)")
-    demo.add_argument("--rate", type=float, help="synthetic events per second (default 5000)")
-    demo.add_argument("--window-seconds", type=float, help="window span, seconds (default 1)")
-    demo.add_argument("--bootstrap", help="use this Kafka instead of the embedded broker")
-    demo.add_argument("--seed", type=int, help="seed of the synthetic stream (default 0)")
-    demo.add_argument("--log-format", choices=("text", "json"), help="log line format")
-    demo.add_argument("--exports-dir", help="where model versions are written (default ./exports)")
-    demo.add_argument("--export-interval", type=float, help="seconds between exports; 0 = only when asked (default 60)")
-    demo.add_argument("--no-exports", action="store_true", help="write no exports")
+    add_flags(demo, DemoSettings)
     demo.add_argument(
         "--insecure", action="store_true", default=None,
         help="let the API listen on a non-loopback --host without CTRPS_ADMIN_TOKEN",
@@ -298,33 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_CLUSTER_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    cluster.add_argument("--shards", type=int, help="shard server processes (default 2)")
-    cluster.add_argument("--workers", type=int, help="worker processes (default 2)")
-    cluster.add_argument("--port", type=int, help="API port; 0 picks a free one (default 8080)")
-    producing = cluster.add_mutually_exclusive_group()
-    producing.add_argument("--produce-rate", type=float, help="synthetic events per second (default 2000)")
-    producing.add_argument("--no-produce", action="store_true", help="start no producer")
-    cluster.add_argument("--window-seconds", type=float, help="workers' window span (default 2)")
-    cluster.add_argument("--partitions", type=int, help="partitions of the click topic (default 4)")
-    cluster.add_argument("--duration", type=float, help="stop after S seconds; 0 = until Ctrl-C (default 0)")
-    cluster.add_argument("--bootstrap", help="use this Kafka instead of a broker process")
-    cluster.add_argument("--ready-timeout", type=float, help="seconds each role may take to be ready (default 60)")
-    cluster.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL (default 10)")
-    cluster.add_argument("--log-format", choices=("text", "json"), help="log line format (children too)")
-    cluster.add_argument("--exports-dir", help="where model versions are written (default ./exports)")
-    cluster.add_argument(
-        "--export-interval", type=float, help="seconds between exports; 0 = only when asked (default 60)"
-    )
-    cluster.add_argument("--no-exports", action="store_true", help="write no exports")
-    cluster.add_argument(
-        "--restart-backoff", type=float, help="seconds before restarting a failed child, doubling (default 1)"
-    )
-    cluster.add_argument("--restart-backoff-max", type=float, help="longest restart delay, seconds (default 30)")
-    cluster.add_argument(
-        "--max-restarts", type=int,
-        help="restarts of one child within --restart-window before the cluster stops; 0 = never restart (default 5)",
-    )  # fmt: skip
-    cluster.add_argument("--restart-window", type=float, help="seconds the restarts are counted over (default 300)")
+    add_flags(cluster, ClusterSettings)
     add_kafka_security_flags(cluster)
     _add_logging_flags(parser)
     return parser
@@ -340,20 +235,8 @@ def _add_logging_flags(parser: argparse.ArgumentParser) -> None:
             for child in set(action.choices.values()):
                 _add_logging_flags(child)
         return
-    if not any("--log-format" in a.option_strings for a in parser._actions):
-        parser.add_argument("--log-format", choices=("text", "json"), help="log line format (CTRPS_LOG_FORMAT)")
-    parser.add_argument(
-        "--log-level",
-        type=str.lower,
-        choices=LEVELS,
-        help="least severe level logged (default info; CTRPS_LOG_LEVEL)",
-    )
-    parser.add_argument(
-        "--kafka-log-level",
-        type=str.lower,
-        choices=LEVELS,
-        help="the Kafka client's level (default warning, debug with --log-level debug; CTRPS_KAFKA_LOG_LEVEL)",
-    )
+    has_format = any("--log-format" in a.option_strings for a in parser._actions)
+    add_flags(parser, LogSettings, skip=("log_format",) if has_format else ())
 
 
 def _parse_topics(specs: Sequence[str]) -> dict[str, int]:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from consumers.kafka_security import KafkaSecurity
-from consumers.worker import Worker, WorkerConfig
+from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
 from ps_core.net.auth import Scope
@@ -41,21 +41,7 @@ async def run_worker(
     stop = stop or asyncio.Event()
     security = security or SecuritySettings()
     tls = security.client_tls()
-    config = WorkerConfig(
-        bootstrap=settings.bootstrap,
-        topic=settings.topic,
-        group=settings.group,
-        dlq_topic=settings.dlq,
-        window_seconds=settings.window_seconds,
-        window_events=settings.window_events,
-        mini_batch=settings.mini_batch,
-        decode_processes=settings.decode_processes,
-        session_timeout_ms=settings.session_timeout_ms,
-        heartbeat_interval_ms=max(100, settings.session_timeout_ms // 5),
-        on_stale_offsets=settings.on_stale_offsets,
-        outage_deadline_s=settings.outage_deadline_s,
-        kafka=kafka,
-    )
+    config = settings.worker_config(kafka)
     model = make_model(settings.model, settings.model_name)
     worker_id = default_worker_id()
     log_event(

@@ -81,6 +81,7 @@ import numpy.typing as npt
 import uvloop
 from common import bench_parser, elapsed_s, progress_log
 
+from ps_core.checkpoint.control import ControlClient  # noqa: E402
 from ps_core.hashing import shard_of
 from ps_core.net import codec
 from ps_core.net.auth import Scope, derive_token, new_secret
@@ -677,13 +678,14 @@ async def run(cfg: Config) -> dict[str, Any]:
                 PSClient.connect([p.url for p in procs]) as rc,
                 PSClient.local(local_shards) as lc,
                 PSClient.local(frame_shards) as fc,
+                ControlClient.connect([p.url for p in procs]) as control,
             ):
                 warm: list[float] = []
                 for c in (hc, lc, fc):
                     t = time.perf_counter()
                     await warm_pool(c, work.pool, chunk)
                     warm.append(time.perf_counter() - t)
-                feats = [s["tables"][TABLE]["features"] for s in await hc.stats()]
+                feats = [s["tables"][TABLE]["features"] for s in await control.stats()]
                 log(
                     f"warm-up: pushed the {work.pool.size:,}-id pool to each system "
                     f"(HTTP {warm[0]:.2f}s, in process {warm[1]:.2f}s); HTTP features per "

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from consumers.broker import create_topics
 from consumers.worker import Worker, WorkerConfig
 from ps_core.hashing import shard_of
-from ps_core.model.features import FeatureHasher
+from ps_core.model.hasher import FeatureHasher
 from ps_core.net.shard import Shard
 
 __all__ = [

@@ -27,7 +27,7 @@ from consumers.broker import free_port
 from consumers.synthetic import SyntheticStream
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
 from ps_core.hashing import shard_of
-from ps_core.model.features import FeatureHasher
+from ps_core.model.hasher import FeatureHasher
 from ps_core.net.auth import Scope, derive_token
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -115,7 +115,7 @@ def test_cluster_settings_defaults_env_and_flags() -> None:
         (["--restart-backoff", "40"], {}, "restart backoff must be > 0 and at most the largest"),
         (["--max-restarts", "-1"], {}, "max restarts must be >= 0"),
         (["--restart-window", "0"], {}, "the restart window > 0"),
-        ([], {"CTRPS_CLUSTER_WORKERS": "two"}, "CTRPS_CLUSTER_WORKERS='two' is not a valid int"),
+        ([], {"CTRPS_CLUSTER_WORKERS": "two"}, "CTRPS_CLUSTER_WORKERS='two' is not an integer"),
     ],
 )
 def test_bad_cluster_settings(flags: list[str], env: dict[str, str], message: str) -> None:

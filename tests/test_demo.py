@@ -79,7 +79,7 @@ def test_demo_settings_defaults_env_and_flags() -> None:
         (["--shards", "0"], {}, "shards must be in"),
         (["--window-seconds", "0"], {}, "window seconds must be a positive number"),
         (["--duration", "inf"], {}, "duration must be"),
-        ([], {"CTRPS_DEMO_PORT": "http"}, "CTRPS_DEMO_PORT='http' is not a valid int"),
+        ([], {"CTRPS_DEMO_PORT": "http"}, "CTRPS_DEMO_PORT='http' is not an integer"),
         ([], {"CTRPS_LOG_FORMAT": "xml"}, "log format is text or json"),
     ],
 )

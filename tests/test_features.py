@@ -15,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ps_core.hashing import mix64
-from ps_core.model.features import (
+from ps_core.model.batch import F32, F64, I64, EventBatch
+from ps_core.model.events import EventError, decode_message
+from ps_core.model.hasher import (
     _C_BIAS,
     _C_CAT,
     _C_NUM,
@@ -27,16 +29,10 @@ from ps_core.model.features import (
     _T_OTHER,
     _T_STR,
     _TYPE_CODE,
-    F32,
-    F64,
-    I64,
     MAX_WEIGHT,
-    EventBatch,
-    EventError,
     FeatureHasher,
     _FieldHashes,
     _multipliers,
-    decode_message,
     string_hashes,
 )
 
@@ -212,7 +208,7 @@ def test_slice_equals_select_of_a_range() -> None:
 
 
 def test_the_field_name_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ps_core.model.features as features
+    import ps_core.model.hasher as features
 
     monkeypatch.setattr(features, "MAX_CACHED_FIELDS", 4)
     h = FeatureHasher("m")
@@ -592,7 +588,7 @@ def test_featurize_matches_the_reference(events: list[Any], require_label: bool,
 def test_featurize_past_the_layout_bound_matches_the_reference(
     feats: list[Any], max_layouts: int, max_fields: int
 ) -> None:
-    import ps_core.model.features as features
+    import ps_core.model.hasher as features
 
     events = [{"label": i % 2, "features": f} for i, f in enumerate(feats)]
     saved = features.MAX_CACHED_SCHEMAS, features.MAX_CACHED_SCHEMA_FIELDS
@@ -668,7 +664,7 @@ def test_a_bad_event_mid_chunk_fails_only_its_group() -> None:
 
 
 def test_the_layout_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ps_core.model.features as features
+    import ps_core.model.hasher as features
 
     monkeypatch.setattr(features, "MAX_CACHED_SCHEMAS", 3)
     h = FeatureHasher("m")

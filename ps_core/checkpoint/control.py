@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import ssl as ssl_
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Any, NamedTuple, Protocol, Self
+from typing import Any, NamedTuple, Protocol
 
 import aiohttp
 import orjson
@@ -23,7 +22,7 @@ import orjson
 from ..errors import ExportNotFoundError, LeaseError, NoCoordinatorError, PSError, StatusError
 from ..net import codec
 from ..net.client import fan_out
-from ..net.endpoint import RetryPolicy, ShardEndpoint
+from ..net.endpoint import RetryPolicy, ShardEndpoint, ShardGroup
 from ..net.shard import Shard
 from ..store.table import TableConfig, TableSnapshot
 from .coordinator import Coordinator, Offsets, parse_offsets
@@ -303,7 +302,7 @@ class HttpControl(ShardEndpoint):
         return None
 
 
-class ControlClient:
+class ControlClient(ShardGroup[ShardControl]):
     """The control plane of every shard: declarations and stats on all of
     them, the status board and the coordinator on shard 0.
 
@@ -312,14 +311,9 @@ class ControlClient:
     """
 
     def __init__(self, shards: Sequence[ShardControl], *, session: aiohttp.ClientSession | None = None) -> None:
-        if not shards:
-            raise ValueError("a control client needs at least one shard")
-        ids = [s.shard_id for s in shards]
-        if ids != list(range(len(ids))):
-            raise ValueError(f"shards must be 0..{len(ids) - 1} in order, got {ids}")
-        self.shards = list(shards)
-        self.num_shards = len(shards)
-        self._session = session
+        super().__init__(shards, session=session)
+        self.shards = self._members
+        """Shard i's control at place i."""
 
     @classmethod
     def connect(
@@ -346,24 +340,6 @@ class ControlClient:
         """A control client over shards in this process; `coordinator`, if
         given, is reached through shard 0 as a shard server would host it."""
         return cls([LocalControl(s, coordinator if i == 0 else None) for i, s in enumerate(shards)])
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Close connections; safe to call more than once."""
-        for s in self.shards:
-            await s.close()
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
 
     async def declare(self, config: TableConfig) -> bool:
         """Declare a table on every shard; True if any shard created it."""

@@ -33,8 +33,7 @@ import secrets
 import ssl as ssl_
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 import numpy as np
@@ -43,10 +42,10 @@ import numpy.typing as npt
 from ..errors import PSError
 from ..hashing import U64
 from ..store.table import F32
-from .endpoint import RetryPolicy
+from .endpoint import RetryPolicy, ShardGroup
 from .routing import split_by_shard
 from .shard import Shard
-from .transports import HttpTransport, LocalTransport, Pulled, ShardReader, ShardTransport, TcpTransport
+from .transports import HttpTransport, LocalTransport, Pulled, Push, ShardReader, ShardTransport, TcpTransport
 
 __all__ = ["PSReader", "PSClient", "Routed", "fan_out"]
 
@@ -67,45 +66,17 @@ class Routed:
     """The keys grouped by shard (``keys[order]``)."""
 
 
-class PSReader(Generic[T]):
+class PSReader(ShardGroup[T]):
     """Pull whole key batches across all shards: what serving needs.
 
     A reader over `ShardReader`s has no write path at all (a serving
     replica's); `PSClient` is a reader that also pushes.
     """
 
-    def __init__(
-        self,
-        transports: Sequence[T],
-        *,
-        session: aiohttp.ClientSession | None = None,
-    ) -> None:
-        if not transports:
-            raise ValueError("a client needs at least one shard")
-        ids = [t.shard_id for t in transports]
-        if ids != list(range(len(ids))):
-            raise ValueError(f"transports must be shards 0..{len(ids) - 1} in order, got {ids}")
-        self.transports = list(transports)
-        self.num_shards = len(transports)
-        self._session = session
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Close connections; safe to call more than once."""
-        for t in self.transports:
-            await t.close()
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
+    def __init__(self, transports: Sequence[T], *, session: aiohttp.ClientSession | None = None) -> None:
+        super().__init__(transports, session=session)
+        self.transports = self._members
+        """Shard i's transport at place i."""
 
     # -- routing -------------------------------------------------------------
     def route(self, keys: npt.ArrayLike) -> Routed:
@@ -225,7 +196,7 @@ class PSClient(PSReader[ShardTransport]):
             return 0
         rid = self.new_request_id() if request_id is None else request_id
         coros = [
-            self.transports[i].push(table, k[p], g[p], None if c is None else c[p], event_time, rid)
+            self.transports[i].push(Push(table, k[p], g[p], None if c is None else c[p], event_time, rid))
             for i, p in enumerate(r.parts)
             if p.stop > p.start
         ]
@@ -268,12 +239,7 @@ class PSClient(PSReader[ShardTransport]):
         results: list[tuple[int, F32]] = await fan_out(
             [
                 self.transports[i].push_pull(
-                    table,
-                    k[pr.parts[i]],
-                    g[pr.parts[i]],
-                    None if c is None else c[pr.parts[i]],
-                    event_time,
-                    rid,
+                    Push(table, k[pr.parts[i]], g[pr.parts[i]], None if c is None else c[pr.parts[i]], event_time, rid),
                     qr.by_shard[qr.parts[i]],
                 )
                 for i in jobs or [0]

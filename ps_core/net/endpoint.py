@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl as ssl_
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Generic, Protocol, Self, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -169,3 +171,46 @@ def json_or_text(payload: bytes) -> object:
         return orjson.loads(payload)
     except orjson.JSONDecodeError:
         return payload[:200].decode("utf-8", "replace")
+
+
+class _PerShard(Protocol):
+    shard_id: int
+
+    async def close(self) -> None: ...
+
+
+M = TypeVar("M", bound=_PerShard)
+
+
+class ShardGroup(Generic[M]):
+    """One member per shard, shards 0..S-1 in order, and the aiohttp session
+    they share (closed with them, if given): the frame of both planes'
+    clients. ``async with`` closes them."""
+
+    def __init__(self, members: Sequence[M], *, session: aiohttp.ClientSession | None = None) -> None:
+        if not members:
+            raise ValueError("a client needs at least one shard")
+        ids = [m.shard_id for m in members]
+        if ids != list(range(len(ids))):
+            raise ValueError(f"members must be shards 0..{len(ids) - 1} in order, got {ids}")
+        self._members = list(members)
+        self.num_shards = len(members)
+        self._session = session
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close connections; safe to call more than once."""
+        for m in self._members:
+            await m.close()
+        if self._session is not None and not self._session.closed:
+            await self._session.close()

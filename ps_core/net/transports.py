@@ -15,9 +15,8 @@ from __future__ import annotations
 import asyncio
 import ssl as ssl_
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-import aiohttp
 import numpy as np
 import numpy.typing as npt
 
@@ -25,12 +24,12 @@ from ..errors import FrameError, error_from_body
 from ..hashing import U64
 from ..store.table import F32
 from . import codec
-from .endpoint import RETRIED_STATUSES, Backoff, RetryPolicy, ShardEndpoint, json_or_text, not_joined, retried_reason
+from .endpoint import RETRIED_STATUSES, Backoff, ShardEndpoint, json_or_text, not_joined, retried_reason
 from .rpc import RpcConnection
 from .server import FRAME_CONTENT_TYPE
 from .shard import Shard
 
-__all__ = ["Pulled", "ShardReader", "ShardTransport", "LocalTransport", "HttpTransport", "TcpTransport"]
+__all__ = ["Push", "Pulled", "ShardReader", "ShardTransport", "LocalTransport", "HttpTransport", "TcpTransport"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +43,23 @@ class Pulled:
     present: npt.NDArray[np.bool_] | None
     """(n,) whether each key has a row (absent keys read their initial
     value); None unless presence was asked for."""
+
+
+class Push(NamedTuple):
+    """One shard's part of a push."""
+
+    table: str
+    """The table pushed to."""
+    keys: U64
+    """(n,) keys, this shard's own."""
+    grads: F32
+    """(n, dim) gradients."""
+    counts: F32 | None
+    """(n, 2) shows and clicks, or None."""
+    event_time: float
+    """Sets the rows' ``last_seen``."""
+    request_id: int
+    """The push's id: a shard applies one id once."""
 
 
 class ShardReader(Protocol):
@@ -61,26 +77,9 @@ class ShardReader(Protocol):
 class ShardTransport(ShardReader, Protocol):
     """How a trainer reaches one shard: reads, and pushes of gradients."""
 
-    async def push(
-        self,
-        table: str,
-        keys: U64,
-        grads: F32,
-        counts: F32 | None,
-        event_time: float,
-        request_id: int,
-    ) -> int: ...
+    async def push(self, push: Push) -> int: ...
 
-    async def push_pull(
-        self,
-        table: str,
-        keys: U64,
-        grads: F32,
-        counts: F32 | None,
-        event_time: float,
-        request_id: int,
-        pull_keys: U64,
-    ) -> tuple[int, F32]: ...
+    async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32]: ...
 
 
 class LocalTransport:
@@ -102,37 +101,26 @@ class LocalTransport:
         weights, version = self.shard.handle_pull(table, keys)
         return Pulled(weights, version, self.shard.contains(table, keys) if presence else None)
 
-    async def push(
-        self,
-        table: str,
-        keys: U64,
-        grads: F32,
-        counts: F32 | None,
-        event_time: float,
-        request_id: int,
-    ) -> int:
+    async def push(self, push: Push) -> int:
         return self.shard.handle_push(
-            table, keys, grads, counts=counts, event_time=event_time, request_id=request_id, owned=self.routed
+            push.table,
+            push.keys,
+            push.grads,
+            counts=push.counts,
+            event_time=push.event_time,
+            request_id=push.request_id,
+            owned=self.routed,
         )[0]
 
-    async def push_pull(
-        self,
-        table: str,
-        keys: U64,
-        grads: F32,
-        counts: F32 | None,
-        event_time: float,
-        request_id: int,
-        pull_keys: U64,
-    ) -> tuple[int, F32]:
+    async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32]:
         applied, weights, _ = self.shard.handle_push_pull(
-            table,
-            keys,
-            grads,
+            push.table,
+            push.keys,
+            push.grads,
             pull_keys,
-            counts=counts,
-            event_time=event_time,
-            request_id=request_id,
+            counts=push.counts,
+            event_time=push.event_time,
+            request_id=push.request_id,
             owned=self.routed,
         )
         return applied, weights
@@ -162,19 +150,9 @@ class HttpTransport(ShardEndpoint):
     `ShardEndpoint.request` retries (a retried push keeps its request id).
     """
 
-    def __init__(
-        self,
-        shard_id: int,
-        url: str,
-        session: aiohttp.ClientSession,
-        retry: RetryPolicy,
-        *,
-        token: str = "",
-        ssl: ssl_.SSLContext | None = None,
-    ) -> None:
-        super().__init__(shard_id, url, session, retry, token=token, ssl=ssl)
-        self._conn: FrameConnection | None = None
-        self._opening = asyncio.Lock()
+    # Per instance once set: the frame connection and the lock that opens it.
+    _conn: FrameConnection | None = None
+    _opening: asyncio.Lock | None = None
 
     async def _open(self) -> FrameConnection | None:
         """A new connection for frame calls; None to send them through aiohttp."""
@@ -182,6 +160,8 @@ class HttpTransport(ShardEndpoint):
 
     async def _connection(self) -> FrameConnection | None:
         """The open frame connection (opened if needed), or None for aiohttp."""
+        if self._opening is None:
+            self._opening = asyncio.Lock()
         async with self._opening:
             if self._conn is None or not self._conn.is_open:
                 self._conn = await self._open()
@@ -238,29 +218,14 @@ class HttpTransport(ShardEndpoint):
             raise FrameError(f"shard {self.shard_id} answered a presence pull without presence")
         return Pulled(frame.values, frame.version, frame.present)
 
-    async def push(
-        self,
-        table: str,
-        keys: U64,
-        grads: F32,
-        counts: F32 | None,
-        event_time: float,
-        request_id: int,
-    ) -> int:
+    async def push(self, push: Push) -> int:
+        table, keys, grads, counts, event_time, request_id = push
         body = codec.encode_push(table, keys, grads, counts=counts, event_time=event_time, request_id=request_id)
         reply = await self._frame_request("/v1/push", body)
         return codec.decode(reply, codec.Op.ACK).count
 
-    async def push_pull(
-        self,
-        table: str,
-        keys: U64,
-        grads: F32,
-        counts: F32 | None,
-        event_time: float,
-        request_id: int,
-        pull_keys: U64,
-    ) -> tuple[int, F32]:
+    async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32]:
+        table, keys, grads, counts, event_time, request_id = push
         body = codec.encode_push_pull(
             table,
             keys,

@@ -209,8 +209,6 @@ class TableSnapshot:
 _META = ("updated_at", "last_seen", "shows", "clicks")
 """The columns of `SparseTable.meta`, in order."""
 _COUNT_MAX = float(2**32 - 1)
-_GATHERED_KEPT = 2
-"""Recent pulls (per table) whose gathered rows are kept for their push."""
 
 
 def _row_view(a: npt.NDArray[Any]) -> npt.NDArray[np.void]:
@@ -244,6 +242,48 @@ class _Pulled(NamedTuple):
     `FTRL.derive` of their state; junk for absent keys. Else None."""
 
 
+class RecentPulls:
+    """What the latest pulls of a table found, for the push of the same keys
+    that usually follows (a worker pulls a mini-batch, then pushes its
+    gradients), so the push reuses the lookup instead of probing again.
+
+    Invariants: an entry's `rows` hold while no key is deleted (rehashing
+    moves index slots, never rows), so the table `clear`s on delete; its free
+    slots hold while the index's `mutations` is unchanged, and its gathered
+    rows while the table's `writes` is; the push checks both. At most
+    `MAX_KEPT` entries are kept, the gathered rows of the newest
+    `GATHERED_KEPT` only (they are the bulk of an entry). `take` hands an
+    entry over whole: its arrays are the taker's.
+    """
+
+    MAX_KEPT = 8
+    GATHERED_KEPT = 2
+
+    def __init__(self) -> None:
+        self._entries: deque[_Pulled] = deque(maxlen=self.MAX_KEPT)
+
+    def remember(self, entry: _Pulled) -> None:
+        """Keep `entry`, dropping the gathered rows of an older one."""
+        self._entries.append(entry)
+        if len(self._entries) > self.GATHERED_KEPT:
+            older = self._entries[-1 - self.GATHERED_KEPT]
+            if older.gathered is not None:
+                self._entries[-1 - self.GATHERED_KEPT] = older._replace(gathered=None)
+
+    def take(self, keys: U64) -> _Pulled | None:
+        """Remove and return the latest pull of exactly `keys`, if any."""
+        for i in range(len(self._entries) - 1, -1, -1):
+            p = self._entries[i]
+            if p.keys.size == keys.size and (p.keys == keys).all():
+                del self._entries[i]
+                return p
+        return None
+
+    def clear(self) -> None:
+        """Forget every pull (rows were freed and may be reused)."""
+        self._entries.clear()
+
+
 class SparseTable:
     """One table's rows on one shard. Not thread-safe: one event loop owns it."""
 
@@ -262,11 +302,7 @@ class SparseTable:
         """Push calls applied."""
         self.pulls = 0
         """Pull calls served."""
-        # What recent pulls found (`_Pulled`): a worker pushes the very keys
-        # it pulled, so its push reuses the lookup instead of probing again.
-        # A row stays valid until its key is deleted (rehashing moves slots,
-        # never rows), so `delete` clears this.
-        self._pulled: deque[_Pulled] = deque(maxlen=8)
+        self._pulled = RecentPulls()
         self._writes = 0
         """Count of calls that changed rows (pushes and loads)."""
         # 0, 1, 2, ... for the duplicate check in `push`; grown on demand.
@@ -352,7 +388,7 @@ class SparseTable:
         rows, free = self.index.probe(k)
         missing = np.flatnonzero(rows < 0)
         if missing.size == k.size:  # nothing stored (perhaps no row at all yet)
-            self._pulled.append(_Pulled(k.copy(), rows, missing, free, self.index.mutations, self._writes, None))
+            self._pulled.remember(_Pulled(k.copy(), rows, missing, free, self.index.mutations, self._writes, None))
             return self.initial_weights(k)
         # Absent keys gather row 0 (mode="clip" maps -1 there): one gather
         # and one weight derivation for all keys, then overwrite those few,
@@ -366,15 +402,9 @@ class SparseTable:
             gathered = (full, out.copy(), sqrt_n)  # `out` is the caller's
         else:
             out = self.optimizer.weights(state, self.dim)
-        self._pulled.append(
+        self._pulled.remember(
             _Pulled(k.copy(), rows, missing, free.take(missing), self.index.mutations, self._writes, gathered)
         )
-        if len(self._pulled) > _GATHERED_KEPT:
-            # The gathered rows are the bulk of an entry: keep them for the
-            # latest pulls only (a push follows its pull closely).
-            old = self._pulled[-1 - _GATHERED_KEPT]
-            if old.gathered is not None:
-                self._pulled[-1 - _GATHERED_KEPT] = old._replace(gathered=None)
         if missing.size:
             if self.config.init_scale == 0.0:
                 out[missing] = 0.0
@@ -398,6 +428,39 @@ class SparseTable:
         becomes the rows' ``last_seen``. Non-finite values are rejected before
         anything changes.
         """
+        k, g, c, seen = self._checked_push(keys, grads, counts, event_time)
+        if k.size == 0:
+            return 0
+        pulled = self._pulled.take(k)
+        # With no row changed since the pull, what it gathered and derived
+        # still holds, but for the keys it found absent (inserted below).
+        gathered = pulled.gathered if pulled is not None and pulled.writes == self._writes else None
+        rows = self._insert_rows(k, pulled)
+        derived = self._derived_at_pull(gathered, pulled)
+        if self._ascending(k):
+            # The pull's gathered rows, completed above, are these rows now.
+            full, distinct = (gathered[0] if gathered is not None else self._rows.take(rows, axis=0)), True
+        else:
+            full, distinct = self._gather_checking_duplicates(rows)
+        row_counts: npt.NDArray[Any] | None
+        if distinct:
+            uniq, summed, row_counts = rows, g, c
+        else:
+            derived = None  # per occurrence, not per distinct row
+            uniq, summed, row_counts = self._sum_duplicates(rows, g, c)
+            full = self._rows.take(uniq, axis=0)
+        self._step_and_write(uniq, full, summed, derived, row_counts, seen)
+        return int(uniq.size)
+
+    def _checked_push(
+        self,
+        keys: npt.ArrayLike,
+        grads: npt.ArrayLike,
+        counts: npt.ArrayLike | None,
+        event_time: float | None,
+    ) -> tuple[U64, F32, F32 | None, float]:
+        """A push's keys, gradients (n, dim), counts (n, 2) and event time,
+        checked; `InvalidValuesError` before anything changes."""
         k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
         g = np.asarray(grads, dtype=np.float32)
         if g.ndim == 1 and self.dim == 1:
@@ -423,63 +486,77 @@ class SparseTable:
         seen = time.time() if event_time is None else event_time
         if not (math.isfinite(seen) and 0 <= seen < 2**32):
             raise InvalidValuesError(f"table {self.config.name}: event time {seen!r} is not seconds in [0, 2**32)")
-        n = k.size
-        if n == 0:
-            return 0
-        pulled = self._take_pulled(k)
-        # With no row changed since the pull, what it gathered and derived
-        # still holds, but for the keys it found absent (inserted below).
-        gathered = None
-        if pulled is not None and pulled.writes == self._writes:
-            gathered = pulled.gathered
+        return k, g, c, seen
+
+    def _insert_rows(self, k: U64, pulled: _Pulled | None) -> npt.NDArray[np.int64]:
+        """The rows of `k`, new keys inserted with their initial rows."""
         rows, new_rows, new_keys = self._rows_for_push(k, pulled)
         self._sync_capacity()
         if new_rows.size:
             self._rows_1d.put(new_rows, self._initial_rows(new_keys))
-        derived = None
-        if gathered is not None and pulled is not None:
-            full, weights, sqrt_n = gathered
-            if pulled.missing.size:
-                # The inserted rows start as `_zero_row` (init_scale is 0).
-                _row_view(full).put(pulled.missing, self._zero_row)
-                for part, zero in zip((weights, sqrt_n), self._zero_derived):
-                    part[pulled.missing] = zero
-            derived = (weights, sqrt_n)
+        return rows
+
+    def _derived_at_pull(self, gathered: tuple[U32, F32, F32] | None, pulled: _Pulled | None) -> tuple[F32, F32] | None:
+        """FTRL's derivation from the pull's gathered rows, completed for the
+        keys it found absent (now inserted as `_zero_row`); None without one."""
+        if gathered is None or pulled is None:
+            return None
+        full, weights, sqrt_n = gathered
+        if pulled.missing.size:
+            _row_view(full).put(pulled.missing, self._zero_row)
+            for part, zero in zip((weights, sqrt_n), self._zero_derived):
+                part[pulled.missing] = zero
+        return weights, sqrt_n
+
+    @staticmethod
+    def _ascending(k: U64) -> bool:
+        """Ascending keys are distinct: a worker's are (they come from
+        np.unique, and a shard's share keeps their order)."""
+        return bool(k.size < 2 or (k[1:] > k[:-1]).all())
+
+    def _gather_checking_duplicates(self, rows: npt.NDArray[np.int64]) -> tuple[U32, bool]:
+        """The storage rows of `rows`, and whether they are distinct.
+
+        Stamps each occurrence's position into its row's updated_at and reads
+        it back with the gather the update needs anyway: a repeated row reads
+        a later occurrence's stamp. (Every row stamped gets updated_at =
+        version when written: nothing of it stays.)"""
+        n = rows.size
+        if self._stamps.size < n:
+            self._stamps = np.arange(max(n, 2 * self._stamps.size), dtype=np.uint32)
+        stamps = self._stamps[:n]
+        self.updated_at[rows] = stamps
+        full = self._rows.take(rows, axis=0)
+        return full, bool((full[:, self.width] == stamps).all())
+
+    def _sum_duplicates(
+        self, rows: npt.NDArray[np.int64], g: F32, c: F32 | None
+    ) -> tuple[npt.NDArray[np.int64], F32, npt.NDArray[Any] | None]:
+        """Distinct rows, and the gradients (and counts) of their occurrences summed."""
+        uniq, inverse = np.unique(rows, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        m = uniq.size
+        # Reusing the inverse with bincount beats np.add.at by a wide margin.
+        summed = np.empty((m, self.dim), dtype=np.float32)
+        for j in range(self.dim):
+            summed[:, j] = np.bincount(inverse, weights=g[:, j], minlength=m)
+        row_counts = None
+        if c is not None:
+            row_counts = np.stack([np.bincount(inverse, c[:, 0], m), np.bincount(inverse, c[:, 1], m)], axis=1)
+        return uniq, summed, row_counts
+
+    def _step_and_write(
+        self,
+        uniq: npt.NDArray[np.int64],
+        full: U32,
+        summed: F32,
+        derived: tuple[F32, F32] | None,
+        row_counts: npt.NDArray[Any] | None,
+        seen: float,
+    ) -> None:
+        """The optimizer's step on the gathered rows `full` (of `uniq`) in
+        place, their metadata stamped, then written back whole."""
         w = self.width
-        if n < 2 or (k[1:] > k[:-1]).all():
-            # Ascending keys are distinct: a worker's are (they come from
-            # np.unique, and a shard's share keeps their order).
-            if gathered is None:
-                full = self._rows.take(rows, axis=0)
-            distinct = True
-        else:
-            # Duplicate check: stamp each occurrence's position into its row's
-            # updated_at and read it back with the gather the update needs
-            # anyway; a repeated row reads a later occurrence's stamp. (Every
-            # row stamped gets updated_at = version below: nothing of it stays.)
-            if self._stamps.size < n:
-                self._stamps = np.arange(max(n, 2 * self._stamps.size), dtype=np.uint32)
-            stamps = self._stamps[:n]
-            self.updated_at[rows] = stamps
-            full = self._rows.take(rows, axis=0)
-            distinct = bool((full[:, w] == stamps).all())
-        if distinct:
-            # Distinct keys (what the client sends): no grouping needed.
-            uniq, summed, row_counts = rows, g, c
-        else:
-            derived = None  # per occurrence, not per distinct row
-            uniq, inverse = np.unique(rows, return_inverse=True)
-            inverse = inverse.reshape(-1)
-            m = uniq.size
-            # Reusing the inverse with bincount beats np.add.at by a wide margin.
-            summed = np.empty((m, self.dim), dtype=np.float32)
-            for j in range(self.dim):
-                summed[:, j] = np.bincount(inverse, weights=g[:, j], minlength=m)
-            row_counts = None
-            if c is not None:
-                row_counts = np.stack([np.bincount(inverse, c[:, 0], m), np.bincount(inverse, c[:, 1], m)], axis=1)
-            full = self._rows.take(uniq, axis=0)
-        # Update the gathered rows in place, then write them back whole.
         if derived is not None and self._derive is not None:
             self._derive.step(full[:, :w].view(np.float32), summed, derived)
         else:
@@ -496,16 +573,6 @@ class SparseTable:
         self._rows_1d.put(uniq, _row_view(full))
         self.pushes += 1
         self._writes += 1
-        return int(uniq.size)
-
-    def _take_pulled(self, k: U64) -> _Pulled | None:
-        """Remove and return the latest pull of exactly the keys `k`, if any."""
-        for i in range(len(self._pulled) - 1, -1, -1):
-            p = self._pulled[i]
-            if p.keys.size == k.size and (p.keys == k).all():
-                del self._pulled[i]  # its arrays are ours now: no copies needed
-                return p
-        return None
 
     def _rows_for_push(
         self, k: U64, pulled: _Pulled | None

@@ -1,12 +1,5 @@
-"""Click events: decoding, validation and feature hashing, shared by training
-and serving.
-
-A Kafka message holds one event as a JSON object, several as a JSON array, or
-JSON lines (`decode_message`). An event is::
-
-    {"id": "e-1", "ts": 1764681600.25, "label": 1, "weight": 1.0,
-     "features": {"site": "a3f09", "hour": "13", "price": 12.5, "tags": ["a", "b"]},
-     "keys": [1234, 99]}
+"""Feature hashing: events (`ps_core.model.events`) validated and turned into
+an `EventBatch`, shared by training and serving.
 
 `FeatureHasher.featurize` turns a list of events into an `EventBatch`: the
 feature ids of every event in CSR form, their values, labels, weights and
@@ -46,102 +39,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import countOf, is_not
 from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
-from ..errors import PSError
 from ..hashing import U64, mix64
 from ..parsing import exact_ints
+from .batch import F32, F64, I64, EventBatch
+from .events import EventError
 
-__all__ = [
-    "EventError",
-    "EventBatch",
-    "FeatureHasher",
-    "decode_message",
-    "message_events",
-    "string_hashes",
-    "REASONS",
-]
-
-F32 = npt.NDArray[np.float32]
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
-
-REASONS = (
-    "empty",
-    "oversized",
-    "invalid_json",
-    "not_an_object",
-    "missing_label",
-    "bad_label",
-    "bad_ts",
-    "bad_weight",
-    "bad_features",
-    "bad_value",
-    "bad_keys",
-)
-"""Every reason an event or message is rejected for (DLQ reasons)."""
-
-
-class EventError(PSError):
-    """An event or message is malformed; `reason` is one of `REASONS`."""
-
-    code = "bad_event"
-    status = 422
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-
-
-def decode_message(value: bytes | None, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
-    """The events of one message: a JSON object, a JSON array of objects, or
-    JSON lines. Raises `EventError` (empty, oversized, invalid_json, not_an_object)."""
-    if not value:
-        raise EventError("empty", "the message has no content")
-    if len(value) > max_bytes:
-        if not value.strip():  # blank is "empty" whatever its size
-            raise EventError("empty", "the message has no content")
-        raise EventError("oversized", f"{len(value)} bytes > limit {max_bytes}")
-    try:
-        doc = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        # Stripping copies the message, so only a failed parse pays for it.
-        stripped = value.strip()
-        if not stripped:
-            raise EventError("empty", "the message has no content") from None
-        if b"\n" not in stripped:
-            raise EventError("invalid_json", str(exc)) from None
-        doc = None
-    return message_events(doc, value)
-
-
-def message_events(doc: Any, value: bytes) -> list[dict[str, Any]]:
-    """The events of a message `value` (at most the size limit) that parsed as
-    one JSON document `doc`; a `doc` of None (JSON ``null``, or a failed parse
-    of several lines) reads `value` as JSON lines. Raises like `decode_message`."""
-    if doc is None:
-        lines = [ln for ln in value.split(b"\n") if ln.strip()]
-        try:
-            events = [orjson.loads(ln) for ln in lines]
-        except orjson.JSONDecodeError as exc:
-            raise EventError("invalid_json", f"JSON lines: {exc}") from None
-    elif isinstance(doc, list):
-        events = doc
-    else:
-        events = [doc]
-    if not events:
-        raise EventError("empty", "an empty array holds no events")
-    for i, ev in enumerate(events):
-        if not isinstance(ev, dict):
-            raise EventError("not_an_object", f"event {i} is {type(ev).__name__}, not an object")
-    return events
+__all__ = ["FeatureHasher", "string_hashes", "MAX_FEATURES", "MAX_WEIGHT"]
 
 
 # -- string hashing ------------------------------------------------------------
@@ -212,88 +122,6 @@ def _joined_hashes(joined: str, seq: Sequence[str]) -> U64:
     rel = np.arange(cps.size, dtype=np.int64) - np.repeat(starts, seg_lens)
     prod = cps.astype(np.uint64) * _multipliers(int(seg_lens.max()))[rel]
     return mix64(np.add.reduceat(prod, starts))
-
-
-# -- events → batches ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EventBatch:
-    """Hashed events in CSR form: event i has ``keys[offsets[i]:offsets[i+1]]``."""
-
-    keys: U64
-    """Feature ids of all events, concatenated (the bias id first in each event)."""
-    values: F32
-    """The value of each feature occurrence (1 for categorical)."""
-    offsets: I64
-    """(n + 1,) start of each event's features in `keys`."""
-    labels: F32
-    """(n,) 0/1 labels (NaN where absent, e.g. predict requests)."""
-    weights: F32
-    """(n,) sample weights (1 by default)."""
-    ts: F64
-    """(n,) event times in seconds (NaN where absent)."""
-    index: I64
-    """(n,) position of each event in the `featurize` input (rejected ones skipped)."""
-
-    @property
-    def size(self) -> int:
-        """Number of events."""
-        return int(self.labels.size)
-
-    def event_of_feature(self) -> I64:
-        """(nnz,) the event each feature occurrence belongs to."""
-        return np.repeat(np.arange(self.size, dtype=np.int64), np.diff(self.offsets))
-
-    @staticmethod
-    def concat(batches: Sequence[EventBatch], index_shifts: Sequence[int]) -> EventBatch:
-        """Batches one after the other; `index_shifts[i]` is added to batch i's `index`."""
-        if len(batches) == 1 and index_shifts[0] == 0:
-            return batches[0]
-        sizes = np.array([b.keys.size for b in batches], dtype=np.int64)
-        key_shift = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        offsets = np.concatenate(
-            [b.offsets[:-1] + key_shift[i] for i, b in enumerate(batches)] + [np.array([sizes.sum()])]
-        ).astype(np.int64)
-        return EventBatch(
-            keys=np.concatenate([b.keys for b in batches]),
-            values=np.concatenate([b.values for b in batches]),
-            offsets=offsets,
-            labels=np.concatenate([b.labels for b in batches]),
-            weights=np.concatenate([b.weights for b in batches]),
-            ts=np.concatenate([b.ts for b in batches]),
-            index=np.concatenate([b.index + shift for b, shift in zip(batches, index_shifts)]),
-        )
-
-    def slice(self, start: int, stop: int) -> EventBatch:
-        """Events ``start:stop`` as views of this batch (no copy)."""
-        o0, o1 = int(self.offsets[start]), int(self.offsets[stop])
-        return EventBatch(
-            keys=self.keys[o0:o1],
-            values=self.values[o0:o1],
-            offsets=self.offsets[start : stop + 1] - o0,
-            labels=self.labels[start:stop],
-            weights=self.weights[start:stop],
-            ts=self.ts[start:stop],
-            index=self.index[start:stop],
-        )
-
-    def select(self, events: I64) -> EventBatch:
-        """A batch of the given events (sorted positions in this batch)."""
-        lens = np.diff(self.offsets)[events]
-        starts = self.offsets[:-1][events]
-        take = np.repeat(starts - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) + np.arange(
-            int(lens.sum()), dtype=np.int64
-        )
-        return EventBatch(
-            keys=self.keys[take],
-            values=self.values[take],
-            offsets=np.concatenate(([0], np.cumsum(lens))).astype(np.int64),
-            labels=self.labels[events],
-            weights=self.weights[events],
-            ts=self.ts[events],
-            index=self.index[events],
-        )
 
 
 _T_STR, _T_NUM, _T_LIST, _T_NONE, _T_BOOL, _T_OTHER = range(6)
