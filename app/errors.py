@@ -58,7 +58,7 @@ class TooManyEventsError(PSError):
 
 class InvalidEventError(PSError):
     """An event fails validation. The ``error`` code is the reason, one of
-    `ps_core.model.features.REASONS` (``bad_value``, ``bad_keys``, ...), and the
+    `ps_core.model.events.REASONS` (``bad_value``, ``bad_keys``, ...), and the
     detail names the event by its position in the request."""
 
     status = 422

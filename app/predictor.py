@@ -1,7 +1,7 @@
 """Serving: predictions and weight look-ups from the shards' current weights.
 
 The same code as training: events are validated and hashed by
-`ps_core.model.features.FeatureHasher` (namespaced by the model's name), and scored
+`ps_core.model.hasher.FeatureHasher` (namespaced by the model's name), and scored
 by `Model.plan` / `Model.logits` and a sigmoid, with one pull per table of the
 batch's distinct feature ids.
 
@@ -27,7 +27,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ps_core.errors import UnknownTableError
-from ps_core.model.features import EventBatch, EventError, FeatureHasher
+from ps_core.model.batch import EventBatch
+from ps_core.model.events import EventError
+from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import Model, sigmoid
 from ps_core.net.client import PSReader
 from ps_core.net.transports import Pulled

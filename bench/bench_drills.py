@@ -70,7 +70,7 @@ from consumers.broker import create_topics, free_port, wait_for_metadata
 from consumers.synthetic import SyntheticStream
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
 from ps_core.hashing import shard_of
-from ps_core.model.features import FeatureHasher
+from ps_core.model.hasher import FeatureHasher
 
 PARTITIONS = 4
 SHARDS = 2

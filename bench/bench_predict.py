@@ -81,7 +81,7 @@ from app.settings import ApiSettings, ShardSettings  # noqa: E402
 from app.shard_role import run_shard  # noqa: E402
 from app.signals import stop_on_signals  # noqa: E402
 from ps_core.checkpoint.control import ControlClient  # noqa: E402
-from ps_core.model.features import FeatureHasher  # noqa: E402
+from ps_core.model.hasher import FeatureHasher  # noqa: E402
 from ps_core.model.models import Model, make_model, sigmoid  # noqa: E402
 from ps_core.net.auth import Scope, derive_token, new_secret  # noqa: E402
 from ps_core.net.client import PSClient  # noqa: E402

@@ -21,7 +21,9 @@ from typing import Any
 
 import orjson
 
-from ps_core.model.features import EventBatch, EventError, FeatureHasher, decode_message, message_events
+from ps_core.model.batch import EventBatch
+from ps_core.model.events import EventError, decode_message, message_events
+from ps_core.model.hasher import FeatureHasher
 
 __all__ = ["Decoded", "Rejected", "decode_records"]
 
@@ -33,7 +35,7 @@ class Rejected:
     index: int
     """Its position in the window."""
     reason: str
-    """One of `ps_core.model.features.REASONS`."""
+    """One of `ps_core.model.events.REASONS`."""
     detail: str
     """Explanation."""
 

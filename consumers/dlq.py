@@ -4,7 +4,7 @@ reason and source, never dropped silently.
 A dead-letter record's value is the original message bytes; its headers say
 why and where from::
 
-    ctrps-reason            e.g. invalid_json, missing_label (see ps_core.model.features.REASONS)
+    ctrps-reason            e.g. invalid_json, missing_label (see ps_core.model.events.REASONS)
     ctrps-detail            a human-readable explanation
     ctrps-source-topic      the topic it was read from
     ctrps-source-partition  its partition (decimal)

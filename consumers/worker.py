@@ -60,7 +60,7 @@ from ps_core.checkpoint.control import ControlClient, ResumePoint
 from ps_core.checkpoint.coordinator import Offsets
 from ps_core.checkpoint.stream import StreamIdentity, stream_mismatch
 from ps_core.errors import CutInProgressError, NoCoordinatorError, PSError
-from ps_core.model.features import EventBatch
+from ps_core.model.batch import EventBatch
 from ps_core.model.metrics import Metrics, evaluate
 from ps_core.model.models import BatchPlan, Model, sigmoid
 from ps_core.net.client import PSClient, Routed

@@ -31,7 +31,9 @@ from .errors import (
     WrongShardError,
 )
 from .hashing import mix64, shard_of
-from .model.features import EventBatch, FeatureHasher, decode_message
+from .model.batch import EventBatch
+from .model.events import decode_message
+from .model.hasher import FeatureHasher
 from .model.models import FactorizationMachine, LogisticRegression, Model, make_model
 from .net.client import PSClient, PSReader
 from .net.codec import Frame, Op

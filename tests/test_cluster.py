@@ -26,7 +26,7 @@ from consumers.broker import free_port
 from consumers.synthetic import SyntheticStream
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
 from ps_core.hashing import shard_of
-from ps_core.model.features import FeatureHasher
+from ps_core.model.hasher import FeatureHasher
 from ps_core.net.auth import Scope, derive_token
 
 PROJECT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers.decode import Decoded, Rejected, decode_records
-from ps_core.model.features import EventError, FeatureHasher, decode_message
+from ps_core.model.events import EventError, decode_message
+from ps_core.model.hasher import FeatureHasher
 
 # -- the fast paths against the record-at-a-time reference ----------------------
 

@@ -46,7 +46,7 @@ from ps_core.checkpoint.export import (
     write_version,
 )
 from ps_core.errors import InvalidValuesError
-from ps_core.model.features import FeatureHasher
+from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, make_model, sigmoid
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec

@@ -24,7 +24,7 @@ from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
-from ps_core.model.features import FeatureHasher
+from ps_core.model.hasher import FeatureHasher
 from ps_core.model.metrics import auc
 from ps_core.model.models import LogisticRegression, sigmoid
 from ps_core.net.client import PSClient

@@ -38,7 +38,7 @@ from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.manifest import ExportManifest
 from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.hashing import shard_of
-from ps_core.model.features import FeatureHasher
+from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec

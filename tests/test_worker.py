@@ -21,7 +21,7 @@ from consumers.dlq import read_headers
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.hashing import shard_of
-from ps_core.model.features import FeatureHasher
+from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec

@@ -37,7 +37,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.routes import add_coordinator_routes
 from ps_core.hashing import shard_of
-from ps_core.model.features import FeatureHasher
+from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy

@@ -10,7 +10,9 @@ May import: numpy, orjson, `ps_core.errors`, `ps_core.hashing`,
 the network or checkpoints. A new model, feature kind or metric goes here.
 """
 
-from .features import EventBatch, FeatureHasher, decode_message
+from .batch import EventBatch
+from .events import decode_message
+from .hasher import FeatureHasher
 from .metrics import Metrics, evaluate
 from .models import FactorizationMachine, LogisticRegression, Model, make_model
 

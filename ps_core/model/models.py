@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from ..hashing import U64, distinct
 from ..store.table import TableConfig
-from .features import EventBatch
+from .batch import EventBatch
 
 __all__ = ["Model", "LogisticRegression", "FactorizationMachine", "BatchPlan", "sigmoid", "make_model"]
 
