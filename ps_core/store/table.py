@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +40,7 @@ from ..hashing import U64, uniform_from_keys
 from ..parsing import json_int
 from .index import KeyIndex
 from .optim import FTRL, Optimizer, make_optimizer
+from .pull_cache import PullCache, Pulled
 
 __all__ = ["TableConfig", "SparseTable", "TableSnapshot", "SnapshotKind", "F32", "U32"]
 
@@ -209,8 +209,6 @@ class TableSnapshot:
 _META = ("updated_at", "last_seen", "shows", "clicks")
 """The columns of `SparseTable.meta`, in order."""
 _COUNT_MAX = float(2**32 - 1)
-_GATHERED_KEPT = 2
-"""Recent pulls (per table) whose gathered rows are kept for their push."""
 
 
 def _row_view(a: npt.NDArray[Any]) -> npt.NDArray[np.void]:
@@ -222,26 +220,6 @@ def _row_view(a: npt.NDArray[Any]) -> npt.NDArray[np.void]:
     """
     v: npt.NDArray[np.void] = a.view(np.dtype((np.void, a.shape[1] * a.itemsize))).reshape(-1)
     return v
-
-
-class _Pulled(NamedTuple):
-    """What a pull learnt, for the push of the same keys that usually follows."""
-
-    keys: U64
-    """A copy of the keys pulled."""
-    rows: npt.NDArray[np.int64]
-    """Their rows, -1 where absent."""
-    missing: npt.NDArray[np.intp]
-    """Positions of the absent keys."""
-    free: npt.NDArray[np.int64]
-    """Those keys' first free index slots (`KeyIndex.probe`)."""
-    mutations: int
-    """The index's `mutations` then: while unchanged, rows and free slots hold."""
-    writes: int
-    """The table's `_writes` then: while unchanged, no row has changed."""
-    gathered: tuple[U32, F32, F32] | None
-    """With FTRL (see `SparseTable._derive`): the storage rows gathered and
-    `FTRL.derive` of their state; junk for absent keys. Else None."""
 
 
 class SparseTable:
@@ -262,13 +240,9 @@ class SparseTable:
         """Push calls applied."""
         self.pulls = 0
         """Pull calls served."""
-        # What recent pulls found (`_Pulled`): a worker pushes the very keys
-        # it pulled, so its push reuses the lookup instead of probing again.
-        # A row stays valid until its key is deleted (rehashing moves slots,
-        # never rows), so `delete` clears this.
-        self._pulled: deque[_Pulled] = deque(maxlen=8)
-        self._writes = 0
-        """Count of calls that changed rows (pushes and loads)."""
+        # A worker pushes the very keys it pulled: its push reuses what the
+        # pull found instead of probing and gathering again.
+        self._pull_cache = PullCache(self.index)
         # 0, 1, 2, ... for the duplicate check in `push`; grown on demand.
         self._stamps = np.arange(1024, dtype=np.uint32)
         # The whole row (state, zero metadata) of a key whose initial weight
@@ -352,7 +326,7 @@ class SparseTable:
         rows, free = self.index.probe(k)
         missing = np.flatnonzero(rows < 0)
         if missing.size == k.size:  # nothing stored (perhaps no row at all yet)
-            self._pulled.append(_Pulled(k.copy(), rows, missing, free, self.index.mutations, self._writes, None))
+            self._pull_cache.add(k, rows, missing, free, None)
             return self.initial_weights(k)
         # Absent keys gather row 0 (mode="clip" maps -1 there): one gather
         # and one weight derivation for all keys, then overwrite those few,
@@ -366,15 +340,7 @@ class SparseTable:
             gathered = (full, out.copy(), sqrt_n)  # `out` is the caller's
         else:
             out = self.optimizer.weights(state, self.dim)
-        self._pulled.append(
-            _Pulled(k.copy(), rows, missing, free.take(missing), self.index.mutations, self._writes, gathered)
-        )
-        if len(self._pulled) > _GATHERED_KEPT:
-            # The gathered rows are the bulk of an entry: keep them for the
-            # latest pulls only (a push follows its pull closely).
-            old = self._pulled[-1 - _GATHERED_KEPT]
-            if old.gathered is not None:
-                self._pulled[-1 - _GATHERED_KEPT] = old._replace(gathered=None)
+        self._pull_cache.add(k, rows, missing, free.take(missing), gathered)
         if missing.size:
             if self.config.init_scale == 0.0:
                 out[missing] = 0.0
@@ -397,7 +363,46 @@ class SparseTable:
         (n, 2) of shows and clicks to add. `event_time` (seconds; default now)
         becomes the rows' ``last_seen``. Non-finite values are rejected before
         anything changes.
+
+        In steps: validate; find or insert the keys' rows (reusing the pull of
+        the same keys); gather the rows, checking for repeated keys; sum the
+        gradients of repeated keys; one optimizer step per row; stamp the
+        rows' metadata; write the rows back whole.
         """
+        k, g, c, seen = self._checked_push(keys, grads, counts, event_time)
+        if k.size == 0:
+            return 0
+        pulled = self._pull_cache.take(k)
+        rows = self._rows_for_push(k, pulled)
+        # With no row changed since the pull, what it gathered and derived
+        # still holds, but for the keys it found absent (inserted just now).
+        full, derived = self._pulled_rows(pulled)
+        full, distinct = self._gather(k, rows, full)
+        row_counts: npt.NDArray[Any] | None
+        if distinct:
+            # Distinct keys (what the client sends): no grouping needed.
+            uniq, summed, row_counts = rows, g, c
+        else:
+            derived = None  # per occurrence, not per distinct row
+            uniq, summed, row_counts = self._sum_duplicates(rows, g, c)
+            full = self._rows.take(uniq, axis=0)
+        # Update the gathered rows in place, then write them back whole.
+        w = self.width
+        if derived is not None and self._derive is not None:
+            self._derive.step(full[:, :w].view(np.float32), summed, derived)
+        else:
+            self.optimizer.step(full[:, :w].view(np.float32), summed)
+        self._stamp(full[:, w:], seen, row_counts)
+        self._rows_1d.put(uniq, _row_view(full))
+        self.pushes += 1
+        self._pull_cache.wrote()
+        return int(uniq.size)
+
+    def _checked_push(
+        self, keys: npt.ArrayLike, grads: npt.ArrayLike, counts: npt.ArrayLike | None, event_time: float | None
+    ) -> tuple[U64, F32, F32 | None, float]:
+        """A push's keys, gradients (n, dim), counts (n, 2) or None, and event
+        time, as arrays; raises `InvalidValuesError` for any bad one."""
         k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
         g = np.asarray(grads, dtype=np.float32)
         if g.ndim == 1 and self.dim == 1:
@@ -423,68 +428,82 @@ class SparseTable:
         seen = time.time() if event_time is None else event_time
         if not (math.isfinite(seen) and 0 <= seen < 2**32):
             raise InvalidValuesError(f"table {self.config.name}: event time {seen!r} is not seconds in [0, 2**32)")
-        n = k.size
-        if n == 0:
-            return 0
-        pulled = self._take_pulled(k)
-        # With no row changed since the pull, what it gathered and derived
-        # still holds, but for the keys it found absent (inserted below).
-        gathered = None
-        if pulled is not None and pulled.writes == self._writes:
-            gathered = pulled.gathered
-        rows, new_rows, new_keys = self._rows_for_push(k, pulled)
+        return k, g, c, seen
+
+    def _rows_for_push(self, k: U64, pulled: Pulled | None) -> npt.NDArray[np.int64]:
+        """The row of each key, inserting absent keys with their initial rows
+        (`KeyIndex.get_or_insert`, reusing the pull of the same keys if there
+        was one)."""
+        if pulled is None:
+            rows, new_rows, new_keys = self.index.get_or_insert(k)
+        elif not pulled.missing.size:
+            return pulled.rows
+        else:
+            rows, missing = pulled.rows, pulled.missing
+            if pulled.free is not None:
+                # Still absent, and the slots the pull found free still are.
+                got, new_rows, new_keys = self.index.insert_absent(k.take(missing), pulled.free)
+            else:  # another push may have inserted some since the pull
+                got, new_rows, new_keys = self.index.get_or_insert(k.take(missing))
+            rows[missing] = got
         self._sync_capacity()
         if new_rows.size:
             self._rows_1d.put(new_rows, self._initial_rows(new_keys))
-        derived = None
-        if gathered is not None and pulled is not None:
-            full, weights, sqrt_n = gathered
-            if pulled.missing.size:
-                # The inserted rows start as `_zero_row` (init_scale is 0).
-                _row_view(full).put(pulled.missing, self._zero_row)
-                for part, zero in zip((weights, sqrt_n), self._zero_derived):
-                    part[pulled.missing] = zero
-            derived = (weights, sqrt_n)
-        w = self.width
+        return rows
+
+    def _pulled_rows(self, pulled: Pulled | None) -> tuple[U32 | None, tuple[F32, F32] | None]:
+        """The storage rows the pull of these keys gathered and `FTRL.derive`
+        of their state, with the keys it found absent as inserted now; None,
+        None if there are none (or they no longer hold)."""
+        if pulled is None or pulled.gathered is None:
+            return None, None
+        full, weights, sqrt_n = pulled.gathered
+        if pulled.missing.size:
+            # The inserted rows start as `_zero_row` (gathered is only kept
+            # with init_scale 0).
+            _row_view(full).put(pulled.missing, self._zero_row)
+            for part, zero in zip((weights, sqrt_n), self._zero_derived):
+                part[pulled.missing] = zero
+        return full, (weights, sqrt_n)
+
+    def _gather(self, k: U64, rows: npt.NDArray[np.int64], full: U32 | None) -> tuple[U32, bool]:
+        """The storage rows `rows` of keys `k` (`full` if the pull gathered
+        them already), and whether the keys are distinct."""
+        n = k.size
         if n < 2 or (k[1:] > k[:-1]).all():
             # Ascending keys are distinct: a worker's are (they come from
             # np.unique, and a shard's share keeps their order).
-            if gathered is None:
-                full = self._rows.take(rows, axis=0)
-            distinct = True
-        else:
-            # Duplicate check: stamp each occurrence's position into its row's
-            # updated_at and read it back with the gather the update needs
-            # anyway; a repeated row reads a later occurrence's stamp. (Every
-            # row stamped gets updated_at = version below: nothing of it stays.)
-            if self._stamps.size < n:
-                self._stamps = np.arange(max(n, 2 * self._stamps.size), dtype=np.uint32)
-            stamps = self._stamps[:n]
-            self.updated_at[rows] = stamps
-            full = self._rows.take(rows, axis=0)
-            distinct = bool((full[:, w] == stamps).all())
-        if distinct:
-            # Distinct keys (what the client sends): no grouping needed.
-            uniq, summed, row_counts = rows, g, c
-        else:
-            derived = None  # per occurrence, not per distinct row
-            uniq, inverse = np.unique(rows, return_inverse=True)
-            inverse = inverse.reshape(-1)
-            m = uniq.size
-            # Reusing the inverse with bincount beats np.add.at by a wide margin.
-            summed = np.empty((m, self.dim), dtype=np.float32)
-            for j in range(self.dim):
-                summed[:, j] = np.bincount(inverse, weights=g[:, j], minlength=m)
-            row_counts = None
-            if c is not None:
-                row_counts = np.stack([np.bincount(inverse, c[:, 0], m), np.bincount(inverse, c[:, 1], m)], axis=1)
-            full = self._rows.take(uniq, axis=0)
-        # Update the gathered rows in place, then write them back whole.
-        if derived is not None and self._derive is not None:
-            self._derive.step(full[:, :w].view(np.float32), summed, derived)
-        else:
-            self.optimizer.step(full[:, :w].view(np.float32), summed)
-        meta = full[:, w:]
+            return (self._rows.take(rows, axis=0) if full is None else full), True
+        # Duplicate check: stamp each occurrence's position into its row's
+        # updated_at and read it back with the gather the update needs
+        # anyway; a repeated row reads a later occurrence's stamp. (Every
+        # row stamped gets updated_at = version in `_stamp`: nothing of it stays.)
+        if self._stamps.size < n:
+            self._stamps = np.arange(max(n, 2 * self._stamps.size), dtype=np.uint32)
+        stamps = self._stamps[:n]
+        self.updated_at[rows] = stamps
+        full = self._rows.take(rows, axis=0)
+        return full, bool((full[:, self.width] == stamps).all())
+
+    def _sum_duplicates(
+        self, rows: npt.NDArray[np.int64], g: F32, c: F32 | None
+    ) -> tuple[npt.NDArray[np.int64], F32, npt.NDArray[Any] | None]:
+        """The distinct rows, and the gradients and counts of each summed."""
+        uniq, inverse = np.unique(rows, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        m = uniq.size
+        # Reusing the inverse with bincount beats np.add.at by a wide margin.
+        summed = np.empty((m, self.dim), dtype=np.float32)
+        for j in range(self.dim):
+            summed[:, j] = np.bincount(inverse, weights=g[:, j], minlength=m)
+        row_counts = None
+        if c is not None:
+            row_counts = np.stack([np.bincount(inverse, c[:, 0], m), np.bincount(inverse, c[:, 1], m)], axis=1)
+        return uniq, summed, row_counts
+
+    def _stamp(self, meta: U32, seen: float, row_counts: npt.NDArray[Any] | None) -> None:
+        """Stamp updated rows' metadata `meta` in place: the open version, the
+        event time, and shows and clicks added."""
         meta[:, 0] = self.version
         meta[:, 1] = int(seen)
         if row_counts is not None:
@@ -493,36 +512,6 @@ class SparseTable:
             total = np.add(meta[:, 2:], row_counts, dtype=np.float64)
             np.minimum(total, _COUNT_MAX, out=total)
             meta[:, 2:] = total
-        self._rows_1d.put(uniq, _row_view(full))
-        self.pushes += 1
-        self._writes += 1
-        return int(uniq.size)
-
-    def _take_pulled(self, k: U64) -> _Pulled | None:
-        """Remove and return the latest pull of exactly the keys `k`, if any."""
-        for i in range(len(self._pulled) - 1, -1, -1):
-            p = self._pulled[i]
-            if p.keys.size == k.size and (p.keys == k).all():
-                del self._pulled[i]  # its arrays are ours now: no copies needed
-                return p
-        return None
-
-    def _rows_for_push(
-        self, k: U64, pulled: _Pulled | None
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], U64]:
-        """`KeyIndex.get_or_insert`, reusing the pull of the same keys if there was one."""
-        if pulled is None:
-            return self.index.get_or_insert(k)
-        rows, missing = pulled.rows, pulled.missing
-        if not missing.size:
-            return rows, _NO_ROWS, _NO_KEYS
-        if pulled.mutations == self.index.mutations:
-            # Still absent, and the slots the pull found free still are.
-            got, new_rows, new_keys = self.index.insert_absent(k.take(missing), pulled.free)
-        else:  # another push may have inserted some since the pull
-            got, new_rows, new_keys = self.index.get_or_insert(k.take(missing))
-        rows[missing] = got
-        return rows, new_rows, new_keys
 
     # -- versions, snapshots and deletes --------------------------------------
     def changed_since(self, version: int) -> tuple[U64, npt.NDArray[np.int64]]:
@@ -538,7 +527,7 @@ class SparseTable:
         The removed keys are remembered until the next `snapshot`, whose delta
         lists them as deleted.
         """
-        self._pulled.clear()  # freed rows may be reused by other keys
+        self._pull_cache.clear()  # freed rows may be reused by other keys
         gone = self.index.delete(keys)
         if gone.size:
             self._deleted.append(gone)
@@ -670,7 +659,7 @@ class SparseTable:
             self.index.delete(self.index.row_keys[new_rows])  # undo the inserts
             raise InvalidValuesError(f"table {name}: load_rows keys must be distinct")
         self._sync_capacity()
-        self._writes += 1
+        self._pull_cache.wrote()
         self.data[rows] = d
         for dst, src in zip((self.updated_at, self.last_seen, self.shows, self.clicks), meta):
             dst[rows] = src
