@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ps_core.model.events import REASONS
-from ps_core.model.hasher import MAX_FEATURES, MAX_WEIGHT
+from ps_core.model.events import MAX_FEATURES, MAX_WEIGHT, REASONS
 from ps_core.net.shard_openapi import COMPACTION_SCHEMA, EXPORT_LIST_SCHEMA, EXPORT_REPORT_SCHEMA
 from ps_core.schema import KEYWORDS, SchemaError, validate
 from ps_core.store.board import SOURCE_SCHEMA, STATUS_SCHEMA

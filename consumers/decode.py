@@ -61,7 +61,8 @@ def _hasher(namespace: str) -> FeatureHasher:
 
 
 _FAILED = object()
-"""Stands for a record `orjson.loads` refused (or a None record)."""
+"""Stands for a record `orjson.loads` refused (or a None record), or one not
+parsed at all: `decode_message` then gives its events or reason."""
 
 
 def _parse_all(values: list[bytes | None]) -> list[Any]:
@@ -102,35 +103,28 @@ def _decode(values: list[bytes | None], namespace: str, max_bytes: int, t0: floa
     rejected: list[Rejected] = []
     if max(map(len, filter(None, values)), default=0) > max_bytes:
         # Some record is too big: never parse it, take each record on its own.
-        for i, value in enumerate(values):
+        docs: list[Any] = [_FAILED] * n
+    else:
+        docs = _parse_all(values)
+    if n and set(map(type, docs)) == {dict}:
+        # The common case: one object per record, so event i is record i.
+        events = docs
+        record_of = list(range(n))
+    else:
+        for i, (value, doc) in enumerate(zip(values, docs)):
             try:
-                evs = decode_message(value, max_bytes)
+                if type(doc) is dict:
+                    evs = [doc]
+                elif doc is _FAILED:  # the error's reason, or JSON lines
+                    evs = decode_message(value, max_bytes)
+                else:
+                    assert value is not None  # a None record does not parse
+                    evs = message_events(doc, value)
             except EventError as exc:
                 rejected.append(Rejected(i, exc.reason, exc.detail))
                 continue
             events.extend(evs)
             record_of.extend([i] * len(evs))
-    else:
-        docs = _parse_all(values)
-        if n and set(map(type, docs)) == {dict}:
-            # The common case: one object per record, so event i is record i.
-            events = docs
-            record_of = list(range(n))
-        else:
-            for i, (value, doc) in enumerate(zip(values, docs)):
-                try:
-                    if type(doc) is dict:
-                        evs = [doc]
-                    elif doc is _FAILED:  # the error's reason, or JSON lines
-                        evs = decode_message(value, max_bytes)
-                    else:
-                        assert value is not None  # a None record does not parse
-                        evs = message_events(doc, value)
-                except EventError as exc:
-                    rejected.append(Rejected(i, exc.reason, exc.detail))
-                    continue
-                events.extend(evs)
-                record_of.extend([i] * len(evs))
     # Every event here is orjson's: exact JSON types, which spares a type check.
     batch, errors = _hasher(namespace).featurize(events, groups=record_of, json_types=True)
     rejected.extend(Rejected(g, e.reason, e.detail) for g, e in errors.items())

@@ -19,48 +19,52 @@ from ps_core.model.hasher import FeatureHasher
 
 
 def _reference_decode_message(value: bytes | None, max_bytes: int) -> list[dict[str, Any]]:
-    """decode_message as it was before its fast path, verbatim."""
-    if not value or not value.strip():
+    """The message format by its definition, without decode_message's
+    shortcuts: blank is empty (whatever its size), then larger than the limit
+    is oversized; a JSON array is its events, another document one event; a
+    message that does not parse as one document, or is JSON null, is JSON
+    lines if it has several lines."""
+    text = value or b""
+    if not text or text.isspace():
         raise EventError("empty", "the message has no content")
-    if len(value) > max_bytes:
-        raise EventError("oversized", f"{len(value)} bytes > limit {max_bytes}")
+    if len(text) > max_bytes:
+        raise EventError("oversized", f"{len(text)} bytes > limit {max_bytes}")
+    error: orjson.JSONDecodeError | None = None
     try:
-        doc = orjson.loads(value)
+        docs = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        if b"\n" not in value.strip():
-            raise EventError("invalid_json", str(exc)) from None
-        doc = None
-    if doc is None:
-        lines = [ln for ln in value.split(b"\n") if ln.strip()]
-        try:
-            events = [orjson.loads(ln) for ln in lines]
-        except orjson.JSONDecodeError as exc:
-            raise EventError("invalid_json", f"JSON lines: {exc}") from None
-    elif isinstance(doc, list):
-        events = doc
-    else:
-        events = [doc]
-    if not events:
+        docs, error = None, exc
+    if docs is None:
+        if error is not None and text.strip().count(b"\n") == 0:
+            raise EventError("invalid_json", str(error))
+        docs = []
+        for line in filter(bytes.strip, text.split(b"\n")):
+            try:
+                docs.append(orjson.loads(line))
+            except orjson.JSONDecodeError as exc:
+                raise EventError("invalid_json", f"JSON lines: {exc}") from None
+    elif type(docs) is not list:
+        docs = [docs]
+    if docs == []:
         raise EventError("empty", "an empty array holds no events")
-    for i, ev in enumerate(events):
-        if not isinstance(ev, dict):
-            raise EventError("not_an_object", f"event {i} is {type(ev).__name__}, not an object")
-    return events
+    not_objects = [i for i, doc in enumerate(docs) if type(doc) is not dict]
+    if not_objects:
+        i = not_objects[0]
+        raise EventError("not_an_object", f"event {i} is {type(docs[i]).__name__}, not an object")
+    return docs
 
 
 def _reference_decode_records(values: list[bytes | None], namespace: str, max_bytes: int) -> Decoded:
-    """decode_records as it was before its fast path: one record at a time."""
-    events: list[dict[str, object]] = []
-    record_of: list[int] = []
+    """decode_records without its fast paths: one record at a time."""
+    decoded: list[tuple[int, list[dict[str, Any]]]] = []
     rejected: list[Rejected] = []
     for i, value in enumerate(values):
         try:
-            evs = _reference_decode_message(value, max_bytes)
+            decoded.append((i, _reference_decode_message(value, max_bytes)))
         except EventError as exc:
             rejected.append(Rejected(i, exc.reason, exc.detail))
-            continue
-        events.extend(evs)
-        record_of.extend([i] * len(evs))
+    events = [ev for _, evs in decoded for ev in evs]
+    record_of = [i for i, evs in decoded for _ in evs]
     batch, errors = FeatureHasher(namespace).featurize(events, groups=record_of)
     rejected.extend(Rejected(g, e.reason, e.detail) for g, e in errors.items())
     rejected.sort(key=lambda r: r.index)

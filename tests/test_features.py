@@ -8,33 +8,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ps_core.hashing import mix64
-from ps_core.model.batch import F32, F64, I64, EventBatch
-from ps_core.model.events import EventError, decode_message
-from ps_core.model.hasher import (
-    _C_BIAS,
-    _C_CAT,
-    _C_NUM,
-    _KEY_LIMIT,
-    _T_BOOL,
-    _T_LIST,
-    _T_NONE,
-    _T_NUM,
-    _T_OTHER,
-    _T_STR,
-    _TYPE_CODE,
-    MAX_WEIGHT,
-    FeatureHasher,
-    _FieldHashes,
-    _multipliers,
-    string_hashes,
-)
+from ps_core.model import hasher
+from ps_core.model.batch import EventBatch
+from ps_core.model.events import MAX_WEIGHT, EventError, check_each, decode_message
+from ps_core.model.hasher import FeatureHasher, string_hashes
 
 
 def test_decode_object_array_and_json_lines() -> None:
@@ -67,8 +50,9 @@ def test_decode_errors_have_reasons(raw: bytes | None, reason: str) -> None:
 
 
 def _reference_hash(s: str) -> int:
-    """The definition, one string at a time: fmix64(sum_i cp_i * M_i mod 2**64)."""
-    m = _multipliers(len(s) + 1).tolist()
+    """The definition, one string at a time: fmix64(sum_i cp_i * M_i mod 2**64)
+    with ``M_i = fmix64((i + 1) ^ 0x2545F4914F6CDD1D) | 1``."""
+    m = (mix64(np.arange(1, len(s) + 1, dtype=np.uint64), 0x2545F4914F6CDD1D) | np.uint64(1)).tolist()
     total = sum(ord(c) * m[i] for i, c in enumerate(s)) % 2**64
     return int(mix64(np.array([total], dtype=np.uint64))[0])
 
@@ -208,9 +192,7 @@ def test_slice_equals_select_of_a_range() -> None:
 
 
 def test_the_field_name_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ps_core.model.hasher as features
-
-    monkeypatch.setattr(features, "MAX_CACHED_FIELDS", 4)
+    monkeypatch.setattr(hasher, "MAX_CACHED_FIELDS", 4)
     h = FeatureHasher("m")
     events = [{"label": 0, "features": {f"f{i}": "x"}} for i in range(10)]
     batch, _ = h.featurize(events)
@@ -220,18 +202,33 @@ def test_the_field_name_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     assert batch.keys.tolist() == again.keys.tolist()
 
 
-# -- the reference: featurize as it was before the column-wise fast paths ------
-# Kept verbatim (one event, one value at a time) so that property tests can
-# check the fast paths give exactly the same batches and errors.
+# -- the reference: featurize one event and one value at a time ---------------
+# The ids by their definition (`FeatureHasher`'s docstring), one value at a
+# time in a plain loop, with no shared code but the per-event checks
+# (`check_each`): the property tests below then check the column-wise checks
+# against those, and every vectorised hashing step against the definition.
+
+_C_CAT, _C_NUM, _C_BIAS = 0x9E3779B97F4A7C15, 0xD6E8FEB86659FD93, 0xA0761D6478BD642F
+
+
+def _fmix(x: int) -> int:
+    return int(mix64(np.array([x], dtype=np.uint64))[0])
 
 
 class _Reference:
     def __init__(self, namespace: str, *, max_features: int = 4096) -> None:
-        self.namespace = namespace
-        self._ns = int(string_hashes([namespace])[0])
-        self._fields = _FieldHashes(self._ns)
+        self.ns = _reference_hash(namespace)
         self.max_features = max_features
-        self.bias_key = int(mix64(np.array([self._ns], dtype=np.uint64) ^ _C_BIAS)[0])
+        self.bias_key = _fmix(self.ns ^ _C_BIAS)
+        self.field_hashes: dict[str, int] = {}
+
+    def field(self, name: str) -> int:
+        if name not in self.field_hashes:
+            self.field_hashes[name] = _fmix(_reference_hash(name) ^ self.ns)
+        return self.field_hashes[name]
+
+    def categorical(self, name: str, value: str) -> int:
+        return _fmix(self.field(name) ^ (_reference_hash(value) * _C_CAT % 2**64))
 
     def featurize(
         self,
@@ -242,218 +239,59 @@ class _Reference:
     ) -> tuple[EventBatch, dict[int, EventError]]:
         n = len(events)
         grp = list(range(n)) if groups is None else list(groups)
-        errors: dict[int, EventError] = {}
-        fields: list[str] = []
-        values: list[Any] = []
-        counts = np.zeros(n, dtype=np.int64)
-        labels = np.full(n, np.nan, dtype=np.float32)
-        weights = np.ones(n, dtype=np.float32)
-        ts = np.full(n, np.nan, dtype=np.float64)
-        prehashed: list[tuple[int, list[Any]]] = []
-        fext, vext = fields.extend, values.extend
-        for i, ev in enumerate(events):
-            # The per-event budget: checks and two list extends, nothing per feature.
-            try:
-                if not isinstance(ev, dict):
-                    raise EventError("not_an_object", f"event is {type(ev).__name__}")
-                lab = ev.get("label")
-                if lab is None:
-                    if require_label:
-                        raise EventError("missing_label", "training events need a 0/1 label")
-                elif lab in (0, 1) and not isinstance(lab, (bool, str)):
-                    labels[i] = lab
+        labels, weights, ts, to_hash, prehashed, errors = check_each(events, require_label, self.max_features, grp)
+        keys_of = dict(prehashed)
+        # Hashing finds bad numbers first, then bad values of other types,
+        # then bad keys, each in event order; a group keeps its first error.
+        bad_numbers: list[tuple[int, str, str]] = []
+        bad_values: list[tuple[int, str, str]] = []
+        bad_keys: list[tuple[int, str, str]] = []
+        features: list[tuple[list[int], list[float]]] = []
+        for i in range(n):
+            ids, vals, extras = [self.bias_key], [1.0], []
+            for name, v in (to_hash[i] or {}).items():
+                if v is None:
+                    continue  # a missing feature
+                if type(v) is str:
+                    ids.append(self.categorical(name, v))
+                    vals.append(1.0)
+                elif type(v) in (int, float):
+                    x = float(v)
+                    if not (math.isfinite(x) and abs(x) <= MAX_WEIGHT):
+                        bad_numbers.append((i, "bad_value", f"{name}={v!r} is not a finite float32"))
+                    ids.append(_fmix(self.field(name) ^ _C_NUM))
+                    vals.append(x)
+                elif type(v) is bool:
+                    extras.append(self.categorical(name, "true" if v else "false"))
+                elif type(v) is list and all(isinstance(s, str) for s in v):
+                    extras.extend(self.categorical(name, s) for s in v)
                 else:
-                    raise EventError("bad_label", f"label must be 0 or 1, got {lab!r}")
-                t = ev.get("ts")
-                if t is not None:
-                    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
-                        raise EventError("bad_ts", f"ts must be a number of seconds, got {t!r}")
-                    ts[i] = t
-                w = ev.get("weight")
-                if w is not None:
-                    if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 <= w <= MAX_WEIGHT:
-                        raise EventError("bad_weight", f"weight must be a number in [0, {MAX_WEIGHT:.6g}], got {w!r}")
-                    weights[i] = w
-                feats = ev.get("features")
-                keys = ev.get("keys")
-                if feats is None and keys is None:
-                    raise EventError("bad_features", "an event needs features or keys")
-                if feats is not None and not isinstance(feats, dict):
-                    raise EventError("bad_features", f"features must be an object, got {type(feats).__name__}")
-                if keys is not None and not isinstance(keys, list):
-                    raise EventError("bad_keys", "keys must be a list of uint64 integers")
-                nf = len(feats) if feats is not None else 0
-                if nf + (len(keys) if keys is not None else 0) > self.max_features:
-                    raise EventError("bad_features", f"more than {self.max_features} features")
-            except EventError as exc:
-                errors.setdefault(grp[i], exc)
-                continue
-            # Extended only once the event passed, so nothing needs undoing.
-            if feats:
-                fext(feats)
-                vext(feats.values())
-                counts[i] = nf
-            if keys is not None:
-                prehashed.append((i, keys))
-        return self._hash(events, fields, values, counts, labels, weights, ts, prehashed, grp, errors)
-
-    def _hash(
-        self,
-        events: Sequence[dict[str, Any]],
-        fields: list[str],
-        values: list[Any],
-        counts: I64,
-        labels: F32,
-        weights: F32,
-        ts: F64,
-        prehashed: list[tuple[int, list[Any]]],
-        grp: list[int],
-        errors: dict[int, EventError],
-    ) -> tuple[EventBatch, dict[int, EventError]]:
-        n = counts.size
-        m = len(values)
-        event_of = np.repeat(np.arange(n, dtype=np.int64), counts)
-        try:
-            codes = np.fromiter(map(_TYPE_CODE.__getitem__, map(type, values)), dtype=np.int8, count=m)
-        except KeyError:
-            codes = np.fromiter((_TYPE_CODE.get(type(v), _T_OTHER) for v in values), dtype=np.int8, count=m)
-        bad_event = np.zeros(n, dtype=bool)
-        fhash = np.fromiter(map(self._fields.__getitem__, fields), dtype=np.uint64, count=m)
-        keys = np.zeros(m, dtype=np.uint64)
-        vals = np.ones(m, dtype=np.float32)
-        keep = np.ones(m, dtype=bool)
-
-        # An object array lets numpy pick values by type in C, not per value.
-        objs = np.empty(m, dtype=object)
-        objs[:] = values
-        cat = np.flatnonzero(codes == _T_STR)
-        if cat.size:
-            hv = string_hashes(objs[cat])
-            keys[cat] = mix64(fhash[cat] ^ (hv * _C_CAT))
-        num = np.flatnonzero(codes == _T_NUM)
-        if num.size:
-            x = objs[num].astype(np.float64)
-            finite = np.isfinite(x) & (np.abs(x) <= MAX_WEIGHT)
-            if not finite.all():
-                for j in num[~finite]:
-                    self._fail(
-                        errors,
-                        grp,
-                        bad_event,
-                        int(event_of[j]),
-                        "bad_value",
-                        f"{fields[j]}={values[j]!r} is not a finite float32",
-                    )
-            keys[num] = mix64(fhash[num] ^ _C_NUM)
-            vals[num] = np.where(finite, x, 0).astype(np.float32)
-        keep[codes == _T_NONE] = False
-        extra_keys: list[np.ndarray] = []
-        extra_vals: list[np.ndarray] = []
-        extra_event: list[np.ndarray] = []
-        rare = np.flatnonzero((codes == _T_LIST) | (codes == _T_BOOL) | (codes == _T_OTHER))
-        for j in rare:  # multi-hot lists, booleans and wrong types: rare, so per value
-            e = int(event_of[j])
-            keep[j] = False
-            v = values[j]
-            if codes[j] == _T_BOOL:
-                v = ["true" if v else "false"]
-            elif codes[j] == _T_OTHER or not all(isinstance(s, str) for s in v):
-                self._fail(
-                    errors,
-                    grp,
-                    bad_event,
-                    e,
-                    "bad_value",
-                    f"{fields[j]} has a {type(v).__name__} value; expected string, number or list of strings",
-                )
-                continue
-            if v:
-                hv = string_hashes(v)
-                extra_keys.append(mix64(np.uint64(fhash[j]) ^ (hv * _C_CAT)))
-                extra_vals.append(np.ones(len(v), dtype=np.float32))
-                extra_event.append(np.full(len(v), e, dtype=np.int64))
-        for e, klist in prehashed:
-            # A float of an exact integer value is that integer.
-            klist = [int(k) if type(k) is float and k.is_integer() and abs(k) <= 2**53 else k for k in klist]
-            try:
-                if not all(type(k) is int and 0 <= k < _KEY_LIMIT for k in klist):
-                    raise ValueError
-                ka = np.array(klist, dtype=np.uint64)
-            except (ValueError, OverflowError, TypeError):
-                self._fail(errors, grp, bad_event, e, "bad_keys", "keys must be integers in [0, 2**64)")
-                continue
-            extra_keys.append(ka)
-            extra_vals.append(np.ones(ka.size, dtype=np.float32))
-            extra_event.append(np.full(ka.size, e, dtype=np.int64))
+                    why = f"{name} has a {type(v).__name__} value; expected string, number or list of strings"
+                    bad_values.append((i, "bad_value", why))
+            if i in keys_of:
+                klist = [int(k) if type(k) is float and k.is_integer() and abs(k) <= 2**53 else k for k in keys_of[i]]
+                if all(type(k) is int and 0 <= k < 2**64 for k in klist):
+                    extras.extend(klist)
+                else:
+                    bad_keys.append((i, "bad_keys", "keys must be integers in [0, 2**64)"))
+            features.append((ids + extras, vals + [1.0] * len(extras)))
+        for i, reason, detail in bad_numbers + bad_values + bad_keys:
+            errors.setdefault(grp[i], EventError(reason, f"event {i}: {detail}"))
         # Every event of a failed group goes, whatever failed in it.
-        if errors:
-            failed = np.fromiter((g in errors for g in grp), dtype=bool, count=n)
-            bad_event |= failed
-        good = np.flatnonzero(~bad_event)
-        if errors:
-            keep &= ~bad_event[event_of]
-        per_event = np.bincount(event_of[keep], minlength=n)
-        if not extra_keys:
-            # Common case: features are already in event order; slot the bias
-            # in front of each event's run without sorting.
-            lens = per_event[good] + 1
-            offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
-            out_k = np.empty(int(offsets[-1]), dtype=np.uint64)
-            out_v = np.empty(out_k.size, dtype=np.float32)
-            is_bias = np.zeros(out_k.size, dtype=bool)
-            is_bias[offsets[:-1]] = True
-            out_k[is_bias] = self.bias_key
-            out_v[is_bias] = 1.0
-            out_k[~is_bias] = keys[keep]
-            out_v[~is_bias] = vals[keep]
-        else:
-            ek = np.concatenate(extra_event)
-            ok = ~bad_event[ek]
-            per_event += np.bincount(ek[ok], minlength=n)
-            k = np.concatenate(
-                [np.full(good.size, self.bias_key, dtype=np.uint64), keys[keep]]
-                + [a[ok[i : i + a.size]] for a, i in _ref_runs(extra_keys)]
-            )
-            v = np.concatenate(
-                [np.ones(good.size, dtype=np.float32), vals[keep]]
-                + [a[ok[i : i + a.size]] for a, i in _ref_runs(extra_vals)]
-            )
-            ev_of = np.concatenate([good, event_of[keep], ek[ok]])
-            # Group by event; the stable sort keeps the bias first in each.
-            order = np.argsort(ev_of, kind="stable")
-            out_k, out_v = k[order], v[order]
-            offsets = np.concatenate(([0], np.cumsum(per_event[good] + 1))).astype(np.int64)
+        good = [i for i in range(n) if grp[i] not in errors]
+        offsets = [0]
+        for i in good:
+            offsets.append(offsets[-1] + len(features[i][0]))
         batch = EventBatch(
-            keys=out_k,
-            values=out_v,
-            offsets=offsets,
+            keys=np.array([k for i in good for k in features[i][0]], dtype=np.uint64),
+            values=np.array([v for i in good for v in features[i][1]], dtype=np.float32),
+            offsets=np.array(offsets, dtype=np.int64),
             labels=labels[good],
             weights=weights[good],
             ts=ts[good],
-            index=good.astype(np.int64),
+            index=np.array(good, dtype=np.int64),
         )
         return batch, errors
-
-    @staticmethod
-    def _fail(
-        errors: dict[int, EventError],
-        grp: list[int],
-        bad_event: npt.NDArray[np.bool_],
-        event: int,
-        reason: str,
-        detail: str,
-    ) -> None:
-        bad_event[event] = True
-        errors.setdefault(grp[event], EventError(reason, f"event {event}: {detail}"))
-
-
-def _ref_runs(parts: list[np.ndarray]) -> list[tuple[np.ndarray, int]]:
-    """Each array with the position where it starts in their concatenation."""
-    out, pos = [], 0
-    for a in parts:
-        out.append((a, pos))
-        pos += a.size
-    return out
 
 
 # -- fast paths against the reference ------------------------------------------
@@ -588,11 +426,9 @@ def test_featurize_matches_the_reference(events: list[Any], require_label: bool,
 def test_featurize_past_the_layout_bound_matches_the_reference(
     feats: list[Any], max_layouts: int, max_fields: int
 ) -> None:
-    import ps_core.model.hasher as features
-
     events = [{"label": i % 2, "features": f} for i, f in enumerate(feats)]
-    saved = features.MAX_CACHED_SCHEMAS, features.MAX_CACHED_SCHEMA_FIELDS
-    features.MAX_CACHED_SCHEMAS, features.MAX_CACHED_SCHEMA_FIELDS = max_layouts, max_fields
+    saved = hasher.MAX_CACHED_SCHEMAS, hasher.MAX_CACHED_SCHEMA_FIELDS
+    hasher.MAX_CACHED_SCHEMAS, hasher.MAX_CACHED_SCHEMA_FIELDS = max_layouts, max_fields
     try:
         h = FeatureHasher("m")
         ref = _outcome(_Reference("m"), events, True, None)
@@ -601,7 +437,7 @@ def test_featurize_past_the_layout_bound_matches_the_reference(
         assert h._layouts.count <= max_layouts and h._layouts.used <= max_fields
         assert len(h._layouts.ids) == h._layouts.count
     finally:
-        features.MAX_CACHED_SCHEMAS, features.MAX_CACHED_SCHEMA_FIELDS = saved
+        hasher.MAX_CACHED_SCHEMAS, hasher.MAX_CACHED_SCHEMA_FIELDS = saved
 
 
 @settings(max_examples=300, deadline=None)
@@ -664,9 +500,7 @@ def test_a_bad_event_mid_chunk_fails_only_its_group() -> None:
 
 
 def test_the_layout_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ps_core.model.hasher as features
-
-    monkeypatch.setattr(features, "MAX_CACHED_SCHEMAS", 3)
+    monkeypatch.setattr(hasher, "MAX_CACHED_SCHEMAS", 3)
     h = FeatureHasher("m")
     events = [{"label": 0, "features": {f"f{i}": "x", "g": 1.0}} for i in range(10)]
     batch, _ = h.featurize(events)

@@ -9,6 +9,8 @@ import pytest
 from ps_core.errors import InvalidValuesError, TableConfigError, TableConflictError, WrongShardError
 from ps_core.hashing import shard_of
 from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.index import KeyIndex
+from ps_core.store.pull_cache import PullCache
 from ps_core.store.table import SparseTable, TableConfig
 
 FM = TableConfig("fm_v", 8, {"name": "adagrad", "lr": 0.05}, init_scale=0.01, seed=42)
@@ -301,3 +303,39 @@ def test_push_of_repeated_keys_reusing_a_pull_sums_them(cfg: TableConfig, ordere
     _same_tables(warm, cold, np.arange(0, 6, dtype=np.uint64))
     rows = warm.index.lookup(distinct)
     assert warm.shows[rows].tolist() == [3, 1, 2, 1] and warm.clicks[rows].tolist() == [1, 0, 1, 0]
+
+
+def test_the_pull_cache_hands_out_only_what_still_holds() -> None:
+    """`PullCache.take`: an entry once, for exactly its keys; its free slots
+    dropped after an index change, its gathered rows after a row change or
+    when older than the latest two pulls; nothing after `clear`."""
+    index = KeyIndex()
+    cache = PullCache(index)
+    keys = np.array([5, 9], dtype=np.uint64)
+
+    def pull(k: np.ndarray) -> None:
+        rows, free = index.probe(k)
+        missing = np.flatnonzero(rows < 0)
+        gathered = (np.zeros((k.size, 4), np.uint32), np.zeros((k.size, 1), np.float32), np.zeros(k.size, np.float32))
+        cache.add(k, rows, missing, free.take(missing), gathered)
+
+    pull(keys)
+    assert cache.take(keys[:1]) is None and cache.take(keys[::-1]) is None
+    got = cache.take(keys)
+    assert got is not None and got.free is not None and got.gathered is not None
+    assert got.missing.tolist() == [0, 1] and cache.take(keys) is None  # handed out once
+    pull(keys)
+    index.get_or_insert(np.array([77], dtype=np.uint64))
+    got = cache.take(keys)
+    assert got is not None and got.free is None and got.gathered is not None
+    pull(keys)
+    cache.wrote()
+    got = cache.take(keys)
+    assert got is not None and got.free is not None and got.gathered is None
+    for k in (keys, keys + 1, keys + 2):
+        pull(k)
+    old, newer = cache.take(keys), cache.take(keys + 1)
+    assert old is not None and old.gathered is None and newer is not None and newer.gathered is not None
+    pull(keys)
+    cache.clear()
+    assert cache.take(keys) is None

@@ -1,5 +1,9 @@
-"""A batch of hashed events in CSR form (`EventBatch`), what featurizing
-gives and models read."""
+"""The batch of hashed events: feature ids in CSR form, with their values,
+labels, weights and event times (`EventBatch`).
+
+`FeatureHasher.featurize` makes one; models read it; the worker slices and
+joins them. Everything here is numpy over whole arrays.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import numpy.typing as npt
 
 from ..hashing import U64
 
-__all__ = ["EventBatch", "F32", "F64", "I64"]
+__all__ = ["F32", "F64", "I64", "EventBatch"]
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]

@@ -1,20 +1,13 @@
-"""Feature hashing: events (`ps_core.model.events`) validated and turned into
-an `EventBatch`, shared by training and serving.
+"""Feature hashing: validated events to feature ids, in one model's id space.
 
-`FeatureHasher.featurize` turns a list of events into an `EventBatch`: the
-feature ids of every event in CSR form, their values, labels, weights and
-event times. Feature ids are stable 64-bit hashes (`FeatureHasher.feature_ids`
-documents the function), namespaced by model.
+`FeatureHasher.featurize` validates events (see `events`) and turns them into
+an `EventBatch`: the feature ids of every event in CSR form, their values,
+labels, weights and event times. Feature ids are stable 64-bit hashes
+(`FeatureHasher` documents the function), namespaced by model.
 
 There is no Python loop per event or per value on the common path (every
 Python-level step below is a C-level ``map`` over a column, or numpy):
 
-- Validation is column-wise (`FeatureHasher._check_columns`): each of label,
-  ts, weight, features and keys is gathered for all events with
-  ``map(dict.get, ...)``, and its exact types and values are checked at once.
-  If anything may fail, the per-event checks (`FeatureHasher._check_each`)
-  run instead and find each failed group's first error exactly as before;
-  the hashing below is the same either way.
 - Field hashes come from a cache of layouts (`_Layouts`): the tuple of a
   features object's names, in order, keys precomputed field hashes and the
   type codes its first event had. A chunk's field hashes are one gather from
@@ -29,18 +22,13 @@ Python-level step below is a C-level ``map`` over a column, or numpy):
   over the chunk.
 - Numbers, lists, booleans, nulls and pre-hashed keys are split out by type
   code; only multi-hot lists, booleans and wrong values are handled per value.
-
-Errors are per group (a group is a message): an event that fails validation
-fails its whole group, which is left out of the batch and reported with a
-reason, so a message is either trained whole or dead-lettered whole.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from itertools import chain, compress, repeat
-from operator import countOf, is_not
+from operator import countOf
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -48,10 +36,10 @@ import numpy.typing as npt
 
 from ..hashing import U64, mix64
 from ..parsing import exact_ints
-from .batch import F32, F64, I64, EventBatch
-from .events import EventError
+from .batch import F32, I64, EventBatch
+from .events import MAX_FEATURES, MAX_WEIGHT, Checked, EventError, check_columns, check_each
 
-__all__ = ["FeatureHasher", "string_hashes", "MAX_FEATURES", "MAX_WEIGHT"]
+__all__ = ["FeatureHasher", "string_hashes"]
 
 
 # -- string hashing ------------------------------------------------------------
@@ -137,23 +125,9 @@ _C_CAT = np.uint64(0x9E3779B97F4A7C15)
 _C_NUM = np.uint64(0xD6E8FEB86659FD93)
 _C_BIAS = np.uint64(0xA0761D6478BD642F)
 _KEY_LIMIT = 2**64
-
-_NONE_TYPE = type(None)
-# Exact types the column-wise checks accept; anything else (bool, str, a
-# subclass) sends the call to the per-event checks, which name the error.
-_NUMBER = frozenset({int, float})
-_NUMBER_OR_NONE = frozenset({int, float, _NONE_TYPE})
-_ONLY_NONE = frozenset({_NONE_TYPE})
-_LABEL_VALUES = frozenset({0, 1, None})
-_FEATURES_TYPES = frozenset({dict, _NONE_TYPE})
-_KEYS_TYPES = frozenset({list, _NONE_TYPE})
 _DICT = frozenset({dict})
 _INT = frozenset({int})
-MAX_FEATURES = 4096
-"""Most features (fields and pre-hashed keys together) of one event, by default."""
-MAX_WEIGHT = 3.4e38
-"""Largest event weight or numeric feature value, in magnitude: each is kept
-as a float32 (whose largest is 3.4028235e38) and must stay finite there."""
+_NUMBER = frozenset({int, float})
 
 
 MAX_CACHED_FIELDS = 65_536
@@ -348,10 +322,6 @@ def _split(
     return _split(objs, codes, check=False)
 
 
-_Checked: TypeAlias = tuple[F32, F32, F64, list[Any], list[tuple[int, list[Any]]], dict[int, EventError]]
-"""labels, weights, ts, each event's features to hash (None: nothing), pre-hashed keys, errors."""
-
-
 class FeatureHasher:
     """Validates events and hashes their features into one model's id space.
 
@@ -410,137 +380,12 @@ class FeatureHasher:
         """
         n = len(events)
         grp = list(range(n)) if groups is None else list(groups)
-        checked = self._check_columns(events, require_label)
+        checked = check_columns(events, require_label, self.max_features)
         if checked is None:
             # Some event is invalid (or unusual): check them one by one to
             # find each failed group's first error, exactly.
-            checked = self._check_each(events, require_label, grp)
-        return self._hash(*checked, grp, json_types=json_types)
-
-    def _check_columns(self, events: Sequence[dict[str, Any]], require_label: bool) -> _Checked | None:
-        """Every event checked at once, a column at a time in C-level maps;
-        None if some event may fail (then `_check_each` decides)."""
-        n = len(events)
-        if not n or set(map(type, events)) != _DICT:
-            return None
-        get = dict.get
-        labs = list(map(get, events, repeat("label")))
-        label_types = set(map(type, labs))
-        if not label_types <= (_NUMBER if require_label else _NUMBER_OR_NONE):
-            return None
-        if not set(labs) <= _LABEL_VALUES:  # exact int/float here, so no bools
-            return None
-        if _NONE_TYPE in label_types:
-            labels = np.array(labs, dtype=np.float32)  # None → NaN
-        else:
-            labels = np.fromiter(labs, dtype=np.float32, count=n)
-        wl = list(map(get, events, repeat("weight")))
-        try:
-            ts = self._number_column(list(map(get, events, repeat("ts"))), n, finite=True)
-            # Weights are mostly absent: then there is no column to convert.
-            w = None if wl.count(None) == n else self._number_column(wl, n, finite=False)
-        except OverflowError:  # an int beyond float range: the per-event checks raise as before
-            return None
-        if ts is None or (w is None and wl.count(None) != n):
-            return None
-        if w is None:
-            weights = np.ones(n, dtype=np.float32)
-        else:
-            weights = w.astype(np.float32)
-            absent = np.isnan(w)  # only where absent: NaN itself was refused
-            if absent.any():
-                weights[absent] = 1
-        feats: list[Any] = list(map(get, events, repeat("features")))
-        keys: list[Any] = list(map(get, events, repeat("keys")))
-        ftypes, ktypes = set(map(type, feats)), set(map(type, keys))
-        if not ftypes <= _FEATURES_TYPES or not ktypes <= _KEYS_TYPES:
-            return None
-        if _NONE_TYPE in ftypes:
-            has_f = np.fromiter(map(is_not, feats, repeat(None)), dtype=bool, count=n)
-            nf = np.zeros(n, dtype=np.int64)
-            nf[has_f] = np.fromiter(map(len, compress(feats, has_f.tolist())), dtype=np.int64, count=int(has_f.sum()))
-        else:
-            has_f = None
-            nf = np.fromiter(map(len, feats), dtype=np.int64, count=n)
-        prehashed: list[tuple[int, list[Any]]] = []
-        if ktypes != _ONLY_NONE:
-            has_k = np.fromiter(map(is_not, keys, repeat(None)), dtype=bool, count=n)
-            if has_f is not None and not (has_f | has_k).all():
-                return None  # an event with neither
-            sel = has_k.tolist()
-            prehashed = list(compress(enumerate(keys), sel))
-            nf[has_k] += np.fromiter(map(len, compress(keys, sel)), dtype=np.int64, count=len(prehashed))
-        elif has_f is not None:
-            return None
-        if int(nf.max()) > self.max_features:
-            return None
-        return labels, weights, ts, feats, prehashed, {}
-
-    @staticmethod
-    def _number_column(col: list[Any], n: int, *, finite: bool) -> F64 | None:
-        """`ts` (finite) or `weight` (>= 0, at most `MAX_WEIGHT`: finite as a
-        float32) of every event as float64, NaN where absent; None if some
-        present value is wrong."""
-        types = set(map(type, col))
-        if types == _ONLY_NONE:
-            return np.full(n, np.nan)
-        if not types <= _NUMBER_OR_NONE:
-            return None
-        x = np.array(col, dtype=np.float64)  # None → NaN
-        ok = np.isfinite(x) if finite else (x >= 0) & (x <= MAX_WEIGHT)  # NaN fails both
-        absent = col.count(None) if _NONE_TYPE in types else 0
-        return x if int(np.count_nonzero(ok)) == n - absent else None
-
-    def _check_each(self, events: Sequence[dict[str, Any]], require_label: bool, grp: list[int]) -> _Checked:
-        """The per-event checks: the first error of each failed group, in event order."""
-        n = len(events)
-        errors: dict[int, EventError] = {}
-        to_hash: list[Any] = [None] * n
-        labels = np.full(n, np.nan, dtype=np.float32)
-        weights = np.ones(n, dtype=np.float32)
-        ts = np.full(n, np.nan, dtype=np.float64)
-        prehashed: list[tuple[int, list[Any]]] = []
-        for i, ev in enumerate(events):
-            try:
-                if not isinstance(ev, dict):
-                    raise EventError("not_an_object", f"event is {type(ev).__name__}")
-                lab = ev.get("label")
-                if lab is None:
-                    if require_label:
-                        raise EventError("missing_label", "training events need a 0/1 label")
-                elif lab in (0, 1) and not isinstance(lab, (bool, str)):
-                    labels[i] = lab
-                else:
-                    raise EventError("bad_label", f"label must be 0 or 1, got {lab!r}")
-                t = ev.get("ts")
-                if t is not None:
-                    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
-                        raise EventError("bad_ts", f"ts must be a number of seconds, got {t!r}")
-                    ts[i] = t
-                w = ev.get("weight")
-                if w is not None:
-                    if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 <= w <= MAX_WEIGHT:
-                        raise EventError("bad_weight", f"weight must be a number in [0, {MAX_WEIGHT:.6g}], got {w!r}")
-                    weights[i] = w
-                feats = ev.get("features")
-                keys = ev.get("keys")
-                if feats is None and keys is None:
-                    raise EventError("bad_features", "an event needs features or keys")
-                if feats is not None and not isinstance(feats, dict):
-                    raise EventError("bad_features", f"features must be an object, got {type(feats).__name__}")
-                if keys is not None and not isinstance(keys, list):
-                    raise EventError("bad_keys", "keys must be a list of uint64 integers")
-                nf = len(feats) if feats is not None else 0
-                if nf + (len(keys) if keys is not None else 0) > self.max_features:
-                    raise EventError("bad_features", f"more than {self.max_features} features")
-            except EventError as exc:
-                errors.setdefault(grp[i], exc)
-                continue
-            # Recorded only once the event passed, so a failed event hashes nothing.
-            to_hash[i] = feats
-            if keys is not None:
-                prehashed.append((i, keys))
-        return labels, weights, ts, to_hash, prehashed, errors
+            checked = check_each(events, require_label, self.max_features, grp)
+        return self._hash(checked, grp, json_types)
 
     def _gather(
         self, present: list[Any], json_types: bool = False
@@ -569,201 +414,256 @@ class FeatureHasher:
         codes = _type_codes(values)
         return fhash, objs, codes, _split(objs, codes, check=False), lens, fields
 
-    def _hash(
-        self,
-        labels: F32,
-        weights: F32,
-        ts: F64,
-        to_hash: list[Any],
-        prehashed: list[tuple[int, list[Any]]],
-        errors: dict[int, EventError],
-        grp: list[int],
-        *,
-        json_types: bool = False,
-    ) -> tuple[EventBatch, dict[int, EventError]]:
+    def _hash(self, checked: Checked, grp: list[int], json_types: bool) -> tuple[EventBatch, dict[int, EventError]]:
+        """The batch of validated events, in steps: the features' columns;
+        ids and values of the categorical and numeric ones; the rare values
+        and pre-hashed keys as extra features; then every event of a failed
+        group left out, each remaining event's bias first."""
+        n = len(checked.to_hash)
+        cols = self._columns(checked.to_hash, json_types)
+        fails = _Failures(checked.errors, grp, n)
+        keys, vals = _ids(cols, fails)
+        keep = cols.codes != _T_NONE  # nulls are missing features
+        extras = _Extras()
+        _rare_values(cols, keep, fails, extras)
+        if checked.prehashed:
+            _prehashed(checked.prehashed, fails, extras)
+        bad_event = fails.failed_events()
+        good = np.flatnonzero(~bad_event)
+        if fails.errors:
+            keep &= ~bad_event[cols.event_of]
+        if extras.keys:
+            out_k, out_v, offsets = self._merged(cols, keys, vals, keep, extras, bad_event, good)
+        else:
+            out_k, out_v, offsets = self._in_order(cols, keys, vals, keep, good)
+        batch = EventBatch(
+            keys=out_k,
+            values=out_v,
+            offsets=offsets,
+            labels=checked.labels[good],
+            weights=checked.weights[good],
+            ts=checked.ts[good],
+            index=good.astype(np.int64),
+        )
+        return batch, fails.errors
+
+    def _columns(self, to_hash: list[Any], json_types: bool) -> _Columns:
+        """The values of the features objects `to_hash` (one per event, None
+        for none), flattened in event order."""
         n = len(to_hash)
         present = list(filter(None, to_hash))  # drops None and empty objects, in C
-        fhash, objs, codes, (cat, strs, num, joined), lens, field_list = self._gather(present, json_types)
+        fhash, objs, codes, split, lens, names = self._gather(present, json_types)
         counts = np.zeros(n, dtype=np.int64)
         if len(present) == n:
             counts[:] = lens
         else:
             counts[np.fromiter(map(bool, to_hash), dtype=bool, count=n)] = lens
-        m = objs.size
+        return _Columns(fhash, objs, codes, split, counts, present, names)
 
-        def field(j: int) -> str:
-            # Names are only needed to word an error: built then, once.
-            nonlocal field_list
-            if field_list is None:
-                field_list = list(chain.from_iterable(present))
-            return field_list[j]
-
-        event_of = np.repeat(np.arange(n, dtype=np.int64), counts)
-        bad_event = np.zeros(n, dtype=bool)
-        vals = np.ones(m, dtype=np.float32)
-        keep = np.ones(m, dtype=bool)
-        # What each value's field hash is mixed with: H(value) * C for a
-        # categorical, the numeric constant otherwise (ignored unless numeric),
-        # so all ids come from one fmix64 over the chunk.
-        salt = np.full(m, _C_NUM, dtype=np.uint64)
-
-        # The object array lets numpy pick values by type in C, not per value.
-        if cat.size:
-            hv = string_hashes(strs) if joined is None else _joined_hashes(joined, strs)
-            salt[cat] = hv * _C_CAT
-        if num.size:
-            x = objs[num].astype(np.float64)
-            finite = np.isfinite(x) & (np.abs(x) <= MAX_WEIGHT)
-            if not finite.all():
-                for j in num[~finite]:
-                    self._fail(
-                        errors,
-                        grp,
-                        bad_event,
-                        int(event_of[j]),
-                        "bad_value",
-                        f"{field(j)}={objs[j]!r} is not a finite float32",
-                    )
-            vals[num] = np.where(finite, x, 0).astype(np.float32)
-        keys = mix64(fhash ^ salt)
-        keep[codes == _T_NONE] = False
-        extra_keys: list[np.ndarray] = []
-        extra_vals: list[np.ndarray] = []
-        extra_event: list[np.ndarray] = []
-        rare = np.flatnonzero(codes >= _T_LIST)
-        if rare.size:  # nulls were dropped above; lists, booleans and other types stay
-            rare = rare[codes[rare] != _T_NONE]
-        for j in rare:  # multi-hot lists, booleans and wrong types: rare, so per value
-            e = int(event_of[j])
-            keep[j] = False
-            v = objs[j]
-            if codes[j] == _T_BOOL:
-                v = ["true" if v else "false"]
-            elif codes[j] == _T_OTHER or not all(isinstance(s, str) for s in v):
-                self._fail(
-                    errors,
-                    grp,
-                    bad_event,
-                    e,
-                    "bad_value",
-                    f"{field(int(j))} has a {type(v).__name__} value; expected string, number or list of strings",
-                )
-                continue
-            if v:
-                hv = string_hashes(v)
-                extra_keys.append(mix64(np.uint64(fhash[j]) ^ (hv * _C_CAT)))
-                extra_vals.append(np.ones(len(v), dtype=np.float32))
-                extra_event.append(np.full(len(v), e, dtype=np.int64))
-        if prehashed:
-            self._prehashed(prehashed, errors, grp, bad_event, extra_keys, extra_vals, extra_event)
-        # Every event of a failed group goes, whatever failed in it.
-        if errors:
-            failed = np.fromiter((g in errors for g in grp), dtype=bool, count=n)
-            bad_event |= failed
-        good = np.flatnonzero(~bad_event)
-        if errors:
-            keep &= ~bad_event[event_of]
+    def _in_order(self, cols: _Columns, keys: U64, vals: F32, keep: npt.NDArray[np.bool_], good: I64) -> _CSR:
+        """The CSR of the `good` events when there are no extras: the kept
+        features are already in event order, so the bias is slotted in front
+        of each event's run without sorting."""
         all_kept = bool(keep.all())
-        per_event = counts if all_kept else np.bincount(event_of[keep], minlength=n)
-        if not extra_keys:
-            # Common case: features are already in event order; slot the bias
-            # in front of each event's run without sorting.
-            lens = per_event[good] + 1
-            offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
-            out_k = np.empty(int(offsets[-1]), dtype=np.uint64)
-            out_v = np.empty(out_k.size, dtype=np.float32)
-            is_feature = np.ones(out_k.size, dtype=bool)
-            is_feature[offsets[:-1]] = False
-            out_k[offsets[:-1]] = self.bias_key
-            out_v[offsets[:-1]] = 1.0
-            out_k[is_feature] = keys if all_kept else keys[keep]
-            out_v[is_feature] = vals if all_kept else vals[keep]
-        else:
-            ek = np.concatenate(extra_event)
-            ok = ~bad_event[ek]
-            per_event += np.bincount(ek[ok], minlength=n)
-            k = np.concatenate(
-                [np.full(good.size, self.bias_key, dtype=np.uint64), keys[keep]]
-                + [a[ok[i : i + a.size]] for a, i in _runs(extra_keys)]
-            )
-            v = np.concatenate(
-                [np.ones(good.size, dtype=np.float32), vals[keep]]
-                + [a[ok[i : i + a.size]] for a, i in _runs(extra_vals)]
-            )
-            ev_of = np.concatenate([good, event_of[keep], ek[ok]])
-            # Group by event; the stable sort keeps the bias first in each.
-            order = np.argsort(ev_of, kind="stable")
-            out_k, out_v = k[order], v[order]
-            offsets = np.concatenate(([0], np.cumsum(per_event[good] + 1))).astype(np.int64)
-        batch = EventBatch(
-            keys=out_k,
-            values=out_v,
-            offsets=offsets,
-            labels=labels[good],
-            weights=weights[good],
-            ts=ts[good],
-            index=good.astype(np.int64),
-        )
-        return batch, errors
+        per_event = cols.counts if all_kept else np.bincount(cols.event_of[keep], minlength=cols.counts.size)
+        lens = per_event[good] + 1
+        offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+        out_k = np.empty(int(offsets[-1]), dtype=np.uint64)
+        out_v = np.empty(out_k.size, dtype=np.float32)
+        is_feature = np.ones(out_k.size, dtype=bool)
+        is_feature[offsets[:-1]] = False
+        out_k[offsets[:-1]] = self.bias_key
+        out_v[offsets[:-1]] = 1.0
+        out_k[is_feature] = keys if all_kept else keys[keep]
+        out_v[is_feature] = vals if all_kept else vals[keep]
+        return out_k, out_v, offsets
 
-    def _prehashed(
+    def _merged(
         self,
-        prehashed: list[tuple[int, list[Any]]],
-        errors: dict[int, EventError],
-        grp: list[int],
+        cols: _Columns,
+        keys: U64,
+        vals: F32,
+        keep: npt.NDArray[np.bool_],
+        extras: _Extras,
         bad_event: npt.NDArray[np.bool_],
-        extra_keys: list[np.ndarray],
-        extra_vals: list[np.ndarray],
-        extra_event: list[np.ndarray],
+        good: I64,
+    ) -> _CSR:
+        """The CSR of the `good` events with the extras: biases, kept features
+        and extras of events that did not fail, grouped by event by a stable
+        sort, which keeps the bias first in each, then the features, then the
+        extras in the order they were found."""
+        n = cols.counts.size
+        ek = np.concatenate(extras.events)
+        ok = ~bad_event[ek]
+        in_cols = cols.counts if keep.all() else np.bincount(cols.event_of[keep], minlength=n)
+        per_event = in_cols + np.bincount(ek[ok], minlength=n)
+        extra_keys = np.concatenate(extras.keys)[ok]
+        k = np.concatenate([np.full(good.size, self.bias_key, dtype=np.uint64), keys[keep], extra_keys])
+        # Extras are all worth 1.
+        v = np.concatenate([np.ones(good.size, dtype=np.float32), vals[keep], np.ones(extra_keys.size, np.float32)])
+        order = np.argsort(np.concatenate([good, cols.event_of[keep], ek[ok]]), kind="stable")
+        offsets = np.concatenate(([0], np.cumsum(per_event[good] + 1))).astype(np.int64)
+        return k[order], v[order], offsets
+
+
+_CSR: TypeAlias = tuple[U64, F32, I64]
+"""Keys, values and offsets of a batch."""
+
+
+class _Columns:
+    """The values of a chunk's features objects, flattened in event order:
+    value j belongs to event ``event_of[j]``."""
+
+    __slots__ = ("fhash", "objs", "codes", "cat", "strs", "num", "joined", "counts", "event_of", "_present", "_names")
+
+    def __init__(
+        self,
+        fhash: U64,
+        objs: npt.NDArray[np.object_],
+        codes: npt.NDArray[np.int8],
+        split: _Split,
+        counts: I64,
+        present: list[dict[str, Any]],
+        names: list[str] | None,
     ) -> None:
-        """Append the pre-hashed keys of each event as extra features."""
-        # A float of an exact integer value is that integer, as JSON Schema says.
-        prehashed = [(e, exact_ints(k)) for e, k in prehashed]
-        klists = [k for _, k in prehashed]
-        flat = list(chain.from_iterable(klists))
-        if set(map(type, flat)) <= _INT:
-            try:
-                # One array for all events; numpy refuses ints outside [0, 2**64).
-                ka = np.array(flat, dtype=np.uint64)
-            except OverflowError:
-                pass
-            else:
-                # One block: the stable sort by event puts each event's keys
-                # after its other features, as one block per event would.
-                lens = np.fromiter(map(len, klists), dtype=np.int64, count=len(klists))
-                extra_keys.append(ka)
-                extra_vals.append(np.ones(ka.size, dtype=np.float32))
-                extra_event.append(np.repeat(np.array([e for e, _ in prehashed], dtype=np.int64), lens))
-                return
-        for e, klist in prehashed:  # some key is wrong: find which events, one by one
-            try:
-                if not all(type(k) is int and 0 <= k < _KEY_LIMIT for k in klist):
-                    raise ValueError
-                kb = np.array(klist, dtype=np.uint64)
-            except (ValueError, OverflowError, TypeError):
-                self._fail(errors, grp, bad_event, e, "bad_keys", "keys must be integers in [0, 2**64)")
-                continue
-            extra_keys.append(kb)
-            extra_vals.append(np.ones(kb.size, dtype=np.float32))
-            extra_event.append(np.full(kb.size, e, dtype=np.int64))
+        self.fhash = fhash
+        """Each value's field hash."""
+        self.objs = objs
+        """The values."""
+        self.codes = codes
+        """Each value's exact type code."""
+        self.cat, self.strs, self.num, self.joined = split
+        self.counts = counts
+        """(n,) values of each event."""
+        self.event_of = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+        self._present = present
+        self._names = names
 
-    @staticmethod
-    def _fail(
-        errors: dict[int, EventError],
-        grp: list[int],
-        bad_event: npt.NDArray[np.bool_],
-        event: int,
-        reason: str,
-        detail: str,
-    ) -> None:
-        bad_event[event] = True
-        errors.setdefault(grp[event], EventError(reason, f"event {event}: {detail}"))
+    def field(self, j: int) -> str:
+        """The field name of value `j`."""
+        # Names are only needed to word an error: built then, once.
+        if self._names is None:
+            self._names = list(chain.from_iterable(self._present))
+        return self._names[j]
 
 
-def _runs(parts: list[np.ndarray]) -> list[tuple[np.ndarray, int]]:
-    """Each array with the position where it starts in their concatenation."""
-    out, pos = [], 0
-    for a in parts:
-        out.append((a, pos))
-        pos += a.size
-    return out
+class _Failures:
+    """The errors of a chunk: the first of each failed group, in the order
+    groups failed, and the events that failed."""
+
+    __slots__ = ("errors", "grp", "bad_event")
+
+    def __init__(self, errors: dict[int, EventError], grp: list[int], n: int) -> None:
+        self.errors = errors
+        self.grp = grp
+        self.bad_event = np.zeros(n, dtype=bool)
+
+    def fail(self, event: int, reason: str, detail: str) -> None:
+        """Event `event` fails; its group keeps its first error."""
+        self.bad_event[event] = True
+        self.errors.setdefault(self.grp[event], EventError(reason, f"event {event}: {detail}"))
+
+    def failed_events(self) -> npt.NDArray[np.bool_]:
+        """Every event of a failed group, whatever failed in it."""
+        if self.errors:
+            self.bad_event |= np.fromiter(map(self.errors.__contains__, self.grp), dtype=bool, count=len(self.grp))
+        return self.bad_event
+
+
+class _Extras:
+    """Features found apart from the chunk's columns (multi-hot lists,
+    booleans, pre-hashed keys), all worth 1: arrays of ids, each with the
+    event of each id."""
+
+    __slots__ = ("keys", "events")
+
+    def __init__(self) -> None:
+        self.keys: list[U64] = []
+        self.events: list[I64] = []
+
+    def add(self, keys: U64, events: I64) -> None:
+        """Ids `keys` of events `events`."""
+        self.keys.append(keys)
+        self.events.append(events)
+
+
+def _ids(cols: _Columns, fails: _Failures) -> tuple[U64, F32]:
+    """The id and value of every value in `cols`; right for strings and
+    numbers (the only ones kept from the columns). A number not finite as a
+    float32 fails its event."""
+    m = cols.objs.size
+    vals = np.ones(m, dtype=np.float32)
+    # What each value's field hash is mixed with: H(value) * C for a
+    # categorical, the numeric constant otherwise (ignored unless numeric),
+    # so all ids come from one fmix64 over the chunk.
+    salt = np.full(m, _C_NUM, dtype=np.uint64)
+    # The object array lets numpy pick values by type in C, not per value.
+    if cols.cat.size:
+        hv = string_hashes(cols.strs) if cols.joined is None else _joined_hashes(cols.joined, cols.strs)
+        salt[cols.cat] = hv * _C_CAT
+    if cols.num.size:
+        num = cols.num
+        x = cols.objs[num].astype(np.float64)
+        finite = np.isfinite(x) & (np.abs(x) <= MAX_WEIGHT)
+        if not finite.all():
+            for j in num[~finite]:
+                fails.fail(
+                    int(cols.event_of[j]), "bad_value", f"{cols.field(j)}={cols.objs[j]!r} is not a finite float32"
+                )
+        vals[num] = np.where(finite, x, 0).astype(np.float32)
+    return mix64(cols.fhash ^ salt), vals
+
+
+def _rare_values(cols: _Columns, keep: npt.NDArray[np.bool_], fails: _Failures, extras: _Extras) -> None:
+    """Multi-hot lists and booleans become extras; a value of another type
+    fails its event. None of them stays in the columns (`keep`)."""
+    codes = cols.codes
+    rare = np.flatnonzero(codes >= _T_LIST)
+    if rare.size:  # nulls were dropped already; lists, booleans and other types stay
+        rare = rare[codes[rare] != _T_NONE]
+    keep[rare] = False
+    for j in rare:  # rare, so per value
+        e = int(cols.event_of[j])
+        v = cols.objs[j]
+        if codes[j] == _T_BOOL:
+            v = ["true" if v else "false"]
+        elif codes[j] == _T_OTHER or not all(isinstance(s, str) for s in v):
+            fails.fail(
+                e,
+                "bad_value",
+                f"{cols.field(int(j))} has a {type(v).__name__} value; expected string, number or list of strings",
+            )
+            continue
+        if v:
+            hv = string_hashes(v)
+            extras.add(mix64(np.uint64(cols.fhash[j]) ^ (hv * _C_CAT)), np.full(len(v), e, dtype=np.int64))
+
+
+def _prehashed(prehashed: list[tuple[int, list[Any]]], fails: _Failures, extras: _Extras) -> None:
+    """The pre-hashed keys of each event as extras; an event with a key not
+    an integer in [0, 2**64) fails."""
+    # A float of an exact integer value is that integer, as JSON Schema says.
+    prehashed = [(e, exact_ints(k)) for e, k in prehashed]
+    klists = [k for _, k in prehashed]
+    flat = list(chain.from_iterable(klists))
+    if set(map(type, flat)) <= _INT:
+        try:
+            # One array for all events; numpy refuses ints outside [0, 2**64).
+            ka = np.array(flat, dtype=np.uint64)
+        except OverflowError:
+            pass
+        else:
+            # One block: the stable sort by event puts each event's keys
+            # after its other features, as one block per event would.
+            lens = np.fromiter(map(len, klists), dtype=np.int64, count=len(klists))
+            extras.add(ka, np.repeat(np.array([e for e, _ in prehashed], dtype=np.int64), lens))
+            return
+    for e, klist in prehashed:  # some key is wrong: find which events, one by one
+        try:
+            if not all(type(k) is int and 0 <= k < _KEY_LIMIT for k in klist):
+                raise ValueError
+            kb = np.array(klist, dtype=np.uint64)
+        except (ValueError, OverflowError, TypeError):
+            fails.fail(e, "bad_keys", "keys must be integers in [0, 2**64)")
+            continue
+        extras.add(kb, np.full(kb.size, e, dtype=np.int64))

@@ -1,7 +1,8 @@
 """The store: sparse tables of one shard and their optimizers.
 
 Holds the vectorised key index (`KeyIndex`), the optimizers (`SGD`,
-`AdaGrad`, `FTRL`), tables (`TableConfig`, `SparseTable`, `TableSnapshot`)
+`AdaGrad`, `FTRL`), tables (`TableConfig`, `SparseTable`, `TableSnapshot`;
+what a pull found, for its push: `pull_cache.PullCache`)
 and the status board's bounded report schema (`board.check_report`).
 
 May import: numpy, and `ps_core.errors`, `ps_core.hashing`, `ps_core.parsing`,

@@ -72,9 +72,10 @@ class Optimizer(ABC):
         """``{"name": ..., **params}``: enough to rebuild it with `make_optimizer`."""
         return {"name": self.name, **self.params()}
 
-    @abstractmethod
     def weights(self, rows: F32, dim: int) -> F32:
-        """The weights (n, dim) of rows (n, dim * slots)."""
+        """The weights (n, dim) of rows (n, dim * slots): the first block,
+        where SGD and AdaGrad keep them (a view, no copy)."""
+        return rows[:, :dim]
 
     @abstractmethod
     def rows_from_weights(self, w: F32) -> F32:
@@ -97,9 +98,6 @@ class SGD(Optimizer):
         self.lr = lr
         self.l2 = l2
         self._check_finite()
-
-    def weights(self, rows: F32, dim: int) -> F32:
-        return rows[:, :dim]
 
     def rows_from_weights(self, w: F32) -> F32:
         return np.array(w, dtype=np.float32, copy=True)
@@ -125,9 +123,6 @@ class AdaGrad(Optimizer):
         self.eps = eps
         self.initial_accumulator = initial_accumulator
         self._check_finite()
-
-    def weights(self, rows: F32, dim: int) -> F32:
-        return rows[:, :dim]
 
     def rows_from_weights(self, w: F32) -> F32:
         out = np.empty((w.shape[0], 2 * w.shape[1]), dtype=np.float32)

@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +40,7 @@ from ..hashing import U64, uniform_from_keys
 from ..parsing import json_int
 from .index import KeyIndex
 from .optim import FTRL, Optimizer, make_optimizer
+from .pull_cache import PullCache, Pulled
 
 __all__ = ["TableConfig", "SparseTable", "TableSnapshot", "SnapshotKind", "F32", "U32"]
 
@@ -222,68 +222,6 @@ def _row_view(a: npt.NDArray[Any]) -> npt.NDArray[np.void]:
     return v
 
 
-class _Pulled(NamedTuple):
-    """What a pull learnt, for the push of the same keys that usually follows."""
-
-    keys: U64
-    """A copy of the keys pulled."""
-    rows: npt.NDArray[np.int64]
-    """Their rows, -1 where absent."""
-    missing: npt.NDArray[np.intp]
-    """Positions of the absent keys."""
-    free: npt.NDArray[np.int64]
-    """Those keys' first free index slots (`KeyIndex.probe`)."""
-    mutations: int
-    """The index's `mutations` then: while unchanged, rows and free slots hold."""
-    writes: int
-    """The table's `_writes` then: while unchanged, no row has changed."""
-    gathered: tuple[U32, F32, F32] | None
-    """With FTRL (see `SparseTable._derive`): the storage rows gathered and
-    `FTRL.derive` of their state; junk for absent keys. Else None."""
-
-
-class RecentPulls:
-    """What the latest pulls of a table found, for the push of the same keys
-    that usually follows (a worker pulls a mini-batch, then pushes its
-    gradients), so the push reuses the lookup instead of probing again.
-
-    Invariants: an entry's `rows` hold while no key is deleted (rehashing
-    moves index slots, never rows), so the table `clear`s on delete; its free
-    slots hold while the index's `mutations` is unchanged, and its gathered
-    rows while the table's `writes` is; the push checks both. At most
-    `MAX_KEPT` entries are kept, the gathered rows of the newest
-    `GATHERED_KEPT` only (they are the bulk of an entry). `take` hands an
-    entry over whole: its arrays are the taker's.
-    """
-
-    MAX_KEPT = 8
-    GATHERED_KEPT = 2
-
-    def __init__(self) -> None:
-        self._entries: deque[_Pulled] = deque(maxlen=self.MAX_KEPT)
-
-    def remember(self, entry: _Pulled) -> None:
-        """Keep `entry`, dropping the gathered rows of an older one."""
-        self._entries.append(entry)
-        if len(self._entries) > self.GATHERED_KEPT:
-            older = self._entries[-1 - self.GATHERED_KEPT]
-            if older.gathered is not None:
-                self._entries[-1 - self.GATHERED_KEPT] = older._replace(gathered=None)
-
-    def take(self, keys: U64) -> _Pulled | None:
-        """Remove and return the latest pull of exactly `keys`, if any."""
-        for i in range(len(self._entries) - 1, -1, -1):
-            p = self._entries[i]
-            if p.keys.size == keys.size and (p.keys == keys).all():
-                del self._entries[i]
-                return p
-        return None
-
-    def clear(self) -> None:
-        """Forget every pull (rows were freed and may be reused)."""
-        self._entries.clear()
-
-
 class SparseTable:
     """One table's rows on one shard. Not thread-safe: one event loop owns it."""
 
@@ -302,9 +240,9 @@ class SparseTable:
         """Push calls applied."""
         self.pulls = 0
         """Pull calls served."""
-        self._pulled = RecentPulls()
-        self._writes = 0
-        """Count of calls that changed rows (pushes and loads)."""
+        # A worker pushes the very keys it pulled: its push reuses what the
+        # pull found instead of probing and gathering again.
+        self._pull_cache = PullCache(self.index)
         # 0, 1, 2, ... for the duplicate check in `push`; grown on demand.
         self._stamps = np.arange(1024, dtype=np.uint32)
         # The whole row (state, zero metadata) of a key whose initial weight
@@ -388,7 +326,7 @@ class SparseTable:
         rows, free = self.index.probe(k)
         missing = np.flatnonzero(rows < 0)
         if missing.size == k.size:  # nothing stored (perhaps no row at all yet)
-            self._pulled.remember(_Pulled(k.copy(), rows, missing, free, self.index.mutations, self._writes, None))
+            self._pull_cache.add(k, rows, missing, free, None)
             return self.initial_weights(k)
         # Absent keys gather row 0 (mode="clip" maps -1 there): one gather
         # and one weight derivation for all keys, then overwrite those few,
@@ -402,9 +340,7 @@ class SparseTable:
             gathered = (full, out.copy(), sqrt_n)  # `out` is the caller's
         else:
             out = self.optimizer.weights(state, self.dim)
-        self._pulled.remember(
-            _Pulled(k.copy(), rows, missing, free.take(missing), self.index.mutations, self._writes, gathered)
-        )
+        self._pull_cache.add(k, rows, missing, free.take(missing), gathered)
         if missing.size:
             if self.config.init_scale == 0.0:
                 out[missing] = 0.0
@@ -427,40 +363,46 @@ class SparseTable:
         (n, 2) of shows and clicks to add. `event_time` (seconds; default now)
         becomes the rows' ``last_seen``. Non-finite values are rejected before
         anything changes.
+
+        In steps: validate; find or insert the keys' rows (reusing the pull of
+        the same keys); gather the rows, checking for repeated keys; sum the
+        gradients of repeated keys; one optimizer step per row; stamp the
+        rows' metadata; write the rows back whole.
         """
         k, g, c, seen = self._checked_push(keys, grads, counts, event_time)
         if k.size == 0:
             return 0
-        pulled = self._pulled.take(k)
+        pulled = self._pull_cache.take(k)
+        rows = self._rows_for_push(k, pulled)
         # With no row changed since the pull, what it gathered and derived
-        # still holds, but for the keys it found absent (inserted below).
-        gathered = pulled.gathered if pulled is not None and pulled.writes == self._writes else None
-        rows = self._insert_rows(k, pulled)
-        derived = self._derived_at_pull(gathered, pulled)
-        if self._ascending(k):
-            # The pull's gathered rows, completed above, are these rows now.
-            full, distinct = (gathered[0] if gathered is not None else self._rows.take(rows, axis=0)), True
-        else:
-            full, distinct = self._gather_checking_duplicates(rows)
+        # still holds, but for the keys it found absent (inserted just now).
+        full, derived = self._pulled_rows(pulled)
+        full, distinct = self._gather(k, rows, full)
         row_counts: npt.NDArray[Any] | None
         if distinct:
+            # Distinct keys (what the client sends): no grouping needed.
             uniq, summed, row_counts = rows, g, c
         else:
             derived = None  # per occurrence, not per distinct row
             uniq, summed, row_counts = self._sum_duplicates(rows, g, c)
             full = self._rows.take(uniq, axis=0)
-        self._step_and_write(uniq, full, summed, derived, row_counts, seen)
+        # Update the gathered rows in place, then write them back whole.
+        w = self.width
+        if derived is not None and self._derive is not None:
+            self._derive.step(full[:, :w].view(np.float32), summed, derived)
+        else:
+            self.optimizer.step(full[:, :w].view(np.float32), summed)
+        self._stamp(full[:, w:], seen, row_counts)
+        self._rows_1d.put(uniq, _row_view(full))
+        self.pushes += 1
+        self._pull_cache.wrote()
         return int(uniq.size)
 
     def _checked_push(
-        self,
-        keys: npt.ArrayLike,
-        grads: npt.ArrayLike,
-        counts: npt.ArrayLike | None,
-        event_time: float | None,
+        self, keys: npt.ArrayLike, grads: npt.ArrayLike, counts: npt.ArrayLike | None, event_time: float | None
     ) -> tuple[U64, F32, F32 | None, float]:
-        """A push's keys, gradients (n, dim), counts (n, 2) and event time,
-        checked; `InvalidValuesError` before anything changes."""
+        """A push's keys, gradients (n, dim), counts (n, 2) or None, and event
+        time, as arrays; raises `InvalidValuesError` for any bad one."""
         k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
         g = np.asarray(grads, dtype=np.float32)
         if g.ndim == 1 and self.dim == 1:
@@ -488,40 +430,54 @@ class SparseTable:
             raise InvalidValuesError(f"table {self.config.name}: event time {seen!r} is not seconds in [0, 2**32)")
         return k, g, c, seen
 
-    def _insert_rows(self, k: U64, pulled: _Pulled | None) -> npt.NDArray[np.int64]:
-        """The rows of `k`, new keys inserted with their initial rows."""
-        rows, new_rows, new_keys = self._rows_for_push(k, pulled)
+    def _rows_for_push(self, k: U64, pulled: Pulled | None) -> npt.NDArray[np.int64]:
+        """The row of each key, inserting absent keys with their initial rows
+        (`KeyIndex.get_or_insert`, reusing the pull of the same keys if there
+        was one)."""
+        if pulled is None:
+            rows, new_rows, new_keys = self.index.get_or_insert(k)
+        elif not pulled.missing.size:
+            return pulled.rows
+        else:
+            rows, missing = pulled.rows, pulled.missing
+            if pulled.free is not None:
+                # Still absent, and the slots the pull found free still are.
+                got, new_rows, new_keys = self.index.insert_absent(k.take(missing), pulled.free)
+            else:  # another push may have inserted some since the pull
+                got, new_rows, new_keys = self.index.get_or_insert(k.take(missing))
+            rows[missing] = got
         self._sync_capacity()
         if new_rows.size:
             self._rows_1d.put(new_rows, self._initial_rows(new_keys))
         return rows
 
-    def _derived_at_pull(self, gathered: tuple[U32, F32, F32] | None, pulled: _Pulled | None) -> tuple[F32, F32] | None:
-        """FTRL's derivation from the pull's gathered rows, completed for the
-        keys it found absent (now inserted as `_zero_row`); None without one."""
-        if gathered is None or pulled is None:
-            return None
-        full, weights, sqrt_n = gathered
+    def _pulled_rows(self, pulled: Pulled | None) -> tuple[U32 | None, tuple[F32, F32] | None]:
+        """The storage rows the pull of these keys gathered and `FTRL.derive`
+        of their state, with the keys it found absent as inserted now; None,
+        None if there are none (or they no longer hold)."""
+        if pulled is None or pulled.gathered is None:
+            return None, None
+        full, weights, sqrt_n = pulled.gathered
         if pulled.missing.size:
+            # The inserted rows start as `_zero_row` (gathered is only kept
+            # with init_scale 0).
             _row_view(full).put(pulled.missing, self._zero_row)
             for part, zero in zip((weights, sqrt_n), self._zero_derived):
                 part[pulled.missing] = zero
-        return weights, sqrt_n
+        return full, (weights, sqrt_n)
 
-    @staticmethod
-    def _ascending(k: U64) -> bool:
-        """Ascending keys are distinct: a worker's are (they come from
-        np.unique, and a shard's share keeps their order)."""
-        return bool(k.size < 2 or (k[1:] > k[:-1]).all())
-
-    def _gather_checking_duplicates(self, rows: npt.NDArray[np.int64]) -> tuple[U32, bool]:
-        """The storage rows of `rows`, and whether they are distinct.
-
-        Stamps each occurrence's position into its row's updated_at and reads
-        it back with the gather the update needs anyway: a repeated row reads
-        a later occurrence's stamp. (Every row stamped gets updated_at =
-        version when written: nothing of it stays.)"""
-        n = rows.size
+    def _gather(self, k: U64, rows: npt.NDArray[np.int64], full: U32 | None) -> tuple[U32, bool]:
+        """The storage rows `rows` of keys `k` (`full` if the pull gathered
+        them already), and whether the keys are distinct."""
+        n = k.size
+        if n < 2 or (k[1:] > k[:-1]).all():
+            # Ascending keys are distinct: a worker's are (they come from
+            # np.unique, and a shard's share keeps their order).
+            return (self._rows.take(rows, axis=0) if full is None else full), True
+        # Duplicate check: stamp each occurrence's position into its row's
+        # updated_at and read it back with the gather the update needs
+        # anyway; a repeated row reads a later occurrence's stamp. (Every
+        # row stamped gets updated_at = version in `_stamp`: nothing of it stays.)
         if self._stamps.size < n:
             self._stamps = np.arange(max(n, 2 * self._stamps.size), dtype=np.uint32)
         stamps = self._stamps[:n]
@@ -532,7 +488,7 @@ class SparseTable:
     def _sum_duplicates(
         self, rows: npt.NDArray[np.int64], g: F32, c: F32 | None
     ) -> tuple[npt.NDArray[np.int64], F32, npt.NDArray[Any] | None]:
-        """Distinct rows, and the gradients (and counts) of their occurrences summed."""
+        """The distinct rows, and the gradients and counts of each summed."""
         uniq, inverse = np.unique(rows, return_inverse=True)
         inverse = inverse.reshape(-1)
         m = uniq.size
@@ -545,23 +501,9 @@ class SparseTable:
             row_counts = np.stack([np.bincount(inverse, c[:, 0], m), np.bincount(inverse, c[:, 1], m)], axis=1)
         return uniq, summed, row_counts
 
-    def _step_and_write(
-        self,
-        uniq: npt.NDArray[np.int64],
-        full: U32,
-        summed: F32,
-        derived: tuple[F32, F32] | None,
-        row_counts: npt.NDArray[Any] | None,
-        seen: float,
-    ) -> None:
-        """The optimizer's step on the gathered rows `full` (of `uniq`) in
-        place, their metadata stamped, then written back whole."""
-        w = self.width
-        if derived is not None and self._derive is not None:
-            self._derive.step(full[:, :w].view(np.float32), summed, derived)
-        else:
-            self.optimizer.step(full[:, :w].view(np.float32), summed)
-        meta = full[:, w:]
+    def _stamp(self, meta: U32, seen: float, row_counts: npt.NDArray[Any] | None) -> None:
+        """Stamp updated rows' metadata `meta` in place: the open version, the
+        event time, and shows and clicks added."""
         meta[:, 0] = self.version
         meta[:, 1] = int(seen)
         if row_counts is not None:
@@ -570,26 +512,6 @@ class SparseTable:
             total = np.add(meta[:, 2:], row_counts, dtype=np.float64)
             np.minimum(total, _COUNT_MAX, out=total)
             meta[:, 2:] = total
-        self._rows_1d.put(uniq, _row_view(full))
-        self.pushes += 1
-        self._writes += 1
-
-    def _rows_for_push(
-        self, k: U64, pulled: _Pulled | None
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], U64]:
-        """`KeyIndex.get_or_insert`, reusing the pull of the same keys if there was one."""
-        if pulled is None:
-            return self.index.get_or_insert(k)
-        rows, missing = pulled.rows, pulled.missing
-        if not missing.size:
-            return rows, _NO_ROWS, _NO_KEYS
-        if pulled.mutations == self.index.mutations:
-            # Still absent, and the slots the pull found free still are.
-            got, new_rows, new_keys = self.index.insert_absent(k.take(missing), pulled.free)
-        else:  # another push may have inserted some since the pull
-            got, new_rows, new_keys = self.index.get_or_insert(k.take(missing))
-        rows[missing] = got
-        return rows, new_rows, new_keys
 
     # -- versions, snapshots and deletes --------------------------------------
     def changed_since(self, version: int) -> tuple[U64, npt.NDArray[np.int64]]:
@@ -605,7 +527,7 @@ class SparseTable:
         The removed keys are remembered until the next `snapshot`, whose delta
         lists them as deleted.
         """
-        self._pulled.clear()  # freed rows may be reused by other keys
+        self._pull_cache.clear()  # freed rows may be reused by other keys
         gone = self.index.delete(keys)
         if gone.size:
             self._deleted.append(gone)
@@ -737,7 +659,7 @@ class SparseTable:
             self.index.delete(self.index.row_keys[new_rows])  # undo the inserts
             raise InvalidValuesError(f"table {name}: load_rows keys must be distinct")
         self._sync_capacity()
-        self._writes += 1
+        self._pull_cache.wrote()
         self.data[rows] = d
         for dst, src in zip((self.updated_at, self.last_seen, self.shows, self.clicks), meta):
             dst[rows] = src
