@@ -1,0 +1,84 @@
+"""Request and response bodies declared once, as `msgspec.Struct` models.
+
+Each body of the JSON routes (the API's, `app.openapi`; the shard's,
+`ps_core.net.shard_openapi`; the status board's, `ps_core.store.board`) is one
+model: `decode` validates a request body against it (msgspec, in C: no
+Python work per field), `check` an already decoded object (a report handed
+over in process), and `components` turns models into the ``components.schemas``
+of an OpenAPI document, so the document and the validation cannot drift.
+
+msgspec's rules are strict where the project's are: an ``int`` field takes a
+JSON integer only (not ``3.0``, ``true``, ``"3"`` or ``9.2e18``), bounds are
+checked, an unknown field of a closed model (``forbid_unknown_fields``) is
+refused, and each refusal names the field's path (``$.status.windows``).
+
+Patterns are written with ``\\Z``: msgspec matches them with `re.search`, where
+``$`` also matches before a final newline; the document spells the same
+pattern with ``$`` (end of input in JSON Schema's regular expressions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import msgspec
+
+from .errors import PSError
+
+__all__ = ["decode", "check", "components", "ref", "REF_TEMPLATE"]
+
+T = TypeVar("T")
+
+REF_TEMPLATE = "#/components/schemas/{name}"
+"""Where the documents keep their models' schemas."""
+
+
+def decode(decoder: msgspec.json.Decoder[T], raw: bytes, error: type[PSError]) -> T:
+    """`raw` decoded and validated by `decoder`; `error` (a 400) naming the
+    field otherwise."""
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise error(f"body is not JSON: {exc}") from None
+
+
+def check(obj: object, model: type[T], error: type[PSError], what: str = "$") -> T:
+    """`obj` (decoded JSON, or Python objects of the same types) validated as
+    `model`; `error` naming the field otherwise (its path starting at `what`)."""
+    try:
+        return msgspec.convert(obj, model)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        raise error(message if what == "$" else message.replace("`$", f"`{what}")) from None
+
+
+def ref(name: str) -> dict[str, str]:
+    """A reference to the schema `name` of a document's components."""
+    return {"$ref": REF_TEMPLATE.format(name=name)}
+
+
+def components(models: Iterable[Any]) -> dict[str, Any]:
+    """The JSON Schemas of `models` and of every model they reference, by
+    name, as a document's ``components.schemas``."""
+    _, schemas = msgspec.json.schema_components(list(models), ref_template=REF_TEMPLATE)
+    return {name: _document(schema) for name, schema in schemas.items()}
+
+
+def _document(node: Any, names: bool = False) -> Any:
+    """`node` (a schema, or with `names` a map of property names to schemas)
+    as the document shows it: without a title (it repeats the model's name),
+    a pattern ending in ``$`` (see the module's docstring)."""
+    if isinstance(node, list):
+        return [_document(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if names:
+        return {k: _document(v) for k, v in node.items()}
+    out = {k: _document(v, k == "properties") for k, v in node.items() if k != "title"}
+    pattern = out.get("pattern")
+    if isinstance(pattern, str) and pattern.endswith("\\Z"):
+        out["pattern"] = pattern[:-2] + "$"
+    return out
