@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from documents import validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,7 +30,7 @@ from waiting import until
 from app.api import HISTORY, create_app
 from app.history import History
 from app.metrics import ApiMetrics, ClusterSnapshot
-from app.openapi import openapi_document, response_schema, validate
+from app.openapi import openapi_document, response_schema
 from app.settings import ApiSettings
 from app.status import summarize, worker_status
 from consumers.worker import WindowReport, WorkerStats

@@ -42,8 +42,8 @@ from aiohttp import web
 from ..errors import CutInProgressError, InvalidRequestError
 from ..models import decode
 from ..net.server import SHARD, create_shard_app, exact_fields, json_body, json_object, json_response
-from ..net.shard_openapi import ExportRequest, LeaseRequest, Release
 from ..net.shard import Shard
+from ..net.shard_openapi import ExportRequest, LeaseRequest, Release
 from ..parsing import json_int
 from ..store.table import MAX_VERSION
 from .coordinator import Coordinator, parse_offsets

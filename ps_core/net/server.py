@@ -60,8 +60,8 @@ import msgspec
 import orjson
 from aiohttp import web
 
-from ..errors import InvalidRequestError, PSError, StatusError, TableConfigError
 from .. import models
+from ..errors import InvalidRequestError, PSError, StatusError, TableConfigError
 from ..parsing import parse_int
 from ..store.board import StatusReport
 from ..store.table import MAX_VERSION, TableConfig

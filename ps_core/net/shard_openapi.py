@@ -387,6 +387,7 @@ def _schemas() -> dict[str, Any]:
 
 _SCHEMAS = _schemas()
 
+
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
