@@ -45,14 +45,18 @@ def decode(decoder: msgspec.json.Decoder[T], raw: bytes, error: type[PSError]) -
         raise error(f"body is not JSON: {exc}") from None
 
 
-def check(obj: object, model: type[T], error: type[PSError], what: str = "$") -> T:
+def check(obj: object, model: Any, error: type[PSError], path: str = "$") -> Any:
     """`obj` (decoded JSON, or Python objects of the same types) validated as
-    `model`; `error` naming the field otherwise (its path starting at `what`)."""
+    `model` (a model or an annotated type); `error` naming the field
+    otherwise, its path starting at `path` (where `obj` is in a body)."""
     try:
         return msgspec.convert(obj, model)
     except msgspec.ValidationError as exc:
         message = str(exc)
-        raise error(message if what == "$" else message.replace("`$", f"`{what}")) from None
+        if path != "$":
+            at = message.rfind("`$")  # the path msgspec names, from the root of `obj`
+            message = f"{message} - at `{path}`" if at < 0 else message[: at + 1] + path + message[at + 2 :]
+        raise error(message) from None
 
 
 def ref(name: str) -> dict[str, str]:

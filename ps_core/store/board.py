@@ -146,7 +146,7 @@ def check_report(source: object, status: object, encoded_size: int) -> None:
     """`StatusError` (400) unless `source` and `status` (a decoded JSON
     object of `encoded_size` bytes) match the board's models; its detail
     names the field."""
-    check(source, Source, StatusError, "source")
+    check(source, Source, StatusError, "$.source")
     if encoded_size > MAX_STATUS_BYTES:
         raise StatusError(f"status of {encoded_size} bytes exceeds {MAX_STATUS_BYTES}")
-    check(status, WorkerStatus, StatusError, "status")
+    check(status, WorkerStatus, StatusError, "$.status")
