@@ -57,7 +57,7 @@ from ps_core.errors import (
     StatusError,
 )
 from ps_core.model.models import Model
-from ps_core.models import check
+from ps_core.models import check, decode
 from ps_core.net.client import PSReader
 from ps_core.net.limits import PortGuard, ServedPort, serve_limited
 from ps_core.net.shard_openapi import ExportRequest
@@ -244,12 +244,7 @@ async def _json_body(request: web.Request) -> Any:
 def _decode(decoder: msgspec.json.Decoder[Any], raw: bytes) -> Any:
     """`raw` decoded by a model's `decoder`: invalid_json when it is not
     JSON, bad_request naming the field when it is not the model's shape."""
-    try:
-        return decoder.decode(raw)
-    except msgspec.ValidationError as exc:
-        raise BadRequestError(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidJSONError(f"the body is not JSON: {exc}") from None
+    return decode(decoder, raw, BadRequestError, InvalidJSONError)
 
 
 def _events_error(request: web.Request, raw: bytes, exc: BadRequestError) -> PSError:

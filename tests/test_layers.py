@@ -14,7 +14,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "ps_core.errors": (),
     "ps_core.hashing": (),
     "ps_core.parsing": ("ps_core.errors",),
-    "ps_core.models": ("ps_core.errors",),
+    "ps_core.models": ("ps_core.errors", "ps_core.parsing"),
     "ps_core.store": (*SHARED, "ps_core.store"),
     "ps_core.model": (*SHARED, "ps_core.store", "ps_core.model"),
     "ps_core.net": (*SHARED, "ps_core.store", "ps_core.net"),

@@ -156,6 +156,29 @@ async def test_integer_fields_of_shard_bodies_are_json_integers(
     assert (status, err["error"]) == (400, "bad_request"), err
 
 
+async def test_a_whole_float_in_a_shard_body_is_that_integer(
+    shard_http: tuple[Shard, str, aiohttp.ClientSession],
+) -> None:
+    # JSON Schema's integer, which the document publishes (and a fuzzer sends).
+    shard, url, http = shard_http
+    status, got = await _call(http, "POST", url + "/v1/snapshots", {"version": 3.0, "parent": 2.0})
+    assert status == 200 and "rows" in got, got
+    status, _ = await _call(http, "GET", f"{url}/v1/snapshots/3")
+    assert status == 200
+    status, got = await _call(http, "POST", url + "/v1/status", {"source": "w", "status": {"windows": 5.0}})
+    assert status == 200, got
+    assert shard.statuses()[-1]["status"] == {"windows": 5.0}
+
+
+@pytest.mark.parametrize("path", ["/v1/snapshots", "/v1/membership/admit", "/v1/status"])
+async def test_a_body_nested_past_any_parser_is_refused(
+    shard_http: tuple[Shard, str, aiohttp.ClientSession], path: str
+) -> None:
+    _, url, http = shard_http
+    status, err = await _call(http, "POST", url + path, b'{"version": ' + b"[" * 5000 + b"]" * 5000 + b"}")
+    assert status == 400 and err["error"] in ("bad_request", "bad_status"), err
+
+
 @pytest.mark.parametrize(
     "body",
     [
