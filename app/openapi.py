@@ -325,16 +325,50 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
     return schemas
 
 
+def _op(
+    summary: str,
+    ok: dict[str, Any],
+    *errors: int,
+    body: str | None = None,
+    body_required: bool = True,
+    admin: bool = False,
+    own: dict[int, str] | None = None,
+) -> dict[str, Any]:
+    """An operation: its success responses `ok`, the errors of `errors`
+    (`_errors`' texts) and of `own` (status: text of its own), the request
+    model `body`; `admin` routes need the admin token."""
+    out: dict[str, Any] = {"summary": summary}
+    if admin:
+        out["security"] = [{"bearer": []}]
+    if body is not None:
+        out["requestBody"] = {"required": body_required, "content": {"application/json": {"schema": ref(body)}}}
+    mine = {str(status): _json(_ERROR, text) for status, text in (own or {}).items()}
+    out["responses"] = {**ok, **mine, **_errors(*errors)}
+    return out
+
+
+def _ok(schema: str, description: str, status: int = 200) -> dict[str, Any]:
+    return {str(status): _json(ref(schema), description)}
+
+
+def _text(content_type: str, description: str) -> dict[str, Any]:
+    return {"200": {"description": description, "content": {content_type: {"schema": {"type": "string"}}}}}
+
+
+_NO_EXPORTER = "Shard 0 hosts no exporter (no_coordinator)."
+
+
 def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the API (`max_events` bounds a predict
     request); with `replica`, of a serving replica (``ctrps serve --follow``)."""
-    schemas = _schemas(max_events, replica)
     read_only = (409,) if replica else ()
-
-    def body(name: str) -> dict[str, Any]:
-        return {"required": True, "content": {"application/json": {"schema": ref(name)}}}
-
-    admin: list[dict[str, list[str]]] = [{"bearer": []}]
+    since = {
+        "name": "since",
+        "in": "query",
+        "required": False,
+        "description": "Only points taken after this time (seconds since the epoch).",
+        "schema": {"type": "number"},
+    }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -346,159 +380,103 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
         },
         "paths": {
             "/v1/predict": {
-                "post": {
-                    "summary": "Click probabilities of events, from the current weights.",
-                    "requestBody": body("PredictRequest"),
-                    "responses": {
-                        "200": _json(ref("PredictResponse"), "One probability per event."),
-                        **_errors(400, 404, 413, 422, 502, 503),
-                    },
-                }
+                "post": _op(
+                    "Click probabilities of events, from the current weights.",
+                    _ok("PredictResponse", "One probability per event."),
+                    *(400, 404, 413, 422, 502, 503),
+                    body="PredictRequest",
+                )
             },
             "/v1/weights": {
-                "post": {
-                    "summary": "Current weights of an event's features or of pre-hashed keys.",
-                    "requestBody": body("WeightsRequest"),
-                    "responses": {
-                        "200": _json(ref("WeightsResponse"), "The bias first, then each feature."),
-                        **_errors(400, 404, 413, 422, 502, 503),
-                    },
-                }
+                "post": _op(
+                    "Current weights of an event's features or of pre-hashed keys.",
+                    _ok("WeightsResponse", "The bias first, then each feature."),
+                    *(400, 404, 413, 422, 502, 503),
+                    body="WeightsRequest",
+                )
             },
             "/v1/model": {
-                "get": {
-                    "summary": "Model configuration, size, training progress and lag.",
-                    "responses": {
-                        "200": _json(ref("ModelInfo"), "The model as trained so far."),
-                        **_errors(502, 503),
-                    },
-                }
+                "get": _op(
+                    "Model configuration, size, training progress and lag.",
+                    _ok("ModelInfo", "The model as trained so far."),
+                    *(502, 503),
+                )
             },
             "/v1/status": {
-                "get": {
-                    "summary": "The status board: the latest status of each worker.",
-                    "responses": {
-                        "200": _json(ref("StatusBoard"), "Least recently reported first."),
-                        **_errors(502, 503),
-                    },
-                },
-                "post": {
-                    "summary": "Report a status to the board (admin).",
-                    "security": admin,
-                    "requestBody": body("StatusReport"),
-                    "responses": {
-                        "200": _json(ref("StatusAck"), "Stored."),
-                        **_errors(400, 401, *read_only, 413, 502, 503),
-                    },
-                },
+                "get": _op(
+                    "The status board: the latest status of each worker.",
+                    _ok("StatusBoard", "Least recently reported first."),
+                    *(502, 503),
+                ),
+                "post": _op(
+                    "Report a status to the board (admin).",
+                    _ok("StatusAck", "Stored."),
+                    *(400, 401, *read_only, 413, 502, 503),
+                    body="StatusReport",
+                    admin=True,
+                ),
             },
             "/v1/exports": {
-                "get": {
-                    "summary": "The export versions on disk, oldest first.",
-                    "responses": {
-                        "200": _json(ref("ExportList"), "The versions, and the last export's report."),
-                        "404": _json(_ERROR, "Shard 0 hosts no exporter (no_coordinator)."),
-                        **_errors(502, 503),
+                "get": _op(
+                    "The export versions on disk, oldest first.",
+                    _ok("ExportList", "The versions, and the last export's report."),
+                    *(502, 503),
+                    own={404: _NO_EXPORTER},
+                ),
+                "post": _op(
+                    "Cut and write a model version now (admin): a consistent cut of every shard.",
+                    _ok("ExportReport", "Written.", 201),
+                    *(401, *read_only, 413, 502, 503),
+                    body="ExportRequest",
+                    body_required=False,
+                    admin=True,
+                    own={
+                        400: 'The body is not {} or {"kind": "base" | "delta"} (invalid_json, bad_request).',
+                        404: _NO_EXPORTER,
                     },
-                },
-                "post": {
-                    "summary": "Cut and write a model version now (admin): a consistent cut of every shard.",
-                    "security": admin,
-                    "requestBody": {
-                        "required": False,
-                        "content": {"application/json": {"schema": ref("ExportRequest")}},
-                    },
-                    "responses": {
-                        "201": _json(ref("ExportReport"), "Written."),
-                        "400": _json(
-                            _ERROR, 'The body is not {} or {"kind": "base" | "delta"} (invalid_json, bad_request).'
-                        ),
-                        "404": _json(_ERROR, "Shard 0 hosts no exporter (no_coordinator)."),
-                        **_errors(401, *read_only, 413, 502, 503),
-                    },
-                },
+                ),
             },
             "/v1/exports/compact": {
-                "post": {
-                    "summary": "Fold the newest chain into a base of its newest version, then prune (admin).",
-                    "security": admin,
-                    "responses": {
-                        "200": _json(ref("Compaction"), "The base written, what it folds and what was pruned."),
-                        "404": _json(_ERROR, "Shard 0 hosts no exporter (no_coordinator), or there is no version."),
-                        **_errors(401, *read_only, 502, 503),
-                    },
-                }
+                "post": _op(
+                    "Fold the newest chain into a base of its newest version, then prune (admin).",
+                    _ok("Compaction", "The base written, what it folds and what was pruned."),
+                    *(401, *read_only, 502, 503),
+                    admin=True,
+                    own={404: "Shard 0 hosts no exporter (no_coordinator), or there is no version."},
+                )
             },
             "/v1/history": {
                 "get": {
-                    "summary": "The dashboard's samples of the cluster, kept in this process.",
-                    "parameters": [
-                        {
-                            "name": "since",
-                            "in": "query",
-                            "required": False,
-                            "description": "Only points taken after this time (seconds since the epoch).",
-                            "schema": {"type": "number"},
-                        }
-                    ],
-                    "responses": {
-                        "200": _json(ref("History"), "The newest max_points samples."),
-                        "400": _json(_ERROR, "since is not a finite number (bad_request)."),
-                        **_errors(),
-                    },
+                    "parameters": [since],
+                    **_op(
+                        "The dashboard's samples of the cluster, kept in this process.",
+                        _ok("History", "The newest max_points samples."),
+                        own={400: "since is not a finite number (bad_request)."},
+                    ),
                 }
             },
             "/": {
-                "get": {
-                    "summary": "The dashboard: one self-contained HTML page drawing /v1/history.",
-                    "responses": {
-                        "200": {
-                            "description": "An HTML page with inline script and style.",
-                            "content": {"text/html": {"schema": {"type": "string"}}},
-                        },
-                        **_errors(),
-                    },
-                }
+                "get": _op(
+                    "The dashboard: one self-contained HTML page drawing /v1/history.",
+                    _text("text/html", "An HTML page with inline script and style."),
+                )
             },
-            "/healthz": {
-                "get": {
-                    "summary": "Liveness: the process answers.",
-                    "responses": {"200": _json(ref("Health"), "Alive."), **_errors()},
-                }
-            },
-            "/readyz": {
-                "get": {
-                    "summary": "Readiness: every shard answers.",
-                    "responses": {
-                        "200": _json(ref("Ready"), "Every shard answered."),
-                        **_errors(503),
-                    },
-                }
-            },
+            "/healthz": {"get": _op("Liveness: the process answers.", _ok("Health", "Alive."))},
+            "/readyz": {"get": _op("Readiness: every shard answers.", _ok("Ready", "Every shard answered."), 503)},
             "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics (text format).",
-                    "responses": {
-                        "200": {
-                            "description": "Prometheus text exposition format.",
-                            "content": {"text/plain": {"schema": {"type": "string"}}},
-                        },
-                        **_errors(),
-                    },
-                }
+                "get": _op(
+                    "Prometheus metrics (text format).", _text("text/plain", "Prometheus text exposition format.")
+                )
             },
             "/openapi.json": {
-                "get": {
-                    "summary": "This document.",
-                    "responses": {
-                        "200": _json({"type": "object", "required": ["openapi", "paths"]}, "OpenAPI 3.1."),
-                        **_errors(),
-                    },
-                }
+                "get": _op(
+                    "This document.",
+                    {"200": _json({"type": "object", "required": ["openapi", "paths"]}, "OpenAPI 3.1.")},
+                )
             },
         },
         "components": {
-            "schemas": schemas,
+            "schemas": _schemas(max_events, replica),
             "securitySchemes": {
                 "bearer": {
                     "type": "http",

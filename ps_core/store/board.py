@@ -21,7 +21,7 @@ The API's OpenAPI document and the shard's publish this very model's schema
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
@@ -61,7 +61,9 @@ PARTITION_KEY = r"^(0|[1-9][0-9]{0,8})\Z"
 Name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[!-~]+\Z")]
 Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
 Seconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
-CountsBy = Annotated[dict[Name, Count], Meta(max_length=MAX_NAMES)]
+V = TypeVar("V")
+ByName = Annotated[dict[Name, V], Meta(max_length=MAX_NAMES)]
+CountsBy = ByName[Count]
 PartitionKey = Annotated[str, Meta(pattern=PARTITION_KEY)]
 WindowValue = Annotated[float, Meta(ge=-1e15, le=1e15)] | Annotated[str, Meta(max_length=8 * MAX_PARTITIONS)] | None
 
@@ -101,11 +103,8 @@ class WorkerStatus(Struct, forbid_unknown_fields=True):
     failed_commits: Count | UnsetType = UNSET
     stale_offsets: (
         Annotated[
-            dict[Name, CountsBy],
-            Meta(
-                max_length=MAX_NAMES,
-                description="Partitions whose resume offset was not applied as given, by reason and action.",
-            ),
+            ByName[CountsBy],
+            Meta(description="Partitions whose resume offset was not applied as given, by reason and action."),
         ]
         | UnsetType
     ) = UNSET
@@ -114,11 +113,8 @@ class WorkerStatus(Struct, forbid_unknown_fields=True):
     windows_replayed: Count | UnsetType = UNSET
     last_window: (
         Annotated[
-            dict[Name, WindowValue],
-            Meta(
-                max_length=MAX_NAMES,
-                description="The last window's figures (consumers.worker.WindowReport.fields, and seconds).",
-            ),
+            ByName[WindowValue],
+            Meta(description="The last window's figures (consumers.worker.WindowReport.fields, and seconds)."),
         ]
         | UnsetType
     ) = UNSET
