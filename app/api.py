@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
+import msgspec
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -56,10 +57,13 @@ from ps_core.errors import (
     StatusError,
 )
 from ps_core.model.models import Model
+from ps_core.models import check, decode
 from ps_core.net.client import PSReader
 from ps_core.net.limits import PortGuard, ServedPort, serve_limited
+from ps_core.net.shard_openapi import ExportRequest
 from ps_core.net.tls import HandshakeFailures, watch_handshakes
 from ps_core.parsing import parse_number
+from ps_core.store.board import StatusReport
 
 from .errors import (
     BadRequestError,
@@ -76,7 +80,7 @@ from .follower import Follower
 from .history import History
 from .logs import log_event
 from .metrics import ApiMetrics
-from .openapi import openapi_document, validate
+from .openapi import WEIGHTS, PredictRequest, openapi_document, predict_decoder
 from .predictor import Predictor
 from .security import is_loopback
 from .settings import ApiSettings
@@ -116,6 +120,8 @@ OPENAPI = web.AppKey("openapi", dict)
 FOLLOWER = web.AppKey("follower", Follower)
 """Present on a serving replica: what it serves and how it follows the exports."""
 _OPENAPI_BODY = web.AppKey("openapi_body", bytes)
+_PREDICT: web.AppKey[msgspec.json.Decoder[PredictRequest]] = web.AppKey("predict_decoder")
+"""`PredictRequest`'s decoder, bounded by `ApiSettings.max_events`."""
 _ERROR_LOG = web.AppKey("error_log", dict)
 _READINESS = web.AppKey("readiness", list)
 """``[last answer of /readyz: None (not asked yet), True or False]``."""
@@ -219,33 +225,47 @@ def _log_server_error(app: web.Application, route: str, resp: web.Response) -> N
         )
 
 
-async def _json_body(request: web.Request) -> Any:
-    """The request body as JSON; 413 over the size limit (aiohttp raises it)."""
+async def _raw_body(request: web.Request) -> bytes:
+    """The request body, not blank; 413 over the size limit (aiohttp raises it)."""
     raw = await request.read()
     if not raw.strip():
         raise InvalidJSONError("the body is empty; send a JSON object")
+    return raw
+
+
+async def _json_body(request: web.Request) -> Any:
+    """The request body as JSON."""
     try:
-        return orjson.loads(raw)
+        return orjson.loads(await _raw_body(request))
     except orjson.JSONDecodeError as exc:
         raise InvalidJSONError(f"the body is not JSON: {exc}") from None
 
 
-def _object(body: Any, allowed: tuple[str, ...], example: str) -> dict[str, Any]:
-    """`body` as an object holding only `allowed` fields."""
-    if not isinstance(body, dict):
-        raise BadRequestError(f"the body must be a JSON object like {example}, not {type(body).__name__}")
-    unknown = sorted(set(body) - set(allowed))
-    if unknown:
-        raise BadRequestError(f"unknown fields {unknown}; expected {list(allowed)}")
-    return body
+def _decode(decoder: msgspec.json.Decoder[Any], raw: bytes) -> Any:
+    """`raw` decoded by a model's `decoder`: invalid_json when it is not
+    JSON, bad_request naming the field when it is not the model's shape."""
+    return decode(decoder, raw, BadRequestError, InvalidJSONError)
 
 
-def _check_model(request: web.Request, body: dict[str, Any]) -> None:
-    name = body.get("model")
+def _events_error(request: web.Request, raw: bytes, exc: BadRequestError) -> PSError:
+    """Why a predict body failed its model: no events or too many (422, as
+    the document says) when that was it, else `exc`. The error path only."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:  # JSON to msgspec, not to orjson (e.g. 1e400)
+        return exc
+    events = body.get("events") if isinstance(body, dict) else None
+    if isinstance(events, list) and not events:
+        return NoEventsError("events is empty; send at least one event")
+    limit = request.app[SETTINGS].max_events
+    if isinstance(events, list) and len(events) > limit:
+        return TooManyEventsError(f"{len(events)} events in one request; the limit is {limit}")
+    return exc
+
+
+def _check_model(request: web.Request, name: str | None) -> None:
     if name is None:
         return
-    if not isinstance(name, str):
-        raise BadRequestError(f"model must be a string, not {type(name).__name__}")
     served = request.app[MODEL].name
     if name != served:
         raise UnknownModelError(f"model {name!r} is not served here; this server serves {served!r}")
@@ -270,18 +290,15 @@ def _require_admin(request: web.Request) -> None:
 async def predict(request: web.Request) -> web.Response:
     t0 = time.perf_counter()
     app = request.app
-    body = _object(await _json_body(request), ("events", "model"), '{"events": [...]}')
-    _check_model(request, body)
-    if "events" not in body:
-        raise BadRequestError('missing field "events": a list of events')
-    events = body["events"]
-    if not isinstance(events, list):
-        raise BadRequestError(f"events must be a list, not {type(events).__name__}")
-    if not events:
-        raise NoEventsError("events is empty; send at least one event")
-    limit = app[SETTINGS].max_events
-    if len(events) > limit:
-        raise TooManyEventsError(f"{len(events)} events in one request; the limit is {limit}")
+    raw = await _raw_body(request)
+    try:
+        body: PredictRequest = _decode(app[_PREDICT], raw)
+    except InvalidJSONError:
+        raise
+    except BadRequestError as exc:
+        raise _events_error(request, raw, exc) from None
+    _check_model(request, body.model)
+    events = body.events
     result = await app[PREDICTOR].predict(events)
     resp = _json(
         {
@@ -297,14 +314,9 @@ async def predict(request: web.Request) -> web.Response:
 
 
 async def weights(request: web.Request) -> web.Response:
-    body = _object(await _json_body(request), ("features", "keys", "model"), '{"features": {...}, "keys": [...]}')
-    _check_model(request, body)
-    features, keys = body.get("features"), body.get("keys")
-    if features is not None and not isinstance(features, dict):
-        raise BadRequestError(f"features must be an object, not {type(features).__name__}")
-    if keys is not None and not isinstance(keys, list):
-        raise BadRequestError(f"keys must be a list of uint64 integers, not {type(keys).__name__}")
-    found = await request.app[PREDICTOR].weights(features, keys)
+    body = _decode(WEIGHTS, await _raw_body(request))
+    _check_model(request, body.model)
+    found = await request.app[PREDICTOR].weights(body.features, body.keys)
     tables = list(found.weights)
     per_table = [found.weights[t].tolist() for t in tables]
     rows = [
@@ -402,12 +414,8 @@ async def export_now(request: web.Request) -> web.Response:
     control = request.app[CONTROL]
     if control is None:
         raise ReadOnlyReplicaError("a serving replica cuts no exports: ask the trainer's API or shard 0")
-    kind = None
-    if (await request.read()).strip():
-        body = _object(await _json_body(request), ("kind",), '{"kind": "base"}')
-        kind = body.get("kind")
-        if kind not in (None, "base", "delta"):
-            raise BadRequestError(f"kind must be base or delta, not {kind!r}")
+    # No body is the exporter's schedule, as {} is.
+    kind = _decode(_EXPORT, raw).kind if (raw := await request.read()).strip() else None
     return _json(await control.export_now(kind), status=201)
 
 
@@ -453,10 +461,8 @@ async def list_statuses(request: web.Request) -> web.Response:
 async def report_status(request: web.Request) -> web.Response:
     _require_admin(request)
     body = await _json_body(request)
-    doc = request.app[OPENAPI]
-    problems = validate(body, doc["components"]["schemas"]["StatusReport"], doc)
-    if problems:
-        raise BadRequestError("; ".join(problems[:5]))
+    # Checked here too, so a replica refuses a bad report as bad_request before read_only_replica.
+    check(body, StatusReport, BadRequestError)
     control = request.app[CONTROL]
     if control is None:
         raise ReadOnlyReplicaError(
@@ -464,6 +470,9 @@ async def report_status(request: web.Request) -> web.Response:
         )
     ack = await control.report_status(body["source"], body["status"])
     return _json(ack)
+
+
+_EXPORT = msgspec.json.Decoder(ExportRequest)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -579,6 +588,7 @@ def create_app(
     app[CLIENT] = api_metrics.instrument(client)
     app[PREDICTOR] = Predictor(app[CLIENT], model, on_batch=api_metrics.on_batch)
     app[HISTORY] = History(app[VIEW], model, interval_s=settings.history_interval_s, max_points=settings.history_points)
+    app[_PREDICT] = predict_decoder(settings.max_events)
     app[OPENAPI] = openapi_document(settings.max_events, replica=follower is not None)
     app[_OPENAPI_BODY] = orjson.dumps(app[OPENAPI])
     app[_ERROR_LOG] = {}

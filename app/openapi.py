@@ -1,60 +1,284 @@
-"""The OpenAPI 3.1 document of the HTTP API.
+"""The HTTP API's bodies as models, and its OpenAPI 3.1 document.
 
-`openapi_document` describes every route: request bodies, and the body of
-each success and error status. A serving replica (``ctrps serve --follow``)
-serves its own variant (``replica=True``): `/v1/model` always carries the
-served version and the follow state, and mutating routes answer 409. The
-tests check every response the app gives against it with `validate` (`ps_core.schema`, re-exported here), which knows
-exactly the keywords listed in `KEYWORDS` and refuses a schema using any
-other, so a keyword the document starts to use can never be silently ignored.
-The status board's schema (`ps_core.store.board`) and the exporter's reports
-(`ps_core.net.shard_openapi`) are the shard's own, embedded as they are: the API
-relays what the shard checks.
+Each request body is one `msgspec.Struct` (`ps_core.models`): the handlers
+decode with it (`predict_decoder`, `WEIGHTS`, `check_status_report`) and
+`openapi_document` derives its schemas from the same models, with every
+response body's. A serving replica (``ctrps serve --follow``) serves its own
+variant (``replica=True``): `/v1/model` always carries the served version and
+the follow state, and mutating routes answer 409. The status board's models
+(`ps_core.store.board`), the exporter's reports and the error body
+(`ps_core.net.shard_openapi`) are the shard's own: the API relays what the
+shard checks.
+
+An event's content is the hasher's to check (`ps_core.model.events`, the
+same rules as training, each with its reason: 422): the request models take
+events, features and keys as decoded JSON, and `Event` publishes the hasher's
+rules, from its constants.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal, cast
 
-from ps_core.model.events import MAX_FEATURES, MAX_WEIGHT, REASONS
-from ps_core.net.shard_openapi import COMPACTION_SCHEMA, EXPORT_LIST_SCHEMA, EXPORT_REPORT_SCHEMA
-from ps_core.schema import KEYWORDS, SchemaError, validate
-from ps_core.store.board import SOURCE_SCHEMA, STATUS_SCHEMA
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
 
-__all__ = ["openapi_document", "validate", "response_schema", "KEYWORDS", "SchemaError"]
+from ps_core.model.events import MAX_FEATURES, MAX_WEIGHT
+from ps_core.models import components, ref
+from ps_core.net.shard_openapi import Compaction, Error, ExportList, ExportReport, ExportRequest, StatusAck, StatusBoard
+from ps_core.store.board import StatusReport
 
+__all__ = [
+    "openapi_document",
+    "response_schema",
+    "predict_decoder",
+    "PredictRequest",
+    "WeightsRequest",
+    "Event",
+    "WEIGHTS",
+]
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
+Count = Annotated[int, Meta(ge=0)]
+CountsBy = dict[str, Count]
 
+# -- requests -------------------------------------------------------------------------
 
-# What the handlers refuse as bad_features: neither features nor keys (or both null).
+# A numeric value is kept as a float32 and must stay finite there.
+FeatureValue = str | Annotated[float, Meta(ge=-MAX_WEIGHT, le=MAX_WEIGHT)] | bool | list[str] | None
+Features = Annotated[
+    dict[str, FeatureValue],
+    Meta(
+        max_length=MAX_FEATURES,
+        description="Strings are categorical (field=value), numbers numeric, lists of "
+        "strings multi-hot, booleans the strings true/false; null is a missing feature.",
+        examples=[{"site": "a3f09", "hour": "13", "price": 12.5, "tags": ["a", "b"]}],
+    ),
+]
+Keys = Annotated[
+    list[Annotated[int, Meta(ge=0, extra_json_schema={"maximum": 2**64 - 1})]],
+    Meta(
+        max_length=MAX_FEATURES,
+        description=f"Pre-hashed uint64 feature ids, used as they are (at most {MAX_FEATURES} "
+        "features and keys together).",
+    ),
+]
+# As decoded JSON for the hasher, published with the rules above.
+RawFeatures = Annotated[dict[str, Any], Meta(extra_json_schema=msgspec.json.schema(Features))]
+RawKeys = Annotated[list[Any], Meta(extra_json_schema=msgspec.json.schema(Keys))]
+ServedModel = Annotated[str | None, Meta(description="If given (not null), must be the served model.")]
+
+# What the hasher refuses as bad_features: neither features nor keys (or both null).
 _FEATURES_OR_KEYS = [
     {"required": ["features"], "properties": {"features": {"type": "object"}}},
     {"required": ["keys"], "properties": {"keys": {"type": "array"}}},
 ]
 
 
-def _nullable(name: str) -> dict[str, Any]:
-    """The schema `name`, or null (which the handlers read as absent)."""
-    return {"anyOf": [_ref(name), {"type": "null"}]}
+class Event(Struct):
+    """features and/or keys (at least one of them not null); other event
+    fields (id, ts, label, weight) are validated as in training and otherwise ignored."""
+
+    features: Features | None = None
+    keys: Keys | None = None
+    label: Literal[0, 1] | None = None
+    ts: Annotated[float | None, Meta(description="Seconds since the epoch.")] = None
+    weight: Annotated[float, Meta(ge=0, le=MAX_WEIGHT)] | None = None
+
+
+class PredictRequest(Struct, forbid_unknown_fields=True):
+    """Events to score; `predict_decoder` bounds their number."""
+
+    events: Annotated[list[Any], Meta(min_length=1, extra_json_schema={"items": ref("Event")})]
+    model: ServedModel = None
+
+
+def predict_decoder(max_events: int) -> msgspec.json.Decoder[PredictRequest]:
+    """The decoder of `PredictRequest` bodies of at most `max_events` events."""
+    bounded = msgspec.defstruct(
+        "PredictRequest",
+        [
+            (
+                "events",
+                Annotated[
+                    list[Any], Meta(min_length=1, max_length=max_events, extra_json_schema={"items": ref("Event")})
+                ],
+            )
+        ],
+        bases=(PredictRequest,),
+        module=__name__,
+    )
+    return msgspec.json.Decoder(cast(type[PredictRequest], bounded))
+
+
+class WeightsRequest(Struct, forbid_unknown_fields=True):
+    """An event's features and/or pre-hashed keys to look up."""
+
+    features: RawFeatures | None = None
+    keys: RawKeys | None = None
+    model: ServedModel = None
+
+
+WEIGHTS = msgspec.json.Decoder(WeightsRequest)
+
+# -- responses ------------------------------------------------------------------------
+
+
+class PredictResponse(Struct, forbid_unknown_fields=True):
+    predictions: Annotated[
+        list[Annotated[float, Meta(ge=0, le=1)]],
+        Meta(description="Click probability of each event, in request order."),
+    ]
+    model: str
+    model_version: Annotated[
+        int,
+        Meta(description="Open export version of the weights read; on a serving replica, the export version served."),
+    ]
+
+
+class FeatureWeights(Struct, forbid_unknown_fields=True):
+    feature: Annotated[
+        str | None, Meta(description="field=value, field (numeric), (bias), or null for a pre-hashed key.")
+    ]
+    key: Annotated[int, Meta(ge=0, extra_json_schema={"maximum": 2**64 - 1})]
+    value: float
+    present: Annotated[bool, Meta(description="False: never trained; the weights are its initial value.")]
+    weights: dict[str, list[float]]
+
+
+class WeightsResponse(Struct, forbid_unknown_fields=True):
+    model: str
+    model_version: int
+    tables: list[str]
+    weights: list[FeatureWeights]
+
+
+class TableInfo(Struct, forbid_unknown_fields=True):
+    declared: Annotated[bool, Meta(description="Whether the shards hold the table.")]
+    features: Count
+    bytes: Count
+    dim: Annotated[int, Meta(ge=1)]
+    optimizer: dict[str, Any]
+    version: int | UnsetType = UNSET
+
+
+class DeadLetters(Struct, forbid_unknown_fields=True):
+    total: Count
+    by_reason: CountsBy
+
+
+class Lag(Struct, forbid_unknown_fields=True):
+    total: Count
+    by_partition: CountsBy
+
+
+class WorkerSeen(Struct, forbid_unknown_fields=True):
+    source: str
+    received_at: float
+    age_s: float
+
+
+class FollowInfo(Struct, forbid_unknown_fields=True):
+    dir: Annotated[str, Meta(description="The model's export directory followed.")]
+    interval_s: Annotated[float, Meta(description="Seconds between polls.")]
+    base_version: Annotated[int | None, Meta(description="The base of the chain served.")]
+    newest_version: Annotated[int | None, Meta(description="The newest version directory seen at the last poll.")]
+    created_at: Annotated[str | None, Meta(description="When the served version was cut (ISO 8601 UTC).")]
+    loaded_at: float | None
+    last_poll_at: float | None
+    last_load_ms: Annotated[
+        Annotated[float, Meta(ge=0)] | None, Meta(description="Reading and hashing the last version (in a thread).")
+    ]
+    last_apply_ms: Annotated[
+        Annotated[float, Meta(ge=0)] | None,
+        Meta(description="The event loop's time applying the last delta or swapping a base in."),
+    ]
+    deltas_applied: Count
+    bases_loaded: Count
+    error: Annotated[
+        str | None, Meta(description="Why the last poll refused a version (file and checksums), else null.")
+    ]
+
+
+class ModelInfo(Struct, forbid_unknown_fields=True, kw_only=True):
+    """The model as trained so far."""
+
+    model: str
+    config: dict[str, Any]
+    update_mode: str | None
+    tables: dict[str, TableInfo]
+    features: Count
+    bytes: Count
+    events_trained: Count
+    records_consumed: Count
+    windows: Count
+    dead_letters: DeadLetters
+    last_window: dict[str, float | str | None] | None
+    lag: Lag
+    workers: list[WorkerSeen]
+    model_version: int | None
+    last_export_version: Annotated[int | None, Meta(description="null until exports exist.")]
+    shards: Annotated[int, Meta(ge=1)]
+    # Only a serving replica reports what it serves (`ReplicaModelInfo`).
+    served_version: (
+        Annotated[int | None, Meta(description="A serving replica's export version; null until one is loaded.")]
+        | UnsetType
+    ) = UNSET
+    follow: FollowInfo | UnsetType = UNSET
+
+
+# A serving replica's, under the same name in its document.
+ReplicaModelInfo = msgspec.defstruct(
+    "ModelInfo",
+    [
+        (
+            "served_version",
+            Annotated[int | None, Meta(description="A serving replica's export version; null until one is loaded.")],
+        ),
+        ("follow", FollowInfo),
+    ],
+    bases=(ModelInfo,),
+    kw_only=True,
+    module=__name__,
+)
+
+
+class HistoryPoint(Struct, forbid_unknown_fields=True):
+    t: Annotated[float, Meta(description="When sampled, seconds since the epoch.")]
+    events_trained: Count
+    events_per_s: Annotated[
+        Annotated[float, Meta(ge=0)] | None,
+        Meta(description="Since the previous sample; null for the first or when the total fell."),
+    ]
+    logloss: float | None
+    auc: Annotated[float, Meta(ge=0, le=1)] | None
+    copc: float | None
+    lag: Count
+    dead_letters: Count
+    features: Annotated[CountsBy, Meta(description="Per table of the model, summed over shards.")]
+
+
+class History(Struct, forbid_unknown_fields=True):
+    model: str
+    interval_s: Annotated[float, Meta(description="Seconds between samples.")]
+    max_points: Annotated[int, Meta(ge=1)]
+    error: Annotated[str | None, Meta(description="Why the latest sample failed; null after a success.")]
+    points: Annotated[list[HistoryPoint], Meta(description="Oldest first.")]
+
+
+class Health(Struct, forbid_unknown_fields=True):
+    status: Literal["ok"]
+
+
+class Ready(Struct, forbid_unknown_fields=True):
+    status: Literal["ready"]
+    shards: Annotated[int, Meta(ge=1)]
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-_ERROR = _ref("Error")
-
-
-def _closed(properties: dict[str, Any], *optional: str) -> dict[str, Any]:
-    """An object with exactly these properties, all required but `optional`."""
-    return {
-        "type": "object",
-        "required": [k for k in properties if k not in optional],
-        "additionalProperties": False,
-        "properties": properties,
-    }
+_ERROR = ref("Error")
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
@@ -75,251 +299,76 @@ def _errors(*statuses: int) -> dict[str, Any]:
 
 
 def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
-    count = {"type": "integer", "minimum": 0}
-    counts_by = {"type": "object", "additionalProperties": count}
-    string, number, integer = {"type": "string"}, {"type": "number"}, {"type": "integer"}
-    key = {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}
-    window = {"type": "object", "additionalProperties": {"type": ["number", "string", "null"]}}
-    return {
-        "Error": _closed(
-            {
-                "error": {"type": "string", "description": "A stable code, e.g. " + ", ".join(REASONS[:3])},
-                "detail": {"type": "string", "minLength": 1},
-            }
-        ),
-        "Features": {
-            "type": "object",
-            "description": "Strings are categorical (field=value), numbers numeric, lists of "
-            "strings multi-hot, booleans the strings true/false; null is a missing feature.",
-            "maxProperties": MAX_FEATURES,
-            "additionalProperties": {
-                "type": ["string", "number", "boolean", "array", "null"],
-                "items": string,
-                # A numeric value is kept as a float32 and must stay finite there.
-                "minimum": -MAX_WEIGHT,
-                "maximum": MAX_WEIGHT,
-            },
-            "examples": [{"site": "a3f09", "hour": "13", "price": 12.5, "tags": ["a", "b"]}],
-        },
-        "Keys": {
-            "type": "array",
-            "description": "Pre-hashed uint64 feature ids, used as they are "
-            f"(at most {MAX_FEATURES} features and keys together).",
-            "maxItems": MAX_FEATURES,
-            "items": key,
-        },
-        "Event": {
-            "type": "object",
-            "description": "features and/or keys (at least one of them not null); other event "
-            "fields (id, ts, label, weight) are validated as in training and otherwise ignored.",
-            "properties": {
-                "features": _nullable("Features"),
-                "keys": _nullable("Keys"),
-                "label": {"type": ["integer", "number", "null"], "enum": [0, 1, None]},
-                "ts": {"type": ["number", "null"], "description": "Seconds since the epoch."},
-                "weight": {"type": ["number", "null"], "minimum": 0, "maximum": MAX_WEIGHT},
-            },
-            "anyOf": _FEATURES_OR_KEYS,
-        },
-        "PredictRequest": _closed(
-            {
-                "events": {"type": "array", "minItems": 1, "maxItems": max_events, "items": _ref("Event")},
-                "model": {"type": ["string", "null"], "description": "If given (not null), must be the served model."},
-            },
-            "model",
-        ),
-        "PredictResponse": _closed(
-            {
-                "predictions": {
-                    "type": "array",
-                    "items": {"type": "number", "minimum": 0, "maximum": 1},
-                    "description": "Click probability of each event, in request order.",
-                },
-                "model": string,
-                "model_version": {
-                    "type": "integer",
-                    "description": "Open export version of the weights read; on a serving "
-                    "replica, the export version served.",
-                },
-            }
-        ),
-        "WeightsRequest": _closed(
-            {
-                "features": _nullable("Features"),
-                "keys": _nullable("Keys"),
-                "model": {"type": ["string", "null"], "description": "If given (not null), must be the served model."},
-            },
-            "features",
-            "keys",
-            "model",
+    schemas = components(
+        (
+            Error,
+            Event,
+            predict_decoder(max_events).type,
+            PredictResponse,
+            WeightsRequest,
+            WeightsResponse,
+            ReplicaModelInfo if replica else ModelInfo,
+            StatusReport,
+            StatusAck,
+            StatusBoard,
+            ExportRequest,
+            ExportReport,
+            Compaction,
+            ExportList,
+            History,
+            Health,
+            Ready,
         )
-        | {"anyOf": _FEATURES_OR_KEYS},
-        "FeatureWeights": _closed(
-            {
-                "feature": {
-                    "type": ["string", "null"],
-                    "description": "field=value, field (numeric), (bias), or null for a pre-hashed key.",
-                },
-                "key": key,
-                "value": number,
-                "present": {
-                    "type": "boolean",
-                    "description": "False: never trained; the weights are its initial value.",
-                },
-                "weights": {
-                    "type": "object",
-                    "additionalProperties": {"type": "array", "items": number},
-                },
-            }
-        ),
-        "WeightsResponse": _closed(
-            {
-                "model": string,
-                "model_version": integer,
-                "tables": {"type": "array", "items": string},
-                "weights": {"type": "array", "items": _ref("FeatureWeights")},
-            }
-        ),
-        "TableInfo": _closed(
-            {
-                "declared": {"type": "boolean", "description": "Whether the shards hold the table."},
-                "features": count,
-                "bytes": count,
-                "dim": {"type": "integer", "minimum": 1},
-                "optimizer": {"type": "object"},
-                "version": integer,
-            },
-            "version",
-        ),
-        "ModelInfo": _closed(
-            {
-                "model": string,
-                "config": {"type": "object"},
-                "update_mode": {"type": ["string", "null"]},
-                "tables": {"type": "object", "additionalProperties": _ref("TableInfo")},
-                "features": count,
-                "bytes": count,
-                "events_trained": count,
-                "records_consumed": count,
-                "windows": count,
-                "dead_letters": _closed({"total": count, "by_reason": counts_by}),
-                "last_window": {**window, "type": ["object", "null"]},
-                "lag": _closed({"total": count, "by_partition": counts_by}),
-                "workers": {
-                    "type": "array",
-                    "items": _closed({"source": string, "received_at": number, "age_s": number}),
-                },
-                "model_version": {"type": ["integer", "null"]},
-                "last_export_version": {
-                    "type": ["integer", "null"],
-                    "description": "null until exports exist.",
-                },
-                "shards": {"type": "integer", "minimum": 1},
-                "served_version": {
-                    "type": ["integer", "null"],
-                    "description": "A serving replica's export version; null until one is loaded.",
-                },
-                "follow": _ref("FollowInfo"),
-            },
-            # Only a serving replica reports what it serves.
-            *(() if replica else ("served_version", "follow")),
-        ),
-        "FollowInfo": _closed(
-            {
-                "dir": {"type": "string", "description": "The model's export directory followed."},
-                "interval_s": {"type": "number", "description": "Seconds between polls."},
-                "base_version": {
-                    "type": ["integer", "null"],
-                    "description": "The base of the chain served.",
-                },
-                "newest_version": {
-                    "type": ["integer", "null"],
-                    "description": "The newest version directory seen at the last poll.",
-                },
-                "created_at": {
-                    "type": ["string", "null"],
-                    "description": "When the served version was cut (ISO 8601 UTC).",
-                },
-                "loaded_at": {**number, "type": ["number", "null"]},
-                "last_poll_at": {**number, "type": ["number", "null"]},
-                "last_load_ms": {
-                    "type": ["number", "null"],
-                    "minimum": 0,
-                    "description": "Reading and hashing the last version (in a thread).",
-                },
-                "last_apply_ms": {
-                    "type": ["number", "null"],
-                    "minimum": 0,
-                    "description": "The event loop's time applying the last delta or swapping a base in.",
-                },
-                "deltas_applied": count,
-                "bases_loaded": count,
-                "error": {
-                    "type": ["string", "null"],
-                    "description": "Why the last poll refused a version (file and checksums), else null.",
-                },
-            }
-        ),
-        "WorkerStatus": STATUS_SCHEMA,
-        "StatusReport": _closed({"source": SOURCE_SCHEMA, "status": _ref("WorkerStatus")}),
-        "ExportReport": EXPORT_REPORT_SCHEMA,
-        "Compaction": COMPACTION_SCHEMA,
-        "ExportList": EXPORT_LIST_SCHEMA,
-        "StatusAck": _closed({"source": string, "received_at": number, "sources": {"type": "integer", "minimum": 1}}),
-        "StatusBoard": _closed(
-            {
-                "statuses": {
-                    "type": "array",
-                    "items": _closed({"source": string, "received_at": number, "status": {"type": "object"}}),
-                }
-            }
-        ),
-        "HistoryPoint": _closed(
-            {
-                "t": {"type": "number", "description": "When sampled, seconds since the epoch."},
-                "events_trained": count,
-                "events_per_s": {
-                    "type": ["number", "null"],
-                    "minimum": 0,
-                    "description": "Since the previous sample; null for the first or when the total fell.",
-                },
-                "logloss": {**number, "type": ["number", "null"]},
-                "auc": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
-                "copc": {**number, "type": ["number", "null"]},
-                "lag": count,
-                "dead_letters": count,
-                "features": {**counts_by, "description": "Per table of the model, summed over shards."},
-            }
-        ),
-        "History": _closed(
-            {
-                "model": string,
-                "interval_s": {"type": "number", "description": "Seconds between samples."},
-                "max_points": {"type": "integer", "minimum": 1},
-                "error": {
-                    "type": ["string", "null"],
-                    "description": "Why the latest sample failed; null after a success.",
-                },
-                "points": {"type": "array", "items": _ref("HistoryPoint"), "description": "Oldest first."},
-            }
-        ),
-        "Health": _closed({"status": {"type": "string", "enum": ["ok"]}}),
-        "Ready": _closed(
-            {"status": {"type": "string", "enum": ["ready"]}, "shards": {"type": "integer", "minimum": 1}}
-        ),
-    }
+    )
+    # The one rule no field's type states; the hasher refuses its breach as bad_features.
+    schemas["Event"]["anyOf"] = schemas["WeightsRequest"]["anyOf"] = _FEATURES_OR_KEYS
+    return schemas
+
+
+def _op(
+    summary: str,
+    ok: dict[str, Any],
+    *errors: int,
+    body: str | None = None,
+    body_required: bool = True,
+    admin: bool = False,
+    own: dict[int, str] | None = None,
+) -> dict[str, Any]:
+    """An operation: its success responses `ok`, the errors of `errors`
+    (`_errors`' texts) and of `own` (status: text of its own), the request
+    model `body`; `admin` routes need the admin token."""
+    out: dict[str, Any] = {"summary": summary}
+    if admin:
+        out["security"] = [{"bearer": []}]
+    if body is not None:
+        out["requestBody"] = {"required": body_required, "content": {"application/json": {"schema": ref(body)}}}
+    mine = {str(status): _json(_ERROR, text) for status, text in (own or {}).items()}
+    out["responses"] = {**ok, **mine, **_errors(*errors)}
+    return out
+
+
+def _ok(schema: str, description: str, status: int = 200) -> dict[str, Any]:
+    return {str(status): _json(ref(schema), description)}
+
+
+def _text(content_type: str, description: str) -> dict[str, Any]:
+    return {"200": {"description": description, "content": {content_type: {"schema": {"type": "string"}}}}}
+
+
+_NO_EXPORTER = "Shard 0 hosts no exporter (no_coordinator)."
 
 
 def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the API (`max_events` bounds a predict
     request); with `replica`, of a serving replica (``ctrps serve --follow``)."""
-    schemas = _schemas(max_events, replica)
     read_only = (409,) if replica else ()
-
-    def body(name: str) -> dict[str, Any]:
-        return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
-
-    admin: list[dict[str, list[str]]] = [{"bearer": []}]
+    since = {
+        "name": "since",
+        "in": "query",
+        "required": False,
+        "description": "Only points taken after this time (seconds since the epoch).",
+        "schema": {"type": "number"},
+    }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -331,163 +380,103 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
         },
         "paths": {
             "/v1/predict": {
-                "post": {
-                    "summary": "Click probabilities of events, from the current weights.",
-                    "requestBody": body("PredictRequest"),
-                    "responses": {
-                        "200": _json(_ref("PredictResponse"), "One probability per event."),
-                        **_errors(400, 404, 413, 422, 502, 503),
-                    },
-                }
+                "post": _op(
+                    "Click probabilities of events, from the current weights.",
+                    _ok("PredictResponse", "One probability per event."),
+                    *(400, 404, 413, 422, 502, 503),
+                    body="PredictRequest",
+                )
             },
             "/v1/weights": {
-                "post": {
-                    "summary": "Current weights of an event's features or of pre-hashed keys.",
-                    "requestBody": body("WeightsRequest"),
-                    "responses": {
-                        "200": _json(_ref("WeightsResponse"), "The bias first, then each feature."),
-                        **_errors(400, 404, 413, 422, 502, 503),
-                    },
-                }
+                "post": _op(
+                    "Current weights of an event's features or of pre-hashed keys.",
+                    _ok("WeightsResponse", "The bias first, then each feature."),
+                    *(400, 404, 413, 422, 502, 503),
+                    body="WeightsRequest",
+                )
             },
             "/v1/model": {
-                "get": {
-                    "summary": "Model configuration, size, training progress and lag.",
-                    "responses": {
-                        "200": _json(_ref("ModelInfo"), "The model as trained so far."),
-                        **_errors(502, 503),
-                    },
-                }
+                "get": _op(
+                    "Model configuration, size, training progress and lag.",
+                    _ok("ModelInfo", "The model as trained so far."),
+                    *(502, 503),
+                )
             },
             "/v1/status": {
-                "get": {
-                    "summary": "The status board: the latest status of each worker.",
-                    "responses": {
-                        "200": _json(_ref("StatusBoard"), "Least recently reported first."),
-                        **_errors(502, 503),
-                    },
-                },
-                "post": {
-                    "summary": "Report a status to the board (admin).",
-                    "security": admin,
-                    "requestBody": body("StatusReport"),
-                    "responses": {
-                        "200": _json(_ref("StatusAck"), "Stored."),
-                        **_errors(400, 401, *read_only, 413, 502, 503),
-                    },
-                },
+                "get": _op(
+                    "The status board: the latest status of each worker.",
+                    _ok("StatusBoard", "Least recently reported first."),
+                    *(502, 503),
+                ),
+                "post": _op(
+                    "Report a status to the board (admin).",
+                    _ok("StatusAck", "Stored."),
+                    *(400, 401, *read_only, 413, 502, 503),
+                    body="StatusReport",
+                    admin=True,
+                ),
             },
             "/v1/exports": {
-                "get": {
-                    "summary": "The export versions on disk, oldest first.",
-                    "responses": {
-                        "200": _json(_ref("ExportList"), "The versions, and the last export's report."),
-                        "404": _json(_ERROR, "Shard 0 hosts no exporter (no_coordinator)."),
-                        **_errors(502, 503),
+                "get": _op(
+                    "The export versions on disk, oldest first.",
+                    _ok("ExportList", "The versions, and the last export's report."),
+                    *(502, 503),
+                    own={404: _NO_EXPORTER},
+                ),
+                "post": _op(
+                    "Cut and write a model version now (admin): a consistent cut of every shard.",
+                    _ok("ExportReport", "Written.", 201),
+                    *(401, *read_only, 413, 502, 503),
+                    body="ExportRequest",
+                    body_required=False,
+                    admin=True,
+                    own={
+                        400: 'The body is not {} or {"kind": "base" | "delta"} (invalid_json, bad_request).',
+                        404: _NO_EXPORTER,
                     },
-                },
-                "post": {
-                    "summary": "Cut and write a model version now (admin): a consistent cut of every shard.",
-                    "security": admin,
-                    "requestBody": {
-                        "required": False,
-                        "content": {
-                            "application/json": {
-                                "schema": _closed({"kind": {"type": "string", "enum": ["base", "delta"]}}, "kind")
-                            }
-                        },
-                    },
-                    "responses": {
-                        "201": _json(_ref("ExportReport"), "Written."),
-                        "400": _json(
-                            _ERROR, 'The body is not {} or {"kind": "base" | "delta"} (invalid_json, bad_request).'
-                        ),
-                        "404": _json(_ERROR, "Shard 0 hosts no exporter (no_coordinator)."),
-                        **_errors(401, *read_only, 413, 502, 503),
-                    },
-                },
+                ),
             },
             "/v1/exports/compact": {
-                "post": {
-                    "summary": "Fold the newest chain into a base of its newest version, then prune (admin).",
-                    "security": admin,
-                    "responses": {
-                        "200": _json(_ref("Compaction"), "The base written, what it folds and what was pruned."),
-                        "404": _json(_ERROR, "Shard 0 hosts no exporter (no_coordinator), or there is no version."),
-                        **_errors(401, *read_only, 502, 503),
-                    },
-                }
+                "post": _op(
+                    "Fold the newest chain into a base of its newest version, then prune (admin).",
+                    _ok("Compaction", "The base written, what it folds and what was pruned."),
+                    *(401, *read_only, 502, 503),
+                    admin=True,
+                    own={404: "Shard 0 hosts no exporter (no_coordinator), or there is no version."},
+                )
             },
             "/v1/history": {
                 "get": {
-                    "summary": "The dashboard's samples of the cluster, kept in this process.",
-                    "parameters": [
-                        {
-                            "name": "since",
-                            "in": "query",
-                            "required": False,
-                            "description": "Only points taken after this time (seconds since the epoch).",
-                            "schema": {"type": "number"},
-                        }
-                    ],
-                    "responses": {
-                        "200": _json(_ref("History"), "The newest max_points samples."),
-                        "400": _json(_ERROR, "since is not a finite number (bad_request)."),
-                        **_errors(),
-                    },
+                    "parameters": [since],
+                    **_op(
+                        "The dashboard's samples of the cluster, kept in this process.",
+                        _ok("History", "The newest max_points samples."),
+                        own={400: "since is not a finite number (bad_request)."},
+                    ),
                 }
             },
             "/": {
-                "get": {
-                    "summary": "The dashboard: one self-contained HTML page drawing /v1/history.",
-                    "responses": {
-                        "200": {
-                            "description": "An HTML page with inline script and style.",
-                            "content": {"text/html": {"schema": {"type": "string"}}},
-                        },
-                        **_errors(),
-                    },
-                }
+                "get": _op(
+                    "The dashboard: one self-contained HTML page drawing /v1/history.",
+                    _text("text/html", "An HTML page with inline script and style."),
+                )
             },
-            "/healthz": {
-                "get": {
-                    "summary": "Liveness: the process answers.",
-                    "responses": {"200": _json(_ref("Health"), "Alive."), **_errors()},
-                }
-            },
-            "/readyz": {
-                "get": {
-                    "summary": "Readiness: every shard answers.",
-                    "responses": {
-                        "200": _json(_ref("Ready"), "Every shard answered."),
-                        **_errors(503),
-                    },
-                }
-            },
+            "/healthz": {"get": _op("Liveness: the process answers.", _ok("Health", "Alive."))},
+            "/readyz": {"get": _op("Readiness: every shard answers.", _ok("Ready", "Every shard answered."), 503)},
             "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics (text format).",
-                    "responses": {
-                        "200": {
-                            "description": "Prometheus text exposition format.",
-                            "content": {"text/plain": {"schema": {"type": "string"}}},
-                        },
-                        **_errors(),
-                    },
-                }
+                "get": _op(
+                    "Prometheus metrics (text format).", _text("text/plain", "Prometheus text exposition format.")
+                )
             },
             "/openapi.json": {
-                "get": {
-                    "summary": "This document.",
-                    "responses": {
-                        "200": _json({"type": "object", "required": ["openapi", "paths"]}, "OpenAPI 3.1."),
-                        **_errors(),
-                    },
-                }
+                "get": _op(
+                    "This document.",
+                    {"200": _json({"type": "object", "required": ["openapi", "paths"]}, "OpenAPI 3.1.")},
+                )
             },
         },
         "components": {
-            "schemas": schemas,
+            "schemas": _schemas(max_events, replica),
             "securitySchemes": {
                 "bearer": {
                     "type": "http",

@@ -1,7 +1,8 @@
 """ctrps core, in four packages over three shared modules; no Kafka here.
 
-- `errors`, `hashing`, `parsing`, `schema`: typed errors, stable 64-bit ids,
-  strict parsing and JSON Schema checks, imported by every package;
+- `errors`, `hashing`, `parsing`, `models`: typed errors, stable 64-bit ids,
+  strict parsing, and request bodies declared once as models (validation and
+  the documents' schemas), imported by every package;
 - `store`: the index, optimizers and sparse tables of one shard;
 - `model`: events, feature hashing, batches, models and metrics;
 - `net`: the codec, a shard's handlers and server, the RPC and the clients;

@@ -29,6 +29,7 @@ import pytest
 import waiting
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from documents import validate
 from test_api import report_windows, synthetic_events, train, window_report
 
 from app.api import HISTORY, ApiServer, create_app
@@ -36,7 +37,7 @@ from app.cli import build_parser
 from app.demo import _announce
 from app.history import LIVE_WORKER_S, History, window_quality
 from app.metrics import ApiMetrics
-from app.openapi import openapi_document, response_schema, validate
+from app.openapi import openapi_document, response_schema
 from app.settings import ApiSettings, DemoSettings, SettingsError
 from app.status import WorkerView
 from app.views import ControlView

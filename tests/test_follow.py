@@ -29,12 +29,13 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from commands import ctrps_process
+from documents import validate
 
 import app.follower as follower_module
 from app.api import create_app
 from app.cli import build_parser
 from app.follower import Follower, follow_dir, model_from_manifest, model_of_exports
-from app.openapi import openapi_document, response_schema, validate
+from app.openapi import openapi_document, response_schema
 from app.settings import ApiSettings, SettingsError
 from ps_core.checkpoint.export import (
     apply_version,

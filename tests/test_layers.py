@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = {"ps_core.errors", "ps_core.hashing", "ps_core.parsing", "ps_core.schema"}
+SHARED = {"ps_core.errors", "ps_core.hashing", "ps_core.parsing", "ps_core.models"}
 
 # What each part of the tree may import of the project, by module prefix.
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -14,7 +14,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "ps_core.errors": (),
     "ps_core.hashing": (),
     "ps_core.parsing": ("ps_core.errors",),
-    "ps_core.schema": ("ps_core.errors", "ps_core.parsing"),
+    "ps_core.models": ("ps_core.errors", "ps_core.parsing"),
     "ps_core.store": (*SHARED, "ps_core.store"),
     "ps_core.model": (*SHARED, "ps_core.store", "ps_core.model"),
     "ps_core.net": (*SHARED, "ps_core.store", "ps_core.net"),

@@ -36,12 +36,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
+import msgspec
 from aiohttp import web
 
 from ..errors import CutInProgressError, InvalidRequestError
-from ..net.server import SHARD, create_shard_app, exact_fields, json_object, json_response
+from ..models import decode
+from ..net.server import SHARD, create_shard_app, exact_fields, json_body, json_object, json_response
 from ..net.shard import Shard
+from ..net.shard_openapi import ExportRequest, LeaseRequest, Release
 from ..parsing import json_int
 from ..store.table import MAX_VERSION
 from .coordinator import Coordinator, parse_offsets
@@ -54,20 +56,15 @@ __all__ = ["checkpointed_shard_app", "add_coordinator_routes", "COORDINATOR", "E
 COORDINATOR = web.AppKey("coordinator", Coordinator)
 EXPORTER = web.AppKey("exporter", Exporter)
 
-_MAX_WAIT_S = 300.0
+_LEASE = msgspec.json.Decoder(LeaseRequest)
+_RELEASE = msgspec.json.Decoder(Release)
+_EXPORT = msgspec.json.Decoder(ExportRequest)
 
 
 async def acquire(request: web.Request) -> web.Response:
-    body = await json_object(request)
-    worker, wait_s = body.get("worker"), body.get("wait_s", 30.0)
-    if set(body) - {"worker", "wait_s"}:
-        raise InvalidRequestError(f'body must be {{"worker": str, "wait_s": number}}, got {sorted(body)[:10]}')
-    if not isinstance(worker, str) or not 0 < len(worker) <= 200:
-        raise InvalidRequestError("worker must be a non-empty string of at most 200 characters")
-    if not isinstance(wait_s, (int, float)) or isinstance(wait_s, bool) or not 0 <= wait_s <= _MAX_WAIT_S:
-        raise InvalidRequestError(f"wait_s must be a number of seconds in [0, {_MAX_WAIT_S:g}]")
+    body = await json_body(request, _LEASE)
     coordinator = request.app[COORDINATOR]
-    lease = await coordinator.acquire(worker, float(wait_s))
+    lease = await coordinator.acquire(body.worker, body.wait_s)
     if request.transport is None or request.transport.is_closing():
         # The caller gave up while this waited for a cut: a lease nobody
         # holds would stall the next cut until it expires.
@@ -79,17 +76,11 @@ async def acquire(request: web.Request) -> web.Response:
 
 
 async def release(request: web.Request) -> web.Response:
-    body = await json_object(request)
-    if set(body) - {"lease_id", "offsets", "stream"}:
-        raise InvalidRequestError(f"unknown fields {sorted(set(body) - {'lease_id', 'offsets', 'stream'})[:10]}")
-    lease_id = json_int(body.get("lease_id"), "lease_id")
-    offsets = parse_offsets(body.get("offsets", {}), error=InvalidRequestError)
-    raw_stream = body.get("stream")
-    try:
-        stream = StreamIdentity.from_dict(raw_stream) if raw_stream is not None else None
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise InvalidRequestError(f"stream: {exc}") from None
-    released = await request.app[COORDINATOR].release(lease_id, offsets, stream)
+    body = await json_body(request, _RELEASE)
+    # The model checked every key and offset; this turns partition keys into ints.
+    offsets = parse_offsets(body.offsets, error=InvalidRequestError)
+    stream = None if body.stream is None else StreamIdentity.from_dict(msgspec.structs.asdict(body.stream))
+    released = await request.app[COORDINATOR].release(body.lease_id, offsets, stream)
     return json_response({"released": released})
 
 
@@ -105,15 +96,8 @@ async def offsets(request: web.Request) -> web.Response:
 
 async def export_now(request: web.Request) -> web.Response:
     raw = await request.read()
-    kind = None
-    if raw.strip():
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequestError(f"body is not JSON: {exc}") from None
-        if not isinstance(body, dict) or set(body) - {"kind"} or body.get("kind") not in (None, "base", "delta"):
-            raise InvalidRequestError('body must be {} or {"kind": "base" | "delta"}')
-        kind = body.get("kind")
+    # No body is the exporter's schedule, as {} is.
+    kind = decode(_EXPORT, raw, InvalidRequestError).kind if raw.strip() else None
     return json_response(await request.app[EXPORTER].export_json(kind), status=201)
 
 

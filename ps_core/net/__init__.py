@@ -7,8 +7,8 @@ document, the TCP RPC (`rpc`, `pipelined`), credentials (`auth`), TLS
 client (`client.PSReader`, `client.PSClient` over the transports of
 `transports`, through the shard endpoints of `endpoint`).
 
-May import: aiohttp, numpy, orjson, `ps_core.errors`, `ps_core.hashing`,
-`ps_core.parsing`, `ps_core.schema` and `ps_core.store`. Nothing of the model
+May import: aiohttp, numpy, orjson, msgspec, `ps_core.errors`, `ps_core.hashing`,
+`ps_core.parsing`, `ps_core.models` and `ps_core.store`. Nothing of the model
 side or checkpoints. A new frame op, value encoding or transport goes here.
 """
 

@@ -1,5 +1,6 @@
-"""The OpenAPI 3.1 document of a shard's JSON routes (``GET /openapi.json``
-on every shard's HTTP port), so they can be fuzzed like the API's.
+"""The shard's JSON bodies as models, and the OpenAPI 3.1 document of its
+JSON routes (``GET /openapi.json`` on every shard's HTTP port), so they can be
+fuzzed like the API's.
 
 It documents the routes of `ps_core.net.server` and, on shard 0 with a
 coordinator and exporter, of `ps_core.checkpoint.routes`: tables, stats,
@@ -8,293 +9,388 @@ binary frame routes (``/v1/pull``, ``/v1/push``, ``/v1/push_pull``) are
 left out: their bodies are `ps_core.net.codec` frames, not JSON, and the codec
 has its own tests. `shard_document` keeps only the paths the app serves.
 
-The exporter's reports (`EXPORT_REPORT_SCHEMA`, `COMPACTION_SCHEMA`,
-`EXPORT_LIST_SCHEMA`) and the status board's schema (`ps_core.store.board`) are
-embedded in the API's document too: the API relays them.
+Each body is declared once, as a `msgspec.Struct` (`ps_core.models`): the
+routes decode requests with the models (`decode`), and the document's
+schemas are derived from them. The exporter's reports (`ExportReport`,
+`Compaction`, `ExportList`) and the status board's models
+(`ps_core.store.board`) are in the API's document too: the API relays them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from ..models import components, ref
 from ..parsing import MAX_INT
-from ..store.board import PARTITION_KEY, SOURCE_SCHEMA, STATUS_SCHEMA
+from ..store.board import PARTITION_KEY, StatusReport
 from ..store.optim import MAX_HYPERPARAMETER, MIN_POSITIVE
 from ..store.table import MAX_DIM, MAX_INIT_SCALE, MAX_VERSION
 
 __all__ = [
     "shard_document",
-    "EXPORT_REPORT_SCHEMA",
-    "COMPACTION_SCHEMA",
-    "EXPORT_LIST_SCHEMA",
+    "Error",
+    "SnapshotRequest",
+    "Admit",
+    "Restore",
+    "LeaseRequest",
+    "Release",
+    "ExportRequest",
+    "ExportReport",
+    "Compaction",
+    "ExportList",
+    "StatusAck",
+    "StatusBoard",
+    "MAX_WAIT_S",
 ]
 
+Count = Annotated[int, Meta(ge=0)]
+Shards = Annotated[int, Meta(ge=1)]
+CountsBy = dict[str, Count]
+Version = Annotated[int, Meta(ge=0, le=MAX_VERSION)]
+ExportVersion = Annotated[int, Meta(ge=1)]
+Duration = Annotated[float, Meta(ge=0)]
+Positive = Annotated[float, Meta(ge=MIN_POSITIVE, le=MAX_HYPERPARAMETER)]
+NonNegative = Annotated[float, Meta(ge=0, le=MAX_HYPERPARAMETER)]
+Kind = Literal["base", "delta"]
+Topic = Annotated[str, Meta(min_length=1, max_length=249)]
+Offset = Annotated[int, Meta(ge=0, le=MAX_INT)]
+Offsets = Annotated[
+    dict[Topic, dict[Annotated[str, Meta(pattern=PARTITION_KEY)], Offset]],
+    Meta(description="Next offset per topic and partition (partitions in ASCII digits)."),
+]
 
-def _closed(properties: dict[str, Any], *optional: str) -> dict[str, Any]:
-    """An object with exactly these properties, all required but `optional`."""
-    return {
-        "type": "object",
-        "required": [k for k in properties if k not in optional],
-        "additionalProperties": False,
-        "properties": properties,
-    }
+MAX_WAIT_S = 300.0
+"""Longest a lease request may wait for a cut to end."""
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
+class Error(Struct, forbid_unknown_fields=True):
+    """Every error: a stable code and a reason."""
+
+    error: str
+    detail: Annotated[str, Meta(min_length=1)]
+
+
+# -- tables ------------------------------------------------------------------------
+
+
+class SGD(Struct, tag_field="name", tag="sgd", forbid_unknown_fields=True):
+    """Plain SGD (ps_core.store.optim.SGD)."""
+
+    lr: Positive | UnsetType = UNSET
+    l2: NonNegative | UnsetType = UNSET
+
+
+class AdaGrad(Struct, tag_field="name", tag="adagrad", forbid_unknown_fields=True):
+    """AdaGrad (ps_core.store.optim.AdaGrad)."""
+
+    lr: Positive | UnsetType = UNSET
+    eps: Positive | UnsetType = UNSET
+    initial_accumulator: NonNegative | UnsetType = UNSET
+
+
+class FTRL(Struct, tag_field="name", tag="ftrl", forbid_unknown_fields=True):
+    """FTRL-proximal (ps_core.store.optim.FTRL): beta or l2 positive."""
+
+    alpha: Positive | UnsetType = UNSET
+    beta: NonNegative | UnsetType = UNSET
+    l1: NonNegative | UnsetType = UNSET
+    l2: NonNegative | UnsetType = UNSET
+
+
+Optimizer = SGD | AdaGrad | FTRL
+TableName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}\Z")]
+
+
+class Table(Struct, forbid_unknown_fields=True):
+    """A declared table; its optimizer with the defaults filled in."""
+
+    name: TableName
+    dim: Annotated[int, Meta(ge=1, le=MAX_DIM)]
+    optimizer: Optimizer
+    init_scale: Annotated[float, Meta(ge=0, le=MAX_INIT_SCALE)]
+    seed: Annotated[int, Meta(ge=0, le=MAX_INT)]
+
+
+class TableDeclaration(Struct, forbid_unknown_fields=True):
+    """A table to declare: the rest defaulted (TableConfig.from_dict checks it)."""
+
+    name: TableName
+    dim: Annotated[int, Meta(ge=1, le=MAX_DIM)] | UnsetType = UNSET
+    optimizer: Literal["sgd", "adagrad", "ftrl"] | Optimizer | UnsetType = UNSET
+    init_scale: Annotated[float, Meta(ge=0, le=MAX_INIT_SCALE)] | UnsetType = UNSET
+    seed: Annotated[int, Meta(ge=0, le=MAX_INT)] | UnsetType = UNSET
+
+
+class Declared(Struct, forbid_unknown_fields=True):
+    created: bool
+    table: Table
+
+
+class TableStats(Struct, forbid_unknown_fields=True):
+    features: Count
+    bytes: Count
+    pushes: Count
+    pulls: Count
+    version: Count
+    config: Table
+
+
+class Stats(Struct):
+    """This shard's figures; shard 0 adds sections of what it hosts (exports, cluster)."""
+
+    shard_id: Count
+    num_shards: Shards
+    duplicate_pushes: Count
+    tables: dict[str, TableStats]
+
+
+# -- the status board ---------------------------------------------------------------
+
+
+class StatusAck(Struct, forbid_unknown_fields=True):
+    source: str
+    received_at: float
+    sources: Shards
+
+
+class BoardEntry(Struct, forbid_unknown_fields=True):
+    source: str
+    received_at: float
+    status: dict[str, Any]
+
+
+class StatusBoard(Struct, forbid_unknown_fields=True):
+    statuses: list[BoardEntry]
+
+
+# -- cuts, membership, restore -------------------------------------------------------
+
+
+class SnapshotRequest(Struct, forbid_unknown_fields=True):
+    """Copy every table's rows for the cut `version` (a delta of `parent`)."""
+
+    version: Version
+    parent: Version | None
+
+
+class SnapshotRows(Struct, forbid_unknown_fields=True):
+    rows: CountsBy
+
+
+class Dropped(Struct, forbid_unknown_fields=True):
+    dropped: bool
+
+
+class Membership(Struct, forbid_unknown_fields=True):
+    shard_id: Count
+    num_shards: Shards
+    boot_id: str
+    joined: bool
+    epoch: str
+    version: Count
+    clean: bool
+    restores: bool
+
+
+class Admit(Struct, forbid_unknown_fields=True):
+    """Join the cluster under the coordinator's `epoch` at `version`."""
+
+    epoch: Annotated[str, Meta(max_length=200)]
+    version: Version
+
+
+class Restore(Struct, forbid_unknown_fields=True):
+    """Load `version` from the exports directory."""
+
+    version: Version
+
+
+class Refused(Struct, forbid_unknown_fields=True):
+    file: str
+    expected: str
+    actual: str
+    detail: str
+
+
+class Restored(Struct, forbid_unknown_fields=True):
+    version: int | None
+    chain: str | UnsetType = UNSET
+    rows: Count | UnsetType = UNSET
+    kept: bool | UnsetType = UNSET
+    refused: Refused | UnsetType = UNSET
+
+
+class Health(Struct, forbid_unknown_fields=True):
+    status: Literal["ok"]
+    shard_id: Count
+    num_shards: Shards
+    rpc_port: int | None
+
+
+# -- leases and offsets ---------------------------------------------------------------
+
+
+class LeaseRequest(Struct, forbid_unknown_fields=True):
+    """A lease for `worker`, waiting at most `wait_s` for a cut to end."""
+
+    worker: Annotated[str, Meta(min_length=1, max_length=200)]
+    wait_s: Annotated[float, Meta(ge=0, le=MAX_WAIT_S)] = 30.0
+
+
+class Lease(Struct, forbid_unknown_fields=True):
+    lease_id: Count
+    epoch: str
+    ttl_s: float
+
+
+class Stream(Struct, forbid_unknown_fields=True):
+    """The stream offsets were read from (ps_core.checkpoint.stream.StreamIdentity)."""
+
+    cluster_id: Annotated[str, Meta(min_length=1, max_length=200)]
+    group: Annotated[str, Meta(max_length=300)]
+    topics: Annotated[list[str], Meta(max_length=1000)] = []
+
+
+class Release(Struct, forbid_unknown_fields=True):
+    """Release `lease_id` with the offsets its window committed."""
+
+    lease_id: Annotated[int, Meta(ge=0, le=MAX_INT)]
+    offsets: Offsets = {}
+    stream: Stream | None = None
+
+
+class Released(Struct, forbid_unknown_fields=True):
+    released: bool
+
+
+class KnownOffsets(Struct, forbid_unknown_fields=True):
+    offsets: Offsets
+    stream: dict[str, Any] | None
+
+
+# -- exports --------------------------------------------------------------------------
+
+
+class ExportRequest(Struct, forbid_unknown_fields=True):
+    """The kind of version to cut; the exporter's schedule when absent."""
+
+    kind: Kind | None = None
+
+
+class ExportStream(Struct, forbid_unknown_fields=True):
+    cluster_id: str
+    group: str
+    topics: list[str]
+
+
+class ExportReport(Struct, forbid_unknown_fields=True):
+    """A version written (ps_core.checkpoint.exporter)."""
+
+    version: ExportVersion
+    kind: Kind
+    parent: int | None
+    path: Annotated[str, Meta(description="The version's directory on shard 0.")]
+    rows: Count
+    bytes: Count
+    offsets: Annotated[
+        dict[str, CountsBy],
+        Meta(description="Next offset to consume per topic and partition: where workers resume."),
+    ]
+    lease_wait_ms: Duration
+    pause_ms: Annotated[float, Meta(ge=0, description="Leases refused: the wait plus the shards' copies.")]
+    write_ms: Duration
+    expired_leases: list[str]
+    pruned: list[int]
+    stream: Annotated[
+        ExportStream | None,
+        Meta(
+            description="The stream the offsets were read from (Kafka cluster id, group, topics); "
+            "null when no worker reported one."
+        ),
+    ]
+
+
+class Compaction(Struct, forbid_unknown_fields=True):
+    """A base folding the newest chain (ps_core.checkpoint.exporter)."""
+
+    version: ExportVersion
+    kind: Literal["base"]
+    compacted_from: Annotated[list[int], Meta(description="Empty when the newest version was a base already.")]
+    rows: Count
+    bytes: Count
+    pruned: list[int]
+    seconds: Duration
+
+
+class VersionEntry(Struct, forbid_unknown_fields=True):
+    version: ExportVersion
+    kind: Kind
+    parent: int | None
+    created_at: Annotated[str, Meta(description="RFC 3339, UTC.")]
+    rows: Count
+    bytes: Count
+
+
+class ExportList(Struct, forbid_unknown_fields=True):
+    """The export versions on disk, oldest first."""
+
+    model: str
+    versions: list[VersionEntry]
+    last: Annotated[
+        dict[str, Any] | None,
+        Meta(description="The last export this process's coordinator wrote (null on a replica or before one)."),
+    ]
+
+
+_MODELS = (
+    Error,
+    Table,
+    TableDeclaration,
+    Declared,
+    Stats,
+    StatusReport,
+    StatusAck,
+    StatusBoard,
+    SnapshotRequest,
+    SnapshotRows,
+    Dropped,
+    Membership,
+    Admit,
+    Restore,
+    Restored,
+    Health,
+    LeaseRequest,
+    Lease,
+    Release,
+    Released,
+    KnownOffsets,
+    ExportRequest,
+    ExportReport,
+    Compaction,
+    ExportList,
+)
+
+
+def _schemas() -> dict[str, Any]:
+    schemas = components(_MODELS)
+    schemas["Tables"] = {"type": "object", "additionalProperties": ref("Table")}
+    # The one rule no field's type states: FTRL divides a fresh row by
+    # beta / alpha + l2, so one of them (each defaulting to 1) must be positive.
+    schemas["FTRL"]["anyOf"] = [
+        {"properties": {"beta": {"minimum": MIN_POSITIVE}}},
+        {"properties": {"l2": {"minimum": MIN_POSITIVE}}},
+    ]
+    return schemas
+
+
+_SCHEMAS = _schemas()
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
-
-count: dict[str, Any] = {"type": "integer", "minimum": 0}
-counts_by: dict[str, Any] = {"type": "object", "additionalProperties": count}
-string: dict[str, Any] = {"type": "string"}
-boolean: dict[str, Any] = {"type": "boolean"}
-version: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_VERSION}
-
-EXPORT_REPORT_SCHEMA: dict[str, Any] = _closed(
-    {
-        "version": {"type": "integer", "minimum": 1},
-        "kind": {"type": "string", "enum": ["base", "delta"]},
-        "parent": {"type": ["integer", "null"]},
-        "path": {"type": "string", "description": "The version's directory on shard 0."},
-        "rows": count,
-        "bytes": count,
-        "offsets": {
-            "type": "object",
-            "description": "Next offset to consume per topic and partition: where workers resume.",
-            "additionalProperties": counts_by,
-        },
-        "lease_wait_ms": {"type": "number", "minimum": 0},
-        "pause_ms": {
-            "type": "number",
-            "minimum": 0,
-            "description": "Leases refused: the wait plus the shards' copies.",
-        },
-        "write_ms": {"type": "number", "minimum": 0},
-        "expired_leases": {"type": "array", "items": {"type": "string"}},
-        "pruned": {"type": "array", "items": {"type": "integer"}},
-        "stream": {
-            **_closed(
-                {
-                    "cluster_id": string,
-                    "group": string,
-                    "topics": {"type": "array", "items": string},
-                }
-            ),
-            "type": ["object", "null"],
-            "description": "The stream the offsets were read from (Kafka cluster id, group, topics); "
-            "null when no worker reported one.",
-        },
-    }
-)
-
-COMPACTION_SCHEMA: dict[str, Any] = _closed(
-    {
-        "version": {"type": "integer", "minimum": 1},
-        "kind": {"type": "string", "enum": ["base"]},
-        "compacted_from": {
-            "type": "array",
-            "items": {"type": "integer"},
-            "description": "Empty when the newest version was a base already.",
-        },
-        "rows": count,
-        "bytes": count,
-        "pruned": {"type": "array", "items": {"type": "integer"}},
-        "seconds": {"type": "number", "minimum": 0},
-    }
-)
-
-EXPORT_LIST_SCHEMA: dict[str, Any] = _closed(
-    {
-        "model": {"type": "string"},
-        "versions": {
-            "type": "array",
-            "items": _closed(
-                {
-                    "version": {"type": "integer", "minimum": 1},
-                    "kind": {"type": "string", "enum": ["base", "delta"]},
-                    "parent": {"type": ["integer", "null"]},
-                    "created_at": {"type": "string", "description": "RFC 3339, UTC."},
-                    "rows": count,
-                    "bytes": count,
-                }
-            ),
-        },
-        "last": {
-            "description": "The last export this process's coordinator wrote (null on a replica or before one).",
-            "type": ["object", "null"],
-        },
-    }
-)
-
-_POSITIVE = {"type": "number", "minimum": MIN_POSITIVE, "maximum": MAX_HYPERPARAMETER}
-_NON_NEGATIVE = {"type": "number", "minimum": 0, "maximum": MAX_HYPERPARAMETER}
-
-
-def _optimizer(name: str, **params: dict[str, Any]) -> dict[str, Any]:
-    return _closed({"name": {"type": "string", "enum": [name]}, **params}, *params)
-
-
-_TABLE = _closed(
-    {
-        "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
-        "dim": {"type": "integer", "minimum": 1, "maximum": MAX_DIM},
-        "optimizer": {
-            "description": "An optimizer and its hyperparameters (ps_core.store.optim), defaults filled in.",
-            "anyOf": [
-                _optimizer("sgd", lr=_POSITIVE, l2=_NON_NEGATIVE),
-                _optimizer("adagrad", lr=_POSITIVE, eps=_POSITIVE, initial_accumulator=_NON_NEGATIVE),
-                {
-                    **_optimizer("ftrl", alpha=_POSITIVE, beta=_NON_NEGATIVE, l1=_NON_NEGATIVE, l2=_NON_NEGATIVE),
-                    # beta or l2 positive (each defaults to 1): a fresh row divides by beta / alpha + l2.
-                    "anyOf": [
-                        {"properties": {"beta": {"minimum": MIN_POSITIVE}}},
-                        {"properties": {"l2": {"minimum": MIN_POSITIVE}}},
-                    ],
-                },
-            ],
-        },
-        "init_scale": {"type": "number", "minimum": 0, "maximum": MAX_INIT_SCALE},
-        "seed": {"type": "integer", "minimum": 0, "maximum": MAX_INT},
-    }
-)
-
-_SCHEMAS: dict[str, Any] = {
-    "Error": _closed({"error": string, "detail": {"type": "string", "minLength": 1}}),
-    "Table": _TABLE,
-    "TableDeclaration": {
-        **_TABLE,
-        "required": ["name"],
-        "properties": {
-            **_TABLE["properties"],
-            "optimizer": {
-                "description": "A name, or an object of a name and hyperparameters (the rest defaulted).",
-                "anyOf": [
-                    {"type": "string", "enum": ["sgd", "adagrad", "ftrl"]},
-                    *({**o, "required": ["name"]} for o in _TABLE["properties"]["optimizer"]["anyOf"]),
-                ],
-            },
-        },
-    },
-    "Declared": _closed({"created": boolean, "table": _ref("Table")}),
-    "Tables": {"type": "object", "additionalProperties": _ref("Table")},
-    "Stats": {
-        "type": "object",
-        "required": ["shard_id", "num_shards", "duplicate_pushes", "tables"],
-        "properties": {
-            "shard_id": count,
-            "num_shards": {"type": "integer", "minimum": 1},
-            "duplicate_pushes": count,
-            "tables": {
-                "type": "object",
-                "additionalProperties": _closed(
-                    {
-                        "features": count,
-                        "bytes": count,
-                        "pushes": count,
-                        "pulls": count,
-                        "version": count,
-                        "config": _ref("Table"),
-                    }
-                ),
-            },
-        },
-        "description": "Shard 0 adds sections of what it hosts (exports, cluster).",
-    },
-    "StatusReport": _closed({"source": SOURCE_SCHEMA, "status": STATUS_SCHEMA}),
-    "StatusAck": _closed(
-        {"source": string, "received_at": {"type": "number"}, "sources": {"type": "integer", "minimum": 1}}
-    ),
-    "StatusBoard": _closed(
-        {
-            "statuses": {
-                "type": "array",
-                "items": _closed({"source": string, "received_at": {"type": "number"}, "status": {"type": "object"}}),
-            }
-        }
-    ),
-    "SnapshotRequest": _closed({"version": version, "parent": {**version, "type": ["integer", "null"]}}),
-    "SnapshotRows": _closed({"rows": counts_by}),
-    "Dropped": _closed({"dropped": boolean}),
-    "Membership": _closed(
-        {
-            "shard_id": count,
-            "num_shards": {"type": "integer", "minimum": 1},
-            "boot_id": string,
-            "joined": boolean,
-            "epoch": string,
-            "version": count,
-            "clean": boolean,
-            "restores": boolean,
-        }
-    ),
-    "Admit": _closed({"epoch": {"type": "string", "maxLength": 200}, "version": version}),
-    "Restore": _closed({"version": version}),
-    "Restored": {
-        "type": "object",
-        "required": ["version"],
-        "additionalProperties": False,
-        "properties": {
-            "version": {"type": ["integer", "null"]},
-            "chain": string,
-            "rows": count,
-            "kept": boolean,
-            "refused": _closed({"file": string, "expected": string, "actual": string, "detail": string}),
-        },
-    },
-    "Health": _closed(
-        {
-            "status": {"type": "string", "enum": ["ok"]},
-            "shard_id": count,
-            "num_shards": {"type": "integer", "minimum": 1},
-            "rpc_port": {"type": ["integer", "null"]},
-        }
-    ),
-    "LeaseRequest": _closed(
-        {
-            "worker": {"type": "string", "minLength": 1, "maxLength": 200},
-            "wait_s": {"type": "number", "minimum": 0, "maximum": 300},
-        },
-        "wait_s",
-    ),
-    "Lease": _closed({"lease_id": count, "epoch": string, "ttl_s": {"type": "number"}}),
-    "Offsets": {
-        "type": "object",
-        "description": "Next offset per topic and partition (partitions in ASCII digits).",
-        "propertyNames": {"type": "string", "minLength": 1, "maxLength": 249},
-        "additionalProperties": {
-            "type": "object",
-            "propertyNames": {"type": "string", "pattern": PARTITION_KEY},
-            "additionalProperties": {"type": "integer", "minimum": 0, "maximum": MAX_INT},
-        },
-    },
-    "Stream": _closed(
-        {
-            "cluster_id": {"type": "string", "minLength": 1, "maxLength": 200},
-            "group": {"type": "string", "maxLength": 300},
-            "topics": {"type": "array", "maxItems": 1000, "items": string},
-        },
-        "topics",
-    ),
-    "Release": _closed(
-        {
-            "lease_id": {"type": "integer", "minimum": 0, "maximum": MAX_INT},
-            "offsets": _ref("Offsets"),
-            "stream": {**_ref("Stream")},
-        },
-        "offsets",
-        "stream",
-    ),
-    "Released": _closed({"released": boolean}),
-    "KnownOffsets": _closed({"offsets": _ref("Offsets"), "stream": {"type": ["object", "null"]}}),
-    "ExportRequest": _closed({"kind": {"type": "string", "enum": ["base", "delta"]}}, "kind"),
-    "ExportReport": EXPORT_REPORT_SCHEMA,
-    "Compaction": COMPACTION_SCHEMA,
-    "ExportList": EXPORT_LIST_SCHEMA,
-}
 
 _ERRORS = {
     400: "The request is not the route's shape (bad_request, bad_status, bad_table_config).",
@@ -324,18 +420,18 @@ def _op(
         out["security"] = [{"bearer": []}]
         errors = (*errors, 401, 403)
     for status in sorted(set(errors)):
-        out["responses"][str(status)] = _json(_ref("Error"), _ERRORS[status])
-    out["responses"]["default"] = _json(_ref("Error"), "Any other error (not_found, method_not_allowed).")
+        out["responses"][str(status)] = _json(ref("Error"), _ERRORS[status])
+    out["responses"]["default"] = _json(ref("Error"), "Any other error (not_found, method_not_allowed).")
     if body is not None:
         out["requestBody"] = {
             "required": not optional_body,
-            "content": {"application/json": {"schema": _ref(body)}},
+            "content": {"application/json": {"schema": ref(body)}},
         }
     return out
 
 
 def _ok(schema: str, description: str, status: int = 200) -> dict[str, Any]:
-    return {str(status): _json(_ref(schema), description)}
+    return {str(status): _json(ref(schema), description)}
 
 
 _VERSION_PARAM = {

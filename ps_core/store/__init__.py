@@ -3,10 +3,10 @@
 Holds the vectorised key index (`KeyIndex`), the optimizers (`SGD`,
 `AdaGrad`, `FTRL`), tables (`TableConfig`, `SparseTable`, `TableSnapshot`;
 what a pull found, for its push: `pull_cache.PullCache`)
-and the status board's bounded report schema (`board.check_report`).
+and the status board's bounded report model (`board.check_report`).
 
-May import: numpy, and `ps_core.errors`, `ps_core.hashing`, `ps_core.parsing`,
-`ps_core.schema`. Nothing of the network, the model side or checkpoints.
+May import: numpy, msgspec, and `ps_core.errors`, `ps_core.hashing`, `ps_core.parsing`,
+`ps_core.models`. Nothing of the network, the model side or checkpoints.
 A new optimizer, per-row metadata or a table's admission and eviction go here.
 """
 

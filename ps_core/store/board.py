@@ -2,7 +2,7 @@
 
 Workers report one JSON object per window (`app.status.worker_status`); the
 API and its metrics read the board back (`app.status.summarize`). A report
-is stored only when it matches `STATUS_SCHEMA`, a closed JSON Schema with
+is stored only when it matches `WorkerStatus`, a closed model with
 bounded sizes and values, so nothing stored can break a reader:
 
 - counts are JSON integers in ``[0, 2**53)`` (exact as a float: what a
@@ -13,22 +13,26 @@ bounded sizes and values, so nothing stored can break a reader:
   of them; reasons and other names are printable ASCII of at most 64
   characters (they become metric labels), at most 64 of them;
 - the whole status is at most `MAX_STATUS_BYTES` encoded and at most three
-  levels deep (the schema is closed: no field outside it).
+  levels deep (the model is closed: no field outside it).
 
-The API's OpenAPI document and the shard's publish this very schema
-(`app.openapi`, `ps_core.net.shard_openapi`).
+The API's OpenAPI document and the shard's publish this very model's schema
+(`app.openapi`, `ps_core.net.shard_openapi`; `ps_core.models`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Literal, TypeVar
+
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ..errors import StatusError
-from ..schema import validate
+from ..models import check
 
 __all__ = [
-    "STATUS_SCHEMA",
-    "SOURCE_SCHEMA",
+    "WorkerStatus",
+    "StatusReport",
+    "Source",
+    "WindowSeconds",
     "MAX_STATUS_BYTES",
     "MAX_SOURCE_CHARS",
     "MAX_COUNT",
@@ -51,97 +55,94 @@ MAX_PARTITIONS = 4096
 MAX_NAMES = 64
 """Most reasons (or fields of a window) one map of a status may hold."""
 
-PARTITION_KEY = "^(0|[1-9][0-9]{0,8})$"
+PARTITION_KEY = r"^(0|[1-9][0-9]{0,8})\Z"
 """A partition number as a JSON object key: ASCII digits, no sign or leading zero."""
 
-_NAME = {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[!-~]+$"}
-_COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_COUNT}
-_SECONDS = {"type": "number", "minimum": 0, "maximum": MAX_SECONDS}
-_COUNTS_BY = {
-    "type": "object",
-    "maxProperties": MAX_NAMES,
-    "propertyNames": _NAME,
-    "additionalProperties": _COUNT,
-}
+Name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[!-~]+\Z")]
+Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
+Seconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
+V = TypeVar("V")
+ByName = Annotated[dict[Name, V], Meta(max_length=MAX_NAMES)]
+CountsBy = ByName[Count]
+PartitionKey = Annotated[str, Meta(pattern=PARTITION_KEY)]
+WindowValue = Annotated[float, Meta(ge=-1e15, le=1e15)] | Annotated[str, Meta(max_length=8 * MAX_PARTITIONS)] | None
 
-SOURCE_SCHEMA: dict[str, Any] = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": MAX_SOURCE_CHARS,
-    "pattern": "^[!-~]+$",
-    "description": "Who reports, e.g. a worker's host-pid-random id: printable ASCII, no blanks.",
-}
+Source = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=MAX_SOURCE_CHARS,
+        pattern=r"^[!-~]+\Z",
+        description="Who reports, e.g. a worker's host-pid-random id: printable ASCII, no blanks.",
+    ),
+]
 
-STATUS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "What app.status.worker_status reports (every field optional, no other field).",
-    "additionalProperties": False,
-    "properties": {
-        "kind": {"type": "string", "enum": ["worker"]},
-        "update_mode": _NAME,
-        "reported_at": _SECONDS,
-        "started_at": _SECONDS,
-        "windows": _COUNT,
-        "records_consumed": _COUNT,
-        "events_trained": _COUNT,
-        "dead_letters": _COUNT,
-        "dead_letters_by_reason": _COUNTS_BY,
-        "commits": _COUNT,
-        "failed_commits": _COUNT,
-        "stale_offsets": {
-            "type": "object",
-            "description": "Partitions whose resume offset was not applied as given, by reason and action.",
-            "maxProperties": MAX_NAMES,
-            "propertyNames": _NAME,
-            "additionalProperties": _COUNTS_BY,
-        },
-        "outages": _COUNT,
-        "outage_seconds": _SECONDS,
-        "windows_replayed": _COUNT,
-        "last_window": {
-            "type": "object",
-            "description": "The last window's figures (consumers.worker.WindowReport.fields, and seconds).",
-            "maxProperties": MAX_NAMES,
-            "propertyNames": _NAME,
-            "additionalProperties": {
-                "type": ["number", "string", "null"],
-                "minimum": -1e15,
-                "maximum": 1e15,
-                "maxLength": 8 * MAX_PARTITIONS,
-            },
-        },
-        "lag_by_partition": {
-            "type": "object",
-            "description": "Records behind per partition (keys: partition numbers in ASCII digits).",
-            "maxProperties": MAX_PARTITIONS,
-            "propertyNames": {"type": "string", "pattern": PARTITION_KEY},
-            "additionalProperties": _COUNT,
-        },
-        "window_seconds": {
-            "type": "object",
-            "description": "The histogram of window durations (app.status.SecondsHistogram).",
-            "required": ["bounds", "counts", "sum", "count"],
-            "additionalProperties": False,
-            "properties": {
-                "bounds": {"type": "array", "maxItems": 64, "items": _SECONDS},
-                "counts": {"type": "array", "maxItems": 65, "items": _COUNT},
-                "sum": {"type": "number", "minimum": 0, "maximum": 1e15},
-                "count": _COUNT,
-            },
-        },
-    },
-}
+
+class WindowSeconds(Struct, forbid_unknown_fields=True):
+    """The histogram of window durations (app.status.SecondsHistogram)."""
+
+    bounds: Annotated[list[Seconds], Meta(max_length=64)]
+    counts: Annotated[list[Count], Meta(max_length=65)]
+    sum: Annotated[float, Meta(ge=0, le=1e15)]
+    count: Count
+
+
+class WorkerStatus(Struct, forbid_unknown_fields=True):
+    """What app.status.worker_status reports (every field optional, no other field)."""
+
+    kind: Literal["worker"] | UnsetType = UNSET
+    update_mode: Name | UnsetType = UNSET
+    reported_at: Seconds | UnsetType = UNSET
+    started_at: Seconds | UnsetType = UNSET
+    windows: Count | UnsetType = UNSET
+    records_consumed: Count | UnsetType = UNSET
+    events_trained: Count | UnsetType = UNSET
+    dead_letters: Count | UnsetType = UNSET
+    dead_letters_by_reason: CountsBy | UnsetType = UNSET
+    commits: Count | UnsetType = UNSET
+    failed_commits: Count | UnsetType = UNSET
+    stale_offsets: (
+        Annotated[
+            ByName[CountsBy],
+            Meta(description="Partitions whose resume offset was not applied as given, by reason and action."),
+        ]
+        | UnsetType
+    ) = UNSET
+    outages: Count | UnsetType = UNSET
+    outage_seconds: Seconds | UnsetType = UNSET
+    windows_replayed: Count | UnsetType = UNSET
+    last_window: (
+        Annotated[
+            ByName[WindowValue],
+            Meta(description="The last window's figures (consumers.worker.WindowReport.fields, and seconds)."),
+        ]
+        | UnsetType
+    ) = UNSET
+    lag_by_partition: (
+        Annotated[
+            dict[PartitionKey, Count],
+            Meta(
+                max_length=MAX_PARTITIONS,
+                description="Records behind per partition (keys: partition numbers in ASCII digits).",
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
+    window_seconds: WindowSeconds | UnsetType = UNSET
+
+
+class StatusReport(Struct, forbid_unknown_fields=True):
+    """A status reported to the board by its source."""
+
+    source: Source
+    status: WorkerStatus
 
 
 def check_report(source: object, status: object, encoded_size: int) -> None:
     """`StatusError` (400) unless `source` and `status` (a decoded JSON
-    object of `encoded_size` bytes) match the board's schema; its detail
-    names the first few violations."""
-    problems = validate(source, SOURCE_SCHEMA, path="source")
-    if not problems and encoded_size > MAX_STATUS_BYTES:
-        problems = [f"status of {encoded_size} bytes exceeds {MAX_STATUS_BYTES}"]
-    if not problems:
-        problems = validate(status, STATUS_SCHEMA, path="status")
-    if problems:
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise StatusError("; ".join(problems[:3]) + more)
+    object of `encoded_size` bytes) match the board's models; its detail
+    names the field."""
+    check(source, Source, StatusError, "$.source")
+    if encoded_size > MAX_STATUS_BYTES:
+        raise StatusError(f"status of {encoded_size} bytes exceeds {MAX_STATUS_BYTES}")
+    check(status, WorkerStatus, StatusError, "$.status")

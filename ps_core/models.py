@@ -1,0 +1,129 @@
+"""Request and response bodies declared once, as `msgspec.Struct` models.
+
+Each body of the JSON routes (the API's, `app.openapi`; the shard's,
+`ps_core.net.shard_openapi`; the status board's, `ps_core.store.board`) is one
+model: `decode` validates a request body against it (msgspec, in C: no
+Python work per field), `check` an already decoded object (a report handed
+over in process), and `components` turns models into the ``components.schemas``
+of an OpenAPI document, so the document and the validation cannot drift.
+
+msgspec's rules are strict where the project's are: an ``int`` field takes no
+``true``, ``"3"``, ``2.5`` or ``9.2e18``, bounds are checked, an unknown field
+of a closed model (``forbid_unknown_fields``) is refused, and each refusal
+names the field's path (``$.status.windows``). One rule is JSON Schema's, as
+the documents publish it, and not msgspec's: a float of an exact integer
+value (``3.0``, up to ``2**53``) is that integer (`ps_core.parsing.json_int`);
+a body msgspec refuses is tried once more with such floats as ints (the
+error path only: a body of JSON integers decodes in one pass).
+
+Patterns are written with ``\\Z``: msgspec matches them with `re.search`, where
+``$`` also matches before a final newline; the document spells the same
+pattern with ``$`` (end of input in JSON Schema's regular expressions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import msgspec
+
+from .errors import PSError
+from .parsing import MAX_EXACT
+
+__all__ = ["decode", "check", "components", "ref", "REF_TEMPLATE"]
+
+T = TypeVar("T")
+
+REF_TEMPLATE = "#/components/schemas/{name}"
+"""Where the documents keep their models' schemas."""
+
+
+def decode(
+    decoder: msgspec.json.Decoder[T], raw: bytes, error: type[PSError], invalid: type[PSError] | None = None
+) -> T:
+    """`raw` decoded and validated by `decoder`; `error` (a 400) naming the
+    field otherwise, or `invalid` (default `error`) when `raw` is not JSON."""
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError:
+        pass
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise (invalid or error)(f"the body is not JSON: {_reason(exc)}") from None
+    try:
+        obj = msgspec.json.decode(raw)
+    except msgspec.ValidationError as exc:  # a number out of range
+        raise error(str(exc)) from None
+    except RecursionError as exc:
+        raise (invalid or error)(f"the body is not JSON: {_reason(exc)}") from None
+    converted: T = check(obj, decoder.type, error)
+    return converted
+
+
+def _reason(exc: Exception) -> str:
+    # msgspec leaves nesting deeper than Python's recursion limit to Python.
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+
+
+def check(obj: object, model: Any, error: type[PSError], path: str = "$") -> Any:
+    """`obj` (decoded JSON, or Python objects of the same types) validated as
+    `model` (a model or an annotated type); `error` naming the field
+    otherwise, its path starting at `path` (where `obj` is in a body)."""
+    try:
+        return msgspec.convert(obj, model)
+    except msgspec.ValidationError:
+        pass
+    try:
+        return msgspec.convert(_whole(obj), model)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        if path != "$":
+            at = message.rfind("`$")  # the path msgspec names, from the root of `obj`
+            message = f"{message} - at `{path}`" if at < 0 else message[: at + 1] + path + message[at + 2 :]
+        raise error(message) from None
+
+
+def _whole(node: Any, depth: int = 0) -> Any:
+    """`node` with each float of an exact integer value as that int (a copy);
+    past the depth of any model, as it is (the model refuses it anyway)."""
+    if type(node) is float:
+        return int(node) if node.is_integer() and abs(node) <= MAX_EXACT else node
+    if depth > _MAX_DEPTH:
+        return node
+    if type(node) is dict:
+        return {k: _whole(v, depth + 1) for k, v in node.items()}
+    if type(node) is list:
+        return [_whole(v, depth + 1) for v in node]
+    return node
+
+
+_MAX_DEPTH = 8
+
+
+def ref(name: str) -> dict[str, str]:
+    """A reference to the schema `name` of a document's components."""
+    return {"$ref": REF_TEMPLATE.format(name=name)}
+
+
+def components(models: Iterable[Any]) -> dict[str, Any]:
+    """The JSON Schemas of `models` and of every model they reference, by
+    name, as a document's ``components.schemas``."""
+    _, schemas = msgspec.json.schema_components(list(models), ref_template=REF_TEMPLATE)
+    return {name: _document(schema) for name, schema in schemas.items()}
+
+
+def _document(node: Any, names: bool = False) -> Any:
+    """`node` (a schema, or with `names` a map of property names to schemas)
+    as the document shows it: without a title (it repeats the model's name),
+    a pattern ending in ``$`` (see the module's docstring)."""
+    if isinstance(node, list):
+        return [_document(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if names:
+        return {k: _document(v) for k, v in node.items()}
+    out = {k: _document(v, k == "properties") for k, v in node.items() if k != "title"}
+    pattern = out.get("pattern")
+    if isinstance(pattern, str) and pattern.endswith("\\Z"):
+        out["pattern"] = pattern[:-2] + "$"
+    return out
