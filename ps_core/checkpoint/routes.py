@@ -41,11 +41,9 @@ from aiohttp import web
 
 from ..errors import CutInProgressError, InvalidRequestError
 from ..models import decode
-from ..net.server import SHARD, create_shard_app, exact_fields, json_body, json_object, json_response
+from ..net.server import SHARD, create_shard_app, json_body, json_response
 from ..net.shard import Shard
-from ..net.shard_openapi import ExportRequest, LeaseRequest, Release
-from ..parsing import json_int
-from ..store.table import MAX_VERSION
+from ..net.shard_openapi import ExportRequest, LeaseRequest, Release, Restore
 from .coordinator import Coordinator, parse_offsets
 from .exporter import Exporter
 from .joining import restore_version
@@ -59,6 +57,7 @@ EXPORTER = web.AppKey("exporter", Exporter)
 _LEASE = msgspec.json.Decoder(LeaseRequest)
 _RELEASE = msgspec.json.Decoder(Release)
 _EXPORT = msgspec.json.Decoder(ExportRequest)
+_RESTORE = msgspec.json.Decoder(Restore)
 
 
 async def acquire(request: web.Request) -> web.Response:
@@ -124,10 +123,8 @@ def add_coordinator_routes(app: web.Application, coordinator: Coordinator, expor
 
 
 async def restore(request: web.Request) -> web.Response:
-    raw = await json_object(request)
-    exact_fields(raw, ("version",), '{"version": int >= 0}')
-    version = json_int(raw["version"], "version", maximum=MAX_VERSION)
-    return json_response(await restore_version(request.app[SHARD], version))
+    body = await json_body(request, _RESTORE)
+    return json_response(await restore_version(request.app[SHARD], body.version))
 
 
 def checkpointed_shard_app(

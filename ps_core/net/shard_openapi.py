@@ -114,7 +114,7 @@ class Table(Struct, forbid_unknown_fields=True):
 
 
 class TableDeclaration(Struct, forbid_unknown_fields=True):
-    """A table to declare: the rest defaulted (TableConfig.from_dict checks it)."""
+    """A table to declare; a field left out takes `TableConfig`'s default."""
 
     name: TableName
     dim: Annotated[int, Meta(ge=1, le=MAX_DIM)] | UnsetType = UNSET
