@@ -15,8 +15,8 @@ features each (14 categorical, 6 numeric: ~340 bytes and ~21 KB):
   leaves that to the hasher, whose reasons are the training path's);
 - ``jsonschema_rs``: ``orjson.loads`` and a JSON Schema validator (Rust)
   over the schema the API's document publishes (`openapi_document`);
-- ``pydantic``: ``TypeAdapter.validate_json`` of the same shape, when
-  pydantic is installed (it is not a dependency: skipped otherwise).
+- ``pydantic``: ``TypeAdapter.validate_json`` of the same shape (pydantic
+  comes with the bench extras, only to be measured; skipped when absent).
 
 For scale, ``featurize``: the baseline and then the hasher's validation and
 hashing of the events (`FeatureHasher.featurize`), as a request does.
