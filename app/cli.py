@@ -12,6 +12,7 @@ from typing import Any
 
 import uvloop
 
+from .commands import add_command, subcommands
 from .export_cli import add_export_parser, run_export
 from .failures import EXIT_FAILURE, expected_failure
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
@@ -31,7 +32,11 @@ from .settings import (
 
 __all__ = ["main", "build_parser"]
 
-_SHARD_EXAMPLE = """\
+_SHARD = """\
+serve one shard of the sparse tables over HTTP
+
+Serve one shard of the sparse tables (binary pull/push RPC, stats, health).
+
 example:
   ctrps shard --port 7100 --shard-id 0 --num-shards 2 \\
       --shards http://127.0.0.1:7100,http://127.0.0.1:7101 --exports-dir ./exports
@@ -47,7 +52,11 @@ Every flag falls back to a CTRPS_* variable (CTRPS_SHARD_PORT, CTRPS_SHARD_ID,
 CTRPS_NUM_SHARDS, CTRPS_TABLES="lr,optimizer=ftrl;fm_v,dim=8,optimizer=adagrad", ...).
 """
 
-_BROKER_EXAMPLE = """\
+_BROKER = """\
+run the embedded Kafka-protocol broker (development and tests)
+
+Run the embedded Kafka-protocol broker on 127.0.0.1 and create topics.
+
 example:
   ctrps broker --port 9092 --topic clicks:4 --topic clicks.dlq:1
   # then: CTRPS_KAFKA_BOOTSTRAP=127.0.0.1:9092 ...
@@ -55,7 +64,12 @@ example:
 Runs the embedded Tansu broker (memory only) until Ctrl-C or SIGTERM.
 """
 
-_WORKER_EXAMPLE = """\
+_WORKER = """\
+train from the Kafka click stream, pushing to shard servers
+
+A training worker: consume click events in micro-batch windows, predict them
+first (progressive validation), train, commit.
+
 example:
   ctrps broker --port 9092 &
   ctrps shard --port 7100 --shard-id 0 --num-shards 2 &
@@ -67,7 +81,12 @@ Every flag falls back to a CTRPS_* variable (CTRPS_KAFKA_BOOTSTRAP, CTRPS_SHARDS
 CTRPS_TOPIC, CTRPS_WINDOW_SECONDS, ...). One log line per window.
 """
 
-_SERVE_EXAMPLE = """\
+_SERVE = """\
+serve the HTTP prediction API from shard servers
+
+The HTTP API: predictions, weights, model info, health, metrics (GET
+/openapi.json describes it), reading the current weights from the shards.
+
 example:
   ctrps serve --shards http://127.0.0.1:7100,http://127.0.0.1:7101 --port 8080
   curl -s localhost:8080/v1/predict -d '{"events": [{"features": {"site": "a3f09", "hour": "13"}}]}'
@@ -85,7 +104,12 @@ require "Authorization: Bearer <token>" on admin routes (POST /v1/status);
 on a non-loopback --host the API refuses to start without it (or --insecure).
 """
 
-_DEMO_EXAMPLE = """\
+_DEMO = """\
+the one-command demo: broker, producer, shards, worker and API in one process
+
+The one-command demo: embedded broker, synthetic producer, shards, a worker and
+the HTTP API in one process; one progress line per window.
+
 examples:
   ctrps demo                                   # until Ctrl-C; API on http://127.0.0.1:8080
   ctrps demo --duration 60 --port 0 --shards 4 --rate 10000 --log-format json
@@ -98,7 +122,12 @@ CTRPS_ADMIN_TOKEN to require "Authorization: Bearer <token>" on admin routes;
 a non-loopback --host needs it (or --insecure).
 """
 
-_CLUSTER_EXAMPLE = """\
+_CLUSTER = """\
+every role as its own process on loopback, supervised
+
+Run broker, shards, API, workers and a producer as child processes on
+127.0.0.1; stop them all on Ctrl-C or when one dies.
+
 examples:
   ctrps cluster                                # broker, 2 shards, API, 2 workers, producer
   ctrps cluster --shards 4 --workers 3 --port 8081 --produce-rate 5000 --duration 120
@@ -111,7 +140,14 @@ CTRPS_CLUSTER_SHARDS, CTRPS_CLUSTER_WORKERS, CTRPS_CLUSTER_PORT, ...
 """
 
 
-_TOKEN_EXAMPLE = """\
+_TOKEN = """\
+print the shard token of a scope, derived from the cluster secret
+
+Print the token of one scope (read: pulls and listings; train: pushes, leases,
+reports; admin: snapshots, exports, membership, restores), derived from
+CTRPS_CLUSTER_SECRET or the file named by CTRPS_CLUSTER_SECRET_FILE. Give it to
+a role as CTRPS_SHARD_TOKEN (or CTRPS_SHARD_TOKEN_FILE).
+
 example:
   export CTRPS_CLUSTER_SECRET_FILE=/run/secrets/ctrps-cluster   # what the shards hold
   CTRPS_SHARD_TOKEN=$(ctrps token --scope train) ctrps worker --shards https://shard-0:7100
@@ -128,38 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  ctrps shard --help",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+    sub = subcommands(parser, "command", "COMMAND")
 
-    shard = sub.add_parser(
-        "shard",
-        help="serve one shard of the sparse tables over HTTP",
-        description="Serve one shard of the sparse tables (binary pull/push RPC, stats, health).",
-        epilog=_SHARD_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    shard = add_command(sub, "shard", _SHARD)
     add_flags(shard, ShardSettings)
     add_security_flags(shard)
 
-    worker = sub.add_parser(
-        "worker",
-        help="train from the Kafka click stream, pushing to shard servers",
-        description="A training worker: consume click events in micro-batch windows, "
-        "predict them first (progressive validation), train, commit.",
-        epilog=_WORKER_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    worker = add_command(sub, "worker", _WORKER)
     add_flags(worker, WorkerSettings)
     add_security_flags(worker, serves=False)
     add_kafka_security_flags(worker)
 
-    broker = sub.add_parser(
-        "broker",
-        help="run the embedded Kafka-protocol broker (development and tests)",
-        description="Run the embedded Kafka-protocol broker on 127.0.0.1 and create topics.",
-        epilog=_BROKER_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    broker = add_command(sub, "broker", _BROKER)
     broker.add_argument("--port", type=int, default=0, help="listen port (default: a free one)")
     broker.add_argument(
         "--topic",
@@ -170,40 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     broker.add_argument("--log-format", choices=("text", "json"), help="log line format")
 
-    serve = sub.add_parser(
-        "serve",
-        help="serve the HTTP prediction API from shard servers",
-        description="The HTTP API: predictions, weights, model info, health, metrics "
-        "(GET /openapi.json describes it), reading the current weights from the shards.",
-        epilog=_SERVE_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    serve = add_command(sub, "serve", _SERVE)
     add_flags(serve, ApiSettings)
     add_security_flags(serve)
 
     add_produce_parser(sub)
     add_export_parser(sub)
 
-    token = sub.add_parser(
-        "token",
-        help="print the shard token of a scope, derived from the cluster secret",
-        description="Print the token of one scope (read: pulls and listings; train: pushes, "
-        "leases, reports; admin: snapshots, exports, membership, restores), derived from "
-        "CTRPS_CLUSTER_SECRET or the file named by CTRPS_CLUSTER_SECRET_FILE. Give it to a "
-        "role as CTRPS_SHARD_TOKEN (or CTRPS_SHARD_TOKEN_FILE).",
-        epilog=_TOKEN_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    token = add_command(sub, "token", _TOKEN)
     token.add_argument("--scope", required=True, choices=("read", "train", "admin"), help="the token's scope")
 
-    demo = sub.add_parser(
-        "demo",
-        help="the one-command demo: broker, producer, shards, worker and API in one process",
-        description="The one-command demo: embedded broker, synthetic producer, shards, "
-        "a worker and the HTTP API in one process; one progress line per window.",
-        epilog=_DEMO_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    demo = add_command(sub, "demo", _DEMO)
     add_flags(demo, DemoSettings)
     demo.add_argument(
         "--insecure", action="store_true", default=None,
@@ -211,14 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     add_kafka_security_flags(demo)
 
-    cluster = sub.add_parser(
-        "cluster",
-        help="every role as its own process on loopback, supervised",
-        description="Run broker, shards, API, workers and a producer as child processes "
-        "on 127.0.0.1; stop them all on Ctrl-C or when one dies.",
-        epilog=_CLUSTER_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    cluster = add_command(sub, "cluster", _CLUSTER)
     add_flags(cluster, ClusterSettings)
     add_kafka_security_flags(cluster)
     _add_logging_flags(parser)

@@ -21,13 +21,18 @@ from ps_core.errors import PSError
 from ps_core.net.auth import Scope
 from ps_core.net.endpoint import RetryPolicy
 
+from .commands import Subcommands, add_command
 from .security import SecuritySettings, add_security_flags
 
 __all__ = ["add_export_parser", "run_export"]
 
 log = logging.getLogger("ctrps export")
 
-_EXAMPLE = """\
+_EXPORT = """\
+cut and write a model version now, or list the versions
+
+Ask shard 0's coordinator to cut and write an export version now, or list them.
+
 example:
   ctrps export --shard0 http://127.0.0.1:7100             # cut now (base or delta by schedule)
   ctrps export --shard0 http://127.0.0.1:7100 --kind base
@@ -41,15 +46,9 @@ Shard 0 with a cluster secret needs an admin token: CTRPS_SHARD_TOKEN (from
 """
 
 
-def add_export_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_export_parser(sub: Subcommands) -> None:
     """The ``export`` subcommand."""
-    p = sub.add_parser(
-        "export",
-        help="cut and write a model version now, or list the versions",
-        description="Ask shard 0's coordinator to cut and write an export version now, or list them.",
-        epilog=_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(sub, "export", _EXPORT)
     p.add_argument("--shard0", help="URL of shard 0 (default: first of CTRPS_SHARDS)")
     p.add_argument("--kind", choices=("base", "delta"), help="force a base or a delta")
     what = p.add_mutually_exclusive_group()

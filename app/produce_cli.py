@@ -30,6 +30,7 @@ from consumers.formats import FORMATS, FormatError, iter_file
 from consumers.producer import COMPRESSIONS, EventSource, produce
 from consumers.synthetic import SyntheticStream
 
+from .commands import Subcommands, add_command, subcommands
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
 from .logs import log_event
 from .settings import SettingsError
@@ -39,14 +40,22 @@ __all__ = ["add_produce_parser", "run_produce"]
 
 log = logging.getLogger("ctrps.produce")
 
-_PRODUCE_EXAMPLE = """\
+_PRODUCE = """\
+send synthetic events or a Criteo/Avazu/JSON-lines file to Kafka
+
+Send click events to a Kafka topic: the synthetic stream or a data file.
+
 examples:
   ctrps broker --port 9092 &                  # or any Kafka: set CTRPS_KAFKA_BOOTSTRAP
   ctrps produce synthetic --events 1000000 --rate 20000 --bootstrap 127.0.0.1:9092
   ctrps produce file --format criteo train.txt.gz --bootstrap 127.0.0.1:9092
 """
 
-_SYNTHETIC_EXAMPLE = """\
+_SYNTHETIC = """\
+the synthetic Criteo-like stream with a known ground truth
+
+Send N events of the synthetic stream (deterministic for a seed).
+
 example:
   CTRPS_KAFKA_BOOTSTRAP=127.0.0.1:9092 ctrps produce synthetic --events 200000 --rate 5000
 
@@ -55,7 +64,11 @@ logistic model; each carries p_true, its true click probability. The same
 --seed gives the same events.
 """
 
-_FILE_EXAMPLE = """\
+_FILE = """\
+a Criteo TSV, Avazu CSV or JSON-lines file (.gz allowed)
+
+Send the rows of a data file; bad rows are skipped and reported by reason.
+
 examples:
   ctrps produce file --format criteo day_0.gz --bootstrap 127.0.0.1:9092
   ctrps produce file --format avazu train.gz --limit 1000000 --topic avazu
@@ -98,25 +111,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_kafka_security_flags(p)
 
 
-def add_produce_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_produce_parser(subparsers: Subcommands) -> None:
     """Add ``produce {synthetic,file}`` to the ``ctrps`` subcommands."""
-    produce_p = subparsers.add_parser(
-        "produce",
-        help="send synthetic events or a Criteo/Avazu/JSON-lines file to Kafka",
-        description="Send click events to a Kafka topic: the synthetic stream or a data file.",
-        epilog=_PRODUCE_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sources = produce_p.add_subparsers(dest="source", metavar="SOURCE")
-    sources.required = True
+    produce_p = add_command(subparsers, "produce", _PRODUCE)
+    sources = subcommands(produce_p, "source", "SOURCE")
 
-    syn = sources.add_parser(
-        "synthetic",
-        help="the synthetic Criteo-like stream with a known ground truth",
-        description="Send N events of the synthetic stream (deterministic for a seed).",
-        epilog=_SYNTHETIC_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    syn = add_command(sources, "synthetic", _SYNTHETIC)
     syn.add_argument("--events", type=int, default=100_000, help="events to send (default 100000)")
     syn.add_argument("--seed", type=int, default=0, help="stream and model seed (default 0)")
     syn.add_argument(
@@ -128,13 +128,7 @@ def add_produce_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     syn.add_argument("--base-ctr", type=float, default=0.1, help="mean click rate (default 0.1)")
     _common(syn)
 
-    file_p = sources.add_parser(
-        "file",
-        help="a Criteo TSV, Avazu CSV or JSON-lines file (.gz allowed)",
-        description="Send the rows of a data file; bad rows are skipped and reported by reason.",
-        epilog=_FILE_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    file_p = add_command(sources, "file", _FILE)
     file_p.add_argument("--format", required=True, choices=FORMATS, help="file format")
     file_p.add_argument("path", metavar="PATH", help="the file (plain or .gz)")
     file_p.add_argument("--limit", type=int, help="read at most this many rows")
