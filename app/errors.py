@@ -28,40 +28,27 @@ __all__ = [
 ]
 
 
-class BadRequestError(PSError):
+class BadRequestError(PSError, code="bad_request", status=400):
     """The body is JSON but not the request's shape: wrong types, unknown or
     missing fields."""
 
-    code = "bad_request"
-    status = 400
 
-
-class InvalidJSONError(BadRequestError):
+class InvalidJSONError(BadRequestError, code="invalid_json"):
     """The body is not JSON (or holds NaN/Infinity literals)."""
 
-    code = "invalid_json"
 
-
-class NoEventsError(PSError):
+class NoEventsError(PSError, code="no_events", status=422):
     """A request holds an empty list of events (or nothing to look up)."""
 
-    code = "no_events"
-    status = 422
 
-
-class TooManyEventsError(PSError):
+class TooManyEventsError(PSError, code="too_many_events", status=422):
     """A request holds more events than the server's limit (``--max-events``)."""
 
-    code = "too_many_events"
-    status = 422
 
-
-class InvalidEventError(PSError):
+class InvalidEventError(PSError, status=422):
     """An event fails validation. The ``error`` code is the reason, one of
     `ps_core.model.events.REASONS` (``bad_value``, ``bad_keys``, ...), and the
     detail names the event by its position in the request."""
-
-    status = 422
 
     def __init__(self, reason: str, event: int, detail: str) -> None:
         super().__init__(f"event {event}: {detail}")
@@ -69,32 +56,19 @@ class InvalidEventError(PSError):
         self.event = event
 
 
-class UnknownModelError(PSError):
+class UnknownModelError(PSError, code="unknown_model", status=404):
     """The request names another model than the one served, or the served
     model's tables are not on the shards (no worker has declared them yet)."""
 
-    code = "unknown_model"
-    status = 404
 
-
-class UnauthorizedError(PSError):
+class UnauthorizedError(PSError, code="unauthorized", status=401):
     """An admin route was called without the bearer token the server requires."""
 
-    code = "unauthorized"
-    status = 401
 
-
-class ReadOnlyReplicaError(PSError):
+class ReadOnlyReplicaError(PSError, code="read_only_replica", status=409):
     """A mutating route was called on a serving replica (``ctrps serve
     --follow``): it serves exported versions and changes nothing."""
 
-    code = "read_only_replica"
-    status = 409
 
-
-class NoVersionError(PSError):
+class NoVersionError(PSError, code="no_version", status=503, retriable=True):
     """A serving replica has not loaded an export version yet."""
-
-    code = "no_version"
-    status = 503
-    retriable = True

@@ -9,6 +9,8 @@ and never catch.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "PSError",
     "InvalidRequestError",
@@ -40,11 +42,24 @@ __all__ = [
 
 
 class PSError(Exception):
-    """Base of every parameter-server error."""
+    """Base of every parameter-server error. A subclass states its code,
+    status and retriable flag in its header:
+    ``class LeaseError(PSError, code="unknown_lease", status=404)``."""
 
     code = "ps_error"
     status = 500
     retriable = False
+
+    def __init_subclass__(
+        cls, *, code: str | None = None, status: int | None = None, retriable: bool | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
+        if status is not None:
+            cls.status = status
+        if retriable is not None:
+            cls.retriable = retriable
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -55,80 +70,52 @@ class PSError(Exception):
         return {"error": self.code, "detail": self.detail}
 
 
-class InvalidRequestError(PSError):
+class InvalidRequestError(PSError, code="bad_request", status=400):
     """A request is not its route's shape: a body that is not the JSON
     object documented, a field of the wrong type or out of bounds, an
     integer that is not ASCII digits (`ps_core.parsing`). Nothing was done."""
 
-    code = "bad_request"
-    status = 400
 
-
-class FrameError(PSError):
+class FrameError(PSError, code="bad_frame", status=400):
     """A binary RPC frame is malformed: bad magic or version, truncated, or its
     counts do not match its length. Nothing was applied."""
 
-    code = "bad_frame"
-    status = 400
 
-
-class InvalidValuesError(PSError):
+class InvalidValuesError(PSError, code="invalid_values", status=400):
     """Values in an otherwise well-formed request are unusable (NaN or infinite
     gradients, negative counts, a width that does not match the table).
     Nothing was applied."""
 
-    code = "invalid_values"
-    status = 400
 
-
-class WrongShardError(PSError):
+class WrongShardError(PSError, code="wrong_shard", status=400):
     """Keys were sent to a shard that does not own them: the client and the
     shard disagree on the number of shards. Nothing was applied."""
 
-    code = "wrong_shard"
-    status = 400
 
-
-class UnknownTableError(PSError):
+class UnknownTableError(PSError, code="unknown_table", status=404):
     """The request names a table the shard has not declared."""
 
-    code = "unknown_table"
-    status = 404
 
-
-class TableConfigError(PSError):
+class TableConfigError(PSError, code="bad_table_config", status=400):
     """A table declaration is invalid (unknown optimizer, bad width or
     hyperparameter)."""
 
-    code = "bad_table_config"
-    status = 400
 
-
-class TableConflictError(PSError):
+class TableConflictError(PSError, code="table_conflict", status=409):
     """A table is declared again with a configuration different from the one it
     has. Declarations are idempotent only for identical configurations."""
 
-    code = "table_conflict"
-    status = 409
 
-
-class StatusError(PSError):
+class StatusError(PSError, code="bad_status", status=400):
     """A status report for the shard's status board is malformed (not a JSON
     object of a source name and a status object, or too large). Nothing was
     stored."""
 
-    code = "bad_status"
-    status = 400
 
-
-class ShardUnavailableError(PSError):
+class ShardUnavailableError(PSError, code="shard_unavailable", status=503, retriable=True):
     """A shard could not be reached before the client's deadline.
 
     `shard_id` and `url` name the shard; retrying later may succeed."""
-
-    code = "shard_unavailable"
-    status = 503
-    retriable = True
 
     def __init__(self, detail: str, *, shard_id: int = -1, url: str = "") -> None:
         super().__init__(detail)
@@ -136,37 +123,24 @@ class ShardUnavailableError(PSError):
         self.url = url
 
 
-class LeaseError(PSError):
+class LeaseError(PSError, code="unknown_lease", status=404):
     """A lease id that is not active (never granted) or a malformed lease request."""
 
-    code = "unknown_lease"
-    status = 404
 
-
-class CutInProgressError(PSError):
+class CutInProgressError(PSError, code="cut_in_progress", status=503, retriable=True):
     """A lease was not granted within its wait limit because a cut is pausing."""
 
-    code = "cut_in_progress"
-    status = 503
-    retriable = True
 
-
-class NoCoordinatorError(PSError):
+class NoCoordinatorError(PSError, code="no_coordinator", status=404):
     """The shards host no coordinator (shard 0 runs without exports)."""
 
-    code = "no_coordinator"
-    status = 404
 
-
-class ExportCorruptError(PSError):
+class ExportCorruptError(PSError, code="export_corrupt", status=500):
     """An export version fails its checks: a file is missing, or its size or
     SHA-256 differs from its manifest, or the manifest itself is unreadable.
 
     `file` names the file; `expected` and `actual` the checksums (or sizes,
     or ``"missing"``)."""
-
-    code = "export_corrupt"
-    status = 500
 
     def __init__(self, detail: str, *, file: str = "", expected: str = "", actual: str = "") -> None:
         super().__init__(detail)
@@ -175,29 +149,20 @@ class ExportCorruptError(PSError):
         self.actual = actual
 
 
-class ExportNotFoundError(PSError):
+class ExportNotFoundError(PSError, code="export_not_found", status=404):
     """No export version (or no complete chain of them) matches the request."""
 
-    code = "export_not_found"
-    status = 404
 
-
-class SnapshotError(PSError):
+class SnapshotError(PSError, code="bad_snapshot", status=409):
     """A snapshot request that does not fit the shard: an unknown or already
     fetched version, or labels that are not one cut's."""
 
-    code = "bad_snapshot"
-    status = 409
 
-
-class ExportWriteError(PSError):
+class ExportWriteError(PSError, code="export_write_failed", status=507, retriable=True):
     """An export's files could not be written (disk full, permissions: any
     `OSError`). `path` names what failed; no partial version is left behind,
     the shards' copies are dropped and the next cut is a base."""
 
-    code = "export_write_failed"
-    status = 507
-    retriable = True
     exit_code = 1
 
     def __init__(self, detail: str, *, path: str = "") -> None:
@@ -205,78 +170,54 @@ class ExportWriteError(PSError):
         self.path = path
 
 
-class CutAbortedError(PSError):
+class CutAbortedError(PSError, code="cut_aborted", status=500, retriable=True):
     """A cut failed on at least one shard (unreachable, refused, too slow)
     and was aborted on every shard it reached: leases reopened, copies
     dropped, its version never used again. The next cut is a base."""
 
-    code = "cut_aborted"
-    status = 500  # not 503: transports retry those, and a retry would cut again
-    retriable = True
     exit_code = 1
 
 
-class CutNotJoinedError(SnapshotError):
+class CutNotJoinedError(SnapshotError, code="cut_shard_not_joined", status=409):
     """A cut asked of a shard the coordinator has not admitted: its state
     may be another version than the other shards', so it copies nothing."""
 
-    code = "cut_shard_not_joined"
-    status = 409
 
-
-class ShardNotJoinedError(PSError):
+class ShardNotJoinedError(PSError, code="shard_not_joined", status=503, retriable=True):
     """The shard restored its state but the coordinator has not admitted it
     into the cluster yet (or is restoring every shard to one version): it
     serves no pulls or pushes until then. Retrying later may succeed."""
 
-    code = "shard_not_joined"
-    status = 503
-    retriable = True
 
-
-class ClusterNotReadyError(PSError):
+class ClusterNotReadyError(PSError, code="cluster_not_ready", status=503, retriable=True):
     """The coordinator grants no lease (and cuts nothing) while a shard is
     not joined or every shard is being restored to one version."""
 
-    code = "cluster_not_ready"
-    status = 503
-    retriable = True
 
-
-class NoCommonVersionError(PSError):
+class NoCommonVersionError(PSError, code="no_common_version", status=409, retriable=False):
     """No export version loads on every shard: the cluster refuses to train
     rather than mix versions (exit code 4: refused to resume)."""
 
-    code = "no_common_version"
-    status = 409
-    retriable = False
     exit_code = 4
 
 
-class AuthError(PSError):
+class AuthError(PSError, code="unauthorized", status=401):
     """The shard refused the credentials: no token, or one that is not this
     cluster's. A configuration error: never retried (set CTRPS_SHARD_TOKEN or
     CTRPS_CLUSTER_SECRET)."""
 
-    code = "unauthorized"
-    status = 401
     exit_code = 2  # a settings error: the token or secret given is not the cluster's
 
 
-class ForbiddenError(AuthError):
+class ForbiddenError(AuthError, code="forbidden", status=403):
     """The token is valid but of too low a scope for the call (a read token
     pushing, a train token cutting a snapshot). Never retried."""
 
-    code = "forbidden"
-    status = 403
 
-
-class TlsVerifyError(PSError):
+class TlsVerifyError(PSError, code="tls_verify_failed", status=495):
     """The server's TLS certificate did not verify against the CA this
     client trusts (--tls-ca), or names another host. Never retried."""
 
-    code = "tls_verify_failed"
-    status = 495
     exit_code = 2
 
 

@@ -61,11 +61,8 @@ REASONS = (
 """Every reason an event or message is rejected for (DLQ reasons)."""
 
 
-class EventError(PSError):
+class EventError(PSError, code="bad_event", status=422):
     """An event or message is malformed; `reason` is one of `REASONS`."""
-
-    code = "bad_event"
-    status = 422
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
