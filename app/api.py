@@ -434,17 +434,7 @@ async def list_exports(request: web.Request) -> web.Response:
     assert follower is not None  # create_app has one or the other
     # A replica lists the versions it follows; the trainer's last report is not its to know.
     found = await asyncio.to_thread(list_versions, follower.model_dir) if follower.model_dir.is_dir() else []
-    versions = [
-        {
-            "version": v.version,
-            "kind": v.kind,
-            "parent": v.parent,
-            "created_at": v.created_at,
-            "rows": v.manifest.rows(),
-            "bytes": v.manifest.nbytes(),
-        }
-        for v in found
-    ]
+    versions = [v.to_json() for v in found]
     return _json({"model": request.app[MODEL].name, "versions": versions, "last": None})
 
 

@@ -21,7 +21,6 @@ import signal
 import socket
 import subprocess
 from dataclasses import dataclass
-from types import TracebackType
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
@@ -244,10 +243,5 @@ class EmbeddedBroker:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self.stop()

@@ -33,7 +33,7 @@ from ps_core.checkpoint.export import (
 from ps_core.errors import ExportCorruptError, ExportNotFoundError, InvalidValuesError
 from ps_core.hashing import shard_of
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.net.shard import Push, Shard, ShardSpec
 from ps_core.store.table import SparseTable, TableConfig, TableSnapshot
 
 LR = TableConfig("lr", 1, {"name": "ftrl", "alpha": 0.1, "l1": 0.01})
@@ -62,7 +62,7 @@ def push(shards: list[Shard], keys: U64, rng: np.random.Generator, event_time: f
         counts = np.stack([np.ones(mine.size), rng.integers(0, 2, mine.size)], axis=1)
         for t in TABLES:
             grads = rng.normal(size=(mine.size, t.dim)).astype(np.float32)
-            shard.handle_push(t.name, mine, grads, counts=counts.astype(np.float32), event_time=event_time)
+            shard.handle_push(Push(t.name, mine, grads, counts.astype(np.float32), event_time))
 
 
 def delete(shards: list[Shard], keys: U64) -> None:

@@ -686,10 +686,19 @@ async def test_declare_with_a_different_config_conflicts(serve_shards: Any, http
         ({"name": "t", "init_scale": -0.1}, r"Expected `float` >= 0.0 - at `\$.init_scale`"),
         ({"name": "t", "init_scale": 1e300}, r"Expected `float` <= 1000.0 - at `\$.init_scale`"),
         ({"name": "t", "init_scale": "big"}, r"Expected `float`, got `str` - at `\$.init_scale`"),
-        ({"name": "t", "optimizer": {"name": "ftrl", "alpha": -1}}, r"Expected `float` >= 1e-12 - at `\$.optimizer.alpha`"),
-        ({"name": "t", "optimizer": {"name": "ftrl", "l1": 1e300}}, r"Expected `float` <= 1000000.0 - at `\$.optimizer.l1`"),
+        (
+            {"name": "t", "optimizer": {"name": "ftrl", "alpha": -1}},
+            r"Expected `float` >= 1e-12 - at `\$.optimizer.alpha`",
+        ),
+        (
+            {"name": "t", "optimizer": {"name": "ftrl", "l1": 1e300}},
+            r"Expected `float` <= 1000000.0 - at `\$.optimizer.l1`",
+        ),
         ({"name": "t", "optimizer": {"name": "ftrl", "beta": 5e-324, "l2": 0}}, r"ftrl needs beta or l2"),
-        ({"name": "t", "optimizer": {"name": "sgd", "lr": "0.1"}}, r"Expected `float`, got `str` - at `\$.optimizer.lr`"),
+        (
+            {"name": "t", "optimizer": {"name": "sgd", "lr": "0.1"}},
+            r"Expected `float`, got `str` - at `\$.optimizer.lr`",
+        ),
         ({"name": "t", "optimizer": {"name": "sgd", "momentum": 0.9}}, r"unknown field `momentum` - at `\$.optimizer`"),
         ({"name": "t", "optimizer": 3}, r"Expected `str \| object`, got `int` - at `\$.optimizer`"),
         ({"name": "t", "shards": 2}, r"unknown field `shards`"),

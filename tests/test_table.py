@@ -8,7 +8,7 @@ import pytest
 
 from ps_core.errors import InvalidValuesError, TableConfigError, TableConflictError, WrongShardError
 from ps_core.hashing import shard_of
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.net.shard import Push, Shard, ShardSpec
 from ps_core.store.index import KeyIndex
 from ps_core.store.pull_cache import PullCache
 from ps_core.store.table import SparseTable, TableConfig
@@ -151,9 +151,9 @@ def test_shard_refuses_keys_it_does_not_own() -> None:
     shard = Shard(ShardSpec(0, 2), [TableConfig("lr", 1)])
     keys = np.arange(100, dtype=np.uint64)
     mine = keys[shard_of(keys, 2) == 0]
-    shard.handle_push("lr", mine, np.ones((mine.size, 1), dtype=np.float32))
+    shard.handle_push(Push("lr", mine, np.ones((mine.size, 1), dtype=np.float32)))
     with pytest.raises(WrongShardError):
-        shard.handle_push("lr", keys, np.ones((100, 1), dtype=np.float32))
+        shard.handle_push(Push("lr", keys, np.ones((100, 1), dtype=np.float32)))
     with pytest.raises(WrongShardError):
         shard.handle_pull("lr", keys)
     assert len(shard.tables["lr"]) == mine.size

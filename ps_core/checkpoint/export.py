@@ -92,6 +92,17 @@ class VersionInfo:
     manifest: ExportManifest
     """Its manifest."""
 
+    def to_json(self) -> dict[str, Any]:
+        """As an export listing shows it (`ExportList`'s `VersionEntry`)."""
+        return {
+            "version": self.version,
+            "kind": self.kind,
+            "parent": self.parent,
+            "created_at": self.created_at,
+            "rows": self.manifest.rows(),
+            "bytes": self.manifest.nbytes(),
+        }
+
 
 @dataclass(frozen=True)
 class LoadedVersion:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,22 +72,13 @@ class ExportReport:
     """The stream the offsets were read from (None: not known)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (offsets with string partitions)."""
-        return {
-            "version": self.version,
-            "kind": self.kind,
-            "parent": self.parent,
-            "path": self.path,
-            "rows": self.rows,
-            "bytes": self.bytes,
-            "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in self.offsets.items()},
-            "lease_wait_ms": round(self.lease_wait_s * 1000, 3),
-            "pause_ms": round(self.pause_s * 1000, 3),
-            "write_ms": round(self.write_s * 1000, 3),
-            "expired_leases": self.expired_leases,
-            "pruned": self.pruned,
-            "stream": self.stream.to_dict() if self.stream is not None else None,
-        }
+        """JSON-ready fields: offsets with string partitions, durations in ms."""
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        for seconds in ("lease_wait_s", "pause_s", "write_s"):
+            body[seconds.removesuffix("_s") + "_ms"] = round(body.pop(seconds) * 1000, 3)
+        body["offsets"] = {t: {str(p): o for p, o in ps.items()} for t, ps in self.offsets.items()}
+        body["stream"] = self.stream.to_dict() if self.stream is not None else None
+        return body
 
 
 class _CutFailed(Exception):
@@ -406,14 +397,4 @@ class Exporter:
         """The versions on disk, oldest first, as JSON-ready dicts."""
         if not self.model_dir.is_dir():
             return []
-        return [
-            {
-                "version": v.version,
-                "kind": v.kind,
-                "parent": v.parent,
-                "created_at": v.created_at,
-                "rows": v.manifest.rows(),
-                "bytes": v.manifest.nbytes(),
-            }
-            for v in list_versions(self.model_dir)
-        ]
+        return [v.to_json() for v in list_versions(self.model_dir)]

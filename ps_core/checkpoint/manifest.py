@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -93,16 +93,8 @@ class ManifestFile:
     """Hex SHA-256 of its bytes."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form."""
-        return {
-            "name": self.name,
-            "shard": self.shard,
-            "table": self.table,
-            "rows": self.rows,
-            "deleted": self.deleted,
-            "bytes": self.bytes,
-            "sha256": self.sha256,
-        }
+        """The JSON form: every field, by name."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)

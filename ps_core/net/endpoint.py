@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import ssl as ssl_
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Generic, Protocol, Self, TypeVar
 from urllib.parse import urlsplit
 
@@ -200,12 +199,7 @@ class ShardGroup(Generic[M]):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -46,7 +46,30 @@ from ..store.board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, check_report
 from ..store.table import F32, SnapshotKind, SparseTable, TableConfig, TableSnapshot
 from . import codec
 
-__all__ = ["Shard", "ShardSpec", "MAX_STATUS_BYTES", "MAX_SOURCE_CHARS"]
+__all__ = ["Shard", "ShardSpec", "Push", "MAX_STATUS_BYTES", "MAX_SOURCE_CHARS"]
+
+
+class Push(NamedTuple):
+    """One shard's part of a push: what `Shard.handle_push` applies."""
+
+    table: str
+    """The table pushed to."""
+    keys: npt.NDArray[np.uint64]
+    """(n,) keys, this shard's own."""
+    grads: F32
+    """(n, dim) gradients."""
+    counts: F32 | None = None
+    """(n, 2) shows and clicks, or None."""
+    event_time: float = 0.0
+    """Sets the rows' ``last_seen`` (0: now)."""
+    request_id: int = 0
+    """The push's id: a shard applies one id once (0: no id)."""
+
+
+def _push_of(frame: codec.Frame) -> Push:
+    """The push a PUSH or PUSH_PULL frame carries."""
+    assert frame.keys is not None and frame.values is not None
+    return Push(frame.table, frame.keys, frame.values, frame.counts, frame.event_time, frame.request_id)
 
 
 @dataclass(frozen=True)
@@ -249,38 +272,31 @@ class Shard:
         out: npt.NDArray[np.bool_] = t.index.lookup(keys) >= 0
         return out
 
-    def handle_push(
-        self,
-        table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: F32,
-        *,
-        counts: F32 | None = None,
-        event_time: float = 0.0,
-        request_id: int = 0,
-        owned: bool = False,
-    ) -> tuple[int, int]:
-        """Apply a push; returns (distinct keys applied, open version).
+    def handle_push(self, push: Push, *, owned: bool = False) -> tuple[int, int]:
+        """Apply `push`; returns (distinct keys applied, open version).
 
         A push whose nonzero `request_id` was applied recently is acknowledged
-        with its earlier result and not applied again.
+        with its earlier result and not applied again. `owned`: the caller
+        split the keys for this shard's spec, so they are not checked again.
         """
         if not self.joined:
             self._check_joined()
-        t = self.table(table)
+        t = self.table(push.table)
+        grads = push.grads
         if grads.ndim != 2 or grads.shape[1] != t.dim:
             raise InvalidValuesError(
-                f"table {table} has dim {t.dim}, the push carries dim "
+                f"table {push.table} has dim {t.dim}, the push carries dim "
                 f"{grads.shape[1] if grads.ndim == 2 else grads.ndim}"
             )
         if not owned:
-            self._check_owned(keys)
+            self._check_owned(push.keys)
         # Checked after validation, so a malformed request never reads as a
         # duplicate of an earlier good one.
+        request_id = push.request_id
         if request_id and request_id in self._recent_pushes:
             self.duplicate_pushes += 1
             return self._recent_pushes[request_id], t.version
-        applied = t.push(keys, grads, counts=counts, event_time=event_time or None)
+        applied = t.push(push.keys, grads, counts=push.counts, event_time=push.event_time or None)
         if request_id:
             self._recent_pushes[request_id] = applied
             if len(self._recent_pushes) > self._dedup_window:
@@ -288,18 +304,9 @@ class Shard:
         return applied, t.version
 
     def handle_push_pull(
-        self,
-        table: str,
-        push_keys: npt.NDArray[np.uint64],
-        grads: F32,
-        pull_keys: npt.NDArray[np.uint64],
-        *,
-        counts: F32 | None = None,
-        event_time: float = 0.0,
-        request_id: int = 0,
-        owned: bool = False,
+        self, push: Push, pull_keys: npt.NDArray[np.uint64], *, owned: bool = False
     ) -> tuple[int, F32, int]:
-        """Apply a push, then pull: (distinct keys applied, weights of
+        """Apply `push`, then pull: (distinct keys applied, weights of
         `pull_keys`, open version), as `handle_push` then `handle_pull`.
 
         Both parts are checked before the push is applied, so a request that
@@ -310,22 +317,12 @@ class Shard:
         """
         if not self.joined:
             self._check_joined()
-        t = self.table(table)
+        t = self.table(push.table)
         # The pull's only checks, done first: a bad pull must not leave the
         # push applied. handle_push checks its part before changing anything.
         if not owned:
             self._check_owned(pull_keys)
-        applied = 0
-        if push_keys.size:
-            applied, _ = self.handle_push(
-                table,
-                push_keys,
-                grads,
-                counts=counts,
-                event_time=event_time,
-                request_id=request_id,
-                owned=owned,
-            )
+        applied = self.handle_push(push, owned=owned)[0] if push.keys.size else 0
         if not pull_keys.size:
             # Not t.pull: that would also push the table's remembered pull
             # lookups (which the next push of those keys reuses) out of line.
@@ -341,28 +338,11 @@ class Shard:
             present = self.contains(frame.table, frame.keys) if frame.presence else None
             return codec.encode_weights(frame.table, weights, version, present)
         if frame.op == codec.Op.PUSH:
-            assert frame.keys is not None and frame.values is not None
-            applied, version = self.handle_push(
-                frame.table,
-                frame.keys,
-                frame.values,
-                counts=frame.counts,
-                event_time=frame.event_time,
-                request_id=frame.request_id,
-            )
+            applied, version = self.handle_push(_push_of(frame))
             return codec.encode_ack(frame.table, applied, version)
         if frame.op == codec.Op.PUSH_PULL:
-            assert frame.keys is not None and frame.values is not None
             assert frame.pull_keys is not None
-            applied, weights, version = self.handle_push_pull(
-                frame.table,
-                frame.keys,
-                frame.values,
-                frame.pull_keys,
-                counts=frame.counts,
-                event_time=frame.event_time,
-                request_id=frame.request_id,
-            )
+            applied, weights, version = self.handle_push_pull(_push_of(frame), frame.pull_keys)
             return codec.encode_push_pull_reply(frame.table, applied, weights, version)
         raise FrameError(f"op {frame.op} is a reply, not a request")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import ssl as ssl_
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +27,7 @@ from . import codec
 from .endpoint import RETRIED_STATUSES, Backoff, ShardEndpoint, json_or_text, not_joined, retried_reason
 from .rpc import RpcConnection
 from .server import FRAME_CONTENT_TYPE
-from .shard import Shard
+from .shard import Push, Shard
 
 __all__ = ["Push", "Pulled", "ShardReader", "ShardTransport", "LocalTransport", "HttpTransport", "TcpTransport"]
 
@@ -43,23 +43,6 @@ class Pulled:
     present: npt.NDArray[np.bool_] | None
     """(n,) whether each key has a row (absent keys read their initial
     value); None unless presence was asked for."""
-
-
-class Push(NamedTuple):
-    """One shard's part of a push."""
-
-    table: str
-    """The table pushed to."""
-    keys: U64
-    """(n,) keys, this shard's own."""
-    grads: F32
-    """(n, dim) gradients."""
-    counts: F32 | None
-    """(n, 2) shows and clicks, or None."""
-    event_time: float
-    """Sets the rows' ``last_seen``."""
-    request_id: int
-    """The push's id: a shard applies one id once."""
 
 
 class ShardReader(Protocol):
@@ -102,27 +85,10 @@ class LocalTransport:
         return Pulled(weights, version, self.shard.contains(table, keys) if presence else None)
 
     async def push(self, push: Push) -> int:
-        return self.shard.handle_push(
-            push.table,
-            push.keys,
-            push.grads,
-            counts=push.counts,
-            event_time=push.event_time,
-            request_id=push.request_id,
-            owned=self.routed,
-        )[0]
+        return self.shard.handle_push(push, owned=self.routed)[0]
 
     async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32]:
-        applied, weights, _ = self.shard.handle_push_pull(
-            push.table,
-            push.keys,
-            push.grads,
-            pull_keys,
-            counts=push.counts,
-            event_time=push.event_time,
-            request_id=push.request_id,
-            owned=self.routed,
-        )
+        applied, weights, _ = self.shard.handle_push_pull(push, pull_keys, owned=self.routed)
         return applied, weights
 
     async def close(self) -> None:
