@@ -157,6 +157,9 @@ class Predictor:
             if not self._queue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
+            # One turn of the loop for the handlers of requests already read
+            # to join: a batch's fixed cost is most of a small one's.
+            await asyncio.sleep(0)
             batch = [self._queue.popleft()]
             n = len(batch[0].events)
             while self._queue and n < self.max_batch_events:

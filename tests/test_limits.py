@@ -146,6 +146,28 @@ async def test_an_idle_kept_alive_connection_is_closed(api: ApiServer) -> None:
     w.close()
 
 
+async def test_a_busy_kept_alive_connection_stays_open_past_every_deadline(api: ApiServer) -> None:
+    # Each request moves the connection's deadline: one that keeps asking,
+    # for longer than the head and idle deadlines together, is never closed.
+    r, w = await asyncio.open_connection("127.0.0.1", _port(api))
+    started = last = time.monotonic()
+    answered = 0
+    while time.monotonic() - started < 3 * (SMALL.header_timeout_s + SMALL.idle_timeout_s):
+        w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 2.0)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1])
+        await asyncio.wait_for(r.readexactly(length), 2.0)
+        answered, last = answered + 1, time.monotonic()
+        await asyncio.sleep(SMALL.idle_timeout_s * 0.4)
+    assert answered >= 5
+    assert api.guard.stats()["head_timeouts_total"] == 0
+    # Once it stops asking, its idle deadline (from the last answer) closes it.
+    assert await _closed_within(r, 3.0) is not None
+    assert time.monotonic() - last >= SMALL.idle_timeout_s * 0.8
+    w.close()
+
+
 async def test_the_shard_http_port_closes_half_open_requests() -> None:
     shard = Shard(ShardSpec(0, 1), [LR])
     app = create_shard_app(shard)
