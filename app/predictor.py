@@ -147,7 +147,7 @@ class Predictor:
             # The batching task never ends by itself: surface why it did.
             task.result()
             raise RuntimeError("the predictor's batching task has stopped")
-        future: asyncio.Future[Prediction] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Prediction] = task.get_loop().create_future()
         self._queue.append(_Pending(events, future))
         self._wakeup.set()
         return await future

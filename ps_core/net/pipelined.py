@@ -69,6 +69,8 @@ class PipelinedConnection:
 
     def __init__(self, protocol: PipelinedProtocol) -> None:
         self._protocol = protocol
+        # Kept: `asyncio.get_running_loop()` is a getpid() system call per call.
+        self._loop = asyncio.get_running_loop()
 
     @property
     def is_open(self) -> bool:
@@ -76,15 +78,22 @@ class PipelinedConnection:
         announce its close)."""
         return self._protocol.transport is not None and not self._protocol.closing
 
-    def _send(self, parts: Iterable[bytes]) -> asyncio.Future[Reply]:
-        """Write one request; the future gets its reply or a ConnectionError."""
+    def _send(self, parts: Iterable[bytes], timeout_s: float | None = None) -> asyncio.Future[Reply]:
+        """Write one request; the future gets its reply, a ConnectionError,
+        or a TimeoutError after `timeout_s` (then drop the connection: its
+        reply may still come, and the next call must not read it as its own)."""
         protocol = self._protocol
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Reply] = self._loop.create_future()
         if protocol.transport is None or protocol.closing:
             fut.set_exception(ConnectionResetError(f"connection closed: {protocol.lost}"))
             return fut
         protocol.waiting.append(fut)
         protocol.transport.writelines(parts)
+        if timeout_s is not None:
+            # A timer on the call's own future, rather than asyncio.wait_for's
+            # second future and callbacks around it: this is every pull's path.
+            timer = self._loop.call_later(timeout_s, _time_out, fut, timeout_s)
+            fut.add_done_callback(lambda _: timer.cancel())
         return fut
 
     def abort(self) -> None:
@@ -97,6 +106,11 @@ class PipelinedConnection:
         transport = self._protocol.transport
         if transport is not None:
             transport.close()
+
+
+def _time_out(fut: asyncio.Future[Reply], timeout_s: float) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError(f"no reply within {timeout_s:g} s"))
 
 
 # Pause reading a connection whose replies pile up unsent (a client that

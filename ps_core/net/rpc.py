@@ -444,9 +444,10 @@ class RpcConnection(PipelinedConnection):
             raise
         return cls(protocol, hello)
 
-    def call(self, path: str, body: bytes) -> asyncio.Future[Reply]:
-        """Send one request; the future gets (status, payload) or a ConnectionError.
+    def call(self, path: str, body: bytes, timeout_s: float | None = None) -> asyncio.Future[Reply]:
+        """Send one request; the future gets (status, payload), a
+        ConnectionError, or a TimeoutError after `timeout_s`.
 
         `path`, the HTTP route of the same call, is not sent: the frame's op
         says what it is."""
-        return self._send((_LENGTH.pack(len(body)), body))
+        return self._send((_LENGTH.pack(len(body)), body), timeout_s)

@@ -102,7 +102,7 @@ class FrameConnection(Protocol):
     @property
     def is_open(self) -> bool: ...
 
-    def call(self, path: str, body: bytes) -> asyncio.Future[tuple[int, bytes]]: ...
+    def call(self, path: str, body: bytes, timeout_s: float | None = None) -> asyncio.Future[tuple[int, bytes]]: ...
 
     def abort(self) -> None: ...
 
@@ -149,7 +149,7 @@ class HttpTransport(ShardEndpoint):
                     if conn is None:
                         _, reply = await self.request("POST", path, body, FRAME_CONTENT_TYPE)
                         return reply
-                status, payload = await asyncio.wait_for(conn.call(path, body), backoff.remaining())
+                status, payload = await conn.call(path, body, backoff.remaining())
             except ssl_.SSLCertVerificationError as exc:
                 raise self._unverified(exc) from None
             except (TimeoutError, OSError) as exc:  # ConnectionError is an OSError
