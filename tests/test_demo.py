@@ -157,7 +157,12 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
             later = await predict(session, api, events)
             assert all(0.0 < p < 1.0 for p in later["predictions"])
             assert later["predictions"] != first["predictions"]  # the weights moved
-        rc = await asyncio.wait_for(proc.wait(), DURATION_S + 60)
+        try:
+            rc = await asyncio.wait_for(proc.wait(), DURATION_S + 60)
+        except TimeoutError:
+            # What it was doing is in its log: keep it in the failure, since
+            # pytest soon deletes this test's directory.
+            pytest.fail(f"the demo did not stop after its duration; its log ends:\n{err_log.read_text()[-5000:]}")
         ran_s = loop.time() - ready_at
     finally:
         if proc.returncode is None:
