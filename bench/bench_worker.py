@@ -251,6 +251,10 @@ async def wait_healthy(urls: list[str]) -> None:
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     n = args.events or (100_000 if args.quick else 500_000)
     window = 20_000
+    if n % window:
+        # The worker's windows close at `window` events (event time spans an
+        # hour): a last partial window would wait for events that never come.
+        raise SystemExit(f"--events must be a multiple of {window}, not {n}")
     external = os.environ.get("CTRPS_KAFKA_BOOTSTRAP")
     broker = None if external else EmbeddedBroker()
     if broker is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl as ssl_
+import time
 from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, Self, TypeVar
 from urllib.parse import urlsplit
@@ -48,19 +49,20 @@ class Backoff:
     """One call's attempts under a `RetryPolicy`: `failed` sleeps before the
     next attempt, or raises once the deadline has passed."""
 
+    # One per data call: time.monotonic, not the loop's clock, since
+    # asyncio.get_running_loop() is a getpid() system call on Python 3.11.
     def __init__(self, retry: RetryPolicy) -> None:
-        self._loop = asyncio.get_running_loop()
         self._retry = retry
-        self._deadline = self._loop.time() + retry.deadline_s
+        self._deadline = time.monotonic() + retry.deadline_s
         self._delay = retry.first_delay_s
         self.attempts = 1
 
     def remaining(self) -> float:
         """Seconds left for this attempt (at least a short minimum)."""
-        return max(self._deadline - self._loop.time(), 0.05)
+        return max(self._deadline - time.monotonic(), 0.05)
 
     async def failed(self, reason: str, unavailable: Callable[[int, str], Exception]) -> None:
-        left = self._deadline - self._loop.time()
+        left = self._deadline - time.monotonic()
         if left <= 0:
             raise unavailable(self.attempts, reason)
         # The last sleep is cut to the deadline, then one final attempt.
