@@ -77,7 +77,15 @@ async def _train(worker: Worker, done: Callable[[], bool], timeout_s: float = 60
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        await until(lambda: done() or task.done(), timeout_s, what="the worker to finish")
+        try:
+            await until(lambda: done() or task.done(), timeout_s, what="the worker to finish")
+        except AssertionError as exc:
+            # Where it stood, for a failure that does not reproduce alone.
+            s = worker.stats
+            raise AssertionError(
+                f"{exc}: trained {s.events_trained}, windows {s.windows}, commits {s.commits}, "
+                f"outages {s.outages}, waiting for {s.waiting_for!r}, rewinds {s.rewinds}"
+            ) from None
     finally:
         stop.set()
         try:
