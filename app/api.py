@@ -247,6 +247,24 @@ def _decode(decoder: msgspec.json.Decoder[Any], raw: bytes) -> Any:
     return decode(decoder, raw, BadRequestError, InvalidJSONError)
 
 
+def _predict_body(decoder: msgspec.json.Decoder[PredictRequest], raw: bytes) -> PredictRequest:
+    """A predict body, parsed by orjson and checked by its model.
+
+    orjson's key cache makes each field name one object in every request, and
+    the hasher's layout cache compares names by identity first; msgspec's
+    smaller cache left a tenth of Criteo's names new objects per request
+    (featurizing 1,000 events took 5.2 ms instead of 4.5). A body orjson
+    refuses is msgspec's to judge (it takes 1e400, which the model then
+    refuses): the error path only."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body: PredictRequest = _decode(decoder, raw)
+        return body
+    checked: PredictRequest = check(obj, decoder.type, BadRequestError)
+    return checked
+
+
 def _events_error(request: web.Request, raw: bytes, exc: BadRequestError) -> PSError:
     """Why a predict body failed its model: no events or too many (422, as
     the document says) when that was it, else `exc`. The error path only."""
@@ -292,7 +310,7 @@ async def predict(request: web.Request) -> web.Response:
     app = request.app
     raw = await _raw_body(request)
     try:
-        body: PredictRequest = _decode(app[_PREDICT], raw)
+        body = _predict_body(app[_PREDICT], raw)
     except InvalidJSONError:
         raise
     except BadRequestError as exc:
