@@ -90,7 +90,7 @@ class KafkaFront:
             if self._proc.poll() is not None or loop.time() > deadline:
                 await self.__aexit__()
                 raise RuntimeError("the broker behind the front did not start")
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # poll interval, under the deadline above
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -159,7 +159,7 @@ async def test_a_busy_kept_alive_connection_stays_open_past_every_deadline(api: 
         length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1])
         await asyncio.wait_for(r.readexactly(length), 2.0)
         answered, last = answered + 1, time.monotonic()
-        await asyncio.sleep(SMALL.idle_timeout_s * 0.4)
+        await asyncio.sleep(SMALL.idle_timeout_s * 0.4)  # the client's pause between requests, not a wait
     assert answered >= 5
     assert api.guard.stats()["head_timeouts_total"] == 0
     # Once it stops asking, its idle deadline (from the last answer) closes it.

@@ -272,7 +272,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
                         restores = (await control.stats())[0]["cluster"]["cluster_restores"]
                         if restarted and restores >= 1 and await committed() == produced:
                             done.set()
-                    await asyncio.sleep(0.1)
+                    await asyncio.sleep(0.1)  # poll interval; the test bounds the whole by its rounds
 
             watcher = asyncio.create_task(watch())
             try:
