@@ -364,6 +364,25 @@ async def weights(request: web.Request) -> web.Response:
     )
 
 
+def _lifecycle_info(per_shard: list[dict[str, Any]]) -> dict[str, Any]:
+    """A table's lifecycle over its shards: the rules, what they did summed."""
+    evicted: dict[str, int] = {}
+    for s in per_shard:
+        for rule, n in s["evicted"].items():
+            evicted[rule] = evicted.get(rule, 0) + n
+    pauses = [s["last_eviction_ms"] for s in per_shard if s["last_eviction_ms"] is not None]
+    admission = [s.get("admission", {}) for s in per_shard]
+    return {
+        "rules": per_shard[0]["lifecycle"],
+        "evicted": evicted,
+        "eviction_passes": sum(s["eviction_passes"] for s in per_shard),
+        "bytes_freed": sum(s["bytes_freed"] for s in per_shard),
+        "last_eviction_ms": max(pauses) if pauses else None,
+        "admitted": sum(a.get("admitted", 0) for a in admission),
+        "dropped": sum(a.get("dropped", 0) for a in admission),
+    }
+
+
 async def model_info(request: web.Request) -> web.Response:
     view, model = request.app[VIEW], request.app[MODEL]
     stats, board_raw = await asyncio.gather(all_stats(view), view.statuses())
@@ -383,6 +402,7 @@ async def model_info(request: web.Request) -> web.Response:
         if on_shards:
             info["version"] = min(t["version"] for t in on_shards)
             versions.append(info["version"])
+            info["lifecycle"] = _lifecycle_info([t["lifecycle"] for t in on_shards])
         tables[config.name] = info
     now = time.time()
     return _json(

@@ -115,7 +115,7 @@ def model_from_manifest(manifest: ExportManifest) -> Model:
         raise ValueError(f"version {manifest.version}: model_config names {hint!r}, its tables are {kind}")
     # The models build their own declarations: they must be the stored ones
     # (a `_w` table of another dim is not a model's linear part).
-    mismatch = [t.name for t in model.tables() if t != tables[t.name]]
+    mismatch = [t.name for t in model.tables() if not tables[t.name].accepts(t)]
     if mismatch:
         raise ValueError(f"version {manifest.version}: tables {mismatch} are not those of a {kind} model")
     return model

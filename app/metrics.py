@@ -99,11 +99,42 @@ class _ClusterCollector(Collector):
             "ctrps_table_features", "Features (rows) per table and shard.", labels=["shard", "table"]
         )
         size = GaugeMetricFamily("ctrps_table_bytes", "Bytes allocated per table and shard.", labels=["shard", "table"])
+        evicted = CounterMetricFamily(
+            "ctrps_table_evicted_rows",
+            "Rows removed by eviction, by rule (ttl, score, max_rows).",
+            labels=["shard", "table", "rule"],
+        )
+        freed = CounterMetricFamily(
+            "ctrps_table_evicted_bytes",
+            "Bytes of the rows removed by eviction (reused by new rows).",
+            labels=["shard", "table"],
+        )
+        pause = GaugeMetricFamily(
+            "ctrps_table_eviction_pause_ms",
+            "How long the last eviction pass held the table.",
+            labels=["shard", "table"],
+        )
+        admission = CounterMetricFamily(
+            "ctrps_table_admission",
+            "Keys without a row a push met: admitted (given one) or dropped (their update with them).",
+            labels=["shard", "table", "outcome"],
+        )
         for i, stats in enumerate(snap.stats):
             up.add_metric([str(i)], 0.0 if stats is None else 1.0)
             for name, t in (stats or {}).get("tables", {}).items():
                 features.add_metric([str(i), name], float(t["features"]))
                 size.add_metric([str(i), name], float(t["bytes"]))
+                life = t.get("lifecycle")
+                if not isinstance(life, dict):
+                    continue
+                for rule, n in life.get("evicted", {}).items():
+                    evicted.add_metric([str(i), name, str(rule)], _num(n))
+                freed.add_metric([str(i), name], _num(life.get("bytes_freed")))
+                if life.get("last_eviction_ms") is not None:
+                    pause.add_metric([str(i), name], _num(life["last_eviction_ms"]))
+                for outcome in ("admitted", "dropped"):
+                    if outcome in life.get("admission", {}):
+                        admission.add_metric([str(i), name, outcome], _num(life["admission"][outcome]))
         refused = CounterMetricFamily(
             "ctrps_shard_auth_refused",
             "Requests and RPC connections a shard refused for their credentials, by reason (missing, wrong, scope).",
@@ -114,7 +145,7 @@ class _ClusterCollector(Collector):
             counts = auth.get("refused") if isinstance(auth, dict) else None
             for reason, n in (counts if isinstance(counts, dict) else {}).items():
                 refused.add_metric([str(i), str(reason)], _num(n))
-        yield from (up, features, size, refused)
+        yield from (up, features, size, evicted, freed, pause, admission, refused)
         yield from port_families(("shard", str(i), (stats or {}).get("ports")) for i, stats in enumerate(snap.stats))
         yield from _ClusterCollector._exports(snap.stats[0] if snap.stats else None)
 

@@ -25,7 +25,16 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ps_core.model.events import MAX_FEATURES, MAX_WEIGHT
 from ps_core.models import components, ref
-from ps_core.net.shard_openapi import Compaction, Error, ExportList, ExportReport, ExportRequest, StatusAck, StatusBoard
+from ps_core.net.shard_openapi import (
+    Compaction,
+    Error,
+    ExportList,
+    ExportReport,
+    ExportRequest,
+    Lifecycle,
+    StatusAck,
+    StatusBoard,
+)
 from ps_core.store.board import StatusReport
 
 __all__ = [
@@ -152,6 +161,18 @@ class WeightsResponse(Struct, forbid_unknown_fields=True):
     weights: list[FeatureWeights]
 
 
+class TableLifecycleInfo(Struct, forbid_unknown_fields=True):
+    """The table's lifecycle rules and, summed over shards, what they did."""
+
+    rules: Lifecycle
+    evicted: Annotated[CountsBy, Meta(description="Rows removed, by rule.")]
+    eviction_passes: Count
+    bytes_freed: Count
+    last_eviction_ms: Annotated[float, Meta(ge=0, description="The longest last pass over shards.")] | None
+    admitted: Count
+    dropped: Annotated[Count, Meta(description="Key updates dropped: no row, not admitted.")]
+
+
 class TableInfo(Struct, forbid_unknown_fields=True):
     declared: Annotated[bool, Meta(description="Whether the shards hold the table.")]
     features: Count
@@ -159,6 +180,7 @@ class TableInfo(Struct, forbid_unknown_fields=True):
     dim: Annotated[int, Meta(ge=1)]
     optimizer: dict[str, Any]
     version: int | UnsetType = UNSET
+    lifecycle: TableLifecycleInfo | UnsetType = UNSET
 
 
 class DeadLetters(Struct, forbid_unknown_fields=True):

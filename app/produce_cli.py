@@ -126,6 +126,12 @@ def add_produce_parser(subparsers: Subcommands) -> None:
         help="rotation of the true weights, radians per hour of event time (default 0)",
     )
     syn.add_argument("--base-ctr", type=float, default=0.1, help="mean click rate (default 0.1)")
+    syn.add_argument(
+        "--fresh",
+        type=float,
+        default=0.0,
+        help="probability that a categorical value is a brand-new id, seen once: a long tail (default 0)",
+    )
     _common(syn)
 
     file_p = add_command(sources, "file", _FILE)
@@ -201,7 +207,7 @@ async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.envi
         if args.events < 0:
             return _fail("--events must be >= 0", 2)
         try:
-            stream = SyntheticStream(seed=args.seed, drift=args.drift, base_ctr=args.base_ctr)
+            stream = SyntheticStream(seed=args.seed, drift=args.drift, base_ctr=args.base_ctr, fresh=args.fresh)
         except ValueError as exc:
             return _fail(str(exc), 2)
         events = itertools.chain.from_iterable(stream.iter_batches(args.events, 10_000))

@@ -22,6 +22,7 @@ from consumers.worker import WorkerConfig
 from ps_core.checkpoint.manifest import check_model_name
 from ps_core.errors import TableConfigError
 from ps_core.net.limits import PortLimits, RpcLimits
+from ps_core.store.lifecycle import SPEC_KEYS, Lifecycle
 from ps_core.store.table import TableConfig
 
 from .declared import SettingsError, add_flags, load, setting
@@ -63,10 +64,13 @@ def _check_model_name(name: str) -> None:
 
 
 def parse_table_spec(spec: str) -> TableConfig:
-    """``NAME[,dim=D][,optimizer=ftrl|adagrad|sgd][,init_scale=S][,seed=N][,HYPER=V...]``.
+    """``NAME[,dim=D][,optimizer=ftrl|adagrad|sgd][,init_scale=S][,seed=N][,RULE=V...][,HYPER=V...]``.
 
-    Any other ``key=value`` is a hyperparameter of the optimizer, e.g.
-    ``lr,optimizer=ftrl,alpha=0.05,l1=1`` or ``fm_v,dim=8,optimizer=adagrad,lr=0.05,init_scale=0.01``.
+    A ``RULE`` is a lifecycle key (`ps_core.store.lifecycle.SPEC_KEYS`:
+    ``admit``, ``ttl``, ``decay``, ``min_score``, ``max_rows``, ...); any other
+    ``key=value`` is a hyperparameter of the optimizer, e.g.
+    ``lr,optimizer=ftrl,alpha=0.05,l1=1,admit=count:3,ttl=604800,max_rows=50000000``
+    or ``fm_v,dim=8,optimizer=adagrad,lr=0.05,init_scale=0.01``.
     """
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     if not parts or "=" in parts[0]:
@@ -74,6 +78,7 @@ def parse_table_spec(spec: str) -> TableConfig:
     name, fields = parts[0], parts[1:]
     optimizer: dict[str, Any] = {"name": "ftrl"}
     kwargs: dict[str, Any] = {}
+    rules: dict[str, str] = {}
     for f in fields:
         key, sep, value = f.partition("=")
         if not sep:
@@ -87,12 +92,15 @@ def parse_table_spec(spec: str) -> TableConfig:
                 kwargs["init_scale"] = float(value)
             elif key == "optimizer":
                 optimizer["name"] = value
+            elif key in SPEC_KEYS:
+                rules[key] = value
             else:
                 optimizer[key] = float(value)
         except ValueError:
             raise SettingsError(f"table spec {spec!r}: {key}={value!r} is not a number") from None
     try:
-        return TableConfig(name=name, optimizer=optimizer, **kwargs)
+        lifecycle = Lifecycle.from_spec(rules) if rules else None
+        return TableConfig(name=name, optimizer=optimizer, lifecycle=lifecycle, **kwargs)
     except TableConfigError as exc:
         raise SettingsError(f"table spec {spec!r}: {exc.detail}") from None
 
@@ -213,6 +221,38 @@ class ShardSettings:
     rpc_port: int = setting(
         0, env="CTRPS_RPC_PORT", flag="--rpc-port", help="TCP RPC port for pulls and pushes; 0 picks a free one"
     )
+    admit: str = setting(
+        "none",
+        env="CTRPS_ADMIT",
+        flag="--admit",
+        help="admission of new features into tables declared without a lifecycle: "
+        "none, count:N (seen N times), prob:P (per occurrence), score:T (shows and clicks)",
+    )
+    ttl_s: float = setting(
+        0.0, env="CTRPS_TTL", flag="--ttl", help="remove rows unseen for this many seconds of event time; 0 = never"
+    )
+    decay: float = setting(
+        0.98, env="CTRPS_DECAY", flag="--decay", help="shows and clicks decay by this at each eviction pass"
+    )
+    min_score: float = setting(
+        0.0, env="CTRPS_MIN_SCORE", flag="--min-score", help="remove rows whose decayed score falls below this; 0 = off"
+    )
+    max_rows: int = setting(
+        0, env="CTRPS_MAX_ROWS", flag="--max-rows", help="rows per table on this shard; over it the lowest scores go"
+    )
+    low_water: float = setting(
+        0.9, env="CTRPS_LOW_WATER", flag="--low-water", help="a table over --max-rows is cut back to this fraction"
+    )
+    embed_threshold: float = setting(
+        0.0,
+        env="CTRPS_EMBED_THRESHOLD",
+        flag="--embed-threshold",
+        help="lazy embeddings: a key gets a row in an embedding table (dim > 1) once its score "
+        "in the linear table reaches this; 0 = off",
+    )
+    evict_interval_s: float = setting(
+        60.0, env="CTRPS_EVICT_INTERVAL", flag="--evict-interval", help="seconds between eviction passes; 0 = none"
+    )
     http_limits: PortLimits = PortLimits()
     """Limits of the HTTP port (``CTRPS_SHARD_MAX_CONNECTIONS``, ``CTRPS_SHARD_HEADER_TIMEOUT``, ...)."""
     rpc_limits: RpcLimits = RpcLimits()
@@ -237,11 +277,22 @@ class ShardSettings:
             raise SettingsError("max body must be at least 1 MiB")
         if not self.stats_interval_s >= 0 or self.stats_interval_s == float("inf"):
             raise SettingsError("stats interval must be a finite number of seconds >= 0")
+        if not self.evict_interval_s >= 0 or self.evict_interval_s == float("inf"):
+            raise SettingsError("evict interval must be a finite number of seconds >= 0")
+        try:
+            self.default_lifecycle()
+        except TableConfigError as exc:
+            raise SettingsError(exc.detail.removeprefix("lifecycle: ")) from None
         names = [t.name for t in self.tables]
         if len(set(names)) != len(names):
             raise SettingsError(f"a table is declared twice: {names}")
         _check_urls(self.shards)
         _check_model_name(self.model_name)
+
+    def default_lifecycle(self) -> Lifecycle:
+        """The lifecycle of tables declared without one (--admit, --ttl, ...):
+        the settings named as `Lifecycle`'s fields."""
+        return Lifecycle(**{f.name: getattr(self, f.name) for f in fields(Lifecycle) if hasattr(self, f.name)})
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ShardSettings:

@@ -50,6 +50,24 @@ async def _report(shard: Shard, interval_s: float) -> None:
             )
 
 
+async def _evict(shard: Shard, interval_s: float) -> None:
+    """An eviction pass per interval (`Shard.evict`); a line per table that lost rows."""
+    while True:
+        await asyncio.sleep(interval_s)
+        for name, report in shard.evict().items():
+            if report.removed:
+                log_event(
+                    log,
+                    "evicted",
+                    table=name,
+                    rows=report.removed,
+                    **report.by_rule,
+                    bytes_freed=report.bytes_freed,
+                    pause_ms=round(report.pause_ms, 1),
+                    features=len(shard.tables[name]),
+                )
+
+
 def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, int]], StreamIdentity | None]:
     """This shard's slice of the newest export every file of which checks
     (or an empty shard), the newest version on disk, and the restored cut's
@@ -60,7 +78,7 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, i
     model_dir = Path(settings.exports_dir) / settings.model_name
     versions = version_dirs(model_dir) if settings.exports_dir else {}
     newest = max(versions, default=0)
-    shard = Shard(spec, settings.tables)
+    shard = Shard(spec, settings.tables, lifecycle=settings.default_lifecycle())
     shard.restores_at_start = settings.restore
     if settings.restore and versions:
         chain, refusals = newest_loadable(model_dir)
@@ -74,8 +92,9 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, i
         else:
             result = restore_shards(chain, settings.num_shards, shard_ids=[settings.shard_id])
             shard = result.shards[0]
+            shard.default_lifecycle = settings.default_lifecycle()
             for config in settings.tables:
-                shard.declare(config)
+                shard.configure(config)
             shard.configured_tables = tuple(settings.tables)
             shard.mark_state(result.version)
             shard.restores_at_start = True
@@ -254,6 +273,7 @@ async def run_shard(
         tables=",".join(t.name for t in settings.tables) or "-",
     )
     reporter = asyncio.create_task(_report(shard, settings.stats_interval_s)) if settings.stats_interval_s > 0 else None
+    evicting = asyncio.create_task(_evict(shard, settings.evict_interval_s)) if settings.evict_interval_s > 0 else None
     exporting = (
         asyncio.create_task(exporter.run(settings.export_interval_s, stop))
         if exporter is not None and settings.export_interval_s > 0
@@ -273,10 +293,11 @@ async def run_shard(
         with stop_on_signals(stop):
             await stop.wait()
     finally:
-        if reporter is not None:
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
+        for task in (reporter, evicting):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiting

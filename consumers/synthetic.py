@@ -10,6 +10,10 @@
 - ``C1..C<num_categorical>``: Zipf-distributed value ranks per field, rendered as
   8-hex-character strings. The rendering is a bijection of (field, rank) mixed
   with the seed, so strings are stable per (seed, field, rank) and never collide.
+- ``fresh`` > 0: each categorical value is, with that probability, a brand-new
+  id seen once and never again (12 hex characters, unique per event and
+  field), the long tail of a real stream (new sessions, creatives, queries).
+  Such values carry no weight in the hidden model.
 - ``ts`` advances by exponential gaps with mean ``1 / events_per_s`` (event time,
   strictly increasing); ``id`` is ``s-<seed>-<index>`` (zero-padded to 6 digits).
 - ``p_true`` is the click probability under the hidden model and ``label`` is a
@@ -84,14 +88,15 @@ class _Block:
     ts: F64
     p: F64
     label: npt.NDArray[np.int8]
+    fresh: npt.NDArray[np.bool_]  # (n, num_categorical): a brand-new id instead of the rank's
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
 
     def split(self, n: int) -> tuple[_Block, _Block]:
         return (
-            _Block(self.ranks[:n], self.nums[:n], self.ts[:n], self.p[:n], self.label[:n]),
-            _Block(self.ranks[n:], self.nums[n:], self.ts[n:], self.p[n:], self.label[n:]),
+            _Block(self.ranks[:n], self.nums[:n], self.ts[:n], self.p[:n], self.label[:n], self.fresh[:n]),
+            _Block(self.ranks[n:], self.nums[n:], self.ts[n:], self.p[n:], self.label[n:], self.fresh[n:]),
         )
 
     @staticmethod
@@ -104,6 +109,7 @@ class _Block:
             np.concatenate([b.ts for b in blocks]),
             np.concatenate([b.p for b in blocks]),
             np.concatenate([b.label for b in blocks]),
+            np.concatenate([b.fresh for b in blocks]),
         )
 
 
@@ -143,6 +149,7 @@ class SyntheticStream:
         events_per_s: float = 1000.0,
         drift: float = 0.0,
         base_ctr: float = 0.1,
+        fresh: float = 0.0,
     ) -> None:
         if seed < 0:
             raise ValueError("seed must be >= 0")
@@ -158,6 +165,8 @@ class SyntheticStream:
             raise ValueError("drift must be >= 0")
         if not 0.0 < base_ctr < 1.0:
             raise ValueError("base_ctr must be in (0, 1)")
+        if not 0.0 <= fresh < 1.0:
+            raise ValueError("fresh must be in [0, 1)")
         self.seed = seed
         self.num_numeric = num_numeric
         self.num_categorical = num_categorical
@@ -167,6 +176,7 @@ class SyntheticStream:
         self.events_per_s = float(events_per_s)
         self.drift = float(drift)
         self.base_ctr = float(base_ctr)
+        self.fresh = float(fresh)
         self.num_names = [f"I{j + 1}" for j in range(num_numeric)]
         self.cat_names = [f"C{f + 1}" for f in range(num_categorical)]
 
@@ -275,9 +285,15 @@ class SyntheticStream:
         gaps = np.maximum(rng.exponential(1.0 / self.events_per_s, BLOCK), 1e-6)
         offset = self._next_offset + np.cumsum(gaps)
         self._next_offset = float(offset[-1])
+        fresh = np.zeros(ranks.shape, dtype=bool)
+        if self.fresh > 0:
+            # Drawn from the block's own generator after everything else, so
+            # a stream without fresh ids is what it always was.
+            fresh = np.random.default_rng([self.seed, 2, self._next_block - 1]).random(ranks.shape) < self.fresh
+            ranks = np.where(fresh, self.vocab - 1, ranks).astype(np.int32)  # the rarest weight: ~0
         p = _sigmoid(self._logit(ranks, nums, offset))
         label = (rng.random(BLOCK) < p).astype(np.int8)
-        return _Block(ranks, nums, self.start_ts + offset, p, label)
+        return _Block(ranks, nums, self.start_ts + offset, p, label, fresh)
 
     def _take(self, n: int) -> _Block:
         while self._pending_len < n:
@@ -300,6 +316,19 @@ class SyntheticStream:
         strs: npt.NDArray[np.object_] = np.frombuffer(text, dtype="S8").astype("U8").astype(object)
         return strs.reshape(ranks.shape)
 
+    def _fresh_ids(self, cells: npt.NDArray[np.int64]) -> npt.NDArray[np.object_]:
+        """12-hex-char ids of (event, field) cells: an odd multiply mod 2**48 is
+        a bijection, so distinct cells give distinct ids (and 12 characters
+        never equal a vocabulary value's 8)."""
+        mixed = (cells.astype(np.uint64) * np.uint64(0x9E3779B97F4B) + np.uint64(self._hex_key)) & np.uint64(
+            (1 << 48) - 1
+        )
+        text = mixed.astype(">u8").tobytes().hex().encode("ascii")
+        # Each id is the last 12 of its 16 hex characters (the top 16 bits are 0).
+        chars = np.frombuffer(text, dtype=np.uint8).reshape(-1, 16)[:, 4:].copy()
+        out: npt.NDArray[np.object_] = chars.view("S12").reshape(-1).astype("U12").astype(object)
+        return out
+
     def batch(self, n: int) -> list[dict[str, Any]]:
         """The next `n` events (ids unique, ts strictly increasing)."""
         if n < 0:
@@ -312,7 +341,11 @@ class SyntheticStream:
         # Everything is converted column-wise in numpy; the loop below only assembles
         # dicts. A missing numeric is NaN, dropped by `compress` with the presence mask
         # (categoricals are always present), so no per-field Python test runs.
-        values = np.concatenate([blk.nums.astype(object), self._hex(blk.ranks)], axis=1)
+        cats = self._hex(blk.ranks)
+        if blk.fresh.any():
+            rows, cols = np.nonzero(blk.fresh)
+            cats[rows, cols] = self._fresh_ids((first + rows) * self.num_categorical + cols)
+        values = np.concatenate([blk.nums.astype(object), cats], axis=1)
         present = np.ones(values.shape, dtype=bool)
         present[:, : self.num_numeric] = ~np.isnan(blk.nums)
         names = self._names

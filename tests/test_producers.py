@@ -630,3 +630,22 @@ async def test_produce_compresses_with_the_codec_asked(kafka_bootstrap: str) -> 
         finally:
             await consumer.stop()
         assert [orjson.loads(v)["id"] for v in got] == [e["id"] for e in events], codec
+
+
+def test_fresh_ids_are_a_long_tail_seen_once() -> None:
+    n, fresh = 20_000, 0.05
+    events = SyntheticStream(seed=4, fresh=fresh).batch(n)
+    values = [v for e in events for k, v in e["features"].items() if k.startswith("C")]
+    tail = [v for v in values if len(v) == 12]
+    assert len(set(tail)) == len(tail)  # each brand-new id once
+    expected = n * 26 * fresh
+    assert abs(len(tail) - expected) < 5 * (expected * (1 - fresh)) ** 0.5
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    assert sum(1 for c in counts.values() if c == 1) / len(counts) > 0.7
+    # Deterministic, and the stream without fresh ids is unchanged by the option.
+    assert SyntheticStream(seed=4, fresh=fresh).batch(100) == events[:100]
+    assert SyntheticStream(seed=4, fresh=0.0).batch(50) == SyntheticStream(seed=4).batch(50)
+    with pytest.raises(ValueError, match="fresh"):
+        SyntheticStream(fresh=1.0)

@@ -168,7 +168,9 @@ def test_bad_event_time_changes_nothing(event_time: float) -> None:
     assert t.pull(np.array([1], dtype=np.uint64))[0, 0] == 0.0
 
 
-def test_counts_must_be_whole_and_saturate_instead_of_wrapping() -> None:
+def test_counts_must_be_whole_and_saturate_instead_of_overflowing() -> None:
+    # Counts are float32 (decay makes fractions): past 2**32 they neither
+    # wrap nor overflow; at float32's largest they stay there.
     t = SparseTable(TableConfig("lr", 1))
     key, g = np.array([3], dtype=np.uint64), np.zeros(1, dtype=np.float32)
     with pytest.raises(InvalidValuesError, match="whole"):
@@ -176,8 +178,12 @@ def test_counts_must_be_whole_and_saturate_instead_of_wrapping() -> None:
     t.push(key, g, counts=np.array([[5e9, 1]], dtype=np.float32))
     t.push(key, g, counts=np.array([[1, 1]], dtype=np.float32))
     row = t.index.lookup(key)
-    assert t.shows[row].tolist() == [2**32 - 1]
+    assert t.shows[row].tolist() == [float(np.float32(5e9))]
     assert t.clicks[row].tolist() == [2]
+    big = float(np.finfo(np.float32).max)
+    t.push(key, g, counts=np.array([[big, 0]], dtype=np.float32))
+    t.push(key, g, counts=np.array([[big, 0]], dtype=np.float32))
+    assert t.shows[row].tolist() == [big]
 
 
 REUSE_CONFIGS = [

@@ -417,7 +417,10 @@ def _read_snapshot(version_dir: Path, manifest: ExportManifest, entry: ManifestF
     source: Path | io.BytesIO = path if raw is None else io.BytesIO(raw)
     try:
         with np.load(source, allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in TableSnapshot.ARRAYS}
+            # Format 1 files lack the lifecycle's members: their defaults.
+            arrays = {
+                name: npz[name] for name in TableSnapshot.ARRAYS if name in npz or name not in TableSnapshot.OPTIONAL
+            }
         snap = TableSnapshot(
             table=entry.table,
             config=manifest.tables[entry.table],
@@ -543,10 +546,24 @@ def _route(keys: npt.NDArray[np.uint64], shards: Sequence[Shard]) -> list[npt.ND
     return [np.flatnonzero(owner == s.spec.shard_id) for s in shards]
 
 
-def _apply(snap: TableSnapshot, shards: Sequence[Shard]) -> None:
-    """Upsert a snapshot's rows into the shards owning them, then delete its
-    deleted keys (a snapshot never has a key in both)."""
-    arrays = (snap.data, snap.updated_at, snap.last_seen, snap.shows, snap.clicks)
+def _apply(snap: TableSnapshot, shards: Sequence[Shard], source: int, sources: int) -> None:
+    """Upsert a snapshot (written by shard `source` of `sources`) into the
+    shards owning its rows, then delete its deleted keys (a snapshot never
+    has a key in both).
+
+    Into as many shards as wrote it, shard `source` also takes the
+    snapshot's count scale and admission-sketch cells, so it reads exactly
+    the counts the writer did. Into another shard count, rows from shards
+    with different scales meet: their counts are stored decayed (times the
+    scale of their version, which leaves out the decays after it) and the
+    sketch's candidate counts start over, as the keys behind its cells are
+    not known."""
+    same = shards[0].spec.num_shards == sources
+    scale = float(snap.count_scale[0])
+    shows, clicks = snap.shows, snap.clicks
+    if not same and scale != 1.0:
+        shows, clicks = (shows * np.float32(scale), clicks * np.float32(scale))
+    arrays = (snap.data, snap.updated_at, snap.last_seen, shows, clicks)
     for shard, sel in zip(shards, _route(snap.keys, shards)):
         table = shard.tables[snap.table]
         if sel is None:
@@ -557,6 +574,9 @@ def _apply(snap: TableSnapshot, shards: Sequence[Shard]) -> None:
         for shard, sel in zip(shards, _route(snap.deleted, shards)):
             table = shard.tables[snap.table]
             table.delete(snap.deleted if sel is None else snap.deleted[sel])
+    for shard in shards:
+        if same and shard.spec.shard_id == source:
+            shard.tables[snap.table].load_counts(scale, snap.sketch_cells, snap.sketch_values)
 
 
 def restore_into(shards: Sequence[Shard], chain: Sequence[VersionInfo], *, verify: bool = True) -> RestoreResult:
@@ -584,8 +604,8 @@ def restore_into(shards: Sequence[Shard], chain: Sequence[VersionInfo], *, verif
             for shard in shards:
                 shard.declare(config)
             declared.add(config.name)
-        for _, snap in _iter_snapshots(info.path, info.manifest, verify):
-            _apply(snap, shards)
+        for source, snap in _iter_snapshots(info.path, info.manifest, verify):
+            _apply(snap, shards, source, info.manifest.num_shards)
     last = chain[-1]
     for shard in shards:
         for name in declared:
@@ -634,15 +654,15 @@ def apply_version(shards: Sequence[Shard], loaded: LoadedVersion) -> None:
                 )
             if m.kind == "base" and table is not None and len(table):
                 raise ValueError(f"base {m.version} into table {config.name}, which holds rows")
-    snaps = [s for part in loaded.snapshots.values() for s in part]
-    for snap in snaps:
+    snaps = [(source, s) for source, part in loaded.snapshots.items() for s in part]
+    for _, snap in snaps:
         if not np.isfinite(snap.data).all():
             raise InvalidValuesError(f"version {m.version}, table {snap.table}: rows hold NaN or inf")
     for shard in shards:
         for config in m.tables.values():
             shard.declare(config)
-    for snap in snaps:
-        _apply(snap, shards)
+    for source, snap in snaps:
+        _apply(snap, shards, source, m.num_shards)
     for shard in shards:
         for name in m.tables:
             shard.tables[name].mark_exported(m.version)

@@ -41,6 +41,7 @@ from ..errors import (
     ShardUnavailableError,
 )
 from ..net.shard import Shard, ShardSpec
+from ..store.lifecycle import Lifecycle
 from ..store.table import TableConfig
 from .coordinator import Coordinator
 from .export import latest_chain, read_manifest, restore_shards, version_dirs
@@ -112,16 +113,24 @@ def refusal_fields(exc: ExportCorruptError) -> dict[str, str]:
     return {"file": exc.file, "expected": exc.expected, "actual": exc.actual, "detail": exc.detail}
 
 
-def load_shard(spec: ShardSpec, model_dir: Path, version: int, tables: Sequence[TableConfig]) -> tuple[Shard, str]:
+def load_shard(
+    spec: ShardSpec,
+    model_dir: Path,
+    version: int,
+    tables: Sequence[TableConfig],
+    lifecycle: Lifecycle | None = None,
+) -> tuple[Shard, str]:
     """A fresh shard `spec` holding export `version` (empty for 0) and the
-    tables configured; and the chain loaded, as ``"1,2,3"``. Synchronous
-    (hashes and parses files): run it in a thread."""
+    tables configured, with `lifecycle` for tables declared without one; and
+    the chain loaded, as ``"1,2,3"``. Synchronous (hashes and parses files):
+    run it in a thread."""
     if version == 0:
-        return Shard(spec, tables), "-"
+        return Shard(spec, tables, lifecycle=lifecycle), "-"
     chain = chain_of(model_dir, version)
     shard = restore_shards(chain, spec.num_shards, shard_ids=[spec.shard_id]).shards[0]
+    shard.default_lifecycle = lifecycle
     for config in tables:
-        shard.declare(config)
+        shard.configure(config)
     return shard, ",".join(str(v.version) for v in chain)
 
 
@@ -136,7 +145,7 @@ async def restore_version(shard: Shard, version: int) -> dict[str, Any]:
     shard.leave("the coordinator is restoring every shard to one export version")
     try:
         fresh, chain = await asyncio.to_thread(
-            load_shard, shard.spec, shard.restore_dir, version, shard.configured_tables
+            load_shard, shard.spec, shard.restore_dir, version, shard.configured_tables, shard.default_lifecycle
         )
     except ExportCorruptError as exc:
         log.warning(

@@ -35,7 +35,7 @@ __all__ = [
 
 FORMAT = "ctrps-export"
 """The manifest's ``format`` field."""
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """The layout version this code writes and the newest it reads."""
 MANIFEST_NAME = "manifest.json"
 """The manifest's file name in a version directory."""

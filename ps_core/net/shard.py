@@ -43,7 +43,8 @@ from ..errors import (
 )
 from ..hashing import shard_of
 from ..store.board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, check_report
-from ..store.table import F32, SnapshotKind, SparseTable, TableConfig, TableSnapshot
+from ..store.lifecycle import Lifecycle
+from ..store.table import F32, Eviction, SnapshotKind, SparseTable, TableConfig, TableSnapshot
 from . import codec
 
 __all__ = ["Shard", "ShardSpec", "Push", "MAX_STATUS_BYTES", "MAX_SOURCE_CHARS"]
@@ -96,10 +97,14 @@ class Shard:
         *,
         dedup_window: int = 4096,
         max_sources: int = 256,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         """`dedup_window` push ids are remembered for retry dedup; the status
-        board keeps the latest status of the `max_sources` most recent sources."""
+        board keeps the latest status of the `max_sources` most recent
+        sources; `lifecycle` is that of tables declared without one."""
         self.spec = spec
+        self.default_lifecycle = lifecycle
+        """The lifecycle of tables declared without one (None: `NO_LIFECYCLE`)."""
         self.tables: dict[str, SparseTable] = {}
         self._dedup_window = dedup_window
         # request_id -> applied count of recent pushes, so that a client's retry
@@ -220,13 +225,55 @@ class Shard:
         """
         existing = self.tables.get(config.name)
         if existing is not None:
-            if existing.config != config:
+            if not existing.config.accepts(config):
                 raise TableConflictError(
                     f"table {config.name} exists with {existing.config.to_dict()}, "
                     f"declared again with {config.to_dict()}"
                 )
             return False
-        self.tables[config.name] = SparseTable(config)
+        if config.lifecycle is None and self.default_lifecycle is not None:
+            config = replace(config, lifecycle=self._default_for(config))
+        table = self.tables[config.name] = SparseTable(config)
+        self._gate(table)
+        return True
+
+    def _default_for(self, config: TableConfig) -> Lifecycle | None:
+        """The shard's default lifecycle as it applies to `config` (lazy
+        embeddings only for tables of dim > 1)."""
+        lc = self.default_lifecycle
+        if lc is not None and lc.embed_threshold and config.dim < 2:
+            return replace(lc, embed_threshold=0.0)
+        return lc
+
+    def _gate(self, table: SparseTable) -> None:
+        """Wire `table`'s lazy-embedding gate to its gating table, looked up at
+        each push (it may be declared later, or swapped by a restore)."""
+        lc = table.lifecycle
+        if not lc.embed_threshold or table.dim < 2:
+            table.gate = None
+            return
+        source, threshold, tables = lc.embed_source(table.config.name), lc.embed_threshold, self.tables
+
+        def gate(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+            scoring = tables.get(source)
+            if scoring is None:
+                return np.zeros(keys.size, dtype=bool)
+            return scoring.key_scores(keys) >= threshold
+
+        table.gate = gate
+
+    def configure(self, config: TableConfig) -> bool:
+        """`declare`, except that a table restored with another lifecycle
+        takes this one (the shard's configuration is the operator's latest
+        word; rows stay as they are). Returns True when anything changed."""
+        existing = self.tables.get(config.name)
+        lifecycle = config.lifecycle if config.lifecycle is not None else self._default_for(config)
+        if existing is None or existing.config.lifecycle == lifecycle:
+            return self.declare(config)
+        if not replace(existing.config, lifecycle=lifecycle).accepts(config):
+            return self.declare(config)  # another shape: the conflict, worded
+        existing.set_lifecycle(lifecycle)
+        self._gate(existing)
         return True
 
     def table(self, name: str) -> SparseTable:
@@ -434,6 +481,11 @@ class Shard:
         least recently reported first (JSON-ready)."""
         return [{"source": src, "received_at": at, "status": status} for src, (at, status) in self._statuses.items()]
 
+    def evict(self) -> dict[str, Eviction]:
+        """One eviction pass over every table with eviction rules (see
+        `SparseTable.evict`); runs to completion, so never within a cut's copy."""
+        return {name: t.evict() for name, t in self.tables.items() if t.lifecycle.evicts}
+
     def stats(self) -> dict[str, Any]:
         """Features, bytes and call counts per table (JSON-ready)."""
         return {
@@ -448,6 +500,7 @@ class Shard:
                     "pulls": t.pulls,
                     "version": t.version,
                     "config": t.config.to_dict(),
+                    "lifecycle": t.lifecycle_stats(),
                 }
                 for name, t in self.tables.items()
             },

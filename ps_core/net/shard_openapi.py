@@ -103,14 +103,33 @@ Optimizer = SGD | AdaGrad | FTRL
 TableName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}\Z")]
 
 
+class Lifecycle(Struct, forbid_unknown_fields=True):
+    """A table's admission and eviction rules (`ps_core.store.lifecycle`);
+    a field left out takes its default, 0 turns a rule off."""
+
+    admit: Annotated[str, Meta(pattern=r"^(none|(count|prob|score):[0-9][0-9.eE+-]*)\Z")] | UnsetType = UNSET
+    click_coeff: NonNegative | UnsetType = UNSET
+    nonclick_coeff: NonNegative | UnsetType = UNSET
+    ttl_s: Annotated[float, Meta(ge=0, le=MAX_INT)] | UnsetType = UNSET
+    decay: Annotated[float, Meta(gt=0, le=1)] | UnsetType = UNSET
+    min_score: NonNegative | UnsetType = UNSET
+    max_rows: Annotated[int, Meta(ge=0, le=MAX_INT)] | UnsetType = UNSET
+    low_water: Annotated[float, Meta(gt=0, lt=1)] | UnsetType = UNSET
+    sketch_bytes: Annotated[int, Meta(ge=0, le=MAX_INT)] | UnsetType = UNSET
+    embed_threshold: NonNegative | UnsetType = UNSET
+    embed_from: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{0,64}\Z")] | UnsetType = UNSET
+
+
 class Table(Struct, forbid_unknown_fields=True):
-    """A declared table; its optimizer with the defaults filled in."""
+    """A declared table; its optimizer with the defaults filled in, its
+    lifecycle when it has rules."""
 
     name: TableName
     dim: Annotated[int, Meta(ge=1, le=MAX_DIM)]
     optimizer: Optimizer
     init_scale: Annotated[float, Meta(ge=0, le=MAX_INIT_SCALE)]
     seed: Annotated[int, Meta(ge=0, le=MAX_INT)]
+    lifecycle: Lifecycle | UnsetType = UNSET
 
 
 class TableDeclaration(Struct, forbid_unknown_fields=True):
@@ -121,11 +140,34 @@ class TableDeclaration(Struct, forbid_unknown_fields=True):
     optimizer: Literal["sgd", "adagrad", "ftrl"] | Optimizer | UnsetType = UNSET
     init_scale: Annotated[float, Meta(ge=0, le=MAX_INIT_SCALE)] | UnsetType = UNSET
     seed: Annotated[int, Meta(ge=0, le=MAX_INT)] | UnsetType = UNSET
+    lifecycle: Lifecycle | UnsetType = UNSET
 
 
 class Declared(Struct, forbid_unknown_fields=True):
     created: bool
     table: Table
+
+
+class Admission(Struct, forbid_unknown_fields=True):
+    """Keys given a row by a push, and key updates dropped for want of one."""
+
+    admitted: Count
+    dropped: Count
+    sketch_bytes: Count | UnsetType = UNSET
+    sketch_agings: Count | UnsetType = UNSET
+
+
+class TableLifecycle(Struct, forbid_unknown_fields=True):
+    """A table's lifecycle and what it did since start."""
+
+    lifecycle: Lifecycle
+    evicted: dict[str, Count]
+    eviction_passes: Count
+    embed_gated: Annotated[Count, Meta(description="Key updates dropped by the lazy-embedding gate.")]
+    bytes_freed: Count
+    last_eviction_ms: Annotated[float, Meta(ge=0)] | None
+    last_eviction_bytes_freed: Count | None
+    admission: Admission | UnsetType = UNSET
 
 
 class TableStats(Struct, forbid_unknown_fields=True):
@@ -135,6 +177,7 @@ class TableStats(Struct, forbid_unknown_fields=True):
     pulls: Count
     version: Count
     config: Table
+    lifecycle: TableLifecycle
 
 
 class Stats(Struct):

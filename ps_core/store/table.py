@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -39,10 +40,11 @@ from ..errors import InvalidValuesError, TableConfigError
 from ..hashing import U64, uniform_from_keys
 from ..parsing import json_int
 from .index import KeyIndex
+from .lifecycle import NO_LIFECYCLE, Admission, Lifecycle, score
 from .optim import FTRL, Optimizer, make_optimizer
 from .pull_cache import PullCache, Pulled
 
-__all__ = ["TableConfig", "SparseTable", "TableSnapshot", "SnapshotKind", "F32", "U32"]
+__all__ = ["TableConfig", "SparseTable", "TableSnapshot", "SnapshotKind", "Eviction", "F32", "U32"]
 
 F32 = npt.NDArray[np.float32]
 U32 = npt.NDArray[np.uint32]
@@ -73,6 +75,9 @@ class TableConfig:
     """Initial weights are uniform in ``[-init_scale, init_scale)``; 0 starts at zero."""
     seed: int = 0
     """Seed of the initial values (a pure function of key and seed)."""
+    lifecycle: Lifecycle | None = None
+    """Admission and eviction rules (`ps_core.store.lifecycle`); None in a
+    declaration: the shard's default (a declared table always has one)."""
 
     def __post_init__(self) -> None:
         name = self.name
@@ -89,23 +94,38 @@ class TableConfig:
         # Normalise the optimizer spec (defaults filled in) so that two
         # declarations of the same table compare equal however they were written.
         object.__setattr__(self, "optimizer", make_optimizer(dict(self.optimizer)).spec())
+        if self.lifecycle is not None and not isinstance(self.lifecycle, Lifecycle):
+            raise TableConfigError(f"table {name}: lifecycle must be a Lifecycle")
+        if self.lifecycle is not None and self.lifecycle.embed_threshold and self.dim < 2:
+            raise TableConfigError(f"table {name}: lazy embeddings (embed_threshold) need dim > 1")
+        if self.lifecycle == NO_LIFECYCLE:
+            # The default says nothing: one form of it, so declarations compare equal.
+            object.__setattr__(self, "lifecycle", None)
+
+    def accepts(self, declared: TableConfig) -> bool:
+        """Whether `declared` declares this table again: the same fields, its
+        lifecycle left out (None) or the same."""
+        return self == declared or (declared.lifecycle is None and replace(self, lifecycle=None) == declared)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready form (the body of a declaration)."""
-        return {
+        """A JSON-ready form (the body of a declaration); the lifecycle only when set."""
+        out: dict[str, Any] = {
             "name": self.name,
             "dim": self.dim,
             "optimizer": dict(self.optimizer),
             "init_scale": self.init_scale,
             "seed": self.seed,
         }
+        if self.lifecycle is not None:
+            out["lifecycle"] = self.lifecycle.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, raw: object) -> TableConfig:
         """Build from a decoded JSON object; unknown or mistyped fields are errors."""
         if not isinstance(raw, dict):
             raise TableConfigError("a table declaration is a JSON object")
-        unknown = set(raw) - {"name", "dim", "optimizer", "init_scale", "seed"}
+        unknown = set(raw) - {"name", "dim", "optimizer", "init_scale", "seed", "lifecycle"}
         if unknown:
             raise TableConfigError(f"unknown table fields: {sorted(unknown)}")
         opt = raw.get("optimizer", {"name": "ftrl"})
@@ -122,7 +142,9 @@ class TableConfig:
         name = raw.get("name")
         if not isinstance(name, str):
             raise TableConfigError("name must be a string (it is required)")
-        return cls(name, dim, dict(opt), float(scale), seed)
+        raw_lifecycle = raw.get("lifecycle")
+        lifecycle = None if raw_lifecycle is None else Lifecycle.from_dict(raw_lifecycle)
+        return cls(name, dim, dict(opt), float(scale), seed, lifecycle)
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,18 +174,43 @@ class TableSnapshot:
     """(n,) export version of each row's last change."""
     last_seen: U32
     """(n,) event time of each row's last update, whole seconds."""
-    shows: U32
-    """(n,) impressions counted for each key."""
-    clicks: U32
-    """(n,) clicks counted for each key."""
+    shows: F32
+    """(n,) impressions counted for each key, as stored: times `count_scale`
+    they are the decayed counts (format 1 stored whole uint32 counts)."""
+    clicks: F32
+    """(n,) clicks counted for each key, stored as `shows` are."""
     deleted: U64
     """(m,) keys deleted since `parent` and absent at the cut (empty for a base).
     May name keys `parent` never held (inserted and deleted in between)."""
+    count_scale: npt.NDArray[np.float64] = field(default_factory=lambda: np.ones(1))
+    """(1,) the table's count scale at the cut (`SparseTable.count_scale`)."""
+    sketch_cells: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    """(c,) cells of the table's admission sketch (flat positions) set since
+    `parent`, or every non-zero cell for a base (`ps_core.store.lifecycle.CountSketch`)."""
+    sketch_values: npt.NDArray[np.uint8] = field(default_factory=lambda: np.zeros(0, np.uint8))
+    """(c,) their values."""
 
-    ARRAYS = ("keys", "data", "updated_at", "last_seen", "shows", "clicks", "deleted")
+    ARRAYS = (
+        "keys",
+        "data",
+        "updated_at",
+        "last_seen",
+        "shows",
+        "clicks",
+        "deleted",
+        "count_scale",
+        "sketch_cells",
+        "sketch_values",
+    )
     """Names of the array fields, in file order."""
+    OPTIONAL = frozenset({"count_scale", "sketch_cells", "sketch_values"})
+    """Members a format 1 file does not have (their defaults: no decay, no sketch)."""
 
     def __post_init__(self) -> None:
+        for name in ("shows", "clicks"):
+            a = getattr(self, name)
+            if a.dtype == np.uint32:  # format 1: whole counts
+                object.__setattr__(self, name, a.astype(np.float32))
         n = self.keys.shape[0] if self.keys.ndim == 1 else -1
         width = self.config.dim * make_optimizer(self.config.optimizer).slots
         expect: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {
@@ -171,8 +218,10 @@ class TableSnapshot:
             "data": (np.dtype(np.float32), (n, width)),
             "updated_at": (np.dtype(np.uint32), (n,)),
             "last_seen": (np.dtype(np.uint32), (n,)),
-            "shows": (np.dtype(np.uint32), (n,)),
-            "clicks": (np.dtype(np.uint32), (n,)),
+            "shows": (np.dtype(np.float32), (n,)),
+            "clicks": (np.dtype(np.float32), (n,)),
+            "count_scale": (np.dtype(np.float64), (1,)),
+            "sketch_values": (np.dtype(np.uint8), (self.sketch_cells.shape[0],)),
         }
         for name, (dtype, shape) in expect.items():
             a = getattr(self, name)
@@ -182,6 +231,11 @@ class TableSnapshot:
                 )
         if self.deleted.dtype != np.uint64 or self.deleted.ndim != 1:
             raise ValueError(f"snapshot of table {self.table}: deleted must be 1-d uint64")
+        if self.sketch_cells.dtype != np.int64 or self.sketch_cells.ndim != 1:
+            raise ValueError(f"snapshot of table {self.table}: sketch_cells must be 1-d int64")
+        scale = float(self.count_scale[0])
+        if not 0 < scale <= 1:
+            raise ValueError(f"snapshot of table {self.table}: count_scale {scale} is not in (0, 1]")
         if self.table != self.config.name:
             raise ValueError(f"snapshot names table {self.table}, its config {self.config.name}")
         if (self.kind == "base") != (self.parent is None):
@@ -208,7 +262,28 @@ class TableSnapshot:
 
 _META = ("updated_at", "last_seen", "shows", "clicks")
 """The columns of `SparseTable.meta`, in order."""
-_COUNT_MAX = float(2**32 - 1)
+_COUNT_MAX = float(np.finfo(np.float32).max)
+_MIN_COUNT_SCALE = 1e-25
+"""Below this `count_scale` the stored counts are rescaled (float32 holds
+counts up to ~3e38, so stored ones up to ~1e13 stay finite)."""
+
+
+@dataclass
+class Eviction:
+    """What one eviction pass (`SparseTable.evict`) removed."""
+
+    scanned: int = 0
+    """Live rows looked at."""
+    by_rule: dict[str, int] = field(default_factory=lambda: {"ttl": 0, "score": 0, "max_rows": 0})
+    """Rows removed by each rule (a row is counted under the first rule that removes it)."""
+    bytes_freed: int = 0
+    """Bytes of the removed rows (rows, keys and their index slots), now reusable by new rows."""
+    pause_ms: float = 0.0
+    """How long the pass held the table."""
+
+    @property
+    def removed(self) -> int:
+        return sum(self.by_rule.values())
 
 
 def _row_view(a: npt.NDArray[Any]) -> npt.NDArray[np.void]:
@@ -265,7 +340,48 @@ class SparseTable:
         self._deleted: list[U64] = []
         self._deleted_len = 0
         self._deleted_fold_at = 1024
+        self.lifecycle = NO_LIFECYCLE
+        self.admission: Admission | None = None
+        self._sketch_at_cut: npt.NDArray[np.uint8] | None = None
+        self.set_lifecycle(config.lifecycle)
+        self.count_scale = 1.0
+        """Decay by scale: a row's true (decayed) shows and clicks are its
+        stored ones times this. An eviction pass multiplies it by `decay`
+        instead of touching every row, and a push adds counts divided by it;
+        so rows that did not change need no rewrite (nor a place in the next
+        delta), and a restore of stored rows with the last cut's scale
+        reads the same counts."""
+        self.gate: Callable[[U64], npt.NDArray[np.bool_]] | None = None
+        """With lazy embeddings, which keys without a row may get one (their
+        score in the gating table reaches the threshold); set by the shard."""
+        self.gated = 0
+        """Key updates dropped by the lazy-embedding gate."""
+        self.newest_event = 0.0
+        """The newest event time stamped on a row (TTL's clock)."""
+        self.evicted = Eviction().by_rule
+        """Rows removed by each eviction rule since start."""
+        self.eviction_passes = 0
+        self.bytes_freed = 0
+        """Bytes of the rows removed by eviction since start (reused by new rows)."""
+        self.last_eviction: Eviction | None = None
         self._alloc(0)
+
+    def set_lifecycle(self, lifecycle: Lifecycle | None) -> None:
+        """Take `lifecycle`'s rules from now on. The admission counts carry
+        over when the rule and sketch size stay; rows are not touched."""
+        lc = lifecycle or NO_LIFECYCLE
+        old = self.admission
+        self.config = replace(self.config, lifecycle=lifecycle)
+        self.lifecycle = lc
+        if lc.admit_kind == "none":
+            self.admission, self._sketch_at_cut = None, None
+            return
+        if old is not None and (old.kind, old.lifecycle.sketch_bytes) == (lc.admit_kind, lc.sketch_bytes):
+            old.lifecycle, old.value = lc, lc.admit_value
+            return
+        self.admission = Admission(lc, seed=self.config.seed)
+        sketch = self.admission.sketch
+        self._sketch_at_cut = None if sketch is None else sketch.state()
 
     # -- storage -----------------------------------------------------------
     def _alloc(self, cap: int) -> None:
@@ -278,8 +394,10 @@ class SparseTable:
         """Per-row metadata; its columns are the arrays named in `_META`."""
         self.updated_at: U32 = self.meta[:, 0]
         self.last_seen: U32 = self.meta[:, 1]
-        self.shows: U32 = self.meta[:, 2]
-        self.clicks: U32 = self.meta[:, 3]
+        # Counts are float32 (decayed counts are fractions), stored as their
+        # bits in the metadata words; see `count_scale`.
+        self.shows: F32 = self.meta[:, 2].view(np.float32)
+        self.clicks: F32 = self.meta[:, 3].view(np.float32)
 
     def _full_rows(self, state: F32) -> U32:
         """Storage rows holding `state` (n, width) and zero metadata."""
@@ -302,7 +420,9 @@ class SparseTable:
 
     def memory_bytes(self) -> int:
         """Bytes allocated for this table: index, rows and metadata."""
-        return int(self.index.nbytes() + self._rows.nbytes)
+        sketch = None if self.admission is None else self.admission.sketch
+        kept = 0 if sketch is None else 2 * sketch.nbytes  # with its copy at the last cut
+        return int(self.index.nbytes() + self._rows.nbytes + kept)
 
     # -- values --------------------------------------------------------------
     def initial_weights(self, keys: U64) -> F32:
@@ -312,6 +432,13 @@ class SparseTable:
             return np.zeros((keys.size, self.dim), dtype=np.float32)
         u = uniform_from_keys(keys, self.config.seed, self.dim)
         return ((u * 2.0 - 1.0) * scale).astype(np.float32)
+
+    def absent_weights(self, keys: U64) -> F32:
+        """What a pull reads for keys without a row: their initial weights,
+        or zeros with lazy embeddings (the key has no embedding yet)."""
+        if self.lifecycle.embed_threshold and self.dim > 1:
+            return np.zeros((keys.size, self.dim), dtype=np.float32)
+        return self.initial_weights(keys)
 
     def _initial_rows(self, keys: U64) -> npt.NDArray[np.void]:
         """The storage rows (as `_row_view` items) of keys before their first update."""
@@ -327,7 +454,7 @@ class SparseTable:
         missing = np.flatnonzero(rows < 0)
         if missing.size == k.size:  # nothing stored (perhaps no row at all yet)
             self._pull_cache.add(k, rows, missing, free, None)
-            return self.initial_weights(k)
+            return self.absent_weights(k)
         # Absent keys gather row 0 (mode="clip" maps -1 there): one gather
         # and one weight derivation for all keys, then overwrite those few,
         # beats splitting the keys into present and absent first.
@@ -342,10 +469,7 @@ class SparseTable:
             out = self.optimizer.weights(state, self.dim)
         self._pull_cache.add(k, rows, missing, free.take(missing), gathered)
         if missing.size:
-            if self.config.init_scale == 0.0:
-                out[missing] = 0.0
-            else:
-                out[missing] = self.initial_weights(k.take(missing))
+            out[missing] = self.absent_weights(k.take(missing))
         return out
 
     def push(
@@ -373,6 +497,11 @@ class SparseTable:
         if k.size == 0:
             return 0
         pulled = self._pull_cache.take(k)
+        if self.admission is not None or self.gate is not None:
+            k, g, c, pulled = self._admitted(k, g, c, pulled)
+            if k.size == 0:
+                self.pushes += 1  # the admission's counts changed
+                return 0
         rows = self._rows_for_push(k, pulled)
         # With no row changed since the pull, what it gathered and derived
         # still holds, but for the keys it found absent (inserted just now).
@@ -429,6 +558,49 @@ class SparseTable:
         if not (math.isfinite(seen) and 0 <= seen < 2**32):
             raise InvalidValuesError(f"table {self.config.name}: event time {seen!r} is not seconds in [0, 2**32)")
         return k, g, c, seen
+
+    def _admitted(self, k: U64, g: F32, c: F32 | None, pulled: Pulled | None) -> tuple[U64, F32, F32 | None, Pulled]:
+        """The push without the keys that have no row and are not admitted
+        (`Admission.decide`, then the lazy-embedding `gate`), and what the
+        lookup found for the rest (the pull's, or a probe's, reused by
+        `_rows_for_push`)."""
+        if pulled is None:
+            rows, free = self.index.probe(k)
+            missing = np.flatnonzero(rows < 0)
+            pulled = Pulled(k, rows, missing, free.take(missing), None, self.index.mutations, self._pull_cache.writes)
+        elif pulled.missing.size and pulled.free is None:
+            # Inserts since the pull: some keys absent then may have rows now.
+            again = self.index.lookup(k.take(pulled.missing))
+            rows = pulled.rows
+            rows[pulled.missing] = again
+            pulled = pulled._replace(missing=pulled.missing[again < 0])
+        missing = pulled.missing
+        if not missing.size:
+            return k, g, c, pulled
+        absent = k.take(missing)
+        ok = np.ones(missing.size, dtype=bool)
+        if self.admission is not None:
+            ok = self.admission.decide(absent, None if c is None else c[missing])
+        if self.gate is not None:
+            passed = self.gate(absent)
+            self.gated += int(np.count_nonzero(ok & ~passed))
+            ok &= passed
+        if ok.all():
+            return k, g, c, pulled
+        keep = np.ones(k.size, dtype=bool)
+        keep[missing[~ok]] = False
+        position = np.cumsum(keep) - 1  # of each kept key in the kept push
+        gathered = pulled.gathered
+        pulled = Pulled(
+            k[keep],
+            pulled.rows[keep],
+            position[missing[ok]],
+            None if pulled.free is None else pulled.free[ok],
+            None if gathered is None else (gathered[0][keep], gathered[1][keep], gathered[2][keep]),
+            pulled.mutations,
+            pulled.writes,
+        )
+        return k[keep], g[keep], None if c is None else c[keep], pulled
 
     def _rows_for_push(self, k: U64, pulled: Pulled | None) -> npt.NDArray[np.int64]:
         """The row of each key, inserting absent keys with their initial rows
@@ -506,12 +678,16 @@ class SparseTable:
         event time, and shows and clicks added."""
         meta[:, 0] = self.version
         meta[:, 1] = int(seen)
+        if seen > self.newest_event:
+            self.newest_event = seen
         if row_counts is not None:
-            # Saturate at 2**32 - 1 instead of wrapping: add in float64 (exact
-            # for any uint32 plus a whole float32), clamp, cast back.
-            total = np.add(meta[:, 2:], row_counts, dtype=np.float64)
+            counts = meta[:, 2:].view(np.float32)
+            added = row_counts if self.count_scale == 1.0 else np.divide(row_counts, self.count_scale)
+            # In float64, saturating at float32's largest instead of reaching
+            # inf (float32 counts are exact to 2**24, then approximate).
+            total = np.add(counts, added, dtype=np.float64)
             np.minimum(total, _COUNT_MAX, out=total)
-            meta[:, 2:] = total
+            counts[...] = total
 
     # -- versions, snapshots and deletes --------------------------------------
     def changed_since(self, version: int) -> tuple[U64, npt.NDArray[np.int64]]:
@@ -538,6 +714,95 @@ class SparseTable:
                 self._deleted_fold_at = max(1024, self._deleted_len)
         return gone
 
+    def scores(self, rows: npt.NDArray[np.intp] | None = None) -> npt.NDArray[np.float64]:
+        """The lifecycle score of `rows` (all rows handed out by default),
+        from their decayed shows and clicks."""
+        n = self.index.num_rows
+        shows = self.shows[:n] if rows is None else self.shows[rows]
+        clicks = self.clicks[:n] if rows is None else self.clicks[rows]
+        return score(self.lifecycle, shows * self.count_scale, clicks * self.count_scale)
+
+    def key_scores(self, keys: U64) -> npt.NDArray[np.float64]:
+        """The lifecycle score of each key; 0 for keys without a row."""
+        rows = self.index.lookup(keys)
+        out = np.zeros(keys.size)
+        have = np.flatnonzero(rows >= 0)
+        if have.size:
+            out[have] = self.scores(rows[have])
+        return out
+
+    def evict(self) -> Eviction:
+        """One eviction pass of the lifecycle's rules, in order: TTL, decay
+        then the score threshold, then the row cap (lowest scores first, down
+        to the low-water mark; ties in no set order). The removed keys are
+        deleted as by `delete` (the next delta lists them) and their rows
+        reused by later inserts: the arrays do not shrink, they stop growing."""
+        t0 = time.perf_counter()
+        lc = self.lifecycle
+        n = self.index.num_rows
+        live = self.index.row_live[:n]
+        report = Eviction(scanned=int(np.count_nonzero(live)))
+        remove = np.zeros(n, dtype=bool)
+        if lc.ttl_s and self.newest_event:
+            np.logical_and(live, self.last_seen[:n] < self.newest_event - lc.ttl_s, out=remove)
+            report.by_rule["ttl"] = int(np.count_nonzero(remove))
+        s = None
+        if lc.min_score:
+            self.count_scale *= lc.decay
+            if self.count_scale < _MIN_COUNT_SCALE:
+                self._rescale_counts()
+            s = self.scores()
+            low = live & ~remove & (s < lc.min_score)
+            report.by_rule["score"] = int(np.count_nonzero(low))
+            remove |= low
+        if lc.max_rows:
+            left = np.flatnonzero(live & ~remove)
+            over = left.size - int(lc.low_water * lc.max_rows)
+            if left.size > lc.max_rows and over > 0:
+                left_scores = self.scores(left) if s is None else s[left]
+                lowest = left[np.argpartition(left_scores, over - 1)[:over]]
+                remove[lowest] = True
+                report.by_rule["max_rows"] = int(lowest.size)
+        rows = np.flatnonzero(remove)
+        if rows.size:
+            per_row = self.memory_bytes() / max(1, self.index.row_capacity)
+            self.delete(self.index.row_keys[rows])
+            report.bytes_freed = int(rows.size * per_row)
+        report.pause_ms = (time.perf_counter() - t0) * 1e3
+        for rule, count in report.by_rule.items():
+            self.evicted[rule] += count
+        self.eviction_passes += 1
+        self.bytes_freed += report.bytes_freed
+        self.last_eviction = report
+        return report
+
+    def _rescale_counts(self) -> None:
+        """Fold `count_scale` into every row's stored counts (rare: after
+        thousands of decays). Every row changes, so the next delta holds all."""
+        n = self.index.num_rows
+        live = self.index.row_live[:n]
+        self.shows[:n] *= np.float32(self.count_scale)
+        self.clicks[:n] *= np.float32(self.count_scale)
+        self.updated_at[:n][live] = self.version
+        self.count_scale = 1.0
+        self._pull_cache.wrote()
+
+    def lifecycle_stats(self) -> dict[str, Any]:
+        """The lifecycle's figures, for the shard's stats."""
+        last = self.last_eviction
+        out: dict[str, Any] = {
+            "lifecycle": self.lifecycle.to_dict(),
+            "evicted": dict(self.evicted),
+            "eviction_passes": self.eviction_passes,
+            "embed_gated": self.gated,
+            "bytes_freed": self.bytes_freed,
+            "last_eviction_ms": None if last is None else round(last.pause_ms, 3),
+            "last_eviction_bytes_freed": None if last is None else last.bytes_freed,
+        }
+        if self.admission is not None:
+            out["admission"] = self.admission.stats()
+        return out
+
     def snapshot(self, since: int | None = None) -> TableSnapshot:
         """Cut export version `version`: copy its rows, then open the next version.
 
@@ -561,14 +826,45 @@ class SparseTable:
         self.mark_exported(self.version)
         return snap
 
+    def _sketch_cells(self, parent: int | None) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+        """The admission sketch's cells for a snapshot: those set since the
+        last cut for a delta, the non-zero ones for a base."""
+        sketch = None if self.admission is None else self.admission.sketch
+        if sketch is None:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint8)
+        flat = sketch.cells.reshape(-1)
+        if parent is None or self._sketch_at_cut is None:
+            cells = np.flatnonzero(flat)
+        else:
+            cells = np.flatnonzero(flat != self._sketch_at_cut.reshape(-1))
+        return cells.astype(np.int64), flat[cells]
+
+    def load_counts(self, count_scale: float, sketch_cells: npt.ArrayLike, sketch_values: npt.ArrayLike) -> None:
+        """A snapshot's count scale and admission-sketch cells (a restore
+        applies them version by version, after the rows)."""
+        if not 0 < count_scale <= 1:
+            raise InvalidValuesError(f"table {self.config.name}: count_scale {count_scale} is not in (0, 1]")
+        self.count_scale = float(count_scale)
+        cells = np.asarray(sketch_cells, dtype=np.int64)
+        sketch = None if self.admission is None else self.admission.sketch
+        if sketch is None or not cells.size:
+            return
+        flat = sketch.cells.reshape(-1)
+        if cells.min() < 0 or cells.max() >= flat.size:
+            # Another sketch size (the lifecycle changed): its counts do not map.
+            return
+        flat[cells] = np.asarray(sketch_values, dtype=np.uint8)
+
     def base_copy(self, version: int) -> TableSnapshot:
         """Every live row as a base labelled `version`, without cutting: the open
         version and the deletion log stay as they are (compaction uses this on
         a table restored to `version`)."""
         n = self.index.num_rows
-        return self._copy_rows(np.flatnonzero(self.index.row_live[:n]), version, None, _NO_KEYS)
+        return self._copy_rows(np.flatnonzero(self.index.row_live[:n]), version, None, _NO_KEYS, base=True)
 
-    def _copy_rows(self, rows: npt.NDArray[np.intp], version: int, parent: int | None, deleted: U64) -> TableSnapshot:
+    def _copy_rows(
+        self, rows: npt.NDArray[np.intp], version: int, parent: int | None, deleted: U64, *, base: bool = False
+    ) -> TableSnapshot:
         if rows.size == self.index.num_rows:
             # Every row handed out is selected (no freed rows): a slice copy
             # is a straight memcpy, cheaper than a gather.
@@ -579,6 +875,7 @@ class SparseTable:
             def take(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
                 return np.take(a, rows, axis=0)
 
+        cells, values = self._sketch_cells(None if base else parent)
         return TableSnapshot(
             table=self.config.name,
             config=self.config,
@@ -592,6 +889,9 @@ class SparseTable:
             shows=take(self.shows),
             clicks=take(self.clicks),
             deleted=deleted,
+            count_scale=np.array([self.count_scale]),
+            sketch_cells=cells,
+            sketch_values=values,
         )
 
     def _deleted_since_cut(self) -> U64:
@@ -612,6 +912,8 @@ class SparseTable:
         self.last_snapshot = version
         self.version = version + 1
         self._deleted, self._deleted_len, self._deleted_fold_at = [], 0, 1024
+        if self._sketch_at_cut is not None and self.admission is not None and self.admission.sketch is not None:
+            self._sketch_at_cut[...] = self.admission.sketch.cells
 
     def load_rows(
         self,
@@ -638,8 +940,10 @@ class SparseTable:
             raise InvalidValuesError(f"table {name}: rows of shape {d.shape}, expected ({n}, {self.width})")
         if any(m.shape != (n,) for m in meta):
             raise InvalidValuesError(f"table {name}: metadata arrays must hold {n} values each")
-        if any(m.size and (m.min() < 0 or m.max() >= 2**32) for m in meta):
-            raise InvalidValuesError(f"table {name}: metadata must be in [0, 2**32)")
+        if any(m.size and (m.min() < 0 or m.max() >= 2**32) for m in meta[:2]):
+            raise InvalidValuesError(f"table {name}: updated_at and last_seen must be in [0, 2**32)")
+        if any(m.size and not (m.min() >= 0 and np.isfinite(m).all()) for m in meta[2:]):
+            raise InvalidValuesError(f"table {name}: shows and clicks must be finite and >= 0")
         if not np.isfinite(d).all():
             raise InvalidValuesError(f"table {name}: rows hold NaN or inf")
         if n == 0:

@@ -1,0 +1,359 @@
+"""Benchmark: the feature lifecycle (admission, eviction, a row cap) on a long-tail stream.
+
+A topic on the embedded broker (or ``CTRPS_KAFKA_BOOTSTRAP``) is loaded with
+the synthetic stream with a long tail (``SyntheticStream(fresh=...)``: each
+categorical value is a brand-new id, seen once, with probability ``--fresh``;
+the true weights drift by ``--drift`` radians per hour of event time). Then
+a real worker (`consumers.worker.Worker`, LR with FTRL, in-process shard)
+trains the whole topic once per table lifecycle, each run in its own process
+so its peak RSS is its own:
+
+- ``none``: every id gets a row, none leaves (the baseline, today's behaviour);
+- ``count2``: ``admit=count:2``;
+- ``score``: ``admit=score:1`` (a click admits at once, a show without one
+  with probability 0.1);
+- ``ttl``: rows unseen for 60 s of event time go;
+- ``decay``: shows and clicks decay by 0.9 a pass, rows scoring under 0.3 go;
+- ``cap``: ``max_rows`` a quarter of the baseline's final rows.
+
+The shard runs an eviction pass every ``--evict-every`` seconds, as
+``ctrps shard --evict-interval`` does. Reported per run: rows and table bytes
+at the end, the most rows seen after a pass, peak RSS, RSS growth over the
+second half of the run, progressive logloss and AUC (each event predicted
+before it is learnt; window averages weighted by events), training
+events/s, and eviction pauses; then ratios to the baseline.
+
+Separately, the pause of one pass is timed on an LR/FTRL table of
+``--pause-rows`` rows (TTL, decayed score and the cap all on): milliseconds
+per million rows scanned.
+
+Aims (issue 17): rows ≤ 0.3× the baseline at logloss ≤ 1.005× with count:2
+or score admission; the cap holds RSS flat over the second half; a pass
+≤ 50 ms per 1M rows; training events/s within 10 % of the baseline.
+
+Run: ``python bench/bench_lifecycle.py [--quick]``; the last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import uvloop
+from aiokafka import AIOKafkaProducer
+from common import bench_parser, elapsed_s, progress_log
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from consumers.broker import EmbeddedBroker, create_topics  # noqa: E402
+from consumers.synthetic import SyntheticStream  # noqa: E402
+from consumers.worker import Worker, WorkerConfig  # noqa: E402
+from ps_core.checkpoint.control import ControlClient  # noqa: E402
+from ps_core.model.models import LogisticRegression  # noqa: E402
+from ps_core.net.client import PSClient  # noqa: E402
+from ps_core.net.shard import Shard  # noqa: E402
+from ps_core.store.lifecycle import Lifecycle  # noqa: E402
+from ps_core.store.table import SparseTable, TableConfig  # noqa: E402
+
+PARTITIONS = 2
+WINDOW_EVENTS = 20_000
+CONFIGS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "count2": {"admit": "count:2"},
+    "score": {"admit": "score:1"},
+    "ttl": {"ttl_s": 60.0},
+    "decay": {"decay": 0.9, "min_score": 0.3},
+    "cap": {},  # max_rows: a quarter of the baseline's rows, set once it ran
+}
+AIM_ROWS_RATIO = 0.3
+AIM_LOGLOSS_RATIO = 1.005
+AIM_PAUSE_MS_PER_1M = 50.0
+AIM_RATE_RATIO = 0.9
+
+log = progress_log("bench_lifecycle")
+"""One progress line on stderr."""
+
+
+# -- one run, in its own process -------------------------------------------------------
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+async def run_one(
+    bootstrap: str, topic: str, events: int, rules: dict[str, Any], evict_every_s: float
+) -> dict[str, Any]:
+    """Train the topic once with `rules` on the model's table; the run's figures."""
+    shard = Shard(lifecycle=Lifecycle(**rules))
+    client, control = PSClient.local([shard]), ControlClient.local([shard])
+    config = WorkerConfig(
+        bootstrap,
+        topic=topic,
+        group=f"bench-{uuid.uuid4().hex[:8]}",
+        dlq_topic=topic + ".dlq",
+        window_seconds=3600,
+        window_events=WINDOW_EVENTS,
+        decode_processes=1,
+    )
+    worker = Worker(config, client, control, LogisticRegression("ctr"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 900
+    t_start: float | None = None
+    pauses: list[float] = []
+    scanned: list[int] = []
+    rows_after: list[int] = []
+    rss: list[tuple[int, float]] = []
+    next_pass = 0.0
+    try:
+        while worker.stats.events_trained + worker.stats.dead_letters < events:
+            if task.done():
+                task.result()
+            if loop.time() > deadline:
+                raise TimeoutError(f"worker trained {worker.stats.events_trained}/{events}")
+            if t_start is None and worker._consumer is not None and worker._consumer.assignment():
+                t_start = time.perf_counter()
+            now = time.perf_counter()
+            if t_start is not None and now >= next_pass:
+                next_pass = now + evict_every_s
+                for report in shard.evict().values():
+                    pauses.append(report.pause_ms)
+                    scanned.append(report.scanned)
+                table = shard.tables.get("ctr_w")
+                if table is not None:
+                    rows_after.append(len(table))
+                rss.append((worker.stats.events_trained, rss_mb()))
+            await asyncio.sleep(0.01)  # poll interval
+        t_done = time.perf_counter()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+    assert t_start is not None
+    table = shard.tables["ctr_w"]
+    hist = worker.stats.history
+    ev = np.array([r.events for r in hist], dtype=np.float64)
+    second = [mb for trained, mb in rss if trained >= events // 2]
+    stats = table.lifecycle_stats()
+    return {
+        "events_per_s": events / (t_done - t_start),
+        "rows": len(table),
+        "rows_peak": max(rows_after, default=len(table)),
+        "table_bytes": table.memory_bytes(),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_growth_second_half_mb": (max(second) - min(second)) if len(second) > 1 else 0.0,
+        "logloss": float((ev * [r.metrics.logloss for r in hist]).sum() / ev.sum()),
+        "auc": float((ev * [r.metrics.auc for r in hist]).sum() / ev.sum()),
+        "evicted": stats["evicted"],
+        "admission": stats.get("admission", {}),
+        "eviction_passes": len(pauses),
+        "eviction_pause_max_ms": max(pauses, default=0.0),
+        "eviction_pause_ms_per_1m_rows": max(
+            (p / max(s, 1) * 1e6 for p, s in zip(pauses, scanned) if s >= 10_000), default=0.0
+        ),
+    }
+
+
+# -- the pause of one pass -------------------------------------------------------------
+
+
+def pause_per_million(rows: int, seed: int) -> dict[str, float]:
+    """One eviction pass (TTL, decay and score, cap all on) over an LR/FTRL
+    table of `rows` rows; ms per million rows scanned."""
+    lc = Lifecycle(ttl_s=3600.0, decay=0.98, min_score=0.05, max_rows=int(rows * 0.95), low_water=0.9)
+    table = SparseTable(TableConfig("t", 1, {"name": "ftrl"}, lifecycle=lc), initial_rows=rows)
+    rng = np.random.default_rng(seed)
+    keys = rng.choice(2**63, size=rows, replace=False).astype(np.uint64)
+    step = 100_000
+    for i in range(0, rows, step):
+        k = np.sort(keys[i : i + step])
+        counts = np.stack([rng.integers(1, 20, k.size), rng.integers(0, 2, k.size)], 1).astype(np.float32)
+        table.push(k, rng.normal(size=k.size).astype(np.float32), counts=counts, event_time=float(i // step * 60))
+    times = []
+    for _ in range(3):
+        report = table.evict()
+        times.append(report.pause_ms / max(report.scanned, 1) * 1e6)
+    return {"rows": rows, "pause_ms_per_1m_rows": min(times), "pause_ms_per_1m_rows_first": times[0]}
+
+
+# -- the driver -----------------------------------------------------------------------------
+
+
+async def preload(bootstrap: str, topic: str, n: int, seed: int, fresh: float, drift: float) -> dict[str, float]:
+    """Produce the stream; its share of distinct ids seen once."""
+    stream = SyntheticStream(seed=seed, fresh=fresh, drift=drift)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
+    await producer.start()
+    seen: dict[str, int] = {}
+    try:
+        sent = 0
+        for events in stream.iter_batches(n, 10_000):
+            futs = [await producer.send(topic, orjson.dumps(ev)) for ev in events]
+            await asyncio.gather(*futs)
+            for ev in events:  # building the workload's statistics, outside any timed region
+                for name, v in ev["features"].items():
+                    if name[0] == "C":
+                        seen[v] = seen.get(v, 0) + 1
+            sent += len(events)
+            log(f"  produced {sent}/{n}")
+    finally:
+        await producer.stop()
+    once = sum(1 for c in seen.values() if c == 1)
+    return {"distinct_ids": float(len(seen)), "seen_once_share": once / max(1, len(seen))}
+
+
+def run_child(name: str, rules: dict[str, Any], args: Any, bootstrap: str, topic: str) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        json.dumps(rules),
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        topic,
+        "--events",
+        str(args.events),
+        "--evict-every",
+        str(args.evict_every),
+    ]
+    log(f"run {name}: {rules or 'no rules'}")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    if out.returncode != 0:
+        raise RuntimeError(f"run {name} failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    log(
+        f"  {name}: {result['events_per_s']:.0f} events/s, rows {result['rows']} (peak {result['rows_peak']}), "
+        f"logloss {result['logloss']:.5f}, auc {result['auc']:.4f}, peak RSS {result['peak_rss_mb']:.0f} MB, "
+        f"RSS growth over the second half {result['rss_growth_second_half_mb']:.1f} MB, "
+        f"pause max {result['eviction_pause_max_ms']:.1f} ms"
+    )
+    return result
+
+
+async def main(args: Any) -> dict[str, Any]:
+    broker = None
+    bootstrap = os.environ.get("CTRPS_KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        broker = EmbeddedBroker()
+        await broker.start()
+        bootstrap = broker.bootstrap
+    topic = f"lifecycle-{uuid.uuid4().hex[:6]}"
+    try:
+        await create_topics(bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+        log(f"producing {args.events} events (fresh {args.fresh}, drift {args.drift})")
+        tail = await preload(bootstrap, topic, args.events, args.seed, args.fresh, args.drift)
+        log(f"  {tail['distinct_ids']:.0f} distinct ids, {tail['seen_once_share']:.0%} seen once")
+        runs: dict[str, dict[str, Any]] = {}
+        for name, rules in CONFIGS.items():
+            if name == "cap":
+                rules = {"max_rows": max(1000, runs["none"]["rows"] // 4)}
+            runs[name] = run_child(name, rules, args, bootstrap, topic)
+            runs[name]["rules"] = rules
+    finally:
+        if broker is not None:
+            broker.stop()
+    log(f"timing one pass over {args.pause_rows} rows")
+    pause = pause_per_million(args.pause_rows, args.seed)
+    log(f"  {pause['pause_ms_per_1m_rows']:.1f} ms per 1M rows scanned")
+    return summarize(runs, tail, pause, args)
+
+
+def summarize(
+    runs: dict[str, dict[str, Any]], tail: dict[str, float], pause: dict[str, float], args: Any
+) -> dict[str, Any]:
+    base = runs["none"]
+    print(f"\n{args.events} events, {tail['seen_once_share']:.0%} of {tail['distinct_ids']:.0f} ids seen once")
+    print(
+        f"{'run':8} {'rows':>9} {'x base':>7} {'MB table':>9} {'peak RSS':>9} {'logloss':>9} {'x base':>7} "
+        f"{'auc':>7} {'events/s':>9} {'x base':>7}"
+    )
+    out: dict[str, Any] = {"bench": "lifecycle", "mode": "quick" if args.quick else "full", "events": args.events}
+    out.update({f"tail_{k}": v for k, v in tail.items()})
+    for name, r in runs.items():
+        rows_ratio = r["rows"] / max(1, base["rows"])
+        ll_ratio = r["logloss"] / base["logloss"]
+        rate_ratio = r["events_per_s"] / base["events_per_s"]
+        print(
+            f"{name:8} {r['rows']:9d} {rows_ratio:7.3f} {r['table_bytes'] / 2**20:9.1f} {r['peak_rss_mb']:9.0f} "
+            f"{r['logloss']:9.5f} {ll_ratio:7.4f} {r['auc']:7.4f} {r['events_per_s']:9.0f} {rate_ratio:7.3f}"
+        )
+        out[f"{name}_rows"] = r["rows"]
+        out[f"{name}_rows_peak"] = r["rows_peak"]
+        out[f"{name}_rows_ratio_vs_none"] = rows_ratio
+        out[f"{name}_table_bytes"] = r["table_bytes"]
+        out[f"{name}_peak_rss_mb"] = r["peak_rss_mb"]
+        out[f"{name}_rss_growth_second_half_mb"] = r["rss_growth_second_half_mb"]
+        out[f"{name}_logloss"] = r["logloss"]
+        out[f"{name}_logloss_ratio_vs_none"] = ll_ratio
+        out[f"{name}_auc"] = r["auc"]
+        out[f"{name}_events_per_s"] = r["events_per_s"]
+        out[f"{name}_events_per_s_ratio_vs_none"] = rate_ratio
+        out[f"{name}_eviction_pause_max_ms"] = r["eviction_pause_max_ms"]
+    cap = runs["cap"]
+    print(
+        f"cap of {cap['rules']['max_rows']} rows: peak {cap['rows_peak']} after a pass, RSS growth over the "
+        f"second half {cap['rss_growth_second_half_mb']:.1f} MB (none: {base['rss_growth_second_half_mb']:.1f} MB)"
+    )
+    print(f"one pass: {pause['pause_ms_per_1m_rows']:.1f} ms per 1M rows scanned (aim <= {AIM_PAUSE_MS_PER_1M:g})")
+    out.update(
+        {
+            "cap_max_rows": cap["rules"]["max_rows"],
+            "pause_rows": pause["rows"],
+            "pause_ms_per_1m_rows": pause["pause_ms_per_1m_rows"],
+            "aim_rows_ratio": AIM_ROWS_RATIO,
+            "aim_logloss_ratio": AIM_LOGLOSS_RATIO,
+            "aim_pause_ms_per_1m_rows": AIM_PAUSE_MS_PER_1M,
+            "aim_events_per_s_ratio": AIM_RATE_RATIO,
+            "elapsed_s": elapsed_s(),
+        }
+    )
+    return out
+
+
+def parse_args() -> Any:
+    parser = bench_parser(
+        "Feature lifecycle: rows, memory, logloss and speed with each rule, against none.",
+        "300k events and a 1M-row pause (under a minute)",
+        seed=3,
+    )
+    parser.add_argument("--events", type=int, help="events in the stream (default 1,000,000; quick 300,000)")
+    parser.add_argument("--fresh", type=float, default=0.05, help="share of brand-new ids per value (default 0.05)")
+    parser.add_argument("--drift", type=float, default=0.5, help="weight drift, radians per hour (default 0.5)")
+    parser.add_argument("--evict-every", type=float, default=0.25, help="seconds between passes (default 0.25)")
+    parser.add_argument("--pause-rows", type=int, help="rows of the pause table (default 4M; quick 1M)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one run, in its own process
+    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.events is None:
+        args.events = 300_000 if args.quick else 1_000_000
+    if args.events % WINDOW_EVENTS:
+        # Windows close at WINDOW_EVENTS events: a last partial one would wait for events that never come.
+        parser.error(f"--events must be a multiple of {WINDOW_EVENTS}")
+    if args.pause_rows is None:
+        args.pause_rows = 1_000_000 if args.quick else 4_000_000
+    return args
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()
+    if ARGS.child is not None:
+        result = uvloop.run(run_one(ARGS.bootstrap, ARGS.topic, ARGS.events, json.loads(ARGS.child), ARGS.evict_every))
+        print(json.dumps(result))
+    else:
+        print(json.dumps(uvloop.run(main(ARGS))))
