@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["mix64", "shard_of", "distinct", "uniform_from_keys", "U64"]
+__all__ = ["mix64", "shard_of", "distinct", "sorted_distinct", "uniform_from_keys", "U64"]
 
 U64 = npt.NDArray[np.uint64]
 
@@ -67,6 +67,19 @@ def shard_of(keys: npt.ArrayLike, num_shards: int) -> npt.NDArray[np.intp]:
 _POS_BITS = 16
 _POS_MASK = np.uint64((1 << _POS_BITS) - 1)
 _PREFIX = np.uint64(_POS_BITS)
+
+
+def sorted_distinct(keys: U64) -> U64:
+    """``np.unique(keys)`` for uint64 keys, by one sort: several times faster
+    than numpy's hash-based unique on hundreds of thousands of keys."""
+    out = np.sort(keys)
+    if out.size > 1:
+        keep = np.empty(out.size, dtype=bool)
+        keep[0] = True
+        np.not_equal(out[1:], out[:-1], out=keep[1:])
+        if not keep.all():
+            out = out[keep]
+    return out
 
 
 def distinct(keys: U64) -> tuple[U64, npt.NDArray[np.int64]]:

@@ -163,6 +163,10 @@ class TableLifecycle(Struct, forbid_unknown_fields=True):
     lifecycle: Lifecycle
     evicted: dict[str, Count]
     eviction_passes: Count
+    most_over_cap: Annotated[Count, Meta(description="The most rows over max_rows a pass found.")]
+    inserted_before_most_over_cap: Annotated[
+        Count, Meta(description="Rows inserted between that pass and the one before it.")
+    ]
     embed_gated: Annotated[Count, Meta(description="Key updates dropped by the lazy-embedding gate.")]
     bytes_freed: Count
     last_eviction_ms: Annotated[float, Meta(ge=0)] | None

@@ -197,11 +197,15 @@ def _parse_admit(spec: object) -> tuple[str, float]:
     return kind, value
 
 
-def score(lifecycle: Lifecycle, shows: npt.ArrayLike, clicks: npt.ArrayLike) -> npt.NDArray[np.float64]:
-    """(shows − clicks) · nonclick_coeff + clicks · click_coeff, never below 0."""
-    s = np.asarray(shows, dtype=np.float64)
-    c = np.asarray(clicks, dtype=np.float64)
-    out = (s - c) * lifecycle.nonclick_coeff + c * lifecycle.click_coeff
+def score(lifecycle: Lifecycle, shows: npt.ArrayLike, clicks: npt.ArrayLike, scale: float = 1.0) -> F32:
+    """(shows − clicks) · nonclick_coeff + clicks · click_coeff of counts
+    `shows` and `clicks` times `scale`, never below 0; float32 (a table's
+    counts are, and a pass over a table's rows reads each once)."""
+    s = np.asarray(shows, dtype=np.float32)
+    c = np.asarray(clicks, dtype=np.float32)
+    # shows·nc + clicks·(cc − nc), both times scale: two products, one sum.
+    out = s * np.float32(lifecycle.nonclick_coeff * scale)
+    out += c * np.float32((lifecycle.click_coeff - lifecycle.nonclick_coeff) * scale)
     np.maximum(out, 0.0, out=out)
     return out
 
@@ -310,7 +314,7 @@ class Admission:
         self.dropped += n - got
         return ok
 
-    def _by_score(self, s: npt.NDArray[np.float64], threshold: float) -> npt.NDArray[np.bool_]:
+    def _by_score(self, s: F32, threshold: float) -> npt.NDArray[np.bool_]:
         draw = self._rng.random(s.size)
         out: npt.NDArray[np.bool_] = (s >= threshold) | ((s > 0) & (draw < s / threshold))
         return out

@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidValuesError, TableConfigError
-from ..hashing import U64, uniform_from_keys
+from ..hashing import U64, sorted_distinct, uniform_from_keys
 from ..parsing import json_int
 from .index import KeyIndex
 from .lifecycle import NO_LIFECYCLE, Admission, Lifecycle, score
@@ -273,7 +273,10 @@ class Eviction:
     """What one eviction pass (`SparseTable.evict`) removed."""
 
     scanned: int = 0
-    """Live rows looked at."""
+    """Live rows looked at (the table's rows when the pass began)."""
+    inserted: int = 0
+    """Rows the table gained since the previous pass ended (what one
+    interval's pushes added: a table with a cap exceeds it by at most this)."""
     by_rule: dict[str, int] = field(default_factory=lambda: {"ttl": 0, "score": 0, "max_rows": 0})
     """Rows removed by each rule (a row is counted under the first rule that removes it)."""
     bytes_freed: int = 0
@@ -364,6 +367,10 @@ class SparseTable:
         self.bytes_freed = 0
         """Bytes of the rows removed by eviction since start (reused by new rows)."""
         self.last_eviction: Eviction | None = None
+        self._rows_after_pass = 0
+        self.most_over_cap = (0, 0)
+        """The most rows over `max_rows` a pass found, and the rows inserted
+        since the pass before it (the excess is at most these)."""
         self._alloc(0)
 
     def set_lifecycle(self, lifecycle: Lifecycle | None) -> None:
@@ -697,35 +704,39 @@ class SparseTable:
         rows = np.flatnonzero(sel).astype(np.int64)
         return self.index.row_keys[rows], rows
 
-    def delete(self, keys: npt.ArrayLike) -> U64:
-        """Remove keys (eviction); returns those that were present.
+    def delete(self, keys: npt.ArrayLike, *, distinct: bool = False) -> U64:
+        """Remove keys (eviction); returns those that were present. With
+        `distinct`, the caller promises no key repeats (a sort is saved).
 
         The removed keys are remembered until the next `snapshot`, whose delta
         lists them as deleted.
         """
         self._pull_cache.clear()  # freed rows may be reused by other keys
-        gone = self.index.delete(keys)
-        if gone.size:
+        gone = self.index.delete(keys, distinct=distinct)
+        # Before any cut (or restore) the next delta's parent is the empty
+        # table, which held none of them: nothing to log. So a shard that
+        # never exports keeps no log that grows with what it evicts.
+        if gone.size and self.last_snapshot > 0:
             self._deleted.append(gone)
             self._deleted_len += int(gone.size)
             if self._deleted_len >= 2 * self._deleted_fold_at:
-                folded = np.unique(np.concatenate(self._deleted))
+                folded = sorted_distinct(np.concatenate(self._deleted))
                 self._deleted, self._deleted_len = [folded], int(folded.size)
                 self._deleted_fold_at = max(1024, self._deleted_len)
         return gone
 
-    def scores(self, rows: npt.NDArray[np.intp] | None = None) -> npt.NDArray[np.float64]:
+    def scores(self, rows: npt.NDArray[np.intp] | None = None) -> F32:
         """The lifecycle score of `rows` (all rows handed out by default),
         from their decayed shows and clicks."""
         n = self.index.num_rows
         shows = self.shows[:n] if rows is None else self.shows[rows]
         clicks = self.clicks[:n] if rows is None else self.clicks[rows]
-        return score(self.lifecycle, shows * self.count_scale, clicks * self.count_scale)
+        return score(self.lifecycle, shows, clicks, self.count_scale)
 
-    def key_scores(self, keys: U64) -> npt.NDArray[np.float64]:
+    def key_scores(self, keys: U64) -> F32:
         """The lifecycle score of each key; 0 for keys without a row."""
         rows = self.index.lookup(keys)
-        out = np.zeros(keys.size)
+        out = np.zeros(keys.size, dtype=np.float32)
         have = np.flatnonzero(rows >= 0)
         if have.size:
             out[have] = self.scores(rows[have])
@@ -741,7 +752,7 @@ class SparseTable:
         lc = self.lifecycle
         n = self.index.num_rows
         live = self.index.row_live[:n]
-        report = Eviction(scanned=int(np.count_nonzero(live)))
+        report = Eviction(scanned=len(self), inserted=max(0, len(self) - self._rows_after_pass))
         remove = np.zeros(n, dtype=bool)
         if lc.ttl_s and self.newest_event:
             np.logical_and(live, self.last_seen[:n] < self.newest_event - lc.ttl_s, out=remove)
@@ -766,13 +777,16 @@ class SparseTable:
         rows = np.flatnonzero(remove)
         if rows.size:
             per_row = self.memory_bytes() / max(1, self.index.row_capacity)
-            self.delete(self.index.row_keys[rows])
+            self.delete(self.index.row_keys[rows], distinct=True)
             report.bytes_freed = int(rows.size * per_row)
         report.pause_ms = (time.perf_counter() - t0) * 1e3
         for rule, count in report.by_rule.items():
             self.evicted[rule] += count
         self.eviction_passes += 1
         self.bytes_freed += report.bytes_freed
+        self._rows_after_pass = len(self)
+        if lc.max_rows and report.scanned - lc.max_rows > self.most_over_cap[0]:
+            self.most_over_cap = (report.scanned - lc.max_rows, report.inserted)
         self.last_eviction = report
         return report
 
@@ -796,6 +810,8 @@ class SparseTable:
             "eviction_passes": self.eviction_passes,
             "embed_gated": self.gated,
             "bytes_freed": self.bytes_freed,
+            "most_over_cap": self.most_over_cap[0],
+            "inserted_before_most_over_cap": self.most_over_cap[1],
             "last_eviction_ms": None if last is None else round(last.pause_ms, 3),
             "last_eviction_bytes_freed": None if last is None else last.bytes_freed,
         }
@@ -898,7 +914,7 @@ class SparseTable:
         """Distinct keys deleted since the last cut that have no row now."""
         if not self._deleted:
             return _NO_KEYS.copy()
-        keys = np.unique(np.concatenate(self._deleted))
+        keys = sorted_distinct(np.concatenate(self._deleted))
         absent: U64 = keys[self.index.lookup(keys) < 0]
         return absent
 
