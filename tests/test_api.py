@@ -47,7 +47,8 @@ from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.shard_openapi import Admit, ExportRequest, LeaseRequest, Release, SnapshotRequest, shard_document
 from ps_core.store.board import StatusReport
-from ps_core.store.table import SparseTable
+from ps_core.store.lifecycle import Lifecycle
+from ps_core.store.table import SparseTable, TableConfig
 
 PROJECT = Path(__file__).resolve().parent.parent
 MAX_EVENTS = 50
@@ -569,6 +570,40 @@ async def test_model_info_and_metrics_report_what_was_trained(make_api: MakeApi)
     for shard in ("0", "1"):
         assert m[("ctrps_shard_rpc_seconds_count", (("op", "pull"), ("shard", shard)))] == 6
         assert m[("ctrps_shard_rpc_seconds_count", (("op", "stats"), ("shard", shard)))] >= 2
+
+
+async def test_model_info_and_metrics_report_the_lifecycle(make_api: MakeApi) -> None:
+    api = await make_api()
+    lc = Lifecycle(admit="count:2", max_rows=40, low_water=0.5)
+    for shard in api.shards:
+        assert shard.configure(TableConfig("ctr_w", 1, dict(api.model.tables()[0].optimizer), lifecycle=lc))
+    events = synthetic_events(np.random.default_rng(5), 200)
+    await train(api.client, api.model, events)
+    await train(api.client, api.model, events)
+    reports = [shard.evict()["ctr_w"] for shard in api.shards]
+    tables = [shard.tables["ctr_w"] for shard in api.shards]
+    assert all(r.by_rule["max_rows"] > 0 for r in reports)
+
+    status, info = await api.call("GET", "/v1/model")
+    assert status == 200
+    life = info["tables"]["ctr_w"]["lifecycle"]
+    assert life["rules"] == lc.to_dict()
+    assert life["evicted"] == {"ttl": 0, "score": 0, "max_rows": sum(r.by_rule["max_rows"] for r in reports)}
+    assert life["eviction_passes"] == 2 and life["bytes_freed"] == sum(r.bytes_freed for r in reports)
+    assert life["admitted"] == sum(t.admission.admitted for t in tables if t.admission is not None) > 0
+    assert life["dropped"] == sum(t.admission.dropped for t in tables if t.admission is not None) > 0
+    assert life["last_eviction_ms"] == max(round(r.pause_ms, 3) for r in reports)
+
+    status, text = await api.call("GET", "/metrics")
+    m = samples(text)
+    for i, (r, t) in enumerate(zip(reports, tables)):
+        lab = (("rule", "max_rows"), ("shard", str(i)), ("table", "ctr_w"))
+        assert m[("ctrps_table_evicted_rows_total", lab)] == r.by_rule["max_rows"]
+        assert m[("ctrps_table_evicted_bytes_total", (("shard", str(i)), ("table", "ctr_w")))] == r.bytes_freed
+        assert t.admission is not None
+        dropped = (("outcome", "dropped"), ("shard", str(i)), ("table", "ctr_w"))
+        assert m[("ctrps_table_admission_total", dropped)] == t.admission.dropped
+        assert ("ctrps_table_eviction_pause_ms", (("shard", str(i)), ("table", "ctr_w"))) in m
 
 
 async def test_model_info_before_any_worker(make_api: MakeApi) -> None:

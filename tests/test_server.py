@@ -23,6 +23,7 @@ from ps_core.net import codec
 from ps_core.net.codec import Op
 from ps_core.net.server import FRAME_CONTENT_TYPE, create_shard_app
 from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.lifecycle import Lifecycle
 from ps_core.store.table import SparseTable, TableConfig
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl"})
@@ -654,6 +655,36 @@ async def test_declare_creates_then_is_idempotent(serve_shards: Any, http: aioht
     status, tables = await get_json(http, url + "/v1/tables")
     assert status == 200 and list(tables) == ["fm"]
     assert tables["fm"]["dim"] == 8 and tables["fm"]["optimizer"]["name"] == "adagrad"
+
+
+async def test_a_declaration_carries_its_lifecycle(serve_shards: Any, http: aiohttp.ClientSession) -> None:
+    shards, urls = await serve_shards(1)
+    url = urls[0]
+    rules = {"admit": "count:3", "ttl_s": 604800, "max_rows": 1000}
+    status, body = await declare(http, url, {"name": "lr", "lifecycle": rules})
+    assert status == 201
+    assert body["table"]["lifecycle"] == Lifecycle(admit="count:3", ttl_s=604800.0, max_rows=1000).to_dict()
+    assert shards[0].tables["lr"].admission is not None
+    # A worker's declaration (no lifecycle) is the same table; other rules conflict.
+    assert (await declare(http, url, {"name": "lr"}))[0] == 200
+    status, body = await declare(http, url, {"name": "lr", "lifecycle": {"admit": "count:2"}})
+    assert status == 409 and body["error"] == "table_conflict"
+    for bad, why in (
+        ({"admit": "count:0"}, "N must be an integer"),
+        ({"admit": "sometimes"}, "admit"),
+        ({"low_water": 1.5}, "low_water"),
+        ({"ttl": 5}, "ttl"),
+    ):
+        status, body = await declare(http, url, {"name": "t2", "lifecycle": bad})
+        assert status == 400 and why in body["detail"], body
+    _, stats = await get_json(http, url + "/v1/stats")
+    life = stats["tables"]["lr"]["lifecycle"]
+    assert life["lifecycle"]["admit"] == "count:3" and life["admission"] == {
+        "admitted": 0,
+        "dropped": 0,
+        "sketch_bytes": 4 << 20,
+        "sketch_agings": 0,
+    }
 
 
 async def test_declare_with_a_different_config_conflicts(serve_shards: Any, http: aiohttp.ClientSession) -> None:
