@@ -43,16 +43,18 @@ from ps_core.checkpoint.export import (
     load_version,
     read_manifest,
     restore_into,
+    serves_weights,
     version_dirs,
 )
 from ps_core.checkpoint.manifest import ExportManifest
+from ps_core.checkpoint.serving import serving_config
 from ps_core.errors import ExportCorruptError, ExportNotFoundError, PSError
 from ps_core.hashing import U64
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model
 from ps_core.net.client import PSReader
 from ps_core.net.shard import Shard
 from ps_core.net.transports import Pulled
-from ps_core.store.table import F32, SparseTable
+from ps_core.store.table import F32, SparseTable, TableConfig
 
 from .background import BackgroundLoop
 from .errors import NoVersionError
@@ -160,6 +162,9 @@ class ReplicaTransport:
 
     def __init__(self, source: Path) -> None:
         self.shard = Shard()
+        self.declared: Mapping[str, TableConfig] = {}
+        """The served version's tables as the trainers declared them (the
+        shard holds their weights only, when the version has serving files)."""
         self.source = source
         """The export directory followed (named in errors)."""
         self.version: int | None = None
@@ -194,8 +199,11 @@ class ReplicaView:
     async def stats_each(self) -> list[dict[str, Any] | PSError]:
         stats = self._transport.shard.stats()
         # A table's open version would read one above the export it holds.
-        for table in stats["tables"].values():
+        for name, table in stats["tables"].items():
             table["version"] = self._transport.version
+            declared = self._transport.declared.get(name)
+            if declared is not None:  # the trainers' declaration, not the weights-only one held
+                table["config"] = declared.to_dict()
         return [stats]
 
     async def statuses(self) -> list[dict[str, Any]]:
@@ -232,6 +240,8 @@ class Follower(BackgroundLoop):
         self.view = ReplicaView(self.transport)
         """What the API observes of the replica (stats, no board)."""
         self._served: ExportManifest | None = None
+        self._weights = False
+        """Whether the served shard holds weights only (serving files)."""
         self._base_version: int | None = None
         self._lock = asyncio.Lock()
         # Failures already logged (by detail), oldest first: a version that
@@ -393,10 +403,12 @@ class Follower(BackgroundLoop):
         """The delta at `path`, read and hashed, if it is one of `parent`;
         else its manifest (a base, or a delta of another parent)."""
         manifest = read_manifest(path)
-        if manifest.kind != "delta" or manifest.parent != parent:
+        # A delta in the other form than the served shard's (weights only or
+        # whole rows) cannot apply to it: the newest chain is loaded instead.
+        if manifest.kind != "delta" or manifest.parent != parent or serves_weights(manifest) != self._weights:
             return manifest
         self._check_model(manifest)
-        loaded = load_version(path, verify=True)
+        loaded = load_version(path, verify=True, serving=self._weights)
         # Compacted into a base since its manifest was read: reload instead.
         if loaded.manifest.kind != "delta" or loaded.manifest.parent != parent:
             return loaded.manifest
@@ -430,9 +442,9 @@ class Follower(BackgroundLoop):
         """The newest complete chain (files present, sizes right), and why
         the newest version could not end it, if so. Runs in a thread."""
         try:
-            return latest_chain(self.model_dir), None
+            return latest_chain(self.model_dir, serving=True), None
         except ExportCorruptError as exc:
-            return latest_chain(self.model_dir, fallback=True), exc
+            return latest_chain(self.model_dir, fallback=True, serving=True), exc
 
     def _build(self, chain: list[VersionInfo]) -> tuple[Shard, ExportManifest | None, tuple[int, Exception] | None]:
         """A fresh shard holding as much of `chain` as passes its checks: the
@@ -440,28 +452,32 @@ class Follower(BackgroundLoop):
         refused version with why. Runs in a thread: the shard is nobody
         else's until it is swapped in."""
         shard = Shard()
+        # Weights only when every version has them (all but versions written
+        # before serving files existed): no optimizer state to read or hold.
+        serving = all(serves_weights(info.manifest) for info in chain)
+        tables = chain[-1].manifest.tables.values()
         # Tables sized for half again the chain's rows: sized to fit, a
         # table's index would rehash at the first delta adding keys, on the
         # event loop (about a second at 5M rows). restore_into's declarations
         # of the same tables then change nothing.
-        for config in chain[-1].manifest.tables.values():
+        for config in map(serving_config, tables) if serving else tables:
             rows = sum(f.rows for info in chain for f in info.manifest.files if f.table == config.name)
             shard.tables[config.name] = SparseTable(config, initial_rows=int(rows * _HEADROOM) + 1024)
         applied: ExportManifest | None = None
         for info in chain:
             try:
-                self._attempt(info.version, info.path, self._load_into, shard, info, applied is None)
+                self._attempt(info.version, info.path, self._load_into, shard, info, applied is None, serving)
             except _REFUSALS as exc:
                 return shard, applied, (info.version, exc)
             applied = info.manifest
         return shard, applied, None
 
-    def _load_into(self, shard: Shard, info: VersionInfo, base: bool) -> None:
+    def _load_into(self, shard: Shard, info: VersionInfo, base: bool, serving: bool) -> None:
         self._check_model(info.manifest)
         if base:
-            restore_into([shard], [info])  # hashed file by file as it is read
+            restore_into([shard], [info], serving=serving)  # hashed file by file as it is read
         else:
-            apply_version([shard], load_version(info.path, verify=True))
+            apply_version([shard], load_version(info.path, verify=True, serving=serving))
 
     def _check_model(self, manifest: ExportManifest) -> None:
         got = model_from_manifest(manifest)
@@ -476,7 +492,9 @@ class Follower(BackgroundLoop):
         synchronous step, so no read sees the shard and version disagree."""
         self.transport.shard = shard
         self.transport.version = manifest.version
+        self.transport.declared = manifest.tables
         self._served = manifest
+        self._weights = serves_weights(manifest)
         self.loaded_at = time.time()
         self.last_load_ms = round(load_ms, 3)
         self.last_apply_ms = round((time.perf_counter() - t_apply) * 1000, 3)

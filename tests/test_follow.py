@@ -40,6 +40,7 @@ from app.settings import ApiSettings, SettingsError
 from ps_core.checkpoint.export import (
     apply_version,
     latest_chain,
+    list_versions,
     load_version,
     read_manifest,
     restore_shards,
@@ -314,6 +315,31 @@ async def test_a_replica_started_on_a_chain_loads_it_whole(tmp_path: Path, make_
     assert (info["follow"]["bases_loaded"], info["follow"]["deltas_applied"]) == (1, 0)
 
 
+async def test_a_replica_reads_and_holds_weights_only(tmp_path: Path, make_replica: MakeReplica) -> None:
+    # FM: an FTRL linear table and an AdaGrad embedding table, both with state.
+    trainer = await trained(tmp_path, "fm")
+    for info in list_versions(trainer.model_dir):
+        manifest = read_manifest(info.path)
+        assert len(manifest.serving_files) == len(manifest.files)
+        for entry in manifest.serving_files:
+            with np.load(info.path / entry.name) as npz:
+                assert sorted(npz.files) == ["deleted", "keys", "weights"]
+                assert npz["weights"].shape == (entry.rows, manifest.tables[entry.table].dim)
+        # What a replica is sent: the serving files and manifests, no optimizer state.
+        for entry in manifest.files:
+            (info.path / entry.name).unlink()
+    replica = await make_replica(trainer.model_dir, trainer.model)
+    await replica.serves(trainer, trainer.last)
+    shard = replica.follower.transport.shard
+    for name, table in shard.tables.items():
+        assert table.optimizer.slots == 1 and table.width == table.dim  # weights, nothing else
+        held = trainer.shards[0].tables[name]
+        assert held.width == 2 * held.dim  # the trainers': weights and optimizer state
+    status, info = await replica.call("GET", "/v1/model")
+    assert info["tables"]["ctr_w"]["optimizer"]["name"] == "ftrl"  # as the trainers declared it
+    assert info["tables"]["ctr_v"]["optimizer"]["name"] == "adagrad"
+
+
 @pytest.mark.parametrize(
     ("damage", "then"), [("flip", "replaced"), ("truncate", "newer_base"), ("missing", "replaced")]
 )
@@ -324,7 +350,8 @@ async def test_a_damaged_version_is_refused_once_and_the_previous_one_keeps_serv
     await trainer.train(events(np.random.default_rng(4), 200, sites=30))
     assert await trainer.cut() == 3
     vdir = trainer.model_dir / "0000000003"
-    entry = next(f for f in read_manifest(vdir).files if f.rows > 0)
+    # The replica reads the serving files (weights): damage one of those.
+    entry = next(f for f in read_manifest(vdir).serving_files if f.rows > 0)
     path = vdir / entry.name
     good = path.read_bytes()
     expected = entry.sha256

@@ -27,7 +27,7 @@ import shutil
 import time
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -47,9 +47,11 @@ from .manifest import (
     Offsets,
     check_model_name,
     parse_version_dir,
+    serving_file_name,
     shard_file_name,
     version_dir_name,
 )
+from .serving import SERVING_ARRAYS, serving_arrays, serving_config, serving_snapshot
 from .stream import StreamIdentity
 
 __all__ = [
@@ -65,6 +67,7 @@ __all__ = [
     "load_version",
     "latest_chain",
     "restore_into",
+    "serves_weights",
     "restore_shards",
     "apply_version",
     "compact",
@@ -207,14 +210,21 @@ def _write_tree(
     tmp.mkdir()
     try:
         files: list[ManifestFile] = []
+        serving: list[ManifestFile] = []
         tables: dict[str, TableConfig] = {}
         for shard in sorted(snapshots):
             for snap in snapshots[shard]:
-                name = shard_file_name(shard, snap.table)
+                name, weights = shard_file_name(shard, snap.table), serving_file_name(shard, snap.table)
                 size, digest = _write_npz(tmp / name, snap.arrays())
                 files.append(ManifestFile(name, shard, snap.table, snap.rows, int(snap.deleted.size), size, digest))
+                size, digest = _write_npz(tmp / weights, serving_arrays(snap))
+                serving.append(
+                    ManifestFile(weights, shard, snap.table, snap.rows, int(snap.deleted.size), size, digest)
+                )
                 tables[snap.table] = snap.config
-        manifest = ExportManifest(tables=dict(sorted(tables.items())), files=tuple(files), **manifest_fields)
+        manifest = ExportManifest(
+            tables=dict(sorted(tables.items())), files=tuple(files), serving_files=tuple(serving), **manifest_fields
+        )
         with open(tmp / MANIFEST_NAME, "xb") as f:
             f.write(manifest.to_json())
             f.flush()
@@ -406,29 +416,38 @@ def _check_file(version_dir: Path, entry: ManifestFile, verify: bool) -> bytes |
 def verify_version(version_dir: Path) -> ExportManifest:
     """Check every file of a version (presence, size, SHA-256); returns the manifest."""
     manifest = read_manifest(version_dir)
-    for entry in manifest.files:
+    for entry in manifest.files + manifest.serving_files:
         _check_file(Path(version_dir), entry, verify=True)
     return manifest
 
 
-def _read_snapshot(version_dir: Path, manifest: ExportManifest, entry: ManifestFile, verify: bool) -> TableSnapshot:
+def _read_snapshot(
+    version_dir: Path, manifest: ExportManifest, entry: ManifestFile, verify: bool, serving: bool = False
+) -> TableSnapshot:
+    """The snapshot a data file holds, or with `serving` a serving file's (as
+    the snapshot of its `serving_config` table)."""
     raw = _check_file(version_dir, entry, verify)
     path = version_dir / entry.name
     source: Path | io.BytesIO = path if raw is None else io.BytesIO(raw)
     try:
         with np.load(source, allow_pickle=False) as npz:
-            # Format 1 files lack the lifecycle's members: their defaults.
-            arrays = {
-                name: npz[name] for name in TableSnapshot.ARRAYS if name in npz or name not in TableSnapshot.OPTIONAL
-            }
-        snap = TableSnapshot(
-            table=entry.table,
-            config=manifest.tables[entry.table],
-            version=manifest.version,
-            kind=manifest.kind,
-            parent=manifest.parent,
-            **arrays,
-        )
+            if serving:
+                snap = serving_snapshot(manifest, entry.table, {name: npz[name] for name in SERVING_ARRAYS})
+            else:
+                # Format 1 files lack the lifecycle's members: their defaults.
+                arrays = {
+                    name: npz[name]
+                    for name in TableSnapshot.ARRAYS
+                    if name in npz or name not in TableSnapshot.OPTIONAL
+                }
+                snap = TableSnapshot(
+                    table=entry.table,
+                    config=manifest.tables[entry.table],
+                    version=manifest.version,
+                    kind=manifest.kind,
+                    parent=manifest.parent,
+                    **arrays,
+                )
     except (ValueError, KeyError, OSError, EOFError, TypeError, AttributeError, zipfile.BadZipFile) as exc:
         # Whatever np.load makes of bytes that are not the .npz the manifest
         # describes (possible without `verify`, or if the writer was wrong).
@@ -454,22 +473,39 @@ def iter_version(version_dir: Path, verify: bool = True) -> Iterator[tuple[int, 
     return _iter_snapshots(vdir, read_manifest(vdir), verify)
 
 
-def _iter_snapshots(vdir: Path, manifest: ExportManifest, verify: bool) -> Iterator[tuple[int, TableSnapshot]]:
-    for entry in manifest.files:
-        yield entry.shard, _read_snapshot(vdir, manifest, entry, verify)
+def _iter_snapshots(
+    vdir: Path, manifest: ExportManifest, verify: bool, serving: bool = False
+) -> Iterator[tuple[int, TableSnapshot]]:
+    for entry in manifest.serving_files if serving else manifest.files:
+        yield entry.shard, _read_snapshot(vdir, manifest, entry, verify, serving)
 
 
-def load_version(version_dir: Path, verify: bool = True) -> LoadedVersion:
-    """A whole version in memory; `ExportCorruptError` names the first bad file."""
+def serves_weights(manifest: ExportManifest) -> bool:
+    """Whether a version has serving files for every data file
+    (`ps_core.checkpoint.serving`); versions written before them have none."""
+    return len(manifest.serving_files) == len(manifest.files)
+
+
+def _serving_tables(manifest: ExportManifest) -> ExportManifest:
+    """The manifest as a replica of weights applies it: its tables' `serving_config`."""
+    return replace(manifest, tables={name: serving_config(c) for name, c in manifest.tables.items()})
+
+
+def load_version(version_dir: Path, verify: bool = True, *, serving: bool = False) -> LoadedVersion:
+    """A whole version in memory; `ExportCorruptError` names the first bad file.
+
+    With `serving`, its serving files, as the snapshots of `serving_config`
+    tables (and the manifest's tables are those): what a replica applies."""
     manifest = read_manifest(Path(version_dir))
     snapshots: dict[int, list[TableSnapshot]] = {i: [] for i in range(manifest.num_shards)}
-    for shard, snap in _iter_snapshots(Path(version_dir), manifest, verify):
+    for shard, snap in _iter_snapshots(Path(version_dir), manifest, verify, serving):
         snapshots.setdefault(shard, []).append(snap)
-    return LoadedVersion(manifest, snapshots)
+    return LoadedVersion(_serving_tables(manifest) if serving else manifest, snapshots)
 
 
-def _chain_to(version: int, dirs: Mapping[int, Path], verify: bool) -> list[VersionInfo]:
-    """The chain ending at `version`, base first, every file checked."""
+def _chain_to(version: int, dirs: Mapping[int, Path], verify: bool, serving: bool = False) -> list[VersionInfo]:
+    """The chain ending at `version`, base first, every file checked (with
+    `serving`, the serving files of versions that have them instead)."""
     chain: list[VersionInfo] = []
     v: int | None = version
     while v is not None:
@@ -483,7 +519,7 @@ def _chain_to(version: int, dirs: Mapping[int, Path], verify: bool) -> list[Vers
                 actual="missing",
             )
         manifest = read_manifest(path)
-        for entry in manifest.files:
+        for entry in manifest.serving_files if serving and serves_weights(manifest) else manifest.files:
             _check_file(path, entry, verify)
         chain.append(_info(path, manifest))
         v = manifest.parent
@@ -497,6 +533,7 @@ def latest_chain(
     *,
     fallback: bool = False,
     verify: bool = False,
+    serving: bool = False,
 ) -> list[VersionInfo]:
     """The newest complete chain (base first, each delta's parent before it)
     ending at the newest version ``<= upto`` (any version when None).
@@ -505,7 +542,9 @@ def latest_chain(
     size; with `verify`, its SHA-256 too (reading everything). When the
     newest version fails, that is an `ExportCorruptError` unless `fallback`,
     which tries the next older version instead. `ExportNotFoundError` when
-    there is no version, or (with fallback) no complete chain.
+    there is no version, or (with fallback) no complete chain. With
+    `serving`, the files checked are a replica's: the serving files of the
+    versions that have them.
     """
     dirs = version_dirs(Path(model_dir))
     candidates = sorted((v for v in dirs if upto is None or v <= upto), reverse=True)
@@ -514,7 +553,7 @@ def latest_chain(
     failures: list[str] = []
     for v in candidates:
         try:
-            return _chain_to(v, dirs, verify)
+            return _chain_to(v, dirs, verify, serving)
         except ExportCorruptError as exc:
             if not fallback:
                 raise
@@ -579,7 +618,9 @@ def _apply(snap: TableSnapshot, shards: Sequence[Shard], source: int, sources: i
             shard.tables[snap.table].load_counts(scale, snap.sketch_cells, snap.sketch_values)
 
 
-def restore_into(shards: Sequence[Shard], chain: Sequence[VersionInfo], *, verify: bool = True) -> RestoreResult:
+def restore_into(
+    shards: Sequence[Shard], chain: Sequence[VersionInfo], *, verify: bool = True, serving: bool = False
+) -> RestoreResult:
     """Load a chain (base, then each delta) into shards of any count.
 
     The shards must share one `num_shards` and have distinct ids; they may be
@@ -600,11 +641,12 @@ def restore_into(shards: Sequence[Shard], chain: Sequence[VersionInfo], *, verif
         # The chain's own manifests, not re-read ones: were a version swapped
         # by a compaction since the chain was listed, its files no longer
         # match and the load fails instead of mixing a base into the chain.
-        for config in info.manifest.tables.values():
+        tables = _serving_tables(info.manifest).tables if serving else info.manifest.tables
+        for config in tables.values():
             for shard in shards:
                 shard.declare(config)
             declared.add(config.name)
-        for source, snap in _iter_snapshots(info.path, info.manifest, verify):
+        for source, snap in _iter_snapshots(info.path, info.manifest, verify, serving):
             _apply(snap, shards, source, info.manifest.num_shards)
     last = chain[-1]
     for shard in shards:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -29,6 +29,7 @@ __all__ = [
     "version_dir_name",
     "parse_version_dir",
     "shard_file_name",
+    "serving_file_name",
     "check_model_name",
     "parse_offsets_json",
 ]
@@ -64,6 +65,12 @@ def parse_version_dir(name: str) -> int | None:
 def shard_file_name(shard: int, table: str) -> str:
     """``shard-<i>.<table>.npz``: one file per shard and table."""
     return f"shard-{shard}.{table}.npz"
+
+
+def serving_file_name(shard: int, table: str) -> str:
+    """``serving-<i>.<table>.npz``: the weights of `shard_file_name`'s rows
+    (`ps_core.checkpoint.serving`)."""
+    return f"serving-{shard}.{table}.npz"
 
 
 def check_model_name(model: str) -> str:
@@ -127,6 +134,9 @@ class ExportManifest:
     """The stream `offsets` were read from (Kafka cluster id, group, topics);
     None in manifests written before streams were recorded, or when no worker
     reported one."""
+    serving_files: tuple[ManifestFile, ...] = ()
+    """Every serving file (`serving_file_name`), by shard then table; empty
+    in versions written before serving files existed."""
 
     def rows(self) -> int:
         """Rows over all files."""
@@ -137,8 +147,8 @@ class ExportManifest:
         return sum(f.deleted for f in self.files)
 
     def nbytes(self) -> int:
-        """Bytes of all data files."""
-        return sum(f.bytes for f in self.files)
+        """Bytes of all its files, data and serving."""
+        return sum(f.bytes for f in self.files + self.serving_files)
 
     def to_json(self) -> bytes:
         """The manifest file's bytes (UTF-8 JSON, indented for people)."""
@@ -157,6 +167,7 @@ class ExportManifest:
             "offsets": {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in self.offsets.items()},
             "compacted_from": list(self.compacted_from),
             "stream": self.stream.to_dict() if self.stream is not None else None,
+            "serving_files": [f.to_dict() for f in self.serving_files],
         }
         return (json.dumps(raw, indent=2, allow_nan=False) + "\n").encode()
 
@@ -194,22 +205,9 @@ class ExportManifest:
         if num_shards < 1:
             raise ValueError("num_shards < 1")
         tables = {str(name): TableConfig.from_dict(cfg) for name, cfg in obj["tables"].items()}
-        files = tuple(
-            ManifestFile(
-                name=str(f["name"]),
-                shard=_int(f["shard"]),
-                table=str(f["table"]),
-                rows=_int(f["rows"]),
-                deleted=_int(f["deleted"]),
-                bytes=_int(f["bytes"]),
-                sha256=str(f["sha256"]),
-            )
-            for f in obj["files"]
-        )
-        for f in files:
-            # Names come from the manifest: never let one point outside the directory.
-            if f.name != shard_file_name(f.shard, f.table) or f.table not in tables:
-                raise ValueError(f"file entry {f.name!r} (shard {f.shard}, table {f.table!r})")
+        files = _files(obj["files"], tables, shard_file_name)
+        # Absent in older manifests: no serving files.
+        serving = _files(obj.get("serving_files", []), tables, serving_file_name)
         model_config = obj["model_config"]
         if not isinstance(model_config, dict):
             raise ValueError("model_config is not an object")
@@ -230,7 +228,29 @@ class ExportManifest:
             compacted_from=tuple(_int(v) for v in obj.get("compacted_from", [])),
             # Absent in older manifests: their offsets' stream is unknown.
             stream=StreamIdentity.from_dict(obj["stream"]) if obj.get("stream") is not None else None,
+            serving_files=serving,
         )
+
+
+def _files(raw: Any, tables: Mapping[str, TableConfig], name_of: Callable[[int, str], str]) -> tuple[ManifestFile, ...]:
+    """File entries, each named as `name_of` names its shard and table."""
+    files = tuple(
+        ManifestFile(
+            name=str(f["name"]),
+            shard=_int(f["shard"]),
+            table=str(f["table"]),
+            rows=_int(f["rows"]),
+            deleted=_int(f["deleted"]),
+            bytes=_int(f["bytes"]),
+            sha256=str(f["sha256"]),
+        )
+        for f in raw
+    )
+    for f in files:
+        # Names come from the manifest: never let one point outside the directory.
+        if f.name != name_of(f.shard, f.table) or f.table not in tables:
+            raise ValueError(f"file entry {f.name!r} (shard {f.shard}, table {f.table!r})")
+    return files
 
 
 def parse_offsets_json(raw: Any) -> Offsets:
