@@ -40,7 +40,9 @@ LR = TableConfig("lr", 1, {"name": "ftrl", "alpha": 0.1, "l1": 0.01})
 FM = TableConfig("fm_v", 4, {"name": "adagrad", "lr": 0.05}, init_scale=0.01, seed=7)
 TABLES = (LR, FM)
 MODEL_CONFIG = {"model": "fm", "namespace": "ctr", "tables": ["lr", "fm_v"]}
-META = ("updated_at", "last_seen", "shows", "clicks")
+META = ("last_seen", "shows", "clicks")
+"""The per-row metadata a table keeps (a cut labels its rows with its version:
+`updated_at`, checked apart)."""
 
 U64 = npt.NDArray[np.uint64]
 
@@ -99,6 +101,7 @@ def assert_same_rows(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None
 
 
 def snapshot_rows(snap: TableSnapshot) -> dict[str, np.ndarray]:
+    assert (snap.updated_at == snap.version).all()
     order = np.argsort(snap.keys)
     return {k: getattr(snap, k)[order] for k in ("keys", "data", *META)}
 

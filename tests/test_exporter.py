@@ -47,7 +47,7 @@ def _state(shards: list[Shard], table: str, keys: np.ndarray) -> dict[int, tuple
                     int(t.shows[r]),
                     int(t.clicks[r]),
                     int(t.last_seen[r]),
-                    int(t.updated_at[r]),
+                    bool(t.changed()[r]),
                 )
     return out
 

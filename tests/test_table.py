@@ -56,17 +56,22 @@ def test_pull_mixes_present_and_absent_in_caller_order() -> None:
     assert got.tolist() == [2.0, 0.0, -1.0, 2.0]
 
 
-def test_changed_since_selects_rows_by_version() -> None:
+def test_changed_rows_are_those_since_the_last_cut() -> None:
     t = SparseTable(TableConfig("lr", 1, {"name": "sgd"}))
     t.push(np.array([1, 2, 3], dtype=np.uint64), np.ones(3, dtype=np.float32))
-    t.version = 2
+    assert sorted(t.changed_rows()[0].tolist()) == [1, 2, 3]
+    t.snapshot()  # a cut: nothing changed since
+    assert t.changed_rows()[0].size == 0
     t.push(np.array([3, 4], dtype=np.uint64), np.ones(2, dtype=np.float32))
-    keys, rows = t.changed_since(1)
+    keys, rows = t.changed_rows()
     assert sorted(keys.tolist()) == [3, 4]
     assert rows.shape == (2,)
-    assert sorted(t.changed_since(0)[0].tolist()) == [1, 2, 3, 4]
     t.delete(np.array([4], dtype=np.uint64))
-    assert sorted(t.changed_since(1)[0].tolist()) == [3]
+    assert sorted(t.changed_rows()[0].tolist()) == [3]
+    # Counts of a changed row read without the flag.
+    row = t.index.lookup(np.array([3], dtype=np.uint64))
+    t.push(np.array([3], dtype=np.uint64), np.ones(1, dtype=np.float32), counts=np.array([[5, 2]], np.float32))
+    assert t.shows[row].tolist() == [5.0] and t.clicks[row].tolist() == [2.0]
 
 
 def test_metadata_counts_and_last_seen() -> None:
@@ -78,7 +83,7 @@ def test_metadata_counts_and_last_seen() -> None:
     assert t.shows[rows].tolist() == [2, 1]
     assert t.clicks[rows].tolist() == [1, 0]
     assert t.last_seen[rows].tolist() == [1_764_681_600, 1_764_681_600]
-    assert t.updated_at[rows].tolist() == [1, 1]
+    assert t.changed()[rows].tolist() == [True, True]
 
 
 @pytest.mark.parametrize(

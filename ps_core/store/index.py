@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..hashing import U64, sorted_distinct
+from .growth import grow, next_capacity
 
 __all__ = ["KeyIndex", "EMPTY", "TOMBSTONE"]
 
@@ -61,8 +62,6 @@ class KeyIndex:
         self._mask = nslots - 1
         self.row_keys: U64 = np.zeros(0, dtype=np.uint64)
         """The key of each row (meaningless for free rows)."""
-        self.row_live = np.zeros(0, dtype=bool)
-        """Whether each row holds a key (False for freed rows)."""
         self._num_rows = 0
         self._free: list[I64] = []
         self._size = 0
@@ -85,9 +84,18 @@ class KeyIndex:
     def num_slots(self) -> int:
         return int(self._slots.size)
 
+    @property
+    def row_live(self) -> npt.NDArray[np.bool_]:
+        """For each row handed out, whether it holds a key (False for freed
+        rows): derived from the free list, not stored, so a fresh array."""
+        live = np.ones(self._num_rows, dtype=bool)
+        for block in self._free:
+            live[block] = False
+        return live
+
     def nbytes(self) -> int:
-        """Bytes held by the slot array, row keys and live flags."""
-        return int(self._slots.nbytes + self.row_keys.nbytes + self.row_live.nbytes)
+        """Bytes held by the slot array and row keys."""
+        return int(self._slots.nbytes + self.row_keys.nbytes)
 
     # -- queries ---------------------------------------------------------
     def _home(self, keys: U64) -> I64:
@@ -277,7 +285,6 @@ class KeyIndex:
             return np.zeros(0, dtype=np.uint64)
         self._slots[slots[present]] = TOMBSTONE
         freed = rows[present]
-        self.row_live[freed] = False
         self._free.append(freed)
         self._size -= int(freed.size)
         self.mutations += 1
@@ -304,14 +311,8 @@ class KeyIndex:
 
     def _ensure_row_capacity(self, n: int) -> None:
         cap = self.row_keys.size
-        if n <= cap:
-            return
-        new_cap = max(n, cap + cap // 2, 1024)
-        keys = np.zeros(new_cap, dtype=np.uint64)
-        keys[:cap] = self.row_keys
-        live = np.zeros(new_cap, dtype=bool)
-        live[:cap] = self.row_live
-        self.row_keys, self.row_live = keys, live
+        if n > cap:
+            grow(self.row_keys, (next_capacity(cap, n),))
 
     @property
     def row_capacity(self) -> int:
@@ -329,10 +330,8 @@ class KeyIndex:
         if self._num_rows - start == n:
             # All fresh rows, one range: slices instead of scatters.
             self.row_keys[start : start + n] = keys
-            self.row_live[start : start + n] = True
         else:
             self.row_keys[rows] = keys
-            self.row_live[rows] = True
         self._place(keys, rows, free)
         self._size += n
         self.mutations += 1
@@ -406,6 +405,6 @@ class KeyIndex:
         self._shift = np.uint64(64 - (nslots.bit_length() - 1))
         self._mask = nslots - 1
         self._tombstones = 0
-        live_rows = np.flatnonzero(self.row_live[: self._num_rows]).astype(np.int64)
+        live_rows = np.flatnonzero(self.row_live).astype(np.int64)
         if live_rows.size:
             self._place(self.row_keys[live_rows], live_rows)

@@ -5,15 +5,16 @@ number (see `KeyIndex`):
 
 - ``data``: ``(rows, dim * optimizer.slots)`` float32, a row's weights and
   optimizer state side by side so one gather fetches an update's inputs;
-- ``updated_at``: the export version in which the row last changed, so a delta
-  export is a vectorised selection (`changed_since`), not a dirty set;
 - ``last_seen`` (event time, whole seconds), ``shows`` and ``clicks``: the
-  metadata that admission and eviction policies read.
+  metadata the lifecycle's rules read (`ps_core.store.lifecycle`); the sign
+  bit of ``shows`` flags a row changed since the last cut, so a delta export
+  is a vectorised selection (`changed_rows`), not a dirty set.
 
-All of these are views of one ``(rows, width + 4)`` uint32 array, a row's
-state (as float32 bits) followed by its four metadata words: a pull's gather
-brings in the cache lines its push then updates, and a push reads and writes
-each row in one gather and one scatter.
+All of these are views of one ``(rows, width + 3)`` uint32 array, a row's
+state (as float32 bits) followed by its three metadata words, grown in place
+(`ps_core.store.growth`): a pull's gather brings in the cache lines its push
+then updates, and a push reads and writes each row in one gather and one
+scatter.
 
 `pull` never allocates: an absent key reads its deterministic initial value.
 `push` sums the gradients of duplicate keys, then applies the optimizer once
@@ -39,6 +40,7 @@ import numpy.typing as npt
 from ..errors import InvalidValuesError, TableConfigError
 from ..hashing import U64, sorted_distinct, uniform_from_keys
 from ..parsing import json_int
+from .growth import grow
 from .index import KeyIndex
 from .lifecycle import NO_LIFECYCLE, Admission, Lifecycle, score
 from .optim import FTRL, Optimizer, make_optimizer
@@ -161,7 +163,7 @@ class TableSnapshot:
     config: TableConfig
     """The table's declaration: dim, optimizer (so the row layout), initial values."""
     version: int
-    """The export version this snapshot closes: its rows have ``updated_at <= version``."""
+    """The export version this snapshot closes (every row's ``updated_at``)."""
     kind: SnapshotKind
     """``"base"`` (every live row) or ``"delta"`` (rows changed after `parent`)."""
     parent: int | None
@@ -171,7 +173,7 @@ class TableSnapshot:
     data: F32
     """(n, dim * slots) float32: each row's weights and optimizer state (see `ps_core.store.optim`)."""
     updated_at: U32
-    """(n,) export version of each row's last change."""
+    """(n,) the version of the cut that wrote each row (files of older writers: of its last change)."""
     last_seen: U32
     """(n,) event time of each row's last update, whole seconds."""
     shows: F32
@@ -260,8 +262,12 @@ class TableSnapshot:
         return {name: getattr(self, name) for name in self.ARRAYS}
 
 
-_META = ("updated_at", "last_seen", "shows", "clicks")
-"""The columns of `SparseTable.meta`, in order."""
+_META = ("last_seen", "shows", "clicks")
+"""The columns of `SparseTable.meta`, in order: uint32 event time, then the
+float32 counts; the sign bit of ``shows`` (a count is never negative) marks
+the row changed since the last cut."""
+_CHANGED = np.uint32(1 << 31)
+_COUNT_BITS = np.uint32((1 << 31) - 1)
 _COUNT_MAX = float(np.finfo(np.float32).max)
 _MIN_COUNT_SCALE = 1e-25
 """Below this `count_scale` the stored counts are rescaled (float32 holds
@@ -310,7 +316,7 @@ class SparseTable:
         self.width = config.dim * self.optimizer.slots
         self.index = KeyIndex(initial_slots=max(16, int(initial_rows / 0.6)))
         self.version = 1
-        """The open export version: rows changed now get ``updated_at = version``."""
+        """The open export version: the cut closing it carries the rows changed now."""
         self.last_snapshot = 0
         """The version of the last cut (`snapshot`, or a restore's `mark_exported`);
         0, the empty table, before any. A delta is always taken relative to it."""
@@ -394,17 +400,29 @@ class SparseTable:
     def _alloc(self, cap: int) -> None:
         self._rows: U32 = np.zeros((cap, self.width + len(_META)), dtype=np.uint32)
         """The storage: per row, `width` float32 state words, then `_META`."""
+        self._views()
+
+    def _views(self) -> None:
+        """The named views of `_rows` (made again whenever it is resized)."""
         self._rows_1d = _row_view(self._rows)
         w = self.width
         self.data: F32 = self._rows[:, :w].view(np.float32)
         self.meta: U32 = self._rows[:, w:]
         """Per-row metadata; its columns are the arrays named in `_META`."""
-        self.updated_at: U32 = self.meta[:, 0]
-        self.last_seen: U32 = self.meta[:, 1]
+        self.last_seen: U32 = self.meta[:, 0]
         # Counts are float32 (decayed counts are fractions), stored as their
         # bits in the metadata words; see `count_scale`.
-        self.shows: F32 = self.meta[:, 2].view(np.float32)
-        self.clicks: F32 = self.meta[:, 3].view(np.float32)
+        self.clicks: F32 = self.meta[:, 2].view(np.float32)
+
+    @property
+    def shows(self) -> F32:
+        """Each row's stored shows (a copy: the word also holds the changed flag)."""
+        return (self.meta[:, 1] & _COUNT_BITS).view(np.float32)
+
+    def changed(self) -> npt.NDArray[np.bool_]:
+        """For each row handed out, whether it changed since the last cut
+        (what the next delta holds, if it is live)."""
+        return self.meta[: self.index.num_rows, 1] >= _CHANGED
 
     def _full_rows(self, state: F32) -> U32:
         """Storage rows holding `state` (n, width) and zero metadata."""
@@ -413,14 +431,11 @@ class SparseTable:
         return out
 
     def _sync_capacity(self) -> None:
-        """Grow row arrays to the index's row capacity (which grows by 1.5x)."""
+        """Grow the rows to the index's row capacity, in place (`KeyIndex.grow`)."""
         cap = self.index.row_capacity
-        old = self._rows.shape[0]
-        if cap <= old:
-            return
-        prev = self._rows
-        self._alloc(cap)
-        self._rows[:old] = prev
+        if cap > self._rows.shape[0]:
+            grow(self._rows, (cap, self._rows.shape[1]))
+            self._views()
 
     def __len__(self) -> int:
         return self.index.size
@@ -654,13 +669,13 @@ class SparseTable:
             # np.unique, and a shard's share keeps their order).
             return (self._rows.take(rows, axis=0) if full is None else full), True
         # Duplicate check: stamp each occurrence's position into its row's
-        # updated_at and read it back with the gather the update needs
+        # last_seen and read it back with the gather the update needs
         # anyway; a repeated row reads a later occurrence's stamp. (Every
-        # row stamped gets updated_at = version in `_stamp`: nothing of it stays.)
+        # row stamped gets its last_seen in `_stamp`: nothing of it stays.)
         if self._stamps.size < n:
             self._stamps = np.arange(max(n, 2 * self._stamps.size), dtype=np.uint32)
         stamps = self._stamps[:n]
-        self.updated_at[rows] = stamps
+        self.last_seen[rows] = stamps
         full = self._rows.take(rows, axis=0)
         return full, bool((full[:, self.width] == stamps).all())
 
@@ -681,27 +696,29 @@ class SparseTable:
         return uniq, summed, row_counts
 
     def _stamp(self, meta: U32, seen: float, row_counts: npt.NDArray[Any] | None) -> None:
-        """Stamp updated rows' metadata `meta` in place: the open version, the
-        event time, and shows and clicks added."""
-        meta[:, 0] = self.version
-        meta[:, 1] = int(seen)
+        """Stamp updated rows' metadata `meta` in place: the event time, shows
+        and clicks added, and the flag of a row changed since the last cut."""
+        meta[:, 0] = int(seen)
         if seen > self.newest_event:
             self.newest_event = seen
-        if row_counts is not None:
-            counts = meta[:, 2:].view(np.float32)
-            added = row_counts if self.count_scale == 1.0 else np.divide(row_counts, self.count_scale)
-            # In float64, saturating at float32's largest instead of reaching
-            # inf (float32 counts are exact to 2**24, then approximate).
-            total = np.add(counts, added, dtype=np.float64)
-            np.minimum(total, _COUNT_MAX, out=total)
-            counts[...] = total
+        if row_counts is None:
+            meta[:, 1] |= _CHANGED
+            return
+        counts = np.empty((meta.shape[0], 2), dtype=np.uint32)
+        counts[:, 0] = meta[:, 1] & _COUNT_BITS
+        counts[:, 1] = meta[:, 2]
+        added = row_counts if self.count_scale == 1.0 else np.divide(row_counts, self.count_scale)
+        # In float64, saturating at float32's largest instead of reaching
+        # inf (float32 counts are exact to 2**24, then approximate).
+        total = np.add(counts.view(np.float32), added, dtype=np.float64)
+        np.minimum(total, _COUNT_MAX, out=total)
+        meta[:, 1:] = total.astype(np.float32).view(np.uint32)
+        meta[:, 1] |= _CHANGED
 
     # -- versions, snapshots and deletes --------------------------------------
-    def changed_since(self, version: int) -> tuple[U64, npt.NDArray[np.int64]]:
-        """Keys and rows of live rows changed after `version` (a delta's content)."""
-        n = self.index.num_rows
-        sel = self.index.row_live[:n] & (self.updated_at[:n] > version)
-        rows = np.flatnonzero(sel).astype(np.int64)
+    def changed_rows(self) -> tuple[U64, npt.NDArray[np.int64]]:
+        """Keys and rows of the live rows changed since the last cut (the next delta's)."""
+        rows = np.flatnonzero(self.index.row_live & self.changed()).astype(np.int64)
         return self.index.row_keys[rows], rows
 
     def delete(self, keys: npt.ArrayLike, *, distinct: bool = False) -> U64:
@@ -729,7 +746,8 @@ class SparseTable:
         """The lifecycle score of `rows` (all rows handed out by default),
         from their decayed shows and clicks."""
         n = self.index.num_rows
-        shows = self.shows[:n] if rows is None else self.shows[rows]
+        words = self.meta[:n, 1] if rows is None else self.meta[rows, 1]
+        shows = (words & _COUNT_BITS).view(np.float32)
         clicks = self.clicks[:n] if rows is None else self.clicks[rows]
         return score(self.lifecycle, shows, clicks, self.count_scale)
 
@@ -794,10 +812,9 @@ class SparseTable:
         """Fold `count_scale` into every row's stored counts (rare: after
         thousands of decays). Every row changes, so the next delta holds all."""
         n = self.index.num_rows
-        live = self.index.row_live[:n]
-        self.shows[:n] *= np.float32(self.count_scale)
+        shows = (self.meta[:n, 1] & _COUNT_BITS).view(np.float32) * np.float32(self.count_scale)
+        self.meta[:n, 1] = shows.view(np.uint32) | _CHANGED
         self.clicks[:n] *= np.float32(self.count_scale)
-        self.updated_at[:n][live] = self.version
         self.count_scale = 1.0
         self._pull_cache.wrote()
 
@@ -824,7 +841,7 @@ class SparseTable:
 
         ``since=None`` copies every live row (a base). Otherwise `since` must be
         the version of the previous cut (`last_snapshot`) and the delta holds
-        the live rows with ``updated_at > since`` plus the keys deleted since
+        the live rows changed since (flagged) plus the keys deleted since
         that cut and absent now (a key deleted and inserted again is a live
         row, not a deletion). Rows changed after the cut belong to the next
         version. Only memory copies happen here: this is the pause of a cut.
@@ -834,9 +851,8 @@ class SparseTable:
                 f"table {self.config.name}: a delta must follow the last cut "
                 f"(version {self.last_snapshot}), not version {since}"
             )
-        n = self.index.num_rows
-        live = self.index.row_live[:n]
-        sel = live if since is None else live & (self.updated_at[:n] > since)
+        live = self.index.row_live
+        sel = live if since is None else live & self.changed()
         deleted = _NO_KEYS if since is None else self._deleted_since_cut()
         snap = self._copy_rows(np.flatnonzero(sel), self.version, since, deleted)
         self.mark_exported(self.version)
@@ -900,9 +916,11 @@ class SparseTable:
             parent=parent,
             keys=take(self.index.row_keys),
             data=take(self.data),
-            updated_at=take(self.updated_at),
+            # The flag says only "since the last cut": every row a cut
+            # writes is labelled with its version.
+            updated_at=np.full(rows.size, version, dtype=np.uint32),
             last_seen=take(self.last_seen),
-            shows=take(self.shows),
+            shows=(take(self.meta[:, 1]) & _COUNT_BITS).view(np.float32),
             clicks=take(self.clicks),
             deleted=deleted,
             count_scale=np.array([self.count_scale]),
@@ -928,6 +946,7 @@ class SparseTable:
         self.last_snapshot = version
         self.version = version + 1
         self._deleted, self._deleted_len, self._deleted_fold_at = [], 0, 1024
+        self.meta[: self.index.num_rows, 1] &= _COUNT_BITS  # nothing changed since this cut
         if self._sketch_at_cut is not None and self.admission is not None and self.admission.sketch is not None:
             self._sketch_at_cut[...] = self.admission.sketch.cells
 
@@ -940,12 +959,11 @@ class SparseTable:
         shows: npt.ArrayLike,
         clicks: npt.ArrayLike,
     ) -> int:
-        """Upsert whole rows as stored (state, `updated_at` and metadata); returns
-        how many keys were new. Keys must be distinct and data finite; a refused
-        call changes nothing.
-
-        Rows keep their stored `updated_at`, so a later delta carries them only
-        if they change again: meant for restoring a chain, then `mark_exported`.
+        """Upsert whole rows as stored (state and metadata); returns how many
+        keys were new. Keys must be distinct and data finite; a refused call
+        changes nothing. `updated_at` is checked, not kept: a loaded row is
+        unchanged since the cut it came from, so a later delta carries it only
+        if it changes again (meant for restoring a chain, then `mark_exported`).
         """
         k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
         n = k.size
@@ -981,6 +999,7 @@ class SparseTable:
         self._sync_capacity()
         self._pull_cache.wrote()
         self.data[rows] = d
-        for dst, src in zip((self.updated_at, self.last_seen, self.shows, self.clicks), meta):
-            dst[rows] = src
+        self.last_seen[rows] = meta[1]
+        self.meta[rows, 1] = meta[2].astype(np.float32).view(np.uint32)
+        self.clicks[rows] = meta[3]
         return int(new_rows.size)
