@@ -178,8 +178,10 @@ async def run_one(
 def pause_per_million(rows: int, seed: int) -> dict[str, float]:
     """One eviction pass (TTL, decay and score, cap all on) over an LR/FTRL
     table of `rows` rows; ms per million rows scanned."""
-    # Pushes span 10 minutes of event time: TTL takes the first 3, the cap a few % more.
-    lc = Lifecycle(ttl_s=400.0, decay=0.98, min_score=0.05, max_rows=int(rows * 0.65), low_water=0.9)
+    # A push of 100k keys a minute of event time: TTL takes the oldest 30 %
+    # of the rows, the cap a few % more.
+    span_s = (rows // 100_000 - 1) * 60.0
+    lc = Lifecycle(ttl_s=0.7 * span_s, decay=0.98, min_score=0.05, max_rows=int(rows * 0.65), low_water=0.9)
     table = SparseTable(TableConfig("t", 1, {"name": "ftrl"}, lifecycle=lc), initial_rows=rows)
     rng = np.random.default_rng(seed)
     keys = np.unique(rng.integers(1, 2**63, size=rows, dtype=np.int64)).astype(np.uint64)

@@ -763,7 +763,7 @@ class SparseTable:
     def evict(self) -> Eviction:
         """One eviction pass of the lifecycle's rules, in order: TTL, decay
         then the score threshold, then the row cap (lowest scores first, down
-        to the low-water mark; ties in no set order). The removed keys are
+        to the low-water mark; among equal scores, the lowest rows). The removed keys are
         deleted as by `delete` (the next delta lists them) and their rows
         reused by later inserts: the arrays do not shrink, they stop growing."""
         t0 = time.perf_counter()
@@ -789,7 +789,12 @@ class SparseTable:
             over = left.size - int(lc.low_water * lc.max_rows)
             if left.size > lc.max_rows and over > 0:
                 left_scores = self.scores(left) if s is None else s[left]
-                lowest = left[np.argpartition(left_scores, over - 1)[:over]]
+                # The over-th lowest score (a partition of values, cheaper
+                # than of indices), then the rows under it and enough of it.
+                cut = np.partition(left_scores, over - 1)[over - 1]
+                under = left_scores < cut
+                ties = np.flatnonzero(left_scores == cut)[: over - int(np.count_nonzero(under))]
+                lowest = np.concatenate((left[under], left[ties]))
                 remove[lowest] = True
                 report.by_rule["max_rows"] = int(lowest.size)
         rows = np.flatnonzero(remove)
