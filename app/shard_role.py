@@ -51,11 +51,18 @@ async def _report(shard: Shard, interval_s: float) -> None:
 
 
 async def _evict(shard: Shard, interval_s: float) -> None:
-    """An eviction pass per interval (`Shard.evict`); a line per table that lost rows."""
+    """An eviction pass per interval over every table with eviction rules,
+    in steps that let the event loop run between them
+    (`SparseTable.eviction_steps`); a line per table that lost rows."""
     while True:
         await asyncio.sleep(interval_s)
-        for name, report in shard.evict().items():
-            if report.removed:
+        for name, table in list(shard.tables.items()):
+            if not table.lifecycle.evicts:
+                continue
+            for _ in table.eviction_steps():
+                await asyncio.sleep(0)  # pulls, pushes and cuts run between steps
+            report = table.last_eviction
+            if report is not None and report.removed:
                 log_event(
                     log,
                     "evicted",

@@ -177,7 +177,27 @@ async def run_one(
 
 def pause_per_million(rows: int, seed: int) -> dict[str, float]:
     """One eviction pass (TTL, decay and score, cap all on) over an LR/FTRL
-    table of `rows` rows; ms per million rows scanned."""
+    table of `rows` rows, at once: ms per million rows scanned; and the
+    same pass in steps, as a shard runs it: its longest step."""
+    table = pause_table(rows, seed)
+    report = table.evict()  # the pass that removes rows: the longest
+    again = table.evict()  # one that finds nothing to remove
+    stepped = pause_table(rows, seed)
+    steps = list(stepped.eviction_steps())
+    return {
+        "rows": report.scanned,
+        "removed": report.removed,
+        "pause_ms_per_1m_rows": report.pause_ms / report.scanned * 1e6,
+        "pause_ms_per_1m_rows_nothing_removed": again.pause_ms / max(again.scanned, 1) * 1e6,
+        "steps": len(steps),
+        "step_pause_max_ms": steps[-1].pause_ms,
+        "stepped_rows_after": len(stepped),
+        "rows_after": len(table),
+    }
+
+
+def pause_table(rows: int, seed: int) -> SparseTable:
+    """An LR/FTRL table of about `rows` rows whose rules remove some 40 % of them."""
     # A push of 100k keys a minute of event time: TTL takes the oldest 30 %
     # of the rows, the cap a few % more.
     span_s = (rows // 100_000 - 1) * 60.0
@@ -191,14 +211,7 @@ def pause_per_million(rows: int, seed: int) -> dict[str, float]:
         k = np.sort(keys[i : i + step])
         counts = np.stack([rng.integers(1, 20, k.size), rng.integers(0, 2, k.size)], 1).astype(np.float32)
         table.push(k, rng.normal(size=k.size).astype(np.float32), counts=counts, event_time=float(i // step * 60))
-    report = table.evict()  # the pass that removes rows: the longest
-    again = table.evict()  # one that finds nothing to remove
-    return {
-        "rows": rows,
-        "removed": report.removed,
-        "pause_ms_per_1m_rows": report.pause_ms / report.scanned * 1e6,
-        "pause_ms_per_1m_rows_nothing_removed": again.pause_ms / max(again.scanned, 1) * 1e6,
-    }
+    return table
 
 
 # -- the driver -----------------------------------------------------------------------------
@@ -283,7 +296,9 @@ async def main(args: Any) -> dict[str, Any]:
     pause = pause_per_million(args.pause_rows, args.seed)
     log(
         f"  {pause['pause_ms_per_1m_rows']:.1f} ms per 1M rows scanned removing {pause['removed']} rows; "
-        f"{pause['pause_ms_per_1m_rows_nothing_removed']:.1f} ms removing none"
+        f"{pause['pause_ms_per_1m_rows_nothing_removed']:.1f} ms removing none; in {pause['steps']:.0f} steps "
+        f"the longest held the table {pause['step_pause_max_ms']:.1f} ms ({pause['stepped_rows_after']:.0f} rows "
+        f"left, {pause['rows_after']:.0f} at once)"
     )
     return summarize(runs, tail, pause, args)
 
@@ -335,6 +350,8 @@ def summarize(
             "pause_rows": pause["rows"],
             "pause_ms_per_1m_rows": pause["pause_ms_per_1m_rows"],
             "pause_ms_per_1m_rows_nothing_removed": pause["pause_ms_per_1m_rows_nothing_removed"],
+            "pause_steps": pause["steps"],
+            "pause_step_max_ms": pause["step_pause_max_ms"],
             "aim_rows_ratio": AIM_ROWS_RATIO,
             "aim_logloss_ratio": AIM_LOGLOSS_RATIO,
             "aim_pause_ms_per_1m_rows": AIM_PAUSE_MS_PER_1M,

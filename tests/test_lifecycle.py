@@ -211,6 +211,27 @@ def test_the_row_cap_removes_the_lowest_scores_down_to_the_low_water_mark() -> N
     assert t.index.row_capacity == capacity and len(t) == 100
 
 
+def test_a_pass_in_steps_removes_what_one_step_does() -> None:
+    # TTL and the decayed score are exact in steps; the cap's cut comes from
+    # a sample, so it lands near the low-water mark.
+    rules = {"ttl_s": 50.0, "decay": 0.5, "min_score": 0.3, "max_rows": 3000, "low_water": 0.8}
+    whole, stepped = table(**rules), table(**rules)
+    rng = np.random.default_rng(9)
+    for i in range(10):
+        k = np.arange(i * 1000 + 1, i * 1000 + 1001, dtype=np.uint64)
+        counts = np.stack([rng.integers(0, 20, k.size), rng.integers(0, 3, k.size)], 1).astype(np.float32)
+        for t in (whole, stepped):
+            t.push(k, ones(k), counts=counts, event_time=1000.0 + 10 * i)
+    one = whole.evict()
+    steps = list(stepped.eviction_steps(step_rows=700))
+    assert len(steps) == 15 and steps[-1] is stepped.last_eviction
+    report = steps[-1]
+    assert report.by_rule["ttl"] == one.by_rule["ttl"] > 0
+    assert report.by_rule["score"] == one.by_rule["score"] > 0
+    assert abs(len(stepped) - 0.8 * 3000) <= 0.05 * 3000 and len(whole) == 2400
+    assert stepped.count_scale == whole.count_scale == 0.5  # one decay per pass
+
+
 def test_rules_run_in_order_and_count_a_row_once() -> None:
     t = table(ttl_s=10.0, min_score=0.5, decay=1.0, max_rows=3, low_water=0.5)
     keys = np.arange(1, 9, dtype=np.uint64)

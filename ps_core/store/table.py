@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -269,6 +269,10 @@ the row changed since the last cut."""
 _CHANGED = np.uint32(1 << 31)
 _COUNT_BITS = np.uint32((1 << 31) - 1)
 _COUNT_MAX = float(np.finfo(np.float32).max)
+EVICTION_STEP_ROWS = 1 << 20
+"""Rows one step of an eviction pass looks at (`SparseTable.eviction_steps`)."""
+_CUT_SAMPLE = 1 << 18
+"""Rows sampled to place a stepped pass's row-cap cut."""
 _MIN_COUNT_SCALE = 1e-25
 """Below this `count_scale` the stored counts are rescaled (float32 holds
 counts up to ~3e38, so stored ones up to ~1e13 stay finite)."""
@@ -375,6 +379,7 @@ class SparseTable:
         self.last_eviction: Eviction | None = None
         self._rows_after_pass = 0
         self.most_over_cap = (0, 0)
+        self._sampler = np.random.default_rng([config.seed, 0xE71C7])
         """The most rows over `max_rows` a pass found, and the rows inserted
         since the pass before it (the excess is at most these)."""
         self._alloc(0)
@@ -761,29 +766,19 @@ class SparseTable:
         return out
 
     def evict(self) -> Eviction:
-        """One eviction pass of the lifecycle's rules, in order: TTL, decay
-        then the score threshold, then the row cap (lowest scores first, down
-        to the low-water mark; among equal scores, the lowest rows). The removed keys are
-        deleted as by `delete` (the next delta lists them) and their rows
-        reused by later inserts: the arrays do not shrink, they stop growing."""
+        """One eviction pass of the lifecycle's rules at once, in order: TTL,
+        decay then the score threshold, then the row cap (lowest scores
+        first, down to the low-water mark; among equal scores, the lowest
+        rows). The removed keys are deleted as by `delete` (the next delta
+        lists them) and their rows reused by later inserts: the arrays do not
+        shrink, they stop growing. `eviction_steps` is the same pass in steps."""
         t0 = time.perf_counter()
         lc = self.lifecycle
         n = self.index.num_rows
-        live = self.index.row_live[:n]
-        report = Eviction(scanned=len(self), inserted=max(0, len(self) - self._rows_after_pass))
+        live = self.index.row_live
+        report = self._new_eviction()
         remove = np.zeros(n, dtype=bool)
-        if lc.ttl_s and self.newest_event:
-            np.logical_and(live, self.last_seen[:n] < self.newest_event - lc.ttl_s, out=remove)
-            report.by_rule["ttl"] = int(np.count_nonzero(remove))
-        s = None
-        if lc.min_score:
-            self.count_scale *= lc.decay
-            if self.count_scale < _MIN_COUNT_SCALE:
-                self._rescale_counts()
-            s = self.scores()
-            low = live & ~remove & (s < lc.min_score)
-            report.by_rule["score"] = int(np.count_nonzero(low))
-            remove |= low
+        s = self._ttl_and_score(0, n, live, remove, report)
         if lc.max_rows:
             left = np.flatnonzero(live & ~remove)
             over = left.size - int(lc.low_water * lc.max_rows)
@@ -797,12 +792,114 @@ class SparseTable:
                 lowest = np.concatenate((left[under], left[ties]))
                 remove[lowest] = True
                 report.by_rule["max_rows"] = int(lowest.size)
-        rows = np.flatnonzero(remove)
+        self._remove(np.flatnonzero(remove), report)
+        report.pause_ms = (time.perf_counter() - t0) * 1e3
+        self._passed(report)
+        return report
+
+    def eviction_steps(self, step_rows: int = EVICTION_STEP_ROWS) -> Iterator[Eviction]:
+        """`evict`'s pass over a table of more than `step_rows` rows, a
+        slice of `step_rows` rows at a time: between two slices it yields
+        (the running report), so its caller lets the event loop run and the
+        table's pause stays that of one slice. A smaller table takes `evict`'s
+        single step. The row cap's cut is then estimated from a sample of
+        the rows the other rules leave, so it takes the table to about its
+        low-water mark; the other rules are exact. Pushes and cuts may run
+        between slices: rows inserted meanwhile are left to the next pass."""
+        if self.index.num_rows <= step_rows:
+            yield self.evict()
+            return
+        t0 = time.perf_counter()
+        n = self.index.num_rows
+        live = self.index.row_live  # as the pass began
+        report = self._new_eviction()
+        cap_left, cut = self._sampled_cut(live)
+        hold = time.perf_counter() - t0
+        for lo in range(0, n, step_rows):
+            t = time.perf_counter()
+            hi = min(n, lo + step_rows)
+            remove = np.zeros(hi - lo, dtype=bool)
+            s = self._ttl_and_score(lo, hi, live[lo:hi], remove, report, decay=lo == 0)
+            if cap_left > 0:
+                if s is None:
+                    s = self.scores(np.arange(lo, hi))
+                low = np.flatnonzero(live[lo:hi] & ~remove & (s < cut))[:cap_left]
+                remove[low] = True
+                cap_left -= low.size
+                report.by_rule["max_rows"] += int(low.size)
+            self._remove(np.flatnonzero(remove) + lo, report)
+            hold += time.perf_counter() - t
+            report.pause_ms = max(report.pause_ms, hold * 1e3)
+            hold = 0.0
+            if hi < n:
+                yield report
+        self._passed(report)
+        yield report
+
+    def _new_eviction(self) -> Eviction:
+        return Eviction(scanned=len(self), inserted=max(0, len(self) - self._rows_after_pass))
+
+    def _ttl_and_score(
+        self,
+        lo: int,
+        hi: int,
+        live: npt.NDArray[np.bool_],
+        remove: npt.NDArray[np.bool_],
+        report: Eviction,
+        *,
+        decay: bool = True,
+    ) -> F32 | None:
+        """Mark in `remove` the rows ``lo:hi`` that TTL and the score
+        threshold remove (decaying the counts first when `decay`); count them
+        in `report`. Returns the rows' scores when they were computed."""
+        lc = self.lifecycle
+        if lc.ttl_s and self.newest_event:
+            np.logical_and(live, self.last_seen[lo:hi] < self.newest_event - lc.ttl_s, out=remove)
+            report.by_rule["ttl"] += int(np.count_nonzero(remove))
+        if not lc.min_score:
+            return None
+        if decay:
+            self.count_scale *= lc.decay
+            if self.count_scale < _MIN_COUNT_SCALE:
+                self._rescale_counts()
+        s = self.scores(np.arange(lo, hi)) if (lo, hi) != (0, self.index.num_rows) else self.scores()
+        low = live & ~remove & (s < lc.min_score)
+        report.by_rule["score"] += int(np.count_nonzero(low))
+        remove |= low
+        return s
+
+    def _sampled_cut(self, live: npt.NDArray[np.bool_]) -> tuple[int, float]:
+        """For a pass in steps: how many rows the cap should remove, and the
+        score under which they go, estimated from a sample of the live rows
+        that TTL and the score threshold leave (after this pass's decay)."""
+        lc = self.lifecycle
+        if not lc.max_rows:
+            return 0, 0.0
+        rows = np.flatnonzero(live)
+        sample = rows[self._sampler.integers(0, rows.size, min(rows.size, _CUT_SAMPLE))] if rows.size else rows
+        keep = np.ones(sample.size, dtype=bool)
+        if lc.ttl_s and self.newest_event:
+            keep &= self.last_seen[sample] >= self.newest_event - lc.ttl_s
+        s = self.scores(sample)
+        if lc.min_score:
+            keep &= s * np.float32(lc.decay) >= lc.min_score
+            s = s * np.float32(lc.decay)
+        left = int(rows.size * keep.mean()) if sample.size else 0
+        over = left - int(lc.low_water * lc.max_rows)
+        if left <= lc.max_rows or over <= 0 or not keep.any():
+            return 0, 0.0
+        return over, float(np.quantile(s[keep], over / left))
+
+    def _remove(self, rows: npt.NDArray[np.intp], report: Eviction) -> None:
+        """Delete the keys of `rows` (distinct, live) for an eviction pass."""
         if rows.size:
             per_row = self.memory_bytes() / max(1, self.index.row_capacity)
             self.delete(self.index.row_keys[rows], distinct=True)
-            report.bytes_freed = int(rows.size * per_row)
-        report.pause_ms = (time.perf_counter() - t0) * 1e3
+            report.bytes_freed += int(rows.size * per_row)
+
+    def _passed(self, report: Eviction) -> None:
+        """Record a finished pass."""
+        lc = self.lifecycle
         for rule, count in report.by_rule.items():
             self.evicted[rule] += count
         self.eviction_passes += 1
@@ -811,7 +908,6 @@ class SparseTable:
         if lc.max_rows and report.scanned - lc.max_rows > self.most_over_cap[0]:
             self.most_over_cap = (report.scanned - lc.max_rows, report.inserted)
         self.last_eviction = report
-        return report
 
     def _rescale_counts(self) -> None:
         """Fold `count_scale` into every row's stored counts (rare: after
