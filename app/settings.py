@@ -228,6 +228,15 @@ class ShardSettings:
         help="admission of new features into tables declared without a lifecycle: "
         "none, count:N (seen N times), prob:P (per occurrence), score:T (shows and clicks)",
     )
+    click_coeff: float = setting(
+        1.0, env="CTRPS_CLICK_COEFF", flag="--click-coeff", help="a click's weight in a score (admission and eviction)"
+    )
+    nonclick_coeff: float = setting(
+        0.1, env="CTRPS_NONCLICK_COEFF", flag="--nonclick-coeff", help="a show without a click's weight in a score"
+    )
+    sketch_bytes: int = setting(
+        4 << 20, env="CTRPS_SKETCH_BYTES", flag="--sketch-bytes", help="bytes of a count:N admission sketch per table"
+    )
     ttl_s: float = setting(
         0.0, env="CTRPS_TTL", flag="--ttl", help="remove rows unseen for this many seconds of event time; 0 = never"
     )

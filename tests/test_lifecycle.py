@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from app.cli import build_parser
 from app.follower import Follower
 from app.settings import SettingsError, ShardSettings, parse_table_spec
 from ps_core.checkpoint.export import latest_chain, restore_shards, write_version
@@ -363,6 +364,27 @@ def test_shard_flags_set_the_lifecycle_of_tables_declared_without_one() -> None:
     settings = ShardSettings.from_env({"CTRPS_ADMIT": "prob:0.5", "CTRPS_MAX_ROWS": "1000", "CTRPS_TTL": "60"})
     lc = settings.default_lifecycle()
     assert lc == Lifecycle(admit="prob:0.5", max_rows=1000, ttl_s=60.0)
+    # Every rule has its flag (and its variable): the score's coefficients and the sketch too.
+    parser = build_parser()
+    args = parser.parse_args(
+        ["shard", "--admit", "count:3", "--ttl", "604800", "--decay", "0.9", "--min-score", "0.5"]
+        + ["--max-rows", "50000000", "--low-water", "0.8", "--embed-threshold", "2", "--click-coeff", "2"]
+        + ["--nonclick-coeff", "0.05", "--sketch-bytes", "1048576", "--evict-interval", "30"]
+    )
+    flagged = ShardSettings.from_args(args, {})
+    assert flagged.default_lifecycle() == Lifecycle(
+        admit="count:3",
+        ttl_s=604800.0,
+        decay=0.9,
+        min_score=0.5,
+        max_rows=50_000_000,
+        low_water=0.8,
+        embed_threshold=2.0,
+        click_coeff=2.0,
+        nonclick_coeff=0.05,
+        sketch_bytes=1 << 20,
+    )
+    assert flagged.evict_interval_s == 30.0
     with pytest.raises(SettingsError, match="admit"):
         ShardSettings.from_env({"CTRPS_ADMIT": "count:999"})
     shard = Shard(lifecycle=lc)
