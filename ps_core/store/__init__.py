@@ -2,8 +2,10 @@
 
 Holds the vectorised key index (`KeyIndex`), the optimizers (`SGD`,
 `AdaGrad`, `FTRL`), tables (`TableConfig`, `SparseTable`, `TableSnapshot`;
-what a pull found, for its push: `pull_cache.PullCache`)
-and the status board's bounded report model (`board.check_report`).
+what a pull found, for its push: `pull_cache.PullCache`; arrays grown in
+place: `growth`), a table's feature lifecycle (`lifecycle`: admission and
+eviction rules) and the status board's bounded report model
+(`board.check_report`).
 
 May import: numpy, msgspec, and `ps_core.errors`, `ps_core.hashing`, `ps_core.parsing`,
 `ps_core.models`. Nothing of the network, the model side or checkpoints.
