@@ -362,11 +362,13 @@ class ApiMetrics:
         Closing it closes nothing: `reader`'s owner keeps its connections."""
         return PSReader([InstrumentedReader(t, self) for t in reader.transports])
 
-    async def timed(self, shard: int, op: str, call: Awaitable[T]) -> T:
-        """Await a shard call, timing it and counting its error by code."""
+    async def timed(self, shard: int, op: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Make and await a shard call, timing it and counting its error by
+        code. The call is made here, not by the caller: a task cancelled
+        before it starts (a shutdown) then leaves no coroutine never awaited."""
         t0 = time.perf_counter()
         try:
-            return await call
+            return await call()
         except PSError as exc:
             self.rpc_errors.labels(str(shard), op, exc.code).inc()
             raise

@@ -44,7 +44,7 @@ class ControlView:
 
     async def stats_each(self) -> list[dict[str, Any] | PSError]:
         got = await asyncio.gather(
-            *(self._metrics.timed(s.shard_id, "stats", s.stats()) for s in self.control.shards),
+            *(self._metrics.timed(s.shard_id, "stats", s.stats) for s in self.control.shards),
             return_exceptions=True,
         )
         for r in got:
@@ -53,7 +53,7 @@ class ControlView:
         return [r for r in got if isinstance(r, (dict, PSError))]
 
     async def statuses(self) -> list[dict[str, Any]]:
-        return await self._metrics.timed(0, "status", self.control.statuses())
+        return await self._metrics.timed(0, "status", self.control.statuses)
 
 
 async def all_stats(view: ClusterView) -> list[dict[str, Any]]:
