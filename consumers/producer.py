@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
@@ -249,11 +250,21 @@ async def produce(
         **security.client_kwargs(),
     )
     in_flight: collections.deque[tuple[asyncio.Future[Any], dict[int, int], int]] = collections.deque()
+    starting = asyncio.ensure_future(producer.start())
     try:
-        await producer.start()
+        await asyncio.shield(starting)
     except KafkaError as exc:
         await producer.stop()
         raise ProduceError(f"cannot connect to the broker at {bootstrap}: {type(exc).__name__}: {exc}", report) from exc
+    except asyncio.CancelledError:
+        # A stop asked while connecting: the client's start, cancelled, would
+        # leave its bootstrap connection open, so it is let finish (bounded)
+        # and the client stopped before the cancel goes on.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(delivery_timeout_s * 2):
+                await starting
+        await producer.stop()
+        raise
     try:
         available = sorted(await producer.partitions_for(topic))
         if partitions is not None:
@@ -277,7 +288,11 @@ async def produce(
             done, counts, nbytes = in_flight[0]
             # The client's own expiry fails `done` first; this bound is the
             # backstop should a send hang past it (e.g. a frozen broker).
-            await asyncio.wait_for(asyncio.shield(done), delivery_timeout_s * 2)
+            # `asyncio.timeout`, not `wait_for`: on Python 3.11, wait_for
+            # swallows a cancellation that arrives as the awaited future
+            # completes, and a producer told to stop would go on producing.
+            async with asyncio.timeout(delivery_timeout_s * 2):
+                await asyncio.shield(done)
             in_flight.popleft()
             for p, n in counts.items():
                 report.partitions[p] += n
@@ -330,7 +345,8 @@ async def produce(
         try:
             # Flushes what is still queued; against a dead broker the client
             # expires it within the request timeout, and this bounds the rest.
-            await asyncio.wait_for(producer.stop(), delivery_timeout_s * 2)
+            async with asyncio.timeout(delivery_timeout_s * 2):
+                await producer.stop()
         except (TimeoutError, KafkaError):
             pass  # the failure that brought us here is the one to report
         # After a failure, chunks still in flight are abandoned: retrieve their

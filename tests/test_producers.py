@@ -649,3 +649,22 @@ def test_fresh_ids_are_a_long_tail_seen_once() -> None:
     assert SyntheticStream(seed=4, fresh=0.0).batch(50) == SyntheticStream(seed=4).batch(50)
     with pytest.raises(ValueError, match="fresh"):
         SyntheticStream(fresh=1.0)
+
+
+async def test_a_cancelled_producer_stops_whenever_the_cancel_arrives(kafka_bootstrap: str) -> None:
+    """Cancelling `produce` ends it, however the cancel falls against its
+    acknowledgements (the demo stops its producer so). A wait that swallowed
+    a cancel arriving as an acknowledgement completed once kept the demo's
+    producer going past its duration."""
+    topic = f"cancel-{uuid.uuid4().hex[:10]}"
+    await create_topics(kafka_bootstrap, {topic: 2})
+    rng = np.random.default_rng(5)
+    for delay in rng.uniform(0.0, 0.3, size=30):
+        task = asyncio.ensure_future(
+            produce(kafka_bootstrap, topic, iter(SyntheticStream(seed=1)), rate=50_000.0, max_in_flight=1)
+        )
+        await asyncio.sleep(float(delay))
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=10)
+        assert done, f"produce went on for 10 s after a cancel at {delay:.3f} s"
+        assert task.cancelled() or task.exception() is None
