@@ -383,6 +383,17 @@ def _lifecycle_info(per_shard: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _staleness_info(per_shard: list[dict[str, Any]]) -> dict[str, Any]:
+    """A table's push staleness summed over its shards."""
+    count = sum(x["count"] for x in per_shard)
+    return {
+        "pushes": count,
+        "mean": sum(x["sum"] for x in per_shard) / count if count else None,
+        "down_weighted": sum(x["down_weighted"] for x in per_shard),
+        "max_staleness": per_shard[0]["max_staleness"],
+    }
+
+
 async def model_info(request: web.Request) -> web.Response:
     view, model = request.app[VIEW], request.app[MODEL]
     stats, board_raw = await asyncio.gather(all_stats(view), view.statuses())
@@ -399,10 +410,13 @@ async def model_info(request: web.Request) -> web.Response:
             # What the shards hold is the truth; the model's declaration until then.
             "optimizer": on_shards[0]["config"]["optimizer"] if on_shards else config.optimizer,
         }
+        info["mode"] = on_shards[0]["config"].get("mode", "async") if on_shards else config.mode
         if on_shards:
             info["version"] = min(t["version"] for t in on_shards)
             versions.append(info["version"])
             info["lifecycle"] = _lifecycle_info([t["lifecycle"] for t in on_shards])
+            if all("staleness" in t for t in on_shards):
+                info["staleness"] = _staleness_info([t["staleness"] for t in on_shards])
         tables[config.name] = info
     now = time.time()
     return _json(

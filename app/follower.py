@@ -101,7 +101,7 @@ def model_from_manifest(manifest: ExportManifest) -> Model:
     w, v = tables[f"{name}_w"], tables.get(f"{name}_v")
     model: Model
     if v is None:
-        model = LogisticRegression(name, optimizer=w.optimizer)
+        model = LogisticRegression(name, optimizer=w.optimizer, mode=w.mode, max_staleness=w.max_staleness)
     else:
         model = FactorizationMachine(
             name,
@@ -110,6 +110,8 @@ def model_from_manifest(manifest: ExportManifest) -> Model:
             embedding_optimizer=v.optimizer,
             init_scale=v.init_scale,
             seed=v.seed,
+            mode=w.mode,
+            max_staleness=w.max_staleness,
         )
     hint = config.get("model", config.get("kind"))
     kind = "lr" if v is None else "fm"

@@ -119,11 +119,30 @@ class _ClusterCollector(Collector):
             "Keys without a row a push met: admitted (given one) or dropped (their update with them).",
             labels=["shard", "table", "outcome"],
         )
+        staleness = HistogramMetricFamily(
+            "ctrps_table_push_staleness",
+            "How stale the async pushes a table applied were: pushes applied between the pull a gradient "
+            "was computed from and its push.",
+            labels=["shard", "table"],
+        )
+        down_weighted = CounterMetricFamily(
+            "ctrps_table_pushes_down_weighted",
+            "Async pushes scaled down for being staler than the model's max_staleness.",
+            labels=["shard", "table"],
+        )
         for i, stats in enumerate(snap.stats):
             up.add_metric([str(i)], 0.0 if stats is None else 1.0)
             for name, t in (stats or {}).get("tables", {}).items():
                 features.add_metric([str(i), name], float(t["features"]))
                 size.add_metric([str(i), name], float(t["bytes"]))
+                stale = t.get("staleness")
+                if isinstance(stale, dict) and isinstance(stale.get("buckets"), dict):
+                    cumulative, buckets = 0.0, []
+                    for bound, n in stale["buckets"].items():
+                        cumulative += _num(n)
+                        buckets.append((bound, cumulative))
+                    staleness.add_metric([str(i), name], buckets, _num(stale.get("sum")))
+                    down_weighted.add_metric([str(i), name], _num(stale.get("down_weighted")))
                 life = t.get("lifecycle")
                 if not isinstance(life, dict):
                     continue
@@ -145,7 +164,7 @@ class _ClusterCollector(Collector):
             counts = auth.get("refused") if isinstance(auth, dict) else None
             for reason, n in (counts if isinstance(counts, dict) else {}).items():
                 refused.add_metric([str(i), str(reason)], _num(n))
-        yield from (up, features, size, evicted, freed, pause, admission, refused)
+        yield from (up, features, size, evicted, freed, pause, admission, staleness, down_weighted, refused)
         yield from port_families(("shard", str(i), (stats or {}).get("ports")) for i, stats in enumerate(snap.stats))
         yield from _ClusterCollector._exports(snap.stats[0] if snap.stats else None)
 

@@ -173,14 +173,26 @@ class TableLifecycleInfo(Struct, forbid_unknown_fields=True):
     dropped: Annotated[Count, Meta(description="Key updates dropped: no row, not admitted.")]
 
 
+class StalenessInfo(Struct, forbid_unknown_fields=True):
+    """How stale the table's async pushes were, over its shards (pushes
+    applied between a gradient's pull and its push)."""
+
+    pushes: Annotated[Count, Meta(description="Pushes whose staleness was counted.")]
+    mean: Annotated[float, Meta(ge=0)] | None
+    down_weighted: Annotated[Count, Meta(description="Pushes scaled down past max_staleness.")]
+    max_staleness: Count | None
+
+
 class TableInfo(Struct, forbid_unknown_fields=True):
     declared: Annotated[bool, Meta(description="Whether the shards hold the table.")]
     features: Count
     bytes: Count
     dim: Annotated[int, Meta(ge=1)]
     optimizer: dict[str, Any]
+    mode: Annotated[Literal["async", "geo"], Meta(description="How workers update it.")]
     version: int | UnsetType = UNSET
     lifecycle: TableLifecycleInfo | UnsetType = UNSET
+    staleness: StalenessInfo | UnsetType = UNSET
 
 
 class DeadLetters(Struct, forbid_unknown_fields=True):

@@ -23,7 +23,7 @@ from ps_core.checkpoint.manifest import check_model_name
 from ps_core.errors import TableConfigError
 from ps_core.net.limits import PortLimits, RpcLimits
 from ps_core.store.lifecycle import SPEC_KEYS, Lifecycle
-from ps_core.store.table import TableConfig
+from ps_core.store.table import MODES, TableConfig
 
 from .declared import SettingsError, add_flags, load, setting
 from .logs import LEVELS
@@ -346,6 +346,31 @@ class WorkerSettings:
     model_name: str = setting(
         "ctr", env="CTRPS_MODEL_NAME", flag="--model-name", help="model name: table prefix and feature namespace"
     )
+    mode: str = setting(
+        "async",
+        env="CTRPS_MODE",
+        flag="--mode",
+        help="update mode: push gradients applied as they arrive (async), or train a local copy and push "
+        "parameter differences every --geo-steps mini-batches (geo); every worker of a model must agree",
+        choices=MODES,
+    )
+    geo_steps: int = setting(
+        8, env="CTRPS_GEO_STEPS", flag="--geo-steps", help="geo: mini-batches trained locally between pushes"
+    )
+    geo_max_rows: int = setting(
+        1_000_000,
+        env="CTRPS_GEO_MAX_ROWS",
+        flag="--geo-max-rows",
+        help="geo: most rows of the local copy kept past a round (rows not trained in it go first)",
+    )
+    max_staleness: int = setting(
+        -1,
+        env="CTRPS_MAX_STALENESS",
+        flag="--max-staleness",
+        help="async: down-weight a gradient computed from rows more than N pushes old by (1+N)/(1+staleness); "
+        "-1 counts staleness without bounding it",
+        shown_default="-1 (unbounded)",
+    )
     decode_processes: int = setting(
         1,
         env="CTRPS_DECODE_PROCESSES",
@@ -395,6 +420,14 @@ class WorkerSettings:
             raise SettingsError(f"model {self.model!r} is not lr or fm")
         if not self.window_seconds > 0 or self.window_events < 1 or self.mini_batch < 1:
             raise SettingsError("window seconds, window events and mini-batch must be positive")
+        if self.mode not in MODES:
+            raise SettingsError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.geo_steps < 1 or self.geo_max_rows < 1:
+            raise SettingsError("geo steps and geo max rows must be >= 1")
+        if self.max_staleness < -1 or self.max_staleness >= 2**31:
+            raise SettingsError("max staleness must be -1 (unbounded) or a number of pushes in [0, 2**31)")
+        if self.max_staleness >= 0 and self.mode != "async":
+            raise SettingsError(f"--max-staleness bounds async updates; mode {self.mode} has no staleness bound")
         if self.decode_processes < 0:
             raise SettingsError("decode processes must be >= 0")
         if self.session_timeout_ms < 1000:
@@ -408,6 +441,11 @@ class WorkerSettings:
     def dlq(self) -> str:
         """The dead-letter topic in effect."""
         return self.dlq_topic or f"{self.topic}.dlq"
+
+    @property
+    def staleness_bound(self) -> int | None:
+        """`max_staleness` as the model declares it (None: unbounded)."""
+        return None if self.max_staleness < 0 else self.max_staleness
 
     def worker_config(self, kafka: KafkaSecurity = KafkaSecurity()) -> WorkerConfig:
         """The worker's `WorkerConfig`: every setting the two share by name,

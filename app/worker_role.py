@@ -42,7 +42,7 @@ async def run_worker(
     security = security or SecuritySettings()
     tls = security.client_tls()
     config = settings.worker_config(kafka)
-    model = make_model(settings.model, settings.model_name)
+    model = make_model(settings.model, settings.model_name, mode=settings.mode, max_staleness=settings.staleness_bound)
     worker_id = default_worker_id()
     log_event(
         log,
@@ -53,6 +53,7 @@ async def run_worker(
         shards=len(settings.shards),
         model=settings.model,
         name=settings.model_name,
+        mode=settings.mode,
         on_stale_offsets=settings.on_stale_offsets,
         **kafka.fields(),
     )

@@ -60,9 +60,11 @@ log = progress_log("bench_worker")
 """One progress line on stderr."""
 
 
-async def preload(bootstrap: str, topic: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Produce n synthetic events; returns their p_true and labels."""
-    stream = SyntheticStream(seed=seed)
+async def preload(
+    bootstrap: str, topic: str, n: int, seed: int, events_per_s: float = 1000.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Produce n synthetic events (`events_per_s` of event time); returns their p_true and labels."""
+    stream = SyntheticStream(seed=seed, events_per_s=events_per_s)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
     await producer.start()
     p_true: list[float] = []

@@ -61,9 +61,11 @@ from ps_core.checkpoint.coordinator import Offsets
 from ps_core.checkpoint.stream import StreamIdentity, stream_mismatch
 from ps_core.errors import CutInProgressError, NoCoordinatorError, PSError
 from ps_core.model.batch import EventBatch
+from ps_core.model.geo import GeoCopy
 from ps_core.model.metrics import Metrics, evaluate
 from ps_core.model.models import BatchPlan, Model, sigmoid
 from ps_core.net.client import PSClient, Routed
+from ps_core.store.table import MODES
 
 from .broker import broker_listening
 from .collector import fewer_collections
@@ -163,7 +165,13 @@ class WorkerConfig:
     heartbeat_interval_ms: int = 1_000
     """Kafka heartbeat interval."""
     mode: str = "async"
-    """Update mode; ``async`` for now."""
+    """Update mode (`ps_core.store.table.MODES`): ``async`` or ``geo``; the
+    model's tables must be declared with the same."""
+    geo_steps: int = 8
+    """Geo: mini-batches trained on the local copy between pushes of its
+    differences (a window's end pushes too)."""
+    geo_max_rows: int = 1_000_000
+    """Geo: most rows the local copy keeps past a round (stale rows go first)."""
     worker_id: str = ""
     """Name in leases and logs; default ``<host>-<pid>``."""
     on_stale_offsets: str = "committed"
@@ -182,8 +190,10 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.on_stale_offsets not in STALE_POLICIES:
             raise ValueError(f"on_stale_offsets {self.on_stale_offsets!r} is not one of {', '.join(STALE_POLICIES)}")
-        if self.mode != "async":
-            raise ValueError(f"update mode {self.mode!r} is not available; use async")
+        if self.mode not in MODES:
+            raise ValueError(f"update mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.geo_steps < 1 or self.geo_max_rows < 1:
+            raise ValueError("geo_steps and geo_max_rows must be >= 1")
         if self.window_seconds <= 0 or self.window_events < 1 or self.mini_batch < 1:
             raise ValueError("window_seconds, window_events and mini_batch must be positive")
         if self.outage_deadline_s < 0 or not self.outage_log_every_s > 0:
@@ -248,6 +258,8 @@ class WorkerStats:
     """Outages waited out (or being waited out): a shard, the coordinator or the broker unreachable."""
     outage_seconds: float = 0.0
     """Seconds spent waiting in outages that ended."""
+    geo_rounds: int = 0
+    """Geo: pushes of the local copy's differences."""
     windows_replayed: int = 0
     """Windows that failed part-way in an outage: their partitions resumed from
     the window's first offsets, so that window is trained again."""
@@ -308,12 +320,18 @@ class Worker:
         """`client` pulls and pushes; `control` declares the model's tables
         and takes leases from the coordinator. `on_window` is awaited after each window is committed (metrics,
         status reports); an exception from it is logged, never stops training."""
+        if model.mode != config.mode:
+            raise ValueError(
+                f"the model's tables are declared for mode {model.mode}, the worker runs mode {config.mode}"
+            )
         self.config = config
         self.client = client
         self.control = control
         self.model = model
         self.on_window = on_window
         self.stats = WorkerStats()
+        self.geo = GeoCopy(model.tables(), max_rows=config.geo_max_rows) if config.mode == "geo" else None
+        """Geo mode: the rows this worker trains locally (None in async)."""
         self._builder = WindowBuilder(config.window_seconds, config.window_events)
         self._lock = asyncio.Lock()  # one window applies at a time (revoke waits for it)
         self._consumer: Any = None
@@ -522,6 +540,8 @@ class Worker:
                 self._consumer.seek(TopicPartition(topic, p), off)
                 moved[p] = off
         self.stats.windows_replayed += 1
+        if self.geo is not None:  # its bases may not be what the shards hold now
+            self.geo.clear()
         log.warning(
             "window failed in an outage: not committed, its partitions resume from its first offsets",
             extra={
@@ -1006,7 +1026,7 @@ class Worker:
             committed: Offsets = {}
             try:
                 t_train = time.perf_counter()
-                metrics = await self._train_pieces(pieces(), window)
+                metrics = await (self._train_geo if self.geo is not None else self._train_pieces)(pieces(), window)
                 t_trained = time.perf_counter()
                 # Dead letters go out before the commit that passes their offsets.
                 assert self._dlq is not None
@@ -1128,6 +1148,78 @@ class Worker:
         self.stats.events_trained += trained
         return evaluate(np.concatenate(predicted), np.concatenate(labels))
 
+    async def _train_geo(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
+        """Geo mode: mini-batches trained on the local copy (`GeoCopy`), its
+        differences pushed every `geo_steps` mini-batches and at the window's
+        end, so the window's commit covers every update it made.
+
+        Progressive validation as in async: each event is predicted by the
+        local copy before its mini-batch trains it."""
+        geo = self.geo
+        assert geo is not None
+        names = self.model.table_names
+        predicted: list[npt.NDArray[np.float64]] = []
+        labels: list[npt.NDArray[np.float32]] = []
+        scale = self._geo_scale()
+        steps = trained = 0
+        last_ts = -np.inf  # the round's latest event time
+        async for sub in self._mini_batches(pieces):
+            plan = self.model.plan(sub)
+            rows, need = geo.locate(plan.keys)
+            if need.any():
+                routed = self.client.route(plan.keys[need])
+                pulled = await _per_table([self.client.pull(t, routed) for t in names])
+                rows = geo.take(plan.keys, rows, need, dict(zip(names, pulled)))
+            weights = geo.weights(rows)
+            p = sigmoid(self.model.logits(sub, plan, weights))
+            predicted.append(p)
+            labels.append(sub.labels)
+            trained += sub.size
+            geo.train(
+                rows, self.model.gradients(sub, plan, weights, (p - sub.labels) * sub.weights), plan.counts(sub.labels)
+            )
+            ts = sub.ts[np.isfinite(sub.ts)]
+            last_ts = max(last_ts, float(ts.max())) if ts.size else last_ts
+            steps += 1
+            if steps % self.config.geo_steps == 0:
+                await self._geo_push(scale, last_ts if np.isfinite(last_ts) else window.last_ts_ms / 1000.0)
+                last_ts = -np.inf
+            await asyncio.sleep(0)  # in-process shards never suspend: let the fetcher run
+        if steps % self.config.geo_steps:
+            await self._geo_push(scale, last_ts if np.isfinite(last_ts) else window.last_ts_ms / 1000.0)
+        self.stats.events_trained += trained
+        if not predicted:
+            return evaluate(np.empty(0), np.empty(0, dtype=np.float32))
+        return evaluate(np.concatenate(predicted), np.concatenate(labels))
+
+    async def _geo_push(self, scale: float, event_time: float) -> None:
+        """Push the local copy's differences since the last push and take the
+        shards' merged weights back (one push-pull per table and shard)."""
+        geo = self.geo
+        assert geo is not None
+        names = self.model.table_names
+        d = geo.deltas(scale)
+        if d.keys.size:
+            routed = self.client.route(d.keys)
+            got = await _per_table(
+                [
+                    self.client.push_pull(
+                        t, routed, d.values[t], pull_keys=routed, counts=d.counts, event_time=event_time
+                    )
+                    for t in names
+                ]
+            )
+            geo.merge(d.rows, {t: w for t, (_, w) in zip(names, got)})
+        geo.end_round(d.rows)
+        self.stats.geo_rounds += 1
+
+    def _geo_scale(self) -> float:
+        """What a geo worker's differences are scaled by: its share of the
+        topic's partitions (1/workers when they are spread evenly)."""
+        total = self._consumer.partitions_for_topic(self.config.topic) if self._consumer is not None else None
+        owned = sum(1 for tp in self._consumer.assignment() if tp.topic == self.config.topic) if total else 0
+        return owned / len(total) if total and owned else 1.0
+
     async def _commit(self, window: Window) -> Offsets:
         """Commit the window's offsets for partitions still owned; returns what was committed."""
         owned = self._consumer.assignment()
@@ -1183,6 +1275,8 @@ class Worker:
         moved = {str(p): o for p, o in (await self._resume(list(owned), rewind=True)).items()}
         self._epoch = epoch
         self.stats.rewinds += 1
+        if self.geo is not None:  # the shards went back to a cut
+            self.geo.clear()
         log.warning("coordinator restarted: rewound", extra={"fields": {"epoch": epoch, "offsets": moved}})
 
     async def _release(self, lease_id: int, committed: Offsets) -> None:

@@ -105,6 +105,14 @@ class TableConflictError(PSError, code="table_conflict", status=409):
     """A table is declared again with a configuration different from the one it
     has. Declarations are idempotent only for identical configurations."""
 
+    exit_code = 1  # a worker started with other flags than its model's: one line, not a traceback
+
+
+class ModeConflictError(TableConflictError, code="mode_conflict", status=409):
+    """A worker declares a model's tables with another update mode (or
+    staleness bound) than the model was created with: all workers of a model
+    must agree, so a worker with another mode is refused."""
+
 
 class StatusError(PSError, code="bad_status", status=400):
     """A status report for the shard's status board is malformed (not a JSON
@@ -230,6 +238,7 @@ _BY_CODE: dict[str, type[PSError]] = {
         WrongShardError,
         UnknownTableError,
         TableConfigError,
+        ModeConflictError,
         TableConflictError,
         StatusError,
         LeaseError,

@@ -535,6 +535,9 @@ async def test_model_info_and_metrics_report_what_was_trained(make_api: MakeApi)
     assert {t: info["tables"][t]["features"] for t in features} == features
     assert info["tables"]["ctr_v"]["dim"] == 8 and info["tables"]["ctr_v"]["optimizer"]["name"] == "adagrad"
     assert info["tables"]["ctr_w"]["optimizer"]["name"] == "ftrl" and info["tables"]["ctr_w"]["declared"]
+    # One trainer, pulling before each push: 3 pushes per table and shard, none stale.
+    assert info["tables"]["ctr_v"]["mode"] == "async"
+    assert info["tables"]["ctr_v"]["staleness"] == {"pushes": 6, "mean": 0.0, "down_weighted": 0, "max_staleness": None}
     assert info["features"] == sum(features.values())
     assert info["bytes"] == sum(t.memory_bytes() for s in api.shards for t in s.tables.values())
     assert (info["events_trained"], info["records_consumed"], info["windows"]) == (127, 130, 3)
@@ -563,6 +566,11 @@ async def test_model_info_and_metrics_report_what_was_trained(make_api: MakeApi)
     assert m[("ctrps_window_seconds_bucket", (("le", "1.0"), ("worker", "w-a")))] == 2
     assert m[("ctrps_window_seconds_bucket", (("le", "0.5"), ("worker", "w-a")))] == 0
     assert m[("ctrps_progressive_auc", (("worker", "w-b"),))] == 1.0
+    for shard in ("0", "1"):
+        labels = (("shard", shard), ("table", "ctr_w"))
+        assert m[("ctrps_table_push_staleness_count", labels)] == 3
+        assert m[("ctrps_table_push_staleness_bucket", (("le", "0"), *labels))] == 3
+        assert m[("ctrps_table_pushes_down_weighted_total", labels)] == 0
     assert m[("ctrps_predict_seconds_count", ())] == 3
     assert m[("ctrps_predict_events_total", ())] == 12
     assert m[("ctrps_http_requests_total", (("route", "/v1/predict"), ("status", "200")))] == 3

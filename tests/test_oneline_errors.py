@@ -527,3 +527,27 @@ def test_export_errors_are_one_line_in_the_chosen_format(fmt: str) -> None:
     assert out.returncode == 1
     line = one_error_line(out, fmt)
     assert "unreachable" in (line["msg"] if isinstance(line, dict) else line)
+
+
+@pytest.mark.parametrize("flags", [("--mode", "geo"), ("--max-staleness", "4")])
+async def test_a_worker_in_another_mode_than_its_model_is_refused_in_one_line(
+    flags: tuple[str, str], kafka_bootstrap: str
+) -> None:
+    one = Shard(ShardSpec(0, 1), make_model("lr", "ctr").tables())  # the model, in async
+    port = free_port()
+    runner = await start_shard_site(create_shard_app(one), "127.0.0.1", port)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli", "worker", "--bootstrap", kafka_bootstrap,
+            "--shards", f"http://127.0.0.1:{port}", "--decode-processes", "0", *flags,
+            cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        await runner.cleanup()
+    out = subprocess.CompletedProcess([], proc.returncode, "", err.decode())
+    assert out.returncode == 1, out.stderr
+    line = one_error_line(out, "text")
+    assert "updated in mode async" in str(line) and "same --mode" in str(line), line
+    assert one.tables["ctr_w"].config.mode == "async"

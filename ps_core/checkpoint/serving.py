@@ -19,7 +19,6 @@ import numpy as np
 import numpy.typing as npt
 
 from ..store.lifecycle import Lifecycle
-from ..store.optim import make_optimizer
 from ..store.table import TableConfig, TableSnapshot
 from .manifest import ExportManifest, serving_file_name
 
@@ -43,7 +42,7 @@ def serving_config(config: TableConfig) -> TableConfig:
 
 def serving_arrays(snap: TableSnapshot) -> dict[str, npt.NDArray[Any]]:
     """A snapshot's serving file members: keys, the weights its state reads as, deletions."""
-    weights = make_optimizer(snap.config.optimizer).weights(snap.data, snap.config.dim)
+    weights = snap.config.row_rule().weights(snap.data, snap.config.dim)
     return {"keys": snap.keys, "weights": np.ascontiguousarray(weights, dtype=np.float32), "deleted": snap.deleted}
 
 

@@ -94,6 +94,11 @@ class Model(ABC):
     def table_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tables())
 
+    @property
+    def mode(self) -> str:
+        """How workers update the model (its tables' `TableConfig.mode`)."""
+        return self.tables()[0].mode
+
     def plan(self, batch: EventBatch) -> BatchPlan:
         """Distinct ids of `batch` and the occurrence → id map."""
         keys, inverse = distinct(batch.keys)
@@ -117,9 +122,19 @@ class LogisticRegression(Model):
 
     One table, ``<name>_w``, dim 1."""
 
-    def __init__(self, name: str = "ctr", optimizer: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "ctr",
+        optimizer: dict[str, Any] | None = None,
+        *,
+        mode: str = "async",
+        max_staleness: int | None = None,
+    ) -> None:
+        """`mode` and `max_staleness`: how workers update it (`TableConfig`)."""
         self.name = name
-        self._table = TableConfig(f"{name}_w", 1, dict(optimizer or DEFAULT_LINEAR_OPTIMIZER))
+        self._table = TableConfig(
+            f"{name}_w", 1, dict(optimizer or DEFAULT_LINEAR_OPTIMIZER), mode=mode, max_staleness=max_staleness
+        )
 
     def tables(self) -> tuple[TableConfig, ...]:
         return (self._table,)
@@ -148,17 +163,23 @@ class FactorizationMachine(Model):
         embedding_optimizer: dict[str, Any] | None = None,
         init_scale: float = 0.01,
         seed: int = 0,
+        *,
+        mode: str = "async",
+        max_staleness: int | None = None,
     ) -> None:
+        """`mode` and `max_staleness`: how workers update it (`TableConfig`)."""
         self.name = name
         self.k = k
         opt = dict(optimizer or DEFAULT_LINEAR_OPTIMIZER)
-        self._w = TableConfig(f"{name}_w", 1, opt)
+        self._w = TableConfig(f"{name}_w", 1, opt, mode=mode, max_staleness=max_staleness)
         self._v = TableConfig(
             f"{name}_v",
             k,
             dict(embedding_optimizer or {"name": "adagrad", "lr": 0.05}),
             init_scale=init_scale,
             seed=seed,
+            mode=mode,
+            max_staleness=max_staleness,
         )
 
     def tables(self) -> tuple[TableConfig, ...]:

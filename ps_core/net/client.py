@@ -32,7 +32,7 @@ import itertools
 import secrets
 import ssl as ssl_
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
@@ -64,6 +64,10 @@ class Routed:
     """Each shard's slice of the grouped keys."""
     by_shard: U64
     """The keys grouped by shard (``keys[order]``)."""
+    clocks: dict[str, list[int]] = field(default_factory=dict)
+    """Per table, each shard's clock when a `PSClient` pulled these keys: the
+    push of gradients computed from that pull carries it back, and the
+    shard counts how stale they were (`ps_core.store.staleness`)."""
 
 
 class PSReader(ShardGroup[T]):
@@ -171,6 +175,23 @@ class PSClient(PSReader[ShardTransport]):
             [LocalTransport(s, routed=(s.spec.shard_id, s.spec.num_shards) == (i, n)) for i, s in enumerate(shards)]
         )
 
+    async def pull(self, table: str, keys: npt.ArrayLike | Routed) -> F32:
+        """Weights (n, dim) of `keys` (or a `route` of them), in their order.
+        A `Routed` keeps each shard's table clock, for the push of the
+        gradients computed from these weights."""
+        if not isinstance(keys, Routed):
+            return await super().pull(table, keys)
+        r = keys
+        jobs = _pull_jobs(r)
+        results: list[Pulled] = await fan_out(
+            [self.transports[i].pull_versioned(table, r.by_shard[p], False) for i, p in jobs]
+        )
+        clocks = [0] * self.num_shards
+        for (i, _), x in zip(jobs, results):
+            clocks[i] = x.clock
+        r.clocks[table] = clocks
+        return _reassemble(r, [x.weights for x in results])
+
     async def push(
         self,
         table: str,
@@ -195,8 +216,9 @@ class PSClient(PSReader[ShardTransport]):
         if k.size == 0:
             return 0
         rid = self.new_request_id() if request_id is None else request_id
+        base = r.clocks.get(table) or [0] * self.num_shards
         coros = [
-            self.transports[i].push(Push(table, k[p], g[p], None if c is None else c[p], event_time, rid))
+            self.transports[i].push(Push(table, k[p], g[p], None if c is None else c[p], event_time, rid, base[i]))
             for i, p in enumerate(r.parts)
             if p.stop > p.start
         ]
@@ -233,21 +255,34 @@ class PSClient(PSReader[ShardTransport]):
                 raise ValueError(f"{name} were routed for {len(r.parts)} shards, this client has {self.num_shards}")
         k, g, c = _push_arrays(pr, grads, counts)
         rid = self.new_request_id() if request_id is None else request_id
-        jobs = [i for i, (p, q) in enumerate(zip(pr.parts, qr.parts)) if p.stop > p.start or q.stop > q.start]
+        base = pr.clocks.get(table) or [0] * self.num_shards
+        jobs = [i for i, (p, q) in enumerate(zip(pr.parts, qr.parts)) if p.stop > p.start or q.stop > q.start] or [0]
         # Nothing at all to send still asks shard 0, which answers with the
         # table's dim (and an unknown table's error), as an empty pull does.
-        results: list[tuple[int, F32]] = await fan_out(
+        results: list[tuple[int, F32, int]] = await fan_out(
             [
                 self.transports[i].push_pull(
-                    Push(table, k[pr.parts[i]], g[pr.parts[i]], None if c is None else c[pr.parts[i]], event_time, rid),
+                    Push(
+                        table,
+                        k[pr.parts[i]],
+                        g[pr.parts[i]],
+                        None if c is None else c[pr.parts[i]],
+                        event_time,
+                        rid,
+                        base[i],
+                    ),
                     qr.by_shard[qr.parts[i]],
                 )
-                for i in jobs or [0]
+                for i in jobs
             ]
         )
+        clocks = [0] * self.num_shards
+        for i, (_, _, clock) in zip(jobs, results):
+            clocks[i] = clock
+        qr.clocks[table] = clocks
         # Every reply's weights have the table's dim, empty or not, so all
         # concatenate (in shard order) into the pull's grouped order.
-        return sum(a for a, _ in results), _reassemble(qr, [w for _, w in results])
+        return sum(a for a, _, _ in results), _reassemble(qr, [w for _, w, _ in results])
 
     def new_request_id(self) -> int:
         """A fresh push id, unique to this client."""

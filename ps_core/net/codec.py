@@ -18,8 +18,12 @@ arrays::
     12     4     dim: values per key (0 in a pull request and a push ack; a
                  push_pull request's push dim, which may be 0 when n = 0)
     16     8     event_time, float64 seconds (push, push_pull; 0 = the shard's clock)
-    24     8     version, uint64: the table's open export version (replies)
-    32     8     request_id, uint64: a push's id for retry dedup (0 = none)
+    24     8     uint64: in replies, version: the table's open export version;
+                 in push and push_pull requests, base clock: the table clock
+                 of the pull the gradients were computed from (0 = unknown)
+    32     8     uint64: in requests, request_id: a push's id for retry dedup
+                 (0 = none); in weights and push_pull replies, clock: the
+                 table's clock (pushes applied) when the weights were read
     40     2     name length L (bytes of UTF-8)
     42     2     reserved, zero
     44     4     count m: pull keys in a push_pull request, distinct keys
@@ -38,6 +42,12 @@ A push_pull request is a push of n keys and a pull of m keys of the same
 table in one frame; the shard applies the push, then answers the pull, as a
 push request followed by a pull request would. Its two key arrays come
 before the float32 sections so that both stay 8-byte aligned whatever n·d is.
+
+The clocks let a shard count how stale each applied gradient is (pushes
+applied to the table between the pull and the push). They were added within
+format version 1 in bytes that every earlier writer zeroed in those frames
+and no reader checked: an older peer sends 0 (unknown: not counted) and
+ignores what it receives.
 
 Ops 5 and 6 were added within format version 1: every earlier frame still
 decodes unchanged (its writers zeroed bytes 42..47, which were reserved), and
@@ -109,6 +119,10 @@ class Op:
 
 
 _OPS = {Op.PULL, Op.PUSH, Op.WEIGHTS, Op.ACK, Op.PUSH_PULL, Op.PUSH_PULL_REPLY}
+_CLOCKED_REQUESTS = (Op.PUSH, Op.PUSH_PULL)
+"""Requests whose bytes 24..31 hold the base clock."""
+_CLOCKED_REPLIES = (Op.WEIGHTS, Op.PUSH_PULL_REPLY)
+"""Replies whose bytes 32..39 hold the table's clock."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,10 @@ class Frame:
     """(m,) uint64 keys of a push_pull request's pull, else None."""
     applied: int = 0
     """Distinct keys a push_pull's push applied (push_pull reply), else 0."""
+    clock: int = 0
+    """Push and push_pull requests: the base clock (the table clock their
+    gradients were read at); weights and push_pull replies: the table's clock
+    at the read; 0 elsewhere or when unknown."""
 
 
 def _pad8(n: int) -> int:
@@ -164,12 +182,21 @@ def encode(
     present: npt.NDArray[np.bool_] | None = None,
     pull_keys: npt.NDArray[np.uint64] | None = None,
     applied: int = 0,
+    clock: int = 0,
 ) -> bytes:
     """Encode one frame; arrays are converted to little-endian as needed.
 
     `presence` flags a pull that asks for presence; `present` is the reply's
     presence array (and sets the flag). `pull_keys` (a push_pull request) and
-    `applied` (a push_pull reply) fill count m at offset 44."""
+    `applied` (a push_pull reply) fill count m at offset 44. `clock` goes
+    where the op carries it (the module docstring)."""
+    if clock:
+        if op in _CLOCKED_REQUESTS:
+            version = clock
+        elif op in _CLOCKED_REPLIES:
+            request_id = clock
+        else:
+            raise FrameError(f"op {op} carries no clock")
     name = table.encode("utf-8")
     if len(name) > MAX_NAME:
         raise FrameError(f"table name longer than {MAX_NAME} bytes")
@@ -221,8 +248,10 @@ def encode_push(
     counts: npt.NDArray[np.float32] | None = None,
     event_time: float = 0.0,
     request_id: int = 0,
+    base_clock: int = 0,
 ) -> bytes:
-    """A push request: keys, gradients (n, dim) and optional shows/clicks."""
+    """A push request: keys, gradients (n, dim) and optional shows/clicks;
+    `base_clock`, the table clock the gradients were computed at."""
     return encode(
         Op.PUSH,
         table,
@@ -231,6 +260,7 @@ def encode_push(
         counts=counts,
         event_time=event_time,
         request_id=request_id,
+        clock=base_clock,
     )
 
 
@@ -239,10 +269,12 @@ def encode_weights(
     weights: npt.NDArray[np.float32],
     version: int,
     present: npt.NDArray[np.bool_] | None = None,
+    clock: int = 0,
 ) -> bytes:
     """A pull reply: weights (n, dim) in the order of the request's keys, and
-    the presence of each key when the pull asked for it."""
-    return encode(Op.WEIGHTS, table, values=weights, version=version, present=present)
+    the presence of each key when the pull asked for it; `clock`, the
+    table's clock at the read."""
+    return encode(Op.WEIGHTS, table, values=weights, version=version, present=present, clock=clock)
 
 
 def encode_ack(table: str, applied: int, version: int) -> bytes:
@@ -259,10 +291,12 @@ def encode_push_pull(
     counts: npt.NDArray[np.float32] | None = None,
     event_time: float = 0.0,
     request_id: int = 0,
+    base_clock: int = 0,
 ) -> bytes:
     """A push_pull request: push `keys` with `grads` (n, dim) and optional
-    shows/clicks, then pull `pull_keys`. Either part may be empty; an empty
-    push is skipped by the shard (its dim is not checked)."""
+    shows/clicks (computed at table clock `base_clock`), then pull
+    `pull_keys`. Either part may be empty; an empty push is skipped by the
+    shard (its dim is not checked)."""
     g = np.asarray(grads)
     rows = g.shape[0] if g.ndim else 0
     if rows != np.asarray(keys).size or (counts is not None and np.asarray(counts).size != 2 * rows):
@@ -281,13 +315,16 @@ def encode_push_pull(
         counts=counts,
         event_time=event_time,
         request_id=request_id,
+        clock=base_clock,
     )
 
 
-def encode_push_pull_reply(table: str, applied: int, weights: npt.NDArray[np.float32], version: int) -> bytes:
+def encode_push_pull_reply(
+    table: str, applied: int, weights: npt.NDArray[np.float32], version: int, clock: int = 0
+) -> bytes:
     """A push_pull reply: distinct keys the push applied, and the pull's
-    weights (m, dim) in the order of its keys."""
-    return encode(Op.PUSH_PULL_REPLY, table, values=weights, version=version, applied=applied)
+    weights (m, dim) in the order of its keys, read at table clock `clock`."""
+    return encode(Op.PUSH_PULL_REPLY, table, values=weights, version=version, applied=applied, clock=clock)
 
 
 _A = TypeVar("_A", bound=np.ndarray)
@@ -378,6 +415,11 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         if (raw > 1).any():
             raise FrameError("presence bytes must be 0 or 1")
         present = _readonly(raw.view(np.bool_))
+    clock = 0
+    if op in _CLOCKED_REQUESTS:
+        clock, version = version, 0
+    elif op in _CLOCKED_REPLIES:
+        clock, request_id = request_id, 0
     return Frame(
         op=op,
         table=table,
@@ -389,6 +431,7 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         event_time=float(event_time),
         version=int(version),
         request_id=int(request_id),
+        clock=int(clock),
         presence=has_presence,
         present=present,
         pull_keys=pull_keys,

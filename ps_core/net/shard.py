@@ -34,6 +34,7 @@ from ..errors import (
     CutNotJoinedError,
     FrameError,
     InvalidValuesError,
+    ModeConflictError,
     ShardNotJoinedError,
     SnapshotError,
     StatusError,
@@ -65,12 +66,20 @@ class Push(NamedTuple):
     """Sets the rows' ``last_seen`` (0: now)."""
     request_id: int = 0
     """The push's id: a shard applies one id once (0: no id)."""
+    base_clock: int = 0
+    """The table clock of the pull its gradients were computed from (0:
+    unknown); the shard counts the staleness (`ps_core.store.staleness`)."""
 
 
 def _push_of(frame: codec.Frame) -> Push:
     """The push a PUSH or PUSH_PULL frame carries."""
     assert frame.keys is not None and frame.values is not None
-    return Push(frame.table, frame.keys, frame.values, frame.counts, frame.event_time, frame.request_id)
+    return Push(frame.table, frame.keys, frame.values, frame.counts, frame.event_time, frame.request_id, frame.clock)
+
+
+def _mode_of(config: TableConfig) -> str:
+    """A table's mode as a worker's flags say it (``async, max_staleness 8``)."""
+    return config.mode if config.max_staleness is None else f"{config.mode}, max_staleness {config.max_staleness}"
 
 
 @dataclass(frozen=True)
@@ -225,6 +234,12 @@ class Shard:
         """
         existing = self.tables.get(config.name)
         if existing is not None:
+            had, asked = existing.config, config
+            if (had.mode, had.max_staleness) != (asked.mode, asked.max_staleness):
+                raise ModeConflictError(
+                    f"table {config.name} is updated in mode {_mode_of(had)}; a worker declared it with mode "
+                    f"{_mode_of(asked)}: every worker of a model must run the same --mode (and --max-staleness)"
+                )
             if not existing.config.accepts(config):
                 raise TableConflictError(
                     f"table {config.name} exists with {existing.config.to_dict()}, "
@@ -343,7 +358,13 @@ class Shard:
         if request_id and request_id in self._recent_pushes:
             self.duplicate_pushes += 1
             return self._recent_pushes[request_id], t.version
+        staleness = t.staleness.of(t.clock, push.base_clock) if t.config.mode == "async" else None
+        factor = t.staleness.factor(staleness)
+        if factor != 1.0:
+            grads = grads * np.float32(factor)
         applied = t.push(push.keys, grads, counts=push.counts, event_time=push.event_time or None)
+        if t.config.mode == "async":  # counted once applied: a refused push is not
+            t.staleness.record(staleness)
         if request_id:
             self._recent_pushes[request_id] = applied
             if len(self._recent_pushes) > self._dedup_window:
@@ -383,14 +404,15 @@ class Shard:
             assert frame.keys is not None
             weights, version = self.handle_pull(frame.table, frame.keys)
             present = self.contains(frame.table, frame.keys) if frame.presence else None
-            return codec.encode_weights(frame.table, weights, version, present)
+            return codec.encode_weights(frame.table, weights, version, present, self.tables[frame.table].clock)
         if frame.op == codec.Op.PUSH:
             applied, version = self.handle_push(_push_of(frame))
             return codec.encode_ack(frame.table, applied, version)
         if frame.op == codec.Op.PUSH_PULL:
             assert frame.pull_keys is not None
             applied, weights, version = self.handle_push_pull(_push_of(frame), frame.pull_keys)
-            return codec.encode_push_pull_reply(frame.table, applied, weights, version)
+            clock = self.tables[frame.table].clock
+            return codec.encode_push_pull_reply(frame.table, applied, weights, version, clock)
         raise FrameError(f"op {frame.op} is a reply, not a request")
 
     # -- export cuts -------------------------------------------------------------
@@ -501,6 +523,7 @@ class Shard:
                     "version": t.version,
                     "config": t.config.to_dict(),
                     "lifecycle": t.lifecycle_stats(),
+                    "staleness": t.staleness.stats(),
                 }
                 for name, t in self.tables.items()
             },

@@ -120,6 +120,9 @@ class Lifecycle(Struct, forbid_unknown_fields=True):
     embed_from: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{0,64}\Z")] | UnsetType = UNSET
 
 
+Mode = Annotated[Literal["async", "geo"], Meta(description="How workers update the model (TableConfig.mode).")]
+
+
 class Table(Struct, forbid_unknown_fields=True):
     """A declared table; its optimizer with the defaults filled in, its
     lifecycle when it has rules."""
@@ -130,6 +133,8 @@ class Table(Struct, forbid_unknown_fields=True):
     init_scale: Annotated[float, Meta(ge=0, le=MAX_INIT_SCALE)]
     seed: Annotated[int, Meta(ge=0, le=MAX_INT)]
     lifecycle: Lifecycle | UnsetType = UNSET
+    mode: Mode = "async"
+    max_staleness: Annotated[int, Meta(ge=0, le=2**31 - 1)] | UnsetType = UNSET
 
 
 class TableDeclaration(Struct, forbid_unknown_fields=True):
@@ -141,6 +146,8 @@ class TableDeclaration(Struct, forbid_unknown_fields=True):
     init_scale: Annotated[float, Meta(ge=0, le=MAX_INIT_SCALE)] | UnsetType = UNSET
     seed: Annotated[int, Meta(ge=0, le=MAX_INT)] | UnsetType = UNSET
     lifecycle: Lifecycle | UnsetType = UNSET
+    mode: Mode | UnsetType = UNSET
+    max_staleness: Annotated[int, Meta(ge=0, le=2**31 - 1)] | UnsetType = UNSET
 
 
 class Declared(Struct, forbid_unknown_fields=True):
@@ -174,6 +181,20 @@ class TableLifecycle(Struct, forbid_unknown_fields=True):
     admission: Admission | UnsetType = UNSET
 
 
+class Staleness(Struct, forbid_unknown_fields=True):
+    """How stale the async pushes a table applied were (pushes applied
+    between a gradient's pull and its push)."""
+
+    buckets: Annotated[
+        dict[str, Count], Meta(description="Pushes per upper bound of staleness (inclusive), '+Inf' last.")
+    ]
+    count: Count
+    sum: Count
+    unknown: Annotated[Count, Meta(description="Pushes without a usable base clock (geo pushes, older clients).")]
+    down_weighted: Annotated[Count, Meta(description="Pushes scaled down for exceeding max_staleness.")]
+    max_staleness: Count | None
+
+
 class TableStats(Struct, forbid_unknown_fields=True):
     features: Count
     bytes: Count
@@ -182,6 +203,7 @@ class TableStats(Struct, forbid_unknown_fields=True):
     version: Count
     config: Table
     lifecycle: TableLifecycle
+    staleness: Staleness
 
 
 class Stats(Struct):

@@ -43,6 +43,8 @@ class Pulled:
     present: npt.NDArray[np.bool_] | None
     """(n,) whether each key has a row (absent keys read their initial
     value); None unless presence was asked for."""
+    clock: int = 0
+    """The table's clock at the read (`ps_core.store.staleness`; 0: unknown)."""
 
 
 class ShardReader(Protocol):
@@ -62,7 +64,9 @@ class ShardTransport(ShardReader, Protocol):
 
     async def push(self, push: Push) -> int: ...
 
-    async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32]: ...
+    async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32, int]:
+        """(distinct keys applied, the pull's weights, the table's clock at the read)."""
+        ...
 
 
 class LocalTransport:
@@ -81,15 +85,16 @@ class LocalTransport:
         return self.shard.handle_pull(table, keys, owned=self.routed)[0]
 
     async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled:
-        weights, version = self.shard.handle_pull(table, keys)
-        return Pulled(weights, version, self.shard.contains(table, keys) if presence else None)
+        weights, version = self.shard.handle_pull(table, keys, owned=self.routed)
+        present = self.shard.contains(table, keys) if presence else None
+        return Pulled(weights, version, present, self.shard.tables[table].clock)
 
     async def push(self, push: Push) -> int:
         return self.shard.handle_push(push, owned=self.routed)[0]
 
-    async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32]:
+    async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32, int]:
         applied, weights, _ = self.shard.handle_push_pull(push, pull_keys, owned=self.routed)
-        return applied, weights
+        return applied, weights, self.shard.tables[push.table].clock
 
     async def close(self) -> None:
         return None
@@ -182,16 +187,18 @@ class HttpTransport(ShardEndpoint):
         assert frame.values is not None
         if presence and frame.present is None:
             raise FrameError(f"shard {self.shard_id} answered a presence pull without presence")
-        return Pulled(frame.values, frame.version, frame.present)
+        return Pulled(frame.values, frame.version, frame.present, frame.clock)
 
     async def push(self, push: Push) -> int:
-        table, keys, grads, counts, event_time, request_id = push
-        body = codec.encode_push(table, keys, grads, counts=counts, event_time=event_time, request_id=request_id)
+        table, keys, grads, counts, event_time, request_id, base_clock = push
+        body = codec.encode_push(
+            table, keys, grads, counts=counts, event_time=event_time, request_id=request_id, base_clock=base_clock
+        )
         reply = await self._frame_request("/v1/push", body)
         return codec.decode(reply, codec.Op.ACK).count
 
-    async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32]:
-        table, keys, grads, counts, event_time, request_id = push
+    async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32, int]:
+        table, keys, grads, counts, event_time, request_id, base_clock = push
         body = codec.encode_push_pull(
             table,
             keys,
@@ -200,6 +207,7 @@ class HttpTransport(ShardEndpoint):
             counts=counts,
             event_time=event_time,
             request_id=request_id,
+            base_clock=base_clock,
         )
         # Retried like a push, with the same body and so the same request id:
         # a shard that applied the push answers the pull without applying again.
@@ -208,7 +216,7 @@ class HttpTransport(ShardEndpoint):
         assert frame.values is not None
         if frame.count != pull_keys.size:
             raise FrameError(f"shard {self.shard_id} answered {frame.count} rows for {pull_keys.size} pull keys")
-        return frame.applied, frame.values
+        return frame.applied, frame.values, frame.clock
 
     async def close(self) -> None:
         if self._conn is not None:

@@ -34,6 +34,7 @@ __all__ = [
     "SGD",
     "AdaGrad",
     "FTRL",
+    "AddDeltas",
     "make_optimizer",
     "OPTIMIZERS",
     "MIN_POSITIVE",
@@ -84,6 +85,12 @@ class Optimizer(ABC):
     @abstractmethod
     def step(self, rows: F32, grads: F32) -> None:
         """Apply one update to `rows` (n, dim * slots) in place; grads (n, dim)."""
+
+    def set_weights(self, rows: F32, w: F32) -> None:
+        """Make `rows` (n, dim * slots) read as weights `w` (n, dim) in place,
+        keeping the rest of their state (a geo worker's copy takes the
+        shards' merged weights so, its per-coordinate rates intact)."""
+        rows[:, : w.shape[1]] = w
 
 
 class SGD(Optimizer):
@@ -207,6 +214,17 @@ class FTRL(Optimizer):
         out[:, :d] = -w * denom - np.sign(w) * np.float32(self.l1)
         return out
 
+    def set_weights(self, rows: F32, w: F32) -> None:
+        # Solve z for w with the rows' own n. A zero weight keeps its z
+        # (clipped into [-l1, l1], where every z reads as 0), so a feature
+        # held at zero by L1 stays where it was.
+        d = w.shape[1]
+        z, n = rows[:, :d], rows[:, d:]
+        denom = (np.float32(self.beta) + np.sqrt(n)) / np.float32(self.alpha) + np.float32(self.l2)
+        solved = -w * denom - np.sign(w) * np.float32(self.l1)
+        kept = np.clip(z, np.float32(-self.l1), np.float32(self.l1))
+        z[...] = np.where(w == 0, kept, solved)
+
     def step(self, rows: F32, grads: F32, derived: tuple[F32, F32] | None = None) -> None:
         """`Optimizer.step`; `derived`, if given, must be `derive` of `rows`
         as they are now (it is read, not changed)."""
@@ -224,6 +242,22 @@ class FTRL(Optimizer):
         np.subtract(grads, sigma, out=sigma)
         z += sigma
         n[...] = n_new
+
+
+class AddDeltas(Optimizer):
+    """The shards' rule for a geo model: rows are weights and a push adds
+    its values to them (``w += delta``). Workers train with the model's own
+    optimizer on local copies and push parameter differences; not an
+    optimizer a table is declared with (`TableConfig.row_rule`)."""
+
+    name = "add"
+    slots = 1
+
+    def rows_from_weights(self, w: F32) -> F32:
+        return np.array(w, dtype=np.float32, copy=True)
+
+    def step(self, rows: F32, grads: F32) -> None:
+        rows += grads
 
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {c.name: c for c in (SGD, AdaGrad, FTRL)}

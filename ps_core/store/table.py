@@ -43,16 +43,19 @@ from ..parsing import json_int
 from .growth import grow
 from .index import KeyIndex
 from .lifecycle import NO_LIFECYCLE, Admission, Lifecycle, score
-from .optim import FTRL, Optimizer, make_optimizer
+from .optim import FTRL, AddDeltas, Optimizer, make_optimizer
 from .pull_cache import PullCache, Pulled
+from .staleness import StalenessLog
 
-__all__ = ["TableConfig", "SparseTable", "TableSnapshot", "SnapshotKind", "Eviction", "F32", "U32"]
+__all__ = ["MODES", "TableConfig", "SparseTable", "TableSnapshot", "SnapshotKind", "Eviction", "F32", "U32"]
 
 F32 = npt.NDArray[np.float32]
 U32 = npt.NDArray[np.uint32]
 SnapshotKind = Literal["base", "delta"]
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 _NO_KEYS = np.zeros(0, dtype=np.uint64)
+MODES = ("async", "geo")
+"""Update modes a model may be declared with (docs/architecture.md, Update modes)."""
 MAX_DIM = 4096
 """Most weights per key a table may have."""
 MAX_INIT_SCALE = 1e3
@@ -80,6 +83,14 @@ class TableConfig:
     lifecycle: Lifecycle | None = None
     """Admission and eviction rules (`ps_core.store.lifecycle`); None in a
     declaration: the shard's default (a declared table always has one)."""
+    mode: str = "async"
+    """How the model's workers update it (`MODES`): ``async`` pushes
+    gradients the shard applies as they arrive; ``geo`` pushes parameter
+    differences the shard adds (its rows hold weights only: `row_rule`)."""
+    max_staleness: int | None = None
+    """Async only: a gradient computed from rows more than this many pushes
+    old is down-weighted by ``(1 + max_staleness) / (1 + staleness)``; None
+    counts staleness without bounding it."""
 
     def __post_init__(self) -> None:
         name = self.name
@@ -103,6 +114,23 @@ class TableConfig:
         if self.lifecycle == NO_LIFECYCLE:
             # The default says nothing: one form of it, so declarations compare equal.
             object.__setattr__(self, "lifecycle", None)
+        if self.mode not in MODES:
+            raise TableConfigError(f"table {name}: mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.max_staleness is not None:
+            if self.mode != "async":
+                raise TableConfigError(f"table {name}: max_staleness bounds async updates, not {self.mode}")
+            if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int):
+                raise TableConfigError(f"table {name}: max_staleness must be an integer")
+            if not 0 <= self.max_staleness < 2**31:
+                raise TableConfigError(f"table {name}: max_staleness must be in [0, 2**31)")
+
+    def row_rule(self) -> Optimizer:
+        """What the shard applies to a push and how its rows are laid out: the
+        declared optimizer, or for a geo model `AddDeltas` (weights only; the
+        optimizer runs on the workers' copies)."""
+        if self.mode == "geo":
+            return AddDeltas()
+        return make_optimizer(self.optimizer)
 
     def accepts(self, declared: TableConfig) -> bool:
         """Whether `declared` declares this table again: the same fields, its
@@ -120,6 +148,9 @@ class TableConfig:
         }
         if self.lifecycle is not None:
             out["lifecycle"] = self.lifecycle.to_dict()
+        out["mode"] = self.mode
+        if self.max_staleness is not None:
+            out["max_staleness"] = self.max_staleness
         return out
 
     @classmethod
@@ -127,7 +158,7 @@ class TableConfig:
         """Build from a decoded JSON object; unknown or mistyped fields are errors."""
         if not isinstance(raw, dict):
             raise TableConfigError("a table declaration is a JSON object")
-        unknown = set(raw) - {"name", "dim", "optimizer", "init_scale", "seed", "lifecycle"}
+        unknown = set(raw) - {"name", "dim", "optimizer", "init_scale", "seed", "lifecycle", "mode", "max_staleness"}
         if unknown:
             raise TableConfigError(f"unknown table fields: {sorted(unknown)}")
         opt = raw.get("optimizer", {"name": "ftrl"})
@@ -146,7 +177,13 @@ class TableConfig:
             raise TableConfigError("name must be a string (it is required)")
         raw_lifecycle = raw.get("lifecycle")
         lifecycle = None if raw_lifecycle is None else Lifecycle.from_dict(raw_lifecycle)
-        return cls(name, dim, dict(opt), float(scale), seed, lifecycle)
+        mode = raw.get("mode", "async")  # a declaration written before modes: async
+        if not isinstance(mode, str):
+            raise TableConfigError("mode must be a string")
+        bound = raw.get("max_staleness")
+        if bound is not None:
+            bound = json_int(bound, "max_staleness", maximum=2**31 - 1, error=TableConfigError)
+        return cls(name, dim, dict(opt), float(scale), seed, lifecycle, mode, bound)
 
 
 @dataclass(frozen=True, eq=False)
@@ -214,7 +251,7 @@ class TableSnapshot:
             if a.dtype == np.uint32:  # format 1: whole counts
                 object.__setattr__(self, name, a.astype(np.float32))
         n = self.keys.shape[0] if self.keys.ndim == 1 else -1
-        width = self.config.dim * make_optimizer(self.config.optimizer).slots
+        width = self.config.dim * self.config.row_rule().slots
         expect: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {
             "keys": (np.dtype(np.uint64), (n,)),
             "data": (np.dtype(np.float32), (n, width)),
@@ -316,7 +353,7 @@ class SparseTable:
     def __init__(self, config: TableConfig, *, initial_rows: int = 1024) -> None:
         self.config = config
         self.dim = config.dim
-        self.optimizer: Optimizer = make_optimizer(config.optimizer)
+        self.optimizer: Optimizer = config.row_rule()
         self.width = config.dim * self.optimizer.slots
         self.index = KeyIndex(initial_slots=max(16, int(initial_rows / 0.6)))
         self.version = 1
@@ -326,6 +363,8 @@ class SparseTable:
         0, the empty table, before any. A delta is always taken relative to it."""
         self.pushes = 0
         """Push calls applied."""
+        self.staleness = StalenessLog(config.max_staleness)
+        """How stale the applied gradients were (`ps_core.store.staleness`)."""
         self.pulls = 0
         """Pull calls served."""
         # A worker pushes the very keys it pulled: its push reuses what the
@@ -472,6 +511,11 @@ class SparseTable:
         if self.config.init_scale == 0.0:
             return self._zero_row
         return _row_view(self._full_rows(self.optimizer.rows_from_weights(self.initial_weights(keys))))
+
+    @property
+    def clock(self) -> int:
+        """The table's clock: pushes applied, plus 1 (0 means unknown on the wire)."""
+        return self.pushes + 1
 
     def pull(self, keys: npt.ArrayLike) -> F32:
         """Current weights (n, dim) of `keys`, in their order; allocates nothing."""

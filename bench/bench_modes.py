@@ -1,0 +1,237 @@
+"""Benchmark: the update modes side by side — async (gradients applied as
+they arrive) and geo (local copies, parameter differences pushed every
+``--geo-steps`` mini-batches) — on the same stream, with 2 workers and 2
+shard server processes (``ctrps shard``, pulls and pushes over the TCP RPC).
+
+A topic on the embedded broker (or ``CTRPS_KAFKA_BOOTSTRAP``) is pre-loaded
+once with synthetic Criteo-like events (4 partitions). For each mode, fresh
+shard servers are started and 2 workers of a fresh group (one decode process
+each, in this process) train the whole topic. Per mode it reports:
+
+- events/s, from the moment both workers hold 2 partitions to the last
+  event trained (events trained before, by a worker alone during the
+  group's first rebalance, are left out of the rate);
+- bytes the shard servers read from and wrote to their sockets per event
+  (``/proc/<pid>/io``; the shards write no files here);
+- the shard servers' CPU microseconds per event (``/proc/<pid>/stat``);
+- progressive log loss and AUC (each event predicted before it is learnt
+  from), event-weighted over both workers' windows, and over the second
+  half of the stream;
+- async: the staleness distribution the shards counted.
+
+Async is the baseline: geo's figures are printed as ratios to it.
+
+Run: ``python bench/bench_modes.py [--quick]``; the last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import orjson
+import uvloop
+from bench_worker import PARTITIONS, cpu_seconds, preload, start_shards, stop_shards, wait_healthy
+from common import bench_parser, elapsed_s, progress_log
+
+from consumers.broker import EmbeddedBroker, create_topics
+from consumers.worker import WindowReport, Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
+from ps_core.model.models import make_model
+from ps_core.net.client import PSClient
+
+log = progress_log("bench_modes")
+
+
+def io_bytes(pid: int) -> tuple[int, int]:
+    """(bytes read, bytes written) by process `pid` through any syscall."""
+    got: dict[str, int] = {}
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            got[name] = int(value)
+    return got["rchar"], got["wchar"]
+
+
+def weighted(reports: list[WindowReport], field: str) -> float:
+    """`field` of the reports' metrics, weighted by their events."""
+    ev = np.array([r.metrics.events for r in reports], dtype=np.float64)
+    v = np.array([getattr(r.metrics, field) for r in reports], dtype=np.float64)
+    return float((ev * v).sum() / ev.sum())
+
+
+async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """2 workers of a fresh group train the topic in `mode` against 2 fresh shard servers."""
+    procs, urls = start_shards(2)
+    try:
+        await wait_healthy(urls)
+        group = f"bench-{mode}-{uuid.uuid4().hex[:8]}"
+        model = make_model(args.model, "ctr", mode=mode)
+        clients = [PSClient.connect(urls) for _ in range(2)]
+        controls = [ControlClient.connect(urls) for _ in range(2)]
+        workers = [
+            Worker(
+                WorkerConfig(
+                    bootstrap,
+                    topic=topic,
+                    group=group,
+                    dlq_topic=topic + ".dlq",
+                    window_seconds=args.window_seconds,
+                    window_events=args.window_events,
+                    mini_batch=args.mini_batch,
+                    decode_processes=1,
+                    mode=mode,
+                    geo_steps=args.geo_steps,
+                    worker_id=f"{mode}-{i}",
+                ),
+                clients[i],
+                controls[i],
+                model,
+            )
+            for i in range(2)
+        ]
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(w.run(stop)) for w in workers]
+        shard_pids = [p.pid for p in procs]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 600
+        t0: float | None = None
+        trained0 = 0
+        last_log = 0.0
+
+        def trained() -> int:
+            return sum(w.stats.events_trained + w.stats.dead_letters for w in workers)
+
+        try:
+            while trained() < n:
+                for t in tasks:
+                    if t.done():
+                        t.result()
+                if loop.time() > deadline:
+                    raise TimeoutError(f"{mode}: trained {trained()}/{n}")
+                if t0 is None and all(
+                    w._consumer is not None and len(w._consumer.assignment()) == PARTITIONS // 2 for w in workers
+                ):
+                    t0, trained0 = time.perf_counter(), trained()
+                    cpu0 = sum(cpu_seconds(p) for p in shard_pids)
+                    io0 = [io_bytes(p) for p in shard_pids]
+                if time.perf_counter() - last_log > 2:
+                    log(f"  {mode}: trained {trained()}/{n}")
+                    last_log = time.perf_counter()
+                await asyncio.sleep(0.02)  # poll interval
+            t1 = time.perf_counter()
+            cpu1 = sum(cpu_seconds(p) for p in shard_pids)
+            io1 = [io_bytes(p) for p in shard_pids]
+            stats = await controls[0].stats()
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), 60)
+            for c in clients:
+                await c.close()
+            for c in controls:
+                await c.close()
+    finally:
+        stop_shards(procs)
+    if t0 is None:
+        raise RuntimeError(f"{mode}: the two workers never held {PARTITIONS // 2} partitions each")
+    measured = n - trained0
+    reports = [r for w in workers for r in w.stats.history]
+    reports.sort(key=lambda r: r.window)
+    late = [r for w in workers for r in w.stats.history[len(w.stats.history) // 2 :]]
+    out: dict[str, Any] = {
+        "events_per_s": measured / (t1 - t0),
+        "events_measured": measured,
+        "bytes_to_shards_per_event": sum(b[0] - a[0] for a, b in zip(io0, io1)) / measured,
+        "bytes_from_shards_per_event": sum(b[1] - a[1] for a, b in zip(io0, io1)) / measured,
+        "shard_cpu_us_per_event": (cpu1 - cpu0) * 1e6 / measured,
+        "progressive_logloss": weighted(reports, "logloss"),
+        "progressive_auc": weighted(reports, "auc"),
+        "progressive_logloss_second_half": weighted(late, "logloss"),
+        "progressive_auc_second_half": weighted(late, "auc"),
+    }
+    if mode == "geo":
+        out["geo_rounds"] = sum(w.stats.geo_rounds for w in workers)
+        out["geo_keys_pulled"] = sum(w.geo.pulled_keys for w in workers if w.geo is not None)
+        out["geo_keys_pushed"] = sum(w.geo.pushed_keys for w in workers if w.geo is not None)
+    else:
+        buckets: dict[str, int] = {}
+        total = count = 0
+        for shard in stats:
+            s = shard["tables"]["ctr_w"]["staleness"]
+            for bound, k in s["buckets"].items():
+                buckets[bound] = buckets.get(bound, 0) + k
+            total += s["sum"]
+            count += s["count"]
+        out["staleness_buckets"] = buckets
+        out["staleness_mean"] = total / count if count else 0.0
+        below = np.cumsum(list(buckets.values()))
+        out["staleness_p99"] = list(buckets)[int(np.searchsorted(below, 0.99 * below[-1]))]
+    log(
+        f"{mode}: {out['events_per_s']:,.0f} events/s, {out['bytes_to_shards_per_event']:,.0f} B/event to the "
+        f"shards, {out['bytes_from_shards_per_event']:,.0f} back, shard CPU {out['shard_cpu_us_per_event']:.1f} "
+        f"us/event, progressive logloss {out['progressive_logloss']:.4f} AUC {out['progressive_auc']:.4f}"
+    )
+    return out
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    n = args.events or (80_000 if args.quick else 400_000)
+    broker = EmbeddedBroker()
+    await broker.start()
+    try:
+        topic = f"bench-{uuid.uuid4().hex[:8]}"
+        await create_topics(broker.bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+        log(f"broker {broker.bootstrap}; preloading {n} events into {PARTITIONS} partitions")
+        # Event time runs fast (1M events/s), so windows close at
+        # --window-events, and the stream's last ones at --window-seconds of wall time.
+        await preload(broker.bootstrap, topic, n, args.seed, events_per_s=1e6)
+        result: dict[str, dict[str, Any]] = {}
+        for mode in ("async", "geo"):
+            log(f"{mode}: 2 workers, 2 shard servers")
+            result[mode] = await run_mode(mode, broker.bootstrap, topic, n, args)
+    finally:
+        broker.stop()
+    a, g = result["async"], result["geo"]
+    ratios = {
+        "geo_ratio_events_per_s_vs_async": g["events_per_s"] / a["events_per_s"],
+        "geo_ratio_bytes_to_shards_vs_async": g["bytes_to_shards_per_event"] / a["bytes_to_shards_per_event"],
+        "geo_ratio_bytes_from_shards_vs_async": g["bytes_from_shards_per_event"] / a["bytes_from_shards_per_event"],
+        "geo_ratio_shard_cpu_vs_async": g["shard_cpu_us_per_event"] / a["shard_cpu_us_per_event"],
+        "geo_auc_minus_async": g["progressive_auc"] - a["progressive_auc"],
+    }
+    log(
+        "geo vs async: "
+        + ", ".join(f"{k.removeprefix('geo_')} {v:.3f}" for k, v in ratios.items())
+        + f"; async staleness mean {a['staleness_mean']:.2f}, p99 <= {a['staleness_p99']}"
+    )
+    return {
+        "mode": "quick" if args.quick else "full",
+        "events": n,
+        "model": args.model,
+        "workers": 2,
+        "shards": 2,
+        "mini_batch": args.mini_batch,
+        "geo_steps": args.geo_steps,
+        "window_events": args.window_events,
+        "window_seconds": args.window_seconds,
+        **{f"{m}_{k}": v for m, r in result.items() for k, v in r.items()},
+        **ratios,
+        "elapsed_s": elapsed_s(),
+    }
+
+
+if __name__ == "__main__":
+    parser = bench_parser(__doc__ or "", "80k events (under a minute)", seed=0)
+    parser.add_argument("--events", type=int, help="override the number of events")
+    parser.add_argument("--model", choices=("lr", "fm"), default="lr")
+    parser.add_argument("--mini-batch", type=int, default=256, help="events per mini-batch")
+    parser.add_argument("--geo-steps", type=int, default=8, help="geo: mini-batches between pushes")
+    parser.add_argument("--window-events", type=int, default=10_000, help="events per window")
+    parser.add_argument("--window-seconds", type=float, default=1.0, help="wall seconds a window stays open at most")
+    parsed = parser.parse_args()
+    result = uvloop.run(main(parsed))
+    print(orjson.dumps(result).decode())

@@ -1,0 +1,210 @@
+"""A geo worker's local copy of the model: rows trained locally, their
+differences pushed to the shards every few mini-batches.
+
+In geo mode (Geo-SGD) the shards hold weights only and add the deltas
+workers push (`ps_core.store.optim.AddDeltas`); each worker trains its own
+copy with the model's optimizer, whose state never leaves it. Per row the
+copy keeps the optimizer's row, the ``base`` weights last read from the
+shards, and whether it was trained since the last push.
+
+A *round* is the mini-batches between two pushes. At a round's end the
+worker pushes ``(local − base) · scale`` for every row it trained and reads
+back the shards' merged weights, which become both the row's weights and its
+new base (`merge`). Rows not trained in the round may have been changed by
+other workers since they were read: `end_round` marks them stale, and the
+next mini-batch that meets one pulls it again (`locate` says which). So a
+worker sees any key another worker changed within one round of meeting it,
+and pulls only keys it uses — the equivalent of a per-worker changed-key
+recorder on the shards, at no cost on the shards.
+
+Memory is bounded: past ``max_rows`` rows, `end_round` drops the stale ones
+(their optimizer state starts afresh if they come back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..store.index import KeyIndex
+from ..store.optim import Optimizer, make_optimizer
+from ..store.table import TableConfig
+
+__all__ = ["GeoCopy", "Deltas"]
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+
+
+class Deltas:
+    """What a round pushes: the trained rows, their keys, each table's
+    scaled differences, and the shows and clicks they saw."""
+
+    __slots__ = ("rows", "keys", "values", "counts")
+
+    def __init__(self, rows: I64, keys: U64, values: dict[str, F32], counts: F32) -> None:
+        self.rows = rows
+        self.keys = keys
+        self.values = values
+        self.counts = counts
+
+
+class GeoCopy:
+    """The rows of a model's tables one geo worker trains locally.
+
+    Every table of a model is keyed by the same feature ids (a plan's
+    distinct keys), so one `KeyIndex` numbers the rows of all of them.
+    """
+
+    def __init__(self, tables: Sequence[TableConfig], *, max_rows: int = 1_000_000) -> None:
+        if max_rows < 1:
+            raise ValueError("max_rows must be >= 1")
+        self.max_rows = max_rows
+        self.dims = {t.name: t.dim for t in tables}
+        self.optimizers: dict[str, Optimizer] = {t.name: make_optimizer(t.optimizer) for t in tables}
+        self.index = KeyIndex()
+        self.rows: dict[str, F32] = {}
+        self.base: dict[str, F32] = {}
+        self.synced = np.zeros(0, dtype=bool)
+        """Rows read from (or merged with) the shards in this round."""
+        self.trained = np.zeros(0, dtype=bool)
+        """Rows trained since the last push."""
+        self.counts = np.zeros((0, 2), dtype=np.float32)
+        """Shows and clicks each row saw since the last push."""
+        self.rounds = 0
+        self.pulled_keys = 0
+        """Keys read from the shards before training (new or stale)."""
+        self.pushed_keys = 0
+        """Keys whose differences were pushed."""
+        self.dropped_rows = 0
+        """Stale rows dropped to stay under `max_rows`."""
+        self._resize(1024)
+
+    def _resize(self, capacity: int) -> None:
+        """Grow every per-row array to `capacity` rows (kept contents)."""
+        for name, dim in self.dims.items():
+            width = dim * self.optimizers[name].slots
+            self.rows[name] = _grown(self.rows.get(name), (capacity, width))
+            self.base[name] = _grown(self.base.get(name), (capacity, dim))
+        self.synced = _grown(self.synced, (capacity,))
+        self.trained = _grown(self.trained, (capacity,))
+        self.counts = _grown(self.counts, (capacity, 2))
+
+    def __len__(self) -> int:
+        return self.index.size
+
+    def nbytes(self) -> int:
+        """Bytes the copy holds (arrays at capacity, and the index)."""
+        arrays = [*self.rows.values(), *self.base.values(), self.synced, self.trained, self.counts]
+        return int(sum(a.nbytes for a in arrays)) + self.index.nbytes()
+
+    def locate(self, keys: U64) -> tuple[I64, npt.NDArray[np.bool_]]:
+        """The row of each distinct key (-1: absent) and which keys must be
+        read from the shards first (absent, or stale this round)."""
+        rows = self.index.lookup(keys)
+        need = rows < 0
+        known = ~need
+        need[known] = ~self.synced[rows[known]]
+        return rows, need
+
+    def take(self, keys: U64, rows: I64, need: npt.NDArray[np.bool_], pulled: dict[str, F32]) -> I64:
+        """Take the shards' weights `pulled` (per table, for ``keys[need]``):
+        new rows start from them with fresh optimizer state, stale rows have
+        their weights replaced and keep their state. Returns every key's row."""
+        got, new_rows, _ = self.index.get_or_insert(keys[need])
+        if self.index.num_rows > self.synced.size:
+            self._resize(max(self.index.num_rows, 2 * self.synced.size))
+        is_new = np.zeros(self.synced.size, dtype=bool)
+        is_new[new_rows] = True
+        fresh = is_new[got]
+        for name, opt in self.optimizers.items():
+            w = np.ascontiguousarray(pulled[name], dtype=np.float32)
+            self.base[name][got] = w
+            table = self.rows[name]
+            if fresh.any():
+                table[got[fresh]] = opt.rows_from_weights(w[fresh])
+            old = got[~fresh]
+            if old.size:
+                block = table[old]
+                opt.set_weights(block, w[~fresh])
+                table[old] = block
+        self.synced[got] = True
+        self.trained[new_rows] = False
+        self.counts[new_rows] = 0
+        self.pulled_keys += int(got.size)
+        out = rows.copy()
+        out[need] = got
+        return out
+
+    def weights(self, rows: I64) -> dict[str, F32]:
+        """Each table's current local weights (n, dim) of `rows`."""
+        return {
+            name: np.ascontiguousarray(opt.weights(self.rows[name][rows], self.dims[name]))
+            for name, opt in self.optimizers.items()
+        }
+
+    def train(self, rows: I64, grads: dict[str, F32], counts: F32) -> None:
+        """One optimizer step on distinct `rows` with each table's gradients
+        (summed per key), counting their shows and clicks."""
+        for name, opt in self.optimizers.items():
+            block = self.rows[name][rows]
+            opt.step(block, np.ascontiguousarray(grads[name], dtype=np.float32))
+            self.rows[name][rows] = block
+        self.trained[rows] = True
+        self.counts[rows] += counts
+
+    def deltas(self, scale: float) -> Deltas:
+        """The round's push: ``(local − base) · scale`` of every trained row."""
+        rows = np.flatnonzero(self.trained[: self.index.num_rows])
+        s = np.float32(scale)
+        values = {
+            name: (opt.weights(self.rows[name][rows], self.dims[name]) - self.base[name][rows]) * s
+            for name, opt in self.optimizers.items()
+        }
+        return Deltas(rows, self.index.row_keys[rows], values, self.counts[rows])
+
+    def merge(self, rows: I64, merged: dict[str, F32]) -> None:
+        """The shards' weights after the push of `rows`: each row's weights
+        and its new base (its optimizer state kept)."""
+        for name, opt in self.optimizers.items():
+            w = np.ascontiguousarray(merged[name], dtype=np.float32)
+            block = self.rows[name][rows]
+            opt.set_weights(block, w)
+            self.rows[name][rows] = block
+            self.base[name][rows] = w
+        self.trained[rows] = False
+        self.counts[rows] = 0
+        self.pushed_keys += int(rows.size)
+
+    def end_round(self, merged_rows: I64) -> None:
+        """Close a round: only the rows just merged are current; every other
+        row is stale until read again. Past `max_rows`, stale rows go."""
+        self.rounds += 1
+        self.synced[:] = False
+        self.synced[merged_rows] = True
+        if self.index.size > self.max_rows:
+            live = self.index.row_live
+            stale = np.flatnonzero(live & ~self.synced[: live.size])
+            self.index.delete(self.index.row_keys[stale], distinct=True)
+            self.dropped_rows += int(stale.size)
+
+    def clear(self) -> None:
+        """Forget every row (after a window failed part-way or the shards
+        were rewound: the bases no longer say what the shards hold)."""
+        self.index = KeyIndex()
+        self.synced[:] = False
+        self.trained[:] = False
+        self.counts[:] = 0
+
+
+def _grown(a: npt.NDArray[Any] | None, shape: tuple[int, ...]) -> npt.NDArray[Any]:
+    """`a` grown to `shape` (rows appended, zero), or a new zero array."""
+    dtype = np.float32 if a is None else a.dtype
+    out = np.zeros(shape, dtype=dtype)
+    if a is not None:
+        out[: a.shape[0]] = a
+    return out

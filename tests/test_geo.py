@@ -1,0 +1,234 @@
+"""Geo mode: workers train local copies and push parameter differences the
+shards add. Deltas are added exactly, changes by one worker reach another
+within one round, the local copy stays bounded, and the mode learns the
+synthetic stream as well as async does."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from streams import applications, brisk_worker_config, committed, keyed_event, new_topic, produce
+from test_worker_train import _window
+from waiting import until
+
+from app.follower import model_from_manifest
+from consumers.decode import decode_records
+from consumers.synthetic import SyntheticStream
+from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.export import latest_chain, read_manifest, restore_shards, write_version
+from ps_core.model.batch import EventBatch
+from ps_core.model.geo import GeoCopy
+from ps_core.model.models import LogisticRegression, make_model
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.optim import FTRL, AdaGrad
+from ps_core.store.table import TableConfig
+
+SGD = {"name": "sgd", "lr": 0.1}
+
+
+def _shards(tables: tuple[TableConfig, ...], n: int = 2) -> list[Shard]:
+    return [Shard(ShardSpec(i, n), tables) for i in range(n)]
+
+
+async def _round(copy: GeoCopy, client: PSClient, keys: np.ndarray, grads: np.ndarray, scale: float) -> None:
+    """One mini-batch on `copy` (pulling what it must) and the round's push."""
+    rows, need = copy.locate(keys)
+    if need.any():
+        rows = copy.take(keys, rows, need, {"w": await client.pull("w", keys[need])})
+    copy.train(rows, {"w": grads}, np.zeros((keys.size, 2), np.float32))
+    d = copy.deltas(scale)
+    _, merged = await client.push_pull("w", d.keys, d.values["w"], pull_keys=d.keys)
+    copy.merge(d.rows, {"w": merged})
+    copy.end_round(d.rows)
+
+
+async def test_the_shards_add_every_scaled_delta_exactly() -> None:
+    # SGD from zero: a copy's difference after its steps is -lr · Σ its
+    # gradients, so whatever the interleaving the shards must end at
+    # -lr · scale · Σ every worker's gradients.
+    config = TableConfig("w", 3, SGD, init_scale=0.0, mode="geo")
+    shards = _shards((config,))
+    client = PSClient.local(shards)
+    copies = [GeoCopy([config]), GeoCopy([config])]
+    rng = np.random.default_rng(11)
+    universe = np.arange(1, 200, dtype=np.uint64)
+    total = np.zeros((universe.size, 3))
+    for _ in range(40):
+        who = int(rng.integers(2))
+        keys = np.sort(rng.choice(universe, size=int(rng.integers(1, 60)), replace=False))
+        grads = rng.normal(size=(keys.size, 3)).astype(np.float32)
+        await _round(copies[who], client, keys, grads, 0.5)
+        total[keys.astype(np.int64) - 1] += grads
+    got = await client.pull("w", universe)
+    np.testing.assert_allclose(got, -0.1 * 0.5 * total, rtol=1e-4, atol=1e-5)
+    assert sum(c.rounds for c in copies) == 40
+
+
+async def test_a_key_changed_by_one_worker_reaches_the_other_within_one_round() -> None:
+    config = TableConfig("w", 1, SGD, init_scale=0.0, mode="geo")
+    client = PSClient.local(_shards((config,)))
+    a, b = GeoCopy([config]), GeoCopy([config])
+    keys, other = np.array([3, 8, 21], np.uint64), np.array([5, 6], np.uint64)
+    one = np.ones((3, 1), np.float32)
+    await _round(b, client, keys, one, 1.0)  # b's push-pull: its copy is current
+    await _round(a, client, keys, one, 1.0)  # then a changes the keys on the shards
+    # b trains them again from its copy; its round's push-pull brings a's change.
+    rows, need = b.locate(keys)
+    assert not need.any()
+    await _round(b, client, keys, one, 1.0)
+    np.testing.assert_allclose(b.weights(b.locate(keys)[0])["w"], -0.3 * one, rtol=1e-6)
+    # A round without the keys leaves b's copy of them stale: a changes them
+    # meanwhile, and b's next use reads them again, a's change included.
+    await _round(b, client, other, np.ones((2, 1), np.float32), 1.0)
+    await _round(a, client, keys, one, 1.0)
+    rows, need = b.locate(keys)
+    assert need.all()
+    rows = b.take(keys, rows, need, {"w": await client.pull("w", keys)})
+    np.testing.assert_allclose(b.weights(rows)["w"], -0.4 * one, rtol=1e-6)
+    assert b.pushed_keys == 8 and b.pulled_keys == 3 + 2 + 3
+
+
+async def test_the_local_copy_drops_stale_rows_past_its_cap() -> None:
+    config = TableConfig("w", 1, SGD, mode="geo")
+    client = PSClient.local(_shards((config,)))
+    copy = GeoCopy([config], max_rows=50)
+    for start in range(0, 400, 40):  # 40 new keys a round
+        keys = np.arange(start + 1, start + 41, dtype=np.uint64)
+        await _round(copy, client, keys, np.ones((40, 1), np.float32), 1.0)
+        assert len(copy) <= 50
+    assert copy.dropped_rows == 400 - 40
+    assert copy.index.num_rows <= 90  # freed rows are reused: the arrays stay small
+
+
+@pytest.mark.parametrize("optimizer", [FTRL(alpha=0.1, l1=0.5), AdaGrad(lr=0.1)])
+def test_setting_weights_keeps_the_optimizer_state(optimizer: FTRL | AdaGrad) -> None:
+    rng = np.random.default_rng(2)
+    rows = optimizer.rows_from_weights(rng.normal(size=(64, 4)).astype(np.float32))
+    for _ in range(5):
+        optimizer.step(rows, rng.normal(size=(64, 4)).astype(np.float32))
+    state = rows[:, 4:].copy()
+    w = rng.normal(size=(64, 4)).astype(np.float32)
+    w[::7] = 0.0
+    optimizer.set_weights(rows, w)
+    np.testing.assert_allclose(optimizer.weights(rows, 4), w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(rows[:, 4:], state)
+
+
+async def _progressive(mode: str, kind: str, values: list[bytes | None], workers: int) -> tuple[float, float]:
+    """Windows of 2000 events dealt to `workers` workers in turn over the same
+    2 shards; the progressive metrics of the second half of the stream."""
+    model = make_model(kind, "m", mode=mode)
+    shards = _shards(tuple(model.tables()))
+    crew = [
+        Worker(
+            WorkerConfig("unused:9092", mini_batch=256, decode_processes=0, mode=mode, geo_steps=8),
+            PSClient.local(shards),
+            ControlClient.local(shards),
+            model,
+        )
+        for _ in range(workers)
+    ]
+    for w in crew:  # each would own half of the topic's partitions
+        w._geo_scale = lambda: 1.0 / workers  # type: ignore[method-assign]
+    results = []
+    for i, start in enumerate(range(0, len(values), 2000)):
+        part = values[start : start + 2000]
+        batch = decode_records(part, "m", 1 << 20).batch
+
+        async def one(b: EventBatch = batch) -> AsyncIterator[EventBatch]:
+            yield b
+
+        w = crew[i % workers]
+        train = w._train_geo if mode == "geo" else w._train_pieces
+        results.append(await train(one(), _window(part)))
+    second = results[len(results) // 2 :]
+    events = sum(m.events for m in second)
+    auc = sum(m.auc * m.events for m in second) / events
+    logloss = sum(m.logloss * m.events for m in second) / events
+    return auc, logloss
+
+
+@pytest.mark.parametrize("kind", ["lr", "fm"])
+async def test_geo_learns_the_stream_as_well_as_async(kind: str) -> None:
+    values: list[bytes | None] = [orjson.dumps(e) for e in SyntheticStream(seed=5).batch(100_000)]
+    reference = await _progressive("async", kind, values, 2)
+    geo = await _progressive("geo", kind, values, 2)
+    assert geo[0] > reference[0] - 0.01, (geo, reference)
+    # One geo worker (scale 1) trains exactly as one async worker.
+    alone = await _progressive("geo", kind, values[:20_000], 1)
+    same = await _progressive("async", kind, values[:20_000], 1)
+    assert alone[0] == pytest.approx(same[0], abs=1e-6) and alone[1] == pytest.approx(same[1], rel=1e-4)
+
+
+async def test_two_geo_workers_over_the_broker_apply_every_event_once(kafka_bootstrap: str) -> None:
+    partitions, n = 4, 6000
+    topic, group = await new_topic(kafka_bootstrap, partitions)
+    model = LogisticRegression("m", mode="geo")
+    shards = _shards(tuple(model.tables()))
+    workers = [
+        Worker(
+            brisk_worker_config(kafka_bootstrap, topic, group, 400, 128, mode="geo", geo_steps=4),
+            PSClient.local(shards),
+            ControlClient.local(shards),
+            model,
+        )
+        for _ in range(2)
+    ]
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(w.run(stop)) for w in workers]
+
+    async def both_assigned() -> bool:
+        return all(w._consumer is not None and len(w._consumer.assignment()) == 2 for w in workers)
+
+    async def all_committed() -> bool:
+        return sum((await committed(kafka_bootstrap, group, topic, partitions)).values()) >= n
+
+    try:
+        await until(both_assigned, 30, what="both workers to get 2 partitions", poll_s=0.1)
+        assert [w._geo_scale() for w in workers] == [0.5, 0.5]
+        await produce(kafka_bootstrap, topic, (keyed_event(i) for i in range(n)), partitions)
+        await until(all_committed, 60, what="every event committed", poll_s=0.1)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    applied = applications(shards, 0, n)
+    assert (applied == 1).all(), (
+        f"missing {np.flatnonzero(applied == 0)[:10]}, twice {np.flatnonzero(applied > 1)[:10]}"
+    )
+    assert sum(w.stats.events_trained for w in workers) == n
+    assert all(w.stats.geo_rounds > 0 for w in workers)
+
+
+async def test_a_cut_of_a_geo_model_restores_and_serves_its_weights(tmp_path: Path) -> None:
+    model = make_model("fm", "m", mode="geo", k=4)
+    shards = _shards(tuple(model.tables()))
+    client = PSClient.local(shards)
+    copy = GeoCopy(model.tables())
+    rng = np.random.default_rng(8)
+    keys = np.unique(rng.integers(1, 2**63, 500, dtype=np.uint64))
+    rows, need = copy.locate(keys)
+    pulled = {t: await client.pull(t, keys) for t in model.table_names}
+    rows = copy.take(keys, rows, need, pulled)
+    grads = {t.name: rng.normal(size=(keys.size, t.dim)).astype(np.float32) for t in model.tables()}
+    copy.train(rows, grads, np.ones((keys.size, 2), np.float32))
+    d = copy.deltas(1.0)
+    for t in model.table_names:
+        await client.push(t, d.keys, d.values[t], counts=d.counts)
+    snaps = {s.spec.shard_id: [t.snapshot(None) for t in s.tables.values()] for s in shards}
+    write_version(tmp_path, "m", 1, None, snaps, {"clicks": {0: 7}}, model.config(), 2)
+    chain = latest_chain(tmp_path / "m")
+    assert {n: c.mode for n, c in read_manifest(chain[-1].path).tables.items()} == {"m_w": "geo", "m_v": "geo"}
+    restored = restore_shards(chain, 3)
+    again = PSClient.local(restored.shards)
+    for t in model.table_names:
+        np.testing.assert_array_equal(await again.pull(t, keys), await client.pull(t, keys))
+        assert restored.shards[0].tables[t].width == restored.shards[0].tables[t].dim  # weights only
+    served = model_from_manifest(read_manifest(chain[-1].path))
+    assert served.mode == "geo" and served.table_names == model.table_names
