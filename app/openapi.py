@@ -189,7 +189,7 @@ class TableInfo(Struct, forbid_unknown_fields=True):
     bytes: Count
     dim: Annotated[int, Meta(ge=1)]
     optimizer: dict[str, Any]
-    mode: Annotated[Literal["async", "geo"], Meta(description="How workers update it.")]
+    mode: Annotated[Literal["async", "sync", "geo"], Meta(description="How workers update it.")]
     version: int | UnsetType = UNSET
     lifecycle: TableLifecycleInfo | UnsetType = UNSET
     staleness: StalenessInfo | UnsetType = UNSET

@@ -350,12 +350,20 @@ class WorkerSettings:
         "async",
         env="CTRPS_MODE",
         flag="--mode",
-        help="update mode: push gradients applied as they arrive (async), or train a local copy and push "
-        "parameter differences every --geo-steps mini-batches (geo); every worker of a model must agree",
+        help="update mode: push gradients applied as they arrive (async), summed over the workers and applied "
+        "once per mini-batch step (sync), or train a local copy and push parameter differences every --geo-steps "
+        "mini-batches (geo); every worker of a model must agree",
         choices=MODES,
     )
     geo_steps: int = setting(
         8, env="CTRPS_GEO_STEPS", flag="--geo-steps", help="geo: mini-batches trained locally between pushes"
+    )
+    sync_deadline_s: float = setting(
+        5.0,
+        env="CTRPS_SYNC_DEADLINE",
+        flag="--sync-deadline",
+        help="sync: seconds a step waits for the other workers after the first arrived; a worker later than "
+        "that is dropped from the step (the quorum shrinks) and rejoins when it arrives",
     )
     geo_max_rows: int = setting(
         1_000_000,
@@ -422,6 +430,8 @@ class WorkerSettings:
             raise SettingsError("window seconds, window events and mini-batch must be positive")
         if self.mode not in MODES:
             raise SettingsError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if not 0 < self.sync_deadline_s <= 60:
+            raise SettingsError("sync deadline must be in (0, 60] seconds")
         if self.geo_steps < 1 or self.geo_max_rows < 1:
             raise SettingsError("geo steps and geo max rows must be >= 1")
         if self.max_staleness < -1 or self.max_staleness >= 2**31:

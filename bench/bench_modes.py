@@ -1,7 +1,9 @@
 """Benchmark: the update modes side by side — async (gradients applied as
-they arrive) and geo (local copies, parameter differences pushed every
+they arrive), sync (the workers' gradients summed and applied once per
+mini-batch step) and geo (local copies, parameter differences pushed every
 ``--geo-steps`` mini-batches) — on the same stream, with 2 workers and 2
-shard server processes (``ctrps shard``, pulls and pushes over the TCP RPC).
+shard server processes (``ctrps shard``, pulls and pushes over the TCP RPC;
+shard 0 hosts the coordinator, and exports only on demand).
 
 A topic on the embedded broker (or ``CTRPS_KAFKA_BOOTSTRAP``) is pre-loaded
 once with synthetic Criteo-like events (4 partitions). For each mode, fresh
@@ -19,7 +21,7 @@ each, in this process) train the whole topic. Per mode it reports:
   half of the stream;
 - async: the staleness distribution the shards counted.
 
-Async is the baseline: geo's figures are printed as ratios to it.
+Async is the baseline: sync's and geo's figures are printed as ratios to it.
 
 Run: ``python bench/bench_modes.py [--quick]``; the last line is JSON.
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import tempfile
 import time
 import uuid
 from typing import Any
@@ -65,8 +68,9 @@ def weighted(reports: list[WindowReport], field: str) -> float:
 
 
 async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    """2 workers of a fresh group train the topic in `mode` against 2 fresh shard servers."""
-    procs, urls = start_shards(2)
+    """2 workers of a fresh group train the topic in `mode` against 2 fresh
+    shard servers (shard 0 hosting the coordinator, whose barrier sync needs)."""
+    procs, urls = start_shards(2, exports=tempfile.mkdtemp(prefix="bench-modes-"))
     try:
         await wait_healthy(urls)
         group = f"bench-{mode}-{uuid.uuid4().hex[:8]}"
@@ -153,11 +157,13 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
         "progressive_logloss_second_half": weighted(late, "logloss"),
         "progressive_auc_second_half": weighted(late, "auc"),
     }
+    if mode == "sync":
+        out["sync_steps"] = sum(w.stats.sync_steps for w in workers)
     if mode == "geo":
         out["geo_rounds"] = sum(w.stats.geo_rounds for w in workers)
         out["geo_keys_pulled"] = sum(w.geo.pulled_keys for w in workers if w.geo is not None)
         out["geo_keys_pushed"] = sum(w.geo.pushed_keys for w in workers if w.geo is not None)
-    else:
+    if mode == "async":
         buckets: dict[str, int] = {}
         total = count = 0
         for shard in stats:
@@ -179,7 +185,7 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    n = args.events or (80_000 if args.quick else 400_000)
+    n = args.events or (150_000 if args.quick else 600_000)
     broker = EmbeddedBroker()
     await broker.start()
     try:
@@ -190,13 +196,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         # --window-events, and the stream's last ones at --window-seconds of wall time.
         await preload(broker.bootstrap, topic, n, args.seed, events_per_s=1e6)
         result: dict[str, dict[str, Any]] = {}
-        for mode in ("async", "geo"):
+        for mode in ("async", "sync", "geo"):
             log(f"{mode}: 2 workers, 2 shard servers")
             result[mode] = await run_mode(mode, broker.bootstrap, topic, n, args)
     finally:
         broker.stop()
-    a, g = result["async"], result["geo"]
+    a, g, y = result["async"], result["geo"], result["sync"]
     ratios = {
+        "sync_ratio_events_per_s_vs_async": y["events_per_s"] / a["events_per_s"],
+        "sync_ratio_bytes_to_shards_vs_async": y["bytes_to_shards_per_event"] / a["bytes_to_shards_per_event"],
+        "sync_ratio_shard_cpu_vs_async": y["shard_cpu_us_per_event"] / a["shard_cpu_us_per_event"],
+        "sync_auc_minus_async": y["progressive_auc"] - a["progressive_auc"],
         "geo_ratio_events_per_s_vs_async": g["events_per_s"] / a["events_per_s"],
         "geo_ratio_bytes_to_shards_vs_async": g["bytes_to_shards_per_event"] / a["bytes_to_shards_per_event"],
         "geo_ratio_bytes_from_shards_vs_async": g["bytes_from_shards_per_event"] / a["bytes_from_shards_per_event"],
@@ -204,8 +214,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "geo_auc_minus_async": g["progressive_auc"] - a["progressive_auc"],
     }
     log(
-        "geo vs async: "
-        + ", ".join(f"{k.removeprefix('geo_')} {v:.3f}" for k, v in ratios.items())
+        "vs async: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items())
         + f"; async staleness mean {a['staleness_mean']:.2f}, p99 <= {a['staleness_p99']}"
     )
     return {
@@ -225,7 +235,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = bench_parser(__doc__ or "", "80k events (under a minute)", seed=0)
+    parser = bench_parser(__doc__ or "", "150k events (under a minute)", seed=0)
     parser.add_argument("--events", type=int, help="override the number of events")
     parser.add_argument("--model", choices=("lr", "fm"), default="lr")
     parser.add_argument("--mini-batch", type=int, default=256, help="events per mini-batch")

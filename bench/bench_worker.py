@@ -191,10 +191,25 @@ async def worker_rate(
     return n / (t_done - t_assigned), worker, cpu_us
 
 
-def start_shards(num: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+def start_shards(num: int, exports: str | None = None) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    """`num` shard servers on free ports; with `exports`, shard 0 hosts the
+    coordinator and exports there on demand only (else no exports at all)."""
     procs, urls = [], []
+    ports = [free_port() for _ in range(num)]
+    storage = (
+        ["--no-exports"]
+        if exports is None
+        else [
+            "--exports-dir",
+            exports,
+            "--export-interval",
+            "0",
+            "--shards",
+            ",".join(f"http://127.0.0.1:{p}" for p in ports),
+        ]
+    )
     for i in range(num):
-        port = free_port()
+        port = ports[i]
         procs.append(
             subprocess.Popen(
                 [
@@ -210,7 +225,7 @@ def start_shards(num: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
                     str(num),
                     "--stats-interval",
                     "0",
-                    "--no-exports",
+                    *storage,
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

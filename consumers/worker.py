@@ -170,6 +170,9 @@ class WorkerConfig:
     geo_steps: int = 8
     """Geo: mini-batches trained on the local copy between pushes of its
     differences (a window's end pushes too)."""
+    sync_deadline_s: float = 5.0
+    """Sync: how long a step waits for a member after the first arrived,
+    before closing without it (the quorum shrinks)."""
     geo_max_rows: int = 1_000_000
     """Geo: most rows the local copy keeps past a round (stale rows go first)."""
     worker_id: str = ""
@@ -192,6 +195,8 @@ class WorkerConfig:
             raise ValueError(f"on_stale_offsets {self.on_stale_offsets!r} is not one of {', '.join(STALE_POLICIES)}")
         if self.mode not in MODES:
             raise ValueError(f"update mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if not 0 < self.sync_deadline_s <= 60:
+            raise ValueError("sync_deadline_s must be in (0, 60]")
         if self.geo_steps < 1 or self.geo_max_rows < 1:
             raise ValueError("geo_steps and geo_max_rows must be >= 1")
         if self.window_seconds <= 0 or self.window_events < 1 or self.mini_batch < 1:
@@ -258,6 +263,8 @@ class WorkerStats:
     """Outages waited out (or being waited out): a shard, the coordinator or the broker unreachable."""
     outage_seconds: float = 0.0
     """Seconds spent waiting in outages that ended."""
+    sync_steps: int = 0
+    """Sync: steps this worker took part in."""
     geo_rounds: int = 0
     """Geo: pushes of the local copy's differences."""
     windows_replayed: int = 0
@@ -369,6 +376,11 @@ class Worker:
             await self._retrying(lambda: self.control.release_lease(grant.lease_id, {}))
             self._epoch, self.leased = grant.epoch, True
         except NoCoordinatorError:
+            if c.mode == "sync":
+                raise NoCoordinatorError(
+                    "sync mode needs the coordinator's barrier, and shard 0 hosts no coordinator "
+                    "(shard 0 runs with --no-exports; start it with an exports directory, or run --mode async)"
+                ) from None
             log.info("no coordinator: windows are not leased and exports hold no offsets")
         # The stream this worker reads; under ``fail`` a restored cut of
         # another stream is refused before anything starts. A broker not
@@ -1026,7 +1038,7 @@ class Worker:
             committed: Offsets = {}
             try:
                 t_train = time.perf_counter()
-                metrics = await (self._train_geo if self.geo is not None else self._train_pieces)(pieces(), window)
+                metrics = await self._trainer()(pieces(), window)
                 t_trained = time.perf_counter()
                 # Dead letters go out before the commit that passes their offsets.
                 assert self._dlq is not None
@@ -1146,6 +1158,56 @@ class Worker:
             # the next window arrives while this one trains.
             await asyncio.sleep(0)
         self.stats.events_trained += trained
+        return evaluate(np.concatenate(predicted), np.concatenate(labels))
+
+    def _trainer(self) -> Callable[[AsyncIterator[EventBatch], Window], Awaitable[Metrics]]:
+        """The training loop of the update mode."""
+        if self.config.mode == "geo":
+            return self._train_geo
+        if self.config.mode == "sync":
+            return self._train_sync
+        return self._train_pieces
+
+    async def _train_sync(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
+        """Sync mode: each mini-batch is a step of the workers inside a
+        window. Pull, predict, push the gradients (the shards hold them),
+        arrive at the barrier; when the step closes every shard applies the
+        sum of the step's gradients once, and the next step pulls.
+
+        The worker is a member from its window's first step to its end, so a
+        worker waiting for records holds nobody up."""
+        names = self.model.table_names
+        predicted: list[npt.NDArray[np.float64]] = []
+        labels: list[npt.NDArray[np.float32]] = []
+        trained = 0
+        me = self.worker_id
+        await self.control.sync_join(me)
+        try:
+            async for sub in self._mini_batches(pieces):
+                plan = self.model.plan(sub)
+                routed = self.client.route(plan.keys)
+                weights = dict(zip(names, await _per_table([self.client.pull(t, routed) for t in names])))
+                p = sigmoid(self.model.logits(sub, plan, weights))
+                predicted.append(p)
+                labels.append(sub.labels)
+                trained += sub.size
+                grads = self.model.gradients(sub, plan, weights, (p - sub.labels) * sub.weights)
+                counts = plan.counts(sub.labels)
+                ts = sub.ts[np.isfinite(sub.ts)]
+                event_time = float(ts.max()) if ts.size else window.last_ts_ms / 1000.0
+                await _per_table(
+                    [self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names]
+                )
+                step = await self.control.sync_arrive(me, self.config.sync_deadline_s)
+                await self.control.sync_apply(step)
+                self.stats.sync_steps += 1
+        finally:
+            # Shielded: a cancelled window still leaves, or the others wait out the deadline.
+            with contextlib.suppress(PSError, OSError):
+                await asyncio.shield(self.control.sync_leave(me))
+        self.stats.events_trained += trained
+        if not predicted:
+            return evaluate(np.empty(0), np.empty(0, dtype=np.float32))
         return evaluate(np.concatenate(predicted), np.concatenate(labels))
 
     async def _train_geo(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:

@@ -142,6 +142,8 @@ class CutInProgressError(PSError, code="cut_in_progress", status=503, retriable=
 class NoCoordinatorError(PSError, code="no_coordinator", status=404):
     """The shards host no coordinator (shard 0 runs without exports)."""
 
+    exit_code = 1  # only fatal where a coordinator is required (a sync worker, ctrps export)
+
 
 class ExportCorruptError(PSError, code="export_corrupt", status=500):
     """An export version fails its checks: a file is missing, or its size or

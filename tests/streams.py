@@ -24,6 +24,7 @@ from ps_core.net.shard import Shard
 __all__ = [
     "KEY_BASE",
     "applications",
+    "assert_applied_once",
     "bias_shows",
     "brisk_worker_config",
     "committed",
@@ -142,6 +143,15 @@ def applications(shards: list[Shard], lo: int, hi: int, table_name: str = "m_w")
         present = rows >= 0
         out[mine[present]] = table.shows[rows[present]]
     return out
+
+
+def assert_applied_once(shards: list[Shard], workers: list[Worker], n: int) -> None:
+    """Keyed events 0..n-1 were each applied once, and the workers trained n events."""
+    applied = applications(shards, 0, n)
+    assert (applied == 1).all(), (
+        f"missing {np.flatnonzero(applied == 0)[:10]}, twice {np.flatnonzero(applied > 1)[:10]}"
+    )
+    assert sum(w.stats.events_trained for w in workers) == n
 
 
 def bias_shows(shards: list[Shard], namespace: str = "m") -> int:

@@ -24,6 +24,7 @@ import schemathesis
 from fuzzing import fuzz
 from threaded import serve_in_thread
 
+from ps_core.checkpoint.barrier import SyncBarrier
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter
@@ -47,6 +48,8 @@ def shard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     async def start() -> tuple[str, Callable[[], Awaitable[None]]]:
         shard = Shard(ShardSpec(0, 1), (TABLE,))
         coordinator = Coordinator()
+        # Fuzzed workers join and never arrive: a step waits for them 0.2 s at most.
+        coordinator.barrier = SyncBarrier(max_deadline_s=0.2)
         client = ControlClient.local([shard], coordinator)
         exporter = Exporter(coordinator, client, Path(exports), "ctr")
         app = checkpointed_shard_app(shard, verifier=TokenVerifier(SECRET), coordinator=coordinator, exporter=exporter)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from streams import applications, brisk_worker_config, committed, keyed_event, new_topic, produce
+from streams import assert_applied_once, brisk_worker_config, committed, keyed_event, new_topic, produce
 from test_worker_train import _window
 from waiting import until
 
@@ -198,11 +198,7 @@ async def test_two_geo_workers_over_the_broker_apply_every_event_once(kafka_boot
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    applied = applications(shards, 0, n)
-    assert (applied == 1).all(), (
-        f"missing {np.flatnonzero(applied == 0)[:10]}, twice {np.flatnonzero(applied > 1)[:10]}"
-    )
-    assert sum(w.stats.events_trained for w in workers) == n
+    assert_applied_once(shards, workers, n)
     assert all(w.stats.geo_rounds > 0 for w in workers)
 
 

@@ -110,6 +110,14 @@ class ShardControl(Protocol):
 
     async def coordinator_offsets(self) -> Offsets: ...
 
+    async def sync_join(self, worker: str) -> int: ...
+
+    async def sync_leave(self, worker: str) -> int: ...
+
+    async def sync_arrive(self, worker: str, deadline_s: float) -> int: ...
+
+    async def sync_apply(self, step: int) -> int: ...
+
     async def coordinator_resume(self) -> ResumePoint: ...
 
     async def export_now(self, kind: str | None) -> dict[str, Any]: ...
@@ -176,6 +184,20 @@ class LocalControl:
 
     async def coordinator_offsets(self) -> Offsets:
         return self._coordinator().offsets()
+
+    async def sync_join(self, worker: str) -> int:
+        return self._coordinator().barrier.join(worker)
+
+    async def sync_leave(self, worker: str) -> int:
+        barrier = self._coordinator().barrier
+        barrier.leave(worker)
+        return barrier.step
+
+    async def sync_arrive(self, worker: str, deadline_s: float) -> int:
+        return await self._coordinator().barrier.arrive(worker, deadline_s)
+
+    async def sync_apply(self, step: int) -> int:
+        return self.shard.apply_step(step)
 
     async def coordinator_resume(self) -> ResumePoint:
         c = self._coordinator()
@@ -280,6 +302,20 @@ class HttpControl(ShardEndpoint):
 
     async def coordinator_offsets(self) -> Offsets:
         return parse_offsets((await self._coordinator_request("GET", "/v1/offsets"))["offsets"])
+
+    async def sync_join(self, worker: str) -> int:
+        return int((await self._coordinator_request("POST", "/v1/sync/join", {"worker": worker}))["step"])
+
+    async def sync_leave(self, worker: str) -> int:
+        return int((await self._coordinator_request("POST", "/v1/sync/leave", {"worker": worker}))["step"])
+
+    async def sync_arrive(self, worker: str, deadline_s: float) -> int:
+        body = {"worker": worker, "deadline_s": deadline_s}
+        return int((await self._coordinator_request("POST", "/v1/sync/arrive", body))["step"])
+
+    async def sync_apply(self, step: int) -> int:
+        _, reply = await self.request("POST", "/v1/sync/apply", orjson.dumps({"step": step}), "application/json")
+        return int(orjson.loads(reply)["applied"])
 
     async def coordinator_resume(self) -> ResumePoint:
         return _resume_point(await self._coordinator_request("GET", "/v1/offsets"))
@@ -387,6 +423,25 @@ class ControlClient(ShardGroup[ShardControl]):
         after `wait_s` of a cut's pause. Keep `wait_s` inside the retry
         deadline, so a lease granted late is never granted to nobody."""
         return await self.shards[0].acquire_lease(worker, wait_s)
+
+    async def sync_join(self, worker: str) -> int:
+        """Sync mode: `worker` takes part in the steps from the open one on
+        (at its window's start); returns the open step."""
+        return await self.shards[0].sync_join(worker)
+
+    async def sync_leave(self, worker: str) -> int:
+        """Sync mode: `worker` takes no part in steps (its window ended)."""
+        return await self.shards[0].sync_leave(worker)
+
+    async def sync_arrive(self, worker: str, deadline_s: float) -> int:
+        """Sync mode: `worker` pushed its step; returns the step's number once
+        it closed (`ps_core.checkpoint.barrier`)."""
+        return await self.shards[0].sync_arrive(worker, deadline_s)
+
+    async def sync_apply(self, step: int) -> int:
+        """Sync mode: every shard applies what it holds for closed `step`
+        (once, whoever asks first); returns the keys updated."""
+        return sum(await fan_out([t.sync_apply(step) for t in self.shards]))
 
     async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
         """End a lease with the offsets its window committed, read from

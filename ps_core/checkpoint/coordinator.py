@@ -32,6 +32,7 @@ from typing import Generic, TypeVar
 
 from ..errors import ClusterNotReadyError, CutInProgressError, LeaseError, PSError
 from ..parsing import json_int, parse_int
+from .barrier import SyncBarrier
 from .stream import StreamIdentity, stream_mismatch
 
 __all__ = ["Coordinator", "Lease", "Cut", "Offsets", "parse_offsets"]
@@ -149,6 +150,8 @@ class Coordinator:
         self._changed = asyncio.Condition()
         self._cut_lock = asyncio.Lock()
         self.epoch = secrets.token_hex(8)
+        self.barrier = SyncBarrier()
+        """The sync mode's barrier of the workers' steps."""
         """This coordinator's life. Workers compare it between leases: a new
         one means the coordinator restarted, perhaps with shards restored to
         a cut, and the workers must resume from its offsets."""

@@ -15,6 +15,10 @@ shard server's whole app.
   {partition: next_offset}}, "stream": {"cluster_id", "group", "topics"}}``
   (``stream`` optional: where the offsets were read) → ``{"released": bool}``
   (False: it had expired);
+- ``POST /v1/sync/join``, ``/v1/sync/leave``: ``{"worker": str}`` → ``{"step":
+  int}``, and ``POST /v1/sync/arrive``: ``{"worker", "deadline_s"}`` →
+  ``{"step": int}`` once the step closes: the sync mode's barrier
+  (`ps_core.checkpoint.barrier`);
 - ``GET /v1/offsets``: ``{"offsets": {...}, "stream": {...} | null}``, the
   latest committed offsets reported with released leases (after a restore:
   the cut's) and the stream they were read from;
@@ -43,7 +47,7 @@ from ..errors import CutInProgressError, InvalidRequestError
 from ..models import decode
 from ..net.server import SHARD, create_shard_app, json_body, json_response
 from ..net.shard import Shard
-from ..net.shard_openapi import ExportRequest, LeaseRequest, Release, Restore
+from ..net.shard_openapi import ExportRequest, LeaseRequest, Release, Restore, SyncArrive, SyncMember
 from .coordinator import Coordinator, parse_offsets
 from .exporter import Exporter
 from .joining import restore_version
@@ -58,6 +62,8 @@ _LEASE = msgspec.json.Decoder(LeaseRequest)
 _RELEASE = msgspec.json.Decoder(Release)
 _EXPORT = msgspec.json.Decoder(ExportRequest)
 _RESTORE = msgspec.json.Decoder(Restore)
+_SYNC_MEMBER = msgspec.json.Decoder(SyncMember)
+_SYNC_ARRIVE = msgspec.json.Decoder(SyncArrive)
 
 
 async def acquire(request: web.Request) -> web.Response:
@@ -93,6 +99,23 @@ async def offsets(request: web.Request) -> web.Response:
     )
 
 
+async def sync_join(request: web.Request) -> web.Response:
+    body = await json_body(request, _SYNC_MEMBER)
+    return json_response({"step": request.app[COORDINATOR].barrier.join(body.worker)})
+
+
+async def sync_leave(request: web.Request) -> web.Response:
+    body = await json_body(request, _SYNC_MEMBER)
+    barrier = request.app[COORDINATOR].barrier
+    barrier.leave(body.worker)
+    return json_response({"step": barrier.step})
+
+
+async def sync_arrive(request: web.Request) -> web.Response:
+    body = await json_body(request, _SYNC_ARRIVE)
+    return json_response({"step": await request.app[COORDINATOR].barrier.arrive(body.worker, body.deadline_s)})
+
+
 async def export_now(request: web.Request) -> web.Response:
     raw = await request.read()
     # No body is the exporter's schedule, as {} is.
@@ -115,6 +138,9 @@ def add_coordinator_routes(app: web.Application, coordinator: Coordinator, expor
     app.router.add_post("/v1/leases", acquire)
     app.router.add_post("/v1/leases/release", release)
     app.router.add_get("/v1/offsets", offsets)
+    app.router.add_post("/v1/sync/join", sync_join)
+    app.router.add_post("/v1/sync/leave", sync_leave)
+    app.router.add_post("/v1/sync/arrive", sync_arrive)
     if exporter is not None:
         app[EXPORTER] = exporter
         app.router.add_post("/v1/exports", export_now)

@@ -69,7 +69,7 @@ from . import codec
 from .auth import Refusals, Scope, TokenVerifier, check, token_from_header
 from .limits import PortGuard, PortLimits, ServedPort, serve_limited
 from .shard import Shard
-from .shard_openapi import Admit, SnapshotRequest, TableDeclaration, shard_document
+from .shard_openapi import Admit, SnapshotRequest, SyncStep, TableDeclaration, shard_document
 
 __all__ = [
     "create_shard_app",
@@ -134,6 +134,10 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope | None] = {
     ("POST", "/v1/leases"): Scope.TRAIN,
     ("POST", "/v1/leases/release"): Scope.TRAIN,
     ("GET", "/v1/offsets"): Scope.TRAIN,
+    ("POST", "/v1/sync/join"): Scope.TRAIN,
+    ("POST", "/v1/sync/leave"): Scope.TRAIN,
+    ("POST", "/v1/sync/arrive"): Scope.TRAIN,
+    ("POST", "/v1/sync/apply"): Scope.TRAIN,
     ("POST", "/v1/snapshots"): Scope.ADMIN,
     ("GET", "/v1/snapshots/{version}"): Scope.ADMIN,
     ("DELETE", "/v1/snapshots/{version}"): Scope.ADMIN,
@@ -260,6 +264,7 @@ async def list_statuses(request: web.Request) -> web.Response:
 
 _SNAPSHOT = msgspec.json.Decoder(SnapshotRequest)
 _ADMIT = msgspec.json.Decoder(Admit)
+_SYNC_STEP = msgspec.json.Decoder(SyncStep)
 
 
 async def take_snapshot(request: web.Request) -> web.Response:
@@ -289,6 +294,11 @@ async def admit(request: web.Request) -> web.Response:
     body = await json_body(request, _ADMIT)
     request.app[SHARD].admit(body.epoch, body.version)
     return json_response(request.app[SHARD].membership())
+
+
+async def apply_step(request: web.Request) -> web.Response:
+    body = await json_body(request, _SYNC_STEP)
+    return json_response({"applied": request.app[SHARD].apply_step(body.step)})
 
 
 async def stats(request: web.Request) -> web.Response:
@@ -349,6 +359,7 @@ def create_shard_app(
     app.router.add_delete("/v1/snapshots/{version}", drop_snapshot)
     app.router.add_get("/v1/membership", membership)
     app.router.add_post("/v1/membership/admit", admit)
+    app.router.add_post("/v1/sync/apply", apply_step)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.json", openapi)
     return app

@@ -153,6 +153,8 @@ class Shard:
         self.restore_dir: Path | None = None
         """The model's exports directory, where the coordinator may ask this
         shard to load a version from (`ps_core.checkpoint.joining.restore_version`)."""
+        self.sync_step = 0
+        """The last sync step applied (`apply_step`)."""
         tables = tuple(tables)
         self.configured_tables = tables
         """The tables this shard was started with (declared again after a restore)."""
@@ -362,7 +364,10 @@ class Shard:
         factor = t.staleness.factor(staleness)
         if factor != 1.0:
             grads = grads * np.float32(factor)
-        applied = t.push(push.keys, grads, counts=push.counts, event_time=push.event_time or None)
+        if t.config.mode == "sync":  # applied with the other workers' when the step closes
+            applied = t.hold(push.keys, grads, counts=push.counts, event_time=push.event_time or None)
+        else:
+            applied = t.push(push.keys, grads, counts=push.counts, event_time=push.event_time or None)
         if t.config.mode == "async":  # counted once applied: a refused push is not
             t.staleness.record(staleness)
         if request_id:
@@ -507,6 +512,19 @@ class Shard:
         """One eviction pass over every table with eviction rules (see
         `SparseTable.evict`); runs to completion, so never within a cut's copy."""
         return {name: t.evict() for name, t in self.tables.items() if t.lifecycle.evicts}
+
+    def apply_step(self, step: int) -> int:
+        """Sync mode: apply what every sync table holds as one push each, once
+        for `step` (a closed step of `ps_core.checkpoint.barrier`): every
+        worker of the step asks, the first one applies. Steps only grow, so a
+        late call for an older step applies nothing. Returns the distinct
+        keys updated."""
+        if not self.joined:
+            self._check_joined()
+        if step <= self.sync_step:
+            return 0
+        self.sync_step = step
+        return sum(t.apply_held() for t in self.tables.values() if t.config.mode == "sync")
 
     def stats(self) -> dict[str, Any]:
         """Features, bytes and call counts per table (JSON-ready)."""

@@ -120,7 +120,7 @@ class Lifecycle(Struct, forbid_unknown_fields=True):
     embed_from: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{0,64}\Z")] | UnsetType = UNSET
 
 
-Mode = Annotated[Literal["async", "geo"], Meta(description="How workers update the model (TableConfig.mode).")]
+Mode = Annotated[Literal["async", "sync", "geo"], Meta(description="How workers update the model (TableConfig.mode).")]
 
 
 class Table(Struct, forbid_unknown_fields=True):
@@ -334,6 +334,32 @@ class Released(Struct, forbid_unknown_fields=True):
     released: bool
 
 
+class SyncMember(Struct, forbid_unknown_fields=True):
+    """A sync worker joining or leaving the barrier."""
+
+    worker: Annotated[str, Meta(min_length=1, max_length=200)]
+
+
+class SyncArrive(Struct, forbid_unknown_fields=True):
+    """A sync worker has pushed its step; the first arrival's `deadline_s`
+    bounds how long the step waits for the rest."""
+
+    worker: Annotated[str, Meta(min_length=1, max_length=200)]
+    deadline_s: Annotated[float, Meta(ge=0, le=60)] = 5.0
+
+
+class SyncStep(Struct, forbid_unknown_fields=True):
+    """A closed step (or, from a join, the open one)."""
+
+    step: Annotated[int, Meta(ge=0, le=MAX_INT)]
+
+
+class SyncApplied(Struct, forbid_unknown_fields=True):
+    """Distinct keys a shard's sync tables updated (0: the step was applied already)."""
+
+    applied: Count
+
+
 class KnownOffsets(Struct, forbid_unknown_fields=True):
     offsets: Offsets
     stream: dict[str, Any] | None
@@ -434,6 +460,10 @@ _MODELS = (
     Lease,
     Release,
     Released,
+    SyncMember,
+    SyncArrive,
+    SyncStep,
+    SyncApplied,
     KnownOffsets,
     ExportRequest,
     ExportReport,
@@ -450,6 +480,23 @@ def _schemas() -> dict[str, Any]:
     schemas["FTRL"]["anyOf"] = [
         {"properties": {"beta": {"minimum": MIN_POSITIVE}}},
         {"properties": {"l2": {"minimum": MIN_POSITIVE}}},
+    ]
+    # Rules across fields: a staleness bound is for async tables only, and
+    # lazy embeddings need embeddings (dim > 1).
+    schemas["TableDeclaration"]["allOf"] = [
+        {"if": {"required": ["max_staleness"]}, "then": {"properties": {"mode": {"const": "async"}}}},
+        {
+            "if": {
+                "required": ["lifecycle"],
+                "properties": {
+                    "lifecycle": {
+                        "required": ["embed_threshold"],
+                        "properties": {"embed_threshold": {"type": "number"}},
+                    }
+                },
+            },
+            "then": {"required": ["dim"], "properties": {"dim": {"minimum": 2}}},
+        },
     ]
     return schemas
 
@@ -591,6 +638,32 @@ _PATHS: dict[str, dict[str, Any]] = {
         ),
     },
     "/v1/offsets": {"get": _op("The latest committed offsets.", _ok("KnownOffsets", "And their stream."))},
+    "/v1/sync/join": {
+        "post": _op("A sync worker joins the barrier.", _ok("SyncStep", "The open step."), 400, 413, body="SyncMember"),
+    },
+    "/v1/sync/leave": {
+        "post": _op(
+            "A sync worker leaves the barrier.", _ok("SyncStep", "The open step."), 400, 413, body="SyncMember"
+        ),
+    },
+    "/v1/sync/arrive": {
+        "post": _op(
+            "A sync worker pushed its step: answers when the step closes.",
+            _ok("SyncStep", "The step closed (every member arrived, or the deadline passed)."),
+            400,
+            413,
+            body="SyncArrive",
+        ),
+    },
+    "/v1/sync/apply": {
+        "post": _op(
+            "Apply the gradients held for a closed step (once per step).",
+            _ok("SyncApplied", "Keys updated."),
+            400,
+            413,
+            body="SyncStep",
+        ),
+    },
     "/v1/exports": {
         "get": _op("The export versions on disk.", _ok("ExportList", "Oldest first.")),
         "post": _op(

@@ -54,7 +54,7 @@ U32 = npt.NDArray[np.uint32]
 SnapshotKind = Literal["base", "delta"]
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 _NO_KEYS = np.zeros(0, dtype=np.uint64)
-MODES = ("async", "geo")
+MODES = ("async", "sync", "geo")
 """Update modes a model may be declared with (docs/architecture.md, Update modes)."""
 MAX_DIM = 4096
 """Most weights per key a table may have."""
@@ -85,8 +85,10 @@ class TableConfig:
     declaration: the shard's default (a declared table always has one)."""
     mode: str = "async"
     """How the model's workers update it (`MODES`): ``async`` pushes
-    gradients the shard applies as they arrive; ``geo`` pushes parameter
-    differences the shard adds (its rows hold weights only: `row_rule`)."""
+    gradients the shard applies as they arrive; ``sync`` pushes gradients the
+    shard holds until the workers' step closes, then applies their sum
+    (`SparseTable.hold`, `apply_held`); ``geo`` pushes parameter differences
+    the shard adds (its rows hold weights only: `row_rule`)."""
     max_staleness: int | None = None
     """Async only: a gradient computed from rows more than this many pushes
     old is down-weighted by ``(1 + max_staleness) / (1 + staleness)``; None
@@ -365,6 +367,9 @@ class SparseTable:
         """Push calls applied."""
         self.staleness = StalenessLog(config.max_staleness)
         """How stale the applied gradients were (`ps_core.store.staleness`)."""
+        self._held: list[tuple[U64, F32, F32, float]] = []
+        self.held_keys = 0
+        """Sync mode: keys of the pushes held for the step's close (`hold`)."""
         self.pulls = 0
         """Pull calls served."""
         # A worker pushes the very keys it pulled: its push reuses what the
@@ -597,6 +602,37 @@ class SparseTable:
         self.pushes += 1
         self._pull_cache.wrote()
         return int(uniq.size)
+
+    def hold(
+        self,
+        keys: npt.ArrayLike,
+        grads: npt.ArrayLike,
+        *,
+        counts: npt.ArrayLike | None = None,
+        event_time: float | None = None,
+    ) -> int:
+        """Sync mode: check a push as `push` does and hold it, unapplied,
+        until `apply_held`; returns the number of keys held."""
+        k, g, c, seen = self._checked_push(keys, grads, counts, event_time)
+        if k.size:
+            if c is None:
+                c = np.zeros((k.size, 2), dtype=np.float32)
+            self._held.append((k, g, c, seen))
+            self.held_keys += int(k.size)
+        return int(k.size)
+
+    def apply_held(self) -> int:
+        """Sync mode: apply the sum of every held push as one push (the
+        gradients of a key summed, one optimizer step); returns the distinct
+        keys updated."""
+        if not self._held:
+            return 0
+        held, self._held = self._held, []
+        self.held_keys = 0
+        keys = np.concatenate([h[0] for h in held])
+        grads = np.concatenate([h[1] for h in held])
+        counts = np.concatenate([h[2] for h in held])
+        return self.push(keys, grads, counts=counts, event_time=max(h[3] for h in held))
 
     def _checked_push(
         self, keys: npt.ArrayLike, grads: npt.ArrayLike, counts: npt.ArrayLike | None, event_time: float | None
