@@ -351,7 +351,7 @@ class _Cluster:
                     f"worker-{j}",
                     _ctrps("worker", "--bootstrap", self.bootstrap,
                            "--shards", ",".join(self.shard_urls), "--topic", TOPIC,
-                           "--window-seconds", str(s.window_seconds), "--log-format", fmt,
+                           "--window-seconds", str(s.window_seconds), "--mode", s.mode, "--log-format", fmt,
                            *kafka_child_argv(self.kafka)),
                     group="workers",
                     restart=self.restart,

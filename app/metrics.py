@@ -201,6 +201,25 @@ class _ClusterCollector(Collector):
             version = GaugeMetricFamily("ctrps_cluster_version", "The export version the shards were joined at.")
             version.add_metric([], _num(cluster.get("version")))
             yield from (restores, refused, ready, version)
+        sync = (stats0 or {}).get("sync")
+        if isinstance(sync, dict):
+            steps = CounterMetricFamily("ctrps_sync_steps", "Sync steps the coordinator's barrier closed.")
+            steps.add_metric([], _num(sync.get("steps_closed")))
+            shrinks = CounterMetricFamily(
+                "ctrps_sync_quorum_shrinks",
+                "Sync steps closed without a member that did not arrive within the deadline.",
+            )
+            shrinks.add_metric([], _num(sync.get("shrinks")))
+            dropped = CounterMetricFamily(
+                "ctrps_sync_members_dropped", "Times a worker was dropped from a sync step.", labels=["worker"]
+            )
+            by_worker = sync.get("dropped")
+            for worker, n in (by_worker if isinstance(by_worker, dict) else {}).items():
+                dropped.add_metric([str(worker)], _num(n))
+            members = GaugeMetricFamily("ctrps_sync_members", "Workers inside a window, taking part in sync steps.")
+            listed = sync.get("members")
+            members.add_metric([], float(len(listed)) if isinstance(listed, list) else 0.0)
+            yield from (steps, shrinks, dropped, members)
 
     @staticmethod
     def _workers(board: BoardSummary, now: float) -> Iterator[Metric]:

@@ -586,6 +586,13 @@ class ClusterSettings:
     window_seconds: float = setting(
         2.0, env="CTRPS_CLUSTER_WINDOW_SECONDS", flag="--window-seconds", help="the workers' window span"
     )
+    mode: str = setting(
+        "async",
+        env="CTRPS_CLUSTER_MODE",
+        flag="--mode",
+        help="the workers' update mode (as ctrps worker --mode)",
+        choices=MODES,
+    )
     partitions: int = setting(
         4, env="CTRPS_CLUSTER_PARTITIONS", flag="--partitions", help="partitions of the click topic"
     )

@@ -11,6 +11,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
 from ps_core.net.auth import Scope
 from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
 
 from .logs import log_event
 from .security import SecuritySettings
@@ -61,7 +62,13 @@ async def run_worker(
         token = security.token_for(Scope.TRAIN)
         async with (
             PSClient.connect(settings.shards, rpc=settings.use_rpc, token=token, ssl=tls) as client,
-            ControlClient.connect(settings.shards, token=token, ssl=tls) as control,
+            # A sync step's arrival waits up to the deadline: give each call longer.
+            ControlClient.connect(
+                settings.shards,
+                token=token,
+                ssl=tls,
+                retry=RetryPolicy(deadline_s=max(10.0, settings.sync_deadline_s + 5)),
+            ) as control,
         ):
             worker = Worker(config, client, control, model)
             # Set after construction: the hook reads the worker's own stats.

@@ -22,6 +22,9 @@ each, in this process) train the whole topic. Per mode it reports:
 - async: the staleness distribution the shards counted.
 
 Async is the baseline: sync's and geo's figures are printed as ratios to it.
+The full run repeats the three modes in 3 rounds (``--rounds``) and reports
+medians (ratios: the median of each round's ratio); ``--quick`` runs one
+round of 150k events.
 
 Run: ``python bench/bench_modes.py [--quick]``; the last line is JSON.
 """
@@ -136,8 +139,8 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
             await asyncio.wait_for(asyncio.gather(*tasks), 60)
             for c in clients:
                 await c.close()
-            for c in controls:
-                await c.close()
+            for control in controls:
+                await control.close()
     finally:
         stop_shards(procs)
     if t0 is None:
@@ -195,24 +198,50 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         # Event time runs fast (1M events/s), so windows close at
         # --window-events, and the stream's last ones at --window-seconds of wall time.
         await preload(broker.bootstrap, topic, n, args.seed, events_per_s=1e6)
-        result: dict[str, dict[str, Any]] = {}
-        for mode in ("async", "sync", "geo"):
-            log(f"{mode}: 2 workers, 2 shard servers")
-            result[mode] = await run_mode(mode, broker.bootstrap, topic, n, args)
+        rounds: list[dict[str, dict[str, Any]]] = []
+        for rnd in range(args.rounds):
+            # Every round runs the three modes, so each round's ratios compare
+            # runs under the same machine load; figures are medians over rounds.
+            result: dict[str, dict[str, Any]] = {}
+            for mode in ("async", "sync", "geo"):
+                tag = f"round {rnd + 1}/{args.rounds}: " if args.rounds > 1 else ""
+                log(f"{tag}{mode}: 2 workers, 2 shard servers")
+                result[mode] = await run_mode(mode, broker.bootstrap, topic, n, args)
+            rounds.append(result)
     finally:
         broker.stop()
-    a, g, y = result["async"], result["geo"], result["sync"]
-    ratios = {
-        "sync_ratio_events_per_s_vs_async": y["events_per_s"] / a["events_per_s"],
-        "sync_ratio_bytes_to_shards_vs_async": y["bytes_to_shards_per_event"] / a["bytes_to_shards_per_event"],
-        "sync_ratio_shard_cpu_vs_async": y["shard_cpu_us_per_event"] / a["shard_cpu_us_per_event"],
-        "sync_auc_minus_async": y["progressive_auc"] - a["progressive_auc"],
-        "geo_ratio_events_per_s_vs_async": g["events_per_s"] / a["events_per_s"],
-        "geo_ratio_bytes_to_shards_vs_async": g["bytes_to_shards_per_event"] / a["bytes_to_shards_per_event"],
-        "geo_ratio_bytes_from_shards_vs_async": g["bytes_from_shards_per_event"] / a["bytes_from_shards_per_event"],
-        "geo_ratio_shard_cpu_vs_async": g["shard_cpu_us_per_event"] / a["shard_cpu_us_per_event"],
-        "geo_auc_minus_async": g["progressive_auc"] - a["progressive_auc"],
+
+    def ratio_of(r: dict[str, dict[str, Any]]) -> dict[str, float]:
+        a, g, y = r["async"], r["geo"], r["sync"]
+        return {
+            "sync_ratio_events_per_s_vs_async": y["events_per_s"] / a["events_per_s"],
+            "sync_ratio_bytes_to_shards_vs_async": y["bytes_to_shards_per_event"] / a["bytes_to_shards_per_event"],
+            "sync_ratio_shard_cpu_vs_async": y["shard_cpu_us_per_event"] / a["shard_cpu_us_per_event"],
+            "sync_auc_minus_async": y["progressive_auc"] - a["progressive_auc"],
+            "geo_ratio_events_per_s_vs_async": g["events_per_s"] / a["events_per_s"],
+            "geo_ratio_bytes_to_shards_vs_async": g["bytes_to_shards_per_event"] / a["bytes_to_shards_per_event"],
+            "geo_ratio_bytes_from_shards_vs_async": g["bytes_from_shards_per_event"] / a["bytes_from_shards_per_event"],
+            "geo_ratio_shard_cpu_vs_async": g["shard_cpu_us_per_event"] / a["shard_cpu_us_per_event"],
+            "geo_auc_minus_async": g["progressive_auc"] - a["progressive_auc"],
+        }
+
+    per_round = [ratio_of(r) for r in rounds]
+    ratios = {k: float(np.median([r[k] for r in per_round])) for k in per_round[0]}
+    result = {
+        mode: {
+            k: (float(np.median([r[mode][k] for r in rounds])) if isinstance(v, (int, float)) else v)
+            for k, v in rounds[-1][mode].items()
+        }
+        for mode in rounds[-1]
     }
+    a = result["async"]
+    if args.rounds > 1:
+        log(
+            "medians of "
+            + str(args.rounds)
+            + " rounds: "
+            + ", ".join(f"{m} {r['events_per_s']:,.0f} events/s" for m, r in result.items())
+        )
     log(
         "vs async: "
         + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items())
@@ -228,6 +257,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "geo_steps": args.geo_steps,
         "window_events": args.window_events,
         "window_seconds": args.window_seconds,
+        "rounds": args.rounds,
+        **{f"rounds_{m}_events_per_s": [r[m]["events_per_s"] for r in rounds] for m in ("async", "sync", "geo")},
         **{f"{m}_{k}": v for m, r in result.items() for k, v in r.items()},
         **ratios,
         "elapsed_s": elapsed_s(),
@@ -242,6 +273,11 @@ if __name__ == "__main__":
     parser.add_argument("--geo-steps", type=int, default=8, help="geo: mini-batches between pushes")
     parser.add_argument("--window-events", type=int, default=10_000, help="events per window")
     parser.add_argument("--window-seconds", type=float, default=1.0, help="wall seconds a window stays open at most")
+    parser.add_argument(
+        "--rounds", type=int, help="rounds of the three modes; figures are medians (default 3, --quick 1)"
+    )
     parsed = parser.parse_args()
+    if parsed.rounds is None:
+        parsed.rounds = 1 if parsed.quick else 3
     result = uvloop.run(main(parsed))
     print(orjson.dumps(result).decode())

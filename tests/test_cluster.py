@@ -91,6 +91,9 @@ def test_cluster_settings_defaults_env_and_flags() -> None:
     assert (s.shards, s.workers, s.port, s.produce_rate) == (3, 4, 0, 0.0)
     s = ClusterSettings.from_args(cluster_args("--produce-rate", "100"), env=env)
     assert s.produce_rate == 100.0
+    assert ClusterSettings().mode == "async"
+    assert ClusterSettings.from_args(cluster_args(), env={"CTRPS_CLUSTER_MODE": "geo"}).mode == "geo"
+    assert ClusterSettings.from_args(cluster_args("--mode", "sync"), env={"CTRPS_CLUSTER_MODE": "geo"}).mode == "sync"
     d = ClusterSettings()
     assert (d.restart_backoff_s, d.restart_backoff_max_s, d.max_restarts, d.restart_window_s) == (1, 30, 5, 300)
     env = {"CTRPS_CLUSTER_RESTART_BACKOFF": "2", "CTRPS_CLUSTER_RESTART_BACKOFF_MAX": "60",

@@ -236,7 +236,7 @@ def test_unexpected_op(frame: bytes, expect_op: int, got: int) -> None:
     expect_frame_error(frame, rf"expected op {expect_op}, got {got}", expect_op=expect_op)
 
 
-@pytest.mark.parametrize("flags", [2, 4, 0x8000, 0xFFFF])
+@pytest.mark.parametrize("flags", [2, 8, 0x8000, 0xFFFF])
 def test_unknown_flags(flags: int) -> None:
     expect_frame_error(patch(push_frame(), OFF_FLAGS, "H", flags), r"unknown flags 0x")
 
@@ -404,6 +404,31 @@ def test_push_pull_with_an_empty_push_or_pull() -> None:
     assert only_push.pull_keys is not None and only_push.pull_keys.shape == (0,)
 
 
+def test_a_push_pull_of_the_pushed_keys_sends_them_once() -> None:
+    keys = keys_of(3, U64_MAX, 9)
+    grads = np.array([[0.5], [-1.0], [2.0]], np.float32)
+    buf = codec.encode_push_pull("lr", keys, grads, keys, counts=np.ones((3, 2), np.float32))
+    assert len(buf) == len(codec.encode_push_pull("lr", keys, grads, keys_of(), counts=np.ones((3, 2), np.float32)))
+    flags, m = struct.unpack_from("<H", buf, 6)[0], struct.unpack_from("<I", buf, OFF_M)[0]
+    assert (flags, m) == (codec.FLAG_COUNTS | codec.FLAG_PULL_PUSHED, 0)
+    f = codec.decode(buf, expect_op=Op.PUSH_PULL)
+    np.testing.assert_array_equal(f.pull_keys, keys)
+    assert f.pull_keys is f.keys
+    # An equal copy is sent as keys (only the same array is recognised).
+    copy = codec.decode(codec.encode_push_pull("lr", keys, grads, keys.copy()))
+    assert struct.unpack_from("<I", codec.encode_push_pull("lr", keys, grads, keys.copy()), OFF_M)[0] == 3
+    np.testing.assert_array_equal(copy.pull_keys, keys)
+    # The flag with pull keys as well, or on another op, is refused.
+    both = bytearray(codec.encode_push_pull("lr", keys, grads, keys_of(1)))
+    struct.pack_into("<H", both, 6, codec.FLAG_PULL_PUSHED)
+    with pytest.raises(FrameError, match="push_pull request without pull keys"):
+        codec.decode(bytes(both))
+    push = bytearray(codec.encode_push("lr", keys, grads))
+    struct.pack_into("<H", push, 6, codec.FLAG_PULL_PUSHED)
+    with pytest.raises(FrameError, match="push_pull request without pull keys"):
+        codec.decode(bytes(push))
+
+
 def test_push_pull_reply_round_trip() -> None:
     w = np.arange(12, dtype=np.float32).reshape(3, 4) - 5.5
     buf = codec.encode_push_pull_reply("fm_v", applied=2**32 - 1, weights=w, version=2**40 + 3)
@@ -503,7 +528,9 @@ def test_push_pull_refuses_presence(flags: int) -> None:
 
 def test_push_pull_reply_refuses_counts_and_unknown_flags() -> None:
     expect_frame_error(patch(push_pull_reply_frame(), OFF_FLAGS, "H", FLAG_COUNTS), r"only a push carries counts")
-    expect_frame_error(patch(push_pull_frame(), OFF_FLAGS, "H", 4), r"unknown flags 0x4")
+    expect_frame_error(patch(push_pull_frame(), OFF_FLAGS, "H", 8), r"unknown flags 0x8")
+    # Pulling the pushed keys while also carrying pull keys: refused.
+    expect_frame_error(patch(push_pull_frame(), OFF_FLAGS, "H", 4), r"without pull keys")
 
 
 def test_push_pull_reply_truncated_or_padded() -> None:

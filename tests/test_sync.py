@@ -22,6 +22,8 @@ from streams import applications, assert_applied_once, brisk_worker_config, comm
 from test_worker_train import _window
 from waiting import until
 
+from app.metrics import ApiMetrics
+from app.views import ControlView
 from consumers.decode import decode_records
 from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
@@ -91,14 +93,17 @@ def test_a_sync_shard_holds_pushes_until_the_step_is_applied_once() -> None:
     np.testing.assert_array_equal(shard.tables["w"].shows[shard.tables["w"].index.lookup(keys)], [1, 1, 0])
 
 
-def _crew(kind: str, n: int, mini_batch: int = 128) -> tuple[list[Worker], list[Shard], Model]:
-    """`n` sync workers over 2 in-process shards whose shard 0 hosts a coordinator."""
+def _crew(kind: str, n: int, mini_batch: int = 128, deadline_s: float = 5.0) -> tuple[list[Worker], list[Shard], Model]:
+    """`n` sync workers over 2 in-process shards whose shard 0 hosts a
+    coordinator (and reports its barrier, as ``ctrps shard`` does)."""
     model = make_model(kind, "m", mode="sync")
     shards = [Shard(ShardSpec(i, 2), model.tables()) for i in range(2)]
     coordinator = Coordinator()
+    shards[0].extra_stats["sync"] = coordinator.barrier.stats
+    config = {"mini_batch": mini_batch, "decode_processes": 0, "mode": "sync", "sync_deadline_s": deadline_s}
     workers = [
         Worker(
-            WorkerConfig("unused:9092", mini_batch=mini_batch, decode_processes=0, mode="sync", worker_id=f"w{i}"),
+            WorkerConfig("unused:9092", worker_id=f"w{i}", **config),
             PSClient.local(shards),
             ControlClient.local(shards, coordinator),
             model,
@@ -160,6 +165,34 @@ async def test_two_workers_train_exactly_as_one_over_their_steps_together(kind: 
     for t in model.table_names:
         np.testing.assert_allclose(await got.pull(t, probe), await ref.pull(t, probe), rtol=1e-5, atol=1e-6)
     assert all(t.held_keys == 0 for s in shards for t in s.tables.values())
+
+
+async def test_a_member_that_never_arrives_holds_each_step_no_longer_than_the_deadline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    values: list[bytes | None] = [orjson.dumps(e) for e in SyntheticStream(seed=4).batch(512)]
+    (w0, w1), shards, model = _crew("lr", 2, deadline_s=0.2)
+    await w1.control.sync_join("w1")  # inside a window, then stuck
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await _train_together([w0], [values])
+    # The first step waited 0.2 s and dropped w1; the other three did not wait.
+    assert 0.15 < loop.time() - t0 < 3.0
+    assert w0.stats.sync_steps == 4 and w0.stats.events_trained == 512
+    shrunk = [r for r in caplog.records if r.name == "ctrps.sync"]
+    assert len(shrunk) == 1 and shrunk[0].fields["dropped"] == "w1"  # type: ignore[attr-defined]
+    metrics = ApiMetrics()
+    exposition = (await metrics.scrape(ControlView(w0.control, metrics))).decode()
+    assert "ctrps_sync_quorum_shrinks_total 1.0" in exposition
+    assert 'ctrps_sync_members_dropped_total{worker="w1"} 1.0' in exposition
+    assert "ctrps_sync_steps_total 4.0" in exposition and "ctrps_sync_members 0.0" in exposition
+    # Alone after the drop, w0 trained exactly as a lone worker.
+    (alone,), alone_shards, _ = _crew("lr", 1)
+    await _train_together([alone], [values])
+    keys = model.plan(decode_records(values, "m", 1 << 20).batch).keys
+    np.testing.assert_array_equal(
+        await PSClient.local(shards).pull("m_w", keys), await PSClient.local(alone_shards).pull("m_w", keys)
+    )
 
 
 @pytest.mark.parametrize("kind", ["lr", "fm"])

@@ -8,7 +8,8 @@ copy keeps the optimizer's row, the ``base`` weights last read from the
 shards, and whether it was trained since the last push.
 
 A *round* is the mini-batches between two pushes. At a round's end the
-worker pushes ``(local − base) · scale`` for every row it trained and reads
+worker pushes ``(local − base) · scale`` for every row it trained whose
+weights moved (with the shows and clicks it saw since its last push) and reads
 back the shards' merged weights, which become both the row's weights and its
 new base (`merge`). Rows not trained in the round may have been changed by
 other workers since they were read: `end_round` marks them stale, and the
@@ -18,7 +19,8 @@ and pulls only keys it uses — the equivalent of a per-worker changed-key
 recorder on the shards, at no cost on the shards.
 
 Memory is bounded: past ``max_rows`` rows, `end_round` drops the stale ones
-(their optimizer state starts afresh if they come back).
+(their optimizer state starts afresh if they come back; the shows and clicks
+an unmoved row held unsent go with it).
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ class GeoCopy:
         """Keys read from the shards before training (new or stale)."""
         self.pushed_keys = 0
         """Keys whose differences were pushed."""
+        self.unmoved_keys = 0
+        """Trained keys not pushed, their weights unmoved (`deltas`)."""
         self.dropped_rows = 0
         """Stale rows dropped to stay under `max_rows`."""
         self._resize(1024)
@@ -158,13 +162,26 @@ class GeoCopy:
         self.counts[rows] += counts
 
     def deltas(self, scale: float) -> Deltas:
-        """The round's push: ``(local − base) · scale`` of every trained row."""
-        rows = np.flatnonzero(self.trained[: self.index.num_rows])
+        """The round's push: ``(local − base) · scale`` of every trained row
+        whose weights moved in some table.
+
+        A trained row that did not move (FTRL's L1 holds most rare ids at
+        exactly 0) is not sent: it has nothing to add, and the shards need
+        no row for it. Its shows and clicks wait in the copy and travel with
+        its first move; it is not merged, so it is stale next round."""
+        trained = np.flatnonzero(self.trained[: self.index.num_rows])
         s = np.float32(scale)
-        values = {
-            name: (opt.weights(self.rows[name][rows], self.dims[name]) - self.base[name][rows]) * s
+        diffs = {
+            name: opt.weights(self.rows[name][trained], self.dims[name]) - self.base[name][trained]
             for name, opt in self.optimizers.items()
         }
+        moved = np.zeros(trained.size, dtype=bool)
+        for d in diffs.values():
+            moved |= (d != 0).any(axis=1)
+        self.trained[trained[~moved]] = False
+        self.unmoved_keys += int(trained.size - moved.sum())
+        rows = trained[moved]
+        values = {name: d[moved] * s for name, d in diffs.items()}
         return Deltas(rows, self.index.row_keys[rows], values, self.counts[rows])
 
     def merge(self, rows: I64, merged: dict[str, F32]) -> None:

@@ -259,21 +259,16 @@ class PSClient(PSReader[ShardTransport]):
         jobs = [i for i, (p, q) in enumerate(zip(pr.parts, qr.parts)) if p.stop > p.start or q.stop > q.start] or [0]
         # Nothing at all to send still asks shard 0, which answers with the
         # table's dim (and an unknown table's error), as an empty pull does.
+        pushes = [
+            Push(table, k[pr.parts[i]], g[pr.parts[i]], None if c is None else c[pr.parts[i]], event_time, rid, base[i])
+            for i in jobs
+        ]
+        # Pulling the very keys pushed: the same array, which the frame
+        # then names by a flag instead of carrying the keys twice.
         results: list[tuple[int, F32, int]] = await fan_out(
             [
-                self.transports[i].push_pull(
-                    Push(
-                        table,
-                        k[pr.parts[i]],
-                        g[pr.parts[i]],
-                        None if c is None else c[pr.parts[i]],
-                        event_time,
-                        rid,
-                        base[i],
-                    ),
-                    qr.by_shard[qr.parts[i]],
-                )
-                for i in jobs
+                self.transports[i].push_pull(push, push.keys if pr is qr else qr.by_shard[qr.parts[i]])
+                for i, push in zip(jobs, pushes)
             ]
         )
         clocks = [0] * self.num_shards

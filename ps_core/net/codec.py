@@ -11,7 +11,9 @@ arrays::
                  5 push_pull request, 6 push_pull reply
     6      2     flags: bit 0 = a counts array follows the values (push,
                  push_pull); bit 1 = presence: in a pull request, asks for it;
-                 in a weights reply, a presence array follows the values
+                 in a weights reply, a presence array follows the values;
+                 bit 2 = in a push_pull request, pull the pushed keys (m = 0,
+                 no pull keys section: a geo worker reads back what it pushed)
     8      4     count n: keys in a pull or push request, push keys in a
                  push_pull request, rows in a weights or push_pull reply,
                  distinct keys applied in a push ack
@@ -48,6 +50,9 @@ applied to the table between the pull and the push). They were added within
 format version 1 in bytes that every earlier writer zeroed in those frames
 and no reader checked: an older peer sends 0 (unknown: not counted) and
 ignores what it receives.
+
+Flag bit 2 was added within format version 1 too: a reader that predates it
+refuses the frame ("unknown flags") rather than answering an empty pull.
 
 Ops 5 and 6 were added within format version 1: every earlier frame still
 decodes unchanged (its writers zeroed bytes 42..47, which were reserved), and
@@ -93,6 +98,7 @@ __all__ = [
     "encode_push_pull_reply",
     "FLAG_COUNTS",
     "FLAG_PRESENCE",
+    "FLAG_PULL_PUSHED",
     "MAX_NAME",
 ]
 
@@ -100,6 +106,8 @@ MAGIC = b"CTPS"
 FORMAT_VERSION = 1
 FLAG_COUNTS = 1
 FLAG_PRESENCE = 2
+FLAG_PULL_PUSHED = 4
+"""A push_pull request pulls the keys it pushes: no pull section follows (m = 0)."""
 MAX_NAME = 255
 _HEADER = struct.Struct("<4sBBHIIdQQH2xI")
 HEADER_SIZE = _HEADER.size  # 48
@@ -183,6 +191,7 @@ def encode(
     pull_keys: npt.NDArray[np.uint64] | None = None,
     applied: int = 0,
     clock: int = 0,
+    pull_pushed: bool = False,
 ) -> bytes:
     """Encode one frame; arrays are converted to little-endian as needed.
 
@@ -226,6 +235,8 @@ def encode(
         parts.append(c.tobytes())
     if presence or present is not None:
         flags |= FLAG_PRESENCE
+    if pull_pushed:
+        flags |= FLAG_PULL_PUSHED
     if present is not None:
         pr = np.ascontiguousarray(present, dtype=np.uint8).reshape(-1)
         parts.append(pr.tobytes() + b"\0" * (_pad8(pr.size) - pr.size))
@@ -296,7 +307,8 @@ def encode_push_pull(
     """A push_pull request: push `keys` with `grads` (n, dim) and optional
     shows/clicks (computed at table clock `base_clock`), then pull
     `pull_keys`. Either part may be empty; an empty push is skipped by the
-    shard (its dim is not checked)."""
+    shard (its dim is not checked). `pull_keys` given as the very `keys`
+    object is sent as flag bit 2, not as a second copy of the keys."""
     g = np.asarray(grads)
     rows = g.shape[0] if g.ndim else 0
     if rows != np.asarray(keys).size or (counts is not None and np.asarray(counts).size != 2 * rows):
@@ -306,11 +318,13 @@ def encode_push_pull(
             f"push section of {np.asarray(keys).size} keys, {rows} gradient rows"
             + ("" if counts is None else f", {np.asarray(counts).size // 2} rows of counts")
         )
+    same = pull_keys is keys  # the caller pulls what it pushes: say so, not the keys again
     return encode(
         Op.PUSH_PULL,
         table,
         keys=keys,
-        pull_keys=pull_keys,
+        pull_keys=None if same else pull_keys,
+        pull_pushed=same,
         values=grads,
         counts=counts,
         event_time=event_time,
@@ -350,8 +364,11 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         raise FrameError(f"unknown op {op}")
     if expect_op is not None and op != expect_op:
         raise FrameError(f"expected op {expect_op}, got {op}")
-    if flags & ~(FLAG_COUNTS | FLAG_PRESENCE):
+    if flags & ~(FLAG_COUNTS | FLAG_PRESENCE | FLAG_PULL_PUSHED):
         raise FrameError(f"unknown flags {flags:#x}")
+    pull_pushed = bool(flags & FLAG_PULL_PUSHED)
+    if pull_pushed and (op != Op.PUSH_PULL or m):
+        raise FrameError(f"flag {FLAG_PULL_PUSHED:#x} is for a push_pull request without pull keys")
     if m and op not in (Op.PUSH_PULL, Op.PUSH_PULL_REPLY):
         raise FrameError(f"op {op} carries no second count but bytes 44..47 hold {m}")
     if name_len == 0 or name_len > MAX_NAME:
@@ -410,6 +427,8 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     if has_counts:
         counts = _readonly(np.frombuffer(mv, dtype="<f4", count=2 * n, offset=pos).reshape(n, 2))
         pos += 8 * n
+    if pull_pushed:
+        pull_keys = keys
     if presence_reply:
         raw = np.frombuffer(mv, dtype=np.uint8, count=n, offset=pos)
         if (raw > 1).any():
