@@ -86,6 +86,7 @@ class GeoCopy:
         """Trained keys not pushed, their weights unmoved (`deltas`)."""
         self.dropped_rows = 0
         """Stale rows dropped to stay under `max_rows`."""
+        self._probed: tuple[int, I64] = (-1, np.zeros(0, dtype=np.int64))
         self._resize(1024)
 
     def _resize(self, capacity: int) -> None:
@@ -109,22 +110,31 @@ class GeoCopy:
     def locate(self, keys: U64) -> tuple[I64, npt.NDArray[np.bool_]]:
         """The row of each distinct key (-1: absent) and which keys must be
         read from the shards first (absent, or stale this round)."""
-        rows = self.index.lookup(keys)
+        rows, free = self.index.probe(keys)
+        # Where absent keys would go, for `take`'s insert while nothing moved.
+        self._probed = (self.index.mutations, free)
         need = rows < 0
         known = ~need
         need[known] = ~self.synced[rows[known]]
         return rows, need
 
     def take(self, keys: U64, rows: I64, need: npt.NDArray[np.bool_], pulled: dict[str, F32]) -> I64:
-        """Take the shards' weights `pulled` (per table, for ``keys[need]``):
-        new rows start from them with fresh optimizer state, stale rows have
-        their weights replaced and keep their state. Returns every key's row."""
-        got, new_rows, _ = self.index.get_or_insert(keys[need])
-        if self.index.num_rows > self.synced.size:
-            self._resize(max(self.index.num_rows, 2 * self.synced.size))
-        is_new = np.zeros(self.synced.size, dtype=bool)
-        is_new[new_rows] = True
-        fresh = is_new[got]
+        """Take the shards' weights `pulled` (per table, for ``keys[need]``,
+        `keys` distinct, `rows` and `need` as `locate` gave them): new rows
+        start from them with fresh optimizer state, stale rows have their
+        weights replaced and keep their state. Returns every key's row."""
+        got = rows[need]
+        fresh = got < 0
+        if fresh.any():
+            mutations, free = self._probed
+            absent = np.flatnonzero(need)[fresh]
+            hint = free[absent] if mutations == self.index.mutations and free.size == keys.size else None
+            got[fresh] = self.index.insert_absent(keys[absent], hint)[0]
+            if self.index.num_rows > self.synced.size:
+                self._resize(max(self.index.num_rows, 2 * self.synced.size))
+            new_rows = got[fresh]
+            self.trained[new_rows] = False
+            self.counts[new_rows] = 0
         for name, opt in self.optimizers.items():
             w = np.ascontiguousarray(pulled[name], dtype=np.float32)
             self.base[name][got] = w
@@ -137,8 +147,6 @@ class GeoCopy:
                 opt.set_weights(block, w[~fresh])
                 table[old] = block
         self.synced[got] = True
-        self.trained[new_rows] = False
-        self.counts[new_rows] = 0
         self.pulled_keys += int(got.size)
         out = rows.copy()
         out[need] = got
