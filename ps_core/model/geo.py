@@ -221,6 +221,7 @@ class GeoCopy:
         """Forget every row (after a window failed part-way or the shards
         were rewound: the bases no longer say what the shards hold)."""
         self.index = KeyIndex()
+        self._probed = (-1, np.zeros(0, dtype=np.int64))
         self.synced[:] = False
         self.trained[:] = False
         self.counts[:] = 0
