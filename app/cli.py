@@ -77,6 +77,11 @@ example:
   ctrps worker --bootstrap 127.0.0.1:9092 \\
       --shards http://127.0.0.1:7100,http://127.0.0.1:7101 --window-seconds 5
 
+Training a model in geo mode instead (every worker of a model must run its
+mode: start each of them so):
+  ctrps worker --bootstrap 127.0.0.1:9092 --mode geo --geo-steps 8 \\
+      --shards http://127.0.0.1:7100,http://127.0.0.1:7101
+
 Every flag falls back to a CTRPS_* variable (CTRPS_KAFKA_BOOTSTRAP, CTRPS_SHARDS,
 CTRPS_TOPIC, CTRPS_WINDOW_SECONDS, ...). One log line per window.
 """
