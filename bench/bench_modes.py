@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import tempfile
 import time
 import uuid
@@ -73,7 +74,8 @@ def weighted(reports: list[WindowReport], field: str) -> float:
 async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     """2 workers of a fresh group train the topic in `mode` against 2 fresh
     shard servers (shard 0 hosting the coordinator, whose barrier sync needs)."""
-    procs, urls = start_shards(2, exports=tempfile.mkdtemp(prefix="bench-modes-"))
+    exports = tempfile.mkdtemp(prefix="bench-modes-")
+    procs, urls = start_shards(2, exports=exports)
     try:
         await wait_healthy(urls)
         group = f"bench-{mode}-{uuid.uuid4().hex[:8]}"
@@ -143,6 +145,7 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
                 await control.close()
     finally:
         stop_shards(procs)
+        shutil.rmtree(exports, ignore_errors=True)
     if t0 is None:
         raise RuntimeError(f"{mode}: the two workers never held {PARTITIONS // 2} partitions each")
     measured = n - trained0
