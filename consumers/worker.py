@@ -38,9 +38,9 @@ import os
 import socket
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -62,9 +62,9 @@ from ps_core.checkpoint.stream import StreamIdentity, stream_mismatch
 from ps_core.errors import CutInProgressError, NoCoordinatorError, PSError
 from ps_core.model.batch import EventBatch
 from ps_core.model.geo import GeoCopy
-from ps_core.model.metrics import Metrics, evaluate
-from ps_core.model.models import BatchPlan, Model, sigmoid
-from ps_core.net.client import PSClient, Routed
+from ps_core.model.metrics import Metrics
+from ps_core.model.models import Model
+from ps_core.net.client import PSClient
 from ps_core.store.table import MODES
 
 from .broker import broker_listening
@@ -82,6 +82,7 @@ from .outage import (
     locate_bad_batch,
 )
 from .resume import STALE_POLICIES, StaleOffsetsError, StalePartition, bounds_reason, cluster_id, partition_bounds
+from .training import AsyncTraining, GeoTraining, SyncTraining, Training
 from .windows import TopicPartitionKey, Window, WindowBuilder
 
 __all__ = ["WorkerConfig", "Worker", "WindowReport"]
@@ -98,15 +99,6 @@ client's deadline (10 s), so the answer always reaches the worker."""
 APPLY_AHEAD = 3
 """Closed windows training or waiting to train while the next one fills (see
 docs/architecture.md, Workers: with 2 the decode process idled)."""
-
-
-class _Step(NamedTuple):
-    """A mini-batch ready to train: its events and everything but the weights."""
-
-    batch: EventBatch
-    plan: BatchPlan
-    routed: Routed
-    event_time: float
 
 
 _Chunk = tuple[TopicPartitionKey, int, "asyncio.Future[Decoded]"]
@@ -127,15 +119,6 @@ def _first_offsets(window: Window) -> dict[TopicPartitionKey, int]:
         if mine.size:
             out[tp] = int(mine.min())
     return out
-
-
-async def _per_table(calls: list[Coroutine[Any, Any, _T]]) -> list[_T]:
-    """The results of one call per table, concurrently. A model of one table
-    (LR) awaits its call directly: `asyncio.gather` would wrap it in a task
-    and a loop round trip on every training step."""
-    if len(calls) == 1:
-        return [await calls[0]]
-    return list(await asyncio.gather(*calls))
 
 
 @dataclass(frozen=True)
@@ -337,8 +320,6 @@ class Worker:
         self.model = model
         self.on_window = on_window
         self.stats = WorkerStats()
-        self.geo = GeoCopy(model.tables(), max_rows=config.geo_max_rows) if config.mode == "geo" else None
-        """Geo mode: the rows this worker trains locally (None in async)."""
         self._builder = WindowBuilder(config.window_seconds, config.window_events)
         self._lock = asyncio.Lock()  # one window applies at a time (revoke waits for it)
         self._consumer: Any = None
@@ -351,6 +332,8 @@ class Worker:
         # (partition, number of records, decoding).
         self._chunks: list[_Chunk] = []
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.training = self._training()
+        """How a window trains, in the model's update mode."""
         self.leased = False
         """Whether windows are leased from a coordinator (found at start)."""
         self._epoch: str | None = None
@@ -552,8 +535,7 @@ class Worker:
                 self._consumer.seek(TopicPartition(topic, p), off)
                 moved[p] = off
         self.stats.windows_replayed += 1
-        if self.geo is not None:  # its bases may not be what the shards hold now
-            self.geo.clear()
+        self.training.reset()  # a geo copy's bases may not be what the shards hold now
         log.warning(
             "window failed in an outage: not committed, its partitions resume from its first offsets",
             extra={
@@ -1038,7 +1020,7 @@ class Worker:
             committed: Offsets = {}
             try:
                 t_train = time.perf_counter()
-                metrics = await self._trainer()(pieces(), window)
+                metrics = await self.training.train(pieces(), window)
                 t_trained = time.perf_counter()
                 # Dead letters go out before the commit that passes their offsets.
                 assert self._dlq is not None
@@ -1069,211 +1051,35 @@ class Worker:
             except Exception as exc:  # a status sink must never stop training
                 log.warning("window hook failed", extra={"fields": {"error": repr(exc)}})
 
-    async def _pull_all(self, keys: Routed) -> dict[str, Any]:
-        names = self.model.table_names
-        got = await _per_table([self.client.pull(t, keys) for t in names])
-        return dict(zip(names, got))
-
-    async def _mini_batches(self, pieces: AsyncIterator[EventBatch]) -> AsyncIterator[EventBatch]:
-        """Consecutive mini-batches of the pieces' events: a mini-batch takes
-        the end of one piece and the start of the next, as if they were one
-        batch (only its few events are copied, not the pieces)."""
-        step = self.config.mini_batch
-        rest: EventBatch | None = None
-        async for batch in pieces:
-            start = 0
-            if rest is not None:
-                start = min(step - rest.size, batch.size)
-                rest = EventBatch.concat([rest, batch.slice(0, start)], [0, 0])
-                if rest.size < step:
-                    continue
-                yield rest
-                rest = None
-            while batch.size - start >= step:  # per mini-batch, not per event
-                yield batch.slice(start, start + step)
-                start += step
-            if start < batch.size:
-                rest = batch.slice(start, batch.size)
-        if rest is not None and rest.size:
-            yield rest
-
-    async def _train_pieces(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
-        """Mini-batches of pull → predict → gradient → push over the events of
-        `pieces`, in order; returns the progressive metrics of the window.
-
-        Progressive validation: each event's prediction is made from the
-        weights pulled for its mini-batch, before that mini-batch's push, so
-        every event is predicted before it is learnt from, by the model as it
-        stands at that moment (not as it stood at the window's start).
-        """
-        names = self.model.table_names
-        predicted: list[npt.NDArray[np.float64]] = []
-        labels: list[npt.NDArray[np.float32]] = []
-
-        def planned(sub: EventBatch) -> _Step:
-            plan = self.model.plan(sub)
-            ts = sub.ts[np.isfinite(sub.ts)]
-            event_time = float(ts.max()) if ts.size else window.last_ts_ms / 1000.0
-            # Split once for the pull and the push.
-            return _Step(sub, plan, self.client.route(plan.keys), event_time)
-
-        batches = self._mini_batches(pieces)
-        first = await anext(batches, None)
-        if first is None:
-            return evaluate(np.empty(0), np.empty(0, dtype=np.float32))
-        # Planned one mini-batch ahead: the next one's keys go with this push.
-        current = planned(first)
-        weights = await self._pull_all(current.routed)
-        trained = 0
-        while True:
-            sub, plan, routed, event_time = current
-            p = sigmoid(self.model.logits(sub, plan, weights))
-            predicted.append(p)
-            labels.append(sub.labels)
-            trained += sub.size
-            dlogit = (p - sub.labels) * sub.weights
-            grads = self.model.gradients(sub, plan, weights, dlogit)
-            counts = plan.counts(sub.labels)
-            nxt = await anext(batches, None)  # may wait for the next chunk's decoding
-            if nxt is None:
-                await _per_table(
-                    [self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names]
-                )
-                break
-            # This mini-batch's push and the next one's pull travel in one
-            # request per shard; each shard applies the push before reading
-            # the pull, so the next mini-batch is predicted by weights that
-            # have learnt from this one, as before.
-            current = planned(nxt)
-            got = await _per_table(
-                [
-                    self.client.push_pull(
-                        t, routed, grads[t], pull_keys=current.routed, counts=counts, event_time=event_time
-                    )
-                    for t in names
-                ]
+    def _training(self) -> Training:
+        """The training of the update mode the worker runs."""
+        c = self.config
+        if c.mode == "sync":
+            return SyncTraining(
+                self.client,
+                self.model,
+                self.stats,
+                c.mini_batch,
+                control=self.control,
+                member=self.worker_id,
+                deadline_s=c.sync_deadline_s,
             )
-            weights = {t: w for t, (_, w) in zip(names, got)}
-            # In-process shards never suspend: give the fetcher its turn, so
-            # the next window arrives while this one trains.
-            await asyncio.sleep(0)
-        self.stats.events_trained += trained
-        return evaluate(np.concatenate(predicted), np.concatenate(labels))
-
-    def _trainer(self) -> Callable[[AsyncIterator[EventBatch], Window], Awaitable[Metrics]]:
-        """The training loop of the update mode."""
-        if self.config.mode == "geo":
-            return self._train_geo
-        if self.config.mode == "sync":
-            return self._train_sync
-        return self._train_pieces
-
-    async def _train_sync(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
-        """Sync mode: each mini-batch is a step of the workers inside a
-        window. Pull, predict, push the gradients (the shards hold them),
-        arrive at the barrier; when the step closes every shard applies the
-        sum of the step's gradients once, and the next step pulls.
-
-        The worker is a member from its window's first step to its end, so a
-        worker waiting for records holds nobody up."""
-        names = self.model.table_names
-        predicted: list[npt.NDArray[np.float64]] = []
-        labels: list[npt.NDArray[np.float32]] = []
-        trained = 0
-        me = self.worker_id
-        await self.control.sync_join(me)
-        try:
-            async for sub in self._mini_batches(pieces):
-                plan = self.model.plan(sub)
-                routed = self.client.route(plan.keys)
-                weights = dict(zip(names, await _per_table([self.client.pull(t, routed) for t in names])))
-                p = sigmoid(self.model.logits(sub, plan, weights))
-                predicted.append(p)
-                labels.append(sub.labels)
-                trained += sub.size
-                grads = self.model.gradients(sub, plan, weights, (p - sub.labels) * sub.weights)
-                counts = plan.counts(sub.labels)
-                ts = sub.ts[np.isfinite(sub.ts)]
-                event_time = float(ts.max()) if ts.size else window.last_ts_ms / 1000.0
-                await _per_table(
-                    [self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names]
-                )
-                step = await self.control.sync_arrive(me, self.config.sync_deadline_s)
-                await self.control.sync_apply(step)
-                self.stats.sync_steps += 1
-        finally:
-            # Shielded: a cancelled window still leaves, or the others wait out the deadline.
-            with contextlib.suppress(PSError, OSError):
-                await asyncio.shield(self.control.sync_leave(me))
-        self.stats.events_trained += trained
-        if not predicted:
-            return evaluate(np.empty(0), np.empty(0, dtype=np.float32))
-        return evaluate(np.concatenate(predicted), np.concatenate(labels))
-
-    async def _train_geo(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
-        """Geo mode: mini-batches trained on the local copy (`GeoCopy`), its
-        differences pushed every `geo_steps` mini-batches and at the window's
-        end, so the window's commit covers every update it made.
-
-        Progressive validation as in async: each event is predicted by the
-        local copy before its mini-batch trains it."""
-        geo = self.geo
-        assert geo is not None
-        names = self.model.table_names
-        predicted: list[npt.NDArray[np.float64]] = []
-        labels: list[npt.NDArray[np.float32]] = []
-        scale = self._geo_scale()
-        steps = trained = 0
-        last_ts = -np.inf  # the round's latest event time
-        async for sub in self._mini_batches(pieces):
-            plan = self.model.plan(sub)
-            rows, need = geo.locate(plan.keys)
-            if need.any():
-                routed = self.client.route(plan.keys[need])
-                pulled = await _per_table([self.client.pull(t, routed) for t in names])
-                rows = geo.take(plan.keys, rows, need, dict(zip(names, pulled)))
-            weights = geo.weights(rows)
-            p = sigmoid(self.model.logits(sub, plan, weights))
-            predicted.append(p)
-            labels.append(sub.labels)
-            trained += sub.size
-            geo.train(
-                rows, self.model.gradients(sub, plan, weights, (p - sub.labels) * sub.weights), plan.counts(sub.labels)
+        if c.mode == "geo":
+            return GeoTraining(
+                self.client,
+                self.model,
+                self.stats,
+                c.mini_batch,
+                geo_steps=c.geo_steps,
+                max_rows=c.geo_max_rows,
+                scale=lambda: self._geo_scale(),  # looked up per call: a test may set another
             )
-            ts = sub.ts[np.isfinite(sub.ts)]
-            last_ts = max(last_ts, float(ts.max())) if ts.size else last_ts
-            steps += 1
-            if steps % self.config.geo_steps == 0:
-                await self._geo_push(scale, last_ts if np.isfinite(last_ts) else window.last_ts_ms / 1000.0)
-                last_ts = -np.inf
-            await asyncio.sleep(0)  # in-process shards never suspend: let the fetcher run
-        if steps % self.config.geo_steps:
-            await self._geo_push(scale, last_ts if np.isfinite(last_ts) else window.last_ts_ms / 1000.0)
-        self.stats.events_trained += trained
-        if not predicted:
-            return evaluate(np.empty(0), np.empty(0, dtype=np.float32))
-        return evaluate(np.concatenate(predicted), np.concatenate(labels))
+        return AsyncTraining(self.client, self.model, self.stats, c.mini_batch)
 
-    async def _geo_push(self, scale: float, event_time: float) -> None:
-        """Push the local copy's differences since the last push and take the
-        shards' merged weights back (one push-pull per table and shard)."""
-        geo = self.geo
-        assert geo is not None
-        names = self.model.table_names
-        d = geo.deltas(scale)
-        if d.keys.size:
-            routed = self.client.route(d.keys)
-            got = await _per_table(
-                [
-                    self.client.push_pull(
-                        t, routed, d.values[t], pull_keys=routed, counts=d.counts, event_time=event_time
-                    )
-                    for t in names
-                ]
-            )
-            geo.merge(d.rows, {t: w for t, (_, w) in zip(names, got)})
-        geo.end_round(d.rows)
-        self.stats.geo_rounds += 1
+    @property
+    def geo(self) -> GeoCopy | None:
+        """Geo mode: the rows this worker trains locally (None otherwise)."""
+        return self.training.copy if isinstance(self.training, GeoTraining) else None
 
     def _geo_scale(self) -> float:
         """What a geo worker's differences are scaled by: its share of the
@@ -1337,8 +1143,7 @@ class Worker:
         moved = {str(p): o for p, o in (await self._resume(list(owned), rewind=True)).items()}
         self._epoch = epoch
         self.stats.rewinds += 1
-        if self.geo is not None:  # the shards went back to a cut
-            self.geo.clear()
+        self.training.reset()  # the shards went back to a cut
         log.warning("coordinator restarted: rewound", extra={"fields": {"epoch": epoch, "offsets": moved}})
 
     async def _release(self, lease_id: int, committed: Offsets) -> None:

@@ -146,8 +146,7 @@ async def _progressive(mode: str, kind: str, values: list[bytes | None], workers
             yield b
 
         w = crew[i % workers]
-        train = w._train_geo if mode == "geo" else w._train_pieces
-        results.append(await train(one(), _window(part)))
+        results.append(await w.training.train(one(), _window(part)))
     second = results[len(results) // 2 :]
     events = sum(m.events for m in second)
     auc = sum(m.auc * m.events for m in second) / events

@@ -126,7 +126,7 @@ async def _train_together(workers: list[Worker], parts: list[list[bytes | None]]
         async def one() -> AsyncIterator[EventBatch]:
             yield batch
 
-        return await w._train_sync(one(), _window(values))
+        return await w.training.train(one(), _window(values))
 
     return list(await asyncio.gather(*(train(w, v) for w, v in zip(workers, parts))))
 

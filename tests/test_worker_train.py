@@ -13,6 +13,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 from consumers.decode import Decoded, decode_records
 from consumers.dlq import DeadLetter
 from consumers.synthetic import SyntheticStream
+from consumers.training import mini_batches
 from consumers.windows import Window, WindowBuilder
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
@@ -44,7 +45,7 @@ async def _train(worker: Worker, decoded: Decoded, window: Window) -> Metrics:
     async def one() -> AsyncIterator[EventBatch]:
         yield decoded.batch
 
-    return await worker._train_pieces(one(), window)
+    return await worker.training.train(one(), window)
 
 
 def _local_worker() -> tuple[Worker, Shard]:
@@ -156,9 +157,9 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int]) -> 
     bounds = np.cumsum([0] + sizes)
     parts = [decode_records(values[a:b], model.name, 1 << 20).batch for a, b in zip(bounds[:-1], bounds[1:])]
     worker, client, _ = make()
-    got_sizes = [b.size async for b in worker._mini_batches(_as_pieces(parts))]
+    got_sizes = [b.size async for b in mini_batches(_as_pieces(parts), worker.config.mini_batch)]
     assert got_sizes == [step] * (1000 // step) + [1000 % step]
-    metrics = await worker._train_pieces(_as_pieces(parts), _window(values))
+    metrics = await worker.training.train(_as_pieces(parts), _window(values))
 
     assert metrics == expected
     keys = model.plan(whole.batch).keys

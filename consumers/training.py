@@ -1,0 +1,324 @@
+"""How a window's events train the model, one class per update mode.
+
+A worker hands each window's decoded pieces to its `Training`, which cuts
+them into mini-batches, predicts every event before learning from it
+(progressive validation) and updates the shards as its mode says
+(docs/architecture.md, "Update modes"):
+
+- `AsyncTraining`: pull → predict → gradients → push, each push applied as
+  it arrives; a mini-batch's push and the next one's pull share a request;
+- `SyncTraining`: the same, but the shards hold each step's gradients until
+  every worker inside a window has pushed (`ps_core.checkpoint.barrier`);
+- `GeoTraining`: a local copy trained (`ps_core.model.geo.GeoCopy`), its
+  differences pushed every `geo_steps` mini-batches and at the window's end.
+
+Each returns the window's progressive metrics; all of a window's updates are
+acknowledged before it returns, so the worker's commit covers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ps_core.checkpoint.control import ControlClient
+from ps_core.errors import PSError
+from ps_core.model.batch import EventBatch
+from ps_core.model.geo import GeoCopy
+from ps_core.model.metrics import Metrics, evaluate
+from ps_core.model.models import BatchPlan, Model, sigmoid
+from ps_core.net.client import PSClient, Routed
+
+from .windows import Window
+
+__all__ = ["Training", "AsyncTraining", "SyncTraining", "GeoTraining", "TrainingStats", "mini_batches", "per_table"]
+
+_T = TypeVar("_T")
+
+
+class TrainingStats(Protocol):
+    """The running totals a training updates (a worker's `WorkerStats`)."""
+
+    events_trained: int
+    sync_steps: int
+    geo_rounds: int
+
+
+async def per_table(calls: list[Coroutine[Any, Any, _T]]) -> list[_T]:
+    """The results of one call per table, concurrently. A model of one table
+    (LR) awaits its call directly: `asyncio.gather` would wrap it in a task
+    and a loop round trip on every training step."""
+    if len(calls) == 1:
+        return [await calls[0]]
+    return list(await asyncio.gather(*calls))
+
+
+async def mini_batches(pieces: AsyncIterator[EventBatch], step: int) -> AsyncIterator[EventBatch]:
+    """Consecutive mini-batches of `step` events of the pieces: a mini-batch
+    takes the end of one piece and the start of the next, as if they were
+    one batch (only its few events are copied, not the pieces)."""
+    rest: EventBatch | None = None
+    async for batch in pieces:
+        start = 0
+        if rest is not None:
+            start = min(step - rest.size, batch.size)
+            rest = EventBatch.concat([rest, batch.slice(0, start)], [0, 0])
+            if rest.size < step:
+                continue
+            yield rest
+            rest = None
+        while batch.size - start >= step:  # per mini-batch, not per event
+            yield batch.slice(start, start + step)
+            start += step
+        if start < batch.size:
+            rest = batch.slice(start, batch.size)
+    if rest is not None and rest.size:
+        yield rest
+
+
+def _event_time(sub: EventBatch, window: Window) -> float:
+    """A mini-batch's latest event time (the window's when it has none)."""
+    ts = sub.ts[np.isfinite(sub.ts)]
+    return float(ts.max()) if ts.size else window.last_ts_ms / 1000.0
+
+
+class _Step(NamedTuple):
+    """A mini-batch ready to train: its events and everything but the weights."""
+
+    batch: EventBatch
+    plan: BatchPlan
+    routed: Routed
+    event_time: float
+
+
+class _Progressive:
+    """The predictions and labels of a window, in event order."""
+
+    def __init__(self) -> None:
+        self.predicted: list[npt.NDArray[np.float64]] = []
+        self.labels: list[npt.NDArray[np.float32]] = []
+        self.events = 0
+
+    def add(self, p: npt.NDArray[np.float64], labels: npt.NDArray[np.float32]) -> None:
+        self.predicted.append(p)
+        self.labels.append(labels)
+        self.events += int(p.size)
+
+    def metrics(self) -> Metrics:
+        if not self.predicted:
+            return evaluate(np.empty(0), np.empty(0, dtype=np.float32))
+        return evaluate(np.concatenate(self.predicted), np.concatenate(self.labels))
+
+
+class Training(ABC):
+    """A window's training in one update mode."""
+
+    def __init__(self, client: PSClient, model: Model, stats: TrainingStats, mini_batch: int) -> None:
+        self.client = client
+        self.model = model
+        self.stats = stats
+        self.mini_batch = mini_batch
+
+    @abstractmethod
+    async def train(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
+        """Train the events of `pieces`, in order; the window's progressive metrics."""
+
+    def reset(self) -> None:  # noqa: B027 (most modes hold nothing of the shards' state)
+        """Forget what this training holds of the shards' state (after a
+        window failed part-way, or the shards went back to a cut)."""
+
+
+class AsyncTraining(Training):
+    """Async mode: each push applied as it arrives."""
+
+    async def train(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
+        """Mini-batches of pull → predict → gradient → push.
+
+        Progressive validation: each event's prediction is made from the
+        weights pulled for its mini-batch, before that mini-batch's push, so
+        every event is predicted before it is learnt from, by the model as it
+        stands at that moment (not as it stood at the window's start).
+        """
+        names = self.model.table_names
+        seen = _Progressive()
+
+        def planned(sub: EventBatch) -> _Step:
+            plan = self.model.plan(sub)
+            # Split once for the pull and the push.
+            return _Step(sub, plan, self.client.route(plan.keys), _event_time(sub, window))
+
+        batches = mini_batches(pieces, self.mini_batch)
+        first = await anext(batches, None)
+        if first is None:
+            return seen.metrics()
+        # Planned one mini-batch ahead: the next one's keys go with this push.
+        current = planned(first)
+        weights = dict(zip(names, await per_table([self.client.pull(t, current.routed) for t in names])))
+        while True:
+            sub, plan, routed, event_time = current
+            p = sigmoid(self.model.logits(sub, plan, weights))
+            seen.add(p, sub.labels)
+            grads = self.model.gradients(sub, plan, weights, (p - sub.labels) * sub.weights)
+            counts = plan.counts(sub.labels)
+            nxt = await anext(batches, None)  # may wait for the next chunk's decoding
+            if nxt is None:
+                await per_table(
+                    [self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names]
+                )
+                break
+            # This mini-batch's push and the next one's pull travel in one
+            # request per shard; each shard applies the push before reading
+            # the pull, so the next mini-batch is predicted by weights that
+            # have learnt from this one, as before.
+            current = planned(nxt)
+            got = await per_table(
+                [
+                    self.client.push_pull(
+                        t, routed, grads[t], pull_keys=current.routed, counts=counts, event_time=event_time
+                    )
+                    for t in names
+                ]
+            )
+            weights = {t: w for t, (_, w) in zip(names, got)}
+            # In-process shards never suspend: give the fetcher its turn, so
+            # the next window arrives while this one trains.
+            await asyncio.sleep(0)
+        self.stats.events_trained += seen.events
+        return seen.metrics()
+
+
+class SyncTraining(Training):
+    """Sync mode: each mini-batch a step of the workers inside a window."""
+
+    def __init__(
+        self,
+        client: PSClient,
+        model: Model,
+        stats: TrainingStats,
+        mini_batch: int,
+        *,
+        control: ControlClient,
+        member: str,
+        deadline_s: float,
+    ) -> None:
+        super().__init__(client, model, stats, mini_batch)
+        self.control = control
+        self.member = member
+        self.deadline_s = deadline_s
+
+    async def train(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
+        """Pull, predict, push the gradients (the shards hold them), arrive
+        at the barrier; when the step closes every shard applies the sum of
+        the step's gradients once, and the next step pulls.
+
+        The worker is a member from its window's first step to its end, so a
+        worker waiting for records holds nobody up."""
+        names = self.model.table_names
+        seen = _Progressive()
+        await self.control.sync_join(self.member)
+        try:
+            async for sub in mini_batches(pieces, self.mini_batch):
+                plan = self.model.plan(sub)
+                routed = self.client.route(plan.keys)
+                weights = dict(zip(names, await per_table([self.client.pull(t, routed) for t in names])))
+                p = sigmoid(self.model.logits(sub, plan, weights))
+                seen.add(p, sub.labels)
+                grads = self.model.gradients(sub, plan, weights, (p - sub.labels) * sub.weights)
+                counts, event_time = plan.counts(sub.labels), _event_time(sub, window)
+                await per_table(
+                    [self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names]
+                )
+                step = await self.control.sync_arrive(self.member, self.deadline_s)
+                await self.control.sync_apply(step)
+                self.stats.sync_steps += 1
+        finally:
+            # Shielded: a cancelled window still leaves, or the others wait out the deadline.
+            with contextlib.suppress(PSError, OSError):
+                await asyncio.shield(self.control.sync_leave(self.member))
+        self.stats.events_trained += seen.events
+        return seen.metrics()
+
+
+class GeoTraining(Training):
+    """Geo mode: a local copy trained, its differences pushed every
+    `geo_steps` mini-batches and at the window's end."""
+
+    def __init__(
+        self,
+        client: PSClient,
+        model: Model,
+        stats: TrainingStats,
+        mini_batch: int,
+        *,
+        geo_steps: int,
+        max_rows: int,
+        scale: Callable[[], float],
+    ) -> None:
+        super().__init__(client, model, stats, mini_batch)
+        self.geo_steps = geo_steps
+        self.copy = GeoCopy(model.tables(), max_rows=max_rows)
+        self.scale = scale
+        """What the differences are scaled by, read at each window's start."""
+
+    def reset(self) -> None:
+        self.copy.clear()
+
+    async def train(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
+        """Mini-batches trained on the local copy; the window's commit covers
+        every update it made, pushed before this returns.
+
+        Progressive validation as in async: each event is predicted by the
+        local copy before its mini-batch trains it."""
+        geo, names = self.copy, self.model.table_names
+        seen = _Progressive()
+        scale = self.scale()
+        steps = 0
+        last_ts = -np.inf  # the round's latest event time
+        async for sub in mini_batches(pieces, self.mini_batch):
+            plan = self.model.plan(sub)
+            rows, need = geo.locate(plan.keys)
+            if need.any():
+                routed = self.client.route(plan.keys[need])
+                pulled = await per_table([self.client.pull(t, routed) for t in names])
+                rows = geo.take(plan.keys, rows, need, dict(zip(names, pulled)))
+            weights = geo.weights(rows)
+            p = sigmoid(self.model.logits(sub, plan, weights))
+            seen.add(p, sub.labels)
+            grads = self.model.gradients(sub, plan, weights, (p - sub.labels) * sub.weights)
+            geo.train(rows, grads, plan.counts(sub.labels))
+            ts = sub.ts[np.isfinite(sub.ts)]
+            last_ts = max(last_ts, float(ts.max())) if ts.size else last_ts
+            steps += 1
+            if steps % self.geo_steps == 0:
+                await self._push(scale, last_ts if np.isfinite(last_ts) else window.last_ts_ms / 1000.0)
+                last_ts = -np.inf
+            await asyncio.sleep(0)  # in-process shards never suspend: let the fetcher run
+        if steps % self.geo_steps:
+            await self._push(scale, last_ts if np.isfinite(last_ts) else window.last_ts_ms / 1000.0)
+        self.stats.events_trained += seen.events
+        return seen.metrics()
+
+    async def _push(self, scale: float, event_time: float) -> None:
+        """Push the copy's differences since the last push and take the
+        shards' merged weights back (one push-pull per table and shard)."""
+        geo, names = self.copy, self.model.table_names
+        d = geo.deltas(scale)
+        if d.keys.size:
+            routed = self.client.route(d.keys)
+            got = await per_table(
+                [
+                    self.client.push_pull(
+                        t, routed, d.values[t], pull_keys=routed, counts=d.counts, event_time=event_time
+                    )
+                    for t in names
+                ]
+            )
+            geo.merge(d.rows, {t: w for t, (_, w) in zip(names, got)})
+        geo.end_round(d.rows)
+        self.stats.geo_rounds += 1
