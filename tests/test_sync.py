@@ -46,13 +46,13 @@ async def test_a_step_closes_when_every_member_arrived() -> None:
     first = b.join("a")
     b.join("b")
     a_task = asyncio.create_task(b.arrive("a", 5.0))
-    await asyncio.sleep(0.01)
+    await until(lambda: "a" in b.arrived, 5, what="a's arrival", poll_s=0.001)
     assert not a_task.done()  # b has not arrived
     assert await b.arrive("b", 5.0) == first == await a_task
     assert b.step == first + 1 and b.stats()["steps_closed"] == 1 and b.shrinks == 0
     # A member leaving closes the step the others wait in.
     a_task = asyncio.create_task(b.arrive("a", 5.0))
-    await asyncio.sleep(0.01)
+    await until(lambda: "a" in b.arrived, 5, what="a's arrival", poll_s=0.001)
     b.leave("b")
     assert await a_task == first + 1
     # Alone, a member's steps close at once.
@@ -73,7 +73,7 @@ async def test_a_member_later_than_the_deadline_is_dropped_and_rejoins(caplog: p
     ]
     # The late member arrives: it is a member again, at the open step.
     late = asyncio.create_task(b.arrive("slow", 5.0))
-    await asyncio.sleep(0.01)
+    await until(lambda: "slow" in b.arrived, 5, what="the late member's arrival", poll_s=0.001)
     assert not late.done() and b.members == {"a", "slow"}
     assert await b.arrive("a", 5.0) == step + 1 == await late
 

@@ -47,6 +47,8 @@ class SyncBarrier:
         self.arrived: set[str] = set()
         self._closed: asyncio.Future[int] | None = None
         self._first_arrival = 0.0
+        self._deadline = 0.0
+        """The open step's deadline, from its first arrival's (capped)."""
         self.steps_closed = 0
         self.shrinks = 0
         """Steps closed without every member (the deadline passed)."""
