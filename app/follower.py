@@ -180,7 +180,9 @@ class ReplicaTransport:
     async def pull(self, table: str, keys: U64) -> F32:
         return self._served()[0].handle_pull(table, keys)[0]
 
-    async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled:
+    key_sets = False  # a replica keeps nothing for pushes: it has none
+
+    async def pull_versioned(self, table: str, keys: U64, presence: bool, remember: int = 0) -> Pulled:
         shard, version = self._served()
         weights = shard.handle_pull(table, keys)[0]
         return Pulled(weights, version, shard.contains(table, keys) if presence else None)

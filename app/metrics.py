@@ -452,8 +452,12 @@ class InstrumentedReader:
     async def pull(self, table: str, keys: U64) -> F32:
         return await self._timed(self.inner.pull(table, keys))
 
-    async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled:
-        return await self._timed(self.inner.pull_versioned(table, keys, presence))
+    @property
+    def key_sets(self) -> bool:
+        return self.inner.key_sets
+
+    async def pull_versioned(self, table: str, keys: U64, presence: bool, remember: int = 0) -> Pulled:
+        return await self._timed(self.inner.pull_versioned(table, keys, presence, remember))
 
     async def close(self) -> None:
         return None  # the inner transport's owner closes it

@@ -17,6 +17,7 @@ __all__ = [
     "FrameError",
     "InvalidValuesError",
     "WrongShardError",
+    "KeySetExpiredError",
     "UnknownTableError",
     "TableConfigError",
     "TableConflictError",
@@ -85,6 +86,12 @@ class InvalidValuesError(PSError, code="invalid_values", status=400):
     """Values in an otherwise well-formed request are unusable (NaN or infinite
     gradients, negative counts, a width that does not match the table).
     Nothing was applied."""
+
+
+class KeySetExpiredError(PSError, code="key_set_expired", status=409):
+    """A push named a key set the shard no longer holds (used, expired or
+    evicted, or the shard restarted). Nothing was applied: send the push
+    again with its keys (`ps_core.net.transports` does)."""
 
 
 class WrongShardError(PSError, code="wrong_shard", status=400):
@@ -255,6 +262,7 @@ _BY_CODE: dict[str, type[PSError]] = {
         ShardNotJoinedError,
         ClusterNotReadyError,
         NoCommonVersionError,
+        KeySetExpiredError,
         AuthError,
         ForbiddenError,
     )

@@ -15,7 +15,7 @@ import pytest
 
 from ps_core.errors import FrameError
 from ps_core.net import codec
-from ps_core.net.codec import FLAG_COUNTS, FLAG_PRESENCE, FORMAT_VERSION, HEADER_SIZE, MAX_NAME, Frame, Op
+from ps_core.net.codec import FLAG_COUNTS, FLAG_PRESENCE, HEADER_SIZE, MAX_NAME, Frame, Op
 
 U64_MAX = 2**64 - 1
 
@@ -56,7 +56,7 @@ def test_header_is_48_bytes_and_sections_are_8_aligned() -> None:
         # header, name padded to 8, one uint64 key
         assert len(buf) == HEADER_SIZE + ((len(name) + 7) // 8) * 8 + 8
         assert buf[:4] == b"CTPS"
-        assert buf[OFF_VERSION] == FORMAT_VERSION
+        assert buf[OFF_VERSION] == 1  # a frame that needs nothing of format 2 stays format 1
         assert buf[OFF_OP] == Op.PULL
 
 
@@ -213,10 +213,10 @@ def test_bad_magic() -> None:
     expect_frame_error(buf, r"bad magic b'HTTP', expected b'CTPS'")
 
 
-@pytest.mark.parametrize("version", [0, 2, 255])
+@pytest.mark.parametrize("version", [0, 3, 255])
 def test_unsupported_version(version: int) -> None:
     buf = patch(pull_frame(), OFF_VERSION, "B", version)
-    expect_frame_error(buf, rf"unsupported frame format version {version} .*speaks 1")
+    expect_frame_error(buf, rf"unsupported frame format version {version} \(this peer speaks 1, 2\)")
 
 
 @pytest.mark.parametrize("op", [0, 7, 255])
@@ -539,7 +539,7 @@ def test_push_pull_reply_truncated_or_padded() -> None:
     expect_frame_error(frame + b"\0" * 8, r"header \(n=4, dim=2\) implies")
 
 
-@pytest.mark.parametrize("version", [0, 2])
+@pytest.mark.parametrize("version", [0, 3])
 def test_push_pull_wrong_format_version(version: int) -> None:
     expect_frame_error(
         patch(push_pull_frame(), OFF_VERSION, "B", version), rf"unsupported frame format version {version}"

@@ -131,10 +131,10 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "pull-wrong-version",
         "/v1/pull",
-        lambda: patch(_pull(), 4, "B", 2),
+        lambda: patch(_pull(), 4, "B", 3),
         400,
         "bad_frame",
-        r"unsupported frame format version 2",
+        r"unsupported frame format version 3",
     ),
     (
         "push-truncated",
@@ -244,10 +244,10 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "pp-wrong-version",
         "/v1/push_pull",
-        lambda: patch(_push_pull(), 4, "B", 2),
+        lambda: patch(_push_pull(), 4, "B", 3),
         400,
         "bad_frame",
-        r"unsupported frame format version 2",
+        r"unsupported frame format version 3",
     ),
     (
         "pp-truncated-pull-keys",

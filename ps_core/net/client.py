@@ -46,6 +46,7 @@ from .endpoint import RetryPolicy, ShardGroup
 from .routing import split_by_shard
 from .shard import Shard
 from .transports import HttpTransport, LocalTransport, Pulled, Push, ShardReader, ShardTransport, TcpTransport
+from .wire import F32_WIRE, WireFormat, WireStats
 
 __all__ = ["PSReader", "PSClient", "Routed", "fan_out"]
 
@@ -68,6 +69,10 @@ class Routed:
     """Per table, each shard's clock when a `PSClient` pulled these keys: the
     push of gradients computed from that pull carries it back, and the
     shard counts how stale they were (`ps_core.store.staleness`)."""
+    key_sets: dict[str, int] = field(default_factory=dict)
+    """Per table, the id under which the shards remembered these keys when a
+    `PSClient` whose transports keep key sets pulled them: the push that
+    follows names the set instead of sending the keys (`ps_core.net.key_sets`)."""
 
 
 class PSReader(ShardGroup[T]):
@@ -131,6 +136,7 @@ class PSClient(PSReader[ShardTransport]):
         super().__init__(transports, session=session)
         # A random base keeps request ids of different clients apart.
         self._request_ids = itertools.count(secrets.randbits(62) + 1)
+        self._key_sets = any(t.key_sets for t in transports)
 
     @classmethod
     def connect(
@@ -142,6 +148,7 @@ class PSClient(PSReader[ShardTransport]):
         rpc: bool = True,
         token: str = "",
         ssl: ssl_.SSLContext | None = None,
+        wire: WireFormat = F32_WIRE,
     ) -> PSClient:
         """A client for shard servers at `urls` (shard i at urls[i]).
 
@@ -150,7 +157,8 @@ class PSClient(PSReader[ShardTransport]):
         through an aiohttp pool of `connections_per_shard` per shard.
         `token` is presented to every shard (`ps_core.net.auth`; "" for none);
         `ssl`, a client context (`ps_core.net.tls.client_context`), verifies
-        ``https://`` shards and their RPC.
+        ``https://`` shards and their RPC. `wire` is how pulls and pushes
+        travel (`ps_core.net.wire`: value types, key sets).
         Must be called with an event loop running (it opens a connection pool).
         """
         session = aiohttp.ClientSession(
@@ -159,7 +167,7 @@ class PSClient(PSReader[ShardTransport]):
         )
         policy = retry or RetryPolicy()
         kind = TcpTransport if rpc else HttpTransport
-        transports = [kind(i, u, session, policy, token=token, ssl=ssl) for i, u in enumerate(urls)]
+        transports = [kind(i, u, session, policy, token=token, ssl=ssl, wire=wire) for i, u in enumerate(urls)]
         return cls(transports, session=session)
 
     @classmethod
@@ -183,9 +191,11 @@ class PSClient(PSReader[ShardTransport]):
             return await super().pull(table, keys)
         r = keys
         jobs = _pull_jobs(r)
+        remember = self.new_request_id() if self._key_sets else 0
         results: list[Pulled] = await fan_out(
-            [self.transports[i].pull_versioned(table, r.by_shard[p], False) for i, p in jobs]
+            [self.transports[i].pull_versioned(table, r.by_shard[p], False, remember) for i, p in jobs]
         )
+        _mark_remembered(r, table, remember)
         clocks = [0] * self.num_shards
         for (i, _), x in zip(jobs, results):
             clocks[i] = x.clock
@@ -217,8 +227,9 @@ class PSClient(PSReader[ShardTransport]):
             return 0
         rid = self.new_request_id() if request_id is None else request_id
         base = r.clocks.get(table) or [0] * self.num_shards
+        ref = r.key_sets.pop(table, 0)  # a set is used once
         coros = [
-            self.transports[i].push(Push(table, k[p], g[p], None if c is None else c[p], event_time, rid, base[i]))
+            self.transports[i].push(Push(table, k[p], g[p], None if c is None else c[p], event_time, rid, base[i], ref))
             for i, p in enumerate(r.parts)
             if p.stop > p.start
         ]
@@ -256,18 +267,30 @@ class PSClient(PSReader[ShardTransport]):
         k, g, c = _push_arrays(pr, grads, counts)
         rid = self.new_request_id() if request_id is None else request_id
         base = pr.clocks.get(table) or [0] * self.num_shards
+        ref = pr.key_sets.pop(table, 0)
+        # The pull is remembered under this request's id, for the next push.
+        remember = rid if self._key_sets and pr is not qr else 0
         jobs = [i for i, (p, q) in enumerate(zip(pr.parts, qr.parts)) if p.stop > p.start or q.stop > q.start] or [0]
         # Nothing at all to send still asks shard 0, which answers with the
         # table's dim (and an unknown table's error), as an empty pull does.
         pushes = [
-            Push(table, k[pr.parts[i]], g[pr.parts[i]], None if c is None else c[pr.parts[i]], event_time, rid, base[i])
+            Push(
+                table,
+                k[pr.parts[i]],
+                g[pr.parts[i]],
+                None if c is None else c[pr.parts[i]],
+                event_time,
+                rid,
+                base[i],
+                ref,
+            )
             for i in jobs
         ]
         # Pulling the very keys pushed: the same array, which the frame
         # then names by a flag instead of carrying the keys twice.
         results: list[tuple[int, F32, int]] = await fan_out(
             [
-                self.transports[i].push_pull(push, push.keys if pr is qr else qr.by_shard[qr.parts[i]])
+                self.transports[i].push_pull(push, push.keys if pr is qr else qr.by_shard[qr.parts[i]], remember)
                 for i, push in zip(jobs, pushes)
             ]
         )
@@ -275,6 +298,7 @@ class PSClient(PSReader[ShardTransport]):
         for i, (_, _, clock) in zip(jobs, results):
             clocks[i] = clock
         qr.clocks[table] = clocks
+        _mark_remembered(qr, table, remember)
         # Every reply's weights have the table's dim, empty or not, so all
         # concatenate (in shard order) into the pull's grouped order.
         return sum(a for a, _, _ in results), _reassemble(qr, [w for _, w, _ in results])
@@ -282,6 +306,24 @@ class PSClient(PSReader[ShardTransport]):
     def new_request_id(self) -> int:
         """A fresh push id, unique to this client."""
         return next(self._request_ids)
+
+    def wire_stats(self) -> WireStats:
+        """What this client's frames cost, summed over its shards (zero for
+        shards in this process)."""
+        total = WireStats()
+        for t in self.transports:
+            stats = getattr(t, "wire_stats", None)
+            if isinstance(stats, WireStats):
+                total.add(stats)
+        return total
+
+
+def _mark_remembered(r: Routed, table: str, set_id: int) -> None:
+    """Note that the shards keep `r`'s keys of `table` under `set_id` (0: not kept)."""
+    if set_id:
+        r.key_sets[table] = set_id
+    else:
+        r.key_sets.pop(table, None)
 
 
 def _push_arrays(r: Routed, grads: npt.ArrayLike, counts: npt.ArrayLike | None) -> tuple[U64, F32, F32 | None]:

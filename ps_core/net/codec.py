@@ -1,4 +1,4 @@
-"""The binary frame of the shard RPC (format version 1).
+"""The binary frame of the shard RPC (format versions 1 and 2).
 
 Bulk keys and values never travel as JSON. A frame is a fixed 48-byte header,
 the table name, zero padding to a multiple of 8 bytes, then raw little-endian
@@ -27,7 +27,12 @@ arrays::
                  (0 = none); in weights and push_pull replies, clock: the
                  table's clock (pushes applied) when the weights were read
     40     2     name length L (bytes of UTF-8)
-    42     2     reserved, zero
+    42     1     format 2: bits 0..3 the values section's type, bits 4..7
+                 (pull and push_pull requests) the type the reply's weights
+                 should travel in: 0 f32, 1 f16, 2 int8 (`ps_core.net.quantize`);
+                 format 1: zero
+    43     1     format 2: the counts section's type: 0 f32, 1 u8, 2 u16,
+                 3 u32; format 1: zero
     44     4     count m: pull keys in a push_pull request, distinct keys
                  applied in a push_pull reply; 0 for every other op
     48     L     table name, then zero padding to the next multiple of 8
@@ -59,6 +64,25 @@ decodes unchanged (its writers zeroed bytes 42..47, which were reserved), and
 a reader that predates them refuses them as an unknown op rather than
 misreading them, so no version bump was needed.
 
+**Format 2** is what a frame becomes when it uses any of: values other than
+float32, narrowed counts, a reply in float16, or key sets (flags 3 and 4).
+Otherwise a writer still writes format 1, so a client left at float32 talks
+to shards that predate format 2. Its differences:
+
+- bytes 42..43 say the value and count types (above);
+- every section is zero-padded to a multiple of 8 bytes, so each starts
+  aligned whatever its type; an int8 values section is the blocks' float32
+  scales (padded to 8), then the int8 codes;
+- flag bit 3 (push and push_pull requests): the push's keys section is a
+  single uint64, the id of a key set the shard remembered, and n says how
+  many keys it holds; with flag bit 2 the pull reads that set too;
+- flag bit 4 (pull and push_pull requests): the shard remembers the pull's
+  keys under the request id (bytes 32..39, nonzero) for one push that
+  names them (`ps_core.net.key_sets`).
+
+A peer that reads format 1 only refuses a format 2 frame by its version
+byte ("unsupported frame format version 2"): it never misreads one.
+
 A reader checks magic, version, op, and that the length is exactly what the
 header implies; any mismatch is a `FrameError` and nothing is applied. Arrays
 are read zero-copy with ``np.frombuffer``: uint64 sections start at a
@@ -80,6 +104,17 @@ import orjson
 
 from ..errors import ExportCorruptError, FrameError
 from ..store.table import TableConfig, TableSnapshot
+from .quantize import (
+    COUNT_TYPES,
+    PULL_VALUE_TYPES,
+    VALUE_TYPES,
+    Quantized,
+    compact_counts,
+    count_section_size,
+    dequantize,
+    read_counts,
+    value_section_size,
+)
 
 __all__ = [
     "snapshots_to_bytes",
@@ -99,17 +134,29 @@ __all__ = [
     "FLAG_COUNTS",
     "FLAG_PRESENCE",
     "FLAG_PULL_PUSHED",
+    "FLAG_KEYS_REF",
+    "FLAG_REMEMBER",
+    "FORMAT_VERSIONS",
     "MAX_NAME",
 ]
 
 MAGIC = b"CTPS"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest format this peer writes (only when a frame needs it)."""
+FORMAT_VERSIONS = (1, 2)
+"""The formats this peer reads."""
 FLAG_COUNTS = 1
 FLAG_PRESENCE = 2
 FLAG_PULL_PUSHED = 4
 """A push_pull request pulls the keys it pushes: no pull section follows (m = 0)."""
+FLAG_KEYS_REF = 8
+"""Format 2: a push's keys section is the id of a remembered key set."""
+FLAG_REMEMBER = 16
+"""Format 2: the shard keeps the request's pull keys under its request id."""
+_FLAGS_V1 = FLAG_COUNTS | FLAG_PRESENCE | FLAG_PULL_PUSHED
+_FLAGS_V2 = _FLAGS_V1 | FLAG_KEYS_REF | FLAG_REMEMBER
 MAX_NAME = 255
-_HEADER = struct.Struct("<4sBBHIIdQQH2xI")
+_HEADER = struct.Struct("<4sBBHIIdQQHBBI")
 HEADER_SIZE = _HEADER.size  # 48
 
 
@@ -169,10 +216,28 @@ class Frame:
     """Push and push_pull requests: the base clock (the table clock their
     gradients were read at); weights and push_pull replies: the table's clock
     at the read; 0 elsewhere or when unknown."""
+    keys_ref: int = 0
+    """A push naming a remembered key set: its id (`keys` is then None
+    until the shard resolves it); else 0."""
+    remember: bool = False
+    """A pull or push_pull request asks the shard to keep its pull keys
+    under `request_id`, for a push that names them."""
+    value_type: int = 0
+    """The values section's type (`ps_core.net.quantize.VALUE_TYPES`)."""
+    reply_value_type: int = 0
+    """A pull or push_pull request: the type its reply's weights should travel in."""
+    format_version: int = 1
+    """The frame's format version."""
+    pull_pushed: bool = False
+    """A push_pull request pulls the keys it pushes (flag bit 2)."""
 
 
 def _pad8(n: int) -> int:
     return (n + 7) & ~7
+
+
+def _zeros_to8(n: int) -> bytes:
+    return b"\0" * (_pad8(n) - n)
 
 
 def encode(
@@ -180,7 +245,8 @@ def encode(
     table: str,
     *,
     keys: npt.NDArray[np.uint64] | None = None,
-    values: npt.NDArray[np.float32] | None = None,
+    values: npt.NDArray[np.float32] | Quantized | None = None,
+    dim: int | None = None,
     counts: npt.NDArray[np.float32] | None = None,
     count: int | None = None,
     event_time: float = 0.0,
@@ -192,13 +258,23 @@ def encode(
     applied: int = 0,
     clock: int = 0,
     pull_pushed: bool = False,
+    keys_ref: int = 0,
+    remember: bool = False,
+    reply_vtype: int = 0,
+    compact: bool = False,
 ) -> bytes:
     """Encode one frame; arrays are converted to little-endian as needed.
 
     `presence` flags a pull that asks for presence; `present` is the reply's
     presence array (and sets the flag). `pull_keys` (a push_pull request) and
     `applied` (a push_pull reply) fill count m at offset 44. `clock` goes
-    where the op carries it (the module docstring)."""
+    where the op carries it (the module docstring).
+
+    Format 2 is written only when a frame uses it: `values` already
+    quantized (`ps_core.net.quantize.quantize`, with `dim` its values per
+    key), `compact` counts, `keys_ref` (the push's keys are the set
+    remembered under that id; `keys` then only sets n), `remember` (keep the
+    pull's keys under `request_id`) or a `reply_vtype` other than f32."""
     if clock:
         if op in _CLOCKED_REQUESTS:
             version = clock
@@ -209,83 +285,144 @@ def encode(
     name = table.encode("utf-8")
     if len(name) > MAX_NAME:
         raise FrameError(f"table name longer than {MAX_NAME} bytes")
+    vtype = values.vtype if isinstance(values, Quantized) else 0
+    ctype = 0
+    counts_raw = b""
+    if counts is not None:
+        if compact:
+            ctype, counts_raw = compact_counts(counts)
+        else:
+            counts_raw = np.ascontiguousarray(counts, dtype="<f4").reshape(-1, 2).tobytes()
+    if remember and not request_id:
+        raise FrameError("a pull to remember needs a request id to remember it under")
+    v2 = bool(vtype or reply_vtype or ctype or compact or keys_ref or remember)
+    ver = 2 if v2 else 1
     n = count
     parts: list[bytes] = []
     if keys is not None:
         k = np.ascontiguousarray(keys, dtype="<u8").reshape(-1)
         n = k.size if n is None else n
-        parts.append(k.tobytes())
+        parts.append(struct.pack("<Q", keys_ref) if keys_ref else k.tobytes())
     m = applied
     if pull_keys is not None:
         pk = np.ascontiguousarray(pull_keys, dtype="<u8").reshape(-1)
         m = pk.size
         parts.append(pk.tobytes())
-    dim = 0
-    if values is not None:
+    width = 0
+    if isinstance(values, Quantized):
+        if dim is None:
+            raise FrameError("quantized values need their dim")
+        width = dim
+        n = count if count is not None else (n if n is not None else 0)
+        data = values.data
+        if not v2:  # a float32 section of format 1 is not padded
+            data = data[: 4 * n * width]
+        parts.append(data)
+    elif values is not None:
         v = np.ascontiguousarray(values, dtype="<f4")
         if v.ndim == 1:
             v = v.reshape(-1, 1)
-        dim = int(v.shape[1])
+        width = int(v.shape[1])
         n = int(v.shape[0]) if n is None else n
-        parts.append(v.tobytes())
+        raw = v.tobytes()
+        parts.append(raw + _zeros_to8(len(raw)) if v2 else raw)
     flags = 0
     if counts is not None:
-        c = np.ascontiguousarray(counts, dtype="<f4").reshape(-1, 2)
         flags |= FLAG_COUNTS
-        parts.append(c.tobytes())
+        parts.append(counts_raw)
     if presence or present is not None:
         flags |= FLAG_PRESENCE
     if pull_pushed:
         flags |= FLAG_PULL_PUSHED
+    if keys_ref:
+        flags |= FLAG_KEYS_REF
+    if remember:
+        flags |= FLAG_REMEMBER
     if present is not None:
         pr = np.ascontiguousarray(present, dtype=np.uint8).reshape(-1)
-        parts.append(pr.tobytes() + b"\0" * (_pad8(pr.size) - pr.size))
-    header = _HEADER.pack(MAGIC, FORMAT_VERSION, op, flags, n or 0, dim, event_time, version, request_id, len(name), m)
-    pad = b"\0" * (_pad8(len(name)) - len(name))
-    return b"".join([header, name, pad, *parts])
+        parts.append(pr.tobytes() + _zeros_to8(pr.size))
+    header = _HEADER.pack(
+        MAGIC,
+        ver,
+        op,
+        flags,
+        n or 0,
+        width,
+        event_time,
+        version,
+        request_id,
+        len(name),
+        vtype | reply_vtype << 4,
+        ctype,
+        m,
+    )
+    return b"".join([header, name, _zeros_to8(len(name)), *parts])
 
 
-def encode_pull(table: str, keys: npt.NDArray[np.uint64], *, presence: bool = False) -> bytes:
+def encode_pull(
+    table: str, keys: npt.NDArray[np.uint64], *, presence: bool = False, reply_vtype: int = 0, remember: int = 0
+) -> bytes:
     """A pull request: the keys whose weights are wanted (and, with
-    `presence`, whether each has a row)."""
-    return encode(Op.PULL, table, keys=keys, presence=presence)
+    `presence`, whether each has a row); `reply_vtype`, the type the
+    weights should travel in; `remember`, an id to keep the keys under for
+    the push that follows (format 2)."""
+    return encode(
+        Op.PULL,
+        table,
+        keys=keys,
+        presence=presence,
+        reply_vtype=reply_vtype,
+        remember=bool(remember),
+        request_id=remember,
+    )
 
 
 def encode_push(
     table: str,
     keys: npt.NDArray[np.uint64],
-    grads: npt.NDArray[np.float32],
+    grads: npt.NDArray[np.float32] | Quantized,
     *,
     counts: npt.NDArray[np.float32] | None = None,
     event_time: float = 0.0,
     request_id: int = 0,
     base_clock: int = 0,
+    dim: int | None = None,
+    keys_ref: int = 0,
+    compact: bool = False,
 ) -> bytes:
     """A push request: keys, gradients (n, dim) and optional shows/clicks;
-    `base_clock`, the table clock the gradients were computed at."""
+    `base_clock`, the table clock the gradients were computed at.
+    Quantized gradients need their `dim`; `keys_ref` sends the id of the
+    remembered set `keys` are instead of the keys; `compact` narrows counts."""
     return encode(
         Op.PUSH,
         table,
         keys=keys,
         values=grads,
+        dim=dim,
         counts=counts,
         event_time=event_time,
         request_id=request_id,
         clock=base_clock,
+        keys_ref=keys_ref,
+        compact=compact,
     )
 
 
 def encode_weights(
     table: str,
-    weights: npt.NDArray[np.float32],
+    weights: npt.NDArray[np.float32] | Quantized,
     version: int,
     present: npt.NDArray[np.bool_] | None = None,
     clock: int = 0,
+    *,
+    rows: int | None = None,
+    dim: int | None = None,
 ) -> bytes:
     """A pull reply: weights (n, dim) in the order of the request's keys, and
     the presence of each key when the pull asked for it; `clock`, the
-    table's clock at the read."""
-    return encode(Op.WEIGHTS, table, values=weights, version=version, present=present, clock=clock)
+    table's clock at the read. Quantized weights need `rows` and `dim`."""
+    return encode(Op.WEIGHTS, table, values=weights, version=version, present=present, clock=clock, count=rows, dim=dim)
 
 
 def encode_ack(table: str, applied: int, version: int) -> bytes:
@@ -296,26 +433,35 @@ def encode_ack(table: str, applied: int, version: int) -> bytes:
 def encode_push_pull(
     table: str,
     keys: npt.NDArray[np.uint64],
-    grads: npt.NDArray[np.float32],
+    grads: npt.NDArray[np.float32] | Quantized,
     pull_keys: npt.NDArray[np.uint64],
     *,
     counts: npt.NDArray[np.float32] | None = None,
     event_time: float = 0.0,
     request_id: int = 0,
     base_clock: int = 0,
+    dim: int | None = None,
+    keys_ref: int = 0,
+    compact: bool = False,
+    reply_vtype: int = 0,
+    remember: bool = False,
 ) -> bytes:
     """A push_pull request: push `keys` with `grads` (n, dim) and optional
     shows/clicks (computed at table clock `base_clock`), then pull
     `pull_keys`. Either part may be empty; an empty push is skipped by the
     shard (its dim is not checked). `pull_keys` given as the very `keys`
-    object is sent as flag bit 2, not as a second copy of the keys."""
-    g = np.asarray(grads)
-    rows = g.shape[0] if g.ndim else 0
-    if rows != np.asarray(keys).size or (counts is not None and np.asarray(counts).size != 2 * rows):
+    object is sent as flag bit 2, not as a second copy of the keys.
+    `dim`, `keys_ref` and `compact` as for `encode_push`; `reply_vtype` and
+    `remember` (under `request_id`) as for `encode_pull`."""
+    rows = grads_rows = np.asarray(keys).size
+    if not isinstance(grads, Quantized):
+        g = np.asarray(grads)
+        grads_rows = g.shape[0] if g.ndim else 0
+    if grads_rows != rows or (counts is not None and np.asarray(counts).size != 2 * rows):
         # The length check cannot catch sections that disagree with each
         # other in a well-formed frame, so refuse to write one.
         raise FrameError(
-            f"push section of {np.asarray(keys).size} keys, {rows} gradient rows"
+            f"push section of {rows} keys, {grads_rows} gradient rows"
             + ("" if counts is None else f", {np.asarray(counts).size // 2} rows of counts")
         )
     same = pull_keys is keys  # the caller pulls what it pushes: say so, not the keys again
@@ -326,19 +472,41 @@ def encode_push_pull(
         pull_keys=None if same else pull_keys,
         pull_pushed=same,
         values=grads,
+        dim=dim,
         counts=counts,
         event_time=event_time,
         request_id=request_id,
         clock=base_clock,
+        keys_ref=keys_ref,
+        compact=compact,
+        reply_vtype=reply_vtype,
+        remember=remember,
     )
 
 
 def encode_push_pull_reply(
-    table: str, applied: int, weights: npt.NDArray[np.float32], version: int, clock: int = 0
+    table: str,
+    applied: int,
+    weights: npt.NDArray[np.float32] | Quantized,
+    version: int,
+    clock: int = 0,
+    *,
+    rows: int | None = None,
+    dim: int | None = None,
 ) -> bytes:
     """A push_pull reply: distinct keys the push applied, and the pull's
-    weights (m, dim) in the order of its keys, read at table clock `clock`."""
-    return encode(Op.PUSH_PULL_REPLY, table, values=weights, version=version, applied=applied, clock=clock)
+    weights (m, dim) in the order of its keys, read at table clock `clock`.
+    Quantized weights need `rows` and `dim`."""
+    return encode(
+        Op.PUSH_PULL_REPLY,
+        table,
+        values=weights,
+        version=version,
+        applied=applied,
+        clock=clock,
+        count=rows,
+        dim=dim,
+    )
 
 
 _A = TypeVar("_A", bound=np.ndarray)
@@ -355,17 +523,28 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     mv = memoryview(buf)
     if len(mv) < HEADER_SIZE:
         raise FrameError(f"frame of {len(mv)} bytes is shorter than the {HEADER_SIZE}-byte header")
-    magic, ver, op, flags, n, dim, event_time, version, request_id, name_len, m = _HEADER.unpack_from(mv, 0)
+    magic, ver, op, flags, n, dim, event_time, version, request_id, name_len, types, ctype, m = _HEADER.unpack_from(
+        mv, 0
+    )
     if magic != MAGIC:
         raise FrameError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
-    if ver != FORMAT_VERSION:
-        raise FrameError(f"unsupported frame format version {ver} (this server speaks {FORMAT_VERSION})")
+    if ver not in FORMAT_VERSIONS:
+        raise FrameError(
+            f"unsupported frame format version {ver} (this peer speaks {', '.join(map(str, FORMAT_VERSIONS))})"
+        )
     if op not in _OPS:
         raise FrameError(f"unknown op {op}")
     if expect_op is not None and op != expect_op:
         raise FrameError(f"expected op {expect_op}, got {op}")
-    if flags & ~(FLAG_COUNTS | FLAG_PRESENCE | FLAG_PULL_PUSHED):
-        raise FrameError(f"unknown flags {flags:#x}")
+    v2 = ver == 2
+    known = _FLAGS_V2 if v2 else _FLAGS_V1
+    if flags & ~known:
+        raise FrameError(f"unknown flags {flags:#x}" + ("" if v2 else " in a format 1 frame"))
+    if not v2 and (types or ctype):
+        raise FrameError("bytes 42..43 are reserved (zero) in a format 1 frame")
+    vtype, reply_vtype = types & 0xF, types >> 4
+    if vtype >= len(VALUE_TYPES) or reply_vtype >= len(PULL_VALUE_TYPES) or ctype >= len(COUNT_TYPES):
+        raise FrameError(f"unknown value type {vtype}, reply value type {reply_vtype} or count type {ctype}")
     pull_pushed = bool(flags & FLAG_PULL_PUSHED)
     if pull_pushed and (op != Op.PUSH_PULL or m):
         raise FrameError(f"flag {FLAG_PULL_PUSHED:#x} is for a push_pull request without pull keys")
@@ -386,9 +565,23 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     has_counts = bool(flags & FLAG_COUNTS)
     if has_counts and op not in (Op.PUSH, Op.PUSH_PULL):
         raise FrameError("only a push carries counts")
+    if ctype and not has_counts:
+        raise FrameError(f"count type {ctype} without counts")
     has_presence = bool(flags & FLAG_PRESENCE)
     if has_presence and op not in (Op.PULL, Op.WEIGHTS):
         raise FrameError(f"unknown flags {FLAG_PRESENCE:#x} for op {op}: only pulls carry presence")
+    keys_ref = bool(flags & FLAG_KEYS_REF)
+    if keys_ref and op not in (Op.PUSH, Op.PUSH_PULL):
+        raise FrameError(f"flag {FLAG_KEYS_REF:#x} is for a push's keys")
+    remember = bool(flags & FLAG_REMEMBER)
+    if remember and (op not in (Op.PULL, Op.PUSH_PULL) or not request_id):
+        raise FrameError(f"flag {FLAG_REMEMBER:#x} is for a pull with a request id")
+    if reply_vtype and op not in (Op.PULL, Op.PUSH_PULL):
+        raise FrameError(f"op {op} asks for no reply values")
+    if vtype and not has_values:
+        raise FrameError(f"op {op} carries no values but its value type is {vtype}")
+    if vtype == 2 and op not in (Op.PUSH, Op.PUSH_PULL):
+        raise FrameError("int8 values are for pushes only")
     presence_reply = has_presence and op == Op.WEIGHTS
     presence_bytes = _pad8(n) if presence_reply else 0
     if has_values and dim == 0 and n > 0:
@@ -398,13 +591,15 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     start = _pad8(name_end)
     expected = start
     if has_keys:
-        expected += 8 * n
+        expected += 8 if keys_ref else 8 * n
     if has_pull_keys:
         expected += 8 * m
+    values_bytes = 0
     if has_values:
-        expected += 4 * n * dim
+        values_bytes = value_section_size(vtype, n * dim) if v2 else 4 * n * dim
+        expected += values_bytes
     if has_counts:
-        expected += 8 * n
+        expected += count_section_size(ctype, n)
     expected += presence_bytes
     if len(mv) != expected:
         raise FrameError(
@@ -415,18 +610,25 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     pos = start
     keys = values = counts = None
     present = pull_keys = None
+    ref = 0
     if has_keys:
-        keys = _readonly(np.frombuffer(mv, dtype="<u8", count=n, offset=pos))
-        pos += 8 * n
+        if keys_ref:
+            (ref,) = struct.unpack_from("<Q", mv, pos)
+            if not ref:
+                raise FrameError("a push naming a remembered key set needs its nonzero id")
+            pos += 8
+        else:
+            keys = _readonly(np.frombuffer(mv, dtype="<u8", count=n, offset=pos))
+            pos += 8 * n
     if has_pull_keys:
         pull_keys = _readonly(np.frombuffer(mv, dtype="<u8", count=m, offset=pos))
         pos += 8 * m
     if has_values:
-        values = _readonly(np.frombuffer(mv, dtype="<f4", count=n * dim, offset=pos).reshape(n, dim))
-        pos += 4 * n * dim
+        values = _readonly(dequantize(mv, pos, vtype, n * dim).reshape(n, dim))
+        pos += values_bytes
     if has_counts:
-        counts = _readonly(np.frombuffer(mv, dtype="<f4", count=2 * n, offset=pos).reshape(n, 2))
-        pos += 8 * n
+        counts = _readonly(read_counts(mv, pos, ctype, n))
+        pos += count_section_size(ctype, n)
     if pull_pushed:
         pull_keys = keys
     if presence_reply:
@@ -455,6 +657,12 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         present=present,
         pull_keys=pull_keys,
         applied=int(m) if op == Op.PUSH_PULL_REPLY else 0,
+        keys_ref=int(ref),
+        remember=remember,
+        value_type=vtype,
+        reply_value_type=reply_vtype,
+        format_version=ver,
+        pull_pushed=pull_pushed,
     )
 
 

@@ -47,6 +47,8 @@ from ..store.board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, check_report
 from ..store.lifecycle import Lifecycle
 from ..store.table import F32, Eviction, SnapshotKind, SparseTable, TableConfig, TableSnapshot
 from . import codec
+from .key_sets import KeySets
+from .quantize import Quantized, quantize
 
 __all__ = ["Shard", "ShardSpec", "Push", "MAX_STATUS_BYTES", "MAX_SOURCE_CHARS"]
 
@@ -69,12 +71,9 @@ class Push(NamedTuple):
     base_clock: int = 0
     """The table clock of the pull its gradients were computed from (0:
     unknown); the shard counts the staleness (`ps_core.store.staleness`)."""
-
-
-def _push_of(frame: codec.Frame) -> Push:
-    """The push a PUSH or PUSH_PULL frame carries."""
-    assert frame.keys is not None and frame.values is not None
-    return Push(frame.table, frame.keys, frame.values, frame.counts, frame.event_time, frame.request_id, frame.clock)
+    keys_ref: int = 0
+    """The id of the key set a shard server remembered from the pull of
+    these keys (0: none): the frame names it instead of carrying `keys`."""
 
 
 def _mode_of(config: TableConfig) -> str:
@@ -155,6 +154,10 @@ class Shard:
         shard to load a version from (`ps_core.checkpoint.joining.restore_version`)."""
         self.sync_step = 0
         """The last sync step applied (`apply_step`)."""
+        self.key_sets = KeySets()
+        """Pulled key sets kept for the pushes that name them (`ps_core.net.key_sets`)."""
+        self.reply_values_clipped = 0
+        """Weights clipped to float16's range in replies asked in float16."""
         tables = tuple(tables)
         self.configured_tables = tables
         """The tables this shard was started with (declared again after a restore)."""
@@ -403,22 +406,56 @@ class Shard:
         return applied, t.pull(pull_keys), t.version
 
     def handle_frame(self, body: bytes | bytearray | memoryview, expect_op: int | None = None) -> bytes:
-        """Decode a pull, push or push_pull frame, apply it, encode the reply."""
+        """Decode a pull, push or push_pull frame, apply it, encode the reply
+        (in the value type the request asked for)."""
         frame = codec.decode(body, expect_op)
         if frame.op == codec.Op.PULL:
             assert frame.keys is not None
             weights, version = self.handle_pull(frame.table, frame.keys)
             present = self.contains(frame.table, frame.keys) if frame.presence else None
-            return codec.encode_weights(frame.table, weights, version, present, self.tables[frame.table].clock)
+            if frame.remember:
+                self.key_sets.remember(frame.request_id, frame.table, frame.keys)
+            clock = self.tables[frame.table].clock
+            if frame.reply_value_type:
+                q = self._reply_values(weights, frame.reply_value_type)
+                return codec.encode_weights(
+                    frame.table, q, version, present, clock, rows=len(weights), dim=weights.shape[1]
+                )
+            return codec.encode_weights(frame.table, weights, version, present, clock)
         if frame.op == codec.Op.PUSH:
-            applied, version = self.handle_push(_push_of(frame))
+            applied, version = self.handle_push(self._push_of(frame))
             return codec.encode_ack(frame.table, applied, version)
         if frame.op == codec.Op.PUSH_PULL:
-            assert frame.pull_keys is not None
-            applied, weights, version = self.handle_push_pull(_push_of(frame), frame.pull_keys)
+            push = self._push_of(frame)
+            pull_keys = push.keys if frame.pull_pushed else frame.pull_keys
+            assert pull_keys is not None
+            applied, weights, version = self.handle_push_pull(push, pull_keys)
+            if frame.remember:
+                self.key_sets.remember(frame.request_id, frame.table, pull_keys)
             clock = self.tables[frame.table].clock
+            if frame.reply_value_type:
+                q = self._reply_values(weights, frame.reply_value_type)
+                return codec.encode_push_pull_reply(
+                    frame.table, applied, q, version, clock, rows=len(weights), dim=weights.shape[1]
+                )
             return codec.encode_push_pull_reply(frame.table, applied, weights, version, clock)
         raise FrameError(f"op {frame.op} is a reply, not a request")
+
+    def _push_of(self, frame: codec.Frame) -> Push:
+        """The push a PUSH or PUSH_PULL frame carries, its keys taken from
+        the key set it names if it names one."""
+        keys = frame.keys
+        if frame.keys_ref:
+            keys = self.key_sets.take(frame.keys_ref, frame.table, frame.count)
+        assert keys is not None and frame.values is not None
+        return Push(frame.table, keys, frame.values, frame.counts, frame.event_time, frame.request_id, frame.clock)
+
+    def _reply_values(self, weights: F32, vtype: int) -> Quantized:
+        """Weights rounded to the nearest of `vtype` for a reply; values
+        beyond float16's range are clipped and counted."""
+        q = quantize(weights, vtype, "nearest")
+        self.reply_values_clipped += q.clipped
+        return q
 
     # -- export cuts -------------------------------------------------------------
     MAX_PENDING_SNAPSHOTS = 4
@@ -532,6 +569,7 @@ class Shard:
             "shard_id": self.spec.shard_id,
             "num_shards": self.spec.num_shards,
             "duplicate_pushes": self.duplicate_pushes,
+            "wire": {"key_sets": self.key_sets.stats(), "reply_values_clipped": self.reply_values_clipped},
             "tables": {
                 name: {
                     "features": len(t),

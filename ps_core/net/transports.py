@@ -17,17 +17,28 @@ import ssl as ssl_
 from dataclasses import dataclass
 from typing import Protocol
 
+import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import FrameError, error_from_body
+from ..errors import FrameError, KeySetExpiredError, error_from_body
 from ..hashing import U64
 from ..store.table import F32
 from . import codec
-from .endpoint import RETRIED_STATUSES, Backoff, ShardEndpoint, json_or_text, not_joined, retried_reason
+from .endpoint import (
+    RETRIED_STATUSES,
+    Backoff,
+    RetryPolicy,
+    ShardEndpoint,
+    json_or_text,
+    not_joined,
+    retried_reason,
+)
+from .quantize import Quantized, quantize
 from .rpc import RpcConnection
 from .server import FRAME_CONTENT_TYPE
 from .shard import Push, Shard
+from .wire import F32_WIRE, ErrorFeedback, WireFormat, WireStats
 
 __all__ = ["Push", "Pulled", "ShardReader", "ShardTransport", "LocalTransport", "HttpTransport", "TcpTransport"]
 
@@ -52,9 +63,17 @@ class ShardReader(Protocol):
 
     shard_id: int
 
+    @property
+    def key_sets(self) -> bool:
+        """Whether this transport's pulls may be remembered (`remember`)."""
+        ...
+
     async def pull(self, table: str, keys: U64) -> F32: ...
 
-    async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled: ...
+    async def pull_versioned(self, table: str, keys: U64, presence: bool, remember: int = 0) -> Pulled:
+        """`remember`: an id under which a shard server that keeps key sets
+        (`key_sets`) keeps these keys for the push that names them."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -64,8 +83,9 @@ class ShardTransport(ShardReader, Protocol):
 
     async def push(self, push: Push) -> int: ...
 
-    async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32, int]:
-        """(distinct keys applied, the pull's weights, the table's clock at the read)."""
+    async def push_pull(self, push: Push, pull_keys: U64, remember: int = 0) -> tuple[int, F32, int]:
+        """(distinct keys applied, the pull's weights, the table's clock at
+        the read); `remember` as for `pull_versioned`."""
         ...
 
 
@@ -80,11 +100,12 @@ class LocalTransport:
         self.shard = shard
         self.shard_id = shard.spec.shard_id
         self.routed = routed
+        self.key_sets = False  # no frames: pushes carry their keys as they are
 
     async def pull(self, table: str, keys: U64) -> F32:
         return self.shard.handle_pull(table, keys, owned=self.routed)[0]
 
-    async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled:
+    async def pull_versioned(self, table: str, keys: U64, presence: bool, remember: int = 0) -> Pulled:
         weights, version = self.shard.handle_pull(table, keys, owned=self.routed)
         present = self.shard.contains(table, keys) if presence else None
         return Pulled(weights, version, present, self.shard.tables[table].clock)
@@ -92,7 +113,7 @@ class LocalTransport:
     async def push(self, push: Push) -> int:
         return self.shard.handle_push(push, owned=self.routed)[0]
 
-    async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32, int]:
+    async def push_pull(self, push: Push, pull_keys: U64, remember: int = 0) -> tuple[int, F32, int]:
         applied, weights, _ = self.shard.handle_push_pull(push, pull_keys, owned=self.routed)
         return applied, weights, self.shard.tables[push.table].clock
 
@@ -119,7 +140,31 @@ class HttpTransport(ShardEndpoint):
 
     Every call goes through the aiohttp session, retried as
     `ShardEndpoint.request` retries (a retried push keeps its request id).
+    Frames travel in the transport's `wire` format (`ps_core.net.wire`);
+    `wire_stats` counts what they cost.
     """
+
+    def __init__(
+        self,
+        shard_id: int,
+        url: str,
+        session: aiohttp.ClientSession,
+        retry: RetryPolicy,
+        *,
+        token: str = "",
+        ssl: ssl_.SSLContext | None = None,
+        wire: WireFormat = F32_WIRE,
+    ) -> None:
+        super().__init__(shard_id, url, session, retry, token=token, ssl=ssl)
+        self.wire = wire
+        self.wire_stats = WireStats()
+        self._rng = np.random.default_rng()
+        self._feedback: dict[str, ErrorFeedback] = {}
+
+    @property
+    def key_sets(self) -> bool:
+        """Whether pulls are remembered for the pushes that follow."""
+        return self.wire.key_sets
 
     # Per instance once set: the frame connection and the lock that opens it.
     _conn: FrameConnection | None = None
@@ -145,6 +190,9 @@ class HttpTransport(ShardEndpoint):
 
     async def _frame_request(self, path: str, body: bytes) -> bytes:
         """A frame's round trip: POSTed to `path`, the reply frame back."""
+        stats = self.wire_stats
+        stats.frames += 1
+        stats.bytes_sent += len(body)
         backoff = Backoff(self._retry)
         while True:
             try:
@@ -153,8 +201,10 @@ class HttpTransport(ShardEndpoint):
                     conn = await self._connection()
                     if conn is None:
                         _, reply = await self.request("POST", path, body, FRAME_CONTENT_TYPE)
+                        stats.bytes_received += len(reply)
                         return reply
                 status, payload = await conn.call(path, body, backoff.remaining())
+                stats.bytes_received += len(payload)
             except ssl_.SSLCertVerificationError as exc:
                 raise self._unverified(exc) from None
             except (TimeoutError, OSError) as exc:  # ConnectionError is an OSError
@@ -175,13 +225,13 @@ class HttpTransport(ShardEndpoint):
             await backoff.failed(last, self._unavailable)
 
     async def pull(self, table: str, keys: U64) -> F32:
-        reply = await self._frame_request("/v1/pull", codec.encode_pull(table, keys))
-        frame = codec.decode(reply, codec.Op.WEIGHTS)
-        assert frame.values is not None
-        return frame.values
+        return (await self.pull_versioned(table, keys, False)).weights
 
-    async def pull_versioned(self, table: str, keys: U64, presence: bool) -> Pulled:
-        body = codec.encode_pull(table, keys, presence=presence)
+    async def pull_versioned(self, table: str, keys: U64, presence: bool, remember: int = 0) -> Pulled:
+        wire = self.wire
+        body = codec.encode_pull(
+            table, keys, presence=presence, reply_vtype=wire.pull_type, remember=remember if wire.key_sets else 0
+        )
         reply = await self._frame_request("/v1/pull", body)
         frame = codec.decode(reply, codec.Op.WEIGHTS)
         assert frame.values is not None
@@ -190,33 +240,96 @@ class HttpTransport(ShardEndpoint):
         return Pulled(frame.values, frame.version, frame.present, frame.clock)
 
     async def push(self, push: Push) -> int:
-        table, keys, grads, counts, event_time, request_id, base_clock = push
-        body = codec.encode_push(
-            table, keys, grads, counts=counts, event_time=event_time, request_id=request_id, base_clock=base_clock
-        )
-        reply = await self._frame_request("/v1/push", body)
+        grads, dim = self._push_values(push)
+        ref = push.keys_ref if self.wire.key_sets and push.keys.size else 0
+        body = self._push_body(push, grads, dim, ref)
+        reply = await self._keyed_request("/v1/push", body, push, grads, dim, None, 0)
         return codec.decode(reply, codec.Op.ACK).count
 
-    async def push_pull(self, push: Push, pull_keys: U64) -> tuple[int, F32, int]:
-        table, keys, grads, counts, event_time, request_id, base_clock = push
-        body = codec.encode_push_pull(
-            table,
-            keys,
-            grads,
-            pull_keys,
-            counts=counts,
-            event_time=event_time,
-            request_id=request_id,
-            base_clock=base_clock,
-        )
+    async def push_pull(self, push: Push, pull_keys: U64, remember: int = 0) -> tuple[int, F32, int]:
+        grads, dim = self._push_values(push)
+        ref = push.keys_ref if self.wire.key_sets and push.keys.size else 0
+        remember = remember if self.wire.key_sets else 0
+        body = self._push_body(push, grads, dim, ref, pull_keys, remember)
         # Retried like a push, with the same body and so the same request id:
         # a shard that applied the push answers the pull without applying again.
-        reply = await self._frame_request("/v1/push_pull", body)
+        reply = await self._keyed_request("/v1/push_pull", body, push, grads, dim, pull_keys, remember)
         frame = codec.decode(reply, codec.Op.PUSH_PULL_REPLY)
         assert frame.values is not None
         if frame.count != pull_keys.size:
             raise FrameError(f"shard {self.shard_id} answered {frame.count} rows for {pull_keys.size} pull keys")
         return frame.applied, frame.values, frame.clock
+
+    def _push_values(self, push: Push) -> tuple[F32 | Quantized, int]:
+        """The push's gradients in the wire's value type, once per push (a
+        push sent again keeps them: error feedback must not count twice)."""
+        g = push.grads
+        dim = int(g.shape[1]) if g.ndim == 2 else 1
+        wire = self.wire
+        if wire.push == "f32":
+            return g, dim
+        if wire.rounding == "feedback":
+            fb = self._feedback.get(push.table)
+            if fb is None:
+                fb = self._feedback[push.table] = ErrorFeedback(wire.feedback_rows)
+            q = fb.quantize(push.keys, g, wire.push_type)
+        else:
+            q = quantize(g, wire.push_type, "stochastic", self._rng)
+        self.wire_stats.values_clipped += q.clipped
+        return q, dim
+
+    def _push_body(
+        self,
+        push: Push,
+        grads: F32 | Quantized,
+        dim: int,
+        keys_ref: int,
+        pull_keys: U64 | None = None,
+        remember: int = 0,
+    ) -> bytes:
+        wire = self.wire
+        if keys_ref:
+            self.wire_stats.key_set_pushes += 1
+        common = {
+            "counts": push.counts,
+            "event_time": push.event_time,
+            "request_id": push.request_id,
+            "base_clock": push.base_clock,
+            "dim": dim,
+            "keys_ref": keys_ref,
+            "compact": wire.compact_counts,
+        }
+        if pull_keys is None:
+            return codec.encode_push(push.table, push.keys, grads, **common)  # type: ignore[arg-type]
+        return codec.encode_push_pull(
+            push.table,
+            push.keys,
+            grads,
+            pull_keys,
+            reply_vtype=wire.pull_type,
+            remember=bool(remember),
+            **common,  # type: ignore[arg-type]
+        )
+
+    async def _keyed_request(
+        self,
+        path: str,
+        body: bytes,
+        push: Push,
+        grads: F32 | Quantized,
+        dim: int,
+        pull_keys: U64 | None,
+        remember: int,
+    ) -> bytes:
+        """`body`'s round trip; a push naming a key set the shard no longer
+        holds (nothing applied) is sent again with its keys."""
+        try:
+            return await self._frame_request(path, body)
+        except KeySetExpiredError:
+            if not (self.wire.key_sets and push.keys_ref):
+                raise
+            self.wire_stats.key_set_misses += 1
+            return await self._frame_request(path, self._push_body(push, grads, dim, 0, pull_keys, remember))
 
     async def close(self) -> None:
         if self._conn is not None:

@@ -1,0 +1,204 @@
+"""How values and counts travel compressed in a frame (format version 2).
+
+Value types (`VALUE_TYPES`):
+
+- ``f32``: float32, exact: the reference.
+- ``f16``: IEEE float16 (pulls and pushes). Magnitudes above 65504 are
+  clipped to ±65504 and counted (`Quantized.clipped`).
+- ``int8``: pushes only. The values, flattened row by row, are cut into
+  blocks of `BLOCK` (64); each block travels as one float32 scale
+  (max |x| / 127) and 64 int8 codes, x ≈ code · scale: 1.06 bytes a value.
+
+Rounding of gradients is unbiased by default (``stochastic``: a value
+rounds up with the probability of its distance to the lower neighbour, so
+its expectation is the float32 value); ``nearest`` is for weights (a pull's
+reply, a serving file) and for error feedback (`ps_core.net.feedback`),
+which carries the rounding error to the key's next push instead. NaN and
+infinity are refused in every type: `InvalidValuesError`, nothing is sent.
+
+Counts (shows, clicks) are whole numbers in practice; `compact_counts`
+picks the narrowest unsigned type that holds them exactly (u8, u16, u32)
+and keeps float32 when they are fractional or negative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import FrameError, InvalidValuesError
+
+__all__ = [
+    "BLOCK",
+    "COUNT_TYPES",
+    "F16_MAX",
+    "PULL_VALUE_TYPES",
+    "Quantized",
+    "Rounding",
+    "VALUE_TYPES",
+    "compact_counts",
+    "count_section_size",
+    "dequantize",
+    "quantize",
+    "read_counts",
+    "value_section_size",
+]
+
+F32 = npt.NDArray[np.float32]
+Rounding = Literal["stochastic", "nearest"]
+
+VALUE_TYPES = ("f32", "f16", "int8")
+"""Value types by their code in a frame header (0, 1, 2)."""
+PULL_VALUE_TYPES = ("f32", "f16")
+"""Value types a pull's reply may travel in: weights are read exactly or
+rounded to float16, never int8 (a block's scale would follow its largest)."""
+COUNT_TYPES = ("f32", "u8", "u16", "u32")
+"""Count types by their code in a frame header (0..3)."""
+BLOCK = 64
+"""Values per int8 block (one float32 scale each)."""
+F16_MAX = float(np.finfo(np.float16).max)  # 65504
+_COUNT_DTYPES = (np.dtype("<f4"), np.dtype(np.uint8), np.dtype("<u2"), np.dtype("<u4"))
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """One values section ready for a frame."""
+
+    vtype: int
+    """Its value type's code (an index of `VALUE_TYPES`)."""
+    data: bytes
+    """The section's bytes, padded to a multiple of 8."""
+    clipped: int = 0
+    """Values clipped to the float16 range."""
+
+
+def value_section_size(vtype: int, count: int) -> int:
+    """Bytes of a values section of `count` values (padded to 8)."""
+    if vtype == 0:
+        return _pad8(4 * count)
+    if vtype == 1:
+        return _pad8(2 * count)
+    return _pad8(4 * _blocks(count)) + _pad8(count)
+
+
+def _blocks(count: int) -> int:
+    return (count + BLOCK - 1) // BLOCK
+
+
+def _check_finite(values: F32) -> None:
+    if values.size and not np.isfinite(values).all():
+        bad = int(values.size - np.isfinite(values).sum())
+        raise InvalidValuesError(f"{bad} values are NaN or infinite: refused before sending")
+
+
+def _stochastic_f16(x: F32, rng: np.random.Generator) -> npt.NDArray[np.float16]:
+    """Round to float16 up or down with the probabilities that keep the mean."""
+    h = x.astype(np.float16)  # nearest
+    back = h.astype(np.float32)
+    err = x - back
+    # The neighbour on the other side of x, and how far x is towards it.
+    # (Towards zero where x is exact: no overflow at ±65504, and p is 0.)
+    toward = np.where(err > 0, np.inf, np.where(err < 0, -np.inf, 0.0)).astype(np.float16)
+    other = np.nextafter(h, toward)
+    gap = other.astype(np.float32) - back
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(gap != 0, err / gap, 0.0)
+    up = rng.random(x.shape, dtype=np.float32) < p
+    return np.where(up & np.isfinite(other), other, h)
+
+
+def quantize(
+    values: npt.ArrayLike, vtype: int, rounding: Rounding, rng: np.random.Generator | None = None
+) -> Quantized:
+    """Encode float values (any shape, read row by row) as a section of type `vtype`."""
+    x = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    _check_finite(x)
+    if vtype == 0:
+        raw = x.astype("<f4", copy=False).tobytes()
+        return Quantized(0, raw + b"\0" * (_pad8(len(raw)) - len(raw)))
+    if rounding == "stochastic" and rng is None:
+        rng = np.random.default_rng()
+    if vtype == 1:
+        over = np.abs(x) > F16_MAX
+        clipped = int(over.sum())
+        if clipped:
+            x = np.clip(x, -F16_MAX, F16_MAX)
+        h = _stochastic_f16(x, rng) if rounding == "stochastic" and rng is not None else x.astype(np.float16)
+        raw = h.astype("<f2", copy=False).tobytes()
+        return Quantized(1, raw + b"\0" * (_pad8(len(raw)) - len(raw)), clipped)
+    if vtype != 2:
+        raise FrameError(f"unknown value type {vtype}")
+    nb = _blocks(x.size)
+    padded = np.zeros(nb * BLOCK, dtype=np.float32)
+    padded[: x.size] = x
+    blocks = padded.reshape(nb, BLOCK)
+    scale = np.abs(blocks).max(axis=1) / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(scale[:, None] > 0, blocks / scale[:, None], np.float32(0))
+    if rounding == "stochastic" and rng is not None:
+        codes = np.floor(ratio + rng.random(ratio.shape, dtype=np.float32))
+    else:
+        codes = np.rint(ratio)
+    codes8 = np.clip(codes, -127, 127).astype(np.int8).reshape(-1)[: x.size]
+    s = scale.astype("<f4").tobytes()
+    c = codes8.tobytes()
+    return Quantized(2, s + b"\0" * (_pad8(len(s)) - len(s)) + c + b"\0" * (_pad8(len(c)) - len(c)))
+
+
+def dequantize(buf: memoryview, offset: int, vtype: int, count: int) -> F32:
+    """The float32 values of a section written by `quantize` (a read-only
+    view for f32, a new array otherwise); `FrameError` on NaN or infinity."""
+    if vtype == 0:
+        return np.frombuffer(buf, dtype="<f4", count=count, offset=offset)
+    if vtype == 1:
+        h = np.frombuffer(buf, dtype="<f2", count=count, offset=offset)
+        out = h.astype(np.float32)
+    elif vtype == 2:
+        nb = _blocks(count)
+        scale = np.frombuffer(buf, dtype="<f4", count=nb, offset=offset)
+        codes = np.frombuffer(buf, dtype=np.int8, count=count, offset=offset + _pad8(4 * nb))
+        if count and (codes == -128).any():
+            raise FrameError("int8 code -128 is outside the format's -127..127")
+        full = np.zeros(nb * BLOCK, dtype=np.float32)
+        full[:count] = codes
+        out = (full.reshape(nb, BLOCK) * scale[:, None]).reshape(-1)[:count]
+    else:
+        raise FrameError(f"unknown value type {vtype}")
+    if out.size and not np.isfinite(out).all():
+        raise FrameError("values section holds NaN or infinity")
+    return out
+
+
+def compact_counts(counts: npt.ArrayLike) -> tuple[int, bytes]:
+    """(count type code, section bytes padded to 8) for (n, 2) shows and clicks."""
+    c = np.ascontiguousarray(counts, dtype=np.float32).reshape(-1)
+    _check_finite(c)
+    code = 0
+    if c.size == 0:
+        code = 1
+    elif c.min() >= 0 and (c == np.floor(c)).all():
+        top = c.max()
+        code = 1 if top < 2.0**8 else 2 if top < 2.0**16 else 3 if top < 2.0**32 else 0
+    raw = c.astype(_COUNT_DTYPES[code], copy=False).tobytes()
+    return code, raw + b"\0" * (_pad8(len(raw)) - len(raw))
+
+
+def count_section_size(ctype: int, n: int) -> int:
+    """Bytes of a counts section of `n` rows (padded to 8 in format 2)."""
+    return _pad8(2 * n * _COUNT_DTYPES[ctype].itemsize)
+
+
+def read_counts(buf: memoryview, offset: int, ctype: int, n: int) -> F32:
+    """(n, 2) float32 shows and clicks of a counts section."""
+    if not 0 <= ctype < len(_COUNT_DTYPES):
+        raise FrameError(f"unknown count type {ctype}")
+    raw = np.frombuffer(buf, dtype=_COUNT_DTYPES[ctype], count=2 * n, offset=offset)
+    out = raw.astype(np.float32, copy=False)  # float32 counts stay a view
+    return out.reshape(n, 2)
