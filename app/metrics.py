@@ -164,7 +164,28 @@ class _ClusterCollector(Collector):
             counts = auth.get("refused") if isinstance(auth, dict) else None
             for reason, n in (counts if isinstance(counts, dict) else {}).items():
                 refused.add_metric([str(i), str(reason)], _num(n))
+        held = GaugeMetricFamily(
+            "ctrps_shard_key_sets", "Key sets a shard keeps from pulls for the pushes that name them.", labels=["shard"]
+        )
+        sets_gone = CounterMetricFamily(
+            "ctrps_shard_key_sets_expired",
+            "Pushes that named a key set the shard no longer held (the worker sent them again with keys).",
+            labels=["shard"],
+        )
+        reply_clipped = CounterMetricFamily(
+            "ctrps_shard_reply_values_clipped",
+            "Weights clipped to float16's range in float16 replies.",
+            labels=["shard"],
+        )
+        for i, stats in enumerate(snap.stats):
+            wire = (stats or {}).get("wire")
+            sets = wire.get("key_sets") if isinstance(wire, dict) else None
+            if isinstance(sets, dict) and isinstance(wire, dict):
+                held.add_metric([str(i)], _num(sets.get("sets")))
+                sets_gone.add_metric([str(i)], _num(sets.get("expired")))
+                reply_clipped.add_metric([str(i)], _num(wire.get("reply_values_clipped")))
         yield from (up, features, size, evicted, freed, pause, admission, staleness, down_weighted, refused)
+        yield from (held, sets_gone, reply_clipped)
         yield from port_families(("shard", str(i), (stats or {}).get("ports")) for i, stats in enumerate(snap.stats))
         yield from _ClusterCollector._exports(snap.stats[0] if snap.stats else None)
 
@@ -246,6 +267,20 @@ class _ClusterCollector(Collector):
             "beyond the end, before the start), by reason and the action taken (--on-stale-offsets).",
             labels=["worker", "reason", "action"],
         )
+        wire_bytes = CounterMetricFamily(
+            "ctrps_worker_wire_bytes",
+            "Bytes of the worker's pull and push frames, by direction (sent to the shards, received).",
+            labels=["worker", "direction"],
+        )
+        clipped = counter(
+            "ctrps_worker_wire_values_clipped", "Gradients clipped to float16's range before they were pushed."
+        )
+        key_sets = CounterMetricFamily(
+            "ctrps_worker_key_set_pushes",
+            "Pushes that named the key set of their pull instead of sending keys, by outcome "
+            "(named; resent: the shard no longer held the set, the push was sent again with its keys).",
+            labels=["worker", "outcome"],
+        )
         window_s = HistogramMetricFamily("ctrps_window_seconds", "Duration of the worker's windows.", labels=["worker"])
         age = GaugeMetricFamily(
             "ctrps_worker_report_age_seconds",
@@ -275,6 +310,13 @@ class _ClusterCollector(Collector):
             for reason, actions in (by_stale if isinstance(by_stale, dict) else {}).items():
                 for action, n in (actions if isinstance(actions, dict) else {}).items():
                     stale.add_metric([w.source, str(reason), str(action)], _num(n))
+            wire = s.get("wire")
+            if isinstance(wire, dict):
+                wire_bytes.add_metric([w.source, "sent"], _num(wire.get("bytes_sent")))
+                wire_bytes.add_metric([w.source, "received"], _num(wire.get("bytes_received")))
+                clipped.add_metric(labels, _num(wire.get("values_clipped")))
+                key_sets.add_metric([w.source, "named"], _num(wire.get("key_set_pushes")))
+                key_sets.add_metric([w.source, "resent"], _num(wire.get("key_set_misses")))
             hist = _histogram(s.get("window_seconds"))
             if hist is not None:
                 window_s.add_metric(labels, buckets=hist[0], sum_value=hist[1])
@@ -300,6 +342,9 @@ class _ClusterCollector(Collector):
             replayed,
             dead,
             stale,
+            wire_bytes,
+            clipped,
+            key_sets,
             window_s,
             age,
             *quality.values(),

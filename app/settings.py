@@ -22,6 +22,8 @@ from consumers.worker import WorkerConfig
 from ps_core.checkpoint.manifest import check_model_name
 from ps_core.errors import TableConfigError
 from ps_core.net.limits import PortLimits, RpcLimits
+from ps_core.net.quantize import PULL_VALUE_TYPES, VALUE_TYPES
+from ps_core.net.wire import ROUNDINGS, WireFormat
 from ps_core.store.lifecycle import SPEC_KEYS, Lifecycle
 from ps_core.store.table import MODES, TableConfig
 
@@ -395,6 +397,44 @@ class WorkerSettings:
     use_rpc: bool = setting(
         True, env="CTRPS_USE_RPC", flag=None, off="--no-rpc", help="reach the shards over HTTP only, not their TCP RPC"
     )
+    wire_push: str = setting(
+        "f32",
+        env="CTRPS_WIRE_PUSH",
+        flag="--wire-push",
+        help="value type of pushed gradients: f32 exact, f16, or int8 with a scale per 64 values "
+        "(rounded without bias; the shards add them in float32)",
+        choices=VALUE_TYPES,
+    )
+    wire_pull: str = setting(
+        "f32",
+        env="CTRPS_WIRE_PULL",
+        flag="--wire-pull",
+        help="value type of pulled weights: f32 exact or f16 (rounded to the nearest)",
+        choices=PULL_VALUE_TYPES,
+    )
+    wire_rounding: str = setting(
+        "stochastic",
+        env="CTRPS_WIRE_ROUNDING",
+        flag="--wire-rounding",
+        help="how f16 and int8 pushes stay unbiased: stochastic rounding, or feedback (round to the nearest "
+        "and add each key's rounding error to its next push)",
+        choices=ROUNDINGS,
+    )
+    key_sets: bool = setting(
+        True,
+        env="CTRPS_KEY_SETS",
+        flag=None,
+        off="--no-key-sets",
+        help="send every key with its push, rather than naming the key set the shard kept from the pull "
+        "(needs shards that read frame format 2, as do the compressed value types)",
+    )
+    compact_counts: bool = setting(
+        True,
+        env="CTRPS_COMPACT_COUNTS",
+        flag=None,
+        off="--no-compact-counts",
+        help="send shows and clicks as float32, not the narrowest exact integers (frame format 2)",
+    )
     on_stale_offsets: str = setting(
         "committed",
         env="CTRPS_ON_STALE_OFFSETS",
@@ -466,6 +506,16 @@ class WorkerSettings:
             dlq_topic=self.dlq,
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 5),
             kafka=kafka,
+        )
+
+    def wire(self) -> WireFormat:
+        """How the worker's pulls and pushes travel (`ps_core.net.wire`)."""
+        return WireFormat(
+            push=self.wire_push,
+            pull=self.wire_pull,
+            key_sets=self.key_sets,
+            compact_counts=self.compact_counts,
+            rounding=self.wire_rounding,  # type: ignore[arg-type]
         )
 
     @classmethod

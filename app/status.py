@@ -82,6 +82,7 @@ def worker_status(
     window_seconds: SecondsHistogram | None = None,
     update_mode: str = "async",
     started_at: float | None = None,
+    wire: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A worker's status after the window of `report` (a JSON object).
 
@@ -113,6 +114,8 @@ def worker_status(
         status["started_at"] = started_at
     if window_seconds is not None:
         status["window_seconds"] = window_seconds.to_dict()
+    if wire is not None:
+        status["wire"] = dict(wire)
     return status
 
 
@@ -129,12 +132,14 @@ def make_status_hook(
     stats: WorkerStats,
     *,
     update_mode: str = "async",
+    wire: Callable[[], Mapping[str, Any]] | None = None,
 ) -> Callable[[WindowReport], Awaitable[None]]:
     """An ``on_window`` hook for `consumers.worker.Worker` that reports the
     worker's status to the board of shard 0 under `worker_id` after each window.
 
     `stats` is the worker's own `WorkerStats` (``worker.stats``); the hook
-    keeps the histogram of window durations itself."""
+    keeps the histogram of window durations itself. `wire` gives what the
+    worker's frames cost so far (`ps_core.net.wire.WireStats`) and their format."""
     histogram = SecondsHistogram()
     started_at = time.time()
 
@@ -146,6 +151,7 @@ def make_status_hook(
             window_seconds=histogram,
             update_mode=update_mode,
             started_at=started_at,
+            wire=None if wire is None else wire(),
         )
         await control.report_status(worker_id, status)
 

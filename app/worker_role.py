@@ -55,13 +55,16 @@ async def run_worker(
         model=settings.model,
         name=settings.model_name,
         mode=settings.mode,
+        wire=settings.wire().describe(),
         on_stale_offsets=settings.on_stale_offsets,
         **kafka.fields(),
     )
     with stop_on_signals(stop):
         token = security.token_for(Scope.TRAIN)
         async with (
-            PSClient.connect(settings.shards, rpc=settings.use_rpc, token=token, ssl=tls) as client,
+            PSClient.connect(
+                settings.shards, rpc=settings.use_rpc, token=token, ssl=tls, wire=settings.wire()
+            ) as client,
             # A sync step's arrival waits up to the deadline: give each call longer.
             ControlClient.connect(
                 settings.shards,
@@ -72,7 +75,14 @@ async def run_worker(
         ):
             worker = Worker(config, client, control, model)
             # Set after construction: the hook reads the worker's own stats.
-            worker.on_window = make_status_hook(control, worker_id, worker.stats, update_mode=config.mode)
+            fmt = settings.wire().describe()
+            worker.on_window = make_status_hook(
+                control,
+                worker_id,
+                worker.stats,
+                update_mode=config.mode,
+                wire=lambda: {"format": fmt, **client.wire_stats().as_dict()},
+            )
             await worker.run(stop)
     s = worker.stats
     log_event(

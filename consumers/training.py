@@ -285,7 +285,8 @@ class GeoTraining(Training):
             rows, need = geo.locate(plan.keys)
             if need.any():
                 routed = self.client.route(plan.keys[need])
-                pulled = await per_table([self.client.pull(t, routed) for t in names])
+                # Not pushed as such: the round pushes the rows it moved.
+                pulled = await per_table([self.client.pull(t, routed, for_push=False) for t in names])
                 rows = geo.take(plan.keys, rows, need, dict(zip(names, pulled)))
             weights = geo.weights(rows)
             p = sigmoid(self.model.logits(sub, plan, weights))

@@ -131,6 +131,25 @@ def test_fractional_or_negative_counts_stay_float32(counts: list[list[float]]) -
     np.testing.assert_array_equal(read_counts(memoryview(raw), 0, 0, 1), c)
 
 
+def test_a_few_large_counts_are_escaped_not_widening_every_row() -> None:
+    c = np.ones((64, 2), np.float32)
+    c[0] = [256, 3]  # the bias key of a 256-event mini-batch
+    c[9] = [7e5, 2**33]
+    code, raw = compact_counts(c)
+    assert code == 4 and len(raw) == 8 + 128 + 8 + 16  # k, 64 u8 pairs, 2 rows, their f32 pairs
+    np.testing.assert_array_equal(read_counts(memoryview(raw), 0, code, 64), c)
+    buf = codec.encode_push("lr", np.arange(64, dtype=np.uint64), np.zeros(64, np.float32), counts=c, compact=True)
+    np.testing.assert_array_equal(codec.decode(buf).counts, c)
+    with pytest.raises(FrameError, match="implies"):
+        codec.decode(buf[:-8])
+    bad = bytearray(buf)
+    struct.pack_into("<I", bad, len(buf) - len(raw), 65)  # an overflow count beyond the rows
+    with pytest.raises(FrameError, match="overflow list of 65 rows"):
+        codec.decode(bytes(bad))
+    many = np.full((8, 2), 300, np.float32)  # most rows large: u16 is smaller
+    assert compact_counts(many)[0] == 2
+
+
 def test_empty_counts() -> None:
     code, raw = compact_counts(np.zeros((0, 2), np.float32))
     assert raw == b"" and read_counts(memoryview(raw), 0, code, 0).shape == (0, 2)

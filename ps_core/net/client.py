@@ -183,15 +183,17 @@ class PSClient(PSReader[ShardTransport]):
             [LocalTransport(s, routed=(s.spec.shard_id, s.spec.num_shards) == (i, n)) for i, s in enumerate(shards)]
         )
 
-    async def pull(self, table: str, keys: npt.ArrayLike | Routed) -> F32:
+    async def pull(self, table: str, keys: npt.ArrayLike | Routed, *, for_push: bool = True) -> F32:
         """Weights (n, dim) of `keys` (or a `route` of them), in their order.
         A `Routed` keeps each shard's table clock, for the push of the
-        gradients computed from these weights."""
+        gradients computed from these weights, and (`for_push`, with
+        transports that keep key sets) the id of the key set the shards
+        remembered, which that push names instead of sending the keys."""
         if not isinstance(keys, Routed):
             return await super().pull(table, keys)
         r = keys
         jobs = _pull_jobs(r)
-        remember = self.new_request_id() if self._key_sets else 0
+        remember = self.new_request_id() if self._key_sets and for_push else 0
         results: list[Pulled] = await fan_out(
             [self.transports[i].pull_versioned(table, r.by_shard[p], False, remember) for i, p in jobs]
         )

@@ -32,7 +32,8 @@ arrays::
                  should travel in: 0 f32, 1 f16, 2 int8 (`ps_core.net.quantize`);
                  format 1: zero
     43     1     format 2: the counts section's type: 0 f32, 1 u8, 2 u16,
-                 3 u32; format 1: zero
+                 3 u32, 4 u8 with escaped rows (`ps_core.net.quantize`);
+                 format 1: zero
     44     4     count m: pull keys in a push_pull request, distinct keys
                  applied in a push_pull reply; 0 for every other op
     48     L     table name, then zero padding to the next multiple of 8
@@ -598,8 +599,10 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     if has_values:
         values_bytes = value_section_size(vtype, n * dim) if v2 else 4 * n * dim
         expected += values_bytes
+    counts_bytes = 0
     if has_counts:
-        expected += count_section_size(ctype, n)
+        counts_bytes = count_section_size(ctype, n, mv, expected)
+        expected += counts_bytes
     expected += presence_bytes
     if len(mv) != expected:
         raise FrameError(
@@ -628,7 +631,7 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         pos += values_bytes
     if has_counts:
         counts = _readonly(read_counts(mv, pos, ctype, n))
-        pos += count_section_size(ctype, n)
+        pos += counts_bytes
     if pull_pushed:
         pull_keys = keys
     if presence_reply:

@@ -17,12 +17,14 @@ which carries the rounding error to the key's next push instead. NaN and
 infinity are refused in every type: `InvalidValuesError`, nothing is sent.
 
 Counts (shows, clicks) are whole numbers in practice; `compact_counts`
-picks the narrowest unsigned type that holds them exactly (u8, u16, u32)
-and keeps float32 when they are fractional or negative.
+picks the narrowest unsigned type that holds them exactly (u8, u16, u32, or
+u8 with the few rows that do not fit escaped) and keeps float32 when they
+are fractional or negative.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,8 +57,9 @@ VALUE_TYPES = ("f32", "f16", "int8")
 PULL_VALUE_TYPES = ("f32", "f16")
 """Value types a pull's reply may travel in: weights are read exactly or
 rounded to float16, never int8 (a block's scale would follow its largest)."""
-COUNT_TYPES = ("f32", "u8", "u16", "u32")
-"""Count types by their code in a frame header (0..3)."""
+COUNT_TYPES = ("f32", "u8", "u16", "u32", "u8+")
+"""Count types by their code in a frame header (0..4); ``u8+`` is u8 with
+the rows that do not fit escaped to float32 (`compact_counts`)."""
 BLOCK = 64
 """Values per int8 block (one float32 scale each)."""
 F16_MAX = float(np.finfo(np.float16).max)  # 65504
@@ -177,26 +180,72 @@ def dequantize(buf: memoryview, offset: int, vtype: int, count: int) -> F32:
 
 
 def compact_counts(counts: npt.ArrayLike) -> tuple[int, bytes]:
-    """(count type code, section bytes padded to 8) for (n, 2) shows and clicks."""
-    c = np.ascontiguousarray(counts, dtype=np.float32).reshape(-1)
-    _check_finite(c)
+    """(count type code, section bytes padded to 8) for (n, 2) shows and clicks.
+
+    Whole non-negative counts up to 255 travel as u8. A mini-batch's few
+    frequent keys (its bias key shows every event) would otherwise widen
+    every key's counts, so when at most an eighth of the rows do not fit,
+    they are escaped instead (type 4, ``u8+``): their u8 pair is 255, 255
+    and their float32 pair follows in an overflow list."""
+    c = np.ascontiguousarray(counts, dtype=np.float32).reshape(-1, 2)
+    flat = c.reshape(-1)
+    _check_finite(flat)
     code = 0
     if c.size == 0:
         code = 1
-    elif c.min() >= 0 and (c == np.floor(c)).all():
-        top = c.max()
-        code = 1 if top < 2.0**8 else 2 if top < 2.0**16 else 3 if top < 2.0**32 else 0
-    raw = c.astype(_COUNT_DTYPES[code], copy=False).tobytes()
+    elif flat.min() >= 0 and (flat == np.floor(flat)).all():
+        top = flat.max()
+        code = 1 if top < 256 else 2 if top < 2.0**16 else 3 if top < 2.0**32 else 0
+        if code != 1:
+            over = np.flatnonzero((c >= 255).any(axis=1))
+            if over.size * 8 <= c.shape[0]:
+                return 4, _escaped(c, over)
+    raw = flat.astype(_COUNT_DTYPES[code], copy=False).tobytes()
     return code, raw + b"\0" * (_pad8(len(raw)) - len(raw))
 
 
-def count_section_size(ctype: int, n: int) -> int:
-    """Bytes of a counts section of `n` rows (padded to 8 in format 2)."""
-    return _pad8(2 * n * _COUNT_DTYPES[ctype].itemsize)
+def _escaped(c: F32, over: npt.NDArray[np.intp]) -> bytes:
+    """A ``u8+`` section: k (u32, u32 zero), the u8 pairs (255 for the rows
+    in the overflow list), then the k row numbers (u32) and their f32 pairs."""
+    small = np.minimum(c, 255).astype(np.uint8)
+    small[over] = 255
+    parts = [
+        struct.pack("<II", over.size, 0),
+        small.tobytes(),
+        over.astype("<u4").tobytes(),
+        c[over].astype("<f4").tobytes(),
+    ]
+    return b"".join(p + b"\0" * (_pad8(len(p)) - len(p)) for p in parts)
+
+
+def count_section_size(ctype: int, n: int, buf: memoryview | None = None, offset: int = 0) -> int:
+    """Bytes of a counts section of `n` rows (padded to 8 in format 2); a
+    ``u8+`` section's size depends on its overflow count, read from `buf`."""
+    if ctype != 4:
+        return _pad8(2 * n * _COUNT_DTYPES[ctype].itemsize)
+    if buf is None or len(buf) < offset + 8:
+        raise FrameError("frame truncated before its counts' overflow count")
+    (k,) = struct.unpack_from("<I", buf, offset)
+    if k > n:
+        raise FrameError(f"counts overflow list of {k} rows in a push of {n}")
+    return 8 + _pad8(2 * n) + _pad8(4 * k) + 8 * k
 
 
 def read_counts(buf: memoryview, offset: int, ctype: int, n: int) -> F32:
     """(n, 2) float32 shows and clicks of a counts section."""
+    if ctype == 4:
+        (k,) = struct.unpack_from("<I", buf, offset)
+        pos = offset + 8
+        small = np.frombuffer(buf, dtype=np.uint8, count=2 * n, offset=pos).reshape(n, 2)
+        pos += _pad8(2 * n)
+        rows = np.frombuffer(buf, dtype="<u4", count=k, offset=pos)
+        pos += _pad8(4 * k)
+        big = np.frombuffer(buf, dtype="<f4", count=2 * k, offset=pos).reshape(k, 2)
+        if k and (rows >= n).any():
+            raise FrameError("counts overflow list names a row beyond the push")
+        out = small.astype(np.float32)
+        out[rows] = big
+        return out
     if not 0 <= ctype < len(_COUNT_DTYPES):
         raise FrameError(f"unknown count type {ctype}")
     raw = np.frombuffer(buf, dtype=_COUNT_DTYPES[ctype], count=2 * n, offset=offset)

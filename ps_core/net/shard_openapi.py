@@ -206,12 +206,29 @@ class TableStats(Struct, forbid_unknown_fields=True):
     staleness: Staleness
 
 
+class KeySetStats(Struct, forbid_unknown_fields=True):
+    """The key sets kept from pulls for the pushes that name them (ps_core.net.key_sets)."""
+
+    sets: Count
+    keys: Count
+    remembered: Count
+    used: Count
+    expired: Count
+    dropped: Count
+
+
+class WireStats(Struct, forbid_unknown_fields=True):
+    key_sets: KeySetStats
+    reply_values_clipped: Annotated[Count, Meta(description="Weights clipped to float16's range in replies.")]
+
+
 class Stats(Struct):
     """This shard's figures; shard 0 adds sections of what it hosts (exports, cluster)."""
 
     shard_id: Count
     num_shards: Shards
     duplicate_pushes: Count
+    wire: WireStats
     tables: dict[str, TableStats]
 
 

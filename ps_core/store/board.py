@@ -87,6 +87,18 @@ class WindowSeconds(Struct, forbid_unknown_fields=True):
     count: Count
 
 
+class WireReport(Struct, forbid_unknown_fields=True):
+    """What a worker's pull and push frames cost (ps_core.net.wire.WireStats) and their format."""
+
+    format: Annotated[str, Meta(max_length=200)] | UnsetType = UNSET
+    bytes_sent: Count | UnsetType = UNSET
+    bytes_received: Count | UnsetType = UNSET
+    frames: Count | UnsetType = UNSET
+    values_clipped: Count | UnsetType = UNSET
+    key_set_pushes: Count | UnsetType = UNSET
+    key_set_misses: Count | UnsetType = UNSET
+
+
 class WorkerStatus(Struct, forbid_unknown_fields=True):
     """What app.status.worker_status reports (every field optional, no other field)."""
 
@@ -111,6 +123,7 @@ class WorkerStatus(Struct, forbid_unknown_fields=True):
     outages: Count | UnsetType = UNSET
     outage_seconds: Seconds | UnsetType = UNSET
     windows_replayed: Count | UnsetType = UNSET
+    wire: WireReport | UnsetType = UNSET
     last_window: (
         Annotated[
             ByName[WindowValue],
