@@ -225,7 +225,7 @@ def count_section_size(ctype: int, n: int, buf: memoryview | None = None, offset
         return _pad8(2 * n * _COUNT_DTYPES[ctype].itemsize)
     if buf is None or len(buf) < offset + 8:
         raise FrameError("frame truncated before its counts' overflow count")
-    (k,) = struct.unpack_from("<I", buf, offset)
+    k = int(struct.unpack_from("<I", buf, offset)[0])
     if k > n:
         raise FrameError(f"counts overflow list of {k} rows in a push of {n}")
     return 8 + _pad8(2 * n) + _pad8(4 * k) + 8 * k
