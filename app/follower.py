@@ -2,8 +2,9 @@
 current as new versions appear (``ctrps serve --follow exports/<model>``).
 
 `Follower` loads the newest chain of a model's export directory (its base,
-then each delta) into one in-process `Shard` (a replica holds the whole
-model, so keys need no routing), then polls the directory every
+then each delta) into read-only tables (`ReplicaTables`: sorted keys
+searched vectorised, weights in the serving files' precision; a replica
+holds the whole model, so keys need no routing), then polls the directory every
 `Follower.interval_s` and applies each new delta, in order, every file's
 SHA-256 checked before anything of the version is applied. A newer base (a
 periodic base, or a compaction) is loaded into a fresh shard and swapped in
@@ -37,24 +38,21 @@ from typing import Any, TypeVar
 from ps_core.checkpoint.export import (
     LoadedVersion,
     VersionInfo,
-    apply_version,
     latest_chain,
     list_versions,
     load_version,
     read_manifest,
-    restore_into,
     serves_weights,
     version_dirs,
 )
 from ps_core.checkpoint.manifest import ExportManifest
-from ps_core.checkpoint.serving import serving_config
+from ps_core.checkpoint.replica import ReplicaTables
 from ps_core.errors import ExportCorruptError, ExportNotFoundError, PSError
 from ps_core.hashing import U64
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model
 from ps_core.net.client import PSReader
-from ps_core.net.shard import Shard
 from ps_core.net.transports import Pulled
-from ps_core.store.table import F32, SparseTable, TableConfig
+from ps_core.store.table import F32, TableConfig
 
 from .background import BackgroundLoop
 from .errors import NoVersionError
@@ -70,8 +68,6 @@ _T = TypeVar("_T")
 # fit the served model or chain, rows a table refuses.
 _REFUSALS = (PSError, ValueError, OSError)
 _MAX_LOGGED_FAILURES = 1024
-_HEADROOM = 1.5
-"""A loaded chain's tables have index room for this many times its rows."""
 _KINDS = {"lr": "lr", "LogisticRegression": "lr", "fm": "fm", "FactorizationMachine": "fm"}
 
 
@@ -163,7 +159,7 @@ class ReplicaTransport:
     shard_id = 0
 
     def __init__(self, source: Path) -> None:
-        self.shard = Shard()
+        self.shard = ReplicaTables()
         self.declared: Mapping[str, TableConfig] = {}
         """The served version's tables as the trainers declared them (the
         shard holds their weights only, when the version has serving files)."""
@@ -172,7 +168,7 @@ class ReplicaTransport:
         self.version: int | None = None
         """The export version `shard` holds; None until one is loaded."""
 
-    def _served(self) -> tuple[Shard, int]:
+    def _served(self) -> tuple[ReplicaTables, int]:
         if self.version is None:
             raise NoVersionError(f"no export version loaded yet from {self.source}")
         return self.shard, self.version
@@ -296,6 +292,7 @@ class Follower(BackgroundLoop):
         return {
             "last_export_version": self.served_version,
             "served_version": self.served_version,
+            "precision": self.transport.shard.precision,
             "follow": {
                 "dir": str(self.model_dir),
                 "interval_s": self.interval_s,
@@ -362,15 +359,17 @@ class Follower(BackgroundLoop):
                             f"{served}: loading the newest chain"
                         )
                     return True
+                # Checked and merged beside the served tables, in a thread (a
+                # merge touches every row held): a refusal leaves them as they were.
+                tables = self.transport.shard
+                staged = await asyncio.to_thread(tables.stage, got, serving=self._weights)
                 load_ms = (time.perf_counter() - t0) * 1000
                 t1 = time.perf_counter()
-                # Checks everything before it changes anything: a refusal
-                # leaves the served shard as it was.
-                apply_version([self.transport.shard], got)
+                tables.install(staged)
             except _REFUSALS as exc:
                 self._refuse(version, exc)
                 return await asyncio.to_thread(self._base_after, dirs, version)
-            self._serve(self.transport.shard, got.manifest, "delta applied", load_ms, t1)
+            self._serve(tables, got.manifest, "delta applied", load_ms, t1)
             self.deltas_applied += 1
             served = version
         return False
@@ -409,7 +408,13 @@ class Follower(BackgroundLoop):
         manifest = read_manifest(path)
         # A delta in the other form than the served shard's (weights only or
         # whole rows) cannot apply to it: the newest chain is loaded instead.
-        if manifest.kind != "delta" or manifest.parent != parent or serves_weights(manifest) != self._weights:
+        # So is a delta in another serving precision than the served one's.
+        if (
+            manifest.kind != "delta"
+            or manifest.parent != parent
+            or serves_weights(manifest) != self._weights
+            or (self._weights and manifest.serving_precision != self.transport.shard.precision)
+        ):
             return manifest
         self._check_model(manifest)
         loaded = load_version(path, verify=True, serving=self._weights)
@@ -450,38 +455,31 @@ class Follower(BackgroundLoop):
         except ExportCorruptError as exc:
             return latest_chain(self.model_dir, fallback=True, serving=True), exc
 
-    def _build(self, chain: list[VersionInfo]) -> tuple[Shard, ExportManifest | None, tuple[int, Exception] | None]:
-        """A fresh shard holding as much of `chain` as passes its checks: the
-        shard, the last version applied (None: not even the base) and the
-        refused version with why. Runs in a thread: the shard is nobody
-        else's until it is swapped in."""
-        shard = Shard()
+    def _build(
+        self, chain: list[VersionInfo]
+    ) -> tuple[ReplicaTables, ExportManifest | None, tuple[int, Exception] | None]:
+        """Fresh tables holding as much of `chain` as passes its checks: the
+        tables, the last version applied (None: not even the base) and the
+        refused version with why. Runs in a thread: the tables are nobody
+        else's until they are swapped in."""
         # Weights only when every version has them (all but versions written
-        # before serving files existed): no optimizer state to read or hold.
+        # before serving files existed): no optimizer state to read or hold,
+        # in the precision of the newest version's serving files (older ones
+        # of another precision are read as float32 and held in it).
         serving = all(serves_weights(info.manifest) for info in chain)
-        tables = chain[-1].manifest.tables.values()
-        # Tables sized for half again the chain's rows: sized to fit, a
-        # table's index would rehash at the first delta adding keys, on the
-        # event loop (about a second at 5M rows). restore_into's declarations
-        # of the same tables then change nothing.
-        for config in map(serving_config, tables) if serving else tables:
-            rows = sum(f.rows for info in chain for f in info.manifest.files if f.table == config.name)
-            shard.tables[config.name] = SparseTable(config, initial_rows=int(rows * _HEADROOM) + 1024)
+        tables = ReplicaTables(chain[-1].manifest.serving_precision if serving else "f32")
         applied: ExportManifest | None = None
         for info in chain:
             try:
-                self._attempt(info.version, info.path, self._load_into, shard, info, applied is None, serving)
+                self._attempt(info.version, info.path, self._load_into, tables, info, serving)
             except _REFUSALS as exc:
-                return shard, applied, (info.version, exc)
+                return tables, applied, (info.version, exc)
             applied = info.manifest
-        return shard, applied, None
+        return tables, applied, None
 
-    def _load_into(self, shard: Shard, info: VersionInfo, base: bool, serving: bool) -> None:
+    def _load_into(self, tables: ReplicaTables, info: VersionInfo, serving: bool) -> None:
         self._check_model(info.manifest)
-        if base:
-            restore_into([shard], [info], serving=serving)  # hashed file by file as it is read
-        else:
-            apply_version([shard], load_version(info.path, verify=True, serving=serving))
+        tables.apply(load_version(info.path, verify=True, serving=serving), serving=serving)
 
     def _check_model(self, manifest: ExportManifest) -> None:
         got = model_from_manifest(manifest)
@@ -491,10 +489,10 @@ class Follower(BackgroundLoop):
                 f"{_describe(self.model)}: restart it to serve the other model"
             )
 
-    def _serve(self, shard: Shard, manifest: ExportManifest, how: str, load_ms: float, t_apply: float) -> None:
-        """Make `shard`, holding `manifest`'s version, the served one: one
-        synchronous step, so no read sees the shard and version disagree."""
-        self.transport.shard = shard
+    def _serve(self, tables: ReplicaTables, manifest: ExportManifest, how: str, load_ms: float, t_apply: float) -> None:
+        """Make `tables`, holding `manifest`'s version, the served ones: one
+        synchronous step, so no read sees the tables and version disagree."""
+        self.transport.shard = tables
         self.transport.version = manifest.version
         self.transport.declared = manifest.tables
         self._served = manifest

@@ -257,6 +257,13 @@ class ModelInfo(Struct, forbid_unknown_fields=True, kw_only=True):
         Annotated[int | None, Meta(description="A serving replica's export version; null until one is loaded.")]
         | UnsetType
     ) = UNSET
+    precision: (
+        Annotated[
+            Literal["f32", "f16", "int8"],
+            Meta(description="What a serving replica holds the weights in (its exports' serving precision)."),
+        ]
+        | UnsetType
+    ) = UNSET
     follow: FollowInfo | UnsetType = UNSET
 
 
@@ -267,6 +274,13 @@ ReplicaModelInfo = msgspec.defstruct(
         (
             "served_version",
             Annotated[int | None, Meta(description="A serving replica's export version; null until one is loaded.")],
+        ),
+        (
+            "precision",
+            Annotated[
+                Literal["f32", "f16", "int8"],
+                Meta(description="What a serving replica holds the weights in (its exports' serving precision)."),
+            ],
         ),
         ("follow", FollowInfo),
     ],

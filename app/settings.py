@@ -25,6 +25,7 @@ from ps_core.net.limits import PortLimits, RpcLimits
 from ps_core.net.quantize import PULL_VALUE_TYPES, VALUE_TYPES
 from ps_core.net.wire import ROUNDINGS, WireFormat
 from ps_core.store.lifecycle import SPEC_KEYS, Lifecycle
+from ps_core.store.read_table import PRECISIONS
 from ps_core.store.table import MODES, TableConfig
 
 from .declared import SettingsError, add_flags, load, setting
@@ -212,6 +213,14 @@ class ShardSettings:
     keep_bases: int = setting(2, env="CTRPS_KEEP_BASES", flag="--keep-bases", help="bases kept with their deltas")
     model_name: str = setting(
         "ctr", env="CTRPS_MODEL_NAME", flag="--model-name", help="the model's directory under the exports"
+    )
+    serving_precision: str = setting(
+        "f32",
+        env="CTRPS_SERVING_PRECISION",
+        flag="--serving-precision",
+        help="what exports' serving files hold the weights in: f32, f16, or int8 with a power-of-two scale per "
+        "64 rows; replicas serve a version in its precision",
+        choices=PRECISIONS,
     )
     restore: bool = setting(
         True, env="CTRPS_RESTORE", flag=None, off="--no-restore", help="start empty even if an export exists"

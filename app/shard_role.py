@@ -231,7 +231,12 @@ async def run_shard(
         shards += [peer(i, url) for i, url in enumerate(settings.shards) if i > 0]
         client = ControlClient(shards, session=session)
         exporter = Exporter(
-            coordinator, client, settings.exports_dir, settings.model_name, keep_bases=settings.keep_bases
+            coordinator,
+            client,
+            settings.exports_dir,
+            settings.model_name,
+            keep_bases=settings.keep_bases,
+            serving_precision=settings.serving_precision,
         )
         add_coordinator_routes(app, coordinator, exporter)
         shard.extra_stats["exports"] = exporter.stats

@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -38,8 +39,12 @@ from bench_worker import PARTITIONS, preload, start_shards, stop_shards, wait_he
 from common import bench_parser, elapsed_s, progress_log
 
 from consumers.broker import EmbeddedBroker, create_topics
-from consumers.worker import WindowReport, Worker, WorkerConfig
+from consumers.synthetic import SyntheticStream
+from consumers.training import AsyncTraining
+from consumers.worker import WindowReport, Worker, WorkerConfig, WorkerStats
 from ps_core.checkpoint.control import ControlClient
+from ps_core.model.batch import EventBatch
+from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 from ps_core.net.wire import WireFormat
@@ -135,13 +140,68 @@ async def train(
         "key_set_pushes": wire1.key_set_pushes,
         "key_set_misses": wire1.key_set_misses,
         "values_clipped": wire1.values_clipped,
-        "progressive_logloss": weighted(reports, "logloss"),
-        "progressive_auc": weighted(reports, "auc"),
+        "kafka_progressive_logloss": weighted(reports, "logloss"),
+        "kafka_progressive_auc": weighted(reports, "auc"),
     }
     log(
         f"{name}: {out['events_per_s']:,.0f} events/s, {out['wire_bytes_per_mini_batch']:,.0f} B per mini-batch, "
-        f"logloss {out['progressive_logloss']:.5f} AUC {out['progressive_auc']:.5f}"
+        f"logloss {out['kafka_progressive_logloss']:.5f} AUC {out['kafka_progressive_auc']:.5f}"
     )
+    return out
+
+
+async def accuracy(wire: WireFormat, batches: list[EventBatch], args: argparse.Namespace) -> dict[str, float]:
+    """Progressive log loss and AUC of the worker's own training loop
+    (`AsyncTraining`) over the same event batches, in the same order, against
+    2 fresh shard servers over `wire`: only the wire's rounding differs from
+    one format to the next (the Kafka runs above interleave partitions as
+    their fetches come, which moves log loss by ~0.2% from run to run)."""
+    procs, urls = start_shards(2)
+    try:
+        await wait_healthy(urls)
+        async with PSClient.connect(urls, wire=wire) as client, ControlClient.connect(urls) as control:
+            model = make_model(args.model, "ctr")
+            for table in model.tables():
+                await control.declare(table)
+            training = AsyncTraining(client, model, WorkerStats(), args.mini_batch)
+            losses, aucs, sizes = [], [], []
+            for batch in batches:  # one window each
+
+                async def pieces(b: EventBatch = batch) -> AsyncIterator[EventBatch]:
+                    yield b
+
+                m = await training.train(pieces(), _NO_WINDOW)  # type: ignore[arg-type]
+                losses.append(m.logloss)
+                aucs.append(m.auc)
+                sizes.append(m.events)
+    finally:
+        stop_shards(procs)
+    w = np.array(sizes, np.float64)
+    return {
+        "progressive_logloss": float((w * losses).sum() / w.sum()),
+        "progressive_auc": float((w * aucs).sum() / w.sum()),
+    }
+
+
+class _NoWindow:
+    """What `AsyncTraining` reads of a window: the event time of a batch without any."""
+
+    last_ts_ms = 0
+
+
+_NO_WINDOW = _NoWindow()
+
+
+def synthetic_batches(n: int, window: int, seed: int) -> list[EventBatch]:
+    """`n` synthetic events (the topic's, by seed) hashed in batches of `window`."""
+    hasher = FeatureHasher("ctr")
+    stream = SyntheticStream(seed=seed, events_per_s=1e6)
+    out = []
+    for events in stream.iter_batches(n, window):
+        batch, errors = hasher.featurize(events)
+        if errors:
+            raise RuntimeError(f"{len(errors)} synthetic events refused: {next(iter(errors.values()))}")
+        out.append(batch)
     return out
 
 
@@ -149,13 +209,15 @@ async def round_trip_p50(wire: WireFormat, url: str, keys: int, reps: int) -> fl
     """p50 ms of a pull of `keys` keys then the push of their gradients."""
     rng = np.random.default_rng(1)
     async with PSClient.connect([url], wire=wire) as client, ControlClient.connect([url]) as control:
-        table = "rt_w"
+        table = f"rt_{uuid.uuid4().hex[:8]}"  # a fresh table per format: none pays another's growth
         await control.declare(TableConfig(table, 1, {"name": "ftrl", "alpha": 0.05}))
+        pool = rng.integers(1, 2**63, keys, dtype=np.uint64)
+        counts = np.ones((keys, 2), np.float32)
         times = []
         for _ in range(reps + 2):
-            routed = client.route(rng.integers(1, 2**63, keys, dtype=np.uint64))
+            # The same keys every time (the first round trip inserts them), in a new order.
+            routed = client.route(rng.permutation(pool))
             grads = rng.normal(0, 0.01, keys).astype(np.float32)
-            counts = np.ones((keys, 2), np.float32)
             t = time.perf_counter()
             await client.pull(table, routed)
             await client.push(table, routed, grads, counts=counts)
@@ -185,6 +247,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             runs[name] = await train(name, FORMATS[name], broker.bootstrap, topic, n, args)
     finally:
         broker.stop()
+    log(f"accuracy: the worker's training loop over the same {n} events, in order, per format")
+    batches = synthetic_batches(n, args.window_events, args.seed)
+    for name in names:
+        runs[name].update(await accuracy(FORMATS[name], batches, args))
+        log(f"{name}: logloss {runs[name]['progressive_logloss']:.5f} AUC {runs[name]['progressive_auc']:.5f} (in order)")
     procs, urls = start_shards(1)
     try:
         await wait_healthy(urls)

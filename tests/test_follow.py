@@ -46,6 +46,7 @@ from ps_core.checkpoint.export import (
     restore_shards,
     write_version,
 )
+from ps_core.checkpoint.replica import ReplicaTables
 from ps_core.errors import InvalidValuesError
 from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, make_model, sigmoid
@@ -332,7 +333,9 @@ async def test_a_replica_reads_and_holds_weights_only(tmp_path: Path, make_repli
     await replica.serves(trainer, trainer.last)
     shard = replica.follower.transport.shard
     for name, table in shard.tables.items():
-        assert table.optimizer.slots == 1 and table.width == table.dim  # weights, nothing else
+        # weights, nothing else: 8 bytes of key and 4 of weight per value a key
+        assert table.values.dtype == np.float32 and table.values.shape == (len(table), table.dim)
+        assert table.memory_bytes() == len(table) * (8 + 4 * table.dim)
         held = trainer.shards[0].tables[name]
         assert held.width == 2 * held.dim  # the trainers': weights and optimizer state
     status, info = await replica.call("GET", "/v1/model")
@@ -566,17 +569,27 @@ def test_model_from_manifest_infers_the_kind_from_the_tables(tmp_path: Path) -> 
     assert model_of_exports(tmp_path / "nothing", lr) is lr
 
 
-async def test_a_loaded_chain_has_room_to_grow(tmp_path: Path) -> None:
-    """A table sized to fit would rehash its index at the first delta adding
-    keys, on the event loop: a loaded chain has room for half again its rows."""
-    rows = 19_300  # just under 0.6 x 2**15: an index sized to fit has 2**15 slots
-    table = SparseTable(TableConfig("ctr_w", 1, {"name": "sgd"}))
-    table.push(np.arange(1, rows + 1, dtype=np.uint64), np.ones(rows))
-    write_version(tmp_path, "ctr", 1, None, {0: [table.snapshot(None)]}, {}, {"name": "ctr"}, 1)
-    follower = Follower(tmp_path / "ctr", model_of_exports(tmp_path / "ctr", make_model("fm")))
-    assert await follower.poll() is True
-    served = follower.transport.shard.tables["ctr_w"]
-    assert len(served) == rows and served.index.num_slots * served.index.max_load >= 1.5 * rows
+async def test_a_delta_is_merged_beside_the_served_tables_then_swapped_in(tmp_path: Path) -> None:
+    """A delta's merge touches every row held, so it runs beside the served
+    tables (in a thread); until it is installed, reads see the version before."""
+    table = SparseTable(TableConfig("ctr_w", 1, {"name": "sgd", "lr": 1.0}))
+    keys = np.arange(1, 1001, dtype=np.uint64)
+    table.push(keys, np.ones(1000))
+    base = write_version(tmp_path, "ctr", 1, None, {0: [table.snapshot(None)]}, {}, {"name": "ctr"}, 1)
+    table.push(keys[:10], np.ones(10))
+    table.delete(keys[10:20])
+    delta = write_version(tmp_path, "ctr", 2, 1, {0: [table.snapshot(1)]}, {}, {"name": "ctr"}, 1)
+    replica = ReplicaTables()
+    replica.apply(load_version(base, serving=True), serving=True)
+    before = replica.handle_pull("ctr_w", keys)[0].copy()
+    staged = replica.stage(load_version(delta, serving=True), serving=True)
+    np.testing.assert_array_equal(replica.handle_pull("ctr_w", keys)[0], before)  # not yet
+    assert replica.version == 1
+    replica.install(staged)
+    assert replica.version == 2 and len(replica.tables["ctr_w"]) == 990
+    np.testing.assert_array_equal(replica.handle_pull("ctr_w", keys)[0], table.pull(keys))
+    with pytest.raises(ValueError, match="delta of 1; the replica holds 2"):
+        replica.stage(load_version(delta, serving=True), serving=True)
 
 
 def test_apply_version_checks_before_it_changes_anything(tmp_path: Path) -> None:

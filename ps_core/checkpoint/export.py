@@ -51,7 +51,7 @@ from .manifest import (
     shard_file_name,
     version_dir_name,
 )
-from .serving import SERVING_ARRAYS, serving_arrays, serving_config, serving_snapshot
+from .serving import INT8_ARRAYS, SERVING_ARRAYS, serving_arrays, serving_config, serving_snapshot
 from .stream import StreamIdentity
 
 __all__ = [
@@ -206,6 +206,7 @@ def _write_tree(
     """Write a version into a new hidden directory of `parent_dir` (data files,
     then the manifest, everything fsynced); returns it and its manifest."""
     version = int(manifest_fields["version"])
+    precision = manifest_fields.get("serving_precision", "f32")
     tmp = parent_dir / f".tmp-{version_dir_name(version)}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
@@ -217,7 +218,7 @@ def _write_tree(
                 name, weights = shard_file_name(shard, snap.table), serving_file_name(shard, snap.table)
                 size, digest = _write_npz(tmp / name, snap.arrays())
                 files.append(ManifestFile(name, shard, snap.table, snap.rows, int(snap.deleted.size), size, digest))
-                size, digest = _write_npz(tmp / weights, serving_arrays(snap))
+                size, digest = _write_npz(tmp / weights, serving_arrays(snap, precision))
                 serving.append(
                     ManifestFile(weights, shard, snap.table, snap.rows, int(snap.deleted.size), size, digest)
                 )
@@ -275,6 +276,7 @@ def write_version(
     num_shards: int,
     *,
     stream: StreamIdentity | None = None,
+    serving_precision: str = "f32",
 ) -> Path:
     """Write one export version and make it visible atomically; returns its directory.
 
@@ -286,7 +288,8 @@ def write_version(
     go to a hidden temporary directory, are fsynced, and the directory is
     renamed to ``<root>/<model>/<version>`` (then the model directory is
     fsynced). `FileExistsError` if the version exists. Synchronous: run it in
-    a thread.
+    a thread. Its serving files hold the weights in `serving_precision`
+    (`ps_core.checkpoint.serving`).
     """
     kind = _check_snapshots(version, parent, snapshots, num_shards)
     mdir = Path(root) / check_model_name(model)
@@ -304,6 +307,7 @@ def write_version(
         "num_shards": num_shards,
         "offsets": {str(t): {int(p): int(o) for p, o in parts.items()} for t, parts in offsets.items()},
         "stream": stream,
+        "serving_precision": serving_precision,
     }
     tmp, _ = _write_tree(mdir, fields, snapshots)
     try:
@@ -432,7 +436,8 @@ def _read_snapshot(
     try:
         with np.load(source, allow_pickle=False) as npz:
             if serving:
-                snap = serving_snapshot(manifest, entry.table, {name: npz[name] for name in SERVING_ARRAYS})
+                names = INT8_ARRAYS if "codes" in npz.files else SERVING_ARRAYS
+                snap = serving_snapshot(manifest, entry.table, {name: npz[name] for name in names})
             else:
                 # Format 1 files lack the lifecycle's members: their defaults.
                 arrays = {
@@ -748,6 +753,7 @@ def compact(model_dir: Path, version: int | None = None, *, verify: bool = True)
         "offsets": m.offsets,
         "stream": m.stream,
         "compacted_from": tuple(c.version for c in chain),
+        "serving_precision": m.serving_precision,
     }
     tmp, manifest = _write_tree(mdir, fields, snapshots)
     old = mdir / f".old-{version_dir_name(last.version)}-{secrets.token_hex(4)}"

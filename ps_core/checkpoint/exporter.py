@@ -117,10 +117,13 @@ class Exporter:
         keep_bases: int = 2,
         cut_timeout_s: float = 30.0,
         abort_timeout_s: float = 10.0,
+        serving_precision: str = "f32",
     ) -> None:
         """`cut_timeout_s` bounds each shard's copy (in the pause) and each
-        fetch; `abort_timeout_s` each shard's drop of an aborted cut."""
+        fetch; `abort_timeout_s` each shard's drop of an aborted cut;
+        `serving_precision`, what the serving files hold the weights in."""
         self.coordinator = coordinator
+        self.serving_precision = serving_precision
         self.cut_timeout_s = cut_timeout_s
         self.abort_timeout_s = abort_timeout_s
         self.exports = 0
@@ -222,6 +225,7 @@ class Exporter:
                 config,
                 self.client.num_shards,
                 stream=cut.stream,
+                serving_precision=self.serving_precision,
             )
         except OSError as exc:
             # write_version leaves no partial directory behind (its temporary

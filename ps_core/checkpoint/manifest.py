@@ -137,6 +137,9 @@ class ExportManifest:
     serving_files: tuple[ManifestFile, ...] = ()
     """Every serving file (`serving_file_name`), by shard then table; empty
     in versions written before serving files existed."""
+    serving_precision: str = "f32"
+    """What the serving files hold the weights in: ``f32``, ``f16`` or
+    ``int8`` (`ps_core.checkpoint.serving`); f32 in older manifests."""
 
     def rows(self) -> int:
         """Rows over all files."""
@@ -168,6 +171,7 @@ class ExportManifest:
             "compacted_from": list(self.compacted_from),
             "stream": self.stream.to_dict() if self.stream is not None else None,
             "serving_files": [f.to_dict() for f in self.serving_files],
+            "serving_precision": self.serving_precision,
         }
         return (json.dumps(raw, indent=2, allow_nan=False) + "\n").encode()
 
@@ -229,7 +233,14 @@ class ExportManifest:
             # Absent in older manifests: their offsets' stream is unknown.
             stream=StreamIdentity.from_dict(obj["stream"]) if obj.get("stream") is not None else None,
             serving_files=serving,
+            serving_precision=_precision(obj.get("serving_precision", "f32")),
         )
+
+
+def _precision(raw: Any) -> str:
+    if raw not in ("f32", "f16", "int8"):
+        raise ValueError(f"serving_precision {raw!r}, expected f32, f16 or int8")
+    return str(raw)
 
 
 def _files(raw: Any, tables: Mapping[str, TableConfig], name_of: Callable[[int, str], str]) -> tuple[ManifestFile, ...]:

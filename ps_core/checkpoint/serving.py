@@ -9,6 +9,15 @@ to fetch and hold for an FTRL model, a third for an AdaGrad embedding table.
 
 A version written before serving files existed has none; a replica then
 reads its data files as before.
+
+Serving files may be written quantized (``ctrps shard --serving-precision``,
+recorded as the manifest's ``serving_precision``): ``f16`` stores
+``weights`` as float16 (nearest); ``int8`` stores ``codes`` (int8, n × dim)
+and ``exps`` (int8, one per 64 rows in file order), a weight being its code
+times 2**exp of its block (block floating point; the exponent is the
+smallest that fits the block's largest magnitude in 127). The int8 file has
+no ``weights`` member, so a reader that predates it refuses the file rather
+than read codes as weights. A replica serves a version in its precision.
 """
 
 from __future__ import annotations
@@ -18,14 +27,30 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..net.quantize import F16_MAX
 from ..store.lifecycle import Lifecycle
+from ..store.read_table import PRECISIONS
 from ..store.table import TableConfig, TableSnapshot
 from .manifest import ExportManifest, serving_file_name
 
-__all__ = ["SERVING_ARRAYS", "serving_arrays", "serving_config", "serving_file_name", "serving_snapshot"]
+__all__ = [
+    "BLOCK_ROWS",
+    "INT8_ARRAYS",
+    "SERVING_ARRAYS",
+    "block_int8",
+    "serving_weights",
+    "serving_arrays",
+    "serving_config",
+    "serving_file_name",
+    "serving_snapshot",
+]
 
 SERVING_ARRAYS = ("keys", "weights", "deleted")
-"""Members of a serving file, in file order."""
+"""Members of a float32 or float16 serving file, in file order."""
+INT8_ARRAYS = ("keys", "codes", "exps", "deleted")
+"""Members of an int8 serving file, in file order."""
+BLOCK_ROWS = 64
+"""Rows per exponent of an int8 serving file."""
 
 
 def serving_config(config: TableConfig) -> TableConfig:
@@ -40,17 +65,62 @@ def serving_config(config: TableConfig) -> TableConfig:
     return TableConfig(config.name, config.dim, {"name": "sgd"}, config.init_scale, config.seed, lazy)
 
 
-def serving_arrays(snap: TableSnapshot) -> dict[str, npt.NDArray[Any]]:
-    """A snapshot's serving file members: keys, the weights its state reads as, deletions."""
-    weights = snap.config.row_rule().weights(snap.data, snap.config.dim)
-    return {"keys": snap.keys, "weights": np.ascontiguousarray(weights, dtype=np.float32), "deleted": snap.deleted}
+def serving_arrays(snap: TableSnapshot, precision: str = "f32") -> dict[str, npt.NDArray[Any]]:
+    """A snapshot's serving file members: keys, the weights its state reads
+    as (in `precision`), deletions."""
+    weights = np.ascontiguousarray(snap.config.row_rule().weights(snap.data, snap.config.dim), dtype=np.float32)
+    if precision == "f32":
+        return {"keys": snap.keys, "weights": weights, "deleted": snap.deleted}
+    if precision == "f16":
+        clipped = np.clip(weights, -F16_MAX, F16_MAX)
+        return {"keys": snap.keys, "weights": clipped.astype(np.float16), "deleted": snap.deleted}
+    if precision != "int8":
+        raise ValueError(f"serving precision {precision!r}: one of {', '.join(PRECISIONS)}")
+    codes, exps = block_int8(weights)
+    return {"keys": snap.keys, "codes": codes, "exps": exps, "deleted": snap.deleted}
+
+
+def block_int8(weights: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int8]]:
+    """(codes, exps): `weights` (n, dim) in blocks of `BLOCK_ROWS` rows, each
+    with the smallest power-of-two scale that fits its largest magnitude in 127."""
+    n, dim = weights.shape
+    blocks = (n + BLOCK_ROWS - 1) // BLOCK_ROWS
+    top = np.zeros(blocks, dtype=np.float32)
+    if n:
+        np.maximum.at(top, np.arange(n) // BLOCK_ROWS, np.abs(weights).max(axis=1))
+    exps = np.full(blocks, -126, dtype=np.int32)
+    nz = top > 0
+    exps[nz] = np.ceil(np.log2(top[nz] / 127.0)).astype(np.int32)
+    exps[nz] += (np.ldexp(np.float32(127), exps[nz]) < top[nz]).astype(np.int32)
+    np.clip(exps, -126, 127, out=exps)
+    per_row = np.repeat(exps, BLOCK_ROWS)[:n]
+    codes = np.clip(np.rint(np.ldexp(weights, -per_row[:, None])), -127, 127).astype(np.int8)
+    return codes, exps.astype(np.int8)
+
+
+def serving_weights(arrays: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.float32]:
+    """The float32 weights (n, dim) of a serving file's members, whatever its precision."""
+    if "codes" in arrays:
+        codes, exps = arrays["codes"], arrays["exps"]
+        if codes.dtype != np.int8 or exps.dtype != np.int8 or codes.ndim != 2:
+            raise ValueError("an int8 serving file's codes and exps are int8 arrays")
+        n = codes.shape[0]
+        if exps.shape != ((n + BLOCK_ROWS - 1) // BLOCK_ROWS,):
+            raise ValueError(f"{exps.shape} exponents for {n} rows")
+        per_row = np.repeat(exps.astype(np.int32), BLOCK_ROWS)[:n]
+        return np.ldexp(codes.astype(np.float32), per_row[:, None])
+    weights = arrays["weights"]
+    if weights.dtype not in (np.float32, np.float16):
+        raise ValueError(f"serving weights of dtype {weights.dtype}")
+    return np.asarray(weights, dtype=np.float32)
 
 
 def serving_snapshot(manifest: ExportManifest, table: str, arrays: dict[str, npt.NDArray[Any]]) -> TableSnapshot:
     """A serving file's members as the snapshot of a `serving_config` table
     (no counts or times: a replica neither learns nor evicts). `ValueError`
     when they are not a serving file's."""
-    keys, weights, deleted = (arrays[name] for name in SERVING_ARRAYS)
+    keys, deleted = arrays["keys"], arrays["deleted"]
+    weights = serving_weights(arrays)
     n = keys.shape[0] if keys.ndim == 1 else -1
     return TableSnapshot(
         table=table,

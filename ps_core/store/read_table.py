@@ -1,0 +1,226 @@
+"""A serving replica's table: built for reads, not inserts (`ReadTable`).
+
+A replica never learns: it loads a base and applies deltas, and between them
+only reads. So its index is the keys themselves, sorted, searched with
+``np.searchsorted`` (one vectorised binary search per pull: no hash slots,
+no free rows, no load factor), and its weights hold no optimizer state, in
+one of three precisions:
+
+- ``f32``: the weights as trained (8 + 4·dim bytes a key);
+- ``f16``: rounded to the nearest float16 (8 + 2·dim);
+- ``int8``: block floating point. Keys are bucketed by their top bits
+  (hashed ids spread evenly; a bucket holds ~64 keys when the base loads),
+  and each bucket has one power-of-two scale 2**e with e chosen so its
+  largest magnitude fits 127; a weight is its int8 code times its bucket's
+  scale (8 + dim + ~1/64 bytes). Power-of-two scales make a delta cheap and
+  drift-free: a bucket a delta touches gets its exponent again, and the
+  rows it did not change keep their exact value when the exponent holds or
+  falls, and lose at most half a step of the new scale when it grows.
+
+A delta is a merge of sorted arrays, O(rows held) per delta, which a
+replica pays once a version (minutes apart), never per read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from ..hashing import U64, uniform_from_keys
+from .table import F32, TableConfig
+
+__all__ = ["PRECISIONS", "Prepared", "ReadTable", "State"]
+
+PRECISIONS = ("f32", "f16", "int8")
+"""What a replica holds weights in (and serving files store them as)."""
+_DTYPES = {"f32": np.float32, "f16": np.float16, "int8": np.int8}
+_ROWS_PER_BUCKET = 64
+_MAX_BUCKET_BITS = 26
+_NO_EXP = -126  # a bucket with only zeros: any scale reads them as 0
+
+
+class Prepared(NamedTuple):
+    """A version's rows for one table, checked and sorted (`ReadTable.prepare`)."""
+
+    keys: U64
+    weights: F32
+    deleted: U64
+
+
+class State(NamedTuple):
+    """Everything a read uses, replaced whole (one reference) by `install`:
+    a read on the event loop sees one version's arrays or the next one's."""
+
+    keys: U64
+    """Every key held, ascending."""
+    values: npt.NDArray[Any]
+    """(n, dim) weights (f32, f16) or int8 codes, in the order of `keys`."""
+    exps: npt.NDArray[np.int8]
+    """int8: each bucket's scale exponent (its weights are code · 2**exp)."""
+    bucket_bits: int
+    """int8: buckets are the keys' top `bucket_bits` bits (-1 before the first load)."""
+
+
+class ReadTable:
+    """Sorted keys and their weights, read by vectorised binary search."""
+
+    def __init__(self, config: TableConfig, precision: str = "f32") -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
+        self.config = config
+        self.dim = config.dim
+        self.precision = precision
+        self.state = State(
+            np.zeros(0, dtype=np.uint64), np.zeros((0, self.dim), dtype=_DTYPES[precision]), np.zeros(0, np.int8), -1
+        )
+        self.pulls = 0
+        self.version = 0
+        """The export version the table holds (the replica sets it)."""
+        lc = config.lifecycle
+        self._lazy = bool(lc is not None and lc.embed_threshold and self.dim > 1)
+
+    @property
+    def keys(self) -> U64:
+        return self.state.keys
+
+    @property
+    def values(self) -> npt.NDArray[Any]:
+        return self.state.values
+
+    def __len__(self) -> int:
+        return int(self.state.keys.size)
+
+    def memory_bytes(self) -> int:
+        """Bytes held: keys (the index), weights and bucket scales."""
+        st = self.state
+        return int(st.keys.nbytes + st.values.nbytes + st.exps.nbytes)
+
+    # -- reads -------------------------------------------------------------------
+    @staticmethod
+    def _find(st: State, keys: U64) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.bool_]]:
+        pos = np.searchsorted(st.keys, keys)
+        if not st.keys.size:
+            return pos, np.zeros(keys.size, dtype=bool)
+        np.minimum(pos, st.keys.size - 1, out=pos)
+        return pos, st.keys[pos] == keys
+
+    def contains(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Whether each key has a row."""
+        return self._find(self.state, np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1))[1]
+
+    def pull(self, keys: npt.ArrayLike) -> F32:
+        """Weights (n, dim) of `keys` in their order; absent keys read as a
+        trainer's table reads them (initial values, or zeros for lazy embeddings)."""
+        k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+        st = self.state  # one version's arrays for the whole read
+        self.pulls += 1
+        if not st.keys.size:
+            return self._absent(k)
+        pos, found = self._find(st, k)
+        out = self._weights(st, pos, k)
+        if not found.all():
+            missing = np.flatnonzero(~found)
+            out[missing] = self._absent(k[missing])
+        return out
+
+    def _weights(self, st: State, pos: npt.NDArray[np.intp], keys: U64) -> F32:
+        got = st.values[pos]
+        if self.precision != "int8":
+            return got.astype(np.float32)
+        e = st.exps[keys >> np.uint64(64 - st.bucket_bits)] if st.bucket_bits else np.repeat(st.exps[:1], keys.size)
+        return np.ldexp(got.astype(np.float32), e.astype(np.int32)[:, None])
+
+    def _absent(self, keys: U64) -> F32:
+        scale = self.config.init_scale
+        if scale == 0.0 or self._lazy:
+            return np.zeros((keys.size, self.dim), dtype=np.float32)
+        u = uniform_from_keys(keys, self.config.seed, self.dim)
+        return ((u * 2.0 - 1.0) * scale).astype(np.float32)
+
+    def weights(self) -> F32:
+        """Every held row's weights (n, dim) as float32, in key order."""
+        st = self.state
+        return self._weights(st, np.arange(st.keys.size), st.keys)
+
+    # -- loads -------------------------------------------------------------------
+    def apply(self, keys: npt.ArrayLike, weights: npt.ArrayLike, deleted: npt.ArrayLike = ()) -> None:
+        """Set the weights (m, dim) of `keys` (distinct), inserting the new
+        ones, and drop the `deleted` keys: a base on an empty table, or a delta."""
+        self.install(self.staged(self.prepare(keys, weights, deleted)))
+
+    def prepare(self, keys: npt.ArrayLike, weights: npt.ArrayLike, deleted: npt.ArrayLike = ()) -> Prepared:
+        """Check and sort what `apply` would apply, changing nothing:
+        `ValueError` on weights that are not finite or a key listed twice."""
+        k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+        w = np.asarray(weights, dtype=np.float32).reshape(k.size, self.dim)
+        gone = np.ascontiguousarray(deleted, dtype=np.uint64).reshape(-1)
+        if not np.isfinite(w).all():
+            raise ValueError(f"table {self.config.name}: weights hold NaN or infinity")
+        order = np.argsort(k, kind="stable")
+        k, w = k[order], w[order]
+        if k.size > 1 and (k[1:] == k[:-1]).any():
+            raise ValueError(f"table {self.config.name}: a version lists a key twice")
+        return Prepared(k, w, gone)
+
+    def staged(self, prepared: Prepared) -> State:
+        """The state after `prepared` is applied, built beside the held one
+        (which stays in use: run it in a thread, then `install`)."""
+        k, w, gone = prepared
+        st = self.state
+        bits = st.bucket_bits
+        exps = st.exps
+        if self.precision == "int8" and bits < 0:
+            rows = max(k.size, 1)
+            bits = int(min(_MAX_BUCKET_BITS, max(0, round(np.log2(rows / _ROWS_PER_BUCKET)))))
+            exps = np.full(1 << bits, _NO_EXP, dtype=np.int8)
+            st = st._replace(exps=exps, bucket_bits=bits)
+        # Rows replaced or deleted leave; then the given rows go in, in order.
+        if st.keys.size:
+            pos, hit = self._find(st, np.concatenate([k, gone]))
+            keep = np.ones(st.keys.size, dtype=bool)
+            keep[pos[hit]] = False
+            old_keys = st.keys[keep]
+            if self.precision == "int8":
+                old_values = self._weights(st, np.flatnonzero(keep), old_keys)
+            else:
+                old_values = st.values[keep]
+        else:
+            old_keys = st.keys
+            old_values = np.zeros((0, self.dim), np.float32) if self.precision == "int8" else st.values
+        at = np.searchsorted(old_keys, k)
+        keys = np.insert(old_keys, at, k)
+        if self.precision != "int8":
+            return State(keys, np.insert(old_values, at, w.astype(_DTYPES[self.precision]), axis=0), exps, bits)
+        codes, exps = _requantize(np.insert(old_values, at, w, axis=0), keys, k, exps, bits)
+        return State(keys, codes, exps, bits)
+
+    def install(self, state: State) -> None:
+        """Serve `state` (one reference: atomic for readers)."""
+        self.state = state
+
+
+def _requantize(
+    exact: F32, keys: U64, changed: U64, exps: npt.NDArray[np.int8], bits: int
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int8]]:
+    """int8 codes of `exact` (the held weights as float32, new rows in place)
+    and the bucket exponents, the buckets of the `changed` keys given theirs
+    again; the others keep theirs (their rows lie on its grid: exact)."""
+    if not keys.size:
+        return np.zeros((0, exact.shape[1]), dtype=np.int8), exps
+    shift = np.uint64(64 - bits)
+    bucket = (keys >> shift).astype(np.int64) if bits else np.zeros(keys.size, np.int64)
+    touched = np.unique((changed >> shift).astype(np.int64)) if bits else np.zeros(1, np.int64)
+    top = np.zeros(exps.size, dtype=np.float32)
+    np.maximum.at(top, bucket, np.abs(exact).max(axis=1))
+    want = np.full(exps.size, _NO_EXP, dtype=np.int32)
+    nz = top > 0
+    # The smallest e with top / 2**e <= 127.
+    want[nz] = np.ceil(np.log2(top[nz] / 127.0)).astype(np.int32)
+    want[nz] += (np.ldexp(np.float32(127), want[nz]) < top[nz]).astype(np.int32)
+    np.clip(want, -126, 127, out=want)
+    out = exps.astype(np.int32)
+    out[touched] = want[touched]
+    codes = np.rint(np.ldexp(exact, -out[bucket][:, None]))
+    return np.clip(codes, -127, 127).astype(np.int8), out.astype(np.int8)
