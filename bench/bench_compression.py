@@ -18,7 +18,15 @@ Per wire format (``ps_core.net.wire.WireFormat``):
 
 float16 and int8 are measured with both unbiased roundings (stochastic,
 and error feedback), so the run says which keeps log loss closer to float32.
-Ratios are to the float32, format 1 baseline measured in the same run.
+Ratios are to the float32, format 1 baseline measured in the same run; the
+full run repeats the Kafka runs in 3 rounds (``--rounds``) and reports
+medians (events/s: the median of each round's ratio).
+
+Replica figures: the float32 trainer's model (the same events, trained in
+process) served from its serving files in each precision (``ReadTable``),
+its AUC and log loss on the stream's next 20k events against the trainer's;
+and bytes per feature of an LR table at 10M features (1M quick), index
+included, against today's replica (a trainer's weights table, 1.5x room).
 
 Run: ``python bench/bench_compression.py [--quick]``; the last line is JSON.
 """
@@ -43,12 +51,16 @@ from consumers.synthetic import SyntheticStream
 from consumers.training import AsyncTraining
 from consumers.worker import WindowReport, Worker, WorkerConfig, WorkerStats
 from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.serving import serving_arrays, serving_config, serving_weights
 from ps_core.model.batch import EventBatch
 from ps_core.model.hasher import FeatureHasher
-from ps_core.model.models import make_model
+from ps_core.model.metrics import evaluate
+from ps_core.model.models import make_model, sigmoid
 from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard
 from ps_core.net.wire import WireFormat
-from ps_core.store.table import TableConfig
+from ps_core.store.read_table import PRECISIONS, ReadTable
+from ps_core.store.table import SparseTable, TableConfig
 
 log = progress_log("bench_compression")
 
@@ -205,6 +217,87 @@ def synthetic_batches(n: int, window: int, seed: int) -> list[EventBatch]:
     return out
 
 
+async def replica_figures(
+    batches: list[EventBatch], holdout: EventBatch, features: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """A replica's bytes per feature at `features` features (index included)
+    in each precision and as today's replica held them (a trainer's table of
+    weights: hash index, rows, 1.5x room), and the AUC and log loss of each
+    precision's replica on held-out events against the float32 trainer's."""
+    out: dict[str, Any] = {}
+    # (1) What the trainer learnt, served in each precision, on the holdout.
+    shard = Shard(tables=make_model(args.model, "ctr").tables())
+    model = make_model(args.model, "ctr")
+    training = AsyncTraining(PSClient.local([shard]), model, WorkerStats(), args.mini_batch)
+    for batch in batches:
+
+        async def pieces(b: EventBatch = batch) -> AsyncIterator[EventBatch]:
+            yield b
+
+        await training.train(pieces(), _NO_WINDOW)  # type: ignore[arg-type]
+    plan = model.plan(holdout)
+    snaps = {name: shard.tables[name].snapshot(None) for name in model.table_names}
+
+    def predicted(pull: Any) -> np.ndarray:
+        weights = {name: pull(name, plan.keys) for name in model.table_names}
+        return sigmoid(model.logits(holdout, plan, weights))
+
+    trainer = evaluate(predicted(lambda t, k: shard.tables[t].pull(k)), holdout.labels)
+    out["trainer_auc"], out["trainer_logloss"] = trainer.auc, trainer.logloss
+    for precision in PRECISIONS:
+        tables = {}
+        for name, snap in snaps.items():
+            arrays = serving_arrays(snap, precision)
+            table = ReadTable(serving_config(snap.config), precision)
+            table.apply(arrays["keys"], serving_weights(arrays))
+            tables[name] = table
+        m = evaluate(predicted(lambda t, k, held=tables: held[t].pull(k)), holdout.labels)
+        out[f"replica_{precision}_auc_minus_trainer"] = m.auc - trainer.auc
+        out[f"replica_{precision}_logloss_ratio_vs_trainer"] = m.logloss / trainer.logloss
+        log(
+            f"replica {precision}: AUC {m.auc:.5f} ({m.auc - trainer.auc:+.5f} vs the trainer), logloss {m.logloss:.5f}"
+        )
+    # (2) Bytes per feature of an LR weights table holding `features` keys.
+    rng = np.random.default_rng(5)
+    keys = np.unique(rng.integers(0, 2**64, features, dtype=np.uint64, endpoint=False))
+    weights = rng.normal(0, 0.1, (keys.size, 1)).astype(np.float32)
+    config = serving_config(TableConfig("ctr_w", 1, {"name": "ftrl"}))
+    today = SparseTable(config, initial_rows=int(keys.size * 1.5) + 1024)
+    zeros32, zerosf = np.zeros(keys.size, np.uint32), np.zeros(keys.size, np.float32)
+    today.load_rows(keys, weights, zeros32, zeros32, zerosf, zerosf)
+    probe = rng.choice(keys, 100_000)
+
+    def pull_ms(pull: Any) -> float:
+        pull(probe)  # warm
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            pull(probe)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times) * 1e3)
+
+    out["today_replica_bytes_per_feature"] = today.memory_bytes() / keys.size
+    out["today_replica_pull_100k_ms"] = pull_ms(today.pull)
+    del today
+    for precision in PRECISIONS:
+        table = ReadTable(config, precision)
+        t0 = time.perf_counter()
+        table.apply(keys, weights)
+        load_s = time.perf_counter() - t0
+        out[f"replica_{precision}_bytes_per_feature"] = table.memory_bytes() / keys.size
+        out[f"replica_{precision}_pull_100k_ms"] = pull_ms(table.pull)
+        out[f"replica_{precision}_ratio_bytes_vs_today"] = (
+            out[f"replica_{precision}_bytes_per_feature"] / out["today_replica_bytes_per_feature"]
+        )
+        log(
+            f"replica {precision}: {out[f'replica_{precision}_bytes_per_feature']:.2f} bytes per feature at "
+            f"{keys.size:,} features, {out[f'replica_{precision}_ratio_bytes_vs_today']:.3f}x today's replica "
+            f"({out['today_replica_bytes_per_feature']:.2f}); load {load_s:.1f} s; pull of 100k keys "
+            f"{out[f'replica_{precision}_pull_100k_ms']:.1f} ms (today's {out['today_replica_pull_100k_ms']:.1f})"
+        )
+    return out
+
+
 async def round_trip_p50(wire: WireFormat, url: str, keys: int, reps: int) -> float:
     """p50 ms of a pull of `keys` keys then the push of their gradients."""
     rng = np.random.default_rng(1)
@@ -241,17 +334,34 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await create_topics(broker.bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
         log(f"broker {broker.bootstrap}; preloading {n} events into {PARTITIONS} partitions")
         await preload(broker.bootstrap, topic, n, args.seed, events_per_s=1e6)
-        runs = {}
-        for name in names:
-            log(f"{name} ({FORMATS[name].describe()}): 1 worker, 2 shard servers")
-            runs[name] = await train(name, FORMATS[name], broker.bootstrap, topic, n, args)
+        rounds: list[dict[str, dict[str, Any]]] = []
+        for rnd in range(args.rounds):
+            # Every round runs every format, so each round's figures compare
+            # runs under the same machine load; the report takes medians.
+            result = {}
+            for name in names:
+                tag = f"round {rnd + 1}/{args.rounds}: " if args.rounds > 1 else ""
+                log(f"{tag}{name} ({FORMATS[name].describe()}): 1 worker, 2 shard servers")
+                result[name] = await train(name, FORMATS[name], broker.bootstrap, topic, n, args)
+            rounds.append(result)
     finally:
         broker.stop()
+    runs = {name: {k: float(np.median([r[name][k] for r in rounds])) for k in rounds[0][name]} for name in names}
+    # The events/s ratio of each round (same load), then their median.
+    speed = {
+        name: float(np.median([r[name]["events_per_s"] / r[BASE]["events_per_s"] for r in rounds])) for name in names
+    }
     log(f"accuracy: the worker's training loop over the same {n} events, in order, per format")
     batches = synthetic_batches(n, args.window_events, args.seed)
     for name in names:
         runs[name].update(await accuracy(FORMATS[name], batches, args))
-        log(f"{name}: logloss {runs[name]['progressive_logloss']:.5f} AUC {runs[name]['progressive_auc']:.5f} (in order)")
+        log(
+            f"{name}: logloss {runs[name]['progressive_logloss']:.5f} AUC {runs[name]['progressive_auc']:.5f} (in order)"
+        )
+    log(f"replica: trained in process on the same events, served in each precision; {args.features:,} features")
+    # The stream's next 20k events (the same seed: the same world), after the trained ones.
+    holdout = synthetic_batches(n + args.window_events, args.window_events, args.seed)[-1]
+    replica = await replica_figures(batches, holdout, args.features, args)
     procs, urls = start_shards(1)
     try:
         await wait_healthy(urls)
@@ -266,7 +376,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "ratio_wire_bytes_vs_f32": base["wire_bytes_per_mini_batch"] / r["wire_bytes_per_mini_batch"],
             "ratio_logloss_vs_f32": r["progressive_logloss"] / base["progressive_logloss"],
             "auc_minus_f32": r["progressive_auc"] - base["progressive_auc"],
-            "ratio_events_per_s_vs_f32": r["events_per_s"] / base["events_per_s"],
+            "ratio_events_per_s_vs_f32": speed[name],
             "ratio_round_trip_vs_f32": r["round_trip_100k_p50_ms"] / base["round_trip_100k_p50_ms"],
         }
         for name, r in runs.items()
@@ -285,6 +395,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             ratios[k]["ratio_events_per_s_vs_f32"] for k in ("f16_key_sets", "int8_key_sets")
         )
         >= 1.0,
+        "replica_f16_le_12_bytes_per_feature": replica["replica_f16_bytes_per_feature"] <= 12,
+        "replica_int8_le_10_bytes_per_feature": replica["replica_int8_bytes_per_feature"] <= 10,
+        "replica_auc_within_0_002": max(abs(replica[f"replica_{p}_auc_minus_trainer"]) for p in ("f16", "int8"))
+        <= 0.002,
     }
     log("aims: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in aims.items()))
     return {
@@ -295,6 +409,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "shards": 2,
         "runs": runs,
         "ratios": ratios,
+        "replica": replica,
         "aims_met": aims,
         "elapsed_s": elapsed_s(),
     }
@@ -311,8 +426,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--mini-batch", type=int, default=256, help="events per pull/push step")
     p.add_argument("--model", choices=("lr", "fm"), default="lr", help="model trained")
     p.add_argument("--reps", type=int, default=0, help="100k-key round trips per format (default 20; 5 quick)")
+    p.add_argument("--rounds", type=int, default=0, help="Kafka runs of every format (default 3; 1 quick)")
+    p.add_argument("--features", type=int, default=0, help="features of the replica table (default 10M; 1M quick)")
     args = p.parse_args()
     args.reps = args.reps or (5 if args.quick else 20)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.features = args.features or (1_000_000 if args.quick else 10_000_000)
     return args
 
 

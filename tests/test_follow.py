@@ -91,6 +91,8 @@ class Trainer:
     last: int = 0
     expected: dict[int, F64] = field(default_factory=dict)
     """The trainer's own predictions of `PROBE` at each version it cut."""
+    precision: str = "f32"
+    """What the versions' serving files hold the weights in."""
 
     @classmethod
     def new(cls, root: Path, kind: str = "lr", num_shards: int = 2) -> Trainer:
@@ -148,6 +150,7 @@ class Trainer:
             {"clicks": {0: version * 10}},
             config,
             len(self.shards),
+            serving_precision=self.precision,
         )
         self.last = version
         self.expected[version] = await self.predict(PROBE)
@@ -316,6 +319,47 @@ async def test_a_replica_started_on_a_chain_loads_it_whole(tmp_path: Path, make_
     assert (info["follow"]["bases_loaded"], info["follow"]["deltas_applied"]) == (1, 0)
 
 
+@pytest.mark.parametrize("kind", ["lr", "fm"])
+@pytest.mark.parametrize(("precision", "tolerance", "per_value"), [("f16", 1e-3, 2), ("int8", 1e-2, 1)])
+async def test_a_replica_serves_a_quantized_export_close_to_the_float32_trainer(
+    tmp_path: Path, make_replica: MakeReplica, kind: str, precision: str, tolerance: float, per_value: int
+) -> None:
+    """Stated tolerance: a float16 replica predicts within 0.001 of the
+    float32 trainer, an int8 one within 0.01 (absolute, on probabilities),
+    through a base and deltas with deletions; it holds 8 bytes of key and
+    `per_value` of weight per value (int8: and one exponent per bucket)."""
+    trainer = Trainer.new(tmp_path, kind)
+    trainer.precision = precision
+    replica = await make_replica(trainer.model_dir, trainer.model)
+    rng = np.random.default_rng(3)
+    await trainer.train(events(rng, 300) + PROBE[:10])
+    await trainer.cut(base=True)
+    for version in (1, 2, 3):
+        if version > 1:
+            batch = events(rng, 150, sites=30)
+            await trainer.train(batch)
+            trainer.evict(batch[:5])
+            await trainer.cut()
+        assert await replica.follower.poll() is True
+        got, model_version = await replica.predict(PROBE)
+        assert model_version == version
+        gap = np.abs(got - trainer.expected[version])
+        assert gap.max() <= tolerance, (version, gap.max())
+        assert gap.max() > 0  # rounded indeed: not the float32 weights
+    status, info = await replica.call("GET", "/v1/model")
+    assert info["precision"] == precision
+    for name, table in replica.follower.transport.shard.tables.items():
+        assert table.precision == precision and len(table) == sum(len(s.tables[name]) for s in trainer.shards)
+        assert info["tables"][name]["bytes"] == table.memory_bytes()
+        st = table.state
+        assert table.memory_bytes() - st.exps.nbytes - st.directory.nbytes == len(table) * (8 + per_value * table.dim)
+    manifest = read_manifest(list_versions(trainer.model_dir)[-1].path)
+    assert manifest.serving_precision == precision
+    with np.load(list_versions(trainer.model_dir)[-1].path / manifest.serving_files[0].name) as npz:
+        members = sorted(npz.files)
+    assert members == (["deleted", "keys", "weights"] if precision == "f16" else ["codes", "deleted", "exps", "keys"])
+
+
 async def test_a_replica_reads_and_holds_weights_only(tmp_path: Path, make_replica: MakeReplica) -> None:
     # FM: an FTRL linear table and an AdaGrad embedding table, both with state.
     trainer = await trained(tmp_path, "fm")
@@ -335,7 +379,7 @@ async def test_a_replica_reads_and_holds_weights_only(tmp_path: Path, make_repli
     for name, table in shard.tables.items():
         # weights, nothing else: 8 bytes of key and 4 of weight per value a key
         assert table.values.dtype == np.float32 and table.values.shape == (len(table), table.dim)
-        assert table.memory_bytes() == len(table) * (8 + 4 * table.dim)
+        assert table.memory_bytes() - table.state.directory.nbytes == len(table) * (8 + 4 * table.dim)
         held = trainer.shards[0].tables[name]
         assert held.width == 2 * held.dim  # the trainers': weights and optimizer state
     status, info = await replica.call("GET", "/v1/model")

@@ -39,6 +39,7 @@ _DTYPES = {"f32": np.float32, "f16": np.float16, "int8": np.int8}
 _ROWS_PER_BUCKET = 64
 _MAX_BUCKET_BITS = 26
 _NO_EXP = -126  # a bucket with only zeros: any scale reads them as 0
+_KEYS_PER_RUN = 8
 
 
 class Prepared(NamedTuple):
@@ -61,6 +62,11 @@ class State(NamedTuple):
     """int8: each bucket's scale exponent (its weights are code · 2**exp)."""
     bucket_bits: int
     """int8: buckets are the keys' top `bucket_bits` bits (-1 before the first load)."""
+    directory: npt.NDArray[np.uint32]
+    """(2**d + 1,) where the keys with each value of their top d bits start
+    (one entry per ~8 keys): a search starts in its key's run, ~8 long."""
+    steps: int
+    """Halvings that finish a search in the longest run."""
 
 
 class ReadTable:
@@ -72,7 +78,7 @@ class ReadTable:
         self.config = config
         self.dim = config.dim
         self.precision = precision
-        self.state = State(
+        self.state = _with_directory(
             np.zeros(0, dtype=np.uint64), np.zeros((0, self.dim), dtype=_DTYPES[precision]), np.zeros(0, np.int8), -1
         )
         self.pulls = 0
@@ -95,15 +101,30 @@ class ReadTable:
     def memory_bytes(self) -> int:
         """Bytes held: keys (the index), weights and bucket scales."""
         st = self.state
-        return int(st.keys.nbytes + st.values.nbytes + st.exps.nbytes)
+        return int(st.keys.nbytes + st.values.nbytes + st.exps.nbytes + st.directory.nbytes)
 
     # -- reads -------------------------------------------------------------------
     @staticmethod
     def _find(st: State, keys: U64) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.bool_]]:
-        pos = np.searchsorted(st.keys, keys)
-        if not st.keys.size:
-            return pos, np.zeros(keys.size, dtype=bool)
-        np.minimum(pos, st.keys.size - 1, out=pos)
+        """Each key's position (where it is, or would go) and whether it is held.
+
+        A lower-bound binary search of all keys at once, each within its
+        run of the directory: a few vectorised halvings over short runs,
+        whose keys share cache lines (a search of the whole array would miss
+        the cache at every step)."""
+        n = st.keys.size
+        if not n:
+            return np.zeros(keys.size, dtype=np.intp), np.zeros(keys.size, dtype=bool)
+        run = (keys >> np.uint64(64 - _directory_bits(n))).astype(np.intp) if _directory_bits(n) else 0
+        lo = st.directory[run].astype(np.intp)
+        count = st.directory[run + 1].astype(np.intp) - lo
+        for _ in range(st.steps):
+            half = count >> 1
+            mid = lo + half
+            go = st.keys[np.minimum(mid, n - 1)] < keys
+            lo = np.where(go, mid + 1, lo)
+            count = np.where(go, count - half - 1, half)
+        pos = np.minimum(lo, n - 1)
         return pos, st.keys[pos] == keys
 
     def contains(self, keys: npt.ArrayLike) -> npt.NDArray[np.bool_]:
@@ -192,13 +213,29 @@ class ReadTable:
         at = np.searchsorted(old_keys, k)
         keys = np.insert(old_keys, at, k)
         if self.precision != "int8":
-            return State(keys, np.insert(old_values, at, w.astype(_DTYPES[self.precision]), axis=0), exps, bits)
+            values = np.insert(old_values, at, w.astype(_DTYPES[self.precision]), axis=0)
+            return _with_directory(keys, values, exps, bits)
         codes, exps = _requantize(np.insert(old_values, at, w, axis=0), keys, k, exps, bits)
-        return State(keys, codes, exps, bits)
+        return _with_directory(keys, codes, exps, bits)
 
     def install(self, state: State) -> None:
         """Serve `state` (one reference: atomic for readers)."""
         self.state = state
+
+
+def _directory_bits(n: int) -> int:
+    """Top bits a directory of `n` keys splits them by: ~8 keys a run."""
+    return int(min(30, max(0, (n // _KEYS_PER_RUN).bit_length() - 1)))
+
+
+def _with_directory(keys: U64, values: npt.NDArray[Any], exps: npt.NDArray[np.int8], bits: int) -> State:
+    """A state of sorted `keys` and their values, with its directory."""
+    d = _directory_bits(keys.size)
+    runs = np.bincount((keys >> np.uint64(64 - d)).astype(np.intp), minlength=1 << d) if d else np.array([keys.size])
+    directory = np.zeros((1 << d) + 1, dtype=np.uint32)
+    np.cumsum(runs, out=directory[1:])
+    longest = int(runs.max()) if runs.size else 0
+    return State(keys, values, exps, bits, directory, longest.bit_length())
 
 
 def _requantize(
