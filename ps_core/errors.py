@@ -18,6 +18,7 @@ __all__ = [
     "InvalidValuesError",
     "WrongShardError",
     "KeySetExpiredError",
+    "FrameVersionError",
     "UnknownTableError",
     "TableConfigError",
     "TableConflictError",
@@ -80,6 +81,13 @@ class InvalidRequestError(PSError, code="bad_request", status=400):
 class FrameError(PSError, code="bad_frame", status=400):
     """A binary RPC frame is malformed: bad magic or version, truncated, or its
     counts do not match its length. Nothing was applied."""
+
+
+class FrameVersionError(FrameError, code="unsupported_frame_version", status=400):
+    """A shard does not read the frame format this client writes (a shard
+    older than the worker's --wire-* flags need). Nothing was applied."""
+
+    exit_code = 1  # a worker's flags and its shards' version disagree: one line, not a traceback
 
 
 class InvalidValuesError(PSError, code="invalid_values", status=400):
@@ -263,6 +271,7 @@ _BY_CODE: dict[str, type[PSError]] = {
         ClusterNotReadyError,
         NoCommonVersionError,
         KeySetExpiredError,
+        FrameVersionError,
         AuthError,
         ForbiddenError,
     )

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ps_core.errors import FrameError, InvalidValuesError, KeySetExpiredError
+from ps_core.errors import FrameError, FrameVersionError, InvalidValuesError, KeySetExpiredError
 from ps_core.net import codec
 from ps_core.net.client import PSClient
 from ps_core.net.codec import FLAG_KEYS_REF, FLAG_REMEMBER, Op
@@ -377,14 +377,17 @@ async def test_a_push_whose_set_expired_is_sent_again_with_its_keys(serve_shards
         await client.close()
 
 
+@pytest.mark.parametrize("rpc", [True, False])
 async def test_a_shard_reading_format_1_only_refuses_a_compressed_client_clearly(
-    serve_shards: Any, monkeypatch: pytest.MonkeyPatch
+    serve_shards: Any, monkeypatch: pytest.MonkeyPatch, rpc: bool
 ) -> None:
-    _, urls = await serve_shards(1, (LR,), rpc=True)
+    _, urls = await serve_shards(1, (LR,), rpc=rpc)
     monkeypatch.setattr(codec, "FORMAT_VERSIONS", (1,))  # the shard's reader, as before format 2
-    client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=1.0), wire=WireFormat(pull="f16"))
+    client = PSClient.connect(urls, retry=RetryPolicy(deadline_s=1.0), wire=WireFormat(pull="f16"), rpc=rpc)
     try:
-        with pytest.raises(FrameError, match="unsupported frame format version 2"):
+        with pytest.raises(FrameVersionError, match="unsupported frame format version 2") as info:
             await client.pull("lr", KEYS)
+        # one line saying what to change, and a worker's exit code for it
+        assert "--no-key-sets" in info.value.detail and info.value.exit_code == 1
     finally:
         await client.close()

@@ -21,7 +21,7 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import FrameError, KeySetExpiredError, error_from_body
+from ..errors import FrameError, FrameVersionError, KeySetExpiredError, error_from_body
 from ..hashing import U64
 from ..store.table import F32
 from . import codec
@@ -200,7 +200,10 @@ class HttpTransport(ShardEndpoint):
                 if conn is None or not conn.is_open:
                     conn = await self._connection()
                     if conn is None:
-                        _, reply = await self.request("POST", path, body, FRAME_CONTENT_TYPE)
+                        try:
+                            _, reply = await self.request("POST", path, body, FRAME_CONTENT_TYPE)
+                        except FrameError as exc:
+                            raise _newer_format(exc, self.shard_id) from None
                         stats.bytes_received += len(reply)
                         return reply
                 status, payload = await conn.call(path, body, backoff.remaining())
@@ -220,7 +223,7 @@ class HttpTransport(ShardEndpoint):
                     # A shard waiting to be admitted is not retried: a push
                     # held back until after a cluster restore would land on
                     # the restored state, and its window is replayed anyway.
-                    raise error_from_body(status, reply_body)
+                    raise _newer_format(error_from_body(status, reply_body), self.shard_id)
                 last = retried_reason(status, payload)
             await backoff.failed(last, self._unavailable)
 
@@ -335,6 +338,18 @@ class HttpTransport(ShardEndpoint):
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
+
+
+def _newer_format(err: Exception, shard_id: int) -> Exception:
+    """A shard's refusal of a frame's format version (a shard older than
+    format 2: its code is the plain ``bad_frame``) as `FrameVersionError`,
+    saying what to change; any other error as it is."""
+    if isinstance(err, FrameError) and "unsupported frame format version" in err.detail:
+        return FrameVersionError(
+            f"shard {shard_id}: {err.detail}: upgrade the shards, or run the worker with --wire-push f32 "
+            "--wire-pull f32 --no-key-sets --no-compact-counts (frame format 1)"
+        )
+    return err
 
 
 class TcpTransport(HttpTransport):
