@@ -42,10 +42,10 @@ from typing import Any
 import numpy as np
 import orjson
 import uvloop
-from bench_worker import PARTITIONS, cpu_seconds, preload, start_shards, stop_shards, wait_healthy
+from bench_worker import PARTITIONS, cpu_seconds, preloaded_topic, start_shards, stop_shards, wait_healthy
 from common import bench_parser, elapsed_s, progress_log
 
-from consumers.broker import EmbeddedBroker, create_topics
+from consumers.broker import EmbeddedBroker
 from consumers.worker import WindowReport, Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
@@ -195,12 +195,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     broker = EmbeddedBroker()
     await broker.start()
     try:
-        topic = f"bench-{uuid.uuid4().hex[:8]}"
-        await create_topics(broker.bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
-        log(f"broker {broker.bootstrap}; preloading {n} events into {PARTITIONS} partitions")
-        # Event time runs fast (1M events/s), so windows close at
-        # --window-events, and the stream's last ones at --window-seconds of wall time.
-        await preload(broker.bootstrap, topic, n, args.seed, events_per_s=1e6)
+        topic = await preloaded_topic(broker.bootstrap, n, args.seed)
         rounds: list[dict[str, dict[str, Any]]] = []
         for rnd in range(args.rounds):
             # Every round runs the three modes, so each round's ratios compare

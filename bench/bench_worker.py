@@ -92,6 +92,18 @@ async def preload(
     return np.array(p_true), np.array(labels)
 
 
+async def preloaded_topic(bootstrap: str, n: int, seed: int) -> str:
+    """A new topic (and its dead-letter topic) holding `n` synthetic events.
+
+    Event time runs fast (1M events/s), so a worker's windows close at its
+    window-events, and the stream's last ones at its window-seconds of wall time."""
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    await create_topics(bootstrap, {topic: PARTITIONS, topic + ".dlq": 1})
+    log(f"broker {bootstrap}; preloading {n} events into {PARTITIONS} partitions")
+    await preload(bootstrap, topic, n, seed, events_per_s=1e6)
+    return topic
+
+
 async def raw_rate(bootstrap: str, topic: str, n: int) -> float:
     """(a) consume + orjson decode, no group, no training."""
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_bytes=50 << 20)

@@ -415,13 +415,9 @@ class Shard:
             present = self.contains(frame.table, frame.keys) if frame.presence else None
             if frame.remember:
                 self.key_sets.remember(frame.request_id, frame.table, frame.keys)
+            values, rows, dim = self._reply_values(weights, frame.reply_value_type)
             clock = self.tables[frame.table].clock
-            if frame.reply_value_type:
-                q = self._reply_values(weights, frame.reply_value_type)
-                return codec.encode_weights(
-                    frame.table, q, version, present, clock, rows=len(weights), dim=weights.shape[1]
-                )
-            return codec.encode_weights(frame.table, weights, version, present, clock)
+            return codec.encode_weights(frame.table, values, version, present, clock, rows=rows, dim=dim)
         if frame.op == codec.Op.PUSH:
             applied, version = self.handle_push(self._push_of(frame))
             return codec.encode_ack(frame.table, applied, version)
@@ -432,13 +428,9 @@ class Shard:
             applied, weights, version = self.handle_push_pull(push, pull_keys)
             if frame.remember:
                 self.key_sets.remember(frame.request_id, frame.table, pull_keys)
+            values, rows, dim = self._reply_values(weights, frame.reply_value_type)
             clock = self.tables[frame.table].clock
-            if frame.reply_value_type:
-                q = self._reply_values(weights, frame.reply_value_type)
-                return codec.encode_push_pull_reply(
-                    frame.table, applied, q, version, clock, rows=len(weights), dim=weights.shape[1]
-                )
-            return codec.encode_push_pull_reply(frame.table, applied, weights, version, clock)
+            return codec.encode_push_pull_reply(frame.table, applied, values, version, clock, rows=rows, dim=dim)
         raise FrameError(f"op {frame.op} is a reply, not a request")
 
     def _push_of(self, frame: codec.Frame) -> Push:
@@ -450,12 +442,16 @@ class Shard:
         assert keys is not None and frame.values is not None
         return Push(frame.table, keys, frame.values, frame.counts, frame.event_time, frame.request_id, frame.clock)
 
-    def _reply_values(self, weights: F32, vtype: int) -> Quantized:
-        """Weights rounded to the nearest of `vtype` for a reply; values
-        beyond float16's range are clipped and counted."""
+    def _reply_values(self, weights: F32, vtype: int) -> tuple[F32 | Quantized, int, int]:
+        """A reply's weights in the type its request asked for (rounded to
+        the nearest; values beyond float16's range clipped and counted), with
+        their rows and dim."""
+        rows, dim = weights.shape
+        if not vtype:
+            return weights, rows, dim
         q = quantize(weights, vtype, "nearest")
         self.reply_values_clipped += q.clipped
-        return q
+        return q, rows, dim
 
     # -- export cuts -------------------------------------------------------------
     MAX_PENDING_SNAPSHOTS = 4
