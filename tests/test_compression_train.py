@@ -1,0 +1,109 @@
+"""Training over compressed frames: the worker's loop with float16 and int8
+pushes stays within the accuracy aims of `bench/bench_compression.py`, and a
+worker over the real broker with int8 pushes and key sets applies every
+event once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from streams import assert_applied_once, brisk_worker_config, committed, keyed_event, new_topic, produce, running
+from waiting import until
+
+from consumers.synthetic import SyntheticStream
+from consumers.training import AsyncTraining
+from consumers.worker import Worker, WorkerStats
+from ps_core.checkpoint.control import ControlClient
+from ps_core.model.batch import EventBatch
+from ps_core.model.hasher import FeatureHasher
+from ps_core.model.models import LogisticRegression
+from ps_core.net.client import PSClient
+from ps_core.net.endpoint import RetryPolicy
+from ps_core.net.wire import WireFormat
+
+KEYED = dict(key_sets=True, compact_counts=True)
+FORMATS = {
+    "f32": WireFormat(),
+    "f16": WireFormat(push="f16", pull="f16", **KEYED),  # type: ignore[arg-type]
+    "int8": WireFormat(push="int8", pull="f16", **KEYED),  # type: ignore[arg-type]
+    "int8_feedback": WireFormat(push="int8", pull="f16", rounding="feedback", **KEYED),  # type: ignore[arg-type]
+}
+AIMS = {"f16": 1.002, "int8": 1.005, "int8_feedback": 1.005}
+"""Most progressive log loss, as a ratio to float32's (the benchmark's aims)."""
+
+
+class _NoWindow:
+    last_ts_ms = 0
+
+
+async def _train(serve_shards: Any, wire: WireFormat, windows: list[EventBatch]) -> tuple[float, float, Any]:
+    """The worker's training loop (`AsyncTraining`) over 2 shard servers
+    reached with `wire`: progressive log loss and AUC, and the frames' cost."""
+    _, urls = await serve_shards(2, rpc=True)
+    model = LogisticRegression("ctr")
+    async with PSClient.connect(urls, wire=wire) as client, ControlClient.connect(urls) as control:
+        for table in model.tables():
+            await control.declare(table)
+        training = AsyncTraining(client, model, WorkerStats(), 256)
+        loss = auc = 0.0
+        for batch in windows:
+
+            async def pieces(b: EventBatch = batch) -> AsyncIterator[EventBatch]:
+                yield b
+
+            m = await training.train(pieces(), _NoWindow())  # type: ignore[arg-type]
+            loss += m.logloss * m.events
+            auc += m.auc * m.events
+        events = sum(b.size for b in windows)
+        return loss / events, auc / events, client.wire_stats()
+
+
+async def test_the_worker_loop_over_compressed_frames_learns_as_float32_does(serve_shards: Any) -> None:
+    hasher = FeatureHasher("ctr")
+    windows = []
+    for events in SyntheticStream(seed=11, events_per_s=1e6).iter_batches(40_000, 10_000):
+        batch, errors = hasher.featurize(events)
+        assert not errors
+        windows.append(batch)
+    results = {name: await _train(serve_shards, wire, windows) for name, wire in FORMATS.items()}
+    loss32, auc32, stats32 = results["f32"]
+    for name, aim in AIMS.items():
+        loss, auc, stats = results[name]
+        assert loss / loss32 <= aim, (name, loss / loss32)
+        assert abs(auc - auc32) <= 0.002, (name, auc, auc32)
+        assert stats.key_set_pushes > 0 and stats.key_set_misses == 0 and stats.values_clipped == 0
+        # float16 both ways with key sets: at least 1.8x fewer bytes (the aim); int8 2.2x
+        ratio = (stats32.bytes_sent + stats32.bytes_received) / (stats.bytes_sent + stats.bytes_received)
+        assert ratio >= (1.8 if name == "f16" else 2.2), (name, ratio)
+
+
+@pytest.mark.parametrize("push", ["int8", "f16"])
+async def test_a_worker_over_the_broker_with_compressed_pushes_applies_every_event_once(
+    kafka_bootstrap: str, serve_shards: Any, push: str
+) -> None:
+    n, partitions = 3000, 2
+    topic, group = await new_topic(kafka_bootstrap, partitions)
+    shards, urls = await serve_shards(2, rpc=True)
+    wire = WireFormat(push=push, pull="f16", key_sets=True, compact_counts=True)  # type: ignore[arg-type]
+    async with (
+        PSClient.connect(urls, retry=RetryPolicy(deadline_s=5.0), wire=wire) as client,
+        ControlClient.connect(urls) as control,
+    ):
+        worker = Worker(
+            brisk_worker_config(kafka_bootstrap, topic, group, 500, 128), client, control, LogisticRegression("m")
+        )
+        async with running(worker) as task:
+            await produce(kafka_bootstrap, topic, (keyed_event(i) for i in range(n)), partitions)
+
+            async def all_committed() -> bool:
+                return sum((await committed(kafka_bootstrap, group, topic, partitions)).values()) >= n
+
+            await until(all_committed, timeout_s=60, what="every event committed", task=task)
+        # Counts travel as exact integers: every event's own key shows once.
+        assert_applied_once(shards, [worker], n)
+        stats = client.wire_stats()
+        assert stats.key_set_pushes > 0 and stats.key_set_misses == 0
+        assert sum(s.key_sets.used for s in shards) == stats.key_set_pushes
