@@ -306,6 +306,25 @@ def test_a_shard_applies_a_named_set_as_the_keys_and_refuses_a_gone_one() -> Non
     assert named.stats()["wire"]["key_sets"]["expired"] == 1
 
 
+@pytest.mark.parametrize(
+    "keys",
+    [np.array([42], np.uint64), np.array([7, 7, 7], np.uint64), np.zeros(0, np.uint64)],
+    ids=["one", "equal", "empty"],
+)
+@pytest.mark.parametrize("vtype", [0, F16, INT8])
+def test_a_named_set_of_one_equal_or_no_keys_applies_as_the_keys_do(keys: np.ndarray, vtype: int) -> None:
+    named, plain = Shard(tables=[LR]), Shard(tables=[LR])
+    g = np.linspace(-1, 1, keys.size, dtype=np.float32).reshape(-1, 1)
+    grads = quantize(g, vtype, "nearest") if vtype else g
+    c = np.ones((keys.size, 2), np.float32)
+    named.handle_frame(codec.encode_pull("lr", keys, remember=5))
+    named.handle_frame(codec.encode_push("lr", keys, grads, counts=c, request_id=6, keys_ref=5, dim=1, compact=True))
+    plain.handle_frame(codec.encode_push("lr", keys, grads, counts=c, request_id=6, dim=1))
+    probe = np.array([42, 7, 1], np.uint64)
+    np.testing.assert_array_equal(named.handle_pull("lr", probe)[0], plain.handle_pull("lr", probe)[0])
+    assert named.tables["lr"].shows.sum() == plain.tables["lr"].shows.sum() == keys.size
+
+
 def test_error_feedback_carries_rounding_to_the_next_push() -> None:
     fb = ErrorFeedback(max_rows=100)
     keys = np.arange(BLOCK, dtype=np.uint64)
