@@ -148,14 +148,18 @@ def quantize(
     padded = np.zeros(nb * BLOCK, dtype=np.float32)
     padded[: x.size] = x
     blocks = padded.reshape(nb, BLOCK)
-    scale = np.abs(blocks).max(axis=1) / np.float32(127)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(scale[:, None] > 0, blocks / scale[:, None], np.float32(0))
+    top = np.abs(blocks).max(axis=1)
+    scale = top / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(top > 0, np.float32(127) / top, np.float32(0))
+    blocks *= inv[:, None]  # in place: `padded` is this call's own
     if rounding == "stochastic" and rng is not None:
-        codes = np.floor(ratio + rng.random(ratio.shape, dtype=np.float32))
+        blocks += rng.random(blocks.shape, dtype=np.float32)
+        np.floor(blocks, out=blocks)
     else:
-        codes = np.rint(ratio)
-    codes8 = np.clip(codes, -127, 127).astype(np.int8).reshape(-1)[: x.size]
+        np.rint(blocks, out=blocks)
+    np.clip(blocks, -127, 127, out=blocks)  # float error may reach 127.00001
+    codes8 = padded.astype(np.int8)[: x.size]
     s = scale.astype("<f4").tobytes()
     c = codes8.tobytes()
     return Quantized(2, s + b"\0" * (_pad8(len(s)) - len(s)) + c + b"\0" * (_pad8(len(c)) - len(c)))
