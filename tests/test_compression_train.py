@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 import pytest
 from streams import assert_applied_once, brisk_worker_config, committed, keyed_event, new_topic, produce, running
 from waiting import until
 
+from app.metrics import ApiMetrics
+from app.views import ControlView
 from consumers.synthetic import SyntheticStream
 from consumers.training import AsyncTraining
 from consumers.worker import Worker, WorkerStats
@@ -22,6 +25,7 @@ from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
+from ps_core.net.key_sets import KeySets
 from ps_core.net.wire import WireFormat
 
 KEYED = dict(key_sets=True, compact_counts=True)
@@ -107,3 +111,30 @@ async def test_a_worker_over_the_broker_with_compressed_pushes_applies_every_eve
         stats = client.wire_stats()
         assert stats.key_set_pushes > 0 and stats.key_set_misses == 0
         assert sum(s.key_sets.used for s in shards) == stats.key_set_pushes
+
+
+async def test_what_frames_cost_reaches_metrics(serve_shards: Any) -> None:
+    """A worker's wire figures travel in its status to the board and out of
+    /metrics; a shard's key sets come out of its stats."""
+    model = LogisticRegression("m")
+    shards, urls = await serve_shards(2, model.tables(), rpc=True)
+    wire = WireFormat(push="f16", pull="f16", key_sets=True, compact_counts=True)  # type: ignore[arg-type]
+    keys = np.arange(1, 2001, dtype=np.uint64)
+    async with PSClient.connect(urls, wire=wire) as client, ControlClient.connect(urls) as control:
+        routed = client.route(keys)
+        await client.pull("m_w", routed)
+        shards[1].key_sets = KeySets()  # as after a restart: its part is sent again with keys
+        await client.push("m_w", routed, np.full(keys.size, 1e6, np.float32))  # beyond float16: clipped
+        stats = client.wire_stats()
+        assert (stats.key_set_pushes, stats.key_set_misses, stats.values_clipped) == (2, 1, keys.size)
+        await control.report_status("w1", {"kind": "worker", "wire": {"format": wire.describe(), **stats.as_dict()}})
+        metrics = ApiMetrics()
+        text = (await metrics.scrape(ControlView(control, metrics))).decode()
+    sample = f'ctrps_worker_wire_bytes_total{{direction="sent",worker="w1"}} {float(stats.bytes_sent)}'
+    assert sample in text
+    assert f'ctrps_worker_wire_bytes_total{{direction="received",worker="w1"}} {float(stats.bytes_received)}' in text
+    assert 'ctrps_worker_key_set_pushes_total{outcome="resent",worker="w1"} 1.0' in text
+    assert 'ctrps_worker_key_set_pushes_total{outcome="named",worker="w1"} 2.0' in text
+    assert f'ctrps_worker_wire_values_clipped_total{{worker="w1"}} {float(keys.size)}' in text
+    assert 'ctrps_shard_key_sets_expired_total{shard="1"} 1.0' in text
+    assert 'ctrps_shard_key_sets{shard="0"} 0.0' in text  # used: taken by its push
