@@ -293,6 +293,8 @@ class ShardSettings:
             raise SettingsError(f"shard id {self.shard_id} not in [0, {self.num_shards})")
         if self.log_format not in _FORMATS:
             raise SettingsError("log format is text or json")
+        if self.serving_precision not in PRECISIONS:
+            raise SettingsError(f"serving precision {self.serving_precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.max_body_mb < 1:
             raise SettingsError("max body must be at least 1 MiB")
         if not self.stats_interval_s >= 0 or self.stats_interval_s == float("inf"):
@@ -479,6 +481,10 @@ class WorkerSettings:
             raise SettingsError("window seconds, window events and mini-batch must be positive")
         if self.mode not in MODES:
             raise SettingsError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        try:
+            self.wire()
+        except ValueError as exc:  # a CTRPS_WIRE_* variable outside its choices
+            raise SettingsError(f"wire format: {exc}") from None
         if not 0 < self.sync_deadline_s <= 60:
             raise SettingsError("sync deadline must be in (0, 60] seconds")
         if self.geo_steps < 1 or self.geo_max_rows < 1:

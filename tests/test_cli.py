@@ -23,11 +23,12 @@ import pytest
 from waiting import json_when_ok
 
 from app.cli import build_parser
-from app.settings import SettingsError, ShardSettings, parse_table_spec
+from app.settings import SettingsError, ShardSettings, WorkerSettings, parse_table_spec
 from ps_core.checkpoint.control import ControlClient
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.transports import TcpTransport
+from ps_core.net.wire import WireFormat
 from ps_core.store.table import SparseTable, TableConfig
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -407,3 +408,23 @@ async def test_shard_on_port_0_logs_the_port_it_got(tmp_path: Path) -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def test_worker_wire_flags_and_variables_make_its_wire_format() -> None:
+    base = ["worker", "--bootstrap", "k:9092", "--shards", "http://127.0.0.1:7100"]
+    default = WorkerSettings.from_args(build_parser().parse_args(base), env={})
+    assert default.wire() == WireFormat(key_sets=True, compact_counts=True)  # the lossless two, format 2
+    args = build_parser().parse_args([*base, "--wire-push", "int8", "--no-key-sets", "--wire-rounding", "feedback"])
+    s = WorkerSettings.from_args(args, env={"CTRPS_WIRE_PULL": "f16", "CTRPS_COMPACT_COUNTS": "0"})
+    assert s.wire() == WireFormat(push="int8", pull="f16", key_sets=False, compact_counts=False, rounding="feedback")
+    with pytest.raises(SystemExit):  # argparse: not a choice
+        build_parser().parse_args([*base, "--wire-pull", "int8"])
+    with pytest.raises(SettingsError, match="wire format: push values 'f8': one of f32, f16, int8"):
+        WorkerSettings.from_args(build_parser().parse_args(base), env={"CTRPS_WIRE_PUSH": "f8"})
+
+
+def test_shard_serving_precision_flag() -> None:
+    assert ShardSettings.from_args(shard_args("--serving-precision", "int8"), env={}).serving_precision == "int8"
+    assert ShardSettings.from_args(shard_args(), env={"CTRPS_SERVING_PRECISION": "f16"}).serving_precision == "f16"
+    with pytest.raises(SettingsError, match="serving precision 'f8' is not one of f32, f16, int8"):
+        ShardSettings.from_args(shard_args(), env={"CTRPS_SERVING_PRECISION": "f8"})
