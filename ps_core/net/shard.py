@@ -380,7 +380,7 @@ class Shard:
         return applied, t.version
 
     def handle_push_pull(
-        self, push: Push, pull_keys: npt.NDArray[np.uint64], *, owned: bool = False
+        self, push: Push, pull_keys: npt.NDArray[np.uint64], *, owned: bool = False, push_owned: bool = False
     ) -> tuple[int, F32, int]:
         """Apply `push`, then pull: (distinct keys applied, weights of
         `pull_keys`, open version), as `handle_push` then `handle_pull`.
@@ -389,7 +389,8 @@ class Shard:
         fails changes nothing. An empty part is skipped: an empty push is not
         checked and remembers no request id; an empty pull answers (0, dim)
         without counting as a pull. A retried `request_id` is not applied
-        again, but its pull is answered.
+        again, but its pull is answered. `push_owned`: only the push's keys
+        are known to be this shard's (a key set it checked when pulled).
         """
         if not self.joined:
             self._check_joined()
@@ -398,7 +399,7 @@ class Shard:
         # push applied. handle_push checks its part before changing anything.
         if not owned:
             self._check_owned(pull_keys)
-        applied = self.handle_push(push, owned=owned)[0] if push.keys.size else 0
+        applied = self.handle_push(push, owned=owned or push_owned)[0] if push.keys.size else 0
         if not pull_keys.size:
             # Not t.pull: that would also push the table's remembered pull
             # lookups (which the next push of those keys reuses) out of line.
@@ -418,14 +419,15 @@ class Shard:
             values, rows, dim = self._reply_values(weights, frame.reply_value_type)
             clock = self.tables[frame.table].clock
             return codec.encode_weights(frame.table, values, version, present, clock, rows=rows, dim=dim)
+        # A named key set's keys were checked as this shard's when pulled.
         if frame.op == codec.Op.PUSH:
-            applied, version = self.handle_push(self._push_of(frame))
+            applied, version = self.handle_push(self._push_of(frame), owned=bool(frame.keys_ref))
             return codec.encode_ack(frame.table, applied, version)
         if frame.op == codec.Op.PUSH_PULL:
             push = self._push_of(frame)
             pull_keys = push.keys if frame.pull_pushed else frame.pull_keys
             assert pull_keys is not None
-            applied, weights, version = self.handle_push_pull(push, pull_keys)
+            applied, weights, version = self.handle_push_pull(push, pull_keys, push_owned=bool(frame.keys_ref))
             if frame.remember:
                 self.key_sets.remember(frame.request_id, frame.table, pull_keys)
             values, rows, dim = self._reply_values(weights, frame.reply_value_type)
