@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import logging
 import os
 import sys
@@ -169,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  ctrps shard --help",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"ctrps {_version()}")
     sub = subcommands(parser, "command", "COMMAND")
 
     shard = add_command(sub, "shard", _SHARD)
@@ -357,9 +359,23 @@ def run_command(args: argparse.Namespace, run: Callable[[argparse.Namespace], in
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``ctrps`` console script."""
-    args = build_parser().parse_args(argv)  # usage errors: argparse's message, exit 2
+    """Entry point of the ``ctrps`` console script. ``ctrps`` alone prints
+    the help (every command and an example) and exits 0."""
+    parser = build_parser()
+    given = sys.argv[1:] if argv is None else list(argv)
+    if not given:
+        parser.print_help()
+        return 0
+    args = parser.parse_args(given)  # usage errors: argparse's message, exit 2
     return run_command(args, _dispatch)
+
+
+def _version() -> str:
+    """The installed package's version (this checkout's pyproject when not installed)."""
+    try:
+        return importlib.metadata.version("ctrps")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Subprocess tests run ``python -m app.cli`` exactly as a user would run
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import os
 import signal
 import socket
@@ -428,3 +429,11 @@ def test_shard_serving_precision_flag() -> None:
     assert ShardSettings.from_args(shard_args(), env={"CTRPS_SERVING_PRECISION": "f16"}).serving_precision == "f16"
     with pytest.raises(SettingsError, match="serving precision 'f8' is not one of f32, f16, int8"):
         ShardSettings.from_args(shard_args(), env={"CTRPS_SERVING_PRECISION": "f8"})
+
+
+def test_ctrps_alone_prints_its_help_and_version_prints_the_version() -> None:
+    out = ctrps()
+    assert out.returncode == 0 and out.stderr == ""
+    assert out.stdout.startswith("usage: ctrps") and "shard" in out.stdout and "example:" in out.stdout
+    version = ctrps("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"ctrps {importlib.metadata.version('ctrps')}"
