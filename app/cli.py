@@ -14,6 +14,7 @@ from typing import Any
 import uvloop
 
 from .commands import add_command, subcommands
+from .dlq_cli import add_dlq_parser, run_dlq
 from .export_cli import add_export_parser, run_export
 from .failures import EXIT_FAILURE, expected_failure
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
@@ -199,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_produce_parser(sub)
     add_export_parser(sub)
+    add_dlq_parser(sub)
 
     token = add_command(sub, "token", _TOKEN)
     token.add_argument("--scope", required=True, choices=("read", "train", "admin"), help="the token's scope")
@@ -308,6 +310,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return int(uvloop.run(run_produce(args)))
     if args.command == "export":
         return int(uvloop.run(run_export(args)))
+    if args.command == "dlq":
+        return int(uvloop.run(run_dlq(args)))
     if args.command == "token":
         return _print_token(args)
     if args.command in ("demo", "cluster"):
