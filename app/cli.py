@@ -96,7 +96,7 @@ The HTTP API: predictions, weights, model info, health, metrics (GET
 
 example:
   ctrps serve --shards http://127.0.0.1:7100,http://127.0.0.1:7101 --port 8080
-  curl -s localhost:8080/v1/predict -d '{"events": [{"features": {"site": "a3f09", "hour": "13"}}]}'
+  curl -s localhost:8080/v1/predict -d '{"events": [{"features": {"C1": "f53fd833", "I2": 10}}]}'
   ctrps serve --follow exports/ctr --port 8081   # a replica: the exports, in memory
 
 With --follow the API serves the newest export of exports/<model> (base and
@@ -107,8 +107,12 @@ manifest). GET /v1/model shows the version served; /readyz waits for one.
 Every flag falls back to a CTRPS_* variable (CTRPS_SHARDS, CTRPS_FOLLOW,
 CTRPS_FOLLOW_INTERVAL, CTRPS_API_PORT, CTRPS_MODEL, CTRPS_MODEL_NAME,
 CTRPS_MAX_EVENTS, ...). Set CTRPS_ADMIN_TOKEN (or CTRPS_ADMIN_TOKEN_FILE) to
-require "Authorization: Bearer <token>" on admin routes (POST /v1/status);
-on a non-loopback --host the API refuses to start without it (or --insecure).
+require "Authorization: Bearer <token>" on the routes that change things:
+POST /v1/status (a report to the status board), POST /v1/exports (cut and
+write a version now) and POST /v1/exports/compact (fold the newest chain into
+a base). Predictions, weights, model info, metrics and the dashboard stay
+open. On a non-loopback --host the API refuses to start without a token (or
+--insecure).
 """
 
 _DEMO = """\

@@ -93,7 +93,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=4,
         help="partitions when the topic is created (default 4); an existing topic keeps its own",
     )
-    p.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
+    p.add_argument(
+        "--rate",
+        type=float,
+        help="events per second (default: as fast as possible); synthetic events' time advances at the same "
+        "rate (1000 a second without --rate)",
+    )
     p.add_argument("--batch-size", type=int, default=1000, help="events per send (default 1000)")
     p.add_argument("--log-format", choices=("text", "json"), help="log line format (CTRPS_LOG_FORMAT)")
     p.add_argument(
@@ -207,7 +212,14 @@ async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.envi
         if args.events < 0:
             return _fail("--events must be >= 0", 2)
         try:
-            stream = SyntheticStream(seed=args.seed, drift=args.drift, base_ctr=args.base_ctr, fresh=args.fresh)
+            # Event time at the sending rate, so windows close at the pace events arrive.
+            stream = SyntheticStream(
+                seed=args.seed,
+                drift=args.drift,
+                base_ctr=args.base_ctr,
+                fresh=args.fresh,
+                events_per_s=args.rate or 1000.0,
+            )
         except ValueError as exc:
             return _fail(str(exc), 2)
         events = itertools.chain.from_iterable(stream.iter_batches(args.events, 10_000))

@@ -668,3 +668,22 @@ async def test_a_cancelled_producer_stops_whenever_the_cancel_arrives(kafka_boot
         done, _ = await asyncio.wait([task], timeout=10)
         assert done, f"produce went on for 10 s after a cancel at {delay:.3f} s"
         assert task.cancelled() or task.exception() is None
+
+
+async def test_cli_synthetic_event_time_advances_at_the_sending_rate(
+    kafka_bootstrap: str, restore_logging: None
+) -> None:
+    """Windows close in event time: a stream sent at --rate R must span n / R
+    seconds of it (1000 events a second without --rate)."""
+    from streams import consume_all
+
+    n = 800
+    for rate in (8000.0, None):
+        topic = f"cli-{uuid.uuid4().hex[:10]}"
+        extra = ("--rate", str(rate)) if rate else ()
+        args = produce_args("synthetic", "--events", str(n), "--topic", topic, "--partitions", "1",
+                            "--bootstrap", kafka_bootstrap, *extra)  # fmt: skip
+        assert await run_cli(args) == 0
+        ts = sorted(orjson.loads(r.value)["ts"] for r in await consume_all(kafka_bootstrap, topic, n))
+        expected = n / (rate or 1000.0)
+        assert 0.8 * expected < ts[-1] - ts[0] < 1.2 * expected, (rate, ts[-1] - ts[0])
