@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 import orjson
 
@@ -22,6 +23,7 @@ from ps_core.net.auth import Scope
 from ps_core.net.endpoint import RetryPolicy
 
 from .commands import Subcommands, add_command
+from .export_show import show_version
 from .security import SecuritySettings, add_security_flags
 
 __all__ = ["add_export_parser", "run_export"]
@@ -38,6 +40,7 @@ example:
   ctrps export --shard0 http://127.0.0.1:7100 --kind base
   ctrps export --shard0 http://127.0.0.1:7100 --list      # the versions on disk
   ctrps export --shard0 http://127.0.0.1:7100 --compact   # fold the newest chain into a base
+  ctrps export --show 12 --dir exports/ctr --top 5        # what version 12 holds, from its files
 
 --shard0 falls back to the first URL of CTRPS_SHARDS. The API offers the same
 as POST/GET /v1/exports (POST needs the admin token when one is set).
@@ -54,12 +57,34 @@ def add_export_parser(sub: Subcommands) -> None:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--list", action="store_true", help="list the versions instead of cutting one")
     what.add_argument("--compact", action="store_true", help="fold the newest chain into a base, then prune")
+    what.add_argument(
+        "--show",
+        type=int,
+        metavar="VERSION",
+        help="print what VERSION holds, read from its files (no shard needed): its summary and the "
+        "model's largest weights at it",
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        help="with --show: the model's exports directory (default: <CTRPS_EXPORTS_DIR or exports>/"
+        "<CTRPS_MODEL_NAME or ctr>)",
+    )
+    p.add_argument("--top", type=int, default=10, help="with --show: weights per table (default 10)")
+    p.add_argument(
+        "--names",
+        type=Path,
+        metavar="FILE",
+        help="with --show: JSON-lines events whose features name the keys shown (its first 1,000 lines)",
+    )
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for shard 0 (default 120)")
     add_security_flags(p, serves=False)
 
 
 async def run_export(args: argparse.Namespace) -> int:
     """Run the command; returns the exit status."""
+    if args.show is not None:
+        return _show(args)
     url = args.shard0 or next((u for u in os.environ.get("CTRPS_SHARDS", "").split(",") if u.strip()), "")
     if not url:
         log.error("no shard 0: pass --shard0 URL or set CTRPS_SHARDS", extra={"fields": {"exit_code": 2}})
@@ -82,5 +107,25 @@ async def run_export(args: argparse.Namespace) -> int:
             code = getattr(type(exc), "exit_code", 1)
             log.error(exc.detail, extra={"fields": {"error": exc.code, "exit_code": code}})
             return int(code)
+    sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    """``--show VERSION``: the version's summary as JSON on stdout."""
+    model_dir = args.dir or Path(os.environ.get("CTRPS_EXPORTS_DIR") or "exports") / (
+        os.environ.get("CTRPS_MODEL_NAME") or "ctr"
+    )
+    if args.top < 1:
+        log.error("--top must be >= 1", extra={"fields": {"exit_code": 2}})
+        return 2
+    try:
+        out = show_version(model_dir, args.show, args.top, args.names)
+    except PSError as exc:
+        log.error(exc.detail, extra={"fields": {"error": exc.code, "exit_code": 1}})
+        return 1
+    except (OSError, orjson.JSONDecodeError) as exc:  # the --names file
+        log.error(f"--names {args.names}: {exc}", extra={"fields": {"exit_code": 2}})
+        return 2
     sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
