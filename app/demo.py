@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import sys
 import time
@@ -101,6 +102,7 @@ class _Progress:
             events=report.events,
             events_per_s=round(rate),
             logloss=round(m.logloss, 4),
+            constant_logloss=round(_constant_logloss(m.ctr), 4),
             auc=round(m.auc, 4),
             copc=round(m.copc, 3),
             features=features,
@@ -108,6 +110,14 @@ class _Progress:
             dlq=report.dlq,
             lag=report.lag,
         )
+
+
+def _constant_logloss(ctr: float) -> float:
+    """The log loss of always predicting a window's own click rate: what a
+    model must beat to have learnt anything (a fresh one starts above it)."""
+    if not 0 < ctr < 1:
+        return 0.0
+    return float(-(ctr * math.log(ctr) + (1 - ctr) * math.log1p(-ctr)))
 
 
 class _DropWorkerWindowLines(logging.Filter):
@@ -189,7 +199,9 @@ def _announce(
         "Try:",
         *(f"  {e}" for e in examples),
         "",
-        f"One line per {settings.window_seconds:g}s window follows; Ctrl-C stops.",
+        f"One line per {settings.window_seconds:g}s window follows; Ctrl-C stops. logloss is progressive (each",
+        "event predicted before it is learnt from); constant_logloss is what predicting the window's own click",
+        "rate scores. A fresh model starts above it for its first windows, then learns to beat it.",
         "",
     ]
     out.write("\n".join(lines) + "\n")

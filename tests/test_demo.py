@@ -100,6 +100,7 @@ def test_example_event_is_part_of_the_streams_first_event() -> None:
 DURATION_S = 25.0
 ADMIN_TOKEN = "the-demo-admin-token-of-this-test"
 WINDOW_LINE = re.compile(r"ctrps\.demo: window .*? auc=(?P<auc>[-\d.na]+) .*?trained=(?P<trained>\d+)")
+LOSSES = re.compile(r"ctrps\.demo: window .*? logloss=(?P<loss>[\d.]+) constant_logloss=(?P<constant>[\d.]+)")
 
 
 async def wait_for_api(proc: asyncio.subprocess.Process, out_log: Path, timeout_s: float) -> str:
@@ -178,6 +179,10 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
     # above 0.7 and stays there; the ground truth's is about 0.86.
     assert max(aucs[1:]) > aucs[0] and max(aucs) > 0.8, aucs
     assert all(auc > 0.7 for auc in aucs[len(aucs) // 2 :]), aucs
+    # Each line says what a constant predictor scores; the later windows beat it.
+    losses = [(float(m["loss"]), float(m["constant"])) for m in LOSSES.finditer(log)]
+    assert len(losses) == len(windows) and all(0 < c < 1 for _, c in losses), losses
+    assert all(loss < constant for loss, constant in losses[len(losses) // 2 :]), losses
     trained = [n for _, n in windows]
     assert trained == sorted(trained) and trained[-1] >= 10 * 5000 // 2, trained
     assert "ctrps.demo: stopped" in log and "Traceback" not in log
