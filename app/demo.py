@@ -78,7 +78,8 @@ def example_event(seed: int) -> dict[str, Any]:
 
 
 class _Progress:
-    """The per-window progress line: throughput over wall time, the window's
+    """The per-window progress line: throughput over wall time (events_per_s:
+    events trained since the previous line, over the seconds between them), the window's
     progressive log loss / AUC, features in the model."""
 
     def __init__(self, control: ControlClient, model: Model) -> None:

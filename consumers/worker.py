@@ -219,7 +219,9 @@ class WindowReport:
             "logloss": round(m.logloss, 5),
             "auc": round(m.auc, 4),
             "copc": round(m.copc, 3),
-            "events_per_s": round(self.events_per_s),
+            # The window's own processing speed (events / its seconds), named
+            # apart from a stream's throughput (the demo's and producer's events_per_s).
+            "window_events_per_s": round(self.events_per_s),
             "lag": self.lag,
             "decode_ms": round(self.decode_s * 1000),
             "decode_wait_ms": round(self.decode_wait_s * 1000),
