@@ -35,6 +35,7 @@ from .hashing import mix64, shard_of
 from .model.batch import EventBatch
 from .model.events import decode_message
 from .model.hasher import FeatureHasher
+from .model.learner import Learner
 from .model.models import FactorizationMachine, LogisticRegression, Model, make_model
 from .net.client import PSClient, PSReader
 from .net.codec import Frame, Op
@@ -60,6 +61,7 @@ __all__ = [
     "FTRL",
     "FactorizationMachine",
     "FeatureHasher",
+    "Learner",
     "Frame",
     "FrameError",
     "HttpTransport",

@@ -138,7 +138,9 @@ async def test_sigkilled_worker_loses_nothing(kafka_bootstrap: str, serve_shards
     windows = [orjson.loads(line) for line in logged.splitlines() if b'"msg":"window"' in line]
     assert windows, logged[-2000:]
     for w in windows:
-        assert {"window", "partitions", "events", "dlq", "logloss", "auc", "copc", "window_events_per_s", "lag"} <= set(w)
+        assert {"window", "partitions", "events", "dlq", "logloss", "auc", "copc", "window_events_per_s", "lag"} <= set(
+            w
+        )
     assert sum(w["events"] for w in windows) <= n
     applied = applications(shards, 0, n)
     assert (applied >= 1).all(), f"lost events: {np.flatnonzero(applied == 0)[:20]}"

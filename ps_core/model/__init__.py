@@ -2,8 +2,9 @@
 
 Holds events (decoding and validation), feature hashing, the CSR batch of
 hashed events (`EventBatch`), the models (`LogisticRegression`,
-`FactorizationMachine`: tables, logits and gradients for a batch) and the
-online metrics (log loss, AUC, COPC).
+`FactorizationMachine`: tables, logits and gradients for a batch), the
+online metrics (log loss, AUC, COPC) and `Learner` (a model trained in this
+process, without Kafka or shards, for trying things out).
 
 May import: numpy, orjson, `ps_core.errors`, `ps_core.hashing`,
 `ps_core.parsing` and `ps_core.store` (a model declares its tables). Nothing of
@@ -13,6 +14,7 @@ the network or checkpoints. A new model, feature kind or metric goes here.
 from .batch import EventBatch
 from .events import decode_message
 from .hasher import FeatureHasher
+from .learner import Learner
 from .metrics import Metrics, evaluate
 from .models import FactorizationMachine, LogisticRegression, Model, make_model
 
@@ -20,6 +22,7 @@ __all__ = [
     "EventBatch",
     "FactorizationMachine",
     "FeatureHasher",
+    "Learner",
     "LogisticRegression",
     "Metrics",
     "Model",

@@ -1,0 +1,61 @@
+"""`Learner`: a model learnt in this process without Kafka or shards, as a
+worker's async training would learn it from the same events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from consumers.synthetic import SyntheticStream
+from consumers.training import AsyncTraining
+from consumers.worker import WorkerStats
+from ps_core import Learner
+from ps_core.errors import InvalidRequestError
+from ps_core.model.batch import EventBatch
+from ps_core.model.hasher import FeatureHasher
+from ps_core.model.models import make_model
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard
+
+
+class _NoWindow:
+    last_ts_ms = 0
+
+
+@pytest.mark.parametrize("kind", ["lr", "fm"])
+async def test_a_learner_learns_what_a_worker_learns(kind: str) -> None:
+    events = SyntheticStream(seed=4).batch(6000)
+    learner = Learner(kind, mini_batch=128)
+    got = learner.learn(events)
+    # The worker's own loop over in-process shards, on the same events.
+    model = make_model(kind, "ctr")
+    shard = Shard(tables=model.tables())
+    training = AsyncTraining(PSClient.local([shard]), model, WorkerStats(), 128)
+    batch, _ = FeatureHasher("ctr").featurize(events)
+
+    async def pieces() -> AsyncIterator[EventBatch]:
+        yield batch
+
+    want = await training.train(pieces(), _NoWindow())  # type: ignore[arg-type]
+    assert got.events == want.events == 6000
+    assert got.logloss == pytest.approx(want.logloss, rel=1e-6) and got.auc == pytest.approx(want.auc, abs=1e-6)
+    probe = SyntheticStream(seed=4).batch(6100)[6000:]
+    for e in probe:
+        e.pop("label")
+    p = learner.predict(probe)
+    assert p.shape == (100,) and ((p > 0) & (p < 1)).all()
+    assert learner.events_learnt == 6000 and got.auc > 0.6  # better than chance after 6,000 events
+
+
+def test_refused_events_are_skipped_and_named() -> None:
+    learner = Learner()
+    m = learner.learn([{"features": {"a": "x"}, "label": 1}, {"features": {"a": "y"}}, {"label": 0}])
+    assert m.events == 1 and set(learner.refused) == {1, 2}
+    assert "label" in learner.refused[1]
+    with pytest.raises(InvalidRequestError, match="event 0"):
+        learner.predict([{"features": "not an object"}])
+    np.testing.assert_array_equal(learner.predict([]), np.empty(0))
+    with pytest.raises(ValueError, match="mini_batch"):
+        Learner(mini_batch=0)
