@@ -397,7 +397,7 @@ def _staleness_info(per_shard: list[dict[str, Any]]) -> dict[str, Any]:
 async def model_info(request: web.Request) -> web.Response:
     view, model = request.app[VIEW], request.app[MODEL]
     stats, board_raw = await asyncio.gather(all_stats(view), view.statuses())
-    board = summarize(board_raw)
+    board = summarize(board_raw, model.name)
     tables: dict[str, Any] = {}
     versions = []
     for config in model.tables():
@@ -621,7 +621,7 @@ def create_app(
         app[FOLLOWER] = follower
         app.cleanup_ctx.append(_follower_ctx)
     app[MODEL] = model
-    app[METRICS] = api_metrics = ApiMetrics()
+    app[METRICS] = api_metrics = ApiMetrics(model.name)
     app[CONTROL] = control
     if control is not None:
         app[VIEW] = ControlView(control, api_metrics)

@@ -300,7 +300,9 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
         # The status board feeds the API's /v1/model and /metrics, as for a
         # worker process; then the demo's own progress line.
         worker.on_window = _hooks(
-            make_status_hook(control, default_worker_id(), worker.stats, update_mode=worker.config.mode),
+            make_status_hook(
+                control, default_worker_id(), worker.stats, update_mode=worker.config.mode, model=model.name
+            ),
             _Progress(control, model),
         )
         # Event time follows wall time, so windows close on time either way.

@@ -174,7 +174,7 @@ class History(BackgroundLoop):
         the sample failed (`error` says why). Never raises but on cancellation."""
         try:
             stats, board = await asyncio.gather(all_stats(self.view), self.view.statuses())
-            point = self._point(self._clock(), stats, summarize(board))
+            point = self._point(self._clock(), stats, summarize(board, self.model.name))
         except PSError as exc:
             self._failed(f"{exc.code}: {exc.detail}")
             return None

@@ -65,16 +65,16 @@ class ClusterSnapshot:
     """When (seconds since the epoch)."""
 
 
-async def take_snapshot(view: ClusterView) -> ClusterSnapshot:
-    """Every shard's stats and the status board; a shard that does not
-    answer is None, never an error."""
+async def take_snapshot(view: ClusterView, model: str | None = None) -> ClusterSnapshot:
+    """Every shard's stats and the status board (with `model`, its workers
+    only); a shard that does not answer is None, never an error."""
     stats, board = await asyncio.gather(view.stats_each(), view.statuses(), return_exceptions=True)
     for got in (stats, board):
         if isinstance(got, BaseException) and not isinstance(got, PSError):
             raise got
     return ClusterSnapshot(
         stats=[s if isinstance(s, dict) else None for s in stats] if isinstance(stats, list) else [None],
-        board=summarize(board) if isinstance(board, list) else None,
+        board=summarize(board, model) if isinstance(board, list) else None,
     )
 
 
@@ -387,7 +387,9 @@ def _histogram(raw: object) -> tuple[list[tuple[str, float]], float] | None:
 class ApiMetrics:
     """The API's metrics and their registry."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: str | None = None) -> None:
+        """`model`: the API's model; the workers of others are left out."""
+        self.model = model
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -464,7 +466,7 @@ class ApiMetrics:
 
     async def scrape(self, view: ClusterView) -> bytes:
         """The exposition: the cluster read now, plus the API's own metrics."""
-        return self.render(await take_snapshot(view))
+        return self.render(await take_snapshot(view, self.model))
 
     def render(self, snapshot: ClusterSnapshot) -> bytes:
         """The exposition of `snapshot` plus the API's own metrics."""

@@ -83,6 +83,7 @@ def worker_status(
     update_mode: str = "async",
     started_at: float | None = None,
     wire: Mapping[str, Any] | None = None,
+    model: str | None = None,
 ) -> dict[str, Any]:
     """A worker's status after the window of `report` (a JSON object).
 
@@ -116,6 +117,8 @@ def worker_status(
         status["window_seconds"] = window_seconds.to_dict()
     if wire is not None:
         status["wire"] = dict(wire)
+    if model is not None:
+        status["model"] = model
     return status
 
 
@@ -133,13 +136,15 @@ def make_status_hook(
     *,
     update_mode: str = "async",
     wire: Callable[[], Mapping[str, Any]] | None = None,
+    model: str | None = None,
 ) -> Callable[[WindowReport], Awaitable[None]]:
     """An ``on_window`` hook for `consumers.worker.Worker` that reports the
     worker's status to the board of shard 0 under `worker_id` after each window.
 
     `stats` is the worker's own `WorkerStats` (``worker.stats``); the hook
     keeps the histogram of window durations itself. `wire` gives what the
-    worker's frames cost so far (`ps_core.net.wire.WireStats`) and their format."""
+    worker's frames cost so far (`ps_core.net.wire.WireStats`) and their format;
+    `model`, the name of the model it trains (an API counts only its own model's workers)."""
     histogram = SecondsHistogram()
     started_at = time.time()
 
@@ -152,6 +157,7 @@ def make_status_hook(
             update_mode=update_mode,
             started_at=started_at,
             wire=None if wire is None else wire(),
+            model=model,
         )
         await control.report_status(worker_id, status)
 
@@ -221,12 +227,14 @@ class BoardSummary:
         return sum(self.lag_by_partition.values())
 
 
-def summarize(statuses: list[Any]) -> BoardSummary:
+def summarize(statuses: list[Any], model: str | None = None) -> BoardSummary:
     """Combine the board (`PSClient.statuses`, least recently reported first).
 
-    Entries that are not worker statuses are left out; fields of the wrong
-    type count as absent. Never raises, whatever the board holds: the API's
-    model, metrics and dashboard all read it."""
+    Entries that are not worker statuses are left out, and with `model` the
+    workers of another model (a worker that names none, from before workers
+    named theirs, counts); fields of the wrong type count as absent. Never
+    raises, whatever the board holds: the API's model, metrics and dashboard
+    all read it."""
     workers = [
         WorkerView(e["source"], float(e["received_at"]), e["status"])
         for e in statuses
@@ -236,6 +244,7 @@ def summarize(statuses: list[Any]) -> BoardSummary:
         and not isinstance(e.get("received_at"), bool)
         and isinstance(e.get("status"), dict)
         and e["status"].get("kind") == "worker"
+        and (model is None or e["status"].get("model", model) == model)
     ]
     reasons: dict[str, int] = {}
     lag: dict[int, int] = {}

@@ -82,6 +82,7 @@ async def run_worker(
                 worker.stats,
                 update_mode=config.mode,
                 wire=lambda: {"format": fmt, **client.wire_stats().as_dict()},
+                model=settings.model_name,
             )
             await worker.run(stop)
     s = worker.stats

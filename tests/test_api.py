@@ -1061,3 +1061,23 @@ async def test_a_stats_call_cancelled_before_it_starts_leaves_no_coroutine_behin
     with pytest.raises(asyncio.CancelledError):
         await task
     gc.collect()
+
+
+async def test_model_info_and_metrics_count_only_the_apis_own_models_workers(make_api: MakeApi) -> None:
+    """Workers of another model report to the same board: the API of model
+    "ctr" counts its own (and those naming no model, from before workers
+    named theirs), never the others'."""
+    api = await make_api()
+    for source, model, events in (("w-ctr", "ctr", 100), ("w-mine", "mine", 7000), ("w-old", None, 5)):
+        status: dict[str, Any] = {"kind": "worker", "events_trained": events, "windows": 1}
+        if model is not None:
+            status["model"] = model
+        await api.control.report_status(source, status)
+    status_code, info = await api.call("GET", "/v1/model")
+    assert status_code == 200
+    assert info["events_trained"] == 105 and info["windows"] == 2
+    assert sorted(w["source"] for w in info["workers"]) == ["w-ctr", "w-old"]
+    _, text = await api.call("GET", "/metrics")
+    m = samples(text)
+    assert m[("ctrps_events_trained_total", (("worker", "w-ctr"),))] == 100
+    assert ("ctrps_events_trained_total", (("worker", "w-mine"),)) not in m

@@ -273,6 +273,7 @@ def test_worker_status_holds_totals_and_the_last_window() -> None:
     assert status["last_window"]["window"] == 2 and status["last_window"]["seconds"] == 1.5
     assert status["last_window"]["auc"] == 1.0
     assert status["started_at"] == 12.0 and "window_seconds" not in status
+    assert "model" not in status and worker_status(r2, stats, model="ctr")["model"] == "ctr"
 
 
 async def test_status_hook_reports_to_the_board_and_summaries_add_up(connect: Connect) -> None:

@@ -103,6 +103,7 @@ class WorkerStatus(Struct, forbid_unknown_fields=True):
     """What app.status.worker_status reports (every field optional, no other field)."""
 
     kind: Literal["worker"] | UnsetType = UNSET
+    model: Name | UnsetType = UNSET
     update_mode: Name | UnsetType = UNSET
     reported_at: Seconds | UnsetType = UNSET
     started_at: Seconds | UnsetType = UNSET
