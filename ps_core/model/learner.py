@@ -43,6 +43,8 @@ class Learner:
         self.events_learnt = 0
         self.refused: dict[int, str] = {}
         """The last `learn` call's refused events: position → ``reason: detail``."""
+        self.predicted: npt.NDArray[np.float64] = np.empty(0)
+        """The last `learn` call's progressive predictions, one per event learnt."""
 
     def learn(self, events: Sequence[dict[str, Any]]) -> Metrics:
         """Train on `events` in order; their progressive metrics. Events that
@@ -55,9 +57,8 @@ class Learner:
             p = self._step(sub)
             predicted.append(p)
         self.events_learnt += batch.size
-        if not predicted:
-            return evaluate(np.empty(0), np.empty(0, dtype=np.float32))
-        return evaluate(np.concatenate(predicted), batch.labels)
+        self.predicted = np.concatenate(predicted) if predicted else np.empty(0)
+        return evaluate(self.predicted, batch.labels)
 
     def predict(self, events: Sequence[dict[str, Any]]) -> npt.NDArray[np.float64]:
         """Click probabilities of `events` (labels not needed) from the

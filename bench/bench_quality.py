@@ -1,0 +1,230 @@
+"""Benchmark: how well ctrps learns a click stream, against the learners people
+would pick instead — Vowpal Wabbit and River — on the same events, in the
+same order, each event predicted before it is learnt from (progressive
+validation).
+
+Learners:
+
+- ``ctrps_lr`` and ``ctrps_fm``: ``ps_core.Learner``, the worker's own async
+  training step (hashing, mini-batches of 256, FTRL / the FM's defaults) in
+  this process: the same training code as a worker, without Kafka or shards.
+- ``vw``: Vowpal Wabbit through its Python API (``--loss_function logistic
+  --link logistic -b 22``, its default adaptive, normalized updates), one
+  example at a time; categoricals as ``name=value`` tokens, numbers as
+  ``name:value``.
+- ``river_lr``: River's ``LogisticRegression`` with ``FTRLProximal``;
+  ``river_fm``: River's ``FMClassifier`` (8 factors); features as dicts.
+  ``river_fm`` learns ~460 events a second here (and its default SGD
+  diverges on raw counts), so it runs only when asked (``--learners``), on
+  each stream's first ``--slow-limit`` events.
+
+The inputs of VW and River (text lines, dicts) are built before their clock
+starts; ctrps's clock includes its own hashing of the event dicts.
+
+Streams: the synthetic generator (a hidden logistic model with pairwise
+interactions) with a long tail (``fresh``: new ids seen once) and drift, at
+two sizes; and ``--file PATH --format criteo|avazu|jsonl`` if given.
+
+Needs ``pip install -e '.[quality]'``. Run: ``python bench/bench_quality.py
+[--quick]``; the last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from common import bench_parser, elapsed_s, progress_log
+
+from consumers.formats import iter_file
+from consumers.synthetic import SyntheticStream
+from ps_core.model.learner import Learner
+from ps_core.model.metrics import evaluate
+
+log = progress_log("bench_quality")
+
+Events = list[dict[str, Any]]
+
+
+def _tokens(features: dict[str, Any]) -> tuple[list[str], dict[str, float]]:
+    """Categorical tokens (``name=value``, lists multi-hot) and numeric features."""
+    cats: list[str] = []
+    nums: dict[str, float] = {}
+    for name, value in features.items():
+        if isinstance(value, bool):
+            cats.append(f"{name}={value}")
+        elif isinstance(value, (int, float)):
+            nums[name] = float(value)
+        elif isinstance(value, list):
+            cats.extend(f"{name}={v}" for v in value)
+        else:
+            cats.append(f"{name}={value}")
+    return cats, nums
+
+
+def _vw_line(event: dict[str, Any]) -> str:
+    cats, nums = _tokens(event["features"])
+    clean = [c.replace(" ", "_").replace(":", ";").replace("|", "/") for c in cats]
+    label = 1 if event["label"] else -1
+    return f"{label} |f " + " ".join(clean + [f"{k}:{v:g}" for k, v in nums.items()])
+
+
+def _river_x(event: dict[str, Any]) -> dict[str, float]:
+    cats, nums = _tokens(event["features"])
+    x: dict[str, float] = dict.fromkeys(cats, 1.0)
+    x.update(nums)
+    return x
+
+
+def run_ctrps(kind: str, events: Events) -> tuple[np.ndarray, float]:
+    learner = Learner(kind)
+    t0 = time.perf_counter()
+    chunks = []
+    for start in range(0, len(events), 20_000):  # a worker's windows, in order
+        learner.learn(events[start : start + 20_000])
+        chunks.append(learner.predicted)
+    return np.concatenate(chunks), time.perf_counter() - t0
+
+
+def run_vw(events: Events) -> tuple[np.ndarray, float]:
+    import vowpalwabbit
+
+    lines = [_vw_line(e) for e in events]
+    ws = vowpalwabbit.Workspace("--loss_function logistic --link logistic -b 22 --quiet")
+    out = np.empty(len(lines))
+    t0 = time.perf_counter()
+    for i, line in enumerate(lines):  # VW's API takes one example at a time
+        ex = ws.parse(line)
+        ws.learn(ex)  # predicts, then updates: the prediction is progressive
+        out[i] = ex.get_simplelabel_prediction()
+        ws.finish_example(ex)
+    seconds = time.perf_counter() - t0
+    ws.finish()
+    return out, seconds
+
+
+def run_river(kind: str, events: Events) -> tuple[np.ndarray, float]:
+    from river import facto, linear_model, optim
+
+    xs = [_river_x(e) for e in events]
+    ys = [bool(e["label"]) for e in events]
+    model: Any = (
+        linear_model.LogisticRegression(optimizer=optim.FTRLProximal())
+        if kind == "lr"
+        else facto.FMClassifier(n_factors=8, seed=1)
+    )
+    out = np.empty(len(xs))
+    t0 = time.perf_counter()
+    for i, (x, y) in enumerate(zip(xs, ys)):  # River learns one event at a time
+        out[i] = model.predict_proba_one(x).get(True, 0.5)
+        model.learn_one(x, y)
+    return out, time.perf_counter() - t0
+
+
+LEARNERS: dict[str, Callable[[Events], tuple[np.ndarray, float]]] = {
+    "ctrps_lr": lambda ev: run_ctrps("lr", ev),
+    "ctrps_fm": lambda ev: run_ctrps("fm", ev),
+    "vw": run_vw,
+    "river_lr": lambda ev: run_river("lr", ev),
+    "river_fm": lambda ev: run_river("fm", ev),
+}
+
+
+SLOW = ("river_fm",)
+"""Learners run only when asked, on each stream's first --slow-limit events."""
+
+
+def measure(name: str, events: Events) -> dict[str, float]:
+    labels = np.array([float(e["label"]) for e in events])
+    p, seconds = LEARNERS[name](events)
+    m = evaluate(np.clip(p, 1e-7, 1 - 1e-7), labels)
+    return {
+        "logloss": m.logloss,
+        "auc": m.auc,
+        "copc": m.copc,
+        "events_per_s": len(events) / seconds,
+    }
+
+
+def streams(args: argparse.Namespace) -> dict[str, Events]:
+    small, large = (15_000, 45_000) if args.quick else (200_000, 1_000_000)
+    out: dict[str, Events] = {}
+    for label, n in (("synthetic_small", small), ("synthetic_large", large)):
+        # A long tail (5% of categorical values brand-new ids) and drift.
+        stream = SyntheticStream(seed=args.seed, fresh=0.05, drift=0.5, events_per_s=1000.0)
+        out[label] = [e for batch in stream.iter_batches(n, 10_000) for e in batch]
+    if args.file is not None:
+        rows = [e for e in iter_file(args.file, args.format) if isinstance(e, dict) and "label" in e]
+        out[f"file_{Path(args.file).name}"] = rows[: args.file_limit] if args.file_limit else rows
+    return out
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    data = streams(args)
+    for stream_name, events in data.items():
+        log(f"{stream_name}: {len(events):,} events, CTR {np.mean([e['label'] for e in events]):.4f}")
+        results[stream_name] = {}
+        for name in args.learners:
+            r = measure(name, events[: args.slow_limit] if name in SLOW else events)
+            results[stream_name][name] = r
+            log(
+                f"  {name:9} logloss {r['logloss']:.5f}  AUC {r['auc']:.4f}  COPC {r['copc']:.3f}  "
+                f"{r['events_per_s']:,.0f} events/s"
+            )
+    aims: dict[str, dict[str, bool | float]] = {}
+    for stream_name, r in results.items():
+        best_other = min(r[n]["logloss"] for n in ("vw", "river_lr") if n in r)
+        a: dict[str, bool | float] = {}
+        if "ctrps_lr" in r:
+            a["lr_logloss_ratio_vs_best_of_vw_river"] = r["ctrps_lr"]["logloss"] / best_other
+            a["lr_logloss_le_best"] = r["ctrps_lr"]["logloss"] <= best_other
+            if "river_lr" in r:
+                a["lr_ratio_events_per_s_vs_river"] = r["ctrps_lr"]["events_per_s"] / r["river_lr"]["events_per_s"]
+            if "vw" in r:
+                a["lr_ratio_events_per_s_vs_vw"] = r["ctrps_lr"]["events_per_s"] / r["vw"]["events_per_s"]
+        if "ctrps_fm" in r and "ctrps_lr" in r:
+            a["fm_logloss_le_lr"] = r["ctrps_fm"]["logloss"] <= r["ctrps_lr"]["logloss"]
+        aims[stream_name] = a
+        log(f"{stream_name}: " + ", ".join(f"{k} {_shown(v)}" for k, v in a.items()))
+    return {
+        "mode": "quick" if args.quick else "full",
+        "events": {k: len(v) for k, v in data.items()},
+        "results": results,
+        "aims": aims,
+        "elapsed_s": elapsed_s(),
+    }
+
+
+def _shown(v: bool | float) -> str:
+    return ("met" if v else "MISSED") if isinstance(v, bool) else f"{v:.3f}"
+
+
+def parse_args() -> argparse.Namespace:
+    p = bench_parser(
+        "Progressive log loss, AUC, COPC and events/s of ctrps, Vowpal Wabbit and River on the same streams.",
+        "15k and 45k synthetic events (under a minute)",
+        seed=7,
+    )
+    p.add_argument("--file", type=Path, help="also a data file of your own")
+    p.add_argument("--format", choices=("criteo", "avazu", "jsonl"), default="jsonl", help="its format")
+    p.add_argument("--file-limit", type=int, default=0, help="read at most this many of its rows (0: all)")
+    p.add_argument(
+        "--learners",
+        nargs="+",
+        default=[n for n in LEARNERS if n not in SLOW],
+        choices=list(LEARNERS),
+        help=f"which to run (default all but {', '.join(SLOW)})",
+    )
+    p.add_argument("--slow-limit", type=int, default=20_000, help=f"events for {', '.join(SLOW)} (default 20000)")
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    out = main(parse_args())
+    print(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY).decode())
