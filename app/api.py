@@ -10,6 +10,8 @@ Routes (the OpenAPI document, ``GET /openapi.json``, has the schemas):
 
 - ``POST /v1/predict`` ``{"events": [{"features": {...}} | {"keys": [...]}, ...]}``
   → ``{"predictions": [...], "model": name, "model_version": v}``;
+- ``GET /v1/models``: the models served; ``POST /v1/models/{name}/predict``
+  is ``/v1/predict`` of model `name` (another is 404 ``unknown_model``);
 - ``POST /v1/weights`` ``{"features": {...}, "keys": [...]}`` → each
   feature's current weights, bias first, absent ones flagged;
 - ``GET /v1/model``: configuration, size, training progress, lag;
@@ -303,6 +305,29 @@ def _require_admin(request: web.Request) -> None:
 
 
 # -- routes ---------------------------------------------------------------------
+
+
+async def list_models(request: web.Request) -> web.Response:
+    model: Model = request.app[MODEL]
+    return _json(
+        {
+            "models": [
+                {
+                    "name": model.name,
+                    "kind": type(model).__name__,
+                    "tables": list(model.table_names),
+                    "update_mode": model.mode,
+                    "predict": f"/v1/models/{model.name}/predict",
+                }
+            ]
+        }
+    )
+
+
+async def model_predict(request: web.Request) -> web.Response:
+    """``POST /v1/models/{name}/predict``: `predict` of model `name`."""
+    _check_model(request, request.match_info["name"])
+    return await predict(request)
 
 
 async def predict(request: web.Request) -> web.Response:
@@ -640,6 +665,8 @@ def create_app(
     app.router.add_get("/", dashboard)
     app.router.add_get("/v1/history", history)
     app.router.add_post("/v1/predict", predict)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/models/{name}/predict", model_predict)
     app.router.add_post("/v1/weights", weights)
     app.router.add_get("/v1/model", model_info)
     app.router.add_get("/v1/status", list_statuses)

@@ -40,6 +40,7 @@ from ps_core.store.board import StatusReport
 __all__ = [
     "openapi_document",
     "response_schema",
+    "path_template",
     "predict_decoder",
     "PredictRequest",
     "WeightsRequest",
@@ -233,6 +234,22 @@ class FollowInfo(Struct, forbid_unknown_fields=True):
     ]
 
 
+class ModelSummary(Struct, forbid_unknown_fields=True):
+    """One model this server serves."""
+
+    name: str
+    kind: Annotated[str, Meta(description="LogisticRegression or FactorizationMachine.")]
+    tables: list[str]
+    update_mode: Annotated[str, Meta(description="async, sync or geo: how its workers update it.")]
+    predict: Annotated[str, Meta(description="Its predict route.")]
+
+
+class ModelList(Struct, forbid_unknown_fields=True):
+    """The models this server serves (one per API today)."""
+
+    models: list[ModelSummary]
+
+
 class ModelInfo(Struct, forbid_unknown_fields=True, kw_only=True):
     """The model as trained so far."""
 
@@ -356,6 +373,7 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
             WeightsRequest,
             WeightsResponse,
             ReplicaModelInfo if replica else ModelInfo,
+            ModelList,
             StatusReport,
             StatusAck,
             StatusBoard,
@@ -442,6 +460,28 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                     *(400, 404, 413, 422, 502, 503),
                     body="WeightsRequest",
                 )
+            },
+            "/v1/models": {
+                "get": _op("The models this server serves, with their predict routes.", _ok("ModelList", "By name."))
+            },
+            "/v1/models/{name}/predict": {
+                "post": {
+                    **_op(
+                        "Click probabilities of events, from the current weights of model `name`.",
+                        _ok("PredictResponse", "One probability per event."),
+                        *(400, 404, 413, 422, 502, 503),
+                        body="PredictRequest",
+                    ),
+                    "parameters": [
+                        {
+                            "name": "name",
+                            "in": "path",
+                            "required": True,
+                            "description": "A served model (GET /v1/models); another is 404 unknown_model.",
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                }
             },
             "/v1/model": {
                 "get": _op(
@@ -542,7 +582,19 @@ def response_schema(
     """The schema `doc` gives for a response (the operation's ``default``
     response when the status is not listed). KeyError if the document has
     no such operation or content type."""
-    responses = doc["paths"][path][method.lower()]["responses"]
+    responses = doc["paths"][path_template(doc, path)][method.lower()]["responses"]
     response = responses.get(str(status)) or responses["default"]
     schema: dict[str, Any] = response["content"][content_type]["schema"]
     return schema
+
+
+def path_template(doc: dict[str, Any], path: str) -> str:
+    """The path of `doc` that `path` is an instance of (`path` itself when none is)."""
+    paths = doc["paths"]
+    return path if path in paths else next((t for t in paths if _matches(t, path)), path)
+
+
+def _matches(template: str, path: str) -> bool:
+    """Whether `path` is an instance of a path `template` (``{name}`` segments match any one segment)."""
+    t, p = template.split("/"), path.split("/")
+    return len(t) == len(p) and all(a == b or (a.startswith("{") and a.endswith("}") and b) for a, b in zip(t, p))

@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.api import PREDICTOR, create_app
 from app.cli import build_parser
-from app.openapi import WeightsRequest, openapi_document, response_schema
+from app.openapi import WeightsRequest, openapi_document, path_template, response_schema
 from app.settings import ApiSettings, SettingsError
 from app.status import make_status_hook
 from consumers.worker import WindowReport, WorkerStats
@@ -84,7 +84,7 @@ class Api:
             raw = await resp.read()
             ctype = resp.content_type
             status = resp.status
-        route = path.partition("?")[0]
+        route = path_template(self.doc, path.partition("?")[0])  # /v1/models/ctr/predict: its template
         operation = self.doc["paths"].get(route, {}).get(method.lower())
         if ctype in ("text/plain", "text/html"):
             parsed: Any = raw.decode()
@@ -779,6 +779,12 @@ async def test_every_route_is_documented_and_every_documented_response_happens(
         ("POST", "/v1/predict", {"events": [{"f": 1}] * 2000}, None),
         ("POST", "/v1/predict", {"events": [{"f": 1}] * 5000}, None),
         ("POST", "/v1/predict", {"events": []}, None),
+        ("GET", "/v1/models", None, None),
+        ("POST", "/v1/models/ctr/predict", {"events": events}, None),
+        ("POST", "/v1/models/ctr/predict", {"x": 1}, None),
+        ("POST", "/v1/models/m/predict", {"events": events}, None),
+        ("POST", "/v1/models/ctr/predict", {"events": [{"f": 1}] * 2000}, None),
+        ("POST", "/v1/models/ctr/predict", {"events": [{"f": 1}] * 5000}, None),
         ("POST", "/v1/weights", {"features": events[0]["features"]}, None),
         ("POST", "/v1/weights", {"features": 1}, None),
         ("POST", "/v1/weights", {"keys": [1], "model": "m"}, None),
@@ -849,6 +855,7 @@ async def _call_every_route(api: Api, urls: list[str], auth: dict[str, str]) -> 
         other = Api(http, client, control, api.model, [], urls, api.doc, api.seen)
         for method, path, body, headers in [
             ("POST", "/v1/predict", {"events": [EV]}, None),
+            ("POST", "/v1/models/ctr/predict", {"events": [EV]}, None),
             ("POST", "/v1/weights", {"keys": [1]}, None),
             ("GET", "/v1/model", None, None),
             ("GET", "/v1/status", None, None),
@@ -1081,3 +1088,31 @@ async def test_model_info_and_metrics_count_only_the_apis_own_models_workers(mak
     m = samples(text)
     assert m[("ctrps_events_trained_total", (("worker", "w-ctr"),))] == 100
     assert ("ctrps_events_trained_total", (("worker", "w-mine"),)) not in m
+
+
+async def test_models_are_listed_and_each_has_its_predict_route(make_api: MakeApi) -> None:
+    api = await make_api("fm")
+    status, listed = await api.call("GET", "/v1/models")
+    assert status == 200
+    assert listed == {
+        "models": [
+            {
+                "name": "ctr",
+                "kind": "FactorizationMachine",
+                "tables": ["ctr_w", "ctr_v"],
+                "update_mode": "async",
+                "predict": "/v1/models/ctr/predict",
+            }
+        ]
+    }
+    events = synthetic_events(np.random.default_rng(5), 4)
+    for e in events:
+        e.pop("label", None)
+    status, by_route = await api.call("POST", "/v1/models/ctr/predict", {"events": events})
+    assert status == 200
+    status, plain = await api.call("POST", "/v1/predict", {"events": events, "model": "ctr"})
+    assert status == 200 and by_route == plain
+    status, err = await api.call("POST", "/v1/models/other/predict", {"events": events})
+    assert (status, err["error"]) == (404, "unknown_model") and "'other'" in err["detail"]
+    status, err = await api.call("POST", "/v1/models/ctr/predict", {"events": events, "model": "other"})
+    assert (status, err["error"]) == (404, "unknown_model")
