@@ -81,24 +81,25 @@ def show_version(model_dir: Path, version: int, top: int, names_file: Path | Non
 
 def _names(model: str, names_file: Path | None) -> dict[int, str]:
     """Key → ``name=value`` (or ``name`` for a number) of the bias and of
-    every feature of the events in `names_file`."""
+    every feature of the events in `names_file`, hashed in one call."""
     hasher = FeatureHasher(model)
     out = {hasher.bias_key: "(bias)"}
     if names_file is None:
         return out
+    shown: dict[tuple[str, str], tuple[str, Any]] = {}  # each distinct feature once
     for line in names_file.read_bytes().splitlines()[:_NAMES_LINES]:
-        if not line.strip():
-            continue
-        event = orjson.loads(line)
+        event = orjson.loads(line) if line.strip() else None
         features = event.get("features", {}) if isinstance(event, dict) else {}
-        for fname, value in features.items():
+        for fname, value in features.items() if isinstance(features, dict) else ():
             for v in value if isinstance(value, list) else [value]:
-                one = {"features": {fname: v}}
-                batch, errors = hasher.featurize([one], require_label=False)
-                if errors:
-                    continue
-                shown = fname if isinstance(v, (int, float)) and not isinstance(v, bool) else f"{fname}={v}"
-                for key in batch.keys.tolist():
-                    if key != hasher.bias_key:
-                        out.setdefault(int(key), shown)
+                numeric = isinstance(v, (int, float)) and not isinstance(v, bool)
+                shown.setdefault((fname, repr(v)), (fname if numeric else f"{fname}={v}", v))
+    # One single-feature event per distinct feature: its keys are the bias and that feature's.
+    pairs = list(shown.items())
+    events = [{"features": {fname: v}} for (fname, _), (_, v) in pairs]
+    batch, _ = hasher.featurize(events, require_label=False)
+    event_of = batch.index[np.repeat(np.arange(batch.size), np.diff(batch.offsets))]
+    own = batch.keys != np.uint64(hasher.bias_key)
+    for key, i in zip(batch.keys[own].tolist(), event_of[own].tolist()):
+        out.setdefault(int(key), pairs[i][1][0])
     return out

@@ -85,9 +85,7 @@ def block_int8(weights: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int8], 
     with the smallest power-of-two scale that fits its largest magnitude in 127."""
     n, dim = weights.shape
     blocks = (n + BLOCK_ROWS - 1) // BLOCK_ROWS
-    top = np.zeros(blocks, dtype=np.float32)
-    if n:
-        np.maximum.at(top, np.arange(n) // BLOCK_ROWS, np.abs(weights).max(axis=1))
+    top = np.maximum.reduceat(np.abs(weights).max(axis=1), np.arange(0, n, BLOCK_ROWS)) if n else np.zeros(0)
     exps = np.full(blocks, -126, dtype=np.int32)
     nz = top > 0
     exps[nz] = np.ceil(np.log2(top[nz] / 127.0)).astype(np.int32)

@@ -249,8 +249,11 @@ def _requantize(
     shift = np.uint64(64 - bits)
     bucket = (keys >> shift).astype(np.int64) if bits else np.zeros(keys.size, np.int64)
     touched = np.unique((changed >> shift).astype(np.int64)) if bits else np.zeros(1, np.int64)
+    # Keys are sorted, so each bucket's rows are one run: a reduceat over
+    # the runs' starts, not an unbuffered np.maximum.at over every row.
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
     top = np.zeros(exps.size, dtype=np.float32)
-    np.maximum.at(top, bucket, np.abs(exact).max(axis=1))
+    top[bucket[starts]] = np.maximum.reduceat(np.abs(exact).max(axis=1), starts)
     want = np.full(exps.size, _NO_EXP, dtype=np.int32)
     nz = top > 0
     # The smallest e with top / 2**e <= 127.
