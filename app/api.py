@@ -50,15 +50,18 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export import list_versions
+from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import (
     CutInProgressError,
     ExportNotFoundError,
+    ModelConflictError,
     NoCoordinatorError,
     PSError,
     ShardUnavailableError,
     StatusError,
+    TableConflictError,
 )
-from ps_core.model.models import Model
+from ps_core.model.models import Model, make_model
 from ps_core.models import check, decode
 from ps_core.net.client import PSReader
 from ps_core.net.limits import PortGuard, ServedPort, serve_limited
@@ -82,9 +85,10 @@ from .follower import Follower
 from .history import History
 from .logs import log_event
 from .metrics import ApiMetrics
-from .openapi import WEIGHTS, PredictRequest, openapi_document, predict_decoder
+from .openapi import WEIGHTS, CreateModelRequest, PredictRequest, openapi_document, predict_decoder
 from .predictor import Predictor
 from .security import is_loopback
+from .served import ServedModels
 from .settings import ApiSettings
 from .status import summarize
 from .views import ClusterView, ControlView, all_stats
@@ -113,9 +117,11 @@ VIEW: web.AppKey[ClusterView] = web.AppKey("view")
 CONTROL: web.AppKey[ControlClient | None] = web.AppKey("control")
 """The training cluster's control plane (exports, status reports); None on a replica."""
 MODEL = web.AppKey("model", Model)
+"""The API's own model: the one a request naming none means."""
 PREDICTOR = web.AppKey("predictor", Predictor)
 METRICS = web.AppKey("metrics", ApiMetrics)
 HISTORY = web.AppKey("history", History)
+SERVED = web.AppKey("served", ServedModels)
 """The dashboard's samples of the cluster, taken while the app runs."""
 OPENAPI = web.AppKey("openapi", dict)
 """The OpenAPI document (a dict)."""
@@ -148,6 +154,9 @@ _CALLER_ERRORS = (
     # (404), a cut already pausing the cluster (503, retry).
     ExportNotFoundError,
     CutInProgressError,
+    # Creating a model: it exists otherwise, or its tables do (409).
+    ModelConflictError,
+    TableConflictError,
 )
 _ERROR_LOG_INTERVAL_S = 10.0
 
@@ -283,12 +292,10 @@ def _events_error(request: web.Request, raw: bytes, exc: BadRequestError) -> PSE
     return exc
 
 
-def _check_model(request: web.Request, name: str | None) -> None:
-    if name is None:
-        return
-    served = request.app[MODEL].name
-    if name != served:
-        raise UnknownModelError(f"model {name!r} is not served here; this server serves {served!r}")
+async def _predictor(request: web.Request, name: str | None) -> Predictor:
+    """The predictor of model `name` (None: the API's own); 404
+    ``unknown_model`` when neither the API nor its cluster holds it."""
+    return await request.app[SERVED].predictor(name)
 
 
 def _require_admin(request: web.Request) -> None:
@@ -308,29 +315,46 @@ def _require_admin(request: web.Request) -> None:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    model: Model = request.app[MODEL]
-    return _json(
-        {
-            "models": [
-                {
-                    "name": model.name,
-                    "kind": type(model).__name__,
-                    "tables": list(model.table_names),
-                    "update_mode": model.mode,
-                    "predict": f"/v1/models/{model.name}/predict",
-                }
-            ]
-        }
-    )
+    return _json({"default": request.app[MODEL].name, "models": await request.app[SERVED].listing()})
+
+
+async def create_model(request: web.Request) -> web.Response:
+    """``POST /v1/models`` (admin): create a model on the cluster."""
+    _require_admin(request)
+    control = request.app[CONTROL]
+    if control is None:
+        raise ReadOnlyReplicaError("a serving replica creates no models: ask the trainer's API or shard 0")
+    body = _decode(_CREATE_MODEL, await _raw_body(request))
+    kwargs: dict[str, Any] = {"mode": body.mode, "max_staleness": body.max_staleness}
+    if body.max_staleness is not None and body.mode != "async":
+        raise BadRequestError("max_staleness is for mode async")
+    if body.optimizer is not None:
+        kwargs["optimizer"] = body.optimizer
+    if body.type == "fm":
+        kwargs["k"] = body.factors
+        if body.embedding_optimizer is not None:
+            kwargs["embedding_optimizer"] = body.embedding_optimizer
+    elif body.embedding_optimizer is not None:
+        raise BadRequestError("embedding_optimizer is for type fm")
+    out = await control.create_model(ModelSpec.of(make_model(body.type, body.name, **kwargs)).recipe())
+    return _json(out, status=201 if out["created"] else 200)
+
+
+async def delete_model(request: web.Request) -> web.Response:
+    """``DELETE /v1/models/{name}`` (admin): delete a model of the cluster."""
+    _require_admin(request)
+    control = request.app[CONTROL]
+    if control is None:
+        raise ReadOnlyReplicaError("a serving replica deletes no models: ask the trainer's API or shard 0")
+    return _json(await control.delete_model(request.match_info["name"]))
 
 
 async def model_predict(request: web.Request) -> web.Response:
     """``POST /v1/models/{name}/predict``: `predict` of model `name`."""
-    _check_model(request, request.match_info["name"])
-    return await predict(request)
+    return await predict(request, request.match_info["name"])
 
 
-async def predict(request: web.Request) -> web.Response:
+async def predict(request: web.Request, path_model: str | None = None) -> web.Response:
     t0 = time.perf_counter()
     app = request.app
     raw = await _raw_body(request)
@@ -340,26 +364,22 @@ async def predict(request: web.Request) -> web.Response:
         raise
     except BadRequestError as exc:
         raise _events_error(request, raw, exc) from None
-    _check_model(request, body.model)
+    if path_model is not None and body.model is not None and body.model != path_model:
+        # As a server serving only the path's model would answer: 404.
+        raise UnknownModelError(f"the body names model {body.model[:80]!r}, the path {path_model[:80]!r}")
+    predictor = await _predictor(request, path_model or body.model)
     events = body.events
-    result = await app[PREDICTOR].predict(events)
-    resp = _json(
-        {
-            "predictions": result.probabilities,
-            "model": app[MODEL].name,
-            "model_version": result.version,
-        }
-    )
-    metrics = app[METRICS]
-    metrics.predict_events.inc(len(events))
-    metrics.predict_seconds.observe(time.perf_counter() - t0)
+    result = await predictor.predict(events)
+    name = predictor.model.name
+    resp = _json({"predictions": result.probabilities, "model": name, "model_version": result.version})
+    app[METRICS].predicted(name, len(events), time.perf_counter() - t0)
     return resp
 
 
 async def weights(request: web.Request) -> web.Response:
     body = _decode(WEIGHTS, await _raw_body(request))
-    _check_model(request, body.model)
-    found = await request.app[PREDICTOR].weights(body.features, body.keys)
+    predictor = await _predictor(request, body.model)
+    found = await predictor.weights(body.features, body.keys)
     tables = list(found.weights)
     per_table = [found.weights[t].tolist() for t in tables]
     rows = [
@@ -381,7 +401,7 @@ async def weights(request: web.Request) -> web.Response:
     ]
     return _json(
         {
-            "model": request.app[MODEL].name,
+            "model": predictor.model.name,
             "model_version": found.version,
             "tables": tables,
             "weights": rows,
@@ -420,7 +440,8 @@ def _staleness_info(per_shard: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def model_info(request: web.Request) -> web.Response:
-    view, model = request.app[VIEW], request.app[MODEL]
+    _only_query(request, "model")
+    view, model = request.app[VIEW], await request.app[SERVED].model(request.query.get("model"))
     stats, board_raw = await asyncio.gather(all_stats(view), view.statuses())
     board = summarize(board_raw, model.name)
     tables: dict[str, Any] = {}
@@ -466,22 +487,22 @@ async def model_info(request: web.Request) -> web.Response:
                 for w in board.workers
             ],
             "model_version": min(versions) if versions else None,
-            "last_export_version": await _last_export(request.app),
+            "last_export_version": await _last_export(request.app, model.name),
             "shards": view.num_shards,
         }
         | _replica_info(request.app)
     )
 
 
-async def _last_export(app: web.Application) -> int | None:
-    """The newest export version on disk, from shard 0's exporter (None
+async def _last_export(app: web.Application, model: str) -> int | None:
+    """The newest export version on disk of `model`, from shard 0's exporter (None
     without one, or with none written yet; a replica reports its own)."""
     control = app[CONTROL]
     if control is None:
         return None
     try:
-        versions = (await control.exports())["versions"]
-    except NoCoordinatorError:
+        versions = (await control.exports(None if model == app[MODEL].name else model))["versions"]
+    except (NoCoordinatorError, UnknownModelError):
         return None
     return int(versions[-1]["version"]) if versions else None
 
@@ -501,18 +522,35 @@ async def compact_exports(request: web.Request) -> web.Response:
     control = request.app[CONTROL]
     if control is None:
         raise ReadOnlyReplicaError("a serving replica compacts nothing: ask the trainer's API or shard 0")
-    return _json(await control.compact_exports())
+    return _json(await control.compact_exports(await _query_model(request)))
 
 
 async def list_exports(request: web.Request) -> web.Response:
     follower, control = request.app.get(FOLLOWER), request.app[CONTROL]
     if follower is None and control is not None:
-        return _json(await control.exports())
+        return _json(await control.exports(await _query_model(request)))
     assert follower is not None  # create_app has one or the other
     # A replica lists the versions it follows; the trainer's last report is not its to know.
     found = await asyncio.to_thread(list_versions, follower.model_dir) if follower.model_dir.is_dir() else []
     versions = [v.to_json() for v in found]
     return _json({"model": request.app[MODEL].name, "versions": versions, "last": None})
+
+
+async def _query_model(request: web.Request) -> str | None:
+    """The ``model`` query parameter; None for the API's own model (the
+    default model of its cluster's shard 0 need not share its name)."""
+    _only_query(request, "model")
+    name = request.query.get("model")
+    if name is not None:
+        await request.app[SERVED].model(name)  # 404 unknown_model for a model not served
+    return None if name is None or name == request.app[MODEL].name else name
+
+
+def _only_query(request: web.Request, *allowed: str) -> None:
+    """400 for a query parameter the route does not take (a typo must not be ignored)."""
+    unknown = sorted(set(request.query) - set(allowed))
+    if unknown:
+        raise BadRequestError(f"unknown query parameters: {', '.join(k[:40] for k in unknown[:5])}")
 
 
 def _replica_info(app: web.Application) -> dict[str, Any]:
@@ -540,6 +578,7 @@ async def report_status(request: web.Request) -> web.Response:
 
 
 _EXPORT = msgspec.json.Decoder(ExportRequest)
+_CREATE_MODEL = msgspec.json.Decoder(CreateModelRequest)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -606,12 +645,13 @@ async def dashboard(request: web.Request) -> web.Response:
 
 
 async def history(request: web.Request) -> web.Response:
+    _only_query(request, "since", "model")
     raw = request.query.get("since")
     since = None if raw is None else parse_number(raw, "since (seconds since the epoch)", error=BadRequestError)
-    h = request.app[HISTORY]
+    h = await request.app[SERVED].history(request.query.get("model"))
     return _json(
         {
-            "model": request.app[MODEL].name,
+            "model": h.model.name,
             "interval_s": h.interval_s,
             "max_points": h.max_points,
             "error": h.error,
@@ -653,19 +693,31 @@ def create_app(
     elif follower is not None:
         app[VIEW] = follower.view
     app[CLIENT] = api_metrics.instrument(client)
-    app[PREDICTOR] = Predictor(app[CLIENT], model, on_batch=api_metrics.on_batch)
-    app[HISTORY] = History(app[VIEW], model, interval_s=settings.history_interval_s, max_points=settings.history_points)
+    app[SERVED] = served = ServedModels(
+        model,
+        app[CLIENT],
+        app[VIEW],
+        control,
+        on_batch=api_metrics.on_batch,
+        history_interval_s=settings.history_interval_s,
+        history_points=settings.history_points,
+        metrics=api_metrics,
+    )
+    # The API's own model's, kept under their keys (tests replace the history before start).
+    app[PREDICTOR] = served.predictors[model.name]
+    app[HISTORY] = served.histories[model.name]
     app[_PREDICT] = predict_decoder(settings.max_events)
     app[OPENAPI] = openapi_document(settings.max_events, replica=follower is not None)
     app[_OPENAPI_BODY] = orjson.dumps(app[OPENAPI])
     app[_ERROR_LOG] = {}
     app[_READINESS] = [None]
-    app.cleanup_ctx.append(_predictor_ctx)
-    app.cleanup_ctx.append(_history_ctx)
+    app.cleanup_ctx.append(_served_ctx)
     app.router.add_get("/", dashboard)
     app.router.add_get("/v1/history", history)
     app.router.add_post("/v1/predict", predict)
     app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/models", create_model)
+    app.router.add_delete("/v1/models/{name}", delete_model)
     app.router.add_post("/v1/models/{name}/predict", model_predict)
     app.router.add_post("/v1/weights", weights)
     app.router.add_get("/v1/model", model_info)
@@ -686,13 +738,10 @@ async def _follower_ctx(app: web.Application) -> Any:
         yield
 
 
-async def _predictor_ctx(app: web.Application) -> Any:
-    async with app[PREDICTOR]:
-        yield
-
-
-async def _history_ctx(app: web.Application) -> Any:
-    async with app[HISTORY]:
+async def _served_ctx(app: web.Application) -> Any:
+    served, name = app[SERVED], app[MODEL].name
+    served.predictors[name], served.histories[name] = app[PREDICTOR], app[HISTORY]
+    async with served:
         yield
 
 

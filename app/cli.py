@@ -19,6 +19,7 @@ from .export_cli import add_export_parser, run_export
 from .failures import EXIT_FAILURE, expected_failure
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
 from .logs import configure_logging, parse_level
+from .model_cli import add_model_parser, run_model
 from .produce_cli import add_produce_parser, run_produce
 from .security import SecuritySettings, add_security_flags
 from .settings import (
@@ -204,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_produce_parser(sub)
     add_export_parser(sub)
+    add_model_parser(sub)
     add_dlq_parser(sub)
 
     token = add_command(sub, "token", _TOKEN)
@@ -314,6 +316,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return int(uvloop.run(run_produce(args)))
     if args.command == "export":
         return int(uvloop.run(run_export(args)))
+    if args.command == "model":
+        return int(uvloop.run(run_model(args)))
     if args.command == "dlq":
         return int(uvloop.run(run_dlq(args)))
     if args.command == "token":

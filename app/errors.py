@@ -13,7 +13,7 @@ version loaded yet; 409 for a mutating route on a serving replica.
 
 from __future__ import annotations
 
-from ps_core.errors import PSError
+from ps_core.errors import PSError, UnknownModelError
 
 __all__ = [
     "BadRequestError",
@@ -54,11 +54,6 @@ class InvalidEventError(PSError, status=422):
         super().__init__(f"event {event}: {detail}")
         self.code = reason
         self.event = event
-
-
-class UnknownModelError(PSError, code="unknown_model", status=404):
-    """The request names another model than the one served, or the served
-    model's tables are not on the shards (no worker has declared them yet)."""
 
 
 class UnauthorizedError(PSError, code="unauthorized", status=401):

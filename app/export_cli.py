@@ -39,6 +39,7 @@ example:
   ctrps export --shard0 http://127.0.0.1:7100             # cut now (base or delta by schedule)
   ctrps export --shard0 http://127.0.0.1:7100 --kind base
   ctrps export --shard0 http://127.0.0.1:7100 --list      # the versions on disk
+  ctrps export --shard0 http://127.0.0.1:7100 --list --model ads   # another model's
   ctrps export --shard0 http://127.0.0.1:7100 --compact   # fold the newest chain into a base
   ctrps export --show 12 --dir exports/ctr --top 5        # what version 12 holds, from its files
 
@@ -77,6 +78,10 @@ def add_export_parser(sub: Subcommands) -> None:
         metavar="FILE",
         help="with --show: JSON-lines events whose features name the keys shown (its first 1,000 lines)",
     )
+    p.add_argument(
+        "--model",
+        help="with --list or --compact: the model (default: shard 0's default model); a cut writes every model",
+    )
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for shard 0 (default 120)")
     add_security_flags(p, serves=False)
 
@@ -97,9 +102,9 @@ async def run_export(args: argparse.Namespace) -> int:
     ) as client:
         try:
             if args.list:
-                out = await client.exports()
+                out = await client.exports(args.model)
             elif args.compact:
-                out = await client.compact_exports()
+                out = await client.compact_exports(args.model)
             else:
                 out = await client.export_now(args.kind)
         except PSError as exc:

@@ -4,9 +4,12 @@ in the API process.
 Every `History.interval_s` a background task reads the shards' stats and the
 status board of shard 0 (the same two reads as ``GET /v1/model``) and appends
 one `HistoryPoint`: events trained, events/s since the previous sample, the
-latest windows' progressive log loss / AUC / COPC, lag, dead letters and
-features per table. The newest `History.max_points` are kept; ``GET
-/v1/history`` serves them and the dashboard (``GET /``) draws them::
+latest windows' progressive log loss / AUC / COPC, lag, dead letters,
+features per table, workers, and (given `predict_latency`, a reading of the
+API's predict latency histogram) the mean and p99 latency of the model's
+predict requests since the previous sample. The newest `History.max_points`
+are kept; ``GET /v1/history`` serves them and the dashboard (``GET /``) draws
+them::
 
     async with History(view, model, interval_s=2.0, max_points=1800) as history:
         ...
@@ -43,6 +46,8 @@ from .views import ClusterView, all_stats
 __all__ = [
     "History",
     "HistoryPoint",
+    "LatencyTotals",
+    "latency_between",
     "window_quality",
     "LIVE_WORKER_S",
 ]
@@ -83,6 +88,47 @@ class HistoryPoint:
     """Records dead-lettered, summed over workers, all reasons."""
     features: dict[str, int]
     """Features (rows) per table of the model, summed over shards."""
+    workers: int
+    """Workers of the model on the board (live or not, as ``GET /v1/model`` lists them)."""
+    predict_mean_ms: float | None
+    """Mean latency of the model's predict requests answered since the
+    previous sample (the first: since the history started), in milliseconds;
+    None when there was none, or without a latency source."""
+    predict_p99_ms: float | None
+    """Their 99th percentile in milliseconds, estimated from the latency
+    histogram's buckets (`latency_between`); None as `predict_mean_ms`."""
+
+
+LatencyTotals = tuple[float, float, tuple[tuple[float, float], ...]]
+"""A cumulative reading of a latency histogram: requests, their seconds
+summed, and per bucket (upper bound in seconds, requests at most that slow),
+bounds ascending, the last +inf: Prometheus's ``_count``, ``_sum`` and
+``_bucket{le}``."""
+
+
+def latency_between(before: LatencyTotals, after: LatencyTotals) -> tuple[float | None, float | None]:
+    """The mean and p99 latency, in milliseconds, of the requests counted
+    between two readings of one histogram; (None, None) without any.
+
+    The p99 is estimated as Prometheus's ``histogram_quantile`` does: linear
+    within the bucket that holds it, and the highest finite bound when that is
+    the +inf bucket (a histogram says nothing above it)."""
+    count = after[0] - before[0]
+    if count <= 0:  # no request, or a reset histogram: nothing to say
+        return None, None
+    mean_ms = max(0.0, after[1] - before[1]) / count * 1000.0
+    earlier = dict(before[2])  # empty before the model's first request
+    rank = 0.99 * count
+    lower, below = 0.0, 0.0
+    for bound, cumulative in after[2]:
+        within = cumulative - earlier.get(bound, 0.0)
+        if within >= rank:
+            if math.isinf(bound):
+                return mean_ms, lower * 1000.0
+            share = (rank - below) / (within - below) if within > below else 1.0
+            return mean_ms, (lower + (bound - lower) * share) * 1000.0
+        lower, below = bound, within
+    return mean_ms, None  # buckets without +inf: not a Prometheus histogram
 
 
 def _finite(value: object) -> float | None:
@@ -131,10 +177,13 @@ class History(BackgroundLoop):
         interval_s: float,
         max_points: int,
         clock: Callable[[], float] = time.time,
+        predict_latency: Callable[[], LatencyTotals] | None = None,
     ) -> None:
         """The app passes `ApiSettings.history_interval_s` and
         `ApiSettings.history_points`; `clock` gives each point's time, in
-        seconds since the epoch."""
+        seconds since the epoch; `predict_latency` reads the model's predict
+        latency histogram (`ApiMetrics.predict_latency`), None: no latency in
+        the points."""
         if not 0 < interval_s < math.inf:
             raise ValueError(f"interval_s must be a positive number of seconds, not {interval_s!r}")
         if max_points < 1:
@@ -147,6 +196,10 @@ class History(BackgroundLoop):
         """Why the latest sample failed (the shards' error, or an unexpected
         exception's type and message), None after a success."""
         self._clock = clock
+        self._predict_latency = predict_latency
+        # The reading the next point's latency is measured from: taken now, so
+        # the first point covers the requests since the history started.
+        self._latency_seen = None if predict_latency is None else predict_latency()
         self._points: deque[HistoryPoint] = deque(maxlen=max_points)
         # The last successful sample, even once it has left the window: the
         # next events/s is measured from it.
@@ -174,7 +227,8 @@ class History(BackgroundLoop):
         the sample failed (`error` says why). Never raises but on cancellation."""
         try:
             stats, board = await asyncio.gather(all_stats(self.view), self.view.statuses())
-            point = self._point(self._clock(), stats, summarize(board, self.model.name))
+            latency = None if self._predict_latency is None else self._predict_latency()
+            point = self._point(self._clock(), stats, summarize(board, self.model.name), latency)
         except PSError as exc:
             self._failed(f"{exc.code}: {exc.detail}")
             return None
@@ -183,12 +237,17 @@ class History(BackgroundLoop):
             return None
         self._points.append(point)
         self._previous = point
+        # Only once a point holds it: after a failed sample the next point
+        # covers every request since the last point.
+        self._latency_seen = latency
         if self.error is not None:
             log_event(log, "history sampling resumed", points=len(self._points))
             self.error = None
         return point
 
-    def _point(self, t: float, stats: list[dict[str, Any]], board: BoardSummary) -> HistoryPoint:
+    def _point(
+        self, t: float, stats: list[dict[str, Any]], board: BoardSummary, latency: LatencyTotals | None
+    ) -> HistoryPoint:
         features = {
             name: sum(int(s["tables"][name]["features"]) for s in stats if name in s["tables"])
             for name in self.model.table_names
@@ -198,6 +257,9 @@ class History(BackgroundLoop):
         if prev is not None and t > prev.t and board.events_trained >= prev.events_trained:
             rate = (board.events_trained - prev.events_trained) / (t - prev.t)
         quality = window_quality(board.workers)
+        mean_ms, p99_ms = (None, None)
+        if latency is not None and self._latency_seen is not None:
+            mean_ms, p99_ms = latency_between(self._latency_seen, latency)
         return HistoryPoint(
             t=t,
             events_trained=board.events_trained,
@@ -208,6 +270,9 @@ class History(BackgroundLoop):
             lag=board.lag,
             dead_letters=board.dead_letters,
             features=features,
+            workers=len(board.workers),
+            predict_mean_ms=mean_ms,
+            predict_p99_ms=p99_ms,
         )
 
     def _unexpected(self, exc: Exception) -> None:

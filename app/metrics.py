@@ -12,6 +12,10 @@ Two kinds:
   reason, windows and their durations, lag per partition, the last window's
   progressive metrics. Workers' totals are exposed as counters by a custom
   collector, from the latest snapshot.
+
+Every worker figure and the lag carry a ``model`` label (a cluster trains
+several models; a worker that names none counts as the API's model), and so
+do the predict latency and events (the API serves every model).
 """
 
 from __future__ import annotations
@@ -61,6 +65,10 @@ class ClusterSnapshot:
     """Each shard's stats, None where the shard did not answer."""
     board: BoardSummary | None
     """The status board of shard 0, None when it did not answer."""
+    boards: dict[str, BoardSummary] = field(default_factory=dict)
+    """The board per model its workers train (a worker naming none: `ClusterSnapshot.model`'s)."""
+    model: str | None = None
+    """The API's own model."""
     taken_at: float = field(default_factory=time.time)
     """When (seconds since the epoch)."""
 
@@ -72,9 +80,22 @@ async def take_snapshot(view: ClusterView, model: str | None = None) -> ClusterS
     for got in (stats, board):
         if isinstance(got, BaseException) and not isinstance(got, PSError):
             raise got
+    boards: dict[str, BoardSummary] = {}
+    if isinstance(board, list):
+        named = {
+            e["status"].get("model")
+            for e in board
+            if isinstance(e, dict) and isinstance(e.get("status"), dict) and e["status"].get("kind") == "worker"
+        }
+        for name in sorted(n for n in named if isinstance(n, str)):
+            boards[name] = summarize(board, name)
+        if None in named:  # workers from before workers named their model: the API's
+            boards.setdefault(model or "", summarize(board, model))
     return ClusterSnapshot(
         stats=[s if isinstance(s, dict) else None for s in stats] if isinstance(stats, list) else [None],
         board=summarize(board, model) if isinstance(board, list) else None,
+        boards=boards,
+        model=model,
     )
 
 
@@ -90,7 +111,8 @@ class _ClusterCollector(Collector):
             return
         yield from self._shards(snap)
         if snap.board is not None:
-            yield from self._workers(snap.board, snap.taken_at)
+            # A snapshot built with one board only (no per-model split): the API's model.
+            yield from self._workers(snap.boards or {snap.model or "": snap.board}, snap.taken_at)
 
     @staticmethod
     def _shards(snap: ClusterSnapshot) -> Iterator[Metric]:
@@ -243,9 +265,9 @@ class _ClusterCollector(Collector):
             yield from (steps, shrinks, dropped, members)
 
     @staticmethod
-    def _workers(board: BoardSummary, now: float) -> Iterator[Metric]:
+    def _workers(boards: dict[str, BoardSummary], now: float) -> Iterator[Metric]:
         def counter(name: str, doc: str) -> CounterMetricFamily:
-            return CounterMetricFamily(name, doc, labels=["worker"])
+            return CounterMetricFamily(name, doc, labels=["worker", "model"])
 
         records = counter("ctrps_records_consumed", "Kafka records consumed by the worker.")
         trained = counter("ctrps_events_trained", "Events trained by the worker.")
@@ -259,18 +281,18 @@ class _ClusterCollector(Collector):
             "ctrps_worker_windows_replayed", "Windows that failed part-way in an outage and were trained again."
         )
         dead = CounterMetricFamily(
-            "ctrps_dead_letters", "Records dead-lettered, by reason.", labels=["worker", "reason"]
+            "ctrps_dead_letters", "Records dead-lettered, by reason.", labels=["worker", "model", "reason"]
         )
         stale = CounterMetricFamily(
             "ctrps_worker_stale_offsets",
             "Partitions whose resume offset was not applied as given (another Kafka cluster or group, "
             "beyond the end, before the start), by reason and the action taken (--on-stale-offsets).",
-            labels=["worker", "reason", "action"],
+            labels=["worker", "model", "reason", "action"],
         )
         wire_bytes = CounterMetricFamily(
             "ctrps_worker_wire_bytes",
             "Bytes of the worker's pull and push frames, by direction (sent to the shards, received).",
-            labels=["worker", "direction"],
+            labels=["worker", "model", "direction"],
         )
         clipped = counter(
             "ctrps_worker_wire_values_clipped", "Gradients clipped to float16's range before they were pushed."
@@ -279,24 +301,34 @@ class _ClusterCollector(Collector):
             "ctrps_worker_key_set_pushes",
             "Pushes that named the key set of their pull instead of sending keys, by outcome "
             "(named; resent: the shard no longer held the set, the push was sent again with its keys).",
-            labels=["worker", "outcome"],
+            labels=["worker", "model", "outcome"],
         )
-        window_s = HistogramMetricFamily("ctrps_window_seconds", "Duration of the worker's windows.", labels=["worker"])
+        window_s = HistogramMetricFamily(
+            "ctrps_window_seconds", "Duration of the worker's windows.", labels=["worker", "model"]
+        )
         age = GaugeMetricFamily(
             "ctrps_worker_report_age_seconds",
             "Seconds since the worker's latest status reached the board.",
-            labels=["worker"],
+            labels=["worker", "model"],
         )
         quality = {
             k: GaugeMetricFamily(
                 f"ctrps_progressive_{k}",
                 f"Progressive {k} of the worker's last window (predicted before training).",
-                labels=["worker"],
+                labels=["worker", "model"],
             )
             for k in ("logloss", "auc", "copc")
         }
-        for w in board.workers:
-            s, labels = w.status, [w.source]
+        lag = GaugeMetricFamily(
+            "ctrps_consumer_lag_records",
+            "Records behind per partition: highwater - committed, from the latest report naming it, by model.",
+            labels=["model", "partition"],
+        )
+        for model, board in boards.items():
+            for p, n in board.lag_by_partition.items():
+                lag.add_metric([model, str(p)], float(n))
+        for model, w in ((m, w) for m, b in boards.items() for w in b.workers):
+            s, labels = w.status, [w.source, model]
             records.add_metric(labels, _num(s.get("records_consumed")))
             trained.add_metric(labels, _num(s.get("events_trained")))
             windows.add_metric(labels, _num(s.get("windows")))
@@ -305,18 +337,18 @@ class _ClusterCollector(Collector):
             replayed.add_metric(labels, _num(s.get("windows_replayed")))
             by_reason = s.get("dead_letters_by_reason")
             for reason, n in (by_reason if isinstance(by_reason, dict) else {}).items():
-                dead.add_metric([w.source, str(reason)], _num(n))
+                dead.add_metric([*labels, str(reason)], _num(n))
             by_stale = s.get("stale_offsets")
             for reason, actions in (by_stale if isinstance(by_stale, dict) else {}).items():
                 for action, n in (actions if isinstance(actions, dict) else {}).items():
-                    stale.add_metric([w.source, str(reason), str(action)], _num(n))
+                    stale.add_metric([*labels, str(reason), str(action)], _num(n))
             wire = s.get("wire")
             if isinstance(wire, dict):
-                wire_bytes.add_metric([w.source, "sent"], _num(wire.get("bytes_sent")))
-                wire_bytes.add_metric([w.source, "received"], _num(wire.get("bytes_received")))
+                wire_bytes.add_metric([*labels, "sent"], _num(wire.get("bytes_sent")))
+                wire_bytes.add_metric([*labels, "received"], _num(wire.get("bytes_received")))
                 clipped.add_metric(labels, _num(wire.get("values_clipped")))
-                key_sets.add_metric([w.source, "named"], _num(wire.get("key_set_pushes")))
-                key_sets.add_metric([w.source, "resent"], _num(wire.get("key_set_misses")))
+                key_sets.add_metric([*labels, "named"], _num(wire.get("key_set_pushes")))
+                key_sets.add_metric([*labels, "resent"], _num(wire.get("key_set_misses")))
             hist = _histogram(s.get("window_seconds"))
             if hist is not None:
                 window_s.add_metric(labels, buckets=hist[0], sum_value=hist[1])
@@ -326,13 +358,6 @@ class _ClusterCollector(Collector):
                 v = last.get(k) if isinstance(last, dict) else None
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     family.add_metric(labels, _num(v))
-        lag = GaugeMetricFamily(
-            "ctrps_consumer_lag_records",
-            "Records behind per partition: highwater - committed, from the latest report naming it.",
-            labels=["partition"],
-        )
-        for p, n in board.lag_by_partition.items():
-            lag.add_metric([str(p)], float(n))
         yield from (
             records,
             trained,
@@ -388,7 +413,7 @@ class ApiMetrics:
     """The API's metrics and their registry."""
 
     def __init__(self, model: str | None = None) -> None:
-        """`model`: the API's model; the workers of others are left out."""
+        """`model`: the API's model (that of workers which name none)."""
         self.model = model
         self.registry = CollectorRegistry()
         r = self.registry
@@ -397,11 +422,15 @@ class ApiMetrics:
         )
         self.predict_seconds = Histogram(
             "ctrps_predict_seconds",
-            "Latency of POST /v1/predict, from body read to response.",
+            "Latency of POST /v1/predict, from body read to response, by model.",
+            ["model"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.predict_events = Counter("ctrps_predict_events", "Events predicted (successful requests).", registry=r)
+        self.predict_events = Counter(
+            "ctrps_predict_events", "Events predicted (successful requests), by model.", ["model"], registry=r
+        )
+        self._predicted: dict[str, tuple[Any, Any]] = {}
         self.batch_events = Histogram(
             "ctrps_predict_batch_events",
             "Events per scored batch (concurrent requests are scored together).",
@@ -432,6 +461,36 @@ class ApiMetrics:
             self.registry.unregister(self._port)
         self._port = PortCollector(stats)
         self.registry.register(self._port)
+
+    def predicted(self, model: str, events: int, seconds: float) -> None:
+        """Count a successful predict request of `model`."""
+        children = self._predicted.get(model)
+        if children is None:
+            children = self._predicted[model] = (
+                self.predict_events.labels(model),
+                self.predict_seconds.labels(model),
+            )
+        children[0].inc(events)
+        children[1].observe(seconds)
+
+    def predict_latency(self, model: str) -> tuple[float, float, tuple[tuple[float, float], ...]]:
+        """The cumulative predict latency histogram of `model`: requests,
+        seconds summed, (upper bound, cumulative requests) per bucket, the
+        last +inf (`app.history.LatencyTotals`); zeros before its first request."""
+        count, total, buckets = 0.0, 0.0, []
+        # Through collect(), not labels(model): that would create the child,
+        # and /metrics would then show an empty series for a model never asked.
+        for family in self.predict_seconds.collect():
+            for s in family.samples:
+                if s.labels.get("model") != model:
+                    continue
+                if s.name.endswith("_bucket"):
+                    buckets.append((float(s.labels["le"]), s.value))
+                elif s.name.endswith("_count"):
+                    count = s.value
+                elif s.name.endswith("_sum"):
+                    total = s.value
+        return count, total, tuple(sorted(buckets))
 
     def count_request(self, route: str, status: int) -> None:
         """Count one answered request."""

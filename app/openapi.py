@@ -238,16 +238,51 @@ class ModelSummary(Struct, forbid_unknown_fields=True):
     """One model this server serves."""
 
     name: str
-    kind: Annotated[str, Meta(description="LogisticRegression or FactorizationMachine.")]
+    type: Annotated[str | None, Meta(description="lr or fm (null: a default model never created as one).")]
     tables: list[str]
-    update_mode: Annotated[str, Meta(description="async, sync or geo: how its workers update it.")]
+    update_mode: Annotated[str | None, Meta(description="async, sync or geo: how its workers update it.")]
     predict: Annotated[str, Meta(description="Its predict route.")]
+    default: Annotated[bool, Meta(description="The API's own model: the one a request naming none means.")]
 
 
 class ModelList(Struct, forbid_unknown_fields=True):
-    """The models this server serves (one per API today)."""
+    """The models this server serves: its own, and every model its cluster holds."""
 
+    default: str
     models: list[ModelSummary]
+
+
+ModelName = Annotated[
+    str,
+    Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z", description="The model's name."),
+]
+Hyperparameters = Annotated[
+    dict[str, Any],
+    Meta(description='An optimizer: {"name": "ftrl" | "adagrad" | "sgd", hyperparameter: number, ...}.'),
+]
+
+
+class CreateModelRequest(Struct, forbid_unknown_fields=True):
+    """A model to create on the cluster (``ctrps model create``'s flags)."""
+
+    name: ModelName
+    type: Literal["lr", "fm"] = "lr"
+    optimizer: Hyperparameters | None = None
+    embedding_optimizer: Hyperparameters | None = None
+    factors: Annotated[int, Meta(ge=1, le=1024)] = 8
+    mode: Literal["async", "sync", "geo"] = "async"
+    max_staleness: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
+
+
+class ModelCreated(Struct, forbid_unknown_fields=True):
+    created: bool
+    model: dict[str, Any]
+
+
+class ModelDeleted(Struct, forbid_unknown_fields=True):
+    deleted: dict[str, Any]
+    tables_dropped: list[str]
+    exports: str | None
 
 
 class ModelInfo(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -320,6 +355,15 @@ class HistoryPoint(Struct, forbid_unknown_fields=True):
     lag: Count
     dead_letters: Count
     features: Annotated[CountsBy, Meta(description="Per table of the model, summed over shards.")]
+    workers: Annotated[Count, Meta(description="Workers of the model on the status board.")]
+    predict_mean_ms: Annotated[
+        Annotated[float, Meta(ge=0)] | None,
+        Meta(description="Mean latency (ms) of the model's predict requests since the previous sample; null: none."),
+    ]
+    predict_p99_ms: Annotated[
+        Annotated[float, Meta(ge=0)] | None,
+        Meta(description="Their p99 latency (ms), estimated from the latency histogram's buckets; null: none."),
+    ]
 
 
 class History(Struct, forbid_unknown_fields=True):
@@ -374,6 +418,9 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
             WeightsResponse,
             ReplicaModelInfo if replica else ModelInfo,
             ModelList,
+            CreateModelRequest,
+            ModelCreated,
+            ModelDeleted,
             StatusReport,
             StatusAck,
             StatusBoard,
@@ -428,6 +475,13 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
     """The OpenAPI 3.1 document of the API (`max_events` bounds a predict
     request); with `replica`, of a serving replica (``ctrps serve --follow``)."""
     read_only = (409,) if replica else ()
+    model = {
+        "name": "model",
+        "in": "query",
+        "required": False,
+        "description": "A model served (GET /v1/models; default: the API's own); another is 404 unknown_model.",
+        "schema": {"type": "string"},
+    }
     since = {
         "name": "since",
         "in": "query",
@@ -462,7 +516,46 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                 )
             },
             "/v1/models": {
-                "get": _op("The models this server serves, with their predict routes.", _ok("ModelList", "By name."))
+                "get": _op(
+                    "The models this server serves, with their predict routes.",
+                    _ok("ModelList", "The API's own first, then by name."),
+                    *(502, 503),
+                ),
+                "post": _op(
+                    "Create a model on the cluster (admin): its tables declared on every shard.",
+                    {**_ok("ModelCreated", "Created.", 201), **_ok("ModelCreated", "Exists already, identically.")},
+                    *(400, 401, *read_only, 413, 502, 503),
+                    body="CreateModelRequest",
+                    admin=True,
+                    own={
+                        404: _NO_EXPORTER,
+                        409: "The model exists with another type or configuration, or its tables do "
+                        "(model_conflict, table_conflict, mode_conflict).",
+                    },
+                ),
+            },
+            "/v1/models/{name}": {
+                "delete": {
+                    **_op(
+                        "Delete a model (admin): its tables dropped on every shard, its exports left on disk.",
+                        _ok("ModelDeleted", "Deleted."),
+                        *(401, *read_only, 502, 503),
+                        admin=True,
+                        own={
+                            404: "No such model (unknown_model), or shard 0 hosts no exporter (no_coordinator).",
+                            409: "The cluster's default model is not deleted (model_conflict).",
+                        },
+                    ),
+                    "parameters": [
+                        {
+                            "name": "name",
+                            "in": "path",
+                            "required": True,
+                            "description": "A model of the cluster.",
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                }
             },
             "/v1/models/{name}/predict": {
                 "post": {
@@ -484,11 +577,14 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                 }
             },
             "/v1/model": {
-                "get": _op(
-                    "Model configuration, size, training progress and lag.",
-                    _ok("ModelInfo", "The model as trained so far."),
-                    *(502, 503),
-                )
+                "get": {
+                    "parameters": [model],
+                    **_op(
+                        "Model configuration, size, training progress and lag.",
+                        _ok("ModelInfo", "The model as trained so far."),
+                        *(404, 502, 503),
+                    ),
+                }
             },
             "/v1/status": {
                 "get": _op(
@@ -505,12 +601,15 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                 ),
             },
             "/v1/exports": {
-                "get": _op(
-                    "The export versions on disk, oldest first.",
-                    _ok("ExportList", "The versions, and the last export's report."),
-                    *(502, 503),
-                    own={404: _NO_EXPORTER},
-                ),
+                "get": {
+                    "parameters": [model],
+                    **_op(
+                        "A model's export versions on disk, oldest first.",
+                        _ok("ExportList", "The versions, and the last export's report."),
+                        *(502, 503),
+                        own={404: _NO_EXPORTER + " Or no such model (unknown_model)."},
+                    ),
+                },
                 "post": _op(
                     "Cut and write a model version now (admin): a consistent cut of every shard.",
                     _ok("ExportReport", "Written.", 201),
@@ -525,17 +624,20 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                 ),
             },
             "/v1/exports/compact": {
-                "post": _op(
-                    "Fold the newest chain into a base of its newest version, then prune (admin).",
-                    _ok("Compaction", "The base written, what it folds and what was pruned."),
-                    *(401, *read_only, 502, 503),
-                    admin=True,
-                    own={404: "Shard 0 hosts no exporter (no_coordinator), or there is no version."},
-                )
+                "post": {
+                    "parameters": [model],
+                    **_op(
+                        "Fold a model's newest chain into a base of its newest version, then prune (admin).",
+                        _ok("Compaction", "The base written, what it folds and what was pruned."),
+                        *(401, *read_only, 502, 503),
+                        admin=True,
+                        own={404: "Shard 0 hosts no exporter (no_coordinator), no such model, or no version."},
+                    ),
+                }
             },
             "/v1/history": {
                 "get": {
-                    "parameters": [since],
+                    "parameters": [since, model],
                     **_op(
                         "The dashboard's samples of the cluster, kept in this process.",
                         _ok("History", "The newest max_points samples."),

@@ -12,9 +12,9 @@ import aiohttp
 
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.export import restore_shards, version_dirs
+from ps_core.checkpoint.export import version_dirs
 from ps_core.checkpoint.exporter import Exporter
-from ps_core.checkpoint.joining import Membership, newest_loadable, refusal_fields
+from ps_core.checkpoint.joining import Membership, books_at, newest_loadable, refusal_fields, restore_chains
 from ps_core.checkpoint.routes import add_coordinator_routes, checkpointed_shard_app
 from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.net.auth import Refusals, Scope
@@ -75,12 +75,16 @@ async def _evict(shard: Shard, interval_s: float) -> None:
                 )
 
 
-def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, int]], StreamIdentity | None]:
+Books = dict[str, tuple[dict[str, dict[int, int]], StreamIdentity | None]]
+
+
+def _restore(settings: ShardSettings) -> tuple[Shard, int, Books]:
     """This shard's slice of the newest export every file of which checks
-    (or an empty shard), the newest version on disk, and the restored cut's
-    offsets with their stream. A version passed over is logged (``version refused``: file and
-    both checksums); in a cluster of several shards, whether that fallback
-    stands is the coordinator's decision, made for every shard together."""
+    in every model (or an empty shard), the newest version on disk, and the
+    restored cut's offsets with their stream, per model. A version passed
+    over is logged (``version refused``: file and both checksums); in a
+    cluster of several shards, whether that fallback stands is the
+    coordinator's decision, made for every shard together."""
     spec = ShardSpec(settings.shard_id, settings.num_shards)
     model_dir = Path(settings.exports_dir) / settings.model_name
     versions = version_dirs(model_dir) if settings.exports_dir else {}
@@ -88,16 +92,17 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, i
     shard = Shard(spec, settings.tables, lifecycle=settings.default_lifecycle())
     shard.restores_at_start = settings.restore
     if settings.restore and versions:
-        chain, refusals = newest_loadable(model_dir)
+        chains, refusals = newest_loadable(model_dir)
         for exc in refusals:
             log.warning("version refused", extra={"fields": {"shard_id": settings.shard_id, **refusal_fields(exc)}})
-        if chain is None:
+        if chains is None:
             log.warning(
                 "nothing to restore: no version loads",
                 extra={"fields": {"exports": str(model_dir), "shard_id": settings.shard_id}},
             )
         else:
-            result = restore_shards(chain, settings.num_shards, shard_ids=[settings.shard_id])
+            chain = chains[settings.model_name]
+            result = restore_chains(chains, settings.num_shards, [settings.shard_id])
             shard = result.shards[0]
             shard.default_lifecycle = settings.default_lifecycle()
             for config in settings.tables:
@@ -110,16 +115,16 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, dict[str, dict[int, i
                 "restore",
                 version=result.version,
                 chain=",".join(str(v.version) for v in chain),
+                models=",".join(chains),
                 rows=sum(len(t) for t in shard.tables.values()),
                 shard_id=settings.shard_id,
                 cluster_id=result.manifest.stream.cluster_id if result.manifest.stream is not None else "-",
             )
-            offsets = {t: dict(p) for t, p in result.offsets.items()}
             shard.restore_dir = model_dir
-            return shard, newest, offsets, result.manifest.stream
+            return shard, newest, books_at(chains)
     if settings.exports_dir:
         shard.restore_dir = model_dir
-    return shard, newest, {}, None
+    return shard, newest, {}
 
 
 def _joins(settings: ShardSettings) -> bool:
@@ -187,7 +192,8 @@ async def run_shard(
     admin_token = verifier.token(Scope.ADMIN) if verifier is not None else security.token_for(Scope.ADMIN)
     client_tls = security.client_tls()
     refusals = Refusals(logging.getLogger("ctrps.shard.auth"))
-    shard, newest, offsets, stream = await asyncio.to_thread(_restore, settings)
+    shard, newest, books = await asyncio.to_thread(_restore, settings)
+    offsets, stream = books.pop(settings.model_name, ({}, None))
     if _joins(settings):
         shard.leave(f"it restored version {shard.state_version} and waits for the coordinator (shard 0) to admit it")
     max_body = settings.max_body_mb * 1024 * 1024
@@ -225,6 +231,8 @@ async def run_shard(
             offsets=offsets,
             version=shard.state_version,
             stream=stream,
+            model=settings.model_name,
+            books=books,
         )
         session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         shards: list[ShardControl] = [LocalControl(shard, coordinator)]

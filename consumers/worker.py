@@ -58,8 +58,16 @@ from aiokafka.errors import (
 
 from ps_core.checkpoint.control import ControlClient, ResumePoint
 from ps_core.checkpoint.coordinator import Offsets
+from ps_core.checkpoint.registry import ModelSpec
 from ps_core.checkpoint.stream import StreamIdentity, stream_mismatch
-from ps_core.errors import CutInProgressError, NoCoordinatorError, PSError
+from ps_core.errors import (
+    CutInProgressError,
+    ModeConflictError,
+    ModelConflictError,
+    NoCoordinatorError,
+    PSError,
+    UnknownModelError,
+)
 from ps_core.model.batch import EventBatch
 from ps_core.model.geo import GeoCopy
 from ps_core.model.metrics import Metrics
@@ -338,6 +346,10 @@ class Worker:
         """How a window trains, in the model's update mode."""
         self.leased = False
         """Whether windows are leased from a coordinator (found at start)."""
+        self.model_key: str | None = None
+        """The model's name as the coordinator keeps it (set once the model
+        is created or found on the cluster; None: a coordinator without a
+        model registry, which keeps one model's offsets)."""
         self._epoch: str | None = None
         self.cluster_id: str | None = None
         """The broker's cluster id, as last asked (None: it reports none)."""
@@ -354,7 +366,7 @@ class Worker:
         c = self.config
         # Shards (or the broker, below) unreachable at start are waited for
         # like any outage.
-        await self._retrying(self._declare_tables)
+        await self._retrying(self._register_model)
         try:
             # An empty lease tells whether there is a coordinator, and its epoch.
             grant = await self._retrying(lambda: self.control.acquire_lease(self.worker_id, wait_s=LEASE_WAIT_S))
@@ -415,6 +427,45 @@ class Worker:
     async def _declare_tables(self) -> None:
         for t in self.model.tables():
             await self.control.declare(t)
+
+    async def _register_model(self) -> None:
+        """Declare the model's tables, and create the model on the cluster or
+        take its declaration from it: a model created with ``ctrps model
+        create`` trains with the optimizer it was created with. Another type
+        or update mode than the worker's flags is `ModelConflictError` or
+        `ModeConflictError` (one line, exit 1). A shard 0 without an exporter
+        keeps no models: the tables are declared as the worker's flags say."""
+        try:
+            info: dict[str, object] | None = await self.control.model_info(self.model.name)
+        except NoCoordinatorError:
+            await self._declare_tables()
+            return
+        except UnknownModelError:
+            info = None
+        if info is not None and info.get("type") is not None:
+            spec = ModelSpec.from_dict(info)
+            name = self.model.name
+            if spec.kind != self.model.kind:
+                raise ModelConflictError(
+                    f"model {name} was created as {spec.kind}; this worker was started with --model {self.model.kind}"
+                )
+            if spec.mode != self.model.mode:
+                raise ModeConflictError(
+                    f"model {name} is updated in mode {spec.mode}; this worker was started with --mode "
+                    f"{self.model.mode}: every worker of a model runs its mode"
+                )
+            if ModelSpec.of(self.model) != spec:
+                self.model = spec.build()
+                self.training = self._training()
+                log.info(
+                    "model declaration taken from the cluster",
+                    extra={"fields": {"model": name, "tables": ",".join(t.name for t in spec.tables)}},
+                )
+        await self._declare_tables()
+        got = await self.control.create_model(ModelSpec.of(self.model).recipe())
+        self.model_key = self.model.name
+        if got.get("created"):
+            log.info("model created", extra={"fields": {"model": self.model.name, "type": self.model.kind}})
 
     async def _probe_shards(self) -> None:
         """Return once every shard answers (declaring the tables again, for a
@@ -810,7 +861,7 @@ class Worker:
         epoch) it is sought there explicitly, since the consumer's position
         has moved on."""
         await _retrying(self._refresh_cluster_id)
-        point = await self.control.coordinator_resume() if self.leased else ResumePoint({}, None)
+        point = await self.control.coordinator_resume(self.model_key) if self.leased else ResumePoint({}, None)
         bounds = await _retrying(lambda: partition_bounds(self.config.bootstrap, tps, security=self.config.kafka))
         seek: dict[TopicPartition, int] = {}
         stale: list[StalePartition] = []
@@ -916,7 +967,7 @@ class Worker:
     async def _refuse_stale_at_start(self) -> None:
         """Under ``fail``, refuse before joining the group when the
         coordinator's offsets for this topic do not belong to the broker."""
-        point = await self.control.coordinator_resume()
+        point = await self.control.coordinator_resume(self.model_key)
         known = point.offsets.get(self.config.topic, {})
         if not known:
             return
@@ -1150,7 +1201,8 @@ class Worker:
 
     async def _release(self, lease_id: int, committed: Offsets) -> None:
         try:
-            if not await self.control.release_lease(lease_id, committed, self.stream() if committed else None):
+            stream = self.stream() if committed else None
+            if not await self.control.release_lease(lease_id, committed, stream, self.model_key):
                 log.warning("lease expired", extra={"fields": {"lease": lease_id}})
         except PSError as exc:
             # The window is committed (or failed); a cut gives up on the lease

@@ -23,6 +23,8 @@ __all__ = [
     "TableConfigError",
     "TableConflictError",
     "StatusError",
+    "UnknownModelError",
+    "ModelConflictError",
     "ShardUnavailableError",
     "LeaseError",
     "CutInProgressError",
@@ -127,6 +129,21 @@ class ModeConflictError(TableConflictError, code="mode_conflict", status=409):
     """A worker declares a model's tables with another update mode (or
     staleness bound) than the model was created with: all workers of a model
     must agree, so a worker with another mode is refused."""
+
+
+class UnknownModelError(PSError, code="unknown_model", status=404):
+    """The request names a model the cluster (or the server answering) does
+    not hold."""
+
+    exit_code = 1
+
+
+class ModelConflictError(PSError, code="model_conflict", status=409):
+    """A model is created again with another type or configuration than it
+    has, or its tables are claimed by another model. Creation is idempotent
+    only for the same configuration."""
+
+    exit_code = 1
 
 
 class StatusError(PSError, code="bad_status", status=400):
@@ -258,6 +275,8 @@ _BY_CODE: dict[str, type[PSError]] = {
         ModeConflictError,
         TableConflictError,
         StatusError,
+        UnknownModelError,
+        ModelConflictError,
         LeaseError,
         CutInProgressError,
         NoCoordinatorError,

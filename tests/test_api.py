@@ -420,7 +420,7 @@ BAD_REQUESTS: list[tuple[str, str, str, bytes | Any, int, str, str]] = [
     ),
     ("weights-nothing", "POST", "/v1/weights", {}, 422, "bad_features", "features or keys"),
     ("weights-bad-key", "POST", "/v1/weights", {"keys": [1.5]}, 422, "bad_keys", "integers"),
-    ("weights-unknown-model", "POST", "/v1/weights", {"keys": [1], "model": "x"}, 404, "unknown_model", "serves 'ctr'"),
+    ("weights-unknown-model", "POST", "/v1/weights", {"keys": [1], "model": "x"}, 404, "unknown_model", "serving: ctr"),
     ("status-not-object", "POST", "/v1/status", [1], 400, "bad_request", "Expected `object`"),
     ("status-no-source", "POST", "/v1/status", {"status": {}}, 400, "bad_request", "required field `source`"),
     (
@@ -556,23 +556,23 @@ async def test_model_info_and_metrics_report_what_was_trained(make_api: MakeApi)
     for t, n in features.items():
         assert sum(v for (name, lab), v in m.items() if name == "ctrps_table_features" and ("table", t) in lab) == n
     assert m[("ctrps_shard_up", (("shard", "1"),))] == 1.0
-    assert m[("ctrps_events_trained_total", (("worker", "w-a"),))] == 120
-    assert m[("ctrps_records_consumed_total", (("worker", "w-b"),))] == 8
-    assert m[("ctrps_windows_total", (("worker", "w-a"),))] == 2
-    assert m[("ctrps_dead_letters_total", (("reason", "invalid_json"), ("worker", "w-a")))] == 2
-    assert m[("ctrps_consumer_lag_records", (("partition", "2"),))] == 9
-    assert m[("ctrps_window_seconds_count", (("worker", "w-a"),))] == 2
-    assert m[("ctrps_window_seconds_sum", (("worker", "w-a"),))] == 1.5
-    assert m[("ctrps_window_seconds_bucket", (("le", "1.0"), ("worker", "w-a")))] == 2
-    assert m[("ctrps_window_seconds_bucket", (("le", "0.5"), ("worker", "w-a")))] == 0
-    assert m[("ctrps_progressive_auc", (("worker", "w-b"),))] == 1.0
+    assert m[("ctrps_events_trained_total", (("model", "ctr"), ("worker", "w-a")))] == 120
+    assert m[("ctrps_records_consumed_total", (("model", "ctr"), ("worker", "w-b")))] == 8
+    assert m[("ctrps_windows_total", (("model", "ctr"), ("worker", "w-a")))] == 2
+    assert m[("ctrps_dead_letters_total", (("model", "ctr"), ("reason", "invalid_json"), ("worker", "w-a")))] == 2
+    assert m[("ctrps_consumer_lag_records", (("model", "ctr"), ("partition", "2")))] == 9
+    assert m[("ctrps_window_seconds_count", (("model", "ctr"), ("worker", "w-a")))] == 2
+    assert m[("ctrps_window_seconds_sum", (("model", "ctr"), ("worker", "w-a")))] == 1.5
+    assert m[("ctrps_window_seconds_bucket", (("le", "1.0"), ("model", "ctr"), ("worker", "w-a")))] == 2
+    assert m[("ctrps_window_seconds_bucket", (("le", "0.5"), ("model", "ctr"), ("worker", "w-a")))] == 0
+    assert m[("ctrps_progressive_auc", (("model", "ctr"), ("worker", "w-b")))] == 1.0
     for shard in ("0", "1"):
         labels = (("shard", shard), ("table", "ctr_w"))
         assert m[("ctrps_table_push_staleness_count", labels)] == 3
         assert m[("ctrps_table_push_staleness_bucket", (("le", "0"), *labels))] == 3
         assert m[("ctrps_table_pushes_down_weighted_total", labels)] == 0
-    assert m[("ctrps_predict_seconds_count", ())] == 3
-    assert m[("ctrps_predict_events_total", ())] == 12
+    assert m[("ctrps_predict_seconds_count", (("model", "ctr"),))] == 3
+    assert m[("ctrps_predict_events_total", (("model", "ctr"),))] == 12
     assert m[("ctrps_http_requests_total", (("route", "/v1/predict"), ("status", "200")))] == 3
     # Every predict pulled each of the 2 tables from each shard.
     for shard in ("0", "1"):
@@ -811,6 +811,19 @@ async def test_every_route_is_documented_and_every_documented_response_happens(
         ("GET", "/v1/exports", None, None),
         ("POST", "/v1/exports/compact", None, auth),
         ("POST", "/v1/exports/compact", None, None),
+        ("POST", "/v1/models", {"name": "two"}, auth),
+        ("POST", "/v1/models", {"name": "two"}, auth),
+        ("POST", "/v1/models", {"name": "two", "type": "fm"}, auth),
+        ("POST", "/v1/models", {"name": "two", "type": "svm"}, auth),
+        ("POST", "/v1/models", {"name": "two"}, None),
+        ("POST", "/v1/models", {"name": "y" * MAX_BODY}, auth),
+        ("GET", "/v1/model?model=two", None, None),
+        ("GET", "/v1/model?model=nope", None, None),
+        ("GET", "/v1/exports?model=nope", None, None),
+        ("DELETE", "/v1/models/two", None, None),
+        ("DELETE", "/v1/models/two", None, auth),
+        ("DELETE", "/v1/models/two", None, auth),
+        ("DELETE", "/v1/models/ctr", None, auth),
     ]
     for method, path, body, headers in calls:
         await api.call(method, path, body, headers=headers)
@@ -820,6 +833,8 @@ async def test_every_route_is_documented_and_every_documented_response_happens(
         ("GET", "/v1/exports", None),
         ("POST", "/v1/exports", {}),
         ("POST", "/v1/exports/compact", None),
+        ("POST", "/v1/models", {"name": "two"}),
+        ("DELETE", "/v1/models/two", None),
     ):
         status, got = await bare.call(method, path, body, headers=auth)
         assert (status, got["error"]) == (404, "no_coordinator"), got
@@ -863,6 +878,9 @@ async def _call_every_route(api: Api, urls: list[str], auth: dict[str, str]) -> 
             ("GET", "/v1/exports", None, None),
             ("POST", "/v1/exports", {}, auth),
             ("POST", "/v1/exports/compact", None, auth),
+            ("POST", "/v1/models", {"name": "two"}, auth),
+            ("DELETE", "/v1/models/two", None, auth),
+            ("GET", "/v1/models", None, None),
             ("GET", "/readyz", None, None),
             ("GET", "/metrics", None, None),
         ]:
@@ -1086,8 +1104,10 @@ async def test_model_info_and_metrics_count_only_the_apis_own_models_workers(mak
     assert sorted(w["source"] for w in info["workers"]) == ["w-ctr", "w-old"]
     _, text = await api.call("GET", "/metrics")
     m = samples(text)
-    assert m[("ctrps_events_trained_total", (("worker", "w-ctr"),))] == 100
-    assert ("ctrps_events_trained_total", (("worker", "w-mine"),)) not in m
+    # Metrics carry every model's workers, each labelled with its model.
+    assert m[("ctrps_events_trained_total", (("model", "ctr"), ("worker", "w-ctr")))] == 100
+    assert m[("ctrps_events_trained_total", (("model", "ctr"), ("worker", "w-old")))] == 5
+    assert m[("ctrps_events_trained_total", (("model", "mine"), ("worker", "w-mine")))] == 7000
 
 
 async def test_models_are_listed_and_each_has_its_predict_route(make_api: MakeApi) -> None:
@@ -1095,15 +1115,17 @@ async def test_models_are_listed_and_each_has_its_predict_route(make_api: MakeAp
     status, listed = await api.call("GET", "/v1/models")
     assert status == 200
     assert listed == {
+        "default": "ctr",
         "models": [
             {
                 "name": "ctr",
-                "kind": "FactorizationMachine",
+                "type": "fm",
                 "tables": ["ctr_w", "ctr_v"],
                 "update_mode": "async",
                 "predict": "/v1/models/ctr/predict",
+                "default": True,
             }
-        ]
+        ],
     }
     events = synthetic_events(np.random.default_rng(5), 4)
     for e in events:
@@ -1116,3 +1138,57 @@ async def test_models_are_listed_and_each_has_its_predict_route(make_api: MakeAp
     assert (status, err["error"]) == (404, "unknown_model") and "'other'" in err["detail"]
     status, err = await api.call("POST", "/v1/models/ctr/predict", {"events": events, "model": "other"})
     assert (status, err["error"]) == (404, "unknown_model")
+
+
+async def test_the_api_serves_every_model_of_its_cluster(make_api: MakeApi, tmp_path: Path) -> None:
+    """A model created on the cluster (admin route) is listed, predicts from
+    its own tables, has its own /v1/model, exports and metrics; deleted, it
+    is 404 again (after the API's one-second look-up pause)."""
+    api = await make_api("lr", exports=tmp_path, admin_token="s3cret")
+    admin = {"Authorization": "Bearer s3cret"}
+    body = {"name": "ads", "type": "fm", "factors": 4, "optimizer": {"name": "adagrad", "lr": 0.1}}
+    status, err = await api.call("POST", "/v1/models", body)
+    assert (status, err["error"]) == (401, "unauthorized")
+    status, made = await api.call("POST", "/v1/models", body, headers=admin)
+    assert status == 201 and made["created"] and made["model"]["type"] == "fm"
+    status, again = await api.call("POST", "/v1/models", body, headers=admin)
+    assert status == 200 and not again["created"]
+    status, err = await api.call("POST", "/v1/models", {**body, "type": "lr"}, headers=admin)
+    assert (status, err["error"]) == (409, "model_conflict")
+    status, listed = await api.call("GET", "/v1/models")
+    assert [(m["name"], m["type"], m["default"]) for m in listed["models"]] == [
+        ("ctr", "lr", True),
+        ("ads", "fm", False),
+    ]
+
+    # Train the two models apart: each predicts from its own tables.
+    events = synthetic_events(np.random.default_rng(7), 64)
+    await train(api.client, make_model("fm", "ads", k=4, optimizer={"name": "adagrad", "lr": 0.1}), events, rounds=3)
+    plain = [{k: v for k, v in e.items() if k != "label"} for e in events[:4]]
+    status, ctr = await api.call("POST", "/v1/predict", {"events": plain})
+    status2, ads = await api.call("POST", "/v1/models/ads/predict", {"events": plain})
+    status3, ads_body = await api.call("POST", "/v1/predict", {"events": plain, "model": "ads"})
+    assert (status, status2, status3) == (200, 200, 200)
+    assert (ctr["model"], ads["model"]) == ("ctr", "ads") and ads == ads_body
+    assert ctr["predictions"] == [0.5] * 4 and ads["predictions"] != ctr["predictions"]
+    status, info = await api.call("GET", "/v1/model?model=ads")
+    assert status == 200 and info["model"] == "ads" and info["tables"]["ads_v"]["features"] > 0
+    status, err = await api.call("GET", "/v1/model?model=nope")
+    assert (status, err["error"]) == (404, "unknown_model")
+    status, err = await api.call("GET", "/v1/model?mdoel=ads")
+    assert (status, err["error"]) == (400, "bad_request")
+    status, cut = await api.call("POST", "/v1/exports", {}, headers=admin)
+    assert status == 201 and sorted(cut["models"]) == ["ads", "ctr"]
+    status, listed = await api.call("GET", "/v1/exports?model=ads")
+    assert status == 200 and listed["model"] == "ads" and [v["version"] for v in listed["versions"]] == [1]
+    _, text = await api.call("GET", "/metrics")
+    m = samples(text)
+    assert m[("ctrps_predict_events_total", (("model", "ads"),))] == 8
+    assert m[("ctrps_predict_events_total", (("model", "ctr"),))] == 4
+
+    status, gone = await api.call("DELETE", "/v1/models/ads", headers=admin)
+    assert status == 200 and sorted(gone["tables_dropped"]) == ["ads_v", "ads_w"]
+    status, err = await api.call("DELETE", "/v1/models/ctr", headers=admin)
+    assert (status, err["error"]) == (409, "model_conflict")
+    status, err = await api.call("POST", "/v1/models/ads/predict", {"events": plain})
+    assert (status, err["error"]) == (404, "unknown_model")  # its tables are gone from the shards

@@ -128,13 +128,16 @@ async def test_what_frames_cost_reaches_metrics(serve_shards: Any) -> None:
         stats = client.wire_stats()
         assert (stats.key_set_pushes, stats.key_set_misses, stats.values_clipped) == (2, 1, keys.size)
         await control.report_status("w1", {"kind": "worker", "wire": {"format": wire.describe(), **stats.as_dict()}})
-        metrics = ApiMetrics()
+        metrics = ApiMetrics("m")  # the API's model: that of a worker naming none
         text = (await metrics.scrape(ControlView(control, metrics))).decode()
-    sample = f'ctrps_worker_wire_bytes_total{{direction="sent",worker="w1"}} {float(stats.bytes_sent)}'
+    sample = f'ctrps_worker_wire_bytes_total{{direction="sent",model="m",worker="w1"}} {float(stats.bytes_sent)}'
     assert sample in text
-    assert f'ctrps_worker_wire_bytes_total{{direction="received",worker="w1"}} {float(stats.bytes_received)}' in text
-    assert 'ctrps_worker_key_set_pushes_total{outcome="resent",worker="w1"} 1.0' in text
-    assert 'ctrps_worker_key_set_pushes_total{outcome="named",worker="w1"} 2.0' in text
-    assert f'ctrps_worker_wire_values_clipped_total{{worker="w1"}} {float(keys.size)}' in text
+    assert (
+        f'ctrps_worker_wire_bytes_total{{direction="received",model="m",worker="w1"}} {float(stats.bytes_received)}'
+        in text
+    )
+    assert 'ctrps_worker_key_set_pushes_total{model="m",outcome="resent",worker="w1"} 1.0' in text
+    assert 'ctrps_worker_key_set_pushes_total{model="m",outcome="named",worker="w1"} 2.0' in text
+    assert f'ctrps_worker_wire_values_clipped_total{{model="m",worker="w1"}} {float(keys.size)}' in text
     assert 'ctrps_shard_key_sets_expired_total{shard="1"} 1.0' in text
     assert 'ctrps_shard_key_sets{shard="0"} 0.0' in text  # used: taken by its push

@@ -18,6 +18,7 @@ import logging
 import math
 import re
 import shutil
+import time
 import tomllib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -35,13 +36,15 @@ from test_api import report_windows, synthetic_events, train, window_report
 from app.api import HISTORY, ApiServer, create_app
 from app.cli import build_parser
 from app.demo import _announce
-from app.history import LIVE_WORKER_S, History, window_quality
-from app.metrics import ApiMetrics
+from app.history import LIVE_WORKER_S, History, latency_between, window_quality
+from app.metrics import ApiMetrics, ClusterSnapshot
 from app.openapi import openapi_document, response_schema
+from app.served import ServedModels
 from app.settings import ApiSettings, DemoSettings, SettingsError
 from app.status import WorkerView
 from app.views import ControlView
 from ps_core.checkpoint.control import ControlClient
+from ps_core.errors import PSError, ShardUnavailableError
 from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
@@ -252,6 +255,75 @@ async def test_an_unreachable_shard_skips_samples_logs_once_and_recovers(
         await runner.cleanup()
 
 
+def test_the_predict_latency_between_two_readings_is_a_mean_and_an_interpolated_p99() -> None:
+    metrics = ApiMetrics("ctr")
+    start = metrics.predict_latency("ctr")
+    assert start == (0.0, 0.0, ())
+    for _ in range(98):
+        metrics.predicted("ctr", 1, 0.004)  # the 5 ms bucket
+    metrics.predicted("ctr", 1, 0.3)
+    metrics.predicted("ctr", 1, 0.3)  # the 0.5 s bucket, above 0.25 s
+    metrics.predicted("other", 1, 9.0)
+    after = metrics.predict_latency("ctr")
+    assert after[0] == 100 and after[2][-1] == (math.inf, 100)
+    mean, p99 = latency_between(start, after)
+    assert mean == pytest.approx((98 * 4 + 2 * 300) / 100)
+    # The 99th of 100 is the first of the 2 between 0.25 and 0.5 s: halfway, as histogram_quantile says.
+    assert p99 == pytest.approx(375.0)
+    assert latency_between(after, after) == (None, None)
+    metrics.predicted("ctr", 1, 20.0)  # beyond the last finite bound (10 s)
+    mean, p99 = latency_between(after, metrics.predict_latency("ctr"))
+    assert mean == pytest.approx(20_000.0) and p99 == 10_000.0
+    assert metrics.predict_latency("other")[0] == 1
+    # Reading a model never asked creates no series in /metrics.
+    assert metrics.predict_latency("never") == (0.0, 0.0, ())
+    assert 'model="never"' not in metrics.render(ClusterSnapshot(stats=[None], board=None)).decode()
+
+
+class Outage:
+    """A cluster view whose board read fails while `down`."""
+
+    def __init__(self, inner: ControlView) -> None:
+        self.inner, self.num_shards, self.down = inner, inner.num_shards, False
+
+    async def stats_each(self) -> list[dict[str, Any] | PSError]:
+        return await self.inner.stats_each()
+
+    async def statuses(self) -> list[dict[str, Any]]:
+        if self.down:
+            raise ShardUnavailableError("shard 0 is unreachable")
+        return await self.inner.statuses()
+
+
+async def test_each_point_has_the_predict_latency_since_the_previous_point() -> None:
+    client, control, model, _ = local_cluster()
+    metrics = ApiMetrics("ctr")
+    view = Outage(view_of(control))
+    served = ServedModels(model, client, view, control, metrics=metrics, history_interval_s=1.0, history_points=10)
+    history = served.histories["ctr"]
+    metrics.predicted("ctr", 4, 0.008)  # after the history started: in its first point
+    metrics.predicted("other", 4, 1.0)  # another model's: never in this one's
+    first = await history.sample()
+    assert first is not None and first.predict_mean_ms == pytest.approx(8.0)
+    assert first.predict_p99_ms is not None and 5.0 < first.predict_p99_ms <= 10.0
+    quiet = await history.sample()
+    assert quiet is not None and (quiet.predict_mean_ms, quiet.predict_p99_ms) == (None, None)
+    # A failed sample keeps no point: the next one covers its requests too.
+    metrics.predicted("ctr", 1, 0.002)
+    view.down = True
+    assert await history.sample() is None
+    metrics.predicted("ctr", 1, 0.004)
+    view.down = False
+    after = await history.sample()
+    assert after is not None and after.predict_mean_ms == pytest.approx(3.0)
+    # Without the API's metrics, points carry no latency.
+    bare = ServedModels(model, client, view, control).histories["ctr"]
+    metrics.predicted("ctr", 1, 0.004)
+    point = await bare.sample()
+    assert point is not None and (point.predict_mean_ms, point.predict_p99_ms, point.workers) == (None, None, 0)
+    await client.close()
+
+
 def test_history_arguments_and_settings_are_checked() -> None:
     client, control, model, _ = local_cluster()
     for interval_s, max_points in ((0.0, 1), (-1.0, 1), (math.inf, 1), (math.nan, 1), (1.0, 0)):
@@ -335,7 +407,7 @@ async def test_a_sampler_that_fails_keeps_running_logs_once_and_shows_the_error(
             calls += 1
             raise RuntimeError("boom")
 
-    broken = Broken(client, model, interval_s=0.01, max_points=5)
+    broken = Broken(view_of(control), model, interval_s=0.01, max_points=5)
     with caplog.at_level(logging.WARNING, logger="ctrps.history"):
         _, api = await serve(client, control, model, history=broken)
         await until(lambda: calls >= 3)
@@ -369,7 +441,7 @@ async def test_the_dashboard_is_one_self_contained_html_page(serve: Any) -> None
     assert page.count("<script") == 1 and "<script>" in page
     # Every URL the script fetches is a route of this app, relative to the page.
     fetched = set(re.findall(r'"\./(v1/[a-z/]+)"', _script(page)))
-    assert fetched == {"v1/history", "v1/model"}
+    assert fetched == {"v1/history", "v1/model", "v1/models"}
     served = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
     assert {"/" + f for f in fetched} <= served
 
@@ -408,19 +480,21 @@ NODE = shutil.which("node")
 
 # A browser's part, as little as the page uses: elements by id (those the
 # page's HTML declares, so a missing id is null as in a browser), fetch
-# answering from canned responses, and a setTimeout that hands the next poll
-# to this harness. Prints the elements after each poll, the URLs fetched and
-# any unhandled rejection.
+# answering from canned responses, the page's URL query, and a setTimeout
+# that hands the next poll to this harness. Prints the elements after each
+# poll, the URLs fetched and any unhandled rejection.
 HARNESS = r"""
 const fs = require("fs"), vm = require("vm");
 const [pagePath, roundsPath] = process.argv.slice(2);
 const html = fs.readFileSync(pagePath, "utf8");
-const rounds = JSON.parse(fs.readFileSync(roundsPath, "utf8"));
+const { search, rounds } = JSON.parse(fs.readFileSync(roundsPath, "utf8"));
 const script = html.match(/<script>([\s\S]*?)<\/script>/)[1];
 const elements = new Map();
 for (const m of html.matchAll(/<[a-z][a-z0-9]*\b([^>]*?)\sid="([^"]+)"([^>]*)>/g)) {
   const hidden = /\shidden\b/.test(m[1] + " " + m[3]);
-  elements.set(m[2], { textContent: "", innerHTML: "", className: "", hidden });
+  elements.set(m[2], {
+    textContent: "", innerHTML: "", className: "", value: "", hidden, addEventListener: () => {},
+  });
 }
 let round = 0, next = null;
 const urls = [], snapshots = [], errors = [];
@@ -428,7 +502,11 @@ process.on("unhandledRejection", (e) => errors.push(String((e && e.stack) || e))
 const sandbox = {
   console,
   document: { getElementById: (id) => elements.get(id) ?? null },
-  setTimeout: (fn) => { next = fn; },
+  setTimeout: (fn) => { next = fn; return 1; },
+  clearTimeout: () => { next = null; },
+  URLSearchParams,
+  location: { search },
+  history: { replaceState: () => {} },
   fetch: (url) => {
     urls.push(url);
     const r = rounds[round][url.split("?")[0]];
@@ -453,12 +531,13 @@ vm.runInContext(script, sandbox, { filename: "dashboard.js" });
 """
 
 
-async def run_page(tmp_path: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The page's script through `rounds` of polls (each: path → {status, body})."""
+async def run_page(tmp_path: Path, rounds: list[dict[str, Any]], search: str = "") -> dict[str, Any]:
+    """The page's script through `rounds` of polls (each: path → {status,
+    body}), the page's URL query being `search`."""
     assert NODE is not None
     harness, data = tmp_path / "harness.js", tmp_path / "rounds.json"
     harness.write_text(HARNESS)
-    data.write_bytes(orjson.dumps(rounds))
+    data.write_bytes(orjson.dumps({"search": search, "rounds": rounds}))
     proc = await asyncio.create_subprocess_exec(
         NODE, str(harness), str(PAGE), str(data),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -482,16 +561,16 @@ async def test_the_page_script_parses(tmp_path: Path) -> None:
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
 async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(serve: Any, tmp_path: Path) -> None:
     client, control, model, shards = local_cluster()
-    clock = FakeClock()
-    app, api = await serve(
-        client, control, model, history=History(view_of(control), model, interval_s=3600.0, max_points=50, clock=clock)
-    )
+    clock, metrics = FakeClock(), ApiMetrics("ctr")
+    latency = functools.partial(metrics.predict_latency, "ctr")
+    mine = History(view_of(control), model, interval_s=3600.0, max_points=50, clock=clock, predict_latency=latency)
+    app, api = await serve(client, control, model, history=mine)
     history = app[HISTORY]
     await until(lambda: len(history.points()) == 1)
 
     async def answers(history_path: str) -> dict[str, Any]:
         out = {}
-        for path, url in (("./v1/history", history_path), ("./v1/model", "/v1/model")):
+        for path, url in (("./v1/history", history_path), ("./v1/model", "/v1/model"), ("./v1/models", "/v1/models")):
             status, body = await api.get(url)
             out[path] = {"status": status, "body": body}
         return out
@@ -501,6 +580,7 @@ async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(s
     await train(client, model, synthetic_events(np.random.default_rng(3), 100), rounds=1)
     await report_windows(control, "w-1", [window_report(1, 100, {0: 3, 1: 1}, {"bad_label": 1})])
     for _ in range(3):
+        metrics.predicted("ctr", 10, 0.003)
         clock.t += 2.0
         await history.sample()
     trained = await answers(f"/v1/history?since={since!r}")
@@ -512,37 +592,97 @@ async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(s
     result = await run_page(tmp_path, [empty, trained, outage])
     first, second, third = result["snapshots"]
 
-    # Before training: the explanation, the header, charts without data; no error.
+    # Before training: the explanation, the header, the picker, charts without data; no error.
     assert first["empty"]["hidden"] is False
     assert first["status"]["className"] == "ok", first["status"]
     assert first["interval"]["textContent"] == "3600"
     assert first["model"]["textContent"] == "ctr" and first["workers"]["textContent"] == "0"
     assert first["mode"]["textContent"] == "–" and first["version"]["textContent"] == "1"
-    for chart in ("logloss", "auc", "rate"):
+    assert first["picker"]["value"] == "ctr" and first["picker"]["disabled"] is False
+    assert first["picker"]["innerHTML"] == '<option value="ctr">ctr (default)</option>'
+    for chart in ("logloss", "auc", "copc", "rate"):
         assert "no data yet" in first[f"{chart}-chart"]["innerHTML"], chart
+    assert "no predict requests yet" in first["latency-chart"]["innerHTML"]
+    assert first["latency-now"]["textContent"] == "no requests in the last interval"
+    assert "<path" not in first["latency-chart"]["innerHTML"]
     assert "<path" in first["lag-chart"]["innerHTML"]  # a lag of 0 is data
+    # Every chart names its axes, with the unit, even without data.
+    for chart, unit in (("rate", "events / s"), ("lag", "records behind"), ("latency", "latency (ms)")):
+        svg = first[f"{chart}-chart"]["innerHTML"]
+        assert f">{unit}</text>" in svg and ">time (HH:MM:SS, local)</text>" in svg, chart
 
-    # After training: the charts, the header from /v1/model, and the next
-    # request asked only for newer points.
-    assert result["urls"][2] == f"./v1/history?since={since!r}"
+    # After training: the charts, the header from the newest point, and the
+    # next request asked only for newer points, of the API's own model.
+    history_urls = [u for u in result["urls"] if u.startswith("./v1/history")]
+    assert history_urls[:2] == ["./v1/history", f"./v1/history?since={since!r}"]
+    assert result["urls"].count("./v1/models") == 1  # listed once, not on every poll
     assert second["empty"]["hidden"] is True and second["status"]["className"] == "ok"
     assert "4 points" in second["status"]["textContent"]
+    last = trained["./v1/history"]["body"]["points"][-1]
+    assert second["sampled"]["textContent"] == time.strftime("%H:%M:%S", time.localtime(last["t"]))
     assert second["trained"]["textContent"] == "100" and second["workers"]["textContent"] == "1"
     assert second["mode"]["textContent"] == "async" and second["dead"]["textContent"] == "1"
+    assert second["dead-now"]["textContent"] == "1"
     n_features = table_sizes(model, shards)["ctr_w"]
     assert second["features"]["textContent"] == second["features-now"]["textContent"] == f"{n_features:,}"
     assert second["lag-now"]["textContent"] == "4"
-    last = trained["./v1/history"]["body"]["points"][-1]
     assert second["logloss-now"]["textContent"] == f"{last['logloss']:.4f}"
-    for chart in ("logloss", "auc", "rate", "lag", "features"):
+    assert second["copc-now"]["textContent"] == f"{last['copc']:.3f}"
+    # One request of 3 ms per interval: the mean is exact, the p99 within its bucket (2 to 5 ms).
+    assert last["predict_mean_ms"] == pytest.approx(3.0) and 2.0 < last["predict_p99_ms"] <= 5.0
+    assert second["latency-now"]["textContent"] == f"mean 3.00 ms · p99 {last['predict_p99_ms']:.2f} ms"
+    for chart in ("logloss", "auc", "copc", "rate", "dead", "lag", "features", "latency"):
         svg = second[f"{chart}-chart"]["innerHTML"]
         assert svg.startswith("<svg") and "<path" in svg and "no data yet" not in svg, chart
+        # Time ticks as HH:MM:SS under the plot.
+        assert re.search(r">\d\d:\d\d:\d\d</text>", svg), chart
     # The log loss line: a dot at the empty first sample is absent (null), then
     # three samples joined by two segments.
     d = re.search(r'd="([^"]*)"', second["logloss-chart"]["innerHTML"])
     assert d is not None and d.group(1).count("M") == 1 and d.group(1).count("L") == 2
+    # COPC's reference line at 1.0, inside the range drawn.
+    assert '<line class="ref"' in second["copc-chart"]["innerHTML"]
+    assert re.findall(r"<title>([^<]*)</title></path>", second["latency-chart"]["innerHTML"]) == ["mean", "p99"]
 
     # An outage: said in the status line, the charts stay.
     assert third["status"]["className"] == "warn"
     assert "shard_unavailable" in third["status"]["textContent"] and "model:" in third["status"]["textContent"]
     assert third["logloss-chart"]["innerHTML"] == second["logloss-chart"]["innerHTML"]
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+async def test_the_page_polls_the_model_its_url_names(tmp_path: Path) -> None:
+    listing = {
+        "default": "ctr",
+        "models": [
+            {"name": n, "type": "lr", "tables": [f"{n}_w"], "update_mode": "async", "predict": f"/v1/models/{n}/predict",
+             "default": n == "ctr"}
+            for n in ("ctr", "a<b")
+        ],
+    }  # fmt: skip
+    point = {
+        "t": 1_700_000_000.25, "events_trained": 42, "events_per_s": None, "logloss": None, "auc": None,
+        "copc": None, "lag": 0, "dead_letters": 0, "features": {"a<b_w": 7}, "workers": 1,
+        "predict_mean_ms": None, "predict_p99_ms": None,
+    }  # fmt: skip
+    history = {"model": "a<b", "interval_s": 2.0, "max_points": 10, "error": None, "points": [point]}
+    info = {"model": "a<b", "update_mode": "async", "model_version": 3, "events_trained": 42}
+    answers = {
+        "./v1/models": {"status": 200, "body": listing},
+        "./v1/history": {"status": 200, "body": history},
+        "./v1/model": {"status": 200, "body": info},
+    }
+    result = await run_page(tmp_path, [answers, answers], search="?model=a%3Cb&x=1")
+    first, second = result["snapshots"]
+    # Every poll names the model, escaped; the listing comes once.
+    assert sorted(result["urls"]) == sorted(
+        ["./v1/history?model=a%3Cb", "./v1/model?model=a%3Cb", "./v1/models"]
+        + ["./v1/history?model=a%3Cb&since=1700000000.25", "./v1/model?model=a%3Cb"]
+    )
+    assert first["picker"]["value"] == "a<b"
+    assert first["picker"]["innerHTML"] == (
+        '<option value="ctr">ctr (default)</option><option value="a&lt;b">a&lt;b</option>'
+    )
+    assert (first["model"]["textContent"], first["trained"]["textContent"]) == ("a<b", "42")
+    assert (first["features"]["textContent"], first["version"]["textContent"]) == ("7", "3")
+    assert second["trained"]["textContent"] == "42" and second["status"]["className"] == "ok"

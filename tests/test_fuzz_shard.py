@@ -89,7 +89,7 @@ async def test_without_a_token_only_the_open_routes_answer(shard_url: str) -> No
     doc = shard_document()
     async with aiohttp.ClientSession() as http:
         for method, path in OPERATIONS:
-            url = shard_url + path.replace("{version}", "1")
+            url = shard_url + path.replace("{version}", "1").replace("{name}", "emb")
             async with http.request(method, url) as resp:
                 body = await resp.json()
                 status = resp.status

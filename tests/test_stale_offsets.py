@@ -215,10 +215,11 @@ async def test_a_model_of_another_cluster_is_never_resumed_silently(
         assert fields["partitions"] == f"0:1500[0,500)->{resumed_p0} 1:1500[0,500)->0"
         assert "weights are kept" in line.getMessage()
         # Counted in /metrics, through the status board.
-        metrics = ApiMetrics()
+        metrics = ApiMetrics("ctr")
         exposition = (await metrics.scrape(ControlView(control, metrics))).decode()
         assert (
-            f'ctrps_worker_stale_offsets_total{{action="{policy}",reason="cluster",worker="w-stale"}} 2.0' in exposition
+            f'ctrps_worker_stale_offsets_total{{action="{policy}",model="ctr",reason="cluster",worker="w-stale"}} 2.0'
+            in exposition
         ), [l for l in exposition.splitlines() if "stale" in l]
         # The next cut is the new stream's alone.
         report = await Exporter(coordinator, control, tmp_path / "exports", "m").cut()
@@ -288,7 +289,7 @@ async def test_events_after_a_broker_restart_are_all_trained(
             await _produce(broker.bootstrap, topic, 2000, seed=5)
             await until(lambda: bias_shows(shards) >= 2000, 60, what="the first events", task=task)
             await until(lambda: worker.stats.commits > 0 and not worker._builder, 30, what="the commits", task=task)
-            assert (await control.coordinator_resume()).stream == StreamIdentity(first_cluster, group, (topic,))
+            assert (await control.coordinator_resume("m")).stream == StreamIdentity(first_cluster, group, (topic,))
 
             # The broker dies and comes back on the same port: memory only,
             # so it is empty, a new cluster, its offsets start at 0 again.
@@ -306,10 +307,10 @@ async def test_events_after_a_broker_restart_are_all_trained(
             await until(lambda: bias_shows(shards) >= 5000, 90, what="the events after the restart", task=task)
 
             async def released() -> bool:  # the last window's pushes land before its commit
-                return (await control.coordinator_offsets()) == {topic: {0: 1500, 1: 1500}}
+                return (await control.coordinator_offsets("m")) == {topic: {0: 1500, 1: 1500}}
 
             await until(released, 30, what="the last commits", task=task)
-            point = await control.coordinator_resume()
+            point = await control.coordinator_resume("m")
             assert point.stream == StreamIdentity(broker.cluster_id, group, (topic,))
         assert worker.stats.stale_offsets == {("cluster", "committed"): 2}
         [line] = _stale_lines(caplog)

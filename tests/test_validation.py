@@ -288,7 +288,7 @@ _boards = st.lists(
 def test_summaries_and_metrics_never_fail_on_any_board(board: list[Any]) -> None:
     summary = summarize(board)
     assert summary.lag >= 0 and summary.events_trained >= 0
-    exposition = ApiMetrics().render(ClusterSnapshot(stats=[None], board=summary)).decode()
+    exposition = ApiMetrics().render(ClusterSnapshot(stats=[None], board=summary, model="ctr")).decode()
     assert list(text_string_to_metric_families(exposition))
 
 
@@ -333,7 +333,7 @@ async def test_a_partition_key_of_a_superscript_digit_breaks_nothing(api: tuple[
     assert status == 200 and info["lag"]["by_partition"] == {"0": 1, "1": 2}
     assert [w["source"] for w in info["workers"]] == ["w1"]
     status, text = await _api_call(http, "GET", "/metrics")
-    assert status == 200 and 'ctrps_consumer_lag_records{partition="1"} 2.0' in text
+    assert status == 200 and 'ctrps_consumer_lag_records{model="ctr",partition="1"} 2.0' in text
     history: History = http.app[HISTORY]
     assert await history.sample() is not None and history.error is None
 

@@ -153,7 +153,7 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
                 for f in text_string_to_metric_families(text)
                 for m in f.samples
             }
-            w = (("worker", "w-out"),)
+            w = (("model", "m"), ("worker", "w-out"))
             assert metrics[("ctrps_worker_outages_total", w)] == worker.stats.outages >= 1
             assert metrics[("ctrps_worker_windows_replayed_total", w)] == worker.stats.windows_replayed
             assert metrics[("ctrps_worker_outage_seconds_total", w)] >= outage_s - 10

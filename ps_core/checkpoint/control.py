@@ -15,11 +15,12 @@ from __future__ import annotations
 import ssl as ssl_
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
+from urllib.parse import quote
 
 import aiohttp
 import orjson
 
-from ..errors import ExportNotFoundError, LeaseError, NoCoordinatorError, PSError, StatusError
+from ..errors import ExportNotFoundError, LeaseError, NoCoordinatorError, PSError, StatusError, UnknownModelError
 from ..net import codec
 from ..net.client import fan_out
 from ..net.endpoint import RetryPolicy, ShardEndpoint, ShardGroup
@@ -74,9 +75,17 @@ class ExportService(Protocol):
 
     async def export_json(self, kind: str | None = None) -> dict[str, Any]: ...
 
-    def exports_json(self) -> dict[str, Any]: ...
+    def exports_json(self, model: str | None = None) -> dict[str, Any]: ...
 
-    async def compact(self) -> dict[str, Any]: ...
+    async def compact(self, model: str | None = None) -> dict[str, Any]: ...
+
+    def models_json(self) -> dict[str, Any]: ...
+
+    def model_json(self, name: str) -> dict[str, Any]: ...
+
+    async def create_model_json(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def delete_model(self, name: str) -> dict[str, Any]: ...
 
 
 class ShardControl(Protocol):
@@ -106,9 +115,11 @@ class ShardControl(Protocol):
 
     async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant: ...
 
-    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool: ...
+    async def release_lease(
+        self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None, model: str | None = None
+    ) -> bool: ...
 
-    async def coordinator_offsets(self) -> Offsets: ...
+    async def coordinator_offsets(self, model: str | None = None) -> Offsets: ...
 
     async def sync_join(self, worker: str) -> int: ...
 
@@ -118,15 +129,30 @@ class ShardControl(Protocol):
 
     async def sync_apply(self, step: int) -> int: ...
 
-    async def coordinator_resume(self) -> ResumePoint: ...
+    async def coordinator_resume(self, model: str | None = None) -> ResumePoint: ...
 
     async def export_now(self, kind: str | None) -> dict[str, Any]: ...
 
-    async def exports(self) -> dict[str, Any]: ...
+    async def exports(self, model: str | None = None) -> dict[str, Any]: ...
 
-    async def compact_exports(self) -> dict[str, Any]: ...
+    async def compact_exports(self, model: str | None = None) -> dict[str, Any]: ...
+
+    async def drop_table(self, name: str) -> bool: ...
+
+    async def models(self) -> dict[str, Any]: ...
+
+    async def model_info(self, name: str) -> dict[str, Any]: ...
+
+    async def create_model(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def delete_model(self, name: str) -> dict[str, Any]: ...
 
     async def close(self) -> None: ...
+
+
+def _with_model(path: str, model: str | None) -> str:
+    """`path` asking for `model`'s (None: the default model's)."""
+    return path if model is None else f"{path}?model={quote(model, safe='')}"
 
 
 class LocalControl:
@@ -179,11 +205,15 @@ class LocalControl:
         lease = await self._coordinator().acquire(worker, wait_s)
         return LeaseGrant(lease.lease_id, lease.epoch)
 
-    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
-        return await self._coordinator().release(lease_id, offsets, stream)
+    async def release_lease(
+        self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None, model: str | None = None
+    ) -> bool:
+        if model is not None and self.exporter is not None:
+            self.exporter.model_json(model)  # unknown_model, as over HTTP
+        return await self._coordinator().release(lease_id, offsets, stream, model)
 
-    async def coordinator_offsets(self) -> Offsets:
-        return self._coordinator().offsets()
+    async def coordinator_offsets(self, model: str | None = None) -> Offsets:
+        return self._coordinator().offsets(model)
 
     async def sync_join(self, worker: str) -> int:
         return self._coordinator().barrier.join(worker)
@@ -199,9 +229,9 @@ class LocalControl:
     async def sync_apply(self, step: int) -> int:
         return self.shard.apply_step(step)
 
-    async def coordinator_resume(self) -> ResumePoint:
+    async def coordinator_resume(self, model: str | None = None) -> ResumePoint:
         c = self._coordinator()
-        return ResumePoint(c.offsets(), c.stream)
+        return ResumePoint(c.offsets(model), c.stream_of(model))
 
     def _exporter(self) -> ExportService:
         if self.exporter is None:
@@ -211,11 +241,26 @@ class LocalControl:
     async def export_now(self, kind: str | None) -> dict[str, Any]:
         return await self._exporter().export_json(kind)
 
-    async def exports(self) -> dict[str, Any]:
-        return self._exporter().exports_json()
+    async def exports(self, model: str | None = None) -> dict[str, Any]:
+        return self._exporter().exports_json(model)
 
-    async def compact_exports(self) -> dict[str, Any]:
-        return await self._exporter().compact()
+    async def compact_exports(self, model: str | None = None) -> dict[str, Any]:
+        return await self._exporter().compact(model)
+
+    async def drop_table(self, name: str) -> bool:
+        return self.shard.drop(name)
+
+    async def models(self) -> dict[str, Any]:
+        return self._exporter().models_json()
+
+    async def model_info(self, name: str) -> dict[str, Any]:
+        return self._exporter().model_json(name)
+
+    async def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._exporter().create_model_json(body)
+
+    async def delete_model(self, name: str) -> dict[str, Any]:
+        return await self._exporter().delete_model(name)
 
     async def close(self) -> None:
         return None
@@ -281,7 +326,9 @@ class HttpControl(ShardEndpoint):
                 method, path, None if body is None else orjson.dumps(body), "application/json"
             )
         except PSError as exc:
-            if exc.status == 404 and not isinstance(exc, (LeaseError, NoCoordinatorError, ExportNotFoundError)):
+            if exc.status == 404 and not isinstance(
+                exc, (LeaseError, NoCoordinatorError, ExportNotFoundError, UnknownModelError)
+            ):
                 # The route is not there: this shard serves no coordinator.
                 raise NoCoordinatorError(f"shard {self.shard_id} at {self.url} hosts no coordinator") from None
             raise
@@ -291,17 +338,21 @@ class HttpControl(ShardEndpoint):
         got = await self._coordinator_request("POST", "/v1/leases", {"worker": worker, "wait_s": wait_s})
         return LeaseGrant(int(got["lease_id"]), str(got["epoch"]))
 
-    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
+    async def release_lease(
+        self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None, model: str | None = None
+    ) -> bool:
         body: dict[str, Any] = {
             "lease_id": lease_id,
             "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()},
         }
         if stream is not None:
             body["stream"] = stream.to_dict()
+        if model is not None:
+            body["model"] = model
         return bool((await self._coordinator_request("POST", "/v1/leases/release", body))["released"])
 
-    async def coordinator_offsets(self) -> Offsets:
-        return parse_offsets((await self._coordinator_request("GET", "/v1/offsets"))["offsets"])
+    async def coordinator_offsets(self, model: str | None = None) -> Offsets:
+        return parse_offsets((await self._coordinator_request("GET", _with_model("/v1/offsets", model)))["offsets"])
 
     async def sync_join(self, worker: str) -> int:
         return int((await self._coordinator_request("POST", "/v1/sync/join", {"worker": worker}))["step"])
@@ -317,8 +368,8 @@ class HttpControl(ShardEndpoint):
         _, reply = await self.request("POST", "/v1/sync/apply", orjson.dumps({"step": step}), "application/json")
         return int(orjson.loads(reply)["applied"])
 
-    async def coordinator_resume(self) -> ResumePoint:
-        return _resume_point(await self._coordinator_request("GET", "/v1/offsets"))
+    async def coordinator_resume(self, model: str | None = None) -> ResumePoint:
+        return _resume_point(await self._coordinator_request("GET", _with_model("/v1/offsets", model)))
 
     async def export_now(self, kind: str | None) -> dict[str, Any]:
         out: dict[str, Any] = await self._coordinator_request(
@@ -326,12 +377,32 @@ class HttpControl(ShardEndpoint):
         )
         return out
 
-    async def exports(self) -> dict[str, Any]:
-        out: dict[str, Any] = await self._coordinator_request("GET", "/v1/exports")
+    async def exports(self, model: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = await self._coordinator_request("GET", _with_model("/v1/exports", model))
         return out
 
-    async def compact_exports(self) -> dict[str, Any]:
-        out: dict[str, Any] = await self._coordinator_request("POST", "/v1/exports/compact", {})
+    async def compact_exports(self, model: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = await self._coordinator_request("POST", _with_model("/v1/exports/compact", model), {})
+        return out
+
+    async def drop_table(self, name: str) -> bool:
+        _, reply = await self.request("DELETE", f"/v1/tables/{quote(name, safe='')}")
+        return bool(orjson.loads(reply)["dropped"])
+
+    async def models(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._coordinator_request("GET", "/v1/models")
+        return out
+
+    async def model_info(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._coordinator_request("GET", f"/v1/models/{quote(name, safe='')}")
+        return out
+
+    async def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = await self._coordinator_request("POST", "/v1/models", body)
+        return out
+
+    async def delete_model(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._coordinator_request("DELETE", f"/v1/models/{quote(name, safe='')}")
         return out
 
     async def close(self) -> None:
@@ -443,29 +514,52 @@ class ControlClient(ShardGroup[ShardControl]):
         (once, whoever asks first); returns the keys updated."""
         return sum(await fan_out([t.sync_apply(step) for t in self.shards]))
 
-    async def release_lease(self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None) -> bool:
+    async def release_lease(
+        self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None, model: str | None = None
+    ) -> bool:
         """End a lease with the offsets its window committed, read from
-        `stream`; False if it had expired."""
-        return await self.shards[0].release_lease(lease_id, offsets, stream)
+        `stream`, as `model`'s (None: the default model's); False if it had expired."""
+        return await self.shards[0].release_lease(lease_id, offsets, stream, model)
 
-    async def coordinator_offsets(self) -> Offsets:
-        """The coordinator's committed offsets: where workers resume after a restore."""
-        return await self.shards[0].coordinator_offsets()
+    async def coordinator_offsets(self, model: str | None = None) -> Offsets:
+        """The coordinator's committed offsets of `model`: where its workers resume after a restore."""
+        return await self.shards[0].coordinator_offsets(model)
 
-    async def coordinator_resume(self) -> ResumePoint:
-        """The coordinator's offsets and the stream they were read from
-        (`StreamIdentity`; None when not known)."""
-        return await self.shards[0].coordinator_resume()
+    async def coordinator_resume(self, model: str | None = None) -> ResumePoint:
+        """The coordinator's offsets of `model` and the stream they were read
+        from (`StreamIdentity`; None when not known)."""
+        return await self.shards[0].coordinator_resume(model)
 
     async def export_now(self, kind: str | None = None) -> dict[str, Any]:
         """Cut and write a version now (`ps_core.checkpoint.exporter.ExportReport` as JSON);
         `NoCoordinatorError` when shard 0 runs no exporter."""
         return await self.shards[0].export_now(kind)
 
-    async def exports(self) -> dict[str, Any]:
-        """``{"model", "versions", "last"}`` from shard 0's exporter."""
-        return await self.shards[0].exports()
+    async def exports(self, model: str | None = None) -> dict[str, Any]:
+        """``{"model", "versions", "last"}`` of `model` from shard 0's exporter."""
+        return await self.shards[0].exports(model)
 
-    async def compact_exports(self) -> dict[str, Any]:
-        """Have shard 0's exporter fold the newest chain into a base (and prune)."""
-        return await self.shards[0].compact_exports()
+    async def compact_exports(self, model: str | None = None) -> dict[str, Any]:
+        """Have shard 0's exporter fold `model`'s newest chain into a base (and prune)."""
+        return await self.shards[0].compact_exports(model)
+
+    async def drop_table(self, name: str) -> bool:
+        """Drop table `name` on every shard; True if any held it."""
+        return any(await fan_out([t.drop_table(name) for t in self.shards]))
+
+    async def models(self) -> dict[str, Any]:
+        """``{"default", "models": [...]}``: the cluster's models (shard 0)."""
+        return await self.shards[0].models()
+
+    async def model_info(self, name: str) -> dict[str, Any]:
+        """Model `name`'s declaration (`UnknownModelError` if the cluster has none)."""
+        return await self.shards[0].model_info(name)
+
+    async def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a model from its recipe (`ps_core.checkpoint.registry.ModelSpec.recipe`):
+        ``{"created": bool, "model": {...}}``."""
+        return await self.shards[0].create_model(body)
+
+    async def delete_model(self, name: str) -> dict[str, Any]:
+        """Delete model `name`: its tables dropped on every shard, its exports kept."""
+        return await self.shards[0].delete_model(name)

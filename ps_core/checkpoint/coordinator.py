@@ -88,6 +88,58 @@ class Cut(Generic[T]):
     """Workers whose leases expired during the wait."""
     stream: StreamIdentity | None = None
     """The stream `offsets` were read from (None: no worker reported one)."""
+    books: dict[str, tuple[Offsets, StreamIdentity | None]] = field(default_factory=dict)
+    """Every model's offsets and their stream (`offsets` and `stream` are
+    the default model's)."""
+
+
+class OffsetBook:
+    """One model's committed offsets and the stream they were read from."""
+
+    def __init__(self, offsets: Mapping[str, Mapping[int, int]] | None = None, stream: StreamIdentity | None = None):
+        self.offsets: Offsets = {t: dict(p) for t, p in (offsets or {}).items()}
+        self.stream = stream
+        self.stream_changes = 0
+        """Times workers reported a stream other than the one the offsets were read from."""
+
+    def record(
+        self, offsets: Mapping[str, Mapping[int, int]] | None, stream: StreamIdentity | None, model: str
+    ) -> None:
+        """Record offsets a window committed, read from `stream`."""
+        if offsets and stream is not None:
+            self._adopt(stream.with_topics(list(offsets)), model)
+        for topic, parts in (offsets or {}).items():
+            self.offsets.setdefault(topic, {}).update({int(p): int(o) for p, o in parts.items()})
+
+    def copy(self) -> Offsets:
+        return {t: dict(p) for t, p in self.offsets.items()}
+
+    def _adopt(self, stream: StreamIdentity, model: str) -> None:
+        """Record `stream` as the offsets' stream; a different one drops the old offsets."""
+        reason = stream_mismatch(self.stream, stream)
+        if reason is not None:
+            assert self.stream is not None
+            log.warning(
+                "stream changed: offsets of the old stream dropped",
+                extra={
+                    "fields": {
+                        "model": model,
+                        "reason": reason,
+                        "old_cluster_id": self.stream.cluster_id,
+                        "cluster_id": stream.cluster_id,
+                        "old_group": self.stream.group,
+                        "group": stream.group,
+                        "dropped_partitions": sum(len(p) for p in self.offsets.values()),
+                    }
+                },
+            )
+            self.offsets = {}
+            self.stream_changes += 1
+            self.stream = stream
+        elif self.stream is None:
+            self.stream = stream
+        else:
+            self.stream = self.stream.with_topics(stream.topics)
 
 
 def parse_offsets(raw: object, *, error: type[PSError] = LeaseError) -> Offsets:
@@ -127,10 +179,13 @@ class Coordinator:
         offsets: Mapping[str, Mapping[int, int]] | None = None,
         version: int = 0,
         stream: StreamIdentity | None = None,
+        model: str = "ctr",
+        books: Mapping[str, tuple[Mapping[str, Mapping[int, int]], StreamIdentity | None]] | None = None,
     ) -> None:
         """`last_version`, `last_base`, `offsets` and their `stream` resume
         after a restore; `version` is the export version the shards hold (the
-        offsets')."""
+        offsets'). `offsets` and `stream` are those of `model`, the default
+        model (the one a request naming none means); `books`, other models'."""
         if lease_ttl_s <= 0 or base_every < 1:
             raise ValueError("lease_ttl_s must be > 0 and base_every >= 1")
         self.lease_ttl_s = lease_ttl_s
@@ -139,10 +194,10 @@ class Coordinator:
         """The newest cut (0: none yet)."""
         self.last_base = last_base
         """The newest base cut (0: none yet)."""
-        self._offsets: Offsets = {t: dict(p) for t, p in (offsets or {}).items()}
-        self._stream = stream
-        self.stream_changes = 0
-        """Times workers reported a stream other than the one the offsets were read from."""
+        self.model = model
+        """The default model: the one whose offsets a request naming none means."""
+        self._books: dict[str, OffsetBook] = {n: OffsetBook(o, st) for n, (o, st) in (books or {}).items()}
+        self._books[model] = OffsetBook(offsets, stream)
         self._ids = itertools.count(1)
         self._active: dict[int, Lease] = {}
         self._open = asyncio.Event()
@@ -190,8 +245,10 @@ class Coordinator:
         lease_id: int,
         offsets: Mapping[str, Mapping[int, int]] | None = None,
         stream: StreamIdentity | None = None,
+        model: str | None = None,
     ) -> bool:
-        """End a lease, recording the offsets its window committed, read from `stream`.
+        """End a lease, recording the offsets its window committed, read from
+        `stream`, as `model`'s (None: the default model's).
 
         Returns False when the lease had expired (a cut may hold part of its
         window): the offsets are still recorded, since they were committed.
@@ -201,10 +258,8 @@ class Coordinator:
         stream's offsets only.
         """
         lease = self._active.pop(lease_id, None)
-        if offsets and stream is not None:
-            self._adopt(stream.with_topics(list(offsets)))
-        for topic, parts in (offsets or {}).items():
-            self._offsets.setdefault(topic, {}).update({int(p): int(o) for p, o in parts.items()})
+        name = model or self.model
+        self._books.setdefault(name, OffsetBook()).record(offsets, stream, name)
         async with self._changed:
             self._changed.notify_all()
         if lease is None:
@@ -222,40 +277,45 @@ class Coordinator:
         """Leases granted and not yet released or expired."""
         return len(self._active)
 
-    def offsets(self) -> Offsets:
-        """The latest committed offsets reported with released leases."""
-        return {t: dict(p) for t, p in self._offsets.items()}
+    def offsets(self, model: str | None = None) -> Offsets:
+        """The latest committed offsets of `model` (None: the default one)
+        reported with released leases."""
+        book = self._books.get(model or self.model)
+        return book.copy() if book is not None else {}
+
+    def stream_of(self, model: str | None = None) -> StreamIdentity | None:
+        """The stream `model`'s offsets were read from (None: not known)."""
+        book = self._books.get(model or self.model)
+        return book.stream if book is not None else None
 
     @property
     def stream(self) -> StreamIdentity | None:
-        """The stream the offsets were read from (None: not known)."""
-        return self._stream
+        """The stream the default model's offsets were read from (None: not known)."""
+        return self.stream_of()
 
-    def _adopt(self, stream: StreamIdentity) -> None:
-        """Record `stream` as the offsets' stream; a different one drops the old offsets."""
-        reason = stream_mismatch(self._stream, stream)
-        if reason is not None:
-            assert self._stream is not None
-            log.warning(
-                "stream changed: offsets of the old stream dropped",
-                extra={
-                    "fields": {
-                        "reason": reason,
-                        "old_cluster_id": self._stream.cluster_id,
-                        "cluster_id": stream.cluster_id,
-                        "old_group": self._stream.group,
-                        "group": stream.group,
-                        "dropped_partitions": sum(len(p) for p in self._offsets.values()),
-                    }
-                },
-            )
-            self._offsets = {}
-            self.stream_changes += 1
-            self._stream = stream
-        elif self._stream is None:
-            self._stream = stream
-        else:
-            self._stream = self._stream.with_topics(stream.topics)
+    @property
+    def stream_changes(self) -> int:
+        """Times workers reported a stream other than the one a model's offsets were read from."""
+        return sum(b.stream_changes for b in self._books.values())
+
+    def books(self) -> dict[str, tuple[Offsets, StreamIdentity | None]]:
+        """Every model's offsets and stream."""
+        return {n: (b.copy(), b.stream) for n, b in self._books.items()}
+
+    def set_default(self, model: str) -> None:
+        """Make `model` the default model, its offsets those held as the
+        default's so far (the exporter names the default model; a
+        coordinator built without a name calls it ``ctr``)."""
+        if model == self.model:
+            return
+        book = self._books.pop(self.model)
+        self._books.setdefault(model, book)
+        self.model = model
+
+    def forget(self, model: str) -> None:
+        """Drop a deleted model's offsets (the default model's are kept)."""
+        if model != self.model:
+            self._books.pop(model, None)
 
     # -- cuts ----------------------------------------------------------------
     def next_kind(self) -> str:
@@ -289,7 +349,7 @@ class Coordinator:
                 t_drained = time.perf_counter()
                 version = self.last_version + 1
                 snap = await snapshot(version, kind)
-                offsets, stream = self.offsets(), self._stream
+                books = self.books()
             except BaseException:
                 if version:
                     self.spend(version)
@@ -305,12 +365,13 @@ class Coordinator:
                 version=version,
                 parent=None if kind == "base" else parent,
                 kind=kind,
-                offsets=offsets,
+                offsets=books[self.model][0],
                 snapshot=snap,
                 lease_wait_s=t_drained - t0,
                 pause_s=t_done - t0,
                 expired_leases=expired,
-                stream=stream,
+                stream=books[self.model][1],
+                books=books,
             )
 
     # -- the cluster's version ---------------------------------------------------
@@ -342,13 +403,18 @@ class Coordinator:
                 self._open.set()
 
     def reset(
-        self, version: int, offsets: Mapping[str, Mapping[int, int]], stream: StreamIdentity | None = None
+        self,
+        version: int,
+        offsets: Mapping[str, Mapping[int, int]],
+        stream: StreamIdentity | None = None,
+        books: Mapping[str, tuple[Mapping[str, Mapping[int, int]], StreamIdentity | None]] | None = None,
     ) -> None:
         """Every shard now holds export `version`: resume from its offsets
-        (read from `stream`) under a new epoch (workers drop what they
-        buffered and seek there), and make the next cut a base."""
-        self._offsets = {t: dict(p) for t, p in offsets.items()}
-        self._stream = stream
+        (the default model's `offsets`, read from `stream`; other models'
+        in `books`) under a new epoch (workers drop what they buffered and
+        seek there), and make the next cut a base."""
+        self._books = {n: OffsetBook(o, st) for n, (o, st) in (books or {}).items()}
+        self._books[self.model] = OffsetBook(offsets, stream)
         self.version = version
         self.last_base = 0
         self.epoch = secrets.token_hex(8)

@@ -1,4 +1,4 @@
-"""Export cuts of a model's shards into ``<root>/<model>/``.
+"""Export cuts of the shards into ``<root>/<model>/``, one directory per model.
 
 `Exporter.cut` runs one export: the coordinator's pause (wait for leased
 windows, every shard copies its rows: `Shard.take_snapshot`), then, with
@@ -8,12 +8,19 @@ version (`ps_core.checkpoint.export.write_version`, in a thread) and prunes old 
 The exporter runs where the coordinator runs (shard 0, or ``ctrps demo``)
 and reaches every shard through a `ControlClient`, so shards need no shared
 storage: only the exporter writes files.
+
+A cut is one moment of every model of the cluster (`ps_core.checkpoint.registry`):
+each model's tables go to its own directory, under the cut's version, with
+that model's offsets. So the models share one version sequence and every
+model's directory holds every version cut since the model was created.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -24,15 +31,18 @@ from ..errors import (
     CutAbortedError,
     CutNotJoinedError,
     ExportWriteError,
+    ModelConflictError,
     NoCommonVersionError,
     PSError,
     ShardUnavailableError,
     SnapshotError,
+    UnknownModelError,
 )
 from .control import ControlClient
 from .coordinator import Coordinator, Offsets
 from .export import compact, list_versions, prune, write_version
-from .manifest import check_model_name
+from .manifest import check_model_name, version_dir_name
+from .registry import ModelRegistry, ModelSpec
 from .stream import StreamIdentity
 
 __all__ = ["Exporter", "ExportReport"]
@@ -70,6 +80,9 @@ class ExportReport:
     """Versions removed by retention."""
     stream: StreamIdentity | None = None
     """The stream the offsets were read from (None: not known)."""
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per model written: ``path``, ``rows`` and ``bytes`` (`path`, `rows`,
+    `bytes` and `offsets` above are the default model's, or the model asked for)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields: offsets with string partitions, durations in ms."""
@@ -118,10 +131,13 @@ class Exporter:
         cut_timeout_s: float = 30.0,
         abort_timeout_s: float = 10.0,
         serving_precision: str = "f32",
+        registry: ModelRegistry | None = None,
     ) -> None:
         """`cut_timeout_s` bounds each shard's copy (in the pause) and each
         fetch; `abort_timeout_s` each shard's drop of an aborted cut;
-        `serving_precision`, what the serving files hold the weights in."""
+        `serving_precision`, what the serving files hold the weights in;
+        `registry`, the cluster's models (default: those declared under
+        `root`, with `model` the default one)."""
         self.coordinator = coordinator
         self.serving_precision = serving_precision
         self.cut_timeout_s = cut_timeout_s
@@ -135,7 +151,10 @@ class Exporter:
         skipped while shards join or restore)."""
         self.client = client
         self.model = check_model_name(model)
+        coordinator.set_default(self.model)
         self.root = Path(root)
+        self.registry = registry if registry is not None else ModelRegistry.load(self.root, self.model)
+        self._registry_changes = self.registry.changes
         self.keep_bases = keep_bases
         self._lock = asyncio.Lock()
         # Set when a cut paused but its files were not written: the shards
@@ -151,8 +170,15 @@ class Exporter:
 
     @property
     def model_dir(self) -> Path:
-        """``<root>/<model>``."""
+        """``<root>/<model>``: the default model's directory."""
         return self.root / self.model
+
+    def dir_of(self, model: str | None = None) -> Path:
+        """``<root>/<model>`` (None: the default model); `UnknownModelError`
+        for a model the cluster does not hold."""
+        name = model or self.model
+        self.registry.check(name)
+        return self.root / name
 
     @staticmethod
     def resume_point(model_dir: Path) -> tuple[int, Offsets]:
@@ -182,8 +208,10 @@ class Exporter:
                 return await self._cut("base")
 
     async def _cut(self, kind: str | None) -> ExportReport:
-        if self._need_base or not self._chain_is_whole():
+        # A model created since the last cut starts its directory with a base.
+        if self._need_base or not self._chain_is_whole() or self.registry.changes != self._registry_changes:
             kind = "base"
+        self._registry_changes = self.registry.changes
         t0 = time.perf_counter()
 
         async def snapshot(version: int, cut_kind: str) -> int | None:
@@ -211,52 +239,46 @@ class Exporter:
             by_shard: dict[int, BaseException] = {int(getattr(exc, "shard_id", -1)): exc}
             await self._abort(cut.version, "fetch", by_shard)
             raise CutAbortedError(_CutFailed(cut.version, cut.kind, "fetch", by_shard).detail()) from None
-        tables = {s.table: s.config.to_dict() for shard in snaps.values() for s in shard}
-        config = {"name": self.model, "tables": [tables[n] for n in sorted(tables)]}
         try:
-            path = await asyncio.to_thread(
-                write_version,
-                self.root,
-                self.model,
-                cut.version,
-                cut.snapshot,
-                snaps,
-                cut.offsets,
-                config,
-                self.client.num_shards,
-                stream=cut.stream,
-                serving_precision=self.serving_precision,
-            )
+            written = await asyncio.to_thread(self._write_models, cut, snaps)
         except OSError as exc:
             # write_version leaves no partial directory behind (its temporary
-            # one is removed); the copies were handed over, so nothing else
-            # holds the version: it is spent.
+            # one is removed), and _write_models removes the models' versions
+            # written before the failure; the copies were handed over, so
+            # nothing else holds the version: it is spent.
             self.coordinator.spend(cut.version)
             # The directory is what an operator frees or fixes; the file that
             # failed may be inside the (removed) hidden temporary one.
-            where, failed_file = str(self.model_dir), str(exc.filename or "-")
+            failed_dir = getattr(exc, "model_dir", self.model_dir)
+            where, failed_file = str(failed_dir), str(exc.filename or "-")
             why = exc.strerror or str(exc)
             detail = f"export version {cut.version} not written to {where}: {why} (at {failed_file})"
             self._failed("disk", version=cut.version, path=where, file=failed_file, error=why)
             raise ExportWriteError(detail, path=where) from None
-        try:
-            pruned = await asyncio.to_thread(prune, self.model_dir, self.keep_bases)
-        except OSError as exc:
-            pruned = []  # the version is written; retention runs again after the next one
-            self._failed(
-                "prune", version=cut.version, path=str(exc.filename or self.model_dir), error=str(exc.strerror or exc)
-            )
+        pruned: list[int] = []
+        for name in written:
+            try:
+                pruned = sorted(set(pruned) | set(await asyncio.to_thread(prune, self.root / name, self.keep_bases)))
+            except OSError as exc:
+                # the version is written; retention runs again after the next one
+                self._failed(
+                    "prune",
+                    version=cut.version,
+                    path=str(exc.filename or self.root / name),
+                    error=str(exc.strerror or exc),
+                )
+        path = self.model_dir / version_dir_name(cut.version)
         self._need_base = False
         self.exports += 1
         self.coordinator.version = cut.version
-        files = [s for shard in snaps.values() for s in shard]
+        default = written.get(self.model, {"path": str(path), "rows": 0, "bytes": 0})
         report = ExportReport(
             version=cut.version,
             kind=cut.kind,
             parent=cut.snapshot,
-            path=str(path),
-            rows=sum(s.rows for s in files),
-            bytes=sum(p.stat().st_size for p in Path(path).iterdir()),
+            path=str(default["path"]),
+            rows=int(default["rows"]),
+            bytes=int(default["bytes"]),
             offsets=cut.offsets,
             lease_wait_s=cut.lease_wait_s,
             pause_s=cut.pause_s,
@@ -264,13 +286,64 @@ class Exporter:
             expired_leases=cut.expired_leases,
             pruned=pruned,
             stream=cut.stream,
+            models=written,
         )
         self.last = report
         log.info(
             "export",
-            extra={"fields": {k: v for k, v in report.to_dict().items() if k not in ("offsets", "path", "stream")}},
+            extra={
+                "fields": {
+                    **{k: v for k, v in report.to_dict().items() if k not in ("offsets", "path", "stream", "models")},
+                    "models": ",".join(written) or "-",
+                }
+            },
         )
         return report
+
+    def _write_models(self, cut: Any, snaps: dict[int, list[Any]]) -> dict[str, dict[str, Any]]:
+        """Write each model's tables of `cut` into its directory; returns per
+        model its path, rows and bytes. A model without tables yet writes
+        nothing (but the default model). On an `OSError` the versions already written are removed
+        (so no model holds the version) and the error carries ``model_dir``.
+        Synchronous: run in a thread."""
+        by_model = self.registry.split({s.table for shard in snaps.values() for s in shard})
+        written: dict[str, dict[str, Any]] = {}
+        for name, tables in by_model.items():
+            if not tables and name != self.model:
+                continue  # the default model is written even empty, as it always was
+            mine = set(tables)
+            part = {i: [s for s in shard if s.table in mine] for i, shard in snaps.items()}
+            configs = {s.table: s.config.to_dict() for shard in part.values() for s in shard}
+            spec = self.registry.get(name)
+            config: dict[str, Any] = {"name": name, "tables": [configs[n] for n in sorted(configs)]}
+            if spec is not None:
+                config["type"] = spec.kind
+            offsets, stream = cut.books.get(name, ({}, None))
+            try:
+                path = write_version(
+                    self.root,
+                    name,
+                    cut.version,
+                    cut.snapshot,
+                    part,
+                    offsets,
+                    config,
+                    self.client.num_shards,
+                    stream=stream,
+                    serving_precision=self.serving_precision,
+                )
+            except OSError as exc:
+                for done in written.values():
+                    with contextlib.suppress(OSError):
+                        shutil.rmtree(done["path"])
+                exc.model_dir = self.root / name  # type: ignore[attr-defined]
+                raise
+            written[name] = {
+                "path": str(path),
+                "rows": sum(s.rows for shard in part.values() for s in shard),
+                "bytes": sum(p.stat().st_size for p in Path(path).iterdir()),
+            }
+        return written
 
     async def _snapshot_all(self, version: int, parent: int | None) -> None:
         """Every shard copies its rows for `version`, each within
@@ -340,12 +413,16 @@ class Exporter:
         }
 
     def _chain_is_whole(self) -> bool:
-        """Whether the newest version on disk is the coordinator's last cut,
-        so a delta on it can be read back."""
+        """Whether the newest version on disk of every model that has
+        versions is the coordinator's last cut, so a delta on it can be read back."""
         if self.coordinator.last_version == 0:
             return False
-        versions = list_versions(self.model_dir) if self.model_dir.is_dir() else []
-        return bool(versions) and versions[-1].version == self.coordinator.last_version
+        newest = []
+        for mdir in (self.root / n for n in self.registry.names()):
+            versions = list_versions(mdir) if mdir.is_dir() else []
+            if versions:
+                newest.append(versions[-1].version)
+        return bool(newest) and all(v == self.coordinator.last_version for v in newest)
 
     async def run(self, interval_s: float, stop: asyncio.Event) -> None:
         """Export every `interval_s` seconds until `stop`; a failed export is
@@ -368,19 +445,86 @@ class Exporter:
                 self.failures["error"] = self.failures.get("error", 0) + 1
                 log.warning("export failed", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
 
+    # -- the cluster's models ---------------------------------------------------
+    def model_json(self, name: str) -> dict[str, Any]:
+        """Model `name`'s declaration (`UnknownModelError` when the cluster has
+        none); the default model, if not created, with type null."""
+        spec = self.registry.get(name)
+        if spec is not None:
+            return spec.to_dict()
+        self.registry.check(name)
+        return {"name": name, "type": None, "tables": [], "update_mode": None, "created_at": None}
+
+    def models_json(self) -> dict[str, Any]:
+        """``{"default", "models"}`` (``GET /v1/models``)."""
+        return {"default": self.registry.default, "models": [self.model_json(n) for n in self.registry.names()]}
+
+    async def create_model(self, spec: ModelSpec) -> bool:
+        """Declare `spec`'s tables on every shard, then record it (and its
+        ``model.json``); True when it is new. Between cuts, so a cut never
+        meets a model half made. A table declared otherwise on a shard is
+        `TableConflictError` (or `ModeConflictError`), nothing recorded."""
+        async with self._lock:
+            self.registry.check_new(spec)
+            for config in spec.tables:
+                await self.client.declare(config)
+            created = await asyncio.to_thread(self.registry.create, spec)
+        if created:
+            log.info(
+                "model created",
+                extra={
+                    "fields": {
+                        "model": spec.name,
+                        "type": spec.kind,
+                        "mode": spec.mode,
+                        "tables": ",".join(spec.table_names),
+                    }
+                },
+            )
+        return created
+
+    async def create_model_json(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`create_model` of a JSON recipe (`ModelSpec.recipe`): ``{"created", "model"}``."""
+        spec = ModelSpec.from_recipe(body)
+        created = await self.create_model(spec)
+        return {"created": created, "model": self.model_json(spec.name)}
+
+    async def delete_model(self, name: str) -> dict[str, Any]:
+        """Drop model `name`'s tables on every shard, forget it and its
+        offsets; its exports stay on disk. The default model cannot be
+        deleted (`ModelConflictError`): it holds the tables declared by hand."""
+        if name == self.model:
+            raise ModelConflictError(f"model {name} is this cluster's default model (--model-name): it is not deleted")
+        async with self._lock:
+            spec = self.registry.get(name)
+            if spec is None:
+                raise UnknownModelError(
+                    f"no model {name!r} created in this cluster; models: {', '.join(self.registry.names())}"
+                )
+            dropped = [t for t in spec.table_names if await self.client.drop_table(t)]
+            await asyncio.to_thread(self.registry.delete, name)
+            self.coordinator.forget(name)
+        mdir = self.root / name
+        log.info(
+            "model deleted", extra={"fields": {"model": name, "tables": ",".join(dropped) or "-", "exports": str(mdir)}}
+        )
+        return {"deleted": spec.to_dict(), "tables_dropped": dropped, "exports": str(mdir) if mdir.is_dir() else None}
+
     async def export_json(self, kind: str | None = None) -> dict[str, Any]:
         """`cut`, answered as JSON (``POST /v1/exports``)."""
         return (await self.cut(kind)).to_dict()
 
-    async def compact(self) -> dict[str, Any]:
-        """Fold the newest chain into a base of its newest version (same
+    async def compact(self, model: str | None = None) -> dict[str, Any]:
+        """Fold `model`'s newest chain into a base of its newest version (same
         version, offsets and rows; deltas after it stay valid), then prune;
         one at a time with cuts, since both rewrite the directory."""
+        mdir = self.dir_of(model)
         async with self._lock:
             t0 = time.perf_counter()
-            info = await asyncio.to_thread(compact, self.model_dir)
-            pruned = await asyncio.to_thread(prune, self.model_dir, self.keep_bases)
+            info = await asyncio.to_thread(compact, mdir)
+            pruned = await asyncio.to_thread(prune, mdir, self.keep_bases)
             out = {
+                "model": mdir.name,
                 "version": info.version,
                 "kind": info.kind,
                 "compacted_from": list(info.manifest.compacted_from),
@@ -392,13 +536,24 @@ class Exporter:
         log.info("compacted", extra={"fields": {k: v for k, v in out.items() if k != "compacted_from"}})
         return out
 
-    def exports_json(self) -> dict[str, Any]:
-        """The model, its versions and the last export's report (``GET /v1/exports``)."""
+    def exports_json(self, model: str | None = None) -> dict[str, Any]:
+        """`model`'s versions and the last export's report (``GET /v1/exports``)."""
+        mdir = self.dir_of(model)
         last = self.last.to_dict() if self.last is not None else None
-        return {"model": self.model, "versions": self.versions(), "last": last}
+        if last is not None and mdir.name != self.model:
+            mine = self.last.models.get(mdir.name) if self.last is not None else None
+            last = None if mine is None else {**last, **mine, "offsets": self._offsets_json(mdir.name)}
+        return {"model": mdir.name, "versions": self.versions(mdir.name), "last": last}
 
-    def versions(self) -> list[dict[str, Any]]:
-        """The versions on disk, oldest first, as JSON-ready dicts."""
-        if not self.model_dir.is_dir():
+    def _offsets_json(self, model: str) -> dict[str, dict[str, int]]:
+        versions = list_versions(self.root / model) if (self.root / model).is_dir() else []
+        if not versions:
+            return {}
+        return {t: {str(p): o for p, o in ps.items()} for t, ps in versions[-1].manifest.offsets.items()}
+
+    def versions(self, model: str | None = None) -> list[dict[str, Any]]:
+        """`model`'s versions on disk, oldest first, as JSON-ready dicts."""
+        mdir = self.dir_of(model)
+        if not mdir.is_dir():
             return []
-        return [v.to_json() for v in list_versions(self.model_dir)]
+        return [v.to_json() for v in list_versions(mdir)]

@@ -21,6 +21,12 @@ pushed since) and decides:
 
 No version every shard can load: leases stay refused (`NoCommonVersionError`)
 with one line saying what to do.
+
+A cluster of several models (`ps_core.checkpoint.registry`) restores them
+together: a version loads when every model that existed at it loads it (the
+default model's directory holds every version; a model created later than a
+version has nothing to load at it), and the coordinator takes each model's
+offsets from its own manifest of that version.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,13 +50,25 @@ from ..net.shard import Shard, ShardSpec
 from ..store.lifecycle import Lifecycle
 from ..store.table import TableConfig
 from .coordinator import Coordinator
-from .export import latest_chain, read_manifest, restore_shards, version_dirs
+from .export import RestoreResult, latest_chain, read_manifest, restore_into, restore_shards, version_dirs
 from .manifest import parse_version_dir
+from .registry import model_dirs
+from .stream import StreamIdentity
 
 if TYPE_CHECKING:  # the control client imports this module (in-process restores)
     from .control import ControlClient
 
-__all__ = ["Membership", "chain_of", "newest_loadable", "load_shard", "restore_version", "refusal_fields"]
+__all__ = [
+    "Membership",
+    "chain_of",
+    "chains_at",
+    "newest_loadable",
+    "load_shard",
+    "restore_chains",
+    "restore_version",
+    "refusal_fields",
+    "books_at",
+]
 
 log = logging.getLogger("ctrps.join")
 
@@ -63,6 +81,59 @@ def chain_of(model_dir: Path, version: int) -> list[Any]:
     if chain[-1].version != version:
         raise ExportNotFoundError(f"no export version {version} in {model_dir}")
     return chain
+
+
+def other_models(model_dir: Path) -> dict[str, Path]:
+    """The directories of the cluster's other models, beside the default
+    model's `model_dir` (those holding a ``model.json``)."""
+    model_dir = Path(model_dir)
+    return {n: d for n, d in model_dirs(model_dir.parent, model_dir.name).items() if n != model_dir.name}
+
+
+def chains_at(model_dir: Path, version: int) -> dict[str, list[Any]]:
+    """Every model's chain ending at `version`: the default model's (in
+    `model_dir`) first, then each other model that has a version at or
+    below it (a model created later has nothing to load). Raises as
+    `chain_of` for the first model that cannot load it."""
+    out = {Path(model_dir).name: chain_of(model_dir, version)}
+    for name, d in other_models(model_dir).items():
+        if any(v <= version for v in version_dirs(d)):
+            out[name] = chain_of(d, version)
+    return out
+
+
+def restore_chains(chains: Mapping[str, Sequence[Any]], num_shards: int, shard_ids: Sequence[int]) -> RestoreResult:
+    """Shards `shard_ids` holding every model's chain (`chains_at`); the
+    result's offsets and manifest are the first (default) model's."""
+    names = list(chains)
+    result = restore_shards(chains[names[0]], num_shards, shard_ids=shard_ids)
+    for name in names[1:]:
+        restore_into(result.shards, chains[name])
+    return result
+
+
+def books_at(chains: Mapping[str, Sequence[Any]]) -> dict[str, tuple[dict[str, dict[int, int]], StreamIdentity | None]]:
+    """Each model's offsets and stream at the end of its chain."""
+    out = {}
+    for name, chain in chains.items():
+        m = chain[-1].manifest
+        out[name] = ({t: dict(p) for t, p in m.offsets.items()}, m.stream)
+    return out
+
+
+def _books_of(model_dir: Path, version: int) -> dict[str, tuple[dict[str, dict[int, int]], StreamIdentity | None]]:
+    """Each other model's offsets and stream in its manifest of `version` (no hashing)."""
+    out = {}
+    for name, d in other_models(model_dir).items():
+        path = version_dirs(d).get(version)
+        if path is None:
+            continue
+        try:
+            m = read_manifest(path)
+        except ExportCorruptError:
+            continue
+        out[name] = ({t: dict(p) for t, p in m.offsets.items()}, m.stream)
+    return out
 
 
 def _bad_version(exc: ExportCorruptError) -> int | None:
@@ -90,9 +161,10 @@ def _ancestry(dirs: dict[int, Path], version: int) -> set[int] | None:
     return out
 
 
-def newest_loadable(model_dir: Path) -> tuple[list[Any] | None, list[ExportCorruptError]]:
-    """The newest chain whose every file checks, and the refusals met on the
-    way (newest first); a version built on a refused one is not hashed again."""
+def newest_loadable(model_dir: Path) -> tuple[dict[str, list[Any]] | None, list[ExportCorruptError]]:
+    """Every model's chain (`chains_at`) at the newest version whose every
+    file checks in every model, and the refusals met on the way (newest
+    first); a version built on a refused one is not hashed again."""
     dirs = version_dirs(Path(model_dir))
     refusals: list[ExportCorruptError] = []
     bad: set[int] = set()
@@ -101,10 +173,13 @@ def newest_loadable(model_dir: Path) -> tuple[list[Any] | None, list[ExportCorru
         if ancestry is not None and ancestry & bad:
             continue
         try:
-            return chain_of(model_dir, v), refusals
+            return chains_at(model_dir, v), refusals
         except ExportCorruptError as exc:
             refusals.append(exc)
-            bad.add(_bad_version(exc) or v)
+            if Path(exc.file).is_relative_to(model_dir):
+                bad.add(_bad_version(exc) or v)
+        except ExportNotFoundError:
+            continue  # another model lacks the version (its write failed): an older one
     return None, refusals
 
 
@@ -126,12 +201,12 @@ def load_shard(
     run it in a thread."""
     if version == 0:
         return Shard(spec, tables, lifecycle=lifecycle), "-"
-    chain = chain_of(model_dir, version)
-    shard = restore_shards(chain, spec.num_shards, shard_ids=[spec.shard_id]).shards[0]
+    chains = chains_at(model_dir, version)
+    shard = restore_chains(chains, spec.num_shards, [spec.shard_id]).shards[0]
     shard.default_lifecycle = lifecycle
     for config in tables:
         shard.configure(config)
-    return shard, ",".join(str(v.version) for v in chain)
+    return shard, ",".join(str(v.version) for v in chains[Path(model_dir).name])
 
 
 async def restore_version(shard: Shard, version: int) -> dict[str, Any]:
@@ -360,7 +435,12 @@ class Membership:
         ):
             if agreed != coord.version:
                 manifest = read_manifest(dirs[agreed]) if agreed else None
-                coord.reset(agreed, manifest.offsets if manifest else {}, manifest.stream if manifest else None)
+                coord.reset(
+                    agreed,
+                    manifest.offsets if manifest else {},
+                    manifest.stream if manifest else None,
+                    books=_books_of(self.model_dir, agreed) if agreed else None,
+                )
             if await self._admit(agreed):
                 coord.refuse(None)
                 log.info(
@@ -447,7 +527,7 @@ class Membership:
             log.error("no common version: leases refused", extra={"fields": {"detail": err.detail}})
             return
         manifest = read_manifest(dirs[chosen])
-        coord.reset(chosen, manifest.offsets, manifest.stream)
+        coord.reset(chosen, manifest.offsets, manifest.stream, books=_books_of(self.model_dir, chosen))
         self.cluster_restores += 1
         if await self._admit(chosen):
             coord.refuse(None)

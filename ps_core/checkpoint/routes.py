@@ -27,6 +27,15 @@ shard server's whole app.
   ``GET /v1/exports``: ``{"model", "versions": [...], "last": report | null}``;
   ``POST /v1/exports/compact`` folds the newest chain into a base (and prunes).
   These are internal routes: the public ones, for people, are the API's.
+  ``GET /v1/offsets``, ``GET /v1/exports`` and ``POST /v1/exports/compact``
+  take ``?model=NAME`` (default: the default model); a release names its
+  model in its body;
+- with an exporter, the cluster's models (`ps_core.checkpoint.registry`):
+  ``GET /v1/models`` → ``{"default", "models": [...]}``; ``POST /v1/models``
+  (train scope, as table declarations) creates one, declaring its tables on every shard (201; 200 when
+  it exists identically; 409 ``model_conflict`` otherwise);
+  ``GET /v1/models/{name}``; ``DELETE /v1/models/{name}`` (admin) drops its
+  tables on every shard and forgets its offsets, leaving its exports on disk.
 
 On a shard app given a `TokenVerifier` these routes need tokens like every
 other (`ps_core.net.server.ROUTE_SCOPES`): leases and offsets the train scope,
@@ -47,10 +56,19 @@ from ..errors import CutInProgressError, InvalidRequestError
 from ..models import decode
 from ..net.server import SHARD, create_shard_app, json_body, json_response
 from ..net.shard import Shard
-from ..net.shard_openapi import ExportRequest, LeaseRequest, Release, Restore, SyncArrive, SyncMember
+from ..net.shard_openapi import (
+    ExportRequest,
+    LeaseRequest,
+    ModelDeclaration,
+    Release,
+    Restore,
+    SyncArrive,
+    SyncMember,
+)
 from .coordinator import Coordinator, parse_offsets
 from .exporter import Exporter
 from .joining import restore_version
+from .manifest import check_model_name
 from .stream import StreamIdentity
 
 __all__ = ["checkpointed_shard_app", "add_coordinator_routes", "COORDINATOR", "EXPORTER"]
@@ -64,6 +82,25 @@ _EXPORT = msgspec.json.Decoder(ExportRequest)
 _RESTORE = msgspec.json.Decoder(Restore)
 _SYNC_MEMBER = msgspec.json.Decoder(SyncMember)
 _SYNC_ARRIVE = msgspec.json.Decoder(SyncArrive)
+_MODEL = msgspec.json.Decoder(ModelDeclaration)
+
+
+def _model_of(request: web.Request) -> str | None:
+    """The ``model`` query parameter (None: the default model); 404
+    ``unknown_model`` for one the cluster does not hold."""
+    unknown = sorted(set(request.query) - {"model"})
+    if unknown:
+        raise InvalidRequestError(f"unknown query parameters: {', '.join(k[:40] for k in unknown[:5])}")
+    name = request.query.get("model")
+    if name is None:
+        return None
+    try:
+        check_model_name(name)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
+    if EXPORTER in request.app:
+        request.app[EXPORTER].registry.check(name)
+    return name
 
 
 async def acquire(request: web.Request) -> web.Response:
@@ -85,12 +122,16 @@ async def release(request: web.Request) -> web.Response:
     # The model checked every key and offset; this turns partition keys into ints.
     offsets = parse_offsets(body.offsets, error=InvalidRequestError)
     stream = None if body.stream is None else StreamIdentity.from_dict(msgspec.structs.asdict(body.stream))
-    released = await request.app[COORDINATOR].release(body.lease_id, offsets, stream)
+    model = body.model
+    if model is not None and EXPORTER in request.app:
+        request.app[EXPORTER].registry.check(model)
+    released = await request.app[COORDINATOR].release(body.lease_id, offsets, stream, model)
     return json_response({"released": released})
 
 
 async def offsets(request: web.Request) -> web.Response:
-    known, stream = request.app[COORDINATOR].offsets(), request.app[COORDINATOR].stream
+    model = _model_of(request)
+    known, stream = request.app[COORDINATOR].offsets(model), request.app[COORDINATOR].stream_of(model)
     return json_response(
         {
             "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in known.items()},
@@ -124,11 +165,29 @@ async def export_now(request: web.Request) -> web.Response:
 
 
 async def list_exports(request: web.Request) -> web.Response:
-    return json_response(request.app[EXPORTER].exports_json())
+    return json_response(request.app[EXPORTER].exports_json(_model_of(request)))
 
 
 async def compact_exports(request: web.Request) -> web.Response:
-    return json_response(await request.app[EXPORTER].compact())
+    return json_response(await request.app[EXPORTER].compact(_model_of(request)))
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return json_response(request.app[EXPORTER].models_json())
+
+
+async def get_model(request: web.Request) -> web.Response:
+    return json_response(request.app[EXPORTER].model_json(request.match_info["name"]))
+
+
+async def create_model(request: web.Request) -> web.Response:
+    body = await json_body(request, _MODEL)
+    out = await request.app[EXPORTER].create_model_json(msgspec.to_builtins(body))
+    return json_response(out, status=201 if out["created"] else 200)
+
+
+async def delete_model(request: web.Request) -> web.Response:
+    return json_response(await request.app[EXPORTER].delete_model(request.match_info["name"]))
 
 
 def add_coordinator_routes(app: web.Application, coordinator: Coordinator, exporter: Exporter | None = None) -> None:
@@ -146,6 +205,10 @@ def add_coordinator_routes(app: web.Application, coordinator: Coordinator, expor
         app.router.add_post("/v1/exports", export_now)
         app.router.add_get("/v1/exports", list_exports)
         app.router.add_post("/v1/exports/compact", compact_exports)
+        app.router.add_get("/v1/models", list_models)
+        app.router.add_post("/v1/models", create_model)
+        app.router.add_get("/v1/models/{name}", get_model)
+        app.router.add_delete("/v1/models/{name}", delete_model)
 
 
 async def restore(request: web.Request) -> web.Response:

@@ -17,8 +17,9 @@ batch moves as 50 online steps would, approximately.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +28,15 @@ from ..hashing import U64, distinct
 from ..store.table import TableConfig
 from .batch import EventBatch
 
-__all__ = ["Model", "LogisticRegression", "FactorizationMachine", "BatchPlan", "sigmoid", "make_model"]
+__all__ = [
+    "Model",
+    "LogisticRegression",
+    "FactorizationMachine",
+    "BatchPlan",
+    "sigmoid",
+    "make_model",
+    "model_of_tables",
+]
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -85,6 +94,8 @@ class Model(ABC):
     """A CTR model over named tables."""
 
     name: str
+    kind: ClassVar[str]
+    """``lr`` or ``fm``: what `make_model` and ``ctrps model create --type`` call it."""
 
     @abstractmethod
     def tables(self) -> tuple[TableConfig, ...]:
@@ -122,6 +133,8 @@ class LogisticRegression(Model):
 
     One table, ``<name>_w``, dim 1."""
 
+    kind = "lr"
+
     def __init__(
         self,
         name: str = "ctr",
@@ -154,6 +167,8 @@ class FactorizationMachine(Model):
     embeddings starting at uniform(+-init_scale) from the key). The bias takes
     no part in the interactions. Pairwise term computed as
     ``0.5 * sum_f [(sum_i v_if x_i)^2 - sum_i v_if^2 x_i^2]``."""
+
+    kind = "fm"
 
     def __init__(
         self,
@@ -210,6 +225,34 @@ class FactorizationMachine(Model):
             self._w.name: plan.sum_to_keys(g_occ * batch.values),
             self._v.name: plan.sum_to_keys(gv),
         }
+
+
+def model_of_tables(kind: str, name: str, tables: Sequence[TableConfig]) -> Model:
+    """The `kind` model `name` whose tables are `tables` (as a model's
+    `tables()` declared them): a model rebuilt from its stored declaration
+    (`ps_core.checkpoint.registry`). `ValueError` when they are not that
+    model's tables."""
+    by_name = {t.name: t for t in tables}
+    w = by_name.get(f"{name}_w")
+    if w is None:
+        raise ValueError(f"model {name!r} has no table {name}_w")
+    common: dict[str, Any] = {"mode": w.mode, "max_staleness": w.max_staleness}
+    if kind == "lr":
+        model: Model = LogisticRegression(name, dict(w.optimizer), **common)
+    elif kind == "fm":
+        v = by_name.get(f"{name}_v")
+        if v is None:
+            raise ValueError(f"model {name!r} of type fm has no table {name}_v")
+        model = FactorizationMachine(name, v.dim, dict(w.optimizer), dict(v.optimizer), v.init_scale, v.seed, **common)
+    else:
+        raise ValueError(f"unknown model type {kind!r}; expected lr or fm")
+    if sorted(by_name) != sorted(model.table_names):
+        raise ValueError(f"model {name!r} of type {kind} has tables {sorted(model.table_names)}, not {sorted(by_name)}")
+    mine = {t.name: t for t in model.tables()}
+    for t in tables:
+        if not mine[t.name].accepts(replace(t, lifecycle=None)):
+            raise ValueError(f"table {t.name} is not one model {name!r} of type {kind} declares: {t.to_dict()}")
+    return model
 
 
 def make_model(kind: str, name: str = "ctr", **kwargs: Any) -> Model:

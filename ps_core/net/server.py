@@ -52,6 +52,7 @@ it holds no state). Without a verifier the app is open.
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -146,6 +147,11 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope | None] = {
     ("POST", "/v1/restore"): Scope.ADMIN,
     ("POST", "/v1/exports"): Scope.ADMIN,
     ("POST", "/v1/exports/compact"): Scope.ADMIN,
+    ("DELETE", "/v1/tables/{name}"): Scope.ADMIN,
+    ("GET", "/v1/models"): Scope.READ,
+    ("GET", "/v1/models/{name}"): Scope.READ,
+    ("POST", "/v1/models"): Scope.TRAIN,  # as table declarations: a worker creates its model
+    ("DELETE", "/v1/models/{name}"): Scope.ADMIN,
     ("GET", "/healthz"): None,  # probes
     # Open too: the document describes routes (public in the source), holds
     # no state, and fuzzers and clients read it before they hold a token.
@@ -225,6 +231,16 @@ async def declare_table(request: web.Request) -> web.Response:
     created = request.app[SHARD].declare(config)
     table = request.app[SHARD].table(config.name)
     return json_response({"created": created, "table": table.config.to_dict()}, status=201 if created else 200)
+
+
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+async def drop_table(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if not _TABLE_NAME.fullmatch(name):
+        raise InvalidRequestError(f"{name[:80]!r} is not a table name: 1-64 of [A-Za-z0-9_.-]")
+    return json_response({"dropped": request.app[SHARD].drop(name)})
 
 
 async def list_tables(request: web.Request) -> web.Response:
@@ -350,6 +366,7 @@ def create_shard_app(
     app.router.add_post("/v1/push_pull", push_pull)
     app.router.add_post("/v1/tables", declare_table)
     app.router.add_get("/v1/tables", list_tables)
+    app.router.add_delete("/v1/tables/{name}", drop_table)
     app.router.add_get("/v1/stats", stats)
     app.router.add_post("/v1/status", report_status)
     app.router.add_get("/v1/status", list_statuses)

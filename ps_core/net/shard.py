@@ -296,6 +296,13 @@ class Shard:
         self._gate(existing)
         return True
 
+    def drop(self, name: str) -> bool:
+        """Remove table `name` and its rows (a deleted model's); True when it
+        was held. Idempotent. Key sets naming it stop resolving when used
+        (the push finds no table: `UnknownTableError`)."""
+        self.configured_tables = tuple(t for t in self.configured_tables if t.name != name)
+        return self.tables.pop(name, None) is not None
+
     def table(self, name: str) -> SparseTable:
         """The table called `name`, or `UnknownTableError`."""
         try:

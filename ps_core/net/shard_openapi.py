@@ -64,6 +64,16 @@ Offsets = Annotated[
 MAX_WAIT_S = 300.0
 """Longest a lease request may wait for a cut to end."""
 
+ModelName = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z",
+        description="A model: 1-64 of [A-Za-z0-9_.-], starting with a letter, digit or underscore.",
+    ),
+]
+
 
 class Error(Struct, forbid_unknown_fields=True):
     """Every error: a stable code and a reason."""
@@ -345,6 +355,7 @@ class Release(Struct, forbid_unknown_fields=True):
     lease_id: Annotated[int, Meta(ge=0, le=MAX_INT)]
     offsets: Offsets = {}
     stream: Stream | None = None
+    model: Annotated[ModelName | None, Meta(description="Whose offsets these are (null: the default model's).")] = None
 
 
 class Released(Struct, forbid_unknown_fields=True):
@@ -422,11 +433,16 @@ class ExportReport(Struct, forbid_unknown_fields=True):
             "null when no worker reported one."
         ),
     ]
+    models: Annotated[
+        dict[str, dict[str, Any]],
+        Meta(description="Per model written: path, rows and bytes (the fields above are the model asked for)."),
+    ] = {}
 
 
 class Compaction(Struct, forbid_unknown_fields=True):
     """A base folding the newest chain (ps_core.checkpoint.exporter)."""
 
+    model: ModelName
     version: ExportVersion
     kind: Literal["base"]
     compacted_from: Annotated[list[int], Meta(description="Empty when the newest version was a base already.")]
@@ -454,6 +470,56 @@ class ExportList(Struct, forbid_unknown_fields=True):
         dict[str, Any] | None,
         Meta(description="The last export this process's coordinator wrote (null on a replica or before one)."),
     ]
+
+
+# -- models -----------------------------------------------------------------------------
+
+
+class ModelDeclaration(Struct, forbid_unknown_fields=True):
+    """A model to create: its type, optimizers and update mode (a field left
+    out takes the model's default; the embedding fields are fm's and an lr
+    model ignores them)."""
+
+    name: ModelName
+    type: Literal["lr", "fm"] = "lr"
+    optimizer: Literal["sgd", "adagrad", "ftrl"] | Optimizer | UnsetType = UNSET
+    embedding_optimizer: Literal["sgd", "adagrad", "ftrl"] | Optimizer | UnsetType = UNSET
+    factors: Annotated[int, Meta(ge=1, le=MAX_DIM)] = 8
+    init_scale: Annotated[float, Meta(ge=0, le=MAX_INIT_SCALE)] = 0.01
+    seed: Annotated[int, Meta(ge=0, le=MAX_INT)] = 0
+    mode: Mode = "async"
+    max_staleness: Annotated[int, Meta(ge=0, le=2**31 - 1)] | UnsetType = UNSET
+
+
+class ModelEntry(Struct, forbid_unknown_fields=True):
+    """A model of the cluster (type null: the default model, holding tables
+    declared by hand, not created as a model)."""
+
+    name: ModelName
+    type: Literal["lr", "fm"] | None
+    tables: list[dict[str, Any]]
+    update_mode: str | None = None
+    created_at: float | None = None
+
+
+class ModelList(Struct, forbid_unknown_fields=True):
+    default: ModelName
+    models: list[ModelEntry]
+
+
+class ModelCreated(Struct, forbid_unknown_fields=True):
+    created: bool
+    model: ModelEntry
+
+
+class ModelDeleted(Struct, forbid_unknown_fields=True):
+    deleted: ModelEntry
+    tables_dropped: list[str]
+    exports: Annotated[str | None, Meta(description="Its exports directory, left in place.")]
+
+
+class TableDropped(Struct, forbid_unknown_fields=True):
+    dropped: bool
 
 
 _MODELS = (
@@ -486,6 +552,12 @@ _MODELS = (
     ExportReport,
     Compaction,
     ExportList,
+    ModelDeclaration,
+    ModelEntry,
+    ModelList,
+    ModelCreated,
+    ModelDeleted,
+    TableDropped,
 )
 
 
@@ -500,6 +572,9 @@ def _schemas() -> dict[str, Any]:
     ]
     # Rules across fields: a staleness bound is for async tables only, and
     # lazy embeddings need embeddings (dim > 1).
+    schemas["ModelDeclaration"]["allOf"] = [
+        {"if": {"required": ["max_staleness"]}, "then": {"properties": {"mode": {"const": "async"}}}},
+    ]
     schemas["TableDeclaration"]["allOf"] = [
         {"if": {"required": ["max_staleness"]}, "then": {"properties": {"mode": {"const": "async"}}}},
         {
@@ -527,8 +602,8 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 _ERRORS = {
     400: "The request is not the route's shape (bad_request, bad_status, bad_table_config).",
-    404: "Nothing to act on (unknown_lease, export_not_found).",
-    409: "Refused in the cluster's current state (table_conflict, bad_snapshot, cut_shard_not_joined).",
+    404: "Nothing to act on (unknown_lease, export_not_found, unknown_model).",
+    409: "Refused in the cluster's current state (table_conflict, bad_snapshot, cut_shard_not_joined, model_conflict).",
     401: "A cluster secret is set and no valid token was presented (unauthorized).",
     403: "The token presented is of too low a scope for this route (forbidden).",
     413: "The body is over the limit (too_large).",
@@ -545,8 +620,11 @@ def _op(
     body: str | None = None,
     optional_body: bool = False,
     open_: bool = False,
+    params: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"summary": summary, "responses": {**ok}}
+    if params:
+        out["parameters"] = params
     if not open_:
         # With a cluster secret, every route but /healthz and /openapi.json
         # needs a token of its scope (ps_core.net.server.ROUTE_SCOPES).
@@ -575,6 +653,28 @@ _VERSION_PARAM = {
     "schema": {"type": "integer", "minimum": 0, "maximum": MAX_VERSION},
 }
 
+_MODEL_QUERY = {
+    "name": "model",
+    "in": "query",
+    "required": False,
+    "description": "The model (default: the shard's default model, --model-name).",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"},
+}
+_NAME_PARAM = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "description": "A model's name.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"},
+}
+_TABLE_PARAM = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "description": "A table's name.",
+    "schema": {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}$"},
+}
+
 _PATHS: dict[str, dict[str, Any]] = {
     "/v1/tables": {
         "get": _op("The declared tables.", _ok("Tables", "By name.")),
@@ -585,6 +685,32 @@ _PATHS: dict[str, dict[str, Any]] = {
             409,
             413,
             body="TableDeclaration",
+        ),
+    },
+    "/v1/tables/{name}": {
+        "parameters": [_TABLE_PARAM],
+        "delete": _op("Drop a table and its rows (idempotent).", _ok("TableDropped", "Whether it was held."), 400),
+    },
+    "/v1/models": {
+        "get": _op("The cluster's models.", _ok("ModelList", "The default model first.")),
+        "post": _op(
+            "Create a model: declare its tables on every shard; 201 created, 200 an identical one exists.",
+            {**_ok("ModelCreated", "Created.", 201), **_ok("ModelCreated", "Exists already, identically.")},
+            400,
+            409,
+            413,
+            503,
+            body="ModelDeclaration",
+        ),
+    },
+    "/v1/models/{name}": {
+        "parameters": [_NAME_PARAM],
+        "get": _op("One model.", _ok("ModelEntry", "Its declaration."), 404),
+        "delete": _op(
+            "Delete a model: drop its tables on every shard; its exports stay on disk.",
+            _ok("ModelDeleted", "Deleted."),
+            404,
+            503,
         ),
     },
     "/v1/stats": {"get": _op("Features, bytes and calls per table.", _ok("Stats", "This shard's figures."))},
@@ -654,7 +780,14 @@ _PATHS: dict[str, dict[str, Any]] = {
             body="Release",
         ),
     },
-    "/v1/offsets": {"get": _op("The latest committed offsets.", _ok("KnownOffsets", "And their stream."))},
+    "/v1/offsets": {
+        "get": _op(
+            "The latest committed offsets of a model.",
+            _ok("KnownOffsets", "And their stream."),
+            404,
+            params=[_MODEL_QUERY],
+        )
+    },
     "/v1/sync/join": {
         "post": _op("A sync worker joins the barrier.", _ok("SyncStep", "The open step."), 400, 413, body="SyncMember"),
     },
@@ -682,7 +815,9 @@ _PATHS: dict[str, dict[str, Any]] = {
         ),
     },
     "/v1/exports": {
-        "get": _op("The export versions on disk.", _ok("ExportList", "Oldest first.")),
+        "get": _op(
+            "A model's export versions on disk.", _ok("ExportList", "Oldest first."), 404, params=[_MODEL_QUERY]
+        ),
         "post": _op(
             "Cut and write a version now.",
             _ok("ExportReport", "Written.", 201),
@@ -697,7 +832,13 @@ _PATHS: dict[str, dict[str, Any]] = {
         ),
     },
     "/v1/exports/compact": {
-        "post": _op("Fold the newest chain into a base, then prune.", _ok("Compaction", "Written."), 404, 500),
+        "post": _op(
+            "Fold a model's newest chain into a base, then prune.",
+            _ok("Compaction", "Written."),
+            404,
+            500,
+            params=[_MODEL_QUERY],
+        ),
     },
 }
 

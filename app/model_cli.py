@@ -1,0 +1,153 @@
+"""``ctrps model``: create, list, show and delete the cluster's models through shard 0.
+
+A model is created once with its type, optimizer and update mode; its
+declaration lives with shard 0's coordinator and in ``<exports>/<name>/model.json``
+(`ps_core.checkpoint.registry`). Workers started with ``--model-name NAME``
+train it with that declaration. Output is JSON on stdout; an error is one
+log line on stderr with exit status 1 (2: no shard 0, a refused token, or a
+bad flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+import orjson
+
+from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.manifest import check_model_name
+from ps_core.checkpoint.registry import ModelSpec
+from ps_core.errors import PSError
+from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER, make_model
+from ps_core.net.auth import Scope
+from ps_core.net.endpoint import RetryPolicy
+from ps_core.store.table import MODES
+
+from .commands import Subcommands, add_command
+from .security import SecuritySettings, add_security_flags
+
+__all__ = ["add_model_parser", "run_model", "parse_optimizer"]
+
+log = logging.getLogger("ctrps model")
+
+_MODEL = """\
+create, list, show or delete the models of a cluster
+
+Each model has its own tables, offsets and exports directory; workers name
+the one they train with --model-name, and the API serves every model.
+
+example:
+  ctrps model create ads --type lr --optimizer ftrl,alpha=0.1,l1=1 --shard0 http://127.0.0.1:7100
+  ctrps model create feed --type fm --factors 8 --mode geo
+  ctrps model list
+  ctrps model show ads
+  ctrps model delete ads     # drops its tables on every shard; its exports stay on disk
+
+--shard0 falls back to the first URL of CTRPS_SHARDS. When shard 0 holds a
+cluster secret, creating needs a train token (workers create their model the
+same way) and deleting an admin one: CTRPS_SHARD_TOKEN from `ctrps token
+--scope admin`, or the secret itself.
+"""
+
+
+def parse_optimizer(spec: str) -> dict[str, Any]:
+    """``NAME[,HYPER=V...]``, e.g. ``ftrl,alpha=0.1,l1=1`` → ``{"name": "ftrl", "alpha": 0.1, "l1": 1.0}``;
+    `ValueError` naming what is wrong."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts or "=" in parts[0]:
+        raise ValueError(f"optimizer {spec!r} must start with its name (ftrl, adagrad or sgd)")
+    out: dict[str, Any] = {"name": parts[0]}
+    for part in parts[1:]:
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"optimizer {spec!r}: {part!r} is not key=value")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise ValueError(f"optimizer {spec!r}: {key}={value!r} is not a number") from None
+    return out
+
+
+def add_model_parser(sub: Subcommands) -> None:
+    """The ``model`` subcommand."""
+    p = add_command(sub, "model", _MODEL)
+    p.add_argument("action", choices=("create", "list", "show", "delete"), help="what to do")
+    p.add_argument("name", nargs="?", help="the model (create, show, delete)")
+    p.add_argument("--shard0", help="URL of shard 0 (default: first of CTRPS_SHARDS)")
+    p.add_argument("--type", choices=("lr", "fm"), default="lr", help="create: lr or fm (default lr)")
+    p.add_argument(
+        "--optimizer",
+        help="create: the linear weights' optimizer, NAME[,HYPER=V...] "
+        f"(default ftrl with {', '.join(f'{k}={v}' for k, v in DEFAULT_LINEAR_OPTIMIZER.items() if k != 'name')})",
+    )
+    p.add_argument("--embedding-optimizer", help="create, fm: the embeddings' optimizer (default adagrad,lr=0.05)")
+    p.add_argument("--factors", type=int, default=8, help="create, fm: embedding width k (default 8)")
+    p.add_argument("--mode", choices=MODES, default="async", help="create: update mode (default async)")
+    p.add_argument("--max-staleness", type=int, help="create, async: down-weight gradients staler than N pushes")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for shard 0 (default 30)")
+    add_security_flags(p, serves=False)
+
+
+def _spec(args: argparse.Namespace) -> ModelSpec:
+    """The declaration `create` sends (`ValueError` for a bad flag)."""
+    check_model_name(args.name)
+    kwargs: dict[str, Any] = {"mode": args.mode, "max_staleness": args.max_staleness}
+    if args.optimizer:
+        kwargs["optimizer"] = parse_optimizer(args.optimizer)
+    if args.type == "fm":
+        if args.factors < 1:
+            raise ValueError("--factors must be >= 1")
+        kwargs["k"] = args.factors
+        if args.embedding_optimizer:
+            kwargs["embedding_optimizer"] = parse_optimizer(args.embedding_optimizer)
+    elif args.embedding_optimizer:
+        raise ValueError("--embedding-optimizer is for --type fm")
+    if args.max_staleness is not None and args.mode != "async":
+        raise ValueError("--max-staleness is for --mode async")
+    return ModelSpec.of(make_model(args.type, args.name, **kwargs), created_at=0.0)
+
+
+async def run_model(args: argparse.Namespace) -> int:
+    """Run the command; returns the exit status."""
+    if args.action != "list" and not args.name:
+        log.error(f"ctrps model {args.action} needs a model name", extra={"fields": {"exit_code": 2}})
+        return 2
+    body: dict[str, Any] | None = None
+    if args.action == "create":
+        try:
+            body = _spec(args).recipe()
+        except (ValueError, PSError) as exc:
+            log.error(getattr(exc, "detail", None) or str(exc), extra={"fields": {"exit_code": 2}})
+            return 2
+    url = args.shard0 or next((u for u in os.environ.get("CTRPS_SHARDS", "").split(",") if u.strip()), "")
+    if not url:
+        log.error("no shard 0: pass --shard0 URL or set CTRPS_SHARDS", extra={"fields": {"exit_code": 2}})
+        return 2
+    security = SecuritySettings.from_args(args)
+    scope = {"create": Scope.TRAIN, "delete": Scope.ADMIN}.get(args.action, Scope.READ)
+    async with ControlClient.connect(
+        [url.strip()],
+        retry=RetryPolicy(deadline_s=args.timeout),
+        token=security.token_for(scope),
+        ssl=security.client_tls(),
+    ) as client:
+        try:
+            if args.action == "list":
+                out = await client.models()
+            elif args.action == "show":
+                out = await client.model_info(args.name)
+            elif args.action == "delete":
+                out = await client.delete_model(args.name)
+            else:
+                assert body is not None
+                out = await client.create_model(body)
+        except PSError as exc:
+            code = getattr(type(exc), "exit_code", 1)
+            log.error(exc.detail, extra={"fields": {"error": exc.code, "exit_code": code}})
+            return int(code)
+    sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0

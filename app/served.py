@@ -1,0 +1,177 @@
+"""The models an API serves: its own, and every other model of its cluster.
+
+An API started for one model (``--model-name``, the default one) serves the
+others its training cluster holds as well (`ps_core.checkpoint.registry`):
+a request naming one the API has not met yet looks it up on shard 0 once,
+builds its model from the declaration and starts a `Predictor` (and, for the
+dashboard, a `History`) for it. A name the cluster does not hold is 404
+``unknown_model``, and is not looked up again for a second, so a client
+looping on a wrong name costs shard 0 one call a second. A serving replica
+serves the model it follows only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.manifest import check_model_name
+from ps_core.checkpoint.registry import ModelSpec
+from ps_core.errors import InvalidRequestError, NoCoordinatorError, UnknownModelError
+from ps_core.model.models import Model
+from ps_core.net.client import PSReader
+
+from .history import History
+from .metrics import ApiMetrics
+from .predictor import Predictor
+from .views import ClusterView
+
+__all__ = ["ServedModels"]
+
+LOOKUP_EVERY_S = 1.0
+"""A name the cluster does not hold is asked again at most this often."""
+MAX_REMEMBERED_MISSES = 1024
+
+
+class ServedModels:
+    """The API's predictors (and dashboard histories), one per model served."""
+
+    def __init__(
+        self,
+        default: Model,
+        client: PSReader[Any],
+        view: ClusterView,
+        control: ControlClient | None,
+        *,
+        on_batch: Callable[[int, int], None] | None = None,
+        history_interval_s: float = 5.0,
+        history_points: int = 720,
+        metrics: ApiMetrics | None = None,
+    ) -> None:
+        """`control` None: a replica, serving `default` only; `metrics`: the
+        API's, whose predict latency each model's history charts (None: none)."""
+        self.default = default
+        self._client, self._view, self._control = client, view, control
+        self._on_batch = on_batch
+        self._metrics = metrics
+        self._history_args = (history_interval_s, history_points)
+        self.predictors: dict[str, Predictor] = {default.name: Predictor(client, default, on_batch=on_batch)}
+        self.histories: dict[str, History] = {default.name: self._history(default)}
+        self._missed: dict[str, float] = {}
+        self._started = False
+
+    def _history(self, model: Model) -> History:
+        interval_s, points = self._history_args
+        latency = None if self._metrics is None else functools.partial(self._metrics.predict_latency, model.name)
+        return History(self._view, model, interval_s=interval_s, max_points=points, predict_latency=latency)
+
+    async def __aenter__(self) -> ServedModels:
+        for p in self.predictors.values():
+            await p.start()
+        for h in self.histories.values():
+            await h.start()
+        self._started = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._started = False
+        for p in self.predictors.values():
+            await p.stop()
+        for h in self.histories.values():
+            await h.stop()
+
+    def served_name(self, name: str | None) -> str:
+        return self.default.name if name is None else name
+
+    async def model(self, name: str | None) -> Model:
+        """Model `name` (None: the default one); `UnknownModelError` when
+        neither this API nor its cluster holds it."""
+        return (await self.predictor(name)).model
+
+    async def predictor(self, name: str | None) -> Predictor:
+        """The predictor of model `name` (None: the default one), started on first use."""
+        if name is None:
+            return self.predictors[self.default.name]
+        found = self.predictors.get(name)
+        if found is not None:
+            return found
+        model = await self._look_up(name)
+        found = self.predictors.get(name)  # another request may have looked it up meanwhile
+        if found is None:
+            found = self.predictors[name] = Predictor(self._client, model, on_batch=self._on_batch)
+            history = self.histories[name] = self._history(model)
+            if self._started:
+                await found.start()
+                await history.start()
+        return found
+
+    async def history(self, name: str | None) -> History:
+        """The dashboard history of model `name` (None: the default one)."""
+        await self.predictor(name)
+        return self.histories[self.served_name(name)]
+
+    def _unknown(self, name: str, why: str = "") -> UnknownModelError:
+        served = ", ".join(sorted(self.predictors))
+        return UnknownModelError(f"model {name[:80]!r} is not served here{why}; serving: {served}")
+
+    async def _look_up(self, name: str) -> Model:
+        if self._control is None:
+            raise self._unknown(name, " (a replica serves the model it follows)")
+        try:
+            check_model_name(name)
+        except ValueError:
+            raise self._unknown(name) from None
+        now = time.monotonic()
+        if now - self._missed.get(name, -LOOKUP_EVERY_S) < LOOKUP_EVERY_S:
+            raise self._unknown(name)
+        try:
+            info = await self._control.model_info(name)
+            if info.get("type") is None:
+                raise UnknownModelError(f"model {name} holds tables but was never created")
+            return ModelSpec.from_dict(info).build()
+        except (UnknownModelError, NoCoordinatorError, InvalidRequestError):
+            if len(self._missed) >= MAX_REMEMBERED_MISSES:
+                self._missed.pop(next(iter(self._missed)))
+            self._missed[name] = now
+            raise self._unknown(name) from None
+
+    async def listing(self) -> list[dict[str, Any]]:
+        """Every model served, as ``GET /v1/models`` lists them: the cluster's
+        (when it keeps models) with the default one first."""
+        names = [self.default.name]
+        declared: dict[str, dict[str, Any]] = {}
+        if self._control is not None:
+            with contextlib.suppress(NoCoordinatorError):
+                got = await self._control.models()
+                for m in got.get("models", []):
+                    if m.get("type") is not None or m.get("name") == self.default.name:
+                        declared[m["name"]] = m
+                names += sorted(n for n in declared if n != self.default.name)
+        out = []
+        for n in names:
+            model = self.predictors[n].model if n in self.predictors else None
+            info = declared.get(n)
+            out.append(
+                {
+                    "name": n,
+                    "type": model.kind if model is not None else info.get("type") if info else None,
+                    "tables": list(model.table_names)
+                    if model is not None
+                    else [t["name"] for t in info["tables"]]
+                    if info
+                    else [],
+                    "update_mode": model.mode if model is not None else info.get("update_mode") if info else None,
+                    "predict": f"/v1/models/{n}/predict",
+                    "default": n == self.default.name,
+                }
+            )
+        return out
+
+    async def start_all(self) -> None:
+        """Start every predictor and history (used when the app starts)."""
+        await asyncio.gather(*(p.start() for p in self.predictors.values()))

@@ -1,0 +1,239 @@
+"""Many models in one cluster: the registry (`ps_core.checkpoint.registry`),
+the coordinator's offsets per model, one directory per model in every cut,
+restores of every model together, the shard's model routes and ``ctrps
+model``, over real shards (in process and on loopback) and real files."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from conftest import ServeShards
+
+from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.export import latest_chain, list_versions, read_manifest, version_dirs
+from ps_core.checkpoint.exporter import Exporter
+from ps_core.checkpoint.joining import newest_loadable, restore_chains
+from ps_core.checkpoint.registry import MODEL_FILE, ModelRegistry, ModelSpec
+from ps_core.errors import (
+    InvalidRequestError,
+    ModeConflictError,
+    ModelConflictError,
+    TableConflictError,
+    UnknownModelError,
+)
+from ps_core.model.models import make_model
+from ps_core.net.client import PSClient
+from ps_core.net.shard import Shard, ShardSpec
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def _spec(kind: str, name: str, **kwargs: object) -> ModelSpec:
+    return ModelSpec.of(make_model(kind, name, **kwargs))
+
+
+async def _train(client: PSClient, table: str, dim: int, keys: np.ndarray, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    grads = rng.normal(size=(keys.size, dim)).astype(np.float32)
+    counts = np.stack([np.ones(keys.size), rng.integers(0, 2, keys.size)], axis=1).astype(np.float32)
+    routed = client.route(keys)
+    await client.pull(table, routed)  # as a worker does: pull, then push the same keys
+    await client.push(table, routed, grads, counts=counts, event_time=1_764_681_600.0 + seed)
+
+
+def test_a_spec_round_trips_and_rebuilds_its_model() -> None:
+    fm = _spec("fm", "feed", k=4, optimizer={"name": "adagrad", "lr": 0.1}, mode="geo")
+    again = ModelSpec.from_dict(orjson.loads(orjson.dumps(fm.to_dict())))
+    assert again == fm and again.kind == "fm" and again.mode == "geo"
+    assert ModelSpec.from_recipe(orjson.loads(orjson.dumps(fm.recipe()))) == fm
+    with pytest.raises(InvalidRequestError, match="model x"):
+        ModelSpec.from_recipe({"name": "x", "optimizer": {"name": "ftrl", "alpha": -1}})
+    model = again.build()
+    assert model.table_names == ("feed_w", "feed_v") and model.tables() == fm.tables
+    with pytest.raises(InvalidRequestError, match="type must be lr or fm"):
+        ModelSpec.from_dict({**fm.to_dict(), "type": "gbdt"})
+    with pytest.raises(InvalidRequestError, match="has no table feed_v"):
+        ModelSpec.from_dict({**fm.to_dict(), "tables": fm.to_dict()["tables"][:1]})
+    with pytest.raises(InvalidRequestError, match="bad model name"):
+        ModelSpec.from_dict({**fm.to_dict(), "name": "../x"})
+    with pytest.raises(InvalidRequestError, match="update_mode"):
+        ModelSpec.from_dict({**fm.to_dict(), "update_mode": "async"})
+
+
+def test_the_registry_creates_once_refuses_conflicts_and_survives_a_restart(tmp_path: Path) -> None:
+    reg = ModelRegistry(tmp_path, "ctr")
+    ads = _spec("lr", "ads")
+    assert reg.create(ads) and not reg.create(ads)  # the same declaration again: no change
+    assert (tmp_path / "ads" / MODEL_FILE).is_file()
+    with pytest.raises(ModelConflictError, match="exists as lr"):
+        reg.create(_spec("lr", "ads", optimizer={"name": "sgd", "lr": 0.1}))
+    with pytest.raises(ModelConflictError, match="exists as lr"):
+        reg.create(_spec("fm", "ads"))
+    assert reg.names() == ["ctr", "ads"]
+    assert reg.owner("ads_w") == "ads" and reg.owner("emb") == "ctr"  # a hand-declared table: the default's
+    assert reg.split(["ads_w", "ctr_w", "x"]) == {"ctr": ["ctr_w", "x"], "ads": ["ads_w"]}
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / MODEL_FILE).write_text("{not json")
+    again = ModelRegistry.load(tmp_path, "ctr")  # the broken one is logged and skipped
+    assert again.names() == ["ctr", "ads"] and again.get("ads") == ads
+    with pytest.raises(UnknownModelError):
+        again.check("nope")
+    assert again.delete("ads") == ads
+    assert not (tmp_path / "ads" / MODEL_FILE).exists() and (tmp_path / "ads" / "model.json.deleted").exists()
+    assert ModelRegistry.load(tmp_path, "ctr").names() == ["ctr"]
+    with pytest.raises(UnknownModelError):
+        again.delete("ads")
+
+
+async def test_a_cut_writes_each_model_with_its_offsets_and_a_restore_loads_them_all(tmp_path: Path) -> None:
+    coord = Coordinator()
+    shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    client, control = PSClient.local(shards), ControlClient.local(shards, coord)
+    exporter = Exporter(coord, control, tmp_path, "ctr")
+    control.serve_exports(exporter)
+    ctr, ads = _spec("lr", "ctr"), _spec("fm", "ads", k=4)
+    for spec in (ctr, ads):
+        assert (await control.create_model(spec.recipe()))["created"]
+    assert [m["name"] for m in (await control.models())["models"]] == ["ctr", "ads"]
+    keys = np.arange(1, 400, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    await _train(client, "ctr_w", 1, keys[:300], 1)
+    await _train(client, "ads_w", 1, keys[100:], 2)
+    await _train(client, "ads_v", 4, keys[100:], 3)
+    # One topic, two consumer groups: each model's windows commit their own offsets.
+    lease = (await control.acquire_lease("w1")).lease_id
+    await control.release_lease(lease, {"clicks": {0: 10}})
+    lease = (await control.acquire_lease("w2")).lease_id
+    await control.release_lease(lease, {"clicks": {0: 99}}, model="ads")
+    assert await control.coordinator_offsets() == {"clicks": {0: 10}}
+    assert await control.coordinator_offsets("ads") == {"clicks": {0: 99}}
+    with pytest.raises(UnknownModelError):
+        await control.release_lease(lease, {"clicks": {0: 1}}, model="nope")
+
+    base = await exporter.cut()
+    assert base.kind == "base" and sorted(base.models) == ["ads", "ctr"]
+    assert (base.rows, base.models["ads"]["rows"]) == (300, 2 * 299)
+    ctr_m, ads_m = (read_manifest(version_dirs(tmp_path / m)[1]) for m in ("ctr", "ads"))
+    assert set(ctr_m.tables) == {"ctr_w"} and set(ads_m.tables) == {"ads_w", "ads_v"}
+    assert (ctr_m.offsets, ads_m.offsets) == ({"clicks": {0: 10}}, {"clicks": {0: 99}})
+    assert ads_m.model_config["type"] == "fm"
+
+    await _train(client, "ads_w", 1, keys[:50], 4)
+    lease = (await control.acquire_lease("w2")).lease_id
+    await control.release_lease(lease, {"clicks": {0: 120}}, model="ads")
+    delta = await exporter.cut()
+    assert (delta.version, delta.kind, delta.rows, delta.models["ads"]["rows"]) == (2, "delta", 0, 50)
+    assert (await control.exports("ads"))["versions"][-1]["version"] == 2
+
+    # A restart restores every model at one version, each with its own offsets.
+    chains, refusals = newest_loadable(tmp_path / "ctr")
+    assert chains is not None and not refusals and sorted(chains) == ["ads", "ctr"]
+    restored = restore_chains(chains, 2, [0, 1])
+    assert restored.version == 2 and restored.offsets == {"clicks": {0: 10}}
+    assert chains["ads"][-1].manifest.offsets == {"clicks": {0: 120}}
+    for got, had in zip(restored.shards, shards):
+        for t in ("ctr_w", "ads_w", "ads_v"):
+            assert len(got.tables[t]) == len(had.tables[t])
+            np.testing.assert_array_equal(got.tables[t].pull(keys), had.tables[t].pull(keys))
+
+    # A damaged file of one model makes the version unloadable for all: the one before loads.
+    bad = next(p for p in version_dirs(tmp_path / "ads")[2].iterdir() if p.name.startswith("shard-"))
+    bad.write_bytes(bad.read_bytes()[:-3] + b"xyz")
+    chains, refusals = newest_loadable(tmp_path / "ctr")
+    assert chains is not None and chains["ctr"][-1].version == 1 and len(refusals) == 1
+
+    # Deleting a model drops its tables everywhere and keeps its files.
+    deleted = await control.delete_model("ads")
+    assert sorted(deleted["tables_dropped"]) == ["ads_v", "ads_w"] and deleted["exports"] == str(tmp_path / "ads")
+    assert all("ads_w" not in s.tables for s in shards) and version_dirs(tmp_path / "ads")
+    with pytest.raises(UnknownModelError):
+        await control.model_info("ads")
+    with pytest.raises(ModelConflictError, match="default model"):
+        await control.delete_model("ctr")
+    third = await exporter.cut()
+    assert sorted(third.models) == ["ctr"] and third.kind == "base"  # the registry changed: a base
+
+
+async def test_a_model_created_later_starts_its_directory_with_a_base(tmp_path: Path) -> None:
+    coord = Coordinator()
+    shards = [Shard(ShardSpec(0, 1))]
+    client, control = PSClient.local(shards), ControlClient.local(shards, coord)
+    exporter = Exporter(coord, control, tmp_path, "ctr")
+    control.serve_exports(exporter)
+    await control.create_model(_spec("lr", "ctr").recipe())
+    await _train(client, "ctr_w", 1, np.arange(1, 20, dtype=np.uint64), 1)
+    assert (await exporter.cut()).kind == "base"
+    assert (await exporter.cut()).kind == "delta"
+    await control.create_model(_spec("lr", "late").recipe())
+    await _train(client, "late_w", 1, np.arange(1, 5, dtype=np.uint64), 2)
+    third = await exporter.cut()
+    assert third.kind == "base" and [v.version for v in list_versions(tmp_path / "late")] == [3]
+    assert (await exporter.cut()).kind == "delta"
+    assert [v.version for v in latest_chain(tmp_path / "late")] == [3, 4]
+
+
+async def test_model_routes_over_http_and_ctrps_model(tmp_path: Path, serve_shards: ServeShards) -> None:
+    shards, urls = await serve_shards(2, (), tmp_path)
+
+    async def ctrps_model(*args: str, code: int = 0) -> dict[str, object]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "app.cli",
+            "model",
+            *args,
+            "--shard0",
+            urls[0],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=PROJECT,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == code, err.decode()
+        if code:
+            assert "Traceback" not in err.decode() and len(err.decode().strip().splitlines()) == 1
+            return {"stderr": err.decode()}
+        got: dict[str, object] = orjson.loads(out)
+        return got
+
+    created = await ctrps_model("create", "ads", "--type", "fm", "--factors", "4", "--optimizer", "ftrl,alpha=0.1")
+    assert created["created"] is True
+    model = created["model"]
+    assert isinstance(model, dict) and model["type"] == "fm" and model["tables"][0]["optimizer"]["alpha"] == 0.1
+    assert all(s.tables["ads_v"].dim == 4 for s in shards)  # declared on every shard
+    assert (await ctrps_model("create", "ads", "--type", "fm", "--factors", "4", "--optimizer", "ftrl,alpha=0.1"))[
+        "created"
+    ] is False
+    conflict = await ctrps_model("create", "ads", "--type", "lr", code=1)
+    assert "model_conflict" in conflict["stderr"]  # type: ignore[operator]
+    listed = await ctrps_model("list")
+    assert listed["default"] == "ctr" and [m["name"] for m in listed["models"]] == ["ctr", "ads"]  # type: ignore[union-attr,index]
+    assert (await ctrps_model("show", "ads"))["type"] == "fm"
+    missing = await ctrps_model("show", "nope", code=1)
+    assert "unknown_model" in missing["stderr"]  # type: ignore[operator]
+    bad = await ctrps_model("create", "x", "--optimizer", "ftrl,alpha=lots", code=2)
+    assert "not a number" in bad["stderr"]  # type: ignore[operator]
+    async with ControlClient.connect(urls) as control:
+        # The shards keep the model's tables as created: another mode is refused.
+        with pytest.raises(ModeConflictError):
+            await control.declare(make_model("fm", "ads", k=4, mode="sync").tables()[1])
+        with pytest.raises(ModelConflictError):
+            await control.create_model(_spec("fm", "ads", k=4, optimizer={"name": "sgd", "lr": 1.0}).recipe())
+        # A table declared by hand with another optimizer: the model is not created.
+        await control.declare(make_model("lr", "hand", optimizer={"name": "sgd", "lr": 1.0}).tables()[0])
+        with pytest.raises(TableConflictError):
+            await control.create_model(_spec("lr", "hand").recipe())
+        with pytest.raises(UnknownModelError):
+            await control.model_info("hand")
+        assert (await control.exports("ads"))["model"] == "ads"
+        with pytest.raises(UnknownModelError):
+            await control.exports("nope")
+    deleted = await ctrps_model("delete", "ads")
+    assert sorted(deleted["tables_dropped"]) == ["ads_v", "ads_w"]  # type: ignore[arg-type]
+    assert all("ads_w" not in s.tables for s in shards)
