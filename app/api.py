@@ -39,7 +39,7 @@ import hmac
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -441,7 +441,8 @@ def _staleness_info(per_shard: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def model_info(request: web.Request) -> web.Response:
     _only_query(request, "model")
-    view, model = request.app[VIEW], await request.app[SERVED].model(request.query.get("model"))
+    model = await request.app[SERVED].model(request.query.get("model"))
+    view = request.app[SERVED].view_of(model.name)
     stats, board_raw = await asyncio.gather(all_stats(view), view.statuses())
     board = summarize(board_raw, model.name)
     tables: dict[str, Any] = {}
@@ -490,7 +491,7 @@ async def model_info(request: web.Request) -> web.Response:
             "last_export_version": await _last_export(request.app, model.name),
             "shards": view.num_shards,
         }
-        | _replica_info(request.app)
+        | _replica_info(request.app, model.name)
     )
 
 
@@ -530,10 +531,13 @@ async def list_exports(request: web.Request) -> web.Response:
     if follower is None and control is not None:
         return _json(await control.exports(await _query_model(request)))
     assert follower is not None  # create_app has one or the other
+    name = await _query_model(request)
+    if name is not None:
+        follower = request.app[SERVED].followers[name]
     # A replica lists the versions it follows; the trainer's last report is not its to know.
     found = await asyncio.to_thread(list_versions, follower.model_dir) if follower.model_dir.is_dir() else []
     versions = [v.to_json() for v in found]
-    return _json({"model": request.app[MODEL].name, "versions": versions, "last": None})
+    return _json({"model": follower.model.name, "versions": versions, "last": None})
 
 
 async def _query_model(request: web.Request) -> str | None:
@@ -553,10 +557,12 @@ def _only_query(request: web.Request, *allowed: str) -> None:
         raise BadRequestError(f"unknown query parameters: {', '.join(k[:40] for k in unknown[:5])}")
 
 
-def _replica_info(app: web.Application) -> dict[str, Any]:
-    """On a serving replica, what it serves (`Follower.info`); else nothing."""
+def _replica_info(app: web.Application, model: str) -> dict[str, Any]:
+    """On a serving replica, what it serves of `model` (`Follower.info`); else nothing."""
     follower = app.get(FOLLOWER)
-    return {} if follower is None else follower.info()
+    if follower is None:
+        return {}
+    return app[SERVED].followers.get(model, follower).info()
 
 
 async def list_statuses(request: web.Request) -> web.Response:
@@ -670,6 +676,7 @@ def create_app(
     *,
     control: ControlClient | None = None,
     follower: Follower | None = None,
+    followers: Mapping[str, Follower] | None = None,
 ) -> web.Application:
     """The API over the shards of `client`, serving `model`: a training
     cluster's with its `control` plane, or a serving replica of `follower`'s
@@ -702,6 +709,7 @@ def create_app(
         history_interval_s=settings.history_interval_s,
         history_points=settings.history_points,
         metrics=api_metrics,
+        followers=followers if follower is not None else None,
     )
     # The API's own model's, kept under their keys (tests replace the history before start).
     app[PREDICTOR] = served.predictors[model.name]
@@ -757,13 +765,14 @@ class ApiServer:
         *,
         control: ControlClient | None = None,
         follower: Follower | None = None,
+        followers: Mapping[str, Follower] | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """`create_app`'s arguments; `ssl_context`, a server context
         (`ps_core.net.tls.server_context`): serve HTTPS."""
         self.settings = settings
         self.ssl_context = ssl_context
-        self.app = create_app(settings, client, model, control=control, follower=follower)
+        self.app = create_app(settings, client, model, control=control, follower=follower, followers=followers)
         self.guard = PortGuard("api", settings.limits)
         """The port's limits and counters (connections, deadlines)."""
         self.guard.install(self.app)
@@ -823,12 +832,13 @@ async def run_api(
     *,
     control: ControlClient | None = None,
     follower: Follower | None = None,
+    followers: Mapping[str, Follower] | None = None,
     ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve the API until `stop` is set, logging where it listens (a
     serving replica of `follower`'s exports when given; HTTPS with `ssl_context`)."""
     async with ApiServer(
-        settings, client, model, control=control, follower=follower, ssl_context=ssl_context
+        settings, client, model, control=control, follower=follower, followers=followers, ssl_context=ssl_context
     ) as server:
         log_event(
             log,
@@ -837,6 +847,7 @@ async def run_api(
             model=model.name,
             shards=client.num_shards,
             follow=None if follower is None else str(follower.path),
+            also_follows=",".join(sorted(followers or {})) or "-",
             max_events=settings.max_events,
             admin_token="set" if settings.admin_token else "none",
         )

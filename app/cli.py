@@ -47,12 +47,14 @@ example:
   ctrps shard --port 7100 --no-exports \\
       --table lr,optimizer=ftrl,alpha=0.05,beta=1,l1=1,l2=1
 
-Shard 0 hosts the coordinator (leases, cuts) and exports every --export-interval
-seconds to <exports-dir>/<model-name>/; at start every shard restores its slice of
-the newest export there (--no-restore starts empty).
+Shard 0 hosts the coordinator (leases, cuts) and exports every
+--export-interval seconds to <exports-dir>/<model>/, one directory per model;
+at start every shard restores its slice of the newest export there
+(--no-restore starts empty).
 
 Every flag falls back to a CTRPS_* variable (CTRPS_SHARD_PORT, CTRPS_SHARD_ID,
-CTRPS_NUM_SHARDS, CTRPS_TABLES="lr,optimizer=ftrl;fm_v,dim=8,optimizer=adagrad", ...).
+CTRPS_NUM_SHARDS,
+CTRPS_TABLES="lr,optimizer=ftrl;fm_v,dim=8,optimizer=adagrad", ...).
 """
 
 _BROKER = """\
@@ -80,13 +82,19 @@ example:
   ctrps worker --bootstrap 127.0.0.1:9092 \\
       --shards http://127.0.0.1:7100,http://127.0.0.1:7101 --window-seconds 5
 
+Training three models on the same records, one decode (create them first
+with `ctrps model create` to give them their own type and optimizer):
+  ctrps worker --bootstrap 127.0.0.1:9092 --model-name ctr \
+      --also-train ads --also-train feed --shards http://127.0.0.1:7100,http://127.0.0.1:7101
+
 Training a model in geo mode instead (every worker of a model must run its
 mode: start each of them so):
   ctrps worker --bootstrap 127.0.0.1:9092 --mode geo --geo-steps 8 \\
       --shards http://127.0.0.1:7100,http://127.0.0.1:7101
 
-Every flag falls back to a CTRPS_* variable (CTRPS_KAFKA_BOOTSTRAP, CTRPS_SHARDS,
-CTRPS_TOPIC, CTRPS_WINDOW_SECONDS, ...). One log line per window.
+Every flag falls back to a CTRPS_* variable (CTRPS_KAFKA_BOOTSTRAP,
+CTRPS_SHARDS, CTRPS_TOPIC, CTRPS_WINDOW_SECONDS, ...). One log line per
+window.
 """
 
 _SERVE = """\
@@ -99,6 +107,7 @@ example:
   ctrps serve --shards http://127.0.0.1:7100,http://127.0.0.1:7101 --port 8080
   curl -s localhost:8080/v1/predict -d '{"events": [{"features": {"C1": "f53fd833", "I2": 10}}]}'
   ctrps serve --follow exports/ctr --port 8081   # a replica: the exports, in memory
+  ctrps serve --follow exports --follow-all --port 8082   # a replica of every model
 
 With --follow the API serves the newest export of exports/<model> (base and
 deltas) from memory, without the shards, and applies each new delta as it
@@ -127,8 +136,8 @@ examples:
   ctrps demo --duration 60 --port 0 --shards 4 --rate 10000 --log-format json
 
 Nothing else to start: the embedded Kafka-protocol broker (or the one at
-CTRPS_KAFKA_BOOTSTRAP), a synthetic producer, in-process shards, a worker and the
-HTTP API. Flags fall back to CTRPS_DEMO_DURATION, CTRPS_DEMO_PORT,
+CTRPS_KAFKA_BOOTSTRAP), a synthetic producer, in-process shards, a worker and
+the HTTP API. Flags fall back to CTRPS_DEMO_DURATION, CTRPS_DEMO_PORT,
 CTRPS_DEMO_SHARDS, CTRPS_DEMO_RATE, ... One line per window. Set
 CTRPS_ADMIN_TOKEN to require "Authorization: Bearer <token>" on admin routes;
 a non-loopback --host needs it (or --insecure).

@@ -46,6 +46,7 @@ from ps_core.checkpoint.export import (
     version_dirs,
 )
 from ps_core.checkpoint.manifest import ExportManifest
+from ps_core.checkpoint.registry import MODEL_FILE
 from ps_core.checkpoint.replica import ReplicaTables
 from ps_core.errors import ExportCorruptError, ExportNotFoundError, PSError
 from ps_core.hashing import U64
@@ -141,6 +142,21 @@ def follow_dir(path: Path, model_name: str) -> Path:
     if not version_dirs(path) and nested.is_dir():
         return nested
     return path
+
+
+def followed_models(root: Path, default: str) -> dict[str, Path]:
+    """Every model directory under the exports `root` (``--follow-all``): the
+    default model's first, then each directory holding a ``model.json`` or
+    a version, by name. Hidden directories (a write in progress) are not models."""
+    out = {default: follow_dir(root, default)}
+    if not root.is_dir():
+        return out
+    for d in sorted(root.iterdir(), key=lambda p: p.name):
+        if d.name.startswith(".") or not d.is_dir() or d.name in out:
+            continue
+        if (d / MODEL_FILE).is_file() or version_dirs(d):
+            out[d.name] = d
+    return out
 
 
 def _describe(model: Model) -> str:

@@ -54,9 +54,7 @@ _FLAGS = (
 
 def add_kafka_security_flags(parser: argparse.ArgumentParser) -> None:
     """The Kafka security flags, in a group of their own."""
-    group = parser.add_argument_group(
-        "Kafka security (the SASL password only from CTRPS_KAFKA_SASL_PASSWORD or CTRPS_KAFKA_SASL_PASSWORD_FILE)"
-    )
+    group = parser.add_argument_group("Kafka security (SASL password: CTRPS_KAFKA_SASL_PASSWORD[_FILE])")
     for _, flag, key, help_ in _FLAGS:
         metavar = "PEM" if "-ssl-" in flag else flag.rsplit("-", 1)[1].upper()
         group.add_argument(flag, metavar=metavar, help=f"{help_}; {key}")

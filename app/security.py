@@ -63,9 +63,7 @@ def is_loopback(host: str) -> bool:
 
 def add_security_flags(parser: argparse.ArgumentParser, *, serves: bool = True) -> None:
     """The TLS flags (and ``--insecure`` for a role that listens)."""
-    group = parser.add_argument_group(
-        "security (secrets only from CTRPS_CLUSTER_SECRET[_FILE], CTRPS_SHARD_TOKEN[_FILE])"
-    )
+    group = parser.add_argument_group("security (secrets: CTRPS_CLUSTER_SECRET[_FILE], CTRPS_SHARD_TOKEN[_FILE])")
     group.add_argument("--tls-cert", help="PEM certificate to serve with (and present to servers that ask)")
     group.add_argument("--tls-key", help="PEM private key of --tls-cert")
     group.add_argument("--tls-ca", help="PEM CA bundle that peers' certificates are verified against")

@@ -13,7 +13,7 @@ from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 
 from .api import run_api
-from .follower import Follower, follow_dir, model_of_exports
+from .follower import Follower, follow_dir, followed_models, model_of_exports
 from .security import SecuritySettings
 from .settings import ApiSettings
 from .signals import stop_on_signals
@@ -49,8 +49,18 @@ async def run_serve(
             model_dir = await asyncio.to_thread(follow_dir, path, settings.model_name)
             model = await asyncio.to_thread(model_of_exports, model_dir, model)
             follower = Follower(path, model, interval_s=settings.follow_interval_s)
+            others: dict[str, Follower] = {}
+            if settings.follow_all:
+                # Every model of the root, each its own follower (models
+                # created after the start are served after a restart).
+                found = await asyncio.to_thread(followed_models, path, settings.model_name)
+                for name, mdir in found.items():
+                    if name == settings.model_name:
+                        continue
+                    other = await asyncio.to_thread(model_of_exports, mdir, make_model(settings.model, name))
+                    others[name] = Follower(mdir, other, interval_s=settings.follow_interval_s)
             async with follower.client as client:
-                await run_api(settings, client, model, stop, follower=follower, ssl_context=served)
+                await run_api(settings, client, model, stop, follower=follower, followers=others, ssl_context=served)
             return
         retry = RetryPolicy(deadline_s=settings.shard_deadline_s)
         token = security.token_for(Scope.ADMIN)

@@ -7,17 +7,17 @@ builds its model from the declaration and starts a `Predictor` (and, for the
 dashboard, a `History`) for it. A name the cluster does not hold is 404
 ``unknown_model``, and is not looked up again for a second, so a client
 looping on a wrong name costs shard 0 one call a second. A serving replica
-serves the model it follows only.
+serves the model it follows, and with ``--follow-all`` every model of the
+exports root, each read from its own `Follower`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.manifest import check_model_name
@@ -30,6 +30,9 @@ from .history import History
 from .metrics import ApiMetrics
 from .predictor import Predictor
 from .views import ClusterView
+
+if TYPE_CHECKING:
+    from .follower import Follower
 
 __all__ = ["ServedModels"]
 
@@ -52,11 +55,17 @@ class ServedModels:
         history_interval_s: float = 5.0,
         history_points: int = 720,
         metrics: ApiMetrics | None = None,
+        followers: Mapping[str, Follower] | None = None,
     ) -> None:
-        """`control` None: a replica, serving `default` only; `metrics`: the
-        API's, whose predict latency each model's history charts (None: none)."""
+        """`control` None: a replica, serving `default` and the models of
+        `followers` (each read from its follower, which this object starts
+        and stops); `metrics`: the API's, whose predict latency each model's
+        history charts (None: none)."""
         self.default = default
         self._client, self._view, self._control = client, view, control
+        self.followers: dict[str, Follower] = dict(followers or {})
+        """Other models a replica follows, by name."""
+        self._stack = contextlib.AsyncExitStack()
         self._on_batch = on_batch
         self._metrics = metrics
         self._history_args = (history_interval_s, history_points)
@@ -65,12 +74,20 @@ class ServedModels:
         self._missed: dict[str, float] = {}
         self._started = False
 
+    def view_of(self, name: str) -> ClusterView:
+        """Where model `name`'s stats and board are read (a followed model: its follower's)."""
+        follower = self.followers.get(name)
+        return self._view if follower is None else follower.view
+
     def _history(self, model: Model) -> History:
         interval_s, points = self._history_args
         latency = None if self._metrics is None else functools.partial(self._metrics.predict_latency, model.name)
-        return History(self._view, model, interval_s=interval_s, max_points=points, predict_latency=latency)
+        view = self.view_of(model.name)
+        return History(view, model, interval_s=interval_s, max_points=points, predict_latency=latency)
 
     async def __aenter__(self) -> ServedModels:
+        for follower in self.followers.values():
+            await self._stack.enter_async_context(follower)
         for p in self.predictors.values():
             await p.start()
         for h in self.histories.values():
@@ -84,6 +101,7 @@ class ServedModels:
             await p.stop()
         for h in self.histories.values():
             await h.stop()
+        await self._stack.aclose()
 
     def served_name(self, name: str | None) -> str:
         return self.default.name if name is None else name
@@ -103,7 +121,9 @@ class ServedModels:
         model = await self._look_up(name)
         found = self.predictors.get(name)  # another request may have looked it up meanwhile
         if found is None:
-            found = self.predictors[name] = Predictor(self._client, model, on_batch=self._on_batch)
+            follower = self.followers.get(name)
+            client = self._client if follower is None else follower.client
+            found = self.predictors[name] = Predictor(client, model, on_batch=self._on_batch)
             history = self.histories[name] = self._history(model)
             if self._started:
                 await found.start()
@@ -121,7 +141,10 @@ class ServedModels:
 
     async def _look_up(self, name: str) -> Model:
         if self._control is None:
-            raise self._unknown(name, " (a replica serves the model it follows)")
+            follower = self.followers.get(name)
+            if follower is None:
+                raise self._unknown(name, " (a replica serves the models it follows)")
+            return follower.model
         try:
             check_model_name(name)
         except ValueError:
@@ -143,8 +166,8 @@ class ServedModels:
     async def listing(self) -> list[dict[str, Any]]:
         """Every model served, as ``GET /v1/models`` lists them: the cluster's
         (when it keeps models) with the default one first."""
-        names = [self.default.name]
-        declared: dict[str, dict[str, Any]] = {}
+        names = [self.default.name, *sorted(n for n in self.followers if n != self.default.name)]
+        declared: dict[str, dict[str, Any]] = {n: _entry(f.model) for n, f in self.followers.items()}
         if self._control is not None:
             with contextlib.suppress(NoCoordinatorError):
                 got = await self._control.models()
@@ -172,6 +195,11 @@ class ServedModels:
             )
         return out
 
-    async def start_all(self) -> None:
-        """Start every predictor and history (used when the app starts)."""
-        await asyncio.gather(*(p.start() for p in self.predictors.values()))
+
+def _entry(model: Model) -> dict[str, Any]:
+    return {
+        "name": model.name,
+        "type": model.kind,
+        "tables": [t.to_dict() for t in model.tables()],
+        "update_mode": model.mode,
+    }

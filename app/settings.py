@@ -359,6 +359,17 @@ class WorkerSettings:
     model_name: str = setting(
         "ctr", env="CTRPS_MODEL_NAME", flag="--model-name", help="model name: table prefix and feature namespace"
     )
+    also_train: tuple[str, ...] = setting(
+        (),
+        env="CTRPS_ALSO_TRAIN",
+        flag="--also-train",
+        help="train this model too, on the same records: one decode, one lease and one commit for all "
+        "(async only); repeatable (CTRPS_ALSO_TRAIN: names joined by ,). Each takes the type and optimizer it "
+        "was created with (ctrps model create), else this worker's --model",
+        repeat=True,
+        sep=",",
+        metavar="NAME",
+    )
     mode: str = setting(
         "async",
         env="CTRPS_MODE",
@@ -475,6 +486,13 @@ class WorkerSettings:
             raise SettingsError("no shards: pass --shards URL,URL,... or set CTRPS_SHARDS")
         _check_urls(self.shards)
         _check_model_name(self.model_name)
+        for name in self.also_train:
+            _check_model_name(name)
+        names = [self.model_name, *self.also_train]
+        if len(set(names)) != len(names):
+            raise SettingsError(f"--also-train names a model twice, or the worker's own: {', '.join(names)}")
+        if self.also_train and self.mode != "async":
+            raise SettingsError("--also-train is for --mode async: a sync step or a geo round is one model's")
         if self.model not in _MODELS:
             raise SettingsError(f"model {self.model!r} is not lr or fm")
         if not self.window_seconds > 0 or self.window_events < 1 or self.mini_batch < 1:
@@ -746,6 +764,14 @@ class ApiSettings:
     follow_interval_s: float = setting(
         1.0, env="CTRPS_FOLLOW_INTERVAL", flag="--follow-interval", help="seconds between looks at DIR", metavar="S"
     )
+    follow_all: bool = setting(
+        False,
+        env="CTRPS_FOLLOW_ALL",
+        flag=None,
+        off="--follow-all",
+        off_value=True,
+        help="with --follow an exports root: serve every model under it, --model-name the default",
+    )
     host: str = setting("127.0.0.1", env="CTRPS_API_HOST", flag="--host", help="listen address")
     port: int = setting(8080, env="CTRPS_API_PORT", flag="--port", help="listen port; 0 picks a free one")
     model: str = setting(
@@ -802,6 +828,8 @@ class ApiSettings:
             raise SettingsError("log format is text or json")
         if self.shards and self.follow:
             raise SettingsError("shards and follow are exclusive: serve shard servers or an export directory")
+        if self.follow_all and not self.follow:
+            raise SettingsError("--follow-all needs --follow: the exports root whose models to serve")
         if not 0 < self.follow_interval_s < float("inf"):
             raise SettingsError("follow interval must be a positive number of seconds")
 

@@ -44,6 +44,10 @@ async def run_worker(
     tls = security.client_tls()
     config = settings.worker_config(kafka)
     model = make_model(settings.model, settings.model_name, mode=settings.mode, max_staleness=settings.staleness_bound)
+    also = [
+        make_model(settings.model, name, mode=settings.mode, max_staleness=settings.staleness_bound)
+        for name in settings.also_train
+    ]
     worker_id = default_worker_id()
     log_event(
         log,
@@ -54,6 +58,7 @@ async def run_worker(
         shards=len(settings.shards),
         model=settings.model,
         name=settings.model_name,
+        also_train=",".join(settings.also_train) or "-",
         mode=settings.mode,
         wire=settings.wire().describe(),
         on_stale_offsets=settings.on_stale_offsets,
@@ -73,7 +78,7 @@ async def run_worker(
                 retry=RetryPolicy(deadline_s=max(10.0, settings.sync_deadline_s + 5)),
             ) as control,
         ):
-            worker = Worker(config, client, control, model)
+            worker = Worker(config, client, control, model, also=also)
             # Set after construction: the hook reads the worker's own stats.
             fmt = settings.wire().describe()
             worker.on_window = make_status_hook(
@@ -84,6 +89,16 @@ async def run_worker(
                 wire=lambda: {"format": fmt, **client.wire_stats().as_dict()},
                 model=settings.model_name,
             )
+            for a in worker.also:
+                # Each model's progress is its own entry on the board: the API
+                # and /metrics count a model's workers apart.
+                a.on_window = make_status_hook(
+                    control,
+                    f"{worker_id}/{a.model.name}",
+                    a.stats,
+                    update_mode=config.mode,
+                    model=a.model.name,
+                )
             await worker.run(stop)
     s = worker.stats
     log_event(

@@ -157,10 +157,12 @@ async def worker_rate(
     decode_processes: int = 1,
     mini_batch: int = WorkerConfig.mini_batch,
     others: dict[str, list[int]] | None = None,
+    also: tuple[str, ...] = (),
 ) -> tuple[float, Worker, dict[str, float]]:
     """(b)/(c) a worker trains the whole topic; events/s from assignment to
     last commit, and the CPU microseconds per event of each role (the worker's
-    process, its decode processes, and `others`: broker, shard servers)."""
+    process, its decode processes, and `others`: broker, shard servers).
+    `also`: models trained beside ``ctr`` on the same records (``--also-train``)."""
     group = f"bench-{uuid.uuid4().hex[:8]}"
     config = WorkerConfig(
         bootstrap,
@@ -172,7 +174,7 @@ async def worker_rate(
         decode_processes=decode_processes,
         mini_batch=mini_batch,
     )
-    worker = Worker(config, client, control, LogisticRegression("ctr"))
+    worker = Worker(config, client, control, LogisticRegression("ctr"), also=[LogisticRegression(m) for m in also])
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     loop = asyncio.get_running_loop()

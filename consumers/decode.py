@@ -52,6 +52,10 @@ class Decoded:
     """Records that go to the dead-letter queue, in window order."""
     seconds: float = 0.0
     """CPU-side time the decoding took (wall clock in the decoding process)."""
+    also: tuple[EventBatch, ...] = ()
+    """The same events hashed into each further namespace asked for (a
+    worker training several models), in the order asked; the JSON was parsed
+    and validated once."""
 
 
 @lru_cache(maxsize=8)
@@ -81,8 +85,10 @@ def _parse_all(values: list[bytes | None]) -> list[Any]:
             docs.append(_FAILED)
 
 
-def decode_records(values: list[bytes | None], namespace: str, max_bytes: int) -> Decoded:
-    """Decode, validate and hash records; a record is trained whole or rejected whole."""
+def decode_records(values: list[bytes | None], namespace: str, max_bytes: int, also: tuple[str, ...] = ()) -> Decoded:
+    """Decode, validate and hash records; a record is trained whole or rejected
+    whole. The events are hashed into `namespace` and each of `also`
+    (`Decoded.also`): one parse for every model a worker trains."""
     t0 = time.perf_counter()
     # Parsed events hold no reference cycles, but a chunk allocates thousands
     # of containers, and each collector pass would walk every young event
@@ -90,13 +96,13 @@ def decode_records(values: list[bytes | None], namespace: str, max_bytes: int) -
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _decode(values, namespace, max_bytes, t0)
+        return _decode(values, namespace, max_bytes, t0, also)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _decode(values: list[bytes | None], namespace: str, max_bytes: int, t0: float) -> Decoded:
+def _decode(values: list[bytes | None], namespace: str, max_bytes: int, t0: float, also: tuple[str, ...]) -> Decoded:
     n = len(values)
     events: list[dict[str, Any]] = []
     record_of: list[int] = []
@@ -129,4 +135,7 @@ def _decode(values: list[bytes | None], namespace: str, max_bytes: int, t0: floa
     batch, errors = _hasher(namespace).featurize(events, groups=record_of, json_types=True)
     rejected.extend(Rejected(g, e.reason, e.detail) for g, e in errors.items())
     rejected.sort(key=lambda r: r.index)
-    return Decoded(batch, record_of, rejected, time.perf_counter() - t0)
+    # Validation does not depend on the namespace: the same events pass, in
+    # the same order, so every batch's `index` and `record_of` agree.
+    more = tuple(_hasher(ns).featurize(events, groups=record_of, json_types=True)[0] for ns in also)
+    return Decoded(batch, record_of, rejected, time.perf_counter() - t0, more)

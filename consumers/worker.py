@@ -38,7 +38,7 @@ import os
 import socket
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -306,6 +306,32 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._worker._on_assigned(assigned)
 
 
+def _kept(
+    batch: EventBatch, part: Decoded, keep_record: npt.NDArray[np.bool_] | None, first: int, size: int
+) -> EventBatch:
+    """`batch` (one chunk's, of `part`) without the events of records whose
+    partitions were revoked (`keep_record` over the window; None keeps all)."""
+    if keep_record is None:
+        return batch
+    keep = keep_record[first : first + size]
+    record_of = np.asarray(part.record_of, dtype=np.int64)
+    return batch.select(np.flatnonzero(keep[record_of[batch.index]]))
+
+
+@dataclass
+class AlsoTrained:
+    """A model a worker trains beside its own, on the same records: one
+    decode, one lease and one commit for all of them (``--also-train``)."""
+
+    model: Model
+    training: AsyncTraining
+    stats: WorkerStats = field(default_factory=WorkerStats)
+    """Its own progress: events trained and the last window's progressive
+    metrics; the record, commit and outage counts mirror the worker's."""
+    on_window: Callable[[WindowReport], Awaitable[None]] | None = None
+    """Awaited after each window with this model's report (its status)."""
+
+
 class Worker:
     """A training worker. ``await worker.run(stop)`` until `stop` is set."""
 
@@ -316,14 +342,23 @@ class Worker:
         control: ControlClient,
         model: Model,
         on_window: Callable[[WindowReport], Awaitable[None]] | None = None,
+        *,
+        also: Sequence[Model] = (),
     ) -> None:
         """`client` pulls and pushes; `control` declares the model's tables
         and takes leases from the coordinator. `on_window` is awaited after each window is committed (metrics,
-        status reports); an exception from it is logged, never stops training."""
+        status reports); an exception from it is logged, never stops training.
+        `also`: further models trained on the same records (async only: a sync
+        step or a geo round is one model's)."""
         if model.mode != config.mode:
             raise ValueError(
                 f"the model's tables are declared for mode {model.mode}, the worker runs mode {config.mode}"
             )
+        names = [model.name, *(m.name for m in also)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a model is named twice: {', '.join(names)}")
+        if also and (config.mode != "async" or any(m.mode != "async" for m in also)):
+            raise ValueError("training several models in one worker is for --mode async")
         self.config = config
         self.client = client
         self.control = control
@@ -343,6 +378,7 @@ class Worker:
         self._chunks: list[_Chunk] = []
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.training = self._training()
+        self.also = [self._also(m, WorkerStats()) for m in also]
         """How a window trains, in the model's update mode."""
         self.leased = False
         """Whether windows are leased from a coordinator (found at start)."""
@@ -425,8 +461,9 @@ class Worker:
 
     # -- outages -----------------------------------------------------------------
     async def _declare_tables(self) -> None:
-        for t in self.model.tables():
-            await self.control.declare(t)
+        for model in (self.model, *(a.model for a in self.also)):
+            for t in model.tables():
+                await self.control.declare(t)
 
     async def _register_model(self) -> None:
         """Declare the model's tables, and create the model on the cluster or
@@ -436,36 +473,55 @@ class Worker:
         `ModeConflictError` (one line, exit 1). A shard 0 without an exporter
         keeps no models: the tables are declared as the worker's flags say."""
         try:
-            info: dict[str, object] | None = await self.control.model_info(self.model.name)
+            adopted = await self._as_created(self.model, strict_type=True)
         except NoCoordinatorError:
             await self._declare_tables()
             return
-        except UnknownModelError:
-            info = None
-        if info is not None and info.get("type") is not None:
-            spec = ModelSpec.from_dict(info)
-            name = self.model.name
-            if spec.kind != self.model.kind:
-                raise ModelConflictError(
-                    f"model {name} was created as {spec.kind}; this worker was started with --model {self.model.kind}"
-                )
-            if spec.mode != self.model.mode:
-                raise ModeConflictError(
-                    f"model {name} is updated in mode {spec.mode}; this worker was started with --mode "
-                    f"{self.model.mode}: every worker of a model runs its mode"
-                )
-            if ModelSpec.of(self.model) != spec:
-                self.model = spec.build()
-                self.training = self._training()
-                log.info(
-                    "model declaration taken from the cluster",
-                    extra={"fields": {"model": name, "tables": ",".join(t.name for t in spec.tables)}},
-                )
+        if adopted is not self.model:
+            self.model = adopted
+            self.training = self._training()
+        for i, a in enumerate(self.also):
+            model = await self._as_created(a.model, strict_type=False)
+            if model is not a.model:
+                fresh = self._also(model, a.stats)
+                fresh.on_window = a.on_window
+                self.also[i] = fresh
         await self._declare_tables()
-        got = await self.control.create_model(ModelSpec.of(self.model).recipe())
+        for model in (self.model, *(a.model for a in self.also)):
+            got = await self.control.create_model(ModelSpec.of(model).recipe())
+            if got.get("created"):
+                log.info("model created", extra={"fields": {"model": model.name, "type": model.kind}})
         self.model_key = self.model.name
-        if got.get("created"):
-            log.info("model created", extra={"fields": {"model": self.model.name, "type": self.model.kind}})
+
+    async def _as_created(self, model: Model, *, strict_type: bool) -> Model:
+        """`model` as the cluster created it (its declaration), or `model`
+        itself when nobody created it yet. Another update mode is
+        `ModeConflictError`; with `strict_type`, another type is
+        `ModelConflictError` (a model trained beside the worker's own takes
+        the type it was created with)."""
+        try:
+            info = await self.control.model_info(model.name)
+        except UnknownModelError:
+            return model
+        if info.get("type") is None:
+            return model
+        spec = ModelSpec.from_dict(info)
+        if strict_type and spec.kind != model.kind:
+            raise ModelConflictError(
+                f"model {model.name} was created as {spec.kind}; this worker was started with --model {model.kind}"
+            )
+        if spec.mode != model.mode:
+            raise ModeConflictError(
+                f"model {model.name} is updated in mode {spec.mode}; this worker was started with --mode "
+                f"{model.mode}: every worker of a model runs its mode"
+            )
+        if ModelSpec.of(model) == spec:
+            return model
+        log.info(
+            "model declaration taken from the cluster",
+            extra={"fields": {"model": model.name, "tables": ",".join(t.name for t in spec.tables)}},
+        )
+        return spec.build()
 
     async def _probe_shards(self) -> None:
         """Return once every shard answers (declaring the tables again, for a
@@ -589,6 +645,8 @@ class Worker:
                 moved[p] = off
         self.stats.windows_replayed += 1
         self.training.reset()  # a geo copy's bases may not be what the shards hold now
+        for a in self.also:
+            a.training.reset()
         log.warning(
             "window failed in an outage: not committed, its partitions resume from its first offsets",
             extra={
@@ -1002,7 +1060,7 @@ class Worker:
 
     def _decode(self, values: list[bytes | None]) -> asyncio.Future[Decoded]:
         """Start decoding record values of one partition (in the pool when there is one)."""
-        args = (values, self.model.name, self.config.max_message_bytes)
+        args = (values, self.model.name, self.config.max_message_bytes, tuple(a.model.name for a in self.also))
         if self._pool is None:
             fut: asyncio.Future[Decoded] = asyncio.get_running_loop().create_future()
             fut.set_result(decode_records(*args))
@@ -1057,15 +1115,20 @@ class Worker:
                     decode_wait_s += time.perf_counter() - t
                     decode_s += part.seconds
                     shifted = [Rejected(r.index + first, r.reason, r.detail) for r in part.rejected]
-                    batch = part.batch
                     if keep_record is not None:
-                        keep = keep_record[first : first + size]
-                        record_of = np.asarray(part.record_of, dtype=np.int64)
-                        batch = batch.select(np.flatnonzero(keep[record_of[batch.index]]))
                         shifted = [r for r in shifted if keep_record[r.index]]
                     rejected.extend(shifted)
+                    yield _kept(part.batch, part, keep_record, first, size)
                     first += size
-                    yield batch
+
+            async def also_pieces(i: int) -> AsyncIterator[EventBatch]:
+                """The same events hashed for the `i`-th model trained beside
+                (decoded by then: the worker's own model awaited every chunk)."""
+                first = 0
+                for _, size, fut in chunks:
+                    part = await fut
+                    yield _kept(part.also[i], part, keep_record, first, size)
+                    first += size
 
             # The lease spans the window's pushes and commit: a cut holds the
             # whole window and its offsets, or neither.
@@ -1074,6 +1137,7 @@ class Worker:
             try:
                 t_train = time.perf_counter()
                 metrics = await self.training.train(pieces(), window)
+                also_metrics = [await a.training.train(also_pieces(i), window) for i, a in enumerate(self.also)]
                 t_trained = time.perf_counter()
                 # Dead letters go out before the commit that passes their offsets.
                 assert self._dlq is not None
@@ -1089,20 +1153,24 @@ class Worker:
                         fut.exception()  # retrieved: the failure raised is the training's
                 if lease is not None:
                     await self._release(lease, committed)
-            report = self._report(
-                window,
-                metrics,
-                rejected,
-                time.perf_counter() - t0,
-                decode_s=decode_s,
-                decode_wait_s=decode_wait_s,
-                train_s=t_trained - t_train - decode_wait_s,
-            )
-        if self.on_window is not None:
+            seconds, train_s = time.perf_counter() - t0, t_trained - t_train - decode_wait_s
+            hooks = [
+                (hook, self._report(window, m, rejected, seconds, decode_s, decode_wait_s, train_s, also=a))
+                for hook, m, a in (
+                    (self.on_window, metrics, None),
+                    *((a.on_window, m, a) for a, m in zip(self.also, also_metrics)),
+                )
+            ]
+        for hook, done in hooks:
+            if hook is None:
+                continue
             try:
-                await self.on_window(report)
+                await hook(done)
             except Exception as exc:  # a status sink must never stop training
                 log.warning("window hook failed", extra={"fields": {"error": repr(exc)}})
+
+    def _also(self, model: Model, stats: WorkerStats) -> AlsoTrained:
+        return AlsoTrained(model, AsyncTraining(self.client, model, stats, self.config.mini_batch), stats)
 
     def _training(self) -> Training:
         """The training of the update mode the worker runs."""
@@ -1191,18 +1259,21 @@ class Worker:
         for _, _, fut in self._chunks:
             fut.cancel()
         self._chunks = []
-        for t in self.model.tables():  # shards that restarted empty need them again
-            await self.control.declare(t)
+        await self._declare_tables()  # shards that restarted empty need them again
         moved = {str(p): o for p, o in (await self._resume(list(owned), rewind=True)).items()}
         self._epoch = epoch
         self.stats.rewinds += 1
         self.training.reset()  # the shards went back to a cut
+        for a in self.also:
+            a.training.reset()
         log.warning("coordinator restarted: rewound", extra={"fields": {"epoch": epoch, "offsets": moved}})
 
     async def _release(self, lease_id: int, committed: Offsets) -> None:
         try:
             stream = self.stream() if committed else None
-            if not await self.control.release_lease(lease_id, committed, stream, self.model_key):
+            # One window trained every model: its offsets are each model's.
+            also = [a.model.name for a in self.also] if self.model_key is not None else []
+            if not await self.control.release_lease(lease_id, committed, stream, self.model_key, also=also):
                 log.warning("lease expired", extra={"fields": {"lease": lease_id}})
         except PSError as exc:
             # The window is committed (or failed); a cut gives up on the lease
@@ -1228,7 +1299,10 @@ class Worker:
         decode_s: float,
         decode_wait_s: float,
         train_s: float,
+        also: AlsoTrained | None = None,
     ) -> WindowReport:
+        """The window's report, counted in the worker's stats (or, for a model
+        trained beside, in that model's, which mirror the worker's counts)."""
         lag = self._lag()
         report = WindowReport(
             window=window.seq,
@@ -1246,7 +1320,7 @@ class Worker:
             lag_by_partition=lag,
             dlq_by_reason=dict(Counter(r.reason for r in rejected)),
         )
-        s = self.stats
+        s = self.stats if also is None else also.stats
         s.windows += 1
         s.records += window.size
         s.dead_letters += report.dlq
@@ -1254,5 +1328,12 @@ class Worker:
         s.last = report
         s.history.append(report)
         del s.history[:-1000]
-        log.info("window", extra={"fields": report.fields()})
+        if also is not None:
+            w = self.stats
+            s.commits, s.failed_commits, s.rewinds = w.commits, w.failed_commits, w.rewinds
+            s.outages, s.outage_seconds, s.windows_replayed = w.outages, w.outage_seconds, w.windows_replayed
+            s.stale_offsets = Counter(w.stale_offsets)
+            log.info("window", extra={"fields": {**report.fields(), "model": also.model.name}})
+        else:
+            log.info("window", extra={"fields": report.fields()})
         return report

@@ -14,7 +14,11 @@ import numpy as np
 import orjson
 import pytest
 from conftest import ServeShards
+from streams import bias_shows, brisk_worker_config, keyed_event, new_topic, produce, running
+from waiting import until
 
+from app.status import make_status_hook, summarize
+from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.export import latest_chain, list_versions, read_manifest, version_dirs
@@ -28,6 +32,7 @@ from ps_core.errors import (
     TableConflictError,
     UnknownModelError,
 )
+from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
@@ -237,3 +242,161 @@ async def test_model_routes_over_http_and_ctrps_model(tmp_path: Path, serve_shar
     deleted = await ctrps_model("delete", "ads")
     assert sorted(deleted["tables_dropped"]) == ["ads_v", "ads_w"]  # type: ignore[arg-type]
     assert all("ads_w" not in s.tables for s in shards)
+
+
+async def test_one_worker_trains_several_models_on_one_decode(
+    kafka_bootstrap: str, serve_shards: ServeShards, tmp_path: Path
+) -> None:
+    """``--also-train``: every event trained once per model, each in its own
+    namespace and tables with the declaration it was created with, one commit,
+    each model's offsets in its own cut, each model's progress on the board."""
+    shards, urls = await serve_shards(2, (), tmp_path)
+    topic, group = await new_topic(kafka_bootstrap, 2)
+    n, bad = 600, 5
+    values = [keyed_event(i) for i in range(n)] + [b"{not json"] * bad
+    async with PSClient.connect(urls) as client, ControlClient.connect(urls) as control:
+        # "feed" is created first as an FM: the worker trains it as created.
+        await control.create_model(_spec("fm", "feed", k=4).recipe())
+        config = brisk_worker_config(kafka_bootstrap, topic, group, 200, 64)
+        worker = Worker(
+            config, client, control, make_model("lr", "m"), also=[make_model("lr", "ads"), make_model("lr", "feed")]
+        )
+        worker.on_window = make_status_hook(control, "w", worker.stats, model="m")
+        for a in worker.also:
+            a.on_window = make_status_hook(control, f"w/{a.model.name}", a.stats, model=a.model.name)
+        async with running(worker) as task:
+            await produce(kafka_bootstrap, topic, values, 2)
+            await until(
+                lambda: all(bias_shows(shards, ns) >= n for ns in ("m", "ads", "feed")),
+                60,
+                what="every model",
+                task=task,
+            )
+            await until(lambda: worker.stats.records >= n + bad, 30, what="the dead letters", task=task)
+        assert [bias_shows(shards, ns) for ns in ("m", "ads", "feed")] == [n, n, n]  # once each
+        assert [type(a.model).__name__ for a in worker.also] == ["LogisticRegression", "FactorizationMachine"]
+        assert all("feed_v" in s.tables for s in shards)
+        # Each model its own namespace: the same feature, three keys.
+        keys = {FeatureHasher(ns).bias_key for ns in ("m", "ads", "feed")}
+        assert len(keys) == 3
+        assert worker.stats.events_trained == n and [a.stats.events_trained for a in worker.also] == [n, n]
+        assert worker.stats.dead_letters == bad and all(a.stats.dead_letters == bad for a in worker.also)
+        offsets = await control.coordinator_offsets("m")
+        assert sum(offsets[topic].values()) == n + bad
+        for name in ("ads", "feed"):
+            assert await control.coordinator_offsets(name) == offsets
+        board = await control.statuses()
+        for name in ("m", "ads", "feed"):
+            got = summarize(board, name)
+            assert got.events_trained == n and got.last_window is not None, name
+        cut = await control.export_now()
+        assert sorted(cut["models"]) == ["ads", "ctr", "feed", "m"]
+        for name in ("m", "ads", "feed"):
+            manifest = read_manifest(version_dirs(tmp_path / name)[cut["version"]])
+            assert manifest.offsets == offsets
+
+
+async def test_a_replica_follows_every_model_of_an_exports_root(tmp_path: Path) -> None:
+    """``ctrps serve --follow ROOT --follow-all``: each model from its own
+    directory, predicting as the trainer's API did at the cut."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from app.api import create_app
+    from app.follower import Follower, followed_models, model_of_exports
+    from app.settings import ApiSettings
+
+    coord = Coordinator()
+    shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    client, control = PSClient.local(shards), ControlClient.local(shards, coord)
+    exporter = Exporter(coord, control, tmp_path, "ctr")
+    control.serve_exports(exporter)
+    ctr, ads = make_model("lr", "ctr"), make_model("fm", "ads", k=4)
+    for model in (ctr, ads):
+        await control.create_model(ModelSpec.of(model).recipe())
+    rng = np.random.default_rng(3)
+    events = [{"label": int(rng.random() < 0.3), "features": {"site": f"s{rng.integers(20)}"}} for _ in range(200)]
+    probe = [{"features": e["features"]} for e in events[:8]]
+    for model in (ctr, ads):
+        batch, _ = FeatureHasher(model.name).featurize(events)
+        plan = model.plan(batch)
+        routed = client.route(plan.keys)
+        w = {t: await client.pull(t, routed) for t in model.table_names}
+        p = 1 / (1 + np.exp(-model.logits(batch, plan, w)))
+        for t, g in model.gradients(batch, plan, w, (p - batch.labels) * batch.weights).items():
+            await client.push(t, routed, g, counts=plan.counts(batch.labels))
+    cut = await exporter.cut()
+    (tmp_path / "notes").mkdir()  # neither a model.json nor versions: not a model
+    found = followed_models(tmp_path, "ctr")
+    assert list(found) == ["ctr", "ads"] and found["ads"] == tmp_path / "ads"
+
+    live = TestClient(TestServer(create_app(ApiSettings(), client, ctr, control=control)))
+    follower = Follower(tmp_path / "ctr", model_of_exports(tmp_path / "ctr", ctr), interval_s=3600)
+    others = {"ads": Follower(tmp_path / "ads", model_of_exports(tmp_path / "ads", ctr), interval_s=3600)}
+    app = create_app(ApiSettings(), follower.client, follower.model, follower=follower, followers=others)
+    replica = TestClient(TestServer(app))
+    async with live, replica:
+        for name in ("ctr", "ads"):
+            want = await (await live.post(f"/v1/models/{name}/predict", json={"events": probe})).json()
+            for _ in range(200):  # the followers' first polls run as the app starts: bounded wait
+                got = await (await replica.post(f"/v1/models/{name}/predict", json={"events": probe})).json()
+                if got.get("model_version") == cut.version:
+                    break
+                await asyncio.sleep(0.01)
+            assert got.get("model") == name and got["model_version"] == cut.version, got
+            np.testing.assert_allclose(got["predictions"], want["predictions"], rtol=1e-6)
+        listed = await (await replica.get("/v1/models")).json()
+        assert [(m["name"], m["type"]) for m in listed["models"]] == [("ctr", "lr"), ("ads", "fm")]
+        info = await (await replica.get("/v1/model?model=ads")).json()
+        assert info["model"] == "ads" and info["served_version"] == cut.version
+        assert info["follow"]["dir"] == str(tmp_path / "ads")
+        versions = await (await replica.get("/v1/exports?model=ads")).json()
+        assert versions["model"] == "ads" and [v["version"] for v in versions["versions"]] == [cut.version]
+        gone = await replica.post("/v1/models/nope/predict", json={"events": probe})
+        assert gone.status == 404 and (await gone.json())["error"] == "unknown_model"
+
+
+def test_also_train_settings() -> None:
+    from app.cli import build_parser
+    from app.settings import SettingsError, WorkerSettings
+
+    base = ["worker", "--bootstrap", "k:9092", "--shards", "http://127.0.0.1:1"]
+    s = WorkerSettings.from_args(build_parser().parse_args([*base, "--also-train", "a", "--also-train", "b"]), env={})
+    assert s.also_train == ("a", "b")
+    s = WorkerSettings.from_args(build_parser().parse_args(base), env={"CTRPS_ALSO_TRAIN": "a, b"})
+    assert s.also_train == ("a", "b")
+    for flags, message in (
+        (["--also-train", "ctr"], "names a model twice"),
+        (["--also-train", "a", "--also-train", "a"], "names a model twice"),
+        (["--also-train", "a", "--mode", "geo"], "for --mode async"),
+        (["--also-train", "../x"], "bad model name"),
+    ):
+        with pytest.raises(SettingsError, match=message):
+            WorkerSettings.from_args(build_parser().parse_args([*base, *flags]), env={})
+    with pytest.raises(ValueError, match="for --mode async"):
+        Worker(
+            brisk_worker_config("k:9092", "t", "g", 10, 10, mode="sync"),
+            PSClient.local([Shard()]),
+            ControlClient.local([Shard()]),
+            make_model("lr", "m", mode="sync"),
+            also=[make_model("lr", "a", mode="sync")],
+        )
+
+
+def test_help_prose_fits_80_columns() -> None:
+    """Every command's --help is readable in an 80-column terminal: prose is
+    wrapped; only example command lines (and argparse's own usage and flag
+    columns) may run longer."""
+    from app.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.choices and "shard" in a.choices)  # the subcommands
+    for name, command in sub.choices.items():
+        text = command.format_help()
+        long = [
+            line
+            for line in text.splitlines()
+            if len(line) > 80
+            and not line.lstrip().startswith(("ctrps ", "curl ", "--", "export ", "CTRPS_", "[", "-"))
+            and not line.startswith(("usage:", " " * 6))
+        ]
+        assert long == [], (name, long)

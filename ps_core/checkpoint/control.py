@@ -116,7 +116,12 @@ class ShardControl(Protocol):
     async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant: ...
 
     async def release_lease(
-        self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None, model: str | None = None
+        self,
+        lease_id: int,
+        offsets: Offsets,
+        stream: StreamIdentity | None = None,
+        model: str | None = None,
+        also: Sequence[str] = (),
     ) -> bool: ...
 
     async def coordinator_offsets(self, model: str | None = None) -> Offsets: ...
@@ -206,11 +211,18 @@ class LocalControl:
         return LeaseGrant(lease.lease_id, lease.epoch)
 
     async def release_lease(
-        self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None, model: str | None = None
+        self,
+        lease_id: int,
+        offsets: Offsets,
+        stream: StreamIdentity | None = None,
+        model: str | None = None,
+        also: Sequence[str] = (),
     ) -> bool:
-        if model is not None and self.exporter is not None:
-            self.exporter.model_json(model)  # unknown_model, as over HTTP
-        return await self._coordinator().release(lease_id, offsets, stream, model)
+        if self.exporter is not None:
+            for name in (model, *also):
+                if name is not None:
+                    self.exporter.model_json(name)  # unknown_model, as over HTTP
+        return await self._coordinator().release(lease_id, offsets, stream, model, also)
 
     async def coordinator_offsets(self, model: str | None = None) -> Offsets:
         return self._coordinator().offsets(model)
@@ -339,7 +351,12 @@ class HttpControl(ShardEndpoint):
         return LeaseGrant(int(got["lease_id"]), str(got["epoch"]))
 
     async def release_lease(
-        self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None, model: str | None = None
+        self,
+        lease_id: int,
+        offsets: Offsets,
+        stream: StreamIdentity | None = None,
+        model: str | None = None,
+        also: Sequence[str] = (),
     ) -> bool:
         body: dict[str, Any] = {
             "lease_id": lease_id,
@@ -349,6 +366,8 @@ class HttpControl(ShardEndpoint):
             body["stream"] = stream.to_dict()
         if model is not None:
             body["model"] = model
+        if also:
+            body["also"] = list(also)
         return bool((await self._coordinator_request("POST", "/v1/leases/release", body))["released"])
 
     async def coordinator_offsets(self, model: str | None = None) -> Offsets:
@@ -515,11 +534,17 @@ class ControlClient(ShardGroup[ShardControl]):
         return sum(await fan_out([t.sync_apply(step) for t in self.shards]))
 
     async def release_lease(
-        self, lease_id: int, offsets: Offsets, stream: StreamIdentity | None = None, model: str | None = None
+        self,
+        lease_id: int,
+        offsets: Offsets,
+        stream: StreamIdentity | None = None,
+        model: str | None = None,
+        also: Sequence[str] = (),
     ) -> bool:
         """End a lease with the offsets its window committed, read from
-        `stream`, as `model`'s (None: the default model's); False if it had expired."""
-        return await self.shards[0].release_lease(lease_id, offsets, stream, model)
+        `stream`, as `model`'s (None: the default model's) and each of `also`'s
+        (models the same window trained); False if it had expired."""
+        return await self.shards[0].release_lease(lease_id, offsets, stream, model, also)
 
     async def coordinator_offsets(self, model: str | None = None) -> Offsets:
         """The coordinator's committed offsets of `model`: where its workers resume after a restore."""

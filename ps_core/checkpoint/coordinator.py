@@ -26,7 +26,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -246,9 +246,11 @@ class Coordinator:
         offsets: Mapping[str, Mapping[int, int]] | None = None,
         stream: StreamIdentity | None = None,
         model: str | None = None,
+        also: Sequence[str] = (),
     ) -> bool:
         """End a lease, recording the offsets its window committed, read from
-        `stream`, as `model`'s (None: the default model's).
+        `stream`, as `model`'s (None: the default model's) and as those of
+        each model in `also` (trained on the same window by the same worker).
 
         Returns False when the lease had expired (a cut may hold part of its
         window): the offsets are still recorded, since they were committed.
@@ -258,8 +260,8 @@ class Coordinator:
         stream's offsets only.
         """
         lease = self._active.pop(lease_id, None)
-        name = model or self.model
-        self._books.setdefault(name, OffsetBook()).record(offsets, stream, name)
+        for name in dict.fromkeys([model or self.model, *also]):
+            self._books.setdefault(name, OffsetBook()).record(offsets, stream, name)
         async with self._changed:
             self._changed.notify_all()
         if lease is None:

@@ -122,10 +122,11 @@ async def release(request: web.Request) -> web.Response:
     # The model checked every key and offset; this turns partition keys into ints.
     offsets = parse_offsets(body.offsets, error=InvalidRequestError)
     stream = None if body.stream is None else StreamIdentity.from_dict(msgspec.structs.asdict(body.stream))
-    model = body.model
-    if model is not None and EXPORTER in request.app:
-        request.app[EXPORTER].registry.check(model)
-    released = await request.app[COORDINATOR].release(body.lease_id, offsets, stream, model)
+    if EXPORTER in request.app:
+        for name in (body.model, *body.also):
+            if name is not None:
+                request.app[EXPORTER].registry.check(name)
+    released = await request.app[COORDINATOR].release(body.lease_id, offsets, stream, body.model, body.also)
     return json_response({"released": released})
 
 

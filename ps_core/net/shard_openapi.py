@@ -356,6 +356,9 @@ class Release(Struct, forbid_unknown_fields=True):
     offsets: Offsets = {}
     stream: Stream | None = None
     model: Annotated[ModelName | None, Meta(description="Whose offsets these are (null: the default model's).")] = None
+    also: Annotated[
+        list[ModelName], Meta(max_length=256, description="Further models the window trained: their offsets too.")
+    ] = []
 
 
 class Released(Struct, forbid_unknown_fields=True):
