@@ -94,19 +94,18 @@ async def committed(bootstrap: str, group: str, topic: str, partitions: int) -> 
 
 
 async def consume_all(bootstrap: str, topic: str, n: int, timeout_s: float = 30.0) -> list[Any]:
-    """At least `n` records of `topic` from its start, read by a fresh group
-    within `timeout_s`."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=f"g-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
+    """At least `n` records of `topic` from its start, read within `timeout_s`
+    by a consumer assigned every partition (no group: a group's join costs
+    the broker's rebalance delay, seconds per call)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     records: list[Any] = []
     try:
         async with asyncio.timeout(timeout_s):
+            while not (parts := consumer.partitions_for_topic(topic)):
+                await consumer.topics()  # fetches the metadata that names the partitions
+            consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
+            await consumer.seek_to_beginning()
             while len(records) < n:
                 batch = await consumer.getmany(timeout_ms=500)
                 for recs in batch.values():

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import gc
 import itertools
-import uuid
 from typing import Any
 
 import numpy as np
 import orjson
 import streams
-from aiokafka import AIOKafkaConsumer
 from waiting import until
 
 from consumers.collector import YOUNG_THRESHOLD
@@ -84,22 +81,7 @@ async def test_bad_messages_are_dead_lettered_and_good_ones_trained_once(kafka_b
     await _run_until(worker, lambda: worker.stats.records >= len(values))
 
     # Every bad message is in the DLQ with its reason and source offset.
-    c = AIOKafkaConsumer(
-        dlq,
-        bootstrap_servers=kafka_bootstrap,
-        auto_offset_reset="earliest",
-        group_id=f"r-{uuid.uuid4().hex[:8]}",
-        enable_auto_commit=False,
-    )
-    await c.start()
-    letters: list[Any] = []
-    try:
-        async with asyncio.timeout(20):
-            while len(letters) < len(bad):
-                for recs in (await c.getmany(timeout_ms=500)).values():
-                    letters += recs
-    finally:
-        await c.stop()
+    letters = await streams.consume_all(kafka_bootstrap, dlq, len(bad), timeout_s=20)
     got = {}
     for rec in letters:
         h = read_headers(rec.headers)
