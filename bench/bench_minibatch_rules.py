@@ -16,6 +16,13 @@ loss of logistic regression with the default FTRL hyperparameters under:
 - ``minibatch_max``: adding ``max(G², √c · Σ g²)``;
 - ``minibatch_64`` and ``minibatch_16``: smaller mini-batches adding ``G²``.
 
+And, with mini-batches of 256 adding ``G²``, how numeric features are fed
+(the generator's counts are lognormal; the hasher passes them as they are):
+
+- ``numeric_raw``: the count as the value (what ctrps does; = ``minibatch_G2``);
+- ``numeric_log1p``: ``log1p(count)``;
+- ``numeric_dropped``: numeric features left out (value 0).
+
 The model is plain numpy over dense ids (the ids of `FeatureHasher`, the
 update of `ps_core.store.optim.FTRL` in float64), so the rules are compared
 alone, without the network. Ratios are each log loss over the per-event one.
@@ -106,10 +113,25 @@ def main(args: argparse.Namespace) -> dict[str, object]:
         t0 = time.perf_counter()
         losses[name] = run(ids.astype(np.int64), x, offsets, y, mb, rule)
         log(f"{name:22s} mini-batch {mb:4d}: logloss {losses[name]:.5f} ({time.perf_counter() - t0:.1f} s)")
+    # The numeric features' ids: a field's id does not depend on its value.
+    probe, _ = FeatureHasher("ctr").featurize([{"label": 0, "features": {f"I{i}": 1.0 for i in range(1, 14)}}])
+    numeric = np.isin(batch.keys, probe.keys[1:])
+    for name, values in (
+        ("numeric_log1p", np.where(numeric, np.log1p(np.maximum(x, 0.0)), x)),
+        ("numeric_dropped", np.where(numeric, 0.0, x)),
+    ):
+        losses[name] = run(ids.astype(np.int64), values, offsets, y, 256, RULES["minibatch_G2"][1])
+        log(f"{name:22s} mini-batch  256: logloss {losses[name]:.5f}")
     base = losses["per_event"]
+    out["numeric_share_of_features"] = float(numeric.mean())
     for name, value in losses.items():
         out[f"{name}_logloss"] = value
-        if name != "per_event":
+        if name.startswith("numeric_"):
+            # The same mini-batches, the features fed otherwise: against raw counts.
+            raw = losses["minibatch_G2"]
+            out[f"ratio_{name}_vs_raw"] = value / raw
+            log(f"{name:22s} / numeric_raw = {value / raw:.4f}")
+        elif name != "per_event":
             out[f"ratio_{name}_vs_per_event"] = value / base
             log(f"{name:22s} / per_event = {value / base:.4f}")
     out["elapsed_s"] = elapsed_s()
