@@ -325,19 +325,25 @@ async def create_model(request: web.Request) -> web.Response:
     if control is None:
         raise ReadOnlyReplicaError("a serving replica creates no models: ask the trainer's API or shard 0")
     body = _decode(_CREATE_MODEL, await _raw_body(request))
-    kwargs: dict[str, Any] = {"mode": body.mode, "max_staleness": body.max_staleness}
+    kwargs: dict[str, Any] = {"mode": body.mode, "max_staleness": body.max_staleness, "numeric": body.numeric}
     if body.max_staleness is not None and body.mode != "async":
         raise BadRequestError("max_staleness is for mode async")
     if body.optimizer is not None:
-        kwargs["optimizer"] = body.optimizer
-    if body.type == "fm":
+        kwargs["optimizer"] = _optimizer(body.optimizer)
+    if body.type == "fm":  # the embedding fields are fm's: an lr model ignores them
         kwargs["k"] = body.factors
         if body.embedding_optimizer is not None:
-            kwargs["embedding_optimizer"] = body.embedding_optimizer
-    elif body.embedding_optimizer is not None:
-        raise BadRequestError("embedding_optimizer is for type fm")
+            kwargs["embedding_optimizer"] = _optimizer(body.embedding_optimizer)
     out = await control.create_model(ModelSpec.of(make_model(body.type, body.name, **kwargs)).recipe())
     return _json(out, status=201 if out["created"] else 200)
+
+
+def _optimizer(given: object) -> dict[str, Any]:
+    """An optimizer of a create request as a table declares it."""
+    if isinstance(given, str):
+        return {"name": given}
+    out: dict[str, Any] = msgspec.to_builtins(given)
+    return out
 
 
 async def delete_model(request: web.Request) -> web.Response:

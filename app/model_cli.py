@@ -22,6 +22,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.manifest import check_model_name
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import PSError
+from ps_core.model.hasher import NUMERIC
 from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER, make_model
 from ps_core.net.auth import Scope
 from ps_core.net.endpoint import RetryPolicy
@@ -42,7 +43,7 @@ the one they train with --model-name, and the API serves every model.
 
 example:
   ctrps model create ads --type lr --optimizer ftrl,alpha=0.1,l1=1 --shard0 http://127.0.0.1:7100
-  ctrps model create feed --type fm --factors 8 --mode geo
+  ctrps model create feed --type fm --factors 8 --mode geo --numeric log1p
   ctrps model list
   ctrps model show ads
   ctrps model delete ads     # drops its tables on every shard; its exports stay on disk
@@ -87,6 +88,12 @@ def add_model_parser(sub: Subcommands) -> None:
     p.add_argument("--embedding-optimizer", help="create, fm: the embeddings' optimizer (default adagrad,lr=0.05)")
     p.add_argument("--factors", type=int, default=8, help="create, fm: embedding width k (default 8)")
     p.add_argument("--mode", choices=MODES, default="async", help="create: update mode (default async)")
+    p.add_argument(
+        "--numeric",
+        choices=NUMERIC,
+        default="raw",
+        help="create: numeric feature values fed as sent (raw, the default) or as sign(x) log1p(|x|)",
+    )
     p.add_argument("--max-staleness", type=int, help="create, async: down-weight gradients staler than N pushes")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for shard 0 (default 30)")
     add_security_flags(p, serves=False)
@@ -95,7 +102,7 @@ def add_model_parser(sub: Subcommands) -> None:
 def _spec(args: argparse.Namespace) -> ModelSpec:
     """The declaration `create` sends (`ValueError` for a bad flag)."""
     check_model_name(args.name)
-    kwargs: dict[str, Any] = {"mode": args.mode, "max_staleness": args.max_staleness}
+    kwargs: dict[str, Any] = {"mode": args.mode, "max_staleness": args.max_staleness, "numeric": args.numeric}
     if args.optimizer:
         kwargs["optimizer"] = parse_optimizer(args.optimizer)
     if args.type == "fm":

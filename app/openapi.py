@@ -26,12 +26,14 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from ps_core.model.events import MAX_FEATURES, MAX_WEIGHT
 from ps_core.models import components, ref
 from ps_core.net.shard_openapi import (
+    FTRL_RULE,
     Compaction,
     Error,
     ExportList,
     ExportReport,
     ExportRequest,
     Lifecycle,
+    Optimizer,
     StatusAck,
     StatusBoard,
 )
@@ -256,10 +258,9 @@ ModelName = Annotated[
     str,
     Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z", description="The model's name."),
 ]
-Hyperparameters = Annotated[
-    dict[str, Any],
-    Meta(description='An optimizer: {"name": "ftrl" | "adagrad" | "sgd", hyperparameter: number, ...}.'),
-]
+Hyperparameters = Literal["sgd", "adagrad", "ftrl"] | Optimizer
+"""An optimizer by name (its defaults), or with its hyperparameters: the
+shard's own declaration of one (`ps_core.net.shard_openapi`)."""
 
 
 class CreateModelRequest(Struct, forbid_unknown_fields=True):
@@ -272,6 +273,7 @@ class CreateModelRequest(Struct, forbid_unknown_fields=True):
     factors: Annotated[int, Meta(ge=1, le=1024)] = 8
     mode: Literal["async", "sync", "geo"] = "async"
     max_staleness: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
+    numeric: Literal["raw", "log1p"] = "raw"
 
 
 class ModelCreated(Struct, forbid_unknown_fields=True):
@@ -435,6 +437,14 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
     )
     # The one rule no field's type states; the hasher refuses its breach as bad_features.
     schemas["Event"]["anyOf"] = schemas["WeightsRequest"]["anyOf"] = _FEATURES_OR_KEYS
+    schemas["FTRL"]["anyOf"] = FTRL_RULE  # as the shard's document states it
+    # A staleness bound is for async models only (the mode defaults to async).
+    schemas["CreateModelRequest"]["allOf"] = [
+        {
+            "if": {"required": ["max_staleness"], "properties": {"max_staleness": {"type": "integer"}}},
+            "then": {"properties": {"mode": {"const": "async"}}},
+        }
+    ]
     return schemas
 
 

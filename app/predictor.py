@@ -29,7 +29,6 @@ import numpy.typing as npt
 from ps_core.errors import UnknownTableError
 from ps_core.model.batch import EventBatch
 from ps_core.model.events import EventError
-from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import Model, sigmoid
 from ps_core.net.client import PSReader
 from ps_core.net.transports import Pulled
@@ -102,7 +101,7 @@ class Predictor:
         """`on_batch(requests, events)` is called for each batch scored (metrics)."""
         self.client = client
         self.model = model
-        self.hasher = FeatureHasher(model.name)
+        self.hasher = model.hasher()
         self.max_batch_events = max_batch_events
         self._on_batch = on_batch
         self._queue: deque[_Pending] = deque()

@@ -4,10 +4,13 @@ as a serving replica, from a model's exports in memory, until signalled."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 from ps_core.checkpoint.control import ControlClient
-from ps_core.model.models import make_model
+from ps_core.checkpoint.registry import ModelSpec
+from ps_core.errors import NoCoordinatorError, PSError, UnknownModelError
+from ps_core.model.models import Model, make_model
 from ps_core.net.auth import Scope
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
@@ -18,7 +21,29 @@ from .security import SecuritySettings
 from .settings import ApiSettings
 from .signals import stop_on_signals
 
-__all__ = ["run_serve"]
+__all__ = ["run_serve", "as_declared"]
+
+log = logging.getLogger("ctrps.api")
+
+
+async def as_declared(control: ControlClient, model: Model) -> Model:
+    """`model` as its cluster declared it (type, optimizers, numeric
+    handling), so the API hashes events as the workers do; `model` itself
+    when the cluster keeps no declaration of it. Shards not answering yet:
+    one line, and the flags' model."""
+    try:
+        info = await control.model_info(model.name)
+    except (UnknownModelError, NoCoordinatorError):
+        return model
+    except PSError as exc:
+        log.warning(
+            "model declaration not read: serving the flags' model",
+            extra={"fields": {"model": model.name, "numeric": model.numeric, "error": exc.detail}},
+        )
+        return model
+    if info.get("type") is None:
+        return model
+    return ModelSpec.from_dict(info).build()
 
 
 async def run_serve(
@@ -42,7 +67,7 @@ async def run_serve(
     security = security or SecuritySettings()
     served = security.server_tls()
     tls = security.client_tls()
-    model = make_model(settings.model, settings.model_name)
+    model = make_model(settings.model, settings.model_name, numeric=settings.numeric)
     with stop_on_signals(stop):
         if settings.follow:
             path = Path(settings.follow)
@@ -68,4 +93,5 @@ async def run_serve(
             PSClient.connect(settings.shards, retry=retry, rpc=settings.use_rpc, token=token, ssl=tls) as client,
             ControlClient.connect(settings.shards, retry=retry, token=token, ssl=tls) as control,
         ):
+            model = await as_declared(control, model)
             await run_api(settings, client, model, stop, control=control, ssl_context=served)

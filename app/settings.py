@@ -21,6 +21,7 @@ from consumers.kafka_security import KafkaSecurity
 from consumers.worker import WorkerConfig
 from ps_core.checkpoint.manifest import check_model_name
 from ps_core.errors import TableConfigError
+from ps_core.model.hasher import NUMERIC
 from ps_core.net.limits import PortLimits, RpcLimits
 from ps_core.net.quantize import PULL_VALUE_TYPES, VALUE_TYPES
 from ps_core.net.wire import ROUNDINGS, WireFormat
@@ -358,6 +359,14 @@ class WorkerSettings:
     model: str = setting("lr", env="CTRPS_MODEL", flag="--model", help="model kind", choices=_MODELS)
     model_name: str = setting(
         "ctr", env="CTRPS_MODEL_NAME", flag="--model-name", help="model name: table prefix and feature namespace"
+    )
+    numeric: str = setting(
+        "raw",
+        env="CTRPS_NUMERIC",
+        flag="--numeric",
+        help="numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p), for a model this "
+        "worker creates; a created model keeps its own",
+        choices=NUMERIC,
     )
     also_train: tuple[str, ...] = setting(
         (),
@@ -779,6 +788,14 @@ class ApiSettings:
     )
     model_name: str = setting(
         "ctr", env="CTRPS_MODEL_NAME", flag="--model-name", help="model name (with --follow, the manifest's)"
+    )
+    numeric: str = setting(
+        "raw",
+        env="CTRPS_NUMERIC",
+        flag="--numeric",
+        help="numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p), as the workers feed "
+        "them; the model's declaration on the shards (or in the manifest) wins",
+        choices=NUMERIC,
     )
     max_events: int = setting(10_000, env="CTRPS_MAX_EVENTS", flag="--max-events", help="most events per request")
     max_body_bytes: int = setting(

@@ -43,11 +43,9 @@ async def run_worker(
     security = security or SecuritySettings()
     tls = security.client_tls()
     config = settings.worker_config(kafka)
-    model = make_model(settings.model, settings.model_name, mode=settings.mode, max_staleness=settings.staleness_bound)
-    also = [
-        make_model(settings.model, name, mode=settings.mode, max_staleness=settings.staleness_bound)
-        for name in settings.also_train
-    ]
+    how = {"mode": settings.mode, "max_staleness": settings.staleness_bound, "numeric": settings.numeric}
+    model = make_model(settings.model, settings.model_name, **how)
+    also = [make_model(settings.model, name, **how) for name in settings.also_train]
     worker_id = default_worker_id()
     log_event(
         log,

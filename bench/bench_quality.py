@@ -81,8 +81,8 @@ def _river_x(event: dict[str, Any]) -> dict[str, float]:
     return x
 
 
-def run_ctrps(kind: str, events: Events) -> tuple[np.ndarray, float]:
-    learner = Learner(kind)
+def run_ctrps(kind: str, events: Events, numeric: str = "raw") -> tuple[np.ndarray, float]:
+    learner = Learner(kind, numeric=numeric)
     t0 = time.perf_counter()
     chunks = []
     for start in range(0, len(events), 20_000):  # a worker's windows, in order
@@ -129,6 +129,8 @@ def run_river(kind: str, events: Events) -> tuple[np.ndarray, float]:
 LEARNERS: dict[str, Callable[[Events], tuple[np.ndarray, float]]] = {
     "ctrps_lr": lambda ev: run_ctrps("lr", ev),
     "ctrps_fm": lambda ev: run_ctrps("fm", ev),
+    "ctrps_lr_log1p": lambda ev: run_ctrps("lr", ev, "log1p"),
+    "ctrps_fm_log1p": lambda ev: run_ctrps("fm", ev, "log1p"),
     "vw": run_vw,
     "river_lr": lambda ev: run_river("lr", ev),
     "river_fm": lambda ev: run_river("fm", ev),
@@ -190,6 +192,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 a["lr_ratio_events_per_s_vs_vw"] = r["ctrps_lr"]["events_per_s"] / r["vw"]["events_per_s"]
         if "ctrps_fm" in r and "ctrps_lr" in r:
             a["fm_logloss_le_lr"] = r["ctrps_fm"]["logloss"] <= r["ctrps_lr"]["logloss"]
+        if "ctrps_lr_log1p" in r:
+            # --numeric log1p (a model's choice, not the default yet)
+            a["lr_log1p_logloss_ratio_vs_best_of_vw_river"] = r["ctrps_lr_log1p"]["logloss"] / best_other
+            a["lr_log1p_logloss_le_best"] = r["ctrps_lr_log1p"]["logloss"] <= best_other
+        if "ctrps_fm_log1p" in r and "ctrps_lr_log1p" in r:
+            a["fm_log1p_logloss_le_lr_log1p"] = r["ctrps_fm_log1p"]["logloss"] <= r["ctrps_lr_log1p"]["logloss"]
         aims[stream_name] = a
         log(f"{stream_name}: " + ", ".join(f"{k} {_shown(v)}" for k, v in a.items()))
     return {

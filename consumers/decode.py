@@ -59,9 +59,9 @@ class Decoded:
 
 
 @lru_cache(maxsize=8)
-def _hasher(namespace: str) -> FeatureHasher:
+def _hasher(namespace: str, numeric: str = "raw") -> FeatureHasher:
     # One hasher per process and namespace keeps its field-name cache warm.
-    return FeatureHasher(namespace)
+    return FeatureHasher(namespace, numeric=numeric)
 
 
 _FAILED = object()
@@ -85,9 +85,16 @@ def _parse_all(values: list[bytes | None]) -> list[Any]:
             docs.append(_FAILED)
 
 
-def decode_records(values: list[bytes | None], namespace: str, max_bytes: int, also: tuple[str, ...] = ()) -> Decoded:
+def decode_records(
+    values: list[bytes | None],
+    namespace: str,
+    max_bytes: int,
+    also: tuple[tuple[str, str], ...] = (),
+    numeric: str = "raw",
+) -> Decoded:
     """Decode, validate and hash records; a record is trained whole or rejected
-    whole. The events are hashed into `namespace` and each of `also`
+    whole. The events are hashed into `namespace` (numeric values as
+    `numeric` says) and each ``(namespace, numeric)`` of `also`
     (`Decoded.also`): one parse for every model a worker trains."""
     t0 = time.perf_counter()
     # Parsed events hold no reference cycles, but a chunk allocates thousands
@@ -96,13 +103,20 @@ def decode_records(values: list[bytes | None], namespace: str, max_bytes: int, a
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _decode(values, namespace, max_bytes, t0, also)
+        return _decode(values, namespace, max_bytes, t0, also, numeric)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _decode(values: list[bytes | None], namespace: str, max_bytes: int, t0: float, also: tuple[str, ...]) -> Decoded:
+def _decode(
+    values: list[bytes | None],
+    namespace: str,
+    max_bytes: int,
+    t0: float,
+    also: tuple[tuple[str, str], ...],
+    numeric: str,
+) -> Decoded:
     n = len(values)
     events: list[dict[str, Any]] = []
     record_of: list[int] = []
@@ -132,10 +146,10 @@ def _decode(values: list[bytes | None], namespace: str, max_bytes: int, t0: floa
             events.extend(evs)
             record_of.extend([i] * len(evs))
     # Every event here is orjson's: exact JSON types, which spares a type check.
-    batch, errors = _hasher(namespace).featurize(events, groups=record_of, json_types=True)
+    batch, errors = _hasher(namespace, numeric).featurize(events, groups=record_of, json_types=True)
     rejected.extend(Rejected(g, e.reason, e.detail) for g, e in errors.items())
     rejected.sort(key=lambda r: r.index)
     # Validation does not depend on the namespace: the same events pass, in
     # the same order, so every batch's `index` and `record_of` agree.
-    more = tuple(_hasher(ns).featurize(events, groups=record_of, json_types=True)[0] for ns in also)
+    more = tuple(_hasher(ns, num).featurize(events, groups=record_of, json_types=True)[0] for ns, num in also)
     return Decoded(batch, record_of, rejected, time.perf_counter() - t0, more)

@@ -1060,7 +1060,8 @@ class Worker:
 
     def _decode(self, values: list[bytes | None]) -> asyncio.Future[Decoded]:
         """Start decoding record values of one partition (in the pool when there is one)."""
-        args = (values, self.model.name, self.config.max_message_bytes, tuple(a.model.name for a in self.also))
+        also = tuple((a.model.name, a.model.numeric) for a in self.also)
+        args = (values, self.model.name, self.config.max_message_bytes, also, self.model.numeric)
         if self._pool is None:
             fut: asyncio.Future[Decoded] = asyncio.get_running_loop().create_future()
             fut.set_result(decode_records(*args))

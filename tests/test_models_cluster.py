@@ -256,7 +256,7 @@ async def test_one_worker_trains_several_models_on_one_decode(
     values = [keyed_event(i) for i in range(n)] + [b"{not json"] * bad
     async with PSClient.connect(urls) as client, ControlClient.connect(urls) as control:
         # "feed" is created first as an FM: the worker trains it as created.
-        await control.create_model(_spec("fm", "feed", k=4).recipe())
+        await control.create_model(_spec("fm", "feed", k=4, numeric="log1p").recipe())
         config = brisk_worker_config(kafka_bootstrap, topic, group, 200, 64)
         worker = Worker(
             config, client, control, make_model("lr", "m"), also=[make_model("lr", "ads"), make_model("lr", "feed")]
@@ -275,6 +275,7 @@ async def test_one_worker_trains_several_models_on_one_decode(
             await until(lambda: worker.stats.records >= n + bad, 30, what="the dead letters", task=task)
         assert [bias_shows(shards, ns) for ns in ("m", "ads", "feed")] == [n, n, n]  # once each
         assert [type(a.model).__name__ for a in worker.also] == ["LogisticRegression", "FactorizationMachine"]
+        assert [a.model.numeric for a in worker.also] == ["raw", "log1p"]  # as created
         assert all("feed_v" in s.tables for s in shards)
         # Each model its own namespace: the same feature, three keys.
         keys = {FeatureHasher(ns).bias_key for ns in ("m", "ads", "feed")}
@@ -301,7 +302,7 @@ async def test_a_replica_follows_every_model_of_an_exports_root(tmp_path: Path) 
     directory, predicting as the trainer's API did at the cut."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from app.api import create_app
+    from app.api import SERVED, create_app
     from app.follower import Follower, followed_models, model_of_exports
     from app.settings import ApiSettings
 
@@ -310,14 +311,17 @@ async def test_a_replica_follows_every_model_of_an_exports_root(tmp_path: Path) 
     client, control = PSClient.local(shards), ControlClient.local(shards, coord)
     exporter = Exporter(coord, control, tmp_path, "ctr")
     control.serve_exports(exporter)
-    ctr, ads = make_model("lr", "ctr"), make_model("fm", "ads", k=4)
+    ctr, ads = make_model("lr", "ctr"), make_model("fm", "ads", k=4, numeric="log1p")
     for model in (ctr, ads):
         await control.create_model(ModelSpec.of(model).recipe())
     rng = np.random.default_rng(3)
-    events = [{"label": int(rng.random() < 0.3), "features": {"site": f"s{rng.integers(20)}"}} for _ in range(200)]
+    events = [
+        {"label": int(rng.random() < 0.3), "features": {"site": f"s{rng.integers(20)}", "n": float(rng.integers(50))}}
+        for _ in range(200)
+    ]
     probe = [{"features": e["features"]} for e in events[:8]]
     for model in (ctr, ads):
-        batch, _ = FeatureHasher(model.name).featurize(events)
+        batch, _ = model.hasher().featurize(events)
         plan = model.plan(batch)
         routed = client.route(plan.keys)
         w = {t: await client.pull(t, routed) for t in model.table_names}
@@ -346,6 +350,7 @@ async def test_a_replica_follows_every_model_of_an_exports_root(tmp_path: Path) 
             np.testing.assert_allclose(got["predictions"], want["predictions"], rtol=1e-6)
         listed = await (await replica.get("/v1/models")).json()
         assert [(m["name"], m["type"]) for m in listed["models"]] == [("ctr", "lr"), ("ads", "fm")]
+        assert app[SERVED].predictors["ads"].model.numeric == "log1p"  # from the manifest
         info = await (await replica.get("/v1/model?model=ads")).json()
         assert info["model"] == "ads" and info["served_version"] == cut.version
         assert info["follow"]["dir"] == str(tmp_path / "ads")
@@ -400,3 +405,37 @@ def test_help_prose_fits_80_columns() -> None:
             and not line.startswith(("usage:", " " * 6))
         ]
         assert long == [], (name, long)
+
+
+def test_numeric_values_fed_as_log1p_keep_their_ids() -> None:
+    event = {"label": 0, "features": {"I1": 10.0, "I2": -3.0, "c": "x"}}
+    raw, _ = FeatureHasher("m").featurize([event])
+    logs, _ = FeatureHasher("m", numeric="log1p").featurize([event])
+    np.testing.assert_array_equal(raw.keys, logs.keys)
+    np.testing.assert_allclose(raw.values, [1, 10, -3, 1])
+    np.testing.assert_allclose(logs.values, [1, np.log1p(10), -np.log1p(3), 1], rtol=1e-6)
+    with pytest.raises(ValueError, match="numeric"):
+        FeatureHasher("m", numeric="sqrt")
+    spec = _spec("lr", "m", numeric="log1p")
+    assert ModelSpec.from_dict(orjson.loads(orjson.dumps(spec.to_dict()))).build().numeric == "log1p"
+    assert ModelSpec.from_recipe(spec.recipe()) == spec
+    old = {k: v for k, v in spec.to_dict().items() if k != "numeric"}  # a declaration from before the choice
+    assert ModelSpec.from_dict(old).numeric == "raw"
+    reg = ModelRegistry(None, "ctr")
+    reg.create(_spec("lr", "m"))
+    with pytest.raises(ModelConflictError, match="numeric"):
+        reg.create(spec)
+
+
+async def test_the_api_serves_its_model_as_the_cluster_declared_it(tmp_path: Path) -> None:
+    from app.serve_role import as_declared
+
+    coord = Coordinator()
+    shards = [Shard(ShardSpec(0, 1))]
+    control = ControlClient.local(shards, coord)
+    assert (await as_declared(control, make_model("lr", "ctr"))).numeric == "raw"  # no exporter: the flags'
+    exporter = Exporter(coord, control, tmp_path, "ctr")
+    control.serve_exports(exporter)
+    assert (await as_declared(control, make_model("lr", "ctr"))).numeric == "raw"  # not created: the flags'
+    await control.create_model(_spec("lr", "ctr", numeric="log1p").recipe())
+    assert (await as_declared(control, make_model("lr", "ctr"))).numeric == "log1p"

@@ -318,6 +318,7 @@ class Exporter:
             config: dict[str, Any] = {"name": name, "tables": [configs[n] for n in sorted(configs)]}
             if spec is not None:
                 config["type"] = spec.kind
+                config["numeric"] = spec.numeric
             offsets, stream = cut.books.get(name, ({}, None))
             try:
                 path = write_version(

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from ..errors import InvalidRequestError, ModelConflictError, TableConfigError, UnknownModelError
+from ..model.hasher import NUMERIC
 from ..model.models import Model, make_model, model_of_tables
 from ..store.table import TableConfig
 from .manifest import check_model_name
@@ -51,21 +52,36 @@ class ModelSpec:
     tables: tuple[TableConfig, ...]
     created_at: float = field(default=0.0, compare=False)
     """Unix time it was created (not part of its identity)."""
+    numeric: str = "raw"
+    """How its numeric features are fed (`ps_core.model.hasher.NUMERIC`); a
+    declaration written before the choice existed reads as ``raw``."""
 
     @classmethod
     def of(cls, model: Model, created_at: float | None = None) -> ModelSpec:
         """The declaration of `model` (as its workers declare its tables)."""
-        return cls(model.name, model.kind, model.tables(), time.time() if created_at is None else created_at)
+        return cls(
+            model.name,
+            model.kind,
+            model.tables(),
+            time.time() if created_at is None else created_at,
+            model.numeric,
+        )
 
     def build(self) -> Model:
         """The model this declares (`ps_core.model.models.model_of_tables`)."""
-        return model_of_tables(self.kind, self.name, self.tables)
+        return model_of_tables(self.kind, self.name, self.tables, self.numeric)
 
     def recipe(self) -> dict[str, Any]:
         """What creates it (``POST /v1/models``' body: type, optimizers,
         embedding width, mode), the inverse of `from_recipe`."""
         w = self.tables[0]
-        out: dict[str, Any] = {"name": self.name, "type": self.kind, "optimizer": dict(w.optimizer), "mode": w.mode}
+        out: dict[str, Any] = {
+            "name": self.name,
+            "type": self.kind,
+            "optimizer": dict(w.optimizer),
+            "mode": w.mode,
+            "numeric": self.numeric,
+        }
         if w.max_staleness is not None:
             out["max_staleness"] = w.max_staleness
         if self.kind == "fm":
@@ -83,7 +99,11 @@ class ModelSpec:
         """The model `raw` (a `recipe`) creates; `InvalidRequestError` for
         what a model cannot be built with (e.g. an optimizer's hyperparameters)."""
         name, kind = _name_and_type(raw.get("name"), raw.get("type", "lr"))
-        kwargs: dict[str, Any] = {"mode": raw.get("mode", "async"), "max_staleness": raw.get("max_staleness")}
+        kwargs: dict[str, Any] = {
+            "mode": raw.get("mode", "async"),
+            "max_staleness": raw.get("max_staleness"),
+            "numeric": raw.get("numeric", "raw"),
+        }
         for key in ("optimizer", "embedding_optimizer"):
             opt = raw.get(key)
             if kind == "lr" and key == "embedding_optimizer":
@@ -117,6 +137,7 @@ class ModelSpec:
             "name": self.name,
             "type": self.kind,
             "update_mode": self.mode,
+            "numeric": self.numeric,
             "tables": [t.to_dict() for t in self.tables],
             "created_at": round(self.created_at, 3),
         }
@@ -126,7 +147,7 @@ class ModelSpec:
         """Parse and check a declaration (`InvalidRequestError` naming what is wrong)."""
         if not isinstance(raw, dict):
             raise InvalidRequestError("a model declaration is a JSON object")
-        unknown = set(raw) - {"name", "type", "update_mode", "tables", "created_at"}
+        unknown = set(raw) - {"name", "type", "update_mode", "numeric", "tables", "created_at"}
         if unknown:
             raise InvalidRequestError(f"unknown model fields: {sorted(unknown)}")
         name, kind = _name_and_type(raw.get("name"), raw.get("type"))
@@ -140,7 +161,10 @@ class ModelSpec:
         created = raw.get("created_at") or 0.0
         if isinstance(created, bool) or not isinstance(created, (int, float)):
             raise InvalidRequestError("created_at must be a number")
-        spec = cls(name, kind, configs, float(created))
+        numeric = raw.get("numeric") or "raw"
+        if numeric not in NUMERIC:
+            raise InvalidRequestError(f"numeric must be one of {', '.join(NUMERIC)}, got {numeric!r}")
+        spec = cls(name, kind, configs, float(created), str(numeric))
         try:
             spec.build()
         except ValueError as exc:
@@ -236,10 +260,13 @@ class ModelRegistry:
         models held (its tables are another's, or the registry is full);
         checked before its tables are declared. The same declaration again passes."""
         had = self._specs.get(spec.name)
-        if had is not None and (had.kind != spec.kind or not _same_tables(had.tables, spec.tables)):
+        if had is not None and (
+            had.kind != spec.kind or had.numeric != spec.numeric or not _same_tables(had.tables, spec.tables)
+        ):
             raise ModelConflictError(
-                f"model {spec.name} exists as {had.kind} with tables {[t.to_dict() for t in had.tables]}; "
-                f"created again as {spec.kind} with {[t.to_dict() for t in spec.tables]}"
+                f"model {spec.name} exists as {had.kind} (numeric {had.numeric}) with tables "
+                f"{[t.to_dict() for t in had.tables]}; created again as {spec.kind} (numeric {spec.numeric}) "
+                f"with {[t.to_dict() for t in spec.tables]}"
             )
         for other in self._specs.values():
             shared = set(other.table_names) & set(spec.table_names)

@@ -39,7 +39,13 @@ from ..parsing import exact_ints
 from .batch import F32, I64, EventBatch
 from .events import MAX_FEATURES, MAX_WEIGHT, Checked, EventError, check_columns, check_each
 
-__all__ = ["FeatureHasher", "string_hashes"]
+__all__ = ["FeatureHasher", "string_hashes", "NUMERIC"]
+
+NUMERIC = ("raw", "log1p")
+"""How a model feeds numeric feature values: as sent (``raw``), or
+``sign(x) log1p(|x|)`` (``log1p``: counts with long tails compressed, the
+usual treatment of CTR count features). Part of a model's declaration:
+training and serving must hash alike."""
 
 
 # -- string hashing ------------------------------------------------------------
@@ -331,7 +337,9 @@ class FeatureHasher:
     - categorical ``field: "value"``: ``fmix64(F ^ H(value) * 0x9E3779B97F4A7C15)``,
       value 1; a list of strings is one such feature per element (multi-hot);
       ``true``/``false`` are the strings ``"true"``/``"false"``;
-    - numeric ``field: x``: ``fmix64(F ^ 0xD6E8FEB86659FD93)``, value x;
+    - numeric ``field: x``: ``fmix64(F ^ 0xD6E8FEB86659FD93)``, value x, or
+      ``sign(x) log1p(|x|)`` with ``numeric="log1p"`` (counts' long tails
+      compressed: `NUMERIC`);
     - pre-hashed ``keys: [k, ...]``: used as they are, value 1;
     - the bias: ``fmix64(ns ^ 0xA0761D6478BD642F)``, value 1, first in every event.
 
@@ -341,8 +349,12 @@ class FeatureHasher:
     ``features`` object in order), both bounded; it is not thread-safe.
     """
 
-    def __init__(self, namespace: str, *, max_features: int = MAX_FEATURES) -> None:
+    def __init__(self, namespace: str, *, max_features: int = MAX_FEATURES, numeric: str = "raw") -> None:
+        """`numeric`: how numeric values become feature values (`NUMERIC`)."""
+        if numeric not in NUMERIC:
+            raise ValueError(f"numeric {numeric!r} is not one of {', '.join(NUMERIC)}")
         self.namespace = namespace
+        self.numeric = numeric
         self._ns = int(string_hashes([namespace])[0])
         self._fields = _FieldHashes(self._ns)
         self._layouts = _Layouts(self._fields)
@@ -422,7 +434,7 @@ class FeatureHasher:
         n = len(checked.to_hash)
         cols = self._columns(checked.to_hash, json_types)
         fails = _Failures(checked.errors, grp, n)
-        keys, vals = _ids(cols, fails)
+        keys, vals = _ids(cols, fails, log1p=self.numeric == "log1p")
         keep = cols.codes != _T_NONE  # nulls are missing features
         extras = _Extras()
         _rare_values(cols, keep, fails, extras)
@@ -587,10 +599,10 @@ class _Extras:
         self.events.append(events)
 
 
-def _ids(cols: _Columns, fails: _Failures) -> tuple[U64, F32]:
+def _ids(cols: _Columns, fails: _Failures, *, log1p: bool = False) -> tuple[U64, F32]:
     """The id and value of every value in `cols`; right for strings and
     numbers (the only ones kept from the columns). A number not finite as a
-    float32 fails its event."""
+    float32 fails its event; with `log1p` a number x is ``sign(x) log1p(|x|)``."""
     m = cols.objs.size
     vals = np.ones(m, dtype=np.float32)
     # What each value's field hash is mixed with: H(value) * C for a
@@ -610,7 +622,10 @@ def _ids(cols: _Columns, fails: _Failures) -> tuple[U64, F32]:
                 fails.fail(
                     int(cols.event_of[j]), "bad_value", f"{cols.field(j)}={cols.objs[j]!r} is not a finite float32"
                 )
-        vals[num] = np.where(finite, x, 0).astype(np.float32)
+        x = np.where(finite, x, 0)
+        if log1p:
+            x = np.sign(x) * np.log1p(np.abs(x))
+        vals[num] = x.astype(np.float32)
     return mix64(cols.fhash ^ salt), vals
 
 

@@ -21,7 +21,6 @@ import numpy.typing as npt
 from ..errors import InvalidRequestError
 from ..store.table import SparseTable
 from .batch import EventBatch
-from .hasher import FeatureHasher
 from .metrics import Metrics, evaluate
 from .models import make_model, sigmoid
 
@@ -38,7 +37,7 @@ class Learner:
             raise ValueError("mini_batch must be >= 1")
         self.model = make_model(kind, name, **model_args)
         self.tables = {t.name: SparseTable(t) for t in self.model.tables()}
-        self.hasher = FeatureHasher(name)
+        self.hasher = self.model.hasher()
         self.mini_batch = mini_batch
         self.events_learnt = 0
         self.refused: dict[int, str] = {}

@@ -27,6 +27,7 @@ import numpy.typing as npt
 from ..hashing import U64, distinct
 from ..store.table import TableConfig
 from .batch import EventBatch
+from .hasher import NUMERIC, FeatureHasher
 
 __all__ = [
     "Model",
@@ -94,6 +95,9 @@ class Model(ABC):
     """A CTR model over named tables."""
 
     name: str
+    numeric: str = "raw"
+    """How its numeric features are fed (`ps_core.model.hasher.NUMERIC`): its
+    events are hashed so in training and in serving."""
     kind: ClassVar[str]
     """``lr`` or ``fm``: what `make_model` and ``ctrps model create --type`` call it."""
 
@@ -125,7 +129,16 @@ class Model(ABC):
 
     def config(self) -> dict[str, Any]:
         """A JSON-ready description (model info, export manifests)."""
-        return {"kind": type(self).__name__, "name": self.name, "tables": [t.to_dict() for t in self.tables()]}
+        return {
+            "kind": type(self).__name__,
+            "name": self.name,
+            "numeric": self.numeric,
+            "tables": [t.to_dict() for t in self.tables()],
+        }
+
+    def hasher(self) -> FeatureHasher:
+        """A hasher of this model's events: its namespace, its numeric handling."""
+        return FeatureHasher(self.name, numeric=self.numeric)
 
 
 class LogisticRegression(Model):
@@ -142,9 +155,12 @@ class LogisticRegression(Model):
         *,
         mode: str = "async",
         max_staleness: int | None = None,
+        numeric: str = "raw",
     ) -> None:
-        """`mode` and `max_staleness`: how workers update it (`TableConfig`)."""
+        """`mode` and `max_staleness`: how workers update it (`TableConfig`);
+        `numeric`: how its numeric features are fed."""
         self.name = name
+        self.numeric = _numeric(numeric)
         self._table = TableConfig(
             f"{name}_w", 1, dict(optimizer or DEFAULT_LINEAR_OPTIMIZER), mode=mode, max_staleness=max_staleness
         )
@@ -181,9 +197,12 @@ class FactorizationMachine(Model):
         *,
         mode: str = "async",
         max_staleness: int | None = None,
+        numeric: str = "raw",
     ) -> None:
-        """`mode` and `max_staleness`: how workers update it (`TableConfig`)."""
+        """`mode` and `max_staleness`: how workers update it (`TableConfig`);
+        `numeric`: how its numeric features are fed."""
         self.name = name
+        self.numeric = _numeric(numeric)
         self.k = k
         opt = dict(optimizer or DEFAULT_LINEAR_OPTIMIZER)
         self._w = TableConfig(f"{name}_w", 1, opt, mode=mode, max_staleness=max_staleness)
@@ -227,7 +246,13 @@ class FactorizationMachine(Model):
         }
 
 
-def model_of_tables(kind: str, name: str, tables: Sequence[TableConfig]) -> Model:
+def _numeric(numeric: str) -> str:
+    if numeric not in NUMERIC:
+        raise ValueError(f"numeric {numeric!r} is not one of {', '.join(NUMERIC)}")
+    return numeric
+
+
+def model_of_tables(kind: str, name: str, tables: Sequence[TableConfig], numeric: str = "raw") -> Model:
     """The `kind` model `name` whose tables are `tables` (as a model's
     `tables()` declared them): a model rebuilt from its stored declaration
     (`ps_core.checkpoint.registry`). `ValueError` when they are not that
@@ -236,7 +261,7 @@ def model_of_tables(kind: str, name: str, tables: Sequence[TableConfig]) -> Mode
     w = by_name.get(f"{name}_w")
     if w is None:
         raise ValueError(f"model {name!r} has no table {name}_w")
-    common: dict[str, Any] = {"mode": w.mode, "max_staleness": w.max_staleness}
+    common: dict[str, Any] = {"mode": w.mode, "max_staleness": w.max_staleness, "numeric": numeric}
     if kind == "lr":
         model: Model = LogisticRegression(name, dict(w.optimizer), **common)
     elif kind == "fm":

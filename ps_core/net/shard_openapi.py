@@ -492,6 +492,9 @@ class ModelDeclaration(Struct, forbid_unknown_fields=True):
     seed: Annotated[int, Meta(ge=0, le=MAX_INT)] = 0
     mode: Mode = "async"
     max_staleness: Annotated[int, Meta(ge=0, le=2**31 - 1)] | UnsetType = UNSET
+    numeric: Annotated[
+        Literal["raw", "log1p"], Meta(description="Numeric features fed as sent, or as sign(x) log1p(|x|).")
+    ] = "raw"
 
 
 class ModelEntry(Struct, forbid_unknown_fields=True):
@@ -503,6 +506,7 @@ class ModelEntry(Struct, forbid_unknown_fields=True):
     tables: list[dict[str, Any]]
     update_mode: str | None = None
     created_at: float | None = None
+    numeric: str | None = None
 
 
 class ModelList(Struct, forbid_unknown_fields=True):
@@ -564,15 +568,20 @@ _MODELS = (
 )
 
 
+FTRL_RULE: list[dict[str, Any]] = [
+    {"properties": {"beta": {"minimum": MIN_POSITIVE}}},
+    {"properties": {"l2": {"minimum": MIN_POSITIVE}}},
+]
+"""The one rule of FTRL's no field states: a fresh row divides by
+beta / alpha + l2, so beta or l2 (each defaulting to 1) must be positive."""
+
+
 def _schemas() -> dict[str, Any]:
     schemas = components(_MODELS)
     schemas["Tables"] = {"type": "object", "additionalProperties": ref("Table")}
     # The one rule no field's type states: FTRL divides a fresh row by
     # beta / alpha + l2, so one of them (each defaulting to 1) must be positive.
-    schemas["FTRL"]["anyOf"] = [
-        {"properties": {"beta": {"minimum": MIN_POSITIVE}}},
-        {"properties": {"l2": {"minimum": MIN_POSITIVE}}},
-    ]
+    schemas["FTRL"]["anyOf"] = FTRL_RULE
     # Rules across fields: a staleness bound is for async tables only, and
     # lazy embeddings need embeddings (dim > 1).
     schemas["ModelDeclaration"]["allOf"] = [
