@@ -283,6 +283,9 @@ async def predict_traffic(url: str, models: tuple[str, ...], pace: History) -> N
 # titles, drawn paths (points per series) and tick labels with their boxes.
 SNAPSHOT = r"""
 (() => {
+  // Asked while the page still loads (its later elements and script not
+  // there yet): nothing to read yet.
+  if (document.readyState !== "complete") return null;
   const picker = document.getElementById("picker");
   if (picker === null) return null;
   const text = (id) => document.getElementById(id).textContent;
