@@ -9,6 +9,7 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -341,11 +342,15 @@ async def test_a_replica_follows_every_model_of_an_exports_root(tmp_path: Path) 
     async with live, replica:
         for name in ("ctr", "ads"):
             want = await (await live.post(f"/v1/models/{name}/predict", json={"events": probe})).json()
-            for _ in range(200):  # the followers' first polls run as the app starts: bounded wait
-                got = await (await replica.post(f"/v1/models/{name}/predict", json={"events": probe})).json()
-                if got.get("model_version") == cut.version:
-                    break
-                await asyncio.sleep(0.01)
+            answers: list[dict[str, Any]] = []
+
+            async def served(name: str = name, answers: list[dict[str, Any]] = answers) -> bool:
+                answers.append(await (await replica.post(f"/v1/models/{name}/predict", json={"events": probe})).json())
+                return answers[-1].get("model_version") == cut.version
+
+            # The followers' first polls run as the app starts.
+            await until(served, 10, what=f"the replica to serve {name} at version {cut.version}")
+            got = answers[-1]
             assert got.get("model") == name and got["model_version"] == cut.version, got
             np.testing.assert_allclose(got["predictions"], want["predictions"], rtol=1e-6)
         listed = await (await replica.get("/v1/models")).json()

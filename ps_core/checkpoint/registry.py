@@ -246,10 +246,6 @@ class ModelRegistry:
         model may hold tables without one)."""
         return self._specs.get(name)
 
-    def specs(self) -> list[ModelSpec]:
-        """Every declared model, by name."""
-        return [self._specs[n] for n in sorted(self._specs)]
-
     def check(self, name: str) -> None:
         """`UnknownModelError` unless `name` is a model of this cluster."""
         if name != self.default and name not in self._specs:
@@ -327,15 +323,6 @@ class ModelRegistry:
         if self.root is None:
             return {}
         return {n: self.root / n for n in self.names()}
-
-    def to_json(self) -> list[dict[str, Any]]:
-        """Every model as JSON: declared ones with their declaration, the
-        default one (if undeclared) with its name only."""
-        out: list[dict[str, Any]] = []
-        for n in self.names():
-            spec = self._specs.get(n)
-            out.append(spec.to_dict() if spec is not None else {"name": n, "type": None, "tables": []})
-        return out
 
 
 def _same_tables(had: tuple[TableConfig, ...], asked: tuple[TableConfig, ...]) -> bool:
