@@ -280,6 +280,12 @@ class _ClusterCollector(Collector):
         replayed = counter(
             "ctrps_worker_windows_replayed", "Windows that failed part-way in an outage and were trained again."
         )
+        commits = CounterMetricFamily(
+            "ctrps_worker_commits",
+            "Offset commits of windows, by outcome (committed; failed: the group rebalanced or the "
+            "commit was not acknowledged in time, and the window is trained again).",
+            labels=["worker", "model", "outcome"],
+        )
         dead = CounterMetricFamily(
             "ctrps_dead_letters", "Records dead-lettered, by reason.", labels=["worker", "model", "reason"]
         )
@@ -335,6 +341,8 @@ class _ClusterCollector(Collector):
             outages.add_metric(labels, _num(s.get("outages")))
             outage_s.add_metric(labels, _num(s.get("outage_seconds")))
             replayed.add_metric(labels, _num(s.get("windows_replayed")))
+            commits.add_metric([*labels, "committed"], _num(s.get("commits")))
+            commits.add_metric([*labels, "failed"], _num(s.get("failed_commits")))
             by_reason = s.get("dead_letters_by_reason")
             for reason, n in (by_reason if isinstance(by_reason, dict) else {}).items():
                 dead.add_metric([*labels, str(reason)], _num(n))
@@ -365,6 +373,7 @@ class _ClusterCollector(Collector):
             outages,
             outage_s,
             replayed,
+            commits,
             dead,
             stale,
             wire_bytes,

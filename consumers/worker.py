@@ -52,6 +52,7 @@ from aiokafka.errors import (
     IncompatibleBrokerVersion,
     KafkaConnectionError,
     KafkaError,
+    KafkaTimeoutError,
     UnsupportedCodecError,
     UnsupportedVersionError,
 )
@@ -103,6 +104,12 @@ DECODE_CHUNK = 2048
 LEASE_WAIT_S = 5.0
 """How long one lease request waits for a cut to end: well inside the
 client's deadline (10 s), so the answer always reaches the worker."""
+
+COMMIT_TIMEOUT_S = 30.0
+"""How long one offset commit may take. The Kafka client retries a commit
+for as long as the group coordinator answers with a retriable error (or not
+at all) while the broker itself still accepts connections; past this the
+window counts as failed in an outage and is trained again (at least once)."""
 
 APPLY_AHEAD = 3
 """Closed windows training or waiting to train while the next one fills (see
@@ -1219,12 +1226,19 @@ class Worker:
         if not offsets:
             return {}
         try:
-            await self._consumer.commit(offsets)
+            await asyncio.wait_for(self._consumer.commit(offsets), COMMIT_TIMEOUT_S)
         except (CommitFailedError, IllegalStateError) as exc:
             # The group rebalanced mid-window: the new owner replays it.
             self.stats.failed_commits += 1
             log.warning("commit failed", extra={"fields": {"window": window.seq, "error": str(exc)}})
             return {}
+        except TimeoutError:
+            # The group coordinator does not answer: an outage, the window is
+            # trained again from its first offsets once the broker answers.
+            self.stats.failed_commits += 1
+            raise KafkaTimeoutError(
+                f"commit of window {window.seq} not acknowledged within {COMMIT_TIMEOUT_S:g} s"
+            ) from None
         self.stats.commits += 1
         self._committed.update({(tp.topic, tp.partition): off for tp, off in offsets.items()})
         out: Offsets = {}

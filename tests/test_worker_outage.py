@@ -32,6 +32,7 @@ from waiting import until
 from app.api import create_app
 from app.settings import ApiSettings
 from app.status import make_status_hook
+from consumers import worker as worker_module
 from consumers.broker import EmbeddedBroker, free_port
 from consumers.outage import UndecodableBatchError
 from consumers.worker import Worker
@@ -157,6 +158,9 @@ async def test_worker_rides_out_a_30s_shard_outage(kafka_bootstrap: str, caplog:
             assert metrics[("ctrps_worker_outages_total", w)] == worker.stats.outages >= 1
             assert metrics[("ctrps_worker_windows_replayed_total", w)] == worker.stats.windows_replayed
             assert metrics[("ctrps_worker_outage_seconds_total", w)] >= outage_s - 10
+            for outcome, n in (("committed", worker.stats.commits), ("failed", worker.stats.failed_commits)):
+                key = (("model", "m"), ("outcome", outcome), ("worker", "w-out"))
+                assert metrics[("ctrps_worker_commits_total", key)] == n
     applied = applications(servers.shards, 0, 6000)
     assert (applied >= 1).all(), f"lost: {np.flatnonzero(applied == 0)[:20]}"
     s = worker.stats
@@ -214,6 +218,48 @@ async def test_leased_worker_rides_out_an_outage_of_shard_0_and_its_coordinator(
     assert int((applied - 1).sum()) <= s.windows_replayed * window
     # The coordinator holds the committed offsets: every event's partition end.
     assert sum(coordinator.offsets().get(topic, {}).values()) == 3000
+
+
+async def test_a_commit_the_group_coordinator_never_acknowledges_fails_its_window_which_is_trained_again(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A group coordinator that accepts the request and never answers while
+    # the broker still takes connections cannot be made with the embedded
+    # broker: the consumer's first commit is made to wait forever instead.
+    caplog.set_level(logging.INFO, logger="ctrps.worker")
+    monkeypatch.setattr(worker_module, "COMMIT_TIMEOUT_S", 0.5)
+    topic, group = await new_topic(kafka_bootstrap, PARTITIONS)
+    shards = [Shard()]
+    config = brisk_worker_config(kafka_bootstrap, topic, group, 300, 100, outage_deadline_s=60)
+    worker = Worker(config, PSClient.local(shards), ControlClient.local(shards), LogisticRegression("m"))
+    hung: list[dict[Any, int]] = []
+    async with running(worker) as task:
+        await until(lambda: worker._consumer is not None, 30, what="the consumer", task=task)
+        consumer = worker._consumer
+        assert consumer is not None
+        commit = consumer.commit
+
+        async def first_commit_hangs(offsets: dict[Any, int]) -> None:
+            if not hung:
+                hung.append(offsets)
+                await asyncio.Event().wait()
+            await commit(offsets)
+
+        consumer.commit = first_commit_hangs  # type: ignore[method-assign]
+        await _produce(kafka_bootstrap, topic, 0, 1200)
+        await until(lambda: sum(worker._committed.values()) >= 1200, 60, what="every offset committed", task=task)
+    applied = applications(shards, 0, 1200)
+    assert (applied >= 1).all(), f"lost: {np.flatnonzero(applied == 0)[:20]}"
+    s = worker.stats
+    assert hung and s.failed_commits == 1 and s.windows_replayed == 1, s
+    assert int((applied - 1).sum()) <= 300  # only the window whose commit hung is trained twice
+    assert await committed(kafka_bootstrap, group, topic, PARTITIONS) == {p: 300 for p in range(PARTITIONS)}
+    (failed,) = [
+        r
+        for r in caplog.records
+        if r.getMessage() == "window failed in an outage: not committed, its partitions resume from its first offsets"
+    ]
+    assert "not acknowledged within 0.5 s" in failed.fields["error"], failed.fields  # type: ignore[attr-defined]
 
 
 @pytest.mark.timeout(300)
