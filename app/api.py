@@ -41,7 +41,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import msgspec
 import orjson
@@ -373,7 +373,9 @@ async def predict(request: web.Request, path_model: str | None = None) -> web.Re
     if path_model is not None and body.model is not None and body.model != path_model:
         # As a server serving only the path's model would answer: 404.
         raise UnknownModelError(f"the body names model {body.model[:80]!r}, the path {path_model[:80]!r}")
-    predictor = await _predictor(request, path_model or body.model)
+    name = path_model or body.model
+    # The API's own model without a lookup's coroutine: the common request.
+    predictor = app[PREDICTOR] if name is None else await _predictor(request, name)
     events = body.events
     result = await predictor.predict(events)
     name = predictor.model.name
@@ -675,6 +677,15 @@ async def history(request: web.Request) -> web.Response:
 # -- the application ------------------------------------------------------------
 
 
+class Sources(TypedDict, total=False):
+    """Where an API's weights and cluster view come from (`create_app`'s
+    keyword arguments, which `ApiServer` passes on)."""
+
+    control: ControlClient | None
+    follower: Follower | None
+    followers: Mapping[str, Follower] | None
+
+
 def create_app(
     settings: ApiSettings,
     client: PSReader[Any],
@@ -769,19 +780,17 @@ class ApiServer:
         client: PSReader[Any],
         model: Model,
         *,
-        control: ControlClient | None = None,
-        follower: Follower | None = None,
-        followers: Mapping[str, Follower] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        **sources: Unpack[Sources],
     ) -> None:
         """`create_app`'s arguments; `ssl_context`, a server context
         (`ps_core.net.tls.server_context`): serve HTTPS."""
         self.settings = settings
         self.ssl_context = ssl_context
-        self.app = create_app(settings, client, model, control=control, follower=follower, followers=followers)
+        self.app = create_app(settings, client, model, **sources)
         self.guard = PortGuard("api", settings.limits)
         """The port's limits and counters (connections, deadlines)."""
-        self.guard.install(self.app)
+        self.guard.install(self.app, around_first=True)
         self.handshakes = HandshakeFailures()
         """The port's refused TLS handshakes, by reason."""
         if ssl_context is not None:

@@ -12,19 +12,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import PSError
 from ps_core.net.auth import Scope
-from ps_core.net.endpoint import RetryPolicy
 
 from .commands import Subcommands, add_command
 from .export_show import show_version
-from .security import SecuritySettings, add_security_flags
+from .security import add_security_flags
+from .shard0_cli import call_shard0, print_json
 
 __all__ = ["add_export_parser", "run_export"]
 
@@ -90,30 +90,15 @@ async def run_export(args: argparse.Namespace) -> int:
     """Run the command; returns the exit status."""
     if args.show is not None:
         return _show(args)
-    url = args.shard0 or next((u for u in os.environ.get("CTRPS_SHARDS", "").split(",") if u.strip()), "")
-    if not url:
-        log.error("no shard 0: pass --shard0 URL or set CTRPS_SHARDS", extra={"fields": {"exit_code": 2}})
-        return 2
-    security = SecuritySettings.from_args(args)
-    tls = security.client_tls()
-    # Only shard 0 is asked, so the client holds only its transport.
-    async with ControlClient.connect(
-        [url.strip()], retry=RetryPolicy(deadline_s=args.timeout), token=security.token_for(Scope.ADMIN), ssl=tls
-    ) as client:
-        try:
-            if args.list:
-                out = await client.exports(args.model)
-            elif args.compact:
-                out = await client.compact_exports(args.model)
-            else:
-                out = await client.export_now(args.kind)
-        except PSError as exc:
-            # A refused token or an unverified certificate is a settings error (2).
-            code = getattr(type(exc), "exit_code", 1)
-            log.error(exc.detail, extra={"fields": {"error": exc.code, "exit_code": code}})
-            return int(code)
-    sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
-    return 0
+
+    async def cut_or_list(client: ControlClient) -> Any:
+        if args.list:
+            return await client.exports(args.model)
+        if args.compact:
+            return await client.compact_exports(args.model)
+        return await client.export_now(args.kind)
+
+    return await call_shard0(args, log, Scope.ADMIN, cut_or_list)
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -132,5 +117,5 @@ def _show(args: argparse.Namespace) -> int:
     except (OSError, orjson.JSONDecodeError) as exc:  # the --names file
         log.error(f"--names {args.names}: {exc}", extra={"fields": {"exit_code": 2}})
         return 2
-    sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+    print_json(out)
     return 0

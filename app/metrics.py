@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # the views time their calls here
 __all__ = ["ApiMetrics", "ClusterSnapshot", "InstrumentedReader", "take_snapshot"]
 
 T = TypeVar("T")
+_Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily)
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -116,41 +117,43 @@ class _ClusterCollector(Collector):
 
     @staticmethod
     def _shards(snap: ClusterSnapshot) -> Iterator[Metric]:
+        def per_table(kind: type[_Family], name: str, doc: str, *more: str) -> _Family:
+            # Every table figure is per shard and table, some by one label more.
+            return kind(name, doc, labels=["shard", "table", *more])
+
         up = GaugeMetricFamily("ctrps_shard_up", "Whether the shard answered at this scrape.", labels=["shard"])
-        features = GaugeMetricFamily(
-            "ctrps_table_features", "Features (rows) per table and shard.", labels=["shard", "table"]
-        )
-        size = GaugeMetricFamily("ctrps_table_bytes", "Bytes allocated per table and shard.", labels=["shard", "table"])
-        evicted = CounterMetricFamily(
+        features = per_table(GaugeMetricFamily, "ctrps_table_features", "Features (rows) per table and shard.")
+        size = per_table(GaugeMetricFamily, "ctrps_table_bytes", "Bytes allocated per table and shard.")
+        evicted = per_table(
+            CounterMetricFamily,
             "ctrps_table_evicted_rows",
             "Rows removed by eviction, by rule (ttl, score, max_rows).",
-            labels=["shard", "table", "rule"],
+            "rule",
         )
-        freed = CounterMetricFamily(
+        freed = per_table(
+            CounterMetricFamily,
             "ctrps_table_evicted_bytes",
             "Bytes of the rows removed by eviction (reused by new rows).",
-            labels=["shard", "table"],
         )
-        pause = GaugeMetricFamily(
-            "ctrps_table_eviction_pause_ms",
-            "How long the last eviction pass held the table.",
-            labels=["shard", "table"],
+        pause = per_table(
+            GaugeMetricFamily, "ctrps_table_eviction_pause_ms", "How long the last eviction pass held the table."
         )
-        admission = CounterMetricFamily(
+        admission = per_table(
+            CounterMetricFamily,
             "ctrps_table_admission",
             "Keys without a row a push met: admitted (given one) or dropped (their update with them).",
-            labels=["shard", "table", "outcome"],
+            "outcome",
         )
-        staleness = HistogramMetricFamily(
+        staleness = per_table(
+            HistogramMetricFamily,
             "ctrps_table_push_staleness",
             "How stale the async pushes a table applied were: pushes applied between the pull a gradient "
             "was computed from and its push.",
-            labels=["shard", "table"],
         )
-        down_weighted = CounterMetricFamily(
+        down_weighted = per_table(
+            CounterMetricFamily,
             "ctrps_table_pushes_down_weighted",
             "Async pushes scaled down for being staler than the model's max_staleness.",
-            labels=["shard", "table"],
         )
         for i, stats in enumerate(snap.stats):
             up.add_metric([str(i)], 0.0 if stats is None else 1.0)
@@ -183,9 +186,8 @@ class _ClusterCollector(Collector):
         )
         for i, stats in enumerate(snap.stats):
             auth = (stats or {}).get("auth")
-            counts = auth.get("refused") if isinstance(auth, dict) else None
-            for reason, n in (counts if isinstance(counts, dict) else {}).items():
-                refused.add_metric([str(i), str(reason)], _num(n))
+            for reason, n in _by_key(auth.get("refused") if isinstance(auth, dict) else None):
+                refused.add_metric([str(i), reason], n)
         held = GaugeMetricFamily(
             "ctrps_shard_key_sets", "Key sets a shard keeps from pulls for the pushes that name them.", labels=["shard"]
         )
@@ -216,58 +218,68 @@ class _ClusterCollector(Collector):
         """Shard 0's exporter and coordinator counters (absent when it hosts none)."""
         exports = (stats0 or {}).get("exports")
         if isinstance(exports, dict):
-            written = CounterMetricFamily("ctrps_exports", "Export versions written by shard 0's exporter.")
-            written.add_metric([], _num(exports.get("exports")))
-            failures = CounterMetricFamily(
+            written = CounterMetricFamily(
+                "ctrps_exports", "Export versions written by shard 0's exporter.", value=_num(exports.get("exports"))
+            )
+            failures = _counter_by(
                 "ctrps_export_failures",
                 "Failed export cuts (aborted on every shard) and writes, by reason.",
-                labels=["reason"],
+                "reason",
+                exports.get("failures"),
             )
-            by_reason = exports.get("failures")
-            for reason, n in (by_reason if isinstance(by_reason, dict) else {}).items():
-                failures.add_metric([str(reason)], _num(n))
             yield from (written, failures)
         cluster = (stats0 or {}).get("cluster")
         if isinstance(cluster, dict):
             restores = CounterMetricFamily(
-                "ctrps_cluster_restores", "Times every shard was made to load one export version together."
+                "ctrps_cluster_restores",
+                "Times every shard was made to load one export version together.",
+                value=_num(cluster.get("cluster_restores")),
             )
-            restores.add_metric([], _num(cluster.get("cluster_restores")))
             refused = CounterMetricFamily(
-                "ctrps_versions_refused", "Export versions a shard refused to load (a damaged file)."
+                "ctrps_versions_refused",
+                "Export versions a shard refused to load (a damaged file).",
+                value=_num(cluster.get("versions_refused")),
             )
-            refused.add_metric([], _num(cluster.get("versions_refused")))
             ready = GaugeMetricFamily(
-                "ctrps_cluster_ready", "Whether every shard is joined at one version (leases granted)."
+                "ctrps_cluster_ready",
+                "Whether every shard is joined at one version (leases granted).",
+                value=1.0 if cluster.get("ready") else 0.0,
             )
-            ready.add_metric([], 1.0 if cluster.get("ready") else 0.0)
-            version = GaugeMetricFamily("ctrps_cluster_version", "The export version the shards were joined at.")
-            version.add_metric([], _num(cluster.get("version")))
+            version = GaugeMetricFamily(
+                "ctrps_cluster_version",
+                "The export version the shards were joined at.",
+                value=_num(cluster.get("version")),
+            )
             yield from (restores, refused, ready, version)
         sync = (stats0 or {}).get("sync")
         if isinstance(sync, dict):
-            steps = CounterMetricFamily("ctrps_sync_steps", "Sync steps the coordinator's barrier closed.")
-            steps.add_metric([], _num(sync.get("steps_closed")))
+            steps = CounterMetricFamily(
+                "ctrps_sync_steps", "Sync steps the coordinator's barrier closed.", value=_num(sync.get("steps_closed"))
+            )
             shrinks = CounterMetricFamily(
                 "ctrps_sync_quorum_shrinks",
                 "Sync steps closed without a member that did not arrive within the deadline.",
+                value=_num(sync.get("shrinks")),
             )
-            shrinks.add_metric([], _num(sync.get("shrinks")))
-            dropped = CounterMetricFamily(
-                "ctrps_sync_members_dropped", "Times a worker was dropped from a sync step.", labels=["worker"]
+            dropped = _counter_by(
+                "ctrps_sync_members_dropped",
+                "Times a worker was dropped from a sync step.",
+                "worker",
+                sync.get("dropped"),
             )
-            by_worker = sync.get("dropped")
-            for worker, n in (by_worker if isinstance(by_worker, dict) else {}).items():
-                dropped.add_metric([str(worker)], _num(n))
-            members = GaugeMetricFamily("ctrps_sync_members", "Workers inside a window, taking part in sync steps.")
             listed = sync.get("members")
-            members.add_metric([], float(len(listed)) if isinstance(listed, list) else 0.0)
+            members = GaugeMetricFamily(
+                "ctrps_sync_members",
+                "Workers inside a window, taking part in sync steps.",
+                value=float(len(listed)) if isinstance(listed, list) else 0.0,
+            )
             yield from (steps, shrinks, dropped, members)
 
     @staticmethod
     def _workers(boards: dict[str, BoardSummary], now: float) -> Iterator[Metric]:
-        def counter(name: str, doc: str) -> CounterMetricFamily:
-            return CounterMetricFamily(name, doc, labels=["worker", "model"])
+        def counter(name: str, doc: str, *more: str) -> CounterMetricFamily:
+            # Every worker figure is per worker and model, some by more labels.
+            return CounterMetricFamily(name, doc, labels=["worker", "model", *more])
 
         records = counter("ctrps_records_consumed", "Kafka records consumed by the worker.")
         trained = counter("ctrps_events_trained", "Events trained by the worker.")
@@ -280,34 +292,33 @@ class _ClusterCollector(Collector):
         replayed = counter(
             "ctrps_worker_windows_replayed", "Windows that failed part-way in an outage and were trained again."
         )
-        commits = CounterMetricFamily(
+        commits = counter(
             "ctrps_worker_commits",
             "Offset commits of windows, by outcome (committed; failed: the group rebalanced or the "
             "commit was not acknowledged in time, and the window is trained again).",
-            labels=["worker", "model", "outcome"],
+            "outcome",
         )
-        dead = CounterMetricFamily(
-            "ctrps_dead_letters", "Records dead-lettered, by reason.", labels=["worker", "model", "reason"]
-        )
-        stale = CounterMetricFamily(
+        dead = counter("ctrps_dead_letters", "Records dead-lettered, by reason.", "reason")
+        stale = counter(
             "ctrps_worker_stale_offsets",
             "Partitions whose resume offset was not applied as given (another Kafka cluster or group, "
             "beyond the end, before the start), by reason and the action taken (--on-stale-offsets).",
-            labels=["worker", "model", "reason", "action"],
+            "reason",
+            "action",
         )
-        wire_bytes = CounterMetricFamily(
+        wire_bytes = counter(
             "ctrps_worker_wire_bytes",
             "Bytes of the worker's pull and push frames, by direction (sent to the shards, received).",
-            labels=["worker", "model", "direction"],
+            "direction",
         )
         clipped = counter(
             "ctrps_worker_wire_values_clipped", "Gradients clipped to float16's range before they were pushed."
         )
-        key_sets = CounterMetricFamily(
+        key_sets = counter(
             "ctrps_worker_key_set_pushes",
             "Pushes that named the key set of their pull instead of sending keys, by outcome "
             "(named; resent: the shard no longer held the set, the push was sent again with its keys).",
-            labels=["worker", "model", "outcome"],
+            "outcome",
         )
         window_s = HistogramMetricFamily(
             "ctrps_window_seconds", "Duration of the worker's windows.", labels=["worker", "model"]
@@ -343,13 +354,12 @@ class _ClusterCollector(Collector):
             replayed.add_metric(labels, _num(s.get("windows_replayed")))
             commits.add_metric([*labels, "committed"], _num(s.get("commits")))
             commits.add_metric([*labels, "failed"], _num(s.get("failed_commits")))
-            by_reason = s.get("dead_letters_by_reason")
-            for reason, n in (by_reason if isinstance(by_reason, dict) else {}).items():
-                dead.add_metric([*labels, str(reason)], _num(n))
+            for reason, count in _by_key(s.get("dead_letters_by_reason")):
+                dead.add_metric([*labels, reason], count)
             by_stale = s.get("stale_offsets")
             for reason, actions in (by_stale if isinstance(by_stale, dict) else {}).items():
-                for action, n in (actions if isinstance(actions, dict) else {}).items():
-                    stale.add_metric([*labels, str(reason), str(action)], _num(n))
+                for action, count in _by_key(actions):
+                    stale.add_metric([*labels, str(reason), action], count)
             wire = s.get("wire")
             if isinstance(wire, dict):
                 wire_bytes.add_metric([*labels, "sent"], _num(wire.get("bytes_sent")))
@@ -394,6 +404,20 @@ def _num(v: object) -> float:
         return float(v)
     except OverflowError:  # an integer beyond a float's range
         return math.copysign(math.inf, v)
+
+
+def _by_key(raw: object) -> list[tuple[str, float]]:
+    """A status's counts by key (reason, worker, ...) as (label, sample value);
+    none when it is not a mapping."""
+    return [(str(k), _num(n)) for k, n in raw.items()] if isinstance(raw, dict) else []
+
+
+def _counter_by(name: str, doc: str, label: str, raw: object) -> CounterMetricFamily:
+    """A counter of one `label`, a sample per key of the counts `raw` (`_by_key`)."""
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, n in _by_key(raw):
+        family.add_metric([key], n)
+    return family
 
 
 def _histogram(raw: object) -> tuple[list[tuple[str, float]], float] | None:

@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 from typing import Any
-
-import orjson
 
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.manifest import check_model_name
@@ -25,11 +21,11 @@ from ps_core.errors import PSError
 from ps_core.model.hasher import NUMERIC
 from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER, make_model
 from ps_core.net.auth import Scope
-from ps_core.net.endpoint import RetryPolicy
 from ps_core.store.table import MODES
 
 from .commands import Subcommands, add_command
-from .security import SecuritySettings, add_security_flags
+from .security import add_security_flags
+from .shard0_cli import call_shard0
 
 __all__ = ["add_model_parser", "run_model", "parse_optimizer"]
 
@@ -130,31 +126,16 @@ async def run_model(args: argparse.Namespace) -> int:
         except (ValueError, PSError) as exc:
             log.error(getattr(exc, "detail", None) or str(exc), extra={"fields": {"exit_code": 2}})
             return 2
-    url = args.shard0 or next((u for u in os.environ.get("CTRPS_SHARDS", "").split(",") if u.strip()), "")
-    if not url:
-        log.error("no shard 0: pass --shard0 URL or set CTRPS_SHARDS", extra={"fields": {"exit_code": 2}})
-        return 2
-    security = SecuritySettings.from_args(args)
+
+    async def act(client: ControlClient) -> Any:
+        if args.action == "list":
+            return await client.models()
+        if args.action == "show":
+            return await client.model_info(args.name)
+        if args.action == "delete":
+            return await client.delete_model(args.name)
+        assert body is not None
+        return await client.create_model(body)
+
     scope = {"create": Scope.TRAIN, "delete": Scope.ADMIN}.get(args.action, Scope.READ)
-    async with ControlClient.connect(
-        [url.strip()],
-        retry=RetryPolicy(deadline_s=args.timeout),
-        token=security.token_for(scope),
-        ssl=security.client_tls(),
-    ) as client:
-        try:
-            if args.action == "list":
-                out = await client.models()
-            elif args.action == "show":
-                out = await client.model_info(args.name)
-            elif args.action == "delete":
-                out = await client.delete_model(args.name)
-            else:
-                assert body is not None
-                out = await client.create_model(body)
-        except PSError as exc:
-            code = getattr(type(exc), "exit_code", 1)
-            log.error(exc.detail, extra={"fields": {"error": exc.code, "exit_code": code}})
-            return int(code)
-    sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
-    return 0
+    return await call_shard0(args, log, scope, act)

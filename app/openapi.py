@@ -28,6 +28,8 @@ from ps_core.models import components, ref
 from ps_core.net.shard_openapi import (
     FTRL_RULE,
     Compaction,
+    Count,
+    CountsBy,
     Error,
     ExportList,
     ExportReport,
@@ -36,6 +38,10 @@ from ps_core.net.shard_openapi import (
     Optimizer,
     StatusAck,
     StatusBoard,
+    created_response,
+    json_response,
+    ok_response,
+    parameter,
 )
 from ps_core.store.board import StatusReport
 
@@ -49,9 +55,6 @@ __all__ = [
     "Event",
     "WEIGHTS",
 ]
-
-Count = Annotated[int, Meta(ge=0)]
-CountsBy = dict[str, Count]
 
 # -- requests -------------------------------------------------------------------------
 
@@ -385,10 +388,6 @@ class Ready(Struct, forbid_unknown_fields=True):
     shards: Annotated[int, Meta(ge=1)]
 
 
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
 _ERROR = ref("Error")
 
 
@@ -404,8 +403,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         503: "A shard is unreachable (shard_unavailable); the detail names it. A serving "
         "replica: no export version loaded yet (no_version).",
     }
-    out = {str(s): _json(_ERROR, text[s]) for s in statuses}
-    out["default"] = _json(_ERROR, "Any other error (not_found, method_not_allowed, internal).")
+    out = {str(s): json_response(_ERROR, text[s]) for s in statuses}
+    out["default"] = json_response(_ERROR, "Any other error (not_found, method_not_allowed, internal).")
     return out
 
 
@@ -465,13 +464,9 @@ def _op(
         out["security"] = [{"bearer": []}]
     if body is not None:
         out["requestBody"] = {"required": body_required, "content": {"application/json": {"schema": ref(body)}}}
-    mine = {str(status): _json(_ERROR, text) for status, text in (own or {}).items()}
+    mine = {str(status): json_response(_ERROR, text) for status, text in (own or {}).items()}
     out["responses"] = {**ok, **mine, **_errors(*errors)}
     return out
-
-
-def _ok(schema: str, description: str, status: int = 200) -> dict[str, Any]:
-    return {str(status): _json(ref(schema), description)}
 
 
 def _text(content_type: str, description: str) -> dict[str, Any]:
@@ -485,20 +480,15 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
     """The OpenAPI 3.1 document of the API (`max_events` bounds a predict
     request); with `replica`, of a serving replica (``ctrps serve --follow``)."""
     read_only = (409,) if replica else ()
-    model = {
-        "name": "model",
-        "in": "query",
-        "required": False,
-        "description": "A model served (GET /v1/models; default: the API's own); another is 404 unknown_model.",
-        "schema": {"type": "string"},
-    }
-    since = {
-        "name": "since",
-        "in": "query",
-        "required": False,
-        "description": "Only points taken after this time (seconds since the epoch).",
-        "schema": {"type": "number"},
-    }
+    model = parameter(
+        "model",
+        "query",
+        "A model served (GET /v1/models; default: the API's own); another is 404 unknown_model.",
+        {"type": "string"},
+    )
+    since = parameter(
+        "since", "query", "Only points taken after this time (seconds since the epoch).", {"type": "number"}
+    )
     return {
         "openapi": "3.1.0",
         "info": {
@@ -512,7 +502,7 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
             "/v1/predict": {
                 "post": _op(
                     "Click probabilities of events, from the current weights.",
-                    _ok("PredictResponse", "One probability per event."),
+                    ok_response("PredictResponse", "One probability per event."),
                     *(400, 404, 413, 422, 502, 503),
                     body="PredictRequest",
                 )
@@ -520,7 +510,7 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
             "/v1/weights": {
                 "post": _op(
                     "Current weights of an event's features or of pre-hashed keys.",
-                    _ok("WeightsResponse", "The bias first, then each feature."),
+                    ok_response("WeightsResponse", "The bias first, then each feature."),
                     *(400, 404, 413, 422, 502, 503),
                     body="WeightsRequest",
                 )
@@ -528,12 +518,12 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
             "/v1/models": {
                 "get": _op(
                     "The models this server serves, with their predict routes.",
-                    _ok("ModelList", "The API's own first, then by name."),
+                    ok_response("ModelList", "The API's own first, then by name."),
                     *(502, 503),
                 ),
                 "post": _op(
                     "Create a model on the cluster (admin): its tables declared on every shard.",
-                    {**_ok("ModelCreated", "Created.", 201), **_ok("ModelCreated", "Exists already, identically.")},
+                    created_response("ModelCreated", "Exists already, identically."),
                     *(400, 401, *read_only, 413, 502, 503),
                     body="CreateModelRequest",
                     admin=True,
@@ -548,7 +538,7 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                 "delete": {
                     **_op(
                         "Delete a model (admin): its tables dropped on every shard, its exports left on disk.",
-                        _ok("ModelDeleted", "Deleted."),
+                        ok_response("ModelDeleted", "Deleted."),
                         *(401, *read_only, 502, 503),
                         admin=True,
                         own={
@@ -556,33 +546,24 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                             409: "The cluster's default model is not deleted (model_conflict).",
                         },
                     ),
-                    "parameters": [
-                        {
-                            "name": "name",
-                            "in": "path",
-                            "required": True,
-                            "description": "A model of the cluster.",
-                            "schema": {"type": "string"},
-                        }
-                    ],
+                    "parameters": [parameter("name", "path", "A model of the cluster.", {"type": "string"})],
                 }
             },
             "/v1/models/{name}/predict": {
                 "post": {
                     **_op(
                         "Click probabilities of events, from the current weights of model `name`.",
-                        _ok("PredictResponse", "One probability per event."),
+                        ok_response("PredictResponse", "One probability per event."),
                         *(400, 404, 413, 422, 502, 503),
                         body="PredictRequest",
                     ),
                     "parameters": [
-                        {
-                            "name": "name",
-                            "in": "path",
-                            "required": True,
-                            "description": "A served model (GET /v1/models); another is 404 unknown_model.",
-                            "schema": {"type": "string"},
-                        }
+                        parameter(
+                            "name",
+                            "path",
+                            "A served model (GET /v1/models); another is 404 unknown_model.",
+                            {"type": "string"},
+                        )
                     ],
                 }
             },
@@ -591,7 +572,7 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                     "parameters": [model],
                     **_op(
                         "Model configuration, size, training progress and lag.",
-                        _ok("ModelInfo", "The model as trained so far."),
+                        ok_response("ModelInfo", "The model as trained so far."),
                         *(404, 502, 503),
                     ),
                 }
@@ -599,12 +580,12 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
             "/v1/status": {
                 "get": _op(
                     "The status board: the latest status of each worker.",
-                    _ok("StatusBoard", "Least recently reported first."),
+                    ok_response("StatusBoard", "Least recently reported first."),
                     *(502, 503),
                 ),
                 "post": _op(
                     "Report a status to the board (admin).",
-                    _ok("StatusAck", "Stored."),
+                    ok_response("StatusAck", "Stored."),
                     *(400, 401, *read_only, 413, 502, 503),
                     body="StatusReport",
                     admin=True,
@@ -615,14 +596,14 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                     "parameters": [model],
                     **_op(
                         "A model's export versions on disk, oldest first.",
-                        _ok("ExportList", "The versions, and the last export's report."),
+                        ok_response("ExportList", "The versions, and the last export's report."),
                         *(502, 503),
                         own={404: _NO_EXPORTER + " Or no such model (unknown_model)."},
                     ),
                 },
                 "post": _op(
                     "Cut and write a model version now (admin): a consistent cut of every shard.",
-                    _ok("ExportReport", "Written.", 201),
+                    ok_response("ExportReport", "Written.", 201),
                     *(401, *read_only, 413, 502, 503),
                     body="ExportRequest",
                     body_required=False,
@@ -638,7 +619,7 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                     "parameters": [model],
                     **_op(
                         "Fold a model's newest chain into a base of its newest version, then prune (admin).",
-                        _ok("Compaction", "The base written, what it folds and what was pruned."),
+                        ok_response("Compaction", "The base written, what it folds and what was pruned."),
                         *(401, *read_only, 502, 503),
                         admin=True,
                         own={404: "Shard 0 hosts no exporter (no_coordinator), no such model, or no version."},
@@ -650,7 +631,7 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                     "parameters": [since, model],
                     **_op(
                         "The dashboard's samples of the cluster, kept in this process.",
-                        _ok("History", "The newest max_points samples."),
+                        ok_response("History", "The newest max_points samples."),
                         own={400: "since is not a finite number (bad_request)."},
                     ),
                 }
@@ -661,8 +642,10 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
                     _text("text/html", "An HTML page with inline script and style."),
                 )
             },
-            "/healthz": {"get": _op("Liveness: the process answers.", _ok("Health", "Alive."))},
-            "/readyz": {"get": _op("Readiness: every shard answers.", _ok("Ready", "Every shard answered."), 503)},
+            "/healthz": {"get": _op("Liveness: the process answers.", ok_response("Health", "Alive."))},
+            "/readyz": {
+                "get": _op("Readiness: every shard answers.", ok_response("Ready", "Every shard answered."), 503)
+            },
             "/metrics": {
                 "get": _op(
                     "Prometheus metrics (text format).", _text("text/plain", "Prometheus text exposition format.")
@@ -671,7 +654,7 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
             "/openapi.json": {
                 "get": _op(
                     "This document.",
-                    {"200": _json({"type": "object", "required": ["openapi", "paths"]}, "OpenAPI 3.1.")},
+                    {"200": json_response({"type": "object", "required": ["openapi", "paths"]}, "OpenAPI 3.1.")},
                 )
             },
         },

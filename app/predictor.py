@@ -52,8 +52,8 @@ MAX_BATCH_EVENTS = 4096
 class Prediction:
     """Click probabilities of one request's events."""
 
-    probabilities: F64
-    """(n,) in the order of the request's events."""
+    probabilities: list[float]
+    """In the order of the request's events."""
     version: int
     """The open export version of the weights read (smallest over tables and shards)."""
 
@@ -202,12 +202,15 @@ class Predictor:
         # are a contiguous run of the batch, starting where its first event went.
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         firsts = np.searchsorted(batch.index, starts).tolist()
+        # Slices of a list, not of the array: a numpy slice per request cost
+        # more than the list, and orjson writes floats of a list directly.
+        listed = probabilities.tolist()
         out: list[Prediction | Exception] = []
         for g, request in enumerate(requests):  # per request, not per event
             if g in errors:
                 out.append(self._event_error(request))
             else:
-                out.append(Prediction(probabilities[firsts[g] : firsts[g] + sizes[g]], version))
+                out.append(Prediction(listed[firsts[g] : firsts[g] + sizes[g]], version))
         return out
 
     async def _score(self, batch: EventBatch) -> tuple[F64, int]:

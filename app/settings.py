@@ -167,6 +167,32 @@ def _urls(env: str, help: str, **how: Any) -> Any:
     return setting((), env=env, flag="--shards", help=help, **how)
 
 
+# Settings several roles declare, each with its own help: one variable and
+# flag for all of them.
+
+
+def _bootstrap(help: str, shown_default: str) -> Any:
+    return setting("", env="CTRPS_KAFKA_BOOTSTRAP", flag="--bootstrap", help=help, shown_default=shown_default)
+
+
+def _model(help: str) -> Any:
+    return setting("lr", env="CTRPS_MODEL", flag="--model", help=help, choices=_MODELS)
+
+
+def _model_name(help: str) -> Any:
+    return setting("ctr", env="CTRPS_MODEL_NAME", flag="--model-name", help=help)
+
+
+def _numeric(help: str) -> Any:
+    return setting("raw", env="CTRPS_NUMERIC", flag="--numeric", help=help, choices=NUMERIC)
+
+
+def _use_rpc() -> Any:
+    return setting(
+        True, env="CTRPS_USE_RPC", flag=None, off="--no-rpc", help="reach the shards over HTTP only, not their TCP RPC"
+    )
+
+
 @dataclass(frozen=True)
 class ShardSettings:
     """Settings of one shard server (`ctrps shard`)."""
@@ -212,9 +238,7 @@ class ShardSettings:
     )
     base_every: int = setting(10, env="CTRPS_BASE_EVERY", flag="--base-every", help="every Nth export is a base")
     keep_bases: int = setting(2, env="CTRPS_KEEP_BASES", flag="--keep-bases", help="bases kept with their deltas")
-    model_name: str = setting(
-        "ctr", env="CTRPS_MODEL_NAME", flag="--model-name", help="the model's directory under the exports"
-    )
+    model_name: str = _model_name("the model's directory under the exports")
     serving_precision: str = setting(
         "f32",
         env="CTRPS_SERVING_PRECISION",
@@ -334,13 +358,7 @@ class ShardSettings:
 class WorkerSettings:
     """Settings of one training worker (`ctrps worker`)."""
 
-    bootstrap: str = setting(
-        "",
-        env="CTRPS_KAFKA_BOOTSTRAP",
-        flag="--bootstrap",
-        help="Kafka bootstrap servers (host:port); required",
-        shown_default="(required)",
-    )
+    bootstrap: str = _bootstrap("Kafka bootstrap servers (host:port); required", "(required)")
     shards: tuple[str, ...] = _urls(
         "CTRPS_SHARDS", "shard URLs, comma-separated, shard 0 first; required", shown_default="(required)"
     )
@@ -356,17 +374,11 @@ class WorkerSettings:
         100_000, env="CTRPS_WINDOW_EVENTS", flag="--window-events", help="most events per window"
     )
     mini_batch: int = setting(256, env="CTRPS_MINI_BATCH", flag="--mini-batch", help="events per pull/push step")
-    model: str = setting("lr", env="CTRPS_MODEL", flag="--model", help="model kind", choices=_MODELS)
-    model_name: str = setting(
-        "ctr", env="CTRPS_MODEL_NAME", flag="--model-name", help="model name: table prefix and feature namespace"
-    )
-    numeric: str = setting(
-        "raw",
-        env="CTRPS_NUMERIC",
-        flag="--numeric",
-        help="numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p), for a model this "
-        "worker creates; a created model keeps its own",
-        choices=NUMERIC,
+    model: str = _model("model kind")
+    model_name: str = _model_name("model name: table prefix and feature namespace")
+    numeric: str = _numeric(
+        "numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p), for a model this "
+        "worker creates; a created model keeps its own"
     )
     also_train: tuple[str, ...] = setting(
         (),
@@ -425,9 +437,7 @@ class WorkerSettings:
         help="Kafka session timeout: how soon a dead worker's partitions move",
     )
     log_format: str = _log_format()
-    use_rpc: bool = setting(
-        True, env="CTRPS_USE_RPC", flag=None, off="--no-rpc", help="reach the shards over HTTP only, not their TCP RPC"
-    )
+    use_rpc: bool = _use_rpc()
     wire_push: str = setting(
         "f32",
         env="CTRPS_WIRE_PUSH",
@@ -616,13 +626,7 @@ class DemoSettings:
     window_seconds: float = setting(
         1.0, env="CTRPS_DEMO_WINDOW_SECONDS", flag="--window-seconds", help="the worker's window span, seconds"
     )
-    bootstrap: str = setting(
-        "",
-        env="CTRPS_KAFKA_BOOTSTRAP",
-        flag="--bootstrap",
-        help="use this Kafka instead of the embedded broker",
-        shown_default="(embedded broker)",
-    )
+    bootstrap: str = _bootstrap("use this Kafka instead of the embedded broker", "(embedded broker)")
     seed: int = setting(
         0, env="CTRPS_DEMO_SEED", flag="--seed", help="seed of the synthetic stream and its hidden model"
     )
@@ -691,13 +695,7 @@ class ClusterSettings:
     duration_s: float = setting(
         0.0, env="CTRPS_CLUSTER_DURATION", flag="--duration", help="stop after S seconds; 0 = until Ctrl-C"
     )
-    bootstrap: str = setting(
-        "",
-        env="CTRPS_KAFKA_BOOTSTRAP",
-        flag="--bootstrap",
-        help="use this Kafka instead of a broker process",
-        shown_default="(a broker process)",
-    )
+    bootstrap: str = _bootstrap("use this Kafka instead of a broker process", "(a broker process)")
     ready_timeout_s: float = setting(
         60.0, env="CTRPS_CLUSTER_READY_TIMEOUT", flag="--ready-timeout", help="seconds each role may take to be ready"
     )
@@ -783,19 +781,11 @@ class ApiSettings:
     )
     host: str = setting("127.0.0.1", env="CTRPS_API_HOST", flag="--host", help="listen address")
     port: int = setting(8080, env="CTRPS_API_PORT", flag="--port", help="listen port; 0 picks a free one")
-    model: str = setting(
-        "lr", env="CTRPS_MODEL", flag="--model", help="model kind (with --follow, the manifest's)", choices=_MODELS
-    )
-    model_name: str = setting(
-        "ctr", env="CTRPS_MODEL_NAME", flag="--model-name", help="model name (with --follow, the manifest's)"
-    )
-    numeric: str = setting(
-        "raw",
-        env="CTRPS_NUMERIC",
-        flag="--numeric",
-        help="numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p), as the workers feed "
-        "them; the model's declaration on the shards (or in the manifest) wins",
-        choices=NUMERIC,
+    model: str = _model("model kind (with --follow, the manifest's)")
+    model_name: str = _model_name("model name (with --follow, the manifest's)")
+    numeric: str = _numeric(
+        "numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p), as the workers feed "
+        "them; the model's declaration on the shards (or in the manifest) wins"
     )
     max_events: int = setting(10_000, env="CTRPS_MAX_EVENTS", flag="--max-events", help="most events per request")
     max_body_bytes: int = setting(
@@ -814,9 +804,7 @@ class ApiSettings:
     shard_deadline_s: float = setting(
         2.0, env="CTRPS_SHARD_DEADLINE", flag="--shard-deadline", help="seconds a shard call is retried before 503"
     )
-    use_rpc: bool = setting(
-        True, env="CTRPS_USE_RPC", flag=None, off="--no-rpc", help="reach the shards over HTTP only, not their TCP RPC"
-    )
+    use_rpc: bool = _use_rpc()
     log_format: str = _log_format()
     history_interval_s: float = setting(
         2.0, env="CTRPS_HISTORY_INTERVAL", flag=None, help="seconds between the dashboard's samples of the cluster"

@@ -34,7 +34,6 @@ Run: ``python bench/bench_compression.py [--quick]``; the last line is JSON.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -43,10 +42,9 @@ from typing import Any
 import numpy as np
 import orjson
 import uvloop
-from bench_worker import preloaded_topic, start_shards, stop_shards, wait_healthy
+from bench_worker import RunningWorkers, each_round, partitions_held, start_shards, stop_shards, wait_healthy
 from common import bench_parser, elapsed_s, progress_log
 
-from consumers.broker import EmbeddedBroker
 from consumers.synthetic import SyntheticStream
 from consumers.training import AsyncTraining
 from consumers.worker import WindowReport, Worker, WorkerConfig, WorkerStats
@@ -112,30 +110,15 @@ async def train(
                 control,
                 make_model(args.model, "ctr"),
             )
-            stop = asyncio.Event()
-            task = asyncio.create_task(worker.run(stop))
-            deadline = time.monotonic() + 600
             t0: float | None = None
-            last_log = 0.0
-            try:
-                while worker.stats.events_trained + worker.stats.dead_letters < n:
-                    if task.done():
-                        task.result()
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{name}: trained {worker.stats.events_trained}/{n}")
-                    if t0 is None and worker._consumer is not None and worker._consumer.assignment():
+            async with RunningWorkers(worker) as running:
+                async for _ in running.polls(n, name, progress=log):
+                    if t0 is None and partitions_held(worker):
                         t0 = time.perf_counter()
                         wire0 = client.wire_stats()
                         trained0 = worker.stats.events_trained
-                    if time.perf_counter() - last_log > 2:
-                        log(f"  {name}: trained {worker.stats.events_trained}/{n}")
-                        last_log = time.perf_counter()
-                    await asyncio.sleep(0.02)  # poll interval
                 t1 = time.perf_counter()
                 wire1 = client.wire_stats()
-            finally:
-                stop.set()
-                await asyncio.wait_for(task, 60)
     finally:
         stop_shards(procs)
     assert t0 is not None
@@ -327,22 +310,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if not args.quick
         else ["f32", "f32_key_sets", "f16_key_sets", "int8_key_sets", "int8_key_sets_feedback"]
     )
-    broker = EmbeddedBroker()
-    await broker.start()
-    try:
-        topic = await preloaded_topic(broker.bootstrap, n, args.seed)
-        rounds: list[dict[str, dict[str, Any]]] = []
-        for rnd in range(args.rounds):
-            # Every round runs every format, so each round's figures compare
-            # runs under the same machine load; the report takes medians.
-            result = {}
-            for name in names:
-                tag = f"round {rnd + 1}/{args.rounds}: " if args.rounds > 1 else ""
-                log(f"{tag}{name} ({FORMATS[name].describe()}): 1 worker, 2 shard servers")
-                result[name] = await train(name, FORMATS[name], broker.bootstrap, topic, n, args)
-            rounds.append(result)
-    finally:
-        broker.stop()
+    rounds = await each_round(
+        n,
+        args.seed,
+        args.rounds,
+        names,
+        lambda name, bootstrap, topic: train(name, FORMATS[name], bootstrap, topic, n, args),
+        lambda name: f"{name} ({FORMATS[name].describe()}): 1 worker, 2 shard servers",
+        log,
+    )
     runs = {name: {k: float(np.median([r[name][k] for r in rounds])) for k in rounds[0][name]} for name in names}
     # The events/s ratio of each round (same load), then their median.
     speed = {

@@ -58,6 +58,8 @@ from common import bench_parser, elapsed_s, progress_log
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench_worker import RunningWorkers, partitions_held  # noqa: E402
+
 from consumers.broker import EmbeddedBroker, create_topics  # noqa: E402
 from consumers.synthetic import SyntheticStream  # noqa: E402
 from consumers.worker import Worker, WorkerConfig  # noqa: E402
@@ -111,10 +113,6 @@ async def run_one(
         decode_processes=1,
     )
     worker = Worker(config, client, control, LogisticRegression("ctr"))
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 900
     t_start: float | None = None
     pauses: list[float] = []
     scanned: list[int] = []
@@ -122,13 +120,9 @@ async def run_one(
     rows_before: list[int] = []
     rss: list[tuple[int, float, int]] = []  # events trained, RSS MB, table bytes
     next_pass = 0.0
-    try:
-        while worker.stats.events_trained + worker.stats.dead_letters < events:
-            if task.done():
-                task.result()
-            if loop.time() > deadline:
-                raise TimeoutError(f"worker trained {worker.stats.events_trained}/{events}")
-            if t_start is None and worker._consumer is not None and worker._consumer.assignment():
+    async with RunningWorkers(worker) as running:
+        async for _ in running.polls(events, "worker", timeout_s=900, poll_s=0.01):
+            if t_start is None and partitions_held(worker):
                 t_start = time.perf_counter()
             now = time.perf_counter()
             table = shard.tables.get("ctr_w")
@@ -140,11 +134,7 @@ async def run_one(
                     scanned.append(report.scanned)
                 rows_after.append(len(table))
                 rss.append((worker.stats.events_trained, rss_mb(), table.memory_bytes()))
-            await asyncio.sleep(0.01)  # poll interval
         t_done = time.perf_counter()
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
     assert t_start is not None
     table = shard.tables["ctr_w"]
     hist = worker.stats.history

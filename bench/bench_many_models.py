@@ -30,13 +30,10 @@ import os
 
 import numpy as np
 import uvloop
-from bench_worker import preload, worker_rate
+from bench_worker import local_clients, preload, worker_rate
 from common import elapsed_s, progress_log
 
 from consumers.broker import EmbeddedBroker, create_topics
-from ps_core.checkpoint.control import ControlClient
-from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
 
 log = progress_log("many-models")
 
@@ -64,16 +61,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             tag = f"round {rnd + 1}/{rounds}: " if rounds > 1 else ""
             for label, also, out in (("(a) one model", (), one), (f"(b) {len(MODELS)} models", MODELS[1:], many)):
                 log(f"{tag}{label}")
-                shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
                 rate, worker, _ = await worker_rate(
-                    bootstrap,
-                    topic,
-                    n,
-                    PSClient.local(shards),
-                    ControlClient.local(shards),
-                    window,
-                    decode_processes=1,
-                    also=also,
+                    bootstrap, topic, n, *local_clients(), window, decode_processes=1, also=also
                 )
                 trained = [worker.stats.events_trained, *(a.stats.events_trained for a in worker.also)]
                 assert all(t == n for t in trained), trained

@@ -32,7 +32,6 @@ Run: ``python bench/bench_modes.py [--quick]``; the last line is JSON.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shutil
 import tempfile
 import time
@@ -42,10 +41,18 @@ from typing import Any
 import numpy as np
 import orjson
 import uvloop
-from bench_worker import PARTITIONS, cpu_seconds, preloaded_topic, start_shards, stop_shards, wait_healthy
+from bench_worker import (
+    PARTITIONS,
+    RunningWorkers,
+    cpu_seconds,
+    each_round,
+    partitions_held,
+    start_shards,
+    stop_shards,
+    wait_healthy,
+)
 from common import bench_parser, elapsed_s, progress_log
 
-from consumers.broker import EmbeddedBroker
 from consumers.worker import WindowReport, Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
@@ -103,42 +110,21 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
             )
             for i in range(2)
         ]
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(w.run(stop)) for w in workers]
         shard_pids = [p.pid for p in procs]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 600
         t0: float | None = None
         trained0 = 0
-        last_log = 0.0
-
-        def trained() -> int:
-            return sum(w.stats.events_trained + w.stats.dead_letters for w in workers)
-
         try:
-            while trained() < n:
-                for t in tasks:
-                    if t.done():
-                        t.result()
-                if loop.time() > deadline:
-                    raise TimeoutError(f"{mode}: trained {trained()}/{n}")
-                if t0 is None and all(
-                    w._consumer is not None and len(w._consumer.assignment()) == PARTITIONS // 2 for w in workers
-                ):
-                    t0, trained0 = time.perf_counter(), trained()
-                    cpu0 = sum(cpu_seconds(p) for p in shard_pids)
-                    io0 = [io_bytes(p) for p in shard_pids]
-                if time.perf_counter() - last_log > 2:
-                    log(f"  {mode}: trained {trained()}/{n}")
-                    last_log = time.perf_counter()
-                await asyncio.sleep(0.02)  # poll interval
-            t1 = time.perf_counter()
-            cpu1 = sum(cpu_seconds(p) for p in shard_pids)
-            io1 = [io_bytes(p) for p in shard_pids]
-            stats = await controls[0].stats()
+            async with RunningWorkers(*workers) as running:
+                async for _ in running.polls(n, mode, progress=log):
+                    if t0 is None and all(partitions_held(w) == PARTITIONS // 2 for w in workers):
+                        t0, trained0 = time.perf_counter(), running.trained()
+                        cpu0 = sum(cpu_seconds(p) for p in shard_pids)
+                        io0 = [io_bytes(p) for p in shard_pids]
+                t1 = time.perf_counter()
+                cpu1 = sum(cpu_seconds(p) for p in shard_pids)
+                io1 = [io_bytes(p) for p in shard_pids]
+                stats = await controls[0].stats()
         finally:
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks), 60)
             for c in clients:
                 await c.close()
             for control in controls:
@@ -192,22 +178,15 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     n = args.events or (150_000 if args.quick else 600_000)
-    broker = EmbeddedBroker()
-    await broker.start()
-    try:
-        topic = await preloaded_topic(broker.bootstrap, n, args.seed)
-        rounds: list[dict[str, dict[str, Any]]] = []
-        for rnd in range(args.rounds):
-            # Every round runs the three modes, so each round's ratios compare
-            # runs under the same machine load; figures are medians over rounds.
-            result: dict[str, dict[str, Any]] = {}
-            for mode in ("async", "sync", "geo"):
-                tag = f"round {rnd + 1}/{args.rounds}: " if args.rounds > 1 else ""
-                log(f"{tag}{mode}: 2 workers, 2 shard servers")
-                result[mode] = await run_mode(mode, broker.bootstrap, topic, n, args)
-            rounds.append(result)
-    finally:
-        broker.stop()
+    rounds = await each_round(
+        n,
+        args.seed,
+        args.rounds,
+        ("async", "sync", "geo"),
+        lambda mode, bootstrap, topic: run_mode(mode, bootstrap, topic, n, args),
+        lambda mode: f"{mode}: 2 workers, 2 shard servers",
+        log,
+    )
 
     def ratio_of(r: dict[str, dict[str, Any]]) -> dict[str, float]:
         a, g, y = r["async"], r["geo"], r["sync"]

@@ -83,11 +83,12 @@ from app.shard_role import run_shard  # noqa: E402
 from app.signals import stop_on_signals  # noqa: E402
 from ps_core.checkpoint.control import ControlClient  # noqa: E402
 from ps_core.model.hasher import FeatureHasher  # noqa: E402
-from ps_core.model.models import Model, make_model, sigmoid  # noqa: E402
+from ps_core.model.models import Model, make_model  # noqa: E402
 from ps_core.net.auth import Scope, derive_token, new_secret  # noqa: E402
 from ps_core.net.client import PSClient  # noqa: E402
 from ps_core.net.shard import Shard  # noqa: E402
 from ps_core.net.tls import TlsFiles, client_context  # noqa: E402
+from tests.training import train_step  # noqa: E402
 
 MODEL_NAME = "ctr"
 TRAIN_EVENTS = 20_000
@@ -131,14 +132,7 @@ async def train(
     batch, errors = FeatureHasher(model.name).featurize(events)
     assert not errors
     for start in range(0, batch.size, step):
-        sub = batch.slice(start, min(start + step, batch.size))
-        plan = model.plan(sub)
-        routed = client.route(plan.keys)
-        w = {t: await client.pull(t, routed) for t in model.table_names}
-        p = sigmoid(model.logits(sub, plan, w))
-        grads = model.gradients(sub, plan, w, (p - sub.labels) * sub.weights)
-        for t, g in grads.items():
-            await client.push(t, routed, g, counts=plan.counts(sub.labels))
+        await train_step(client, model, batch.slice(start, min(start + step, batch.size)))
 
 
 def bodies(rng: np.random.Generator, count: int, events_per_body: int) -> list[bytes]:

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -147,6 +148,100 @@ def cpu_by_role(worker: Worker, others: dict[str, list[int]]) -> dict[str, float
     return {role: sum(cpu_seconds(p) for p in pids) for role, pids in roles.items()}
 
 
+def local_clients(num: int = 2) -> tuple[PSClient, ControlClient]:
+    """Both planes' clients of `num` fresh in-process shards."""
+    shards = [Shard(ShardSpec(i, num)) for i in range(num)]
+    return PSClient.local(shards), ControlClient.local(shards)
+
+
+def partitions_held(worker: Worker) -> int:
+    """How many partitions the worker's group consumer holds now (0 before it joined)."""
+    consumer = worker._consumer
+    return len(consumer.assignment()) if consumer is not None else 0
+
+
+class RunningWorkers:
+    """Workers' `run` as tasks while an ``async with`` block runs; then they
+    are stopped and awaited (60 s at most; a worker's failure is raised)."""
+
+    def __init__(self, *workers: Worker) -> None:
+        self.workers = workers
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> RunningWorkers:
+        self._tasks = [asyncio.create_task(w.run(self._stop)) for w in self.workers]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        await asyncio.wait_for(asyncio.gather(*self._tasks), 60)
+
+    def trained(self) -> int:
+        """Events the workers have trained or dead-lettered so far."""
+        return sum(w.stats.events_trained + w.stats.dead_letters for w in self.workers)
+
+    async def polls(
+        self,
+        n: int,
+        what: str,
+        *,
+        timeout_s: float = 600.0,
+        poll_s: float = 0.02,
+        progress: Callable[[str], None] | None = None,
+    ) -> AsyncIterator[None]:
+        """One item every `poll_s` until the workers have trained (or
+        dead-lettered) `n` events. A worker's failure is raised at once, and
+        TimeoutError naming `what` after `timeout_s`; with `progress`, a line
+        ``what: trained k/n`` every 2 s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        last_progress = 0.0
+        while self.trained() < n:
+            for task in self._tasks:
+                if task.done():
+                    task.result()
+            trained = sum(w.stats.events_trained for w in self.workers)
+            if loop.time() > deadline:
+                raise TimeoutError(f"{what}: trained {trained}/{n}")
+            yield
+            if progress is not None and time.perf_counter() - last_progress > 2:
+                progress(f"  {what}: trained {trained}/{n}")
+                last_progress = time.perf_counter()
+            await asyncio.sleep(poll_s)  # poll interval
+
+
+async def each_round(
+    n: int,
+    seed: int,
+    rounds: int,
+    variants: Sequence[str],
+    run: Callable[[str, str, str], Awaitable[dict[str, Any]]],
+    describe: Callable[[str], str],
+    progress: Callable[[str], None],
+) -> list[dict[str, dict[str, Any]]]:
+    """`run(variant, bootstrap, topic)` of every variant in each of `rounds`,
+    over one topic of `n` synthetic events on a fresh embedded broker: every
+    round runs every variant, so each round's figures compare runs under the
+    same machine load (the reports take medians). Each round's figures by
+    variant; `describe(variant)` ends the progress line that starts a run."""
+    broker = EmbeddedBroker()
+    await broker.start()
+    try:
+        topic = await preloaded_topic(broker.bootstrap, n, seed)
+        out: list[dict[str, dict[str, Any]]] = []
+        for rnd in range(rounds):
+            result: dict[str, dict[str, Any]] = {}
+            for variant in variants:
+                tag = f"round {rnd + 1}/{rounds}: " if rounds > 1 else ""
+                progress(f"{tag}{describe(variant)}")
+                result[variant] = await run(variant, broker.bootstrap, topic)
+            out.append(result)
+    finally:
+        broker.stop()
+    return out
+
+
 async def worker_rate(
     bootstrap: str,
     topic: str,
@@ -175,30 +270,14 @@ async def worker_rate(
         mini_batch=mini_batch,
     )
     worker = Worker(config, client, control, LogisticRegression("ctr"), also=[LogisticRegression(m) for m in also])
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 600
     t_assigned = None
-    last_report = 0.0
-    try:
-        while worker.stats.events_trained + worker.stats.dead_letters < n:
-            if task.done():
-                task.result()
-            if loop.time() > deadline:
-                raise TimeoutError(f"worker trained {worker.stats.events_trained}/{n}")
-            if t_assigned is None and worker._consumer is not None and worker._consumer.assignment():
+    async with RunningWorkers(worker) as running:
+        async for _ in running.polls(n, "worker", progress=log):
+            if t_assigned is None and partitions_held(worker):
                 t_assigned = time.perf_counter()
                 cpu0 = cpu_by_role(worker, others or {})
-            if time.perf_counter() - last_report > 2:
-                log(f"  trained {worker.stats.events_trained}/{n}")
-                last_report = time.perf_counter()
-            await asyncio.sleep(0.02)  # poll interval
         t_done = time.perf_counter()
         cpu1 = cpu_by_role(worker, others or {})
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
     assert t_assigned is not None
     cpu_us = {role: (cpu1[role] - cpu0[role]) * 1e6 / n for role in cpu1}
     log("  CPU per event: " + ", ".join(f"{r} {us:.1f} us" for r, us in cpu_us.items()))
@@ -312,17 +391,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             log(f"(a) {a:,.0f} events/s")
 
             log(f"{tag}(b) worker, in-process shards")
-            local = [Shard(ShardSpec(i, 2)) for i in range(2)]
             b, worker_b, cpu_b = await worker_rate(
-                bootstrap,
-                topic,
-                n,
-                PSClient.local(local),
-                ControlClient.local(local),
-                window,
-                args.decode_processes,
-                args.mini_batch,
-                brokers,
+                bootstrap, topic, n, *local_clients(), window, args.decode_processes, args.mini_batch, brokers
             )
             wb = wb or worker_b
             rates["b"].append(b)

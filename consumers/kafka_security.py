@@ -33,6 +33,8 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
+from ps_core.net.tls import TlsFiles, client_context
+
 __all__ = [
     "KafkaSecurity",
     "KafkaSecurityError",
@@ -166,9 +168,8 @@ class KafkaSecurity:
         if not self.uses_tls:
             return None
         try:
-            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ssl_ca or None)
-            if self.ssl_cert:
-                ctx.load_cert_chain(self.ssl_cert, self.ssl_key)
+            # The shard clients' context: the same verification, the same floor.
+            ctx = client_context(TlsFiles(cert=self.ssl_cert, key=self.ssl_key, ca=self.ssl_ca))
         except (ssl.SSLError, OSError) as exc:
             raise KafkaSecurityError(f"Kafka TLS files do not load: {_reason(exc)}") from None
         # Still verified against the CA; only the name in the certificate is not checked.

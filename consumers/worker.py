@@ -1183,27 +1183,17 @@ class Worker:
     def _training(self) -> Training:
         """The training of the update mode the worker runs."""
         c = self.config
+        common = (self.client, self.model, self.stats, c.mini_batch)  # every mode's
         if c.mode == "sync":
-            return SyncTraining(
-                self.client,
-                self.model,
-                self.stats,
-                c.mini_batch,
-                control=self.control,
-                member=self.worker_id,
-                deadline_s=c.sync_deadline_s,
-            )
+            return SyncTraining(*common, control=self.control, member=self.worker_id, deadline_s=c.sync_deadline_s)
         if c.mode == "geo":
             return GeoTraining(
-                self.client,
-                self.model,
-                self.stats,
-                c.mini_batch,
+                *common,
                 geo_steps=c.geo_steps,
                 max_rows=c.geo_max_rows,
                 scale=lambda: self._geo_scale(),  # looked up per call: a test may set another
             )
-        return AsyncTraining(self.client, self.model, self.stats, c.mini_batch)
+        return AsyncTraining(*common)
 
     @property
     def geo(self) -> GeoCopy | None:

@@ -1,6 +1,6 @@
 """Streaming events through a real broker in tests: topics, producing,
-committed offsets, a worker run as a task, what the shards applied, and the
-arguments of a ``ctrps shard`` process."""
+committed offsets, workers (one, or a group's members) run as tasks, what the
+shards applied, and the arguments of a ``ctrps shard`` process."""
 
 from __future__ import annotations
 
@@ -17,18 +17,23 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from consumers.broker import create_topics
 from consumers.worker import Worker, WorkerConfig
+from ps_core.checkpoint.control import ControlClient
 from ps_core.hashing import shard_of
 from ps_core.model.hasher import FeatureHasher
+from ps_core.model.models import Model
+from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard
 
 __all__ = [
     "KEY_BASE",
+    "all_running",
     "applications",
     "assert_applied_once",
     "bias_shows",
     "brisk_worker_config",
     "committed",
     "consume_all",
+    "group_of",
     "keyed_event",
     "new_topic",
     "produce",
@@ -126,6 +131,25 @@ async def running(worker: Worker, stop_timeout_s: float = 60) -> AsyncIterator[a
     finally:
         stop.set()
         await asyncio.wait_for(task, stop_timeout_s)
+
+
+@asynccontextmanager
+async def all_running(workers: list[Worker], stop_timeout_s: float = 60) -> AsyncIterator[list[asyncio.Task[Any]]]:
+    """Every worker's `run` as a task while the block runs; then all are
+    stopped and awaited together (a failure, if any, is raised)."""
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(w.run(stop)) for w in workers]
+    try:
+        yield tasks
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), stop_timeout_s)
+
+
+def group_of(config: WorkerConfig, shards: list[Shard], model: Model, members: int = 2) -> list[Worker]:
+    """`members` workers of one group (one `config`) training `model` on the
+    same in-process shards, each through its own clients."""
+    return [Worker(config, PSClient.local(shards), ControlClient.local(shards), model) for _ in range(members)]
 
 
 def applications(shards: list[Shard], lo: int, hi: int, table_name: str = "m_w") -> np.ndarray:

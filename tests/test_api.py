@@ -29,6 +29,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from commands import ctrps_process
 from documents import validate
 from prometheus_client.parser import text_string_to_metric_families
+from training import train_step
 
 from app.api import PREDICTOR, create_app
 from app.cli import build_parser
@@ -179,13 +180,7 @@ async def train(client: PSClient, model: Model, events: list[dict[str, Any]], ro
     batch, errors = FeatureHasher(model.name).featurize(events)
     assert not errors
     for _ in range(rounds):
-        plan = model.plan(batch)
-        routed = client.route(plan.keys)
-        w = {t: await client.pull(t, routed) for t in model.table_names}
-        p = sigmoid(model.logits(batch, plan, w))
-        grads = model.gradients(batch, plan, w, (p - batch.labels) * batch.weights)
-        for t, g in grads.items():
-            await client.push(t, routed, g, counts=plan.counts(batch.labels))
+        await train_step(client, model, batch)
 
 
 def by_hand(rows: list[dict[str, Any]], model: Model) -> float:

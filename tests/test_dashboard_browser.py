@@ -25,6 +25,7 @@ import numpy as np
 import orjson
 import pytest
 from test_api import synthetic_events
+from training import train_step
 from waiting import until
 
 from app.api import HISTORY, SERVED, ApiServer
@@ -38,7 +39,7 @@ from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.model.hasher import FeatureHasher
 from ps_core.model.metrics import Metrics, evaluate
-from ps_core.model.models import Model, make_model, sigmoid
+from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 
@@ -217,14 +218,7 @@ async def train_window(client: PSClient, model: Model, events: list[dict[str, An
     progressive metrics), then one pull → gradients → push."""
     batch, errors = FeatureHasher(model.name).featurize(events)
     assert not errors
-    plan = model.plan(batch)
-    routed = client.route(plan.keys)
-    w = {t: await client.pull(t, routed) for t in model.table_names}
-    p = sigmoid(model.logits(batch, plan, w))
-    grads = model.gradients(batch, plan, w, (p - batch.labels) * batch.weights)
-    for t, g in grads.items():
-        await client.push(t, routed, g, counts=plan.counts(batch.labels))
-    return evaluate(p, batch.labels)
+    return evaluate(await train_step(client, model, batch), batch.labels)
 
 
 async def run_worker(

@@ -5,14 +5,23 @@ synthetic stream as well as async does."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
-from streams import applications, bias_shows, brisk_worker_config, committed, keyed_event, new_topic, produce
+from streams import (
+    all_running,
+    applications,
+    bias_shows,
+    brisk_worker_config,
+    committed,
+    group_of,
+    keyed_event,
+    new_topic,
+    produce,
+)
 from test_worker_train import _window
 from waiting import until
 
@@ -169,17 +178,8 @@ async def test_two_geo_workers_over_the_broker_apply_every_event_once(kafka_boot
     topic, group = await new_topic(kafka_bootstrap, partitions)
     model = LogisticRegression("m", mode="geo")
     shards = _shards(tuple(model.tables()))
-    workers = [
-        Worker(
-            brisk_worker_config(kafka_bootstrap, topic, group, 400, 128, mode="geo", geo_steps=4),
-            PSClient.local(shards),
-            ControlClient.local(shards),
-            model,
-        )
-        for _ in range(2)
-    ]
-    stop = asyncio.Event()
-    tasks = [asyncio.create_task(w.run(stop)) for w in workers]
+    config = brisk_worker_config(kafka_bootstrap, topic, group, 400, 128, mode="geo", geo_steps=4)
+    workers = group_of(config, shards, model)
 
     async def both_assigned() -> bool:
         return all(w._consumer is not None and len(w._consumer.assignment()) == 2 for w in workers)
@@ -187,14 +187,11 @@ async def test_two_geo_workers_over_the_broker_apply_every_event_once(kafka_boot
     async def all_committed() -> bool:
         return sum((await committed(kafka_bootstrap, group, topic, partitions)).values()) >= n
 
-    try:
+    async with all_running(workers, 30):
         await until(both_assigned, 30, what="both workers to get 2 partitions", poll_s=0.1)
         assert [w._geo_scale() for w in workers] == [0.5, 0.5]
         await produce(kafka_bootstrap, topic, (keyed_event(i) for i in range(n)), partitions)
         await until(all_committed, 60, what="every event committed", poll_s=0.1)
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)
     # Every event counted once: the bias moves every round, so its shows are
     # all pushed. A keyed event's own id, seen once, mostly never moves
     # (FTRL's L1 holds it at 0): no row on the shards for it.

@@ -116,6 +116,12 @@ class Shards:
                 raise AssertionError(f"shard {i} exited: {self.log_path(i).read_text()[-2000:]}")
 
 
+@pytest.fixture
+def shards(tmp_path: Path) -> Shards:
+    """Two shards exporting to tmp_path/exports, logging to tmp_path (not started)."""
+    return Shards(2, tmp_path / "exports", tmp_path)
+
+
 async def _memberships(control: ControlClient) -> list[dict[str, Any]]:
     return [await s.membership() for s in control.shards]
 
@@ -154,9 +160,8 @@ async def _lease_works(control: ControlClient) -> None:
     await control.release_lease(lease.lease_id, {})
 
 
-async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_older_version(tmp_path: Path) -> None:
-    exports = tmp_path / "exports"
-    shards = Shards(2, exports, tmp_path)
+async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_older_version(shards: Shards) -> None:
+    exports = shards.exports
     async with shards.serving(restore=False, deadline_s=2) as (client, control):
         await _declared(control, shards)
         for step, kind in enumerate(("base", "delta", "base", "delta"), start=1):
@@ -190,9 +195,8 @@ async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_olde
             _no_tracebacks(shards, i)
 
 
-async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(tmp_path: Path) -> None:
-    exports = tmp_path / "exports"
-    shards = Shards(2, exports, tmp_path)
+async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(shards: Shards) -> None:
+    exports = shards.exports
     async with shards.serving(restore=False, deadline_s=2) as (client, control):
         await _declared(control, shards)
         for step, kind in enumerate(("base", "delta"), start=1):
@@ -231,7 +235,7 @@ async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(tmp_
 
 
 async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and_nothing_is_lost(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, shards: Shards
 ) -> None:
     events, _ = _events()
     n, partitions = len(events), 2
@@ -239,7 +243,6 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
     await _produce(kafka_bootstrap, topic, events)
     produced = [sum(1 for i in range(n) if i % partitions == p) for p in range(partitions)]
     config = worker_config(kafka_bootstrap, topic, group, 1000, session_timeout_ms=3000, heartbeat_interval_ms=500)
-    shards = Shards(2, tmp_path / "exports", tmp_path)
     shards.start_all(restore=True)  # an empty directory: they join holding nothing
     try:
         async with (
@@ -313,7 +316,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
         shards.stop_all()
     # Every produced event was applied at least once (the bias row's shows
     # per partition's feature count applications), at most one window more.
-    recovered = restore_shards(latest_chain(tmp_path / "exports" / "m", verify=True), 2)
+    recovered = restore_shards(latest_chain(shards.exports / "m", verify=True), 2)
     assert recovered.version == final["version"]
     shows = _shows_in(recovered.shards, _part_keys())
     assert all(p <= s <= p + 1000 for s, p in zip(shows, produced)), (shows, produced)
@@ -321,9 +324,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
         _no_tracebacks(shards, i)
 
 
-async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(tmp_path: Path) -> None:
-    exports = tmp_path / "exports"
-    shards = Shards(2, exports, tmp_path)
+async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(shards: Shards) -> None:
     async with shards.serving(restore=True, deadline_s=1) as (client, control):
         await _declared(control, shards)
         await _train(client, LR, KEYS[:1500], 1)

@@ -11,13 +11,11 @@ from typing import Any
 
 import numpy as np
 import orjson
-from streams import applications, brisk_worker_config, committed, keyed_event, new_topic, produce
+from streams import all_running, applications, brisk_worker_config, committed, group_of, keyed_event, new_topic, produce
 from waiting import until
 
 from consumers.worker import Worker
-from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import LogisticRegression
-from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 
 PARTITIONS = 4
@@ -40,25 +38,12 @@ async def test_two_workers_share_partitions_and_apply_every_event(kafka_bootstra
     n = 6000
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
     model = LogisticRegression("m")
-    workers = [
-        Worker(
-            brisk_worker_config(kafka_bootstrap, topic, group, 400, 128),
-            PSClient.local(shards),
-            ControlClient.local(shards),
-            model,
-        )
-        for _ in range(2)
-    ]
-    stop = asyncio.Event()
-    tasks = [asyncio.create_task(w.run(stop)) for w in workers]
-    try:
+    workers = group_of(brisk_worker_config(kafka_bootstrap, topic, group, 400, 128), shards, model)
+    async with all_running(workers, 30):
         # Both members join before the events arrive, so both get partitions.
         await _wait(lambda: _assigned(workers), 30, "both workers to get partitions")
         await _produce(kafka_bootstrap, topic, 0, n)
         await _wait(lambda: _all_committed(kafka_bootstrap, group, topic, n), 60, "every event committed")
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)
     parts = [set(p for r in w.stats.history for p in r.partitions) for w in workers]
     assert parts[0] and parts[1], parts
     assert not parts[0] & parts[1], f"a partition was consumed by both: {parts}"

@@ -140,6 +140,17 @@ class Model(ABC):
         """A hasher of this model's events: its namespace, its numeric handling."""
         return FeatureHasher(self.name, numeric=self.numeric)
 
+    def _linear(
+        self, name: str, optimizer: dict[str, Any] | None, mode: str, max_staleness: int | None, numeric: str
+    ) -> TableConfig:
+        """Set `name` and `numeric` (checked); the linear table ``<name>_w``
+        (dim 1, bias included) that every model has."""
+        self.name = name
+        self.numeric = _numeric(numeric)
+        return TableConfig(
+            f"{name}_w", 1, dict(optimizer or DEFAULT_LINEAR_OPTIMIZER), mode=mode, max_staleness=max_staleness
+        )
+
 
 class LogisticRegression(Model):
     """``logit = sum_i w_i x_i`` over an event's features (bias included).
@@ -157,13 +168,10 @@ class LogisticRegression(Model):
         max_staleness: int | None = None,
         numeric: str = "raw",
     ) -> None:
-        """`mode` and `max_staleness`: how workers update it (`TableConfig`);
+        """`optimizer`: its table's (default `DEFAULT_LINEAR_OPTIMIZER`);
+        `mode` and `max_staleness`: how workers update it (`TableConfig`);
         `numeric`: how its numeric features are fed."""
-        self.name = name
-        self.numeric = _numeric(numeric)
-        self._table = TableConfig(
-            f"{name}_w", 1, dict(optimizer or DEFAULT_LINEAR_OPTIMIZER), mode=mode, max_staleness=max_staleness
-        )
+        self._table = self._linear(name, optimizer, mode, max_staleness, numeric)
 
     def tables(self) -> tuple[TableConfig, ...]:
         return (self._table,)
@@ -199,13 +207,12 @@ class FactorizationMachine(Model):
         max_staleness: int | None = None,
         numeric: str = "raw",
     ) -> None:
-        """`mode` and `max_staleness`: how workers update it (`TableConfig`);
-        `numeric`: how its numeric features are fed."""
-        self.name = name
-        self.numeric = _numeric(numeric)
+        """`k`: the embeddings' dim; `optimizer` and `embedding_optimizer`:
+        the linear and the embedding table's; `init_scale` and `seed`: the
+        embeddings' start. `mode`, `max_staleness` and `numeric` as for
+        `LogisticRegression`."""
+        self._w = self._linear(name, optimizer, mode, max_staleness, numeric)
         self.k = k
-        opt = dict(optimizer or DEFAULT_LINEAR_OPTIMIZER)
-        self._w = TableConfig(f"{name}_w", 1, opt, mode=mode, max_staleness=max_staleness)
         self._v = TableConfig(
             f"{name}_v",
             k,

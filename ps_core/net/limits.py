@@ -243,12 +243,35 @@ class PortGuard:
     def _release(self, conn: _Watched) -> None:
         self._open.pop(conn.transport, None)
 
-    def install(self, app: web.Application) -> None:
+    def install(self, app: web.Application, *, around_first: bool = False) -> None:
         """Add the guard's middlewares: outermost, the one that stops the head
         deadline once a request is in (and restarts it for keep-alive after the
-        response); innermost, the one that reads the body under its deadline."""
-        app.middlewares.insert(0, self._request_middleware)
-        app.middlewares.append(self._body_middleware)
+        response); innermost, the one that reads the body under its deadline.
+
+        With `around_first`, one middleware does both, reading the body first,
+        and runs the app's first middleware (its error mapping) itself: a
+        body that times out reaches it as the same 408. Each middleware layer
+        costs a single-event predict about 1 µs of its ~70."""
+        if not around_first:
+            app.middlewares.insert(0, self._request_middleware)
+            app.middlewares.append(self._body_middleware)
+            return
+        inner = app.middlewares[0]
+
+        @web.middleware
+        async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+            conn = self._open.get(request.transport)
+            if conn is not None:
+                conn.disarm()
+            try:
+                if request.body_exists and not request.content.is_eof():
+                    handler = await self._read_body(request, handler)
+                return await inner(request, handler)
+            finally:
+                if conn is not None and conn.transport is not None:
+                    conn.arm(self.limits.idle_timeout_s)
+
+        app.middlewares[0] = guarded
 
     @web.middleware
     async def _request_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -267,18 +290,27 @@ class PortGuard:
         # packet) needs no deadline; the rest are read under one, without the
         # task per request `asyncio.wait_for` would start.
         if request.body_exists and not request.content.is_eof():
-            try:
-                async with asyncio.timeout(self.limits.body_timeout_s):
-                    await request.read()
-            except TimeoutError:
-                self.body_timeouts.happened(port=self.name, path=request.path)
-                raise web.HTTPRequestTimeout(
-                    text='{"error": "body_timeout", "detail": "the request body did not arrive within '
-                    f'{self.limits.body_timeout_s:g} s"}}',
-                    content_type="application/json",
-                    headers={"Connection": "close"},
-                ) from None
+            handler = await self._read_body(request, handler)
         return await handler(request)
+
+    async def _read_body(self, request: web.Request, handler: Handler) -> Handler:
+        """Read `request`'s body under the body deadline: `handler` when it
+        came, else a handler answering 408 (counted)."""
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_s):
+                await request.read()
+        except TimeoutError:
+            self.body_timeouts.happened(port=self.name, path=request.path)
+            return self._body_timed_out
+        return handler
+
+    async def _body_timed_out(self, request: web.Request) -> web.StreamResponse:
+        raise web.HTTPRequestTimeout(
+            text='{"error": "body_timeout", "detail": "the request body did not arrive within '
+            f'{self.limits.body_timeout_s:g} s"}}',
+            content_type="application/json",
+            headers={"Connection": "close"},
+        )
 
 
 @dataclass

@@ -30,6 +30,10 @@ from ..store.table import MAX_DIM, MAX_INIT_SCALE, MAX_VERSION
 
 __all__ = [
     "shard_document",
+    "json_response",
+    "ok_response",
+    "created_response",
+    "parameter",
     "Error",
     "SnapshotRequest",
     "Admit",
@@ -608,8 +612,27 @@ def _schemas() -> dict[str, Any]:
 _SCHEMAS = _schemas()
 
 
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+# -- document helpers, shared with the API's document (app.openapi) ------------------
+
+
+def json_response(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    """A response whose body is JSON of `schema`."""
     return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def ok_response(schema: str, description: str, status: int = 200) -> dict[str, Any]:
+    """The responses of one success `status` whose body is the component `schema`."""
+    return {str(status): json_response(ref(schema), description)}
+
+
+def created_response(schema: str, again: str) -> dict[str, Any]:
+    """A create's successes: 201 created, 200 (`again`) when an identical one exists already."""
+    return {**ok_response(schema, "Created.", 201), **ok_response(schema, again)}
+
+
+def parameter(name: str, where: Literal["path", "query"], description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """A route parameter; a path's is required (OpenAPI's rule), a query's optional."""
+    return {"name": name, "in": where, "required": where == "path", "description": description, "schema": schema}
 
 
 _ERRORS = {
@@ -643,8 +666,8 @@ def _op(
         out["security"] = [{"bearer": []}]
         errors = (*errors, 401, 403)
     for status in sorted(set(errors)):
-        out["responses"][str(status)] = _json(ref("Error"), _ERRORS[status])
-    out["responses"]["default"] = _json(ref("Error"), "Any other error (not_found, method_not_allowed).")
+        out["responses"][str(status)] = json_response(ref("Error"), _ERRORS[status])
+    out["responses"]["default"] = json_response(ref("Error"), "Any other error (not_found, method_not_allowed).")
     if body is not None:
         out["requestBody"] = {
             "required": not optional_body,
@@ -653,46 +676,20 @@ def _op(
     return out
 
 
-def _ok(schema: str, description: str, status: int = 200) -> dict[str, Any]:
-    return {str(status): _json(ref(schema), description)}
-
-
-_VERSION_PARAM = {
-    "name": "version",
-    "in": "path",
-    "required": True,
-    "description": "The cut's version, in ASCII digits.",
-    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_VERSION},
-}
-
-_MODEL_QUERY = {
-    "name": "model",
-    "in": "query",
-    "required": False,
-    "description": "The model (default: the shard's default model, --model-name).",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"},
-}
-_NAME_PARAM = {
-    "name": "name",
-    "in": "path",
-    "required": True,
-    "description": "A model's name.",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"},
-}
-_TABLE_PARAM = {
-    "name": "name",
-    "in": "path",
-    "required": True,
-    "description": "A table's name.",
-    "schema": {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}$"},
-}
+_VERSION_PARAM = parameter(
+    "version", "path", "The cut's version, in ASCII digits.", {"type": "integer", "minimum": 0, "maximum": MAX_VERSION}
+)
+_MODEL_NAME = {"type": "string", "minLength": 1, "maxLength": 64, "pattern": r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"}
+_MODEL_QUERY = parameter("model", "query", "The model (default: the shard's default model, --model-name).", _MODEL_NAME)
+_NAME_PARAM = parameter("name", "path", "A model's name.", _MODEL_NAME)
+_TABLE_PARAM = parameter("name", "path", "A table's name.", {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}$"})
 
 _PATHS: dict[str, dict[str, Any]] = {
     "/v1/tables": {
-        "get": _op("The declared tables.", _ok("Tables", "By name.")),
+        "get": _op("The declared tables.", ok_response("Tables", "By name.")),
         "post": _op(
             "Declare a table: 201 created, 200 an identical one exists.",
-            {**_ok("Declared", "Created.", 201), **_ok("Declared", "Declared already, identically.")},
+            created_response("Declared", "Declared already, identically."),
             400,
             409,
             413,
@@ -701,13 +698,15 @@ _PATHS: dict[str, dict[str, Any]] = {
     },
     "/v1/tables/{name}": {
         "parameters": [_TABLE_PARAM],
-        "delete": _op("Drop a table and its rows (idempotent).", _ok("TableDropped", "Whether it was held."), 400),
+        "delete": _op(
+            "Drop a table and its rows (idempotent).", ok_response("TableDropped", "Whether it was held."), 400
+        ),
     },
     "/v1/models": {
-        "get": _op("The cluster's models.", _ok("ModelList", "The default model first.")),
+        "get": _op("The cluster's models.", ok_response("ModelList", "The default model first.")),
         "post": _op(
             "Create a model: declare its tables on every shard; 201 created, 200 an identical one exists.",
-            {**_ok("ModelCreated", "Created.", 201), **_ok("ModelCreated", "Exists already, identically.")},
+            created_response("ModelCreated", "Exists already, identically."),
             400,
             409,
             413,
@@ -717,23 +716,25 @@ _PATHS: dict[str, dict[str, Any]] = {
     },
     "/v1/models/{name}": {
         "parameters": [_NAME_PARAM],
-        "get": _op("One model.", _ok("ModelEntry", "Its declaration."), 404),
+        "get": _op("One model.", ok_response("ModelEntry", "Its declaration."), 404),
         "delete": _op(
             "Delete a model: drop its tables on every shard; its exports stay on disk.",
-            _ok("ModelDeleted", "Deleted."),
+            ok_response("ModelDeleted", "Deleted."),
             404,
             503,
         ),
     },
-    "/v1/stats": {"get": _op("Features, bytes and calls per table.", _ok("Stats", "This shard's figures."))},
+    "/v1/stats": {"get": _op("Features, bytes and calls per table.", ok_response("Stats", "This shard's figures."))},
     "/v1/status": {
-        "get": _op("The status board.", _ok("StatusBoard", "Least recently reported first.")),
-        "post": _op("Report a status to the board.", _ok("StatusAck", "Stored."), 400, 413, body="StatusReport"),
+        "get": _op("The status board.", ok_response("StatusBoard", "Least recently reported first.")),
+        "post": _op(
+            "Report a status to the board.", ok_response("StatusAck", "Stored."), 400, 413, body="StatusReport"
+        ),
     },
     "/v1/snapshots": {
         "post": _op(
             "Copy every table's rows for a cut.",
-            _ok("SnapshotRows", "Rows per table."),
+            ok_response("SnapshotRows", "Rows per table."),
             400,
             409,
             413,
@@ -753,39 +754,49 @@ _PATHS: dict[str, dict[str, Any]] = {
             400,
             409,
         ),
-        "delete": _op("Drop the copies of a cut (idempotent).", _ok("Dropped", "Whether they were held."), 400),
+        "delete": _op("Drop the copies of a cut (idempotent).", ok_response("Dropped", "Whether they were held."), 400),
     },
-    "/v1/membership": {"get": _op("What the coordinator admits the shard on.", _ok("Membership", "This shard."))},
+    "/v1/membership": {
+        "get": _op("What the coordinator admits the shard on.", ok_response("Membership", "This shard."))
+    },
     "/v1/membership/admit": {
-        "post": _op("Join the cluster at a version.", _ok("Membership", "Joined."), 400, 409, 413, body="Admit"),
+        "post": _op(
+            "Join the cluster at a version.", ok_response("Membership", "Joined."), 400, 409, 413, body="Admit"
+        ),
     },
     "/v1/restore": {
         "post": _op(
             "Load a version from the exports directory (the shard leaves the cluster until admitted).",
-            _ok("Restored", "Loaded, or refused naming the file that does not check."),
+            ok_response("Restored", "Loaded, or refused naming the file that does not check."),
             400,
             404,
             413,
             body="Restore",
         ),
     },
-    "/healthz": {"get": _op("Liveness.", _ok("Health", "Alive."), open_=True)},
+    "/healthz": {"get": _op("Liveness.", ok_response("Health", "Alive."), open_=True)},
     "/openapi.json": {
         "get": _op(
             "This document.",
-            {"200": _json({"type": "object", "required": ["openapi", "paths"]}, "OpenAPI 3.1.")},
+            {"200": json_response({"type": "object", "required": ["openapi", "paths"]}, "OpenAPI 3.1.")},
             open_=True,
         ),
     },
     "/v1/leases": {
         "post": _op(
-            "A lease for one window of training.", _ok("Lease", "Granted."), 400, 409, 413, 503, body="LeaseRequest"
+            "A lease for one window of training.",
+            ok_response("Lease", "Granted."),
+            400,
+            409,
+            413,
+            503,
+            body="LeaseRequest",
         ),
     },
     "/v1/leases/release": {
         "post": _op(
             "Release a lease with its committed offsets.",
-            _ok("Released", "False: it had expired."),
+            ok_response("Released", "False: it had expired."),
             400,
             404,
             413,
@@ -795,23 +806,25 @@ _PATHS: dict[str, dict[str, Any]] = {
     "/v1/offsets": {
         "get": _op(
             "The latest committed offsets of a model.",
-            _ok("KnownOffsets", "And their stream."),
+            ok_response("KnownOffsets", "And their stream."),
             404,
             params=[_MODEL_QUERY],
         )
     },
     "/v1/sync/join": {
-        "post": _op("A sync worker joins the barrier.", _ok("SyncStep", "The open step."), 400, 413, body="SyncMember"),
+        "post": _op(
+            "A sync worker joins the barrier.", ok_response("SyncStep", "The open step."), 400, 413, body="SyncMember"
+        ),
     },
     "/v1/sync/leave": {
         "post": _op(
-            "A sync worker leaves the barrier.", _ok("SyncStep", "The open step."), 400, 413, body="SyncMember"
+            "A sync worker leaves the barrier.", ok_response("SyncStep", "The open step."), 400, 413, body="SyncMember"
         ),
     },
     "/v1/sync/arrive": {
         "post": _op(
             "A sync worker pushed its step: answers when the step closes.",
-            _ok("SyncStep", "The step closed (every member arrived, or the deadline passed)."),
+            ok_response("SyncStep", "The step closed (every member arrived, or the deadline passed)."),
             400,
             413,
             body="SyncArrive",
@@ -820,7 +833,7 @@ _PATHS: dict[str, dict[str, Any]] = {
     "/v1/sync/apply": {
         "post": _op(
             "Apply the gradients held for a closed step (once per step).",
-            _ok("SyncApplied", "Keys updated."),
+            ok_response("SyncApplied", "Keys updated."),
             400,
             413,
             body="SyncStep",
@@ -828,11 +841,11 @@ _PATHS: dict[str, dict[str, Any]] = {
     },
     "/v1/exports": {
         "get": _op(
-            "A model's export versions on disk.", _ok("ExportList", "Oldest first."), 404, params=[_MODEL_QUERY]
+            "A model's export versions on disk.", ok_response("ExportList", "Oldest first."), 404, params=[_MODEL_QUERY]
         ),
         "post": _op(
             "Cut and write a version now.",
-            _ok("ExportReport", "Written.", 201),
+            ok_response("ExportReport", "Written.", 201),
             400,
             409,
             413,
@@ -846,7 +859,7 @@ _PATHS: dict[str, dict[str, Any]] = {
     "/v1/exports/compact": {
         "post": _op(
             "Fold a model's newest chain into a base, then prune.",
-            _ok("Compaction", "Written."),
+            ok_response("Compaction", "Written."),
             404,
             500,
             params=[_MODEL_QUERY],

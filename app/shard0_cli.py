@@ -1,0 +1,60 @@
+"""What the commands that ask shard 0's coordinator share (``ctrps export``,
+``ctrps model``): finding shard 0, one call through a `ControlClient`, its
+answer as JSON on stdout and its error as one log line with an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from ps_core.checkpoint.control import ControlClient
+from ps_core.errors import PSError
+from ps_core.net.auth import Scope
+from ps_core.net.endpoint import RetryPolicy
+
+from .security import SecuritySettings
+
+__all__ = ["call_shard0", "print_json"]
+
+
+def print_json(out: Any) -> None:
+    """`out` as indented JSON on stdout, one trailing newline."""
+    sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+async def call_shard0(
+    args: argparse.Namespace,
+    log: logging.Logger,
+    scope: Scope,
+    call: Callable[[ControlClient], Awaitable[Any]],
+) -> int:
+    """Run `call` against shard 0 (``--shard0``, else the first URL of
+    ``CTRPS_SHARDS``) with a token of `scope`, waiting up to ``--timeout``
+    seconds, and print its answer; returns the exit status (2: no shard 0)."""
+    url = args.shard0 or next((u for u in os.environ.get("CTRPS_SHARDS", "").split(",") if u.strip()), "")
+    if not url:
+        log.error("no shard 0: pass --shard0 URL or set CTRPS_SHARDS", extra={"fields": {"exit_code": 2}})
+        return 2
+    security = SecuritySettings.from_args(args)
+    # Only shard 0 is asked, so the client holds only its transport.
+    async with ControlClient.connect(
+        [url.strip()],
+        retry=RetryPolicy(deadline_s=args.timeout),
+        token=security.token_for(scope),
+        ssl=security.client_tls(),
+    ) as client:
+        try:
+            out = await call(client)
+        except PSError as exc:
+            # A refused token or an unverified certificate is a settings error (2).
+            code = getattr(type(exc), "exit_code", 1)
+            log.error(exc.detail, extra={"fields": {"error": exc.code, "exit_code": code}})
+            return int(code)
+    print_json(out)
+    return 0

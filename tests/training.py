@@ -1,0 +1,27 @@
+"""A worker's training step, written out over a PS client, for tests (and
+benchmarks) that train shards without running a worker."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from ps_core.model.batch import EventBatch
+from ps_core.model.models import Model, sigmoid
+from ps_core.net.client import PSClient
+
+__all__ = ["train_step"]
+
+
+async def train_step(client: PSClient, model: Model, batch: EventBatch) -> npt.NDArray[np.float64]:
+    """One async training step on `batch`: pull its weights, predict, push
+    the gradients (with the batch's shows and clicks). Returns the
+    predictions, made before the push (as progressive metrics take them)."""
+    plan = model.plan(batch)
+    routed = client.route(plan.keys)
+    w = {t: await client.pull(t, routed) for t in model.table_names}
+    p = sigmoid(model.logits(batch, plan, w))
+    grads = model.gradients(batch, plan, w, (p - batch.labels) * batch.weights)
+    for t, g in grads.items():
+        await client.push(t, routed, g, counts=plan.counts(batch.labels))
+    return p
