@@ -88,7 +88,7 @@ from .metrics import ApiMetrics
 from .openapi import WEIGHTS, CreateModelRequest, PredictRequest, openapi_document, predict_decoder
 from .predictor import Predictor
 from .security import is_loopback
-from .served import ServedModels
+from .served import Discover, ServedModels
 from .settings import ApiSettings
 from .status import summarize
 from .views import ClusterView, ControlView, all_stats
@@ -684,6 +684,7 @@ class Sources(TypedDict, total=False):
     control: ControlClient | None
     follower: Follower | None
     followers: Mapping[str, Follower] | None
+    discover: Discover | None
 
 
 def create_app(
@@ -694,6 +695,7 @@ def create_app(
     control: ControlClient | None = None,
     follower: Follower | None = None,
     followers: Mapping[str, Follower] | None = None,
+    discover: Discover | None = None,
 ) -> web.Application:
     """The API over the shards of `client`, serving `model`: a training
     cluster's with its `control` plane, or a serving replica of `follower`'s
@@ -727,6 +729,7 @@ def create_app(
         history_points=settings.history_points,
         metrics=api_metrics,
         followers=followers if follower is not None else None,
+        discover=discover if follower is not None else None,
     )
     # The API's own model's, kept under their keys (tests replace the history before start).
     app[PREDICTOR] = served.predictors[model.name]
@@ -848,12 +851,20 @@ async def run_api(
     control: ControlClient | None = None,
     follower: Follower | None = None,
     followers: Mapping[str, Follower] | None = None,
+    discover: Discover | None = None,
     ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve the API until `stop` is set, logging where it listens (a
     serving replica of `follower`'s exports when given; HTTPS with `ssl_context`)."""
     async with ApiServer(
-        settings, client, model, control=control, follower=follower, followers=followers, ssl_context=ssl_context
+        settings,
+        client,
+        model,
+        control=control,
+        follower=follower,
+        followers=followers,
+        discover=discover,
+        ssl_context=ssl_context,
     ) as server:
         log_event(
             log,

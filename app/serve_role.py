@@ -4,10 +4,13 @@ as a serving replica, from a model's exports in memory, until signalled."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Collection
 from pathlib import Path
 
 from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.export import list_versions
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import NoCoordinatorError, PSError, UnknownModelError
 from ps_core.model.models import Model, make_model
@@ -75,17 +78,23 @@ async def run_serve(
             model = await asyncio.to_thread(model_of_exports, model_dir, model)
             follower = Follower(path, model, interval_s=settings.follow_interval_s)
             others: dict[str, Follower] = {}
+            discover = None
             if settings.follow_all:
-                # Every model of the root, each its own follower (models
-                # created after the start are served after a restart).
-                found = await asyncio.to_thread(followed_models, path, settings.model_name)
-                for name, mdir in found.items():
-                    if name == settings.model_name:
-                        continue
-                    other = await asyncio.to_thread(model_of_exports, mdir, make_model(settings.model, name))
-                    others[name] = Follower(mdir, other, interval_s=settings.follow_interval_s)
+                # Every model of the root, each its own follower; models
+                # created later are found when a request names one or lists them.
+                discover = functools.partial(new_followers, path, settings)
+                others = await asyncio.to_thread(discover, {settings.model_name})
             async with follower.client as client:
-                await run_api(settings, client, model, stop, follower=follower, followers=others, ssl_context=served)
+                await run_api(
+                    settings,
+                    client,
+                    model,
+                    stop,
+                    follower=follower,
+                    followers=others,
+                    discover=discover,
+                    ssl_context=served,
+                )
             return
         retry = RetryPolicy(deadline_s=settings.shard_deadline_s)
         token = security.token_for(Scope.ADMIN)
@@ -95,3 +104,18 @@ async def run_serve(
         ):
             model = await as_declared(control, model)
             await run_api(settings, client, model, stop, control=control, ssl_context=served)
+
+
+def new_followers(root: Path, settings: ApiSettings, known: Collection[str]) -> dict[str, Follower]:
+    """A follower for each model directory under the exports `root` whose
+    name is not in `known` and that holds a version (``--follow-all``), its
+    model as its newest manifest declares it (blocking: reads the directory
+    and the manifests)."""
+    out: dict[str, Follower] = {}
+    for name, mdir in followed_models(root, settings.model_name).items():
+        # A model is followed from its first version: its manifest says what
+        # it is (a model created and not yet cut is found on a later look).
+        if name not in known and list_versions(mdir):
+            other = model_of_exports(mdir, make_model(settings.model, name))
+            out[name] = Follower(mdir, other, interval_s=settings.follow_interval_s)
+    return out

@@ -13,10 +13,12 @@ exports root, each read from its own `Follower`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
+import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ps_core.checkpoint.control import ControlClient
@@ -40,6 +42,13 @@ LOOKUP_EVERY_S = 1.0
 """A name the cluster does not hold is asked again at most this often."""
 MAX_REMEMBERED_MISSES = 1024
 
+log = logging.getLogger("ctrps.api")
+
+Discover = Callable[[Collection[str]], "dict[str, Follower]"]
+"""A replica's look for models under its exports root (``--follow-all``):
+given the names it follows, a follower for each model directory it does not
+(run in a thread: it reads the directory and each new model's declaration)."""
+
 
 class ServedModels:
     """The API's predictors (and dashboard histories), one per model served."""
@@ -56,11 +65,14 @@ class ServedModels:
         history_points: int = 720,
         metrics: ApiMetrics | None = None,
         followers: Mapping[str, Follower] | None = None,
+        discover: Discover | None = None,
     ) -> None:
         """`control` None: a replica, serving `default` and the models of
         `followers` (each read from its follower, which this object starts
-        and stops); `metrics`: the API's, whose predict latency each model's
-        history charts (None: none)."""
+        and stops), and with `discover` those created later under its root,
+        looked for when a request names a model it does not follow or lists
+        them (at most once a second); `metrics`: the API's, whose predict
+        latency each model's history charts (None: none)."""
         self.default = default
         self._client, self._view, self._control = client, view, control
         self.followers: dict[str, Follower] = dict(followers or {})
@@ -73,6 +85,8 @@ class ServedModels:
         self.histories: dict[str, History] = {default.name: self._history(default)}
         self._missed: dict[str, float] = {}
         self._started = False
+        self._discover_fn = discover
+        self._looked_at = -LOOKUP_EVERY_S
 
     def view_of(self, name: str) -> ClusterView:
         """Where model `name`'s stats and board are read (a followed model: its follower's)."""
@@ -142,6 +156,8 @@ class ServedModels:
     async def _look_up(self, name: str) -> Model:
         if self._control is None:
             follower = self.followers.get(name)
+            if follower is None and await self._discover():
+                follower = self.followers.get(name)
             if follower is None:
                 raise self._unknown(name, " (a replica serves the models it follows)")
             return follower.model
@@ -163,9 +179,34 @@ class ServedModels:
             self._missed[name] = now
             raise self._unknown(name) from None
 
+    async def _discover(self) -> bool:
+        """``--follow-all``: follow the models created under the root since
+        the last look, at most once a second; whether any was added. A look
+        that fails is one log line; the models followed stay served."""
+        find = self._discover_fn
+        now = time.monotonic()
+        if find is None or now - self._looked_at < LOOKUP_EVERY_S:
+            return False
+        self._looked_at = now
+        try:
+            found = await asyncio.to_thread(find, {self.default.name, *self.followers})
+        except Exception as exc:  # a damaged declaration, an unreadable root
+            log.warning("looking for new models failed", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
+            return False
+        for name, follower in found.items():
+            if name in self.followers:  # found by a look that overlapped
+                continue
+            if self._started:
+                await self._stack.enter_async_context(follower)
+            self.followers[name] = follower
+            log.info("following a new model", extra={"fields": {"model": name, "path": str(follower.path)}})
+        return bool(found)
+
     async def listing(self) -> list[dict[str, Any]]:
         """Every model served, as ``GET /v1/models`` lists them: the cluster's
         (when it keeps models) with the default one first."""
+        if self._control is None:
+            await self._discover()
         names = [self.default.name, *sorted(n for n in self.followers if n != self.default.name)]
         declared: dict[str, dict[str, Any]] = {n: _entry(f.model) for n, f in self.followers.items()}
         if self._control is not None:

@@ -6,6 +6,8 @@ model``, over real shards (in process and on loopback) and real files."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -444,3 +446,78 @@ async def test_the_api_serves_its_model_as_the_cluster_declared_it(tmp_path: Pat
     assert (await as_declared(control, make_model("lr", "ctr"))).numeric == "raw"  # not created: the flags'
     await control.create_model(_spec("lr", "ctr", numeric="log1p").recipe())
     assert (await as_declared(control, make_model("lr", "ctr"))).numeric == "log1p"
+
+
+async def test_a_replica_following_every_model_serves_one_created_after_it_started(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--follow-all`` is every model of the root, not only those there at
+    start: a model created later is followed once a request names it (or
+    lists the models); a damaged declaration is one log line, and the models
+    followed stay served."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from app.api import create_app
+    from app.follower import Follower, model_of_exports
+    from app.serve_role import new_followers
+    from app.settings import ApiSettings
+
+    coord = Coordinator()
+    shards = [Shard(ShardSpec(0, 1))]
+    control = ControlClient.local(shards, coord)
+    exporter = Exporter(coord, control, tmp_path, "ctr")
+    control.serve_exports(exporter)
+    ctr = make_model("lr", "ctr")
+    await control.create_model(ModelSpec.of(ctr).recipe())
+    await exporter.cut()
+    settings = ApiSettings(model_name="ctr", follow=str(tmp_path), follow_all=True)
+    discover = functools.partial(new_followers, tmp_path, settings)
+    assert await asyncio.to_thread(discover, {"ctr"}) == {}  # only the default model so far
+    follower = Follower(tmp_path / "ctr", model_of_exports(tmp_path / "ctr", ctr), interval_s=0.1)
+    app = create_app(settings, follower.client, follower.model, follower=follower, followers={}, discover=discover)
+    probe = {"events": [{"features": {"site": "s1"}}]}
+    async with TestClient(TestServer(app)) as replica:
+        assert (await replica.post("/v1/models/ads/predict", json=probe)).status == 404
+        ads = make_model("fm", "ads", k=4)
+        await control.create_model(ModelSpec.of(ads).recipe())
+        cut = await exporter.cut()
+
+        async def served() -> bool:
+            resp = await replica.post("/v1/models/ads/predict", json=probe)
+            return resp.status == 200 and (await resp.json())["model_version"] == cut.version
+
+        await until(served, 10, what="the replica to serve the new model")
+        listed = await (await replica.get("/v1/models")).json()
+        assert [(m["name"], m["type"]) for m in listed["models"]] == [("ctr", "lr"), ("ads", "fm")]
+        # A model created and not yet cut is not followed: its type is known from its first version.
+        await control.create_model(ModelSpec.of(make_model("lr", "later")).recipe())
+        await asyncio.sleep(1.1)  # past the once-a-second bound on looks
+        assert (await replica.post("/v1/models/later/predict", json=probe)).status == 404
+
+
+async def test_a_failed_look_for_new_models_is_one_line_and_the_followed_models_stay_served(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from app.api import create_app
+    from app.follower import Follower
+    from app.settings import ApiSettings
+
+    def unreadable_root(known: Any) -> dict[str, Follower]:
+        # An exports root this process may no longer read (root here reads all).
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    follower = Follower(tmp_path / "ctr", make_model("lr", "ctr"), interval_s=3600)
+    app = create_app(
+        ApiSettings(), follower.client, follower.model, follower=follower, followers={}, discover=unreadable_root
+    )
+    caplog.set_level(logging.INFO, logger="ctrps.api")
+    async with TestClient(TestServer(app)) as replica:
+        resp = await replica.post("/v1/models/ads/predict", json={"events": [{"features": {"site": "s1"}}]})
+        assert resp.status == 404 and (await resp.json())["error"] == "unknown_model"
+        listed = await (await replica.get("/v1/models")).json()  # within the second: not looked again
+        assert [m["name"] for m in listed["models"]] == ["ctr"]
+    failed = [r for r in caplog.records if r.getMessage() == "looking for new models failed"]
+    assert len(failed) == 1 and "Permission denied" in failed[0].fields["error"]  # type: ignore[attr-defined]
+    assert not [r for r in caplog.records if r.exc_info], "a traceback"
