@@ -46,8 +46,9 @@ log = logging.getLogger("ctrps.api")
 
 Discover = Callable[[Collection[str]], "dict[str, Follower]"]
 """A replica's look for models under its exports root (``--follow-all``):
-given the names it follows, a follower for each model directory it does not
-(run in a thread: it reads the directory and each new model's declaration)."""
+given the names it follows, a follower for each model directory with a
+version it does not follow (run in a thread: it reads the directory and each
+new model's newest manifest)."""
 
 
 class ServedModels:
@@ -190,7 +191,7 @@ class ServedModels:
         self._looked_at = now
         try:
             found = await asyncio.to_thread(find, {self.default.name, *self.followers})
-        except Exception as exc:  # a damaged declaration, an unreadable root
+        except Exception as exc:  # an unreadable root or model directory
             log.warning("looking for new models failed", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
             return False
         for name, follower in found.items():
