@@ -215,65 +215,17 @@ class _ClusterCollector(Collector):
 
     @staticmethod
     def _exports(stats0: dict[str, Any] | None) -> Iterator[Metric]:
-        """Shard 0's exporter and coordinator counters (absent when it hosts none)."""
-        exports = (stats0 or {}).get("exports")
-        if isinstance(exports, dict):
-            written = CounterMetricFamily(
-                "ctrps_exports", "Export versions written by shard 0's exporter.", value=_num(exports.get("exports"))
-            )
-            failures = _counter_by(
-                "ctrps_export_failures",
-                "Failed export cuts (aborted on every shard) and writes, by reason.",
-                "reason",
-                exports.get("failures"),
-            )
-            yield from (written, failures)
-        cluster = (stats0 or {}).get("cluster")
-        if isinstance(cluster, dict):
-            restores = CounterMetricFamily(
-                "ctrps_cluster_restores",
-                "Times every shard was made to load one export version together.",
-                value=_num(cluster.get("cluster_restores")),
-            )
-            refused = CounterMetricFamily(
-                "ctrps_versions_refused",
-                "Export versions a shard refused to load (a damaged file).",
-                value=_num(cluster.get("versions_refused")),
-            )
-            ready = GaugeMetricFamily(
-                "ctrps_cluster_ready",
-                "Whether every shard is joined at one version (leases granted).",
-                value=1.0 if cluster.get("ready") else 0.0,
-            )
-            version = GaugeMetricFamily(
-                "ctrps_cluster_version",
-                "The export version the shards were joined at.",
-                value=_num(cluster.get("version")),
-            )
-            yield from (restores, refused, ready, version)
-        sync = (stats0 or {}).get("sync")
-        if isinstance(sync, dict):
-            steps = CounterMetricFamily(
-                "ctrps_sync_steps", "Sync steps the coordinator's barrier closed.", value=_num(sync.get("steps_closed"))
-            )
-            shrinks = CounterMetricFamily(
-                "ctrps_sync_quorum_shrinks",
-                "Sync steps closed without a member that did not arrive within the deadline.",
-                value=_num(sync.get("shrinks")),
-            )
-            dropped = _counter_by(
-                "ctrps_sync_members_dropped",
-                "Times a worker was dropped from a sync step.",
-                "worker",
-                sync.get("dropped"),
-            )
-            listed = sync.get("members")
-            members = GaugeMetricFamily(
-                "ctrps_sync_members",
-                "Workers inside a window, taking part in sync steps.",
-                value=float(len(listed)) if isinstance(listed, list) else 0.0,
-            )
-            yield from (steps, shrinks, dropped, members)
+        """Shard 0's exporter and coordinator figures (absent when it hosts none)."""
+        sections = {k: v for k, v in (stats0 or {}).items() if isinstance(v, dict)}
+        for section, kind, name, doc, key in _SHARD0_VALUES:
+            if section in sections:
+                raw = sections[section].get(key)
+                # A flag is 0 or 1; a list counts its members.
+                value = float(bool(raw)) if key == "ready" else float(len(raw)) if isinstance(raw, list) else _num(raw)
+                yield kind(name, doc, value=value)
+        for section, name, doc, label, key in _SHARD0_COUNTS_BY:
+            if section in sections:
+                yield _counter_by(name, doc, label, sections[section].get(key))
 
     @staticmethod
     def _workers(boards: dict[str, BoardSummary], now: float) -> Iterator[Metric]:
@@ -394,6 +346,54 @@ class _ClusterCollector(Collector):
             *quality.values(),
             lag,
         )
+
+
+# Shard 0's single figures: (status section, family, name, help, field).
+_SHARD0_VALUES: tuple[tuple[str, type[CounterMetricFamily | GaugeMetricFamily], str, str, str], ...] = (
+    ("exports", CounterMetricFamily, "ctrps_exports", "Export versions written by shard 0's exporter.", "exports"),
+    (
+        "cluster",
+        CounterMetricFamily,
+        "ctrps_cluster_restores",
+        "Times every shard was made to load one export version together.",
+        "cluster_restores",
+    ),
+    (
+        "cluster",
+        CounterMetricFamily,
+        "ctrps_versions_refused",
+        "Export versions a shard refused to load (a damaged file).",
+        "versions_refused",
+    ),
+    (
+        "cluster",
+        GaugeMetricFamily,
+        "ctrps_cluster_ready",
+        "Whether every shard is joined at one version (leases granted).",
+        "ready",
+    ),
+    ("cluster", GaugeMetricFamily, "ctrps_cluster_version", "The export version the shards were joined at.", "version"),
+    ("sync", CounterMetricFamily, "ctrps_sync_steps", "Sync steps the coordinator's barrier closed.", "steps_closed"),
+    (
+        "sync",
+        CounterMetricFamily,
+        "ctrps_sync_quorum_shrinks",
+        "Sync steps closed without a member that did not arrive within the deadline.",
+        "shrinks",
+    ),
+    ("sync", GaugeMetricFamily, "ctrps_sync_members", "Workers inside a window, taking part in sync steps.", "members"),
+)
+# Shard 0's counts by a label: (status section, name, help, label, field).
+_SHARD0_COUNTS_BY = (
+    (
+        "exports",
+        "ctrps_export_failures",
+        "Failed export cuts (aborted on every shard) and writes, by reason.",
+        "reason",
+        "failures",
+    ),
+    ("sync", "ctrps_sync_members_dropped", "Times a worker was dropped from a sync step.", "worker", "dropped"),
+)
 
 
 def _num(v: object) -> float:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import InitVar, dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
@@ -116,14 +117,24 @@ class _Progressive:
         return evaluate(np.concatenate(self.predicted), np.concatenate(self.labels))
 
 
+@dataclass(eq=False)
 class Training(ABC):
-    """A window's training in one update mode."""
+    """A window's training in one update mode (every mode's fields first,
+    then the mode's own, keyword-only)."""
 
-    def __init__(self, client: PSClient, model: Model, stats: TrainingStats, mini_batch: int) -> None:
-        self.client = client
-        self.model = model
-        self.stats = stats
-        self.mini_batch = mini_batch
+    client: PSClient
+    model: Model
+    stats: TrainingStats
+    mini_batch: int
+
+    def _learn(
+        self, sub: EventBatch, plan: BatchPlan, weights: dict[str, npt.NDArray[np.float32]], seen: _Progressive
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """Predict `sub` from `weights` (recorded in `seen`: progressive
+        validation), then its gradients."""
+        p = sigmoid(self.model.logits(sub, plan, weights))
+        seen.add(p, sub.labels)
+        return self.model.gradients(sub, plan, weights, (p - sub.labels) * sub.weights)
 
     @abstractmethod
     async def train(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
@@ -162,9 +173,7 @@ class AsyncTraining(Training):
         weights = dict(zip(names, await per_table([self.client.pull(t, current.routed) for t in names])))
         while True:
             sub, plan, routed, event_time = current
-            p = sigmoid(self.model.logits(sub, plan, weights))
-            seen.add(p, sub.labels)
-            grads = self.model.gradients(sub, plan, weights, (p - sub.labels) * sub.weights)
+            grads = self._learn(sub, plan, weights, seen)
             counts = plan.counts(sub.labels)
             nxt = await anext(batches, None)  # may wait for the next chunk's decoding
             if nxt is None:
@@ -193,24 +202,13 @@ class AsyncTraining(Training):
         return seen.metrics()
 
 
+@dataclass(eq=False, kw_only=True)
 class SyncTraining(Training):
     """Sync mode: each mini-batch a step of the workers inside a window."""
 
-    def __init__(
-        self,
-        client: PSClient,
-        model: Model,
-        stats: TrainingStats,
-        mini_batch: int,
-        *,
-        control: ControlClient,
-        member: str,
-        deadline_s: float,
-    ) -> None:
-        super().__init__(client, model, stats, mini_batch)
-        self.control = control
-        self.member = member
-        self.deadline_s = deadline_s
+    control: ControlClient
+    member: str
+    deadline_s: float
 
     async def train(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
         """Pull, predict, push the gradients (the shards hold them), arrive
@@ -227,9 +225,7 @@ class SyncTraining(Training):
                 plan = self.model.plan(sub)
                 routed = self.client.route(plan.keys)
                 weights = dict(zip(names, await per_table([self.client.pull(t, routed) for t in names])))
-                p = sigmoid(self.model.logits(sub, plan, weights))
-                seen.add(p, sub.labels)
-                grads = self.model.gradients(sub, plan, weights, (p - sub.labels) * sub.weights)
+                grads = self._learn(sub, plan, weights, seen)
                 counts, event_time = plan.counts(sub.labels), _event_time(sub, window)
                 await per_table(
                     [self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names]
@@ -245,26 +241,20 @@ class SyncTraining(Training):
         return seen.metrics()
 
 
+@dataclass(eq=False, kw_only=True)
 class GeoTraining(Training):
     """Geo mode: a local copy trained, its differences pushed every
     `geo_steps` mini-batches and at the window's end."""
 
-    def __init__(
-        self,
-        client: PSClient,
-        model: Model,
-        stats: TrainingStats,
-        mini_batch: int,
-        *,
-        geo_steps: int,
-        max_rows: int,
-        scale: Callable[[], float],
-    ) -> None:
-        super().__init__(client, model, stats, mini_batch)
-        self.geo_steps = geo_steps
-        self.copy = GeoCopy(model.tables(), max_rows=max_rows)
-        self.scale = scale
-        """What the differences are scaled by, read at each window's start."""
+    geo_steps: int
+    max_rows: InitVar[int]
+    """Rows the local copy holds at most (`GeoCopy`)."""
+    scale: Callable[[], float]
+    """What the differences are scaled by, read at each window's start."""
+    copy: GeoCopy = field(init=False)
+
+    def __post_init__(self, max_rows: int) -> None:
+        self.copy = GeoCopy(self.model.tables(), max_rows=max_rows)
 
     def reset(self) -> None:
         self.copy.clear()
@@ -289,9 +279,7 @@ class GeoTraining(Training):
                 pulled = await per_table([self.client.pull(t, routed, for_push=False) for t in names])
                 rows = geo.take(plan.keys, rows, need, dict(zip(names, pulled)))
             weights = geo.weights(rows)
-            p = sigmoid(self.model.logits(sub, plan, weights))
-            seen.add(p, sub.labels)
-            grads = self.model.gradients(sub, plan, weights, (p - sub.labels) * sub.weights)
+            grads = self._learn(sub, plan, weights, seen)
             geo.train(rows, grads, plan.counts(sub.labels))
             ts = sub.ts[np.isfinite(sub.ts)]
             last_ts = max(last_ts, float(ts.max())) if ts.size else last_ts

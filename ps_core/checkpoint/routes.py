@@ -84,6 +84,11 @@ _SYNC_MEMBER = msgspec.json.Decoder(SyncMember)
 _SYNC_ARRIVE = msgspec.json.Decoder(SyncArrive)
 _MODEL = msgspec.json.Decoder(ModelDeclaration)
 
+_COORDINATED = web.RouteTableDef()
+"""The coordinator's routes."""
+_EXPORTED = web.RouteTableDef()
+"""The exporter's routes (with the coordinator's, on the shard hosting both)."""
+
 
 def _model_of(request: web.Request) -> str | None:
     """The ``model`` query parameter (None: the default model); 404
@@ -103,6 +108,7 @@ def _model_of(request: web.Request) -> str | None:
     return name
 
 
+@_COORDINATED.post("/v1/leases")
 async def acquire(request: web.Request) -> web.Response:
     body = await json_body(request, _LEASE)
     coordinator = request.app[COORDINATOR]
@@ -117,6 +123,7 @@ async def acquire(request: web.Request) -> web.Response:
     )
 
 
+@_COORDINATED.post("/v1/leases/release")
 async def release(request: web.Request) -> web.Response:
     body = await json_body(request, _RELEASE)
     # The model checked every key and offset; this turns partition keys into ints.
@@ -130,6 +137,7 @@ async def release(request: web.Request) -> web.Response:
     return json_response({"released": released})
 
 
+@_COORDINATED.get("/v1/offsets")
 async def offsets(request: web.Request) -> web.Response:
     model = _model_of(request)
     known, stream = request.app[COORDINATOR].offsets(model), request.app[COORDINATOR].stream_of(model)
@@ -141,11 +149,13 @@ async def offsets(request: web.Request) -> web.Response:
     )
 
 
+@_COORDINATED.post("/v1/sync/join")
 async def sync_join(request: web.Request) -> web.Response:
     body = await json_body(request, _SYNC_MEMBER)
     return json_response({"step": request.app[COORDINATOR].barrier.join(body.worker)})
 
 
+@_COORDINATED.post("/v1/sync/leave")
 async def sync_leave(request: web.Request) -> web.Response:
     body = await json_body(request, _SYNC_MEMBER)
     barrier = request.app[COORDINATOR].barrier
@@ -153,11 +163,13 @@ async def sync_leave(request: web.Request) -> web.Response:
     return json_response({"step": barrier.step})
 
 
+@_COORDINATED.post("/v1/sync/arrive")
 async def sync_arrive(request: web.Request) -> web.Response:
     body = await json_body(request, _SYNC_ARRIVE)
     return json_response({"step": await request.app[COORDINATOR].barrier.arrive(body.worker, body.deadline_s)})
 
 
+@_EXPORTED.post("/v1/exports")
 async def export_now(request: web.Request) -> web.Response:
     raw = await request.read()
     # No body is the exporter's schedule, as {} is.
@@ -165,28 +177,34 @@ async def export_now(request: web.Request) -> web.Response:
     return json_response(await request.app[EXPORTER].export_json(kind), status=201)
 
 
+@_EXPORTED.get("/v1/exports")
 async def list_exports(request: web.Request) -> web.Response:
     return json_response(request.app[EXPORTER].exports_json(_model_of(request)))
 
 
+@_EXPORTED.post("/v1/exports/compact")
 async def compact_exports(request: web.Request) -> web.Response:
     return json_response(await request.app[EXPORTER].compact(_model_of(request)))
 
 
+@_EXPORTED.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
     return json_response(request.app[EXPORTER].models_json())
 
 
+@_EXPORTED.get("/v1/models/{name}")
 async def get_model(request: web.Request) -> web.Response:
     return json_response(request.app[EXPORTER].model_json(request.match_info["name"]))
 
 
+@_EXPORTED.post("/v1/models")
 async def create_model(request: web.Request) -> web.Response:
     body = await json_body(request, _MODEL)
     out = await request.app[EXPORTER].create_model_json(msgspec.to_builtins(body))
     return json_response(out, status=201 if out["created"] else 200)
 
 
+@_EXPORTED.delete("/v1/models/{name}")
 async def delete_model(request: web.Request) -> web.Response:
     return json_response(await request.app[EXPORTER].delete_model(request.match_info["name"]))
 
@@ -195,21 +213,10 @@ def add_coordinator_routes(app: web.Application, coordinator: Coordinator, expor
     """Serve `coordinator` (and `exporter`, if any) from `app`, a shard app
     that has not started yet."""
     app[COORDINATOR] = coordinator
-    app.router.add_post("/v1/leases", acquire)
-    app.router.add_post("/v1/leases/release", release)
-    app.router.add_get("/v1/offsets", offsets)
-    app.router.add_post("/v1/sync/join", sync_join)
-    app.router.add_post("/v1/sync/leave", sync_leave)
-    app.router.add_post("/v1/sync/arrive", sync_arrive)
+    app.router.add_routes(_COORDINATED)
     if exporter is not None:
         app[EXPORTER] = exporter
-        app.router.add_post("/v1/exports", export_now)
-        app.router.add_get("/v1/exports", list_exports)
-        app.router.add_post("/v1/exports/compact", compact_exports)
-        app.router.add_get("/v1/models", list_models)
-        app.router.add_post("/v1/models", create_model)
-        app.router.add_get("/v1/models/{name}", get_model)
-        app.router.add_delete("/v1/models/{name}", delete_model)
+        app.router.add_routes(_EXPORTED)
 
 
 async def restore(request: web.Request) -> web.Response:

@@ -97,7 +97,7 @@ import struct
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import numpy as np
 import numpy.typing as npt
@@ -128,6 +128,7 @@ __all__ = [
     "decode",
     "encode_pull",
     "encode_push",
+    "PushFields",
     "encode_weights",
     "encode_ack",
     "encode_push_pull",
@@ -378,36 +379,35 @@ def encode_pull(
     )
 
 
+class PushFields(TypedDict, total=False):
+    """A push section's optional fields (`encode_push`, `encode_push_pull`)."""
+
+    counts: npt.NDArray[np.float32] | None
+    """Shows and clicks per key, (n, 2)."""
+    event_time: float
+    request_id: int
+    base_clock: int
+    """The table clock the gradients were computed at."""
+    dim: int | None
+    """Needed by quantized gradients."""
+    keys_ref: int
+    """The id of the remembered key set `keys` are, sent instead of the keys."""
+    compact: bool
+    """Narrow the counts."""
+
+
+def _push_section(push: PushFields) -> dict[str, Any]:
+    # `encode` calls the base clock `clock`, as every op that carries one does.
+    section: dict[str, Any] = dict(push)
+    section["clock"] = section.pop("base_clock", 0)
+    return section
+
+
 def encode_push(
-    table: str,
-    keys: npt.NDArray[np.uint64],
-    grads: npt.NDArray[np.float32] | Quantized,
-    *,
-    counts: npt.NDArray[np.float32] | None = None,
-    event_time: float = 0.0,
-    request_id: int = 0,
-    base_clock: int = 0,
-    dim: int | None = None,
-    keys_ref: int = 0,
-    compact: bool = False,
+    table: str, keys: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32] | Quantized, **push: Unpack[PushFields]
 ) -> bytes:
-    """A push request: keys, gradients (n, dim) and optional shows/clicks;
-    `base_clock`, the table clock the gradients were computed at.
-    Quantized gradients need their `dim`; `keys_ref` sends the id of the
-    remembered set `keys` are instead of the keys; `compact` narrows counts."""
-    return encode(
-        Op.PUSH,
-        table,
-        keys=keys,
-        values=grads,
-        dim=dim,
-        counts=counts,
-        event_time=event_time,
-        request_id=request_id,
-        clock=base_clock,
-        keys_ref=keys_ref,
-        compact=compact,
-    )
+    """A push request: keys, gradients (n, dim) and the `PushFields`."""
+    return encode(Op.PUSH, table, keys=keys, values=grads, **_push_section(push))
 
 
 def encode_weights(
@@ -437,23 +437,17 @@ def encode_push_pull(
     grads: npt.NDArray[np.float32] | Quantized,
     pull_keys: npt.NDArray[np.uint64],
     *,
-    counts: npt.NDArray[np.float32] | None = None,
-    event_time: float = 0.0,
-    request_id: int = 0,
-    base_clock: int = 0,
-    dim: int | None = None,
-    keys_ref: int = 0,
-    compact: bool = False,
     reply_vtype: int = 0,
     remember: bool = False,
+    **push: Unpack[PushFields],
 ) -> bytes:
-    """A push_pull request: push `keys` with `grads` (n, dim) and optional
-    shows/clicks (computed at table clock `base_clock`), then pull
+    """A push_pull request: push `keys` with `grads` (n, dim) and the
+    `PushFields`, then pull
     `pull_keys`. Either part may be empty; an empty push is skipped by the
     shard (its dim is not checked). `pull_keys` given as the very `keys`
     object is sent as flag bit 2, not as a second copy of the keys.
-    `dim`, `keys_ref` and `compact` as for `encode_push`; `reply_vtype` and
-    `remember` (under `request_id`) as for `encode_pull`."""
+    `reply_vtype` and `remember` (under `request_id`) as for `encode_pull`."""
+    counts = push.get("counts")
     rows = grads_rows = np.asarray(keys).size
     if not isinstance(grads, Quantized):
         g = np.asarray(grads)
@@ -473,15 +467,9 @@ def encode_push_pull(
         pull_keys=None if same else pull_keys,
         pull_pushed=same,
         values=grads,
-        dim=dim,
-        counts=counts,
-        event_time=event_time,
-        request_id=request_id,
-        clock=base_clock,
-        keys_ref=keys_ref,
-        compact=compact,
         reply_vtype=reply_vtype,
         remember=remember,
+        **_push_section(push),
     )
 
 

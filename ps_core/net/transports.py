@@ -293,7 +293,7 @@ class HttpTransport(ShardEndpoint):
         wire = self.wire
         if keys_ref:
             self.wire_stats.key_set_pushes += 1
-        common = {
+        common: codec.PushFields = {
             "counts": push.counts,
             "event_time": push.event_time,
             "request_id": push.request_id,
@@ -303,7 +303,7 @@ class HttpTransport(ShardEndpoint):
             "compact": wire.compact_counts,
         }
         if pull_keys is None:
-            return codec.encode_push(push.table, push.keys, grads, **common)  # type: ignore[arg-type]
+            return codec.encode_push(push.table, push.keys, grads, **common)
         return codec.encode_push_pull(
             push.table,
             push.keys,
@@ -311,7 +311,7 @@ class HttpTransport(ShardEndpoint):
             pull_keys,
             reply_vtype=wire.pull_type,
             remember=bool(remember),
-            **common,  # type: ignore[arg-type]
+            **common,
         )
 
     async def _keyed_request(
