@@ -40,10 +40,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-import orjson
 import uvloop
 from bench_worker import RunningWorkers, each_round, partitions_held, start_shards, stop_shards, wait_healthy
-from common import bench_parser, elapsed_s, progress_log
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from consumers.synthetic import SyntheticStream
 from consumers.training import AsyncTraining
@@ -375,7 +374,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     }
     log("aims: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in aims.items()))
     return {
-        "mode": "quick" if args.quick else "full",
+        "mode": bench_mode(args.quick),
         "events": n,
         "model": args.model,
         "mini_batch": args.mini_batch,
@@ -409,5 +408,4 @@ def parse_args() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    result = uvloop.run(main(parse_args()))
-    print(orjson.dumps(result).decode())
+    print_result(uvloop.run(main(parse_args())))

@@ -62,7 +62,7 @@ import numpy as np
 import orjson
 import uvloop
 from aiokafka import AIOKafkaProducer
-from common import elapsed_s, progress_log
+from common import bench_mode, elapsed_s, print_result, progress_log
 
 from app.cluster import end_broker_processes
 from app.logs import configure_logging
@@ -648,7 +648,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
     base = results.get("baseline")
     out: dict[str, Any] = {
-        "mode": "quick" if quick else "full",
+        "mode": bench_mode(quick),
         "parallel": bool(quick if args.parallel is None else args.parallel),
         "rate_events_per_s": cfg.rate,
         "window_s": cfg.window_s,
@@ -695,5 +695,4 @@ if __name__ == "__main__":
     par.add_argument("--parallel", action="store_true", default=None, help="run the drills at once")
     par.add_argument("--sequential", dest="parallel", action="store_false", help="one drill after the other")
     configure_logging("text", logging.WARNING)  # restarts and kills, not every start
-    result = uvloop.run(main(parser.parse_args()))
-    print(orjson.dumps(result).decode())
+    print_result(uvloop.run(main(parser.parse_args())))

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import json
 import os
 import shutil
 import statistics
@@ -50,7 +49,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from common import bench_parser, elapsed_s, progress_log
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from ps_core.checkpoint.export import latest_chain, restore_shards, write_version
 from ps_core.hashing import shard_of
@@ -356,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = args.rows or (2_000_000 if args.quick else 10_000_000)
     if n < 2 * CHANGED:
         parser.error(f"--rows must be at least {2 * CHANGED}")
-    mode = "quick" if args.quick else "full"
+    mode = bench_mode(args.quick)
     root = Path(tempfile.mkdtemp(prefix="bench_export-", dir=args.dir))
     fs = fs_type(root)
     log(
@@ -456,8 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if n < 10_000_000:
         print(f"  ({mode} mode: {n:,} rows, not 10M; the aim is checked scaled to 10M)")
-    print(json.dumps(result))
-    return 0
+    return print_result(result)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ object with the figures.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import multiprocessing as mp
 import shutil
@@ -54,7 +53,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import orjson
-from common import bench_parser, elapsed_s, progress_log
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from app.api import ApiServer
 from app.follower import Follower, model_of_exports
@@ -276,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The probe meets 503 until the first version is loaded: not news here.
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("ctrps.api").setLevel(logging.ERROR)
-    mode = "quick" if args.quick else "full"
+    mode = bench_mode(args.quick)
     rows = args.rows or (1_000_000 if args.quick else 5_000_000)
     changed = args.changed or (100_000 if args.quick else 500_000)
     deltas = args.deltas or (20 if args.quick else 40)
@@ -319,8 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{run['base_raw_np_load_ms']:.0f} ms: {run['base_load_ratio_vs_raw']:.1f}x; vs np.load + one index "
             f"insert {run['base_np_load_index_ms']:.0f} ms: {run['base_load_ratio_vs_np_load_index']:.2f}x"
         )
-    print(json.dumps(result))
-    return 0
+    return print_result(result)
 
 
 if __name__ == "__main__":

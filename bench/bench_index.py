@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from common import bench_parser, elapsed_s, progress_log
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from ps_core.store.index import KeyIndex
 from ps_core.store.lifecycle import Lifecycle
@@ -432,8 +432,7 @@ def run_rss_probe(kind: str, sample: int, seed: int) -> int:
     rss0 = rss_bytes()
     d = build_dict(sample_keys, build)
     rss = rss_bytes() - rss0
-    print(json.dumps({"kind": kind, "keys": len(d), "rss_bytes": rss}))
-    return 0
+    return print_result({"kind": kind, "keys": len(d), "rss_bytes": rss})
 
 
 def bench_dict_memory(keys: U64, sample: int, seed: int) -> tuple[DictMemory, DictMemory]:
@@ -535,7 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--dict-sample must be at least {BATCH}")
         sz = Sizes(**{**sz.__dict__, "dict_sample": args.dict_sample})
     sample = min(sz.dict_sample, sz.keys)
-    mode = "quick" if args.quick else "full"
+    mode = bench_mode(args.quick)
     log(
         f"mode {mode}: N={sz.keys:,} keys, batches of {BATCH:,}, dict memory sample {sample:,}; "
         f"numpy {np.__version__}, Python {sys.version.split()[0]}"
@@ -622,8 +621,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if sample < n:
         print(f"  (dict memory extrapolated per feature from a {sample:,}-key sample)")
-    print(json.dumps(result, sort_keys=False))
-    return 0
+    return print_result(result)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ import numpy as np
 import orjson
 import uvloop
 from aiokafka import AIOKafkaProducer
-from common import bench_parser, elapsed_s, progress_log
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -302,7 +302,7 @@ def summarize(
         f"{'run':8} {'rows':>9} {'x base':>7} {'MB table':>9} {'peak RSS':>9} {'logloss':>9} {'x base':>7} "
         f"{'auc':>7} {'events/s':>9} {'x base':>7}"
     )
-    out: dict[str, Any] = {"bench": "lifecycle", "mode": "quick" if args.quick else "full", "events": args.events}
+    out: dict[str, Any] = {"bench": "lifecycle", "mode": bench_mode(args.quick), "events": args.events}
     out.update({f"tail_{k}": v for k, v in tail.items()})
     for name, r in runs.items():
         rows_ratio = r["rows"] / max(1, base["rows"])
@@ -380,7 +380,8 @@ def parse_args() -> Any:
 if __name__ == "__main__":
     ARGS = parse_args()
     if ARGS.child is not None:
-        result = uvloop.run(run_one(ARGS.bootstrap, ARGS.topic, ARGS.events, json.loads(ARGS.child), ARGS.evict_every))
-        print(json.dumps(result))
+        print_result(
+            uvloop.run(run_one(ARGS.bootstrap, ARGS.topic, ARGS.events, json.loads(ARGS.child), ARGS.evict_every))
+        )
     else:
-        print(json.dumps(uvloop.run(main(ARGS))))
+        print_result(uvloop.run(main(ARGS)))

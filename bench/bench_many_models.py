@@ -25,13 +25,12 @@ Run: ``python bench/bench_many_models.py [--quick]``; the last line is JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import numpy as np
 import uvloop
 from bench_worker import local_clients, preload, worker_rate
-from common import elapsed_s, progress_log
+from common import bench_mode, elapsed_s, print_result, progress_log
 
 from consumers.broker import EmbeddedBroker, create_topics
 
@@ -78,7 +77,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             f"ratio {b * k / a:.2f}"
         )
         return {
-            "mode": "quick" if args.quick else "full",
+            "mode": bench_mode(args.quick),
             "events": n,
             "models": k,
             "rounds": rounds,
@@ -101,4 +100,4 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="100k events, one round (under a minute)")
     parser.add_argument("--seed", type=int, default=0)
-    print(json.dumps(uvloop.run(main(parser.parse_args()))))
+    print_result(uvloop.run(main(parser.parse_args())))

@@ -34,13 +34,12 @@ events, ~15 s; full: 200k events, ~30 s). The last line is JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
-from common import elapsed_s, progress_log
+from common import bench_mode, elapsed_s, print_result, progress_log
 
 from consumers.synthetic import SyntheticStream
 from ps_core.model.hasher import FeatureHasher
@@ -107,7 +106,7 @@ def main(args: argparse.Namespace) -> dict[str, object]:
     x = batch.values.astype(np.float64)
     y = batch.labels.astype(np.float64)
     offsets = batch.offsets.astype(np.int64)
-    out: dict[str, object] = {"mode": "quick" if args.quick else "full", "events": int(y.size)}
+    out: dict[str, object] = {"mode": bench_mode(args.quick), "events": int(y.size)}
     losses: dict[str, float] = {}
     for name, (mb, rule) in RULES.items():
         t0 = time.perf_counter()
@@ -143,4 +142,4 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="60k events (about 15 s)")
     parser.add_argument("--events", type=int, help="events of the stream (default 200k, --quick 60k)")
     parser.add_argument("--seed", type=int, default=0)
-    print(json.dumps(main(parser.parse_args())))
+    print_result(main(parser.parse_args()))

@@ -37,7 +37,6 @@ the baseline, and, as the last line of stdout, one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -47,6 +46,7 @@ from typing import Annotated, Any
 import jsonschema_rs
 import msgspec
 import orjson
+from common import bench_mode, print_result
 
 from app.openapi import Event, PredictRequest, openapi_document, predict_decoder
 from ps_core.model.hasher import FeatureHasher
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = 0.1 if args.quick else 0.5
     fns = candidates()
     hasher = FeatureHasher("ctr")
-    result: dict[str, Any] = {"bench": "models", "mode": "quick" if args.quick else "full"}
+    result: dict[str, Any] = {"bench": "models", "mode": bench_mode(args.quick)}
     for n in SIZES:
         raw = body(n, args.seed + n)
         events = baseline(raw)
@@ -181,8 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if name not in ("baseline", "featurize"):
                 result[f"{name}_over_baseline_ratio_{n}_events"] = round(us / base, 3)
         result[f"body_bytes_{n}_events"] = len(raw)
-    print(json.dumps(result))
-    return 0
+    return print_result(result)
 
 
 if __name__ == "__main__":

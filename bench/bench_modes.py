@@ -39,7 +39,6 @@ import uuid
 from typing import Any
 
 import numpy as np
-import orjson
 import uvloop
 from bench_worker import (
     PARTITIONS,
@@ -51,7 +50,7 @@ from bench_worker import (
     stop_shards,
     wait_healthy,
 )
-from common import bench_parser, elapsed_s, progress_log
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from consumers.worker import WindowReport, Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
@@ -225,7 +224,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         + f"; async staleness mean {a['staleness_mean']:.2f}, p99 <= {a['staleness_p99']}"
     )
     return {
-        "mode": "quick" if args.quick else "full",
+        "mode": bench_mode(args.quick),
         "events": n,
         "model": args.model,
         "workers": 2,
@@ -256,5 +255,4 @@ if __name__ == "__main__":
     parsed = parser.parse_args()
     if parsed.rounds is None:
         parsed.rounds = 1 if parsed.quick else 3
-    result = uvloop.run(main(parsed))
-    print(orjson.dumps(result).decode())
+    print_result(uvloop.run(main(parsed)))

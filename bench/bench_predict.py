@@ -70,7 +70,7 @@ import numpy as np
 import orjson
 import uvloop
 from aiohttp import web
-from common import progress_log
+from common import bench_mode, print_result, progress_log
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -545,7 +545,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             stop(servers)
     out: dict[str, Any] = {
         "bench": "predict",
-        "mode": "quick" if args.quick else "full",
+        "mode": bench_mode(args.quick),
         "loadgen": loadgen,
         "connections": args.connections,
         "run_s": seconds,
@@ -606,9 +606,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         uvloop.run(serve(args.serve, args.port, args.shard_url, args.lifetime, args.tls_dir))
         return 0
     if args.loadgen_child:
-        result = uvloop.run(_python_load(args.loadgen_child, args.bodies, args.connections, args.seconds))
-        print(json.dumps(result))
-        return 0
+        return print_result(uvloop.run(_python_load(args.loadgen_child, args.bodies, args.connections, args.seconds)))
     out = uvloop.run(bench(args))
     print()
     print(f"single-event predict at {out['connections']} connections ({out['loadgen']}):")
@@ -636,7 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  {name:9} p50 {out[f'batch_{name}_p50_ms']:.2f} ms  p99 {out[f'batch_{name}_p99_ms']:.2f} ms"
             + (f" (aim p50 <= {AIM_BATCH_P50_MS:.0f} ms)" if name != "bare" else "")
         )
-    print(json.dumps(out))
+    print_result(out)
     return 0 if out["errors"] == 0 else 1
 
 

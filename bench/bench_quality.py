@@ -38,8 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
-from common import bench_parser, elapsed_s, progress_log
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from consumers.formats import iter_file
 from consumers.synthetic import SyntheticStream
@@ -201,7 +200,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         aims[stream_name] = a
         log(f"{stream_name}: " + ", ".join(f"{k} {_shown(v)}" for k, v in a.items()))
     return {
-        "mode": "quick" if args.quick else "full",
+        "mode": bench_mode(args.quick),
         "events": {k: len(v) for k, v in data.items()},
         "results": results,
         "aims": aims,
@@ -234,5 +233,4 @@ def parse_args() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    out = main(parse_args())
-    print(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    print_result(main(parse_args()))

@@ -62,7 +62,6 @@ stdout, one JSON object with the figures. The shard servers are always stopped
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import ssl
@@ -79,7 +78,7 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 import uvloop
-from common import bench_parser, elapsed_s, progress_log
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from ps_core.checkpoint.control import ControlClient  # noqa: E402
 from ps_core.hashing import shard_of
@@ -723,7 +722,7 @@ async def run(cfg: Config) -> dict[str, Any]:
 
     head = DISTS[0]
     out: dict[str, Any] = {
-        "mode": "quick" if cfg.quick else "full",
+        "mode": bench_mode(cfg.quick),
         "keys_per_request": cfg.keys_per_request,
         "num_shards": cfg.num_shards,
         "pool_keys": int(work.pool.size),
@@ -797,7 +796,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         minibatch_rounds=mb_rounds,
     )
     log(
-        f"mode {'quick' if cfg.quick else 'full'}: {cfg.rounds} rounds (+{cfg.warmup} warm-up) "
+        f"mode {bench_mode(cfg.quick)}: {cfg.rounds} rounds (+{cfg.warmup} warm-up) "
         f"per distribution, {cfg.keys_per_request:,} keys/request, {cfg.num_shards} shards, "
         f"pool {cfg.pool_size:,}; {os.cpu_count()} CPUs, uvloop"
     )
@@ -848,8 +847,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  aim: HTTP round trip p50 <= {AIM_HTTP_ROUND_TRIP_P50_MS:.0f} ms: "
         f"{'met' if result['aim_http_round_trip_p50_met'] else 'NOT met'}"
     )
-    print(json.dumps(result))
-    return 0
+    return print_result(result)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import numpy as np
 import orjson
 import uvloop
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from common import elapsed_s, progress_log
+from common import bench_mode, elapsed_s, print_result, progress_log
 
 from consumers.broker import EmbeddedBroker, create_topics, free_port
 from consumers.synthetic import SyntheticStream, bayes_logloss
@@ -452,7 +452,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             f"second half {progressive_late:.4f} vs {bayes_late:.4f}"
         )
         return {
-            "mode": "quick" if args.quick else "full",
+            "mode": bench_mode(args.quick),
             "events": n,
             "partitions": PARTITIONS,
             "window_events": window,
@@ -498,5 +498,4 @@ if __name__ == "__main__":
     parsed = parser.parse_args()
     if parsed.rounds is None:
         parsed.rounds = 1 if parsed.quick else 3
-    result = uvloop.run(main(parsed))
-    print(orjson.dumps(result).decode())
+    print_result(uvloop.run(main(parsed)))

@@ -1,17 +1,19 @@
 """What every benchmark shares: its command line's common part (``--quick``,
 which ``make bench-quick`` runs, and the promise of a JSON last line),
-progress lines on stderr stamped with the seconds since it started, and
-those seconds for its final JSON line."""
+progress lines on stderr stamped with the seconds since it started, those
+seconds and the run's mode for its figures, and the JSON last line itself."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["bench_parser", "elapsed_s", "progress_log"]
+__all__ = ["bench_mode", "bench_parser", "elapsed_s", "print_result", "progress_log"]
 
 _T0 = time.perf_counter()  # the benchmark's start: this module is imported first
 
@@ -19,6 +21,27 @@ _T0 = time.perf_counter()  # the benchmark's start: this module is imported firs
 def elapsed_s() -> float:
     """Seconds since the benchmark started."""
     return time.perf_counter() - _T0
+
+
+def bench_mode(quick: bool) -> str:
+    """The run's mode, as its JSON figures and progress lines name it:
+    ``"quick"`` (``--quick``) or ``"full"``."""
+    return "quick" if quick else "full"
+
+
+def _plain(value: Any) -> Any:
+    """A numpy array or scalar in `print_result`'s figures as plain Python (json knows neither)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def print_result(result: Mapping[str, Any]) -> int:
+    """Print `result` as the benchmark's last stdout line, one JSON object
+    (numpy values as plain numbers and lists). Returns 0, the exit status of a
+    run that got this far."""
+    print(json.dumps(result, default=_plain), flush=True)
+    return 0
 
 
 def progress_log(name: str) -> Callable[[str], None]:

@@ -1,19 +1,51 @@
 """Child processes in tests: ``ctrps`` run as a user would (started in the
-project's root, without the test run's own CTRPS_ settings), and whether a
-process has ended."""
+project's root, without the test run's own CTRPS_ settings), a command's
+``--help`` checked, and whether a process has ended."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-__all__ = ["PROJECT", "ctrps_process", "pid_gone"]
+__all__ = ["PROJECT", "assert_help_shows", "clean_env", "ctrps", "ctrps_process", "pid_gone"]
 
 PROJECT = Path(__file__).resolve().parent.parent
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without CTRPS_* variables, plus `extra` (and
+    PYTHONUNBUFFERED: a child's lines reach its files as it writes them)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
+    env.update(extra, PYTHONUNBUFFERED="1")
+    return env
+
+
+def ctrps(*args: str) -> subprocess.CompletedProcess[str]:
+    """``ctrps ARGS`` run to its end (30 s at most) in `clean_env`, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=PROJECT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def assert_help_shows(command: str, example: str, flags: Iterable[str]) -> None:
+    """``ctrps COMMAND --help`` exits 0 and shows its usage, an ``examples:``
+    section with `example`, and every one of `flags`."""
+    out = ctrps(command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert f"usage: ctrps {command}" in out.stdout and "examples:" in out.stdout, out.stdout
+    assert example in out.stdout, (example, out.stdout)
+    for flag in flags:
+        assert flag in out.stdout, (flag, out.stdout)
 
 
 @asynccontextmanager

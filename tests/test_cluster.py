@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
-from commands import pid_gone
+from commands import PROJECT, assert_help_shows, clean_env, ctrps, pid_gone
 from jsonlog import read_json_lines
 from waiting import until
 
@@ -30,22 +30,6 @@ from ps_core.hashing import shard_of
 from ps_core.model.hasher import FeatureHasher
 from ps_core.net.auth import Scope, derive_token
 
-PROJECT = Path(__file__).resolve().parent.parent
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without CTRPS_* variables, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
-    env.update(extra, PYTHONUNBUFFERED="1")
-    return env
-
-
-def ctrps(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=PROJECT, env=clean_env(), capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-
 
 def cluster_args(*flags: str) -> Any:
     return build_parser().parse_args(["cluster", *flags])
@@ -55,22 +39,21 @@ def cluster_args(*flags: str) -> Any:
 
 
 def test_cluster_help_shows_an_example() -> None:
-    out = ctrps("cluster", "--help")
-    assert out.returncode == 0, out.stderr
-    assert "usage: ctrps cluster" in out.stdout and "examples:" in out.stdout
-    assert "ctrps cluster --shards 4 --workers 3" in out.stdout
-    for flag in (
-        "--shards",
-        "--workers",
-        "--port",
-        "--produce-rate",
-        "--no-produce",
-        "--duration",
-        "--max-restarts",
-        "--restart-backoff",
-        "--restart-window",
-    ):
-        assert flag in out.stdout
+    assert_help_shows(
+        "cluster",
+        "ctrps cluster --shards 4 --workers 3",
+        (
+            "--shards",
+            "--workers",
+            "--port",
+            "--produce-rate",
+            "--no-produce",
+            "--duration",
+            "--max-restarts",
+            "--restart-backoff",
+            "--restart-window",
+        ),
+    )
 
 
 def test_cluster_settings_defaults_env_and_flags() -> None:

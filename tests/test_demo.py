@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from commands import PROJECT, assert_help_shows, clean_env
 
 from app.api import ApiServer
 from app.cli import build_parser
@@ -26,15 +26,6 @@ from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard
 
-PROJECT = Path(__file__).resolve().parent.parent
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without CTRPS_* variables, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
-    env.update(extra, PYTHONUNBUFFERED="1")
-    return env
-
 
 def demo_args(*flags: str) -> Any:
     return build_parser().parse_args(["demo", *flags])
@@ -44,15 +35,9 @@ def demo_args(*flags: str) -> Any:
 
 
 def test_demo_help_shows_an_example() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "app.cli", "demo", "--help"],
-        cwd=PROJECT, env=clean_env(), capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    assert "usage: ctrps demo" in out.stdout and "examples:" in out.stdout
-    assert "ctrps demo --duration 60 --port 0" in out.stdout
-    for flag in ("--duration", "--port", "--shards", "--rate", "--log-format"):
-        assert flag in out.stdout
+    assert_help_shows(
+        "demo", "ctrps demo --duration 60 --port 0", ("--duration", "--port", "--shards", "--rate", "--log-format")
+    )
 
 
 def test_demo_settings_defaults_env_and_flags() -> None:
