@@ -1278,7 +1278,9 @@ class Worker:
             stream = self.stream() if committed else None
             # One window trained every model: its offsets are each model's.
             also = [a.model.name for a in self.also] if self.model_key is not None else []
-            if not await self.control.release_lease(lease_id, committed, stream, self.model_key, also=also):
+            if not await self.control.release_lease(
+                lease_id, committed, stream=stream, model=self.model_key, also=also
+            ):
                 log.warning("lease expired", extra={"fields": {"lease": lease_id}})
         except PSError as exc:
             # The window is committed (or failed); a cut gives up on the lease

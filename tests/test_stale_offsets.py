@@ -124,15 +124,15 @@ async def test_the_coordinator_drops_the_old_streams_offsets_when_workers_report
     old, new = StreamIdentity("cluster-a", "g", ("clicks",)), StreamIdentity("cluster-b", "g", ("clicks",))
     async with ControlClient.connect(urls) as control:
         lease = (await control.acquire_lease("w1")).lease_id
-        await control.release_lease(lease, {"clicks": {0: 900, 1: 800}}, old)
+        await control.release_lease(lease, {"clicks": {0: 900, 1: 800}}, stream=old)
         assert await control.coordinator_resume() == ({"clicks": {0: 900, 1: 800}}, old)
         # A release without offsets says nothing of the stream.
         lease = (await control.acquire_lease("w1")).lease_id
-        await control.release_lease(lease, {}, new)
+        await control.release_lease(lease, {}, stream=new)
         assert (await control.coordinator_resume()).stream == old
         with caplog.at_level(logging.WARNING, logger="ctrps.coordinator"):
             lease = (await control.acquire_lease("w2")).lease_id
-            await control.release_lease(lease, {"clicks": {0: 40}}, new)
+            await control.release_lease(lease, {"clicks": {0: 40}}, stream=new)
         point = await control.coordinator_resume()
         assert point == ({"clicks": {0: 40}}, new)  # partition 1's offset was the old stream's
         assert await control.coordinator_offsets() == {"clicks": {0: 40}}
@@ -337,7 +337,9 @@ async def test_the_worker_process_refuses_stale_offsets_with_exit_code_4(
     async with ControlClient.connect(urls) as control:
         # What a worker of another cluster left with the coordinator.
         lease = (await control.acquire_lease("elsewhere")).lease_id
-        await control.release_lease(lease, {topic: {0: 40, 1: 40}}, StreamIdentity("other-cluster", "ctrps", (topic,)))
+        await control.release_lease(
+            lease, {topic: {0: 40, 1: 40}}, stream=StreamIdentity("other-cluster", "ctrps", (topic,))
+        )
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "app.cli", "worker", "--bootstrap", kafka_bootstrap, "--shards", ",".join(urls),
         "--topic", topic, "--on-stale-offsets", "fail", "--decode-processes", "0",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ssl as ssl_
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypedDict, Unpack
 from urllib.parse import quote
 
 import aiohttp
@@ -37,6 +37,7 @@ __all__ = [
     "LocalControl",
     "LeaseGrant",
     "ResumePoint",
+    "ReleaseFields",
     "ExportService",
 ]
 
@@ -67,6 +68,17 @@ def _resume_point(got: Any) -> ResumePoint:
     except ValueError as exc:
         raise LeaseError(f"bad stream in the coordinator's answer: {exc}") from None
     return ResumePoint(parse_offsets(got["offsets"]), stream)
+
+
+class ReleaseFields(TypedDict, total=False):
+    """What a lease's release may say beside its offsets."""
+
+    stream: StreamIdentity | None
+    """Where the offsets were read (cluster, group, topics)."""
+    model: str | None
+    """The model the offsets are of (None: the default model)."""
+    also: Sequence[str]
+    """Models the same window trained, whose offsets these are too."""
 
 
 class ExportService(Protocol):
@@ -115,14 +127,7 @@ class ShardControl(Protocol):
 
     async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant: ...
 
-    async def release_lease(
-        self,
-        lease_id: int,
-        offsets: Offsets,
-        stream: StreamIdentity | None = None,
-        model: str | None = None,
-        also: Sequence[str] = (),
-    ) -> bool: ...
+    async def release_lease(self, lease_id: int, offsets: Offsets, **named: Unpack[ReleaseFields]) -> bool: ...
 
     async def coordinator_offsets(self, model: str | None = None) -> Offsets: ...
 
@@ -210,19 +215,12 @@ class LocalControl:
         lease = await self._coordinator().acquire(worker, wait_s)
         return LeaseGrant(lease.lease_id, lease.epoch)
 
-    async def release_lease(
-        self,
-        lease_id: int,
-        offsets: Offsets,
-        stream: StreamIdentity | None = None,
-        model: str | None = None,
-        also: Sequence[str] = (),
-    ) -> bool:
+    async def release_lease(self, lease_id: int, offsets: Offsets, **named: Unpack[ReleaseFields]) -> bool:
         if self.exporter is not None:
-            for name in (model, *also):
+            for name in (named.get("model"), *named.get("also", ())):
                 if name is not None:
                     self.exporter.model_json(name)  # unknown_model, as over HTTP
-        return await self._coordinator().release(lease_id, offsets, stream, model, also)
+        return await self._coordinator().release(lease_id, offsets, **named)
 
     async def coordinator_offsets(self, model: str | None = None) -> Offsets:
         return self._coordinator().offsets(model)
@@ -350,23 +348,16 @@ class HttpControl(ShardEndpoint):
         got = await self._coordinator_request("POST", "/v1/leases", {"worker": worker, "wait_s": wait_s})
         return LeaseGrant(int(got["lease_id"]), str(got["epoch"]))
 
-    async def release_lease(
-        self,
-        lease_id: int,
-        offsets: Offsets,
-        stream: StreamIdentity | None = None,
-        model: str | None = None,
-        also: Sequence[str] = (),
-    ) -> bool:
+    async def release_lease(self, lease_id: int, offsets: Offsets, **named: Unpack[ReleaseFields]) -> bool:
         body: dict[str, Any] = {
             "lease_id": lease_id,
             "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()},
         }
-        if stream is not None:
+        if (stream := named.get("stream")) is not None:
             body["stream"] = stream.to_dict()
-        if model is not None:
+        if (model := named.get("model")) is not None:
             body["model"] = model
-        if also:
+        if also := named.get("also"):
             body["also"] = list(also)
         return bool((await self._coordinator_request("POST", "/v1/leases/release", body))["released"])
 
@@ -533,18 +524,10 @@ class ControlClient(ShardGroup[ShardControl]):
         (once, whoever asks first); returns the keys updated."""
         return sum(await fan_out([t.sync_apply(step) for t in self.shards]))
 
-    async def release_lease(
-        self,
-        lease_id: int,
-        offsets: Offsets,
-        stream: StreamIdentity | None = None,
-        model: str | None = None,
-        also: Sequence[str] = (),
-    ) -> bool:
-        """End a lease with the offsets its window committed, read from
-        `stream`, as `model`'s (None: the default model's) and each of `also`'s
-        (models the same window trained); False if it had expired."""
-        return await self.shards[0].release_lease(lease_id, offsets, stream, model, also)
+    async def release_lease(self, lease_id: int, offsets: Offsets, **named: Unpack[ReleaseFields]) -> bool:
+        """End a lease with the offsets its window committed (and the
+        `ReleaseFields`); False if it had expired."""
+        return await self.shards[0].release_lease(lease_id, offsets, **named)
 
     async def coordinator_offsets(self, model: str | None = None) -> Offsets:
         """The coordinator's committed offsets of `model`: where its workers resume after a restore."""

@@ -487,14 +487,7 @@ def encode_push_pull_reply(
     weights (m, dim) in the order of its keys, read at table clock `clock`.
     Quantized weights need `rows` and `dim`."""
     return encode(
-        Op.PUSH_PULL_REPLY,
-        table,
-        values=weights,
-        version=version,
-        applied=applied,
-        clock=clock,
-        count=rows,
-        dim=dim,
+        Op.PUSH_PULL_REPLY, table, values=weights, version=version, applied=applied, clock=clock, count=rows, dim=dim
     )
 
 
