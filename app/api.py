@@ -28,7 +28,8 @@ served version and the follow state, ``/readyz`` waits for a loaded version,
 and mutating routes answer 409 ``read_only_replica``.
 
 Errors are ``{"error": code, "detail": reason}``, mapped from typed errors
-(`app.errors`, `ps_core.errors`) in one middleware; handlers do not catch.
+(`app.errors`, `ps_core.errors`) in one place, the wrapper of every route;
+handlers do not catch.
 """
 
 from __future__ import annotations
@@ -196,29 +197,54 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
     return _error(exc.reason.lower().replace(" ", "_"), exc.text or exc.reason, exc.status)
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Map typed errors to JSON error bodies (the one place that does) and
-    count every request by route and status."""
-    try:
-        resp = await handler(request)
-    except PSError as exc:
-        resp = _ps_error(exc)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        resp = _http_error(request, exc)
-    except Exception as exc:
-        log.exception("unhandled error", extra={"fields": {"path": request.path}})
-        resp = _error("internal", f"{type(exc).__name__}: {exc}", 500)
+def _answering(handler: Handler, route: str, guard: PortGuard | None, count: Callable[[str, int], None]) -> Handler:
+    """`handler` as the API serves it: its port's deadlines (given `guard`),
+    typed errors mapped to JSON error bodies (the one place that does), and
+    each request counted by `route` and status (`count`).
+
+    One coroutine per route, not aiohttp middlewares: their machinery adds
+    two frames per request, about 2 µs of a single-event predict's ~70
+    (`bench/bench_predict.py`)."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        conn = None if guard is None else guard.begin(request)
+        try:
+            called = handler
+            if guard is not None and guard.body_pending(request):
+                # A body that times out reaches the mapping below as the same 408.
+                called = await guard.read_body(request, handler)
+            try:
+                resp = await called(request)
+            except PSError as exc:
+                resp = _ps_error(exc)
+            except web.HTTPException as exc:
+                if exc.status < 400:
+                    raise
+                resp = _http_error(request, exc)
+            except Exception as exc:
+                log.exception("unhandled error", extra={"fields": {"path": request.path}})
+                resp = _error("internal", f"{type(exc).__name__}: {exc}", 500)
+            count(route, resp.status)
+            if resp.status >= 500 and isinstance(resp, web.Response) and route != "/readyz":
+                # /readyz logs its own changes of state (`_note_readiness`): a probe
+                # polls it every few seconds, and each 503 is the same news.
+                _log_server_error(request.app, route, resp)
+            return resp
+        finally:
+            if guard is not None:
+                guard.end(conn)
+
+    return answer
+
+
+async def _not_found(request: web.Request) -> web.Response:
+    raise web.HTTPNotFound()
+
+
+async def _not_allowed(request: web.Request) -> web.Response:
     resource = request.match_info.route.resource
-    route = resource.canonical if resource is not None else "unmatched"
-    request.app[METRICS].count_request(route, resp.status)
-    if resp.status >= 500 and isinstance(resp, web.Response) and route != "/readyz":
-        # /readyz logs its own changes of state (`_note_readiness`): a probe
-        # polls it every few seconds, and each 503 is the same news.
-        _log_server_error(request.app, route, resp)
-    return resp
+    allowed = {r.method for r in resource or ()} - {"*", "HEAD"}
+    raise web.HTTPMethodNotAllowed(request.method, allowed)
 
 
 def _log_server_error(app: web.Application, route: str, resp: web.Response) -> None:
@@ -696,17 +722,19 @@ def create_app(
     follower: Follower | None = None,
     followers: Mapping[str, Follower] | None = None,
     discover: Discover | None = None,
+    guard: PortGuard | None = None,
 ) -> web.Application:
     """The API over the shards of `client`, serving `model`: a training
     cluster's with its `control` plane, or a serving replica of `follower`'s
-    exports (`client` is then ``follower.client``); one of the two.
+    exports (`client` is then ``follower.client``); one of the two. `guard`
+    holds the deadlines of the port it is served on (`ApiServer`'s).
 
     The caller keeps `client` and `control` (and closes them); the app only
     reads through them. The predictor's batching task and the dashboard's
     sampling task start and stop with the app; so does `follower`'s polling."""
     if (control is None) == (follower is None):
         raise ValueError("the API serves either a training cluster (control) or a replica (follower)")
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
+    app = web.Application(client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     if follower is not None:
         app[FOLLOWER] = follower
@@ -740,24 +768,30 @@ def create_app(
     app[_ERROR_LOG] = {}
     app[_READINESS] = [None]
     app.cleanup_ctx.append(_served_ctx)
-    app.router.add_get("/", dashboard)
-    app.router.add_get("/v1/history", history)
-    app.router.add_post("/v1/predict", predict)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_post("/v1/models", create_model)
-    app.router.add_delete("/v1/models/{name}", delete_model)
-    app.router.add_post("/v1/models/{name}/predict", model_predict)
-    app.router.add_post("/v1/weights", weights)
-    app.router.add_get("/v1/model", model_info)
-    app.router.add_get("/v1/status", list_statuses)
-    app.router.add_post("/v1/exports", export_now)
-    app.router.add_get("/v1/exports", list_exports)
-    app.router.add_post("/v1/exports/compact", compact_exports)
-    app.router.add_post("/v1/status", report_status)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/openapi.json", openapi)
+    # Each path's methods; any other method is 405, any other path 404
+    # (JSON, as every error: `_answering`).
+    routes: dict[str, dict[str, Handler]] = {
+        "/": {"GET": dashboard},
+        "/v1/history": {"GET": history},
+        "/v1/predict": {"POST": predict},
+        "/v1/models": {"GET": list_models, "POST": create_model},
+        "/v1/models/{name}": {"DELETE": delete_model},
+        "/v1/models/{name}/predict": {"POST": model_predict},
+        "/v1/weights": {"POST": weights},
+        "/v1/model": {"GET": model_info},
+        "/v1/status": {"GET": list_statuses, "POST": report_status},
+        "/v1/exports": {"GET": list_exports, "POST": export_now},
+        "/v1/exports/compact": {"POST": compact_exports},
+        "/healthz": {"GET": healthz},
+        "/readyz": {"GET": readyz},
+        "/metrics": {"GET": metrics},
+        "/openapi.json": {"GET": openapi},
+    }
+    for path, methods in routes.items():
+        head = {"HEAD": methods["GET"]} if "GET" in methods else {}
+        for method, handler in {**methods, **head, "*": _not_allowed}.items():
+            app.router.add_route(method, path, _answering(handler, path, guard, api_metrics.count_request))
+    app.router.add_route("*", "/{path:.*}", _answering(_not_found, "unmatched", guard, api_metrics.count_request))
     return app
 
 
@@ -790,10 +824,9 @@ class ApiServer:
         (`ps_core.net.tls.server_context`): serve HTTPS."""
         self.settings = settings
         self.ssl_context = ssl_context
-        self.app = create_app(settings, client, model, **sources)
         self.guard = PortGuard("api", settings.limits)
         """The port's limits and counters (connections, deadlines)."""
-        self.guard.install(self.app, around_first=True)
+        self.app = create_app(settings, client, model, guard=self.guard, **sources)
         self.handshakes = HandshakeFailures()
         """The port's refused TLS handshakes, by reason."""
         if ssl_context is not None:
