@@ -130,6 +130,7 @@ def _mix32(x: npt.NDArray[np.uint32], key: int) -> npt.NDArray[np.uint32]:
     return x
 
 
+@dataclass(eq=False)
 class SyntheticStream:
     """A deterministic (per seed) Criteo-like click stream; see the module docstring.
 
@@ -138,51 +139,44 @@ class SyntheticStream:
     returned so far.
     """
 
-    def __init__(
-        self,
-        seed: int = 0,
-        num_numeric: int = 13,
-        num_categorical: int = 26,
-        vocab: int = 10_000,
-        zipf_a: float = 1.2,
-        start_ts: float = 1_764_681_600.0,
-        events_per_s: float = 1000.0,
-        drift: float = 0.0,
-        base_ctr: float = 0.1,
-        fresh: float = 0.0,
-    ) -> None:
+    seed: int = 0
+    num_numeric: int = 13
+    num_categorical: int = 26
+    vocab: int = 10_000
+    zipf_a: float = 1.2
+    start_ts: float = 1_764_681_600.0
+    events_per_s: float = 1000.0
+    drift: float = 0.0
+    base_ctr: float = 0.1
+    fresh: float = 0.0
+
+    def __post_init__(self) -> None:
+        seed, num_numeric, num_categorical, vocab = self.seed, self.num_numeric, self.num_categorical, self.vocab
         if seed < 0:
             raise ValueError("seed must be >= 0")
         if num_numeric < 0 or num_categorical < 1:
             raise ValueError("need num_numeric >= 0 and num_categorical >= 1")
         if vocab < 1 or num_categorical * vocab >= 2**32:
             raise ValueError("vocab must be >= 1 and num_categorical * vocab < 2**32")
-        if zipf_a <= 0:
+        if self.zipf_a <= 0:
             raise ValueError("zipf_a must be > 0")
-        if events_per_s <= 0 or not math.isfinite(events_per_s):
+        if self.events_per_s <= 0 or not math.isfinite(self.events_per_s):
             raise ValueError("events_per_s must be a positive number")
-        if drift < 0:
+        if self.drift < 0:
             raise ValueError("drift must be >= 0")
-        if not 0.0 < base_ctr < 1.0:
+        if not 0.0 < self.base_ctr < 1.0:
             raise ValueError("base_ctr must be in (0, 1)")
-        if not 0.0 <= fresh < 1.0:
+        if not 0.0 <= self.fresh < 1.0:
             raise ValueError("fresh must be in [0, 1)")
-        self.seed = seed
-        self.num_numeric = num_numeric
-        self.num_categorical = num_categorical
-        self.vocab = vocab
-        self.zipf_a = zipf_a
-        self.start_ts = float(start_ts)
-        self.events_per_s = float(events_per_s)
-        self.drift = float(drift)
-        self.base_ctr = float(base_ctr)
-        self.fresh = float(fresh)
+        # Ints given for the rates are kept as floats.
+        for name in ("start_ts", "events_per_s", "drift", "base_ctr", "fresh"):
+            setattr(self, name, float(getattr(self, name)))
         self.num_names = [f"I{j + 1}" for j in range(num_numeric)]
         self.cat_names = [f"C{f + 1}" for f in range(num_categorical)]
 
         rng = np.random.default_rng([seed, 0x5EED])  # the model's own stream
         ranks = np.arange(vocab, dtype=np.float64)
-        pmf = (ranks + 1.0) ** -zipf_a
+        pmf = (ranks + 1.0) ** -self.zipf_a
         self._pmf: F64 = pmf / pmf.sum()
         self._cdf: F64 = np.cumsum(self._pmf)
         self._cdf[-1] = 1.0
