@@ -89,6 +89,8 @@ __all__ = [
 log = logging.getLogger("ctrps.shard.auth")
 
 SHARD = web.AppKey("shard", Shard)
+_ROUTES = web.RouteTableDef()
+"""A shard server's routes, declared beside their handlers (`create_shard_app`)."""
 RPC_PORT: web.AppKey[int | None] = web.AppKey("rpc_port")
 VERIFIER: web.AppKey[TokenVerifier | None] = web.AppKey("verifier")
 REFUSALS = web.AppKey("refusals", Refusals)
@@ -209,14 +211,17 @@ async def _frame(request: web.Request, op: int) -> web.Response:
     return web.Response(body=reply, content_type=FRAME_CONTENT_TYPE)
 
 
+@_ROUTES.post("/v1/pull")
 async def pull(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.PULL)
 
 
+@_ROUTES.post("/v1/push")
 async def push(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.PUSH)
 
 
+@_ROUTES.post("/v1/push_pull")
 async def push_pull(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.PUSH_PULL)
 
@@ -224,6 +229,7 @@ async def push_pull(request: web.Request) -> web.Response:
 _DECLARATION = msgspec.json.Decoder(TableDeclaration)
 
 
+@_ROUTES.post("/v1/tables")
 async def declare_table(request: web.Request) -> web.Response:
     body = await json_body(request, _DECLARATION, TableConfigError)
     # Unset fields are left out, so the table's defaults fill them in.
@@ -236,6 +242,7 @@ async def declare_table(request: web.Request) -> web.Response:
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
+@_ROUTES.delete("/v1/tables/{name}")
 async def drop_table(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if not _TABLE_NAME.fullmatch(name):
@@ -243,6 +250,7 @@ async def drop_table(request: web.Request) -> web.Response:
     return json_response({"dropped": request.app[SHARD].drop(name)})
 
 
+@_ROUTES.get("/v1/tables")
 async def list_tables(request: web.Request) -> web.Response:
     shard = request.app[SHARD]
     return json_response({name: t.config.to_dict() for name, t in shard.tables.items()})
@@ -266,6 +274,7 @@ async def json_body(
     return models.decode(decoder, await request.read(), error)
 
 
+@_ROUTES.post("/v1/status")
 async def report_status(request: web.Request) -> web.Response:
     raw = await json_object(request, StatusError)
     # The shard checks the report again (a report in process comes that way only);
@@ -274,6 +283,7 @@ async def report_status(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].report_status(raw["source"], raw["status"]))
 
 
+@_ROUTES.get("/v1/status")
 async def list_statuses(request: web.Request) -> web.Response:
     return json_response({"statuses": request.app[SHARD].statuses()})
 
@@ -283,6 +293,7 @@ _ADMIT = msgspec.json.Decoder(Admit)
 _SYNC_STEP = msgspec.json.Decoder(SyncStep)
 
 
+@_ROUTES.post("/v1/snapshots")
 async def take_snapshot(request: web.Request) -> web.Response:
     body = await json_body(request, _SNAPSHOT)
     return json_response({"rows": request.app[SHARD].take_snapshot(body.version, body.parent)})
@@ -292,35 +303,43 @@ def _version(request: web.Request) -> int:
     return parse_int(request.match_info["version"], "version", maximum=MAX_VERSION)
 
 
+# No HEAD: a fetch hands the copies over once, and a HEAD would drop them unseen.
+@_ROUTES.get("/v1/snapshots/{version}", allow_head=False)
 async def fetch_snapshot(request: web.Request) -> web.Response:
     snaps = request.app[SHARD].pop_snapshot(_version(request))
     # Encoding is file-speed work on the event loop; cuts are minutes apart.
     return web.Response(body=codec.snapshots_to_bytes(snaps), content_type="application/octet-stream")
 
 
+@_ROUTES.delete("/v1/snapshots/{version}")
 async def drop_snapshot(request: web.Request) -> web.Response:
     return json_response({"dropped": request.app[SHARD].drop_snapshot(_version(request))})
 
 
+@_ROUTES.get("/v1/membership")
 async def membership(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].membership())
 
 
+@_ROUTES.post("/v1/membership/admit")
 async def admit(request: web.Request) -> web.Response:
     body = await json_body(request, _ADMIT)
     request.app[SHARD].admit(body.epoch, body.version)
     return json_response(request.app[SHARD].membership())
 
 
+@_ROUTES.post("/v1/sync/apply")
 async def apply_step(request: web.Request) -> web.Response:
     body = await json_body(request, _SYNC_STEP)
     return json_response({"applied": request.app[SHARD].apply_step(body.step)})
 
 
+@_ROUTES.get("/v1/stats")
 async def stats(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].stats())
 
 
+@_ROUTES.get("/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
     # Built per request from the router: shard 0's coordinator routes are
     # added after the app is created, and the document names only those served.
@@ -328,6 +347,7 @@ async def openapi(request: web.Request) -> web.Response:
     return json_response(shard_document(served))
 
 
+@_ROUTES.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
     spec = request.app[SHARD].spec
     return json_response(
@@ -361,24 +381,7 @@ def create_shard_app(
     app[REFUSALS] = refusals = refusals or Refusals(log)
     if verifier is not None:
         shard.extra_stats["auth"] = refusals.stats
-    app.router.add_post("/v1/pull", pull)
-    app.router.add_post("/v1/push", push)
-    app.router.add_post("/v1/push_pull", push_pull)
-    app.router.add_post("/v1/tables", declare_table)
-    app.router.add_get("/v1/tables", list_tables)
-    app.router.add_delete("/v1/tables/{name}", drop_table)
-    app.router.add_get("/v1/stats", stats)
-    app.router.add_post("/v1/status", report_status)
-    app.router.add_get("/v1/status", list_statuses)
-    app.router.add_post("/v1/snapshots", take_snapshot)
-    # No HEAD: a fetch hands the copies over once, and a HEAD would drop them unseen.
-    app.router.add_get("/v1/snapshots/{version}", fetch_snapshot, allow_head=False)
-    app.router.add_delete("/v1/snapshots/{version}", drop_snapshot)
-    app.router.add_get("/v1/membership", membership)
-    app.router.add_post("/v1/membership/admit", admit)
-    app.router.add_post("/v1/sync/apply", apply_step)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/openapi.json", openapi)
+    app.router.add_routes(_ROUTES)
     return app
 
 
