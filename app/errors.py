@@ -1,8 +1,8 @@
 """Typed errors of the HTTP API, in the style of `ps_core.errors`.
 
 Each is a `PSError`: a stable ``error`` code, an HTTP status and a detail; the
-API's one error middleware turns any `PSError` into ``{"error": code,
-"detail": reason}``. The split between statuses: 400 when the body is not the
+wrapper every API route is served through (`app.api`) turns any `PSError`
+into ``{"error": code, "detail": reason}``. The split between statuses: 400 when the body is not the
 request's shape (not JSON, not an object, wrong types, unknown or missing
 fields); 422 when it is, but its content cannot be used (no events, too many,
 an event that fails validation); 404 for an unknown route or model; 401 for a
