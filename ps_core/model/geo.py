@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..rows import put_rows
 from ..store.index import KeyIndex
 from ..store.optim import Optimizer, make_optimizer
 from ..store.table import TableConfig
@@ -137,15 +138,15 @@ class GeoCopy:
             self.counts[new_rows] = 0
         for name, opt in self.optimizers.items():
             w = np.ascontiguousarray(pulled[name], dtype=np.float32)
-            self.base[name][got] = w
+            put_rows(self.base[name], got, w)
             table = self.rows[name]
             if fresh.any():
-                table[got[fresh]] = opt.rows_from_weights(w[fresh])
+                put_rows(table, got[fresh], opt.rows_from_weights(w[fresh]))
             old = got[~fresh]
             if old.size:
-                block = table[old]
+                block = table.take(old, axis=0)
                 opt.set_weights(block, w[~fresh])
-                table[old] = block
+                put_rows(table, old, block)
         self.synced[got] = True
         self.pulled_keys += int(got.size)
         out = rows.copy()
@@ -155,7 +156,7 @@ class GeoCopy:
     def weights(self, rows: I64) -> dict[str, F32]:
         """Each table's current local weights (n, dim) of `rows`."""
         return {
-            name: np.ascontiguousarray(opt.weights(self.rows[name][rows], self.dims[name]))
+            name: np.ascontiguousarray(opt.weights(self.rows[name].take(rows, axis=0), self.dims[name]))
             for name, opt in self.optimizers.items()
         }
 
@@ -163,11 +164,11 @@ class GeoCopy:
         """One optimizer step on distinct `rows` with each table's gradients
         (summed per key), counting their shows and clicks."""
         for name, opt in self.optimizers.items():
-            block = self.rows[name][rows]
+            block = self.rows[name].take(rows, axis=0)
             opt.step(block, np.ascontiguousarray(grads[name], dtype=np.float32))
-            self.rows[name][rows] = block
+            put_rows(self.rows[name], rows, block)
         self.trained[rows] = True
-        self.counts[rows] += counts
+        put_rows(self.counts, rows, self.counts.take(rows, axis=0) + counts)
 
     def deltas(self, scale: float) -> Deltas:
         """The round's push: ``(local − base) · scale`` of every trained row
@@ -180,7 +181,8 @@ class GeoCopy:
         trained = np.flatnonzero(self.trained[: self.index.num_rows])
         s = np.float32(scale)
         diffs = {
-            name: opt.weights(self.rows[name][trained], self.dims[name]) - self.base[name][trained]
+            name: opt.weights(self.rows[name].take(trained, axis=0), self.dims[name])
+            - self.base[name].take(trained, axis=0)
             for name, opt in self.optimizers.items()
         }
         moved = np.zeros(trained.size, dtype=bool)
@@ -190,19 +192,19 @@ class GeoCopy:
         self.unmoved_keys += int(trained.size - moved.sum())
         rows = trained[moved]
         values = {name: d[moved] * s for name, d in diffs.items()}
-        return Deltas(rows, self.index.row_keys[rows], values, self.counts[rows])
+        return Deltas(rows, self.index.row_keys[rows], values, self.counts.take(rows, axis=0))
 
     def merge(self, rows: I64, merged: dict[str, F32]) -> None:
         """The shards' weights after the push of `rows`: each row's weights
         and its new base (its optimizer state kept)."""
         for name, opt in self.optimizers.items():
             w = np.ascontiguousarray(merged[name], dtype=np.float32)
-            block = self.rows[name][rows]
+            block = self.rows[name].take(rows, axis=0)
             opt.set_weights(block, w)
-            self.rows[name][rows] = block
-            self.base[name][rows] = w
+            put_rows(self.rows[name], rows, block)
+            put_rows(self.base[name], rows, w)
         self.trained[rows] = False
-        self.counts[rows] = 0
+        put_rows(self.counts, rows, np.zeros((rows.size, 2), dtype=np.float32))
         self.pushed_keys += int(rows.size)
 
     def end_round(self, merged_rows: I64) -> None:

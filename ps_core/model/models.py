@@ -229,7 +229,7 @@ class FactorizationMachine(Model):
     def _interaction_inputs(self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32]) -> tuple[F64, F64, F64]:
         x = batch.values.astype(np.float64)
         x[batch.offsets[:-1]] = 0.0  # the bias position of each event
-        v = weights[self._v.name].astype(np.float64)[plan.inverse]  # (nnz, k)
+        v = weights[self._v.name].astype(np.float64).take(plan.inverse, axis=0)  # (nnz, k); `ps_core.rows`
         vx = v * x[:, None]
         s = _segment_sum(vx, batch.offsets)  # (n, k)
         return x, v, s
@@ -246,7 +246,7 @@ class FactorizationMachine(Model):
         g_occ = dlogit[plan.event_of]
         x, v, s = self._interaction_inputs(batch, plan, weights)
         # d logit / d v_if = x_i * s_f - v_if * x_i^2
-        gv = g_occ[:, None] * (x[:, None] * s[plan.event_of] - v * (x * x)[:, None])
+        gv = g_occ[:, None] * (x[:, None] * s.take(plan.event_of, axis=0) - v * (x * x)[:, None])
         return {
             self._w.name: plan.sum_to_keys(g_occ * batch.values),
             self._v.name: plan.sum_to_keys(gv),

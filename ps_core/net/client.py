@@ -41,6 +41,7 @@ import numpy.typing as npt
 
 from ..errors import PSError
 from ..hashing import U64
+from ..rows import put_rows
 from ..store.table import F32
 from .endpoint import RetryPolicy, ShardGroup
 from .routing import split_by_shard
@@ -341,8 +342,8 @@ def _push_arrays(r: Routed, grads: npt.ArrayLike, counts: npt.ArrayLike | None) 
     if c is not None and c.shape[0] != k.size:
         raise ValueError(f"{k.size} keys but {c.shape[0]} rows of counts")
     if r.order is not None and k.size:
-        k, g = r.by_shard, g[r.order]
-        c = None if c is None else c[r.order]
+        k, g = r.by_shard, g.take(r.order, axis=0)  # take: `ps_core.rows`
+        c = None if c is None else c.take(r.order, axis=0)
     return k, g, c
 
 
@@ -360,7 +361,10 @@ def _reassemble(r: Routed, parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
         # A reply frame is a read-only view of the received bytes.
         return got if got.flags.writeable else got.copy()
     out = np.empty_like(got)
-    out[r.order] = got
+    if got.ndim == 2:
+        put_rows(out, r.order, got)
+    else:
+        out[r.order] = got
     return out
 
 

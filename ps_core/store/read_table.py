@@ -147,7 +147,7 @@ class ReadTable:
         return out
 
     def _weights(self, st: State, pos: npt.NDArray[np.intp], keys: U64) -> F32:
-        got = st.values[pos]
+        got = st.values.take(pos, axis=0)  # `ps_core.rows`
         if self.precision != "int8":
             return got.astype(np.float32)
         e = st.exps[keys >> np.uint64(64 - st.bucket_bits)] if st.bucket_bits else np.repeat(st.exps[:1], keys.size)

@@ -40,6 +40,7 @@ import numpy.typing as npt
 from ..errors import InvalidValuesError, TableConfigError
 from ..hashing import U64, sorted_distinct, uniform_from_keys
 from ..parsing import json_int
+from ..rows import row_view
 from .growth import grow
 from .index import KeyIndex
 from .lifecycle import NO_LIFECYCLE, Admission, Lifecycle, score
@@ -338,17 +339,6 @@ class Eviction:
         return sum(self.by_rule.values())
 
 
-def _row_view(a: npt.NDArray[Any]) -> npt.NDArray[np.void]:
-    """A C-contiguous 2-d array as a 1-d array of opaque rows (same memory).
-
-    Scattering whole rows through it (`put` is quicker than ``[]=`` here) is a
-    plain copy of n items, several times cheaper than numpy's 2-d fancy
-    assignment.
-    """
-    v: npt.NDArray[np.void] = a.view(np.dtype((np.void, a.shape[1] * a.itemsize))).reshape(-1)
-    return v
-
-
 class SparseTable:
     """One table's rows on one shard. Not thread-safe: one event loop owns it."""
 
@@ -380,7 +370,7 @@ class SparseTable:
         # The whole row (state, zero metadata) of a key whose initial weight
         # is 0 (init_scale 0): a constant, written to new rows as it is.
         zero_state = self.optimizer.rows_from_weights(np.zeros((1, self.dim), np.float32))
-        self._zero_row = _row_view(self._full_rows(zero_state))
+        self._zero_row = row_view(self._full_rows(zero_state))
         # FTRL's step starts by deriving w and sqrt(n) from the rows, as a
         # pull does: a push right after a pull of the same keys, with no row
         # changed in between, takes them from the pull. Fresh rows (absent at
@@ -453,7 +443,7 @@ class SparseTable:
 
     def _views(self) -> None:
         """The named views of `_rows` (made again whenever it is resized)."""
-        self._rows_1d = _row_view(self._rows)
+        self._rows_1d = row_view(self._rows)
         w = self.width
         self.data: F32 = self._rows[:, :w].view(np.float32)
         self.meta: U32 = self._rows[:, w:]
@@ -512,10 +502,10 @@ class SparseTable:
         return self.initial_weights(keys)
 
     def _initial_rows(self, keys: U64) -> npt.NDArray[np.void]:
-        """The storage rows (as `_row_view` items) of keys before their first update."""
+        """The storage rows (as `row_view` items) of keys before their first update."""
         if self.config.init_scale == 0.0:
             return self._zero_row
-        return _row_view(self._full_rows(self.optimizer.rows_from_weights(self.initial_weights(keys))))
+        return row_view(self._full_rows(self.optimizer.rows_from_weights(self.initial_weights(keys))))
 
     @property
     def clock(self) -> int:
@@ -598,7 +588,7 @@ class SparseTable:
         else:
             self.optimizer.step(full[:, :w].view(np.float32), summed)
         self._stamp(full[:, w:], seen, row_counts)
-        self._rows_1d.put(uniq, _row_view(full))
+        self._rows_1d.put(uniq, row_view(full))
         self.pushes += 1
         self._pull_cache.wrote()
         return int(uniq.size)
@@ -740,7 +730,7 @@ class SparseTable:
         if pulled.missing.size:
             # The inserted rows start as `_zero_row` (gathered is only kept
             # with init_scale 0).
-            _row_view(full).put(pulled.missing, self._zero_row)
+            row_view(full).put(pulled.missing, self._zero_row)
             for part, zero in zip((weights, sqrt_n), self._zero_derived):
                 part[pulled.missing] = zero
         return full, (weights, sqrt_n)
