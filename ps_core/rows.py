@@ -25,5 +25,9 @@ def row_view(a: npt.NDArray[Any]) -> npt.NDArray[np.void]:
 
 
 def put_rows(a: npt.NDArray[Any], rows: npt.NDArray[np.integer[Any]], values: npt.ArrayLike) -> None:
-    """``a[rows] = values`` for a C-contiguous 2-d `a`: one opaque item per row."""
+    """``a[rows] = values`` for a 2-d `a`: one opaque item per row when `a`
+    is C-contiguous (else numpy's own assignment)."""
+    if not a.flags.c_contiguous:
+        a[rows] = values
+        return
     row_view(a)[rows] = row_view(np.ascontiguousarray(values, dtype=a.dtype).reshape(-1, a.shape[1]))

@@ -40,7 +40,7 @@ import numpy.typing as npt
 from ..errors import InvalidValuesError, TableConfigError
 from ..hashing import U64, sorted_distinct, uniform_from_keys
 from ..parsing import json_int
-from ..rows import row_view
+from ..rows import put_rows, row_view
 from .growth import grow
 from .index import KeyIndex
 from .lifecycle import NO_LIFECYCLE, Admission, Lifecycle, score
@@ -535,7 +535,7 @@ class SparseTable:
             out = self.optimizer.weights(state, self.dim)
         self._pull_cache.add(k, rows, missing, free.take(missing), gathered)
         if missing.size:
-            out[missing] = self.absent_weights(k.take(missing))
+            put_rows(out, missing, self.absent_weights(k.take(missing)))
         return out
 
     def push(
