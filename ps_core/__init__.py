@@ -1,8 +1,9 @@
-"""ctrps core, in four packages over three shared modules; no Kafka here.
+"""ctrps core, in four packages over five shared modules; no Kafka here.
 
-- `errors`, `hashing`, `parsing`, `models`: typed errors, stable 64-bit ids,
-  strict parsing, and request bodies declared once as models (validation and
-  the documents' schemas), imported by every package;
+- `errors`, `hashing`, `parsing`, `models`, `rows`: typed errors, stable
+  64-bit ids, strict parsing, request bodies declared once as models
+  (validation and the documents' schemas), and whole-row gathers and
+  scatters of 2-d arrays, imported by every package;
 - `store`: the index, optimizers and sparse tables of one shard;
 - `model`: events, feature hashing, batches, models and metrics;
 - `net`: the codec, a shard's handlers and server, the RPC and the clients;

@@ -6,13 +6,14 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = {"ps_core.errors", "ps_core.hashing", "ps_core.parsing", "ps_core.models"}
+SHARED = {"ps_core.errors", "ps_core.hashing", "ps_core.parsing", "ps_core.models", "ps_core.rows"}
 
 # What each part of the tree may import of the project, by module prefix.
 ALLOWED: dict[str, tuple[str, ...]] = {
     "ps_core": ("ps_core",),  # the package itself re-exports the public surface
     "ps_core.errors": (),
     "ps_core.hashing": (),
+    "ps_core.rows": (),
     "ps_core.parsing": ("ps_core.errors",),
     "ps_core.models": ("ps_core.errors", "ps_core.parsing"),
     "ps_core.store": (*SHARED, "ps_core.store"),
