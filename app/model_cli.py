@@ -19,7 +19,7 @@ from ps_core.checkpoint.manifest import check_model_name
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import PSError
 from ps_core.model.hasher import NUMERIC
-from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER, make_model
+from ps_core.model.models import DEFAULT_EMBEDDING_OPTIMIZER, DEFAULT_LINEAR_OPTIMIZER, make_model
 from ps_core.net.auth import Scope
 from ps_core.store.table import MODES
 
@@ -81,7 +81,12 @@ def add_model_parser(sub: Subcommands) -> None:
         help="create: the linear weights' optimizer, NAME[,HYPER=V...] "
         f"(default ftrl with {', '.join(f'{k}={v}' for k, v in DEFAULT_LINEAR_OPTIMIZER.items() if k != 'name')})",
     )
-    p.add_argument("--embedding-optimizer", help="create, fm: the embeddings' optimizer (default adagrad,lr=0.05)")
+    p.add_argument(
+        "--embedding-optimizer",
+        help="create, fm: the embeddings' optimizer "
+        f"(default {DEFAULT_EMBEDDING_OPTIMIZER['name']},"
+        f"{','.join(f'{k}={v}' for k, v in DEFAULT_EMBEDDING_OPTIMIZER.items() if k != 'name')})",
+    )
     p.add_argument("--factors", type=int, default=8, help="create, fm: embedding width k (default 8)")
     p.add_argument("--mode", choices=MODES, default="async", help="create: update mode (default async)")
     p.add_argument(

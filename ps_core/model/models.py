@@ -37,6 +37,8 @@ __all__ = [
     "sigmoid",
     "make_model",
     "model_of_tables",
+    "DEFAULT_LINEAR_OPTIMIZER",
+    "DEFAULT_EMBEDDING_OPTIMIZER",
 ]
 
 F32 = npt.NDArray[np.float32]
@@ -47,6 +49,10 @@ I64 = npt.NDArray[np.int64]
 DEFAULT_LINEAR_OPTIMIZER: dict[str, Any] = {"name": "ftrl", "alpha": 0.2, "beta": 1.0, "l1": 0.5, "l2": 1.0}
 """FTRL settings of the linear part, tuned on the synthetic stream (held-out
 AUC within ~0.02 of the ground truth after 50k events at 256-event mini-batches)."""
+DEFAULT_EMBEDDING_OPTIMIZER: dict[str, Any] = {"name": "adagrad", "lr": 0.001}
+"""AdaGrad of FM's embeddings. `bench/bench_sweep.py` chose the rate: the largest
+at which FM's log loss is at most LR's on every stream it runs (0.001 of 0.001-0.05;
+on streams whose interactions matter more, a larger rate learns them faster)."""
 
 
 def sigmoid(z: F64) -> F64:
@@ -216,7 +222,7 @@ class FactorizationMachine(Model):
         self._v = TableConfig(
             f"{name}_v",
             k,
-            dict(embedding_optimizer or {"name": "adagrad", "lr": 0.05}),
+            dict(embedding_optimizer or DEFAULT_EMBEDDING_OPTIMIZER),
             init_scale=init_scale,
             seed=seed,
             mode=mode,

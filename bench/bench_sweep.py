@@ -1,0 +1,98 @@
+"""Benchmark: the sweep that chose FM's default embedding learning rate.
+
+On the streams of ``bench_quality.py`` (the synthetic generator with a long
+tail, 5% fresh ids and drift; 15k and 45k events with ``--quick``, 200k and
+1M without), each learning rate of the embeddings' AdaGrad is run through
+the same training code as a worker (`ps_core.model.learner.Learner`:
+256-event mini-batches, progressive log loss), beside LR's log loss on the
+same events. A rate qualifies when FM's log loss is at most LR's on every
+stream, for raw and for log1p numerics; the default is the largest rate that
+qualifies (the most learning the embeddings can do without costing log loss
+anywhere). Ratios are FM's log loss over LR's.
+
+Run: ``python bench/bench_sweep.py [--quick]`` (``--quick``: under a minute;
+full: about 6 minutes). The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+from bench_quality import Events, streams
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
+
+from ps_core.model.learner import Learner
+from ps_core.model.metrics import evaluate
+from ps_core.model.models import DEFAULT_EMBEDDING_OPTIMIZER
+
+log = progress_log("bench_sweep")
+
+RATES = (0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05)
+"""The embeddings' AdaGrad learning rates tried."""
+NUMERICS = ("raw", "log1p")
+
+
+def logloss(kind: str, events: Events, numeric: str, **model_args: Any) -> float:
+    """Progressive log loss of a `kind` model learning `events` in windows of 20,000."""
+    learner = Learner(kind, numeric=numeric, **model_args)
+    predicted = []
+    for start in range(0, len(events), 20_000):
+        learner.learn(events[start : start + 20_000])
+        predicted.append(learner.predicted)
+    labels = np.array([float(e["label"]) for e in events])
+    return evaluate(np.clip(np.concatenate(predicted), 1e-7, 1 - 1e-7), labels).logloss
+
+
+def parse_args() -> argparse.Namespace:
+    p = bench_parser(
+        "The sweep behind FM's default embedding learning rate: FM's log loss by rate against LR's.",
+        "15k and 45k synthetic events (under a minute)",
+        seed=7,
+    )
+    p.add_argument("--rates", type=float, nargs="+", default=list(RATES), help="learning rates to try")
+    args = p.parse_args()
+    # What bench_quality.streams reads beside --quick and --seed: no file of one's own here.
+    args.file = None
+    return args
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    data = streams(args)
+    rates = tuple(args.rates)
+    lr: dict[str, float] = {}
+    fm: dict[str, dict[float, float]] = {}
+    for stream_name, events in data.items():
+        for numeric in NUMERICS:
+            case = f"{stream_name}_{numeric}"
+            lr[case] = logloss("lr", events, numeric)
+            fm[case] = {}
+            for rate in rates:
+                optimizer = {**DEFAULT_EMBEDDING_OPTIMIZER, "lr": rate}
+                fm[case][rate] = logloss("fm", events, numeric, embedding_optimizer=optimizer)
+            log(
+                f"{case} ({len(events):,} events): LR {lr[case]:.5f}; FM by rate: "
+                + ", ".join(f"{r:g} {fm[case][r]:.5f} ({fm[case][r] / lr[case]:.4f}x)" for r in rates)
+            )
+    qualifying = [r for r in rates if all(fm[c][r] <= lr[c] for c in lr)]
+    chosen = max(qualifying) if qualifying else None
+    log(
+        f"rates with FM <= LR on every stream: {', '.join(f'{r:g}' for r in qualifying) or 'none'}; "
+        f"chosen {chosen if chosen is not None else '-'}; the default is {DEFAULT_EMBEDDING_OPTIMIZER['lr']:g}"
+    )
+    return {
+        "mode": bench_mode(args.quick),
+        "events": {k: len(v) for k, v in data.items()},
+        "lr_logloss": lr,
+        "fm_logloss_by_rate": {c: {str(r): v for r, v in by.items()} for c, by in fm.items()},
+        "fm_ratio_vs_lr_by_rate": {c: {str(r): v / lr[c] for r, v in by.items()} for c, by in fm.items()},
+        "qualifying_rates": list(qualifying),
+        "chosen_rate": chosen,
+        "default_rate": DEFAULT_EMBEDDING_OPTIMIZER["lr"],
+        "elapsed_s": elapsed_s(),
+    }
+
+
+if __name__ == "__main__":
+    print_result(main(parse_args()))
