@@ -482,19 +482,23 @@ class _RequestTallies(Collector):
         )
         for (route, status), n in sorted(self.counts.items()):
             requests.add_metric([route, str(status)], n)
-        events = CounterMetricFamily(
-            "ctrps_predict_events", "Events predicted (successful requests), by model.", labels=["model"]
+        models = sorted(self._latency)
+        yield requests
+        yield _counter_by(
+            "ctrps_predict_events",
+            "Events predicted (successful requests), by model.",
+            "model",
+            {m: self.events[m] for m in models},
         )
         seconds = HistogramMetricFamily(
             "ctrps_predict_seconds",
             "Latency of POST /v1/predict, from body read to response, by model.",
             labels=["model"],
         )
-        for model in sorted(self._latency):
-            events.add_metric([model], self.events[model])
+        for model in models:
             _, total, buckets = self.latency(model)
             seconds.add_metric([model], [("+Inf" if b == math.inf else repr(b), n) for b, n in buckets], total)
-        yield from (requests, events, seconds)
+        yield seconds
 
 
 class ApiMetrics:

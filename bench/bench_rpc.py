@@ -70,7 +70,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -198,8 +198,8 @@ def proc_cpu_s(pids: Sequence[int]) -> float | None:
         for pid in pids:
             with open(f"/proc/{pid}/stat") as f:
                 # Fields after the parenthesised command name; utime, stime are 14, 15.
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+                stat = f.read().rsplit(")", 1)[1].split()
+            total += (int(stat[11]) + int(stat[12])) / tick
     except (OSError, ValueError, IndexError):
         return None
     return total
@@ -757,10 +757,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, help="timed rounds per distribution (200; quick 50)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
-    parser.add_argument("--keys", type=int, default=100_000, help="keys per request (default 100000)")
-    parser.add_argument("--pool", type=int, default=1_000_000, help="feature ids in the pool (default 1000000)")
+    parser.add_argument(
+        "--keys", dest="keys_per_request", type=int, default=100_000, help="keys per request (default 100000)"
+    )
+    parser.add_argument(
+        "--pool", dest="pool_size", type=int, default=1_000_000, help="feature ids in the pool (default 1000000)"
+    )
     parser.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent of the zipf workload (default 1.0)")
-    parser.add_argument("--shards", type=int, default=2, help="shard servers (default 2)")
+    parser.add_argument("--shards", dest="num_shards", type=int, default=2, help="shard servers (default 2)")
     parser.add_argument(
         "--minibatch-keys",
         type=int,
@@ -772,29 +776,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         help="timed mini-batches per variant in the push_pull phase (1000; quick 300)",
     )
-    parser.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for the shards (60)")
+    parser.add_argument(
+        "--ready-timeout", dest="ready_timeout_s", type=float, default=60.0, help="seconds to wait for the shards (60)"
+    )
     args = parser.parse_args(argv)
-    rounds = args.rounds if args.rounds is not None else (50 if args.quick else 200)
-    if rounds < 1 or args.warmup < 0 or args.keys < 1 or args.pool < 1 or args.shards < 1:
+    if args.rounds is None:
+        args.rounds = 50 if args.quick else 200
+    if args.minibatch_rounds is None:
+        args.minibatch_rounds = 300 if args.quick else 1000
+    if args.rounds < 1 or args.warmup < 0 or args.keys_per_request < 1 or args.pool_size < 1 or args.num_shards < 1:
         parser.error("rounds, keys, pool and shards must be >= 1, warmup >= 0")
     if args.zipf_s <= 0:
         parser.error("--zipf-s must be > 0")
-    mb_rounds = args.minibatch_rounds if args.minibatch_rounds is not None else (300 if args.quick else 1000)
-    if mb_rounds < 25 or args.minibatch_keys < 1:
+    if args.minibatch_rounds < 25 or args.minibatch_keys < 1:
         parser.error("--minibatch-rounds must be >= 25 (one block), --minibatch-keys >= 1")
-    cfg = Config(
-        rounds=rounds,
-        warmup=args.warmup,
-        keys_per_request=args.keys,
-        pool_size=args.pool,
-        zipf_s=args.zipf_s,
-        num_shards=args.shards,
-        seed=args.seed,
-        ready_timeout_s=args.ready_timeout,
-        quick=args.quick,
-        minibatch_keys=args.minibatch_keys,
-        minibatch_rounds=mb_rounds,
-    )
+    # Each flag's destination is its field of Config.
+    cfg = Config(**{f.name: getattr(args, f.name) for f in fields(Config) if hasattr(args, f.name)})
     log(
         f"mode {bench_mode(cfg.quick)}: {cfg.rounds} rounds (+{cfg.warmup} warm-up) "
         f"per distribution, {cfg.keys_per_request:,} keys/request, {cfg.num_shards} shards, "
