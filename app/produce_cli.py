@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_kafka_security_flags(p)
 
 
+_STREAM_FLAGS = {
+    "seed": "stream and model seed",
+    "drift": "rotation of the true weights, radians per hour of event time",
+    "base_ctr": "mean click rate",
+    "fresh": "probability that a categorical value is a brand-new id, seen once: a long tail",
+}
+"""`produce synthetic`'s flags for `SyntheticStream` parameters, with their help."""
+
+
 def add_produce_parser(subparsers: Subcommands) -> None:
     """Add ``produce {synthetic,file}`` to the ``ctrps`` subcommands."""
     produce_p = add_command(subparsers, "produce", _PRODUCE)
@@ -123,20 +133,13 @@ def add_produce_parser(subparsers: Subcommands) -> None:
 
     syn = add_command(sources, "synthetic", _SYNTHETIC)
     syn.add_argument("--events", type=int, default=100_000, help="events to send (default 100000)")
-    syn.add_argument("--seed", type=int, default=0, help="stream and model seed (default 0)")
-    syn.add_argument(
-        "--drift",
-        type=float,
-        default=0.0,
-        help="rotation of the true weights, radians per hour of event time (default 0)",
-    )
-    syn.add_argument("--base-ctr", type=float, default=0.1, help="mean click rate (default 0.1)")
-    syn.add_argument(
-        "--fresh",
-        type=float,
-        default=0.0,
-        help="probability that a categorical value is a brand-new id, seen once: a long tail (default 0)",
-    )
+    # The stream's own parameters: their types and defaults are SyntheticStream's.
+    defaults = {f.name: f.default for f in fields(SyntheticStream)}
+    for name, text in _STREAM_FLAGS.items():
+        default = defaults[name]
+        syn.add_argument(
+            "--" + name.replace("_", "-"), type=type(default), default=default, help=f"{text} (default {default:g})"
+        )
     _common(syn)
 
     file_p = add_command(sources, "file", _FILE)
@@ -214,11 +217,7 @@ async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.envi
         try:
             # Event time at the sending rate, so windows close at the pace events arrive.
             stream = SyntheticStream(
-                seed=args.seed,
-                drift=args.drift,
-                base_ctr=args.base_ctr,
-                fresh=args.fresh,
-                events_per_s=args.rate or 1000.0,
+                **{name: getattr(args, name) for name in _STREAM_FLAGS}, events_per_s=args.rate or 1000.0
             )
         except ValueError as exc:
             return _fail(str(exc), 2)
