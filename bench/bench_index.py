@@ -101,22 +101,9 @@ class Sizes:
     dict_sample: int
 
 
-QUICK = Sizes(
-    keys=2_000_000,
-    timed_batches=30,
-    dict_timed_batches=10,
-    new_batches=10,
-    warmup_batches=2,
-    dict_sample=200_000,
-)
-FULL = Sizes(
-    keys=10_000_000,
-    timed_batches=60,
-    dict_timed_batches=20,
-    new_batches=20,
-    warmup_batches=3,
-    dict_sample=1_000_000,
-)
+# keys, timed batches, timed dict batches, batches of new keys, warm-up batches, dict sample
+QUICK = Sizes(2_000_000, 30, 10, 10, 2, 200_000)
+FULL = Sizes(10_000_000, 60, 20, 20, 3, 1_000_000)
 
 
 def rss_bytes() -> int:
