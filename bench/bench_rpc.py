@@ -61,6 +61,7 @@ stdout, one JSON object with the figures. The shard servers are always stopped
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import socket
@@ -748,7 +749,8 @@ async def run(cfg: Config) -> dict[str, Any]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: what is measured, and the workload's sizes."""
     parser = bench_parser(
         "Benchmark the pull + push round trip of 100k keys over HTTP to 2 shard "
         "server subprocesses, against the same client in process.",
@@ -758,13 +760,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="timed rounds per distribution (200; quick 50)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
     parser.add_argument(
-        "--keys", dest="keys_per_request", type=int, default=100_000, help="keys per request (default 100000)"
+        "--keys",
+        dest="keys_per_request",
+        metavar="KEYS",
+        type=int,
+        default=100_000,
+        help="keys per request (default 100000)",
     )
     parser.add_argument(
-        "--pool", dest="pool_size", type=int, default=1_000_000, help="feature ids in the pool (default 1000000)"
+        "--pool",
+        dest="pool_size",
+        metavar="POOL",
+        type=int,
+        default=1_000_000,
+        help="feature ids in the pool (default 1000000)",
     )
     parser.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent of the zipf workload (default 1.0)")
-    parser.add_argument("--shards", dest="num_shards", type=int, default=2, help="shard servers (default 2)")
+    parser.add_argument(
+        "--shards", dest="num_shards", metavar="SHARDS", type=int, default=2, help="shard servers (default 2)"
+    )
     parser.add_argument(
         "--minibatch-keys",
         type=int,
@@ -777,8 +791,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="timed mini-batches per variant in the push_pull phase (1000; quick 300)",
     )
     parser.add_argument(
-        "--ready-timeout", dest="ready_timeout_s", type=float, default=60.0, help="seconds to wait for the shards (60)"
+        "--ready-timeout",
+        dest="ready_timeout_s",
+        metavar="READY_TIMEOUT",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the shards (60)",
     )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.rounds is None:
         args.rounds = 50 if args.quick else 200

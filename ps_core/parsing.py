@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from .errors import InvalidRequestError, PSError
 
@@ -28,6 +28,7 @@ __all__ = [
     "parse_int",
     "parse_number",
     "json_int",
+    "IntBounds",
     "exact_ints",
     "is_int_text",
     "MAX_INT",
@@ -66,42 +67,43 @@ def is_int_text(text: object) -> bool:
     return isinstance(text, str) and _INT_TEXT.fullmatch(text) is not None
 
 
-def parse_int(
-    text: str,
-    name: str,
-    *,
-    minimum: int = 0,
-    maximum: int = MAX_INT,
-    error: type[PSError] = InvalidRequestError,
-) -> int:
-    """`text` as an integer in ``[minimum, maximum]``; `error` (400 by
-    default) naming `name` otherwise. Only ASCII digits: no sign, blank,
-    exponent, base prefix, underscore or leading zero."""
+class IntBounds(TypedDict, total=False):
+    """The range an integer must lie in (`parse_int`, `json_int`), and the
+    error raised, naming it, when it does not."""
+
+    minimum: int
+    """Default 0."""
+    maximum: int
+    """Default `MAX_INT`."""
+    error: type[PSError]
+    """Default `InvalidRequestError` (400)."""
+
+
+def parse_int(text: str, name: str, **bounds: Unpack[IntBounds]) -> int:
+    """`text` as an integer within `bounds`; their error naming `name`
+    otherwise. Only ASCII digits: no sign, blank, exponent, base prefix,
+    underscore or leading zero."""
     if not is_int_text(text):
+        error = bounds.get("error", InvalidRequestError)
         raise error(f"{name} must be a non-negative integer in ASCII digits, not {str(text)[:40]!r}")
-    value = int(text)
-    if not minimum <= value <= maximum:
-        raise error(f"{name} must be in [{minimum}, {maximum}], not {value}")
-    return value
+    return _bounded(int(text), name, bounds)
 
 
-def json_int(
-    value: object,
-    name: str,
-    *,
-    minimum: int = 0,
-    maximum: int = MAX_INT,
-    error: type[PSError] = InvalidRequestError,
-) -> int:
-    """`value` (decoded JSON) as an integer in ``[minimum, maximum]``: a
-    JSON integer, or a float of an integer value up to `MAX_EXACT`; not a
-    boolean or a string; `error` naming `name` otherwise."""
+def json_int(value: object, name: str, **bounds: Unpack[IntBounds]) -> int:
+    """`value` (decoded JSON) as an integer within `bounds`: a JSON integer,
+    or a float of an integer value up to `MAX_EXACT`; not a boolean or a
+    string; their error naming `name` otherwise."""
     whole = _whole(value)
     if whole is None:
+        error = bounds.get("error", InvalidRequestError)
         raise error(f"{name} must be an integer, not {type(value).__name__} {str(value)[:40]}")
-    value = whole
-    if not minimum <= value <= maximum:
-        raise error(f"{name} must be in [{minimum}, {maximum}], not {value}")
+    return _bounded(whole, name, bounds)
+
+
+def _bounded(value: int, name: str, bounds: IntBounds) -> int:
+    lo, hi = bounds.get("minimum", 0), bounds.get("maximum", MAX_INT)
+    if not lo <= value <= hi:
+        raise bounds.get("error", InvalidRequestError)(f"{name} must be in [{lo}, {hi}], not {value}")
     return value
 
 

@@ -32,7 +32,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 import numpy as np
 import numpy.typing as npt
@@ -339,6 +339,15 @@ class Eviction:
         return sum(self.by_rule.values())
 
 
+class PushExtras(TypedDict, total=False):
+    """What a push (`SparseTable.push`, `hold`) may carry beside its keys and gradients."""
+
+    counts: npt.ArrayLike | None
+    """(n, 2) shows and clicks to add to the rows (None: none)."""
+    event_time: float | None
+    """Seconds since the epoch, the rows' ``last_seen`` (None: now)."""
+
+
 class SparseTable:
     """One table's rows on one shard. Not thread-safe: one event loop owns it."""
 
@@ -538,28 +547,20 @@ class SparseTable:
             put_rows(out, missing, self.absent_weights(k.take(missing)))
         return out
 
-    def push(
-        self,
-        keys: npt.ArrayLike,
-        grads: npt.ArrayLike,
-        *,
-        counts: npt.ArrayLike | None = None,
-        event_time: float | None = None,
-    ) -> int:
+    def push(self, keys: npt.ArrayLike, grads: npt.ArrayLike, **extras: Unpack[PushExtras]) -> int:
         """Apply gradients; returns the number of distinct keys updated.
 
         `grads` is (n, dim) (or (n,) when dim is 1). Gradients of repeated keys
-        are summed before one optimizer step per key. `counts`, if given, is
-        (n, 2) of shows and clicks to add. `event_time` (seconds; default now)
-        becomes the rows' ``last_seen``. Non-finite values are rejected before
-        anything changes.
+        are summed before one optimizer step per key. The `PushExtras`: the
+        shows and clicks to add, and the rows' ``last_seen``. Non-finite
+        values are rejected before anything changes.
 
         In steps: validate; find or insert the keys' rows (reusing the pull of
         the same keys); gather the rows, checking for repeated keys; sum the
         gradients of repeated keys; one optimizer step per row; stamp the
         rows' metadata; write the rows back whole.
         """
-        k, g, c, seen = self._checked_push(keys, grads, counts, event_time)
+        k, g, c, seen = self._checked_push(keys, grads, extras)
         if k.size == 0:
             return 0
         pulled = self._pull_cache.take(k)
@@ -593,17 +594,10 @@ class SparseTable:
         self._pull_cache.wrote()
         return int(uniq.size)
 
-    def hold(
-        self,
-        keys: npt.ArrayLike,
-        grads: npt.ArrayLike,
-        *,
-        counts: npt.ArrayLike | None = None,
-        event_time: float | None = None,
-    ) -> int:
+    def hold(self, keys: npt.ArrayLike, grads: npt.ArrayLike, **extras: Unpack[PushExtras]) -> int:
         """Sync mode: check a push as `push` does and hold it, unapplied,
         until `apply_held`; returns the number of keys held."""
-        k, g, c, seen = self._checked_push(keys, grads, counts, event_time)
+        k, g, c, seen = self._checked_push(keys, grads, extras)
         if k.size:
             if c is None:
                 c = np.zeros((k.size, 2), dtype=np.float32)
@@ -625,7 +619,7 @@ class SparseTable:
         return self.push(keys, grads, counts=counts, event_time=max(h[3] for h in held))
 
     def _checked_push(
-        self, keys: npt.ArrayLike, grads: npt.ArrayLike, counts: npt.ArrayLike | None, event_time: float | None
+        self, keys: npt.ArrayLike, grads: npt.ArrayLike, extras: PushExtras
     ) -> tuple[U64, F32, F32 | None, float]:
         """A push's keys, gradients (n, dim), counts (n, 2) or None, and event
         time, as arrays; raises `InvalidValuesError` for any bad one."""
@@ -642,6 +636,7 @@ class SparseTable:
         if not math.isfinite(g.sum(dtype=np.float64)):
             raise InvalidValuesError(f"table {self.config.name}: gradients hold NaN or inf")
         c = None
+        counts, event_time = extras.get("counts"), extras.get("event_time")
         if counts is not None:
             c = np.asarray(counts, dtype=np.float32).reshape(-1, 2) if k.size else None
             # min and max propagate NaN, so the comparisons reject NaN and
