@@ -209,11 +209,12 @@ def _answering(handler: Handler, route: str, guard: PortGuard | None, count: Cal
     async def answer(request: web.Request) -> web.StreamResponse:
         conn = None if guard is None else guard.begin(request)
         try:
-            called = handler
-            if guard is not None and guard.body_pending(request):
-                # A body that times out reaches the mapping below as the same 408.
-                called = await guard.read_body(request, handler)
             try:
+                called = handler
+                if guard is not None and guard.body_pending(request):
+                    # Inside the mapping: a body over the limit is a JSON 413 whether
+                    # it came with its head or after, and one that times out a 408.
+                    called = await guard.read_body(request, handler)
                 resp = await called(request)
             except PSError as exc:
                 resp = _ps_error(exc)

@@ -5,7 +5,8 @@ loopback with small limits, and what each port now does about it.
 - connections that never send a request head (half-open requests) are closed
   after the head deadline, while real requests are served;
 - connections over the cap are closed at once, logged once, counted;
-- a chunked body announcing ``ffffffff`` and never coming gets 408;
+- a chunked body announcing ``ffffffff`` and never coming gets 408, and a body
+  over the limit arriving after its head a JSON 413;
 - a kept-alive connection left idle is closed;
 - RPC connections that never greet are closed after the hello deadline;
 - frames announced at 512 MiB and trickled hold no more than the process's
@@ -15,6 +16,7 @@ loopback with small limits, and what each port now does about it.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import struct
 import time
@@ -133,6 +135,21 @@ async def test_a_chunked_body_that_never_comes_gets_408(api: ApiServer) -> None:
     assert b"body_timeout" in got
     assert api.guard.stats()["body_timeouts_total"] == 1
     w.close()
+
+
+async def test_a_body_over_the_limit_arriving_after_its_head_gets_a_json_413(api: ApiServer) -> None:
+    # A body this size comes in many packets, so the port guard reads it under
+    # the body deadline; the refusal must still be the API's JSON error, counted.
+    big = b'{"events": [{"features": {"x": "' + b"y" * (api.settings.max_body_bytes + 100_000) + b'"}}]}'
+    async with aiohttp.ClientSession() as http:
+        post = http.post(api.url + "/v1/predict", data=io.BytesIO(big), headers={"Content-Type": "application/json"})
+        async with post as resp:
+            assert resp.status == 413 and resp.content_type == "application/json"
+            body = await resp.json()
+        async with http.get(api.url + "/metrics") as resp:
+            scraped = await resp.text()
+    assert body["error"] == "too_large" and str(api.settings.max_body_bytes) in body["detail"]
+    assert 'ctrps_http_requests_total{route="/v1/predict",status="413"} 1.0' in scraped
 
 
 async def test_an_idle_kept_alive_connection_is_closed(api: ApiServer) -> None:
