@@ -222,8 +222,8 @@ class _ClusterCollector(Collector):
         for section, kind, name, doc, key in _SHARD0_VALUES:
             if section in sections:
                 raw = sections[section].get(key)
-                # A flag is 0 or 1; a list counts its members.
-                value = float(bool(raw)) if key == "ready" else float(len(raw)) if isinstance(raw, list) else _num(raw)
+                # A flag reads as 0 or 1, a list as its length, anything else as a number.
+                value = float(raw) if isinstance(raw, bool) else float(len(raw)) if isinstance(raw, list) else _num(raw)
                 yield kind(name, doc, value=value)
         for section, name, doc, label, key in _SHARD0_COUNTS_BY:
             if section in sections:
