@@ -11,11 +11,16 @@ shard servers are started and 2 workers of a fresh group (one decode process
 each, in this process) train the whole topic. Per mode it reports:
 
 - events/s, from the moment both workers hold 2 partitions to the last
-  event trained (events trained before, by a worker alone during the
-  group's first rebalance, are left out of the rate);
+  event trained. A worker fetches nothing until it holds its 2 partitions
+  (the group forms as members join: the first would otherwise train alone
+  until the second's rebalance); at the default sizes each worker's share is
+  a whole number of windows, so none waits out ``--window-seconds`` for a
+  last short one;
 - bytes the shard servers read from and wrote to their sockets per event
   (``/proc/<pid>/io``; the shards write no files here);
-- the shard servers' CPU microseconds per event (``/proc/<pid>/stat``);
+- the shard servers' CPU microseconds per event (``/proc/<pid>/stat``), and
+  the workers' (this process: both workers' consuming and training, their
+  decode processes apart);
 - progressive log loss and AUC (each event predicted before it is learnt
   from), event-weighted over both workers' windows, and over the second
   half of the stream;
@@ -24,7 +29,7 @@ each, in this process) train the whole topic. Per mode it reports:
 Async is the baseline: sync's and geo's figures are printed as ratios to it.
 The full run repeats the three modes in 3 rounds (``--rounds``) and reports
 medians (ratios: the median of each round's ratio); ``--quick`` runs one
-round of 150k events.
+round of 160k events.
 
 Run: ``python bench/bench_modes.py [--quick]``; the last line is JSON.
 """
@@ -32,6 +37,7 @@ Run: ``python bench/bench_modes.py [--quick]``; the last line is JSON.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 import time
@@ -68,6 +74,40 @@ def io_bytes(pid: int) -> tuple[int, int]:
             name, _, value = line.partition(":")
             got[name] = int(value)
     return got["rchar"], got["wchar"]
+
+
+def start_together(workers: list[Worker]) -> None:
+    """Keep the workers from fetching until each holds its even share of the
+    partitions: the broker forms the group as members join, so the first
+    worker would otherwise train alone until the second one's rebalance,
+    and the modes would be compared on different splits of the work."""
+    share = PARTITIONS // len(workers)
+    ready: dict[int, Any] = {}
+
+    def gate(i: int, worker: Worker) -> None:
+        assigned = worker._on_assigned
+
+        async def on_assigned(partitions: Any) -> None:
+            ready.pop(i, None)
+            if len(partitions) == share:
+                await assigned(partitions)  # checks offsets, seeks, resumes
+            consumer = worker._consumer
+            if consumer is None:
+                return
+            consumer.pause(*partitions)
+            if len(partitions) != share:
+                return
+            ready[i] = partitions
+            if len(ready) == len(workers):
+                for j, held in ready.items():
+                    c = workers[j]._consumer
+                    if c is not None:
+                        c.resume(*held)
+
+        worker._on_assigned = on_assigned  # type: ignore[method-assign,assignment]
+
+    for i, w in enumerate(workers):
+        gate(i, w)
 
 
 def weighted(reports: list[WindowReport], field: str) -> float:
@@ -109,18 +149,22 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
             )
             for i in range(2)
         ]
+        start_together(workers)
         shard_pids = [p.pid for p in procs]
         t0: float | None = None
         trained0 = 0
+        cpu0 = own0 = 0.0
         try:
             async with RunningWorkers(*workers) as running:
                 async for _ in running.polls(n, mode, progress=log):
                     if t0 is None and all(partitions_held(w) == PARTITIONS // 2 for w in workers):
                         t0, trained0 = time.perf_counter(), running.trained()
                         cpu0 = sum(cpu_seconds(p) for p in shard_pids)
+                        own0 = cpu_seconds(os.getpid())
                         io0 = [io_bytes(p) for p in shard_pids]
                 t1 = time.perf_counter()
                 cpu1 = sum(cpu_seconds(p) for p in shard_pids)
+                own1 = cpu_seconds(os.getpid())
                 io1 = [io_bytes(p) for p in shard_pids]
                 stats = await controls[0].stats()
         finally:
@@ -143,6 +187,7 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
         "bytes_to_shards_per_event": sum(b[0] - a[0] for a, b in zip(io0, io1)) / measured,
         "bytes_from_shards_per_event": sum(b[1] - a[1] for a, b in zip(io0, io1)) / measured,
         "shard_cpu_us_per_event": (cpu1 - cpu0) * 1e6 / measured,
+        "workers_cpu_us_per_event": (own1 - own0) * 1e6 / measured,
         "progressive_logloss": weighted(reports, "logloss"),
         "progressive_auc": weighted(reports, "auc"),
         "progressive_logloss_second_half": weighted(late, "logloss"),
@@ -170,13 +215,14 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
     log(
         f"{mode}: {out['events_per_s']:,.0f} events/s, {out['bytes_to_shards_per_event']:,.0f} B/event to the "
         f"shards, {out['bytes_from_shards_per_event']:,.0f} back, shard CPU {out['shard_cpu_us_per_event']:.1f} "
-        f"us/event, progressive logloss {out['progressive_logloss']:.4f} AUC {out['progressive_auc']:.4f}"
+        f"us/event, workers' CPU {out['workers_cpu_us_per_event']:.1f} us/event, "
+        f"progressive logloss {out['progressive_logloss']:.4f} AUC {out['progressive_auc']:.4f}"
     )
     return out
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    n = args.events or (150_000 if args.quick else 600_000)
+    n = args.events or (160_000 if args.quick else 600_000)
     rounds = await each_round(
         n,
         args.seed,
@@ -242,7 +288,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = bench_parser(__doc__ or "", "150k events (under a minute)", seed=0)
+    parser = bench_parser(__doc__ or "", "160k events (under a minute)", seed=0)
     parser.add_argument("--events", type=int, help="override the number of events")
     parser.add_argument("--model", choices=("lr", "fm"), default="lr")
     parser.add_argument("--mini-batch", type=int, default=256, help="events per mini-batch")
