@@ -17,7 +17,9 @@ each, in this process) train the whole topic. Per mode it reports:
   a whole number of windows, so none waits out ``--window-seconds`` for a
   last short one;
 - bytes the shard servers read from and wrote to their sockets per event
-  (``/proc/<pid>/io``; the shards write no files here);
+  (``/proc/<pid>/io``; the shards write no files here), the workers'
+  clients sending as ``ctrps worker`` does by default (key sets, compact
+  counts);
 - the shard servers' CPU microseconds per event (``/proc/<pid>/stat``), and
   the workers' (this process: both workers' consuming and training, their
   decode processes apart);
@@ -58,10 +60,12 @@ from bench_worker import (
 )
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
+from app.settings import WorkerSettings
 from consumers.worker import WindowReport, Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
+from ps_core.net.wire import WireFormat
 
 log = progress_log("bench_modes")
 
@@ -74,6 +78,12 @@ def io_bytes(pid: int) -> tuple[int, int]:
             name, _, value = line.partition(":")
             got[name] = int(value)
     return got["rchar"], got["wchar"]
+
+
+def worker_wire() -> WireFormat:
+    """How ``ctrps worker`` sends pulls and pushes by default (key sets,
+    compact counts): the modes are compared as a user runs them."""
+    return WorkerSettings(bootstrap="unused:9092", shards=("http://unused",)).wire()
 
 
 def start_together(workers: list[Worker]) -> None:
@@ -126,7 +136,7 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
         await wait_healthy(urls)
         group = f"bench-{mode}-{uuid.uuid4().hex[:8]}"
         model = make_model(args.model, "ctr", mode=mode)
-        clients = [PSClient.connect(urls) for _ in range(2)]
+        clients = [PSClient.connect(urls, wire=worker_wire()) for _ in range(2)]
         controls = [ControlClient.connect(urls) for _ in range(2)]
         workers = [
             Worker(
