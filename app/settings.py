@@ -384,9 +384,9 @@ class WorkerSettings:
         (),
         env="CTRPS_ALSO_TRAIN",
         flag="--also-train",
-        help="train this model too, on the same records: one decode, one lease and one commit for all "
-        "(async only); repeatable (CTRPS_ALSO_TRAIN: names joined by ,). Each takes the type and optimizer it "
-        "was created with (ctrps model create), else this worker's --model",
+        help="train this model too, on the same records, in this worker's --mode: one decode, one lease and "
+        "one commit for all; repeatable (CTRPS_ALSO_TRAIN: names joined by ,). Each takes the type and optimizer "
+        "it was created with (ctrps model create), else this worker's --model",
         repeat=True,
         sep=",",
         metavar="NAME",
@@ -510,8 +510,6 @@ class WorkerSettings:
         names = [self.model_name, *self.also_train]
         if len(set(names)) != len(names):
             raise SettingsError(f"--also-train names a model twice, or the worker's own: {', '.join(names)}")
-        if self.also_train and self.mode != "async":
-            raise SettingsError("--also-train is for --mode async: a sync step or a geo round is one model's")
         if self.model not in _MODELS:
             raise SettingsError(f"model {self.model!r} is not lr or fm")
         if not self.window_seconds > 0 or self.window_events < 1 or self.mini_batch < 1:

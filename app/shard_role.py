@@ -248,7 +248,7 @@ async def run_shard(
         )
         add_coordinator_routes(app, coordinator, exporter)
         shard.extra_stats["exports"] = exporter.stats
-        shard.extra_stats["sync"] = coordinator.barrier.stats
+        shard.extra_stats["sync"] = coordinator.sync_stats
         if settings.num_shards > 1:
             # Every shard at one version, or no leases (ps_core/checkpoint/joining.py).
             # Membership polls give up quickly (a shard down is a round

@@ -8,7 +8,8 @@ them into mini-batches, predicts every event before learning from it
 - `AsyncTraining`: pull → predict → gradients → push, each push applied as
   it arrives; a mini-batch's push and the next one's pull share a request;
 - `SyncTraining`: the same, but the shards hold each step's gradients until
-  every worker inside a window has pushed (`ps_core.checkpoint.barrier`);
+  every worker of the model inside a window has pushed (its model's
+  barrier, `ps_core.checkpoint.barrier`);
 - `GeoTraining`: a local copy trained (`ps_core.model.geo.GeoCopy`), its
   differences pushed every `geo_steps` mini-batches and at the window's end.
 
@@ -217,9 +218,9 @@ class SyncTraining(Training):
 
         The worker is a member from its window's first step to its end, so a
         worker waiting for records holds nobody up."""
-        names = self.model.table_names
+        names, model = self.model.table_names, self.model.name
         seen = _Progressive()
-        await self.control.sync_join(self.member)
+        await self.control.sync_join(self.member, model)
         try:
             async for sub in mini_batches(pieces, self.mini_batch):
                 plan = self.model.plan(sub)
@@ -230,13 +231,13 @@ class SyncTraining(Training):
                 await per_table(
                     [self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names]
                 )
-                step = await self.control.sync_arrive(self.member, self.deadline_s)
-                await self.control.sync_apply(step)
+                step = await self.control.sync_arrive(self.member, self.deadline_s, model)
+                await self.control.sync_apply(step, names)
                 self.stats.sync_steps += 1
         finally:
             # Shielded: a cancelled window still leaves, or the others wait out the deadline.
             with contextlib.suppress(PSError, OSError):
-                await asyncio.shield(self.control.sync_leave(self.member))
+                await asyncio.shield(self.control.sync_leave(self.member, model))
         self.stats.events_trained += seen.events
         return seen.metrics()
 

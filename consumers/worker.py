@@ -331,7 +331,7 @@ class AlsoTrained:
     decode, one lease and one commit for all of them (``--also-train``)."""
 
     model: Model
-    training: AsyncTraining
+    training: Training
     stats: WorkerStats = field(default_factory=WorkerStats)
     """Its own progress: events trained and the last window's progressive
     metrics; the record, commit and outage counts mirror the worker's."""
@@ -355,8 +355,9 @@ class Worker:
         """`client` pulls and pushes; `control` declares the model's tables
         and takes leases from the coordinator. `on_window` is awaited after each window is committed (metrics,
         status reports); an exception from it is logged, never stops training.
-        `also`: further models trained on the same records (async only: a sync
-        step or a geo round is one model's)."""
+        `also`: further models trained on the same records, in the worker's
+        mode (in sync mode each model's steps meet at its own barrier; in geo
+        mode each model has its own local copy)."""
         if model.mode != config.mode:
             raise ValueError(
                 f"the model's tables are declared for mode {model.mode}, the worker runs mode {config.mode}"
@@ -364,8 +365,11 @@ class Worker:
         names = [model.name, *(m.name for m in also)]
         if len(set(names)) != len(names):
             raise ValueError(f"a model is named twice: {', '.join(names)}")
-        if also and (config.mode != "async" or any(m.mode != "async" for m in also)):
-            raise ValueError("training several models in one worker is for --mode async")
+        for m in also:
+            if m.mode != config.mode:
+                raise ValueError(
+                    f"model {m.name}'s tables are declared for mode {m.mode}, the worker runs mode {config.mode}"
+                )
         self.config = config
         self.client = client
         self.control = control
@@ -1178,12 +1182,14 @@ class Worker:
                 log.warning("window hook failed", extra={"fields": {"error": repr(exc)}})
 
     def _also(self, model: Model, stats: WorkerStats) -> AlsoTrained:
-        return AlsoTrained(model, AsyncTraining(self.client, model, stats, self.config.mini_batch), stats)
+        return AlsoTrained(model, self._training(model, stats), stats)
 
-    def _training(self) -> Training:
-        """The training of the update mode the worker runs."""
+    def _training(self, model: Model | None = None, stats: WorkerStats | None = None) -> Training:
+        """The training of `model` (the worker's own by default) in the
+        update mode the worker runs."""
         c = self.config
-        common = (self.client, self.model, self.stats, c.mini_batch)  # every mode's
+        model = self.model if model is None else model
+        common = (self.client, model, self.stats if stats is None else stats, c.mini_batch)  # every mode's
         if c.mode == "sync":
             return SyncTraining(*common, control=self.control, member=self.worker_id, deadline_s=c.sync_deadline_s)
         if c.mode == "geo":

@@ -24,7 +24,6 @@ import schemathesis
 from fuzzing import fuzz
 from threaded import serve_in_thread
 
-from ps_core.checkpoint.barrier import SyncBarrier
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter
@@ -49,7 +48,7 @@ def shard_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         shard = Shard(ShardSpec(0, 1), (TABLE,))
         coordinator = Coordinator()
         # Fuzzed workers join and never arrive: a step waits for them 0.2 s at most.
-        coordinator.barrier = SyncBarrier(max_deadline_s=0.2)
+        coordinator.sync_max_deadline_s = 0.2
         client = ControlClient.local([shard], coordinator)
         exporter = Exporter(coordinator, client, Path(exports), "ctr")
         app = checkpointed_shard_app(shard, verifier=TokenVerifier(SECRET), coordinator=coordinator, exporter=exporter)

@@ -21,6 +21,7 @@ from streams import bias_shows, brisk_worker_config, keyed_event, new_topic, pro
 from waiting import until
 
 from app.status import make_status_hook, summarize
+from consumers.training import GeoTraining
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
@@ -367,6 +368,40 @@ async def test_a_replica_follows_every_model_of_an_exports_root(tmp_path: Path) 
         assert gone.status == 404 and (await gone.json())["error"] == "unknown_model"
 
 
+@pytest.mark.parametrize("mode", ["sync", "geo"])
+async def test_one_worker_trains_several_models_in_sync_and_geo_mode(
+    kafka_bootstrap: str, serve_shards: ServeShards, tmp_path: Path, mode: str
+) -> None:
+    """``--also-train`` in sync and geo mode: each model trains in the
+    worker's mode (sync: at its own barrier; geo: its own local copy), every
+    event counted once per model, one commit for both."""
+    shards, urls = await serve_shards(2, (), tmp_path)
+    topic, group = await new_topic(kafka_bootstrap, 2)
+    n = 600
+    async with PSClient.connect(urls) as client, ControlClient.connect(urls) as control:
+        config = brisk_worker_config(kafka_bootstrap, topic, group, 200, 64, mode=mode, geo_steps=2)
+        worker = Worker(
+            config, client, control, make_model("lr", "m", mode=mode), also=[make_model("fm", "ads", mode=mode)]
+        )
+        async with running(worker) as task:
+            await produce(kafka_bootstrap, topic, (keyed_event(i) for i in range(n)), 2)
+            await until(
+                lambda: all(bias_shows(shards, ns) >= n for ns in ("m", "ads")), 60, what="both models", task=task
+            )
+        assert [bias_shows(shards, ns) for ns in ("m", "ads")] == [n, n]  # once each
+        assert worker.stats.events_trained == n == worker.also[0].stats.events_trained
+        assert sum((await control.coordinator_offsets("ads"))[topic].values()) == n
+        if mode == "sync":
+            assert worker.stats.sync_steps > 0 and worker.also[0].stats.sync_steps > 0
+            # Each model's steps applied to its own tables, on every shard.
+            assert all(sorted(s.sync_steps) == ["ads_v", "ads_w", "m_w"] for s in shards)
+            assert all(t.held_keys == 0 for s in shards for t in s.tables.values())
+        else:
+            assert worker.geo is not None and worker.stats.geo_rounds > 0 and worker.also[0].stats.geo_rounds > 0
+            also = worker.also[0].training
+            assert isinstance(also, GeoTraining) and also.copy is not worker.geo and len(also.copy) > 0
+
+
 def test_also_train_settings() -> None:
     from app.cli import build_parser
     from app.settings import SettingsError, WorkerSettings
@@ -379,18 +414,19 @@ def test_also_train_settings() -> None:
     for flags, message in (
         (["--also-train", "ctr"], "names a model twice"),
         (["--also-train", "a", "--also-train", "a"], "names a model twice"),
-        (["--also-train", "a", "--mode", "geo"], "for --mode async"),
         (["--also-train", "../x"], "bad model name"),
     ):
         with pytest.raises(SettingsError, match=message):
             WorkerSettings.from_args(build_parser().parse_args([*base, *flags]), env={})
-    with pytest.raises(ValueError, match="for --mode async"):
+    s = WorkerSettings.from_args(build_parser().parse_args([*base, "--also-train", "a", "--mode", "geo"]), env={})
+    assert s.also_train == ("a",) and s.mode == "geo"
+    with pytest.raises(ValueError, match="model a's tables are declared for mode async, the worker runs mode sync"):
         Worker(
             brisk_worker_config("k:9092", "t", "g", 10, 10, mode="sync"),
             PSClient.local([Shard()]),
             ControlClient.local([Shard()]),
             make_model("lr", "m", mode="sync"),
-            also=[make_model("lr", "a", mode="sync")],
+            also=[make_model("lr", "a")],
         )
 
 

@@ -31,7 +31,7 @@ from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.barrier import SyncBarrier
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.errors import InvalidValuesError
+from ps_core.errors import InvalidRequestError, InvalidValuesError
 from ps_core.model.batch import EventBatch
 from ps_core.model.models import Model, make_model, sigmoid
 from ps_core.net.client import PSClient
@@ -94,13 +94,51 @@ def test_a_sync_shard_holds_pushes_until_the_step_is_applied_once() -> None:
     np.testing.assert_array_equal(shard.tables["w"].shows[shard.tables["w"].index.lookup(keys)], [1, 1, 0])
 
 
+async def test_each_model_meets_at_its_own_barrier_and_applies_its_own_tables() -> None:
+    # Two sync models on one cluster: a worker of "a" never waits for one of
+    # "b", and a step of "a" applies a's tables only.
+    tables = tuple(TableConfig(f"{m}_w", 1, {"name": "sgd", "lr": 1.0}, mode="sync") for m in ("a", "b"))
+    shard = Shard(ShardSpec(0, 1), tables)
+    coordinator = Coordinator()
+    control = ControlClient.local([shard], coordinator)
+    keys = np.array([7], np.uint64)
+    await control.sync_join("x", "a")
+    await control.sync_join("y", "b")  # inside its window, and slow
+    for t in ("a_w", "b_w"):
+        shard.handle_push(Push(t, keys, np.ones((1, 1), np.float32)))
+    step = await asyncio.wait_for(control.sync_arrive("x", 5.0, "a"), 1.0)  # y is not a's member
+    assert await control.sync_apply(step, ["a_w"]) == 1
+    assert shard.handle_pull("a_w", keys)[0][0, 0] == -1.0
+    assert shard.handle_pull("b_w", keys)[0][0, 0] == 0.0 and shard.tables["b_w"].held_keys == 1
+    step_b = await asyncio.wait_for(control.sync_arrive("y", 5.0, "b"), 1.0)
+    assert await control.sync_apply(step_b, ["b_w"]) == 1 and await control.sync_apply(step_b, ["b_w"]) == 0
+    assert shard.handle_pull("b_w", keys)[0][0, 0] == -1.0
+    stats = coordinator.sync_stats()
+    assert stats["steps_closed"] == 2 and sorted(stats["models"]) == ["a", "b"]
+    assert stats["members"] == ["x", "y"] and stats["models"]["a"]["members"] == ["x"]
+    # A request naming no model meets at the default model's barrier.
+    assert coordinator.barrier() is coordinator.barrier(coordinator.model)
+
+
+def test_barriers_are_bounded_in_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ps_core.checkpoint.coordinator as coordinator_module
+
+    monkeypatch.setattr(coordinator_module, "MAX_BARRIERS", 2)
+    coordinator = Coordinator()
+    first = coordinator.barrier("a")
+    coordinator.barrier("b")
+    assert coordinator.barrier("a") is first  # kept, not made again
+    with pytest.raises(InvalidRequestError, match="sync barriers of 2 models exist already: not one for c"):
+        coordinator.barrier("c")
+
+
 def _crew(kind: str, n: int, mini_batch: int = 128, deadline_s: float = 5.0) -> tuple[list[Worker], list[Shard], Model]:
     """`n` sync workers over 2 in-process shards whose shard 0 hosts a
     coordinator (and reports its barrier, as ``ctrps shard`` does)."""
     model = make_model(kind, "m", mode="sync")
     shards = [Shard(ShardSpec(i, 2), model.tables()) for i in range(2)]
     coordinator = Coordinator()
-    shards[0].extra_stats["sync"] = coordinator.barrier.stats
+    shards[0].extra_stats["sync"] = coordinator.sync_stats
     config = {"mini_batch": mini_batch, "decode_processes": 0, "mode": "sync", "sync_deadline_s": deadline_s}
     workers = [
         Worker(
@@ -118,7 +156,7 @@ async def _train_together(workers: list[Worker], parts: list[list[bytes | None]]
     """Each worker trains its part as one window, all at once, every worker a
     member from the first step (so step k holds every worker's k-th mini-batch)."""
     for w in workers:
-        await w.control.sync_join(w.worker_id)
+        await w.control.sync_join(w.worker_id, "m")
 
     async def train(w: Worker, values: list[bytes | None]) -> Any:
         batch = decode_records(values, "m", 1 << 20).batch
@@ -173,7 +211,7 @@ async def test_a_member_that_never_arrives_holds_each_step_no_longer_than_the_de
 ) -> None:
     values: list[bytes | None] = [orjson.dumps(e) for e in SyntheticStream(seed=4).batch(512)]
     (w0, w1), shards, model = _crew("lr", 2, deadline_s=0.2)
-    await w1.control.sync_join("w1")  # inside a window, then stuck
+    await w1.control.sync_join("w1", "m")  # inside a window, then stuck
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     await _train_together([w0], [values])
@@ -240,8 +278,8 @@ async def test_two_sync_workers_over_the_broker_apply_every_event_once(kafka_boo
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert_applied_once(shards, workers, n)
-    assert coordinator.barrier.steps_closed >= n // (2 * 128)
-    assert coordinator.barrier.members == set()  # both left at their windows' ends
+    assert coordinator.barrier("m").steps_closed >= n // (2 * 128)
+    assert coordinator.barrier("m").members == set()  # both left at their windows' ends
     assert all(t.held_keys == 0 for s in shards for t in s.tables.values())
 
 

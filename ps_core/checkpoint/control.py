@@ -131,13 +131,13 @@ class ShardControl(Protocol):
 
     async def coordinator_offsets(self, model: str | None = None) -> Offsets: ...
 
-    async def sync_join(self, worker: str) -> int: ...
+    async def sync_join(self, worker: str, model: str | None = None) -> int: ...
 
-    async def sync_leave(self, worker: str) -> int: ...
+    async def sync_leave(self, worker: str, model: str | None = None) -> int: ...
 
-    async def sync_arrive(self, worker: str, deadline_s: float) -> int: ...
+    async def sync_arrive(self, worker: str, deadline_s: float, model: str | None = None) -> int: ...
 
-    async def sync_apply(self, step: int) -> int: ...
+    async def sync_apply(self, step: int, tables: Sequence[str] | None = None) -> int: ...
 
     async def coordinator_resume(self, model: str | None = None) -> ResumePoint: ...
 
@@ -225,19 +225,19 @@ class LocalControl:
     async def coordinator_offsets(self, model: str | None = None) -> Offsets:
         return self._coordinator().offsets(model)
 
-    async def sync_join(self, worker: str) -> int:
-        return self._coordinator().barrier.join(worker)
+    async def sync_join(self, worker: str, model: str | None = None) -> int:
+        return self._coordinator().barrier(model).join(worker)
 
-    async def sync_leave(self, worker: str) -> int:
-        barrier = self._coordinator().barrier
+    async def sync_leave(self, worker: str, model: str | None = None) -> int:
+        barrier = self._coordinator().barrier(model)
         barrier.leave(worker)
         return barrier.step
 
-    async def sync_arrive(self, worker: str, deadline_s: float) -> int:
-        return await self._coordinator().barrier.arrive(worker, deadline_s)
+    async def sync_arrive(self, worker: str, deadline_s: float, model: str | None = None) -> int:
+        return await self._coordinator().barrier(model).arrive(worker, deadline_s)
 
-    async def sync_apply(self, step: int) -> int:
-        return self.shard.apply_step(step)
+    async def sync_apply(self, step: int, tables: Sequence[str] | None = None) -> int:
+        return self.shard.apply_step(step, tables)
 
     async def coordinator_resume(self, model: str | None = None) -> ResumePoint:
         c = self._coordinator()
@@ -364,18 +364,19 @@ class HttpControl(ShardEndpoint):
     async def coordinator_offsets(self, model: str | None = None) -> Offsets:
         return parse_offsets((await self._coordinator_request("GET", _with_model("/v1/offsets", model)))["offsets"])
 
-    async def sync_join(self, worker: str) -> int:
-        return int((await self._coordinator_request("POST", "/v1/sync/join", {"worker": worker}))["step"])
+    async def sync_join(self, worker: str, model: str | None = None) -> int:
+        return int((await self._coordinator_request("POST", "/v1/sync/join", _member(worker, model)))["step"])
 
-    async def sync_leave(self, worker: str) -> int:
-        return int((await self._coordinator_request("POST", "/v1/sync/leave", {"worker": worker}))["step"])
+    async def sync_leave(self, worker: str, model: str | None = None) -> int:
+        return int((await self._coordinator_request("POST", "/v1/sync/leave", _member(worker, model)))["step"])
 
-    async def sync_arrive(self, worker: str, deadline_s: float) -> int:
-        body = {"worker": worker, "deadline_s": deadline_s}
+    async def sync_arrive(self, worker: str, deadline_s: float, model: str | None = None) -> int:
+        body = {**_member(worker, model), "deadline_s": deadline_s}
         return int((await self._coordinator_request("POST", "/v1/sync/arrive", body))["step"])
 
-    async def sync_apply(self, step: int) -> int:
-        _, reply = await self.request("POST", "/v1/sync/apply", orjson.dumps({"step": step}), "application/json")
+    async def sync_apply(self, step: int, tables: Sequence[str] | None = None) -> int:
+        body = orjson.dumps({"step": step} if tables is None else {"step": step, "tables": list(tables)})
+        _, reply = await self.request("POST", "/v1/sync/apply", body, "application/json")
         return int(orjson.loads(reply)["applied"])
 
     async def coordinator_resume(self, model: str | None = None) -> ResumePoint:
@@ -417,6 +418,12 @@ class HttpControl(ShardEndpoint):
 
     async def close(self) -> None:
         return None
+
+
+def _member(worker: str, model: str | None) -> dict[str, str]:
+    """A barrier request's member, and its model only when named (a request
+    naming none reads as it did before barriers were per model)."""
+    return {"worker": worker} if model is None else {"worker": worker, "model": model}
 
 
 class ControlClient(ShardGroup[ShardControl]):
@@ -505,24 +512,26 @@ class ControlClient(ShardGroup[ShardControl]):
         deadline, so a lease granted late is never granted to nobody."""
         return await self.shards[0].acquire_lease(worker, wait_s)
 
-    async def sync_join(self, worker: str) -> int:
-        """Sync mode: `worker` takes part in the steps from the open one on
-        (at its window's start); returns the open step."""
-        return await self.shards[0].sync_join(worker)
+    async def sync_join(self, worker: str, model: str | None = None) -> int:
+        """Sync mode: `worker` takes part in `model`'s steps (None: the
+        coordinator's default model) from the open one on (at its window's
+        start); returns the open step."""
+        return await self.shards[0].sync_join(worker, model)
 
-    async def sync_leave(self, worker: str) -> int:
-        """Sync mode: `worker` takes no part in steps (its window ended)."""
-        return await self.shards[0].sync_leave(worker)
+    async def sync_leave(self, worker: str, model: str | None = None) -> int:
+        """Sync mode: `worker` takes no part in `model`'s steps (its window ended)."""
+        return await self.shards[0].sync_leave(worker, model)
 
-    async def sync_arrive(self, worker: str, deadline_s: float) -> int:
-        """Sync mode: `worker` pushed its step; returns the step's number once
-        it closed (`ps_core.checkpoint.barrier`)."""
-        return await self.shards[0].sync_arrive(worker, deadline_s)
+    async def sync_arrive(self, worker: str, deadline_s: float, model: str | None = None) -> int:
+        """Sync mode: `worker` pushed its step of `model`; returns the step's
+        number once it closed (`ps_core.checkpoint.barrier`)."""
+        return await self.shards[0].sync_arrive(worker, deadline_s, model)
 
-    async def sync_apply(self, step: int) -> int:
-        """Sync mode: every shard applies what it holds for closed `step`
-        (once, whoever asks first); returns the keys updated."""
-        return sum(await fan_out([t.sync_apply(step) for t in self.shards]))
+    async def sync_apply(self, step: int, tables: Sequence[str] | None = None) -> int:
+        """Sync mode: every shard applies what its sync `tables` (a model's;
+        None: all) hold for closed `step` (once, whoever asks first);
+        returns the keys updated."""
+        return sum(await fan_out([t.sync_apply(step, tables) for t in self.shards]))
 
     async def release_lease(self, lease_id: int, offsets: Offsets, **named: Unpack[ReleaseFields]) -> bool:
         """End a lease with the offsets its window committed (and the

@@ -28,11 +28,11 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from ..errors import ClusterNotReadyError, CutInProgressError, LeaseError, PSError
+from ..errors import ClusterNotReadyError, CutInProgressError, InvalidRequestError, LeaseError, PSError
 from ..parsing import json_int, parse_int
-from .barrier import SyncBarrier
+from .barrier import MAX_DEADLINE_S, SyncBarrier
 from .stream import StreamIdentity, stream_mismatch
 
 __all__ = ["Coordinator", "Lease", "Cut", "Offsets", "parse_offsets"]
@@ -48,6 +48,8 @@ MAX_PARTITION = 10**9 - 1
 """Highest partition number taken (at most nine ASCII digits, as on the
 status board: `ps_core.store.board.PARTITION_KEY`); Kafka's int32 allows more,
 no topic has that many."""
+MAX_BARRIERS = 1024
+"""Models with a sync barrier at most (one per model, kept for its counts)."""
 
 log = logging.getLogger("ctrps.coordinator")
 
@@ -205,8 +207,11 @@ class Coordinator:
         self._changed = asyncio.Condition()
         self._cut_lock = asyncio.Lock()
         self.epoch = secrets.token_hex(8)
-        self.barrier = SyncBarrier()
-        """The sync mode's barrier of the workers' steps."""
+        self.sync_max_deadline_s = MAX_DEADLINE_S
+        """The longest any sync step waits (`SyncBarrier.max_deadline_s`)."""
+        self.barriers: dict[str, SyncBarrier] = {}
+        """The sync mode's barriers of the workers' steps, one per model
+        (`barrier`): the workers of one model never wait for another's."""
         """This coordinator's life. Workers compare it between leases: a new
         one means the coordinator restarted, perhaps with shards restored to
         a cut, and the workers must resume from its offsets."""
@@ -222,6 +227,33 @@ class Coordinator:
         self._refusal: PSError | None = None
 
     # -- leases --------------------------------------------------------------
+    def barrier(self, model: str | None = None) -> SyncBarrier:
+        """The sync barrier of `model` (None: the default model's), made at
+        its first use."""
+        name = self.model if model is None else model
+        barrier = self.barriers.get(name)
+        if barrier is None:
+            if len(self.barriers) >= MAX_BARRIERS:
+                raise InvalidRequestError(f"sync barriers of {MAX_BARRIERS} models exist already: not one for {name}")
+            barrier = self.barriers[name] = SyncBarrier(self.sync_max_deadline_s)
+        return barrier
+
+    def sync_stats(self) -> dict[str, Any]:
+        """JSON-ready: steps closed, shrinks and drops over every model's
+        barrier, and each barrier's own (`SyncBarrier.stats`) by model."""
+        models = {name: b.stats() for name, b in sorted(self.barriers.items())}
+        dropped: dict[str, int] = {}
+        for b in self.barriers.values():
+            for member, times in b.dropped.items():
+                dropped[member] = dropped.get(member, 0) + times
+        return {
+            "steps_closed": sum(b.steps_closed for b in self.barriers.values()),
+            "shrinks": sum(b.shrinks for b in self.barriers.values()),
+            "members": sorted({m for b in self.barriers.values() for m in b.members}),
+            "dropped": dropped,
+            "models": models,
+        }
+
     async def acquire(self, worker: str, wait_s: float | None = None) -> Lease:
         """A lease for one window; waits while a cut is pausing (at most
         `wait_s`, then `CutInProgressError`). While the cluster is not

@@ -15,10 +15,11 @@ shard server's whole app.
   {partition: next_offset}}, "stream": {"cluster_id", "group", "topics"}}``
   (``stream`` optional: where the offsets were read) → ``{"released": bool}``
   (False: it had expired);
-- ``POST /v1/sync/join``, ``/v1/sync/leave``: ``{"worker": str}`` → ``{"step":
-  int}``, and ``POST /v1/sync/arrive``: ``{"worker", "deadline_s"}`` →
-  ``{"step": int}`` once the step closes: the sync mode's barrier
-  (`ps_core.checkpoint.barrier`);
+- ``POST /v1/sync/join``, ``/v1/sync/leave``: ``{"worker": str, "model":
+  str | null}`` → ``{"step": int}``, and ``POST /v1/sync/arrive``:
+  ``{"worker", "deadline_s", "model"}`` → ``{"step": int}`` once the step
+  closes: the sync mode's barrier of the model (`ps_core.checkpoint.barrier`;
+  null: the default model's);
 - ``GET /v1/offsets``: ``{"offsets": {...}, "stream": {...} | null}``, the
   latest committed offsets reported with released leases (after a restore:
   the cut's) and the stream they were read from;
@@ -152,13 +153,13 @@ async def offsets(request: web.Request) -> web.Response:
 @_COORDINATED.post("/v1/sync/join")
 async def sync_join(request: web.Request) -> web.Response:
     body = await json_body(request, _SYNC_MEMBER)
-    return json_response({"step": request.app[COORDINATOR].barrier.join(body.worker)})
+    return json_response({"step": request.app[COORDINATOR].barrier(body.model).join(body.worker)})
 
 
 @_COORDINATED.post("/v1/sync/leave")
 async def sync_leave(request: web.Request) -> web.Response:
     body = await json_body(request, _SYNC_MEMBER)
-    barrier = request.app[COORDINATOR].barrier
+    barrier = request.app[COORDINATOR].barrier(body.model)
     barrier.leave(body.worker)
     return json_response({"step": barrier.step})
 
@@ -166,7 +167,8 @@ async def sync_leave(request: web.Request) -> web.Response:
 @_COORDINATED.post("/v1/sync/arrive")
 async def sync_arrive(request: web.Request) -> web.Response:
     body = await json_body(request, _SYNC_ARRIVE)
-    return json_response({"step": await request.app[COORDINATOR].barrier.arrive(body.worker, body.deadline_s)})
+    barrier = request.app[COORDINATOR].barrier(body.model)
+    return json_response({"step": await barrier.arrive(body.worker, body.deadline_s)})
 
 
 @_EXPORTED.post("/v1/exports")

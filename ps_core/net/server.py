@@ -70,7 +70,7 @@ from . import codec
 from .auth import Refusals, Scope, TokenVerifier, check, token_from_header
 from .limits import PortGuard, PortLimits, ServedPort, serve_limited
 from .shard import Shard
-from .shard_openapi import Admit, SnapshotRequest, SyncStep, TableDeclaration, shard_document
+from .shard_openapi import Admit, SnapshotRequest, SyncApply, TableDeclaration, shard_document
 
 __all__ = [
     "create_shard_app",
@@ -290,7 +290,7 @@ async def list_statuses(request: web.Request) -> web.Response:
 
 _SNAPSHOT = msgspec.json.Decoder(SnapshotRequest)
 _ADMIT = msgspec.json.Decoder(Admit)
-_SYNC_STEP = msgspec.json.Decoder(SyncStep)
+_SYNC_APPLY = msgspec.json.Decoder(SyncApply)
 
 
 @_ROUTES.post("/v1/snapshots")
@@ -330,8 +330,8 @@ async def admit(request: web.Request) -> web.Response:
 
 @_ROUTES.post("/v1/sync/apply")
 async def apply_step(request: web.Request) -> web.Response:
-    body = await json_body(request, _SYNC_STEP)
-    return json_response({"applied": request.app[SHARD].apply_step(body.step)})
+    body = await json_body(request, _SYNC_APPLY)
+    return json_response({"applied": request.app[SHARD].apply_step(body.step, body.tables)})
 
 
 @_ROUTES.get("/v1/stats")

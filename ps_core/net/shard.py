@@ -21,7 +21,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -152,8 +152,8 @@ class Shard:
         self.restore_dir: Path | None = None
         """The model's exports directory, where the coordinator may ask this
         shard to load a version from (`ps_core.checkpoint.joining.restore_version`)."""
-        self.sync_step = 0
-        """The last sync step applied (`apply_step`)."""
+        self.sync_steps: dict[str, int] = {}
+        """The last sync step applied, per table (`apply_step`)."""
         self.key_sets = KeySets()
         """Pulled key sets kept for the pushes that name them (`ps_core.net.key_sets`)."""
         self.reply_values_clipped = 0
@@ -555,18 +555,26 @@ class Shard:
         `SparseTable.evict`); runs to completion, so never within a cut's copy."""
         return {name: t.evict() for name, t in self.tables.items() if t.lifecycle.evicts}
 
-    def apply_step(self, step: int) -> int:
-        """Sync mode: apply what every sync table holds as one push each, once
-        for `step` (a closed step of `ps_core.checkpoint.barrier`): every
-        worker of the step asks, the first one applies. Steps only grow, so a
-        late call for an older step applies nothing. Returns the distinct
-        keys updated."""
+    def apply_step(self, step: int, tables: Sequence[str] | None = None) -> int:
+        """Sync mode: apply what each sync table of `tables` (None: every one)
+        holds as one push, once for `step` (a closed step of its model's
+        barrier, `ps_core.checkpoint.barrier`): every worker of the step
+        asks, the first one applies. A table's steps only grow, so a late call
+        for an older step applies nothing to it. Names of tables this shard
+        does not hold, or not in sync mode, are passed over (a model's table
+        may be declared on its shards one after the other). Returns the
+        distinct keys updated."""
         if not self.joined:
             self._check_joined()
-        if step <= self.sync_step:
-            return 0
-        self.sync_step = step
-        return sum(t.apply_held() for t in self.tables.values() if t.config.mode == "sync")
+        names = self.tables.keys() if tables is None else tables
+        applied = 0
+        for name in names:
+            t = self.tables.get(name)
+            if t is None or t.config.mode != "sync" or step <= self.sync_steps.get(name, 0):
+                continue
+            self.sync_steps[name] = step
+            applied += t.apply_held()
+        return applied
 
     def stats(self) -> dict[str, Any]:
         """Features, bytes and call counts per table (JSON-ready)."""

@@ -369,10 +369,14 @@ class Released(Struct, forbid_unknown_fields=True):
     released: bool
 
 
+_BARRIER_MODEL = Meta(description="The model whose barrier this is (null: the default model's).")
+
+
 class SyncMember(Struct, forbid_unknown_fields=True):
-    """A sync worker joining or leaving the barrier."""
+    """A sync worker joining or leaving its model's barrier."""
 
     worker: Annotated[str, Meta(min_length=1, max_length=200)]
+    model: Annotated[ModelName | None, _BARRIER_MODEL] = None
 
 
 class SyncArrive(Struct, forbid_unknown_fields=True):
@@ -381,12 +385,24 @@ class SyncArrive(Struct, forbid_unknown_fields=True):
 
     worker: Annotated[str, Meta(min_length=1, max_length=200)]
     deadline_s: Annotated[float, Meta(ge=0, le=60)] = 5.0
+    model: Annotated[ModelName | None, _BARRIER_MODEL] = None
 
 
 class SyncStep(Struct, forbid_unknown_fields=True):
     """A closed step (or, from a join, the open one)."""
 
     step: Annotated[int, Meta(ge=0, le=MAX_INT)]
+
+
+class SyncApply(Struct, forbid_unknown_fields=True):
+    """Apply what the named sync tables hold for a closed step of their
+    model's barrier."""
+
+    step: Annotated[int, Meta(ge=0, le=MAX_INT)]
+    tables: Annotated[
+        Annotated[list[TableName], Meta(max_length=64)] | None,
+        Meta(description="The model's tables (null: every sync table of the shard)."),
+    ] = None
 
 
 class SyncApplied(Struct, forbid_unknown_fields=True):
@@ -557,6 +573,7 @@ _MODELS = (
     SyncMember,
     SyncArrive,
     SyncStep,
+    SyncApply,
     SyncApplied,
     KnownOffsets,
     ExportRequest,
@@ -832,11 +849,11 @@ _PATHS: dict[str, dict[str, Any]] = {
     },
     "/v1/sync/apply": {
         "post": _op(
-            "Apply the gradients held for a closed step (once per step).",
+            "Apply the gradients held for a closed step (once per step and table).",
             ok_response("SyncApplied", "Keys updated."),
             400,
             413,
-            body="SyncStep",
+            body="SyncApply",
         ),
     },
     "/v1/exports": {
