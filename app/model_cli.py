@@ -18,7 +18,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.manifest import check_model_name
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import PSError
-from ps_core.model.hasher import NUMERIC
+from ps_core.model.hasher import DEFAULT_NUMERIC, NUMERIC
 from ps_core.model.models import DEFAULT_EMBEDDING_OPTIMIZER, DEFAULT_LINEAR_OPTIMIZER, make_model
 from ps_core.net.auth import Scope
 from ps_core.store.table import MODES
@@ -92,8 +92,8 @@ def add_model_parser(sub: Subcommands) -> None:
     p.add_argument(
         "--numeric",
         choices=NUMERIC,
-        default="raw",
-        help="create: numeric feature values fed as sent (raw, the default) or as sign(x) log1p(|x|)",
+        default=DEFAULT_NUMERIC,
+        help=f"create: numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p); default {DEFAULT_NUMERIC}",
     )
     p.add_argument("--max-staleness", type=int, help="create, async: down-weight gradients staler than N pushes")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for shard 0 (default 30)")

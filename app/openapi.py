@@ -24,6 +24,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ps_core.model.events import MAX_FEATURES, MAX_WEIGHT
+from ps_core.model.hasher import DEFAULT_NUMERIC
 from ps_core.models import components, ref
 from ps_core.net.shard_openapi import (
     FTRL_RULE,
@@ -155,7 +156,9 @@ class FeatureWeights(Struct, forbid_unknown_fields=True):
         str | None, Meta(description="field=value, field (numeric), (bias), or null for a pre-hashed key.")
     ]
     key: Annotated[int, Meta(ge=0, extra_json_schema={"maximum": 2**64 - 1})]
-    value: float
+    value: Annotated[
+        float, Meta(description="What the model multiplies: 1, or a number as fed (sign(x) log1p(|x|) under log1p).")
+    ]
     present: Annotated[bool, Meta(description="False: never trained; the weights are its initial value.")]
     weights: dict[str, list[float]]
 
@@ -276,7 +279,7 @@ class CreateModelRequest(Struct, forbid_unknown_fields=True):
     factors: Annotated[int, Meta(ge=1, le=1024)] = 8
     mode: Literal["async", "sync", "geo"] = "async"
     max_staleness: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
-    numeric: Literal["raw", "log1p"] = "raw"
+    numeric: Literal["raw", "log1p"] = DEFAULT_NUMERIC
 
 
 class ModelCreated(Struct, forbid_unknown_fields=True):

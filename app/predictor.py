@@ -273,7 +273,8 @@ class Predictor:
         )
 
     def _named_features(self, features: dict[str, Any], keys: list[int]) -> tuple[list[str | None], U64, F32]:
-        """Names, ids and values of validated features, in request order."""
+        """Names, ids and values (as the model is fed them) of validated
+        features, in request order."""
         fields: list[str] = []
         cats: list[str | None] = []
         values: list[float] = [1.0]
@@ -285,10 +286,10 @@ class Predictor:
             if isinstance(v, bool):
                 v = "true" if v else "false"
             items = [v] if isinstance(v, str) else v if isinstance(v, list) else None
-            if items is None:  # a number
+            if items is None:  # a number, fed as the model feeds it
                 fields.append(field)
                 cats.append(None)
-                values.append(float(v))
+                values.append(float(self.hasher.fed_values(float(v))))
                 names.append(field)
                 continue
             fields.extend([field] * len(items))

@@ -21,7 +21,7 @@ from consumers.kafka_security import KafkaSecurity
 from consumers.worker import WorkerConfig
 from ps_core.checkpoint.manifest import check_model_name
 from ps_core.errors import TableConfigError
-from ps_core.model.hasher import NUMERIC
+from ps_core.model.hasher import DEFAULT_NUMERIC, NUMERIC
 from ps_core.net.limits import PortLimits, RpcLimits
 from ps_core.net.quantize import PULL_VALUE_TYPES, VALUE_TYPES
 from ps_core.net.wire import ROUNDINGS, WireFormat
@@ -184,7 +184,7 @@ def _model_name(help: str) -> Any:
 
 
 def _numeric(help: str) -> Any:
-    return setting("raw", env="CTRPS_NUMERIC", flag="--numeric", help=help, choices=NUMERIC)
+    return setting(DEFAULT_NUMERIC, env="CTRPS_NUMERIC", flag="--numeric", help=help, choices=NUMERIC)
 
 
 def _use_rpc() -> Any:

@@ -82,7 +82,6 @@ from app.settings import ApiSettings, ShardSettings  # noqa: E402
 from app.shard_role import run_shard  # noqa: E402
 from app.signals import stop_on_signals  # noqa: E402
 from ps_core.checkpoint.control import ControlClient  # noqa: E402
-from ps_core.model.hasher import FeatureHasher  # noqa: E402
 from ps_core.model.models import Model, make_model  # noqa: E402
 from ps_core.net.auth import Scope, derive_token, new_secret  # noqa: E402
 from ps_core.net.client import PSClient  # noqa: E402
@@ -129,7 +128,7 @@ async def train(
     """The worker's training step over `events`, `step` events at a time."""
     for t in model.tables():
         await control.declare(t)
-    batch, errors = FeatureHasher(model.name).featurize(events)
+    batch, errors = model.hasher().featurize(events)
     assert not errors
     for start in range(0, batch.size, step):
         await train_step(client, model, batch.slice(start, min(start + step, batch.size)))

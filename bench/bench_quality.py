@@ -6,8 +6,11 @@ validation).
 Learners:
 
 - ``ctrps_lr`` and ``ctrps_fm``: ``ps_core.Learner``, the worker's own async
-  training step (hashing, mini-batches of 256, FTRL / the FM's defaults) in
-  this process: the same training code as a worker, without Kafka or shards.
+  training step (hashing, mini-batches of 256, FTRL / the FM's defaults,
+  numeric features as ``sign(x) log1p(|x|)``, the default) in this process:
+  the same training code as a worker, without Kafka or shards;
+  ``ctrps_lr_raw`` and ``ctrps_fm_raw``: the same with numeric features fed
+  as sent (``--numeric raw``), the sweep that chose the default.
 - ``vw``: Vowpal Wabbit through its Python API (``--loss_function logistic
   --link logistic -b 22``, its default adaptive, normalized updates), one
   example at a time; categoricals as ``name=value`` tokens, numbers as
@@ -23,7 +26,9 @@ starts; ctrps's clock includes its own hashing of the event dicts.
 
 Streams: the synthetic generator (a hidden logistic model with pairwise
 interactions) with a long tail (``fresh``: new ids seen once) and drift, at
-two sizes; and ``--file PATH --format criteo|avazu|jsonl`` if given.
+two sizes; the small size again with the counts acting linearly in the
+hidden model instead of through ``log1p`` (``synthetic_linear_counts``); and
+``--file PATH --format criteo|avazu|jsonl`` if given.
 
 Needs ``pip install -e '.[quality]'``. Run: ``python bench/bench_quality.py
 [--quick]``; the last line is JSON.
@@ -42,6 +47,7 @@ from common import bench_mode, bench_parser, elapsed_s, print_result, progress_l
 
 from consumers.formats import iter_file
 from consumers.synthetic import SyntheticStream
+from ps_core.model.hasher import DEFAULT_NUMERIC
 from ps_core.model.learner import Learner
 from ps_core.model.metrics import evaluate
 
@@ -80,7 +86,7 @@ def _river_x(event: dict[str, Any]) -> dict[str, float]:
     return x
 
 
-def run_ctrps(kind: str, events: Events, numeric: str = "raw") -> tuple[np.ndarray, float]:
+def run_ctrps(kind: str, events: Events, numeric: str = DEFAULT_NUMERIC) -> tuple[np.ndarray, float]:
     learner = Learner(kind, numeric=numeric)
     t0 = time.perf_counter()
     chunks = []
@@ -128,8 +134,8 @@ def run_river(kind: str, events: Events) -> tuple[np.ndarray, float]:
 LEARNERS: dict[str, Callable[[Events], tuple[np.ndarray, float]]] = {
     "ctrps_lr": lambda ev: run_ctrps("lr", ev),
     "ctrps_fm": lambda ev: run_ctrps("fm", ev),
-    "ctrps_lr_log1p": lambda ev: run_ctrps("lr", ev, "log1p"),
-    "ctrps_fm_log1p": lambda ev: run_ctrps("fm", ev, "log1p"),
+    "ctrps_lr_raw": lambda ev: run_ctrps("lr", ev, "raw"),
+    "ctrps_fm_raw": lambda ev: run_ctrps("fm", ev, "raw"),
     "vw": run_vw,
     "river_lr": lambda ev: run_river("lr", ev),
     "river_fm": lambda ev: run_river("fm", ev),
@@ -155,9 +161,11 @@ def measure(name: str, events: Events) -> dict[str, float]:
 def streams(args: argparse.Namespace) -> dict[str, Events]:
     small, large = (15_000, 45_000) if args.quick else (200_000, 1_000_000)
     out: dict[str, Events] = {}
-    for label, n in (("synthetic_small", small), ("synthetic_large", large)):
+    sizes = (("synthetic_small", small, "log1p"), ("synthetic_large", large, "log1p"))
+    # The same, its counts acting linearly: numeric handling not chosen for one generator's truth.
+    for label, n, truth in (*sizes, ("synthetic_linear_counts", small, "linear")):
         # A long tail (5% of categorical values brand-new ids) and drift.
-        stream = SyntheticStream(seed=args.seed, fresh=0.05, drift=0.5, events_per_s=1000.0)
+        stream = SyntheticStream(seed=args.seed, fresh=0.05, drift=0.5, events_per_s=1000.0, numeric_truth=truth)
         out[label] = [e for batch in stream.iter_batches(n, 10_000) for e in batch]
     if args.file is not None:
         rows = [e for e in iter_file(args.file, args.format) if isinstance(e, dict) and "label" in e]
@@ -191,12 +199,11 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 a["lr_ratio_events_per_s_vs_vw"] = r["ctrps_lr"]["events_per_s"] / r["vw"]["events_per_s"]
         if "ctrps_fm" in r and "ctrps_lr" in r:
             a["fm_logloss_le_lr"] = r["ctrps_fm"]["logloss"] <= r["ctrps_lr"]["logloss"]
-        if "ctrps_lr_log1p" in r:
-            # --numeric log1p (a model's choice, not the default yet)
-            a["lr_log1p_logloss_ratio_vs_best_of_vw_river"] = r["ctrps_lr_log1p"]["logloss"] / best_other
-            a["lr_log1p_logloss_le_best"] = r["ctrps_lr_log1p"]["logloss"] <= best_other
-        if "ctrps_fm_log1p" in r and "ctrps_lr_log1p" in r:
-            a["fm_log1p_logloss_le_lr_log1p"] = r["ctrps_fm_log1p"]["logloss"] <= r["ctrps_lr_log1p"]["logloss"]
+        if "ctrps_lr_raw" in r and "ctrps_lr" in r:
+            # The default numeric handling against the other: the sweep's verdict.
+            a["lr_default_numeric_logloss_ratio_vs_raw"] = r["ctrps_lr"]["logloss"] / r["ctrps_lr_raw"]["logloss"]
+        if "ctrps_fm_raw" in r and "ctrps_lr_raw" in r:
+            a["fm_raw_logloss_le_lr_raw"] = r["ctrps_fm_raw"]["logloss"] <= r["ctrps_lr_raw"]["logloss"]
         aims[stream_name] = a
         log(f"{stream_name}: " + ", ".join(f"{k} {_shown(v)}" for k, v in a.items()))
     return {

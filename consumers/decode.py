@@ -23,7 +23,7 @@ import orjson
 
 from ps_core.model.batch import EventBatch
 from ps_core.model.events import EventError, decode_message, message_events
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.hasher import DEFAULT_NUMERIC, FeatureHasher
 
 __all__ = ["Decoded", "Rejected", "decode_records"]
 
@@ -59,7 +59,7 @@ class Decoded:
 
 
 @lru_cache(maxsize=8)
-def _hasher(namespace: str, numeric: str = "raw") -> FeatureHasher:
+def _hasher(namespace: str, numeric: str = DEFAULT_NUMERIC) -> FeatureHasher:
     # One hasher per process and namespace keeps its field-name cache warm.
     return FeatureHasher(namespace, numeric=numeric)
 
@@ -90,7 +90,7 @@ def decode_records(
     namespace: str,
     max_bytes: int,
     also: tuple[tuple[str, str], ...] = (),
-    numeric: str = "raw",
+    numeric: str = DEFAULT_NUMERIC,
 ) -> Decoded:
     """Decode, validate and hash records; a record is trained whole or rejected
     whole. The events are hashed into `namespace` (numeric values as

@@ -32,7 +32,9 @@ The hidden model is logistic::
   what real CTR data looks like after regularisation: rare values carry little.
 - A few weak pairwise interactions between categorical fields (on their most
   frequent values) make LR imperfect and give FM something to find.
-- A weak effect of ``log1p`` of each numeric feature.
+- A weak effect of ``log1p`` of each numeric feature (``numeric_truth
+  "linear"``: of the count itself, scaled to the same spread; a check that
+  a learner's numeric handling is not chosen for this generator alone).
 - ``bias`` is solved at construction so that the mean of ``p_true`` is ``base_ctr``.
 - ``drift > 0`` rotates the categorical weights towards a second, independent
   set: ``w(t) = cos θ · w0 + sin θ · w1`` with ``θ = drift · (ts − start_ts) / 3600``
@@ -149,6 +151,9 @@ class SyntheticStream:
     drift: float = 0.0
     base_ctr: float = 0.1
     fresh: float = 0.0
+    numeric_truth: str = "log1p"
+    """How the counts act in the hidden model: through ``log1p`` of each, or
+    (``linear``) through the counts themselves, scaled to the same spread."""
 
     def __post_init__(self) -> None:
         seed, num_numeric, num_categorical, vocab = self.seed, self.num_numeric, self.num_categorical, self.vocab
@@ -168,6 +173,8 @@ class SyntheticStream:
             raise ValueError("base_ctr must be in (0, 1)")
         if not 0.0 <= self.fresh < 1.0:
             raise ValueError("fresh must be in [0, 1)")
+        if self.numeric_truth not in ("log1p", "linear"):
+            raise ValueError("numeric_truth must be log1p or linear")
         # Ints given for the rates are kept as floats.
         for name in ("start_ts", "events_per_s", "drift", "base_ctr", "fresh"):
             setattr(self, name, float(getattr(self, name)))
@@ -204,6 +211,7 @@ class SyntheticStream:
         self._num_missing: F64 = np.where(rng.random(num_numeric) < 0.6, rng.uniform(0.0, 0.45, num_numeric), 0.0)
         self._num_w: F64 = _NUM_STD * rng.standard_normal(num_numeric)
         self._num_center: F64 = np.zeros(num_numeric)
+        self._num_scale: F64 = np.ones(num_numeric)
         self._hex_key = int(rng.integers(0, 2**32))
         self.bias = 0.0
         self._calibrate(np.random.default_rng([seed, 0xCA1]))
@@ -249,15 +257,24 @@ class SyntheticStream:
             hb = np.minimum(ranks[:, b], _PAIR_HEAD - 1)
             logit += self._pair_w[i, ha, hb]
         if self.num_numeric:
-            contrib = np.nan_to_num(np.log1p(nums) - self._num_center, nan=0.0)
+            contrib = np.nan_to_num((self._num_effect(nums) - self._num_center) * self._num_scale, nan=0.0)
             logit += contrib @ self._num_w
         return logit
+
+    def _num_effect(self, nums: F64) -> F64:
+        """What the counts act through (NaN where missing): `numeric_truth`."""
+        return np.log1p(nums) if self.numeric_truth == "log1p" else nums
 
     def _calibrate(self, rng: np.random.Generator) -> None:
         """Centre the numeric effects and solve the bias for mean p_true = base_ctr."""
         ranks, nums = self._draw(rng, _CALIBRATION_EVENTS)
         if self.num_numeric:
-            self._num_center = np.nan_to_num(np.nanmean(np.log1p(nums), axis=0), nan=0.0)
+            effect = self._num_effect(nums)
+            self._num_center = np.nan_to_num(np.nanmean(effect, axis=0), nan=0.0)
+            if self.numeric_truth == "linear":
+                # The spread log1p would give, so only the shape differs.
+                spread = np.nanstd(effect, axis=0)
+                self._num_scale = np.nan_to_num(np.nanstd(np.log1p(nums), axis=0) / np.where(spread > 0, spread, 1.0))
         logit0 = self._logit(ranks, nums, np.zeros(len(ranks)))
         target = math.log(self.base_ctr / (1.0 - self.base_ctr))
         b = target - float(np.mean(logit0)) + self.bias

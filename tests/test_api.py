@@ -177,7 +177,7 @@ def synthetic_events(rng: np.random.Generator, n: int) -> list[dict[str, Any]]:
 
 async def train(client: PSClient, model: Model, events: list[dict[str, Any]], rounds: int = 3) -> None:
     """The worker's training step (pull → gradients → push), on `events`."""
-    batch, errors = FeatureHasher(model.name).featurize(events)
+    batch, errors = model.hasher().featurize(events)
     assert not errors
     for _ in range(rounds):
         await train_step(client, model, batch)
@@ -217,7 +217,7 @@ async def test_predict_equals_a_prediction_by_hand_from_weights(make_api: MakeAp
         assert status == 200 and w["tables"] == list(api.model.table_names)
         assert p == pytest.approx(by_hand(w["weights"], api.model), rel=1e-9, abs=1e-12)
     # The same probabilities as the model computes directly from the shards.
-    batch, _ = FeatureHasher("ctr").featurize(probe, require_label=False)
+    batch, _ = api.model.hasher().featurize(probe, require_label=False)
     plan = api.model.plan(batch)
     weights = {t: await api.client.pull(t, plan.keys) for t in api.model.table_names}
     np.testing.assert_allclose(got["predictions"], sigmoid(api.model.logits(batch, plan, weights)), rtol=1e-12)
@@ -248,7 +248,15 @@ async def test_weights_name_every_feature_and_flag_absent_ones(make_api: MakeApi
         None,
         None,
     ]
-    assert [r["value"] for r in rows][:4] == [1.0, 1.0, 1.0, pytest.approx(features["price"])]
+    # A number's value is what the model multiplies: its log1p (the model's numeric).
+    assert api.model.numeric == "log1p"
+    price = features["price"]
+    assert [r["value"] for r in rows][:4] == [
+        1.0,
+        1.0,
+        1.0,
+        pytest.approx(math.copysign(math.log1p(abs(price)), price)),
+    ]
     # The ids are the ones training hashes for the same event.
     batch, _ = FeatureHasher("ctr").featurize([{"features": features, "keys": [7, 2**64 - 1]}], require_label=False)
     assert sorted(r["key"] for r in rows) == sorted(batch.keys.tolist())

@@ -37,7 +37,6 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.registry import ModelSpec
-from ps_core.model.hasher import FeatureHasher
 from ps_core.model.metrics import Metrics, evaluate
 from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSClient
@@ -216,7 +215,7 @@ async def next_sample(history: History) -> None:
 async def train_window(client: PSClient, model: Model, events: list[dict[str, Any]]) -> Metrics:
     """One window as the worker trains it: predicted before training (the
     progressive metrics), then one pull → gradients → push."""
-    batch, errors = FeatureHasher(model.name).featurize(events)
+    batch, errors = model.hasher().featurize(events)
     assert not errors
     return evaluate(await train_step(client, model, batch), batch.labels)
 

@@ -106,7 +106,7 @@ class Trainer:
 
     async def train(self, batch: list[dict[str, Any]], rounds: int = 2) -> None:
         """The worker's step (pull, gradients, push) on `batch`."""
-        b, errors = FeatureHasher(self.model.name).featurize(batch)
+        b, errors = self.model.hasher().featurize(batch)
         assert not errors
         for _ in range(rounds):
             plan = self.model.plan(b)
@@ -118,14 +118,14 @@ class Trainer:
 
     def evict(self, batch: list[dict[str, Any]]) -> None:
         """Delete the features of `batch` from every table (an eviction)."""
-        b, _ = FeatureHasher(self.model.name).featurize(batch, require_label=False)
+        b, _ = self.model.hasher().featurize(batch, require_label=False)
         for shard in self.shards:
             for table in shard.tables.values():
                 table.delete(np.unique(b.keys))
 
     async def predict(self, probe: list[dict[str, Any]]) -> F64:
         """What the model predicts from the trainer's shards now."""
-        b, _ = FeatureHasher(self.model.name).featurize(probe, require_label=False)
+        b, _ = self.model.hasher().featurize(probe, require_label=False)
         plan = self.model.plan(b)
         w = {t: await self.client.pull(t, plan.keys) for t in self.model.table_names}
         return sigmoid(self.model.logits(b, plan, w))
@@ -140,7 +140,12 @@ class Trainer:
         """Cut a base or a delta, write it (atomic rename) and remember the
         trainer's predictions at it."""
         version = self.shards[0].tables[self.model.table_names[0]].version
-        config = {"name": self.model.name, "tables": [t.to_dict() for t in self.model.tables()]}
+        # As the exporter writes a created model's: its numeric too.
+        config = {
+            "name": self.model.name,
+            "tables": [t.to_dict() for t in self.model.tables()],
+            "numeric": self.model.numeric,
+        }
         write_version(
             self.root,
             self.model.name,
@@ -452,7 +457,7 @@ async def test_a_gap_reloads_the_chain_from_the_base(
     fork = Trainer(tmp_path, trainer.model, restored.shards, PSClient.local(restored.shards), last=1)
     await fork.train(events(np.random.default_rng(8), 200, sites=30))
     snaps = {i: [dataclasses.replace(s, version=3) for s in part] for i, part in fork.snapshots(base=False).items()}
-    config = {"name": "ctr", "tables": [t.to_dict() for t in trainer.model.tables()]}
+    config = {"name": "ctr", "tables": [t.to_dict() for t in trainer.model.tables()], "numeric": trainer.model.numeric}
     write_version(tmp_path, "ctr", 3, 1, snaps, {"clicks": {0: 30}}, config, 2)
     fork.expected[3] = await fork.predict(PROBE)
 

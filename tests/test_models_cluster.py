@@ -36,7 +36,7 @@ from ps_core.errors import (
     TableConflictError,
     UnknownModelError,
 )
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.hasher import DEFAULT_NUMERIC, FeatureHasher
 from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
@@ -260,7 +260,7 @@ async def test_one_worker_trains_several_models_on_one_decode(
     values = [keyed_event(i) for i in range(n)] + [b"{not json"] * bad
     async with PSClient.connect(urls) as client, ControlClient.connect(urls) as control:
         # "feed" is created first as an FM: the worker trains it as created.
-        await control.create_model(_spec("fm", "feed", k=4, numeric="log1p").recipe())
+        await control.create_model(_spec("fm", "feed", k=4, numeric="raw").recipe())
         config = brisk_worker_config(kafka_bootstrap, topic, group, 200, 64)
         worker = Worker(
             config, client, control, make_model("lr", "m"), also=[make_model("lr", "ads"), make_model("lr", "feed")]
@@ -279,7 +279,7 @@ async def test_one_worker_trains_several_models_on_one_decode(
             await until(lambda: worker.stats.records >= n + bad, 30, what="the dead letters", task=task)
         assert [bias_shows(shards, ns) for ns in ("m", "ads", "feed")] == [n, n, n]  # once each
         assert [type(a.model).__name__ for a in worker.also] == ["LogisticRegression", "FactorizationMachine"]
-        assert [a.model.numeric for a in worker.also] == ["raw", "log1p"]  # as created
+        assert [a.model.numeric for a in worker.also] == ["log1p", "raw"]  # the default; as created
         assert all("feed_v" in s.tables for s in shards)
         # Each model its own namespace: the same feature, three keys.
         keys = {FeatureHasher(ns).bias_key for ns in ("m", "ads", "feed")}
@@ -464,8 +464,11 @@ def test_numeric_values_fed_as_log1p_keep_their_ids() -> None:
     assert ModelSpec.from_recipe(spec.recipe()) == spec
     old = {k: v for k, v in spec.to_dict().items() if k != "numeric"}  # a declaration from before the choice
     assert ModelSpec.from_dict(old).numeric == "raw"
+    # A new model's default is log1p, also in a recipe that names none.
+    assert _spec("lr", "m").numeric == DEFAULT_NUMERIC == "log1p"
+    assert ModelSpec.from_recipe({k: v for k, v in spec.recipe().items() if k != "numeric"}).numeric == "log1p"
     reg = ModelRegistry(None, "ctr")
-    reg.create(_spec("lr", "m"))
+    reg.create(_spec("lr", "m", numeric="raw"))
     with pytest.raises(ModelConflictError, match="numeric"):
         reg.create(spec)
 
@@ -476,12 +479,13 @@ async def test_the_api_serves_its_model_as_the_cluster_declared_it(tmp_path: Pat
     coord = Coordinator()
     shards = [Shard(ShardSpec(0, 1))]
     control = ControlClient.local(shards, coord)
-    assert (await as_declared(control, make_model("lr", "ctr"))).numeric == "raw"  # no exporter: the flags'
+    flags = make_model("lr", "ctr", numeric="raw")
+    assert (await as_declared(control, flags)).numeric == "raw"  # no exporter: the flags'
     exporter = Exporter(coord, control, tmp_path, "ctr")
     control.serve_exports(exporter)
-    assert (await as_declared(control, make_model("lr", "ctr"))).numeric == "raw"  # not created: the flags'
+    assert (await as_declared(control, flags)).numeric == "raw"  # not created: the flags'
     await control.create_model(_spec("lr", "ctr", numeric="log1p").recipe())
-    assert (await as_declared(control, make_model("lr", "ctr"))).numeric == "log1p"
+    assert (await as_declared(control, flags)).numeric == "log1p"
 
 
 async def test_a_replica_following_every_model_serves_one_created_after_it_started(

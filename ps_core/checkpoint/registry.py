@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from ..errors import InvalidRequestError, ModelConflictError, TableConfigError, UnknownModelError
-from ..model.hasher import NUMERIC
+from ..model.hasher import DEFAULT_NUMERIC, NUMERIC
 from ..model.models import Model, make_model, model_of_tables
 from ..store.table import TableConfig
 from .manifest import check_model_name
@@ -102,7 +102,7 @@ class ModelSpec:
         kwargs: dict[str, Any] = {
             "mode": raw.get("mode", "async"),
             "max_staleness": raw.get("max_staleness"),
-            "numeric": raw.get("numeric", "raw"),
+            "numeric": raw.get("numeric", DEFAULT_NUMERIC),
         }
         for key in ("optimizer", "embedding_optimizer"):
             opt = raw.get(key)

@@ -29,14 +29,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import chain, compress, repeat
 from operator import countOf
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
 from ..hashing import U64, mix64
 from ..parsing import exact_ints
-from .batch import F32, I64, EventBatch
+from .batch import F32, F64, I64, EventBatch
 from .events import MAX_FEATURES, MAX_WEIGHT, Checked, EventError, check_columns, check_each
 
 __all__ = ["FeatureHasher", "string_hashes", "NUMERIC"]
@@ -46,6 +46,10 @@ NUMERIC = ("raw", "log1p")
 ``sign(x) log1p(|x|)`` (``log1p``: counts with long tails compressed, the
 usual treatment of CTR count features). Part of a model's declaration:
 training and serving must hash alike."""
+DEFAULT_NUMERIC: Final = "log1p"
+"""What a new model feeds unless told: ``log1p``, chosen by
+`bench/bench_quality.py` (lower log loss than ``raw`` on every stream it
+runs). A declaration written before the choice existed reads as ``raw``."""
 
 
 # -- string hashing ------------------------------------------------------------
@@ -361,6 +365,11 @@ class FeatureHasher:
         self.max_features = max_features
         self.bias_key = int(mix64(np.array([self._ns], dtype=np.uint64) ^ _C_BIAS)[0])
 
+    def fed_values(self, x: npt.ArrayLike) -> F32:
+        """Numeric feature values `x` as the model is fed them (`numeric`)."""
+        v = np.asarray(x, dtype=np.float64)
+        return (signed_log1p(v) if self.numeric == "log1p" else v).astype(np.float32)
+
     def feature_ids(self, fields: Sequence[str], values: Sequence[str | None]) -> U64:
         """Ids of features given as (field, categorical value) pairs; a None
         value names the numeric feature `field`."""
@@ -624,9 +633,15 @@ def _ids(cols: _Columns, fails: _Failures, *, log1p: bool = False) -> tuple[U64,
                 )
         x = np.where(finite, x, 0)
         if log1p:
-            x = np.sign(x) * np.log1p(np.abs(x))
+            x = signed_log1p(x)
         vals[num] = x.astype(np.float32)
     return mix64(cols.fhash ^ salt), vals
+
+
+def signed_log1p(x: F64) -> F64:
+    """``sign(x) log1p(|x|)``: what a ``log1p`` model feeds for a number x."""
+    out: F64 = np.sign(x) * np.log1p(np.abs(x))
+    return out
 
 
 def _rare_values(cols: _Columns, keep: npt.NDArray[np.bool_], fails: _Failures, extras: _Extras) -> None:

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from ..hashing import U64, distinct
 from ..store.table import TableConfig
 from .batch import EventBatch
-from .hasher import NUMERIC, FeatureHasher
+from .hasher import DEFAULT_NUMERIC, NUMERIC, FeatureHasher
 
 __all__ = [
     "Model",
@@ -101,7 +101,7 @@ class Model(ABC):
     """A CTR model over named tables."""
 
     name: str
-    numeric: str = "raw"
+    numeric: str = DEFAULT_NUMERIC
     """How its numeric features are fed (`ps_core.model.hasher.NUMERIC`): its
     events are hashed so in training and in serving."""
     kind: ClassVar[str]
@@ -172,7 +172,7 @@ class LogisticRegression(Model):
         *,
         mode: str = "async",
         max_staleness: int | None = None,
-        numeric: str = "raw",
+        numeric: str = DEFAULT_NUMERIC,
     ) -> None:
         """`optimizer`: its table's (default `DEFAULT_LINEAR_OPTIMIZER`);
         `mode` and `max_staleness`: how workers update it (`TableConfig`);
@@ -211,7 +211,7 @@ class FactorizationMachine(Model):
         *,
         mode: str = "async",
         max_staleness: int | None = None,
-        numeric: str = "raw",
+        numeric: str = DEFAULT_NUMERIC,
     ) -> None:
         """`k`: the embeddings' dim; `optimizer` and `embedding_optimizer`:
         the linear and the embedding table's; `init_scale` and `seed`: the

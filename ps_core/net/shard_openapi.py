@@ -512,9 +512,13 @@ class ModelDeclaration(Struct, forbid_unknown_fields=True):
     seed: Annotated[int, Meta(ge=0, le=MAX_INT)] = 0
     mode: Mode = "async"
     max_staleness: Annotated[int, Meta(ge=0, le=2**31 - 1)] | UnsetType = UNSET
-    numeric: Annotated[
-        Literal["raw", "log1p"], Meta(description="Numeric features fed as sent, or as sign(x) log1p(|x|).")
-    ] = "raw"
+    numeric: (
+        Annotated[
+            Literal["raw", "log1p"],
+            Meta(description="Numeric features fed as sent, or as sign(x) log1p(|x|); absent: log1p, the default."),
+        ]
+        | UnsetType
+    ) = UNSET
 
 
 class ModelEntry(Struct, forbid_unknown_fields=True):
