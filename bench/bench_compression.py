@@ -50,7 +50,7 @@ from consumers.worker import WindowReport, Worker, WorkerConfig, WorkerStats
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.serving import serving_arrays, serving_config, serving_weights
 from ps_core.model.batch import EventBatch
-from ps_core.model.hasher import DEFAULT_NUMERIC, FeatureHasher
+from ps_core.model.hasher import FeatureHasher
 from ps_core.model.metrics import evaluate
 from ps_core.model.models import make_model, sigmoid
 from ps_core.net.client import PSClient
@@ -188,7 +188,7 @@ _NO_WINDOW = _NoWindow()
 
 def synthetic_batches(n: int, window: int, seed: int) -> list[EventBatch]:
     """`n` synthetic events (the topic's, by seed) hashed in batches of `window`."""
-    hasher = FeatureHasher("ctr", numeric=DEFAULT_NUMERIC)  # as the worker's model hashes them
+    hasher = FeatureHasher("ctr")
     stream = SyntheticStream(seed=seed, events_per_s=1e6)
     out = []
     for events in stream.iter_batches(n, window):

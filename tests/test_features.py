@@ -17,7 +17,7 @@ from ps_core.hashing import mix64
 from ps_core.model import hasher
 from ps_core.model.batch import EventBatch
 from ps_core.model.events import MAX_WEIGHT, EventError, check_each, decode_message
-from ps_core.model.hasher import FeatureHasher, string_hashes
+from ps_core.model.hasher import GRID_WIDTH, FeatureHasher, string_hashes
 
 
 def test_decode_object_array_and_json_lines() -> None:
@@ -64,6 +64,8 @@ def _reference_hash(s: str) -> int:
         # equal lengths (the one-row-per-string path), ASCII or not
         st.integers(0, 9).flatmap(lambda n: st.lists(st.text(min_size=n, max_size=n), min_size=1, max_size=20)),
         st.lists(st.text(alphabet="0123456789abcdef", min_size=8, max_size=8), min_size=1, max_size=20),
+        # around the longest string hashed as a padded matrix: both paths, one list
+        st.lists(st.text(min_size=GRID_WIDTH - 2, max_size=GRID_WIDTH + 2) | st.text(max_size=4), min_size=1),
     )
 )
 def test_string_hashes_match_the_definition(strings: list[str]) -> None:
@@ -111,7 +113,8 @@ def test_featurize_kinds_of_features() -> None:
         h.feature_ids(["site", "price", "tags", "tags", "new"], ["a", None, "p", "q", "true"]).tolist()
     )
     assert k[7:9].tolist() == [7, 2**64 - 1]
-    assert sorted(batch.values[:6].tolist()) == [1, 1, 1, 1, 1, 2.5]
+    # A number is fed as sign(x) log1p(|x|), the default.
+    assert sorted(batch.values[:6].tolist()) == [1, 1, 1, 1, 1, pytest.approx(math.log1p(2.5))]
     assert batch.labels.tolist() == [1, 0]
     assert batch.weights.tolist() == [1, 2]
     assert np.isnan(batch.ts[0]) and batch.ts[1] == 100.5
@@ -216,9 +219,10 @@ def _fmix(x: int) -> int:
 
 
 class _Reference:
-    def __init__(self, namespace: str, *, max_features: int = 4096) -> None:
+    def __init__(self, namespace: str, *, max_features: int = 4096, numeric: str = "log1p") -> None:
         self.ns = _reference_hash(namespace)
         self.max_features = max_features
+        self.numeric = numeric
         self.bias_key = _fmix(self.ns ^ _C_BIAS)
         self.field_hashes: dict[str, int] = {}
 
@@ -260,7 +264,12 @@ class _Reference:
                     if not (math.isfinite(x) and abs(x) <= MAX_WEIGHT):
                         bad_numbers.append((i, "bad_value", f"{name}={v!r} is not a finite float32"))
                     ids.append(_fmix(self.field(name) ^ _C_NUM))
-                    vals.append(x)
+                    # A log1p model's value (the default); a bad number stays as it is (its event fails).
+                    if self.numeric == "log1p" and math.isfinite(x):
+                        fed = math.copysign(math.log1p(abs(x)), x) if x != 0 else 0.0  # sign(0) is 0: never -0.0
+                    else:
+                        fed = x
+                    vals.append(fed)
                 elif type(v) is bool:
                     extras.append(self.categorical(name, "true" if v else "false"))
                 elif type(v) is list and all(isinstance(s, str) for s in v):

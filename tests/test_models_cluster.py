@@ -452,7 +452,7 @@ def test_help_prose_fits_80_columns() -> None:
 
 def test_numeric_values_fed_as_log1p_keep_their_ids() -> None:
     event = {"label": 0, "features": {"I1": 10.0, "I2": -3.0, "c": "x"}}
-    raw, _ = FeatureHasher("m").featurize([event])
+    raw, _ = FeatureHasher("m", numeric="raw").featurize([event])
     logs, _ = FeatureHasher("m", numeric="log1p").featurize([event])
     np.testing.assert_array_equal(raw.keys, logs.keys)
     np.testing.assert_allclose(raw.values, [1, 10, -3, 1])

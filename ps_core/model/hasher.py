@@ -70,22 +70,60 @@ def string_hashes(strings: Sequence[str] | npt.NDArray[np.object_]) -> U64:
     """Stable 64-bit hashes of strings: ``fmix64(sum_i cp_i * M_i)`` over the
     code points ``cp_i`` with fixed odd multipliers ``M_i`` (mod 2**64).
 
-    Vectorised: all strings are encoded as one buffer (a byte per code point
-    when ASCII, else UTF-32). When they all have the same length, the buffer
-    is a matrix and the hashes one matrix-vector product; otherwise each code
-    point is multiplied by the multiplier of its position within its string
-    and ``np.add.reduceat`` sums each string's run.
+    Vectorised: strings of at most `GRID_WIDTH` code points are copied into
+    one zero-padded matrix (a byte per code point when all are ASCII, else
+    UTF-32), whose hashes are a multiply-add per column (padding adds
+    nothing). Longer ones go as one buffer, each code point multiplied by
+    the multiplier of its position within its string and summed per string
+    by ``np.add.reduceat``.
     """
     seq = strings.tolist() if isinstance(strings, np.ndarray) else strings
     if len(seq) == 0:
         return np.zeros(0, dtype=np.uint64)
+    grid = _grid_hashes(seq)
+    if grid is not None:
+        return grid
     # One buffer, each string followed by a NUL: boundaries come from the
     # buffer itself instead of a len() per string.
-    return _joined_hashes("\0".join(seq) + "\0", seq)
+    return _buffer_hashes("\0".join(seq) + "\0", seq)
+
+
+GRID_WIDTH = 64
+"""Longest strings hashed as a padded matrix (`string_hashes`): the matrix
+costs the longest string's width for every string, so a chunk with a longer
+one takes the buffer path instead."""
+
+
+def _grid_hashes(seq: Sequence[str]) -> U64 | None:
+    """`string_hashes` of `seq` (not empty, every item a str) through a
+    zero-padded matrix of code points, or None if one is longer than `GRID_WIDTH`."""
+    width = max(map(len, seq))
+    if width > GRID_WIDTH:
+        return None
+    width = max(width, 1)
+    try:
+        # numpy copies each string into its row in C; ASCII-only, a byte each.
+        grid: npt.NDArray[np.uint8] | npt.NDArray[np.uint32] = np.array(seq, dtype=f"S{width}").view(np.uint8)
+    except UnicodeEncodeError:
+        grid = np.array(seq, dtype=f"<U{width}").view("<u4")
+    grid = grid.reshape(len(seq), width)
+    mults = _multipliers(width).tolist()
+    # A column at a time: no (n, width) uint64 temporary.
+    acc = grid[:, 0] * np.uint64(mults[0])
+    for i in range(1, width):  # per column (at most GRID_WIDTH), not per string
+        acc += grid[:, i] * np.uint64(mults[i])
+    return mix64(acc)
 
 
 def _joined_hashes(joined: str, seq: Sequence[str]) -> U64:
     """`string_hashes` of `seq` (not empty), given ``"\\0".join(seq) + "\\0"``."""
+    grid = _grid_hashes(seq)
+    return grid if grid is not None else _buffer_hashes(joined, seq)
+
+
+def _buffer_hashes(joined: str, seq: Sequence[str]) -> U64:
+    """`string_hashes` of `seq` (not empty) from one buffer, ``joined``:
+    ``"\\0".join(seq) + "\\0"``."""
     n = len(seq)
     # ASCII (the usual alphabet of ids) takes one byte per code point, a
     # quarter of UTF-32 to scan.
@@ -94,20 +132,6 @@ def _joined_hashes(joined: str, seq: Sequence[str]) -> U64:
         if joined.isascii()
         else np.frombuffer(joined.encode("utf-32-le"), dtype="<u4")
     )
-    width = cps.size // n
-    if width * n == cps.size:
-        grid = cps.reshape(n, width)
-        # NULs exactly at the end of every row: all strings have length
-        # width - 1 (hex ids, say), so each hash is one row times the
-        # multipliers, with no per-code-point positions to compute.
-        if not grid[:, -1].any() and np.count_nonzero(cps) == n * (width - 1):
-            mults = _multipliers(width).tolist()
-            # A column at a time: no (n, width) uint64 temporary, and the
-            # terminator column (all 0) adds nothing.
-            acc = grid[:, 0] * np.uint64(mults[0])
-            for i in range(1, width - 1):
-                acc += grid[:, i] * np.uint64(mults[i])
-            return mix64(acc)
     ends = np.flatnonzero(cps == 0)
     if ends.size != n:  # some string holds a NUL: take lengths the slow way
         lens = np.fromiter(map(len, seq), dtype=np.int64, count=n)
@@ -353,7 +377,7 @@ class FeatureHasher:
     ``features`` object in order), both bounded; it is not thread-safe.
     """
 
-    def __init__(self, namespace: str, *, max_features: int = MAX_FEATURES, numeric: str = "raw") -> None:
+    def __init__(self, namespace: str, *, max_features: int = MAX_FEATURES, numeric: str = DEFAULT_NUMERIC) -> None:
         """`numeric`: how numeric values become feature values (`NUMERIC`)."""
         if numeric not in NUMERIC:
             raise ValueError(f"numeric {numeric!r} is not one of {', '.join(NUMERIC)}")
