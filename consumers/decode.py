@@ -13,7 +13,6 @@ through `decode_message`/`message_events` for exactly their events or reason.
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,7 +22,7 @@ import orjson
 
 from ps_core.model.batch import EventBatch
 from ps_core.model.events import EventError, decode_message, message_events
-from ps_core.model.hasher import DEFAULT_NUMERIC, FeatureHasher
+from ps_core.model.hasher import DEFAULT_NUMERIC, FeatureHasher, collector_paused
 
 __all__ = ["Decoded", "Rejected", "decode_records"]
 
@@ -100,13 +99,8 @@ def decode_records(
     # Parsed events hold no reference cycles, but a chunk allocates thousands
     # of containers, and each collector pass would walk every young event
     # dict (~5% of the chunk's time): paused while decoding.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         return _decode(values, namespace, max_bytes, t0, also, numeric)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 def _decode(

@@ -26,7 +26,9 @@ Python-level step below is a C-level ``map`` over a column, or numpy):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import gc
+from collections.abc import Iterator, Sequence
 from itertools import chain, compress, repeat
 from operator import countOf
 from typing import Any, Final, TypeAlias
@@ -64,6 +66,23 @@ def _multipliers(width: int) -> U64:
         # of the position, so hashes never depend on the batch.
         _MULTS = mix64(np.arange(1, max(width, 64) + 1, dtype=np.uint64), 0x2545F4914F6CDD1D) | np.uint64(1)
     return _MULTS[:width]
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic collector paused for the block (then as it was).
+
+    Hashing a chunk allocates many containers, none in a cycle; each
+    collector pass on the way would walk every object alive, and a caller
+    holding millions of event dicts (a `Learner`'s list, a decode's parsed
+    chunk) makes each pass cost more than the hashing."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def string_hashes(strings: Sequence[str] | npt.NDArray[np.object_]) -> U64:
@@ -425,12 +444,13 @@ class FeatureHasher:
         """
         n = len(events)
         grp = list(range(n)) if groups is None else list(groups)
-        checked = check_columns(events, require_label, self.max_features)
-        if checked is None:
-            # Some event is invalid (or unusual): check them one by one to
-            # find each failed group's first error, exactly.
-            checked = check_each(events, require_label, self.max_features, grp)
-        return self._hash(checked, grp, json_types)
+        with collector_paused():
+            checked = check_columns(events, require_label, self.max_features)
+            if checked is None:
+                # Some event is invalid (or unusual): check them one by one to
+                # find each failed group's first error, exactly.
+                checked = check_each(events, require_label, self.max_features, grp)
+            return self._hash(checked, grp, json_types)
 
     def _gather(
         self, present: list[Any], json_types: bool = False
