@@ -89,22 +89,20 @@ def string_hashes(strings: Sequence[str] | npt.NDArray[np.object_]) -> U64:
     """Stable 64-bit hashes of strings: ``fmix64(sum_i cp_i * M_i)`` over the
     code points ``cp_i`` with fixed odd multipliers ``M_i`` (mod 2**64).
 
-    Vectorised: strings of at most `GRID_WIDTH` code points are copied into
-    one zero-padded matrix (a byte per code point when all are ASCII, else
-    UTF-32), whose hashes are a multiply-add per column (padding adds
-    nothing). Longer ones go as one buffer, each code point multiplied by
-    the multiplier of its position within its string and summed per string
-    by ``np.add.reduceat``.
+    Vectorised, from one NUL-separated buffer of the strings' code points (a
+    byte each when all are ASCII, else UTF-32): strings all of one length
+    are its rows, hashed by a multiply-add per column; strings of at most
+    `GRID_WIDTH` code points are copied into a zero-padded matrix and hashed
+    alike (padding adds nothing); longer ones have each code point multiplied
+    by the multiplier of its position within its string and summed per
+    string by ``np.add.reduceat``.
     """
     seq = strings.tolist() if isinstance(strings, np.ndarray) else strings
     if len(seq) == 0:
         return np.zeros(0, dtype=np.uint64)
-    grid = _grid_hashes(seq)
-    if grid is not None:
-        return grid
     # One buffer, each string followed by a NUL: boundaries come from the
     # buffer itself instead of a len() per string.
-    return _buffer_hashes("\0".join(seq) + "\0", seq)
+    return _joined_hashes("\0".join(seq) + "\0", seq)
 
 
 GRID_WIDTH = 64
@@ -125,32 +123,48 @@ def _grid_hashes(seq: Sequence[str]) -> U64 | None:
         grid: npt.NDArray[np.uint8] | npt.NDArray[np.uint32] = np.array(seq, dtype=f"S{width}").view(np.uint8)
     except UnicodeEncodeError:
         grid = np.array(seq, dtype=f"<U{width}").view("<u4")
-    grid = grid.reshape(len(seq), width)
-    mults = _multipliers(width).tolist()
-    # A column at a time: no (n, width) uint64 temporary.
-    acc = grid[:, 0] * np.uint64(mults[0])
-    for i in range(1, width):  # per column (at most GRID_WIDTH), not per string
+    return _column_hashes(grid.reshape(len(seq), width))
+
+
+def _joined_hashes(joined: str, seq: Sequence[str]) -> U64:
+    """`string_hashes` of `seq` (not empty), given ``"\\0".join(seq) + "\\0"``:
+    strings all of one length (hex ids, say) straight from that buffer as a
+    matrix; else through the padded matrix (`_grid_hashes`); else the buffer."""
+    cps = _code_points(joined)
+    n = len(seq)
+    width = cps.size // n
+    if width * n == cps.size:
+        grid = cps.reshape(n, width)
+        # NULs exactly at the end of every row: all strings have length
+        # width - 1, so each row is a string and its terminator.
+        if not grid[:, -1].any() and np.count_nonzero(cps) == n * (width - 1):
+            return _column_hashes(grid[:, : width - 1])
+    hashed = _grid_hashes(seq)
+    return hashed if hashed is not None else _buffer_hashes(cps, seq)
+
+
+def _code_points(joined: str) -> npt.NDArray[np.uint8] | npt.NDArray[np.uint32]:
+    """The code points of `joined`: a byte each when ASCII (the usual
+    alphabet of ids, a quarter of UTF-32 to scan), else UTF-32."""
+    if joined.isascii():
+        return np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+    return np.frombuffer(joined.encode("utf-32-le"), dtype="<u4")
+
+
+def _column_hashes(grid: npt.NDArray[np.uint8] | npt.NDArray[np.uint32]) -> U64:
+    """`H` of each row of code points (zero padding adds nothing)."""
+    n, width = grid.shape
+    mults = _multipliers(max(width, 1)).tolist()
+    acc = np.zeros(n, dtype=np.uint64)  # a column at a time: no (n, width) uint64 temporary
+    for i in range(width):  # per column (at most GRID_WIDTH, or one length), not per string
         acc += grid[:, i] * np.uint64(mults[i])
     return mix64(acc)
 
 
-def _joined_hashes(joined: str, seq: Sequence[str]) -> U64:
-    """`string_hashes` of `seq` (not empty), given ``"\\0".join(seq) + "\\0"``."""
-    grid = _grid_hashes(seq)
-    return grid if grid is not None else _buffer_hashes(joined, seq)
-
-
-def _buffer_hashes(joined: str, seq: Sequence[str]) -> U64:
-    """`string_hashes` of `seq` (not empty) from one buffer, ``joined``:
+def _buffer_hashes(cps: npt.NDArray[np.uint8] | npt.NDArray[np.uint32], seq: Sequence[str]) -> U64:
+    """`string_hashes` of `seq` (not empty) from the code points `cps` of
     ``"\\0".join(seq) + "\\0"``."""
     n = len(seq)
-    # ASCII (the usual alphabet of ids) takes one byte per code point, a
-    # quarter of UTF-32 to scan.
-    cps: npt.NDArray[np.uint8] | npt.NDArray[np.uint32] = (
-        np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
-        if joined.isascii()
-        else np.frombuffer(joined.encode("utf-32-le"), dtype="<u4")
-    )
     ends = np.flatnonzero(cps == 0)
     if ends.size != n:  # some string holds a NUL: take lengths the slow way
         lens = np.fromiter(map(len, seq), dtype=np.int64, count=n)
