@@ -459,6 +459,9 @@ def test_numeric_values_fed_as_log1p_keep_their_ids() -> None:
     np.testing.assert_allclose(logs.values, [1, np.log1p(10), -np.log1p(3), 1], rtol=1e-6)
     with pytest.raises(ValueError, match="numeric"):
         FeatureHasher("m", numeric="sqrt")
+    # What /v1/weights reports: a number as the model is fed it.
+    np.testing.assert_allclose(FeatureHasher("m").fed_values([10.0, -3.0, 0.0]), logs.values[1:3].tolist() + [0.0])
+    assert FeatureHasher("m", numeric="raw").fed_values([10.0, -3.0]).tolist() == [10.0, -3.0]
     spec = _spec("lr", "m", numeric="log1p")
     assert ModelSpec.from_dict(orjson.loads(orjson.dumps(spec.to_dict()))).build().numeric == "log1p"
     assert ModelSpec.from_recipe(spec.recipe()) == spec
