@@ -358,18 +358,14 @@ class Worker:
         `also`: further models trained on the same records, in the worker's
         mode (in sync mode each model's steps meet at its own barrier; in geo
         mode each model has its own local copy)."""
-        if model.mode != config.mode:
-            raise ValueError(
-                f"the model's tables are declared for mode {model.mode}, the worker runs mode {config.mode}"
-            )
-        names = [model.name, *(m.name for m in also)]
-        if len(set(names)) != len(names):
-            raise ValueError(f"a model is named twice: {', '.join(names)}")
-        for m in also:
+        for m in (model, *also):
             if m.mode != config.mode:
                 raise ValueError(
                     f"model {m.name}'s tables are declared for mode {m.mode}, the worker runs mode {config.mode}"
                 )
+        names = [model.name, *(m.name for m in also)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a model is named twice: {', '.join(names)}")
         self.config = config
         self.client = client
         self.control = control

@@ -428,6 +428,13 @@ def test_also_train_settings() -> None:
             make_model("lr", "m", mode="sync"),
             also=[make_model("lr", "a")],
         )
+    with pytest.raises(ValueError, match="model m's tables are declared for mode geo, the worker runs mode sync"):
+        Worker(
+            brisk_worker_config("k:9092", "t", "g", 10, 10, mode="sync"),
+            PSClient.local([Shard()]),
+            ControlClient.local([Shard()]),
+            make_model("lr", "m", mode="geo"),
+        )
 
 
 def test_help_prose_fits_80_columns() -> None:

@@ -207,14 +207,14 @@ class Coordinator:
         self._changed = asyncio.Condition()
         self._cut_lock = asyncio.Lock()
         self.epoch = secrets.token_hex(8)
+        """This coordinator's life. Workers compare it between leases: a new
+        one means the coordinator restarted, perhaps with shards restored to
+        a cut, and the workers must resume from its offsets."""
         self.sync_max_deadline_s = MAX_DEADLINE_S
         """The longest any sync step waits (`SyncBarrier.max_deadline_s`)."""
         self.barriers: dict[str, SyncBarrier] = {}
         """The sync mode's barriers of the workers' steps, one per model
         (`barrier`): the workers of one model never wait for another's."""
-        """This coordinator's life. Workers compare it between leases: a new
-        one means the coordinator restarted, perhaps with shards restored to
-        a cut, and the workers must resume from its offsets."""
         self.leases_granted = 0
         """Leases granted so far."""
         self.leases_expired = 0
@@ -226,7 +226,7 @@ class Coordinator:
         at start or by a cluster restore, or the last version written."""
         self._refusal: PSError | None = None
 
-    # -- leases --------------------------------------------------------------
+    # -- sync barriers -------------------------------------------------------
     def barrier(self, model: str | None = None) -> SyncBarrier:
         """The sync barrier of `model` (None: the default model's), made at
         its first use."""
@@ -254,6 +254,7 @@ class Coordinator:
             "models": models,
         }
 
+    # -- leases --------------------------------------------------------------
     async def acquire(self, worker: str, wait_s: float | None = None) -> Lease:
         """A lease for one window; waits while a cut is pausing (at most
         `wait_s`, then `CutInProgressError`). While the cluster is not
