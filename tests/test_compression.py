@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from ps_core.errors import FrameError, FrameVersionError, InvalidValuesError, KeySetExpiredError
 from ps_core.net import codec
@@ -148,6 +151,26 @@ def test_a_few_large_counts_are_escaped_not_widening_every_row() -> None:
         codec.decode(bytes(bad))
     many = np.full((8, 2), 300, np.float32)  # most rows large: u16 is smaller
     assert compact_counts(many)[0] == 2
+
+
+# Mostly small whole counts (a mini-batch's), with any float32 among them.
+_COUNT_VALUES = st.one_of(
+    st.integers(0, 300).map(float),
+    st.sampled_from([255.0, 256.0, 2.0**32, -1.0, 0.5, float("nan"), float("inf")]),
+    st.floats(width=32),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(hnp.arrays(np.float32, st.tuples(st.integers(0, 40), st.just(2)), elements=_COUNT_VALUES))
+def test_any_counts_round_trip_exactly_or_are_refused(c: np.ndarray) -> None:
+    if not np.isfinite(c).all():
+        with pytest.raises(InvalidValuesError):
+            compact_counts(c)
+        return
+    code, raw = compact_counts(c)
+    assert len(raw) % 8 == 0
+    np.testing.assert_array_equal(read_counts(memoryview(raw), 0, code, c.shape[0]), c)
 
 
 def test_empty_counts() -> None:
