@@ -130,6 +130,11 @@ def test_barriers_are_bounded_in_number(monkeypatch: pytest.MonkeyPatch) -> None
     assert coordinator.barrier("a") is first  # kept, not made again
     with pytest.raises(InvalidRequestError, match="sync barriers of 2 models exist already: not one for c"):
         coordinator.barrier("c")
+    # Leaving a model's barrier that was never made makes none.
+    assert coordinator.leave_barrier("w0", "never-joined") == 0
+    assert set(coordinator.barriers) == {"a", "b"}
+    first.join("w0")
+    assert coordinator.leave_barrier("w0", "a") == first.step and "w0" not in first.members
 
 
 def _crew(kind: str, n: int, mini_batch: int = 128, deadline_s: float = 5.0) -> tuple[list[Worker], list[Shard], Model]:

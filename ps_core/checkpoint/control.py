@@ -229,9 +229,7 @@ class LocalControl:
         return self._coordinator().barrier(model).join(worker)
 
     async def sync_leave(self, worker: str, model: str | None = None) -> int:
-        barrier = self._coordinator().barrier(model)
-        barrier.leave(worker)
-        return barrier.step
+        return self._coordinator().leave_barrier(worker, model)
 
     async def sync_arrive(self, worker: str, deadline_s: float, model: str | None = None) -> int:
         return await self._coordinator().barrier(model).arrive(worker, deadline_s)

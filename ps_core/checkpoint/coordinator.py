@@ -238,6 +238,16 @@ class Coordinator:
             barrier = self.barriers[name] = SyncBarrier(self.sync_max_deadline_s)
         return barrier
 
+    def leave_barrier(self, member: str, model: str | None = None) -> int:
+        """`member` leaves `model`'s barrier; returns its open step (0 for a
+        model with no barrier: leaving makes none, so a leave naming any
+        model cannot fill the coordinator with barriers)."""
+        barrier = self.barriers.get(self.model if model is None else model)
+        if barrier is None:
+            return 0
+        barrier.leave(member)
+        return barrier.step
+
     def sync_stats(self) -> dict[str, Any]:
         """JSON-ready: steps closed, shrinks and drops over every model's
         barrier, and each barrier's own (`SyncBarrier.stats`) by model."""

@@ -159,9 +159,7 @@ async def sync_join(request: web.Request) -> web.Response:
 @_COORDINATED.post("/v1/sync/leave")
 async def sync_leave(request: web.Request) -> web.Response:
     body = await json_body(request, _SYNC_MEMBER)
-    barrier = request.app[COORDINATOR].barrier(body.model)
-    barrier.leave(body.worker)
-    return json_response({"step": barrier.step})
+    return json_response({"step": request.app[COORDINATOR].leave_barrier(body.worker, body.model)})
 
 
 @_COORDINATED.post("/v1/sync/arrive")
