@@ -85,7 +85,7 @@ def test_edge_cases_of_values() -> None:
     # all values equal: one block, every code 127
     same = np.full(200, -0.25, np.float32)
     np.testing.assert_allclose(roundtrip(same, INT8)[0], same, rtol=1e-6)
-    # a block of zeros has scale 0 and reads back zeros, not NaN
+    # a block of zeros reads back zeros, not NaN
     zeros = np.zeros(BLOCK + 3, np.float32)
     np.testing.assert_array_equal(roundtrip(zeros, INT8, "stochastic")[0], zeros)
     # float16 overflow: clipped to ±65504 and counted

@@ -63,6 +63,7 @@ the rows that do not fit escaped to float32 (`compact_counts`)."""
 BLOCK = 64
 """Values per int8 block (one float32 scale each)."""
 F16_MAX = float(np.finfo(np.float16).max)  # 65504
+_TOP_FLOOR = np.float32(2.0**-100)
 _COUNT_DTYPES = (np.dtype("<f4"), np.dtype(np.uint8), np.dtype("<u2"), np.dtype("<u4"))
 
 
@@ -165,9 +166,12 @@ def quantize(
     top = np.abs(blocks).max(axis=1)
     if nb and not top.max() < np.inf:  # a block's largest is NaN or infinite if any value is
         _check_finite(x)
+    # A block of zeros (or of values below 2**-100) is scaled as if its
+    # largest were 2**-100: no division by zero, and the codes are still
+    # read back with the very scale they were made with (unbiased).
+    np.maximum(top, _TOP_FLOOR, out=top)
     scale = top / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inv = np.where(top > 0, np.float32(127) / top, np.float32(0))
+    inv = np.float32(127) / top
     blocks *= inv[:, None]  # in place: `padded` is this call's own
     if rounding == "stochastic" and rng is not None:
         blocks += rng.random(blocks.shape, dtype=np.float32)
