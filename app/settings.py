@@ -22,6 +22,7 @@ from consumers.worker import WorkerConfig
 from ps_core.checkpoint.manifest import check_model_name
 from ps_core.errors import TableConfigError
 from ps_core.model.hasher import DEFAULT_NUMERIC, NUMERIC
+from ps_core.model.ramp import DEFAULT_RAMP, RAMP_START
 from ps_core.net.limits import PortLimits, RpcLimits
 from ps_core.net.quantize import PULL_VALUE_TYPES, VALUE_TYPES
 from ps_core.net.wire import ROUNDINGS, WireFormat
@@ -374,6 +375,14 @@ class WorkerSettings:
         100_000, env="CTRPS_WINDOW_EVENTS", flag="--window-events", help="most events per window"
     )
     mini_batch: int = setting(256, env="CTRPS_MINI_BATCH", flag="--mini-batch", help="events per pull/push step")
+    mini_batch_ramp: int = setting(
+        DEFAULT_RAMP,
+        env="CTRPS_MINI_BATCH_RAMP",
+        flag="--mini-batch-ramp",
+        help=f"async mode: mini-batches start at {RAMP_START} events and grow by one per this many events "
+        "trained, up to --mini-batch (a fresh model learns its bias and frequent features as fast as "
+        "per-event updates would); 0 starts at --mini-batch",
+    )
     model: str = _model("model kind")
     model_name: str = _model_name("model name: table prefix and feature namespace")
     numeric: str = _numeric(
@@ -514,6 +523,8 @@ class WorkerSettings:
             raise SettingsError(f"model {self.model!r} is not lr or fm")
         if not self.window_seconds > 0 or self.window_events < 1 or self.mini_batch < 1:
             raise SettingsError("window seconds, window events and mini-batch must be positive")
+        if self.mini_batch_ramp < 0:
+            raise SettingsError("mini-batch ramp must be >= 0 (0: no ramp)")
         if self.mode not in MODES:
             raise SettingsError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
         try:

@@ -103,6 +103,7 @@ async def train(
                     window_seconds=3600,
                     window_events=args.window_events,
                     mini_batch=args.mini_batch,
+                    mini_batch_ramp=0,  # every step a full mini-batch: bytes per mini-batch are exact
                     decode_processes=1,
                 ),
                 client,

@@ -148,6 +148,7 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
                     window_seconds=args.window_seconds,
                     window_events=args.window_events,
                     mini_batch=args.mini_batch,
+                    mini_batch_ramp=0,  # async at sync's and geo's fixed mini-batches
                     decode_processes=1,
                     mode=mode,
                     geo_steps=args.geo_steps,

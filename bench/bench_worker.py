@@ -268,6 +268,7 @@ async def worker_rate(
         window_events=window_events,
         decode_processes=decode_processes,
         mini_batch=mini_batch,
+        mini_batch_ramp=0,  # the rate of a worker's months, not of its first 16k events
     )
     worker = Worker(config, client, control, LogisticRegression("ctr"), also=[LogisticRegression(m) for m in also])
     t_assigned = None

@@ -35,6 +35,7 @@ from ps_core.model.batch import EventBatch
 from ps_core.model.geo import GeoCopy
 from ps_core.model.metrics import Metrics, evaluate
 from ps_core.model.models import BatchPlan, Model, sigmoid
+from ps_core.model.ramp import DEFAULT_RAMP, MiniBatchRamp
 from ps_core.net.client import PSClient, Routed
 
 from .windows import Window
@@ -61,23 +62,34 @@ async def per_table(calls: list[Coroutine[Any, Any, _T]]) -> list[_T]:
     return list(await asyncio.gather(*calls))
 
 
-async def mini_batches(pieces: AsyncIterator[EventBatch], step: int) -> AsyncIterator[EventBatch]:
-    """Consecutive mini-batches of `step` events of the pieces: a mini-batch
-    takes the end of one piece and the start of the next, as if they were
-    one batch (only its few events are copied, not the pieces)."""
+async def mini_batches(
+    pieces: AsyncIterator[EventBatch], step: int | Callable[[int], int]
+) -> AsyncIterator[EventBatch]:
+    """Consecutive mini-batches of `step` events of the pieces (or of
+    ``step(done)`` events after `done` yielded, never fewer than the one
+    before: `MiniBatchRamp.next_size`): a mini-batch takes the end of one
+    piece and the start of the next, as if they were one batch (only its few
+    events are copied, not the pieces)."""
+    size: Callable[[int], int] = step if callable(step) else (lambda _: step)
+    done = 0
+    want = size(0)
     rest: EventBatch | None = None
     async for batch in pieces:
         start = 0
         if rest is not None:
-            start = min(step - rest.size, batch.size)
+            start = min(want - rest.size, batch.size)
             rest = EventBatch.concat([rest, batch.slice(0, start)], [0, 0])
-            if rest.size < step:
+            if rest.size < want:
                 continue
             yield rest
+            done += rest.size
+            want = size(done)
             rest = None
-        while batch.size - start >= step:  # per mini-batch, not per event
-            yield batch.slice(start, start + step)
-            start += step
+        while batch.size - start >= want:  # per mini-batch, not per event
+            yield batch.slice(start, start + want)
+            start += want
+            done += want
+            want = size(done)
         if start < batch.size:
             rest = batch.slice(start, batch.size)
     if rest is not None and rest.size:
@@ -146,8 +158,13 @@ class Training(ABC):
         window failed part-way, or the shards went back to a cut)."""
 
 
+@dataclass(eq=False, kw_only=True)
 class AsyncTraining(Training):
     """Async mode: each push applied as it arrives."""
+
+    ramp: int = DEFAULT_RAMP
+    """Mini-batches grow from `RAMP_START` events by one per `ramp` events
+    this training has learnt, up to `mini_batch` (`MiniBatchRamp`; 0: none)."""
 
     async def train(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
         """Mini-batches of pull → predict → gradient → push.
@@ -165,7 +182,8 @@ class AsyncTraining(Training):
             # Split once for the pull and the push.
             return _Step(sub, plan, self.client.route(plan.keys), _event_time(sub, window))
 
-        batches = mini_batches(pieces, self.mini_batch)
+        sizes, learnt = MiniBatchRamp(self.mini_batch, self.ramp), self.stats.events_trained
+        batches = mini_batches(pieces, lambda done: sizes.next_size(learnt + done))
         first = await anext(batches, None)
         if first is None:
             return seen.metrics()

@@ -73,6 +73,7 @@ from ps_core.model.batch import EventBatch
 from ps_core.model.geo import GeoCopy
 from ps_core.model.metrics import Metrics
 from ps_core.model.models import Model
+from ps_core.model.ramp import DEFAULT_RAMP
 from ps_core.net.client import PSClient
 from ps_core.store.table import MODES
 
@@ -154,6 +155,10 @@ class WorkerConfig:
     """Most records in one window."""
     mini_batch: int = 256
     """Events per pull/push step."""
+    mini_batch_ramp: int = DEFAULT_RAMP
+    """Async mode: mini-batches start at `RAMP_START` events and grow by one
+    per this many events trained, up to `mini_batch` (0: full from the first;
+    `ps_core.model.ramp`)."""
     max_message_bytes: int = 1 << 20
     """Larger messages are dead-lettered as oversized."""
     decode_processes: int = 1
@@ -199,6 +204,8 @@ class WorkerConfig:
             raise ValueError("geo_steps and geo_max_rows must be >= 1")
         if self.window_seconds <= 0 or self.window_events < 1 or self.mini_batch < 1:
             raise ValueError("window_seconds, window_events and mini_batch must be positive")
+        if self.mini_batch_ramp < 0:
+            raise ValueError("mini_batch_ramp must be >= 0")
         if self.outage_deadline_s < 0 or not self.outage_log_every_s > 0:
             raise ValueError("outage_deadline_s must be >= 0 and outage_log_every_s positive")
 
@@ -1195,7 +1202,7 @@ class Worker:
                 max_rows=c.geo_max_rows,
                 scale=lambda: self._geo_scale(),  # looked up per call: a test may set another
             )
-        return AsyncTraining(*common)
+        return AsyncTraining(*common, ramp=c.mini_batch_ramp)
 
     @property
     def geo(self) -> GeoCopy | None:

@@ -137,7 +137,8 @@ async def _progressive(mode: str, kind: str, values: list[bytes | None], workers
     shards = _shards(tuple(model.tables()))
     crew = [
         Worker(
-            WorkerConfig("unused:9092", mini_batch=256, decode_processes=0, mode=mode, geo_steps=8),
+            # Async without its ramp: the modes compared at the same mini-batches.
+            WorkerConfig("unused:9092", mini_batch=256, mini_batch_ramp=0, decode_processes=0, mode=mode, geo_steps=8),
             PSClient.local(shards),
             ControlClient.local(shards),
             model,

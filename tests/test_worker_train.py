@@ -21,6 +21,7 @@ from ps_core.model.batch import EventBatch
 from ps_core.model.hasher import FeatureHasher
 from ps_core.model.metrics import Metrics, evaluate
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, sigmoid
+from ps_core.model.ramp import MiniBatchRamp
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 
@@ -61,11 +62,12 @@ def _local_worker() -> tuple[Worker, Shard]:
     return worker, shard
 
 
-async def _reference(client: PSClient, model: Model, values: list[bytes | None], step: int) -> np.ndarray:
+async def _reference(client: PSClient, model: Model, values: list[bytes | None], sizes: MiniBatchRamp) -> np.ndarray:
     batch = decode_records(values, model.name, 1 << 20).batch
     out = np.empty(batch.size)
-    for start in range(0, batch.size, step):
-        sub = batch.slice(start, min(start + step, batch.size))
+    start = 0
+    while start < batch.size:  # mini-batches of the sizes the ramp gives, each pulled then pushed
+        sub = batch.slice(start, min(start + sizes.next_size(start), batch.size))
         plan = model.plan(sub)
         weights = {t: await client.pull(t, plan.keys) for t in model.table_names}
         p = sigmoid(model.logits(sub, plan, weights))
@@ -74,15 +76,18 @@ async def _reference(client: PSClient, model: Model, values: list[bytes | None],
         ts = sub.ts[np.isfinite(sub.ts)]
         for t, g in grads.items():
             await client.push(t, plan.keys, g, counts=plan.counts(sub.labels), event_time=float(ts.max()))
+        start += sub.size
     return out
 
 
-@pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.parametrize(("shards", "ramp"), [(1, 0), (2, 0), (2, 4)])
 @pytest.mark.parametrize("kind", ["lr", "fm"])
-async def test_pipelined_training_matches_pull_then_push(shards: int, kind: str) -> None:
+async def test_pipelined_training_matches_pull_then_push(shards: int, kind: str, ramp: int) -> None:
     events = SyntheticStream(seed=3).batch(1000)
     values: list[bytes | None] = [orjson.dumps(e) for e in events]
-    step = 96  # 1000 events: ten full mini-batches and a short last one
+    step = 96  # 1000 events: ten full mini-batches and a short last one (without a ramp)
+    # With a ramp of 4: mini-batches of 8 events, growing to 96 after 384 events.
+    sizes = MiniBatchRamp(step, ramp)
 
     def make() -> tuple[PSClient, ControlClient, Model]:
         model: Model = LogisticRegression("m") if kind == "lr" else FactorizationMachine("m", k=4)
@@ -93,10 +98,11 @@ async def test_pipelined_training_matches_pull_then_push(shards: int, kind: str)
         return PSClient.local(local), ControlClient.local(local), model
 
     ref_client, _, ref_model = make()
-    expected = await _reference(ref_client, ref_model, values, step)
+    expected = await _reference(ref_client, ref_model, values, sizes)
 
     client, control, model = make()
-    worker = Worker(WorkerConfig("unused:9092", mini_batch=step, decode_processes=0), client, control, model)
+    config = WorkerConfig("unused:9092", mini_batch=step, mini_batch_ramp=ramp, decode_processes=0)
+    worker = Worker(config, client, control, model)
     decoded = decode_records(values, model.name, 1 << 20)
     metrics = await _train(worker, decoded, _window(values))
 
@@ -128,8 +134,9 @@ async def _as_pieces(batches: list[EventBatch]) -> AsyncIterator[EventBatch]:
         yield b
 
 
+@pytest.mark.parametrize("ramp", [0, 4])
 @pytest.mark.parametrize("sizes", [[137, 0, 400, 463], [1000], [96, 96, 808], [5] * 200])
-async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int]) -> None:
+async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int], ramp: int) -> None:
     """A window's chunks, decoded separately and trained as they arrive, give
     the same mini-batches, predictions and weights as the whole window at
     once: a mini-batch takes the end of one chunk and the start of the next."""
@@ -145,7 +152,12 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int]) -> 
                 s.declare(t)
         client, control = PSClient.local(shards), ControlClient.local(shards)
         return (
-            Worker(WorkerConfig("unused:9092", mini_batch=step, decode_processes=0), client, control, model),
+            Worker(
+                WorkerConfig("unused:9092", mini_batch=step, mini_batch_ramp=ramp, decode_processes=0),
+                client,
+                control,
+                model,
+            ),
             client,
             model,
         )
@@ -157,8 +169,17 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int]) -> 
     bounds = np.cumsum([0] + sizes)
     parts = [decode_records(values[a:b], model.name, 1 << 20).batch for a, b in zip(bounds[:-1], bounds[1:])]
     worker, client, _ = make()
-    got_sizes = [b.size async for b in mini_batches(_as_pieces(parts), worker.config.mini_batch)]
-    assert got_sizes == [step] * (1000 // step) + [1000 % step]
+    ramped = MiniBatchRamp(step, ramp)
+    got_sizes = [b.size async for b in mini_batches(_as_pieces(parts), ramped.next_size)]
+    want_sizes, done = [], 0
+    while done < 1000:
+        want_sizes.append(min(ramped.next_size(done), 1000 - done))
+        done += want_sizes[-1]
+    assert got_sizes == want_sizes
+    if ramp == 0:
+        assert got_sizes == [step] * (1000 // step) + [1000 % step]
+    else:
+        assert got_sizes[:3] == [8, 8, 8] and max(got_sizes) == step
     metrics = await worker.training.train(_as_pieces(parts), _window(values))
 
     assert metrics == expected

@@ -23,6 +23,7 @@ from ..store.table import SparseTable
 from .batch import EventBatch
 from .metrics import Metrics, evaluate
 from .models import make_model, sigmoid
+from .ramp import DEFAULT_RAMP, MiniBatchRamp
 
 __all__ = ["Learner"]
 
@@ -30,15 +31,18 @@ __all__ = ["Learner"]
 class Learner:
     """A model and its tables in this process: `learn`, then `predict`."""
 
-    def __init__(self, kind: str = "lr", name: str = "ctr", *, mini_batch: int = 256, **model_args: Any) -> None:
+    def __init__(
+        self, kind: str = "lr", name: str = "ctr", *, mini_batch: int = 256, ramp: int = DEFAULT_RAMP, **model_args: Any
+    ) -> None:
         """`kind` ``lr`` or ``fm`` (`model_args` as `make_model` takes them);
-        `mini_batch` events per update, as ``ctrps worker --mini-batch``."""
+        `mini_batch` events per update and its `ramp` from the first events
+        learnt, as ``ctrps worker --mini-batch --mini-batch-ramp`` (`MiniBatchRamp`)."""
         if mini_batch < 1:
             raise ValueError("mini_batch must be >= 1")
+        self.sizes = MiniBatchRamp(mini_batch, ramp)
         self.model = make_model(kind, name, **model_args)
         self.tables = {t.name: SparseTable(t) for t in self.model.tables()}
         self.hasher = self.model.hasher()
-        self.mini_batch = mini_batch
         self.events_learnt = 0
         self.refused: dict[int, str] = {}
         """The last `learn` call's refused events: position → ``reason: detail``."""
@@ -51,10 +55,11 @@ class Learner:
         batch, errors = self.hasher.featurize(events)
         self.refused = {i: e.detail for i, e in errors.items()}
         predicted: list[npt.NDArray[np.float64]] = []
-        for start in range(0, batch.size, self.mini_batch):  # per mini-batch, not per event
-            sub = batch.slice(start, min(start + self.mini_batch, batch.size))
-            p = self._step(sub)
-            predicted.append(p)
+        start = 0
+        while start < batch.size:  # per mini-batch, not per event
+            stop = min(start + self.sizes.next_size(self.events_learnt + start), batch.size)
+            predicted.append(self._step(batch.slice(start, stop)))
+            start = stop
         self.events_learnt += batch.size
         self.predicted = np.concatenate(predicted) if predicted else np.empty(0)
         return evaluate(self.predicted, batch.labels)
