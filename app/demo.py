@@ -115,7 +115,7 @@ class _Progress:
 
 def _constant_logloss(ctr: float) -> float:
     """The log loss of always predicting a window's own click rate: what a
-    model must beat to have learnt anything (a fresh one starts above it)."""
+    model must beat to have learnt anything."""
     if not 0 < ctr < 1:
         return 0.0
     return float(-(ctr * math.log(ctr) + (1 - ctr) * math.log1p(-ctr)))
@@ -202,7 +202,7 @@ def _announce(
         "",
         f"One line per {settings.window_seconds:g}s window follows; Ctrl-C stops. logloss is progressive (each",
         "event predicted before it is learnt from); constant_logloss is what predicting the window's own click",
-        "rate scores. A fresh model starts above it for its first windows, then learns to beat it.",
+        "rate scores: the model must beat it to have learnt anything (a fresh one does from its first window).",
         "",
     ]
     out.write("\n".join(lines) + "\n")

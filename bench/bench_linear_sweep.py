@@ -33,8 +33,8 @@ from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER
 
 log = progress_log("bench_linear_sweep")
 
-ALPHAS = (0.05, 0.1, 0.15, 0.2, 0.3)
-L1S = (0.1, 0.5, 1.0)
+ALPHAS = (0.1, 0.15, 0.2, 0.3)
+L1S = (0.5, 1.0, 2.0, 4.0, 8.0)
 
 
 def ftrl(alpha: float, l1: float) -> dict[str, Any]:
