@@ -25,6 +25,7 @@ from waiting import json_when_ok
 
 from app.cli import build_parser
 from app.settings import SettingsError, ShardSettings, WorkerSettings, parse_table_spec
+from consumers.worker import WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
@@ -422,6 +423,19 @@ def test_worker_wire_flags_and_variables_make_its_wire_format() -> None:
         build_parser().parse_args([*base, "--wire-pull", "int8"])
     with pytest.raises(SettingsError, match="wire format: push values 'f8': one of f32, f16, int8"):
         WorkerSettings.from_args(build_parser().parse_args(base), env={"CTRPS_WIRE_PUSH": "f8"})
+
+
+def test_worker_mini_batch_ramp_flag_and_variable_reach_its_config() -> None:
+    base = ["worker", "--bootstrap", "k:9092", "--shards", "http://127.0.0.1:7100"]
+    assert WorkerSettings.from_args(build_parser().parse_args(base), env={}).worker_config().mini_batch_ramp == 64
+    flag = WorkerSettings.from_args(build_parser().parse_args([*base, "--mini-batch-ramp", "0"]), env={})
+    assert flag.worker_config().mini_batch_ramp == 0
+    env = WorkerSettings.from_args(build_parser().parse_args(base), env={"CTRPS_MINI_BATCH_RAMP": "16"})
+    assert env.worker_config().mini_batch_ramp == 16
+    with pytest.raises(SettingsError, match="mini-batch ramp must be >= 0"):
+        WorkerSettings.from_args(build_parser().parse_args([*base, "--mini-batch-ramp", "-1"]), env={})
+    with pytest.raises(ValueError, match="mini_batch_ramp must be >= 0"):
+        WorkerConfig("k:9092", mini_batch_ramp=-1)
 
 
 def test_shard_serving_precision_flag() -> None:
