@@ -379,7 +379,7 @@ class WorkerSettings:
         DEFAULT_RAMP,
         env="CTRPS_MINI_BATCH_RAMP",
         flag="--mini-batch-ramp",
-        help=f"async mode: mini-batches start at {RAMP_START} events and grow by one per this many events "
+        help=f"async and geo modes: mini-batches start at {RAMP_START} events and grow by one per this many events "
         "trained, up to --mini-batch (a fresh model learns its bias and frequent features as fast as "
         "per-event updates would); 0 starts at --mini-batch",
     )

@@ -270,6 +270,8 @@ class GeoTraining(Training):
     """Rows the local copy holds at most (`GeoCopy`)."""
     scale: Callable[[], float]
     """What the differences are scaled by, read at each window's start."""
+    ramp: int = DEFAULT_RAMP
+    """The local copy's mini-batches ramp as async's do (`MiniBatchRamp`; 0: none)."""
     copy: GeoCopy = field(init=False)
 
     def __post_init__(self, max_rows: int) -> None:
@@ -289,7 +291,8 @@ class GeoTraining(Training):
         scale = self.scale()
         steps = 0
         last_ts = -np.inf  # the round's latest event time
-        async for sub in mini_batches(pieces, self.mini_batch):
+        sizes, learnt = MiniBatchRamp(self.mini_batch, self.ramp), self.stats.events_trained
+        async for sub in mini_batches(pieces, lambda done: sizes.next_size(learnt + done)):
             plan = self.model.plan(sub)
             rows, need = geo.locate(plan.keys)
             if need.any():

@@ -156,7 +156,7 @@ class WorkerConfig:
     mini_batch: int = 256
     """Events per pull/push step."""
     mini_batch_ramp: int = DEFAULT_RAMP
-    """Async mode: mini-batches start at `RAMP_START` events and grow by one
+    """Async and geo modes: mini-batches start at `RAMP_START` events and grow by one
     per this many events trained, up to `mini_batch` (0: full from the first;
     `ps_core.model.ramp`)."""
     max_message_bytes: int = 1 << 20
@@ -1201,6 +1201,7 @@ class Worker:
                 geo_steps=c.geo_steps,
                 max_rows=c.geo_max_rows,
                 scale=lambda: self._geo_scale(),  # looked up per call: a test may set another
+                ramp=c.mini_batch_ramp,
             )
         return AsyncTraining(*common, ramp=c.mini_batch_ramp)
 
