@@ -140,6 +140,12 @@ class Training(ABC):
     stats: TrainingStats
     mini_batch: int
 
+    def _mini_batches(self, pieces: AsyncIterator[EventBatch], ramp: int = 0) -> AsyncIterator[EventBatch]:
+        """The window's mini-batches: `mini_batch` events each, or ramping
+        (`MiniBatchRamp`) from the events this training has learnt so far."""
+        sizes, learnt = MiniBatchRamp(self.mini_batch, ramp), self.stats.events_trained
+        return mini_batches(pieces, lambda done: sizes.next_size(learnt + done))
+
     def _learn(
         self, sub: EventBatch, plan: BatchPlan, weights: dict[str, npt.NDArray[np.float32]], seen: _Progressive
     ) -> dict[str, npt.NDArray[np.float32]]:
@@ -182,8 +188,7 @@ class AsyncTraining(Training):
             # Split once for the pull and the push.
             return _Step(sub, plan, self.client.route(plan.keys), _event_time(sub, window))
 
-        sizes, learnt = MiniBatchRamp(self.mini_batch, self.ramp), self.stats.events_trained
-        batches = mini_batches(pieces, lambda done: sizes.next_size(learnt + done))
+        batches = self._mini_batches(pieces, self.ramp)
         first = await anext(batches, None)
         if first is None:
             return seen.metrics()
@@ -240,7 +245,7 @@ class SyncTraining(Training):
         seen = _Progressive()
         await self.control.sync_join(self.member, model)
         try:
-            async for sub in mini_batches(pieces, self.mini_batch):
+            async for sub in self._mini_batches(pieces):  # no ramp: a step is every member's
                 plan = self.model.plan(sub)
                 routed = self.client.route(plan.keys)
                 weights = dict(zip(names, await per_table([self.client.pull(t, routed) for t in names])))
@@ -291,8 +296,7 @@ class GeoTraining(Training):
         scale = self.scale()
         steps = 0
         last_ts = -np.inf  # the round's latest event time
-        sizes, learnt = MiniBatchRamp(self.mini_batch, self.ramp), self.stats.events_trained
-        async for sub in mini_batches(pieces, lambda done: sizes.next_size(learnt + done)):
+        async for sub in self._mini_batches(pieces, self.ramp):
             plan = self.model.plan(sub)
             rows, need = geo.locate(plan.keys)
             if need.any():

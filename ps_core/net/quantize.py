@@ -140,8 +140,7 @@ def _quantize_f16(x: F32, rounding: Rounding, rng: np.random.Generator | None) -
         h = _stochastic_f16(x, rng if rng is not None else np.random.default_rng(), magnitude)
     else:
         h = x.astype(np.float16)
-    raw = h.astype("<f2", copy=False).tobytes()
-    return Quantized(1, raw + b"\0" * (_pad8(len(raw)) - len(raw)), clipped)
+    return Quantized(1, _padded(h.astype("<f2", copy=False).tobytes()), clipped)
 
 
 def quantize(
@@ -153,8 +152,7 @@ def quantize(
         return _quantize_f16(x, rounding, rng)
     if vtype == 0:
         _check_finite(x)
-        raw = x.astype("<f4", copy=False).tobytes()
-        return Quantized(0, raw + b"\0" * (_pad8(len(raw)) - len(raw)))
+        return Quantized(0, _padded(x.astype("<f4", copy=False).tobytes()))
     if rounding == "stochastic" and rng is None:
         rng = np.random.default_rng()
     if vtype != 2:
@@ -235,7 +233,6 @@ def compact_counts(counts: npt.ArrayLike) -> tuple[int, bytes]:
         big = c[over]
         # Whole, not negative, finite (NaN fails every comparison).
         if bool(((big >= 0) & (big < np.inf) & (big == np.floor(big))).all()):
-            small[over] = 255
             return 4, _escaped(small, over, big)
     flat = c.reshape(-1)
     _check_finite(flat)
@@ -252,7 +249,9 @@ def _padded(raw: bytes) -> bytes:
 
 def _escaped(small: npt.NDArray[np.uint8], over: npt.NDArray[np.intp], big: F32) -> bytes:
     """A ``u8+`` section: k (u32, u32 zero), the u8 pairs (255 for the rows
-    in the overflow list), then the k row numbers (u32) and their f32 pairs."""
+    in the overflow list), then the k row numbers (u32) and their f32 pairs
+    `big`; `small` (this call's own cast) is marked in place."""
+    small[over] = 255
     parts = [
         struct.pack("<II", over.size, 0),
         small.tobytes(),
