@@ -35,6 +35,7 @@ from typing import Any, Final, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
 
 from ..hashing import U64, mix64
 from ..parsing import exact_ints
@@ -92,8 +93,8 @@ def string_hashes(strings: Sequence[str] | npt.NDArray[np.object_]) -> U64:
     Vectorised, from one NUL-separated buffer of the strings' code points (a
     byte each when all are ASCII, else UTF-32): strings all of one length
     are its rows, hashed by a multiply-add per column; strings of at most
-    `GRID_WIDTH` code points are copied into a zero-padded matrix and hashed
-    alike (padding adds nothing); longer ones have each code point multiplied
+    `GRID_WIDTH` code points are windows of it, the rows of a matrix hashed
+    alike up to each string's length; longer ones have each code point multiplied
     by the multiplier of its position within its string and summed per
     string by ``np.add.reduceat``.
     """
@@ -106,30 +107,15 @@ def string_hashes(strings: Sequence[str] | npt.NDArray[np.object_]) -> U64:
 
 
 GRID_WIDTH = 64
-"""Longest strings hashed as a padded matrix (`string_hashes`): the matrix
-costs the longest string's width for every string, so a chunk with a longer
-one takes the buffer path instead."""
-
-
-def _grid_hashes(seq: Sequence[str]) -> U64 | None:
-    """`string_hashes` of `seq` (not empty, every item a str) through a
-    zero-padded matrix of code points, or None if one is longer than `GRID_WIDTH`."""
-    width = max(map(len, seq))
-    if width > GRID_WIDTH:
-        return None
-    width = max(width, 1)
-    try:
-        # numpy copies each string into its row in C; ASCII-only, a byte each.
-        grid: npt.NDArray[np.uint8] | npt.NDArray[np.uint32] = np.array(seq, dtype=f"S{width}").view(np.uint8)
-    except UnicodeEncodeError:
-        grid = np.array(seq, dtype=f"<U{width}").view("<u4")
-    return _column_hashes(grid.reshape(len(seq), width))
+"""Longest strings hashed as a matrix of code points (`string_hashes`): the
+matrix costs the longest string's width for every string, so a chunk with a
+longer one takes the buffer path instead."""
 
 
 def _joined_hashes(joined: str, seq: Sequence[str]) -> U64:
     """`string_hashes` of `seq` (not empty), given ``"\\0".join(seq) + "\\0"``:
     strings all of one length (hex ids, say) straight from that buffer as a
-    matrix; else through the padded matrix (`_grid_hashes`); else the buffer."""
+    matrix; else as windows of it (`_windows`); else the buffer."""
     cps = _code_points(joined)
     n = len(seq)
     width = cps.size // n
@@ -139,8 +125,17 @@ def _joined_hashes(joined: str, seq: Sequence[str]) -> U64:
         # width - 1, so each row is a string and its terminator.
         if not grid[:, -1].any() and np.count_nonzero(cps) == n * (width - 1):
             return _column_hashes(grid[:, : width - 1])
-    hashed = _grid_hashes(seq)
-    return hashed if hashed is not None else _buffer_hashes(cps, seq)
+    ends = np.flatnonzero(cps == 0)
+    if ends.size != n:  # some string holds a NUL: take lengths the slow way
+        ends = np.cumsum(np.fromiter(map(len, seq), dtype=np.int64, count=n) + 1) - 1
+    starts = np.empty(n, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lens = ends - starts
+    longest = int(lens.max())
+    if longest <= GRID_WIDTH:
+        return _column_hashes(_windows(cps, starts, max(longest, 1)), lens)
+    return _buffer_hashes(cps, starts, lens)
 
 
 def _code_points(joined: str) -> npt.NDArray[np.uint8] | npt.NDArray[np.uint32]:
@@ -151,28 +146,36 @@ def _code_points(joined: str) -> npt.NDArray[np.uint8] | npt.NDArray[np.uint32]:
     return np.frombuffer(joined.encode("utf-32-le"), dtype="<u4")
 
 
-def _column_hashes(grid: npt.NDArray[np.uint8] | npt.NDArray[np.uint32]) -> U64:
-    """`H` of each row of code points (zero padding adds nothing)."""
+def _windows(
+    cps: npt.NDArray[np.uint8] | npt.NDArray[np.uint32], starts: I64, width: int
+) -> npt.NDArray[np.uint8] | npt.NDArray[np.uint32]:
+    """The `width` code points of the buffer `cps` from each of `starts`, as
+    the rows of a matrix: a string, then its terminator and what follows."""
+    padded = np.concatenate((cps, np.zeros(width, dtype=cps.dtype)))
+    # One gather in C from windows of the buffer: no copy from each string object.
+    return sliding_window_view(padded, width)[starts]
+
+
+def _column_hashes(grid: npt.NDArray[np.uint8] | npt.NDArray[np.uint32], lens: I64 | None = None) -> U64:
+    """`H` of each row of code points: all of a row (zero padding adds
+    nothing), or with `lens` its first ``lens[row]`` only."""
     n, width = grid.shape
     mults = _multipliers(max(width, 1)).tolist()
+    short = width if lens is None else int(lens.min())
     acc = np.zeros(n, dtype=np.uint64)  # a column at a time: no (n, width) uint64 temporary
     for i in range(width):  # per column (at most GRID_WIDTH, or one length), not per string
-        acc += grid[:, i] * np.uint64(mults[i])
+        if i < short or lens is None:
+            acc += grid[:, i] * np.uint64(mults[i])
+        else:  # only the rows whose string is this long: the rest hold others' code points
+            rows = np.flatnonzero(lens > i)
+            acc[rows] += grid[rows, i] * np.uint64(mults[i])
     return mix64(acc)
 
 
-def _buffer_hashes(cps: npt.NDArray[np.uint8] | npt.NDArray[np.uint32], seq: Sequence[str]) -> U64:
-    """`string_hashes` of `seq` (not empty) from the code points `cps` of
-    ``"\\0".join(seq) + "\\0"``."""
-    n = len(seq)
-    ends = np.flatnonzero(cps == 0)
-    if ends.size != n:  # some string holds a NUL: take lengths the slow way
-        lens = np.fromiter(map(len, seq), dtype=np.int64, count=n)
-        ends = np.cumsum(lens + 1) - 1
-    starts = np.empty(n, dtype=np.int64)
-    starts[0] = 0
-    starts[1:] = ends[:-1] + 1
-    seg_lens = ends - starts + 1  # including the terminator, so never empty
+def _buffer_hashes(cps: npt.NDArray[np.uint8] | npt.NDArray[np.uint32], starts: I64, lens: I64) -> U64:
+    """`string_hashes` of the strings at `starts` (of `lens` code points) in
+    the NUL-separated buffer `cps`."""
+    seg_lens = lens + 1  # including the terminator, so never empty
     # Position of each code point within its own string; terminators are 0 and add nothing.
     rel = np.arange(cps.size, dtype=np.int64) - np.repeat(starts, seg_lens)
     prod = cps.astype(np.uint64) * _multipliers(int(seg_lens.max()))[rel]
