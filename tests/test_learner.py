@@ -17,6 +17,7 @@ from ps_core import Learner
 from ps_core.errors import InvalidRequestError
 from ps_core.model.batch import EventBatch
 from ps_core.model.hasher import FeatureHasher
+from ps_core.model.learner import FEATURIZE_EVENTS
 from ps_core.model.models import make_model
 from ps_core.model.ramp import MiniBatchRamp
 from ps_core.net.client import PSClient
@@ -62,6 +63,24 @@ def test_refused_events_are_skipped_and_named() -> None:
     np.testing.assert_array_equal(learner.predict([]), np.empty(0))
     with pytest.raises(ValueError, match="mini_batch"):
         Learner(mini_batch=0)
+
+
+def test_events_are_featurized_a_chunk_at_a_time_as_all_at_once() -> None:
+    events = SyntheticStream(seed=5).batch(2 * FEATURIZE_EVENTS + 100)
+    bad = [FEATURIZE_EVENTS + 3, 2 * FEATURIZE_EVENTS + 7]  # in the second and the third chunk
+    for i in bad:
+        del events[i]["label"]
+    learner = Learner()
+    got, got_errors = learner._featurize(events)
+    want, want_errors = FeatureHasher("ctr").featurize(events)
+    for field in ("keys", "values", "offsets", "labels", "weights", "ts", "index"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+    assert {i: e.detail for i, e in got_errors.items()} == {i: e.detail for i, e in want_errors.items()}
+    m = learner.learn(events)
+    assert m.events == len(events) - 2 and sorted(learner.refused) == bad
+    events[bad[1]]["features"] = "not an object"
+    with pytest.raises(InvalidRequestError, match=f"event {bad[1]}"):
+        learner.predict(events)
 
 
 def test_a_fresh_model_learns_sooner_with_its_mini_batches_ramping() -> None:
