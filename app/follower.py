@@ -50,7 +50,7 @@ from ps_core.checkpoint.registry import MODEL_FILE
 from ps_core.checkpoint.replica import ReplicaTables
 from ps_core.errors import ExportCorruptError, ExportNotFoundError, PSError
 from ps_core.hashing import U64
-from ps_core.model.hasher import NUMERIC
+from ps_core.model.hasher import numeric_feed
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model
 from ps_core.net.client import PSReader
 from ps_core.net.transports import Pulled
@@ -100,8 +100,10 @@ def model_from_manifest(manifest: ExportManifest) -> Model:
     model: Model
     # How the trainer fed numeric features (a version from before the choice: raw).
     numeric = str(config.get("numeric") or "raw")
-    if numeric not in NUMERIC:
-        raise ValueError(f"version {manifest.version}: model_config numeric {numeric!r} is not one of {NUMERIC}")
+    try:
+        numeric_feed(numeric)
+    except ValueError as exc:
+        raise ValueError(f"version {manifest.version}: model_config: {exc}") from None
     if v is None:
         model = LogisticRegression(
             name, optimizer=w.optimizer, mode=w.mode, max_staleness=w.max_staleness, numeric=numeric

@@ -18,7 +18,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.manifest import check_model_name
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import PSError
-from ps_core.model.hasher import DEFAULT_NUMERIC, NUMERIC
+from ps_core.model.hasher import DEFAULT_NUMERIC, numeric_spec
 from ps_core.model.models import DEFAULT_EMBEDDING_OPTIMIZER, DEFAULT_LINEAR_OPTIMIZER, make_model
 from ps_core.net.auth import Scope
 from ps_core.store.table import MODES
@@ -91,9 +91,11 @@ def add_model_parser(sub: Subcommands) -> None:
     p.add_argument("--mode", choices=MODES, default="async", help="create: update mode (default async)")
     p.add_argument(
         "--numeric",
-        choices=NUMERIC,
+        type=numeric_spec,
+        metavar="raw|log1p[/D]",
         default=DEFAULT_NUMERIC,
-        help=f"create: numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p); default {DEFAULT_NUMERIC}",
+        help="create: numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p), /D divided by "
+        f"D; default {DEFAULT_NUMERIC}",
     )
     p.add_argument("--max-staleness", type=int, help="create, async: down-weight gradients staler than N pushes")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for shard 0 (default 30)")

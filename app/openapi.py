@@ -279,7 +279,14 @@ class CreateModelRequest(Struct, forbid_unknown_fields=True):
     factors: Annotated[int, Meta(ge=1, le=1024)] = 8
     mode: Literal["async", "sync", "geo"] = "async"
     max_staleness: Annotated[int, Meta(ge=0, le=1_000_000)] | None = None
-    numeric: Literal["raw", "log1p"] = DEFAULT_NUMERIC
+    numeric: Annotated[
+        str,
+        Meta(
+            pattern=r"^(raw|log1p)(/[0-9]{1,6}(\.[0-9]{1,6})?)?\Z",
+            description="Numeric features fed as sent (raw), or as sign(x) log1p(|x|) (log1p); /D divides them by "
+            "D > 0.",
+        ),
+    ] = DEFAULT_NUMERIC
 
 
 class ModelCreated(Struct, forbid_unknown_fields=True):

@@ -21,7 +21,7 @@ from consumers.kafka_security import KafkaSecurity
 from consumers.worker import WorkerConfig
 from ps_core.checkpoint.manifest import check_model_name
 from ps_core.errors import TableConfigError
-from ps_core.model.hasher import DEFAULT_NUMERIC, NUMERIC
+from ps_core.model.hasher import DEFAULT_NUMERIC, numeric_spec
 from ps_core.model.ramp import DEFAULT_RAMP, RAMP_START
 from ps_core.net.limits import PortLimits, RpcLimits
 from ps_core.net.quantize import PULL_VALUE_TYPES, VALUE_TYPES
@@ -185,7 +185,9 @@ def _model_name(help: str) -> Any:
 
 
 def _numeric(help: str) -> Any:
-    return setting(DEFAULT_NUMERIC, env="CTRPS_NUMERIC", flag="--numeric", help=help, choices=NUMERIC)
+    return setting(
+        DEFAULT_NUMERIC, env="CTRPS_NUMERIC", flag="--numeric", help=help, item=numeric_spec, metavar="raw|log1p[/D]"
+    )
 
 
 def _use_rpc() -> Any:
@@ -386,8 +388,8 @@ class WorkerSettings:
     model: str = _model("model kind")
     model_name: str = _model_name("model name: table prefix and feature namespace")
     numeric: str = _numeric(
-        "numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p), for a model this "
-        "worker creates; a created model keeps its own"
+        "numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p), /D divided by D, for a "
+        "model this worker creates; a created model keeps its own"
     )
     also_train: tuple[str, ...] = setting(
         (),
@@ -793,8 +795,8 @@ class ApiSettings:
     model: str = _model("model kind (with --follow, the manifest's)")
     model_name: str = _model_name("model name (with --follow, the manifest's)")
     numeric: str = _numeric(
-        "numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p), as the workers feed "
-        "them; the model's declaration on the shards (or in the manifest) wins"
+        "numeric feature values fed as sent (raw) or as sign(x) log1p(|x|) (log1p), /D divided by D, as the "
+        "workers feed them; the model's declaration on the shards (or in the manifest) wins"
     )
     max_events: int = setting(10_000, env="CTRPS_MAX_EVENTS", flag="--max-events", help="most events per request")
     max_body_bytes: int = setting(

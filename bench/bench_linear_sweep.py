@@ -1,12 +1,14 @@
-"""Benchmark: the sweep that chose LR's FTRL defaults (alpha and l1).
+"""Benchmark: the sweep that chose LR's defaults: FTRL's alpha and l1, and
+how numeric features are fed.
 
 On the streams of ``bench_quality.py`` (the synthetic generator with a long
 tail, 5% fresh ids and drift, its counts acting through ``log1p`` or
 linearly; 15k and 45k events with ``--quick``, those and 200k and 1M
 without, so one setting serves short and long streams alike), each
-(alpha, l1) of a grid trains LR through the same code as a worker
-(`ps_core.model.learner.Learner`: 256-event mini-batches after the ramp,
-``log1p`` numerics: the defaults), beta and l2 staying 1. A point's regret
+(alpha, l1, numeric) of a grid trains LR through the same code as a worker
+(`ps_core.model.learner.Learner`: 256-event mini-batches after the ramp),
+beta and l2 staying 1; numeric is ``log1p`` divided by 1, 4, 8 or 16
+(`ps_core.model.hasher.NUMERIC`). A point's regret
 on a stream is its progressive log loss over the best point's on that
 stream; the default is the point whose largest regret over the streams is
 smallest (one setting for every stream length, not the best of one). The
@@ -15,7 +17,7 @@ same run measures the chosen point without the mini-batch ramp and per event
 the ramp buys and what mini-batches still cost.
 
 Run: ``python bench/bench_linear_sweep.py [--quick]`` (``--quick``: under a
-minute; full: about 6 minutes). The last line is JSON.
+minute; full: about 15 minutes). The last line is JSON.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER
 
 log = progress_log("bench_linear_sweep")
 
-ALPHAS = (0.1, 0.15, 0.2, 0.3)
-L1S = (0.5, 1.0, 2.0, 4.0, 8.0)
+ALPHAS = (0.15, 0.2, 0.3, 0.4)
+L1S = (1.0, 2.0, 4.0, 8.0)
+NUMERICS = ("log1p", "log1p/4", "log1p/8", "log1p/16")
 
 
 def ftrl(alpha: float, l1: float) -> dict[str, Any]:
@@ -54,22 +57,24 @@ def every_stream(args: argparse.Namespace) -> dict[str, Events]:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     data = every_stream(args)
-    grid = list(itertools.product(args.alphas, args.l1s))
+    grid = list(itertools.product(args.alphas, args.l1s, args.numerics))
+    points = [f"{a:g},{b:g},{n}" for a, b, n in grid]
     losses: dict[str, dict[str, float]] = {}
     for stream_name, events in data.items():
         by_point = {}
-        for alpha, l1 in grid:
-            by_point[f"{alpha:g},{l1:g}"] = logloss("lr", events, DEFAULT_NUMERIC, optimizer=ftrl(alpha, l1))
+        for point, (alpha, l1, numeric) in zip(points, grid):
+            by_point[point] = logloss("lr", events, numeric, optimizer=ftrl(alpha, l1))
         losses[stream_name] = by_point
         best = min(by_point, key=by_point.__getitem__)
         log(
-            f"{stream_name} ({len(events):,} events): best alpha,l1 {best} {by_point[best]:.5f}; "
+            f"{stream_name} ({len(events):,} events): best alpha,l1,numeric {best} {by_point[best]:.5f}; "
             + ", ".join(f"{p} {v:.5f}" for p, v in by_point.items())
         )
-    regret = {p: max(losses[s][p] / min(losses[s].values()) for s in losses) for p in (f"{a:g},{b:g}" for a, b in grid)}
+    regret = {p: max(losses[s][p] / min(losses[s].values()) for s in losses) for p in points}
     chosen = min(regret, key=regret.__getitem__)
-    alpha, l1 = (float(x) for x in chosen.split(","))
-    default = f"{DEFAULT_LINEAR_OPTIMIZER['alpha']:g},{DEFAULT_LINEAR_OPTIMIZER['l1']:g}"
+    a, b, numeric = chosen.split(",")
+    alpha, l1 = float(a), float(b)
+    default = f"{DEFAULT_LINEAR_OPTIMIZER['alpha']:g},{DEFAULT_LINEAR_OPTIMIZER['l1']:g},{DEFAULT_NUMERIC}"
     log(
         "largest regret by point: "
         + ", ".join(f"{p} {r:.4f}" for p, r in sorted(regret.items(), key=lambda kv: kv[1]))
@@ -78,21 +83,21 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     # The chosen point without the ramp (and per event): what the ramp buys, what mini-batches still cost.
     without_ramp, per_event = {}, {}
     for stream_name, events in data.items():
-        without_ramp[stream_name] = logloss("lr", events, DEFAULT_NUMERIC, optimizer=ftrl(alpha, l1), ramp=0)
+        without_ramp[stream_name] = logloss("lr", events, numeric, optimizer=ftrl(alpha, l1), ramp=0)
         line = (
             f"{stream_name}: chosen {losses[stream_name][chosen]:.5f}, without the ramp {without_ramp[stream_name]:.5f}"
         )
         if args.per_event:
-            per_event[stream_name] = logloss("lr", events, DEFAULT_NUMERIC, optimizer=ftrl(alpha, l1), mini_batch=1)
+            per_event[stream_name] = logloss("lr", events, numeric, optimizer=ftrl(alpha, l1), mini_batch=1)
             line += f", per event {per_event[stream_name]:.5f} ({losses[stream_name][chosen] / per_event[stream_name]:.4f}x)"
         log(line)
     return {
         "mode": bench_mode(args.quick),
         "events": {k: len(v) for k, v in data.items()},
-        "logloss_by_alpha_l1": losses,
-        "largest_regret_by_alpha_l1": regret,
-        "chosen_alpha_l1": chosen,
-        "default_alpha_l1": default,
+        "logloss_by_alpha_l1_numeric": losses,
+        "largest_regret_by_alpha_l1_numeric": regret,
+        "chosen_alpha_l1_numeric": chosen,
+        "default_alpha_l1_numeric": default,
         "chosen_logloss_without_ramp": without_ramp,
         "chosen_logloss_per_event": per_event,
         "ratio_logloss_vs_per_event": {s: losses[s][chosen] / v for s, v in per_event.items()},
@@ -102,12 +107,13 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args() -> argparse.Namespace:
     p = bench_parser(
-        "The sweep behind LR's FTRL defaults: log loss by (alpha, l1) on every quality stream.",
+        "The sweep behind LR's defaults: log loss by (FTRL alpha, l1, numeric feed) on every quality stream.",
         "15k and 45k synthetic events (under a minute)",
         seed=7,
     )
     p.add_argument("--alphas", type=float, nargs="+", default=list(ALPHAS), help="FTRL alphas to try")
     p.add_argument("--l1s", type=float, nargs="+", default=list(L1S), help="FTRL l1s to try")
+    p.add_argument("--numerics", nargs="+", default=list(NUMERICS), help="numeric feeds to try (raw|log1p[/D])")
     p.add_argument("--per-event", action="store_true", help="also train the chosen point per event (slow)")
     args = p.parse_args()
     args.file = None  # what bench_quality.streams reads beside --quick and --seed

@@ -228,7 +228,7 @@ async def test_weights_name_every_feature_and_flag_absent_ones(make_api: MakeApi
     api = await make_api("fm")
     rng = np.random.default_rng(5)
     events = synthetic_events(rng, 50)
-    await train(api.client, api.model, events, rounds=1)
+    await train(api.client, api.model, events, rounds=3)
     features = dict(events[0]["features"], unseen="zzz")
     status, got = await api.call("POST", "/v1/weights", {"features": features, "keys": [7, 2**64 - 1]})
     assert status == 200
@@ -248,14 +248,14 @@ async def test_weights_name_every_feature_and_flag_absent_ones(make_api: MakeApi
         None,
         None,
     ]
-    # A number's value is what the model multiplies: its log1p (the model's numeric).
-    assert api.model.numeric == "log1p"
+    # A number's value is what the model multiplies: its log1p / 16 (the model's numeric).
+    assert api.model.numeric == "log1p/16"
     price = features["price"]
     assert [r["value"] for r in rows][:4] == [
         1.0,
         1.0,
         1.0,
-        pytest.approx(math.copysign(math.log1p(abs(price)), price)),
+        pytest.approx(math.copysign(math.log1p(abs(price)), price) / 16),
     ]
     # The ids are the ones training hashes for the same event.
     batch, _ = FeatureHasher("ctr").featurize([{"features": features, "keys": [7, 2**64 - 1]}], require_label=False)

@@ -451,3 +451,17 @@ def test_ctrps_alone_prints_its_help_and_version_prints_the_version() -> None:
     assert out.stdout.startswith("usage: ctrps") and "shard" in out.stdout and "example:" in out.stdout
     version = ctrps("--version")
     assert version.returncode == 0 and version.stdout.strip() == f"ctrps {importlib.metadata.version('ctrps')}"
+
+
+def test_numeric_feeds_read_from_flags_and_variables_or_fail_in_one_line() -> None:
+    base = ["worker", "--bootstrap", "k:9092", "--shards", "http://127.0.0.1:7100"]
+    assert WorkerSettings.from_args(build_parser().parse_args(base), env={}).numeric == "log1p/16"
+    flag = WorkerSettings.from_args(build_parser().parse_args([*base, "--numeric", "raw/2.5"]), env={})
+    assert flag.numeric == "raw/2.5"
+    assert WorkerSettings.from_args(build_parser().parse_args(base), env={"CTRPS_NUMERIC": "log1p"}).numeric == "log1p"
+    with pytest.raises(SettingsError, match="CTRPS_NUMERIC='log1p/0' is not valid"):
+        WorkerSettings.from_args(build_parser().parse_args(base), env={"CTRPS_NUMERIC": "log1p/0"})
+    for argv in ([*base, "--numeric", "sqrt"], ["model", "create", "m", "--numeric", "log1p/-1"]):
+        with pytest.raises(SystemExit):  # argparse's usage error
+            build_parser().parse_args(argv)
+    assert build_parser().parse_args(["model", "create", "m", "--numeric", "log1p/16"]).numeric == "log1p/16"

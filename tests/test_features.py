@@ -17,7 +17,7 @@ from ps_core.hashing import mix64
 from ps_core.model import hasher
 from ps_core.model.batch import EventBatch
 from ps_core.model.events import MAX_WEIGHT, EventError, check_each, decode_message
-from ps_core.model.hasher import GRID_WIDTH, FeatureHasher, string_hashes
+from ps_core.model.hasher import DEFAULT_NUMERIC, GRID_WIDTH, FeatureHasher, string_hashes
 
 
 def test_decode_object_array_and_json_lines() -> None:
@@ -113,8 +113,9 @@ def test_featurize_kinds_of_features() -> None:
         h.feature_ids(["site", "price", "tags", "tags", "new"], ["a", None, "p", "q", "true"]).tolist()
     )
     assert k[7:9].tolist() == [7, 2**64 - 1]
-    # A number is fed as sign(x) log1p(|x|), the default.
-    assert sorted(batch.values[:6].tolist()) == [1, 1, 1, 1, 1, pytest.approx(math.log1p(2.5))]
+    # A number is fed as sign(x) log1p(|x|) / 16, the default.
+    assert DEFAULT_NUMERIC == "log1p/16"
+    assert sorted(batch.values[:6].tolist()) == [pytest.approx(math.log1p(2.5) / 16), 1, 1, 1, 1, 1]
     assert batch.labels.tolist() == [1, 0]
     assert batch.weights.tolist() == [1, 2]
     assert np.isnan(batch.ts[0]) and batch.ts[1] == 100.5
@@ -219,10 +220,12 @@ def _fmix(x: int) -> int:
 
 
 class _Reference:
-    def __init__(self, namespace: str, *, max_features: int = 4096, numeric: str = "log1p") -> None:
+    def __init__(self, namespace: str, *, max_features: int = 4096, numeric: str = DEFAULT_NUMERIC) -> None:
         self.ns = _reference_hash(namespace)
         self.max_features = max_features
-        self.numeric = numeric
+        base, _, divisor = numeric.partition("/")
+        self.log1p = base == "log1p"
+        self.divisor = float(divisor) if divisor else 1.0
         self.bias_key = _fmix(self.ns ^ _C_BIAS)
         self.field_hashes: dict[str, int] = {}
 
@@ -264,11 +267,15 @@ class _Reference:
                     if not (math.isfinite(x) and abs(x) <= MAX_WEIGHT):
                         bad_numbers.append((i, "bad_value", f"{name}={v!r} is not a finite float32"))
                     ids.append(_fmix(self.field(name) ^ _C_NUM))
-                    # A log1p model's value (the default); a bad number stays as it is (its event fails).
-                    if self.numeric == "log1p" and math.isfinite(x):
-                        fed = math.copysign(math.log1p(abs(x)), x) if x != 0 else 0.0  # sign(0) is 0: never -0.0
-                    else:
+                    # A log1p model's value (the default), then divided; a bad
+                    # number stays as it is (its event fails).
+                    if not math.isfinite(x):
                         fed = x
+                    elif self.log1p:
+                        fed = math.copysign(math.log1p(abs(x)), x) if x != 0 else 0.0  # sign(0) is 0: never -0.0
+                        fed /= self.divisor
+                    else:
+                        fed = x / self.divisor
                     vals.append(fed)
                 elif type(v) is bool:
                     extras.append(self.categorical(name, "true" if v else "false"))

@@ -228,6 +228,8 @@ async def test_model_routes_over_http_and_ctrps_model(tmp_path: Path, serve_shar
     assert "unknown_model" in missing["stderr"]  # type: ignore[operator]
     bad = await ctrps_model("create", "x", "--optimizer", "ftrl,alpha=lots", code=2)
     assert "not a number" in bad["stderr"]  # type: ignore[operator]
+    scaled = await ctrps_model("create", "scaled", "--numeric", "log1p/4")
+    assert scaled["model"]["numeric"] == "log1p/4"  # type: ignore[index]
     async with ControlClient.connect(urls) as control:
         # The shards keep the model's tables as created: another mode is refused.
         with pytest.raises(ModeConflictError):
@@ -240,6 +242,9 @@ async def test_model_routes_over_http_and_ctrps_model(tmp_path: Path, serve_shar
             await control.create_model(_spec("lr", "hand").recipe())
         with pytest.raises(UnknownModelError):
             await control.model_info("hand")
+        for numeric in ("log1p/0", "sqrt"):  # refused by shard 0, in the schema or by the feed's check
+            with pytest.raises(InvalidRequestError, match="numeric"):
+                await control.create_model({**_spec("lr", "zero").recipe(), "numeric": numeric})
         assert (await control.exports("ads"))["model"] == "ads"
         with pytest.raises(UnknownModelError):
             await control.exports("nope")
@@ -279,7 +284,7 @@ async def test_one_worker_trains_several_models_on_one_decode(
             await until(lambda: worker.stats.records >= n + bad, 30, what="the dead letters", task=task)
         assert [bias_shows(shards, ns) for ns in ("m", "ads", "feed")] == [n, n, n]  # once each
         assert [type(a.model).__name__ for a in worker.also] == ["LogisticRegression", "FactorizationMachine"]
-        assert [a.model.numeric for a in worker.also] == ["log1p", "raw"]  # the default; as created
+        assert [a.model.numeric for a in worker.also] == [DEFAULT_NUMERIC, "raw"]  # the default; as created
         assert all("feed_v" in s.tables for s in shards)
         # Each model its own namespace: the same feature, three keys.
         keys = {FeatureHasher(ns).bias_key for ns in ("m", "ads", "feed")}
@@ -461,22 +466,32 @@ def test_numeric_values_fed_as_log1p_keep_their_ids() -> None:
     event = {"label": 0, "features": {"I1": 10.0, "I2": -3.0, "c": "x"}}
     raw, _ = FeatureHasher("m", numeric="raw").featurize([event])
     logs, _ = FeatureHasher("m", numeric="log1p").featurize([event])
+    eighths, _ = FeatureHasher("m", numeric="log1p/8").featurize([event])
+    halves, _ = FeatureHasher("m", numeric="raw/2.5").featurize([event])
     np.testing.assert_array_equal(raw.keys, logs.keys)
+    np.testing.assert_array_equal(raw.keys, eighths.keys)
     np.testing.assert_allclose(raw.values, [1, 10, -3, 1])
     np.testing.assert_allclose(logs.values, [1, np.log1p(10), -np.log1p(3), 1], rtol=1e-6)
-    with pytest.raises(ValueError, match="numeric"):
-        FeatureHasher("m", numeric="sqrt")
+    np.testing.assert_allclose(eighths.values, [1, np.log1p(10) / 8, -np.log1p(3) / 8, 1], rtol=1e-6)
+    np.testing.assert_allclose(halves.values, [1, 4, -1.2, 1], rtol=1e-6)  # only numbers are divided
+    for bad in ("sqrt", "log1p/0", "log1p/-2", "log1p/", "log1p/x", "log1p/8\n", "Log1p", "raw/1e3"):
+        with pytest.raises(ValueError, match="numeric"):
+            FeatureHasher("m", numeric=bad)
+        with pytest.raises(ValueError, match="numeric"):
+            make_model("lr", "m", numeric=bad)
     # What /v1/weights reports: a number as the model is fed it.
-    np.testing.assert_allclose(FeatureHasher("m").fed_values([10.0, -3.0, 0.0]), logs.values[1:3].tolist() + [0.0])
+    np.testing.assert_allclose(FeatureHasher("m").fed_values([10.0, -3.0]), eighths.values[1:3] / 2)
     assert FeatureHasher("m", numeric="raw").fed_values([10.0, -3.0]).tolist() == [10.0, -3.0]
     spec = _spec("lr", "m", numeric="log1p")
     assert ModelSpec.from_dict(orjson.loads(orjson.dumps(spec.to_dict()))).build().numeric == "log1p"
     assert ModelSpec.from_recipe(spec.recipe()) == spec
     old = {k: v for k, v in spec.to_dict().items() if k != "numeric"}  # a declaration from before the choice
     assert ModelSpec.from_dict(old).numeric == "raw"
-    # A new model's default is log1p, also in a recipe that names none.
-    assert _spec("lr", "m").numeric == DEFAULT_NUMERIC == "log1p"
-    assert ModelSpec.from_recipe({k: v for k, v in spec.recipe().items() if k != "numeric"}).numeric == "log1p"
+    with pytest.raises(InvalidRequestError, match="numeric"):
+        ModelSpec.from_dict({**spec.to_dict(), "numeric": "log1p/0"})
+    # A new model's default is log1p/16, also in a recipe that names none.
+    assert _spec("lr", "m").numeric == DEFAULT_NUMERIC == "log1p/16"
+    assert ModelSpec.from_recipe({k: v for k, v in spec.recipe().items() if k != "numeric"}).numeric == "log1p/16"
     reg = ModelRegistry(None, "ctr")
     reg.create(_spec("lr", "m", numeric="raw"))
     with pytest.raises(ModelConflictError, match="numeric"):

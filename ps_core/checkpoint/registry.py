@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from ..errors import InvalidRequestError, ModelConflictError, TableConfigError, UnknownModelError
-from ..model.hasher import DEFAULT_NUMERIC, NUMERIC
+from ..model.hasher import DEFAULT_NUMERIC, numeric_feed
 from ..model.models import Model, make_model, model_of_tables
 from ..store.table import TableConfig
 from .manifest import check_model_name
@@ -162,8 +162,10 @@ class ModelSpec:
         if isinstance(created, bool) or not isinstance(created, (int, float)):
             raise InvalidRequestError("created_at must be a number")
         numeric = raw.get("numeric") or "raw"
-        if numeric not in NUMERIC:
-            raise InvalidRequestError(f"numeric must be one of {', '.join(NUMERIC)}, got {numeric!r}")
+        try:
+            numeric_feed(str(numeric))
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
         spec = cls(name, kind, configs, float(created), str(numeric))
         try:
             spec.build()

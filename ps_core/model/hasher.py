@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 from collections.abc import Iterator, Sequence
 from itertools import chain, compress, repeat
 from operator import countOf
@@ -42,17 +43,44 @@ from ..parsing import exact_ints
 from .batch import F32, F64, I64, EventBatch
 from .events import MAX_FEATURES, MAX_WEIGHT, Checked, EventError, check_columns, check_each
 
-__all__ = ["FeatureHasher", "string_hashes", "NUMERIC"]
+__all__ = ["FeatureHasher", "string_hashes", "NUMERIC", "numeric_feed", "numeric_spec"]
 
 NUMERIC = ("raw", "log1p")
 """How a model feeds numeric feature values: as sent (``raw``), or
 ``sign(x) log1p(|x|)`` (``log1p``: counts with long tails compressed, the
-usual treatment of CTR count features). Part of a model's declaration:
-training and serving must hash alike."""
-DEFAULT_NUMERIC: Final = "log1p"
-"""What a new model feeds unless told: ``log1p``, chosen by
-`bench/bench_quality.py` (lower log loss than ``raw`` on every stream it
-runs). A declaration written before the choice existed reads as ``raw``."""
+usual treatment of CTR count features); either divided by a positive number
+D when written ``raw/D`` or ``log1p/D`` (`numeric_feed`). Part of a model's
+declaration: training and serving must hash alike."""
+
+NUMERIC_PATTERN: Final = r"^(raw|log1p)(/[0-9]{1,6}(\.[0-9]{1,6})?)?$"
+"""The `NUMERIC` forms a model's ``numeric`` may take (D > 0 checked apart)."""
+
+DEFAULT_NUMERIC: Final = "log1p/16"
+"""What a new model feeds unless told: ``log1p/16``, chosen by
+`bench/bench_linear_sweep.py` (with FTRL's alpha and l1, over every stream
+of `bench/bench_quality.py`). Numeric features then move the logit by steps
+of a categorical feature's size or less: FTRL's per-coordinate steps are
+the same in weight whatever a feature's scale, so a feature worth 3 moves
+the logit 3 times as far as one worth 1. A declaration written before the choice existed reads as
+``raw``."""
+
+
+def numeric_feed(numeric: str) -> tuple[bool, float]:
+    """A model's `numeric` (`NUMERIC`) as whether it takes ``log1p`` and
+    the number it divides by; `ValueError` naming the forms if it is none."""
+    base, _, divisor = numeric.partition("/")
+    if re.fullmatch(NUMERIC_PATTERN, numeric):
+        d = float(divisor) if divisor else 1.0
+        if d > 0:
+            return base == "log1p", d
+    raise ValueError(f"numeric {numeric!r} is not raw or log1p, optionally divided by a number > 0 (log1p/8)")
+
+
+def numeric_spec(numeric: str) -> str:
+    """`numeric` if it is a valid `NUMERIC` form (`numeric_feed`), as
+    flags and variables read it."""
+    numeric_feed(numeric)
+    return numeric
 
 
 # -- string hashing ------------------------------------------------------------
@@ -403,7 +431,7 @@ class FeatureHasher:
       ``true``/``false`` are the strings ``"true"``/``"false"``;
     - numeric ``field: x``: ``fmix64(F ^ 0xD6E8FEB86659FD93)``, value x, or
       ``sign(x) log1p(|x|)`` with ``numeric="log1p"`` (counts' long tails
-      compressed: `NUMERIC`);
+      compressed), either divided by D with ``/D`` (`NUMERIC`);
     - pre-hashed ``keys: [k, ...]``: used as they are, value 1;
     - the bias: ``fmix64(ns ^ 0xA0761D6478BD642F)``, value 1, first in every event.
 
@@ -415,8 +443,7 @@ class FeatureHasher:
 
     def __init__(self, namespace: str, *, max_features: int = MAX_FEATURES, numeric: str = DEFAULT_NUMERIC) -> None:
         """`numeric`: how numeric values become feature values (`NUMERIC`)."""
-        if numeric not in NUMERIC:
-            raise ValueError(f"numeric {numeric!r} is not one of {', '.join(NUMERIC)}")
+        self._log1p, self._divisor = numeric_feed(numeric)
         self.namespace = namespace
         self.numeric = numeric
         self._ns = int(string_hashes([namespace])[0])
@@ -428,7 +455,7 @@ class FeatureHasher:
     def fed_values(self, x: npt.ArrayLike) -> F32:
         """Numeric feature values `x` as the model is fed them (`numeric`)."""
         v = np.asarray(x, dtype=np.float64)
-        return (signed_log1p(v) if self.numeric == "log1p" else v).astype(np.float32)
+        return _fed(v, self._log1p, self._divisor).astype(np.float32)
 
     def feature_ids(self, fields: Sequence[str], values: Sequence[str | None]) -> U64:
         """Ids of features given as (field, categorical value) pairs; a None
@@ -504,7 +531,7 @@ class FeatureHasher:
         n = len(checked.to_hash)
         cols = self._columns(checked.to_hash, json_types)
         fails = _Failures(checked.errors, grp, n)
-        keys, vals = _ids(cols, fails, log1p=self.numeric == "log1p")
+        keys, vals = _ids(cols, fails, log1p=self._log1p, divisor=self._divisor)
         keep = cols.codes != _T_NONE  # nulls are missing features
         extras = _Extras()
         _rare_values(cols, keep, fails, extras)
@@ -669,10 +696,11 @@ class _Extras:
         self.events.append(events)
 
 
-def _ids(cols: _Columns, fails: _Failures, *, log1p: bool = False) -> tuple[U64, F32]:
+def _ids(cols: _Columns, fails: _Failures, *, log1p: bool = False, divisor: float = 1.0) -> tuple[U64, F32]:
     """The id and value of every value in `cols`; right for strings and
     numbers (the only ones kept from the columns). A number not finite as a
-    float32 fails its event; with `log1p` a number x is ``sign(x) log1p(|x|)``."""
+    float32 fails its event; with `log1p` a number x is ``sign(x) log1p(|x|)``,
+    then divided by `divisor`."""
     m = cols.objs.size
     vals = np.ones(m, dtype=np.float32)
     # What each value's field hash is mixed with: H(value) * C for a
@@ -693,10 +721,16 @@ def _ids(cols: _Columns, fails: _Failures, *, log1p: bool = False) -> tuple[U64,
                     int(cols.event_of[j]), "bad_value", f"{cols.field(j)}={cols.objs[j]!r} is not a finite float32"
                 )
         x = np.where(finite, x, 0)
-        if log1p:
-            x = signed_log1p(x)
+        x = _fed(x, log1p, divisor)
         vals[num] = x.astype(np.float32)
     return mix64(cols.fhash ^ salt), vals
+
+
+def _fed(x: F64, log1p: bool, divisor: float) -> F64:
+    """Numbers `x` as a model fed (`numeric_feed`) them."""
+    if log1p:
+        x = signed_log1p(x)
+    return x / divisor if divisor != 1.0 else x
 
 
 def signed_log1p(x: F64) -> F64:

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from ..hashing import U64, distinct
 from ..store.table import TableConfig
 from .batch import EventBatch
-from .hasher import DEFAULT_NUMERIC, NUMERIC, FeatureHasher
+from .hasher import DEFAULT_NUMERIC, FeatureHasher, numeric_feed
 
 __all__ = [
     "Model",
@@ -46,11 +46,12 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 
-DEFAULT_LINEAR_OPTIMIZER: dict[str, Any] = {"name": "ftrl", "alpha": 0.2, "beta": 1.0, "l1": 2.0, "l2": 1.0}
+DEFAULT_LINEAR_OPTIMIZER: dict[str, Any] = {"name": "ftrl", "alpha": 0.35, "beta": 1.0, "l1": 5.0, "l2": 1.0}
 """FTRL settings of the linear part: alpha and l1 chosen by
-`bench/bench_linear_sweep.py` (the smallest largest regret of progressive
-log loss over the quality streams of 15k to 1M events, with the mini-batch
-ramp), beta and l2 at 1."""
+`bench/bench_linear_sweep.py` with the numeric feed
+(`ps_core.model.hasher.DEFAULT_NUMERIC`: the smallest largest regret of
+progressive log loss over the quality streams of 15k to 1M events, with the
+mini-batch ramp), beta and l2 at 1."""
 DEFAULT_EMBEDDING_OPTIMIZER: dict[str, Any] = {"name": "adagrad", "lr": 0.001}
 """AdaGrad of FM's embeddings. `bench/bench_sweep.py` chose the rate: the largest
 at which FM's log loss is at most LR's on every stream it runs (0.001 of 0.001-0.05;
@@ -262,8 +263,7 @@ class FactorizationMachine(Model):
 
 
 def _numeric(numeric: str) -> str:
-    if numeric not in NUMERIC:
-        raise ValueError(f"numeric {numeric!r} is not one of {', '.join(NUMERIC)}")
+    numeric_feed(numeric)  # raises ValueError naming the forms
     return numeric
 
 

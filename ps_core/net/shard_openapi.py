@@ -514,8 +514,12 @@ class ModelDeclaration(Struct, forbid_unknown_fields=True):
     max_staleness: Annotated[int, Meta(ge=0, le=2**31 - 1)] | UnsetType = UNSET
     numeric: (
         Annotated[
-            Literal["raw", "log1p"],
-            Meta(description="Numeric features fed as sent, or as sign(x) log1p(|x|); absent: log1p, the default."),
+            str,
+            Meta(
+                pattern=r"^(raw|log1p)(/[0-9]{1,6}(\.[0-9]{1,6})?)?\Z",
+                description="Numeric features fed as sent (raw), or as sign(x) log1p(|x|) (log1p); /D divides "
+                "them by D > 0; absent: log1p/16, the default.",
+            ),
         ]
         | UnsetType
     ) = UNSET
