@@ -39,7 +39,7 @@ the one they train with --model-name, and the API serves every model.
 
 example:
   ctrps model create ads --type lr --optimizer ftrl,alpha=0.1,l1=1 --shard0 http://127.0.0.1:7100
-  ctrps model create feed --type fm --factors 8 --mode geo --numeric log1p
+  ctrps model create feed --type fm --factors 8 --mode geo --numeric log1p/16
   ctrps model list
   ctrps model show ads
   ctrps model delete ads     # drops its tables on every shard; its exports stay on disk

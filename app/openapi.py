@@ -157,7 +157,8 @@ class FeatureWeights(Struct, forbid_unknown_fields=True):
     ]
     key: Annotated[int, Meta(ge=0, extra_json_schema={"maximum": 2**64 - 1})]
     value: Annotated[
-        float, Meta(description="What the model multiplies: 1, or a number as fed (sign(x) log1p(|x|) under log1p).")
+        float,
+        Meta(description="What the model multiplies: 1, or a number as fed (sign(x) log1p(|x|) / 16 under log1p/16)."),
     ]
     present: Annotated[bool, Meta(description="False: never trained; the weights are its initial value.")]
     weights: dict[str, list[float]]
