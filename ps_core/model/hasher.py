@@ -61,8 +61,8 @@ DEFAULT_NUMERIC: Final = "log1p/16"
 of `bench/bench_quality.py`). Numeric features then move the logit by steps
 of a categorical feature's size or less: FTRL's per-coordinate steps are
 the same in weight whatever a feature's scale, so a feature worth 3 moves
-the logit 3 times as far as one worth 1. A declaration written before the choice existed reads as
-``raw``."""
+the logit 3 times as far as one worth 1. A declaration written before the
+choice existed reads as ``raw``."""
 
 
 def numeric_feed(numeric: str) -> tuple[bool, float]:
@@ -73,7 +73,7 @@ def numeric_feed(numeric: str) -> tuple[bool, float]:
         d = float(divisor) if divisor else 1.0
         if d > 0:
             return base == "log1p", d
-    raise ValueError(f"numeric {numeric!r} is not raw or log1p, optionally divided by a number > 0 (log1p/8)")
+    raise ValueError(f"numeric {numeric!r} is not raw or log1p, optionally divided by a number > 0 (log1p/16)")
 
 
 def numeric_spec(numeric: str) -> str:
