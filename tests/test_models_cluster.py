@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 import pytest
@@ -36,7 +37,7 @@ from ps_core.errors import (
     TableConflictError,
     UnknownModelError,
 )
-from ps_core.model.hasher import DEFAULT_NUMERIC, FeatureHasher
+from ps_core.model.hasher import DEFAULT_NUMERIC, FeatureHasher, numeric_feed
 from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
@@ -586,3 +587,32 @@ async def test_a_failed_look_for_new_models_is_one_line_and_the_followed_models_
     failed = [r for r in caplog.records if r.getMessage() == "looking for new models failed"]
     assert len(failed) == 1 and "Permission denied" in failed[0].fields["error"]  # type: ignore[attr-defined]
     assert not [r for r in caplog.records if r.exc_info], "a traceback"
+
+
+@pytest.mark.parametrize(
+    ("numeric", "valid"),
+    [("raw", True), ("log1p", True), ("log1p/16", True), ("raw/2.5", True), ("log1p/0.000001", True)]
+    + [("log1p/999999.999999", True), ("log1p/0", False), ("log1p/0.0", False), ("log1p/1234567", False)]
+    + [("log1p/", False), ("log1p/1.", False), ("log1p/.5", False), ("log1p/-1", False), ("log1p/1e3", False)]
+    + [("log1p/16\n", False), (" log1p", False), ("LOG1P", False), ("sqrt", False), ("", False)],
+)
+def test_the_documents_and_the_check_agree_on_numeric_feeds(numeric: str, valid: bool) -> None:
+    """The pattern both documents publish (msgspec checks it) takes what
+    `numeric_feed` takes, and a divisor of 0, which only the check refuses."""
+    from app.openapi import CreateModelRequest
+    from ps_core.net.shard_openapi import ModelDeclaration
+
+    def schema_takes(model: type) -> bool:
+        try:
+            msgspec.convert({"name": "m", "numeric": numeric}, model)
+            return True
+        except msgspec.ValidationError:
+            return False
+
+    zero = numeric in ("log1p/0", "log1p/0.0")
+    assert schema_takes(CreateModelRequest) == schema_takes(ModelDeclaration) == (valid or zero)
+    if valid:
+        numeric_feed(numeric)
+    else:
+        with pytest.raises(ValueError, match="numeric"):
+            numeric_feed(numeric)
