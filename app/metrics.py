@@ -157,11 +157,26 @@ class _ClusterCollector(Collector):
             "ctrps_table_pushes_down_weighted",
             "Async pushes scaled down for being staler than the model's max_staleness.",
         )
+        log_keys = per_table(
+            GaugeMetricFamily,
+            "ctrps_table_change_log_keys",
+            "Keys a geo table's change log holds (what geo workers ask at each round's end).",
+        )
+        log_incomplete = per_table(
+            CounterMetricFamily,
+            "ctrps_table_change_log_incomplete",
+            "Geo workers' questions a table's change log could not answer whole (it no longer reached back, "
+            "or the worker asked another incarnation): the worker read every row again.",
+        )
         for i, stats in enumerate(snap.stats):
             up.add_metric([str(i)], 0.0 if stats is None else 1.0)
             for name, t in (stats or {}).get("tables", {}).items():
                 features.add_metric([str(i), name], float(t["features"]))
                 size.add_metric([str(i), name], float(t["bytes"]))
+                changes = t.get("change_log")
+                if isinstance(changes, dict):
+                    log_keys.add_metric([str(i), name], _num(changes.get("keys")))
+                    log_incomplete.add_metric([str(i), name], _num(changes.get("incomplete")))
                 stale = t.get("staleness")
                 if isinstance(stale, dict) and isinstance(stale.get("buckets"), dict):
                     cumulative, buckets = 0.0, []
@@ -211,7 +226,7 @@ class _ClusterCollector(Collector):
                 sets_gone.add_metric([str(i)], _num(sets.get("expired")))
                 reply_clipped.add_metric([str(i)], _num(wire.get("reply_values_clipped")))
         yield from (up, features, size, evicted, freed, pause, admission, staleness, down_weighted, refused)
-        yield from (held, sets_gone, reply_clipped)
+        yield from (held, sets_gone, reply_clipped, log_keys, log_incomplete)
         yield from port_families(("shard", str(i), (stats or {}).get("ports")) for i, stats in enumerate(snap.stats))
         yield from _ClusterCollector._exports(snap.stats[0] if snap.stats else None)
 
@@ -245,6 +260,11 @@ class _ClusterCollector(Collector):
         outage_s = counter("ctrps_worker_outage_seconds", "Seconds the worker spent waiting in outages that ended.")
         replayed = counter(
             "ctrps_worker_windows_replayed", "Windows that failed part-way in an outage and were trained again."
+        )
+        geo_full = counter(
+            "ctrps_worker_geo_full_refreshes",
+            "Geo rounds after which every row of the worker's copy was read again: the shards' change logs gave "
+            "no complete answer (the copy's first round, a restarted shard, or a log that no longer reached back).",
         )
         commits = counter(
             "ctrps_worker_commits",
@@ -306,6 +326,8 @@ class _ClusterCollector(Collector):
             outages.add_metric(labels, _num(s.get("outages")))
             outage_s.add_metric(labels, _num(s.get("outage_seconds")))
             replayed.add_metric(labels, _num(s.get("windows_replayed")))
+            if "geo_full_refreshes" in s:
+                geo_full.add_metric(labels, _num(s.get("geo_full_refreshes")))
             commits.add_metric([*labels, "committed"], _num(s.get("commits")))
             commits.add_metric([*labels, "failed"], _num(s.get("failed_commits")))
             for reason, count in _by_key(s.get("dead_letters_by_reason")):
@@ -337,6 +359,7 @@ class _ClusterCollector(Collector):
             outages,
             outage_s,
             replayed,
+            geo_full,
             commits,
             dead,
             stale,

@@ -26,6 +26,7 @@ from ps_core.model.ramp import DEFAULT_RAMP, RAMP_START
 from ps_core.net.limits import PortLimits, RpcLimits
 from ps_core.net.quantize import PULL_VALUE_TYPES, VALUE_TYPES
 from ps_core.net.wire import ROUNDINGS, WireFormat
+from ps_core.store.change_log import DEFAULT_LOG_KEYS
 from ps_core.store.lifecycle import SPEC_KEYS, Lifecycle
 from ps_core.store.read_table import PRECISIONS
 from ps_core.store.table import MODES, TableConfig
@@ -301,6 +302,13 @@ class ShardSettings:
     evict_interval_s: float = setting(
         60.0, env="CTRPS_EVICT_INTERVAL", flag="--evict-interval", help="seconds between eviction passes; 0 = none"
     )
+    geo_change_log_keys: int = setting(
+        DEFAULT_LOG_KEYS,
+        env="CTRPS_GEO_CHANGE_LOG_KEYS",
+        flag="--geo-change-log-keys",
+        help="keys each geo table's change log holds (8 bytes each): geo workers read again only the rows others "
+        "changed since their last round, or every row when the log no longer reaches back; 0 = no log",
+    )
     http_limits: PortLimits = PortLimits()
     """Limits of the HTTP port (``CTRPS_SHARD_MAX_CONNECTIONS``, ``CTRPS_SHARD_HEADER_TIMEOUT``, ...)."""
     rpc_limits: RpcLimits = RpcLimits()
@@ -329,6 +337,8 @@ class ShardSettings:
             raise SettingsError("stats interval must be a finite number of seconds >= 0")
         if not self.evict_interval_s >= 0 or self.evict_interval_s == float("inf"):
             raise SettingsError("evict interval must be a finite number of seconds >= 0")
+        if self.geo_change_log_keys < 0:
+            raise SettingsError("geo change log keys must be >= 0")
         try:
             self.default_lifecycle()
         except TableConfigError as exc:

@@ -89,7 +89,9 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, Books]:
     model_dir = Path(settings.exports_dir) / settings.model_name
     versions = version_dirs(model_dir) if settings.exports_dir else {}
     newest = max(versions, default=0)
-    shard = Shard(spec, settings.tables, lifecycle=settings.default_lifecycle())
+    shard = Shard(
+        spec, settings.tables, lifecycle=settings.default_lifecycle(), change_log_keys=settings.geo_change_log_keys
+    )
     shard.restores_at_start = settings.restore
     if settings.restore and versions:
         chains, refusals = newest_loadable(model_dir)

@@ -108,6 +108,7 @@ def worker_status(
         "outages": stats.outages,
         "outage_seconds": round(stats.outage_seconds, 3),
         "windows_replayed": stats.windows_replayed,
+        **({"geo_full_refreshes": stats.geo_full_refreshes} if update_mode == "geo" else {}),
         "last_window": last,
         "lag_by_partition": {str(p): int(n) for p, n in report.lag_by_partition.items()},
     }

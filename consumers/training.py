@@ -36,6 +36,7 @@ from ps_core.model.geo import GeoCopy
 from ps_core.model.metrics import Metrics, evaluate
 from ps_core.model.models import BatchPlan, Model, sigmoid
 from ps_core.model.ramp import DEFAULT_RAMP, MiniBatchRamp
+from ps_core.net.change_feed import ChangeFeed
 from ps_core.net.client import PSClient, Routed
 
 from .windows import Window
@@ -51,6 +52,7 @@ class TrainingStats(Protocol):
     events_trained: int
     sync_steps: int
     geo_rounds: int
+    geo_full_refreshes: int
 
 
 async def per_table(calls: list[Coroutine[Any, Any, _T]]) -> list[_T]:
@@ -278,12 +280,16 @@ class GeoTraining(Training):
     ramp: int = DEFAULT_RAMP
     """The local copy's mini-batches ramp as async's do (`MiniBatchRamp`; 0: none)."""
     copy: GeoCopy = field(init=False)
+    feed: ChangeFeed = field(init=False)
+    """What other workers changed since the last round (the shards' change logs)."""
 
     def __post_init__(self, max_rows: int) -> None:
         self.copy = GeoCopy(self.model.tables(), max_rows=max_rows)
+        self.feed = ChangeFeed(self.client, self.model.table_names)
 
     def reset(self) -> None:
         self.copy.clear()
+        self.feed.reset()
 
     async def train(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
         """Mini-batches trained on the local copy; the window's commit covers
@@ -321,19 +327,25 @@ class GeoTraining(Training):
 
     async def _push(self, scale: float, event_time: float) -> None:
         """Push the copy's differences since the last push and take the
-        shards' merged weights back (one push-pull per table and shard)."""
+        shards' merged weights back (one push-pull per table and shard),
+        then ask which rows other workers changed meanwhile."""
         geo, names = self.copy, self.model.table_names
         d = geo.deltas(scale)
         if d.keys.size:
             routed = self.client.route(d.keys)
+            ids = [self.client.new_request_id() for _ in names]
             got = await per_table(
                 [
                     self.client.push_pull(
-                        t, routed, d.values[t], pull_keys=routed, counts=d.counts, event_time=event_time
+                        t, routed, d.values[t], pull_keys=routed, counts=d.counts, event_time=event_time, request_id=i
                     )
-                    for t in names
+                    for t, i in zip(names, ids)
                 ]
             )
+            for t, i in zip(names, ids):
+                self.feed.pushed(t, i)
             geo.merge(d.rows, {t: w for t, (_, w) in zip(names, got)})
-        geo.end_round(d.rows)
+        changed = await self.feed.read()
+        geo.end_round(d.rows, changed)
         self.stats.geo_rounds += 1
+        self.stats.geo_full_refreshes += changed is None

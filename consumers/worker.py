@@ -274,6 +274,9 @@ class WorkerStats:
     """Sync: steps this worker took part in."""
     geo_rounds: int = 0
     """Geo: pushes of the local copy's differences."""
+    geo_full_refreshes: int = 0
+    """Geo: rounds after which every row of the copy was read again (no
+    complete answer from the shards' change logs)."""
     windows_replayed: int = 0
     """Windows that failed part-way in an outage: their partitions resumed from
     the window's first offsets, so that window is trained again."""

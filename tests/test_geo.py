@@ -34,8 +34,10 @@ from ps_core.checkpoint.export import latest_chain, read_manifest, restore_shard
 from ps_core.model.batch import EventBatch
 from ps_core.model.geo import GeoCopy
 from ps_core.model.models import LogisticRegression, make_model
+from ps_core.net.change_feed import ChangeFeed
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
+from ps_core.store.change_log import ChangeLog
 from ps_core.store.optim import FTRL, AdaGrad
 from ps_core.store.table import TableConfig
 
@@ -46,16 +48,26 @@ def _shards(tables: tuple[TableConfig, ...], n: int = 2) -> list[Shard]:
     return [Shard(ShardSpec(i, n), tables) for i in range(n)]
 
 
-async def _round(copy: GeoCopy, client: PSClient, keys: np.ndarray, grads: np.ndarray, scale: float) -> None:
-    """One mini-batch on `copy` (pulling what it must) and the round's push."""
+_FEEDS: dict[int, ChangeFeed] = {}
+
+
+async def _round(
+    copy: GeoCopy, client: PSClient, keys: np.ndarray, grads: np.ndarray, scale: float, *, log: bool = True
+) -> None:
+    """One mini-batch on `copy` (pulling what it must) and the round's push,
+    then the shards' report of what others changed (`log`), as
+    `GeoTraining` does; without `log`, no report: every row goes stale."""
+    feed = _FEEDS.setdefault(id(copy), ChangeFeed(client, ["w"]))
     rows, need = copy.locate(keys)
     if need.any():
         rows = copy.take(keys, rows, need, {"w": await client.pull("w", keys[need])})
     copy.train(rows, {"w": grads}, np.zeros((keys.size, 2), np.float32))
     d = copy.deltas(scale)
-    _, merged = await client.push_pull("w", d.keys, d.values["w"], pull_keys=d.keys)
+    rid = client.new_request_id()
+    _, merged = await client.push_pull("w", d.keys, d.values["w"], pull_keys=d.keys, request_id=rid)
+    feed.pushed("w", rid)
     copy.merge(d.rows, {"w": merged})
-    copy.end_round(d.rows)
+    copy.end_round(d.rows, await feed.read() if log else None)
 
 
 async def test_the_shards_add_every_scaled_delta_exactly() -> None:
@@ -104,7 +116,7 @@ async def test_a_key_changed_by_one_worker_reaches_the_other_within_one_round() 
     assert b.pushed_keys == 8 and b.pulled_keys == 3 + 2 + 3
 
 
-async def test_the_local_copy_drops_stale_rows_past_its_cap() -> None:
+async def test_the_local_copy_drops_its_least_recently_trained_rows_past_its_cap() -> None:
     config = TableConfig("w", 1, SGD, mode="geo")
     client = PSClient.local(_shards((config,)))
     copy = GeoCopy([config], max_rows=50)
@@ -112,8 +124,58 @@ async def test_the_local_copy_drops_stale_rows_past_its_cap() -> None:
         keys = np.arange(start + 1, start + 41, dtype=np.uint64)
         await _round(copy, client, keys, np.ones((40, 1), np.float32), 1.0)
         assert len(copy) <= 50
-    assert copy.dropped_rows == 400 - 40
+    # Down to nine tenths of the cap: the last round's 40 keys and 5 of the
+    # round before stay, current; the older ones went.
+    assert len(copy) == 45 and copy.dropped_rows == 400 - 45
+    assert not copy.locate(np.arange(361, 401, dtype=np.uint64))[1].any()
+    assert (copy.index.lookup(np.arange(1, 321, dtype=np.uint64)) < 0).all()
     assert copy.index.num_rows <= 90  # freed rows are reused: the arrays stay small
+
+
+async def test_a_round_nobody_else_changed_reads_nothing_again() -> None:
+    config = TableConfig("w", 1, SGD, init_scale=0.0, mode="geo")
+    client = PSClient.local(_shards((config,)))
+    a, b = GeoCopy([config]), GeoCopy([config])
+    keys, others = np.arange(1, 41, dtype=np.uint64), np.arange(100, 110, dtype=np.uint64)
+    await _round(a, client, keys, np.ones((40, 1), np.float32), 0.5)
+    await _round(a, client, keys, np.ones((40, 1), np.float32), 0.5)
+    # The first report is incomplete (a new copy: every row but those just
+    # merged is stale; here all were merged).
+    assert a.full_refreshes == 1 and a.pulled_keys == 40
+    await _round(b, client, others, np.ones((10, 1), np.float32), 0.5)  # keys a never holds
+    for _ in range(3):
+        await _round(a, client, keys, np.ones((40, 1), np.float32), 0.5)
+    assert a.pulled_keys == 40 and a.refreshed_rows == 0 and a.full_refreshes == 1
+    # Without a report, a round leaves every row but those merged stale.
+    await _round(a, client, keys[:10], np.ones((10, 1), np.float32), 0.5, log=False)
+    assert a.locate(keys)[1].sum() == 30
+
+
+async def test_rows_the_shards_removed_or_replaced_are_read_again() -> None:
+    config = TableConfig("w", 1, SGD, init_scale=0.0, mode="geo")
+    shards = _shards((config,), n=1)
+    client = PSClient.local(shards)
+    copy = GeoCopy([config])
+    keys = np.arange(1, 21, dtype=np.uint64)
+    for _ in range(2):
+        await _round(copy, client, keys, np.ones((20, 1), np.float32), 1.0)
+    assert not copy.locate(keys)[1].any()
+    shards[0].tables["w"].delete(keys[:5])  # an eviction: the rows are gone
+    await _round(copy, client, keys[10:], np.ones((10, 1), np.float32), 1.0)
+    assert np.flatnonzero(copy.locate(keys)[1]).tolist() == [0, 1, 2, 3, 4]
+    # Another log (a restarted or restored shard's) answers incomplete, and
+    # so does one that no longer reaches back: every row but those merged
+    # is then read again.
+    shards[0].tables["w"].changes = ChangeLog(max_keys=25)
+    await _round(copy, client, keys[:2], np.ones((2, 1), np.float32), 1.0)
+    assert copy.full_refreshes == 2 and copy.locate(keys)[1].sum() == 18
+    await _round(copy, client, keys, np.ones((20, 1), np.float32), 1.0)
+    assert copy.full_refreshes == 2 and not copy.locate(keys)[1].any()
+    other = GeoCopy([config])
+    for start, n in ((50, 6), (60, 20)):  # the second drops the first, which copy has not seen
+        await _round(other, client, np.arange(start, start + n, dtype=np.uint64), np.ones((n, 1), np.float32), 1.0)
+    await _round(copy, client, keys[:3], np.ones((3, 1), np.float32), 1.0)
+    assert copy.full_refreshes == 3 and copy.locate(keys)[1].sum() == 17
 
 
 @pytest.mark.parametrize("optimizer", [FTRL(alpha=0.1, l1=0.5), AdaGrad(lr=0.1)])

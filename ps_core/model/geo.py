@@ -11,16 +11,18 @@ A *round* is the mini-batches between two pushes. At a round's end the
 worker pushes ``(local − base) · scale`` for every row it trained whose
 weights moved (with the shows and clicks it saw since its last push) and reads
 back the shards' merged weights, which become both the row's weights and its
-new base (`merge`). Rows not trained in the round may have been changed by
-other workers since they were read: `end_round` marks them stale, and the
-next mini-batch that meets one pulls it again (`locate` says which). So a
-worker sees any key another worker changed within one round of meeting it,
-and pulls only keys it uses — the equivalent of a per-worker changed-key
-recorder on the shards, at no cost on the shards.
+new base (`merge`). Other rows may have been changed by other workers
+since they were read: `end_round` marks stale the keys the shards' change
+logs report changed (`ps_core.net.change_feed`), or every row but those
+just merged when there is no such report, and the next mini-batch that
+meets a stale row pulls it again (`locate` says which). So a worker sees
+any key another worker changed within one round of meeting it, and pulls
+only keys it uses.
 
-Memory is bounded: past ``max_rows`` rows, `end_round` drops the stale ones
-(their optimizer state starts afresh if they come back; the shows and clicks
-an unmoved row held unsent go with it).
+Memory is bounded: past ``max_rows`` rows, `end_round` drops the least
+recently used ones down to nine tenths of it (their optimizer state starts
+afresh if they come back; the shows and clicks an unmoved row held unsent go
+with it).
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ class GeoCopy:
         """Rows trained since the last push."""
         self.counts = np.zeros((0, 2), dtype=np.float32)
         """Shows and clicks each row saw since the last push."""
+        self.used = np.zeros(0, dtype=np.int64)
+        """The round each row was last trained in (what `end_round` drops by)."""
         self.rounds = 0
         self.pulled_keys = 0
         """Keys read from the shards before training (new or stale)."""
@@ -86,7 +90,11 @@ class GeoCopy:
         self.unmoved_keys = 0
         """Trained keys not pushed, their weights unmoved (`deltas`)."""
         self.dropped_rows = 0
-        """Stale rows dropped to stay under `max_rows`."""
+        """Least recently used rows dropped to stay under `max_rows`."""
+        self.refreshed_rows = 0
+        """Rows marked stale because the shards reported them changed."""
+        self.full_refreshes = 0
+        """Rounds that ended with every row marked stale (no complete report)."""
         self._probed: tuple[int, I64] = (-1, np.zeros(0, dtype=np.int64))
         self._resize(1024)
 
@@ -99,13 +107,14 @@ class GeoCopy:
         self.synced = _grown(self.synced, (capacity,))
         self.trained = _grown(self.trained, (capacity,))
         self.counts = _grown(self.counts, (capacity, 2))
+        self.used = _grown(self.used, (capacity,))
 
     def __len__(self) -> int:
         return self.index.size
 
     def nbytes(self) -> int:
         """Bytes the copy holds (arrays at capacity, and the index)."""
-        arrays = [*self.rows.values(), *self.base.values(), self.synced, self.trained, self.counts]
+        arrays = [*self.rows.values(), *self.base.values(), self.synced, self.trained, self.counts, self.used]
         return int(sum(a.nbytes for a in arrays)) + self.index.nbytes()
 
     def locate(self, keys: U64) -> tuple[I64, npt.NDArray[np.bool_]]:
@@ -168,6 +177,7 @@ class GeoCopy:
             opt.step(block, np.ascontiguousarray(grads[name], dtype=np.float32))
             put_rows(self.rows[name], rows, block)
         self.trained[rows] = True
+        self.used[rows] = self.rounds
         put_rows(self.counts, rows, self.counts.take(rows, axis=0) + counts)
 
     def deltas(self, scale: float) -> Deltas:
@@ -207,17 +217,31 @@ class GeoCopy:
         put_rows(self.counts, rows, np.zeros((rows.size, 2), dtype=np.float32))
         self.pushed_keys += int(rows.size)
 
-    def end_round(self, merged_rows: I64) -> None:
-        """Close a round: only the rows just merged are current; every other
-        row is stale until read again. Past `max_rows`, stale rows go."""
+    def end_round(self, merged_rows: I64, changed: U64 | None) -> None:
+        """Close a round: the rows of the keys `changed` since the last round
+        by other workers (the shards' report, asked after this round's
+        merge) are stale until read again; with no report (None), every row
+        but those just merged is. Past `max_rows`, the least recently
+        trained rows go, down to nine tenths of it."""
         self.rounds += 1
-        self.synced[:] = False
-        self.synced[merged_rows] = True
+        if changed is None:
+            self.synced[:] = False
+            self.synced[merged_rows] = True
+            self.full_refreshes += 1
+        elif changed.size:
+            rows = self.index.lookup(changed)
+            rows = rows[rows >= 0]
+            self.synced[rows] = False
+            self.refreshed_rows += int(rows.size)
         if self.index.size > self.max_rows:
-            live = self.index.row_live
-            stale = np.flatnonzero(live & ~self.synced[: live.size])
-            self.index.delete(self.index.row_keys[stale], distinct=True)
-            self.dropped_rows += int(stale.size)
+            live = np.flatnonzero(self.index.row_live)
+            excess = live.size - int(0.9 * self.max_rows)
+            # The `excess` least recently trained rows (ties: any of them).
+            oldest = live[np.argpartition(self.used[live], excess - 1)[:excess]]
+            self.index.delete(self.index.row_keys[oldest], distinct=True)
+            self.synced[oldest] = False
+            self.trained[oldest] = False
+            self.dropped_rows += int(oldest.size)
 
     def clear(self) -> None:
         """Forget every row (after a window failed part-way or the shards

@@ -42,6 +42,7 @@ import numpy.typing as npt
 from ..errors import PSError
 from ..hashing import U64
 from ..rows import put_rows
+from ..store.change_log import Changes
 from ..store.table import F32
 from .endpoint import RetryPolicy, ShardGroup
 from .routing import split_by_shard
@@ -305,6 +306,18 @@ class PSClient(PSReader[ShardTransport]):
         # Every reply's weights have the table's dim, empty or not, so all
         # concatenate (in shard order) into the pull's grouped order.
         return sum(a for a, _, _ in results), _reassemble(qr, [w for _, w, _ in results])
+
+    async def changes(self, table: str, cursors: Sequence[tuple[int, int]], own: Sequence[int]) -> list[Changes]:
+        """Each shard's answer for geo table `table`: the keys changed after
+        ``cursors[i]`` (shard i's change log incarnation and sequence number
+        of an earlier answer; (0, 0) for none) by pushes other than those
+        with request ids `own` (`ps_core.store.change_log`)."""
+        ids = np.asarray(own, dtype=np.uint64)
+        return list(
+            await fan_out(
+                [t.changes(table, since, incarnation, ids) for t, (incarnation, since) in zip(self.transports, cursors)]
+            )
+        )
 
     def new_request_id(self) -> int:
         """A fresh push id, unique to this client."""

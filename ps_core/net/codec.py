@@ -8,12 +8,14 @@ arrays::
     0      4     magic b"CTPS"
     4      1     format version (1)
     5      1     op: 1 pull request, 2 push request, 3 weights reply, 4 push ack,
-                 5 push_pull request, 6 push_pull reply
+                 5 push_pull request, 6 push_pull reply, 7 changes request,
+                 8 changes reply
     6      2     flags: bit 0 = a counts array follows the values (push,
                  push_pull); bit 1 = presence: in a pull request, asks for it;
                  in a weights reply, a presence array follows the values;
                  bit 2 = in a push_pull request, pull the pushed keys (m = 0,
-                 no pull keys section: a geo worker reads back what it pushed)
+                 no pull keys section: a geo worker reads back what it pushed);
+                 bit 5 = in a changes reply, complete (below)
     8      4     count n: keys in a pull or push request, push keys in a
                  push_pull request, rows in a weights or push_pull reply,
                  distinct keys applied in a push ack
@@ -59,6 +61,15 @@ ignores what it receives.
 
 Flag bit 2 was added within format version 1 too: a reader that predates it
 refuses the frame ("unknown flags") rather than answering an empty pull.
+
+Ops 7 and 8 (a geo table's changed keys, `ps_core.store.change_log`) were
+added within format version 1 the same way, with flag bit 5 valid in op 8
+only. A changes request's keys section holds the request ids of the
+asker's own pushes (n of them), bytes 24..31 the log incarnation of its
+last answer and 32..39 that answer's sequence number; the reply's keys
+section holds the changed keys (n), bytes 24..31 the log's incarnation and
+32..39 its sequence number now, and flag bit 5 says the keys are complete
+(clear: take every row as changed). Neither carries values (dim 0).
 
 Ops 5 and 6 were added within format version 1: every earlier frame still
 decodes unchanged (its writers zeroed bytes 42..47, which were reserved), and
@@ -138,6 +149,9 @@ __all__ = [
     "FLAG_PULL_PUSHED",
     "FLAG_KEYS_REF",
     "FLAG_REMEMBER",
+    "FLAG_COMPLETE",
+    "encode_changes",
+    "encode_changes_reply",
     "FORMAT_VERSIONS",
     "MAX_NAME",
 ]
@@ -155,7 +169,9 @@ FLAG_KEYS_REF = 8
 """Format 2: a push's keys section is the id of a remembered key set."""
 FLAG_REMEMBER = 16
 """Format 2: the shard keeps the request's pull keys under its request id."""
-_FLAGS_V1 = FLAG_COUNTS | FLAG_PRESENCE | FLAG_PULL_PUSHED
+FLAG_COMPLETE = 32
+"""A changes reply holds every changed key (else: take every row as changed)."""
+_FLAGS_V1 = FLAG_COUNTS | FLAG_PRESENCE | FLAG_PULL_PUSHED | FLAG_COMPLETE
 _FLAGS_V2 = _FLAGS_V1 | FLAG_KEYS_REF | FLAG_REMEMBER
 MAX_NAME = 255
 _HEADER = struct.Struct("<4sBBHIIdQQHBBI")
@@ -173,9 +189,15 @@ class Op:
     """A push and then a pull of the same table, in one request."""
     PUSH_PULL_REPLY = 6
     """The push's applied count and the pull's weights."""
+    CHANGES = 7
+    """A geo table's keys changed since an earlier answer (`ps_core.store.change_log`)."""
+    CHANGES_REPLY = 8
+    """The changed keys, the log's sequence number and incarnation."""
 
 
-_OPS = {Op.PULL, Op.PUSH, Op.WEIGHTS, Op.ACK, Op.PUSH_PULL, Op.PUSH_PULL_REPLY}
+_OPS = {Op.PULL, Op.PUSH, Op.WEIGHTS, Op.ACK, Op.PUSH_PULL, Op.PUSH_PULL_REPLY, Op.CHANGES, Op.CHANGES_REPLY}
+_LOGGED = (Op.CHANGES, Op.CHANGES_REPLY)
+"""Ops whose bytes 24..31 hold a change log's incarnation and 32..39 a sequence number."""
 _CLOCKED_REQUESTS = (Op.PUSH, Op.PUSH_PULL)
 """Requests whose bytes 24..31 hold the base clock."""
 _CLOCKED_REPLIES = (Op.WEIGHTS, Op.PUSH_PULL_REPLY)
@@ -195,7 +217,8 @@ class Frame:
     dim: int
     """Values per key (0 when there are none)."""
     keys: npt.NDArray[np.uint64] | None
-    """(n,) uint64 keys of a request, else None."""
+    """(n,) uint64 keys of a request or a changes reply (a changes request:
+    the request ids of the asker's own pushes), else None."""
     values: npt.NDArray[np.float32] | None
     """(n, dim) float32 values of a push or a weights reply, else None."""
     counts: npt.NDArray[np.float32] | None = None
@@ -232,6 +255,11 @@ class Frame:
     """The frame's format version."""
     pull_pushed: bool = False
     """A push_pull request pulls the keys it pushes (flag bit 2)."""
+    incarnation: int = 0
+    """Changes request and reply: the change log's incarnation (`clock`
+    holds the sequence number)."""
+    complete: bool = False
+    """A changes reply: its keys are every changed key (flag bit 5)."""
 
 
 def _pad8(n: int) -> int:
@@ -264,6 +292,7 @@ def encode(
     remember: bool = False,
     reply_vtype: int = 0,
     compact: bool = False,
+    complete: bool = False,
 ) -> bytes:
     """Encode one frame; arrays are converted to little-endian as needed.
 
@@ -340,6 +369,8 @@ def encode(
         flags |= FLAG_KEYS_REF
     if remember:
         flags |= FLAG_REMEMBER
+    if complete:
+        flags |= FLAG_COMPLETE
     if present is not None:
         pr = np.ascontiguousarray(present, dtype=np.uint8).reshape(-1)
         parts.append(pr.tobytes() + _zeros_to8(pr.size))
@@ -491,6 +522,21 @@ def encode_push_pull_reply(
     )
 
 
+def encode_changes(table: str, since: int, incarnation: int, own: npt.NDArray[np.uint64]) -> bytes:
+    """A changes request: the keys changed after sequence number `since` of
+    the change log's `incarnation` (0: none yet), but by the pushes whose
+    request ids are `own`."""
+    return encode(Op.CHANGES, table, keys=own, version=incarnation, request_id=since)
+
+
+def encode_changes_reply(
+    table: str, keys: npt.NDArray[np.uint64], seq: int, incarnation: int, *, complete: bool
+) -> bytes:
+    """A changes reply: the changed `keys`, the log's sequence number and
+    incarnation now, and whether the keys are `complete`."""
+    return encode(Op.CHANGES_REPLY, table, keys=keys, version=incarnation, request_id=seq, complete=complete)
+
+
 _A = TypeVar("_A", bound=np.ndarray)
 
 
@@ -541,7 +587,7 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         table = bytes(mv[HEADER_SIZE:name_end]).decode("utf-8")
     except UnicodeDecodeError:
         raise FrameError("table name is not UTF-8") from None
-    has_keys = op in (Op.PULL, Op.PUSH, Op.PUSH_PULL)
+    has_keys = op in (Op.PULL, Op.PUSH, Op.PUSH_PULL, Op.CHANGES, Op.CHANGES_REPLY)
     has_pull_keys = op == Op.PUSH_PULL
     has_values = op in (Op.PUSH, Op.WEIGHTS, Op.PUSH_PULL, Op.PUSH_PULL_REPLY)
     has_counts = bool(flags & FLAG_COUNTS)
@@ -558,6 +604,9 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     remember = bool(flags & FLAG_REMEMBER)
     if remember and (op not in (Op.PULL, Op.PUSH_PULL) or not request_id):
         raise FrameError(f"flag {FLAG_REMEMBER:#x} is for a pull with a request id")
+    complete = bool(flags & FLAG_COMPLETE)
+    if complete and op != Op.CHANGES_REPLY:
+        raise FrameError(f"flag {FLAG_COMPLETE:#x} is for a changes reply")
     if reply_vtype and op not in (Op.PULL, Op.PUSH_PULL):
         raise FrameError(f"op {op} asks for no reply values")
     if vtype and not has_values:
@@ -620,11 +669,13 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         if (raw > 1).any():
             raise FrameError("presence bytes must be 0 or 1")
         present = _readonly(raw.view(np.bool_))
-    clock = 0
+    clock = incarnation = 0
     if op in _CLOCKED_REQUESTS:
         clock, version = version, 0
     elif op in _CLOCKED_REPLIES:
         clock, request_id = request_id, 0
+    elif op in _LOGGED:
+        incarnation, clock, version, request_id = version, request_id, 0, 0
     return Frame(
         op=op,
         table=table,
@@ -647,6 +698,8 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         reply_value_type=reply_vtype,
         format_version=ver,
         pull_pushed=pull_pushed,
+        incarnation=int(incarnation),
+        complete=complete,
     )
 
 

@@ -5,7 +5,8 @@ RPC (`ps_core.net.rpc`); this app serves them too, and every other call.
 Routes:
 
 - ``POST /v1/pull``, ``POST /v1/push``, ``POST /v1/push_pull`` (a push then
-  a pull of one table in one request): binary frames (`ps_core.net.codec`),
+  a pull of one table in one request), ``POST /v1/changes`` (a geo table's
+  keys changed since an earlier answer): binary frames (`ps_core.net.codec`),
   ``Content-Type: application/x-ctrps-frame``;
 - ``POST /v1/tables``: declare a table (JSON `TableConfig`), 201 when created,
   200 when an identical table exists, 409 when a different one does;
@@ -132,6 +133,7 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope | None] = {
     ("GET", "/v1/exports"): Scope.READ,
     ("POST", "/v1/push"): Scope.TRAIN,
     ("POST", "/v1/push_pull"): Scope.TRAIN,
+    ("POST", "/v1/changes"): Scope.TRAIN,
     ("POST", "/v1/tables"): Scope.TRAIN,
     ("POST", "/v1/status"): Scope.TRAIN,
     ("POST", "/v1/leases"): Scope.TRAIN,
@@ -224,6 +226,11 @@ async def push(request: web.Request) -> web.Response:
 @_ROUTES.post("/v1/push_pull")
 async def push_pull(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.PUSH_PULL)
+
+
+@_ROUTES.post("/v1/changes")
+async def changes(request: web.Request) -> web.Response:
+    return await _frame(request, codec.Op.CHANGES)
 
 
 _DECLARATION = msgspec.json.Decoder(TableDeclaration)

@@ -44,6 +44,7 @@ from ..errors import (
 )
 from ..hashing import shard_of
 from ..store.board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, check_report
+from ..store.change_log import DEFAULT_LOG_KEYS, Changes
 from ..store.lifecycle import Lifecycle
 from ..store.table import F32, Eviction, SnapshotKind, SparseTable, TableConfig, TableSnapshot
 from . import codec
@@ -106,10 +107,14 @@ class Shard:
         dedup_window: int = 4096,
         max_sources: int = 256,
         lifecycle: Lifecycle | None = None,
+        change_log_keys: int = DEFAULT_LOG_KEYS,
     ) -> None:
         """`dedup_window` push ids are remembered for retry dedup; the status
         board keeps the latest status of the `max_sources` most recent
-        sources; `lifecycle` is that of tables declared without one."""
+        sources; `lifecycle` is that of tables declared without one;
+        `change_log_keys`, what each geo table's change log holds at most
+        (`ps_core.store.change_log`)."""
+        self.change_log_keys = change_log_keys
         self.spec = spec
         self.default_lifecycle = lifecycle
         """The lifecycle of tables declared without one (None: `NO_LIFECYCLE`)."""
@@ -253,7 +258,7 @@ class Shard:
             return False
         if config.lifecycle is None and self.default_lifecycle is not None:
             config = replace(config, lifecycle=self._default_for(config))
-        table = self.tables[config.name] = SparseTable(config)
+        table = self.tables[config.name] = SparseTable(config, change_log_keys=self.change_log_keys)
         self._gate(table)
         return True
 
@@ -380,6 +385,8 @@ class Shard:
             applied = t.push(push.keys, grads, counts=push.counts, event_time=push.event_time or None)
         if t.config.mode == "async":  # counted once applied: a refused push is not
             t.staleness.record(staleness)
+        elif t.changes is not None:
+            t.changes.record(push.keys, request_id)
         if request_id:
             self._recent_pushes[request_id] = applied
             if len(self._recent_pushes) > self._dedup_window:
@@ -413,6 +420,19 @@ class Shard:
             return applied, np.empty((0, t.dim), dtype=np.float32), t.version
         return applied, t.pull(pull_keys), t.version
 
+    def handle_changes(self, table: str, since: int, incarnation: int, own: Iterable[int]) -> Changes:
+        """A geo table's keys changed after its change log's number `since`
+        (of `incarnation`) by pushes other than those with request ids in
+        `own`, and by removals (`ps_core.store.change_log`)."""
+        if not self.joined:
+            self._check_joined()
+        t = self.table(table)
+        if t.changes is None:
+            raise ModeConflictError(
+                f"table {table} is updated in mode {_mode_of(t.config)}: only a geo table keeps a change log"
+            )
+        return t.changes.since(since, incarnation, own)
+
     def handle_frame(self, body: bytes | bytearray | memoryview, expect_op: int | None = None) -> bytes:
         """Decode a pull, push or push_pull frame, apply it, encode the reply
         (in the value type the request asked for)."""
@@ -440,6 +460,10 @@ class Shard:
             values, rows, dim = self._reply_values(weights, frame.reply_value_type)
             clock = self.tables[frame.table].clock
             return codec.encode_push_pull_reply(frame.table, applied, values, version, clock, rows=rows, dim=dim)
+        if frame.op == codec.Op.CHANGES:
+            assert frame.keys is not None
+            got = self.handle_changes(frame.table, frame.clock, frame.incarnation, frame.keys.tolist())
+            return codec.encode_changes_reply(frame.table, got.keys, got.seq, got.incarnation, complete=got.complete)
         raise FrameError(f"op {frame.op} is a reply, not a request")
 
     def _push_of(self, frame: codec.Frame) -> Push:
@@ -593,6 +617,7 @@ class Shard:
                     "config": t.config.to_dict(),
                     "lifecycle": t.lifecycle_stats(),
                     "staleness": t.staleness.stats(),
+                    **({} if t.changes is None else {"change_log": t.changes.stats()}),
                 }
                 for name, t in self.tables.items()
             },

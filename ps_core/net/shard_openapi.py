@@ -5,7 +5,8 @@ fuzzed like the API's.
 It documents the routes of `ps_core.net.server` and, on shard 0 with a
 coordinator and exporter, of `ps_core.checkpoint.routes`: tables, stats,
 status, snapshots, membership, restore, leases, offsets, exports. The
-binary frame routes (``/v1/pull``, ``/v1/push``, ``/v1/push_pull``) are
+binary frame routes (``/v1/pull``, ``/v1/push``, ``/v1/push_pull``,
+``/v1/changes``) are
 left out: their bodies are `ps_core.net.codec` frames, not JSON, and the codec
 has its own tests. `shard_document` keeps only the paths the app serves.
 

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from ..errors import FrameError, FrameVersionError, KeySetExpiredError, error_from_body
 from ..hashing import U64
+from ..store.change_log import Changes
 from ..store.table import F32
 from . import codec
 from .endpoint import (
@@ -88,6 +89,12 @@ class ShardTransport(ShardReader, Protocol):
         the read); `remember` as for `pull_versioned`."""
         ...
 
+    async def changes(self, table: str, since: int, incarnation: int, own: U64) -> Changes:
+        """A geo table's keys changed after `since` (of the change log's
+        `incarnation`) but by the pushes with request ids `own`
+        (`ps_core.store.change_log`)."""
+        ...
+
 
 class LocalTransport:
     """A shard in this process: handlers called directly, no copies or frames."""
@@ -116,6 +123,9 @@ class LocalTransport:
     async def push_pull(self, push: Push, pull_keys: U64, remember: int = 0) -> tuple[int, F32, int]:
         applied, weights, _ = self.shard.handle_push_pull(push, pull_keys, owned=self.routed)
         return applied, weights, self.shard.tables[push.table].clock
+
+    async def changes(self, table: str, since: int, incarnation: int, own: U64) -> Changes:
+        return self.shard.handle_changes(table, since, incarnation, own.tolist())
 
     async def close(self) -> None:
         return None
@@ -262,6 +272,12 @@ class HttpTransport(ShardEndpoint):
         if frame.count != pull_keys.size:
             raise FrameError(f"shard {self.shard_id} answered {frame.count} rows for {pull_keys.size} pull keys")
         return frame.applied, frame.values, frame.clock
+
+    async def changes(self, table: str, since: int, incarnation: int, own: U64) -> Changes:
+        reply = await self._frame_request("/v1/changes", codec.encode_changes(table, since, incarnation, own))
+        frame = codec.decode(reply, codec.Op.CHANGES_REPLY)
+        assert frame.keys is not None
+        return Changes(frame.keys, frame.complete, frame.clock, frame.incarnation)
 
     def _push_values(self, push: Push) -> tuple[F32 | Quantized, int]:
         """The push's gradients in the wire's value type, once per push (a

@@ -41,6 +41,7 @@ from ..errors import InvalidValuesError, TableConfigError
 from ..hashing import U64, sorted_distinct, uniform_from_keys
 from ..parsing import json_int
 from ..rows import put_rows, row_view
+from .change_log import DEFAULT_LOG_KEYS, ChangeLog
 from .growth import grow
 from .index import KeyIndex
 from .lifecycle import NO_LIFECYCLE, Admission, Lifecycle, score
@@ -351,7 +352,10 @@ class PushExtras(TypedDict, total=False):
 class SparseTable:
     """One table's rows on one shard. Not thread-safe: one event loop owns it."""
 
-    def __init__(self, config: TableConfig, *, initial_rows: int = 1024) -> None:
+    def __init__(
+        self, config: TableConfig, *, initial_rows: int = 1024, change_log_keys: int = DEFAULT_LOG_KEYS
+    ) -> None:
+        """`change_log_keys`: what a geo table's `changes` holds at most."""
         self.config = config
         self.dim = config.dim
         self.optimizer: Optimizer = config.row_rule()
@@ -366,6 +370,9 @@ class SparseTable:
         """Push calls applied."""
         self.staleness = StalenessLog(config.max_staleness)
         """How stale the applied gradients were (`ps_core.store.staleness`)."""
+        self.changes = ChangeLog(change_log_keys) if config.mode == "geo" else None
+        """A geo table's keys changed by pushes (recorded by the shard, which
+        knows their request ids) and removals (`ps_core.store.change_log`)."""
         self._held: list[tuple[U64, F32, F32, float]] = []
         self.held_keys = 0
         """Sync mode: keys of the pushes held for the step's close (`hold`)."""
@@ -800,6 +807,8 @@ class SparseTable:
         """
         self._pull_cache.clear()  # freed rows may be reused by other keys
         gone = self.index.delete(keys, distinct=distinct)
+        if self.changes is not None:
+            self.changes.record(gone)
         # Before any cut (or restore) the next delta's parent is the empty
         # table, which held none of them: nothing to log. So a shard that
         # never exports keeps no log that grows with what it evicts.
@@ -1164,6 +1173,8 @@ class SparseTable:
             raise InvalidValuesError(f"table {name}: load_rows keys must be distinct")
         self._sync_capacity()
         self._pull_cache.wrote()
+        if self.changes is not None:  # rows replaced wholesale: no earlier question holds
+            self.changes.reset()
         self.data[rows] = d
         self.last_seen[rows] = meta[1]
         self.meta[rows, 1] = meta[2].astype(np.float32).view(np.uint32)
