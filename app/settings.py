@@ -435,7 +435,7 @@ class WorkerSettings:
         1_000_000,
         env="CTRPS_GEO_MAX_ROWS",
         flag="--geo-max-rows",
-        help="geo: most rows of the local copy kept past a round (rows not trained in it go first)",
+        help="geo: most rows of the local copy kept past a round (the least recently trained go first, down to 9/10 of it)",
     )
     max_staleness: int = setting(
         -1,

@@ -5,11 +5,16 @@ the wire (frames over HTTP and the RPC); a shard that predates the log."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import numpy as np
 import pytest
+from test_api import samples, window_report
 
+from app.metrics import ApiMetrics, ClusterSnapshot
+from app.status import summarize, worker_status
+from consumers.worker import WorkerStats
 from ps_core.errors import FrameError, ModeConflictError
 from ps_core.net import codec
 from ps_core.net.change_feed import ChangeFeed
@@ -128,3 +133,17 @@ async def test_an_incomplete_answer_after_a_complete_one_is_one_log_line(caplog:
     assert feed.incomplete == 3
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["geo change log answered incomplete"]
     assert shard.stats()["tables"]["w"]["change_log"] == {"entries": 0, "keys": 0, "incomplete": 3}
+
+
+def test_metrics_count_the_logs_and_the_workers_full_refreshes() -> None:
+    shard = Shard(ShardSpec(0, 1), (GEO,))
+    shard.tables["w"].changes.record(_keys(1, 2, 3), request_id=5)  # type: ignore[union-attr]
+    shard.handle_changes("w", 0, 0, ())  # no earlier answer: incomplete
+    stats = WorkerStats(events_trained=10, geo_rounds=4, geo_full_refreshes=1)
+    status = worker_status(window_report(1, 10, {0: 0}, {}), stats, update_mode="geo", model="m")
+    board = [{"source": "w-a", "received_at": time.time(), "status": status}]
+    text = ApiMetrics("m").render(ClusterSnapshot([shard.stats()], summarize(board, "m"), model="m")).decode()
+    m = samples(text)
+    assert m[("ctrps_table_change_log_keys", (("shard", "0"), ("table", "w")))] == 3
+    assert m[("ctrps_table_change_log_incomplete_total", (("shard", "0"), ("table", "w")))] == 1
+    assert m[("ctrps_worker_geo_full_refreshes_total", (("model", "m"), ("worker", "w-a")))] == 1

@@ -266,6 +266,10 @@ async def test_two_geo_workers_over_the_broker_apply_every_event_once(kafka_boot
     # (FTRL's L1 holds it at 0): no row on the shards for it.
     assert bias_shows(shards) == n == sum(w.stats.events_trained for w in workers)
     assert all(w.stats.geo_rounds > 0 for w in workers)
+    # The shards' change logs answered: only a copy's first round (and one
+    # after a rebalance drops it) reads every row again.
+    assert all(1 <= w.stats.geo_full_refreshes < w.stats.geo_rounds / 2 for w in workers)
+    assert all(w.geo is not None and w.geo.pulled_keys < 3 * n for w in workers)
     unmoved = sum(w.geo.unmoved_keys for w in workers if w.geo is not None)
     assert unmoved > n / 2
     assert (applications(shards, 0, n) == 0).mean() > 0.5
