@@ -19,7 +19,7 @@ from ps_core.model.batch import EventBatch
 from ps_core.model.hasher import FeatureHasher
 from ps_core.model.learner import FEATURIZE_EVENTS
 from ps_core.model.models import make_model
-from ps_core.model.ramp import MiniBatchRamp
+from ps_core.model.ramp import RAMP_START, MiniBatchRamp
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard
 
@@ -86,13 +86,13 @@ def test_events_are_featurized_a_chunk_at_a_time_as_all_at_once() -> None:
 def test_a_fresh_model_learns_sooner_with_its_mini_batches_ramping() -> None:
     events = SyntheticStream(seed=6).batch(4000)
     fixed = Learner(ramp=0).learn(events)
-    ramped = Learner().learn(events)  # 8 events a mini-batch at first, growing by one per 64 learnt
+    ramped = Learner().learn(events)  # 1 event a mini-batch at first, growing by one per 64 learnt
     # Its bias and frequent features move per few events, not per 256.
     assert ramped.logloss < fixed.logloss - 0.01
 
 
 @pytest.mark.parametrize(
-    ("ratio", "learnt", "size"), [(0, 0, 256), (64, 0, 8), (64, 640, 10), (64, 10**9, 256), (1, 3, 8)]
+    ("ratio", "learnt", "size"), [(0, 0, 256), (64, 0, 1), (64, 640, 10), (64, 10**9, 256), (1, 3, 3), (4, 2, 1)]
 )
 def test_ramp_sizes(ratio: int, learnt: int, size: int) -> None:
     assert MiniBatchRamp(256, ratio).next_size(learnt) == size
@@ -104,4 +104,4 @@ def test_ramp_sizes(ratio: int, learnt: int, size: int) -> None:
 def test_ramp_sizes_never_shrink_and_stay_in_bounds(size: int, ratio: int, learnt: list[int]) -> None:
     ramp = MiniBatchRamp(size, ratio)
     got = [ramp.next_size(n) for n in sorted(learnt)]
-    assert got == sorted(got) and all(min(size, 8) <= s <= size for s in got)
+    assert got == sorted(got) and all(min(size, RAMP_START) <= s <= size for s in got)

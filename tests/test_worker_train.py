@@ -86,7 +86,7 @@ async def test_pipelined_training_matches_pull_then_push(shards: int, kind: str,
     events = SyntheticStream(seed=3).batch(1000)
     values: list[bytes | None] = [orjson.dumps(e) for e in events]
     step = 96  # 1000 events: ten full mini-batches and a short last one (without a ramp)
-    # With a ramp of 4: mini-batches of 8 events, growing to 96 after 384 events.
+    # With a ramp of 4: mini-batches of 1 event, growing to 96 after 384 events.
     sizes = MiniBatchRamp(step, ramp)
 
     def make() -> tuple[PSClient, ControlClient, Model]:
@@ -179,7 +179,7 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int], ram
     if ramp == 0:
         assert got_sizes == [step] * (1000 // step) + [1000 % step]
     else:
-        assert got_sizes[:3] == [8, 8, 8] and max(got_sizes) == step
+        assert got_sizes[:3] == [1, 1, 1] and max(got_sizes) == step
     metrics = await worker.training.train(_as_pieces(parts), _window(values))
 
     assert metrics == expected

@@ -9,8 +9,12 @@ first 2,000 events' log loss is 0.397 at 256-event mini-batches against
 0.308 per event). So a training starts with mini-batches of `RAMP_START`
 events and lets them grow with the events it has learnt, one event per
 `ratio` learnt, up to the configured size: full size after ``ratio × size``
-events (16,384 at the defaults), and about 220 more pull/push steps than
-fixed mini-batches in all, paid once per training's life.
+events (16,384 at the defaults), and about 400 more pull/push steps than
+fixed mini-batches in all, paid once per training's life. It starts at one
+event: the first mini-batches are per-event FTRL itself, and a start of 8
+events left most of what mini-batches cost on a short stream (log loss
+1.0075x per-event FTRL's over 15k events, against 1.0000x from one event;
+`bench/bench_linear_sweep.py --per-event`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Final
 
 __all__ = ["DEFAULT_RAMP", "RAMP_START", "MiniBatchRamp"]
 
-RAMP_START: Final = 8
+RAMP_START: Final = 1
 """Events in a ramping training's first mini-batches."""
 DEFAULT_RAMP: Final = 64
 """Events learnt per event of mini-batch while ramping (``--mini-batch-ramp``;
