@@ -318,6 +318,40 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
         "bad_frame",
         r"expected op 5, got 6",
     ),
+    # changes: a geo table's question; this shard's table is async.
+    ("pull-frame-to-changes", "/v1/changes", _pull, 400, "bad_frame", r"expected op 7, got 1"),
+    (
+        "changes-frame-to-pull",
+        "/v1/pull",
+        lambda: codec.encode_changes("lr", 0, 0, keys_of(5)),
+        400,
+        "bad_frame",
+        r"expected op 1, got 7",
+    ),
+    (
+        "changes-of-an-async-table",
+        "/v1/changes",
+        lambda: codec.encode_changes("lr", 0, 0, keys_of(5)),
+        409,
+        "mode_conflict",
+        r"only a geo table keeps a change log",
+    ),
+    (
+        "changes-unknown-table",
+        "/v1/changes",
+        lambda: codec.encode_changes("nope", 0, 0, keys_of(5)),
+        404,
+        "unknown_table",
+        r"no table 'nope'",
+    ),
+    (
+        "changes-reply-to-changes",
+        "/v1/changes",
+        lambda: codec.encode_changes_reply("lr", keys_of(1, 2), 1, 1, complete=True),
+        400,
+        "bad_frame",
+        r"expected op 7, got 8",
+    ),
 ]
 
 
