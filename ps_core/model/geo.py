@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from ..rows import put_rows
 from ..store.index import KeyIndex
-from ..store.optim import Optimizer, make_optimizer
+from ..store.optim import FTRL, Optimizer, make_optimizer
 from ..store.table import TableConfig
 
 __all__ = ["GeoCopy", "Deltas"]
@@ -96,6 +96,8 @@ class GeoCopy:
         self.full_refreshes = 0
         """Rounds that ended with every row marked stale (no complete report)."""
         self._probed: tuple[int, I64] = (-1, np.zeros(0, dtype=np.int64))
+        # Per table, what `weights` gathered and derived for `train`.
+        self._gathered: dict[str, tuple[I64, F32, tuple[F32, F32] | None]] = {}
         self._resize(1024)
 
     def _resize(self, capacity: int) -> None:
@@ -133,6 +135,7 @@ class GeoCopy:
         `keys` distinct, `rows` and `need` as `locate` gave them): new rows
         start from them with fresh optimizer state, stale rows have their
         weights replaced and keep their state. Returns every key's row."""
+        self._gathered = {}  # rows change below
         got = rows[need]
         fresh = got < 0
         if fresh.any():
@@ -163,18 +166,36 @@ class GeoCopy:
         return out
 
     def weights(self, rows: I64) -> dict[str, F32]:
-        """Each table's current local weights (n, dim) of `rows`."""
-        return {
-            name: np.ascontiguousarray(opt.weights(self.rows[name].take(rows, axis=0), self.dims[name]))
-            for name, opt in self.optimizers.items()
-        }
+        """Each table's current local weights (n, dim) of `rows`.
+
+        What it gathered (and FTRL derived) is kept for a `train` of the
+        same `rows` array that follows, which then neither gathers nor
+        derives again (the rows cannot change in between)."""
+        out: dict[str, F32] = {}
+        self._gathered = {}
+        for name, opt in self.optimizers.items():
+            block = self.rows[name].take(rows, axis=0)
+            derived = opt.derive(block, self.dims[name]) if isinstance(opt, FTRL) else None
+            w = derived[0].copy() if derived is not None else opt.weights(block, self.dims[name])
+            out[name] = np.ascontiguousarray(w)
+            self._gathered[name] = (rows, block, derived)
+        return out
 
     def train(self, rows: I64, grads: dict[str, F32], counts: F32) -> None:
         """One optimizer step on distinct `rows` with each table's gradients
         (summed per key), counting their shows and clicks."""
+        gathered, self._gathered = self._gathered, {}
         for name, opt in self.optimizers.items():
-            block = self.rows[name].take(rows, axis=0)
-            opt.step(block, np.ascontiguousarray(grads[name], dtype=np.float32))
+            g = np.ascontiguousarray(grads[name], dtype=np.float32)
+            kept = gathered.get(name)
+            if kept is not None and kept[0] is rows:
+                block, derived = kept[1], kept[2]
+            else:
+                block, derived = self.rows[name].take(rows, axis=0), None
+            if derived is not None and isinstance(opt, FTRL):
+                opt.step(block, g, derived)
+            else:
+                opt.step(block, g)
             put_rows(self.rows[name], rows, block)
         self.trained[rows] = True
         self.used[rows] = self.rounds
@@ -207,6 +228,7 @@ class GeoCopy:
     def merge(self, rows: I64, merged: dict[str, F32]) -> None:
         """The shards' weights after the push of `rows`: each row's weights
         and its new base (its optimizer state kept)."""
+        self._gathered = {}
         for name, opt in self.optimizers.items():
             w = np.ascontiguousarray(merged[name], dtype=np.float32)
             block = self.rows[name].take(rows, axis=0)
@@ -248,6 +270,7 @@ class GeoCopy:
         were rewound: the bases no longer say what the shards hold)."""
         self.index = KeyIndex()
         self._probed = (-1, np.zeros(0, dtype=np.int64))
+        self._gathered = {}
         self.synced[:] = False
         self.trained[:] = False
         self.counts[:] = 0
