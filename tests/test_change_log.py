@@ -20,7 +20,7 @@ from ps_core.net import codec
 from ps_core.net.change_feed import ChangeFeed
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
-from ps_core.store.change_log import ChangeLog
+from ps_core.store.change_log import ENTRY_KEYS, ChangeLog
 from ps_core.store.table import TableConfig
 
 GEO = TableConfig("w", 1, {"name": "sgd", "lr": 0.1}, init_scale=0.0, mode="geo")
@@ -47,12 +47,12 @@ def test_an_answer_holds_what_others_changed_since_the_question() -> None:
 
 
 def test_a_log_past_its_bound_or_reset_answers_incomplete() -> None:
-    log = ChangeLog(max_keys=5)
+    log = ChangeLog(max_keys=5 + 2 * ENTRY_KEYS)  # 5 keys in two entries
     log.record(_keys(1, 2))
     a = log.since(log.seq, log.incarnation, ())
     log.record(_keys(3, 4, 5))
     assert log.since(a.seq, a.incarnation, ()).keys.tolist() == [3, 4, 5]
-    log.record(_keys(6, 7))  # 7 keys held: the oldest entry goes, which `a` had seen
+    log.record(_keys(6, 7))  # 7 keys in three entries: the oldest goes, which `a` had seen
     assert log.since(a.seq, a.incarnation, ()).complete
     log.record(_keys(8))  # and now one `a` had not
     late = log.since(a.seq, a.incarnation, ())
@@ -64,6 +64,13 @@ def test_a_log_past_its_bound_or_reset_answers_incomplete() -> None:
     assert log.stats() == {"entries": 0, "keys": 0, "incomplete": 2}
     with pytest.raises(ValueError, match="max_keys"):
         ChangeLog(max_keys=-1)
+
+
+def test_many_tiny_entries_are_bounded_too() -> None:
+    log = ChangeLog(max_keys=100 * (1 + ENTRY_KEYS))
+    for k in range(1, 1001):
+        log.record(_keys(k))
+    assert log.stats()["entries"] == 100 and log.keys_held == 100
 
 
 def test_changes_frames_round_trip() -> None:

@@ -166,7 +166,7 @@ async def test_rows_the_shards_removed_or_replaced_are_read_again() -> None:
     # Another log (a restarted or restored shard's) answers incomplete, and
     # so does one that no longer reaches back: every row but those merged
     # is then read again.
-    shards[0].tables["w"].changes = ChangeLog(max_keys=25)
+    shards[0].tables["w"].changes = ChangeLog(max_keys=40)  # a 20-key entry and a bit
     await _round(copy, client, keys[:2], np.ones((2, 1), np.float32), 1.0)
     assert copy.full_refreshes == 2 and copy.locate(keys)[1].sum() == 18
     await _round(copy, client, keys, np.ones((20, 1), np.float32), 1.0)

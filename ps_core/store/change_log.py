@@ -31,11 +31,14 @@ import numpy as np
 
 from ..hashing import U64
 
-__all__ = ["DEFAULT_LOG_KEYS", "ChangeLog", "Changes"]
+__all__ = ["DEFAULT_LOG_KEYS", "ENTRY_KEYS", "ChangeLog", "Changes"]
 
 DEFAULT_LOG_KEYS = 1 << 20
 """Keys a table's log holds at most (8 MiB of keys): at 2 workers pushing
 about 0.4 keys per event, some 1.3M events of changes."""
+ENTRY_KEYS = 16
+"""What an entry's bookkeeping (its array and tuple, ~130 bytes) counts as,
+in keys, against the bound: many tiny pushes must not hold unbounded memory."""
 
 
 class Changes(NamedTuple):
@@ -71,6 +74,7 @@ class ChangeLog:
         """Entries ever recorded: the number of the newest."""
         self._entries: deque[_Entry] = deque()
         self.keys_held = 0
+        self._held = 0  # keys plus `ENTRY_KEYS` per entry: what the bound applies to
         self.dropped_through = 0
         """The newest sequence number whose entry was dropped: questions
         from before it are incomplete."""
@@ -83,20 +87,23 @@ class ChangeLog:
         were replaced: no earlier question can be answered)."""
         self.incarnation = secrets.randbits(63) | 1
         self._entries.clear()
-        self.keys_held = 0
+        self.keys_held = self._held = 0
         self.dropped_through = self.seq
 
     def record(self, keys: U64, request_id: int = 0) -> None:
         """Note that `keys` changed (by a push with its `request_id`, or a
-        removal with 0). Entries past `max_keys` keys go, oldest first."""
+        removal with 0). Past `max_keys` (an entry counting as its keys plus
+        `ENTRY_KEYS`), entries go, oldest first."""
         if not keys.size:
             return
         self.seq += 1
         self._entries.append(_Entry(self.seq, request_id, np.array(keys, dtype=np.uint64, copy=True)))
         self.keys_held += int(keys.size)
-        while self.keys_held > self.max_keys and self._entries:
+        self._held += int(keys.size) + ENTRY_KEYS
+        while self._held > self.max_keys and self._entries:
             gone = self._entries.popleft()
             self.keys_held -= int(gone.keys.size)
+            self._held -= int(gone.keys.size) + ENTRY_KEYS
             self.dropped_through = gone.seq
 
     def since(self, seq: int, incarnation: int, own: Iterable[int]) -> Changes:
