@@ -28,6 +28,11 @@ each, in this process) train the whole topic. Per mode it reports:
   half of the stream;
 - async: the staleness distribution the shards counted.
 
+With ``--link-mbps M``, each worker reaches the shards through a link of M
+megabits a second each way (`link.Link`: serialisation delay of its pull
+and push frames, in turn): what each mode sends then limits its events/s as
+a network would, where without it this machine's loopback never does.
+
 Async is the baseline: sync's and geo's figures are printed as ratios to it.
 The full run repeats the three modes in 3 rounds (``--rounds``) and reports
 medians (ratios: the median of each round's ratio); ``--quick`` runs one
@@ -59,6 +64,7 @@ from bench_worker import (
     wait_healthy,
 )
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
+from link import Link, linked_client
 
 from app.settings import WorkerSettings
 from consumers.worker import WindowReport, Worker, WorkerConfig
@@ -136,7 +142,12 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
         await wait_healthy(urls)
         group = f"bench-{mode}-{uuid.uuid4().hex[:8]}"
         model = make_model(args.model, "ctr", mode=mode)
-        clients = [PSClient.connect(urls, wire=worker_wire()) for _ in range(2)]
+        clients = [
+            linked_client(urls, worker_wire(), Link(args.link_mbps))
+            if args.link_mbps
+            else PSClient.connect(urls, wire=worker_wire())
+            for _ in range(2)
+        ]
         controls = [ControlClient.connect(urls) for _ in range(2)]
         workers = [
             Worker(
@@ -240,7 +251,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         args.rounds,
         ("async", "sync", "geo"),
         lambda mode, bootstrap, topic: run_mode(mode, bootstrap, topic, n, args),
-        lambda mode: f"{mode}: 2 workers, 2 shard servers",
+        lambda mode: (
+            f"{mode}: 2 workers, 2 shard servers"
+            + (f", each worker's link {args.link_mbps:g} Mbit/s each way" if args.link_mbps else "")
+        ),
         log,
     )
 
@@ -288,6 +302,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "shards": 2,
         "mini_batch": args.mini_batch,
         "geo_steps": args.geo_steps,
+        "link_mbps": args.link_mbps,
         "window_events": args.window_events,
         "window_seconds": args.window_seconds,
         "rounds": args.rounds,
@@ -308,6 +323,12 @@ if __name__ == "__main__":
     parser.add_argument("--window-seconds", type=float, default=1.0, help="wall seconds a window stays open at most")
     parser.add_argument(
         "--rounds", type=int, help="rounds of the three modes; figures are medians (default 3, --quick 1)"
+    )
+    parser.add_argument(
+        "--link-mbps",
+        type=float,
+        default=0.0,
+        help="each worker's link to the shards, megabits a second each way (0: none, the loopback as it is)",
     )
     parsed = parser.parse_args()
     if parsed.rounds is None:
