@@ -22,6 +22,11 @@ Ratios are to the float32, format 1 baseline measured in the same run; the
 full run repeats the Kafka runs in 3 rounds (``--rounds``) and reports
 medians (events/s: the median of each round's ratio).
 
+With ``--link-mbps M`` the worker reaches the shards through a link of M
+megabits a second each way (``link.Link``, as ``bench_modes.py`` has it):
+fewer bytes then show in events/s as they would where the network is the
+bottleneck (the round trips are measured without it).
+
 Replica figures: the float32 trainer's model (the same events, trained in
 process) served from its serving files in each precision (``ReadTable``),
 its AUC and log loss on the stream's next 20k events against the trainer's;
@@ -43,6 +48,7 @@ import numpy as np
 import uvloop
 from bench_worker import RunningWorkers, each_round, partitions_held, start_shards, stop_shards, wait_healthy
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
+from link import Link, linked_client
 
 from consumers.synthetic import SyntheticStream
 from consumers.training import AsyncTraining
@@ -93,7 +99,8 @@ async def train(
     procs, urls = start_shards(2)
     try:
         await wait_healthy(urls)
-        async with PSClient.connect(urls, wire=wire) as client, ControlClient.connect(urls) as control:
+        linked = linked_client(urls, wire, Link(args.link_mbps)) if args.link_mbps else None
+        async with linked or PSClient.connect(urls, wire=wire) as client, ControlClient.connect(urls) as control:
             worker = Worker(
                 WorkerConfig(
                     bootstrap,
@@ -316,7 +323,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         args.rounds,
         names,
         lambda name, bootstrap, topic: train(name, FORMATS[name], bootstrap, topic, n, args),
-        lambda name: f"{name} ({FORMATS[name].describe()}): 1 worker, 2 shard servers",
+        lambda name: (
+            f"{name} ({FORMATS[name].describe()}): 1 worker, 2 shard servers"
+            + (f", its link {args.link_mbps:g} Mbit/s each way" if args.link_mbps else "")
+        ),
         log,
     )
     runs = {name: {k: float(np.median([r[name][k] for r in rounds])) for k in rounds[0][name]} for name in names}
@@ -379,6 +389,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "events": n,
         "model": args.model,
         "mini_batch": args.mini_batch,
+        "link_mbps": args.link_mbps,
         "shards": 2,
         "runs": runs,
         "ratios": ratios,
@@ -401,6 +412,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=0, help="100k-key round trips per format (default 20; 5 quick)")
     p.add_argument("--rounds", type=int, default=0, help="Kafka runs of every format (default 3; 1 quick)")
     p.add_argument("--features", type=int, default=0, help="features of the replica table (default 10M; 1M quick)")
+    p.add_argument(
+        "--link-mbps",
+        type=float,
+        default=0.0,
+        help="the worker's link to the shards, megabits a second each way (0: none, the loopback as it is)",
+    )
     args = p.parse_args()
     args.reps = args.reps or (5 if args.quick else 20)
     args.rounds = args.rounds or (1 if args.quick else 3)
