@@ -15,7 +15,7 @@ from test_api import samples, window_report
 from app.metrics import ApiMetrics, ClusterSnapshot
 from app.status import summarize, worker_status
 from consumers.worker import WorkerStats
-from ps_core.errors import FrameError, ModeConflictError
+from ps_core.errors import FrameError, ModeConflictError, UnknownTableError
 from ps_core.net import codec
 from ps_core.net.change_feed import ChangeFeed
 from ps_core.net.client import PSClient
@@ -106,6 +106,15 @@ async def test_a_shard_server_answers_changes(serve_shards: Any, rpc: bool) -> N
         assert fb.changed_keys == keys.size and fa.incomplete == fb.incomplete == 1
         with pytest.raises(ModeConflictError, match="only a geo table keeps a change log"):
             await a.changes("a", [(0, 0), (0, 0)], [])
+
+
+async def test_an_unknown_table_is_the_shards_answer_not_an_older_shard(serve_shards: Any) -> None:
+    _, urls = await serve_shards(1, (GEO,))
+    async with PSClient.connect(urls, rpc=False) as client:
+        feed = ChangeFeed(client, ["nope"])
+        with pytest.raises(UnknownTableError):
+            await feed.read()
+        assert feed.supported  # a 404 with a typed error is not a missing route
 
 
 async def test_a_shard_without_a_change_log_leaves_every_row_to_be_read(caplog: pytest.LogCaptureFixture) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import FrameError, PSError
 from ..hashing import U64
-from .client import PSClient
+from .client import PSClient, fan_out
 
 __all__ = ["ChangeFeed"]
 
@@ -69,7 +69,7 @@ class ChangeFeed:
             self.incomplete += 1
             return None
         try:
-            answers = [await self.client.changes(t, self._cursors[t], self._own[t]) for t in self.tables]
+            answers = await fan_out([self.client.changes(t, self._cursors[t], self._own[t]) for t in self.tables])
         except (FrameError, PSError) as exc:
             if not _refused_as_unknown(exc):
                 raise
@@ -108,7 +108,10 @@ class ChangeFeed:
 
 
 def _refused_as_unknown(exc: Exception) -> bool:
-    """Whether a shard refused the question as one it does not know."""
+    """Whether a shard refused the question as one it does not know: an
+    unknown op over the RPC, or a route its HTTP app lacks (an untyped 404
+    or 405; a typed error such as ``unknown_table`` is the shard's answer
+    and is raised as it is)."""
     if isinstance(exc, FrameError):
         return "unknown op" in exc.detail
-    return getattr(exc, "status", None) in (404, 405)
+    return type(exc) is PSError and getattr(exc, "status", None) in (404, 405)

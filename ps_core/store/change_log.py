@@ -74,7 +74,6 @@ class ChangeLog:
         """Entries ever recorded: the number of the newest."""
         self._entries: deque[_Entry] = deque()
         self.keys_held = 0
-        self._held = 0  # keys plus `ENTRY_KEYS` per entry: what the bound applies to
         self.dropped_through = 0
         """The newest sequence number whose entry was dropped: questions
         from before it are incomplete."""
@@ -87,7 +86,7 @@ class ChangeLog:
         were replaced: no earlier question can be answered)."""
         self.incarnation = secrets.randbits(63) | 1
         self._entries.clear()
-        self.keys_held = self._held = 0
+        self.keys_held = 0
         self.dropped_through = self.seq
 
     def record(self, keys: U64, request_id: int = 0) -> None:
@@ -99,11 +98,9 @@ class ChangeLog:
         self.seq += 1
         self._entries.append(_Entry(self.seq, request_id, np.array(keys, dtype=np.uint64, copy=True)))
         self.keys_held += int(keys.size)
-        self._held += int(keys.size) + ENTRY_KEYS
-        while self._held > self.max_keys and self._entries:
+        while self.keys_held + ENTRY_KEYS * len(self._entries) > self.max_keys and self._entries:
             gone = self._entries.popleft()
             self.keys_held -= int(gone.keys.size)
-            self._held -= int(gone.keys.size) + ENTRY_KEYS
             self.dropped_through = gone.seq
 
     def since(self, seq: int, incarnation: int, own: Iterable[int]) -> Changes:
