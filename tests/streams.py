@@ -205,7 +205,15 @@ def worker_config(
     bootstrap: str, topic: str, group: str, window_events: int, window_seconds: float = 3600, **kw: Any
 ) -> WorkerConfig:
     """A worker of `group` on `topic` that dead-letters to its ".dlq" topic and
-    decodes on its event loop (no decode processes); `kw` sets the rest."""
+    decodes on its event loop (no decode processes); `kw` sets the rest.
+
+    Its group session lasts 6 s (heartbeats every half second), not 10: the
+    embedded broker holds each join of a group for half the session, and
+    it numbers a new group's first generation 0, which the Kafka client
+    does not leave on stopping, so the next member of that group waits for
+    the session to run out."""
+    kw.setdefault("session_timeout_ms", 6000)
+    kw.setdefault("heartbeat_interval_ms", 500)
     return WorkerConfig(
         bootstrap,
         topic=topic,
