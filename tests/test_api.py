@@ -659,6 +659,28 @@ async def test_status_board_round_trip_through_the_api(make_api: MakeApi) -> Non
     assert (await api.control.statuses())[0]["status"]["windows"] == 2
 
 
+async def test_readme_status_report_is_accepted(make_api: MakeApi) -> None:
+    """README's operator note, sent as written there, is stored and read back."""
+    readme = (PROJECT / "README.md").read_text()
+    command = readme[readme.index("curl -s -XPOST localhost:8080/v1/status") :]
+    body = orjson.loads(command[command.index("-d '") + 4 : command.index("'\n")])
+    api = await make_api()
+    status, ack = await api.call("POST", "/v1/status", body)
+    assert status == 200, ack
+    _, board = await api.call("GET", "/v1/status")
+    assert [(e["source"], e["status"]) for e in board["statuses"]] == [(body["source"], body["status"])]
+    # Not a worker: the model's summary still counts no worker.
+    _, info = await api.call("GET", "/v1/model")
+    assert info["workers"] == []
+
+
+@pytest.mark.parametrize("note", ["x" * 201, "two\nlines", "bell\x07"])
+async def test_status_note_is_bounded_text(make_api: MakeApi, note: str) -> None:
+    api = await make_api()
+    status, body = await api.call("POST", "/v1/status", {"source": "ops", "status": {"note": note}})
+    assert status == 400 and body["error"] == "bad_request" and "$.status.note" in body["detail"], body
+
+
 @pytest.mark.parametrize(
     ("header", "status"),
     [

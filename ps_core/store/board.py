@@ -12,6 +12,8 @@ bounded sizes and values, so nothing stored can break a reader:
   (``"3"``, never ``"³"``, ``"03"`` or ``" 3"``), at most `MAX_PARTITIONS`
   of them; reasons and other names are printable ASCII of at most 64
   characters (they become metric labels), at most 64 of them;
+- a `note` is free text of at most `MAX_NOTE_CHARS` characters without
+  control characters (an operator's "maintenance"; never a metric label);
 - the whole status is at most `MAX_STATUS_BYTES` encoded and at most three
   levels deep (the model is closed: no field outside it).
 
@@ -38,6 +40,7 @@ __all__ = [
     "MAX_COUNT",
     "MAX_SECONDS",
     "MAX_PARTITIONS",
+    "MAX_NOTE_CHARS",
     "PARTITION_KEY",
     "check_report",
 ]
@@ -54,6 +57,8 @@ MAX_PARTITIONS = 4096
 """Most partitions one status may name."""
 MAX_NAMES = 64
 """Most reasons (or fields of a window) one map of a status may hold."""
+MAX_NOTE_CHARS = 200
+"""Longest free-text note a status may carry."""
 
 PARTITION_KEY = r"^(0|[1-9][0-9]{0,8})\Z"
 """A partition number as a JSON object key: ASCII digits, no sign or leading zero."""
@@ -143,6 +148,17 @@ class WorkerStatus(Struct, forbid_unknown_fields=True):
         | UnsetType
     ) = UNSET
     window_seconds: WindowSeconds | UnsetType = UNSET
+    note: (
+        Annotated[
+            str,
+            Meta(
+                max_length=MAX_NOTE_CHARS,
+                pattern=r"^[^\x00-\x1f\x7f]*\Z",
+                description="Free text from whoever reports, e.g. an operator's `maintenance`: no control characters.",
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
 
 
 class StatusReport(Struct, forbid_unknown_fields=True):
