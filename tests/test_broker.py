@@ -10,16 +10,21 @@ import socket
 import uuid
 from typing import Any
 
+import aiohttp
+import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from commands import ctrps, ctrps_process
+from prometheus_client.parser import text_string_to_metric_families
 from streams import bias_shows, consume_all, keyed_event
 from waiting import until
 
 from consumers.broker import BrokerError, EmbeddedBroker, create_topics, free_port
+from consumers.broker_memory import BrokerMemory
+from consumers.producer import produce
 
 
 async def test_produce_and_consume_through_the_session_broker(kafka_bootstrap: str) -> None:
@@ -119,3 +124,62 @@ async def test_producers_are_taken_back_after_a_broker_restart_with_a_worker_run
             assert worker.returncode is None
     finally:
         broker.stop()
+
+
+async def _gauges(url: str) -> dict[str, float]:
+    """The ``ctrps_broker_*`` gauges at `url` (a /metrics page)."""
+    async with aiohttp.ClientSession() as http, http.get(url) as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("ctrps_broker_")
+    }
+
+
+@pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="external broker in use")
+@pytest.mark.timeout(120)
+async def test_the_broker_role_says_it_keeps_every_record_and_serves_its_memory_against_a_limit() -> None:
+    port, metrics_port = free_port(), free_port()
+    args = ["--port", str(port), "--metrics-port", str(metrics_port), "--max-rss-mb", "1", "--log-format", "json"]
+    async with ctrps_process("broker", *args) as proc:
+        assert proc.stderr is not None
+        lines: list[dict[str, Any]] = []
+        while not lines or lines[-1]["msg"] != "ready":
+            lines.append(orjson.loads(await asyncio.wait_for(proc.stderr.readline(), timeout=30)))
+        ready = lines[-1]
+        (memory_only,) = [ln for ln in lines if "keeps every record in memory" in ln["msg"]]
+        assert memory_only["level"] == "warning" and "bytes per event" in memory_only["msg"], memory_only
+        assert ready["max_rss_mb"] == 1 and ready["metrics"] == f"http://127.0.0.1:{metrics_port}/metrics"
+        first = await _gauges(ready["metrics"])
+        assert first["ctrps_broker_resident_limit_bytes"] == 2**20
+        assert first["ctrps_broker_resident_bytes"] > 2**20 and first["ctrps_broker_over_limit"] == 1, first
+        # Every record stays: 40,000 events of ~640 bytes add over 20 MB.
+        events = ({"id": i, "label": 0, "features": {"site": "x" * 600}} for i in range(40_000))
+        report = await produce(ready["bootstrap"], "clicks", events)
+        assert report.sent == 40_000
+        grown = (await _gauges(ready["metrics"]))["ctrps_broker_resident_bytes"] - first["ctrps_broker_resident_bytes"]
+        assert grown > 20e6, grown
+        proc.send_signal(signal.SIGTERM)
+        rest = await asyncio.wait_for(proc.stderr.read(), timeout=30)
+        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+    logged = lines + [orjson.loads(ln) for ln in rest.splitlines() if ln.strip()]
+    # Past the limit from its first check; at most once a minute.
+    (over,) = [ln for ln in logged if ln["msg"].startswith("the embedded broker holds more memory than its limit")]
+    assert over["level"] == "warning" and over["limit_mb"] == 1 and over["resident_mb"] >= 1, over
+
+
+def test_the_over_limit_warning_comes_at_most_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    # This process's own memory, read from /proc as the broker's is.
+    memory = BrokerMemory(os.getpid, 2**20, clock=lambda: now[0])
+    unlimited = BrokerMemory(os.getpid, 0)
+    for t in (0.0, 5.0, 59.0, 60.0, 61.0, 119.0, 120.0):
+        now[0] = t
+        memory.check()
+        unlimited.check()
+    assert memory.warnings == 3 and unlimited.warnings == 0
+    assert len([r for r in caplog.records if r.getMessage().startswith("the embedded broker holds more")]) == 3
+    assert BrokerMemory(lambda: None, 1).resident() is None  # no broker process: no figure, no warning
