@@ -655,6 +655,7 @@ class BrokerSettings:
         env="CTRPS_BROKER_METRICS_PORT",
         flag="--metrics-port",
         help="serve GET /metrics (the broker's resident memory) on 127.0.0.1:PORT; 0 = not served",
+        metavar="PORT",
     )
 
     def __post_init__(self) -> None:
