@@ -24,6 +24,7 @@ from .produce_cli import add_produce_parser, run_produce
 from .security import SecuritySettings, add_security_flags
 from .settings import (
     ApiSettings,
+    BrokerSettings,
     ClusterSettings,
     DemoSettings,
     LogSettings,
@@ -66,7 +67,10 @@ example:
   ctrps broker --port 9092 --topic clicks:4 --topic clicks.dlq:1
   # then: CTRPS_KAFKA_BOOTSTRAP=127.0.0.1:9092 ...
 
-Runs the embedded Tansu broker (memory only) until Ctrl-C or SIGTERM.
+Runs the embedded Tansu broker (memory only) until Ctrl-C or SIGTERM. It
+keeps every record it is sent (no retention): it grows by about 0.7-0.9 KB
+per event, past --max-rss-mb it warns once a minute; --metrics-port serves
+its resident memory. For long runs use a Kafka with retention.
 """
 
 _WORKER = """\
@@ -207,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="create a topic; repeatable (default clicks:4 and clicks.dlq:1)",
     )
     broker.add_argument("--log-format", choices=("text", "json"), help="log line format")
+    add_flags(broker, BrokerSettings)
 
     serve = add_command(sub, "serve", _SERVE)
     add_flags(serve, ApiSettings)
@@ -289,7 +294,8 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
         topics = _parse_topics(args.topic or ["clicks:4", "clicks.dlq:1"])
         from .broker_role import run_broker
 
-        return args.log_format, lambda: run_broker(args.port, topics)
+        broker = BrokerSettings.from_args(args)
+        return args.log_format, lambda: run_broker(args.port, topics, settings=broker)
     raise ValueError(f"unknown command {args.command!r}")
 
 

@@ -37,6 +37,7 @@ from typing import Any, TextIO
 import orjson
 
 from consumers.broker import BrokerError, EmbeddedBroker, create_topics, wait_for_metadata
+from consumers.broker_memory import BrokerMemory
 from consumers.kafka_security import KafkaSecurity
 from consumers.producer import produce
 from consumers.synthetic import SyntheticStream
@@ -48,7 +49,7 @@ from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 
-from .api import ApiServer
+from .api import METRICS, ApiServer
 from .logs import log_event
 from .settings import ApiSettings, DemoSettings, SettingsError
 from .signals import stop_on_signals
@@ -252,11 +253,15 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
     async with contextlib.AsyncExitStack() as stack:
         # Entered in dependency order, so they close in the reverse: API,
         # client, broker (the worker and producer stop first, below).
+        memory: BrokerMemory | None = None
         if settings.bootstrap:
             bootstrap = settings.bootstrap
             await wait_for_metadata(bootstrap, security=kafka)
         else:
-            bootstrap = (await stack.enter_async_context(EmbeddedBroker())).bootstrap
+            broker = await stack.enter_async_context(EmbeddedBroker())
+            bootstrap = broker.bootstrap
+            broker_pid = broker.pid
+            memory = BrokerMemory(lambda: broker_pid, settings.broker_max_rss_mb * 2**20)
         await create_topics(bootstrap, {TOPIC: PARTITIONS, f"{TOPIC}.dlq": 1}, security=kafka)
 
         shards = [Shard(ShardSpec(i, settings.shards)) for i in range(settings.shards)]
@@ -279,6 +284,9 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
         for table in model.tables():
             await control.declare(table)
         server = await stack.enter_async_context(ApiServer(api_settings, client, model, control=control))
+        if memory is not None:  # the embedded broker's memory on the API's /metrics, and its limit
+            server.app[METRICS].registry.register(memory)
+            await stack.enter_async_context(memory.watching())
 
         worker = Worker(
             WorkerConfig(

@@ -38,6 +38,7 @@ from .security import SecuritySettings, _secret_from
 __all__ = [
     "ShardSettings",
     "WorkerSettings",
+    "BrokerSettings",
     "DemoSettings",
     "ClusterSettings",
     "ApiSettings",
@@ -632,6 +633,43 @@ def _check_composition(duration_s: float, port: int, window_seconds: float, log_
         raise SettingsError("log format is text or json")
 
 
+def _broker_max_rss_mb(flag: str) -> Any:
+    return setting(
+        2048,
+        env="CTRPS_BROKER_MAX_RSS_MB",
+        flag=flag,
+        help="resident memory of the embedded broker past which a warning line (once a minute) and "
+        "ctrps_broker_over_limit say so; it keeps every record; 0 = no limit",
+        metavar="MB",
+    )
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """Settings of `ctrps broker` besides its port and topics: its memory
+    limit, and where it serves its metrics."""
+
+    max_rss_mb: int = _broker_max_rss_mb("--max-rss-mb")
+    metrics_port: int = setting(
+        0,
+        env="CTRPS_BROKER_METRICS_PORT",
+        flag="--metrics-port",
+        help="serve GET /metrics (the broker's resident memory) on 127.0.0.1:PORT; 0 = not served",
+        metavar="PORT",
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_rss_mb < 0:
+            raise SettingsError("the broker's memory limit must be >= 0 MB (0: none)")
+        if not 0 <= self.metrics_port <= 65535:
+            raise SettingsError(f"metrics port {self.metrics_port} is not in [0, 65535]")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] = os.environ) -> BrokerSettings:
+        """Flags (where given) over ``CTRPS_*`` variables over defaults."""
+        return load(cls, args, env)
+
+
 @dataclass(frozen=True)
 class DemoSettings:
     """Settings of the one-command demo (`ctrps demo`): broker, producer,
@@ -651,6 +689,7 @@ class DemoSettings:
     seed: int = setting(
         0, env="CTRPS_DEMO_SEED", flag="--seed", help="seed of the synthetic stream and its hidden model"
     )
+    broker_max_rss_mb: int = _broker_max_rss_mb("--broker-max-rss-mb")
     log_format: str = _log_format()
     exports_dir: str = _exports_dir()
     export_interval_s: float = _export_interval()
@@ -668,6 +707,8 @@ class DemoSettings:
             raise SettingsError("rate must be a positive number of events per second")
         if self.seed < 0:
             raise SettingsError("seed must be >= 0")
+        if self.broker_max_rss_mb < 0:
+            raise SettingsError("the broker's memory limit must be >= 0 MB (0: none)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> DemoSettings:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from .broker_memory import warn_memory_only
 from .kafka_security import KafkaSecurity, check_access
 
 __all__ = ["EmbeddedBroker", "BrokerError", "broker_listening", "create_topics", "free_port", "wait_for_metadata"]
@@ -217,6 +218,7 @@ class EmbeddedBroker:
         # Its log is not needed once it is up; close the pipe so it never fills.
         if popen.stderr is not None:
             popen.stderr.close()
+        warn_memory_only(self.bootstrap)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the broker by PID: SIGTERM, then SIGKILL after `timeout_s`."""

@@ -21,7 +21,10 @@ supports neither), so a retried request may duplicate records: at-least-once.
 Only acknowledged events are counted. A broker that stops acknowledging (dead,
 hung, unreachable) is noticed within `delivery_timeout_s`: the sends still
 waiting fail and `produce` raises `DeliveryTimeout` with what was acknowledged;
-any other refusal of the broker raises `ProduceError`.
+any other refusal of the broker raises `ProduceError`. A chunk refused with
+error -1 (`UnknownError`) is first resent, a bounded number of times: the
+embedded broker answers so once per partition written to before its topic
+existed, as a producer resending across a broker restart does.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -37,7 +41,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError, KafkaTimeoutError, UnknownError
 
 from .formats import FormatError
 from .kafka_security import KafkaSecurity
@@ -52,7 +56,11 @@ Item = dict[str, Any] | FormatError
 EventSource = Iterable[Item] | AsyncIterable[Item]
 """What `produce` sends: events (dicts) and, in their place, rows a parser rejected."""
 
+log = logging.getLogger("ctrps.produce")
+
 _MAX_EXAMPLES = 5
+_UNKNOWN_ERROR_RETRIES = 5
+_UNKNOWN_ERROR_BACKOFF_S = 0.2  # times the attempt: 3 s in all, past the broker role's repair
 _MAX_BATCH_BYTES = 512 * 1024  # under brokers' default 1 MiB message.max.bytes
 
 
@@ -119,6 +127,21 @@ class DeliveryTimeout(ProduceError):
     that gives up after an outage)."""
 
     exit_code = 3
+
+
+@dataclass
+class _Sending:
+    """A chunk handed to Kafka and not yet acknowledged: kept until it is, so
+    that it can be resent."""
+
+    done: asyncio.Future[Any]
+    counts: dict[int, int]
+    """Events per partition."""
+    values: list[bytes]
+    stamps: list[int | None]
+    first: int
+    """The chunk's first event's index in the stream (its partition is first % partitions)."""
+    attempts: int = 0
 
 
 def _chunks(events: Iterable[Item], size: int) -> Iterator[list[Item]]:
@@ -249,7 +272,7 @@ async def produce(
         compression_type=None if compression == "none" else compression,
         **security.client_kwargs(),
     )
-    in_flight: collections.deque[tuple[asyncio.Future[Any], dict[int, int], int]] = collections.deque()
+    in_flight: collections.deque[_Sending] = collections.deque()
     starting = asyncio.ensure_future(producer.start())
     try:
         await asyncio.shield(starting)
@@ -284,20 +307,73 @@ async def produce(
         bucket_t0 = loop.time()
         enqueued = 0  # events handed to Kafka; their partition is enqueued % n_parts
 
+        async def send_chunk(
+            values: list[bytes], stamps: list[int | None], first: int
+        ) -> tuple[asyncio.Future[Any], dict[int, int]]:
+            """Hand one chunk to Kafka: event j goes to partition (first + j) % n_parts."""
+            futures: list[asyncio.Future[Any]] = []
+            counts: dict[int, int] = {}
+            for k in range(n_parts):
+                j0 = (k - first) % n_parts
+                p = parts[k]
+                batch = producer.create_batch()
+                n = 0
+                for value, ts in zip(values[j0::n_parts], stamps[j0::n_parts]):
+                    if batch.append(key=None, value=value, timestamp=ts) is None:
+                        batch.close()  # full: send it, start another
+                        futures.append(await producer.send_batch(batch, topic, partition=p))
+                        batch = producer.create_batch()
+                        batch.append(key=None, value=value, timestamp=ts)
+                    n += 1
+                if n:
+                    batch.close()
+                    futures.append(await producer.send_batch(batch, topic, partition=p))
+                    counts[p] = n
+            return asyncio.gather(*futures), counts
+
         async def settle_oldest() -> None:
-            done, counts, nbytes = in_flight[0]
-            # The client's own expiry fails `done` first; this bound is the
-            # backstop should a send hang past it (e.g. a frozen broker).
-            # `asyncio.timeout`, not `wait_for`: on Python 3.11, wait_for
-            # swallows a cancellation that arrives as the awaited future
-            # completes, and a producer told to stop would go on producing.
-            async with asyncio.timeout(delivery_timeout_s * 2):
-                await asyncio.shield(done)
+            sending = in_flight[0]
+            while True:
+                # The client's own expiry fails `done` first; this bound is the
+                # backstop should a send hang past it (e.g. a frozen broker).
+                # `asyncio.timeout`, not `wait_for`: on Python 3.11, wait_for
+                # swallows a cancellation that arrives as the awaited future
+                # completes, and a producer told to stop would go on producing.
+                try:
+                    async with asyncio.timeout(delivery_timeout_s * 2):
+                        await asyncio.shield(sending.done)
+                    break
+                except UnknownError as exc:
+                    # Error -1: the embedded broker (Tansu 0.6) acknowledges a
+                    # batch sent to a topic it does not have (one resent into
+                    # it as it restarts, empty) and then refuses the next write
+                    # to that partition once. Resent whole (at-least-once: its
+                    # other partitions' records may be sent twice), a bounded
+                    # number of times.
+                    if sending.attempts >= _UNKNOWN_ERROR_RETRIES:
+                        raise
+                    sending.attempts += 1
+                    log.warning(
+                        "the broker refused a send with error -1: resending it (the embedded broker "
+                        "answers so once per partition written to before its topic existed, as by a "
+                        "producer resending across its restart)",
+                        extra={
+                            "fields": {
+                                "topic": topic,
+                                "error": f"{type(exc).__name__}: {exc}",
+                                "attempt": sending.attempts,
+                                "of": _UNKNOWN_ERROR_RETRIES,
+                                "events": len(sending.values),
+                            }
+                        },
+                    )
+                    await asyncio.sleep(_UNKNOWN_ERROR_BACKOFF_S * sending.attempts)
+                    sending.done, sending.counts = await send_chunk(sending.values, sending.stamps, sending.first)
             in_flight.popleft()
-            for p, n in counts.items():
+            for p, n in sending.counts.items():
                 report.partitions[p] += n
                 report.sent += n
-            report.bytes += nbytes
+            report.bytes += sum(map(len, sending.values))
             if progress is not None:
                 progress(report.sent)
 
@@ -313,27 +389,9 @@ async def produce(
                     await asyncio.sleep(due - now)
                 elif now - due > 1.0:  # fell behind: forget the debt, no burst beyond ~1 s
                     bucket_t0 = now - enqueued / rate - 1.0
-            futures: list[asyncio.Future[Any]] = []
-            counts: dict[int, int] = {}
-            for k in range(n_parts):
-                # Event j of this chunk goes to partition (enqueued + j) % n_parts.
-                j0 = (k - enqueued) % n_parts
-                p = parts[k]
-                batch = producer.create_batch()
-                n = 0
-                for value, ts in zip(values[j0::n_parts], stamps[j0::n_parts]):
-                    if batch.append(key=None, value=value, timestamp=ts) is None:
-                        batch.close()  # full: send it, start another
-                        futures.append(await producer.send_batch(batch, topic, partition=p))
-                        batch = producer.create_batch()
-                        batch.append(key=None, value=value, timestamp=ts)
-                    n += 1
-                if n:
-                    batch.close()
-                    futures.append(await producer.send_batch(batch, topic, partition=p))
-                    counts[p] = n
+            done, counts = await send_chunk(values, stamps, enqueued)
+            in_flight.append(_Sending(done, counts, values, stamps, enqueued))
             enqueued += len(values)
-            in_flight.append((asyncio.gather(*futures), counts, sum(map(len, values))))
             while len(in_flight) >= max_in_flight:
                 await settle_oldest()
         while in_flight:
@@ -352,6 +410,6 @@ async def produce(
         # After a failure, chunks still in flight are abandoned: retrieve their
         # outcome, now or when the client settles them (its stop cancels what it
         # still holds), so asyncio does not log "exception was never retrieved".
-        for done, _, _ in in_flight:
-            done.add_done_callback(_retrieve)
+        for sending in in_flight:
+            sending.done.add_done_callback(_retrieve)
     return report

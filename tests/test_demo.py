@@ -133,6 +133,12 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
                 assert loop.time() < ready_at + DURATION_S, f"nothing trained: {model}"
                 await asyncio.sleep(0.2)  # poll interval
             assert len(model["workers"]) == 1
+            # The embedded broker's memory is on the API's /metrics, under its default limit.
+            async with session.get(api + "/metrics") as resp:
+                metrics = await resp.text()
+            assert re.search(r"^ctrps_broker_resident_bytes [1-9]", metrics, re.M), metrics[-2000:]
+            assert "\nctrps_broker_resident_limit_bytes 2.147483648e+09\n" in metrics
+            assert "\nctrps_broker_over_limit 0.0\n" in metrics
             # The demo's admin routes take CTRPS_ADMIN_TOKEN, as `ctrps serve`'s do.
             async with session.post(api + "/v1/exports") as resp:
                 assert resp.status == 401, await resp.text()
@@ -171,6 +177,7 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
     trained = [n for _, n in windows]
     assert trained == sorted(trained) and trained[-1] >= 10 * 5000 // 2, trained
     assert "ctrps.demo: stopped" in log and "Traceback" not in log
+    assert log.count("the embedded broker keeps every record in memory") == 1
     assert ADMIN_TOKEN not in log and ADMIN_TOKEN not in out_log.read_text()
     assert log.count("ctrps.worker: window") == 0  # one line per window: the demo's
     # It exported on its interval, into a directory of this run's own under

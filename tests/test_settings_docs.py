@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from app.declared import Setting, declared
-from app.settings import ApiSettings, ClusterSettings, DemoSettings, LogSettings, ShardSettings, WorkerSettings
+from app.settings import (
+    ApiSettings,
+    BrokerSettings,
+    ClusterSettings,
+    DemoSettings,
+    LogSettings,
+    ShardSettings,
+    WorkerSettings,
+)
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 COMMANDS = {
@@ -18,6 +26,7 @@ COMMANDS = {
     "serve": ApiSettings,
     "demo": DemoSettings,
     "cluster": ClusterSettings,
+    "broker": BrokerSettings,
 }
 
 
