@@ -83,6 +83,7 @@ from .decode import Decoded, Rejected, decode_records
 from .decode_pool import start_decode_pool
 from .dlq import DeadLetter, DeadLetterQueue
 from .kafka_security import KafkaSecurity, check_access
+from .lag_watch import LagWatch, WindowTimes
 from .outage import (
     OutageWatch,
     UndecodableBatchError,
@@ -189,6 +190,9 @@ class WorkerConfig:
     is waited out before the worker gives up; 0 waits forever."""
     outage_log_every_s: float = 5.0
     """Seconds between the lines saying what an outage waits for."""
+    lag_warn_s: float = 120.0
+    """A warning (repeated this often while it lasts) once the consumer lag
+    has grown for this long (`consumers.lag_watch`); 0: no warning."""
     kafka: KafkaSecurity = KafkaSecurity()
     """How every Kafka client of the worker authenticates and encrypts
     (consumer, dead-letter producer, admin and offset lookups)."""
@@ -208,6 +212,8 @@ class WorkerConfig:
             raise ValueError("mini_batch_ramp must be >= 0")
         if self.outage_deadline_s < 0 or not self.outage_log_every_s > 0:
             raise ValueError("outage_deadline_s must be >= 0 and outage_log_every_s positive")
+        if not self.lag_warn_s >= 0:
+            raise ValueError("lag_warn_s must be >= 0 (0: no warning)")
 
 
 @dataclass(frozen=True)
@@ -226,6 +232,9 @@ class WindowReport:
     decode_s: float = 0.0
     decode_wait_s: float = 0.0
     train_s: float = 0.0
+    train_cpu_s: float = 0.0
+    """The process's CPU time while the window trained (the rest of
+    `train_s` waited, mostly on the shards)."""
     lag_by_partition: dict[int, int] = field(default_factory=dict)
     """Records behind per owned partition (highwater − committed), where known."""
     dlq_by_reason: dict[str, int] = field(default_factory=dict)
@@ -282,6 +291,10 @@ class WorkerStats:
     the window's first offsets, so that window is trained again."""
     waiting_for: str = ""
     """What the worker waits for now ("" when it is not waiting)."""
+    lag_growing_s: float = 0.0
+    """Seconds the consumer lag had been growing after the last window (`consumers.lag_watch`)."""
+    lag_warnings: int = 0
+    """Warnings that the consumer lag kept growing."""
     last: WindowReport | None = None
     history: list[WindowReport] = field(default_factory=list)
 
@@ -410,6 +423,7 @@ class Worker:
         # or could not be checked; the run loop raises it.
         self._refusal: Exception | None = None
         self._outage = OutageWatch(config.outage_deadline_s, config.outage_log_every_s)
+        self._lag_watch = LagWatch(config.lag_warn_s)
         self._broker_down = False
         """Set while the broker is unreachable: no window starts training."""
         self._stop = asyncio.Event()
@@ -1153,10 +1167,10 @@ class Worker:
             lease = await self._lease() if self.leased else None
             committed: Offsets = {}
             try:
-                t_train = time.perf_counter()
+                t_train, cpu_train = time.perf_counter(), time.process_time()
                 metrics = await self.training.train(pieces(), window)
                 also_metrics = [await a.training.train(also_pieces(i), window) for i, a in enumerate(self.also)]
-                t_trained = time.perf_counter()
+                t_trained, train_cpu_s = time.perf_counter(), time.process_time() - cpu_train
                 # Dead letters go out before the commit that passes their offsets.
                 assert self._dlq is not None
                 await self._dlq.send_all(
@@ -1173,7 +1187,10 @@ class Worker:
                     await self._release(lease, committed)
             seconds, train_s = time.perf_counter() - t0, t_trained - t_train - decode_wait_s
             hooks = [
-                (hook, self._report(window, m, rejected, seconds, decode_s, decode_wait_s, train_s, also=a))
+                (
+                    hook,
+                    self._report(window, m, rejected, seconds, decode_s, decode_wait_s, train_s, train_cpu_s, also=a),
+                )
                 for hook, m, a in (
                     (self.on_window, metrics, None),
                     *((a.on_window, m, a) for a, m in zip(self.also, also_metrics)),
@@ -1319,6 +1336,7 @@ class Worker:
         decode_s: float,
         decode_wait_s: float,
         train_s: float,
+        train_cpu_s: float,
         also: AlsoTrained | None = None,
     ) -> WindowReport:
         """The window's report, counted in the worker's stats (or, for a model
@@ -1337,6 +1355,7 @@ class Worker:
             decode_s=decode_s,
             decode_wait_s=decode_wait_s,
             train_s=train_s,
+            train_cpu_s=train_cpu_s,
             lag_by_partition=lag,
             dlq_by_reason=dict(Counter(r.reason for r in rejected)),
         )
@@ -1356,4 +1375,16 @@ class Worker:
             log.info("window", extra={"fields": {**report.fields(), "model": also.model.name}})
         else:
             log.info("window", extra={"fields": report.fields()})
+            self._watch_lag(report)
         return report
+
+    def _watch_lag(self, report: WindowReport) -> None:
+        """Feed the window's lag to the lag watch: its line, if any, and its figures in the stats."""
+        s = self.stats
+        times = WindowTimes(report.seconds, report.decode_wait_s, report.train_s, report.train_cpu_s)
+        notice = self._lag_watch.observe(
+            time.monotonic(), report.lag, s.records, s.events_trained, times, frozenset(report.lag_by_partition)
+        )
+        s.lag_growing_s, s.lag_warnings = self._lag_watch.growing_s, self._lag_watch.warnings
+        if notice is not None:
+            log.log(notice.level, notice.message, extra={"fields": notice.fields})

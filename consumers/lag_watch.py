@@ -1,0 +1,223 @@
+"""Watching a worker's consumer lag: a warning when it keeps growing.
+
+A worker that trains slower than its records arrive falls further behind
+every window, and nothing fails: no outage, no error. `LagWatch` is fed the
+worker's total lag after each window (`observe`) and says, in one WARNING
+line, when the lag has been growing for longer than ``--lag-warn-seconds``:
+how far behind, for how long, the events trained per second against the
+records arriving per second, and the likely cause (the stage that took the
+largest share of the time, see `Stage`). The line repeats once per
+``--lag-warn-seconds`` while the growth lasts; one INFO line says when it
+stops. The seconds of growth and the warnings are the worker's status
+(``lag_growing_seconds``, ``lag_warnings``), hence metrics.
+
+*Growing* is judged against the lag a horizon ago (a quarter of the warning
+time, at most 30 s), not against the window before: the lag read after a
+window moves by a window's records either way, and a steady lag, however
+large, is not growing. The clock is the caller's (`observe`'s `now`), so the
+class is tested without a broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LagWatch", "LagNotice", "WindowTimes", "Stage", "STAGES"]
+
+HORIZON_MAX_S = 30.0
+"""The longest a lag is compared back (growth is lag now > lag this long ago)."""
+
+
+@dataclass(frozen=True)
+class WindowTimes:
+    """Where one window's wall time went (seconds)."""
+
+    seconds: float
+    """The whole window: decode waits, training, dead letters, lease and commit."""
+    decode_wait_s: float = 0.0
+    """Training waited for the window's records to be decoded."""
+    train_s: float = 0.0
+    """Training, without the decode waits: computation and the shards' round trips."""
+    train_cpu_s: float = 0.0
+    """The worker process's CPU time while training: what of `train_s` was not waiting."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A place the time can go, and what it means when it is the largest."""
+
+    key: str
+    cause: str
+
+
+STAGES = (
+    Stage("shards", "pulls and pushes waited on the shards: the shards or the link to them are slow"),
+    Stage("decode", "training waited for decoding: decoding is CPU-bound, add --decode-processes or CPU"),
+    Stage("compute", "training computation: this worker's CPU is the limit, add workers (and partitions)"),
+    Stage("commit", "dead letters, lease and offset commit: the broker or the coordinator is slow"),
+    Stage("fetch", "waiting for records between windows: fetching from the broker (or the link to it) is slow"),
+)
+"""The stages a window's time is split into (`_Totals.shares`), in the order a tie is reported."""
+
+
+@dataclass(frozen=True)
+class LagNotice:
+    """A line to log: the growth warned about, or its end."""
+
+    level: int
+    message: str
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Sample:
+    t: float
+    lag: int
+    records: int
+    events: int
+    totals: _Totals
+
+
+@dataclass(frozen=True)
+class _Totals:
+    """Running sums of window times since the watch started (or was reset)."""
+
+    windows_s: float = 0.0
+    decode_s: float = 0.0
+    shards_s: float = 0.0
+    compute_s: float = 0.0
+    commit_s: float = 0.0
+
+    def plus(self, w: WindowTimes) -> _Totals:
+        train = max(0.0, w.train_s)
+        compute = min(max(0.0, w.train_cpu_s), train)
+        return _Totals(
+            self.windows_s + max(0.0, w.seconds),
+            self.decode_s + max(0.0, w.decode_wait_s),
+            self.shards_s + train - compute,
+            self.compute_s + compute,
+            self.commit_s + max(0.0, w.seconds - w.decode_wait_s - train),
+        )
+
+    def shares(self, since: _Totals, elapsed_s: float) -> dict[str, float]:
+        """Each stage's share of `elapsed_s` since `since` (the rest, between
+        windows, is the fetch's)."""
+        if elapsed_s <= 0:
+            return {s.key: 0.0 for s in STAGES}
+        busy = self.windows_s - since.windows_s
+        spent = {
+            "shards": self.shards_s - since.shards_s,
+            "decode": self.decode_s - since.decode_s,
+            "compute": self.compute_s - since.compute_s,
+            "commit": self.commit_s - since.commit_s,
+            "fetch": max(0.0, elapsed_s - busy),
+        }
+        return {k: min(1.0, max(0.0, v / elapsed_s)) for k, v in spent.items()}
+
+
+@dataclass
+class LagWatch:
+    """Says when a worker's total lag has been growing for `warn_after_s`
+    (0: never). Feed it every window with `observe`."""
+
+    warn_after_s: float
+    """How long the lag must grow before the warning."""
+    horizon_s: float = 0.0
+    """Growth is judged against the lag this long ago (0: a quarter of
+    `warn_after_s`, at most `HORIZON_MAX_S`)."""
+    warnings: int = 0
+    """Warnings logged so far."""
+    _samples: deque[_Sample] = field(default_factory=deque)
+    _totals: _Totals = field(default_factory=_Totals)
+    _partitions: frozenset[int] = frozenset()
+    _start: _Sample | None = None
+    _warned_at: float | None = None
+    _growing_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.warn_after_s >= 0:
+            raise ValueError("lag warn seconds must be >= 0 (0: off)")
+        if self.horizon_s <= 0:
+            self.horizon_s = min(HORIZON_MAX_S, self.warn_after_s / 4)
+
+    @property
+    def growing_s(self) -> float:
+        """Seconds the lag had been growing at the last `observe` (0: not growing)."""
+        return self._growing_s
+
+    def observe(
+        self, now: float, lag: int, records: int, events: int, times: WindowTimes, partitions: frozenset[int]
+    ) -> LagNotice | None:
+        """One window ended at `now` (seconds, any monotonic clock) with `lag`
+        records behind over `partitions`, after `records` consumed and
+        `events` trained in all; `times`, where its time went. Returns the
+        line to log, if any."""
+        if self.warn_after_s <= 0:
+            return None
+        if partitions != self._partitions:
+            # Another assignment: its lag is over other partitions, so
+            # nothing before it compares.
+            self._partitions = partitions
+            self._samples.clear()
+            self._start, self._warned_at, self._growing_s = None, None, 0.0
+        self._totals = self._totals.plus(times)
+        now_sample = _Sample(now, lag, records, events, self._totals)
+        samples = self._samples
+        samples.append(now_sample)
+        # Keep the latest sample at least a horizon old, and every later one.
+        while len(samples) > 2 and samples[1].t <= now - self.horizon_s:
+            samples.popleft()
+        ref = samples[0]
+        if ref is now_sample or lag <= ref.lag:
+            return self._stopped(now_sample)
+        if self._start is None:
+            self._start = ref  # lower then, higher since
+        start = self._start
+        self._growing_s = now - start.t
+        if self._growing_s < self.warn_after_s:
+            return None
+        if self._warned_at is not None and now - self._warned_at < self.warn_after_s:
+            return None
+        self._warned_at = now
+        self.warnings += 1
+        return self._warning(start, now_sample)
+
+    def _stopped(self, now: _Sample) -> LagNotice | None:
+        """The lag is not growing (any more): the end line if it was warned about."""
+        start, warned = self._start, self._warned_at is not None
+        self._start, self._warned_at, self._growing_s = None, None, 0.0
+        if start is None or not warned:
+            return None
+        grew = now.t - start.t
+        return LagNotice(
+            logging.INFO,
+            f"consumer lag no longer growing after {grew:.0f}s: {now.lag} records behind",
+            {"lag": now.lag, "lag_grew_s": round(grew, 1)},
+        )
+
+    def _warning(self, start: _Sample, now: _Sample) -> LagNotice:
+        dt = now.t - start.t
+        consumed = now.records - start.records
+        trained = (now.events - start.events) / dt
+        # Records that arrived = those consumed + the growth of the lag.
+        arriving = (consumed + now.lag - start.lag) / dt
+        shares = now.totals.shares(start.totals, dt)
+        worst = max(STAGES, key=lambda s: shares[s.key])
+        return LagNotice(
+            logging.WARNING,
+            f"consumer lag growing for {dt:.0f}s: {now.lag} records behind (was {start.lag}); "
+            f"training {trained:.0f} events/s while records arrive at {arriving:.0f}/s; "
+            f"likely cause ({shares[worst.key]:.0%} of the time): {worst.cause}",
+            {
+                "lag": now.lag,
+                "lag_was": start.lag,
+                "lag_growing_s": round(dt, 1),
+                "events_per_s": round(trained, 1),
+                "arriving_per_s": round(arriving, 1),
+                "cause": worst.key,
+                **{f"{k}_share": round(v, 3) for k, v in shares.items()},
+            },
+        )

@@ -1,0 +1,133 @@
+"""The lag watch on its own clock: when a growing consumer lag is warned
+about, how often, what the line says (rates, likely cause), and when it is
+not (a steady lag, however large; a step; noise)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from consumers.lag_watch import LagNotice, LagWatch, WindowTimes
+
+PARTS = frozenset({0, 1})
+
+
+class Feed:
+    """A worker's windows: one per `step_s`, `consumed` records (all trained)
+    per window while `arriving` records a second reach the broker."""
+
+    def __init__(self, watch: LagWatch, step_s: float = 1.0) -> None:
+        self.watch, self.step_s = watch, step_s
+        self.t = 1000.0
+        self.lag = 500
+        self.records = 0
+        self.notices: list[LagNotice] = []
+
+    def run(self, seconds: float, arriving: float, consumed: int, times: WindowTimes | None = None) -> None:
+        for _ in range(round(seconds / self.step_s)):
+            self.window(self.lag + round(arriving * self.step_s) - consumed, consumed, times)
+
+    def window(self, lag: int, consumed: int, times: WindowTimes | None = None) -> None:
+        self.t += self.step_s
+        self.lag = lag
+        self.records += consumed
+        w = times or WindowTimes(self.step_s, train_s=self.step_s, train_cpu_s=self.step_s)
+        got = self.watch.observe(self.t, self.lag, self.records, self.records, w, PARTS)
+        if got is not None:
+            self.notices.append(got)
+
+    def warnings(self) -> list[LagNotice]:
+        return [n for n in self.notices if n.level == logging.WARNING]
+
+
+def test_a_lag_growing_past_the_warning_time_is_one_warning_naming_rates_and_cause() -> None:
+    watch = LagWatch(warn_after_s=60)
+    feed = Feed(watch)
+    # Windows waited on the shards: 0.8 s of each 1 s window without CPU.
+    slow = WindowTimes(1.0, decode_wait_s=0.05, train_s=0.9, train_cpu_s=0.1)
+    feed.run(55, arriving=1000, consumed=400, times=slow)
+    assert feed.notices == [] and 50 <= watch.growing_s < 60
+    feed.run(10, arriving=1000, consumed=400, times=slow)
+    (warning,) = feed.warnings()
+    f = warning.fields
+    assert 60 <= f["lag_growing_s"] <= 62
+    # 600 records a second more arrive than are trained.
+    assert f["lag"] - f["lag_was"] == pytest.approx(600 * f["lag_growing_s"], rel=0.05)
+    assert f["events_per_s"] == pytest.approx(400, rel=0.05)
+    assert f["arriving_per_s"] == pytest.approx(1000, rel=0.05)
+    assert f["cause"] == "shards" and f["shards_share"] == pytest.approx(0.8, abs=0.05)
+    assert f"{f['lag']} records behind (was {f['lag_was']})" in warning.message
+    assert "training 400 events/s while records arrive at 1000/s" in warning.message
+    assert "the shards or the link to them are slow" in warning.message
+    assert watch.warnings == 1
+
+
+def test_the_warning_repeats_once_per_period_and_its_end_is_one_line() -> None:
+    watch = LagWatch(warn_after_s=20)
+    feed = Feed(watch)
+    feed.run(100, arriving=1000, consumed=400)
+    # Growing from the first window on, for 99 s: warned at 20, 40, 60 and 80 s.
+    assert len(feed.warnings()) == watch.warnings == 4
+    assert [n.fields["lag_growing_s"] for n in feed.warnings()] == [20, 40, 60, 80]
+    assert watch.growing_s == 99
+    # Catching up: the lag falls below where it was a horizon (5 s) ago.
+    feed.run(5, arriving=1000, consumed=5000)
+    ends = [n for n in feed.notices if n.level == logging.INFO]
+    assert len(ends) == 1 and "no longer growing" in ends[0].message
+    assert ends[0].fields["lag_grew_s"] == 100
+    assert watch.growing_s == 0 and watch.warnings == 4
+
+
+def test_a_steady_lag_however_large_and_a_step_to_it_are_not_growth() -> None:
+    watch = LagWatch(warn_after_s=30)
+    feed = Feed(watch)
+    feed.window(50_000, 1000)  # a step: a burst arrived at once
+    for i in range(300):  # then as many arrive as are trained, with noise
+        feed.window(50_000 + (137 * i) % 400 - 200, 1000)
+    assert feed.notices == [] and watch.warnings == 0
+
+
+def test_growth_through_noise_is_still_growth() -> None:
+    # Each window's lag moves by more than the growth of one window (a
+    # window's records are read in bursts), but it grows over the horizon.
+    watch = LagWatch(warn_after_s=40)
+    feed = Feed(watch)
+    for i in range(60):
+        feed.window(1000 + 50 * i + (300 if i % 2 else -300), 500)
+    assert len(feed.warnings()) == 1
+
+
+@pytest.mark.parametrize(
+    ("times", "cause", "says"),
+    [
+        (WindowTimes(1.0, decode_wait_s=0.7, train_s=0.2, train_cpu_s=0.2), "decode", "--decode-processes"),
+        (WindowTimes(1.0, train_s=0.95, train_cpu_s=0.9), "compute", "CPU is the limit"),
+        (WindowTimes(1.0, train_s=0.2, train_cpu_s=0.2), "commit", "offset commit"),
+        (WindowTimes(0.1, train_s=0.1, train_cpu_s=0.1), "fetch", "fetching from the broker"),
+    ],
+)
+def test_the_likely_cause_is_the_stage_that_took_most_of_the_time(times: WindowTimes, cause: str, says: str) -> None:
+    watch = LagWatch(warn_after_s=10)
+    feed = Feed(watch)
+    feed.run(12, arriving=1000, consumed=100, times=times)
+    (warning,) = feed.warnings()
+    assert warning.fields["cause"] == cause and says in warning.message
+
+
+def test_off_and_a_new_assignment() -> None:
+    off = LagWatch(warn_after_s=0)
+    feed = Feed(off)
+    feed.run(1000, arriving=1000, consumed=100)
+    assert feed.notices == [] and off.growing_s == 0
+
+    watch = LagWatch(warn_after_s=30)
+    feed = Feed(watch)
+    feed.run(25, arriving=1000, consumed=100)
+    assert watch.growing_s >= 20
+    # Another assignment: its lag counts other partitions, the growth restarts.
+    t = feed.t + 1
+    assert watch.observe(t, 10 * feed.lag, feed.records, feed.records, WindowTimes(1.0), frozenset({2})) is None
+    assert watch.growing_s == 0
+    with pytest.raises(ValueError, match=">= 0"):
+        LagWatch(warn_after_s=-1)
