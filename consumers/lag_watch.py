@@ -2,7 +2,11 @@
 
 A worker that trains slower than its records arrive falls further behind
 every window, and nothing fails: no outage, no error. `LagWatch` is fed the
-worker's total lag after each window (`observe`) and says, in one WARNING
+worker's total lag every few seconds (`observe`: the broker's end offsets
+less the worker's commits, asked of the broker, since the consumer's own
+highwater is only refreshed once its fetched records are used up, which
+takes many windows when it is behind) and where each window's time went
+(`window`), and says, in one WARNING
 line, when the lag has been growing for longer than ``--lag-warn-seconds``:
 how far behind, for how long, the events trained per second against the
 records arriving per second, and the likely cause (the stage that took the
@@ -12,8 +16,8 @@ stops. The seconds of growth and the warnings are the worker's status
 (``lag_growing_seconds``, ``lag_warnings``), hence metrics.
 
 *Growing* is judged against the lag a horizon ago (a quarter of the warning
-time, at most 30 s), not against the window before: the lag read after a
-window moves by a window's records either way, and a steady lag, however
+time, at most 30 s), not against the sample before: the lag moves by a
+window's records at each commit either way, and a steady lag, however
 large, is not growing. The clock is the caller's (`observe`'s `now`), so the
 class is tested without a broker.
 """
@@ -144,26 +148,36 @@ class LagWatch:
             self.horizon_s = min(HORIZON_MAX_S, self.warn_after_s / 4)
 
     @property
+    def every_s(self) -> float:
+        """How often the lag is best sampled: four samples a horizon, at most every 5 s."""
+        return min(5.0, self.horizon_s / 4)
+
+    @property
     def growing_s(self) -> float:
         """Seconds the lag had been growing at the last `observe` (0: not growing)."""
         return self._growing_s
 
-    def observe(
-        self, now: float, lag: int, records: int, events: int, times: WindowTimes, partitions: frozenset[int]
-    ) -> LagNotice | None:
-        """One window ended at `now` (seconds, any monotonic clock) with `lag`
-        records behind over `partitions`, after `records` consumed and
-        `events` trained in all; `times`, where its time went. Returns the
-        line to log, if any."""
+    def window(self, times: WindowTimes) -> None:
+        """A window ended; `times`, where its time went."""
+        self._totals = self._totals.plus(times)
+
+    def reset(self) -> None:
+        """Forget the samples (an outage: it has lines and metrics of its own,
+        and nothing before it compares with what follows)."""
+        self._samples.clear()
+        self._start, self._warned_at, self._growing_s = None, None, 0.0
+
+    def observe(self, now: float, lag: int, records: int, events: int, partitions: frozenset[int]) -> LagNotice | None:
+        """At `now` (seconds, any monotonic clock) the worker is `lag` records
+        behind over `partitions`, after `records` consumed and `events`
+        trained in all. Returns the line to log, if any."""
         if self.warn_after_s <= 0:
             return None
         if partitions != self._partitions:
             # Another assignment: its lag is over other partitions, so
             # nothing before it compares.
             self._partitions = partitions
-            self._samples.clear()
-            self._start, self._warned_at, self._growing_s = None, None, 0.0
-        self._totals = self._totals.plus(times)
+            self.reset()
         now_sample = _Sample(now, lag, records, events, self._totals)
         samples = self._samples
         samples.append(now_sample)

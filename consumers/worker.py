@@ -766,6 +766,7 @@ class Worker:
         applies: deque[tuple[asyncio.Task[None], Window]] = deque()
         main = asyncio.create_task(self._consume(stop, applies))
         watch = asyncio.create_task(self._watch_broker())
+        lagging = asyncio.create_task(self._watch_lag())
         try:
             await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
             if not main.done():
@@ -776,10 +777,10 @@ class Worker:
             with contextlib.suppress(_Stopped):  # stopped in an outage: nothing left to commit
                 main.result()
         finally:
-            for task in (main, watch, *(t for t, _ in applies)):
+            for task in (main, watch, lagging, *(t for t, _ in applies)):
                 task.cancel()
             # Their outcome is moot: the error that brought us here is raised.
-            await asyncio.gather(main, watch, *(t for t, _ in applies), return_exceptions=True)
+            await asyncio.gather(main, watch, lagging, *(t for t, _ in applies), return_exceptions=True)
             await self._close()
 
     async def _consume(self, stop: asyncio.Event, applies: deque[tuple[asyncio.Task[None], Window]]) -> None:
@@ -1375,16 +1376,29 @@ class Worker:
             log.info("window", extra={"fields": {**report.fields(), "model": also.model.name}})
         else:
             log.info("window", extra={"fields": report.fields()})
-            self._watch_lag(report)
+            self._lag_watch.window(WindowTimes(seconds, decode_wait_s, train_s, train_cpu_s))
         return report
 
-    def _watch_lag(self, report: WindowReport) -> None:
-        """Feed the window's lag to the lag watch: its line, if any, and its figures in the stats."""
-        s = self.stats
-        times = WindowTimes(report.seconds, report.decode_wait_s, report.train_s, report.train_cpu_s)
-        notice = self._lag_watch.observe(
-            time.monotonic(), report.lag, s.records, s.events_trained, times, frozenset(report.lag_by_partition)
-        )
-        s.lag_growing_s, s.lag_warnings = self._lag_watch.growing_s, self._lag_watch.warnings
-        if notice is not None:
-            log.log(notice.level, notice.message, extra={"fields": notice.fields})
+    async def _watch_lag(self) -> None:
+        """While the worker runs: every few seconds, the lag of its partitions
+        (the broker's end offsets less the commits) to the lag watch, its
+        line logged and its figures in the stats. Outages reset it."""
+        watch, s = self._lag_watch, self.stats
+        if watch.warn_after_s <= 0:
+            return
+        while True:
+            await asyncio.sleep(watch.every_s)
+            known = [tp for tp in self._consumer.assignment() if (tp.topic, tp.partition) in self._committed]
+            if s.waiting_for:
+                watch.reset()
+            elif known:
+                try:
+                    ends = await asyncio.wait_for(self._consumer.end_offsets(known), 10)
+                except (KafkaError, OSError, TimeoutError):
+                    continue  # the broker's own watch says when it is away
+                lag = sum(max(0, ends[tp] - self._committed[(tp.topic, tp.partition)]) for tp in known)
+                parts = frozenset(tp.partition for tp in known)
+                notice = watch.observe(time.monotonic(), lag, s.records, s.events_trained, parts)
+                if notice is not None:
+                    log.log(notice.level, notice.message, extra={"fields": notice.fields})
+            s.lag_growing_s, s.lag_warnings = watch.growing_s, watch.warnings

@@ -4,11 +4,27 @@ not (a steady lag, however large; a step; noise)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+from streams import brisk_worker_config, keyed_event, new_topic, produce, running
+from waiting import until
 
+from app.api import create_app
+from app.settings import ApiSettings
+from app.status import make_status_hook
 from consumers.lag_watch import LagNotice, LagWatch, WindowTimes
+from consumers.worker import Worker
+from ps_core.checkpoint.control import ControlClient
+from ps_core.model.models import LogisticRegression
+from ps_core.net.client import PSClient
+from ps_core.net.server import create_shard_app, start_shard_site
+from ps_core.net.shard import Shard
 
 PARTS = frozenset({0, 1})
 
@@ -33,7 +49,8 @@ class Feed:
         self.lag = lag
         self.records += consumed
         w = times or WindowTimes(self.step_s, train_s=self.step_s, train_cpu_s=self.step_s)
-        got = self.watch.observe(self.t, self.lag, self.records, self.records, w, PARTS)
+        self.watch.window(w)
+        got = self.watch.observe(self.t, self.lag, self.records, self.records, PARTS)
         if got is not None:
             self.notices.append(got)
 
@@ -127,7 +144,95 @@ def test_off_and_a_new_assignment() -> None:
     assert watch.growing_s >= 20
     # Another assignment: its lag counts other partitions, the growth restarts.
     t = feed.t + 1
-    assert watch.observe(t, 10 * feed.lag, feed.records, feed.records, WindowTimes(1.0), frozenset({2})) is None
+    assert watch.observe(t, 10 * feed.lag, feed.records, feed.records, frozenset({2})) is None
     assert watch.growing_s == 0
     with pytest.raises(ValueError, match=">= 0"):
         LagWatch(warn_after_s=-1)
+
+
+# -- a real worker behind a slow shard ----------------------------------------------
+
+
+async def test_a_worker_behind_a_slow_shard_warns_that_its_lag_grows_and_metrics_show_it(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every pull and push waits 50 ms at the shard (a slow shard or link), so
+    the worker trains well under the 4,000 events/s a producer sends: one
+    warning names the shards, the metrics show the growth and the warning,
+    and a line says when the lag stops growing."""
+    caplog.set_level(logging.INFO, logger="ctrps.worker")
+    topic, group = await new_topic(kafka_bootstrap, 2)
+    shard = Shard()
+
+    @web.middleware
+    async def slow(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path in ("/v1/pull", "/v1/push", "/v1/push_pull"):
+            await asyncio.sleep(0.05)  # the slow link: the test's fault, not a wait for a condition
+        resp: web.StreamResponse = await handler(request)
+        return resp
+
+    app = create_shard_app(shard)
+    app.middlewares.append(slow)
+    site = await start_shard_site(app, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{site.port}"
+    config = brisk_worker_config(kafka_bootstrap, topic, group, 500, 50, mini_batch_ramp=0, lag_warn_s=2.0)
+    try:
+        async with (
+            PSClient.connect([url], rpc=False) as client,
+            ControlClient.connect([url]) as control,
+        ):
+            model = LogisticRegression("m")
+            worker = Worker(config, client, control, model)
+            worker.on_window = make_status_hook(control, "w-lag", worker.stats, model="m")
+            http = TestClient(TestServer(create_app(ApiSettings(), client, model, control=control)))
+            await http.start_server()
+
+            async def lag_metrics() -> dict[str, float]:
+                text = await (await http.get("/metrics")).text()
+                return {
+                    m.name: m.value
+                    for f in text_string_to_metric_families(text)
+                    for m in f.samples
+                    if m.labels.get("worker") == "w-lag" and m.name.startswith("ctrps_worker_lag_")
+                }
+
+            def lines(start: str) -> list[logging.LogRecord]:
+                return [r for r in caplog.records if r.getMessage().startswith(start)]
+
+            try:
+                async with running(worker) as task:
+                    await produce(kafka_bootstrap, topic, (keyed_event(i) for i in range(200)), 2)
+                    await until(lambda: worker.stats.events_trained >= 200, 60, what="the first events", task=task)
+                    assert not lines("consumer lag")
+                    sending = asyncio.create_task(
+                        produce(kafka_bootstrap, topic, (keyed_event(i) for i in range(200, 20_200)), 2, rate=4000)
+                    )
+                    await until(lambda: bool(lines("consumer lag growing")), 30, what="the warning", task=task)
+                    (warning,) = lines("consumer lag growing")
+                    fields = warning.fields  # type: ignore[attr-defined]
+                    assert warning.levelno == logging.WARNING
+                    assert fields["cause"] == "shards", warning.getMessage()
+                    assert fields["lag_growing_s"] >= 2.0 and fields["lag"] > fields["lag_was"]
+                    assert fields["events_per_s"] < fields["arriving_per_s"], fields
+                    assert "the shards or the link to them are slow" in warning.getMessage()
+
+                    async def shown() -> bool:
+                        m = await lag_metrics()
+                        return (
+                            m.get("ctrps_worker_lag_warnings_total", 0) >= 1
+                            and m.get("ctrps_worker_lag_growing_seconds", 0) >= 2.0
+                        )
+
+                    await until(shown, 30, what="the growth in /metrics", task=task)
+                    await sending
+                    await until(lambda: bool(lines("consumer lag no longer growing")), 30, what="the end", task=task)
+
+                    async def ended() -> bool:
+                        return (await lag_metrics()).get("ctrps_worker_lag_growing_seconds") == 0
+
+                    await until(ended, 30, what="the gauge back at 0", task=task)
+            finally:
+                await http.close()
+    finally:
+        await site.cleanup()
+    assert worker.stats.lag_warnings == len(lines("consumer lag growing")) >= 1
