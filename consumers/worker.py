@@ -87,6 +87,7 @@ from .lag_watch import LagWatch, WindowTimes
 from .outage import (
     OutageWatch,
     UndecodableBatchError,
+    began,
     describe,
     failed_partition,
     is_outage,
@@ -571,10 +572,12 @@ class Worker:
     async def _ride_out(
         self, exc: BaseException, probe: Callable[[], Awaitable[object]], since: float, *, stoppable: bool = True
     ) -> None:
-        """Wait until `probe` succeeds after the outage `exc` (seen at `since`),
+        """Wait until `probe` succeeds after the outage `exc` (seen at `since`,
+        or begun earlier where `exc` says: `began`),
         counting it; `OutageDeadlineError` past the deadline. When `stoppable`,
         a stop request ends the wait with `_Stopped`."""
         what = describe(exc, self.config.bootstrap)
+        since = began(exc, since)  # the first unanswered request, not when its failure was seen
         s = self.stats
         s.outages += 1
         s.waiting_for = what
