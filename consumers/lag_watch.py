@@ -64,7 +64,7 @@ STAGES = (
     Stage("commit", "dead letters, lease and offset commit: the broker or the coordinator is slow"),
     Stage("fetch", "waiting for records between windows: fetching from the broker (or the link to it) is slow"),
 )
-"""The stages a window's time is split into (`_Totals.shares`), in the order a tie is reported."""
+"""Where the time goes (`_Totals.shares`), in the order a tie is reported."""
 
 
 @dataclass(frozen=True)
@@ -106,18 +106,31 @@ class _Totals:
             self.commit_s + max(0.0, w.seconds - w.decode_wait_s - train),
         )
 
-    def shares(self, since: _Totals, elapsed_s: float) -> dict[str, float]:
-        """Each stage's share of `elapsed_s` since `since` (the rest, between
-        windows, is the fetch's)."""
+    def minus(self, other: _Totals) -> _Totals:
+        return _Totals(
+            self.windows_s - other.windows_s,
+            self.decode_s - other.decode_s,
+            self.shards_s - other.shards_s,
+            self.compute_s - other.compute_s,
+            self.commit_s - other.commit_s,
+        )
+
+    def shares(self, elapsed_s: float, running_s: float, basis: _Totals) -> dict[str, float]:
+        """Each stage's share of `elapsed_s`, in which these windows ended and
+        one ran for `running_s` without ending yet. The time in windows is
+        split as `basis`'s was (these windows', or earlier ones' when none
+        ended: a window can outlast the horizon); the rest, between windows,
+        is the fetch's."""
         if elapsed_s <= 0:
             return {s.key: 0.0 for s in STAGES}
-        busy = self.windows_s - since.windows_s
+        busy = min(elapsed_s, self.windows_s + running_s)
+        per = busy / basis.windows_s if basis.windows_s > 0 else 0.0
         spent = {
-            "shards": self.shards_s - since.shards_s,
-            "decode": self.decode_s - since.decode_s,
-            "compute": self.compute_s - since.compute_s,
-            "commit": self.commit_s - since.commit_s,
-            "fetch": max(0.0, elapsed_s - busy),
+            "shards": basis.shards_s * per,
+            "decode": basis.decode_s * per,
+            "compute": basis.compute_s * per,
+            "commit": basis.commit_s * per,
+            "fetch": elapsed_s - busy if per else elapsed_s,
         }
         return {k: min(1.0, max(0.0, v / elapsed_s)) for k, v in spent.items()}
 
@@ -140,6 +153,7 @@ class LagWatch:
     _start: _Sample | None = None
     _warned_at: float | None = None
     _growing_s: float = 0.0
+    _window_began: float | None = None
 
     def __post_init__(self) -> None:
         if not self.warn_after_s >= 0:
@@ -157,9 +171,14 @@ class LagWatch:
         """Seconds the lag had been growing at the last `observe` (0: not growing)."""
         return self._growing_s
 
+    def window_began(self, now: float) -> None:
+        """A window began applying at `now` (the clock of `observe`)."""
+        self._window_began = now
+
     def window(self, times: WindowTimes) -> None:
         """A window ended; `times`, where its time went."""
         self._totals = self._totals.plus(times)
+        self._window_began = None
 
     def reset(self) -> None:
         """Forget the samples (an outage: it has lines and metrics of its own,
@@ -218,7 +237,10 @@ class LagWatch:
         trained = (now.events - start.events) / dt
         # Records that arrived = those consumed + the growth of the lag.
         arriving = (consumed + now.lag - start.lag) / dt
-        shares = now.totals.shares(start.totals, dt)
+        ended = now.totals.minus(start.totals)
+        began = self._window_began
+        running = now.t - max(began, start.t) if began is not None else 0.0
+        shares = ended.shares(dt, max(0.0, running), ended if ended.windows_s > 0 else now.totals)
         worst = max(STAGES, key=lambda s: shares[s.key])
         return LagNotice(
             logging.WARNING,

@@ -1133,6 +1133,7 @@ class Worker:
     async def _apply(self, window: Window, chunks: list[_Chunk]) -> None:
         async with self._lock:
             t0 = time.perf_counter()
+            self._lag_watch.window_began(time.monotonic())
             # Revocation waits for this lock, so what is owned now stays owned
             # until the commit.
             window, keep_record = self._owned(window)

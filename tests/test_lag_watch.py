@@ -132,6 +132,23 @@ def test_the_likely_cause_is_the_stage_that_took_most_of_the_time(times: WindowT
     assert warning.fields["cause"] == cause and says in warning.message
 
 
+def test_a_window_longer_than_the_warning_time_is_not_taken_for_waiting_on_fetches() -> None:
+    watch = LagWatch(warn_after_s=60)
+    feed = Feed(watch, step_s=20)
+    slow = WindowTimes(20.0, train_s=19.0, train_cpu_s=2.0)  # 85 % of each window off the CPU
+    feed.run(40, arriving=1000, consumed=5000, times=slow)
+    # Then one window runs for minutes; the lag is sampled meanwhile.
+    watch.window_began(feed.t)
+    notices = [
+        watch.observe(feed.t + dt, feed.lag + 1000 * dt, feed.records, feed.records, PARTS) for dt in range(5, 200, 5)
+    ]
+    warnings = [n for n in notices if n is not None]
+    assert len(warnings) == 3  # at 60, 120 and 180 s of growth
+    for w in warnings:
+        assert w.fields["cause"] == "shards" and w.fields["fetch_share"] == 0, w.fields
+        assert w.fields["shards_share"] == pytest.approx(0.85, abs=0.01)
+
+
 def test_off_and_a_new_assignment() -> None:
     off = LagWatch(warn_after_s=0)
     feed = Feed(off)
