@@ -263,7 +263,7 @@ class _ClusterCollector(Collector):
         )
         lag_growing = GaugeMetricFamily(
             "ctrps_worker_lag_growing_seconds",
-            "Seconds the worker's consumer lag had been growing at its latest window (0: not growing).",
+            "Seconds the worker's consumer lag had been growing at its latest report (0: not growing).",
             labels=["worker", "model"],
         )
         lag_warnings = counter(

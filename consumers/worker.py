@@ -293,7 +293,8 @@ class WorkerStats:
     waiting_for: str = ""
     """What the worker waits for now ("" when it is not waiting)."""
     lag_growing_s: float = 0.0
-    """Seconds the consumer lag had been growing after the last window (`consumers.lag_watch`)."""
+    """Seconds the consumer lag had been growing at its last sample, every
+    few seconds (`consumers.lag_watch`; 0: not growing)."""
     lag_warnings: int = 0
     """Warnings that the consumer lag kept growing."""
     last: WindowReport | None = None
