@@ -261,6 +261,14 @@ class _ClusterCollector(Collector):
         replayed = counter(
             "ctrps_worker_windows_replayed", "Windows that failed part-way in an outage and were trained again."
         )
+        lag_growing = GaugeMetricFamily(
+            "ctrps_worker_lag_growing_seconds",
+            "Seconds the worker's consumer lag had been growing at its latest report (0: not growing).",
+            labels=["worker", "model"],
+        )
+        lag_warnings = counter(
+            "ctrps_worker_lag_warnings", "Warnings that the worker's consumer lag kept growing (--lag-warn-seconds)."
+        )
         geo_full = counter(
             "ctrps_worker_geo_full_refreshes",
             "Geo rounds after which every row of the worker's copy was read again: the shards' change logs gave "
@@ -326,6 +334,8 @@ class _ClusterCollector(Collector):
             outages.add_metric(labels, _num(s.get("outages")))
             outage_s.add_metric(labels, _num(s.get("outage_seconds")))
             replayed.add_metric(labels, _num(s.get("windows_replayed")))
+            lag_growing.add_metric(labels, _num(s.get("lag_growing_seconds")))
+            lag_warnings.add_metric(labels, _num(s.get("lag_warnings")))
             if "geo_full_refreshes" in s:
                 geo_full.add_metric(labels, _num(s.get("geo_full_refreshes")))
             commits.add_metric([*labels, "committed"], _num(s.get("commits")))
@@ -359,6 +369,8 @@ class _ClusterCollector(Collector):
             outages,
             outage_s,
             replayed,
+            lag_growing,
+            lag_warnings,
             geo_full,
             commits,
             dead,

@@ -514,6 +514,14 @@ class WorkerSettings:
         help="give up (exit code 3) when a shard, the coordinator or the broker stays unreachable this long; 0 waits forever",
         metavar="SECONDS",
     )
+    lag_warn_s: float = setting(
+        120.0,
+        env="CTRPS_LAG_WARN_S",
+        flag="--lag-warn-seconds",
+        help="warn (once per this many seconds while it lasts) when the consumer lag has grown this long, "
+        "naming the likely cause; 0 never warns",
+        metavar="SECONDS",
+    )
 
     def __post_init__(self) -> None:
         if self.on_stale_offsets not in ("committed", "earliest", "fail"):
@@ -560,6 +568,8 @@ class WorkerSettings:
             raise SettingsError("log format is text or json")
         if not self.outage_deadline_s >= 0:
             raise SettingsError("outage deadline must be >= 0 seconds (0 waits forever)")
+        if not 0 <= self.lag_warn_s < float("inf"):
+            raise SettingsError("lag warn seconds must be a finite number >= 0 (0 never warns)")
 
     @property
     def dlq(self) -> str:

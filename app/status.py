@@ -108,6 +108,9 @@ def worker_status(
         "outages": stats.outages,
         "outage_seconds": round(stats.outage_seconds, 3),
         "windows_replayed": stats.windows_replayed,
+        # Seconds the lag has kept growing (0: it is not), and the warnings said so.
+        "lag_growing_seconds": round(stats.lag_growing_s, 3),
+        "lag_warnings": stats.lag_warnings,
         **({"geo_full_refreshes": stats.geo_full_refreshes} if update_mode == "geo" else {}),
         "last_window": last,
         "lag_by_partition": {str(p): int(n) for p, n in report.lag_by_partition.items()},

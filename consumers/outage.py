@@ -32,6 +32,7 @@ __all__ = [
     "UndecodableBatchError",
     "OutageWatch",
     "is_outage",
+    "began",
     "describe",
     "failed_partition",
     "locate_bad_batch",
@@ -93,6 +94,15 @@ def is_outage(exc: BaseException) -> bool:
             "NodeNotReadyError",
         )
     return isinstance(exc, (OSError, asyncio.TimeoutError))
+
+
+def began(exc: BaseException, noticed: float) -> float:
+    """When the outage `exc` began (`time.monotonic`): when the call that
+    failed sent its first attempt, if it says (a shard that stopped
+    answering is noticed only when the client's deadline has passed), else
+    `noticed`."""
+    since = getattr(exc, "since", None)
+    return min(noticed, since) if isinstance(since, float) else noticed
 
 
 def describe(exc: BaseException, bootstrap: str) -> str:

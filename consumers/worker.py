@@ -83,9 +83,11 @@ from .decode import Decoded, Rejected, decode_records
 from .decode_pool import start_decode_pool
 from .dlq import DeadLetter, DeadLetterQueue
 from .kafka_security import KafkaSecurity, check_access
+from .lag_watch import LagWatch, WindowTimes
 from .outage import (
     OutageWatch,
     UndecodableBatchError,
+    began,
     describe,
     failed_partition,
     is_outage,
@@ -189,6 +191,9 @@ class WorkerConfig:
     is waited out before the worker gives up; 0 waits forever."""
     outage_log_every_s: float = 5.0
     """Seconds between the lines saying what an outage waits for."""
+    lag_warn_s: float = 120.0
+    """A warning (repeated this often while it lasts) once the consumer lag
+    has grown for this long (`consumers.lag_watch`); 0: no warning."""
     kafka: KafkaSecurity = KafkaSecurity()
     """How every Kafka client of the worker authenticates and encrypts
     (consumer, dead-letter producer, admin and offset lookups)."""
@@ -208,6 +213,8 @@ class WorkerConfig:
             raise ValueError("mini_batch_ramp must be >= 0")
         if self.outage_deadline_s < 0 or not self.outage_log_every_s > 0:
             raise ValueError("outage_deadline_s must be >= 0 and outage_log_every_s positive")
+        if not self.lag_warn_s >= 0:
+            raise ValueError("lag_warn_s must be >= 0 (0: no warning)")
 
 
 @dataclass(frozen=True)
@@ -226,6 +233,9 @@ class WindowReport:
     decode_s: float = 0.0
     decode_wait_s: float = 0.0
     train_s: float = 0.0
+    train_cpu_s: float = 0.0
+    """The process's CPU time while the window trained (the rest of
+    `train_s` waited, mostly on the shards)."""
     lag_by_partition: dict[int, int] = field(default_factory=dict)
     """Records behind per owned partition (highwater − committed), where known."""
     dlq_by_reason: dict[str, int] = field(default_factory=dict)
@@ -282,6 +292,11 @@ class WorkerStats:
     the window's first offsets, so that window is trained again."""
     waiting_for: str = ""
     """What the worker waits for now ("" when it is not waiting)."""
+    lag_growing_s: float = 0.0
+    """Seconds the consumer lag had been growing at its last sample, every
+    few seconds (`consumers.lag_watch`; 0: not growing)."""
+    lag_warnings: int = 0
+    """Warnings that the consumer lag kept growing."""
     last: WindowReport | None = None
     history: list[WindowReport] = field(default_factory=list)
 
@@ -410,6 +425,7 @@ class Worker:
         # or could not be checked; the run loop raises it.
         self._refusal: Exception | None = None
         self._outage = OutageWatch(config.outage_deadline_s, config.outage_log_every_s)
+        self._lag_watch = LagWatch(config.lag_warn_s)
         self._broker_down = False
         """Set while the broker is unreachable: no window starts training."""
         self._stop = asyncio.Event()
@@ -557,10 +573,12 @@ class Worker:
     async def _ride_out(
         self, exc: BaseException, probe: Callable[[], Awaitable[object]], since: float, *, stoppable: bool = True
     ) -> None:
-        """Wait until `probe` succeeds after the outage `exc` (seen at `since`),
+        """Wait until `probe` succeeds after the outage `exc` (seen at `since`,
+        or begun earlier where `exc` says: `began`),
         counting it; `OutageDeadlineError` past the deadline. When `stoppable`,
         a stop request ends the wait with `_Stopped`."""
         what = describe(exc, self.config.bootstrap)
+        since = began(exc, since)  # the first unanswered request, not when its failure was seen
         s = self.stats
         s.outages += 1
         s.waiting_for = what
@@ -752,6 +770,7 @@ class Worker:
         applies: deque[tuple[asyncio.Task[None], Window]] = deque()
         main = asyncio.create_task(self._consume(stop, applies))
         watch = asyncio.create_task(self._watch_broker())
+        lagging = asyncio.create_task(self._watch_lag())
         try:
             await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
             if not main.done():
@@ -762,10 +781,10 @@ class Worker:
             with contextlib.suppress(_Stopped):  # stopped in an outage: nothing left to commit
                 main.result()
         finally:
-            for task in (main, watch, *(t for t, _ in applies)):
+            for task in (main, watch, lagging, *(t for t, _ in applies)):
                 task.cancel()
             # Their outcome is moot: the error that brought us here is raised.
-            await asyncio.gather(main, watch, *(t for t, _ in applies), return_exceptions=True)
+            await asyncio.gather(main, watch, lagging, *(t for t, _ in applies), return_exceptions=True)
             await self._close()
 
     async def _consume(self, stop: asyncio.Event, applies: deque[tuple[asyncio.Task[None], Window]]) -> None:
@@ -1115,6 +1134,7 @@ class Worker:
     async def _apply(self, window: Window, chunks: list[_Chunk]) -> None:
         async with self._lock:
             t0 = time.perf_counter()
+            self._lag_watch.window_began(time.monotonic())
             # Revocation waits for this lock, so what is owned now stays owned
             # until the commit.
             window, keep_record = self._owned(window)
@@ -1153,10 +1173,10 @@ class Worker:
             lease = await self._lease() if self.leased else None
             committed: Offsets = {}
             try:
-                t_train = time.perf_counter()
+                t_train, cpu_train = time.perf_counter(), time.process_time()
                 metrics = await self.training.train(pieces(), window)
                 also_metrics = [await a.training.train(also_pieces(i), window) for i, a in enumerate(self.also)]
-                t_trained = time.perf_counter()
+                t_trained, train_cpu_s = time.perf_counter(), time.process_time() - cpu_train
                 # Dead letters go out before the commit that passes their offsets.
                 assert self._dlq is not None
                 await self._dlq.send_all(
@@ -1173,7 +1193,10 @@ class Worker:
                     await self._release(lease, committed)
             seconds, train_s = time.perf_counter() - t0, t_trained - t_train - decode_wait_s
             hooks = [
-                (hook, self._report(window, m, rejected, seconds, decode_s, decode_wait_s, train_s, also=a))
+                (
+                    hook,
+                    self._report(window, m, rejected, seconds, decode_s, decode_wait_s, train_s, train_cpu_s, also=a),
+                )
                 for hook, m, a in (
                     (self.on_window, metrics, None),
                     *((a.on_window, m, a) for a, m in zip(self.also, also_metrics)),
@@ -1319,6 +1342,7 @@ class Worker:
         decode_s: float,
         decode_wait_s: float,
         train_s: float,
+        train_cpu_s: float,
         also: AlsoTrained | None = None,
     ) -> WindowReport:
         """The window's report, counted in the worker's stats (or, for a model
@@ -1337,6 +1361,7 @@ class Worker:
             decode_s=decode_s,
             decode_wait_s=decode_wait_s,
             train_s=train_s,
+            train_cpu_s=train_cpu_s,
             lag_by_partition=lag,
             dlq_by_reason=dict(Counter(r.reason for r in rejected)),
         )
@@ -1356,4 +1381,29 @@ class Worker:
             log.info("window", extra={"fields": {**report.fields(), "model": also.model.name}})
         else:
             log.info("window", extra={"fields": report.fields()})
+            self._lag_watch.window(WindowTimes(seconds, decode_wait_s, train_s, train_cpu_s))
         return report
+
+    async def _watch_lag(self) -> None:
+        """While the worker runs: every few seconds, the lag of its partitions
+        (the broker's end offsets less the commits) to the lag watch, its
+        line logged and its figures in the stats. Outages reset it."""
+        watch, s = self._lag_watch, self.stats
+        if watch.warn_after_s <= 0:
+            return
+        while True:
+            await asyncio.sleep(watch.every_s)
+            known = [tp for tp in self._consumer.assignment() if (tp.topic, tp.partition) in self._committed]
+            if s.waiting_for:
+                watch.reset()
+            elif known:
+                try:
+                    ends = await asyncio.wait_for(self._consumer.end_offsets(known), 10)
+                except (KafkaError, OSError, TimeoutError):
+                    continue  # the broker's own watch says when it is away
+                lag = sum(max(0, ends[tp] - self._committed[(tp.topic, tp.partition)]) for tp in known)
+                parts = frozenset(tp.partition for tp in known)
+                notice = watch.observe(time.monotonic(), lag, s.records, s.events_trained, parts)
+                if notice is not None:
+                    log.log(notice.level, notice.message, extra={"fields": notice.fields})
+            s.lag_growing_s, s.lag_warnings = watch.growing_s, watch.warnings

@@ -155,12 +155,15 @@ class StatusError(PSError, code="bad_status", status=400):
 class ShardUnavailableError(PSError, code="shard_unavailable", status=503, retriable=True):
     """A shard could not be reached before the client's deadline.
 
-    `shard_id` and `url` name the shard; retrying later may succeed."""
+    `shard_id` and `url` name the shard; retrying later may succeed. `since`
+    is when the call's first attempt was sent (`time.monotonic`, None when
+    not known): an outage began no later than that."""
 
-    def __init__(self, detail: str, *, shard_id: int = -1, url: str = "") -> None:
+    def __init__(self, detail: str, *, shard_id: int = -1, url: str = "", since: float | None = None) -> None:
         super().__init__(detail)
         self.shard_id = shard_id
         self.url = url
+        self.since = since
 
 
 class LeaseError(PSError, code="unknown_lease", status=404):

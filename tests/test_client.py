@@ -273,7 +273,9 @@ async def test_stopped_shard_raises_shard_unavailable_naming_it(serve_shards: An
             elapsed = loop.time() - start
             err = info.value
             assert err.shard_id == 1 and err.url == urls[1]
-            assert f"shard 1 at {urls[1]} unreachable" in str(err)
+            # Refused, not silent: how long since the first attempt, and the last error.
+            assert f"shard 1 at {urls[1]} unreachable for " in str(err) and "; last: " in str(err), str(err)
+            assert float(str(err).split("unreachable for ")[1].split("s")[0]) >= 0.5, str(err)
             assert err.retriable and err.code == "shard_unavailable"
             # Retried with backoff for a good part of the deadline, not forever.
             # (That it gives up *before* the deadline is a bug: see below.)

@@ -97,23 +97,33 @@ class ExportReport:
 class _CutFailed(Exception):
     """The snapshot step failed on some shards (inside the coordinator's cut)."""
 
-    def __init__(self, version: int, kind: str, reason: str, by_shard: dict[int, BaseException]) -> None:
+    def __init__(
+        self, version: int, kind: str, reason: str, by_shard: dict[int, BaseException], timeout_s: float
+    ) -> None:
         super().__init__(reason)
         self.version, self.kind, self.reason, self.by_shard = version, kind, reason, by_shard
+        self.timeout_s = timeout_s
+        """The cut timeout a shard's copy (or the fetch) ran into, if it did (`_describe`)."""
 
-    def detail(self) -> str:
-        why = "; ".join(_describe(i, e) for i, e in sorted(self.by_shard.items()))
-        return f"cut {self.version} aborted on every shard ({self.reason}: {why}); the next cut is a base"
+    def why(self) -> str:
+        """Each failed shard and its cause."""
+        return "; ".join(_describe(i, e, self.timeout_s) for i, e in sorted(self.by_shard.items()))
+
+    def detail(self, after_s: float) -> str:
+        return (
+            f"cut {self.version} aborted on every shard {after_s:.1f}s after it began "
+            f"({self.reason}: {self.why()}); the next cut is a base"
+        )
 
 
 class _Refused(Exception):
     """A shard refused a delta: the cut is tried again at once as a base."""
 
 
-def _describe(shard_id: int, exc: BaseException) -> str:
+def _describe(shard_id: int, exc: BaseException, timeout_s: float) -> str:
     what = f"shard {shard_id}" if shard_id >= 0 else "a shard"
     if isinstance(exc, TimeoutError):
-        return f"{what}: no answer in time"
+        return f"{what}: no answer within the cut timeout ({timeout_s:g}s)"
     return f"{what}: {getattr(exc, 'detail', None) or exc or type(exc).__name__}"
 
 
@@ -213,8 +223,11 @@ class Exporter:
             kind = "base"
         self._registry_changes = self.registry.changes
         t0 = time.perf_counter()
+        copying = t0  # when the copy step began, after the wait for leased windows
 
         async def snapshot(version: int, cut_kind: str) -> int | None:
+            nonlocal copying
+            copying = time.perf_counter()
             parent = self.coordinator.last_version if cut_kind == "delta" else None
             await self._snapshot_all(version, parent)
             return parent
@@ -224,21 +237,23 @@ class Exporter:
         except _CutFailed as failed:
             # Some shards may have cut and moved on: the next cut is a base.
             self._need_base = True
-            await self._abort(failed.version, failed.reason, failed.by_shard)
+            await self._abort(failed, t0, copying)
             if failed.reason == "refused" and failed.kind == "delta":
                 raise _Refused() from None
-            raise CutAbortedError(failed.detail()) from None
+            raise CutAbortedError(failed.detail(time.perf_counter() - t0)) from None
         except BaseException:
             self._need_base = True
             raise
         self._need_base = True
+        fetching = time.perf_counter()
         try:
             snaps = await asyncio.wait_for(self.client.fetch_snapshots(cut.version), self.cut_timeout_s)
         except (PSError, TimeoutError) as exc:
             self.coordinator.spend(cut.version)
             by_shard: dict[int, BaseException] = {int(getattr(exc, "shard_id", -1)): exc}
-            await self._abort(cut.version, "fetch", by_shard)
-            raise CutAbortedError(_CutFailed(cut.version, cut.kind, "fetch", by_shard).detail()) from None
+            fetch = _CutFailed(cut.version, cut.kind, "fetch", by_shard, self.cut_timeout_s)
+            await self._abort(fetch, t0, fetching)
+            raise CutAbortedError(fetch.detail(time.perf_counter() - t0)) from None
         try:
             written = await asyncio.to_thread(self._write_models, cut, snaps)
         except OSError as exc:
@@ -371,29 +386,46 @@ class Exporter:
                 reason = "refused"
             else:
                 reason = "error"
-            raise _CutFailed(version, kind, reason, failed)
+            raise _CutFailed(version, kind, reason, failed, self.cut_timeout_s)
 
-    async def _abort(self, version: int, reason: str, by_shard: dict[int, BaseException]) -> None:
-        """Drop the copies of `version` on every shard, each within
-        `abort_timeout_s`, then log the failed cut in one WARNING line. A
-        shard not reached keeps its copy among its few pending ones (dropped
-        oldest first), and a later cut of that number replaces it."""
+    async def _abort(self, failed: _CutFailed, began: float, step_began: float) -> None:
+        """Drop the copies of the `failed` cut's version on every shard, each
+        within `abort_timeout_s`, then log the failed cut in one WARNING line
+        with where the time went (`perf_counter` times: the cut `began`, the
+        step that failed, the copy or the fetch, `step_began`). A shard not
+        reached keeps its copy among its few pending ones (dropped oldest
+        first), and a later cut of that number replaces it."""
+        step_ended = time.perf_counter()
         got = await asyncio.gather(
-            *(asyncio.wait_for(t.drop_snapshot(version), self.abort_timeout_s) for t in self.client.shards),
+            *(asyncio.wait_for(t.drop_snapshot(failed.version), self.abort_timeout_s) for t in self.client.shards),
             return_exceptions=True,
         )
-        unreached = []
+        unreached: dict[int, BaseException] = {}
         for t, r in zip(self.client.shards, got):
             if isinstance(r, BaseException):
                 if not isinstance(r, Exception):
                     raise r
-                unreached.append(t.shard_id)
+                unreached[t.shard_id] = r
+        now = time.perf_counter()
+        step = "fetch" if failed.reason == "fetch" else "copy"
         self._failed(
-            reason,
-            version=version,
-            shards=",".join(str(i) for i in sorted(by_shard)),
-            error="; ".join(_describe(i, e) for i, e in sorted(by_shard.items())),
-            not_aborted_on=",".join(str(i) for i in unreached) or "-",
+            failed.reason,
+            version=failed.version,
+            shards=",".join(str(i) for i in sorted(failed.by_shard)),
+            error=failed.why(),
+            not_aborted_on=",".join(str(i) for i in sorted(unreached)) or "-",
+            # Where the time went since the cut began: the copy follows the
+            # wait for leased windows; the fetch, the copy; then the drops.
+            after_s=round(now - began, 1),
+            step=step,
+            **({"lease_wait_s": round(step_began - began, 1)} if step == "copy" else {}),
+            step_s=round(step_ended - step_began, 1),
+            abort_s=round(now - step_ended, 1),
+            **(
+                {"abort_error": "; ".join(_describe(i, e, self.abort_timeout_s) for i, e in sorted(unreached.items()))}
+                if unreached
+                else {}
+            ),
         )
 
     def _failed(self, reason: str, **fields: object) -> None:

@@ -53,7 +53,10 @@ class Backoff:
     # asyncio.get_running_loop() is a getpid() system call on Python 3.11.
     def __init__(self, retry: RetryPolicy) -> None:
         self._retry = retry
-        self._deadline = time.monotonic() + retry.deadline_s
+        self.started = time.monotonic()
+        """When the first attempt was sent."""
+        self.deadline_s = retry.deadline_s
+        self._deadline = self.started + retry.deadline_s
         self._delay = retry.first_delay_s
         self.attempts = 1
 
@@ -61,10 +64,10 @@ class Backoff:
         """Seconds left for this attempt (at least a short minimum)."""
         return max(self._deadline - time.monotonic(), 0.05)
 
-    async def failed(self, reason: str, unavailable: Callable[[int, str], Exception]) -> None:
+    async def failed(self, reason: str, unavailable: Callable[[Backoff, str], Exception]) -> None:
         left = self._deadline - time.monotonic()
         if left <= 0:
-            raise unavailable(self.attempts, reason)
+            raise unavailable(self, reason)
         # The last sleep is cut to the deadline, then one final attempt.
         await asyncio.sleep(min(self._delay, left))
         self._delay = min(self._delay * 2, self._retry.max_delay_s)
@@ -138,13 +141,25 @@ class ShardEndpoint:
         """How calls travel, for error messages."""
         return ""
 
-    def _unavailable(self, attempts: int, last: str) -> ShardUnavailableError:
+    def _unavailable(self, backoff: Backoff, last: str) -> ShardUnavailableError:
         return ShardUnavailableError(
-            f"shard {self.shard_id} at {self.url}{self._via()} unreachable after {attempts} attempts "
-            f"in {self._retry.deadline_s:.1f}s ({last})",
+            f"shard {self.shard_id} at {self.url}{self._via()} {unanswered(backoff, last)}",
             shard_id=self.shard_id,
             url=self.url,
+            since=backoff.started,
         )
+
+
+def unanswered(backoff: Backoff, last: str) -> str:
+    """Why a call gave up, in words: how long it waited since its first
+    attempt, how many attempts, and whether the last one timed out waiting
+    for an answer (a shard that accepts but does not answer: hung, or a
+    link that drops everything) or was refused or failed (`last`)."""
+    waited = time.monotonic() - backoff.started
+    tries = f"{backoff.attempts} attempt{'s' if backoff.attempts != 1 else ''}"
+    if last.startswith(("TimeoutError", "ServerTimeoutError", "ConnectionTimeoutError")):
+        return f"did not answer: no answer for {waited:.1f}s ({tries}, deadline {backoff.deadline_s:g}s)"
+    return f"unreachable for {waited:.1f}s ({tries}, deadline {backoff.deadline_s:g}s; last: {last})"
 
 
 RETRIED_STATUSES = (502, 503, 504)

@@ -129,6 +129,13 @@ class WorkerStatus(Struct, forbid_unknown_fields=True):
     outages: Count | UnsetType = UNSET
     outage_seconds: Seconds | UnsetType = UNSET
     windows_replayed: Count | UnsetType = UNSET
+    lag_growing_seconds: (
+        Annotated[Seconds, Meta(description="Seconds the worker's consumer lag had been growing (0: it was not).")]
+        | UnsetType
+    ) = UNSET
+    lag_warnings: (
+        Annotated[Count, Meta(description="Warnings that the worker's consumer lag kept growing.")] | UnsetType
+    ) = UNSET
     wire: WireReport | UnsetType = UNSET
     last_window: (
         Annotated[
