@@ -1401,6 +1401,10 @@ class Worker:
                     ends = await asyncio.wait_for(self._consumer.end_offsets(known), 10)
                 except (KafkaError, OSError, TimeoutError):
                     continue  # the broker's own watch says when it is away
+                # Tansu 0.6 answers end_offsets with the last batch's base
+                # offset + 1 (short by up to a batch); the consumer's high
+                # watermark is right but only as fresh as its last fetch.
+                ends = {tp: max(ends[tp], self._consumer.highwater(tp) or 0) for tp in known}
                 lag = sum(max(0, ends[tp] - self._committed[(tp.topic, tp.partition)]) for tp in known)
                 parts = frozenset(tp.partition for tp in known)
                 notice = watch.observe(time.monotonic(), lag, s.records, s.events_trained, parts)
