@@ -291,6 +291,11 @@ async def kill_cluster(proc: asyncio.subprocess.Process, tmp_path: Path) -> None
                     os.kill(x["pid"], signal.SIGKILL)
 
 
+def admin_headers(ready: dict[str, Any]) -> dict[str, str]:
+    """The admin routes' header, with the token the cluster made (named by its ``ready`` line)."""
+    return {"Authorization": f"Bearer {Path(ready['admin_token_file']).read_text().strip()}"}
+
+
 def pids_started(err_log: Path) -> dict[str, list[int]]:
     """Every pid each role was started with, in order (restarts included)."""
     out: dict[str, list[int]] = {}
@@ -394,7 +399,7 @@ async def test_a_cluster_survives_a_sigkilled_worker_and_trains_every_event(tmp_
     n_before, n = 3000, 6000
     try:
         ready = await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
-        api, bootstrap = ready["api"], ready["bootstrap"]
+        api, bootstrap, admin = ready["api"], ready["bootstrap"], admin_headers(ready)
         await produce_synthetic(bootstrap, 0, n_before)
         async with aiohttp.ClientSession() as session:
             await wait_for_training(proc, session, api, workers=1, timeout_s=90)
@@ -405,7 +410,7 @@ async def test_a_cluster_survives_a_sigkilled_worker_and_trains_every_event(tmp_
 
             async def all_trained() -> bool:
                 # A cut holds every window committed before it (leases).
-                async with session.post(api + "/v1/exports", json={}) as resp:
+                async with session.post(api + "/v1/exports", json={}, headers=admin) as resp:
                     assert resp.status == 201, await resp.text()
                 assert proc.returncode is None, "the cluster stopped"
                 return bias_shows(tmp_path / "exports" / "ctr", 2) >= n
@@ -612,7 +617,7 @@ async def test_a_restarted_shard_comes_back_on_its_ports_and_restores_this_runs_
         await produce_synthetic(ready["bootstrap"], 0, 2000)
         async with aiohttp.ClientSession() as session:
             await wait_for_training(proc, session, ready["api"], workers=1, timeout_s=90)
-            async with session.post(ready["api"] + "/v1/exports", json={}) as resp:
+            async with session.post(ready["api"] + "/v1/exports", json={}, headers=admin_headers(ready)) as resp:
                 assert resp.status == 201, await resp.text()
                 cut = await resp.json()
         first = await wait_for_line(proc, out_log, {"role": "shard-1", "msg": "listening"}, 10)
