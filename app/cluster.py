@@ -81,6 +81,7 @@ __all__ = [
     "PRODUCER_EVENTS",
     "PortTaken",
     "served_by",
+    "wait_served",
 ]
 
 log = logging.getLogger("ctrps.cluster")
@@ -225,10 +226,19 @@ async def served_by(child: Child, port: int, probe: Callable[[], Awaitable[bool]
     return holders is None or any(is_descendant(pid, child.pid) for pid in holders)
 
 
-def _taken_by_another(child: Child, port: int) -> bool:
-    """Whether processes other than `child` and its own listen on `port`."""
-    holders = listener_pids(port)
-    return bool(holders) and not any(is_descendant(pid, child.pid) for pid in holders or ())
+async def wait_served(
+    sup: Supervisor, child: Child, port: int, probe: Callable[[], Awaitable[bool]], timeout_s: float
+) -> None:
+    """Wait until `probe` is answered on `port` by `child` (`served_by`);
+    `PortTaken` naming the holder when `child` fails (or is not ready in
+    time) while another process listens there, else `ChildFailed`."""
+    try:
+        await sup.wait_ready(child, partial(served_by, child, port, probe), timeout_s)
+    except ChildFailed:
+        holders = listener_pids(port)
+        if holders and not any(is_descendant(pid, child.pid) for pid in holders):
+            raise PortTaken(f"{child.role} cannot listen: {port_taken_by(port, HOST)}") from None
+        raise
 
 
 async def _http_ok(session: aiohttp.ClientSession, url: str) -> bool:
@@ -310,15 +320,7 @@ class _Cluster:
         return child
 
     async def _ready(self, child: Child, port: int, probe: Callable[[], Awaitable[bool]]) -> None:
-        """Wait until `probe` is answered on `port` by `child` (`served_by`);
-        `PortTaken` naming the holder when `child` fails while another
-        process listens there."""
-        try:
-            await self.sup.wait_ready(child, partial(served_by, child, port, probe), self.s.ready_timeout_s)
-        except ChildFailed:
-            if _taken_by_another(child, port):
-                raise PortTaken(f"{child.role} cannot listen: {port_taken_by(port, HOST)}") from None
-            raise
+        await wait_served(self.sup, child, port, probe, self.s.ready_timeout_s)
 
     async def start(self) -> None:
         """Start every role, each ready before the roles that need it."""

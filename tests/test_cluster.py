@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import io
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -26,7 +27,7 @@ from jsonlog import read_json_lines
 from waiting import until
 
 from app.cli import build_parser
-from app.cluster import broker_processes, end_broker_processes, served_by
+from app.cluster import PortTaken, broker_processes, end_broker_processes, served_by, wait_served
 from app.settings import ClusterSettings, SettingsError
 from app.supervisor import ChildFailed, ChildSpec, Supervisor
 from consumers.broker import free_port
@@ -562,6 +563,60 @@ async def test_a_probe_counts_only_when_the_child_started_holds_the_port() -> No
     finally:
         await other.cleanup()
         await sup.stop_all()
+
+
+async def test_a_role_whose_port_was_taken_meanwhile_fails_start_up_naming_the_holder() -> None:
+    """The race no check before the start closes: a port picked free, then
+    taken by another process before the role binds it. The other's answers
+    never make the role ready; its failure names the port and the holder."""
+    other = await _answering()
+    port = other.addresses[0][1]
+    sup = Supervisor(out=io.BytesIO(), grace_s=5.0)
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def healthz() -> bool:
+                async with session.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                    return resp.status == 200
+
+            shard = await sup.start(
+                ChildSpec(
+                    "shard-1",
+                    (sys.executable, "-m", "app.cli", "shard", "--host", "127.0.0.1", "--port", str(port),
+                     "--no-exports"),
+                    env=clean_env(PYTHONPATH=str(PROJECT)),
+                )
+            )  # fmt: skip
+            with pytest.raises(PortTaken) as failed:
+                await wait_served(sup, shard, port, healthz, timeout_s=60)
+        assert str(failed.value).startswith(
+            f"shard-1 cannot listen: port {port} on 127.0.0.1 is taken by pid {os.getpid()} ("
+        ), failed.value
+        assert shard.returncode == 1  # it tried, and could not bind
+    finally:
+        await other.cleanup()
+        await sup.stop_all()
+
+
+async def test_a_text_mode_cluster_prints_the_token_it_made_once_and_logs_it_nowhere() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "app.cli", "cluster", "--port", "0", "--shards", "1", "--workers", "1",
+        "--no-produce", "--no-exports", "--duration", "1",
+        cwd=PROJECT, env=clean_env(CTRPS_DECODE_PROCESSES="0"), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        raw_out, raw_err = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    out, err = raw_out.decode(), raw_err.decode()
+    assert proc.returncode == 0, err[-3000:]
+    [(path, token)] = re.findall(r"^\[cluster\] admin token of this run \(also in (\S+)\): (\S+)$", out, re.M)
+    assert len(token) >= 32 and out.count(token) == 1 and token not in err
+    assert "admin_token=generated" in err and f"admin_token_file={path}" in err
+    assert not Path(path).exists()  # gone with the run
 
 
 def _mode(path: Path) -> int:
