@@ -684,9 +684,11 @@ class DemoSettings:
     export_interval_s: float = _export_interval()
     exports_mode: int = _exports_mode()
     admin_token: str = field(default="", repr=False)
-    """The API's admin token (``CTRPS_ADMIN_TOKEN`` or ``CTRPS_ADMIN_TOKEN_FILE``); empty leaves admin routes open."""
+    """The API's admin token (``CTRPS_ADMIN_TOKEN`` or ``CTRPS_ADMIN_TOKEN_FILE``); empty: the
+    demo makes one for the run, unless `insecure`."""
     insecure: bool = False
-    """Let the API listen on a non-loopback host without an admin token (``--insecure``, ``CTRPS_INSECURE``)."""
+    """Let the API listen on a non-loopback host without an admin token, and leave its admin
+    routes open (``--insecure``, ``CTRPS_INSECURE``)."""
 
     def __post_init__(self) -> None:
         _check_composition(self.duration_s, self.port, self.window_seconds, self.log_format)
