@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -483,6 +484,7 @@ async def test_a_sigkilled_cluster_leaves_no_process_behind(tmp_path: Path) -> N
         tmp_path, "--shards", "2", "--workers", "2", "--produce-rate", "2000", "--window-seconds", "1"
     )
     family: set[int] = set()
+    ready: dict[str, Any] = {}
     try:
         ready = await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
         started = {x["role"]: x["pid"] for x in read_json_lines(err_log) if x.get("msg") == "started"}
@@ -501,6 +503,8 @@ async def test_a_sigkilled_cluster_leaves_no_process_behind(tmp_path: Path) -> N
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         await kill_cluster(proc, tmp_path)
+        if "admin_token_file" in ready:  # a killed cluster cannot remove its token's directory
+            shutil.rmtree(Path(ready["admin_token_file"]).parent, ignore_errors=True)
 
 
 async def _answering(port: int = 0) -> web.AppRunner:
