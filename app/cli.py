@@ -142,9 +142,10 @@ examples:
 Nothing else to start: the embedded Kafka-protocol broker (or the one at
 CTRPS_KAFKA_BOOTSTRAP), a synthetic producer, in-process shards, a worker and
 the HTTP API. Flags fall back to CTRPS_DEMO_DURATION, CTRPS_DEMO_PORT,
-CTRPS_DEMO_SHARDS, CTRPS_DEMO_RATE, ... One line per window. Set
-CTRPS_ADMIN_TOKEN to require "Authorization: Bearer <token>" on admin routes;
-a non-loopback --host needs it (or --insecure).
+CTRPS_DEMO_SHARDS, CTRPS_DEMO_RATE, ... One line per window. Admin routes
+need "Authorization: Bearer <token>": CTRPS_ADMIN_TOKEN, or else a token made
+for the run, shown in the banner (--insecure leaves them open); a
+non-loopback --host needs CTRPS_ADMIN_TOKEN (or --insecure).
 """
 
 _CLUSTER = """\
@@ -160,8 +161,11 @@ examples:
 
 Every role is its own process (ctrps broker/shard/serve/worker/produce) on
 127.0.0.1, started in that order, each line of output prefixed with its role,
-e.g. [shard-0]. Ctrl-C stops them in reverse order. Flags fall back to
-CTRPS_CLUSTER_SHARDS, CTRPS_CLUSTER_WORKERS, CTRPS_CLUSTER_PORT, ...
+e.g. [shard-0]. Ctrl-C stops them in reverse order; they end with the
+cluster even if it is killed. Admin routes need "Authorization: Bearer
+<token>": CTRPS_ADMIN_TOKEN, or else a token made for the run (printed once,
+and in the file the ready line names). A --port already taken: exit 1. Flags
+fall back to CTRPS_CLUSTER_SHARDS, CTRPS_CLUSTER_WORKERS, CTRPS_CLUSTER_PORT, ...
 """
 
 

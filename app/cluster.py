@@ -11,14 +11,24 @@ started in that order, each waited for before the next that needs it:
 - API: ``GET /readyz`` answers 200;
 - workers and producer: started (they wait for the group and the topic).
 
+An answer counts only from the process started: the socket listening on the
+probed port must belong to that child (or, for the broker, to its binary),
+read from ``/proc`` (`app.listeners`), so a process left over from another
+run cannot make a role look ready. A role that cannot listen because another
+process holds its port fails the start-up with one line naming the port and
+that process (`PortTaken`, exit 1); a ``--port`` taken before anything starts
+is refused at once, the same way.
+
 Each child gets only the credentials its role uses, in its environment
 (never its arguments, which ``ps`` shows), from a cluster secret made for
 this run (`ps_core.net.auth.new_secret`) unless ``CTRPS_CLUSTER_SECRET`` (or
 ``_FILE``) gives one: the shards the secret; the workers a train-scope
 ``CTRPS_SHARD_TOKEN``; the API an admin-scope one (its admin routes export
-through shard 0) and ``CTRPS_ADMIN_TOKEN`` when this process has one; the
-broker and the producer none of them (`ChildCredentials`). Logs say whether
-the secret was made or given, never the secret.
+through shard 0) and ``CTRPS_ADMIN_TOKEN``: this process's, else one made for
+this run (`generated_admin_token`: a 0600 file named in the ``ready`` line,
+the token printed once on stdout in text mode); the broker and the producer
+none of them (`ChildCredentials`). Logs say whether the secret and the admin
+token were made or given, never either.
 
 Every child's output is copied with its role on each line. Once running, a
 child that exits on its own (a crash, SIGKILL, a worker that gave up) is
@@ -41,7 +51,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import BinaryIO
@@ -49,19 +59,30 @@ from typing import BinaryIO
 import aiohttp
 from aiokafka.admin import AIOKafkaAdminClient
 
-from consumers.broker import create_topics, free_port, wait_for_metadata
+from consumers.broker import _port_is_free, create_topics, free_port, wait_for_metadata
 from consumers.kafka_security import KafkaSecurity
 from ps_core.checkpoint.export import list_versions
 from ps_core.net.auth import Scope, derive_token, new_secret
 
+from .failures import ExpectedFailure
 from .kafka_flags import kafka_child_argv, kafka_child_env
+from .listeners import is_descendant, listener_pids, port_taken_by
 from .logs import log_event
-from .security import SecuritySettings, _secret_from
+from .security import SecuritySettings, _secret_from, generated_admin_token
 from .settings import ClusterSettings, SettingsError, ShardSettings
 from .signals import stop_on_signals
-from .supervisor import Child, ChildSpec, RestartPolicy, Supervisor
+from .supervisor import Child, ChildFailed, ChildSpec, RestartPolicy, Supervisor
 
-__all__ = ["run_cluster", "ChildCredentials", "CREDENTIAL_VARIABLES", "TOPIC", "PRODUCER_EVENTS"]
+__all__ = [
+    "run_cluster",
+    "ChildCredentials",
+    "CREDENTIAL_VARIABLES",
+    "TOPIC",
+    "PRODUCER_EVENTS",
+    "PortTaken",
+    "served_by",
+    "wait_served",
+]
 
 log = logging.getLogger("ctrps.cluster")
 
@@ -191,6 +212,35 @@ def _ctrps(*args: str) -> tuple[str, ...]:
     return (sys.executable, "-m", "app.cli", *args)
 
 
+class PortTaken(ExpectedFailure):
+    """A role's port is held by a process the cluster did not start (exit 1)."""
+
+
+async def served_by(child: Child, port: int, probe: Callable[[], Awaitable[bool]]) -> bool:
+    """`probe` answered, and by `child`: a socket listening on `port` is held
+    by it or by a process it started (the broker role's binary). Where
+    ``/proc`` does not tell, the probe's answer is all there is."""
+    if not await probe():
+        return False
+    holders = listener_pids(port)
+    return holders is None or any(is_descendant(pid, child.pid) for pid in holders)
+
+
+async def wait_served(
+    sup: Supervisor, child: Child, port: int, probe: Callable[[], Awaitable[bool]], timeout_s: float
+) -> None:
+    """Wait until `probe` is answered on `port` by `child` (`served_by`);
+    `PortTaken` naming the holder when `child` fails (or is not ready in
+    time) while another process listens there, else `ChildFailed`."""
+    try:
+        await sup.wait_ready(child, partial(served_by, child, port, probe), timeout_s)
+    except ChildFailed:
+        holders = listener_pids(port)
+        if holders and not any(is_descendant(pid, child.pid) for pid in holders):
+            raise PortTaken(f"{child.role} cannot listen: {port_taken_by(port, HOST)}") from None
+        raise
+
+
 async def _http_ok(session: aiohttp.ClientSession, url: str) -> bool:
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
         return resp.status == 200
@@ -263,11 +313,14 @@ class _Cluster:
         env = self.credentials.env_for(kind, self.base_env)
         return kafka_child_env(self.kafka, talks_to_kafka=kind in ("worker", "producer"), env=env)
 
-    async def _start(self, spec: ChildSpec, check: Callable[[], Awaitable[bool]] | None = None) -> Child:
+    async def _start(self, spec: ChildSpec, port: int = 0, probe: Callable[[], Awaitable[bool]] | None = None) -> Child:
         child = await self.sup.start(spec)
-        if check is not None:
-            await self.sup.wait_ready(child, check, self.s.ready_timeout_s)
+        if probe is not None:
+            await self._ready(child, port, probe)
         return child
+
+    async def _ready(self, child: Child, port: int, probe: Callable[[], Awaitable[bool]]) -> None:
+        await wait_served(self.sup, child, port, probe, self.s.ready_timeout_s)
 
     async def start(self) -> None:
         """Start every role, each ready before the roles that need it."""
@@ -289,6 +342,7 @@ class _Cluster:
                     # A SIGKILLed role leaves its binary holding the port.
                     before_restart=partial(end_broker_processes, port),
                 ),
+                port,
                 partial(_topics_listed, self.bootstrap, set(topics)),
             )  # fmt: skip
 
@@ -307,6 +361,8 @@ class _Cluster:
                 s.exports_dir,
                 "--export-interval",
                 str(s.export_interval_s),
+                "--exports-mode",
+                f"{s.exports_mode:04o}",
             ]
             if not s.bootstrap:
                 exports.append("--no-restore")
@@ -327,8 +383,8 @@ class _Cluster:
         # Shards start together: their interpreters load in parallel.
         await asyncio.gather(
             *(
-                self.sup.wait_ready(c, partial(_http_ok, self.session, u + "/healthz"), s.ready_timeout_s)
-                for c, u in zip(shards, self.shard_urls)
+                self._ready(c, p, partial(_http_ok, self.session, u + "/healthz"))
+                for c, p, u in zip(shards, ports, self.shard_urls)
             )
         )
 
@@ -342,6 +398,7 @@ class _Cluster:
                 restart=self.restart,
                 env=self.env("api"),
             ),
+            api_port,
             partial(_http_ok, self.session, self.api_url + "/readyz"),
         )  # fmt: skip
 
@@ -398,6 +455,10 @@ async def run_cluster(
             f"Kafka security protocol {kafka.security_protocol} needs --bootstrap: "
             "the broker process the cluster starts speaks PLAINTEXT only"
         )
+    if settings.port and not _port_is_free(HOST, settings.port):
+        # Before anything starts: the API could not listen, and a probe of
+        # that port would be answered by the other process.
+        raise PortTaken(f"the API cannot listen: {port_taken_by(settings.port, HOST)}")
     env = os.environ if env is None else env
     credentials = ChildCredentials.from_env(env)
     stop = stop or asyncio.Event()
@@ -411,7 +472,12 @@ async def run_cluster(
     loop = asyncio.get_running_loop()
     failed = False
     timer: asyncio.TimerHandle | None = None
-    with stop_on_signals(stop):
+    with stop_on_signals(stop), contextlib.ExitStack() as files:
+        generated = None
+        if not credentials.admin_token:
+            # The API's admin routes are never open: a token for this run.
+            generated = files.enter_context(generated_admin_token("cluster"))
+            credentials = replace(credentials, admin_token=generated.token)
         async with aiohttp.ClientSession() as session:
             cluster = _Cluster(settings, sup, session, credentials, env, kafka)
             starting = asyncio.create_task(cluster.start())
@@ -436,9 +502,16 @@ async def run_cluster(
                         # Whether, never what: no secret or token is logged.
                         auth="on",
                         cluster_secret="generated" if credentials.generated else "given",
-                        admin_token="set" if credentials.admin_token else "none",
+                        admin_token="generated" if generated is not None else "given",
+                        admin_token_file=str(generated.path) if generated is not None else "-",
                         pids=",".join(f"{c.role}={c.pid}" for c in sup.children),
                     )
+                    if generated is not None and settings.log_format == "text":
+                        # Once, on the output a person reads, never in a log line.
+                        sup.out.write(
+                            f"[cluster] admin token of this run (also in {generated.path}): {generated.token}\n".encode()
+                        )
+                        sup.out.flush()
                     if settings.duration_s > 0:
                         timer = loop.call_later(settings.duration_s, stop.set)
                     await waiting

@@ -138,10 +138,10 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ..
             kwargs: dict[str, Any] = {"dest": _dest(s), "help": f"{s.help} ({notes})" if notes else s.help}
             if s.repeat:
                 kwargs["action"] = "append"
+            elif not is_tuple and s.item is not None:
+                kwargs["type"] = s.item  # as the variable is read (an octal mode is an int)
             elif not is_tuple and kind in (int, float):
                 kwargs["type"] = kind
-            elif not is_tuple and s.item is not None:
-                kwargs["type"] = s.item
             if s.choices:
                 kwargs["choices"] = s.choices
             if s.metavar:

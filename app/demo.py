@@ -10,9 +10,13 @@
 
 The shards are objects in this process, not servers: the demo opens no
 shard port, so it has no cluster secret to hand out. The API's admin routes
-take ``CTRPS_ADMIN_TOKEN`` (or ``_FILE``) as ``ctrps serve``'s do; on a
-non-loopback ``--host`` the demo refuses to start without it unless
-``--insecure``.
+take ``CTRPS_ADMIN_TOKEN`` (or ``_FILE``) as ``ctrps serve``'s do; without
+one the demo makes a token for the run (`app.security.generated_admin_token`:
+a 0600 file, named in the banner and the ``ready`` line; the text banner
+shows the token itself), so no other local user can declare models or write
+exports; ``--insecure`` leaves them open instead. On a non-loopback
+``--host`` the demo refuses to start without a token of the user's own
+unless ``--insecure``.
 
 It prints the URLs and ``curl`` examples, then one progress line per window,
 and stops cleanly on Ctrl-C/SIGTERM or after ``--duration``: producer first,
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import secrets
@@ -51,6 +56,7 @@ from ps_core.net.shard import Shard, ShardSpec
 
 from .api import METRICS, ApiServer
 from .logs import log_event
+from .security import GeneratedToken, generated_admin_token
 from .settings import ApiSettings, DemoSettings, SettingsError
 from .signals import stop_on_signals
 from .status import default_worker_id, make_status_hook
@@ -172,10 +178,17 @@ def fresh_exports_dir(parent: Path) -> Path:
 
 
 def _announce(
-    out: TextIO, server: ApiServer, bootstrap: str, settings: DemoSettings, exports: Path | None = None
+    out: TextIO,
+    server: ApiServer,
+    bootstrap: str,
+    settings: DemoSettings,
+    exports: Path | None = None,
+    admin: GeneratedToken | None = None,
 ) -> None:
     """Where everything is and what to try: a banner on `out` for people, or,
-    with JSON logs, one ``ready`` line holding the same (stdout stays empty)."""
+    with JSON logs, one ``ready`` line holding the same (stdout stays empty).
+    A token made for this run (`admin`) is shown in the banner only: the
+    ``ready`` line names its file."""
     api = server.url
     body = orjson.dumps({"events": [example_event(settings.seed)]}).decode()
     served = {r.resource.canonical for r in server.app.router.routes() if r.resource is not None}
@@ -185,9 +198,14 @@ def _announce(
         f"curl -s -XPOST {api}/v1/predict -H 'Content-Type: application/json' -d '{body}'",
         f"curl -s {api}/metrics | grep ctrps_",
     ]
+    if admin is not None and exports is not None:
+        examples.append(f'curl -s -XPOST {api}/v1/exports -H "Authorization: Bearer $(cat {admin.path})"')
+    given = "given" if server.settings.admin_token else "none"
     log_event(log, "ready", **urls, bootstrap=bootstrap, topic=TOPIC, group=GROUP,
               shards=settings.shards, rate=settings.rate, window_seconds=settings.window_seconds,
               exports=str(exports) if exports is not None else "-",
+              admin_token="generated" if admin is not None else given,
+              admin_token_file=str(admin.path) if admin is not None else "-",
               **({"examples": examples} if settings.log_format == "json" else {}))  # fmt: skip
     if settings.log_format == "json":
         return
@@ -197,6 +215,11 @@ def _announce(
         *(f"  {'API' if name == 'api' else name:<10} {url}" for name, url in urls.items()),
         f"  {'kafka':<10} {bootstrap} (topic {TOPIC}, group {GROUP})",
         *([f"  {'exports':<10} {exports} (this run's own; the demo never restores)"] if exports is not None else []),
+        *(
+            [f"  {'admin':<10} {admin.token} (this run's admin token, also in {admin.path})"]
+            if admin is not None
+            else []
+        ),
         "",
         "Try:",
         *(f"  {e}" for e in examples),
@@ -251,6 +274,11 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
     # Refused before the broker starts: an exposed API needs CTRPS_ADMIN_TOKEN or --insecure.
     api_settings.check_exposed()
     async with contextlib.AsyncExitStack() as stack:
+        admin: GeneratedToken | None = None
+        if not api_settings.admin_token and not api_settings.insecure:
+            # Loopback is every local user's: the admin routes get a token of this run.
+            admin = stack.enter_context(generated_admin_token("demo"))
+            api_settings = dataclasses.replace(api_settings, admin_token=admin.token)
         # Entered in dependency order, so they close in the reverse: API,
         # client, broker (the worker and producer stop first, below).
         memory: BrokerMemory | None = None
@@ -275,7 +303,7 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
             exports = fresh_exports_dir(Path(settings.exports_dir))
             coordinator = Coordinator(lease_ttl_s=30.0)
             control = await stack.enter_async_context(ControlClient.local(shards, coordinator))
-            exporter = Exporter(coordinator, control, exports, api_settings.model_name)
+            exporter = Exporter(coordinator, control, exports, api_settings.model_name, file_mode=settings.exports_mode)
             control.serve_exports(exporter)
         else:
             control = await stack.enter_async_context(ControlClient.local(shards))
@@ -325,7 +353,9 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
             if exporter is not None and settings.export_interval_s > 0
             else None
         )
-        _announce(out, server, bootstrap, settings, exports / api_settings.model_name if exports is not None else None)
+        _announce(
+            out, server, bootstrap, settings, exports / api_settings.model_name if exports is not None else None, admin
+        )
         failed = await _until_stopped(settings, stop, working, producing)
         if exporting is not None:
             stop.set()

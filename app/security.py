@@ -11,22 +11,29 @@ in ``ps``):
 
 TLS files are paths (``--tls-cert``, ``--tls-key``, ``--tls-ca``,
 ``--tls-client-auth``, or ``CTRPS_TLS_CERT``/``_KEY``/``_CA``/``_CLIENT_AUTH``).
+
+`ctrps cluster` and `ctrps demo` make an admin token for their API when none
+is given (`generated_admin_token`): written to a file only this user reads,
+removed when the command ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
+import shutil
 import ssl
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ps_core.net.auth import MIN_SECRET_BYTES, Scope, TokenVerifier, derive_token
+from ps_core.net.auth import MIN_SECRET_BYTES, Scope, TokenVerifier, derive_token, new_secret
 from ps_core.net.tls import TlsFiles, client_context, server_context
 
-__all__ = ["SecuritySettings", "add_security_flags", "is_loopback"]
+__all__ = ["SecuritySettings", "add_security_flags", "is_loopback", "GeneratedToken", "generated_admin_token"]
 
 
 def _settings_error(message: str) -> Exception:
@@ -49,6 +56,32 @@ def _secret_from(env: Mapping[str, str], key: str) -> str:
         if not value:
             raise _settings_error(f"{key}_FILE={path!r} is empty")
     return value.strip()
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    """An admin token made for one run, and the file that holds it."""
+
+    token: str = field(repr=False)
+    path: Path
+    """Mode 0600, in a directory of mode 0700 made for it."""
+
+
+@contextlib.contextmanager
+def generated_admin_token(command: str) -> Iterator[GeneratedToken]:
+    """A new admin token (256 random bits) in ``<tmp>/ctrps-<command>-*/admin-token``,
+    readable by this user only; the directory is removed on exit (a token of
+    an ended run opens nothing: the next run makes another)."""
+    directory = Path(tempfile.mkdtemp(prefix=f"ctrps-{command}-"))  # mode 0700
+    try:
+        token = new_secret()
+        path = directory / "admin-token"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(token + "\n")
+        yield GeneratedToken(token, path)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def is_loopback(host: str) -> bool:

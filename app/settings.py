@@ -182,6 +182,32 @@ def _model(help: str) -> Any:
     return setting("lr", env="CTRPS_MODEL", flag="--model", help=help, choices=_MODELS)
 
 
+def octal_mode(raw: str) -> int:
+    """A file mode written in octal (``0600``, ``640``); ValueError otherwise."""
+    return int(raw, 8)
+
+
+def _exports_mode() -> Any:
+    return setting(
+        0o600,
+        env="CTRPS_EXPORTS_MODE",
+        flag="--exports-mode",
+        help="octal mode of export files, their directories get x where r: 0600/0700 keeps the model to this "
+        "user, 0640 lets the group's replicas read it",
+        item=octal_mode,
+        metavar="MODE",
+        shown_default="0600",
+    )
+
+
+def _check_exports_mode(mode: int) -> None:
+    if mode & ~0o666 or mode & 0o600 != 0o600:
+        raise SettingsError(
+            f"exports mode {mode:04o} must let the owner read and write, with no x, setuid or sticky bit "
+            "(0600, 0640, 0644, ...)"
+        )
+
+
 def _model_name(help: str) -> Any:
     return setting("ctr", env="CTRPS_MODEL_NAME", flag="--model-name", help=help)
 
@@ -252,6 +278,7 @@ class ShardSettings:
         "64 rows; replicas serve a version in its precision",
         choices=PRECISIONS,
     )
+    exports_mode: int = _exports_mode()
     restore: bool = setting(
         True, env="CTRPS_RESTORE", flag=None, off="--no-restore", help="start empty even if an export exists"
     )
@@ -332,6 +359,7 @@ class ShardSettings:
             raise SettingsError("log format is text or json")
         if self.serving_precision not in PRECISIONS:
             raise SettingsError(f"serving precision {self.serving_precision!r} is not one of {', '.join(PRECISIONS)}")
+        _check_exports_mode(self.exports_mode)
         if self.max_body_mb < 1:
             raise SettingsError("max body must be at least 1 MiB")
         if not self.stats_interval_s >= 0 or self.stats_interval_s == float("inf"):
@@ -703,14 +731,18 @@ class DemoSettings:
     log_format: str = _log_format()
     exports_dir: str = _exports_dir()
     export_interval_s: float = _export_interval()
+    exports_mode: int = _exports_mode()
     admin_token: str = field(default="", repr=False)
-    """The API's admin token (``CTRPS_ADMIN_TOKEN`` or ``CTRPS_ADMIN_TOKEN_FILE``); empty leaves admin routes open."""
+    """The API's admin token (``CTRPS_ADMIN_TOKEN`` or ``CTRPS_ADMIN_TOKEN_FILE``); empty: the
+    demo makes one for the run, unless `insecure`."""
     insecure: bool = False
-    """Let the API listen on a non-loopback host without an admin token (``--insecure``, ``CTRPS_INSECURE``)."""
+    """Let the API listen on a non-loopback host without an admin token, and leave its admin
+    routes open (``--insecure``, ``CTRPS_INSECURE``)."""
 
     def __post_init__(self) -> None:
         _check_composition(self.duration_s, self.port, self.window_seconds, self.log_format)
         _check_exports(self.export_interval_s)
+        _check_exports_mode(self.exports_mode)
         if not 1 <= self.shards <= 64:
             raise SettingsError(f"shards must be in [1, 64], not {self.shards}")
         if not 0 < self.rate < float("inf"):
@@ -777,6 +809,7 @@ class ClusterSettings:
     log_format: str = _log_format("log line format (children too)")
     exports_dir: str = _exports_dir()
     export_interval_s: float = _export_interval()
+    exports_mode: int = _exports_mode()
     restart_backoff_s: float = setting(
         1.0,
         env="CTRPS_CLUSTER_RESTART_BACKOFF",
@@ -802,6 +835,7 @@ class ClusterSettings:
     def __post_init__(self) -> None:
         _check_composition(self.duration_s, self.port, self.window_seconds, self.log_format)
         _check_exports(self.export_interval_s)
+        _check_exports_mode(self.exports_mode)
         if not 0 < self.restart_backoff_s <= self.restart_backoff_max_s < float("inf"):
             raise SettingsError("restart backoff must be > 0 and at most the largest backoff")
         if self.max_restarts < 0 or not 0 < self.restart_window_s < float("inf"):

@@ -247,6 +247,7 @@ async def run_shard(
             settings.model_name,
             keep_bases=settings.keep_bases,
             serving_precision=settings.serving_precision,
+            file_mode=settings.exports_mode,
         )
         add_coordinator_routes(app, coordinator, exporter)
         shard.extra_stats["exports"] = exporter.stats

@@ -17,6 +17,11 @@ Own process groups: Ctrl-C in a terminal then reaches only the supervisor, which
 decides the order (workers must flush their last window while the shards are
 still up); the SIGKILL fallback reaches the child's own helpers too (a worker's
 decode processes).
+
+Children end with the supervisor, even a SIGKILLed one that can stop nothing:
+each is started with Linux's parent-death signal (SIGKILL,
+`consumers.lifetime.ending_with_parent`), set between fork and exec, so no
+role is left running, and holding its port, with its output going nowhere.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 import orjson
+
+from consumers.lifetime import ending_with_parent
 
 from .logs import log_event
 
@@ -250,6 +257,9 @@ class Supervisor:
             stderr=asyncio.subprocess.STDOUT,
             env=dict(spec.env) if spec.env is not None else None,
             start_new_session=True,
+            # SIGKILL, not SIGTERM: with the supervisor gone nobody orders the
+            # stop, and a worker flushing to stopping shards could wait minutes.
+            preexec_fn=ending_with_parent(),
         )
 
     def _register(self, spec: ChildSpec, process: asyncio.subprocess.Process) -> Child:

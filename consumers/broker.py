@@ -8,7 +8,9 @@ is given instead (`KafkaTarget.external`).
 
 Tansu exits 0 when its port is taken, so the port is checked free first (as
 a listening server binds it, with SO_REUSEADDR: a port in TIME_WAIT is free)
-and the process is watched while waiting for readiness.
+and the process is watched while waiting for readiness. The binary ends
+with the process that started it, however that one ends (Linux's
+parent-death signal, `consumers.lifetime`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from .broker_memory import warn_memory_only
 from .kafka_security import KafkaSecurity, check_access
+from .lifetime import ending_with_parent
 
 __all__ = ["EmbeddedBroker", "BrokerError", "broker_listening", "create_topics", "free_port", "wait_for_metadata"]
 
@@ -199,6 +202,9 @@ class EmbeddedBroker:
             stderr=subprocess.PIPE,
             env=env,
             start_new_session=True,
+            # It ends with this process, even a SIGKILLed one (its own session
+            # keeps it out of a terminal's Ctrl-C, which its owner handles).
+            preexec_fn=ending_with_parent(),
         )
         self._proc = _Proc(popen, port)
         waiter = asyncio.ensure_future(wait_for_metadata(self.bootstrap, timeout_s=self._start_timeout_s))

@@ -16,15 +16,14 @@ in each checks that its parent is still the worker, for systems without it.
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
-import ctypes.util
 import fcntl
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
+
+from .lifetime import die_with_parent
 
 __all__ = ["PIPE_BYTES", "PARENT_CHECK_S", "start_decode_pool", "widen_pipes"]
 
@@ -36,19 +35,6 @@ an unprivileged process, ``/proc/sys/fs/pipe-max-size``)."""
 PARENT_CHECK_S = 1.0
 """How often a decode process checks that its worker is alive (the fallback
 to ``PR_SET_PDEATHSIG``)."""
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> bool:
-    """Ask Linux to SIGKILL this process when its parent dies; whether it took."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return int(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def _watch_parent(parent: int) -> None:
@@ -64,7 +50,7 @@ def _init_decoder(parent: int) -> None:
     end when the worker ends, however it ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent()
     # The worker may have died before the death signal was asked for.
     if os.getppid() != parent:
         os._exit(1)

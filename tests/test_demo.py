@@ -6,6 +6,8 @@ import asyncio
 import io
 import logging
 import re
+import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -207,6 +209,54 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
     other = _banner_exports(second.stdout)
     assert other != exports and other.parent.parent == tmp_path / "exports", (other, exports)
     assert [v.version for v in list_versions(exports)] == [v.version for v in versions]
+
+
+async def test_without_a_token_the_demo_makes_one_for_its_admin_routes_and_keeps_exports_private(
+    tmp_path: Path,
+) -> None:
+    """Loopback is every local user's: a demo given no CTRPS_ADMIN_TOKEN
+    makes one, shows it in its banner (and a 0600 file), and its admin routes
+    refuse any request without it; its exports are 0600 files in 0700
+    directories; the token's file goes when the demo ends."""
+    out_log, err_log = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    with out_log.open("wb") as out, err_log.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli", "demo", "--duration", "120", "--port", "0",
+            "--exports-dir", str(tmp_path / "exports"), "--export-interval", "0",
+            cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+        )  # fmt: skip
+    try:
+        api = await wait_for_api(proc, out_log, 60)
+        found = re.search(r"^  admin +(\S+) \(this run's admin token, also in (\S+)\)$", out_log.read_text(), re.M)
+        assert found, out_log.read_text()
+        token, token_file = found.group(1), Path(found.group(2))
+        assert token_file.read_text().strip() == token and len(token) >= 32
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+        bearer = {"Authorization": f"Bearer {token}"}
+        async with aiohttp.ClientSession() as session:
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                async with session.post(api + "/v1/models", json={"name": "evil"}, headers=headers) as resp:
+                    assert resp.status == 401, await resp.text()
+                async with session.post(api + "/v1/exports", headers=headers) as resp:
+                    assert resp.status == 401, await resp.text()
+            async with session.post(api + "/v1/exports", headers=bearer) as resp:
+                assert resp.status == 201, await resp.text()
+                version = Path((await resp.json())["path"])
+            async with session.get(api + "/v1/models") as resp:
+                assert "evil" not in {m["name"] for m in (await resp.json())["models"]}
+        assert stat.S_IMODE(version.stat().st_mode) == 0o700
+        files = list(version.iterdir())
+        assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+        proc.send_signal(signal.SIGINT)
+        rc = await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert rc == 0, err_log.read_text()[-3000:]
+    assert not token_file.parent.exists()
+    assert token not in err_log.read_text()  # the banner shows it once; no log line holds it
 
 
 def _banner_exports(banner: str) -> Path:

@@ -572,3 +572,32 @@ def test_the_documented_numpy_reader_reads_the_chain(tmp_path: Path) -> None:
         order = np.concatenate([np.flatnonzero(shard_of(keys, 2) == i) for i in range(2)])
         np.testing.assert_allclose(got[order], want, rtol=1e-6, atol=0)
         assert not set(deleted.tolist()) & set(weights[cfg.name])
+
+
+def _modes(version_dir: Path) -> tuple[int, set[int]]:
+    """The mode of a version's directory and the modes of its files."""
+    return version_dir.stat().st_mode & 0o7777, {p.stat().st_mode & 0o7777 for p in version_dir.iterdir()}
+
+
+def test_exports_are_this_users_only_unless_another_mode_is_asked(tmp_path: Path) -> None:
+    """Files 0600 and directories 0700 whatever the umask lets through; an
+    asked mode is kept exactly, compaction included."""
+    shards = make_shards(2)
+    push(shards, np.arange(1, 200, dtype=np.uint64), np.random.default_rng(3), 1_000)
+    previous = os.umask(0o000)  # the widest: nothing is taken away
+    try:
+        path = write_version(tmp_path / "private", "ctr", 1, None, cut(shards, None), {}, MODEL_CONFIG, 2)
+        assert _modes(path) == (0o700, {0o600})
+        assert (path.parent.stat().st_mode & 0o777) == 0o700  # the model's directory, made by the writer
+        os.umask(0o077)  # the narrowest: an asked 0640 still gets its group bits
+        shared = write_version(
+            tmp_path / "shared", "ctr", 2, None, cut(shards, None), {}, MODEL_CONFIG, 2, file_mode=0o640
+        )
+        assert _modes(shared) == (0o750, {0o640})
+        push(shards, np.arange(1, 50, dtype=np.uint64), np.random.default_rng(4), 2_000)
+        write_version(tmp_path / "shared", "ctr", 3, 2, cut(shards, 2), {}, MODEL_CONFIG, 2, file_mode=0o640)
+        folded = compact(tmp_path / "shared" / "ctr", 3, file_mode=0o640)
+        assert _modes(folded.path) == (0o750, {0o640})
+    finally:
+        os.umask(previous)
+    assert export.dir_mode(0o644) == 0o755 and export.dir_mode(0o600) == 0o700

@@ -13,6 +13,11 @@ directory (``.tmp-<version>-<random>``); readers skip hidden names, so a
 partial export is never visible. Files are checked against the manifest's
 sizes and SHA-256s; a mismatch is an `ExportCorruptError` naming the file.
 
+Files are written with mode 0600 and version directories 0700 unless the
+writer asks for another `file_mode` (directories get an ``x`` wherever the
+files get an ``r``): a version holds the whole model, its optimizer state and
+offsets, which no other local user should read by default.
+
 Everything here is synchronous file work: the cut itself (`SparseTable.snapshot`)
 is the pause; callers run these functions in a thread after it.
 """
@@ -72,10 +77,33 @@ __all__ = [
     "apply_version",
     "compact",
     "prune",
+    "DEFAULT_FILE_MODE",
+    "dir_mode",
 ]
 
 _HIDDEN_PREFIXES = (".tmp-", ".old-", ".del-")
 _CHUNK = 1 << 20
+
+DEFAULT_FILE_MODE = 0o600
+"""Mode of export files: this user only (their directories: 0700)."""
+
+
+def dir_mode(file_mode: int) -> int:
+    """The mode of directories holding files of `file_mode`: ``x`` wherever ``r``."""
+    return file_mode | ((file_mode & 0o444) >> 2)
+
+
+def _make_dir(path: Path, file_mode: int, *, exist_ok: bool = False) -> None:
+    """Make `path` (and its parents) of exactly `dir_mode(file_mode)`, whatever
+    the umask; an existing one keeps its mode."""
+    mode = dir_mode(file_mode)
+    try:
+        path.mkdir(mode=mode, parents=True)
+    except FileExistsError:
+        if not exist_ok:
+            raise
+        return
+    os.chmod(path, mode)
 
 
 @dataclass(frozen=True)
@@ -202,13 +230,16 @@ def _write_tree(
     parent_dir: Path,
     manifest_fields: dict[str, Any],
     snapshots: Mapping[int, Sequence[TableSnapshot]],
+    file_mode: int = DEFAULT_FILE_MODE,
 ) -> tuple[Path, ExportManifest]:
     """Write a version into a new hidden directory of `parent_dir` (data files,
-    then the manifest, everything fsynced); returns it and its manifest."""
+    then the manifest, everything fsynced); returns it and its manifest. The
+    directory is 0700 while it is written; then its files get `file_mode` and
+    it gets `dir_mode(file_mode)`, exactly, whatever the umask."""
     version = int(manifest_fields["version"])
     precision = manifest_fields.get("serving_precision", "f32")
     tmp = parent_dir / f".tmp-{version_dir_name(version)}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    _make_dir(tmp, DEFAULT_FILE_MODE)
     try:
         files: list[ManifestFile] = []
         serving: list[ManifestFile] = []
@@ -230,6 +261,9 @@ def _write_tree(
             f.write(manifest.to_json())
             f.flush()
             os.fsync(f.fileno())
+        for written in tmp.iterdir():
+            os.chmod(written, file_mode)
+        os.chmod(tmp, dir_mode(file_mode))
         _fsync_dir(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -277,6 +311,7 @@ def write_version(
     *,
     stream: StreamIdentity | None = None,
     serving_precision: str = "f32",
+    file_mode: int = DEFAULT_FILE_MODE,
 ) -> Path:
     """Write one export version and make it visible atomically; returns its directory.
 
@@ -289,11 +324,12 @@ def write_version(
     renamed to ``<root>/<model>/<version>`` (then the model directory is
     fsynced). `FileExistsError` if the version exists. Synchronous: run it in
     a thread. Its serving files hold the weights in `serving_precision`
-    (`ps_core.checkpoint.serving`).
+    (`ps_core.checkpoint.serving`). Its files get `file_mode`, its directory
+    (and the model's, when this makes it) `dir_mode(file_mode)`.
     """
     kind = _check_snapshots(version, parent, snapshots, num_shards)
     mdir = Path(root) / check_model_name(model)
-    mdir.mkdir(parents=True, exist_ok=True)
+    _make_dir(mdir, file_mode, exist_ok=True)
     final = mdir / version_dir_name(version)
     if final.exists():
         raise FileExistsError(f"export version {version} exists: {final}")
@@ -309,7 +345,7 @@ def write_version(
         "stream": stream,
         "serving_precision": serving_precision,
     }
-    tmp, _ = _write_tree(mdir, fields, snapshots)
+    tmp, _ = _write_tree(mdir, fields, snapshots, file_mode)
     try:
         # rename(2) would replace an empty directory created meanwhile; the
         # check above makes that a race between two writers of one version.
@@ -718,7 +754,9 @@ def apply_version(shards: Sequence[Shard], loaded: LoadedVersion) -> None:
 # -- compaction and retention ----------------------------------------------------------
 
 
-def compact(model_dir: Path, version: int | None = None, *, verify: bool = True) -> VersionInfo:
+def compact(
+    model_dir: Path, version: int | None = None, *, verify: bool = True, file_mode: int = DEFAULT_FILE_MODE
+) -> VersionInfo:
     """Fold the chain ending at `version` (default: the newest) into a base of
     that same version: same offsets, model config and rows as the chain's state.
 
@@ -728,7 +766,7 @@ def compact(model_dir: Path, version: int | None = None, *, verify: bool = True)
     the version (if it is the newest, the previous version is the newest);
     deltas after it stay valid, since its content does not change. Run
     compaction and `prune` from one process at a time. A version that is
-    already a base is returned as it is.
+    already a base is returned as it is. The base's files get `file_mode`.
     """
     mdir = Path(model_dir)
     chain = latest_chain(mdir, version)  # sizes only: the restore checks SHA-256s
@@ -755,7 +793,7 @@ def compact(model_dir: Path, version: int | None = None, *, verify: bool = True)
         "compacted_from": tuple(c.version for c in chain),
         "serving_precision": m.serving_precision,
     }
-    tmp, manifest = _write_tree(mdir, fields, snapshots)
+    tmp, manifest = _write_tree(mdir, fields, snapshots, file_mode)
     old = mdir / f".old-{version_dir_name(last.version)}-{secrets.token_hex(4)}"
     os.rename(last.path, old)
     try:

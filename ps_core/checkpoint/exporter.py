@@ -40,7 +40,7 @@ from ..errors import (
 )
 from .control import ControlClient
 from .coordinator import Coordinator, Offsets
-from .export import compact, list_versions, prune, write_version
+from .export import DEFAULT_FILE_MODE, compact, list_versions, prune, write_version
 from .manifest import check_model_name, version_dir_name
 from .registry import ModelRegistry, ModelSpec
 from .stream import StreamIdentity
@@ -142,14 +142,17 @@ class Exporter:
         abort_timeout_s: float = 10.0,
         serving_precision: str = "f32",
         registry: ModelRegistry | None = None,
+        file_mode: int = DEFAULT_FILE_MODE,
     ) -> None:
         """`cut_timeout_s` bounds each shard's copy (in the pause) and each
         fetch; `abort_timeout_s` each shard's drop of an aborted cut;
         `serving_precision`, what the serving files hold the weights in;
         `registry`, the cluster's models (default: those declared under
-        `root`, with `model` the default one)."""
+        `root`, with `model` the default one); `file_mode`, the mode of the
+        files written (their directories get ``x`` wherever ``r``)."""
         self.coordinator = coordinator
         self.serving_precision = serving_precision
+        self.file_mode = file_mode
         self.cut_timeout_s = cut_timeout_s
         self.abort_timeout_s = abort_timeout_s
         self.exports = 0
@@ -347,6 +350,7 @@ class Exporter:
                     self.client.num_shards,
                     stream=stream,
                     serving_precision=self.serving_precision,
+                    file_mode=self.file_mode,
                 )
             except OSError as exc:
                 for done in written.values():
@@ -554,7 +558,7 @@ class Exporter:
         mdir = self.dir_of(model)
         async with self._lock:
             t0 = time.perf_counter()
-            info = await asyncio.to_thread(compact, mdir)
+            info = await asyncio.to_thread(compact, mdir, file_mode=self.file_mode)
             pruned = await asyncio.to_thread(prune, mdir, self.keep_bases)
             out = {
                 "model": mdir.name,
