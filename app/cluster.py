@@ -283,6 +283,8 @@ class _Cluster:
         self.api_url = ""
         self.broker_port = 0
         """The port of the broker process this cluster started (0: none)."""
+        self.broker_metrics_url = ""
+        """Where that broker's memory gauges are served ("": no broker started here)."""
         # Every role is restarted when it fails, unless restarts are off.
         self.restart = settings.max_restarts > 0
         self.model_dir = (
@@ -332,10 +334,14 @@ class _Cluster:
         else:
             port = self.broker_port = free_port(HOST)
             self.bootstrap = f"{HOST}:{port}"
+            # The broker's memory grows with every record (no retention): its
+            # gauges are served on a port of their own, named in `ready`.
+            metrics_port = free_port(HOST)
+            self.broker_metrics_url = f"http://{HOST}:{metrics_port}/metrics"
             await self._start(
                 ChildSpec(
                     "broker",
-                    _ctrps("broker", "--port", str(port), "--log-format", fmt,
+                    _ctrps("broker", "--port", str(port), "--log-format", fmt, "--metrics-port", str(metrics_port),
                            *(a for t, n in topics.items() for a in ("--topic", f"{t}:{n}"))),
                     restart=self.restart,
                     env=self.env("broker"),
@@ -499,6 +505,7 @@ async def run_cluster(
                         api=cluster.api_url,
                         shards=",".join(cluster.shard_urls),
                         bootstrap=cluster.bootstrap,
+                        broker_metrics=cluster.broker_metrics_url or "-",
                         # Whether, never what: no secret or token is logged.
                         auth="on",
                         cluster_secret="generated" if credentials.generated else "given",

