@@ -958,7 +958,7 @@ class Worker:
             start, end = bounds[tp]
             cut = point.offsets.get(tp.topic, {}).get(tp.partition)
             group = self._committed.get((tp.topic, tp.partition)) if rewind else None
-            if group is None:
+            if group is None and (cut is None or point.restored is not None):
                 group = await self._consumer.committed(tp)
             if cut is not None:
                 off, source = cut, "coordinator"
