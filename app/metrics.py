@@ -284,7 +284,8 @@ class _ClusterCollector(Collector):
         stale = counter(
             "ctrps_worker_stale_offsets",
             "Partitions whose resume offset was not applied as given (another Kafka cluster or group, "
-            "beyond the end, before the start), by reason and the action taken (--on-stale-offsets).",
+            "beyond the end, before the start), by reason and the action taken (--on-stale-offsets); "
+            "reason uncovered: the group committed past the restored state (replayed, refused or lost).",
             "reason",
             "action",
         )

@@ -17,6 +17,19 @@ at ``--rate`` and counts those the broker acknowledged (*produced*). Drills:
   8 with ``--quick``), then SIGCONTinued;
 - ``failed_cut``: that shard is SIGSTOPped during ``ctrps export`` (the cut
   cannot finish), SIGCONTinued, then ``ctrps export`` must succeed;
+- ``offsetless_cut``: shards export only when asked; the first export is
+  cut before the worker's first commit (no offsets), then the bias shard is
+  SIGKILLed: the cluster restores that empty version and the worker must
+  train again every event the group had committed;
+- ``manifest_edited``: two exports by hand, then one offset of the newest
+  manifest is raised by 1000 and both shards are SIGKILLed: the manifest's
+  own checksum must refuse it, the older version is restored and the events
+  after it trained again;
+- ``no_restore``: the bias shard is SIGKILLed before any export (no version
+  every shard can load: the worker exits 4), then every shard is restarted
+  with ``--no-restore``, the runbook's way out: the worker resumes at the
+  group's commits and must say how many committed events the model lacks;
+  *trained* plus that count must equal *produced*;
 - ``broker_restart`` (last, alone): production stops and every event is
   trained (a memory broker loses what it holds), then the broker is
   SIGKILLed and started again on the same port, its topic recreated, and
@@ -27,13 +40,15 @@ the shows of the bias row (one per event applied), read from a final export
 (``POST /v1/exports`` on shard 0, then the files); *replayed* = trained −
 produced; *resume_s* the seconds from the end of the fault until every
 shard's push counter (``GET /v1/stats``) moved again; *tracebacks* the lines
-``Traceback (most recent call last):`` in every child's output. Aims, printed
+``Traceback (most recent call last):`` in every child's output; *lost* the
+events the worker says the model lacks (``the shards started empty: N
+events``; 0 elsewhere), and *replayed* = trained + lost − produced. Aims, printed
 with each result: trained = produced at least once, replaying at most one
 window (rate × window seconds); resume ≤ session timeout + 5 s; no
 traceback. Each phase has a deadline: a drill whose system misbehaves
 reports the failure (``error``) instead of hanging.
 
-``--quick`` (under two minutes) runs the first five drills at once, then the
+``--quick`` (under two minutes) runs the drills but the broker's at once, then the
 broker drill, with short phases; the full run runs them one after the other
 with longer phases and a 30 s outage. Ratios printed: trained/produced per
 drill, and each drill's resume time against the baseline's.
@@ -45,8 +60,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -81,6 +98,13 @@ TRACEBACK = b"Traceback (most recent call last):"
 BIAS = np.array([FeatureHasher(MODEL).bias_key], dtype=np.uint64)
 BIAS_SHARD = int(shard_of(BIAS, SHARDS)[0])
 """The shard the faults hit: it holds the bias row, so its losses show in the count."""
+MANUAL_EXPORTS = ("offsetless_cut", "manifest_edited", "no_restore")
+"""Drills whose shards export only when the drill asks (no interval)."""
+GAP_LINES = {
+    "replayed": re.compile(rb"restore gap replayed: restored version \d+ does not hold (\d+) events"),
+    "lost": re.compile(rb"the shards started empty: (\d+) events the group committed are not in the model"),
+}
+"""The worker's lines for what the group committed past the shards' state."""
 
 
 log = progress_log("bench_drills")
@@ -178,6 +202,8 @@ class Result:
     produced: int = 0
     trained: int | None = None
     replayed: int | None = None
+    lost: int = 0
+    """Events the worker said the model lacks (``the shards started empty``)."""
     resume_s: float | None = None
     tracebacks: int = 0
     restarts: int = 0
@@ -216,6 +242,8 @@ class Drill:
         self.producing = asyncio.Event()
         self.producer_task: asyncio.Task[None] | None = None
         self.session: aiohttp.ClientSession | None = None
+        self.no_restore = False
+        """Set by a drill: shards restarted from then on start with ``--no-restore``."""
 
     # -- processes ------------------------------------------------------------------
 
@@ -223,18 +251,26 @@ class Drill:
         c = self.cfg
         await create_topics(self.broker.bootstrap, {self.topic: PARTITIONS, self.topic + ".dlq": 1})
         self.session = aiohttp.ClientSession()
+        interval = 0.0 if self.name in MANUAL_EXPORTS else c.export_interval_s
         for i, url in enumerate(self.urls):
-            extra = ["--shards", ",".join(self.urls), "--export-interval", str(c.export_interval_s)] if i == 0 else []
+            extra = ["--shards", ",".join(self.urls), "--export-interval", str(interval)] if i == 0 else []
             argv = ctrps("shard", "--host", HOST, "--port", url.rsplit(":", 1)[1], "--rpc-port", str(self.rpc_ports[i]),
                          "--shard-id", str(i), "--num-shards", str(SHARDS), "--stats-interval", "0",
                          "--exports-dir", str(self.exports), "--model-name", MODEL, *extra)  # fmt: skip
-            self.shards.append(await self.sup.start(ChildSpec(f"shard-{i}", argv, group="shards", restart=True)))
+            again = partial(self._restart_argv, argv)
+            spec = ChildSpec(f"shard-{i}", argv, group="shards", restart=True, restart_argv=again)
+            self.shards.append(await self.sup.start(spec))
         await asyncio.gather(
             *(
                 self.sup.wait_ready(ch, partial(self._healthy, u), c.phase_timeout_s)
                 for ch, u in zip(self.shards, self.urls)
             )
         )
+        if self.name == "offsetless_cut":
+            # Before the worker exists: the cut holds no offsets.
+            rc, why = await self.export()
+            if rc != 0:
+                raise RuntimeError(f"the export before the worker failed ({rc}): {why}")
         self.worker = await self.sup.start(
             ChildSpec(
                 "worker",
@@ -247,6 +283,9 @@ class Drill:
         )  # fmt: skip
         self.producing.set()
         self.producer_task = asyncio.create_task(self._produce(), name=f"produce-{self.name}")
+
+    def _restart_argv(self, argv: tuple[str, ...]) -> tuple[str, ...]:
+        return argv + (("--no-restore",) if self.no_restore else ())
 
     async def stop(self) -> None:
         self.producing.clear()
@@ -390,9 +429,15 @@ class Drill:
     def finish(self, t0: float) -> Result:
         r, c = self.result, self.cfg
         r.seconds = time.monotonic() - t0
-        r.tracebacks = self.log_path.read_bytes().count(TRACEBACK)
+        out = self.log_path.read_bytes()
+        r.tracebacks = out.count(TRACEBACK)
+        for action, line in GAP_LINES.items():
+            counts = [int(m) for m in line.findall(out)]
+            if counts:
+                r.notes[f"gap_{action}_lines"] = counts
+        r.lost = sum(r.notes.get("gap_lost_lines", []))
         if r.trained is not None:
-            r.replayed = r.trained - r.produced
+            r.replayed = r.trained + r.lost - r.produced
         r.aims = {
             "trained_eq_produced": r.replayed is not None and 0 <= r.replayed <= c.replay_bound,
             "resume": r.resume_s is not None and r.resume_s <= c.resume_aim_s,
@@ -423,19 +468,16 @@ async def fault_shard_sigkill(d: Drill) -> float:
         return model_dir.is_dir() and any(v.manifest.offsets for v in list_versions(model_dir))
 
     await until(exported, d.cfg.phase_timeout_s, "an export with offsets")
-    shard = d.shards[BIAS_SHARD]
-    pid = shard.pid
-    os.kill(pid, signal.SIGKILL)
     # Its supervisor starts it again on the same ports; it restores the newest export.
-    await until(lambda: _healthy_new(d, shard, pid), d.cfg.phase_timeout_s, f"shard-{BIAS_SHARD} back", poll_s=0.1)
-    return time.monotonic()
+    return await _kill_and_wait(d, [BIAS_SHARD])
 
 
-async def _healthy_new(d: Drill, shard: Child, old_pid: int) -> bool:
+async def _healthy_new(d: Drill, i: int, old_pid: int) -> bool:
+    shard = d.shards[i]
     if shard.pid == old_pid or shard.exited.is_set():
         return False
     try:
-        return await d._healthy(d.urls[BIAS_SHARD])
+        return await d._healthy(d.urls[i])
     except Exception:
         return False
 
@@ -491,12 +533,63 @@ async def fault_broker_restart(d: Drill) -> float:
     return time.monotonic()
 
 
+async def fault_offsetless_cut(d: Drill) -> float:
+    # The only export (taken before the worker started) holds no offsets.
+    return await _kill_and_wait(d, [BIAS_SHARD])
+
+
+async def _kill_and_wait(d: Drill, which: list[int], sig: int = signal.SIGKILL) -> float:
+    """Signal shards `which`; wait until their supervisor has them healthy again."""
+    pids = {i: d.shards[i].pid for i in which}
+    for pid in pids.values():
+        os.kill(pid, sig)
+    for i, pid in pids.items():
+        await until(lambda i=i, pid=pid: _healthy_new(d, i, pid), d.cfg.phase_timeout_s, f"shard-{i} back", poll_s=0.1)
+    return time.monotonic()
+
+
+async def fault_manifest_edited(d: Drill) -> float:
+    for _ in range(2):
+        rc, why = await d.export()
+        if rc != 0:
+            raise RuntimeError(f"an export failed ({rc}): {why}")
+        await asyncio.sleep(d.cfg.pre_s)  # training past the export
+    newest = max(list_versions(d.exports / MODEL), key=lambda v: v.version)
+    path = d.exports / MODEL / f"{newest.version:010d}" / "manifest.json"
+    raw = json.loads(path.read_text())
+    offsets = raw["offsets"][d.topic]
+    part = max(offsets, key=lambda p: offsets[p])
+    offsets[part] += 1000  # one digit of one offset
+    path.write_text(json.dumps(raw, indent=2) + "\n")
+    d.result.notes["edited"] = f"version {newest.version} partition {part}: {offsets[part] - 1000} -> {offsets[part]}"
+    end = await _kill_and_wait(d, list(range(SHARDS)))
+    d.result.notes["manifest_refused"] = d.log_path.read_bytes().count(b"manifest.json: sha256")
+    if not d.result.notes["manifest_refused"]:
+        d.result.error = "the edited manifest was not refused"
+    return end
+
+
+async def fault_no_restore(d: Drill) -> float:
+    await _kill_and_wait(d, [BIAS_SHARD])
+
+    async def refused() -> bool:
+        return b"no common version: leases refused" in d.log_path.read_bytes()
+
+    await until(refused, d.cfg.phase_timeout_s, "no common version")
+    # The runbook: restart every shard with --no-restore.
+    d.no_restore = True
+    return await _kill_and_wait(d, list(range(SHARDS)), signal.SIGTERM)
+
+
 DRILLS = {
     "baseline": fault_none,
     "worker_sigkill": fault_worker_sigkill,
     "shard_sigkill": fault_shard_sigkill,
     "shard_outage": fault_shard_outage,
     "failed_cut": fault_failed_cut,
+    "offsetless_cut": fault_offsetless_cut,
+    "manifest_edited": fault_manifest_edited,
+    "no_restore": fault_no_restore,
     "broker_restart": fault_broker_restart,
 }
 
@@ -583,7 +676,7 @@ async def run_drill(name: str, cfg: Config, broker: Broker) -> Result:
     r = d.finish(t0)
     ratio = f"{r.trained / r.produced:.3f}" if r.trained is not None and r.produced else "-"
     log(
-        f"{name}: produced {r.produced}, trained {r.trained}, replayed {r.replayed} "
+        f"{name}: produced {r.produced}, trained {r.trained}, lost (said) {r.lost}, replayed {r.replayed} "
         f"(aim 0..{cfg.replay_bound}), trained/produced {ratio}; resume "
         f"{'-' if r.resume_s is None else f'{r.resume_s:.1f}'} s (aim <= {cfg.resume_aim_s:.0f}); "
         f"tracebacks {r.tracebacks} (aim 0); restarts {r.restarts}; "
@@ -666,7 +759,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         ok = all(r.aims.values())
         passed += ok
         out[name] = {
-            "produced": r.produced, "trained": r.trained, "replayed": r.replayed,
+            "produced": r.produced, "trained": r.trained, "lost": r.lost, "replayed": r.replayed,
             "ratio_trained_vs_produced": (r.trained / r.produced) if r.trained is not None and r.produced else None,
             "resume_s": r.resume_s,
             "ratio_resume_vs_baseline": (r.resume_s / base.resume_s)

@@ -14,6 +14,14 @@ there it asks the broker:
 What the worker does with offsets that fail these checks is its
 ``on_stale_offsets`` policy (`STALE_POLICIES`). The model's weights are kept
 either way: events of the stream in front of the worker train on top of them.
+
+The offsets that pass are then checked against the group's commits
+(`uncovered`): events the group committed past what the shards' state holds
+(a cut restored from before them, or shards started empty) were trained
+into a state that is gone. They are replayed where the broker still holds
+them; otherwise the worker stops (exit code 4) naming the range — or, for
+shards started empty on purpose (``--no-restore``), says what the model
+lacks. Never silently.
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ __all__ = [
     "cluster_id",
     "partition_bounds",
     "bounds_reason",
+    "Uncovered",
+    "uncovered",
+    "uncovered_line",
 ]
 
 STALE_POLICIES = ("committed", "earliest", "fail")
@@ -147,3 +158,103 @@ async def partition_bounds(
     finally:
         with contextlib.suppress(KafkaError, OSError):
             await consumer.stop()
+
+
+@dataclass(frozen=True)
+class Uncovered:
+    """Events of one partition the group committed that the shards' state
+    does not hold: offsets ``[first, committed)``."""
+
+    partition: int
+    first: int
+    """The first offset not in the model: the restored cut's offset, or 0
+    when the cut (or the empty state) holds none of the partition."""
+    committed: int
+    """The group's commit (next offset to consume)."""
+    start: int
+    """The partition's first offset in the broker."""
+    action: str
+    """``replayed`` (the worker resumes at `first`, or at `start` under
+    ``--on-stale-offsets earliest``), ``refused`` (not all held: exit code
+    4) or ``lost`` (shards started empty: the worker resumes at the commit)."""
+
+    @property
+    def events(self) -> int:
+        """Events in ``[first, committed)``."""
+        return self.committed - self.first
+
+    @property
+    def resume_at(self) -> int:
+        """Where the worker resumes the partition."""
+        if self.action == "replayed":
+            return max(self.first, self.start)
+        return self.committed
+
+    def range(self) -> str:
+        """``partition:[first,committed)``, with the part not held when some is not."""
+        gone = f" (not held: [{self.first},{self.start}))" if self.first < self.start else ""
+        return f"{self.partition}:[{self.first},{self.committed}){gone}"
+
+
+def uncovered(
+    partition: int,
+    cut: int | None,
+    committed: int | None,
+    start: int,
+    restored: int | None,
+    policy: str,
+) -> Uncovered | None:
+    """What the group committed on `partition` past the shards' state, or
+    None when the state covers the commit (or nothing can be compared).
+
+    `cut` is the coordinator's offset for the partition (None: it has none),
+    `committed` the group's commit, `start` the partition's first offset in
+    the broker, `restored` the version the shards' state was loaded from (0:
+    started empty; None: a coordinator that does not say). A `cut` before
+    `start` is a stale offset (`bounds_reason`), not handled here.
+    """
+    if restored is None or committed is None:
+        return None
+    if cut is not None:
+        if start <= cut < committed:
+            return Uncovered(partition, cut, committed, start, "replayed")
+        return None
+    if committed == 0:
+        return None
+    if restored == 0:
+        # Shards started empty (``--no-restore`` or no exports): the group's
+        # commits are kept, and the model lacks what they cover.
+        return Uncovered(partition, 0, committed, start, "lost")
+    # A restored cut that holds none of the partition: it was cut before the
+    # first commit, so everything the group committed is to be trained again.
+    held = start == 0 or policy == "earliest"
+    return Uncovered(partition, 0, committed, start, "replayed" if held else "refused")
+
+
+def uncovered_line(gaps: list[Uncovered], topic: str, restored: int) -> str:
+    """The one line saying what the group committed that the model lacks,
+    and what is done about it (all `gaps` share one action)."""
+    action = gaps[0].action
+    events = sum(g.events for g in gaps)
+    ranges = " ".join(g.range() for g in gaps)
+    if action == "lost":
+        return (
+            f"the shards started empty: {events} events the group committed are not in the model "
+            f"and are not trained again; topic {topic} partition:[from,committed) {ranges}. "
+            "To train them, start the workers in a new --group (it reads from the first offset held)"
+        )
+    state = f"restored version {restored}"
+    if action == "refused":
+        return (
+            f"restore gap refused: {state} holds none of {events} events the group committed, and the broker "
+            f"no longer holds them all; topic {topic} partition:[from,committed) {ranges}. "
+            "--on-stale-offsets earliest replays what the broker holds and loses the rest"
+        )
+    replay = sum(g.committed - g.resume_at for g in gaps)
+    lost = events - replay
+    return (
+        f"restore gap replayed: {state} does not hold {events} events the group committed; "
+        f"{replay} are trained again from the broker"
+        + (f", {lost} are no longer held and lost" if lost else "")
+        + f"; topic {topic} partition:[from,committed) {ranges}"
+    )

@@ -93,7 +93,17 @@ from .outage import (
     is_outage,
     locate_bad_batch,
 )
-from .resume import STALE_POLICIES, StaleOffsetsError, StalePartition, bounds_reason, cluster_id, partition_bounds
+from .resume import (
+    STALE_POLICIES,
+    StaleOffsetsError,
+    StalePartition,
+    Uncovered,
+    bounds_reason,
+    cluster_id,
+    partition_bounds,
+    uncovered,
+    uncovered_line,
+)
 from .training import AsyncTraining, GeoTraining, SyncTraining, Training
 from .windows import TopicPartitionKey, Window, WindowBuilder
 
@@ -953,38 +963,63 @@ class Worker:
         A partition the coordinator knows nothing of starts from the group's
         commit (checked the same way); with `rewind` (a new coordinator
         epoch) it is sought there explicitly, since the consumer's position
-        has moved on."""
+        has moved on. What the group committed past the shards' state is
+        replayed, refused or reported (`_report_gaps`)."""
         await _retrying(self._refresh_cluster_id)
         point = await self.control.coordinator_resume(self.model_key) if self.leased else ResumePoint({}, None)
         bounds = await _retrying(lambda: partition_bounds(self.config.bootstrap, tps, security=self.config.kafka))
         seek: dict[TopicPartition, int] = {}
         stale: list[StalePartition] = []
+        gaps: list[Uncovered] = []
         actual = self.stream()
         mismatch = stream_mismatch(point.stream, actual) if actual is not None else None
         for tp in sorted(tps):  # per partition, on assignment only
             start, end = bounds[tp]
-            off = point.offsets.get(tp.topic, {}).get(tp.partition)
-            if off is not None:
+            cut = point.offsets.get(tp.topic, {}).get(tp.partition)
+            group = self._committed.get((tp.topic, tp.partition)) if rewind else None
+            if group is None and (cut is None or point.restored is not None):
+                group = await self._consumer.committed(tp)
+            if cut is not None:
+                off, source = cut, "coordinator"
                 reason = mismatch or bounds_reason(off, start, end)
-                source = "coordinator"
-            else:
-                off = self._committed.get((tp.topic, tp.partition)) if rewind else None
-                if off is None:
-                    off = await self._consumer.committed(tp)
-                if off is None:
-                    continue  # no commit: the consumer starts at the partition's first offset
+            elif group is not None:
                 # The group's commit is the broker's own: only its range can be wrong.
-                reason, source = bounds_reason(off, start, end), "group"
-            if reason is None:
-                if source == "coordinator" or rewind:
-                    seek[tp] = off
+                off, source, reason = group, "group", bounds_reason(group, start, end)
+            else:
+                continue  # no commit: the consumer starts at the partition's first offset
+            if reason is not None:
+                stale.append(StalePartition(tp.partition, off, start, end, reason, source))
                 continue
-            stale.append(StalePartition(tp.partition, off, start, end, reason, source))
+            policy = self.config.on_stale_offsets
+            gap = None if mismatch else uncovered(tp.partition, cut, group, start, point.restored, policy)
+            if gap is not None:
+                gaps.append(gap)
+                seek[tp] = gap.resume_at
+            elif source == "coordinator" or rewind:
+                seek[tp] = off
         if stale:
             seek.update(await self._stale(stale, point, tps))
+        self._report_gaps(gaps, point)
         for tp, off in seek.items():
             self._consumer.seek(tp, off)
         return {tp.partition: off for tp, off in seek.items()}
+
+    def _report_gaps(self, gaps: list[Uncovered], point: ResumePoint) -> None:
+        """One line per action for what the group committed that the shards'
+        state lacks (`consumers.resume.uncovered`), counted; a gap the broker
+        no longer holds refuses to train (`StaleOffsetsError`, exit code 4)."""
+        restored = point.restored or 0
+        for action in ("refused", "replayed", "lost"):
+            these = [g for g in gaps if g.action == action]
+            if not these:
+                continue
+            self.stats.stale_offsets[("uncovered", action)] += len(these)
+            line = uncovered_line(these, self.config.topic, restored)
+            if action == "refused":
+                raise StaleOffsetsError(line)
+            fields = {"restored": restored, "events": sum(g.events for g in these), "topic": self.config.topic}
+            fields["partitions"] = " ".join(g.range() for g in these)
+            log.warning(line, extra={"fields": fields})
 
     async def _stale(
         self, stale: list[StalePartition], point: ResumePoint, tps: list[TopicPartition]

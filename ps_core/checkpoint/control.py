@@ -58,6 +58,9 @@ class ResumePoint(NamedTuple):
     """Next offset to consume per topic and partition."""
     stream: StreamIdentity | None
     """The stream they were read from (None: not known, e.g. an older export)."""
+    restored: int | None = None
+    """The export version the shards' state was loaded from under the
+    coordinator's epoch (0: they started empty; None: not known)."""
 
 
 def _resume_point(got: Any) -> ResumePoint:
@@ -67,7 +70,8 @@ def _resume_point(got: Any) -> ResumePoint:
         stream = StreamIdentity.from_dict(raw) if raw is not None else None
     except ValueError as exc:
         raise LeaseError(f"bad stream in the coordinator's answer: {exc}") from None
-    return ResumePoint(parse_offsets(got["offsets"]), stream)
+    restored = got.get("restored")
+    return ResumePoint(parse_offsets(got["offsets"]), stream, restored if isinstance(restored, int) else None)
 
 
 class ReleaseFields(TypedDict, total=False):
@@ -239,7 +243,7 @@ class LocalControl:
 
     async def coordinator_resume(self, model: str | None = None) -> ResumePoint:
         c = self._coordinator()
-        return ResumePoint(c.offsets(model), c.stream_of(model))
+        return ResumePoint(c.offsets(model), c.stream_of(model), c.restored)
 
     def _exporter(self) -> ExportService:
         if self.exporter is None:

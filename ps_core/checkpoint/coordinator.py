@@ -224,6 +224,11 @@ class Coordinator:
         self.version = version
         """The export version the shards were last together at: restored
         at start or by a cluster restore, or the last version written."""
+        self.restored = version
+        """The export version the shards' state was loaded from under this
+        epoch (0: they started empty). Workers check its offsets against the
+        group's commits: what the group committed past them is not in the
+        model (`consumers.resume.uncovered`)."""
         self._refusal: PSError | None = None
 
     # -- sync barriers -------------------------------------------------------
@@ -461,6 +466,7 @@ class Coordinator:
         self._books = {n: OffsetBook(o, st) for n, (o, st) in (books or {}).items()}
         self._books[self.model] = OffsetBook(offsets, stream)
         self.version = version
+        self.restored = version
         self.last_base = 0
         self.epoch = secrets.token_hex(8)
 

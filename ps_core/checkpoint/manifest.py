@@ -8,6 +8,7 @@ is an `ExportCorruptError` naming the manifest.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ __all__ = [
     "serving_file_name",
     "check_model_name",
     "parse_offsets_json",
+    "manifest_checksum",
 ]
 
 FORMAT = "ctrps-export"
@@ -40,6 +42,9 @@ FORMAT_VERSION = 2
 """The layout version this code writes and the newest it reads."""
 MANIFEST_NAME = "manifest.json"
 """The manifest's file name in a version directory."""
+CHECKSUM_FIELD = "manifest_sha256"
+"""The manifest's checksum of its own content (`manifest_checksum`); absent
+in manifests written before it existed, which still read."""
 _VERSION_DIGITS = 10
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
@@ -173,6 +178,7 @@ class ExportManifest:
             "serving_files": [f.to_dict() for f in self.serving_files],
             "serving_precision": self.serving_precision,
         }
+        raw[CHECKSUM_FIELD] = manifest_checksum(raw)
         return (json.dumps(raw, indent=2, allow_nan=False) + "\n").encode()
 
     @classmethod
@@ -180,6 +186,7 @@ class ExportManifest:
         """Parse and check a manifest; `source` names it in errors."""
         try:
             obj = json.loads(raw)
+            _check_checksum(obj, source)
             return cls._from_obj(obj)
         except (ValueError, TypeError, KeyError, AttributeError, PSError) as exc:
             if isinstance(exc, ExportCorruptError):
@@ -234,6 +241,30 @@ class ExportManifest:
             stream=StreamIdentity.from_dict(obj["stream"]) if obj.get("stream") is not None else None,
             serving_files=serving,
             serving_precision=_precision(obj.get("serving_precision", "f32")),
+        )
+
+
+def manifest_checksum(obj: Mapping[str, Any]) -> str:
+    """Hex SHA-256 of a manifest's canonical bytes: its JSON object without
+    the checksum field, keys sorted, no whitespace, ASCII only."""
+    body = {k: v for k, v in obj.items() if k != CHECKSUM_FIELD}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _check_checksum(obj: Any, source: str) -> None:
+    """A manifest whose content does not match its own checksum is damaged,
+    refused as a data file whose bytes do not match the manifest's."""
+    if not isinstance(obj, dict) or CHECKSUM_FIELD not in obj:
+        return  # written before manifests carried one (or not an object: refused below)
+    expected = obj[CHECKSUM_FIELD]
+    actual = manifest_checksum(obj)
+    if actual != expected:
+        raise ExportCorruptError(
+            f"{source}: sha256 {actual} of its content, its manifest_sha256 says {expected}",
+            file=source,
+            expected=str(expected),
+            actual=actual,
         )
 
 

@@ -20,9 +20,10 @@ shard server's whole app.
   ``{"worker", "deadline_s", "model"}`` → ``{"step": int}`` once the step
   closes: the sync mode's barrier of the model (`ps_core.checkpoint.barrier`;
   null: the default model's);
-- ``GET /v1/offsets``: ``{"offsets": {...}, "stream": {...} | null}``, the
-  latest committed offsets reported with released leases (after a restore:
-  the cut's) and the stream they were read from;
+- ``GET /v1/offsets``: ``{"offsets": {...}, "stream": {...} | null,
+  "restored": int}``, the latest committed offsets reported with released
+  leases (after a restore: the cut's), the stream they were read from, and
+  the version the shards' state was loaded from (0: started empty);
 - with an exporter: ``POST /v1/exports`` (``{"kind": "base" | "delta"}``,
   optional) cuts and writes a version now, 201 with its report;
   ``GET /v1/exports``: ``{"model", "versions": [...], "last": report | null}``;
@@ -141,11 +142,13 @@ async def release(request: web.Request) -> web.Response:
 @_COORDINATED.get("/v1/offsets")
 async def offsets(request: web.Request) -> web.Response:
     model = _model_of(request)
-    known, stream = request.app[COORDINATOR].offsets(model), request.app[COORDINATOR].stream_of(model)
+    coordinator = request.app[COORDINATOR]
+    known, stream = coordinator.offsets(model), coordinator.stream_of(model)
     return json_response(
         {
             "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in known.items()},
             "stream": stream.to_dict() if stream is not None else None,
+            "restored": coordinator.restored,
         }
     )
 

@@ -415,6 +415,8 @@ class SyncApplied(Struct, forbid_unknown_fields=True):
 class KnownOffsets(Struct, forbid_unknown_fields=True):
     offsets: Offsets
     stream: dict[str, Any] | None
+    restored: int
+    """The export version the shards' state was loaded from (0: started empty)."""
 
 
 # -- exports --------------------------------------------------------------------------
