@@ -15,13 +15,14 @@ import numpy as np
 import orjson
 import pytest
 from commands import ctrps, ctrps_process
-from streams import applications, committed, consume_all, keyed_event, new_topic
+from streams import applications, committed, confluent_produce, consume_all, keyed_event, new_topic
 from waiting import until
 
 from consumers.dlq import MAX_RECORD_BYTES, read_headers
 
 GOOD = 264  # with the pills, 7 windows of 40 messages: the last one closes too
 BIG = 5_000_000
+LARGE = {"message.max.bytes": 2 * BIG}  # the producer's own limit, 1 MB by default
 PILLS: list[tuple[bytes, str]] = [
     # Accepted before, then refused by the shard: the worker crashed on them.
     (b'{"label":1,"ts":1e300,"features":{"a":"x"}}', "bad_ts"),
@@ -43,21 +44,6 @@ PILLS: list[tuple[bytes, str]] = [
     (b'{"label":1,"keys":[-1]}', "bad_keys"),
     (b'{"label":1,"weight":-1,"features":{"a":"x"}}', "bad_weight"),
 ]
-
-
-def _confluent_produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
-    """`values` in order to partition 0, by librdkafka (large messages allowed)."""
-    import confluent_kafka
-
-    producer = confluent_kafka.Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all", "message.max.bytes": 2 * BIG}
-    )
-    failed: list[Any] = []
-    for value in values:
-        producer.produce(topic, value=value, partition=0, on_delivery=lambda err, _m: err and failed.append(err))
-        producer.poll(0)
-    assert producer.flush(60) == 0, "confluent-kafka could not deliver everything"
-    assert not failed, failed
 
 
 async def _through_ctrps_worker(bootstrap: str, urls: list[str], topic: str, group: str, n: int) -> None:
@@ -110,7 +96,7 @@ async def test_one_pill_is_dead_lettered_and_the_rest_trained(
     topic, group = await new_topic(kafka_bootstrap, 1)
     shards, urls = await serve_shards(2)
     values = [keyed_event(i) for i in range(20)] + [pill[0]] + [keyed_event(i) for i in range(20, 39)]
-    await asyncio.to_thread(_confluent_produce, kafka_bootstrap, topic, values)
+    await asyncio.to_thread(confluent_produce, kafka_bootstrap, topic, values, config=LARGE)
     await _through_ctrps_worker(kafka_bootstrap, urls, topic, group, len(values))
     applied = applications(shards, 0, 39)
     assert (applied == 1).all(), applied
@@ -133,7 +119,7 @@ async def test_ctrps_worker_trains_around_every_poison_pill(kafka_bootstrap: str
             pill_at[len(values)] = pill[1]
             values.append(pill[0])
     assert len(pill_at) == len(PILLS) and len(values) % 40 == 0
-    await asyncio.to_thread(_confluent_produce, kafka_bootstrap, topic, values)
+    await asyncio.to_thread(confluent_produce, kafka_bootstrap, topic, values, config=LARGE)
     await _through_ctrps_worker(kafka_bootstrap, urls, topic, group, len(values))
     dead = await consume_all(kafka_bootstrap, topic + ".dlq", len(PILLS))
 
