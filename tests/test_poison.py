@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from streams import applications, committed, confluent_produce, consume_all, key
 from waiting import until
 
 from consumers.dlq import MAX_RECORD_BYTES, read_headers
+from ps_core.hashing import shard_of
 
 GOOD = 264  # with the pills, 7 windows of 40 messages: the last one closes too
 BIG = 5_000_000
@@ -46,14 +48,25 @@ PILLS: list[tuple[bytes, str]] = [
 ]
 
 
-async def _through_ctrps_worker(bootstrap: str, urls: list[str], topic: str, group: str, n: int) -> None:
-    """A ``ctrps worker`` (windows of 40 messages, model "m" fed raw numbers)
-    runs until all `n` messages of `topic` are committed, then is stopped:
-    it must not exit before, and must exit 0."""
+async def _through_ctrps_worker(
+    bootstrap: str,
+    urls: list[str],
+    topic: str,
+    group: str,
+    n: int,
+    *extra: str,
+    before: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """A ``ctrps worker`` (windows of 40 messages, model "m" fed raw numbers,
+    then `extra` arguments) runs until all `n` messages of `topic` are
+    committed, then is stopped: it must not exit before, and must exit 0.
+    `before` is awaited once it started."""
     args = ["worker", "--bootstrap", bootstrap, "--shards", ",".join(urls), "--topic", topic]
     args += ["--group", group, "--model-name", "m", "--numeric", "raw", "--window-events", "40"]
-    args += ["--window-seconds", "3600", "--decode-processes", "0", "--session-timeout-ms", "6000"]
+    args += ["--window-seconds", "3600", "--decode-processes", "0", "--session-timeout-ms", "6000", *extra]
     async with ctrps_process(*args) as proc:
+        if before is not None:
+            await before()
         assert proc.stderr is not None
         log = asyncio.create_task(proc.stderr.read())  # drained: a full pipe would stop the worker
 
@@ -65,7 +78,8 @@ async def _through_ctrps_worker(bootstrap: str, urls: list[str], topic: str, gro
         try:
             await until(done, 90, what="every message to be committed", poll_s=0.5)
         except AssertionError as exc:
-            proc.send_signal(signal.SIGTERM)
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
             raise AssertionError(
                 f"{exc}; committed {await committed(bootstrap, group, topic, 1)}, worker log: {(await log)[-4000:]!r}"
             ) from None
@@ -143,3 +157,54 @@ async def test_ctrps_worker_trains_around_every_poison_pill(kafka_bootstrap: str
     assert [d["truncated_from_bytes"] for d in shown] == [len(values[o]) for o in big]
     text = ctrps("dlq", "--bootstrap", kafka_bootstrap, "--topic", topic + ".dlq", "--reason", "oversized")
     assert text.returncode == 0 and f"[truncated: the original was {len(values[big[0]])} bytes]" in text.stdout
+
+
+async def test_an_event_the_model_cannot_train_is_dead_lettered(kafka_bootstrap: str, serve_shards: Any) -> None:
+    """Valid, but the model's own weights make its gradient infinite: an FM
+    embedding at float32's largest (as a restored model might hold) and a
+    weight of 10. The shards would refuse the whole push; the worker leaves
+    that event out and dead-letters it, and trains the rest."""
+    topic, group = await new_topic(kafka_bootstrap, 1)
+    shards, urls = await serve_shards(2)
+    key = 7  # a pre-hashed key no other event has
+    owner = shards[int(shard_of(np.array([key], dtype=np.uint64), 2)[0])]
+
+    async def huge_embedding() -> None:
+        await until(lambda: "m_v" in owner.tables, 30, what="the worker to declare its tables")
+        table = owner.tables["m_v"]
+        row = np.zeros((1, table.width), dtype=np.float32)
+        row[0, : table.dim] = 3e38
+        table.load_rows([key], row, [0], [0], [0], [0])
+
+    pill = orjson.dumps({"label": 0, "weight": 10, "keys": [key], "features": {"a": "x"}})
+    values = [keyed_event(i) for i in range(20)] + [pill] + [keyed_event(i) for i in range(20, 39)]
+
+    async def produce_then() -> None:
+        await huge_embedding()
+        await asyncio.to_thread(confluent_produce, kafka_bootstrap, topic, values)
+
+    await _through_ctrps_worker(kafka_bootstrap, urls, topic, group, len(values), "--model", "fm", before=produce_then)
+    applied = applications(shards, 0, 39)
+    assert (applied == 1).all(), applied
+    (dead,) = await consume_all(kafka_bootstrap, topic + ".dlq", 1)
+    h = read_headers(dead.headers)
+    assert (h["ctrps-reason"], h["ctrps-source-offset"], dead.value) == ("untrainable", "20", pill)
+    assert "gradients are not finite" in h["ctrps-detail"], h
+    assert np.isfinite(owner.tables["m_v"].pull(np.array([key], dtype=np.uint64))).all()
+
+
+async def test_broker_timestamps_the_shards_cannot_keep_are_not_event_times(
+    kafka_bootstrap: str, serve_shards: Any
+) -> None:
+    """Events without ``ts`` take their broker timestamp as their event time,
+    unless the shards cannot keep it: here the producer wrote microseconds
+    where Kafka means milliseconds (year 55,000). The events are trained at
+    the shards' clock; the shards refused the push before."""
+    topic, group = await new_topic(kafka_bootstrap, 1)
+    shards, urls = await serve_shards(2)
+    values = [orjson.dumps({k: v for k, v in orjson.loads(keyed_event(i)).items() if k != "ts"}) for i in range(40)]
+    micros = [1_764_681_600_000_000 + i for i in range(40)]
+    await asyncio.to_thread(confluent_produce, kafka_bootstrap, topic, values, 1, micros)
+    await _through_ctrps_worker(kafka_bootstrap, urls, topic, group, len(values))
+    applied = applications(shards, 0, 40)
+    assert (applied == 1).all(), applied

@@ -59,8 +59,11 @@ REASONS = (
     "bad_features",
     "bad_value",
     "bad_keys",
+    "untrainable",
 )
-"""Every reason an event or message is rejected for (DLQ reasons)."""
+"""Every reason an event or message is rejected for (DLQ reasons);
+``untrainable`` is the worker's, for an event whose gradients were not finite
+(`consumers.training`)."""
 
 
 class EventError(PSError, code="bad_event", status=422):
