@@ -10,13 +10,18 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import orjson
 import pytest
 from commands import ctrps, ctrps_process
+from jsonlog import read_json_lines
 from streams import applications, committed, confluent_produce, consume_all, keyed_event, new_topic
+from test_cluster import bias_shows as cluster_bias_shows
+from test_cluster import kill_cluster, start_cluster, wait_for_line
 from waiting import until
 
 from consumers.dlq import MAX_RECORD_BYTES, read_headers
@@ -24,12 +29,13 @@ from ps_core.hashing import shard_of
 
 GOOD = 264  # with the pills, 7 windows of 40 messages: the last one closes too
 BIG = 5_000_000
+PRICE = b'{"label":0,"features":{"price":2e6}}'
 LARGE = {"message.max.bytes": 2 * BIG}  # the producer's own limit, 1 MB by default
 PILLS: list[tuple[bytes, str]] = [
     # Accepted before, then refused by the shard: the worker crashed on them.
     (b'{"label":1,"ts":1e300,"features":{"a":"x"}}', "bad_ts"),
     (b'{"label":1,"weight":1e30,"features":{"a":"x"}}', "bad_weight"),
-    (b'{"label":0,"features":{"price":2e6}}', "bad_value"),  # fed raw beyond MAX_VALUE
+    (PRICE, "bad_value"),  # fed raw beyond MAX_VALUE
     # Larger than a dead-letter record: the dead-letter producer refused them.
     (orjson.dumps({"label": 1, "features": {"a": "x" * BIG}}), "oversized"),
     (orjson.dumps({"label": 1, "features": {f"f{i}": i for i in range(100_000)}}), "oversized"),
@@ -208,3 +214,52 @@ async def test_broker_timestamps_the_shards_cannot_keep_are_not_event_times(
     await _through_ctrps_worker(kafka_bootstrap, urls, topic, group, len(values))
     applied = applications(shards, 0, 40)
     assert (applied == 1).all(), applied
+
+
+async def test_ctrps_cluster_trains_around_every_poison_pill(tmp_path: Path) -> None:
+    """The poison topic into a whole ``ctrps cluster`` (one worker, so no
+    rebalance replays a window): the worker is never restarted, every good
+    event is trained once (the bias row's shows in a cut), and every pill is
+    a dead letter with its reason and source."""
+    err_log = tmp_path / "cluster.log"
+    proc = await start_cluster(
+        tmp_path, "--shards", "2", "--workers", "1", "--no-produce", "--window-seconds", "1", "--export-interval", "0"
+    )
+    good = 400
+    values = [keyed_event(i) for i in range(good)]
+    for j, (value, _) in enumerate(PILLS):  # one in 23 messages, over the 4 partitions
+        values.insert(11 + j * 23, value)
+    # The cluster's model feeds numbers as log1p/16: a price of 2e6 is fed as
+    # 0.91, so that message is valid there, and trained.
+    reasons = {v: r for v, r in PILLS if v != PRICE}
+    pill_at = {(i % 4, i // 4): reasons[v] for i, v in enumerate(values) if v in reasons}
+    assert len(pill_at) == len(PILLS) - 1
+    try:
+        ready = await wait_for_line(proc, err_log, {"logger": "ctrps.cluster", "msg": "ready"}, 90)
+        api, bootstrap = ready["api"], ready["bootstrap"]
+        await asyncio.to_thread(confluent_produce, bootstrap, "clicks", values, 4, None, LARGE)
+        async with aiohttp.ClientSession() as session:
+
+            async def all_trained() -> bool:
+                assert proc.returncode is None, f"the cluster stopped: {err_log.read_text()[-3000:]}"
+                if sum((await committed(bootstrap, "ctrps", "clicks", 4)).values()) < len(values):
+                    return False
+                async with session.post(api + "/v1/exports", json={}) as resp:  # holds every committed window
+                    assert resp.status == 201, await resp.text()
+                return True
+
+            await until(all_trained, 120, what="every message committed", poll_s=1.0)
+        trained = cluster_bias_shows(tmp_path / "exports" / "ctr", 2)
+        dead = await consume_all(bootstrap, "clicks.dlq", len(pill_at))
+        proc.send_signal(signal.SIGINT)
+        rc = await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        await kill_cluster(proc, tmp_path)
+    assert rc == 0, err_log.read_text()[-3000:]
+    assert trained == good + 1  # the price
+    lines = read_json_lines(err_log)
+    assert not [x for x in lines if x.get("msg") == "restarting a child"], err_log.read_text()[-3000:]
+    headers = [read_headers(r.headers) for r in dead]
+    got = {(int(h["ctrps-source-partition"]), int(h["ctrps-source-offset"])): h["ctrps-reason"] for h in headers}
+    assert len(dead) == len(pill_at) and got == pill_at
+    assert sum("ctrps-original-bytes" in h for h in headers) == 2
