@@ -1,9 +1,11 @@
 """``ctrps dlq``: read the dead-letter topic, newest first.
 
 Each dead letter is printed with why it was refused and where it came from
-(reason, detail, source topic, partition and offset) and its original bytes;
-``--json`` prints one JSON object per line instead (the bytes as text, and
-as base64 when they are not UTF-8). Exit codes: 0 (also when there is none);
+(reason, detail, source topic, partition and offset) and its original bytes
+(their start, marked truncated with the original size, for a message too
+large for one dead-letter record); ``--json`` prints one JSON object per
+line instead (the bytes as text, and as base64 when they are not UTF-8;
+``truncated_from_bytes`` on a truncated one). Exit codes: 0 (also when there is none);
 1 the topic does not exist or the broker did not answer in time; 2 a usage
 error (no broker address). Each failure is one line.
 """
@@ -91,6 +93,8 @@ def _as_json(d: ReadLetter) -> dict[str, Any]:
         "source": {"topic": d.source_topic, "partition": d.source_partition, "offset": d.source_offset},
         "dlq": {"partition": d.partition, "offset": d.offset},
     }
+    if d.original_bytes is not None:  # the value is the original's start
+        out["truncated_from_bytes"] = d.original_bytes
     try:
         out["value"] = d.value.decode("utf-8")
     except UnicodeDecodeError:
@@ -101,6 +105,8 @@ def _as_json(d: ReadLetter) -> dict[str, Any]:
 def _as_text(d: ReadLetter) -> str:
     shown = d.value[:_SHOWN_BYTES]
     more = f" … ({len(d.value)} bytes)" if len(d.value) > _SHOWN_BYTES else ""
+    if d.original_bytes is not None:
+        more += f" [truncated: the original was {d.original_bytes} bytes]"
     return (
         f"{_when(d.written_ms)}  {d.reason}  {d.source_topic}[{d.source_partition}]@{d.source_offset}\n"
         f"  {d.detail}\n"

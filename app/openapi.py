@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, cast
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from ps_core.model.events import MAX_FEATURES, MAX_WEIGHT
+from ps_core.model.events import MAX_FEATURES, MAX_FLOAT32, MAX_TS, MAX_VALUE, MAX_WEIGHT
 from ps_core.model.hasher import DEFAULT_NUMERIC
 from ps_core.models import components, ref
 from ps_core.net.shard_openapi import (
@@ -59,8 +59,18 @@ __all__ = [
 
 # -- requests -------------------------------------------------------------------------
 
-# A numeric value is kept as a float32 and must stay finite there.
-FeatureValue = str | Annotated[float, Meta(ge=-MAX_WEIGHT, le=MAX_WEIGHT)] | bool | list[str] | None
+# A numeric value is kept as a float32 and must stay finite there; as the
+# model is fed it (raw, log1p, divided) it is at most MAX_VALUE in magnitude.
+FeatureValue = (
+    str
+    | Annotated[
+        float,
+        Meta(ge=-MAX_FLOAT32, le=MAX_FLOAT32, description=f"Fed to the model at most {MAX_VALUE:g} in magnitude."),
+    ]
+    | bool
+    | list[str]
+    | None
+)
 Features = Annotated[
     dict[str, FeatureValue],
     Meta(
@@ -97,7 +107,7 @@ class Event(Struct):
     features: Features | None = None
     keys: Keys | None = None
     label: Literal[0, 1] | None = None
-    ts: Annotated[float | None, Meta(description="Seconds since the epoch.")] = None
+    ts: Annotated[float, Meta(ge=0, lt=MAX_TS, description="Seconds since the epoch.")] | None = None
     weight: Annotated[float, Meta(ge=0, le=MAX_WEIGHT)] | None = None
 
 

@@ -49,7 +49,10 @@ class ReadLetter:
     source_partition: int | None
     source_offset: int | None
     value: bytes
-    """The original message's bytes."""
+    """The original message's bytes (their start, if `original_bytes` is set)."""
+    original_bytes: int | None = None
+    """The original message's size where the record keeps only its start
+    (too large for one record); None when `value` is whole."""
 
 
 def _int(raw: str | None) -> int | None:
@@ -104,6 +107,7 @@ async def newest_dead_letters(
                             source_partition=_int(h.get("ctrps-source-partition")),
                             source_offset=_int(h.get("ctrps-source-offset")),
                             value=r.value or b"",
+                            original_bytes=_int(h.get("ctrps-original-bytes")),
                         )
                     )
                     if r.offset + 1 >= end[tp]:

@@ -15,23 +15,32 @@ them into mini-batches, predicts every event before learning from it
 
 Each returns the window's progressive metrics; all of a window's updates are
 acknowledged before it returns, so the worker's commit covers them.
+
+An event whose gradients are not finite (which the shards would refuse for
+the whole push) is left out of its mini-batch and listed in
+`Training.untrainable`, for the worker to dead-letter; validation's bounds
+(`ps_core.model.events.MAX_WEIGHT`, `MAX_VALUE`) leave only a model's own
+extreme weights to cause one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import math
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import InitVar, dataclass, field
+from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ps_core.checkpoint.control import ControlClient
-from ps_core.errors import PSError
-from ps_core.model.batch import EventBatch
+from ps_core.errors import InvalidValuesError, PSError
+from ps_core.model.batch import F32, F64, I64, EventBatch
+from ps_core.model.events import MAX_TS
 from ps_core.model.geo import GeoCopy
 from ps_core.model.metrics import Metrics, evaluate
 from ps_core.model.models import BatchPlan, Model, sigmoid
@@ -44,6 +53,7 @@ from .windows import Window
 __all__ = ["Training", "AsyncTraining", "SyncTraining", "GeoTraining", "TrainingStats", "mini_batches", "per_table"]
 
 _T = TypeVar("_T")
+log = logging.getLogger("ctrps.worker")
 
 
 class TrainingStats(Protocol):
@@ -98,10 +108,56 @@ async def mini_batches(
         yield rest
 
 
+def _window_time(window: Window) -> float:
+    """The window's latest broker timestamp in seconds; 0 (a push's "the
+    shard's clock") where the shards would refuse it: a record without one
+    (-1), or one not in milliseconds."""
+    t = window.last_ts_ms / 1000.0
+    return t if 0 <= t < MAX_TS else 0.0
+
+
 def _event_time(sub: EventBatch, window: Window) -> float:
     """A mini-batch's latest event time (the window's when it has none)."""
     ts = sub.ts[np.isfinite(sub.ts)]
-    return float(ts.max()) if ts.size else window.last_ts_ms / 1000.0
+    return float(ts.max()) if ts.size else _window_time(window)
+
+
+def _finite(grads: dict[str, F32]) -> bool:
+    """Every gradient finite, as a shard checks it: a float64 sum of float32
+    values is finite exactly when they all are."""
+    return all(math.isfinite(g.sum(dtype=np.float64)) for g in grads.values())
+
+
+def _only(sub: EventBatch, plan: BatchPlan, dlogit: F64, keep: npt.NDArray[np.bool_]) -> tuple[EventBatch, F64]:
+    """`sub` and its dLoss/dlogit with the events not kept taking no part:
+    their values and dlogit 0 (by `np.where`, so an infinity or NaN of theirs
+    is not multiplied into anything), so each model's gradients are the sum
+    of the kept events' own (a model's gradient is per event, then summed)."""
+    values = np.where(keep[plan.event_of], sub.values, np.float32(0))
+    return replace(sub, values=values), np.where(keep, dlogit, 0.0)
+
+
+def _untrainable(model: Model, sub: EventBatch, plan: BatchPlan, weights: dict[str, F32], dlogit: F64) -> I64:
+    """The events of `sub` whose own gradients are not finite, found by
+    halving: a run of events whose gradients are finite is clear, a single
+    event whose are not is untrainable. Only for a mini-batch whose gradients
+    are not finite (a few gradient computations per such event)."""
+    n = sub.size
+    bad: list[int] = []
+    runs = [(0, n)]
+    while runs:
+        lo, hi = runs.pop()
+        keep = np.zeros(n, dtype=bool)
+        keep[lo:hi] = True
+        masked, d = _only(sub, plan, dlogit, keep)
+        if _finite(model.gradients(masked, plan, weights, d)):
+            continue
+        if hi - lo == 1:
+            bad.append(lo)
+        else:
+            mid = (lo + hi) // 2
+            runs += [(mid, hi), (lo, mid)]
+    return np.array(sorted(bad), dtype=np.int64)
 
 
 class _Step(NamedTuple):
@@ -141,6 +197,10 @@ class Training(ABC):
     model: Model
     stats: TrainingStats
     mini_batch: int
+    untrainable: list[tuple[int, str]] = field(default_factory=list, init=False)
+    """(event index, why) of each event left out because its gradients were
+    not finite, since the caller last cleared it; an event's index is what
+    its batch's `EventBatch.index` said (the worker's: its record in the window)."""
 
     def _mini_batches(self, pieces: AsyncIterator[EventBatch], ramp: int = 0) -> AsyncIterator[EventBatch]:
         """The window's mini-batches: `mini_batch` events each, or ramping
@@ -149,13 +209,38 @@ class Training(ABC):
         return mini_batches(pieces, lambda done: sizes.next_size(learnt + done))
 
     def _learn(
-        self, sub: EventBatch, plan: BatchPlan, weights: dict[str, npt.NDArray[np.float32]], seen: _Progressive
-    ) -> dict[str, npt.NDArray[np.float32]]:
+        self, sub: EventBatch, plan: BatchPlan, weights: dict[str, F32], seen: _Progressive
+    ) -> tuple[dict[str, F32], F32]:
         """Predict `sub` from `weights` (recorded in `seen`: progressive
-        validation), then its gradients."""
+        validation), then its gradients and each key's shows and clicks.
+
+        An event whose gradients are not finite takes no part (listed in
+        `untrainable`): the shards would refuse the whole push for it.
+        `InvalidValuesError` if they are not finite, yet no event's alone is."""
         p = sigmoid(self.model.logits(sub, plan, weights))
-        seen.add(p, sub.labels)
-        return self.model.gradients(sub, plan, weights, (p - sub.labels) * sub.weights)
+        dlogit = (p - sub.labels) * sub.weights
+        grads = self.model.gradients(sub, plan, weights, dlogit)
+        if _finite(grads):  # one sum per table: the common case
+            seen.add(p, sub.labels)
+            return grads, plan.counts(sub.labels)
+        bad = _untrainable(self.model, sub, plan, weights, dlogit)
+        keep = np.ones(sub.size, dtype=bool)
+        keep[bad] = False
+        masked, d = _only(sub, plan, dlogit, keep)
+        grads = self.model.gradients(masked, plan, weights, d)
+        if not _finite(grads):
+            raise InvalidValuesError(
+                f"model {self.model.name}: gradients of a mini-batch of {sub.size} events are not finite, "
+                "though each event's own are: its sum overflows float32"
+            )
+        why = f"model {self.model.name}: its gradients are not finite (from the model's weights for its features)"
+        self.untrainable.extend((int(i), why) for i in sub.index[bad].tolist())
+        log.warning(
+            f"{bad.size} event(s) of a mini-batch left out: gradients not finite, they go to the dead-letter topic",
+            extra={"fields": {"model": self.model.name, "events": int(bad.size), "mini_batch": sub.size}},
+        )
+        seen.add(p[keep], sub.labels[keep])
+        return grads, plan.counts(sub.labels, keep)
 
     @abstractmethod
     async def train(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
@@ -199,8 +284,7 @@ class AsyncTraining(Training):
         weights = dict(zip(names, await per_table([self.client.pull(t, current.routed) for t in names])))
         while True:
             sub, plan, routed, event_time = current
-            grads = self._learn(sub, plan, weights, seen)
-            counts = plan.counts(sub.labels)
+            grads, counts = self._learn(sub, plan, weights, seen)
             nxt = await anext(batches, None)  # may wait for the next chunk's decoding
             if nxt is None:
                 await per_table(
@@ -251,8 +335,8 @@ class SyncTraining(Training):
                 plan = self.model.plan(sub)
                 routed = self.client.route(plan.keys)
                 weights = dict(zip(names, await per_table([self.client.pull(t, routed) for t in names])))
-                grads = self._learn(sub, plan, weights, seen)
-                counts, event_time = plan.counts(sub.labels), _event_time(sub, window)
+                grads, counts = self._learn(sub, plan, weights, seen)
+                event_time = _event_time(sub, window)
                 await per_table(
                     [self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names]
                 )
@@ -311,17 +395,17 @@ class GeoTraining(Training):
                 pulled = await per_table([self.client.pull(t, routed, for_push=False) for t in names])
                 rows = geo.take(plan.keys, rows, need, dict(zip(names, pulled)))
             weights = geo.weights(rows)
-            grads = self._learn(sub, plan, weights, seen)
-            geo.train(rows, grads, plan.counts(sub.labels))
+            grads, counts = self._learn(sub, plan, weights, seen)
+            geo.train(rows, grads, counts)
             ts = sub.ts[np.isfinite(sub.ts)]
             last_ts = max(last_ts, float(ts.max())) if ts.size else last_ts
             steps += 1
             if steps % self.geo_steps == 0:
-                await self._push(scale, last_ts if np.isfinite(last_ts) else window.last_ts_ms / 1000.0)
+                await self._push(scale, last_ts if np.isfinite(last_ts) else _window_time(window))
                 last_ts = -np.inf
             await asyncio.sleep(0)  # in-process shards never suspend: let the fetcher run
         if steps % self.geo_steps:
-            await self._push(scale, last_ts if np.isfinite(last_ts) else window.last_ts_ms / 1000.0)
+            await self._push(scale, last_ts if np.isfinite(last_ts) else _window_time(window))
         self.stats.events_trained += seen.events
         return seen.metrics()
 

@@ -39,7 +39,7 @@ import socket
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -352,12 +352,15 @@ def _kept(
     batch: EventBatch, part: Decoded, keep_record: npt.NDArray[np.bool_] | None, first: int, size: int
 ) -> EventBatch:
     """`batch` (one chunk's, of `part`) without the events of records whose
-    partitions were revoked (`keep_record` over the window; None keeps all)."""
-    if keep_record is None:
-        return batch
-    keep = keep_record[first : first + size]
+    partitions were revoked (`keep_record` over the window; None keeps all),
+    each event indexed by its record in the window (the chunk's start: `first`)."""
     record_of = np.asarray(part.record_of, dtype=np.int64)
-    return batch.select(np.flatnonzero(keep[record_of[batch.index]]))
+    if keep_record is not None:
+        keep = keep_record[first : first + size]
+        batch = batch.select(np.flatnonzero(keep[record_of[batch.index]]))
+    # Each event's index becomes its record in the window: what an event the
+    # training leaves out (`Training.untrainable`) is dead-lettered as.
+    return replace(batch, index=record_of[batch.index] + first)
 
 
 @dataclass
@@ -1209,9 +1212,15 @@ class Worker:
             committed: Offsets = {}
             try:
                 t_train, cpu_train = time.perf_counter(), time.process_time()
+                trainings = [self.training, *(a.training for a in self.also)]
+                for tr in trainings:
+                    tr.untrainable.clear()  # a failed window's, replayed now
                 metrics = await self.training.train(pieces(), window)
                 also_metrics = [await a.training.train(also_pieces(i), window) for i, a in enumerate(self.also)]
                 t_trained, train_cpu_s = time.perf_counter(), time.process_time() - cpu_train
+                # An event a model left out (gradients not finite): its record is a dead letter.
+                left_out = {i: why for tr in trainings for i, why in tr.untrainable}
+                rejected.extend(Rejected(i, "untrainable", why) for i, why in sorted(left_out.items()))
                 # Dead letters go out before the commit that passes their offsets.
                 assert self._dlq is not None
                 await self._dlq.send_all(

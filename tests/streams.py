@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ __all__ = [
     "bias_shows",
     "brisk_worker_config",
     "committed",
+    "confluent_produce",
     "consume_all",
     "group_of",
     "keyed_event",
@@ -86,6 +87,37 @@ async def produce(
         await asyncio.gather(*futs)
     finally:
         await producer.stop()
+
+
+def confluent_produce(
+    bootstrap: str,
+    topic: str,
+    values: Sequence[bytes],
+    partitions: int = 1,
+    timestamps_ms: Sequence[int] | None = None,
+    config: dict[str, Any] | None = None,
+) -> None:
+    """Send `values` with an independent client (confluent-kafka, i.e.
+    librdkafka), value i to partition i % `partitions` (with its timestamp
+    from `timestamps_ms`, if given); `config` adds producer settings. Blocks
+    until every one is delivered (run it in a thread)."""
+    import confluent_kafka
+
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all", **(config or {})}
+    )
+    failed: list[Any] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(err)
+
+    for i, value in enumerate(values):
+        when = 0 if timestamps_ms is None else timestamps_ms[i]  # 0: the producer's clock
+        producer.produce(topic, value=value, partition=i % partitions, on_delivery=delivered, timestamp=when)
+        producer.poll(0)
+    assert producer.flush(60) == 0, "confluent-kafka could not deliver everything"
+    assert not failed, failed
 
 
 async def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:

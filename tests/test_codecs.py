@@ -15,11 +15,10 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
-from streams import bias_shows, running, worker_config
+from streams import bias_shows, confluent_produce, running, worker_config
 from waiting import until
 
 from consumers.broker import create_topics
@@ -33,24 +32,6 @@ from ps_core.net.shard import Shard, ShardSpec
 
 PROJECT = Path(__file__).resolve().parent.parent
 N = 1500  # events per producer, per codec
-
-
-def _confluent_produce(bootstrap: str, topic: str, events: list[dict[str, Any]], codec: str) -> None:
-    """Send `events` with librdkafka, batches compressed with `codec`."""
-    import confluent_kafka
-
-    producer = confluent_kafka.Producer(
-        {"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 20, "acks": "all"}
-    )
-    failed: list[Any] = []
-    for i, event in enumerate(events):
-        producer.produce(
-            topic, value=orjson.dumps(event), partition=i % 2, timestamp=int(event["ts"] * 1000),
-            on_delivery=lambda err, _msg: err is not None and failed.append(err),
-        )  # fmt: skip
-        producer.poll(0)
-    assert producer.flush(60) == 0, "confluent-kafka could not deliver everything"
-    assert not failed, failed
 
 
 def _needs_cramjam(bootstrap: str, topic: str, last: bool) -> str:
@@ -89,7 +70,10 @@ async def test_a_worker_trains_every_event_of_every_codec(kafka_bootstrap: str, 
     await create_topics(kafka_bootstrap, {topic: 2, topic + ".dlq": 1})
     # An independent client first, then ours, into the same topic.
     events = SyntheticStream(seed=11, vocab=300).batch(N)
-    await asyncio.to_thread(_confluent_produce, kafka_bootstrap, topic, events, codec)
+    await asyncio.to_thread(
+        confluent_produce, kafka_bootstrap, topic, [orjson.dumps(e) for e in events], 2,
+        [int(e["ts"] * 1000) for e in events], {"compression.type": codec, "linger.ms": 20},
+    )  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
     out = await asyncio.to_thread(
         subprocess.run,

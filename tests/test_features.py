@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ps_core.hashing import mix64
 from ps_core.model import hasher
 from ps_core.model.batch import EventBatch
-from ps_core.model.events import MAX_WEIGHT, EventError, check_each, decode_message
+from ps_core.model.events import MAX_FLOAT32, MAX_VALUE, EventError, check_each, decode_message
 from ps_core.model.hasher import DEFAULT_NUMERIC, GRID_WIDTH, FeatureHasher, string_hashes
 
 
@@ -264,8 +264,6 @@ class _Reference:
                     vals.append(1.0)
                 elif type(v) in (int, float):
                     x = float(v)
-                    if not (math.isfinite(x) and abs(x) <= MAX_WEIGHT):
-                        bad_numbers.append((i, "bad_value", f"{name}={v!r} is not a finite float32"))
                     ids.append(_fmix(self.field(name) ^ _C_NUM))
                     # A log1p model's value (the default), then divided; a bad
                     # number stays as it is (its event fails).
@@ -276,6 +274,11 @@ class _Reference:
                         fed /= self.divisor
                     else:
                         fed = x / self.divisor
+                    if not (math.isfinite(x) and abs(x) <= MAX_FLOAT32):
+                        bad_numbers.append((i, "bad_value", f"{name}={v!r} is not a finite float32"))
+                    elif abs(fed) > MAX_VALUE:
+                        why = f"fed as {fed:.6g}, beyond +-{MAX_VALUE:.6g}"
+                        bad_numbers.append((i, "bad_value", f"{name}={v!r} is {why}"))
                     vals.append(fed)
                 elif type(v) is bool:
                     extras.append(self.categorical(name, "true" if v else "false"))

@@ -21,7 +21,6 @@ reason, so a message is either trained whole or dead-lettered whole.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import is_not
@@ -35,6 +34,9 @@ from .batch import F32, F64
 
 __all__ = [
     "MAX_FEATURES",
+    "MAX_FLOAT32",
+    "MAX_TS",
+    "MAX_VALUE",
     "MAX_WEIGHT",
     "REASONS",
     "Checked",
@@ -57,8 +59,11 @@ REASONS = (
     "bad_features",
     "bad_value",
     "bad_keys",
+    "untrainable",
 )
-"""Every reason an event or message is rejected for (DLQ reasons)."""
+"""Every reason an event or message is rejected for (DLQ reasons);
+``untrainable`` is the worker's, for an event whose gradients were not finite
+(`consumers.training`)."""
 
 
 class EventError(PSError, code="bad_event", status=422):
@@ -125,9 +130,20 @@ _KEYS_TYPES = frozenset({list, _NONE_TYPE})
 _DICT = frozenset({dict})
 MAX_FEATURES = 4096
 """Most features (fields and pre-hashed keys together) of one event, by default."""
-MAX_WEIGHT = 3.4e38
-"""Largest event weight or numeric feature value, in magnitude: each is kept
-as a float32 (whose largest is 3.4028235e38) and must stay finite there."""
+MAX_FLOAT32 = 3.4e38
+"""Largest numeric feature value as sent, in magnitude: it is kept as a
+float32 (whose largest is 3.4028235e38) and must stay finite there."""
+MAX_WEIGHT = 1e6
+"""Largest event weight. With `MAX_VALUE` it bounds what one feature
+occurrence adds to a linear gradient, ``|(p - y) * weight * x| <= 1e12``,
+so a key's summed gradient and its square (what AdaGrad and FTRL
+accumulate) stay finite in float32 for up to 1.8e7 occurrences of the key in
+one mini-batch (the default 256 events of at most 4,096 features: 1e6)."""
+MAX_VALUE = 1e6
+"""Largest numeric feature value as a model is fed it (after ``log1p`` or a
+divisor: `ps_core.model.hasher.numeric_feed`), in magnitude; see `MAX_WEIGHT`."""
+MAX_TS = 2**32
+"""Event times are seconds in [0, MAX_TS), as the shards keep them (uint32)."""
 
 
 class Checked(NamedTuple):
@@ -166,9 +182,9 @@ def check_columns(events: Sequence[dict[str, Any]], require_label: bool, max_fea
         labels = np.fromiter(labs, dtype=np.float32, count=n)
     wl = list(map(get, events, repeat("weight")))
     try:
-        ts = _number_column(list(map(get, events, repeat("ts"))), n, finite=True)
+        ts = _number_column(list(map(get, events, repeat("ts"))), n, MAX_TS)
         # Weights are mostly absent: then there is no column to convert.
-        w = None if wl.count(None) == n else _number_column(wl, n, finite=False)
+        w = None if wl.count(None) == n else _number_column(wl, n, MAX_WEIGHT, top_inclusive=True)
     except OverflowError:  # an int beyond float range: the per-event checks raise as before
         return None
     if ts is None or (w is None and wl.count(None) != n):
@@ -207,17 +223,16 @@ def check_columns(events: Sequence[dict[str, Any]], require_label: bool, max_fea
     return Checked(labels, weights, ts, feats, prehashed, {})
 
 
-def _number_column(col: list[Any], n: int, *, finite: bool) -> F64 | None:
-    """`ts` (finite) or `weight` (>= 0, at most `MAX_WEIGHT`: finite as a
-    float32) of every event as float64, NaN where absent; None if some
-    present value is wrong."""
+def _number_column(col: list[Any], n: int, top: float, *, top_inclusive: bool = False) -> F64 | None:
+    """`ts` (in [0, `MAX_TS`)) or `weight` (in [0, `MAX_WEIGHT`]) of every
+    event as float64, NaN where absent; None if some present value is wrong."""
     types = set(map(type, col))
     if types == _ONLY_NONE:
         return np.full(n, np.nan)
     if not types <= _NUMBER_OR_NONE:
         return None
     x = np.array(col, dtype=np.float64)  # None → NaN
-    ok = np.isfinite(x) if finite else (x >= 0) & (x <= MAX_WEIGHT)  # NaN fails both
+    ok = (x >= 0) & ((x <= top) if top_inclusive else (x < top))  # NaN and infinities fail
     absent = col.count(None) if _NONE_TYPE in types else 0
     return x if int(np.count_nonzero(ok)) == n - absent else None
 
@@ -245,8 +260,8 @@ def check_each(events: Sequence[dict[str, Any]], require_label: bool, max_featur
                 raise EventError("bad_label", f"label must be 0 or 1, got {lab!r}")
             t = ev.get("ts")
             if t is not None:
-                if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
-                    raise EventError("bad_ts", f"ts must be a number of seconds, got {t!r}")
+                if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t < MAX_TS:
+                    raise EventError("bad_ts", f"ts must be a number of seconds in [0, 2**32), got {t!r}")
                 ts[i] = t
             w = ev.get("weight")
             if w is not None:

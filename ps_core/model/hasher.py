@@ -41,7 +41,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..hashing import U64, mix64
 from ..parsing import exact_ints
 from .batch import F32, F64, I64, EventBatch
-from .events import MAX_FEATURES, MAX_WEIGHT, Checked, EventError, check_columns, check_each
+from .events import MAX_FEATURES, MAX_FLOAT32, MAX_VALUE, Checked, EventError, check_columns, check_each
 
 __all__ = ["FeatureHasher", "string_hashes", "NUMERIC", "numeric_feed", "numeric_spec"]
 
@@ -699,8 +699,8 @@ class _Extras:
 def _ids(cols: _Columns, fails: _Failures, *, log1p: bool = False, divisor: float = 1.0) -> tuple[U64, F32]:
     """The id and value of every value in `cols`; right for strings and
     numbers (the only ones kept from the columns). A number not finite as a
-    float32 fails its event; with `log1p` a number x is ``sign(x) log1p(|x|)``,
-    then divided by `divisor`."""
+    float32, or fed beyond `MAX_VALUE`, fails its event; with `log1p` a
+    number x is ``sign(x) log1p(|x|)``, then divided by `divisor`."""
     m = cols.objs.size
     vals = np.ones(m, dtype=np.float32)
     # What each value's field hash is mixed with: H(value) * C for a
@@ -714,14 +714,17 @@ def _ids(cols: _Columns, fails: _Failures, *, log1p: bool = False, divisor: floa
     if cols.num.size:
         num = cols.num
         x = cols.objs[num].astype(np.float64)
-        finite = np.isfinite(x) & (np.abs(x) <= MAX_WEIGHT)
-        if not finite.all():
-            for j in num[~finite]:
-                fails.fail(
-                    int(cols.event_of[j]), "bad_value", f"{cols.field(j)}={cols.objs[j]!r} is not a finite float32"
-                )
-        x = np.where(finite, x, 0)
-        x = _fed(x, log1p, divisor)
+        finite = np.isfinite(x) & (np.abs(x) <= MAX_FLOAT32)
+        x = _fed(np.where(finite, x, 0), log1p, divisor)
+        # What the model is fed is bounded too: its gradients stay finite (`MAX_VALUE`).
+        fed_ok = np.abs(x) <= MAX_VALUE
+        good = finite & fed_ok
+        if not good.all():
+            for k in np.flatnonzero(~good).tolist():  # the failures only
+                j = int(num[k])
+                why = f"fed as {x[k]:.6g}, beyond +-{MAX_VALUE:.6g}" if finite[k] else "not a finite float32"
+                fails.fail(int(cols.event_of[j]), "bad_value", f"{cols.field(j)}={cols.objs[j]!r} is {why}")
+            x = np.where(good, x, 0)
         vals[num] = x.astype(np.float32)
     return mix64(cols.fhash ^ salt), vals
 

@@ -86,12 +86,18 @@ class BatchPlan:
             out[:, j] = np.bincount(self.inverse, per_occurrence[:, j], u)
         return out
 
-    def counts(self, labels: F32) -> F32:
-        """(u, 2) shows and clicks of each distinct id in the batch."""
+    def counts(self, labels: F32, events: npt.NDArray[np.bool_] | None = None) -> F32:
+        """(u, 2) shows and clicks of each distinct id in the batch (of the
+        `events` marked only, if given)."""
         u = self.keys.size
         out = np.empty((u, 2), dtype=np.float32)
-        out[:, 0] = np.bincount(self.inverse, minlength=u)
-        out[:, 1] = np.bincount(self.inverse, labels[self.event_of].astype(np.float64), u)
+        if events is None:
+            out[:, 0] = np.bincount(self.inverse, minlength=u)
+            out[:, 1] = np.bincount(self.inverse, labels[self.event_of].astype(np.float64), u)
+        else:
+            kept = events[self.event_of].astype(np.float64)
+            out[:, 0] = np.bincount(self.inverse, kept, u)
+            out[:, 1] = np.bincount(self.inverse, np.where(kept > 0, labels[self.event_of], 0.0), u)
         return out
 
 
