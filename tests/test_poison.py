@@ -20,8 +20,8 @@ import pytest
 from commands import ctrps, ctrps_process
 from jsonlog import read_json_lines
 from streams import applications, committed, confluent_produce, consume_all, keyed_event, new_topic
+from test_cluster import admin_headers, kill_cluster, start_cluster, wait_for_line
 from test_cluster import bias_shows as cluster_bias_shows
-from test_cluster import kill_cluster, start_cluster, wait_for_line
 from waiting import until
 
 from consumers.dlq import MAX_RECORD_BYTES, read_headers
@@ -244,7 +244,9 @@ async def test_ctrps_cluster_trains_around_every_poison_pill(tmp_path: Path) -> 
                 assert proc.returncode is None, f"the cluster stopped: {err_log.read_text()[-3000:]}"
                 if sum((await committed(bootstrap, "ctrps", "clicks", 4)).values()) < len(values):
                     return False
-                async with session.post(api + "/v1/exports", json={}) as resp:  # holds every committed window
+                async with session.post(
+                    api + "/v1/exports", json={}, headers=admin_headers(ready)
+                ) as resp:  # every committed window
                     assert resp.status == 201, await resp.text()
                 return True
 
