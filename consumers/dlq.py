@@ -25,7 +25,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from aiokafka.errors import UnknownError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from .producer import UNKNOWN_ERROR_BACKOFF_S, UNKNOWN_ERROR_RETRIES
 
 __all__ = ["MAX_RECORD_BYTES", "DeadLetter", "DeadLetterQueue", "read_headers"]
 
@@ -99,7 +102,7 @@ class DeadLetterQueue:
         """Send `letters`; returns once the broker acknowledged them all."""
         if not letters:
             return
-        futures = []
+        records = []
         for d in letters:
             value, headers = d.record(self.max_record_bytes)
             if len(value) < len(d.value or b""):
@@ -109,6 +112,22 @@ class DeadLetterQueue:
                     f"{len(d.value or b'')} bytes, {len(value)} kept",
                     extra={"fields": {"reason": d.reason, "original_bytes": len(d.value or b""), "kept": len(value)}},
                 )
-            futures.append(await self._producer.send(self.topic, value=value, headers=headers))
-        await asyncio.gather(*futures)
+            records.append((value, headers))
+        for attempt in range(1, UNKNOWN_ERROR_RETRIES + 2):
+            futures = [await self._producer.send(self.topic, value=v, headers=h) for v, h in records]
+            try:
+                await asyncio.gather(*futures)
+                break
+            except UnknownError as exc:
+                # The embedded broker refuses once the first write to a
+                # partition after a restart (see consumers.producer): all the
+                # letters are sent again, at least once as every dead letter.
+                if attempt > UNKNOWN_ERROR_RETRIES:
+                    raise
+                log.warning(
+                    f"the broker refused dead letters with error -1: resending them ({attempt} of {UNKNOWN_ERROR_RETRIES})",
+                    extra={"fields": {"topic": self.topic, "letters": len(records), "error": repr(exc)}},
+                )
+                await asyncio.gather(*futures, return_exceptions=True)
+                await asyncio.sleep(UNKNOWN_ERROR_BACKOFF_S * attempt)
         self.counts.update(d.reason for d in letters)

@@ -59,8 +59,9 @@ EventSource = Iterable[Item] | AsyncIterable[Item]
 log = logging.getLogger("ctrps.produce")
 
 _MAX_EXAMPLES = 5
-_UNKNOWN_ERROR_RETRIES = 5
-_UNKNOWN_ERROR_BACKOFF_S = 0.2  # times the attempt: 3 s in all, past the broker role's repair
+UNKNOWN_ERROR_RETRIES = 5
+"""Times a send refused with error -1 is resent (the embedded broker's once-per-partition refusal)."""
+UNKNOWN_ERROR_BACKOFF_S = 0.2  # times the attempt: 3 s in all, past the broker role's repair
 _MAX_BATCH_BYTES = 512 * 1024  # under brokers' default 1 MiB message.max.bytes
 
 
@@ -350,7 +351,7 @@ async def produce(
                     # to that partition once. Resent whole (at-least-once: its
                     # other partitions' records may be sent twice), a bounded
                     # number of times.
-                    if sending.attempts >= _UNKNOWN_ERROR_RETRIES:
+                    if sending.attempts >= UNKNOWN_ERROR_RETRIES:
                         raise
                     sending.attempts += 1
                     log.warning(
@@ -362,12 +363,12 @@ async def produce(
                                 "topic": topic,
                                 "error": f"{type(exc).__name__}: {exc}",
                                 "attempt": sending.attempts,
-                                "of": _UNKNOWN_ERROR_RETRIES,
+                                "of": UNKNOWN_ERROR_RETRIES,
                                 "events": len(sending.values),
                             }
                         },
                     )
-                    await asyncio.sleep(_UNKNOWN_ERROR_BACKOFF_S * sending.attempts)
+                    await asyncio.sleep(UNKNOWN_ERROR_BACKOFF_S * sending.attempts)
                     sending.done, sending.counts = await send_chunk(sending.values, sending.stamps, sending.first)
             in_flight.popleft()
             for p, n in sending.counts.items():

@@ -24,6 +24,7 @@ from waiting import until
 
 from consumers.broker import BrokerError, EmbeddedBroker, create_topics, free_port
 from consumers.broker_memory import BrokerMemory
+from consumers.dlq import DeadLetter, DeadLetterQueue, read_headers
 from consumers.producer import produce
 
 
@@ -122,6 +123,29 @@ async def test_producers_are_taken_back_after_a_broker_restart_with_a_worker_run
             # The resent events and every later one are trained.
             await until(lambda: bias_shows(shards) >= 2000 + 4 + 3000, 90, what="the worker to train every event")
             assert worker.returncode is None
+    finally:
+        broker.stop()
+
+
+@pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="external broker in use")
+async def test_dead_letters_are_taken_back_after_a_broker_restart() -> None:
+    """A worker's dead letters meet the same once-per-partition refusal as a
+    producer's sends: they are resent, not the window's failure."""
+    broker = EmbeddedBroker(port=free_port())
+    await broker.start()
+    try:
+        await _resend_before_the_topic_exists(broker.bootstrap, "clicks.dlq", 1)
+        await broker.create_topics({"clicks.dlq": 1})
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        await producer.start()
+        try:
+            letters = [DeadLetter(b"{", "invalid_json", "unexpected end", "clicks", 0, i) for i in range(3)]
+            await DeadLetterQueue(producer, "clicks.dlq").send_all(letters)
+        finally:
+            await producer.stop()
+        records = await consume_all(broker.bootstrap, "clicks.dlq", 1 + 3)
+        offsets = sorted(int(read_headers(r.headers)["ctrps-source-offset"]) for r in records[1:])
+        assert offsets[:3] == [0, 1, 2], offsets
     finally:
         broker.stop()
 
