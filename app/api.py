@@ -60,6 +60,7 @@ from ps_core.errors import (
     PSError,
     ShardUnavailableError,
     StatusError,
+    TableConfigError,
     TableConflictError,
 )
 from ps_core.model.models import Model, make_model
@@ -361,7 +362,14 @@ async def create_model(request: web.Request) -> web.Response:
         kwargs["k"] = body.factors
         if body.embedding_optimizer is not None:
             kwargs["embedding_optimizer"] = _optimizer(body.embedding_optimizer)
-    out = await control.create_model(ModelSpec.of(make_model(body.type, body.name, **kwargs)).recipe())
+    try:
+        model = make_model(body.type, body.name, **kwargs)
+    except (ValueError, TableConfigError) as exc:
+        # What the document's schema cannot say: a numeric divisor of 0
+        # (its pattern takes raw/0), an optimizer's settings that exclude
+        # each other. The caller's request, not a shard's refusal (502).
+        raise BadRequestError(exc.detail if isinstance(exc, TableConfigError) else str(exc)) from None
+    out = await control.create_model(ModelSpec.of(model).recipe())
     return _json(out, status=201 if out["created"] else 200)
 
 
