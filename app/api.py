@@ -55,6 +55,7 @@ from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import (
     CutInProgressError,
     ExportNotFoundError,
+    InvalidRequestError,
     ModelConflictError,
     NoCoordinatorError,
     PSError,
@@ -362,14 +363,17 @@ async def create_model(request: web.Request) -> web.Response:
         kwargs["k"] = body.factors
         if body.embedding_optimizer is not None:
             kwargs["embedding_optimizer"] = _optimizer(body.embedding_optimizer)
+    # What the document's schema cannot say is the caller's 400 too, not a
+    # 500 or a shard's refusal (502): a numeric divisor of 0 (the pattern
+    # takes raw/0), optimizer settings the shards refuse together (ftrl
+    # with neither beta nor l2).
     try:
         model = make_model(body.type, body.name, **kwargs)
-    except (ValueError, TableConfigError) as exc:
-        # What the document's schema cannot say: a numeric divisor of 0
-        # (its pattern takes raw/0), an optimizer's settings that exclude
-        # each other. The caller's request, not a shard's refusal (502).
-        raise BadRequestError(exc.detail if isinstance(exc, TableConfigError) else str(exc)) from None
-    out = await control.create_model(ModelSpec.of(model).recipe())
+        out = await control.create_model(ModelSpec.of(model).recipe())
+    except ValueError as exc:
+        raise BadRequestError(str(exc)) from None
+    except (InvalidRequestError, TableConfigError) as exc:
+        raise BadRequestError(exc.detail) from None
     return _json(out, status=201 if out["created"] else 200)
 
 

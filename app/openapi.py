@@ -36,6 +36,7 @@ from ps_core.net.shard_openapi import (
     ExportReport,
     ExportRequest,
     Lifecycle,
+    NewModelName,
     Optimizer,
     StatusAck,
     StatusBoard,
@@ -261,10 +262,6 @@ class ModelList(Struct, forbid_unknown_fields=True):
     models: list[ModelSummary]
 
 
-ModelName = Annotated[
-    str,
-    Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z", description="The model's name."),
-]
 Hyperparameters = Literal["sgd", "adagrad", "ftrl"] | Optimizer
 """An optimizer by name (its defaults), or with its hyperparameters: the
 shard's own declaration of one (`ps_core.net.shard_openapi`)."""
@@ -273,7 +270,7 @@ shard's own declaration of one (`ps_core.net.shard_openapi`)."""
 class CreateModelRequest(Struct, forbid_unknown_fields=True):
     """A model to create on the cluster (``ctrps model create``'s flags)."""
 
-    name: ModelName
+    name: NewModelName
     type: Literal["lr", "fm"] = "lr"
     optimizer: Hyperparameters | None = None
     embedding_optimizer: Hyperparameters | None = None

@@ -512,21 +512,41 @@ async def test_a_json_document_and_more_is_invalid_json_on_every_json_route(make
         assert status in (200, 201), (route, got)
 
 
+async def test_a_model_name_leaves_room_for_its_tables_names(make_api: MakeApi, tmp_path: Path) -> None:
+    """A model's tables are ``<name>_w`` and ``<name>_v``, table names of at
+    most 64: a model of 62 characters is made, one of 63 refused naming the
+    field, as the document says (it said 64: the shards refused the tables, 502)."""
+    api = await make_api(admin_token=TOKEN, exports=tmp_path)
+    status, got = await api.call("POST", "/v1/models", {"name": "n" * 63, "type": "fm"}, headers=ADMIN)
+    assert (status, got["error"]) == (400, "bad_request") and "`$.name`" in got["detail"], got
+    status, got = await api.call("POST", "/v1/models", {"name": "n" * 62, "type": "fm"}, headers=ADMIN)
+    assert status == 201 and sorted(t["name"] for t in got["model"]["tables"]) == ["n" * 62 + "_v", "n" * 62 + "_w"]
+
+
+NO_BETA = {"name": "ftrl", "beta": 5e-324, "l2": 0}
+
+
 @pytest.mark.parametrize(
-    "numeric",
-    ["raw/0", "log1p/0", "raw/0.0", "log1p/000000.000000", "raw/-1", "log1p/-0.5", "raw/1e9", "raw/1234567"]
-    + ["raw/999999999999999999999", "raw/nan", "log1p/NaN", "raw/inf", "raw/-inf", "raw/0x10", "raw/", "raw/1/2"],
+    ("fields", "named"),
+    [
+        ({"numeric": numeric}, "numeric")
+        for numeric in ["raw/0", "log1p/0", "raw/0.0", "log1p/000000.000000", "raw/-1", "log1p/-0.5", "raw/1e9"]
+        + ["raw/1234567", "raw/999999999999999999999", "raw/nan", "log1p/NaN", "raw/inf", "raw/-inf", "raw/0x10"]
+        + ["raw/", "raw/1/2"]
+    ]
+    + [({"optimizer": NO_BETA}, "l2"), ({"type": "fm", "embedding_optimizer": NO_BETA}, "l2")],
 )
-async def test_a_model_is_refused_a_numeric_divisor_that_is_not_a_positive_number(
-    make_api: MakeApi, tmp_path: Path, numeric: str
+async def test_a_model_the_schema_takes_but_cannot_be_is_a_bad_request(
+    make_api: MakeApi, tmp_path: Path, fields: dict[str, Any], named: str
 ) -> None:
     """``numeric`` divides by D > 0 of at most 6 digits and 6 decimals: a
     zero, negative, huge, NaN-ish or malformed divisor is 400 bad_request
-    naming the field, and no model is made."""
+    naming the field, as are optimizer settings the shards refuse together;
+    no model is made."""
     api = await make_api(admin_token=TOKEN, exports=tmp_path)
-    status, got = await api.call("POST", "/v1/models", {"name": "other", "numeric": numeric}, headers=ADMIN)
+    status, got = await api.call("POST", "/v1/models", {"name": "other", **fields}, headers=ADMIN)
     assert (status, got["error"]) == (400, "bad_request"), got
-    assert "numeric" in got["detail"], got
+    assert named in got["detail"], got
     assert [m["name"] for m in (await api.call("GET", "/v1/models"))[1]["models"]] == ["ctr"]
 
 

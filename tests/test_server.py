@@ -889,7 +889,11 @@ async def test_wrong_method_and_unknown_route_get_json_errors(serve_shards: Any,
     _, urls = await serve_shards(1)
     async with http.get(urls[0] + "/v1/push") as resp:
         assert resp.status == 405
-        assert error_body(resp.content_type, await resp.read())["error"] == "method_not_allowed"
+        assert resp.headers["Allow"] == "POST"  # RFC 9110: a 405 names the methods the route takes
+        error = error_body(resp.content_type, await resp.read())
+        assert error == {"error": "method_not_allowed", "detail": "/v1/push takes POST, not GET"}
+    async with http.delete(urls[0] + "/healthz") as resp:
+        assert (resp.status, resp.headers["Allow"]) == (405, "GET, HEAD")
     async with http.get(urls[0] + "/v2/nothing") as resp:
         assert resp.status == 404
         assert error_body(resp.content_type, await resp.read())["error"] == "not_found"

@@ -116,6 +116,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return json_response(exc.to_body(), status=exc.status)
     except web.HTTPRequestEntityTooLarge as exc:
         return json_response({"error": "too_large", "detail": exc.text or "body too large"}, 413)
+    except web.HTTPMethodNotAllowed as exc:
+        # RFC 9110: a 405 names the methods the route takes.
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        resp = json_response(
+            {"error": "method_not_allowed", "detail": f"{request.path} takes {allowed}, not {request.method}"}, 405
+        )
+        resp.headers["Allow"] = allowed
+        return resp
     except web.HTTPException as exc:
         if exc.status >= 400:
             return json_response(
