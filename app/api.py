@@ -364,9 +364,8 @@ async def create_model(request: web.Request) -> web.Response:
         if body.embedding_optimizer is not None:
             kwargs["embedding_optimizer"] = _optimizer(body.embedding_optimizer)
     # What the document's schema cannot say is the caller's 400 too, not a
-    # 500 or a shard's refusal (502): a numeric divisor of 0 (the pattern
-    # takes raw/0), optimizer settings the shards refuse together (ftrl
-    # with neither beta nor l2).
+    # 500 or a shard's refusal (502): optimizer settings the shards refuse
+    # together (ftrl with neither beta nor l2), whatever make_model refuses.
     try:
         model = make_model(body.type, body.name, **kwargs)
         out = await control.create_model(ModelSpec.of(model).recipe())

@@ -24,7 +24,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ps_core.model.events import MAX_FEATURES, MAX_WEIGHT
-from ps_core.model.hasher import DEFAULT_NUMERIC
+from ps_core.model.hasher import DEFAULT_NUMERIC, NUMERIC_PATTERN
 from ps_core.models import components, ref
 from ps_core.net.shard_openapi import (
     FTRL_RULE,
@@ -280,7 +280,7 @@ class CreateModelRequest(Struct, forbid_unknown_fields=True):
     numeric: Annotated[
         str,
         Meta(
-            pattern=r"^(raw|log1p)(/[0-9]{1,6}(\.[0-9]{1,6})?)?\Z",
+            pattern=NUMERIC_PATTERN.removesuffix("$") + r"\Z",
             description="Numeric features fed as sent (raw), or as sign(x) log1p(|x|) (log1p); /D divides them by "
             "D > 0.",
         ),

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from ..model.hasher import NUMERIC_PATTERN
 from ..models import components, ref
 from ..parsing import MAX_INT
 from ..store.board import PARTITION_KEY, StatusReport
@@ -528,7 +529,7 @@ class ModelDeclaration(Struct, forbid_unknown_fields=True):
         Annotated[
             str,
             Meta(
-                pattern=r"^(raw|log1p)(/[0-9]{1,6}(\.[0-9]{1,6})?)?\Z",
+                pattern=NUMERIC_PATTERN.removesuffix("$") + r"\Z",
                 description="Numeric features fed as sent (raw), or as sign(x) log1p(|x|) (log1p); /D divides "
                 "them by D > 0; absent: log1p/16, the default.",
             ),
