@@ -27,7 +27,7 @@ from ps_core.net.server import FRAME_CONTENT_TYPE, create_shard_app
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.shard_openapi import shard_document
 from ps_core.store.lifecycle import Lifecycle
-from ps_core.store.table import SparseTable, TableConfig
+from ps_core.store.table import MAX_VERSION, SparseTable, TableConfig
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl"})
 EMB = TableConfig("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=3)
@@ -841,6 +841,24 @@ async def test_a_json_document_and_more_is_invalid_json_on_every_json_route(
     for (method, route), valid in VALID_BODIES.items():
         status, got = await call(method, route, orjson.dumps(valid))
         assert status < 400 or got["error"] not in ("invalid_json", "bad_request"), (route, got)
+
+
+async def test_a_cut_at_the_last_version_leaves_the_shard_able_to_cut_again(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    """A cut may take any version up to MAX_VERSION (the document's bound).
+    After one there, the tables' open version is past it, and the next cut
+    (a stray request's, a new coordinator's) was a 500: the table marked its
+    open version exported before the shard marked the cut's."""
+    shards, urls = await serve_shards(1, (LR,))
+    for version in (MAX_VERSION, MAX_VERSION, 5):
+        body = orjson.dumps({"version": version, "parent": None})
+        status, ctype, raw = await post(http, urls[0] + "/v1/snapshots", body, "application/json")
+        assert (status, ctype) == (200, "application/json"), raw[:300]
+        assert shards[0].tables["lr"].last_snapshot == version
+    async with http.get(urls[0] + "/v1/snapshots/5") as resp:
+        assert resp.status == 200
+        assert [s.version for s in codec.snapshots_from_bytes(await resp.read())] == [5]
 
 
 async def test_declaration_with_a_null_name_is_rejected(serve_shards: Any, http: aiohttp.ClientSession) -> None:
