@@ -55,11 +55,13 @@ from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import (
     CutInProgressError,
     ExportNotFoundError,
+    InvalidRequestError,
     ModelConflictError,
     NoCoordinatorError,
     PSError,
     ShardUnavailableError,
     StatusError,
+    TableConfigError,
     TableConflictError,
 )
 from ps_core.model.models import Model, make_model
@@ -361,7 +363,16 @@ async def create_model(request: web.Request) -> web.Response:
         kwargs["k"] = body.factors
         if body.embedding_optimizer is not None:
             kwargs["embedding_optimizer"] = _optimizer(body.embedding_optimizer)
-    out = await control.create_model(ModelSpec.of(make_model(body.type, body.name, **kwargs)).recipe())
+    # What the document's schema cannot say is the caller's 400 too, not a
+    # 500 or a shard's refusal (502): optimizer settings the shards refuse
+    # together (ftrl with neither beta nor l2), whatever make_model refuses.
+    try:
+        model = make_model(body.type, body.name, **kwargs)
+        out = await control.create_model(ModelSpec.of(model).recipe())
+    except ValueError as exc:
+        raise BadRequestError(str(exc)) from None
+    except (InvalidRequestError, TableConfigError) as exc:
+        raise BadRequestError(exc.detail) from None
     return _json(out, status=201 if out["created"] else 200)
 
 

@@ -24,7 +24,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ps_core.model.events import MAX_FEATURES, MAX_FLOAT32, MAX_TS, MAX_VALUE, MAX_WEIGHT
-from ps_core.model.hasher import DEFAULT_NUMERIC
+from ps_core.model.hasher import DEFAULT_NUMERIC, NUMERIC_PATTERN
 from ps_core.models import components, ref
 from ps_core.net.shard_openapi import (
     FTRL_RULE,
@@ -36,6 +36,7 @@ from ps_core.net.shard_openapi import (
     ExportReport,
     ExportRequest,
     Lifecycle,
+    NewModelName,
     Optimizer,
     StatusAck,
     StatusBoard,
@@ -271,10 +272,6 @@ class ModelList(Struct, forbid_unknown_fields=True):
     models: list[ModelSummary]
 
 
-ModelName = Annotated[
-    str,
-    Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z", description="The model's name."),
-]
 Hyperparameters = Literal["sgd", "adagrad", "ftrl"] | Optimizer
 """An optimizer by name (its defaults), or with its hyperparameters: the
 shard's own declaration of one (`ps_core.net.shard_openapi`)."""
@@ -283,7 +280,7 @@ shard's own declaration of one (`ps_core.net.shard_openapi`)."""
 class CreateModelRequest(Struct, forbid_unknown_fields=True):
     """A model to create on the cluster (``ctrps model create``'s flags)."""
 
-    name: ModelName
+    name: NewModelName
     type: Literal["lr", "fm"] = "lr"
     optimizer: Hyperparameters | None = None
     embedding_optimizer: Hyperparameters | None = None
@@ -293,7 +290,7 @@ class CreateModelRequest(Struct, forbid_unknown_fields=True):
     numeric: Annotated[
         str,
         Meta(
-            pattern=r"^(raw|log1p)(/[0-9]{1,6}(\.[0-9]{1,6})?)?\Z",
+            pattern=NUMERIC_PATTERN.removesuffix("$") + r"\Z",
             description="Numeric features fed as sent (raw), or as sign(x) log1p(|x|) (log1p); /D divides them by "
             "D > 0.",
         ),

@@ -14,6 +14,7 @@ from typing import Any
 __all__ = [
     "PSError",
     "InvalidRequestError",
+    "InvalidJSONError",
     "FrameError",
     "InvalidValuesError",
     "WrongShardError",
@@ -266,10 +267,17 @@ class TlsVerifyError(PSError, code="tls_verify_failed", status=495):
     exit_code = 2
 
 
+class InvalidJSONError(InvalidRequestError, code="invalid_json"):
+    """A JSON route's body is not one JSON document: malformed, blank,
+    nested too deeply, or a document followed by more bytes (a second
+    document, a NUL); whatever the route's own code for a wrong shape."""
+
+
 _BY_CODE: dict[str, type[PSError]] = {
     cls.code: cls
     for cls in (
         InvalidRequestError,
+        InvalidJSONError,
         FrameError,
         InvalidValuesError,
         WrongShardError,

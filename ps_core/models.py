@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .errors import PSError
+from .errors import InvalidJSONError, PSError
 from .parsing import MAX_EXACT
 
 __all__ = ["decode", "check", "components", "ref", "REF_TEMPLATE"]
@@ -40,22 +40,27 @@ REF_TEMPLATE = "#/components/schemas/{name}"
 
 
 def decode(
-    decoder: msgspec.json.Decoder[T], raw: bytes, error: type[PSError], invalid: type[PSError] | None = None
+    decoder: msgspec.json.Decoder[T], raw: bytes, error: type[PSError], invalid: type[PSError] = InvalidJSONError
 ) -> T:
     """`raw` decoded and validated by `decoder`; `error` (a 400) naming the
-    field otherwise, or `invalid` (default `error`) when `raw` is not JSON."""
+    field otherwise, or `invalid` (400 invalid_json) when `raw` is not one
+    JSON document.
+
+    msgspec validates as it parses and looks past the document last, so a
+    wrong-shaped document followed by more bytes (``{} x``) fails validation
+    first: the second pass, untyped, is where such a body is found not JSON."""
     try:
         return decoder.decode(raw)
     except msgspec.ValidationError:
         pass
     except (msgspec.DecodeError, RecursionError) as exc:
-        raise (invalid or error)(f"the body is not JSON: {_reason(exc)}") from None
+        raise invalid(f"the body is not JSON: {_reason(exc)}") from None
     try:
         obj = msgspec.json.decode(raw)
     except msgspec.ValidationError as exc:  # a number out of range
         raise error(str(exc)) from None
-    except RecursionError as exc:
-        raise (invalid or error)(f"the body is not JSON: {_reason(exc)}") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise invalid(f"the body is not JSON: {_reason(exc)}") from None
     converted: T = check(obj, decoder.type, error)
     return converted
 

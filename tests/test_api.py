@@ -27,7 +27,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from commands import ctrps_process
-from documents import validate
+from documents import json_operations, validate, with_trailing_bytes
 from prometheus_client.parser import text_string_to_metric_families
 from training import train_step
 
@@ -467,6 +467,87 @@ async def test_bad_requests_get_their_status_and_reason(
     # Nothing reached the board or the tables.
     assert await api.control.statuses() == []
     assert sum(len(t) for s in api.shards for t in s.tables.values()) == 0
+
+
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+
+# One valid body of each route of the document that takes a JSON body (the
+# test checks the list is the document's).
+VALID_BODIES: dict[tuple[str, str], Any] = {
+    ("POST", "/v1/exports"): {"kind": "base"},
+    ("POST", "/v1/models"): {"name": "other", "numeric": "raw/2"},
+    ("POST", "/v1/models/{name}/predict"): {"events": [EV]},
+    ("POST", "/v1/predict"): {"events": [EV], "model": "ctr"},
+    ("POST", "/v1/status"): {"source": "w", "status": {}},
+    ("POST", "/v1/weights"): {"features": {"site": "a"}},
+}
+
+
+async def test_a_json_document_and_more_is_invalid_json_on_every_json_route(make_api: MakeApi, tmp_path: Path) -> None:
+    """A body that is one JSON document followed by more bytes (a second
+    document, NDJSON's next line, a NUL, a word) is 400 invalid_json on every
+    route taking JSON, the valid prefix notwithstanding; a blank body too
+    (but on POST /v1/exports, where no body is the schedule's export); and
+    ``null``, JSON but no object, is 400 bad_request. Nothing was done: then
+    each valid body alone is accepted."""
+    api = await make_api(admin_token=TOKEN, exports=tmp_path)
+    assert sorted(VALID_BODIES) == json_operations(api.doc)
+    for (method, route), valid in VALID_BODIES.items():
+        path = route.replace("{name}", "ctr")
+        for body in with_trailing_bytes(orjson.dumps(valid)):
+            status, got = await api.call(method, path, data=body, headers=ADMIN)
+            assert (status, got["error"]) == (400, "invalid_json"), (route, body, got)
+            assert "not JSON" in got["detail"], got
+        status, got = await api.call(method, path, data=b"null", headers=ADMIN)
+        assert (status, got["error"]) == (400, "bad_request") and "null" in got["detail"], (route, got)
+        if route != "/v1/exports":
+            for blank in (b"", b" \n"):
+                status, got = await api.call(method, path, data=blank, headers=ADMIN)
+                assert (status, got["error"]) == (400, "invalid_json"), (route, got)
+    assert await api.control.statuses() == []
+    assert [m["name"] for m in (await api.call("GET", "/v1/models"))[1]["models"]] == ["ctr"]
+    assert (await api.call("GET", "/v1/exports"))[1]["versions"] == []
+    for (method, route), valid in VALID_BODIES.items():
+        status, got = await api.call(method, route.replace("{name}", "ctr"), valid, headers=ADMIN)
+        assert status in (200, 201), (route, got)
+
+
+async def test_a_model_name_leaves_room_for_its_tables_names(make_api: MakeApi, tmp_path: Path) -> None:
+    """A model's tables are ``<name>_w`` and ``<name>_v``, table names of at
+    most 64: a model of 62 characters is made, one of 63 refused naming the
+    field, as the document says (it said 64: the shards refused the tables, 502)."""
+    api = await make_api(admin_token=TOKEN, exports=tmp_path)
+    status, got = await api.call("POST", "/v1/models", {"name": "n" * 63, "type": "fm"}, headers=ADMIN)
+    assert (status, got["error"]) == (400, "bad_request") and "`$.name`" in got["detail"], got
+    status, got = await api.call("POST", "/v1/models", {"name": "n" * 62, "type": "fm"}, headers=ADMIN)
+    assert status == 201 and sorted(t["name"] for t in got["model"]["tables"]) == ["n" * 62 + "_v", "n" * 62 + "_w"]
+
+
+NO_BETA = {"name": "ftrl", "beta": 5e-324, "l2": 0}
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"numeric": numeric}, "numeric")
+        for numeric in ["raw/0", "log1p/0", "raw/0.0", "log1p/000000.000000", "raw/-1", "log1p/-0.5", "raw/1e9"]
+        + ["raw/1234567", "raw/999999999999999999999", "raw/nan", "log1p/NaN", "raw/inf", "raw/-inf", "raw/0x10"]
+        + ["raw/", "raw/1/2"]
+    ]
+    + [({"optimizer": NO_BETA}, "l2"), ({"type": "fm", "embedding_optimizer": NO_BETA}, "l2")],
+)
+async def test_a_model_the_schema_takes_but_cannot_be_is_a_bad_request(
+    make_api: MakeApi, tmp_path: Path, fields: dict[str, Any], named: str
+) -> None:
+    """``numeric`` divides by D > 0 of at most 6 digits and 6 decimals: a
+    zero, negative, huge, NaN-ish or malformed divisor is 400 bad_request
+    naming the field, as are optimizer settings the shards refuse together;
+    no model is made."""
+    api = await make_api(admin_token=TOKEN, exports=tmp_path)
+    status, got = await api.call("POST", "/v1/models", {"name": "other", **fields}, headers=ADMIN)
+    assert (status, got["error"]) == (400, "bad_request"), got
+    assert named in got["detail"], got
+    assert [m["name"] for m in (await api.call("GET", "/v1/models"))[1]["models"]] == ["ctr"]
 
 
 def test_the_bad_request_table_is_broad() -> None:

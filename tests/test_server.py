@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,6 +17,7 @@ import numpy as np
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
+from documents import json_operations, with_trailing_bytes
 from test_codec import keys_of, patch
 
 from ps_core.hashing import shard_of
@@ -23,8 +25,9 @@ from ps_core.net import codec
 from ps_core.net.codec import Op
 from ps_core.net.server import FRAME_CONTENT_TYPE, create_shard_app
 from ps_core.net.shard import Shard, ShardSpec
+from ps_core.net.shard_openapi import shard_document
 from ps_core.store.lifecycle import Lifecycle
-from ps_core.store.table import SparseTable, TableConfig
+from ps_core.store.table import MAX_VERSION, SparseTable, TableConfig
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl"})
 EMB = TableConfig("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=3)
@@ -781,9 +784,81 @@ async def test_invalid_declaration_is_rejected(
     shards, urls = await serve_shards(1, (LR,))
     status, reply = await declare(http, urls[0], body)
     assert status == 400, reply
-    assert reply["error"] == "bad_table_config"
+    # A body that is not JSON is invalid_json, on every route.
+    assert reply["error"] == ("invalid_json" if isinstance(body, bytes) else "bad_table_config")
     assert re.search(detail, reply["detail"]), reply["detail"]
     assert list(shards[0].tables) == ["lr"]
+
+
+# One valid body of each route of the shard's document that takes a JSON body
+# (the test checks the list is the document's).
+VALID_BODIES: dict[tuple[str, str], Any] = {
+    ("POST", "/v1/exports"): {"kind": "base"},
+    ("POST", "/v1/leases"): {"worker": "w", "wait_s": 0},
+    ("POST", "/v1/leases/release"): {"lease_id": 1},
+    ("POST", "/v1/membership/admit"): {"epoch": "e", "version": 0},
+    ("POST", "/v1/models"): {"name": "other", "numeric": "raw/2"},
+    ("POST", "/v1/restore"): {"version": 0},
+    ("POST", "/v1/snapshots"): {"version": 1, "parent": None},
+    ("POST", "/v1/status"): {"source": "w", "status": {}},
+    ("POST", "/v1/sync/apply"): {"step": 0},
+    ("POST", "/v1/sync/arrive"): {"worker": "w", "deadline_s": 0},
+    ("POST", "/v1/sync/join"): {"worker": "w"},
+    ("POST", "/v1/sync/leave"): {"worker": "w"},
+    ("POST", "/v1/tables"): {"name": "t", "dim": 1},
+}
+
+
+async def test_a_json_document_and_more_is_invalid_json_on_every_json_route(
+    serve_shards: Any, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """On shard 0 with a coordinator and an exporter, a body that is one JSON
+    document followed by more bytes is 400 invalid_json on every route
+    taking JSON, a blank body too (but on POST /v1/exports, where no body is
+    the schedule's export), and ``null`` is the route's 400 naming the type.
+    Nothing was done: then each valid body alone is not refused."""
+    shards, urls = await serve_shards(1, (LR,), tmp_path)
+    assert sorted(VALID_BODIES) == json_operations(shard_document())
+    stats, membership = shards[0].stats(), shards[0].membership()
+
+    async def call(method: str, route: str, body: bytes) -> tuple[int, dict[str, str]]:
+        status, ctype, raw = await post(http, urls[0] + route, body, "application/json")
+        return status, error_body(ctype, raw) if status >= 400 else orjson.loads(raw)
+
+    for (method, route), valid in VALID_BODIES.items():
+        for body in with_trailing_bytes(orjson.dumps(valid)):
+            status, got = await call(method, route, body)
+            assert (status, got["error"]) == (400, "invalid_json"), (route, body, got)
+            assert "not JSON" in got["detail"], got
+        status, got = await call(method, route, b"null")
+        assert status == 400 and got["error"] != "invalid_json" and "null" in got["detail"], (route, got)
+        if route != "/v1/exports":
+            for blank in (b"", b" \n"):
+                status, got = await call(method, route, blank)
+                assert (status, got["error"]) == (400, "invalid_json"), (route, got)
+    assert shards[0].stats() == stats and list(shards[0].tables) == ["lr"]
+    assert shards[0].statuses() == [] and shards[0].membership() == membership
+    for (method, route), valid in VALID_BODIES.items():
+        status, got = await call(method, route, orjson.dumps(valid))
+        assert status < 400 or got["error"] not in ("invalid_json", "bad_request"), (route, got)
+
+
+async def test_a_cut_at_the_last_version_leaves_the_shard_able_to_cut_again(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    """A cut may take any version up to MAX_VERSION (the document's bound).
+    After one there, the tables' open version is past it, and the next cut
+    (a stray request's, a new coordinator's) was a 500: the table marked its
+    open version exported before the shard marked the cut's."""
+    shards, urls = await serve_shards(1, (LR,))
+    for version in (MAX_VERSION, MAX_VERSION, 5):
+        body = orjson.dumps({"version": version, "parent": None})
+        status, ctype, raw = await post(http, urls[0] + "/v1/snapshots", body, "application/json")
+        assert (status, ctype) == (200, "application/json"), raw[:300]
+        assert shards[0].tables["lr"].last_snapshot == version
+    async with http.get(urls[0] + "/v1/snapshots/5") as resp:
+        assert resp.status == 200
+        assert [s.version for s in codec.snapshots_from_bytes(await resp.read())] == [5]
 
 
 async def test_declaration_with_a_null_name_is_rejected(serve_shards: Any, http: aiohttp.ClientSession) -> None:
@@ -832,7 +907,11 @@ async def test_wrong_method_and_unknown_route_get_json_errors(serve_shards: Any,
     _, urls = await serve_shards(1)
     async with http.get(urls[0] + "/v1/push") as resp:
         assert resp.status == 405
-        assert error_body(resp.content_type, await resp.read())["error"] == "method_not_allowed"
+        assert resp.headers["Allow"] == "POST"  # RFC 9110: a 405 names the methods the route takes
+        error = error_body(resp.content_type, await resp.read())
+        assert error == {"error": "method_not_allowed", "detail": "/v1/push takes POST, not GET"}
+    async with http.delete(urls[0] + "/healthz") as resp:
+        assert (resp.status, resp.headers["Allow"]) == (405, "GET, HEAD")
     async with http.get(urls[0] + "/v2/nothing") as resp:
         assert resp.status == 404
         assert error_body(resp.content_type, await resp.read())["error"] == "not_found"

@@ -63,7 +63,7 @@ import orjson
 from aiohttp import web
 
 from .. import models
-from ..errors import InvalidRequestError, PSError, StatusError, TableConfigError
+from ..errors import InvalidJSONError, InvalidRequestError, PSError, StatusError, TableConfigError
 from ..parsing import parse_int
 from ..store.board import StatusReport
 from ..store.table import MAX_VERSION, TableConfig
@@ -75,7 +75,7 @@ from .shard_openapi import Admit, SnapshotRequest, SyncApply, TableDeclaration, 
 
 __all__ = [
     "create_shard_app",
-    "json_object",
+    "json_document",
     "json_body",
     "json_response",
     "refusal_body",
@@ -116,6 +116,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return json_response(exc.to_body(), status=exc.status)
     except web.HTTPRequestEntityTooLarge as exc:
         return json_response({"error": "too_large", "detail": exc.text or "body too large"}, 413)
+    except web.HTTPMethodNotAllowed as exc:
+        # RFC 9110: a 405 names the methods the route takes.
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        resp = json_response(
+            {"error": "method_not_allowed", "detail": f"{request.path} takes {allowed}, not {request.method}"}, 405
+        )
+        resp.headers["Allow"] = allowed
+        return resp
     except web.HTTPException as exc:
         if exc.status >= 400:
             return json_response(
@@ -263,15 +271,13 @@ async def list_tables(request: web.Request) -> web.Response:
     return json_response({name: t.config.to_dict() for name, t in shard.tables.items()})
 
 
-async def json_object(request: web.Request, error: type[PSError] = InvalidRequestError) -> dict[str, Any]:
-    """The body as a JSON object; `error` (400) when it is not one."""
+async def json_document(request: web.Request) -> Any:
+    """The body as one JSON document (any JSON value, for the caller to
+    check); `InvalidJSONError` when it is not one."""
     try:
-        raw = orjson.loads(await request.read())
+        return orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
-        raise error(f"body is not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise error(f"body must be a JSON object, not {type(raw).__name__}")
-    return raw
+        raise InvalidJSONError(f"the body is not JSON: {exc}") from None
 
 
 async def json_body(
@@ -283,9 +289,9 @@ async def json_body(
 
 @_ROUTES.post("/v1/status")
 async def report_status(request: web.Request) -> web.Response:
-    raw = await json_object(request, StatusError)
+    raw = await json_document(request)
     # The shard checks the report again (a report in process comes that way only);
-    # here the route refuses a body of other fields with the same model.
+    # here the route refuses any other body (not an object, other fields) with the same model.
     models.check(raw, StatusReport, StatusError)
     return json_response(request.app[SHARD].report_status(raw["source"], raw["status"]))
 

@@ -516,11 +516,9 @@ class Shard:
                 )
         snaps = []
         for t in self.tables.values():
-            snap = t.snapshot(None if parent is None else t.last_snapshot)
-            # The table labels the copy with its own open version; the cut's
-            # version is the coordinator's, and the table resumes after it.
-            snaps.append(replace(snap, version=version, kind=kind, parent=parent))
-            t.mark_exported(version)
+            # The cut's version is the coordinator's, and the table resumes after it.
+            snap = t.snapshot(None if parent is None else t.last_snapshot, version)
+            snaps.append(replace(snap, kind=kind, parent=parent))
         self._snapshots[version] = snaps
         self.mark_state(version)
         while len(self._snapshots) > self.MAX_PENDING_SNAPSHOTS:

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from ..model.hasher import NUMERIC_PATTERN
 from ..models import components, ref
 from ..parsing import MAX_INT
 from ..store.board import PARTITION_KEY, StatusReport
@@ -48,6 +49,7 @@ __all__ = [
     "StatusAck",
     "StatusBoard",
     "MAX_WAIT_S",
+    "NewModelName",
 ]
 
 Count = Annotated[int, Meta(ge=0)]
@@ -76,6 +78,16 @@ ModelName = Annotated[
         max_length=64,
         pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z",
         description="A model: 1-64 of [A-Za-z0-9_.-], starting with a letter, digit or underscore.",
+    ),
+]
+NewModelName = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=62,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,61}\Z",
+        description="A model to create: 1-62 of [A-Za-z0-9_.-], starting with a letter, digit or underscore "
+        "(its tables, <name>_w and <name>_v, are table names: at most 64).",
     ),
 ]
 
@@ -506,7 +518,7 @@ class ModelDeclaration(Struct, forbid_unknown_fields=True):
     out takes the model's default; the embedding fields are fm's and an lr
     model ignores them)."""
 
-    name: ModelName
+    name: NewModelName
     type: Literal["lr", "fm"] = "lr"
     optimizer: Literal["sgd", "adagrad", "ftrl"] | Optimizer | UnsetType = UNSET
     embedding_optimizer: Literal["sgd", "adagrad", "ftrl"] | Optimizer | UnsetType = UNSET
@@ -519,7 +531,7 @@ class ModelDeclaration(Struct, forbid_unknown_fields=True):
         Annotated[
             str,
             Meta(
-                pattern=r"^(raw|log1p)(/[0-9]{1,6}(\.[0-9]{1,6})?)?\Z",
+                pattern=NUMERIC_PATTERN.removesuffix("$") + r"\Z",
                 description="Numeric features fed as sent (raw), or as sign(x) log1p(|x|) (log1p); /D divides "
                 "them by D > 0; absent: log1p/16, the default.",
             ),
@@ -664,7 +676,8 @@ def parameter(name: str, where: Literal["path", "query"], description: str, sche
 
 
 _ERRORS = {
-    400: "The request is not the route's shape (bad_request, bad_status, bad_table_config).",
+    400: "The body is not one JSON document (invalid_json) or not the route's shape (bad_request, bad_status, "
+    "bad_table_config).",
     404: "Nothing to act on (unknown_lease, export_not_found, unknown_model).",
     409: "Refused in the cluster's current state (table_conflict, bad_snapshot, cut_shard_not_joined, model_conflict).",
     401: "A cluster secret is set and no valid token was presented (unauthorized).",

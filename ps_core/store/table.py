@@ -1011,8 +1011,9 @@ class SparseTable:
             out["admission"] = self.admission.stats()
         return out
 
-    def snapshot(self, since: int | None = None) -> TableSnapshot:
-        """Cut export version `version`: copy its rows, then open the next version.
+    def snapshot(self, since: int | None = None, version: int | None = None) -> TableSnapshot:
+        """Cut export `version` (default: the open version): copy its rows,
+        then open the version after it.
 
         ``since=None`` copies every live row (a base). Otherwise `since` must be
         the version of the previous cut (`last_snapshot`) and the delta holds
@@ -1029,8 +1030,11 @@ class SparseTable:
         live = self.index.row_live
         sel = live if since is None else live & self.changed()
         deleted = _NO_KEYS if since is None else self._deleted_since_cut()
-        snap = self._copy_rows(np.flatnonzero(sel), self.version, since, deleted)
-        self.mark_exported(self.version)
+        cut = self.version if version is None else version
+        snap = self._copy_rows(np.flatnonzero(sel), cut, since, deleted)
+        # The cut's number, not the open version: after a cut at MAX_VERSION
+        # the open one is past any a cut may take.
+        self.mark_exported(cut)
         return snap
 
     def _sketch_cells(self, parent: int | None) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
