@@ -964,9 +964,9 @@ class Worker:
         line, counted). Returns the partitions sought and where.
 
         A partition the coordinator knows nothing of starts from the group's
-        commit (checked the same way); with `rewind` (a new coordinator
-        epoch) it is sought there explicitly, since the consumer's position
-        has moved on. What the group committed past the shards' state is
+        commit (checked the same way), or its first offset without one; with
+        `rewind` (a new coordinator epoch) it is sought there explicitly,
+        since the consumer's position has moved on. What the group committed past the shards' state is
         replayed, refused or reported (`_report_gaps`)."""
         await _retrying(self._refresh_cluster_id)
         point = await self.control.coordinator_resume(self.model_key) if self.leased else ResumePoint({}, None)
@@ -988,6 +988,11 @@ class Worker:
             elif group is not None:
                 # The group's commit is the broker's own: only its range can be wrong.
                 off, source, reason = group, "group", bounds_reason(group, start, end)
+            elif rewind:
+                # Nothing cut, nothing committed, but the consumer has fetched
+                # on past what the rewind just dropped: back to the start.
+                seek[tp] = start
+                continue
             else:
                 continue  # no commit: the consumer starts at the partition's first offset
             if reason is not None:
