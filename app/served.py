@@ -170,10 +170,7 @@ class ServedModels:
         try:
             names = await self._cluster_models()
         except PSError as exc:
-            error = f"{exc.code}: {exc.detail}"
-            if error != self._watch_error:
-                log.warning("looking for models to sample failed", extra={"fields": {"error": error}})
-            self._watch_error = error
+            self.watch_failed(f"{exc.code}: {exc.detail}")
             return
         self._watch_error = None
         for name in sorted(names - self.histories.keys()):
@@ -187,6 +184,13 @@ class ServedModels:
                 history = self.histories[name] = self._history(model)
                 if self._started:
                     await history.start()
+
+    def watch_failed(self, error: str) -> None:
+        """Log why a look for models failed, once per cause (the histories
+        already sampled go on)."""
+        if error != self._watch_error:
+            log.warning("looking for models to sample failed", extra={"fields": {"error": error}})
+        self._watch_error = error
 
     async def _cluster_models(self) -> set[str]:
         if self._control is None:
@@ -298,8 +302,8 @@ class _ModelWatch(BackgroundLoop):
         while True:
             try:
                 await self.served.watch_models()
-            except Exception as exc:  # a bug: logged, and the histories kept sampled meanwhile
-                log.warning("the model watch failed", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
+            except Exception as exc:  # a bug: logged once, the histories sampled meanwhile
+                self.served.watch_failed(f"{type(exc).__name__}: {exc}"[:500])
             await asyncio.sleep(self.every_s)
 
 

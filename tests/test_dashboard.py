@@ -292,12 +292,17 @@ async def test_an_unreachable_shard_skips_samples_logs_once_and_recovers(
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     control = ControlClient.connect([f"http://127.0.0.1:{port}"], retry=RetryPolicy(deadline_s=0.2))
     history = History(view_of(control), model, interval_s=1.0, max_points=10, clock=FakeClock())
+    # The API's look for models to sample, through the same shard 0.
+    local = PSClient.local([shard])
+    served = ServedModels(model, local, view_of(control), control)
     try:
         assert await history.sample() is not None and history.error is None
         await runner.cleanup()
-        with caplog.at_level(logging.INFO, logger="ctrps.history"):
+        with caplog.at_level(logging.INFO):
             assert await history.sample() is None
             assert await history.sample() is None
+            await served.watch_models()
+            await served.watch_models()
             assert history.error is not None and "shard_unavailable" in history.error
             assert f"127.0.0.1:{port}" in history.error
             assert len(history.points()) == 1
@@ -306,10 +311,15 @@ async def test_an_unreachable_shard_skips_samples_logs_once_and_recovers(
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port, reuse_address=True).start()
             assert await history.sample() is not None and history.error is None
+            await served.watch_models()
         lines = [r.getMessage() for r in caplog.records if r.name == "ctrps.history"]
         assert lines == ["history sample failed", "history sampling resumed"]
         assert len(history.points()) == 2
+        watch = [r for r in caplog.records if r.name == "ctrps.api"]
+        assert [r.getMessage() for r in watch] == ["looking for models to sample failed"]  # once for the outage
+        assert "shard_unavailable" in watch[0].fields["error"]  # type: ignore[attr-defined]
     finally:
+        await local.close()
         await control.close()
         await runner.cleanup()
 
