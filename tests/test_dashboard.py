@@ -691,7 +691,7 @@ async def test_the_page_script_parses(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
 async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(serve: Any, tmp_path: Path) -> None:
-    client, control, model, shards = local_cluster()
+    client, control, model, shards = local_cluster("fm")  # two tables: the features caption is their total
     clock, metrics = FakeClock(), ApiMetrics("ctr")
     latency = functools.partial(metrics.predict_latency, "ctr")
     mine = History(view_of(control), model, interval_s=3600.0, max_points=50, clock=clock, predict_latency=latency)
@@ -759,7 +759,7 @@ async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(s
     assert second["eps"]["textContent"] == second["rate-now"]["textContent"] == "50"
     assert second["mode"]["textContent"] == "async" and second["dead"]["textContent"] == "1"
     assert second["dead-now"]["textContent"] == "1"
-    n_features = table_sizes(model, shards)["ctr_w"]
+    n_features = sum(table_sizes(model, shards).values())
     assert second["features"]["textContent"] == second["features-now"]["textContent"] == f"{n_features:,}"
     assert second["lag-now"]["textContent"] == "4"
     assert second["logloss-now"]["textContent"] == f"{last['logloss']:.4f}"
