@@ -3,13 +3,13 @@ in the API process.
 
 Every `History.interval_s` a background task reads the shards' stats and the
 status board of shard 0 (the same two reads as ``GET /v1/model``) and appends
-one `HistoryPoint`: events trained, events/s since the previous sample, the
-latest windows' progressive log loss / AUC / COPC, lag, dead letters,
-features per table, workers, and (given `predict_latency`, a reading of the
-API's predict latency histogram) the mean and p99 latency of the model's
-predict requests since the previous sample. The newest `History.max_points`
-are kept; ``GET /v1/history`` serves them and the dashboard (``GET /``) draws
-them::
+one `HistoryPoint`: events trained, events/s over the last `SPAN_S` of the
+workers' reports, the latest windows' progressive log loss / AUC / COPC, lag,
+dead letters, features per table, workers, and (given `predict_latency`, a
+reading of the API's predict latency histogram) the mean, p50 and p99 latency
+of the model's predict requests over the last `SPAN_S`. The newest
+`History.max_points` are kept; ``GET /v1/history`` serves them and the
+dashboard (``GET /``) draws them::
 
     async with History(view, model, interval_s=2.0, max_points=1800) as history:
         ...
@@ -50,6 +50,8 @@ __all__ = [
     "latency_between",
     "window_quality",
     "LIVE_WORKER_S",
+    "SPAN_S",
+    "board_models",
 ]
 
 log = logging.getLogger("ctrps.history")
@@ -62,6 +64,16 @@ stopped drops out after this long, while live workers with windows up to this
 long always count."""
 
 
+SPAN_S = 30.0
+"""Events/s and predict latency are measured over (at least) this span, not
+between two samples: a worker reports once per window, and windows longer
+than the sample interval would make a rate between samples swing between 0
+and several times the true rate. Over a span of several windows it is steady."""
+
+MAX_REPORTS_KEPT = 256
+"""Reports kept per worker for its rate (a bound; `SPAN_S` of them is fewer)."""
+
+
 @dataclass(frozen=True, slots=True)
 class HistoryPoint:
     """One sample of the cluster (a JSON object in ``GET /v1/history``)."""
@@ -71,8 +83,12 @@ class HistoryPoint:
     events_trained: int
     """Events trained, summed over the workers on the board."""
     events_per_s: float | None
-    """Events trained per second since the previous sample; None for the first
-    sample, or when the total fell (a worker left the board)."""
+    """Events trained per second over the last `SPAN_S` (`History.sample`):
+    per worker, its events between two of its reports at least that far apart
+    (the previous one when its windows are longer) over the time between
+    them, summed over workers; a worker silent for longer than `SPAN_S` and
+    three of its report intervals counts 0. None until some worker has
+    reported twice while sampled."""
     logloss: float | None
     """Progressive log loss of the live workers' latest windows (mean over
     their events); None before any window."""
@@ -91,12 +107,14 @@ class HistoryPoint:
     workers: int
     """Workers of the model on the board (live or not, as ``GET /v1/model`` lists them)."""
     predict_mean_ms: float | None
-    """Mean latency of the model's predict requests answered since the
-    previous sample (the first: since the history started), in milliseconds;
-    None when there was none, or without a latency source."""
+    """Mean latency of the model's predict requests answered over the last
+    `SPAN_S` (since the history started, when it is younger), in
+    milliseconds; None when there was none, or without a latency source."""
+    predict_p50_ms: float | None
+    """Their median in milliseconds, estimated from the latency histogram's
+    buckets (`latency_between`); None as `predict_mean_ms`."""
     predict_p99_ms: float | None
-    """Their 99th percentile in milliseconds, estimated from the latency
-    histogram's buckets (`latency_between`); None as `predict_mean_ms`."""
+    """Their 99th percentile in milliseconds, estimated as `predict_p50_ms`."""
 
 
 LatencyTotals = tuple[float, float, tuple[tuple[float, float], ...]]
@@ -106,29 +124,45 @@ bounds ascending, the last +inf: Prometheus's ``_count``, ``_sum`` and
 ``_bucket{le}``."""
 
 
-def latency_between(before: LatencyTotals, after: LatencyTotals) -> tuple[float | None, float | None]:
-    """The mean and p99 latency, in milliseconds, of the requests counted
-    between two readings of one histogram; (None, None) without any.
+def latency_between(before: LatencyTotals, after: LatencyTotals) -> tuple[float | None, float | None, float | None]:
+    """The mean, p50 and p99 latency, in milliseconds, of the requests counted
+    between two readings of one histogram; (None, None, None) without any.
 
-    The p99 is estimated as Prometheus's ``histogram_quantile`` does: linear
-    within the bucket that holds it, and the highest finite bound when that is
-    the +inf bucket (a histogram says nothing above it)."""
+    Percentiles are estimated as Prometheus's ``histogram_quantile`` does:
+    linear within the bucket that holds them, and the highest finite bound
+    when that is the +inf bucket (a histogram says nothing above it)."""
     count = after[0] - before[0]
     if count <= 0:  # no request, or a reset histogram: nothing to say
-        return None, None
+        return None, None, None
     mean_ms = max(0.0, after[1] - before[1]) / count * 1000.0
     earlier = dict(before[2])  # empty before the model's first request
-    rank = 0.99 * count
+    within = [(bound, cumulative - earlier.get(bound, 0.0)) for bound, cumulative in after[2]]
+    return mean_ms, _quantile_ms(within, 0.5 * count), _quantile_ms(within, 0.99 * count)
+
+
+def _quantile_ms(buckets: list[tuple[float, float]], rank: float) -> float | None:
+    """The latency (ms) of the request of `rank` in cumulative `buckets`."""
     lower, below = 0.0, 0.0
-    for bound, cumulative in after[2]:
-        within = cumulative - earlier.get(bound, 0.0)
+    for bound, within in buckets:  # a dozen buckets
         if within >= rank:
             if math.isinf(bound):
-                return mean_ms, lower * 1000.0
+                return lower * 1000.0
             share = (rank - below) / (within - below) if within > below else 1.0
-            return mean_ms, (lower + (bound - lower) * share) * 1000.0
+            return (lower + (bound - lower) * share) * 1000.0
         lower, below = bound, within
-    return mean_ms, None  # buckets without +inf: not a Prometheus histogram
+    return None  # buckets without +inf: not a Prometheus histogram
+
+
+def board_models(statuses: list[Any]) -> set[str]:
+    """The models the workers on the board (`PSClient.statuses`) name."""
+    return {
+        e["status"]["model"]
+        for e in statuses
+        if isinstance(e, dict)
+        and isinstance(e.get("status"), dict)
+        and e["status"].get("kind") == "worker"
+        and isinstance(e["status"].get("model"), str)
+    }
 
 
 def _finite(value: object) -> float | None:
@@ -197,13 +231,17 @@ class History(BackgroundLoop):
         exception's type and message), None after a success."""
         self._clock = clock
         self._predict_latency = predict_latency
-        # The reading the next point's latency is measured from: taken now, so
-        # the first point covers the requests since the history started.
-        self._latency_seen = None if predict_latency is None else predict_latency()
+        # Readings of the latency histogram, (time, totals), back to one at
+        # least SPAN_S old: a point's latency is measured from the oldest. The
+        # first is taken now, so the first point covers the requests since
+        # the history started.
+        self._readings: deque[tuple[float, LatencyTotals]] = deque(maxlen=MAX_REPORTS_KEPT)
+        if predict_latency is not None:
+            self._readings.append((clock(), predict_latency()))
+        # Per worker on the board, its reports as first sampled: (shard 0's
+        # time of the report, events trained, this clock's time of the sample).
+        self._reports: dict[str, deque[tuple[float, int, float]]] = {}
         self._points: deque[HistoryPoint] = deque(maxlen=max_points)
-        # The last successful sample, even once it has left the window: the
-        # next events/s is measured from it.
-        self._previous: HistoryPoint | None = None
 
     @property
     def running(self) -> bool:
@@ -236,10 +274,8 @@ class History(BackgroundLoop):
             self._unexpected(exc)
             return None
         self._points.append(point)
-        self._previous = point
-        # Only once a point holds it: after a failed sample the next point
-        # covers every request since the last point.
-        self._latency_seen = latency
+        if latency is not None:
+            self._readings.append((point.t, latency))
         if self.error is not None:
             log_event(log, "history sampling resumed", points=len(self._points))
             self.error = None
@@ -252,18 +288,17 @@ class History(BackgroundLoop):
             name: sum(int(s["tables"][name]["features"]) for s in stats if name in s["tables"])
             for name in self.model.table_names
         }
-        rate = None
-        prev = self._previous
-        if prev is not None and t > prev.t and board.events_trained >= prev.events_trained:
-            rate = (board.events_trained - prev.events_trained) / (t - prev.t)
         quality = window_quality(board.workers)
-        mean_ms, p99_ms = (None, None)
-        if latency is not None and self._latency_seen is not None:
-            mean_ms, p99_ms = latency_between(self._latency_seen, latency)
+        mean_ms, p50_ms, p99_ms = (None, None, None)
+        if latency is not None and self._readings:
+            readings = self._readings
+            while len(readings) > 1 and readings[1][0] <= t - SPAN_S:
+                readings.popleft()
+            mean_ms, p50_ms, p99_ms = latency_between(readings[0][1], latency)
         return HistoryPoint(
             t=t,
             events_trained=board.events_trained,
-            events_per_s=rate,
+            events_per_s=self._rate(t, board.workers),
             logloss=quality["logloss"],
             auc=quality["auc"],
             copc=quality["copc"],
@@ -272,8 +307,38 @@ class History(BackgroundLoop):
             features=features,
             workers=len(board.workers),
             predict_mean_ms=mean_ms,
+            predict_p50_ms=p50_ms,
             predict_p99_ms=p99_ms,
         )
+
+    def _rate(self, t: float, workers: list[WorkerView]) -> float | None:
+        """Events/s over the last `SPAN_S` of each worker's reports, summed
+        (`HistoryPoint.events_per_s`); keeps the reports it needs."""
+        kept_by = self._reports
+        for gone in kept_by.keys() - {w.source for w in workers}:
+            del kept_by[gone]  # off the board: nothing to keep
+        total, known = 0.0, False
+        for w in workers:  # one per worker: a handful
+            events = int(_finite(w.status.get("events_trained")) or 0)
+            kept = kept_by.get(w.source)
+            if kept is None or (kept and events < kept[-1][1]):  # new, or its totals restarted
+                kept = kept_by[w.source] = deque(maxlen=MAX_REPORTS_KEPT)
+            if not kept or kept[-1][0] != w.received_at:
+                kept.append((w.received_at, events, t))
+            # The oldest kept is the newest report at least SPAN_S before the latest.
+            while len(kept) > 2 and kept[1][2] <= kept[-1][2] - SPAN_S:
+                kept.popleft()
+            (_, first, since), (_, last, at) = kept[0], kept[-1]
+            if len(kept) < 2 or at <= since:
+                continue  # one report: no rate yet
+            known = True
+            # Times are this clock's, when a sample first saw each report: off
+            # by at most one interval over a span of SPAN_S (shard 0's report
+            # times would be exact but follow another clock than `t`).
+            if t - at <= max(SPAN_S, 3 * (at - since) / (len(kept) - 1)):
+                total += (last - first) / (at - since)
+            # else: silent for longer than it ever was, it has stopped: it counts 0
+        return total if known else None
 
     def _unexpected(self, exc: Exception) -> None:
         frames = traceback.extract_tb(exc.__traceback__)

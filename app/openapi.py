@@ -370,7 +370,10 @@ class HistoryPoint(Struct, forbid_unknown_fields=True):
     events_trained: Count
     events_per_s: Annotated[
         Annotated[float, Meta(ge=0)] | None,
-        Meta(description="Since the previous sample; null for the first or when the total fell."),
+        Meta(
+            description="Over the last 30 s of the workers' reports (several windows), summed over workers; "
+            "null until a worker has reported twice."
+        ),
     ]
     logloss: float | None
     auc: Annotated[float, Meta(ge=0, le=1)] | None
@@ -381,7 +384,11 @@ class HistoryPoint(Struct, forbid_unknown_fields=True):
     workers: Annotated[Count, Meta(description="Workers of the model on the status board.")]
     predict_mean_ms: Annotated[
         Annotated[float, Meta(ge=0)] | None,
-        Meta(description="Mean latency (ms) of the model's predict requests since the previous sample; null: none."),
+        Meta(description="Mean latency (ms) of the model's predict requests over the last 30 s; null: none."),
+    ]
+    predict_p50_ms: Annotated[
+        Annotated[float, Meta(ge=0)] | None,
+        Meta(description="Their median latency (ms), estimated from the latency histogram's buckets; null: none."),
     ]
     predict_p99_ms: Annotated[
         Annotated[float, Meta(ge=0)] | None,

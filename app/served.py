@@ -3,8 +3,11 @@
 An API started for one model (``--model-name``, the default one) serves the
 others its training cluster holds as well (`ps_core.checkpoint.registry`):
 a request naming one the API has not met yet looks it up on shard 0 once,
-builds its model from the declaration and starts a `Predictor` (and, for the
-dashboard, a `History`) for it. A name the cluster does not hold is 404
+builds its model from the declaration and starts a `Predictor` for it. The
+dashboard's `History` of every model of the cluster (declared on shard 0, or
+named by a worker on the status board; a replica's: every model it follows)
+is sampled from the start, whether or not anyone asked for it: a watch task
+looks for new models every `watch_every` seconds, up to `MAX_SAMPLED_MODELS`. A name the cluster does not hold is 404
 ``unknown_model``, and is not looked up again for a second, so a client
 looping on a wrong name costs shard 0 one call a second. A serving replica
 serves the model it follows, and with ``--follow-all`` every model of the
@@ -24,11 +27,12 @@ from typing import TYPE_CHECKING, Any
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.manifest import check_model_name
 from ps_core.checkpoint.registry import ModelSpec
-from ps_core.errors import InvalidRequestError, NoCoordinatorError, UnknownModelError
+from ps_core.errors import InvalidRequestError, NoCoordinatorError, PSError, UnknownModelError
 from ps_core.model.models import Model
 from ps_core.net.client import PSReader
 
-from .history import History
+from .background import BackgroundLoop
+from .history import History, board_models
 from .metrics import ApiMetrics
 from .predictor import Predictor
 from .views import ClusterView
@@ -41,6 +45,9 @@ __all__ = ["ServedModels"]
 LOOKUP_EVERY_S = 1.0
 """A name the cluster does not hold is asked again at most this often."""
 MAX_REMEMBERED_MISSES = 1024
+MAX_SAMPLED_MODELS = 32
+"""Models the dashboard samples at most (each keeps up to ``history_points``
+points): beyond, a model's history starts when a request names it."""
 
 log = logging.getLogger("ctrps.api")
 
@@ -88,6 +95,8 @@ class ServedModels:
         self._started = False
         self._discover_fn = discover
         self._looked_at = -LOOKUP_EVERY_S
+        self._watch = _ModelWatch(self, min(10.0, 5 * history_interval_s))
+        self._watch_error: str | None = None
 
     def view_of(self, name: str) -> ClusterView:
         """Where model `name`'s stats and board are read (a followed model: its follower's)."""
@@ -108,10 +117,12 @@ class ServedModels:
         for h in self.histories.values():
             await h.start()
         self._started = True
+        await self._watch.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self._started = False
+        await self._watch.stop()
         for p in self.predictors.values():
             await p.stop()
         for h in self.histories.values():
@@ -139,16 +150,57 @@ class ServedModels:
             follower = self.followers.get(name)
             client = self._client if follower is None else follower.client
             found = self.predictors[name] = Predictor(client, model, on_batch=self._on_batch)
-            history = self.histories[name] = self._history(model)
+            history = self.histories.get(name)  # the watch's, already sampling
+            if history is None:
+                history = self.histories[name] = self._history(model)
+                if self._started:
+                    await history.start()
             if self._started:
                 await found.start()
-                await history.start()
         return found
 
     async def history(self, name: str | None) -> History:
         """The dashboard history of model `name` (None: the default one)."""
         await self.predictor(name)
         return self.histories[self.served_name(name)]
+
+    async def watch_models(self) -> None:
+        """Start a history for every model of the cluster not sampled yet (one
+        step of the watch task). A look that fails is logged once per cause."""
+        try:
+            names = await self._cluster_models()
+        except PSError as exc:
+            self.watch_failed(f"{exc.code}: {exc.detail}")
+            return
+        self._watch_error = None
+        for name in sorted(names - self.histories.keys()):
+            if len(self.histories) >= MAX_SAMPLED_MODELS:
+                return
+            try:
+                model = self.predictors[name].model if name in self.predictors else await self._look_up(name)
+            except UnknownModelError:  # named on the board, never created
+                continue
+            if name not in self.histories:  # a request may have started it meanwhile
+                history = self.histories[name] = self._history(model)
+                if self._started:
+                    await history.start()
+
+    def watch_failed(self, error: str) -> None:
+        """Log why a look for models failed, once per cause (the histories
+        already sampled go on)."""
+        if error != self._watch_error:
+            log.warning("looking for models to sample failed", extra={"fields": {"error": error}})
+        self._watch_error = error
+
+    async def _cluster_models(self) -> set[str]:
+        if self._control is None:
+            await self._discover()
+            return set(self.followers)
+        named = board_models(await self._control.statuses())
+        with contextlib.suppress(NoCoordinatorError):  # a shard 0 that keeps no models
+            declared = await self._control.models()
+            named |= {m["name"] for m in declared.get("models", []) if m.get("type") is not None}
+        return named
 
     def _unknown(self, name: str, why: str = "") -> UnknownModelError:
         served = ", ".join(sorted(self.predictors))
@@ -236,6 +288,23 @@ class ServedModels:
                 }
             )
         return out
+
+
+class _ModelWatch(BackgroundLoop):
+    """`ServedModels.watch_models` every `every_s` seconds."""
+
+    task_name = "ctrps-model-watch"
+
+    def __init__(self, served: ServedModels, every_s: float) -> None:
+        self.served, self.every_s = served, every_s
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.served.watch_models()
+            except Exception as exc:  # a bug: logged once, the histories sampled meanwhile
+                self.served.watch_failed(f"{type(exc).__name__}: {exc}"[:500])
+            await asyncio.sleep(self.every_s)
 
 
 def _entry(model: Model) -> dict[str, Any]:

@@ -33,7 +33,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from documents import validate
 from test_api import report_windows, synthetic_events, train, window_report
 
-from app.api import HISTORY, ApiServer, create_app
+import app.served
+from app.api import HISTORY, SERVED, ApiServer, create_app
 from app.cli import build_parser
 from app.demo import _announce
 from app.history import LIVE_WORKER_S, History, latency_between, window_quality
@@ -41,9 +42,13 @@ from app.metrics import ApiMetrics, ClusterSnapshot
 from app.openapi import openapi_document, response_schema
 from app.served import ServedModels
 from app.settings import ApiSettings, DemoSettings, SettingsError
-from app.status import WorkerView
+from app.status import WorkerView, make_status_hook
 from app.views import ControlView
+from consumers.worker import WorkerStats
 from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.exporter import Exporter
+from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import PSError, ShardUnavailableError
 from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSClient
@@ -128,7 +133,7 @@ async def serve() -> AsyncIterator[Callable[..., Any]]:
 # -- the history ----------------------------------------------------------------------
 
 
-async def test_each_sample_is_a_point_and_events_per_s_comes_from_consecutive_samples() -> None:
+async def test_each_sample_is_a_point_and_events_per_s_comes_from_each_workers_reports() -> None:
     client, control, model, shards = local_cluster("fm")
     clock = FakeClock()
     history = History(view_of(control), model, interval_s=2.0, max_points=100, clock=clock)
@@ -144,21 +149,67 @@ async def test_each_sample_is_a_point_and_events_per_s_comes_from_consecutive_sa
     clock.t += 2.0
     second = await history.sample()
     assert second is not None
-    assert second.events_trained == 150 and second.events_per_s == pytest.approx(150 / 2.0)
+    # One report of w-a: no rate yet (its events may have taken any time).
+    assert second.events_trained == 150 and second.events_per_s is None
     assert second.features == table_sizes(model, shards) and second.features["ctr_w"] > 100
     assert (second.lag, second.dead_letters) == (7, 2)
     last = (await control.statuses())[0]["status"]["last_window"]
     assert (second.logloss, second.auc, second.copc) == (last["logloss"], last["auc"], last["copc"])
 
+    # w-a's next window, then w-b's first: w-a's 150 events in the 2 s between its reports.
+    await report_windows(control, "w-a", [window_report(i, 150, {0: 4, 1: 3}, {}) for i in (1, 2)])
+    clock.t += 2.0
+    third = await history.sample()
+    assert third is not None and third.events_trained == 300 and third.events_per_s == pytest.approx(75.0)
     await report_windows(control, "w-b", [window_report(1, 60, {2: 1}, {})])
     clock.t += 4.0
-    third = await history.sample()
-    assert third is not None and third.events_trained == 210
-    assert third.events_per_s == pytest.approx(60 / 4.0)
-    assert [p.t for p in history.points()] == [first.t, second.t, third.t]
-    assert history.points(since=second.t) == [third]
-    assert history.points(since=third.t) == []
-    assert history.points(since=0.0) == [first, second, third]
+    fourth = await history.sample()
+    assert fourth is not None and fourth.events_trained == 360
+    assert fourth.events_per_s == pytest.approx(75.0)  # w-b has reported once: not counted yet
+    assert [p.t for p in history.points()] == [first.t, second.t, third.t, fourth.t]
+    assert history.points(since=third.t) == [fourth]
+    assert history.points(since=fourth.t) == []
+    assert history.points(since=0.0) == [first, second, third, fourth]
+    await client.close()
+
+
+async def test_events_per_s_holds_steady_with_windows_longer_than_the_sample_interval() -> None:
+    # A sample every 2 s, a window of 300 events every 6 s: between two
+    # samples the total moves one sample in three. A rate between samples
+    # would read 0, 0, 150, 0, 0, 150...; over the reports it is 50 throughout.
+    client, control, model, _ = local_cluster()
+    clock = FakeClock()
+    history = History(view_of(control), model, interval_s=2.0, max_points=1000, clock=clock)
+    windows: list[int] = []
+
+    async def run(sizes: list[int]) -> list[float | None]:
+        rates = []
+        for size in sizes:
+            windows.append(size)
+            await report_windows(control, "w", [window_report(i, n, {0: 0}, {}) for i, n in enumerate(windows, 1)])
+            for _ in range(3):
+                clock.t += 2.0
+                point = await history.sample()
+                assert point is not None and point.events_trained == sum(windows)
+                rates.append(point.events_per_s)
+        return rates
+
+    steady = await run([300] * 12)
+    assert steady[:3] == [None] * 3  # one report so far
+    assert steady[3:] == [pytest.approx(50.0)] * 33
+    # Twice the events per window: the rate climbs to the new one over SPAN_S
+    # (30 s: five windows), never down, then holds it.
+    faster = await run([600] * 8)
+    assert all(a <= b + 1e-9 for a, b in zip(faster, faster[1:])), faster
+    assert 50.0 < faster[0] < 100.0 and faster[-9:] == [pytest.approx(100.0)] * 9
+    # The worker stops: its rate holds while its silence is ordinary, then it counts 0.
+    quiet = []
+    for _ in range(20):
+        clock.t += 2.0
+        point = await history.sample()
+        assert point is not None
+        quiet.append(point.events_per_s)
+    assert quiet[:12] == [pytest.approx(100.0)] * 12 and quiet[-5:] == [0.0] * 5
     await client.close()
 
 
@@ -167,24 +218,32 @@ async def test_the_history_keeps_the_newest_max_points() -> None:
     clock = FakeClock()
     history = History(view_of(control), model, interval_s=1.0, max_points=3, clock=clock)
     for i in range(1, 6):
-        await report_windows(control, f"w{i}", [window_report(1, 10 * i, {0: 0}, {})])
+        await report_windows(control, "w", [window_report(n, 10 * n, {0: 0}, {}) for n in range(1, i + 1)])
         clock.t += 1.0
         await history.sample()
     points = history.points()
     assert len(points) == 3
-    # Totals are cumulative over workers: 10, 30, 60, 100, 150.
+    # Totals are cumulative: 10, 30, 60, 100, 150.
     assert [p.events_trained for p in points] == [60, 100, 150]
-    # Rates stay measured from the previous sample, dropped or not.
-    assert [p.events_per_s for p in points] == [30.0, 40.0, 50.0]
+    # Rates over the reports kept, whether their points were dropped or not: 140 events in 4 s.
+    assert [p.events_per_s for p in points] == [pytest.approx(50 / 2), pytest.approx(90 / 3), pytest.approx(140 / 4)]
     await client.close()
 
 
-async def test_events_per_s_is_unknown_when_the_total_falls_or_time_does_not_advance() -> None:
+async def test_events_per_s_is_unknown_when_the_board_forgets_or_a_worker_restarts_its_totals() -> None:
     client, control, model, shards = local_cluster()
     clock = FakeClock()
     history = History(view_of(control), model, interval_s=1.0, max_points=10, clock=clock)
+    for n in (1, 2):
+        await report_windows(control, "w", [window_report(i, 50, {0: 0}, {}) for i in range(1, n + 1)])
+        clock.t += 1.0
+        point = await history.sample()
+    assert point is not None and point.events_per_s == pytest.approx(50.0)
+    # The same worker id, its totals back to one window: its reports start again.
     await report_windows(control, "w", [window_report(1, 50, {0: 0}, {})])
-    await history.sample()
+    clock.t += 1.0
+    restarted = await history.sample()
+    assert restarted is not None and restarted.events_trained == 50 and restarted.events_per_s is None
     # Shard 0 restarted: its board is empty, so the total falls to 0.
     control2 = ControlClient.local([Shard(ShardSpec(0, 2), model.tables()), shards[1]])
     history.view = view_of(control2)
@@ -233,12 +292,17 @@ async def test_an_unreachable_shard_skips_samples_logs_once_and_recovers(
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     control = ControlClient.connect([f"http://127.0.0.1:{port}"], retry=RetryPolicy(deadline_s=0.2))
     history = History(view_of(control), model, interval_s=1.0, max_points=10, clock=FakeClock())
+    # The API's look for models to sample, through the same shard 0.
+    local = PSClient.local([shard])
+    served = ServedModels(model, local, view_of(control), control)
     try:
         assert await history.sample() is not None and history.error is None
         await runner.cleanup()
-        with caplog.at_level(logging.INFO, logger="ctrps.history"):
+        with caplog.at_level(logging.INFO):
             assert await history.sample() is None
             assert await history.sample() is None
+            await served.watch_models()
+            await served.watch_models()
             assert history.error is not None and "shard_unavailable" in history.error
             assert f"127.0.0.1:{port}" in history.error
             assert len(history.points()) == 1
@@ -247,15 +311,20 @@ async def test_an_unreachable_shard_skips_samples_logs_once_and_recovers(
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port, reuse_address=True).start()
             assert await history.sample() is not None and history.error is None
+            await served.watch_models()
         lines = [r.getMessage() for r in caplog.records if r.name == "ctrps.history"]
         assert lines == ["history sample failed", "history sampling resumed"]
         assert len(history.points()) == 2
+        watch = [r for r in caplog.records if r.name == "ctrps.api"]
+        assert [r.getMessage() for r in watch] == ["looking for models to sample failed"]  # once for the outage
+        assert "shard_unavailable" in watch[0].fields["error"]  # type: ignore[attr-defined]
     finally:
+        await local.close()
         await control.close()
         await runner.cleanup()
 
 
-def test_the_predict_latency_between_two_readings_is_a_mean_and_an_interpolated_p99() -> None:
+def test_the_predict_latency_between_two_readings_is_a_mean_and_interpolated_percentiles() -> None:
     metrics = ApiMetrics("ctr")
     start = metrics.predict_latency("ctr")
     assert start == (0.0, 0.0, ())
@@ -266,14 +335,16 @@ def test_the_predict_latency_between_two_readings_is_a_mean_and_an_interpolated_
     metrics.predicted("other", 1, 9.0)
     after = metrics.predict_latency("ctr")
     assert after[0] == 100 and after[2][-1] == (math.inf, 100)
-    mean, p99 = latency_between(start, after)
+    mean, p50, p99 = latency_between(start, after)
     assert mean == pytest.approx((98 * 4 + 2 * 300) / 100)
-    # The 99th of 100 is the first of the 2 between 0.25 and 0.5 s: halfway, as histogram_quantile says.
+    # The 50th of 100 is in the (2, 5] ms bucket of 98: 50/98 of its way, as histogram_quantile says.
+    assert p50 == pytest.approx(2.0 + 3.0 * 50 / 98)
+    # The 99th of 100 is the first of the 2 between 0.25 and 0.5 s: halfway.
     assert p99 == pytest.approx(375.0)
-    assert latency_between(after, after) == (None, None)
+    assert latency_between(after, after) == (None, None, None)
     metrics.predicted("ctr", 1, 20.0)  # beyond the last finite bound (10 s)
-    mean, p99 = latency_between(after, metrics.predict_latency("ctr"))
-    assert mean == pytest.approx(20_000.0) and p99 == 10_000.0
+    mean, p50, p99 = latency_between(after, metrics.predict_latency("ctr"))
+    assert mean == pytest.approx(20_000.0) and p50 == p99 == 10_000.0
     assert metrics.predict_latency("other")[0] == 1
     # Reading a model never asked creates no series in /metrics.
     assert metrics.predict_latency("never") == (0.0, 0.0, ())
@@ -295,27 +366,41 @@ class Outage:
         return await self.inner.statuses()
 
 
-async def test_each_point_has_the_predict_latency_since_the_previous_point() -> None:
+async def test_each_point_has_the_predict_latency_of_the_last_span() -> None:
     client, control, model, _ = local_cluster()
     metrics = ApiMetrics("ctr")
     view = Outage(view_of(control))
-    served = ServedModels(model, client, view, control, metrics=metrics, history_interval_s=1.0, history_points=10)
-    history = served.histories["ctr"]
+    clock = FakeClock()
+    latency = functools.partial(metrics.predict_latency, "ctr")
+    history = History(view, model, interval_s=2.0, max_points=100, clock=clock, predict_latency=latency)
     metrics.predicted("ctr", 4, 0.008)  # after the history started: in its first point
     metrics.predicted("other", 4, 1.0)  # another model's: never in this one's
     first = await history.sample()
     assert first is not None and first.predict_mean_ms == pytest.approx(8.0)
-    assert first.predict_p99_ms is not None and 5.0 < first.predict_p99_ms <= 10.0
-    quiet = await history.sample()
-    assert quiet is not None and (quiet.predict_mean_ms, quiet.predict_p99_ms) == (None, None)
-    # A failed sample keeps no point: the next one covers its requests too.
+    assert first.predict_p50_ms is not None and 5.0 < first.predict_p50_ms <= first.predict_p99_ms <= 10.0
+    # Samples without requests still show those of the last SPAN_S (30 s): a
+    # line, not a dot per sample that happened to see a request.
+    for _ in range(14):
+        clock.t += 2.0
+        quiet = await history.sample()
+        assert quiet is not None and quiet.predict_mean_ms == pytest.approx(8.0)
+    clock.t += 2.0
+    metrics.predicted("ctr", 1, 0.004)
+    moved_on = await history.sample()  # 30 s after the first: its requests are out
+    assert moved_on is not None and moved_on.predict_mean_ms == pytest.approx(4.0)
+    assert moved_on.predict_p50_ms is not None and 2.0 < moved_on.predict_p50_ms <= 5.0
+    # A failed sample keeps no point, and the next one still covers its requests.
+    clock.t += 2.0
     metrics.predicted("ctr", 1, 0.002)
     view.down = True
     assert await history.sample() is None
-    metrics.predicted("ctr", 1, 0.004)
     view.down = False
+    clock.t += 2.0
     after = await history.sample()
     assert after is not None and after.predict_mean_ms == pytest.approx(3.0)
+    clock.t += 31.0
+    idle = await history.sample()
+    assert idle is not None and (idle.predict_mean_ms, idle.predict_p50_ms, idle.predict_p99_ms) == (None, None, None)
     # Without the API's metrics, points carry no latency.
     bare = ServedModels(model, client, view, control).histories["ctr"]
     metrics.predicted("ctr", 1, 0.004)
@@ -357,13 +442,12 @@ async def test_the_app_samples_while_it_runs_and_stops_on_shutdown(serve: Any) -
     rng = np.random.default_rng(7)
     await train(client, model, synthetic_events(rng, 80), rounds=1)
     await report_windows(control, "w", [window_report(1, 80, {0: 2}, {})])
-    # The first sample has no rate; once it has left, more than 5 were taken.
-    await until(lambda: history.points()[-1].events_trained == 80 and history.points()[0].events_per_s is not None)
+    # Once the last sample before the report has left, more than 5 were taken.
+    await until(lambda: history.points()[0].events_trained == 80)
     status, body = await api.get("/v1/history")
     points = body["points"]
     assert len(points) == 5
-    for a, b in zip(points, points[1:]):  # consecutive samples
-        assert b["events_per_s"] == pytest.approx((b["events_trained"] - a["events_trained"]) / (b["t"] - a["t"]))
+    assert [p["events_per_s"] for p in points] == [None] * 5  # one report: no rate yet
     assert points[-1]["features"] == table_sizes(model, shards) and points[-1]["lag"] == 2
     assert points[-1]["logloss"] is not None and 0 <= points[-1]["auc"] <= 1
 
@@ -371,6 +455,51 @@ async def test_the_app_samples_while_it_runs_and_stops_on_shutdown(serve: Any) -
     assert not history.running
     taken = history.points()  # a sampler that crashed instead would raise here
     assert taken and taken[-1].events_trained == 80
+
+
+async def test_every_model_of_the_cluster_is_sampled_without_anyone_asking(
+    serve: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Shard 0 keeps the cluster's models, as `ctrps shard` does.
+    coordinator = Coordinator()
+    shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    client, control = PSClient.local(shards), ControlClient.local(shards, coordinator)
+    exporter = Exporter(coordinator, control, tmp_path / "exports", "ctr")
+    control.serve_exports(exporter)
+    ctr, other, third = make_model("lr", "ctr"), make_model("lr", "other"), make_model("lr", "third")
+    for model in (ctr, other):
+        assert await exporter.create_model(ModelSpec.of(model))
+    monkeypatch.setattr(app.served, "MAX_SAMPLED_MODELS", 3)
+    api_app, api = await serve(client, control, ctr, history_interval_s=0.05, history_points=100)
+    served = api_app[SERVED]
+    # Workers of "other" and of "ghost" (a name no model was created with) report.
+    for name, events in (("other", 70), ("ghost", 5)):
+        stats = WorkerStats(windows=1, records=events, events_trained=events)
+        await make_status_hook(control, f"w-{name}", stats, model=name)(window_report(1, events, {0: 0}, {}))
+
+    def sampled(name: str, events: int) -> bool:
+        h = served.histories.get(name)
+        return h is not None and any(p.events_trained == events for p in h.points())
+
+    # Nobody asked for "other": its history is sampled all the same.
+    await until(lambda: sampled("other", 70), timeout_s=10, what="other's history with its worker's window")
+    assert "other" not in served.predictors and "ghost" not in served.histories
+    asked_at = time.time()
+    status, body = await api.get("/v1/history?model=other")
+    assert status == 200 and body["model"] == "other"
+    assert body["points"][0]["t"] < asked_at and body["points"][-1]["events_trained"] == 70
+    assert body["points"][-1]["workers"] == 1  # its own worker only
+    # A model created while the API runs is found by the next look.
+    assert await exporter.create_model(ModelSpec.of(third))
+    await until(lambda: sampled("third", 0), timeout_s=10, what="the new model's history")
+    # Beyond MAX_SAMPLED_MODELS none is started but by a request naming it.
+    fourth = make_model("lr", "fourth")
+    assert await exporter.create_model(ModelSpec.of(fourth))
+    await served.watch_models()
+    assert sorted(served.histories) == ["ctr", "other", "third"]
+    status, body = await api.get("/v1/history?model=fourth")
+    assert status == 200 and body["model"] == "fourth"
+    await control.close()
 
 
 async def test_the_first_sample_and_the_rate_through_the_app_are_exact(serve: Any) -> None:
@@ -381,15 +510,16 @@ async def test_the_first_sample_and_the_rate_through_the_app_are_exact(serve: An
     history = app[HISTORY]
     # The task samples once at start, then not for an hour: the rest is driven here.
     await until(lambda: len(history.points()) == 1)
-    await report_windows(control, "w", [window_report(1, 500, {0: 0}, {})])
-    clock.t += 2.5
-    await history.sample()
+    for n in (1, 2):
+        await report_windows(control, "w", [window_report(i, 500, {0: 0}, {}) for i in range(1, n + 1)])
+        clock.t += 2.5
+        await history.sample()
     _, body = await api.get("/v1/history")
     points = body["points"]
-    assert [(p["events_trained"], p["events_per_s"]) for p in points] == [(0, None), (500, 200.0)]
+    assert [(p["events_trained"], p["events_per_s"]) for p in points] == [(0, None), (500, None), (1000, 200.0)]
     status, newer = await api.get(f"/v1/history?since={points[0]['t']!r}")
     assert status == 200 and newer["points"] == points[1:]
-    assert (await api.get(f"/v1/history?since={points[1]['t']!r}"))[1]["points"] == []
+    assert (await api.get(f"/v1/history?since={points[2]['t']!r}"))[1]["points"] == []
     for bad in ("x", "nan", "inf", ""):
         status, err = await api.get(f"/v1/history?since={bad}")
         assert (status, err["error"]) == (400, "bad_request") and "since" in err["detail"]
@@ -507,6 +637,7 @@ const sandbox = {
   URLSearchParams,
   location: { search },
   history: { replaceState: () => {} },
+  window: { addEventListener: () => {} },
   fetch: (url) => {
     urls.push(url);
     const r = rounds[round][url.split("?")[0]];
@@ -560,7 +691,7 @@ async def test_the_page_script_parses(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
 async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(serve: Any, tmp_path: Path) -> None:
-    client, control, model, shards = local_cluster()
+    client, control, model, shards = local_cluster("fm")  # two tables: the features caption is their total
     clock, metrics = FakeClock(), ApiMetrics("ctr")
     latency = functools.partial(metrics.predict_latency, "ctr")
     mine = History(view_of(control), model, interval_s=3600.0, max_points=50, clock=clock, predict_latency=latency)
@@ -578,8 +709,9 @@ async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(s
     empty = await answers("/v1/history")
     since = history.points()[-1].t
     await train(client, model, synthetic_events(np.random.default_rng(3), 100), rounds=1)
-    await report_windows(control, "w-1", [window_report(1, 100, {0: 3, 1: 1}, {"bad_label": 1})])
-    for _ in range(3):
+    for n in (1, 2, 3):  # a window of 100 events per sample
+        reports = [window_report(i, 100, {0: 3, 1: 1}, {"bad_label": 1} if i == 1 else {}) for i in range(1, n + 1)]
+        await report_windows(control, "w-1", reports)
         metrics.predicted("ctr", 10, 0.003)
         clock.t += 2.0
         await history.sample()
@@ -602,8 +734,9 @@ async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(s
     assert first["picker"]["innerHTML"] == '<option value="ctr">ctr (default)</option>'
     for chart in ("logloss", "auc", "copc", "rate"):
         assert "no data yet" in first[f"{chart}-chart"]["innerHTML"], chart
-    assert "no predict requests yet" in first["latency-chart"]["innerHTML"]
-    assert first["latency-now"]["textContent"] == "no requests in the last interval"
+    assert "no predictions served yet" in first["latency-chart"]["innerHTML"]
+    assert first["latency-now"]["textContent"] == "none in the last 30 s"
+    assert (first["eps"]["textContent"], first["p99"]["textContent"]) == ("–", "–")
     assert "<path" not in first["latency-chart"]["innerHTML"]
     assert "<path" in first["lag-chart"]["innerHTML"]  # a lag of 0 is data
     # Every chart names its axes, with the unit, even without data.
@@ -620,17 +753,23 @@ async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(s
     assert "4 points" in second["status"]["textContent"]
     last = trained["./v1/history"]["body"]["points"][-1]
     assert second["sampled"]["textContent"] == time.strftime("%H:%M:%S", time.localtime(last["t"]))
-    assert second["trained"]["textContent"] == "100" and second["workers"]["textContent"] == "1"
+    assert second["trained"]["textContent"] == "300" and second["workers"]["textContent"] == "1"
+    # 100 events every 2 s, from the second report on.
+    assert last["events_per_s"] == pytest.approx(50.0)
+    assert second["eps"]["textContent"] == second["rate-now"]["textContent"] == "50"
     assert second["mode"]["textContent"] == "async" and second["dead"]["textContent"] == "1"
     assert second["dead-now"]["textContent"] == "1"
-    n_features = table_sizes(model, shards)["ctr_w"]
+    n_features = sum(table_sizes(model, shards).values())
     assert second["features"]["textContent"] == second["features-now"]["textContent"] == f"{n_features:,}"
     assert second["lag-now"]["textContent"] == "4"
     assert second["logloss-now"]["textContent"] == f"{last['logloss']:.4f}"
     assert second["copc-now"]["textContent"] == f"{last['copc']:.3f}"
-    # One request of 3 ms per interval: the mean is exact, the p99 within its bucket (2 to 5 ms).
-    assert last["predict_mean_ms"] == pytest.approx(3.0) and 2.0 < last["predict_p99_ms"] <= 5.0
-    assert second["latency-now"]["textContent"] == f"mean 3.00 ms · p99 {last['predict_p99_ms']:.2f} ms"
+    # Requests of 3 ms: the mean is exact, the percentiles within their bucket (2 to 5 ms).
+    assert last["predict_mean_ms"] == pytest.approx(3.0) and 2.0 < last["predict_p50_ms"] <= 5.0
+    assert 2.0 < last["predict_p99_ms"] <= 5.0
+    p50, p99 = last["predict_p50_ms"], last["predict_p99_ms"]
+    assert second["latency-now"]["textContent"] == f"p50 {p50:.1f} · p99 {p99:.1f} ms"
+    assert second["p99"]["textContent"] == f"{p99:.1f} ms"
     for chart in ("logloss", "auc", "copc", "rate", "dead", "lag", "features", "latency"):
         svg = second[f"{chart}-chart"]["innerHTML"]
         assert svg.startswith("<svg") and "<path" in svg and "no data yet" not in svg, chart
@@ -642,7 +781,7 @@ async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(s
     assert d is not None and d.group(1).count("M") == 1 and d.group(1).count("L") == 2
     # COPC's reference line at 1.0, inside the range drawn.
     assert '<line class="ref"' in second["copc-chart"]["innerHTML"]
-    assert re.findall(r"<title>([^<]*)</title></path>", second["latency-chart"]["innerHTML"]) == ["mean", "p99"]
+    assert re.findall(r"<title>([^<]*)</title></path>", second["latency-chart"]["innerHTML"]) == ["p50", "p99"]
 
     # An outage: said in the status line, the charts stay.
     assert third["status"]["className"] == "warn"
@@ -663,7 +802,7 @@ async def test_the_page_polls_the_model_its_url_names(tmp_path: Path) -> None:
     point = {
         "t": 1_700_000_000.25, "events_trained": 42, "events_per_s": None, "logloss": None, "auc": None,
         "copc": None, "lag": 0, "dead_letters": 0, "features": {"a<b_w": 7}, "workers": 1,
-        "predict_mean_ms": None, "predict_p99_ms": None,
+        "predict_mean_ms": None, "predict_p50_ms": None, "predict_p99_ms": None,
     }  # fmt: skip
     history = {"model": "a<b", "interval_s": 2.0, "max_points": 10, "error": None, "points": [point]}
     info = {"model": "a<b", "update_mode": "async", "model_version": 3, "events_trained": 42}

@@ -156,7 +156,7 @@ async def chromium(profile: Path) -> AsyncIterator[Cdp]:
         "--no-default-browser-check",
         "--hide-scrollbars",
         "--force-device-scale-factor=1",
-        "--window-size=1400,1400",
+        "--window-size=1280,800",  # a laptop's screen
         f"--user-data-dir={profile}",
         "--remote-debugging-port=0",
         "about:blank",
@@ -221,11 +221,18 @@ async def train_window(client: PSClient, model: Model, events: list[dict[str, An
 
 
 async def run_worker(
-    client: PSClient, control: ControlClient, model: Model, events: int, windows: int | None, pace: History
+    client: PSClient,
+    control: ControlClient,
+    model: Model,
+    events: int,
+    windows: int | None,
+    pace: History,
+    every: int = 1,
 ) -> None:
     """A training worker of `model` reporting to the board after each window
     (its status hook): `windows` of `events` (None: until cancelled), one per
-    sample of `pace`, so each point of the API's history sees a new window."""
+    `every` samples of `pace` (1: each point of the API's history sees a new
+    window; more: windows longer than the sample interval)."""
     stats = WorkerStats()
     hook = make_status_hook(control, f"worker-{model.name}", stats, model=model.name)
     rng = np.random.default_rng(len(model.name))  # another stream per model
@@ -255,11 +262,12 @@ async def run_worker(
         stats.dead_letters += report.dlq
         stats.dead_letters_by_reason.update(dlq)
         await hook(report)
-        await next_sample(pace)
+        for _ in range(every):
+            await next_sample(pace)
 
 
-async def predict_traffic(url: str, models: tuple[str, ...], pace: History) -> None:
-    """Predict requests for every model, a few per sample of `pace`, until cancelled."""
+async def predict_traffic(url: str, models: tuple[str, ...], pace: History, every: int = 1) -> None:
+    """Predict requests for every model, a few per `every` samples of `pace`, until cancelled."""
     events = synthetic_events(np.random.default_rng(9), 5)
     for e in events:
         e.pop("label")
@@ -269,7 +277,8 @@ async def predict_traffic(url: str, models: tuple[str, ...], pace: History) -> N
                 for _ in range(3):
                     async with session.post(f"{url}/v1/models/{name}/predict", json={"events": events}) as resp:
                         assert resp.status == 200, await resp.text()
-            await next_sample(pace)
+            for _ in range(every):
+                await next_sample(pace)
 
 
 # Everything the test reads of the page, after layout: per chart its axis
@@ -295,12 +304,15 @@ SNAPSHOT = r"""
     });
     charts[id] = {
       caption: fig.querySelector("figcaption span").textContent,
+      // An ellipsis: the caption and its latest value do not fit side by side.
+      clipped: fig.querySelector("figcaption span").scrollWidth > fig.querySelector("figcaption span").clientWidth,
       now: text(id + "-now"),
       titles: labels.filter((l) => l.cls === "axis-title").map((l) => l.text),
       labels,
       box: [box.left, box.top, box.right, box.bottom],
       paths: [...svg.querySelectorAll("path.series")].map((p) => ({
         name: p.textContent, points: (p.getAttribute("d").match(/[ML]/g) || []).length,
+        runs: (p.getAttribute("d").match(/M/g) || []).length,
       })),
       ref: svg.querySelectorAll("line.ref").length,
     };
@@ -310,7 +322,10 @@ SNAPSHOT = r"""
     search: location.search,
     model: text("model"),
     picker: { value: picker.value, disabled: picker.disabled, options: [...picker.options].map((o) => o.value) },
-    header: Object.fromEntries(["workers", "trained", "features", "lag", "dead", "mode", "version"].map((k) => [k, text(k)])),
+    header: Object.fromEntries(["workers", "trained", "features", "lag", "dead", "mode", "version", "eps", "p99"].map((k) => [k, text(k)])),
+    height: document.documentElement.scrollHeight,
+    width: document.documentElement.clientWidth,
+    rates: state.points.map((p) => p.events_per_s),
     status: { text: text("status"), cls: document.getElementById("status").className },
     points: state.points.length,
     last,
@@ -351,6 +366,7 @@ def check_readable(page: dict[str, Any]) -> None:
     }
     assert set(page["charts"]) == set(CHARTS)
     for name, chart in page["charts"].items():
+        assert not chart["clipped"], (name, chart["caption"], chart["now"])
         assert chart["titles"] == [units[name], "time (HH:MM:SS, local)"], (name, chart["titles"])
         ticks = [
             lbl
@@ -373,7 +389,31 @@ def check_readable(page: dict[str, Any]) -> None:
             apart = a[2] <= b[0] + 0.5 or b[2] <= a[0] + 0.5 or a[3] <= b[1] + 0.5 or b[3] <= a[1] + 0.5
             assert apart, (name, a, b, [lbl["text"] for lbl in chart["labels"] if lbl["box"] in (a, b)])
     assert page["charts"]["copc"]["ref"] == 1  # the 1.0 line
-    assert [p["name"] for p in page["charts"]["latency"]["paths"]] == ["mean", "p99"]
+    assert [p["name"] for p in page["charts"]["latency"]["paths"]] == ["p50", "p99"]
+
+
+def check_fits_a_laptop(page: dict[str, Any]) -> None:
+    """At 1280 px wide the whole page is about a laptop screen tall: a compact grid."""
+    assert page["width"] == 1280, page["width"]
+    assert page["height"] <= 1100, page["height"]
+
+
+def check_rate_holds(page: dict[str, Any]) -> None:
+    """Events/s with windows longer than the sample interval: above 0 at every
+    point from the worker's second report on, the headline as well (a rate
+    between two samples would read 0 at two points in three)."""
+    rates = [r for r in page["rates"] if r is not None]
+    assert len(rates) >= 6 and min(rates) > 0, page["rates"]
+    for shown in (page["header"]["eps"], page["charts"]["rate"]["now"]):
+        assert int(shown.replace(",", "")) > 0, shown
+
+
+def check_latency_is_a_line(page: dict[str, Any]) -> None:
+    """Predict requests once every few samples: the latency percentiles are
+    one unbroken line from the first request on, not a dot now and then."""
+    for path in page["charts"]["latency"]["paths"]:
+        assert path["runs"] == 1 and path["points"] >= 6, path
+    assert page["header"]["p99"].endswith(" ms"), page["header"]["p99"]
 
 
 def check_header_is_the_newest_point(page: dict[str, Any]) -> None:
@@ -403,18 +443,20 @@ async def test_the_dashboard_in_chromium_draws_both_models_and_switches_between_
         async with ApiServer(settings, client, ctr, control=control) as server:
             pace = server.app[HISTORY]
             tasks += [
-                asyncio.create_task(run_worker(client, control, ctr, 500, None, pace), name="worker-ctr"),
+                # Windows three samples long: the events/s must not saw-tooth to 0 between them.
+                asyncio.create_task(run_worker(client, control, ctr, 500, None, pace, every=3), name="worker-ctr"),
                 asyncio.create_task(
                     run_worker(client, control, other, OTHER_EVENTS, OTHER_WINDOWS, pace), name="worker-other"
                 ),
-                asyncio.create_task(predict_traffic(server.url, ("ctr", "other"), pace), name="predict"),
+                # Predictions once every four samples: the latency chart must still be a line.
+                asyncio.create_task(predict_traffic(server.url, ("ctr", "other"), pace, every=4), name="predict"),
             ]
             ctr_task, other_task, traffic = tasks
             await until(other_task.done, timeout_s=15, what="the other model's windows", task=ctr_task)
             other_task.result()
-            # Its first predict request started the other model's history: wait for a few
-            # points of each model with windows and predict requests in them.
-            other_history = await server.app[SERVED].history("other")
+            # The API samples the other model without anyone asking: its history
+            # was started before any page or request named it.
+            other_history = server.app[SERVED].histories["other"]
 
             def enough(history: History, events: int | None = None) -> bool:
                 full = [
@@ -455,6 +497,9 @@ async def test_the_dashboard_in_chromium_draws_both_models_and_switches_between_
                 assert page["search"] == "" and page["header"]["mode"] == "async"
                 check_readable(page)
                 check_header_is_the_newest_point(page)
+                check_fits_a_laptop(page)
+                check_rate_holds(page)
+                check_latency_is_a_line(page)
                 await cdp.screenshot(ARTIFACTS / "dashboard-ctr.png")
 
                 # Pick the other model as a person does: the select changes, then its change event.
