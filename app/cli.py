@@ -164,8 +164,8 @@ Every role is its own process (ctrps broker/shard/serve/worker/produce) on
 e.g. [shard-0]. Ctrl-C stops them in reverse order; they end with the
 cluster even if it is killed. Admin routes need "Authorization: Bearer
 <token>": CTRPS_ADMIN_TOKEN, or else a token made for the run (printed once,
-and in the file the ready line names). A --port already taken: exit 1. Flags
-fall back to CTRPS_CLUSTER_SHARDS, CTRPS_CLUSTER_WORKERS, CTRPS_CLUSTER_PORT, ...
+and in the file the ready line names). A --port already taken: exit 1.
+Flags fall back to CTRPS_CLUSTER_SHARDS, CTRPS_CLUSTER_WORKERS, ...
 """
 
 
