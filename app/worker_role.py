@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 from consumers.kafka_security import KafkaSecurity
+from consumers.outage import is_outage
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.registry import ModelSpec
+from ps_core.errors import NoCoordinatorError, PSError, UnknownModelError
 from ps_core.model.models import make_model
 from ps_core.net.auth import Scope
 from ps_core.net.client import PSClient
@@ -42,26 +46,7 @@ async def run_worker(
     stop = stop or asyncio.Event()
     security = security or SecuritySettings()
     tls = security.client_tls()
-    config = settings.worker_config(kafka)
-    how = {"mode": settings.mode, "max_staleness": settings.staleness_bound, "numeric": settings.numeric}
-    model = make_model(settings.model, settings.model_name, **how)
-    also = [make_model(settings.model, name, **how) for name in settings.also_train]
     worker_id = default_worker_id()
-    log_event(
-        log,
-        "starting",
-        worker=worker_id,
-        topic=settings.topic,
-        group=settings.group,
-        shards=len(settings.shards),
-        model=settings.model,
-        name=settings.model_name,
-        also_train=",".join(settings.also_train) or "-",
-        mode=settings.mode,
-        wire=settings.wire().describe(),
-        on_stale_offsets=settings.on_stale_offsets,
-        **kafka.fields(),
-    )
     with stop_on_signals(stop):
         token = security.token_for(Scope.TRAIN)
         async with (
@@ -76,6 +61,26 @@ async def run_worker(
                 retry=RetryPolicy(deadline_s=max(10.0, settings.sync_deadline_s + 5)),
             ) as control,
         ):
+            settings = await _as_declared(settings, control)
+            config = settings.worker_config(kafka)
+            how = {"mode": settings.mode, "max_staleness": settings.staleness_bound, "numeric": settings.numeric}
+            model = make_model(settings.model, settings.model_name, **how)
+            also = [make_model(settings.model, name, **how) for name in settings.also_train]
+            log_event(
+                log,
+                "starting",
+                worker=worker_id,
+                topic=settings.topic,
+                group=settings.group,
+                shards=len(settings.shards),
+                model=settings.model,
+                name=settings.model_name,
+                also_train=",".join(settings.also_train) or "-",
+                mode=settings.mode,
+                wire=settings.wire().describe(),
+                on_stale_offsets=settings.on_stale_offsets,
+                **kafka.fields(),
+            )
             worker = Worker(config, client, control, model, also=also)
             # Set after construction: the hook reads the worker's own stats.
             fmt = settings.wire().describe()
@@ -102,3 +107,46 @@ async def run_worker(
     log_event(
         log, "stopped", windows=s.windows, events=s.events_trained, dead_letters=s.dead_letters, commits=s.commits
     )
+
+
+async def _as_declared(settings: WorkerSettings, control: ControlClient) -> WorkerSettings:
+    """`settings` with the type and update mode of the model it names as the
+    cluster declared it (``ctrps model create``, or its first worker), for
+    those of the two no flag or variable gave (`WorkerSettings.inherit`).
+    One given that differs is left as given: the worker refuses it in one
+    line. A cluster without the model (or without a model registry) keeps the
+    flags' defaults; so does a shard 0 that does not answer within the
+    control client's deadline (the worker then waits for it as for any
+    outage, and still refuses a declaration that differs)."""
+    if not settings.inherit:
+        return settings
+    try:
+        info = await control.model_info(settings.model_name)
+    except (UnknownModelError, NoCoordinatorError):
+        return settings
+    except PSError as exc:
+        if not is_outage(exc):
+            raise
+        log.warning(
+            "model declaration not read: shard 0 unreachable; training as the flags say",
+            extra={"fields": {"model": settings.model_name, "error": exc.detail}},
+        )
+        return settings
+    if info.get("type") is None:
+        return settings
+    spec = ModelSpec.from_dict(info)
+    kind = spec.kind if "model" in settings.inherit else settings.model
+    mode = spec.mode if "mode" in settings.inherit else settings.mode
+    taken = [k for k, v in (("model", kind), ("mode", mode)) if getattr(settings, k) != v]
+    if not taken:
+        return settings
+    settings = dataclasses.replace(settings, model=kind, mode=mode)
+    log_event(
+        log,
+        "model type and mode taken from its declaration",
+        model=settings.model_name,
+        type=settings.model,
+        mode=settings.mode,
+        taken=",".join(taken),
+    )
+    return settings
