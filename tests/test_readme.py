@@ -17,6 +17,9 @@ them, with these substitutions only:
   shard's default address) is the test's, through ``CTRPS_SHARDS``;
 - a cluster's admin token file is the one its ``ready`` line names.
 
+Before ``ctrps model delete NAME`` the workers training NAME are stopped,
+as README says to.
+
 Roles that serve (``broker``, ``shard``, ``worker``, ``serve``, ``cluster``,
 ``demo``, or a line ending in ``&``) are started as processes and waited for
 (a log line saying so, ``/readyz`` for an API); the next one on the same
@@ -210,6 +213,9 @@ class Pipeline:
             if role in SERVING or re.search(r"&\s*(#.*)?$", command):
                 await self.start(block, command, role or "background")
             else:
+                deleted = re.search(r"ctrps model delete\s+(\S+)", command)
+                if deleted:
+                    await self.stop_training(deleted.group(1))
                 await self.run_once(block, command)
             self.timings.append((time.monotonic() - began, command[:100]))
 
@@ -273,11 +279,12 @@ class Pipeline:
         def seen() -> bool:
             if role.proc.poll() is not None:
                 raise AssertionError(f"{block}: `{role.command}` exited {role.proc.returncode}:\n{role.tail()}")
-            return want is None or any(x.get("msg") == want for x in role.lines())
+            # A cluster's children's lines carry their role: not its own.
+            return want is None or any(x.get("msg") == want and "role" not in x for x in role.lines())
 
         await until(seen, 120, what=f"{block}: `{role.command}` to log {want!r}", poll_s=0.1)
         if role.role == "cluster":
-            [ready] = [x for x in role.lines() if x.get("msg") == "ready" and "admin_token_file" in x]
+            [ready] = [x for x in role.lines() if x.get("msg") == "ready" and "role" not in x]
             self.token_file = str(ready["admin_token_file"])
             self.env["CTRPS_ADMIN_TOKEN"] = Path(self.token_file).read_text().strip()
         if role.role in ("serve", "cluster", "demo") and role.port is not None:
@@ -289,6 +296,13 @@ class Pipeline:
                     return await json_when_ok(session, url) is not None
 
                 await until(answers, 120, what=f"{block}: {url} to answer 200", poll_s=0.2)
+
+    async def stop_training(self, model: str) -> None:
+        """Stop the workers training `model`, as README says before deleting it
+        (their windows would fail on its dropped tables)."""
+        names = re.compile(rf"--(?:model-name|also-train)[\s=]{re.escape(model)}(?!\S)")
+        for role in [r for r in self.roles if r.role == "worker" and names.search(r.command)]:
+            await self.stop(role)
 
     def check_roles(self) -> None:
         """Every role started still runs."""
