@@ -53,10 +53,10 @@ example:
   ctrps model delete ads     # drops its tables on every shard; its exports stay on disk
 
 --shard0 falls back to the first URL of CTRPS_SHARDS, else to
-http://127.0.0.1:7100 (where `ctrps shard` listens by default). When shard 0 holds a
-cluster secret, creating needs a train token (workers create their model the
-same way) and deleting an admin one: CTRPS_SHARD_TOKEN from `ctrps token
---scope admin`, or the secret itself.
+http://127.0.0.1:7100 (where `ctrps shard` listens by default). When
+shard 0 holds a cluster secret, creating needs a train token (workers
+create their model the same way) and deleting an admin one:
+CTRPS_SHARD_TOKEN from `ctrps token --scope admin`, or the secret itself.
 """
 
 
