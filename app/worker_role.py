@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
+from typing import Any
 
 from consumers.kafka_security import KafkaSecurity
-from consumers.outage import is_outage
+from consumers.outage import OutageWatch, began, describe, is_outage
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.registry import ModelSpec
@@ -61,7 +63,11 @@ async def run_worker(
                 retry=RetryPolicy(deadline_s=max(10.0, settings.sync_deadline_s + 5)),
             ) as control,
         ):
-            settings = await _as_declared(settings, control)
+            declared = await _as_declared(settings, control, stop)
+            if declared is None:
+                log.info("stop asked while waiting for shard 0: nothing trained")
+                return
+            settings = declared
             config = settings.worker_config(kafka)
             how = {"mode": settings.mode, "max_staleness": settings.staleness_bound, "numeric": settings.numeric}
             model = make_model(settings.model, settings.model_name, **how)
@@ -109,30 +115,45 @@ async def run_worker(
     )
 
 
-async def _as_declared(settings: WorkerSettings, control: ControlClient) -> WorkerSettings:
+async def _as_declared(settings: WorkerSettings, control: ControlClient, stop: asyncio.Event) -> WorkerSettings | None:
     """`settings` with the type and update mode of the model it names as the
     cluster declared it (``ctrps model create``, or its first worker), for
     those of the two no flag or variable gave (`WorkerSettings.inherit`).
     One given that differs is left as given: the worker refuses it in one
     line. A cluster without the model (or without a model registry) keeps the
-    flags' defaults; so does a shard 0 that does not answer within the
-    control client's deadline (the worker then waits for it as for any
-    outage, and still refuses a declaration that differs)."""
+    flags' defaults. A shard 0 that does not answer is waited for as any
+    outage is (`OutageWatch`: a line every few seconds, `OutageDeadlineError`
+    past ``--outage-deadline``); None when `stop` is set meanwhile."""
     if not settings.inherit:
         return settings
+    found: list[dict[str, Any] | None] = []
+
+    async def read() -> None:
+        try:
+            found.append(await control.model_info(settings.model_name))
+        except (UnknownModelError, NoCoordinatorError):
+            found.append(None)
+
+    since = time.monotonic()
     try:
-        info = await control.model_info(settings.model_name)
-    except (UnknownModelError, NoCoordinatorError):
-        return settings
+        await read()
     except PSError as exc:
         if not is_outage(exc):
             raise
-        log.warning(
-            "model declaration not read: shard 0 unreachable; training as the flags say",
-            extra={"fields": {"model": settings.model_name, "error": exc.detail}},
-        )
-        return settings
-    if info.get("type") is None:
+        watch = OutageWatch(settings.outage_deadline_s)
+        waiting = asyncio.create_task(watch.wait(describe(exc, settings.bootstrap), read, began(exc, since)))
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, stopping):
+                task.cancel()
+            await asyncio.gather(waiting, stopping, return_exceptions=True)
+        if waiting.cancelled():
+            return None  # stopped first
+        waiting.result()  # OutageDeadlineError past the deadline
+    info = found[-1]
+    if info is None or info.get("type") is None:
         return settings
     spec = ModelSpec.from_dict(info)
     kind = spec.kind if "model" in settings.inherit else settings.model

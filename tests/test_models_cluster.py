@@ -6,6 +6,7 @@ model``, over real shards (in process and on loopback) and real files."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import subprocess
@@ -627,6 +628,9 @@ async def test_a_worker_takes_its_models_type_and_mode_unless_given(
     from app.cli import build_parser
     from app.settings import WorkerSettings
     from app.worker_role import _as_declared
+    from consumers.broker import free_port
+    from consumers.outage import OutageDeadlineError
+    from ps_core.net.endpoint import RetryPolicy
 
     _, urls = await serve_shards(1, (), tmp_path)
     base = ["worker", "--bootstrap", kafka_bootstrap, "--shards", urls[0], "--model-name", "feed"]
@@ -634,18 +638,36 @@ async def test_a_worker_takes_its_models_type_and_mode_unless_given(
     def settings(*flags: str, **env: str) -> WorkerSettings:
         return WorkerSettings.from_args(build_parser().parse_args([*base, *flags]), env=env)
 
+    async def as_declared(s: WorkerSettings, control: ControlClient) -> WorkerSettings:
+        got = await _as_declared(s, control, asyncio.Event())
+        assert got is not None
+        return got
+
     async with ControlClient.connect(urls) as control:
-        plain = await _as_declared(settings(), control)
+        plain = await as_declared(settings(), control)
         assert (plain.model, plain.mode) == ("lr", "async")  # nobody created feed: the flags' defaults
         await control.create_model(_spec("fm", "feed", k=4, mode="geo").recipe())
-        taken = await _as_declared(settings(), control)
+        taken = await as_declared(settings(), control)
         assert (taken.model, taken.mode) == ("fm", "geo")
-        given = await _as_declared(settings("--mode", "geo"), control)
+        given = await as_declared(settings("--mode", "geo"), control)
         assert (given.model, given.mode) == ("fm", "geo")
         for kept in (settings("--model", "lr"), settings(CTRPS_MODEL="lr")):
-            assert (await _as_declared(kept, control)).model == "lr"  # given: left for the worker to refuse
+            assert (await as_declared(kept, control)).model == "lr"  # given: left for the worker to refuse
         coded = WorkerSettings(bootstrap=kafka_bootstrap, shards=(urls[0],), model_name="feed")
-        assert (await _as_declared(coded, control)).model == "lr"  # built in code: as given
+        assert (await as_declared(coded, control)).model == "lr"  # built in code: as given
+
+    # A shard 0 not answering is waited for: up to the outage deadline, or until stopped.
+    nobody = f"http://127.0.0.1:{free_port()}"
+    async with ControlClient.connect([nobody], retry=RetryPolicy(deadline_s=0.3)) as control:
+        away = WorkerSettings.from_args(
+            build_parser().parse_args(["worker", "--bootstrap", kafka_bootstrap, "--shards", nobody]), env={}
+        )
+        with pytest.raises(OutageDeadlineError, match=f"shard 0 at {nobody}"):
+            await _as_declared(dataclasses.replace(away, outage_deadline_s=1.0), control, asyncio.Event())
+        stop = asyncio.Event()
+        waiting = asyncio.create_task(_as_declared(away, control, stop))
+        stop.set()
+        assert await asyncio.wait_for(waiting, 10) is None
 
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "app.cli", *base, "--model", "lr", "--decode-processes", "0",
