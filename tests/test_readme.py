@@ -15,7 +15,8 @@ them, with these substitutions only:
   ``--bootstrap`` and ``--shards`` (README: "each role ... as above");
 - the shard 0 a ``ctrps model`` command finds without ``--shard0`` (the
   shard's default address) is the test's, through ``CTRPS_SHARDS``;
-- a cluster's admin token file is the one its ``ready`` line names.
+- a cluster's (or demo's) admin token file is the one its ``ready`` line
+  names, and ``CTRPS_ADMIN_TOKEN`` its token.
 
 Before ``ctrps model delete NAME`` the workers training NAME are stopped,
 as README says to.
@@ -283,10 +284,12 @@ class Pipeline:
             return want is None or any(x.get("msg") == want and "role" not in x for x in role.lines())
 
         await until(seen, 120, what=f"{block}: `{role.command}` to log {want!r}", poll_s=0.1)
-        if role.role == "cluster":
+        if role.role in SELF_CONTAINED:
             [ready] = [x for x in role.lines() if x.get("msg") == "ready" and "role" not in x]
-            self.token_file = str(ready["admin_token_file"])
-            self.env["CTRPS_ADMIN_TOKEN"] = Path(self.token_file).read_text().strip()
+            made = str(ready.get("admin_token_file", "-"))
+            if made != "-":  # the run's admin token, for the lines that use it
+                self.token_file = made
+                self.env["CTRPS_ADMIN_TOKEN"] = Path(made).read_text().strip()
         if role.role in ("serve", "cluster", "demo") and role.port is not None:
             url = f"http://127.0.0.1:{role.port}/readyz"
             async with aiohttp.ClientSession() as session:
