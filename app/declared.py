@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["Setting", "setting", "declared", "add_flags", "load", "parse_bool", "SettingsError"]
+__all__ = ["Setting", "setting", "declared", "add_flags", "load", "given", "parse_bool", "SettingsError"]
 
 
 class SettingsError(ValueError):
@@ -197,6 +197,20 @@ def load(cls: type[T], args: argparse.Namespace | None, env: Mapping[str, str], 
                 word = _WORDS.get(kind, "valid")
                 raise SettingsError(f"{s.env}={raw!r} is not {word}") from None
     return cls(**values, **given)
+
+
+def given(cls: type, args: argparse.Namespace | None, env: Mapping[str, str]) -> frozenset[str]:
+    """The names of `cls`'s declared settings that a flag in `args` or a
+    variable set (not empty) in `env` gives: the rest are their defaults."""
+    out: set[str] = set()
+    for f, s, _ in declared(cls):
+        flagged = args is not None and (
+            (s.flag is not None and getattr(args, _dest(s), None) is not None)
+            or (s.off is not None and bool(getattr(args, _off_dest(s), False)))
+        )
+        if flagged or (s.env is not None and env.get(s.env)):
+            out.add(f.name)
+    return frozenset(out)
 
 
 def _from_flag(value: Any, kind: Any, s: Setting, name: str) -> Any:

@@ -3,15 +3,18 @@
 A model is created once with its type, optimizer and update mode; its
 declaration lives with shard 0's coordinator and in ``<exports>/<name>/model.json``
 (`ps_core.checkpoint.registry`). Workers started with ``--model-name NAME``
-train it with that declaration. Output is JSON on stdout; an error is one
-log line on stderr with exit status 1 (2: no shard 0, a refused token, or a
-bad flag).
+train it with that declaration. Shard 0 is ``--shard0``, else the first URL
+of ``CTRPS_SHARDS``, else where ``ctrps shard`` listens by default. Output
+is JSON on stdout; an error is one log line on stderr with exit status 1
+(2: a refused token, or a bad flag).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import os
 from typing import Any
 
 from ps_core.checkpoint.control import ControlClient
@@ -25,11 +28,16 @@ from ps_core.store.table import MODES
 
 from .commands import Subcommands, add_command
 from .security import add_security_flags
+from .settings import ShardSettings
 from .shard0_cli import call_shard0
 
-__all__ = ["add_model_parser", "run_model", "parse_optimizer"]
+__all__ = ["add_model_parser", "run_model", "parse_optimizer", "DEFAULT_SHARD0"]
 
 log = logging.getLogger("ctrps model")
+
+_SHARD = {f.name: f.default for f in dataclasses.fields(ShardSettings)}
+DEFAULT_SHARD0 = f"http://{_SHARD['host']}:{_SHARD['port']}"
+"""Where ``ctrps shard`` listens without flags: shard 0 of the README's pipeline."""
 
 _MODEL = """\
 create, list, show or delete the models of a cluster
@@ -44,10 +52,11 @@ example:
   ctrps model show ads
   ctrps model delete ads     # drops its tables on every shard; its exports stay on disk
 
---shard0 falls back to the first URL of CTRPS_SHARDS. When shard 0 holds a
-cluster secret, creating needs a train token (workers create their model the
-same way) and deleting an admin one: CTRPS_SHARD_TOKEN from `ctrps token
---scope admin`, or the secret itself.
+--shard0 falls back to the first URL of CTRPS_SHARDS, else to
+http://127.0.0.1:7100 (where `ctrps shard` listens by default). When
+shard 0 holds a cluster secret, creating needs a train token (workers
+create their model the same way) and deleting an admin one:
+CTRPS_SHARD_TOKEN from `ctrps token --scope admin`, or the secret itself.
 """
 
 
@@ -74,7 +83,9 @@ def add_model_parser(sub: Subcommands) -> None:
     p = add_command(sub, "model", _MODEL)
     p.add_argument("action", choices=("create", "list", "show", "delete"), help="what to do")
     p.add_argument("name", nargs="?", help="the model (create, show, delete)")
-    p.add_argument("--shard0", help="URL of shard 0 (default: first of CTRPS_SHARDS)")
+    p.add_argument(
+        "--shard0", help=f"URL of shard 0 (default: first of CTRPS_SHARDS, else {DEFAULT_SHARD0}, a shard's default)"
+    )
     p.add_argument("--type", choices=("lr", "fm"), default="lr", help="create: lr or fm (default lr)")
     p.add_argument(
         "--optimizer",
@@ -144,5 +155,8 @@ async def run_model(args: argparse.Namespace) -> int:
         assert body is not None
         return await client.create_model(body)
 
+    if not args.shard0 and not os.environ.get("CTRPS_SHARDS", "").strip(","):
+        # As `ctrps shard` listens without flags: the pipeline's shard 0.
+        args.shard0 = DEFAULT_SHARD0
     scope = {"create": Scope.TRAIN, "delete": Scope.ADMIN}.get(args.action, Scope.READ)
     return await call_shard0(args, log, scope, act)

@@ -31,7 +31,7 @@ from ps_core.store.lifecycle import SPEC_KEYS, Lifecycle
 from ps_core.store.read_table import PRECISIONS
 from ps_core.store.table import MODES, TableConfig
 
-from .declared import SettingsError, add_flags, load, setting
+from .declared import SettingsError, add_flags, given, load, setting
 from .logs import LEVELS
 from .security import SecuritySettings, _secret_from
 
@@ -160,6 +160,9 @@ def rpc_limits_from_env(env: Mapping[str, str]) -> RpcLimits:
 
 _FORMATS = ("text", "json")
 _MODELS = ("lr", "fm")
+INHERITED = frozenset({"model", "mode"})
+"""A worker's settings a model already declared on the cluster gives when
+no flag or variable does."""
 
 
 def _log_format(help: str = "log line format") -> Any:
@@ -551,6 +554,11 @@ class WorkerSettings:
         metavar="SECONDS",
     )
 
+    inherit: frozenset[str] = field(default=frozenset(), compare=False)
+    """Of ``model`` and ``mode``, those no flag or variable gave: a model
+    already declared on the cluster sets them (`app.worker_role`). Empty when
+    built in code: its values are meant as given."""
+
     def __post_init__(self) -> None:
         if self.on_stale_offsets not in ("committed", "earliest", "fail"):
             raise SettingsError(f"on-stale-offsets {self.on_stale_offsets!r} is not committed, earliest or fail")
@@ -632,8 +640,9 @@ class WorkerSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> WorkerSettings:
-        """Flags (where given) over ``CTRPS_*`` variables over defaults."""
-        return load(cls, args, env)
+        """Flags (where given) over ``CTRPS_*`` variables over defaults; the
+        model's type and mode left to its declaration where neither gives them."""
+        return load(cls, args, env, inherit=INHERITED - given(cls, args, env))
 
 
 def _exports_dir() -> Any:

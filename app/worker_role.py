@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
+from typing import Any
 
 from consumers.kafka_security import KafkaSecurity
+from consumers.outage import OutageWatch, began, describe, is_outage
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.registry import ModelSpec
+from ps_core.errors import NoCoordinatorError, PSError, UnknownModelError
 from ps_core.model.models import make_model
 from ps_core.net.auth import Scope
 from ps_core.net.client import PSClient
@@ -42,26 +48,7 @@ async def run_worker(
     stop = stop or asyncio.Event()
     security = security or SecuritySettings()
     tls = security.client_tls()
-    config = settings.worker_config(kafka)
-    how = {"mode": settings.mode, "max_staleness": settings.staleness_bound, "numeric": settings.numeric}
-    model = make_model(settings.model, settings.model_name, **how)
-    also = [make_model(settings.model, name, **how) for name in settings.also_train]
     worker_id = default_worker_id()
-    log_event(
-        log,
-        "starting",
-        worker=worker_id,
-        topic=settings.topic,
-        group=settings.group,
-        shards=len(settings.shards),
-        model=settings.model,
-        name=settings.model_name,
-        also_train=",".join(settings.also_train) or "-",
-        mode=settings.mode,
-        wire=settings.wire().describe(),
-        on_stale_offsets=settings.on_stale_offsets,
-        **kafka.fields(),
-    )
     with stop_on_signals(stop):
         token = security.token_for(Scope.TRAIN)
         async with (
@@ -76,6 +63,30 @@ async def run_worker(
                 retry=RetryPolicy(deadline_s=max(10.0, settings.sync_deadline_s + 5)),
             ) as control,
         ):
+            declared = await _as_declared(settings, control, stop)
+            if declared is None:
+                log.info("stop asked while waiting for shard 0: nothing trained")
+                return
+            settings = declared
+            config = settings.worker_config(kafka)
+            how = {"mode": settings.mode, "max_staleness": settings.staleness_bound, "numeric": settings.numeric}
+            model = make_model(settings.model, settings.model_name, **how)
+            also = [make_model(settings.model, name, **how) for name in settings.also_train]
+            log_event(
+                log,
+                "starting",
+                worker=worker_id,
+                topic=settings.topic,
+                group=settings.group,
+                shards=len(settings.shards),
+                model=settings.model,
+                name=settings.model_name,
+                also_train=",".join(settings.also_train) or "-",
+                mode=settings.mode,
+                wire=settings.wire().describe(),
+                on_stale_offsets=settings.on_stale_offsets,
+                **kafka.fields(),
+            )
             worker = Worker(config, client, control, model, also=also)
             # Set after construction: the hook reads the worker's own stats.
             fmt = settings.wire().describe()
@@ -102,3 +113,61 @@ async def run_worker(
     log_event(
         log, "stopped", windows=s.windows, events=s.events_trained, dead_letters=s.dead_letters, commits=s.commits
     )
+
+
+async def _as_declared(settings: WorkerSettings, control: ControlClient, stop: asyncio.Event) -> WorkerSettings | None:
+    """`settings` with the type and update mode of the model it names as the
+    cluster declared it (``ctrps model create``, or its first worker), for
+    those of the two no flag or variable gave (`WorkerSettings.inherit`).
+    One given that differs is left as given: the worker refuses it in one
+    line. A cluster without the model (or without a model registry) keeps the
+    flags' defaults. A shard 0 that does not answer is waited for as any
+    outage is (`OutageWatch`: a line every few seconds, `OutageDeadlineError`
+    past ``--outage-deadline``); None when `stop` is set meanwhile."""
+    if not settings.inherit:
+        return settings
+    found: list[dict[str, Any] | None] = []
+
+    async def read() -> None:
+        try:
+            found.append(await control.model_info(settings.model_name))
+        except (UnknownModelError, NoCoordinatorError):
+            found.append(None)
+
+    since = time.monotonic()
+    try:
+        await read()
+    except PSError as exc:
+        if not is_outage(exc):
+            raise
+        watch = OutageWatch(settings.outage_deadline_s)
+        waiting = asyncio.create_task(watch.wait(describe(exc, settings.bootstrap), read, began(exc, since)))
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, stopping):
+                task.cancel()
+            await asyncio.gather(waiting, stopping, return_exceptions=True)
+        if waiting.cancelled():
+            return None  # stopped first
+        waiting.result()  # OutageDeadlineError past the deadline
+    info = found[-1]
+    if info is None or info.get("type") is None:
+        return settings
+    spec = ModelSpec.from_dict(info)
+    kind = spec.kind if "model" in settings.inherit else settings.model
+    mode = spec.mode if "mode" in settings.inherit else settings.mode
+    taken = [k for k, v in (("model", kind), ("mode", mode)) if getattr(settings, k) != v]
+    if not taken:
+        return settings
+    settings = dataclasses.replace(settings, model=kind, mode=mode)
+    log_event(
+        log,
+        "model type and mode taken from its declaration",
+        model=settings.model_name,
+        type=settings.model,
+        mode=settings.mode,
+        taken=",".join(taken),
+    )
+    return settings

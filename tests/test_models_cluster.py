@@ -6,6 +6,7 @@ model``, over real shards (in process and on loopback) and real files."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import subprocess
@@ -618,3 +619,80 @@ def test_the_documents_and_the_check_agree_on_numeric_feeds(numeric: str, valid:
     else:
         with pytest.raises(ValueError, match="numeric"):
             numeric_feed(numeric)
+
+
+async def test_a_worker_takes_its_models_type_and_mode_unless_given(
+    tmp_path: Path, serve_shards: ServeShards, kafka_bootstrap: str
+) -> None:
+    """A worker naming a created model takes its type and update mode where
+    no flag or variable gives them; one given that differs is refused in one
+    line (exit 1)."""
+    from app.cli import build_parser
+    from app.settings import WorkerSettings
+    from app.worker_role import _as_declared
+    from consumers.broker import free_port
+    from consumers.outage import OutageDeadlineError
+    from ps_core.net.endpoint import RetryPolicy
+
+    _, urls = await serve_shards(1, (), tmp_path)
+    base = ["worker", "--bootstrap", kafka_bootstrap, "--shards", urls[0], "--model-name", "feed"]
+
+    def settings(*flags: str, **env: str) -> WorkerSettings:
+        return WorkerSettings.from_args(build_parser().parse_args([*base, *flags]), env=env)
+
+    async def as_declared(s: WorkerSettings, control: ControlClient) -> WorkerSettings:
+        got = await _as_declared(s, control, asyncio.Event())
+        assert got is not None
+        return got
+
+    async with ControlClient.connect(urls) as control:
+        plain = await as_declared(settings(), control)
+        assert (plain.model, plain.mode) == ("lr", "async")  # nobody created feed: the flags' defaults
+        await control.create_model(_spec("fm", "feed", k=4, mode="geo").recipe())
+        taken = await as_declared(settings(), control)
+        assert (taken.model, taken.mode) == ("fm", "geo")
+        given = await as_declared(settings("--mode", "geo"), control)
+        assert (given.model, given.mode) == ("fm", "geo")
+        for kept in (settings("--model", "lr"), settings(CTRPS_MODEL="lr")):
+            assert (await as_declared(kept, control)).model == "lr"  # given: left for the worker to refuse
+        coded = WorkerSettings(bootstrap=kafka_bootstrap, shards=(urls[0],), model_name="feed")
+        assert (await as_declared(coded, control)).model == "lr"  # built in code: as given
+
+    # A shard 0 not answering is waited for: up to the outage deadline, or until stopped.
+    nobody = f"http://127.0.0.1:{free_port()}"
+    async with ControlClient.connect([nobody], retry=RetryPolicy(deadline_s=0.3)) as control:
+        away = WorkerSettings.from_args(
+            build_parser().parse_args(["worker", "--bootstrap", kafka_bootstrap, "--shards", nobody]), env={}
+        )
+        with pytest.raises(OutageDeadlineError, match=f"shard 0 at {nobody}"):
+            await _as_declared(dataclasses.replace(away, outage_deadline_s=1.0), control, asyncio.Event())
+        stop = asyncio.Event()
+        waiting = asyncio.create_task(_as_declared(away, control, stop))
+        stop.set()
+        assert await asyncio.wait_for(waiting, 10) is None
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "app.cli", *base, "--model", "lr", "--decode-processes", "0",
+        stderr=subprocess.PIPE, cwd=PROJECT,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1, err.decode()
+    [line] = [x for x in err.decode().splitlines() if " error " in x or "critical" in x]
+    assert "model feed was created as fm; this worker was started with --model lr" in line, err.decode()
+    assert "Traceback" not in err.decode()
+
+
+def test_ctrps_model_finds_shard_0_where_a_shard_listens_by_default() -> None:
+    """Without --shard0 or CTRPS_SHARDS, ``ctrps model`` asks the address
+    ``ctrps shard`` listens at without flags (README's pipeline's shard 0)."""
+    from commands import ctrps
+
+    from app.model_cli import DEFAULT_SHARD0
+    from app.settings import ShardSettings
+
+    defaults = ShardSettings.from_env({})
+    assert DEFAULT_SHARD0 == f"http://{defaults.host}:{defaults.port}" == "http://127.0.0.1:7100"
+    out = ctrps("model", "list", "--timeout", "0.5")
+    # Nothing there (unless a shard of this machine is): unreachable, named.
+    assert out.returncode == 0 or (out.returncode == 1 and "shard 0 at http://127.0.0.1:7100" in out.stderr), out.stderr
+    assert "no shard 0" not in out.stderr
