@@ -68,6 +68,7 @@ from ps_core.errors import (
     NoCoordinatorError,
     PSError,
     UnknownModelError,
+    UnknownTableError,
 )
 from ps_core.model.batch import EventBatch
 from ps_core.model.geo import GeoCopy
@@ -107,7 +108,7 @@ from .resume import (
 from .training import AsyncTraining, GeoTraining, SyncTraining, Training
 from .windows import TopicPartitionKey, Window, WindowBuilder
 
-__all__ = ["WorkerConfig", "Worker", "WindowReport"]
+__all__ = ["WorkerConfig", "Worker", "WindowReport", "ModelGoneError"]
 
 log = logging.getLogger("ctrps.worker")
 
@@ -313,6 +314,19 @@ class WorkerStats:
 
 class _Stopped(Exception):
     """A stop request arrived while the worker waited out an outage."""
+
+
+class ModelGoneError(Exception):
+    """The shards no longer hold a table of the model this worker trains
+    (the model was deleted while it ran): nothing it trains can be kept."""
+
+    exit_code = 1
+
+    def __init__(self, model: str, detail: str) -> None:
+        super().__init__(
+            f"model {model} is gone from the shards ({detail}): it was deleted while this worker ran; "
+            "stop its workers, or create it again (ctrps model create) and restart them"
+        )
 
 
 class CoordinatorRestarted(Exception):
@@ -1232,6 +1246,8 @@ class Worker:
                     [DeadLetter(window.values[r.index], r.reason, r.detail, *window.source(r.index)) for r in rejected]
                 )
                 committed = await self._commit(window)
+            except UnknownTableError as exc:
+                raise ModelGoneError(self.model.name, exc.detail) from None
             finally:
                 for _, _, fut in chunks:  # a window that failed part-way
                     if not fut.done():

@@ -696,3 +696,30 @@ def test_ctrps_model_finds_shard_0_where_a_shard_listens_by_default() -> None:
     # Nothing there (unless a shard of this machine is): unreachable, named.
     assert out.returncode == 0 or (out.returncode == 1 and "shard 0 at http://127.0.0.1:7100" in out.stderr), out.stderr
     assert "no shard 0" not in out.stderr
+
+
+async def test_a_worker_whose_model_is_deleted_exits_in_one_line(
+    kafka_bootstrap: str, serve_shards: ServeShards, tmp_path: Path
+) -> None:
+    """Deleting a model under its running worker: the worker says so in one
+    line and exits 1 (no traceback), as the runbook's entry tells."""
+    from commands import ctrps_process
+
+    shards, urls = await serve_shards(2, (), tmp_path)
+    topic, group = await new_topic(kafka_bootstrap, 2)
+    async with ControlClient.connect(urls) as control:
+        await control.create_model(_spec("lr", "ads").recipe())
+        async with ctrps_process(
+            "worker", "--bootstrap", kafka_bootstrap, "--shards", ",".join(urls), "--topic", topic,
+            "--group", group, "--model-name", "ads", "--window-seconds", "0.3", "--decode-processes", "0",
+        ) as worker:  # fmt: skip
+            await produce(kafka_bootstrap, topic, [keyed_event(i) for i in range(200)], 2)
+            await until(lambda: bias_shows(shards, "ads") > 0, 60, what="the worker to train")
+            await control.delete_model("ads")
+            await produce(kafka_bootstrap, topic, [keyed_event(i) for i in range(200, 400)], 2)
+            assert worker.stderr is not None
+            _, err = await asyncio.wait_for(worker.communicate(), 60)
+    lines = err.decode().strip().splitlines()
+    assert worker.returncode == 1, lines[-5:]
+    assert "Traceback" not in err.decode(), lines[-20:]
+    assert "model ads is gone from the shards" in lines[-1] and "deleted while this worker ran" in lines[-1], lines[-3:]
