@@ -19,7 +19,8 @@ Exit codes (documented in README's command sections):
 - 2: a usage or settings error (argparse, a flag or ``CTRPS_*`` variable).
 - 3: gave up after an outage outlasted its deadline.
 - 4: refused to resume (stale offsets under policy ``fail``, a cluster that
-  cannot agree on a version to restore).
+  cannot agree on a version to restore, an exports directory another
+  cluster owns).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ EXIT_USAGE = 2
 EXIT_GAVE_UP = 3
 """Gave up after an outage outlasted its deadline."""
 EXIT_REFUSED = 4
-"""Refused to resume: stale offsets, or no version the cluster agrees on."""
+"""Refused to resume: stale offsets, no version the cluster agrees on, another cluster's exports."""
 
 
 class ExpectedFailure(Exception):
