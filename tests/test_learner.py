@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,7 @@ import aiohttp
 import numpy as np
 import orjson
 import pytest
-from commands import PROJECT, ctrps_process
+from commands import PROJECT, as_a_user, ctrps_process
 from hypothesis import given
 from hypothesis import strategies as st
 from waiting import until
@@ -194,15 +192,7 @@ def test_the_readme_keeps_and_reloads_a_learner_as_written(tmp_path: Path) -> No
     assert len(blocks) == 2 and "Learner.load" in blocks[1]
     stream = SyntheticStream(seed=11).batch(3000)
     (tmp_path / "clicks.jsonl").write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in stream))
-    done = subprocess.run(
-        [sys.executable, "-c", "\n".join(blocks)],
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(PROJECT), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = as_a_user(tmp_path, "-c", "\n".join(blocks))
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith(str(Path("my-exports/ctr/0000000002")))
     kept = Learner.load(tmp_path / "my-exports")

@@ -14,6 +14,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from commands import as_a_user
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ps_core", "consumers", "app")
 
@@ -108,15 +110,7 @@ def test_a_users_type_checker_reads_the_librarys_types(tmp_path: Path) -> None:
         "learner: Learner = Learner()\n"
         "ids: str = mix64(np.array(['a']))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), str(user)],
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = as_a_user(tmp_path, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), str(user))
     out = done.stdout
     assert "missing library stubs or py.typed" not in out, out
     # The one error is the deliberate one, found from ps_core's own annotations.
