@@ -476,7 +476,7 @@ async def own_exports(
         kafka_id = await cluster_id(settings.bootstrap, security=kafka)
         path = Path(settings.exports_dir)
         owner = stream_owner(StreamIdentity(kafka_id, env.get("CTRPS_GROUP") or WorkerSettings.group))
-    await asyncio.to_thread(
+    record, took_over = await asyncio.to_thread(
         claim_exports,
         path,
         owner,
@@ -484,6 +484,11 @@ async def own_exports(
         take_over=settings.take_over_exports,
         file_mode=settings.exports_mode,
     )
+    if took_over:
+        log.warning(
+            "took over the exports directory",
+            extra={"fields": {"exports": str(path), "owner": owner, "taken_from": record.taken_from}},
+        )
     return str(path), owner
 
 

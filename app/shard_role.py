@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -170,7 +169,7 @@ def _claim_exports(settings: ShardSettings) -> None:
     `ExportsOwnedError` (exit 4) when another cluster owns it and
     ``--take-over-exports`` was not given."""
     owner = settings.exports_owner or HAND_STARTED
-    record = claim_exports(
+    record, took_over = claim_exports(
         Path(settings.exports_dir),
         owner,
         "ctrps shard",
@@ -178,7 +177,7 @@ def _claim_exports(settings: ShardSettings) -> None:
         file_mode=settings.exports_mode,
     )
     fields = {"exports": settings.exports_dir, "owner": record.owner, "since": record.since}
-    if record.taken_from is not None and record.pid == os.getpid():
+    if took_over:
         log.warning("took over the exports directory", extra={"fields": {**fields, "taken_from": record.taken_from}})
     else:
         log_event(log, "exports claimed", **fields)

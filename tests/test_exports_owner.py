@@ -36,11 +36,13 @@ def _listing(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name != OWNER_FILE)
 
 
-def _pipeline_exports(root: Path) -> Learner:
-    """A version of an earlier pipeline in ``<root>/ctr`` (as its shard 0 would have cut it)."""
+def _pipeline_exports(root: Path, owner: str) -> Learner:
+    """A version of an earlier pipeline of `owner` in ``<root>/ctr`` (as its
+    shard 0 would have cut it)."""
     learner = Learner("lr")
     learner.learn(SyntheticStream(seed=3).batch(500))
     learner.save(root)
+    claim_exports(root, owner, "ctrps shard", take_over=True)
     return learner
 
 
@@ -72,7 +74,7 @@ def _refused(out: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 async def test_a_second_pipeline_on_owned_exports_is_refused_in_one_line_until_it_takes_over(tmp_path: Path) -> None:
     exports = tmp_path / "exports"
-    _pipeline_exports(exports)
+    _pipeline_exports(exports, "pipeline-a")
     first = await _shard(tmp_path / "a.log", exports, "--exports-owner", "pipeline-a")
     try:
         claimed = await wait_for_line(first, tmp_path / "a.log", {"msg": "exports claimed"}, 30)
@@ -105,7 +107,7 @@ async def test_a_second_pipeline_on_owned_exports_is_refused_in_one_line_until_i
 
 async def test_ctrps_cluster_exports_into_its_own_directory_and_leaves_a_pipelines_alone(tmp_path: Path) -> None:
     exports = tmp_path / "exports"
-    earlier = _pipeline_exports(exports)
+    earlier = _pipeline_exports(exports, HAND_STARTED)
     pipeline = await _shard(tmp_path / "p.log", exports)
     await wait_for_line(pipeline, tmp_path / "p.log", {"msg": "listening"}, 30)
     assert await _stop(pipeline) == 0
@@ -171,8 +173,8 @@ def test_a_cluster_on_an_outside_kafka_claims_the_directory_as_its_stream(tmp_pa
     owner = re.search(r"not to '([^']+)'", line["msg"])
     assert owner is not None
     exports2 = tmp_path / "exports2"
-    first = claim_exports(exports2, owner.group(1), "ctrps cluster")
-    assert claim_exports(exports2, owner.group(1), "ctrps cluster") == first
+    first, _ = claim_exports(exports2, owner.group(1), "ctrps cluster")
+    assert claim_exports(exports2, owner.group(1), "ctrps cluster") == (first, False)
 
 
 def test_claims_race_to_one_owner_and_a_damaged_record_is_named(tmp_path: Path) -> None:
@@ -184,7 +186,7 @@ def test_claims_race_to_one_owner_and_a_damaged_record_is_named(tmp_path: Path) 
     def claim(i: int) -> None:
         start.wait()
         try:
-            won.append(claim_exports(root, f"owner-{i}", "ctrps shard").owner)
+            won.append(claim_exports(root, f"owner-{i}", "ctrps shard")[0].owner)
         except ExportsOwnedError:
             refused.append(f"owner-{i}")
 

@@ -23,6 +23,7 @@ from consumers.synthetic import SyntheticStream
 from consumers.training import AsyncTraining
 from consumers.worker import WorkerStats
 from ps_core import Learner
+from ps_core.checkpoint.owner import LEARNER, ExportsOwnedError, claim_exports, read_owner
 from ps_core.errors import ExportNotFoundError, InvalidRequestError
 from ps_core.model.batch import EventBatch
 from ps_core.model.hasher import FeatureHasher
@@ -141,6 +142,19 @@ def test_a_saved_learner_loads_and_learns_on_as_it_would_have(kind: str, tmp_pat
     assert loaded.save(tmp_path) == tmp_path / "ctr" / "0000000002"
     again = Learner.load(tmp_path / "ctr")
     np.testing.assert_array_equal(again.predict(probe), learner.predict(probe))
+
+
+def test_a_learner_saves_only_where_no_cluster_owns_the_exports_unless_it_takes_over(tmp_path: Path) -> None:
+    learner = Learner()
+    learner.learn(SyntheticStream(seed=5).batch(300))
+    claim_exports(tmp_path, "cluster-a", "ctrps cluster")
+    with pytest.raises(ExportsOwnedError, match="belongs to 'cluster-a'"):
+        learner.save(tmp_path)
+    assert not (tmp_path / "ctr").exists()
+    assert learner.save(tmp_path, take_over=True) == tmp_path / "ctr" / "0000000001"
+    record = read_owner(tmp_path)
+    assert record is not None and (record.owner, record.taken_from) == (LEARNER, "cluster-a")
+    assert learner.save(tmp_path) == tmp_path / "ctr" / "0000000002"  # its own now
 
 
 def test_loading_where_nothing_was_saved_names_the_directory(tmp_path: Path) -> None:

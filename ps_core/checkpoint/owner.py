@@ -15,7 +15,7 @@ run (the run's own directory's name, ``cluster-<time>-<random>``); a cluster
 on an outside Kafka as its stream (`stream_owner`: the Kafka cluster id and
 consumer group its exports' offsets belong to, so its next run resumes
 there); a hand-started shard 0 as ``--exports-owner`` says, else
-`HAND_STARTED`. A root written before owner records existed is unowned.
+`HAND_STARTED`; `ps_core.Learner.save` as `LEARNER`. A root written before owner records existed is unowned.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from .stream import StreamIdentity
 __all__ = [
     "OWNER_FILE",
     "HAND_STARTED",
+    "LEARNER",
     "ExportsOwner",
     "ExportsOwnedError",
     "read_owner",
@@ -53,6 +54,10 @@ HAND_STARTED = "hand-started"
 """The owner a shard 0 claims as when ``--exports-owner`` names none: every
 hand-started pipeline on the root (their streams are told apart by the
 manifests' `StreamIdentity`, checked by the workers at a restore)."""
+
+
+LEARNER = "learner"
+"""The owner `ps_core.Learner.save` claims a root as (every Learner's)."""
 
 
 class ExportsOwnedError(PSError, code="exports_owned", status=409):
@@ -74,7 +79,7 @@ class ExportsOwner:
     """When it was claimed, ISO 8601 UTC."""
     host: str
     pid: int
-    """Where the claim was made: the claiming process."""
+    """The process that claimed it last (its owner's restarts claim it again)."""
     taken_from: str | None = None
     """The owner this one took the root over from (None: it was unowned)."""
 
@@ -150,12 +155,14 @@ def _write(root: Path, record: ExportsOwner, file_mode: int, *, replace: bool) -
 
 def claim_exports(
     root: Path, owner: str, by: str, *, take_over: bool = False, file_mode: int = DEFAULT_FILE_MODE
-) -> ExportsOwner:
+) -> tuple[ExportsOwner, bool]:
     """Make the exports `root` `owner`'s, before anything is restored from
-    it or exported into it; returns the record now there.
+    it or exported into it; returns the record now there, and whether this
+    claim took it over from another owner.
 
     Creates the root (``dir_mode(file_mode)``) when missing. An unowned root
-    is claimed; one `owner` holds already is left as it is; one of another
+    is claimed; one `owner` holds already names this process from now on
+    (``by``, ``since`` and ``taken_from`` kept); one of another
     owner raises `ExportsOwnedError` (one line naming both and what to do)
     unless `take_over`, which replaces the record (``taken_from``). Two
     claims of an unowned root at once: one wins, the other sees its record."""
@@ -165,7 +172,11 @@ def claim_exports(
     for _ in range(2):  # a record may appear between the read and the write, once
         held = read_owner(root)
         if held is not None and held.owner == owner:
-            return held
+            # Its owner again (a restart): the record names the process that runs now.
+            again = ExportsOwner(owner, held.by, held.since, mine.host, mine.pid, held.taken_from)
+            if again != held:
+                _write(root, again, file_mode, replace=True)
+            return again, False
         if held is not None and not take_over:
             raise ExportsOwnedError(
                 f"exports directory {root} belongs to {held.describe()}, not to {owner!r}: "
@@ -174,9 +185,9 @@ def claim_exports(
         if held is not None:
             record = ExportsOwner(mine.owner, mine.by, mine.since, mine.host, mine.pid, held.owner)
             _write(root, record, file_mode, replace=True)
-            return record
+            return record, True
         if _write(root, mine, file_mode, replace=False):
-            return mine
+            return mine, False
     raise ExportsOwnedError(f"exports directory {root}: its owner record keeps changing; claimed meanwhile")
 
 

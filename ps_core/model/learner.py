@@ -86,16 +86,21 @@ class Learner:
         weights = {name: t.pull(plan.keys) for name, t in self.tables.items()}
         return sigmoid(self.model.logits(batch, plan, weights))
 
-    def save(self, root: str | os.PathLike[str]) -> Path:
+    def save(self, root: str | os.PathLike[str], *, take_over: bool = False) -> Path:
         """Write the model as a base export version ``<root>/<name>/<version>``
         (docs/export-format.md), as a shard 0 of a one-shard cluster writes
         it: what ``ctrps serve --follow <root>`` serves (``--follow
         <root>/<name>`` for a model not named ``ctr``) and `load` reads back.
 
         The version follows the newest one there, so a replica following the
-        directory serves each save in turn. Returns the version's directory."""
+        directory serves each save in turn. The root is claimed as a
+        Learner's (``owner.json``, `ps_core.checkpoint.owner`): one a cluster
+        owns raises `ExportsOwnedError` unless `take_over`. Returns the
+        version's directory."""
         from ..checkpoint.export import version_dirs, write_version
+        from ..checkpoint.owner import LEARNER, claim_exports
 
+        claim_exports(Path(root), LEARNER, "ps_core.Learner", take_over=take_over)
         model_dir = Path(root) / self.model.name
         version = max([max(version_dirs(model_dir), default=0) + 1, *(t.version for t in self.tables.values())])
         snapshots = []
