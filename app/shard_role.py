@@ -15,6 +15,7 @@ from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.export import version_dirs
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.joining import Membership, books_at, newest_loadable, refusal_fields, restore_chains
+from ps_core.checkpoint.owner import HAND_STARTED, claim_exports
 from ps_core.checkpoint.routes import add_coordinator_routes, checkpointed_shard_app
 from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.net.auth import Refusals, Scope
@@ -163,6 +164,25 @@ async def _wait_for_admission(shard: Shard, every_s: float = 5.0) -> None:
         )
 
 
+def _claim_exports(settings: ShardSettings) -> None:
+    """Shard 0 makes the exports directory its cluster's (`claim_exports`);
+    `ExportsOwnedError` (exit 4) when another cluster owns it and
+    ``--take-over-exports`` was not given."""
+    owner = settings.exports_owner or HAND_STARTED
+    record, took_over = claim_exports(
+        Path(settings.exports_dir),
+        owner,
+        "ctrps shard",
+        take_over=settings.take_over_exports,
+        file_mode=settings.exports_mode,
+    )
+    fields = {"exports": settings.exports_dir, "owner": record.owner, "since": record.since}
+    if took_over:
+        log.warning("took over the exports directory", extra={"fields": {**fields, "taken_from": record.taken_from}})
+    else:
+        log_event(log, "exports claimed", **fields)
+
+
 def _hosts_coordinator(settings: ShardSettings, quiet: bool = False) -> bool:
     if settings.shard_id != 0 or not settings.exports_dir:
         return False
@@ -194,6 +214,9 @@ async def run_shard(
     admin_token = verifier.token(Scope.ADMIN) if verifier is not None else security.token_for(Scope.ADMIN)
     client_tls = security.client_tls()
     refusals = Refusals(logging.getLogger("ctrps.shard.auth"))
+    if settings.shard_id == 0 and settings.exports_dir:
+        # Before the restore: another cluster's models are neither restored nor pruned.
+        await asyncio.to_thread(_claim_exports, settings)
     shard, newest, books = await asyncio.to_thread(_restore, settings)
     offsets, stream = books.pop(settings.model_name, ({}, None))
     if _joins(settings):

@@ -37,6 +37,21 @@ def ctrps(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def as_a_user(cwd: Path, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` as a user's project runs it: in `cwd`, this project on
+    the path as an installed package would be, nothing else of this
+    environment; its output captured as text."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env={"PYTHONPATH": str(PROJECT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
 def assert_help_shows(command: str, example: str, flags: Iterable[str]) -> None:
     """``ctrps COMMAND --help`` exits 0 and shows its usage, an ``examples:``
     section with `example`, and every one of `flags`."""

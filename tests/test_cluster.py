@@ -217,7 +217,7 @@ async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
         while True:
-            model_dir = tmp_path / "exports" / "ctr"
+            model_dir = Path(ready["exports"]) / "ctr"
             versions = list_versions(model_dir) if model_dir.is_dir() else []
             if versions and any(v.manifest.offsets for v in versions):
                 break
@@ -422,10 +422,10 @@ async def test_a_cluster_survives_a_sigkilled_worker_and_trains_every_event(tmp_
                 async with session.post(api + "/v1/exports", json={}, headers=admin) as resp:
                     assert resp.status == 201, await resp.text()
                 assert proc.returncode is None, "the cluster stopped"
-                return bias_shows(tmp_path / "exports" / "ctr", 2) >= n
+                return bias_shows(Path(ready["exports"]) / "ctr", 2) >= n
 
             await until(all_trained, 120, what=f"{n} events trained", poll_s=1.0)
-        trained = bias_shows(tmp_path / "exports" / "ctr", 2)
+        trained = bias_shows(Path(ready["exports"]) / "ctr", 2)
         proc.send_signal(signal.SIGINT)
         rc = await asyncio.wait_for(proc.wait(), 60)
     finally:

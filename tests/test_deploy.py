@@ -206,7 +206,7 @@ def test_dockerfile_copies_the_packages_and_runs_the_cli() -> None:
         assert (ROOT / src).exists(), src
     assert {"ps_core", "consumers", "app", "pyproject.toml"} <= set(copied)
     assert 'ENTRYPOINT ["ctrps"]' in text
-    assert 'ctrps = "app.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert 'ctrps = "app.entry:main"' in (ROOT / "pyproject.toml").read_text()
     exposed = {int(p) for p in re.findall(r"^EXPOSE (.+)$", text, flags=re.M)[0].split()}
     settings = _compose_settings()
     assert {settings["shard-0"].port, settings["shard-0"].rpc_port, settings["api"].port} <= exposed

@@ -18,6 +18,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "ps_core.models": ("ps_core.errors", "ps_core.parsing"),
     "ps_core.store": (*SHARED, "ps_core.store"),
     "ps_core.model": (*SHARED, "ps_core.store", "ps_core.model"),
+    # The in-process whole (model, tables, export): `Learner.save` / `load`
+    # write and read export versions, importing the checkpoint package when called.
+    "ps_core.model.learner": (*SHARED, "ps_core.store", "ps_core.model", "ps_core.checkpoint"),
     "ps_core.net": (*SHARED, "ps_core.store", "ps_core.net"),
     "ps_core.checkpoint": ("ps_core",),
     "consumers": ("ps_core", "consumers"),

@@ -3,18 +3,28 @@ worker's async training would learn it from the same events."""
 
 from __future__ import annotations
 
+import asyncio
+import re
+import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
+import aiohttp
 import numpy as np
+import orjson
 import pytest
+from commands import PROJECT, as_a_user, ctrps_process
 from hypothesis import given
 from hypothesis import strategies as st
+from waiting import until
 
 from consumers.synthetic import SyntheticStream
 from consumers.training import AsyncTraining
 from consumers.worker import WorkerStats
 from ps_core import Learner
-from ps_core.errors import InvalidRequestError
+from ps_core.checkpoint.owner import LEARNER, ExportsOwnedError, claim_exports, read_owner
+from ps_core.errors import ExportNotFoundError, InvalidRequestError
 from ps_core.model.batch import EventBatch
 from ps_core.model.hasher import FeatureHasher
 from ps_core.model.learner import FEATURIZE_EVENTS
@@ -105,3 +115,106 @@ def test_ramp_sizes_never_shrink_and_stay_in_bounds(size: int, ratio: int, learn
     ramp = MiniBatchRamp(size, ratio)
     got = [ramp.next_size(n) for n in sorted(learnt)]
     assert got == sorted(got) and all(min(size, RAMP_START) <= s <= size for s in got)
+
+
+def _unlabelled(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in e.items() if k != "label"} for e in events]
+
+
+@pytest.mark.parametrize("kind", ["lr", "fm"])
+def test_a_saved_learner_loads_and_learns_on_as_it_would_have(kind: str, tmp_path: Path) -> None:
+    stream = SyntheticStream(seed=7)
+    first, then, probe = stream.batch(3000), stream.batch(2000), _unlabelled(stream.batch(200))
+    learner = Learner(kind, mini_batch=64)
+    learner.learn(first)
+    path = learner.save(tmp_path)
+    assert path == tmp_path / "ctr" / "0000000001" and (path / "manifest.json").is_file()
+    loaded = Learner.load(tmp_path)
+    assert type(loaded.model) is type(learner.model) and loaded.events_learnt == 3000
+    assert loaded.sizes == learner.sizes
+    np.testing.assert_array_equal(loaded.predict(probe), learner.predict(probe))
+    # Learning goes on from the same state with the same mini-batches.
+    went_on, reloaded_went_on = learner.learn(then), loaded.learn(then)
+    np.testing.assert_array_equal(loaded.predicted, learner.predicted)
+    assert reloaded_went_on == went_on
+    np.testing.assert_array_equal(loaded.predict(probe), learner.predict(probe))
+    # A second save is the next version, and the one a load reads.
+    assert loaded.save(tmp_path) == tmp_path / "ctr" / "0000000002"
+    again = Learner.load(tmp_path / "ctr")
+    np.testing.assert_array_equal(again.predict(probe), learner.predict(probe))
+
+
+def test_a_learner_saves_only_where_no_cluster_owns_the_exports_unless_it_takes_over(tmp_path: Path) -> None:
+    learner = Learner()
+    learner.learn(SyntheticStream(seed=5).batch(300))
+    claim_exports(tmp_path, "cluster-a", "ctrps cluster")
+    with pytest.raises(ExportsOwnedError, match="belongs to 'cluster-a'"):
+        learner.save(tmp_path)
+    assert not (tmp_path / "ctr").exists()
+    assert learner.save(tmp_path, take_over=True) == tmp_path / "ctr" / "0000000001"
+    record = read_owner(tmp_path)
+    assert record is not None and (record.owner, record.taken_from) == (LEARNER, "cluster-a")
+    assert learner.save(tmp_path) == tmp_path / "ctr" / "0000000002"  # its own now
+
+
+def test_loading_where_nothing_was_saved_names_the_directory(tmp_path: Path) -> None:
+    with pytest.raises(ExportNotFoundError, match=str(tmp_path / "ctr")):
+        Learner.load(tmp_path)
+
+
+async def test_ctrps_serve_follow_serves_a_saved_learner_as_it_predicts(tmp_path: Path) -> None:
+    stream = SyntheticStream(seed=9)
+    probe = _unlabelled(stream.batch(50))
+    learner = Learner("fm", mini_batch=128)
+    learner.learn(stream.batch(4000))
+    learner.save(tmp_path)
+    async with ctrps_process(
+        "serve", "--follow", str(tmp_path), "--port", "0", "--follow-interval", "0.05", "--log-format", "json"
+    ) as proc:
+        assert proc.stderr is not None
+        url = None
+        while url is None:
+            line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
+            assert line, "ctrps serve exited before listening"
+            record = orjson.loads(line)
+            url = record.get("url") if record["msg"] == "listening" else None
+        served: dict[int, list[float]] = {}
+
+        async def serves(http: aiohttp.ClientSession, version: int) -> bool:
+            async with http.post(f"{url}/v1/predict", data=orjson.dumps({"events": probe})) as resp:
+                body = orjson.loads(await resp.read())
+            if resp.status == 200 and body["model_version"] == version:
+                served[version] = body["predictions"]
+            return version in served
+
+        async with aiohttp.ClientSession() as http:
+            await until(lambda: serves(http, 1), 30, what="the replica serving version 1")
+            np.testing.assert_allclose(served[1], learner.predict(probe), rtol=1e-12, atol=0)
+            learner.learn(stream.batch(2000))
+            learner.save(tmp_path)
+            await until(lambda: serves(http, 2), 30, what="the replica serving version 2")
+            np.testing.assert_allclose(served[2], learner.predict(probe), rtol=1e-12, atol=0)
+            assert not np.allclose(served[1], served[2])
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+
+
+def test_the_readme_keeps_and_reloads_a_learner_as_written(tmp_path: Path) -> None:
+    readme = (PROJECT / "README.md").read_text()
+    section = readme.split("### Your own data", 1)[1].split("\n### ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 2 and "Learner.load" in blocks[1]
+    stream = SyntheticStream(seed=11).batch(3000)
+    (tmp_path / "clicks.jsonl").write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in stream))
+    done = as_a_user(tmp_path, "-c", "\n".join(blocks))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith(str(Path("my-exports/ctr/0000000002")))
+    kept = Learner.load(tmp_path / "my-exports")
+    # As one Learner that never stopped: 2,000, the last 1,000, then them again.
+    events = [orjson.loads(orjson.dumps(e)) for e in stream]
+    unbroken = Learner("lr")
+    for part in (events[:-1000], events[-1000:], events[-1000:]):
+        unbroken.learn(part)
+    assert kept.events_learnt == unbroken.events_learnt == 4000
+    probe = _unlabelled(stream[:100])
+    np.testing.assert_array_equal(kept.predict(probe), unbroken.predict(probe))

@@ -8,7 +8,9 @@ process, without Kafka or shards, for trying things out).
 
 May import: numpy, orjson, `ps_core.errors`, `ps_core.hashing`,
 `ps_core.parsing` and `ps_core.store` (a model declares its tables). Nothing of
-the network or checkpoints. A new model, feature kind or metric goes here.
+the network or checkpoints, but for `Learner.save` / `Learner.load`, which
+import `ps_core.checkpoint` when called (the export format's one writer and
+reader). A new model, feature kind or metric goes here.
 """
 
 from .batch import EventBatch

@@ -5,14 +5,17 @@ events (the JSON objects a worker reads: ``features``, ``label``, optional
 ``keys`` and ``weight``), mini-batch by mini-batch exactly as a worker's
 async training does, and returns the progressive metrics (each event
 predicted before it is learnt from); ``predict(events)`` scores events with
-the weights learnt so far. The tables are the model's own `SparseTable`s,
+the weights learnt so far; ``save(dir)`` writes it as an export version that
+``ctrps serve --follow`` serves, ``Learner.load(dir)`` reads one back. The tables are the model's own `SparseTable`s,
 with the optimizers and defaults a cluster would use, so what is learnt
 here is what a worker would learn from the same events in the same order.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -82,6 +85,69 @@ class Learner:
         plan = self.model.plan(batch)
         weights = {name: t.pull(plan.keys) for name, t in self.tables.items()}
         return sigmoid(self.model.logits(batch, plan, weights))
+
+    def save(self, root: str | os.PathLike[str], *, take_over: bool = False) -> Path:
+        """Write the model as a base export version ``<root>/<name>/<version>``
+        (docs/export-format.md), as a shard 0 of a one-shard cluster writes
+        it: what ``ctrps serve --follow <root>`` serves (``--follow
+        <root>/<name>`` for a model not named ``ctr``) and `load` reads back.
+
+        The version follows the newest one there, so a replica following the
+        directory serves each save in turn. The root is claimed as a
+        Learner's (``owner.json``, `ps_core.checkpoint.owner`): one a cluster
+        owns raises `ExportsOwnedError` unless `take_over`. Returns the
+        version's directory."""
+        from ..checkpoint.export import version_dirs, write_version
+        from ..checkpoint.owner import LEARNER, claim_exports
+
+        claim_exports(Path(root), LEARNER, "ps_core.Learner", take_over=take_over)
+        model_dir = Path(root) / self.model.name
+        version = max([max(version_dirs(model_dir), default=0) + 1, *(t.version for t in self.tables.values())])
+        snapshots = []
+        for table in self.tables.values():
+            if table.version < version:
+                table.mark_exported(version - 1)  # the cut is a base: no delta tracking is lost
+            snapshots.append(table.snapshot())
+        config = {
+            **self.model.config(),
+            # What `load` needs to continue as this Learner would: the same mini-batches.
+            "learner": {"events_learnt": self.events_learnt, "mini_batch": self.sizes.size, "ramp": self.sizes.ratio},
+        }
+        return write_version(Path(root), self.model.name, version, None, {0: snapshots}, {}, config, 1)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], name: str = "ctr", *, mini_batch: int | None = None, ramp: int | None = None
+    ) -> Learner:
+        """A Learner holding the newest complete chain in `path`: a model
+        directory, or an exports root holding `name` (as `save` writes it, or
+        a cluster's exports). Every file is checked against the manifest's
+        SHA-256; the model is the one the manifest describes. Learning goes on
+        where a saved Learner stopped (its mini-batch ramp included) unless
+        `mini_batch` or `ramp` say otherwise. `ExportNotFoundError` when there
+        is no version, `ExportCorruptError` naming a damaged file, `ValueError`
+        when the tables are not a model's."""
+        from ..checkpoint.export import latest_chain, restore_shards, version_dirs
+        from ..checkpoint.manifest_model import model_from_manifest
+
+        model_dir = Path(path)
+        if not version_dirs(model_dir):
+            model_dir = model_dir / name
+        chain = latest_chain(model_dir, verify=True)
+        model = model_from_manifest(chain[-1].manifest)
+        saved = chain[-1].manifest.model_config.get("learner")
+        saved = saved if isinstance(saved, dict) else {}
+        learner = cls(
+            model.kind,
+            model.name,
+            mini_batch=int(saved.get("mini_batch", 256)) if mini_batch is None else mini_batch,
+            ramp=int(saved.get("ramp", DEFAULT_RAMP)) if ramp is None else ramp,
+        )
+        (shard,) = restore_shards(chain, 1).shards
+        learner.model, learner.hasher = model, model.hasher()
+        learner.tables = {n: shard.tables[n] for n in model.table_names}
+        learner.events_learnt = int(saved.get("events_learnt", 0))
+        return learner
 
     def _featurize(
         self, events: Sequence[dict[str, Any]], require_label: bool = True
