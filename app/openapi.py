@@ -24,8 +24,8 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ps_core.model.events import MAX_FEATURES, MAX_FLOAT32, MAX_TS, MAX_VALUE, MAX_WEIGHT
-from ps_core.model.hasher import DEFAULT_NUMERIC, NUMERIC_PATTERN
-from ps_core.models import components, ref
+from ps_core.model.hasher import DEFAULT_NUMERIC
+from ps_core.models import NUMERIC_PATTERN, components, ref
 from ps_core.net.shard_openapi import (
     FTRL_RULE,
     Compaction,

@@ -31,7 +31,16 @@ import msgspec
 from .errors import InvalidJSONError, PSError
 from .parsing import MAX_EXACT
 
-__all__ = ["decode", "check", "components", "ref", "REF_TEMPLATE"]
+__all__ = ["decode", "check", "components", "ref", "REF_TEMPLATE", "NUMERIC_PATTERN"]
+
+# 1-6 digits, not all 0: a regular expression of no look-ahead, which every
+# JSON Schema tool (and the fuzzers' generators) reads.
+_NONZERO = "|".join(f"{'0' * k}[1-9][0-9]{{0,{5 - k}}}" for k in range(6))
+NUMERIC_PATTERN = rf"^(raw|log1p)(/((?:{_NONZERO})(\.[0-9]{{1,6}})?|0{{1,6}}\.(?:{_NONZERO})))?$"
+"""The forms a model's ``numeric`` may take (`ps_core.model.hasher.numeric_feed`):
+D > 0 of 1-6 digits and at most 6 decimals; both documents publish it (a
+divisor of 0 was theirs to take and the check's to refuse, and a fuzzer's
+valid request refused)."""
 
 T = TypeVar("T")
 

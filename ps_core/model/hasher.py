@@ -39,6 +39,7 @@ import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..hashing import U64, mix64
+from ..models import NUMERIC_PATTERN
 from ..parsing import exact_ints
 from .batch import F32, F64, I64, EventBatch
 from .events import MAX_FEATURES, MAX_FLOAT32, MAX_VALUE, Checked, EventError, check_columns, check_each
@@ -51,14 +52,6 @@ NUMERIC = ("raw", "log1p")
 usual treatment of CTR count features); either divided by a positive number
 D when written ``raw/D`` or ``log1p/D`` (`numeric_feed`). Part of a model's
 declaration: training and serving must hash alike."""
-
-# 1-6 digits, not all 0: a regular expression of no look-ahead, which every
-# JSON Schema tool (and the fuzzers' generators) reads.
-_NONZERO = "|".join(f"{'0' * k}[1-9][0-9]{{0,{5 - k}}}" for k in range(6))
-NUMERIC_PATTERN: Final = rf"^(raw|log1p)(/((?:{_NONZERO})(\.[0-9]{{1,6}})?|0{{1,6}}\.(?:{_NONZERO})))?$"
-"""The `NUMERIC` forms a model's ``numeric`` may take: D > 0 of 1-6 digits
-and at most 6 decimals; the documents publish it (a divisor of 0 was theirs
-to take and the check's to refuse, and a fuzzer's valid request refused)."""
 
 DEFAULT_NUMERIC: Final = "log1p/16"
 """What a new model feeds unless told: ``log1p/16``, chosen by

@@ -23,8 +23,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from ..model.hasher import NUMERIC_PATTERN
-from ..models import components, ref
+from ..models import NUMERIC_PATTERN, components, ref
 from ..parsing import MAX_INT
 from ..store.board import PARTITION_KEY, StatusReport
 from ..store.optim import MAX_HYPERPARAMETER, MIN_POSITIVE
