@@ -4,8 +4,9 @@ Each dead letter is printed with why it was refused and where it came from
 (reason, detail, source topic, partition and offset) and its original bytes;
 ``--json`` prints one JSON object per line instead (the bytes as text, and
 as base64 when they are not UTF-8). Exit codes: 0 (also when there is none);
-1 the topic does not exist or the broker did not answer in time; 2 a usage
-error (no broker address). Each failure is one line.
+1 the topic does not exist or the broker did not answer in time (nothing at
+its address: at once); 2 a usage error (no broker address, an unknown
+--reason). Each failure is one line.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import orjson
 
 from consumers.broker import wait_for_metadata
 from consumers.dlq_reader import ReadLetter, newest_dead_letters
+from ps_core.model.events import REASONS
 
 from .commands import Subcommands, add_command
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
 from .settings import SettingsError
+from .startup import broker_answers
 
 __all__ = ["add_dlq_parser", "run_dlq"]
 
@@ -66,7 +69,10 @@ async def run_dlq(args: argparse.Namespace, env: Mapping[str, str] = os.environ)
     if args.limit < 1 or not args.timeout > 0:
         raise SettingsError("--limit must be >= 1 and --timeout > 0")
     topic = args.topic or env.get("CTRPS_DLQ_TOPIC") or f"{env.get('CTRPS_TOPIC') or 'clicks'}.dlq"
+    if args.reason is not None and args.reason not in REASONS:
+        raise SettingsError(f"--reason {args.reason!r} is not a dead letter's reason: one of {', '.join(REASONS)}")
     security = kafka_security_from(args, env)
+    await broker_answers(bootstrap)  # a wrong address: one line at once, not --timeout
     await wait_for_metadata(bootstrap, args.timeout, security)
     letters = await newest_dead_letters(
         bootstrap, topic, args.limit, reason=args.reason, security=security, timeout_s=args.timeout
