@@ -56,7 +56,12 @@ def add_dlq_parser(sub: Subcommands) -> None:
     p.add_argument("--limit", type=int, default=20, help="newest dead letters to print (default 20)")
     p.add_argument("--reason", help="only this reason (e.g. invalid_json, missing_label), among the newest read")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the broker (default 20)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=20.0,
+        help="seconds to wait for the broker's answers (default 20; nothing at --bootstrap: exit 1 within 3 s)",
+    )
     add_kafka_security_flags(p)
 
 

@@ -4,8 +4,9 @@ A model is created once with its type, optimizer and update mode; its
 declaration lives with shard 0's coordinator and in ``<exports>/<name>/model.json``
 (`ps_core.checkpoint.registry`). Workers started with ``--model-name NAME``
 train it with that declaration. Output is JSON on stdout; an error is one
-log line on stderr with exit status 1 (2: no shard 0, a refused token, or a
-bad flag).
+log line on stderr with exit status 1 (nothing answering at the address:
+within a few seconds; 2: no shard 0, another shard at its address, a refused
+token, or a bad flag).
 """
 
 from __future__ import annotations
@@ -98,7 +99,13 @@ def add_model_parser(sub: Subcommands) -> None:
         f"D; default {DEFAULT_NUMERIC}",
     )
     p.add_argument("--max-staleness", type=int, help="create, async: down-weight gradients staler than N pushes")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for shard 0 (default 30)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds a call may take once shard 0 answered (default 30; "
+        "nothing answering at --shard0: exit 1 within 5 s)",
+    )
     add_security_flags(p, serves=False)
 
 
