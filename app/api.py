@@ -80,6 +80,7 @@ from .errors import (
     NoEventsError,
     NoVersionError,
     ReadOnlyReplicaError,
+    ShardOrderError,
     TooManyEventsError,
     UnauthorizedError,
     UnknownModelError,
@@ -93,6 +94,7 @@ from .predictor import Predictor
 from .security import is_loopback
 from .served import Discover, ServedModels
 from .settings import ApiSettings
+from .startup import misplaced
 from .status import summarize
 from .views import ClusterView, ControlView, all_stats
 
@@ -152,6 +154,7 @@ _CALLER_ERRORS = (
     StatusError,
     ReadOnlyReplicaError,
     NoVersionError,
+    ShardOrderError,
     NoCoordinatorError,
     # Shard 0's exporter answers for the export routes: nothing to compact
     # (404), a cut already pausing the cluster (503, retry).
@@ -657,9 +660,21 @@ async def readyz(request: web.Request) -> web.Response:
         if follower is not None:
             follower.check_ready()
         view = request.app[VIEW]
-        down = [r for r in await view.stats_each() if isinstance(r, PSError)]
+        each = await view.stats_each()
+        down = [r for r in each if isinstance(r, PSError)]
         if down:
             raise ShardUnavailableError("; ".join(r.detail for r in down))
+        # A shard restarted with another id or count refuses every call as
+        # wrong_shard: not ready, naming which place holds which shard.
+        stats = [r for r in each if isinstance(r, dict)]
+        wrong = misplaced(
+            [
+                (f"place {i}", int(r.get("shard_id", i)), int(r.get("num_shards", len(stats))))
+                for i, r in enumerate(stats)
+            ]
+        )
+        if wrong:
+            raise ShardOrderError(f"the shards do not match the shard list: {wrong}")
     except PSError as exc:
         _note_readiness(request.app, False, f"{exc.code}: {exc.detail}")
         raise

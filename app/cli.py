@@ -296,10 +296,10 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
         return api.log_format, lambda: run_serve(api, security=api_security)
     if args.command == "broker":
         topics = _parse_topics(args.topic or ["clicks:4", "clicks.dlq:1"])
+        broker = BrokerSettings.from_args(args)
         from .broker_role import run_broker
 
-        broker = BrokerSettings.from_args(args)
-        return args.log_format, lambda: run_broker(args.port, topics, settings=broker)
+        return args.log_format, lambda: run_broker(broker.port, topics, settings=broker)
     raise ValueError(f"unknown command {args.command!r}")
 
 

@@ -5,9 +5,10 @@ Each dead letter is printed with why it was refused and where it came from
 (their start, marked truncated with the original size, for a message too
 large for one dead-letter record); ``--json`` prints one JSON object per
 line instead (the bytes as text, and as base64 when they are not UTF-8;
-``truncated_from_bytes`` on a truncated one). Exit codes: 0 (also when there is none);
-1 the topic does not exist or the broker did not answer in time; 2 a usage
-error (no broker address). Each failure is one line.
+``truncated_from_bytes`` on a truncated one). Exit codes: 0 (also when there
+is none); 1 the topic does not exist or the broker did not answer in time
+(nothing at its address: at once); 2 a usage error (no broker address, an
+unknown --reason). Each failure is one line.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import orjson
 
 from consumers.broker import wait_for_metadata
 from consumers.dlq_reader import ReadLetter, newest_dead_letters
+from ps_core.model.events import REASONS
 
 from .commands import Subcommands, add_command
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
 from .settings import SettingsError
+from .startup import broker_answers
 
 __all__ = ["add_dlq_parser", "run_dlq"]
 
@@ -55,7 +58,12 @@ def add_dlq_parser(sub: Subcommands) -> None:
     p.add_argument("--limit", type=int, default=20, help="newest dead letters to print (default 20)")
     p.add_argument("--reason", help="only this reason (e.g. invalid_json, missing_label), among the newest read")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the broker (default 20)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=20.0,
+        help="seconds to wait for the broker's answers (default 20; nothing at --bootstrap: exit 1 within 3 s)",
+    )
     add_kafka_security_flags(p)
 
 
@@ -68,7 +76,10 @@ async def run_dlq(args: argparse.Namespace, env: Mapping[str, str] = os.environ)
     if args.limit < 1 or not args.timeout > 0:
         raise SettingsError("--limit must be >= 1 and --timeout > 0")
     topic = args.topic or env.get("CTRPS_DLQ_TOPIC") or f"{env.get('CTRPS_TOPIC') or 'clicks'}.dlq"
+    if args.reason is not None and args.reason not in REASONS:
+        raise SettingsError(f"--reason {args.reason!r} is not a dead letter's reason: one of {', '.join(REASONS)}")
     security = kafka_security_from(args, env)
+    await broker_answers(bootstrap)  # a wrong address: one line at once, not --timeout
     await wait_for_metadata(bootstrap, args.timeout, security)
     letters = await newest_dead_letters(
         bootstrap, topic, args.limit, reason=args.reason, security=security, timeout_s=args.timeout

@@ -7,7 +7,8 @@ request's shape (not JSON, not an object, wrong types, unknown or missing
 fields); 422 when it is, but its content cannot be used (no events, too many,
 an event that fails validation); 404 for an unknown route or model; 401 for a
 missing or wrong admin token; 413 for a body over the limit; 503 (from
-`ps_core`) when a shard cannot be reached, or when a serving replica has no
+`ps_core`) when a shard cannot be reached, when a shard answers from another
+place than the shard list gives it, or when a serving replica has no
 version loaded yet; 409 for a mutating route on a serving replica.
 """
 
@@ -25,6 +26,7 @@ __all__ = [
     "UnauthorizedError",
     "ReadOnlyReplicaError",
     "NoVersionError",
+    "ShardOrderError",
 ]
 
 
@@ -67,3 +69,9 @@ class ReadOnlyReplicaError(PSError, code="read_only_replica", status=409):
 
 class NoVersionError(PSError, code="no_version", status=503, retriable=True):
     """A serving replica has not loaded an export version yet."""
+
+
+class ShardOrderError(PSError, code="wrong_shard_order", status=503, retriable=True):
+    """A shard answers from another place than the API's shard list gives
+    it (a shard restarted with another id or count): every call would be
+    refused as ``wrong_shard``."""

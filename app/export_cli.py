@@ -3,8 +3,9 @@
 Shard 0 hosts the coordinator and its exporter (``ctrps shard --shards ...``),
 so this command needs only its URL. It prints the export's report (or the
 list) as JSON on stdout; an error is one log line on stderr (in the chosen
-``--log-format``) with exit status 1, or 2 without a shard 0 or when shard 0 refuses the
-token or its certificate does not verify.
+``--log-format``) with exit status 1 (nothing answering at the address: within
+a few seconds), or 2 without a shard 0, when the address is another shard, or
+when shard 0 refuses the token or its certificate does not verify.
 """
 
 from __future__ import annotations
@@ -82,7 +83,13 @@ def add_export_parser(sub: Subcommands) -> None:
         "--model",
         help="with --list or --compact: the model (default: shard 0's default model); a cut writes every model",
     )
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for shard 0 (default 120)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds a call may take once shard 0 answered (default 120; "
+        "nothing answering at --shard0: exit 1 within 5 s)",
+    )
     add_security_flags(p, serves=False)
 
 

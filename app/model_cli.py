@@ -6,7 +6,8 @@ declaration lives with shard 0's coordinator and in ``<exports>/<name>/model.jso
 train it with that declaration. Shard 0 is ``--shard0``, else the first URL
 of ``CTRPS_SHARDS``, else where ``ctrps shard`` listens by default. Output
 is JSON on stdout; an error is one log line on stderr with exit status 1
-(2: a refused token, or a bad flag).
+(nothing answering at the address: within a few seconds; 2: another shard at
+its address, a refused token, or a bad flag).
 """
 
 from __future__ import annotations
@@ -109,7 +110,13 @@ def add_model_parser(sub: Subcommands) -> None:
         f"D; default {DEFAULT_NUMERIC}",
     )
     p.add_argument("--max-staleness", type=int, help="create, async: down-weight gradients staler than N pushes")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for shard 0 (default 30)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds a call may take once shard 0 answered (default 30; "
+        "nothing answering at --shard0: exit 1 within 5 s)",
+    )
     add_security_flags(p, serves=False)
 
 

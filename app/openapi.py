@@ -425,7 +425,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         413: "The body is over the limit (too_large).",
         422: "Unusable content: no_events, too_many_events, or an event's validation reason.",
         502: "A shard refused the call (shard_error).",
-        503: "A shard is unreachable (shard_unavailable); the detail names it. A serving "
+        503: "A shard is unreachable (shard_unavailable), or answers from another place than "
+        "the shard list gives it (wrong_shard_order); the detail names it. A serving "
         "replica: no export version loaded yet (no_version).",
     }
     out = {str(s): json_response(_ERROR, text[s]) for s in statuses}
@@ -669,7 +670,11 @@ def openapi_document(max_events: int = 10_000, *, replica: bool = False) -> dict
             },
             "/healthz": {"get": _op("Liveness: the process answers.", ok_response("Health", "Alive."))},
             "/readyz": {
-                "get": _op("Readiness: every shard answers.", ok_response("Ready", "Every shard answered."), 503)
+                "get": _op(
+                    "Readiness: every shard answers, each in its place of the shard list.",
+                    ok_response("Ready", "Every shard answered."),
+                    503,
+                )
             },
             "/metrics": {
                 "get": _op(

@@ -36,6 +36,7 @@ from .kafka_flags import add_kafka_security_flags, kafka_security_from
 from .logs import log_event
 from .settings import SettingsError
 from .signals import stop_on_signals
+from .startup import broker_answers
 
 __all__ = ["add_produce_parser", "run_produce"]
 
@@ -232,6 +233,7 @@ async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.envi
         events = itertools.islice(iter_file(path, args.format), args.limit)
         what = {"source": str(path), "format": args.format}
 
+    await broker_answers(bootstrap)  # a wrong address: one line at once, not the metadata wait
     try:
         await wait_for_metadata(bootstrap, timeout_s=10.0, security=kafka)
         await create_topics(bootstrap, {args.topic: args.partitions}, security=kafka)

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Collection
 from pathlib import Path
 
+from consumers.outage import StartupWatch
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export import list_versions
 from ps_core.checkpoint.registry import ModelSpec
@@ -23,6 +24,7 @@ from .follower import Follower, follow_dir, followed_models, model_of_exports
 from .security import SecuritySettings
 from .settings import ApiSettings
 from .signals import stop_on_signals
+from .startup import await_path, check_shards, unless_stopped
 
 __all__ = ["run_serve", "as_declared"]
 
@@ -57,7 +59,9 @@ async def run_serve(
     then the request gets 503 naming the shard. With ``settings.follow``,
     serve that export directory instead (`Follower`; an exports root means
     its ``<model_name>/``): the model is the newest manifest's, or the
-    settings' while the directory holds no version. Refuses (`SettingsError`)
+    settings' while the directory holds no version. The shards (each in
+    its place), or the directory, must answer (exist) within
+    ``settings.startup_timeout_s`` (`app.startup`), else exit 1. Refuses (`SettingsError`)
     a non-loopback host without an admin token unless ``settings.insecure``.
 
     `security`: the API listens over TLS when given a certificate and key,
@@ -74,6 +78,11 @@ async def run_serve(
     with stop_on_signals(stop):
         if settings.follow:
             path = Path(settings.follow)
+            exists = StartupWatch(
+                settings.startup_timeout_s, "--startup-timeout", log, awaited="exist", absent="does not exist"
+            )
+            if not await unless_stopped(stop, lambda: await_path(path, exists)):
+                return
             model_dir = await asyncio.to_thread(follow_dir, path, settings.model_name)
             model = await asyncio.to_thread(model_of_exports, model_dir, model)
             follower = Follower(path, model, interval_s=settings.follow_interval_s)
@@ -95,6 +104,9 @@ async def run_serve(
                     discover=discover,
                     ssl_context=served,
                 )
+            return
+        watch = StartupWatch(settings.startup_timeout_s, "--startup-timeout", log)
+        if not await unless_stopped(stop, lambda: check_shards(settings.shards, watch, ssl=tls)):
             return
         retry = RetryPolicy(deadline_s=settings.shard_deadline_s)
         token = security.token_for(Scope.ADMIN)

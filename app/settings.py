@@ -185,6 +185,23 @@ def _model(help: str) -> Any:
     return setting("lr", env="CTRPS_MODEL", flag="--model", help=help, choices=_MODELS)
 
 
+def _startup_timeout(what: str) -> Any:
+    return setting(
+        30.0,
+        env="CTRPS_STARTUP_TIMEOUT_S",
+        flag="--startup-timeout",
+        help=f"seconds to wait at start for {what} to answer a first time (one line every 5 s says which "
+        "address); past it, exit 1: an address that never answered is wrong. Once answered, outages are "
+        "waited out as usual",
+        metavar="SECONDS",
+    )
+
+
+def _check_startup_timeout(seconds: float) -> None:
+    if not 0 < seconds < float("inf"):
+        raise SettingsError("startup timeout must be a positive number of seconds")
+
+
 def octal_mode(raw: str) -> int:
     """A file mode written in octal (``0600``, ``640``); ValueError otherwise."""
     return int(raw, 8)
@@ -563,6 +580,7 @@ class WorkerSettings:
         help="give up (exit code 3) when a shard, the coordinator or the broker stays unreachable this long; 0 waits forever",
         metavar="SECONDS",
     )
+    startup_timeout_s: float = _startup_timeout("each shard and the broker")
     lag_warn_s: float = setting(
         120.0,
         env="CTRPS_LAG_WARN_S",
@@ -622,6 +640,7 @@ class WorkerSettings:
             raise SettingsError("log format is text or json")
         if not self.outage_deadline_s >= 0:
             raise SettingsError("outage deadline must be >= 0 seconds (0 waits forever)")
+        _check_startup_timeout(self.startup_timeout_s)
         if not 0 <= self.lag_warn_s < float("inf"):
             raise SettingsError("lag warn seconds must be a finite number >= 0 (0 never warns)")
 
@@ -723,7 +742,12 @@ class BrokerSettings:
         metavar="PORT",
     )
 
+    port: int = 0
+    """The broker's listen port (its own ``--port`` flag; 0: a free one)."""
+
     def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise SettingsError(f"port {self.port} out of range")
         if self.max_rss_mb < 0:
             raise SettingsError("the broker's memory limit must be >= 0 MB (0: none)")
         if not 0 <= self.metrics_port <= 65535:
@@ -732,7 +756,7 @@ class BrokerSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] = os.environ) -> BrokerSettings:
         """Flags (where given) over ``CTRPS_*`` variables over defaults."""
-        return load(cls, args, env)
+        return load(cls, args, env, port=getattr(args, "port", None) or 0)
 
 
 @dataclass(frozen=True)
@@ -939,6 +963,7 @@ class ApiSettings:
         2.0, env="CTRPS_SHARD_DEADLINE", flag="--shard-deadline", help="seconds a shard call is retried before 503"
     )
     use_rpc: bool = _use_rpc()
+    startup_timeout_s: float = _startup_timeout("each shard (with --follow: for DIR to exist)")
     log_format: str = _log_format()
     history_interval_s: float = setting(
         2.0, env="CTRPS_HISTORY_INTERVAL", flag=None, help="seconds between the dashboard's samples of the cluster"
@@ -963,6 +988,7 @@ class ApiSettings:
             raise SettingsError("max events must be >= 1 and max body bytes >= 1024")
         if not 0 < self.shard_deadline_s < float("inf"):
             raise SettingsError("shard deadline must be a positive number of seconds")
+        _check_startup_timeout(self.startup_timeout_s)
         if self.log_format not in _FORMATS:
             raise SettingsError("log format is text or json")
         if self.shards and self.follow:

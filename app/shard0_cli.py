@@ -19,6 +19,7 @@ from ps_core.net.auth import Scope
 from ps_core.net.endpoint import RetryPolicy
 
 from .security import SecuritySettings
+from .startup import shard0_answers
 
 __all__ = ["call_shard0", "print_json"]
 
@@ -35,13 +36,17 @@ async def call_shard0(
     call: Callable[[ControlClient], Awaitable[Any]],
 ) -> int:
     """Run `call` against shard 0 (``--shard0``, else the first URL of
-    ``CTRPS_SHARDS``) with a token of `scope`, waiting up to ``--timeout``
-    seconds, and print its answer; returns the exit status (2: no shard 0)."""
+    ``CTRPS_SHARDS``) with a token of `scope`, and print its answer; returns
+    the exit status (2: no shard 0). Shard 0 must answer its first look
+    within a few seconds (`app.startup.shard0_answers`: else one line, exit
+    1); the call then waits up to ``--timeout`` seconds."""
     url = args.shard0 or next((u for u in os.environ.get("CTRPS_SHARDS", "").split(",") if u.strip()), "")
     if not url:
         log.error("no shard 0: pass --shard0 URL or set CTRPS_SHARDS", extra={"fields": {"exit_code": 2}})
         return 2
     security = SecuritySettings.from_args(args)
+    # An address that does not answer now is a wrong one: a few seconds, not --timeout.
+    await shard0_answers(url.strip(), ssl=security.client_tls())
     # Only shard 0 is asked, so the client holds only its transport.
     async with ControlClient.connect(
         [url.strip()],

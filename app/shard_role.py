@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import aiohttp
 
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.export import version_dirs
+from ps_core.checkpoint.export import dir_mode, version_dirs
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.joining import Membership, books_at, newest_loadable, refusal_fields, restore_chains
 from ps_core.checkpoint.owner import HAND_STARTED, claim_exports
@@ -25,6 +27,7 @@ from ps_core.net.server import start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.tls import HandshakeFailures, watch_handshakes
 
+from .failures import ExpectedFailure
 from .logs import log_event
 from .security import SecuritySettings
 from .settings import ShardSettings
@@ -193,6 +196,26 @@ def _hosts_coordinator(settings: ShardSettings, quiet: bool = False) -> bool:
     return True
 
 
+class ExportsDirError(ExpectedFailure):
+    """The exports directory of the shard that writes them cannot be written (exit 1)."""
+
+
+def _check_exports_dir(settings: ShardSettings) -> None:
+    """The exports directory, where this shard writes versions: made if
+    absent (as an export makes it) and written to once, so that a directory
+    that cannot hold exports fails the start in one line, not every export."""
+    root = Path(settings.exports_dir)
+    try:
+        root.mkdir(mode=dir_mode(settings.exports_mode), parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=root)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ExportsDirError(
+            f"exports directory {root} cannot be written: {exc.strerror or exc} (--exports-dir; --no-exports for none)"
+        ) from None
+
+
 async def run_shard(
     settings: ShardSettings, stop: asyncio.Event | None = None, *, security: SecuritySettings | None = None
 ) -> None:
@@ -214,6 +237,8 @@ async def run_shard(
     admin_token = verifier.token(Scope.ADMIN) if verifier is not None else security.token_for(Scope.ADMIN)
     client_tls = security.client_tls()
     refusals = Refusals(logging.getLogger("ctrps.shard.auth"))
+    if _hosts_coordinator(settings, quiet=True):
+        await asyncio.to_thread(_check_exports_dir, settings)
     if settings.shard_id == 0 and settings.exports_dir:
         # Before the restore: another cluster's models are neither restored nor pruned.
         await asyncio.to_thread(_claim_exports, settings)

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from consumers.kafka_security import KafkaSecurity
-from consumers.outage import OutageWatch, began, describe, is_outage
+from consumers.outage import OutageWatch, StartupWatch, began, describe, is_outage
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.registry import ModelSpec
@@ -23,6 +23,7 @@ from .logs import log_event
 from .security import SecuritySettings
 from .settings import WorkerSettings
 from .signals import stop_on_signals
+from .startup import await_broker, check_shards, unless_stopped
 from .status import default_worker_id, make_status_hook
 
 __all__ = ["run_worker"]
@@ -43,13 +44,26 @@ async def run_worker(
     After each window the worker's status goes to the shards' status board
     (`app.status`), where the API reads it for ``/v1/model`` and ``/metrics``.
     It presents `security`'s token of the train scope, and verifies
-    ``https://`` shards against its CA. Every Kafka client of the worker
+    ``https://`` shards against its CA. Each shard (in its place) and the
+    broker must answer within ``settings.startup_timeout_s`` of the start
+    (`app.startup`); then their outages are waited out. Every Kafka client of the worker
     connects as `kafka` says."""
     stop = stop or asyncio.Event()
     security = security or SecuritySettings()
     tls = security.client_tls()
     worker_id = default_worker_id()
     with stop_on_signals(stop):
+        # Addresses that never answered are wrong ones: waited for under the
+        # start-up deadline, not the outage deadline.
+        watch = StartupWatch(settings.startup_timeout_s, "--startup-timeout", log)
+
+        async def first_answers() -> None:
+            await check_shards(settings.shards, watch, ssl=tls)
+            await await_broker(settings.bootstrap, kafka, watch)
+
+        if not await unless_stopped(stop, first_answers):
+            log_event(log, "stopped before start")
+            return
         token = security.token_for(Scope.TRAIN)
         async with (
             PSClient.connect(

@@ -8,6 +8,10 @@ leases, a cluster not ready to grant them), a retriable Kafka error, or a
 connection error. `OutageWatch.wait` probes the dependency until it answers,
 logging what it waits for and for how long; past its deadline it raises
 `OutageDeadlineError` (exit code 3).
+
+Before a dependency has answered once, its silence is a wrong address more
+likely than an outage: `StartupWatch` waits for it under the shorter
+start-up deadline and raises `StartupTimeoutError` (exit code 1).
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from .kafka_security import KafkaSecurity
 
 __all__ = [
     "OutageDeadlineError",
+    "StartupTimeoutError",
     "UndecodableBatchError",
     "OutageWatch",
+    "StartupWatch",
     "is_outage",
     "began",
     "describe",
@@ -52,6 +58,18 @@ class OutageDeadlineError(Exception):
             f"gave up waiting for {what}: unreachable for {waited_s:.0f}s "
             f"(outage deadline {deadline_s:.0f}s, --outage-deadline)"
         )
+        self.what = what
+        self.waited_s = waited_s
+
+
+class StartupTimeoutError(Exception):
+    """A dependency never answered within the start-up deadline: its address
+    is wrong, or it is not running (exit code 1)."""
+
+    exit_code = 1
+
+    def __init__(self, what: str, waited_s: float, flag: str, absent: str = "never answered") -> None:
+        super().__init__(f"{what} {absent}: {waited_s:.0f}s since start ({flag}); check the address")
         self.what = what
         self.waited_s = waited_s
 
@@ -180,21 +198,40 @@ async def locate_bad_batch(
             await asyncio.wait_for(consumer.stop(), 5)
 
 
+async def _answers(probe: Callable[[], Awaitable[object]]) -> bool:
+    """Whether `probe()` returned; False when it failed as an outage (any
+    other failure is raised)."""
+    try:
+        await probe()
+        return True
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        return False
+
+
 class OutageWatch:
     """Waits out outages under one deadline policy.
 
     `deadline_s` bounds each outage (0: wait forever); while waiting, one
     line every `log_every_s` says what is awaited and for how long."""
 
-    def __init__(self, deadline_s: float, log_every_s: float = 5.0, probe_every_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        deadline_s: float,
+        log_every_s: float = 5.0,
+        probe_every_s: float = 1.0,
+        logger: logging.Logger = log,
+    ) -> None:
         self.deadline_s = deadline_s
         self.log_every_s = log_every_s
         self.probe_every_s = probe_every_s
+        self.log = logger
 
     def waiting_line(self, what: str, waited_s: float) -> None:
         """Log that `what` has been awaited for `waited_s`."""
         limit = f"giving up after {self.deadline_s:.0f}s" if self.deadline_s > 0 else "waiting without a deadline"
-        log.warning(
+        self.log.warning(
             f"waiting for {what}: unreachable for {waited_s:.0f}s, {limit}; not training or committing",
             extra={"fields": {"waiting_for": what, "waited_s": round(waited_s, 1), "deadline_s": self.deadline_s}},
         )
@@ -203,7 +240,11 @@ class OutageWatch:
         """Raise `OutageDeadlineError` once an outage begun at `since` (monotonic) outlasts the deadline."""
         waited = time.monotonic() - since
         if self.deadline_s > 0 and waited >= self.deadline_s:
-            raise OutageDeadlineError(what, waited, self.deadline_s)
+            raise self.gave_up(what, waited)
+
+    def gave_up(self, what: str, waited_s: float) -> Exception:
+        """The error raised once `what` was awaited past the deadline."""
+        return OutageDeadlineError(what, waited_s, self.deadline_s)
 
     async def wait(self, what: str, probe: Callable[[], Awaitable[object]], since: float) -> float:
         """Probe until `probe()` returns (the dependency answers); returns the
@@ -218,13 +259,7 @@ class OutageWatch:
                 await asyncio.sleep(self.log_every_s)
 
         async def probing() -> None:
-            while True:
-                try:
-                    await probe()
-                    return
-                except Exception as exc:
-                    if not is_outage(exc):
-                        raise
+            while not await _answers(probe):
                 await asyncio.sleep(self.probe_every_s)
 
         tick = asyncio.create_task(ticker())
@@ -234,7 +269,7 @@ class OutageWatch:
                 try:
                     await asyncio.wait_for(probing(), left)
                 except TimeoutError:
-                    raise OutageDeadlineError(what, time.monotonic() - since, self.deadline_s) from None
+                    raise self.gave_up(what, time.monotonic() - since) from None
             else:
                 await probing()
         finally:
@@ -242,8 +277,58 @@ class OutageWatch:
             with contextlib.suppress(asyncio.CancelledError):
                 await tick
         waited = time.monotonic() - since
-        log.info(
-            f"{what} is back after {waited:.0f}s: resuming",
-            extra={"fields": {"resumed": what, "waited_s": round(waited, 1)}},
-        )
+        self.answered(what, waited)
         return waited
+
+    def answered(self, what: str, waited_s: float) -> None:
+        """Log that `what` answered after `waited_s`."""
+        self.log.info(
+            f"{what} is back after {waited_s:.0f}s: resuming",
+            extra={"fields": {"resumed": what, "waited_s": round(waited_s, 1)}},
+        )
+
+
+class StartupWatch(OutageWatch):
+    """Waits for a dependency that has not answered yet, at a role's start:
+    one line every `log_every_s` naming it and its address, and past
+    `deadline_s` (the role's `flag`) `StartupTimeoutError`. A dependency that
+    answers at the first probe logs nothing."""
+
+    def __init__(
+        self,
+        deadline_s: float,
+        flag: str,
+        logger: logging.Logger = log,
+        log_every_s: float = 5.0,
+        *,
+        awaited: str = "answer",
+        absent: str = "never answered",
+    ) -> None:
+        super().__init__(deadline_s, log_every_s, probe_every_s=0.5, logger=logger)
+        self.flag = flag
+        self.awaited = awaited
+        """What the lines wait for `what` to do: ``answer``, ``exist``."""
+        self.absent = absent
+        """What the error says `what` did: ``never answered``, ``does not exist``."""
+
+    async def first_answer(self, what: str, probe: Callable[[], Awaitable[object]]) -> None:
+        """Return once `probe()` returns; waits (and logs) only when its first call fails as an outage."""
+        since = time.monotonic()
+        if not await _answers(probe):
+            await self.wait(what, probe, since)
+
+    def waiting_line(self, what: str, waited_s: float) -> None:
+        self.log.warning(
+            f"waiting for {what} to {self.awaited}: {waited_s:.0f}s so far, giving up after "
+            f"{self.deadline_s:.0f}s ({self.flag})",
+            extra={"fields": {"waiting_for": what, "waited_s": round(waited_s, 1), "deadline_s": self.deadline_s}},
+        )
+
+    def gave_up(self, what: str, waited_s: float) -> Exception:
+        return StartupTimeoutError(what, waited_s, self.flag, self.absent)
+
+    def answered(self, what: str, waited_s: float) -> None:
+        self.log.info(
+            f"{what}: waited {waited_s:.0f}s for it to {self.awaited}",
+            extra={"fields": {"answered": what, "waited_s": round(waited_s, 1)}},
+        )

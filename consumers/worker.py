@@ -391,6 +391,20 @@ class AlsoTrained:
     """Awaited after each window with this model's report (its status)."""
 
 
+async def _stop_client(client: Any) -> None:
+    """Stop an aiokafka client, within 15 s. With the broker gone, the
+    consumer's fetcher raises from `stop` the cancellation of its own fetch
+    tasks: swallowed, unless this task itself is being cancelled."""
+    try:
+        await asyncio.wait_for(client.stop(), 15)
+    except (TimeoutError, KafkaError):
+        pass
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+
+
 class Worker:
     """A training worker. ``await worker.run(stop)`` until `stop` is set."""
 
@@ -746,11 +760,9 @@ class Worker:
         # Bounded: with the broker gone, leaving the group or flushing the
         # producer would wait for it.
         if self._consumer is not None:
-            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                await asyncio.wait_for(self._consumer.stop(), 15)  # leaves the group
+            await _stop_client(self._consumer)  # leaves the group
         if self._producer is not None:
-            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                await asyncio.wait_for(self._producer.stop(), 15)
+            await _stop_client(self._producer)
         for _, _, fut in self._chunks:  # decodings of a window that was never applied
             if not fut.done():
                 fut.cancel()

@@ -93,6 +93,19 @@ def test_events_are_featurized_a_chunk_at_a_time_as_all_at_once() -> None:
         learner.predict(events)
 
 
+def test_a_refusal_past_the_first_chunk_is_keyed_and_named_by_its_place() -> None:
+    events = SyntheticStream(seed=7).batch(2 * FEATURIZE_EVENTS + 100)
+    place = 2 * FEATURIZE_EVENTS + 7  # in the third chunk, at 7 of it
+    events[place]["features"]["I1"] = float("nan")
+    learner = Learner()
+    learner.learn(events)
+    assert list(learner.refused) == [place]
+    assert learner.refused[place].startswith(f"bad_value: event {place}: "), learner.refused
+    with pytest.raises(InvalidRequestError) as refused:
+        learner.predict(events)
+    assert refused.value.detail.startswith(f"bad_value: event {place}: "), refused.value.detail
+
+
 def test_a_fresh_model_learns_sooner_with_its_mini_batches_ramping() -> None:
     events = SyntheticStream(seed=6).batch(4000)
     fixed = Learner(ramp=0).learn(events)

@@ -42,7 +42,6 @@ from waiting import until
 
 from app.api import ApiServer
 from app.settings import ApiSettings
-from consumers.broker import free_port
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter
@@ -573,16 +572,19 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
-async def test_worker_and_export_with_a_wrong_token_exit_2_with_one_line(secured: Secured, tmp_path: Path) -> None:
+async def test_worker_and_export_with_a_wrong_token_exit_2_with_one_line(
+    secured: Secured, tmp_path: Path, kafka_bootstrap: str
+) -> None:
     s = secured
     wrong = derive_token(new_secret(), Scope.TRAIN)
     token_file = tmp_path / "token"
     token_file.write_text(wrong + "\n")
 
     async def worker(env: dict[str, str]) -> tuple[int, str, str]:
-        """`ctrps worker` of the secured shard, no broker at its address."""
-        bootstrap = f"127.0.0.1:{free_port()}"
-        return await _ctrps("worker", "--shards", s.url, "--bootstrap", bootstrap, "--decode-processes", "0", env=env)
+        """`ctrps worker` of the secured shard (its broker answers: the token is what is wrong)."""
+        return await _ctrps(
+            "worker", "--shards", s.url, "--bootstrap", kafka_bootstrap, "--decode-processes", "0", env=env
+        )
 
     code, _, err = await worker(_env(CTRPS_SHARD_TOKEN_FILE=str(token_file)))
     line = _one_line(err)

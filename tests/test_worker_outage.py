@@ -346,29 +346,48 @@ async def _exit_and_stderr(proc: subprocess.Popen[bytes], timeout_s: float) -> t
     return code, _stderr(proc)
 
 
-async def test_worker_without_a_broker_gives_up_after_its_deadline_with_exit_3(serve_shards: Any) -> None:
+async def test_worker_whose_broker_went_away_gives_up_after_its_deadline_with_exit_3(serve_shards: Any) -> None:
+    """The outage deadline is for a broker that answered once (one that never
+    did is a wrong address: tests/test_addresses.py)."""
     _, urls = await serve_shards(2)
-    nothing = f"127.0.0.1:{free_port()}"
+    broker = EmbeddedBroker()
+    await broker.start()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "CTRPS_OUTAGE_DEADLINE_S": "4"}
-    proc = _spawn_worker(nothing, urls, "--decode-processes", "0", env=env)
-    code, err = await _exit_and_stderr(proc, 60)
+    try:
+        await broker.create_topics({"clicks": 1, "clicks.dlq": 1})
+        bootstrap = broker.bootstrap
+        proc = _spawn_worker(bootstrap, urls, "--decode-processes", "0", env=env)
+        try:
+            seen = await _stderr_shows(proc, b" assigned", what="the worker's assignment")
+            broker.stop()
+            code = await _wait_exit(proc, 60)
+        finally:
+            _kill(proc)
+        err = _all_stderr(proc, seen)
+    finally:
+        broker.stop()
     assert code == 3, err
     assert "Traceback" not in err, err
     lines = err.strip().splitlines()
-    assert any(f"waiting for the Kafka broker at {nothing}" in line for line in lines), err
+    assert any(f"waiting for the Kafka broker at {bootstrap}" in line for line in lines), err
     gave_up = [line for line in lines if "gave up waiting for the Kafka broker" in line]
     assert len(gave_up) == 1 and "error" in gave_up[0], err
     assert lines[-1] == gave_up[0], err
 
 
-async def test_worker_with_a_shard_away_gives_up_after_its_deadline_with_exit_3(kafka_bootstrap: str) -> None:
+async def test_worker_with_a_shard_never_there_exits_1_at_its_startup_timeout_not_its_outage_deadline(
+    kafka_bootstrap: str,
+) -> None:
     away = f"http://127.0.0.1:{free_port()}"
-    proc = _spawn_worker(kafka_bootstrap, [away], "--outage-deadline", "3", env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = _spawn_worker(
+        kafka_bootstrap, [away], "--outage-deadline", "600", "--startup-timeout", "3",
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
     code, err = await _exit_and_stderr(proc, 60)
-    assert code == 3, err
+    assert code == 1, err
     assert "Traceback" not in err, err
-    assert f"waiting for shard 0 at {away}" in err, err
-    assert err.strip().splitlines()[-1].count(f"gave up waiting for shard 0 at {away}") == 1, err
+    assert f"waiting for shard 0 at {away} to answer" in err, err
+    assert err.strip().splitlines()[-1].count(f"shard 0 at {away} never answered") == 1, err
 
 
 def _children(pid: int) -> set[int]:
@@ -398,6 +417,31 @@ def _read_some(proc: subprocess.Popen[bytes]) -> list[bytes]:
     assert proc.stderr is not None
     got = proc.stderr.read()
     return [got] if got else []
+
+
+async def _stderr_shows(proc: subprocess.Popen[bytes], *wanted: bytes, what: str) -> list[bytes]:
+    """What `proc` wrote to its stderr (made non-blocking) until it shows
+    every one of `wanted`; fails if it exits first."""
+    assert proc.stderr is not None
+    os.set_blocking(proc.stderr.fileno(), False)
+    seen: list[bytes] = []
+
+    def shown() -> bool:
+        seen.extend(_read_some(proc))
+        if proc.poll() is not None:
+            raise AssertionError(f"the worker exited with {proc.returncode}: {b''.join(seen).decode()}")
+        text = b"".join(seen)
+        return all(w in text for w in wanted)
+
+    await until(shown, 60, what=what, poll_s=0.1)
+    return seen
+
+
+def _all_stderr(proc: subprocess.Popen[bytes], seen: list[bytes]) -> str:
+    """`seen` (from `_stderr_shows`) and the rest of `proc`'s stderr, to its end."""
+    assert proc.stderr is not None
+    os.set_blocking(proc.stderr.fileno(), True)
+    return b"".join(seen).decode() + _stderr(proc)
 
 
 def _alive(pid: int) -> bool:
@@ -523,28 +567,17 @@ async def test_an_undecodable_batch_is_one_line_and_exit_1_from_ctrps_worker(
 async def test_sigterm_while_waiting_for_the_broker_stops_the_worker_at_once(serve_shards: Any) -> None:
     _, urls = await serve_shards(1)
     nothing = f"127.0.0.1:{free_port()}"
-    proc = _spawn_worker(
-        nothing, urls, "--decode-processes", "0", "--outage-deadline", "0", env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
-    assert proc.stderr is not None
-    os.set_blocking(proc.stderr.fileno(), False)
-    seen: list[bytes] = []
-
-    def waiting() -> bool:
-        seen.extend(_read_some(proc))
-        if proc.poll() is not None:
-            raise AssertionError(f"the worker exited with {proc.returncode}: {b''.join(seen).decode()}")
-        text = b"".join(seen)
-        return b"waiting for the Kafka broker" in text and b"waiting without a deadline" in text
-
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = _spawn_worker(nothing, urls, "--decode-processes", "0", "--startup-timeout", "600", env=env)
     try:
-        await until(waiting, 60, what="the waiting line", poll_s=0.1)
+        seen = await _stderr_shows(
+            proc, b"waiting for the Kafka broker", b"giving up after 600s (--startup-timeout)", what="the waiting line"
+        )
         proc.send_signal(signal.SIGTERM)
         code = await _wait_exit(proc, 20)
     finally:
         _kill(proc)
-    os.set_blocking(proc.stderr.fileno(), True)
-    err = b"".join(seen).decode() + _stderr(proc)
+    err = _all_stderr(proc, seen)
     assert code == 0, err
     assert "Traceback" not in err, err
 

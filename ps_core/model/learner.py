@@ -81,7 +81,8 @@ class Learner:
         batch, errors = self._featurize(events, require_label=False)
         if errors:
             i = min(errors)
-            raise InvalidRequestError(f"event {i}: {errors[i].detail}")
+            said = errors[i].detail  # some name their event already
+            raise InvalidRequestError(said if f"event {i}:" in said else f"event {i}: {said}")
         plan = self.model.plan(batch)
         weights = {name: t.pull(plan.keys) for name, t in self.tables.items()}
         return sigmoid(self.model.logits(batch, plan, weights))
@@ -162,7 +163,8 @@ class Learner:
         for start in starts:
             piece, errs = self.hasher.featurize(events[start : start + FEATURIZE_EVENTS], require_label=require_label)
             pieces.append(piece)
-            errors.update({start + i: e for i, e in errs.items()})
+            # Keyed and named by the event's place in `events`, not in its piece.
+            errors.update({start + i: _placed(e, i, start + i) for i, e in errs.items()})
         return EventBatch.concat(pieces, list(starts)), errors
 
     def _step(self, sub: EventBatch) -> npt.NDArray[np.float64]:
@@ -175,3 +177,12 @@ class Learner:
         for name, g in grads.items():
             self.tables[name].push(plan.keys, g, counts=counts)
         return p
+
+
+def _placed(error: EventError, local: int, place: int) -> EventError:
+    """`error`, found at `local` in a piece of the events, naming the event
+    by its `place` among them all."""
+    if local == place:
+        return error
+    said = error.detail.removeprefix(f"{error.reason}: ")
+    return EventError(error.reason, said.replace(f"event {local}", f"event {place}", 1))
