@@ -25,7 +25,7 @@ import bisect
 import math
 import time
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,16 +42,23 @@ from prometheus_client.registry import Collector
 from ps_core.errors import PSError
 from ps_core.hashing import U64
 from ps_core.net.client import PSReader
-from ps_core.net.shard_metrics import by_key, counter_by, num, port_families, shard_families
+from ps_core.net.shard_metrics import by_key, counter_by, exposition, num, port_families, shard_families
 from ps_core.net.transports import Pulled, ShardReader
 from ps_core.store.table import F32
 
-from .status import BoardSummary, summarize
+from .status import BoardSummary, StatusHook, summarize
 
 if TYPE_CHECKING:  # the views time their calls here
     from .views import ClusterView
 
-__all__ = ["ApiMetrics", "ClusterSnapshot", "InstrumentedReader", "take_snapshot", "worker_families"]
+__all__ = [
+    "ApiMetrics",
+    "ClusterSnapshot",
+    "InstrumentedReader",
+    "take_snapshot",
+    "worker_exposition",
+    "worker_families",
+]
 
 T = TypeVar("T")
 PortStats = dict[str, Any]
@@ -231,9 +238,13 @@ def worker_families(boards: Mapping[str, BoardSummary], now: float) -> Iterator[
         lag_growing.add_metric(labels, num(s.get("lag_growing_seconds")))
         lag_warnings.add_metric(labels, num(s.get("lag_warnings")))
         # A mode's own counts only from its workers (a status of another mode has none).
-        for key, family in (("geo_full_refreshes", geo_full), ("geo_rounds", geo_rounds), ("sync_steps", sync_steps)):
+        for key, mode_count in (
+            ("geo_full_refreshes", geo_full),
+            ("geo_rounds", geo_rounds),
+            ("sync_steps", sync_steps),
+        ):
             if key in s:
-                family.add_metric(labels, num(s.get(key)))
+                mode_count.add_metric(labels, num(s.get(key)))
         rewinds.add_metric(labels, num(s.get("rewinds")))
         mode = s.get("update_mode")
         if isinstance(mode, str):
@@ -287,6 +298,38 @@ def worker_families(boards: Mapping[str, BoardSummary], now: float) -> Iterator[
         *quality.values(),
         lag,
     )
+
+
+def worker_exposition(hooks: Sequence[StatusHook]) -> bytes:
+    """A worker's own ``/metrics`` (``ctrps worker --metrics-port``): per
+    model it trains (`hooks`, one each), the status it reports to the board
+    now, as the families the API writes from the board (`worker_families`;
+    the report's age is since the board last took one, or since the start),
+    and the reports the board took and lost, which the board cannot show."""
+    now = time.time()
+    boards = {
+        hook.model or "": summarize(
+            [
+                {
+                    "source": hook.worker_id,
+                    "received_at": hook.sent_at if hook.sent_at is not None else hook.started_at,
+                    "status": hook.status(hook.stats.last),
+                }
+            ],
+            hook.model,
+        )
+        for hook in hooks
+    }
+    reports = CounterMetricFamily(
+        "ctrps_worker_status_reports",
+        "Status reports the worker sent to the board after its windows, by outcome (sent: taken; lost: shard 0 "
+        "unreachable or the status refused, and that window is missing from the API's figures).",
+        labels=["worker", "model", "outcome"],
+    )
+    for hook in hooks:
+        reports.add_metric([hook.worker_id, hook.model or "", "sent"], float(hook.sent))
+        reports.add_metric([hook.worker_id, hook.model or "", "lost"], float(hook.lost))
+    return exposition([*worker_families(boards, now), reports])
 
 
 def _histogram(raw: object) -> tuple[list[tuple[str, float]], float] | None:

@@ -184,6 +184,8 @@ class StatusHook:
         """Reports the board took."""
         self.lost = 0
         """Reports the board did not take."""
+        self.sent_at: float | None = None
+        """When the board last took a report (seconds since the epoch), None before."""
         self._losing_since: float | None = None  # monotonic time of the first of the current run of losses
         self._losing = 0
 
@@ -208,6 +210,7 @@ class StatusHook:
             self._report_lost(report, exc)
             return
         self.sent += 1
+        self.sent_at = time.time()
         if self._losing:
             log.info(
                 "status reports resumed",
