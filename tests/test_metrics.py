@@ -12,6 +12,7 @@ pass ``promtool check metrics`` (skipped where promtool is absent).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -154,12 +155,12 @@ def test_the_apis_exposition_writes_each_family_once() -> None:
 
 
 def test_worker_metrics_settings() -> None:
-    base = {"bootstrap": "127.0.0.1:9092", "shards": ("http://127.0.0.1:7100",)}
-    assert (WorkerSettings(**base).metrics_port, WorkerSettings(**base).metrics_host) == (0, "127.0.0.1")
+    base = WorkerSettings(bootstrap="127.0.0.1:9092", shards=("http://127.0.0.1:7100",))
+    assert (base.metrics_port, base.metrics_host) == (0, "127.0.0.1")
     with pytest.raises(SettingsError, match=r"metrics port 70000 is not in \[0, 65535\]"):
-        WorkerSettings(**base, metrics_port=70000)
+        dataclasses.replace(base, metrics_port=70000)
     with pytest.raises(SettingsError, match="metrics host is empty"):
-        WorkerSettings(**base, metrics_host="")
+        dataclasses.replace(base, metrics_host="")
 
 
 async def test_a_worker_metrics_port_in_use_is_one_line_naming_it() -> None:
