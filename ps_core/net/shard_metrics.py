@@ -181,7 +181,21 @@ def shard_families(rows: Sequence[ShardRow], ports: Iterable[PortRow] = ()) -> I
     for i, stats in rows:
         if stats is not None and "duplicate_pushes" in stats:
             duplicates.add_metric([i], num(stats["duplicate_pushes"]))
-    yield from (up, features, size, pushes, pulls, duplicates, evicted, freed, pause, admission, staleness, down_weighted, refused)
+    yield from (
+        up,
+        features,
+        size,
+        pushes,
+        pulls,
+        duplicates,
+        evicted,
+        freed,
+        pause,
+        admission,
+        staleness,
+        down_weighted,
+        refused,
+    )
     yield from (held, sets_gone, reply_clipped, log_keys, log_incomplete)
     yield from port_families([*ports, *(("shard", i, (stats or {}).get("ports")) for i, stats in rows)])
     yield from _shard0_families(next((stats for i, stats in rows if i == "0"), None))
