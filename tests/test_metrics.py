@@ -125,16 +125,25 @@ async def test_a_workers_status_reaches_every_reader_and_every_exposition_passes
                 assert not samples(own, steps[other]) and not samples(exposed, steps[other])
 
             # Each shard's own, the same families as the API relays.
+            pushed = log_keys = 0.0
             for i, url in enumerate(urls):
+                # The worker may still push (a geo round's last differences): the
+                # figures lie between the table's counts before and after the
+                # scrape. (A geo worker pushes changed rows only: with FTRL's L1
+                # few rows change in a short stream, and a shard may get none.)
+                table = shards[i].tables["m_w"]
+                before = (table.pushes, len(table))
                 text = await _text(http, f"{url}/metrics")
                 assert_promtool_passes(text)
                 assert _total(text, "ctrps_shard_up", shard=str(i)) == 1
                 pushes = _total(text, "ctrps_table_pushes_total", shard=str(i), table="m_w")
-                assert pushes > 0 and pushes == shards[i].tables["m_w"].pushes
-                assert _total(text, "ctrps_table_features", shard=str(i), table="m_w") == len(shards[i].tables["m_w"])
+                rows = _total(text, "ctrps_table_features", shard=str(i), table="m_w")
+                assert before[0] <= pushes <= table.pushes and before[1] <= rows <= len(table)
+                pushed += pushes
+                log_keys += _total(text, "ctrps_table_change_log_keys", shard=str(i), table="m_w")
+            assert pushed > 0
+            assert (log_keys > 0) if mode == "geo" else (log_keys == 0)  # only a geo table keeps a change log
             assert samples(await _text(http, f"{urls[0]}/metrics"), "ctrps_cluster_ready") == []  # one shard 0 only
-            if mode == "geo":
-                assert _total(await _text(http, f"{urls[0]}/metrics"), "ctrps_table_change_log_keys") > 0
     finally:
         stop.set()
         await asyncio.wait_for(worker, 60)
