@@ -563,6 +563,7 @@ class WorkerSettings:
         env="CTRPS_WORKER_METRICS_HOST",
         flag="--metrics-host",
         help="address --metrics-port listens on (0.0.0.0: every interface; the metrics name no secret)",
+        metavar="ADDRESS",
     )
 
     def __post_init__(self) -> None:
