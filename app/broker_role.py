@@ -3,50 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
-from consumers.broker import BrokerError, EmbeddedBroker
+from consumers.broker import EmbeddedBroker
 from consumers.broker_memory import BrokerMemory
 
 from .logs import log_event
+from .metrics_site import metrics_site
 from .settings import BrokerSettings
 from .signals import stop_on_signals
 
 __all__ = ["run_broker"]
 
 log = logging.getLogger("ctrps.broker")
-
-
-@contextlib.asynccontextmanager
-async def _metrics_site(memory: BrokerMemory, port: int) -> AsyncIterator[str | None]:
-    """``GET /metrics`` of the broker's memory on 127.0.0.1:`port` while the
-    block runs, and its URL; nothing (None) with port 0."""
-    if not port:
-        yield None
-        return
-    registry = CollectorRegistry()
-    registry.register(memory)
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        try:
-            await web.TCPSite(runner, "127.0.0.1", port).start()
-        except OSError as exc:
-            raise BrokerError(f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror or exc}") from exc
-        yield f"http://127.0.0.1:{port}/metrics"
-    finally:
-        await runner.cleanup()
 
 
 async def run_broker(
@@ -61,7 +33,10 @@ async def run_broker(
             await broker.create_topics(topics)
             pid = broker.pid
             memory = BrokerMemory(lambda: pid, settings.max_rss_mb * 2**20)
-            async with _metrics_site(memory, settings.metrics_port) as metrics_url:
+            registry = CollectorRegistry()
+            registry.register(memory)
+            render = functools.partial(generate_latest, registry)
+            async with metrics_site("127.0.0.1", settings.metrics_port, render, "the broker's") as metrics_url:
                 log_event(
                     log,
                     "ready",

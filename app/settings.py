@@ -589,6 +589,21 @@ class WorkerSettings:
         "naming the likely cause; 0 never warns",
         metavar="SECONDS",
     )
+    metrics_port: int = setting(
+        0,
+        env="CTRPS_WORKER_METRICS_PORT",
+        flag="--metrics-port",
+        help="serve GET /metrics (the worker's own totals, its last window, its status reports sent and lost) "
+        "on --metrics-host:PORT; 0 = not served",
+        metavar="PORT",
+    )
+    metrics_host: str = setting(
+        "127.0.0.1",
+        env="CTRPS_WORKER_METRICS_HOST",
+        flag="--metrics-host",
+        help="address --metrics-port listens on (0.0.0.0: every interface; the metrics name no secret)",
+        metavar="ADDRESS",
+    )
 
     inherit: frozenset[str] = field(default=frozenset(), compare=False)
     """Of ``model`` and ``mode``, those no flag or variable gave: a model
@@ -596,6 +611,10 @@ class WorkerSettings:
     built in code: its values are meant as given."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.metrics_port <= 65535:
+            raise SettingsError(f"metrics port {self.metrics_port} is not in [0, 65535]")
+        if not self.metrics_host:
+            raise SettingsError("metrics host is empty: pass --metrics-host ADDRESS (default 127.0.0.1)")
         if self.on_stale_offsets not in ("committed", "earliest", "fail"):
             raise SettingsError(f"on-stale-offsets {self.on_stale_offsets!r} is not committed, earliest or fail")
         if not self.bootstrap:

@@ -17,11 +17,12 @@ report, and lag per partition from the most recent report naming it.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,11 +35,14 @@ __all__ = [
     "SecondsHistogram",
     "worker_status",
     "make_status_hook",
+    "StatusHook",
     "default_worker_id",
     "WorkerView",
     "BoardSummary",
     "summarize",
 ]
+
+log = logging.getLogger("ctrps.worker")
 
 WINDOW_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """Upper bounds (seconds) of the window-duration histogram; +Inf is implied."""
@@ -76,7 +80,7 @@ class SecondsHistogram:
 
 
 def worker_status(
-    report: WindowReport,
+    report: WindowReport | None,
     stats: WorkerStats,
     *,
     window_seconds: SecondsHistogram | None = None,
@@ -88,10 +92,14 @@ def worker_status(
     """A worker's status after the window of `report` (a JSON object).
 
     Totals come from `stats` (cumulative since the worker started), the last
-    window from `report`; lag per partition is keyed by the partition number
-    as a string (JSON object keys are strings)."""
-    last = report.fields()
-    last["seconds"] = report.seconds
+    window from `report` (None: no window yet, no ``last_window``); lag per
+    partition is keyed by the partition number as a string (JSON object keys
+    are strings). A mode's own counts are reported by its workers only (sync
+    steps, geo rounds), so a summary tells a mode's zero from another mode.
+
+    Every field must be declared by the board's schema
+    (`ps_core.store.board.WorkerStatus`): the board refuses a status with an
+    unknown field whole."""
     status: dict[str, Any] = {
         "kind": "worker",
         "update_mode": update_mode,
@@ -111,10 +119,19 @@ def worker_status(
         # Seconds the lag has kept growing (0: it is not), and the warnings said so.
         "lag_growing_seconds": round(stats.lag_growing_s, 3),
         "lag_warnings": stats.lag_warnings,
-        **({"geo_full_refreshes": stats.geo_full_refreshes} if update_mode == "geo" else {}),
-        "last_window": last,
-        "lag_by_partition": {str(p): int(n) for p, n in report.lag_by_partition.items()},
+        "rewinds": stats.rewinds,
+        **({"sync_steps": stats.sync_steps} if update_mode == "sync" else {}),
+        **(
+            {"geo_rounds": stats.geo_rounds, "geo_full_refreshes": stats.geo_full_refreshes}
+            if update_mode == "geo"
+            else {}
+        ),
     }
+    if report is not None:
+        last = report.fields()
+        last["seconds"] = report.seconds
+        status["last_window"] = last
+        status["lag_by_partition"] = {str(p): int(n) for p, n in report.lag_by_partition.items()}
     if started_at is not None:
         status["started_at"] = started_at
     if window_seconds is not None:
@@ -133,6 +150,97 @@ def _nested(counts: Mapping[tuple[str, str], int]) -> dict[str, dict[str, int]]:
     return out
 
 
+class StatusHook:
+    """An ``on_window`` hook for `consumers.worker.Worker` that reports the
+    worker's status to the board of shard 0 under `worker_id` after each window
+    (`make_status_hook`).
+
+    It keeps the histogram of window durations, and counts the reports the
+    board took (`sent`) and those it did not (`lost`: shard 0 unreachable, or
+    the status refused). A lost report is one warning line naming the cause,
+    the window and how long reports have been lost: that window is missing from
+    the API's ``/v1/model``, ``/metrics`` and the dashboard (the next report's
+    totals carry it). Training goes on either way."""
+
+    def __init__(
+        self,
+        control: ControlClient,
+        worker_id: str,
+        stats: WorkerStats,
+        *,
+        update_mode: str = "async",
+        wire: Callable[[], Mapping[str, Any]] | None = None,
+        model: str | None = None,
+    ) -> None:
+        self.control = control
+        self.worker_id = worker_id
+        self.stats = stats
+        self.update_mode = update_mode
+        self.model = model
+        self._wire = wire
+        self.histogram = SecondsHistogram()
+        self.started_at = time.time()
+        self.sent = 0
+        """Reports the board took."""
+        self.lost = 0
+        """Reports the board did not take."""
+        self.sent_at: float | None = None
+        """When the board last took a report (seconds since the epoch), None before."""
+        self._losing_since: float | None = None  # monotonic time of the first of the current run of losses
+        self._losing = 0
+
+    def status(self, report: WindowReport | None) -> dict[str, Any]:
+        """The status as of `report` (None: no window yet), as it is reported."""
+        return worker_status(
+            report,
+            self.stats,
+            window_seconds=self.histogram,
+            update_mode=self.update_mode,
+            started_at=self.started_at,
+            wire=None if self._wire is None else self._wire(),
+            model=self.model,
+        )
+
+    async def __call__(self, report: WindowReport) -> None:
+        self.histogram.observe(report.seconds)
+        status = self.status(report)
+        try:
+            await self.control.report_status(self.worker_id, status)
+        except Exception as exc:  # the board's failure, never training's
+            self._report_lost(report, exc)
+            return
+        self.sent += 1
+        self.sent_at = time.time()
+        if self._losing:
+            log.info(
+                "status reports resumed",
+                extra={"fields": {"worker": self.worker_id, "lost": self._losing, "lost_for_s": self._lost_for()}},
+            )
+            self._losing, self._losing_since = 0, None
+
+    def _lost_for(self) -> float:
+        return 0.0 if self._losing_since is None else round(time.monotonic() - self._losing_since, 1)
+
+    def _report_lost(self, report: WindowReport, exc: Exception) -> None:
+        self.lost += 1
+        self._losing += 1
+        if self._losing_since is None:
+            self._losing_since = time.monotonic()
+        log.warning(
+            "status report lost: this window is missing from the API's /v1/model, /metrics and dashboard",
+            extra={
+                "fields": {
+                    "worker": self.worker_id,
+                    "model": self.model or "-",
+                    "window": report.window,
+                    "error": repr(exc),
+                    "lost_in_a_row": self._losing,
+                    "lost_for_s": self._lost_for(),
+                }
+            },
+        )
+
+
 def make_status_hook(
     control: ControlClient,
     worker_id: str,
@@ -141,31 +249,16 @@ def make_status_hook(
     update_mode: str = "async",
     wire: Callable[[], Mapping[str, Any]] | None = None,
     model: str | None = None,
-) -> Callable[[WindowReport], Awaitable[None]]:
+) -> StatusHook:
     """An ``on_window`` hook for `consumers.worker.Worker` that reports the
-    worker's status to the board of shard 0 under `worker_id` after each window.
+    worker's status to the board of shard 0 under `worker_id` after each window
+    (`StatusHook`).
 
     `stats` is the worker's own `WorkerStats` (``worker.stats``); the hook
     keeps the histogram of window durations itself. `wire` gives what the
     worker's frames cost so far (`ps_core.net.wire.WireStats`) and their format;
     `model`, the name of the model it trains (an API counts only its own model's workers)."""
-    histogram = SecondsHistogram()
-    started_at = time.time()
-
-    async def report_status(report: WindowReport) -> None:
-        histogram.observe(report.seconds)
-        status = worker_status(
-            report,
-            stats,
-            window_seconds=histogram,
-            update_mode=update_mode,
-            started_at=started_at,
-            wire=None if wire is None else wire(),
-            model=model,
-        )
-        await control.report_status(worker_id, status)
-
-    return report_status
+    return StatusHook(control, worker_id, stats, update_mode=update_mode, wire=wire, model=model)
 
 
 def default_worker_id() -> str:

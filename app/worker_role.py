@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from typing import Any
@@ -20,6 +21,8 @@ from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 
 from .logs import log_event
+from .metrics import worker_exposition
+from .metrics_site import metrics_site
 from .security import SecuritySettings
 from .settings import WorkerSettings
 from .signals import stop_on_signals
@@ -104,7 +107,7 @@ async def run_worker(
             worker = Worker(config, client, control, model, also=also)
             # Set after construction: the hook reads the worker's own stats.
             fmt = settings.wire().describe()
-            worker.on_window = make_status_hook(
+            worker.on_window = hook = make_status_hook(
                 control,
                 worker_id,
                 worker.stats,
@@ -112,17 +115,23 @@ async def run_worker(
                 wire=lambda: {"format": fmt, **client.wire_stats().as_dict()},
                 model=settings.model_name,
             )
+            hooks = [hook]
             for a in worker.also:
                 # Each model's progress is its own entry on the board: the API
                 # and /metrics count a model's workers apart.
-                a.on_window = make_status_hook(
+                a.on_window = also_hook = make_status_hook(
                     control,
                     f"{worker_id}/{a.model.name}",
                     a.stats,
                     update_mode=config.mode,
                     model=a.model.name,
                 )
-            await worker.run(stop)
+                hooks.append(also_hook)
+            render = functools.partial(worker_exposition, hooks)
+            async with metrics_site(settings.metrics_host, settings.metrics_port, render, "the worker's") as url:
+                if url is not None:
+                    log_event(log, "serving metrics", worker=worker_id, url=url)
+                await worker.run(stop)
     s = worker.stats
     log_event(
         log, "stopped", windows=s.windows, events=s.events_trained, dead_letters=s.dead_letters, commits=s.commits

@@ -1285,7 +1285,10 @@ class Worker:
             try:
                 await hook(done)
             except Exception as exc:  # a status sink must never stop training
-                log.warning("window hook failed", extra={"fields": {"error": repr(exc)}})
+                log.warning(
+                    "window hook failed: what it reports of this window is lost (training goes on)",
+                    extra={"fields": {"window": done.window, "error": repr(exc)}},
+                )
 
     def _also(self, model: Model, stats: WorkerStats) -> AlsoTrained:
         return AlsoTrained(model, self._training(model, stats), stats)

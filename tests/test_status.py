@@ -8,6 +8,8 @@ send; a rejected report must leave the board as it was.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -33,7 +35,9 @@ from ps_core.net import codec
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.shard import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, Shard, ShardSpec
-from ps_core.store.table import SparseTable, TableConfig
+from ps_core.net.wire import WireStats
+from ps_core.store.board import WorkerStatus
+from ps_core.store.table import MODES, SparseTable, TableConfig
 
 EMB = TableConfig("emb", dim=3, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=5)
 
@@ -331,3 +335,127 @@ async def test_status_hook_reports_to_the_board_and_summaries_add_up(connect: Co
 def test_worker_ids_are_unique_per_call() -> None:
     ids = {default_worker_id() for _ in range(20)}
     assert len(ids) == 20
+
+
+# -- every stat a worker reports, against the board's schema ---------------------
+
+# Each field of `WorkerStats` and the status field that reports it. A stat
+# added to `WorkerStats` fails here until it is reported (and declared by the
+# board's closed schema, `ps_core.store.board.WorkerStatus`) or listed in
+# `NOT_REPORTED` with the reason.
+REPORTED_AS = {
+    "windows": "windows",
+    "records": "records_consumed",
+    "events_trained": "events_trained",
+    "dead_letters": "dead_letters",
+    "dead_letters_by_reason": "dead_letters_by_reason",
+    "commits": "commits",
+    "rewinds": "rewinds",
+    "failed_commits": "failed_commits",
+    "stale_offsets": "stale_offsets",
+    "outages": "outages",
+    "outage_seconds": "outage_seconds",
+    "sync_steps": "sync_steps",
+    "geo_rounds": "geo_rounds",
+    "geo_full_refreshes": "geo_full_refreshes",
+    "windows_replayed": "windows_replayed",
+    "lag_growing_s": "lag_growing_seconds",
+    "lag_warnings": "lag_warnings",
+    "last": "last_window",
+}
+NOT_REPORTED = {
+    "waiting_for": "what an outage waits for: no window closes (so no report is sent) while it lasts",
+    "history": "the recent windows, kept in the process; the last one is reported",
+}
+MODE_ONLY = {"sync_steps": "sync", "geo_rounds": "geo", "geo_full_refreshes": "geo"}
+"""Stats a worker of one update mode only reports."""
+
+
+def every_stat() -> WorkerStats:
+    """`WorkerStats` with every field set to a value of its own (none left at its default)."""
+    report = window_report(3, 0.7, {0: 5, 17: 2}, {"invalid_json": 1})
+    values: dict[str, Any] = {}
+    for i, f in enumerate(dataclasses.fields(WorkerStats), start=1):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if f.name == "dead_letters_by_reason":
+            values[f.name] = Counter({"invalid_json": i, "bad_label": 1})
+        elif f.name == "stale_offsets":
+            values[f.name] = Counter({("other_cluster", "committed"): i, ("uncovered", "replayed"): 1})
+        elif f.name == "last":
+            values[f.name] = report
+        elif f.name == "history":
+            values[f.name] = [report]
+        elif isinstance(default, bool) or not isinstance(default, (int, float, str)):
+            raise AssertionError(f"WorkerStats.{f.name}: teach every_stat() a value of its type")
+        elif isinstance(default, str):
+            values[f.name] = "the broker"
+        else:
+            values[f.name] = type(default)(i) + (0.25 if isinstance(default, float) else 0)
+    return WorkerStats(**values)
+
+
+def test_every_worker_stat_is_reported_or_listed_as_not() -> None:
+    names = {f.name for f in dataclasses.fields(WorkerStats)}
+    unlisted = names - set(REPORTED_AS) - set(NOT_REPORTED)
+    assert not unlisted, f"WorkerStats fields neither reported nor listed in NOT_REPORTED: {sorted(unlisted)}"
+    assert not (set(REPORTED_AS) | set(NOT_REPORTED)) - names, "listed fields WorkerStats no longer has"
+    declared = set(WorkerStatus.__struct_fields__)
+    assert set(REPORTED_AS.values()) <= declared, set(REPORTED_AS.values()) - declared
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_status_with_every_stat_of_each_mode_is_taken_by_the_board(mode: str) -> None:
+    """What a worker of `mode` reports, every stat set, every optional part
+    (histogram, wire, model) present: the board's closed schema takes it."""
+    stats = every_stat()
+    assert stats.last is not None
+    histogram = SecondsHistogram()
+    histogram.observe(0.7)
+    wire = WireStats(**{f.name: i for i, f in enumerate(dataclasses.fields(WireStats), start=1)})
+    status = worker_status(
+        stats.last,
+        stats,
+        window_seconds=histogram,
+        update_mode=mode,
+        started_at=12.0,
+        wire={"format": "push f16, pull f32", **wire.as_dict()},
+        model="ctr",
+    )
+    for stat, key in REPORTED_AS.items():
+        if MODE_ONLY.get(stat, mode) == mode:
+            assert key in status, (mode, stat, key)
+        else:
+            assert key not in status, (mode, stat, key)  # another mode's count: absent, not 0
+    assert status["update_mode"] == mode and status["rewinds"] == stats.rewinds
+    assert status["lag_growing_seconds"] == stats.lag_growing_s
+    board = Shard(ShardSpec(0, 1), ())
+    encoded = orjson.loads(orjson.dumps(status))
+    board.report_status("w", encoded)  # StatusError naming the field if the schema does not declare it
+    assert board.statuses()[0]["status"] == encoded
+
+
+async def test_a_report_the_board_refuses_is_one_line_saying_it_is_lost(
+    connect: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hook never fails training: a refused report is counted and logged
+    as lost, naming the cause and the window; the next one taken says so."""
+    _, control, _, _ = await connect(1)
+    stats = WorkerStats()
+    hook = make_status_hook(control, "w", stats, update_mode="geo", model="ctr")
+    report = window_report(1, 0.2, {0: 1}, {})
+    account(stats, report)
+    hook.model = "not a name"  # not printable ASCII without blanks: the board refuses the whole status
+    with caplog.at_level(logging.INFO, "ctrps.worker"):
+        await hook(report)
+        assert (hook.sent, hook.lost) == (0, 1) and await control.statuses() == []
+        lost = [r for r in caplog.records if r.getMessage().startswith("status report lost")]
+        assert len(lost) == 1 and lost[0].levelno == logging.WARNING
+        fields = lost[0].fields  # type: ignore[attr-defined]
+        assert "/v1/model, /metrics and dashboard" in lost[0].getMessage()
+        assert fields["window"] == 1 and "StatusError" in fields["error"] and "$.status.model" in fields["error"]
+        assert fields["lost_in_a_row"] == 1
+        hook.model = "ctr"
+        await hook(report)
+        assert (hook.sent, hook.lost) == (1, 1)
+        assert any(r.getMessage() == "status reports resumed" for r in caplog.records)
+    assert (await control.statuses())[0]["status"]["geo_full_refreshes"] == 0

@@ -27,6 +27,11 @@ Routes:
   (``{"version": int}``) has it load that version from its exports
   directory (leaving the cluster until admitted), answering the version
   loaded or the refusal naming a damaged file (`ps_core.checkpoint.joining`);
+- ``GET /metrics``: the shard's own figures in Prometheus text
+  (`ps_core.net.shard_metrics`: tables' rows, bytes, pushes and pulls, change
+  logs, ports, refused credentials; shard 0: exports, membership, sync), the
+  families the API relays for every shard; it needs a token of scope read as
+  ``GET /v1/stats`` does (a scraper sends it as a bearer token);
 - ``GET /healthz``: liveness, the shard's id and count, and ``rpc_port``: the
   port of its TCP RPC for pulls and pushes (`ps_core.net.rpc`), or null;
 - ``GET /openapi.json``: the OpenAPI document of the JSON routes this app
@@ -61,6 +66,7 @@ from typing import Any, TypeVar
 import msgspec
 import orjson
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import models
 from ..errors import InvalidJSONError, InvalidRequestError, PSError, StatusError, TableConfigError
@@ -71,6 +77,7 @@ from . import codec
 from .auth import Refusals, Scope, TokenVerifier, check, token_from_header
 from .limits import PortGuard, PortLimits, ServedPort, serve_limited
 from .shard import Shard
+from .shard_metrics import exposition, shard_families
 from .shard_openapi import Admit, SnapshotRequest, SyncApply, TableDeclaration, shard_document
 
 __all__ = [
@@ -137,6 +144,7 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope | None] = {
     ("POST", "/v1/pull"): Scope.READ,
     ("GET", "/v1/tables"): Scope.READ,
     ("GET", "/v1/stats"): Scope.READ,
+    ("GET", "/metrics"): Scope.READ,  # the stats' figures: as closed as /v1/stats
     ("GET", "/v1/status"): Scope.READ,
     ("GET", "/v1/exports"): Scope.READ,
     ("POST", "/v1/push"): Scope.TRAIN,
@@ -350,6 +358,13 @@ async def apply_step(request: web.Request) -> web.Response:
 @_ROUTES.get("/v1/stats")
 async def stats(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].stats())
+
+
+@_ROUTES.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    shard = request.app[SHARD]
+    text = exposition(shard_families([(str(shard.spec.shard_id), shard.stats())]))
+    return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 @_ROUTES.get("/openapi.json")

@@ -814,6 +814,17 @@ _PATHS: dict[str, dict[str, Any]] = {
             body="Restore",
         ),
     },
+    "/metrics": {
+        "get": _op(
+            "The shard's figures in Prometheus text format (ps_core.net.shard_metrics).",
+            {
+                "200": {
+                    "description": "Prometheus text exposition format.",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                }
+            },
+        )
+    },
     "/healthz": {"get": _op("Liveness.", ok_response("Health", "Alive."), open_=True)},
     "/openapi.json": {
         "get": _op(
@@ -921,7 +932,7 @@ def shard_document(served: set[tuple[str, str]] | None = None) -> dict[str, Any]
         "info": {
             "title": "ctrps shard",
             "version": "1",
-            "description": "A shard's JSON routes (frame routes are binary and left out). "
+            "description": "A shard's JSON routes and its Prometheus metrics (frame routes are binary and left out). "
             'Errors are {"error": code, "detail": reason}.',
         },
         "paths": paths,

@@ -105,7 +105,11 @@ class WireReport(Struct, forbid_unknown_fields=True):
 
 
 class WorkerStatus(Struct, forbid_unknown_fields=True):
-    """What app.status.worker_status reports (every field optional, no other field)."""
+    """What app.status.worker_status reports (every field optional, no other field).
+
+    A worker's report with a field not declared here is refused whole, so its
+    window is on no board: every stat `worker_status` copies must be declared
+    (tests/test_status.py builds one with every stat of each update mode)."""
 
     kind: Literal["worker"] | UnsetType = UNSET
     model: Name | UnsetType = UNSET
@@ -135,6 +139,23 @@ class WorkerStatus(Struct, forbid_unknown_fields=True):
     ) = UNSET
     lag_warnings: (
         Annotated[Count, Meta(description="Warnings that the worker's consumer lag kept growing.")] | UnsetType
+    ) = UNSET
+    rewinds: (
+        Annotated[Count, Meta(description="Times a restarted coordinator made the worker resume from its offsets.")]
+        | UnsetType
+    ) = UNSET
+    sync_steps: Annotated[Count, Meta(description="Sync: mini-batch steps the worker took part in.")] | UnsetType = (
+        UNSET
+    )
+    geo_rounds: Annotated[Count, Meta(description="Geo: pushes of the local copy's differences.")] | UnsetType = UNSET
+    geo_full_refreshes: (
+        Annotated[
+            Count,
+            Meta(
+                description="Geo: rounds after which every row of the local copy was read again (no complete change log)."
+            ),
+        ]
+        | UnsetType
     ) = UNSET
     wire: WireReport | UnsetType = UNSET
     last_window: (
