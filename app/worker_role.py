@@ -27,7 +27,7 @@ from .security import SecuritySettings
 from .settings import WorkerSettings
 from .signals import stop_on_signals
 from .startup import await_broker, check_shards, unless_stopped
-from .status import default_worker_id, make_status_hook
+from .status import StatusHook, default_worker_id, make_status_hook
 
 __all__ = ["run_worker"]
 
@@ -53,8 +53,25 @@ async def run_worker(
     connects as `kafka` says."""
     stop = stop or asyncio.Event()
     security = security or SecuritySettings()
-    tls = security.client_tls()
     worker_id = default_worker_id()
+    # The metrics port first: a taken port is found before any wait. Its
+    # families fill in once the hooks exist (below).
+    hooks: list[StatusHook] = []
+    render = functools.partial(worker_exposition, hooks)
+    async with metrics_site(settings.metrics_host, settings.metrics_port, render, "the worker's") as metrics_url:
+        await _run_worker(settings, kafka, stop, security, worker_id, hooks, metrics_url)
+
+
+async def _run_worker(
+    settings: WorkerSettings,
+    kafka: KafkaSecurity,
+    stop: asyncio.Event,
+    security: SecuritySettings,
+    worker_id: str,
+    hooks: list[StatusHook],
+    metrics_url: str | None,
+) -> None:
+    tls = security.client_tls()
     with stop_on_signals(stop):
         # Addresses that never answered are wrong ones: waited for under the
         # start-up deadline, not the outage deadline.
@@ -115,7 +132,7 @@ async def run_worker(
                 wire=lambda: {"format": fmt, **client.wire_stats().as_dict()},
                 model=settings.model_name,
             )
-            hooks = [hook]
+            hooks.append(hook)
             for a in worker.also:
                 # Each model's progress is its own entry on the board: the API
                 # and /metrics count a model's workers apart.
@@ -127,11 +144,9 @@ async def run_worker(
                     model=a.model.name,
                 )
                 hooks.append(also_hook)
-            render = functools.partial(worker_exposition, hooks)
-            async with metrics_site(settings.metrics_host, settings.metrics_port, render, "the worker's") as url:
-                if url is not None:
-                    log_event(log, "serving metrics", worker=worker_id, url=url)
-                await worker.run(stop)
+            if metrics_url is not None:
+                log_event(log, "serving metrics", worker=worker_id, url=metrics_url)
+            await worker.run(stop)
     s = worker.stats
     log_event(
         log, "stopped", windows=s.windows, events=s.events_trained, dead_letters=s.dead_letters, commits=s.commits
