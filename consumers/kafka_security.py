@@ -244,7 +244,8 @@ async def check_access(bootstrap: str, security: KafkaSecurity, timeout_s: float
             if isinstance(exc, ssl.SSLCertVerificationError) and "mismatch" in (exc.verify_message or ""):
                 hint = "the broker's certificate does not name this host; --kafka-ssl-no-check-hostname skips the check"
             raise KafkaAccessError(
-                f"TLS handshake with the Kafka broker at {where} failed: {_reason(exc)} ({hint})"
+                f"TLS handshake with the Kafka broker at {where} ({security.security_protocol}) failed: "
+                f"{_reason(exc)} ({hint})"
             ) from None
         except (TimeoutError, ConnectionRefusedError, OSError):
             continue  # not there (yet): an outage, not a refusal

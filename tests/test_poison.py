@@ -251,7 +251,7 @@ async def test_ctrps_cluster_trains_around_every_poison_pill(tmp_path: Path) -> 
                 return True
 
             await until(all_trained, 120, what="every message committed", poll_s=1.0)
-        trained = cluster_bias_shows(tmp_path / "exports" / "ctr", 2)
+        trained = cluster_bias_shows(Path(ready["exports"]) / "ctr", 2)
         dead = await consume_all(bootstrap, "clicks.dlq", len(pill_at))
         proc.send_signal(signal.SIGINT)
         rc = await asyncio.wait_for(proc.wait(), 60)
