@@ -57,7 +57,7 @@ from aiokafka.errors import (
     UnsupportedVersionError,
 )
 
-from ps_core.checkpoint.control import ControlClient, ResumePoint
+from ps_core.checkpoint.control import ControlClient, LeaseGrant, ResumePoint
 from ps_core.checkpoint.coordinator import Offsets
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.checkpoint.stream import StreamIdentity, stream_mismatch
@@ -448,7 +448,7 @@ class Worker:
         await self._retrying(self._register_model)
         try:
             # An empty lease tells whether there is a coordinator, and its epoch.
-            grant = await self._retrying(lambda: self.control.acquire_lease(self.worker_id, wait_s=LEASE_WAIT_S))
+            grant = await self._retrying(self._grant)
             await self._retrying(lambda: self.control.release_lease(grant.lease_id, {}))
             self._epoch, self.leased = grant.epoch, True
         except NoCoordinatorError:
@@ -573,7 +573,7 @@ class Worker:
         if self.leased:
             # The epoch is not taken here: a new coordinator is found by the
             # next window's lease, which rewinds.
-            grant = await self.control.acquire_lease(self.worker_id, wait_s=1.0)
+            grant = await self.control.acquire_lease(self.worker_id, wait_s=1.0, ttl_s=self._lease_ttl_s)
             await self.control.release_lease(grant.lease_id, {})
 
     async def _probe_broker(self) -> None:
@@ -1206,6 +1206,7 @@ class Worker:
             # The lease spans the window's pushes and commit: a cut holds the
             # whole window and its offsets, or neither.
             lease = await self._lease() if self.leased else None
+            renewing = asyncio.create_task(self._renewing(lease)) if lease is not None else None
             committed: Offsets = {}
             try:
                 t_train, cpu_train = time.perf_counter(), time.process_time()
@@ -1224,6 +1225,10 @@ class Worker:
                         fut.cancel()
                     elif not fut.cancelled():
                         fut.exception()  # retrieved: the failure raised is the training's
+                if renewing is not None:
+                    renewing.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await renewing
                 if lease is not None:
                     await self._release(lease, committed)
             seconds, train_s = time.perf_counter() - t0, t_trained - t_train - decode_wait_s
@@ -1307,16 +1312,61 @@ class Worker:
             out.setdefault(tp.topic, {})[tp.partition] = off
         return out
 
-    async def _lease(self) -> int:
+    @property
+    def _lease_ttl_s(self) -> float:
+        """A lease lives the group's session timeout unless renewed: a dead
+        worker's lease stops holding a cut when its group drops it."""
+        return self.config.session_timeout_ms / 1000
+
+    async def _grant(self) -> LeaseGrant:
+        """A lease; while a cut pauses, asks again, one line every few
+        seconds saying what the cut waits for (the coordinator's words)."""
+        since = time.monotonic()
+        next_line = since
+        try:
+            while True:
+                try:
+                    return await self.control.acquire_lease(
+                        self.worker_id, wait_s=LEASE_WAIT_S, ttl_s=self._lease_ttl_s
+                    )
+                except CutInProgressError as exc:
+                    # Short waits keep every answer within the client's
+                    # deadline, so no lease is granted to a caller that has
+                    # given up. A cut pauses at most until the leases it
+                    # waits for end.
+                    self.stats.waiting_for = "a cut to finish"
+                    now = time.monotonic()
+                    if now >= next_line:
+                        next_line = now + self._outage.log_every_s
+                        log.warning(
+                            f"waiting for a cut to finish for {now - since:.0f}s: {exc.detail}; "
+                            "not training or committing",
+                            extra={"fields": {"waiting_for": "a cut to finish", "waited_s": round(now - since, 1)}},
+                        )
+        finally:
+            if self.stats.waiting_for == "a cut to finish":
+                self.stats.waiting_for = ""
+
+    async def _renewing(self, lease_id: int) -> None:
+        """Renew a lease every third of its time to live while its window
+        trains (cancelled at its release)."""
+        failed = False
         while True:
+            await asyncio.sleep(self._lease_ttl_s / 3)
             try:
-                grant = await self.control.acquire_lease(self.worker_id, wait_s=LEASE_WAIT_S)
-                break
-            except CutInProgressError:
-                # A cut is pausing (it lasts at most the lease TTL): ask again.
-                # Short waits keep every answer within the client's deadline,
-                # so no lease is granted to a caller that has given up.
-                continue
+                if not await self.control.renew_lease(lease_id):
+                    log.warning(
+                        "lease expired while its window trained: a cut may hold part of the window",
+                        extra={"fields": {"lease": lease_id}},
+                    )
+                    return
+            except PSError as exc:  # shard 0 unreachable: the window's own calls wait it out
+                if not failed:  # once per lease
+                    log.warning("lease renewal failed", extra={"fields": {"lease": lease_id, "error": str(exc)}})
+                failed = True
+
+    async def _lease(self) -> int:
+        grant = await self._grant()
         if self._epoch is not None and grant.epoch != self._epoch:
             # A new coordinator: the shards may hold an older cut than this
             # worker's commits. Train nothing more from where we are.
