@@ -434,6 +434,9 @@ class Worker:
         # Set by an assignment whose offsets are refused (policy ``fail``),
         # or could not be checked; the run loop raises it.
         self._refusal: Exception | None = None
+        self._new_cluster: tuple[str, str] | None = None
+        """(old, new) cluster id when the broker came back as another Kafka
+        cluster: the consume loop starts every owned partition again."""
         self._outage = OutageWatch(config.outage_deadline_s, config.outage_log_every_s)
         self._lag_watch = LagWatch(config.lag_warn_s)
         self._broker_down = False
@@ -656,10 +659,53 @@ class Worker:
             if await broker_listening(self.config.bootstrap):
                 continue
             self._broker_down = True
+            moved = False
             try:
                 await self._ride_out(KafkaConnectionError(), self._probe_broker, since, stoppable=False)
+                before = self.cluster_id
+                try:
+                    await _retrying(self._refresh_cluster_id)
+                except (KafkaError, OSError) as exc:  # flapping: keep the positions, as before this check
+                    log.warning("cluster id not read after the outage", extra={"fields": {"error": repr(exc)}})
+                if before is not None and self.cluster_id is not None and self.cluster_id != before:
+                    # A broker that lost its topics (a memory broker restarted):
+                    # the consumer's positions are offsets of the old cluster.
+                    # No window starts until the consume loop has moved them.
+                    self._new_cluster, moved = (before, self.cluster_id), True
             finally:
-                self._broker_down = False
+                self._broker_down = moved
+
+    async def _follow_new_cluster(self, applies: deque[tuple[asyncio.Task[None], Window]]) -> None:
+        """The broker came back as another Kafka cluster (one that restarted
+        empty): what was fetched or queued at the old cluster's offsets is
+        dropped, never trained or committed, and every owned partition starts
+        again at the new cluster's group commit, else at its first offset (a
+        position kept from the old cluster skipped every record before it)."""
+        assert self._new_cluster is not None
+        old, new = self._new_cluster
+        for task, _ in applies:
+            task.cancel()
+        await asyncio.gather(*(t for t, _ in applies), return_exceptions=True)
+        applies.clear()
+        owned = self._consumer.assignment()
+        self._builder.drop_partitions({(tp.topic, tp.partition) for tp in owned})
+        for _, _, fut in self._chunks:
+            fut.cancel()
+        self._chunks = []
+        self._committed.clear()  # the old cluster's commits
+        moved: dict[int, int] = {}
+        if owned:
+            await self._consumer.seek_to_beginning(*owned)
+            moved = await self._resume(list(owned), rewind=True)
+        self._new_cluster = None
+        self._broker_down = False
+        log.warning(
+            f"the broker is another Kafka cluster now ({new}, was {old}): what was fetched from the old one is "
+            "dropped, every owned partition starts again at the new cluster's commit or its first offset",
+            extra={
+                "fields": {"cluster_id": new, "old_cluster_id": old, "offsets": {str(p): o for p, o in moved.items()}}
+            },
+        )
 
     async def _recover(self, exc: BaseException, applies: deque[tuple[asyncio.Task[None], Window]]) -> None:
         """After a window failed in an outage: drop it, the windows queued
@@ -826,6 +872,9 @@ class Worker:
                     },
                 )
                 break
+            if self._new_cluster is not None:
+                await self._follow_new_cluster(applies)
+                continue
             if self._refusal is not None:  # an assignment's offsets were refused, or not checked
                 refusal, self._refusal = self._refusal, None
                 if not is_outage(refusal):
