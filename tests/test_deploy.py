@@ -222,6 +222,7 @@ def _local(argv: list[str], ports: dict[int, int]) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 async def test_compose_shard_and_api_commands_run_on_loopback(tmp_path: Path) -> None:
     services = _ctrps_services()
     n = 2
@@ -579,6 +580,7 @@ def test_no_deploy_file_holds_a_literal_credential() -> None:
             assert not re.search(r"SECRET|TOKEN", key) or key.endswith("_FILE"), key
 
 
+@pytest.mark.slow
 def test_make_secrets_writes_private_files_of_derived_tokens(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(DEPLOY / "make_secrets.py"), str(tmp_path / "s"), "ml"],

@@ -41,6 +41,9 @@ from ps_core.net.server import start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.table import TableConfig
 
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
+
 DEADLINE_S = 1.0
 """The exporter's request deadline to shard 1 (``ctrps shard`` uses 10 s)."""
 
@@ -196,7 +199,6 @@ def _worker(cluster: Cluster, bootstrap: str, topic: str, group: str, log: Path)
         return subprocess.Popen(argv, cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out)
 
 
-@pytest.mark.slow
 async def test_a_worker_killed_holding_a_lease_holds_a_cut_only_for_its_session(
     cluster: Cluster, kafka_bootstrap: str, tmp_path: Path
 ) -> None:

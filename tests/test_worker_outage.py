@@ -45,6 +45,9 @@ from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import ShardSite, create_shard_app, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
+
 PARTITIONS = 4
 ROOT = Path(__file__).resolve().parent.parent
 
