@@ -1372,6 +1372,7 @@ class Worker:
         seconds saying what the cut waits for (the coordinator's words)."""
         since = time.monotonic()
         next_line = since
+        waited = False
         try:
             while True:
                 try:
@@ -1383,6 +1384,9 @@ class Worker:
                     # deadline, so no lease is granted to a caller that has
                     # given up. A cut pauses at most until the leases it
                     # waits for end.
+                    if not waited:  # counted as an outage (its metrics), named as the cut
+                        self.stats.outages += 1
+                        waited = True
                     self.stats.waiting_for = "a cut to finish"
                     now = time.monotonic()
                     if now >= next_line:
@@ -1393,6 +1397,8 @@ class Worker:
                             extra={"fields": {"waiting_for": "a cut to finish", "waited_s": round(now - since, 1)}},
                         )
         finally:
+            if waited:
+                self.stats.outage_seconds += time.monotonic() - since
             if self.stats.waiting_for == "a cut to finish":
                 self.stats.waiting_for = ""
 
