@@ -1,11 +1,12 @@
-# The two commands a new user needs: `make demo` and `make test`.
+# The two commands a new user needs: `make demo` and `make test`
+# (`make test-fast` while working: the tests not marked slow).
 # Each creates .venv and installs the project into it when pyproject.toml changed.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo typecheck lint format bench bench-quick clean
+.PHONY: test test-fast demo typecheck lint format bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,6 +16,9 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
 
 demo: $(STAMP)
 	$(BIN)/ctrps demo

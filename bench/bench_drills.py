@@ -44,8 +44,11 @@ shard's push counter (``GET /v1/stats``) moved again; *tracebacks* the lines
 events the worker says the model lacks (``the shards started empty: N
 events``; 0 elsewhere), and *replayed* = trained + lost − produced. Aims, printed
 with each result: trained = produced at least once, replaying at most one
-window (rate × window seconds); resume ≤ session timeout + 5 s; no
-traceback. Each phase has a deadline: a drill whose system misbehaves
+window (rate × window seconds); resume ≤ session timeout + 5 s (for
+``worker_sigkill``, ≤ the broker's floor + 5 s where that is longer: its
+partitions cannot move sooner); no traceback; and for ``worker_sigkill``, a
+cut waits for the killed worker's lease at most its session timeout + 2 s
+(*dead_lease_wait_s*, from shard 0's ``expired_leases`` line). Each phase has a deadline: a drill whose system misbehaves
 reports the failure (``error``) instead of hanging.
 
 ``--quick`` (under two minutes) runs the drills but the broker's at once, then the
@@ -69,7 +72,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -106,6 +109,9 @@ GAP_LINES = {
 }
 """The worker's lines for what the group committed past the shards' state."""
 
+DEAD_LEASE = re.compile(rb"export version=\d+ .*?expired_leases=\['[^\]]*\] .*?lease_wait_ms=([\d.]+)")
+"""Shard 0's line for a cut that gave up on an expired lease, and how long it waited."""
+
 
 log = progress_log("bench_drills")
 """One progress line on stderr."""
@@ -129,10 +135,24 @@ class Config:
     drill_timeout_s: float
     decode_processes: int
     workdir: Path
+    kafka_floor_s: float | None = None
+    """The broker's floor for the worker drill, measured in the run (`kafka_rejoin_s`)."""
 
     @property
     def resume_aim_s(self) -> float:
         return self.session_timeout_ms / 1000 + 5.0
+
+    def resume_aim_of(self, drill: str) -> float:
+        """Session timeout + 5 s; for worker_sigkill, the broker's floor + 5 s
+        where that is longer (its partitions cannot move sooner)."""
+        if drill == "worker_sigkill" and self.kafka_floor_s is not None:
+            return max(self.resume_aim_s, self.kafka_floor_s + 5.0)
+        return self.resume_aim_s
+
+    @property
+    def dead_lease_aim_s(self) -> float:
+        """How long a cut may wait for a SIGKILLed worker's lease: its session timeout + 2 s."""
+        return self.session_timeout_ms / 1000 + 2.0
 
     @property
     def replay_bound(self) -> int:
@@ -154,6 +174,11 @@ async def until(cond: Any, timeout_s: float, what: str, poll_s: float = 0.2) -> 
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not within {timeout_s:.0f}s")
         await asyncio.sleep(poll_s)  # poll interval
+
+
+def said_lost(out: bytes) -> int:
+    """The events the worker's lines say the model lacks (``the shards started empty``)."""
+    return sum(int(m) for m in GAP_LINES["lost"].findall(out))
 
 
 class Broker:
@@ -418,7 +443,8 @@ class Drill:
             n = await self.trained()
             if n is not None:
                 self.result.trained = n
-                if n >= produced:
+                # Events the worker said the model lacks are never trained.
+                if n + said_lost(self.log_path.read_bytes()) >= produced:
                     break
             unchanged = unchanged + 1 if n == last else 0
             if unchanged >= 3:  # three cuts 2 s apart saw nothing more
@@ -435,14 +461,23 @@ class Drill:
             counts = [int(m) for m in line.findall(out)]
             if counts:
                 r.notes[f"gap_{action}_lines"] = counts
-        r.lost = sum(r.notes.get("gap_lost_lines", []))
+        r.lost = said_lost(out)
         if r.trained is not None:
             r.replayed = r.trained + r.lost - r.produced
+        if self.name == "worker_sigkill":
+            # The killed worker's lease (if it held one) holds a cut until it expires.
+            waits = [float(m) / 1000 for m in DEAD_LEASE.findall(out)]
+            r.notes["dead_lease_wait_s"] = round(max(waits), 1) if waits else 0.0
         r.aims = {
             "trained_eq_produced": r.replayed is not None and 0 <= r.replayed <= c.replay_bound,
-            "resume": r.resume_s is not None and r.resume_s <= c.resume_aim_s,
+            "resume": r.resume_s is not None and r.resume_s <= c.resume_aim_of(self.name),
             "no_tracebacks": r.tracebacks == 0,
             "no_error": not r.error,
+            **(
+                {"dead_lease_wait": r.notes["dead_lease_wait_s"] <= c.dead_lease_aim_s}
+                if self.name == "worker_sigkill"
+                else {}
+            ),
         }
         return r
 
@@ -678,7 +713,7 @@ async def run_drill(name: str, cfg: Config, broker: Broker) -> Result:
     log(
         f"{name}: produced {r.produced}, trained {r.trained}, lost (said) {r.lost}, replayed {r.replayed} "
         f"(aim 0..{cfg.replay_bound}), trained/produced {ratio}; resume "
-        f"{'-' if r.resume_s is None else f'{r.resume_s:.1f}'} s (aim <= {cfg.resume_aim_s:.0f}); "
+        f"{'-' if r.resume_s is None else f'{r.resume_s:.1f}'} s (aim <= {cfg.resume_aim_of(name):.0f}); "
         f"tracebacks {r.tracebacks} (aim 0); restarts {r.restarts}; "
         + ("PASS" if all(r.aims.values()) else "FAIL " + ",".join(k for k, v in r.aims.items() if not v))
         + (f"; error: {r.error}" if r.error else "")
@@ -715,6 +750,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         await broker.start(60.0)
         floor = await kafka_rejoin_s(broker.bootstrap, cfg.session_timeout_ms, cfg.phase_timeout_s + 30)
+        cfg = replace(cfg, kafka_floor_s=floor)
         log(
             f"the broker's floor: a bare consumer SIGKILLed and started again holds its partitions after "
             f"{'-' if floor is None else f'{floor:.1f}'} s (session timeout {cfg.session_timeout_ms} ms)"
@@ -750,6 +786,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "session_timeout_ms": cfg.session_timeout_ms,
         "outage_s": cfg.outage_s,
         "aim_resume_s": cfg.resume_aim_s,
+        "aim_resume_worker_sigkill_s": cfg.resume_aim_of("worker_sigkill"),
+        "aim_dead_lease_wait_s": cfg.dead_lease_aim_s,
         "aim_replay_max": cfg.replay_bound,
         "kafka_rejoin_floor_s": floor,
         "workdir": str(workdir),

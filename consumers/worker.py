@@ -57,7 +57,7 @@ from aiokafka.errors import (
     UnsupportedVersionError,
 )
 
-from ps_core.checkpoint.control import ControlClient, ResumePoint
+from ps_core.checkpoint.control import ControlClient, LeaseGrant, ResumePoint
 from ps_core.checkpoint.coordinator import Offsets
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.checkpoint.stream import StreamIdentity, stream_mismatch
@@ -465,6 +465,9 @@ class Worker:
         # Set by an assignment whose offsets are refused (policy ``fail``),
         # or could not be checked; the run loop raises it.
         self._refusal: Exception | None = None
+        self._new_cluster: tuple[str, str] | None = None
+        """(old, new) cluster id when the broker came back as another Kafka
+        cluster: the consume loop starts every owned partition again."""
         self._outage = OutageWatch(config.outage_deadline_s, config.outage_log_every_s)
         self._lag_watch = LagWatch(config.lag_warn_s)
         self._broker_down = False
@@ -479,7 +482,7 @@ class Worker:
         await self._retrying(self._register_model)
         try:
             # An empty lease tells whether there is a coordinator, and its epoch.
-            grant = await self._retrying(lambda: self.control.acquire_lease(self.worker_id, wait_s=LEASE_WAIT_S))
+            grant = await self._retrying(self._grant)
             await self._retrying(lambda: self.control.release_lease(grant.lease_id, {}))
             self._epoch, self.leased = grant.epoch, True
         except NoCoordinatorError:
@@ -604,7 +607,7 @@ class Worker:
         if self.leased:
             # The epoch is not taken here: a new coordinator is found by the
             # next window's lease, which rewinds.
-            grant = await self.control.acquire_lease(self.worker_id, wait_s=1.0)
+            grant = await self.control.acquire_lease(self.worker_id, wait_s=1.0, ttl_s=self._lease_ttl_s)
             await self.control.release_lease(grant.lease_id, {})
 
     async def _probe_broker(self) -> None:
@@ -687,10 +690,53 @@ class Worker:
             if await broker_listening(self.config.bootstrap):
                 continue
             self._broker_down = True
+            moved = False
             try:
                 await self._ride_out(KafkaConnectionError(), self._probe_broker, since, stoppable=False)
+                before = self.cluster_id
+                try:
+                    await _retrying(self._refresh_cluster_id)
+                except (KafkaError, OSError) as exc:  # flapping: keep the positions, as before this check
+                    log.warning("cluster id not read after the outage", extra={"fields": {"error": repr(exc)}})
+                if before is not None and self.cluster_id is not None and self.cluster_id != before:
+                    # A broker that lost its topics (a memory broker restarted):
+                    # the consumer's positions are offsets of the old cluster.
+                    # No window starts until the consume loop has moved them.
+                    self._new_cluster, moved = (before, self.cluster_id), True
             finally:
-                self._broker_down = False
+                self._broker_down = moved
+
+    async def _follow_new_cluster(self, applies: deque[tuple[asyncio.Task[None], Window]]) -> None:
+        """The broker came back as another Kafka cluster (one that restarted
+        empty): what was fetched or queued at the old cluster's offsets is
+        dropped, never trained or committed, and every owned partition starts
+        again at the new cluster's group commit, else at its first offset (a
+        position kept from the old cluster skipped every record before it)."""
+        assert self._new_cluster is not None
+        old, new = self._new_cluster
+        for task, _ in applies:
+            task.cancel()
+        await asyncio.gather(*(t for t, _ in applies), return_exceptions=True)
+        applies.clear()
+        owned = self._consumer.assignment()
+        self._builder.drop_partitions({(tp.topic, tp.partition) for tp in owned})
+        for _, _, fut in self._chunks:
+            fut.cancel()
+        self._chunks = []
+        self._committed.clear()  # the old cluster's commits
+        moved: dict[int, int] = {}
+        if owned:
+            await self._consumer.seek_to_beginning(*owned)
+            moved = await self._resume(list(owned), rewind=True)
+        self._new_cluster = None
+        self._broker_down = False
+        log.warning(
+            f"the broker is another Kafka cluster now ({new}, was {old}): what was fetched from the old one is "
+            "dropped, every owned partition starts again at the new cluster's commit or its first offset",
+            extra={
+                "fields": {"cluster_id": new, "old_cluster_id": old, "offsets": {str(p): o for p, o in moved.items()}}
+            },
+        )
 
     async def _recover(self, exc: BaseException, applies: deque[tuple[asyncio.Task[None], Window]]) -> None:
         """After a window failed in an outage: drop it, the windows queued
@@ -855,6 +901,9 @@ class Worker:
                     },
                 )
                 break
+            if self._new_cluster is not None:
+                await self._follow_new_cluster(applies)
+                continue
             if self._refusal is not None:  # an assignment's offsets were refused, or not checked
                 refusal, self._refusal = self._refusal, None
                 if not is_outage(refusal):
@@ -1240,6 +1289,7 @@ class Worker:
             # The lease spans the window's pushes and commit: a cut holds the
             # whole window and its offsets, or neither.
             lease = await self._lease() if self.leased else None
+            renewing = asyncio.create_task(self._renewing(lease)) if lease is not None else None
             committed: Offsets = {}
             try:
                 t_train, cpu_train = time.perf_counter(), time.process_time()
@@ -1266,6 +1316,10 @@ class Worker:
                         fut.cancel()
                     elif not fut.cancelled():
                         fut.exception()  # retrieved: the failure raised is the training's
+                if renewing is not None:
+                    renewing.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await renewing
                 if lease is not None:
                     await self._release(lease, committed)
             seconds, train_s = time.perf_counter() - t0, t_trained - t_train - decode_wait_s
@@ -1352,16 +1406,67 @@ class Worker:
             out.setdefault(tp.topic, {})[tp.partition] = off
         return out
 
-    async def _lease(self) -> int:
+    @property
+    def _lease_ttl_s(self) -> float:
+        """A lease lives the group's session timeout unless renewed: a dead
+        worker's lease stops holding a cut when its group drops it."""
+        return self.config.session_timeout_ms / 1000
+
+    async def _grant(self) -> LeaseGrant:
+        """A lease; while a cut pauses, asks again, one line every few
+        seconds saying what the cut waits for (the coordinator's words)."""
+        since = time.monotonic()
+        next_line = since
+        waited = False
+        try:
+            while True:
+                try:
+                    return await self.control.acquire_lease(
+                        self.worker_id, wait_s=LEASE_WAIT_S, ttl_s=self._lease_ttl_s
+                    )
+                except CutInProgressError as exc:
+                    # Short waits keep every answer within the client's
+                    # deadline, so no lease is granted to a caller that has
+                    # given up. A cut pauses at most until the leases it
+                    # waits for end.
+                    if not waited:  # counted as an outage (its metrics), named as the cut
+                        self.stats.outages += 1
+                        waited = True
+                    self.stats.waiting_for = "a cut to finish"
+                    now = time.monotonic()
+                    if now >= next_line:
+                        next_line = now + self._outage.log_every_s
+                        log.warning(
+                            f"waiting for a cut to finish for {now - since:.0f}s: {exc.detail}; "
+                            "not training or committing",
+                            extra={"fields": {"waiting_for": "a cut to finish", "waited_s": round(now - since, 1)}},
+                        )
+        finally:
+            if waited:
+                self.stats.outage_seconds += time.monotonic() - since
+            if self.stats.waiting_for == "a cut to finish":
+                self.stats.waiting_for = ""
+
+    async def _renewing(self, lease_id: int) -> None:
+        """Renew a lease every third of its time to live while its window
+        trains (cancelled at its release)."""
+        failed = False
         while True:
+            await asyncio.sleep(self._lease_ttl_s / 3)
             try:
-                grant = await self.control.acquire_lease(self.worker_id, wait_s=LEASE_WAIT_S)
-                break
-            except CutInProgressError:
-                # A cut is pausing (it lasts at most the lease TTL): ask again.
-                # Short waits keep every answer within the client's deadline,
-                # so no lease is granted to a caller that has given up.
-                continue
+                if not await self.control.renew_lease(lease_id):
+                    log.warning(
+                        "lease expired while its window trained: a cut may hold part of the window",
+                        extra={"fields": {"lease": lease_id}},
+                    )
+                    return
+            except PSError as exc:  # shard 0 unreachable: the window's own calls wait it out
+                if not failed:  # once per lease
+                    log.warning("lease renewal failed", extra={"fields": {"lease": lease_id, "error": str(exc)}})
+                failed = True
+
+    async def _lease(self) -> int:
+        grant = await self._grant()
         if self._epoch is not None and grant.epoch != self._epoch:
             # A new coordinator: the shards may hold an older cut than this
             # worker's commits. Train nothing more from where we are.

@@ -814,6 +814,7 @@ async def test_health_and_readiness(make_api: MakeApi) -> None:
     assert await api.call("GET", "/readyz") == (200, {"status": "ready", "shards": 2})
 
 
+@pytest.mark.slow
 async def test_a_shard_down_is_503_naming_it(serve_shards: Any) -> None:
     model = make_model("lr", "ctr")
     shards, urls = await serve_shards(2, model.tables())
@@ -865,6 +866,7 @@ async def test_a_shard_that_refuses_is_502() -> None:
 # -- the OpenAPI document -------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_every_route_is_documented_and_every_documented_response_happens(
     make_api: MakeApi, tmp_path: Path
 ) -> None:
@@ -1079,6 +1081,7 @@ def test_the_documents_are_valid_json_schema_with_anchored_patterns(doc: dict[st
 # -- ctrps serve ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_ctrps_serve_answers_and_stops_on_sigterm(serve_shards: Any) -> None:
     model = make_model("lr", "ctr")
     _, urls = await serve_shards(2, model.tables())
@@ -1116,6 +1119,7 @@ def ctrps(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     )
 
 
+@pytest.mark.slow
 def test_serve_help_shows_an_example_and_every_flag() -> None:
     out = ctrps("serve", "--help")
     assert out.returncode == 0, out.stderr
@@ -1125,6 +1129,7 @@ def test_serve_help_shows_an_example_and_every_flag() -> None:
     assert "CTRPS_ADMIN_TOKEN" in out.stdout
 
 
+@pytest.mark.slow
 def test_serve_without_shards_is_a_usage_error() -> None:
     out = ctrps("serve")
     assert out.returncode == 2 and "no shards" in out.stderr

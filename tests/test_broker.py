@@ -82,6 +82,7 @@ async def _resend_before_the_topic_exists(bootstrap: str, topic: str, partitions
         await client.close()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="external broker in use")
 @pytest.mark.timeout(180)
 async def test_producers_are_taken_back_after_a_broker_restart_with_a_worker_running(serve_shards: Any) -> None:
@@ -163,6 +164,7 @@ async def _gauges(url: str) -> dict[str, float]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="external broker in use")
 @pytest.mark.timeout(120)
 async def test_the_broker_role_says_it_keeps_every_record_and_serves_its_memory_against_a_limit() -> None:

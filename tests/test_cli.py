@@ -63,6 +63,7 @@ def free_port() -> int:
 # -- the command line ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_shard_help_exits_0_and_shows_an_example() -> None:
     out = ctrps("shard", "--help")
     assert out.returncode == 0, out.stderr
@@ -107,6 +108,7 @@ def test_the_help_examples_are_valid_settings() -> None:
         (["--table", "lr", "--table", "lr,dim=2"], "a table is declared twice"),
     ],
 )
+@pytest.mark.slow
 def test_bad_settings_exit_2_with_a_clear_message(args: list[str], message: str) -> None:
     out = ctrps("shard", *args)
     assert out.returncode == 2
@@ -115,12 +117,14 @@ def test_bad_settings_exit_2_with_a_clear_message(args: list[str], message: str)
     assert out.stdout == ""
 
 
+@pytest.mark.slow
 def test_bad_environment_exits_2_naming_the_variable() -> None:
     out = ctrps("shard", env=clean_env(CTRPS_SHARD_PORT="seventy"))
     assert out.returncode == 2
     assert "CTRPS_SHARD_PORT='seventy' is not an integer" in out.stderr
 
 
+@pytest.mark.slow
 def test_unknown_flag_is_an_argparse_error() -> None:
     out = ctrps("shard", "--bogus")
     assert out.returncode == 2
@@ -145,6 +149,7 @@ async def wait_healthy(
             await asyncio.sleep(0.05)  # poll interval
 
 
+@pytest.mark.slow
 async def test_shard_subprocess_serves_logs_json_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -378,6 +383,7 @@ def test_empty_host_and_log_format_variables_mean_the_default() -> None:
     assert s.host == "127.0.0.1" and s.log_format == "text"
 
 
+@pytest.mark.slow
 async def test_shard_on_port_0_logs_the_port_it_got(tmp_path: Path) -> None:
     log = tmp_path / "shard.log"
     with log.open("wb") as stderr:
@@ -445,6 +451,7 @@ def test_shard_serving_precision_flag() -> None:
         ShardSettings.from_args(shard_args(), env={"CTRPS_SERVING_PRECISION": "f8"})
 
 
+@pytest.mark.slow
 def test_ctrps_alone_prints_its_help_and_version_prints_the_version() -> None:
     out = ctrps()
     assert out.returncode == 0 and out.stderr == ""

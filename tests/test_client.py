@@ -254,6 +254,7 @@ def both_shard_keys() -> np.ndarray:
     return keys
 
 
+@pytest.mark.slow
 async def test_stopped_shard_raises_shard_unavailable_naming_it(serve_shards: Any) -> None:
     _, urls = await serve_shards(2, TABLES)
     keys = both_shard_keys()

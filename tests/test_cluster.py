@@ -39,6 +39,9 @@ from ps_core.hashing import shard_of
 from ps_core.model.hasher import FeatureHasher
 from ps_core.net.auth import Scope, derive_token
 
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
+
 
 def cluster_args(*flags: str) -> Any:
     return build_parser().parse_args(["cluster", *flags])

@@ -161,6 +161,7 @@ _COUNT_VALUES = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(hnp.arrays(np.float32, st.tuples(st.integers(0, 40), st.just(2)), elements=_COUNT_VALUES))
 def test_any_counts_round_trip_exactly_or_are_refused(c: np.ndarray) -> None:

@@ -28,6 +28,9 @@ from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.key_sets import KeySets
 from ps_core.net.wire import WireFormat
 
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
+
 KEYED = dict(key_sets=True, compact_counts=True)
 FORMATS = {
     "f32": WireFormat(),

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+from waiting import until
 
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.errors import CutInProgressError, LeaseError
@@ -106,6 +107,42 @@ async def test_a_lease_wait_can_be_bounded() -> None:
     gate.set()
     await cut
     assert (await coord.acquire("w", wait_s=0.05)).worker == "w"
+
+
+async def test_a_lease_lives_its_ttl_unless_renewed_and_a_refusal_names_its_holder() -> None:
+    coord = Coordinator(lease_ttl_s=60)
+    live = await coord.acquire("live", ttl_s=1.0)
+    dead = await coord.acquire("dead", ttl_s=1.0)
+    assert live.ttl_s == dead.ttl_s == 1.0 and (await coord.acquire("cap", ttl_s=600)).ttl_s == 60
+    await coord.release(coord.held()[-1].lease_id)
+
+    async def snapshot(version: int, kind: str) -> None:
+        return None
+
+    async def renewing() -> None:  # the live worker, renewing every third of its ttl
+        while coord.renew(live.lease_id):
+            await asyncio.sleep(0.2)  # the renewal period
+
+    keep = asyncio.create_task(renewing())
+    cut = asyncio.create_task(coord.cut(snapshot))
+    await until(lambda: coord.cut_waits_for() != "no cut is in progress", 5, what="the cut to close leases")
+    with pytest.raises(CutInProgressError) as refused:
+        await coord.acquire("next", wait_s=0.1)
+    said = refused.value.detail
+    assert said.startswith("no lease within 0.1s: a cut waits for the lease worker live holds since "), said
+    assert said.endswith("s unless renewed) and 1 other lease"), said
+    # The dead lease ends at its ttl; the renewed one holds the cut until released.
+    await until(lambda: [lease.worker for lease in coord.held()] == ["live"], 10, what="the dead lease dropped")
+    assert not cut.done()
+    with pytest.raises(CutInProgressError, match=r"the lease worker live holds since \d+s \(it ends in \d+s"):
+        await coord.acquire("next", wait_s=0)
+    keep.cancel()
+    await coord.release(live.lease_id)
+    done = await asyncio.wait_for(cut, 5)
+    assert done.expired_leases == ["dead"]
+    assert coord.renew(dead.lease_id) is False
+    with pytest.raises(LeaseError):
+        coord.renew(99)
 
 
 def test_resuming_after_a_restore_continues_the_versions() -> None:

@@ -43,9 +43,12 @@ from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 
 CHROMIUM = shutil.which("chromium")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no chromium binary on PATH: install Debian's chromium package (.ci/run does)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="no chromium binary on PATH: install Debian's chromium package (.ci/run does)"
+    ),
+    pytest.mark.slow,  # a browser and a cluster
+]
 
 PROJECT = Path(__file__).resolve().parent.parent
 ARTIFACTS = PROJECT / "artifacts"

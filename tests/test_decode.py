@@ -15,6 +15,9 @@ from consumers.decode import Decoded, Rejected, decode_records
 from ps_core.model.events import EventError, decode_message
 from ps_core.model.hasher import FeatureHasher
 
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
+
 # -- the fast paths against the record-at-a-time reference ----------------------
 
 

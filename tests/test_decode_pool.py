@@ -12,6 +12,9 @@ import pytest
 from consumers.decode import decode_records
 from consumers.decode_pool import PIPE_BYTES, start_decode_pool, widen_pipes
 
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
+
 F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", None)
 
 

@@ -75,6 +75,7 @@ def test_bad_demo_settings(flags: list[str], env: dict[str, str], message: str) 
         DemoSettings.from_args(demo_args(*flags), env=env)
 
 
+@pytest.mark.slow
 def test_example_event_is_part_of_the_streams_first_event() -> None:
     event = example_event(0)
     assert set(event) == {"features"}
@@ -108,6 +109,7 @@ async def predict(session: aiohttp.ClientSession, api: str, events: list[dict[st
         return body
 
 
+@pytest.mark.slow
 async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
     out_log, err_log = tmp_path / "stdout.log", tmp_path / "stderr.log"
     with out_log.open("wb") as out, err_log.open("wb") as err:
@@ -211,6 +213,7 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
     assert [v.version for v in list_versions(exports)] == [v.version for v in versions]
 
 
+@pytest.mark.slow
 async def test_without_a_token_the_demo_makes_one_for_its_admin_routes_and_keeps_exports_private(
     tmp_path: Path,
 ) -> None:

@@ -32,6 +32,7 @@ import aiohttp
 import orjson
 import pytest
 import yaml
+from jsonlog import read_json_lines
 from waiting import json_when_ok
 
 from app.cli import build_parser
@@ -221,54 +222,95 @@ def _local(argv: list[str], ports: dict[int, int]) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 async def test_compose_shard_and_api_commands_run_on_loopback(tmp_path: Path) -> None:
     services = _ctrps_services()
     n = 2
-    http = {i: free_port() for i in range(n)}
-    rpc = {i: free_port() for i in range(n)}
-    api_port = free_port()
+    # Every port the children can take themselves is port 0, read from their
+    # listening lines: a port picked here and bound later by a child may be
+    # taken meanwhile (another test's shard 0 answered as shard 1). Only
+    # shard 0's must be known before it starts (it is in its own
+    # CTRPS_SHARDS): a race for it is seen and retried below.
+    http: dict[int, int] = {}
+    rpc: dict[int, int] = {}
     # The credentials as an operator makes them, each service given its
     # compose secrets at the files its CTRPS_*_FILE names.
     secret_files = make_secrets.make(tmp_path / "secrets")
     compose_secrets = {name: Path(s["file"]).name for name, s in _compose()["secrets"].items()}
-    shards = ",".join(f"http://127.0.0.1:{http[i]}" for i in range(n))
     procs: list[asyncio.subprocess.Process] = []
     logs = []
 
-    def service_env(service: str) -> dict[str, str]:
+    def service_env(service: str, shards: str | None) -> dict[str, str]:
         env = {k: str(v) for k, v in services[service]["environment"].items()}
         for key, value in env.items():
             if value.startswith("/run/secrets/"):
                 name = value.removeprefix("/run/secrets/")
                 assert name in services[service]["secrets"], (service, name)
                 env[key] = str(secret_files[compose_secrets[name]])
-        return {**env, "CTRPS_SHARDS": shards}
+        # Only shard 0 (the coordinator's) and the API reach the other shards.
+        env.pop("CTRPS_SHARDS", None)
+        return {**env, **({"CTRPS_SHARDS": shards} if shards is not None else {})}
 
-    async def start(argv: list[str], name: str, service: str) -> None:
-        log = (tmp_path / f"{name}.log").open("wb")
+    async def start(argv: list[str], name: str, service: str, shards: str | None) -> dict[str, Any] | None:
+        """Start a role; its listening line, or None when it exited first."""
+        path = tmp_path / f"{name}.log"
+        log = path.open("wb")
         logs.append(log)
-        procs.append(
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "app.cli",
-                *argv,
-                cwd=ROOT,
-                env={**_clean_env(), **service_env(service)},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-            )  # fmt: skip
-        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "app.cli",
+            *argv,
+            cwd=ROOT,
+            env={**_clean_env(), **service_env(service, shards)},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )  # fmt: skip
+        procs.append(proc)
+        deadline = asyncio.get_running_loop().time() + 30.0
+        while True:
+            for event in read_json_lines(path):
+                if event.get("msg") == "listening":
+                    return event
+            if proc.returncode is not None:
+                return None
+            if asyncio.get_running_loop().time() > deadline:
+                pytest.fail(f"{name}: no listening line after 30 s: {path.read_text()[-2000:]}")
+            await asyncio.sleep(0.05)  # poll interval
+
+    def port_of(event: dict[str, Any]) -> int:
+        port = urlsplit(event["url"]).port
+        assert port, event
+        return port
 
     try:
-        for i in range(n):
-            argv = _local(list(services[f"shard-{i}"]["command"]), http)
+        for i in range(n - 1, -1, -1):  # shard 0 last: it names every other shard
             argv = _replace(
-                argv, {"--port": str(http[i]), "--rpc-port": str(rpc[i]), "--exports-dir": str(tmp_path / "exports")}
+                _local(list(services[f"shard-{i}"]["command"]), http),
+                {"--port": "0", "--rpc-port": "0", "--exports-dir": str(tmp_path / "exports")},
             )
-            await start(argv, f"shard-{i}", f"shard-{i}")
-        await start(_replace(_local(list(services["api"]["command"]), http), {"--port": str(api_port)}), "api", "api")
+            for attempt in range(3):
+                if i == 0:
+                    http[0] = free_port()
+                    argv = _replace(argv, {"--port": str(http[0])})
+                shards = ",".join(f"http://127.0.0.1:{http[j]}" for j in range(n)) if i == 0 else None
+                event = await start(argv, f"shard-{i}-{attempt}", f"shard-{i}", shards)
+                if event is not None:
+                    break
+                said = (tmp_path / f"shard-{i}-{attempt}.log").read_text()
+                # Another process took the port picked for shard 0 before it bound it.
+                assert i == 0 and "in use" in said, said[-2000:]
+                procs.pop()
+            else:
+                pytest.fail(f"shard-{i}: its port was taken three times")
+            http[i], rpc[i] = port_of(event), event["rpc_port"]
+        shards = ",".join(f"http://127.0.0.1:{http[i]}" for i in range(n))
+        api = await start(
+            _replace(_local(list(services["api"]["command"]), http), {"--port": "0"}), "api", "api", shards
+        )
+        assert api is not None, (tmp_path / "api.log").read_text()[-2000:]
+        api_port = port_of(api)
         async with aiohttp.ClientSession() as session:
             for i in range(n):
                 health = await _poll(session, f"http://127.0.0.1:{http[i]}/healthz", procs, tmp_path)
@@ -538,6 +580,7 @@ def test_no_deploy_file_holds_a_literal_credential() -> None:
             assert not re.search(r"SECRET|TOKEN", key) or key.endswith("_FILE"), key
 
 
+@pytest.mark.slow
 def test_make_secrets_writes_private_files_of_derived_tokens(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(DEPLOY / "make_secrets.py"), str(tmp_path / "s"), "ml"],

@@ -10,10 +10,14 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 from aiokafka import AIOKafkaProducer
 from streams import new_topic
 
 from consumers.dlq import DeadLetter, DeadLetterQueue
+
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
 
 PROJECT = Path(__file__).resolve().parents[1]
 

@@ -11,12 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pytest
 
 from ps_core.checkpoint.export import write_version
 from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
+
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
 
 PROJECT = Path(__file__).resolve().parents[1]
 

@@ -135,6 +135,7 @@ async def test_periodic_exports_over_shard_servers(tmp_path: Path, serve_shards:
             await control.take_snapshots(99, 99)
 
 
+@pytest.mark.slow
 async def test_cuts_during_steady_training_wait_only_for_leased_windows(kafka_bootstrap: str, tmp_path: Path) -> None:
     """Cuts every 50 ms while a worker trains: each waits at most for the
     window being applied, and the last one holds exactly what was trained."""
@@ -179,6 +180,7 @@ async def test_cuts_during_steady_training_wait_only_for_leased_windows(kafka_bo
     assert _state(restored.shards, "ctr_w", keys) == _state(shards, "ctr_w", keys)
 
 
+@pytest.mark.slow
 async def test_ctrps_export_cuts_lists_and_compacts_through_shard_0(tmp_path: Path, serve_shards: ServeShards) -> None:
     import subprocess
     import sys

@@ -68,6 +68,7 @@ def _reference_hash(s: str) -> int:
         st.lists(st.text(min_size=GRID_WIDTH - 2, max_size=GRID_WIDTH + 2) | st.text(max_size=4), min_size=1),
     )
 )
+@pytest.mark.slow
 def test_string_hashes_match_the_definition(strings: list[str]) -> None:
     assert string_hashes(strings).tolist() == [_reference_hash(s) for s in strings]
 
@@ -434,12 +435,14 @@ def _check_against_reference(events: list[Any], require_label: bool, grouped: li
     assert _outcome(FeatureHasher("m", max_features=4), events, require_label, groups) == few
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(st.lists(_event(), max_size=12), st.booleans(), st.none() | st.lists(st.booleans(), max_size=12))
 def test_featurize_matches_the_reference(events: list[Any], require_label: bool, grouped: list[bool] | None) -> None:
     _check_against_reference(events, require_label, grouped)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_features(), min_size=1, max_size=40), st.integers(0, 4), st.integers(0, 20))
 def test_featurize_past_the_layout_bound_matches_the_reference(
@@ -459,6 +462,7 @@ def test_featurize_past_the_layout_bound_matches_the_reference(
         hasher.MAX_CACHED_SCHEMAS, hasher.MAX_CACHED_SCHEMA_FIELDS = saved
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_event(), max_size=12), st.booleans())
 def test_featurize_of_json_types_matches_the_reference(events: list[Any], require_label: bool) -> None:

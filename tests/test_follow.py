@@ -705,6 +705,7 @@ def test_serve_follow_settings_and_flags() -> None:
 # -- ctrps serve --follow ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_ctrps_serve_follow_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
     trainer = await trained(tmp_path, versions=2)
     # The exports root: the replica follows its ctr/ (the default model name).

@@ -32,6 +32,9 @@ from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
+
 TOKEN = "fuzz-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_EVENTS = 100

@@ -34,6 +34,9 @@ from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.shard_openapi import shard_document
 from ps_core.store.table import TableConfig
 
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
+
 SECRET = new_secret()
 ADMIN = bearer(derive_token(SECRET, Scope.ADMIN))
 READ = bearer(derive_token(SECRET, Scope.READ))

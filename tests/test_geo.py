@@ -231,6 +231,7 @@ async def _progressive(
     return auc, logloss
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "ramp"), [("lr", 0), ("fm", 0), ("lr", 64)])
 async def test_one_geo_worker_trains_exactly_as_one_async_worker(kind: str, ramp: int) -> None:
     # Scale 1: each round adds exactly what the copy learnt; with a ramp,
@@ -242,6 +243,7 @@ async def test_one_geo_worker_trains_exactly_as_one_async_worker(kind: str, ramp
     assert alone[0] == pytest.approx(same[0], abs=1e-6) and alone[1] == pytest.approx(same[1], rel=1e-4)
 
 
+@pytest.mark.slow
 async def test_two_geo_workers_over_the_broker_apply_every_event_once(kafka_bootstrap: str) -> None:
     partitions, n = 4, 6000
     topic, group = await new_topic(kafka_bootstrap, partitions)

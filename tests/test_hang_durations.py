@@ -41,6 +41,9 @@ from ps_core.net.server import start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.table import TableConfig
 
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
+
 DEADLINE_S = 1.0
 """The exporter's request deadline to shard 1 (``ctrps shard`` uses 10 s)."""
 
@@ -177,3 +180,84 @@ async def test_a_cut_aborted_on_a_hung_shard_says_how_long_after_it_began_and_wh
     os.kill(cluster.process.pid, signal.SIGCONT)
     report = await cluster.exporter.cut()
     assert report.kind == "base"
+
+
+SESSION_S = 15.0
+"""The workers' group session timeout in the killed-holder test: also their
+leases' time to live. Long enough that the new worker (a process starting)
+asks for a lease while the cut still waits for the dead one."""
+
+
+def _worker(cluster: Cluster, bootstrap: str, topic: str, group: str, log: Path) -> subprocess.Popen[bytes]:
+    """A ``ctrps worker`` process of `group` on the cluster, its output in `log`."""
+    argv = [
+        sys.executable, "-m", "app.cli", "worker", "--bootstrap", bootstrap, "--shards", ",".join(cluster.urls),
+        "--topic", topic, "--group", group, "--model-name", "m", "--window-seconds", "0.5",
+        "--decode-processes", "0", "--session-timeout-ms", str(int(SESSION_S * 1000)),
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        return subprocess.Popen(argv, cwd=PROJECT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+
+
+async def test_a_worker_killed_holding_a_lease_holds_a_cut_only_for_its_session(
+    cluster: Cluster, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A worker SIGKILLed while its window holds a lease (its pull hangs on a
+    stopped shard): the cut waits for that lease only until the worker's
+    session timeout after its last renewal, the next worker trains within
+    that plus the broker's join, and its waiting line names the lease."""
+    topic, group = await new_topic(kafka_bootstrap, 4)
+    producing = asyncio.create_task(
+        produce(kafka_bootstrap, topic, (keyed_event(i) for i in range(60_000)), 4, rate=800)
+    )
+    first = _worker(cluster, kafka_bootstrap, topic, group, tmp_path / "first.log")
+    second: subprocess.Popen[bytes] | None = None
+    coordinator = cluster.coordinator
+    try:
+        await until(lambda: coordinator.leases_granted >= 4, 60, what="the first worker training", poll_s=0.1)
+        os.kill(cluster.process.pid, signal.SIGSTOP)  # its next window's pulls hang, the lease held
+        await until(
+            lambda: any(time.monotonic() - lease.granted_at > 1.0 for lease in coordinator.held()),
+            10,
+            what="a lease held by a hung window",
+            poll_s=0.05,
+        )
+        (held,) = coordinator.held()
+        # Renewed while the worker lives (every third of its session): it
+        # ends a session after its last renewal, not at the coordinator's TTL.
+        await until(
+            lambda: coordinator.held()[0].expires_at > held.expires_at, SESSION_S, what="a renewal", poll_s=0.02
+        )
+        first.kill()
+        await asyncio.to_thread(first.wait, 10)
+        killed = time.monotonic()
+        (dead,) = coordinator.held()
+        assert dead.ttl_s == SESSION_S and dead.expires_at <= killed + SESSION_S, dead
+        os.kill(cluster.process.pid, signal.SIGCONT)
+        cutting = asyncio.create_task(cluster.exporter.cut())
+        second = _worker(cluster, kafka_bootstrap, topic, group, tmp_path / "second.log")
+        report = await asyncio.wait_for(cutting, SESSION_S + 5)
+        assert report.expired_leases == [dead.worker], report
+        assert time.monotonic() <= dead.expires_at + 2.0
+        # The broker holds a join for half the session once the dead member
+        # is dropped; then the new worker trains.
+        await until(
+            lambda: b"info  ctrps.worker: window window=" in (tmp_path / "second.log").read_bytes(),
+            max(0.0, killed + SESSION_S * 1.5 + 8 - time.monotonic()),
+            what="the new worker training",
+            poll_s=0.2,
+        )
+    finally:
+        producing.cancel()
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.terminate()
+                # Shard 0 answers from this event loop: never block it.
+                await asyncio.to_thread(p.wait, 30)
+        with contextlib.suppress(asyncio.CancelledError):
+            await producing
+    said = (tmp_path / "second.log").read_text()
+    waiting = [line for line in said.splitlines() if "waiting for a cut to finish for " in line]
+    assert waiting, said[-3000:]
+    assert f"a cut waits for the lease worker {dead.worker} holds since " in waiting[0], waiting[0]
+    assert "unreachable" not in said and "did not answer" not in said, said[-3000:]

@@ -215,6 +215,7 @@ async def _ctrps(*argv: str, env: dict[str, str] | None = None, timeout_s: float
     return proc.returncode, out.decode()
 
 
+@pytest.mark.slow
 async def test_the_commands_refuse_unusable_settings_with_exit_2_and_one_line(pki: Pki) -> None:
     runs = [
         (["worker", "--bootstrap", "127.0.0.1:9", "--shards", "http://127.0.0.1:9",
@@ -269,6 +270,7 @@ class _Recorded:
                 yield site, getattr(c, "_client", None) or c.client
 
 
+@pytest.mark.slow
 async def test_every_client_connects_with_sasl_over_mutual_tls(
     pki: Pki, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -390,6 +392,7 @@ async def test_the_host_name_is_checked_unless_turned_off(tmp_path: Path) -> Non
         assert (await produce(front.bootstrap, topic, [_event(i) for i in range(5)], security=loose)).sent == 5
 
 
+@pytest.mark.slow
 async def test_the_produce_command_over_sasl_ssl_and_its_refusal(pki: Pki) -> None:
     """`ctrps produce` with the flags and the password in its environment;
     with a wrong password, exit 1 and one line that does not hold it."""
@@ -414,6 +417,7 @@ async def test_the_produce_command_over_sasl_ssl_and_its_refusal(pki: Pki) -> No
     assert PASSWORD not in bad_out
 
 
+@pytest.mark.slow
 async def test_plaintext_set_explicitly_works_against_the_embedded_broker(kafka_bootstrap: str) -> None:
     sec = KafkaSecurity("PLAINTEXT")
     topic = _topic()
@@ -443,6 +447,7 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
+@pytest.mark.slow
 async def test_a_cluster_over_sasl_ssl_hands_the_password_to_its_kafka_children_only(pki: Pki, tmp_path: Path) -> None:
     """`ctrps cluster --bootstrap` of a SASL_SSL Kafka with mutual TLS: its
     workers and producer log in (flags, and the password in their

@@ -26,6 +26,9 @@ from ps_core.net.client import PSClient
 from ps_core.net.server import create_shard_app, start_shard_site
 from ps_core.net.shard import Shard
 
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
+
 PARTS = frozenset({0, 1})
 
 

@@ -163,6 +163,7 @@ async def test_an_idle_kept_alive_connection_is_closed(api: ApiServer) -> None:
     w.close()
 
 
+@pytest.mark.slow
 async def test_a_busy_kept_alive_connection_stays_open_past_every_deadline(api: ApiServer) -> None:
     # Each request moves the connection's deadline: one that keeps asking,
     # for longer than the head and idle deadlines together, is never closed.

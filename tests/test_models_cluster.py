@@ -189,6 +189,7 @@ async def test_a_model_created_later_starts_its_directory_with_a_base(tmp_path: 
     assert [v.version for v in latest_chain(tmp_path / "late")] == [3, 4]
 
 
+@pytest.mark.slow
 async def test_model_routes_over_http_and_ctrps_model(tmp_path: Path, serve_shards: ServeShards) -> None:
     shards, urls = await serve_shards(2, (), tmp_path)
 
@@ -255,6 +256,7 @@ async def test_model_routes_over_http_and_ctrps_model(tmp_path: Path, serve_shar
     assert all("ads_w" not in s.tables for s in shards)
 
 
+@pytest.mark.slow
 async def test_one_worker_trains_several_models_on_one_decode(
     kafka_bootstrap: str, serve_shards: ServeShards, tmp_path: Path
 ) -> None:
@@ -375,6 +377,7 @@ async def test_a_replica_follows_every_model_of_an_exports_root(tmp_path: Path) 
         assert gone.status == 404 and (await gone.json())["error"] == "unknown_model"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "geo"])
 async def test_one_worker_trains_several_models_in_sync_and_geo_mode(
     kafka_bootstrap: str, serve_shards: ServeShards, tmp_path: Path, mode: str

@@ -99,6 +99,7 @@ def listening_port() -> Iterator[int]:
         (["broker", "--topic", "clicks"], "topic 'clicks' is not NAME:PARTITIONS"),
     ],
 )  # fmt: skip
+@pytest.mark.slow
 def test_bad_settings_are_one_line_and_exit_2(args: list[str], message: str, fmt: str) -> None:
     out = ctrps(*args, "--log-format", fmt)
     assert out.returncode == 2, out.stderr
@@ -124,6 +125,7 @@ def test_a_bad_log_level_is_a_usage_error() -> None:
 # -- ports in use: exit 1, one line -----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["text", "json"])
 @pytest.mark.parametrize("role", ["shard", "shard-coordinator", "shard-rpc", "serve", "broker"])
 def test_a_port_in_use_is_one_line_and_exit_1(role: str, fmt: str, listening_port: int, tmp_path: Path) -> None:
@@ -387,6 +389,7 @@ async def test_a_failing_readyz_logs_once_per_change(caplog: pytest.LogCaptureFi
 # -- the producer when the broker dies --------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="kills its own broker")
 @pytest.mark.parametrize("how", ["killed", "frozen"])
 async def test_the_producer_gives_up_on_a_dead_broker_with_one_line(how: str, tmp_path: Path) -> None:
@@ -449,6 +452,7 @@ async def test_the_producer_gives_up_on_a_dead_broker_with_one_line(how: str, tm
         broker.stop()
 
 
+@pytest.mark.slow
 async def test_produce_log_level_warning_hides_info_lines(kafka_bootstrap: str) -> None:
     topic = f"lvl-{uuid.uuid4().hex[:8]}"
     quiet = await asyncio.to_thread(
@@ -462,6 +466,7 @@ async def test_produce_log_level_warning_hides_info_lines(kafka_bootstrap: str) 
     assert loud.returncode == 0 and "done" in loud.stderr and "sent=20 " in loud.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="kills its own broker")
 async def test_a_worker_whose_broker_died_logs_few_kafka_client_lines(tmp_path: Path) -> None:
     """Once the broker is gone the Kafka client repeats a handful of lines
@@ -513,6 +518,7 @@ async def test_a_worker_whose_broker_died_logs_few_kafka_client_lines(tmp_path: 
         broker.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_export_errors_are_one_line_in_the_chosen_format(fmt: str) -> None:
     out = ctrps("export", "--log-format", fmt)

@@ -193,6 +193,7 @@ def test_label_rate_follows_base_ctr() -> None:
         assert abs(p.mean() - base) < 0.01
 
 
+@pytest.mark.slow
 def test_ground_truth_is_informative_and_learnable_by_lr() -> None:
     """p_true ranks well, and LR on one-hot features trained on 40k events comes
     close to it on 10k held-out events (what the worker test relies on). The seed
@@ -562,6 +563,7 @@ def test_cli_help_shows_examples(capsys: pytest.CaptureFixture[str]) -> None:
         assert "example" in out and f"ctrps produce {sub}" in out
 
 
+@pytest.mark.slow
 async def test_cli_sigterm_ends_an_endless_stream_with_exit_0(kafka_bootstrap: str, tmp_path: Path) -> None:
     """A producer stopped by SIGTERM (as `ctrps cluster` stops it) flushes and exits 0."""
     log = tmp_path / "produce.log"
@@ -651,6 +653,7 @@ def test_fresh_ids_are_a_long_tail_seen_once() -> None:
         SyntheticStream(fresh=1.0)
 
 
+@pytest.mark.slow
 async def test_a_cancelled_producer_stops_whenever_the_cancel_arrives(kafka_bootstrap: str) -> None:
     """Cancelling `produce` ends it, however the cancel falls against its
     acknowledgements (the demo stops its producer so). A wait that swallowed

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 from streams import new_topic, produce, shard_args, worker_config
 from waiting import until
 
@@ -30,6 +31,9 @@ from ps_core.model.models import LogisticRegression, sigmoid
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.shard import Shard, ShardSpec
+
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
 
 PROJECT = Path(__file__).resolve().parents[1]
 PARTITIONS = 2

@@ -572,6 +572,7 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 async def test_worker_and_export_with_a_wrong_token_exit_2_with_one_line(
     secured: Secured, tmp_path: Path, kafka_bootstrap: str
 ) -> None:
@@ -608,6 +609,7 @@ async def test_worker_and_export_with_a_wrong_token_exit_2_with_one_line(
     assert orjson.loads(out)["version"] == 1
 
 
+@pytest.mark.slow
 async def test_shard_on_a_public_address_needs_a_secret_or_insecure(tmp_path: Path) -> None:
     code, _, err = await _ctrps("shard", "--host", "0.0.0.0", "--port", "0", "--no-exports", env=_env())
     line = _one_line(err)
@@ -665,6 +667,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> int:
     return proc.returncode
 
 
+@pytest.mark.slow
 async def test_ctrps_token_from_a_secret_file_is_accepted_by_a_public_shard(tmp_path: Path) -> None:
     secret = new_secret()
     secret_file = tmp_path / "cluster-secret"

@@ -162,6 +162,7 @@ async def test_partition_bounds_are_right_where_tansus_end_offsets_are_not(kafka
 # -- a model exported from one stream, a worker on another broker --------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["committed", "earliest", "fail"])
 async def test_a_model_of_another_cluster_is_never_resumed_silently(
     kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, policy: str
@@ -229,6 +230,7 @@ async def test_a_model_of_another_cluster_is_never_resumed_silently(
         assert report.stream == StreamIdentity(other.cluster_id, group, (topic,))
 
 
+@pytest.mark.slow
 async def test_offsets_beyond_the_end_of_a_recreated_topic_are_detected(
     kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -272,6 +274,7 @@ async def test_offsets_beyond_the_end_of_a_recreated_topic_are_detected(
 # -- the embedded broker restarted under running shards and a worker ---------------------
 
 
+@pytest.mark.slow
 async def test_events_after_a_broker_restart_are_all_trained(
     serve_shards: ServeShards, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -430,6 +433,7 @@ async def _worker_totals(control: ControlClient) -> tuple[int, dict[str, Any]]:
     return trained, stale
 
 
+@pytest.mark.slow
 async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_event(tmp_path: Path) -> None:
     """`ctrps broker`, two `ctrps shard` and a `ctrps worker` as in the README;
     an export; everything stopped; a new broker (memory: empty, a new cluster)
@@ -504,6 +508,7 @@ async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_eve
         procs.stop_all()
 
 
+@pytest.mark.slow
 async def test_offsets_of_another_group_are_not_applied_silently(
     kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -295,6 +295,7 @@ async def test_a_sigkilled_child_comes_back_with_the_same_arguments(
     assert "[steady] term 2" in lines(out)
 
 
+@pytest.mark.slow
 async def test_a_healthy_run_resets_the_backoff(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # Runs 1 and 2 fail at once (attempts 1, 2), run 3 lasts longer than
     # healthy_s: its restart is attempt 1 again, with the first delay.

@@ -239,6 +239,7 @@ async def test_a_member_that_never_arrives_holds_each_step_no_longer_than_the_de
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lr", "fm"])
 async def test_sync_and_geo_learn_the_stream_as_well_as_async(kind: str) -> None:
     """Two workers in each mode over the same 120k events: the progressive
@@ -255,6 +256,7 @@ async def test_sync_and_geo_learn_the_stream_as_well_as_async(kind: str) -> None
     assert geo > reference - 0.01 and sync > reference - 0.01, (reference, geo, sync)
 
 
+@pytest.mark.slow
 async def test_two_sync_workers_over_the_broker_apply_every_event_once(kafka_bootstrap: str) -> None:
     partitions, n = 4, 4000
     topic, group = await new_topic(kafka_bootstrap, partitions)
@@ -288,6 +290,7 @@ async def test_two_sync_workers_over_the_broker_apply_every_event_once(kafka_boo
     assert all(t.held_keys == 0 for s in shards for t in s.tables.values())
 
 
+@pytest.mark.slow
 async def test_a_sigkilled_sync_worker_stalls_the_other_no_longer_than_the_deadline(
     kafka_bootstrap: str, serve_shards: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

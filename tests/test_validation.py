@@ -284,6 +284,7 @@ _boards = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(board=_boards)
 def test_summaries_and_metrics_never_fail_on_any_board(board: list[Any]) -> None:

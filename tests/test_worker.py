@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 import streams
 from waiting import until
 
@@ -20,6 +21,9 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
+
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
 
 
 async def _run_until(worker: Worker, done: Any, timeout_s: float = 60.0) -> None:

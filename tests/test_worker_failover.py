@@ -11,12 +11,16 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 from streams import all_running, applications, brisk_worker_config, committed, group_of, keyed_event, new_topic, produce
 from waiting import until
 
 from consumers.worker import Worker
 from ps_core.model.models import LogisticRegression
 from ps_core.net.shard import Shard, ShardSpec
+
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
 
 PARTITIONS = 4
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
+import pytest
 from commands import ctrps_process
 from streams import new_topic, produce, running, worker_config
 from waiting import until
@@ -17,6 +18,9 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard
+
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
 
 N = 40_000
 WINDOW = 2_000

@@ -45,6 +45,9 @@ from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import ShardSite, create_shard_app, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 
+# Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
+pytestmark = pytest.mark.slow
+
 PARTITIONS = 4
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -305,6 +308,11 @@ async def test_worker_rides_out_a_broker_restart(caplog: pytest.LogCaptureFixtur
     assert worker.stats.outages >= 1
     assert _lines(caplog, f"waiting for the Kafka broker at {bootstrap}")
     assert _lines(caplog, f"the Kafka broker at {bootstrap} is back")
+    # The restarted broker is another cluster: positions kept from the old
+    # one would skip the new topic's first records (once the producer has
+    # passed them) and commit past them.
+    (moved,) = _lines(caplog, "the broker is another Kafka cluster now")
+    assert f"now ({broker.cluster_id}, was " in moved, moved
     applied = applications(shards, 0, 5000)
     assert (applied >= 1).all(), f"lost: {np.flatnonzero(applied == 0)[:20]}"
     assert bias_shows(shards) >= 5000

@@ -13,7 +13,7 @@ exporter cuts; joining admits and restores; ``ctrps export`` asks for cuts.
 from __future__ import annotations
 
 import ssl as ssl_
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple, Protocol, TypedDict, Unpack
 from urllib.parse import quote
 
@@ -129,7 +129,9 @@ class ShardControl(Protocol):
 
     async def restore_version(self, version: int) -> dict[str, Any]: ...
 
-    async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant: ...
+    async def acquire_lease(self, worker: str, wait_s: float, ttl_s: float | None = None) -> LeaseGrant: ...
+
+    async def renew_lease(self, lease_id: int) -> bool: ...
 
     async def release_lease(self, lease_id: int, offsets: Offsets, **named: Unpack[ReleaseFields]) -> bool: ...
 
@@ -215,9 +217,12 @@ class LocalControl:
             raise NoCoordinatorError(f"shard {self.shard_id} hosts no coordinator")
         return self.coordinator
 
-    async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant:
-        lease = await self._coordinator().acquire(worker, wait_s)
+    async def acquire_lease(self, worker: str, wait_s: float, ttl_s: float | None = None) -> LeaseGrant:
+        lease = await self._coordinator().acquire(worker, wait_s, ttl_s)
         return LeaseGrant(lease.lease_id, lease.epoch)
+
+    async def renew_lease(self, lease_id: int) -> bool:
+        return self._coordinator().renew(lease_id)
 
     async def release_lease(self, lease_id: int, offsets: Offsets, **named: Unpack[ReleaseFields]) -> bool:
         if self.exporter is not None:
@@ -332,10 +337,12 @@ class HttpControl(ShardEndpoint):
         out: dict[str, Any] = orjson.loads(reply)
         return out
 
-    async def _coordinator_request(self, method: str, path: str, body: object = None) -> Any:
+    async def _coordinator_request(
+        self, method: str, path: str, body: object = None, answered: Collection[str] = ()
+    ) -> Any:
         try:
             _, reply = await self.request(
-                method, path, None if body is None else orjson.dumps(body), "application/json"
+                method, path, None if body is None else orjson.dumps(body), "application/json", answered=answered
             )
         except PSError as exc:
             if exc.status == 404 and not isinstance(
@@ -346,9 +353,15 @@ class HttpControl(ShardEndpoint):
             raise
         return orjson.loads(reply)
 
-    async def acquire_lease(self, worker: str, wait_s: float) -> LeaseGrant:
-        got = await self._coordinator_request("POST", "/v1/leases", {"worker": worker, "wait_s": wait_s})
+    async def acquire_lease(self, worker: str, wait_s: float, ttl_s: float | None = None) -> LeaseGrant:
+        body = {"worker": worker, "wait_s": wait_s, **({"ttl_s": ttl_s} if ttl_s is not None else {})}
+        # A cut's 503 is the coordinator's answer, not a proxy's: raised at
+        # once, naming the lease the cut waits for (the caller asks again).
+        got = await self._coordinator_request("POST", "/v1/leases", body, answered=("cut_in_progress",))
         return LeaseGrant(int(got["lease_id"]), str(got["epoch"]))
+
+    async def renew_lease(self, lease_id: int) -> bool:
+        return bool((await self._coordinator_request("POST", "/v1/leases/renew", {"lease_id": lease_id}))["renewed"])
 
     async def release_lease(self, lease_id: int, offsets: Offsets, **named: Unpack[ReleaseFields]) -> bool:
         body: dict[str, Any] = {
@@ -507,12 +520,19 @@ class ControlClient(ShardGroup[ShardControl]):
         return {t.shard_id: snaps for t, snaps in zip(self.shards, got)}
 
     # -- the coordinator, hosted by shard 0 ------------------------------------
-    async def acquire_lease(self, worker: str, wait_s: float = 5.0) -> LeaseGrant:
+    async def acquire_lease(self, worker: str, wait_s: float = 5.0, ttl_s: float | None = None) -> LeaseGrant:
         """A lease for one window and the coordinator's epoch
-        (`NoCoordinatorError` when shard 0 hosts none); `CutInProgressError`
-        after `wait_s` of a cut's pause. Keep `wait_s` inside the retry
-        deadline, so a lease granted late is never granted to nobody."""
-        return await self.shards[0].acquire_lease(worker, wait_s)
+        (`NoCoordinatorError` when shard 0 hosts none), living `ttl_s` unless
+        renewed (None: the coordinator's lease TTL); `CutInProgressError`
+        after `wait_s` of a cut's pause, naming what the cut waits for. Keep
+        `wait_s` inside the retry deadline, so a lease granted late is never
+        granted to nobody."""
+        return await self.shards[0].acquire_lease(worker, wait_s, ttl_s)
+
+    async def renew_lease(self, lease_id: int) -> bool:
+        """Extend a lease by its time to live (its window still trains);
+        False when it had expired."""
+        return await self.shards[0].renew_lease(lease_id)
 
     async def sync_join(self, worker: str, model: str | None = None) -> int:
         """Sync mode: `worker` takes part in `model`'s steps (None: the

@@ -4,8 +4,11 @@ A worker holds a lease while it applies a window: from its first pull to the
 commit of its offsets. A cut
 
 1. stops granting leases and waits for the active ones to be released (a
-   lease not released within its time to live belongs to a dead worker and
-   stops counting: its window is replayed by whoever takes its partitions);
+   lease neither released nor renewed within its time to live belongs to a
+   dead worker and stops counting: its window is replayed by whoever takes
+   its partitions; a worker asks for its group's session timeout and renews
+   while its window trains, so a dead worker's lease ends as soon as its
+   group would drop it);
 2. has every shard snapshot its rows (the pause: a memory copy);
 3. records the offsets the workers committed with their released leases;
 4. grants leases again. Files are written after this, outside the pause.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -66,6 +70,10 @@ class Lease:
     """Monotonic time after which a cut stops waiting for it."""
     epoch: str = ""
     """The granting coordinator's `Coordinator.epoch`."""
+    ttl_s: float = 0.0
+    """How long it lives without a release or renewal (`Coordinator.renew`)."""
+    granted_at: float = 0.0
+    """Monotonic time it was granted."""
 
 
 @dataclass(frozen=True)
@@ -166,8 +174,10 @@ def parse_offsets(raw: object, *, error: type[PSError] = LeaseError) -> Offsets:
 class Coordinator:
     """Leases and cuts for one model's shards (one per deployment).
 
-    `lease_ttl_s` bounds how long a cut waits for one window: make it longer
-    than a window takes to apply. Every `base_every`-th cut (and the first)
+    `lease_ttl_s` bounds how long a cut waits for one window unrenewed: make
+    it longer than a window takes to apply. A lease asked for with a shorter
+    time to live (a worker's session timeout) lasts that long unless
+    renewed. Every `base_every`-th cut (and the first)
     is a base.
     """
 
@@ -270,23 +280,58 @@ class Coordinator:
         }
 
     # -- leases --------------------------------------------------------------
-    async def acquire(self, worker: str, wait_s: float | None = None) -> Lease:
-        """A lease for one window; waits while a cut is pausing (at most
-        `wait_s`, then `CutInProgressError`). While the cluster is not
-        ready (`refuse`), the refusal is raised at once."""
+    async def acquire(self, worker: str, wait_s: float | None = None, ttl_s: float | None = None) -> Lease:
+        """A lease for one window, living `ttl_s` (at most, and by default,
+        `lease_ttl_s`) unless renewed (`renew`); waits while a cut is pausing
+        (at most `wait_s`, then `CutInProgressError` saying what the cut
+        waits for). While the cluster is not ready (`refuse`), the refusal is
+        raised at once."""
+        if ttl_s is not None and not ttl_s > 0:
+            raise ValueError("ttl_s must be > 0")
         if self._refusal is not None:
             raise self._refusal
         if not self._open.is_set():
             try:
                 await asyncio.wait_for(self._open.wait(), wait_s)
             except TimeoutError:
-                raise CutInProgressError(f"no lease within {wait_s} s: a cut is in progress") from None
+                raise CutInProgressError(f"no lease within {wait_s:g}s: {self.cut_waits_for()}") from None
             if self._refusal is not None:
                 raise self._refusal
-        lease = Lease(next(self._ids), worker, time.monotonic() + self.lease_ttl_s, self.epoch)
+        ttl = self.lease_ttl_s if ttl_s is None else min(ttl_s, self.lease_ttl_s)
+        now = time.monotonic()
+        lease = Lease(next(self._ids), worker, now + ttl, self.epoch, ttl, now)
         self._active[lease.lease_id] = lease
         self.leases_granted += 1
         return lease
+
+    def renew(self, lease_id: int) -> bool:
+        """Extend an active lease by its time to live from now (its holder is
+        alive and its window still training); False when it had expired (a
+        cut dropped it) and `LeaseError` for an id never granted."""
+        lease = self._active.get(lease_id)
+        if lease is None:
+            if 1 <= lease_id < self._peek_next_id():
+                return False
+            raise LeaseError(f"lease {lease_id} was never granted")
+        self._active[lease_id] = dataclasses.replace(lease, expires_at=time.monotonic() + lease.ttl_s)
+        return True
+
+    def cut_waits_for(self) -> str:
+        """What a cut in progress waits for, in words: the oldest lease it
+        waits for (its worker, how long it has been held, when it ends
+        unless renewed), or the shards' copies once no lease is active."""
+        if self._open.is_set():
+            return "no cut is in progress"
+        if not self._active:
+            return "a cut is copying the shards' rows"
+        now = time.monotonic()
+        oldest = self.held()[0]
+        others = len(self._active) - 1
+        return (
+            f"a cut waits for the lease worker {oldest.worker} holds since {now - oldest.granted_at:.0f}s "
+            f"(it ends in {max(0.0, oldest.expires_at - now):.0f}s unless renewed)"
+            + (f" and {others} other lease{'s' if others > 1 else ''}" if others else "")
+        )
 
     async def release(
         self,
@@ -321,6 +366,10 @@ class Coordinator:
     def _peek_next_id(self) -> int:
         # itertools.count has no peek: granted ids are 1..leases_granted.
         return self.leases_granted + 1
+
+    def held(self) -> list[Lease]:
+        """The leases granted and not yet released or dropped, oldest first."""
+        return sorted(self._active.values(), key=lambda lease: lease.granted_at)
 
     @property
     def active_leases(self) -> int:

@@ -500,7 +500,13 @@ class Exporter:
         """Declare `spec`'s tables on every shard, then record it (and its
         ``model.json``); True when it is new. Between cuts, so a cut never
         meets a model half made. A table declared otherwise on a shard is
-        `TableConflictError` (or `ModeConflictError`), nothing recorded."""
+        `TableConflictError` (or `ModeConflictError`), nothing recorded.
+        The same declaration again is answered at once (False), not after
+        the cut in progress: a restarted worker creates its model while a cut
+        may wait for the lease its predecessor held."""
+        if self.registry.get(spec.name) is not None:
+            self.registry.check_new(spec)  # another declaration: ModelConflictError
+            return False
         async with self._lock:
             self.registry.check_new(spec)
             for config in spec.tables:

@@ -6,15 +6,20 @@ shard server's whole app.
 - ``POST /v1/restore``: ``{"version": int}`` loads that version from the
   exports directory, unjoined until admitted (`ps_core.checkpoint.joining`);
 
-- ``POST /v1/leases``: ``{"worker": str}`` → ``{"lease_id": int, "epoch": str,
-  "ttl_s": float}`` (the epoch changes when the coordinator restarts); waits while
-  a cut is pausing (503 ``cut_in_progress`` after ``wait_s``, default 30 s);
+- ``POST /v1/leases``: ``{"worker": str, "ttl_s": float}`` (``ttl_s``
+  optional: at most, and by default, the coordinator's lease TTL) →
+  ``{"lease_id": int, "epoch": str, "ttl_s": float}`` (the epoch changes when
+  the coordinator restarts); waits while a cut is pausing (503
+  ``cut_in_progress`` after ``wait_s``, default 30 s, its detail naming the
+  lease the cut waits for);
   refused at once while the shards join or restore (503 ``cluster_not_ready``)
   or cannot agree on a version (409 ``no_common_version``, see `ps_core.checkpoint.joining`);
 - ``POST /v1/leases/release``: ``{"lease_id": int, "offsets": {topic:
   {partition: next_offset}}, "stream": {"cluster_id", "group", "topics"}}``
   (``stream`` optional: where the offsets were read) → ``{"released": bool}``
   (False: it had expired);
+- ``POST /v1/leases/renew``: ``{"lease_id": int}`` → ``{"renewed": bool}``:
+  the lease lives its ``ttl_s`` again from now (False: it had expired);
 - ``POST /v1/sync/join``, ``/v1/sync/leave``: ``{"worker": str, "model":
   str | null}`` → ``{"step": int}``, and ``POST /v1/sync/arrive``:
   ``{"worker", "deadline_s", "model"}`` → ``{"step": int}`` once the step
@@ -60,6 +65,7 @@ from ..net.server import SHARD, create_shard_app, json_body, json_response
 from ..net.shard import Shard
 from ..net.shard_openapi import (
     ExportRequest,
+    LeaseRenewal,
     LeaseRequest,
     ModelDeclaration,
     Release,
@@ -80,6 +86,7 @@ EXPORTER = web.AppKey("exporter", Exporter)
 
 _LEASE = msgspec.json.Decoder(LeaseRequest)
 _RELEASE = msgspec.json.Decoder(Release)
+_RENEW = msgspec.json.Decoder(LeaseRenewal)
 _EXPORT = msgspec.json.Decoder(ExportRequest)
 _RESTORE = msgspec.json.Decoder(Restore)
 _SYNC_MEMBER = msgspec.json.Decoder(SyncMember)
@@ -114,15 +121,19 @@ def _model_of(request: web.Request) -> str | None:
 async def acquire(request: web.Request) -> web.Response:
     body = await json_body(request, _LEASE)
     coordinator = request.app[COORDINATOR]
-    lease = await coordinator.acquire(body.worker, body.wait_s)
+    lease = await coordinator.acquire(body.worker, body.wait_s, body.ttl_s)
     if request.transport is None or request.transport.is_closing():
         # The caller gave up while this waited for a cut: a lease nobody
         # holds would stall the next cut until it expires.
         await coordinator.release(lease.lease_id)
         raise CutInProgressError("the caller left before the lease was granted")
-    return json_response(
-        {"lease_id": lease.lease_id, "epoch": lease.epoch, "ttl_s": request.app[COORDINATOR].lease_ttl_s}
-    )
+    return json_response({"lease_id": lease.lease_id, "epoch": lease.epoch, "ttl_s": lease.ttl_s})
+
+
+@_COORDINATED.post("/v1/leases/renew")
+async def renew(request: web.Request) -> web.Response:
+    body = await json_body(request, _RENEW)
+    return json_response({"renewed": request.app[COORDINATOR].renew(body.lease_id)})
 
 
 @_COORDINATED.post("/v1/leases/release")

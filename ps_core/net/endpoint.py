@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import ssl as ssl_
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Generic, Protocol, Self, TypeVar
 from urllib.parse import urlsplit
 
@@ -102,10 +102,18 @@ class ShardEndpoint:
         self._ssl: ssl_.SSLContext | bool = ssl if ssl is not None else True
 
     async def request(
-        self, method: str, path: str, body: bytes | None = None, content_type: str = ""
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        content_type: str = "",
+        *,
+        answered: Collection[str] = (),
     ) -> tuple[int, bytes]:
         """One request's (status, body) below 400; an error status raises the
-        shard's typed error, after retries for the passing ones."""
+        shard's typed error, after retries for the passing ones, except a
+        retried status whose body names an error code in `answered` (the
+        shard's own answer, which its caller waits out itself)."""
         backoff = Backoff(self._retry)
         while True:
             try:
@@ -121,7 +129,7 @@ class ShardEndpoint:
                     payload = await resp.read()
                     if resp.status < 400:
                         return resp.status, payload
-                    if resp.status not in RETRIED_STATUSES:
+                    if resp.status not in RETRIED_STATUSES or _names(payload, answered):
                         raise error_from_body(resp.status, json_or_text(payload))
                     last: str = retried_reason(resp.status, payload)
             except aiohttp.ClientConnectorCertificateError as exc:
@@ -169,6 +177,14 @@ RETRIED_STATUSES = (502, 503, 504)
 def not_joined(body: object) -> bool:
     """Whether an error body says the shard waits to be admitted."""
     return isinstance(body, dict) and body.get("error") == "shard_not_joined"
+
+
+def _names(payload: bytes, codes: Collection[str]) -> bool:
+    """Whether an error body names one of `codes`."""
+    if not codes:
+        return False
+    body = json_or_text(payload)
+    return isinstance(body, dict) and body.get("error") in codes
 
 
 def retried_reason(status: int, payload: bytes) -> str:

@@ -154,6 +154,7 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope | None] = {
     ("POST", "/v1/status"): Scope.TRAIN,
     ("POST", "/v1/leases"): Scope.TRAIN,
     ("POST", "/v1/leases/release"): Scope.TRAIN,
+    ("POST", "/v1/leases/renew"): Scope.TRAIN,
     ("GET", "/v1/offsets"): Scope.TRAIN,
     ("POST", "/v1/sync/join"): Scope.TRAIN,
     ("POST", "/v1/sync/leave"): Scope.TRAIN,

@@ -40,6 +40,7 @@ __all__ = [
     "Admit",
     "Restore",
     "LeaseRequest",
+    "LeaseRenewal",
     "Release",
     "ExportRequest",
     "ExportReport",
@@ -349,6 +350,27 @@ class LeaseRequest(Struct, forbid_unknown_fields=True):
 
     worker: Annotated[str, Meta(min_length=1, max_length=200)]
     wait_s: Annotated[float, Meta(ge=0, le=MAX_WAIT_S)] = 30.0
+    ttl_s: (
+        Annotated[
+            float,
+            Meta(
+                gt=0,
+                le=MAX_WAIT_S,
+                description="Seconds the lease lives unless renewed (null: the coordinator's lease TTL, also the most).",
+            ),
+        ]
+        | None
+    ) = None
+
+
+class LeaseRenewal(Struct, forbid_unknown_fields=True):
+    """Renew `lease_id`: it lives its time to live again from now."""
+
+    lease_id: Annotated[int, Meta(ge=0, le=MAX_INT)]
+
+
+class Renewed(Struct, forbid_unknown_fields=True):
+    renewed: bool
 
 
 class Lease(Struct, forbid_unknown_fields=True):
@@ -592,6 +614,8 @@ _MODELS = (
     Lease,
     Release,
     Released,
+    LeaseRenewal,
+    Renewed,
     SyncMember,
     SyncArrive,
     SyncStep,
@@ -852,6 +876,16 @@ _PATHS: dict[str, dict[str, Any]] = {
             404,
             413,
             body="Release",
+        ),
+    },
+    "/v1/leases/renew": {
+        "post": _op(
+            "Renew a lease while its window trains.",
+            ok_response("Renewed", "False: it had expired."),
+            400,
+            404,
+            413,
+            body="LeaseRenewal",
         ),
     },
     "/v1/offsets": {
