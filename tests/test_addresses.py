@@ -26,6 +26,8 @@ from consumers.broker import free_port
 from ps_core.net.server import ShardSite, create_shard_app, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 
+pytestmark = pytest.mark.slow  # real processes for seconds each: make test-fast leaves them out
+
 ONE_SHOT_S = 10.0
 """A one-shot command with a wrong address fails within this (process start included)."""
 

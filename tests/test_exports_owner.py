@@ -30,6 +30,8 @@ from ps_core.checkpoint.export import list_versions
 from ps_core.checkpoint.owner import HAND_STARTED, OWNER_FILE, ExportsOwnedError, claim_exports, read_owner
 from ps_core.errors import ExportCorruptError
 
+pytestmark = pytest.mark.slow  # real processes for seconds each: make test-fast leaves them out
+
 
 def _listing(root: Path) -> list[str]:
     """Every path under `root` but the owner record: what a refused start must not touch."""

@@ -37,6 +37,8 @@ from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.table import MODES
 
+pytestmark = pytest.mark.slow  # real processes for seconds each: make test-fast leaves them out
+
 EVENTS = 600
 
 

@@ -624,6 +624,7 @@ def test_the_documents_and_the_check_agree_on_numeric_feeds(numeric: str, valid:
             numeric_feed(numeric)
 
 
+@pytest.mark.slow
 async def test_a_worker_takes_its_models_type_and_mode_unless_given(
     tmp_path: Path, serve_shards: ServeShards, kafka_bootstrap: str
 ) -> None:
@@ -701,6 +702,7 @@ def test_ctrps_model_finds_shard_0_where_a_shard_listens_by_default() -> None:
     assert "no shard 0" not in out.stderr
 
 
+@pytest.mark.slow
 async def test_a_worker_whose_model_is_deleted_exits_in_one_line(
     kafka_bootstrap: str, serve_shards: ServeShards, tmp_path: Path
 ) -> None:

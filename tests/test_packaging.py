@@ -14,6 +14,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from commands import as_a_user
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,6 +101,7 @@ def test_every_package_is_typed_and_ships_its_marker() -> None:
         assert "py.typed" in package_data[package], package
 
 
+@pytest.mark.slow
 def test_a_users_type_checker_reads_the_librarys_types(tmp_path: Path) -> None:
     # As a user's project: its own directory, ctrps on the path as an installed
     # package (not a source tree mypy was pointed at), so py.typed decides.

@@ -27,6 +27,8 @@ from waiting import until
 from consumers.dlq import MAX_RECORD_BYTES, read_headers
 from ps_core.hashing import shard_of
 
+pytestmark = pytest.mark.slow  # real processes for seconds each: make test-fast leaves them out
+
 GOOD = 264  # with the pills, 7 windows of 40 messages: the last one closes too
 BIG = 5_000_000
 PRICE = b'{"label":0,"features":{"price":2e6}}'

@@ -55,6 +55,8 @@ from waiting import json_when_ok, until
 
 from consumers.broker import free_port
 
+pytestmark = pytest.mark.slow  # real processes for seconds each: make test-fast leaves them out
+
 README = PROJECT / "README.md"
 FENCE = re.compile(r"^```(\S*)\s*$")
 ILLUSTRATION = re.compile(r"^<!--\s*illustration:\s*(.+?)\s*-->\s*$")

@@ -796,6 +796,7 @@ VALID_BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/exports"): {"kind": "base"},
     ("POST", "/v1/leases"): {"worker": "w", "wait_s": 0},
     ("POST", "/v1/leases/release"): {"lease_id": 1},
+    ("POST", "/v1/leases/renew"): {"lease_id": 1},
     ("POST", "/v1/membership/admit"): {"epoch": "e", "version": 0},
     ("POST", "/v1/models"): {"name": "other", "numeric": "raw/2"},
     ("POST", "/v1/restore"): {"version": 0},
