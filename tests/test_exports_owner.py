@@ -101,6 +101,7 @@ async def test_a_second_pipeline_on_owned_exports_is_refused_in_one_line_until_i
         assert (took["level"], took["owner"], took["taken_from"]) == ("warning", "pipeline-b", "pipeline-a")
         restored = await wait_for_line(second, tmp_path / "b.log", {"msg": "restore"}, 30)
         assert restored["version"] == 1
+        await wait_for_line(second, tmp_path / "b.log", {"msg": "listening"}, 30)  # its handler in place
     finally:
         assert await _stop(second) == 0
     record = read_owner(exports)
@@ -153,6 +154,8 @@ async def test_ctrps_cluster_exports_into_its_own_directory_and_leaves_a_pipelin
     try:
         restored = await wait_for_line(again, tmp_path / "p2.log", {"msg": "restore"}, 30)
         assert restored["version"] == list_versions(exports / "ctr")[-1].version == 1
+        # Its SIGTERM handler is in place once it listens: a stop before that is a kill.
+        await wait_for_line(again, tmp_path / "p2.log", {"msg": "listening"}, 30)
     finally:
         assert await _stop(again) == 0
     assert Learner.load(exports).events_learnt == earlier.events_learnt
