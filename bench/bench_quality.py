@@ -27,7 +27,9 @@ starts; ctrps's clock includes its own hashing of the event dicts.
 Streams: the synthetic generator (a hidden logistic model with pairwise
 interactions) with a long tail (``fresh``: new ids seen once) and drift, at
 two sizes; the small size again with the counts acting linearly in the
-hidden model instead of through ``log1p`` (``synthetic_linear_counts``); and
+hidden model instead of through ``log1p`` (``synthetic_linear_counts``);
+every profile of `ps_core.synthetic` shaped like a real log (``profile_*``:
+Criteo, Avazu, rare clicks, weak signals, drift) at the small size; and
 ``--file PATH --format criteo|avazu|jsonl`` if given.
 
 Needs ``pip install -e '.[quality]'``. Run: ``python bench/bench_quality.py
@@ -47,10 +49,10 @@ import numpy as np
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from consumers.formats import iter_file
-from consumers.synthetic import SyntheticStream
 from ps_core.model.hasher import DEFAULT_NUMERIC
 from ps_core.model.learner import Learner
 from ps_core.model.metrics import evaluate
+from ps_core.synthetic import PROFILES, SyntheticStream, profile_stream
 
 log = progress_log("bench_quality")
 
@@ -159,15 +161,29 @@ def measure(name: str, events: Events) -> dict[str, float]:
     }
 
 
+def profile_events(profile: str, seed: int, n: int) -> Events:
+    """`n` events of a `ps_core.synthetic` profile, or of ``quality``: the
+    generator's own stream with a long tail (5% fresh ids) and drift, as
+    this benchmark has always run it."""
+    if profile == "quality":
+        stream = SyntheticStream(seed=seed, fresh=0.05, drift=0.5, events_per_s=1000.0)
+    else:
+        stream = profile_stream(profile, seed=seed)
+    return [e for batch in stream.iter_batches(n, 10_000) for e in batch]
+
+
 def streams(args: argparse.Namespace) -> dict[str, Events]:
     small, large = (15_000, 45_000) if args.quick else (200_000, 1_000_000)
-    out: dict[str, Events] = {}
-    sizes = (("synthetic_small", small, "log1p"), ("synthetic_large", large, "log1p"))
+    out: dict[str, Events] = {
+        "synthetic_small": profile_events("quality", args.seed, small),
+        "synthetic_large": profile_events("quality", args.seed, large),
+    }
     # The same, its counts acting linearly: numeric handling not chosen for one generator's truth.
-    for label, n, truth in (*sizes, ("synthetic_linear_counts", small, "linear")):
-        # A long tail (5% of categorical values brand-new ids) and drift.
-        stream = SyntheticStream(seed=args.seed, fresh=0.05, drift=0.5, events_per_s=1000.0, numeric_truth=truth)
-        out[label] = [e for batch in stream.iter_batches(n, 10_000) for e in batch]
+    linear = SyntheticStream(seed=args.seed, fresh=0.05, drift=0.5, events_per_s=1000.0, numeric_truth="linear")
+    out["synthetic_linear_counts"] = [e for batch in linear.iter_batches(small, 10_000) for e in batch]
+    # Every profile shaped like a real log, at the small size.
+    for profile in PROFILES:
+        out[f"profile_{profile}"] = profile_events(profile, args.seed, small)
     if args.file is not None:
         rows = [e for e in iter_file(args.file, args.format) if isinstance(e, dict) and "label" in e]
         out[f"file_{Path(args.file).name}"] = rows[: args.file_limit] if args.file_limit else rows
