@@ -47,10 +47,10 @@ import numpy as np
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from consumers.formats import iter_file
-from consumers.synthetic import SyntheticStream
 from ps_core.model.hasher import DEFAULT_NUMERIC
 from ps_core.model.learner import Learner
 from ps_core.model.metrics import evaluate
+from ps_core.synthetic import SyntheticStream
 
 log = progress_log("bench_quality")
 
