@@ -27,7 +27,6 @@ from waiting import until
 
 from app.follower import model_from_manifest
 from consumers.decode import decode_records
-from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export import latest_chain, read_manifest, restore_shards, write_version
@@ -40,6 +39,7 @@ from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.change_log import ChangeLog
 from ps_core.store.optim import FTRL, AdaGrad
 from ps_core.store.table import TableConfig
+from ps_core.synthetic import SyntheticStream
 
 SGD = {"name": "sgd", "lr": 0.1}
 

@@ -23,6 +23,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "ps_core.model.learner": (*SHARED, "ps_core.store", "ps_core.model", "ps_core.checkpoint"),
     "ps_core.net": (*SHARED, "ps_core.store", "ps_core.net"),
     "ps_core.checkpoint": ("ps_core",),
+    "ps_core.synthetic": ("ps_core.synthetic",),  # numpy only: nothing of the project
     "consumers": ("ps_core", "consumers"),
     "app": ("ps_core", "consumers", "app"),
 }

@@ -19,7 +19,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from waiting import until
 
-from consumers.synthetic import SyntheticStream
 from consumers.training import AsyncTraining
 from consumers.worker import WorkerStats
 from ps_core import Learner
@@ -32,6 +31,7 @@ from ps_core.model.models import make_model
 from ps_core.model.ramp import RAMP_START, MiniBatchRamp
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard
+from ps_core.synthetic import SyntheticStream
 
 
 class _NoWindow:

@@ -39,7 +39,7 @@ from consumers.formats import (
     parse_jsonl_line,
 )
 from consumers.producer import produce
-from consumers.synthetic import SyntheticStream, bayes_logloss
+from ps_core.synthetic import SyntheticStream, bayes_logloss
 
 # -- helpers -------------------------------------------------------------------------
 

@@ -26,7 +26,6 @@ from waiting import until
 from app.metrics import ApiMetrics
 from app.views import ControlView
 from consumers.decode import decode_records
-from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.barrier import SyncBarrier
 from ps_core.checkpoint.control import ControlClient
@@ -37,6 +36,7 @@ from ps_core.model.models import Model, make_model, sigmoid
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Push, Shard, ShardSpec
 from ps_core.store.table import TableConfig
+from ps_core.synthetic import SyntheticStream
 
 PROJECT = Path(__file__).resolve().parent.parent
 
