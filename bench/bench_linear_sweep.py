@@ -166,13 +166,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--alphas", type=float, nargs="+", help="FTRL alphas to try")
     p.add_argument("--l1s", type=float, nargs="+", help="FTRL l1s to try")
     p.add_argument("--numerics", nargs="+", help="numeric feeds to try (raw|log1p[/D])")
+    p.add_argument("--coins", nargs="*", help="coin (wealth,scale) points to try, e.g. 4,0.025 (none: FTRL only)")
     p.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip VW and River")
     args = p.parse_args()
     quick = QUICK if args.quick else {"alphas": ALPHAS, "l1s": L1S, "numerics": NUMERICS, "coins": COINS}
     args.alphas = tuple(args.alphas or quick["alphas"])
     args.l1s = tuple(args.l1s or quick["l1s"])
     args.numerics = tuple(args.numerics or quick["numerics"])
-    args.coins = quick["coins"]
+    coins = quick["coins"] if args.coins is None else [tuple(float(v) for v in c.split(",")) for c in args.coins]
+    args.coins = tuple(coins)
     args.seeds = 1 if args.quick else 2
     args.sizes = (8_000, 20_000) if args.quick else (8_000, 40_000)
     return args
