@@ -24,11 +24,12 @@ from consumers.training import AsyncTraining
 from consumers.worker import WorkerStats
 from ps_core import Learner
 from ps_core.checkpoint.owner import LEARNER, ExportsOwnedError, claim_exports, read_owner
+from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import ExportNotFoundError, InvalidRequestError
+from ps_core.model import models
 from ps_core.model.batch import EventBatch
 from ps_core.model.hasher import FeatureHasher
 from ps_core.model.learner import FEATURIZE_EVENTS
-from ps_core.model import models
 from ps_core.model.models import make_model
 from ps_core.model.ramp import RAMP_START, MiniBatchRamp
 from ps_core.net.client import PSClient
@@ -236,8 +237,6 @@ def test_a_saved_model_keeps_its_optimizer_when_the_default_changes(
 ) -> None:
     """A model is stored with its optimizer spelt out: restored after the
     default linear optimizer changed, it is still the one it was made with."""
-    from ps_core.checkpoint.registry import ModelSpec
-
     learner = Learner("fm")  # the defaults of today
     learner.learn(SyntheticStream(seed=3).batch(500))
     learner.save(tmp_path)
