@@ -219,7 +219,9 @@ def _same_tables(warm: SparseTable, cold: SparseTable, universe: np.ndarray) -> 
     np.testing.assert_array_equal(warm.meta[wr], cold.meta[cr])
 
 
-@pytest.mark.parametrize("cfg", REUSE_CONFIGS, ids=["ftrl", "ftrl-l1", "adagrad-init", "ftrl-init", "coin", "coin-init"])
+@pytest.mark.parametrize(
+    "cfg", REUSE_CONFIGS, ids=["ftrl", "ftrl-l1", "adagrad-init", "ftrl-init", "coin", "coin-init"]
+)
 @pytest.mark.parametrize("seed", range(4))
 def test_a_push_reusing_its_pull_lookup_equals_a_cold_push(cfg: TableConfig, seed: int) -> None:
     """Pull-then-push reuses the pull's lookup (and with FTRL what it
