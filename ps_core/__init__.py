@@ -45,11 +45,12 @@ from .net.server import create_shard_app
 from .net.shard import Shard, ShardSpec
 from .net.transports import HttpTransport, LocalTransport, ShardReader, ShardTransport, TcpTransport
 from .store.index import KeyIndex
-from .store.optim import FTRL, SGD, AdaGrad, Optimizer, make_optimizer
+from .store.optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
 from .store.table import SparseTable, TableConfig, TableSnapshot
 
 __all__ = [
     "AdaGrad",
+    "CoinBetting",
     "ControlClient",
     "Coordinator",
     "Cut",
