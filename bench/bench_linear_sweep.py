@@ -48,17 +48,19 @@ tuning stream in its profile and its seed. Criteo's shape is held out (the
 tuning half has it only drifting); so is the generator's own stream."""
 
 ALPHAS = (0.05, 0.1, 0.2, 0.35)
+BETAS = (0.1, 1.0)
 L1S = (0.5, 1.0, 2.0, 5.0)
+L2S = (0.1, 1.0)
 NUMERICS = ("log1p", "log1p/4", "log1p/16")
 COINS = ((1.0, 0.125), (4.0, 0.025), (4.0, 0.0625))
 """Coin betting's (wealth, scale) points."""
-QUICK = {"alphas": (0.1, 0.2, 0.35), "l1s": (0.5, 2.0, 5.0), "numerics": (DEFAULT_NUMERIC,), "coins": ((4.0, 0.025),)}
+QUICK = {"alphas": (0.1, 0.2, 0.35), "betas": (1.0,), "l1s": (0.5, 2.0, 5.0), "l2s": (1.0,), "numerics": (DEFAULT_NUMERIC,), "coins": ((4.0, 0.025),)}
 
 
 def point_name(opt: dict[str, Any], numeric: str) -> str:
     """A grid point's name: ``ftrl:alpha,l1,numeric`` or ``coin:wealth,scale,numeric``."""
     if opt["name"] == "ftrl":
-        return f"ftrl:{opt['alpha']:g},{opt['l1']:g},{numeric}"
+        return f"ftrl:{opt['alpha']:g},{opt['beta']:g},{opt['l1']:g},{opt['l2']:g},{numeric}"
     return f"coin:{opt['wealth']:g},{opt['scale']:g},{numeric}"
 
 
@@ -66,8 +68,8 @@ def grid(args: argparse.Namespace) -> dict[str, tuple[dict[str, Any], str]]:
     """Every point of the sweep: name → (optimizer, numeric feed)."""
     points: dict[str, tuple[dict[str, Any], str]] = {}
     for numeric in args.numerics:
-        for alpha, l1 in itertools.product(args.alphas, args.l1s):
-            opt = {**DEFAULT_LINEAR_OPTIMIZER, "name": "ftrl", "beta": 1.0, "l2": 1.0, "alpha": alpha, "l1": l1}
+        for alpha, beta, l1, l2 in itertools.product(args.alphas, args.betas, args.l1s, args.l2s):
+            opt = {"name": "ftrl", "alpha": alpha, "beta": beta, "l1": l1, "l2": l2}
             points[point_name(opt, numeric)] = (opt, numeric)
         for wealth, scale in args.coins:
             opt = {"name": "coin", "wealth": wealth, "lipschitz": 1.0, "scale": scale}
@@ -164,14 +166,18 @@ def parse_args() -> argparse.Namespace:
         "one seed per half at 8k and 20k events, a 3x3 FTRL grid at the default numeric feed (under two minutes)",
     )
     p.add_argument("--alphas", type=float, nargs="+", help="FTRL alphas to try")
+    p.add_argument("--betas", type=float, nargs="+", help="FTRL betas to try")
     p.add_argument("--l1s", type=float, nargs="+", help="FTRL l1s to try")
+    p.add_argument("--l2s", type=float, nargs="+", help="FTRL l2s to try")
     p.add_argument("--numerics", nargs="+", help="numeric feeds to try (raw|log1p[/D])")
     p.add_argument("--coins", nargs="*", help="coin (wealth,scale) points to try, e.g. 4,0.025 (none: FTRL only)")
     p.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip VW and River")
     args = p.parse_args()
-    quick = QUICK if args.quick else {"alphas": ALPHAS, "l1s": L1S, "numerics": NUMERICS, "coins": COINS}
+    quick = QUICK if args.quick else {"alphas": ALPHAS, "betas": BETAS, "l1s": L1S, "l2s": L2S, "numerics": NUMERICS, "coins": COINS}
     args.alphas = tuple(args.alphas or quick["alphas"])
     args.l1s = tuple(args.l1s or quick["l1s"])
+    args.betas = tuple(args.betas or quick["betas"])
+    args.l2s = tuple(args.l2s or quick["l2s"])
     args.numerics = tuple(args.numerics or quick["numerics"])
     coins = quick["coins"] if args.coins is None else [tuple(float(v) for v in c.split(",")) for c in args.coins]
     args.coins = tuple(coins)

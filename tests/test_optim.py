@@ -59,15 +59,18 @@ def ftrl_ref(alpha: float, beta: float, l1: float, l2: float) -> tuple[Callable[
     return w, step
 
 
-def coin_ref(wealth: float, lipschitz: float) -> tuple[Callable[[dict[str, float]], float], Scalar]:
+def coin_ref(
+    wealth: float, lipschitz: float, scale: float = 1.0
+) -> tuple[Callable[[dict[str, float]], float], Scalar]:
     """Coin betting with a KT bettor (Orabona & Pál 2016), one coordinate,
-    the scale L a running max of |g| floored at `lipschitz`."""
+    the scale L a running max of |g| floored at `lipschitz`; the weight
+    takes `scale` times the bet, the wealth the whole bet."""
 
     def bet(s: dict[str, float]) -> float:
         return (wealth + s["reward"]) * s["theta"] / (s["L"] * (s["L"] + s["G"]))
 
     def w(s: dict[str, float]) -> float:
-        return s["w0"] + bet(s)
+        return s["w0"] + scale * bet(s)
 
     def step(s: dict[str, float], g: float) -> None:
         s["L"] = max(s["L"], abs(g))
@@ -98,6 +101,12 @@ CASES = [
         coin_ref(3.0, 0.05),
         {"w0": 0.0, "theta": 0.0, "G": 0.0, "L": 0.05, "reward": 0.0},
         id="coin-low-floor",
+    ),
+    pytest.param(
+        CoinBetting(wealth=4.0, lipschitz=1.0, scale=0.025),
+        coin_ref(4.0, 1.0, 0.025),
+        {"w0": 0.0, "theta": 0.0, "G": 0.0, "L": 1.0, "reward": 0.0},
+        id="coin-scaled",
     ),
 ]
 

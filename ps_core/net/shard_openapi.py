@@ -128,10 +128,12 @@ class FTRL(Struct, tag_field="name", tag="ftrl", forbid_unknown_fields=True):
 
 class CoinBetting(Struct, tag_field="name", tag="coin", forbid_unknown_fields=True):
     """Parameter-free coin betting (ps_core.store.optim.CoinBetting): the
-    bettor's initial stake and the floor of its gradient scale."""
+    bettor's initial stake, the floor of its gradient scale, and the scale
+    of its bets in the logit."""
 
     wealth: Positive | UnsetType = UNSET
     lipschitz: Positive | UnsetType = UNSET
+    scale: Positive | UnsetType = UNSET
 
 
 Optimizer = SGD | AdaGrad | FTRL | CoinBetting

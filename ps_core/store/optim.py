@@ -255,20 +255,24 @@ class CoinBetting(Optimizer):
     State ``[w0, theta, G, L, reward]``: the weight the row started from,
     ``theta = -sum g``, ``G = sum |g|``, ``L = max |g|`` (at least
     `lipschitz`) and ``reward = sum -g bet``. The weight is ``w0 + bet`` with
-    ``bet = (wealth + reward) theta / (L (L + G))``. A step with gradient g
-    first raises ``L`` to ``|g|``, then bets with the new ``L``, so
-    ``|g bet| < wealth + reward`` and the wealth stays positive; then
-    ``reward += -g bet; theta -= g; G += |g|``. `wealth` is the bettor's
-    initial stake; no learning rate."""
+    ``bet = (wealth + reward) theta / (L (L + G))``, times `scale`. A step
+    with gradient g first raises ``L`` to ``|g|``, then bets with the new
+    ``L``, so ``|g bet| < wealth + reward`` and the wealth stays positive;
+    then ``reward += -g bet; theta -= g; G += |g|``. `wealth` is the
+    bettor's initial stake; `scale` shrinks what a row's bet adds to the
+    logit (each coordinate bets as if alone, while an event sums tens of
+    them: VW's coin divides by the events' mean squared norm likewise), and
+    the bettor's wealth counts the unscaled bet; no learning rate."""
 
     name = "coin"
     slots = 5
 
-    def __init__(self, wealth: float = 1.0, lipschitz: float = 1.0) -> None:
-        if wealth < MIN_POSITIVE or lipschitz < MIN_POSITIVE:
-            raise TableConfigError(f"coin needs wealth, lipschitz >= {MIN_POSITIVE:g}")
+    def __init__(self, wealth: float = 1.0, lipschitz: float = 1.0, scale: float = 1.0) -> None:
+        if wealth < MIN_POSITIVE or lipschitz < MIN_POSITIVE or scale < MIN_POSITIVE:
+            raise TableConfigError(f"coin needs wealth, lipschitz, scale >= {MIN_POSITIVE:g}")
         self.wealth = wealth
         self.lipschitz = lipschitz
+        self.scale = scale
         self._check_finite()
 
     @staticmethod
@@ -294,6 +298,8 @@ class CoinBetting(Optimizer):
     def weights(self, rows: F32, dim: int) -> F32:
         w0, theta, g_sum, lip, reward = self._blocks(rows, dim)
         w = self._bet(theta, g_sum, lip, reward)
+        if self.scale != 1.0:
+            w *= np.float32(self.scale)
         w += w0
         return w
 
@@ -309,14 +315,16 @@ class CoinBetting(Optimizer):
         # only the anchor moves so that the rows read as `w`.
         d = w.shape[1]
         w0, theta, g_sum, lip, reward = self._blocks(rows, d)
-        np.subtract(w, self._bet(theta, g_sum, lip, reward), out=w0)
+        bet = self._bet(theta, g_sum, lip, reward)
+        bet *= np.float32(self.scale)
+        np.subtract(w, bet, out=w0)
 
     def step(self, rows: F32, grads: F32) -> None:
         d = grads.shape[1]
         _, theta, g_sum, lip, reward = self._blocks(rows, d)
         abs_g = np.abs(grads)
         np.maximum(lip, abs_g, out=lip)  # the new L first: the bet below is bounded by it
-        bet = self._bet(theta, g_sum, lip, reward)
+        bet = self._bet(theta, g_sum, lip, reward)  # unscaled: the bettor's own game
         bet *= grads
         reward -= bet
         # |g bet| < wealth + reward in exact arithmetic (|theta| <= G and
