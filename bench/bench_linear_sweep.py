@@ -30,7 +30,7 @@ import argparse
 import itertools
 from typing import Any
 
-from bench_quality import Events, measure, profile_events
+from bench_quality import Events, measure, profile_events, stream_size
 from bench_sweep import logloss
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
@@ -83,7 +83,8 @@ def half_streams(args: argparse.Namespace) -> dict[str, dict[str, Events]]:
     for half, (profiles, seeds) in HALVES.items():
         out[half] = {}
         for profile, seed, size in itertools.product(profiles, seeds[: args.seeds], args.sizes):
-            out[half][f"{profile}_s{seed}_{size // 1000}k"] = profile_events(profile, seed, size)
+            n = stream_size(profile, size)
+            out[half][f"{profile}_s{seed}_{n // 1000}k"] = profile_events(profile, seed, n)
     return out
 
 
