@@ -202,3 +202,28 @@ def test_the_default_stream_is_what_it_was() -> None:
         stream = SyntheticStream(seed=seed, fresh=fresh, vocab=vocab)
         got = hashlib.sha256(orjson.dumps(stream.batch(1000) + stream.batch(2000))).hexdigest()
         assert got == want
+
+
+@pytest.mark.parametrize(("name", "a", "b"), [("criteo", "C14", "C17"), ("avazu", "hour", "site_category"),
+                                              ("sparse_click", "advertiser", "slotid")])  # fmt: skip
+def test_pairs_make_the_truth_non_additive(name: str, a: str, b: str) -> None:
+    """A declared pair is an interaction: the truth's mean logit over the 4 × 4
+    most frequent values of the two fields is not row effect plus column effect
+    (two-way residual), as it is, up to sampling, without the pair."""
+
+    def residual(**kw: Any) -> float:
+        events = _day_stream(name, **kw).batch(N)
+        q = np.array([e["p_true"] for e in events])
+        logit = np.log(q / (1 - q))
+        va = np.array([e["features"].get(a, "") for e in events], dtype=object)
+        vb = np.array([e["features"].get(b, "") for e in events], dtype=object)
+        tops = []
+        for v in (va, vb):
+            values, counts = np.unique(v, return_counts=True)
+            tops.append(values[np.argsort(-counts)[:4]])
+        m = np.array([[logit[(va == x) & (vb == y)].mean() for y in tops[1]] for x in tops[0]])
+        r = m - m.mean(axis=1, keepdims=True) - m.mean(axis=0, keepdims=True) + m.mean()
+        return float(r.std())
+
+    with_pair, without = residual(), residual(pairs=())
+    assert with_pair > 2.5 * without, (with_pair, without)

@@ -32,10 +32,16 @@ I64 = npt.NDArray[np.int64]
 HEAD = 4096
 """Ranks per field with an explicit probability (the rest follow the power law's inverse)."""
 
-_RANK_K0 = 30.0  # a value's weight std is scaled by (1 + rank / _RANK_K0) ** -_RANK_POW:
-_RANK_POW = 0.35  # mild, so much of the signal sits on values seen tens to thousands of times
+# A value's weight std by its rank k: ((k + 1) / (k + 1 + _HEAD_K)) ** _HEAD_POW
+# · (1 + k / _RANK_K0) ** -_RANK_POW. The most frequent values (a default, a portal)
+# click near the average and carry little; the rare ones shrink mildly; so most
+# of the signal sits on values seen tens to thousands of times in a million events.
+_HEAD_K = 10.0
+_HEAD_POW = 0.5
+_RANK_K0 = 100.0
+_RANK_POW = 0.2
 _PAIR_DIM = 4  # latent factors per value in a pairwise interaction (what an FM can find)
-_NUM_STD = 0.25  # std of a count field's effect before the signal scale, per unit of its weight
+_NUM_STD = 0.08  # std of a count field's effect before the signal scale, per unit of its weight
 _HOUR_PEAK = 20.0  # hour of day (UTC) of the daily cycle's highest click rate
 _CALIBRATION_EVENTS = 32_768
 
@@ -117,6 +123,13 @@ def hashed_normal(key: int, fields: I64, ranks: I64) -> F64:
     u1 = _unit(h)
     u2 = _unit(_fmix64(h ^ np.uint64(0x9E3779B97F4A7C15)))
     out: F64 = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u2)
+    return out
+
+
+def _rank_std(ranks: I64) -> F64:
+    """The weight std of each rank (see `_HEAD_K`)."""
+    k = ranks.astype(np.float64)
+    out: F64 = ((k + 1.0) / (k + 1.0 + _HEAD_K)) ** _HEAD_POW * (1.0 + k / _RANK_K0) ** -_RANK_POW
     return out
 
 
@@ -305,8 +318,8 @@ class FieldModel:
     # -- the hidden model --------------------------------------------------------------
 
     def _weights(self, key: int, ranks: I64, cols: I64) -> F64:
-        std = self._field_scale[cols] * (1.0 + ranks / _RANK_K0) ** -_RANK_POW
-        return std * hashed_normal(key, cols[None, :], ranks)
+        out: F64 = self._field_scale[cols] * _rank_std(ranks) * hashed_normal(key, cols[None, :], ranks)
+        return out
 
     def _parts(
         self, ranks: I64, missing: npt.NDArray[np.bool_], fresh: npt.NDArray[np.bool_], nums: F64, theta: F64
@@ -336,7 +349,7 @@ class FieldModel:
         return out
 
     def _factor(self, ranks: I64, field: int, dims: I64) -> F64:
-        std = (1.0 + ranks / _RANK_K0) ** -_RANK_POW
+        std = _rank_std(ranks)
         key = self._pair_key + field
         out: F64 = std[:, None] * hashed_normal(key, dims[None, :], ranks[:, None]) / math.sqrt(_PAIR_DIM)
         return out

@@ -68,6 +68,7 @@ BLOCK = 8192
 
 F64 = npt.NDArray[np.float64]
 _HOURS: npt.NDArray[np.object_] = np.array([f"{h:02d}" for h in range(24)], dtype=object)
+_RENDERED = 4096  # a declared field's ranks rendered once at construction
 
 # Shape constants of the hidden model, tuned (see tests/test_producers.py) so that the
 # ground truth reaches AUC ≈ 0.86-0.89 for any seed, and LR on one-hot features trained
@@ -226,7 +227,6 @@ class SyntheticStream:
 
         self._fidx = np.arange(num_categorical)
         self._codes = self._fidx.astype(np.uint32) * np.uint32(self.vocab)  # each field's first value code
-        self._hour_cols = np.zeros(0, dtype=np.int64)
         self._names = self.num_names + self.cat_names
         # Up to 1M strings (~65 MB) are rendered once; a larger vocabulary renders per batch.
         self._hex_table: npt.NDArray[np.object_] | None = None
@@ -277,9 +277,14 @@ class SyntheticStream:
         self._hex_key = int(np.random.default_rng([self.seed, 0x5EED]).integers(0, 2**32))
         self._fidx = np.arange(len(cats))
         self._codes = self._fm.offsets.astype(np.uint32)
-        self._hour_cols = np.flatnonzero(self._fm.is_hour)
         self._names = self.num_names + self.cat_names
-        self._hex_table = None
+        # Each field's most frequent values are rendered once (4096 strings a
+        # field at most, ~6 MB for 26 fields); rarer ones per batch.
+        head = np.minimum(np.arange(_RENDERED, dtype=np.uint32)[:, None], (self._fm.card - 1).astype(np.uint32))
+        table = self._render(head + self._codes).reshape(head.shape).T.copy()
+        # The hour of day reads as Avazu's: "00".."23".
+        table[self._fm.is_hour, :24] = _HOURS
+        self._hex_table = table
         self._start()
 
     # -- the hidden model --------------------------------------------------------------
@@ -391,15 +396,24 @@ class SyntheticStream:
 
     def _hex(self, ranks: npt.NDArray[np.int32]) -> npt.NDArray[np.object_]:
         """8-hex-char strings (as an object array) for a (n, fields) rank matrix."""
-        if self._hex_table is not None:
+        if self._hex_table is not None and self._fm is None:
             table: npt.NDArray[np.object_] = self._hex_table[self._fidx, ranks]
             return table
-        mixed = _mix32(ranks.astype(np.uint32) + self._codes, self._hex_key)
-        text = mixed.astype(">u4").tobytes().hex().encode("ascii")
+        if self._hex_table is not None:
+            # Declared fields: the table holds each field's first ranks; the rest are rendered.
+            top = self._hex_table.shape[1]
+            table = self._hex_table[self._fidx, np.minimum(ranks, top - 1)]
+            tail = ranks >= top
+            if tail.any():
+                rows, cols = np.nonzero(tail)
+                table[rows, cols] = self._render(ranks[rows, cols].astype(np.uint32) + self._codes[cols])
+            return table
+        return self._render(ranks.astype(np.uint32) + self._codes).reshape(ranks.shape)
+
+    def _render(self, codes: npt.NDArray[np.uint32]) -> npt.NDArray[np.object_]:
+        """The 8-hex-char string of each value code (field's first code + rank)."""
+        text = _mix32(codes, self._hex_key).astype(">u4").tobytes().hex().encode("ascii")
         strs: npt.NDArray[np.object_] = np.frombuffer(text, dtype="S8").astype("U8").astype(object)
-        strs = strs.reshape(ranks.shape)
-        if self._hour_cols.size:  # the hour of day reads as Avazu's: "00".."23"
-            strs[:, self._hour_cols] = _HOURS[ranks[:, self._hour_cols]]
         return strs
 
     def _fresh_ids(self, cells: npt.NDArray[np.int64]) -> npt.NDArray[np.object_]:
