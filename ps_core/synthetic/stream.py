@@ -45,6 +45,13 @@ Determinism: events are generated in fixed blocks of `BLOCK` events, each from i
 own random generator seeded by (seed, block number), so event *i* of a seed is the
 same whatever batch sizes were asked for; different seeds give different models
 and different streams.
+
+Declared fields: given ``categorical_fields`` (and ``numeric_fields``, ``pairs``,
+``bayes_gain``, ``hour_amplitude``), the stream's fields and hidden model are those
+of `ps_core.synthetic.fields` instead (per-field cardinalities, Zipf exponents,
+missing values, derived fields, hour of day, heavy-tailed counts; the profiles of
+`ps_core.synthetic.profiles` are such streams). Everything above holds for them
+but the field names and the model; the default stream is unchanged by them.
 """
 
 from __future__ import annotations
