@@ -279,6 +279,7 @@ class SyntheticStream:
             bayes_gain=float(self.bayes_gain),
             hour_amplitude=float(self.hour_amplitude),
             drift=self.drift,
+            fresh=self.fresh,
         )
         self.bias = self._fm.bias
         self._hex_key = int(np.random.default_rng([self.seed, 0x5EED]).integers(0, 2**32))
