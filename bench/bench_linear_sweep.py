@@ -26,7 +26,7 @@ import argparse
 import itertools
 from typing import Any
 
-from bench_quality import Events, streams
+from bench_quality import Events, add_profiles_flags, streams
 from bench_sweep import logloss
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
@@ -115,6 +115,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--l1s", type=float, nargs="+", default=list(L1S), help="FTRL l1s to try")
     p.add_argument("--numerics", nargs="+", default=list(NUMERICS), help="numeric feeds to try (raw|log1p[/D])")
     p.add_argument("--per-event", action="store_true", help="also train the chosen point per event (slow)")
+    add_profiles_flags(p)
     args = p.parse_args()
     args.file = None  # what bench_quality.streams reads beside --quick and --seed
     return args

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bench_linear_sweep import every_stream, ftrl
-from bench_quality import Events
+from bench_quality import Events, add_profiles_flags
 from bench_sweep import logloss
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
@@ -109,6 +109,7 @@ def parse_args() -> argparse.Namespace:
         "15k and 45k synthetic events (under a minute)",
         seed=7,
     )
+    add_profiles_flags(p)
     args = p.parse_args()
     args.file = None  # what bench_quality.streams reads beside --quick and --seed
     return args

@@ -27,8 +27,11 @@ starts; ctrps's clock includes its own hashing of the event dicts.
 Streams: the synthetic generator (a hidden logistic model with pairwise
 interactions) with a long tail (``fresh``: new ids seen once) and drift, at
 two sizes; the small size again with the counts acting linearly in the
-hidden model instead of through ``log1p`` (``synthetic_linear_counts``); and
-``--file PATH --format criteo|avazu|jsonl`` if given.
+hidden model instead of through ``log1p`` (``synthetic_linear_counts``);
+``--profiles NAME...``: streams of those profiles shaped like real CTR logs
+(``ps_core.synthetic.PROFILES``, docs/synthetic.md) at the large size
+(``--profiles-only``: without the others); and ``--file PATH --format
+criteo|avazu|jsonl`` if given.
 
 Needs ``pip install -e '.[quality]'``. Run: ``python bench/bench_quality.py
 [--quick]``; the last line is JSON.
@@ -50,7 +53,7 @@ from consumers.formats import iter_file
 from ps_core.model.hasher import DEFAULT_NUMERIC
 from ps_core.model.learner import Learner
 from ps_core.model.metrics import evaluate
-from ps_core.synthetic import SyntheticStream
+from ps_core.synthetic import PROFILES, SyntheticStream, profile_stream
 
 log = progress_log("bench_quality")
 
@@ -159,15 +162,30 @@ def measure(name: str, events: Events) -> dict[str, float]:
     }
 
 
+def add_profiles_flags(p: argparse.ArgumentParser) -> None:
+    """``--profiles`` and ``--profiles-only``, which `streams` reads."""
+    p.add_argument(
+        "--profiles",
+        nargs="+",
+        default=[],
+        choices=list(PROFILES),
+        help="also a stream of each of these synthetic profiles (docs/synthetic.md), at the large size",
+    )
+    p.add_argument("--profiles-only", action="store_true", help="only the --profiles streams")
+
+
 def streams(args: argparse.Namespace) -> dict[str, Events]:
     small, large = (15_000, 45_000) if args.quick else (200_000, 1_000_000)
     out: dict[str, Events] = {}
     sizes = (("synthetic_small", small, "log1p"), ("synthetic_large", large, "log1p"))
     # The same, its counts acting linearly: numeric handling not chosen for one generator's truth.
-    for label, n, truth in (*sizes, ("synthetic_linear_counts", small, "linear")):
+    for label, n, truth in () if args.profiles_only else (*sizes, ("synthetic_linear_counts", small, "linear")):
         # A long tail (5% of categorical values brand-new ids) and drift.
         stream = SyntheticStream(seed=args.seed, fresh=0.05, drift=0.5, events_per_s=1000.0, numeric_truth=truth)
         out[label] = [e for batch in stream.iter_batches(n, 10_000) for e in batch]
+    for name in args.profiles:
+        stream = profile_stream(name, seed=args.seed)
+        out[f"profile_{name}"] = [e for batch in stream.iter_batches(large, 10_000) for e in batch]
     if args.file is not None:
         rows = [e for e in iter_file(args.file, args.format) if isinstance(e, dict) and "label" in e]
         out[f"file_{Path(args.file).name}"] = rows[: args.file_limit] if args.file_limit else rows
@@ -231,6 +249,7 @@ def parse_args() -> argparse.Namespace:
         "15k and 45k synthetic events (under a minute)",
         seed=7,
     )
+    add_profiles_flags(p)
     p.add_argument("--file", type=Path, help="also a data file of your own")
     p.add_argument("--format", choices=("criteo", "avazu", "jsonl"), default="jsonl", help="its format")
     p.add_argument("--file-limit", type=int, default=0, help="read at most this many of its rows (0: all)")
