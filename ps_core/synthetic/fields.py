@@ -283,12 +283,10 @@ class FieldModel:
         out: I64 = np.where(in_head, head_rank, tail_rank.astype(np.int64))
         return out
 
-    def draw(
-        self, rng: np.random.Generator, n: int, offset_ts: F64, day_ts: F64
-    ) -> tuple[I64, npt.NDArray[np.bool_], F64]:
+    def draw(self, rng: np.random.Generator, n: int, ts: F64) -> tuple[I64, npt.NDArray[np.bool_], F64]:
         """Ranks (n, fields), their missing mask and the counts (n, numeric; NaN missing).
 
-        `day_ts` is each event's time in seconds (for the hour of day)."""
+        `ts` is each event's time in seconds (for the hour of day)."""
         nf = len(self.categorical)
         cols = np.arange(nf, dtype=np.int64)
         u = rng.random((n, nf))
@@ -306,7 +304,7 @@ class FieldModel:
             keep = rng.random((n, derived.size)) < self.parent_share[derived]
             ranks[:, derived] = np.where(keep, from_parent, ranks[:, derived])
         if self.is_hour.any():
-            hour = np.floor(np.mod(day_ts, 86400.0) / 3600.0).astype(np.int64)
+            hour = np.floor(np.mod(ts, 86400.0) / 3600.0).astype(np.int64)
             ranks[:, self.is_hour] = hour[:, None]
         missing = rng.random((n, nf)) < self.cat_missing
         nn = len(self.numeric)
@@ -370,7 +368,7 @@ class FieldModel:
         with the stream's share of brand-new ids, which carry no weight)."""
         n = _CALIBRATION_EVENTS
         day = rng.uniform(0.0, 86400.0, n)  # every hour of the day alike
-        ranks, missing, nums = self.draw(rng, n, day, day)
+        ranks, missing, nums = self.draw(rng, n, day)
         new = (rng.random(ranks.shape) < fresh) & ~missing & ~self.is_hour
         cols = np.arange(len(self.categorical), dtype=np.int64)
         present = ~missing

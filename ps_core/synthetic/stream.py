@@ -383,7 +383,7 @@ class SyntheticStream:
         assert fm is not None
         offset = self._offsets(rng)  # first: the hour of day is a field
         ts = self.start_ts + offset
-        ranks, missing, nums = fm.draw(rng, BLOCK, offset, ts)
+        ranks, missing, nums = fm.draw(rng, BLOCK, ts)
         fresh = np.zeros(ranks.shape, dtype=bool)
         if self.fresh > 0:
             fresh = np.random.default_rng([self.seed, 2, self._next_block - 1]).random(ranks.shape) < self.fresh
