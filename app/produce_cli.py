@@ -58,8 +58,9 @@ the synthetic Criteo-like stream with a known ground truth
 
 Send N events of the synthetic stream (deterministic for a seed).
 
-example:
+examples:
   CTRPS_KAFKA_BOOTSTRAP=127.0.0.1:9092 ctrps produce synthetic --events 200000 --rate 5000
+  ctrps produce synthetic --profile avazu --events 1000000 --bootstrap 127.0.0.1:9092
 
 Events are Criteo-like (I1..I13 counts, C1..C26 hex categoricals) with a hidden
 logistic model; each carries p_true, its true click probability. The same
@@ -104,7 +105,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--rate",
         type=float,
         help="events per second (default: as fast as possible); synthetic events' time advances at the same "
-        "rate (1000 a second without --rate)",
+        "rate (without --rate: 1000 a second, or a --profile's dataset's own rate)",
     )
     p.add_argument("--batch-size", type=int, default=1000, help="events per send (default 1000)")
     p.add_argument("--log-format", choices=("text", "json"), help="log line format (CTRPS_LOG_FORMAT)")

@@ -204,17 +204,29 @@ def profile_events(profile: str, seed: int, n: int) -> Events:
     return [e for batch in stream.iter_batches(n, 10_000) for e in batch]
 
 
+def add_profiles_flags(p: argparse.ArgumentParser) -> None:
+    """``--profiles`` and ``--profiles-only``, which `streams` reads."""
+    p.add_argument(
+        "--profiles",
+        nargs="*",
+        default=list(PROFILES),
+        choices=list(PROFILES),
+        help="the synthetic profiles to run (docs/synthetic.md; default all of them)",
+    )
+    p.add_argument("--profiles-only", action="store_true", help="only the --profiles streams")
+
+
 def streams(args: argparse.Namespace) -> dict[str, Events]:
     small, large = (15_000, 45_000) if args.quick else (200_000, 1_000_000)
-    out: dict[str, Events] = {
-        "synthetic_small": profile_events("quality", args.seed, small),
-        "synthetic_large": profile_events("quality", args.seed, large),
-    }
-    # The same, its counts acting linearly: numeric handling not chosen for one generator's truth.
-    linear = SyntheticStream(seed=args.seed, fresh=0.05, drift=0.5, events_per_s=1000.0, numeric_truth="linear")
-    out["synthetic_linear_counts"] = [e for batch in linear.iter_batches(small, 10_000) for e in batch]
-    # Every profile shaped like a real log, at the small size.
-    for profile in PROFILES:
+    out: dict[str, Events] = {}
+    if not args.profiles_only:
+        out["synthetic_small"] = profile_events("quality", args.seed, small)
+        out["synthetic_large"] = profile_events("quality", args.seed, large)
+        # The same, its counts acting linearly: numeric handling not chosen for one generator's truth.
+        linear = SyntheticStream(seed=args.seed, fresh=0.05, drift=0.5, events_per_s=1000.0, numeric_truth="linear")
+        out["synthetic_linear_counts"] = [e for batch in linear.iter_batches(small, 10_000) for e in batch]
+    # The profiles shaped like real logs, at the small size.
+    for profile in args.profiles:
         out[f"profile_{profile}"] = profile_events(profile, args.seed, stream_size(profile, small))
     if args.file is not None:
         rows = [e for e in iter_file(args.file, args.format) if isinstance(e, dict) and "label" in e]
@@ -281,6 +293,7 @@ def parse_args() -> argparse.Namespace:
         "15k and 45k events of the generator's stream, 15k of each profile (125k of rare clicks); about a minute",
         seed=7,
     )
+    add_profiles_flags(p)
     p.add_argument("--file", type=Path, help="also a data file of your own")
     p.add_argument("--format", choices=("criteo", "avazu", "jsonl"), default="jsonl", help="its format")
     p.add_argument("--file-limit", type=int, default=0, help="read at most this many of its rows (0: all)")

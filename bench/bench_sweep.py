@@ -22,7 +22,7 @@ import argparse
 from typing import Any
 
 import numpy as np
-from bench_quality import Events, progressive, streams
+from bench_quality import Events, add_profiles_flags, progressive, streams
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from ps_core.model.hasher import DEFAULT_NUMERIC
@@ -54,6 +54,7 @@ def parse_args() -> argparse.Namespace:
         seed=7,
     )
     p.add_argument("--rates", type=float, nargs="+", default=list(RATES), help="learning rates to try")
+    add_profiles_flags(p)
     args = p.parse_args()
     # What bench_quality.streams reads beside --quick and --seed: no file of one's own here.
     args.file = None

@@ -10,7 +10,7 @@ value, the entropy of ``p_true``) against the constant model's, distinct
 values per categorical field, missing rates, count fields' medians and
 maxima; and how much of the gap to the truth a linear model closes
 (``ps_core.Learner`` LR, FTRL defaults) after 5k, 50k and 300k events
-(``--quick``: 5k and 50k), on 20k held-out events.
+(``--quick``: 5k and 50k, and 20k events per figure), on 20k held-out events.
 
 Run: ``python bench/bench_synthetic.py [--quick] [--profiles criteo avazu]``;
 the last line is JSON.
@@ -19,7 +19,6 @@ the last line is JSON.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 import tracemalloc
@@ -148,15 +147,17 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 def parse_args() -> argparse.Namespace:
     p = bench_parser(
         "Build cost, generation speed and shape figures of the synthetic stream profiles.",
-        "LR learnt on 5k and 50k events only",
+        "20k events per figure, LR learnt on 5k and 50k events only (about half a minute)",
         seed=0,
     )
     p.add_argument("--profiles", nargs="+", choices=[DEFAULT, *PROFILES], help="which (default: all and the default)")
-    p.add_argument("--events", type=int, default=50_000, help="events per speed run and for the figures")
+    p.add_argument("--events", type=int, help="events per speed run and for the figures (default 50000; quick 20000)")
     p.add_argument("--runs", type=int, default=3, help="speed runs per stream (default 3)")
     p.add_argument("--no-learn", action="store_true", help="skip the LR learnability figures")
     args = p.parse_args()
-    if args.events < 1 or args.runs < 1 or not math.isfinite(args.events):
+    if args.events is None:
+        args.events = 20_000 if args.quick else 50_000
+    if args.events < 1 or args.runs < 1:
         p.error("--events and --runs must be >= 1")
     return args
 

@@ -7,7 +7,10 @@
 - `store`: the index, optimizers and sparse tables of one shard;
 - `model`: events, feature hashing, batches, models and metrics;
 - `net`: the codec, a shard's handlers and server, the RPC and the clients;
-- `checkpoint`: the coordinator, export files, the exporter and restores.
+- `checkpoint`: the coordinator, export files, the exporter and restores;
+- `synthetic`: synthetic click streams with a known truth and profiles shaped
+  like real CTR logs (imports numpy only, nothing of the project; not
+  re-exported here).
 
 Each package imports only the shared modules and the packages listed before
 it (`tests/test_layers.py` checks this)."""

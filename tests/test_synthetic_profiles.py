@@ -43,11 +43,11 @@ def _events(name: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("name", list(PROFILES))
 def test_same_seed_same_events_whatever_the_batch_sizes(name: str) -> None:
-    a = profile_stream(name, seed=3).batch(9000)
-    s = profile_stream(name, seed=3)
-    b = s.batch(1) + s.batch(4999) + s.batch(4000)
+    a = _events(name)[:9000]  # one batch of N (seed 0)
+    s = _day_stream(name)
+    b = s.batch(1) + s.batch(4999) + s.batch(4000)  # across the first block's end
     assert a == b
-    other = profile_stream(name, seed=4).batch(200)
+    other = _day_stream(name, seed=1).batch(200)
     assert [e["features"] for e in other] != [e["features"] for e in a[:200]]
 
 
@@ -181,6 +181,7 @@ def test_declared_fields_are_checked() -> None:
         {"categorical_fields": (CategoricalField("a", 0),)},
         {"categorical_fields": (CategoricalField("h", 12, hour=True),)},
         {"categorical_fields": (c, CategoricalField("b", 5, parent="x"))},
+        {"categorical_fields": (c, CategoricalField("b", 5, parent="a", head=0.5))},
         {"categorical_fields": (c,), "pairs": (Pair("a", "z", 0.1),)},
         {"categorical_fields": (c,), "bayes_gain": 1.0},
         {"pairs": (Pair("a", "b", 0.1),)},
@@ -227,3 +228,21 @@ def test_pairs_make_the_truth_non_additive(name: str, a: str, b: str) -> None:
 
     with_pair, without = residual(), residual(pairs=())
     assert with_pair > 2.5 * without, (with_pair, without)
+
+
+def test_drift_profile_rotates_the_truth_and_keeps_its_rate() -> None:
+    # One event a second: 0.3 rad an hour turns ~1.4 rad over N events.
+    moving = profile_stream("drift", events_per_s=1.0).batch(N)
+    still = profile_stream("drift", events_per_s=1.0, drift=0.0).batch(N)
+    assert [e["features"] for e in moving] == [e["features"] for e in still]  # the same draws
+
+    def logit(events: list[dict[str, Any]]) -> npt.NDArray[np.float64]:
+        q = np.array([e["p_true"] for e in events])
+        out: npt.NDArray[np.float64] = np.log(q / (1 - q))
+        return out
+
+    early, late = slice(0, 2000), slice(N - 4000, N)
+    assert np.corrcoef(logit(moving[early]), logit(still[early]))[0, 1] > 0.95
+    assert np.corrcoef(logit(moving[late]), logit(still[late]))[0, 1] < 0.6
+    p_late = np.mean([e["p_true"] for e in moving[late]])
+    assert abs(p_late / PROFILES["drift"].base_ctr - 1) < 0.12, p_late

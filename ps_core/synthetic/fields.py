@@ -160,6 +160,7 @@ class FieldModel:
         bayes_gain: float,
         hour_amplitude: float,
         drift: float,
+        fresh: float = 0.0,
     ) -> None:
         self._check(categorical, numeric, pairs, bayes_gain, hour_amplitude)
         self.categorical, self.numeric, self.pairs = categorical, numeric, pairs
@@ -211,11 +212,12 @@ class FieldModel:
         self._num_center = np.zeros(len(numeric))
         self._num_spread = np.ones(len(numeric))
         self._cat_center = np.zeros(nf)
+        self._cat_center1 = np.zeros(nf)  # of the drift's second weight set
         self._cat_norm = 1.0
         self._pair_norm = np.ones(len(pairs))
         self.scale = 1.0
         self.bias = 0.0
-        self._calibrate(np.random.default_rng([seed, 0xCA1, 1]), base_ctr, bayes_gain)
+        self._calibrate(np.random.default_rng([seed, 0xCA1, 1]), base_ctr, bayes_gain, fresh)
 
     @staticmethod
     def _check(
@@ -236,8 +238,8 @@ class FieldModel:
                 raise ValueError(f"field {c.name}: need cardinality >= 1, zipf_a > 0 and weight >= 0")
             if not (0 <= c.missing < 1 and 0 <= c.head < 1 and 0 <= c.parent_share <= 1):
                 raise ValueError(f"field {c.name}: missing and head must be in [0, 1), parent_share in [0, 1]")
-            if c.head > 0 and c.cardinality < 2:
-                raise ValueError(f"field {c.name}: a dominant value needs cardinality >= 2")
+            if c.head > 0 and (c.cardinality < 2 or c.parent is not None or c.hour):
+                raise ValueError(f"field {c.name}: a dominant value needs cardinality >= 2 and a field of its own")
             if c.hour and c.cardinality != 24:
                 raise ValueError(f"field {c.name}: an hour field has cardinality 24")
             if c.parent is not None:
@@ -281,12 +283,10 @@ class FieldModel:
         out: I64 = np.where(in_head, head_rank, tail_rank.astype(np.int64))
         return out
 
-    def draw(
-        self, rng: np.random.Generator, n: int, offset_ts: F64, day_ts: F64
-    ) -> tuple[I64, npt.NDArray[np.bool_], F64]:
+    def draw(self, rng: np.random.Generator, n: int, ts: F64) -> tuple[I64, npt.NDArray[np.bool_], F64]:
         """Ranks (n, fields), their missing mask and the counts (n, numeric; NaN missing).
 
-        `day_ts` is each event's time in seconds (for the hour of day)."""
+        `ts` is each event's time in seconds (for the hour of day)."""
         nf = len(self.categorical)
         cols = np.arange(nf, dtype=np.int64)
         u = rng.random((n, nf))
@@ -304,7 +304,7 @@ class FieldModel:
             keep = rng.random((n, derived.size)) < self.parent_share[derived]
             ranks[:, derived] = np.where(keep, from_parent, ranks[:, derived])
         if self.is_hour.any():
-            hour = np.floor(np.mod(day_ts, 86400.0) / 3600.0).astype(np.int64)
+            hour = np.floor(np.mod(ts, 86400.0) / 3600.0).astype(np.int64)
             ranks[:, self.is_hour] = hour[:, None]
         missing = rng.random((n, nf)) < self.cat_missing
         nn = len(self.numeric)
@@ -330,7 +330,7 @@ class FieldModel:
         w = np.where(off, 0.0, self._weights(self._key0, ranks, cols) - self._cat_center)
         cat = w.sum(axis=1)
         if self.drift > 0:
-            w1 = np.where(off, 0.0, self._weights(self._key1, ranks, cols) - self._cat_center)
+            w1 = np.where(off, 0.0, self._weights(self._key1, ranks, cols) - self._cat_center1)
             cat = np.cos(theta) * cat + np.sin(theta) * w1.sum(axis=1)
         logit = cat * self._cat_norm
         for i, (a, b, g) in enumerate(self._pair_idx):
@@ -362,19 +362,24 @@ class FieldModel:
         out: F64 = self.bias + self.scale * self._parts(ranks, missing, fresh, nums, theta)
         return out
 
-    def _calibrate(self, rng: np.random.Generator, base_ctr: float, bayes_gain: float) -> None:
+    def _calibrate(self, rng: np.random.Generator, base_ctr: float, bayes_gain: float, fresh: float) -> None:
         """Centre and normalise the parts, then solve the signal scale for
-        `bayes_gain` and the bias for mean p_true = `base_ctr`."""
+        `bayes_gain` and the bias for mean p_true = `base_ctr` (on events
+        with the stream's share of brand-new ids, which carry no weight)."""
         n = _CALIBRATION_EVENTS
         day = rng.uniform(0.0, 86400.0, n)  # every hour of the day alike
-        ranks, missing, nums = self.draw(rng, n, day, day)
-        no = np.zeros(ranks.shape, dtype=bool)
+        ranks, missing, nums = self.draw(rng, n, day)
+        new = (rng.random(ranks.shape) < fresh) & ~missing & ~self.is_hour
         cols = np.arange(len(self.categorical), dtype=np.int64)
-        w = self._weights(self._key0, ranks, cols)
         present = ~missing
-        self._cat_center = np.array(
-            [float(w[present[:, f], f].mean()) if present[:, f].any() else 0.0 for f in range(len(cols))]
-        )
+
+        def centre(w: F64) -> F64:
+            return np.array([float(w[present[:, f], f].mean()) if present[:, f].any() else 0.0 for f in cols])
+
+        w = self._weights(self._key0, ranks, cols)
+        self._cat_center = centre(w)
+        if self.drift > 0:
+            self._cat_center1 = centre(self._weights(self._key1, ranks, cols))
         if self.numeric:
             x = np.log1p(np.maximum(nums, 0.0))
             self._num_center = np.nan_to_num(np.nanmean(x, axis=0), nan=0.0)
@@ -386,7 +391,7 @@ class FieldModel:
             dims = np.arange(_PAIR_DIM, dtype=np.int64)
             prod = np.sum(self._factor(ranks[:, a], a, dims) * self._factor(ranks[:, b], b, dims), axis=1)
             self._pair_norm[i] = 1.0 / max(float(np.std(prod)), 1e-12)
-        parts = self._parts(ranks, missing, no, nums, np.zeros(n))
+        parts = self._parts(ranks, missing, new, nums, np.zeros(n))
         target = math.log(base_ctr / (1.0 - base_ctr))
         h0 = _entropy(np.array([base_ctr]))
 

@@ -9,7 +9,7 @@ each stream has, measured.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .fields import CategoricalField, NumericField, Pair
@@ -26,6 +26,7 @@ class Profile:
 
     name: str
     summary: str
+    """One line (for ``ctrps produce synthetic --help``)."""
     sources: str
     """The public figures the shape follows (dataset, paper)."""
     categorical: tuple[CategoricalField, ...]
@@ -37,7 +38,6 @@ class Profile:
     drift: float = 0.0
     fresh: float = 0.0
     events_per_s: float = 1000.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def params(self) -> dict[str, Any]:
         """`SyntheticStream` keyword arguments of this profile."""
@@ -51,7 +51,6 @@ class Profile:
             "drift": self.drift,
             "fresh": self.fresh,
             "events_per_s": self.events_per_s,
-            **self.extra,
         }
 
 
@@ -199,7 +198,7 @@ PROFILES: dict[str, Profile] = {
     for p in (
         Profile(
             "criteo",
-            "Criteo Kaggle shape: 13 heavy-tailed counts, 26 categoricals of 3 to 10M values, CTR 25.6%",
+            "Kaggle Criteo: 13 heavy-tailed counts, 26 fields of 3 to 10M values",
             _CRITEO_SOURCES,
             _CRITEO_CATEGORICAL,
             _CRITEO_NUMERIC,
@@ -210,8 +209,7 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             "avazu",
-            "Avazu shape: hour with a daily cycle, site/app fields derived from their ids, "
-            "a dominant device_id, millions of device_ips, CTR 17%",
+            "Avazu: hour of day, derived site/app fields, one device_id on 82%",
             _AVAZU_SOURCES,
             _AVAZU_CATEGORICAL,
             (),
@@ -223,7 +221,7 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             "sparse_click",
-            "iPinYou-like RTB impressions: 17 categoricals and a floor price, CTR 0.08%",
+            "RTB impressions as iPinYou's: 17 fields, a price, CTR 0.08%",
             _SPARSE_SOURCES,
             _SPARSE_CATEGORICAL,
             _SPARSE_NUMERIC,
@@ -234,7 +232,7 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             "weak",
-            "the criteo shape with little signal: the truth is only ~4.5% under the constant model",
+            "the criteo shape, its truth only 4.5% under the constant model",
             _CRITEO_SOURCES,
             _CRITEO_CATEGORICAL,
             _CRITEO_NUMERIC,
@@ -245,7 +243,7 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             "drift",
-            "the criteo shape whose weights rotate (0.3 rad per hour of event time) with 5% brand-new ids",
+            "the criteo shape, weights rotating 0.3 rad/hour, 5% brand-new ids",
             _CRITEO_SOURCES,
             _CRITEO_CATEGORICAL,
             _CRITEO_NUMERIC,

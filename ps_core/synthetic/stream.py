@@ -45,6 +45,13 @@ Determinism: events are generated in fixed blocks of `BLOCK` events, each from i
 own random generator seeded by (seed, block number), so event *i* of a seed is the
 same whatever batch sizes were asked for; different seeds give different models
 and different streams.
+
+Declared fields: given ``categorical_fields`` (and ``numeric_fields``, ``pairs``,
+``bayes_gain``, ``hour_amplitude``), the stream's fields and hidden model are those
+of `ps_core.synthetic.fields` instead (per-field cardinalities, Zipf exponents,
+missing values, derived fields, hour of day, heavy-tailed counts; the profiles of
+`ps_core.synthetic.profiles` are such streams). Everything above holds for them
+but the field names and the model; the default stream is unchanged by them.
 """
 
 from __future__ import annotations
@@ -272,6 +279,7 @@ class SyntheticStream:
             bayes_gain=float(self.bayes_gain),
             hour_amplitude=float(self.hour_amplitude),
             drift=self.drift,
+            fresh=self.fresh,
         )
         self.bias = self._fm.bias
         self._hex_key = int(np.random.default_rng([self.seed, 0x5EED]).integers(0, 2**32))
@@ -375,7 +383,7 @@ class SyntheticStream:
         assert fm is not None
         offset = self._offsets(rng)  # first: the hour of day is a field
         ts = self.start_ts + offset
-        ranks, missing, nums = fm.draw(rng, BLOCK, offset, ts)
+        ranks, missing, nums = fm.draw(rng, BLOCK, ts)
         fresh = np.zeros(ranks.shape, dtype=bool)
         if self.fresh > 0:
             fresh = np.random.default_rng([self.seed, 2, self._next_block - 1]).random(ranks.shape) < self.fresh
