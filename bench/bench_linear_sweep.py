@@ -51,10 +51,17 @@ ALPHAS = (0.05, 0.1, 0.2, 0.35)
 BETAS = (0.1, 1.0)
 L1S = (0.5, 1.0, 2.0, 5.0)
 L2S = (0.1, 1.0)
-NUMERICS = ("log1p", "log1p/4", "log1p/16")
-COINS = ((1.0, 0.125), (4.0, 0.025), (4.0, 0.0625))
+NUMERICS = (DEFAULT_NUMERIC,)
+COINS = ((1.0, 0.125), (4.0, 0.0625), (4.0, 0.125), (4.0, 0.25), (8.0, 0.125))
 """Coin betting's (wealth, scale) points."""
-QUICK = {"alphas": (0.1, 0.2, 0.35), "betas": (1.0,), "l1s": (0.5, 2.0, 5.0), "l2s": (1.0,), "numerics": (DEFAULT_NUMERIC,), "coins": ((4.0, 0.025),)}
+QUICK = {
+    "alphas": (0.1, 0.2, 0.35),
+    "betas": (1.0,),
+    "l1s": (0.5, 2.0, 5.0),
+    "l2s": (1.0,),
+    "numerics": (DEFAULT_NUMERIC,),
+    "coins": ((4.0, 0.025),),
+}
 
 
 def point_name(opt: dict[str, Any], numeric: str) -> str:
@@ -174,7 +181,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--coins", nargs="*", help="coin (wealth,scale) points to try, e.g. 4,0.025 (none: FTRL only)")
     p.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip VW and River")
     args = p.parse_args()
-    quick = QUICK if args.quick else {"alphas": ALPHAS, "betas": BETAS, "l1s": L1S, "l2s": L2S, "numerics": NUMERICS, "coins": COINS}
+    quick = (
+        QUICK
+        if args.quick
+        else {"alphas": ALPHAS, "betas": BETAS, "l1s": L1S, "l2s": L2S, "numerics": NUMERICS, "coins": COINS}
+    )
     args.alphas = tuple(args.alphas or quick["alphas"])
     args.l1s = tuple(args.l1s or quick["l1s"])
     args.betas = tuple(args.betas or quick["betas"])
