@@ -529,8 +529,8 @@ async def test_a_coin_model_is_created_with_its_stakes_and_a_bad_one_refused(mak
     status, got = await api.call("POST", "/v1/models", body, headers=ADMIN)
     assert status == 201, got
     assert {t["name"]: t["optimizer"] for t in got["model"]["tables"]} == {
-        "bets_w": {"name": "coin", "wealth": 2.0, "lipschitz": 1.0},
-        "bets_v": {"name": "coin", "wealth": 1.0, "lipschitz": 1.0},
+        "bets_w": {"name": "coin", "wealth": 2.0, "lipschitz": 1.0, "scale": 0.125},
+        "bets_v": {"name": "coin", "wealth": 4.0, "lipschitz": 1.0, "scale": 0.125},
     }
     for bad, named in (({"name": "coin", "wealth": -1}, "$.optimizer.wealth"), ({"name": "coin", "lr": 1}, "lr")):
         status, got = await api.call("POST", "/v1/models", {"name": "nope", "optimizer": bad}, headers=ADMIN)

@@ -225,7 +225,7 @@ def test_table_spec_with_every_field() -> None:
 
 def test_table_spec_declares_a_coin_table() -> None:
     cfg = parse_table_spec("lr,optimizer=coin,wealth=2")
-    assert cfg.optimizer == {"name": "coin", "wealth": 2.0, "lipschitz": 1.0}
+    assert cfg.optimizer == {"name": "coin", "wealth": 2.0, "lipschitz": 1.0, "scale": 0.125}
     assert SparseTable(cfg).width == 5  # [w0, theta, G, L, reward]
     assert parse_optimizer("coin,lipschitz=0.5") == {"name": "coin", "lipschitz": 0.5}
     with pytest.raises(ValueError, match="one of sgd, adagrad, ftrl, coin"):
@@ -252,7 +252,7 @@ def test_table_spec_tolerates_spaces_and_empty_parts() -> None:
         ("lr,optimizer=adam", "unknown optimizer 'adam'"),
         ("lr,optimizer=sgd,momentum=0.9", "bad sgd hyperparameters"),
         ("lr,optimizer=ftrl,alpha=0", "ftrl needs alpha >= 1e-12"),
-        ("lr,optimizer=coin,wealth=-1", "coin needs wealth, lipschitz >= 1e-12"),
+        ("lr,optimizer=coin,wealth=-1", "coin needs wealth, lipschitz, scale >= 1e-12"),
         ("lr,optimizer=coin,alpha=0.1", "bad coin hyperparameters"),
         ("bad name", "bad table name"),
     ],

@@ -147,7 +147,7 @@ def _state_by_key(table: SparseTable) -> tuple[bytes, bytes]:
 
 
 COIN = {"name": "coin"}
-COIN_EMBEDDINGS = {"name": "coin", "wealth": 0.1}
+COIN_EMBEDDINGS = {"name": "coin", "wealth": 0.1, "scale": 1.0}
 """Coin embeddings with a smaller stake than the default's: with a stake of
 1 the first bets put embeddings near ±0.5 and the interactions swamp the
 linear part (log loss above the constant model's on the synthetic stream)."""
@@ -162,7 +162,7 @@ def _constant_logloss(events: list[dict[str, Any]]) -> float:
 def test_a_coin_learner_learns_the_synthetic_stream() -> None:
     events = SyntheticStream(seed=12).batch(10000)
     learner = Learner("lr", optimizer=COIN)
-    assert learner.tables["ctr_w"].config.optimizer == {"name": "coin", "wealth": 1.0, "lipschitz": 1.0}
+    assert learner.tables["ctr_w"].config.optimizer == {"name": "coin", "wealth": 4.0, "lipschitz": 1.0, "scale": 0.125}
     got = learner.learn(events)
     assert got.logloss < _constant_logloss(events) - 0.02 and got.auc > 0.7, got
 

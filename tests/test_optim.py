@@ -59,9 +59,7 @@ def ftrl_ref(alpha: float, beta: float, l1: float, l2: float) -> tuple[Callable[
     return w, step
 
 
-def coin_ref(
-    wealth: float, lipschitz: float, scale: float = 1.0
-) -> tuple[Callable[[dict[str, float]], float], Scalar]:
+def coin_ref(wealth: float, lipschitz: float, scale: float = 1.0) -> tuple[Callable[[dict[str, float]], float], Scalar]:
     """Coin betting with a KT bettor (Orabona & Pál 2016), one coordinate,
     the scale L a running max of |g| floored at `lipschitz`; the weight
     takes `scale` times the bet, the wealth the whole bet."""
@@ -92,13 +90,13 @@ CASES = [
     ),
     pytest.param(
         CoinBetting(),
-        coin_ref(1.0, 1.0),
+        coin_ref(4.0, 1.0, 0.125),
         {"w0": 0.0, "theta": 0.0, "G": 0.0, "L": 1.0, "reward": 0.0},
         id="coin",
     ),
     pytest.param(
         CoinBetting(wealth=3.0, lipschitz=0.05),
-        coin_ref(3.0, 0.05),
+        coin_ref(3.0, 0.05, 0.125),
         {"w0": 0.0, "theta": 0.0, "G": 0.0, "L": 0.05, "reward": 0.0},
         id="coin-low-floor",
     ),
@@ -204,7 +202,7 @@ def test_bad_hyperparameters_are_config_errors(spec: dict[str, object]) -> None:
 
 
 def test_coin_defaults_and_spec() -> None:
-    assert make_optimizer({"name": "coin"}).spec() == {"name": "coin", "wealth": 1.0, "lipschitz": 1.0}
+    assert make_optimizer({"name": "coin"}).spec() == {"name": "coin", "wealth": 4.0, "lipschitz": 1.0, "scale": 0.125}
     assert CoinBetting.slots == 5
 
 
@@ -282,8 +280,8 @@ def test_adagrad_step_is_the_formula_bit_for_bit() -> None:
 def test_coin_matches_its_scalar_reference_over_long_runs_with_big_and_zero_gradients() -> None:
     """Many steps; gradients far above the floor (L must grow), exact zeros,
     and a drifting sign so the bettor both wins and loses."""
-    opt = CoinBetting(wealth=1.5, lipschitz=0.5)
-    ref_w, ref_step = coin_ref(1.5, 0.5)
+    opt = CoinBetting(wealth=1.5, lipschitz=0.5, scale=0.3)
+    ref_w, ref_step = coin_ref(1.5, 0.5, 0.3)
     rng = np.random.default_rng(21)
     n, dim, steps = 12, 2, 300
     w_init = rng.normal(size=(n, dim)).astype(np.float32)

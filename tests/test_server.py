@@ -700,7 +700,7 @@ async def test_a_coin_table_is_declared_with_its_stake_and_learns(
     shards, urls = await serve_shards(1)
     status, body = await declare(http, urls[0], {"name": "c", "dim": 2, "optimizer": {"name": "coin", "wealth": 2}})
     assert status == 201, body
-    assert body["table"]["optimizer"] == {"name": "coin", "wealth": 2.0, "lipschitz": 1.0}
+    assert body["table"]["optimizer"] == {"name": "coin", "wealth": 2.0, "lipschitz": 1.0, "scale": 0.125}
     table = shards[0].tables["c"]
     assert table.width == 2 * 5  # [w0, theta, G, L, reward] per coordinate
     # The same table by name alone is another stake: a conflict, not a silent change.
@@ -708,9 +708,10 @@ async def test_a_coin_table_is_declared_with_its_stake_and_learns(
     assert status == 409 and body["error"] == "table_conflict"
     keys = np.array([3, 4], dtype=np.uint64)
     table.push(keys, np.array([[1.0, -2.0], [0.0, 0.5]], dtype=np.float32))
-    # One step with a fresh row's L = 1 and G = 0, wealth 2: w = 2 * theta / (L' (L' + G')).
+    # One step with a fresh row's L = 1 and G = 0, wealth 2, the default
+    # scale 1/8: w = 2 * theta / (L' (L' + G')) / 8.
     np.testing.assert_allclose(
-        table.pull(keys), [[2 * -1 / (1 * 2), 2 * 2 / (2 * 4)], [0.0, 2 * -0.5 / (1 * 1.5)]], rtol=1e-6
+        table.pull(keys), [[2 * -1 / (1 * 2) / 8, 2 * 2 / (2 * 4) / 8], [0.0, 2 * -0.5 / (1 * 1.5) / 8]], rtol=1e-6
     )
 
 

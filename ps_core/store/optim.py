@@ -267,7 +267,7 @@ class CoinBetting(Optimizer):
     name = "coin"
     slots = 5
 
-    def __init__(self, wealth: float = 1.0, lipschitz: float = 1.0, scale: float = 1.0) -> None:
+    def __init__(self, wealth: float = 4.0, lipschitz: float = 1.0, scale: float = 0.125) -> None:
         if wealth < MIN_POSITIVE or lipschitz < MIN_POSITIVE or scale < MIN_POSITIVE:
             raise TableConfigError(f"coin needs wealth, lipschitz, scale >= {MIN_POSITIVE:g}")
         self.wealth = wealth
