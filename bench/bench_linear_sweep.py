@@ -171,7 +171,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 def parse_args() -> argparse.Namespace:
     p = bench_parser(
         "The sweep behind LR's defaults: chosen on half the streams, reported on the other half.",
-        "one seed per half at 8k and 20k events, a 3x3 FTRL grid at the default numeric feed (under two minutes)",
+        "one seed per half at 8k and 20k events (rare clicks 125k), a 3x3 FTRL grid at beta 0.1, l2 1 (about a minute)",
     )
     p.add_argument("--alphas", type=float, nargs="+", help="FTRL alphas to try")
     p.add_argument("--betas", type=float, nargs="+", help="FTRL betas to try")
