@@ -3,7 +3,7 @@
 - Kafka: the embedded broker (`consumers.broker.EmbeddedBroker`, memory only),
   or the broker at ``CTRPS_KAFKA_BOOTSTRAP``; topics ``clicks`` (4 partitions)
   and ``clicks.dlq``.
-- A producer task sends the synthetic stream (`consumers.synthetic`) at a
+- A producer task sends the synthetic stream (`ps_core.synthetic`) at a
   steady rate, event time following wall time.
 - N shards in this process (`PSClient.local`), a worker with short windows
   (group ``ctrps-demo``), and the HTTP API on ``--port``.
@@ -43,7 +43,6 @@ from consumers.broker import BrokerError, EmbeddedBroker, create_topics, wait_fo
 from consumers.broker_memory import BrokerMemory
 from consumers.kafka_security import KafkaSecurity
 from consumers.producer import produce
-from consumers.synthetic import SyntheticStream
 from consumers.worker import WindowReport, Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
@@ -52,6 +51,7 @@ from ps_core.checkpoint.owner import claim_exports, run_exports_dir
 from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
+from ps_core.synthetic import SyntheticStream
 
 from .api import METRICS, ApiServer
 from .logs import log_event

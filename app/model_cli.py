@@ -25,6 +25,7 @@ from ps_core.errors import PSError
 from ps_core.model.hasher import DEFAULT_NUMERIC, numeric_spec
 from ps_core.model.models import DEFAULT_EMBEDDING_OPTIMIZER, DEFAULT_LINEAR_OPTIMIZER, make_model
 from ps_core.net.auth import Scope
+from ps_core.store.optim import OPTIMIZERS
 from ps_core.store.table import MODES
 
 from .commands import Subcommands, add_command
@@ -49,6 +50,7 @@ the one they train with --model-name, and the API serves every model.
 example:
   ctrps model create ads --type lr --optimizer ftrl,alpha=0.1,l1=1 --shard0 http://127.0.0.1:7100
   ctrps model create feed --type fm --factors 8 --mode geo --numeric log1p/16
+  ctrps model create bets --type lr --optimizer coin,wealth=1
   ctrps model list
   ctrps model show ads
   ctrps model delete ads     # drops its tables on every shard; its exports stay on disk
@@ -66,7 +68,7 @@ def parse_optimizer(spec: str) -> dict[str, Any]:
     `ValueError` naming what is wrong."""
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     if not parts or "=" in parts[0]:
-        raise ValueError(f"optimizer {spec!r} must start with its name (ftrl, adagrad or sgd)")
+        raise ValueError(f"optimizer {spec!r} must start with its name (one of {', '.join(OPTIMIZERS)})")
     out: dict[str, Any] = {"name": parts[0]}
     for part in parts[1:]:
         key, sep, value = part.partition("=")
@@ -90,8 +92,10 @@ def add_model_parser(sub: Subcommands) -> None:
     p.add_argument("--type", choices=("lr", "fm"), default="lr", help="create: lr or fm (default lr)")
     p.add_argument(
         "--optimizer",
-        help="create: the linear weights' optimizer, NAME[,HYPER=V...] "
-        f"(default ftrl with {', '.join(f'{k}={v}' for k, v in DEFAULT_LINEAR_OPTIMIZER.items() if k != 'name')})",
+        help=f"create: the linear weights' optimizer, NAME[,HYPER=V...], NAME one of {', '.join(OPTIMIZERS)} "
+        "(e.g. coin,wealth=2: parameter-free, no learning rate) "
+        f"(default {DEFAULT_LINEAR_OPTIMIZER['name']} with "
+        f"{', '.join(f'{k}={v}' for k, v in DEFAULT_LINEAR_OPTIMIZER.items() if k != 'name')})",
     )
     p.add_argument(
         "--embedding-optimizer",

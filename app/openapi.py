@@ -38,6 +38,7 @@ from ps_core.net.shard_openapi import (
     Lifecycle,
     NewModelName,
     Optimizer,
+    OptimizerName,
     StatusAck,
     StatusBoard,
     created_response,
@@ -272,7 +273,7 @@ class ModelList(Struct, forbid_unknown_fields=True):
     models: list[ModelSummary]
 
 
-Hyperparameters = Literal["sgd", "adagrad", "ftrl"] | Optimizer
+Hyperparameters = OptimizerName | Optimizer
 """An optimizer by name (its defaults), or with its hyperparameters: the
 shard's own declaration of one (`ps_core.net.shard_openapi`)."""
 

@@ -29,7 +29,7 @@ from typing import Any
 from consumers.broker import BrokerError, create_topics, wait_for_metadata
 from consumers.formats import FORMATS, FormatError, iter_file
 from consumers.producer import COMPRESSIONS, EventSource, produce
-from consumers.synthetic import SyntheticStream
+from ps_core.synthetic import PROFILES, SyntheticStream, profile_stream
 
 from .commands import Subcommands, add_command, subcommands
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
@@ -58,13 +58,19 @@ the synthetic Criteo-like stream with a known ground truth
 
 Send N events of the synthetic stream (deterministic for a seed).
 
-example:
+examples:
   CTRPS_KAFKA_BOOTSTRAP=127.0.0.1:9092 ctrps produce synthetic --events 200000 --rate 5000
+  ctrps produce synthetic --profile avazu --events 1000000 --bootstrap 127.0.0.1:9092
 
 Events are Criteo-like (I1..I13 counts, C1..C26 hex categoricals) with a hidden
 logistic model; each carries p_true, its true click probability. The same
 --seed gives the same events.
-"""
+
+--profile NAME sends a stream shaped like a real CTR log instead (fields,
+cardinalities, missing values, click rate and learnability as published for
+the dataset; docs/synthetic.md); --seed, --drift, --base-ctr and --fresh
+given with it override the profile's own. Profiles:
+""" + "\n".join(f"  {p.name:13s} {p.summary}" for p in PROFILES.values())
 
 _FILE = """\
 a Criteo TSV, Avazu CSV or JSON-lines file (.gz allowed)
@@ -99,7 +105,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--rate",
         type=float,
         help="events per second (default: as fast as possible); synthetic events' time advances at the same "
-        "rate (1000 a second without --rate)",
+        "rate (without --rate: 1000 a second, or a --profile's dataset's own rate)",
     )
     p.add_argument("--batch-size", type=int, default=1000, help="events per send (default 1000)")
     p.add_argument("--log-format", choices=("text", "json"), help="log line format (CTRPS_LOG_FORMAT)")
@@ -134,12 +140,21 @@ def add_produce_parser(subparsers: Subcommands) -> None:
 
     syn = add_command(sources, "synthetic", _SYNTHETIC)
     syn.add_argument("--events", type=int, default=100_000, help="events to send (default 100000)")
-    # The stream's own parameters: their types and defaults are SyntheticStream's.
+    syn.add_argument(
+        "--profile",
+        metavar="NAME",
+        help=f"a stream shaped like a real CTR log: {', '.join(PROFILES)} (default: the Criteo-like stream "
+        "above); its event time advances at the dataset's own rate without --rate",
+    )
+    # The stream's own parameters: their types and defaults are SyntheticStream's
+    # (None when not given, so a profile keeps its own).
     defaults = {f.name: f.default for f in fields(SyntheticStream)}
     for name, text in _STREAM_FLAGS.items():
         default = defaults[name]
         syn.add_argument(
-            "--" + name.replace("_", "-"), type=type(default), default=default, help=f"{text} (default {default:g})"
+            "--" + name.replace("_", "-"),
+            type=type(default),
+            help=f"{text} (default {default:g}, or the profile's)",
         )
     _common(syn)
 
@@ -174,6 +189,21 @@ def _fail(msg: str, code: int) -> int:
     """One error line (as the command's top level writes them) and the exit code."""
     logging.getLogger("ctrps produce").error(msg, extra={"fields": {"exit_code": code}})
     return code
+
+
+def _synthetic_stream(args: argparse.Namespace) -> SyntheticStream:
+    """The stream ``produce synthetic`` asked for; `ValueError` if unusable
+    (a parameter out of range, an unknown profile).
+
+    Event time advances at the sending rate, so windows close at the pace
+    events arrive; without --rate, at 1000 events a second, or a profile's
+    dataset's own rate."""
+    given = {name: getattr(args, name) for name in _STREAM_FLAGS if getattr(args, name) is not None}
+    if args.profile is None:
+        return SyntheticStream(**given, events_per_s=args.rate or 1000.0)
+    if args.rate:
+        given["events_per_s"] = args.rate
+    return profile_stream(args.profile, **given)
 
 
 def _sending_options(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, float]:
@@ -216,14 +246,13 @@ async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.envi
         if args.events < 0:
             return _fail("--events must be >= 0", 2)
         try:
-            # Event time at the sending rate, so windows close at the pace events arrive.
-            stream = SyntheticStream(
-                **{name: getattr(args, name) for name in _STREAM_FLAGS}, events_per_s=args.rate or 1000.0
-            )
+            stream = _synthetic_stream(args)
         except ValueError as exc:
             return _fail(str(exc), 2)
         events = itertools.chain.from_iterable(stream.iter_batches(args.events, 10_000))
-        what = {"source": "synthetic", "events": args.events, "seed": args.seed}
+        what = {"source": "synthetic", "events": args.events, "seed": stream.seed}
+        if args.profile is not None:
+            what["profile"] = args.profile
     else:
         path = Path(args.path)
         if not path.is_file():

@@ -71,13 +71,14 @@ def _check_model_name(name: str) -> None:
 
 
 def parse_table_spec(spec: str) -> TableConfig:
-    """``NAME[,dim=D][,optimizer=ftrl|adagrad|sgd][,init_scale=S][,seed=N][,RULE=V...][,HYPER=V...]``.
+    """``NAME[,dim=D][,optimizer=ftrl|adagrad|sgd|coin][,init_scale=S][,seed=N][,RULE=V...][,HYPER=V...]``.
 
     A ``RULE`` is a lifecycle key (`ps_core.store.lifecycle.SPEC_KEYS`:
     ``admit``, ``ttl``, ``decay``, ``min_score``, ``max_rows``, ...); any other
     ``key=value`` is a hyperparameter of the optimizer, e.g.
     ``lr,optimizer=ftrl,alpha=0.05,l1=1,admit=count:3,ttl=604800,max_rows=50000000``
-    or ``fm_v,dim=8,optimizer=adagrad,lr=0.05,init_scale=0.01``.
+    or ``fm_v,dim=8,optimizer=adagrad,lr=0.05,init_scale=0.01`` or
+    ``lr,optimizer=coin,wealth=2``.
     """
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     if not parts or "=" in parts[0]:
@@ -267,7 +268,7 @@ class ShardSettings:
         (),
         env="CTRPS_TABLES",
         flag="--table",
-        help="declare a table: NAME[,dim=D][,optimizer=ftrl|adagrad|sgd][,init_scale=S][,seed=N][,HYPER=V...]; "
+        help="declare a table: NAME[,dim=D][,optimizer=ftrl|adagrad|sgd|coin][,init_scale=S][,seed=N][,HYPER=V...]; "
         "repeatable (CTRPS_TABLES: specs joined by ;); with none, clients declare them",
         repeat=True,
         sep=";",

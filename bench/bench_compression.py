@@ -50,7 +50,6 @@ from bench_worker import RunningWorkers, each_round, partitions_held, start_shar
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 from link import Link, linked_client
 
-from consumers.synthetic import SyntheticStream
 from consumers.training import AsyncTraining
 from consumers.worker import WindowReport, Worker, WorkerConfig, WorkerStats
 from ps_core.checkpoint.control import ControlClient
@@ -64,6 +63,7 @@ from ps_core.net.shard import Shard
 from ps_core.net.wire import WireFormat
 from ps_core.store.read_table import PRECISIONS, ReadTable
 from ps_core.store.table import SparseTable, TableConfig
+from ps_core.synthetic import SyntheticStream
 
 log = progress_log("bench_compression")
 

@@ -88,10 +88,10 @@ from app.cluster import end_broker_processes
 from app.logs import configure_logging
 from app.supervisor import Child, ChildSpec, RestartPolicy, Supervisor
 from consumers.broker import create_topics, free_port, wait_for_metadata
-from consumers.synthetic import SyntheticStream
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
 from ps_core.hashing import shard_of
 from ps_core.model.hasher import FeatureHasher
+from ps_core.synthetic import SyntheticStream
 
 PARTITIONS = 4
 SHARDS = 2

@@ -38,6 +38,14 @@ the sample. tracemalloc counts requested bytes, so small objects are
 understated by pymalloc's rounding; the RSS growth of the sample build is
 printed as a cross-check.
 
+(c) A push's optimizer step, coin against FTRL at the same rows: an LR
+table (dim 1) and an embedding table (dim 8) of each, filled with the same
+`STEP_ROWS` keys, then pushes of 100k existing keys (gradients normal(0,
+0.1)) timed alternately, FTRL's and coin's; milliseconds per push (median)
+and the ratio, with each table's allocated bytes per feature. A push is the
+whole `SparseTable.push` (lookup, duplicate sum, gather, step, write-back),
+without a pull before it (so FTRL derives its weights itself).
+
 Run (from the repository root)::
 
     .venv/bin/python bench/bench_index.py --quick   # 2M keys, < 1 minute
@@ -83,6 +91,9 @@ AIM_SPEEDUP = 5.0
 AIM_BYTES_PER_FEATURE = 36.0
 """At 10M features, with the lifecycle's metadata (issue 17; 48 before)."""
 AIM_RATIO_VS_DICT = 1.0 / 3.0
+STEP_ROWS = 1_000_000
+"""Rows of each table whose pushes (c) times."""
+STEP_OPTIMIZERS = ("ftrl", "coin")
 
 
 log = progress_log("bench_index")
@@ -493,6 +504,49 @@ def bench_table_memory(rng: np.random.Generator, keys: U64) -> dict[str, Any]:
     return out
 
 
+# -- (c) a push's optimizer step ---------------------------------------------------
+
+
+def _pusher(table: SparseTable, grads: F32) -> Callable[[U64], object]:
+    """A push of `grads` to `table` at the keys it is given."""
+    return lambda keys: table.push(keys, grads, event_time=1.7e9)
+
+
+def bench_push_steps(rng: np.random.Generator, keys: U64, batches: int) -> dict[str, Any]:
+    """Per dim (1, 8): ms per push of `BATCH` existing keys for each of
+    `STEP_OPTIMIZERS` at the same rows, pushes alternating; bytes per feature."""
+    keys = keys[:STEP_ROWS]
+    out: dict[str, Any] = {"step_rows": int(keys.size)}
+    for dim in (1, 8):
+        tables = {}
+        for name in STEP_OPTIMIZERS:
+            table = SparseTable(TableConfig(f"t_{name}", dim, {"name": name}, lifecycle=LIFECYCLE))
+            for i in range(0, keys.size, BATCH):
+                chunk = keys[i : i + BATCH]
+                table.push(chunk, rng.normal(0, 0.1, (chunk.size, dim)).astype(np.float32), event_time=1.7e9)
+            tables[name] = table
+        pushes = [keys[rng.integers(0, keys.size, BATCH)] for _ in range(batches)]
+        grads = rng.normal(0, 0.1, (BATCH, dim)).astype(np.float32)
+        a, b = (_pusher(tables[n], grads) for n in STEP_OPTIMIZERS)
+        t_first, t_second = time_alternating(a, pushes, b, pushes)
+        for name, times in zip(STEP_OPTIMIZERS, (t_first, t_second)):
+            out[f"push_ms_{name}_dim{dim}"] = statistics.median(times) * 1e3
+            out[f"bytes_per_feature_{name}_dim{dim}"] = tables[name].memory_bytes() / keys.size
+        ratio = statistics.median(t_second) / statistics.median(t_first)
+        out[f"push_ratio_{STEP_OPTIMIZERS[1]}_over_{STEP_OPTIMIZERS[0]}_dim{dim}"] = ratio
+        log(
+            f"push of {BATCH:,} keys at {keys.size:,} rows, dim {dim}: "
+            + ", ".join(
+                f"{n} {out[f'push_ms_{n}_dim{dim}']:.1f} ms ({out[f'bytes_per_feature_{n}_dim{dim}']:.1f} B/feature)"
+                for n in STEP_OPTIMIZERS
+            )
+            + f"; {STEP_OPTIMIZERS[1]} {ratio:.2f}x"
+        )
+        del tables, a, b
+        gc.collect()
+    return out
+
+
 # -- main ------------------------------------------------------------------------
 
 
@@ -537,6 +591,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fig, dict_container_at_n = bench_throughput(rng, keys, sz)
     gc.collect()  # the index and dict of that phase, with their closures, before the memory phases
     mem = bench_table_memory(rng, keys)
+    steps = bench_push_steps(rng, keys, sz.timed_batches)
 
     n = keys.size
     container_per_feature = dict_container_at_n / n
@@ -575,6 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "aim_bytes_per_feature_met": bpf <= AIM_BYTES_PER_FEATURE,
         "aim_ratio_vs_dict_met": bpf / dict_bpf <= AIM_RATIO_VS_DICT,
         "aim_ratio_vs_dict_index_numpy_rows_met": bpf / dict_index_bpf <= AIM_RATIO_VS_DICT,
+        **steps,
         "elapsed_s": elapsed_s(),
     }
 
@@ -606,6 +662,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"rows {dict_index_bpf:.1f}: {result['ratio_vs_dict_index_numpy_rows']:.2f}x "
         f"(aims <= {AIM_BYTES_PER_FEATURE:.0f} B and <= 1/3)"
     )
+    for dim in (1, 8):
+        a, b = STEP_OPTIMIZERS
+        print(
+            f"  push dim {dim}     {a} {result[f'push_ms_{a}_dim{dim}']:.1f} ms, {b} "
+            f"{result[f'push_ms_{b}_dim{dim}']:.1f} ms per {BATCH:,} keys: {b} "
+            f"{result[f'push_ratio_{b}_over_{a}_dim{dim}']:.2f}x; {a} "
+            f"{result[f'bytes_per_feature_{a}_dim{dim}']:.1f} B/feature, {b} "
+            f"{result[f'bytes_per_feature_{b}_dim{dim}']:.1f} (at {result['step_rows']:,} rows)"
+        )
     if sample < n:
         print(f"  (dict memory extrapolated per feature from a {sample:,}-key sample)")
     return print_result(result)

@@ -61,7 +61,6 @@ sys.path.insert(0, str(REPO))
 from bench_worker import RunningWorkers, partitions_held  # noqa: E402
 
 from consumers.broker import EmbeddedBroker, create_topics  # noqa: E402
-from consumers.synthetic import SyntheticStream  # noqa: E402
 from consumers.worker import Worker, WorkerConfig  # noqa: E402
 from ps_core.checkpoint.control import ControlClient  # noqa: E402
 from ps_core.model.models import LogisticRegression  # noqa: E402
@@ -69,6 +68,7 @@ from ps_core.net.client import PSClient  # noqa: E402
 from ps_core.net.shard import Shard  # noqa: E402
 from ps_core.store.lifecycle import Lifecycle  # noqa: E402
 from ps_core.store.table import SparseTable, TableConfig  # noqa: E402
+from ps_core.synthetic import SyntheticStream  # noqa: E402
 
 PARTITIONS = 2
 WINDOW_EVENTS = 20_000

@@ -1,23 +1,27 @@
-"""Benchmark: the sweep that chose LR's defaults: FTRL's alpha and l1, and
-how numeric features are fed.
+"""Benchmark: the sweep that chooses LR's defaults, without overfitting the choice.
 
-On the streams of ``bench_quality.py`` (the synthetic generator with a long
-tail, 5% fresh ids and drift, its counts acting through ``log1p`` or
-linearly; 15k and 45k events with ``--quick``, those and 200k and 1M
-without, so one setting serves short and long streams alike), each
-(alpha, l1, numeric) of a grid trains LR through the same code as a worker
-(`ps_core.model.learner.Learner`: 256-event mini-batches after the ramp),
-beta and l2 staying 1; numeric is ``log1p`` divided by 1, 4, 8 or 16
-(`ps_core.model.hasher.NUMERIC`). A point's regret
-on a stream is its progressive log loss over the best point's on that
-stream; the default is the point whose largest regret over the streams is
-smallest (one setting for every stream length, not the best of one). The
-same run measures the chosen point without the mini-batch ramp and per event
-(``--per-event``: every stream at mini-batches of 1), so the table says what
-the ramp buys and what mini-batches still cost.
+Streams: every profile of `ps_core.synthetic` (``PROFILES``: shaped like
+Criteo, Avazu, RTB logs with rare clicks, weak signals, drift) and the
+generator's own stream as ``bench_quality.py`` runs it (``quality``), each
+at two sizes and at seeds of its half. The streams split in two halves by
+profile *and* seed (`HALVES`): the sweep chooses on the tuning half only
+and reports the held-out half, whose profiles and seeds it never saw.
 
-Run: ``python bench/bench_linear_sweep.py [--quick]`` (``--quick``: under a
-minute; full: about 15 minutes). The last line is JSON.
+Grid: LR through the same code as a worker (`Learner`: 256-event
+mini-batches after the ramp) at each FTRL (alpha, l1) (beta and l2 1) and
+numeric feed, and at each coin-betting (wealth, scale) point. A point's
+regret on a stream is its progressive log loss over the best point's on that
+stream; the chosen default is the point whose largest regret over the
+tuning half is smallest (one setting within a bound everywhere, rather than
+the best of one stream). Reported for both halves: each point's largest
+regret, the chosen point's and today's default's ratios per stream, and
+their ratio to the better of Vowpal Wabbit and River on the same events
+(``bench_quality.py``'s runners).
+
+Run: ``python bench/bench_linear_sweep.py [--quick]`` (``--quick``: one seed
+per half, a smaller grid, under two minutes; full: two seeds per half,
+about ten minutes). Needs ``pip install -e '.[quality]'`` for VW and River
+(``--no-baselines`` skips them). The last line is JSON.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import argparse
 import itertools
 from typing import Any
 
-from bench_quality import Events, streams
+from bench_quality import Events, measure, profile_events, stream_size
 from bench_sweep import logloss
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
@@ -35,88 +39,162 @@ from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER
 
 log = progress_log("bench_linear_sweep")
 
-ALPHAS = (0.15, 0.2, 0.3, 0.4)
-L1S = (1.0, 2.0, 4.0, 8.0)
-NUMERICS = ("log1p", "log1p/4", "log1p/8", "log1p/16")
+HALVES: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
+    "tuning": (("avazu", "sparse_click", "drift"), (1, 2)),
+    "held_out": (("criteo", "weak", "quality"), (3, 4)),
+}
+"""Each half's profiles and seeds: a held-out stream differs from every
+tuning stream in its profile and its seed. Criteo's shape is held out (the
+tuning half has it only drifting); so is the generator's own stream."""
+
+ALPHAS = (0.05, 0.1, 0.2, 0.35)
+BETAS = (0.1, 1.0)
+L1S = (0.5, 1.0, 2.0, 5.0)
+L2S = (0.1, 1.0)
+NUMERICS = (DEFAULT_NUMERIC,)
+COINS = ((1.0, 0.125), (4.0, 0.0625), (4.0, 0.125), (4.0, 0.25), (8.0, 0.125))
+"""Coin betting's (wealth, scale) points."""
+QUICK = {
+    "alphas": (0.1, 0.2, 0.35),
+    "betas": (1.0,),
+    "l1s": (0.5, 2.0, 5.0),
+    "l2s": (1.0,),
+    "numerics": (DEFAULT_NUMERIC,),
+    "coins": ((4.0, 0.025),),
+}
 
 
-def ftrl(alpha: float, l1: float) -> dict[str, Any]:
-    """An FTRL config of the grid: beta and l2 as the default's."""
-    return {**DEFAULT_LINEAR_OPTIMIZER, "alpha": alpha, "l1": l1}
+def point_name(opt: dict[str, Any], numeric: str) -> str:
+    """A grid point's name: ``ftrl:alpha,l1,numeric`` or ``coin:wealth,scale,numeric``."""
+    if opt["name"] == "ftrl":
+        return f"ftrl:{opt['alpha']:g},{opt['beta']:g},{opt['l1']:g},{opt['l2']:g},{numeric}"
+    return f"coin:{opt['wealth']:g},{opt['scale']:g},{numeric}"
 
 
-def every_stream(args: argparse.Namespace) -> dict[str, Events]:
-    """`bench_quality.streams` at the quick sizes, and at the full ones too
-    unless `args.quick` (each named with its size)."""
-    data: dict[str, Events] = {}
-    for quick in (True,) if args.quick else (True, False):
-        for name, events in streams(argparse.Namespace(**{**vars(args), "quick": quick})).items():
-            data[f"{name}_{len(events) // 1000}k"] = events
-    return data
+def grid(args: argparse.Namespace) -> dict[str, tuple[dict[str, Any], str]]:
+    """Every point of the sweep: name → (optimizer, numeric feed)."""
+    points: dict[str, tuple[dict[str, Any], str]] = {}
+    for numeric in args.numerics:
+        for alpha, beta, l1, l2 in itertools.product(args.alphas, args.betas, args.l1s, args.l2s):
+            opt = {"name": "ftrl", "alpha": alpha, "beta": beta, "l1": l1, "l2": l2}
+            points[point_name(opt, numeric)] = (opt, numeric)
+        for wealth, scale in args.coins:
+            opt = {"name": "coin", "wealth": wealth, "lipschitz": 1.0, "scale": scale}
+            points[point_name(opt, numeric)] = (opt, numeric)
+    return points
+
+
+def half_streams(args: argparse.Namespace) -> dict[str, dict[str, Events]]:
+    """Each half's streams, named ``profile_s<seed>_<thousands>k``."""
+    out: dict[str, dict[str, Events]] = {}
+    for half, (profiles, seeds) in HALVES.items():
+        out[half] = {}
+        for profile, seed, size in itertools.product(profiles, seeds[: args.seeds], args.sizes):
+            n = stream_size(profile, size)
+            out[half][f"{profile}_s{seed}_{n // 1000}k"] = profile_events(profile, seed, n)
+    return out
+
+
+def largest_regret(losses: dict[str, dict[str, float]], point: str) -> float:
+    return max(by[point] / min(by.values()) for by in losses.values())
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
-    data = every_stream(args)
-    grid = list(itertools.product(args.alphas, args.l1s, args.numerics))
-    points = [f"{a:g},{b:g},{n}" for a, b, n in grid]
-    losses: dict[str, dict[str, float]] = {}
-    for stream_name, events in data.items():
-        by_point = {}
-        for point, (alpha, l1, numeric) in zip(points, grid):
-            by_point[point] = logloss("lr", events, numeric, optimizer=ftrl(alpha, l1))
-        losses[stream_name] = by_point
-        best = min(by_point, key=by_point.__getitem__)
+    points = grid(args)
+    default_opt = dict(DEFAULT_LINEAR_OPTIMIZER)
+    default = point_name(default_opt, DEFAULT_NUMERIC)
+    points.setdefault(default, (default_opt, DEFAULT_NUMERIC))
+    data = half_streams(args)
+    losses: dict[str, dict[str, dict[str, float]]] = {}
+    baselines: dict[str, dict[str, float]] = {}
+    for half, streams in data.items():
+        losses[half] = {}
+        for stream_name, events in streams.items():
+            by_point = {p: logloss("lr", events, numeric, optimizer=opt) for p, (opt, numeric) in points.items()}
+            losses[half][stream_name] = by_point
+            best = min(by_point, key=by_point.__getitem__)
+            line = f"{half} {stream_name}: best {best} {by_point[best]:.5f}, default {by_point[default]:.5f}"
+            if args.baselines:
+                baselines[stream_name] = {n: measure(n, events)["logloss"] for n in ("vw", "river_lr")}
+                line += ", " + ", ".join(f"{n} {v:.5f}" for n, v in baselines[stream_name].items())
+            log(line)
+    regret = {half: {p: largest_regret(losses[half], p) for p in points} for half in losses}
+    chosen = min(points, key=lambda p: regret["tuning"][p])
+    ftrl_points = [p for p in points if p.startswith("ftrl:")]
+    coin_points = [p for p in points if p.startswith("coin:")]
+    best_coin = min(coin_points, key=lambda p: regret["tuning"][p]) if coin_points else None
+    for half in losses:
         log(
-            f"{stream_name} ({len(events):,} events): best alpha,l1,numeric {best} {by_point[best]:.5f}; "
-            + ", ".join(f"{p} {v:.5f}" for p, v in by_point.items())
+            f"{half}: largest regret, best first: "
+            + ", ".join(f"{p} {r:.4f}" for p, r in sorted(regret[half].items(), key=lambda kv: kv[1])[:8])
         )
-    regret = {p: max(losses[s][p] / min(losses[s].values()) for s in losses) for p in points}
-    chosen = min(regret, key=regret.__getitem__)
-    a, b, numeric = chosen.split(",")
-    alpha, l1 = float(a), float(b)
-    default = f"{DEFAULT_LINEAR_OPTIMIZER['alpha']:g},{DEFAULT_LINEAR_OPTIMIZER['l1']:g},{DEFAULT_NUMERIC}"
     log(
-        "largest regret by point: "
-        + ", ".join(f"{p} {r:.4f}" for p, r in sorted(regret.items(), key=lambda kv: kv[1]))
-        + f"; chosen {chosen}; the default is {default}"
+        f"chosen on the tuning half: {chosen} (tuning {regret['tuning'][chosen]:.4f}, "
+        f"held out {regret['held_out'][chosen]:.4f}); today's default {default} "
+        f"(tuning {regret['tuning'][default]:.4f}, held out {regret['held_out'][default]:.4f})"
     )
-    # The chosen point without the ramp (and per event): what the ramp buys, what mini-batches still cost.
-    without_ramp, per_event = {}, {}
-    for stream_name, events in data.items():
-        without_ramp[stream_name] = logloss("lr", events, numeric, optimizer=ftrl(alpha, l1), ramp=0)
-        line = (
-            f"{stream_name}: chosen {losses[stream_name][chosen]:.5f}, without the ramp {without_ramp[stream_name]:.5f}"
-        )
-        if args.per_event:
-            per_event[stream_name] = logloss("lr", events, numeric, optimizer=ftrl(alpha, l1), mini_batch=1)
-            line += f", per event {per_event[stream_name]:.5f} ({losses[stream_name][chosen] / per_event[stream_name]:.4f}x)"
-        log(line)
+
+    def ratios(point: str) -> dict[str, dict[str, float]]:
+        """Per stream: the point's log loss over the stream's best FTRL point
+        and over the better of VW and River."""
+        out: dict[str, dict[str, float]] = {}
+        for half in losses:
+            for s, by in losses[half].items():
+                r = {"vs_best_tuned_ftrl": by[point] / min(by[p] for p in ftrl_points)}
+                if s in baselines:
+                    r["vs_best_of_vw_river"] = by[point] / min(baselines[s].values())
+                out[s] = r
+        return out
+
+    report = {"chosen": ratios(chosen), "default": ratios(default)}
+    if best_coin is not None:
+        report["coin"] = ratios(best_coin)
+    for name, r in report.items():
+        worst_ftrl = max(v["vs_best_tuned_ftrl"] for v in r.values())
+        worst_vw = max((v["vs_best_of_vw_river"] for v in r.values() if "vs_best_of_vw_river" in v), default=0.0)
+        log(f"{name}: worst ratio vs best tuned FTRL {worst_ftrl:.4f}, vs best of VW and River {worst_vw:.4f}")
     return {
         "mode": bench_mode(args.quick),
-        "events": {k: len(v) for k, v in data.items()},
-        "logloss_by_alpha_l1_numeric": losses,
-        "largest_regret_by_alpha_l1_numeric": regret,
-        "chosen_alpha_l1_numeric": chosen,
-        "default_alpha_l1_numeric": default,
-        "chosen_logloss_without_ramp": without_ramp,
-        "chosen_logloss_per_event": per_event,
-        "ratio_logloss_vs_per_event": {s: losses[s][chosen] / v for s, v in per_event.items()},
+        "halves": {h: {"profiles": list(p), "seeds": list(s[: args.seeds])} for h, (p, s) in HALVES.items()},
+        "events": {s: len(ev) for streams in data.values() for s, ev in streams.items()},
+        "logloss_by_point": losses,
+        "baseline_logloss": baselines,
+        "largest_regret_by_point": regret,
+        "chosen_point": chosen,
+        "default_point": default,
+        "best_coin_point": best_coin,
+        "ratios": report,
         "elapsed_s": elapsed_s(),
     }
 
 
 def parse_args() -> argparse.Namespace:
     p = bench_parser(
-        "The sweep behind LR's defaults: log loss by (FTRL alpha, l1, numeric feed) on every quality stream.",
-        "15k and 45k synthetic events (under a minute)",
-        seed=7,
+        "The sweep behind LR's defaults: chosen on half the streams, reported on the other half.",
+        "one seed per half at 8k and 20k events (rare clicks 125k), a 3x3 FTRL grid at beta 0.1, l2 1 (about a minute)",
     )
-    p.add_argument("--alphas", type=float, nargs="+", default=list(ALPHAS), help="FTRL alphas to try")
-    p.add_argument("--l1s", type=float, nargs="+", default=list(L1S), help="FTRL l1s to try")
-    p.add_argument("--numerics", nargs="+", default=list(NUMERICS), help="numeric feeds to try (raw|log1p[/D])")
-    p.add_argument("--per-event", action="store_true", help="also train the chosen point per event (slow)")
+    p.add_argument("--alphas", type=float, nargs="+", help="FTRL alphas to try")
+    p.add_argument("--betas", type=float, nargs="+", help="FTRL betas to try")
+    p.add_argument("--l1s", type=float, nargs="+", help="FTRL l1s to try")
+    p.add_argument("--l2s", type=float, nargs="+", help="FTRL l2s to try")
+    p.add_argument("--numerics", nargs="+", help="numeric feeds to try (raw|log1p[/D])")
+    p.add_argument("--coins", nargs="*", help="coin (wealth,scale) points to try, e.g. 4,0.025 (none: FTRL only)")
+    p.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip VW and River")
     args = p.parse_args()
-    args.file = None  # what bench_quality.streams reads beside --quick and --seed
+    quick = (
+        QUICK
+        if args.quick
+        else {"alphas": ALPHAS, "betas": BETAS, "l1s": L1S, "l2s": L2S, "numerics": NUMERICS, "coins": COINS}
+    )
+    args.alphas = tuple(args.alphas or quick["alphas"])
+    args.l1s = tuple(args.l1s or quick["l1s"])
+    args.betas = tuple(args.betas or quick["betas"])
+    args.l2s = tuple(args.l2s or quick["l2s"])
+    args.numerics = tuple(args.numerics or quick["numerics"])
+    coins = quick["coins"] if args.coins is None else [tuple(float(v) for v in c.split(",")) for c in args.coins]
+    args.coins = tuple(coins)
+    args.seeds = 1 if args.quick else 2
+    args.sizes = (8_000, 20_000) if args.quick else (8_000, 40_000)
     return args
 
 

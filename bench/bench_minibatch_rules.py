@@ -41,9 +41,9 @@ import numpy as np
 import numpy.typing as npt
 from common import bench_mode, elapsed_s, print_result, progress_log
 
-from consumers.synthetic import SyntheticStream
 from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER
+from ps_core.synthetic import SyntheticStream
 
 log = progress_log("minibatch-rules")
 

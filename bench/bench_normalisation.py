@@ -24,8 +24,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from bench_linear_sweep import every_stream, ftrl
-from bench_quality import Events
+from bench_quality import Events, add_profiles_flags, streams
 from bench_sweep import logloss
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
@@ -36,6 +35,21 @@ log = progress_log("bench_normalisation")
 
 ALPHAS = (0.2, 0.35, 0.5)
 L1S = (3.0, 5.0, 8.0)
+
+
+def every_stream(args: argparse.Namespace) -> dict[str, Events]:
+    """`bench_quality.streams` at the quick sizes, and at the full ones too
+    unless `args.quick` (each named with its size)."""
+    data: dict[str, Events] = {}
+    for quick in (True,) if args.quick else (True, False):
+        for name, events in streams(argparse.Namespace(**{**vars(args), "quick": quick})).items():
+            data[f"{name}_{len(events) // 1000}k"] = events
+    return data
+
+
+def ftrl(alpha: float, l1: float) -> dict[str, Any]:
+    """The default FTRL at this alpha and l1."""
+    return {**DEFAULT_LINEAR_OPTIMIZER, "alpha": alpha, "l1": l1}
 
 
 def normalised(events: Events, take_log: bool) -> Events:
@@ -109,6 +123,7 @@ def parse_args() -> argparse.Namespace:
         "15k and 45k synthetic events (under a minute)",
         seed=7,
     )
+    add_profiles_flags(p)
     args = p.parse_args()
     args.file = None  # what bench_quality.streams reads beside --quick and --seed
     return args

@@ -10,7 +10,9 @@ Learners:
   numeric features as ``sign(x) log1p(|x|)``, the default) in this process:
   the same training code as a worker, without Kafka or shards;
   ``ctrps_lr_raw`` and ``ctrps_fm_raw``: the same with numeric features fed
-  as sent (``--numeric raw``), the sweep that chose the default.
+  as sent (``--numeric raw``), the sweep that chose the default;
+  ``ctrps_lr_coin``: LR with coin betting at its defaults, the optimizer
+  without a learning rate.
 - ``vw``: Vowpal Wabbit through its Python API (``--loss_function logistic
   --link logistic -b 22``, its default adaptive, normalized updates), one
   example at a time; categoricals as ``name=value`` tokens, numbers as
@@ -27,7 +29,10 @@ starts; ctrps's clock includes its own hashing of the event dicts.
 Streams: the synthetic generator (a hidden logistic model with pairwise
 interactions) with a long tail (``fresh``: new ids seen once) and drift, at
 two sizes; the small size again with the counts acting linearly in the
-hidden model instead of through ``log1p`` (``synthetic_linear_counts``); and
+hidden model instead of through ``log1p`` (``synthetic_linear_counts``);
+every profile of `ps_core.synthetic` shaped like a real log (``profile_*``:
+Criteo, Avazu, rare clicks, weak signals, drift) at the small size, or
+longer where its click rate needs it (`stream_size`); and
 ``--file PATH --format criteo|avazu|jsonl`` if given.
 
 Needs ``pip install -e '.[quality]'``. Run: ``python bench/bench_quality.py
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,10 +53,10 @@ import numpy as np
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from consumers.formats import iter_file
-from consumers.synthetic import SyntheticStream
 from ps_core.model.hasher import DEFAULT_NUMERIC
 from ps_core.model.learner import Learner
 from ps_core.model.metrics import evaluate
+from ps_core.synthetic import PROFILES, SyntheticStream, profile_stream
 
 log = progress_log("bench_quality")
 
@@ -87,14 +93,25 @@ def _river_x(event: dict[str, Any]) -> dict[str, float]:
     return x
 
 
-def run_ctrps(kind: str, events: Events, numeric: str = DEFAULT_NUMERIC) -> tuple[np.ndarray, float]:
-    learner = Learner(kind, numeric=numeric)
+def progressive(learner: Learner, events: Events) -> np.ndarray:
+    """`learner`'s progressive predictions of `events`, learnt in a worker's
+    windows of 20,000 in order; NaN where it refused an event (a count
+    beyond what ``--numeric raw`` takes, say)."""
+    out = np.full(len(events), np.nan)
+    for start in range(0, len(events), 20_000):
+        window = events[start : start + 20_000]
+        learner.learn(window)
+        kept = np.ones(len(window), dtype=bool)
+        kept[list(learner.refused)] = False
+        out[start : start + len(window)][kept] = learner.predicted
+    return out
+
+
+def run_ctrps(kind: str, events: Events, numeric: str = DEFAULT_NUMERIC, **model_args: Any) -> tuple[np.ndarray, float]:
+    learner = Learner(kind, numeric=numeric, **model_args)
     t0 = time.perf_counter()
-    chunks = []
-    for start in range(0, len(events), 20_000):  # a worker's windows, in order
-        learner.learn(events[start : start + 20_000])
-        chunks.append(learner.predicted)
-    return np.concatenate(chunks), time.perf_counter() - t0
+    predicted = progressive(learner, events)
+    return predicted, time.perf_counter() - t0
 
 
 def run_vw(events: Events) -> tuple[np.ndarray, float]:
@@ -137,6 +154,7 @@ LEARNERS: dict[str, Callable[[Events], tuple[np.ndarray, float]]] = {
     "ctrps_fm": lambda ev: run_ctrps("fm", ev),
     "ctrps_lr_raw": lambda ev: run_ctrps("lr", ev, "raw"),
     "ctrps_fm_raw": lambda ev: run_ctrps("fm", ev, "raw"),
+    "ctrps_lr_coin": lambda ev: run_ctrps("lr", ev, optimizer={"name": "coin"}),
     "vw": run_vw,
     "river_lr": lambda ev: run_river("lr", ev),
     "river_fm": lambda ev: run_river("fm", ev),
@@ -148,26 +166,68 @@ SLOW = ("river_fm",)
 
 
 def measure(name: str, events: Events) -> dict[str, float]:
+    """A learner's progressive metrics on `events` (over those it learnt:
+    ``refused`` counts the others) and its events/s."""
     labels = np.array([float(e["label"]) for e in events])
     p, seconds = LEARNERS[name](events)
-    m = evaluate(np.clip(p, 1e-7, 1 - 1e-7), labels)
+    learnt = ~np.isnan(p)
+    m = evaluate(np.clip(p[learnt], 1e-7, 1 - 1e-7), labels[learnt])
     return {
         "logloss": m.logloss,
         "auc": m.auc,
         "copc": m.copc,
         "events_per_s": len(events) / seconds,
+        "refused": int(len(events) - learnt.sum()),
     }
+
+
+MIN_CLICKS = 100
+"""A profile's stream is at least long enough for this many clicks on
+average: 15k events of a 0.08% click rate hold 12 clicks, and measure little
+but the bias."""
+
+
+def stream_size(profile: str, size: int) -> int:
+    """`size`, or more events where `profile`'s click rate needs them for `MIN_CLICKS`."""
+    base_ctr = PROFILES[profile].base_ctr if profile in PROFILES else 0.1
+    return max(size, math.ceil(MIN_CLICKS / base_ctr))
+
+
+def profile_events(profile: str, seed: int, n: int) -> Events:
+    """`n` events of a `ps_core.synthetic` profile, or of ``quality``: the
+    generator's own stream with a long tail (5% fresh ids) and drift, as
+    this benchmark has always run it."""
+    if profile == "quality":
+        stream = SyntheticStream(seed=seed, fresh=0.05, drift=0.5, events_per_s=1000.0)
+    else:
+        stream = profile_stream(profile, seed=seed)
+    return [e for batch in stream.iter_batches(n, 10_000) for e in batch]
+
+
+def add_profiles_flags(p: argparse.ArgumentParser) -> None:
+    """``--profiles`` and ``--profiles-only``, which `streams` reads."""
+    p.add_argument(
+        "--profiles",
+        nargs="*",
+        default=list(PROFILES),
+        choices=list(PROFILES),
+        help="the synthetic profiles to run (docs/synthetic.md; default all of them)",
+    )
+    p.add_argument("--profiles-only", action="store_true", help="only the --profiles streams")
 
 
 def streams(args: argparse.Namespace) -> dict[str, Events]:
     small, large = (15_000, 45_000) if args.quick else (200_000, 1_000_000)
     out: dict[str, Events] = {}
-    sizes = (("synthetic_small", small, "log1p"), ("synthetic_large", large, "log1p"))
-    # The same, its counts acting linearly: numeric handling not chosen for one generator's truth.
-    for label, n, truth in (*sizes, ("synthetic_linear_counts", small, "linear")):
-        # A long tail (5% of categorical values brand-new ids) and drift.
-        stream = SyntheticStream(seed=args.seed, fresh=0.05, drift=0.5, events_per_s=1000.0, numeric_truth=truth)
-        out[label] = [e for batch in stream.iter_batches(n, 10_000) for e in batch]
+    if not args.profiles_only:
+        out["synthetic_small"] = profile_events("quality", args.seed, small)
+        out["synthetic_large"] = profile_events("quality", args.seed, large)
+        # The same, its counts acting linearly: numeric handling not chosen for one generator's truth.
+        linear = SyntheticStream(seed=args.seed, fresh=0.05, drift=0.5, events_per_s=1000.0, numeric_truth="linear")
+        out["synthetic_linear_counts"] = [e for batch in linear.iter_batches(small, 10_000) for e in batch]
+    # The profiles shaped like real logs, at the small size.
+    for profile in args.profiles:
+        out[f"profile_{profile}"] = profile_events(profile, args.seed, stream_size(profile, small))
     if args.file is not None:
         rows = [e for e in iter_file(args.file, args.format) if isinstance(e, dict) and "label" in e]
         out[f"file_{Path(args.file).name}"] = rows[: args.file_limit] if args.file_limit else rows
@@ -190,7 +250,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             results[stream_name][name] = r
             log(
                 f"  {name:9} logloss {r['logloss']:.5f}  AUC {r['auc']:.4f}  COPC {r['copc']:.3f}  "
-                f"{r['events_per_s']:,.0f} events/s"
+                f"{r['events_per_s']:,.0f} events/s" + (f"  ({r['refused']:,} refused)" if r["refused"] else "")
             )
     aims: dict[str, dict[str, bool | float]] = {}
     for stream_name, r in results.items():
@@ -205,6 +265,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 a["lr_ratio_events_per_s_vs_vw"] = r["ctrps_lr"]["events_per_s"] / r["vw"]["events_per_s"]
         if "ctrps_fm" in r and "ctrps_lr" in r:
             a["fm_logloss_le_lr"] = r["ctrps_fm"]["logloss"] <= r["ctrps_lr"]["logloss"]
+        if "ctrps_lr_coin" in r and "ctrps_lr" in r:
+            a["lr_coin_logloss_ratio_vs_lr"] = r["ctrps_lr_coin"]["logloss"] / r["ctrps_lr"]["logloss"]
         if "ctrps_lr_raw" in r and "ctrps_lr" in r:
             # The default numeric handling against the other: the sweep's verdict.
             a["lr_default_numeric_logloss_ratio_vs_raw"] = r["ctrps_lr"]["logloss"] / r["ctrps_lr_raw"]["logloss"]
@@ -228,9 +290,10 @@ def _shown(v: bool | float) -> str:
 def parse_args() -> argparse.Namespace:
     p = bench_parser(
         "Progressive log loss, AUC, COPC and events/s of ctrps, Vowpal Wabbit and River on the same streams.",
-        "15k and 45k synthetic events (under a minute)",
+        "15k and 45k events of the generator's stream, 15k of each profile (125k of rare clicks); about a minute",
         seed=7,
     )
+    add_profiles_flags(p)
     p.add_argument("--file", type=Path, help="also a data file of your own")
     p.add_argument("--format", choices=("criteo", "avazu", "jsonl"), default="jsonl", help="its format")
     p.add_argument("--file-limit", type=int, default=0, help="read at most this many of its rows (0: all)")

@@ -22,7 +22,7 @@ import argparse
 from typing import Any
 
 import numpy as np
-from bench_quality import Events, streams
+from bench_quality import Events, add_profiles_flags, progressive, streams
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from ps_core.model.hasher import DEFAULT_NUMERIC
@@ -39,14 +39,12 @@ NUMERICS = (DEFAULT_NUMERIC, "raw")
 
 
 def logloss(kind: str, events: Events, numeric: str, **model_args: Any) -> float:
-    """Progressive log loss of a `kind` model learning `events` in windows of 20,000."""
-    learner = Learner(kind, numeric=numeric, **model_args)
-    predicted = []
-    for start in range(0, len(events), 20_000):
-        learner.learn(events[start : start + 20_000])
-        predicted.append(learner.predicted)
+    """Progressive log loss of a `kind` model learning `events` in windows of
+    20,000 (over the events it learnt)."""
+    predicted = progressive(Learner(kind, numeric=numeric, **model_args), events)
     labels = np.array([float(e["label"]) for e in events])
-    return evaluate(np.clip(np.concatenate(predicted), 1e-7, 1 - 1e-7), labels).logloss
+    learnt = ~np.isnan(predicted)
+    return evaluate(np.clip(predicted[learnt], 1e-7, 1 - 1e-7), labels[learnt]).logloss
 
 
 def parse_args() -> argparse.Namespace:
@@ -56,6 +54,7 @@ def parse_args() -> argparse.Namespace:
         seed=7,
     )
     p.add_argument("--rates", type=float, nargs="+", default=list(RATES), help="learning rates to try")
+    add_profiles_flags(p)
     args = p.parse_args()
     # What bench_quality.streams reads beside --quick and --seed: no file of one's own here.
     args.file = None

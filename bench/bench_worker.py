@@ -47,12 +47,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from common import bench_mode, elapsed_s, print_result, progress_log
 
 from consumers.broker import EmbeddedBroker, create_topics, free_port
-from consumers.synthetic import SyntheticStream, bayes_logloss
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
+from ps_core.synthetic import SyntheticStream, bayes_logloss
 
 PARTITIONS = 4
 

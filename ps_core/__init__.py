@@ -7,7 +7,10 @@
 - `store`: the index, optimizers and sparse tables of one shard;
 - `model`: events, feature hashing, batches, models and metrics;
 - `net`: the codec, a shard's handlers and server, the RPC and the clients;
-- `checkpoint`: the coordinator, export files, the exporter and restores.
+- `checkpoint`: the coordinator, export files, the exporter and restores;
+- `synthetic`: synthetic click streams with a known truth and profiles shaped
+  like real CTR logs (imports numpy only, nothing of the project; not
+  re-exported here).
 
 Each package imports only the shared modules and the packages listed before
 it (`tests/test_layers.py` checks this)."""
@@ -45,11 +48,12 @@ from .net.server import create_shard_app
 from .net.shard import Shard, ShardSpec
 from .net.transports import HttpTransport, LocalTransport, ShardReader, ShardTransport, TcpTransport
 from .store.index import KeyIndex
-from .store.optim import FTRL, SGD, AdaGrad, Optimizer, make_optimizer
+from .store.optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
 from .store.table import SparseTable, TableConfig, TableSnapshot
 
 __all__ = [
     "AdaGrad",
+    "CoinBetting",
     "ControlClient",
     "Coordinator",
     "Cut",

@@ -523,6 +523,21 @@ async def test_a_model_name_leaves_room_for_its_tables_names(make_api: MakeApi, 
     assert status == 201 and sorted(t["name"] for t in got["model"]["tables"]) == ["n" * 62 + "_v", "n" * 62 + "_w"]
 
 
+async def test_a_coin_model_is_created_with_its_stakes_and_a_bad_one_refused(make_api: MakeApi, tmp_path: Path) -> None:
+    api = await make_api(admin_token=TOKEN, exports=tmp_path)
+    body = {"name": "bets", "type": "fm", "optimizer": {"name": "coin", "wealth": 2}, "embedding_optimizer": "coin"}
+    status, got = await api.call("POST", "/v1/models", body, headers=ADMIN)
+    assert status == 201, got
+    assert {t["name"]: t["optimizer"] for t in got["model"]["tables"]} == {
+        "bets_w": {"name": "coin", "wealth": 2.0, "lipschitz": 1.0, "scale": 0.125},
+        "bets_v": {"name": "coin", "wealth": 4.0, "lipschitz": 1.0, "scale": 0.125},
+    }
+    for bad, named in (({"name": "coin", "wealth": -1}, "$.optimizer.wealth"), ({"name": "coin", "lr": 1}, "lr")):
+        status, got = await api.call("POST", "/v1/models", {"name": "nope", "optimizer": bad}, headers=ADMIN)
+        assert (status, got["error"]) == (400, "bad_request") and named in got["detail"], got
+    assert sorted(m["name"] for m in (await api.call("GET", "/v1/models"))[1]["models"]) == ["bets", "ctr"]
+
+
 NO_BETA = {"name": "ftrl", "beta": 5e-324, "l2": 0}
 
 

@@ -24,6 +24,7 @@ import pytest
 from waiting import json_when_ok
 
 from app.cli import build_parser
+from app.model_cli import parse_optimizer
 from app.settings import SettingsError, ShardSettings, WorkerSettings, parse_table_spec
 from consumers.worker import WorkerConfig
 from ps_core.checkpoint.control import ControlClient
@@ -222,6 +223,15 @@ def test_table_spec_with_every_field() -> None:
     assert cfg.optimizer == {"name": "adagrad", "lr": 0.05, "eps": 1e-6, "initial_accumulator": 0.0}
 
 
+def test_table_spec_declares_a_coin_table() -> None:
+    cfg = parse_table_spec("lr,optimizer=coin,wealth=2")
+    assert cfg.optimizer == {"name": "coin", "wealth": 2.0, "lipschitz": 1.0, "scale": 0.125}
+    assert SparseTable(cfg).width == 5  # [w0, theta, G, L, reward]
+    assert parse_optimizer("coin,lipschitz=0.5") == {"name": "coin", "lipschitz": 0.5}
+    with pytest.raises(ValueError, match="one of sgd, adagrad, ftrl, coin"):
+        parse_optimizer("wealth=2")
+
+
 def test_table_spec_tolerates_spaces_and_empty_parts() -> None:
     assert parse_table_spec(" lr , dim=2 ,, optimizer=sgd ,") == TableConfig("lr", dim=2, optimizer={"name": "sgd"})
 
@@ -242,6 +252,8 @@ def test_table_spec_tolerates_spaces_and_empty_parts() -> None:
         ("lr,optimizer=adam", "unknown optimizer 'adam'"),
         ("lr,optimizer=sgd,momentum=0.9", "bad sgd hyperparameters"),
         ("lr,optimizer=ftrl,alpha=0", "ftrl needs alpha >= 1e-12"),
+        ("lr,optimizer=coin,wealth=-1", "coin needs wealth, lipschitz, scale >= 1e-12"),
+        ("lr,optimizer=coin,alpha=0.1", "bad coin hyperparameters"),
         ("bad name", "bad table name"),
     ],
 )

@@ -33,11 +33,11 @@ from app.cluster import PortTaken, broker_processes, end_broker_processes, serve
 from app.settings import ClusterSettings, SettingsError
 from app.supervisor import ChildFailed, ChildSpec, Supervisor
 from consumers.broker import free_port
-from consumers.synthetic import SyntheticStream
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
 from ps_core.hashing import shard_of
 from ps_core.model.hasher import FeatureHasher
 from ps_core.net.auth import Scope, derive_token
+from ps_core.synthetic import SyntheticStream
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
 pytestmark = pytest.mark.slow

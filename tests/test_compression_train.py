@@ -16,7 +16,6 @@ from waiting import until
 
 from app.metrics import ApiMetrics
 from app.views import ControlView
-from consumers.synthetic import SyntheticStream
 from consumers.training import AsyncTraining
 from consumers.worker import Worker, WorkerStats
 from ps_core.checkpoint.control import ControlClient
@@ -27,6 +26,7 @@ from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.key_sets import KeySets
 from ps_core.net.wire import WireFormat
+from ps_core.synthetic import SyntheticStream
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
 pytestmark = pytest.mark.slow

@@ -142,9 +142,9 @@ async def test_cuts_during_steady_training_wait_only_for_leased_windows(kafka_bo
     import orjson
     from streams import new_topic, produce, worker_config
 
-    from consumers.synthetic import SyntheticStream
     from consumers.worker import Worker
     from ps_core.model.models import LogisticRegression
+    from ps_core.synthetic import SyntheticStream
 
     topic, group = await new_topic(kafka_bootstrap, 2, hex_digits=10)
     n = 12_000

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -27,7 +28,6 @@ from waiting import until
 
 from app.follower import model_from_manifest
 from consumers.decode import decode_records
-from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export import latest_chain, read_manifest, restore_shards, write_version
@@ -38,10 +38,12 @@ from ps_core.net.change_feed import ChangeFeed
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.change_log import ChangeLog
-from ps_core.store.optim import FTRL, AdaGrad
+from ps_core.store.optim import FTRL, AdaGrad, CoinBetting
 from ps_core.store.table import TableConfig
+from ps_core.synthetic import SyntheticStream
 
 SGD = {"name": "sgd", "lr": 0.1}
+COIN = {"name": "coin", "wealth": 0.1}
 
 
 def _shards(tables: tuple[TableConfig, ...], n: int = 2) -> list[Shard]:
@@ -178,8 +180,10 @@ async def test_rows_the_shards_removed_or_replaced_are_read_again() -> None:
     assert copy.full_refreshes == 3 and copy.locate(keys)[1].sum() == 17
 
 
-@pytest.mark.parametrize("optimizer", [FTRL(alpha=0.1, l1=0.5), AdaGrad(lr=0.1)])
-def test_setting_weights_keeps_the_optimizer_state(optimizer: FTRL | AdaGrad) -> None:
+@pytest.mark.parametrize(
+    "optimizer", [FTRL(alpha=0.1, l1=0.5), AdaGrad(lr=0.1), CoinBetting(wealth=2.0, lipschitz=0.5)]
+)
+def test_setting_weights_keeps_the_optimizer_state(optimizer: FTRL | AdaGrad | CoinBetting) -> None:
     rng = np.random.default_rng(2)
     rows = optimizer.rows_from_weights(rng.normal(size=(64, 4)).astype(np.float32))
     for _ in range(5):
@@ -193,13 +197,18 @@ def test_setting_weights_keeps_the_optimizer_state(optimizer: FTRL | AdaGrad) ->
 
 
 async def _progressive(
-    mode: str, kind: str, values: list[bytes | None], workers: int, ramp: int = 0
+    mode: str,
+    kind: str,
+    values: list[bytes | None],
+    workers: int,
+    ramp: int = 0,
+    optimizers: dict[str, Any] | None = None,
 ) -> tuple[float, float]:
     """Windows of 2000 events dealt to `workers` workers in turn over the same
     2 shards; the progressive metrics of the second half of the stream.
     Without a mini-batch `ramp` by default: the modes compared at the same
-    mini-batches (sync has none)."""
-    model = make_model(kind, "m", mode=mode)
+    mini-batches (sync has none). `optimizers`: the model's, if not its defaults."""
+    model = make_model(kind, "m", mode=mode, **(optimizers or {}))
     shards = _shards(tuple(model.tables()))
     crew = [
         Worker(
@@ -232,14 +241,25 @@ async def _progressive(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "ramp"), [("lr", 0), ("fm", 0), ("lr", 64)])
-async def test_one_geo_worker_trains_exactly_as_one_async_worker(kind: str, ramp: int) -> None:
+@pytest.mark.parametrize(
+    ("kind", "ramp", "optimizers"),
+    [
+        ("lr", 0, {}),
+        ("fm", 0, {}),
+        ("lr", 64, {}),
+        pytest.param("fm", 64, {"optimizer": COIN, "embedding_optimizer": COIN}, id="fm-coin"),
+    ],
+)
+async def test_one_geo_worker_trains_exactly_as_one_async_worker(
+    kind: str, ramp: int, optimizers: dict[str, Any]
+) -> None:
     # Scale 1: each round adds exactly what the copy learnt; with a ramp,
     # both modes' mini-batches grow alike. (That geo with two workers learns
-    # as well as async: tests/test_sync.py, with sync.)
+    # as well as async: tests/test_sync.py, with sync.) A coin copy's rows
+    # take the merged weights by moving their anchor `w0`, betting state kept.
     values: list[bytes | None] = [orjson.dumps(e) for e in SyntheticStream(seed=5).batch(20_000)]
-    alone = await _progressive("geo", kind, values, 1, ramp)
-    same = await _progressive("async", kind, values, 1, ramp)
+    alone = await _progressive("geo", kind, values, 1, ramp, optimizers)
+    same = await _progressive("async", kind, values, 1, ramp, optimizers)
     assert alone[0] == pytest.approx(same[0], abs=1e-6) and alone[1] == pytest.approx(same[1], rel=1e-4)
 
 

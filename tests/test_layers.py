@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +24,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "ps_core.model.learner": (*SHARED, "ps_core.store", "ps_core.model", "ps_core.checkpoint"),
     "ps_core.net": (*SHARED, "ps_core.store", "ps_core.net"),
     "ps_core.checkpoint": ("ps_core",),
+    "ps_core.synthetic": ("ps_core.synthetic",),  # numpy only: nothing of the project
     "consumers": ("ps_core", "consumers"),
     "app": ("ps_core", "consumers", "app"),
 }
@@ -85,3 +87,15 @@ def test_the_rule_reads_relative_imports() -> None:
     # A check that found nothing because it misread imports would pass forever.
     found = _imports(ROOT / "ps_core" / "model" / "models.py")
     assert "ps_core.store.table" in found and "ps_core.hashing" in found
+
+
+def test_the_synthetic_streams_import_numpy_and_the_standard_library_only() -> None:
+    # A stream is plain data: producers, tests and benchmarks import it without the rest.
+    outside = {
+        f"{_module_name(path)} imports {name}"
+        for path in sorted(ROOT.glob("ps_core/synthetic/*.py"))
+        for name in _imports(path)
+        if name.split(".")[0] not in {*sys.stdlib_module_names, "numpy", "ps_core"}
+        or (name.startswith("ps_core") and not _inside(name, ("ps_core.synthetic",)))
+    }
+    assert not outside, "\n".join(sorted(outside))

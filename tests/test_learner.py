@@ -19,12 +19,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from waiting import until
 
-from consumers.synthetic import SyntheticStream
 from consumers.training import AsyncTraining
 from consumers.worker import WorkerStats
 from ps_core import Learner
 from ps_core.checkpoint.owner import LEARNER, ExportsOwnedError, claim_exports, read_owner
+from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import ExportNotFoundError, InvalidRequestError
+from ps_core.model import models
 from ps_core.model.batch import EventBatch
 from ps_core.model.hasher import FeatureHasher
 from ps_core.model.learner import FEATURIZE_EVENTS
@@ -32,6 +33,8 @@ from ps_core.model.models import make_model
 from ps_core.model.ramp import RAMP_START, MiniBatchRamp
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard
+from ps_core.store.table import SparseTable
+from ps_core.synthetic import SyntheticStream
 
 
 class _NoWindow:
@@ -134,16 +137,70 @@ def _unlabelled(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in e.items() if k != "label"} for e in events]
 
 
-@pytest.mark.parametrize("kind", ["lr", "fm"])
-def test_a_saved_learner_loads_and_learns_on_as_it_would_have(kind: str, tmp_path: Path) -> None:
+def _state_by_key(table: SparseTable) -> tuple[bytes, bytes]:
+    """A table's live keys and their rows (weights and optimizer state), in key order."""
+    n = table.index.num_rows
+    live = np.flatnonzero(table.index.row_live[:n])
+    keys = table.index.row_keys[live]
+    order = np.argsort(keys)
+    return keys[order].tobytes(), table.data[live[order]].tobytes()
+
+
+COIN = {"name": "coin"}
+COIN_EMBEDDINGS = {"name": "coin", "wealth": 0.1, "scale": 1.0}
+"""Coin embeddings with a smaller stake than the default's: with a stake of
+1 the first bets put embeddings near ±0.5 and the interactions swamp the
+linear part (log loss above the constant model's on the synthetic stream)."""
+
+
+def _constant_logloss(events: list[dict[str, Any]]) -> float:
+    """The log loss of the best constant prediction (the stream's click rate)."""
+    p = float(np.mean([e["label"] for e in events]))
+    return -(p * np.log(p) + (1 - p) * np.log(1 - p))
+
+
+def test_a_coin_learner_learns_the_synthetic_stream() -> None:
+    events = SyntheticStream(seed=12).batch(10000)
+    learner = Learner("lr", optimizer=COIN)
+    assert learner.tables["ctr_w"].config.optimizer == {"name": "coin", "wealth": 4.0, "lipschitz": 1.0, "scale": 0.125}
+    got = learner.learn(events)
+    assert got.logloss < _constant_logloss(events) - 0.02 and got.auc > 0.7, got
+
+
+def test_an_fm_with_coin_embeddings_learns_them() -> None:
+    events = SyntheticStream(seed=12).batch(10000)
+    learner = Learner("fm", embedding_optimizer=COIN_EMBEDDINGS)
+    v = learner.tables["ctr_v"]
+    got = learner.learn(events)
+    assert got.logloss < _constant_logloss(events) - 0.05 and got.auc > 0.75, got
+    plan = learner.model.plan(learner.hasher.featurize(events[:500])[0])
+    moved = np.abs(v.pull(plan.keys) - v.initial_weights(plan.keys)).max(axis=1)
+    assert (moved > 1e-3).mean() > 0.5  # the embeddings learnt, not only the linear part
+
+
+@pytest.mark.parametrize(
+    ("kind", "optimizers"),
+    [
+        ("lr", {}),
+        ("fm", {}),
+        pytest.param("lr", {"optimizer": COIN}, id="lr-coin"),
+        pytest.param("fm", {"optimizer": COIN, "embedding_optimizer": COIN_EMBEDDINGS}, id="fm-coin"),
+    ],
+)
+def test_a_saved_learner_loads_and_learns_on_as_it_would_have(
+    kind: str, optimizers: dict[str, Any], tmp_path: Path
+) -> None:
     stream = SyntheticStream(seed=7)
     first, then, probe = stream.batch(3000), stream.batch(2000), _unlabelled(stream.batch(200))
-    learner = Learner(kind, mini_batch=64)
+    learner = Learner(kind, mini_batch=64, **optimizers)
     learner.learn(first)
     path = learner.save(tmp_path)
     assert path == tmp_path / "ctr" / "0000000001" and (path / "manifest.json").is_file()
     loaded = Learner.load(tmp_path)
     assert type(loaded.model) is type(learner.model) and loaded.events_learnt == 3000
+    assert loaded.model.tables() == learner.model.tables()  # optimizers and their state's layout
+    for name, table in learner.tables.items():  # every row's state, bit for bit
+        assert _state_by_key(loaded.tables[name]) == _state_by_key(table)
     assert loaded.sizes == learner.sizes
     np.testing.assert_array_equal(loaded.predict(probe), learner.predict(probe))
     # Learning goes on from the same state with the same mini-batches.
@@ -175,10 +232,41 @@ def test_loading_where_nothing_was_saved_names_the_directory(tmp_path: Path) -> 
         Learner.load(tmp_path)
 
 
-async def test_ctrps_serve_follow_serves_a_saved_learner_as_it_predicts(tmp_path: Path) -> None:
+def test_a_saved_model_keeps_its_optimizer_when_the_default_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model is stored with its optimizer spelt out: restored after the
+    default linear optimizer changed, it is still the one it was made with."""
+    learner = Learner("fm")  # the defaults of today
+    learner.learn(SyntheticStream(seed=3).batch(500))
+    learner.save(tmp_path)
+    spec = ModelSpec.of(learner.model)
+    declaration, recipe = orjson.loads(orjson.dumps(spec.to_dict())), spec.recipe()
+    before = {t.name: t.optimizer for t in learner.model.tables()}
+    assert before["ctr_w"]["name"] == "ftrl"
+    monkeypatch.setattr(models, "DEFAULT_LINEAR_OPTIMIZER", COIN)
+    monkeypatch.setattr(models, "DEFAULT_EMBEDDING_OPTIMIZER", COIN)
+    assert make_model("fm", "ctr").tables()[0].optimizer["name"] == "coin"  # the patch reaches new models
+    loaded = Learner.load(tmp_path)
+    assert {t.name: t.optimizer for t in loaded.model.tables()} == before
+    assert loaded.tables["ctr_w"].optimizer.name == "ftrl" and loaded.tables["ctr_w"].width == 2
+    assert {t.name: t.optimizer for t in ModelSpec.from_dict(declaration).tables} == before
+    assert {t.name: t.optimizer for t in ModelSpec.from_recipe(recipe).tables} == before
+
+
+@pytest.mark.parametrize(
+    "optimizers",
+    [
+        pytest.param({}, id="defaults"),
+        pytest.param({"optimizer": COIN, "embedding_optimizer": COIN_EMBEDDINGS}, id="coin", marks=pytest.mark.slow),
+    ],
+)
+async def test_ctrps_serve_follow_serves_a_saved_learner_as_it_predicts(
+    tmp_path: Path, optimizers: dict[str, Any]
+) -> None:
     stream = SyntheticStream(seed=9)
     probe = _unlabelled(stream.batch(50))
-    learner = Learner("fm", mini_batch=128)
+    learner = Learner("fm", mini_batch=128, **optimizers)
     learner.learn(stream.batch(4000))
     learner.save(tmp_path)
     async with ctrps_process(

@@ -39,7 +39,7 @@ from consumers.formats import (
     parse_jsonl_line,
 )
 from consumers.producer import produce
-from consumers.synthetic import SyntheticStream, bayes_logloss
+from ps_core.synthetic import PROFILES, SyntheticStream, bayes_logloss, profile_stream
 
 # -- helpers -------------------------------------------------------------------------
 
@@ -690,3 +690,30 @@ async def test_cli_synthetic_event_time_advances_at_the_sending_rate(
         ts = sorted(orjson.loads(r.value)["ts"] for r in await consume_all(kafka_bootstrap, topic, n))
         expected = n / (rate or 1000.0)
         assert 0.8 * expected < ts[-1] - ts[0] < 1.2 * expected, (rate, ts[-1] - ts[0])
+
+
+@pytest.mark.slow
+async def test_cli_synthetic_profile_sends_the_profiles_stream(kafka_bootstrap: str, restore_logging: None) -> None:
+    """``--profile`` sends that profile's events for the seed, its own flags
+    overriding the profile's, its event time at the dataset's own rate."""
+    from streams import consume_all
+
+    n = 600
+    topic = f"cli-{uuid.uuid4().hex[:10]}"
+    args = produce_args("synthetic", "--profile", "avazu", "--seed", "3", "--base-ctr", "0.3", "--events", str(n),
+                        "--topic", topic, "--partitions", "1", "--bootstrap", kafka_bootstrap)  # fmt: skip
+    assert await run_cli(args) == 0
+    sent = [orjson.loads(r.value) for r in await consume_all(kafka_bootstrap, topic, n)]
+    assert sent == orjson.loads(orjson.dumps(profile_stream("avazu", seed=3, base_ctr=0.3).batch(n)))
+    assert set(sent[0]["features"]) == {f.name for f in PROFILES["avazu"].categorical}
+    span, expected = sent[-1]["ts"] - sent[0]["ts"], n / PROFILES["avazu"].events_per_s
+    assert 0.8 * expected < span < 1.2 * expected
+
+
+async def test_cli_unknown_profile_is_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str], restore_logging: None
+) -> None:
+    args = produce_args("synthetic", "--profile", "kdd", "--bootstrap", "127.0.0.1:9")  # refused before any broker
+    assert await run_cli(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown profile 'kdd'" in err[0] and "criteo" in err[0]

@@ -21,7 +21,6 @@ from waiting import until
 
 from consumers.broker import free_port
 from consumers.decode import decode_records
-from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
@@ -31,6 +30,7 @@ from ps_core.model.models import LogisticRegression, sigmoid
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.shard import Shard, ShardSpec
+from ps_core.synthetic import SyntheticStream
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
 pytestmark = pytest.mark.slow

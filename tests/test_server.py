@@ -694,6 +694,27 @@ async def test_declare_creates_then_is_idempotent(serve_shards: Any, http: aioht
     assert tables["fm"]["dim"] == 8 and tables["fm"]["optimizer"]["name"] == "adagrad"
 
 
+async def test_a_coin_table_is_declared_with_its_stake_and_learns(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    shards, urls = await serve_shards(1)
+    status, body = await declare(http, urls[0], {"name": "c", "dim": 2, "optimizer": {"name": "coin", "wealth": 2}})
+    assert status == 201, body
+    assert body["table"]["optimizer"] == {"name": "coin", "wealth": 2.0, "lipschitz": 1.0, "scale": 0.125}
+    table = shards[0].tables["c"]
+    assert table.width == 2 * 5  # [w0, theta, G, L, reward] per coordinate
+    # The same table by name alone is another stake: a conflict, not a silent change.
+    status, body = await declare(http, urls[0], {"name": "c", "dim": 2, "optimizer": "coin"})
+    assert status == 409 and body["error"] == "table_conflict"
+    keys = np.array([3, 4], dtype=np.uint64)
+    table.push(keys, np.array([[1.0, -2.0], [0.0, 0.5]], dtype=np.float32))
+    # One step with a fresh row's L = 1 and G = 0, wealth 2, the default
+    # scale 1/8: w = 2 * theta / (L' (L' + G')) / 8.
+    np.testing.assert_allclose(
+        table.pull(keys), [[2 * -1 / (1 * 2) / 8, 2 * 2 / (2 * 4) / 8], [0.0, 2 * -0.5 / (1 * 1.5) / 8]], rtol=1e-6
+    )
+
+
 async def test_a_declaration_carries_its_lifecycle(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     shards, urls = await serve_shards(1)
     url = urls[0]
@@ -768,6 +789,11 @@ async def test_declare_with_a_different_config_conflicts(serve_shards: Any, http
             r"Expected `float`, got `str` - at `\$.optimizer.lr`",
         ),
         ({"name": "t", "optimizer": {"name": "sgd", "momentum": 0.9}}, r"unknown field `momentum` - at `\$.optimizer`"),
+        (
+            {"name": "t", "optimizer": {"name": "coin", "wealth": -1}},
+            r"Expected `float` >= 1e-12 - at `\$.optimizer.wealth`",
+        ),
+        ({"name": "t", "optimizer": {"name": "coin", "lr": 0.1}}, r"unknown field `lr` - at `\$.optimizer`"),
         ({"name": "t", "optimizer": 3}, r"Expected `str \| object`, got `int` - at `\$.optimizer`"),
         ({"name": "t", "shards": 2}, r"unknown field `shards`"),
         ({"dim": 2}, r"missing required field `name`"),

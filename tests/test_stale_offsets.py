@@ -29,7 +29,6 @@ from app.status import make_status_hook
 from app.views import ControlView
 from consumers.broker import EmbeddedBroker, create_topics, free_port
 from consumers.resume import StaleOffsetsError, cluster_id, partition_bounds
-from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
@@ -40,6 +39,7 @@ from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
+from ps_core.synthetic import SyntheticStream
 
 PROJECT = Path(__file__).resolve().parents[1]
 PARTITIONS = 2

@@ -26,7 +26,6 @@ from waiting import until
 from app.metrics import ApiMetrics
 from app.views import ControlView
 from consumers.decode import decode_records
-from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.barrier import SyncBarrier
 from ps_core.checkpoint.control import ControlClient
@@ -37,6 +36,7 @@ from ps_core.model.models import Model, make_model, sigmoid
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Push, Shard, ShardSpec
 from ps_core.store.table import TableConfig
+from ps_core.synthetic import SyntheticStream
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -137,10 +137,13 @@ def test_barriers_are_bounded_in_number(monkeypatch: pytest.MonkeyPatch) -> None
     assert coordinator.leave_barrier("w0", "a") == first.step and "w0" not in first.members
 
 
-def _crew(kind: str, n: int, mini_batch: int = 128, deadline_s: float = 5.0) -> tuple[list[Worker], list[Shard], Model]:
+def _crew(
+    kind: str, n: int, mini_batch: int = 128, deadline_s: float = 5.0, optimizers: dict[str, Any] | None = None
+) -> tuple[list[Worker], list[Shard], Model]:
     """`n` sync workers over 2 in-process shards whose shard 0 hosts a
-    coordinator (and reports its barrier, as ``ctrps shard`` does)."""
-    model = make_model(kind, "m", mode="sync")
+    coordinator (and reports its barrier, as ``ctrps shard`` does);
+    `optimizers`: the model's, if not its defaults."""
+    model = make_model(kind, "m", mode="sync", **(optimizers or {}))
     shards = [Shard(ShardSpec(i, 2), model.tables()) for i in range(2)]
     coordinator = Coordinator()
     shards[0].extra_stats["sync"] = coordinator.sync_stats
@@ -174,17 +177,29 @@ async def _train_together(workers: list[Worker], parts: list[list[bytes | None]]
     return list(await asyncio.gather(*(train(w, v) for w, v in zip(workers, parts))))
 
 
-@pytest.mark.parametrize("kind", ["lr", "fm"])
-async def test_two_workers_train_exactly_as_one_over_their_steps_together(kind: str) -> None:
+COIN = {"name": "coin", "wealth": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("kind", "optimizers"),
+    [
+        ("lr", {}),
+        ("fm", {}),
+        pytest.param("fm", {"optimizer": COIN, "embedding_optimizer": COIN}, id="fm-coin"),
+    ],
+)
+async def test_two_workers_train_exactly_as_one_over_their_steps_together(
+    kind: str, optimizers: dict[str, Any]
+) -> None:
     values: list[bytes | None] = [orjson.dumps(e) for e in SyntheticStream(seed=9).batch(2048)]
     parts = [values[:1024], values[1024:]]
-    workers, shards, model = _crew(kind, 2)
+    workers, shards, model = _crew(kind, 2, optimizers=optimizers)
     await _train_together(workers, parts)
     assert [w.stats.sync_steps for w in workers] == [8, 8]
 
     # The reference: one worker whose step k is both workers' k-th
     # mini-batches, at the same weights, summed into one push.
-    ref_shards = [Shard(ShardSpec(i, 2), make_model(kind, "m").tables()) for i in range(2)]
+    ref_shards = [Shard(ShardSpec(i, 2), make_model(kind, "m", **optimizers).tables()) for i in range(2)]
     ref = PSClient.local(ref_shards)
     batches = [decode_records(p, "m", 1 << 20).batch for p in parts]
     for k in range(8):

@@ -198,6 +198,9 @@ REUSE_CONFIGS = [
     # Random initial values: fresh rows are derived per key.
     TableConfig("t", 3, {"name": "adagrad", "lr": 0.2}, init_scale=0.05, seed=4),
     TableConfig("t", 2, {"name": "ftrl", "l1": 0.1}, init_scale=0.05, seed=4),
+    # Coin: weights derived from five blocks, from zero and from random starts.
+    TableConfig("t", 1, {"name": "coin"}),
+    TableConfig("t", 3, {"name": "coin", "wealth": 0.5}, init_scale=0.05, seed=4),
 ]
 
 
@@ -216,7 +219,9 @@ def _same_tables(warm: SparseTable, cold: SparseTable, universe: np.ndarray) -> 
     np.testing.assert_array_equal(warm.meta[wr], cold.meta[cr])
 
 
-@pytest.mark.parametrize("cfg", REUSE_CONFIGS, ids=["ftrl", "ftrl-l1", "adagrad-init", "ftrl-init"])
+@pytest.mark.parametrize(
+    "cfg", REUSE_CONFIGS, ids=["ftrl", "ftrl-l1", "adagrad-init", "ftrl-init", "coin", "coin-init"]
+)
 @pytest.mark.parametrize("seed", range(4))
 def test_a_push_reusing_its_pull_lookup_equals_a_cold_push(cfg: TableConfig, seed: int) -> None:
     """Pull-then-push reuses the pull's lookup (and with FTRL what it

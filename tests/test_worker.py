@@ -121,9 +121,9 @@ async def test_worker_learns_the_synthetic_stream(kafka_bootstrap: str) -> None:
     """50k synthetic events through one worker; then later, held-out events
     score close to the ground-truth model."""
     from consumers.producer import produce
-    from consumers.synthetic import SyntheticStream
     from ps_core.model.metrics import auc
     from ps_core.model.models import sigmoid
+    from ps_core.synthetic import SyntheticStream
 
     topic, group = await streams.new_topic(kafka_bootstrap, 4, hex_digits=10)
     stream = SyntheticStream(seed=3)
@@ -158,8 +158,8 @@ async def test_worker_learns_the_synthetic_stream(kafka_bootstrap: str) -> None:
 
 async def test_an_fm_worker_trains_both_tables(kafka_bootstrap: str) -> None:
     from consumers.producer import produce
-    from consumers.synthetic import SyntheticStream
     from ps_core.model.models import FactorizationMachine
+    from ps_core.synthetic import SyntheticStream
 
     topic, group = await streams.new_topic(kafka_bootstrap, 2, hex_digits=10)
     n = 6000

@@ -12,12 +12,12 @@ from streams import new_topic, produce, running, worker_config
 from waiting import until
 
 from consumers.broker import free_port
-from consumers.synthetic import SyntheticStream
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard
+from ps_core.synthetic import SyntheticStream
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
 pytestmark = pytest.mark.slow

@@ -12,7 +12,6 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from consumers.decode import Decoded, decode_records
 from consumers.dlq import DeadLetter
-from consumers.synthetic import SyntheticStream
 from consumers.training import mini_batches
 from consumers.windows import Window, WindowBuilder
 from consumers.worker import Worker, WorkerConfig
@@ -24,6 +23,7 @@ from ps_core.model.models import FactorizationMachine, LogisticRegression, Model
 from ps_core.model.ramp import MiniBatchRamp
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
+from ps_core.synthetic import SyntheticStream
 
 
 def _window(values: list[bytes | None]) -> Window:

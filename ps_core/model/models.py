@@ -46,12 +46,12 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 
-DEFAULT_LINEAR_OPTIMIZER: dict[str, Any] = {"name": "ftrl", "alpha": 0.35, "beta": 1.0, "l1": 5.0, "l2": 1.0}
-"""FTRL settings of the linear part: alpha and l1 chosen by
-`bench/bench_linear_sweep.py` with the numeric feed
-(`ps_core.model.hasher.DEFAULT_NUMERIC`: the smallest largest regret of
-progressive log loss over the quality streams of 15k to 1M events, with the
-mini-batch ramp), beta and l2 at 1."""
+DEFAULT_LINEAR_OPTIMIZER: dict[str, Any] = {"name": "ftrl", "alpha": 0.2, "beta": 0.1, "l1": 0.5, "l2": 1.0}
+"""FTRL settings of the linear part, chosen by `bench/bench_linear_sweep.py`
+on half of the synthetic profiles and seeds (the smallest largest regret of
+progressive log loss over them, at the numeric feed
+`ps_core.model.hasher.DEFAULT_NUMERIC` and the mini-batch ramp) and reported
+on the other half (docs/defaults.md)."""
 DEFAULT_EMBEDDING_OPTIMIZER: dict[str, Any] = {"name": "adagrad", "lr": 0.003}
 """AdaGrad of FM's embeddings. `bench/bench_sweep.py` chose the rate: the largest
 at which FM's log loss is at most LR's on every stream it runs at the default

@@ -126,7 +126,19 @@ class FTRL(Struct, tag_field="name", tag="ftrl", forbid_unknown_fields=True):
     l2: NonNegative | UnsetType = UNSET
 
 
-Optimizer = SGD | AdaGrad | FTRL
+class CoinBetting(Struct, tag_field="name", tag="coin", forbid_unknown_fields=True):
+    """Parameter-free coin betting (ps_core.store.optim.CoinBetting): the
+    bettor's initial stake, the floor of its gradient scale, and the scale
+    of its bets in the logit."""
+
+    wealth: Positive | UnsetType = UNSET
+    lipschitz: Positive | UnsetType = UNSET
+    scale: Positive | UnsetType = UNSET
+
+
+Optimizer = SGD | AdaGrad | FTRL | CoinBetting
+OptimizerName = Literal["sgd", "adagrad", "ftrl", "coin"]
+"""An optimizer by name alone (its defaults); `OPTIMIZERS`' keys."""
 TableName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}\Z")]
 
 
@@ -169,7 +181,7 @@ class TableDeclaration(Struct, forbid_unknown_fields=True):
 
     name: TableName
     dim: Annotated[int, Meta(ge=1, le=MAX_DIM)] | UnsetType = UNSET
-    optimizer: Literal["sgd", "adagrad", "ftrl"] | Optimizer | UnsetType = UNSET
+    optimizer: OptimizerName | Optimizer | UnsetType = UNSET
     init_scale: Annotated[float, Meta(ge=0, le=MAX_INIT_SCALE)] | UnsetType = UNSET
     seed: Annotated[int, Meta(ge=0, le=MAX_INT)] | UnsetType = UNSET
     lifecycle: Lifecycle | UnsetType = UNSET
@@ -541,8 +553,8 @@ class ModelDeclaration(Struct, forbid_unknown_fields=True):
 
     name: NewModelName
     type: Literal["lr", "fm"] = "lr"
-    optimizer: Literal["sgd", "adagrad", "ftrl"] | Optimizer | UnsetType = UNSET
-    embedding_optimizer: Literal["sgd", "adagrad", "ftrl"] | Optimizer | UnsetType = UNSET
+    optimizer: OptimizerName | Optimizer | UnsetType = UNSET
+    embedding_optimizer: OptimizerName | Optimizer | UnsetType = UNSET
     factors: Annotated[int, Meta(ge=1, le=MAX_DIM)] = 8
     init_scale: Annotated[float, Meta(ge=0, le=MAX_INIT_SCALE)] = 0.01
     seed: Annotated[int, Meta(ge=0, le=MAX_INT)] = 0

@@ -1,7 +1,7 @@
 """The store: sparse tables of one shard and their optimizers.
 
 Holds the vectorised key index (`KeyIndex`), the optimizers (`SGD`,
-`AdaGrad`, `FTRL`), tables (`TableConfig`, `SparseTable`, `TableSnapshot`;
+`AdaGrad`, `FTRL`, `CoinBetting`), tables (`TableConfig`, `SparseTable`, `TableSnapshot`;
 what a pull found, for its push: `pull_cache.PullCache`; arrays grown in
 place: `growth`), a table's feature lifecycle (`lifecycle`: admission and
 eviction rules) and the status board's bounded report model
@@ -13,13 +13,14 @@ A new optimizer, per-row metadata or a table's admission and eviction go here.
 """
 
 from .index import KeyIndex
-from .optim import FTRL, SGD, AdaGrad, Optimizer, make_optimizer
+from .optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
 from .table import SparseTable, TableConfig, TableSnapshot
 
 __all__ = [
     "FTRL",
     "SGD",
     "AdaGrad",
+    "CoinBetting",
     "KeyIndex",
     "Optimizer",
     "SparseTable",

@@ -11,6 +11,9 @@ optimizer  row blocks                  weight
 SGD        ``[w]``                     ``w``
 AdaGrad    ``[w, G]`` (sum of g²)      ``w``
 FTRL       ``[z, n]`` (McMahan 2013)   derived from ``z, n`` on every read
+coin       ``[w0, theta, G, L,         derived: ``w0 + (wealth + reward)
+           reward]`` (Orabona & Pál    theta / (L (L + G))``
+           2016, KT bettor)
 =========  ==========================  ====================================
 
 `step` updates gathered rows in place from the (duplicate-summed) gradients;
@@ -34,6 +37,7 @@ __all__ = [
     "SGD",
     "AdaGrad",
     "FTRL",
+    "CoinBetting",
     "AddDeltas",
     "make_optimizer",
     "OPTIMIZERS",
@@ -244,6 +248,93 @@ class FTRL(Optimizer):
         n[...] = n_new
 
 
+class CoinBetting(Optimizer):
+    """Parameter-free coin betting, per coordinate, with a Krichevsky–Trofimov
+    bettor (Orabona & Pál 2016), scale-free by a running max of ``|g|``.
+
+    State ``[w0, theta, G, L, reward]``: the weight the row started from,
+    ``theta = -sum g``, ``G = sum |g|``, ``L = max |g|`` (at least
+    `lipschitz`) and ``reward = sum -g bet``. The weight is ``w0 + bet`` with
+    ``bet = (wealth + reward) theta / (L (L + G))``, times `scale`. A step
+    with gradient g first raises ``L`` to ``|g|``, then bets with the new
+    ``L``, so ``|g bet| < wealth + reward`` and the wealth stays positive;
+    then ``reward += -g bet; theta -= g; G += |g|``. `wealth` is the
+    bettor's initial stake; `scale` shrinks what a row's bet adds to the
+    logit (each coordinate bets as if alone, while an event sums tens of
+    them: VW's coin divides by the events' mean squared norm likewise), and
+    the bettor's wealth counts the unscaled bet; no learning rate."""
+
+    name = "coin"
+    slots = 5
+
+    def __init__(self, wealth: float = 4.0, lipschitz: float = 1.0, scale: float = 0.125) -> None:
+        if wealth < MIN_POSITIVE or lipschitz < MIN_POSITIVE or scale < MIN_POSITIVE:
+            raise TableConfigError(f"coin needs wealth, lipschitz, scale >= {MIN_POSITIVE:g}")
+        self.wealth = wealth
+        self.lipschitz = lipschitz
+        self.scale = scale
+        self._check_finite()
+
+    @staticmethod
+    def _blocks(rows: F32, dim: int) -> tuple[F32, F32, F32, F32, F32]:
+        """Views of the five blocks ``w0, theta, G, L, reward`` of `rows`."""
+        return (
+            rows[:, :dim],
+            rows[:, dim : 2 * dim],
+            rows[:, 2 * dim : 3 * dim],
+            rows[:, 3 * dim : 4 * dim],
+            rows[:, 4 * dim :],
+        )
+
+    def _bet(self, theta: F32, g_sum: F32, lip: F32, reward: F32) -> F32:
+        """``(wealth + reward) theta / (L (L + G))``, a new array."""
+        bet = reward + np.float32(self.wealth)
+        bet *= theta
+        denom = lip + g_sum
+        denom *= lip
+        bet /= denom
+        return bet
+
+    def weights(self, rows: F32, dim: int) -> F32:
+        w0, theta, g_sum, lip, reward = self._blocks(rows, dim)
+        w = self._bet(theta, g_sum, lip, reward)
+        if self.scale != 1.0:
+            w *= np.float32(self.scale)
+        w += w0
+        return w
+
+    def rows_from_weights(self, w: F32) -> F32:
+        d = w.shape[1]
+        out = np.zeros((w.shape[0], 5 * d), dtype=np.float32)
+        out[:, :d] = w
+        out[:, 3 * d : 4 * d] = np.float32(self.lipschitz)
+        return out
+
+    def set_weights(self, rows: F32, w: F32) -> None:
+        # The betting state stays (the bettor keeps its wealth and scale);
+        # only the anchor moves so that the rows read as `w`.
+        d = w.shape[1]
+        w0, theta, g_sum, lip, reward = self._blocks(rows, d)
+        bet = self._bet(theta, g_sum, lip, reward)
+        bet *= np.float32(self.scale)
+        np.subtract(w, bet, out=w0)
+
+    def step(self, rows: F32, grads: F32) -> None:
+        d = grads.shape[1]
+        _, theta, g_sum, lip, reward = self._blocks(rows, d)
+        abs_g = np.abs(grads)
+        np.maximum(lip, abs_g, out=lip)  # the new L first: the bet below is bounded by it
+        bet = self._bet(theta, g_sum, lip, reward)  # unscaled: the bettor's own game
+        bet *= grads
+        reward -= bet
+        # |g bet| < wealth + reward in exact arithmetic (|theta| <= G and
+        # |g| <= L); float32 rounding could still take the wealth a hair
+        # below zero, which would flip the sign of every later bet.
+        np.maximum(reward, np.float32(-self.wealth), out=reward)
+        theta -= grads
+        g_sum += abs_g
+
+
 class AddDeltas(Optimizer):
     """The shards' rule for a geo model: rows are weights and a push adds
     its values to them (``w += delta``). Workers train with the model's own
@@ -260,7 +351,7 @@ class AddDeltas(Optimizer):
         rows += grads
 
 
-OPTIMIZERS: dict[str, type[Optimizer]] = {c.name: c for c in (SGD, AdaGrad, FTRL)}
+OPTIMIZERS: dict[str, type[Optimizer]] = {c.name: c for c in (SGD, AdaGrad, FTRL, CoinBetting)}
 
 
 def make_optimizer(spec: dict[str, Any]) -> Optimizer:

@@ -45,6 +45,13 @@ Determinism: events are generated in fixed blocks of `BLOCK` events, each from i
 own random generator seeded by (seed, block number), so event *i* of a seed is the
 same whatever batch sizes were asked for; different seeds give different models
 and different streams.
+
+Declared fields: given ``categorical_fields`` (and ``numeric_fields``, ``pairs``,
+``bayes_gain``, ``hour_amplitude``), the stream's fields and hidden model are those
+of `ps_core.synthetic.fields` instead (per-field cardinalities, Zipf exponents,
+missing values, derived fields, hour of day, heavy-tailed counts; the profiles of
+`ps_core.synthetic.profiles` are such streams). Everything above holds for them
+but the field names and the model; the default stream is unchanged by them.
 """
 
 from __future__ import annotations
@@ -59,12 +66,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .fields import CategoricalField, FieldModel, NumericField, Pair
+
 __all__ = ["SyntheticStream", "bayes_logloss", "BLOCK"]
 
 BLOCK = 8192
 """Events generated per internal block (the unit of determinism)."""
 
 F64 = npt.NDArray[np.float64]
+_HOURS: npt.NDArray[np.object_] = np.array([f"{h:02d}" for h in range(24)], dtype=object)
+_RENDERED = 4096  # a declared field's ranks rendered once at construction
 
 # Shape constants of the hidden model, tuned (see tests/test_producers.py) so that the
 # ground truth reaches AUC ≈ 0.86-0.89 for any seed, and LR on one-hot features trained
@@ -91,28 +102,25 @@ class _Block:
     p: F64
     label: npt.NDArray[np.int8]
     fresh: npt.NDArray[np.bool_]  # (n, num_categorical): a brand-new id instead of the rank's
+    missing: npt.NDArray[np.bool_]  # (n, num_categorical): the field is absent
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
 
     def split(self, n: int) -> tuple[_Block, _Block]:
         return (
-            _Block(self.ranks[:n], self.nums[:n], self.ts[:n], self.p[:n], self.label[:n], self.fresh[:n]),
-            _Block(self.ranks[n:], self.nums[n:], self.ts[n:], self.p[n:], self.label[n:], self.fresh[n:]),
+            _Block(*(a[:n] for a in self._columns())),
+            _Block(*(a[n:] for a in self._columns())),
         )
+
+    def _columns(self) -> tuple[Any, ...]:
+        return (self.ranks, self.nums, self.ts, self.p, self.label, self.fresh, self.missing)
 
     @staticmethod
     def concat(blocks: Sequence[_Block]) -> _Block:
         if len(blocks) == 1:
             return blocks[0]
-        return _Block(
-            np.concatenate([b.ranks for b in blocks]),
-            np.concatenate([b.nums for b in blocks]),
-            np.concatenate([b.ts for b in blocks]),
-            np.concatenate([b.p for b in blocks]),
-            np.concatenate([b.label for b in blocks]),
-            np.concatenate([b.fresh for b in blocks]),
-        )
+        return _Block(*(np.concatenate(cols) for cols in zip(*(b._columns() for b in blocks), strict=True)))
 
 
 def _sigmoid(x: F64) -> F64:
@@ -154,30 +162,38 @@ class SyntheticStream:
     numeric_truth: str = "log1p"
     """How the counts act in the hidden model: through ``log1p`` of each, or
     (``linear``) through the counts themselves, scaled to the same spread."""
+    categorical_fields: tuple[CategoricalField, ...] = ()
+    """Fields declared one by one (`ps_core.synthetic.fields`); when given, they
+    and `numeric_fields`, `pairs`, `bayes_gain` and `hour_amplitude` make the
+    stream, and `num_numeric`, `num_categorical`, `vocab`, `zipf_a` and
+    `numeric_truth` are not used (the two counts become the fields' numbers)."""
+    numeric_fields: tuple[NumericField, ...] = ()
+    pairs: tuple[Pair, ...] = ()
+    bayes_gain: float = 0.2
+    """Of declared fields: the share of the constant model's log loss that the
+    truth removes (1 − Bayes log loss / constant log loss); solved at construction."""
+    hour_amplitude: float = 0.0
+    """Of declared fields with an hour field: the daily cycle's logit amplitude."""
 
     def __post_init__(self) -> None:
-        seed, num_numeric, num_categorical, vocab = self.seed, self.num_numeric, self.num_categorical, self.vocab
-        if seed < 0:
+        if self.seed < 0:
             raise ValueError("seed must be >= 0")
+        self._fm: FieldModel | None = None
+        if self.categorical_fields:
+            self._init_fields()
+            return
+        if self.numeric_fields or self.pairs:
+            raise ValueError("numeric_fields and pairs need categorical_fields")
+        seed, num_numeric, num_categorical, vocab = self.seed, self.num_numeric, self.num_categorical, self.vocab
         if num_numeric < 0 or num_categorical < 1:
             raise ValueError("need num_numeric >= 0 and num_categorical >= 1")
         if vocab < 1 or num_categorical * vocab >= 2**32:
             raise ValueError("vocab must be >= 1 and num_categorical * vocab < 2**32")
         if self.zipf_a <= 0:
             raise ValueError("zipf_a must be > 0")
-        if self.events_per_s <= 0 or not math.isfinite(self.events_per_s):
-            raise ValueError("events_per_s must be a positive number")
-        if self.drift < 0:
-            raise ValueError("drift must be >= 0")
-        if not 0.0 < self.base_ctr < 1.0:
-            raise ValueError("base_ctr must be in (0, 1)")
-        if not 0.0 <= self.fresh < 1.0:
-            raise ValueError("fresh must be in [0, 1)")
         if self.numeric_truth not in ("log1p", "linear"):
             raise ValueError("numeric_truth must be log1p or linear")
-        # Ints given for the rates are kept as floats.
-        for name in ("start_ts", "events_per_s", "drift", "base_ctr", "fresh"):
-            setattr(self, name, float(getattr(self, name)))
+        self._check_rates()
         self.num_names = [f"I{j + 1}" for j in range(num_numeric)]
         self.cat_names = [f"C{f + 1}" for f in range(num_categorical)]
 
@@ -217,17 +233,67 @@ class SyntheticStream:
         self._calibrate(np.random.default_rng([seed, 0xCA1]))
 
         self._fidx = np.arange(num_categorical)
+        self._codes = self._fidx.astype(np.uint32) * np.uint32(self.vocab)  # each field's first value code
         self._names = self.num_names + self.cat_names
         # Up to 1M strings (~65 MB) are rendered once; a larger vocabulary renders per batch.
         self._hex_table: npt.NDArray[np.object_] | None = None
         if num_categorical * vocab <= 1 << 20:
             grid = np.arange(vocab, dtype=np.int32)[:, None] + np.zeros(num_categorical, np.int32)
             self._hex_table = self._hex(grid).T.copy()
+        self._start()
+
+    def _check_rates(self) -> None:
+        if self.events_per_s <= 0 or not math.isfinite(self.events_per_s):
+            raise ValueError("events_per_s must be a positive number")
+        if self.drift < 0:
+            raise ValueError("drift must be >= 0")
+        if not 0.0 < self.base_ctr < 1.0:
+            raise ValueError("base_ctr must be in (0, 1)")
+        if not 0.0 <= self.fresh < 1.0:
+            raise ValueError("fresh must be in [0, 1)")
+        # Ints given for the rates are kept as floats.
+        for name in ("start_ts", "events_per_s", "drift", "base_ctr", "fresh"):
+            setattr(self, name, float(getattr(self, name)))
+
+    def _start(self) -> None:
         self._next_block = 0
         self._next_offset = 0.0  # event time since start_ts after the last generated event
         self._pending: list[_Block] = []
         self._pending_len = 0
         self.produced = 0
+
+    def _init_fields(self) -> None:
+        """A stream of declared fields: the model is `FieldModel`'s."""
+        self._check_rates()
+        cats, nums = tuple(self.categorical_fields), tuple(self.numeric_fields)
+        self.categorical_fields, self.numeric_fields, self.pairs = cats, nums, tuple(self.pairs)
+        self.num_numeric, self.num_categorical = len(nums), len(cats)
+        self.num_names = [x.name for x in nums]
+        self.cat_names = [c.name for c in cats]
+        self._fm = FieldModel(
+            self.seed,
+            cats,
+            nums,
+            self.pairs,
+            base_ctr=self.base_ctr,
+            bayes_gain=float(self.bayes_gain),
+            hour_amplitude=float(self.hour_amplitude),
+            drift=self.drift,
+            fresh=self.fresh,
+        )
+        self.bias = self._fm.bias
+        self._hex_key = int(np.random.default_rng([self.seed, 0x5EED]).integers(0, 2**32))
+        self._fidx = np.arange(len(cats))
+        self._codes = self._fm.offsets.astype(np.uint32)
+        self._names = self.num_names + self.cat_names
+        # Each field's most frequent values are rendered once (4096 strings a
+        # field at most, ~6 MB for 26 fields); rarer ones per batch.
+        head = np.minimum(np.arange(_RENDERED, dtype=np.uint32)[:, None], (self._fm.card - 1).astype(np.uint32))
+        table = self._render(head + self._codes).reshape(head.shape).T.copy()
+        # The hour of day reads as Avazu's: "00".."23".
+        table[self._fm.is_hour, :24] = _HOURS
+        self._hex_table = table
+        self._start()
 
     # -- the hidden model --------------------------------------------------------------
 
@@ -291,11 +357,10 @@ class SyntheticStream:
     def _gen_block(self) -> _Block:
         rng = np.random.default_rng([self.seed, 1, self._next_block])
         self._next_block += 1
+        if self._fm is not None:
+            return self._gen_fields_block(rng)
         ranks, nums = self._draw(rng, BLOCK)
-        # A floor on the gap keeps ts strictly increasing after float rounding at ~1.7e9.
-        gaps = np.maximum(rng.exponential(1.0 / self.events_per_s, BLOCK), 1e-6)
-        offset = self._next_offset + np.cumsum(gaps)
-        self._next_offset = float(offset[-1])
+        offset = self._offsets(rng)
         fresh = np.zeros(ranks.shape, dtype=bool)
         if self.fresh > 0:
             # Drawn from the block's own generator after everything else, so
@@ -304,7 +369,28 @@ class SyntheticStream:
             ranks = np.where(fresh, self.vocab - 1, ranks).astype(np.int32)  # the rarest weight: ~0
         p = _sigmoid(self._logit(ranks, nums, offset))
         label = (rng.random(BLOCK) < p).astype(np.int8)
-        return _Block(ranks, nums, self.start_ts + offset, p, label, fresh)
+        return _Block(ranks, nums, self.start_ts + offset, p, label, fresh, np.zeros(ranks.shape, dtype=bool))
+
+    def _offsets(self, rng: np.random.Generator) -> F64:
+        # A floor on the gap keeps ts strictly increasing after float rounding at ~1.7e9.
+        gaps = np.maximum(rng.exponential(1.0 / self.events_per_s, BLOCK), 1e-6)
+        offset: F64 = self._next_offset + np.cumsum(gaps)
+        self._next_offset = float(offset[-1])
+        return offset
+
+    def _gen_fields_block(self, rng: np.random.Generator) -> _Block:
+        fm = self._fm
+        assert fm is not None
+        offset = self._offsets(rng)  # first: the hour of day is a field
+        ts = self.start_ts + offset
+        ranks, missing, nums = fm.draw(rng, BLOCK, ts)
+        fresh = np.zeros(ranks.shape, dtype=bool)
+        if self.fresh > 0:
+            fresh = np.random.default_rng([self.seed, 2, self._next_block - 1]).random(ranks.shape) < self.fresh
+            fresh &= ~missing & ~fm.is_hour
+        p = _sigmoid(fm.logit(ranks, missing, fresh, nums, offset))
+        label = (rng.random(BLOCK) < p).astype(np.int8)
+        return _Block(ranks.astype(np.int32), nums, ts, p, label, fresh, missing)
 
     def _take(self, n: int) -> _Block:
         while self._pending_len < n:
@@ -318,14 +404,25 @@ class SyntheticStream:
 
     def _hex(self, ranks: npt.NDArray[np.int32]) -> npt.NDArray[np.object_]:
         """8-hex-char strings (as an object array) for a (n, fields) rank matrix."""
-        if self._hex_table is not None:
+        if self._hex_table is not None and self._fm is None:
             table: npt.NDArray[np.object_] = self._hex_table[self._fidx, ranks]
             return table
-        code = self._fidx.astype(np.uint32) * np.uint32(self.vocab)
-        mixed = _mix32(ranks.astype(np.uint32) + code, self._hex_key)
-        text = mixed.astype(">u4").tobytes().hex().encode("ascii")
+        if self._hex_table is not None:
+            # Declared fields: the table holds each field's first ranks; the rest are rendered.
+            top = self._hex_table.shape[1]
+            table = self._hex_table[self._fidx, np.minimum(ranks, top - 1)]
+            tail = ranks >= top
+            if tail.any():
+                rows, cols = np.nonzero(tail)
+                table[rows, cols] = self._render(ranks[rows, cols].astype(np.uint32) + self._codes[cols])
+            return table
+        return self._render(ranks.astype(np.uint32) + self._codes).reshape(ranks.shape)
+
+    def _render(self, codes: npt.NDArray[np.uint32]) -> npt.NDArray[np.object_]:
+        """The 8-hex-char string of each value code (field's first code + rank)."""
+        text = _mix32(codes, self._hex_key).astype(">u4").tobytes().hex().encode("ascii")
         strs: npt.NDArray[np.object_] = np.frombuffer(text, dtype="S8").astype("U8").astype(object)
-        return strs.reshape(ranks.shape)
+        return strs
 
     def _fresh_ids(self, cells: npt.NDArray[np.int64]) -> npt.NDArray[np.object_]:
         """12-hex-char ids of (event, field) cells: an odd multiply mod 2**48 is
@@ -359,6 +456,7 @@ class SyntheticStream:
         values = np.concatenate([blk.nums.astype(object), cats], axis=1)
         present = np.ones(values.shape, dtype=bool)
         present[:, : self.num_numeric] = ~np.isnan(blk.nums)
+        present[:, self.num_numeric :] = ~blk.missing
         names = self._names
         prefix = f"s-{self.seed}-"
         # The dicts hold no cycles; the collector's passes over them while they are
