@@ -56,7 +56,7 @@ COINS = ((1.0, 0.125), (4.0, 0.0625), (4.0, 0.125), (4.0, 0.25), (8.0, 0.125))
 """Coin betting's (wealth, scale) points."""
 QUICK = {
     "alphas": (0.1, 0.2, 0.35),
-    "betas": (1.0,),
+    "betas": (0.1,),
     "l1s": (0.5, 2.0, 5.0),
     "l2s": (1.0,),
     "numerics": (DEFAULT_NUMERIC,),
