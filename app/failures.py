@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import errno
 
-import aiohttp
-
 from ps_core.errors import ShardUnavailableError
 
 __all__ = [
@@ -114,6 +112,11 @@ def expected_failure(exc: BaseException) -> tuple[str, int] | None:
     extra = missing_extra(exc)
     if extra is not None:
         return extra, EXIT_FAILURE
+    # Here, not at the top: `ctrps` imports this module first, and so does
+    # each decode process (spawned, it re-runs the console script), which
+    # has no use for aiohttp.
+    import aiohttp
+
     if isinstance(exc, aiohttp.ClientConnectorError):
         # Before ClientOSError's OSError branch: it names the host it tried.
         return f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}", EXIT_FAILURE

@@ -1,9 +1,9 @@
-"""ctrps core, in four packages over five shared modules; no Kafka here.
+"""ctrps core, in four packages over six shared modules; no Kafka here.
 
-- `errors`, `hashing`, `parsing`, `models`, `rows`: typed errors, stable
-  64-bit ids, strict parsing, request bodies declared once as models
-  (validation and the documents' schemas), and whole-row gathers and
-  scatters of 2-d arrays, imported by every package;
+- `errors`, `hashing`, `parsing`, `models`, `rows`, `lazy`: typed errors,
+  stable 64-bit ids, strict parsing, request bodies declared once as models
+  (validation and the documents' schemas), whole-row gathers and scatters of
+  2-d arrays, and the packages' lazy re-exports, imported by every package;
 - `store`: the index, optimizers and sparse tables of one shard;
 - `model`: events, feature hashing, batches, models and metrics;
 - `net`: the codec, a shard's handlers and server, the RPC and the clients;
@@ -13,12 +13,14 @@
   re-exported here).
 
 Each package imports only the shared modules and the packages listed before
-it (`tests/test_layers.py` checks this)."""
+it (`tests/test_layers.py` checks this).
 
-from .checkpoint.control import ControlClient
-from .checkpoint.coordinator import Coordinator, Cut, Lease
-from .checkpoint.export import latest_chain, list_versions, load_version, restore_shards, write_version
-from .checkpoint.exporter import Exporter, ExportReport
+The names below are imported on first use (`lazy.lazy_exports`; the errors,
+standard library only, at once): ``import ps_core`` loads no numpy, aiohttp
+or checkpoint, and ``from ps_core import Learner`` loads what `Learner` needs."""
+
+from typing import TYPE_CHECKING
+
 from .errors import (
     CutInProgressError,
     ExportCorruptError,
@@ -35,21 +37,53 @@ from .errors import (
     UnknownTableError,
     WrongShardError,
 )
-from .hashing import mix64, shard_of
-from .model.batch import EventBatch
-from .model.events import decode_message
-from .model.hasher import FeatureHasher
-from .model.learner import Learner
-from .model.models import FactorizationMachine, LogisticRegression, Model, make_model
-from .net.client import PSClient, PSReader
-from .net.codec import Frame, Op
-from .net.endpoint import RetryPolicy
-from .net.server import create_shard_app
-from .net.shard import Shard, ShardSpec
-from .net.transports import HttpTransport, LocalTransport, ShardReader, ShardTransport, TcpTransport
-from .store.index import KeyIndex
-from .store.optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
-from .store.table import SparseTable, TableConfig, TableSnapshot
+from .lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .checkpoint.control import ControlClient
+    from .checkpoint.coordinator import Coordinator, Cut, Lease
+    from .checkpoint.export import latest_chain, list_versions, load_version, restore_shards, write_version
+    from .checkpoint.exporter import Exporter, ExportReport
+    from .hashing import mix64, shard_of
+    from .model.batch import EventBatch
+    from .model.events import decode_message
+    from .model.hasher import FeatureHasher
+    from .model.learner import Learner
+    from .model.models import FactorizationMachine, LogisticRegression, Model, make_model
+    from .net.client import PSClient, PSReader
+    from .net.codec import Frame, Op
+    from .net.endpoint import RetryPolicy
+    from .net.server import create_shard_app
+    from .net.shard import Shard, ShardSpec
+    from .net.transports import HttpTransport, LocalTransport, ShardReader, ShardTransport, TcpTransport
+    from .store.index import KeyIndex
+    from .store.optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
+    from .store.table import SparseTable, TableConfig, TableSnapshot
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            ".checkpoint.control": ("ControlClient",),
+            ".checkpoint.coordinator": ("Coordinator", "Cut", "Lease"),
+            ".checkpoint.export": ("latest_chain", "list_versions", "load_version", "restore_shards", "write_version"),
+            ".checkpoint.exporter": ("Exporter", "ExportReport"),
+            ".hashing": ("mix64", "shard_of"),
+            ".model.batch": ("EventBatch",),
+            ".model.events": ("decode_message",),
+            ".model.hasher": ("FeatureHasher",),
+            ".model.learner": ("Learner",),
+            ".model.models": ("FactorizationMachine", "LogisticRegression", "Model", "make_model"),
+            ".net.client": ("PSClient", "PSReader"),
+            ".net.codec": ("Frame", "Op"),
+            ".net.endpoint": ("RetryPolicy",),
+            ".net.server": ("create_shard_app",),
+            ".net.shard": ("Shard", "ShardSpec"),
+            ".net.transports": ("HttpTransport", "LocalTransport", "ShardReader", "ShardTransport", "TcpTransport"),
+            ".store.index": ("KeyIndex",),
+            ".store.optim": ("FTRL", "SGD", "AdaGrad", "CoinBetting", "Optimizer", "make_optimizer"),
+            ".store.table": ("SparseTable", "TableConfig", "TableSnapshot"),
+        },
+    )
 
 __all__ = [
     "AdaGrad",

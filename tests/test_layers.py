@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = {"ps_core.errors", "ps_core.hashing", "ps_core.parsing", "ps_core.models", "ps_core.rows"}
+SHARED = {"ps_core.errors", "ps_core.hashing", "ps_core.parsing", "ps_core.models", "ps_core.rows", "ps_core.lazy"}
 
 # What each part of the tree may import of the project, by module prefix.
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -15,6 +15,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "ps_core.errors": (),
     "ps_core.hashing": (),
     "ps_core.rows": (),
+    "ps_core.lazy": (),
     "ps_core.parsing": ("ps_core.errors",),
     "ps_core.models": ("ps_core.errors", "ps_core.parsing"),
     "ps_core.store": (*SHARED, "ps_core.store"),

@@ -5,10 +5,13 @@ exports) without aiokafka or the 40 MB embedded broker; the ``kafka`` extra
 brings the Kafka client the ``ctrps`` command needs, ``broker`` the embedded
 broker; a command whose extra is missing says which in one line. Absent
 packages are made absent in a subprocess by an import hook that refuses them
-(the shared environment has them installed)."""
+(the shared environment has them installed). The packages re-export their
+names lazily: importing one module loads what it needs, not its package."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import subprocess
 import sys
 import tomllib
@@ -19,6 +22,8 @@ from commands import as_a_user
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ps_core", "consumers", "app")
+LAZY = ("ps_core", "ps_core.store", "ps_core.model", "ps_core.net", "ps_core.checkpoint", "consumers")
+"""The packages whose `__init__` re-exports its names lazily (`ps_core.lazy`)."""
 
 # Makes `modules` uninstalled for the interpreter that runs it: their import
 # raises ModuleNotFoundError exactly as a missing distribution does.
@@ -71,6 +76,36 @@ def test_the_library_imports_without_kafka_or_the_broker() -> None:
     )
     done = _run(code)
     assert done.returncode == 0, done.stderr
+
+
+def test_importing_the_decoder_leaves_the_network_and_checkpoints_out() -> None:
+    # What each decode process imports: with every package's names imported
+    # eagerly it was 61 modules of the project and aiohttp (~0.4 s a process).
+    done = _run("import sys, consumers.decode\nprint(' '.join(sorted(sys.modules)))")
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert {"consumers.decode", "ps_core.model.hasher"} <= loaded
+    heavy = ("aiohttp", "aiokafka", "ps_core.checkpoint", "ps_core.net", "consumers.broker")
+    assert not {m for m in loaded for h in heavy if m == h or m.startswith(h + ".")}
+
+
+@pytest.mark.parametrize("name", LAZY)
+def test_each_lazy_name_is_the_one_its_import_for_type_checkers_names(name: str) -> None:
+    # The names are written twice (imports under TYPE_CHECKING, the run-time
+    # table of `lazy_exports`): both must say the same, and `__all__` too.
+    tree = ast.parse((ROOT / name.replace(".", "/") / "__init__.py").read_text())
+    declared: dict[str, str] = {}
+    for node in tree.body:
+        checking = isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        for imp in node.body if checking and isinstance(node, ast.If) else [node]:
+            if isinstance(imp, ast.ImportFrom) and imp.level and imp.module != "lazy":
+                declared.update({a.name: "." * imp.level + (imp.module or "") for a in imp.names})
+    package = importlib.import_module(name)
+    assert sorted(declared) == sorted(package.__all__)
+    for export, module in declared.items():
+        assert getattr(package, export) is getattr(importlib.import_module(module, name), export), export
+    assert set(package.__all__) <= set(dir(package))
+    assert not hasattr(package, "NoSuchName")  # an AttributeError: `from package import module` needs it
 
 
 def test_the_command_without_the_kafka_extra_names_it_in_one_line() -> None:

@@ -11,13 +11,29 @@ of a shard app (`routes`).
 
 May import: everything else in `ps_core` (the store, the model side and the
 network). Nothing imports it from below. A new export kind, retention rule or
-coordination step goes here.
+coordination step goes here. The names below are imported on first use
+(`ps_core.lazy`).
 """
 
-from .control import ControlClient, HttpControl, LocalControl, ShardControl
-from .coordinator import Coordinator
-from .exporter import Exporter, ExportReport
-from .routes import checkpointed_shard_app
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .control import ControlClient, HttpControl, LocalControl, ShardControl
+    from .coordinator import Coordinator
+    from .exporter import Exporter, ExportReport
+    from .routes import checkpointed_shard_app
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            ".control": ("ControlClient", "HttpControl", "LocalControl", "ShardControl"),
+            ".coordinator": ("Coordinator",),
+            ".exporter": ("Exporter", "ExportReport"),
+            ".routes": ("checkpointed_shard_app",),
+        },
+    )
 
 __all__ = [
     "ControlClient",

@@ -11,14 +11,33 @@ May import: numpy, orjson, `ps_core.errors`, `ps_core.hashing`,
 the network or checkpoints, but for `Learner.save` / `Learner.load`, which
 import `ps_core.checkpoint` when called (the export format's one writer and
 reader). A new model, feature kind or metric goes here.
+The names below are imported on first use (`ps_core.lazy`): a decoding
+process loads events, hashing and batches, not the models or `Learner`.
 """
 
-from .batch import EventBatch
-from .events import decode_message
-from .hasher import FeatureHasher
-from .learner import Learner
-from .metrics import Metrics, evaluate
-from .models import FactorizationMachine, LogisticRegression, Model, make_model
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .batch import EventBatch
+    from .events import decode_message
+    from .hasher import FeatureHasher
+    from .learner import Learner
+    from .metrics import Metrics, evaluate
+    from .models import FactorizationMachine, LogisticRegression, Model, make_model
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            ".batch": ("EventBatch",),
+            ".events": ("decode_message",),
+            ".hasher": ("FeatureHasher",),
+            ".learner": ("Learner",),
+            ".metrics": ("Metrics", "evaluate"),
+            ".models": ("FactorizationMachine", "LogisticRegression", "Model", "make_model"),
+        },
+    )
 
 __all__ = [
     "EventBatch",

@@ -10,13 +10,38 @@ client (`client.PSReader`, `client.PSClient` over the transports of
 May import: aiohttp, numpy, orjson, msgspec, `ps_core.errors`, `ps_core.hashing`,
 `ps_core.parsing`, `ps_core.models` and `ps_core.store`. Nothing of the model
 side or checkpoints. A new frame op, value encoding or transport goes here.
+The names below are imported on first use (`ps_core.lazy`): aiohttp is
+loaded by what uses the server or the clients, not by the codec.
 """
 
-from .client import PSClient, PSReader, Routed
-from .endpoint import RetryPolicy, ShardEndpoint
-from .server import create_shard_app
-from .shard import Shard, ShardSpec
-from .transports import HttpTransport, LocalTransport, Pulled, ShardReader, ShardTransport, TcpTransport
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .client import PSClient, PSReader, Routed
+    from .endpoint import RetryPolicy, ShardEndpoint
+    from .server import create_shard_app
+    from .shard import Shard, ShardSpec
+    from .transports import HttpTransport, LocalTransport, Pulled, ShardReader, ShardTransport, TcpTransport
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            ".client": ("PSClient", "PSReader", "Routed"),
+            ".endpoint": ("RetryPolicy", "ShardEndpoint"),
+            ".server": ("create_shard_app",),
+            ".shard": ("Shard", "ShardSpec"),
+            ".transports": (
+                "HttpTransport",
+                "LocalTransport",
+                "Pulled",
+                "ShardReader",
+                "ShardTransport",
+                "TcpTransport",
+            ),
+        },
+    )
 
 __all__ = [
     "HttpTransport",

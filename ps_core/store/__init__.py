@@ -10,11 +10,26 @@ eviction rules) and the status board's bounded report model
 May import: numpy, msgspec, and `ps_core.errors`, `ps_core.hashing`, `ps_core.parsing`,
 `ps_core.models`. Nothing of the network, the model side or checkpoints.
 A new optimizer, per-row metadata or a table's admission and eviction go here.
+The names below are imported on first use (`ps_core.lazy`).
 """
 
-from .index import KeyIndex
-from .optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
-from .table import SparseTable, TableConfig, TableSnapshot
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .index import KeyIndex
+    from .optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
+    from .table import SparseTable, TableConfig, TableSnapshot
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            ".index": ("KeyIndex",),
+            ".optim": ("FTRL", "SGD", "AdaGrad", "CoinBetting", "Optimizer", "make_optimizer"),
+            ".table": ("SparseTable", "TableConfig", "TableSnapshot"),
+        },
+    )
 
 __all__ = [
     "FTRL",
