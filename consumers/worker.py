@@ -76,7 +76,7 @@ from ps_core.model.metrics import Metrics
 from ps_core.model.models import Model
 from ps_core.model.ramp import DEFAULT_RAMP
 from ps_core.net.client import PSClient
-from ps_core.store.table import MODES
+from ps_core.store.table_config import MODES
 
 from .broker import broker_listening
 from .collector import fewer_collections

@@ -49,7 +49,9 @@ from .net.shard import Shard, ShardSpec
 from .net.transports import HttpTransport, LocalTransport, ShardReader, ShardTransport, TcpTransport
 from .store.index import KeyIndex
 from .store.optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
-from .store.table import SparseTable, TableConfig, TableSnapshot
+from .store.snapshot import TableSnapshot
+from .store.table import SparseTable
+from .store.table_config import TableConfig
 
 __all__ = [
     "AdaGrad",

@@ -14,7 +14,9 @@ A new optimizer, per-row metadata or a table's admission and eviction go here.
 
 from .index import KeyIndex
 from .optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
-from .table import SparseTable, TableConfig, TableSnapshot
+from .snapshot import TableSnapshot
+from .table import SparseTable
+from .table_config import TableConfig
 
 __all__ = [
     "FTRL",
