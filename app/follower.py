@@ -54,7 +54,8 @@ from ps_core.hashing import U64
 from ps_core.model.models import Model
 from ps_core.net.client import PSReader
 from ps_core.net.transports import Pulled
-from ps_core.store.table import F32, TableConfig
+from ps_core.store.storage import F32
+from ps_core.store.table_config import TableConfig
 
 from .background import BackgroundLoop
 from .errors import NoVersionError

@@ -44,7 +44,7 @@ from ps_core.hashing import U64
 from ps_core.net.client import PSReader
 from ps_core.net.shard_metrics import by_key, counter_by, exposition, num, port_families, shard_families
 from ps_core.net.transports import Pulled, ShardReader
-from ps_core.store.table import F32
+from ps_core.store.storage import F32
 
 from .status import BoardSummary, StatusHook, summarize
 

@@ -26,7 +26,7 @@ from ps_core.model.hasher import DEFAULT_NUMERIC, numeric_spec
 from ps_core.model.models import DEFAULT_EMBEDDING_OPTIMIZER, DEFAULT_LINEAR_OPTIMIZER, make_model
 from ps_core.net.auth import Scope
 from ps_core.store.optim import OPTIMIZERS
-from ps_core.store.table import MODES
+from ps_core.store.table_config import MODES
 
 from .commands import Subcommands, add_command
 from .security import add_security_flags

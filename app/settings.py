@@ -29,7 +29,7 @@ from ps_core.net.wire import ROUNDINGS, WireFormat
 from ps_core.store.change_log import DEFAULT_LOG_KEYS
 from ps_core.store.lifecycle import SPEC_KEYS, Lifecycle
 from ps_core.store.read_table import PRECISIONS
-from ps_core.store.table import MODES, TableConfig
+from ps_core.store.table_config import MODES, TableConfig
 
 from .declared import SettingsError, add_flags, given, load, setting
 from .logs import LEVELS

@@ -62,7 +62,8 @@ from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard
 from ps_core.net.wire import WireFormat
 from ps_core.store.read_table import PRECISIONS, ReadTable
-from ps_core.store.table import SparseTable, TableConfig
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 from ps_core.synthetic import SyntheticStream
 
 log = progress_log("bench_compression")

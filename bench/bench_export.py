@@ -54,7 +54,9 @@ from common import bench_mode, bench_parser, elapsed_s, print_result, progress_l
 from ps_core.checkpoint.export import latest_chain, restore_shards, write_version
 from ps_core.hashing import shard_of
 from ps_core.store.index import KeyIndex
-from ps_core.store.table import SparseTable, TableConfig, TableSnapshot
+from ps_core.store.snapshot import TableSnapshot
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 U64 = npt.NDArray[np.uint64]
 T = TypeVar("T")

@@ -61,7 +61,8 @@ from app.settings import ApiSettings
 from ps_core.checkpoint.export import write_version
 from ps_core.model.models import make_model
 from ps_core.store.index import KeyIndex
-from ps_core.store.table import SparseTable, TableConfig
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 MODEL = "bench"
 TABLE = TableConfig(f"{MODEL}_w", 1, {"name": "ftrl"})

@@ -76,7 +76,8 @@ from common import bench_mode, bench_parser, elapsed_s, print_result, progress_l
 
 from ps_core.store.index import KeyIndex
 from ps_core.store.lifecycle import Lifecycle
-from ps_core.store.table import SparseTable, TableConfig
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 U64 = npt.NDArray[np.uint64]
 F32 = npt.NDArray[np.float32]

@@ -67,7 +67,8 @@ from ps_core.model.models import LogisticRegression  # noqa: E402
 from ps_core.net.client import PSClient  # noqa: E402
 from ps_core.net.shard import Shard  # noqa: E402
 from ps_core.store.lifecycle import Lifecycle  # noqa: E402
-from ps_core.store.table import SparseTable, TableConfig  # noqa: E402
+from ps_core.store.table import SparseTable  # noqa: E402
+from ps_core.store.table_config import TableConfig  # noqa: E402
 from ps_core.synthetic import SyntheticStream  # noqa: E402
 
 PARTITIONS = 2

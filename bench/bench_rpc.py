@@ -88,7 +88,7 @@ from ps_core.net.auth import Scope, derive_token, new_secret
 from ps_core.net.client import PSClient, Routed
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.tls import TlsFiles, client_context
-from ps_core.store.table import TableConfig
+from ps_core.store.table_config import TableConfig
 
 U64 = npt.NDArray[np.uint64]
 F32 = npt.NDArray[np.float32]

@@ -76,7 +76,7 @@ from ps_core.model.metrics import Metrics
 from ps_core.model.models import Model
 from ps_core.model.ramp import DEFAULT_RAMP
 from ps_core.net.client import PSClient
-from ps_core.store.table import MODES
+from ps_core.store.table_config import MODES
 
 from .broker import broker_listening
 from .collector import fewer_collections
@@ -181,7 +181,7 @@ class WorkerConfig:
     heartbeat_interval_ms: int = 1_000
     """Kafka heartbeat interval."""
     mode: str = "async"
-    """Update mode (`ps_core.store.table.MODES`): ``async`` or ``geo``; the
+    """Update mode (`ps_core.store.table_config.MODES`): ``async`` or ``geo``; the
     model's tables must be declared with the same."""
     geo_steps: int = 8
     """Geo: mini-batches trained on the local copy between pushes of its

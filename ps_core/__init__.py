@@ -58,7 +58,9 @@ if TYPE_CHECKING:
     from .net.transports import HttpTransport, LocalTransport, ShardReader, ShardTransport, TcpTransport
     from .store.index import KeyIndex
     from .store.optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
-    from .store.table import SparseTable, TableConfig, TableSnapshot
+    from .store.snapshot import TableSnapshot
+    from .store.table import SparseTable
+    from .store.table_config import TableConfig
 else:
     __getattr__, __dir__ = lazy_exports(
         __name__,
@@ -81,7 +83,9 @@ else:
             ".net.transports": ("HttpTransport", "LocalTransport", "ShardReader", "ShardTransport", "TcpTransport"),
             ".store.index": ("KeyIndex",),
             ".store.optim": ("FTRL", "SGD", "AdaGrad", "CoinBetting", "Optimizer", "make_optimizer"),
-            ".store.table": ("SparseTable", "TableConfig", "TableSnapshot"),
+            ".store.snapshot": ("TableSnapshot",),
+            ".store.table": ("SparseTable",),
+            ".store.table_config": ("TableConfig",),
         },
     )
 

@@ -49,7 +49,8 @@ from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.shard_openapi import Admit, ExportRequest, LeaseRequest, Release, SnapshotRequest, shard_document
 from ps_core.store.board import StatusReport
 from ps_core.store.lifecycle import Lifecycle
-from ps_core.store.table import SparseTable, TableConfig
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 PROJECT = Path(__file__).resolve().parent.parent
 MAX_EVENTS = 50

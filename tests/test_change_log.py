@@ -21,7 +21,7 @@ from ps_core.net.change_feed import ChangeFeed
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.change_log import ENTRY_KEYS, ChangeLog
-from ps_core.store.table import TableConfig
+from ps_core.store.table_config import TableConfig
 
 GEO = TableConfig("w", 1, {"name": "sgd", "lr": 0.1}, init_scale=0.0, mode="geo")
 

@@ -32,7 +32,8 @@ from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.transports import TcpTransport
 from ps_core.net.wire import WireFormat
-from ps_core.store.table import SparseTable, TableConfig
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 PROJECT = Path(__file__).resolve().parent.parent
 

@@ -26,7 +26,7 @@ from ps_core.net.key_sets import KeySets
 from ps_core.net.quantize import BLOCK, F16_MAX, compact_counts, dequantize, quantize, read_counts
 from ps_core.net.shard import Shard
 from ps_core.net.wire import ErrorFeedback, WireFormat
-from ps_core.store.table import TableConfig
+from ps_core.store.table_config import TableConfig
 
 F16, INT8 = 1, 2
 LR = TableConfig("lr", dim=1, optimizer={"name": "sgd", "lr": 0.1})

@@ -33,7 +33,7 @@ from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import ShardSite, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
-from ps_core.store.table import TableConfig
+from ps_core.store.table_config import TableConfig
 
 LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})
 KEYS = np.arange(1, 2001, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)

@@ -34,7 +34,9 @@ from ps_core.errors import ExportCorruptError, ExportNotFoundError, InvalidValue
 from ps_core.hashing import shard_of
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Push, Shard, ShardSpec
-from ps_core.store.table import SparseTable, TableConfig, TableSnapshot
+from ps_core.store.snapshot import TableSnapshot
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 LR = TableConfig("lr", 1, {"name": "ftrl", "alpha": 0.1, "l1": 0.01})
 FM = TableConfig("fm_v", 4, {"name": "adagrad", "lr": 0.05}, init_scale=0.01, seed=7)

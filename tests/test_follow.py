@@ -52,7 +52,9 @@ from ps_core.model.hasher import FeatureHasher
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, make_model, sigmoid
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
-from ps_core.store.table import SparseTable, TableConfig, TableSnapshot
+from ps_core.store.snapshot import TableSnapshot
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 TOKEN = "replica-token"
 F64 = npt.NDArray[np.float64]

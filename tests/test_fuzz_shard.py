@@ -32,7 +32,7 @@ from ps_core.net.auth import Scope, TokenVerifier, bearer, derive_token, new_sec
 from ps_core.net.server import ROUTE_SCOPES, start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.shard_openapi import shard_document
-from ps_core.store.table import TableConfig
+from ps_core.store.table_config import TableConfig
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
 pytestmark = pytest.mark.slow

@@ -39,7 +39,7 @@ from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.change_log import ChangeLog
 from ps_core.store.optim import FTRL, AdaGrad, CoinBetting
-from ps_core.store.table import TableConfig
+from ps_core.store.table_config import TableConfig
 from ps_core.synthetic import SyntheticStream
 
 SGD = {"name": "sgd", "lr": 0.1}

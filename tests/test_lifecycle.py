@@ -20,7 +20,9 @@ from ps_core.hashing import shard_of
 from ps_core.model.models import make_model
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.store.lifecycle import NO_LIFECYCLE, CountSketch, Lifecycle
-from ps_core.store.table import SparseTable, TableConfig, TableSnapshot
+from ps_core.store.snapshot import TableSnapshot
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 U64 = npt.NDArray[np.uint64]
 SGD = {"name": "sgd", "lr": 1.0}

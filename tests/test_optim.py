@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 
 from ps_core.errors import TableConfigError
 from ps_core.store.optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
-from ps_core.store.table import SparseTable, TableConfig
+from ps_core.store.table import SparseTable
+
+# A scalar reference updates one coordinate's state (a dict) with one gradient
+from ps_core.store.table_config import TableConfig
 
 # A scalar reference updates one coordinate's state (a dict) with one gradient
 # and returns its weight, written straight from the papers' formulas.

@@ -12,7 +12,8 @@ import pytest
 
 from ps_core.store.lifecycle import Lifecycle
 from ps_core.store.read_table import ReadTable
-from ps_core.store.table import SparseTable, TableConfig
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 LR = TableConfig("w", 1, {"name": "sgd"})
 EMB = TableConfig("v", 4, {"name": "sgd"}, init_scale=0.05, seed=3)

@@ -28,7 +28,8 @@ from ps_core.net.rpc import RpcConnection, RpcServer, RpcServerProtocol, start_r
 from ps_core.net.server import create_shard_app
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.transports import TcpTransport
-from ps_core.store.table import SparseTable, TableConfig
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
 

@@ -27,7 +27,9 @@ from ps_core.net.server import FRAME_CONTENT_TYPE, create_shard_app
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.shard_openapi import shard_document
 from ps_core.store.lifecycle import Lifecycle
-from ps_core.store.table import MAX_VERSION, SparseTable, TableConfig
+from ps_core.store.snapshot import MAX_VERSION
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 LR = TableConfig("lr", dim=1, optimizer={"name": "ftrl"})
 EMB = TableConfig("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=3)

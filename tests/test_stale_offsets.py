@@ -99,7 +99,7 @@ def _restore(model_dir: Path) -> tuple[list[Shard], Coordinator]:
 def test_manifests_record_the_stream_and_older_ones_still_read(tmp_path: Path) -> None:
     stream = StreamIdentity("cluster-a", "ctrps", ("clicks",))
     shards = [Shard(ShardSpec(0, 1))]
-    from ps_core.store.table import TableConfig
+    from ps_core.store.table_config import TableConfig
 
     shards[0].declare(TableConfig("m_w", 1, {"name": "ftrl"}))
     snaps = {0: [t.snapshot() for t in shards[0].tables.values()]}

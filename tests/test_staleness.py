@@ -19,7 +19,7 @@ from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.shard import Push, Shard, ShardSpec
 from ps_core.store.staleness import BUCKETS, StalenessLog
-from ps_core.store.table import TableConfig
+from ps_core.store.table_config import TableConfig
 
 SGD = {"name": "sgd", "lr": 0.5}
 

@@ -37,7 +37,8 @@ from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.shard import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, Shard, ShardSpec
 from ps_core.net.wire import WireStats
 from ps_core.store.board import WorkerStatus
-from ps_core.store.table import MODES, SparseTable, TableConfig
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import MODES, TableConfig
 
 EMB = TableConfig("emb", dim=3, optimizer={"name": "adagrad", "lr": 0.1}, init_scale=0.05, seed=5)
 

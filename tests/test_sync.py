@@ -35,7 +35,7 @@ from ps_core.model.batch import EventBatch
 from ps_core.model.models import Model, make_model, sigmoid
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Push, Shard, ShardSpec
-from ps_core.store.table import TableConfig
+from ps_core.store.table_config import TableConfig
 from ps_core.synthetic import SyntheticStream
 
 PROJECT = Path(__file__).resolve().parent.parent

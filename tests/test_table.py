@@ -11,7 +11,8 @@ from ps_core.hashing import shard_of
 from ps_core.net.shard import Push, Shard, ShardSpec
 from ps_core.store.index import KeyIndex
 from ps_core.store.pull_cache import PullCache
-from ps_core.store.table import SparseTable, TableConfig
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 FM = TableConfig("fm_v", 8, {"name": "adagrad", "lr": 0.05}, init_scale=0.01, seed=42)
 

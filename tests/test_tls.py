@@ -48,7 +48,7 @@ from ps_core.net.server import DEFAULT_MAX_BODY, create_shard_app, start_shard_s
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.tls import HandshakeFailures, TlsFiles, client_context, server_context, watch_handshakes
 from ps_core.net.transports import TcpTransport
-from ps_core.store.table import TableConfig
+from ps_core.store.table_config import TableConfig
 
 LR = TableConfig("ctr_lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})
 KEYS = np.array([1, 2, 3, 2**63 + 5], dtype=np.uint64)

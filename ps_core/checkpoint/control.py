@@ -25,7 +25,8 @@ from ..net import codec
 from ..net.client import fan_out
 from ..net.endpoint import RetryPolicy, ShardEndpoint, ShardGroup
 from ..net.shard import Shard
-from ..store.table import TableConfig, TableSnapshot
+from ..store.snapshot import TableSnapshot
+from ..store.table_config import TableConfig
 from .coordinator import Coordinator, Offsets, parse_offsets
 from .joining import restore_version
 from .stream import StreamIdentity

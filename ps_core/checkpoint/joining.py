@@ -48,7 +48,7 @@ from ..errors import (
 )
 from ..net.shard import Shard, ShardSpec
 from ..store.lifecycle import Lifecycle
-from ..store.table import TableConfig
+from ..store.table_config import TableConfig
 from .coordinator import Coordinator
 from .export import RestoreResult, latest_chain, read_manifest, restore_into, restore_shards, version_dirs
 from .manifest import parse_version_dir

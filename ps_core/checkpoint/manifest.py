@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import ExportCorruptError, PSError
-from ..store.table import SnapshotKind, TableConfig
+from ..store.snapshot import SnapshotKind
+from ..store.table_config import TableConfig
 from .stream import StreamIdentity
 
 __all__ = [

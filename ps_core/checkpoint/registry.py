@@ -27,7 +27,7 @@ import orjson
 from ..errors import InvalidRequestError, ModelConflictError, TableConfigError, UnknownModelError
 from ..model.hasher import DEFAULT_NUMERIC, numeric_feed
 from ..model.models import Model, make_model, model_of_tables
-from ..store.table import TableConfig
+from ..store.table_config import TableConfig
 from .manifest import check_model_name
 
 __all__ = ["MODEL_FILE", "ModelSpec", "ModelRegistry"]

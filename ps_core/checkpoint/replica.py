@@ -18,7 +18,8 @@ import numpy as np
 from ..errors import TableConflictError, UnknownTableError
 from ..hashing import U64
 from ..store.read_table import Prepared, ReadTable, State
-from ..store.table import F32, SparseTable
+from ..store.storage import F32
+from ..store.table import SparseTable
 from .export import LoadedVersion
 from .serving import serving_config
 

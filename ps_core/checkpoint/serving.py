@@ -30,7 +30,8 @@ import numpy.typing as npt
 from ..net.quantize import F16_MAX
 from ..store.lifecycle import Lifecycle
 from ..store.read_table import PRECISIONS
-from ..store.table import TableConfig, TableSnapshot
+from ..store.snapshot import TableSnapshot
+from ..store.table_config import TableConfig
 from .manifest import ExportManifest, serving_file_name
 
 __all__ = [

@@ -36,7 +36,7 @@ import numpy.typing as npt
 from ..rows import put_rows
 from ..store.index import KeyIndex
 from ..store.optim import FTRL, Optimizer, make_optimizer
-from ..store.table import TableConfig
+from ..store.table_config import TableConfig
 
 __all__ = ["GeoCopy", "Deltas"]
 

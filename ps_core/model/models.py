@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..hashing import U64, distinct
-from ..store.table import TableConfig
+from ..store.table_config import TableConfig
 from .batch import EventBatch
 from .hasher import DEFAULT_NUMERIC, FeatureHasher, numeric_feed
 

@@ -43,7 +43,7 @@ from ..errors import PSError
 from ..hashing import U64
 from ..rows import put_rows
 from ..store.change_log import Changes
-from ..store.table import F32
+from ..store.storage import F32
 from .endpoint import RetryPolicy, ShardGroup
 from .routing import split_by_shard
 from .shard import Shard

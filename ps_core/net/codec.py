@@ -115,7 +115,8 @@ import numpy.typing as npt
 import orjson
 
 from ..errors import ExportCorruptError, FrameError
-from ..store.table import TableConfig, TableSnapshot
+from ..store.snapshot import TableSnapshot
+from ..store.table_config import TableConfig
 from .quantize import (
     COUNT_TYPES,
     PULL_VALUE_TYPES,

@@ -72,7 +72,8 @@ from .. import models
 from ..errors import InvalidJSONError, InvalidRequestError, PSError, StatusError, TableConfigError
 from ..parsing import parse_int
 from ..store.board import StatusReport
-from ..store.table import MAX_VERSION, TableConfig
+from ..store.snapshot import MAX_VERSION
+from ..store.table_config import TableConfig
 from . import codec
 from .auth import Refusals, Scope, TokenVerifier, check, token_from_header
 from .limits import PortGuard, PortLimits, ServedPort, serve_limited

@@ -45,8 +45,12 @@ from ..errors import (
 from ..hashing import shard_of
 from ..store.board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, check_report
 from ..store.change_log import DEFAULT_LOG_KEYS, Changes
+from ..store.eviction import Eviction
 from ..store.lifecycle import Lifecycle
-from ..store.table import F32, Eviction, SnapshotKind, SparseTable, TableConfig, TableSnapshot
+from ..store.snapshot import SnapshotKind, TableSnapshot
+from ..store.storage import F32
+from ..store.table import SparseTable
+from ..store.table_config import TableConfig
 from . import codec
 from .key_sets import KeySets
 from .quantize import Quantized, quantize

@@ -27,7 +27,8 @@ from ..models import NUMERIC_PATTERN, components, ref
 from ..parsing import MAX_INT
 from ..store.board import PARTITION_KEY, StatusReport
 from ..store.optim import MAX_HYPERPARAMETER, MIN_POSITIVE
-from ..store.table import MAX_DIM, MAX_INIT_SCALE, MAX_VERSION
+from ..store.snapshot import MAX_VERSION
+from ..store.table_config import MAX_DIM, MAX_INIT_SCALE
 
 __all__ = [
     "shard_document",

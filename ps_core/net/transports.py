@@ -24,7 +24,7 @@ import numpy.typing as npt
 from ..errors import FrameError, FrameVersionError, KeySetExpiredError, error_from_body
 from ..hashing import U64
 from ..store.change_log import Changes
-from ..store.table import F32
+from ..store.storage import F32
 from . import codec
 from .endpoint import (
     RETRIED_STATUSES,

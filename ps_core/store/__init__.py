@@ -1,16 +1,22 @@
 """The store: sparse tables of one shard and their optimizers.
 
 Holds the vectorised key index (`KeyIndex`), the optimizers (`SGD`,
-`AdaGrad`, `FTRL`, `CoinBetting`), tables (`TableConfig`, `SparseTable`, `TableSnapshot`;
-what a pull found, for its push: `pull_cache.PullCache`; arrays grown in
-place: `growth`), a table's feature lifecycle (`lifecycle`: admission and
-eviction rules) and the status board's bounded report model
-(`board.check_report`).
+`AdaGrad`, `FTRL`, `CoinBetting`), a table's declaration (`table_config`)
+and the table itself (`table.SparseTable`), which composes one module per
+concept: its storage (`storage`: index and rows, grown in place by
+`growth`), the per-row metadata view (`row_meta`), a push's checks and
+admission (`push`; what a pull found, for its push: `pull_cache`), eviction
+passes (`eviction`), export cuts (`snapshot`: `TableSnapshot`, `Cuts`); a
+table's feature lifecycle (`lifecycle`: admission and eviction rules); a
+replica's read-only table (`read_table`) and the status board's bounded
+report model (`board.check_report`).
 
 May import: numpy, msgspec, and `ps_core.errors`, `ps_core.hashing`, `ps_core.parsing`,
-`ps_core.models`. Nothing of the network, the model side or checkpoints.
-A new optimizer, per-row metadata or a table's admission and eviction go here.
-The names below are imported on first use (`ps_core.lazy`).
+`ps_core.models`, `ps_core.rows`, `ps_core.lazy`. Nothing of the network,
+the model side or checkpoints. Within it, a table's parts never import
+`table` (the layer test's rules). A new optimizer, per-row metadata or a
+table's admission and eviction go here. The names below are imported on
+first use (`ps_core.lazy`).
 """
 
 from typing import TYPE_CHECKING
@@ -20,14 +26,18 @@ from ..lazy import lazy_exports
 if TYPE_CHECKING:
     from .index import KeyIndex
     from .optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
-    from .table import SparseTable, TableConfig, TableSnapshot
+    from .snapshot import TableSnapshot
+    from .table import SparseTable
+    from .table_config import TableConfig
 else:
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
             ".index": ("KeyIndex",),
             ".optim": ("FTRL", "SGD", "AdaGrad", "CoinBetting", "Optimizer", "make_optimizer"),
-            ".table": ("SparseTable", "TableConfig", "TableSnapshot"),
+            ".snapshot": ("TableSnapshot",),
+            ".table": ("SparseTable",),
+            ".table_config": ("TableConfig",),
         },
     )
 

@@ -136,7 +136,6 @@ class KeyIndex:
             return rows, (rows.copy() if want_slots else None), (self._home(keys) if want_free else None)
         slots = self._slots
         row_keys = self.row_keys
-        mask = self._mask
         tombs = self._tombstones > 0
         pos = self._home(keys)
         r = slots.take(pos)
@@ -163,6 +162,28 @@ class KeyIndex:
         keys.view(np.int64).take(pending, out=st[2])
         # With tombstones, a pending key whose home is one has found its free slot.
         need = r.take(pending) >= 0 if (want_free and tombs) else None
+        self._probe_windows(keys_left=st, rows=rows, slots_out=slots_out, free=free, need=need, tombs=tombs)
+        return rows, slots_out, free
+
+    def _probe_windows(
+        self,
+        *,
+        keys_left: I64,
+        rows: I64,
+        slots_out: I64 | None,
+        free: I64 | None,
+        need: npt.NDArray[np.bool_] | None,
+        tombs: bool,
+    ) -> None:
+        """`_find`'s later rounds: probe a window of consecutive slots past
+        the home of each key still pending (`keys_left`: rows of index,
+        home and key bits), writing what each finds into `rows`, `slots_out`
+        and `free` as `_find` describes; `need` marks the keys still looking
+        for a free slot (with tombstones)."""
+        slots = self._slots
+        row_keys = self.row_keys
+        mask = self._mask
+        st = keys_left
         lo = 1  # offset from home of the next window
         widths = itertools.chain(_WINDOWS, itertools.repeat(_MAX_WINDOW))
         while st.shape[1]:
@@ -210,7 +231,6 @@ class KeyIndex:
             if need is not None:
                 need = need[go_on]
             lo += width
-        return rows, slots_out, free
 
     def lookup(self, keys: npt.ArrayLike) -> I64:
         """Row number of each key, -1 where the key is absent."""

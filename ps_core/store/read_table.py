@@ -29,7 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..hashing import U64, uniform_from_keys
-from .table import F32, TableConfig
+from .storage import F32
+from .table_config import TableConfig
 
 __all__ = ["PRECISIONS", "Prepared", "ReadTable", "State"]
 
