@@ -14,6 +14,14 @@ from typing import Any
 import uvloop
 
 from .commands import add_command, subcommands
+from .config.broker import BrokerSettings
+from .config.cluster import ClusterSettings
+from .config.declared import SettingsError, add_flags
+from .config.demo import DemoSettings
+from .config.log import LogSettings
+from .config.serve import ApiSettings
+from .config.shard import ShardSettings
+from .config.worker import WorkerSettings
 from .dlq_cli import add_dlq_parser, run_dlq
 from .export_cli import add_export_parser, run_export
 from .failures import EXIT_FAILURE, expected_failure
@@ -22,17 +30,6 @@ from .logs import configure_logging, parse_level
 from .model_cli import add_model_parser, run_model
 from .produce_cli import add_produce_parser, run_produce
 from .security import SecuritySettings, add_security_flags
-from .settings import (
-    ApiSettings,
-    BrokerSettings,
-    ClusterSettings,
-    DemoSettings,
-    LogSettings,
-    SettingsError,
-    ShardSettings,
-    WorkerSettings,
-    add_flags,
-)
 
 __all__ = ["main", "build_parser"]
 
@@ -288,8 +285,8 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
 
         return worker.log_format, lambda: run_worker(worker, security=worker_security, kafka=kafka)
     if args.command == "serve":
+        from .config.serve import ApiSettings
         from .serve_role import run_serve
-        from .settings import ApiSettings
 
         api = ApiSettings.from_args(args)
         api_security = SecuritySettings.from_args(args)

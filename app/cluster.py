@@ -57,7 +57,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import BinaryIO
@@ -71,21 +71,22 @@ from consumers.resume import cluster_id
 from ps_core.checkpoint.export import list_versions
 from ps_core.checkpoint.owner import claim_exports, run_exports_dir, stream_owner
 from ps_core.checkpoint.stream import StreamIdentity
-from ps_core.net.auth import Scope, derive_token, new_secret
 
+from .child_credentials import ChildCredentials
+from .config.cluster import WORKER_FLAGS, ClusterSettings
+from .config.declared import SettingsError, to_argv
+from .config.shard import ShardSettings
+from .config.worker import WorkerSettings
 from .failures import ExpectedFailure
 from .kafka_flags import kafka_child_argv, kafka_child_env
 from .listeners import is_descendant, listener_pids, port_taken_by
 from .logs import log_event
-from .security import SecuritySettings, _secret_from, generated_admin_token
-from .settings import ClusterSettings, SettingsError, ShardSettings, WorkerSettings
+from .security import generated_admin_token
 from .signals import stop_on_signals
 from .supervisor import Child, ChildFailed, ChildSpec, RestartPolicy, Supervisor
 
 __all__ = [
     "run_cluster",
-    "ChildCredentials",
-    "CREDENTIAL_VARIABLES",
     "TOPIC",
     "PRODUCER_EVENTS",
     "PortTaken",
@@ -107,57 +108,6 @@ HOST = "127.0.0.1"
 SHARD_STATS_INTERVAL_S = 10.0
 """Seconds between the shards' table lines: often enough to watch a table
 grow, rare enough not to drown the workers' window lines."""
-
-
-CREDENTIAL_VARIABLES = (
-    "CTRPS_CLUSTER_SECRET",
-    "CTRPS_CLUSTER_SECRET_FILE",
-    "CTRPS_SHARD_TOKEN",
-    "CTRPS_SHARD_TOKEN_FILE",
-    "CTRPS_ADMIN_TOKEN",
-    "CTRPS_ADMIN_TOKEN_FILE",
-)
-"""Never inherited by a child: each gets only what `ChildCredentials.env_for` adds."""
-
-
-@dataclass(frozen=True)
-class ChildCredentials:
-    """The cluster's credentials and which child gets which."""
-
-    secret: str = field(repr=False)
-    """The cluster secret: the shards verify tokens with it."""
-    admin_token: str = field(default="", repr=False)
-    """The API's own admin token (``CTRPS_ADMIN_TOKEN`` of this process); empty: none."""
-    generated: bool = True
-    """Whether `secret` was made for this run (else it was given)."""
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> ChildCredentials:
-        """The secret of ``CTRPS_CLUSTER_SECRET`` (or ``_FILE``), else a new
-        one; `SettingsError` for a short or unreadable one."""
-        given = _secret_from(env, "CTRPS_CLUSTER_SECRET")
-        SecuritySettings(cluster_secret=given)  # the same checks as a shard's (length)
-        return cls(
-            secret=given or new_secret(),
-            admin_token=_secret_from(env, "CTRPS_ADMIN_TOKEN"),
-            generated=not given,
-        )
-
-    def env_for(self, kind: str, base: Mapping[str, str]) -> dict[str, str]:
-        """`base` without any credential, plus those of a child of `kind`
-        (``broker``, ``shard``, ``api``, ``worker`` or ``producer``)."""
-        env = {k: v for k, v in base.items() if k not in CREDENTIAL_VARIABLES}
-        if kind == "shard":
-            env["CTRPS_CLUSTER_SECRET"] = self.secret
-        elif kind == "worker":
-            env["CTRPS_SHARD_TOKEN"] = derive_token(self.secret, Scope.TRAIN)
-        elif kind == "api":
-            env["CTRPS_SHARD_TOKEN"] = derive_token(self.secret, Scope.ADMIN)
-            if self.admin_token:
-                env["CTRPS_ADMIN_TOKEN"] = self.admin_token
-        elif kind not in ("broker", "producer"):
-            raise ValueError(f"no child of kind {kind!r}")
-        return env
 
 
 def broker_processes(port: int) -> list[int]:
@@ -427,9 +377,7 @@ class _Cluster:
             await self._start(
                 ChildSpec(
                     f"worker-{j}",
-                    _ctrps("worker", "--bootstrap", self.bootstrap,
-                           "--shards", ",".join(self.shard_urls), "--topic", TOPIC,
-                           "--window-seconds", str(s.window_seconds), "--mode", s.mode, "--log-format", fmt,
+                    _ctrps("worker", *to_argv(s.worker_settings(self.bootstrap, self.shard_urls, TOPIC), WORKER_FLAGS),
                            *kafka_child_argv(self.kafka)),
                     group="workers",
                     restart=self.restart,

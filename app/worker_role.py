@@ -20,11 +20,11 @@ from ps_core.net.auth import Scope
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 
+from .config.worker import WorkerSettings, worker_config
 from .logs import log_event
 from .metrics import worker_exposition
 from .metrics_site import metrics_site
 from .security import SecuritySettings
-from .settings import WorkerSettings
 from .signals import stop_on_signals
 from .startup import await_broker, check_shards, unless_stopped
 from .status import StatusHook, default_worker_id, make_status_hook
@@ -102,7 +102,7 @@ async def _run_worker(
                 log.info("stop asked while waiting for shard 0: nothing trained")
                 return
             settings = declared
-            config = settings.worker_config(kafka)
+            config = worker_config(settings, kafka)
             how = {"mode": settings.mode, "max_staleness": settings.staleness_bound, "numeric": settings.numeric}
             model = make_model(settings.model, settings.model_name, **how)
             also = [make_model(settings.model, name, **how) for name in settings.also_train]

@@ -76,9 +76,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from app.api import run_api  # noqa: E402
+from app.config.serve import ApiSettings  # noqa: E402
+from app.config.shard import ShardSettings  # noqa: E402
 from app.security import SecuritySettings  # noqa: E402
 from app.serve_role import run_serve  # noqa: E402
-from app.settings import ApiSettings, ShardSettings  # noqa: E402
 from app.shard_role import run_shard  # noqa: E402
 from app.signals import stop_on_signals  # noqa: E402
 from ps_core.checkpoint.control import ControlClient  # noqa: E402

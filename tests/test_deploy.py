@@ -36,7 +36,9 @@ from jsonlog import read_json_lines
 from waiting import json_when_ok
 
 from app.cli import build_parser
-from app.settings import ApiSettings, ShardSettings, WorkerSettings
+from app.config.serve import ApiSettings
+from app.config.shard import ShardSettings
+from app.config.worker import WorkerSettings
 from consumers.broker import free_port
 from ps_core.model.models import make_model
 from ps_core.net.auth import Scope, TokenVerifier, bearer, derive_token

@@ -25,9 +25,11 @@ from streams import keyed_event, new_topic, produce
 from waiting import json_when_ok, until
 
 from app.api import ApiServer
+from app.config.declared import SettingsError
+from app.config.serve import ApiSettings
+from app.config.worker import WorkerSettings
 from app.failures import ExpectedFailure
 from app.metrics import ApiMetrics, ClusterSnapshot
-from app.settings import ApiSettings, SettingsError, WorkerSettings
 from app.worker_role import run_worker
 from consumers.broker import free_port
 from ps_core.checkpoint.control import ControlClient
