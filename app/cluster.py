@@ -167,6 +167,11 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
+def worker_argv(settings: ClusterSettings, bootstrap: str, shard_urls: list[str]) -> tuple[str, ...]:
+    """``worker`` and the flags each of the cluster's workers is started with."""
+    return ("worker", *to_argv(settings.worker_settings(bootstrap, shard_urls, TOPIC), WORKER_FLAGS))
+
+
 def _ctrps(*args: str) -> tuple[str, ...]:
     """A ``ctrps`` command run by this same Python (same venv, same code)."""
     return (sys.executable, "-m", "app.cli", *args)
@@ -377,7 +382,7 @@ class _Cluster:
             await self._start(
                 ChildSpec(
                     f"worker-{j}",
-                    _ctrps("worker", *to_argv(s.worker_settings(self.bootstrap, self.shard_urls, TOPIC), WORKER_FLAGS),
+                    _ctrps(*worker_argv(s, self.bootstrap, self.shard_urls),
                            *kafka_child_argv(self.kafka)),
                     group="workers",
                     restart=self.restart,
