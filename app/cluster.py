@@ -294,6 +294,51 @@ class _Cluster:
 
     async def start(self) -> None:
         """Start every role, each ready before the roles that need it."""
+        await self._start_broker()
+        await self._start_shards()
+        s, fmt = self.s, self.s.log_format
+        api_port = s.port or free_port(HOST)
+        self.api_url = f"http://{HOST}:{api_port}"
+        await self._start(
+            ChildSpec(
+                "api",
+                _ctrps("serve", "--host", HOST, "--port", str(api_port),
+                       "--shards", ",".join(self.shard_urls), "--log-format", fmt),
+                restart=self.restart,
+                env=self.env("api"),
+            ),
+            api_port,
+            partial(_http_ok, self.session, self.api_url + "/readyz"),
+        )  # fmt: skip
+
+        for j in range(s.workers):
+            await self._start(
+                ChildSpec(
+                    f"worker-{j}",
+                    _ctrps(*worker_argv(s, self.bootstrap, self.shard_urls),
+                           *kafka_child_argv(self.kafka)),
+                    group="workers",
+                    restart=self.restart,
+                    env=self.env("worker"),
+                )
+            )  # fmt: skip
+
+        if s.produce_rate > 0:
+            await self._start(
+                ChildSpec(
+                    "producer",
+                    _ctrps("produce", "synthetic", "--bootstrap", self.bootstrap,
+                           "--topic", TOPIC, "--partitions", str(s.partitions),
+                           "--events", str(PRODUCER_EVENTS), "--rate", str(s.produce_rate),
+                           "--log-format", fmt, *kafka_child_argv(self.kafka)),
+                    may_finish=True,
+                    restart=self.restart,
+                    env=self.env("producer"),
+                )
+            )  # fmt: skip
+
+    async def _start_broker(self) -> None:
+        """The topics on the given Kafka, or a broker process with them."""
         s, fmt = self.s, self.s.log_format
         topics = {TOPIC: s.partitions, f"{TOPIC}.dlq": 1}
         if self.bootstrap:
@@ -320,6 +365,9 @@ class _Cluster:
                 partial(_topics_listed, self.bootstrap, set(topics)),
             )  # fmt: skip
 
+    async def _start_shards(self) -> None:
+        """The shard processes, started together, each ready."""
+        s, fmt = self.s, self.s.log_format
         shards = []
         ports = _free_ports(2 * s.shards)  # HTTP and RPC
         self.shard_urls = [f"http://{HOST}:{p}" for p in ports[: s.shards]]
@@ -363,46 +411,6 @@ class _Cluster:
                 for c, p, u in zip(shards, ports, self.shard_urls)
             )
         )
-
-        api_port = s.port or free_port(HOST)
-        self.api_url = f"http://{HOST}:{api_port}"
-        await self._start(
-            ChildSpec(
-                "api",
-                _ctrps("serve", "--host", HOST, "--port", str(api_port),
-                       "--shards", ",".join(self.shard_urls), "--log-format", fmt),
-                restart=self.restart,
-                env=self.env("api"),
-            ),
-            api_port,
-            partial(_http_ok, self.session, self.api_url + "/readyz"),
-        )  # fmt: skip
-
-        for j in range(s.workers):
-            await self._start(
-                ChildSpec(
-                    f"worker-{j}",
-                    _ctrps(*worker_argv(s, self.bootstrap, self.shard_urls),
-                           *kafka_child_argv(self.kafka)),
-                    group="workers",
-                    restart=self.restart,
-                    env=self.env("worker"),
-                )
-            )  # fmt: skip
-
-        if s.produce_rate > 0:
-            await self._start(
-                ChildSpec(
-                    "producer",
-                    _ctrps("produce", "synthetic", "--bootstrap", self.bootstrap,
-                           "--topic", TOPIC, "--partitions", str(s.partitions),
-                           "--events", str(PRODUCER_EVENTS), "--rate", str(s.produce_rate),
-                           "--log-format", fmt, *kafka_child_argv(self.kafka)),
-                    may_finish=True,
-                    restart=self.restart,
-                    env=self.env("producer"),
-                )
-            )  # fmt: skip
 
 
 async def own_exports(

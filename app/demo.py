@@ -338,20 +338,7 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
             server.app[METRICS].registry.register(memory)
             await stack.enter_async_context(memory.watching())
 
-        worker = Worker(
-            worker_config(worker_settings_of(settings, bootstrap), kafka),
-            client,
-            control,
-            model,
-        )
-        # The status board feeds the API's /v1/model and /metrics, as for a
-        # worker process; then the demo's own progress line.
-        worker.on_window = _hooks(
-            make_status_hook(
-                control, default_worker_id(), worker.stats, update_mode=worker.config.mode, model=model.name
-            ),
-            _Progress(control, model),
-        )
+        worker = _worker(settings, bootstrap, kafka, client, control, model)
         # Event time follows wall time, so windows close on time either way.
         stream = SyntheticStream(seed=settings.seed, events_per_s=settings.rate, start_ts=time.time())
         worker_stop = asyncio.Event()
@@ -372,20 +359,43 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
             stop.set()
             await exporting
 
-        # Shutdown: no new events; the worker trains and commits what it
-        # holds and leaves the group; then the stack closes API, client, broker.
-        producing.cancel()
-        await asyncio.gather(producing, return_exceptions=True)
-        worker_stop.set()
-        if not working.done():
-            try:
-                await working
-            except Exception as exc:
-                failed = True
-                log.error("worker failed while stopping", extra={"fields": {"error": repr(exc)}})
-        s = worker.stats
-        log_event(log, "stopped", windows=s.windows, events=s.events_trained, dead_letters=s.dead_letters)
+        failed |= await _stop_worker(worker, worker_stop, working, producing)
     return 1 if failed else 0
+
+
+def _worker(
+    settings: DemoSettings, bootstrap: str, kafka: KafkaSecurity, client: PSClient, control: ControlClient, model: Model
+) -> Worker:
+    """The demo's worker (`worker_settings_of`), its windows reported to the
+    status board (the API's /v1/model and /metrics, as for a worker process)
+    and by the demo's own progress line."""
+    worker = Worker(worker_config(worker_settings_of(settings, bootstrap), kafka), client, control, model)
+    worker.on_window = _hooks(
+        make_status_hook(control, default_worker_id(), worker.stats, update_mode=worker.config.mode, model=model.name),
+        _Progress(control, model),
+    )
+    return worker
+
+
+async def _stop_worker(
+    worker: Worker, worker_stop: asyncio.Event, working: asyncio.Task[None], producing: asyncio.Task[Any]
+) -> bool:
+    """Shutdown: no new events; the worker trains and commits what it holds
+    and leaves the group (then the caller's stack closes API, client,
+    broker). Returns whether the worker failed while stopping."""
+    failed = False
+    producing.cancel()
+    await asyncio.gather(producing, return_exceptions=True)
+    worker_stop.set()
+    if not working.done():
+        try:
+            await working
+        except Exception as exc:
+            failed = True
+            log.error("worker failed while stopping", extra={"fields": {"error": repr(exc)}})
+    s = worker.stats
+    log_event(log, "stopped", windows=s.windows, events=s.events_trained, dead_letters=s.dead_letters)
+    return failed
 
 
 async def _until_stopped(settings: DemoSettings, stop: asyncio.Event, *tasks: asyncio.Task[Any]) -> bool:
