@@ -195,7 +195,7 @@ def test_every_ctrps_variable_named_in_deploy_is_read_by_the_code() -> None:
         if path.is_file():
             named |= set(re.findall(r"\bCTRPS_[A-Z_]+\b", path.read_text()))
     assert named, "deploy names no settings"
-    source = "\n".join(p.read_text() for d in ("app", "consumers") for p in (ROOT / d).glob("*.py"))
+    source = "\n".join(p.read_text() for d in ("app", "consumers") for p in (ROOT / d).rglob("*.py"))
     # A secret's X_FILE is read wherever X is read from the environment or a file.
     read_from_file = set(re.findall(r'_secret_from\(env, "(CTRPS_[A-Z_]+)"\)', source))
     unknown = sorted(v for v in named if f'"{v}"' not in source and v.removesuffix("_FILE") not in read_from_file)
