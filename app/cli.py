@@ -274,19 +274,19 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
         security = SecuritySettings.from_args(args)
         # Before anything starts: a shard exposed without credentials is a settings error.
         security.check_exposed("shard", shard.host, has_credentials=bool(security.cluster_secret))
-        from .shard_role import run_shard
+        from .roles.shard import run_shard
 
         return shard.log_format, lambda: run_shard(shard, security=security)
     if args.command == "worker":
         worker = WorkerSettings.from_args(args)
         worker_security = SecuritySettings.from_args(args)
         kafka = kafka_security_from(args)
-        from .worker_role import run_worker
+        from .roles.worker import run_worker
 
         return worker.log_format, lambda: run_worker(worker, security=worker_security, kafka=kafka)
     if args.command == "serve":
         from .config.serve import ApiSettings
-        from .serve_role import run_serve
+        from .roles.serve import run_serve
 
         api = ApiSettings.from_args(args)
         api_security = SecuritySettings.from_args(args)
@@ -294,7 +294,7 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
     if args.command == "broker":
         topics = _parse_topics(args.topic or ["clicks:4", "clicks.dlq:1"])
         broker = BrokerSettings.from_args(args)
-        from .broker_role import run_broker
+        from .roles.broker import run_broker
 
         return args.log_format, lambda: run_broker(broker.port, topics, settings=broker)
     raise ValueError(f"unknown command {args.command!r}")

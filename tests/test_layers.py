@@ -29,6 +29,11 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "app": ("ps_core", "consumers", "app"),
     # Settings: what roles read; never a role itself (logs' levels, security's secrets).
     "app.config": ("ps_core", "consumers", "app.config", "app.security", "app.logs"),
+    # A role: never the CLI that starts it, nor a composition (demo, cluster).
+    "app.roles": (
+        *("ps_core", "consumers", "app.roles", "app.config", "app.api", "app.failures", "app.follower"),
+        *("app.logs", "app.metrics", "app.metrics_site", "app.security", "app.signals", "app.startup", "app.status"),
+    ),
 }
 FOREIGN_FORBIDDEN = {"ps_core": ("aiokafka", "consumers", "app"), "consumers": ("app",)}
 

@@ -505,7 +505,7 @@ def test_numeric_values_fed_as_log1p_keep_their_ids() -> None:
 
 
 async def test_the_api_serves_its_model_as_the_cluster_declared_it(tmp_path: Path) -> None:
-    from app.serve_role import as_declared
+    from app.roles.serve import as_declared
 
     coord = Coordinator()
     shards = [Shard(ShardSpec(0, 1))]
@@ -531,7 +531,7 @@ async def test_a_replica_following_every_model_serves_one_created_after_it_start
     from app.api import create_app
     from app.config.serve import ApiSettings
     from app.follower import Follower, model_of_exports
-    from app.serve_role import new_followers
+    from app.roles.serve import new_followers
 
     coord = Coordinator()
     shards = [Shard(ShardSpec(0, 1))]
@@ -634,7 +634,7 @@ async def test_a_worker_takes_its_models_type_and_mode_unless_given(
     line (exit 1)."""
     from app.cli import build_parser
     from app.config.worker import WorkerSettings
-    from app.worker_role import _as_declared
+    from app.roles.worker import _as_declared
     from consumers.broker import free_port
     from consumers.outage import OutageDeadlineError
     from ps_core.net.endpoint import RetryPolicy

@@ -221,7 +221,7 @@ class WorkerSettings:
 
     inherit: frozenset[str] = field(default=frozenset(), compare=False)
     """Of ``model`` and ``mode``, those no flag or variable gave: a model
-    already declared on the cluster sets them (`app.worker_role`). Empty when
+    already declared on the cluster sets them (`app.roles.worker`). Empty when
     built in code: its values are meant as given."""
 
     def __post_init__(self) -> None:

@@ -20,14 +20,14 @@ from ps_core.net.auth import Scope
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 
-from .config.worker import WorkerSettings, worker_config
-from .logs import log_event
-from .metrics import worker_exposition
-from .metrics_site import metrics_site
-from .security import SecuritySettings
-from .signals import stop_on_signals
-from .startup import await_broker, check_shards, unless_stopped
-from .status import StatusHook, default_worker_id, make_status_hook
+from ..config.worker import WorkerSettings, worker_config
+from ..logs import log_event
+from ..metrics import worker_exposition
+from ..metrics_site import metrics_site
+from ..security import SecuritySettings
+from ..signals import stop_on_signals
+from ..startup import await_broker, check_shards, unless_stopped
+from ..status import StatusHook, default_worker_id, make_status_hook
 
 __all__ = ["run_worker"]
 
