@@ -73,6 +73,7 @@ from ps_core.net.tls import HandshakeFailures, watch_handshakes
 from ps_core.parsing import parse_number
 from ps_core.store.board import StatusReport
 
+from .config.serve import ApiSettings
 from .errors import (
     BadRequestError,
     InvalidEventError,
@@ -93,7 +94,6 @@ from .openapi import WEIGHTS, CreateModelRequest, PredictRequest, openapi_docume
 from .predictor import Predictor
 from .security import is_loopback
 from .served import Discover, ServedModels
-from .settings import ApiSettings
 from .startup import misplaced
 from .status import summarize
 from .views import ClusterView, ControlView, all_stats

@@ -14,6 +14,14 @@ from typing import Any
 import uvloop
 
 from .commands import add_command, subcommands
+from .config.broker import BrokerSettings
+from .config.cluster import ClusterSettings
+from .config.declared import SettingsError, add_flags
+from .config.demo import DemoSettings
+from .config.log import LogSettings
+from .config.serve import ApiSettings
+from .config.shard import ShardSettings
+from .config.worker import WorkerSettings
 from .dlq_cli import add_dlq_parser, run_dlq
 from .export_cli import add_export_parser, run_export
 from .failures import EXIT_FAILURE, expected_failure
@@ -22,17 +30,6 @@ from .logs import configure_logging, parse_level
 from .model_cli import add_model_parser, run_model
 from .produce_cli import add_produce_parser, run_produce
 from .security import SecuritySettings, add_security_flags
-from .settings import (
-    ApiSettings,
-    BrokerSettings,
-    ClusterSettings,
-    DemoSettings,
-    LogSettings,
-    SettingsError,
-    ShardSettings,
-    WorkerSettings,
-    add_flags,
-)
 
 __all__ = ["main", "build_parser"]
 
@@ -277,19 +274,19 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
         security = SecuritySettings.from_args(args)
         # Before anything starts: a shard exposed without credentials is a settings error.
         security.check_exposed("shard", shard.host, has_credentials=bool(security.cluster_secret))
-        from .shard_role import run_shard
+        from .roles.shard import run_shard
 
         return shard.log_format, lambda: run_shard(shard, security=security)
     if args.command == "worker":
         worker = WorkerSettings.from_args(args)
         worker_security = SecuritySettings.from_args(args)
         kafka = kafka_security_from(args)
-        from .worker_role import run_worker
+        from .roles.worker import run_worker
 
         return worker.log_format, lambda: run_worker(worker, security=worker_security, kafka=kafka)
     if args.command == "serve":
-        from .serve_role import run_serve
-        from .settings import ApiSettings
+        from .config.serve import ApiSettings
+        from .roles.serve import run_serve
 
         api = ApiSettings.from_args(args)
         api_security = SecuritySettings.from_args(args)
@@ -297,7 +294,7 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
     if args.command == "broker":
         topics = _parse_topics(args.topic or ["clicks:4", "clicks.dlq:1"])
         broker = BrokerSettings.from_args(args)
-        from .broker_role import run_broker
+        from .roles.broker import run_broker
 
         return args.log_format, lambda: run_broker(broker.port, topics, settings=broker)
     raise ValueError(f"unknown command {args.command!r}")

@@ -57,7 +57,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import BinaryIO
@@ -71,21 +71,22 @@ from consumers.resume import cluster_id
 from ps_core.checkpoint.export import list_versions
 from ps_core.checkpoint.owner import claim_exports, run_exports_dir, stream_owner
 from ps_core.checkpoint.stream import StreamIdentity
-from ps_core.net.auth import Scope, derive_token, new_secret
 
+from .child_credentials import ChildCredentials
+from .config.cluster import WORKER_FLAGS, ClusterSettings
+from .config.declared import SettingsError, to_argv
+from .config.shard import ShardSettings
+from .config.worker import WorkerSettings
 from .failures import ExpectedFailure
 from .kafka_flags import kafka_child_argv, kafka_child_env
 from .listeners import is_descendant, listener_pids, port_taken_by
 from .logs import log_event
-from .security import SecuritySettings, _secret_from, generated_admin_token
-from .settings import ClusterSettings, SettingsError, ShardSettings, WorkerSettings
+from .security import generated_admin_token
 from .signals import stop_on_signals
 from .supervisor import Child, ChildFailed, ChildSpec, RestartPolicy, Supervisor
 
 __all__ = [
     "run_cluster",
-    "ChildCredentials",
-    "CREDENTIAL_VARIABLES",
     "TOPIC",
     "PRODUCER_EVENTS",
     "PortTaken",
@@ -107,57 +108,6 @@ HOST = "127.0.0.1"
 SHARD_STATS_INTERVAL_S = 10.0
 """Seconds between the shards' table lines: often enough to watch a table
 grow, rare enough not to drown the workers' window lines."""
-
-
-CREDENTIAL_VARIABLES = (
-    "CTRPS_CLUSTER_SECRET",
-    "CTRPS_CLUSTER_SECRET_FILE",
-    "CTRPS_SHARD_TOKEN",
-    "CTRPS_SHARD_TOKEN_FILE",
-    "CTRPS_ADMIN_TOKEN",
-    "CTRPS_ADMIN_TOKEN_FILE",
-)
-"""Never inherited by a child: each gets only what `ChildCredentials.env_for` adds."""
-
-
-@dataclass(frozen=True)
-class ChildCredentials:
-    """The cluster's credentials and which child gets which."""
-
-    secret: str = field(repr=False)
-    """The cluster secret: the shards verify tokens with it."""
-    admin_token: str = field(default="", repr=False)
-    """The API's own admin token (``CTRPS_ADMIN_TOKEN`` of this process); empty: none."""
-    generated: bool = True
-    """Whether `secret` was made for this run (else it was given)."""
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> ChildCredentials:
-        """The secret of ``CTRPS_CLUSTER_SECRET`` (or ``_FILE``), else a new
-        one; `SettingsError` for a short or unreadable one."""
-        given = _secret_from(env, "CTRPS_CLUSTER_SECRET")
-        SecuritySettings(cluster_secret=given)  # the same checks as a shard's (length)
-        return cls(
-            secret=given or new_secret(),
-            admin_token=_secret_from(env, "CTRPS_ADMIN_TOKEN"),
-            generated=not given,
-        )
-
-    def env_for(self, kind: str, base: Mapping[str, str]) -> dict[str, str]:
-        """`base` without any credential, plus those of a child of `kind`
-        (``broker``, ``shard``, ``api``, ``worker`` or ``producer``)."""
-        env = {k: v for k, v in base.items() if k not in CREDENTIAL_VARIABLES}
-        if kind == "shard":
-            env["CTRPS_CLUSTER_SECRET"] = self.secret
-        elif kind == "worker":
-            env["CTRPS_SHARD_TOKEN"] = derive_token(self.secret, Scope.TRAIN)
-        elif kind == "api":
-            env["CTRPS_SHARD_TOKEN"] = derive_token(self.secret, Scope.ADMIN)
-            if self.admin_token:
-                env["CTRPS_ADMIN_TOKEN"] = self.admin_token
-        elif kind not in ("broker", "producer"):
-            raise ValueError(f"no child of kind {kind!r}")
-        return env
 
 
 def broker_processes(port: int) -> list[int]:
@@ -215,6 +165,11 @@ def _free_ports(n: int) -> list[int]:
         if port not in ports:
             ports.append(port)
     return ports
+
+
+def worker_argv(settings: ClusterSettings, bootstrap: str, shard_urls: list[str]) -> tuple[str, ...]:
+    """``worker`` and the flags each of the cluster's workers is started with."""
+    return ("worker", *to_argv(settings.worker_settings(bootstrap, shard_urls, TOPIC), WORKER_FLAGS))
 
 
 def _ctrps(*args: str) -> tuple[str, ...]:
@@ -339,6 +294,51 @@ class _Cluster:
 
     async def start(self) -> None:
         """Start every role, each ready before the roles that need it."""
+        await self._start_broker()
+        await self._start_shards()
+        s, fmt = self.s, self.s.log_format
+        api_port = s.port or free_port(HOST)
+        self.api_url = f"http://{HOST}:{api_port}"
+        await self._start(
+            ChildSpec(
+                "api",
+                _ctrps("serve", "--host", HOST, "--port", str(api_port),
+                       "--shards", ",".join(self.shard_urls), "--log-format", fmt),
+                restart=self.restart,
+                env=self.env("api"),
+            ),
+            api_port,
+            partial(_http_ok, self.session, self.api_url + "/readyz"),
+        )  # fmt: skip
+
+        for j in range(s.workers):
+            await self._start(
+                ChildSpec(
+                    f"worker-{j}",
+                    _ctrps(*worker_argv(s, self.bootstrap, self.shard_urls),
+                           *kafka_child_argv(self.kafka)),
+                    group="workers",
+                    restart=self.restart,
+                    env=self.env("worker"),
+                )
+            )  # fmt: skip
+
+        if s.produce_rate > 0:
+            await self._start(
+                ChildSpec(
+                    "producer",
+                    _ctrps("produce", "synthetic", "--bootstrap", self.bootstrap,
+                           "--topic", TOPIC, "--partitions", str(s.partitions),
+                           "--events", str(PRODUCER_EVENTS), "--rate", str(s.produce_rate),
+                           "--log-format", fmt, *kafka_child_argv(self.kafka)),
+                    may_finish=True,
+                    restart=self.restart,
+                    env=self.env("producer"),
+                )
+            )  # fmt: skip
+
+    async def _start_broker(self) -> None:
+        """The topics on the given Kafka, or a broker process with them."""
         s, fmt = self.s, self.s.log_format
         topics = {TOPIC: s.partitions, f"{TOPIC}.dlq": 1}
         if self.bootstrap:
@@ -365,6 +365,9 @@ class _Cluster:
                 partial(_topics_listed, self.bootstrap, set(topics)),
             )  # fmt: skip
 
+    async def _start_shards(self) -> None:
+        """The shard processes, started together, each ready."""
+        s, fmt = self.s, self.s.log_format
         shards = []
         ports = _free_ports(2 * s.shards)  # HTTP and RPC
         self.shard_urls = [f"http://{HOST}:{p}" for p in ports[: s.shards]]
@@ -408,48 +411,6 @@ class _Cluster:
                 for c, p, u in zip(shards, ports, self.shard_urls)
             )
         )
-
-        api_port = s.port or free_port(HOST)
-        self.api_url = f"http://{HOST}:{api_port}"
-        await self._start(
-            ChildSpec(
-                "api",
-                _ctrps("serve", "--host", HOST, "--port", str(api_port),
-                       "--shards", ",".join(self.shard_urls), "--log-format", fmt),
-                restart=self.restart,
-                env=self.env("api"),
-            ),
-            api_port,
-            partial(_http_ok, self.session, self.api_url + "/readyz"),
-        )  # fmt: skip
-
-        for j in range(s.workers):
-            await self._start(
-                ChildSpec(
-                    f"worker-{j}",
-                    _ctrps("worker", "--bootstrap", self.bootstrap,
-                           "--shards", ",".join(self.shard_urls), "--topic", TOPIC,
-                           "--window-seconds", str(s.window_seconds), "--mode", s.mode, "--log-format", fmt,
-                           *kafka_child_argv(self.kafka)),
-                    group="workers",
-                    restart=self.restart,
-                    env=self.env("worker"),
-                )
-            )  # fmt: skip
-
-        if s.produce_rate > 0:
-            await self._start(
-                ChildSpec(
-                    "producer",
-                    _ctrps("produce", "synthetic", "--bootstrap", self.bootstrap,
-                           "--topic", TOPIC, "--partitions", str(s.partitions),
-                           "--events", str(PRODUCER_EVENTS), "--rate", str(s.produce_rate),
-                           "--log-format", fmt, *kafka_child_argv(self.kafka)),
-                    may_finish=True,
-                    restart=self.restart,
-                    env=self.env("producer"),
-                )
-            )  # fmt: skip
 
 
 async def own_exports(

@@ -43,7 +43,7 @@ from consumers.broker import BrokerError, EmbeddedBroker, create_topics, wait_fo
 from consumers.broker_memory import BrokerMemory
 from consumers.kafka_security import KafkaSecurity
 from consumers.producer import produce
-from consumers.worker import WindowReport, Worker, WorkerConfig
+from consumers.worker import WindowReport, Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter
@@ -54,13 +54,25 @@ from ps_core.net.shard import Shard, ShardSpec
 from ps_core.synthetic import SyntheticStream
 
 from .api import METRICS, ApiServer
+from .config.declared import SettingsError
+from .config.demo import DemoSettings
+from .config.serve import ApiSettings
+from .config.worker import WorkerSettings, worker_config
 from .logs import log_event
 from .security import GeneratedToken, generated_admin_token
-from .settings import ApiSettings, DemoSettings, SettingsError
 from .signals import stop_on_signals
 from .status import default_worker_id, make_status_hook
 
-__all__ = ["run_demo", "api_settings_of", "TOPIC", "GROUP", "PARTITIONS", "example_event", "fresh_exports_dir"]
+__all__ = [
+    "run_demo",
+    "api_settings_of",
+    "worker_settings_of",
+    "TOPIC",
+    "GROUP",
+    "PARTITIONS",
+    "example_event",
+    "fresh_exports_dir",
+]
 
 log = logging.getLogger("ctrps.demo")
 
@@ -263,6 +275,22 @@ def api_settings_of(settings: DemoSettings) -> ApiSettings:
     )  # fmt: skip
 
 
+def worker_settings_of(settings: DemoSettings, bootstrap: str) -> WorkerSettings:
+    """The settings of the demo's worker (Kafka at `bootstrap`): short
+    windows on the demo's topic and group, over the shards in this process
+    (no URLs); `worker_config` makes its `WorkerConfig`, as for a worker process."""
+    return WorkerSettings(
+        bootstrap=bootstrap,
+        topic=TOPIC,
+        group=GROUP,
+        window_seconds=settings.window_seconds,
+        window_events=WINDOW_EVENTS,
+        decode_processes=1,
+        session_timeout_ms=6000,
+        log_format=settings.log_format,
+    )
+
+
 async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: KafkaSecurity) -> int:
     api_settings = api_settings_of(settings)
     # Refused before the broker starts: an exposed API needs CTRPS_ADMIN_TOKEN or --insecure.
@@ -310,31 +338,7 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
             server.app[METRICS].registry.register(memory)
             await stack.enter_async_context(memory.watching())
 
-        worker = Worker(
-            WorkerConfig(
-                bootstrap=bootstrap,
-                topic=TOPIC,
-                group=GROUP,
-                dlq_topic=f"{TOPIC}.dlq",
-                window_seconds=settings.window_seconds,
-                window_events=WINDOW_EVENTS,
-                decode_processes=1,
-                session_timeout_ms=6000,
-                heartbeat_interval_ms=1000,
-                kafka=kafka,
-            ),
-            client,
-            control,
-            model,
-        )
-        # The status board feeds the API's /v1/model and /metrics, as for a
-        # worker process; then the demo's own progress line.
-        worker.on_window = _hooks(
-            make_status_hook(
-                control, default_worker_id(), worker.stats, update_mode=worker.config.mode, model=model.name
-            ),
-            _Progress(control, model),
-        )
+        worker = _worker(settings, bootstrap, kafka, client, control, model)
         # Event time follows wall time, so windows close on time either way.
         stream = SyntheticStream(seed=settings.seed, events_per_s=settings.rate, start_ts=time.time())
         worker_stop = asyncio.Event()
@@ -355,20 +359,43 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
             stop.set()
             await exporting
 
-        # Shutdown: no new events; the worker trains and commits what it
-        # holds and leaves the group; then the stack closes API, client, broker.
-        producing.cancel()
-        await asyncio.gather(producing, return_exceptions=True)
-        worker_stop.set()
-        if not working.done():
-            try:
-                await working
-            except Exception as exc:
-                failed = True
-                log.error("worker failed while stopping", extra={"fields": {"error": repr(exc)}})
-        s = worker.stats
-        log_event(log, "stopped", windows=s.windows, events=s.events_trained, dead_letters=s.dead_letters)
+        failed |= await _stop_worker(worker, worker_stop, working, producing)
     return 1 if failed else 0
+
+
+def _worker(
+    settings: DemoSettings, bootstrap: str, kafka: KafkaSecurity, client: PSClient, control: ControlClient, model: Model
+) -> Worker:
+    """The demo's worker (`worker_settings_of`), its windows reported to the
+    status board (the API's /v1/model and /metrics, as for a worker process)
+    and by the demo's own progress line."""
+    worker = Worker(worker_config(worker_settings_of(settings, bootstrap), kafka), client, control, model)
+    worker.on_window = _hooks(
+        make_status_hook(control, default_worker_id(), worker.stats, update_mode=worker.config.mode, model=model.name),
+        _Progress(control, model),
+    )
+    return worker
+
+
+async def _stop_worker(
+    worker: Worker, worker_stop: asyncio.Event, working: asyncio.Task[None], producing: asyncio.Task[Any]
+) -> bool:
+    """Shutdown: no new events; the worker trains and commits what it holds
+    and leaves the group (then the caller's stack closes API, client,
+    broker). Returns whether the worker failed while stopping."""
+    failed = False
+    producing.cancel()
+    await asyncio.gather(producing, return_exceptions=True)
+    worker_stop.set()
+    if not working.done():
+        try:
+            await working
+        except Exception as exc:
+            failed = True
+            log.error("worker failed while stopping", extra={"fields": {"error": repr(exc)}})
+    s = worker.stats
+    log_event(log, "stopped", windows=s.windows, events=s.events_trained, dead_letters=s.dead_letters)
+    return failed
 
 
 async def _until_stopped(settings: DemoSettings, stop: asyncio.Event, *tasks: asyncio.Task[Any]) -> bool:

@@ -28,8 +28,8 @@ from consumers.dlq_reader import ReadLetter, newest_dead_letters
 from ps_core.model.events import REASONS
 
 from .commands import Subcommands, add_command
+from .config.declared import SettingsError
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
-from .settings import SettingsError
 from .startup import broker_answers
 
 __all__ = ["add_dlq_parser", "run_dlq"]

@@ -29,8 +29,8 @@ from ps_core.store.optim import OPTIMIZERS
 from ps_core.store.table_config import MODES
 
 from .commands import Subcommands, add_command
+from .config.shard import ShardSettings
 from .security import add_security_flags
-from .settings import ShardSettings
 from .shard0_cli import call_shard0
 
 __all__ = ["add_model_parser", "run_model", "parse_optimizer", "DEFAULT_SHARD0"]

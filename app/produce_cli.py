@@ -32,9 +32,9 @@ from consumers.producer import COMPRESSIONS, EventSource, produce
 from ps_core.synthetic import PROFILES, SyntheticStream, profile_stream
 
 from .commands import Subcommands, add_command, subcommands
+from .config.declared import SettingsError
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
 from .logs import log_event
-from .settings import SettingsError
 from .signals import stop_on_signals
 from .startup import broker_answers
 

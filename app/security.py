@@ -33,13 +33,9 @@ from pathlib import Path
 from ps_core.net.auth import MIN_SECRET_BYTES, Scope, TokenVerifier, derive_token, new_secret
 from ps_core.net.tls import TlsFiles, client_context, server_context
 
+from .config.declared import SettingsError
+
 __all__ = ["SecuritySettings", "add_security_flags", "is_loopback", "GeneratedToken", "generated_admin_token"]
-
-
-def _settings_error(message: str) -> Exception:
-    from .settings import SettingsError  # (settings imports this module)
-
-    return SettingsError(message)
 
 
 def _secret_from(env: Mapping[str, str], key: str) -> str:
@@ -47,14 +43,14 @@ def _secret_from(env: Mapping[str, str], key: str) -> str:
     value = env.get(key, "")
     path = env.get(f"{key}_FILE", "")
     if value and path:
-        raise _settings_error(f"set {key} or {key}_FILE, not both")
+        raise SettingsError(f"set {key} or {key}_FILE, not both")
     if path:
         try:
             value = Path(path).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise _settings_error(f"{key}_FILE={path!r} cannot be read: {exc.strerror or exc}") from None
+            raise SettingsError(f"{key}_FILE={path!r} cannot be read: {exc.strerror or exc}") from None
         if not value:
-            raise _settings_error(f"{key}_FILE={path!r} is empty")
+            raise SettingsError(f"{key}_FILE={path!r} is empty")
     return value.strip()
 
 
@@ -130,15 +126,15 @@ class SecuritySettings:
 
     def __post_init__(self) -> None:
         if self.cluster_secret and len(self.cluster_secret.encode("utf-8")) < MIN_SECRET_BYTES:
-            raise _settings_error(f"the cluster secret must be at least {MIN_SECRET_BYTES} bytes")
+            raise SettingsError(f"the cluster secret must be at least {MIN_SECRET_BYTES} bytes")
         if bool(self.tls.cert) != bool(self.tls.key):
-            raise _settings_error("--tls-cert and --tls-key go together")
+            raise SettingsError("--tls-cert and --tls-key go together")
         if self.tls.require_client_cert and not (self.tls.ca and self.tls.serves):
-            raise _settings_error("--tls-client-auth needs --tls-cert, --tls-key and --tls-ca")
+            raise SettingsError("--tls-client-auth needs --tls-cert, --tls-key and --tls-ca")
         for name in ("cert", "key", "ca"):
             path = getattr(self.tls, name)
             if path and not os.access(path, os.R_OK):
-                raise _settings_error(f"--tls-{name} {path!r} cannot be read")
+                raise SettingsError(f"--tls-{name} {path!r} cannot be read")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace | None, env: Mapping[str, str] = os.environ) -> SecuritySettings:
@@ -178,7 +174,7 @@ class SecuritySettings:
             files = f"--tls-cert {self.tls.cert!r} with --tls-key {self.tls.key!r}"
             if self.tls.require_client_cert:
                 files += f" and --tls-ca {self.tls.ca!r}"
-            raise _settings_error(f"{files} cannot be loaded: {exc}") from None
+            raise SettingsError(f"{files} cannot be loaded: {exc}") from None
 
     def client_tls(self) -> ssl.SSLContext | None:
         """The context this role verifies ``https://`` peers with (and presents
@@ -192,7 +188,7 @@ class SecuritySettings:
             files = f"--tls-ca {self.tls.ca!r}" if self.tls.ca else ""
             if self.tls.serves:
                 files += (" or " if files else "") + f"--tls-cert {self.tls.cert!r} with --tls-key {self.tls.key!r}"
-            raise _settings_error(f"{files} cannot be loaded: {exc}") from None
+            raise SettingsError(f"{files} cannot be loaded: {exc}") from None
 
     def token_for(self, scope: Scope) -> str:
         """The token this role presents when it needs `scope`: the given
@@ -214,4 +210,4 @@ class SecuritySettings:
         without credentials unless ``--insecure`` was given."""
         if has_credentials or self.insecure or is_loopback(host):
             return
-        raise _settings_error(f"{role} would listen on {host} with no credentials: {hint}, or pass --insecure")
+        raise SettingsError(f"{role} would listen on {host} with no credentials: {hint}, or pass --insecure")

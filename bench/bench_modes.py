@@ -66,7 +66,7 @@ from bench_worker import (
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 from link import Link, linked_client
 
-from app.settings import WorkerSettings
+from app.config.worker import WorkerSettings
 from consumers.worker import WindowReport, Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model

@@ -9,7 +9,7 @@ script goes away (and on SIGTERM, which this script sends at the end):
 - ``api-local``: the API (``app.api.run_api``) over one shard in its own
   process (``PSClient.local``), as in ``ctrps demo``;
 - ``shard`` + ``api-http``: a shard server (``ctrps shard``'s role) and the
-  API over it (``ctrps serve``'s role, ``app.serve_role.run_serve``);
+  API over it (``ctrps serve``'s role, ``app.roles.serve.run_serve``);
 - ``shard-secure`` + ``api-secure``: the same with TLS on both and
   credentials on the shard (``api-secure`` presents a read token).
 
@@ -76,10 +76,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from app.api import run_api  # noqa: E402
+from app.config.serve import ApiSettings  # noqa: E402
+from app.config.shard import ShardSettings  # noqa: E402
+from app.roles.serve import run_serve  # noqa: E402
+from app.roles.shard import run_shard  # noqa: E402
 from app.security import SecuritySettings  # noqa: E402
-from app.serve_role import run_serve  # noqa: E402
-from app.settings import ApiSettings, ShardSettings  # noqa: E402
-from app.shard_role import run_shard  # noqa: E402
 from app.signals import stop_on_signals  # noqa: E402
 from ps_core.checkpoint.control import ControlClient  # noqa: E402
 from ps_core.model.models import Model, make_model  # noqa: E402

@@ -24,8 +24,10 @@ import pytest
 from waiting import json_when_ok
 
 from app.cli import build_parser
+from app.config.declared import SettingsError
+from app.config.shard import ShardSettings, parse_table_spec
+from app.config.worker import WorkerSettings, worker_config
 from app.model_cli import parse_optimizer
-from app.settings import SettingsError, ShardSettings, WorkerSettings, parse_table_spec
 from consumers.worker import WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.net.client import PSClient
@@ -446,11 +448,11 @@ def test_worker_wire_flags_and_variables_make_its_wire_format() -> None:
 
 def test_worker_mini_batch_ramp_flag_and_variable_reach_its_config() -> None:
     base = ["worker", "--bootstrap", "k:9092", "--shards", "http://127.0.0.1:7100"]
-    assert WorkerSettings.from_args(build_parser().parse_args(base), env={}).worker_config().mini_batch_ramp == 64
+    assert worker_config(WorkerSettings.from_args(build_parser().parse_args(base), env={})).mini_batch_ramp == 64
     flag = WorkerSettings.from_args(build_parser().parse_args([*base, "--mini-batch-ramp", "0"]), env={})
-    assert flag.worker_config().mini_batch_ramp == 0
+    assert worker_config(flag).mini_batch_ramp == 0
     env = WorkerSettings.from_args(build_parser().parse_args(base), env={"CTRPS_MINI_BATCH_RAMP": "16"})
-    assert env.worker_config().mini_batch_ramp == 16
+    assert worker_config(env).mini_batch_ramp == 16
     with pytest.raises(SettingsError, match="mini-batch ramp must be >= 0"):
         WorkerSettings.from_args(build_parser().parse_args([*base, "--mini-batch-ramp", "-1"]), env={})
     with pytest.raises(ValueError, match="mini_batch_ramp must be >= 0"):

@@ -30,7 +30,8 @@ from waiting import until
 
 from app.cli import build_parser
 from app.cluster import PortTaken, broker_processes, end_broker_processes, served_by, wait_served
-from app.settings import ClusterSettings, SettingsError
+from app.config.cluster import ClusterSettings
+from app.config.declared import SettingsError
 from app.supervisor import ChildFailed, ChildSpec, Supervisor
 from consumers.broker import free_port
 from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards

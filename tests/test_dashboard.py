@@ -36,12 +36,14 @@ from test_api import report_windows, synthetic_events, train, window_report
 import app.served
 from app.api import HISTORY, SERVED, ApiServer, create_app
 from app.cli import build_parser
+from app.config.declared import SettingsError
+from app.config.demo import DemoSettings
+from app.config.serve import ApiSettings
 from app.demo import _announce
 from app.history import LIVE_WORKER_S, History, latency_between, window_quality
 from app.metrics import ApiMetrics, ClusterSnapshot
 from app.openapi import openapi_document, response_schema
 from app.served import ServedModels
-from app.settings import ApiSettings, DemoSettings, SettingsError
 from app.status import WorkerView, make_status_hook
 from app.views import ControlView
 from consumers.worker import WorkerStats

@@ -29,8 +29,8 @@ from training import train_step
 from waiting import until
 
 from app.api import HISTORY, SERVED, ApiServer
+from app.config.serve import ApiSettings
 from app.history import History
-from app.settings import ApiSettings
 from app.status import make_status_hook
 from consumers.worker import WindowReport, WorkerStats
 from ps_core.checkpoint.control import ControlClient

@@ -20,8 +20,10 @@ from commands import PROJECT, assert_help_shows, clean_env
 
 from app.api import ApiServer
 from app.cli import build_parser
+from app.config.declared import SettingsError
+from app.config.demo import DemoSettings
+from app.config.serve import ApiSettings
 from app.demo import _announce, example_event
-from app.settings import ApiSettings, DemoSettings, SettingsError
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export import list_versions
 from ps_core.model.models import make_model

@@ -36,7 +36,9 @@ from jsonlog import read_json_lines
 from waiting import json_when_ok
 
 from app.cli import build_parser
-from app.settings import ApiSettings, ShardSettings, WorkerSettings
+from app.config.serve import ApiSettings
+from app.config.shard import ShardSettings
+from app.config.worker import WorkerSettings
 from consumers.broker import free_port
 from ps_core.model.models import make_model
 from ps_core.net.auth import Scope, TokenVerifier, bearer, derive_token
@@ -193,7 +195,7 @@ def test_every_ctrps_variable_named_in_deploy_is_read_by_the_code() -> None:
         if path.is_file():
             named |= set(re.findall(r"\bCTRPS_[A-Z_]+\b", path.read_text()))
     assert named, "deploy names no settings"
-    source = "\n".join(p.read_text() for d in ("app", "consumers") for p in (ROOT / d).glob("*.py"))
+    source = "\n".join(p.read_text() for d in ("app", "consumers") for p in (ROOT / d).rglob("*.py"))
     # A secret's X_FILE is read wherever X is read from the environment or a file.
     read_from_file = set(re.findall(r'_secret_from\(env, "(CTRPS_[A-Z_]+)"\)', source))
     unknown = sorted(v for v in named if f'"{v}"' not in source and v.removesuffix("_FILE") not in read_from_file)

@@ -34,9 +34,10 @@ from documents import validate
 import app.follower as follower_module
 from app.api import create_app
 from app.cli import build_parser
+from app.config.declared import SettingsError
+from app.config.serve import ApiSettings
 from app.follower import Follower, follow_dir, model_from_manifest, model_of_exports
 from app.openapi import openapi_document, response_schema
-from app.settings import ApiSettings, SettingsError
 from ps_core.checkpoint.export import (
     apply_version,
     latest_chain,

@@ -16,7 +16,7 @@ from streams import brisk_worker_config, keyed_event, new_topic, produce, runnin
 from waiting import until
 
 from app.api import create_app
-from app.settings import ApiSettings
+from app.config.serve import ApiSettings
 from app.status import make_status_hook
 from consumers.lag_watch import LagNotice, LagWatch, WindowTimes
 from consumers.worker import Worker

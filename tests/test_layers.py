@@ -41,6 +41,13 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "ps_core.synthetic": ("ps_core.synthetic",),  # numpy only: nothing of the project
     "consumers": ("ps_core", "consumers"),
     "app": ("ps_core", "consumers", "app"),
+    # Settings: what roles read; never a role itself (logs' levels, security's secrets).
+    "app.config": ("ps_core", "consumers", "app.config", "app.security", "app.logs"),
+    # A role: never the CLI that starts it, nor a composition (demo, cluster).
+    "app.roles": (
+        *("ps_core", "consumers", "app.roles", "app.config", "app.api", "app.failures", "app.follower"),
+        *("app.logs", "app.metrics", "app.metrics_site", "app.security", "app.signals", "app.startup", "app.status"),
+    ),
 }
 FOREIGN_FORBIDDEN = {"ps_core": ("aiokafka", "consumers", "app"), "consumers": ("app",)}
 
@@ -83,7 +90,7 @@ def _inside(name: str, prefixes: tuple[str, ...]) -> bool:
 
 def test_every_package_imports_only_the_layers_below_it() -> None:
     broken = []
-    for path in sorted([*ROOT.glob("ps_core/**/*.py"), *ROOT.glob("consumers/*.py"), *ROOT.glob("app/*.py")]):
+    for path in sorted([*ROOT.glob("ps_core/**/*.py"), *ROOT.glob("consumers/*.py"), *ROOT.glob("app/**/*.py")]):
         mod = _module_name(path)
         allowed = _rule(mod)
         assert allowed is not None, f"{mod} has no layer rule"

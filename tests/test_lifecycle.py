@@ -12,8 +12,9 @@ import numpy.typing as npt
 import pytest
 
 from app.cli import build_parser
+from app.config.declared import SettingsError
+from app.config.shard import ShardSettings, parse_table_spec
 from app.follower import Follower
-from app.settings import SettingsError, ShardSettings, parse_table_spec
 from ps_core.checkpoint.export import latest_chain, restore_shards, write_version
 from ps_core.errors import TableConfigError, TableConflictError
 from ps_core.hashing import shard_of

@@ -29,7 +29,9 @@ from aiohttp import web
 from waiting import until
 
 from app.api import ApiServer
-from app.settings import ApiSettings, SettingsError, port_limits_from_env, rpc_limits_from_env
+from app.config.declared import SettingsError
+from app.config.limits import port_limits_from_env, rpc_limits_from_env
+from app.config.serve import ApiSettings
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
 from ps_core.net import codec

@@ -1,7 +1,7 @@
 """Every role's ``/metrics``, and a worker's status from the worker to what
 an operator reads.
 
-For each update mode a real ``ctrps worker`` role (`app.worker_role.run_worker`,
+For each update mode a real ``ctrps worker`` role (`app.roles.worker.run_worker`,
 with ``--metrics-port``) trains from the real broker against two shard
 servers on loopback (shard 0 with its coordinator); its status is followed to
 the API (`app.api.ApiServer`): ``/v1/model``, ``/metrics`` and the dashboard's
@@ -25,10 +25,12 @@ from streams import keyed_event, new_topic, produce
 from waiting import json_when_ok, until
 
 from app.api import ApiServer
+from app.config.declared import SettingsError
+from app.config.serve import ApiSettings
+from app.config.worker import WorkerSettings
 from app.failures import ExpectedFailure
 from app.metrics import ApiMetrics, ClusterSnapshot
-from app.settings import ApiSettings, SettingsError, WorkerSettings
-from app.worker_role import run_worker
+from app.roles.worker import run_worker
 from consumers.broker import free_port
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model

@@ -316,8 +316,8 @@ async def test_a_replica_follows_every_model_of_an_exports_root(tmp_path: Path) 
     from aiohttp.test_utils import TestClient, TestServer
 
     from app.api import SERVED, create_app
+    from app.config.serve import ApiSettings
     from app.follower import Follower, followed_models, model_of_exports
-    from app.settings import ApiSettings
 
     coord = Coordinator()
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
@@ -414,7 +414,8 @@ async def test_one_worker_trains_several_models_in_sync_and_geo_mode(
 
 def test_also_train_settings() -> None:
     from app.cli import build_parser
-    from app.settings import SettingsError, WorkerSettings
+    from app.config.declared import SettingsError
+    from app.config.worker import WorkerSettings
 
     base = ["worker", "--bootstrap", "k:9092", "--shards", "http://127.0.0.1:1"]
     s = WorkerSettings.from_args(build_parser().parse_args([*base, "--also-train", "a", "--also-train", "b"]), env={})
@@ -504,7 +505,7 @@ def test_numeric_values_fed_as_log1p_keep_their_ids() -> None:
 
 
 async def test_the_api_serves_its_model_as_the_cluster_declared_it(tmp_path: Path) -> None:
-    from app.serve_role import as_declared
+    from app.roles.serve import as_declared
 
     coord = Coordinator()
     shards = [Shard(ShardSpec(0, 1))]
@@ -528,9 +529,9 @@ async def test_a_replica_following_every_model_serves_one_created_after_it_start
     from aiohttp.test_utils import TestClient, TestServer
 
     from app.api import create_app
+    from app.config.serve import ApiSettings
     from app.follower import Follower, model_of_exports
-    from app.serve_role import new_followers
-    from app.settings import ApiSettings
+    from app.roles.serve import new_followers
 
     coord = Coordinator()
     shards = [Shard(ShardSpec(0, 1))]
@@ -571,8 +572,8 @@ async def test_a_failed_look_for_new_models_is_one_line_and_the_followed_models_
     from aiohttp.test_utils import TestClient, TestServer
 
     from app.api import create_app
+    from app.config.serve import ApiSettings
     from app.follower import Follower
-    from app.settings import ApiSettings
 
     def unreadable_root(known: Any) -> dict[str, Follower]:
         # An exports root this process may no longer read (root here reads all).
@@ -632,8 +633,8 @@ async def test_a_worker_takes_its_models_type_and_mode_unless_given(
     no flag or variable gives them; one given that differs is refused in one
     line (exit 1)."""
     from app.cli import build_parser
-    from app.settings import WorkerSettings
-    from app.worker_role import _as_declared
+    from app.config.worker import WorkerSettings
+    from app.roles.worker import _as_declared
     from consumers.broker import free_port
     from consumers.outage import OutageDeadlineError
     from ps_core.net.endpoint import RetryPolicy
@@ -691,8 +692,8 @@ def test_ctrps_model_finds_shard_0_where_a_shard_listens_by_default() -> None:
     ``ctrps shard`` listens at without flags (README's pipeline's shard 0)."""
     from commands import ctrps
 
+    from app.config.shard import ShardSettings
     from app.model_cli import DEFAULT_SHARD0
-    from app.settings import ShardSettings
 
     defaults = ShardSettings.from_env({})
     assert DEFAULT_SHARD0 == f"http://{defaults.host}:{defaults.port}" == "http://127.0.0.1:7100"

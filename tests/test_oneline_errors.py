@@ -27,9 +27,9 @@ from waiting import until
 
 from app.api import ApiServer
 from app.cli import build_parser, run_command
+from app.config.serve import ApiSettings
 from app.failures import ExpectedFailure, expected_failure
 from app.logs import KAFKA_LOGGERS, RepeatFilter, configure_logging
-from app.settings import ApiSettings
 from consumers.broker import EmbeddedBroker, free_port
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model

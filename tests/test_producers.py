@@ -596,7 +596,7 @@ async def test_cli_sigterm_ends_an_endless_stream_with_exit_0(kafka_bootstrap: s
 async def test_cli_compression_and_delivery_timeout_settings_are_checked(
     kafka_bootstrap: str, restore_logging: None
 ) -> None:
-    from app.settings import SettingsError
+    from app.config.declared import SettingsError
 
     base = ("synthetic", "--events", "10", "--bootstrap", kafka_bootstrap)
     with pytest.raises(SettingsError, match="compression 'brotli' is not one of none, gzip, snappy, lz4, zstd"):

@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from app.api import ApiServer
+from app.child_credentials import CREDENTIAL_VARIABLES, ChildCredentials
 from app.cli import build_parser
-from app.cluster import CREDENTIAL_VARIABLES, ChildCredentials
+from app.config.declared import SettingsError
+from app.config.demo import DemoSettings
+from app.config.serve import ApiSettings
 from app.demo import api_settings_of
-from app.settings import ApiSettings, DemoSettings, SettingsError
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
 from ps_core.net.auth import MIN_SECRET_BYTES, Scope, TokenVerifier, derive_token

@@ -8,16 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from app.declared import Setting, declared
-from app.settings import (
-    ApiSettings,
-    BrokerSettings,
-    ClusterSettings,
-    DemoSettings,
-    LogSettings,
-    ShardSettings,
-    WorkerSettings,
-)
+from app.config.broker import BrokerSettings
+from app.config.cluster import ClusterSettings
+from app.config.declared import Setting, declared
+from app.config.demo import DemoSettings
+from app.config.log import LogSettings
+from app.config.serve import ApiSettings
+from app.config.shard import ShardSettings
+from app.config.worker import WorkerSettings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 COMMANDS = {

@@ -41,7 +41,7 @@ from aiohttp import web
 from waiting import until
 
 from app.api import ApiServer
-from app.settings import ApiSettings
+from app.config.serve import ApiSettings
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter

@@ -362,7 +362,8 @@ async def test_the_worker_process_refuses_stale_offsets_with_exit_code_4(
 
 def test_on_stale_offsets_setting_flag_over_environment_over_default() -> None:
     from app.cli import build_parser
-    from app.settings import SettingsError, WorkerSettings
+    from app.config.declared import SettingsError
+    from app.config.worker import WorkerSettings
 
     base = ["worker", "--bootstrap", "k:9092", "--shards", "http://127.0.0.1:7100"]
     parse = build_parser().parse_args

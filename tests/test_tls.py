@@ -32,10 +32,11 @@ from test_shard_auth import _ctrps, _env, _one_line
 from waiting import until
 
 from app.api import ApiServer
+from app.config.serve import ApiSettings
+from app.config.shard import ShardSettings
+from app.roles.serve import run_serve
+from app.roles.shard import run_shard
 from app.security import SecuritySettings
-from app.serve_role import run_serve
-from app.settings import ApiSettings, ShardSettings
-from app.shard_role import run_shard
 from consumers.broker import free_port
 from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import AuthError, ShardUnavailableError, TlsVerifyError

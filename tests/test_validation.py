@@ -29,10 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from waiting import until
 
 from app.api import HISTORY, create_app
+from app.config.serve import ApiSettings
 from app.history import History
 from app.metrics import ApiMetrics, ClusterSnapshot
 from app.openapi import openapi_document, response_schema
-from app.settings import ApiSettings
 from app.status import summarize, worker_status
 from consumers.worker import WindowReport, WorkerStats
 from ps_core.checkpoint.control import ControlClient

@@ -30,7 +30,7 @@ from streams import applications, bias_shows, brisk_worker_config, committed, ke
 from waiting import until
 
 from app.api import create_app
-from app.settings import ApiSettings
+from app.config.serve import ApiSettings
 from app.status import make_status_hook
 from consumers import worker as worker_module
 from consumers.broker import EmbeddedBroker, free_port

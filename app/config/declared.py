@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["Setting", "setting", "declared", "add_flags", "load", "given", "parse_bool", "SettingsError"]
+__all__ = ["Setting", "setting", "declared", "add_flags", "load", "given", "to_argv", "parse_bool", "SettingsError"]
 
 
 class SettingsError(ValueError):
@@ -211,6 +211,27 @@ def given(cls: type, args: argparse.Namespace | None, env: Mapping[str, str]) ->
         if flagged or (s.env is not None and env.get(s.env)):
             out.add(f.name)
     return frozenset(out)
+
+
+def to_argv(settings: Any, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags giving `settings`' values of the fields `names`, default or
+    not (a flag given is a value given: see `given`), such that `load` reads
+    those values back: ``str(value)``, a tuple's items joined by its
+    separator (its flag repeated if `repeat`). Only fields with a `flag`."""
+    by_name = {f.name: (s, kind) for f, s, kind in declared(type(settings))}
+    argv: list[str] = []
+    for name in names:
+        s, kind = by_name[name]
+        if s.flag is None:
+            raise ValueError(f"{name} has no flag to give it")
+        value = getattr(settings, name)
+        if typing.get_origin(kind) is not tuple:
+            argv += [s.flag, str(value)]
+        elif s.repeat:
+            argv += [part for v in value for part in (s.flag, str(v))]
+        else:
+            argv += [s.flag, s.sep.join(str(v) for v in value)]
+    return tuple(argv)
 
 
 def _from_flag(value: Any, kind: Any, s: Setting, name: str) -> Any:

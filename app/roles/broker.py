@@ -11,10 +11,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from consumers.broker import EmbeddedBroker
 from consumers.broker_memory import BrokerMemory
 
-from .logs import log_event
-from .metrics_site import metrics_site
-from .settings import BrokerSettings
-from .signals import stop_on_signals
+from ..config.broker import BrokerSettings
+from ..logs import log_event
+from ..metrics_site import metrics_site
+from ..signals import stop_on_signals
 
 __all__ = ["run_broker"]
 

@@ -27,11 +27,11 @@ from ps_core.net.server import start_shard_site
 from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.tls import HandshakeFailures, watch_handshakes
 
-from .failures import ExpectedFailure
-from .logs import log_event
-from .security import SecuritySettings
-from .settings import ShardSettings
-from .signals import stop_on_signals
+from ..config.shard import ShardSettings
+from ..failures import ExpectedFailure
+from ..logs import log_event
+from ..security import SecuritySettings
+from ..signals import stop_on_signals
 
 __all__ = ["run_shard"]
 

@@ -20,14 +20,14 @@ from ps_core.net.auth import Scope
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 
-from .logs import log_event
-from .metrics import worker_exposition
-from .metrics_site import metrics_site
-from .security import SecuritySettings
-from .settings import WorkerSettings
-from .signals import stop_on_signals
-from .startup import await_broker, check_shards, unless_stopped
-from .status import StatusHook, default_worker_id, make_status_hook
+from ..config.worker import WorkerSettings, worker_config
+from ..logs import log_event
+from ..metrics import worker_exposition
+from ..metrics_site import metrics_site
+from ..security import SecuritySettings
+from ..signals import stop_on_signals
+from ..startup import await_broker, check_shards, unless_stopped
+from ..status import StatusHook, default_worker_id, make_status_hook
 
 __all__ = ["run_worker"]
 
@@ -102,7 +102,7 @@ async def _run_worker(
                 log.info("stop asked while waiting for shard 0: nothing trained")
                 return
             settings = declared
-            config = settings.worker_config(kafka)
+            config = worker_config(settings, kafka)
             how = {"mode": settings.mode, "max_staleness": settings.staleness_bound, "numeric": settings.numeric}
             model = make_model(settings.model, settings.model_name, **how)
             also = [make_model(settings.model, name, **how) for name in settings.also_train]
@@ -122,28 +122,7 @@ async def _run_worker(
                 **kafka.fields(),
             )
             worker = Worker(config, client, control, model, also=also)
-            # Set after construction: the hook reads the worker's own stats.
-            fmt = settings.wire().describe()
-            worker.on_window = hook = make_status_hook(
-                control,
-                worker_id,
-                worker.stats,
-                update_mode=config.mode,
-                wire=lambda: {"format": fmt, **client.wire_stats().as_dict()},
-                model=settings.model_name,
-            )
-            hooks.append(hook)
-            for a in worker.also:
-                # Each model's progress is its own entry on the board: the API
-                # and /metrics count a model's workers apart.
-                a.on_window = also_hook = make_status_hook(
-                    control,
-                    f"{worker_id}/{a.model.name}",
-                    a.stats,
-                    update_mode=config.mode,
-                    model=a.model.name,
-                )
-                hooks.append(also_hook)
+            hooks.extend(_status_hooks(worker, settings, control, client, worker_id))
             if metrics_url is not None:
                 log_event(log, "serving metrics", worker=worker_id, url=metrics_url)
             await worker.run(stop)
@@ -151,6 +130,31 @@ async def _run_worker(
     log_event(
         log, "stopped", windows=s.windows, events=s.events_trained, dead_letters=s.dead_letters, commits=s.commits
     )
+
+
+def _status_hooks(
+    worker: Worker, settings: WorkerSettings, control: ControlClient, client: PSClient, worker_id: str
+) -> list[StatusHook]:
+    """Report each window to the status board (`app.status`): the worker's,
+    and each model it also trains as an entry of its own (the API and
+    /metrics count a model's workers apart). Set after construction: the
+    hooks read the worker's own stats."""
+    fmt = settings.wire().describe()
+    worker.on_window = hook = make_status_hook(
+        control,
+        worker_id,
+        worker.stats,
+        update_mode=worker.config.mode,
+        wire=lambda: {"format": fmt, **client.wire_stats().as_dict()},
+        model=settings.model_name,
+    )
+    hooks = [hook]
+    for a in worker.also:
+        a.on_window = also_hook = make_status_hook(
+            control, f"{worker_id}/{a.model.name}", a.stats, update_mode=worker.config.mode, model=a.model.name
+        )
+        hooks.append(also_hook)
+    return hooks
 
 
 async def _as_declared(settings: WorkerSettings, control: ControlClient, stop: asyncio.Event) -> WorkerSettings | None:
