@@ -19,7 +19,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["Setting", "setting", "declared", "add_flags", "load", "given", "parse_bool", "SettingsError"]
+__all__ = [
+    "Setting",
+    "setting",
+    "declared",
+    "default_text",
+    "add_flags",
+    "load",
+    "given",
+    "parse_bool",
+    "SettingsError",
+]
 
 
 class SettingsError(ValueError):
@@ -131,7 +141,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ..
         target: Any = parser
         if s.exclusive is not None:
             target = groups.get(s.exclusive) or groups.setdefault(s.exclusive, parser.add_mutually_exclusive_group())
-        shown = s.shown_default if s.shown_default is not None else _shown(f.default)
+        shown = default_text(f, s)
         if s.flag is not None:
             is_tuple = typing.get_origin(kind) is tuple
             notes = "; ".join(n for n in (f"default {shown}" if shown else "", s.env or "") if n)
@@ -155,6 +165,12 @@ def _off_help(s: Setting) -> str:
     if s.flag and s.off_help:
         return s.off_help
     return f"{s.help} ({s.env}=0)" if s.env and not s.flag else s.help
+
+
+def default_text(f: dataclasses.Field[Any], s: Setting) -> str:
+    """The default as ``--help`` and the settings reference show it ("" for
+    none, an empty tuple or a switch)."""
+    return s.shown_default if s.shown_default is not None else _shown(f.default)
 
 
 def _shown(default: Any) -> str:
