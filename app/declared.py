@@ -68,7 +68,7 @@ class Setting:
     exclusive: str | None = None
     """Flags of settings sharing this name are mutually exclusive (and the `off` flag)."""
     shown_default: str | None = None
-    """The default as ``--help`` and README show it, where ``str(default)`` does not."""
+    """The default as ``--help`` and the docs show it, where ``str(default)`` does not."""
     empty: bool = False
     """An empty variable is a value (``CTRPS_EXPORTS_DIR=`` turns exports off), not unset."""
 
