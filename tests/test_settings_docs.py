@@ -129,3 +129,11 @@ def test_the_reference_names_every_declared_flag_and_variable(command: str) -> N
         for name in (s.flag, s.off, s.env):
             if name:
                 assert f"`{name}" in section, (command, name)
+
+
+def test_the_check_flag_says_whether_the_page_is_current(capsys: pytest.CaptureFixture[str]) -> None:
+    reference = _reference()
+    assert reference.main(["--check"]) == 0
+    reference.PAGE = PROJECT / "docs" / "reference" / "missing.md"  # a page never written: stale
+    assert reference.main(["--check"]) == 1
+    assert "is stale: run `make docs`" in capsys.readouterr().out
