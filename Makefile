@@ -6,12 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast demo typecheck lint format bench bench-quick clean
+.PHONY: test test-fast demo typecheck lint format docs bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(BIN)/python -m pip install -q -e '.[dev,bench,docs]'
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -34,6 +34,12 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# The site (mkdocs.yml) into site/: the flag reference written again from the
+# settings declarations, then a strict build, where a broken link fails.
+docs: $(STAMP)
+	$(BIN)/python tools/settings_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench-quick: $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
 
@@ -41,4 +47,4 @@ bench: $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis site

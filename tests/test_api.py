@@ -757,10 +757,10 @@ async def test_status_board_round_trip_through_the_api(make_api: MakeApi) -> Non
     assert (await api.control.statuses())[0]["status"]["windows"] == 2
 
 
-async def test_readme_status_report_is_accepted(make_api: MakeApi) -> None:
-    """README's operator note, sent as written there, is stored and read back."""
-    readme = (PROJECT / "README.md").read_text()
-    command = readme[readme.index("curl -s -XPOST localhost:8080/v1/status") :]
+async def test_the_guides_status_report_is_accepted(make_api: MakeApi) -> None:
+    """The guide's operator note (`ctrps serve`), sent as written there, is stored and read back."""
+    page = (PROJECT / "docs" / "guide" / "serve.md").read_text()
+    command = page[page.index("curl -s -XPOST localhost:8080/v1/status") :]
     body = orjson.loads(command[command.index("-d '") + 4 : command.index("'\n")])
     api = await make_api()
     status, ack = await api.call("POST", "/v1/status", body)

@@ -14,9 +14,10 @@ import aiohttp
 import numpy as np
 import orjson
 import pytest
-from commands import PROJECT, as_a_user, ctrps_process
+from commands import as_a_user, ctrps_process
 from hypothesis import given
 from hypothesis import strategies as st
+from site_pages import guide_section
 from waiting import until
 
 from consumers.training import AsyncTraining
@@ -300,14 +301,13 @@ async def test_ctrps_serve_follow_serves_a_saved_learner_as_it_predicts(
         assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
 
 
-def test_the_readme_keeps_and_reloads_a_learner_as_written(tmp_path: Path) -> None:
-    readme = (PROJECT / "README.md").read_text()
-    section = readme.split("### Your own data", 1)[1].split("\n### ", 1)[0]
+def test_the_guide_keeps_and_reloads_a_learner_as_written(tmp_path: Path) -> None:
+    section = guide_section("pipeline.md", "Your own data")
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 2 and "Learner.load" in blocks[1]
     stream = SyntheticStream(seed=11).batch(3000)
     (tmp_path / "clicks.jsonl").write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in stream))
-    done = as_a_user(tmp_path, "-c", blocks[1])  # it stands alone, as README's test runs it
+    done = as_a_user(tmp_path, "-c", blocks[1])  # it stands alone, as the guide's test runs it
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith(str(Path("my-exports/ctr/0000000002")))
     kept = Learner.load(tmp_path / "my-exports")

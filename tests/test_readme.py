@@ -1,25 +1,27 @@
-"""README.md's examples, run: every ```sh and ```python block against a real
+"""The examples of README.md and of the user guide (docs/guide/, its pages in
+mkdocs.yml's order), run: every ```sh and ```python block against a real
 pipeline the test starts, so an example that drifts from the code fails.
 
 A block marked ``<!-- illustration: WHY -->`` on the line before its fence
 is not run (`test_the_illustrations_are_few_and_say_why` lists them). The
-others run in README's order, in a fresh directory, as a user would type
-them, with these substitutions only:
+others run in their document's order (README's alone; the guide's pages
+one after the other), in a fresh directory, as a user would type them,
+with these substitutions only:
 
-- README's addresses (``127.0.0.1:9092``, ``:7100``, ``:7101``,
+- the documents' addresses (``127.0.0.1:9092``, ``:7100``, ``:7101``,
   ``localhost:8080``, ``:8081``, ``:8082``, and those ports after ``--port``)
   become free ports chosen by the test;
 - ``.venv/bin/ctrps`` (and ``ctrps``) is ``python -m app.cli`` of this
   checkout (a script of that name in the directory, and on ``PATH``);
 - ``...`` ending a ``ctrps worker`` line stands for the pipeline's
-  ``--bootstrap`` and ``--shards`` (README: "each role ... as above");
+  ``--bootstrap`` and ``--shards`` (the guide: "each role ... as above");
 - the shard 0 a ``ctrps model`` command finds without ``--shard0`` (the
   shard's default address) is the test's, through ``CTRPS_SHARDS``;
 - a cluster's (or demo's) admin token file is the one its ``ready`` line
   names, and ``CTRPS_ADMIN_TOKEN`` its token.
 
 Before ``ctrps model delete NAME`` the workers training NAME are stopped,
-as README says to.
+as the guide says to.
 
 Roles that serve (``broker``, ``shard``, ``worker``, ``serve``, ``cluster``,
 ``demo``, or a line ending in ``&``) are started as processes and waited for
@@ -28,7 +30,7 @@ port replaces the earlier one (the user's Ctrl-C). Every other line runs to
 its end and must exit 0; ``curl`` fails on an HTTP status >= 400. At the end
 every role still runs (none died on its own) and stops with exit 0 on
 SIGTERM. A block that starts a ``ctrps cluster`` or ``ctrps demo`` is a
-pipeline of its own; every other block shares the first one.
+pipeline of its own; every other block of a document shares the first one.
 """
 
 from __future__ import annotations
@@ -51,13 +53,13 @@ import orjson
 import pytest
 from commands import PROJECT, clean_env
 from jsonlog import read_json_lines
+from site_pages import README, guide_pages
 from waiting import json_when_ok, until
 
 from consumers.broker import free_port
 
 pytestmark = pytest.mark.slow  # real processes for seconds each: make test-fast leaves them out
 
-README = PROJECT / "README.md"
 FENCE = re.compile(r"^```(\S*)\s*$")
 ILLUSTRATION = re.compile(r"^<!--\s*illustration:\s*(.+?)\s*-->\s*$")
 RUN = ("sh", "python")
@@ -67,18 +69,24 @@ SERVING = {"broker": "ready", "shard": "listening", "worker": "assigned", "serve
            "demo": "ready"}  # fmt: skip
 SELF_CONTAINED = ("cluster", "demo")
 CTRPS = re.compile(r"^(?:\S+=\S+\s+)*(?:\.venv/bin/)?ctrps\s+(\S+)")
-# `curl` as README's lines call it, failing on an HTTP error status (22); a
+# `curl` as the documents' lines call it, failing on an HTTP error status (22); a
 # reader that stops early (`| head -c 600`) is no error of curl's (23).
 SHELL_PRELUDE = """set -o pipefail
 curl() { command curl -S --fail-with-body "$@"; local rc=$?; [ "$rc" -eq 23 ] && return 0; return "$rc"; }
 """
-MAX_ILLUSTRATIONS = 5
+MAX_ILLUSTRATIONS = 5  # in README and the guide together
+
+
+def documents() -> dict[str, list[Path]]:
+    """Each document whose examples run as one pipeline: its pages, in order."""
+    return {"README": [README], "guide": guide_pages()}
 
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced block of README.md."""
+    """One fenced block of README.md or a guide page."""
 
+    source: str  # the page, relative to the project
     lang: str
     line: int  # of its opening fence, 1-based
     text: str
@@ -104,13 +112,18 @@ class Block:
         return any((m := CTRPS.match(c)) is not None and m.group(1) in roles for c in self.commands)
 
     def __str__(self) -> str:
-        return f"README.md:{self.line} ({self.lang})"
+        return f"{self.source}:{self.line} ({self.lang})"
 
 
-def readme_blocks(text: str | None = None) -> list[Block]:
-    """Every fenced block of README.md, with its illustration marker (the
-    last non-blank line before its fence)."""
-    lines = (README.read_text() if text is None else text).splitlines()
+def page_blocks(page: Path) -> list[Block]:
+    """Every fenced block of `page`."""
+    return text_blocks(page.read_text(), str(page.relative_to(PROJECT)))
+
+
+def text_blocks(text: str, source: str) -> list[Block]:
+    """Every fenced block of `text`, with its illustration marker (the last
+    non-blank line before its fence)."""
+    lines = text.splitlines()
     blocks: list[Block] = []
     i = 0
     while i < len(lines):
@@ -126,18 +139,22 @@ def readme_blocks(text: str | None = None) -> list[Block]:
             i += 1
         before = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
         marker = ILLUSTRATION.match(before.strip())
-        blocks.append(Block(m.group(1), start + 1, "\n".join(body) + "\n", marker.group(1) if marker else None))
+        blocks.append(Block(source, m.group(1), start + 1, "\n".join(body) + "\n", marker.group(1) if marker else None))
         i += 1
     return blocks
 
 
-def runnable() -> list[Block]:
-    return [b for b in readme_blocks() if b.lang in RUN and b.illustration is None]
+def every_block() -> list[Block]:
+    return [b for pages in documents().values() for page in pages for b in page_blocks(page)]
+
+
+def runnable(pages: list[Path]) -> list[Block]:
+    return [b for page in pages for b in page_blocks(page) if b.lang in RUN and b.illustration is None]
 
 
 @dataclass
 class Role:
-    """A serving process started from a README line."""
+    """A serving process started from a document's line."""
 
     command: str
     role: str
@@ -154,7 +171,7 @@ class Role:
 
 @dataclass
 class Pipeline:
-    """README's commands run in one directory against the processes they start."""
+    """A document's commands run in one directory against the processes they start."""
 
     home: Path
     ports: dict[int, int]
@@ -303,7 +320,7 @@ class Pipeline:
                 await until(answers, 120, what=f"{block}: {url} to answer 200", poll_s=0.2)
 
     async def stop_training(self, model: str) -> None:
-        """Stop the workers training `model`, as README says before deleting it
+        """Stop the workers training `model`, as the guide says before deleting it
         (their windows would fail on its dropped tables)."""
         names = re.compile(rf"--(?:model-name|also-train)[\s=]{re.escape(model)}(?!\S)")
         for role in [r for r in self.roles if r.role == "worker" and names.search(r.command)]:
@@ -349,7 +366,7 @@ class Pipeline:
 
 
 def write_clicks(path: Path, n: int = 3000, seed: int = 0) -> None:
-    """A small file of README's event format (what "Your own data" reads):
+    """A small file of the guide's event format (what "Your own data" reads):
     sites and hours whose clicks follow a hidden logistic model."""
     rng = np.random.default_rng(seed)
     sites = [f"{x:05x}" for x in rng.integers(0, 1 << 20, 40)]
@@ -376,7 +393,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
 
 async def run_pipeline(home: Path, blocks: list[Block], token: str | None) -> int:
     """Run `blocks` in order in one pipeline; returns how many commands ran."""
-    assert shutil.which("curl"), "README's examples call curl: install it (.ci/run does)"
+    assert shutil.which("curl"), "The documents' examples call curl: install it (.ci/run does)"
     pipeline = Pipeline.make(home, token)
     try:
         for block in blocks:
@@ -390,32 +407,42 @@ async def run_pipeline(home: Path, blocks: list[Block], token: str | None) -> in
 
 def test_the_illustrations_are_few_and_say_why() -> None:
     """The blocks not run, and why (shown with ``-rA`` or on failure)."""
-    skipped = [b for b in readme_blocks() if b.lang in RUN and b.illustration is not None]
+    skipped = [b for b in every_block() if b.lang in RUN and b.illustration is not None]
     listing = "\n".join(f"{b}: {b.illustration}" for b in skipped)
-    print(f"README blocks not run:\n{listing}")
+    print(f"Blocks not run:\n{listing}")
     assert len(skipped) <= MAX_ILLUSTRATIONS, listing
     assert all(b.illustration and len(b.illustration) > 10 for b in skipped), listing
-    assert len(runnable()) >= 8, "README's examples are found"
+    assert len(runnable(documents()["guide"])) >= 8, "the guide's examples are found"
+    assert len(runnable([README])) >= 2, "README's tour is run"
+
+
+def test_every_guide_page_is_in_the_nav() -> None:
+    # A page left out of mkdocs.yml's nav would have its examples never run.
+    on_disk = set((PROJECT / "docs" / "guide").glob("*.md"))
+    assert on_disk == set(guide_pages()) and len(on_disk) >= 10, sorted(on_disk ^ set(guide_pages()))
 
 
 def test_the_parser_reads_markers_and_continued_lines() -> None:
     text = "x\n<!-- illustration: needs kubectl -->\n```sh\nkubectl apply \\\n   -f deploy/k8s/\n```\n\n```python\nprint(1)\n```\n"
-    shown, code = readme_blocks(text)
+    shown, code = text_blocks(text, "x.md")
     assert shown.illustration == "needs kubectl" and shown.commands == ["kubectl apply     -f deploy/k8s/"]
-    assert code.illustration is None and code.lang == "python" and code.line == 8
+    assert code.illustration is None and code.lang == "python" and code.line == 8 and str(code) == "x.md:8 (python)"
 
 
 @pytest.mark.timeout(300)
-async def test_readme_pipeline_examples_run(home: Path) -> None:
-    """Every block but the illustrations and those starting a pipeline of
-    their own (cluster, demo), in README's order, against one pipeline."""
-    blocks = [b for b in runnable() if not b.starts(SELF_CONTAINED)]
+@pytest.mark.parametrize("document", sorted(documents()))
+async def test_readme_pipeline_examples_run(document: str, home: Path) -> None:
+    """Every block of a document but the illustrations and those starting a
+    pipeline of their own (cluster, demo), in its order, against one pipeline."""
+    blocks = [b for b in runnable(documents()[document]) if not b.starts(SELF_CONTAINED)]
     ran = await run_pipeline(home, blocks, token="readme-admin-token-0123456789")
     assert ran == sum(len(b.commands) if b.lang == "sh" else 1 for b in blocks)
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("block", [b for b in runnable() if b.starts(SELF_CONTAINED)], ids=str)
+@pytest.mark.parametrize(
+    "block", [b for pages in documents().values() for b in runnable(pages) if b.starts(SELF_CONTAINED)], ids=str
+)
 async def test_readme_self_contained_examples_run(block: Block, home: Path) -> None:
     """A block starting ``ctrps cluster`` (or ``demo``), with what it runs against it."""
     ran = await run_pipeline(home, [block], token=None)

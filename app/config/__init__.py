@@ -3,7 +3,8 @@ environment variables over defaults, handed down explicitly.
 
 Each setting is declared once, as a field with its variable, flag and help
 (`app.config.declared.setting`); the flags (`add_flags`), the parsing and the
-precedence (`load`) come from the declarations, and README's flag tables are
+precedence (`load`) come from the declarations, and so does the flag
+reference (``tools/settings_reference.py``); the user guide's flag tables are
 checked against them (``tests/test_settings_docs.py``). Nothing below `app`
 reads the environment; roles get everything from here.
 

@@ -19,7 +19,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["Setting", "setting", "declared", "add_flags", "load", "given", "to_argv", "parse_bool", "SettingsError"]
+__all__ = [
+    "Setting",
+    "setting",
+    "declared",
+    "default_text",
+    "add_flags",
+    "load",
+    "given",
+    "to_argv",
+    "parse_bool",
+    "SettingsError",
+]
 
 
 class SettingsError(ValueError):
@@ -58,7 +69,7 @@ class Setting:
     exclusive: str | None = None
     """Flags of settings sharing this name are mutually exclusive (and the `off` flag)."""
     shown_default: str | None = None
-    """The default as ``--help`` and README show it, where ``str(default)`` does not."""
+    """The default as ``--help`` and the docs show it, where ``str(default)`` does not."""
     empty: bool = False
     """An empty variable is a value (``CTRPS_EXPORTS_DIR=`` turns exports off), not unset."""
 
@@ -131,7 +142,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ..
         target: Any = parser
         if s.exclusive is not None:
             target = groups.get(s.exclusive) or groups.setdefault(s.exclusive, parser.add_mutually_exclusive_group())
-        shown = s.shown_default if s.shown_default is not None else _shown(f.default)
+        shown = default_text(f, s)
         if s.flag is not None:
             is_tuple = typing.get_origin(kind) is tuple
             notes = "; ".join(n for n in (f"default {shown}" if shown else "", s.env or "") if n)
@@ -155,6 +166,12 @@ def _off_help(s: Setting) -> str:
     if s.flag and s.off_help:
         return s.off_help
     return f"{s.help} ({s.env}=0)" if s.env and not s.flag else s.help
+
+
+def default_text(f: dataclasses.Field[Any], s: Setting) -> str:
+    """The default as ``--help`` and the settings reference show it ("" for
+    none, an empty tuple or a switch)."""
+    return s.shown_default if s.shown_default is not None else _shown(f.default)
 
 
 def _shown(default: Any) -> str:
