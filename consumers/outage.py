@@ -22,7 +22,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -42,9 +42,13 @@ __all__ = [
     "describe",
     "failed_partition",
     "locate_bad_batch",
+    "retrying",
+    "retrying_kafka",
 ]
 
 log = logging.getLogger("ctrps.worker")
+
+_T = TypeVar("_T")
 
 
 class OutageDeadlineError(Exception):
@@ -112,6 +116,37 @@ def is_outage(exc: BaseException) -> bool:
             "NodeNotReadyError",
         )
     return isinstance(exc, (OSError, asyncio.TimeoutError))
+
+
+async def retrying(
+    call: Callable[[], Awaitable[_T]], wait: Callable[[Exception, float], Awaitable[None]], *, attempts: int = 0
+) -> _T:
+    """`call()`, tried again after each failure once `wait(exc, since)`
+    returns (`since`: when the failed attempt began); `wait` raises to give
+    up. With `attempts` > 0, the last attempt's failure is raised as is."""
+    tried = 1
+    while True:
+        since = time.monotonic()
+        if attempts and tried >= attempts:
+            return await call()
+        try:
+            return await call()
+        except Exception as exc:
+            await wait(exc, since)
+        tried += 1
+
+
+async def retrying_kafka(call: Callable[[], Awaitable[_T]], attempts: int = 5, pause_s: float = 1.0) -> _T:
+    """`call()`, tried again on a Kafka or socket error, `attempts` times in
+    all: a broker that has just come back (the group rejoins as soon as it
+    answers) may refuse a first admin or fetch connection."""
+
+    async def pause(exc: Exception, since: float) -> None:
+        if not isinstance(exc, (KafkaError, OSError)):
+            raise exc
+        await asyncio.sleep(pause_s)
+
+    return await retrying(call, pause, attempts=attempts)
 
 
 def began(exc: BaseException, noticed: float) -> float:
