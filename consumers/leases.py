@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ps_core.checkpoint.control import ControlClient, LeaseGrant
 from ps_core.checkpoint.coordinator import Offsets
 from ps_core.checkpoint.stream import StreamIdentity
-from ps_core.errors import CutInProgressError, PSError
+from ps_core.errors import CutInProgressError, NoCoordinatorError, PSError
 
 from .reports import WorkerStats
 
@@ -57,9 +59,24 @@ class Leases:
         self.epoch: str | None = None
         """The epoch of the coordinator that granted the last lease."""
 
-    def found(self, epoch: str) -> None:
-        """A coordinator answered with `epoch`: every window is leased from now on."""
-        self.epoch, self.leased = epoch, True
+    async def discover(
+        self, retrying: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]], *, needed: bool
+    ) -> None:
+        """Find whether there is a coordinator, and its epoch, by an empty
+        lease (asked through `retrying`): with one, every window is leased
+        from now on. Without one, `NoCoordinatorError` when it is `needed`
+        (sync mode's barrier), else one line."""
+        try:
+            grant: LeaseGrant = await retrying(self.grant)
+            await retrying(lambda: self.control.release_lease(grant.lease_id, {}))
+            self.epoch, self.leased = grant.epoch, True
+        except NoCoordinatorError:
+            if needed:
+                raise NoCoordinatorError(
+                    "sync mode needs the coordinator's barrier, and shard 0 hosts no coordinator "
+                    "(shard 0 runs with --no-exports; start it with an exports directory, or run --mode async)"
+                ) from None
+            log.info("no coordinator: windows are not leased and exports hold no offsets")
 
     async def grant(self) -> LeaseGrant:
         """A lease; while a cut pauses, asks again, one line every few

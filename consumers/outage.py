@@ -42,6 +42,7 @@ __all__ = [
     "describe",
     "failed_partition",
     "locate_bad_batch",
+    "undecodable_batch",
     "retrying",
     "retrying_kafka",
 ]
@@ -231,6 +232,35 @@ async def locate_bad_batch(
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(consumer.stop(), 5)
+
+
+async def undecodable_batch(
+    exc: Exception,
+    consumer: Any,
+    committed: dict[tuple[str, int], int],
+    topic: str,
+    bootstrap: str,
+    security: KafkaSecurity = KafkaSecurity(),
+) -> UndecodableBatchError:
+    """The error for a fetch of `consumer` (reading `topic`) that raised `exc`
+    decoding a record batch: which partition, from which offset (located
+    exactly by a reader of its own where it can be; else the consumer's
+    position, else what `committed` says)."""
+    found = failed_partition(exc, consumer)
+    reason = f"{type(exc).__name__}: {exc}"
+    if found is None:
+        owned = sorted((tp.topic, tp.partition) for tp in consumer.assignment())
+        topic, partition = owned[0] if len(owned) == 1 else (topic, -1)
+    else:
+        topic, partition = found
+    if partition < 0:
+        return UndecodableBatchError(topic, -1, -1, False, reason)
+    tp = TopicPartition(topic, partition)
+    start = committed.get((topic, partition), 0)
+    with contextlib.suppress(Exception):
+        start = await asyncio.wait_for(consumer.position(tp), 10)
+    exact = await locate_bad_batch(bootstrap, topic, partition, start, security=security)
+    return UndecodableBatchError(topic, partition, start if exact is None else exact, exact is not None, reason)
 
 
 async def _answers(probe: Callable[[], Awaitable[object]]) -> bool:

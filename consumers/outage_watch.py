@@ -21,7 +21,7 @@ from .broker import broker_listening
 from .outage import OutageWatch, began, describe, is_outage, retrying
 from .reports import WorkerStats
 
-__all__ = ["Outages", "Stopped"]
+__all__ = ["Outages", "Stopped", "stop_client"]
 
 log = logging.getLogger("ctrps.worker")
 
@@ -149,3 +149,17 @@ class Outages:
                 moved = await came_back()
             finally:
                 self.broker_down = moved
+
+
+async def stop_client(client: Any) -> None:
+    """Stop an aiokafka client, within 15 s. With the broker gone, the
+    consumer's fetcher raises from `stop` the cancellation of its own fetch
+    tasks: swallowed, unless this task itself is being cancelled."""
+    try:
+        await asyncio.wait_for(client.stop(), 15)
+    except (TimeoutError, KafkaError):
+        pass
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise

@@ -1,10 +1,19 @@
 """A worker's consuming pipeline: records fetched go into the open window
 (`consumers.windows.WindowBuilder`) and are decoded as they arrive, in jobs
 of `DECODE_CHUNK` records (in a process pool when there is one); closed
-windows queue (`APPLY_AHEAD`) and apply strictly in order. Applying one
-window: train each model on its decoded events under one lease, send its
-dead letters, then commit its offsets for the partitions still owned — only
-once every push and every dead letter is acknowledged — and report it."""
+windows queue (`APPLY_AHEAD`) and apply strictly in order, each under one
+lease (`consumers.leases`):
+
+1. decode, validate and hash its records in a process pool (`decode_records`);
+2. send rejected records to the dead-letter topic, awaiting the broker's acks;
+3. progressive validation: predict every event with the weights as they are
+   before the window trains (one pull of the window's distinct ids), and
+   compute log loss, AUC and COPC;
+4. train in mini-batches: pull → gradients → push (update mode ``async``:
+   each mini-batch's push applies on arrival, no barrier between workers);
+5. commit, for partitions still assigned, the offsets after the window —
+   only now, when every push and every dead letter has been acknowledged;
+   then report it (`consumers.reports`) to each model's ``on_window``."""
 
 from __future__ import annotations
 
@@ -34,6 +43,7 @@ from .decode_pool import start_decode_pool
 from .dlq import DeadLetter, DeadLetterQueue
 from .lag_watch import WindowTimes
 from .leases import Leases
+from .outage import is_outage
 from .registration import Registration
 from .reports import Reports, WindowReport, WorkerStats
 from .resume import Resumer
@@ -260,6 +270,37 @@ class Pipeline:
             await self.applies[0][0]
             self.applies.popleft()
 
+    async def advance(self, apply: Callable[[Window, list[Chunk]], Awaitable[None]], *, may_start: bool) -> None:
+        """Drop the applied windows (raising a failed one's failure), and,
+        when `may_start`, queue `apply` of the open window once it should close."""
+        self.reap()
+        if may_start and self.builder.should_close():
+            # Room first, then the window is taken: a window taken while a
+            # failure surfaces here would be in neither the builder nor the
+            # queue, and a recovery would miss it.
+            await self.make_room()
+            if len(self.builder):  # a revoke may have emptied it meanwhile
+                self.enqueue(apply)
+
+    async def finish(
+        self, apply: Callable[[Window, list[Chunk]], Awaitable[None]], broker_down: Callable[[], bool]
+    ) -> None:
+        """Stopping: queue `apply` of the open window and wait for every
+        queued one. While `broker_down()` nothing can be committed: what is
+        not is replayed from the committed offsets by the next owner, as in
+        an outage."""
+        try:
+            if len(self.builder) and not broker_down():
+                self.enqueue(apply)
+            await self.drain(broker_down)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            log.warning(
+                "stopped in an outage: the last windows are not committed and will be replayed",
+                extra={"fields": {"error": str(exc)}},
+            )
+
     async def drop_applies(self) -> list[Window]:
         """Cancel every queued window (they fail the same way as the one
         before them); returns them."""
@@ -269,6 +310,30 @@ class Pipeline:
         await asyncio.gather(*(t for t, _ in self.applies), return_exceptions=True)
         self.applies.clear()
         return dropped
+
+    async def replay(self) -> tuple[int | None, dict[int, int]]:
+        """After a window failed in an outage: drop it, the windows queued
+        behind it and the open window, and seek each of their owned
+        partitions back to its first offset among them (the window's start:
+        what was last committed, or applied and about to be). Returns the
+        failed window's number and the partitions sought, and where."""
+        dropped = await self.drop_applies()
+        if len(self.builder):
+            buffered, chunks = self.take()
+            for _, _, fut in chunks:
+                fut.cancel()
+            dropped.append(buffered)
+        first: dict[TopicPartitionKey, int] = {}
+        for w in dropped:
+            for tp, off in first_offsets(w).items():
+                first[tp] = min(off, first.get(tp, off))
+        owned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        moved = {}
+        for (topic, p), off in first.items():
+            if (topic, p) in owned:
+                self.consumer.seek(TopicPartition(topic, p), off)
+                moved[p] = off
+        return (dropped[0].seq if dropped else None), moved
 
     async def drain(self, broker_down: Callable[[], bool]) -> None:
         """Wait for the queued windows in order; while `broker_down()`,

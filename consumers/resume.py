@@ -306,6 +306,73 @@ class Resumer:
         self.security = security
         self.cluster_id: str | None = None
         """The broker's cluster id, as last asked (None: it reports none)."""
+        self.refusal: Exception | None = None
+        """Set by an assignment whose offsets are refused (policy ``fail``),
+        or could not be checked; the worker's consume loop raises it."""
+        self.new_cluster: tuple[str, str] | None = None
+        """(old, new) cluster id when the broker came back as another Kafka
+        cluster: the worker starts every owned partition again."""
+
+    async def assigned(self, consumer: Any, assigned: Any, *, leased: bool, model_key: str | None) -> None:
+        """Seek partitions just `assigned` to `consumer` where they resume
+        (`resume`). Normally that is the group's committed offset (each lease
+        release reports the commit); after a restore it is the cut's offset,
+        earlier than the group's, and the windows in between are trained
+        again. A failure is kept in `refusal`, the partitions paused."""
+        if not assigned:
+            return
+        # The consumer fetches from the group's commit as soon as partitions
+        # are assigned, while this check awaits the broker: nothing fetched
+        # before the seek may reach a window.
+        consumer.pause(*assigned)
+        try:
+            moved = await self.resume(consumer, list(assigned), rewind=False, leased=leased, model_key=model_key)
+        except Exception as exc:
+            # Raised here it would only be logged by the Kafka client, and
+            # the partitions would resume unchecked: fetch nothing, and let
+            # the run loop raise it (a refusal, or the check's own failure).
+            self.refusal = exc
+            return
+        consumer.resume(*assigned)
+        if moved:
+            log.info("seek", extra={"fields": {"offsets": {str(p): o for p, o in moved.items()}}})
+
+    async def came_back(self) -> bool:
+        """After the broker's outage: whether it is another Kafka cluster now
+        (one that lost its topics, such as a memory broker restarted): then
+        `new_cluster` is set, and no window may start until the worker has
+        moved its partitions (`follow_new_cluster`)."""
+        before = self.cluster_id
+        try:
+            await retrying_kafka(self.refresh_cluster_id)
+        except (KafkaError, OSError) as exc:  # flapping: keep the positions, as before this check
+            log.warning("cluster id not read after the outage", extra={"fields": {"error": repr(exc)}})
+        if before is not None and self.cluster_id is not None and self.cluster_id != before:
+            # The consumer's positions are offsets of the old cluster.
+            self.new_cluster = (before, self.cluster_id)
+            return True
+        return False
+
+    async def follow_new_cluster(self, consumer: Any, owned: Any, *, leased: bool, model_key: str | None) -> None:
+        """Start every `owned` partition again at the new cluster's group
+        commit, else at its first offset (a position kept from the old
+        cluster skipped every record before it); the old cluster's commits
+        are forgotten."""
+        assert self.new_cluster is not None
+        old, new = self.new_cluster
+        self.committed.clear()
+        moved: dict[int, int] = {}
+        if owned:
+            await consumer.seek_to_beginning(*owned)
+            moved = await self.resume(consumer, list(owned), rewind=True, leased=leased, model_key=model_key)
+        self.new_cluster = None
+        log.warning(
+            f"the broker is another Kafka cluster now ({new}, was {old}): what was fetched from the old one is "
+            "dropped, every owned partition starts again at the new cluster's commit or its first offset",
+            extra={
+                "fields": {"cluster_id": new, "old_cluster_id": old, "offsets": {str(p): o for p, o in moved.items()}}
+            },
+        )
 
     def stream(self) -> StreamIdentity | None:
         """The stream this worker reads (None while the broker's cluster id is unknown)."""

@@ -1,17 +1,9 @@
 """The training worker: a Kafka consumer in group ``ctrps`` that trains the
 model from click events, one micro-batch window at a time.
 
-For each window (`consumers.windows`):
-
-1. decode, validate and hash its records in a process pool (`decode_records`);
-2. send rejected records to the dead-letter topic, awaiting the broker's acks;
-3. progressive validation: predict every event with the weights as they are
-   before the window trains (one pull of the window's distinct ids), and
-   compute log loss, AUC and COPC;
-4. train in mini-batches: pull → gradients → push (update mode ``async``:
-   each mini-batch's push applies on arrival, no barrier between workers);
-5. commit, for partitions still assigned, the offsets after the window —
-   only now, when every push and every dead letter has been acknowledged.
+Each window (`consumers.windows`) is decoded, trained and committed by the
+pipeline (`consumers.pipeline`), its offsets committed only once every push
+and every dead letter has been acknowledged.
 
 A window is applied at least once: if the worker dies before its commit, the
 partition's next owner replays it (so a partition sees at most one window
@@ -27,13 +19,13 @@ from its first offsets, and past the outage deadline the worker gives up
 (exit code 3). A record batch the Kafka client cannot decode stops the worker
 before it, naming topic, partition and offset (exit code 1).
 
-`Worker` is a facade over one collaborator per concern, each readable and
-tested alone: `consumers.pipeline` (the open window, decoding, applying and
-committing windows), `consumers.outage_watch` (outages waited out, the broker
-watched), `consumers.leases` (a lease per window), `consumers.resume`
-(`Resumer`: where partitions resume), `consumers.reports` (window reports,
-stats, the lag watch) and `consumers.registration` (the models on the
-cluster). The worker builds its Kafka clients and runs the consume loop.
+`Worker` is a facade over one collaborator per concern, each tested alone:
+`consumers.pipeline` (windows: decoding, applying, committing),
+`consumers.outage_watch` (outages waited out, the broker watched),
+`consumers.leases`, `consumers.resume` (`Resumer`: where partitions resume),
+`consumers.reports` (window reports, stats, the lag watch) and
+`consumers.registration` (the models on the cluster). The worker itself
+builds its Kafka clients and runs the consume loop.
 """
 
 from __future__ import annotations
@@ -52,8 +44,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import CorruptRecordException, KafkaError, UnsupportedCodecError
 
 from ps_core.checkpoint.control import ControlClient
-from ps_core.checkpoint.stream import StreamIdentity
-from ps_core.errors import NoCoordinatorError
 from ps_core.model.geo import GeoCopy
 from ps_core.model.models import Model
 from ps_core.model.ramp import DEFAULT_RAMP
@@ -66,9 +56,9 @@ from .dlq import DeadLetterQueue
 from .kafka_security import KafkaSecurity, check_access
 from .lag_watch import LagWatch
 from .leases import CoordinatorRestarted, Leases
-from .outage import OutageWatch, UndecodableBatchError, failed_partition, is_outage, locate_bad_batch, retrying_kafka
-from .outage_watch import Outages, Stopped
-from .pipeline import AlsoTrained, Chunk, ModelGoneError, Pipeline, first_offsets
+from .outage import OutageWatch, UndecodableBatchError, is_outage, undecodable_batch
+from .outage_watch import Outages, Stopped, stop_client
+from .pipeline import AlsoTrained, Chunk, ModelGoneError, Pipeline
 from .registration import Registration
 from .reports import Reports, WindowReport, WorkerStats
 from .resume import STALE_POLICIES, Resumer
@@ -180,20 +170,6 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._worker._on_assigned(assigned)
 
 
-async def _stop_client(client: Any) -> None:
-    """Stop an aiokafka client, within 15 s. With the broker gone, the
-    consumer's fetcher raises from `stop` the cancellation of its own fetch
-    tasks: swallowed, unless this task itself is being cancelled."""
-    try:
-        await asyncio.wait_for(client.stop(), 15)
-    except (TimeoutError, KafkaError):
-        pass
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-
-
 class Worker:
     """A training worker. ``await worker.run(stop)`` until `stop` is set."""
 
@@ -260,25 +236,12 @@ class Worker:
             resumer=self._resumer,
             registration=self._registration,
         )
-        # Set by an assignment whose offsets are refused (policy ``fail``),
-        # or could not be checked; the run loop raises it.
-        self._refusal: Exception | None = None
-        self._new_cluster: tuple[str, str] | None = None
-        """(old, new) cluster id when the broker came back as another Kafka
-        cluster: the consume loop starts every owned partition again."""
 
     # -- what the collaborators hold -----------------------------------------------
     @property
     def leased(self) -> bool:
         """Whether windows are leased from a coordinator (found at start)."""
         return self._leases.leased
-
-    @property
-    def model_key(self) -> str | None:
-        """The model's name as the coordinator keeps it (set once the model
-        is created or found on the cluster; None: a coordinator without a
-        model registry, which keeps one model's offsets)."""
-        return self._registration.key
 
     @property
     def cluster_id(self) -> str | None:
@@ -328,18 +291,7 @@ class Worker:
         # Shards (or the broker, below) unreachable at start are waited for
         # like any outage.
         await outages.retrying(self._register_models)
-        try:
-            # An empty lease tells whether there is a coordinator, and its epoch.
-            grant = await outages.retrying(self._leases.grant)
-            await outages.retrying(lambda: self.control.release_lease(grant.lease_id, {}))
-            self._leases.found(grant.epoch)
-        except NoCoordinatorError:
-            if c.mode == "sync":
-                raise NoCoordinatorError(
-                    "sync mode needs the coordinator's barrier, and shard 0 hosts no coordinator "
-                    "(shard 0 runs with --no-exports; start it with an exports directory, or run --mode async)"
-                ) from None
-            log.info("no coordinator: windows are not leased and exports hold no offsets")
+        await self._leases.discover(outages.retrying, needed=c.mode == "sync")
         # The stream this worker reads; under ``fail`` a restored cut of
         # another stream is refused before anything starts. A broker not
         # there yet is waited for like any outage.
@@ -349,7 +301,7 @@ class Worker:
         await check_access(c.bootstrap, c.kafka)
         await outages.retrying(self._resumer.refresh_cluster_id, broker=True)
         if self.leased and c.on_stale_offsets == "fail":
-            await self._resumer.refuse_stale_at_start(self.model_key)
+            await self._resumer.refuse_stale_at_start(self._registration.key)
         if c.decode_processes > 0:
             self._pipeline.start_decoders(c.decode_processes, self.model.name)
         await self._start_kafka()
@@ -404,9 +356,9 @@ class Worker:
         # Bounded: with the broker gone, leaving the group or flushing the
         # producer would wait for it.
         if self._consumer is not None:
-            await _stop_client(self._consumer)  # leaves the group
+            await stop_client(self._consumer)  # leaves the group
         if self._producer is not None:
-            await _stop_client(self._producer)
+            await stop_client(self._producer)
         self._pipeline.close()
         self._consumer = self._producer = None
 
@@ -435,7 +387,7 @@ class Worker:
             return
         applies = self._pipeline.applies
         main = asyncio.create_task(self._consume(stop))
-        watch = asyncio.create_task(self._outages.watch_broker(self._came_back))
+        watch = asyncio.create_task(self._outages.watch_broker(self._resumer.came_back))
         lagging = asyncio.create_task(self._reports.watch_lag(self._consumer, self._committed))
         try:
             await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -472,7 +424,9 @@ class Worker:
                 # A batch the client cannot decode. Fetching again would skip
                 # the records fetched with it: stop here, apply and commit what
                 # came before it, then fail naming it.
-                undecodable = await self._undecodable(exc)
+                undecodable = await undecodable_batch(
+                    exc, self._consumer, self._committed, self.config.topic, self.config.bootstrap, self.config.kafka
+                )
                 where = {"topic": undecodable.topic, "partition": undecodable.partition}
                 log.error(str(undecodable), extra={"fields": {**where, "offset": undecodable.offset}})
                 break
@@ -480,7 +434,8 @@ class Worker:
                 continue
             pipeline.add(batches, self._models())
             await self._close_windows()
-        await self._finish()
+        # Stopping (or before an undecodable batch): finish what is buffered.
+        await pipeline.finish(self._apply, lambda: self._outages.broker_down)
         if undecodable is not None:
             raise undecodable
 
@@ -488,12 +443,13 @@ class Worker:
         """Whether the fetch just made is dropped: the broker came back as
         another cluster, or an assignment's offsets were refused or not
         checked (raised; or waited for, and checked again)."""
-        if self._new_cluster is not None:
+        resumer = self._resumer
+        if resumer.new_cluster is not None:
             await self._follow_new_cluster()
             return True
-        if self._refusal is None:
+        if resumer.refusal is None:
             return False
-        refusal, self._refusal = self._refusal, None
+        refusal, resumer.refusal = resumer.refusal, None
         if not is_outage(refusal):
             raise refusal
         # Shard 0 or the broker did not answer the check: wait for it,
@@ -508,16 +464,9 @@ class Worker:
         recovers (`_recover`)."""
         pipeline = self._pipeline
         try:
-            pipeline.reap()
             # While the broker is unreachable no window starts: its
             # commit could not be made.
-            if not self._outages.broker_down and pipeline.builder.should_close():
-                # Room first, then the window is taken: a window taken
-                # while a failure surfaces here would be in neither the
-                # builder nor the queue, and a recovery would miss it.
-                await pipeline.make_room()
-                if len(pipeline.builder):  # a revoke may have emptied it meanwhile
-                    pipeline.enqueue(self._apply)
+            await pipeline.advance(self._apply, may_start=not self._outages.broker_down)
         except CoordinatorRestarted as restart:
             await pipeline.drop_applies()  # the windows queued behind fail the same way
             await self._rewind(restart.epoch)
@@ -525,25 +474,6 @@ class Worker:
             if not is_outage(exc):
                 raise
             await self._recover(exc)
-
-    async def _finish(self) -> None:
-        """Stopping (or before an undecodable batch): finish what is buffered.
-        While the broker is unreachable nothing can be committed: what is
-        not is replayed from the committed offsets by the next owner."""
-        pipeline, outages = self._pipeline, self._outages
-        try:
-            if len(pipeline.builder) and not outages.broker_down:
-                pipeline.enqueue(self._apply)
-            await pipeline.drain(lambda: outages.broker_down)
-        except Exception as exc:
-            if not is_outage(exc):
-                raise
-            # Stopping in an outage: what was not committed is replayed by
-            # the partitions' next owner.
-            log.warning(
-                "stopped in an outage: the last windows are not committed and will be replayed",
-                extra={"fields": {"error": str(exc)}},
-            )
 
     async def _apply(self, window: Window, chunks: list[Chunk]) -> None:
         own = AlsoTrained(self.model, self.training, self.stats, self.on_window)
@@ -554,78 +484,32 @@ class Worker:
         return self._pipeline.decode(values, self._models())
 
     # -- outages and rewinds -----------------------------------------------------------
-    async def _came_back(self) -> bool:
-        """After the broker's outage: whether it is another Kafka cluster now
-        (one that lost its topics, such as a memory broker restarted)."""
-        before = self.cluster_id
-        try:
-            await retrying_kafka(self._resumer.refresh_cluster_id)
-        except (KafkaError, OSError) as exc:  # flapping: keep the positions, as before this check
-            log.warning("cluster id not read after the outage", extra={"fields": {"error": repr(exc)}})
-        if before is not None and self.cluster_id is not None and self.cluster_id != before:
-            # The consumer's positions are offsets of the old cluster. No
-            # window starts until the consume loop has moved them.
-            self._new_cluster = (before, self.cluster_id)
-            return True
-        return False
-
     async def _follow_new_cluster(self) -> None:
         """The broker came back as another Kafka cluster (one that restarted
         empty): what was fetched or queued at the old cluster's offsets is
         dropped, never trained or committed, and every owned partition starts
-        again at the new cluster's group commit, else at its first offset (a
-        position kept from the old cluster skipped every record before it)."""
-        assert self._new_cluster is not None
-        old, new = self._new_cluster
+        again (`Resumer.follow_new_cluster`)."""
         await self._pipeline.drop_applies()
         owned = self._consumer.assignment()
         self._pipeline.discard({(tp.topic, tp.partition) for tp in owned})
-        self._committed.clear()  # the old cluster's commits
-        moved: dict[int, int] = {}
-        if owned:
-            await self._consumer.seek_to_beginning(*owned)
-            moved = await self._resume(list(owned), rewind=True)
-        self._new_cluster = None
-        self._outages.broker_down = False
-        log.warning(
-            f"the broker is another Kafka cluster now ({new}, was {old}): what was fetched from the old one is "
-            "dropped, every owned partition starts again at the new cluster's commit or its first offset",
-            extra={
-                "fields": {"cluster_id": new, "old_cluster_id": old, "offsets": {str(p): o for p, o in moved.items()}}
-            },
+        await self._resumer.follow_new_cluster(
+            self._consumer, owned, leased=self.leased, model_key=self._registration.key
         )
+        self._outages.broker_down = False
 
     async def _recover(self, exc: BaseException) -> None:
-        """After a window failed in an outage: drop it, the windows queued
-        behind it and the buffered records; seek each of their partitions back
-        to its first offset among them (the window's start: what was last
-        committed, or applied and about to be); wait until the dependency
-        answers. The failed window is trained again, once."""
+        """After a window failed in an outage: the pipeline goes back to its
+        first offsets (`Pipeline.replay`); wait until the dependency answers.
+        The failed window is trained again, once."""
         since = time.monotonic()
-        pipeline = self._pipeline
-        dropped = await pipeline.drop_applies()
-        if len(pipeline.builder):
-            buffered, chunks = pipeline.take()
-            for _, _, fut in chunks:
-                fut.cancel()
-            dropped.append(buffered)
-        first: dict[TopicPartitionKey, int] = {}
-        for w in dropped:
-            for tp, off in first_offsets(w).items():
-                first[tp] = min(off, first.get(tp, off))
-        owned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
-        moved = {}
-        for (topic, p), off in first.items():
-            if (topic, p) in owned:
-                self._consumer.seek(TopicPartition(topic, p), off)
-                moved[p] = off
+        seq, moved = await self._pipeline.replay()
         self.stats.windows_replayed += 1
         self._reset_trainings()  # a geo copy's bases may not be what the shards hold now
         log.warning(
             "window failed in an outage: not committed, its partitions resume from its first offsets",
             extra={
                 "fields": {
-                    "window": dropped[0].seq if dropped else None,
+                    "window": seq,
                     "error": str(exc),
                     "resume": ",".join(f"{p}@{o}" for p, o in sorted(moved.items())),
                 }
@@ -652,56 +536,15 @@ class Worker:
         for a in self.also:
             a.training.reset()
 
-    async def _undecodable(self, exc: Exception) -> UndecodableBatchError:
-        """The error for a fetch that raised `exc` decoding a record batch:
-        which partition, from which offset (located exactly by a reader of
-        its own where it can be)."""
-        found = failed_partition(exc, self._consumer)
-        reason = f"{type(exc).__name__}: {exc}"
-        if found is None:
-            owned = sorted((tp.topic, tp.partition) for tp in self._consumer.assignment())
-            topic, partition = owned[0] if len(owned) == 1 else (self.config.topic, -1)
-        else:
-            topic, partition = found
-        if partition < 0:
-            return UndecodableBatchError(topic, -1, -1, False, reason)
-        tp = TopicPartition(topic, partition)
-        start = self._committed.get((topic, partition), 0)
-        with contextlib.suppress(Exception):
-            start = await asyncio.wait_for(self._consumer.position(tp), 10)
-        exact = await locate_bad_batch(self.config.bootstrap, topic, partition, start, security=self.config.kafka)
-        return UndecodableBatchError(topic, partition, start if exact is None else exact, exact is not None, reason)
-
     # -- partitions ------------------------------------------------------------------
     async def _on_assigned(self, assigned: Any) -> None:
         """Resume where the coordinator says the shards' state ends, once the
-        offsets are checked against the broker (`Resumer.resume`).
-
-        Normally that is the group's committed offset (each lease release
-        reports the commit); after a restore it is the cut's offset, earlier
-        than the group's, and the windows in between are trained again.
-        """
-        if not assigned:
-            return
-        # The consumer fetches from the group's commit as soon as partitions
-        # are assigned, while this check awaits the broker: nothing fetched
-        # before the seek may reach a window.
-        self._consumer.pause(*assigned)
-        try:
-            moved = await self._resume(list(assigned), rewind=False)
-        except Exception as exc:
-            # Raised here it would only be logged by the Kafka client, and
-            # the partitions would resume unchecked: fetch nothing, and let
-            # the run loop raise it (a refusal, or the check's own failure).
-            self._refusal = exc
-            return
-        self._consumer.resume(*assigned)
-        if moved:
-            log.info("seek", extra={"fields": {"offsets": {str(p): o for p, o in moved.items()}}})
+        offsets are checked against the broker (`Resumer.assigned`)."""
+        await self._resumer.assigned(self._consumer, assigned, leased=self.leased, model_key=self._registration.key)
 
     async def _resume(self, tps: list[TopicPartition], *, rewind: bool) -> dict[int, int]:
         return await self._resumer.resume(
-            self._consumer, tps, rewind=rewind, leased=self.leased, model_key=self.model_key
+            self._consumer, tps, rewind=rewind, leased=self.leased, model_key=self._registration.key
         )
 
     async def _on_revoked(self, revoked: set[TopicPartitionKey]) -> None:
@@ -712,10 +555,6 @@ class Worker:
             "revoked",
             extra={"fields": {"partitions": sorted(p for _, p in revoked), "dropped_records": dropped}},
         )
-
-    def stream(self) -> StreamIdentity | None:
-        """The stream this worker reads (None while the broker's cluster id is unknown)."""
-        return self._resumer.stream()
 
     # -- trainings -------------------------------------------------------------------
     def _also(self, model: Model, stats: WorkerStats) -> AlsoTrained:
