@@ -12,6 +12,11 @@ logging what it waits for and for how long; past its deadline it raises
 Before a dependency has answered once, its silence is a wrong address more
 likely than an outage: `StartupWatch` waits for it under the shorter
 start-up deadline and raises `StartupTimeoutError` (exit code 1).
+
+`retrying` is the one retry loop of the Kafka side: a call tried again
+after each failure its caller's wait allows (`retrying_kafka`: a few quick
+attempts on a Kafka or socket error; `consumers.outage_watch`: outages
+waited out).
 """
 
 from __future__ import annotations

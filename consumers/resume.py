@@ -22,6 +22,10 @@ into a state that is gone. They are replayed where the broker still holds
 them; otherwise the worker stops (exit code 4) naming the range — or, for
 shards started empty on purpose (``--no-restore``), says what the model
 lacks. Never silently.
+
+`Resumer` applies all of this for one worker: at each assignment, at a
+rewind (a new coordinator epoch) and when the broker comes back as another
+cluster.
 """
 
 from __future__ import annotations
