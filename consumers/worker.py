@@ -58,14 +58,14 @@ from .lag_watch import LagWatch
 from .leases import CoordinatorRestarted, Leases
 from .outage import OutageWatch, UndecodableBatchError, is_outage, undecodable_batch
 from .outage_watch import Outages, Stopped, stop_client
-from .pipeline import AlsoTrained, Chunk, ModelGoneError, Pipeline
+from .pipeline import AlsoTrained, Chunk, Pipeline
 from .registration import Registration
 from .reports import Reports, WindowReport, WorkerStats
 from .resume import STALE_POLICIES, Resumer
 from .training import AsyncTraining, GeoTraining, SyncTraining, Training
 from .windows import TopicPartitionKey, Window, WindowBuilder
 
-__all__ = ["WorkerConfig", "Worker", "WindowReport", "WorkerStats", "ModelGoneError"]
+__all__ = ["WorkerConfig", "Worker", "WindowReport", "WorkerStats"]
 
 log = logging.getLogger("ctrps.worker")
 
