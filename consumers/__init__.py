@@ -1,9 +1,11 @@
-"""ctrps consumers: the Kafka side. The workers (`worker`: windows, decoding,
-training, offsets), their dead-letter queue (`dlq`), producers (`producer`,
-`synthetic`), the embedded broker (`broker`) and Kafka's security settings
-(`kafka_security`). Imports `ps_core`, never `app`. The broker's names below
-are imported on first use (`ps_core.lazy`): a decoding process imports
-`consumers.decode` and no broker, aiokafka or aiohttp."""
+"""ctrps consumers: the Kafka side. The workers (`worker`, a facade over
+`pipeline`: windows, decoding, training, offsets; `outage_watch`, `leases`,
+`resume`, `reports`, `registration`), their dead-letter queue (`dlq`),
+producers (`producer`), the embedded broker (`broker`) and
+Kafka's security settings (`kafka_security`). Imports `ps_core`, never `app`.
+The broker's names below are imported on first use (`ps_core.lazy`): a
+decoding process imports `consumers.decode` and no broker, aiokafka or
+aiohttp."""
 
 from typing import TYPE_CHECKING
 

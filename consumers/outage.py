@@ -12,6 +12,11 @@ logging what it waits for and for how long; past its deadline it raises
 Before a dependency has answered once, its silence is a wrong address more
 likely than an outage: `StartupWatch` waits for it under the shorter
 start-up deadline and raises `StartupTimeoutError` (exit code 1).
+
+`retrying` is the one retry loop of the Kafka side: a call tried again
+after each failure its caller's wait allows (`retrying_kafka`: a few quick
+attempts on a Kafka or socket error; `consumers.outage_watch`: outages
+waited out).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -42,9 +47,14 @@ __all__ = [
     "describe",
     "failed_partition",
     "locate_bad_batch",
+    "undecodable_batch",
+    "retrying",
+    "retrying_kafka",
 ]
 
 log = logging.getLogger("ctrps.worker")
+
+_T = TypeVar("_T")
 
 
 class OutageDeadlineError(Exception):
@@ -112,6 +122,37 @@ def is_outage(exc: BaseException) -> bool:
             "NodeNotReadyError",
         )
     return isinstance(exc, (OSError, asyncio.TimeoutError))
+
+
+async def retrying(
+    call: Callable[[], Awaitable[_T]], wait: Callable[[Exception, float], Awaitable[None]], *, attempts: int = 0
+) -> _T:
+    """`call()`, tried again after each failure once `wait(exc, since)`
+    returns (`since`: when the failed attempt began); `wait` raises to give
+    up. With `attempts` > 0, the last attempt's failure is raised as is."""
+    tried = 1
+    while True:
+        since = time.monotonic()
+        if attempts and tried >= attempts:
+            return await call()
+        try:
+            return await call()
+        except Exception as exc:
+            await wait(exc, since)
+        tried += 1
+
+
+async def retrying_kafka(call: Callable[[], Awaitable[_T]], attempts: int = 5, pause_s: float = 1.0) -> _T:
+    """`call()`, tried again on a Kafka or socket error, `attempts` times in
+    all: a broker that has just come back (the group rejoins as soon as it
+    answers) may refuse a first admin or fetch connection."""
+
+    async def pause(exc: Exception, since: float) -> None:
+        if not isinstance(exc, (KafkaError, OSError)):
+            raise exc
+        await asyncio.sleep(pause_s)
+
+    return await retrying(call, pause, attempts=attempts)
 
 
 def began(exc: BaseException, noticed: float) -> float:
@@ -196,6 +237,35 @@ async def locate_bad_batch(
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(consumer.stop(), 5)
+
+
+async def undecodable_batch(
+    exc: Exception,
+    consumer: Any,
+    committed: dict[tuple[str, int], int],
+    topic: str,
+    bootstrap: str,
+    security: KafkaSecurity = KafkaSecurity(),
+) -> UndecodableBatchError:
+    """The error for a fetch of `consumer` (reading `topic`) that raised `exc`
+    decoding a record batch: which partition, from which offset (located
+    exactly by a reader of its own where it can be; else the consumer's
+    position, else what `committed` says)."""
+    found = failed_partition(exc, consumer)
+    reason = f"{type(exc).__name__}: {exc}"
+    if found is None:
+        owned = sorted((tp.topic, tp.partition) for tp in consumer.assignment())
+        topic, partition = owned[0] if len(owned) == 1 else (topic, -1)
+    else:
+        topic, partition = found
+    if partition < 0:
+        return UndecodableBatchError(topic, -1, -1, False, reason)
+    tp = TopicPartition(topic, partition)
+    start = committed.get((topic, partition), 0)
+    with contextlib.suppress(Exception):
+        start = await asyncio.wait_for(consumer.position(tp), 10)
+    exact = await locate_bad_batch(bootstrap, topic, partition, start, security=security)
+    return UndecodableBatchError(topic, partition, start if exact is None else exact, exact is not None, reason)
 
 
 async def _answers(probe: Callable[[], Awaitable[object]]) -> bool:

@@ -9,9 +9,9 @@ import numpy as np
 import orjson
 import pytest
 from aiokafka import ConsumerRecord, TopicPartition
+from consumer_side import Consumer, Letters
 
 from consumers.decode import Decoded, decode_records
-from consumers.dlq import DeadLetter
 from consumers.training import mini_batches
 from consumers.windows import Window, WindowBuilder
 from consumers.worker import Worker, WorkerConfig
@@ -188,31 +188,6 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int], ram
         np.testing.assert_array_equal(await client.pull(t, keys), await whole_client.pull(t, keys))
 
 
-class _Letters:
-    def __init__(self) -> None:
-        self.sent: list[DeadLetter] = []
-
-    async def send_all(self, letters: list[DeadLetter]) -> None:
-        self.sent.extend(letters)
-
-
-class _Consumer:
-    """What `Worker._apply` asks of its consumer: the assignment and commits."""
-
-    def __init__(self, owned: set[TopicPartition]) -> None:
-        self.owned = owned
-        self.commits: list[dict[TopicPartition, int]] = []
-
-    def assignment(self) -> set[TopicPartition]:
-        return self.owned
-
-    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
-        self.commits.append(offsets)
-
-    def highwater(self, tp: TopicPartition) -> int | None:
-        return None
-
-
 async def test_a_window_trains_only_the_partitions_still_owned() -> None:
     """Chunks of partitions 0 and 1 in one window, partition 1 revoked after
     it closed: only partition 0's good events train, only its bad record is
@@ -232,8 +207,8 @@ async def test_a_window_trains_only_the_partitions_still_owned() -> None:
     assert window is not None
 
     worker, shard = _local_worker()
-    consumer = _Consumer({TopicPartition("clicks", 0)})
-    letters = _Letters()
+    consumer = Consumer({TopicPartition("clicks", 0)})
+    letters = Letters()
     worker._consumer, worker._dlq = consumer, letters  # type: ignore[assignment]
     chunks = [(("clicks", part), len(v), worker._decode(v)) for part, v in ((0, p0a), (1, p1), (0, p0b))]
     await worker._apply(window, chunks)
