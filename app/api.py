@@ -76,8 +76,8 @@ from ps_core.store.board import StatusReport
 from .config.serve import ApiSettings
 from .errors import (
     BadRequestError,
+    BodyNotJSONError,
     InvalidEventError,
-    InvalidJSONError,
     NoEventsError,
     NoVersionError,
     ReadOnlyReplicaError,
@@ -272,7 +272,7 @@ async def _raw_body(request: web.Request) -> bytes:
     """The request body, not blank; 413 over the size limit (aiohttp raises it)."""
     raw = await request.read()
     if not raw.strip():
-        raise InvalidJSONError("the body is empty; send a JSON object")
+        raise BodyNotJSONError("the body is empty; send a JSON object")
     return raw
 
 
@@ -281,13 +281,13 @@ async def _json_body(request: web.Request) -> Any:
     try:
         return orjson.loads(await _raw_body(request))
     except orjson.JSONDecodeError as exc:
-        raise InvalidJSONError(f"the body is not JSON: {exc}") from None
+        raise BodyNotJSONError(f"the body is not JSON: {exc}") from None
 
 
 def _decode(decoder: msgspec.json.Decoder[Any], raw: bytes) -> Any:
     """`raw` decoded by a model's `decoder`: invalid_json when it is not
     JSON, bad_request naming the field when it is not the model's shape."""
-    return decode(decoder, raw, BadRequestError, InvalidJSONError)
+    return decode(decoder, raw, BadRequestError, BodyNotJSONError)
 
 
 def _predict_body(decoder: msgspec.json.Decoder[PredictRequest], raw: bytes) -> PredictRequest:
@@ -407,7 +407,7 @@ async def predict(request: web.Request, path_model: str | None = None) -> web.Re
     raw = await _raw_body(request)
     try:
         body = _predict_body(app[_PREDICT], raw)
-    except InvalidJSONError:
+    except BodyNotJSONError:
         raise
     except BadRequestError as exc:
         raise _events_error(request, raw, exc) from None
