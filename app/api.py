@@ -49,8 +49,9 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ps_core.bodies import check, decode
 from ps_core.checkpoint.control import ControlClient
-from ps_core.checkpoint.export import list_versions
+from ps_core.checkpoint.export_files import list_versions
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import (
     CutInProgressError,
@@ -65,7 +66,6 @@ from ps_core.errors import (
     TableConflictError,
 )
 from ps_core.model.models import Model, make_model
-from ps_core.models import check, decode
 from ps_core.net.client import PSReader
 from ps_core.net.limits import PortGuard, ServedPort, serve_limited
 from ps_core.net.shard_openapi import ExportRequest
@@ -93,7 +93,7 @@ from .metrics import ApiMetrics
 from .openapi import WEIGHTS, CreateModelRequest, PredictRequest, openapi_document, predict_decoder
 from .predictor import Predictor
 from .security import is_loopback
-from .served import Discover, ServedModels
+from .served_models import Discover, ServedModels
 from .startup import misplaced
 from .status import summarize
 from .views import ClusterView, ControlView, all_stats

@@ -1,6 +1,6 @@
 """The HTTP API's bodies as models, and its OpenAPI 3.1 document.
 
-Each request body is one `msgspec.Struct` (`ps_core.models`): the handlers
+Each request body is one `msgspec.Struct` (`ps_core.bodies`): the handlers
 decode with it (`predict_decoder`, `WEIGHTS`, `check_status_report`) and
 `openapi_document` derives its schemas from the same models, with every
 response body's. A serving replica (``ctrps serve --follow``) serves its own
@@ -23,9 +23,9 @@ from typing import Annotated, Any, Literal, cast
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from ps_core.bodies import NUMERIC_PATTERN, components, ref
 from ps_core.model.events import MAX_FEATURES, MAX_FLOAT32, MAX_TS, MAX_VALUE, MAX_WEIGHT
-from ps_core.model.hasher import DEFAULT_NUMERIC
-from ps_core.models import NUMERIC_PATTERN, components, ref
+from ps_core.model.featurizer import DEFAULT_NUMERIC
 from ps_core.net.shard_openapi import (
     FTRL_RULE,
     Compaction,

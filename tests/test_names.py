@@ -7,7 +7,7 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-from ps_core.models import published_name
+from ps_core.bodies import published_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ps_core", "consumers", "app")

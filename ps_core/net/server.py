@@ -68,7 +68,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .. import models
+from .. import bodies
 from ..errors import InvalidJSONError, InvalidRequestError, PSError, StatusError, TableConfigError
 from ..parsing import parse_int
 from ..store.board import StatusReport
@@ -294,7 +294,7 @@ async def json_body(
     request: web.Request, decoder: msgspec.json.Decoder[T], error: type[PSError] = InvalidRequestError
 ) -> T:
     """The body decoded by `decoder` (a model's); `error` (400) naming the field otherwise."""
-    return models.decode(decoder, await request.read(), error)
+    return bodies.decode(decoder, await request.read(), error)
 
 
 @_ROUTES.post("/v1/status")
@@ -302,7 +302,7 @@ async def report_status(request: web.Request) -> web.Response:
     raw = await json_document(request)
     # The shard checks the report again (a report in process comes that way only);
     # here the route refuses any other body (not an object, other fields) with the same model.
-    models.check(raw, StatusReport, StatusError)
+    bodies.check(raw, StatusReport, StatusError)
     return json_response(request.app[SHARD].report_status(raw["source"], raw["status"]))
 
 

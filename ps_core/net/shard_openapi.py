@@ -10,7 +10,7 @@ binary frame routes (``/v1/pull``, ``/v1/push``, ``/v1/push_pull``,
 left out: their bodies are `ps_core.net.codec` frames, not JSON, and the codec
 has its own tests. `shard_document` keeps only the paths the app serves.
 
-Each body is declared once, as a `msgspec.Struct` (`ps_core.models`): the
+Each body is declared once, as a `msgspec.Struct` (`ps_core.bodies`): the
 routes decode requests with the models (`decode`), and the document's
 schemas are derived from them. The exporter's reports (`ExportReport`,
 `Compaction`, `ExportList`) and the status board's models
@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from ..models import NUMERIC_PATTERN, components, ref
+from ..bodies import NUMERIC_PATTERN, components, ref
 from ..parsing import MAX_INT
 from ..store.board import PARTITION_KEY, StatusReport
 from ..store.optim import MAX_HYPERPARAMETER, MIN_POSITIVE

@@ -37,7 +37,7 @@ __all__ = ["decode", "check", "components", "ref", "published_name", "REF_TEMPLA
 # JSON Schema tool (and the fuzzers' generators) reads.
 _NONZERO = "|".join(f"{'0' * k}[1-9][0-9]{{0,{5 - k}}}" for k in range(6))
 NUMERIC_PATTERN = rf"^(raw|log1p)(/((?:{_NONZERO})(\.[0-9]{{1,6}})?|0{{1,6}}\.(?:{_NONZERO})))?$"
-"""The forms a model's ``numeric`` may take (`ps_core.model.hasher.numeric_feed`):
+"""The forms a model's ``numeric`` may take (`ps_core.model.featurizer.numeric_feed`):
 D > 0 of 1-6 digits and at most 6 decimals; both documents publish it (a
 divisor of 0 was theirs to take and the check's to refuse, and a fuzzer's
 valid request refused)."""
