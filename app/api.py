@@ -64,6 +64,7 @@ from ps_core.errors import (
     StatusError,
     TableConfigError,
     TableConflictError,
+    http_status,
 )
 from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSReader
@@ -185,18 +186,24 @@ def _ps_error(exc: PSError) -> web.Response:
         if isinstance(exc, UnauthorizedError):
             resp.headers["WWW-Authenticate"] = 'Bearer realm="ctrps"'
         return resp
-    return _error("shard_error", f"a shard refused the call: {exc.code}: {exc.detail}", 502)
+    return _error("shard_error", f"a shard refused the call: {exc.code}: {exc.detail}", http_status("shard_error"))
 
 
 def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         limit = request.app[SETTINGS].max_body_bytes
-        return _error("too_large", f"the body is over the limit of {limit} bytes", 413)
+        return _error("too_large", f"the body is over the limit of {limit} bytes", http_status("too_large"))
     if isinstance(exc, web.HTTPNotFound):
-        return _error("not_found", f"no route {request.method} {request.path}; see /openapi.json", 404)
+        return _error(
+            "not_found", f"no route {request.method} {request.path}; see /openapi.json", http_status("not_found")
+        )
     if isinstance(exc, web.HTTPMethodNotAllowed):
         allowed = ", ".join(sorted(exc.allowed_methods))
-        resp = _error("method_not_allowed", f"{request.path} takes {allowed}, not {request.method}", 405)
+        resp = _error(
+            "method_not_allowed",
+            f"{request.path} takes {allowed}, not {request.method}",
+            http_status("method_not_allowed"),
+        )
         resp.headers["Allow"] = allowed
         return resp
     return _error(exc.reason.lower().replace(" ", "_"), exc.text or exc.reason, exc.status)
@@ -229,7 +236,7 @@ def _answering(handler: Handler, route: str, guard: PortGuard | None, count: Cal
                 resp = _http_error(request, exc)
             except Exception as exc:
                 log.exception("unhandled error", extra={"fields": {"path": request.path}})
-                resp = _error("internal", f"{type(exc).__name__}: {exc}", 500)
+                resp = _error("internal", f"{type(exc).__name__}: {exc}", http_status("internal"))
             count(route, resp.status)
             if resp.status >= 500 and isinstance(resp, web.Response) and route != "/readyz":
                 # /readyz logs its own changes of state (`_note_readiness`): a probe
