@@ -49,8 +49,9 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ps_core.bodies import check, decode
 from ps_core.checkpoint.control import ControlClient
-from ps_core.checkpoint.export import list_versions
+from ps_core.checkpoint.export_files import list_versions
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import (
     CutInProgressError,
@@ -63,9 +64,9 @@ from ps_core.errors import (
     StatusError,
     TableConfigError,
     TableConflictError,
+    http_status,
 )
 from ps_core.model.models import Model, make_model
-from ps_core.models import check, decode
 from ps_core.net.client import PSReader
 from ps_core.net.limits import PortGuard, ServedPort, serve_limited
 from ps_core.net.shard_openapi import ExportRequest
@@ -76,8 +77,8 @@ from ps_core.store.board import StatusReport
 from .config.serve import ApiSettings
 from .errors import (
     BadRequestError,
+    BodyNotJSONError,
     InvalidEventError,
-    InvalidJSONError,
     NoEventsError,
     NoVersionError,
     ReadOnlyReplicaError,
@@ -93,7 +94,7 @@ from .metrics import ApiMetrics
 from .openapi import WEIGHTS, CreateModelRequest, PredictRequest, openapi_document, predict_decoder
 from .predictor import Predictor
 from .security import is_loopback
-from .served import Discover, ServedModels
+from .served_models import Discover, ServedModels
 from .startup import misplaced
 from .status import summarize
 from .views import ClusterView, ControlView, all_stats
@@ -185,18 +186,24 @@ def _ps_error(exc: PSError) -> web.Response:
         if isinstance(exc, UnauthorizedError):
             resp.headers["WWW-Authenticate"] = 'Bearer realm="ctrps"'
         return resp
-    return _error("shard_error", f"a shard refused the call: {exc.code}: {exc.detail}", 502)
+    return _error("shard_error", f"a shard refused the call: {exc.code}: {exc.detail}", http_status("shard_error"))
 
 
 def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         limit = request.app[SETTINGS].max_body_bytes
-        return _error("too_large", f"the body is over the limit of {limit} bytes", 413)
+        return _error("too_large", f"the body is over the limit of {limit} bytes", http_status("too_large"))
     if isinstance(exc, web.HTTPNotFound):
-        return _error("not_found", f"no route {request.method} {request.path}; see /openapi.json", 404)
+        return _error(
+            "not_found", f"no route {request.method} {request.path}; see /openapi.json", http_status("not_found")
+        )
     if isinstance(exc, web.HTTPMethodNotAllowed):
         allowed = ", ".join(sorted(exc.allowed_methods))
-        resp = _error("method_not_allowed", f"{request.path} takes {allowed}, not {request.method}", 405)
+        resp = _error(
+            "method_not_allowed",
+            f"{request.path} takes {allowed}, not {request.method}",
+            http_status("method_not_allowed"),
+        )
         resp.headers["Allow"] = allowed
         return resp
     return _error(exc.reason.lower().replace(" ", "_"), exc.text or exc.reason, exc.status)
@@ -229,7 +236,7 @@ def _answering(handler: Handler, route: str, guard: PortGuard | None, count: Cal
                 resp = _http_error(request, exc)
             except Exception as exc:
                 log.exception("unhandled error", extra={"fields": {"path": request.path}})
-                resp = _error("internal", f"{type(exc).__name__}: {exc}", 500)
+                resp = _error("internal", f"{type(exc).__name__}: {exc}", http_status("internal"))
             count(route, resp.status)
             if resp.status >= 500 and isinstance(resp, web.Response) and route != "/readyz":
                 # /readyz logs its own changes of state (`_note_readiness`): a probe
@@ -272,7 +279,7 @@ async def _raw_body(request: web.Request) -> bytes:
     """The request body, not blank; 413 over the size limit (aiohttp raises it)."""
     raw = await request.read()
     if not raw.strip():
-        raise InvalidJSONError("the body is empty; send a JSON object")
+        raise BodyNotJSONError("the body is empty; send a JSON object")
     return raw
 
 
@@ -281,13 +288,13 @@ async def _json_body(request: web.Request) -> Any:
     try:
         return orjson.loads(await _raw_body(request))
     except orjson.JSONDecodeError as exc:
-        raise InvalidJSONError(f"the body is not JSON: {exc}") from None
+        raise BodyNotJSONError(f"the body is not JSON: {exc}") from None
 
 
 def _decode(decoder: msgspec.json.Decoder[Any], raw: bytes) -> Any:
     """`raw` decoded by a model's `decoder`: invalid_json when it is not
     JSON, bad_request naming the field when it is not the model's shape."""
-    return decode(decoder, raw, BadRequestError, InvalidJSONError)
+    return decode(decoder, raw, BadRequestError, BodyNotJSONError)
 
 
 def _predict_body(decoder: msgspec.json.Decoder[PredictRequest], raw: bytes) -> PredictRequest:
@@ -407,7 +414,7 @@ async def predict(request: web.Request, path_model: str | None = None) -> web.Re
     raw = await _raw_body(request)
     try:
         body = _predict_body(app[_PREDICT], raw)
-    except InvalidJSONError:
+    except BodyNotJSONError:
         raise
     except BadRequestError as exc:
         raise _events_error(request, raw, exc) from None

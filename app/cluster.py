@@ -68,7 +68,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from consumers.broker import _port_is_free, create_topics, free_port, wait_for_metadata
 from consumers.kafka_security import KafkaSecurity
 from consumers.resume import cluster_id
-from ps_core.checkpoint.export import list_versions
+from ps_core.checkpoint.export_files import list_versions
 from ps_core.checkpoint.owner import claim_exports, run_exports_dir, stream_owner
 from ps_core.checkpoint.stream import StreamIdentity
 

@@ -95,7 +95,7 @@ def example_event(seed: int) -> dict[str, Any]:
     return {"features": {k: first[k] for k in keep if k in first}}
 
 
-class _Progress:
+class _WindowProgress:
     """The per-window progress line: throughput over wall time (events_per_s:
     events trained since the previous line, over the seconds between them), the window's
     progressive log loss / AUC, features in the model."""
@@ -372,7 +372,7 @@ def _worker(
     worker = Worker(worker_config(worker_settings_of(settings, bootstrap), kafka), client, control, model)
     worker.on_window = _hooks(
         make_status_hook(control, default_worker_id(), worker.stats, update_mode=worker.config.mode, model=model.name),
-        _Progress(control, model),
+        _WindowProgress(control, model),
     )
     return worker
 

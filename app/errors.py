@@ -18,7 +18,7 @@ from ps_core.errors import PSError, UnknownModelError
 
 __all__ = [
     "BadRequestError",
-    "InvalidJSONError",
+    "BodyNotJSONError",
     "NoEventsError",
     "TooManyEventsError",
     "InvalidEventError",
@@ -35,7 +35,7 @@ class BadRequestError(PSError, code="bad_request", status=400):
     missing fields."""
 
 
-class InvalidJSONError(BadRequestError, code="invalid_json"):
+class BodyNotJSONError(BadRequestError, code="invalid_json"):
     """The body is not JSON (or holds NaN/Infinity literals)."""
 
 

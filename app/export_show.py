@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ps_core.checkpoint.export import latest_chain, load_version, serves_weights
+from ps_core.checkpoint.export_files import latest_chain, load_version, serves_weights
 from ps_core.checkpoint.replica import ReplicaTables
 from ps_core.errors import ExportNotFoundError
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 
 __all__ = ["show_version"]
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ps_core.checkpoint.export import (
+from ps_core.checkpoint.export_files import (
     LoadedVersion,
     VersionInfo,
     latest_chain,

@@ -22,7 +22,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.manifest import check_model_name
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import PSError
-from ps_core.model.hasher import DEFAULT_NUMERIC, numeric_spec
+from ps_core.model.featurizer import DEFAULT_NUMERIC, numeric_spec
 from ps_core.model.models import DEFAULT_EMBEDDING_OPTIMIZER, DEFAULT_LINEAR_OPTIMIZER, make_model
 from ps_core.net.auth import Scope
 from ps_core.store.optim import OPTIMIZERS

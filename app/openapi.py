@@ -1,6 +1,6 @@
 """The HTTP API's bodies as models, and its OpenAPI 3.1 document.
 
-Each request body is one `msgspec.Struct` (`ps_core.models`): the handlers
+Each request body is one `msgspec.Struct` (`ps_core.bodies`): the handlers
 decode with it (`predict_decoder`, `WEIGHTS`, `check_status_report`) and
 `openapi_document` derives its schemas from the same models, with every
 response body's. A serving replica (``ctrps serve --follow``) serves its own
@@ -23,9 +23,9 @@ from typing import Annotated, Any, Literal, cast
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from ps_core.bodies import NUMERIC_PATTERN, components, ref
 from ps_core.model.events import MAX_FEATURES, MAX_FLOAT32, MAX_TS, MAX_VALUE, MAX_WEIGHT
-from ps_core.model.hasher import DEFAULT_NUMERIC
-from ps_core.models import NUMERIC_PATTERN, components, ref
+from ps_core.model.featurizer import DEFAULT_NUMERIC
 from ps_core.net.shard_openapi import (
     FTRL_RULE,
     Compaction,
@@ -33,9 +33,9 @@ from ps_core.net.shard_openapi import (
     CountsBy,
     Error,
     ExportList,
-    ExportReport,
+    ExportReportBody,
     ExportRequest,
-    Lifecycle,
+    LifecycleBody,
     NewModelName,
     Optimizer,
     OptimizerName,
@@ -186,7 +186,7 @@ class WeightsResponse(Struct, forbid_unknown_fields=True):
 class TableLifecycleInfo(Struct, forbid_unknown_fields=True):
     """The table's lifecycle rules and, summed over shards, what they did."""
 
-    rules: Lifecycle
+    rules: LifecycleBody
     evicted: Annotated[CountsBy, Meta(description="Rows removed, by rule.")]
     eviction_passes: Count
     bytes_freed: Count
@@ -366,7 +366,7 @@ ReplicaModelInfo = msgspec.defstruct(
 )
 
 
-class HistoryPoint(Struct, forbid_unknown_fields=True):
+class HistoryPointBody(Struct, forbid_unknown_fields=True):
     t: Annotated[float, Meta(description="When sampled, seconds since the epoch.")]
     events_trained: Count
     events_per_s: Annotated[
@@ -397,12 +397,12 @@ class HistoryPoint(Struct, forbid_unknown_fields=True):
     ]
 
 
-class History(Struct, forbid_unknown_fields=True):
+class HistoryBody(Struct, forbid_unknown_fields=True):
     model: str
     interval_s: Annotated[float, Meta(description="Seconds between samples.")]
     max_points: Annotated[int, Meta(ge=1)]
     error: Annotated[str | None, Meta(description="Why the latest sample failed; null after a success.")]
-    points: Annotated[list[HistoryPoint], Meta(description="Oldest first.")]
+    points: Annotated[list[HistoryPointBody], Meta(description="Oldest first.")]
 
 
 class Health(Struct, forbid_unknown_fields=True):
@@ -453,10 +453,10 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
             StatusAck,
             StatusBoard,
             ExportRequest,
-            ExportReport,
+            ExportReportBody,
             Compaction,
             ExportList,
-            History,
+            HistoryBody,
             Health,
             Ready,
         )

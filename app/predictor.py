@@ -1,7 +1,7 @@
 """Serving: predictions and weight look-ups from the shards' current weights.
 
 The same code as training: events are validated and hashed by
-`ps_core.model.hasher.FeatureHasher` (namespaced by the model's name), and scored
+`ps_core.model.featurizer.FeatureHasher` (namespaced by the model's name), and scored
 by `Model.plan` / `Model.logits` and a sigmoid, with one pull per table of the
 batch's distinct feature ids.
 

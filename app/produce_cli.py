@@ -165,7 +165,7 @@ def add_produce_parser(subparsers: Subcommands) -> None:
     _common(file_p)
 
 
-class _Progress:
+class _AckProgress:
     """A progress line at most once per `every_s`: events acknowledged and the recent rate."""
 
     def __init__(self, every_s: float = 1.0) -> None:
@@ -272,7 +272,7 @@ async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.envi
     log_event(
         log, "producing", bootstrap=bootstrap, topic=args.topic, compression=compression, **kafka.fields(), **what
     )
-    progress = _Progress()
+    progress = _AckProgress()
     sending = asyncio.ensure_future(
         produce(
             bootstrap,

@@ -53,9 +53,9 @@ from link import Link, linked_client
 from consumers.training import AsyncTraining
 from consumers.worker import WindowReport, Worker, WorkerConfig, WorkerStats
 from ps_core.checkpoint.control import ControlClient
-from ps_core.checkpoint.serving import serving_arrays, serving_config, serving_weights
+from ps_core.checkpoint.serving_files import serving_arrays, serving_config, serving_weights
 from ps_core.model.batch import EventBatch
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.metrics import evaluate
 from ps_core.model.models import make_model, sigmoid
 from ps_core.net.client import PSClient

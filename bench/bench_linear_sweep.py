@@ -34,7 +34,7 @@ from bench_quality import Events, measure, profile_events, stream_size
 from bench_sweep import logloss
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
-from ps_core.model.hasher import DEFAULT_NUMERIC
+from ps_core.model.featurizer import DEFAULT_NUMERIC
 from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER
 
 log = progress_log("bench_linear_sweep")

@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 from common import bench_mode, elapsed_s, print_result, progress_log
 
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER
 from ps_core.synthetic import SyntheticStream
 

@@ -1,7 +1,7 @@
 """Benchmark: decoding and validating a ``POST /v1/predict`` body, per candidate.
 
 The API declares each request body once as a model (`app.openapi`,
-`ps_core.models`); this measures what that costs on the hot path against
+`ps_core.bodies`); this measures what that costs on the hot path against
 the hand validation it replaced, for bodies of 1 and of 64 events with 20
 features each (14 categorical, 6 numeric: ~340 bytes and ~21 KB):
 
@@ -49,7 +49,7 @@ import orjson
 from common import bench_mode, print_result
 
 from app.openapi import Event, PredictRequest, openapi_document, predict_decoder
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 
 MAX_EVENTS = 10_000
 SIZES = (1, 64)

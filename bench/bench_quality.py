@@ -53,7 +53,7 @@ import numpy as np
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from consumers.formats import iter_file
-from ps_core.model.hasher import DEFAULT_NUMERIC
+from ps_core.model.featurizer import DEFAULT_NUMERIC
 from ps_core.model.learner import Learner
 from ps_core.model.metrics import evaluate
 from ps_core.synthetic import PROFILES, SyntheticStream, profile_stream

@@ -6,7 +6,7 @@ tail, 5% fresh ids and drift; 15k and 45k events with ``--quick``, 200k and
 the same training code as a worker (`ps_core.model.learner.Learner`:
 256-event mini-batches, progressive log loss), beside LR's log loss on the
 same events. A rate qualifies when FM's log loss is at most LR's on every
-stream at the default numeric feed (`ps_core.model.hasher.DEFAULT_NUMERIC`,
+stream at the default numeric feed (`ps_core.model.featurizer.DEFAULT_NUMERIC`,
 which the linear part's FTRL defaults were swept with); ``raw`` numerics
 are run and reported beside it. The default is the largest rate that
 qualifies (the most learning the embeddings can do without costing log loss
@@ -25,7 +25,7 @@ import numpy as np
 from bench_quality import Events, add_profiles_flags, progressive, streams
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
-from ps_core.model.hasher import DEFAULT_NUMERIC
+from ps_core.model.featurizer import DEFAULT_NUMERIC
 from ps_core.model.learner import Learner
 from ps_core.model.metrics import evaluate
 from ps_core.model.models import DEFAULT_EMBEDDING_OPTIMIZER

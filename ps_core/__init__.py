@@ -42,12 +42,12 @@ from .lazy import lazy_exports
 if TYPE_CHECKING:
     from .checkpoint.control import ControlClient
     from .checkpoint.coordinator import Coordinator, Cut, Lease
-    from .checkpoint.export import latest_chain, list_versions, load_version, restore_shards, write_version
+    from .checkpoint.export_files import latest_chain, list_versions, load_version, restore_shards, write_version
     from .checkpoint.exporter import Exporter, ExportReport
     from .hashing import mix64, shard_of
     from .model.batch import EventBatch
     from .model.events import decode_message
-    from .model.hasher import FeatureHasher
+    from .model.featurizer import FeatureHasher
     from .model.learner import Learner
     from .model.models import FactorizationMachine, LogisticRegression, Model, make_model
     from .net.client import PSClient, PSReader
@@ -67,12 +67,18 @@ else:
         {
             ".checkpoint.control": ("ControlClient",),
             ".checkpoint.coordinator": ("Coordinator", "Cut", "Lease"),
-            ".checkpoint.export": ("latest_chain", "list_versions", "load_version", "restore_shards", "write_version"),
+            ".checkpoint.export_files": (
+                "latest_chain",
+                "list_versions",
+                "load_version",
+                "restore_shards",
+                "write_version",
+            ),
             ".checkpoint.exporter": ("Exporter", "ExportReport"),
             ".hashing": ("mix64", "shard_of"),
             ".model.batch": ("EventBatch",),
             ".model.events": ("decode_message",),
-            ".model.hasher": ("FeatureHasher",),
+            ".model.featurizer": ("FeatureHasher",),
             ".model.learner": ("Learner",),
             ".model.models": ("FactorizationMachine", "LogisticRegression", "Model", "make_model"),
             ".net.client": ("PSClient", "PSReader"),

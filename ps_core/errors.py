@@ -43,7 +43,37 @@ __all__ = [
     "ForbiddenError",
     "TlsVerifyError",
     "error_from_body",
+    "http_status",
+    "HTTP_CODES",
 ]
+
+
+HTTP_CODES: dict[str, int] = {
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "too_large": 413,
+    "internal": 500,
+    "shard_error": 502,
+}
+"""Error codes a server answers with that no `PSError` carries: the HTTP
+layer's own refusals, an unexpected failure, the API's relay of a shard's."""
+
+_STATUS_BY_CODE: dict[str, tuple[int, str]] = {c: (s, "HTTP_CODES") for c, s in HTTP_CODES.items()}
+
+
+def _register(code: str, status: int, owner: str) -> None:
+    """`code` answers `status`: one status per code, wherever declared (an
+    app's error may reuse a core code, never with another status)."""
+    known = _STATUS_BY_CODE.setdefault(code, (status, owner))
+    if known[0] != status:
+        raise TypeError(f"{owner}: error code {code!r} is HTTP {known[0]} ({known[1]}), not {status}")
+
+
+def http_status(code: str) -> int:
+    """The HTTP status of the error `code`: the one mapping from codes to
+    statuses (each `PSError` subclass's header, and `HTTP_CODES`). KeyError
+    for a code nothing declares."""
+    return _STATUS_BY_CODE[code][0]
 
 
 class PSError(Exception):
@@ -65,6 +95,8 @@ class PSError(Exception):
             cls.status = status
         if retriable is not None:
             cls.retriable = retriable
+        if code is not None:
+            _register(code, cls.status, cls.__qualname__)
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)

@@ -19,7 +19,7 @@ from consumers.broker import create_topics
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.hashing import shard_of
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import Model
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard

@@ -41,7 +41,7 @@ from consumers.worker import WindowReport, WorkerStats
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.metrics import evaluate
 from ps_core.model.models import Model, make_model, sigmoid
 from ps_core.net.client import PSClient

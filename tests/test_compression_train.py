@@ -20,7 +20,7 @@ from consumers.training import AsyncTraining
 from consumers.worker import Worker, WorkerStats
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.batch import EventBatch
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy

@@ -33,7 +33,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from documents import validate
 from test_api import report_windows, synthetic_events, train, window_report
 
-import app.served
+import app.served_models
 from app.api import HISTORY, SERVED, ApiServer, create_app
 from app.cli import build_parser
 from app.config.declared import SettingsError
@@ -43,7 +43,7 @@ from app.demo import _announce
 from app.history import LIVE_WORKER_S, History, latency_between, window_quality
 from app.metrics import ApiMetrics, ClusterSnapshot
 from app.openapi import openapi_document, response_schema
-from app.served import ServedModels
+from app.served_models import ServedModels
 from app.status import WorkerView, make_status_hook
 from app.views import ControlView
 from consumers.worker import WorkerStats
@@ -471,7 +471,7 @@ async def test_every_model_of_the_cluster_is_sampled_without_anyone_asking(
     ctr, other, third = make_model("lr", "ctr"), make_model("lr", "other"), make_model("lr", "third")
     for model in (ctr, other):
         assert await exporter.create_model(ModelSpec.of(model))
-    monkeypatch.setattr(app.served, "MAX_SAMPLED_MODELS", 3)
+    monkeypatch.setattr(app.served_models, "MAX_SAMPLED_MODELS", 3)
     api_app, api = await serve(client, control, ctr, history_interval_s=0.05, history_points=100)
     served = api_app[SERVED]
     # Workers of "other" and of "ghost" (a name no model was created with) report.

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from consumers.decode import Decoded, Rejected, decode_records
 from ps_core.model.events import EventError, decode_message
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
 pytestmark = pytest.mark.slow

@@ -25,7 +25,7 @@ from app.config.demo import DemoSettings
 from app.config.serve import ApiSettings
 from app.demo import _announce, example_event
 from ps_core.checkpoint.control import ControlClient
-from ps_core.checkpoint.export import list_versions
+from ps_core.checkpoint.export_files import list_versions
 from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard

@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-import ps_core.checkpoint.export as export
-from ps_core.checkpoint.export import (
+import ps_core.checkpoint.export_files as export
+from ps_core.checkpoint.export_files import (
     compact,
     latest_chain,
     list_versions,

@@ -13,8 +13,8 @@ import numpy as np
 import orjson
 import pytest
 
-from ps_core.checkpoint.export import write_version
-from ps_core.model.hasher import FeatureHasher
+from ps_core.checkpoint.export_files import write_version
+from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec

@@ -25,7 +25,7 @@ from jsonlog import read_json_lines
 from test_cluster import admin_headers, kill_cluster, start_cluster, wait_for_line
 
 from ps_core import Learner
-from ps_core.checkpoint.export import list_versions
+from ps_core.checkpoint.export_files import list_versions
 from ps_core.checkpoint.owner import HAND_STARTED, OWNER_FILE, ExportsOwnedError, claim_exports, read_owner
 from ps_core.errors import ExportCorruptError
 from ps_core.synthetic import SyntheticStream

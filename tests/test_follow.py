@@ -38,7 +38,7 @@ from app.config.declared import SettingsError
 from app.config.serve import ApiSettings
 from app.follower import Follower, follow_dir, model_from_manifest, model_of_exports
 from app.openapi import openapi_document, response_schema
-from ps_core.checkpoint.export import (
+from ps_core.checkpoint.export_files import (
     apply_version,
     latest_chain,
     list_versions,
@@ -49,7 +49,7 @@ from ps_core.checkpoint.export import (
 )
 from ps_core.checkpoint.replica import ReplicaTables
 from ps_core.errors import InvalidValuesError
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, make_model, sigmoid
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec

@@ -28,7 +28,7 @@ from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import ExportNotFoundError, InvalidRequestError
 from ps_core.model import models
 from ps_core.model.batch import EventBatch
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.learner import FEATURIZE_EVENTS
 from ps_core.model.models import make_model
 from ps_core.model.ramp import RAMP_START, MiniBatchRamp

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ps_core.hashing import distinct
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.metrics import auc, copc, evaluate, logloss
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, sigmoid
 from ps_core.store.table import SparseTable

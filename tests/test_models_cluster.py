@@ -27,7 +27,7 @@ from consumers.training import GeoTraining
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.export import latest_chain, list_versions, read_manifest, version_dirs
+from ps_core.checkpoint.export_files import latest_chain, list_versions, read_manifest, version_dirs
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.joining import newest_loadable, restore_chains
 from ps_core.checkpoint.registry import MODEL_FILE, ModelRegistry, ModelSpec
@@ -38,7 +38,7 @@ from ps_core.errors import (
     TableConflictError,
     UnknownModelError,
 )
-from ps_core.model.hasher import DEFAULT_NUMERIC, FeatureHasher, numeric_feed
+from ps_core.model.featurizer import DEFAULT_NUMERIC, FeatureHasher, numeric_feed
 from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 from ps_core.net.shard import Shard, ShardSpec

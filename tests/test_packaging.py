@@ -86,7 +86,7 @@ def test_importing_the_decoder_leaves_the_network_and_checkpoints_out() -> None:
     done = _run("import sys, consumers.decode\nprint(' '.join(sorted(sys.modules)))")
     assert done.returncode == 0, done.stderr
     loaded = set(done.stdout.split())
-    assert {"consumers.decode", "ps_core.model.hasher"} <= loaded
+    assert {"consumers.decode", "ps_core.model.featurizer"} <= loaded
     heavy = ("aiohttp", "aiokafka", "ps_core.checkpoint", "ps_core.net", "consumers.broker")
     assert not {m for m in loaded for h in heavy if m == h or m.startswith(h + ".")}
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ps_core.checkpoint.serving_files import block_int8
+from ps_core.store.block_int8 import NO_EXP, block_codes, block_exponents
 from ps_core.store.lifecycle import Lifecycle
 from ps_core.store.read_table import ReadTable
 from ps_core.store.table import SparseTable
@@ -105,3 +107,23 @@ def test_a_refused_version_changes_nothing() -> None:
     assert table.state is state
     with pytest.raises(ValueError, match="precision"):
         ReadTable(LR, "f8")
+
+
+def test_a_block_exponent_is_the_smallest_that_fits_its_largest_magnitude_in_127() -> None:
+    # One rule for a replica's buckets and an int8 serving file's runs of rows.
+    rng = np.random.default_rng(5)
+    top = np.concatenate([np.abs(rng.normal(0, 3, 500)), [127.0, 127.5, 254.0, 1e-3, 2.0**-140, 0.0]]).astype(
+        np.float32
+    )
+    exps = block_exponents(top)
+    fits = top <= np.ldexp(np.float32(127), exps)
+    smallest = top > np.ldexp(np.float32(127), exps - 1)
+    assert (fits | (exps == 127)).all() and (smallest | (exps == NO_EXP)).all()
+    assert exps[-1] == NO_EXP and exps[-2] == NO_EXP and exps[-6] == 0 and exps[-5] == 1
+    weights = rng.normal(0, 0.3, (130, 3)).astype(np.float32)
+    codes, file_exps = block_int8(weights)
+    per_row = np.repeat(file_exps.astype(np.int32), 64)[:130]
+    assert (codes == block_codes(weights, per_row)).all()
+    assert (
+        np.abs(np.ldexp(codes.astype(np.float32), per_row[:, None]) - weights) <= np.ldexp(0.5, per_row[:, None])
+    ).all()

@@ -23,8 +23,8 @@ from consumers.broker import free_port
 from consumers.decode import decode_records
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
-from ps_core.checkpoint.export import latest_chain, list_versions, restore_shards
-from ps_core.model.hasher import FeatureHasher
+from ps_core.checkpoint.export_files import latest_chain, list_versions, restore_shards
+from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.metrics import auc
 from ps_core.model.models import LogisticRegression, sigmoid
 from ps_core.net.client import PSClient

@@ -32,7 +32,7 @@ from consumers.resume import StaleOffsetsError, cluster_id, partition_bounds
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.export import latest_chain, list_versions, read_manifest, restore_shards
+from ps_core.checkpoint.export_files import latest_chain, list_versions, read_manifest, restore_shards
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.manifest import ExportManifest
 from ps_core.checkpoint.stream import StreamIdentity
@@ -103,7 +103,7 @@ def test_manifests_record_the_stream_and_older_ones_still_read(tmp_path: Path) -
 
     shards[0].declare(TableConfig("m_w", 1, {"name": "ftrl"}))
     snaps = {0: [t.snapshot() for t in shards[0].tables.values()]}
-    from ps_core.checkpoint.export import write_version
+    from ps_core.checkpoint.export_files import write_version
 
     path = write_version(tmp_path, "m", 1, None, snaps, {"clicks": {0: 5}}, {"name": "m"}, 1, stream=stream)
     manifest = read_manifest(path)

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from ps_core.model.events import decode_message
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 from ps_core.synthetic import PROFILES, CategoricalField, Pair, SyntheticStream, profile_stream
 
 N = 16_384  # two generation blocks per stream

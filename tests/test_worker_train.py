@@ -17,7 +17,7 @@ from consumers.windows import Window, WindowBuilder
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.batch import EventBatch
-from ps_core.model.hasher import FeatureHasher
+from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.metrics import Metrics, evaluate
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, sigmoid
 from ps_core.model.ramp import MiniBatchRamp

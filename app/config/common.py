@@ -7,7 +7,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ps_core.checkpoint.manifest import check_model_name as _check_name
-from ps_core.model.hasher import DEFAULT_NUMERIC, numeric_spec
+from ps_core.model.featurizer import DEFAULT_NUMERIC, numeric_spec
 
 from .declared import SettingsError, setting
 

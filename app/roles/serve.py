@@ -11,7 +11,7 @@ from pathlib import Path
 
 from consumers.outage import StartupWatch
 from ps_core.checkpoint.control import ControlClient
-from ps_core.checkpoint.export import list_versions
+from ps_core.checkpoint.export_files import list_versions
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import NoCoordinatorError, PSError, UnknownModelError
 from ps_core.model.models import Model, make_model

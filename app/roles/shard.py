@@ -14,7 +14,7 @@ import aiohttp
 
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.export import dir_mode, version_dirs
+from ps_core.checkpoint.export_files import dir_mode, version_dirs
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.joining import Membership, books_at, newest_loadable, refusal_fields, restore_chains
 from ps_core.checkpoint.owner import HAND_STARTED, claim_exports

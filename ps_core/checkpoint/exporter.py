@@ -3,7 +3,7 @@
 `Exporter.cut` runs one export: the coordinator's pause (wait for leased
 windows, every shard copies its rows: `Shard.take_snapshot`), then, with
 leases granted again, it fetches the copies from the shards and writes the
-version (`ps_core.checkpoint.export.write_version`, in a thread) and prunes old ones.
+version (`ps_core.checkpoint.export_files.write_version`, in a thread) and prunes old ones.
 
 The exporter runs where the coordinator runs (shard 0, or ``ctrps demo``)
 and reaches every shard through a `ControlClient`, so shards need no shared
@@ -40,7 +40,7 @@ from ..errors import (
 )
 from .control import ControlClient
 from .coordinator import Coordinator, Offsets
-from .export import DEFAULT_FILE_MODE, compact, list_versions, prune, write_version
+from .export_files import DEFAULT_FILE_MODE, compact, list_versions, prune, write_version
 from .manifest import check_model_name, version_dir_name
 from .registry import ModelRegistry, ModelSpec
 from .stream import StreamIdentity

@@ -50,7 +50,7 @@ from ..net.shard import Shard, ShardSpec
 from ..store.lifecycle import Lifecycle
 from ..store.table_config import TableConfig
 from .coordinator import Coordinator
-from .export import RestoreResult, latest_chain, read_manifest, restore_into, restore_shards, version_dirs
+from .export_files import RestoreResult, latest_chain, read_manifest, restore_into, restore_shards, version_dirs
 from .manifest import parse_version_dir
 from .registry import model_dirs
 from .stream import StreamIdentity

@@ -75,7 +75,7 @@ def shard_file_name(shard: int, table: str) -> str:
 
 def serving_file_name(shard: int, table: str) -> str:
     """``serving-<i>.<table>.npz``: the weights of `shard_file_name`'s rows
-    (`ps_core.checkpoint.serving`)."""
+    (`ps_core.checkpoint.serving_files`)."""
     return f"serving-{shard}.{table}.npz"
 
 
@@ -145,7 +145,7 @@ class ExportManifest:
     in versions written before serving files existed."""
     serving_precision: str = "f32"
     """What the serving files hold the weights in: ``f32``, ``f16`` or
-    ``int8`` (`ps_core.checkpoint.serving`); f32 in older manifests."""
+    ``int8`` (`ps_core.checkpoint.serving_files`); f32 in older manifests."""
 
     def rows(self) -> int:
         """Rows over all files."""

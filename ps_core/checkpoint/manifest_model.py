@@ -3,7 +3,7 @@ replica serves and what `ps_core.Learner.load` learns on with."""
 
 from __future__ import annotations
 
-from ..model.hasher import numeric_feed
+from ..model.featurizer import numeric_feed
 from ..model.models import FactorizationMachine, LogisticRegression, Model
 from .manifest import ExportManifest
 

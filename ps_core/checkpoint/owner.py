@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from ..errors import ExportCorruptError, PSError
-from .export import DEFAULT_FILE_MODE, dir_mode
+from .export_files import DEFAULT_FILE_MODE, dir_mode
 from .stream import StreamIdentity
 
 __all__ = [

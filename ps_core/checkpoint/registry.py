@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from ..errors import InvalidRequestError, ModelConflictError, TableConfigError, UnknownModelError
-from ..model.hasher import DEFAULT_NUMERIC, numeric_feed
+from ..model.featurizer import DEFAULT_NUMERIC, numeric_feed
 from ..model.models import Model, make_model, model_of_tables
 from ..store.table_config import TableConfig
 from .manifest import check_model_name
@@ -53,7 +53,7 @@ class ModelSpec:
     created_at: float = field(default=0.0, compare=False)
     """Unix time it was created (not part of its identity)."""
     numeric: str = "raw"
-    """How its numeric features are fed (`ps_core.model.hasher.NUMERIC`); a
+    """How its numeric features are fed (`ps_core.model.featurizer.NUMERIC`); a
     declaration written before the choice existed reads as ``raw``."""
 
     @classmethod

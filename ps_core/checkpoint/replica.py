@@ -20,8 +20,8 @@ from ..hashing import U64
 from ..store.read_table import Prepared, ReadTable, State
 from ..store.storage import F32
 from ..store.table import SparseTable
-from .export import LoadedVersion
-from .serving import serving_config
+from .export_files import LoadedVersion
+from .serving_files import serving_config
 
 __all__ = ["ReplicaTables", "Staged"]
 

@@ -59,8 +59,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from ..bodies import decode
 from ..errors import CutInProgressError, InvalidRequestError
-from ..models import decode
 from ..net.server import SHARD, create_shard_app, json_body, json_response
 from ..net.shard import Shard
 from ..net.shard_openapi import (

@@ -22,7 +22,7 @@ from ..lazy import lazy_exports
 if TYPE_CHECKING:
     from .batch import EventBatch
     from .events import decode_message
-    from .hasher import FeatureHasher
+    from .featurizer import FeatureHasher
     from .learner import Learner
     from .metrics import Metrics, evaluate
     from .models import FactorizationMachine, LogisticRegression, Model, make_model
@@ -32,7 +32,7 @@ else:
         {
             ".batch": ("EventBatch",),
             ".events": ("decode_message",),
-            ".hasher": ("FeatureHasher",),
+            ".featurizer": ("FeatureHasher",),
             ".learner": ("Learner",),
             ".metrics": ("Metrics", "evaluate"),
             ".models": ("FactorizationMachine", "LogisticRegression", "Model", "make_model"),

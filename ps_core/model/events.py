@@ -141,7 +141,7 @@ accumulate) stay finite in float32 for up to 1.8e7 occurrences of the key in
 one mini-batch (the default 256 events of at most 4,096 features: 1e6)."""
 MAX_VALUE = 1e6
 """Largest numeric feature value as a model is fed it (after ``log1p`` or a
-divisor: `ps_core.model.hasher.numeric_feed`), in magnitude; see `MAX_WEIGHT`."""
+divisor: `ps_core.model.featurizer.numeric_feed`), in magnitude; see `MAX_WEIGHT`."""
 MAX_TS = 2**32
 """Event times are seconds in [0, MAX_TS), as the shards keep them (uint32)."""
 

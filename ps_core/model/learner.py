@@ -98,7 +98,7 @@ class Learner:
         Learner's (``owner.json``, `ps_core.checkpoint.owner`): one a cluster
         owns raises `ExportsOwnedError` unless `take_over`. Returns the
         version's directory."""
-        from ..checkpoint.export import version_dirs, write_version
+        from ..checkpoint.export_files import version_dirs, write_version
         from ..checkpoint.owner import LEARNER, claim_exports
 
         claim_exports(Path(root), LEARNER, "ps_core.Learner", take_over=take_over)
@@ -128,7 +128,7 @@ class Learner:
         `mini_batch` or `ramp` say otherwise. `ExportNotFoundError` when there
         is no version, `ExportCorruptError` naming a damaged file, `ValueError`
         when the tables are not a model's."""
-        from ..checkpoint.export import latest_chain, restore_shards, version_dirs
+        from ..checkpoint.export_files import latest_chain, restore_shards, version_dirs
         from ..checkpoint.manifest_model import model_from_manifest
 
         model_dir = Path(path)

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from ..hashing import U64, distinct
 from ..store.table_config import TableConfig
 from .batch import EventBatch
-from .hasher import DEFAULT_NUMERIC, FeatureHasher, numeric_feed
+from .featurizer import DEFAULT_NUMERIC, FeatureHasher, numeric_feed
 
 __all__ = [
     "Model",
@@ -50,7 +50,7 @@ DEFAULT_LINEAR_OPTIMIZER: dict[str, Any] = {"name": "ftrl", "alpha": 0.2, "beta"
 """FTRL settings of the linear part, chosen by `bench/bench_linear_sweep.py`
 on half of the synthetic profiles and seeds (the smallest largest regret of
 progressive log loss over them, at the numeric feed
-`ps_core.model.hasher.DEFAULT_NUMERIC` and the mini-batch ramp) and reported
+`ps_core.model.featurizer.DEFAULT_NUMERIC` and the mini-batch ramp) and reported
 on the other half (docs/defaults.md)."""
 DEFAULT_EMBEDDING_OPTIMIZER: dict[str, Any] = {"name": "adagrad", "lr": 0.003}
 """AdaGrad of FM's embeddings. `bench/bench_sweep.py` chose the rate: the largest
@@ -112,7 +112,7 @@ class Model(ABC):
 
     name: str
     numeric: str = DEFAULT_NUMERIC
-    """How its numeric features are fed (`ps_core.model.hasher.NUMERIC`): its
+    """How its numeric features are fed (`ps_core.model.featurizer.NUMERIC`): its
     events are hashed so in training and in serving."""
     kind: ClassVar[str]
     """``lr`` or ``fm``: what `make_model` and ``ctrps model create --type`` call it."""

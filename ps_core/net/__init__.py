@@ -8,7 +8,7 @@ client (`client.PSReader`, `client.PSClient` over the transports of
 `transports`, through the shard endpoints of `endpoint`).
 
 May import: aiohttp, numpy, orjson, msgspec, `ps_core.errors`, `ps_core.hashing`,
-`ps_core.parsing`, `ps_core.models` and `ps_core.store`. Nothing of the model
+`ps_core.parsing`, `ps_core.bodies` and `ps_core.store`. Nothing of the model
 side or checkpoints. A new frame op, value encoding or transport goes here.
 The names below are imported on first use (`ps_core.lazy`): aiohttp is
 loaded by what uses the server or the clients, not by the codec.

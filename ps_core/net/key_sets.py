@@ -27,7 +27,7 @@ from ..hashing import U64
 __all__ = ["KeySets"]
 
 
-class _Entry(NamedTuple):
+class _KeySet(NamedTuple):
     table: str
     keys: U64
     born: float
@@ -41,7 +41,7 @@ class KeySets:
         self.max_keys = max_keys
         """Keys held in all (8 bytes each: 64 MB at the default)."""
         self.ttl_s = ttl_s
-        self._sets: OrderedDict[int, _Entry] = OrderedDict()
+        self._sets: OrderedDict[int, _KeySet] = OrderedDict()
         self._keys = 0
         self.remembered = 0
         """Sets remembered since start."""
@@ -70,7 +70,7 @@ class KeySets:
             self.dropped += 1
             return
         now = time.monotonic()
-        self._sets[set_id] = _Entry(table, keys.copy(), now)
+        self._sets[set_id] = _KeySet(table, keys.copy(), now)
         self._keys += keys.size
         self.remembered += 1
         self._trim(now)

@@ -121,7 +121,7 @@ class RpcLimits:
                 raise ValueError(f"{name} must be a positive number of seconds")
 
 
-class _Watched(asyncio.Protocol):
+class _GuardedConnection(asyncio.Protocol):
     """One connection of a guarded port: aiohttp's request handler inside,
     a deadline outside (`PortGuard` arms and disarms it)."""
 
@@ -212,7 +212,7 @@ class PortGuard:
     def __init__(self, name: str, limits: PortLimits) -> None:
         self.name = name
         self.limits = limits
-        self._open: dict[object, _Watched] = {}
+        self._open: dict[object, _GuardedConnection] = {}
         self.refused = Occurrences(log, f"{name}: connection cap of {limits.max_connections} reached, closing new ones")
         self.head_timeouts = Occurrences(
             log,
@@ -236,14 +236,14 @@ class PortGuard:
             "body_timeouts_total": self.body_timeouts.total,
         }
 
-    def _admit(self, conn: _Watched) -> bool:
+    def _admit(self, conn: _GuardedConnection) -> bool:
         if len(self._open) >= self.limits.max_connections:
             self.refused.happened(port=self.name)
             return False
         self._open[conn.transport] = conn
         return True
 
-    def _release(self, conn: _Watched) -> None:
+    def _release(self, conn: _GuardedConnection) -> None:
         self._open.pop(conn.transport, None)
 
     def install(self, app: web.Application) -> None:
@@ -255,7 +255,7 @@ class PortGuard:
         app.middlewares.insert(0, self._request_middleware)
         app.middlewares.append(self._body_middleware)
 
-    def begin(self, request: web.Request) -> _Watched | None:
+    def begin(self, request: web.Request) -> _GuardedConnection | None:
         """A request is in: its connection's head deadline stops. Returns the
         connection to hand to `end`."""
         conn = self._open.get(request.transport)
@@ -263,7 +263,7 @@ class PortGuard:
             conn.disarm()
         return conn
 
-    def end(self, conn: _Watched | None) -> None:
+    def end(self, conn: _GuardedConnection | None) -> None:
         """The request `begin` returned `conn` for is answered: the keep-alive
         deadline starts."""
         if conn is not None and conn.transport is not None:
@@ -366,7 +366,7 @@ async def serve_limited(
         raise RuntimeError("the runner is not set up")
     # A TLS handshake is part of a request's head: it shares its deadline.
     server = await listen(
-        lambda: _Watched(guard, cast(asyncio.Protocol, handler_factory())),
+        lambda: _GuardedConnection(guard, cast(asyncio.Protocol, handler_factory())),
         host,
         port,
         ssl_context,

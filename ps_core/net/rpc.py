@@ -41,7 +41,7 @@ from typing import NamedTuple, cast
 
 import orjson
 
-from ..errors import AuthError, PSError, error_from_body
+from ..errors import AuthError, ForbiddenError, PSError, error_from_body, http_status
 from . import codec
 from .auth import Refusals, Scope, TokenVerifier, check
 from .limits import Occurrences, RpcLimits, listen
@@ -246,7 +246,7 @@ class RpcServerProtocol(ServerConnection):
                 (size,) = _LENGTH.unpack_from(buf, start)
                 if size > self._max_body:
                     detail = f"request of {size} bytes over the {self._max_body}-byte limit"
-                    self._reply(413, _error_payload("too_large", detail))
+                    self._reply(http_status("too_large"), _error_payload("too_large", detail))
                     self.close()
                     start = len(buf)
                     return
@@ -273,7 +273,7 @@ class RpcServerProtocol(ServerConnection):
             if self._scope < needs:
                 self._refusals.refuse("scope", plane="rpc", peer=self._peer(), what=f"frame op {body[5]}", needs=needs)
                 detail = f"this call needs a token of scope {needs.label}, the one presented is {self._scope.label}"
-                self._reply(403, _error_payload("forbidden", detail))
+                self._reply(ForbiddenError.status, _error_payload("forbidden", detail))
                 return
         try:
             reply = self._shard.handle_frame(body)
@@ -282,7 +282,7 @@ class RpcServerProtocol(ServerConnection):
             return
         except Exception as exc:  # a bug must not drop the other requests of the connection
             log.exception("rpc: request failed")
-            self._reply(500, _error_payload("internal", repr(exc)))
+            self._reply(http_status("internal"), _error_payload("internal", repr(exc)))
             return
         self._reply(OK, reply)
 

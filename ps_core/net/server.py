@@ -68,8 +68,17 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .. import models
-from ..errors import InvalidJSONError, InvalidRequestError, PSError, StatusError, TableConfigError
+from .. import bodies
+from ..errors import (
+    AuthError,
+    ForbiddenError,
+    InvalidJSONError,
+    InvalidRequestError,
+    PSError,
+    StatusError,
+    TableConfigError,
+    http_status,
+)
 from ..parsing import parse_int
 from ..store.board import StatusReport
 from ..store.snapshot import MAX_VERSION
@@ -123,12 +132,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except PSError as exc:
         return json_response(exc.to_body(), status=exc.status)
     except web.HTTPRequestEntityTooLarge as exc:
-        return json_response({"error": "too_large", "detail": exc.text or "body too large"}, 413)
+        return json_response({"error": "too_large", "detail": exc.text or "body too large"}, http_status("too_large"))
     except web.HTTPMethodNotAllowed as exc:
         # RFC 9110: a 405 names the methods the route takes.
         allowed = ", ".join(sorted(exc.allowed_methods))
         resp = json_response(
-            {"error": "method_not_allowed", "detail": f"{request.path} takes {allowed}, not {request.method}"}, 405
+            {"error": "method_not_allowed", "detail": f"{request.path} takes {allowed}, not {request.method}"},
+            http_status("method_not_allowed"),
         )
         resp.headers["Allow"] = allowed
         return resp
@@ -187,8 +197,8 @@ def refusal_body(reason: str, needs: Scope, granted: Scope | None) -> tuple[int,
     """The status and JSON error body of a refusal (`ps_core.net.auth.check`'s reason)."""
     if reason == "scope":
         held = granted.label if granted is not None else "none"
-        return 403, {
-            "error": "forbidden",
+        return ForbiddenError.status, {
+            "error": ForbiddenError.code,
             "detail": f"this call needs a token of scope {needs.label}, the one presented is {held}",
         }
     detail = (
@@ -196,7 +206,7 @@ def refusal_body(reason: str, needs: Scope, granted: Scope | None) -> tuple[int,
         if reason == "missing"
         else "the token presented is not valid for this cluster"
     )
-    return 401, {"error": "unauthorized", "detail": detail}
+    return AuthError.status, {"error": AuthError.code, "detail": detail}
 
 
 @web.middleware
@@ -294,7 +304,7 @@ async def json_body(
     request: web.Request, decoder: msgspec.json.Decoder[T], error: type[PSError] = InvalidRequestError
 ) -> T:
     """The body decoded by `decoder` (a model's); `error` (400) naming the field otherwise."""
-    return models.decode(decoder, await request.read(), error)
+    return bodies.decode(decoder, await request.read(), error)
 
 
 @_ROUTES.post("/v1/status")
@@ -302,7 +312,7 @@ async def report_status(request: web.Request) -> web.Response:
     raw = await json_document(request)
     # The shard checks the report again (a report in process comes that way only);
     # here the route refuses any other body (not an object, other fields) with the same model.
-    models.check(raw, StatusReport, StatusError)
+    bodies.check(raw, StatusReport, StatusError)
     return json_response(request.app[SHARD].report_status(raw["source"], raw["status"]))
 
 

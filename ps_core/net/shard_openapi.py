@@ -10,7 +10,7 @@ binary frame routes (``/v1/pull``, ``/v1/push``, ``/v1/push_pull``,
 left out: their bodies are `ps_core.net.codec` frames, not JSON, and the codec
 has its own tests. `shard_document` keeps only the paths the app serves.
 
-Each body is declared once, as a `msgspec.Struct` (`ps_core.models`): the
+Each body is declared once, as a `msgspec.Struct` (`ps_core.bodies`): the
 routes decode requests with the models (`decode`), and the document's
 schemas are derived from them. The exporter's reports (`ExportReport`,
 `Compaction`, `ExportList`) and the status board's models
@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from ..models import NUMERIC_PATTERN, components, ref
+from ..bodies import NUMERIC_PATTERN, components, ref
 from ..parsing import MAX_INT
 from ..store.board import PARTITION_KEY, StatusReport
 from ..store.optim import MAX_HYPERPARAMETER, MIN_POSITIVE
@@ -44,7 +44,7 @@ __all__ = [
     "LeaseRenewal",
     "Release",
     "ExportRequest",
-    "ExportReport",
+    "ExportReportBody",
     "Compaction",
     "ExportList",
     "StatusAck",
@@ -103,14 +103,14 @@ class Error(Struct, forbid_unknown_fields=True):
 # -- tables ------------------------------------------------------------------------
 
 
-class SGD(Struct, tag_field="name", tag="sgd", forbid_unknown_fields=True):
+class SGDBody(Struct, tag_field="name", tag="sgd", forbid_unknown_fields=True):
     """Plain SGD (ps_core.store.optim.SGD)."""
 
     lr: Positive | UnsetType = UNSET
     l2: NonNegative | UnsetType = UNSET
 
 
-class AdaGrad(Struct, tag_field="name", tag="adagrad", forbid_unknown_fields=True):
+class AdaGradBody(Struct, tag_field="name", tag="adagrad", forbid_unknown_fields=True):
     """AdaGrad (ps_core.store.optim.AdaGrad)."""
 
     lr: Positive | UnsetType = UNSET
@@ -118,7 +118,7 @@ class AdaGrad(Struct, tag_field="name", tag="adagrad", forbid_unknown_fields=Tru
     initial_accumulator: NonNegative | UnsetType = UNSET
 
 
-class FTRL(Struct, tag_field="name", tag="ftrl", forbid_unknown_fields=True):
+class FTRLBody(Struct, tag_field="name", tag="ftrl", forbid_unknown_fields=True):
     """FTRL-proximal (ps_core.store.optim.FTRL): beta or l2 positive."""
 
     alpha: Positive | UnsetType = UNSET
@@ -127,7 +127,7 @@ class FTRL(Struct, tag_field="name", tag="ftrl", forbid_unknown_fields=True):
     l2: NonNegative | UnsetType = UNSET
 
 
-class CoinBetting(Struct, tag_field="name", tag="coin", forbid_unknown_fields=True):
+class CoinBettingBody(Struct, tag_field="name", tag="coin", forbid_unknown_fields=True):
     """Parameter-free coin betting (ps_core.store.optim.CoinBetting): the
     bettor's initial stake, the floor of its gradient scale, and the scale
     of its bets in the logit."""
@@ -137,13 +137,13 @@ class CoinBetting(Struct, tag_field="name", tag="coin", forbid_unknown_fields=Tr
     scale: Positive | UnsetType = UNSET
 
 
-Optimizer = SGD | AdaGrad | FTRL | CoinBetting
+Optimizer = SGDBody | AdaGradBody | FTRLBody | CoinBettingBody
 OptimizerName = Literal["sgd", "adagrad", "ftrl", "coin"]
 """An optimizer by name alone (its defaults); `OPTIMIZERS`' keys."""
 TableName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}\Z")]
 
 
-class Lifecycle(Struct, forbid_unknown_fields=True):
+class LifecycleBody(Struct, forbid_unknown_fields=True):
     """A table's admission and eviction rules (`ps_core.store.lifecycle`);
     a field left out takes its default, 0 turns a rule off."""
 
@@ -172,7 +172,7 @@ class Table(Struct, forbid_unknown_fields=True):
     optimizer: Optimizer
     init_scale: Annotated[float, Meta(ge=0, le=MAX_INIT_SCALE)]
     seed: Annotated[int, Meta(ge=0, le=MAX_INT)]
-    lifecycle: Lifecycle | UnsetType = UNSET
+    lifecycle: LifecycleBody | UnsetType = UNSET
     mode: Mode = "async"
     max_staleness: Annotated[int, Meta(ge=0, le=2**31 - 1)] | UnsetType = UNSET
 
@@ -185,7 +185,7 @@ class TableDeclaration(Struct, forbid_unknown_fields=True):
     optimizer: OptimizerName | Optimizer | UnsetType = UNSET
     init_scale: Annotated[float, Meta(ge=0, le=MAX_INIT_SCALE)] | UnsetType = UNSET
     seed: Annotated[int, Meta(ge=0, le=MAX_INT)] | UnsetType = UNSET
-    lifecycle: Lifecycle | UnsetType = UNSET
+    lifecycle: LifecycleBody | UnsetType = UNSET
     mode: Mode | UnsetType = UNSET
     max_staleness: Annotated[int, Meta(ge=0, le=2**31 - 1)] | UnsetType = UNSET
 
@@ -195,7 +195,7 @@ class Declared(Struct, forbid_unknown_fields=True):
     table: Table
 
 
-class Admission(Struct, forbid_unknown_fields=True):
+class AdmissionBody(Struct, forbid_unknown_fields=True):
     """Keys given a row by a push, and key updates dropped for want of one."""
 
     admitted: Count
@@ -207,7 +207,7 @@ class Admission(Struct, forbid_unknown_fields=True):
 class TableLifecycle(Struct, forbid_unknown_fields=True):
     """A table's lifecycle and what it did since start."""
 
-    lifecycle: Lifecycle
+    lifecycle: LifecycleBody
     evicted: dict[str, Count]
     eviction_passes: Count
     most_over_cap: Annotated[Count, Meta(description="The most rows over max_rows a pass found.")]
@@ -218,7 +218,7 @@ class TableLifecycle(Struct, forbid_unknown_fields=True):
     bytes_freed: Count
     last_eviction_ms: Annotated[float, Meta(ge=0)] | None
     last_eviction_bytes_freed: Count | None
-    admission: Admission | UnsetType = UNSET
+    admission: AdmissionBody | UnsetType = UNSET
 
 
 class Staleness(Struct, forbid_unknown_fields=True):
@@ -257,7 +257,7 @@ class KeySetStats(Struct, forbid_unknown_fields=True):
     dropped: Count
 
 
-class WireStats(Struct, forbid_unknown_fields=True):
+class WireStatsBody(Struct, forbid_unknown_fields=True):
     key_sets: KeySetStats
     reply_values_clipped: Annotated[Count, Meta(description="Weights clipped to float16's range in replies.")]
 
@@ -268,7 +268,7 @@ class Stats(Struct):
     shard_id: Count
     num_shards: Shards
     duplicate_pushes: Count
-    wire: WireStats
+    wire: WireStatsBody
     tables: dict[str, TableStats]
 
 
@@ -309,7 +309,7 @@ class Dropped(Struct, forbid_unknown_fields=True):
     dropped: bool
 
 
-class Membership(Struct, forbid_unknown_fields=True):
+class MembershipBody(Struct, forbid_unknown_fields=True):
     shard_id: Count
     num_shards: Shards
     boot_id: str
@@ -348,7 +348,7 @@ class Restored(Struct, forbid_unknown_fields=True):
     refused: Refused | UnsetType = UNSET
 
 
-class Health(Struct, forbid_unknown_fields=True):
+class ShardHealthBody(Struct, forbid_unknown_fields=True):
     status: Literal["ok"]
     shard_id: Count
     num_shards: Shards
@@ -386,7 +386,7 @@ class Renewed(Struct, forbid_unknown_fields=True):
     renewed: bool
 
 
-class Lease(Struct, forbid_unknown_fields=True):
+class LeaseBody(Struct, forbid_unknown_fields=True):
     lease_id: Count
     epoch: str
     ttl_s: float
@@ -480,7 +480,7 @@ class ExportStream(Struct, forbid_unknown_fields=True):
     topics: list[str]
 
 
-class ExportReport(Struct, forbid_unknown_fields=True):
+class ExportReportBody(Struct, forbid_unknown_fields=True):
     """A version written (ps_core.checkpoint.exporter)."""
 
     version: ExportVersion
@@ -586,17 +586,17 @@ class ModelEntry(Struct, forbid_unknown_fields=True):
     numeric: str | None = None
 
 
-class ModelList(Struct, forbid_unknown_fields=True):
+class ShardModelListBody(Struct, forbid_unknown_fields=True):
     default: ModelName
     models: list[ModelEntry]
 
 
-class ModelCreated(Struct, forbid_unknown_fields=True):
+class ShardModelCreatedBody(Struct, forbid_unknown_fields=True):
     created: bool
     model: ModelEntry
 
 
-class ModelDeleted(Struct, forbid_unknown_fields=True):
+class ShardModelDeletedBody(Struct, forbid_unknown_fields=True):
     deleted: ModelEntry
     tables_dropped: list[str]
     exports: Annotated[str | None, Meta(description="Its exports directory, left in place.")]
@@ -618,13 +618,13 @@ _MODELS = (
     SnapshotRequest,
     SnapshotRows,
     Dropped,
-    Membership,
+    MembershipBody,
     Admit,
     Restore,
     Restored,
-    Health,
+    ShardHealthBody,
     LeaseRequest,
-    Lease,
+    LeaseBody,
     Release,
     Released,
     LeaseRenewal,
@@ -636,14 +636,14 @@ _MODELS = (
     SyncApplied,
     KnownOffsets,
     ExportRequest,
-    ExportReport,
+    ExportReportBody,
     Compaction,
     ExportList,
     ModelDeclaration,
     ModelEntry,
-    ModelList,
-    ModelCreated,
-    ModelDeleted,
+    ShardModelListBody,
+    ShardModelCreatedBody,
+    ShardModelDeletedBody,
     TableDropped,
 )
 
@@ -780,10 +780,10 @@ _PATHS: dict[str, dict[str, Any]] = {
         ),
     },
     "/v1/models": {
-        "get": _op("The cluster's models.", ok_response("ModelList", "The default model first.")),
+        "get": _op("The cluster's models.", ok_response("ShardModelList", "The default model first.")),
         "post": _op(
             "Create a model: declare its tables on every shard; 201 created, 200 an identical one exists.",
-            created_response("ModelCreated", "Exists already, identically."),
+            created_response("ShardModelCreated", "Exists already, identically."),
             400,
             409,
             413,
@@ -796,7 +796,7 @@ _PATHS: dict[str, dict[str, Any]] = {
         "get": _op("One model.", ok_response("ModelEntry", "Its declaration."), 404),
         "delete": _op(
             "Delete a model: drop its tables on every shard; its exports stay on disk.",
-            ok_response("ModelDeleted", "Deleted."),
+            ok_response("ShardModelDeleted", "Deleted."),
             404,
             503,
         ),
@@ -862,7 +862,7 @@ _PATHS: dict[str, dict[str, Any]] = {
             },
         )
     },
-    "/healthz": {"get": _op("Liveness.", ok_response("Health", "Alive."), open_=True)},
+    "/healthz": {"get": _op("Liveness.", ok_response("ShardHealth", "Alive."), open_=True)},
     "/openapi.json": {
         "get": _op(
             "This document.",

@@ -106,7 +106,7 @@ def watch_handshakes(ctx: ssl.SSLContext, failures: HandshakeFailures) -> ssl.SS
     `ssl.SSLContext.wrap_bio`, which builds `ctx.sslobject_class`: a subclass
     that sees the handshake's error before the loop drops it."""
 
-    class _Watched(ssl.SSLObject):
+    class _WatchedHandshake(ssl.SSLObject):
         def do_handshake(self) -> None:
             try:
                 super().do_handshake()
@@ -116,5 +116,5 @@ def watch_handshakes(ctx: ssl.SSLContext, failures: HandshakeFailures) -> ssl.SS
                 failures.record(exc)
                 raise
 
-    ctx.sslobject_class = _Watched
+    ctx.sslobject_class = _WatchedHandshake
     return ctx

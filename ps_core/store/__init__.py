@@ -8,11 +8,12 @@ concept: its storage (`storage`: index and rows, grown in place by
 admission (`push`; what a pull found, for its push: `pull_cache`), eviction
 passes (`eviction`), export cuts (`snapshot`: `TableSnapshot`, `Cuts`); a
 table's feature lifecycle (`lifecycle`: admission and eviction rules); a
-replica's read-only table (`read_table`) and the status board's bounded
+replica's read-only table (`read_table`; its int8 form and a serving
+file's: `block_int8`) and the status board's bounded
 report model (`board.check_report`).
 
 May import: numpy, msgspec, and `ps_core.errors`, `ps_core.hashing`, `ps_core.parsing`,
-`ps_core.models`, `ps_core.rows`, `ps_core.lazy`. Nothing of the network,
+`ps_core.bodies`, `ps_core.rows`, `ps_core.lazy`. Nothing of the network,
 the model side or checkpoints. Within it, a table's parts never import
 `table` (the layer test's rules). A new optimizer, per-row metadata or a
 table's admission and eviction go here. The names below are imported on

@@ -18,7 +18,7 @@ bounded sizes and values, so nothing stored can break a reader:
   levels deep (the model is closed: no field outside it).
 
 The API's OpenAPI document and the shard's publish this very model's schema
-(`app.openapi`, `ps_core.net.shard_openapi`; `ps_core.models`).
+(`app.openapi`, `ps_core.net.shard_openapi`; `ps_core.bodies`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Annotated, Literal, TypeVar
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from ..bodies import check
 from ..errors import StatusError
-from ..models import check
 
 __all__ = [
     "WorkerStatus",

@@ -55,7 +55,7 @@ class Changes(NamedTuple):
     """This table's incarnation, for the next question."""
 
 
-class _Entry(NamedTuple):
+class _LoggedChange(NamedTuple):
     seq: int
     request_id: int
     """The push's request id; 0 for a removal (never one's own)."""
@@ -72,7 +72,7 @@ class ChangeLog:
         self.incarnation = 0
         self.seq = 0
         """Entries ever recorded: the number of the newest."""
-        self._entries: deque[_Entry] = deque()
+        self._entries: deque[_LoggedChange] = deque()
         self.keys_held = 0
         self.dropped_through = 0
         """The newest sequence number whose entry was dropped: questions
@@ -96,7 +96,7 @@ class ChangeLog:
         if not keys.size:
             return
         self.seq += 1
-        self._entries.append(_Entry(self.seq, request_id, np.array(keys, dtype=np.uint64, copy=True)))
+        self._entries.append(_LoggedChange(self.seq, request_id, np.array(keys, dtype=np.uint64, copy=True)))
         self.keys_held += int(keys.size)
         while self.keys_held + ENTRY_KEYS * len(self._entries) > self.max_keys and self._entries:
             gone = self._entries.popleft()

@@ -17,7 +17,7 @@ import numpy.typing as npt
 from ..hashing import U64
 from .index import KeyIndex
 
-__all__ = ["Pulled", "PullCache", "Gathered"]
+__all__ = ["PulledRows", "PullCache", "Gathered"]
 
 F32 = npt.NDArray[np.float32]
 U32 = npt.NDArray[np.uint32]
@@ -26,7 +26,7 @@ Gathered = tuple[U32, F32, F32]
 `FTRL.derive` of their state: weights and sqrt(n)."""
 
 
-class Pulled(NamedTuple):
+class PulledRows(NamedTuple):
     """What one pull learnt."""
 
     keys: U64
@@ -67,7 +67,7 @@ class PullCache:
 
     def __init__(self, index: KeyIndex, *, size: int = 8, gathered_kept: int = 2) -> None:
         self._index = index
-        self._entries: deque[Pulled] = deque(maxlen=size)
+        self._entries: deque[PulledRows] = deque(maxlen=size)
         self._gathered_kept = gathered_kept
         self.writes = 0
         """Calls that changed rows (`wrote`)."""
@@ -83,13 +83,13 @@ class PullCache:
         """Remember a pull of `keys` (copied): their `rows`, the positions
         `missing` of the absent ones and those keys' `free` slots, and with
         FTRL what it `gathered`. The arrays other than `keys` become the cache's."""
-        self._entries.append(Pulled(keys.copy(), rows, missing, free, gathered, self._index.mutations, self.writes))
+        self._entries.append(PulledRows(keys.copy(), rows, missing, free, gathered, self._index.mutations, self.writes))
         if len(self._entries) > self._gathered_kept:
             old = self._entries[-1 - self._gathered_kept]
             if old.gathered is not None:
                 self._entries[-1 - self._gathered_kept] = old._replace(gathered=None)
 
-    def take(self, keys: U64) -> Pulled | None:
+    def take(self, keys: U64) -> PulledRows | None:
         """Remove and return the latest pull of exactly `keys`, if any, with
         `free` and `gathered` None where they no longer hold. Its arrays are
         the caller's now (no copies)."""

@@ -20,7 +20,7 @@ import numpy.typing as npt
 from ..errors import InvalidValuesError
 from ..hashing import U64
 from .lifecycle import Admission
-from .pull_cache import Pulled
+from .pull_cache import PulledRows
 from .storage import F32, RowStorage
 
 __all__ = ["PushExtras", "CheckedPush", "checked_push", "admitted", "sum_duplicates"]
@@ -76,13 +76,15 @@ def checked_push(table: str, dim: int, keys: npt.ArrayLike, grads: npt.ArrayLike
     return CheckedPush(k, g, c, seen)
 
 
-def _looked_up(storage: RowStorage, k: U64, pulled: Pulled | None) -> Pulled:
+def _looked_up(storage: RowStorage, k: U64, pulled: PulledRows | None) -> PulledRows:
     """What the lookup of `k` finds: the pull's (its absent keys looked up
     again if keys were inserted since), or a probe's."""
     if pulled is None:
         rows, free = storage.index.probe(k)
         missing = np.flatnonzero(rows < 0)
-        return Pulled(k, rows, missing, free.take(missing), None, storage.index.mutations, storage.pull_cache.writes)
+        return PulledRows(
+            k, rows, missing, free.take(missing), None, storage.index.mutations, storage.pull_cache.writes
+        )
     if pulled.missing.size and pulled.free is None:
         # Inserts since the pull: some keys absent then may have rows now.
         again = storage.index.lookup(k.take(pulled.missing))
@@ -94,10 +96,10 @@ def _looked_up(storage: RowStorage, k: U64, pulled: Pulled | None) -> Pulled:
 def admitted(
     storage: RowStorage,
     push: CheckedPush,
-    pulled: Pulled | None,
+    pulled: PulledRows | None,
     admission: Admission | None,
     gate: Callable[[U64], npt.NDArray[np.bool_]] | None,
-) -> tuple[CheckedPush, Pulled, int]:
+) -> tuple[CheckedPush, PulledRows, int]:
     """The push without the keys that have no row and are not admitted
     (`Admission.decide`, then the lazy-embedding `gate`), what the lookup
     found for the rest (the pull's, or a probe's, reused by
@@ -122,7 +124,7 @@ def admitted(
     keep[missing[~ok]] = False
     position = np.cumsum(keep) - 1  # of each kept key in the kept push
     gathered = pulled.gathered
-    pulled = Pulled(
+    pulled = PulledRows(
         k[keep],
         pulled.rows[keep],
         position[missing[ok]],

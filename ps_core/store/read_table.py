@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..hashing import U64, uniform_from_keys
+from .block_int8 import NO_EXP, block_codes, block_exponents
 from .storage import F32
 from .table_config import TableConfig
 
@@ -39,7 +40,6 @@ PRECISIONS = ("f32", "f16", "int8")
 _DTYPES = {"f32": np.float32, "f16": np.float16, "int8": np.int8}
 _ROWS_PER_BUCKET = 64
 _MAX_BUCKET_BITS = 26
-_NO_EXP = -126  # a bucket with only zeros: any scale reads them as 0
 _KEYS_PER_RUN = 8
 
 
@@ -196,7 +196,7 @@ class ReadTable:
         if self.precision == "int8" and bits < 0:
             rows = max(k.size, 1)
             bits = int(min(_MAX_BUCKET_BITS, max(0, round(np.log2(rows / _ROWS_PER_BUCKET)))))
-            exps = np.full(1 << bits, _NO_EXP, dtype=np.int8)
+            exps = np.full(1 << bits, NO_EXP, dtype=np.int8)
             st = st._replace(exps=exps, bucket_bits=bits)
         # Rows replaced or deleted leave; then the given rows go in, in order.
         if st.keys.size:
@@ -255,13 +255,6 @@ def _requantize(
     starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
     top = np.zeros(exps.size, dtype=np.float32)
     top[bucket[starts]] = np.maximum.reduceat(np.abs(exact).max(axis=1), starts)
-    want = np.full(exps.size, _NO_EXP, dtype=np.int32)
-    nz = top > 0
-    # The smallest e with top / 2**e <= 127.
-    want[nz] = np.ceil(np.log2(top[nz] / 127.0)).astype(np.int32)
-    want[nz] += (np.ldexp(np.float32(127), want[nz]) < top[nz]).astype(np.int32)
-    np.clip(want, -126, 127, out=want)
     out = exps.astype(np.int32)
-    out[touched] = want[touched]
-    codes = np.rint(np.ldexp(exact, -out[bucket][:, None]))
-    return np.clip(codes, -127, 127).astype(np.int8), out.astype(np.int8)
+    out[touched] = block_exponents(top)[touched]
+    return block_codes(exact, out[bucket]), out.astype(np.int8)

@@ -5,7 +5,7 @@ copies) and `Cuts` (a table's export versions and what the next delta needs).
 rows changed since the last cut plus the keys deleted since (a delta), after
 which the open `version` moves on. `Cuts.mark_exported` and
 `SparseTable.load_rows` are its inverse, for restores
-(`ps_core.checkpoint.export`).
+(`ps_core.checkpoint.export_files`).
 """
 
 from __future__ import annotations

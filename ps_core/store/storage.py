@@ -22,7 +22,7 @@ from ..hashing import U64
 from ..rows import row_view
 from .growth import grow
 from .index import KeyIndex
-from .pull_cache import PullCache, Pulled
+from .pull_cache import PullCache, PulledRows
 
 __all__ = ["META_WORDS", "RowStorage", "F32", "U32"]
 
@@ -80,7 +80,7 @@ class RowStorage:
         return int(self.index.nbytes() + self.rows.nbytes)
 
     def rows_for_push(
-        self, k: U64, pulled: Pulled | None, initial: Callable[[U64], npt.NDArray[np.void]]
+        self, k: U64, pulled: PulledRows | None, initial: Callable[[U64], npt.NDArray[np.void]]
     ) -> npt.NDArray[np.int64]:
         """The row of each key, inserting absent keys with their `initial`
         rows (`KeyIndex.get_or_insert`, reusing the pull of the same keys if

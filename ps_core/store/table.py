@@ -32,7 +32,7 @@ from .eviction import EVICTION_STEP_ROWS, Eviction, Evictor
 from .index import KeyIndex
 from .lifecycle import NO_LIFECYCLE, Admission, CountSketch, Lifecycle
 from .optim import FTRL, Optimizer
-from .pull_cache import Pulled
+from .pull_cache import PulledRows
 from .push import CheckedPush, PushExtras, admitted, checked_push, sum_duplicates
 from .row_meta import RowMeta
 from .snapshot import Cuts, TableSnapshot, checked_rows
@@ -301,7 +301,7 @@ class SparseTable:
         storage.pull_cache.wrote()
         return int(uniq.size)
 
-    def _pulled_rows(self, pulled: Pulled | None) -> tuple[U32 | None, tuple[F32, F32] | None]:
+    def _pulled_rows(self, pulled: PulledRows | None) -> tuple[U32 | None, tuple[F32, F32] | None]:
         """The storage rows the pull of these keys gathered and `FTRL.derive`
         of their state, with the keys it found absent as inserted now; None,
         None if there are none (or they no longer hold)."""

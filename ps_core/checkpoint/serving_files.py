@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..net.quantize import F16_MAX
+from ..store.block_int8 import block_codes, block_exponents
 from ..store.lifecycle import Lifecycle
 from ..store.read_table import PRECISIONS
 from ..store.snapshot import TableSnapshot
@@ -85,15 +86,9 @@ def block_int8(weights: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int8], 
     """(codes, exps): `weights` (n, dim) in blocks of `BLOCK_ROWS` rows, each
     with the smallest power-of-two scale that fits its largest magnitude in 127."""
     n, dim = weights.shape
-    blocks = (n + BLOCK_ROWS - 1) // BLOCK_ROWS
     top = np.maximum.reduceat(np.abs(weights).max(axis=1), np.arange(0, n, BLOCK_ROWS)) if n else np.zeros(0)
-    exps = np.full(blocks, -126, dtype=np.int32)
-    nz = top > 0
-    exps[nz] = np.ceil(np.log2(top[nz] / 127.0)).astype(np.int32)
-    exps[nz] += (np.ldexp(np.float32(127), exps[nz]) < top[nz]).astype(np.int32)
-    np.clip(exps, -126, 127, out=exps)
-    per_row = np.repeat(exps, BLOCK_ROWS)[:n]
-    codes = np.clip(np.rint(np.ldexp(weights, -per_row[:, None])), -127, 127).astype(np.int8)
+    exps = block_exponents(top)
+    codes = block_codes(weights, np.repeat(exps, BLOCK_ROWS)[:n])
     return codes, exps.astype(np.int8)
 
 

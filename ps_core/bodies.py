@@ -31,13 +31,13 @@ import msgspec
 from .errors import InvalidJSONError, PSError
 from .parsing import MAX_EXACT
 
-__all__ = ["decode", "check", "components", "ref", "REF_TEMPLATE", "NUMERIC_PATTERN"]
+__all__ = ["decode", "check", "components", "ref", "published_name", "REF_TEMPLATE", "NUMERIC_PATTERN"]
 
 # 1-6 digits, not all 0: a regular expression of no look-ahead, which every
 # JSON Schema tool (and the fuzzers' generators) reads.
 _NONZERO = "|".join(f"{'0' * k}[1-9][0-9]{{0,{5 - k}}}" for k in range(6))
 NUMERIC_PATTERN = rf"^(raw|log1p)(/((?:{_NONZERO})(\.[0-9]{{1,6}})?|0{{1,6}}\.(?:{_NONZERO})))?$"
-"""The forms a model's ``numeric`` may take (`ps_core.model.hasher.numeric_feed`):
+"""The forms a model's ``numeric`` may take (`ps_core.model.featurizer.numeric_feed`):
 D > 0 of 1-6 digits and at most 6 decimals; both documents publish it (a
 divisor of 0 was theirs to take and the check's to refuse, and a fuzzer's
 valid request refused)."""
@@ -46,6 +46,7 @@ T = TypeVar("T")
 
 REF_TEMPLATE = "#/components/schemas/{name}"
 """Where the documents keep their models' schemas."""
+_REF_PREFIX = REF_TEMPLATE.removesuffix("{name}")
 
 
 def decode(
@@ -119,17 +120,33 @@ def ref(name: str) -> dict[str, str]:
     return {"$ref": REF_TEMPLATE.format(name=name)}
 
 
+BODY_SUFFIX = "Body"
+"""The suffix of a model's class name that its document leaves out: `LeaseBody`
+is published as ``Lease``, so a body and the domain class it carries (a
+`ps_core.checkpoint.coordinator.Lease`) never share a name in the code, and
+the documents keep the names they have always published."""
+
+
+def published_name(name: str) -> str:
+    """The name under which the model class `name` appears in a document."""
+    return name.removesuffix(BODY_SUFFIX)
+
+
 def components(models: Iterable[Any]) -> dict[str, Any]:
     """The JSON Schemas of `models` and of every model they reference, by
-    name, as a document's ``components.schemas``."""
+    published name (`published_name`), as a document's ``components.schemas``."""
     _, schemas = msgspec.json.schema_components(list(models), ref_template=REF_TEMPLATE)
-    return {name: _document(schema) for name, schema in schemas.items()}
+    out = {published_name(name): _document(schema) for name, schema in schemas.items()}
+    if len(out) != len(schemas):  # two models of one published name: a document would lose one
+        raise ValueError(f"models published under one name: {sorted(schemas)}")
+    return out
 
 
 def _document(node: Any, names: bool = False) -> Any:
     """`node` (a schema, or with `names` a map of property names to schemas)
     as the document shows it: without a title (it repeats the model's name),
-    a pattern ending in ``$`` (see the module's docstring)."""
+    a reference by published name, a pattern ending in ``$`` (see the
+    module's docstring)."""
     if isinstance(node, list):
         return [_document(v) for v in node]
     if not isinstance(node, dict):
@@ -137,6 +154,9 @@ def _document(node: Any, names: bool = False) -> Any:
     if names:
         return {k: _document(v) for k, v in node.items()}
     out = {k: _document(v, k == "properties") for k, v in node.items() if k != "title"}
+    for k, v in out.items():  # a $ref, or a discriminator's mapping to one
+        if isinstance(v, str) and v.startswith(_REF_PREFIX):
+            out[k] = ref(published_name(v.removeprefix(_REF_PREFIX)))["$ref"]
     pattern = out.get("pattern")
     if isinstance(pattern, str) and pattern.endswith("\\Z"):
         out["pattern"] = pattern[:-2] + "$"

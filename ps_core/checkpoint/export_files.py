@@ -57,7 +57,7 @@ from .manifest import (
     shard_file_name,
     version_dir_name,
 )
-from .serving import INT8_ARRAYS, SERVING_ARRAYS, serving_arrays, serving_config, serving_snapshot
+from .serving_files import INT8_ARRAYS, SERVING_ARRAYS, serving_arrays, serving_config, serving_snapshot
 from .stream import StreamIdentity
 
 __all__ = [
@@ -325,7 +325,7 @@ def write_version(
     renamed to ``<root>/<model>/<version>`` (then the model directory is
     fsynced). `FileExistsError` if the version exists. Synchronous: run it in
     a thread. Its serving files hold the weights in `serving_precision`
-    (`ps_core.checkpoint.serving`). Its files get `file_mode`, its directory
+    (`ps_core.checkpoint.serving_files`). Its files get `file_mode`, its directory
     (and the model's, when this makes it) `dir_mode(file_mode)`.
     """
     kind = _check_snapshots(version, parent, snapshots, num_shards)
@@ -524,7 +524,7 @@ def _iter_snapshots(
 
 def serves_weights(manifest: ExportManifest) -> bool:
     """Whether a version has serving files for every data file
-    (`ps_core.checkpoint.serving`); versions written before them have none."""
+    (`ps_core.checkpoint.serving_files`); versions written before them have none."""
     return len(manifest.serving_files) == len(manifest.files)
 
 

@@ -38,8 +38,8 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..bodies import NUMERIC_PATTERN
 from ..hashing import U64, mix64
-from ..models import NUMERIC_PATTERN
 from ..parsing import exact_ints
 from .batch import F32, F64, I64, EventBatch
 from .events import MAX_FEATURES, MAX_FLOAT32, MAX_VALUE, Checked, EventError, check_columns, check_each
