@@ -24,8 +24,8 @@ from ps_core.net.auth import Refusals, Scope
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.rpc import start_rpc_server
 from ps_core.net.server import start_shard_site
-from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.tls import HandshakeFailures, watch_handshakes
+from ps_core.shard import Shard, ShardSpec
 
 from ..config.shard import ShardSettings
 from ..failures import ExpectedFailure
@@ -94,9 +94,13 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, Books]:
     versions = version_dirs(model_dir) if settings.exports_dir else {}
     newest = max(versions, default=0)
     shard = Shard(
-        spec, settings.tables, lifecycle=settings.default_lifecycle(), change_log_keys=settings.geo_change_log_keys
+        spec,
+        settings.tables,
+        lifecycle=settings.default_lifecycle(),
+        change_log_keys=settings.geo_change_log_keys,
+        restore_dir=model_dir if settings.exports_dir else None,
+        restores_at_start=settings.restore,
     )
-    shard.restores_at_start = settings.restore
     if settings.restore and versions:
         chains, refusals = newest_loadable(model_dir)
         for exc in refusals:
@@ -110,12 +114,8 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, Books]:
             chain = chains[settings.model_name]
             result = restore_chains(chains, settings.num_shards, [settings.shard_id])
             shard = result.shards[0]
-            shard.default_lifecycle = settings.default_lifecycle()
-            for config in settings.tables:
-                shard.configure(config)
-            shard.configured_tables = tuple(settings.tables)
-            shard.mark_state(result.version)
-            shard.restores_at_start = True
+            shard.reconfigure(settings.tables, settings.default_lifecycle())
+            shard.restored(result.version, model_dir)
             log_event(
                 log,
                 "restore",
@@ -126,10 +126,7 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, Books]:
                 shard_id=settings.shard_id,
                 cluster_id=result.manifest.stream.cluster_id if result.manifest.stream is not None else "-",
             )
-            shard.restore_dir = model_dir
             return shard, newest, books_at(chains)
-    if settings.exports_dir:
-        shard.restore_dir = model_dir
     return shard, newest, {}
 
 
@@ -298,8 +295,8 @@ async def run_shard(
             file_mode=settings.exports_mode,
         )
         add_coordinator_routes(app, coordinator, exporter)
-        shard.extra_stats["exports"] = exporter.stats
-        shard.extra_stats["sync"] = coordinator.sync_stats
+        shard.add_stats("exports", exporter.stats)
+        shard.add_stats("sync", coordinator.sync_stats)
         if settings.num_shards > 1:
             # Every shard at one version, or no leases (ps_core/checkpoint/joining.py).
             # Membership polls give up quickly (a shard down is a round
@@ -314,7 +311,7 @@ async def run_shard(
                 restore_client=slow,
                 files_lock=exporter.lock,
             )
-            shard.extra_stats["cluster"] = membership.stats
+            shard.add_stats("cluster", membership.stats)
     try:
         http = await start_shard_site(
             app, settings.host, settings.port, ssl_context=server_tls, limits=settings.http_limits
@@ -327,11 +324,14 @@ async def run_shard(
         raise
     port = http.port  # the one the OS gave, when asked for 0
     # The ports' connections and what their limits refused (the API relays them as metrics).
-    shard.extra_stats["ports"] = lambda: {
-        "http": http.guard.stats(),
-        **({"rpc": rpc.stats()} if rpc is not None else {}),
-        "tls": handshakes.stats(),
-    }
+    shard.add_stats(
+        "ports",
+        lambda: {
+            "http": http.guard.stats(),
+            **({"rpc": rpc.stats()} if rpc is not None else {}),
+            "tls": handshakes.stats(),
+        },
+    )
     stop = stop or asyncio.Event()
     log_event(
         log,

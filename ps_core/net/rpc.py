@@ -42,11 +42,12 @@ from typing import NamedTuple, cast
 import orjson
 
 from ..errors import AuthError, PSError, error_from_body
+from ..shard import Shard
 from . import codec
 from .auth import Refusals, Scope, TokenVerifier, check
+from .frame_handler import handle_frame
 from .limits import Occurrences, RpcLimits, listen
 from .pipelined import PipelinedConnection, PipelinedProtocol, Reply, ServerConnection
-from .shard import Shard
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -276,7 +277,7 @@ class RpcServerProtocol(ServerConnection):
                 self._reply(403, _error_payload("forbidden", detail))
                 return
         try:
-            reply = self._shard.handle_frame(body)
+            reply = handle_frame(self._shard, body)
         except PSError as exc:
             self._reply(exc.status, orjson.dumps(exc.to_body()))
             return
