@@ -27,7 +27,7 @@ Wire format (all integers little-endian):
   (``{"error": code, "detail": reason}``).
 
 Requests may be pipelined: the server answers them in order, one at a time
-(`Shard.handle_frame` never suspends). A body longer than the server's limit
+(`frame_handler.handle_frame` never suspends). A body longer than the server's limit
 is answered 413 and the connection closed, since its bytes are not read.
 """
 
