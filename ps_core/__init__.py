@@ -1,13 +1,13 @@
-"""ctrps core, in four packages over six shared modules; no Kafka here.
+"""ctrps core, in five packages over six shared modules; no Kafka here.
 
 - `errors`, `hashing`, `parsing`, `models`, `rows`, `lazy`: typed errors,
   stable 64-bit ids, strict parsing, request bodies declared once as models
   (validation and the documents' schemas), whole-row gathers and scatters of
   2-d arrays, and the packages' lazy re-exports, imported by every package;
 - `store`: the index, optimizers and sparse tables of one shard;
+- `shard`: one shard without sockets: its tables, handlers, join state,
+  cuts, key sets and status board;
 - `model`: events, feature hashing, batches, models and metrics;
-- `shard`: one shard without sockets: its tables, handlers, membership,
-  cuts and status board;
 - `net`: the codec, a shard's server and frames, the RPC and the clients;
 - `checkpoint`: the coordinator, export files, the exporter and restores;
 - `synthetic`: synthetic click streams with a known truth and profiles shaped
