@@ -50,7 +50,7 @@ from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.owner import claim_exports, run_exports_dir
 from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.synthetic import SyntheticStream
 
 from .api import METRICS, ApiServer

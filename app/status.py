@@ -2,7 +2,7 @@
 after each window, and the summary the API reads back from it.
 
 Workers run in other processes than the API (or in the same one, in the demo);
-the board on shard 0 (`ps_core.net.shard.Shard.report_status`) is where they meet.
+the board on shard 0 (`ps_core.shard.Shard.report_status`) is where they meet.
 A worker reports one JSON object per window (`worker_status`), holding
 cumulative totals, so a lost report loses nothing but freshness::
 

@@ -59,8 +59,8 @@ from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.metrics import evaluate
 from ps_core.model.models import make_model, sigmoid
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard
 from ps_core.net.wire import WireFormat
+from ps_core.shard import Shard
 from ps_core.store.read_table import PRECISIONS, ReadTable
 from ps_core.store.table import SparseTable
 from ps_core.store.table_config import TableConfig

@@ -180,7 +180,7 @@ def bench_cut(root: Path, n: int, rng: np.random.Generator) -> dict[str, Any]:
     from ps_core.checkpoint.coordinator import Coordinator
     from ps_core.checkpoint.exporter import Exporter
     from ps_core.hashing import shard_of
-    from ps_core.net.shard import Shard, ShardSpec
+    from ps_core.shard import Shard, ShardSpec
 
     keys = distinct_keys(rng, n)
     owner = shard_of(keys, 2)

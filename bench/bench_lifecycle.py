@@ -65,7 +65,7 @@ from consumers.worker import Worker, WorkerConfig  # noqa: E402
 from ps_core.checkpoint.control import ControlClient  # noqa: E402
 from ps_core.model.models import LogisticRegression  # noqa: E402
 from ps_core.net.client import PSClient  # noqa: E402
-from ps_core.net.shard import Shard  # noqa: E402
+from ps_core.shard import Shard  # noqa: E402
 from ps_core.store.lifecycle import Lifecycle  # noqa: E402
 from ps_core.store.table import SparseTable  # noqa: E402
 from ps_core.store.table_config import TableConfig  # noqa: E402

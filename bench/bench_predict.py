@@ -86,8 +86,8 @@ from ps_core.checkpoint.control import ControlClient  # noqa: E402
 from ps_core.model.models import Model, make_model  # noqa: E402
 from ps_core.net.auth import Scope, derive_token, new_secret  # noqa: E402
 from ps_core.net.client import PSClient  # noqa: E402
-from ps_core.net.shard import Shard  # noqa: E402
 from ps_core.net.tls import TlsFiles, client_context  # noqa: E402
+from ps_core.shard import Shard  # noqa: E402
 from tests.training import train_step  # noqa: E402
 
 MODEL_NAME = "ctr"

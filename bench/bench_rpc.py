@@ -20,7 +20,7 @@ The baseline, measured in the same run, is the same client API in process:
 ``PSClient.local([Shard(ShardSpec(i, 2), [cfg]) for i in range(2)])`` (no
 encoding, no sockets, shards called one after the other). A third system, on
 its own in-process shards, does what the HTTP client does minus HTTP: split by
-shard, encode frames, ``Shard.handle_frame`` (decode, table work, encode the
+shard, encode frames, ``handle_frame`` (decode, table work, encode the
 reply), decode and reassemble, timing each segment to show where the time
 goes. The three run interleaved, round by round (rotating who goes first), so
 that drifts in the load of this shared machine hit all alike; each has its own
@@ -86,8 +86,9 @@ from ps_core.hashing import shard_of
 from ps_core.net import codec
 from ps_core.net.auth import Scope, derive_token, new_secret
 from ps_core.net.client import PSClient, Routed
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.net.frame_handler import handle_frame
 from ps_core.net.tls import TlsFiles, client_context
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 U64 = npt.NDArray[np.uint64]
@@ -270,7 +271,7 @@ class FramePathSystem:
     """What an HTTP round costs without HTTP, split into segments.
 
     Mirrors `PSClient` over the binary frames, in process: split the batch by
-    shard, encode each shard's frame, `Shard.handle_frame` (decode, table work,
+    shard, encode each shard's frame, `handle_frame` (decode, table work,
     encode the reply), decode the replies and reassemble; shards one after the
     other (over HTTP they work in parallel).
     """
@@ -305,7 +306,7 @@ class FramePathSystem:
         for j, p in enumerate(parts):
             req = codec.encode_pull(TABLE, sk[p])
             t = lap("encode", t)
-            rep = self.shards[j].handle_frame(req, codec.Op.PULL)
+            rep = handle_frame(self.shards[j], req, codec.Op.PULL)
             t = lap("shard_pull", t)
             vals = codec.decode(rep, codec.Op.WEIGHTS).values
             assert vals is not None
@@ -324,7 +325,7 @@ class FramePathSystem:
         for j, p in enumerate(parts):
             req = codec.encode_push(TABLE, sk[p], sg[p], request_id=self._rid)
             t = lap("encode", t)
-            rep = self.shards[j].handle_frame(req, codec.Op.PUSH)
+            rep = handle_frame(self.shards[j], req, codec.Op.PUSH)
             t = lap("shard_push", t)
             applied += codec.decode(rep, codec.Op.ACK).count
             t = lap("decode", t)

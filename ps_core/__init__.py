@@ -1,12 +1,14 @@
-"""ctrps core, in four packages over six shared modules; no Kafka here.
+"""ctrps core, in five packages over six shared modules; no Kafka here.
 
 - `errors`, `hashing`, `parsing`, `models`, `rows`, `lazy`: typed errors,
   stable 64-bit ids, strict parsing, request bodies declared once as models
   (validation and the documents' schemas), whole-row gathers and scatters of
   2-d arrays, and the packages' lazy re-exports, imported by every package;
 - `store`: the index, optimizers and sparse tables of one shard;
+- `shard`: one shard without sockets: its tables, handlers, join state,
+  cuts, key sets and status board;
 - `model`: events, feature hashing, batches, models and metrics;
-- `net`: the codec, a shard's handlers and server, the RPC and the clients;
+- `net`: the codec, a shard's server and frames, the RPC and the clients;
 - `checkpoint`: the coordinator, export files, the exporter and restores;
 - `synthetic`: synthetic click streams with a known truth and profiles shaped
   like real CTR logs (imports numpy only, nothing of the project; not
@@ -54,8 +56,8 @@ if TYPE_CHECKING:
     from .net.codec import Frame, Op
     from .net.endpoint import RetryPolicy
     from .net.server import create_shard_app
-    from .net.shard import Shard, ShardSpec
     from .net.transports import HttpTransport, LocalTransport, ShardReader, ShardTransport, TcpTransport
+    from .shard import Shard, ShardSpec
     from .store.index import KeyIndex
     from .store.optim import FTRL, SGD, AdaGrad, CoinBetting, Optimizer, make_optimizer
     from .store.snapshot import TableSnapshot
@@ -85,7 +87,7 @@ else:
             ".net.codec": ("Frame", "Op"),
             ".net.endpoint": ("RetryPolicy",),
             ".net.server": ("create_shard_app",),
-            ".net.shard": ("Shard", "ShardSpec"),
+            ".shard": ("Shard", "ShardSpec"),
             ".net.transports": ("HttpTransport", "LocalTransport", "ShardReader", "ShardTransport", "TcpTransport"),
             ".store.index": ("KeyIndex",),
             ".store.optim": ("FTRL", "SGD", "AdaGrad", "CoinBetting", "Optimizer", "make_optimizer"),

@@ -22,7 +22,7 @@ from ps_core.checkpoint.routes import checkpointed_shard_app
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.rpc import RpcServer, start_rpc_server
 from ps_core.net.server import DEFAULT_MAX_BODY, ShardSite, start_shard_site
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 ServeShards = Callable[..., Awaitable[tuple[list[Shard], list[str]]]]

@@ -22,7 +22,7 @@ from ps_core.hashing import shard_of
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import Model
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard
+from ps_core.shard import Shard
 
 __all__ = [
     "KEY_BASE",

@@ -24,7 +24,7 @@ from waiting import until
 
 from consumers.broker import free_port
 from ps_core.net.server import ShardSite, create_shard_app, start_shard_site
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 
 pytestmark = pytest.mark.slow  # real processes for seconds each: make test-fast leaves them out
 

@@ -46,8 +46,8 @@ from ps_core.model.metrics import evaluate
 from ps_core.model.models import Model, make_model, sigmoid
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
-from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.shard_openapi import Admit, ExportRequest, LeaseRequest, Release, SnapshotRequest, shard_document
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.board import StatusReport
 from ps_core.store.lifecycle import Lifecycle
 from ps_core.store.table import SparseTable

@@ -19,7 +19,7 @@ from ps_core.errors import FrameError, ModeConflictError, UnknownTableError
 from ps_core.net import codec
 from ps_core.net.change_feed import ChangeFeed
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.change_log import ENTRY_KEYS, ChangeLog
 from ps_core.store.table_config import TableConfig
 
@@ -124,7 +124,7 @@ async def test_a_shard_without_a_change_log_leaves_every_row_to_be_read(caplog: 
     def older(*_: object) -> Any:
         raise FrameError("unknown op 7")
 
-    shard.handle_changes = older  # type: ignore[method-assign]
+    shard.handle_changes = older
     feed = ChangeFeed(PSClient.local([shard]), ["w"])
     with caplog.at_level(logging.WARNING, logger="ctrps.geo"):
         assert await feed.read() is None and await feed.read() is None

@@ -30,8 +30,8 @@ from ps_core.hashing import shard_of
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import create_shard_app
-from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.transports import TcpTransport
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table import SparseTable
 from ps_core.store.table_config import TableConfig
 

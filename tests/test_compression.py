@@ -22,10 +22,11 @@ from ps_core.net import codec
 from ps_core.net.client import PSClient
 from ps_core.net.codec import FLAG_KEYS_REF, FLAG_REMEMBER, Op
 from ps_core.net.endpoint import RetryPolicy
-from ps_core.net.key_sets import KeySets
+from ps_core.net.frame_handler import handle_frame
 from ps_core.net.quantize import BLOCK, F16_MAX, compact_counts, dequantize, quantize, read_counts
-from ps_core.net.shard import Shard
 from ps_core.net.wire import ErrorFeedback, WireFormat
+from ps_core.shard import Shard
+from ps_core.shard.key_sets import KeySets
 from ps_core.store.table_config import TableConfig
 
 F16, INT8 = 1, 2
@@ -319,13 +320,13 @@ def test_key_sets_are_taken_once_and_bounded() -> None:
 def test_a_shard_applies_a_named_set_as_the_keys_and_refuses_a_gone_one() -> None:
     named, plain = Shard(tables=[LR]), Shard(tables=[LR])
     g = np.array([[0.5], [-1], [2], [0.25]], np.float32)
-    named.handle_frame(codec.encode_pull("lr", KEYS, remember=11))
-    named.handle_frame(codec.encode_push("lr", KEYS, g, request_id=12, keys_ref=11))
-    plain.handle_frame(codec.encode_push("lr", KEYS, g, request_id=12))
+    handle_frame(named, codec.encode_pull("lr", KEYS, remember=11))
+    handle_frame(named, codec.encode_push("lr", KEYS, g, request_id=12, keys_ref=11))
+    handle_frame(plain, codec.encode_push("lr", KEYS, g, request_id=12))
     np.testing.assert_array_equal(named.handle_pull("lr", KEYS)[0], plain.handle_pull("lr", KEYS)[0])
     before = named.handle_pull("lr", KEYS)[0].copy()
     with pytest.raises(KeySetExpiredError):
-        named.handle_frame(codec.encode_push("lr", KEYS, g, request_id=13, keys_ref=11))
+        handle_frame(named, codec.encode_push("lr", KEYS, g, request_id=13, keys_ref=11))
     np.testing.assert_array_equal(named.handle_pull("lr", KEYS)[0], before)  # nothing applied
     assert named.stats()["wire"]["key_sets"]["expired"] == 1
 
@@ -341,9 +342,9 @@ def test_a_named_set_of_one_equal_or_no_keys_applies_as_the_keys_do(keys: np.nda
     g = np.linspace(-1, 1, keys.size, dtype=np.float32).reshape(-1, 1)
     grads = quantize(g, vtype, "nearest") if vtype else g
     c = np.ones((keys.size, 2), np.float32)
-    named.handle_frame(codec.encode_pull("lr", keys, remember=5))
-    named.handle_frame(codec.encode_push("lr", keys, grads, counts=c, request_id=6, keys_ref=5, dim=1, compact=True))
-    plain.handle_frame(codec.encode_push("lr", keys, grads, counts=c, request_id=6, dim=1))
+    handle_frame(named, codec.encode_pull("lr", keys, remember=5))
+    handle_frame(named, codec.encode_push("lr", keys, grads, counts=c, request_id=6, keys_ref=5, dim=1, compact=True))
+    handle_frame(plain, codec.encode_push("lr", keys, grads, counts=c, request_id=6, dim=1))
     probe = np.array([42, 7, 1], np.uint64)
     np.testing.assert_array_equal(named.handle_pull("lr", probe)[0], plain.handle_pull("lr", probe)[0])
     assert named.tables["lr"].shows.sum() == plain.tables["lr"].shows.sum() == keys.size

@@ -24,8 +24,8 @@ from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
-from ps_core.net.key_sets import KeySets
 from ps_core.net.wire import WireFormat
+from ps_core.shard.key_sets import KeySets
 from ps_core.synthetic import SyntheticStream
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.

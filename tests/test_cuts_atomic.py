@@ -32,7 +32,7 @@ from ps_core.errors import CutAbortedError, ExportWriteError
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import ShardSite, start_shard_site
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})
@@ -63,7 +63,7 @@ class Cluster:
         self.exporter = Exporter(
             self.coordinator, ControlClient(shards), self.exports, "m", cut_timeout_s=5, abort_timeout_s=2
         )
-        self.shards[0].extra_stats["exports"] = self.exporter.stats
+        self.shards[0].add_stats("exports", self.exporter.stats)
         for i in range(2):
             await self.start_shard(i)
 

@@ -56,7 +56,7 @@ from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import create_shard_app
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 
 # The history's points change between turns of the loop: check every one.
 until = functools.partial(waiting.until, poll_s=0.002)

@@ -40,7 +40,7 @@ from ps_core.checkpoint.registry import ModelSpec
 from ps_core.model.metrics import Metrics, evaluate
 from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = [

@@ -28,7 +28,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export_files import list_versions
 from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard
+from ps_core.shard import Shard
 
 
 def demo_args(*flags: str) -> Any:

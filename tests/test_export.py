@@ -33,7 +33,7 @@ from ps_core.checkpoint.export_files import (
 from ps_core.errors import ExportCorruptError, ExportNotFoundError, InvalidValuesError
 from ps_core.hashing import shard_of
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Push, Shard, ShardSpec
+from ps_core.shard import Push, Shard, ShardSpec
 from ps_core.store.snapshot import TableSnapshot
 from ps_core.store.table import SparseTable
 from ps_core.store.table_config import TableConfig

@@ -17,7 +17,7 @@ from ps_core.checkpoint.export_files import write_version
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
 pytestmark = pytest.mark.slow

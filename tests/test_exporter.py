@@ -16,7 +16,7 @@ from ps_core.checkpoint.export_files import latest_chain, list_versions, restore
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.errors import ExportWriteError, SnapshotError
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 LR = TableConfig("m_w", 1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 0.1, "l2": 1.0})

@@ -52,7 +52,7 @@ from ps_core.errors import InvalidValuesError
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, make_model, sigmoid
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.snapshot import TableSnapshot
 from ps_core.store.table import SparseTable
 from ps_core.store.table_config import TableConfig

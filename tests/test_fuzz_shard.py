@@ -30,8 +30,8 @@ from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.routes import checkpointed_shard_app
 from ps_core.net.auth import Scope, TokenVerifier, bearer, derive_token, new_secret
 from ps_core.net.server import ROUTE_SCOPES, start_shard_site
-from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.shard_openapi import shard_document
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.

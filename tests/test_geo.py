@@ -36,7 +36,7 @@ from ps_core.model.geo import GeoCopy
 from ps_core.model.models import LogisticRegression, make_model
 from ps_core.net.change_feed import ChangeFeed
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.change_log import ChangeLog
 from ps_core.store.optim import FTRL, AdaGrad, CoinBetting
 from ps_core.store.table_config import TableConfig

@@ -38,7 +38,7 @@ from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import start_shard_site
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.

@@ -24,7 +24,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.server import create_shard_app, start_shard_site
-from ps_core.net.shard import Shard
+from ps_core.shard import Shard
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
 pytestmark = pytest.mark.slow

@@ -36,7 +36,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # The in-process whole (model, tables, export): `Learner.save` / `load`
     # write and read export versions, importing the checkpoint package when called.
     "ps_core.model.learner": (*SHARED, "ps_core.store", "ps_core.model", "ps_core.checkpoint"),
-    "ps_core.net": (*SHARED, "ps_core.store", "ps_core.net"),
+    # One shard without sockets: over its tables, under the network that serves it.
+    "ps_core.shard": (*SHARED, "ps_core.store", "ps_core.shard"),
+    "ps_core.net": (*SHARED, "ps_core.store", "ps_core.shard", "ps_core.net"),
     "ps_core.checkpoint": ("ps_core",),
     "ps_core.synthetic": ("ps_core.synthetic",),  # numpy only: nothing of the project
     "consumers": ("ps_core", "consumers"),

@@ -33,7 +33,7 @@ from ps_core.model.learner import FEATURIZE_EVENTS
 from ps_core.model.models import make_model
 from ps_core.model.ramp import RAMP_START, MiniBatchRamp
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard
+from ps_core.shard import Shard
 from ps_core.store.table import SparseTable
 from ps_core.synthetic import SyntheticStream
 

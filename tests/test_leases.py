@@ -15,7 +15,7 @@ from consumers.reports import WorkerStats
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.errors import NoCoordinatorError
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 
 
 async def _once(op: Callable[[], Awaitable[Any]]) -> Any:

@@ -19,7 +19,7 @@ from ps_core.checkpoint.export_files import latest_chain, restore_shards, write_
 from ps_core.errors import TableConfigError, TableConflictError
 from ps_core.hashing import shard_of
 from ps_core.model.models import make_model
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.lifecycle import NO_LIFECYCLE, CountSketch, Lifecycle
 from ps_core.store.snapshot import TableSnapshot
 from ps_core.store.table import SparseTable

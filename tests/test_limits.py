@@ -39,7 +39,7 @@ from ps_core.net.client import PSClient
 from ps_core.net.limits import PortGuard, PortLimits, RpcLimits, serve_limited
 from ps_core.net.rpc import MAGIC, PROTOCOL_VERSION, RpcConnection, RpcServer, start_rpc_server
 from ps_core.net.server import create_shard_app
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 LR = TableConfig("ctr_lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})

@@ -36,7 +36,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
 from ps_core.net.auth import Scope, bearer, derive_token, new_secret
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import MODES
 
 pytestmark = pytest.mark.slow  # real processes for seconds each: make test-fast leaves them out

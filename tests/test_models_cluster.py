@@ -41,7 +41,7 @@ from ps_core.errors import (
 from ps_core.model.featurizer import DEFAULT_NUMERIC, FeatureHasher, numeric_feed
 from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 
 PROJECT = Path(__file__).resolve().parents[1]
 

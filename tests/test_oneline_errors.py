@@ -36,7 +36,7 @@ from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import create_shard_app, start_shard_site
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 
 PROJECT = Path(__file__).resolve().parent.parent
 

@@ -25,7 +25,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.synthetic import SyntheticStream
 
 P0, P1 = TopicPartition("clicks", 0), TopicPartition("clicks", 1)

@@ -29,7 +29,7 @@ from ps_core.model.metrics import auc
 from ps_core.model.models import LogisticRegression, sigmoid
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.synthetic import SyntheticStream
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.

@@ -14,7 +14,7 @@ from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import ModeConflictError, ModelConflictError
 from ps_core.model.models import FactorizationMachine, LogisticRegression
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 
 
 def _cluster(tmp_path: Path) -> tuple[list[Shard], ControlClient, Exporter]:

@@ -38,7 +38,7 @@ from ps_core.model.models import LogisticRegression
 from ps_core.net import codec
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
@@ -400,8 +400,7 @@ async def _two_versions(exports: Path) -> None:
 
 def _slice(exports: Path, shard_id: int, version: int) -> Shard:
     shard, _ = load_shard(ShardSpec(shard_id, 2), exports / "m", version, (LR,))
-    shard.mark_state(version)
-    shard.restore_dir, shard.restores_at_start = exports / "m", True
+    shard.restored(version, exports / "m")
     shard.leave("waiting for the coordinator")
     return shard
 

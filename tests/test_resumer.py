@@ -15,7 +15,7 @@ from consumers.reports import WorkerStats
 from consumers.resume import Resumer, StaleOffsetsError, StalePartition, Uncovered
 from ps_core.checkpoint.control import ControlClient, ResumePoint
 from ps_core.checkpoint.stream import StreamIdentity
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 
 TPS = [TopicPartition("clicks", 0), TopicPartition("clicks", 1)]
 

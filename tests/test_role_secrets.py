@@ -27,7 +27,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
 from ps_core.net.auth import MIN_SECRET_BYTES, Scope, TokenVerifier, derive_token
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard
+from ps_core.shard import Shard
 
 PROJECT = Path(__file__).resolve().parent.parent
 SECRET = "s" * 43

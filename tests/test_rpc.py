@@ -22,12 +22,13 @@ from aiohttp import web
 
 from consumers.broker import free_port
 from ps_core.errors import FrameError, PSError, ShardUnavailableError, UnknownTableError
+from ps_core.net import rpc as rpc_module
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.rpc import RpcConnection, RpcServer, RpcServerProtocol, start_rpc_server
 from ps_core.net.server import create_shard_app
-from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.transports import TcpTransport
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table import SparseTable
 from ps_core.store.table_config import TableConfig
 
@@ -118,16 +119,16 @@ async def test_an_unexpected_failure_answers_500_and_later_calls_work(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     keys, grads = keys_grads(10)
-    original = served.shard.handle_frame
+    original = rpc_module.handle_frame
     calls = {"n": 0}
 
-    def flaky(body: Any, expect_op: int | None = None) -> bytes:
+    def flaky(shard: Shard, body: Any, expect_op: int | None = None) -> bytes:
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("boom")
-        return original(body, expect_op)
+        return original(shard, body, expect_op)
 
-    monkeypatch.setattr(served.shard, "handle_frame", flaky)
+    monkeypatch.setattr(rpc_module, "handle_frame", flaky)
     async with PSClient.connect([served.url]) as client:
         with pytest.raises(PSError, match="boom") as info:
             await client.pull("lr", keys)

@@ -24,8 +24,8 @@ from ps_core.hashing import shard_of
 from ps_core.net import codec
 from ps_core.net.codec import Op
 from ps_core.net.server import FRAME_CONTENT_TYPE, create_shard_app
-from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.shard_openapi import shard_document
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.lifecycle import Lifecycle
 from ps_core.store.snapshot import MAX_VERSION
 from ps_core.store.table import SparseTable

@@ -54,8 +54,8 @@ from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.rpc import RpcConnection, RpcServer, start_rpc_server
 from ps_core.net.server import DEFAULT_MAX_BODY, ROUTE_SCOPES, ShardSite, start_shard_site
-from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.transports import TcpTransport
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 PROJECT = Path(__file__).resolve().parent.parent

@@ -38,7 +38,7 @@ from ps_core.checkpoint.manifest import ExportManifest
 from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.synthetic import SyntheticStream
 
 PROJECT = Path(__file__).resolve().parents[1]

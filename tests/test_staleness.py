@@ -17,7 +17,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import ModeConflictError, PSError, TableConfigError
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
-from ps_core.net.shard import Push, Shard, ShardSpec
+from ps_core.shard import Push, Shard, ShardSpec
 from ps_core.store.staleness import BUCKETS, StalenessLog
 from ps_core.store.table_config import TableConfig
 

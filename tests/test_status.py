@@ -34,9 +34,9 @@ from ps_core.model.metrics import evaluate
 from ps_core.net import codec
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
-from ps_core.net.shard import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, Shard, ShardSpec
 from ps_core.net.wire import WireStats
-from ps_core.store.board import WorkerStatus
+from ps_core.shard import Shard, ShardSpec
+from ps_core.store.board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, WorkerStatus
 from ps_core.store.table import SparseTable
 from ps_core.store.table_config import MODES, TableConfig
 

@@ -34,7 +34,7 @@ from ps_core.errors import InvalidRequestError, InvalidValuesError
 from ps_core.model.batch import EventBatch
 from ps_core.model.models import Model, make_model, sigmoid
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Push, Shard, ShardSpec
+from ps_core.shard import Push, Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 from ps_core.synthetic import SyntheticStream
 
@@ -146,7 +146,7 @@ def _crew(
     model = make_model(kind, "m", mode="sync", **(optimizers or {}))
     shards = [Shard(ShardSpec(i, 2), model.tables()) for i in range(2)]
     coordinator = Coordinator()
-    shards[0].extra_stats["sync"] = coordinator.sync_stats
+    shards[0].add_stats("sync", coordinator.sync_stats)
     config = {"mini_batch": mini_batch, "decode_processes": 0, "mode": "sync", "sync_deadline_s": deadline_s}
     workers = [
         Worker(

@@ -8,7 +8,7 @@ import pytest
 
 from ps_core.errors import InvalidValuesError, TableConfigError, TableConflictError, WrongShardError
 from ps_core.hashing import shard_of
-from ps_core.net.shard import Push, Shard, ShardSpec
+from ps_core.shard import Push, Shard, ShardSpec
 from ps_core.store.index import KeyIndex
 from ps_core.store.pull_cache import PullCache
 from ps_core.store.table import SparseTable

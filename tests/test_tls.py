@@ -46,9 +46,9 @@ from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.rpc import RpcConnection, start_rpc_server
 from ps_core.net.server import DEFAULT_MAX_BODY, create_shard_app, start_shard_site
-from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.tls import HandshakeFailures, TlsFiles, client_context, server_context, watch_handshakes
 from ps_core.net.transports import TcpTransport
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 LR = TableConfig("ctr_lr", dim=1, optimizer={"name": "ftrl", "alpha": 0.1, "l1": 0.5})

@@ -41,8 +41,8 @@ from ps_core.model.metrics import evaluate
 from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
-from ps_core.net.shard import Shard, ShardSpec
 from ps_core.parsing import json_int, parse_int
+from ps_core.shard import Shard, ShardSpec
 from ps_core.store.board import MAX_COUNT, WorkerStatus
 
 TOKEN = "admin-token"

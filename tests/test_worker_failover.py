@@ -17,7 +17,7 @@ from waiting import until
 
 from consumers.worker import Worker
 from ps_core.model.models import LogisticRegression
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
 pytestmark = pytest.mark.slow

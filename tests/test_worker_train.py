@@ -22,7 +22,7 @@ from ps_core.model.metrics import Metrics, evaluate
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, sigmoid
 from ps_core.model.ramp import MiniBatchRamp
 from ps_core.net.client import PSClient
-from ps_core.net.shard import Shard, ShardSpec
+from ps_core.shard import Shard, ShardSpec
 from ps_core.synthetic import SyntheticStream
 
 

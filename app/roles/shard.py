@@ -6,11 +6,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
+from aiohttp import web
 
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator
@@ -20,12 +22,12 @@ from ps_core.checkpoint.joining import Membership, books_at, newest_loadable, re
 from ps_core.checkpoint.owner import HAND_STARTED, claim_exports
 from ps_core.checkpoint.routes import add_coordinator_routes, checkpointed_shard_app
 from ps_core.checkpoint.stream import StreamIdentity
-from ps_core.net.auth import Refusals, Scope
+from ps_core.net.auth import Refusals, Scope, TokenVerifier
 from ps_core.net.endpoint import RetryPolicy
-from ps_core.net.rpc import start_rpc_server
+from ps_core.net.rpc import RpcServer, start_rpc_server
 from ps_core.net.server import start_shard_site
-from ps_core.net.shard import Shard, ShardSpec
 from ps_core.net.tls import HandshakeFailures, watch_handshakes
+from ps_core.shard import Shard, ShardSpec
 
 from ..config.shard import ShardSettings
 from ..failures import ExpectedFailure
@@ -94,9 +96,13 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, Books]:
     versions = version_dirs(model_dir) if settings.exports_dir else {}
     newest = max(versions, default=0)
     shard = Shard(
-        spec, settings.tables, lifecycle=settings.default_lifecycle(), change_log_keys=settings.geo_change_log_keys
+        spec,
+        settings.tables,
+        lifecycle=settings.default_lifecycle(),
+        change_log_keys=settings.geo_change_log_keys,
+        restore_dir=model_dir if settings.exports_dir else None,
+        restores_at_start=settings.restore,
     )
-    shard.restores_at_start = settings.restore
     if settings.restore and versions:
         chains, refusals = newest_loadable(model_dir)
         for exc in refusals:
@@ -110,12 +116,8 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, Books]:
             chain = chains[settings.model_name]
             result = restore_chains(chains, settings.num_shards, [settings.shard_id])
             shard = result.shards[0]
-            shard.default_lifecycle = settings.default_lifecycle()
-            for config in settings.tables:
-                shard.configure(config)
-            shard.configured_tables = tuple(settings.tables)
-            shard.mark_state(result.version)
-            shard.restores_at_start = True
+            shard.reconfigure(settings.tables, settings.default_lifecycle())
+            shard.restored(result.version, model_dir)
             log_event(
                 log,
                 "restore",
@@ -126,10 +128,7 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, Books]:
                 shard_id=settings.shard_id,
                 cluster_id=result.manifest.stream.cluster_id if result.manifest.stream is not None else "-",
             )
-            shard.restore_dir = model_dir
             return shard, newest, books_at(chains)
-    if settings.exports_dir:
-        shard.restore_dir = model_dir
     return shard, newest, {}
 
 
@@ -216,134 +215,90 @@ def _check_exports_dir(settings: ShardSettings) -> None:
         ) from None
 
 
-async def run_shard(
-    settings: ShardSettings, stop: asyncio.Event | None = None, *, security: SecuritySettings | None = None
-) -> None:
-    """Serve one shard until SIGTERM/SIGINT (or `stop` is set), then close cleanly.
-
-    Every shard first restores its slice of the newest export; shard 0 hosts
-    the coordinator and exports on an interval (when it knows every shard).
-    With `security`'s cluster secret every route but ``/healthz`` and the RPC
-    need tokens; with its certificate both ports serve TLS. A non-loopback
-    host without a secret is refused (`SettingsError`) unless ``--insecure``."""
-    security = security or SecuritySettings()
-    security.check_exposed("shard", settings.host, has_credentials=bool(security.cluster_secret))
-    verifier = security.verifier()
-    server_tls = security.server_tls()
-    handshakes = HandshakeFailures()
-    if server_tls is not None:
-        watch_handshakes(server_tls, handshakes)
-    # Shard 0 calls the other shards as an admin, verifying them like any client.
-    admin_token = verifier.token(Scope.ADMIN) if verifier is not None else security.token_for(Scope.ADMIN)
-    client_tls = security.client_tls()
-    refusals = Refusals(logging.getLogger("ctrps.shard.auth"))
+async def _restored_shard(settings: ShardSettings) -> tuple[Shard, int, Books]:
+    """`_restore` after the exports directory's checks (and, on shard 0, its
+    claim); the shard left unjoined when the coordinator is to admit it."""
     if _hosts_coordinator(settings, quiet=True):
         await asyncio.to_thread(_check_exports_dir, settings)
     if settings.shard_id == 0 and settings.exports_dir:
         # Before the restore: another cluster's models are neither restored nor pruned.
         await asyncio.to_thread(_claim_exports, settings)
     shard, newest, books = await asyncio.to_thread(_restore, settings)
-    offsets, stream = books.pop(settings.model_name, ({}, None))
     if _joins(settings):
         shard.leave(f"it restored version {shard.state_version} and waits for the coordinator (shard 0) to admit it")
-    max_body = settings.max_body_mb * 1024 * 1024
-    # The RPC first: the HTTP app advertises its port.
-    rpc = (
-        await start_rpc_server(
-            shard,
-            settings.host,
-            settings.rpc_port,
-            max_body=max_body,
-            limits=settings.rpc_limits,
-            verifier=verifier,
-            refusals=refusals,
-            ssl=server_tls,
-        )
-        if settings.rpc
-        else None
+    return shard, newest, books
+
+
+def _coordination(
+    settings: ShardSettings,
+    shard: Shard,
+    app: web.Application,
+    newest: int,
+    books: Books,
+    offsets: dict[str, dict[int, int]],
+    stream: StreamIdentity | None,
+    admin_token: str,
+    client_tls: ssl.SSLContext | None,
+) -> tuple[ControlClient, Exporter, Membership | None]:
+    """What shard 0 hosts: the coordinator and its routes, the exporter over
+    every shard (reached as an admin), and in a cluster of several the
+    membership rounds that join restored shards."""
+    # Versions continue after the newest on disk; its first cut is a base.
+    coordinator = Coordinator(
+        lease_ttl_s=settings.lease_ttl_s,
+        base_every=settings.base_every,
+        last_version=newest,
+        offsets=offsets,
+        version=shard.state_version,
+        stream=stream,
+        model=settings.model_name,
+        books=books,
     )
-    app = checkpointed_shard_app(
-        shard, max_body=max_body, rpc_port=rpc.port if rpc is not None else None, verifier=verifier, refusals=refusals
-    )
+    session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
 
     def peer(i: int, url: str, deadline_s: float = 10.0) -> HttpControl:
         return HttpControl(i, url, session, RetryPolicy(deadline_s=deadline_s), token=admin_token, ssl=client_tls)
 
-    client: ControlClient | None = None
-    exporter: Exporter | None = None
-    membership: Membership | None = None
-    if _hosts_coordinator(settings):
-        # Versions continue after the newest on disk; its first cut is a base.
-        coordinator = Coordinator(
-            lease_ttl_s=settings.lease_ttl_s,
-            base_every=settings.base_every,
-            last_version=newest,
-            offsets=offsets,
-            version=shard.state_version,
-            stream=stream,
-            model=settings.model_name,
-            books=books,
-        )
-        session = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
-        shards: list[ShardControl] = [LocalControl(shard, coordinator)]
-        shards += [peer(i, url) for i, url in enumerate(settings.shards) if i > 0]
-        client = ControlClient(shards, session=session)
-        exporter = Exporter(
-            coordinator,
-            client,
-            settings.exports_dir,
-            settings.model_name,
-            keep_bases=settings.keep_bases,
-            serving_precision=settings.serving_precision,
-            file_mode=settings.exports_mode,
-        )
-        add_coordinator_routes(app, coordinator, exporter)
-        shard.extra_stats["exports"] = exporter.stats
-        shard.extra_stats["sync"] = coordinator.sync_stats
-        if settings.num_shards > 1:
-            # Every shard at one version, or no leases (ps_core/checkpoint/joining.py).
-            # Membership polls give up quickly (a shard down is a round
-            # missed); a load of every shard's chain may take minutes.
-            quick = ControlClient([shards[0]] + [peer(i, url, 2.0) for i, url in enumerate(settings.shards) if i > 0])
-            slow = ControlClient([shards[0]] + [peer(i, url, 900.0) for i, url in enumerate(settings.shards) if i > 0])
-            membership = Membership(
-                coordinator,
-                quick,
-                exporter.model_dir,
-                urls=settings.shards,
-                restore_client=slow,
-                files_lock=exporter.lock,
-            )
-            shard.extra_stats["cluster"] = membership.stats
-    try:
-        http = await start_shard_site(
-            app, settings.host, settings.port, ssl_context=server_tls, limits=settings.http_limits
-        )
-    except BaseException:  # e.g. the port in use: release what was opened, then report it
-        if rpc is not None:
-            await rpc.close()
-        if client is not None:
-            await client.close()
-        raise
-    port = http.port  # the one the OS gave, when asked for 0
-    # The ports' connections and what their limits refused (the API relays them as metrics).
-    shard.extra_stats["ports"] = lambda: {
-        "http": http.guard.stats(),
-        **({"rpc": rpc.stats()} if rpc is not None else {}),
-        "tls": handshakes.stats(),
-    }
-    stop = stop or asyncio.Event()
-    log_event(
-        log,
-        "listening",
-        url=f"{'https' if server_tls is not None else 'http'}://{settings.host}:{port}",
-        rpc_port=rpc.port if rpc is not None else "-",
-        auth="on" if verifier is not None else "off",
-        tls="mutual" if security.tls.require_client_cert else ("on" if server_tls is not None else "off"),
-        shard_id=settings.shard_id,
-        num_shards=settings.num_shards,
-        tables=",".join(t.name for t in settings.tables) or "-",
+    shards: list[ShardControl] = [LocalControl(shard, coordinator)]
+    shards += [peer(i, url) for i, url in enumerate(settings.shards) if i > 0]
+    client = ControlClient(shards, session=session)
+    exporter = Exporter(
+        coordinator,
+        client,
+        settings.exports_dir,
+        settings.model_name,
+        keep_bases=settings.keep_bases,
+        serving_precision=settings.serving_precision,
+        file_mode=settings.exports_mode,
     )
+    add_coordinator_routes(app, coordinator, exporter)
+    shard.add_stats("exports", exporter.stats)
+    shard.add_stats("sync", coordinator.sync_stats)
+    if settings.num_shards == 1:
+        return client, exporter, None
+    # Every shard at one version, or no leases (ps_core/checkpoint/joining.py).
+    # Membership polls give up quickly (a shard down is a round
+    # missed); a load of every shard's chain may take minutes.
+    quick = ControlClient([shards[0]] + [peer(i, url, 2.0) for i, url in enumerate(settings.shards) if i > 0])
+    slow = ControlClient([shards[0]] + [peer(i, url, 900.0) for i, url in enumerate(settings.shards) if i > 0])
+    membership = Membership(
+        coordinator, quick, exporter.model_dir, urls=settings.shards, restore_client=slow, files_lock=exporter.lock
+    )
+    shard.add_stats("cluster", membership.stats)
+    return client, exporter, membership
+
+
+async def _until_stopped(
+    settings: ShardSettings,
+    shard: Shard,
+    stop: asyncio.Event,
+    exporter: Exporter | None,
+    membership: Membership | None,
+    newest: int,
+) -> None:
+    """Run the shard's background tasks (stats lines, eviction, exports,
+    joining, the wait for admission) until `stop` or a signal; then stop
+    them, letting an export under way finish."""
     reporter = asyncio.create_task(_report(shard, settings.stats_interval_s)) if settings.stats_interval_s > 0 else None
     evicting = asyncio.create_task(_evict(shard, settings.evict_interval_s)) if settings.evict_interval_s > 0 else None
     exporting = (
@@ -365,18 +320,110 @@ async def run_shard(
         with stop_on_signals(stop):
             await stop.wait()
     finally:
-        for task in (reporter, evicting):
+        for task in (reporter, evicting, waiting):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
         if exporting is not None:
             await exporting  # returns once stop is set; an export under way finishes
         if joining is not None:
             await joining  # returns once stop is set
+
+
+async def _start_rpc(
+    settings: ShardSettings,
+    shard: Shard,
+    max_body: int,
+    verifier: TokenVerifier | None,
+    refusals: Refusals,
+    server_tls: ssl.SSLContext | None,
+) -> RpcServer | None:
+    """The shard's TCP RPC server, unless ``--no-rpc``."""
+    if not settings.rpc:
+        return None
+    return await start_rpc_server(
+        shard,
+        settings.host,
+        settings.rpc_port,
+        max_body=max_body,
+        limits=settings.rpc_limits,
+        verifier=verifier,
+        refusals=refusals,
+        ssl=server_tls,
+    )
+
+
+async def run_shard(
+    settings: ShardSettings, stop: asyncio.Event | None = None, *, security: SecuritySettings | None = None
+) -> None:
+    """Serve one shard until SIGTERM/SIGINT (or `stop` is set), then close cleanly.
+
+    Every shard first restores its slice of the newest export; shard 0 hosts
+    the coordinator and exports on an interval (when it knows every shard).
+    With `security`'s cluster secret every route but ``/healthz`` and the RPC
+    need tokens; with its certificate both ports serve TLS. A non-loopback
+    host without a secret is refused (`SettingsError`) unless ``--insecure``."""
+    security = security or SecuritySettings()
+    security.check_exposed("shard", settings.host, has_credentials=bool(security.cluster_secret))
+    verifier = security.verifier()
+    server_tls = security.server_tls()
+    handshakes = HandshakeFailures()
+    if server_tls is not None:
+        watch_handshakes(server_tls, handshakes)
+    # Shard 0 calls the other shards as an admin, verifying them like any client.
+    admin_token = verifier.token(Scope.ADMIN) if verifier is not None else security.token_for(Scope.ADMIN)
+    client_tls = security.client_tls()
+    refusals = Refusals(logging.getLogger("ctrps.shard.auth"))
+    shard, newest, books = await _restored_shard(settings)
+    offsets, stream = books.pop(settings.model_name, ({}, None))
+    max_body = settings.max_body_mb * 1024 * 1024
+    # The RPC first: the HTTP app advertises its port.
+    rpc = await _start_rpc(settings, shard, max_body, verifier, refusals, server_tls)
+    app = checkpointed_shard_app(
+        shard, max_body=max_body, rpc_port=rpc.port if rpc is not None else None, verifier=verifier, refusals=refusals
+    )
+
+    client, exporter, membership = (
+        _coordination(settings, shard, app, newest, books, offsets, stream, admin_token, client_tls)
+        if _hosts_coordinator(settings)
+        else (None, None, None)
+    )
+    try:
+        http = await start_shard_site(
+            app, settings.host, settings.port, ssl_context=server_tls, limits=settings.http_limits
+        )
+    except BaseException:  # e.g. the port in use: release what was opened, then report it
+        if rpc is not None:
+            await rpc.close()
+        if client is not None:
+            await client.close()
+        raise
+    port = http.port  # the one the OS gave, when asked for 0
+    # The ports' connections and what their limits refused (the API relays them as metrics).
+    shard.add_stats(
+        "ports",
+        lambda: {
+            "http": http.guard.stats(),
+            **({"rpc": rpc.stats()} if rpc is not None else {}),
+            "tls": handshakes.stats(),
+        },
+    )
+    stop = stop or asyncio.Event()
+    log_event(
+        log,
+        "listening",
+        url=f"{'https' if server_tls is not None else 'http'}://{settings.host}:{port}",
+        rpc_port=rpc.port if rpc is not None else "-",
+        auth="on" if verifier is not None else "off",
+        tls="mutual" if security.tls.require_client_cert else ("on" if server_tls is not None else "off"),
+        shard_id=settings.shard_id,
+        num_shards=settings.num_shards,
+        tables=",".join(t.name for t in settings.tables) or "-",
+    )
+    try:
+        await _until_stopped(settings, shard, stop, exporter, membership, newest)
+    finally:
         if rpc is not None:
             await rpc.close()
         await http.cleanup()

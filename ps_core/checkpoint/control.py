@@ -24,7 +24,7 @@ from ..errors import ExportNotFoundError, LeaseError, NoCoordinatorError, PSErro
 from ..net import codec
 from ..net.client import fan_out
 from ..net.endpoint import RetryPolicy, ShardEndpoint, ShardGroup
-from ..net.shard import Shard
+from ..shard import Shard
 from ..store.snapshot import TableSnapshot
 from ..store.table_config import TableConfig
 from .coordinator import Coordinator, Offsets, parse_offsets

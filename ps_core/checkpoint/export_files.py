@@ -43,7 +43,7 @@ from numpy.lib import format as npy_format
 
 from ..errors import ExportCorruptError, ExportNotFoundError, InvalidValuesError, TableConflictError
 from ..hashing import shard_of
-from ..net.shard import Shard, ShardSpec
+from ..shard import Shard, ShardSpec
 from ..store.snapshot import SnapshotKind, TableSnapshot
 from ..store.table_config import TableConfig
 from .manifest import (

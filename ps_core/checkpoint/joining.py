@@ -46,7 +46,7 @@ from ..errors import (
     PSError,
     ShardUnavailableError,
 )
-from ..net.shard import Shard, ShardSpec
+from ..shard import Shard, ShardSpec
 from ..store.lifecycle import Lifecycle
 from ..store.table_config import TableConfig
 from .coordinator import Coordinator
@@ -203,9 +203,7 @@ def load_shard(
         return Shard(spec, tables, lifecycle=lifecycle), "-"
     chains = chains_at(model_dir, version)
     shard = restore_chains(chains, spec.num_shards, [spec.shard_id]).shards[0]
-    shard.default_lifecycle = lifecycle
-    for config in tables:
-        shard.configure(config)
+    shard.reconfigure(tables, lifecycle)
     return shard, ",".join(str(v.version) for v in chains[Path(model_dir).name])
 
 

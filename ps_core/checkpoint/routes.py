@@ -62,7 +62,6 @@ from aiohttp import web
 from ..bodies import decode
 from ..errors import CutInProgressError, InvalidRequestError
 from ..net.server import SHARD, create_shard_app, json_body, json_response
-from ..net.shard import Shard
 from ..net.shard_openapi import (
     ExportRequest,
     LeaseRenewal,
@@ -73,6 +72,7 @@ from ..net.shard_openapi import (
     SyncArrive,
     SyncMember,
 )
+from ..shard import Shard
 from .coordinator import Coordinator, parse_offsets
 from .exporter import Exporter
 from .joining import restore_version

@@ -1,14 +1,15 @@
 """The network: one shard's server side and the clients that reach it.
 
 Holds the binary frame codec and the other wire formats (`codec`), a shard's
-pure handlers (`shard.Shard`), its aiohttp app (`server`) and OpenAPI
+frames served (`frame_handler`), its aiohttp app (`server`) and OpenAPI
 document, the TCP RPC (`rpc`, `pipelined`), credentials (`auth`), TLS
 (`tls`), port limits (`limits`), key routing (`routing`) and the data-plane
 client (`client.PSReader`, `client.PSClient` over the transports of
 `transports`, through the shard endpoints of `endpoint`).
 
 May import: aiohttp, numpy, orjson, msgspec, `ps_core.errors`, `ps_core.hashing`,
-`ps_core.parsing`, `ps_core.bodies` and `ps_core.store`. Nothing of the model
+`ps_core.parsing`, `ps_core.bodies`, `ps_core.store` and `ps_core.shard` (the
+shard it serves). Nothing of the model
 side or checkpoints. A new frame op, value encoding or transport goes here.
 The names below are imported on first use (`ps_core.lazy`): aiohttp is
 loaded by what uses the server or the clients, not by the codec.
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from .client import PSClient, PSReader, Routed
     from .endpoint import RetryPolicy, ShardEndpoint
     from .server import create_shard_app
-    from .shard import Shard, ShardSpec
     from .transports import HttpTransport, LocalTransport, Pulled, ShardReader, ShardTransport, TcpTransport
 else:
     __getattr__, __dir__ = lazy_exports(
@@ -31,7 +31,6 @@ else:
             ".client": ("PSClient", "PSReader", "Routed"),
             ".endpoint": ("RetryPolicy", "ShardEndpoint"),
             ".server": ("create_shard_app",),
-            ".shard": ("Shard", "ShardSpec"),
             ".transports": (
                 "HttpTransport",
                 "LocalTransport",
@@ -51,10 +50,8 @@ __all__ = [
     "Pulled",
     "RetryPolicy",
     "Routed",
-    "Shard",
     "ShardEndpoint",
     "ShardReader",
-    "ShardSpec",
     "ShardTransport",
     "TcpTransport",
     "create_shard_app",

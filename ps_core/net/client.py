@@ -42,11 +42,11 @@ import numpy.typing as npt
 from ..errors import PSError
 from ..hashing import U64
 from ..rows import put_rows
+from ..shard import Shard
 from ..store.change_log import Changes
 from ..store.storage import F32
 from .endpoint import RetryPolicy, ShardGroup
 from .routing import split_by_shard
-from .shard import Shard
 from .transports import HttpTransport, LocalTransport, Pulled, Push, ShardReader, ShardTransport, TcpTransport
 from .wire import F32_WIRE, WireFormat, WireStats
 
@@ -74,7 +74,7 @@ class Routed:
     key_sets: dict[str, int] = field(default_factory=dict)
     """Per table, the id under which the shards remembered these keys when a
     `PSClient` whose transports keep key sets pulled them: the push that
-    follows names the set instead of sending the keys (`ps_core.net.key_sets`)."""
+    follows names the set instead of sending the keys (`ps_core.shard.key_sets`)."""
 
 
 class PSReader(ShardGroup[T]):

@@ -90,7 +90,7 @@ to shards that predate format 2. Its differences:
   many keys it holds; with flag bit 2 the pull reads that set too;
 - flag bit 4 (pull and push_pull requests): the shard remembers the pull's
   keys under the request id (bytes 32..39, nonzero) for one push that
-  names them (`ps_core.net.key_sets`).
+  names them (`ps_core.shard.key_sets`).
 
 A peer that reads format 1 only refuses a format 2 frame by its version
 byte ("unsupported frame format version 2"): it never misreads one.

@@ -27,7 +27,7 @@ Wire format (all integers little-endian):
   (``{"error": code, "detail": reason}``).
 
 Requests may be pipelined: the server answers them in order, one at a time
-(`Shard.handle_frame` never suspends). A body longer than the server's limit
+(`frame_handler.handle_frame` never suspends). A body longer than the server's limit
 is answered 413 and the connection closed, since its bytes are not read.
 """
 
@@ -42,11 +42,12 @@ from typing import NamedTuple, cast
 import orjson
 
 from ..errors import AuthError, ForbiddenError, PSError, error_from_body, http_status
+from ..shard import Shard
 from . import codec
 from .auth import Refusals, Scope, TokenVerifier, check
+from .frame_handler import handle_frame
 from .limits import Occurrences, RpcLimits, listen
 from .pipelined import PipelinedConnection, PipelinedProtocol, Reply, ServerConnection
-from .shard import Shard
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -276,7 +277,7 @@ class RpcServerProtocol(ServerConnection):
                 self._reply(ForbiddenError.status, _error_payload("forbidden", detail))
                 return
         try:
-            reply = self._shard.handle_frame(body)
+            reply = handle_frame(self._shard, body)
         except PSError as exc:
             self._reply(exc.status, orjson.dumps(exc.to_body()))
             return

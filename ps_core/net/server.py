@@ -80,13 +80,14 @@ from ..errors import (
     http_status,
 )
 from ..parsing import parse_int
+from ..shard import Shard
 from ..store.board import StatusReport
 from ..store.snapshot import MAX_VERSION
 from ..store.table_config import TableConfig
 from . import codec
 from .auth import Refusals, Scope, TokenVerifier, check, token_from_header
+from .frame_handler import handle_frame
 from .limits import PortGuard, PortLimits, ServedPort, serve_limited
-from .shard import Shard
 from .shard_metrics import exposition, shard_families
 from .shard_openapi import Admit, SnapshotRequest, SyncApply, TableDeclaration, shard_document
 
@@ -237,7 +238,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 
 async def _frame(request: web.Request, op: int) -> web.Response:
-    reply = request.app[SHARD].handle_frame(await request.read(), expect_op=op)
+    reply = handle_frame(request.app[SHARD], await request.read(), expect_op=op)
     return web.Response(body=reply, content_type=FRAME_CONTENT_TYPE)
 
 
@@ -420,7 +421,7 @@ def create_shard_app(
     app[VERIFIER] = verifier
     app[REFUSALS] = refusals = refusals or Refusals(log)
     if verifier is not None:
-        shard.extra_stats["auth"] = refusals.stats
+        shard.add_stats("auth", refusals.stats)
     app.router.add_routes(_ROUTES)
     return app
 

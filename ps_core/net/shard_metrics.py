@@ -1,5 +1,5 @@
 """Prometheus families of shards' and ports' figures, from a shard's stats
-(`ps_core.net.shard.Shard.stats`, ``GET /v1/stats``).
+(`ps_core.shard.Shard.stats`, ``GET /v1/stats``).
 
 One set of families, written once per exposition, whoever writes it:
 

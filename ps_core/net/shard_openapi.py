@@ -247,7 +247,7 @@ class TableStats(Struct, forbid_unknown_fields=True):
 
 
 class KeySetStats(Struct, forbid_unknown_fields=True):
-    """The key sets kept from pulls for the pushes that name them (ps_core.net.key_sets)."""
+    """The key sets kept from pulls for the pushes that name them (ps_core.shard.key_sets)."""
 
     sets: Count
     keys: Count

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from ..errors import FrameError, FrameVersionError, KeySetExpiredError, error_from_body
 from ..hashing import U64
+from ..shard import Push, Shard
 from ..store.change_log import Changes
 from ..store.storage import F32
 from . import codec
@@ -38,7 +39,6 @@ from .endpoint import (
 from .quantize import Quantized, quantize
 from .rpc import RpcConnection
 from .server import FRAME_CONTENT_TYPE
-from .shard import Push, Shard
 from .wire import F32_WIRE, ErrorFeedback, WireFormat, WireStats
 
 __all__ = ["Push", "Pulled", "ShardReader", "ShardTransport", "LocalTransport", "HttpTransport", "TcpTransport"]

@@ -35,7 +35,7 @@ class WireFormat:
     """Weights of pull replies: ``f32`` or ``f16``."""
     key_sets: bool = False
     """Pulls of a training step are remembered by the shard and the push that
-    follows names them instead of resending its keys (`ps_core.net.key_sets`)."""
+    follows names them instead of resending its keys (`ps_core.shard.key_sets`)."""
     compact_counts: bool = False
     """Shows and clicks travel as the narrowest exact unsigned integers."""
     rounding: Literal["stochastic", "feedback"] = "stochastic"
