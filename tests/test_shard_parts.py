@@ -10,7 +10,7 @@ import pytest
 from ps_core.errors import CutNotJoinedError, ShardNotJoinedError, SnapshotError, StatusError, WrongShardError
 from ps_core.hashing import shard_of
 from ps_core.shard import Push, Shard, ShardSpec
-from ps_core.shard.cuts import Cuts
+from ps_core.shard.cuts import HeldCuts
 from ps_core.shard.handlers import DataHandlers
 from ps_core.shard.join_state import JoinState
 from ps_core.shard.status_board import StatusBoard
@@ -27,11 +27,11 @@ def _grads(n: int = KEYS.size) -> np.ndarray:
     return np.ones((n, 1), dtype=np.float32)
 
 
-def _parts(*configs: TableConfig, dedup_window: int = 4096) -> tuple[ShardTables, JoinState, DataHandlers, Cuts]:
+def _parts(*configs: TableConfig, dedup_window: int = 4096) -> tuple[ShardTables, JoinState, DataHandlers, HeldCuts]:
     spec = ShardSpec(0, 1)
     tables = ShardTables(spec, configs)
     join = JoinState(spec, tables.pushes)
-    return tables, join, DataHandlers(tables, join, dedup_window=dedup_window), Cuts(tables, join)
+    return tables, join, DataHandlers(tables, join, dedup_window=dedup_window), HeldCuts(tables, join)
 
 
 def test_the_board_forgets_the_least_recently_reported_source_first() -> None:
@@ -97,9 +97,9 @@ def test_cuts_are_refused_unjoined_bounded_and_handed_over_once() -> None:
     join.joined = True
     assert cuts.take(1, None) == {"lr": KEYS.size}
     assert join.state_version == 1 and join.clean
-    for v in range(2, 2 + Cuts.MAX_PENDING):
+    for v in range(2, 2 + HeldCuts.MAX_PENDING):
         cuts.take(v, v - 1)
-    assert cuts.pending == list(range(2, 2 + Cuts.MAX_PENDING))  # cut 1 dropped
+    assert cuts.pending == list(range(2, 2 + HeldCuts.MAX_PENDING))  # cut 1 dropped
     assert [s.kind for s in cuts.pop(2)] == ["delta"]
     with pytest.raises(SnapshotError, match="holds no cut 2"):
         cuts.pop(2)

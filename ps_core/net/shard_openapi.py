@@ -48,7 +48,7 @@ __all__ = [
     "Compaction",
     "ExportList",
     "StatusAck",
-    "StatusBoard",
+    "StatusBoardBody",
     "MAX_WAIT_S",
     "NewModelName",
 ]
@@ -287,7 +287,7 @@ class BoardEntry(Struct, forbid_unknown_fields=True):
     status: dict[str, Any]
 
 
-class StatusBoard(Struct, forbid_unknown_fields=True):
+class StatusBoardBody(Struct, forbid_unknown_fields=True):
     statuses: list[BoardEntry]
 
 
@@ -614,7 +614,7 @@ _MODELS = (
     Stats,
     StatusReport,
     StatusAck,
-    StatusBoard,
+    StatusBoardBody,
     SnapshotRequest,
     SnapshotRows,
     Dropped,

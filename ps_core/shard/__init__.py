@@ -5,7 +5,7 @@ sits (`spec.ShardSpec`), its tables and their declarations
 (`tables.ShardTables`), its admission to the cluster
 (`join_state.JoinState`), the data handlers for pulls, pushes, change feeds
 and sync steps (`handlers.DataHandlers`, `handlers.Push`), the export cuts it
-takes part in (`cuts.Cuts`), the key sets its pulls keep for the pushes that
+takes part in (`cuts.HeldCuts`), the key sets its pulls keep for the pushes that
 name them (`key_sets.KeySets`) and the status board (`status_board.StatusBoard`).
 
 May import: numpy, orjson, `ps_core.errors`, `ps_core.hashing`,

@@ -1,4 +1,4 @@
-"""The export cuts a shard takes part in (`Cuts`).
+"""The export cuts a shard takes part in (`HeldCuts`).
 
 At an export cut, a shard copies its tables' rows (`take`, the cut's pause)
 and holds the copies until the coordinator fetches them (`pop`), after the
@@ -15,10 +15,10 @@ from ..store.snapshot import SnapshotKind, TableSnapshot
 from .join_state import JoinState
 from .tables import ShardTables
 
-__all__ = ["Cuts"]
+__all__ = ["HeldCuts"]
 
 
-class Cuts:
+class HeldCuts:
     """The copies of `tables` held per cut version, until fetched."""
 
     MAX_PENDING = 4

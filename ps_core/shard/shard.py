@@ -18,7 +18,7 @@ from ..store.change_log import DEFAULT_LOG_KEYS
 from ..store.lifecycle import Lifecycle
 from ..store.table import SparseTable
 from ..store.table_config import TableConfig
-from .cuts import Cuts
+from .cuts import HeldCuts
 from .handlers import DataHandlers
 from .join_state import JoinState
 from .key_sets import KeySets
@@ -59,7 +59,7 @@ class Shard:
         )
         """Whether the coordinator admitted this shard, and at which state."""
         self.handlers = DataHandlers(self._tables, self.join_state, dedup_window=dedup_window)
-        self.cuts = Cuts(self._tables, self.join_state)
+        self.cuts = HeldCuts(self._tables, self.join_state)
         self.board = StatusBoard(max_sources)
         self.key_sets = KeySets()
         """Pulled key sets kept for the pushes that name them (`ps_core.shard.key_sets`)."""
