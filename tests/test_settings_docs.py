@@ -70,7 +70,6 @@ def _by_flag(cls: type) -> dict[str, tuple[Setting, object]]:
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-@pytest.mark.process
 def test_a_commands_table_matches_its_declarations(command: str) -> None:
     rows = _tables()[command]
     declared_flags = {**_by_flag(LogSettings), **_by_flag(COMMANDS[command])}
@@ -97,7 +96,6 @@ def test_a_commands_table_matches_its_declarations(command: str) -> None:
     assert checked >= 5
 
 
-@pytest.mark.process
 def test_the_check_reads_the_tables() -> None:
     # A parser that found no rows would pass every command.
     tables = _tables()

@@ -292,6 +292,7 @@ async def test_the_api_serves_https(pki: Pki) -> None:
         await client.close()
 
 
+@pytest.mark.process
 async def test_shard_and_serve_roles_with_tls_and_a_secret(
     pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
