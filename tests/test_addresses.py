@@ -96,6 +96,7 @@ def test_a_one_shot_command_at_a_wrong_address_fails_within_seconds(command: lis
     assert ("--bootstrap" if kafka else "--shard0") in line["msg"], line
 
 
+@pytest.mark.process
 async def test_a_one_shot_command_at_another_shard_than_shard_0_says_which_it_is() -> None:
     runner, url = await shard_site(1, 2)
     try:
@@ -122,6 +123,7 @@ def test_a_worker_whose_shard_never_answered_exits_1_after_its_startup_timeout()
     assert took < 12.0, took
 
 
+@pytest.mark.process
 async def test_a_worker_whose_broker_never_answered_exits_1_after_its_startup_timeout() -> None:
     runner, url = await shard_site(0, 1)
     bootstrap = nothing_there()
@@ -136,6 +138,7 @@ async def test_a_worker_whose_broker_never_answered_exits_1_after_its_startup_ti
     assert f"the Kafka broker at {bootstrap} never answered" in line["msg"] and took < 12.0, (took, line)
 
 
+@pytest.mark.process
 async def test_serve_with_a_shard_that_never_answered_exits_1_after_its_startup_timeout() -> None:
     url = f"http://{nothing_there()}"
     out, took = await asyncio.to_thread(
@@ -161,6 +164,7 @@ def test_serve_following_a_directory_that_never_appeared_exits_1(tmp_path: Path)
 
 
 @pytest.mark.parametrize("role", ["serve", "worker"])
+@pytest.mark.process
 async def test_a_shard_list_out_of_order_or_short_is_refused_at_start_naming_each_shard(role: str) -> None:
     (first, a), (second, b) = [await shard_site(i, 2) for i in range(2)]
     flags = ["--port", "0"] if role == "serve" else ["--bootstrap", nothing_there()]

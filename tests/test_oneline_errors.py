@@ -460,6 +460,7 @@ async def test_the_producer_gives_up_on_a_dead_broker_with_one_line(how: str, tm
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_produce_log_level_warning_hides_info_lines(kafka_bootstrap: str) -> None:
     topic = f"lvl-{uuid.uuid4().hex[:8]}"
     quiet = await asyncio.to_thread(

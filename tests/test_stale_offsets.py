@@ -232,7 +232,6 @@ async def test_a_model_of_another_cluster_is_never_resumed_silently(
 
 
 @pytest.mark.slow
-@pytest.mark.process
 async def test_offsets_beyond_the_end_of_a_recreated_topic_are_detected(
     kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
