@@ -110,6 +110,7 @@ async def test_a_second_pipeline_on_owned_exports_is_refused_in_one_line_until_i
 
 
 @pytest.mark.process
+@pytest.mark.kafka
 async def test_ctrps_cluster_exports_into_its_own_directory_and_leaves_a_pipelines_alone(tmp_path: Path) -> None:
     exports = tmp_path / "exports"
     earlier = _pipeline_exports(exports, HAND_STARTED)

@@ -222,6 +222,8 @@ async def test_broker_timestamps_the_shards_cannot_keep_are_not_event_times(
     assert (applied == 1).all(), applied
 
 
+@pytest.mark.kafka
+@pytest.mark.process
 async def test_ctrps_cluster_trains_around_every_poison_pill(tmp_path: Path) -> None:
     """The poison topic into a whole ``ctrps cluster`` (one worker, so no
     rebalance replays a window): the worker is never restarted, every good
