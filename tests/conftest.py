@@ -28,6 +28,15 @@ from ps_core.store.table_config import TableConfig
 ServeShards = Callable[..., Awaitable[tuple[list[Shard], list[str]]]]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `kafka` every test that uses the session broker (`kafka_bootstrap`,
+    directly or through another fixture), so ``-m "not kafka"`` runs without
+    one; tests that start a broker of their own carry the mark themselves."""
+    for item in items:
+        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
+
+
 @pytest.fixture
 async def serve_shards() -> AsyncIterator[ServeShards]:
     """Start `n` shard servers on 127.0.0.1 (free ports); returns (shards, urls).

@@ -83,7 +83,7 @@ async def produce(
             i = first + j
             futs.append(await producer.send(topic, value, partition=i % partitions))
             if rate and i % 500 == 0:
-                await asyncio.sleep(max(0.0, t0 + j / rate - loop.time()))  # pacing
+                await asyncio.sleep(max(0.0, t0 + j / rate - loop.time()))  # pacing at `rate`, not a wait-for
         await asyncio.gather(*futs)
     finally:
         await producer.stop()

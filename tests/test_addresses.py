@@ -85,6 +85,7 @@ async def shard_site(shard_id: int, num_shards: int, port: int = 0) -> tuple[Sha
         ["produce", "synthetic", "--events", "10"],
     ],
 )
+@pytest.mark.process
 def test_a_one_shot_command_at_a_wrong_address_fails_within_seconds(command: list[str]) -> None:
     address = nothing_there()
     kafka = command[0] in ("dlq", "produce")
@@ -95,6 +96,7 @@ def test_a_one_shot_command_at_a_wrong_address_fails_within_seconds(command: lis
     assert ("--bootstrap" if kafka else "--shard0") in line["msg"], line
 
 
+@pytest.mark.process
 async def test_a_one_shot_command_at_another_shard_than_shard_0_says_which_it_is() -> None:
     runner, url = await shard_site(1, 2)
     try:
@@ -108,6 +110,7 @@ async def test_a_one_shot_command_at_another_shard_than_shard_0_says_which_it_is
 # -- long-running roles: a bounded start-up wait, then exit 1 ---------------------------
 
 
+@pytest.mark.process
 def test_a_worker_whose_shard_never_answered_exits_1_after_its_startup_timeout() -> None:
     url = f"http://{nothing_there()}"
     out, took = run(
@@ -120,6 +123,7 @@ def test_a_worker_whose_shard_never_answered_exits_1_after_its_startup_timeout()
     assert took < 12.0, took
 
 
+@pytest.mark.process
 async def test_a_worker_whose_broker_never_answered_exits_1_after_its_startup_timeout() -> None:
     runner, url = await shard_site(0, 1)
     bootstrap = nothing_there()
@@ -134,6 +138,7 @@ async def test_a_worker_whose_broker_never_answered_exits_1_after_its_startup_ti
     assert f"the Kafka broker at {bootstrap} never answered" in line["msg"] and took < 12.0, (took, line)
 
 
+@pytest.mark.process
 async def test_serve_with_a_shard_that_never_answered_exits_1_after_its_startup_timeout() -> None:
     url = f"http://{nothing_there()}"
     out, took = await asyncio.to_thread(
@@ -144,6 +149,7 @@ async def test_serve_with_a_shard_that_never_answered_exits_1_after_its_startup_
     assert f"shard 0 at {url} never answered" in line["msg"] and took < 12.0, (took, line)
 
 
+@pytest.mark.process
 def test_serve_following_a_directory_that_never_appeared_exits_1(tmp_path: Path) -> None:
     missing = tmp_path / "nonexistent"
     out, took = run(
@@ -158,6 +164,7 @@ def test_serve_following_a_directory_that_never_appeared_exits_1(tmp_path: Path)
 
 
 @pytest.mark.parametrize("role", ["serve", "worker"])
+@pytest.mark.process
 async def test_a_shard_list_out_of_order_or_short_is_refused_at_start_naming_each_shard(role: str) -> None:
     (first, a), (second, b) = [await shard_site(i, 2) for i in range(2)]
     flags = ["--port", "0"] if role == "serve" else ["--bootstrap", nothing_there()]
@@ -177,6 +184,7 @@ async def test_a_shard_list_out_of_order_or_short_is_refused_at_start_naming_eac
     assert f"{a} is shard 0 of 2" in only_line(short, 2)["msg"]
 
 
+@pytest.mark.process
 async def test_readyz_is_503_naming_the_places_once_shards_come_back_in_another_order(tmp_path: Path) -> None:
     ports = [free_port(), free_port()]
     runners = [(await shard_site(i, 2, p))[0] for i, p in enumerate(ports)]
@@ -221,17 +229,20 @@ async def test_readyz_is_503_naming_the_places_once_shards_come_back_in_another_
 # -- bad input at start: one line ----------------------------------------------------
 
 
+@pytest.mark.process
 def test_a_broker_port_out_of_range_is_one_line_and_exit_2() -> None:
     out, _ = run("broker", "--port", "99999", "--log-format", "json")
     assert "port 99999 out of range" in only_line(out, 2)["msg"]
 
 
+@pytest.mark.process
 def test_a_shard_whose_exports_directory_cannot_be_written_exits_1_at_start() -> None:
     out, took = run("shard", "--port", "0", "--exports-dir", "/proc/nope", "--log-format", "json")
     line = only_line(out, 1)
     assert "exports directory /proc/nope cannot be written" in line["msg"] and took < ONE_SHOT_S, (took, line)
 
 
+@pytest.mark.process
 def test_dlq_with_an_unknown_reason_lists_the_reasons() -> None:
     out, _ = run("dlq", "--bootstrap", nothing_there(), "--reason", "nosuchreason", "--log-format", "json")
     line = only_line(out, 2)

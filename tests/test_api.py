@@ -1099,6 +1099,7 @@ def test_the_documents_are_valid_json_schema_with_anchored_patterns(doc: dict[st
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_ctrps_serve_answers_and_stops_on_sigterm(serve_shards: Any) -> None:
     model = make_model("lr", "ctr")
     _, urls = await serve_shards(2, model.tables())
@@ -1137,6 +1138,7 @@ def ctrps(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_serve_help_shows_an_example_and_every_flag() -> None:
     out = ctrps("serve", "--help")
     assert out.returncode == 0, out.stderr
@@ -1147,6 +1149,7 @@ def test_serve_help_shows_an_example_and_every_flag() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_serve_without_shards_is_a_usage_error() -> None:
     out = ctrps("serve")
     assert out.returncode == 2 and "no shards" in out.stderr
@@ -1209,7 +1212,7 @@ async def test_a_stats_call_cancelled_before_it_starts_leaves_no_coroutine_behin
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
     view = ControlView(ControlClient.local(shards), ApiMetrics())
     task = asyncio.ensure_future(view.stats_each())
-    await asyncio.sleep(0)  # gather has scheduled the per-shard tasks; none has run
+    await asyncio.sleep(0)  # one loop turn, no time: gather has scheduled the per-shard tasks; none has run
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

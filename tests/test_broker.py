@@ -46,6 +46,8 @@ async def test_produce_and_consume_through_the_session_broker(kafka_bootstrap: s
 
 
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="external broker in use")
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_taken_port_is_refused_and_stop_ends_the_process() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,6 +87,8 @@ async def _resend_before_the_topic_exists(bootstrap: str, topic: str, partitions
 @pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="external broker in use")
 @pytest.mark.timeout(180)
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_producers_are_taken_back_after_a_broker_restart_with_a_worker_running(serve_shards: Any) -> None:
     shards, urls = await serve_shards(2)
     port = free_port()
@@ -139,6 +143,8 @@ async def test_producers_are_taken_back_after_a_broker_restart_with_a_worker_run
 
 
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="external broker in use")
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_dead_letters_are_taken_back_after_a_broker_restart() -> None:
     """A worker's dead letters meet the same once-per-partition refusal as a
     producer's sends: they are resent, not the window's failure."""
@@ -177,6 +183,8 @@ async def _gauges(url: str) -> dict[str, float]:
 @pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="external broker in use")
 @pytest.mark.timeout(120)
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_the_broker_role_says_it_keeps_every_record_and_serves_its_memory_against_a_limit() -> None:
     port, metrics_port = free_port(), free_port()
     args = ["--port", str(port), "--metrics-port", str(metrics_port), "--max-rss-mb", "1", "--log-format", "json"]

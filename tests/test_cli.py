@@ -68,6 +68,7 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_shard_help_exits_0_and_shows_an_example() -> None:
     out = ctrps("shard", "--help")
     assert out.returncode == 0, out.stderr
@@ -113,6 +114,7 @@ def test_the_help_examples_are_valid_settings() -> None:
     ],
 )
 @pytest.mark.slow
+@pytest.mark.process
 def test_bad_settings_exit_2_with_a_clear_message(args: list[str], message: str) -> None:
     out = ctrps("shard", *args)
     assert out.returncode == 2
@@ -122,6 +124,7 @@ def test_bad_settings_exit_2_with_a_clear_message(args: list[str], message: str)
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_bad_environment_exits_2_naming_the_variable() -> None:
     out = ctrps("shard", env=clean_env(CTRPS_SHARD_PORT="seventy"))
     assert out.returncode == 2
@@ -129,6 +132,7 @@ def test_bad_environment_exits_2_naming_the_variable() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_unknown_flag_is_an_argparse_error() -> None:
     out = ctrps("shard", "--bogus")
     assert out.returncode == 2
@@ -154,6 +158,7 @@ async def wait_healthy(
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_shard_subprocess_serves_logs_json_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -399,6 +404,7 @@ def test_empty_host_and_log_format_variables_mean_the_default() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_shard_on_port_0_logs_the_port_it_got(tmp_path: Path) -> None:
     log = tmp_path / "shard.log"
     with log.open("wb") as stderr:
@@ -467,6 +473,7 @@ def test_shard_serving_precision_flag() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_ctrps_alone_prints_its_help_and_version_prints_the_version() -> None:
     out = ctrps()
     assert out.returncode == 0 and out.stderr == ""

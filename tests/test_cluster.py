@@ -51,6 +51,7 @@ def cluster_args(*flags: str) -> Any:
 # -- settings -------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_cluster_help_shows_an_example() -> None:
     assert_help_shows(
         "cluster",
@@ -122,11 +123,13 @@ def test_bad_cluster_settings(flags: list[str], env: dict[str, str], message: st
         ClusterSettings.from_args(cluster_args(*flags), env=env)
 
 
+@pytest.mark.process
 def test_produce_rate_and_no_produce_exclude_each_other() -> None:
     out = ctrps("cluster", "--produce-rate", "10", "--no-produce")
     assert out.returncode == 2 and "not allowed with argument" in out.stderr
 
 
+@pytest.mark.process
 def test_bad_cluster_flag_exits_2_without_a_traceback() -> None:
     out = ctrps("cluster", "--workers", "0")
     assert out.returncode == 2
@@ -177,6 +180,8 @@ async def wait_for_training(
         await asyncio.sleep(0.2)  # poll interval
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_cluster_runs_every_role_trains_and_stops_on_sigint(tmp_path: Path) -> None:
     out_log, err_log = tmp_path / "children.log", tmp_path / "cluster.log"
     with out_log.open("wb") as out, err_log.open("wb") as err:
@@ -318,6 +323,8 @@ def pids_started(err_log: Path) -> dict[str, list[int]]:
     return out
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_a_child_that_keeps_failing_stops_the_cluster_with_one_line_and_status_1(
     tmp_path: Path,
 ) -> None:
@@ -357,6 +364,8 @@ async def test_a_child_that_keeps_failing_stops_the_cluster_with_one_line_and_st
     assert stopped["broker"] == stopped["shard-0"] == 0 and stopped["worker-0"] in (0, -signal.SIGTERM)
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_with_restarts_off_a_killed_child_stops_the_cluster_with_status_1(tmp_path: Path) -> None:
     err_log = tmp_path / "cluster.log"
     proc = await start_cluster(
@@ -403,6 +412,8 @@ async def produce_synthetic(bootstrap: str, lo: int, hi: int) -> None:
         await producer.stop()
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_a_cluster_survives_a_sigkilled_worker_and_trains_every_event(tmp_path: Path) -> None:
     err_log = tmp_path / "cluster.log"
     proc = await start_cluster(
@@ -444,6 +455,8 @@ async def test_a_cluster_survives_a_sigkilled_worker_and_trains_every_event(tmp_
     assert [x["restarts"] for x in lines if x.get("logger") == "ctrps.cluster" and x.get("msg") == "stopped"] == [1]
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_a_sigkilled_broker_roles_binary_ends_with_it_and_a_stray_one_is_found_and_ended(
     tmp_path: Path,
 ) -> None:
@@ -486,6 +499,8 @@ async def test_a_sigkilled_broker_roles_binary_ends_with_it_and_a_stray_one_is_f
         await end_broker_processes(port)
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_a_sigkilled_cluster_leaves_no_process_behind(tmp_path: Path) -> None:
     """SIGKILL of ``ctrps cluster`` (it can stop nothing itself): its seven
     children, the broker role's binary, the workers' decode processes,
@@ -533,6 +548,7 @@ async def _answering(port: int = 0) -> web.AppRunner:
     return runner
 
 
+@pytest.mark.process
 async def test_a_cluster_on_a_taken_api_port_exits_1_in_one_line_and_never_says_ready() -> None:
     other = await _answering()
     port = other.addresses[0][1]
@@ -552,6 +568,7 @@ async def test_a_cluster_on_a_taken_api_port_exits_1_in_one_line_and_never_says_
     assert line.endswith("error=PortTaken exit_code=1") and "ready" not in line, line
 
 
+@pytest.mark.process
 async def test_a_probe_counts_only_when_the_child_started_holds_the_port() -> None:
     """Readiness is the child's own: a probe answered on its port by another
     process does not make it ready; once the child itself listens, it does."""
@@ -566,6 +583,7 @@ async def test_a_probe_counts_only_when_the_child_started_holds_the_port() -> No
                 async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
                     return resp.status == 200
 
+            # A child that never serves (60 s at most if left behind): not a wait-for.
             idle = await sup.start(ChildSpec("api", (sys.executable, "-c", "import time; time.sleep(60)")))
             assert await answered()  # by this process, not the child
             with pytest.raises(ChildFailed, match="not ready within 2s"):
@@ -580,6 +598,7 @@ async def test_a_probe_counts_only_when_the_child_started_holds_the_port() -> No
         await sup.stop_all()
 
 
+@pytest.mark.process
 async def test_a_role_whose_port_was_taken_meanwhile_fails_start_up_naming_the_holder() -> None:
     """The race no check before the start closes: a port picked free, then
     taken by another process before the role binds it. The other's answers
@@ -613,6 +632,8 @@ async def test_a_role_whose_port_was_taken_meanwhile_fails_start_up_naming_the_h
         await sup.stop_all()
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_a_text_mode_cluster_prints_the_token_it_made_once_and_logs_it_nowhere() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "app.cli", "cluster", "--port", "0", "--shards", "1", "--workers", "1",
@@ -638,6 +659,8 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_a_clusters_admin_routes_need_the_token_it_made_and_its_exports_are_private(tmp_path: Path) -> None:
     err_log, out_log = tmp_path / "cluster.log", tmp_path / "children.log"
     proc = await start_cluster(
@@ -676,6 +699,8 @@ async def test_a_clusters_admin_routes_need_the_token_it_made_and_its_exports_ar
     assert token not in logs  # JSON logs name the file, never the token
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_a_restarted_shard_comes_back_on_its_ports_and_restores_this_runs_export(tmp_path: Path) -> None:
     out_log, err_log = tmp_path / "children.log", tmp_path / "cluster.log"
     proc = await start_cluster(

@@ -31,7 +31,7 @@ from ps_core.shard import Shard, ShardSpec
 from ps_core.synthetic import SyntheticStream
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 PROJECT = Path(__file__).resolve().parent.parent
 N = 1500  # events per producer, per codec

@@ -22,7 +22,7 @@ async def test_a_cut_waits_for_active_leases_and_blocks_new_ones() -> None:
         return "copy"
 
     async def finish_window() -> None:
-        await asyncio.sleep(0.2)  # the window's pushes
+        await asyncio.sleep(0.2)  # the window's length, which lease_wait_s must show: the subject, not a wait-for
         events.append("released")
         assert await coord.release(lease.lease_id, {"clicks": {0: 40, 1: 38}})
 
@@ -121,7 +121,7 @@ async def test_a_lease_lives_its_ttl_unless_renewed_and_a_refusal_names_its_hold
 
     async def renewing() -> None:  # the live worker, renewing every third of its ttl
         while coord.renew(live.lease_id):
-            await asyncio.sleep(0.2)  # the renewal period
+            await asyncio.sleep(0.2)  # the renewal period (a third of the ttl): pacing, not a wait-for
 
     keep = asyncio.create_task(renewing())
     cut = asyncio.create_task(coord.cut(snapshot))

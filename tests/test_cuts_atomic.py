@@ -224,6 +224,7 @@ def _tmpfs(path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=True)
 
 
+@pytest.mark.process
 async def test_a_full_disk_fails_one_cut_and_the_next_succeeds(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

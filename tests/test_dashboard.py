@@ -683,6 +683,7 @@ async def run_page(tmp_path: Path, rounds: list[dict[str, Any]], search: str = "
 
 
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
+@pytest.mark.process
 async def test_the_page_script_parses(tmp_path: Path) -> None:
     source = tmp_path / "dashboard.js"
     source.write_text(_script(PAGE.read_text()))
@@ -692,6 +693,7 @@ async def test_the_page_script_parses(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
+@pytest.mark.process
 async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(serve: Any, tmp_path: Path) -> None:
     client, control, model, shards = local_cluster("fm")  # two tables: the features caption is their total
     clock, metrics = FakeClock(), ApiMetrics("ctr")
@@ -792,6 +794,7 @@ async def test_the_page_shows_an_empty_state_then_charts_from_the_apis_answers(s
 
 
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
+@pytest.mark.process
 async def test_the_page_polls_the_model_its_url_names(tmp_path: Path) -> None:
     listing = {
         "default": "ctr",

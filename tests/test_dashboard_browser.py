@@ -48,6 +48,7 @@ pytestmark = [
         CHROMIUM is None, reason="no chromium binary on PATH: install Debian's chromium package (.ci/run does)"
     ),
     pytest.mark.slow,  # a browser and a cluster
+    pytest.mark.process,
 ]
 
 PROJECT = Path(__file__).resolve().parent.parent

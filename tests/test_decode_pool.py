@@ -55,6 +55,7 @@ def test_the_job_and_result_pipes_are_widened_and_jobs_run() -> None:
         pool.shutdown()
 
 
+@pytest.mark.process
 def test_a_pool_whose_pipes_cannot_be_found_is_left_as_it_is() -> None:
     pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
     queue = pool._call_queue  # type: ignore[attr-defined]
@@ -66,6 +67,7 @@ def test_a_pool_whose_pipes_cannot_be_found_is_left_as_it_is() -> None:
         pool.shutdown()
 
 
+@pytest.mark.process
 def test_a_decode_process_of_the_command_loads_neither_aiohttp_nor_the_checkpoints(tmp_path: Path) -> None:
     script = tmp_path / "ctrps"
     script.write_text(CONSOLE_SCRIPT)

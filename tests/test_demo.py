@@ -38,6 +38,7 @@ def demo_args(*flags: str) -> Any:
 # -- settings -------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_demo_help_shows_an_example() -> None:
     assert_help_shows(
         "demo", "ctrps demo --duration 60 --port 0", ("--duration", "--port", "--shards", "--rate", "--log-format")
@@ -112,6 +113,8 @@ async def predict(session: aiohttp.ClientSession, api: str, events: list[dict[st
 
 
 @pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
     out_log, err_log = tmp_path / "stdout.log", tmp_path / "stderr.log"
     with out_log.open("wb") as out, err_log.open("wb") as err:
@@ -216,6 +219,8 @@ async def test_demo_serves_learns_and_stops_on_its_own(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_without_a_token_the_demo_makes_one_for_its_admin_routes_and_keeps_exports_private(
     tmp_path: Path,
 ) -> None:

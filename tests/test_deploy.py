@@ -225,6 +225,7 @@ def _local(argv: list[str], ports: dict[int, int]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_compose_shard_and_api_commands_run_on_loopback(tmp_path: Path) -> None:
     services = _ctrps_services()
     n = 2
@@ -583,6 +584,7 @@ def test_no_deploy_file_holds_a_literal_credential() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_make_secrets_writes_private_files_of_derived_tokens(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(DEPLOY / "make_secrets.py"), str(tmp_path / "s"), "ml"],

@@ -17,7 +17,7 @@ from streams import new_topic
 from consumers.dlq import DeadLetter, DeadLetterQueue
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 PROJECT = Path(__file__).resolve().parents[1]
 

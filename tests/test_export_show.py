@@ -20,7 +20,7 @@ from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 PROJECT = Path(__file__).resolve().parents[1]
 

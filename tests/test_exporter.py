@@ -162,7 +162,7 @@ async def test_cuts_during_steady_training_wait_only_for_leased_windows(kafka_bo
         while worker.stats.records < n:
             assert not training.done(), training
             reports.append(await exporter.cut())
-            await asyncio.sleep(0.05)  # the cut interval
+            await asyncio.sleep(0.05)  # the cut interval: pacing the cuts, not a wait-for
     stop.set()
     await training
     reports.append(await exporter.cut())
@@ -181,6 +181,7 @@ async def test_cuts_during_steady_training_wait_only_for_leased_windows(kafka_bo
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_ctrps_export_cuts_lists_and_compacts_through_shard_0(tmp_path: Path, serve_shards: ServeShards) -> None:
     import subprocess
     import sys

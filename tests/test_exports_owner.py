@@ -74,6 +74,7 @@ def _refused(out: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return line
 
 
+@pytest.mark.process
 async def test_a_second_pipeline_on_owned_exports_is_refused_in_one_line_until_it_takes_over(tmp_path: Path) -> None:
     exports = tmp_path / "exports"
     _pipeline_exports(exports, "pipeline-a")
@@ -108,6 +109,8 @@ async def test_a_second_pipeline_on_owned_exports_is_refused_in_one_line_until_i
     assert record is not None and (record.owner, record.taken_from) == ("pipeline-b", "pipeline-a")
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_ctrps_cluster_exports_into_its_own_directory_and_leaves_a_pipelines_alone(tmp_path: Path) -> None:
     exports = tmp_path / "exports"
     earlier = _pipeline_exports(exports, HAND_STARTED)
@@ -161,6 +164,7 @@ async def test_ctrps_cluster_exports_into_its_own_directory_and_leaves_a_pipelin
     assert Learner.load(exports).events_learnt == earlier.events_learnt
 
 
+@pytest.mark.process
 def test_a_cluster_on_an_outside_kafka_claims_the_directory_as_its_stream(tmp_path: Path, kafka_bootstrap: str) -> None:
     exports = tmp_path / "exports"
     claim_exports(exports, HAND_STARTED, "ctrps shard")

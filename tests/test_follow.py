@@ -30,6 +30,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from commands import ctrps_process
 from documents import validate
+from waiting import until
 
 import app.follower as follower_module
 from app.api import create_app
@@ -709,6 +710,7 @@ def test_serve_follow_settings_and_flags() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_ctrps_serve_follow_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
     trainer = await trained(tmp_path, versions=2)
     # The exports root: the replica follows its ctr/ (the default model name).
@@ -728,13 +730,17 @@ async def test_ctrps_serve_follow_answers_and_stops_on_sigterm(tmp_path: Path) -
                     return lines[-1]
 
         async def wait_for_version(http: aiohttp.ClientSession, url: str, version: int) -> list[float]:
-            for _ in range(600):  # bounded: 30 s at most
+            got: list[float] = []
+
+            async def serves() -> bool:
                 async with http.post(url + "/v1/predict", data=orjson.dumps({"events": PROBE})) as resp:
                     body = orjson.loads(await resp.read())
                 if resp.status == 200 and body["model_version"] == version:
-                    return list(body["predictions"])
-                await asyncio.sleep(0.05)  # poll interval
-            raise AssertionError(f"the replica never served version {version}: {body}")
+                    got.extend(body["predictions"])
+                return bool(got)
+
+            await until(serves, 30, what=f"the replica serving version {version}", poll_s=0.05)
+            return got
 
         started = await read_until("listening")
         assert started["follow"] == str(tmp_path) and started["model"] == "ctr"

@@ -42,7 +42,7 @@ from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 DEADLINE_S = 1.0
 """The exporter's request deadline to shard 1 (``ctrps shard`` uses 10 s)."""

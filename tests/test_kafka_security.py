@@ -216,6 +216,7 @@ async def _ctrps(*argv: str, env: dict[str, str] | None = None, timeout_s: float
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_the_commands_refuse_unusable_settings_with_exit_2_and_one_line(pki: Pki) -> None:
     runs = [
         (["worker", "--bootstrap", "127.0.0.1:9", "--shards", "http://127.0.0.1:9",
@@ -271,6 +272,8 @@ class _Recorded:
 
 
 @pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_every_client_connects_with_sasl_over_mutual_tls(
     pki: Pki, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -332,6 +335,8 @@ async def test_every_client_connects_with_sasl_over_mutual_tls(
     assert not [m for m in logged if PASSWORD in m]
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_scram_settings_reach_the_clients_and_the_wire(pki: Pki) -> None:
     """SCRAM-SHA-512 over TLS without a client certificate: the clients carry
     the mechanism; the front offers PLAIN only, and its refusal is one clear
@@ -355,6 +360,8 @@ async def test_scram_settings_reach_the_clients_and_the_wire(pki: Pki) -> None:
         await admin.close()
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_refused_handshakes_and_logins_are_one_clear_error(pki: Pki, tmp_path: Path) -> None:
     other = Pki(tmp_path / "other")
     async with KafkaFront(ssl_context=pki.server_context(client_certs=True), users={"alice": PASSWORD}) as front:
@@ -380,6 +387,8 @@ async def test_refused_handshakes_and_logins_are_one_clear_error(pki: Pki, tmp_p
         await check_access(boot, pki.security())  # the right settings pass
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_the_host_name_is_checked_unless_turned_off(tmp_path: Path) -> None:
     pki = Pki(tmp_path / "pki", hosts=("broker.example",))
     async with KafkaFront(ssl_context=pki.server_context(client_certs=False)) as front:
@@ -393,6 +402,8 @@ async def test_the_host_name_is_checked_unless_turned_off(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_the_produce_command_over_sasl_ssl_and_its_refusal(pki: Pki) -> None:
     """`ctrps produce` with the flags and the password in its environment;
     with a wrong password, exit 1 and one line that does not hold it."""
@@ -418,6 +429,7 @@ async def test_the_produce_command_over_sasl_ssl_and_its_refusal(pki: Pki) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_plaintext_set_explicitly_works_against_the_embedded_broker(kafka_bootstrap: str) -> None:
     sec = KafkaSecurity("PLAINTEXT")
     topic = _topic()
@@ -448,6 +460,8 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_a_cluster_over_sasl_ssl_hands_the_password_to_its_kafka_children_only(pki: Pki, tmp_path: Path) -> None:
     """`ctrps cluster --bootstrap` of a SASL_SSL Kafka with mutual TLS: its
     workers and producer log in (flags, and the password in their
@@ -503,6 +517,8 @@ async def test_a_cluster_over_sasl_ssl_hands_the_password_to_its_kafka_children_
     assert PASSWORD not in logged
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_a_worker_refused_by_the_broker_exits_1_with_one_line(pki: Pki, serve_shards: Any) -> None:
     """A wrong CA is not an outage to wait out: the worker stops at start."""
     _, urls = await serve_shards(1)

@@ -262,6 +262,7 @@ def test_a_saved_model_keeps_its_optimizer_when_the_default_changes(
         pytest.param({"optimizer": COIN, "embedding_optimizer": COIN_EMBEDDINGS}, id="coin", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.process
 async def test_ctrps_serve_follow_serves_a_saved_learner_as_it_predicts(
     tmp_path: Path, optimizers: dict[str, Any]
 ) -> None:
@@ -301,6 +302,7 @@ async def test_ctrps_serve_follow_serves_a_saved_learner_as_it_predicts(
         assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
 
 
+@pytest.mark.process
 def test_the_guide_keeps_and_reloads_a_learner_as_written(tmp_path: Path) -> None:
     section = guide_section("pipeline.md", "Your own data")
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)

@@ -58,6 +58,7 @@ def _total(text: bytes, name: str, **labels: str) -> float:
 
 @needs_promtool
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.process
 async def test_a_workers_status_reaches_every_reader_and_every_exposition_passes_promtool(
     kafka_bootstrap: str, serve_shards: Any, tmp_path: Path, mode: str
 ) -> None:
@@ -154,6 +155,7 @@ async def test_a_workers_status_reaches_every_reader_and_every_exposition_passes
 
 
 @needs_promtool
+@pytest.mark.process
 def test_the_apis_exposition_writes_each_family_once() -> None:
     """The API's own port and the shards' are one family each (promtool
     refused a second HELP line of ``ctrps_port_open_connections``)."""
@@ -193,6 +195,7 @@ async def test_a_worker_metrics_port_in_use_is_one_line_naming_it() -> None:
 
 
 @needs_promtool
+@pytest.mark.process
 async def test_a_shard_process_serves_its_metrics_to_a_read_token_only(tmp_path: Path) -> None:
     """``ctrps shard`` with a cluster secret: ``/metrics`` needs a token of
     scope read (as ``/v1/stats``); a scrape without one is refused and

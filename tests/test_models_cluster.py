@@ -190,6 +190,7 @@ async def test_a_model_created_later_starts_its_directory_with_a_base(tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_model_routes_over_http_and_ctrps_model(tmp_path: Path, serve_shards: ServeShards) -> None:
     shards, urls = await serve_shards(2, (), tmp_path)
 
@@ -626,6 +627,7 @@ def test_the_documents_and_the_check_agree_on_numeric_feeds(numeric: str, valid:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_a_worker_takes_its_models_type_and_mode_unless_given(
     tmp_path: Path, serve_shards: ServeShards, kafka_bootstrap: str
 ) -> None:
@@ -687,6 +689,7 @@ async def test_a_worker_takes_its_models_type_and_mode_unless_given(
     assert "Traceback" not in err.decode()
 
 
+@pytest.mark.process
 def test_ctrps_model_finds_shard_0_where_a_shard_listens_by_default() -> None:
     """Without --shard0 or CTRPS_SHARDS, ``ctrps model`` asks the address
     ``ctrps shard`` listens at without flags (README's pipeline's shard 0)."""
@@ -704,6 +707,7 @@ def test_ctrps_model_finds_shard_0_where_a_shard_listens_by_default() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_a_worker_whose_model_is_deleted_exits_in_one_line(
     kafka_bootstrap: str, serve_shards: ServeShards, tmp_path: Path
 ) -> None:

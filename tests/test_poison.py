@@ -112,6 +112,7 @@ def _assert_dead_letters(dead: list[Any], values: list[bytes], pill_at: dict[int
 
 
 @pytest.mark.parametrize("pill", PILLS[:5], ids=["ts-1e300", "weight-1e30", "value-fed-2e6", "5MB", "100k-features"])
+@pytest.mark.process
 async def test_one_pill_is_dead_lettered_and_the_rest_trained(
     kafka_bootstrap: str, serve_shards: Any, pill: tuple[bytes, str]
 ) -> None:
@@ -125,6 +126,7 @@ async def test_one_pill_is_dead_lettered_and_the_rest_trained(
     _assert_dead_letters(await consume_all(kafka_bootstrap, topic + ".dlq", 1), values, {20: pill[1]}, topic)
 
 
+@pytest.mark.process
 async def test_ctrps_worker_trains_around_every_poison_pill(kafka_bootstrap: str, serve_shards: Any) -> None:
     topic, group = await new_topic(kafka_bootstrap, 1)
     shards, urls = await serve_shards(2)
@@ -167,6 +169,7 @@ async def test_ctrps_worker_trains_around_every_poison_pill(kafka_bootstrap: str
     assert text.returncode == 0 and f"[truncated: the original was {len(values[big[0]])} bytes]" in text.stdout
 
 
+@pytest.mark.process
 async def test_an_event_the_model_cannot_train_is_dead_lettered(kafka_bootstrap: str, serve_shards: Any) -> None:
     """Valid, but the model's own weights make its gradient infinite: an FM
     embedding at float32's largest (as a restored model might hold) and a
@@ -201,6 +204,7 @@ async def test_an_event_the_model_cannot_train_is_dead_lettered(kafka_bootstrap:
     assert np.isfinite(owner.tables["m_v"].pull(np.array([key], dtype=np.uint64))).all()
 
 
+@pytest.mark.process
 async def test_broker_timestamps_the_shards_cannot_keep_are_not_event_times(
     kafka_bootstrap: str, serve_shards: Any
 ) -> None:
@@ -218,6 +222,8 @@ async def test_broker_timestamps_the_shards_cannot_keep_are_not_event_times(
     assert (applied == 1).all(), applied
 
 
+@pytest.mark.kafka
+@pytest.mark.process
 async def test_ctrps_cluster_trains_around_every_poison_pill(tmp_path: Path) -> None:
     """The poison topic into a whole ``ctrps cluster`` (one worker, so no
     rebalance replays a window): the worker is never restarted, every good

@@ -564,6 +564,7 @@ def test_cli_help_shows_examples(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_cli_sigterm_ends_an_endless_stream_with_exit_0(kafka_bootstrap: str, tmp_path: Path) -> None:
     """A producer stopped by SIGTERM (as `ctrps cluster` stops it) flushes and exits 0."""
     log = tmp_path / "produce.log"
@@ -666,7 +667,7 @@ async def test_a_cancelled_producer_stops_whenever_the_cancel_arrives(kafka_boot
         task = asyncio.ensure_future(
             produce(kafka_bootstrap, topic, iter(SyntheticStream(seed=1)), rate=50_000.0, max_in_flight=1)
         )
-        await asyncio.sleep(float(delay))
+        await asyncio.sleep(float(delay))  # when the cancel falls, at random: the subject, not a wait-for
         task.cancel()
         done, _ = await asyncio.wait([task], timeout=10)
         assert done, f"produce went on for 10 s after a cancel at {delay:.3f} s"

@@ -431,6 +431,7 @@ def test_the_parser_reads_markers_and_continued_lines() -> None:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("document", sorted(documents()))
+@pytest.mark.process
 async def test_readme_pipeline_examples_run(document: str, home: Path) -> None:
     """Every block of a document but the illustrations and those starting a
     pipeline of their own (cluster, demo), in its order, against one pipeline."""
@@ -443,6 +444,7 @@ async def test_readme_pipeline_examples_run(document: str, home: Path) -> None:
 @pytest.mark.parametrize(
     "block", [b for pages in documents().values() for b in runnable(pages) if b.starts(SELF_CONTAINED)], ids=str
 )
+@pytest.mark.process
 async def test_readme_self_contained_examples_run(block: Block, home: Path) -> None:
     """A block starting ``ctrps cluster`` (or ``demo``), with what it runs against it."""
     ran = await run_pipeline(home, [block], token=None)

@@ -33,7 +33,7 @@ from ps_core.shard import Shard, ShardSpec
 from ps_core.synthetic import SyntheticStream
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 PROJECT = Path(__file__).resolve().parents[1]
 PARTITIONS = 2

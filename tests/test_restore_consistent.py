@@ -163,6 +163,7 @@ async def _lease_works(control: ControlClient) -> None:
     await control.release_lease(lease.lease_id, {})
 
 
+@pytest.mark.process
 async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_older_version(shards: Shards) -> None:
     exports = shards.exports
     async with shards.serving(restore=False, deadline_s=2) as (client, control):
@@ -198,6 +199,7 @@ async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_olde
             _no_tracebacks(shards, i)
 
 
+@pytest.mark.process
 async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(shards: Shards) -> None:
     exports = shards.exports
     async with shards.serving(restore=False, deadline_s=2) as (client, control):
@@ -237,6 +239,7 @@ async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(shar
             _no_tracebacks(shards, i)
 
 
+@pytest.mark.process
 async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and_nothing_is_lost(
     kafka_bootstrap: str, shards: Shards
 ) -> None:
@@ -327,6 +330,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
         _no_tracebacks(shards, i)
 
 
+@pytest.mark.process
 async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(shards: Shards) -> None:
     async with shards.serving(restore=True, deadline_s=1) as (client, control):
         await _declared(control, shards)

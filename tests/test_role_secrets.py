@@ -85,6 +85,8 @@ def test_the_cluster_secret_is_made_per_run_unless_given(tmp_path: Path) -> None
         ChildCredentials.from_env({"CTRPS_CLUSTER_SECRET_FILE": str(tmp_path / "missing")})
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 def test_a_cluster_with_a_short_secret_exits_2_in_one_line_before_starting_anything() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "app.cli", "cluster", "--port", "0", "--no-exports"],
@@ -135,6 +137,7 @@ async def test_api_server_start_refuses_before_it_binds() -> None:
 
 
 @pytest.mark.parametrize("command", ["serve", "demo"])
+@pytest.mark.process
 def test_an_exposed_api_without_a_token_exits_2_in_one_line(command: str) -> None:
     flags = ["--shards", "http://127.0.0.1:1"] if command == "serve" else ["--no-exports"]
     out = subprocess.run(

@@ -573,6 +573,7 @@ def _one_line(err: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_worker_and_export_with_a_wrong_token_exit_2_with_one_line(
     secured: Secured, tmp_path: Path, kafka_bootstrap: str
 ) -> None:
@@ -610,6 +611,7 @@ async def test_worker_and_export_with_a_wrong_token_exit_2_with_one_line(
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_shard_on_a_public_address_needs_a_secret_or_insecure(tmp_path: Path) -> None:
     code, _, err = await _ctrps("shard", "--host", "0.0.0.0", "--port", "0", "--no-exports", env=_env())
     line = _one_line(err)
@@ -668,6 +670,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_ctrps_token_from_a_secret_file_is_accepted_by_a_public_shard(tmp_path: Path) -> None:
     secret = new_secret()
     secret_file = tmp_path / "cluster-secret"
@@ -710,6 +713,7 @@ async def test_ctrps_token_from_a_secret_file_is_accepted_by_a_public_shard(tmp_
     assert sorted(e["reason"] for e in refused) == ["missing", "scope"], refused
 
 
+@pytest.mark.process
 async def test_shard_on_a_public_address_starts_with_insecure(tmp_path: Path) -> None:
     log = tmp_path / "shard.log"
     proc, url = await _start_shard("--host", "0.0.0.0", "--insecure", env=_env(), log=log)

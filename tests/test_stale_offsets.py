@@ -164,6 +164,7 @@ async def test_partition_bounds_are_right_where_tansus_end_offsets_are_not(kafka
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["committed", "earliest", "fail"])
+@pytest.mark.process
 async def test_a_model_of_another_cluster_is_never_resumed_silently(
     kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, policy: str
 ) -> None:
@@ -275,6 +276,8 @@ async def test_offsets_beyond_the_end_of_a_recreated_topic_are_detected(
 
 
 @pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_events_after_a_broker_restart_are_all_trained(
     serve_shards: ServeShards, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -332,6 +335,7 @@ async def test_events_after_a_broker_restart_are_all_trained(
 # -- `ctrps worker --on-stale-offsets fail`, as a process ---------------------------------
 
 
+@pytest.mark.process
 async def test_the_worker_process_refuses_stale_offsets_with_exit_code_4(
     kafka_bootstrap: str, serve_shards: ServeShards, tmp_path: Path
 ) -> None:
@@ -435,6 +439,7 @@ async def _worker_totals(control: ControlClient) -> tuple[int, dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_event(tmp_path: Path) -> None:
     """`ctrps broker`, two `ctrps shard` and a `ctrps worker` as in the README;
     an export; everything stopped; a new broker (memory: empty, a new cluster)

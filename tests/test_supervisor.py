@@ -31,7 +31,7 @@ PATIENT = textwrap.dedent(
     signal.signal(signal.SIGTERM, term)
     print("up", flush=True)
     while True:
-        time.sleep(1)
+        time.sleep(1)  # idle till a signal (pause() could miss one just before it): not a wait-for
     """
 )
 
@@ -83,6 +83,7 @@ def test_json_lines_get_a_role_key_and_other_lines_are_wrapped() -> None:
 # -- Supervisor ---------------------------------------------------------------------
 
 
+@pytest.mark.process
 async def test_a_child_that_dies_stops_all_and_the_status_is_1() -> None:
     out = io.BytesIO()
     sup = Supervisor(out=out, grace_s=5.0)
@@ -102,6 +103,7 @@ async def test_a_child_that_dies_stops_all_and_the_status_is_1() -> None:
     await sup.stop_all()  # idempotent
 
 
+@pytest.mark.process
 async def test_stop_order_is_reverse_start_order_one_group_at_a_time() -> None:
     out = io.BytesIO()
     sup = Supervisor(out=out, grace_s=5.0)
@@ -119,15 +121,18 @@ async def test_stop_order_is_reverse_start_order_one_group_at_a_time() -> None:
     assert all(c.returncode == 0 for c in children)
 
 
+@pytest.mark.process
 async def test_a_child_ignoring_sigterm_is_killed_with_its_process_group() -> None:
     code = textwrap.dedent(
         """
         import signal, subprocess, sys, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # The helper lives 60 s unless killed with the group (the subject):
+        # a bound on a stray, not a wait.
         helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         print("helper", helper.pid, flush=True)
         while True:
-            time.sleep(1)
+            time.sleep(1)  # idle: SIGTERM is ignored, only SIGKILL ends it; not a wait-for
         """
     )
     out = io.BytesIO()
@@ -142,13 +147,11 @@ async def test_a_child_ignoring_sigterm_is_killed_with_its_process_group() -> No
     await asyncio.wait_for(sup.stop_all(), 20)
     assert stubborn.returncode == -9
     assert sup.unclean == [stubborn] and sup.exit_status() == 1
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while not pid_gone(helper_pid):  # killed with the group; init reaps it
-        assert loop.time() < deadline, "the child's helper outlived it"
-        await asyncio.sleep(0.05)  # poll interval
+    # Killed with the group; init reaps it.
+    await until(lambda: pid_gone(helper_pid), 10, what="the child's helper to end with it")
 
 
+@pytest.mark.process
 async def test_wait_ready_fails_when_the_child_exits_or_the_deadline_passes() -> None:
     out = io.BytesIO()
     sup = Supervisor(out=out, grace_s=5.0)
@@ -176,6 +179,7 @@ async def test_wait_ready_fails_when_the_child_exits_or_the_deadline_passes() ->
     assert sup.failed is early  # exiting 0 is a failure for a child that must keep running
 
 
+@pytest.mark.process
 async def test_a_child_that_may_finish_exits_0_without_stopping_the_rest() -> None:
     out = io.BytesIO()
     sup = Supervisor(out=out, grace_s=5.0)
@@ -196,6 +200,7 @@ async def test_a_child_that_may_finish_exits_0_without_stopping_the_rest() -> No
     assert "[once] done" in lines(out)
 
 
+@pytest.mark.process
 async def test_children_get_the_given_environment() -> None:
     out = io.BytesIO()
     sup = Supervisor(out=out, grace_s=5.0)
@@ -226,9 +231,9 @@ SCRIPTED = textwrap.dedent(
     print("run", n, flush=True)
     if step == "p":
         while True:
-            time.sleep(1)
+            time.sleep(1)  # idle till a signal (pause() could miss one just before it): not a wait-for
     if step != "x":
-        time.sleep(float(step))
+        time.sleep(float(step))  # the run's length, as planned: the subject, not a wait
     sys.exit(3)
     """
 )
@@ -252,6 +257,7 @@ def test_restart_delays_double_up_to_the_cap() -> None:
     assert p.delay(10**6) == 30
 
 
+@pytest.mark.process
 async def test_a_failing_child_is_restarted_with_backoff_until_it_keeps_failing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -275,6 +281,7 @@ async def test_a_failing_child_is_restarted_with_backoff_until_it_keeps_failing(
     assert (tmp_path / "runs").read_text() == "4"
 
 
+@pytest.mark.process
 async def test_a_sigkilled_child_comes_back_with_the_same_arguments(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -296,6 +303,7 @@ async def test_a_sigkilled_child_comes_back_with_the_same_arguments(
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_a_healthy_run_resets_the_backoff(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # Runs 1 and 2 fail at once (attempts 1, 2), run 3 lasts longer than
     # healthy_s: its restart is attempt 1 again, with the first delay.
@@ -311,6 +319,7 @@ async def test_a_healthy_run_resets_the_backoff(tmp_path: Path, caplog: pytest.L
     assert sup.exit_status() == 0 and child.restarts == 4
 
 
+@pytest.mark.process
 async def test_stopping_during_the_backoff_starts_nothing_and_does_not_wait(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -331,6 +340,7 @@ async def test_stopping_during_the_backoff_starts_nothing_and_does_not_wait(
     assert {"role": "down", "pid": child.pid, "returncode": 3, "restarts": 1, "waiting_to_restart": True} in stopped
 
 
+@pytest.mark.process
 async def test_a_restart_asks_for_its_arguments(tmp_path: Path) -> None:
     out = io.BytesIO()
     sup = Supervisor(out=out, grace_s=5.0, restart=RestartPolicy(backoff_s=0.1))
@@ -345,6 +355,7 @@ async def test_a_restart_asks_for_its_arguments(tmp_path: Path) -> None:
     assert child.returncode == 0 and "[again] term 2" in lines(out) and sup.exit_status() == 0
 
 
+@pytest.mark.process
 async def test_a_child_without_restart_still_fails_at_once(tmp_path: Path) -> None:
     out = io.BytesIO()
     sup = Supervisor(out=out, grace_s=5.0, restart=RestartPolicy(backoff_s=0.1))
@@ -355,6 +366,7 @@ async def test_a_child_without_restart_still_fails_at_once(tmp_path: Path) -> No
     assert sup.failed is child and child.failure == "exited with 3" and child.restarts == 0
 
 
+@pytest.mark.process
 async def test_a_child_exiting_while_everything_stops_is_not_restarted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -367,7 +379,7 @@ async def test_a_child_exiting_while_everything_stops_is_not_restarted(
         import os, sys, time
         print("up", flush=True)
         while not os.path.exists({str(flag)!r}):
-            time.sleep(0.02)
+            time.sleep(0.02)  # poll interval for the flag; the test's timeout bounds it
         sys.exit(3)
         """
     )
@@ -384,12 +396,12 @@ async def test_a_child_exiting_while_everything_stops_is_not_restarted(
                     break
                 if state == "Z":
                     break
-                time.sleep(0.02)
+                time.sleep(0.02)  # poll interval for early's exit; the test's timeout bounds it
             sys.exit(0)
         signal.signal(signal.SIGTERM, term)
         print("up", flush=True)
         while True:
-            time.sleep(1)
+            time.sleep(1)  # idle till SIGTERM: not a wait-for
         """
     )
     out = io.BytesIO()

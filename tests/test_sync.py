@@ -306,6 +306,7 @@ async def test_two_sync_workers_over_the_broker_apply_every_event_once(kafka_boo
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_a_sigkilled_sync_worker_stalls_the_other_no_longer_than_the_deadline(
     kafka_bootstrap: str, serve_shards: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

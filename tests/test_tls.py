@@ -292,6 +292,7 @@ async def test_the_api_serves_https(pki: Pki) -> None:
         await client.close()
 
 
+@pytest.mark.process
 async def test_shard_and_serve_roles_with_tls_and_a_secret(
     pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -407,6 +408,7 @@ async def test_shard_and_serve_roles_with_tls_and_a_secret(
 
 
 @pytest.mark.slow
+@pytest.mark.process
 async def test_tls_files_that_do_not_load_are_one_line_and_exit_2(pki: Pki, tmp_path: Path) -> None:
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")

@@ -67,6 +67,7 @@ async def _all_committed(bootstrap: str, group: str, topic: str, n: int) -> bool
     return sum(committed.values()) >= n
 
 
+@pytest.mark.process
 async def test_sigkilled_worker_loses_nothing(kafka_bootstrap: str, serve_shards: Any) -> None:
     topic, group = await new_topic(kafka_bootstrap, PARTITIONS)
     n, window = 12000, 300

@@ -20,7 +20,7 @@ from ps_core.shard import Shard
 from ps_core.synthetic import SyntheticStream
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 N = 40_000
 WINDOW = 2_000

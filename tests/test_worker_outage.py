@@ -266,6 +266,8 @@ async def test_a_commit_the_group_coordinator_never_acknowledges_fails_its_windo
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_worker_rides_out_a_broker_restart(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="ctrps.worker")
     topic, group = "clicks", f"g-{uuid.uuid4().hex[:8]}"
@@ -354,6 +356,8 @@ async def _exit_and_stderr(proc: subprocess.Popen[bytes], timeout_s: float) -> t
     return code, _stderr(proc)
 
 
+@pytest.mark.process
+@pytest.mark.kafka
 async def test_worker_whose_broker_went_away_gives_up_after_its_deadline_with_exit_3(serve_shards: Any) -> None:
     """The outage deadline is for a broker that answered once (one that never
     did is a wrong address: tests/test_addresses.py)."""
@@ -383,6 +387,7 @@ async def test_worker_whose_broker_went_away_gives_up_after_its_deadline_with_ex
     assert lines[-1] == gave_up[0], err
 
 
+@pytest.mark.process
 async def test_worker_with_a_shard_never_there_exits_1_at_its_startup_timeout_not_its_outage_deadline(
     kafka_bootstrap: str,
 ) -> None:
@@ -461,6 +466,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.process
 async def test_decode_processes_end_with_a_sigkilled_worker(kafka_bootstrap: str, serve_shards: Any) -> None:
     topic, _ = await new_topic(kafka_bootstrap, PARTITIONS)
     _, urls = await serve_shards(1)
@@ -559,6 +565,7 @@ async def test_an_undecodable_batch_stops_the_worker_naming_it_and_nothing_is_co
         assert (applied[ids] >= 1).all(), (p, off)
 
 
+@pytest.mark.process
 async def test_an_undecodable_batch_is_one_line_and_exit_1_from_ctrps_worker(
     kafka_bootstrap: str, serve_shards: Any
 ) -> None:
@@ -572,6 +579,7 @@ async def test_an_undecodable_batch_is_one_line_and_exit_1_from_ctrps_worker(
     assert err.strip().splitlines()[-1].count(f"record batch of {topic}/0 at offset 0 cannot be decoded") == 1, err
 
 
+@pytest.mark.process
 async def test_sigterm_while_waiting_for_the_broker_stops_the_worker_at_once(serve_shards: Any) -> None:
     _, urls = await serve_shards(1)
     nothing = f"127.0.0.1:{free_port()}"
