@@ -320,10 +320,15 @@ async def test_events_after_a_broker_restart_are_all_trained(
             await until(released, 30, what="the last commits", task=task)
             point = await control.coordinator_resume("m")
             assert point.stream == StreamIdentity(broker.cluster_id, group, (topic,))
-        assert worker.stats.stale_offsets == {("cluster", "committed"): 2}
-        [line] = _stale_lines(caplog)
-        assert line.fields["expected_cluster_id"] == first_cluster  # type: ignore[attr-defined]
-        assert line.fields["cluster_id"] == broker.cluster_id  # type: ignore[attr-defined]
+        # One line per assignment that met the old cluster's offsets, counting
+        # both partitions: while the group rejoins the new broker it may be
+        # assigned twice before its first commit there (the exact count of
+        # events trained, checked below, shows nothing was trained twice).
+        lines = _stale_lines(caplog)
+        assert lines and worker.stats.stale_offsets == {("cluster", "committed"): PARTITIONS * len(lines)}
+        for line in lines:
+            assert line.fields["expected_cluster_id"] == first_cluster  # type: ignore[attr-defined]
+            assert line.fields["cluster_id"] == broker.cluster_id  # type: ignore[attr-defined]
     finally:
         stop.set()
         if task is not None:
