@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast demo typecheck lint format docs bench bench-quick clean
+.PHONY: test test-fast demo typecheck lint format docs bench bench-quick studies clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,6 +45,9 @@ bench-quick: $(STAMP)
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+studies: $(STAMP)
+	for b in bench/studies/*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis site

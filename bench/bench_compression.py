@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 import uvloop
-from bench_worker import RunningWorkers, each_round, partitions_held, start_shards, stop_shards, wait_healthy
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 from link import Link, linked_client
+from running import RunningWorkers, each_round, partitions_held, start_shards, stop_shards, wait_healthy
 
 from consumers.training import AsyncTraining
 from consumers.worker import WindowReport, Worker, WorkerConfig, WorkerStats

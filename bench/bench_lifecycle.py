@@ -58,7 +58,7 @@ from common import bench_mode, bench_parser, elapsed_s, print_result, progress_l
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench_worker import RunningWorkers, partitions_held  # noqa: E402
+from running import RunningWorkers, partitions_held  # noqa: E402
 
 from consumers.broker import EmbeddedBroker, create_topics  # noqa: E402
 from consumers.worker import Worker, WorkerConfig  # noqa: E402

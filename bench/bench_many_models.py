@@ -29,8 +29,8 @@ import os
 
 import numpy as np
 import uvloop
-from bench_worker import local_clients, preload, worker_rate
 from common import bench_mode, elapsed_s, print_result, progress_log
+from running import local_clients, preload, worker_rate
 
 from consumers.broker import EmbeddedBroker, create_topics
 

@@ -53,7 +53,9 @@ from typing import Any
 
 import numpy as np
 import uvloop
-from bench_worker import (
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
+from link import Link, linked_client
+from running import (
     PARTITIONS,
     RunningWorkers,
     cpu_seconds,
@@ -63,8 +65,6 @@ from bench_worker import (
     stop_shards,
     wait_healthy,
 )
-from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
-from link import Link, linked_client
 
 from app.config.worker import WorkerSettings
 from consumers.worker import WindowReport, Worker, WorkerConfig

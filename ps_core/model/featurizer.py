@@ -55,7 +55,7 @@ declaration: training and serving must hash alike."""
 
 DEFAULT_NUMERIC: Final = "log1p/16"
 """What a new model feeds unless told: ``log1p/16``, chosen by
-`bench/bench_linear_sweep.py` (with FTRL's alpha and l1, over every stream
+`bench/studies/linear_defaults.py` (with FTRL's alpha and l1, over every stream
 of `bench/bench_quality.py`). Numeric features then move the logit by steps
 of a categorical feature's size or less: FTRL's per-coordinate steps are
 the same in weight whatever a feature's scale, so a feature worth 3 moves

@@ -47,13 +47,13 @@ I64 = npt.NDArray[np.int64]
 
 
 DEFAULT_LINEAR_OPTIMIZER: dict[str, Any] = {"name": "ftrl", "alpha": 0.2, "beta": 0.1, "l1": 0.5, "l2": 1.0}
-"""FTRL settings of the linear part, chosen by `bench/bench_linear_sweep.py`
+"""FTRL settings of the linear part, chosen by `bench/studies/linear_defaults.py`
 on half of the synthetic profiles and seeds (the smallest largest regret of
 progressive log loss over them, at the numeric feed
 `ps_core.model.featurizer.DEFAULT_NUMERIC` and the mini-batch ramp) and reported
 on the other half (docs/defaults.md)."""
 DEFAULT_EMBEDDING_OPTIMIZER: dict[str, Any] = {"name": "adagrad", "lr": 0.003}
-"""AdaGrad of FM's embeddings. `bench/bench_sweep.py` chose the rate: the largest
+"""AdaGrad of FM's embeddings. `bench/studies/fm_rate.py` chose the rate: the largest
 at which FM's log loss is at most LR's on every stream it runs at the default
 numeric feed (0.003 of 0.001-0.05; on streams whose interactions matter more, a
 larger rate learns them faster)."""

@@ -14,7 +14,7 @@ fixed mini-batches in all, paid once per training's life. It starts at one
 event: the first mini-batches are per-event FTRL itself, and a start of 8
 events left most of what mini-batches cost on a short stream (log loss
 1.0075x per-event FTRL's over 15k events, against 1.0000x from one event;
-`bench/bench_linear_sweep.py --per-event`).
+`bench/studies/linear_defaults.py --per-event`).
 """
 
 from __future__ import annotations

@@ -27,19 +27,24 @@ The model is plain numpy over dense ids (the ids of `FeatureHasher`, the
 update of `ps_core.store.optim.FTRL` in float64), so the rules are compared
 alone, without the network. Ratios are each log loss over the per-event one.
 
-Run: ``python bench/bench_minibatch_rules.py [--quick]`` (``--quick``: 60k
+Run: ``python bench/studies/minibatch_rules.py [--quick]`` (``--quick``: 60k
 events, ~15 s; full: 200k events, ~30 s). The last line is JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from common import bench_mode, elapsed_s, print_result, progress_log
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: the shared helpers
+
+from common import bench_mode, elapsed_s, print_result, progress_log  # noqa: E402
 
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER

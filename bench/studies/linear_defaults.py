@@ -18,7 +18,7 @@ regret, the chosen point's and today's default's ratios per stream, and
 their ratio to the better of Vowpal Wabbit and River on the same events
 (``bench_quality.py``'s runners).
 
-Run: ``python bench/bench_linear_sweep.py [--quick]`` (``--quick``: one seed
+Run: ``python bench/studies/linear_defaults.py [--quick]`` (``--quick``: one seed
 per half, a smaller grid, under two minutes; full: two seeds per half,
 about ten minutes). Needs ``pip install -e '.[quality]'`` for VW and River
 (``--no-baselines`` skips them). The last line is JSON.
@@ -28,16 +28,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
+from pathlib import Path
 from typing import Any
 
-from bench_quality import Events, measure, profile_events, stream_size
-from bench_sweep import logloss
-from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: the shared helpers
+
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log  # noqa: E402
+from learning import Events, logloss, measure, profile_events, stream_size  # noqa: E402
 
 from ps_core.model.featurizer import DEFAULT_NUMERIC
 from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER
 
-log = progress_log("bench_linear_sweep")
+log = progress_log("linear_defaults")
 
 HALVES: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
     "tuning": (("avazu", "sparse_click", "drift"), (1, 2)),

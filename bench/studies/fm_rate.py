@@ -12,39 +12,31 @@ are run and reported beside it. The default is the largest rate that
 qualifies (the most learning the embeddings can do without costing log loss
 anywhere). Ratios are FM's log loss over LR's.
 
-Run: ``python bench/bench_sweep.py [--quick]`` (``--quick``: under a minute;
+Run: ``python bench/studies/fm_rate.py [--quick]`` (``--quick``: under a minute;
 full: about 6 minutes). The last line is JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
 
-import numpy as np
-from bench_quality import Events, add_profiles_flags, progressive, streams
-from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: the shared helpers
+
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log  # noqa: E402
+from learning import add_profiles_flags, logloss, streams  # noqa: E402
 
 from ps_core.model.featurizer import DEFAULT_NUMERIC
-from ps_core.model.learner import Learner
-from ps_core.model.metrics import evaluate
 from ps_core.model.models import DEFAULT_EMBEDDING_OPTIMIZER
 
-log = progress_log("bench_sweep")
+log = progress_log("fm_rate")
 
 RATES = (0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05)
 """The embeddings' AdaGrad learning rates tried."""
 NUMERICS = (DEFAULT_NUMERIC, "raw")
 """The numeric feeds run: the default (which qualifies a rate) and ``raw``."""
-
-
-def logloss(kind: str, events: Events, numeric: str, **model_args: Any) -> float:
-    """Progressive log loss of a `kind` model learning `events` in windows of
-    20,000 (over the events it learnt)."""
-    predicted = progressive(Learner(kind, numeric=numeric, **model_args), events)
-    labels = np.array([float(e["label"]) for e in events])
-    learnt = ~np.isnan(predicted)
-    return evaluate(np.clip(predicted[learnt], 1e-7, 1 - 1e-7), labels[learnt]).logloss
 
 
 def parse_args() -> argparse.Namespace:

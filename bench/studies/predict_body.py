@@ -27,8 +27,8 @@ hashing of the events (`FeatureHasher.featurize`), as a request does.
 
 Run (from the repository root)::
 
-    .venv/bin/python bench/bench_models.py --quick   # ~5 s
-    .venv/bin/python bench/bench_models.py           # ~20 s
+    .venv/bin/python bench/studies/predict_body.py --quick   # ~5 s
+    .venv/bin/python bench/studies/predict_body.py           # ~20 s
 
 Progress goes to stderr; a table of microseconds per request and ratios to
 the baseline, and, as the last line of stdout, one JSON object.
@@ -41,12 +41,16 @@ import random
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Annotated, Any
 
 import jsonschema_rs
 import msgspec
 import orjson
-from common import bench_mode, print_result
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: the shared helpers
+
+from common import bench_mode, print_result  # noqa: E402
 
 from app.openapi import Event, PredictRequest, openapi_document, predict_decoder
 from ps_core.model.featurizer import FeatureHasher

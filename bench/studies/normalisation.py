@@ -13,7 +13,7 @@ default (`log1p/16` at the default FTRL). A point's ratio on a stream is its
 log loss over the default's; the learnt normalisation wins if some point's
 largest ratio over the streams is below 1.
 
-Run: ``python bench/bench_normalisation.py [--quick]`` (``--quick``: 15k and
+Run: ``python bench/studies/normalisation.py [--quick]`` (``--quick``: 15k and
 45k events, under a minute; full: about 8 minutes). The last line is JSON.
 """
 
@@ -21,17 +21,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from bench_quality import Events, add_profiles_flags, streams
-from bench_sweep import logloss
-from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: the shared helpers
+
+from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log  # noqa: E402
+from learning import Events, add_profiles_flags, logloss, streams  # noqa: E402
 
 from ps_core.model.featurizer import DEFAULT_NUMERIC
 from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER
 
-log = progress_log("bench_normalisation")
+log = progress_log("normalisation")
 
 ALPHAS = (0.2, 0.35, 0.5)
 L1S = (3.0, 5.0, 8.0)
