@@ -4,8 +4,8 @@
 process pool so that the per-event Python work (JSON decoding, validation)
 uses another core and never blocks the event loop.
 
-It is the per-event Python budget of the whole system (docs/architecture.md,
-"Measured performance"), so the common case (every record one JSON object within the size limit) runs in
+It is the per-event Python budget of the whole system (docs/measurements.md,
+"The worker"), so the common case (every record one JSON object within the size limit) runs in
 C-level maps over the chunk: one `orjson.loads` per record and nothing else
 per record in Python. Any other record (an array, JSON lines, an error) goes
 through `decode_message`/`message_events` for exactly their events or reason.

@@ -59,7 +59,7 @@ DECODE_CHUNK = 2048
 
 APPLY_AHEAD = 3
 """Closed windows training or waiting to train while the next one fills (see
-docs/architecture.md, Workers: with 2 the decode process idled)."""
+docs/measurements.md, "The worker": with 2 the decode process idled)."""
 
 Chunk = tuple[TopicPartitionKey, int, "asyncio.Future[Decoded]"]
 """A decode job: its partition, its number of records, its decoding."""

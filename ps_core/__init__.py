@@ -1,6 +1,6 @@
 """ctrps core, in five packages over six shared modules; no Kafka here.
 
-- `errors`, `hashing`, `parsing`, `models`, `rows`, `lazy`: typed errors,
+- `errors`, `hashing`, `parsing`, `bodies`, `rows`, `lazy`: typed errors,
   stable 64-bit ids, strict parsing, request bodies declared once as models
   (validation and the documents' schemas), whole-row gathers and scatters of
   2-d arrays, and the packages' lazy re-exports, imported by every package;
