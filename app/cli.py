@@ -11,25 +11,14 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-import uvloop
-
 from .commands import add_command, subcommands
-from .config.broker import BrokerSettings
-from .config.cluster import ClusterSettings
-from .config.declared import SettingsError, add_flags
-from .config.demo import DemoSettings
-from .config.log import LogSettings
-from .config.serve import ApiSettings
-from .config.shard import ShardSettings
-from .config.worker import WorkerSettings
-from .dlq_cli import add_dlq_parser, run_dlq
-from .export_cli import add_export_parser, run_export
-from .failures import EXIT_FAILURE, expected_failure
-from .kafka_flags import add_kafka_security_flags, kafka_security_from
-from .logs import configure_logging, parse_level
-from .model_cli import add_model_parser, run_model
-from .produce_cli import add_produce_parser, run_produce
-from .security import SecuritySettings, add_security_flags
+
+# The roles, their settings and their libraries are imported where a command
+# needs them, not here: a worker's decode processes are spawned, and a spawned
+# process imports its parent's main module (this one, under ``python -m
+# app.cli``) before it decodes anything; importing every role here made each
+# of them load aiohttp, aiokafka and the whole library (about 0.7 s and 35 MB
+# more than decoding needs; `tests/test_packaging.py`).
 
 __all__ = ["main", "build_parser"]
 
@@ -184,6 +173,21 @@ Exit 2 when no secret is set (or it is shorter than 16 bytes).
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``ctrps`` parser: every command and its flags."""
+    from .config.broker import BrokerSettings
+    from .config.cluster import ClusterSettings
+    from .config.declared import add_flags
+    from .config.demo import DemoSettings
+    from .config.serve import ApiSettings
+    from .config.shard import ShardSettings
+    from .config.worker import WorkerSettings
+    from .dlq_cli import add_dlq_parser
+    from .export_cli import add_export_parser
+    from .kafka_flags import add_kafka_security_flags
+    from .model_cli import add_model_parser
+    from .produce_cli import add_produce_parser
+    from .security import add_security_flags
+
     parser = argparse.ArgumentParser(
         prog="ctrps",
         description="ctrps: an online-learning parameter server for sparse CTR models.",
@@ -251,11 +255,16 @@ def _add_logging_flags(parser: argparse.ArgumentParser) -> None:
             for child in set(action.choices.values()):
                 _add_logging_flags(child)
         return
+    from .config.declared import add_flags
+    from .config.log import LogSettings
+
     has_format = any("--log-format" in a.option_strings for a in parser._actions)
     add_flags(parser, LogSettings, skip=("log_format",) if has_format else ())
 
 
 def _parse_topics(specs: Sequence[str]) -> dict[str, int]:
+    from .config.declared import SettingsError
+
     topics: dict[str, int] = {}
     for spec in specs:
         name, _, parts = spec.partition(":")
@@ -269,6 +278,13 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
     """The log format and the coroutine of a long-running role, from its flags.
 
     Raises `SettingsError` on unusable flags."""
+    from .config.broker import BrokerSettings
+    from .config.serve import ApiSettings
+    from .config.shard import ShardSettings
+    from .config.worker import WorkerSettings
+    from .kafka_flags import kafka_security_from
+    from .security import SecuritySettings
+
     if args.command == "shard":
         shard = ShardSettings.from_args(args)
         security = SecuritySettings.from_args(args)
@@ -285,7 +301,6 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
 
         return worker.log_format, lambda: run_worker(worker, security=worker_security, kafka=kafka)
     if args.command == "serve":
-        from .config.serve import ApiSettings
         from .roles.serve import run_serve
 
         api = ApiSettings.from_args(args)
@@ -302,6 +317,12 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
 
 def _compose(args: argparse.Namespace) -> int:
     """Run ``demo`` or ``cluster``: compositions of roles that return an exit status."""
+    import uvloop
+
+    from .config.cluster import ClusterSettings
+    from .config.demo import DemoSettings
+    from .kafka_flags import kafka_security_from
+
     if args.command == "demo":
         demo = DemoSettings.from_args(args)
         demo_kafka = kafka_security_from(args)
@@ -319,6 +340,9 @@ def _print_token(args: argparse.Namespace) -> int:
     """``ctrps token``: the scope's token on stdout (the secret never leaves)."""
     from ps_core.net.auth import Scope, derive_token
 
+    from .config.declared import SettingsError
+    from .security import SecuritySettings
+
     security = SecuritySettings.from_args(None)
     if not security.cluster_secret:
         raise SettingsError("no cluster secret: set CTRPS_CLUSTER_SECRET or CTRPS_CLUSTER_SECRET_FILE")
@@ -328,6 +352,13 @@ def _print_token(args: argparse.Namespace) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the parsed command; its exit status."""
+    import uvloop
+
+    from .dlq_cli import run_dlq
+    from .export_cli import run_export
+    from .model_cli import run_model
+    from .produce_cli import run_produce
+
     if args.command == "produce":
         return int(uvloop.run(run_produce(args)))
     if args.command == "export":
@@ -348,6 +379,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _configure(args: argparse.Namespace) -> None:
     """Logging as the flags and ``CTRPS_LOG_*`` say; raises `SettingsError`
     (reported in text, the format not being known)."""
+    from .config.log import LogSettings
+    from .logs import configure_logging, parse_level
+
     configure_logging("text")
     logs = LogSettings.from_args(args)
     kafka = parse_level(logs.kafka_level) if logs.kafka_level else None
@@ -364,6 +398,8 @@ def run_command(args: argparse.Namespace, run: Callable[[argparse.Namespace], in
     (`app.failures`) is one error line, ``str(exc)``, and its exit code; any
     other exception is a bug, logged with its traceback (in the chosen format),
     exit 1. Ctrl-C before a role's own handler is installed exits 130."""
+    from .failures import EXIT_FAILURE, expected_failure
+
     log = logging.getLogger(f"ctrps {args.command}")  # lines read "ctrps shard: ..."
     try:
         _configure(args)

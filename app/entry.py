@@ -17,12 +17,13 @@ __all__ = ["main"]
 
 def main() -> int:
     """Run the ``ctrps`` command line (`app.cli.main`)."""
+    from .cli import main as cli_main
+
     try:
-        from .cli import main as cli_main
+        return cli_main()  # its parser imports every role's settings
     except ModuleNotFoundError as exc:
         line = missing_extra(exc)
         if line is None:
             raise
         sys.stderr.write(f"ctrps: {line}\n")
         return EXIT_FAILURE
-    return cli_main()

@@ -93,6 +93,33 @@ def test_importing_the_decoder_leaves_the_network_and_checkpoints_out() -> None:
     assert not {m for m in loaded for h in heavy if m == h or m.startswith(h + ".")}
 
 
+_DECODE_CHILD = """
+import sys
+import app.cli
+# As under `python -m app.cli worker`: the main module is the command line's,
+# which a spawned process imports before it runs anything.
+sys.modules["__main__"] = app.cli
+from consumers.decode_pool import start_decode_pool
+pool = start_decode_pool(1)
+print(" ".join(pool.submit(eval, "sorted(__import__('sys').modules)").result(timeout=60)))
+pool.shutdown()
+"""
+
+
+@pytest.mark.process
+def test_a_decode_process_of_the_command_line_loads_no_role() -> None:
+    # A decode process of a worker started as `python -m app.cli worker` (as
+    # `ctrps cluster` starts them) imports app.cli first: when the command line
+    # imported every role at the top, each decode process loaded aiohttp,
+    # aiokafka and the library (~0.7 s and ~35 MB a process).
+    done = _run(_DECODE_CHILD, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert {"__mp_main__", "consumers.decode_pool"} <= loaded  # app.cli, run as the main module
+    heavy = ("aiohttp", "aiokafka", "ps_core.checkpoint", "ps_core.net", "consumers.broker", "app.config")
+    assert not {m for m in loaded for h in heavy if m == h or m.startswith(h + ".")}
+
+
 @pytest.mark.parametrize("name", LAZY)
 def test_each_lazy_name_is_the_one_its_import_for_type_checkers_names(name: str) -> None:
     # The names are written twice (imports under TYPE_CHECKING, the run-time
