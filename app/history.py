@@ -227,6 +227,9 @@ class History(BackgroundLoop):
         self.interval_s = interval_s
         self.max_points = max_points
         self.error: str | None = None
+        # What `error` is logged by: its kind and where, not its text, which
+        # carries how long a shard has been unreachable and so changes.
+        self._cause: tuple[str, str | None] | None = None
         """Why the latest sample failed (the shards' error, or an unexpected
         exception's type and message), None after a success."""
         self._clock = clock
@@ -268,7 +271,7 @@ class History(BackgroundLoop):
             latency = None if self._predict_latency is None else self._predict_latency()
             point = self._point(self._clock(), stats, summarize(board, self.model.name), latency)
         except PSError as exc:
-            self._failed(f"{exc.code}: {exc.detail}")
+            self._failed(f"{exc.code}: {exc.detail}", cause=(exc.code, getattr(exc, "url", None)))
             return None
         except Exception as exc:  # a bug: shown and logged, the sampler goes on
             self._unexpected(exc)
@@ -279,6 +282,7 @@ class History(BackgroundLoop):
         if self.error is not None:
             log_event(log, "history sampling resumed", points=len(self._points))
             self.error = None
+            self._cause = None
         return point
 
     def _point(
@@ -345,13 +349,15 @@ class History(BackgroundLoop):
         where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
         self._failed(f"{type(exc).__name__}: {exc}"[:500], where=where)
 
-    def _failed(self, error: str, *, where: str | None = None) -> None:
+    def _failed(self, error: str, *, where: str | None = None, cause: tuple[str, str | None] | None = None) -> None:
         # Once per outage (and when its cause changes), not once per sample;
         # one line even for a bug (`where` names the line that raised).
-        if error != self.error:
+        cause = (error, where) if cause is None else cause
+        if cause != self._cause:
             fields = {"error": error} if where is None else {"error": error, "where": where}
             log.warning("history sample failed", extra={"fields": fields})
         self.error = error
+        self._cause = cause
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -96,7 +96,8 @@ class ServedModels:
         self._discover_fn = discover
         self._looked_at = -LOOKUP_EVERY_S
         self._watch = _ModelWatch(self, min(10.0, 5 * history_interval_s))
-        self._watch_error: str | None = None
+        self._watch_cause: tuple[str, str | None] | None = None
+        """What the last failed look for models was logged by (None: the last look worked)."""
 
     def view_of(self, name: str) -> ClusterView:
         """Where model `name`'s stats and board are read (a followed model: its follower's)."""
@@ -170,9 +171,9 @@ class ServedModels:
         try:
             names = await self._cluster_models()
         except PSError as exc:
-            self.watch_failed(f"{exc.code}: {exc.detail}")
+            self.watch_failed(f"{exc.code}: {exc.detail}", cause=(exc.code, getattr(exc, "url", None)))
             return
-        self._watch_error = None
+        self._watch_cause = None
         for name in sorted(names - self.histories.keys()):
             if len(self.histories) >= MAX_SAMPLED_MODELS:
                 return
@@ -185,12 +186,15 @@ class ServedModels:
                 if self._started:
                     await history.start()
 
-    def watch_failed(self, error: str) -> None:
+    def watch_failed(self, error: str, cause: tuple[str, str | None] | None = None) -> None:
         """Log why a look for models failed, once per cause (the histories
-        already sampled go on)."""
-        if error != self._watch_error:
+        already sampled go on). `cause` (by default the text) is what tells
+        one cause from another: a shard's unavailability reads differently
+        at every look (how long, how many attempts)."""
+        cause = (error, None) if cause is None else cause
+        if cause != self._watch_cause:
             log.warning("looking for models to sample failed", extra={"fields": {"error": error}})
-        self._watch_error = error
+        self._watch_cause = cause
 
     async def _cluster_models(self) -> set[str]:
         if self._control is None:
