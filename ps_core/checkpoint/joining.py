@@ -34,9 +34,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import (
     ClusterNotReadyError,
@@ -46,17 +47,16 @@ from ..errors import (
     PSError,
     ShardUnavailableError,
 )
+from ..net.shard_openapi import MembershipBody, Refused, Restored
 from ..shard import Shard, ShardSpec
 from ..store.lifecycle import Lifecycle
 from ..store.table_config import TableConfig
+from .control import ControlClient, HttpControl, LocalControl, ShardControl
 from .coordinator import Coordinator
 from .export_files import RestoreResult, latest_chain, read_manifest, restore_into, restore_shards, version_dirs
 from .manifest import parse_version_dir
 from .registry import model_dirs
 from .stream import StreamIdentity
-
-if TYPE_CHECKING:  # the control client imports this module (in-process restores)
-    from .control import ControlClient
 
 __all__ = [
     "Membership",
@@ -145,7 +145,7 @@ def _bad_version(exc: ExportCorruptError) -> int | None:
     return None
 
 
-def _ancestry(dirs: dict[int, Path], version: int) -> set[int] | None:
+def _ancestry(dirs: Mapping[int, Path], version: int) -> set[int] | None:
     """The versions of `version`'s chain from their manifests (no hashing);
     None when a manifest is missing or unreadable."""
     out: set[int] = set()
@@ -207,12 +207,12 @@ def load_shard(
     return shard, ",".join(str(v.version) for v in chains[Path(model_dir).name])
 
 
-async def restore_version(shard: Shard, version: int) -> dict[str, Any]:
+async def restore_version(shard: Shard, version: int) -> Restored:
     """Have `shard` load export `version` from its `restore_dir` (the
     coordinator's request, ``POST /v1/restore``). It leaves the cluster
-    first and stays unjoined until admitted. Answers ``{"version": v,
-    "chain": "..."}``, or ``{"version": null, "refused": {file, expected,
-    actual, detail}}`` when a file of the chain does not check."""
+    first and stays unjoined until admitted. Answers the version and the
+    chain loaded, or no version and the refusal (file, expected, actual,
+    detail) when a file of the chain does not check."""
     if shard.restore_dir is None:
         raise ExportNotFoundError(f"shard {shard.spec.shard_id} has no exports directory to restore from")
     shard.leave("the coordinator is restoring every shard to one export version")
@@ -225,12 +225,9 @@ async def restore_version(shard: Shard, version: int) -> dict[str, Any]:
             "version refused",
             extra={"fields": {"version": version, "shard_id": shard.spec.shard_id, **refusal_fields(exc)}},
         )
-        return {"version": None, "refused": refusal_fields(exc)}
+        return Restored(None, refused=Refused(**refusal_fields(exc)))
     except ExportNotFoundError as exc:
-        return {
-            "version": None,
-            "refused": {"file": "", "expected": f"version {version}", "actual": "missing", "detail": exc.detail},
-        }
+        return _refusal(version, "missing", exc.detail)
     shard.replace_state(fresh, version)
     rows = sum(len(t) for t in shard.tables.values())
     log.info(
@@ -245,26 +242,99 @@ async def restore_version(shard: Shard, version: int) -> dict[str, Any]:
             }
         },
     )
-    return {"version": version, "chain": chain, "rows": rows}
+    return Restored(version, chain=chain, rows=rows)
 
 
-async def _already(version: int) -> dict[str, Any]:
-    return {"version": version, "chain": "", "kept": True}
+def _refusal(version: int, actual: str, detail: str) -> Restored:
+    """A shard's answer that it cannot load `version`, for a cause other than a file's check."""
+    return Restored(None, refused=Refused("", f"version {version}", actual, detail))
 
 
-def _why(reports: list[dict[str, Any]], dirs: dict[int, Path], member: Any) -> str:
+async def _already(version: int) -> Restored:
+    return Restored(version, chain="", kept=True)
+
+
+async def restore_on(shard: ShardControl, version: int) -> Restored:
+    """`shard` loads export `version`: in this process, by `restore_version`;
+    a shard server, asked over its control routes."""
+    if isinstance(shard, LocalControl):
+        return await restore_version(shard.shard, version)
+    if isinstance(shard, HttpControl):
+        return await shard.restore_version(version)
+    raise TypeError(f"cannot restore a {type(shard).__name__}: neither in this process nor a shard server")
+
+
+def _why(reports: Sequence[MembershipBody], dirs: Mapping[int, Path], member: Callable[[MembershipBody], bool]) -> str:
     """Why the shards cannot simply be admitted, for the log line."""
-    held = ",".join(f"{r['shard_id']}:{r['version']}{'' if r['clean'] else '+trained'}" for r in reports)
-    versions = {int(r["version"]) for r in reports}
-    joining = ",".join(str(r["shard_id"]) for r in reports if not member(r))
+    held = ",".join(f"{r.shard_id}:{r.version}{'' if r.clean else '+trained'}" for r in reports)
+    versions = {r.version for r in reports}
+    joining = ",".join(str(r.shard_id) for r in reports if not member(r))
     if len(versions) > 1:
         return f"the shards hold different versions (shard:version {held}; joining: {joining})"
     v = versions.pop()
-    if not all(r["clean"] for r in reports):
+    if not all(r.clean for r in reports):
         return f"shard(s) {joining} joined at version {v} while others trained past it (shard:version {held})"
     if v == 0:
         return "no shard loaded a version at start although versions are on disk"
     return f"the shards hold version {v}, which is not on disk"
+
+
+def agreed_version(reports: Sequence[MembershipBody], dirs: Mapping[int, Path]) -> int | None:
+    """The version every shard may be admitted at as it is: all hold the
+    same one, trained nothing since, and it is on disk (or 0, when nothing
+    was to be loaded); None when the shards must restore together."""
+    versions = {r.version for r in reports}
+    if len(versions) != 1 or not all(r.clean for r in reports):
+        return None
+    agreed = versions.pop()
+    # Holding nothing agrees only when nothing was to be loaded: shards
+    # started with --no-restore, or an empty directory.
+    nothing_ok = not dirs or not any(r.restores for r in reports)
+    return agreed if agreed in dirs or (agreed == 0 and nothing_ok) else None
+
+
+@dataclass
+class _Refusals:
+    """What a cluster restore met, newest version first."""
+
+    lines: list[str] = field(default_factory=list)
+    """``"<version> by shard(s) <ids>: <file or detail>"`` per version refused."""
+    bad: set[int] = field(default_factory=set)
+    """Versions holding a refused file: those built on them are not tried."""
+
+    def note(self, v: int, answers: Sequence[Restored]) -> int:
+        """Record the shards' refusals of `v` (logged); how many refused."""
+        refusals = [(i, _refused(v, a)) for i, a in enumerate(answers) if a.version != v]
+        if not refusals:
+            return 0
+        first = refusals[0][1]
+        by = ",".join(str(i) for i, _ in refusals)
+        self.lines.append(f"{v} by shard(s) {by}: {first.file or first.detail}")
+        # One line per version refused (each shard logs its own refusal too).
+        log.warning(
+            "version refused",
+            extra={
+                "fields": {
+                    "version": v,
+                    "shards": by,
+                    "file": first.file,
+                    "expected": first.expected,
+                    "actual": first.actual,
+                    "by": "cluster restore",
+                }
+            },
+        )
+        for _, r in refusals:
+            bv = _bad_version(ExportCorruptError("", file=r.file))
+            self.bad.add(bv if bv is not None else v)
+        return len(refusals)
+
+
+def _refused(v: int, answer: Restored) -> Refused:
+    """Why a shard did not load `v`, as its answer says."""
+    if isinstance(answer.refused, Refused):
+        return answer.refused
+    return Refused("", f"version {v}", f"version {answer.version}", "the shard answered another version")
 
 
 class Membership:
@@ -300,7 +370,7 @@ class Membership:
         """Cluster restores done."""
         self.versions_refused = 0
         """Refusals of a version by a shard during cluster restores."""
-        self.last_reports: list[dict[str, Any] | None] = []
+        self.last_reports: list[MembershipBody | None] = []
         self._refused_key: object = None
         self._last_wait_log = float("-inf")
         coordinator.refuse(ClusterNotReadyError("the shards have not joined yet"))
@@ -315,10 +385,7 @@ class Membership:
             "cluster_restores": self.cluster_restores,
             "versions_refused": self.versions_refused,
             "refusal": None if refusal is None else refusal.detail,
-            "joined": [
-                None if r is None else bool(r["joined"] and r["epoch"] == self.coordinator.epoch)
-                for r in self.last_reports
-            ],
+            "joined": [None if r is None else self._member(r) for r in self.last_reports],
         }
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -336,18 +403,18 @@ class Membership:
             except TimeoutError:
                 pass
 
-    async def _reports(self) -> list[dict[str, Any] | None]:
+    async def _reports(self) -> list[MembershipBody | None]:
         got = await asyncio.gather(*(t.membership() for t in self.client.shards), return_exceptions=True)
-        out: list[dict[str, Any] | None] = []
+        out: list[MembershipBody | None] = []
         for r in got:
             if isinstance(r, BaseException) and not isinstance(r, Exception):
                 raise r
-            out.append(r if isinstance(r, dict) else None)
+            out.append(r if isinstance(r, MembershipBody) else None)
         self.last_reports = out
         return out
 
-    def _member(self, r: dict[str, Any] | None) -> bool:
-        return r is not None and bool(r["joined"]) and r["epoch"] == self.coordinator.epoch
+    def _member(self, r: MembershipBody | None) -> bool:
+        return r is not None and r.joined and r.epoch == self.coordinator.epoch
 
     def _url(self, i: int) -> str:
         return self.urls[i] if i < len(self.urls) else f"shard {i}"
@@ -361,28 +428,9 @@ class Membership:
             return
         down = [i for i, r in enumerate(reports) if r is None]
         if down:
-            if self.coordinator.ready and all(self._member(r) for r in reports if r is not None):
-                return  # a shard is down: its clients see it; back, it comes unjoined
-            if not isinstance(self.coordinator.refusal, NoCommonVersionError):
-                self.coordinator.refuse(
-                    ClusterNotReadyError(
-                        f"waiting for shard(s) {','.join(map(str, down))} to answer before training resumes"
-                    )
-                )
-            now = time.monotonic()
-            if now - self._last_wait_log >= self.wait_log_s:
-                self._last_wait_log = now
-                log.warning(
-                    "waiting for shards to join",
-                    extra={
-                        "fields": {
-                            "unreachable": ",".join(f"{i} ({self._url(i)})" for i in down),
-                            "hint": "start them (ctrps shard --shard-id N ...); leases are refused until every shard joins",
-                        }
-                    },
-                )
+            self._wait_for(down, reports)
             return
-        key = (tuple((r or {}).get("boot_id") for r in reports), self._dir_key())
+        key = (tuple(r.boot_id if r is not None else None for r in reports), self._dir_key())
         if isinstance(self.coordinator.refusal, NoCommonVersionError) and key == self._refused_key:
             return  # nothing changed since the refusal: do not hash everything again
         joining = [i for i, r in enumerate(reports) if not self._member(r)]
@@ -392,10 +440,33 @@ class Membership:
             )
         )
         async with self._files_lock, self.coordinator.paused():
-            reports = await self._reports()
-            if any(r is None for r in reports):
-                return  # next round
-            await self._decide([r for r in reports if r is not None], key)
+            again = await self._reports()
+            answered = [r for r in again if r is not None]
+            if len(answered) == len(again):  # else: the next round
+                await self._decide(answered, key)
+
+    def _wait_for(self, down: list[int], reports: Sequence[MembershipBody | None]) -> None:
+        """Shards `down` did not answer: leases wait for them (logged every `wait_log_s`)."""
+        if self.coordinator.ready and all(self._member(r) for r in reports if r is not None):
+            return  # a shard is down: its clients see it; back, it comes unjoined
+        if not isinstance(self.coordinator.refusal, NoCommonVersionError):
+            self.coordinator.refuse(
+                ClusterNotReadyError(
+                    f"waiting for shard(s) {','.join(map(str, down))} to answer before training resumes"
+                )
+            )
+        now = time.monotonic()
+        if now - self._last_wait_log >= self.wait_log_s:
+            self._last_wait_log = now
+            log.warning(
+                "waiting for shards to join",
+                extra={
+                    "fields": {
+                        "unreachable": ",".join(f"{i} ({self._url(i)})" for i in down),
+                        "hint": "start them (ctrps shard --shard-id N ...); leases are refused until every shard joins",
+                    }
+                },
+            )
 
     def _dir_key(self) -> tuple[tuple[int, float], ...]:
         """The versions and their files' latest change: a refusal is tried
@@ -418,112 +489,102 @@ class Membership:
             log.warning("admission failed", extra={"fields": {"shard_id": i, "version": version, "error": str(exc)}})
         return not failed
 
-    async def _decide(self, reports: list[dict[str, Any]], key: object) -> None:
-        coord = self.coordinator
-        versions = [int(r["version"]) for r in reports]
+    async def _decide(self, reports: list[MembershipBody], key: object) -> None:
+        """Admit the shards at the version they agree on, or restore them all
+        to the newest version every one can load."""
         dirs = version_dirs(self.model_dir)
-        agreed = versions[0]
-        # Holding nothing agrees only when nothing was to be loaded: shards
-        # started with --no-restore, or an empty directory.
-        nothing_ok = not dirs or not any(r.get("restores") for r in reports)
-        if (
-            len(set(versions)) == 1
-            and all(r["clean"] for r in reports)
-            and (agreed in dirs or (agreed == 0 and nothing_ok))
-        ):
-            if agreed != coord.version:
-                manifest = read_manifest(dirs[agreed]) if agreed else None
-                coord.reset(
-                    agreed,
-                    manifest.offsets if manifest else {},
-                    manifest.stream if manifest else None,
-                    books=_books_of(self.model_dir, agreed) if agreed else None,
-                )
-            if await self._admit(agreed):
-                coord.refuse(None)
-                log.info(
-                    "cluster joined",
-                    extra={"fields": {"version": agreed, "shards": len(reports), "epoch": coord.epoch}},
-                )
-            return
+        agreed = agreed_version(reports, dirs)
+        if agreed is not None:
+            await self._admit_agreed(agreed, dirs, len(reports))
+        else:
+            await self._restore_cluster(reports, dirs, key)
+
+    async def _admit_agreed(self, agreed: int, dirs: Mapping[int, Path], shards: int) -> None:
+        coord = self.coordinator
+        if agreed != coord.version:
+            manifest = read_manifest(dirs[agreed]) if agreed else None
+            coord.reset(
+                agreed,
+                manifest.offsets if manifest else {},
+                manifest.stream if manifest else None,
+                books=_books_of(self.model_dir, agreed) if agreed else None,
+            )
+        if await self._admit(agreed):
+            coord.refuse(None)
+            log.info("cluster joined", extra={"fields": {"version": agreed, "shards": shards, "epoch": coord.epoch}})
+
+    async def _restore_cluster(self, reports: list[MembershipBody], dirs: Mapping[int, Path], key: object) -> None:
+        """Every shard loads the newest version all of them can load, older
+        ones tried together when one is refused; none: leases refused."""
         why = _why(reports, dirs, self._member)
-        bad: set[int] = set()
-        refused: list[str] = []
-        chosen: int | None = None
-        chains = ""
+        refusals = _Refusals()
         for v in sorted(dirs, reverse=True):
             ancestry = _ancestry(dirs, v)
-            if ancestry is None or ancestry & bad:
+            if ancestry is None or ancestry & refusals.bad:
                 continue
-            # A shard that holds exactly `v` already (it loaded it at start,
-            # every file checked, and trained nothing since) needs no reload.
-            got = await asyncio.gather(
-                *(
-                    _already(v) if int(r["version"]) == v and r["clean"] else t.restore_version(v)
-                    for t, r in zip(self.restore_client.shards, reports)
-                ),
-                return_exceptions=True,
-            )
-            for j, r in enumerate(got):
-                if isinstance(r, BaseException) and not isinstance(r, Exception):
-                    raise r
-                if isinstance(r, PSError) and not isinstance(r, ShardUnavailableError):
-                    # An answer, not an outage (e.g. a shard without an
-                    # exports directory): that shard cannot load `v`.
-                    got[j] = {
-                        "version": None,
-                        "refused": {"file": "", "expected": f"version {v}", "actual": r.code, "detail": r.detail},
-                    }
-            unreachable = [i for i, r in enumerate(got) if isinstance(r, Exception)]
-            if unreachable:
-                log.warning(
-                    "cluster restore interrupted",
-                    extra={
-                        "fields": {
-                            "version": v,
-                            "unreachable": ",".join(map(str, unreachable)),
-                            "error": str(got[unreachable[0]]),
-                        }
-                    },
-                )
+            answers = await self._load_everywhere(v, reports)
+            if answers is None:
                 return  # the shards stay unjoined; the next round starts over
-            answers = [r for r in got if isinstance(r, dict)]
-            refusals = [(i, a["refused"]) for i, a in enumerate(answers) if a.get("version") != v]
-            if not refusals:
-                chosen = v
-                chains = next((str(a["chain"]) for a in answers if a.get("chain")), str(v))
-                break
-            self.versions_refused += len(refusals)
-            first = refusals[0][1]
-            by = ",".join(str(i) for i, _ in refusals)
-            refused.append(f"{v} by shard(s) {by}: {first.get('file') or first.get('detail')}")
-            # One line per version refused (each shard logs its own refusal too).
-            log.warning(
-                "version refused",
-                extra={
-                    "fields": {
-                        "version": v,
-                        "shards": by,
-                        "file": first.get("file", ""),
-                        "expected": first.get("expected", ""),
-                        "actual": first.get("actual", ""),
-                        "by": "cluster restore",
-                    }
-                },
-            )
-            for _, r in refusals:
-                bv = _bad_version(ExportCorruptError("", file=str(r.get("file", ""))))
-                bad.add(bv if bv is not None else v)
-        if chosen is None:
-            self._refused_key = key
-            err = NoCommonVersionError(
-                f"no export version in {self.model_dir} loads on every shard ({why}; refused: "
-                f"{'; '.join(refused) or 'no version on disk'}): move the damaged version directories aside "
-                "and the shards retry, or restart every shard with --no-restore to start from empty tables"
-            )
-            coord.refuse(err)
-            log.error("no common version: leases refused", extra={"fields": {"detail": err.detail}})
-            return
+            refused = refusals.note(v, answers)
+            self.versions_refused += refused
+            if not refused:
+                chain = next((a.chain for a in answers if isinstance(a.chain, str) and a.chain), str(v))
+                await self._adopt(v, dirs, chain, why, refusals.lines)
+                return
+        self._refuse_all(key, why, refusals.lines)
+
+    async def _load_everywhere(self, v: int, reports: Sequence[MembershipBody]) -> list[Restored] | None:
+        """Every shard's answer to loading `v`; None when one could not be
+        reached (logged). A shard that holds exactly `v` already (it loaded
+        it at start, every file checked, and trained nothing since) needs no reload."""
+        got = await asyncio.gather(
+            *(
+                _already(v) if r.version == v and r.clean else restore_on(t, v)
+                for t, r in zip(self.restore_client.shards, reports)
+            ),
+            return_exceptions=True,
+        )
+        answers: list[Restored] = []
+        unreachable: list[tuple[int, BaseException]] = []
+        for i, r in enumerate(got):
+            if isinstance(r, Restored):
+                answers.append(r)
+            elif not isinstance(r, Exception):
+                raise r
+            elif isinstance(r, PSError) and not isinstance(r, ShardUnavailableError):
+                # An answer, not an outage (e.g. a shard without an
+                # exports directory): that shard cannot load `v`.
+                answers.append(_refusal(v, r.code, r.detail))
+            else:
+                unreachable.append((i, r))
+        if not unreachable:
+            return answers
+        log.warning(
+            "cluster restore interrupted",
+            extra={
+                "fields": {
+                    "version": v,
+                    "unreachable": ",".join(str(i) for i, _ in unreachable),
+                    "error": str(unreachable[0][1]),
+                }
+            },
+        )
+        return None
+
+    def _refuse_all(self, key: object, why: str, refused: Sequence[str]) -> None:
+        """No version loads on every shard: leases stay refused until one does."""
+        self._refused_key = key
+        err = NoCommonVersionError(
+            f"no export version in {self.model_dir} loads on every shard ({why}; refused: "
+            f"{'; '.join(refused) or 'no version on disk'}): move the damaged version directories aside "
+            "and the shards retry, or restart every shard with --no-restore to start from empty tables"
+        )
+        self.coordinator.refuse(err)
+        log.error("no common version: leases refused", extra={"fields": {"detail": err.detail}})
+
+    async def _adopt(self, chosen: int, dirs: Mapping[int, Path], chain: str, why: str, refused: Sequence[str]) -> None:
+        """Every shard holds `chosen`: the coordinator takes its offsets under a new epoch and admits them."""
+        coord = self.coordinator
         manifest = read_manifest(dirs[chosen])
         coord.reset(chosen, manifest.offsets, manifest.stream, books=_books_of(self.model_dir, chosen))
         self.cluster_restores += 1
@@ -534,7 +595,7 @@ class Membership:
             extra={
                 "fields": {
                     "version": chosen,
-                    "chain": chains,
+                    "chain": chain,
                     "why": why,
                     "refused": "; ".join(refused) or "-",
                     "epoch": coord.epoch,

@@ -85,11 +85,13 @@ from ..store.board import StatusReport
 from ..store.snapshot import MAX_VERSION
 from ..store.table_config import TableConfig
 from . import codec
+from . import control_calls as calls
 from .auth import Refusals, Scope, TokenVerifier, check, token_from_header
+from .control_calls import CONTROL_CALLS
 from .frame_handler import handle_frame
 from .limits import PortGuard, PortLimits, ServedPort, serve_limited
 from .shard_metrics import exposition, shard_families
-from .shard_openapi import Admit, SnapshotRequest, SyncApply, TableDeclaration, shard_document
+from .shard_openapi import shard_document
 
 __all__ = [
     "create_shard_app",
@@ -155,40 +157,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 ROUTE_SCOPES: dict[tuple[str, str], Scope | None] = {
     ("POST", "/v1/pull"): Scope.READ,
     ("GET", "/v1/tables"): Scope.READ,
-    ("GET", "/v1/stats"): Scope.READ,
     ("GET", "/metrics"): Scope.READ,  # the stats' figures: as closed as /v1/stats
-    ("GET", "/v1/status"): Scope.READ,
-    ("GET", "/v1/exports"): Scope.READ,
     ("POST", "/v1/push"): Scope.TRAIN,
     ("POST", "/v1/push_pull"): Scope.TRAIN,
     ("POST", "/v1/changes"): Scope.TRAIN,
-    ("POST", "/v1/tables"): Scope.TRAIN,
-    ("POST", "/v1/status"): Scope.TRAIN,
-    ("POST", "/v1/leases"): Scope.TRAIN,
-    ("POST", "/v1/leases/release"): Scope.TRAIN,
-    ("POST", "/v1/leases/renew"): Scope.TRAIN,
-    ("GET", "/v1/offsets"): Scope.TRAIN,
-    ("POST", "/v1/sync/join"): Scope.TRAIN,
-    ("POST", "/v1/sync/leave"): Scope.TRAIN,
-    ("POST", "/v1/sync/arrive"): Scope.TRAIN,
-    ("POST", "/v1/sync/apply"): Scope.TRAIN,
-    ("POST", "/v1/snapshots"): Scope.ADMIN,
-    ("GET", "/v1/snapshots/{version}"): Scope.ADMIN,
-    ("DELETE", "/v1/snapshots/{version}"): Scope.ADMIN,
-    ("GET", "/v1/membership"): Scope.ADMIN,
-    ("POST", "/v1/membership/admit"): Scope.ADMIN,
-    ("POST", "/v1/restore"): Scope.ADMIN,
-    ("POST", "/v1/exports"): Scope.ADMIN,
-    ("POST", "/v1/exports/compact"): Scope.ADMIN,
-    ("DELETE", "/v1/tables/{name}"): Scope.ADMIN,
-    ("GET", "/v1/models"): Scope.READ,
-    ("GET", "/v1/models/{name}"): Scope.READ,
-    ("POST", "/v1/models"): Scope.TRAIN,  # as table declarations: a worker creates its model
-    ("DELETE", "/v1/models/{name}"): Scope.ADMIN,
     ("GET", "/healthz"): None,  # probes
     # Open too: the document describes routes (public in the source), holds
     # no state, and fuzzers and clients read it before they hold a token.
     ("GET", "/openapi.json"): None,
+    # The control plane's, each declared with its call (`ps_core.net.control_calls`).
+    **{call.key: call.scope for call in CONTROL_CALLS},
 }
 """The scope each route needs (None: open). A request no route matches
 needs a valid token of any scope, so its 404 says nothing to a stranger."""
@@ -262,12 +240,9 @@ async def changes(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.CHANGES)
 
 
-_DECLARATION = msgspec.json.Decoder(TableDeclaration)
-
-
-@_ROUTES.post("/v1/tables")
+@calls.DECLARE.route(_ROUTES)
 async def declare_table(request: web.Request) -> web.Response:
-    body = await json_body(request, _DECLARATION, TableConfigError)
+    body = await json_body(request, calls.DECLARE.decoder, TableConfigError)
     # Unset fields are left out, so the table's defaults fill them in.
     config = TableConfig.from_dict(msgspec.to_builtins(body))
     created = request.app[SHARD].declare(config)
@@ -278,7 +253,7 @@ async def declare_table(request: web.Request) -> web.Response:
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-@_ROUTES.delete("/v1/tables/{name}")
+@calls.DROP_TABLE.route(_ROUTES)
 async def drop_table(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if not _TABLE_NAME.fullmatch(name):
@@ -308,7 +283,7 @@ async def json_body(
     return bodies.decode(decoder, await request.read(), error)
 
 
-@_ROUTES.post("/v1/status")
+@calls.REPORT_STATUS.route(_ROUTES)
 async def report_status(request: web.Request) -> web.Response:
     raw = await json_document(request)
     # The shard checks the report again (a report in process comes that way only);
@@ -317,19 +292,14 @@ async def report_status(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].report_status(raw["source"], raw["status"]))
 
 
-@_ROUTES.get("/v1/status")
+@calls.STATUSES.route(_ROUTES)
 async def list_statuses(request: web.Request) -> web.Response:
     return json_response({"statuses": request.app[SHARD].statuses()})
 
 
-_SNAPSHOT = msgspec.json.Decoder(SnapshotRequest)
-_ADMIT = msgspec.json.Decoder(Admit)
-_SYNC_APPLY = msgspec.json.Decoder(SyncApply)
-
-
-@_ROUTES.post("/v1/snapshots")
+@calls.TAKE_SNAPSHOT.route(_ROUTES)
 async def take_snapshot(request: web.Request) -> web.Response:
-    body = await json_body(request, _SNAPSHOT)
+    body = await json_body(request, calls.TAKE_SNAPSHOT.decoder)
     return json_response({"rows": request.app[SHARD].take_snapshot(body.version, body.parent)})
 
 
@@ -337,38 +307,37 @@ def _version(request: web.Request) -> int:
     return parse_int(request.match_info["version"], "version", maximum=MAX_VERSION)
 
 
-# No HEAD: a fetch hands the copies over once, and a HEAD would drop them unseen.
-@_ROUTES.get("/v1/snapshots/{version}", allow_head=False)
+@calls.FETCH_SNAPSHOT.route(_ROUTES)
 async def fetch_snapshot(request: web.Request) -> web.Response:
     snaps = request.app[SHARD].pop_snapshot(_version(request))
     # Encoding is file-speed work on the event loop; cuts are minutes apart.
     return web.Response(body=codec.snapshots_to_bytes(snaps), content_type="application/octet-stream")
 
 
-@_ROUTES.delete("/v1/snapshots/{version}")
+@calls.DROP_SNAPSHOT.route(_ROUTES)
 async def drop_snapshot(request: web.Request) -> web.Response:
     return json_response({"dropped": request.app[SHARD].drop_snapshot(_version(request))})
 
 
-@_ROUTES.get("/v1/membership")
+@calls.MEMBERSHIP.route(_ROUTES)
 async def membership(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].membership())
 
 
-@_ROUTES.post("/v1/membership/admit")
+@calls.ADMIT.route(_ROUTES)
 async def admit(request: web.Request) -> web.Response:
-    body = await json_body(request, _ADMIT)
+    body = await json_body(request, calls.ADMIT.decoder)
     request.app[SHARD].admit(body.epoch, body.version)
     return json_response(request.app[SHARD].membership())
 
 
-@_ROUTES.post("/v1/sync/apply")
+@calls.SYNC_APPLY.route(_ROUTES)
 async def apply_step(request: web.Request) -> web.Response:
-    body = await json_body(request, _SYNC_APPLY)
+    body = await json_body(request, calls.SYNC_APPLY.decoder)
     return json_response({"applied": request.app[SHARD].apply_step(body.step, body.tables)})
 
 
-@_ROUTES.get("/v1/stats")
+@calls.STATS.route(_ROUTES)
 async def stats(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].stats())
 

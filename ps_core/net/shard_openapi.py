@@ -358,7 +358,7 @@ class ShardHealthBody(Struct, forbid_unknown_fields=True):
 # -- leases and offsets ---------------------------------------------------------------
 
 
-class LeaseRequest(Struct, forbid_unknown_fields=True):
+class LeaseRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """A lease for `worker`, waiting at most `wait_s` for a cut to end."""
 
     worker: Annotated[str, Meta(min_length=1, max_length=200)]
@@ -400,7 +400,7 @@ class Stream(Struct, forbid_unknown_fields=True):
     topics: Annotated[list[str], Meta(max_length=1000)] = []
 
 
-class Release(Struct, forbid_unknown_fields=True):
+class Release(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Release `lease_id` with the offsets its window committed."""
 
     lease_id: Annotated[int, Meta(ge=0, le=MAX_INT)]
@@ -419,14 +419,14 @@ class Released(Struct, forbid_unknown_fields=True):
 _BARRIER_MODEL = Meta(description="The model whose barrier this is (null: the default model's).")
 
 
-class SyncMember(Struct, forbid_unknown_fields=True):
+class SyncMember(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """A sync worker joining or leaving its model's barrier."""
 
     worker: Annotated[str, Meta(min_length=1, max_length=200)]
     model: Annotated[ModelName | None, _BARRIER_MODEL] = None
 
 
-class SyncArrive(Struct, forbid_unknown_fields=True):
+class SyncArrive(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """A sync worker has pushed its step; the first arrival's `deadline_s`
     bounds how long the step waits for the rest."""
 
@@ -441,7 +441,7 @@ class SyncStep(Struct, forbid_unknown_fields=True):
     step: Annotated[int, Meta(ge=0, le=MAX_INT)]
 
 
-class SyncApply(Struct, forbid_unknown_fields=True):
+class SyncApply(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Apply what the named sync tables hold for a closed step of their
     model's barrier."""
 
@@ -468,7 +468,7 @@ class KnownOffsets(Struct, forbid_unknown_fields=True):
 # -- exports --------------------------------------------------------------------------
 
 
-class ExportRequest(Struct, forbid_unknown_fields=True):
+class ExportRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """The kind of version to cut; the exporter's schedule when absent."""
 
     kind: Kind | None = None
