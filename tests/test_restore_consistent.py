@@ -32,7 +32,8 @@ from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.export_files import latest_chain, restore_shards
 from ps_core.checkpoint.exporter import Exporter
-from ps_core.checkpoint.joining import Membership, load_shard
+from ps_core.checkpoint.joining import load_shard
+from ps_core.checkpoint.membership import Membership
 from ps_core.errors import ClusterNotReadyError, NoCommonVersionError, ShardNotJoinedError
 from ps_core.model.models import LogisticRegression
 from ps_core.net import codec

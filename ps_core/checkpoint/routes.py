@@ -13,7 +13,7 @@ shard server's whole app.
   ``cut_in_progress`` after ``wait_s``, default 30 s, its detail naming the
   lease the cut waits for);
   refused at once while the shards join or restore (503 ``cluster_not_ready``)
-  or cannot agree on a version (409 ``no_common_version``, see `ps_core.checkpoint.joining`);
+  or cannot agree on a version (409 ``no_common_version``, see `ps_core.checkpoint.membership`);
 - ``POST /v1/leases/release``: ``{"lease_id": int, "offsets": {topic:
   {partition: next_offset}}, "stream": {"cluster_id", "group", "topics"}}``
   (``stream`` optional: where the offsets were read) → ``{"released": bool}``

@@ -2,9 +2,10 @@
 
 Holds the binary frame codec and the other wire formats (`codec`), a shard's
 frames served (`frame_handler`), its aiohttp app (`server`) and OpenAPI
-document, the TCP RPC (`rpc`, `pipelined`), credentials (`auth`), TLS
-(`tls`), port limits (`limits`), key routing (`routing`) and the data-plane
-client (`client.PSReader`, `client.PSClient` over the transports of
+document, the control plane's calls declared once (`control_calls`: routes,
+scopes, request and reply models), the TCP RPC (`rpc`, `pipelined`),
+credentials (`auth`), TLS (`tls`), port limits (`limits`), key routing
+(`routing`) and the data-plane client (`client.PSReader`, `client.PSClient` over the transports of
 `transports`, through the shard endpoints of `endpoint`).
 
 May import: aiohttp, numpy, orjson, msgspec, `ps_core.errors`, `ps_core.hashing`,
