@@ -38,8 +38,8 @@ from ps_core.errors import ClusterNotReadyError, NoCommonVersionError, ShardNotJ
 from ps_core.model.models import LogisticRegression
 from ps_core.net import codec
 from ps_core.net.client import PSClient
+from ps_core.net.control_messages import MembershipBody
 from ps_core.net.endpoint import RetryPolicy
-from ps_core.net.shard_openapi import MembershipBody
 from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 

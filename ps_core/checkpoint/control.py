@@ -34,8 +34,7 @@ from ..net import codec
 from ..net import control_calls as calls
 from ..net.client import fan_out
 from ..net.control_calls import ControlCall, with_model
-from ..net.endpoint import RetryPolicy, ShardEndpoint, ShardGroup
-from ..net.shard_openapi import (
+from ..net.control_messages import (
     Admit,
     ExportRequest,
     LeaseRenewal,
@@ -50,8 +49,9 @@ from ..net.shard_openapi import (
     SyncApply,
     SyncArrive,
     SyncMember,
-    TableDeclaration,
 )
+from ..net.endpoint import RetryPolicy, ShardEndpoint, ShardGroup
+from ..net.shard_bodies import TableDeclaration
 from ..shard import Shard
 from ..store.snapshot import TableSnapshot
 from ..store.table_config import TableConfig

@@ -27,7 +27,7 @@ from ..errors import (
     ExportCorruptError,
     ExportNotFoundError,
 )
-from ..net.shard_openapi import Refused, Restored
+from ..net.control_messages import Refused, Restored
 from ..shard import Shard, ShardSpec
 from ..store.lifecycle import Lifecycle
 from ..store.table_config import TableConfig

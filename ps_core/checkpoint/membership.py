@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ClusterNotReadyError, ExportCorruptError, NoCommonVersionError, PSError, ShardUnavailableError
-from ..net.shard_openapi import MembershipBody, Refused, Restored
+from ..net.control_messages import MembershipBody, Refused, Restored
 from .control import ControlClient, HttpControl, LocalControl, ShardControl
 from .coordinator import Coordinator
 from .export_files import read_manifest, version_dirs

@@ -3,7 +3,7 @@
 A `ControlCall` names one call of the control plane: the `ShardControl`
 method that makes it (`ps_core.checkpoint.control`), its HTTP method and
 path, the scope a token needs for it, the model of its request body and the
-model of its reply (`ps_core.net.shard_openapi`). From these declarations:
+model of its reply (`ps_core.net.control_messages`). From these declarations:
 
 - the shard app registers each route (`ControlCall.route`) and decodes its
   body (`ControlCall.decoder`), and `ps_core.net.server.ROUTE_SCOPES` takes
@@ -35,9 +35,8 @@ from aiohttp import web
 from ..errors import PSError
 from ..store.board import StatusReport
 from .auth import Scope
-from .shard_openapi import (
+from .control_messages import (
     Admit,
-    Declared,
     Dropped,
     ExportRequest,
     LeaseBody,
@@ -57,9 +56,9 @@ from .shard_openapi import (
     SyncArrive,
     SyncMember,
     SyncStep,
-    TableDeclaration,
     TableDropped,
 )
+from .shard_bodies import Declared, TableDeclaration
 
 __all__ = ["ControlCall", "CONTROL_CALLS", "ControlReplyError", "with_model"]
 

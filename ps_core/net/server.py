@@ -37,8 +37,8 @@ Routes:
 - ``GET /openapi.json``: the OpenAPI document of the JSON routes this app
   serves (`ps_core.net.shard_openapi`).
 
-JSON bodies are decoded with their models (`ps_core.net.shard_openapi`, the
-same that the document publishes): integers are JSON integers (not ``3.0``,
+JSON bodies are decoded with their models (`ps_core.net.shard_bodies`,
+`ps_core.net.control_messages`: the same that the document publishes): integers are JSON integers (not ``3.0``,
 ``2.5``, ``true``, ``"3"`` or ``9.2e18``) within bounds (versions fit a
 uint32), and no unknown field is taken; a path's integers are ASCII digits
 (`ps_core.parsing`). Anything else is 400 ``bad_request`` naming the field.
