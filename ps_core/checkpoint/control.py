@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ssl as ssl_
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol, TypedDict, TypeVar, Unpack
+from typing import Any, NamedTuple, Protocol, TypedDict, Unpack
 
 import aiohttp
 import msgspec
@@ -33,7 +33,7 @@ from ..errors import (
 from ..net import codec
 from ..net import control_calls as calls
 from ..net.client import fan_out
-from ..net.control_calls import ControlCall, with_model
+from ..net.control_calls import ControlCall, Rep, Req, with_model
 from ..net.control_messages import (
     Admit,
     ExportRequest,
@@ -299,10 +299,6 @@ class LocalControl:
 
     async def close(self) -> None:
         return None
-
-
-Req = TypeVar("Req")
-Rep = TypeVar("Rep")
 
 
 class HttpControl(ShardEndpoint):

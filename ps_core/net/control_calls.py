@@ -60,10 +60,12 @@ from .control_messages import (
 )
 from .shard_bodies import Declared, TableDeclaration
 
-__all__ = ["ControlCall", "CONTROL_CALLS", "ControlReplyError", "with_model"]
+__all__ = ["ControlCall", "CONTROL_CALLS", "ControlReplyError", "with_model", "Req", "Rep"]
 
 Req = TypeVar("Req")
+"""A call's request model."""
 Rep = TypeVar("Rep")
+"""A call's reply model."""
 Handler = Callable[[web.Request], Any]
 
 
