@@ -309,8 +309,9 @@ class HttpControl(ShardEndpoint):
         """`call`'s (status, reply body); on a route of the coordinator's, a
         404 that names no error of its own is `NoCoordinatorError`."""
         data = None if body is None else msgspec.json.encode(body)
+        kind = "" if data is None else "application/json"
         try:
-            return await self.request(call.method, path or call.path, data, "application/json", answered=call.answered)
+            return await self.request(call.method, path or call.path, data, kind, answered=call.answered)
         except PSError as exc:
             if (
                 call.coordinator
