@@ -154,22 +154,17 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         raise
 
 
-ROUTE_SCOPES: dict[tuple[str, str], Scope | None] = {
-    ("POST", "/v1/pull"): Scope.READ,
-    ("GET", "/v1/tables"): Scope.READ,
-    ("GET", "/metrics"): Scope.READ,  # the stats' figures: as closed as /v1/stats
-    ("POST", "/v1/push"): Scope.TRAIN,
-    ("POST", "/v1/push_pull"): Scope.TRAIN,
-    ("POST", "/v1/changes"): Scope.TRAIN,
-    ("GET", "/healthz"): None,  # probes
-    # Open too: the document describes routes (public in the source), holds
-    # no state, and fuzzers and clients read it before they hold a token.
-    ("GET", "/openapi.json"): None,
-    # The control plane's, each declared with its call (`ps_core.net.control_calls`).
-    **{call.key: call.scope for call in CONTROL_CALLS},
-}
-"""The scope each route needs (None: open). A request no route matches
-needs a valid token of any scope, so its 404 says nothing to a stranger."""
+ROUTE_SCOPES: dict[tuple[str, str], Scope | None] = {call.key: call.scope for call in CONTROL_CALLS}
+"""The scope each route needs (None: open), declared with the route: the
+control plane's with their calls (`ps_core.net.control_calls`), the others
+by `_route`. A request no route matches needs a valid token of any scope,
+so its 404 says nothing to a stranger."""
+
+
+def _route(method: str, path: str, scope: Scope | None) -> Callable[[Handler], Handler]:
+    """Declare a route of this app (not a control call's) and the scope it needs (None: open)."""
+    ROUTE_SCOPES[(method, path)] = scope
+    return _ROUTES.get(path) if method == "GET" else _ROUTES.route(method, path)
 
 
 def refusal_body(reason: str, needs: Scope, granted: Scope | None) -> tuple[int, dict[str, str]]:
@@ -220,22 +215,22 @@ async def _frame(request: web.Request, op: int) -> web.Response:
     return web.Response(body=reply, content_type=FRAME_CONTENT_TYPE)
 
 
-@_ROUTES.post("/v1/pull")
+@_route("POST", "/v1/pull", Scope.READ)
 async def pull(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.PULL)
 
 
-@_ROUTES.post("/v1/push")
+@_route("POST", "/v1/push", Scope.TRAIN)
 async def push(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.PUSH)
 
 
-@_ROUTES.post("/v1/push_pull")
+@_route("POST", "/v1/push_pull", Scope.TRAIN)
 async def push_pull(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.PUSH_PULL)
 
 
-@_ROUTES.post("/v1/changes")
+@_route("POST", "/v1/changes", Scope.TRAIN)
 async def changes(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.CHANGES)
 
@@ -261,7 +256,7 @@ async def drop_table(request: web.Request) -> web.Response:
     return json_response({"dropped": request.app[SHARD].drop(name)})
 
 
-@_ROUTES.get("/v1/tables")
+@_route("GET", "/v1/tables", Scope.READ)
 async def list_tables(request: web.Request) -> web.Response:
     shard = request.app[SHARD]
     return json_response({name: t.config.to_dict() for name, t in shard.tables.items()})
@@ -342,14 +337,16 @@ async def stats(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].stats())
 
 
-@_ROUTES.get("/metrics")
+@_route("GET", "/metrics", Scope.READ)  # the stats' figures: as closed as /v1/stats
 async def metrics(request: web.Request) -> web.Response:
     shard = request.app[SHARD]
     text = exposition(shard_families([(str(shard.spec.shard_id), shard.stats())]))
     return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-@_ROUTES.get("/openapi.json")
+# Open: the document describes routes (public in the source), holds no
+# state, and fuzzers and clients read it before they hold a token.
+@_route("GET", "/openapi.json", None)
 async def openapi(request: web.Request) -> web.Response:
     # Built per request from the router: shard 0's coordinator routes are
     # added after the app is created, and the document names only those served.
@@ -357,7 +354,7 @@ async def openapi(request: web.Request) -> web.Response:
     return json_response(shard_document(served))
 
 
-@_ROUTES.get("/healthz")
+@_route("GET", "/healthz", None)  # probes
 async def healthz(request: web.Request) -> web.Response:
     spec = request.app[SHARD].spec
     return json_response(
