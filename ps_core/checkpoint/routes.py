@@ -62,6 +62,7 @@ from aiohttp import web
 from ..bodies import decode
 from ..errors import CutInProgressError, InvalidRequestError
 from ..net import control_calls as calls
+from ..net.control_messages import LeaseBody, Released, Renewed, SyncStep
 from ..net.server import SHARD, create_shard_app, json_body, json_response
 from ..shard import Shard
 from .coordinator import Coordinator, parse_offsets
@@ -109,13 +110,13 @@ async def acquire(request: web.Request) -> web.Response:
         # holds would stall the next cut until it expires.
         await coordinator.release(lease.lease_id)
         raise CutInProgressError("the caller left before the lease was granted")
-    return json_response({"lease_id": lease.lease_id, "epoch": lease.epoch, "ttl_s": lease.ttl_s})
+    return json_response(LeaseBody(lease.lease_id, lease.epoch, lease.ttl_s))
 
 
 @calls.RENEW_LEASE.route(_COORDINATED)
 async def renew(request: web.Request) -> web.Response:
     body = await json_body(request, calls.RENEW_LEASE.decoder)
-    return json_response({"renewed": request.app[COORDINATOR].renew(body.lease_id)})
+    return json_response(Renewed(request.app[COORDINATOR].renew(body.lease_id)))
 
 
 @calls.RELEASE_LEASE.route(_COORDINATED)
@@ -129,7 +130,7 @@ async def release(request: web.Request) -> web.Response:
             if name is not None:
                 request.app[EXPORTER].registry.check(name)
     released = await request.app[COORDINATOR].release(body.lease_id, offsets, stream, body.model, body.also)
-    return json_response({"released": released})
+    return json_response(Released(released))
 
 
 @calls.OFFSETS.route(_COORDINATED)
@@ -149,20 +150,20 @@ async def offsets(request: web.Request) -> web.Response:
 @calls.SYNC_JOIN.route(_COORDINATED)
 async def sync_join(request: web.Request) -> web.Response:
     body = await json_body(request, calls.SYNC_JOIN.decoder)
-    return json_response({"step": request.app[COORDINATOR].barrier(body.model).join(body.worker)})
+    return json_response(SyncStep(request.app[COORDINATOR].barrier(body.model).join(body.worker)))
 
 
 @calls.SYNC_LEAVE.route(_COORDINATED)
 async def sync_leave(request: web.Request) -> web.Response:
     body = await json_body(request, calls.SYNC_LEAVE.decoder)
-    return json_response({"step": request.app[COORDINATOR].leave_barrier(body.worker, body.model)})
+    return json_response(SyncStep(request.app[COORDINATOR].leave_barrier(body.worker, body.model)))
 
 
 @calls.SYNC_ARRIVE.route(_COORDINATED)
 async def sync_arrive(request: web.Request) -> web.Response:
     body = await json_body(request, calls.SYNC_ARRIVE.decoder)
     barrier = request.app[COORDINATOR].barrier(body.model)
-    return json_response({"step": await barrier.arrive(body.worker, body.deadline_s)})
+    return json_response(SyncStep(await barrier.arrive(body.worker, body.deadline_s)))
 
 
 @calls.EXPORT_NOW.route(_EXPORTED)
@@ -217,7 +218,7 @@ def add_coordinator_routes(app: web.Application, coordinator: Coordinator, expor
 
 async def restore(request: web.Request) -> web.Response:
     body = await json_body(request, calls.RESTORE.decoder)
-    return json_response(msgspec.to_builtins(await restore_version(request.app[SHARD], body.version)))
+    return json_response(await restore_version(request.app[SHARD], body.version))
 
 
 def checkpointed_shard_app(

@@ -88,6 +88,7 @@ from . import codec
 from . import control_calls as calls
 from .auth import Refusals, Scope, TokenVerifier, check, token_from_header
 from .control_calls import CONTROL_CALLS
+from .control_messages import Dropped, SnapshotRows, SyncApplied, TableDropped
 from .frame_handler import handle_frame
 from .limits import PortGuard, PortLimits, ServedPort, serve_limited
 from .shard_metrics import exposition, shard_families
@@ -123,8 +124,10 @@ T = TypeVar("T")
 
 
 def json_response(body: object, status: int = 200) -> web.Response:
-    """A JSON response encoded with orjson."""
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+    """A JSON response: a model (`msgspec.Struct`, a control call's reply)
+    encoded by msgspec, anything else by orjson."""
+    raw = msgspec.json.encode(body) if isinstance(body, msgspec.Struct) else orjson.dumps(body)
+    return web.Response(body=raw, status=status, content_type="application/json")
 
 
 @web.middleware
@@ -253,7 +256,7 @@ async def drop_table(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if not _TABLE_NAME.fullmatch(name):
         raise InvalidRequestError(f"{name[:80]!r} is not a table name: 1-64 of [A-Za-z0-9_.-]")
-    return json_response({"dropped": request.app[SHARD].drop(name)})
+    return json_response(TableDropped(request.app[SHARD].drop(name)))
 
 
 @_route("GET", "/v1/tables", Scope.READ)
@@ -295,7 +298,7 @@ async def list_statuses(request: web.Request) -> web.Response:
 @calls.TAKE_SNAPSHOT.route(_ROUTES)
 async def take_snapshot(request: web.Request) -> web.Response:
     body = await json_body(request, calls.TAKE_SNAPSHOT.decoder)
-    return json_response({"rows": request.app[SHARD].take_snapshot(body.version, body.parent)})
+    return json_response(SnapshotRows(request.app[SHARD].take_snapshot(body.version, body.parent)))
 
 
 def _version(request: web.Request) -> int:
@@ -311,7 +314,7 @@ async def fetch_snapshot(request: web.Request) -> web.Response:
 
 @calls.DROP_SNAPSHOT.route(_ROUTES)
 async def drop_snapshot(request: web.Request) -> web.Response:
-    return json_response({"dropped": request.app[SHARD].drop_snapshot(_version(request))})
+    return json_response(Dropped(request.app[SHARD].drop_snapshot(_version(request))))
 
 
 @calls.MEMBERSHIP.route(_ROUTES)
@@ -329,7 +332,7 @@ async def admit(request: web.Request) -> web.Response:
 @calls.SYNC_APPLY.route(_ROUTES)
 async def apply_step(request: web.Request) -> web.Response:
     body = await json_body(request, calls.SYNC_APPLY.decoder)
-    return json_response({"applied": request.app[SHARD].apply_step(body.step, body.tables)})
+    return json_response(SyncApplied(request.app[SHARD].apply_step(body.step, body.tables)))
 
 
 @calls.STATS.route(_ROUTES)
