@@ -62,7 +62,7 @@ from aiohttp import web
 from ..bodies import decode
 from ..errors import CutInProgressError, InvalidRequestError
 from ..net import control_calls as calls
-from ..net.control_messages import LeaseBody, Released, Renewed, SyncStep
+from ..net.control_messages import KnownOffsets, LeaseBody, Released, Renewed, SyncStep
 from ..net.server import SHARD, create_shard_app, json_body, json_response
 from ..shard import Shard
 from .coordinator import Coordinator, parse_offsets
@@ -139,11 +139,11 @@ async def offsets(request: web.Request) -> web.Response:
     coordinator = request.app[COORDINATOR]
     known, stream = coordinator.offsets(model), coordinator.stream_of(model)
     return json_response(
-        {
-            "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in known.items()},
-            "stream": stream.to_dict() if stream is not None else None,
-            "restored": coordinator.restored,
-        }
+        KnownOffsets(
+            {t: {str(p): o for p, o in ps.items()} for t, ps in known.items()},
+            stream.to_dict() if stream is not None else None,
+            coordinator.restored,
+        )
     )
 
 
