@@ -68,8 +68,8 @@ from ps_core.errors import (
 )
 from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSReader
+from ps_core.net.control_messages import ExportRequest
 from ps_core.net.limits import PortGuard, ServedPort, serve_limited
-from ps_core.net.shard_openapi import ExportRequest
 from ps_core.net.tls import HandshakeFailures, watch_handshakes
 from ps_core.parsing import parse_number
 from ps_core.store.board import StatusReport

@@ -26,26 +26,16 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from ps_core.bodies import NUMERIC_PATTERN, components, ref
 from ps_core.model.events import MAX_FEATURES, MAX_FLOAT32, MAX_TS, MAX_VALUE, MAX_WEIGHT
 from ps_core.model.featurizer import DEFAULT_NUMERIC
-from ps_core.net.shard_openapi import (
-    FTRL_RULE,
+from ps_core.net.control_messages import (
     Compaction,
-    Count,
-    CountsBy,
-    Error,
     ExportList,
     ExportReportBody,
     ExportRequest,
-    LifecycleBody,
-    NewModelName,
-    Optimizer,
-    OptimizerName,
     StatusAck,
     StatusBoardBody,
-    created_response,
-    json_response,
-    ok_response,
-    parameter,
 )
+from ps_core.net.shard_bodies import Count, CountsBy, Error, LifecycleBody, NewModelName, Optimizer, OptimizerName
+from ps_core.net.shard_openapi import FTRL_RULE, created_response, json_response, ok_response, parameter
 from ps_core.store.board import StatusReport
 
 __all__ = [

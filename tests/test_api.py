@@ -45,8 +45,9 @@ from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.metrics import evaluate
 from ps_core.model.models import Model, make_model, sigmoid
 from ps_core.net.client import PSClient
+from ps_core.net.control_messages import Admit, ExportRequest, LeaseRequest, Release, SnapshotRequest
 from ps_core.net.endpoint import RetryPolicy
-from ps_core.net.shard_openapi import Admit, ExportRequest, LeaseRequest, Release, SnapshotRequest, shard_document
+from ps_core.net.shard_openapi import shard_document
 from ps_core.shard import Shard, ShardSpec
 from ps_core.store.board import StatusReport
 from ps_core.store.lifecycle import Lifecycle

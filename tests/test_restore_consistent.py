@@ -32,11 +32,13 @@ from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.export_files import latest_chain, restore_shards
 from ps_core.checkpoint.exporter import Exporter
-from ps_core.checkpoint.joining import Membership, load_shard
+from ps_core.checkpoint.joining import load_shard
+from ps_core.checkpoint.membership import Membership
 from ps_core.errors import ClusterNotReadyError, NoCommonVersionError, ShardNotJoinedError
 from ps_core.model.models import LogisticRegression
 from ps_core.net import codec
 from ps_core.net.client import PSClient
+from ps_core.net.control_messages import MembershipBody
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
@@ -125,13 +127,13 @@ def shards(tmp_path: Path) -> Shards:
     return Shards(2, tmp_path / "exports", tmp_path)
 
 
-async def _memberships(control: ControlClient) -> list[dict[str, Any]]:
+async def _memberships(control: ControlClient) -> list[MembershipBody]:
     return [await s.membership() for s in control.shards]
 
 
-async def _joined(control: ControlClient, shards: Shards, timeout_s: float = 60) -> list[dict[str, Any]]:
+async def _joined(control: ControlClient, shards: Shards, timeout_s: float = 60) -> list[MembershipBody]:
     """Wait until every shard is joined under shard 0's epoch; their reports."""
-    got: list[dict[str, Any]] = []
+    got: list[MembershipBody] = []
 
     async def all_joined() -> bool:
         nonlocal got
@@ -141,7 +143,7 @@ async def _joined(control: ControlClient, shards: Shards, timeout_s: float = 60)
             cluster = (await control.stats())[0]["cluster"]
         except Exception:
             return False  # starting
-        return bool(cluster["ready"]) and all(r["joined"] and r["epoch"] == cluster["epoch"] for r in got)
+        return bool(cluster["ready"]) and all(r.joined and r.epoch == cluster["epoch"] for r in got)
 
     await until(all_joined, timeout_s, what="every shard to join", poll_s=0.1)
     return got
@@ -182,7 +184,7 @@ async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_olde
 
     async with shards.serving(restore=True, deadline_s=2) as (client, control):
         reports = await _joined(control, shards)
-        assert [r["version"] for r in reports] == [2, 2]
+        assert [r.version for r in reports] == [2, 2]
         await _lease_works(control)
         assert await control.coordinator_offsets() == {"clicks": {0: 200, 1: 20}}
         # Both shards serve version 2 exactly (version 3's rows are absent).
@@ -222,7 +224,7 @@ async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(shar
         with pytest.raises(NoCommonVersionError) as failed:
             await control.acquire_lease("w", wait_s=1)
         assert str(damaged) in str(failed.value) and "--no-restore" in str(failed.value)
-        assert [r["joined"] for r in await _memberships(control)] == [False, False]
+        assert [r.joined for r in await _memberships(control)] == [False, False]
         lines = [l for l in shards.lines(0) if l.get("msg") == "no common version: leases refused"]
         assert len(lines) == 1 and lines[0]["level"] == "error"
         cluster = (await control.stats())[0]["cluster"]
@@ -233,7 +235,7 @@ async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(shar
         for name in ("0000000001", "0000000002"):
             (exports / "m" / name).rename(exports / "m" / f"damaged-{name}")
         reports = await _joined(control, shards)
-        assert [r["version"] for r in reports] == [0, 0]
+        assert [r.version for r in reports] == [0, 0]
         await _lease_works(control)
         for i in range(2):
             _no_tracebacks(shards, i)
@@ -304,7 +306,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
             assert restarted and done.is_set()
             assert await committed() == produced
             reports = await _joined(control, shards)
-            assert [r["version"] for r in reports] == [1, 1]  # both restored version 1, then trained
+            assert [r.version for r in reports] == [1, 1]  # both restored version 1, then trained
             cluster = (await control.stats())[0]["cluster"]
             assert cluster["cluster_restores"] == 1
             metrics = ApiMetrics()
@@ -349,7 +351,7 @@ async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(shard
         shards.stop(0, signal.SIGKILL)
         shards.start(0)
         reports = await _joined(control, shards)
-        assert [r["version"] for r in reports] == [1, 1] and reports[1]["epoch"] != old_epoch
+        assert [r.version for r in reports] == [1, 1] and reports[1].epoch != old_epoch
         np.testing.assert_array_equal(await client.pull("m_w", KEYS), at_v1)
         assert await control.coordinator_offsets() == {"clicks": {0: 7}}
         restores = [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
@@ -381,7 +383,7 @@ async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(shard
                 await asyncio.wait_for(direct.transports[0].pull("m_w", KEYS[:10]), 5)
         shards.start(0)
         reports = await _joined(control, shards)
-        assert [r["version"] for r in reports] == [1, 1]
+        assert [r.version for r in reports] == [1, 1]
         # Both loaded version 1 and trained nothing since: admitted as they are.
         assert not [l for l in shards.lines(0) if l.get("msg") == "cluster restore"]
         np.testing.assert_array_equal(await client.pull("m_w", KEYS), at_v1)

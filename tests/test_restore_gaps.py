@@ -131,7 +131,7 @@ async def test_a_restored_cut_without_offsets_replays_what_the_group_committed(
             shards.stop(1, signal.SIGKILL)
             shards.start(1, restore=True)
             reports = await _joined(control, shards)
-            assert [r["version"] for r in reports] == [1, 1]
+            assert [r.version for r in reports] == [1, 1]
             worker = s.worker(control, client)
             await _train_all(worker, control, s)
             await control.export_now()
@@ -225,7 +225,7 @@ async def test_a_changed_digit_in_the_newest_manifest_is_refused_and_nothing_is_
                 shards.stop(i, signal.SIGKILL)
             shards.start_all(restore=True)
             reports = await _joined(control, shards)
-            assert [r["version"] for r in reports] == [1, 1]
+            assert [r.version for r in reports] == [1, 1]
             assert await _committed(control, s.topic) == at_v1
             worker = s.worker(control, client)
             await _train_all(worker, control, s)

@@ -334,7 +334,7 @@ async def test_shard_and_serve_roles_with_tls_and_a_secret(
                         task.result()
                         raise AssertionError(f"{task.get_name()} stopped")
                 try:
-                    return bool((await admin.shards[0].membership())["joined"])
+                    return (await admin.shards[0].membership()).joined
                 except ShardUnavailableError:
                     return False
 

@@ -18,7 +18,8 @@ from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl,
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.export_files import dir_mode, version_dirs
 from ps_core.checkpoint.exporter import Exporter
-from ps_core.checkpoint.joining import Membership, books_at, newest_loadable, refusal_fields, restore_chains
+from ps_core.checkpoint.joining import books_at, newest_loadable, refusal_fields, restore_chains
+from ps_core.checkpoint.membership import Membership
 from ps_core.checkpoint.owner import HAND_STARTED, claim_exports
 from ps_core.checkpoint.routes import add_coordinator_routes, checkpointed_shard_app
 from ps_core.checkpoint.stream import StreamIdentity
@@ -276,7 +277,7 @@ def _coordination(
     shard.add_stats("sync", coordinator.sync_stats)
     if settings.num_shards == 1:
         return client, exporter, None
-    # Every shard at one version, or no leases (ps_core/checkpoint/joining.py).
+    # Every shard at one version, or no leases (ps_core/checkpoint/membership.py).
     # Membership polls give up quickly (a shard down is a round
     # missed); a load of every shard's chain may take minutes.
     quick = ControlClient([shards[0]] + [peer(i, url, 2.0) for i, url in enumerate(settings.shards) if i > 0])

@@ -4,10 +4,12 @@ Holds the coordinator (leases around windows, cuts, committed offsets) and its
 routes, the stream identity of offsets, manifests, export files (write, list,
 verify, load, restore, compact, prune) and their serving files (`serving`:
 the weights a replica reads), the exporter that cuts across shards,
-the joining of restored shards (`joining`), the control plane's client
-(`control.ControlClient`: tables, stats, the status board, snapshots,
-membership, leases, offsets and exports, as JSON) and the checkpoint routes
-of a shard app (`routes`).
+the loading of export versions into shards (`joining`) and the
+coordinator's admission of them at one version (`membership`), the control
+plane's client (`control.ControlClient`: tables, stats, the status board,
+snapshots, membership, leases, offsets and exports, over the calls of
+`ps_core.net.control_calls`) and the checkpoint routes of a shard app
+(`routes`).
 
 May import: everything else in `ps_core` (the store, the model side and the
 network). Nothing imports it from below. A new export kind, retention rule or

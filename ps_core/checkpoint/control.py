@@ -13,22 +13,49 @@ exporter cuts; joining admits and restores; ``ctrps export`` asks for cuts.
 from __future__ import annotations
 
 import ssl as ssl_
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol, TypedDict, Unpack
-from urllib.parse import quote
 
 import aiohttp
-import orjson
+import msgspec
 
-from ..errors import ExportNotFoundError, LeaseError, NoCoordinatorError, PSError, StatusError, UnknownModelError
+from ..bodies import check
+from ..errors import (
+    ExportNotFoundError,
+    InvalidRequestError,
+    LeaseError,
+    NoCoordinatorError,
+    PSError,
+    StatusError,
+    TableConfigError,
+    UnknownModelError,
+)
 from ..net import codec
+from ..net import control_calls as calls
 from ..net.client import fan_out
+from ..net.control_calls import ControlCall, Rep, Req, with_model
+from ..net.control_messages import (
+    Admit,
+    ExportRequest,
+    LeaseRenewal,
+    LeaseRequest,
+    MembershipBody,
+    ModelDeclaration,
+    Release,
+    Restore,
+    Restored,
+    SnapshotRequest,
+    Stream,
+    SyncApply,
+    SyncArrive,
+    SyncMember,
+)
 from ..net.endpoint import RetryPolicy, ShardEndpoint, ShardGroup
+from ..net.shard_bodies import TableDeclaration
 from ..shard import Shard
 from ..store.snapshot import TableSnapshot
 from ..store.table_config import TableConfig
 from .coordinator import Coordinator, Offsets, parse_offsets
-from .joining import restore_version
 from .stream import StreamIdentity
 
 __all__ = [
@@ -124,11 +151,9 @@ class ShardControl(Protocol):
 
     async def drop_snapshot(self, version: int) -> bool: ...
 
-    async def membership(self) -> dict[str, Any]: ...
+    async def membership(self) -> MembershipBody: ...
 
-    async def admit(self, epoch: str, version: int) -> dict[str, Any]: ...
-
-    async def restore_version(self, version: int) -> dict[str, Any]: ...
+    async def admit(self, epoch: str, version: int) -> MembershipBody: ...
 
     async def acquire_lease(self, worker: str, wait_s: float, ttl_s: float | None = None) -> LeaseGrant: ...
 
@@ -167,11 +192,6 @@ class ShardControl(Protocol):
     async def close(self) -> None: ...
 
 
-def _with_model(path: str, model: str | None) -> str:
-    """`path` asking for `model`'s (None: the default model's)."""
-    return path if model is None else f"{path}?model={quote(model, safe='')}"
-
-
 class LocalControl:
     """A shard in this process, with the coordinator (and exporter) it hosts."""
 
@@ -203,15 +223,12 @@ class LocalControl:
     async def drop_snapshot(self, version: int) -> bool:
         return self.shard.drop_snapshot(version)
 
-    async def membership(self) -> dict[str, Any]:
-        return self.shard.membership()
+    async def membership(self) -> MembershipBody:
+        return msgspec.convert(self.shard.membership(), MembershipBody)
 
-    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
+    async def admit(self, epoch: str, version: int) -> MembershipBody:
         self.shard.admit(epoch, version)
-        return self.shard.membership()
-
-    async def restore_version(self, version: int) -> dict[str, Any]:
-        return await restore_version(self.shard, version)
+        return await self.membership()
 
     def _coordinator(self) -> Coordinator:
         if self.coordinator is None:
@@ -285,161 +302,137 @@ class LocalControl:
 
 
 class HttpControl(ShardEndpoint):
-    """A shard server's control routes, JSON over its HTTP port."""
+    """A shard server's control routes, JSON over its HTTP port: each call
+    as `ps_core.net.control_calls` declares it."""
 
-    async def declare(self, config: TableConfig) -> bool:
-        status, _ = await self.request("POST", "/v1/tables", orjson.dumps(config.to_dict()), "application/json")
-        return status == 201
-
-    async def stats(self) -> dict[str, Any]:
-        _, reply = await self.request("GET", "/v1/stats")
-        out: dict[str, Any] = orjson.loads(reply)
-        return out
-
-    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
-        body = orjson.dumps({"source": source, "status": status})
-        _, reply = await self.request("POST", "/v1/status", body, "application/json")
-        out: dict[str, Any] = orjson.loads(reply)
-        return out
-
-    async def statuses(self) -> list[dict[str, Any]]:
-        _, reply = await self.request("GET", "/v1/status")
-        out: list[dict[str, Any]] = orjson.loads(reply)["statuses"]
-        return out
-
-    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
-        body = orjson.dumps({"version": version, "parent": parent})
-        _, reply = await self.request("POST", "/v1/snapshots", body, "application/json")
-        rows: dict[str, int] = orjson.loads(reply)["rows"]
-        return rows
-
-    async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
-        _, reply = await self.request("GET", f"/v1/snapshots/{version}")
-        return codec.snapshots_from_bytes(reply)
-
-    async def drop_snapshot(self, version: int) -> bool:
-        _, reply = await self.request("DELETE", f"/v1/snapshots/{version}")
-        return bool(orjson.loads(reply)["dropped"])
-
-    async def membership(self) -> dict[str, Any]:
-        _, reply = await self.request("GET", "/v1/membership")
-        out: dict[str, Any] = orjson.loads(reply)
-        return out
-
-    async def admit(self, epoch: str, version: int) -> dict[str, Any]:
-        body = orjson.dumps({"epoch": epoch, "version": version})
-        _, reply = await self.request("POST", "/v1/membership/admit", body, "application/json")
-        out: dict[str, Any] = orjson.loads(reply)
-        return out
-
-    async def restore_version(self, version: int) -> dict[str, Any]:
-        body = orjson.dumps({"version": version})
-        _, reply = await self.request("POST", "/v1/restore", body, "application/json")
-        out: dict[str, Any] = orjson.loads(reply)
-        return out
-
-    async def _coordinator_request(
-        self, method: str, path: str, body: object = None, answered: Collection[str] = ()
-    ) -> Any:
+    async def _exchange(self, call: ControlCall[Any, Any], body: object, path: str | None) -> tuple[int, bytes]:
+        """`call`'s (status, reply body); on a route of the coordinator's, a
+        404 that names no error of its own is `NoCoordinatorError`."""
+        data = None if body is None else msgspec.json.encode(body)
+        kind = "" if data is None else "application/json"
         try:
-            _, reply = await self.request(
-                method, path, None if body is None else orjson.dumps(body), "application/json", answered=answered
-            )
+            return await self.request(call.method, path or call.path, data, kind, answered=call.answered)
         except PSError as exc:
-            if exc.status == 404 and not isinstance(
-                exc, (LeaseError, NoCoordinatorError, ExportNotFoundError, UnknownModelError)
+            if (
+                call.coordinator
+                and exc.status == 404
+                and not isinstance(exc, (LeaseError, NoCoordinatorError, ExportNotFoundError, UnknownModelError))
             ):
                 # The route is not there: this shard serves no coordinator.
                 raise NoCoordinatorError(f"shard {self.shard_id} at {self.url} hosts no coordinator") from None
             raise
-        return orjson.loads(reply)
+
+    async def _call(self, call: ControlCall[Req, Rep], body: Req | None = None, path: str | None = None) -> Rep:
+        """`call`'s reply, decoded into its model."""
+        _, reply = await self._exchange(call, body, path)
+        return call.read(reply)
+
+    async def declare(self, config: TableConfig) -> bool:
+        body = check(config.to_dict(), TableDeclaration, TableConfigError)
+        status, _ = await self._exchange(calls.DECLARE, body, None)
+        return status == 201
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._call(calls.STATS)
+
+    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
+        # Sent as given: the shard checks the report (`StatusError` naming
+        # the field) and keeps the status as it was sent.
+        _, reply = await self._exchange(calls.REPORT_STATUS, {"source": source, "status": status}, None)
+        return calls.REPORT_STATUS.read(reply)
+
+    async def statuses(self) -> list[dict[str, Any]]:
+        board = await self._call(calls.STATUSES)
+        out: list[dict[str, Any]] = board["statuses"]
+        return out
+
+    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
+        return (await self._call(calls.TAKE_SNAPSHOT, SnapshotRequest(version, parent))).rows
+
+    async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
+        return codec.snapshots_from_bytes(
+            await self._call(calls.FETCH_SNAPSHOT, path=calls.FETCH_SNAPSHOT.at(version=version))
+        )
+
+    async def drop_snapshot(self, version: int) -> bool:
+        return (await self._call(calls.DROP_SNAPSHOT, path=calls.DROP_SNAPSHOT.at(version=version))).dropped
+
+    async def membership(self) -> MembershipBody:
+        return await self._call(calls.MEMBERSHIP)
+
+    async def admit(self, epoch: str, version: int) -> MembershipBody:
+        return await self._call(calls.ADMIT, Admit(epoch, version))
+
+    async def restore_version(self, version: int) -> Restored:
+        """Have the shard load export `version` from its exports directory
+        (`ps_core.checkpoint.joining.restore_version` on its side)."""
+        return await self._call(calls.RESTORE, Restore(version))
 
     async def acquire_lease(self, worker: str, wait_s: float, ttl_s: float | None = None) -> LeaseGrant:
-        body = {"worker": worker, "wait_s": wait_s, **({"ttl_s": ttl_s} if ttl_s is not None else {})}
-        # A cut's 503 is the coordinator's answer, not a proxy's: raised at
-        # once, naming the lease the cut waits for (the caller asks again).
-        got = await self._coordinator_request("POST", "/v1/leases", body, answered=("cut_in_progress",))
-        return LeaseGrant(int(got["lease_id"]), str(got["epoch"]))
+        got = await self._call(calls.ACQUIRE_LEASE, LeaseRequest(worker, wait_s, ttl_s))
+        return LeaseGrant(got.lease_id, got.epoch)
 
     async def renew_lease(self, lease_id: int) -> bool:
-        return bool((await self._coordinator_request("POST", "/v1/leases/renew", {"lease_id": lease_id}))["renewed"])
+        return (await self._call(calls.RENEW_LEASE, LeaseRenewal(lease_id))).renewed
 
     async def release_lease(self, lease_id: int, offsets: Offsets, **named: Unpack[ReleaseFields]) -> bool:
-        body: dict[str, Any] = {
-            "lease_id": lease_id,
-            "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()},
-        }
-        if (stream := named.get("stream")) is not None:
-            body["stream"] = stream.to_dict()
-        if (model := named.get("model")) is not None:
-            body["model"] = model
-        if also := named.get("also"):
-            body["also"] = list(also)
-        return bool((await self._coordinator_request("POST", "/v1/leases/release", body))["released"])
+        stream = named.get("stream")
+        body = Release(
+            lease_id,
+            {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()},
+            None if stream is None else Stream(stream.cluster_id, stream.group, list(stream.topics)),
+            named.get("model"),
+            list(named.get("also", ())),
+        )
+        return (await self._call(calls.RELEASE_LEASE, body)).released
 
     async def coordinator_offsets(self, model: str | None = None) -> Offsets:
-        return parse_offsets((await self._coordinator_request("GET", _with_model("/v1/offsets", model)))["offsets"])
+        return (await self.coordinator_resume(model)).offsets
 
     async def sync_join(self, worker: str, model: str | None = None) -> int:
-        return int((await self._coordinator_request("POST", "/v1/sync/join", _member(worker, model)))["step"])
+        return (await self._call(calls.SYNC_JOIN, SyncMember(worker, model))).step
 
     async def sync_leave(self, worker: str, model: str | None = None) -> int:
-        return int((await self._coordinator_request("POST", "/v1/sync/leave", _member(worker, model)))["step"])
+        return (await self._call(calls.SYNC_LEAVE, SyncMember(worker, model))).step
 
     async def sync_arrive(self, worker: str, deadline_s: float, model: str | None = None) -> int:
-        body = {**_member(worker, model), "deadline_s": deadline_s}
-        return int((await self._coordinator_request("POST", "/v1/sync/arrive", body))["step"])
+        return (await self._call(calls.SYNC_ARRIVE, SyncArrive(worker, deadline_s, model))).step
 
     async def sync_apply(self, step: int, tables: Sequence[str] | None = None) -> int:
-        body = orjson.dumps({"step": step} if tables is None else {"step": step, "tables": list(tables)})
-        _, reply = await self.request("POST", "/v1/sync/apply", body, "application/json")
-        return int(orjson.loads(reply)["applied"])
+        body = SyncApply(step, None if tables is None else list(tables))
+        return (await self._call(calls.SYNC_APPLY, body)).applied
 
     async def coordinator_resume(self, model: str | None = None) -> ResumePoint:
-        return _resume_point(await self._coordinator_request("GET", _with_model("/v1/offsets", model)))
+        return _resume_point(await self._call(calls.OFFSETS, path=with_model(calls.OFFSETS.path, model)))
 
     async def export_now(self, kind: str | None) -> dict[str, Any]:
-        out: dict[str, Any] = await self._coordinator_request(
-            "POST", "/v1/exports", {} if kind is None else {"kind": kind}
-        )
-        return out
+        body = ExportRequest() if kind is None else check({"kind": kind}, ExportRequest, InvalidRequestError)
+        return await self._call(calls.EXPORT_NOW, body)
 
     async def exports(self, model: str | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = await self._coordinator_request("GET", _with_model("/v1/exports", model))
-        return out
+        return await self._call(calls.EXPORTS, path=with_model(calls.EXPORTS.path, model))
 
     async def compact_exports(self, model: str | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = await self._coordinator_request("POST", _with_model("/v1/exports/compact", model), {})
-        return out
+        return await self._call(calls.COMPACT, path=with_model(calls.COMPACT.path, model))
 
     async def drop_table(self, name: str) -> bool:
-        _, reply = await self.request("DELETE", f"/v1/tables/{quote(name, safe='')}")
-        return bool(orjson.loads(reply)["dropped"])
+        return (await self._call(calls.DROP_TABLE, path=calls.DROP_TABLE.at(name=name))).dropped
 
     async def models(self) -> dict[str, Any]:
-        out: dict[str, Any] = await self._coordinator_request("GET", "/v1/models")
-        return out
+        return await self._call(calls.MODELS)
 
     async def model_info(self, name: str) -> dict[str, Any]:
-        out: dict[str, Any] = await self._coordinator_request("GET", f"/v1/models/{quote(name, safe='')}")
-        return out
+        return await self._call(calls.MODEL_INFO, path=calls.MODEL_INFO.at(name=name))
 
     async def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = await self._coordinator_request("POST", "/v1/models", body)
-        return out
+        # A recipe the model refuses is the 400 the route would answer.
+        return await self._call(calls.CREATE_MODEL, check(body, ModelDeclaration, InvalidRequestError))
 
     async def delete_model(self, name: str) -> dict[str, Any]:
-        out: dict[str, Any] = await self._coordinator_request("DELETE", f"/v1/models/{quote(name, safe='')}")
-        return out
+        return await self._call(calls.DELETE_MODEL, path=calls.DELETE_MODEL.at(name=name))
 
     async def close(self) -> None:
         return None
-
-
-def _member(worker: str, model: str | None) -> dict[str, str]:
-    """A barrier request's member, and its model only when named (a request
-    naming none reads as it did before barriers were per model)."""
-    return {"worker": worker} if model is None else {"worker": worker, "model": model}
 
 
 class ControlClient(ShardGroup[ShardControl]):

@@ -126,18 +126,18 @@ class OffsetBook:
 
     def _adopt(self, stream: StreamIdentity, model: str) -> None:
         """Record `stream` as the offsets' stream; a different one drops the old offsets."""
-        reason = stream_mismatch(self.stream, stream)
-        if reason is not None:
-            assert self.stream is not None
+        old = self.stream
+        reason = stream_mismatch(old, stream)
+        if old is not None and reason is not None:  # a recorded stream, and another one
             log.warning(
                 "stream changed: offsets of the old stream dropped",
                 extra={
                     "fields": {
                         "model": model,
                         "reason": reason,
-                        "old_cluster_id": self.stream.cluster_id,
+                        "old_cluster_id": old.cluster_id,
                         "cluster_id": stream.cluster_id,
-                        "old_group": self.stream.group,
+                        "old_group": old.group,
                         "group": stream.group,
                         "dropped_partitions": sum(len(p) for p in self.offsets.values()),
                     }
@@ -146,10 +146,10 @@ class OffsetBook:
             self.offsets = {}
             self.stream_changes += 1
             self.stream = stream
-        elif self.stream is None:
+        elif old is None:
             self.stream = stream
         else:
-            self.stream = self.stream.with_topics(stream.topics)
+            self.stream = old.with_topics(stream.topics)
 
 
 def parse_offsets(raw: object, *, error: type[PSError] = LeaseError) -> Offsets:

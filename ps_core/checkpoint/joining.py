@@ -1,26 +1,12 @@
-"""Every shard at one export version, or no training: joining and cluster restores.
+"""Loading export versions into shards, for joining and cluster restores.
 
 A shard that restores at start in a cluster of several shards starts
-*unjoined*: it loads its newest loadable chain eagerly, but answers pulls and
-pushes with `ShardNotJoinedError` (503, retriable) until the coordinator
-admits it. `Membership`, run beside the coordinator (shard 0), asks every
-shard for its state (`Shard.membership`: boot id, joined under which epoch,
-the version its state was restored or cut at, and whether anything was
-pushed since) and decides:
-
-- every shard a member of this coordinator's epoch: nothing to do;
-- every shard at one version, nothing trained since, and that version on
-  disk (or 0, nothing restored): admit them all at it (a full cluster start);
-- otherwise (a shard restarted alone while the others trained on, shards that
-  loaded different versions, shard 0 restarted alone): a *cluster restore*.
-  With leases refused and none active, every shard loads the newest version
-  that every shard can load (`restore_version`, each verifying every file of
-  the chain), older ones tried together when one is refused; the coordinator
-  takes that version's offsets under a new epoch, so workers rewind and the
-  windows since it are trained again, once, on every shard alike.
-
-No version every shard can load: leases stay refused (`NoCommonVersionError`)
-with one line saying what to do.
+*unjoined*: it loads its newest loadable chain eagerly (`newest_loadable`,
+`load_shard`), but answers pulls and pushes with `ShardNotJoinedError` (503,
+retriable) until the coordinator admits it (`ps_core.checkpoint.membership`).
+In a cluster restore the coordinator has every shard load one version
+(`restore_version`, each verifying every file of the chain), and takes that
+version's offsets (`books_at`).
 
 A cluster of several models (`ps_core.checkpoint.registry`) restores them
 together: a version loads when every model that existed at it loads it (the
@@ -33,33 +19,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import (
-    ClusterNotReadyError,
     ExportCorruptError,
     ExportNotFoundError,
-    NoCommonVersionError,
-    PSError,
-    ShardUnavailableError,
 )
+from ..net.control_messages import Refused, Restored
 from ..shard import Shard, ShardSpec
 from ..store.lifecycle import Lifecycle
 from ..store.table_config import TableConfig
-from .coordinator import Coordinator
 from .export_files import RestoreResult, latest_chain, read_manifest, restore_into, restore_shards, version_dirs
 from .manifest import parse_version_dir
 from .registry import model_dirs
 from .stream import StreamIdentity
 
-if TYPE_CHECKING:  # the control client imports this module (in-process restores)
-    from .control import ControlClient
-
 __all__ = [
-    "Membership",
+    "ancestry",
+    "bad_version",
+    "books_of",
+    "refused_answer",
     "chain_of",
     "chains_at",
     "newest_loadable",
@@ -121,7 +102,7 @@ def books_at(chains: Mapping[str, Sequence[Any]]) -> dict[str, tuple[dict[str, d
     return out
 
 
-def _books_of(model_dir: Path, version: int) -> dict[str, tuple[dict[str, dict[int, int]], StreamIdentity | None]]:
+def books_of(model_dir: Path, version: int) -> dict[str, tuple[dict[str, dict[int, int]], StreamIdentity | None]]:
     """Each other model's offsets and stream in its manifest of `version` (no hashing)."""
     out = {}
     for name, d in other_models(model_dir).items():
@@ -136,7 +117,7 @@ def _books_of(model_dir: Path, version: int) -> dict[str, tuple[dict[str, dict[i
     return out
 
 
-def _bad_version(exc: ExportCorruptError) -> int | None:
+def bad_version(exc: ExportCorruptError) -> int | None:
     """The version whose directory holds the file a refusal names."""
     for part in reversed(Path(exc.file).parts):
         v = parse_version_dir(part)
@@ -145,7 +126,7 @@ def _bad_version(exc: ExportCorruptError) -> int | None:
     return None
 
 
-def _ancestry(dirs: dict[int, Path], version: int) -> set[int] | None:
+def ancestry(dirs: Mapping[int, Path], version: int) -> set[int] | None:
     """The versions of `version`'s chain from their manifests (no hashing);
     None when a manifest is missing or unreadable."""
     out: set[int] = set()
@@ -169,15 +150,15 @@ def newest_loadable(model_dir: Path) -> tuple[dict[str, list[Any]] | None, list[
     refusals: list[ExportCorruptError] = []
     bad: set[int] = set()
     for v in sorted(dirs, reverse=True):
-        ancestry = _ancestry(dirs, v)
-        if ancestry is not None and ancestry & bad:
+        built_on = ancestry(dirs, v)
+        if built_on is not None and built_on & bad:
             continue
         try:
             return chains_at(model_dir, v), refusals
         except ExportCorruptError as exc:
             refusals.append(exc)
             if Path(exc.file).is_relative_to(model_dir):
-                bad.add(_bad_version(exc) or v)
+                bad.add(bad_version(exc) or v)
         except ExportNotFoundError:
             continue  # another model lacks the version (its write failed): an older one
     return None, refusals
@@ -207,12 +188,12 @@ def load_shard(
     return shard, ",".join(str(v.version) for v in chains[Path(model_dir).name])
 
 
-async def restore_version(shard: Shard, version: int) -> dict[str, Any]:
+async def restore_version(shard: Shard, version: int) -> Restored:
     """Have `shard` load export `version` from its `restore_dir` (the
     coordinator's request, ``POST /v1/restore``). It leaves the cluster
-    first and stays unjoined until admitted. Answers ``{"version": v,
-    "chain": "..."}``, or ``{"version": null, "refused": {file, expected,
-    actual, detail}}`` when a file of the chain does not check."""
+    first and stays unjoined until admitted. Answers the version and the
+    chain loaded, or no version and the refusal (file, expected, actual,
+    detail) when a file of the chain does not check."""
     if shard.restore_dir is None:
         raise ExportNotFoundError(f"shard {shard.spec.shard_id} has no exports directory to restore from")
     shard.leave("the coordinator is restoring every shard to one export version")
@@ -225,12 +206,9 @@ async def restore_version(shard: Shard, version: int) -> dict[str, Any]:
             "version refused",
             extra={"fields": {"version": version, "shard_id": shard.spec.shard_id, **refusal_fields(exc)}},
         )
-        return {"version": None, "refused": refusal_fields(exc)}
+        return Restored(None, refused=Refused(**refusal_fields(exc)))
     except ExportNotFoundError as exc:
-        return {
-            "version": None,
-            "refused": {"file": "", "expected": f"version {version}", "actual": "missing", "detail": exc.detail},
-        }
+        return refused_answer(version, "missing", exc.detail)
     shard.replace_state(fresh, version)
     rows = sum(len(t) for t in shard.tables.values())
     log.info(
@@ -245,299 +223,10 @@ async def restore_version(shard: Shard, version: int) -> dict[str, Any]:
             }
         },
     )
-    return {"version": version, "chain": chain, "rows": rows}
+    return Restored(version, chain=chain, rows=rows)
 
 
-async def _already(version: int) -> dict[str, Any]:
-    return {"version": version, "chain": "", "kept": True}
-
-
-def _why(reports: list[dict[str, Any]], dirs: dict[int, Path], member: Any) -> str:
-    """Why the shards cannot simply be admitted, for the log line."""
-    held = ",".join(f"{r['shard_id']}:{r['version']}{'' if r['clean'] else '+trained'}" for r in reports)
-    versions = {int(r["version"]) for r in reports}
-    joining = ",".join(str(r["shard_id"]) for r in reports if not member(r))
-    if len(versions) > 1:
-        return f"the shards hold different versions (shard:version {held}; joining: {joining})"
-    v = versions.pop()
-    if not all(r["clean"] for r in reports):
-        return f"shard(s) {joining} joined at version {v} while others trained past it (shard:version {held})"
-    if v == 0:
-        return "no shard loaded a version at start although versions are on disk"
-    return f"the shards hold version {v}, which is not on disk"
-
-
-class Membership:
-    """The coordinator's view of the shards: admits them at one version, or
-    makes them all load one together. Runs in the coordinator's process."""
-
-    def __init__(
-        self,
-        coordinator: Coordinator,
-        client: ControlClient,
-        model_dir: Path | str,
-        *,
-        interval_s: float = 1.0,
-        wait_log_s: float = 5.0,
-        urls: Sequence[str] = (),
-        restore_client: ControlClient | None = None,
-        files_lock: asyncio.Lock | None = None,
-    ) -> None:
-        """`client` reaches every shard (shard 0 in process) for the quick
-        calls; `restore_client` (default `client`) for loads, which may take
-        minutes; `urls` name the shards in log lines; `files_lock` is held
-        while deciding (the exporter's: a compaction swapping a version
-        while shards read it would read as damaged)."""
-        self._files_lock = files_lock or asyncio.Lock()
-        self.coordinator = coordinator
-        self.client = client
-        self.restore_client = restore_client or client
-        self.model_dir = Path(model_dir)
-        self.interval_s = interval_s
-        self.wait_log_s = wait_log_s
-        self.urls = list(urls)
-        self.cluster_restores = 0
-        """Cluster restores done."""
-        self.versions_refused = 0
-        """Refusals of a version by a shard during cluster restores."""
-        self.last_reports: list[dict[str, Any] | None] = []
-        self._refused_key: object = None
-        self._last_wait_log = float("-inf")
-        coordinator.refuse(ClusterNotReadyError("the shards have not joined yet"))
-
-    def stats(self) -> dict[str, Any]:
-        """``cluster`` section of shard 0's stats (for metrics)."""
-        refusal = self.coordinator.refusal
-        return {
-            "ready": self.coordinator.ready,
-            "version": self.coordinator.version,
-            "epoch": self.coordinator.epoch,
-            "cluster_restores": self.cluster_restores,
-            "versions_refused": self.versions_refused,
-            "refusal": None if refusal is None else refusal.detail,
-            "joined": [
-                None if r is None else bool(r["joined"] and r["epoch"] == self.coordinator.epoch)
-                for r in self.last_reports
-            ],
-        }
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """`check` every `interval_s` until `stop`; a round that fails is
-        logged and tried again (leases stay as they were)."""
-        while not stop.is_set():
-            try:
-                await self.check()
-            except PSError as exc:
-                log.warning("membership check failed", extra={"fields": {"error": f"{exc.code}: {exc.detail}"}})
-            except Exception:  # a bug: logged with its traceback; leases stay as they were
-                log.exception("membership check failed")
-            try:
-                await asyncio.wait_for(stop.wait(), self.interval_s)
-            except TimeoutError:
-                pass
-
-    async def _reports(self) -> list[dict[str, Any] | None]:
-        got = await asyncio.gather(*(t.membership() for t in self.client.shards), return_exceptions=True)
-        out: list[dict[str, Any] | None] = []
-        for r in got:
-            if isinstance(r, BaseException) and not isinstance(r, Exception):
-                raise r
-            out.append(r if isinstance(r, dict) else None)
-        self.last_reports = out
-        return out
-
-    def _member(self, r: dict[str, Any] | None) -> bool:
-        return r is not None and bool(r["joined"]) and r["epoch"] == self.coordinator.epoch
-
-    def _url(self, i: int) -> str:
-        return self.urls[i] if i < len(self.urls) else f"shard {i}"
-
-    async def check(self) -> None:
-        """One look at every shard; admit or restore when one is not a member."""
-        reports = await self._reports()
-        if all(self._member(r) for r in reports):
-            if isinstance(self.coordinator.refusal, ClusterNotReadyError):
-                self.coordinator.refuse(None)
-            return
-        down = [i for i, r in enumerate(reports) if r is None]
-        if down:
-            if self.coordinator.ready and all(self._member(r) for r in reports if r is not None):
-                return  # a shard is down: its clients see it; back, it comes unjoined
-            if not isinstance(self.coordinator.refusal, NoCommonVersionError):
-                self.coordinator.refuse(
-                    ClusterNotReadyError(
-                        f"waiting for shard(s) {','.join(map(str, down))} to answer before training resumes"
-                    )
-                )
-            now = time.monotonic()
-            if now - self._last_wait_log >= self.wait_log_s:
-                self._last_wait_log = now
-                log.warning(
-                    "waiting for shards to join",
-                    extra={
-                        "fields": {
-                            "unreachable": ",".join(f"{i} ({self._url(i)})" for i in down),
-                            "hint": "start them (ctrps shard --shard-id N ...); leases are refused until every shard joins",
-                        }
-                    },
-                )
-            return
-        key = (tuple((r or {}).get("boot_id") for r in reports), self._dir_key())
-        if isinstance(self.coordinator.refusal, NoCommonVersionError) and key == self._refused_key:
-            return  # nothing changed since the refusal: do not hash everything again
-        joining = [i for i, r in enumerate(reports) if not self._member(r)]
-        self.coordinator.refuse(
-            ClusterNotReadyError(
-                f"shard(s) {','.join(map(str, joining))} joining: the cluster is settling on one export version"
-            )
-        )
-        async with self._files_lock, self.coordinator.paused():
-            reports = await self._reports()
-            if any(r is None for r in reports):
-                return  # next round
-            await self._decide([r for r in reports if r is not None], key)
-
-    def _dir_key(self) -> tuple[tuple[int, float], ...]:
-        """The versions and their files' latest change: a refusal is tried
-        again once a damaged file is replaced or a version moved aside."""
-        out = []
-        for v, path in sorted(version_dirs(self.model_dir).items()):
-            try:
-                out.append((v, max([path.stat().st_mtime] + [e.stat().st_mtime for e in path.iterdir()])))
-            except OSError:
-                continue
-        return tuple(out)
-
-    async def _admit(self, version: int) -> bool:
-        epoch = self.coordinator.epoch
-        got = await asyncio.gather(*(t.admit(epoch, version) for t in self.client.shards), return_exceptions=True)
-        failed = [(i, r) for i, r in enumerate(got) if isinstance(r, BaseException)]
-        for i, exc in failed:
-            if not isinstance(exc, Exception):
-                raise exc
-            log.warning("admission failed", extra={"fields": {"shard_id": i, "version": version, "error": str(exc)}})
-        return not failed
-
-    async def _decide(self, reports: list[dict[str, Any]], key: object) -> None:
-        coord = self.coordinator
-        versions = [int(r["version"]) for r in reports]
-        dirs = version_dirs(self.model_dir)
-        agreed = versions[0]
-        # Holding nothing agrees only when nothing was to be loaded: shards
-        # started with --no-restore, or an empty directory.
-        nothing_ok = not dirs or not any(r.get("restores") for r in reports)
-        if (
-            len(set(versions)) == 1
-            and all(r["clean"] for r in reports)
-            and (agreed in dirs or (agreed == 0 and nothing_ok))
-        ):
-            if agreed != coord.version:
-                manifest = read_manifest(dirs[agreed]) if agreed else None
-                coord.reset(
-                    agreed,
-                    manifest.offsets if manifest else {},
-                    manifest.stream if manifest else None,
-                    books=_books_of(self.model_dir, agreed) if agreed else None,
-                )
-            if await self._admit(agreed):
-                coord.refuse(None)
-                log.info(
-                    "cluster joined",
-                    extra={"fields": {"version": agreed, "shards": len(reports), "epoch": coord.epoch}},
-                )
-            return
-        why = _why(reports, dirs, self._member)
-        bad: set[int] = set()
-        refused: list[str] = []
-        chosen: int | None = None
-        chains = ""
-        for v in sorted(dirs, reverse=True):
-            ancestry = _ancestry(dirs, v)
-            if ancestry is None or ancestry & bad:
-                continue
-            # A shard that holds exactly `v` already (it loaded it at start,
-            # every file checked, and trained nothing since) needs no reload.
-            got = await asyncio.gather(
-                *(
-                    _already(v) if int(r["version"]) == v and r["clean"] else t.restore_version(v)
-                    for t, r in zip(self.restore_client.shards, reports)
-                ),
-                return_exceptions=True,
-            )
-            for j, r in enumerate(got):
-                if isinstance(r, BaseException) and not isinstance(r, Exception):
-                    raise r
-                if isinstance(r, PSError) and not isinstance(r, ShardUnavailableError):
-                    # An answer, not an outage (e.g. a shard without an
-                    # exports directory): that shard cannot load `v`.
-                    got[j] = {
-                        "version": None,
-                        "refused": {"file": "", "expected": f"version {v}", "actual": r.code, "detail": r.detail},
-                    }
-            unreachable = [i for i, r in enumerate(got) if isinstance(r, Exception)]
-            if unreachable:
-                log.warning(
-                    "cluster restore interrupted",
-                    extra={
-                        "fields": {
-                            "version": v,
-                            "unreachable": ",".join(map(str, unreachable)),
-                            "error": str(got[unreachable[0]]),
-                        }
-                    },
-                )
-                return  # the shards stay unjoined; the next round starts over
-            answers = [r for r in got if isinstance(r, dict)]
-            refusals = [(i, a["refused"]) for i, a in enumerate(answers) if a.get("version") != v]
-            if not refusals:
-                chosen = v
-                chains = next((str(a["chain"]) for a in answers if a.get("chain")), str(v))
-                break
-            self.versions_refused += len(refusals)
-            first = refusals[0][1]
-            by = ",".join(str(i) for i, _ in refusals)
-            refused.append(f"{v} by shard(s) {by}: {first.get('file') or first.get('detail')}")
-            # One line per version refused (each shard logs its own refusal too).
-            log.warning(
-                "version refused",
-                extra={
-                    "fields": {
-                        "version": v,
-                        "shards": by,
-                        "file": first.get("file", ""),
-                        "expected": first.get("expected", ""),
-                        "actual": first.get("actual", ""),
-                        "by": "cluster restore",
-                    }
-                },
-            )
-            for _, r in refusals:
-                bv = _bad_version(ExportCorruptError("", file=str(r.get("file", ""))))
-                bad.add(bv if bv is not None else v)
-        if chosen is None:
-            self._refused_key = key
-            err = NoCommonVersionError(
-                f"no export version in {self.model_dir} loads on every shard ({why}; refused: "
-                f"{'; '.join(refused) or 'no version on disk'}): move the damaged version directories aside "
-                "and the shards retry, or restart every shard with --no-restore to start from empty tables"
-            )
-            coord.refuse(err)
-            log.error("no common version: leases refused", extra={"fields": {"detail": err.detail}})
-            return
-        manifest = read_manifest(dirs[chosen])
-        coord.reset(chosen, manifest.offsets, manifest.stream, books=_books_of(self.model_dir, chosen))
-        self.cluster_restores += 1
-        if await self._admit(chosen):
-            coord.refuse(None)
-        log.warning(
-            "cluster restore",
-            extra={
-                "fields": {
-                    "version": chosen,
-                    "chain": chains,
-                    "why": why,
-                    "refused": "; ".join(refused) or "-",
-                    "epoch": coord.epoch,
-                }
-            },
-        )
+def refused_answer(version: int, actual: str, detail: str) -> Restored:
+    """A shard's answer that it cannot load `version`, for a cause other than a file's check
+    (`actual`: what was found instead)."""
+    return Restored(None, refused=Refused("", f"version {version}", actual, detail))

@@ -13,7 +13,7 @@ shard server's whole app.
   ``cut_in_progress`` after ``wait_s``, default 30 s, its detail naming the
   lease the cut waits for);
   refused at once while the shards join or restore (503 ``cluster_not_ready``)
-  or cannot agree on a version (409 ``no_common_version``, see `ps_core.checkpoint.joining`);
+  or cannot agree on a version (409 ``no_common_version``, see `ps_core.checkpoint.membership`);
 - ``POST /v1/leases/release``: ``{"lease_id": int, "offsets": {topic:
   {partition: next_offset}}, "stream": {"cluster_id", "group", "topics"}}``
   (``stream`` optional: where the offsets were read) → ``{"released": bool}``
@@ -61,17 +61,9 @@ from aiohttp import web
 
 from ..bodies import decode
 from ..errors import CutInProgressError, InvalidRequestError
+from ..net import control_calls as calls
+from ..net.control_messages import KnownOffsets, LeaseBody, Released, Renewed, SyncStep
 from ..net.server import SHARD, create_shard_app, json_body, json_response
-from ..net.shard_openapi import (
-    ExportRequest,
-    LeaseRenewal,
-    LeaseRequest,
-    ModelDeclaration,
-    Release,
-    Restore,
-    SyncArrive,
-    SyncMember,
-)
 from ..shard import Shard
 from .coordinator import Coordinator, parse_offsets
 from .exporter import Exporter
@@ -83,15 +75,6 @@ __all__ = ["checkpointed_shard_app", "add_coordinator_routes", "COORDINATOR", "E
 
 COORDINATOR = web.AppKey("coordinator", Coordinator)
 EXPORTER = web.AppKey("exporter", Exporter)
-
-_LEASE = msgspec.json.Decoder(LeaseRequest)
-_RELEASE = msgspec.json.Decoder(Release)
-_RENEW = msgspec.json.Decoder(LeaseRenewal)
-_EXPORT = msgspec.json.Decoder(ExportRequest)
-_RESTORE = msgspec.json.Decoder(Restore)
-_SYNC_MEMBER = msgspec.json.Decoder(SyncMember)
-_SYNC_ARRIVE = msgspec.json.Decoder(SyncArrive)
-_MODEL = msgspec.json.Decoder(ModelDeclaration)
 
 _COORDINATED = web.RouteTableDef()
 """The coordinator's routes."""
@@ -117,9 +100,9 @@ def _model_of(request: web.Request) -> str | None:
     return name
 
 
-@_COORDINATED.post("/v1/leases")
+@calls.ACQUIRE_LEASE.route(_COORDINATED)
 async def acquire(request: web.Request) -> web.Response:
-    body = await json_body(request, _LEASE)
+    body = await json_body(request, calls.ACQUIRE_LEASE.decoder)
     coordinator = request.app[COORDINATOR]
     lease = await coordinator.acquire(body.worker, body.wait_s, body.ttl_s)
     if request.transport is None or request.transport.is_closing():
@@ -127,18 +110,18 @@ async def acquire(request: web.Request) -> web.Response:
         # holds would stall the next cut until it expires.
         await coordinator.release(lease.lease_id)
         raise CutInProgressError("the caller left before the lease was granted")
-    return json_response({"lease_id": lease.lease_id, "epoch": lease.epoch, "ttl_s": lease.ttl_s})
+    return json_response(LeaseBody(lease.lease_id, lease.epoch, lease.ttl_s))
 
 
-@_COORDINATED.post("/v1/leases/renew")
+@calls.RENEW_LEASE.route(_COORDINATED)
 async def renew(request: web.Request) -> web.Response:
-    body = await json_body(request, _RENEW)
-    return json_response({"renewed": request.app[COORDINATOR].renew(body.lease_id)})
+    body = await json_body(request, calls.RENEW_LEASE.decoder)
+    return json_response(Renewed(request.app[COORDINATOR].renew(body.lease_id)))
 
 
-@_COORDINATED.post("/v1/leases/release")
+@calls.RELEASE_LEASE.route(_COORDINATED)
 async def release(request: web.Request) -> web.Response:
-    body = await json_body(request, _RELEASE)
+    body = await json_body(request, calls.RELEASE_LEASE.decoder)
     # The model checked every key and offset; this turns partition keys into ints.
     offsets = parse_offsets(body.offsets, error=InvalidRequestError)
     stream = None if body.stream is None else StreamIdentity.from_dict(msgspec.structs.asdict(body.stream))
@@ -147,78 +130,78 @@ async def release(request: web.Request) -> web.Response:
             if name is not None:
                 request.app[EXPORTER].registry.check(name)
     released = await request.app[COORDINATOR].release(body.lease_id, offsets, stream, body.model, body.also)
-    return json_response({"released": released})
+    return json_response(Released(released))
 
 
-@_COORDINATED.get("/v1/offsets")
+@calls.OFFSETS.route(_COORDINATED)
 async def offsets(request: web.Request) -> web.Response:
     model = _model_of(request)
     coordinator = request.app[COORDINATOR]
     known, stream = coordinator.offsets(model), coordinator.stream_of(model)
     return json_response(
-        {
-            "offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in known.items()},
-            "stream": stream.to_dict() if stream is not None else None,
-            "restored": coordinator.restored,
-        }
+        KnownOffsets(
+            {t: {str(p): o for p, o in ps.items()} for t, ps in known.items()},
+            stream.to_dict() if stream is not None else None,
+            coordinator.restored,
+        )
     )
 
 
-@_COORDINATED.post("/v1/sync/join")
+@calls.SYNC_JOIN.route(_COORDINATED)
 async def sync_join(request: web.Request) -> web.Response:
-    body = await json_body(request, _SYNC_MEMBER)
-    return json_response({"step": request.app[COORDINATOR].barrier(body.model).join(body.worker)})
+    body = await json_body(request, calls.SYNC_JOIN.decoder)
+    return json_response(SyncStep(request.app[COORDINATOR].barrier(body.model).join(body.worker)))
 
 
-@_COORDINATED.post("/v1/sync/leave")
+@calls.SYNC_LEAVE.route(_COORDINATED)
 async def sync_leave(request: web.Request) -> web.Response:
-    body = await json_body(request, _SYNC_MEMBER)
-    return json_response({"step": request.app[COORDINATOR].leave_barrier(body.worker, body.model)})
+    body = await json_body(request, calls.SYNC_LEAVE.decoder)
+    return json_response(SyncStep(request.app[COORDINATOR].leave_barrier(body.worker, body.model)))
 
 
-@_COORDINATED.post("/v1/sync/arrive")
+@calls.SYNC_ARRIVE.route(_COORDINATED)
 async def sync_arrive(request: web.Request) -> web.Response:
-    body = await json_body(request, _SYNC_ARRIVE)
+    body = await json_body(request, calls.SYNC_ARRIVE.decoder)
     barrier = request.app[COORDINATOR].barrier(body.model)
-    return json_response({"step": await barrier.arrive(body.worker, body.deadline_s)})
+    return json_response(SyncStep(await barrier.arrive(body.worker, body.deadline_s)))
 
 
-@_EXPORTED.post("/v1/exports")
+@calls.EXPORT_NOW.route(_EXPORTED)
 async def export_now(request: web.Request) -> web.Response:
     raw = await request.read()
     # No body is the exporter's schedule, as {} is.
-    kind = decode(_EXPORT, raw, InvalidRequestError).kind if raw.strip() else None
+    kind = decode(calls.EXPORT_NOW.decoder, raw, InvalidRequestError).kind if raw.strip() else None
     return json_response(await request.app[EXPORTER].export_json(kind), status=201)
 
 
-@_EXPORTED.get("/v1/exports")
+@calls.EXPORTS.route(_EXPORTED)
 async def list_exports(request: web.Request) -> web.Response:
     return json_response(request.app[EXPORTER].exports_json(_model_of(request)))
 
 
-@_EXPORTED.post("/v1/exports/compact")
+@calls.COMPACT.route(_EXPORTED)
 async def compact_exports(request: web.Request) -> web.Response:
     return json_response(await request.app[EXPORTER].compact(_model_of(request)))
 
 
-@_EXPORTED.get("/v1/models")
+@calls.MODELS.route(_EXPORTED)
 async def list_models(request: web.Request) -> web.Response:
     return json_response(request.app[EXPORTER].models_json())
 
 
-@_EXPORTED.get("/v1/models/{name}")
+@calls.MODEL_INFO.route(_EXPORTED)
 async def get_model(request: web.Request) -> web.Response:
     return json_response(request.app[EXPORTER].model_json(request.match_info["name"]))
 
 
-@_EXPORTED.post("/v1/models")
+@calls.CREATE_MODEL.route(_EXPORTED)
 async def create_model(request: web.Request) -> web.Response:
-    body = await json_body(request, _MODEL)
+    body = await json_body(request, calls.CREATE_MODEL.decoder)
     out = await request.app[EXPORTER].create_model_json(msgspec.to_builtins(body))
     return json_response(out, status=201 if out["created"] else 200)
 
 
-@_EXPORTED.delete("/v1/models/{name}")
+@calls.DELETE_MODEL.route(_EXPORTED)
 async def delete_model(request: web.Request) -> web.Response:
     return json_response(await request.app[EXPORTER].delete_model(request.match_info["name"]))
 
@@ -234,7 +217,7 @@ def add_coordinator_routes(app: web.Application, coordinator: Coordinator, expor
 
 
 async def restore(request: web.Request) -> web.Response:
-    body = await json_body(request, _RESTORE)
+    body = await json_body(request, calls.RESTORE.decoder)
     return json_response(await restore_version(request.app[SHARD], body.version))
 
 
@@ -249,7 +232,7 @@ def checkpointed_shard_app(
     **kwargs)` with the restore route, and the coordinator's (and
     exporter's) routes when this shard hosts them."""
     app = create_shard_app(shard, **kwargs)
-    app.router.add_post("/v1/restore", restore)
+    app.router.add_route(calls.RESTORE.method, calls.RESTORE.path, restore)
     if coordinator is not None:
         add_coordinator_routes(app, coordinator, exporter)
     return app

@@ -1,11 +1,14 @@
 """The network: one shard's server side and the clients that reach it.
 
 Holds the binary frame codec and the other wire formats (`codec`), a shard's
-frames served (`frame_handler`), its aiohttp app (`server`) and OpenAPI
-document, the TCP RPC (`rpc`, `pipelined`), credentials (`auth`), TLS
-(`tls`), port limits (`limits`), key routing (`routing`) and the data-plane
-client (`client.PSReader`, `client.PSClient` over the transports of
-`transports`, through the shard endpoints of `endpoint`).
+frames served (`frame_handler`), its aiohttp app (`server`), OpenAPI
+document (`shard_openapi`) and bodies (`shard_bodies`), the control plane's
+messages (`control_messages`) and calls, each declared once
+(`control_calls`: routes, scopes, request and reply models), the TCP RPC
+(`rpc`, `pipelined`), credentials (`auth`), TLS (`tls`), port limits
+(`limits`), key routing (`routing`) and the data-plane client
+(`client.PSReader`, `client.PSClient` over the transports of `transports`,
+through the shard endpoints of `endpoint`).
 
 May import: aiohttp, numpy, orjson, msgspec, `ps_core.errors`, `ps_core.hashing`,
 `ps_core.parsing`, `ps_core.bodies`, `ps_core.store` and `ps_core.shard` (the

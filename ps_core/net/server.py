@@ -37,8 +37,8 @@ Routes:
 - ``GET /openapi.json``: the OpenAPI document of the JSON routes this app
   serves (`ps_core.net.shard_openapi`).
 
-JSON bodies are decoded with their models (`ps_core.net.shard_openapi`, the
-same that the document publishes): integers are JSON integers (not ``3.0``,
+JSON bodies are decoded with their models (`ps_core.net.shard_bodies`,
+`ps_core.net.control_messages`: the same that the document publishes): integers are JSON integers (not ``3.0``,
 ``2.5``, ``true``, ``"3"`` or ``9.2e18``) within bounds (versions fit a
 uint32), and no unknown field is taken; a path's integers are ASCII digits
 (`ps_core.parsing`). Anything else is 400 ``bad_request`` naming the field.
@@ -85,11 +85,14 @@ from ..store.board import StatusReport
 from ..store.snapshot import MAX_VERSION
 from ..store.table_config import TableConfig
 from . import codec
+from . import control_calls as calls
 from .auth import Refusals, Scope, TokenVerifier, check, token_from_header
+from .control_calls import CONTROL_CALLS
+from .control_messages import Dropped, SnapshotRows, SyncApplied, TableDropped
 from .frame_handler import handle_frame
 from .limits import PortGuard, PortLimits, ServedPort, serve_limited
 from .shard_metrics import exposition, shard_families
-from .shard_openapi import Admit, SnapshotRequest, SyncApply, TableDeclaration, shard_document
+from .shard_openapi import shard_document
 
 __all__ = [
     "create_shard_app",
@@ -121,8 +124,10 @@ T = TypeVar("T")
 
 
 def json_response(body: object, status: int = 200) -> web.Response:
-    """A JSON response encoded with orjson."""
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+    """A JSON response: a model (`msgspec.Struct`, a control call's reply)
+    encoded by msgspec, anything else by orjson."""
+    raw = msgspec.json.encode(body) if isinstance(body, msgspec.Struct) else orjson.dumps(body)
+    return web.Response(body=raw, status=status, content_type="application/json")
 
 
 @web.middleware
@@ -152,46 +157,17 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         raise
 
 
-ROUTE_SCOPES: dict[tuple[str, str], Scope | None] = {
-    ("POST", "/v1/pull"): Scope.READ,
-    ("GET", "/v1/tables"): Scope.READ,
-    ("GET", "/v1/stats"): Scope.READ,
-    ("GET", "/metrics"): Scope.READ,  # the stats' figures: as closed as /v1/stats
-    ("GET", "/v1/status"): Scope.READ,
-    ("GET", "/v1/exports"): Scope.READ,
-    ("POST", "/v1/push"): Scope.TRAIN,
-    ("POST", "/v1/push_pull"): Scope.TRAIN,
-    ("POST", "/v1/changes"): Scope.TRAIN,
-    ("POST", "/v1/tables"): Scope.TRAIN,
-    ("POST", "/v1/status"): Scope.TRAIN,
-    ("POST", "/v1/leases"): Scope.TRAIN,
-    ("POST", "/v1/leases/release"): Scope.TRAIN,
-    ("POST", "/v1/leases/renew"): Scope.TRAIN,
-    ("GET", "/v1/offsets"): Scope.TRAIN,
-    ("POST", "/v1/sync/join"): Scope.TRAIN,
-    ("POST", "/v1/sync/leave"): Scope.TRAIN,
-    ("POST", "/v1/sync/arrive"): Scope.TRAIN,
-    ("POST", "/v1/sync/apply"): Scope.TRAIN,
-    ("POST", "/v1/snapshots"): Scope.ADMIN,
-    ("GET", "/v1/snapshots/{version}"): Scope.ADMIN,
-    ("DELETE", "/v1/snapshots/{version}"): Scope.ADMIN,
-    ("GET", "/v1/membership"): Scope.ADMIN,
-    ("POST", "/v1/membership/admit"): Scope.ADMIN,
-    ("POST", "/v1/restore"): Scope.ADMIN,
-    ("POST", "/v1/exports"): Scope.ADMIN,
-    ("POST", "/v1/exports/compact"): Scope.ADMIN,
-    ("DELETE", "/v1/tables/{name}"): Scope.ADMIN,
-    ("GET", "/v1/models"): Scope.READ,
-    ("GET", "/v1/models/{name}"): Scope.READ,
-    ("POST", "/v1/models"): Scope.TRAIN,  # as table declarations: a worker creates its model
-    ("DELETE", "/v1/models/{name}"): Scope.ADMIN,
-    ("GET", "/healthz"): None,  # probes
-    # Open too: the document describes routes (public in the source), holds
-    # no state, and fuzzers and clients read it before they hold a token.
-    ("GET", "/openapi.json"): None,
-}
-"""The scope each route needs (None: open). A request no route matches
-needs a valid token of any scope, so its 404 says nothing to a stranger."""
+ROUTE_SCOPES: dict[tuple[str, str], Scope | None] = {call.key: call.scope for call in CONTROL_CALLS}
+"""The scope each route needs (None: open), declared with the route: the
+control plane's with their calls (`ps_core.net.control_calls`), the others
+by `_route`. A request no route matches needs a valid token of any scope,
+so its 404 says nothing to a stranger."""
+
+
+def _route(method: str, path: str, scope: Scope | None) -> Callable[[Handler], Handler]:
+    """Declare a route of this app (not a control call's) and the scope it needs (None: open)."""
+    ROUTE_SCOPES[(method, path)] = scope
+    return _ROUTES.get(path) if method == "GET" else _ROUTES.route(method, path)
 
 
 def refusal_body(reason: str, needs: Scope, granted: Scope | None) -> tuple[int, dict[str, str]]:
@@ -242,32 +218,29 @@ async def _frame(request: web.Request, op: int) -> web.Response:
     return web.Response(body=reply, content_type=FRAME_CONTENT_TYPE)
 
 
-@_ROUTES.post("/v1/pull")
+@_route("POST", "/v1/pull", Scope.READ)
 async def pull(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.PULL)
 
 
-@_ROUTES.post("/v1/push")
+@_route("POST", "/v1/push", Scope.TRAIN)
 async def push(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.PUSH)
 
 
-@_ROUTES.post("/v1/push_pull")
+@_route("POST", "/v1/push_pull", Scope.TRAIN)
 async def push_pull(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.PUSH_PULL)
 
 
-@_ROUTES.post("/v1/changes")
+@_route("POST", "/v1/changes", Scope.TRAIN)
 async def changes(request: web.Request) -> web.Response:
     return await _frame(request, codec.Op.CHANGES)
 
 
-_DECLARATION = msgspec.json.Decoder(TableDeclaration)
-
-
-@_ROUTES.post("/v1/tables")
+@calls.DECLARE.route(_ROUTES)
 async def declare_table(request: web.Request) -> web.Response:
-    body = await json_body(request, _DECLARATION, TableConfigError)
+    body = await json_body(request, calls.DECLARE.decoder, TableConfigError)
     # Unset fields are left out, so the table's defaults fill them in.
     config = TableConfig.from_dict(msgspec.to_builtins(body))
     created = request.app[SHARD].declare(config)
@@ -278,15 +251,15 @@ async def declare_table(request: web.Request) -> web.Response:
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-@_ROUTES.delete("/v1/tables/{name}")
+@calls.DROP_TABLE.route(_ROUTES)
 async def drop_table(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if not _TABLE_NAME.fullmatch(name):
         raise InvalidRequestError(f"{name[:80]!r} is not a table name: 1-64 of [A-Za-z0-9_.-]")
-    return json_response({"dropped": request.app[SHARD].drop(name)})
+    return json_response(TableDropped(request.app[SHARD].drop(name)))
 
 
-@_ROUTES.get("/v1/tables")
+@_route("GET", "/v1/tables", Scope.READ)
 async def list_tables(request: web.Request) -> web.Response:
     shard = request.app[SHARD]
     return json_response({name: t.config.to_dict() for name, t in shard.tables.items()})
@@ -308,7 +281,7 @@ async def json_body(
     return bodies.decode(decoder, await request.read(), error)
 
 
-@_ROUTES.post("/v1/status")
+@calls.REPORT_STATUS.route(_ROUTES)
 async def report_status(request: web.Request) -> web.Response:
     raw = await json_document(request)
     # The shard checks the report again (a report in process comes that way only);
@@ -317,70 +290,66 @@ async def report_status(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].report_status(raw["source"], raw["status"]))
 
 
-@_ROUTES.get("/v1/status")
+@calls.STATUSES.route(_ROUTES)
 async def list_statuses(request: web.Request) -> web.Response:
     return json_response({"statuses": request.app[SHARD].statuses()})
 
 
-_SNAPSHOT = msgspec.json.Decoder(SnapshotRequest)
-_ADMIT = msgspec.json.Decoder(Admit)
-_SYNC_APPLY = msgspec.json.Decoder(SyncApply)
-
-
-@_ROUTES.post("/v1/snapshots")
+@calls.TAKE_SNAPSHOT.route(_ROUTES)
 async def take_snapshot(request: web.Request) -> web.Response:
-    body = await json_body(request, _SNAPSHOT)
-    return json_response({"rows": request.app[SHARD].take_snapshot(body.version, body.parent)})
+    body = await json_body(request, calls.TAKE_SNAPSHOT.decoder)
+    return json_response(SnapshotRows(request.app[SHARD].take_snapshot(body.version, body.parent)))
 
 
 def _version(request: web.Request) -> int:
     return parse_int(request.match_info["version"], "version", maximum=MAX_VERSION)
 
 
-# No HEAD: a fetch hands the copies over once, and a HEAD would drop them unseen.
-@_ROUTES.get("/v1/snapshots/{version}", allow_head=False)
+@calls.FETCH_SNAPSHOT.route(_ROUTES)
 async def fetch_snapshot(request: web.Request) -> web.Response:
     snaps = request.app[SHARD].pop_snapshot(_version(request))
     # Encoding is file-speed work on the event loop; cuts are minutes apart.
     return web.Response(body=codec.snapshots_to_bytes(snaps), content_type="application/octet-stream")
 
 
-@_ROUTES.delete("/v1/snapshots/{version}")
+@calls.DROP_SNAPSHOT.route(_ROUTES)
 async def drop_snapshot(request: web.Request) -> web.Response:
-    return json_response({"dropped": request.app[SHARD].drop_snapshot(_version(request))})
+    return json_response(Dropped(request.app[SHARD].drop_snapshot(_version(request))))
 
 
-@_ROUTES.get("/v1/membership")
+@calls.MEMBERSHIP.route(_ROUTES)
 async def membership(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].membership())
 
 
-@_ROUTES.post("/v1/membership/admit")
+@calls.ADMIT.route(_ROUTES)
 async def admit(request: web.Request) -> web.Response:
-    body = await json_body(request, _ADMIT)
+    body = await json_body(request, calls.ADMIT.decoder)
     request.app[SHARD].admit(body.epoch, body.version)
     return json_response(request.app[SHARD].membership())
 
 
-@_ROUTES.post("/v1/sync/apply")
+@calls.SYNC_APPLY.route(_ROUTES)
 async def apply_step(request: web.Request) -> web.Response:
-    body = await json_body(request, _SYNC_APPLY)
-    return json_response({"applied": request.app[SHARD].apply_step(body.step, body.tables)})
+    body = await json_body(request, calls.SYNC_APPLY.decoder)
+    return json_response(SyncApplied(request.app[SHARD].apply_step(body.step, body.tables)))
 
 
-@_ROUTES.get("/v1/stats")
+@calls.STATS.route(_ROUTES)
 async def stats(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].stats())
 
 
-@_ROUTES.get("/metrics")
+@_route("GET", "/metrics", Scope.READ)  # the stats' figures: as closed as /v1/stats
 async def metrics(request: web.Request) -> web.Response:
     shard = request.app[SHARD]
     text = exposition(shard_families([(str(shard.spec.shard_id), shard.stats())]))
     return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-@_ROUTES.get("/openapi.json")
+# Open: the document describes routes (public in the source), holds no
+# state, and fuzzers and clients read it before they hold a token.
+@_route("GET", "/openapi.json", None)
 async def openapi(request: web.Request) -> web.Response:
     # Built per request from the router: shard 0's coordinator routes are
     # added after the app is created, and the document names only those served.
@@ -388,7 +357,7 @@ async def openapi(request: web.Request) -> web.Response:
     return json_response(shard_document(served))
 
 
-@_ROUTES.get("/healthz")
+@_route("GET", "/healthz", None)  # probes
 async def healthz(request: web.Request) -> web.Response:
     spec = request.app[SHARD].spec
     return json_response(

@@ -41,7 +41,8 @@ class StatusBoard:
         except TypeError as exc:  # orjson's error for non-string keys, objects, huge ints
             raise StatusError(f"status is not JSON: {exc}") from None
         check_report(source, status, len(encoded))
-        assert isinstance(source, str)
+        if not isinstance(source, str):  # check_report refused any other: narrowed for the type checker
+            raise StatusError(f"source must be a string, got {type(source).__name__}")
         received = time.time() if now is None else now
         # Stored as decoded from its encoding: a detached copy, as over HTTP.
         self._statuses[source] = (received, orjson.loads(encoded))
