@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from .commands import add_command, subcommands
+from .commands.parsers import add_command, subcommands
 
 # The roles, their settings and their libraries are imported where a command
 # needs them, not here: a worker's decode processes are spawned, and a spawned
@@ -174,6 +174,11 @@ Exit 2 when no secret is set (or it is shorter than 16 bytes).
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``ctrps`` parser: every command and its flags."""
+    from .commands.dlq import add_dlq_parser
+    from .commands.export import add_export_parser
+    from .commands.kafka_flags import add_kafka_security_flags
+    from .commands.model import add_model_parser
+    from .commands.produce import add_produce_parser
     from .config.broker import BrokerSettings
     from .config.cluster import ClusterSettings
     from .config.declared import add_flags
@@ -181,11 +186,6 @@ def build_parser() -> argparse.ArgumentParser:
     from .config.serve import ApiSettings
     from .config.shard import ShardSettings
     from .config.worker import WorkerSettings
-    from .dlq_cli import add_dlq_parser
-    from .export_cli import add_export_parser
-    from .kafka_flags import add_kafka_security_flags
-    from .model_cli import add_model_parser
-    from .produce_cli import add_produce_parser
     from .security import add_security_flags
 
     parser = argparse.ArgumentParser(
@@ -278,11 +278,11 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
     """The log format and the coroutine of a long-running role, from its flags.
 
     Raises `SettingsError` on unusable flags."""
+    from .commands.kafka_flags import kafka_security_from
     from .config.broker import BrokerSettings
     from .config.serve import ApiSettings
     from .config.shard import ShardSettings
     from .config.worker import WorkerSettings
-    from .kafka_flags import kafka_security_from
     from .security import SecuritySettings
 
     if args.command == "shard":
@@ -319,9 +319,9 @@ def _compose(args: argparse.Namespace) -> int:
     """Run ``demo`` or ``cluster``: compositions of roles that return an exit status."""
     import uvloop
 
+    from .commands.kafka_flags import kafka_security_from
     from .config.cluster import ClusterSettings
     from .config.demo import DemoSettings
-    from .kafka_flags import kafka_security_from
 
     if args.command == "demo":
         demo = DemoSettings.from_args(args)
@@ -354,10 +354,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     """Run the parsed command; its exit status."""
     import uvloop
 
-    from .dlq_cli import run_dlq
-    from .export_cli import run_export
-    from .model_cli import run_model
-    from .produce_cli import run_produce
+    from .commands.dlq import run_dlq
+    from .commands.export import run_export
+    from .commands.model import run_model
+    from .commands.produce import run_produce
 
     if args.command == "produce":
         return int(uvloop.run(run_produce(args)))

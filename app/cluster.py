@@ -73,12 +73,12 @@ from ps_core.checkpoint.owner import claim_exports, run_exports_dir, stream_owne
 from ps_core.checkpoint.stream import StreamIdentity
 
 from .child_credentials import ChildCredentials
+from .commands.kafka_flags import kafka_child_argv, kafka_child_env
 from .config.cluster import WORKER_FLAGS, ClusterSettings
 from .config.declared import SettingsError, to_argv
 from .config.shard import ShardSettings
 from .config.worker import WorkerSettings
 from .failures import ExpectedFailure
-from .kafka_flags import kafka_child_argv, kafka_child_env
 from .listeners import is_descendant, listener_pids, port_taken_by
 from .logs import log_event
 from .security import generated_admin_token

@@ -24,10 +24,10 @@ import pytest
 from waiting import json_when_ok
 
 from app.cli import build_parser
+from app.commands.model import parse_optimizer
 from app.config.declared import SettingsError
 from app.config.shard import ShardSettings, parse_table_spec
 from app.config.worker import WorkerSettings, worker_config
-from app.model_cli import parse_optimizer
 from consumers.worker import WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.net.client import PSClient

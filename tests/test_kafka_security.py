@@ -37,8 +37,8 @@ import consumers.outage
 import consumers.producer
 import consumers.resume
 import consumers.worker
+from app.commands.kafka_flags import add_kafka_security_flags, kafka_child_argv, kafka_child_env, kafka_security_from
 from app.config.declared import SettingsError
-from app.kafka_flags import add_kafka_security_flags, kafka_child_argv, kafka_child_env, kafka_security_from
 from consumers.broker import create_topics, wait_for_metadata
 from consumers.kafka_security import KafkaAccessError, KafkaSecurity, KafkaSecurityError, check_access
 from consumers.outage import locate_bad_batch

@@ -45,6 +45,11 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "app": ("ps_core", "consumers", "app"),
     # Settings: what roles read; never a role itself (logs' levels, security's secrets).
     "app.config": ("ps_core", "consumers", "app.config", "app.security", "app.logs"),
+    # A command: never the CLI that adds it, a role or a composition.
+    "app.commands": (
+        *("ps_core", "consumers", "app.commands", "app.config"),
+        *("app.security", "app.logs", "app.signals", "app.startup"),
+    ),
     # A role: never the CLI that starts it, nor a composition (demo, cluster).
     "app.roles": (
         *("ps_core", "consumers", "app.roles", "app.config", "app.api", "app.failures", "app.follower"),

@@ -695,8 +695,8 @@ def test_ctrps_model_finds_shard_0_where_a_shard_listens_by_default() -> None:
     ``ctrps shard`` listens at without flags (README's pipeline's shard 0)."""
     from commands import ctrps
 
+    from app.commands.model import DEFAULT_SHARD0
     from app.config.shard import ShardSettings
-    from app.model_cli import DEFAULT_SHARD0
 
     defaults = ShardSettings.from_env({})
     assert DEFAULT_SHARD0 == f"http://{defaults.host}:{defaults.port}" == "http://127.0.0.1:7100"

@@ -27,8 +27,8 @@ from aiokafka import AIOKafkaConsumer
 from streams import consume_all
 from waiting import until
 
+from app.commands.produce import add_produce_parser, run_produce
 from app.logs import configure_logging
-from app.produce_cli import add_produce_parser, run_produce
 from consumers.broker import create_topics
 from consumers.formats import (
     FormatError,

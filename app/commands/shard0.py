@@ -18,8 +18,8 @@ from ps_core.errors import PSError
 from ps_core.net.auth import Scope
 from ps_core.net.endpoint import RetryPolicy
 
-from .security import SecuritySettings
-from .startup import shard0_answers
+from ..security import SecuritySettings
+from ..startup import shard0_answers
 
 __all__ = ["call_shard0", "print_json"]
 

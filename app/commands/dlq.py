@@ -27,10 +27,10 @@ from consumers.broker import wait_for_metadata
 from consumers.dlq_reader import ReadLetter, newest_dead_letters
 from ps_core.model.events import REASONS
 
-from .commands import Subcommands, add_command
-from .config.declared import SettingsError
+from ..config.declared import SettingsError
+from ..startup import broker_answers
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
-from .startup import broker_answers
+from .parsers import Subcommands, add_command
 
 __all__ = ["add_dlq_parser", "run_dlq"]
 

@@ -3,7 +3,7 @@
 Wired into ``app/cli.py`` by `add_produce_parser` (adds the ``produce``
 subcommand with its ``synthetic`` and ``file`` sources) and `run_produce`
 (runs it; returns the exit code). Also runnable alone:
-``python -m app.produce_cli produce synthetic --events 1000``.
+``python -m app.commands.produce produce synthetic --events 1000``.
 
 Exit codes: 0 done (or stopped by a signal); 1 the broker could not be
 reached or refused a send, or no event of a file was usable; 2 a usage error
@@ -19,7 +19,6 @@ import asyncio
 import itertools
 import logging
 import os
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import fields
@@ -31,12 +30,12 @@ from consumers.formats import FORMATS, FormatError, iter_file
 from consumers.producer import COMPRESSIONS, EventSource, produce
 from ps_core.synthetic import PROFILES, SyntheticStream, profile_stream
 
-from .commands import Subcommands, add_command, subcommands
-from .config.declared import SettingsError
+from ..config.declared import SettingsError
+from ..logs import log_event
+from ..signals import stop_on_signals
+from ..startup import broker_answers
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
-from .logs import log_event
-from .signals import stop_on_signals
-from .startup import broker_answers
+from .parsers import Subcommands, add_command, subcommands
 
 __all__ = ["add_produce_parser", "run_produce"]
 
@@ -309,9 +308,3 @@ async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.envi
     if report.sent == 0 and report.skipped_total > 0:
         return _fail("no usable row: every row was skipped (is --format right?)", 1)
     return 0
-
-
-if __name__ == "__main__":
-    from .cli import main
-
-    sys.exit(main())

@@ -22,10 +22,10 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import PSError
 from ps_core.net.auth import Scope
 
-from .commands import Subcommands, add_command
+from ..security import add_security_flags
 from .export_show import show_version
-from .security import add_security_flags
-from .shard0_cli import call_shard0, print_json
+from .parsers import Subcommands, add_command
+from .shard0 import call_shard0, print_json
 
 __all__ = ["add_export_parser", "run_export"]
 

@@ -28,10 +28,10 @@ from ps_core.net.auth import Scope
 from ps_core.store.optim import OPTIMIZERS
 from ps_core.store.table_config import MODES
 
-from .commands import Subcommands, add_command
-from .config.shard import ShardSettings
-from .security import add_security_flags
-from .shard0_cli import call_shard0
+from ..config.shard import ShardSettings
+from ..security import add_security_flags
+from .parsers import Subcommands, add_command
+from .shard0 import call_shard0
 
 __all__ = ["add_model_parser", "run_model", "parse_optimizer", "DEFAULT_SHARD0"]
 

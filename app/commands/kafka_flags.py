@@ -23,8 +23,8 @@ from collections.abc import Mapping
 
 from consumers.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity, KafkaSecurityError
 
-from .config.declared import SettingsError
-from .security import _secret_from
+from ..config.declared import SettingsError
+from ..security import _secret_from
 
 __all__ = [
     "add_kafka_security_flags",
