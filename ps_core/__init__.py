@@ -53,8 +53,9 @@ if TYPE_CHECKING:
     from .model.learner import Learner
     from .model.models import FactorizationMachine, LogisticRegression, Model, make_model
     from .net.client import PSClient, PSReader
-    from .net.codec import Frame, Op
+    from .net.codec import Op
     from .net.endpoint import RetryPolicy
+    from .net.frame import Frame
     from .net.server import create_shard_app
     from .net.transports import HttpTransport, LocalTransport, ShardReader, ShardTransport, TcpTransport
     from .shard import Shard, ShardSpec
@@ -84,7 +85,8 @@ else:
             ".model.learner": ("Learner",),
             ".model.models": ("FactorizationMachine", "LogisticRegression", "Model", "make_model"),
             ".net.client": ("PSClient", "PSReader"),
-            ".net.codec": ("Frame", "Op"),
+            ".net.codec": ("Op",),
+            ".net.frame": ("Frame",),
             ".net.endpoint": ("RetryPolicy",),
             ".net.server": ("create_shard_app",),
             ".shard": ("Shard", "ShardSpec"),
