@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from .checkpoint.control import ControlClient
     from .checkpoint.coordinator import Coordinator, Cut, Lease
     from .checkpoint.export_files import latest_chain, list_versions, load_version, restore_shards, write_version
-    from .checkpoint.exporter import Exporter, ExportReport
+    from .checkpoint.export_report import ExportReport
+    from .checkpoint.exporter import Exporter
     from .hashing import mix64, shard_of
     from .model.batch import EventBatch
     from .model.events import decode_message
@@ -77,7 +78,8 @@ else:
                 "restore_shards",
                 "write_version",
             ),
-            ".checkpoint.exporter": ("Exporter", "ExportReport"),
+            ".checkpoint.export_report": ("ExportReport",),
+            ".checkpoint.exporter": ("Exporter",),
             ".hashing": ("mix64", "shard_of"),
             ".model.batch": ("EventBatch",),
             ".model.events": ("decode_message",),

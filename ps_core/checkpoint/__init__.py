@@ -22,7 +22,8 @@ from ..lazy import lazy_exports
 if TYPE_CHECKING:
     from .control import ControlClient, HttpControl, LocalControl, ShardControl
     from .coordinator import Coordinator
-    from .exporter import Exporter, ExportReport
+    from .export_report import ExportReport
+    from .exporter import Exporter
     from .routes import checkpointed_shard_app
 else:
     __getattr__, __dir__ = lazy_exports(
@@ -30,7 +31,8 @@ else:
         {
             ".control": ("ControlClient", "HttpControl", "LocalControl", "ShardControl"),
             ".coordinator": ("Coordinator",),
-            ".exporter": ("Exporter", "ExportReport"),
+            ".export_report": ("ExportReport",),
+            ".exporter": ("Exporter",),
             ".routes": ("checkpointed_shard_app",),
         },
     )
