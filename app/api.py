@@ -74,6 +74,7 @@ from ps_core.net.tls import HandshakeFailures, watch_handshakes
 from ps_core.parsing import parse_number
 from ps_core.store.board import StatusReport
 
+from .api_bodies import WEIGHTS, CreateModelRequest, PredictRequest, predict_decoder
 from .config.serve import ApiSettings
 from .errors import (
     BadRequestError,
@@ -91,7 +92,7 @@ from .follower import Follower
 from .history import History
 from .logs import log_event
 from .metrics import ApiMetrics
-from .openapi import WEIGHTS, CreateModelRequest, PredictRequest, openapi_document, predict_decoder
+from .openapi import openapi_document
 from .predictor import Predictor
 from .security import is_loopback
 from .served_models import Discover, ServedModels

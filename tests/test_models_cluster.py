@@ -608,7 +608,7 @@ def test_the_documents_and_the_check_agree_on_numeric_feeds(numeric: str, valid:
     """The pattern both documents publish (msgspec checks it) takes what
     `numeric_feed` takes, a divisor of 0 included: no valid request of the
     documents' is refused."""
-    from app.openapi import CreateModelRequest
+    from app.api_bodies import CreateModelRequest
     from ps_core.net.shard_openapi import ModelDeclaration
 
     def schema_takes(model: type) -> bool:
