@@ -316,7 +316,8 @@ async def test_a_replica_follows_every_model_of_an_exports_root(tmp_path: Path) 
     directory, predicting as the trainer's API did at the cut."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from app.api import SERVED, create_app
+    from app.api import create_app
+    from app.api_state import SERVED
     from app.config.serve import ApiSettings
     from app.follower import Follower, followed_models, model_of_exports
 
