@@ -44,9 +44,10 @@ from .lazy import lazy_exports
 if TYPE_CHECKING:
     from .checkpoint.control import ControlClient
     from .checkpoint.coordinator import Coordinator, Cut, Lease
-    from .checkpoint.export_files import latest_chain, list_versions, load_version, restore_shards, write_version
+    from .checkpoint.export_files import latest_chain, list_versions, load_version, write_version
     from .checkpoint.export_report import ExportReport
     from .checkpoint.exporter import Exporter
+    from .checkpoint.restore import restore_shards
     from .hashing import mix64, shard_of
     from .model.batch import EventBatch
     from .model.events import decode_message
@@ -75,11 +76,11 @@ else:
                 "latest_chain",
                 "list_versions",
                 "load_version",
-                "restore_shards",
                 "write_version",
             ),
             ".checkpoint.export_report": ("ExportReport",),
             ".checkpoint.exporter": ("Exporter",),
+            ".checkpoint.restore": ("restore_shards",),
             ".hashing": ("mix64", "shard_of"),
             ".model.batch": ("EventBatch",),
             ".model.events": ("decode_message",),

@@ -30,9 +30,10 @@ from consumers.broker import free_port
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.export_files import latest_chain, restore_shards
+from ps_core.checkpoint.export_files import latest_chain
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.joining import Membership, load_shard
+from ps_core.checkpoint.restore import restore_shards
 from ps_core.errors import ClusterNotReadyError, NoCommonVersionError, ShardNotJoinedError
 from ps_core.model.models import LogisticRegression
 from ps_core.net import op_encoders

@@ -2,8 +2,10 @@
 
 Holds the coordinator (leases around windows, cuts, committed offsets) and its
 routes, the stream identity of offsets, manifests, export files (write, list,
-verify, load, restore, compact, prune) and their serving files (`serving`:
-the weights a replica reads), the exporter that cuts across shards,
+verify, load), their restore into shards (`restore`), compaction and
+retention (`retention`) and their serving files (`serving`:
+the weights a replica reads), the exporter that cuts across shards and its
+report (`export_report`),
 the joining of restored shards (`joining`), the control plane's client
 (`control.ControlClient`: tables, stats, the status board, snapshots,
 membership, leases, offsets and exports, as JSON) and the checkpoint routes

@@ -39,10 +39,11 @@ from ..errors import (
 )
 from .control import ControlClient
 from .coordinator import Coordinator, Cut, Offsets
-from .export_files import DEFAULT_FILE_MODE, compact, list_versions, prune, write_version
+from .export_files import DEFAULT_FILE_MODE, list_versions, write_version
 from .export_report import ExportReport
 from .manifest import check_model_name, version_dir_name
 from .registry import ModelRegistry, ModelSpec
+from .retention import compact, prune
 
 __all__ = ["Exporter"]
 

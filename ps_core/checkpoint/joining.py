@@ -50,9 +50,10 @@ from ..shard import Shard, ShardSpec
 from ..store.lifecycle import Lifecycle
 from ..store.table_config import TableConfig
 from .coordinator import Coordinator
-from .export_files import RestoreResult, latest_chain, read_manifest, restore_into, restore_shards, version_dirs
+from .export_files import latest_chain, read_manifest, version_dirs
 from .manifest import parse_version_dir
 from .registry import model_dirs
+from .restore import RestoreResult, restore_into, restore_shards
 from .stream import StreamIdentity
 
 if TYPE_CHECKING:  # the control client imports this module (in-process restores)
