@@ -81,7 +81,7 @@ from .config.worker import WorkerSettings
 from .failures import ExpectedFailure
 from .listeners import is_descendant, listener_pids, port_taken_by
 from .logs import log_event
-from .security import generated_admin_token
+from .security import GeneratedToken, generated_admin_token
 from .signals import stop_on_signals
 from .supervisor import Child, ChildFailed, ChildSpec, RestartPolicy, Supervisor
 
@@ -472,27 +472,13 @@ async def run_cluster(
     PLAINTEXT only: other settings need a bootstrap, `SettingsError`). The
     workers and the producer get it as flags and the SASL password in their
     environment; no other child gets the password."""
-    if kafka.security_protocol != "PLAINTEXT" and not settings.bootstrap:
-        raise SettingsError(
-            f"Kafka security protocol {kafka.security_protocol} needs --bootstrap: "
-            "the broker process the cluster starts speaks PLAINTEXT only"
-        )
-    if settings.port and not _port_is_free(HOST, settings.port):
-        # Before anything starts: the API could not listen, and a probe of
-        # that port would be answered by the other process.
-        raise PortTaken(f"the API cannot listen: {port_taken_by(settings.port, HOST)}")
+    _check_startable(settings, kafka)
     env = os.environ if env is None else env
     credentials = ChildCredentials.from_env(env)
     exports_dir, exports_owner = await own_exports(settings, env, kafka)
     settings = replace(settings, exports_dir=exports_dir)
     stop = stop or asyncio.Event()
-    policy = RestartPolicy(
-        backoff_s=settings.restart_backoff_s,
-        max_backoff_s=settings.restart_backoff_max_s,
-        max_restarts=settings.max_restarts,
-        window_s=settings.restart_window_s,
-    )
-    sup = Supervisor(out=out, fmt=settings.log_format, grace_s=settings.grace_s, restart=policy)
+    sup = _supervisor(settings, out)
     loop = asyncio.get_running_loop()
     failed = False
     timer: asyncio.TimerHandle | None = None
@@ -517,27 +503,7 @@ async def run_cluster(
                 except asyncio.CancelledError:
                     log_event(log, "start-up interrupted")
                 else:
-                    log_event(
-                        log,
-                        "ready",
-                        api=cluster.api_url,
-                        shards=",".join(cluster.shard_urls),
-                        bootstrap=cluster.bootstrap,
-                        broker_metrics=cluster.broker_metrics_url or "-",
-                        exports=exports_dir or "-",
-                        # Whether, never what: no secret or token is logged.
-                        auth="on",
-                        cluster_secret="generated" if credentials.generated else "given",
-                        admin_token="generated" if generated is not None else "given",
-                        admin_token_file=str(generated.path) if generated is not None else "-",
-                        pids=",".join(f"{c.role}={c.pid}" for c in sup.children),
-                    )
-                    if generated is not None and settings.log_format == "text":
-                        # Once, on the output a person reads, never in a log line.
-                        sup.out.write(
-                            f"[cluster] admin token of this run (also in {generated.path}): {generated.token}\n".encode()
-                        )
-                        sup.out.flush()
+                    _announce_ready(cluster, sup, credentials, generated)
                     if settings.duration_s > 0:
                         timer = loop.call_later(settings.duration_s, stop.set)
                     await waiting
@@ -554,6 +520,60 @@ async def run_cluster(
                 if cluster.broker_port:
                     # Nothing may outlive the cluster, not even a killed role's broker.
                     await end_broker_processes(cluster.broker_port)
+    _log_stopped(sup)
+    return 1 if failed else sup.exit_status()
+
+
+def _check_startable(settings: ClusterSettings, kafka: KafkaSecurity) -> None:
+    """`SettingsError` or `PortTaken` for a cluster that could not start, before anything starts."""
+    if kafka.security_protocol != "PLAINTEXT" and not settings.bootstrap:
+        raise SettingsError(
+            f"Kafka security protocol {kafka.security_protocol} needs --bootstrap: "
+            "the broker process the cluster starts speaks PLAINTEXT only"
+        )
+    if settings.port and not _port_is_free(HOST, settings.port):
+        # Before anything starts: the API could not listen, and a probe of
+        # that port would be answered by the other process.
+        raise PortTaken(f"the API cannot listen: {port_taken_by(settings.port, HOST)}")
+
+
+def _supervisor(settings: ClusterSettings, out: BinaryIO | None) -> Supervisor:
+    policy = RestartPolicy(
+        backoff_s=settings.restart_backoff_s,
+        max_backoff_s=settings.restart_backoff_max_s,
+        max_restarts=settings.max_restarts,
+        window_s=settings.restart_window_s,
+    )
+    return Supervisor(out=out, fmt=settings.log_format, grace_s=settings.grace_s, restart=policy)
+
+
+def _announce_ready(
+    cluster: _Cluster, sup: Supervisor, credentials: ChildCredentials, generated: GeneratedToken | None
+) -> None:
+    """The "ready" line: where each part listens, whether secrets were generated (never what)."""
+    log_event(
+        log,
+        "ready",
+        api=cluster.api_url,
+        shards=",".join(cluster.shard_urls),
+        bootstrap=cluster.bootstrap,
+        broker_metrics=cluster.broker_metrics_url or "-",
+        exports=cluster.s.exports_dir or "-",
+        # Whether, never what: no secret or token is logged.
+        auth="on",
+        cluster_secret="generated" if credentials.generated else "given",
+        admin_token="generated" if generated is not None else "given",
+        admin_token_file=str(generated.path) if generated is not None else "-",
+        pids=",".join(f"{c.role}={c.pid}" for c in sup.children),
+    )
+    if generated is not None and cluster.s.log_format == "text":
+        # Once, on the output a person reads, never in a log line.
+        sup.out.write(f"[cluster] admin token of this run (also in {generated.path}): {generated.token}\n".encode())
+        sup.out.flush()
+
+
+def _log_stopped(sup: Supervisor) -> None:
+    """Why the cluster stopped: a failed child, children that did not stop cleanly, the counts."""
     unclean = sup.unclean
     if sup.failed is not None:
         log.error(
@@ -566,4 +586,3 @@ async def run_cluster(
             extra={"fields": {"roles": ",".join(f"{c.role}={c.returncode}" for c in unclean)}},
         )
     log_event(log, "stopped", children=len(sup.children), restarts=sup.restarts)
-    return 1 if failed else sup.exit_status()

@@ -131,173 +131,212 @@ class _ClusterCollector(Collector):
             yield from worker_families(snap.boards or {snap.model or "": snap.board}, snap.taken_at)
 
 
+_QUALITY = ("logloss", "auc", "copc")
+_WORKER = ("worker", "model")
+_WORKER_FAMILIES: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
+    # (key, kind, name, help, labels): the families of `worker_families`, in
+    # their exposition order. A plain figure's key is its key in the status.
+    ("records_consumed", "counter", "ctrps_records_consumed", "Kafka records consumed by the worker.", _WORKER),
+    ("events_trained", "counter", "ctrps_events_trained", "Events trained by the worker.", _WORKER),
+    ("windows", "counter", "ctrps_windows", "Windows trained by the worker.", _WORKER),
+    (
+        "outages",
+        "counter",
+        "ctrps_worker_outages",
+        "Outages (a shard, the coordinator or the broker unreachable) the worker waited out.",
+        _WORKER,
+    ),
+    (
+        "outage_seconds",
+        "counter",
+        "ctrps_worker_outage_seconds",
+        "Seconds the worker spent waiting in outages that ended.",
+        _WORKER,
+    ),
+    (
+        "windows_replayed",
+        "counter",
+        "ctrps_worker_windows_replayed",
+        "Windows that failed part-way in an outage and were trained again.",
+        _WORKER,
+    ),
+    (
+        "lag_growing_seconds",
+        "gauge",
+        "ctrps_worker_lag_growing_seconds",
+        "Seconds the worker's consumer lag had been growing at its latest report (0: not growing).",
+        _WORKER,
+    ),
+    (
+        "lag_warnings",
+        "counter",
+        "ctrps_worker_lag_warnings",
+        "Warnings that the worker's consumer lag kept growing (--lag-warn-seconds).",
+        _WORKER,
+    ),
+    (
+        "geo_full_refreshes",
+        "counter",
+        "ctrps_worker_geo_full_refreshes",
+        "Geo rounds after which every row of the worker's copy was read again: the shards' change logs gave "
+        "no complete answer (the copy's first round, a restarted shard, or a log that no longer reached back).",
+        _WORKER,
+    ),
+    (
+        "geo_rounds",
+        "counter",
+        "ctrps_worker_geo_rounds",
+        "Geo rounds: pushes of the worker's local copy's differences.",
+        _WORKER,
+    ),
+    ("sync_steps", "counter", "ctrps_worker_sync_steps", "Sync steps the worker took part in.", _WORKER),
+    (
+        "rewinds",
+        "counter",
+        "ctrps_worker_rewinds",
+        "Times a restarted coordinator made the worker resume from its offsets.",
+        _WORKER,
+    ),
+    (
+        "info",
+        "gauge",
+        "ctrps_worker_info",
+        "1 per worker, labelled with the update mode of its latest report (async, sync, geo).",
+        (*_WORKER, "update_mode"),
+    ),
+    (
+        "commits",
+        "counter",
+        "ctrps_worker_commits",
+        "Offset commits of windows, by outcome (committed; failed: the group rebalanced or the "
+        "commit was not acknowledged in time, and the window is trained again).",
+        (*_WORKER, "outcome"),
+    ),
+    ("dead", "counter", "ctrps_dead_letters", "Records dead-lettered, by reason.", (*_WORKER, "reason")),
+    (
+        "stale",
+        "counter",
+        "ctrps_worker_stale_offsets",
+        "Partitions whose resume offset was not applied as given (another Kafka cluster or group, "
+        "beyond the end, before the start), by reason and the action taken (--on-stale-offsets); "
+        "reason uncovered: the group committed past the restored state (replayed, refused or lost).",
+        (*_WORKER, "reason", "action"),
+    ),
+    (
+        "wire_bytes",
+        "counter",
+        "ctrps_worker_wire_bytes",
+        "Bytes of the worker's pull and push frames, by direction (sent to the shards, received).",
+        (*_WORKER, "direction"),
+    ),
+    (
+        "clipped",
+        "counter",
+        "ctrps_worker_wire_values_clipped",
+        "Gradients clipped to float16's range before they were pushed.",
+        _WORKER,
+    ),
+    (
+        "key_sets",
+        "counter",
+        "ctrps_worker_key_set_pushes",
+        "Pushes that named the key set of their pull instead of sending keys, by outcome "
+        "(named; resent: the shard no longer held the set, the push was sent again with its keys).",
+        (*_WORKER, "outcome"),
+    ),
+    ("window_s", "histogram", "ctrps_window_seconds", "Duration of the worker's windows.", _WORKER),
+    (
+        "age",
+        "gauge",
+        "ctrps_worker_report_age_seconds",
+        "Seconds since the worker's latest status reached the board.",
+        _WORKER,
+    ),
+    *(
+        (
+            k,
+            "gauge",
+            f"ctrps_progressive_{k}",
+            f"Progressive {k} of the worker's last window (predicted before training).",
+            _WORKER,
+        )
+        for k in _QUALITY
+    ),
+    (
+        "lag",
+        "gauge",
+        "ctrps_consumer_lag_records",
+        "Records behind per partition: highwater - committed, from the latest report naming it, by model.",
+        ("model", "partition"),
+    ),
+)
+
+_PLAIN = (
+    *("records_consumed", "events_trained", "windows", "outages", "outage_seconds", "windows_replayed"),
+    *("lag_growing_seconds", "lag_warnings", "rewinds"),
+)
+"""Worker figures exposed as they are in the status, one sample per worker."""
+_MODE_ONLY = ("geo_full_refreshes", "geo_rounds", "sync_steps")
+"""A mode's own counts: only from its workers (a status of another mode has none)."""
+_FAMILY_KINDS: dict[str, type[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]] = {
+    "counter": CounterMetricFamily,
+    "gauge": GaugeMetricFamily,
+    "histogram": HistogramMetricFamily,
+}
+
+
 def worker_families(boards: Mapping[str, BoardSummary], now: float) -> Iterator[Metric]:
     """The families of the workers of `boards` (per model name): their totals
     as counters, the last window's figures, lag per partition; `now` (seconds
     since the epoch, the board's clock) dates each latest report. The API
     writes them from the status board, a worker (``--metrics-port``) from its
     own status: the same families either way."""
-
-    def counter(name: str, doc: str, *more: str) -> CounterMetricFamily:
-        # Every worker figure is per worker and model, some by more labels.
-        return CounterMetricFamily(name, doc, labels=["worker", "model", *more])
-
-    records = counter("ctrps_records_consumed", "Kafka records consumed by the worker.")
-    trained = counter("ctrps_events_trained", "Events trained by the worker.")
-    windows = counter("ctrps_windows", "Windows trained by the worker.")
-    outages = counter(
-        "ctrps_worker_outages",
-        "Outages (a shard, the coordinator or the broker unreachable) the worker waited out.",
-    )
-    outage_s = counter("ctrps_worker_outage_seconds", "Seconds the worker spent waiting in outages that ended.")
-    replayed = counter(
-        "ctrps_worker_windows_replayed", "Windows that failed part-way in an outage and were trained again."
-    )
-    lag_growing = GaugeMetricFamily(
-        "ctrps_worker_lag_growing_seconds",
-        "Seconds the worker's consumer lag had been growing at its latest report (0: not growing).",
-        labels=["worker", "model"],
-    )
-    lag_warnings = counter(
-        "ctrps_worker_lag_warnings", "Warnings that the worker's consumer lag kept growing (--lag-warn-seconds)."
-    )
-    geo_full = counter(
-        "ctrps_worker_geo_full_refreshes",
-        "Geo rounds after which every row of the worker's copy was read again: the shards' change logs gave "
-        "no complete answer (the copy's first round, a restarted shard, or a log that no longer reached back).",
-    )
-    geo_rounds = counter("ctrps_worker_geo_rounds", "Geo rounds: pushes of the worker's local copy's differences.")
-    sync_steps = counter("ctrps_worker_sync_steps", "Sync steps the worker took part in.")
-    rewinds = counter("ctrps_worker_rewinds", "Times a restarted coordinator made the worker resume from its offsets.")
-    info = GaugeMetricFamily(
-        "ctrps_worker_info",
-        "1 per worker, labelled with the update mode of its latest report (async, sync, geo).",
-        labels=["worker", "model", "update_mode"],
-    )
-    commits = counter(
-        "ctrps_worker_commits",
-        "Offset commits of windows, by outcome (committed; failed: the group rebalanced or the "
-        "commit was not acknowledged in time, and the window is trained again).",
-        "outcome",
-    )
-    dead = counter("ctrps_dead_letters", "Records dead-lettered, by reason.", "reason")
-    stale = counter(
-        "ctrps_worker_stale_offsets",
-        "Partitions whose resume offset was not applied as given (another Kafka cluster or group, "
-        "beyond the end, before the start), by reason and the action taken (--on-stale-offsets); "
-        "reason uncovered: the group committed past the restored state (replayed, refused or lost).",
-        "reason",
-        "action",
-    )
-    wire_bytes = counter(
-        "ctrps_worker_wire_bytes",
-        "Bytes of the worker's pull and push frames, by direction (sent to the shards, received).",
-        "direction",
-    )
-    clipped = counter(
-        "ctrps_worker_wire_values_clipped", "Gradients clipped to float16's range before they were pushed."
-    )
-    key_sets = counter(
-        "ctrps_worker_key_set_pushes",
-        "Pushes that named the key set of their pull instead of sending keys, by outcome "
-        "(named; resent: the shard no longer held the set, the push was sent again with its keys).",
-        "outcome",
-    )
-    window_s = HistogramMetricFamily(
-        "ctrps_window_seconds", "Duration of the worker's windows.", labels=["worker", "model"]
-    )
-    age = GaugeMetricFamily(
-        "ctrps_worker_report_age_seconds",
-        "Seconds since the worker's latest status reached the board.",
-        labels=["worker", "model"],
-    )
-    quality = {
-        k: GaugeMetricFamily(
-            f"ctrps_progressive_{k}",
-            f"Progressive {k} of the worker's last window (predicted before training).",
-            labels=["worker", "model"],
-        )
-        for k in ("logloss", "auc", "copc")
+    # Any: each kind of family takes its own samples (`add_metric`'s signatures differ).
+    families: dict[str, Any] = {
+        key: _FAMILY_KINDS[kind](name, doc, labels=list(labels)) for key, kind, name, doc, labels in _WORKER_FAMILIES
     }
-    lag = GaugeMetricFamily(
-        "ctrps_consumer_lag_records",
-        "Records behind per partition: highwater - committed, from the latest report naming it, by model.",
-        labels=["model", "partition"],
-    )
     for model, board in boards.items():
         for p, n in board.lag_by_partition.items():
-            lag.add_metric([model, str(p)], float(n))
+            families["lag"].add_metric([model, str(p)], float(n))
     for model, w in ((m, w) for m, b in boards.items() for w in b.workers):
-        s, labels = w.status, [w.source, model]
-        records.add_metric(labels, num(s.get("records_consumed")))
-        trained.add_metric(labels, num(s.get("events_trained")))
-        windows.add_metric(labels, num(s.get("windows")))
-        outages.add_metric(labels, num(s.get("outages")))
-        outage_s.add_metric(labels, num(s.get("outage_seconds")))
-        replayed.add_metric(labels, num(s.get("windows_replayed")))
-        lag_growing.add_metric(labels, num(s.get("lag_growing_seconds")))
-        lag_warnings.add_metric(labels, num(s.get("lag_warnings")))
-        # A mode's own counts only from its workers (a status of another mode has none).
-        for key, mode_count in (
-            ("geo_full_refreshes", geo_full),
-            ("geo_rounds", geo_rounds),
-            ("sync_steps", sync_steps),
-        ):
-            if key in s:
-                mode_count.add_metric(labels, num(s.get(key)))
-        rewinds.add_metric(labels, num(s.get("rewinds")))
-        mode = s.get("update_mode")
-        if isinstance(mode, str):
-            info.add_metric([*labels, mode], 1.0)
-        commits.add_metric([*labels, "committed"], num(s.get("commits")))
-        commits.add_metric([*labels, "failed"], num(s.get("failed_commits")))
-        for reason, count in by_key(s.get("dead_letters_by_reason")):
-            dead.add_metric([*labels, reason], count)
-        by_stale = s.get("stale_offsets")
-        for reason, actions in (by_stale if isinstance(by_stale, dict) else {}).items():
-            for action, count in by_key(actions):
-                stale.add_metric([*labels, str(reason), action], count)
-        wire = s.get("wire")
-        if isinstance(wire, dict):
-            wire_bytes.add_metric([*labels, "sent"], num(wire.get("bytes_sent")))
-            wire_bytes.add_metric([*labels, "received"], num(wire.get("bytes_received")))
-            clipped.add_metric(labels, num(wire.get("values_clipped")))
-            key_sets.add_metric([*labels, "named"], num(wire.get("key_set_pushes")))
-            key_sets.add_metric([*labels, "resent"], num(wire.get("key_set_misses")))
-        hist = _histogram(s.get("window_seconds"))
-        if hist is not None:
-            window_s.add_metric(labels, buckets=hist[0], sum_value=hist[1])
-        age.add_metric(labels, max(0.0, now - w.received_at))
-        last = s.get("last_window")
-        for k, family in quality.items():
-            v = last.get(k) if isinstance(last, dict) else None
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                family.add_metric(labels, num(v))
-    yield from (
-        records,
-        trained,
-        windows,
-        outages,
-        outage_s,
-        replayed,
-        lag_growing,
-        lag_warnings,
-        geo_full,
-        geo_rounds,
-        sync_steps,
-        rewinds,
-        info,
-        commits,
-        dead,
-        stale,
-        wire_bytes,
-        clipped,
-        key_sets,
-        window_s,
-        age,
-        *quality.values(),
-        lag,
-    )
+        _add_worker(families, [w.source, model], w.status, max(0.0, now - w.received_at))
+    yield from families.values()
+
+
+def _add_worker(f: Mapping[str, Any], labels: list[str], s: Mapping[str, Any], age_s: float) -> None:
+    """One worker's samples, from its status `s`, into the families `f` (by key)."""
+    for key in _PLAIN:
+        f[key].add_metric(labels, num(s.get(key)))
+    for key in _MODE_ONLY:
+        if key in s:
+            f[key].add_metric(labels, num(s.get(key)))
+    mode = s.get("update_mode")
+    if isinstance(mode, str):
+        f["info"].add_metric([*labels, mode], 1.0)
+    f["commits"].add_metric([*labels, "committed"], num(s.get("commits")))
+    f["commits"].add_metric([*labels, "failed"], num(s.get("failed_commits")))
+    for reason, count in by_key(s.get("dead_letters_by_reason")):
+        f["dead"].add_metric([*labels, reason], count)
+    by_stale = s.get("stale_offsets")
+    for reason, actions in (by_stale if isinstance(by_stale, dict) else {}).items():
+        for action, count in by_key(actions):
+            f["stale"].add_metric([*labels, str(reason), action], count)
+    wire = s.get("wire")
+    if isinstance(wire, dict):
+        f["wire_bytes"].add_metric([*labels, "sent"], num(wire.get("bytes_sent")))
+        f["wire_bytes"].add_metric([*labels, "received"], num(wire.get("bytes_received")))
+        f["clipped"].add_metric(labels, num(wire.get("values_clipped")))
+        f["key_sets"].add_metric([*labels, "named"], num(wire.get("key_set_pushes")))
+        f["key_sets"].add_metric([*labels, "resent"], num(wire.get("key_set_misses")))
+    hist = _histogram(s.get("window_seconds"))
+    if hist is not None:
+        f["window_s"].add_metric(labels, buckets=hist[0], sum_value=hist[1])
+    f["age"].add_metric(labels, age_s)
+    last = s.get("last_window")
+    for k in _QUALITY:
+        v = last.get(k) if isinstance(last, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            f[k].add_metric(labels, num(v))
 
 
 def worker_exposition(hooks: Sequence[StatusHook]) -> bytes:

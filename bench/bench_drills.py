@@ -88,7 +88,8 @@ from app.cluster import end_broker_processes
 from app.logs import configure_logging
 from app.supervisor import Child, ChildSpec, RestartPolicy, Supervisor
 from consumers.broker import create_topics, free_port, wait_for_metadata
-from ps_core.checkpoint.export_files import latest_chain, list_versions, restore_shards
+from ps_core.checkpoint.export_files import latest_chain, list_versions
+from ps_core.checkpoint.restore import restore_shards
 from ps_core.hashing import shard_of
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.synthetic import SyntheticStream

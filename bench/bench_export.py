@@ -51,7 +51,8 @@ import numpy as np
 import numpy.typing as npt
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
-from ps_core.checkpoint.export_files import latest_chain, restore_shards, write_version
+from ps_core.checkpoint.export_files import latest_chain, write_version
+from ps_core.checkpoint.restore import restore_shards
 from ps_core.hashing import shard_of
 from ps_core.store.index import KeyIndex
 from ps_core.store.snapshot import TableSnapshot

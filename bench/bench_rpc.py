@@ -83,7 +83,7 @@ from common import bench_mode, bench_parser, elapsed_s, print_result, progress_l
 
 from ps_core.checkpoint.control import ControlClient  # noqa: E402
 from ps_core.hashing import shard_of
-from ps_core.net import codec
+from ps_core.net import codec, op_encoders
 from ps_core.net.auth import Scope, derive_token, new_secret
 from ps_core.net.client import PSClient, Routed
 from ps_core.net.frame_handler import handle_frame
@@ -304,7 +304,7 @@ class FramePathSystem:
         t = lap("split", t)
         replies: list[F32] = []
         for j, p in enumerate(parts):
-            req = codec.encode_pull(TABLE, sk[p])
+            req = op_encoders.encode_pull(TABLE, sk[p])
             t = lap("encode", t)
             rep = handle_frame(self.shards[j], req, codec.Op.PULL)
             t = lap("shard_pull", t)
@@ -323,7 +323,7 @@ class FramePathSystem:
         t = lap("split", t)
         applied = 0
         for j, p in enumerate(parts):
-            req = codec.encode_push(TABLE, sk[p], sg[p], request_id=self._rid)
+            req = op_encoders.encode_push(TABLE, sk[p], sg[p], request_id=self._rid)
             t = lap("encode", t)
             rep = handle_frame(self.shards[j], req, codec.Op.PUSH)
             t = lap("shard_push", t)

@@ -22,7 +22,8 @@ import orjson
 
 from ps_core.model.batch import EventBatch
 from ps_core.model.events import EventError, decode_message, message_events
-from ps_core.model.featurizer import DEFAULT_NUMERIC, FeatureHasher, collector_paused
+from ps_core.model.featurizer import DEFAULT_NUMERIC, FeatureHasher
+from ps_core.model.string_hashing import collector_paused
 
 __all__ = ["Decoded", "Rejected", "decode_records"]
 

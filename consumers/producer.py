@@ -214,6 +214,199 @@ def _failure(
     )
 
 
+def _check_arguments(
+    batch_size: int, max_in_flight: int, rate: float | None, delivery_timeout_s: float, compression: str
+) -> None:
+    """`ValueError` for an argument of `produce` it cannot use."""
+    if batch_size < 1 or max_in_flight < 1:
+        raise ValueError("batch_size and max_in_flight must be >= 1")
+    if rate is not None and not rate > 0:
+        raise ValueError("rate must be > 0 events/s")
+    if not 0 < delivery_timeout_s < float("inf"):
+        raise ValueError("delivery_timeout_s must be a positive number of seconds")
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
+
+
+def _client(bootstrap: str, delivery_timeout_s: float, compression: str, security: KafkaSecurity) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        client_id="ctrps-producer",
+        max_batch_size=_MAX_BATCH_BYTES,
+        # The client expires a batch not acknowledged within its request
+        # timeout (aiokafka has no separate delivery timeout): a dead broker
+        # fails the sends within this, instead of 30 s per request and retry.
+        request_timeout_ms=int(delivery_timeout_s * 1000),
+        enable_idempotence=False,
+        compression_type=None if compression == "none" else compression,
+        **security.client_kwargs(),
+    )
+
+
+async def _start(producer: AIOKafkaProducer, bootstrap: str, report: ProduceReport, delivery_timeout_s: float) -> None:
+    """Connect `producer`; `ProduceError` if the broker cannot be reached."""
+    starting = asyncio.ensure_future(producer.start())
+    try:
+        await asyncio.shield(starting)
+    except KafkaError as exc:
+        await producer.stop()
+        raise ProduceError(f"cannot connect to the broker at {bootstrap}: {type(exc).__name__}: {exc}", report) from exc
+    except asyncio.CancelledError:
+        # A stop asked while connecting: the client's start, cancelled, would
+        # leave its bootstrap connection open, so it is let finish (bounded)
+        # and the client stopped before the cancel goes on.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(delivery_timeout_s * 2):
+                await starting
+        await producer.stop()
+        raise
+
+
+async def _partitions(producer: AIOKafkaProducer, topic: str, partitions: int | None) -> list[int]:
+    """The partitions to spread over: the topic's first `partitions`, or all of them."""
+    available = sorted(await producer.partitions_for(topic))
+    if partitions is not None:
+        if not 1 <= partitions <= len(available):
+            raise ValueError(f"topic {topic!r} has {len(available)} partitions; cannot use {partitions}")
+        available = available[:partitions]
+    return available
+
+
+class _Pace:
+    """A token bucket of `rate` events/s with at most ~1 s of burst."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._loop = asyncio.get_running_loop()
+        self._t0 = self._loop.time()
+
+    async def wait(self, enqueued: int) -> None:
+        """Wait until the time of the `enqueued` events before has passed."""
+        due = self._t0 + enqueued / self.rate
+        now = self._loop.time()
+        if due > now:
+            await asyncio.sleep(due - now)
+        elif now - due > 1.0:  # fell behind: forget the debt, no burst beyond ~1 s
+            self._t0 = now - enqueued / self.rate - 1.0
+
+
+class _Sender:
+    """The chunks of one `produce` call: handed to Kafka by partition, settled
+    in order, a chunk refused with error -1 resent."""
+
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        topic: str,
+        parts: list[int],
+        report: ProduceReport,
+        in_flight: collections.deque[_Sending],
+        progress: Callable[[int], None] | None,
+        delivery_timeout_s: float,
+    ) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.parts = parts
+        self.report = report
+        self.in_flight = in_flight
+        self.progress = progress
+        self.delivery_timeout_s = delivery_timeout_s
+
+    async def send_chunk(
+        self, values: list[bytes], stamps: list[int | None], first: int
+    ) -> tuple[asyncio.Future[Any], dict[int, int]]:
+        """Hand one chunk to Kafka: event j goes to partition (first + j) % n_parts."""
+        producer, topic, n_parts = self.producer, self.topic, len(self.parts)
+        futures: list[asyncio.Future[Any]] = []
+        counts: dict[int, int] = {}
+        for k in range(n_parts):
+            j0 = (k - first) % n_parts
+            p = self.parts[k]
+            batch = producer.create_batch()
+            n = 0
+            for value, ts in zip(values[j0::n_parts], stamps[j0::n_parts]):
+                if batch.append(key=None, value=value, timestamp=ts) is None:
+                    batch.close()  # full: send it, start another
+                    futures.append(await producer.send_batch(batch, topic, partition=p))
+                    batch = producer.create_batch()
+                    batch.append(key=None, value=value, timestamp=ts)
+                n += 1
+            if n:
+                batch.close()
+                futures.append(await producer.send_batch(batch, topic, partition=p))
+                counts[p] = n
+        return asyncio.gather(*futures), counts
+
+    async def send_all(self, chunks: AsyncIterator[list[Item]], rate: float | None, max_in_flight: int) -> None:
+        """Encode and send every chunk, at most `max_in_flight` awaiting acknowledgement."""
+        pace = None if rate is None else _Pace(rate)
+        enqueued = 0  # events handed to Kafka; their partition is enqueued % n_parts
+        async for chunk in chunks:
+            values, stamps = _encode(chunk, self.report)
+            if not values:
+                continue
+            if pace is not None:
+                # Token bucket: the chunk may go once the previous events' time has passed.
+                await pace.wait(enqueued)
+            done, counts = await self.send_chunk(values, stamps, enqueued)
+            self.in_flight.append(_Sending(done, counts, values, stamps, enqueued))
+            enqueued += len(values)
+            while len(self.in_flight) >= max_in_flight:
+                await self.settle_oldest()
+        while self.in_flight:
+            await self.settle_oldest()
+
+    async def settle_oldest(self) -> None:
+        """Wait for the oldest chunk's acknowledgement (resending it on error -1) and count it."""
+        sending = self.in_flight[0]
+        while True:
+            # The client's own expiry fails `done` first; this bound is the
+            # backstop should a send hang past it (e.g. a frozen broker).
+            # `asyncio.timeout`, not `wait_for`: on Python 3.11, wait_for
+            # swallows a cancellation that arrives as the awaited future
+            # completes, and a producer told to stop would go on producing.
+            try:
+                async with asyncio.timeout(self.delivery_timeout_s * 2):
+                    await asyncio.shield(sending.done)
+                break
+            except UnknownError as exc:
+                await self._resend(sending, exc)
+        self.in_flight.popleft()
+        report = self.report
+        for p, n in sending.counts.items():
+            report.partitions[p] += n
+            report.sent += n
+        report.bytes += sum(map(len, sending.values))
+        if self.progress is not None:
+            self.progress(report.sent)
+
+    async def _resend(self, sending: _Sending, exc: UnknownError) -> None:
+        # Error -1: the embedded broker (Tansu 0.6) acknowledges a batch sent
+        # to a topic it does not have (one resent into it as it restarts,
+        # empty) and then refuses the next write to that partition once.
+        # Resent whole (at-least-once: its other partitions' records may be
+        # sent twice), a bounded number of times.
+        if sending.attempts >= UNKNOWN_ERROR_RETRIES:
+            raise exc
+        sending.attempts += 1
+        log.warning(
+            "the broker refused a send with error -1: resending it (the embedded broker "
+            "answers so once per partition written to before its topic existed, as by a "
+            "producer resending across its restart)",
+            extra={
+                "fields": {
+                    "topic": self.topic,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "attempt": sending.attempts,
+                    "of": UNKNOWN_ERROR_RETRIES,
+                    "events": len(sending.values),
+                }
+            },
+        )
+        await asyncio.sleep(UNKNOWN_ERROR_BACKOFF_S * sending.attempts)
+        sending.done, sending.counts = await self.send_chunk(sending.values, sending.stamps, sending.first)
+
+
 async def produce(
     bootstrap: str,
     topic: str,
@@ -251,152 +444,23 @@ async def produce(
     acknowledged), and `ValueError` for bad arguments or a topic with fewer
     partitions than asked.
     """
-    if batch_size < 1 or max_in_flight < 1:
-        raise ValueError("batch_size and max_in_flight must be >= 1")
-    if rate is not None and not rate > 0:
-        raise ValueError("rate must be > 0 events/s")
-    if not 0 < delivery_timeout_s < float("inf"):
-        raise ValueError("delivery_timeout_s must be a positive number of seconds")
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
+    _check_arguments(batch_size, max_in_flight, rate, delivery_timeout_s, compression)
     chunk_size = batch_size if rate is None else max(1, min(batch_size, int(rate / 20)))
     report = ProduceReport(topic)
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        client_id="ctrps-producer",
-        max_batch_size=_MAX_BATCH_BYTES,
-        # The client expires a batch not acknowledged within its request
-        # timeout (aiokafka has no separate delivery timeout): a dead broker
-        # fails the sends within this, instead of 30 s per request and retry.
-        request_timeout_ms=int(delivery_timeout_s * 1000),
-        enable_idempotence=False,
-        compression_type=None if compression == "none" else compression,
-        **security.client_kwargs(),
-    )
+    producer = _client(bootstrap, delivery_timeout_s, compression, security)
     in_flight: collections.deque[_Sending] = collections.deque()
-    starting = asyncio.ensure_future(producer.start())
+    await _start(producer, bootstrap, report, delivery_timeout_s)
     try:
-        await asyncio.shield(starting)
-    except KafkaError as exc:
-        await producer.stop()
-        raise ProduceError(f"cannot connect to the broker at {bootstrap}: {type(exc).__name__}: {exc}", report) from exc
-    except asyncio.CancelledError:
-        # A stop asked while connecting: the client's start, cancelled, would
-        # leave its bootstrap connection open, so it is let finish (bounded)
-        # and the client stopped before the cancel goes on.
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(delivery_timeout_s * 2):
-                await starting
-        await producer.stop()
-        raise
-    try:
-        available = sorted(await producer.partitions_for(topic))
-        if partitions is not None:
-            if not 1 <= partitions <= len(available):
-                raise ValueError(f"topic {topic!r} has {len(available)} partitions; cannot use {partitions}")
-            available = available[:partitions]
-        parts: list[int] = available
-        n_parts = len(parts)
+        parts = await _partitions(producer, topic, partitions)
         report.partitions = {p: 0 for p in parts}
         chunks: AsyncIterator[list[Item]] = (
             _achunks(events, chunk_size)
             if isinstance(events, AsyncIterable)
             else _as_async(_chunks(events, chunk_size))
         )
-        loop = asyncio.get_running_loop()
         start = time.perf_counter()
-        bucket_t0 = loop.time()
-        enqueued = 0  # events handed to Kafka; their partition is enqueued % n_parts
-
-        async def send_chunk(
-            values: list[bytes], stamps: list[int | None], first: int
-        ) -> tuple[asyncio.Future[Any], dict[int, int]]:
-            """Hand one chunk to Kafka: event j goes to partition (first + j) % n_parts."""
-            futures: list[asyncio.Future[Any]] = []
-            counts: dict[int, int] = {}
-            for k in range(n_parts):
-                j0 = (k - first) % n_parts
-                p = parts[k]
-                batch = producer.create_batch()
-                n = 0
-                for value, ts in zip(values[j0::n_parts], stamps[j0::n_parts]):
-                    if batch.append(key=None, value=value, timestamp=ts) is None:
-                        batch.close()  # full: send it, start another
-                        futures.append(await producer.send_batch(batch, topic, partition=p))
-                        batch = producer.create_batch()
-                        batch.append(key=None, value=value, timestamp=ts)
-                    n += 1
-                if n:
-                    batch.close()
-                    futures.append(await producer.send_batch(batch, topic, partition=p))
-                    counts[p] = n
-            return asyncio.gather(*futures), counts
-
-        async def settle_oldest() -> None:
-            sending = in_flight[0]
-            while True:
-                # The client's own expiry fails `done` first; this bound is the
-                # backstop should a send hang past it (e.g. a frozen broker).
-                # `asyncio.timeout`, not `wait_for`: on Python 3.11, wait_for
-                # swallows a cancellation that arrives as the awaited future
-                # completes, and a producer told to stop would go on producing.
-                try:
-                    async with asyncio.timeout(delivery_timeout_s * 2):
-                        await asyncio.shield(sending.done)
-                    break
-                except UnknownError as exc:
-                    # Error -1: the embedded broker (Tansu 0.6) acknowledges a
-                    # batch sent to a topic it does not have (one resent into
-                    # it as it restarts, empty) and then refuses the next write
-                    # to that partition once. Resent whole (at-least-once: its
-                    # other partitions' records may be sent twice), a bounded
-                    # number of times.
-                    if sending.attempts >= UNKNOWN_ERROR_RETRIES:
-                        raise
-                    sending.attempts += 1
-                    log.warning(
-                        "the broker refused a send with error -1: resending it (the embedded broker "
-                        "answers so once per partition written to before its topic existed, as by a "
-                        "producer resending across its restart)",
-                        extra={
-                            "fields": {
-                                "topic": topic,
-                                "error": f"{type(exc).__name__}: {exc}",
-                                "attempt": sending.attempts,
-                                "of": UNKNOWN_ERROR_RETRIES,
-                                "events": len(sending.values),
-                            }
-                        },
-                    )
-                    await asyncio.sleep(UNKNOWN_ERROR_BACKOFF_S * sending.attempts)
-                    sending.done, sending.counts = await send_chunk(sending.values, sending.stamps, sending.first)
-            in_flight.popleft()
-            for p, n in sending.counts.items():
-                report.partitions[p] += n
-                report.sent += n
-            report.bytes += sum(map(len, sending.values))
-            if progress is not None:
-                progress(report.sent)
-
-        async for chunk in chunks:
-            values, stamps = _encode(chunk, report)
-            if not values:
-                continue
-            if rate is not None:
-                # Token bucket: the chunk may go once the previous events' time has passed.
-                due = bucket_t0 + enqueued / rate
-                now = loop.time()
-                if due > now:
-                    await asyncio.sleep(due - now)
-                elif now - due > 1.0:  # fell behind: forget the debt, no burst beyond ~1 s
-                    bucket_t0 = now - enqueued / rate - 1.0
-            done, counts = await send_chunk(values, stamps, enqueued)
-            in_flight.append(_Sending(done, counts, values, stamps, enqueued))
-            enqueued += len(values)
-            while len(in_flight) >= max_in_flight:
-                await settle_oldest()
-        while in_flight:
-            await settle_oldest()
+        sender = _Sender(producer, topic, parts, report, in_flight, progress, delivery_timeout_s)
+        await sender.send_all(chunks, rate, max_in_flight)
         report.elapsed_s = time.perf_counter() - start
     except (TimeoutError, KafkaError) as exc:
         raise _failure(exc, report, bootstrap, topic, delivery_timeout_s) from exc

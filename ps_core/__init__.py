@@ -44,8 +44,10 @@ from .lazy import lazy_exports
 if TYPE_CHECKING:
     from .checkpoint.control import ControlClient
     from .checkpoint.coordinator import Coordinator, Cut, Lease
-    from .checkpoint.export_files import latest_chain, list_versions, load_version, restore_shards, write_version
-    from .checkpoint.exporter import Exporter, ExportReport
+    from .checkpoint.export_files import latest_chain, list_versions, load_version, write_version
+    from .checkpoint.export_report import ExportReport
+    from .checkpoint.exporter import Exporter
+    from .checkpoint.restore import restore_shards
     from .hashing import mix64, shard_of
     from .model.batch import EventBatch
     from .model.events import decode_message
@@ -53,8 +55,9 @@ if TYPE_CHECKING:
     from .model.learner import Learner
     from .model.models import FactorizationMachine, LogisticRegression, Model, make_model
     from .net.client import PSClient, PSReader
-    from .net.codec import Frame, Op
+    from .net.codec import Op
     from .net.endpoint import RetryPolicy
+    from .net.frame import Frame
     from .net.server import create_shard_app
     from .net.transports import HttpTransport, LocalTransport, ShardReader, ShardTransport, TcpTransport
     from .shard import Shard, ShardSpec
@@ -73,10 +76,11 @@ else:
                 "latest_chain",
                 "list_versions",
                 "load_version",
-                "restore_shards",
                 "write_version",
             ),
-            ".checkpoint.exporter": ("Exporter", "ExportReport"),
+            ".checkpoint.export_report": ("ExportReport",),
+            ".checkpoint.exporter": ("Exporter",),
+            ".checkpoint.restore": ("restore_shards",),
             ".hashing": ("mix64", "shard_of"),
             ".model.batch": ("EventBatch",),
             ".model.events": ("decode_message",),
@@ -84,7 +88,8 @@ else:
             ".model.learner": ("Learner",),
             ".model.models": ("FactorizationMachine", "LogisticRegression", "Model", "make_model"),
             ".net.client": ("PSClient", "PSReader"),
-            ".net.codec": ("Frame", "Op"),
+            ".net.codec": ("Op",),
+            ".net.frame": ("Frame",),
             ".net.endpoint": ("RetryPolicy",),
             ".net.server": ("create_shard_app",),
             ".shard": ("Shard", "ShardSpec"),

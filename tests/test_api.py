@@ -31,11 +31,13 @@ from documents import json_operations, validate, with_trailing_bytes
 from prometheus_client.parser import text_string_to_metric_families
 from training import train_step
 
-from app.api import PREDICTOR, create_app
+from app.api import create_app
+from app.api_bodies import WeightsRequest
+from app.api_state import PREDICTOR
 from app.cli import build_parser
 from app.config.declared import SettingsError
 from app.config.serve import ApiSettings
-from app.openapi import WeightsRequest, openapi_document, path_template, response_schema
+from app.openapi import openapi_document, path_template, response_schema
 from app.status import make_status_hook
 from consumers.worker import WindowReport, WorkerStats
 from ps_core.checkpoint.control import ControlClient

@@ -16,7 +16,7 @@ from app.metrics import ApiMetrics, ClusterSnapshot
 from app.status import summarize, worker_status
 from consumers.worker import WorkerStats
 from ps_core.errors import FrameError, ModeConflictError, UnknownTableError
-from ps_core.net import codec
+from ps_core.net import codec, op_encoders
 from ps_core.net.change_feed import ChangeFeed
 from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec
@@ -74,19 +74,19 @@ def test_many_tiny_entries_are_bounded_too() -> None:
 
 
 def test_changes_frames_round_trip() -> None:
-    ask = codec.decode(codec.encode_changes("w", 41, 7, _keys(2, 9)), codec.Op.CHANGES)
+    ask = codec.decode(op_encoders.encode_changes("w", 41, 7, _keys(2, 9)), codec.Op.CHANGES)
     assert (ask.clock, ask.incarnation, ask.keys.tolist(), ask.complete) == (41, 7, [2, 9], False)
     assert ask.format_version == 1 and ask.dim == 0
     for complete in (True, False):
         for keys in (_keys(), _keys(4), _keys(1, 1 << 63, 2**64 - 1)):
-            raw = codec.encode_changes_reply("w", keys, 99, 5, complete=complete)
+            raw = op_encoders.encode_changes_reply("w", keys, 99, 5, complete=complete)
             got = codec.decode(raw, codec.Op.CHANGES_REPLY)
             assert (got.keys.tolist(), got.clock, got.incarnation, got.complete) == (keys.tolist(), 99, 5, complete)
     # The complete flag belongs to a changes reply alone.
     with pytest.raises(FrameError, match="changes reply"):
         codec.decode(codec.encode(codec.Op.PULL, "w", keys=_keys(1), complete=True))
     with pytest.raises(FrameError, match="implies"):
-        codec.decode(codec.encode_changes("w", 1, 1, _keys(2, 9))[:-8])
+        codec.decode(op_encoders.encode_changes("w", 1, 1, _keys(2, 9))[:-8])
 
 
 @pytest.mark.parametrize("rpc", [True, False], ids=["rpc", "http"])

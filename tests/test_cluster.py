@@ -34,7 +34,8 @@ from app.config.cluster import ClusterSettings
 from app.config.declared import SettingsError
 from app.supervisor import ChildFailed, ChildSpec, Supervisor
 from consumers.broker import free_port
-from ps_core.checkpoint.export_files import latest_chain, list_versions, restore_shards
+from ps_core.checkpoint.export_files import latest_chain, list_versions
+from ps_core.checkpoint.restore import restore_shards
 from ps_core.hashing import shard_of
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.net.auth import Scope, derive_token

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from ps_core.errors import FrameError
-from ps_core.net import codec
-from ps_core.net.codec import FLAG_COUNTS, FLAG_PRESENCE, HEADER_SIZE, MAX_NAME, Frame, Op
+from ps_core.net import codec, op_encoders
+from ps_core.net.codec import FLAG_COUNTS, FLAG_PRESENCE, HEADER_SIZE, MAX_NAME, Op
+from ps_core.net.frame import Frame
 
 U64_MAX = 2**64 - 1
 
@@ -52,7 +53,7 @@ def assert_read_only_view(a: np.ndarray | None) -> None:
 def test_header_is_48_bytes_and_sections_are_8_aligned() -> None:
     assert HEADER_SIZE == 48
     for name in ("t", "abcdefgh", "x" * 9):
-        buf = codec.encode_pull(name, keys_of(7))
+        buf = op_encoders.encode_pull(name, keys_of(7))
         # header, name padded to 8, one uint64 key
         assert len(buf) == HEADER_SIZE + ((len(name) + 7) // 8) * 8 + 8
         assert buf[:4] == b"CTPS"
@@ -65,7 +66,7 @@ def test_header_is_48_bytes_and_sections_are_8_aligned() -> None:
 
 def test_pull_request_round_trip_with_extreme_keys() -> None:
     keys = keys_of(0, 1, 12345, 2**63, U64_MAX, 0)
-    f = codec.decode(codec.encode_pull("lr", keys))
+    f = codec.decode(op_encoders.encode_pull("lr", keys))
     assert (f.op, f.table, f.count, f.dim) == (Op.PULL, "lr", 6, 0)
     assert f.values is None and f.counts is None
     assert f.keys is not None and f.keys.dtype == np.uint64
@@ -75,7 +76,7 @@ def test_pull_request_round_trip_with_extreme_keys() -> None:
 
 
 def test_empty_pull_request_round_trip() -> None:
-    f = codec.decode(codec.encode_pull("lr", keys_of()), expect_op=Op.PULL)
+    f = codec.decode(op_encoders.encode_pull("lr", keys_of()), expect_op=Op.PULL)
     assert f.count == 0 and f.dim == 0
     assert f.keys is not None and f.keys.shape == (0,)
 
@@ -83,7 +84,7 @@ def test_empty_pull_request_round_trip() -> None:
 def test_push_request_round_trip_without_counts() -> None:
     keys = keys_of(0, U64_MAX, 5)
     grads = np.array([[0.5, -1.0], [2.0, 3.0], [-0.25, 1e-30]], dtype=np.float32)
-    buf = codec.encode_push("fm_v", keys, grads, event_time=1.7e9 + 0.25, request_id=U64_MAX)
+    buf = op_encoders.encode_push("fm_v", keys, grads, event_time=1.7e9 + 0.25, request_id=U64_MAX)
     f = codec.decode(buf, expect_op=Op.PUSH)
     assert (f.op, f.table, f.count, f.dim) == (Op.PUSH, "fm_v", 3, 2)
     np.testing.assert_array_equal(f.keys, keys)
@@ -100,7 +101,7 @@ def test_push_request_round_trip_with_counts() -> None:
     keys = keys_of(3, 4)
     grads = np.array([0.5, -1.5], dtype=np.float32)  # 1-D means dim 1
     counts = np.array([[1, 0], [10, 3]], dtype=np.float32)
-    buf = codec.encode_push("lr", keys, grads, counts=counts, request_id=42)
+    buf = op_encoders.encode_push("lr", keys, grads, counts=counts, request_id=42)
     assert struct.unpack_from("<H", buf, OFF_FLAGS)[0] == FLAG_COUNTS
     f = codec.decode(buf)
     assert f.dim == 1
@@ -113,7 +114,7 @@ def test_push_request_round_trip_with_counts() -> None:
 
 def test_empty_push_round_trip_keeps_dim() -> None:
     f = codec.decode(
-        codec.encode_push("fm_v", keys_of(), np.zeros((0, 8), dtype=np.float32)),
+        op_encoders.encode_push("fm_v", keys_of(), np.zeros((0, 8), dtype=np.float32)),
     )
     assert f.count == 0 and f.dim == 8
     assert f.keys is not None and f.keys.shape == (0,)
@@ -122,7 +123,7 @@ def test_empty_push_round_trip_keeps_dim() -> None:
 
 def test_weights_reply_round_trip() -> None:
     w = np.arange(12, dtype=np.float32).reshape(3, 4) - 5.5
-    f = codec.decode(codec.encode_weights("fm_v", w, version=2**40 + 3), expect_op=Op.WEIGHTS)
+    f = codec.decode(op_encoders.encode_weights("fm_v", w, version=2**40 + 3), expect_op=Op.WEIGHTS)
     assert (f.op, f.count, f.dim, f.version) == (Op.WEIGHTS, 3, 4, 2**40 + 3)
     assert f.keys is None and f.counts is None
     np.testing.assert_array_equal(f.values, w)
@@ -130,12 +131,12 @@ def test_weights_reply_round_trip() -> None:
 
 
 def test_empty_weights_reply_keeps_dim() -> None:
-    f = codec.decode(codec.encode_weights("fm_v", np.zeros((0, 4), np.float32), version=1))
+    f = codec.decode(op_encoders.encode_weights("fm_v", np.zeros((0, 4), np.float32), version=1))
     assert f.values is not None and f.values.shape == (0, 4)
 
 
 def test_ack_round_trip() -> None:
-    f = codec.decode(codec.encode_ack("lr", applied=2**32 - 1, version=9), expect_op=Op.ACK)
+    f = codec.decode(op_encoders.encode_ack("lr", applied=2**32 - 1, version=9), expect_op=Op.ACK)
     assert f == Frame(op=Op.ACK, table="lr", count=2**32 - 1, dim=0, keys=None, values=None, version=9)
 
 
@@ -145,7 +146,7 @@ def test_big_batch_round_trip() -> None:
     keys = rng.integers(0, U64_MAX, size=n, dtype=np.uint64, endpoint=True)
     grads = rng.standard_normal((n, dim)).astype(np.float32)
     counts = rng.integers(0, 5, size=(n, 2)).astype(np.float32)
-    buf = codec.encode_push("big", keys, grads, counts=counts)
+    buf = op_encoders.encode_push("big", keys, grads, counts=counts)
     assert len(buf) == HEADER_SIZE + 8 + 8 * n + 4 * n * dim + 8 * n
     f = codec.decode(buf)
     np.testing.assert_array_equal(f.keys, keys)
@@ -156,37 +157,37 @@ def test_big_batch_round_trip() -> None:
 def test_big_endian_input_is_converted() -> None:
     keys = np.array([1, 2**56 + 3], dtype=">u8")
     grads = np.array([[1.5], [-2.0]], dtype=">f4")
-    f = codec.decode(codec.encode_push("lr", keys, grads))
+    f = codec.decode(op_encoders.encode_push("lr", keys, grads))
     np.testing.assert_array_equal(f.keys, keys.astype(np.uint64))
     np.testing.assert_array_equal(f.values, grads.astype(np.float32))
 
 
 def test_unicode_table_name_and_longest_name_round_trip() -> None:
-    assert codec.decode(codec.encode_pull("täble", keys_of(1))).table == "täble"
+    assert codec.decode(op_encoders.encode_pull("täble", keys_of(1))).table == "täble"
     longest = "n" * MAX_NAME
-    assert codec.decode(codec.encode_pull(longest, keys_of(1))).table == longest
+    assert codec.decode(op_encoders.encode_pull(longest, keys_of(1))).table == longest
 
 
 def test_decode_accepts_memoryview_and_bytearray() -> None:
-    buf = codec.encode_pull("lr", keys_of(9, 8))
+    buf = op_encoders.encode_pull("lr", keys_of(9, 8))
     for b in (memoryview(buf), bytearray(buf)):
         np.testing.assert_array_equal(codec.decode(b).keys, keys_of(9, 8))
 
 
 def test_encode_rejects_a_name_over_the_limit() -> None:
     with pytest.raises(FrameError, match="longer than 255"):
-        codec.encode_pull("n" * (MAX_NAME + 1), keys_of(1))
+        op_encoders.encode_pull("n" * (MAX_NAME + 1), keys_of(1))
 
 
 # -- malformed frames ----------------------------------------------------------
 
 
 def pull_frame() -> bytes:
-    return codec.encode_pull("lr", keys_of(1, 2, 3))
+    return op_encoders.encode_pull("lr", keys_of(1, 2, 3))
 
 
 def push_frame(counts: bool = False) -> bytes:
-    return codec.encode_push(
+    return op_encoders.encode_push(
         "lr",
         keys_of(1, 2, 3),
         np.ones((3, 2), dtype=np.float32),
@@ -229,7 +230,7 @@ def test_unknown_op(op: int) -> None:
     [
         (pull_frame(), Op.PUSH, Op.PULL),
         (push_frame(), Op.PULL, Op.PUSH),
-        (codec.encode_ack("lr", 1, 1), Op.WEIGHTS, Op.ACK),
+        (op_encoders.encode_ack("lr", 1, 1), Op.WEIGHTS, Op.ACK),
     ],
 )
 def test_unexpected_op(frame: bytes, expect_op: int, got: int) -> None:
@@ -243,7 +244,11 @@ def test_unknown_flags(flags: int) -> None:
 
 @pytest.mark.parametrize(
     "frame",
-    [pull_frame(), codec.encode_weights("lr", np.ones((3, 2), np.float32), 1), codec.encode_ack("lr", 3, 1)],
+    [
+        pull_frame(),
+        op_encoders.encode_weights("lr", np.ones((3, 2), np.float32), 1),
+        op_encoders.encode_ack("lr", 3, 1),
+    ],
     ids=["pull", "weights", "ack"],
 )
 def test_counts_flag_on_a_non_push(frame: bytes) -> None:
@@ -257,12 +262,12 @@ def test_name_length_out_of_range(name_len: int) -> None:
 
 
 def test_truncated_inside_name() -> None:
-    buf = codec.encode_pull("a_rather_long_table_name", keys_of())
+    buf = op_encoders.encode_pull("a_rather_long_table_name", keys_of())
     expect_frame_error(buf[: HEADER_SIZE + 5], r"truncated inside the table name")
 
 
 def test_non_utf8_name() -> None:
-    buf = bytearray(codec.encode_pull("ab", keys_of(1)))
+    buf = bytearray(op_encoders.encode_pull("ab", keys_of(1)))
     buf[HEADER_SIZE : HEADER_SIZE + 2] = b"\xff\xfe"
     expect_frame_error(bytes(buf), r"table name is not UTF-8")
 
@@ -274,7 +279,7 @@ def test_non_utf8_name() -> None:
         (pull_frame(), 1, "one byte short"),
         (push_frame(), 4, "truncated values"),
         (push_frame(counts=True), 8, "truncated counts"),
-        (codec.encode_weights("lr", np.ones((3, 2), np.float32), 1), 4, "truncated weights"),
+        (op_encoders.encode_weights("lr", np.ones((3, 2), np.float32), 1), 4, "truncated weights"),
     ],
 )
 def test_truncated_arrays(frame: bytes, cut: int, label: str) -> None:
@@ -302,7 +307,7 @@ def test_counts_flag_set_but_counts_missing() -> None:
 
 @pytest.mark.parametrize(
     "frame",
-    [push_frame(), codec.encode_weights("lr", np.ones((3, 2), np.float32), 1)],
+    [push_frame(), op_encoders.encode_weights("lr", np.ones((3, 2), np.float32), 1)],
     ids=["push", "weights"],
 )
 def test_dim_zero_with_values(frame: bytes) -> None:
@@ -311,7 +316,7 @@ def test_dim_zero_with_values(frame: bytes) -> None:
 
 @pytest.mark.parametrize(
     ("frame", "op"),
-    [(pull_frame(), Op.PULL), (codec.encode_ack("lr", 3, 1), Op.ACK)],
+    [(pull_frame(), Op.PULL), (op_encoders.encode_ack("lr", 3, 1), Op.ACK)],
     ids=["pull", "ack"],
 )
 def test_dim_nonzero_without_values(frame: bytes, op: int) -> None:
@@ -336,16 +341,16 @@ def test_earlier_frames_are_byte_identical_to_the_format_before_push_pull() -> N
         + grads.astype("<f4").tobytes()
         + counts.astype("<f4").tobytes()
     )
-    assert codec.encode_push("lr", keys, grads, counts=counts, event_time=1.5e9, request_id=77) == old_push
+    assert op_encoders.encode_push("lr", keys, grads, counts=counts, event_time=1.5e9, request_id=77) == old_push
     old_ack = _V1_HEADER.pack(b"CTPS", 1, Op.ACK, 0, 5, 0, 0.0, 3, 0, 2) + b"lr" + b"\0" * 6
-    assert codec.encode_ack("lr", 5, 3) == old_ack
+    assert op_encoders.encode_ack("lr", 5, 3) == old_ack
     f = codec.decode(old_push, Op.PUSH)
     assert f.pull_keys is None and f.applied == 0 and f.request_id == 77
 
 
 def push_pull_frame(n: int = 3, dim: int = 2, m: int = 4, counts: bool = False, request_id: int = 9) -> bytes:
     rng = np.random.default_rng(n * 100 + dim * 10 + m)
-    return codec.encode_push_pull(
+    return op_encoders.encode_push_pull(
         "fm",
         rng.integers(0, U64_MAX, n, dtype=np.uint64, endpoint=True),
         rng.standard_normal((n, dim)).astype(np.float32),
@@ -362,7 +367,9 @@ def test_push_pull_request_round_trip(with_counts: bool) -> None:
     grads = np.array([[0.5, -1.0, 3.0], [2.0, 3.0, 1e-30], [-0.25, 0.0, 7.0]], np.float32)
     counts = np.array([[1, 0], [3, 2], [0, 0]], np.float32) if with_counts else None
     pull = keys_of(U64_MAX, 8, 0, 5, 5)
-    buf = codec.encode_push_pull("fm_v", keys, grads, pull, counts=counts, event_time=1.7e9 + 0.5, request_id=U64_MAX)
+    buf = op_encoders.encode_push_pull(
+        "fm_v", keys, grads, pull, counts=counts, event_time=1.7e9 + 0.5, request_id=U64_MAX
+    )
     # header, "fm_v" padded to 8, push keys, pull keys, grads, counts
     assert len(buf) == HEADER_SIZE + 8 + 8 * 3 + 8 * 5 + 4 * 9 + (8 * 3 if with_counts else 0)
     assert struct.unpack_from("<I", buf, OFF_M)[0] == 5
@@ -392,14 +399,14 @@ def test_push_pull_key_sections_are_8_aligned_whatever_n_dim(n: int, dim: int, m
 
 
 def test_push_pull_with_an_empty_push_or_pull() -> None:
-    only_pull = codec.decode(codec.encode_push_pull("lr", keys_of(), np.zeros((0, 1), np.float32), keys_of(4, 5)))
+    only_pull = codec.decode(op_encoders.encode_push_pull("lr", keys_of(), np.zeros((0, 1), np.float32), keys_of(4, 5)))
     assert only_pull.count == 0 and only_pull.dim == 1
     assert only_pull.keys is not None and only_pull.keys.shape == (0,)
     np.testing.assert_array_equal(only_pull.pull_keys, keys_of(4, 5))
     # An empty push may carry dim 0 (a caller with nothing to push).
-    dimless = codec.decode(codec.encode_push_pull("lr", keys_of(), np.zeros(0, np.float32), keys_of(4)))
+    dimless = codec.decode(op_encoders.encode_push_pull("lr", keys_of(), np.zeros(0, np.float32), keys_of(4)))
     assert dimless.count == 0 and dimless.values is not None and dimless.values.shape[0] == 0
-    only_push = codec.decode(codec.encode_push_pull("lr", keys_of(4, 5), np.ones((2, 1), np.float32), keys_of()))
+    only_push = codec.decode(op_encoders.encode_push_pull("lr", keys_of(4, 5), np.ones((2, 1), np.float32), keys_of()))
     assert only_push.count == 2
     assert only_push.pull_keys is not None and only_push.pull_keys.shape == (0,)
 
@@ -407,23 +414,25 @@ def test_push_pull_with_an_empty_push_or_pull() -> None:
 def test_a_push_pull_of_the_pushed_keys_sends_them_once() -> None:
     keys = keys_of(3, U64_MAX, 9)
     grads = np.array([[0.5], [-1.0], [2.0]], np.float32)
-    buf = codec.encode_push_pull("lr", keys, grads, keys, counts=np.ones((3, 2), np.float32))
-    assert len(buf) == len(codec.encode_push_pull("lr", keys, grads, keys_of(), counts=np.ones((3, 2), np.float32)))
+    buf = op_encoders.encode_push_pull("lr", keys, grads, keys, counts=np.ones((3, 2), np.float32))
+    assert len(buf) == len(
+        op_encoders.encode_push_pull("lr", keys, grads, keys_of(), counts=np.ones((3, 2), np.float32))
+    )
     flags, m = struct.unpack_from("<H", buf, 6)[0], struct.unpack_from("<I", buf, OFF_M)[0]
     assert (flags, m) == (codec.FLAG_COUNTS | codec.FLAG_PULL_PUSHED, 0)
     f = codec.decode(buf, expect_op=Op.PUSH_PULL)
     np.testing.assert_array_equal(f.pull_keys, keys)
     assert f.pull_keys is f.keys
     # An equal copy is sent as keys (only the same array is recognised).
-    copy = codec.decode(codec.encode_push_pull("lr", keys, grads, keys.copy()))
-    assert struct.unpack_from("<I", codec.encode_push_pull("lr", keys, grads, keys.copy()), OFF_M)[0] == 3
+    copy = codec.decode(op_encoders.encode_push_pull("lr", keys, grads, keys.copy()))
+    assert struct.unpack_from("<I", op_encoders.encode_push_pull("lr", keys, grads, keys.copy()), OFF_M)[0] == 3
     np.testing.assert_array_equal(copy.pull_keys, keys)
     # The flag with pull keys as well, or on another op, is refused.
-    both = bytearray(codec.encode_push_pull("lr", keys, grads, keys_of(1)))
+    both = bytearray(op_encoders.encode_push_pull("lr", keys, grads, keys_of(1)))
     struct.pack_into("<H", both, 6, codec.FLAG_PULL_PUSHED)
     with pytest.raises(FrameError, match="push_pull request without pull keys"):
         codec.decode(bytes(both))
-    push = bytearray(codec.encode_push("lr", keys, grads))
+    push = bytearray(op_encoders.encode_push("lr", keys, grads))
     struct.pack_into("<H", push, 6, codec.FLAG_PULL_PUSHED)
     with pytest.raises(FrameError, match="push_pull request without pull keys"):
         codec.decode(bytes(push))
@@ -431,27 +440,27 @@ def test_a_push_pull_of_the_pushed_keys_sends_them_once() -> None:
 
 def test_push_pull_reply_round_trip() -> None:
     w = np.arange(12, dtype=np.float32).reshape(3, 4) - 5.5
-    buf = codec.encode_push_pull_reply("fm_v", applied=2**32 - 1, weights=w, version=2**40 + 3)
+    buf = op_encoders.encode_push_pull_reply("fm_v", applied=2**32 - 1, weights=w, version=2**40 + 3)
     f = codec.decode(buf, expect_op=Op.PUSH_PULL_REPLY)
     assert (f.op, f.count, f.dim, f.version, f.applied) == (Op.PUSH_PULL_REPLY, 3, 4, 2**40 + 3, 2**32 - 1)
     assert f.keys is None and f.pull_keys is None and f.counts is None and f.present is None
     np.testing.assert_array_equal(f.values, w)
     assert_read_only_view(f.values)
-    empty = codec.decode(codec.encode_push_pull_reply("fm_v", 7, np.zeros((0, 4), np.float32), 1))
+    empty = codec.decode(op_encoders.encode_push_pull_reply("fm_v", 7, np.zeros((0, 4), np.float32), 1))
     assert empty.values is not None and empty.values.shape == (0, 4) and empty.applied == 7
 
 
 def test_encode_push_pull_refuses_disagreeing_push_sections() -> None:
     with pytest.raises(FrameError, match="push section of 3 keys, 2 gradient rows"):
-        codec.encode_push_pull("lr", keys_of(1, 2, 3), np.ones((2, 1), np.float32), keys_of())
+        op_encoders.encode_push_pull("lr", keys_of(1, 2, 3), np.ones((2, 1), np.float32), keys_of())
     with pytest.raises(FrameError, match="1 rows of counts"):
-        codec.encode_push_pull(
+        op_encoders.encode_push_pull(
             "lr", keys_of(1, 2), np.ones((2, 1), np.float32), keys_of(), counts=np.ones((1, 2), np.float32)
         )
 
 
 def push_pull_reply_frame() -> bytes:
-    return codec.encode_push_pull_reply("lr", 3, np.ones((4, 2), np.float32), 1)
+    return op_encoders.encode_push_pull_reply("lr", 3, np.ones((4, 2), np.float32), 1)
 
 
 @pytest.mark.parametrize(
@@ -461,7 +470,7 @@ def push_pull_reply_frame() -> bytes:
         (push_frame(), Op.PUSH_PULL, Op.PUSH),
         (pull_frame(), Op.PUSH_PULL, Op.PULL),
         (push_pull_reply_frame(), Op.WEIGHTS, Op.PUSH_PULL_REPLY),
-        (codec.encode_weights("lr", np.ones((3, 2), np.float32), 1), Op.PUSH_PULL_REPLY, Op.WEIGHTS),
+        (op_encoders.encode_weights("lr", np.ones((3, 2), np.float32), 1), Op.PUSH_PULL_REPLY, Op.WEIGHTS),
     ],
 )
 def test_push_pull_unexpected_op(frame: bytes, expect_op: int, got: int) -> None:
@@ -473,8 +482,8 @@ def test_push_pull_unexpected_op(frame: bytes, expect_op: int, got: int) -> None
     [
         pull_frame(),
         push_frame(),
-        codec.encode_weights("lr", np.ones((3, 2), np.float32), 1),
-        codec.encode_ack("lr", 3, 1),
+        op_encoders.encode_weights("lr", np.ones((3, 2), np.float32), 1),
+        op_encoders.encode_ack("lr", 3, 1),
     ],
     ids=["pull", "push", "weights", "ack"],
 )

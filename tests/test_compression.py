@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from ps_core.errors import FrameError, FrameVersionError, InvalidValuesError, KeySetExpiredError
-from ps_core.net import codec
+from ps_core.net import codec, op_encoders
 from ps_core.net.client import PSClient
 from ps_core.net.codec import FLAG_KEYS_REF, FLAG_REMEMBER, Op
 from ps_core.net.endpoint import RetryPolicy
@@ -142,7 +142,9 @@ def test_a_few_large_counts_are_escaped_not_widening_every_row() -> None:
     code, raw = compact_counts(c)
     assert code == 4 and len(raw) == 8 + 128 + 8 + 16  # k, 64 u8 pairs, 2 rows, their f32 pairs
     np.testing.assert_array_equal(read_counts(memoryview(raw), 0, code, 64), c)
-    buf = codec.encode_push("lr", np.arange(64, dtype=np.uint64), np.zeros(64, np.float32), counts=c, compact=True)
+    buf = op_encoders.encode_push(
+        "lr", np.arange(64, dtype=np.uint64), np.zeros(64, np.float32), counts=c, compact=True
+    )
     np.testing.assert_array_equal(codec.decode(buf).counts, c)
     with pytest.raises(FrameError, match="implies"):
         codec.decode(buf[:-8])
@@ -191,7 +193,7 @@ COUNTS = np.array([[1, 0], [3, 1], [1, 1], [200, 9]], np.float32)
 @pytest.mark.parametrize("compact", [False, True])
 def test_push_frame_round_trip(vtype: int, compact: bool) -> None:
     grads = quantize(GRADS, vtype, "nearest") if vtype else GRADS
-    buf = codec.encode_push(
+    buf = op_encoders.encode_push(
         "emb", KEYS, grads, counts=COUNTS, dim=4, request_id=7, base_clock=3, event_time=1.5, compact=compact
     )
     f = codec.decode(buf, Op.PUSH)
@@ -207,25 +209,25 @@ def test_push_frame_round_trip(vtype: int, compact: bool) -> None:
 
 
 def test_a_key_set_push_carries_eight_bytes_of_keys() -> None:
-    with_keys = codec.encode_push("lr", KEYS, GRADS[:, :1], request_id=1)
-    named = codec.encode_push("lr", KEYS, GRADS[:, :1], request_id=1, keys_ref=99)
+    with_keys = op_encoders.encode_push("lr", KEYS, GRADS[:, :1], request_id=1)
+    named = op_encoders.encode_push("lr", KEYS, GRADS[:, :1], request_id=1, keys_ref=99)
     assert len(with_keys) - len(named) == 8 * KEYS.size - 8
     f = codec.decode(named)
     assert f.keys is None and f.keys_ref == 99 and f.count == 4 and f.format_version == 2
 
 
 def test_pull_asking_float16_and_remembering() -> None:
-    f = codec.decode(codec.encode_pull("lr", KEYS, reply_vtype=F16, remember=42))
+    f = codec.decode(op_encoders.encode_pull("lr", KEYS, reply_vtype=F16, remember=42))
     assert (f.reply_value_type, f.remember, f.request_id, f.format_version) == (F16, True, 42, 2)
-    reply = codec.encode_weights("lr", quantize(GRADS, F16, "nearest"), 3, clock=5, rows=4, dim=4)
+    reply = op_encoders.encode_weights("lr", quantize(GRADS, F16, "nearest"), 3, clock=5, rows=4, dim=4)
     w = codec.decode(reply, Op.WEIGHTS)
     assert (w.version, w.clock, w.value_type) == (3, 5, F16)
     np.testing.assert_allclose(w.values, GRADS, rtol=1e-3, atol=1e-6)
-    assert len(reply) < len(codec.encode_weights("lr", GRADS, 3))
+    assert len(reply) < len(op_encoders.encode_weights("lr", GRADS, 3))
 
 
 def test_push_pull_naming_its_set_and_pulling_it() -> None:
-    buf = codec.encode_push_pull(
+    buf = op_encoders.encode_push_pull(
         "lr", KEYS, quantize(GRADS[:, :1], INT8, "nearest"), KEYS, dim=1, request_id=8, keys_ref=5, compact=True
     )
     f = codec.decode(buf, Op.PUSH_PULL)
@@ -237,21 +239,25 @@ def test_push_pull_naming_its_set_and_pulling_it() -> None:
     [
         # bytes 42..43 were reserved in format 1 and stay zero there
         (
-            lambda: bytearray(codec.encode_pull("lr", KEYS))[:42] + b"\1" + codec.encode_pull("lr", KEYS)[43:],
+            lambda: (
+                bytearray(op_encoders.encode_pull("lr", KEYS))[:42] + b"\1" + op_encoders.encode_pull("lr", KEYS)[43:]
+            ),
             "reserved",
         ),
         # the key-set flags are format 2's
-        (lambda: _with_flags(codec.encode_pull("lr", KEYS), FLAG_REMEMBER), "unknown flags 0x10 in a format 1"),
+        (lambda: _with_flags(op_encoders.encode_pull("lr", KEYS), FLAG_REMEMBER), "unknown flags 0x10 in a format 1"),
         # a weights reply is never int8, a pull never names a key set
         (
-            lambda: _types(codec.encode_weights("lr", quantize(GRADS[:, :1], F16, "nearest"), 1, rows=4, dim=1), 2),
+            lambda: _types(
+                op_encoders.encode_weights("lr", quantize(GRADS[:, :1], F16, "nearest"), 1, rows=4, dim=1), 2
+            ),
             "int8",
         ),
-        (lambda: _with_flags(codec.encode_pull("lr", KEYS, reply_vtype=F16), FLAG_KEYS_REF), "push's keys"),
+        (lambda: _with_flags(op_encoders.encode_pull("lr", KEYS, reply_vtype=F16), FLAG_KEYS_REF), "push's keys"),
         # remembering needs a request id to remember under
-        (lambda: _zero_request_id(codec.encode_pull("lr", KEYS, remember=3)), "request id"),
-        (lambda: _types(codec.encode_pull("lr", KEYS, reply_vtype=F16), 0x31), "unknown value type"),
-        (lambda: codec.encode_push("lr", KEYS, GRADS[:, :1], keys_ref=0) + b"", None),
+        (lambda: _zero_request_id(op_encoders.encode_pull("lr", KEYS, remember=3)), "request id"),
+        (lambda: _types(op_encoders.encode_pull("lr", KEYS, reply_vtype=F16), 0x31), "unknown value type"),
+        (lambda: op_encoders.encode_push("lr", KEYS, GRADS[:, :1], keys_ref=0) + b"", None),
     ],
 )
 def test_format_2_refusals(build: Any, match: str | None) -> None:
@@ -289,8 +295,8 @@ def _zero_request_id(buf: bytes) -> bytes:
 def test_a_format_1_reader_refuses_format_2_by_its_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(codec, "FORMAT_VERSIONS", (1,))
     with pytest.raises(FrameError, match=r"unsupported frame format version 2 \(this peer speaks 1\)"):
-        codec.decode(codec.encode_pull("lr", KEYS, reply_vtype=F16))
-    codec.decode(codec.encode_pull("lr", KEYS))  # format 1 frames still read
+        codec.decode(op_encoders.encode_pull("lr", KEYS, reply_vtype=F16))
+    codec.decode(op_encoders.encode_pull("lr", KEYS))  # format 1 frames still read
 
 
 # -- key sets -------------------------------------------------------------------
@@ -320,13 +326,13 @@ def test_key_sets_are_taken_once_and_bounded() -> None:
 def test_a_shard_applies_a_named_set_as_the_keys_and_refuses_a_gone_one() -> None:
     named, plain = Shard(tables=[LR]), Shard(tables=[LR])
     g = np.array([[0.5], [-1], [2], [0.25]], np.float32)
-    handle_frame(named, codec.encode_pull("lr", KEYS, remember=11))
-    handle_frame(named, codec.encode_push("lr", KEYS, g, request_id=12, keys_ref=11))
-    handle_frame(plain, codec.encode_push("lr", KEYS, g, request_id=12))
+    handle_frame(named, op_encoders.encode_pull("lr", KEYS, remember=11))
+    handle_frame(named, op_encoders.encode_push("lr", KEYS, g, request_id=12, keys_ref=11))
+    handle_frame(plain, op_encoders.encode_push("lr", KEYS, g, request_id=12))
     np.testing.assert_array_equal(named.handle_pull("lr", KEYS)[0], plain.handle_pull("lr", KEYS)[0])
     before = named.handle_pull("lr", KEYS)[0].copy()
     with pytest.raises(KeySetExpiredError):
-        handle_frame(named, codec.encode_push("lr", KEYS, g, request_id=13, keys_ref=11))
+        handle_frame(named, op_encoders.encode_push("lr", KEYS, g, request_id=13, keys_ref=11))
     np.testing.assert_array_equal(named.handle_pull("lr", KEYS)[0], before)  # nothing applied
     assert named.stats()["wire"]["key_sets"]["expired"] == 1
 
@@ -342,9 +348,11 @@ def test_a_named_set_of_one_equal_or_no_keys_applies_as_the_keys_do(keys: np.nda
     g = np.linspace(-1, 1, keys.size, dtype=np.float32).reshape(-1, 1)
     grads = quantize(g, vtype, "nearest") if vtype else g
     c = np.ones((keys.size, 2), np.float32)
-    handle_frame(named, codec.encode_pull("lr", keys, remember=5))
-    handle_frame(named, codec.encode_push("lr", keys, grads, counts=c, request_id=6, keys_ref=5, dim=1, compact=True))
-    handle_frame(plain, codec.encode_push("lr", keys, grads, counts=c, request_id=6, dim=1))
+    handle_frame(named, op_encoders.encode_pull("lr", keys, remember=5))
+    handle_frame(
+        named, op_encoders.encode_push("lr", keys, grads, counts=c, request_id=6, keys_ref=5, dim=1, compact=True)
+    )
+    handle_frame(plain, op_encoders.encode_push("lr", keys, grads, counts=c, request_id=6, dim=1))
     probe = np.array([42, 7, 1], np.uint64)
     np.testing.assert_array_equal(named.handle_pull("lr", probe)[0], plain.handle_pull("lr", probe)[0])
     assert named.tables["lr"].shows.sum() == plain.tables["lr"].shows.sum() == keys.size

@@ -25,8 +25,9 @@ from app.views import ControlView
 from consumers.broker import free_port
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.export_files import latest_chain, list_versions, restore_shards
+from ps_core.checkpoint.export_files import latest_chain, list_versions
 from ps_core.checkpoint.exporter import Exporter
+from ps_core.checkpoint.restore import restore_shards
 from ps_core.checkpoint.routes import checkpointed_shard_app
 from ps_core.errors import CutAbortedError, ExportWriteError
 from ps_core.net.client import PSClient

@@ -34,7 +34,8 @@ from documents import validate
 from test_api import report_windows, synthetic_events, train, window_report
 
 import app.served_models
-from app.api import HISTORY, SERVED, ApiServer, create_app
+from app.api import ApiServer, create_app
+from app.api_state import HISTORY, SERVED
 from app.cli import build_parser
 from app.config.declared import SettingsError
 from app.config.demo import DemoSettings

@@ -28,7 +28,8 @@ from test_api import synthetic_events
 from training import train_step
 from waiting import until
 
-from app.api import HISTORY, SERVED, ApiServer
+from app.api import ApiServer
+from app.api_state import HISTORY, SERVED
 from app.config.serve import ApiSettings
 from app.history import History
 from app.status import make_status_hook

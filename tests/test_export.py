@@ -20,16 +20,15 @@ import pytest
 
 import ps_core.checkpoint.export_files as export
 from ps_core.checkpoint.export_files import (
-    compact,
     latest_chain,
     list_versions,
     load_version,
-    prune,
     read_manifest,
-    restore_shards,
     verify_version,
     write_version,
 )
+from ps_core.checkpoint.restore import restore_shards
+from ps_core.checkpoint.retention import compact, prune
 from ps_core.errors import ExportCorruptError, ExportNotFoundError, InvalidValuesError
 from ps_core.hashing import shard_of
 from ps_core.net.client import PSClient

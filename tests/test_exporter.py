@@ -12,8 +12,9 @@ from waiting import until
 
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.export_files import latest_chain, list_versions, restore_shards
+from ps_core.checkpoint.export_files import latest_chain, list_versions
 from ps_core.checkpoint.exporter import Exporter
+from ps_core.checkpoint.restore import restore_shards
 from ps_core.errors import ExportWriteError, SnapshotError
 from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec

@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ps_core.hashing import mix64
-from ps_core.model import featurizer
+from ps_core.model import layouts
 from ps_core.model.batch import EventBatch
 from ps_core.model.events import MAX_FLOAT32, MAX_VALUE, EventError, check_each, decode_message
-from ps_core.model.featurizer import DEFAULT_NUMERIC, GRID_WIDTH, FeatureHasher, string_hashes
+from ps_core.model.featurizer import DEFAULT_NUMERIC, FeatureHasher
+from ps_core.model.string_hashing import GRID_WIDTH, string_hashes
 
 
 def test_decode_object_array_and_json_lines() -> None:
@@ -197,7 +198,7 @@ def test_slice_equals_select_of_a_range() -> None:
 
 
 def test_the_field_name_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(featurizer, "MAX_CACHED_FIELDS", 4)
+    monkeypatch.setattr(layouts, "MAX_CACHED_FIELDS", 4)
     h = FeatureHasher("m")
     events = [{"label": 0, "features": {f"f{i}": "x"}} for i in range(10)]
     batch, _ = h.featurize(events)
@@ -449,8 +450,8 @@ def test_featurize_past_the_layout_bound_matches_the_reference(
     feats: list[Any], max_layouts: int, max_fields: int
 ) -> None:
     events = [{"label": i % 2, "features": f} for i, f in enumerate(feats)]
-    saved = featurizer.MAX_CACHED_SCHEMAS, featurizer.MAX_CACHED_SCHEMA_FIELDS
-    featurizer.MAX_CACHED_SCHEMAS, featurizer.MAX_CACHED_SCHEMA_FIELDS = max_layouts, max_fields
+    saved = layouts.MAX_CACHED_SCHEMAS, layouts.MAX_CACHED_SCHEMA_FIELDS
+    layouts.MAX_CACHED_SCHEMAS, layouts.MAX_CACHED_SCHEMA_FIELDS = max_layouts, max_fields
     try:
         h = FeatureHasher("m")
         ref = _outcome(_Reference("m"), events, True, None)
@@ -459,7 +460,7 @@ def test_featurize_past_the_layout_bound_matches_the_reference(
         assert h._layouts.count <= max_layouts and h._layouts.used <= max_fields
         assert len(h._layouts.ids) == h._layouts.count
     finally:
-        featurizer.MAX_CACHED_SCHEMAS, featurizer.MAX_CACHED_SCHEMA_FIELDS = saved
+        layouts.MAX_CACHED_SCHEMAS, layouts.MAX_CACHED_SCHEMA_FIELDS = saved
 
 
 @pytest.mark.slow
@@ -523,7 +524,7 @@ def test_a_bad_event_mid_chunk_fails_only_its_group() -> None:
 
 
 def test_the_layout_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(featurizer, "MAX_CACHED_SCHEMAS", 3)
+    monkeypatch.setattr(layouts, "MAX_CACHED_SCHEMAS", 3)
     h = FeatureHasher("m")
     events = [{"label": 0, "features": {f"f{i}": "x", "g": 1.0}} for i in range(10)]
     batch, _ = h.featurize(events)

@@ -39,16 +39,9 @@ from app.config.declared import SettingsError
 from app.config.serve import ApiSettings
 from app.follower import Follower, follow_dir, model_from_manifest, model_of_exports
 from app.openapi import openapi_document, response_schema
-from ps_core.checkpoint.export_files import (
-    apply_version,
-    latest_chain,
-    list_versions,
-    load_version,
-    read_manifest,
-    restore_shards,
-    write_version,
-)
+from ps_core.checkpoint.export_files import latest_chain, list_versions, load_version, read_manifest, write_version
 from ps_core.checkpoint.replica import ReplicaTables
+from ps_core.checkpoint.restore import apply_version, restore_shards
 from ps_core.errors import InvalidValuesError
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, make_model, sigmoid

@@ -30,7 +30,8 @@ from app.follower import model_from_manifest
 from consumers.decode import decode_records
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
-from ps_core.checkpoint.export_files import latest_chain, read_manifest, restore_shards, write_version
+from ps_core.checkpoint.export_files import latest_chain, read_manifest, write_version
+from ps_core.checkpoint.restore import restore_shards
 from ps_core.model.batch import EventBatch
 from ps_core.model.geo import GeoCopy
 from ps_core.model.models import LogisticRegression, make_model

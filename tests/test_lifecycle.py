@@ -15,7 +15,8 @@ from app.cli import build_parser
 from app.config.declared import SettingsError
 from app.config.shard import ShardSettings, parse_table_spec
 from app.follower import Follower
-from ps_core.checkpoint.export_files import latest_chain, restore_shards, write_version
+from ps_core.checkpoint.export_files import latest_chain, write_version
+from ps_core.checkpoint.restore import restore_shards
 from ps_core.errors import TableConfigError, TableConflictError
 from ps_core.hashing import shard_of
 from ps_core.model.models import make_model

@@ -34,7 +34,7 @@ from app.config.limits import port_limits_from_env, rpc_limits_from_env
 from app.config.serve import ApiSettings
 from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import make_model
-from ps_core.net import codec
+from ps_core.net import codec, op_encoders
 from ps_core.net.client import PSClient
 from ps_core.net.limits import PortGuard, PortLimits, RpcLimits, serve_limited
 from ps_core.net.rpc import MAGIC, PROTOCOL_VERSION, RpcConnection, RpcServer, start_rpc_server
@@ -290,7 +290,7 @@ async def test_rpc_serves_real_calls_under_limits_and_caps_connections(caplog: p
     try:
         conn = await RpcConnection.open("127.0.0.1", server.port)
         keys = np.arange(1, 200_001, dtype=np.uint64)  # 1.6 MB: a frame of several reads
-        status, payload = await conn.call("/v1/pull", codec.encode_pull("ctr_lr", keys))
+        status, payload = await conn.call("/v1/pull", op_encoders.encode_pull("ctr_lr", keys))
         assert status == 200
         values = codec.decode(payload).values
         assert values is not None and values.shape == (keys.size, 1)

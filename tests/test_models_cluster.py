@@ -316,7 +316,8 @@ async def test_a_replica_follows_every_model_of_an_exports_root(tmp_path: Path) 
     directory, predicting as the trainer's API did at the cut."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from app.api import SERVED, create_app
+    from app.api import create_app
+    from app.api_state import SERVED
     from app.config.serve import ApiSettings
     from app.follower import Follower, followed_models, model_of_exports
 
@@ -608,7 +609,7 @@ def test_the_documents_and_the_check_agree_on_numeric_feeds(numeric: str, valid:
     """The pattern both documents publish (msgspec checks it) takes what
     `numeric_feed` takes, a divisor of 0 included: no valid request of the
     documents' is refused."""
-    from app.openapi import CreateModelRequest
+    from app.api_bodies import CreateModelRequest
     from ps_core.net.control_messages import ModelDeclaration
 
     def schema_takes(model: type) -> bool:

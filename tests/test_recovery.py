@@ -23,7 +23,8 @@ from consumers.broker import free_port
 from consumers.decode import decode_records
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
-from ps_core.checkpoint.export_files import latest_chain, list_versions, restore_shards
+from ps_core.checkpoint.export_files import latest_chain, list_versions
+from ps_core.checkpoint.restore import restore_shards
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.metrics import auc
 from ps_core.model.models import LogisticRegression, sigmoid

@@ -30,13 +30,14 @@ from consumers.broker import free_port
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.export_files import latest_chain, restore_shards
+from ps_core.checkpoint.export_files import latest_chain
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.joining import load_shard
 from ps_core.checkpoint.membership import Membership
+from ps_core.checkpoint.restore import restore_shards
 from ps_core.errors import ClusterNotReadyError, NoCommonVersionError, ShardNotJoinedError
 from ps_core.model.models import LogisticRegression
-from ps_core.net import codec
+from ps_core.net import op_encoders
 from ps_core.net.client import PSClient
 from ps_core.net.control_messages import MembershipBody
 from ps_core.net.endpoint import RetryPolicy
@@ -371,7 +372,7 @@ async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(shard
         line = next(l for l in shards.lines(1) if l.get("msg") == "not joined")
         assert line["level"] == "warning" and "shard 0" in line["hint"] and line["version"] == 1
         async with aiohttp.ClientSession() as http:
-            frame = codec.encode_pull("m_w", KEYS[:10])
+            frame = op_encoders.encode_pull("m_w", KEYS[:10])
             async with http.post(f"{shards.urls[1]}/v1/pull", data=frame) as r:
                 body = orjson.loads(await r.read())
                 assert (r.status, body["error"]) == (503, "shard_not_joined")

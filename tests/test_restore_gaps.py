@@ -23,8 +23,9 @@ from waiting import until
 from consumers.resume import uncovered
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
-from ps_core.checkpoint.export_files import latest_chain, read_manifest, restore_shards, write_version
+from ps_core.checkpoint.export_files import latest_chain, read_manifest, write_version
 from ps_core.checkpoint.manifest import CHECKSUM_FIELD, ExportManifest
+from ps_core.checkpoint.restore import restore_shards
 from ps_core.errors import ExportCorruptError
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient

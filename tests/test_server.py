@@ -21,7 +21,7 @@ from documents import json_operations, with_trailing_bytes
 from test_codec import keys_of, patch
 
 from ps_core.hashing import shard_of
-from ps_core.net import codec
+from ps_core.net import codec, op_encoders
 from ps_core.net.codec import Op
 from ps_core.net.server import FRAME_CONTENT_TYPE, create_shard_app
 from ps_core.net.shard_openapi import shard_document
@@ -94,7 +94,7 @@ async def one_shard(serve_shards: Any, http: aiohttp.ClientSession) -> tuple[Sha
     url = urls[0]
     for cfg in (LR, EMB):
         grads = np.linspace(-1, 1, SEED_KEYS.size * cfg.dim, dtype=np.float32).reshape(-1, cfg.dim)
-        status, _, _ = await post(http, url + "/v1/push", codec.encode_push(cfg.name, SEED_KEYS, grads * 4))
+        status, _, _ = await post(http, url + "/v1/push", op_encoders.encode_push(cfg.name, SEED_KEYS, grads * 4))
         assert status == 200
     return shards[0], url
 
@@ -105,11 +105,11 @@ async def one_shard(serve_shards: Any, http: aiohttp.ClientSession) -> tuple[Sha
 def _push(table: str = "lr", grads: Any = None, counts: Any = None, keys: Any = None) -> bytes:
     k = keys_of(1, 2, 99) if keys is None else keys
     g = np.array([[0.5], [-1.0], [2.0]], np.float32) if grads is None else np.asarray(grads, np.float32)
-    return codec.encode_push(table, k, g, counts=counts)
+    return op_encoders.encode_push(table, k, g, counts=counts)
 
 
 def _pull(table: str = "lr") -> bytes:
-    return codec.encode_pull(table, keys_of(1, 2, 99))
+    return op_encoders.encode_pull(table, keys_of(1, 2, 99))
 
 
 def _push_pull(
@@ -120,7 +120,7 @@ def _push_pull(
     dim = EMB.dim if table == "emb" else 1
     g = np.full((3, dim), 0.5, np.float32) if grads is None else np.asarray(grads, np.float32)
     pk = keys_of(0, 3, 1234) if pull is None else pull
-    return codec.encode_push_pull(table, keys_of(1, 2, 99), g, pk, counts=counts, request_id=request_id)
+    return op_encoders.encode_push_pull(table, keys_of(1, 2, 99), g, pk, counts=counts, request_id=request_id)
 
 
 BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
@@ -239,7 +239,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "weights-frame-to-pull",
         "/v1/pull",
-        lambda: codec.encode_weights("lr", np.zeros((3, 1), np.float32), 1),
+        lambda: op_encoders.encode_weights("lr", np.zeros((3, 1), np.float32), 1),
         400,
         "bad_frame",
         r"expected op 1, got 3",
@@ -318,7 +318,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "reply-frame-to-push-pull",
         "/v1/push_pull",
-        lambda: codec.encode_push_pull_reply("lr", 3, np.zeros((3, 1), np.float32), 1),
+        lambda: op_encoders.encode_push_pull_reply("lr", 3, np.zeros((3, 1), np.float32), 1),
         400,
         "bad_frame",
         r"expected op 5, got 6",
@@ -328,7 +328,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "changes-frame-to-pull",
         "/v1/pull",
-        lambda: codec.encode_changes("lr", 0, 0, keys_of(5)),
+        lambda: op_encoders.encode_changes("lr", 0, 0, keys_of(5)),
         400,
         "bad_frame",
         r"expected op 1, got 7",
@@ -336,7 +336,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "changes-of-an-async-table",
         "/v1/changes",
-        lambda: codec.encode_changes("lr", 0, 0, keys_of(5)),
+        lambda: op_encoders.encode_changes("lr", 0, 0, keys_of(5)),
         409,
         "mode_conflict",
         r"only a geo table keeps a change log",
@@ -344,7 +344,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "changes-unknown-table",
         "/v1/changes",
-        lambda: codec.encode_changes("nope", 0, 0, keys_of(5)),
+        lambda: op_encoders.encode_changes("nope", 0, 0, keys_of(5)),
         404,
         "unknown_table",
         r"no table 'nope'",
@@ -352,7 +352,7 @@ BAD_REQUESTS: list[tuple[str, str, Callable[[], bytes], int, str, str]] = [
     (
         "changes-reply-to-changes",
         "/v1/changes",
-        lambda: codec.encode_changes_reply("lr", keys_of(1, 2), 1, 1, complete=True),
+        lambda: op_encoders.encode_changes_reply("lr", keys_of(1, 2), 1, 1, complete=True),
         400,
         "bad_frame",
         r"expected op 7, got 8",
@@ -397,14 +397,16 @@ async def test_keys_of_the_other_shard_are_rejected(serve_shards: Any, http: aio
     mixed = np.concatenate([mine, theirs])
     _, stats_before = await get_json(http, urls[0] + "/v1/stats")
 
-    status, ctype, raw = await post(http, urls[0] + "/v1/push", codec.encode_push("lr", mixed, np.ones(5, np.float32)))
+    status, ctype, raw = await post(
+        http, urls[0] + "/v1/push", op_encoders.encode_push("lr", mixed, np.ones(5, np.float32))
+    )
     assert status == 400
     body = error_body(ctype, raw)
     assert body["error"] == "wrong_shard"
     assert "2 of 5 keys belong to other shards, not shard 0 of 2" in body["detail"]
     assert f"first: {int(theirs[0])}" in body["detail"]
 
-    status, ctype, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("lr", mixed))
+    status, ctype, raw = await post(http, urls[0] + "/v1/pull", op_encoders.encode_pull("lr", mixed))
     assert status == 400 and error_body(ctype, raw)["error"] == "wrong_shard"
 
     _, stats_after = await get_json(http, urls[0] + "/v1/stats")
@@ -412,7 +414,7 @@ async def test_keys_of_the_other_shard_are_rejected(serve_shards: Any, http: aio
     assert len(shards[0].tables["lr"]) == 0
 
     # The owned keys alone are fine.
-    status, _, _ = await post(http, urls[0] + "/v1/push", codec.encode_push("lr", mine, np.ones(3, np.float32)))
+    status, _, _ = await post(http, urls[0] + "/v1/push", op_encoders.encode_push("lr", mine, np.ones(3, np.float32)))
     assert status == 200 and len(shards[0].tables["lr"]) == 3
 
 
@@ -421,8 +423,8 @@ async def test_rejected_push_does_not_consume_its_request_id(
 ) -> None:
     shard, url = one_shard
     keys = keys_of(500, 501)
-    bad = codec.encode_push("lr", keys, np.array([np.nan, 1.0], np.float32), request_id=1234)
-    good = codec.encode_push("lr", keys, np.array([3.0, 1.0], np.float32), request_id=1234)
+    bad = op_encoders.encode_push("lr", keys, np.array([np.nan, 1.0], np.float32), request_id=1234)
+    good = op_encoders.encode_push("lr", keys, np.array([3.0, 1.0], np.float32), request_id=1234)
     assert (await post(http, url + "/v1/push", bad))[0] == 400
     status, _, raw = await post(http, url + "/v1/push", good)
     assert status == 200
@@ -440,14 +442,14 @@ async def test_push_pull_with_a_bad_section_on_a_2_shard_server_changes_nothing(
     keys = np.arange(64, dtype=np.uint64)
     owner = shard_of(keys, 2)
     mine, theirs = keys[owner == 0][:4], keys[owner == 1][:2]
-    seed = codec.encode_push("lr", mine, np.ones(4, np.float32), request_id=1)
+    seed = op_encoders.encode_push("lr", mine, np.ones(4, np.float32), request_id=1)
     assert (await post(http, urls[0] + "/v1/push", seed))[0] == 200
     _, stats_before = await get_json(http, urls[0] + "/v1/stats")
     before = contents(shards[0])
     grads = np.full(4, -2.0, np.float32)
     for body in (
-        codec.encode_push_pull("lr", mine, grads, np.concatenate([mine[:1], theirs]), request_id=2),
-        codec.encode_push_pull("lr", np.concatenate([mine, theirs]), np.ones(6, np.float32), mine, request_id=3),
+        op_encoders.encode_push_pull("lr", mine, grads, np.concatenate([mine[:1], theirs]), request_id=2),
+        op_encoders.encode_push_pull("lr", np.concatenate([mine, theirs]), np.ones(6, np.float32), mine, request_id=3),
     ):
         status, ctype, raw = await post(http, urls[0] + "/v1/push_pull", body)
         assert status == 400, raw
@@ -457,7 +459,7 @@ async def test_push_pull_with_a_bad_section_on_a_2_shard_server_changes_nothing(
         assert_same_contents(contents(shards[0]), before)
     # The rejected request id 2 was not consumed: the good request is applied.
     status, _, raw = await post(
-        http, urls[0] + "/v1/push_pull", codec.encode_push_pull("lr", mine, grads, mine, request_id=2)
+        http, urls[0] + "/v1/push_pull", op_encoders.encode_push_pull("lr", mine, grads, mine, request_id=2)
     )
     assert status == 200 and codec.decode(raw, Op.PUSH_PULL_REPLY).applied == 4
     assert shards[0].duplicate_pushes == 0 and shards[0].tables["lr"].pushes == 2
@@ -475,14 +477,16 @@ async def test_push_then_pull_over_http_matches_a_reference_table(
     grads = (np.arange(20).reshape(5, 4) / 10 - 1).astype(np.float32)
     counts = np.array([[1, 0], [1, 1], [2, 0], [1, 0], [3, 2]], np.float32)
 
-    status, ctype, raw = await post(http, urls[0] + "/v1/push", codec.encode_push("emb", keys, grads, counts=counts))
+    status, ctype, raw = await post(
+        http, urls[0] + "/v1/push", op_encoders.encode_push("emb", keys, grads, counts=counts)
+    )
     assert status == 200 and ctype == FRAME_CONTENT_TYPE
     ack = codec.decode(raw, Op.ACK)
     assert ack.count == 4 == ref.push(keys, grads, counts=counts)
     assert ack.table == "emb" and ack.version == 1
 
     query = keys_of(42, 7, 0, 2**64 - 1, 123456)
-    status, ctype, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("emb", query))
+    status, ctype, raw = await post(http, urls[0] + "/v1/pull", op_encoders.encode_pull("emb", query))
     assert status == 200 and ctype == FRAME_CONTENT_TYPE
     reply = codec.decode(raw, Op.WEIGHTS)
     assert reply.dim == 4 and reply.count == 5
@@ -508,7 +512,7 @@ async def test_push_pull_equals_push_then_pull(serve_shards: Any, http: aiohttp.
         status, ctype, raw = await post(
             http,
             url_c + "/v1/push_pull",
-            codec.encode_push_pull("emb", prev, grads, nxt, counts=counts, event_time=t, request_id=100 + step),
+            op_encoders.encode_push_pull("emb", prev, grads, nxt, counts=counts, event_time=t, request_id=100 + step),
         )
         assert status == 200 and ctype == FRAME_CONTENT_TYPE
         reply = codec.decode(raw, Op.PUSH_PULL_REPLY)
@@ -516,14 +520,14 @@ async def test_push_pull_equals_push_then_pull(serve_shards: Any, http: aiohttp.
             status, _, ack = await post(
                 http,
                 url_s + "/v1/push",
-                codec.encode_push("emb", prev, grads, counts=counts, event_time=t, request_id=100 + step),
+                op_encoders.encode_push("emb", prev, grads, counts=counts, event_time=t, request_id=100 + step),
             )
             assert status == 200
             assert reply.applied == codec.decode(ack, Op.ACK).count == prev.size
             assert ref.push(prev, grads, counts=counts, event_time=t) == prev.size
         else:
             assert reply.applied == 0
-        status, _, raw = await post(http, url_s + "/v1/pull", codec.encode_pull("emb", nxt))
+        status, _, raw = await post(http, url_s + "/v1/pull", op_encoders.encode_pull("emb", nxt))
         weights = codec.decode(raw, Op.WEIGHTS)
         assert (reply.count, reply.dim, reply.version) == (nxt.size, 4, weights.version)
         np.testing.assert_array_equal(reply.values, weights.values)
@@ -543,7 +547,7 @@ async def test_retried_push_pull_is_applied_once_and_still_answers(
     shards, urls = await serve_shards(1, (LR,))
     push_keys, pull_keys = keys_of(10, 11, 10), keys_of(11, 12, 10)
     grads = np.array([2.0, -3.0, 1.5], np.float32)
-    frame = codec.encode_push_pull("lr", push_keys, grads, pull_keys, request_id=2**63 + 5)
+    frame = op_encoders.encode_push_pull("lr", push_keys, grads, pull_keys, request_id=2**63 + 5)
     ref = SparseTable(LR)
     ref.push(push_keys, grads)
     once = ref.pull(pull_keys)
@@ -562,11 +566,11 @@ async def test_retried_push_pull_is_applied_once_and_still_answers(
 
     # A plain push with the same id is a duplicate as well (one id space).
     status, _, raw = await post(
-        http, urls[0] + "/v1/push", codec.encode_push("lr", push_keys, grads, request_id=2**63 + 5)
+        http, urls[0] + "/v1/push", op_encoders.encode_push("lr", push_keys, grads, request_id=2**63 + 5)
     )
     assert status == 200 and shards[0].duplicate_pushes == 2
     # Control: a new id is applied.
-    again = codec.encode_push_pull("lr", push_keys, grads, pull_keys, request_id=2**63 + 6)
+    again = op_encoders.encode_push_pull("lr", push_keys, grads, pull_keys, request_id=2**63 + 6)
     status, _, raw = await post(http, urls[0] + "/v1/push_pull", again)
     ref.push(push_keys, grads)
     np.testing.assert_array_equal(codec.decode(raw, Op.PUSH_PULL_REPLY).values, ref.pull(pull_keys))
@@ -583,7 +587,7 @@ async def test_push_pull_with_an_empty_part(serve_shards: Any, http: aiohttp.Cli
     status, _, raw = await post(
         http,
         urls[0] + "/v1/push_pull",
-        codec.encode_push_pull("emb", keys, grads, keys_of(), request_id=1),
+        op_encoders.encode_push_pull("emb", keys, grads, keys_of(), request_id=1),
     )
     ref.push(keys, grads)
     reply = codec.decode(raw, Op.PUSH_PULL_REPLY)
@@ -594,7 +598,7 @@ async def test_push_pull_with_an_empty_part(serve_shards: Any, http: aiohttp.Cli
     status, _, raw = await post(
         http,
         urls[0] + "/v1/push_pull",
-        codec.encode_push_pull("emb", keys_of(), np.zeros(0, np.float32), keys[::-1], request_id=2),
+        op_encoders.encode_push_pull("emb", keys_of(), np.zeros(0, np.float32), keys[::-1], request_id=2),
     )
     reply = codec.decode(raw, Op.PUSH_PULL_REPLY)
     assert status == 200 and reply.applied == 0
@@ -604,7 +608,7 @@ async def test_push_pull_with_an_empty_part(serve_shards: Any, http: aiohttp.Cli
     status, _, raw = await post(
         http,
         urls[0] + "/v1/push_pull",
-        codec.encode_push_pull("emb", keys_of(), np.zeros((0, 4), np.float32), keys_of()),
+        op_encoders.encode_push_pull("emb", keys_of(), np.zeros((0, 4), np.float32), keys_of()),
     )
     assert status == 200
     v = codec.decode(raw, Op.PUSH_PULL_REPLY).values
@@ -612,14 +616,14 @@ async def test_push_pull_with_an_empty_part(serve_shards: Any, http: aiohttp.Cli
     status, _, _ = await post(
         http,
         urls[0] + "/v1/push_pull",
-        codec.encode_push_pull("nope", keys_of(), np.zeros((0, 4), np.float32), keys_of()),
+        op_encoders.encode_push_pull("nope", keys_of(), np.zeros((0, 4), np.float32), keys_of()),
     )
     assert status == 404
 
 
 async def test_empty_pull_answers_with_the_table_dim(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     _, urls = await serve_shards(1, (EMB,))
-    status, _, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("emb", keys_of()))
+    status, _, raw = await post(http, urls[0] + "/v1/pull", op_encoders.encode_pull("emb", keys_of()))
     assert status == 200
     reply = codec.decode(raw, Op.WEIGHTS)
     assert reply.values is not None and reply.values.shape == (0, 4)
@@ -629,7 +633,7 @@ async def test_same_push_request_id_is_applied_once(serve_shards: Any, http: aio
     shards, urls = await serve_shards(1, (LR,))
     keys = keys_of(10, 11, 10)
     grads = np.array([2.0, -3.0, 1.5], np.float32)
-    frame = codec.encode_push("lr", keys, grads, request_id=2**63 + 5)
+    frame = op_encoders.encode_push("lr", keys, grads, request_id=2**63 + 5)
     ref_once = SparseTable(LR)
     ref_once.push(keys, grads)
 
@@ -643,21 +647,21 @@ async def test_same_push_request_id_is_applied_once(serve_shards: Any, http: aio
     _, stats = await get_json(http, urls[0] + "/v1/stats")
     assert stats["duplicate_pushes"] == 1 and stats["tables"]["lr"]["pushes"] == 1
 
-    status, _, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("lr", keys[:2]))
+    status, _, raw = await post(http, urls[0] + "/v1/pull", op_encoders.encode_pull("lr", keys[:2]))
     np.testing.assert_array_equal(codec.decode(raw).values, ref_once.pull(keys[:2]))
 
     # Control: a new request id is applied again.
-    again = codec.encode_push("lr", keys, grads, request_id=2**63 + 6)
+    again = op_encoders.encode_push("lr", keys, grads, request_id=2**63 + 6)
     assert (await post(http, urls[0] + "/v1/push", again))[0] == 200
     ref_once.push(keys, grads)
-    status, _, raw = await post(http, urls[0] + "/v1/pull", codec.encode_pull("lr", keys[:2]))
+    status, _, raw = await post(http, urls[0] + "/v1/pull", op_encoders.encode_pull("lr", keys[:2]))
     np.testing.assert_array_equal(codec.decode(raw).values, ref_once.pull(keys[:2]))
     assert shards[0].duplicate_pushes == 1
 
 
 async def test_pushes_without_request_id_are_never_deduplicated(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     shards, urls = await serve_shards(1, (LR,))
-    frame = codec.encode_push("lr", keys_of(1), np.array([1.0], np.float32))
+    frame = op_encoders.encode_push("lr", keys_of(1), np.array([1.0], np.float32))
     for _ in range(3):
         assert (await post(http, urls[0] + "/v1/push", frame))[0] == 200
     assert shards[0].tables["lr"].pushes == 3 and shards[0].duplicate_pushes == 0
@@ -910,9 +914,9 @@ async def test_stats_report_features_bytes_and_calls(serve_shards: Any, http: ai
 
     keys = np.arange(5000, dtype=np.uint64)
     for batch in np.array_split(keys, 2):
-        frame = codec.encode_push("lr", batch, np.ones(batch.size, np.float32))
+        frame = op_encoders.encode_push("lr", batch, np.ones(batch.size, np.float32))
         assert (await post(http, urls[0] + "/v1/push", frame))[0] == 200
-    assert (await post(http, urls[0] + "/v1/pull", codec.encode_pull("emb", keys[:3])))[0] == 200
+    assert (await post(http, urls[0] + "/v1/pull", op_encoders.encode_pull("emb", keys[:3])))[0] == 200
 
     status, stats = await get_json(http, urls[0] + "/v1/stats")
     assert status == 200
@@ -964,9 +968,9 @@ async def test_body_over_the_limit_is_413_json(
     shard, url = small_body_server
     keys = np.arange(200, dtype=np.uint64)  # 1600 bytes of keys alone
     big = {
-        "/v1/push": codec.encode_push("lr", keys, np.ones(200, np.float32)),
-        "/v1/pull": codec.encode_pull("lr", keys),
-        "/v1/push_pull": codec.encode_push_pull("lr", keys[:10], np.ones(10, np.float32), keys),
+        "/v1/push": op_encoders.encode_push("lr", keys, np.ones(200, np.float32)),
+        "/v1/pull": op_encoders.encode_pull("lr", keys),
+        "/v1/push_pull": op_encoders.encode_push_pull("lr", keys[:10], np.ones(10, np.float32), keys),
         "/v1/tables": orjson.dumps({"name": "t", "optimizer": {"name": "sgd"}, "x": "y" * 2000}),
     }[path]
     assert len(big) > 1024
@@ -979,7 +983,7 @@ async def test_body_over_the_limit_is_413_json(
     assert list(shard.tables) == ["lr"]
 
     # A small request on the same server still works.
-    small = codec.encode_push("lr", keys[:10], np.ones(10, np.float32))
+    small = op_encoders.encode_push("lr", keys[:10], np.ones(10, np.float32))
     assert len(small) <= 1024
     status, _, raw = await post(http, url + "/v1/push", small)
     assert status == 200 and codec.decode(raw, Op.ACK).count == 10

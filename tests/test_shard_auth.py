@@ -48,7 +48,7 @@ from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.routes import EXPORTER, checkpointed_shard_app
 from ps_core.errors import AuthError, ForbiddenError
 from ps_core.model.models import make_model
-from ps_core.net import codec
+from ps_core.net import codec, op_encoders
 from ps_core.net.auth import Refusals, Scope, TokenVerifier, bearer, derive_token, new_secret
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
@@ -172,7 +172,7 @@ async def test_no_token_cannot_push_declare_export_compact_or_copy_snapshots(sec
         ("GET", "/v1/snapshots/1", None),
         ("DELETE", "/v1/snapshots/1", None),
         ("POST", "/v1/tables", orjson.dumps({"name": "rogue", "dim": 1})),
-        ("POST", "/v1/push", codec.encode_push("ctr_lr", KEYS, GRADS, request_id=7)),
+        ("POST", "/v1/push", op_encoders.encode_push("ctr_lr", KEYS, GRADS, request_id=7)),
     ]:
         status, got = await _http(method, s.url + path, body=body)
         assert status == 401, (method, path, got)
@@ -218,14 +218,14 @@ async def test_rpc_hello_without_a_token_is_refused_and_a_read_token_cannot_push
         assert info.value.status == 401 and not isinstance(info.value, ForbiddenError)
     conn = await RpcConnection.open("127.0.0.1", s.rpc_port, token=s.tokens[Scope.READ])
     try:
-        status, payload = await conn.call("/v1/push", codec.encode_push("ctr_lr", KEYS, GRADS, request_id=1))
+        status, payload = await conn.call("/v1/push", op_encoders.encode_push("ctr_lr", KEYS, GRADS, request_id=1))
         assert status == 403 and orjson.loads(payload)["error"] == "forbidden"
         status, payload = await conn.call(
-            "/v1/push_pull", codec.encode_push_pull("ctr_lr", KEYS, GRADS, KEYS, request_id=2)
+            "/v1/push_pull", op_encoders.encode_push_pull("ctr_lr", KEYS, GRADS, KEYS, request_id=2)
         )
         assert status == 403
         # Kept open: a pull on the same connection is answered.
-        status, payload = await conn.call("/v1/pull", codec.encode_pull("ctr_lr", KEYS))
+        status, payload = await conn.call("/v1/pull", op_encoders.encode_pull("ctr_lr", KEYS))
         assert status == 200 and codec.decode(payload, codec.Op.WEIGHTS).values is not None
         assert conn.is_open
     finally:

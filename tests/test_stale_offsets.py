@@ -32,9 +32,10 @@ from consumers.resume import StaleOffsetsError, cluster_id, partition_bounds
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.export_files import latest_chain, list_versions, read_manifest, restore_shards
+from ps_core.checkpoint.export_files import latest_chain, list_versions, read_manifest
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.manifest import ExportManifest
+from ps_core.checkpoint.restore import restore_shards
 from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient

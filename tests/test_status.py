@@ -31,7 +31,7 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import FrameError, StatusError
 from ps_core.hashing import shard_of
 from ps_core.model.metrics import evaluate
-from ps_core.net import codec
+from ps_core.net import codec, op_encoders
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.wire import WireStats
@@ -202,26 +202,26 @@ async def test_pull_versioned_reports_presence_and_initial_values(connect: Conne
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9])
 def test_presence_frames_round_trip(n: int) -> None:
     keys = np.arange(n, dtype=np.uint64)
-    req = codec.decode(codec.encode_pull("t", keys, presence=True), codec.Op.PULL)
+    req = codec.decode(op_encoders.encode_pull("t", keys, presence=True), codec.Op.PULL)
     assert req.presence and req.present is None
     present = np.arange(n) % 3 == 0
     weights = np.ones((n, 2), np.float32)
-    buf = codec.encode_weights("t", weights, 4, present)
+    buf = op_encoders.encode_weights("t", weights, 4, present)
     assert len(buf) % 8 == 0
     reply = codec.decode(buf, codec.Op.WEIGHTS)
     assert reply.presence and reply.version == 4 and reply.present is not None
     np.testing.assert_array_equal(reply.present, present)
     assert not reply.present.flags.writeable
-    plain = codec.decode(codec.encode_weights("t", weights, 4), codec.Op.WEIGHTS)
+    plain = codec.decode(op_encoders.encode_weights("t", weights, 4), codec.Op.WEIGHTS)
     assert not plain.presence and plain.present is None
 
 
 def test_presence_bytes_other_than_0_and_1_are_refused() -> None:
-    buf = bytearray(codec.encode_weights("t", np.ones((2, 1), np.float32), 1, np.array([True, False])))
+    buf = bytearray(op_encoders.encode_weights("t", np.ones((2, 1), np.float32), 1, np.array([True, False])))
     buf[-8] = 2  # the first presence byte
     with pytest.raises(FrameError, match="0 or 1"):
         codec.decode(bytes(buf))
-    push = bytearray(codec.encode_push("t", np.arange(2, dtype=np.uint64), np.ones((2, 1), np.float32)))
+    push = bytearray(op_encoders.encode_push("t", np.arange(2, dtype=np.uint64), np.ones((2, 1), np.float32)))
     push[6] = codec.FLAG_PRESENCE
     with pytest.raises(FrameError, match="only pulls carry presence"):
         codec.decode(bytes(push))

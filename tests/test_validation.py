@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import until
 
-from app.api import HISTORY, create_app
+from app.api import create_app
+from app.api_state import HISTORY
 from app.config.serve import ApiSettings
 from app.history import History
 from app.metrics import ApiMetrics, ClusterSnapshot

@@ -221,6 +221,28 @@ def _sending_options(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[
     return compression, timeout
 
 
+def _source(args: argparse.Namespace) -> tuple[EventSource, dict[str, Any]] | str:
+    """The events ``produce`` sends and the fields that name them in its log
+    line, or the usage error that prevents it."""
+    if args.source == "synthetic":
+        if args.events < 0:
+            return "--events must be >= 0"
+        try:
+            stream = _synthetic_stream(args)
+        except ValueError as exc:
+            return str(exc)
+        what: dict[str, Any] = {"source": "synthetic", "events": args.events, "seed": stream.seed}
+        if args.profile is not None:
+            what["profile"] = args.profile
+        return itertools.chain.from_iterable(stream.iter_batches(args.events, 10_000)), what
+    path = Path(args.path)
+    if not path.is_file():
+        return f"no such file: {path}"
+    if args.limit is not None and args.limit < 0:
+        return "--limit must be >= 0"
+    return itertools.islice(iter_file(path, args.format), args.limit), {"source": str(path), "format": args.format}
+
+
 async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
     """Run ``ctrps produce`` with parsed `args`; returns the exit code.
 
@@ -239,27 +261,10 @@ async def run_produce(args: argparse.Namespace, env: Mapping[str, str] = os.envi
     if args.partitions < 1 or args.batch_size < 1 or (args.rate is not None and args.rate <= 0):
         return _fail("--partitions and --batch-size must be >= 1 and --rate > 0", 2)
 
-    events: EventSource
-    what: dict[str, Any]
-    if args.source == "synthetic":
-        if args.events < 0:
-            return _fail("--events must be >= 0", 2)
-        try:
-            stream = _synthetic_stream(args)
-        except ValueError as exc:
-            return _fail(str(exc), 2)
-        events = itertools.chain.from_iterable(stream.iter_batches(args.events, 10_000))
-        what = {"source": "synthetic", "events": args.events, "seed": stream.seed}
-        if args.profile is not None:
-            what["profile"] = args.profile
-    else:
-        path = Path(args.path)
-        if not path.is_file():
-            return _fail(f"no such file: {path}", 2)
-        if args.limit is not None and args.limit < 0:
-            return _fail("--limit must be >= 0", 2)
-        events = itertools.islice(iter_file(path, args.format), args.limit)
-        what = {"source": str(path), "format": args.format}
+    source = _source(args)
+    if isinstance(source, str):
+        return _fail(source, 2)
+    events, what = source
 
     await broker_answers(bootstrap)  # a wrong address: one line at once, not the metadata wait
     try:

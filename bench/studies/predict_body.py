@@ -13,7 +13,7 @@ features each (14 categorical, 6 numeric: ~340 bytes and ~21 KB):
 - ``orjson_msgspec``: ``orjson.loads`` and the same model's check
   (``msgspec.convert``), which the predict route uses: orjson's key cache
   keeps every field name one object across requests, which the hasher's
-  layout cache is faster with (see `app.api._predict_body`);
+  layout cache is faster with (see `app.api_routes._predict_body`);
 - ``msgspec_typed``: the same with every event decoded into the `Event`
   model (what validating an event's content as a model would cost; the API
   leaves that to the hasher, whose reasons are the training path's);

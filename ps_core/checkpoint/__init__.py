@@ -2,12 +2,13 @@
 
 Holds the coordinator (leases around windows, cuts, committed offsets) and its
 routes, the stream identity of offsets, manifests, export files (write, list,
-verify, load, restore, compact, prune) and their serving files (`serving`:
-the weights a replica reads), the exporter that cuts across shards,
-the loading of export versions into shards (`joining`) and the
-coordinator's admission of them at one version (`membership`), the control
-plane's client (`control.ControlClient`: tables, stats, the status board,
-snapshots, membership, leases, offsets and exports, over the calls of
+verify, load), their restore into shards (`restore`), compaction and
+retention (`retention`) and their serving files (`serving`: the weights a
+replica reads), the exporter that cuts across shards and its report
+(`export_report`), the loading of export versions into shards (`joining`)
+and the coordinator's admission of them at one version (`membership`), the
+control plane's client (`control.ControlClient`: tables, stats, the status
+board, snapshots, membership, leases, offsets and exports, over the calls of
 `ps_core.net.control_calls`) and the checkpoint routes of a shard app
 (`routes`).
 
@@ -24,7 +25,8 @@ from ..lazy import lazy_exports
 if TYPE_CHECKING:
     from .control import ControlClient, HttpControl, LocalControl, ShardControl
     from .coordinator import Coordinator
-    from .exporter import Exporter, ExportReport
+    from .export_report import ExportReport
+    from .exporter import Exporter
     from .routes import checkpointed_shard_app
 else:
     __getattr__, __dir__ = lazy_exports(
@@ -32,7 +34,8 @@ else:
         {
             ".control": ("ControlClient", "HttpControl", "LocalControl", "ShardControl"),
             ".coordinator": ("Coordinator",),
-            ".exporter": ("Exporter", "ExportReport"),
+            ".export_report": ("ExportReport",),
+            ".exporter": ("Exporter",),
             ".routes": ("checkpointed_shard_app",),
         },
     )

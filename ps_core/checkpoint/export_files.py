@@ -1,4 +1,5 @@
-"""Incremental model exports: write, list, verify, load, restore, compact, prune.
+"""Incremental model exports: write, list, verify, load (restore: `restore`;
+compaction and retention: `retention`).
 
 An export version is a directory ``<root>/<model>/<version>/`` (the version
 zero-padded to 10 digits) holding ``manifest.json`` and one uncompressed
@@ -29,7 +30,6 @@ import io
 import os
 import secrets
 import shutil
-import time
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -41,16 +41,13 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib import format as npy_format
 
-from ..errors import ExportCorruptError, ExportNotFoundError, InvalidValuesError, TableConflictError
-from ..hashing import shard_of
-from ..shard import Shard, ShardSpec
+from ..errors import ExportCorruptError, ExportNotFoundError
 from ..store.snapshot import SnapshotKind, TableSnapshot
 from ..store.table_config import TableConfig
 from .manifest import (
     MANIFEST_NAME,
     ExportManifest,
     ManifestFile,
-    Offsets,
     check_model_name,
     parse_version_dir,
     serving_file_name,
@@ -63,7 +60,6 @@ from .stream import StreamIdentity
 __all__ = [
     "VersionInfo",
     "LoadedVersion",
-    "RestoreResult",
     "write_version",
     "list_versions",
     "version_dirs",
@@ -72,17 +68,18 @@ __all__ = [
     "iter_version",
     "load_version",
     "latest_chain",
-    "restore_into",
     "serves_weights",
-    "restore_shards",
-    "apply_version",
-    "compact",
-    "prune",
     "DEFAULT_FILE_MODE",
     "dir_mode",
+    "manifest_snapshots",
+    "serving_manifest",
+    "write_tree",
+    "fsync_dir",
+    "version_info",
+    "HIDDEN_PREFIXES",
 ]
 
-_HIDDEN_PREFIXES = (".tmp-", ".old-", ".del-")
+HIDDEN_PREFIXES = (".tmp-", ".old-", ".del-")
 _CHUNK = 1 << 20
 
 DEFAULT_FILE_MODE = 0o600
@@ -146,20 +143,6 @@ class LoadedVersion:
     """Each writing shard's table snapshots, by shard number."""
 
 
-@dataclass(frozen=True)
-class RestoreResult:
-    """What a restore built and where the workers resume."""
-
-    shards: list[Shard]
-    """The restored shards, in the order asked for."""
-    version: int
-    """The chain's last version: each table's open version is one above it."""
-    offsets: Offsets
-    """The last manifest's offsets: seek every partition there."""
-    manifest: ExportManifest
-    """The last manifest (model config, table declarations)."""
-
-
 # -- writing -----------------------------------------------------------------------
 
 
@@ -219,7 +202,7 @@ def _write_npz(path: Path, arrays: Mapping[str, npt.NDArray[Any]]) -> tuple[int,
     return out.size, out.sha256.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -227,7 +210,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_tree(
+def write_tree(
     parent_dir: Path,
     manifest_fields: dict[str, Any],
     snapshots: Mapping[int, Sequence[TableSnapshot]],
@@ -265,7 +248,7 @@ def _write_tree(
         for written in tmp.iterdir():
             os.chmod(written, file_mode)
         os.chmod(tmp, dir_mode(file_mode))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -346,7 +329,7 @@ def write_version(
         "stream": stream,
         "serving_precision": serving_precision,
     }
-    tmp, _ = _write_tree(mdir, fields, snapshots, file_mode)
+    tmp, _ = write_tree(mdir, fields, snapshots, file_mode)
     try:
         # rename(2) would replace an empty directory created meanwhile; the
         # check above makes that a race between two writers of one version.
@@ -354,7 +337,7 @@ def write_version(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(mdir)
+    fsync_dir(mdir)
     return final
 
 
@@ -400,7 +383,7 @@ def version_dirs(model_dir: Path) -> dict[int, Path]:
     return out
 
 
-def _info(path: Path, manifest: ExportManifest) -> VersionInfo:
+def version_info(path: Path, manifest: ExportManifest) -> VersionInfo:
     return VersionInfo(manifest.version, manifest.kind, manifest.parent, manifest.created_at, path, manifest)
 
 
@@ -414,7 +397,7 @@ def list_versions(model_dir: Path) -> list[VersionInfo]:
     out: list[VersionInfo] = []
     for _, path in sorted(version_dirs(Path(model_dir)).items()):
         try:
-            out.append(_info(path, read_manifest(path)))
+            out.append(version_info(path, read_manifest(path)))
         except ExportCorruptError:
             continue
     return out
@@ -512,10 +495,10 @@ def iter_version(version_dir: Path, verify: bool = True) -> Iterator[tuple[int, 
     parsed bytes are the checked ones); otherwise only its size.
     """
     vdir = Path(version_dir)
-    return _iter_snapshots(vdir, read_manifest(vdir), verify)
+    return manifest_snapshots(vdir, read_manifest(vdir), verify)
 
 
-def _iter_snapshots(
+def manifest_snapshots(
     vdir: Path, manifest: ExportManifest, verify: bool, serving: bool = False
 ) -> Iterator[tuple[int, TableSnapshot]]:
     for entry in manifest.serving_files if serving else manifest.files:
@@ -528,7 +511,7 @@ def serves_weights(manifest: ExportManifest) -> bool:
     return len(manifest.serving_files) == len(manifest.files)
 
 
-def _serving_tables(manifest: ExportManifest) -> ExportManifest:
+def serving_manifest(manifest: ExportManifest) -> ExportManifest:
     """The manifest as a replica of weights applies it: its tables' `serving_config`."""
     return replace(manifest, tables={name: serving_config(c) for name, c in manifest.tables.items()})
 
@@ -540,9 +523,9 @@ def load_version(version_dir: Path, verify: bool = True, *, serving: bool = Fals
     tables (and the manifest's tables are those): what a replica applies."""
     manifest = read_manifest(Path(version_dir))
     snapshots: dict[int, list[TableSnapshot]] = {i: [] for i in range(manifest.num_shards)}
-    for shard, snap in _iter_snapshots(Path(version_dir), manifest, verify, serving):
+    for shard, snap in manifest_snapshots(Path(version_dir), manifest, verify, serving):
         snapshots.setdefault(shard, []).append(snap)
-    return LoadedVersion(_serving_tables(manifest) if serving else manifest, snapshots)
+    return LoadedVersion(serving_manifest(manifest) if serving else manifest, snapshots)
 
 
 def _chain_to(version: int, dirs: Mapping[int, Path], verify: bool, serving: bool = False) -> list[VersionInfo]:
@@ -563,7 +546,7 @@ def _chain_to(version: int, dirs: Mapping[int, Path], verify: bool, serving: boo
         manifest = read_manifest(path)
         for entry in manifest.serving_files if serving and serves_weights(manifest) else manifest.files:
             _check_file(path, entry, verify)
-        chain.append(_info(path, manifest))
+        chain.append(version_info(path, manifest))
         v = manifest.parent
     chain.reverse()
     return chain
@@ -601,251 +584,3 @@ def latest_chain(
                 raise
             failures.append(f"{v}: {exc.detail}")
     raise ExportNotFoundError(f"no complete chain in {model_dir}: " + "; ".join(failures))
-
-
-# -- restore -------------------------------------------------------------------------
-
-
-def _check_chain(chain: Sequence[VersionInfo]) -> None:
-    if not chain:
-        raise ValueError("an empty chain")
-    if chain[0].kind != "base":
-        raise ValueError(f"a chain starts with a base, not a {chain[0].kind} ({chain[0].path})")
-    for prev, cur in zip(chain, chain[1:]):
-        if cur.kind != "delta" or cur.parent != prev.version:
-            raise ValueError(f"version {cur.version} ({cur.kind}, parent {cur.parent}) does not follow {prev.version}")
-
-
-def _route(keys: npt.NDArray[np.uint64], shards: Sequence[Shard]) -> list[npt.NDArray[np.intp] | None]:
-    """For each target shard, the positions of its keys (None: all of them)."""
-    num = shards[0].spec.num_shards
-    if num == 1:
-        return [None]
-    owner = shard_of(keys, num)
-    # One comparison per target: cheaper than sorting by owner for the
-    # handful of shards a restore builds, and it serves a subset of shards.
-    return [np.flatnonzero(owner == s.spec.shard_id) for s in shards]
-
-
-def _apply(snap: TableSnapshot, shards: Sequence[Shard], source: int, sources: int) -> None:
-    """Upsert a snapshot (written by shard `source` of `sources`) into the
-    shards owning its rows, then delete its deleted keys (a snapshot never
-    has a key in both).
-
-    Into as many shards as wrote it, shard `source` also takes the
-    snapshot's count scale and admission-sketch cells, so it reads exactly
-    the counts the writer did. Into another shard count, rows from shards
-    with different scales meet: their counts are stored decayed (times the
-    scale of their version, which leaves out the decays after it) and the
-    sketch's candidate counts start over, as the keys behind its cells are
-    not known."""
-    same = shards[0].spec.num_shards == sources
-    scale = float(snap.count_scale[0])
-    shows, clicks = snap.shows, snap.clicks
-    if not same and scale != 1.0:
-        shows, clicks = (shows * np.float32(scale), clicks * np.float32(scale))
-    arrays = (snap.data, snap.updated_at, snap.last_seen, shows, clicks)
-    for shard, sel in zip(shards, _route(snap.keys, shards)):
-        table = shard.tables[snap.table]
-        if sel is None:
-            table.load_rows(snap.keys, *arrays)
-        elif sel.size:
-            table.load_rows(snap.keys[sel], *(a[sel] for a in arrays))
-    if snap.deleted.size:
-        for shard, sel in zip(shards, _route(snap.deleted, shards)):
-            table = shard.tables[snap.table]
-            table.delete(snap.deleted if sel is None else snap.deleted[sel])
-    for shard in shards:
-        if same and shard.spec.shard_id == source:
-            shard.tables[snap.table].load_counts(scale, snap.sketch_cells, snap.sketch_values)
-
-
-def restore_into(
-    shards: Sequence[Shard], chain: Sequence[VersionInfo], *, verify: bool = True, serving: bool = False
-) -> RestoreResult:
-    """Load a chain (base, then each delta) into shards of any count.
-
-    The shards must share one `num_shards` and have distinct ids; they may be
-    any subset of the cluster (a shard server restores its own slice). Keys
-    are re-hashed with `shard_of`; each version's rows are upserted (state and
-    metadata as stored), then its deleted keys removed. Tables are declared
-    from the manifests (a conflicting declaration is a `TableConflictError`).
-    Afterwards every table of the chain has ``version = last + 1`` and the
-    next delta is taken relative to the last version.
-    """
-    _check_chain(chain)
-    if not shards:
-        raise ValueError("no shards to restore into")
-    if len({s.spec.num_shards for s in shards}) != 1 or len({s.spec.shard_id for s in shards}) != len(shards):
-        raise ValueError("shards must share num_shards and have distinct ids")
-    declared: set[str] = set()
-    for info in chain:
-        # The chain's own manifests, not re-read ones: were a version swapped
-        # by a compaction since the chain was listed, its files no longer
-        # match and the load fails instead of mixing a base into the chain.
-        tables = _serving_tables(info.manifest).tables if serving else info.manifest.tables
-        for config in tables.values():
-            for shard in shards:
-                shard.declare(config)
-            declared.add(config.name)
-        for source, snap in _iter_snapshots(info.path, info.manifest, verify, serving):
-            _apply(snap, shards, source, info.manifest.num_shards)
-    last = chain[-1]
-    for shard in shards:
-        for name in declared:
-            shard.tables[name].mark_exported(last.version)
-    return RestoreResult(list(shards), last.version, last.manifest.offsets, last.manifest)
-
-
-def restore_shards(
-    chain: Sequence[VersionInfo],
-    num_shards: int,
-    shard_ids: Sequence[int] | None = None,
-    *,
-    verify: bool = True,
-) -> RestoreResult:
-    """Fresh shards ``shard_ids`` (default all) of a `num_shards` cluster,
-    restored from a chain (see `restore_into`)."""
-    ids = range(num_shards) if shard_ids is None else shard_ids
-    shards = [Shard(ShardSpec(i, num_shards)) for i in ids]
-    return restore_into(shards, chain, verify=verify)
-
-
-def apply_version(shards: Sequence[Shard], loaded: LoadedVersion) -> None:
-    """Apply one version read into memory (`load_version`) on top of what
-    shards of any count hold: a base into shards that hold none of its
-    tables' rows, a delta onto its parent (every table's last version).
-
-    Everything is checked before anything changes (declarations, parents,
-    finite rows), so a refused version leaves the shards as they were: a
-    `TableConflictError`, `InvalidValuesError` or `ValueError`. Afterwards
-    the tables are marked exported at the version (`SparseTable.mark_exported`).
-    """
-    m = loaded.manifest
-    for shard in shards:
-        for config in m.tables.values():
-            table = shard.tables.get(config.name)
-            if table is not None and table.config != config:
-                raise TableConflictError(
-                    f"version {m.version} declares table {config.name} as {config.to_dict()}, "
-                    f"shard {shard.spec.shard_id} holds {table.config.to_dict()}"
-                )
-            held = 0 if table is None else table.last_snapshot
-            if m.kind == "delta" and held != m.parent:
-                raise ValueError(
-                    f"version {m.version} is a delta of {m.parent}; table {config.name} "
-                    f"on shard {shard.spec.shard_id} holds version {held}"
-                )
-            if m.kind == "base" and table is not None and len(table):
-                raise ValueError(f"base {m.version} into table {config.name}, which holds rows")
-    snaps = [(source, s) for source, part in loaded.snapshots.items() for s in part]
-    for _, snap in snaps:
-        if not np.isfinite(snap.data).all():
-            raise InvalidValuesError(f"version {m.version}, table {snap.table}: rows hold NaN or inf")
-    for shard in shards:
-        for config in m.tables.values():
-            shard.declare(config)
-    for source, snap in snaps:
-        _apply(snap, shards, source, m.num_shards)
-    for shard in shards:
-        for name in m.tables:
-            shard.tables[name].mark_exported(m.version)
-
-
-# -- compaction and retention ----------------------------------------------------------
-
-
-def compact(
-    model_dir: Path, version: int | None = None, *, verify: bool = True, file_mode: int = DEFAULT_FILE_MODE
-) -> VersionInfo:
-    """Fold the chain ending at `version` (default: the newest) into a base of
-    that same version: same offsets, model config and rows as the chain's state.
-
-    The base is written to a hidden directory, then swapped in: the old
-    directory is renamed to a hidden name, the new one to the version's name,
-    and the old one removed. A reader between the two renames does not see
-    the version (if it is the newest, the previous version is the newest);
-    deltas after it stay valid, since its content does not change. Run
-    compaction and `prune` from one process at a time. A version that is
-    already a base is returned as it is. The base's files get `file_mode`.
-    """
-    mdir = Path(model_dir)
-    chain = latest_chain(mdir, version)  # sizes only: the restore checks SHA-256s
-    last = chain[-1]
-    if version is not None and last.version != version:
-        raise ExportNotFoundError(f"no version {version} in {mdir} (newest below: {last.version})")
-    if len(chain) == 1:
-        return last
-    m = last.manifest
-    restored = restore_shards(chain, m.num_shards, verify=verify)
-    snapshots = {
-        s.spec.shard_id: [t.base_copy(last.version) for _, t in sorted(s.tables.items())] for s in restored.shards
-    }
-    fields: dict[str, Any] = {
-        "model": m.model,
-        "version": m.version,
-        "parent": None,
-        "kind": "base",
-        "created_at": m.created_at,
-        "model_config": m.model_config,
-        "num_shards": m.num_shards,
-        "offsets": m.offsets,
-        "stream": m.stream,
-        "compacted_from": tuple(c.version for c in chain),
-        "serving_precision": m.serving_precision,
-    }
-    tmp, manifest = _write_tree(mdir, fields, snapshots, file_mode)
-    old = mdir / f".old-{version_dir_name(last.version)}-{secrets.token_hex(4)}"
-    os.rename(last.path, old)
-    try:
-        os.rename(tmp, last.path)
-    except BaseException:
-        os.rename(old, last.path)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _fsync_dir(mdir)
-    shutil.rmtree(old)
-    return _info(last.path, manifest)
-
-
-def prune(model_dir: Path, keep_bases: int = 2, *, stale_after_s: float = 3600.0) -> list[int]:
-    """Remove every version older than the oldest of the newest `keep_bases`
-    bases; returns the removed versions.
-
-    Nothing is removed while there are no more than `keep_bases` bases, so
-    every kept delta still has its chain. Each removed version is first
-    renamed to a hidden name, so no reader sees it half deleted. Hidden
-    leftovers (interrupted writes, compactions, prunes) older than
-    `stale_after_s` are removed too.
-    """
-    if keep_bases < 1:
-        raise ValueError("keep_bases must be >= 1")
-    mdir = Path(model_dir)
-    bases = sorted(i.version for i in list_versions(mdir) if i.kind == "base")
-    removed: list[int] = []
-    if len(bases) > keep_bases:
-        oldest_kept = bases[-keep_bases]
-        for v, path in sorted(version_dirs(mdir).items()):
-            if v >= oldest_kept:
-                continue
-            doomed = mdir / f".del-{version_dir_name(v)}-{secrets.token_hex(4)}"
-            os.rename(path, doomed)
-            removed.append(v)
-            shutil.rmtree(doomed)
-        if removed:
-            _fsync_dir(mdir)
-    now = time.time()
-    for e in list(os.scandir(mdir)):
-        if not e.name.startswith(_HIDDEN_PREFIXES):
-            continue
-        try:
-            # A writer may rename its temporary away meanwhile: gone is fine.
-            if now - e.stat(follow_symlinks=False).st_mtime <= stale_after_s:
-                continue
-            if e.is_dir(follow_symlinks=False):
-                shutil.rmtree(e.path)
-            else:
-                os.unlink(e.path)
-        except FileNotFoundError:
-            pass
-    return removed

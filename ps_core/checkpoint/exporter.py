@@ -22,7 +22,6 @@ import contextlib
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -39,59 +38,16 @@ from ..errors import (
     UnknownModelError,
 )
 from .control import ControlClient
-from .coordinator import Coordinator, Offsets
-from .export_files import DEFAULT_FILE_MODE, compact, list_versions, prune, write_version
+from .coordinator import Coordinator, Cut, Offsets
+from .export_files import DEFAULT_FILE_MODE, list_versions, write_version
+from .export_report import ExportReport
 from .manifest import check_model_name, version_dir_name
 from .registry import ModelRegistry, ModelSpec
-from .stream import StreamIdentity
+from .retention import compact, prune
 
-__all__ = ["Exporter", "ExportReport"]
+__all__ = ["Exporter"]
 
 log = logging.getLogger("ctrps.export")
-
-
-@dataclass(frozen=True)
-class ExportReport:
-    """What one export did."""
-
-    version: int
-    """The version written."""
-    kind: str
-    """``base`` or ``delta``."""
-    parent: int | None
-    """The version a delta applies on (None for a base)."""
-    path: str
-    """Its directory."""
-    rows: int
-    """Rows in all files."""
-    bytes: int
-    """Bytes of all files."""
-    offsets: Offsets
-    """Committed offsets the version holds."""
-    lease_wait_s: float
-    """How long the cut waited for leased windows."""
-    pause_s: float
-    """How long leases were refused (the wait plus the shards' copies)."""
-    write_s: float
-    """Fetching the copies and writing the files, after the pause."""
-    expired_leases: list[str] = field(default_factory=list)
-    """Workers whose leases expired during the wait."""
-    pruned: list[int] = field(default_factory=list)
-    """Versions removed by retention."""
-    stream: StreamIdentity | None = None
-    """The stream the offsets were read from (None: not known)."""
-    models: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per model written: ``path``, ``rows`` and ``bytes`` (`path`, `rows`,
-    `bytes` and `offsets` above are the default model's, or the model asked for)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields: offsets with string partitions, durations in ms."""
-        body = {f.name: getattr(self, f.name) for f in fields(self)}
-        for seconds in ("lease_wait_s", "pause_s", "write_s"):
-            body[seconds.removesuffix("_s") + "_ms"] = round(body.pop(seconds) * 1000, 3)
-        body["offsets"] = {t: {str(p): o for p, o in ps.items()} for t, ps in self.offsets.items()}
-        body["stream"] = self.stream.to_dict() if self.stream is not None else None
-        return body
 
 
 class _CutFailed(Exception):
@@ -226,6 +182,20 @@ class Exporter:
             kind = "base"
         self._registry_changes = self.registry.changes
         t0 = time.perf_counter()
+        cut = await self._take_cut(kind, t0)
+        self._need_base = True
+        snaps = await self._fetch(cut, t0)
+        written = await self._write(cut, snaps)
+        pruned = await self._prune(cut.version, written)
+        self._need_base = False
+        self.exports += 1
+        self.coordinator.version = cut.version
+        return self._report(cut, written, pruned, t0)
+
+    async def _take_cut(self, kind: str | None, t0: float) -> Cut[int | None]:
+        """The coordinator's cut (the pause and every shard's copy); a failed
+        one is aborted on every shard (`CutAbortedError`, or `_Refused` for a
+        delta a shard refused) and the next cut is a base."""
         copying = t0  # when the copy step began, after the wait for leased windows
 
         async def snapshot(version: int, cut_kind: str) -> int | None:
@@ -236,7 +206,7 @@ class Exporter:
             return parent
 
         try:
-            cut = await self.coordinator.cut(snapshot, kind)
+            return await self.coordinator.cut(snapshot, kind)
         except _CutFailed as failed:
             # Some shards may have cut and moved on: the next cut is a base.
             self._need_base = True
@@ -247,18 +217,24 @@ class Exporter:
         except BaseException:
             self._need_base = True
             raise
-        self._need_base = True
+
+    async def _fetch(self, cut: Cut[int | None], t0: float) -> dict[int, list[Any]]:
+        """Every shard's copies of `cut`; a failed fetch aborts it (`CutAbortedError`)."""
         fetching = time.perf_counter()
         try:
-            snaps = await asyncio.wait_for(self.client.fetch_snapshots(cut.version), self.cut_timeout_s)
+            return await asyncio.wait_for(self.client.fetch_snapshots(cut.version), self.cut_timeout_s)
         except (PSError, TimeoutError) as exc:
             self.coordinator.spend(cut.version)
             by_shard: dict[int, BaseException] = {int(getattr(exc, "shard_id", -1)): exc}
             fetch = _CutFailed(cut.version, cut.kind, "fetch", by_shard, self.cut_timeout_s)
             await self._abort(fetch, t0, fetching)
             raise CutAbortedError(fetch.detail(time.perf_counter() - t0)) from None
+
+    async def _write(self, cut: Cut[int | None], snaps: dict[int, list[Any]]) -> dict[str, dict[str, Any]]:
+        """Each model's files of `cut` (`_write_models`, in a thread);
+        `ExportWriteError` naming the directory if they cannot be written."""
         try:
-            written = await asyncio.to_thread(self._write_models, cut, snaps)
+            return await asyncio.to_thread(self._write_models, cut, snaps)
         except OSError as exc:
             # write_version leaves no partial directory behind (its temporary
             # one is removed), and _write_models removes the models' versions
@@ -273,6 +249,9 @@ class Exporter:
             detail = f"export version {cut.version} not written to {where}: {why} (at {failed_file})"
             self._failed("disk", version=cut.version, path=where, file=failed_file, error=why)
             raise ExportWriteError(detail, path=where) from None
+
+    async def _prune(self, version: int, written: dict[str, dict[str, Any]]) -> list[int]:
+        """Retention in each model directory written; the versions removed."""
         pruned: list[int] = []
         for name in written:
             try:
@@ -281,14 +260,17 @@ class Exporter:
                 # the version is written; retention runs again after the next one
                 self._failed(
                     "prune",
-                    version=cut.version,
+                    version=version,
                     path=str(exc.filename or self.root / name),
                     error=str(exc.strerror or exc),
                 )
+        return pruned
+
+    def _report(
+        self, cut: Cut[int | None], written: dict[str, dict[str, Any]], pruned: list[int], t0: float
+    ) -> ExportReport:
+        """The export's report (kept as `last`) and its log line."""
         path = self.model_dir / version_dir_name(cut.version)
-        self._need_base = False
-        self.exports += 1
-        self.coordinator.version = cut.version
         default = written.get(self.model, {"path": str(path), "rows": 0, "bytes": 0})
         report = ExportReport(
             version=cut.version,

@@ -31,9 +31,10 @@ from ..net.control_messages import Refused, Restored
 from ..shard import Shard, ShardSpec
 from ..store.lifecycle import Lifecycle
 from ..store.table_config import TableConfig
-from .export_files import RestoreResult, latest_chain, read_manifest, restore_into, restore_shards, version_dirs
+from .export_files import latest_chain, read_manifest, version_dirs
 from .manifest import parse_version_dir
 from .registry import model_dirs
+from .restore import RestoreResult, restore_into, restore_shards
 from .stream import StreamIdentity
 
 __all__ = [

@@ -1,6 +1,7 @@
 """The model side, shared by training and serving.
 
-Holds events (decoding and validation), feature hashing, the CSR batch of
+Holds events (decoding and validation), feature hashing (`featurizer`, with
+its string hashes in `string_hashing` and its caches in `layouts`), the CSR batch of
 hashed events (`EventBatch`), the models (`LogisticRegression`,
 `FactorizationMachine`: tables, logits and gradients for a batch), the
 online metrics (log loss, AUC, COPC) and `Learner` (a model trained in this

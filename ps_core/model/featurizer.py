@@ -8,16 +8,16 @@ labels, weights and event times. Feature ids are stable 64-bit hashes
 There is no Python loop per event or per value on the common path (every
 Python-level step below is a C-level ``map`` over a column, or numpy):
 
-- Field hashes come from a cache of layouts (`_Layouts`): the tuple of a
+- Field hashes come from a cache of layouts (`ps_core.model.layouts.Layouts`): the tuple of a
   features object's names, in order, keys precomputed field hashes and the
   type codes its first event had. A chunk's field hashes are one gather from
   that table. Values go straight from the dicts into one object array; the
-  expected types are checked a class at a time (`_split`: every expected
+  expected types are checked a class at a time (`ps_core.model.layouts.split_values`: every expected
   string exactly ``str``, every number int or float), falling back to a
   type lookup per value only when a check fails. The cache is bounded
   (`MAX_CACHED_SCHEMAS`, `MAX_CACHED_SCHEMA_FIELDS`); layouts past it are
   resolved per call, with the same ids.
-- Categorical values are hashed together (`string_hashes`: a multilinear hash
+- Categorical values are hashed together (`ps_core.model.string_hashing.string_hashes`: a multilinear hash
   of the code points, finished with fmix64), then every id is one fmix64
   over the chunk.
 - Numbers, lists, booleans, nulls and pre-hashed keys are split out by type
@@ -26,25 +26,33 @@ Python-level step below is a C-level ``map`` over a column, or numpy):
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import re
-from collections.abc import Iterator, Sequence
-from itertools import chain, compress, repeat
-from operator import countOf
+from collections.abc import Sequence
+from itertools import chain
 from typing import Any, Final, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..bodies import NUMERIC_PATTERN
 from ..hashing import U64, mix64
 from ..parsing import exact_ints
 from .batch import F32, F64, I64, EventBatch
 from .events import MAX_FEATURES, MAX_FLOAT32, MAX_VALUE, Checked, EventError, check_columns, check_each
+from .layouts import (
+    T_BOOL,
+    T_LIST,
+    T_NONE,
+    T_OTHER,
+    FieldHashes,
+    Layouts,
+    Split,
+    split_values,
+    type_codes,
+)
+from .string_hashing import collector_paused, joined_hashes, string_hashes
 
-__all__ = ["FeatureHasher", "string_hashes", "NUMERIC", "numeric_feed", "numeric_spec"]
+__all__ = ["FeatureHasher", "NUMERIC", "numeric_feed", "numeric_spec"]
 
 NUMERIC = ("raw", "log1p")
 """How a model feeds numeric feature values: as sent (``raw``), or
@@ -81,341 +89,12 @@ def numeric_spec(numeric: str) -> str:
     return numeric
 
 
-# -- string hashing ------------------------------------------------------------
-
-_MULTS = np.zeros(0, dtype=np.uint64)
-
-
-def _multipliers(width: int) -> U64:
-    global _MULTS
-    if _MULTS.size < width:
-        # Odd 64-bit multipliers, one per code-point position: a pure function
-        # of the position, so hashes never depend on the batch.
-        _MULTS = mix64(np.arange(1, max(width, 64) + 1, dtype=np.uint64), 0x2545F4914F6CDD1D) | np.uint64(1)
-    return _MULTS[:width]
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic collector paused for the block (then as it was).
-
-    Hashing a chunk allocates many containers, none in a cycle; each
-    collector pass on the way would walk every object alive, and a caller
-    holding millions of event dicts (a `Learner`'s list, a decode's parsed
-    chunk) makes each pass cost more than the hashing."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def string_hashes(strings: Sequence[str] | npt.NDArray[np.object_]) -> U64:
-    """Stable 64-bit hashes of strings: ``fmix64(sum_i cp_i * M_i)`` over the
-    code points ``cp_i`` with fixed odd multipliers ``M_i`` (mod 2**64).
-
-    Vectorised, from one NUL-separated buffer of the strings' code points (a
-    byte each when all are ASCII, else UTF-32): strings all of one length
-    are its rows, hashed by a multiply-add per column; strings of at most
-    `GRID_WIDTH` code points are windows of it, the rows of a matrix hashed
-    alike up to each string's length; longer ones have each code point multiplied
-    by the multiplier of its position within its string and summed per
-    string by ``np.add.reduceat``.
-    """
-    seq = strings.tolist() if isinstance(strings, np.ndarray) else strings
-    if len(seq) == 0:
-        return np.zeros(0, dtype=np.uint64)
-    # One buffer, each string followed by a NUL: boundaries come from the
-    # buffer itself instead of a len() per string.
-    return _joined_hashes("\0".join(seq) + "\0", seq)
-
-
-GRID_WIDTH = 64
-"""Longest strings hashed as a matrix of code points (`string_hashes`): the
-matrix costs the longest string's width for every string, so a chunk with a
-longer one takes the buffer path instead."""
-
-
-def _joined_hashes(joined: str, seq: Sequence[str]) -> U64:
-    """`string_hashes` of `seq` (not empty), given ``"\\0".join(seq) + "\\0"``:
-    strings all of one length (hex ids, say) straight from that buffer as a
-    matrix; else as windows of it (`_windows`); else the buffer."""
-    cps = _code_points(joined)
-    n = len(seq)
-    width = cps.size // n
-    if width * n == cps.size:
-        grid = cps.reshape(n, width)
-        # NULs exactly at the end of every row: all strings have length
-        # width - 1, so each row is a string and its terminator.
-        if not grid[:, -1].any() and np.count_nonzero(cps) == n * (width - 1):
-            return _column_hashes(grid[:, : width - 1])
-    ends = np.flatnonzero(cps == 0)
-    if ends.size != n:  # some string holds a NUL: take lengths the slow way
-        ends = np.cumsum(np.fromiter(map(len, seq), dtype=np.int64, count=n) + 1) - 1
-    starts = np.empty(n, dtype=np.int64)
-    starts[0] = 0
-    starts[1:] = ends[:-1] + 1
-    lens = ends - starts
-    longest = int(lens.max())
-    if longest <= GRID_WIDTH:
-        return _column_hashes(_windows(cps, starts, max(longest, 1)), lens)
-    return _buffer_hashes(cps, starts, lens)
-
-
-def _code_points(joined: str) -> npt.NDArray[np.uint8] | npt.NDArray[np.uint32]:
-    """The code points of `joined`: a byte each when ASCII (the usual
-    alphabet of ids, a quarter of UTF-32 to scan), else UTF-32."""
-    if joined.isascii():
-        return np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
-    return np.frombuffer(joined.encode("utf-32-le"), dtype="<u4")
-
-
-def _windows(
-    cps: npt.NDArray[np.uint8] | npt.NDArray[np.uint32], starts: I64, width: int
-) -> npt.NDArray[np.uint8] | npt.NDArray[np.uint32]:
-    """The `width` code points of the buffer `cps` from each of `starts`, as
-    the rows of a matrix: a string, then its terminator and what follows."""
-    padded = np.concatenate((cps, np.zeros(width, dtype=cps.dtype)))
-    # One gather in C from windows of the buffer: no copy from each string object.
-    return sliding_window_view(padded, width)[starts]
-
-
-def _column_hashes(grid: npt.NDArray[np.uint8] | npt.NDArray[np.uint32], lens: I64 | None = None) -> U64:
-    """`H` of each row of code points: all of a row (zero padding adds
-    nothing), or with `lens` its first ``lens[row]`` only."""
-    n, width = grid.shape
-    mults = _multipliers(max(width, 1)).tolist()
-    short = width if lens is None else int(lens.min())
-    acc = np.zeros(n, dtype=np.uint64)  # a column at a time: no (n, width) uint64 temporary
-    for i in range(width):  # per column (at most GRID_WIDTH, or one length), not per string
-        if i < short or lens is None:
-            acc += grid[:, i] * np.uint64(mults[i])
-        else:  # only the rows whose string is this long: the rest hold others' code points
-            rows = np.flatnonzero(lens > i)
-            acc[rows] += grid[rows, i] * np.uint64(mults[i])
-    return mix64(acc)
-
-
-def _buffer_hashes(cps: npt.NDArray[np.uint8] | npt.NDArray[np.uint32], starts: I64, lens: I64) -> U64:
-    """`string_hashes` of the strings at `starts` (of `lens` code points) in
-    the NUL-separated buffer `cps`."""
-    seg_lens = lens + 1  # including the terminator, so never empty
-    # Position of each code point within its own string; terminators are 0 and add nothing.
-    rel = np.arange(cps.size, dtype=np.int64) - np.repeat(starts, seg_lens)
-    prod = cps.astype(np.uint64) * _multipliers(int(seg_lens.max()))[rel]
-    return mix64(np.add.reduceat(prod, starts))
-
-
-_T_STR, _T_NUM, _T_LIST, _T_NONE, _T_BOOL, _T_OTHER = range(6)
-_TYPE_CODE: dict[type, int] = {
-    str: _T_STR,
-    float: _T_NUM,
-    int: _T_NUM,
-    list: _T_LIST,
-    type(None): _T_NONE,
-    bool: _T_BOOL,
-}
 _C_CAT = np.uint64(0x9E3779B97F4A7C15)
 _C_NUM = np.uint64(0xD6E8FEB86659FD93)
 _C_BIAS = np.uint64(0xA0761D6478BD642F)
 _KEY_LIMIT = 2**64
 _DICT = frozenset({dict})
 _INT = frozenset({int})
-_NUMBER = frozenset({int, float})
-
-
-MAX_CACHED_FIELDS = 65_536
-"""Field names whose hashes a `FeatureHasher` keeps; later new names are hashed each time."""
-
-MAX_CACHED_SCHEMAS = 4096
-"""Feature layouts (see `_Layouts`) a hasher keeps; later new layouts are resolved per call."""
-
-MAX_CACHED_SCHEMA_FIELDS = 1 << 18
-"""Field names in all cached layouts together: with names of at most
-`_MAX_NAME_CHARS` characters on average, the cache stays under ~25 MB even
-when requests choose every name (a few MB for real streams, which repeat names)."""
-
-_MAX_NAME_CHARS = 32
-"""A layout whose names average more characters than this is never cached."""
-
-
-class _FieldHashes(dict[str, int]):
-    """field name → ``fmix64(H(field) ^ namespace)``, computed on first use.
-
-    Bounded: requests may name any fields (a predict API is open to the
-    world), and an unbounded cache would let them grow the process."""
-
-    def __init__(self, namespace: int) -> None:
-        super().__init__()
-        self._ns = np.uint64(namespace)
-
-    def __missing__(self, field: str) -> int:
-        h = int(mix64(string_hashes([field]) ^ self._ns)[0])
-        if len(self) < MAX_CACHED_FIELDS:
-            self[field] = h
-        return h
-
-
-class _Layouts:
-    """Feature layouts: the tuple of a ``features`` object's names, in order →
-    the field hashes of its values, and the type codes its values had in the
-    first event seen with it.
-
-    Events of one producer come in a few layouts, so the field hashes of a
-    chunk are one gather from `fh` instead of a dict lookup per value, and
-    the type codes one gather from `codes`, which `FeatureHasher` then checks
-    a class at a time. Bounded like `_FieldHashes`: past `MAX_CACHED_SCHEMAS`
-    layouts or `MAX_CACHED_SCHEMA_FIELDS` names, new layouts are resolved for
-    the call only and not kept."""
-
-    def __init__(self, fields: _FieldHashes) -> None:
-        self._fields = fields
-        self.ids: dict[tuple[str, ...], int] = {}
-        self.count = 0  # layouts cached
-        self.starts = np.zeros(64, dtype=np.int64)  # layout → its first slot in fh/codes
-        self.lens = np.zeros(64, dtype=np.int64)
-        self.fh = np.zeros(4096, dtype=np.uint64)
-        self.codes = np.zeros(4096, dtype=np.int8)
-        self.used = 0  # slots of fh/codes in use
-
-    def _keep(
-        self, names: list[tuple[str, ...]], lens: I64, fh: U64, codes: npt.NDArray[np.int8]
-    ) -> npt.NDArray[np.bool_]:
-        """Cache those of the given new layouts that fit; returns which."""
-        s, used = self.count, self.used
-        # Names are the memory a layout holds: long ones are not kept at all.
-        chars = np.fromiter((sum(map(len, key)) for key in names), dtype=np.int64, count=len(names))
-        ok = chars <= _MAX_NAME_CHARS * lens
-        ok &= used + np.cumsum(np.where(ok, lens, 0)) <= MAX_CACHED_SCHEMA_FIELDS
-        ok &= np.cumsum(ok) <= MAX_CACHED_SCHEMAS - s
-        k = int(ok.sum())
-        if not k:
-            return ok
-        slots = np.repeat(ok, lens)
-        klens = lens[ok]
-        total = int(klens.sum())
-        while s + k > self.starts.size:
-            self.starts = np.concatenate((self.starts, np.zeros_like(self.starts)))
-            self.lens = np.concatenate((self.lens, np.zeros_like(self.lens)))
-        if used + total > self.fh.size:
-            grow = max(self.fh.size, total)
-            self.fh = np.concatenate((self.fh, np.zeros(grow, dtype=np.uint64)))
-            self.codes = np.concatenate((self.codes, np.zeros(grow, dtype=np.int8)))
-        self.fh[used : used + total] = fh[slots]
-        self.codes[used : used + total] = codes[slots]
-        self.starts[s : s + k] = used + np.cumsum(klens) - klens
-        self.lens[s : s + k] = klens
-        self.used = used + total
-        self.count = s + k
-        # Last: an entry is complete once visible.
-        self.ids.update(zip(compress(names, ok.tolist()), range(s, s + k)))
-        return ok
-
-    def gather(self, present: list[dict[str, Any]]) -> tuple[U64, npt.NDArray[np.int8], I64]:
-        """For the values of `present` (non-empty dicts) in order: field hashes
-        and expected type codes; and the length of each dict."""
-        names = list(map(tuple, present))  # C level; names hash once, then cached
-        sid = np.fromiter(map(self.ids.get, names, repeat(-1)), dtype=np.int64, count=len(names))
-        n_cached = self.count
-        starts, lens = self.starts[:n_cached], self.lens[:n_cached]
-        local_fh = np.zeros(0, dtype=np.uint64)
-        local_codes = np.zeros(0, dtype=np.int8)
-        if sid.size and int(sid.min()) < 0:
-            miss = np.flatnonzero(sid < 0).tolist()
-            first: dict[tuple[str, ...], int] = {}
-            for j in miss:  # per event only for layouts not in the cache
-                first.setdefault(names[j], j)
-            new = list(first)
-            new_lens = np.fromiter(map(len, new), dtype=np.int64, count=len(new))
-            total = int(new_lens.sum())
-            # All new layouts at once: field hashes and type codes in one map each.
-            fh = np.fromiter(map(self._fields.__getitem__, chain.from_iterable(new)), dtype=np.uint64, count=total)
-            firsts = map(present.__getitem__, first.values())
-            codes = _type_codes(list(chain.from_iterable(map(dict.values, firsts))))
-            kept = self._keep(new, new_lens, fh, codes)
-            n_cached = self.count
-            starts, lens = self.starts[:n_cached], self.lens[:n_cached]
-            local_ids: dict[tuple[str, ...], int] = {}
-            if not kept.all():
-                # Past the bound: the rest serve this call only, as layouts
-                # numbered after the cached ones, gathered from local tables.
-                rest = ~kept
-                local_names = list(compress(new, rest.tolist()))
-                local_ids = dict(zip(local_names, range(n_cached, n_cached + len(local_names))))
-                slots = np.repeat(rest, new_lens)
-                local_fh, local_codes = fh[slots], codes[slots]
-                local_lens = new_lens[rest]
-                starts = np.concatenate((starts, np.cumsum(local_lens) - local_lens))
-                lens = np.concatenate((lens, local_lens))
-            ids = self.ids
-            sid[miss] = [ids[names[j]] if names[j] in ids else local_ids[names[j]] for j in miss]
-        ev_lens = lens[sid]
-        m = int(ev_lens.sum())
-        # Slot of each value: its layout's start plus its position in the dict.
-        slot = np.repeat(starts[sid] - (np.cumsum(ev_lens) - ev_lens), ev_lens) + np.arange(m, dtype=np.int64)
-        if not local_fh.size:
-            return self.fh[slot], self.codes[slot], ev_lens
-        local = np.repeat(sid >= n_cached, ev_lens)
-        fhash = np.empty(m, dtype=np.uint64)
-        codes = np.empty(m, dtype=np.int8)
-        fhash[~local] = self.fh[slot[~local]]
-        codes[~local] = self.codes[slot[~local]]
-        fhash[local] = local_fh[slot[local]]
-        codes[local] = local_codes[slot[local]]
-        return fhash, codes, ev_lens
-
-
-def _type_codes(values: list[Any]) -> npt.NDArray[np.int8]:
-    """The `_TYPE_CODE` of each value's exact type (`_T_OTHER` if none)."""
-    return np.fromiter(map(_TYPE_CODE.get, map(type, values), repeat(_T_OTHER)), dtype=np.int8, count=len(values))
-
-
-_Split: TypeAlias = tuple[I64, list[str], I64, "str | None"]
-"""Positions of the strings, the strings, positions of the numbers; and the
-strings joined for `_joined_hashes` when the check built that anyway."""
-
-
-def _split(
-    objs: npt.NDArray[np.object_], codes: npt.NDArray[np.int8], *, check: bool, json_types: bool = False
-) -> _Split:
-    """The strings and numbers among values `objs` with type `codes`; with
-    `check`, the codes are only expected ones (a layout's) and are first made
-    exact, in place.
-
-    The check goes a class at a time, in C: the values expected to be strings
-    must all be exactly `str` and those expected to be numbers exactly int or
-    float; values expected to be anything else (null, list, bool: rare) get
-    their codes looked up. Only if a class fails are all codes looked up.
-    With `json_types` (values as a JSON parser makes them, so no str
-    subclass), the strings are checked by joining them for hashing, which
-    raises on any non-string: no pass over their types.
-    """
-    if check:
-        rare = np.flatnonzero(codes >= _T_LIST)
-        if rare.size:
-            codes[rare] = _type_codes(objs[rare].tolist())
-    cat = np.flatnonzero(codes == _T_STR)
-    strs = objs[cat].tolist()
-    num = np.flatnonzero(codes == _T_NUM)
-    if not check:
-        return cat, strs, num, None
-    joined = None
-    if json_types:
-        try:
-            joined = "\0".join(strs) + "\0"
-            strings_ok = True
-        except TypeError:
-            strings_ok = False
-    else:
-        strings_ok = countOf(map(type, strs), str) == len(strs)
-    if strings_ok:
-        nums = objs[num].tolist()
-        if countOf(map(type, nums), float) == len(nums) or set(map(type, nums)) <= _NUMBER:
-            return cat, strs, num, joined
-    codes[:] = _type_codes(objs.tolist())
-    return _split(objs, codes, check=False)
 
 
 class FeatureHasher:
@@ -445,8 +124,8 @@ class FeatureHasher:
         self.namespace = namespace
         self.numeric = numeric
         self._ns = int(string_hashes([namespace])[0])
-        self._fields = _FieldHashes(self._ns)
-        self._layouts = _Layouts(self._fields)
+        self._fields = FieldHashes(self._ns)
+        self._layouts = Layouts(self._fields)
         self.max_features = max_features
         self.bias_key = int(mix64(np.array([self._ns], dtype=np.uint64) ^ _C_BIAS)[0])
 
@@ -496,7 +175,7 @@ class FeatureHasher:
 
     def _gather(
         self, present: list[Any], json_types: bool = False
-    ) -> tuple[U64, npt.NDArray[np.object_], npt.NDArray[np.int8], _Split, I64, list[str] | None]:
+    ) -> tuple[U64, npt.NDArray[np.object_], npt.NDArray[np.int8], Split, I64, list[str] | None]:
         """Field hashes, values (an object array) and exact type codes of the
         values of `present` (the non-empty features objects, in event order),
         and their lengths; plus the field names when they were built anyway
@@ -506,7 +185,7 @@ class FeatureHasher:
             m = int(lens.sum())
             # Straight from the dicts into the object array, no list between.
             objs = np.fromiter(chain.from_iterable(map(dict.values, present)), dtype=object, count=m)
-            return fhash, objs, codes, _split(objs, codes, check=True, json_types=json_types), lens, None
+            return fhash, objs, codes, split_values(objs, codes, check=True, json_types=json_types), lens, None
         # Dict subclasses: as they iterate, per value (rare: JSON gives dicts).
         fields: list[str] = []
         values: list[Any] = []
@@ -518,8 +197,8 @@ class FeatureHasher:
         fhash = np.fromiter(map(self._fields.__getitem__, fields), dtype=np.uint64, count=m)
         objs = np.empty(m, dtype=object)
         objs[:] = values
-        codes = _type_codes(values)
-        return fhash, objs, codes, _split(objs, codes, check=False), lens, fields
+        codes = type_codes(values)
+        return fhash, objs, codes, split_values(objs, codes, check=False), lens, fields
 
     def _hash(self, checked: Checked, grp: list[int], json_types: bool) -> tuple[EventBatch, dict[int, EventError]]:
         """The batch of validated events, in steps: the features' columns;
@@ -530,7 +209,7 @@ class FeatureHasher:
         cols = self._columns(checked.to_hash, json_types)
         fails = _Failures(checked.errors, grp, n)
         keys, vals = _ids(cols, fails, log1p=self._log1p, divisor=self._divisor)
-        keep = cols.codes != _T_NONE  # nulls are missing features
+        keep = cols.codes != T_NONE  # nulls are missing features
         extras = _Extras()
         _rare_values(cols, keep, fails, extras)
         if checked.prehashed:
@@ -628,7 +307,7 @@ class _Columns:
         fhash: U64,
         objs: npt.NDArray[np.object_],
         codes: npt.NDArray[np.int8],
-        split: _Split,
+        split: Split,
         counts: I64,
         present: list[dict[str, Any]],
         names: list[str] | None,
@@ -707,7 +386,7 @@ def _ids(cols: _Columns, fails: _Failures, *, log1p: bool = False, divisor: floa
     salt = np.full(m, _C_NUM, dtype=np.uint64)
     # The object array lets numpy pick values by type in C, not per value.
     if cols.cat.size:
-        hv = string_hashes(cols.strs) if cols.joined is None else _joined_hashes(cols.joined, cols.strs)
+        hv = string_hashes(cols.strs) if cols.joined is None else joined_hashes(cols.joined, cols.strs)
         salt[cols.cat] = hv * _C_CAT
     if cols.num.size:
         num = cols.num
@@ -744,16 +423,16 @@ def _rare_values(cols: _Columns, keep: npt.NDArray[np.bool_], fails: _Failures, 
     """Multi-hot lists and booleans become extras; a value of another type
     fails its event. None of them stays in the columns (`keep`)."""
     codes = cols.codes
-    rare = np.flatnonzero(codes >= _T_LIST)
+    rare = np.flatnonzero(codes >= T_LIST)
     if rare.size:  # nulls were dropped already; lists, booleans and other types stay
-        rare = rare[codes[rare] != _T_NONE]
+        rare = rare[codes[rare] != T_NONE]
     keep[rare] = False
     for j in rare:  # rare, so per value
         e = int(cols.event_of[j])
         v = cols.objs[j]
-        if codes[j] == _T_BOOL:
+        if codes[j] == T_BOOL:
             v = ["true" if v else "false"]
-        elif codes[j] == _T_OTHER or not all(isinstance(s, str) for s in v):
+        elif codes[j] == T_OTHER or not all(isinstance(s, str) for s in v):
             fails.fail(
                 e,
                 "bad_value",

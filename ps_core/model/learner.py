@@ -128,8 +128,9 @@ class Learner:
         `mini_batch` or `ramp` say otherwise. `ExportNotFoundError` when there
         is no version, `ExportCorruptError` naming a damaged file, `ValueError`
         when the tables are not a model's."""
-        from ..checkpoint.export_files import latest_chain, restore_shards, version_dirs
+        from ..checkpoint.export_files import latest_chain, version_dirs
         from ..checkpoint.manifest_model import model_from_manifest
+        from ..checkpoint.restore import restore_shards
 
         model_dir = Path(path)
         if not version_dirs(model_dir):

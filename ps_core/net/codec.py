@@ -107,8 +107,7 @@ import io
 import struct
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -117,6 +116,7 @@ import orjson
 from ..errors import ExportCorruptError, FrameError
 from ..store.snapshot import TableSnapshot
 from ..store.table_config import TableConfig
+from .frame import Frame
 from .quantize import (
     COUNT_TYPES,
     PULL_VALUE_TYPES,
@@ -138,21 +138,12 @@ __all__ = [
     "Frame",
     "encode",
     "decode",
-    "encode_pull",
-    "encode_push",
-    "PushFields",
-    "encode_weights",
-    "encode_ack",
-    "encode_push_pull",
-    "encode_push_pull_reply",
     "FLAG_COUNTS",
     "FLAG_PRESENCE",
     "FLAG_PULL_PUSHED",
     "FLAG_KEYS_REF",
     "FLAG_REMEMBER",
     "FLAG_COMPLETE",
-    "encode_changes",
-    "encode_changes_reply",
     "FORMAT_VERSIONS",
     "MAX_NAME",
 ]
@@ -203,64 +194,10 @@ _CLOCKED_REQUESTS = (Op.PUSH, Op.PUSH_PULL)
 """Requests whose bytes 24..31 hold the base clock."""
 _CLOCKED_REPLIES = (Op.WEIGHTS, Op.PUSH_PULL_REPLY)
 """Replies whose bytes 32..39 hold the table's clock."""
-
-
-@dataclass(frozen=True)
-class Frame:
-    """A decoded frame; arrays are read-only views of the received bytes."""
-
-    op: int
-    """One of `Op`."""
-    table: str
-    """Table name."""
-    count: int
-    """n: keys, rows or applied keys (see the module docstring)."""
-    dim: int
-    """Values per key (0 when there are none)."""
-    keys: npt.NDArray[np.uint64] | None
-    """(n,) uint64 keys of a request or a changes reply (a changes request:
-    the request ids of the asker's own pushes), else None."""
-    values: npt.NDArray[np.float32] | None
-    """(n, dim) float32 values of a push or a weights reply, else None."""
-    counts: npt.NDArray[np.float32] | None = None
-    """(n, 2) float32 shows and clicks of a push, if sent."""
-    event_time: float = 0.0
-    """Event time of a push (seconds), 0 when unset."""
-    version: int = 0
-    """The table's open export version, in replies."""
-    request_id: int = 0
-    """A push's id for retry dedup; 0 when none."""
-    presence: bool = False
-    """A pull asks for presence; a weights reply carries `present`."""
-    present: npt.NDArray[np.bool_] | None = None
-    """(n,) whether each key has a row (weights reply with presence), else None."""
-    pull_keys: npt.NDArray[np.uint64] | None = None
-    """(m,) uint64 keys of a push_pull request's pull, else None."""
-    applied: int = 0
-    """Distinct keys a push_pull's push applied (push_pull reply), else 0."""
-    clock: int = 0
-    """Push and push_pull requests: the base clock (the table clock their
-    gradients were read at); weights and push_pull replies: the table's clock
-    at the read; 0 elsewhere or when unknown."""
-    keys_ref: int = 0
-    """A push naming a remembered key set: its id (`keys` is then None
-    until the shard resolves it); else 0."""
-    remember: bool = False
-    """A pull or push_pull request asks the shard to keep its pull keys
-    under `request_id`, for a push that names them."""
-    value_type: int = 0
-    """The values section's type (`ps_core.net.quantize.VALUE_TYPES`)."""
-    reply_value_type: int = 0
-    """A pull or push_pull request: the type its reply's weights should travel in."""
-    format_version: int = 1
-    """The frame's format version."""
-    pull_pushed: bool = False
-    """A push_pull request pulls the keys it pushes (flag bit 2)."""
-    incarnation: int = 0
-    """Changes request and reply: the change log's incarnation (`clock`
-    holds the sequence number)."""
-    complete: bool = False
-    """A changes reply: its keys are every changed key (flag bit 5)."""
+_KEYED = (Op.PULL, Op.PUSH, Op.PUSH_PULL, Op.CHANGES, Op.CHANGES_REPLY)
+"""Ops with a keys section."""
+_VALUED = (Op.PUSH, Op.WEIGHTS, Op.PUSH_PULL, Op.PUSH_PULL_REPLY)
+"""Ops with a values section."""
 
 
 def _pad8(n: int) -> int:
@@ -308,29 +245,17 @@ def encode(
     remembered under that id; `keys` then only sets n), `remember` (keep the
     pull's keys under `request_id`) or a `reply_vtype` other than f32."""
     if clock:
-        if op in _CLOCKED_REQUESTS:
-            version = clock
-        elif op in _CLOCKED_REPLIES:
-            request_id = clock
-        else:
-            raise FrameError(f"op {op} carries no clock")
+        version, request_id = _place_clock(op, clock, version, request_id)
     name = table.encode("utf-8")
     if len(name) > MAX_NAME:
         raise FrameError(f"table name longer than {MAX_NAME} bytes")
     vtype = values.vtype if isinstance(values, Quantized) else 0
-    ctype = 0
-    counts_raw = b""
-    if counts is not None:
-        if compact:
-            ctype, counts_raw = compact_counts(counts)
-        else:
-            counts_raw = np.ascontiguousarray(counts, dtype="<f4").reshape(-1, 2).tobytes()
+    ctype, counts_raw = (0, b"") if counts is None else _counts_section(counts, compact)
     if remember and not request_id:
         raise FrameError("a pull to remember needs a request id to remember it under")
     v2 = bool(vtype or reply_vtype or ctype or compact or keys_ref or remember)
-    ver = 2 if v2 else 1
-    n = count
     parts: list[bytes] = []
+    n = count
     if keys is not None:
         k = np.ascontiguousarray(keys, dtype="<u8").reshape(-1)
         n = k.size if n is None else n
@@ -341,201 +266,69 @@ def encode(
         m = pk.size
         parts.append(pk.tobytes())
     width = 0
-    if isinstance(values, Quantized):
-        if dim is None:
-            raise FrameError("quantized values need their dim")
-        width = dim
-        n = count if count is not None else (n if n is not None else 0)
-        data = values.data
-        if not v2:  # a float32 section of format 1 is not padded
-            data = data[: 4 * n * width]
-        parts.append(data)
-    elif values is not None:
-        v = np.ascontiguousarray(values, dtype="<f4")
-        if v.ndim == 1:
-            v = v.reshape(-1, 1)
-        width = int(v.shape[1])
-        n = int(v.shape[0]) if n is None else n
-        raw = v.tobytes()
-        parts.append(raw + _zeros_to8(len(raw)) if v2 else raw)
-    flags = 0
+    if values is not None:
+        n, width = _values_section(parts, values, dim, count, n, v2)
+    flags = (
+        (FLAG_COUNTS if counts is not None else 0)
+        | (FLAG_PRESENCE if presence or present is not None else 0)
+        | (FLAG_PULL_PUSHED if pull_pushed else 0)
+        | (FLAG_KEYS_REF if keys_ref else 0)
+        | (FLAG_REMEMBER if remember else 0)
+        | (FLAG_COMPLETE if complete else 0)
+    )
     if counts is not None:
-        flags |= FLAG_COUNTS
         parts.append(counts_raw)
-    if presence or present is not None:
-        flags |= FLAG_PRESENCE
-    if pull_pushed:
-        flags |= FLAG_PULL_PUSHED
-    if keys_ref:
-        flags |= FLAG_KEYS_REF
-    if remember:
-        flags |= FLAG_REMEMBER
-    if complete:
-        flags |= FLAG_COMPLETE
     if present is not None:
         pr = np.ascontiguousarray(present, dtype=np.uint8).reshape(-1)
         parts.append(pr.tobytes() + _zeros_to8(pr.size))
     header = _HEADER.pack(
-        MAGIC,
-        ver,
-        op,
-        flags,
-        n or 0,
-        width,
-        event_time,
-        version,
-        request_id,
-        len(name),
-        vtype | reply_vtype << 4,
-        ctype,
-        m,
-    )
+        MAGIC, 2 if v2 else 1, op, flags, n or 0, width, event_time, version, request_id, len(name),
+        vtype | reply_vtype << 4, ctype, m,
+    )  # fmt: skip
     return b"".join([header, name, _zeros_to8(len(name)), *parts])
 
 
-def encode_pull(
-    table: str, keys: npt.NDArray[np.uint64], *, presence: bool = False, reply_vtype: int = 0, remember: int = 0
-) -> bytes:
-    """A pull request: the keys whose weights are wanted (and, with
-    `presence`, whether each has a row); `reply_vtype`, the type the
-    weights should travel in; `remember`, an id to keep the keys under for
-    the push that follows (format 2)."""
-    return encode(
-        Op.PULL,
-        table,
-        keys=keys,
-        presence=presence,
-        reply_vtype=reply_vtype,
-        remember=bool(remember),
-        request_id=remember,
-    )
+def _place_clock(op: int, clock: int, version: int, request_id: int) -> tuple[int, int]:
+    """(version, request_id) with `clock` in the slot `op` carries it in."""
+    if op in _CLOCKED_REQUESTS:
+        return clock, request_id
+    if op in _CLOCKED_REPLIES:
+        return version, clock
+    raise FrameError(f"op {op} carries no clock")
 
 
-class PushFields(TypedDict, total=False):
-    """A push section's optional fields (`encode_push`, `encode_push_pull`)."""
-
-    counts: npt.NDArray[np.float32] | None
-    """Shows and clicks per key, (n, 2)."""
-    event_time: float
-    request_id: int
-    base_clock: int
-    """The table clock the gradients were computed at."""
-    dim: int | None
-    """Needed by quantized gradients."""
-    keys_ref: int
-    """The id of the remembered key set `keys` are, sent instead of the keys."""
-    compact: bool
-    """Narrow the counts."""
+def _counts_section(counts: npt.NDArray[np.float32], compact: bool) -> tuple[int, bytes]:
+    """The counts section's type and bytes: narrowed when `compact`, else float32 (n, 2)."""
+    if compact:
+        return compact_counts(counts)
+    return 0, np.ascontiguousarray(counts, dtype="<f4").reshape(-1, 2).tobytes()
 
 
-def _push_section(push: PushFields) -> dict[str, Any]:
-    # `encode` calls the base clock `clock`, as every op that carries one does.
-    section: dict[str, Any] = dict(push)
-    section["clock"] = section.pop("base_clock", 0)
-    return section
-
-
-def encode_push(
-    table: str, keys: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32] | Quantized, **push: Unpack[PushFields]
-) -> bytes:
-    """A push request: keys, gradients (n, dim) and the `PushFields`."""
-    return encode(Op.PUSH, table, keys=keys, values=grads, **_push_section(push))
-
-
-def encode_weights(
-    table: str,
-    weights: npt.NDArray[np.float32] | Quantized,
-    version: int,
-    present: npt.NDArray[np.bool_] | None = None,
-    clock: int = 0,
-    *,
-    rows: int | None = None,
-    dim: int | None = None,
-) -> bytes:
-    """A pull reply: weights (n, dim) in the order of the request's keys, and
-    the presence of each key when the pull asked for it; `clock`, the
-    table's clock at the read. Quantized weights need `rows` and `dim`."""
-    return encode(Op.WEIGHTS, table, values=weights, version=version, present=present, clock=clock, count=rows, dim=dim)
-
-
-def encode_ack(table: str, applied: int, version: int) -> bytes:
-    """A push reply: how many distinct keys were applied."""
-    return encode(Op.ACK, table, count=applied, version=version)
-
-
-def encode_push_pull(
-    table: str,
-    keys: npt.NDArray[np.uint64],
-    grads: npt.NDArray[np.float32] | Quantized,
-    pull_keys: npt.NDArray[np.uint64],
-    *,
-    reply_vtype: int = 0,
-    remember: bool = False,
-    **push: Unpack[PushFields],
-) -> bytes:
-    """A push_pull request: push `keys` with `grads` (n, dim) and the
-    `PushFields`, then pull
-    `pull_keys`. Either part may be empty; an empty push is skipped by the
-    shard (its dim is not checked). `pull_keys` given as the very `keys`
-    object is sent as flag bit 2, not as a second copy of the keys.
-    `reply_vtype` and `remember` (under `request_id`) as for `encode_pull`."""
-    counts = push.get("counts")
-    rows = grads_rows = np.asarray(keys).size
-    if not isinstance(grads, Quantized):
-        g = np.asarray(grads)
-        grads_rows = g.shape[0] if g.ndim else 0
-    if grads_rows != rows or (counts is not None and np.asarray(counts).size != 2 * rows):
-        # The length check cannot catch sections that disagree with each
-        # other in a well-formed frame, so refuse to write one.
-        raise FrameError(
-            f"push section of {rows} keys, {grads_rows} gradient rows"
-            + ("" if counts is None else f", {np.asarray(counts).size // 2} rows of counts")
-        )
-    same = pull_keys is keys  # the caller pulls what it pushes: say so, not the keys again
-    return encode(
-        Op.PUSH_PULL,
-        table,
-        keys=keys,
-        pull_keys=None if same else pull_keys,
-        pull_pushed=same,
-        values=grads,
-        reply_vtype=reply_vtype,
-        remember=remember,
-        **_push_section(push),
-    )
-
-
-def encode_push_pull_reply(
-    table: str,
-    applied: int,
-    weights: npt.NDArray[np.float32] | Quantized,
-    version: int,
-    clock: int = 0,
-    *,
-    rows: int | None = None,
-    dim: int | None = None,
-) -> bytes:
-    """A push_pull reply: distinct keys the push applied, and the pull's
-    weights (m, dim) in the order of its keys, read at table clock `clock`.
-    Quantized weights need `rows` and `dim`."""
-    return encode(
-        Op.PUSH_PULL_REPLY, table, values=weights, version=version, applied=applied, clock=clock, count=rows, dim=dim
-    )
-
-
-def encode_changes(table: str, since: int, incarnation: int, own: npt.NDArray[np.uint64]) -> bytes:
-    """A changes request: the keys changed after sequence number `since` of
-    the change log's `incarnation` (0: none yet), but by the pushes whose
-    request ids are `own`."""
-    return encode(Op.CHANGES, table, keys=own, version=incarnation, request_id=since)
-
-
-def encode_changes_reply(
-    table: str, keys: npt.NDArray[np.uint64], seq: int, incarnation: int, *, complete: bool
-) -> bytes:
-    """A changes reply: the changed `keys`, the log's sequence number and
-    incarnation now, and whether the keys are `complete`."""
-    return encode(Op.CHANGES_REPLY, table, keys=keys, version=incarnation, request_id=seq, complete=complete)
+def _values_section(
+    parts: list[bytes],
+    values: npt.NDArray[np.float32] | Quantized,
+    dim: int | None,
+    count: int | None,
+    n: int | None,
+    v2: bool,
+) -> tuple[int | None, int]:
+    """Append the values section to `parts`; returns n and the values per key."""
+    if isinstance(values, Quantized):
+        if dim is None:
+            raise FrameError("quantized values need their dim")
+        n = count if count is not None else (n if n is not None else 0)
+        data = values.data
+        if not v2:  # a float32 section of format 1 is not padded
+            data = data[: 4 * n * dim]
+        parts.append(data)
+        return n, dim
+    v = np.ascontiguousarray(values, dtype="<f4")
+    if v.ndim == 1:
+        v = v.reshape(-1, 1)
+    n = int(v.shape[0]) if n is None else n
+    raw = v.tobytes()
+    parts.append(raw + _zeros_to8(len(raw)) if v2 else raw)
+    return n, int(v.shape[1])
 
 
 _A = TypeVar("_A", bound=np.ndarray)
@@ -555,121 +348,14 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
     magic, ver, op, flags, n, dim, event_time, version, request_id, name_len, types, ctype, m = _HEADER.unpack_from(
         mv, 0
     )
-    if magic != MAGIC:
-        raise FrameError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
-    if ver not in FORMAT_VERSIONS:
-        raise FrameError(
-            f"unsupported frame format version {ver} (this peer speaks {', '.join(map(str, FORMAT_VERSIONS))})"
-        )
-    if op not in _OPS:
-        raise FrameError(f"unknown op {op}")
-    if expect_op is not None and op != expect_op:
-        raise FrameError(f"expected op {expect_op}, got {op}")
-    v2 = ver == 2
-    known = _FLAGS_V2 if v2 else _FLAGS_V1
-    if flags & ~known:
-        raise FrameError(f"unknown flags {flags:#x}" + ("" if v2 else " in a format 1 frame"))
-    if not v2 and (types or ctype):
-        raise FrameError("bytes 42..43 are reserved (zero) in a format 1 frame")
     vtype, reply_vtype = types & 0xF, types >> 4
-    if vtype >= len(VALUE_TYPES) or reply_vtype >= len(PULL_VALUE_TYPES) or ctype >= len(COUNT_TYPES):
-        raise FrameError(f"unknown value type {vtype}, reply value type {reply_vtype} or count type {ctype}")
-    pull_pushed = bool(flags & FLAG_PULL_PUSHED)
-    if pull_pushed and (op != Op.PUSH_PULL or m):
-        raise FrameError(f"flag {FLAG_PULL_PUSHED:#x} is for a push_pull request without pull keys")
-    if m and op not in (Op.PUSH_PULL, Op.PUSH_PULL_REPLY):
-        raise FrameError(f"op {op} carries no second count but bytes 44..47 hold {m}")
-    if name_len == 0 or name_len > MAX_NAME:
-        raise FrameError(f"table name length {name_len} outside 1..{MAX_NAME}")
-    name_end = HEADER_SIZE + name_len
-    if len(mv) < name_end:
-        raise FrameError("frame truncated inside the table name")
-    try:
-        table = bytes(mv[HEADER_SIZE:name_end]).decode("utf-8")
-    except UnicodeDecodeError:
-        raise FrameError("table name is not UTF-8") from None
-    has_keys = op in (Op.PULL, Op.PUSH, Op.PUSH_PULL, Op.CHANGES, Op.CHANGES_REPLY)
-    has_pull_keys = op == Op.PUSH_PULL
-    has_values = op in (Op.PUSH, Op.WEIGHTS, Op.PUSH_PULL, Op.PUSH_PULL_REPLY)
-    has_counts = bool(flags & FLAG_COUNTS)
-    if has_counts and op not in (Op.PUSH, Op.PUSH_PULL):
-        raise FrameError("only a push carries counts")
-    if ctype and not has_counts:
-        raise FrameError(f"count type {ctype} without counts")
-    has_presence = bool(flags & FLAG_PRESENCE)
-    if has_presence and op not in (Op.PULL, Op.WEIGHTS):
-        raise FrameError(f"unknown flags {FLAG_PRESENCE:#x} for op {op}: only pulls carry presence")
-    keys_ref = bool(flags & FLAG_KEYS_REF)
-    if keys_ref and op not in (Op.PUSH, Op.PUSH_PULL):
-        raise FrameError(f"flag {FLAG_KEYS_REF:#x} is for a push's keys")
-    remember = bool(flags & FLAG_REMEMBER)
-    if remember and (op not in (Op.PULL, Op.PUSH_PULL) or not request_id):
-        raise FrameError(f"flag {FLAG_REMEMBER:#x} is for a pull with a request id")
-    complete = bool(flags & FLAG_COMPLETE)
-    if complete and op != Op.CHANGES_REPLY:
-        raise FrameError(f"flag {FLAG_COMPLETE:#x} is for a changes reply")
-    if reply_vtype and op not in (Op.PULL, Op.PUSH_PULL):
-        raise FrameError(f"op {op} asks for no reply values")
-    if vtype and not has_values:
-        raise FrameError(f"op {op} carries no values but its value type is {vtype}")
-    if vtype == 2 and op not in (Op.PUSH, Op.PUSH_PULL):
-        raise FrameError("int8 values are for pushes only")
-    presence_reply = has_presence and op == Op.WEIGHTS
-    presence_bytes = _pad8(n) if presence_reply else 0
-    if has_values and dim == 0 and n > 0:
-        raise FrameError("a frame with values needs dim >= 1")
-    if not has_values and dim != 0:
-        raise FrameError(f"op {op} carries no values but dim is {dim}")
-    start = _pad8(name_end)
-    expected = start
-    if has_keys:
-        expected += 8 if keys_ref else 8 * n
-    if has_pull_keys:
-        expected += 8 * m
-    values_bytes = 0
-    if has_values:
-        values_bytes = value_section_size(vtype, n * dim) if v2 else 4 * n * dim
-        expected += values_bytes
-    counts_bytes = 0
-    if has_counts:
-        counts_bytes = count_section_size(ctype, n, mv, expected)
-        expected += counts_bytes
-    expected += presence_bytes
-    if len(mv) != expected:
-        raise FrameError(
-            f"frame is {len(mv)} bytes but its header (n={n}, dim={dim}"
-            + (f", m={m}" if has_pull_keys else "")
-            + f") implies {expected}"
-        )
-    pos = start
-    keys = values = counts = None
-    present = pull_keys = None
-    ref = 0
-    if has_keys:
-        if keys_ref:
-            (ref,) = struct.unpack_from("<Q", mv, pos)
-            if not ref:
-                raise FrameError("a push naming a remembered key set needs its nonzero id")
-            pos += 8
-        else:
-            keys = _readonly(np.frombuffer(mv, dtype="<u8", count=n, offset=pos))
-            pos += 8 * n
-    if has_pull_keys:
-        pull_keys = _readonly(np.frombuffer(mv, dtype="<u8", count=m, offset=pos))
-        pos += 8 * m
-    if has_values:
-        values = _readonly(dequantize(mv, pos, vtype, n * dim).reshape(n, dim))
-        pos += values_bytes
-    if has_counts:
-        counts = _readonly(read_counts(mv, pos, ctype, n))
-        pos += counts_bytes
-    if pull_pushed:
-        pull_keys = keys
-    if presence_reply:
-        raw = np.frombuffer(mv, dtype=np.uint8, count=n, offset=pos)
-        if (raw > 1).any():
-            raise FrameError("presence bytes must be 0 or 1")
-        present = _readonly(raw.view(np.bool_))
+    _check_known(magic, ver, op, expect_op, flags, vtype, reply_vtype, ctype, m)
+    table = _table_name(mv, name_len)
+    if flags or types or ctype:  # each check there needs one of them
+        _check_flags(op, flags, vtype, reply_vtype, ctype, request_id)
+    keys, ref, pull_keys, values, counts, present = _sections(
+        mv, op, flags, n, dim, m, vtype, ctype, ver == 2, name_len
+    )
     clock = incarnation = 0
     if op in _CLOCKED_REQUESTS:
         clock, version = version, 0
@@ -689,19 +375,158 @@ def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) ->
         version=int(version),
         request_id=int(request_id),
         clock=int(clock),
-        presence=has_presence,
+        presence=bool(flags & FLAG_PRESENCE),
         present=present,
         pull_keys=pull_keys,
         applied=int(m) if op == Op.PUSH_PULL_REPLY else 0,
         keys_ref=int(ref),
-        remember=remember,
+        remember=bool(flags & FLAG_REMEMBER),
         value_type=vtype,
         reply_value_type=reply_vtype,
         format_version=ver,
-        pull_pushed=pull_pushed,
+        pull_pushed=bool(flags & FLAG_PULL_PUSHED),
         incarnation=int(incarnation),
-        complete=complete,
+        complete=bool(flags & FLAG_COMPLETE),
     )
+
+
+def _check_known(
+    magic: bytes, ver: int, op: int, expect_op: int | None, flags: int, vtype: int, reply_vtype: int, ctype: int, m: int
+) -> None:
+    """`FrameError` unless the header's magic, version, op (`expect_op` if
+    given), flags and types are known to this peer, in that frame's format."""
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
+    if ver not in FORMAT_VERSIONS:
+        raise FrameError(
+            f"unsupported frame format version {ver} (this peer speaks {', '.join(map(str, FORMAT_VERSIONS))})"
+        )
+    if op not in _OPS:
+        raise FrameError(f"unknown op {op}")
+    if expect_op is not None and op != expect_op:
+        raise FrameError(f"expected op {expect_op}, got {op}")
+    v2 = ver == 2
+    if flags & ~(_FLAGS_V2 if v2 else _FLAGS_V1):
+        raise FrameError(f"unknown flags {flags:#x}" + ("" if v2 else " in a format 1 frame"))
+    if not v2 and (vtype or reply_vtype or ctype):
+        raise FrameError("bytes 42..43 are reserved (zero) in a format 1 frame")
+    if vtype >= len(VALUE_TYPES) or reply_vtype >= len(PULL_VALUE_TYPES) or ctype >= len(COUNT_TYPES):
+        raise FrameError(f"unknown value type {vtype}, reply value type {reply_vtype} or count type {ctype}")
+    if flags & FLAG_PULL_PUSHED and (op != Op.PUSH_PULL or m):
+        raise FrameError(f"flag {FLAG_PULL_PUSHED:#x} is for a push_pull request without pull keys")
+    if m and op not in (Op.PUSH_PULL, Op.PUSH_PULL_REPLY):
+        raise FrameError(f"op {op} carries no second count but bytes 44..47 hold {m}")
+
+
+def _check_flags(op: int, flags: int, vtype: int, reply_vtype: int, ctype: int, request_id: int) -> None:
+    """`FrameError` unless `op` may carry the flags and types it has."""
+    if flags & FLAG_COUNTS and op not in (Op.PUSH, Op.PUSH_PULL):
+        raise FrameError("only a push carries counts")
+    if ctype and not flags & FLAG_COUNTS:
+        raise FrameError(f"count type {ctype} without counts")
+    if flags & FLAG_PRESENCE and op not in (Op.PULL, Op.WEIGHTS):
+        raise FrameError(f"unknown flags {FLAG_PRESENCE:#x} for op {op}: only pulls carry presence")
+    if flags & FLAG_KEYS_REF and op not in (Op.PUSH, Op.PUSH_PULL):
+        raise FrameError(f"flag {FLAG_KEYS_REF:#x} is for a push's keys")
+    if flags & FLAG_REMEMBER and (op not in (Op.PULL, Op.PUSH_PULL) or not request_id):
+        raise FrameError(f"flag {FLAG_REMEMBER:#x} is for a pull with a request id")
+    if flags & FLAG_COMPLETE and op != Op.CHANGES_REPLY:
+        raise FrameError(f"flag {FLAG_COMPLETE:#x} is for a changes reply")
+    if reply_vtype and op not in (Op.PULL, Op.PUSH_PULL):
+        raise FrameError(f"op {op} asks for no reply values")
+    if vtype and op not in _VALUED:
+        raise FrameError(f"op {op} carries no values but its value type is {vtype}")
+    if vtype == 2 and op not in (Op.PUSH, Op.PUSH_PULL):
+        raise FrameError("int8 values are for pushes only")
+
+
+def _table_name(mv: memoryview, name_len: int) -> str:
+    if name_len == 0 or name_len > MAX_NAME:
+        raise FrameError(f"table name length {name_len} outside 1..{MAX_NAME}")
+    name_end = HEADER_SIZE + name_len
+    if len(mv) < name_end:
+        raise FrameError("frame truncated inside the table name")
+    try:
+        return bytes(mv[HEADER_SIZE:name_end]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise FrameError("table name is not UTF-8") from None
+
+
+_Sections = tuple[
+    npt.NDArray[np.uint64] | None,
+    int,
+    npt.NDArray[np.uint64] | None,
+    npt.NDArray[np.float32] | None,
+    npt.NDArray[np.float32] | None,
+    npt.NDArray[np.bool_] | None,
+]
+"""keys, the id of the key set they are (0: none), pull keys, values, counts, presence."""
+
+
+def _sections(
+    mv: memoryview, op: int, flags: int, n: int, dim: int, m: int, vtype: int, ctype: int, v2: bool, name_len: int
+) -> _Sections:
+    """The arrays after the name, as read-only views; `FrameError` unless the
+    frame is exactly as long as its header implies."""
+    has_keys = op in _KEYED
+    has_values = op in _VALUED
+    has_counts = bool(flags & FLAG_COUNTS)
+    presence_reply = bool(flags & FLAG_PRESENCE) and op == Op.WEIGHTS
+    keys_ref = bool(flags & FLAG_KEYS_REF)
+    if has_values and dim == 0 and n > 0:
+        raise FrameError("a frame with values needs dim >= 1")
+    if not has_values and dim != 0:
+        raise FrameError(f"op {op} carries no values but dim is {dim}")
+    start = _pad8(HEADER_SIZE + name_len)
+    expected = start
+    if has_keys:
+        expected += 8 if keys_ref else 8 * n
+    if op == Op.PUSH_PULL:
+        expected += 8 * m
+    values_bytes = counts_bytes = 0
+    if has_values:
+        values_bytes = value_section_size(vtype, n * dim) if v2 else 4 * n * dim
+        expected += values_bytes
+    if has_counts:
+        counts_bytes = count_section_size(ctype, n, mv, expected)
+        expected += counts_bytes
+    expected += _pad8(n) if presence_reply else 0
+    if len(mv) != expected:
+        raise FrameError(
+            f"frame is {len(mv)} bytes but its header (n={n}, dim={dim}"
+            + (f", m={m}" if op == Op.PUSH_PULL else "")
+            + f") implies {expected}"
+        )
+    pos = start
+    keys = values = counts = None
+    present = pull_keys = None
+    ref = 0
+    if has_keys:
+        if keys_ref:
+            (ref,) = struct.unpack_from("<Q", mv, pos)
+            if not ref:
+                raise FrameError("a push naming a remembered key set needs its nonzero id")
+            pos += 8
+        else:
+            keys = _readonly(np.frombuffer(mv, dtype="<u8", count=n, offset=pos))
+            pos += 8 * n
+    if op == Op.PUSH_PULL:
+        pull_keys = _readonly(np.frombuffer(mv, dtype="<u8", count=m, offset=pos))
+        pos += 8 * m
+    if has_values:
+        values = _readonly(dequantize(mv, pos, vtype, n * dim).reshape(n, dim))
+        pos += values_bytes
+    if has_counts:
+        counts = _readonly(read_counts(mv, pos, ctype, n))
+        pos += counts_bytes
+    if flags & FLAG_PULL_PUSHED:
+        pull_keys = keys
+    if presence_reply:
+        raw = np.frombuffer(mv, dtype=np.uint8, count=n, offset=pos)
+        if (raw > 1).any():
+            raise FrameError("presence bytes must be 0 or 1")
+        present = _readonly(raw.view(np.bool_))
+    return keys, ref, pull_keys, values, counts, present
 
 
 # -- snapshots in transit (shard → coordinator) ----------------------------------

@@ -11,7 +11,8 @@ from ..errors import FrameError
 from ..shard.handlers import Push
 from ..shard.shard import Shard
 from ..store.storage import F32
-from . import codec
+from . import codec, op_encoders
+from .frame import Frame
 from .quantize import Quantized, quantize
 
 __all__ = ["handle_frame"]
@@ -29,11 +30,11 @@ def handle_frame(shard: Shard, body: bytes | bytearray | memoryview, expect_op: 
             shard.key_sets.remember(frame.request_id, frame.table, frame.keys)
         values, rows, dim = _reply_values(shard, weights, frame.reply_value_type)
         clock = shard.tables[frame.table].clock
-        return codec.encode_weights(frame.table, values, version, present, clock, rows=rows, dim=dim)
+        return op_encoders.encode_weights(frame.table, values, version, present, clock, rows=rows, dim=dim)
     # A named key set's keys were checked as this shard's when pulled.
     if frame.op == codec.Op.PUSH:
         applied, version = shard.handle_push(_push_of(shard, frame), owned=bool(frame.keys_ref))
-        return codec.encode_ack(frame.table, applied, version)
+        return op_encoders.encode_ack(frame.table, applied, version)
     if frame.op == codec.Op.PUSH_PULL:
         push = _push_of(shard, frame)
         pull_keys = push.keys if frame.pull_pushed else frame.pull_keys
@@ -43,15 +44,15 @@ def handle_frame(shard: Shard, body: bytes | bytearray | memoryview, expect_op: 
             shard.key_sets.remember(frame.request_id, frame.table, pull_keys)
         values, rows, dim = _reply_values(shard, weights, frame.reply_value_type)
         clock = shard.tables[frame.table].clock
-        return codec.encode_push_pull_reply(frame.table, applied, values, version, clock, rows=rows, dim=dim)
+        return op_encoders.encode_push_pull_reply(frame.table, applied, values, version, clock, rows=rows, dim=dim)
     if frame.op == codec.Op.CHANGES:
         assert frame.keys is not None
         got = shard.handle_changes(frame.table, frame.clock, frame.incarnation, frame.keys.tolist())
-        return codec.encode_changes_reply(frame.table, got.keys, got.seq, got.incarnation, complete=got.complete)
+        return op_encoders.encode_changes_reply(frame.table, got.keys, got.seq, got.incarnation, complete=got.complete)
     raise FrameError(f"op {frame.op} is a reply, not a request")
 
 
-def _push_of(shard: Shard, frame: codec.Frame) -> Push:
+def _push_of(shard: Shard, frame: Frame) -> Push:
     """The push a PUSH or PUSH_PULL frame carries, its keys taken from the
     key set it names if it names one."""
     keys = frame.keys

@@ -62,97 +62,118 @@ def shard_families(rows: Sequence[ShardRow], ports: Iterable[PortRow] = ()) -> I
     """The families of the shards of `rows`, each family once, with the port
     rows of `ports` (the API's own) beside the shards' own ports; shard 0's
     exporter, membership and sync families when its row has those sections."""
+    up = GaugeMetricFamily("ctrps_shard_up", "Whether the shard answered at this scrape.", labels=["shard"])
+    table = _table_families()
+    for i, stats in rows:
+        up.add_metric([i], 0.0 if stats is None else 1.0)
+        for name, t in (stats or {}).get("tables", {}).items():
+            _add_table(table, i, name, t)
+    shard = _shard_wide_families(rows)
+    yield up
+    yield from (table[k] for k in ("features", "size", "pushes", "pulls"))
+    yield shard["duplicates"]
+    yield from (table[k] for k in ("evicted", "freed", "pause", "admission", "staleness", "down_weighted"))
+    yield from (shard[k] for k in ("refused", "held", "sets_gone", "reply_clipped"))
+    yield from (table[k] for k in ("log_keys", "log_incomplete"))
+    yield from port_families([*ports, *(("shard", i, (stats or {}).get("ports")) for i, stats in rows)])
+    yield from _shard0_families(next((stats for i, stats in rows if i == "0"), None))
+
+
+def _table_families() -> dict[str, Any]:
+    """The per-table families, empty, by key (Any: each kind takes its own samples)."""
 
     def per_table(kind: type[_Family], name: str, doc: str, *more: str) -> _Family:
         # Every table figure is per shard and table, some by one label more.
         return kind(name, doc, labels=["shard", "table", *more])
 
-    up = GaugeMetricFamily("ctrps_shard_up", "Whether the shard answered at this scrape.", labels=["shard"])
-    features = per_table(GaugeMetricFamily, "ctrps_table_features", "Features (rows) per table and shard.")
-    size = per_table(GaugeMetricFamily, "ctrps_table_bytes", "Bytes allocated per table and shard.")
-    pushes = per_table(CounterMetricFamily, "ctrps_table_pushes", "Pushes a table applied (HTTP and RPC).")
-    pulls = per_table(CounterMetricFamily, "ctrps_table_pulls", "Pulls a table answered (HTTP and RPC).")
-    evicted = per_table(
-        CounterMetricFamily,
-        "ctrps_table_evicted_rows",
-        "Rows removed by eviction, by rule (ttl, score, max_rows).",
-        "rule",
-    )
-    freed = per_table(
-        CounterMetricFamily,
-        "ctrps_table_evicted_bytes",
-        "Bytes of the rows removed by eviction (reused by new rows).",
-    )
-    pause = per_table(
-        GaugeMetricFamily, "ctrps_table_eviction_pause_ms", "How long the last eviction pass held the table."
-    )
-    admission = per_table(
-        CounterMetricFamily,
-        "ctrps_table_admission",
-        "Keys without a row a push met: admitted (given one) or dropped (their update with them).",
-        "outcome",
-    )
-    staleness = per_table(
-        HistogramMetricFamily,
-        "ctrps_table_push_staleness",
-        "How stale the async pushes a table applied were: pushes applied between the pull a gradient "
-        "was computed from and its push.",
-    )
-    down_weighted = per_table(
-        CounterMetricFamily,
-        "ctrps_table_pushes_down_weighted",
-        "Async pushes scaled down for being staler than the model's max_staleness.",
-    )
-    log_keys = per_table(
-        GaugeMetricFamily,
-        "ctrps_table_change_log_keys",
-        "Keys a geo table's change log holds (what geo workers ask at each round's end).",
-    )
-    log_incomplete = per_table(
-        CounterMetricFamily,
-        "ctrps_table_change_log_incomplete",
-        "Geo workers' questions a table's change log could not answer whole (it no longer reached back, "
-        "or the worker asked another incarnation): the worker read every row again.",
-    )
-    for i, stats in rows:
-        up.add_metric([i], 0.0 if stats is None else 1.0)
-        for name, t in (stats or {}).get("tables", {}).items():
-            features.add_metric([i, name], float(t["features"]))
-            size.add_metric([i, name], float(t["bytes"]))
-            pushes.add_metric([i, name], num(t.get("pushes")))
-            pulls.add_metric([i, name], num(t.get("pulls")))
-            changes = t.get("change_log")
-            if isinstance(changes, dict):
-                log_keys.add_metric([i, name], num(changes.get("keys")))
-                log_incomplete.add_metric([i, name], num(changes.get("incomplete")))
-            stale = t.get("staleness")
-            if isinstance(stale, dict) and isinstance(stale.get("buckets"), dict):
-                cumulative, buckets = 0.0, []
-                for bound, n in stale["buckets"].items():
-                    cumulative += num(n)
-                    buckets.append((bound, cumulative))
-                staleness.add_metric([i, name], buckets, num(stale.get("sum")))
-                down_weighted.add_metric([i, name], num(stale.get("down_weighted")))
-            life = t.get("lifecycle")
-            if not isinstance(life, dict):
-                continue
-            for rule, n in life.get("evicted", {}).items():
-                evicted.add_metric([i, name, str(rule)], num(n))
-            freed.add_metric([i, name], num(life.get("bytes_freed")))
-            if life.get("last_eviction_ms") is not None:
-                pause.add_metric([i, name], num(life["last_eviction_ms"]))
-            for outcome in ("admitted", "dropped"):
-                if outcome in life.get("admission", {}):
-                    admission.add_metric([i, name, outcome], num(life["admission"][outcome]))
+    return {
+        "features": per_table(GaugeMetricFamily, "ctrps_table_features", "Features (rows) per table and shard."),
+        "size": per_table(GaugeMetricFamily, "ctrps_table_bytes", "Bytes allocated per table and shard."),
+        "pushes": per_table(CounterMetricFamily, "ctrps_table_pushes", "Pushes a table applied (HTTP and RPC)."),
+        "pulls": per_table(CounterMetricFamily, "ctrps_table_pulls", "Pulls a table answered (HTTP and RPC)."),
+        "evicted": per_table(
+            CounterMetricFamily,
+            "ctrps_table_evicted_rows",
+            "Rows removed by eviction, by rule (ttl, score, max_rows).",
+            "rule",
+        ),
+        "freed": per_table(
+            CounterMetricFamily,
+            "ctrps_table_evicted_bytes",
+            "Bytes of the rows removed by eviction (reused by new rows).",
+        ),
+        "pause": per_table(
+            GaugeMetricFamily, "ctrps_table_eviction_pause_ms", "How long the last eviction pass held the table."
+        ),
+        "admission": per_table(
+            CounterMetricFamily,
+            "ctrps_table_admission",
+            "Keys without a row a push met: admitted (given one) or dropped (their update with them).",
+            "outcome",
+        ),
+        "staleness": per_table(
+            HistogramMetricFamily,
+            "ctrps_table_push_staleness",
+            "How stale the async pushes a table applied were: pushes applied between the pull a gradient "
+            "was computed from and its push.",
+        ),
+        "down_weighted": per_table(
+            CounterMetricFamily,
+            "ctrps_table_pushes_down_weighted",
+            "Async pushes scaled down for being staler than the model's max_staleness.",
+        ),
+        "log_keys": per_table(
+            GaugeMetricFamily,
+            "ctrps_table_change_log_keys",
+            "Keys a geo table's change log holds (what geo workers ask at each round's end).",
+        ),
+        "log_incomplete": per_table(
+            CounterMetricFamily,
+            "ctrps_table_change_log_incomplete",
+            "Geo workers' questions a table's change log could not answer whole (it no longer reached back, "
+            "or the worker asked another incarnation): the worker read every row again.",
+        ),
+    }
+
+
+def _add_table(f: Mapping[str, Any], i: str, name: str, t: Mapping[str, Any]) -> None:
+    """Table `name` of shard `i`, from its stats `t`, into the families `f` (by key)."""
+    f["features"].add_metric([i, name], float(t["features"]))
+    f["size"].add_metric([i, name], float(t["bytes"]))
+    f["pushes"].add_metric([i, name], num(t.get("pushes")))
+    f["pulls"].add_metric([i, name], num(t.get("pulls")))
+    changes = t.get("change_log")
+    if isinstance(changes, dict):
+        f["log_keys"].add_metric([i, name], num(changes.get("keys")))
+        f["log_incomplete"].add_metric([i, name], num(changes.get("incomplete")))
+    stale = t.get("staleness")
+    if isinstance(stale, dict) and isinstance(stale.get("buckets"), dict):
+        cumulative, buckets = 0.0, []
+        for bound, n in stale["buckets"].items():
+            cumulative += num(n)
+            buckets.append((bound, cumulative))
+        f["staleness"].add_metric([i, name], buckets, num(stale.get("sum")))
+        f["down_weighted"].add_metric([i, name], num(stale.get("down_weighted")))
+    life = t.get("lifecycle")
+    if not isinstance(life, dict):
+        return
+    for rule, n in life.get("evicted", {}).items():
+        f["evicted"].add_metric([i, name, str(rule)], num(n))
+    f["freed"].add_metric([i, name], num(life.get("bytes_freed")))
+    if life.get("last_eviction_ms") is not None:
+        f["pause"].add_metric([i, name], num(life["last_eviction_ms"]))
+    for outcome in ("admitted", "dropped"):
+        if outcome in life.get("admission", {}):
+            f["admission"].add_metric([i, name, outcome], num(life["admission"][outcome]))
+
+
+def _shard_wide_families(rows: Sequence[ShardRow]) -> dict[str, Metric]:
+    """The shards' figures not per table, by key: refused credentials, key sets, duplicate pushes."""
     refused = CounterMetricFamily(
         "ctrps_shard_auth_refused",
         "Requests and RPC connections a shard refused for their credentials, by reason (missing, wrong, scope).",
         labels=["shard", "reason"],
     )
-    for i, stats in rows:
-        auth = (stats or {}).get("auth")
-        for reason, n in by_key(auth.get("refused") if isinstance(auth, dict) else None):
-            refused.add_metric([i, reason], n)
     held = GaugeMetricFamily(
         "ctrps_shard_key_sets", "Key sets a shard keeps from pulls for the pushes that name them.", labels=["shard"]
     )
@@ -166,39 +187,30 @@ def shard_families(rows: Sequence[ShardRow], ports: Iterable[PortRow] = ()) -> I
         "Weights clipped to float16's range in float16 replies.",
         labels=["shard"],
     )
-    for i, stats in rows:
-        wire = (stats or {}).get("wire")
-        sets = wire.get("key_sets") if isinstance(wire, dict) else None
-        if isinstance(sets, dict) and isinstance(wire, dict):
-            held.add_metric([i], num(sets.get("sets")))
-            sets_gone.add_metric([i], num(sets.get("expired")))
-            reply_clipped.add_metric([i], num(wire.get("reply_values_clipped")))
     duplicates = CounterMetricFamily(
         "ctrps_shard_duplicate_pushes",
         "Pushes sent again (a retry) that the shard had applied already: acknowledged, not applied twice.",
         labels=["shard"],
     )
     for i, stats in rows:
+        auth = (stats or {}).get("auth")
+        for reason, n in by_key(auth.get("refused") if isinstance(auth, dict) else None):
+            refused.add_metric([i, reason], n)
+        wire = (stats or {}).get("wire")
+        sets = wire.get("key_sets") if isinstance(wire, dict) else None
+        if isinstance(sets, dict) and isinstance(wire, dict):
+            held.add_metric([i], num(sets.get("sets")))
+            sets_gone.add_metric([i], num(sets.get("expired")))
+            reply_clipped.add_metric([i], num(wire.get("reply_values_clipped")))
         if stats is not None and "duplicate_pushes" in stats:
             duplicates.add_metric([i], num(stats["duplicate_pushes"]))
-    yield from (
-        up,
-        features,
-        size,
-        pushes,
-        pulls,
-        duplicates,
-        evicted,
-        freed,
-        pause,
-        admission,
-        staleness,
-        down_weighted,
-        refused,
-    )
-    yield from (held, sets_gone, reply_clipped, log_keys, log_incomplete)
-    yield from port_families([*ports, *(("shard", i, (stats or {}).get("ports")) for i, stats in rows)])
-    yield from _shard0_families(next((stats for i, stats in rows if i == "0"), None))
+    return {
+        "refused": refused,
+        "held": held,
+        "sets_gone": sets_gone,
+        "reply_clipped": reply_clipped,
+        "duplicates": duplicates,
+    }
 
 
 def _shard0_families(stats0: Mapping[str, Any] | None) -> Iterator[Metric]:

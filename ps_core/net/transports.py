@@ -26,7 +26,7 @@ from ..hashing import U64
 from ..shard import Push, Shard
 from ..store.change_log import Changes
 from ..store.storage import F32
-from . import codec
+from . import codec, op_encoders
 from .endpoint import (
     RETRIED_STATUSES,
     Backoff,
@@ -242,7 +242,7 @@ class HttpTransport(ShardEndpoint):
 
     async def pull_versioned(self, table: str, keys: U64, presence: bool, remember: int = 0) -> Pulled:
         wire = self.wire
-        body = codec.encode_pull(
+        body = op_encoders.encode_pull(
             table, keys, presence=presence, reply_vtype=wire.pull_type, remember=remember if wire.key_sets else 0
         )
         reply = await self._frame_request("/v1/pull", body)
@@ -274,7 +274,7 @@ class HttpTransport(ShardEndpoint):
         return frame.applied, frame.values, frame.clock
 
     async def changes(self, table: str, since: int, incarnation: int, own: U64) -> Changes:
-        reply = await self._frame_request("/v1/changes", codec.encode_changes(table, since, incarnation, own))
+        reply = await self._frame_request("/v1/changes", op_encoders.encode_changes(table, since, incarnation, own))
         frame = codec.decode(reply, codec.Op.CHANGES_REPLY)
         assert frame.keys is not None
         return Changes(frame.keys, frame.complete, frame.clock, frame.incarnation)
@@ -309,7 +309,7 @@ class HttpTransport(ShardEndpoint):
         wire = self.wire
         if keys_ref:
             self.wire_stats.key_set_pushes += 1
-        common: codec.PushFields = {
+        common: op_encoders.PushFields = {
             "counts": push.counts,
             "event_time": push.event_time,
             "request_id": push.request_id,
@@ -319,8 +319,8 @@ class HttpTransport(ShardEndpoint):
             "compact": wire.compact_counts,
         }
         if pull_keys is None:
-            return codec.encode_push(push.table, push.keys, grads, **common)
-        return codec.encode_push_pull(
+            return op_encoders.encode_push(push.table, push.keys, grads, **common)
+        return op_encoders.encode_push_pull(
             push.table,
             push.keys,
             grads,
