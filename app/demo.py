@@ -53,8 +53,8 @@ from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec
 from ps_core.synthetic import SyntheticStream
 
-from .api import ApiServer
-from .api_state import METRICS
+from .api.server import ApiServer
+from .api.state import METRICS
 from .config.declared import SettingsError
 from .config.demo import DemoSettings
 from .config.serve import ApiSettings

@@ -49,7 +49,7 @@ from ps_core.store.storage import F32
 from .status import BoardSummary, StatusHook, summarize
 
 if TYPE_CHECKING:  # the views time their calls here
-    from .views import ClusterView
+    from .api.views import ClusterView
 
 __all__ = [
     "ApiMetrics",
@@ -494,7 +494,7 @@ class ApiMetrics:
     def predict_latency(self, model: str) -> tuple[float, float, tuple[tuple[float, float], ...]]:
         """The cumulative predict latency histogram of `model`: requests,
         seconds summed, (upper bound, cumulative requests) per bucket, the
-        last +inf (`app.history.LatencyTotals`); zeros before its first request."""
+        last +inf (`app.api.history.LatencyTotals`); zeros before its first request."""
         return self._requests.latency(model)
 
     def count_request(self, route: str, status: int) -> None:

@@ -56,8 +56,8 @@ import orjson
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
 from app.api import ApiServer
+from app.api.follower import Follower, model_of_exports
 from app.config.serve import ApiSettings
-from app.follower import Follower, model_of_exports
 from ps_core.checkpoint.export_files import write_version
 from ps_core.model.models import make_model
 from ps_core.store.index import KeyIndex

@@ -1,6 +1,6 @@
 """Request and response bodies declared once, as `msgspec.Struct` models.
 
-Each body of the JSON routes (the API's, `app.api_bodies`; the shard's,
+Each body of the JSON routes (the API's, `app.api.payloads`; the shard's,
 `ps_core.net.shard_openapi`; the status board's, `ps_core.store.board`) is one
 model: `decode` validates a request body against it (msgspec, in C: no
 Python work per field), `check` an already decoded object (a report handed

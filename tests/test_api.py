@@ -32,12 +32,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from training import train_step
 
 from app.api import create_app
-from app.api_bodies import WeightsRequest
-from app.api_state import PREDICTOR
+from app.api.openapi import openapi_document, path_template, response_schema
+from app.api.payloads import WeightsRequest
+from app.api.state import PREDICTOR
 from app.cli import build_parser
 from app.config.declared import SettingsError
 from app.config.serve import ApiSettings
-from app.openapi import openapi_document, path_template, response_schema
 from app.status import make_status_hook
 from consumers.worker import WindowReport, WorkerStats
 from ps_core.checkpoint.control import ControlClient
@@ -1209,8 +1209,8 @@ async def test_a_stats_call_cancelled_before_it_starts_leaves_no_coroutine_behin
     # collection time, that pytest turns into a failure).
     import gc
 
+    from app.api.views import ControlView
     from app.metrics import ApiMetrics
-    from app.views import ControlView
 
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
     view = ControlView(ControlClient.local(shards), ApiMetrics())

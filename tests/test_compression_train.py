@@ -14,8 +14,8 @@ import pytest
 from streams import assert_applied_once, brisk_worker_config, committed, keyed_event, new_topic, produce, running
 from waiting import until
 
+from app.api.views import ControlView
 from app.metrics import ApiMetrics
-from app.views import ControlView
 from consumers.training import AsyncTraining
 from consumers.worker import Worker, WorkerStats
 from ps_core.checkpoint.control import ControlClient

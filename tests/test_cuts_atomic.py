@@ -20,8 +20,8 @@ import pytest
 from test_exporter import _state, _train
 from waiting import until
 
+from app.api.views import ControlView
 from app.metrics import ApiMetrics
-from app.views import ControlView
 from consumers.broker import free_port
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator

@@ -1,4 +1,4 @@
-"""The dashboard: the history the API samples (`app.history`, ``GET
+"""The dashboard: the history the API samples (`app.api.history`, ``GET
 /v1/history``) and the page that draws it (``GET /``), against real shards in
 this process and on loopback.
 
@@ -33,20 +33,20 @@ from aiohttp.test_utils import TestClient, TestServer
 from documents import validate
 from test_api import report_windows, synthetic_events, train, window_report
 
-import app.served_models
+import app.api.served_models
 from app.api import ApiServer, create_app
-from app.api_state import HISTORY, SERVED
+from app.api.history import LIVE_WORKER_S, History, latency_between, window_quality
+from app.api.openapi import openapi_document, response_schema
+from app.api.served_models import ServedModels
+from app.api.state import HISTORY, SERVED
+from app.api.views import ControlView
 from app.cli import build_parser
 from app.config.declared import SettingsError
 from app.config.demo import DemoSettings
 from app.config.serve import ApiSettings
 from app.demo import _announce
-from app.history import LIVE_WORKER_S, History, latency_between, window_quality
 from app.metrics import ApiMetrics, ClusterSnapshot
-from app.openapi import openapi_document, response_schema
-from app.served_models import ServedModels
 from app.status import WorkerView, make_status_hook
-from app.views import ControlView
 from consumers.worker import WorkerStats
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
@@ -63,7 +63,7 @@ from ps_core.shard import Shard, ShardSpec
 until = functools.partial(waiting.until, poll_s=0.002)
 
 PROJECT = Path(__file__).resolve().parent.parent
-PAGE = PROJECT / "app" / "static" / "dashboard.html"
+PAGE = PROJECT / "app" / "api" / "static" / "dashboard.html"
 
 
 class FakeClock:
@@ -477,7 +477,7 @@ async def test_every_model_of_the_cluster_is_sampled_without_anyone_asking(
     ctr, other, third = make_model("lr", "ctr"), make_model("lr", "other"), make_model("lr", "third")
     for model in (ctr, other):
         assert await exporter.create_model(ModelSpec.of(model))
-    monkeypatch.setattr(app.served_models, "MAX_SAMPLED_MODELS", 3)
+    monkeypatch.setattr(app.api.served_models, "MAX_SAMPLED_MODELS", 3)
     api_app, api = await serve(client, control, ctr, history_interval_s=0.05, history_points=100)
     served = api_app[SERVED]
     # Workers of "other" and of "ghost" (a name no model was created with) report.

@@ -29,9 +29,9 @@ from training import train_step
 from waiting import until
 
 from app.api import ApiServer
-from app.api_state import HISTORY, SERVED
+from app.api.history import History
+from app.api.state import HISTORY, SERVED
 from app.config.serve import ApiSettings
-from app.history import History
 from app.status import make_status_hook
 from consumers.worker import WindowReport, WorkerStats
 from ps_core.checkpoint.control import ControlClient

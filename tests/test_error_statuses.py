@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-import app.api  # noqa: F401  (declares the API's errors)
+import app.api.server  # noqa: F401  (declares the API's errors)
 import ps_core.model.events  # noqa: F401  (declares the event errors)
-from app.errors import InvalidEventError
-from app.openapi import openapi_document
+from app.api.errors import InvalidEventError
+from app.api.openapi import openapi_document
 from ps_core.errors import HTTP_CODES, PSError, http_status
 from ps_core.net.shard_openapi import shard_document
 

@@ -1,4 +1,4 @@
-"""Serving replicas (`app.follower`, ``ctrps serve --follow``): a trainer's
+"""Serving replicas (`app.api.follower`, ``ctrps serve --follow``): a trainer's
 real shards cut real export versions into tmp_path; the replica's API, in
 process (aiohttp test_utils) or as ``ctrps serve --follow``, must answer
 exactly the trainer's predictions at the version it serves, refuse damaged
@@ -32,13 +32,13 @@ from commands import ctrps_process
 from documents import validate
 from waiting import until
 
-import app.follower as follower_module
+import app.api.follower as follower_module
 from app.api import create_app
+from app.api.follower import Follower, follow_dir, model_from_manifest, model_of_exports
+from app.api.openapi import openapi_document, response_schema
 from app.cli import build_parser
 from app.config.declared import SettingsError
 from app.config.serve import ApiSettings
-from app.follower import Follower, follow_dir, model_from_manifest, model_of_exports
-from app.openapi import openapi_document, response_schema
 from ps_core.checkpoint.export_files import latest_chain, list_versions, load_version, read_manifest, write_version
 from ps_core.checkpoint.replica import ReplicaTables
 from ps_core.checkpoint.restore import apply_version, restore_shards

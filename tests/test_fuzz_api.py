@@ -23,8 +23,8 @@ from fuzzing import fuzz
 from threaded import serve_in_thread
 
 from app.api import ApiServer
+from app.api.openapi import openapi_document
 from app.config.serve import ApiSettings
-from app.openapi import openapi_document
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter

@@ -26,7 +26,7 @@ from streams import (
 from test_worker_train import _window
 from waiting import until
 
-from app.follower import model_from_manifest
+from app.api.follower import model_from_manifest
 from consumers.decode import decode_records
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient

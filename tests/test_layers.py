@@ -50,9 +50,14 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         *("ps_core", "consumers", "app.commands", "app.config"),
         *("app.security", "app.logs", "app.signals", "app.startup"),
     ),
+    # The API: never the CLI, a command, a role or a composition.
+    "app.api": (
+        *("ps_core", "consumers", "app.api", "app.config", "app.security", "app.logs", "app.metrics"),
+        *("app.status", "app.failures", "app.background", "app.signals", "app.startup"),
+    ),
     # A role: never the CLI that starts it, nor a composition (demo, cluster).
     "app.roles": (
-        *("ps_core", "consumers", "app.roles", "app.config", "app.api", "app.failures", "app.follower"),
+        *("ps_core", "consumers", "app.roles", "app.config", "app.api", "app.failures"),
         *("app.logs", "app.metrics", "app.metrics_site", "app.security", "app.signals", "app.startup", "app.status"),
     ),
 }

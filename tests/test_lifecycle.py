@@ -11,10 +11,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from app.api.follower import Follower
 from app.cli import build_parser
 from app.config.declared import SettingsError
 from app.config.shard import ShardSettings, parse_table_spec
-from app.follower import Follower
 from ps_core.checkpoint.export_files import latest_chain, write_version
 from ps_core.checkpoint.restore import restore_shards
 from ps_core.errors import TableConfigError, TableConflictError

@@ -317,9 +317,9 @@ async def test_a_replica_follows_every_model_of_an_exports_root(tmp_path: Path) 
     from aiohttp.test_utils import TestClient, TestServer
 
     from app.api import create_app
-    from app.api_state import SERVED
+    from app.api.follower import Follower, followed_models, model_of_exports
+    from app.api.state import SERVED
     from app.config.serve import ApiSettings
-    from app.follower import Follower, followed_models, model_of_exports
 
     coord = Coordinator()
     shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
@@ -531,8 +531,8 @@ async def test_a_replica_following_every_model_serves_one_created_after_it_start
     from aiohttp.test_utils import TestClient, TestServer
 
     from app.api import create_app
+    from app.api.follower import Follower, model_of_exports
     from app.config.serve import ApiSettings
-    from app.follower import Follower, model_of_exports
     from app.roles.serve import new_followers
 
     coord = Coordinator()
@@ -574,8 +574,8 @@ async def test_a_failed_look_for_new_models_is_one_line_and_the_followed_models_
     from aiohttp.test_utils import TestClient, TestServer
 
     from app.api import create_app
+    from app.api.follower import Follower
     from app.config.serve import ApiSettings
-    from app.follower import Follower
 
     def unreadable_root(known: Any) -> dict[str, Follower]:
         # An exports root this process may no longer read (root here reads all).
@@ -609,7 +609,7 @@ def test_the_documents_and_the_check_agree_on_numeric_feeds(numeric: str, valid:
     """The pattern both documents publish (msgspec checks it) takes what
     `numeric_feed` takes, a divisor of 0 included: no valid request of the
     documents' is refused."""
-    from app.api_bodies import CreateModelRequest
+    from app.api.payloads import CreateModelRequest
     from ps_core.net.control_messages import ModelDeclaration
 
     def schema_takes(model: type) -> bool:

@@ -24,8 +24,8 @@ from test_recovery import _events, _part_keys, _produce, _shows_in
 from test_recovery import _train as _run_worker
 from waiting import until
 
+from app.api.views import ControlView
 from app.metrics import ApiMetrics
-from app.views import ControlView
 from consumers.broker import free_port
 from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl

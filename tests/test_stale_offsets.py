@@ -24,9 +24,9 @@ from jsonlog import read_json_lines
 from streams import bias_shows, produce, shard_args, worker_config
 from waiting import until
 
+from app.api.views import ControlView
 from app.metrics import ApiMetrics
 from app.status import make_status_hook
-from app.views import ControlView
 from consumers.broker import EmbeddedBroker, create_topics, free_port
 from consumers.resume import StaleOffsetsError, cluster_id, partition_bounds
 from consumers.worker import Worker, WorkerConfig

@@ -23,8 +23,8 @@ from test_geo import _progressive
 from test_worker_train import _window
 from waiting import until
 
+from app.api.views import ControlView
 from app.metrics import ApiMetrics
-from app.views import ControlView
 from consumers.decode import decode_records
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.barrier import SyncBarrier

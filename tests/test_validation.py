@@ -29,11 +29,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from waiting import until
 
 from app.api import create_app
-from app.api_state import HISTORY
+from app.api.history import History
+from app.api.openapi import openapi_document, response_schema
+from app.api.state import HISTORY
 from app.config.serve import ApiSettings
-from app.history import History
 from app.metrics import ApiMetrics, ClusterSnapshot
-from app.openapi import openapi_document, response_schema
 from app.status import summarize, worker_status
 from consumers.worker import WindowReport, WorkerStats
 from ps_core.checkpoint.control import ControlClient

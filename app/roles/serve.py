@@ -19,9 +19,9 @@ from ps_core.net.auth import Scope
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 
-from ..api import run_api
+from ..api.follower import Follower, follow_dir, followed_models, model_of_exports
+from ..api.server import run_api
 from ..config.serve import ApiSettings
-from ..follower import Follower, follow_dir, followed_models, model_of_exports
 from ..security import SecuritySettings
 from ..signals import stop_on_signals
 from ..startup import await_path, check_shards, unless_stopped

@@ -1,6 +1,6 @@
 """Benchmark: decoding and validating a ``POST /v1/predict`` body, per candidate.
 
-The API declares each request body once as a model (`app.openapi`,
+The API declares each request body once as a model (`app.api.openapi`,
 `ps_core.bodies`); this measures what that costs on the hot path against
 the hand validation it replaced, for bodies of 1 and of 64 events with 20
 features each (14 categorical, 6 numeric: ~340 bytes and ~21 KB):
@@ -8,12 +8,12 @@ features each (14 categorical, 6 numeric: ~340 bytes and ~21 KB):
 - ``baseline``: ``orjson.loads`` and the checks the handler made by hand
   (an object of known fields, ``model`` a string, ``events`` a non-empty
   list under the limit);
-- ``msgspec``: the API's decoder (`app.openapi.predict_decoder`): the
+- ``msgspec``: the API's decoder (`app.api.openapi.predict_decoder`): the
   request's shape in C, the events left as decoded JSON for the hasher;
 - ``orjson_msgspec``: ``orjson.loads`` and the same model's check
   (``msgspec.convert``), which the predict route uses: orjson's key cache
   keeps every field name one object across requests, which the hasher's
-  layout cache is faster with (see `app.api_routes._predict_body`);
+  layout cache is faster with (see `app.api.routes._predict_body`);
 - ``msgspec_typed``: the same with every event decoded into the `Event`
   model (what validating an event's content as a model would cost; the API
   leaves that to the hasher, whose reasons are the training path's);
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: the s
 
 from common import bench_mode, print_result  # noqa: E402
 
-from app.openapi import Event, PredictRequest, openapi_document, predict_decoder
+from app.api.openapi import Event, PredictRequest, openapi_document, predict_decoder
 from ps_core.model.featurizer import FeatureHasher
 
 MAX_EVENTS = 10_000

@@ -143,7 +143,7 @@ def _schemas() -> dict[str, Any]:
 _SCHEMAS = _schemas()
 
 
-# -- document helpers, shared with the API's document (app.openapi) ------------------
+# -- document helpers, shared with the API's document (app.api.openapi) ------------------
 
 
 def json_response(schema: dict[str, Any], description: str) -> dict[str, Any]:

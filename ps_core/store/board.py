@@ -18,7 +18,7 @@ bounded sizes and values, so nothing stored can break a reader:
   levels deep (the model is closed: no field outside it).
 
 The API's OpenAPI document and the shard's publish this very model's schema
-(`app.openapi`, `ps_core.net.shard_openapi`; `ps_core.bodies`).
+(`app.api.openapi`, `ps_core.net.shard_openapi`; `ps_core.bodies`).
 """
 
 from __future__ import annotations

@@ -57,9 +57,9 @@ from ps_core.net.transports import Pulled
 from ps_core.store.storage import F32
 from ps_core.store.table_config import TableConfig
 
-from .background import BackgroundLoop
+from ..background import BackgroundLoop
+from ..logs import log_event
 from .errors import NoVersionError
-from .logs import log_event
 
 __all__ = ["Follower", "ReplicaTransport", "model_from_manifest", "model_of_exports", "follow_dir"]
 

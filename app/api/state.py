@@ -1,7 +1,7 @@
 """The state of an API application, under its `web.AppKey`s (nothing is
 global): its settings, reader, cluster view, models served and their
 predictors, metrics, history, documents and the follower of a replica.
-`app.api.create_app` sets them; the routes (`app.api_routes`) read them."""
+`app.api.create_app` sets them; the routes (`app.api.routes`) read them."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from ps_core.checkpoint.control import ControlClient
 from ps_core.model.models import Model
 from ps_core.net.client import PSReader
 
-from .api_bodies import PredictRequest
-from .config.serve import ApiSettings
+from ..config.serve import ApiSettings
+from ..metrics import ApiMetrics
 from .follower import Follower
 from .history import History
-from .metrics import ApiMetrics
+from .payloads import PredictRequest
 from .predictor import Predictor
 from .served_models import ServedModels
 from .views import ClusterView

@@ -2,7 +2,7 @@
 
 Each request body is one `msgspec.Struct` (`ps_core.bodies`): the handlers
 decode with it (`predict_decoder`, `WEIGHTS`, `check_status_report`) and
-`app.openapi.openapi_document` derives its schemas from the same models,
+`app.api.openapi.openapi_document` derives its schemas from the same models,
 with every response body's.
 
 An event's content is the hasher's to check (`ps_core.model.events`, the

@@ -38,9 +38,9 @@ from typing import Any
 from ps_core.errors import PSError
 from ps_core.model.models import Model
 
-from .background import BackgroundLoop
-from .logs import log_event
-from .status import BoardSummary, WorkerView, summarize
+from ..background import BackgroundLoop
+from ..logs import log_event
+from ..status import BoardSummary, WorkerView, summarize
 from .views import ClusterView, all_stats
 
 __all__ = [

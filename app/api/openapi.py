@@ -2,7 +2,7 @@
 read a response's schema from it (`response_schema`, `path_template`).
 
 Its schemas are derived from the request and response models of
-`app.api_bodies` (the handlers decode with the same models). A serving
+`app.api.payloads` (the handlers decode with the same models). A serving
 replica (``ctrps serve --follow``) serves its own variant (``replica=True``):
 `/v1/model` always carries the served version and the follow state, and
 mutating routes answer 409. The status board's models (`ps_core.store.board`),
@@ -27,7 +27,7 @@ from ps_core.net.shard_bodies import Error
 from ps_core.net.shard_openapi import FTRL_RULE, created_response, json_response, ok_response, parameter
 from ps_core.store.board import StatusReport
 
-from .api_bodies import (
+from .payloads import (
     FEATURES_OR_KEYS,
     CreateModelRequest,
     Event,

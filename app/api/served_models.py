@@ -31,9 +31,9 @@ from ps_core.errors import InvalidRequestError, NoCoordinatorError, PSError, Unk
 from ps_core.model.models import Model
 from ps_core.net.client import PSReader
 
-from .background import BackgroundLoop
+from ..background import BackgroundLoop
+from ..metrics import ApiMetrics
 from .history import History, board_models
-from .metrics import ApiMetrics
 from .predictor import Predictor
 from .views import ClusterView
 

@@ -19,7 +19,7 @@ Routes (the OpenAPI document, ``GET /openapi.json``, has the schemas):
 - ``POST /v1/exports`` (admin) cuts and writes a model version now (through
   shard 0's exporter); ``GET /v1/exports`` lists the versions;
   ``POST /v1/exports/compact`` (admin) folds the newest chain into a base;
-- ``GET /`` the dashboard, drawing ``GET /v1/history`` (`app.history`);
+- ``GET /`` the dashboard, drawing ``GET /v1/history`` (`app.api.history`);
 - ``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET /openapi.json``.
 
 With a `Follower` (``ctrps serve --follow``) the app is a serving replica:
@@ -28,7 +28,7 @@ served version and the follow state, ``/readyz`` waits for a loaded version,
 and mutating routes answer 409 ``read_only_replica``.
 
 Errors are ``{"error": code, "detail": reason}``, mapped from typed errors
-(`app.errors`, `ps_core.errors`) in one place, the wrapper of every route;
+(`app.api.errors`, `ps_core.errors`) in one place, the wrapper of every route;
 handlers do not catch.
 """
 
@@ -49,9 +49,15 @@ from ps_core.net.client import PSReader
 from ps_core.net.limits import PortGuard, ServedPort, serve_limited
 from ps_core.net.tls import HandshakeFailures, watch_handshakes
 
-from .api_answers import Handler, answering, not_allowed, not_found
-from .api_bodies import predict_decoder
-from .api_routes import (
+from ..config.serve import ApiSettings
+from ..logs import log_event
+from ..metrics import ApiMetrics
+from ..security import is_loopback
+from .answers import Handler, answering, not_allowed, not_found
+from .follower import Follower
+from .openapi import openapi_document
+from .payloads import predict_decoder
+from .routes import (
     compact_exports,
     create_model,
     dashboard,
@@ -71,7 +77,8 @@ from .api_routes import (
     report_status,
     weights,
 )
-from .api_state import (
+from .served_models import Discover, ServedModels
+from .state import (
     CLIENT,
     CONTROL,
     ERROR_LOG,
@@ -88,13 +95,6 @@ from .api_state import (
     SETTINGS,
     VIEW,
 )
-from .config.serve import ApiSettings
-from .follower import Follower
-from .logs import log_event
-from .metrics import ApiMetrics
-from .openapi import openapi_document
-from .security import is_loopback
-from .served_models import Discover, ServedModels
 from .views import ControlView
 
 __all__ = ["create_app", "ApiServer", "run_api", "Sources"]

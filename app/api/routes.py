@@ -2,7 +2,7 @@
 maps the paths to them): predictions and weights, the models, model
 information, the status board, exports, health, readiness, metrics, the
 OpenAPI document and the dashboard. Each reads the app's state
-(`app.api_state`) and raises typed errors; `app.api_answers.answering`
+(`app.api.state`) and raises typed errors; `app.api.answers.answering`
 maps those to replies."""
 
 from __future__ import annotations
@@ -35,9 +35,23 @@ from ps_core.net.control_messages import ExportRequest
 from ps_core.parsing import parse_number
 from ps_core.store.board import StatusReport
 
-from .api_answers import decode_body, json_body, json_reply, raw_body
-from .api_bodies import WEIGHTS, CreateModelRequest, PredictRequest
-from .api_state import (
+from ..logs import log_event
+from ..startup import misplaced
+from ..status import summarize
+from .answers import decode_body, json_body, json_reply, raw_body
+from .errors import (
+    BadRequestError,
+    BodyNotJSONError,
+    NoEventsError,
+    ReadOnlyReplicaError,
+    ShardOrderError,
+    TooManyEventsError,
+    UnauthorizedError,
+    UnknownModelError,
+)
+from .payloads import WEIGHTS, CreateModelRequest, PredictRequest
+from .predictor import Predictor
+from .state import (
     CONTROL,
     FOLLOWER,
     METRICS,
@@ -50,20 +64,6 @@ from .api_state import (
     SETTINGS,
     VIEW,
 )
-from .errors import (
-    BadRequestError,
-    BodyNotJSONError,
-    NoEventsError,
-    ReadOnlyReplicaError,
-    ShardOrderError,
-    TooManyEventsError,
-    UnauthorizedError,
-    UnknownModelError,
-)
-from .logs import log_event
-from .predictor import Predictor
-from .startup import misplaced
-from .status import summarize
 from .views import all_stats
 
 log = logging.getLogger("ctrps.api")
@@ -472,7 +472,7 @@ async def openapi(request: web.Request) -> web.Response:
 
 @functools.cache
 def _dashboard_page() -> bytes:
-    return resources.files("app").joinpath("static", "dashboard.html").read_bytes()
+    return resources.files("app.api").joinpath("static", "dashboard.html").read_bytes()
 
 
 # The page loads nothing but itself and the API's JSON: the browser enforces

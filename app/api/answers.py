@@ -28,7 +28,6 @@ from ps_core.errors import (
 )
 from ps_core.net.limits import PortGuard
 
-from .api_state import ERROR_LOG, SETTINGS
 from .errors import (
     BadRequestError,
     BodyNotJSONError,
@@ -41,6 +40,7 @@ from .errors import (
     UnauthorizedError,
     UnknownModelError,
 )
+from .state import ERROR_LOG, SETTINGS
 
 __all__ = [
     "Handler",
@@ -155,7 +155,7 @@ def answering(handler: Handler, route: str, guard: PortGuard | None, count: Call
                 resp = error_reply("internal", f"{type(exc).__name__}: {exc}", http_status("internal"))
             count(route, resp.status)
             if resp.status >= 500 and isinstance(resp, web.Response) and route != "/readyz":
-                # /readyz logs its own changes of state (`app.api_routes._note_readiness`): a probe
+                # /readyz logs its own changes of state (`app.api.routes._note_readiness`): a probe
                 # polls it every few seconds, and each 503 is the same news.
                 _log_server_error(request.app, route, resp)
             return resp

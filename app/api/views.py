@@ -3,7 +3,7 @@ the status board.
 
 The API serves either a training cluster, whose control plane answers
 (`ControlView` over a `ControlClient`), or a serving replica's exports
-(`app.follower.ReplicaView`), which has no control plane and no board.
+(`app.api.follower.ReplicaView`), which has no control plane and no board.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import PSError
 
-from .metrics import ApiMetrics
+from ..metrics import ApiMetrics
 
 __all__ = ["ClusterView", "ControlView"]
 
