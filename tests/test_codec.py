@@ -75,6 +75,16 @@ def test_pull_request_round_trip_with_extreme_keys() -> None:
     assert_read_only_view(f.keys)
 
 
+def test_the_op_byte_is_read_before_decoding() -> None:
+    # What the RPC checks a token's scope against, for every op a client sends.
+    keys = np.array([1, 2], dtype=np.uint64)
+    grads = np.ones((2, 1), dtype=np.float32)
+    assert codec.op_of(op_encoders.encode_pull("t", keys)) == Op.PULL
+    assert codec.op_of(op_encoders.encode_push("t", keys, grads)) == Op.PUSH
+    assert codec.op_of(op_encoders.encode_push_pull("t", keys, grads, keys)) == Op.PUSH_PULL
+    assert codec.op_of(b"CTPS\x01") is None  # too short to name an op
+
+
 def test_empty_pull_request_round_trip() -> None:
     f = codec.decode(op_encoders.encode_pull("lr", keys_of()), expect_op=Op.PULL)
     assert f.count == 0 and f.dim == 0

@@ -25,6 +25,7 @@ from ps_core.net import codec, op_encoders
 from ps_core.net.codec import Op
 from ps_core.net.server import FRAME_CONTENT_TYPE, create_shard_app
 from ps_core.net.shard_openapi import shard_document
+from ps_core.net.snapshot_transfer import snapshots_from_bytes
 from ps_core.shard import Shard, ShardSpec
 from ps_core.store.lifecycle import Lifecycle
 from ps_core.store.snapshot import MAX_VERSION
@@ -891,7 +892,7 @@ async def test_a_cut_at_the_last_version_leaves_the_shard_able_to_cut_again(
         assert shards[0].tables["lr"].last_snapshot == version
     async with http.get(urls[0] + "/v1/snapshots/5") as resp:
         assert resp.status == 200
-        assert [s.version for s in codec.snapshots_from_bytes(await resp.read())] == [5]
+        assert [s.version for s in snapshots_from_bytes(await resp.read())] == [5]
 
 
 async def test_declaration_with_a_null_name_is_rejected(serve_shards: Any, http: aiohttp.ClientSession) -> None:

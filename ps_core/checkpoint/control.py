@@ -30,7 +30,6 @@ from ..errors import (
     TableConfigError,
     UnknownModelError,
 )
-from ..net import codec
 from ..net import control_calls as calls
 from ..net.client import fan_out
 from ..net.control_calls import ControlCall, Rep, Req, with_model
@@ -52,6 +51,7 @@ from ..net.control_messages import (
 )
 from ..net.endpoint import RetryPolicy, ShardEndpoint, ShardGroup
 from ..net.shard_bodies import TableDeclaration
+from ..net.snapshot_transfer import snapshots_from_bytes
 from ..shard import Shard
 from ..store.snapshot import TableSnapshot
 from ..store.table_config import TableConfig
@@ -350,7 +350,7 @@ class HttpControl(ShardEndpoint):
         return (await self._call(calls.TAKE_SNAPSHOT, SnapshotRequest(version, parent))).rows
 
     async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
-        return codec.snapshots_from_bytes(
+        return snapshots_from_bytes(
             await self._call(calls.FETCH_SNAPSHOT, path=calls.FETCH_SNAPSHOT.at(version=version))
         )
 

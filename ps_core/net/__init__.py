@@ -1,8 +1,9 @@
 """The network: one shard's server side and the clients that reach it.
 
 Holds the binary frame codec and the other wire formats (`codec`), the
-decoded frame (`frame`), each op's frame encoder (`op_encoders`), a shard's
-frames served (`frame_handler`), its aiohttp app (`server`), OpenAPI
+decoded frame (`frame`), each op's frame encoder (`op_encoders`), export
+cuts in transit (`snapshot_transfer`), a shard's frames served
+(`frame_handler`), its aiohttp app (`server`), OpenAPI
 document (`shard_openapi`) and bodies (`shard_bodies`), the control plane's
 messages (`control_messages`) and calls, each declared once
 (`control_calls`: routes, scopes, request and reply models), the TCP RPC

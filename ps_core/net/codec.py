@@ -103,19 +103,13 @@ multiple of 8, float32 ones at a multiple of 4.
 
 from __future__ import annotations
 
-import io
 import struct
-import zipfile
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
-from ..errors import ExportCorruptError, FrameError
-from ..store.snapshot import TableSnapshot
-from ..store.table_config import TableConfig
+from ..errors import FrameError
 from .frame import Frame
 from .quantize import (
     COUNT_TYPES,
@@ -130,8 +124,7 @@ from .quantize import (
 )
 
 __all__ = [
-    "snapshots_to_bytes",
-    "snapshots_from_bytes",
+    "op_of",
     "FORMAT_VERSION",
     "MAGIC",
     "Op",
@@ -340,6 +333,13 @@ def _readonly(a: _A) -> _A:
     return a
 
 
+def op_of(body: bytes | bytearray | memoryview) -> int | None:
+    """The op byte of a frame not decoded yet (offset 5; None when `body` is
+    too short to hold it): what a port checks a token's scope against before
+    the frame is decoded and handled."""
+    return body[5] if len(body) > 5 else None
+
+
 def decode(buf: bytes | bytearray | memoryview, expect_op: int | None = None) -> Frame:
     """Decode and check one frame; raises `FrameError` on any inconsistency."""
     mv = memoryview(buf)
@@ -527,43 +527,3 @@ def _sections(
             raise FrameError("presence bytes must be 0 or 1")
         present = _readonly(raw.view(np.bool_))
     return keys, ref, pull_keys, values, counts, present
-
-
-# -- snapshots in transit (shard → coordinator) ----------------------------------
-
-
-def snapshots_to_bytes(snapshots: Sequence[TableSnapshot]) -> bytes:
-    """One shard's snapshots as one uncompressed ``.npz`` body: members
-    ``<i>.<array>`` per snapshot and ``meta`` (their labels and configs as
-    JSON bytes), so the coordinator can fetch a cut without shared storage."""
-    meta = [
-        {"table": s.table, "config": s.config.to_dict(), "version": s.version, "kind": s.kind, "parent": s.parent}
-        for s in snapshots
-    ]
-    arrays: dict[str, npt.NDArray[Any]] = {"meta": np.frombuffer(orjson.dumps(meta), dtype=np.uint8)}
-    for i, snap in enumerate(snapshots):
-        for name, a in snap.arrays().items():
-            arrays[f"{i}.{name}"] = a
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)  # type: ignore[arg-type]
-    return buf.getvalue()
-
-
-def snapshots_from_bytes(raw: bytes) -> list[TableSnapshot]:
-    """Inverse of `snapshots_to_bytes`; `ExportCorruptError` on anything else."""
-    try:
-        with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
-            meta = orjson.loads(npz["meta"].tobytes())
-            return [
-                TableSnapshot(
-                    table=m["table"],
-                    config=TableConfig.from_dict(m["config"]),
-                    version=int(m["version"]),
-                    kind=m["kind"],
-                    parent=m["parent"],
-                    **{name: npz[f"{i}.{name}"] for name in TableSnapshot.ARRAYS},
-                )
-                for i, m in enumerate(meta)
-            ]
-    except (ValueError, KeyError, OSError, EOFError, TypeError, zipfile.BadZipFile, orjson.JSONDecodeError) as exc:
-        raise ExportCorruptError(f"snapshot body unreadable: {type(exc).__name__}: {exc}") from None

@@ -269,10 +269,11 @@ class RpcServerProtocol(ServerConnection):
 
     def _handle(self, body: bytes) -> None:
         if self._scope is not None:
-            # The op byte of the frame (`ps_core.net.codec`): a pull reads, all else trains.
-            needs = Scope.READ if len(body) > 5 and body[5] == codec.Op.PULL else Scope.TRAIN
+            # A pull reads, all else trains: checked before the frame is decoded.
+            op = codec.op_of(body)
+            needs = Scope.READ if op == codec.Op.PULL else Scope.TRAIN
             if self._scope < needs:
-                self._refusals.refuse("scope", plane="rpc", peer=self._peer(), what=f"frame op {body[5]}", needs=needs)
+                self._refusals.refuse("scope", plane="rpc", peer=self._peer(), what=f"frame op {op}", needs=needs)
                 detail = f"this call needs a token of scope {needs.label}, the one presented is {self._scope.label}"
                 self._reply(ForbiddenError.status, _error_payload("forbidden", detail))
                 return

@@ -17,7 +17,7 @@ Routes:
 - ``POST /v1/snapshots``: ``{"version": int, "parent": int | null}``, copy
   the tables' rows for an export cut (the coordinator's pause), answering
   ``{"rows": {table: n}}``; ``GET /v1/snapshots/{version}``: those copies as
-  one ``.npz`` body (`ps_core.net.codec.snapshots_to_bytes`), handed over once;
+  one ``.npz`` body (`ps_core.net.snapshot_transfer.snapshots_to_bytes`), handed over once;
   ``DELETE /v1/snapshots/{version}``: drop those copies (an aborted cut),
   ``{"dropped": bool}``, idempotent;
 - ``GET /v1/membership``: the shard's boot id, whether it is joined (under
@@ -93,6 +93,7 @@ from .frame_handler import handle_frame
 from .limits import PortGuard, PortLimits, ServedPort, serve_limited
 from .shard_metrics import exposition, shard_families
 from .shard_openapi import shard_document
+from .snapshot_transfer import snapshots_to_bytes
 
 __all__ = [
     "create_shard_app",
@@ -309,7 +310,7 @@ def _version(request: web.Request) -> int:
 async def fetch_snapshot(request: web.Request) -> web.Response:
     snaps = request.app[SHARD].pop_snapshot(_version(request))
     # Encoding is file-speed work on the event loop; cuts are minutes apart.
-    return web.Response(body=codec.snapshots_to_bytes(snaps), content_type="application/octet-stream")
+    return web.Response(body=snapshots_to_bytes(snaps), content_type="application/octet-stream")
 
 
 @calls.DROP_SNAPSHOT.route(_ROUTES)
