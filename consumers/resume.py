@@ -117,8 +117,8 @@ def bounds_reason(offset: int, start: int, end: int) -> str | None:
 async def cluster_id(bootstrap: str, timeout_ms: int = 10_000, security: KafkaSecurity = KafkaSecurity()) -> str:
     """The cluster id the broker at `bootstrap` reports (``DescribeCluster``)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms, **security.client_kwargs())
-    await admin.start()
     try:
+        await admin.start()  # inside: a start that fails is closed too (an outage retries this)
         answer = await admin.describe_cluster()
     finally:
         with contextlib.suppress(KafkaError, OSError):
@@ -155,8 +155,8 @@ async def partition_bounds(
         max_partition_fetch_bytes=64 << 10,
         **security.client_kwargs(),
     )
-    await consumer.start()
     try:
+        await consumer.start()  # inside: a start that fails is stopped too (an outage retries this)
         consumer.assign(tps)
         starts = await consumer.beginning_offsets(tps)
         for tp in tps:

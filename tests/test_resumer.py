@@ -5,14 +5,18 @@ test_restore_gaps.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 from consumer_side import Consumer
 
+from consumers.broker import free_port
 from consumers.reports import WorkerStats
-from consumers.resume import Resumer, StaleOffsetsError, StalePartition, Uncovered
+from consumers.resume import Resumer, StaleOffsetsError, StalePartition, Uncovered, partition_bounds
 from ps_core.checkpoint.control import ControlClient, ResumePoint
 from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.shard import Shard, ShardSpec
@@ -65,3 +69,20 @@ async def test_commits_the_shards_lack_are_replayed_or_refused_and_counted(caplo
     with pytest.raises(StaleOffsetsError):
         resumer.report_gaps([replayed, Uncovered(0, 0, 90, 20, "refused")], _point())
     assert stats.stale_offsets == {("uncovered", "replayed"): 1, ("uncovered", "refused"): 1}
+
+
+async def test_partition_bounds_with_the_broker_gone_leaves_no_client_open() -> None:
+    # A worker asks for bounds again every second of an outage: a consumer
+    # whose start failed must be closed, not left to the collector (which
+    # logs "Unclosed AIOKafkaConsumer" at some later line, once per attempt).
+    loop = asyncio.get_running_loop()
+    unclosed: list[str] = []
+    default = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: unclosed.append(str(context.get("message"))))
+    try:
+        with pytest.raises(KafkaError):  # nothing listens there
+            await partition_bounds(f"127.0.0.1:{free_port()}", [TopicPartition("clicks", 0)])
+        gc.collect()
+    finally:
+        loop.set_exception_handler(default)
+    assert not [m for m in unclosed if "Unclosed AIOKafkaConsumer" in m]
