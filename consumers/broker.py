@@ -43,11 +43,41 @@ class BrokerError(RuntimeError):
     exit_code = 1
 
 
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_handed_out: set[int] = set()
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the source ports of outgoing connections."""
+    try:
+        with open(_EPHEMERAL_RANGE) as f:
+            low, high = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free on `host` a moment ago (bind to 0, read, close)."""
+    """A port free on `host` now, for a server that binds it a moment later.
+
+    Chosen below the kernel's ephemeral range and checked bindable: a port
+    the OS picks for a bind to 0 comes from that range, where any outgoing
+    connection may take it as its source port before the server binds it.
+    A port once returned is not returned again by this process. Where no
+    such range is left (the ephemeral range starts low), a bind to 0."""
+    low, _ = _ephemeral_ports()
+    first = max(1024, low - 16384)
+    if low - first >= 1024:
+        for _ in range(64):
+            port = first + secrets.randbelow(low - first)
+            if port not in _handed_out and _port_is_free(host, port):
+                _handed_out.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    _handed_out.add(port)
+    return port
 
 
 def _port_is_free(host: str, port: int) -> bool:

@@ -84,6 +84,20 @@ async def _resend_before_the_topic_exists(bootstrap: str, topic: str, partitions
         await client.close()
 
 
+def test_a_free_port_is_one_no_outgoing_connection_can_take() -> None:
+    """Ports handed to servers come from below the kernel's ephemeral range
+    (where connections get their source ports), are never handed out twice,
+    and are bindable."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 <= p < low for p in ports), sorted(p for p in ports if not 1024 <= p < low)
+    for port in ports[:20]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("CTRPS_KAFKA_BOOTSTRAP")), reason="external broker in use")
 @pytest.mark.timeout(180)
