@@ -44,6 +44,9 @@ class BrokerError(RuntimeError):
 
 
 _EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+PORT_BAND_VAR = "CTRPS_FREE_PORTS"
+"""``LOW-HIGH``: the band `free_port` draws from (processes picking ports
+side by side, such as test runners in parallel, each get their own)."""
 _handed_out: set[int] = set()
 
 
@@ -57,19 +60,39 @@ def _ephemeral_ports() -> tuple[int, int]:
     return low, high
 
 
+def port_band() -> tuple[int, int] | None:
+    """The ports `free_port` draws from, ``[low, high)``: `PORT_BAND_VAR`,
+    else the 16,384 below the kernel's ephemeral range; None where that
+    range starts too low to leave room. `ValueError` naming the variable
+    when it is set but not ``LOW-HIGH`` within 1024-65535."""
+    spec = os.environ.get(PORT_BAND_VAR)
+    if spec:
+        low_s, _, high_s = spec.partition("-")
+        try:
+            low, high = int(low_s), int(high_s) + 1
+        except ValueError:
+            low = high = 0
+        if not 1024 <= low < high <= 65536:
+            raise ValueError(f"{PORT_BAND_VAR}={spec!r}: expected LOW-HIGH, two ports from 1024 to 65535")
+        return low, high
+    ephemeral_low, _ = _ephemeral_ports()
+    low = max(1024, ephemeral_low - 16384)
+    return (low, ephemeral_low) if ephemeral_low - low >= 1024 else None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on `host` now, for a server that binds it a moment later.
 
-    Chosen below the kernel's ephemeral range and checked bindable: a port
-    the OS picks for a bind to 0 comes from that range, where any outgoing
-    connection may take it as its source port before the server binds it.
-    A port once returned is not returned again by this process. Where no
-    such range is left (the ephemeral range starts low), a bind to 0."""
-    low, _ = _ephemeral_ports()
-    first = max(1024, low - 16384)
-    if low - first >= 1024:
+    Drawn from `port_band` (by default below the kernel's ephemeral range)
+    and checked bindable: a port the OS picks for a bind to 0 comes from
+    the ephemeral range, where any outgoing connection may take it as its
+    source port before the server binds it. A port once returned is not
+    returned again by this process. Without a band, a bind to 0."""
+    band = port_band()
+    if band is not None:
+        low, high = band
         for _ in range(64):
-            port = first + secrets.randbelow(low - first)
+            port = low + secrets.randbelow(high - low)
             if port not in _handed_out and _port_is_free(host, port):
                 _handed_out.add(port)
                 return port

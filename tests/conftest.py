@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from app.logs import KAFKA_LOGGERS
-from consumers.broker import EmbeddedBroker, wait_for_metadata
+from consumers.broker import PORT_BAND_VAR, EmbeddedBroker, port_band, wait_for_metadata
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter
@@ -26,6 +26,20 @@ from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 ServeShards = Callable[..., Awaitable[tuple[list[Shard], list[str]]]]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``pytest -n N`` (xdist), each runner draws ports from its own
+    band of `free_port`'s, and so do the roles it starts (the variable is
+    inherited): two runners never pick the same port at the same moment."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    band = port_band()
+    if worker.startswith("gw") and band is not None and PORT_BAND_VAR not in os.environ:
+        low, high = band
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        width = (high - low) // max(1, count)
+        start = low + int(worker[2:]) * width
+        os.environ[PORT_BAND_VAR] = f"{start}-{start + width - 1}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
