@@ -14,11 +14,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,bench,docs]'
 	touch $(STAMP)
 
+# Two test processes, a file each at a time (pytest-xdist): the tests wait on
+# processes and sockets far more than they compute. JOBS=0 runs in one process.
+JOBS ?= 2
+PARALLEL = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PARALLEL)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" $(PARALLEL)
 
 demo: $(STAMP)
 	$(BIN)/ctrps demo

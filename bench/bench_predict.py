@@ -55,7 +55,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -82,6 +81,7 @@ from app.roles.serve import run_serve  # noqa: E402
 from app.roles.shard import run_shard  # noqa: E402
 from app.security import SecuritySettings  # noqa: E402
 from app.signals import stop_on_signals  # noqa: E402
+from consumers.broker import free_port  # noqa: E402
 from ps_core.checkpoint.control import ControlClient  # noqa: E402
 from ps_core.model.models import Model, make_model  # noqa: E402
 from ps_core.net.auth import Scope, derive_token, new_secret  # noqa: E402
@@ -376,12 +376,6 @@ def proc_cpu_s(pids: Sequence[int]) -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return total
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

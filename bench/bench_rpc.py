@@ -64,7 +64,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -81,6 +80,7 @@ import numpy.typing as npt
 import uvloop
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
+from consumers.broker import free_port  # noqa: E402
 from ps_core.checkpoint.control import ControlClient  # noqa: E402
 from ps_core.hashing import shard_of
 from ps_core.net import codec, op_encoders
@@ -414,14 +414,6 @@ class ShardProc:
     url: str
     proc: subprocess.Popen[bytes]
     log_path: Path
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 right now (bind to port 0, read, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def start_shards(

@@ -43,11 +43,64 @@ class BrokerError(RuntimeError):
     exit_code = 1
 
 
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+PORT_BAND_VAR = "CTRPS_FREE_PORTS"
+"""``LOW-HIGH``: the band `free_port` draws from (processes picking ports
+side by side, such as test runners in parallel, each get their own)."""
+_handed_out: set[int] = set()
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the source ports of outgoing connections."""
+    try:
+        with open(_EPHEMERAL_RANGE) as f:
+            low, high = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def port_band() -> tuple[int, int] | None:
+    """The ports `free_port` draws from, ``[low, high)``: `PORT_BAND_VAR`,
+    else the 16,384 below the kernel's ephemeral range; None where that
+    range starts too low to leave room. `ValueError` naming the variable
+    when it is set but not ``LOW-HIGH`` within 1024-65535."""
+    spec = os.environ.get(PORT_BAND_VAR)
+    if spec:
+        low_s, _, high_s = spec.partition("-")
+        try:
+            low, high = int(low_s), int(high_s) + 1
+        except ValueError:
+            low = high = 0
+        if not 1024 <= low < high <= 65536:
+            raise ValueError(f"{PORT_BAND_VAR}={spec!r}: expected LOW-HIGH, two ports from 1024 to 65535")
+        return low, high
+    ephemeral_low, _ = _ephemeral_ports()
+    low = max(1024, ephemeral_low - 16384)
+    return (low, ephemeral_low) if ephemeral_low - low >= 1024 else None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free on `host` a moment ago (bind to 0, read, close)."""
+    """A port free on `host` now, for a server that binds it a moment later.
+
+    Drawn from `port_band` (by default below the kernel's ephemeral range)
+    and checked bindable: a port the OS picks for a bind to 0 comes from
+    the ephemeral range, where any outgoing connection may take it as its
+    source port before the server binds it. A port once returned is not
+    returned again by this process. Without a band, a bind to 0."""
+    band = port_band()
+    if band is not None:
+        low, high = band
+        for _ in range(64):
+            port = low + secrets.randbelow(high - low)
+            if port not in _handed_out and _port_is_free(host, port):
+                _handed_out.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    _handed_out.add(port)
+    return port
 
 
 def _port_is_free(host: str, port: int) -> bool:

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from app.logs import KAFKA_LOGGERS
-from consumers.broker import EmbeddedBroker, free_port, wait_for_metadata
+from consumers.broker import PORT_BAND_VAR, EmbeddedBroker, port_band, wait_for_metadata
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.exporter import Exporter
@@ -26,6 +26,20 @@ from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
 ServeShards = Callable[..., Awaitable[tuple[list[Shard], list[str]]]]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``pytest -n N`` (xdist), each runner draws ports from its own
+    band of `free_port`'s, and so do the roles it starts (the variable is
+    inherited): two runners never pick the same port at the same moment."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    band = port_band()
+    if worker.startswith("gw") and band is not None and PORT_BAND_VAR not in os.environ:
+        low, high = band
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        width = (high - low) // max(1, count)
+        start = low + int(worker[2:]) * width
+        os.environ[PORT_BAND_VAR] = f"{start}-{start + width - 1}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -51,10 +65,22 @@ async def serve_shards() -> AsyncIterator[ServeShards]:
         """With `exports`, shard 0 hosts a coordinator and an exporter writing
         there, as ``ctrps shard --shards ...`` does; with `rpc`, each shard
         also serves its TCP RPC and advertises it, as ``ctrps shard`` does."""
-        ports = [free_port() for _ in range(n)]
-        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        # Bound to port 0, shard 0 last: only its exporter needs the others'
+        # URLs, and no port is picked before the server that binds it.
         shards = [Shard(ShardSpec(i, n), tables) for i in range(n)]
-        for i, (shard, port) in enumerate(zip(shards, ports)):
+        urls = [""] * n
+        sites: list[ShardSite | None] = [None] * n
+        try:
+            await start_each(shards, urls, sites, exports, rpc)
+        finally:
+            runners.extend(site for site in sites if site is not None)
+        return shards, urls
+
+    async def start_each(
+        shards: list[Shard], urls: list[str], sites: list[ShardSite | None], exports: Path | None, rpc: bool
+    ) -> None:
+        for i in reversed(range(len(shards))):
+            shard = shards[i]
             rpc_port = None
             if rpc:
                 server = await start_rpc_server(shard, "127.0.0.1", 0, max_body=DEFAULT_MAX_BODY)
@@ -71,8 +97,8 @@ async def serve_shards() -> AsyncIterator[ServeShards]:
             else:
                 app = checkpointed_shard_app(shard, rpc_port=rpc_port)
             # The port as `ctrps shard` serves it, under its limits.
-            runners.append(await start_shard_site(app, "127.0.0.1", port))
-        return shards, urls
+            site = sites[i] = await start_shard_site(app, "127.0.0.1", 0)
+            urls[i] = f"http://127.0.0.1:{site.port}"
 
     sessions: list[aiohttp.ClientSession] = []
     rpc_servers: list[RpcServer] = []

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from streams import bias_shows, consume_all, keyed_event
 from waiting import until
 
-from consumers.broker import BrokerError, EmbeddedBroker, create_topics, free_port
+from consumers.broker import PORT_BAND_VAR, BrokerError, EmbeddedBroker, create_topics, free_port
 from consumers.broker_memory import BrokerMemory
 from consumers.dlq import DeadLetter, DeadLetterQueue, read_headers
 from consumers.producer import produce
@@ -82,6 +82,29 @@ async def _resend_before_the_topic_exists(bootstrap: str, topic: str, partitions
         await client.send(node.nodeId, ProduceRequest(None, 1, 5000, [(topic, batches)]))
     finally:
         await client.close()
+
+
+def test_a_free_port_is_one_no_outgoing_connection_can_take() -> None:
+    """Ports handed to servers come from below the kernel's ephemeral range
+    (where connections get their source ports), are never handed out twice,
+    and are bindable."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 <= p < low for p in ports), sorted(p for p in ports if not 1024 <= p < low)
+    for port in ports[:20]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_a_free_port_comes_from_the_band_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PORT_BAND_VAR, "23000-23099")
+    assert all(23000 <= free_port() <= 23099 for _ in range(50))
+    for bad in ("23000", "x-y", "900-2000", "23099-23000", "23000-70000"):
+        monkeypatch.setenv(PORT_BAND_VAR, bad)
+        with pytest.raises(ValueError, match=PORT_BAND_VAR):
+            free_port()
 
 
 @pytest.mark.slow

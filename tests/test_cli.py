@@ -10,7 +10,6 @@ import asyncio
 import importlib.metadata
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -28,6 +27,7 @@ from app.commands.model import parse_optimizer
 from app.config.declared import SettingsError
 from app.config.shard import ShardSettings, parse_table_spec
 from app.config.worker import WorkerSettings, worker_config
+from consumers.broker import free_port
 from consumers.worker import WorkerConfig
 from ps_core.checkpoint.control import ControlClient
 from ps_core.net.client import PSClient
@@ -56,12 +56,6 @@ def ctrps(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Comple
         text=True,
         timeout=30,
     )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the command line ---------------------------------------------------------------
