@@ -53,15 +53,15 @@ from running import RunningWorkers, each_round, partitions_held, start_shards, s
 from consumers.training import AsyncTraining
 from consumers.worker import WindowReport, Worker, WorkerConfig, WorkerStats
 from ps_core.checkpoint.control import ControlClient
-from ps_core.checkpoint.serving_files import serving_arrays, serving_config, serving_weights
+from ps_core.checkpoint.serving_files import PRECISIONS, serving_arrays, serving_config, serving_weights
 from ps_core.model.batch import EventBatch
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.metrics import evaluate
 from ps_core.model.models import make_model, sigmoid
 from ps_core.net.client import PSClient
 from ps_core.net.wire import WireFormat
+from ps_core.replica import ReadTable
 from ps_core.shard import Shard
-from ps_core.store.read_table import PRECISIONS, ReadTable
 from ps_core.store.table import SparseTable
 from ps_core.store.table_config import TableConfig
 from ps_core.synthetic import SyntheticStream

@@ -40,12 +40,12 @@ from app.cli import build_parser
 from app.config.declared import SettingsError
 from app.config.serve import ApiSettings
 from ps_core.checkpoint.export_files import latest_chain, list_versions, load_version, read_manifest, write_version
-from ps_core.checkpoint.replica import ReplicaTables
 from ps_core.checkpoint.restore import apply_version, restore_shards
 from ps_core.errors import InvalidValuesError
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import FactorizationMachine, LogisticRegression, Model, make_model, sigmoid
 from ps_core.net.client import PSClient
+from ps_core.replica import ReplicaTables
 from ps_core.shard import Shard, ShardSpec
 from ps_core.store.snapshot import TableSnapshot
 from ps_core.store.table import SparseTable

@@ -39,7 +39,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # One shard without sockets: over its tables, under the network that serves it.
     "ps_core.shard": (*SHARED, "ps_core.store", "ps_core.shard"),
     "ps_core.net": (*SHARED, "ps_core.store", "ps_core.shard", "ps_core.net"),
-    "ps_core.checkpoint": ("ps_core",),
+    # Everything in ps_core but the replica, which reads what checkpoints write.
+    "ps_core.checkpoint": (
+        *(*SHARED, "ps_core.store", "ps_core.model", "ps_core.shard", "ps_core.net"),
+        *("ps_core.checkpoint", "ps_core.synthetic"),
+    ),
+    "ps_core.replica": (*SHARED, "ps_core.store", "ps_core.checkpoint", "ps_core.replica"),
     "ps_core.synthetic": ("ps_core.synthetic",),  # numpy only: nothing of the project
     "consumers": ("ps_core", "consumers"),
     "app": ("ps_core", "consumers", "app"),

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from ps_core.checkpoint.serving_files import block_int8
+from ps_core.replica import ReadTable
 from ps_core.store.block_int8 import NO_EXP, block_codes, block_exponents
 from ps_core.store.lifecycle import Lifecycle
-from ps_core.store.read_table import ReadTable
 from ps_core.store.table import SparseTable
 from ps_core.store.table_config import TableConfig
 

@@ -48,12 +48,12 @@ from ps_core.checkpoint.export_files import (
 from ps_core.checkpoint.manifest import ExportManifest
 from ps_core.checkpoint.manifest_model import model_from_manifest
 from ps_core.checkpoint.registry import MODEL_FILE
-from ps_core.checkpoint.replica import ReplicaTables
 from ps_core.errors import ExportCorruptError, ExportNotFoundError, PSError
 from ps_core.hashing import U64
 from ps_core.model.models import Model
 from ps_core.net.client import PSReader
 from ps_core.net.transports import Pulled
+from ps_core.replica import ReplicaTables
 from ps_core.store.storage import F32
 from ps_core.store.table_config import TableConfig
 

@@ -19,9 +19,9 @@ import numpy as np
 import orjson
 
 from ps_core.checkpoint.export_files import latest_chain, load_version, serves_weights
-from ps_core.checkpoint.replica import ReplicaTables
 from ps_core.errors import ExportNotFoundError
 from ps_core.model.featurizer import FeatureHasher
+from ps_core.replica import ReplicaTables
 
 __all__ = ["show_version"]
 

@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ps_core.checkpoint.serving_files import PRECISIONS
 from ps_core.errors import TableConfigError
 from ps_core.net.limits import PortLimits, RpcLimits
 from ps_core.store.change_log import DEFAULT_LOG_KEYS
 from ps_core.store.lifecycle import SPEC_KEYS, Lifecycle
-from ps_core.store.read_table import PRECISIONS
 from ps_core.store.table_config import TableConfig
 
 from .common import FORMATS, check_model_name, check_urls, log_format, model_name, urls

@@ -3,8 +3,8 @@
 Holds the coordinator (leases around windows, cuts, committed offsets) and its
 routes, the stream identity of offsets, manifests, export files (write, list,
 verify, load), their restore into shards (`restore`), compaction and
-retention (`retention`) and their serving files (`serving`: the weights a
-replica reads), the exporter that cuts across shards and its report
+retention (`retention`) and their serving files (`serving_files`: the
+weights a replica reads, `ps_core.replica`), the exporter that cuts across shards and its report
 (`export_report`), the loading of export versions into shards (`joining`)
 and the coordinator's admission of them at one version (`membership`), the
 control plane's client (`control.ControlClient`: tables, stats, the status
@@ -13,7 +13,8 @@ board, snapshots, membership, leases, offsets and exports, over the calls of
 (`routes`).
 
 May import: everything else in `ps_core` (the store, the model side and the
-network). Nothing imports it from below. A new export kind, retention rule or
+network) but the replica, which reads what it writes. Nothing imports it
+from below. A new export kind, retention rule or
 coordination step goes here. The names below are imported on first use
 (`ps_core.lazy`).
 """

@@ -30,7 +30,6 @@ import numpy.typing as npt
 from ..net.quantize import F16_MAX
 from ..store.block_int8 import block_codes, block_exponents
 from ..store.lifecycle import Lifecycle
-from ..store.read_table import PRECISIONS
 from ..store.snapshot import TableSnapshot
 from ..store.table_config import TableConfig
 from .manifest import ExportManifest, serving_file_name
@@ -38,6 +37,7 @@ from .manifest import ExportManifest, serving_file_name
 __all__ = [
     "BLOCK_ROWS",
     "INT8_ARRAYS",
+    "PRECISIONS",
     "SERVING_ARRAYS",
     "block_int8",
     "serving_weights",
@@ -46,6 +46,9 @@ __all__ = [
     "serving_file_name",
     "serving_snapshot",
 ]
+
+PRECISIONS = ("f32", "f16", "int8")
+"""What serving files store weights as (and a replica holds them in)."""
 
 SERVING_ARRAYS = ("keys", "weights", "deleted")
 """Members of a float32 or float16 serving file, in file order."""

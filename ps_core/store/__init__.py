@@ -7,10 +7,11 @@ concept: its storage (`storage`: index and rows, grown in place by
 `growth`), the per-row metadata view (`row_meta`), a push's checks and
 admission (`push`; what a pull found, for its push: `pull_cache`), eviction
 passes (`eviction`), export cuts (`snapshot`: `TableSnapshot`, `Cuts`); a
-table's feature lifecycle (`lifecycle`: admission and eviction rules); a
-replica's read-only table (`read_table`; its int8 form and a serving
-file's: `block_int8`) and the status board's bounded
-report model (`board.check_report`).
+table's feature lifecycle (`lifecycle`: admission and eviction rules);
+int8 block floating point, the one rule of a replica's int8 table and an
+int8 serving file (`block_int8`); and the status board's bounded report
+model (`board.check_report`). A replica's read-only tables are
+`ps_core.replica`.
 
 May import: numpy, msgspec, and `ps_core.errors`, `ps_core.hashing`, `ps_core.parsing`,
 `ps_core.bodies`, `ps_core.rows`, `ps_core.lazy`. Nothing of the network,

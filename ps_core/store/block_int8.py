@@ -2,7 +2,7 @@
 power-of-two exponent, a weight being ``code * 2**exp``.
 
 The one home of the rule both int8 forms of weights follow: a replica's
-read-only table (`ps_core.store.read_table`, blocks are key buckets) and an
+read-only table (`ps_core.replica.read_table`, blocks are key buckets) and an
 int8 serving file (`ps_core.checkpoint.serving_files`, blocks are runs of
 rows). A push's int8 frame (`ps_core.net.quantize`) is another format: a
 float32 scale per block, not a power of two.

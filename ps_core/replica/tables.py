@@ -1,5 +1,5 @@
 """What a serving replica holds: a model's export versions in read-only
-tables (`ReplicaTables`, over `ps_core.store.read_table.ReadTable`).
+tables (`ReplicaTables`, over `ps_core.replica.read_table.ReadTable`).
 
 A replica needs the weights and nothing else: no optimizer state, no
 lifecycle metadata, no room for inserts between versions. It applies a base
@@ -15,13 +15,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..checkpoint.export_files import LoadedVersion
+from ..checkpoint.serving_files import serving_config
 from ..errors import TableConflictError, UnknownTableError
 from ..hashing import U64
-from ..store.read_table import Prepared, ReadTable, State
 from ..store.storage import F32
 from ..store.table import SparseTable
-from .export_files import LoadedVersion
-from .serving_files import serving_config
+from .read_table import Prepared, ReadTable, State
 
 __all__ = ["ReplicaTables", "Staged"]
 

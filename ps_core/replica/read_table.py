@@ -28,15 +28,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from ..checkpoint.serving_files import PRECISIONS
 from ..hashing import U64, uniform_from_keys
-from .block_int8 import NO_EXP, block_codes, block_exponents
-from .storage import F32
-from .table_config import TableConfig
+from ..store.block_int8 import NO_EXP, block_codes, block_exponents
+from ..store.storage import F32
+from ..store.table_config import TableConfig
 
-__all__ = ["PRECISIONS", "Prepared", "ReadTable", "State"]
+__all__ = ["Prepared", "ReadTable", "State"]
 
-PRECISIONS = ("f32", "f16", "int8")
-"""What a replica holds weights in (and serving files store them as)."""
 _DTYPES = {"f32": np.float32, "f16": np.float16, "int8": np.int8}
 _ROWS_PER_BUCKET = 64
 _MAX_BUCKET_BITS = 26
