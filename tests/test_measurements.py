@@ -108,9 +108,11 @@ RECORD = {
         "rows": 1558141,
         "p50_ms": 19.2871,
         "tiny": 0.000123,
+        "events_per_s": 52310.4,
         "none": None,
         "formats": {"f32": {"bytes": 400, "logloss": 0.23106}, "f16": {"bytes": 200}, "aims_met": True},
         "wide": {"a": 1, "b": {"c": 2.5}},
+        "drills": {f"d{i}": {"resume_s": i / 2, "passed": i != 3} for i in range(7)},
     },
 }
 
@@ -124,12 +126,16 @@ def test_a_record_renders_as_tables() -> None:
         "| `rows` | 1,558,141 |",
         "| `p50_ms` | 19.29 |",
         "| `tiny` | 0.000123 |",
+        "| `events_per_s` | 52,310 |",
         "| `none` | – |",
         "| figure | `f32` | `f16` |",  # alike members side by side
         "| `bytes` | 400 | 200 |",
         "| `logloss` | 0.2311 | – |",
         "| `aims_met` | yes |",
-        "| `b.c` | 2.5 |",  # otherwise flattened
+        "`wide.b`:\n\n| figure | value |\n|---|---:|\n| `c` | 2.5 |",  # otherwise each in turn
+        "| figure | `d0` | `d1` | `d2` | `d3` | `d4` |",  # at most MAX_COLUMNS to a table
+        "| `passed` | yes | yes | yes | no | yes |",
+        "| figure | `d5` | `d6` |\n|---|---:|---:|\n| `resume_s` | 2.5 | 3 |",
     ):
         assert row in text, row
 

@@ -33,10 +33,11 @@ BEGIN = (
     "<!-- recorded runs: written by tools/measurements.py from bench/results/; do not edit, `make docs` writes it -->"
 )
 END = "<!-- end recorded runs -->"
-# A nested object whose members are objects of at most this many figures each
-# is one table (a row per figure, a column per member); a bigger one is
-# flattened, a row per figure, so no table grows wider than the page.
-MAX_COLUMNS = 6
+# Members of a nested object side by side, at most this many to a table, so
+# no table grows wider than the page.
+MAX_COLUMNS = 5
+# An object of more plain figures than this is one cell of its table.
+LONG = 12
 
 
 def benchmarks() -> list[str]:
@@ -57,8 +58,9 @@ def unrecorded(found: list[dict[str, Any]]) -> list[str]:
 
 
 def number(value: Any) -> str:
-    """A figure as a table shows it: integers with thousands separators,
-    other numbers to 4 significant digits, null as a dash."""
+    """A figure as a table shows it: whole numbers from 1,000 up with
+    thousands separators, smaller ones to 4 significant digits, null as a
+    dash."""
     if value is None:
         return "–"
     if isinstance(value, bool):
@@ -68,19 +70,28 @@ def number(value: Any) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
-        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
-            return f"{value:,.0f}" if abs(value) >= 1e5 else f"{value:.3g}"
-        return f"{value:.4g}"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.3g}" if 0 < abs(value) < 1e-3 else f"{value:.4g}"
     if isinstance(value, list):
         return ", ".join(number(v) for v in value) if value else "(none)"
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+def _long(value: Any) -> bool:
+    """Whether `value` is an object of more than `LONG` plain figures (a
+    figure per column of a stream, say), shown in one cell."""
+    return isinstance(value, Mapping) and len(value) > LONG and not any(isinstance(v, Mapping) for v in value.values())
+
+
 def _flat(obj: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """(dotted key, value) for every figure in `obj`, nested objects flattened."""
+    """(dotted key, value) for every figure in `obj`, nested objects
+    flattened, long ones (`_long`) one figure: "name value, ..."."""
     out: list[tuple[str, Any]] = []
     for key, value in obj.items():
-        if isinstance(value, Mapping):
+        if _long(value):
+            out.append((f"{prefix}{key}", ", ".join(f"{k} {number(v)}" for k, v in value.items())))
+        elif isinstance(value, Mapping):
             out += _flat(value, f"{prefix}{key}.")
         else:
             out.append((f"{prefix}{key}", value))
@@ -92,31 +103,43 @@ def _figures(rows: list[tuple[str, Any]]) -> str:
     return "| figure | value |\n|---|---:|\n" + "".join(lines)
 
 
-def _side_by_side(group: Mapping[str, Any]) -> str | None:
-    """The members of `group` that are objects of figures (nested ones
-    flattened) as one table, a column per member and a row per figure, then
-    its other figures; None when fewer than two or too many members are
-    objects."""
-    members = {name: dict(_flat(v)) for name, v in group.items() if isinstance(v, Mapping)}
-    if not 2 <= len(members) <= MAX_COLUMNS:
-        return None
-    keys = list(dict.fromkeys(k for member in members.values() for k in member))
-    head = "| figure | " + " | ".join(f"`{n}`" for n in members) + " |\n"
-    rule = "|---|" + "---:|" * len(members) + "\n"
-    rows = [f"| `{k}` | " + " | ".join(number(m.get(k)) for m in members.values()) + " |\n" for k in keys]
-    rest = [(k, v) for k, v in group.items() if k not in members]
-    return head + rule + "".join(rows) + (f"\n{_figures(rest)}" if rest else "")
+def _alike(members: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether objects of figures (flattened) are alike enough to show side
+    by side: at least two, each with at least half its figures in all."""
+    if len(members) < 2:
+        return False
+    common = set.intersection(*(set(m) for m in members.values()))
+    return all(2 * len(common) >= len(m) for m in members.values())
 
 
-def tables(result: Mapping[str, Any]) -> str:
-    """A record's figures: one table of its plain figures, then one per
-    nested object (members side by side when they are alike and few,
-    otherwise flattened to dotted names)."""
-    plain = [(k, v) for k, v in result.items() if not isinstance(v, Mapping)]
+def _side_by_side(members: Mapping[str, Mapping[str, Any]]) -> str:
+    """Objects of figures side by side: a column per object (at most
+    `MAX_COLUMNS` to a table), a row per figure."""
+    names = list(members)
+    out = []
+    for i in range(0, len(names), MAX_COLUMNS):
+        cols = [members[n] for n in names[i : i + MAX_COLUMNS]]
+        keys = list(dict.fromkeys(k for member in cols for k in member))
+        head = "| figure | " + " | ".join(f"`{n}`" for n in names[i : i + MAX_COLUMNS]) + " |\n"
+        rule = "|---|" + "---:|" * len(cols) + "\n"
+        rows = [f"| `{k}` | " + " | ".join(number(m.get(k)) for m in cols) + " |\n" for k in keys]
+        out.append(head + rule + "".join(rows))
+    return "\n".join(out)
+
+
+def tables(result: Mapping[str, Any], path: str = "") -> str:
+    """A record's figures: a table of its plain figures, then its nested
+    objects, side by side when they are alike (a column each, nested
+    figures by dotted names), otherwise each in turn the same way under its
+    dotted name."""
+    plain = _flat({k: v for k, v in result.items() if _long(v) or not isinstance(v, Mapping)})
+    nested = {k: v for k, v in result.items() if isinstance(v, Mapping) and v and not _long(v)}
     parts = [_figures(plain)] if plain else []
-    for key, value in result.items():
-        if isinstance(value, Mapping) and value:
-            parts.append(f"`{key}`:\n\n" + (_side_by_side(value) or _figures(_flat(value))))
+    flat = {k: dict(_flat(v)) for k, v in nested.items()}
+    if _alike(flat):
+        parts.append(_side_by_side(flat))
+    else:
+        parts += [f"`{path}{k}`:\n\n" + tables(v, f"{path}{k}.") for k, v in nested.items()]
     return "\n".join(parts)
 
 
