@@ -40,13 +40,17 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 # The site (mkdocs.yml) into site/: the flag reference written again from the
-# settings declarations, then a strict build, where a broken link fails.
+# settings declarations and the recorded runs of docs/measurements.md from
+# bench/results/, then a strict build, where a broken link fails.
 docs: $(STAMP)
 	$(BIN)/python tools/settings_reference.py
+	$(BIN)/python tools/measurements.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
+# --record keeps each run's JSON line in bench/results/ (`make docs` puts them
+# in docs/measurements.md).
 bench-quick: $(STAMP)
-	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
+	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b --quick --record || exit 1; done
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -405,6 +405,7 @@ def parse_args() -> argparse.Namespace:
         "Wire formats of pulls and pushes: bytes, speed and accuracy against float32.",
         "60k events, 5 formats, 5 round trips (under a minute)",
         seed=11,
+        record=True,
     )
     p.add_argument("--events", type=int, default=0, help="events in the topic (default 400k; 60k with --quick)")
     p.add_argument("--window-events", type=int, default=20_000, help="events per window")
@@ -427,4 +428,5 @@ def parse_args() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    print_result(uvloop.run(main(parse_args())))
+    ARGS = parse_args()
+    print_result(uvloop.run(main(ARGS)), ARGS)

@@ -82,7 +82,7 @@ import numpy as np
 import orjson
 import uvloop
 from aiokafka import AIOKafkaProducer
-from common import bench_mode, elapsed_s, print_result, progress_log
+from common import add_record_option, bench_mode, elapsed_s, print_result, progress_log
 
 from app.cluster import end_broker_processes
 from app.logs import configure_logging
@@ -827,4 +827,6 @@ if __name__ == "__main__":
     par.add_argument("--parallel", action="store_true", default=None, help="run the drills at once")
     par.add_argument("--sequential", dest="parallel", action="store_false", help="one drill after the other")
     configure_logging("text", logging.WARNING)  # restarts and kills, not every start
-    print_result(uvloop.run(main(parser.parse_args())))
+    add_record_option(parser)
+    ARGS = parser.parse_args()
+    print_result(uvloop.run(main(ARGS)), ARGS)

@@ -352,6 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "N = 2M rows instead of 10M (< 1 minute)",
         seed=12345,
         out_dir=True,
+        record=True,
     )
     parser.add_argument("--rows", type=int, help="override N, the rows of the tables and of the restore")
     args = parser.parse_args(argv)
@@ -458,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if n < 10_000_000:
         print(f"  ({mode} mode: {n:,} rows, not 10M; the aim is checked scaled to 10M)")
-    return print_result(result)
+    return print_result(result, args)
 
 
 if __name__ == "__main__":

@@ -267,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "N = 1M, M = 100k, interval 1 s, 20 deltas (< 1 minute)",
         seed=12345,
         out_dir=True,
+        record=True,
     )
     parser.add_argument("--rows", type=int, help="override N, the table's rows")
     parser.add_argument("--changed", type=int, help="override M, rows changed per delta")
@@ -319,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{run['base_raw_np_load_ms']:.0f} ms: {run['base_load_ratio_vs_raw']:.1f}x; vs np.load + one index "
             f"insert {run['base_np_load_index_ms']:.0f} ms: {run['base_load_ratio_vs_np_load_index']:.2f}x"
         )
-    return print_result(result)
+    return print_result(result, args)
 
 
 if __name__ == "__main__":

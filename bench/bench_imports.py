@@ -103,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Benchmark the import of consumers.decode, ps_core and app.cli in fresh interpreters, "
         "lazily against the full packages loaded (the baseline), measured in the same run.",
         "3 runs of each instead of 11 (~10 s)",
+        record=True,
     )
     args = parser.parse_args(argv)
     runs = 3 if args.quick else 11
@@ -117,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{full['modules']} modules ({full['project_modules']}); {fig['speedup']:.1f}x"
         )
         result[target] = fig
-    return print_result(result)
+    return print_result(result, args)
 
 
 if __name__ == "__main__":

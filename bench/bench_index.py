@@ -558,6 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "in the same run.",
         "2M keys and fewer batches (< 1 minute)",
         seed=12345,
+        record=True,
     )
     parser.add_argument("--keys", type=int, help="override the number of keys N")
     parser.add_argument("--dict-sample", type=int, help="keys in the dict memory sample (default 1M, quick 200k)")
@@ -674,7 +675,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if sample < n:
         print(f"  (dict memory extrapolated per feature from a {sample:,}-key sample)")
-    return print_result(result)
+    return print_result(result, args)
 
 
 if __name__ == "__main__":

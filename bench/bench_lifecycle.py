@@ -358,6 +358,7 @@ def parse_args() -> Any:
         "Feature lifecycle: rows, memory, logloss and speed with each rule, against none.",
         "300k events and a 1M-row pause (under a minute)",
         seed=3,
+        record=True,
     )
     parser.add_argument("--events", type=int, help="events in the stream (default 1,000,000; quick 300,000)")
     parser.add_argument("--fresh", type=float, default=0.05, help="share of brand-new ids per value (default 0.05)")
@@ -385,4 +386,4 @@ if __name__ == "__main__":
             uvloop.run(run_one(ARGS.bootstrap, ARGS.topic, ARGS.events, json.loads(ARGS.child), ARGS.evict_every))
         )
     else:
-        print_result(uvloop.run(main(ARGS)))
+        print_result(uvloop.run(main(ARGS)), ARGS)

@@ -29,7 +29,7 @@ import os
 
 import numpy as np
 import uvloop
-from common import bench_mode, elapsed_s, print_result, progress_log
+from common import add_record_option, bench_mode, elapsed_s, print_result, progress_log
 from running import local_clients, preload, worker_rate
 
 from consumers.broker import EmbeddedBroker, create_topics
@@ -100,4 +100,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="100k events, one round (under a minute)")
     parser.add_argument("--seed", type=int, default=0)
-    print_result(uvloop.run(main(parser.parse_args())))
+    add_record_option(parser)
+    ARGS = parser.parse_args()
+    print_result(uvloop.run(main(ARGS)), ARGS)

@@ -314,7 +314,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = bench_parser(__doc__ or "", "160k events (under a minute)", seed=0)
+    parser = bench_parser(__doc__ or "", "160k events (under a minute)", seed=0, record=True)
     parser.add_argument("--events", type=int, help="override the number of events")
     parser.add_argument("--model", choices=("lr", "fm"), default="lr")
     parser.add_argument("--mini-batch", type=int, default=256, help="events per mini-batch")
@@ -333,4 +333,4 @@ if __name__ == "__main__":
     parsed = parser.parse_args()
     if parsed.rounds is None:
         parsed.rounds = 1 if parsed.quick else 3
-    print_result(uvloop.run(main(parsed)))
+    print_result(uvloop.run(main(parsed)), parsed)

@@ -69,7 +69,7 @@ import numpy as np
 import orjson
 import uvloop
 from aiohttp import web
-from common import bench_mode, print_result, progress_log
+from common import add_record_option, bench_mode, print_result, progress_log
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -595,6 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lifetime", type=float, default=600.0, help=argparse.SUPPRESS)
     p.add_argument("--loadgen-child", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--bodies", type=Path, help=argparse.SUPPRESS)
+    add_record_option(p)
     args = p.parse_args(argv)
     if args.serve:
         uvloop.run(serve(args.serve, args.port, args.shard_url, args.lifetime, args.tls_dir))
@@ -628,7 +629,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  {name:9} p50 {out[f'batch_{name}_p50_ms']:.2f} ms  p99 {out[f'batch_{name}_p99_ms']:.2f} ms"
             + (f" (aim p50 <= {AIM_BATCH_P50_MS:.0f} ms)" if name != "bare" else "")
         )
-    print_result(out)
+    print_result(out, args)
     return 0 if out["errors"] == 0 else 1
 
 

@@ -111,6 +111,7 @@ def parse_args() -> argparse.Namespace:
         "Progressive log loss, AUC, COPC and events/s of ctrps, Vowpal Wabbit and River on the same streams.",
         "15k and 45k events of the generator's stream, 15k of each profile (125k of rare clicks); about a minute",
         seed=7,
+        record=True,
     )
     add_profiles_flags(p)
     p.add_argument("--file", type=Path, help="also a data file of your own")
@@ -128,4 +129,5 @@ def parse_args() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    print_result(main(parse_args()))
+    ARGS = parse_args()
+    print_result(main(ARGS), ARGS)

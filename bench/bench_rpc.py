@@ -749,6 +749,7 @@ def _parser() -> argparse.ArgumentParser:
         "server subprocesses, against the same client in process.",
         "50 rounds (< 1 minute)",
         seed=2024,
+        record=True,
     )
     parser.add_argument("--rounds", type=int, help="timed rounds per distribution (200; quick 50)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
@@ -861,7 +862,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  aim: HTTP round trip p50 <= {AIM_HTTP_ROUND_TRIP_P50_MS:.0f} ms: "
         f"{'met' if result['aim_http_round_trip_p50_met'] else 'NOT met'}"
     )
-    return print_result(result)
+    return print_result(result, args)
 
 
 if __name__ == "__main__":

@@ -149,6 +149,7 @@ def parse_args() -> argparse.Namespace:
         "Build cost, generation speed and shape figures of the synthetic stream profiles.",
         "20k events per figure, LR learnt on 5k and 50k events only (about half a minute)",
         seed=0,
+        record=True,
     )
     p.add_argument("--profiles", nargs="+", choices=[DEFAULT, *PROFILES], help="which (default: all and the default)")
     p.add_argument("--events", type=int, help="events per speed run and for the figures (default 50000; quick 20000)")
@@ -163,4 +164,5 @@ def parse_args() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    print_result(main(parse_args()))
+    ARGS = parse_args()
+    print_result(main(ARGS), ARGS)

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import uvloop
-from common import bench_mode, elapsed_s, print_result, progress_log
+from common import add_record_option, bench_mode, elapsed_s, print_result, progress_log
 from running import PARTITIONS, local_clients, preload, raw_rate, start_shards, stop_shards, wait_healthy, worker_rate
 
 from consumers.broker import EmbeddedBroker, create_topics
@@ -185,9 +185,10 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, help="rounds of (a)-(d); figures are medians (default 3, --quick 1)")
     parser.add_argument("--events", type=int, help="override the number of events")
     parser.add_argument("--seed", type=int, default=0)
+    add_record_option(parser)
     parser.add_argument("--decode-processes", type=int, default=1, help="the worker's decode processes")
     parser.add_argument("--mini-batch", type=int, default=WorkerConfig.mini_batch, help="events per pull/push step")
     parsed = parser.parse_args()
     if parsed.rounds is None:
         parsed.rounds = 1 if parsed.quick else 3
-    print_result(uvloop.run(main(parsed)))
+    print_result(uvloop.run(main(parsed)), parsed)
