@@ -175,7 +175,7 @@ async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_olde
             await _train(client, LR, KEYS[(step - 1) * 500 : step * 500 + 500], step)
             lease = await control.acquire_lease("w", wait_s=5)
             await control.release_lease(lease.lease_id, {"clicks": {0: 100 * step, 1: 10 * step}})
-            assert (await control.export_now(kind))["version"] == step
+            assert (await control.export_now(kind)).version == step
     # One flipped byte in shard 1's file of the newest base (version 3).
     damaged = exports / "m" / "0000000003" / "shard-1.m_w.npz"
     raw = bytearray(damaged.read_bytes())
@@ -209,7 +209,7 @@ async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(shar
         await _declared(control, shards)
         for step, kind in enumerate(("base", "delta"), start=1):
             await _train(client, LR, KEYS[: step * 1000], step)
-            assert (await control.export_now(kind))["version"] == step
+            assert (await control.export_now(kind)).version == step
     damaged = exports / "m" / "0000000001" / "shard-0.m_w.npz"
     raw = bytearray(damaged.read_bytes())
     raw[len(raw) // 3] ^= 0x80
@@ -269,7 +269,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
             assert await _run_worker(worker, lambda: worker.stats.events_trained >= n // 3) is None
             assert all(await committed())
             cut = await control.export_now()
-            assert (cut["version"], cut["kind"]) == (1, "base")
+            assert (cut.version, cut.kind) == (1, "base")
 
             # Train on; mid-stream shard 1 dies and is started again alone.
             # The cluster restores one version on every shard, and workers
@@ -326,7 +326,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
     # Every produced event was applied at least once (the bias row's shows
     # per partition's feature count applications), at most one window more.
     recovered = restore_shards(latest_chain(shards.exports / "m", verify=True), 2)
-    assert recovered.version == final["version"]
+    assert recovered.version == final.version
     shows = _shows_in(recovered.shards, _part_keys())
     assert all(p <= s <= p + 1000 for s, p in zip(shows, produced)), (shows, produced)
     for i in range(2):
@@ -340,7 +340,7 @@ async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(shard
         await _train(client, LR, KEYS[:1500], 1)
         lease = await control.acquire_lease("w", wait_s=5)
         await control.release_lease(lease.lease_id, {"clicks": {0: 7}})
-        assert (await control.export_now())["version"] == 1
+        assert (await control.export_now()).version == 1
         at_v1 = await client.pull("m_w", KEYS)
         lease = await control.acquire_lease("w", wait_s=5)
         await _train(client, LR, KEYS[1000:], 2)  # trained past version 1

@@ -256,8 +256,8 @@ async def test_train_token_pushes_but_cannot_snapshot_or_export_and_admin_can(se
         fetched = await admin_control.fetch_snapshots(1)
         assert {snap.table for snap in fetched[0]} == {"ctr_lr", "ctr_extra"}
         report = await admin_control.export_now("base")
-        assert report["version"] == 1 and report["kind"] == "base"
-        assert (await admin_control.exports())["versions"]
+        assert report.version == 1 and report.kind == "base"
+        assert (await admin_control.exports()).versions
         assert await admin.push("ctr_lr", KEYS, GRADS) == KEYS.size  # admin includes train
 
 

@@ -355,9 +355,9 @@ async def test_shard_and_serve_roles_with_tls_and_a_secret(
                 with pytest.raises(AuthError):
                     await training.export_now("base")
             report = await admin.export_now("base")
-            assert report["version"] == 1
+            assert report.version == 1
             # Shard 0 took shard 1's rows over TLS, with its admin token.
-            assert report["rows"] == keys.size, report
+            assert report.rows == keys.size, report
             rows = [(await t.stats())["tables"][name]["features"] for t in admin.shards]
             assert all(n > 0 for n in rows) and sum(rows) == keys.size
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import PSError
+from ps_core.net.control_messages import BoardEntry
 
 from ..metrics import ApiMetrics
 
@@ -28,7 +29,7 @@ class ClusterView(Protocol):
         """Each shard's stats, or the error it answered with, in shard order."""
         ...
 
-    async def statuses(self) -> list[dict[str, Any]]:
+    async def statuses(self) -> list[BoardEntry]:
         """The status board, the least recently reported first."""
         ...
 
@@ -52,7 +53,7 @@ class ControlView:
                 raise r
         return [r for r in got if isinstance(r, (dict, PSError))]
 
-    async def statuses(self) -> list[dict[str, Any]]:
+    async def statuses(self) -> list[BoardEntry]:
         return await self._metrics.timed(0, "status", self.control.statuses)
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "MAX_NOTE_CHARS",
     "PARTITION_KEY",
     "check_report",
+    "as_worker_status",
 ]
 
 MAX_STATUS_BYTES = 64 * 1024
@@ -204,3 +205,10 @@ def check_report(source: object, status: object, encoded_size: int) -> None:
     if encoded_size > MAX_STATUS_BYTES:
         raise StatusError(f"status of {encoded_size} bytes exceeds {MAX_STATUS_BYTES}")
     check(status, WorkerStatus, StatusError, "$.status")
+
+
+def as_worker_status(status: object) -> WorkerStatus:
+    """`status` (a decoded JSON object) as the `WorkerStatus` the board takes;
+    `StatusError` naming the field (``$.status...``) otherwise."""
+    out: WorkerStatus = check(status, WorkerStatus, StatusError, "$.status")
+    return out
