@@ -33,6 +33,7 @@ from ps_core.errors import CutAbortedError, ExportWriteError
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import ShardSite, start_shard_site
+from ps_core.net.shard_bodies import ExporterStats
 from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
@@ -146,8 +147,9 @@ async def test_a_shard_unreachable_at_the_pause_aborts_the_cut_everywhere(
         assert [v.version for v in list_versions(cluster.exports / "m")] == [1, 3, 4]
         assert _restores_to_live(cluster.exports, cluster.shards) == 4
         # The failure is counted where metrics read shard 0's figures.
-        stats = (await control.stats())[0]["exports"]
-        assert stats["failures"] == {"unreachable": 1} and stats["exports"] == 3
+        stats = (await control.stats())[0].exports
+        assert isinstance(stats, ExporterStats)
+        assert stats.failures == {"unreachable": 1} and stats.exports == 3
         metrics = ApiMetrics()
         exposition = (await metrics.scrape(ControlView(control, metrics))).decode()
         assert 'ctrps_export_failures_total{reason="unreachable"} 1.0' in exposition

@@ -54,6 +54,7 @@ from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.rpc import RpcConnection, RpcServer, start_rpc_server
 from ps_core.net.server import DEFAULT_MAX_BODY, ROUTE_SCOPES, ShardSite, start_shard_site
+from ps_core.net.shard_bodies import AuthStats
 from ps_core.net.transports import TcpTransport
 from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
@@ -419,7 +420,7 @@ async def test_refusals_are_one_line_per_kind_counted_and_never_show_a_token(
     # Counted in the shard's stats, for a read token.
     async with s.control(Scope.READ) as reader:
         stats = (await reader.stats())[0]
-    assert stats["auth"] == {"refused": {"missing": 5, "wrong": 10, "scope": 5}}
+    assert stats.auth == AuthStats({"missing": 5, "wrong": 10, "scope": 5})
 
     # And on the API's metrics, which reads the shards' stats.
     client = PSClient.connect([s.url], token=s.tokens[Scope.READ])

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+import msgspec
+
 from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import PSError
 from ps_core.net.control_messages import BoardEntry
@@ -51,7 +53,8 @@ class ControlView:
         for r in got:
             if isinstance(r, BaseException) and not isinstance(r, PSError):
                 raise r
-        return [r for r in got if isinstance(r, (dict, PSError))]
+        # As JSON, as a replica's own (`ReplicaView`): what the metrics and ``/v1/model`` read.
+        return [r if isinstance(r, PSError) else msgspec.to_builtins(r) for r in got]
 
     async def statuses(self) -> list[BoardEntry]:
         return await self._metrics.timed(0, "status", self.control.statuses)

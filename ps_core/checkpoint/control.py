@@ -59,7 +59,7 @@ from ..net.control_messages import (
     SyncMember,
 )
 from ..net.endpoint import RetryPolicy, ShardEndpoint, ShardGroup
-from ..net.shard_bodies import TableDeclaration
+from ..net.shard_bodies import Stats, TableDeclaration
 from ..net.snapshot_transfer import snapshots_from_bytes
 from ..shard import Shard
 from ..store.board import StatusReport, WorkerStatus
@@ -149,7 +149,7 @@ class ShardControl(Protocol):
 
     async def declare(self, config: TableConfig) -> bool: ...
 
-    async def stats(self) -> dict[str, Any]: ...
+    async def stats(self) -> Stats: ...
 
     async def report_status(self, source: str, status: WorkerStatus) -> StatusAck: ...
 
@@ -215,8 +215,8 @@ class LocalControl:
     async def declare(self, config: TableConfig) -> bool:
         return self.shard.declare(config)
 
-    async def stats(self) -> dict[str, Any]:
-        return self.shard.stats()
+    async def stats(self) -> Stats:
+        return msgspec.convert(self.shard.stats(), Stats)
 
     async def report_status(self, source: str, status: WorkerStatus) -> StatusAck:
         return msgspec.convert(self.shard.report_status(source, msgspec.to_builtins(status)), StatusAck)
@@ -342,7 +342,7 @@ class HttpControl(ShardEndpoint):
         status, _ = await self._exchange(calls.DECLARE, body, None)
         return status == 201
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> Stats:
         return await self._call(calls.STATS)
 
     async def report_status(self, source: str, status: WorkerStatus) -> StatusAck:
@@ -483,7 +483,7 @@ class ControlClient(ShardGroup[ShardControl]):
         """Declare a table on every shard; True if any shard created it."""
         return any(await fan_out([t.declare(config) for t in self.shards]))
 
-    async def stats(self) -> list[dict[str, Any]]:
+    async def stats(self) -> list[Stats]:
         """Each shard's stats, in shard order."""
         return await fan_out([t.stats() for t in self.shards])
 

@@ -68,7 +68,7 @@ from .control_messages import (
     SyncStep,
     TableDropped,
 )
-from .shard_bodies import Declared, TableDeclaration
+from .shard_bodies import Declared, Stats, TableDeclaration
 
 __all__ = ["ControlCall", "CONTROL_CALLS", "ControlReplyError", "with_model", "Req", "Rep"]
 
@@ -176,7 +176,7 @@ _READ, _TRAIN, _ADMIN = Scope.READ, Scope.TRAIN, Scope.ADMIN
 # -- every shard ------------------------------------------------------------------------
 DECLARE = ControlCall("declare", "POST", "/v1/tables", _TRAIN, TableDeclaration, Declared)
 DROP_TABLE = ControlCall[None, TableDropped]("drop_table", "DELETE", "/v1/tables/{name}", _ADMIN, None, TableDropped)
-STATS = ControlCall[None, JsonObject]("stats", "GET", "/v1/stats", _READ, None, dict)
+STATS = ControlCall[None, Stats]("stats", "GET", "/v1/stats", _READ, None, Stats)
 REPORT_STATUS = ControlCall("report_status", "POST", "/v1/status", _TRAIN, StatusReport, StatusAck)
 STATUSES = ControlCall[None, StatusBoardBody]("statuses", "GET", "/v1/status", _READ, None, StatusBoardBody)
 TAKE_SNAPSHOT = ControlCall("take_snapshot", "POST", "/v1/snapshots", _ADMIN, SnapshotRequest, SnapshotRows)
