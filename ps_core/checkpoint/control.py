@@ -124,8 +124,7 @@ class ReleaseFields(TypedDict, total=False):
 
 
 class ExportService(Protocol):
-    """What shard 0's transport needs of an in-process exporter
-    (`ps_core.checkpoint.exporter.Exporter`)."""
+    """What shard 0's transport needs of an in-process exporter (`exporter.Exporter`)."""
 
     async def export_json(self, kind: str | None = None) -> ExportReportBody: ...
 
@@ -488,16 +487,14 @@ class ControlClient(ShardGroup[ShardControl]):
         return await fan_out([t.stats() for t in self.shards])
 
     async def report_status(self, source: str, status: WorkerStatus) -> StatusAck:
-        """Leave `status` on the status board of shard 0 as the latest of
-        `source`; replaces that source's previous status
-        (`ps_core.store.board.as_worker_status` makes one of a JSON object)."""
+        """Leave `status` (`ps_core.store.board.as_worker_status`) on shard 0's
+        status board as the latest of `source`, replacing its previous one."""
         if not isinstance(status, WorkerStatus):
             raise StatusError(f"status must be a WorkerStatus, got {type(status).__name__}")
         return await self.shards[0].report_status(source, status)
 
     async def statuses(self) -> list[BoardEntry]:
-        """The status board of shard 0: source, time received and status per
-        source, the least recently reported first."""
+        """The status board of shard 0, the least recently reported source first."""
         return await self.shards[0].statuses()
 
     def serve_exports(self, exporter: ExportService) -> None:
@@ -570,8 +567,7 @@ class ControlClient(ShardGroup[ShardControl]):
         return await self.shards[0].coordinator_resume(model)
 
     async def export_now(self, kind: str | None = None) -> ExportReportBody:
-        """Cut and write a version now (`ps_core.checkpoint.exporter.ExportReport`'s message);
-        `NoCoordinatorError` when shard 0 runs no exporter."""
+        """Cut and write a version now (`NoCoordinatorError` when shard 0 runs no exporter)."""
         return await self.shards[0].export_now(kind)
 
     async def exports(self, model: str | None = None) -> ExportList:

@@ -12,12 +12,12 @@ model of its reply (`ps_core.net.control_messages`). From these declarations:
   request from the same model and decodes the reply (`ControlCall.read`).
 
 Adding a call is one declaration here, the server's handler, and the
-client's method. Replies of the calls whose answer is relayed as it is to
-people (stats, the status board, exports, models) are JSON documents
-(``reply=dict``); the others are decoded into their model.
+client's method. Every reply is decoded into its model (stats, the status
+board, exports and models too), but the coordinator's offsets
+(``reply=dict``, read by hand) and a snapshot's bytes.
 
-A reply's fields this client does not know are dropped before it is
-decoded, so a newer shard adding one to its answer is still understood.
+A reply's fields this client does not know are dropped, at any depth,
+before it is decoded, so a newer shard adding one to its answer is still understood.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class ControlCall(Generic[Req, Rep]):
     request: type[Req] | None
     """The JSON body's model (None: the call sends no body)."""
     reply: type[Rep]
-    """The reply's model; ``dict`` for a JSON document relayed as it is, ``bytes`` for a binary body."""
+    """The reply's model; ``dict`` for a JSON document read by hand, ``bytes`` for a binary body."""
     coordinator: bool = False
     """Served by the shard hosting the coordinator (shard 0) only: a 404 there means it hosts none."""
     answered: tuple[str, ...] = ()
@@ -169,7 +169,7 @@ def with_model(path: str, model: str | None) -> str:
 
 
 JsonObject = dict[str, Any]
-"""A JSON document relayed as it is (`ControlCall.reply` ``dict``)."""
+"""A JSON document read by hand (`ControlCall.reply` ``dict``)."""
 
 _READ, _TRAIN, _ADMIN = Scope.READ, Scope.TRAIN, Scope.ADMIN
 

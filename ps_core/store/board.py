@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeVar
 
+import orjson
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ..bodies import check
@@ -208,7 +209,12 @@ def check_report(source: object, status: object, encoded_size: int) -> None:
 
 
 def as_worker_status(status: object) -> WorkerStatus:
-    """`status` (a decoded JSON object) as the `WorkerStatus` the board takes;
-    `StatusError` naming the field (``$.status...``) otherwise."""
-    out: WorkerStatus = check(status, WorkerStatus, StatusError, "$.status")
+    """`status` (a JSON object) as the `WorkerStatus` the board takes: its
+    JSON form checked, as the board checks what it is sent (NaN and the
+    infinities are null there); `StatusError` naming the field otherwise."""
+    try:
+        doc = orjson.loads(orjson.dumps(status))
+    except TypeError as exc:  # orjson's error for non-string keys, objects, huge ints
+        raise StatusError(f"status is not JSON: {exc}") from None
+    out: WorkerStatus = check(doc, WorkerStatus, StatusError, "$.status")
     return out
