@@ -150,6 +150,8 @@ class ControlCall(Generic[Req, Rep]):
 def _known(doc: Any, info: mi.Type) -> Any:
     """`doc` without the fields its model does not know, at any depth (a
     newer shard's addition), as it is where it is not the model's shape."""
+    if isinstance(info, mi.Metadata):  # an annotated type (its description)
+        return _known(doc, info.type)
     if isinstance(info, mi.UnionType):
         shapes = [t for t in info.types if isinstance(t, (mi.StructType, mi.ListType, mi.DictType))]
         return _known(doc, shapes[0]) if len(shapes) == 1 else doc
