@@ -113,7 +113,7 @@ class _WindowProgress:
         self._t = now
         self.trained += report.events
         stats = await self._control.stats()
-        features = sum(s["tables"].get(self._table, {}).get("features", 0) for s in stats)
+        features = sum(s.tables[self._table].features for s in stats if self._table in s.tables)
         m = report.metrics
         log_event(
             log,

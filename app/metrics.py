@@ -46,7 +46,7 @@ from ps_core.net.shard_metrics import by_key, counter_by, exposition, num, port_
 from ps_core.net.transports import Pulled, ShardReader
 from ps_core.store.storage import F32
 
-from .status import BoardSummary, StatusHook, summarize
+from .status import BoardSummary, StatusHook, board_entry, summarize
 
 if TYPE_CHECKING:  # the views time their calls here
     from .api.views import ClusterView
@@ -95,7 +95,7 @@ async def take_snapshot(view: ClusterView, model: str | None = None) -> ClusterS
     if isinstance(board, list):
         named = {
             e["status"].get("model")
-            for e in board
+            for e in map(board_entry, board)
             if isinstance(e, dict) and isinstance(e.get("status"), dict) and e["status"].get("kind") == "worker"
         }
         for name in sorted(n for n in named if isinstance(n, str)):

@@ -22,13 +22,17 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from consumers.worker import WindowReport, WorkerStats
 from ps_core.checkpoint.control import ControlClient
+from ps_core.net.control_messages import BoardEntry
 from ps_core.parsing import is_int_text
+from ps_core.store.board import as_worker_status
 
 __all__ = [
     "WINDOW_SECONDS_BUCKETS",
@@ -205,7 +209,7 @@ class StatusHook:
         self.histogram.observe(report.seconds)
         status = self.status(report)
         try:
-            await self.control.report_status(self.worker_id, status)
+            await self.control.report_status(self.worker_id, as_worker_status(status))
         except Exception as exc:  # the board's failure, never training's
             self._report_lost(report, exc)
             return
@@ -324,8 +328,13 @@ class BoardSummary:
         return sum(self.lag_by_partition.values())
 
 
-def summarize(statuses: list[Any], model: str | None = None) -> BoardSummary:
-    """Combine the board (`PSClient.statuses`, least recently reported first).
+def board_entry(entry: object) -> object:
+    """A board entry (`BoardEntry`, or any decoded JSON) as a JSON object would read."""
+    return msgspec.structs.asdict(entry) if isinstance(entry, BoardEntry) else entry
+
+
+def summarize(statuses: Sequence[object], model: str | None = None) -> BoardSummary:
+    """Combine the board (`ControlClient.statuses`, least recently reported first).
 
     Entries that are not worker statuses are left out, and with `model` the
     workers of another model (a worker that names none, from before workers
@@ -334,7 +343,7 @@ def summarize(statuses: list[Any], model: str | None = None) -> BoardSummary:
     all read it."""
     workers = [
         WorkerView(e["source"], float(e["received_at"]), e["status"])
-        for e in statuses
+        for e in map(board_entry, statuses)
         if isinstance(e, dict)
         and isinstance(e.get("source"), str)
         and isinstance(e.get("received_at"), (int, float))

@@ -225,11 +225,11 @@ async def run_mode(mode: str, bootstrap: str, topic: str, n: int, args: argparse
         buckets: dict[str, int] = {}
         total = count = 0
         for shard in stats:
-            s = shard["tables"]["ctr_w"]["staleness"]
-            for bound, k in s["buckets"].items():
+            s = shard.tables["ctr_w"].staleness
+            for bound, k in s.buckets.items():
                 buckets[bound] = buckets.get(bound, 0) + k
-            total += s["sum"]
-            count += s["count"]
+            total += s.sum
+            count += s.count
         out["staleness_buckets"] = buckets
         out["staleness_mean"] = total / count if count else 0.0
         below = np.cumsum(list(buckets.values()))

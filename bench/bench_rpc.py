@@ -678,7 +678,7 @@ async def run(cfg: Config) -> dict[str, Any]:
                     t = time.perf_counter()
                     await warm_pool(c, work.pool, chunk)
                     warm.append(time.perf_counter() - t)
-                feats = [s["tables"][TABLE]["features"] for s in await control.stats()]
+                feats = [s.tables[TABLE].features for s in await control.stats()]
                 log(
                     f"warm-up: pushed the {work.pool.size:,}-id pool to each system "
                     f"(HTTP {warm[0]:.2f}s, in process {warm[1]:.2f}s); HTTP features per "

@@ -51,8 +51,8 @@ class Registration:
         adopted = [own, *[await self.adopt(m, strict_type=False) for m in beside]]
         await self.declare(adopted)
         for model in adopted:
-            got = await self.control.create_model(ModelSpec.of(model).recipe())
-            if got.get("created"):
+            got = await self.control.create_model(ModelSpec.of(model).declaration())
+            if got.created:
                 log.info("model created", extra={"fields": {"model": model.name, "type": model.kind}})
         self.key = own.name
         return adopted
@@ -67,9 +67,9 @@ class Registration:
             info = await self.control.model_info(model.name)
         except UnknownModelError:
             return model
-        if info.get("type") is None:
+        if info.type is None:
             return model
-        spec = ModelSpec.from_dict(info)
+        spec = ModelSpec.from_entry(info)
         if strict_type and spec.kind != model.kind:
             raise ModelConflictError(
                 f"model {model.name} was created as {spec.kind}; this worker was started with --model {model.kind}"

@@ -51,7 +51,7 @@ from ps_core.net.control_messages import Admit, ExportRequest, LeaseRequest, Rel
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.shard_openapi import shard_document
 from ps_core.shard import Shard, ShardSpec
-from ps_core.store.board import StatusReport
+from ps_core.store.board import StatusReport, as_worker_status
 from ps_core.store.lifecycle import Lifecycle
 from ps_core.store.table import SparseTable
 from ps_core.store.table_config import TableConfig
@@ -757,7 +757,7 @@ async def test_status_board_round_trip_through_the_api(make_api: MakeApi) -> Non
     status, board = await api.call("GET", "/v1/status")
     assert status == 200
     assert [(e["source"], e["status"]) for e in board["statuses"]] == [("ext-1", {"kind": "worker", "windows": 2})]
-    assert (await api.control.statuses())[0]["status"]["windows"] == 2
+    assert (await api.control.statuses())[0].status["windows"] == 2
 
 
 async def test_the_guides_status_report_is_accepted(make_api: MakeApi) -> None:
@@ -804,7 +804,7 @@ async def test_admin_routes_need_the_bearer_token(make_api: MakeApi, header: str
     if status == 401:
         assert body["error"] == "unauthorized" and board == []
     else:
-        assert [e["source"] for e in board] == ["w"]
+        assert [e.source for e in board] == ["w"]
     # Read-only routes stay open.
     assert (await api.call("GET", "/v1/status"))[0] == 200
     assert (await api.call("POST", "/v1/predict", {"events": [EV]}))[0] == 200
@@ -1231,7 +1231,7 @@ async def test_model_info_and_metrics_count_only_the_apis_own_models_workers(mak
         status: dict[str, Any] = {"kind": "worker", "events_trained": events, "windows": 1}
         if model is not None:
             status["model"] = model
-        await api.control.report_status(source, status)
+        await api.control.report_status(source, as_worker_status(status))
     status_code, info = await api.call("GET", "/v1/model")
     assert status_code == 200
     assert info["events_trained"] == 105 and info["windows"] == 2

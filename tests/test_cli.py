@@ -183,7 +183,7 @@ async def test_shard_subprocess_serves_logs_json_and_stops_on_sigterm(tmp_path: 
             np.testing.assert_array_equal(got, ref.pull(keys))
             assert np.count_nonzero(got) >= 3
             stats = (await control.stats())[0]
-            assert stats["tables"]["lr"]["features"] == 4
+            assert stats.tables["lr"].features == 4
             # Pulls and pushes went over the advertised RPC port.
             transport = client.transports[0]
             assert isinstance(transport, TcpTransport)

@@ -140,8 +140,8 @@ async def test_local_and_http_clients_give_identical_results(serve_shards: Any) 
         http_stats, local_stats = await http_control.stats(), await ControlClient.local(local_shards).stats()
     for h, loc in zip(http_stats, local_stats):
         for name in ("lr", "emb"):
-            assert h["tables"][name]["features"] == loc["tables"][name]["features"]
-            assert h["tables"][name]["pushes"] == loc["tables"][name]["pushes"]
+            assert h.tables[name].features == loc.tables[name].features
+            assert h.tables[name].pushes == loc.tables[name].pushes
 
 
 @pytest.mark.parametrize("num_shards", [1, 2, 3])

@@ -26,6 +26,7 @@ from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.wire import WireFormat
 from ps_core.shard.key_sets import KeySets
+from ps_core.store.board import as_worker_status
 from ps_core.synthetic import SyntheticStream
 
 # Every test here takes seconds (processes, a broker, fuzzing): `make test-fast` skips them.
@@ -130,7 +131,8 @@ async def test_what_frames_cost_reaches_metrics(serve_shards: Any) -> None:
         await client.push("m_w", routed, np.full(keys.size, 1e6, np.float32))  # beyond float16: clipped
         stats = client.wire_stats()
         assert (stats.key_set_pushes, stats.key_set_misses, stats.values_clipped) == (2, 1, keys.size)
-        await control.report_status("w1", {"kind": "worker", "wire": {"format": wire.describe(), **stats.as_dict()}})
+        report = {"kind": "worker", "wire": {"format": wire.describe(), **stats.as_dict()}}
+        await control.report_status("w1", as_worker_status(report))
         metrics = ApiMetrics("m")  # the API's model: that of a worker naming none
         text = (await metrics.scrape(ControlView(control, metrics))).decode()
     sample = f'ctrps_worker_wire_bytes_total{{direction="sent",model="m",worker="w1"}} {float(stats.bytes_sent)}'

@@ -28,7 +28,9 @@ from ps_core.net.control_calls import CONTROL_CALLS, ControlReplyError
 from ps_core.net.control_messages import MembershipBody
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import ROUTE_SCOPES
+from ps_core.net.shard_bodies import Stats, TableStats
 from ps_core.shard import Shard, ShardSpec
+from ps_core.store.table_config import TableConfig
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Rewrite = dict[str, Callable[[dict[str, object]], dict[str, object]]]
@@ -75,6 +77,23 @@ async def test_membership_is_decoded_into_its_model_and_a_newer_shards_field_is_
     got = await served.control.membership()
     assert isinstance(got, MembershipBody)
     assert (got.shard_id, got.num_shards, got.version, got.clean) == (0, 1, 0, True)
+
+
+async def test_a_newer_shards_fields_are_dropped_at_any_depth_and_the_stats_decoded(served: Served) -> None:
+    await served.control.declare(TableConfig("w", 1))
+
+    def newer(body: dict[str, object]) -> dict[str, object]:
+        tables = body["tables"]
+        assert isinstance(tables, dict)
+        heated = {
+            name: {**t, "heat": 0.5, "lifecycle": {**t["lifecycle"], "paused": True}} for name, t in tables.items()
+        }
+        return {**body, "zone": "eu-1", "tables": heated}
+
+    served.rewrite["/v1/stats"] = newer
+    got = await served.control.stats()
+    assert isinstance(got, Stats) and isinstance(got.tables["w"], TableStats)
+    assert (got.shard_id, got.num_shards, got.tables["w"].features, got.tables["w"].config.dim) == (0, 1, 0, 1)
 
 
 async def test_a_reply_that_is_not_the_calls_model_is_refused_naming_the_route(served: Served) -> None:

@@ -33,6 +33,7 @@ from ps_core.errors import CutAbortedError, ExportWriteError
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import ShardSite, start_shard_site
+from ps_core.net.shard_bodies import ExporterStats
 from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
 
@@ -116,7 +117,7 @@ async def test_a_shard_unreachable_at_the_pause_aborts_the_cut_everywhere(
     async with PSClient.connect(cluster.urls) as client, ControlClient.connect(cluster.urls) as control:
         await _train(client, LR, KEYS[:1000], 1)
         first = await control.export_now()
-        assert (first["version"], first["kind"]) == (1, "base")
+        assert (first.version, first.kind) == (1, "base")
         await _train(client, LR, KEYS[500:1500], 2)
 
         await cluster.stop_shard(1)
@@ -139,15 +140,16 @@ async def test_a_shard_unreachable_at_the_pause_aborts_the_cut_everywhere(
         await cluster.start_shard(1)
         # Version 2 is spent; the next cut is a base, and everything restores.
         after = await control.export_now()
-        assert (after["version"], after["kind"]) == (3, "base")
+        assert (after.version, after.kind) == (3, "base")
         await _train(client, LR, KEYS[1500:], 3)
         delta = await control.export_now()
-        assert (delta["version"], delta["kind"], delta["parent"]) == (4, "delta", 3)
+        assert (delta.version, delta.kind, delta.parent) == (4, "delta", 3)
         assert [v.version for v in list_versions(cluster.exports / "m")] == [1, 3, 4]
         assert _restores_to_live(cluster.exports, cluster.shards) == 4
         # The failure is counted where metrics read shard 0's figures.
-        stats = (await control.stats())[0]["exports"]
-        assert stats["failures"] == {"unreachable": 1} and stats["exports"] == 3
+        stats = (await control.stats())[0].exports
+        assert isinstance(stats, ExporterStats)
+        assert stats.failures == {"unreachable": 1} and stats.exports == 3
         metrics = ApiMetrics()
         exposition = (await metrics.scrape(ControlView(control, metrics))).decode()
         assert 'ctrps_export_failures_total{reason="unreachable"} 1.0' in exposition
@@ -183,7 +185,7 @@ async def test_a_shard_lost_between_the_pause_and_the_fetch(cluster: Cluster, ca
         # and that stale copy blocks nothing.
         assert cluster.shards[1].pending_snapshots == [2]
         after = await control.export_now()
-        assert (after["version"], after["kind"]) == (3, "base")
+        assert (after.version, after.kind) == (3, "base")
         assert [v.version for v in list_versions(cluster.exports / "m")] == [1, 3]
         assert _restores_to_live(cluster.exports, cluster.shards) == 3
 
@@ -191,7 +193,7 @@ async def test_a_shard_lost_between_the_pause_and_the_fetch(cluster: Cluster, ca
 async def test_a_stray_snapshot_request_does_not_block_cuts(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
     async with PSClient.connect(cluster.urls) as client, ControlClient.connect(cluster.urls) as control:
         await _train(client, LR, KEYS[:1000], 1)
-        assert (await control.export_now())["version"] == 1
+        assert (await control.export_now()).version == 1
         await _train(client, LR, KEYS[1000:], 2)
         # Someone asks shard 1 for the coordinator's next version by hand.
         async with aiohttp.ClientSession() as http:
@@ -201,12 +203,12 @@ async def test_a_stray_snapshot_request_does_not_block_cuts(cluster: Cluster, ca
             # Shard 1's tables moved on past the parent: the delta is refused,
             # aborted, and tried again at once as a base, which succeeds.
             cut = await control.export_now()
-        assert (cut["version"], cut["kind"]) == (3, "base")
+        assert (cut.version, cut.kind) == (3, "base")
         assert [r.fields["reason"] for r in _aborted(caplog)] == ["refused"]  # type: ignore[attr-defined]
         await _train(client, LR, KEYS[:10], 3)
         for version in (4, 5):
             got = await control.export_now()
-            assert (got["version"], got["kind"]) == (version, "delta")
+            assert (got.version, got.kind) == (version, "delta")
         assert cluster.shards[1].pending_snapshots == []
         assert _restores_to_live(cluster.exports, cluster.shards) == 5
 
@@ -235,7 +237,7 @@ async def test_a_full_disk_fails_one_cut_and_the_next_succeeds(
         try:
             async with PSClient.connect(cluster.urls) as client, ControlClient.connect(cluster.urls) as control:
                 await _train(client, LR, KEYS, 1)
-                assert (await control.export_now())["version"] == 1
+                assert (await control.export_now()).version == 1
                 await _train(client, LR, KEYS[:1500], 2)
                 # Fill the filesystem to within a few kilobytes.
                 filler = exports / "filler"
@@ -264,7 +266,7 @@ async def test_a_full_disk_fails_one_cut_and_the_next_succeeds(
 
                 filler.unlink()
                 after = await control.export_now()
-                assert (after["version"], after["kind"]) == (4, "base")
+                assert (after.version, after.kind) == (4, "base")
                 assert _restores_to_live(exports, cluster.shards) == 4
         finally:
             await cluster.close()
@@ -275,7 +277,7 @@ async def test_a_shard_not_joined_copies_nothing_and_the_cut_is_aborted(
 ) -> None:
     async with PSClient.connect(cluster.urls) as client, ControlClient.connect(cluster.urls) as control:
         await _train(client, LR, KEYS, 1)
-        assert (await control.export_now())["version"] == 1
+        assert (await control.export_now()).version == 1
         # Shard 1 restarted (not yet admitted): its state may be another
         # version than shard 0's, so a cut of it would mix versions.
         cluster.shards[1].leave("restarted")
@@ -287,7 +289,7 @@ async def test_a_shard_not_joined_copies_nothing_and_the_cut_is_aborted(
         assert [v.version for v in list_versions(cluster.exports / "m")] == [1]
         cluster.shards[1].admit("", cluster.shards[1].state_version)
         after = await control.export_now()
-        assert (after["version"], after["kind"]) == (3, "base")
+        assert (after.version, after.kind) == (3, "base")
         assert _restores_to_live(cluster.exports, cluster.shards) == 3
 
 

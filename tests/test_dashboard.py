@@ -55,6 +55,7 @@ from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import PSError, ShardUnavailableError
 from ps_core.model.models import Model, make_model
 from ps_core.net.client import PSClient
+from ps_core.net.control_messages import BoardEntry
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.server import create_shard_app
 from ps_core.shard import Shard, ShardSpec
@@ -156,7 +157,7 @@ async def test_each_sample_is_a_point_and_events_per_s_comes_from_each_workers_r
     assert second.events_trained == 150 and second.events_per_s is None
     assert second.features == table_sizes(model, shards) and second.features["ctr_w"] > 100
     assert (second.lag, second.dead_letters) == (7, 2)
-    last = (await control.statuses())[0]["status"]["last_window"]
+    last = (await control.statuses())[0].status["last_window"]
     assert (second.logloss, second.auc, second.copc) == (last["logloss"], last["auc"], last["copc"])
 
     # w-a's next window, then w-b's first: w-a's 150 events in the 2 s between its reports.
@@ -368,7 +369,7 @@ class Outage:
     async def stats_each(self) -> list[dict[str, Any] | PSError]:
         return await self.inner.stats_each()
 
-    async def statuses(self) -> list[dict[str, Any]]:
+    async def statuses(self) -> list[BoardEntry]:
         if self.down:
             raise ShardUnavailableError("shard 0 is unreachable")
         return await self.inner.statuses()

@@ -111,8 +111,8 @@ async def test_a_cut_writes_each_model_with_its_offsets_and_a_restore_loads_them
     control.serve_exports(exporter)
     ctr, ads = _spec("lr", "ctr"), _spec("fm", "ads", k=4)
     for spec in (ctr, ads):
-        assert (await control.create_model(spec.recipe()))["created"]
-    assert [m["name"] for m in (await control.models())["models"]] == ["ctr", "ads"]
+        assert (await control.create_model(spec.declaration())).created
+    assert [m.name for m in (await control.models()).models] == ["ctr", "ads"]
     keys = np.arange(1, 400, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     await _train(client, "ctr_w", 1, keys[:300], 1)
     await _train(client, "ads_w", 1, keys[100:], 2)
@@ -140,7 +140,7 @@ async def test_a_cut_writes_each_model_with_its_offsets_and_a_restore_loads_them
     await control.release_lease(lease, {"clicks": {0: 120}}, model="ads")
     delta = await exporter.cut()
     assert (delta.version, delta.kind, delta.rows, delta.models["ads"]["rows"]) == (2, "delta", 0, 50)
-    assert (await control.exports("ads"))["versions"][-1]["version"] == 2
+    assert (await control.exports("ads")).versions[-1].version == 2
 
     # A restart restores every model at one version, each with its own offsets.
     chains, refusals = newest_loadable(tmp_path / "ctr")
@@ -161,7 +161,7 @@ async def test_a_cut_writes_each_model_with_its_offsets_and_a_restore_loads_them
 
     # Deleting a model drops its tables everywhere and keeps its files.
     deleted = await control.delete_model("ads")
-    assert sorted(deleted["tables_dropped"]) == ["ads_v", "ads_w"] and deleted["exports"] == str(tmp_path / "ads")
+    assert sorted(deleted.tables_dropped) == ["ads_v", "ads_w"] and deleted.exports == str(tmp_path / "ads")
     assert all("ads_w" not in s.tables for s in shards) and version_dirs(tmp_path / "ads")
     with pytest.raises(UnknownModelError):
         await control.model_info("ads")
@@ -177,11 +177,11 @@ async def test_a_model_created_later_starts_its_directory_with_a_base(tmp_path: 
     client, control = PSClient.local(shards), ControlClient.local(shards, coord)
     exporter = Exporter(coord, control, tmp_path, "ctr")
     control.serve_exports(exporter)
-    await control.create_model(_spec("lr", "ctr").recipe())
+    await control.create_model(_spec("lr", "ctr").declaration())
     await _train(client, "ctr_w", 1, np.arange(1, 20, dtype=np.uint64), 1)
     assert (await exporter.cut()).kind == "base"
     assert (await exporter.cut()).kind == "delta"
-    await control.create_model(_spec("lr", "late").recipe())
+    await control.create_model(_spec("lr", "late").declaration())
     await _train(client, "late_w", 1, np.arange(1, 5, dtype=np.uint64), 2)
     third = await exporter.cut()
     assert third.kind == "base" and [v.version for v in list_versions(tmp_path / "late")] == [3]
@@ -239,17 +239,17 @@ async def test_model_routes_over_http_and_ctrps_model(tmp_path: Path, serve_shar
         with pytest.raises(ModeConflictError):
             await control.declare(make_model("fm", "ads", k=4, mode="sync").tables()[1])
         with pytest.raises(ModelConflictError):
-            await control.create_model(_spec("fm", "ads", k=4, optimizer={"name": "sgd", "lr": 1.0}).recipe())
+            await control.create_model(_spec("fm", "ads", k=4, optimizer={"name": "sgd", "lr": 1.0}).declaration())
         # A table declared by hand with another optimizer: the model is not created.
         await control.declare(make_model("lr", "hand", optimizer={"name": "sgd", "lr": 1.0}).tables()[0])
         with pytest.raises(TableConflictError):
-            await control.create_model(_spec("lr", "hand").recipe())
+            await control.create_model(_spec("lr", "hand").declaration())
         with pytest.raises(UnknownModelError):
             await control.model_info("hand")
         for numeric in ("log1p/0", "sqrt"):  # refused by shard 0, in the schema or by the feed's check
             with pytest.raises(InvalidRequestError, match="numeric"):
-                await control.create_model({**_spec("lr", "zero").recipe(), "numeric": numeric})
-        assert (await control.exports("ads"))["model"] == "ads"
+                await control.create_model(msgspec.structs.replace(_spec("lr", "zero").declaration(), numeric=numeric))
+        assert (await control.exports("ads")).model == "ads"
         with pytest.raises(UnknownModelError):
             await control.exports("nope")
     deleted = await ctrps_model("delete", "ads")
@@ -270,7 +270,7 @@ async def test_one_worker_trains_several_models_on_one_decode(
     values = [keyed_event(i) for i in range(n)] + [b"{not json"] * bad
     async with PSClient.connect(urls) as client, ControlClient.connect(urls) as control:
         # "feed" is created first as an FM: the worker trains it as created.
-        await control.create_model(_spec("fm", "feed", k=4, numeric="raw").recipe())
+        await control.create_model(_spec("fm", "feed", k=4, numeric="raw").declaration())
         config = brisk_worker_config(kafka_bootstrap, topic, group, 200, 64)
         worker = Worker(
             config, client, control, make_model("lr", "m"), also=[make_model("lr", "ads"), make_model("lr", "feed")]
@@ -305,9 +305,9 @@ async def test_one_worker_trains_several_models_on_one_decode(
             got = summarize(board, name)
             assert got.events_trained == n and got.last_window is not None, name
         cut = await control.export_now()
-        assert sorted(cut["models"]) == ["ads", "ctr", "feed", "m"]
+        assert sorted(cut.models) == ["ads", "ctr", "feed", "m"]
         for name in ("m", "ads", "feed"):
-            manifest = read_manifest(version_dirs(tmp_path / name)[cut["version"]])
+            manifest = read_manifest(version_dirs(tmp_path / name)[cut.version])
             assert manifest.offsets == offsets
 
 
@@ -328,7 +328,7 @@ async def test_a_replica_follows_every_model_of_an_exports_root(tmp_path: Path) 
     control.serve_exports(exporter)
     ctr, ads = make_model("lr", "ctr"), make_model("fm", "ads", k=4, numeric="log1p")
     for model in (ctr, ads):
-        await control.create_model(ModelSpec.of(model).recipe())
+        await control.create_model(ModelSpec.of(model).declaration())
     rng = np.random.default_rng(3)
     events = [
         {"label": int(rng.random() < 0.3), "features": {"site": f"s{rng.integers(20)}", "n": float(rng.integers(50))}}
@@ -517,7 +517,7 @@ async def test_the_api_serves_its_model_as_the_cluster_declared_it(tmp_path: Pat
     exporter = Exporter(coord, control, tmp_path, "ctr")
     control.serve_exports(exporter)
     assert (await as_declared(control, flags)).numeric == "raw"  # not created: the flags'
-    await control.create_model(_spec("lr", "ctr", numeric="log1p").recipe())
+    await control.create_model(_spec("lr", "ctr", numeric="log1p").declaration())
     assert (await as_declared(control, flags)).numeric == "log1p"
 
 
@@ -541,7 +541,7 @@ async def test_a_replica_following_every_model_serves_one_created_after_it_start
     exporter = Exporter(coord, control, tmp_path, "ctr")
     control.serve_exports(exporter)
     ctr = make_model("lr", "ctr")
-    await control.create_model(ModelSpec.of(ctr).recipe())
+    await control.create_model(ModelSpec.of(ctr).declaration())
     await exporter.cut()
     settings = ApiSettings(model_name="ctr", follow=str(tmp_path), follow_all=True)
     discover = functools.partial(new_followers, tmp_path, settings)
@@ -552,7 +552,7 @@ async def test_a_replica_following_every_model_serves_one_created_after_it_start
     async with TestClient(TestServer(app)) as replica:
         assert (await replica.post("/v1/models/ads/predict", json=probe)).status == 404
         ads = make_model("fm", "ads", k=4)
-        await control.create_model(ModelSpec.of(ads).recipe())
+        await control.create_model(ModelSpec.of(ads).declaration())
         cut = await exporter.cut()
 
         async def served() -> bool:
@@ -563,7 +563,7 @@ async def test_a_replica_following_every_model_serves_one_created_after_it_start
         listed = await (await replica.get("/v1/models")).json()
         assert [(m["name"], m["type"]) for m in listed["models"]] == [("ctr", "lr"), ("ads", "fm")]
         # A model created and not yet cut is not followed: its type is known from its first version.
-        await control.create_model(ModelSpec.of(make_model("lr", "later")).recipe())
+        await control.create_model(ModelSpec.of(make_model("lr", "later")).declaration())
         assert (tmp_path / "later" / MODEL_FILE).is_file()
         assert await asyncio.to_thread(discover, {"ctr", "ads"}) == {}
 
@@ -656,7 +656,7 @@ async def test_a_worker_takes_its_models_type_and_mode_unless_given(
     async with ControlClient.connect(urls) as control:
         plain = await as_declared(settings(), control)
         assert (plain.model, plain.mode) == ("lr", "async")  # nobody created feed: the flags' defaults
-        await control.create_model(_spec("fm", "feed", k=4, mode="geo").recipe())
+        await control.create_model(_spec("fm", "feed", k=4, mode="geo").declaration())
         taken = await as_declared(settings(), control)
         assert (taken.model, taken.mode) == ("fm", "geo")
         given = await as_declared(settings("--mode", "geo"), control)
@@ -719,7 +719,7 @@ async def test_a_worker_whose_model_is_deleted_exits_in_one_line(
     shards, urls = await serve_shards(2, (), tmp_path)
     topic, group = await new_topic(kafka_bootstrap, 2)
     async with ControlClient.connect(urls) as control:
-        await control.create_model(_spec("lr", "ads").recipe())
+        await control.create_model(_spec("lr", "ads").declaration())
         async with ctrps_process(
             "worker", "--bootstrap", kafka_bootstrap, "--shards", ",".join(urls), "--topic", topic,
             "--group", group, "--model-name", "ads", "--window-seconds", "0.3", "--decode-processes", "0",

@@ -208,8 +208,8 @@ async def test_a_killed_shard_recovers_from_the_cut_and_the_replay_loses_nothing
             # A new cut of the recovered shards (versions go on after the
             # newest on disk; the first after a start is a base).
             after = await control.export_now()
-            assert (after["version"], after["kind"]) == (2, "base")
-            assert after["offsets"] == {topic: {str(p): n for p, n in enumerate(produced)}}
+            assert (after.version, after.kind) == (2, "base")
+            assert after.offsets == {topic: {str(p): n for p, n in enumerate(produced)}}
     finally:
         for p in shards:
             p.send_signal(signal.SIGTERM)

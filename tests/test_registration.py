@@ -40,11 +40,11 @@ async def test_models_are_created_once_and_taken_as_created(tmp_path: Path) -> N
     first = Registration(control)
     own = LogisticRegression("m")
     assert (await first.register([own]))[0] is own and first.key == "m"
-    assert (await control.model_info("m"))["type"] == own.kind
+    assert (await control.model_info("m")).type == own.kind
     # Created with another optimizer: a worker started with the defaults trains as created.
     assert await exporter.create_model(ModelSpec.of(LogisticRegression("n", optimizer={"name": "sgd", "lr": 0.1})))
     adopted = await Registration(control).adopt(LogisticRegression("n"), strict_type=True)
-    assert ModelSpec.of(adopted) == ModelSpec.from_dict(await control.model_info("n"))
+    assert ModelSpec.of(adopted) == ModelSpec.from_entry(await control.model_info("n"))
     assert ModelSpec.of(adopted) != ModelSpec.of(LogisticRegression("n"))
 
 

@@ -141,10 +141,10 @@ async def _joined(control: ControlClient, shards: Shards, timeout_s: float = 60)
         shards.check_running()
         try:
             got = await _memberships(control)
-            cluster = (await control.stats())[0]["cluster"]
+            cluster = (await control.stats())[0].cluster
         except Exception:
             return False  # starting
-        return bool(cluster["ready"]) and all(r.joined and r.epoch == cluster["epoch"] for r in got)
+        return bool(cluster.ready) and all(r.joined and r.epoch == cluster.epoch for r in got)
 
     await until(all_joined, timeout_s, what="every shard to join", poll_s=0.1)
     return got
@@ -175,7 +175,7 @@ async def test_a_flipped_byte_is_refused_alike_and_every_shard_restores_the_olde
             await _train(client, LR, KEYS[(step - 1) * 500 : step * 500 + 500], step)
             lease = await control.acquire_lease("w", wait_s=5)
             await control.release_lease(lease.lease_id, {"clicks": {0: 100 * step, 1: 10 * step}})
-            assert (await control.export_now(kind))["version"] == step
+            assert (await control.export_now(kind)).version == step
     # One flipped byte in shard 1's file of the newest base (version 3).
     damaged = exports / "m" / "0000000003" / "shard-1.m_w.npz"
     raw = bytearray(damaged.read_bytes())
@@ -209,7 +209,7 @@ async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(shar
         await _declared(control, shards)
         for step, kind in enumerate(("base", "delta"), start=1):
             await _train(client, LR, KEYS[: step * 1000], step)
-            assert (await control.export_now(kind))["version"] == step
+            assert (await control.export_now(kind)).version == step
     damaged = exports / "m" / "0000000001" / "shard-0.m_w.npz"
     raw = bytearray(damaged.read_bytes())
     raw[len(raw) // 3] ^= 0x80
@@ -228,8 +228,8 @@ async def test_no_version_every_shard_can_load_refuses_leases_with_one_line(shar
         assert [r.joined for r in await _memberships(control)] == [False, False]
         lines = [l for l in shards.lines(0) if l.get("msg") == "no common version: leases refused"]
         assert len(lines) == 1 and lines[0]["level"] == "error"
-        cluster = (await control.stats())[0]["cluster"]
-        assert not cluster["ready"] and cluster["versions_refused"] == 2
+        cluster = (await control.stats())[0].cluster
+        assert not cluster.ready and cluster.versions_refused == 2
 
         # Moving the damaged versions aside is what the line says to do:
         # with nothing left to load, the shards join empty.
@@ -269,7 +269,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
             assert await _run_worker(worker, lambda: worker.stats.events_trained >= n // 3) is None
             assert all(await committed())
             cut = await control.export_now()
-            assert (cut["version"], cut["kind"]) == (1, "base")
+            assert (cut.version, cut.kind) == (1, "base")
 
             # Train on; mid-stream shard 1 dies and is started again alone.
             # The cluster restores one version on every shard, and workers
@@ -281,7 +281,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
             async def watch() -> None:
                 while not done.is_set():
                     with contextlib.suppress(Exception):
-                        restores = (await control.stats())[0]["cluster"]["cluster_restores"]
+                        restores = (await control.stats())[0].cluster.cluster_restores
                         if restarted and restores >= 1 and await committed() == produced:
                             done.set()
                     await asyncio.sleep(0.1)  # poll interval; the test bounds the whole by its rounds
@@ -308,8 +308,8 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
             assert await committed() == produced
             reports = await _joined(control, shards)
             assert [r.version for r in reports] == [1, 1]  # both restored version 1, then trained
-            cluster = (await control.stats())[0]["cluster"]
-            assert cluster["cluster_restores"] == 1
+            cluster = (await control.stats())[0].cluster
+            assert cluster.cluster_restores == 1
             metrics = ApiMetrics()
             exposition = (await metrics.scrape(ControlView(control, metrics))).decode()
             assert "ctrps_cluster_restores_total 1.0" in exposition
@@ -326,7 +326,7 @@ async def test_a_shard_restarted_alone_makes_the_cluster_restore_one_version_and
     # Every produced event was applied at least once (the bias row's shows
     # per partition's feature count applications), at most one window more.
     recovered = restore_shards(latest_chain(shards.exports / "m", verify=True), 2)
-    assert recovered.version == final["version"]
+    assert recovered.version == final.version
     shows = _shows_in(recovered.shards, _part_keys())
     assert all(p <= s <= p + 1000 for s, p in zip(shows, produced)), (shows, produced)
     for i in range(2):
@@ -340,12 +340,12 @@ async def test_shard_0_restarted_alone_and_a_shard_started_without_shard_0(shard
         await _train(client, LR, KEYS[:1500], 1)
         lease = await control.acquire_lease("w", wait_s=5)
         await control.release_lease(lease.lease_id, {"clicks": {0: 7}})
-        assert (await control.export_now())["version"] == 1
+        assert (await control.export_now()).version == 1
         at_v1 = await client.pull("m_w", KEYS)
         lease = await control.acquire_lease("w", wait_s=5)
         await _train(client, LR, KEYS[1000:], 2)  # trained past version 1
         await control.release_lease(lease.lease_id, {"clicks": {0: 9}})
-        old_epoch = (await control.stats())[0]["cluster"]["epoch"]
+        old_epoch = (await control.stats())[0].cluster.epoch
 
         # Shard 0 (and its coordinator) restarts alone: its new
         # coordinator makes shard 1 load version 1 too.

@@ -124,7 +124,7 @@ async def test_a_restored_cut_without_offsets_replays_what_the_group_committed(
             await _joined(control, shards)
             # The newest export is cut before the worker's first commit: no offsets.
             cut = await control.export_now()
-            assert cut["version"] == 1 and not read_manifest(shards.exports / "m" / "0000000001").offsets
+            assert cut.version == 1 and not read_manifest(shards.exports / "m" / "0000000001").offsets
             await _train_until(s.worker(control, client), 7000)
             before = await _committed(control, s.topic)
             assert all(before)
@@ -208,10 +208,10 @@ async def test_a_changed_digit_in_the_newest_manifest_is_refused_and_nothing_is_
             worker = s.worker(control, client)
             # A worker stopping finishes what it buffered: each trains a few windows.
             await _train_until(worker, 1000)
-            assert (await control.export_now())["version"] == 1
+            assert (await control.export_now()).version == 1
             at_v1 = await _committed(control, s.topic)
             await _train_until(s.worker(control, client), 1000)
-            assert (await control.export_now())["version"] == 2
+            assert (await control.export_now()).version == 2
             await _train_until(s.worker(control, client), 1)
             before = await _committed(control, s.topic)
             assert sum(before) < sum(s.produced)

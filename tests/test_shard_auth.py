@@ -54,6 +54,7 @@ from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.rpc import RpcConnection, RpcServer, start_rpc_server
 from ps_core.net.server import DEFAULT_MAX_BODY, ROUTE_SCOPES, ShardSite, start_shard_site
+from ps_core.net.shard_bodies import AuthStats
 from ps_core.net.transports import TcpTransport
 from ps_core.shard import Shard, ShardSpec
 from ps_core.store.table_config import TableConfig
@@ -256,8 +257,8 @@ async def test_train_token_pushes_but_cannot_snapshot_or_export_and_admin_can(se
         fetched = await admin_control.fetch_snapshots(1)
         assert {snap.table for snap in fetched[0]} == {"ctr_lr", "ctr_extra"}
         report = await admin_control.export_now("base")
-        assert report["version"] == 1 and report["kind"] == "base"
-        assert (await admin_control.exports())["versions"]
+        assert report.version == 1 and report.kind == "base"
+        assert (await admin_control.exports()).versions
         assert await admin.push("ctr_lr", KEYS, GRADS) == KEYS.size  # admin includes train
 
 
@@ -419,7 +420,7 @@ async def test_refusals_are_one_line_per_kind_counted_and_never_show_a_token(
     # Counted in the shard's stats, for a read token.
     async with s.control(Scope.READ) as reader:
         stats = (await reader.stats())[0]
-    assert stats["auth"] == {"refused": {"missing": 5, "wrong": 10, "scope": 5}}
+    assert stats.auth == AuthStats({"missing": 5, "wrong": 10, "scope": 5})
 
     # And on the API's metrics, which reads the shards' stats.
     client = PSClient.connect([s.url], token=s.tokens[Scope.READ])

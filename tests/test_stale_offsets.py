@@ -39,6 +39,7 @@ from ps_core.checkpoint.restore import restore_shards
 from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
+from ps_core.net.control_messages import ExportStream
 from ps_core.shard import Shard, ShardSpec
 from ps_core.synthetic import SyntheticStream
 
@@ -144,8 +145,8 @@ async def test_the_coordinator_drops_the_old_streams_offsets_when_workers_report
         assert (fields["old_cluster_id"], fields["cluster_id"]) == ("cluster-a", "cluster-b")
         # A later cut records the new stream's offsets only.
         report = await control.export_now()
-        assert report["offsets"] == {"clicks": {"0": 40}}
-        assert report["stream"] == {"cluster_id": "cluster-b", "group": "g", "topics": ["clicks"]}
+        assert report.offsets == {"clicks": {"0": 40}}
+        assert report.stream == ExportStream("cluster-b", "g", ["clicks"])
     [version] = list_versions(tmp_path / "ctr")
     assert version.manifest.stream == new and version.manifest.offsets == {"clicks": {0: 40}}
 
@@ -436,7 +437,7 @@ async def _worker_totals(control: ControlClient) -> tuple[int, dict[str, Any]]:
     """Events trained over the board's workers, and the stale-offset counts."""
     trained, stale = 0, {}
     for entry in await control.statuses():
-        status = entry.get("status", {})
+        status = entry.status
         if status.get("kind") == "worker":
             trained += int(status.get("events_trained", 0))
             for reason, actions in status.get("stale_offsets", {}).items():
@@ -486,7 +487,7 @@ async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_eve
 
             await until(all_released, 30, what="the commits")
             cut = await control.export_now()
-            assert cut["stream"] == {"cluster_id": first["cluster_id"], "group": "ctrps", "topics": ["clicks"]}
+            assert cut.stream == ExportStream(first["cluster_id"], "ctrps", ["clicks"])
         procs.stop_all()
 
         broker, broker_log = procs.start("broker-2", "broker", "--port", str(free_port()))
@@ -495,7 +496,7 @@ async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_eve
         shards = start_shards("2")
         for proc, path in shards:
             restored = await procs.line(proc, path, "restore")
-            assert restored["version"] == cut["version"] and restored["cluster_id"] == first["cluster_id"]
+            assert restored["version"] == cut.version and restored["cluster_id"] == first["cluster_id"]
         # Fewer events than the cut's offsets, and partitions 2 and 3 too.
         await _produce(second["bootstrap"], "clicks", 1000, seed=9)
         worker, worker_log = start_worker("2", second["bootstrap"])
@@ -509,8 +510,8 @@ async def test_the_pipeline_restored_after_a_broker_restart_trains_every_new_eve
 
             await until(new_stream_released, 30, what="the new stream's commits")
             after = await control.export_now()
-            assert after["offsets"] == {"clicks": {"0": 500, "1": 500}}
-            assert after["stream"]["cluster_id"] == second["cluster_id"]
+            assert after.offsets == {"clicks": {"0": 500, "1": 500}}
+            assert after.stream is not None and after.stream.cluster_id == second["cluster_id"]
         lines = [o for o in read_json_lines(worker_log) if str(o.get("msg", "")).startswith("stale offsets")]
         assert len(lines) == 1, worker_log.read_text()[-3000:]
         assert (lines[0]["expected_cluster_id"], lines[0]["cluster_id"]) == (first["cluster_id"], second["cluster_id"])

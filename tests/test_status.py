@@ -18,6 +18,7 @@ import aiohttp
 import numpy as np
 import orjson
 import pytest
+from msgspec import UnsetType
 
 from app.status import (
     SecondsHistogram,
@@ -36,7 +37,7 @@ from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.wire import WireStats
 from ps_core.shard import Shard, ShardSpec
-from ps_core.store.board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, WorkerStatus
+from ps_core.store.board import MAX_SOURCE_CHARS, MAX_STATUS_BYTES, WorkerStatus, as_worker_status
 from ps_core.store.table import SparseTable
 from ps_core.store.table_config import MODES, TableConfig
 
@@ -75,14 +76,14 @@ async def test_board_round_trip_keeps_the_latest_status_per_source(connect: Conn
     client, control, shards, _ = await connect(2)
     assert await control.statuses() == []
     first = {"kind": "worker", "windows": 1, "last_window": {"window": 1, "auc": 0.5, "partitions": "0,1", "x": None}}
-    got = await control.report_status("w1", first)
-    assert got["source"] == "w1" and got["sources"] == 1
-    await control.report_status("w2", {"windows": 7})
-    await control.report_status("w1", {"windows": 3})  # replaces w1's, moves it last
+    got = await control.report_status("w1", as_worker_status(first))
+    assert got.source == "w1" and got.sources == 1
+    await control.report_status("w2", as_worker_status({"windows": 7}))
+    await control.report_status("w1", as_worker_status({"windows": 3}))  # replaces w1's, moves it last
     board = await control.statuses()
-    assert [(e["source"], e["status"]) for e in board] == [("w2", {"windows": 7}), ("w1", {"windows": 3})]
-    assert all(isinstance(e["received_at"], float) for e in board)
-    assert board[0]["received_at"] <= board[1]["received_at"]
+    assert [(e.source, e.status) for e in board] == [("w2", {"windows": 7}), ("w1", {"windows": 3})]
+    assert all(isinstance(e.received_at, float) for e in board)
+    assert board[0].received_at <= board[1].received_at
     # The board is shard 0's; the other shards hold none.
     assert shards[1].statuses() == []
 
@@ -90,10 +91,13 @@ async def test_board_round_trip_keeps_the_latest_status_per_source(connect: Conn
 async def test_board_is_a_detached_copy(connect: Connect) -> None:
     client, control, _, _ = await connect(1)
     status: dict[str, Any] = {"lag_by_partition": {"0": 5}}
-    await control.report_status("w", status)
-    status["lag_by_partition"]["0"] = 99  # the caller's dict changes after the report
+    report = as_worker_status(status)
+    await control.report_status("w", report)
+    status["lag_by_partition"]["0"] = 99  # the caller's objects change after the report
+    assert not isinstance(report.lag_by_partition, UnsetType)
+    report.lag_by_partition["0"] = 99
     (entry,) = await control.statuses()
-    assert entry["status"] == {"lag_by_partition": {"0": 5}}
+    assert entry.status == {"lag_by_partition": {"0": 5}}
 
 
 async def test_board_forgets_the_least_recently_reporting_source() -> None:
@@ -139,7 +143,7 @@ async def test_client_rejects_a_status_that_is_not_a_dict(connect: Connect) -> N
     with pytest.raises(StatusError):
         await control.report_status("w", [1, 2])  # type: ignore[arg-type]
     with pytest.raises(StatusError, match="source"):
-        await control.report_status("", {"windows": 1})
+        await control.report_status("", as_worker_status({"windows": 1}))
     assert await control.statuses() == []
 
 
@@ -300,13 +304,14 @@ async def test_status_hook_reports_to_the_board_and_summaries_add_up(connect: Co
     # A status that is not a worker's, and a worker status with junk fields:
     # the board refuses both (`ps_core.store.board`); a worker status of no windows yet.
     with pytest.raises(StatusError, match=r"Invalid enum value 'coordinator' - at `\$\.status\.kind`"):
-        await control.report_status("coordinator", {"kind": "coordinator", "events_trained": 10**6})
+        await control.report_status("coordinator", as_worker_status({"kind": "coordinator", "events_trained": 10**6}))
     with pytest.raises(StatusError, match=r"Expected `int`, got `str` - at `\$\.status\.events_trained`"):
-        await control.report_status("junk", {"kind": "worker", "events_trained": "many", "lag_by_partition": {"x": 1}})
-    await control.report_status("junk", {"kind": "worker"})
+        junk = {"kind": "worker", "events_trained": "many", "lag_by_partition": {"x": 1}}
+        await control.report_status("junk", as_worker_status(junk))
+    await control.report_status("junk", as_worker_status({"kind": "worker"}))
     board = await control.statuses()
-    assert [e["source"] for e in board] == ["a", "b", "junk"]
-    a = board[0]["status"]
+    assert [e.source for e in board] == ["a", "b", "junk"]
+    a = board[0].status
     assert a["window_seconds"] == {
         "bounds": list(SecondsHistogram().bounds),
         "counts": [0, 0, 0, 1, 1] + [0] * 8,
@@ -459,4 +464,4 @@ async def test_a_report_the_board_refuses_is_one_line_saying_it_is_lost(
         await hook(report)
         assert (hook.sent, hook.lost) == (1, 1)
         assert any(r.getMessage() == "status reports resumed" for r in caplog.records)
-    assert (await control.statuses())[0]["status"]["geo_full_refreshes"] == 0
+    assert (await control.statuses())[0].status["geo_full_refreshes"] == 0

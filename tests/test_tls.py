@@ -148,7 +148,7 @@ async def _train_and_read(url: str, token: str, ctx: ssl.SSLContext, *, rpc: boo
         assert await asyncio.wait_for(client.push("ctr_lr", KEYS, GRADS), BOUND_S) == KEYS.size
         got = await client.pull("ctr_lr", KEYS)
         assert np.count_nonzero(got) > 0
-        assert (await control.stats())[0]["tables"]["ctr_lr"]["features"] == KEYS.size
+        assert (await control.stats())[0].tables["ctr_lr"].features == KEYS.size
         transport = client.transports[0]
         assert isinstance(transport, TcpTransport) is rpc
         assert not rpc or transport.uses_rpc  # type: ignore[attr-defined]
@@ -355,10 +355,10 @@ async def test_shard_and_serve_roles_with_tls_and_a_secret(
                 with pytest.raises(AuthError):
                     await training.export_now("base")
             report = await admin.export_now("base")
-            assert report["version"] == 1
+            assert report.version == 1
             # Shard 0 took shard 1's rows over TLS, with its admin token.
-            assert report["rows"] == keys.size, report
-            rows = [(await t.stats())["tables"][name]["features"] for t in admin.shards]
+            assert report.rows == keys.size, report
+            rows = [(await t.stats()).tables[name].features for t in admin.shards]
             assert all(n > 0 for n in rows) and sum(rows) == keys.size
 
         # ``ctrps export`` verifies shard 0 with --tls-ca; without it, one line and exit 2.

@@ -72,24 +72,24 @@ async def test_a_capped_shard_holds_its_rows_and_learns_as_well(kafka_bootstrap:
 
             async def trained() -> bool:
                 (stats,) = await control.stats()
-                table = stats["tables"].get("m_w")
+                table = stats.tables.get("m_w")
                 if table is not None:
-                    rows.append(table["features"])
+                    rows.append(table.features)
                 return worker.stats.events_trained >= N
 
             await until(trained, 120, what="the capped run", task=task, poll_s=0.02)
         (stats,) = await control.stats()
-    table = stats["tables"]["m_w"]
-    life = table["lifecycle"]
-    assert life["lifecycle"]["max_rows"] == cap
-    evicted = life["evicted"]["max_rows"]
-    assert evicted > 0 and life["eviction_passes"] > 10
+    table = stats.tables["m_w"]
+    life = table.lifecycle
+    assert life.lifecycle.max_rows == cap
+    evicted = life.evicted["max_rows"]
+    assert evicted > 0 and life.eviction_passes > 10
     # Each pass cuts the table back under the cap; between two passes it grows
     # by what the worker inserts meanwhile, and exceeds the cap by no more.
-    assert 0 < life["most_over_cap"] <= life["inserted_before_most_over_cap"], life
+    assert 0 < life.most_over_cap <= life.inserted_before_most_over_cap, life
     # What the shard answered while it trained: never more than the worst pass found.
-    passes = life["eviction_passes"]
-    assert max(rows[: len(rows) * 9 // 10]) <= cap + life["most_over_cap"], (max(rows), passes)
+    passes = life.eviction_passes
+    assert max(rows[: len(rows) * 9 // 10]) <= cap + life.most_over_cap, (max(rows), passes)
     assert progressive_auc(worker) >= unbounded_auc - 0.01, (progressive_auc(worker), unbounded_auc)
 
 

@@ -85,6 +85,9 @@ _ERROR_LOG_INTERVAL_S = 10.0
 
 
 def json_reply(body: object, status: int = 200) -> web.Response:
+    """`body` as JSON; a model (`msgspec.Struct`, a control call's reply) as its JSON form."""
+    if isinstance(body, msgspec.Struct):
+        body = msgspec.to_builtins(body)
     return web.Response(
         body=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
         status=status,

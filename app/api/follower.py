@@ -52,6 +52,7 @@ from ps_core.errors import ExportCorruptError, ExportNotFoundError, PSError
 from ps_core.hashing import U64
 from ps_core.model.models import Model
 from ps_core.net.client import PSReader
+from ps_core.net.control_messages import BoardEntry
 from ps_core.net.transports import Pulled
 from ps_core.replica import ReplicaTables
 from ps_core.store.storage import F32
@@ -173,7 +174,7 @@ class ReplicaView:
                 table["config"] = declared.to_dict()
         return [stats]
 
-    async def statuses(self) -> list[dict[str, Any]]:
+    async def statuses(self) -> list[BoardEntry]:
         return []
 
 

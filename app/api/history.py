@@ -30,7 +30,7 @@ import math
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from ps_core.model.models import Model
 
 from ..background import BackgroundLoop
 from ..logs import log_event
-from ..status import BoardSummary, WorkerView, summarize
+from ..status import BoardSummary, WorkerView, board_entry, summarize
 from .views import ClusterView, all_stats
 
 __all__ = [
@@ -153,11 +153,11 @@ def _quantile_ms(buckets: list[tuple[float, float]], rank: float) -> float | Non
     return None  # buckets without +inf: not a Prometheus histogram
 
 
-def board_models(statuses: list[Any]) -> set[str]:
-    """The models the workers on the board (`PSClient.statuses`) name."""
+def board_models(statuses: Sequence[object]) -> set[str]:
+    """The models the workers on the board (`ControlClient.statuses`) name."""
     return {
         e["status"]["model"]
-        for e in statuses
+        for e in map(board_entry, statuses)
         if isinstance(e, dict)
         and isinstance(e.get("status"), dict)
         and e["status"].get("kind") == "worker"

@@ -31,7 +31,7 @@ from ps_core.errors import (
     TableConfigError,
 )
 from ps_core.model.models import make_model
-from ps_core.net.control_messages import ExportRequest
+from ps_core.net.control_messages import ExportRequest, StatusBoardBody
 from ps_core.parsing import parse_number
 from ps_core.store.board import StatusReport
 
@@ -150,12 +150,12 @@ async def create_model(request: web.Request) -> web.Response:
     # together (ftrl with neither beta nor l2), whatever make_model refuses.
     try:
         model = make_model(body.type, body.name, **kwargs)
-        out = await control.create_model(ModelSpec.of(model).recipe())
+        out = await control.create_model(ModelSpec.of(model).declaration())
     except ValueError as exc:
         raise BadRequestError(str(exc)) from None
     except (InvalidRequestError, TableConfigError) as exc:
         raise BadRequestError(exc.detail) from None
-    return json_reply(out, status=201 if out["created"] else 200)
+    return json_reply(out, status=201 if out.created else 200)
 
 
 def _optimizer(given: object) -> dict[str, Any]:
@@ -330,10 +330,10 @@ async def _last_export(app: web.Application, model: str) -> int | None:
     if control is None:
         return None
     try:
-        versions = (await control.exports(None if model == app[MODEL].name else model))["versions"]
+        versions = (await control.exports(None if model == app[MODEL].name else model)).versions
     except (NoCoordinatorError, UnknownModelError):
         return None
-    return int(versions[-1]["version"]) if versions else None
+    return versions[-1].version if versions else None
 
 
 async def export_now(request: web.Request) -> web.Response:
@@ -394,20 +394,20 @@ def _replica_info(app: web.Application, model: str) -> dict[str, Any]:
 
 
 async def list_statuses(request: web.Request) -> web.Response:
-    return json_reply({"statuses": await request.app[VIEW].statuses()})
+    return json_reply(StatusBoardBody(await request.app[VIEW].statuses()))
 
 
 async def report_status(request: web.Request) -> web.Response:
     _require_admin(request)
     body = await json_body(request)
     # Checked here too, so a replica refuses a bad report as bad_request before read_only_replica.
-    check(body, StatusReport, BadRequestError)
+    report: StatusReport = check(body, StatusReport, BadRequestError)
     control = request.app[CONTROL]
     if control is None:
         raise ReadOnlyReplicaError(
             "this server is a read-only replica of its exports: status reports go to the training cluster"
         )
-    ack = await control.report_status(body["source"], body["status"])
+    ack = await control.report_status(report.source, report.status)
     return json_reply(ack)
 
 

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.manifest import check_model_name
 from ps_core.checkpoint.registry import ModelSpec
@@ -203,7 +205,7 @@ class ServedModels:
         named = board_models(await self._control.statuses())
         with contextlib.suppress(NoCoordinatorError):  # a shard 0 that keeps no models
             declared = await self._control.models()
-            named |= {m["name"] for m in declared.get("models", []) if m.get("type") is not None}
+            named |= {m.name for m in declared.models if m.type is not None}
         return named
 
     def _unknown(self, name: str, why: str = "") -> UnknownModelError:
@@ -227,9 +229,9 @@ class ServedModels:
             raise self._unknown(name)
         try:
             info = await self._control.model_info(name)
-            if info.get("type") is None:
+            if info.type is None:
                 raise UnknownModelError(f"model {name} holds tables but was never created")
-            return ModelSpec.from_dict(info).build()
+            return ModelSpec.from_entry(info).build()
         except (UnknownModelError, NoCoordinatorError, InvalidRequestError):
             if len(self._missed) >= MAX_REMEMBERED_MISSES:
                 self._missed.pop(next(iter(self._missed)))
@@ -269,9 +271,9 @@ class ServedModels:
         if self._control is not None:
             with contextlib.suppress(NoCoordinatorError):
                 got = await self._control.models()
-                for m in got.get("models", []):
-                    if m.get("type") is not None or m.get("name") == self.default.name:
-                        declared[m["name"]] = m
+                for m in got.models:
+                    if m.type is not None or m.name == self.default.name:
+                        declared[m.name] = msgspec.to_builtins(m)
                 names += sorted(n for n in declared if n != self.default.name)
         out = []
         for n in names:

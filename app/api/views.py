@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+import msgspec
+
 from ps_core.checkpoint.control import ControlClient
 from ps_core.errors import PSError
+from ps_core.net.control_messages import BoardEntry
 
 from ..metrics import ApiMetrics
 
@@ -28,7 +31,7 @@ class ClusterView(Protocol):
         """Each shard's stats, or the error it answered with, in shard order."""
         ...
 
-    async def statuses(self) -> list[dict[str, Any]]:
+    async def statuses(self) -> list[BoardEntry]:
         """The status board, the least recently reported first."""
         ...
 
@@ -50,9 +53,10 @@ class ControlView:
         for r in got:
             if isinstance(r, BaseException) and not isinstance(r, PSError):
                 raise r
-        return [r for r in got if isinstance(r, (dict, PSError))]
+        # As JSON, as a replica's own (`ReplicaView`): what the metrics and ``/v1/model`` read.
+        return [r if isinstance(r, PSError) else msgspec.to_builtins(r) for r in got]
 
-    async def statuses(self) -> list[dict[str, Any]]:
+    async def statuses(self) -> list[BoardEntry]:
         return await self._metrics.timed(0, "status", self.control.statuses)
 
 

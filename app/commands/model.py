@@ -25,6 +25,7 @@ from ps_core.errors import PSError
 from ps_core.model.featurizer import DEFAULT_NUMERIC, numeric_spec
 from ps_core.model.models import DEFAULT_EMBEDDING_OPTIMIZER, DEFAULT_LINEAR_OPTIMIZER, make_model
 from ps_core.net.auth import Scope
+from ps_core.net.control_messages import ModelDeclaration
 from ps_core.store.optim import OPTIMIZERS
 from ps_core.store.table_config import MODES
 
@@ -148,10 +149,10 @@ async def run_model(args: argparse.Namespace) -> int:
     if args.action != "list" and not args.name:
         log.error(f"ctrps model {args.action} needs a model name", extra={"fields": {"exit_code": 2}})
         return 2
-    body: dict[str, Any] | None = None
+    body: ModelDeclaration | None = None
     if args.action == "create":
         try:
-            body = _spec(args).recipe()
+            body = _spec(args).declaration()
         except (ValueError, PSError) as exc:
             log.error(getattr(exc, "detail", None) or str(exc), extra={"fields": {"exit_code": 2}})
             return 2

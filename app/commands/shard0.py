@@ -11,6 +11,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import orjson
 
 from ps_core.checkpoint.control import ControlClient
@@ -26,7 +27,8 @@ __all__ = ["call_shard0", "print_json"]
 
 def print_json(out: Any) -> None:
     """`out` as indented JSON on stdout, one trailing newline."""
-    sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+    # A control call's reply is a model (`msgspec.Struct`): printed as its JSON form.
+    sys.stdout.write(orjson.dumps(msgspec.to_builtins(out), option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
 async def call_shard0(

@@ -46,9 +46,9 @@ async def as_declared(control: ControlClient, model: Model) -> Model:
             extra={"fields": {"model": model.name, "numeric": model.numeric, "error": exc.detail}},
         )
         return model
-    if info.get("type") is None:
+    if info.type is None:
         return model
-    return ModelSpec.from_dict(info).build()
+    return ModelSpec.from_entry(info).build()
 
 
 async def run_serve(

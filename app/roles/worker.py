@@ -7,7 +7,6 @@ import dataclasses
 import functools
 import logging
 import time
-from typing import Any
 
 from consumers.kafka_security import KafkaSecurity
 from consumers.outage import OutageWatch, StartupWatch, began, describe, is_outage
@@ -18,6 +17,7 @@ from ps_core.errors import NoCoordinatorError, PSError, UnknownModelError
 from ps_core.model.models import make_model
 from ps_core.net.auth import Scope
 from ps_core.net.client import PSClient
+from ps_core.net.control_messages import ModelEntry
 from ps_core.net.endpoint import RetryPolicy
 
 from ..config.worker import WorkerSettings, worker_config
@@ -168,7 +168,7 @@ async def _as_declared(settings: WorkerSettings, control: ControlClient, stop: a
     past ``--outage-deadline``); None when `stop` is set meanwhile."""
     if not settings.inherit:
         return settings
-    found: list[dict[str, Any] | None] = []
+    found: list[ModelEntry | None] = []
 
     async def read() -> None:
         try:
@@ -195,9 +195,9 @@ async def _as_declared(settings: WorkerSettings, control: ControlClient, stop: a
             return None  # stopped first
         waiting.result()  # OutageDeadlineError past the deadline
     info = found[-1]
-    if info is None or info.get("type") is None:
+    if info is None or info.type is None:
         return settings
-    spec = ModelSpec.from_dict(info)
+    spec = ModelSpec.from_entry(info)
     kind = spec.kind if "model" in settings.inherit else settings.model
     mode = spec.mode if "mode" in settings.inherit else settings.mode
     taken = [k for k, v in (("model", kind), ("mode", mode)) if getattr(settings, k) != v]

@@ -35,24 +35,34 @@ from ..net.client import fan_out
 from ..net.control_calls import ControlCall, Rep, Req, with_model
 from ..net.control_messages import (
     Admit,
+    BoardEntry,
+    Compaction,
+    ExportList,
+    ExportReportBody,
     ExportRequest,
     LeaseRenewal,
     LeaseRequest,
     MembershipBody,
     ModelDeclaration,
+    ModelEntry,
     Release,
     Restore,
     Restored,
+    ShardModelCreatedBody,
+    ShardModelDeletedBody,
+    ShardModelListBody,
     SnapshotRequest,
+    StatusAck,
     Stream,
     SyncApply,
     SyncArrive,
     SyncMember,
 )
 from ..net.endpoint import RetryPolicy, ShardEndpoint, ShardGroup
-from ..net.shard_bodies import TableDeclaration
+from ..net.shard_bodies import Stats, TableDeclaration
 from ..net.snapshot_transfer import snapshots_from_bytes
 from ..shard import Shard
+from ..store.board import StatusReport, WorkerStatus
 from ..store.snapshot import TableSnapshot
 from ..store.table_config import TableConfig
 from .coordinator import Coordinator, Offsets, parse_offsets
@@ -114,22 +124,21 @@ class ReleaseFields(TypedDict, total=False):
 
 
 class ExportService(Protocol):
-    """What shard 0's transport needs of an in-process exporter
-    (`ps_core.checkpoint.exporter.Exporter`)."""
+    """What shard 0's transport needs of an in-process exporter (`exporter.Exporter`)."""
 
-    async def export_json(self, kind: str | None = None) -> dict[str, Any]: ...
+    async def export_json(self, kind: str | None = None) -> ExportReportBody: ...
 
-    def exports_json(self, model: str | None = None) -> dict[str, Any]: ...
+    def exports_json(self, model: str | None = None) -> ExportList: ...
 
-    async def compact(self, model: str | None = None) -> dict[str, Any]: ...
+    async def compact(self, model: str | None = None) -> Compaction: ...
 
-    def models_json(self) -> dict[str, Any]: ...
+    def models_json(self) -> ShardModelListBody: ...
 
-    def model_json(self, name: str) -> dict[str, Any]: ...
+    def model_json(self, name: str) -> ModelEntry: ...
 
-    async def create_model_json(self, body: dict[str, Any]) -> dict[str, Any]: ...
+    async def create_model_json(self, body: ModelDeclaration) -> ShardModelCreatedBody: ...
 
-    async def delete_model(self, name: str) -> dict[str, Any]: ...
+    async def delete_model(self, name: str) -> ShardModelDeletedBody: ...
 
 
 class ShardControl(Protocol):
@@ -139,11 +148,11 @@ class ShardControl(Protocol):
 
     async def declare(self, config: TableConfig) -> bool: ...
 
-    async def stats(self) -> dict[str, Any]: ...
+    async def stats(self) -> Stats: ...
 
-    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]: ...
+    async def report_status(self, source: str, status: WorkerStatus) -> StatusAck: ...
 
-    async def statuses(self) -> list[dict[str, Any]]: ...
+    async def statuses(self) -> list[BoardEntry]: ...
 
     async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]: ...
 
@@ -173,21 +182,21 @@ class ShardControl(Protocol):
 
     async def coordinator_resume(self, model: str | None = None) -> ResumePoint: ...
 
-    async def export_now(self, kind: str | None) -> dict[str, Any]: ...
+    async def export_now(self, kind: str | None) -> ExportReportBody: ...
 
-    async def exports(self, model: str | None = None) -> dict[str, Any]: ...
+    async def exports(self, model: str | None = None) -> ExportList: ...
 
-    async def compact_exports(self, model: str | None = None) -> dict[str, Any]: ...
+    async def compact_exports(self, model: str | None = None) -> Compaction: ...
 
     async def drop_table(self, name: str) -> bool: ...
 
-    async def models(self) -> dict[str, Any]: ...
+    async def models(self) -> ShardModelListBody: ...
 
-    async def model_info(self, name: str) -> dict[str, Any]: ...
+    async def model_info(self, name: str) -> ModelEntry: ...
 
-    async def create_model(self, body: dict[str, Any]) -> dict[str, Any]: ...
+    async def create_model(self, body: ModelDeclaration) -> ShardModelCreatedBody: ...
 
-    async def delete_model(self, name: str) -> dict[str, Any]: ...
+    async def delete_model(self, name: str) -> ShardModelDeletedBody: ...
 
     async def close(self) -> None: ...
 
@@ -205,14 +214,14 @@ class LocalControl:
     async def declare(self, config: TableConfig) -> bool:
         return self.shard.declare(config)
 
-    async def stats(self) -> dict[str, Any]:
-        return self.shard.stats()
+    async def stats(self) -> Stats:
+        return msgspec.convert(self.shard.stats(), Stats)
 
-    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
-        return self.shard.report_status(source, status)
+    async def report_status(self, source: str, status: WorkerStatus) -> StatusAck:
+        return msgspec.convert(self.shard.report_status(source, msgspec.to_builtins(status)), StatusAck)
 
-    async def statuses(self) -> list[dict[str, Any]]:
-        return self.shard.statuses()
+    async def statuses(self) -> list[BoardEntry]:
+        return msgspec.convert(self.shard.statuses(), list[BoardEntry])
 
     async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
         return self.shard.take_snapshot(version, parent)
@@ -273,28 +282,28 @@ class LocalControl:
             raise NoCoordinatorError(f"shard {self.shard_id} runs no exporter")
         return self.exporter
 
-    async def export_now(self, kind: str | None) -> dict[str, Any]:
+    async def export_now(self, kind: str | None) -> ExportReportBody:
         return await self._exporter().export_json(kind)
 
-    async def exports(self, model: str | None = None) -> dict[str, Any]:
+    async def exports(self, model: str | None = None) -> ExportList:
         return self._exporter().exports_json(model)
 
-    async def compact_exports(self, model: str | None = None) -> dict[str, Any]:
+    async def compact_exports(self, model: str | None = None) -> Compaction:
         return await self._exporter().compact(model)
 
     async def drop_table(self, name: str) -> bool:
         return self.shard.drop(name)
 
-    async def models(self) -> dict[str, Any]:
+    async def models(self) -> ShardModelListBody:
         return self._exporter().models_json()
 
-    async def model_info(self, name: str) -> dict[str, Any]:
+    async def model_info(self, name: str) -> ModelEntry:
         return self._exporter().model_json(name)
 
-    async def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def create_model(self, body: ModelDeclaration) -> ShardModelCreatedBody:
         return await self._exporter().create_model_json(body)
 
-    async def delete_model(self, name: str) -> dict[str, Any]:
+    async def delete_model(self, name: str) -> ShardModelDeletedBody:
         return await self._exporter().delete_model(name)
 
     async def close(self) -> None:
@@ -332,19 +341,15 @@ class HttpControl(ShardEndpoint):
         status, _ = await self._exchange(calls.DECLARE, body, None)
         return status == 201
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> Stats:
         return await self._call(calls.STATS)
 
-    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
-        # Sent as given: the shard checks the report (`StatusError` naming
-        # the field) and keeps the status as it was sent.
-        _, reply = await self._exchange(calls.REPORT_STATUS, {"source": source, "status": status}, None)
-        return calls.REPORT_STATUS.read(reply)
+    async def report_status(self, source: str, status: WorkerStatus) -> StatusAck:
+        # The shard checks the report (`StatusError` naming the field, the source's too).
+        return await self._call(calls.REPORT_STATUS, StatusReport(source, status))
 
-    async def statuses(self) -> list[dict[str, Any]]:
-        board = await self._call(calls.STATUSES)
-        out: list[dict[str, Any]] = board["statuses"]
-        return out
+    async def statuses(self) -> list[BoardEntry]:
+        return (await self._call(calls.STATUSES)).statuses
 
     async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
         return (await self._call(calls.TAKE_SNAPSHOT, SnapshotRequest(version, parent))).rows
@@ -405,30 +410,29 @@ class HttpControl(ShardEndpoint):
     async def coordinator_resume(self, model: str | None = None) -> ResumePoint:
         return _resume_point(await self._call(calls.OFFSETS, path=with_model(calls.OFFSETS.path, model)))
 
-    async def export_now(self, kind: str | None) -> dict[str, Any]:
+    async def export_now(self, kind: str | None) -> ExportReportBody:
         body = ExportRequest() if kind is None else check({"kind": kind}, ExportRequest, InvalidRequestError)
         return await self._call(calls.EXPORT_NOW, body)
 
-    async def exports(self, model: str | None = None) -> dict[str, Any]:
+    async def exports(self, model: str | None = None) -> ExportList:
         return await self._call(calls.EXPORTS, path=with_model(calls.EXPORTS.path, model))
 
-    async def compact_exports(self, model: str | None = None) -> dict[str, Any]:
+    async def compact_exports(self, model: str | None = None) -> Compaction:
         return await self._call(calls.COMPACT, path=with_model(calls.COMPACT.path, model))
 
     async def drop_table(self, name: str) -> bool:
         return (await self._call(calls.DROP_TABLE, path=calls.DROP_TABLE.at(name=name))).dropped
 
-    async def models(self) -> dict[str, Any]:
+    async def models(self) -> ShardModelListBody:
         return await self._call(calls.MODELS)
 
-    async def model_info(self, name: str) -> dict[str, Any]:
+    async def model_info(self, name: str) -> ModelEntry:
         return await self._call(calls.MODEL_INFO, path=calls.MODEL_INFO.at(name=name))
 
-    async def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
-        # A recipe the model refuses is the 400 the route would answer.
-        return await self._call(calls.CREATE_MODEL, check(body, ModelDeclaration, InvalidRequestError))
+    async def create_model(self, body: ModelDeclaration) -> ShardModelCreatedBody:
+        return await self._call(calls.CREATE_MODEL, body)
 
-    async def delete_model(self, name: str) -> dict[str, Any]:
+    async def delete_model(self, name: str) -> ShardModelDeletedBody:
         return await self._call(calls.DELETE_MODEL, path=calls.DELETE_MODEL.at(name=name))
 
     async def close(self) -> None:
@@ -478,20 +482,19 @@ class ControlClient(ShardGroup[ShardControl]):
         """Declare a table on every shard; True if any shard created it."""
         return any(await fan_out([t.declare(config) for t in self.shards]))
 
-    async def stats(self) -> list[dict[str, Any]]:
+    async def stats(self) -> list[Stats]:
         """Each shard's stats, in shard order."""
         return await fan_out([t.stats() for t in self.shards])
 
-    async def report_status(self, source: str, status: dict[str, Any]) -> dict[str, Any]:
-        """Leave `status` (a JSON object) on the status board of shard 0 as
-        the latest of `source`; replaces that source's previous status."""
-        if not isinstance(status, dict):
-            raise StatusError(f"status must be a dict, got {type(status).__name__}")
+    async def report_status(self, source: str, status: WorkerStatus) -> StatusAck:
+        """Leave `status` (`ps_core.store.board.as_worker_status`) on shard 0's
+        status board as the latest of `source`, replacing its previous one."""
+        if not isinstance(status, WorkerStatus):
+            raise StatusError(f"status must be a WorkerStatus, got {type(status).__name__}")
         return await self.shards[0].report_status(source, status)
 
-    async def statuses(self) -> list[dict[str, Any]]:
-        """The status board of shard 0: ``{"source", "received_at",
-        "status"}`` per source, the least recently reported first."""
+    async def statuses(self) -> list[BoardEntry]:
+        """The status board of shard 0, the least recently reported source first."""
         return await self.shards[0].statuses()
 
     def serve_exports(self, exporter: ExportService) -> None:
@@ -563,16 +566,15 @@ class ControlClient(ShardGroup[ShardControl]):
         from (`StreamIdentity`; None when not known)."""
         return await self.shards[0].coordinator_resume(model)
 
-    async def export_now(self, kind: str | None = None) -> dict[str, Any]:
-        """Cut and write a version now (`ps_core.checkpoint.exporter.ExportReport` as JSON);
-        `NoCoordinatorError` when shard 0 runs no exporter."""
+    async def export_now(self, kind: str | None = None) -> ExportReportBody:
+        """Cut and write a version now (`NoCoordinatorError` when shard 0 runs no exporter)."""
         return await self.shards[0].export_now(kind)
 
-    async def exports(self, model: str | None = None) -> dict[str, Any]:
-        """``{"model", "versions", "last"}`` of `model` from shard 0's exporter."""
+    async def exports(self, model: str | None = None) -> ExportList:
+        """`model`'s versions and the last export's report, from shard 0's exporter."""
         return await self.shards[0].exports(model)
 
-    async def compact_exports(self, model: str | None = None) -> dict[str, Any]:
+    async def compact_exports(self, model: str | None = None) -> Compaction:
         """Have shard 0's exporter fold `model`'s newest chain into a base (and prune)."""
         return await self.shards[0].compact_exports(model)
 
@@ -580,19 +582,19 @@ class ControlClient(ShardGroup[ShardControl]):
         """Drop table `name` on every shard; True if any held it."""
         return any(await fan_out([t.drop_table(name) for t in self.shards]))
 
-    async def models(self) -> dict[str, Any]:
-        """``{"default", "models": [...]}``: the cluster's models (shard 0)."""
+    async def models(self) -> ShardModelListBody:
+        """The default model and every model of the cluster (shard 0)."""
         return await self.shards[0].models()
 
-    async def model_info(self, name: str) -> dict[str, Any]:
+    async def model_info(self, name: str) -> ModelEntry:
         """Model `name`'s declaration (`UnknownModelError` if the cluster has none)."""
         return await self.shards[0].model_info(name)
 
-    async def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def create_model(self, body: ModelDeclaration) -> ShardModelCreatedBody:
         """Create a model from its recipe (`ps_core.checkpoint.registry.ModelSpec.recipe`):
-        ``{"created": bool, "model": {...}}``."""
+        whether it is new, and the model."""
         return await self.shards[0].create_model(body)
 
-    async def delete_model(self, name: str) -> dict[str, Any]:
+    async def delete_model(self, name: str) -> ShardModelDeletedBody:
         """Delete model `name`: its tables dropped on every shard, its exports kept."""
         return await self.shards[0].delete_model(name)

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ..errors import (
     ClusterNotReadyError,
     CutAbortedError,
@@ -36,6 +38,17 @@ from ..errors import (
     ShardUnavailableError,
     SnapshotError,
     UnknownModelError,
+)
+from ..net.control_messages import (
+    Compaction,
+    ExportList,
+    ExportReportBody,
+    ModelDeclaration,
+    ModelEntry,
+    ShardModelCreatedBody,
+    ShardModelDeletedBody,
+    ShardModelListBody,
+    VersionEntry,
 )
 from .control import ControlClient
 from .coordinator import Coordinator, Cut, Offsets
@@ -465,18 +478,18 @@ class Exporter:
                 log.warning("export failed", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
 
     # -- the cluster's models ---------------------------------------------------
-    def model_json(self, name: str) -> dict[str, Any]:
+    def model_json(self, name: str) -> ModelEntry:
         """Model `name`'s declaration (`UnknownModelError` when the cluster has
         none); the default model, if not created, with type null."""
         spec = self.registry.get(name)
         if spec is not None:
-            return spec.to_dict()
+            return msgspec.convert(spec.to_dict(), ModelEntry)
         self.registry.check(name)
-        return {"name": name, "type": None, "tables": [], "update_mode": None, "created_at": None}
+        return ModelEntry(name=name, type=None, tables=[])
 
-    def models_json(self) -> dict[str, Any]:
-        """``{"default", "models"}`` (``GET /v1/models``)."""
-        return {"default": self.registry.default, "models": [self.model_json(n) for n in self.registry.names()]}
+    def models_json(self) -> ShardModelListBody:
+        """The default model and every model (``GET /v1/models``)."""
+        return ShardModelListBody(self.registry.default, [self.model_json(n) for n in self.registry.names()])
 
     async def create_model(self, spec: ModelSpec) -> bool:
         """Declare `spec`'s tables on every shard, then record it (and its
@@ -508,13 +521,12 @@ class Exporter:
             )
         return created
 
-    async def create_model_json(self, body: dict[str, Any]) -> dict[str, Any]:
-        """`create_model` of a JSON recipe (`ModelSpec.recipe`): ``{"created", "model"}``."""
-        spec = ModelSpec.from_recipe(body)
-        created = await self.create_model(spec)
-        return {"created": created, "model": self.model_json(spec.name)}
+    async def create_model_json(self, body: ModelDeclaration) -> ShardModelCreatedBody:
+        """`create_model` of a recipe (`ModelSpec.recipe`): whether it is new, and the model."""
+        spec = ModelSpec.from_recipe(msgspec.to_builtins(body))
+        return ShardModelCreatedBody(await self.create_model(spec), self.model_json(spec.name))
 
-    async def delete_model(self, name: str) -> dict[str, Any]:
+    async def delete_model(self, name: str) -> ShardModelDeletedBody:
         """Drop model `name`'s tables on every shard, forget it and its
         offsets; its exports stay on disk. The default model cannot be
         deleted (`ModelConflictError`): it holds the tables declared by hand."""
@@ -533,13 +545,14 @@ class Exporter:
         log.info(
             "model deleted", extra={"fields": {"model": name, "tables": ",".join(dropped) or "-", "exports": str(mdir)}}
         )
-        return {"deleted": spec.to_dict(), "tables_dropped": dropped, "exports": str(mdir) if mdir.is_dir() else None}
+        deleted = msgspec.convert(spec.to_dict(), ModelEntry)
+        return ShardModelDeletedBody(deleted, dropped, str(mdir) if mdir.is_dir() else None)
 
-    async def export_json(self, kind: str | None = None) -> dict[str, Any]:
-        """`cut`, answered as JSON (``POST /v1/exports``)."""
-        return (await self.cut(kind)).to_dict()
+    async def export_json(self, kind: str | None = None) -> ExportReportBody:
+        """`cut`, answered as its message (``POST /v1/exports``)."""
+        return msgspec.convert((await self.cut(kind)).to_dict(), ExportReportBody)
 
-    async def compact(self, model: str | None = None) -> dict[str, Any]:
+    async def compact(self, model: str | None = None) -> Compaction:
         """Fold `model`'s newest chain into a base of its newest version (same
         version, offsets and rows; deltas after it stay valid), then prune;
         one at a time with cuts, since both rewrite the directory."""
@@ -548,27 +561,28 @@ class Exporter:
             t0 = time.perf_counter()
             info = await asyncio.to_thread(compact, mdir, file_mode=self.file_mode)
             pruned = await asyncio.to_thread(prune, mdir, self.keep_bases)
-            out = {
-                "model": mdir.name,
-                "version": info.version,
-                "kind": info.kind,
-                "compacted_from": list(info.manifest.compacted_from),
-                "rows": info.manifest.rows(),
-                "bytes": info.manifest.nbytes(),
-                "pruned": pruned,
-                "seconds": round(time.perf_counter() - t0, 3),
-            }
-        log.info("compacted", extra={"fields": {k: v for k, v in out.items() if k != "compacted_from"}})
+            out = Compaction(
+                model=mdir.name,
+                version=info.version,
+                kind="base",
+                compacted_from=list(info.manifest.compacted_from),
+                rows=info.manifest.rows(),
+                bytes=info.manifest.nbytes(),
+                pruned=pruned,
+                seconds=round(time.perf_counter() - t0, 3),
+            )
+        fields = {k: v for k, v in msgspec.structs.asdict(out).items() if k != "compacted_from"}
+        log.info("compacted", extra={"fields": fields})
         return out
 
-    def exports_json(self, model: str | None = None) -> dict[str, Any]:
+    def exports_json(self, model: str | None = None) -> ExportList:
         """`model`'s versions and the last export's report (``GET /v1/exports``)."""
         mdir = self.dir_of(model)
         last = self.last.to_dict() if self.last is not None else None
         if last is not None and mdir.name != self.model:
             mine = self.last.models.get(mdir.name) if self.last is not None else None
             last = None if mine is None else {**last, **mine, "offsets": self._offsets_json(mdir.name)}
-        return {"model": mdir.name, "versions": self.versions(mdir.name), "last": last}
+        return ExportList(mdir.name, self.versions(mdir.name), msgspec.convert(last, ExportReportBody | None))
 
     def _offsets_json(self, model: str) -> dict[str, dict[str, int]]:
         versions = list_versions(self.root / model) if (self.root / model).is_dir() else []
@@ -576,9 +590,11 @@ class Exporter:
             return {}
         return {t: {str(p): o for p, o in ps.items()} for t, ps in versions[-1].manifest.offsets.items()}
 
-    def versions(self, model: str | None = None) -> list[dict[str, Any]]:
-        """`model`'s versions on disk, oldest first, as JSON-ready dicts."""
+    def versions(self, model: str | None = None) -> list[VersionEntry]:
+        """`model`'s versions on disk, oldest first (times in RFC 3339, as orjson writes a datetime)."""
         mdir = self.dir_of(model)
-        if not mdir.is_dir():
-            return []
-        return [v.to_json() for v in list_versions(mdir)]
+        found = list_versions(mdir) if mdir.is_dir() else []
+        return [
+            VersionEntry(v.version, v.kind, v.parent, v.created_at.isoformat(), v.manifest.rows(), v.manifest.nbytes())
+            for v in found
+        ]

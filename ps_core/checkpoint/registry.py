@@ -22,11 +22,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
+from ..bodies import check
 from ..errors import InvalidRequestError, ModelConflictError, TableConfigError, UnknownModelError
 from ..model.featurizer import DEFAULT_NUMERIC, numeric_feed
 from ..model.models import Model, make_model, model_of_tables
+from ..net.control_messages import ModelDeclaration, ModelEntry
 from ..store.table_config import TableConfig
 from .manifest import check_model_name
 
@@ -94,6 +97,11 @@ class ModelSpec:
             }
         return out
 
+    def declaration(self) -> ModelDeclaration:
+        """Its `recipe` as the control plane sends it (``POST /v1/models``)."""
+        out: ModelDeclaration = check(self.recipe(), ModelDeclaration, InvalidRequestError)
+        return out
+
     @classmethod
     def from_recipe(cls, raw: Mapping[str, Any]) -> ModelSpec:
         """The model `raw` (a `recipe`) creates; `InvalidRequestError` for
@@ -141,6 +149,11 @@ class ModelSpec:
             "tables": [t.to_dict() for t in self.tables],
             "created_at": round(self.created_at, 3),
         }
+
+    @classmethod
+    def from_entry(cls, entry: ModelEntry) -> ModelSpec:
+        """The declaration a model listing names (`from_dict` of its JSON form)."""
+        return cls.from_dict(msgspec.to_builtins(entry))
 
     @classmethod
     def from_dict(cls, raw: object) -> ModelSpec:

@@ -197,8 +197,8 @@ async def get_model(request: web.Request) -> web.Response:
 @calls.CREATE_MODEL.route(_EXPORTED)
 async def create_model(request: web.Request) -> web.Response:
     body = await json_body(request, calls.CREATE_MODEL.decoder)
-    out = await request.app[EXPORTER].create_model_json(msgspec.to_builtins(body))
-    return json_response(out, status=201 if out["created"] else 200)
+    out = await request.app[EXPORTER].create_model_json(body)
+    return json_response(out, status=201 if out.created else 200)
 
 
 @calls.DELETE_MODEL.route(_EXPORTED)

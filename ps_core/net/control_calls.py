@@ -12,12 +12,12 @@ model of its reply (`ps_core.net.control_messages`). From these declarations:
   request from the same model and decodes the reply (`ControlCall.read`).
 
 Adding a call is one declaration here, the server's handler, and the
-client's method. Replies of the calls whose answer is relayed as it is to
-people (stats, the status board, exports, models) are JSON documents
-(``reply=dict``); the others are decoded into their model.
+client's method. Every reply is decoded into its model (stats, the status
+board, exports and models too), but the coordinator's offsets
+(``reply=dict``, read by hand) and a snapshot's bytes.
 
-A reply's fields this client does not know are dropped before it is
-decoded, so a newer shard adding one to its answer is still understood.
+A reply's fields this client does not know are dropped, at any depth,
+before it is decoded, so a newer shard adding one to its answer is still understood.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import msgspec
+import msgspec.inspect as mi
 import orjson
 from aiohttp import web
 
@@ -37,20 +38,29 @@ from ..store.board import StatusReport
 from .auth import Scope
 from .control_messages import (
     Admit,
+    Compaction,
     Dropped,
+    ExportList,
+    ExportReportBody,
     ExportRequest,
     LeaseBody,
     LeaseRenewal,
     LeaseRequest,
     MembershipBody,
     ModelDeclaration,
+    ModelEntry,
     Release,
     Released,
     Renewed,
     Restore,
     Restored,
+    ShardModelCreatedBody,
+    ShardModelDeletedBody,
+    ShardModelListBody,
     SnapshotRequest,
     SnapshotRows,
+    StatusAck,
+    StatusBoardBody,
     SyncApplied,
     SyncApply,
     SyncArrive,
@@ -58,7 +68,7 @@ from .control_messages import (
     SyncStep,
     TableDropped,
 )
-from .shard_bodies import Declared, TableDeclaration
+from .shard_bodies import Declared, Stats, TableDeclaration
 
 __all__ = ["ControlCall", "CONTROL_CALLS", "ControlReplyError", "with_model", "Req", "Rep"]
 
@@ -87,7 +97,7 @@ class ControlCall(Generic[Req, Rep]):
     request: type[Req] | None
     """The JSON body's model (None: the call sends no body)."""
     reply: type[Rep]
-    """The reply's model; ``dict`` for a JSON document relayed as it is, ``bytes`` for a binary body."""
+    """The reply's model; ``dict`` for a JSON document read by hand, ``bytes`` for a binary body."""
     coordinator: bool = False
     """Served by the shard hosting the coordinator (shard 0) only: a 404 there means it hosts none."""
     answered: tuple[str, ...] = ()
@@ -126,13 +136,33 @@ class ControlCall(Generic[Req, Rep]):
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise ControlReplyError(f"{self.method} {self.path} answered a body that is not JSON: {exc}") from None
-        fields = getattr(self.reply, "__struct_fields__", None)
-        if fields is not None and isinstance(doc, dict):
-            doc = {k: v for k, v in doc.items() if k in fields}
         try:
+            doc = _known(doc, self._reply_info)
             return msgspec.convert(doc, self.reply)
         except msgspec.ValidationError as exc:
             raise ControlReplyError(f"{self.method} {self.path} answered an unexpected body: {exc}") from None
+
+    @functools.cached_property
+    def _reply_info(self) -> mi.Type:
+        return mi.type_info(self.reply)
+
+
+def _known(doc: Any, info: mi.Type) -> Any:
+    """`doc` without the fields its model does not know, at any depth (a
+    newer shard's addition), as it is where it is not the model's shape."""
+    if isinstance(info, mi.Metadata):  # an annotated type (its description)
+        return _known(doc, info.type)
+    if isinstance(info, mi.UnionType):
+        shapes = [t for t in info.types if isinstance(t, (mi.StructType, mi.ListType, mi.DictType))]
+        return _known(doc, shapes[0]) if len(shapes) == 1 else doc
+    if isinstance(info, mi.StructType) and isinstance(doc, dict):
+        fields = {f.encode_name: f.type for f in info.fields}
+        return {k: _known(v, fields[k]) for k, v in doc.items() if k in fields}
+    if isinstance(info, mi.ListType) and isinstance(doc, list):
+        return [_known(v, info.item_type) for v in doc]
+    if isinstance(info, mi.DictType) and isinstance(doc, dict):
+        return {k: _known(v, info.value_type) for k, v in doc.items()}
+    return doc
 
 
 def with_model(path: str, model: str | None) -> str:
@@ -141,16 +171,16 @@ def with_model(path: str, model: str | None) -> str:
 
 
 JsonObject = dict[str, Any]
-"""A JSON document relayed as it is (`ControlCall.reply` ``dict``)."""
+"""A JSON document read by hand (`ControlCall.reply` ``dict``)."""
 
 _READ, _TRAIN, _ADMIN = Scope.READ, Scope.TRAIN, Scope.ADMIN
 
 # -- every shard ------------------------------------------------------------------------
 DECLARE = ControlCall("declare", "POST", "/v1/tables", _TRAIN, TableDeclaration, Declared)
 DROP_TABLE = ControlCall[None, TableDropped]("drop_table", "DELETE", "/v1/tables/{name}", _ADMIN, None, TableDropped)
-STATS = ControlCall[None, JsonObject]("stats", "GET", "/v1/stats", _READ, None, dict)
-REPORT_STATUS = ControlCall[StatusReport, JsonObject]("report_status", "POST", "/v1/status", _TRAIN, StatusReport, dict)
-STATUSES = ControlCall[None, JsonObject]("statuses", "GET", "/v1/status", _READ, None, dict)
+STATS = ControlCall[None, Stats]("stats", "GET", "/v1/stats", _READ, None, Stats)
+REPORT_STATUS = ControlCall("report_status", "POST", "/v1/status", _TRAIN, StatusReport, StatusAck)
+STATUSES = ControlCall[None, StatusBoardBody]("statuses", "GET", "/v1/status", _READ, None, StatusBoardBody)
 TAKE_SNAPSHOT = ControlCall("take_snapshot", "POST", "/v1/snapshots", _ADMIN, SnapshotRequest, SnapshotRows)
 FETCH_SNAPSHOT = ControlCall[None, bytes](
     "fetch_snapshot", "GET", "/v1/snapshots/{version}", _ADMIN, None, bytes, head=False
@@ -186,23 +216,23 @@ SYNC_LEAVE = ControlCall("sync_leave", "POST", "/v1/sync/leave", _TRAIN, SyncMem
 SYNC_ARRIVE = ControlCall("sync_arrive", "POST", "/v1/sync/arrive", _TRAIN, SyncArrive, SyncStep, coordinator=True)
 
 # -- the exporter and the models' registry, on shard 0 ----------------------------------
-EXPORT_NOW = ControlCall[ExportRequest, JsonObject](
-    "export_now", "POST", "/v1/exports", _ADMIN, ExportRequest, dict, coordinator=True
+EXPORT_NOW = ControlCall("export_now", "POST", "/v1/exports", _ADMIN, ExportRequest, ExportReportBody, coordinator=True)
+EXPORTS = ControlCall[None, ExportList]("exports", "GET", "/v1/exports", _READ, None, ExportList, coordinator=True)
+COMPACT = ControlCall[None, Compaction](
+    "compact_exports", "POST", "/v1/exports/compact", _ADMIN, None, Compaction, coordinator=True
 )
-EXPORTS = ControlCall[None, JsonObject]("exports", "GET", "/v1/exports", _READ, None, dict, coordinator=True)
-COMPACT = ControlCall[None, JsonObject](
-    "compact_exports", "POST", "/v1/exports/compact", _ADMIN, None, dict, coordinator=True
+MODELS = ControlCall[None, ShardModelListBody](
+    "models", "GET", "/v1/models", _READ, None, ShardModelListBody, coordinator=True
 )
-MODELS = ControlCall[None, JsonObject]("models", "GET", "/v1/models", _READ, None, dict, coordinator=True)
-MODEL_INFO = ControlCall[None, JsonObject](
-    "model_info", "GET", "/v1/models/{name}", _READ, None, dict, coordinator=True
+MODEL_INFO = ControlCall[None, ModelEntry](
+    "model_info", "GET", "/v1/models/{name}", _READ, None, ModelEntry, coordinator=True
 )
 # Train scope, as table declarations: a worker creates its model.
-CREATE_MODEL = ControlCall[ModelDeclaration, JsonObject](
-    "create_model", "POST", "/v1/models", _TRAIN, ModelDeclaration, dict, coordinator=True
+CREATE_MODEL = ControlCall(
+    "create_model", "POST", "/v1/models", _TRAIN, ModelDeclaration, ShardModelCreatedBody, coordinator=True
 )
-DELETE_MODEL = ControlCall[None, JsonObject](
-    "delete_model", "DELETE", "/v1/models/{name}", _ADMIN, None, dict, coordinator=True
+DELETE_MODEL = ControlCall[None, ShardModelDeletedBody](
+    "delete_model", "DELETE", "/v1/models/{name}", _ADMIN, None, ShardModelDeletedBody, coordinator=True
 )
 
 CONTROL_CALLS: tuple[ControlCall[Any, Any], ...] = (

@@ -65,6 +65,7 @@ __all__ = [
     "KnownOffsets",
     "ExportRequest",
     "ExportStream",
+    "ModelWritten",
     "ExportReportBody",
     "Compaction",
     "VersionEntry",
@@ -279,8 +280,17 @@ class ExportStream(Struct, forbid_unknown_fields=True):
     topics: list[str]
 
 
-class ExportReportBody(Struct, forbid_unknown_fields=True):
-    """A version written (ps_core.checkpoint.exporter)."""
+class ModelWritten(Struct, forbid_unknown_fields=True):
+    """One model's part of a version written."""
+
+    path: Annotated[str, Meta(description="The model's version directory on shard 0.")]
+    rows: Count
+    bytes: Count
+
+
+class ExportReportBody(Struct, forbid_unknown_fields=True, kw_only=True):
+    """A version written (ps_core.checkpoint.exporter); the fields in the
+    order `ps_core.checkpoint.export_report.ExportReport.to_dict` gives them."""
 
     version: ExportVersion
     kind: Kind
@@ -292,9 +302,6 @@ class ExportReportBody(Struct, forbid_unknown_fields=True):
         dict[str, CountsBy],
         Meta(description="Next offset to consume per topic and partition: where workers resume."),
     ]
-    lease_wait_ms: Duration
-    pause_ms: Annotated[float, Meta(ge=0, description="Leases refused: the wait plus the shards' copies.")]
-    write_ms: Duration
     expired_leases: list[str]
     pruned: list[int]
     stream: Annotated[
@@ -305,9 +312,12 @@ class ExportReportBody(Struct, forbid_unknown_fields=True):
         ),
     ]
     models: Annotated[
-        dict[str, dict[str, Any]],
+        dict[str, ModelWritten],
         Meta(description="Per model written: path, rows and bytes (the fields above are the model asked for)."),
     ] = {}
+    lease_wait_ms: Duration
+    pause_ms: Annotated[float, Meta(ge=0, description="Leases refused: the wait plus the shards' copies.")]
+    write_ms: Duration
 
 
 class Compaction(Struct, forbid_unknown_fields=True):
@@ -338,7 +348,7 @@ class ExportList(Struct, forbid_unknown_fields=True):
     model: str
     versions: list[VersionEntry]
     last: Annotated[
-        dict[str, Any] | None,
+        ExportReportBody | None,
         Meta(description="The last export this process's coordinator wrote (null on a replica or before one)."),
     ]
 
@@ -373,16 +383,16 @@ class ModelDeclaration(Struct, forbid_unknown_fields=True):
     ) = UNSET
 
 
-class ModelEntry(Struct, forbid_unknown_fields=True):
+class ModelEntry(Struct, forbid_unknown_fields=True, kw_only=True):
     """A model of the cluster (type null: the default model, holding tables
-    declared by hand, not created as a model)."""
+    declared by hand, not created as a model; it names no numeric feed)."""
 
     name: ModelName
     type: Literal["lr", "fm"] | None
-    tables: list[dict[str, Any]]
     update_mode: str | None = None
+    numeric: str | UnsetType = UNSET
+    tables: list[dict[str, Any]]
     created_at: float | None = None
-    numeric: str | None = None
 
 
 class ShardModelListBody(Struct, forbid_unknown_fields=True):

@@ -217,6 +217,14 @@ class Staleness(Struct, forbid_unknown_fields=True):
     max_staleness: Count | None
 
 
+class ChangeLogStats(Struct, forbid_unknown_fields=True):
+    """A geo table's change log (ps_core.store.change_log)."""
+
+    entries: Count
+    keys: Count
+    incomplete: Annotated[Count, Meta(description="Answers that could not name every key changed since asked.")]
+
+
 class TableStats(Struct, forbid_unknown_fields=True):
     features: Count
     bytes: Count
@@ -226,6 +234,7 @@ class TableStats(Struct, forbid_unknown_fields=True):
     config: Table
     lifecycle: TableLifecycle
     staleness: Staleness
+    change_log: ChangeLogStats | UnsetType = UNSET
 
 
 class KeySetStats(Struct, forbid_unknown_fields=True):
@@ -244,14 +253,73 @@ class WireStatsBody(Struct, forbid_unknown_fields=True):
     reply_values_clipped: Annotated[Count, Meta(description="Weights clipped to float16's range in replies.")]
 
 
+class AuthStats(Struct, forbid_unknown_fields=True):
+    """Requests refused for their token, by reason (ps_core.net.auth)."""
+
+    refused: CountsBy
+
+
+class ExporterStats(Struct, forbid_unknown_fields=True):
+    """Shard 0's exporter (ps_core.checkpoint.exporter)."""
+
+    exports: Count
+    failures: CountsBy
+    last_version: int | None
+    cuts_spent: Count
+
+
+class BarrierStats(Struct, forbid_unknown_fields=True):
+    """One model's sync barrier (ps_core.checkpoint.barrier)."""
+
+    step: Count
+    members: list[str]
+    steps_closed: Count
+    shrinks: Count
+    dropped: CountsBy
+
+
+class SyncStats(Struct, forbid_unknown_fields=True):
+    """Every model's sync barrier on shard 0's coordinator, summed and by model."""
+
+    steps_closed: Count
+    shrinks: Count
+    members: list[str]
+    dropped: CountsBy
+    models: dict[str, BarrierStats]
+
+
+class ClusterStats(Struct, forbid_unknown_fields=True):
+    """Shard 0's view of the cluster's membership (ps_core.checkpoint.membership)."""
+
+    ready: bool
+    version: Count
+    epoch: str
+    cluster_restores: Count
+    versions_refused: Count
+    refusal: str | None
+    joined: Annotated[list[bool | None], Meta(description="Per shard: a member (null: it did not answer).")]
+
+
 class Stats(Struct):
-    """This shard's figures; shard 0 adds sections of what it hosts (exports, cluster)."""
+    """This shard's figures; a shard server adds its ports and refusals, and
+    shard 0 the sections of what it hosts (exports, sync, cluster)."""
 
     shard_id: Count
     num_shards: Shards
     duplicate_pushes: Count
     wire: WireStatsBody
     tables: dict[str, TableStats]
+    auth: AuthStats | UnsetType = UNSET
+    exports: ExporterStats | UnsetType = UNSET
+    sync: SyncStats | UnsetType = UNSET
+    cluster: ClusterStats | UnsetType = UNSET
+    ports: (
+        Annotated[
+            dict[str, dict[str, int | CountsBy]],
+            Meta(description="Per port (http, rpc, tls): its connections and what its limits refused."),
+        ]
+        | UnsetType
+    ) = UNSET
 
 
 class ShardHealthBody(Struct, forbid_unknown_fields=True):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeVar
 
+import orjson
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ..bodies import check
@@ -43,6 +44,7 @@ __all__ = [
     "MAX_NOTE_CHARS",
     "PARTITION_KEY",
     "check_report",
+    "as_worker_status",
 ]
 
 MAX_STATUS_BYTES = 64 * 1024
@@ -204,3 +206,15 @@ def check_report(source: object, status: object, encoded_size: int) -> None:
     if encoded_size > MAX_STATUS_BYTES:
         raise StatusError(f"status of {encoded_size} bytes exceeds {MAX_STATUS_BYTES}")
     check(status, WorkerStatus, StatusError, "$.status")
+
+
+def as_worker_status(status: object) -> WorkerStatus:
+    """`status` (a JSON object) as the `WorkerStatus` the board takes: its
+    JSON form checked, as the board checks what it is sent (NaN and the
+    infinities are null there); `StatusError` naming the field otherwise."""
+    try:
+        doc = orjson.loads(orjson.dumps(status))
+    except TypeError as exc:  # orjson's error for non-string keys, objects, huge ints
+        raise StatusError(f"status is not JSON: {exc}") from None
+    out: WorkerStatus = check(doc, WorkerStatus, StatusError, "$.status")
+    return out
