@@ -638,14 +638,14 @@ def test_every_role_is_scraped_on_the_port_that_serves_its_metrics() -> None:
     services on theirs."""
     env: dict[str, str] = next(d for d in _k8s() if d["kind"] == "ConfigMap")["data"]
     pods = _pods()
-    for role, annotations in _scrape_annotations().items():
+    for role, wanted in _scrape_annotations().items():
         container = pods[role]["containers"][0]
         args = _shard_argv(container["args"][0], 0) if role == "shard" else list(container["args"])
         s = _settings(args, env)
         port = s.metrics_port if isinstance(s, WorkerSettings) else s.port
         if isinstance(s, WorkerSettings):
             assert s.metrics_host == "0.0.0.0"
-        assert annotations == {
+        assert wanted == {
             "prometheus.io/scrape": "true",
             "prometheus.io/port": str(port),
             "prometheus.io/path": "/metrics",
