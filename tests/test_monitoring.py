@@ -3,8 +3,8 @@ their tests (``promtool test rules alerts_test.yml``: each rule firing and
 not); the scrape config passes ``promtool check config``; the Grafana
 dashboard is a dashboard whose every expression parses; and every metric the
 rules and the dashboard name is a family of a real exposition — a worker
-(``--metrics-port``), two shard servers (shard 0 with its exporter) and the
-API, started in-process as tests/test_metrics.py does.
+(``--metrics-port``), two shard servers (shard 0 with its exporter), the
+API and the broker role, started in-process as tests/test_metrics.py does.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from test_metrics import _text
 from waiting import json_when_ok, until
 
 from app.api import ApiServer
+from app.config.broker import BrokerSettings
 from app.config.serve import ApiSettings
 from app.config.worker import WorkerSettings
+from app.roles.broker import run_broker
 from app.roles.worker import run_worker
 from consumers.broker import free_port
 from ps_core.checkpoint.control import ControlClient, LocalControl
@@ -183,13 +185,16 @@ async def test_every_metric_the_rules_and_dashboard_read_is_exposed_by_its_role(
     _, urls = await serve_shards(2, (capped,), tmp_path / "exports", rpc=True)
     topic, group = await new_topic(kafka_bootstrap, 2)
     await produce(kafka_bootstrap, topic, (keyed_event(i) for i in range(400)), 2)
-    metrics_port = free_port()
+    metrics_port, broker_metrics_port = free_port(), free_port()
     settings = WorkerSettings(
         bootstrap=kafka_bootstrap, shards=tuple(urls), topic=topic, group=group, model_name="m",
         window_events=200, mini_batch=64, decode_processes=0, session_timeout_ms=6000, metrics_port=metrics_port,
     )  # fmt: skip
     stop = asyncio.Event()
     worker = asyncio.create_task(run_worker(settings, stop), name="worker")
+    broker = asyncio.create_task(
+        run_broker(free_port(), {}, stop, BrokerSettings(metrics_port=broker_metrics_port)), name="broker"
+    )
     try:
         async with (
             PSClient.connect(urls) as client,
@@ -210,9 +215,20 @@ async def test_every_metric_the_rules_and_dashboard_read_is_exposed_by_its_role(
                 "shard": await _text(http, f"{urls[0]}/metrics"),
                 "api": await _text(http, f"{api.url}/metrics"),
             }
+            broker_url = f"http://127.0.0.1:{broker_metrics_port}/metrics"
+
+            async def broker_serves() -> bool:
+                try:
+                    async with http.get(broker_url) as resp:
+                        return resp.status == 200
+                except aiohttp.ClientConnectionError:
+                    return False  # not yet bound: the broker starts first
+
+            await until(broker_serves, 60, what="the broker's metrics", task=broker)
+            texts["broker"] = await _text(http, broker_url)
     finally:
         stop.set()
-        await asyncio.wait_for(worker, 60)
+        await asyncio.wait_for(asyncio.gather(worker, broker), 60)
     exposed = {role: exposed_names(text) for role, text in texts.items()}
     for rule in _rules():
         names = metric_names(rule["expr"]) - PROMETHEUS_OWN
