@@ -90,7 +90,7 @@ def exposed_names(text: bytes) -> set[str]:
 
 @needs_promtool
 @pytest.mark.slow  # runs promtool
-def test_the_alert_rules_pass_promtool_and_their_tests(tmp_path: Path) -> None:
+def test_the_alert_rules_pass_promtool_and_their_tests() -> None:
     _promtool("check", "rules", ALERTS)
     _promtool("test", "rules", MONITORING / "alerts_test.yml")
     tested = set(re.findall(r"alertname: (\w+)", (MONITORING / "alerts_test.yml").read_text()))
