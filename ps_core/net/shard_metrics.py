@@ -226,8 +226,8 @@ def _shard0_families(stats0: Mapping[str, Any] | None) -> Iterator[Metric]:
     """Shard 0's exporter and coordinator figures (absent when it hosts none)."""
     sections = {k: v for k, v in (stats0 or {}).items() if isinstance(v, dict)}
     for section, kind, name, doc, key in _SHARD0_VALUES:
-        if section in sections:
-            raw = sections[section].get(key)
+        if section in sections and sections[section].get(key) is not None:
+            raw = sections[section][key]
             # A flag reads as 0 or 1, a list as its length, anything else as a number.
             value = float(raw) if isinstance(raw, bool) else float(len(raw)) if isinstance(raw, list) else num(raw)
             yield kind(name, doc, value=value)
