@@ -93,6 +93,7 @@ async def serve_shards() -> AsyncIterator[ServeShards]:
                 peers: list[ShardControl] = [LocalControl(shard, coordinator)]
                 peers += [HttpControl(j, u, session, RetryPolicy()) for j, u in enumerate(urls) if j]
                 exporter = Exporter(coordinator, ControlClient(peers), exports, "ctr")
+                shard.add_stats("exports", exporter.stats)  # its figures in the stats and /metrics
                 app = checkpointed_shard_app(shard, rpc_port=rpc_port, coordinator=coordinator, exporter=exporter)
             else:
                 app = checkpointed_shard_app(shard, rpc_port=rpc_port)

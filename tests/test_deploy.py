@@ -524,7 +524,15 @@ def test_the_network_policy_lets_only_workers_the_api_and_shards_reach_the_shard
     selecting_shards = {
         name: p for name, p in policies.items() if p["podSelector"]["matchLabels"].items() <= shard_labels.items()
     }
-    assert set(selecting_shards) == {"ctrps-default-deny", "ctrps-shard"}
+    assert set(selecting_shards) == {"ctrps-default-deny", "ctrps-shard", "ctrps-metrics"}
+    # Prometheus's namespace reaches the metrics ports only: the shards' HTTP port, not their RPC.
+    [scrape] = policies["ctrps-metrics"]["ingress"]
+    assert scrape["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert {p["port"] for p in scrape["ports"]} == {
+        int(a["prometheus.io/port"]) for a in _scrape_annotations().values()
+    } - {
+        8080  # the API's port is open to everyone already
+    }
     [rule] = policies["ctrps-shard"]["ingress"]
     allowed = {peer["podSelector"]["matchLabels"][COMPONENT] for peer in rule["from"]}
     assert allowed == {"worker", "api", "shard"}
@@ -612,3 +620,47 @@ def test_make_secrets_writes_private_files_of_derived_tokens(tmp_path: Path) -> 
     )  # fmt: skip
     assert again.returncode == 1 and "exists" in again.stderr
     assert {n: (d / n).read_text().strip() for n in make_secrets.FILES} == values
+
+
+def _scrape_annotations() -> dict[str, dict[str, str]]:
+    """Each workload's pod annotations, by its component label."""
+    return {
+        d["spec"]["template"]["metadata"]["labels"][COMPONENT]: d["spec"]["template"]["metadata"]["annotations"]
+        for d in _k8s()
+        if d["kind"] in ("Deployment", "StatefulSet")
+    }
+
+
+def test_every_role_is_scraped_on_the_port_that_serves_its_metrics() -> None:
+    """Each pod template's Prometheus annotations name the port its role
+    serves ``/metrics`` on (the worker's --metrics-port, on every interface),
+    a container port; deploy/monitoring/prometheus.yml scrapes the compose
+    services on theirs."""
+    env: dict[str, str] = next(d for d in _k8s() if d["kind"] == "ConfigMap")["data"]
+    pods = _pods()
+    for role, wanted in _scrape_annotations().items():
+        container = pods[role]["containers"][0]
+        args = _shard_argv(container["args"][0], 0) if role == "shard" else list(container["args"])
+        s = _settings(args, env)
+        port = s.metrics_port if isinstance(s, WorkerSettings) else s.port
+        if isinstance(s, WorkerSettings):
+            assert s.metrics_host == "0.0.0.0"
+        assert wanted == {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(port),
+            "prometheus.io/path": "/metrics",
+        }
+        assert port in {p["containerPort"] for p in container["ports"]}, role
+    assert set(_scrape_annotations()) == {"shard", "worker", "api"}
+
+    scrape = yaml.safe_load((DEPLOY / "monitoring" / "prometheus.yml").read_text())["scrape_configs"]
+    jobs = {j["job_name"]: j for j in scrape}
+    settings = _compose_settings()
+    shards = [f"{name}:{s.port}" for name, s in settings.items() if isinstance(s, ShardSettings)]
+    assert jobs["ctrps-shard"]["static_configs"] == [{"targets": shards}]
+    assert jobs["ctrps-api"]["static_configs"] == [{"targets": [f"api:{settings['api'].port}"]}]
+    worker = settings["worker"]
+    assert (worker.metrics_host, jobs["ctrps-worker"]["dns_sd_configs"]) == (
+        "0.0.0.0",
+        [{"names": ["worker"], "type": "A", "port": worker.metrics_port}],
+    )

@@ -853,7 +853,12 @@ async def test_a_json_document_and_more_is_invalid_json_on_every_json_route(
     Nothing was done: then each valid body alone is not refused."""
     shards, urls = await serve_shards(1, (LR,), tmp_path)
     assert sorted(VALID_BODIES) == json_operations(shard_document())
-    stats, membership = shards[0].stats(), shards[0].membership()
+
+    # The last export's age moves with the clock: the rest of the stats must not move.
+    def still(stats: dict[str, Any]) -> dict[str, Any]:
+        return stats | {"exports": {k: v for k, v in stats["exports"].items() if k != "age_s"}}
+
+    stats, membership = still(shards[0].stats()), shards[0].membership()
 
     async def call(method: str, route: str, body: bytes) -> tuple[int, dict[str, str]]:
         status, ctype, raw = await post(http, urls[0] + route, body, "application/json")
@@ -870,7 +875,7 @@ async def test_a_json_document_and_more_is_invalid_json_on_every_json_route(
             for blank in (b"", b" \n"):
                 status, got = await call(method, route, blank)
                 assert (status, got["error"]) == (400, "invalid_json"), (route, got)
-    assert shards[0].stats() == stats and list(shards[0].tables) == ["lr"]
+    assert still(shards[0].stats()) == stats and list(shards[0].tables) == ["lr"]
     assert shards[0].statuses() == [] and shards[0].membership() == membership
     for (method, route), valid in VALID_BODIES.items():
         status, got = await call(method, route, orjson.dumps(valid))

@@ -144,6 +144,10 @@ class Exporter:
         self._need_base = False
         self.last: ExportReport | None = None
         """The latest export written."""
+        self.interval_s = 0.0
+        """Seconds between periodic exports (`run`'s); 0: only when asked."""
+        # Monotonic: the age of the last export must not jump with the wall clock.
+        self._last_at = time.monotonic()
 
     @property
     def lock(self) -> asyncio.Lock:
@@ -202,6 +206,7 @@ class Exporter:
         pruned = await self._prune(cut.version, written)
         self._need_base = False
         self.exports += 1
+        self._last_at = time.monotonic()
         self.coordinator.version = cut.version
         return self._report(cut, written, pruned, t0)
 
@@ -436,9 +441,12 @@ class Exporter:
         )
 
     def stats(self) -> dict[str, Any]:
-        """Counters for metrics: exports written and failures by reason."""
+        """Counters for metrics: exports written and failures by reason, the
+        age of the last export (of the exporter, before its first) and the interval."""
         return {
             "exports": self.exports,
+            "age_s": round(time.monotonic() - self._last_at, 3),
+            "interval_s": self.interval_s,
             "failures": dict(self.failures),
             "last_version": self.last.version if self.last is not None else None,
             "cuts_spent": self.coordinator.cuts_spent,
@@ -459,6 +467,7 @@ class Exporter:
     async def run(self, interval_s: float, stop: asyncio.Event) -> None:
         """Export every `interval_s` seconds until `stop`; a failed export is
         logged and retried at the next tick (as a base)."""
+        self.interval_s = interval_s
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), interval_s)

@@ -266,6 +266,17 @@ class ExporterStats(Struct, forbid_unknown_fields=True):
     failures: CountsBy
     last_version: int | None
     cuts_spent: Count
+    # Last, with defaults: a shard 0 of an older version sends neither.
+    age_s: (
+        Annotated[
+            float,
+            Meta(ge=0, description="Seconds since the last export (since the exporter started, before its first)."),
+        ]
+        | None
+    ) = None
+    interval_s: (
+        Annotated[float, Meta(ge=0, description="Seconds between periodic exports; 0: only when asked.")] | None
+    ) = None
 
 
 class BarrierStats(Struct, forbid_unknown_fields=True):

@@ -70,7 +70,7 @@ def shard_families(rows: Sequence[ShardRow], ports: Iterable[PortRow] = ()) -> I
             _add_table(table, i, name, t)
     shard = _shard_wide_families(rows)
     yield up
-    yield from (table[k] for k in ("features", "size", "pushes", "pulls"))
+    yield from (table[k] for k in ("features", "max_rows", "size", "pushes", "pulls"))
     yield shard["duplicates"]
     yield from (table[k] for k in ("evicted", "freed", "pause", "admission", "staleness", "down_weighted"))
     yield from (shard[k] for k in ("refused", "held", "sets_gone", "reply_clipped"))
@@ -88,6 +88,11 @@ def _table_families() -> dict[str, Any]:
 
     return {
         "features": per_table(GaugeMetricFamily, "ctrps_table_features", "Features (rows) per table and shard."),
+        "max_rows": per_table(
+            GaugeMetricFamily,
+            "ctrps_table_max_rows",
+            "A table's row cap (lifecycle max_rows) per shard; only for tables that have one.",
+        ),
         "size": per_table(GaugeMetricFamily, "ctrps_table_bytes", "Bytes allocated per table and shard."),
         "pushes": per_table(CounterMetricFamily, "ctrps_table_pushes", "Pushes a table applied (HTTP and RPC)."),
         "pulls": per_table(CounterMetricFamily, "ctrps_table_pulls", "Pulls a table answered (HTTP and RPC)."),
@@ -157,6 +162,10 @@ def _add_table(f: Mapping[str, Any], i: str, name: str, t: Mapping[str, Any]) ->
     life = t.get("lifecycle")
     if not isinstance(life, dict):
         return
+    declared = life.get("lifecycle")
+    cap = declared.get("max_rows") if isinstance(declared, dict) else None
+    if num(cap) > 0:
+        f["max_rows"].add_metric([i, name], num(cap))
     for rule, n in life.get("evicted", {}).items():
         f["evicted"].add_metric([i, name, str(rule)], num(n))
     f["freed"].add_metric([i, name], num(life.get("bytes_freed")))
@@ -217,8 +226,8 @@ def _shard0_families(stats0: Mapping[str, Any] | None) -> Iterator[Metric]:
     """Shard 0's exporter and coordinator figures (absent when it hosts none)."""
     sections = {k: v for k, v in (stats0 or {}).items() if isinstance(v, dict)}
     for section, kind, name, doc, key in _SHARD0_VALUES:
-        if section in sections:
-            raw = sections[section].get(key)
+        if section in sections and sections[section].get(key) is not None:
+            raw = sections[section][key]
             # A flag reads as 0 or 1, a list as its length, anything else as a number.
             value = float(raw) if isinstance(raw, bool) else float(len(raw)) if isinstance(raw, list) else num(raw)
             yield kind(name, doc, value=value)
@@ -230,6 +239,20 @@ def _shard0_families(stats0: Mapping[str, Any] | None) -> Iterator[Metric]:
 # Shard 0's single figures: (status section, family, name, help, field).
 _SHARD0_VALUES: tuple[tuple[str, type[CounterMetricFamily | GaugeMetricFamily], str, str, str], ...] = (
     ("exports", CounterMetricFamily, "ctrps_exports", "Export versions written by shard 0's exporter.", "exports"),
+    (
+        "exports",
+        GaugeMetricFamily,
+        "ctrps_export_age_seconds",
+        "Seconds since shard 0's exporter last wrote a version (since it started, before its first).",
+        "age_s",
+    ),
+    (
+        "exports",
+        GaugeMetricFamily,
+        "ctrps_export_interval_seconds",
+        "Seconds between periodic exports (0: only when asked).",
+        "interval_s",
+    ),
     (
         "cluster",
         CounterMetricFamily,
