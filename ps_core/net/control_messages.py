@@ -194,7 +194,8 @@ class LeaseBody(Struct, forbid_unknown_fields=True):
 
 
 class Stream(Struct, forbid_unknown_fields=True):
-    """The stream offsets were read from (ps_core.checkpoint.stream.StreamIdentity)."""
+    """The stream offsets were read from, as a release sends it and the
+    coordinator's offsets answer it (ps_core.checkpoint.stream.StreamIdentity)."""
 
     cluster_id: Annotated[str, Meta(min_length=1, max_length=200)]
     group: Annotated[str, Meta(max_length=300)]
