@@ -20,10 +20,11 @@ import pytest
 from aiohttp import web
 
 from consumers.broker import free_port
-from ps_core.checkpoint.control import HttpControl
+from ps_core.checkpoint.control import HttpControl, ResumePoint
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.membership import agreed_version
 from ps_core.checkpoint.routes import checkpointed_shard_app
+from ps_core.checkpoint.stream import StreamIdentity
 from ps_core.net.control_calls import CONTROL_CALLS, ControlReplyError
 from ps_core.net.control_messages import MembershipBody
 from ps_core.net.endpoint import RetryPolicy
@@ -120,6 +121,22 @@ async def test_an_older_coordinators_offsets_without_restored_read_as_not_known(
     served.rewrite["/v1/offsets"] = lambda body: {k: v for k, v in body.items() if k != "restored"}
     point = await served.control.coordinator_resume()
     assert point.restored is None and point.offsets == {}
+
+
+async def test_the_coordinators_offsets_are_decoded_into_their_model_the_wire_as_before(served: Served) -> None:
+    lease = await served.control.acquire_lease("w1", wait_s=1.0)
+    stream = StreamIdentity("k1", "g", ("clicks",))
+    assert await served.control.release_lease(lease.lease_id, {"clicks": {0: 5}}, stream=stream)
+    seen: list[dict[str, object]] = []
+    served.rewrite["/v1/offsets"] = lambda body: seen.append(body) or body
+    point = await served.control.coordinator_resume()
+    assert point == ResumePoint({"clicks": {0: 5}}, stream, 0)
+    stream_json = {"cluster_id": "k1", "group": "g", "topics": ["clicks"]}
+    assert seen == [{"offsets": {"clicks": {"0": 5}}, "stream": stream_json, "restored": 0}]
+    served.rewrite["/v1/offsets"] = lambda body: {**body, "stream": {**stream_json, "cluster_id": ""}}
+    with pytest.raises(ControlReplyError, match="/v1/offsets") as caught:
+        await served.control.coordinator_resume()
+    assert "cluster_id" in caught.value.detail
 
 
 def test_every_control_call_is_declared_once_with_its_scope() -> None:

@@ -113,6 +113,11 @@ async def test_a_cut_writes_each_model_with_its_offsets_and_a_restore_loads_them
     for spec in (ctr, ads):
         assert (await control.create_model(spec.declaration())).created
     assert [m.name for m in (await control.models()).models] == ["ctr", "ads"]
+    # Each table as its declaration's model (`Table`), as a declaration answers.
+    assert [(t.name, t.dim, t.mode) for t in (await control.model_info("ads")).tables] == [
+        ("ads_w", 1, "async"),
+        ("ads_v", 4, "async"),
+    ]
     keys = np.arange(1, 400, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     await _train(client, "ctr_w", 1, keys[:300], 1)
     await _train(client, "ads_w", 1, keys[100:], 2)

@@ -40,6 +40,7 @@ from ..net.control_messages import (
     ExportList,
     ExportReportBody,
     ExportRequest,
+    KnownOffsets,
     LeaseRenewal,
     LeaseRequest,
     MembershipBody,
@@ -53,7 +54,6 @@ from ..net.control_messages import (
     ShardModelListBody,
     SnapshotRequest,
     StatusAck,
-    Stream,
     SyncApply,
     SyncArrive,
     SyncMember,
@@ -101,15 +101,12 @@ class ResumePoint(NamedTuple):
     coordinator's epoch (0: they started empty; None: not known)."""
 
 
-def _resume_point(got: Any) -> ResumePoint:
-    """A ``GET /v1/offsets`` answer as a `ResumePoint`."""
-    raw = got.get("stream")
-    try:
-        stream = StreamIdentity.from_dict(raw) if raw is not None else None
-    except ValueError as exc:
-        raise LeaseError(f"bad stream in the coordinator's answer: {exc}") from None
-    restored = got.get("restored")
-    return ResumePoint(parse_offsets(got["offsets"]), stream, restored if isinstance(restored, int) else None)
+def _resume_point(got: KnownOffsets) -> ResumePoint:
+    """A ``GET /v1/offsets`` answer as a `ResumePoint` (an older
+    coordinator's, without ``restored``: restored not known)."""
+    stream = None if got.stream is None else StreamIdentity.from_body(got.stream)
+    restored = None if isinstance(got.restored, msgspec.UnsetType) else got.restored
+    return ResumePoint(parse_offsets(got.offsets), stream, restored)
 
 
 class ReleaseFields(TypedDict, total=False):
@@ -385,7 +382,7 @@ class HttpControl(ShardEndpoint):
         body = Release(
             lease_id,
             {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()},
-            None if stream is None else Stream(stream.cluster_id, stream.group, list(stream.topics)),
+            None if stream is None else stream.to_body(),
             named.get("model"),
             list(named.get("also", ())),
         )

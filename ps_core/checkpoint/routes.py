@@ -56,7 +56,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from aiohttp import web
 
 from ..bodies import decode
@@ -124,7 +123,7 @@ async def release(request: web.Request) -> web.Response:
     body = await json_body(request, calls.RELEASE_LEASE.decoder)
     # The model checked every key and offset; this turns partition keys into ints.
     offsets = parse_offsets(body.offsets, error=InvalidRequestError)
-    stream = None if body.stream is None else StreamIdentity.from_dict(msgspec.structs.asdict(body.stream))
+    stream = None if body.stream is None else StreamIdentity.from_body(body.stream)
     if EXPORTER in request.app:
         for name in (body.model, *body.also):
             if name is not None:
@@ -141,7 +140,7 @@ async def offsets(request: web.Request) -> web.Response:
     return json_response(
         KnownOffsets(
             {t: {str(p): o for p, o in ps.items()} for t, ps in known.items()},
-            stream.to_dict() if stream is not None else None,
+            stream.to_body() if stream is not None else None,
             coordinator.restored,
         )
     )

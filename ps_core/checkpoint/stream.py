@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..net.control_messages import Stream
+
 __all__ = ["StreamIdentity", "stream_mismatch"]
 
 
@@ -48,6 +50,15 @@ class StreamIdentity:
         if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics) or len(topics) > 1000:
             raise ValueError("stream.topics must be a list of strings")
         return cls(cluster, group, tuple(sorted(set(topics))))
+
+    def to_body(self) -> Stream:
+        """The control plane's model of it (a release's, the coordinator's offsets')."""
+        return Stream(self.cluster_id, self.group, list(self.topics))
+
+    @classmethod
+    def from_body(cls, body: Stream) -> StreamIdentity:
+        """From the control plane's model (its fields checked by it)."""
+        return cls(body.cluster_id, body.group, tuple(sorted(set(body.topics))))
 
     def with_topics(self, topics: tuple[str, ...] | list[str] | set[str]) -> StreamIdentity:
         """The same stream covering `topics` too."""

@@ -13,8 +13,8 @@ model of its reply (`ps_core.net.control_messages`). From these declarations:
 
 Adding a call is one declaration here, the server's handler, and the
 client's method. Every reply is decoded into its model (stats, the status
-board, exports and models too), but the coordinator's offsets
-(``reply=dict``, read by hand) and a snapshot's bytes.
+board, the coordinator's offsets, exports and models too), but a snapshot's
+bytes.
 
 A reply's fields this client does not know are dropped, at any depth,
 before it is decoded, so a newer shard adding one to its answer is still understood.
@@ -43,6 +43,7 @@ from .control_messages import (
     ExportList,
     ExportReportBody,
     ExportRequest,
+    KnownOffsets,
     LeaseBody,
     LeaseRenewal,
     LeaseRequest,
@@ -97,7 +98,7 @@ class ControlCall(Generic[Req, Rep]):
     request: type[Req] | None
     """The JSON body's model (None: the call sends no body)."""
     reply: type[Rep]
-    """The reply's model; ``dict`` for a JSON document read by hand, ``bytes`` for a binary body."""
+    """The reply's model; ``bytes`` for a binary body."""
     coordinator: bool = False
     """Served by the shard hosting the coordinator (shard 0) only: a 404 there means it hosts none."""
     answered: tuple[str, ...] = ()
@@ -170,9 +171,6 @@ def with_model(path: str, model: str | None) -> str:
     return path if model is None else f"{path}?model={quote(model, safe='')}"
 
 
-JsonObject = dict[str, Any]
-"""A JSON document read by hand (`ControlCall.reply` ``dict``)."""
-
 _READ, _TRAIN, _ADMIN = Scope.READ, Scope.TRAIN, Scope.ADMIN
 
 # -- every shard ------------------------------------------------------------------------
@@ -206,10 +204,8 @@ ACQUIRE_LEASE = ControlCall(
 )
 RENEW_LEASE = ControlCall("renew_lease", "POST", "/v1/leases/renew", _TRAIN, LeaseRenewal, Renewed, coordinator=True)
 RELEASE_LEASE = ControlCall("release_lease", "POST", "/v1/leases/release", _TRAIN, Release, Released, coordinator=True)
-# Read by hand (`ps_core.checkpoint.control`), not as `KnownOffsets`: an
-# older coordinator's answer has no ``restored`` ("not known", not 0).
-OFFSETS = ControlCall[None, JsonObject](
-    "coordinator_resume", "GET", "/v1/offsets", _TRAIN, None, dict, coordinator=True
+OFFSETS = ControlCall[None, KnownOffsets](
+    "coordinator_resume", "GET", "/v1/offsets", _TRAIN, None, KnownOffsets, coordinator=True
 )
 SYNC_JOIN = ControlCall("sync_join", "POST", "/v1/sync/join", _TRAIN, SyncMember, SyncStep, coordinator=True)
 SYNC_LEAVE = ControlCall("sync_leave", "POST", "/v1/sync/leave", _TRAIN, SyncMember, SyncStep, coordinator=True)

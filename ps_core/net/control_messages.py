@@ -34,6 +34,7 @@ from .shard_bodies import (
     Optimizer,
     OptimizerName,
     Shards,
+    Table,
     TableName,
     Version,
 )
@@ -193,7 +194,8 @@ class LeaseBody(Struct, forbid_unknown_fields=True):
 
 
 class Stream(Struct, forbid_unknown_fields=True):
-    """The stream offsets were read from (ps_core.checkpoint.stream.StreamIdentity)."""
+    """The stream offsets were read from, as a release sends it and the
+    coordinator's offsets answer it (ps_core.checkpoint.stream.StreamIdentity)."""
 
     cluster_id: Annotated[str, Meta(min_length=1, max_length=200)]
     group: Annotated[str, Meta(max_length=300)]
@@ -259,10 +261,14 @@ class SyncApplied(Struct, forbid_unknown_fields=True):
 
 
 class KnownOffsets(Struct, forbid_unknown_fields=True):
+    """The coordinator's offsets of a model and the stream they were read from."""
+
     offsets: Offsets
-    stream: dict[str, Any] | None
-    restored: int
-    """The export version the shards' state was loaded from (0: started empty)."""
+    stream: Stream | None
+    restored: int | UnsetType = UNSET
+    """The export version the shards' state was loaded from (0: started
+    empty). An older coordinator leaves it out: not known, which is not 0
+    (`ps_core.checkpoint.control.ResumePoint.restored` None)."""
 
 
 # -- exports --------------------------------------------------------------------------
@@ -391,7 +397,7 @@ class ModelEntry(Struct, forbid_unknown_fields=True, kw_only=True):
     type: Literal["lr", "fm"] | None
     update_mode: str | None = None
     numeric: str | UnsetType = UNSET
-    tables: list[dict[str, Any]]
+    tables: list[Table]
     created_at: float | None = None
 
 
