@@ -52,6 +52,7 @@ from ..net.control_messages import (
 )
 from .control import ControlClient
 from .coordinator import Coordinator, Cut, Offsets
+from .cut_failure import CutFailed, DeltaRefused, describe_failure
 from .export_files import DEFAULT_FILE_MODE, list_versions, write_version
 from .export_report import ExportReport
 from .manifest import check_model_name, version_dir_name
@@ -61,39 +62,6 @@ from .retention import compact, prune
 __all__ = ["Exporter"]
 
 log = logging.getLogger("ctrps.export")
-
-
-class _CutFailed(Exception):
-    """The snapshot step failed on some shards (inside the coordinator's cut)."""
-
-    def __init__(
-        self, version: int, kind: str, reason: str, by_shard: dict[int, BaseException], timeout_s: float
-    ) -> None:
-        super().__init__(reason)
-        self.version, self.kind, self.reason, self.by_shard = version, kind, reason, by_shard
-        self.timeout_s = timeout_s
-        """The cut timeout a shard's copy (or the fetch) ran into, if it did (`_describe`)."""
-
-    def why(self) -> str:
-        """Each failed shard and its cause."""
-        return "; ".join(_describe(i, e, self.timeout_s) for i, e in sorted(self.by_shard.items()))
-
-    def detail(self, after_s: float) -> str:
-        return (
-            f"cut {self.version} aborted on every shard {after_s:.1f}s after it began "
-            f"({self.reason}: {self.why()}); the next cut is a base"
-        )
-
-
-class _Refused(Exception):
-    """A shard refused a delta: the cut is tried again at once as a base."""
-
-
-def _describe(shard_id: int, exc: BaseException, timeout_s: float) -> str:
-    what = f"shard {shard_id}" if shard_id >= 0 else "a shard"
-    if isinstance(exc, TimeoutError):
-        return f"{what}: no answer within the cut timeout ({timeout_s:g}s)"
-    return f"{what}: {getattr(exc, 'detail', None) or exc or type(exc).__name__}"
 
 
 class Exporter:
@@ -190,7 +158,7 @@ class Exporter:
         async with self._lock:
             try:
                 return await self._cut(kind)
-            except _Refused:
+            except DeltaRefused:
                 return await self._cut("base")
 
     async def _cut(self, kind: str | None) -> ExportReport:
@@ -212,7 +180,7 @@ class Exporter:
 
     async def _take_cut(self, kind: str | None, t0: float) -> Cut[int | None]:
         """The coordinator's cut (the pause and every shard's copy); a failed
-        one is aborted on every shard (`CutAbortedError`, or `_Refused` for a
+        one is aborted on every shard (`CutAbortedError`, or `DeltaRefused` for a
         delta a shard refused) and the next cut is a base."""
         copying = t0  # when the copy step began, after the wait for leased windows
 
@@ -225,12 +193,12 @@ class Exporter:
 
         try:
             return await self.coordinator.cut(snapshot, kind)
-        except _CutFailed as failed:
+        except CutFailed as failed:
             # Some shards may have cut and moved on: the next cut is a base.
             self._need_base = True
             await self._abort(failed, t0, copying)
             if failed.reason == "refused" and failed.kind == "delta":
-                raise _Refused() from None
+                raise DeltaRefused() from None
             raise CutAbortedError(failed.detail(time.perf_counter() - t0)) from None
         except BaseException:
             self._need_base = True
@@ -244,7 +212,7 @@ class Exporter:
         except (PSError, TimeoutError) as exc:
             self.coordinator.spend(cut.version)
             by_shard: dict[int, BaseException] = {int(getattr(exc, "shard_id", -1)): exc}
-            fetch = _CutFailed(cut.version, cut.kind, "fetch", by_shard, self.cut_timeout_s)
+            fetch = CutFailed(cut.version, cut.kind, "fetch", by_shard, self.cut_timeout_s)
             await self._abort(fetch, t0, fetching)
             raise CutAbortedError(fetch.detail(time.perf_counter() - t0)) from None
 
@@ -367,7 +335,7 @@ class Exporter:
 
     async def _snapshot_all(self, version: int, parent: int | None) -> None:
         """Every shard copies its rows for `version`, each within
-        `cut_timeout_s`; `_CutFailed` lists every shard that did not."""
+        `cut_timeout_s`; `CutFailed` lists every shard that did not."""
         kind = "base" if parent is None else "delta"
         got = await asyncio.gather(
             *(asyncio.wait_for(t.take_snapshot(version, parent), self.cut_timeout_s) for t in self.client.shards),
@@ -390,9 +358,9 @@ class Exporter:
                 reason = "refused"
             else:
                 reason = "error"
-            raise _CutFailed(version, kind, reason, failed, self.cut_timeout_s)
+            raise CutFailed(version, kind, reason, failed, self.cut_timeout_s)
 
-    async def _abort(self, failed: _CutFailed, began: float, step_began: float) -> None:
+    async def _abort(self, failed: CutFailed, began: float, step_began: float) -> None:
         """Drop the copies of the `failed` cut's version on every shard, each
         within `abort_timeout_s`, then log the failed cut in one WARNING line
         with where the time went (`perf_counter` times: the cut `began`, the
@@ -426,7 +394,11 @@ class Exporter:
             step_s=round(step_ended - step_began, 1),
             abort_s=round(now - step_ended, 1),
             **(
-                {"abort_error": "; ".join(_describe(i, e, self.abort_timeout_s) for i, e in sorted(unreached.items()))}
+                {
+                    "abort_error": "; ".join(
+                        describe_failure(i, e, self.abort_timeout_s) for i, e in sorted(unreached.items())
+                    )
+                }
                 if unreached
                 else {}
             ),
