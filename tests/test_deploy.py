@@ -703,3 +703,216 @@ def test_every_role_is_scraped_on_the_port_that_serves_its_metrics(overlay: str)
         "0.0.0.0",
         [{"names": ["worker"], "type": "A", "port": worker.metrics_port}],
     )
+
+
+# -- what an operator expects of the overlays ----------------------------------------------
+
+RESULTS = ROOT / "bench" / "results"
+# The restore rate docs/measurements.md quotes ("Exports and restores": 10M
+# rows, 2 shards → 3, checked): the slower of the measured figures.
+RESTORE_ROWS_PER_S = 2.4e6
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "m": 1e-3, "": 1}
+
+
+def _quantity(text: str | int) -> float:
+    """A Kubernetes quantity (``512Mi``, ``4Gi``, ``500m``, ``2``) as a number."""
+    number, unit = re.fullmatch(r"([0-9.]+)([KMG]i|m)?", str(text)).groups()  # type: ignore[union-attr]
+    return float(number) * _UNITS[unit or ""]
+
+
+def _measured(bench: str, key: str) -> float:
+    result: dict[str, Any] = orjson.loads((RESULTS / f"{bench}.quick.json").read_bytes())["result"]
+    return float(result[key])
+
+
+def _workloads(overlay: str) -> dict[str, dict[str, Any]]:
+    return {d["spec"]["template"]["metadata"]["labels"][COMPONENT]: d for d in _k8s(overlay) if d["kind"] in WORKLOADS}
+
+
+def _validator() -> str:
+    """The ``kubernetes-validate`` script of this environment (a dev dependency)."""
+    found = shutil.which("kubernetes-validate", path=str(Path(sys.executable).parent)) or shutil.which(
+        "kubernetes-validate"
+    )
+    assert found, "kubernetes-validate is not installed: pip install -e '.[dev]'"
+    return found
+
+
+@EACH_OVERLAY
+def test_each_overlay_renders_objects_kubernetes_accepts(overlay: str, tmp_path: Path) -> None:
+    """Every object against the Kubernetes schemas, unknown fields refused."""
+    rendered = tmp_path / f"{overlay}.yaml"
+    rendered.write_text(_rendered(f"overlays/{overlay}"))
+    out = subprocess.run(
+        [_validator(), "--strict", "--quiet", str(rendered)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    kinds = {d["kind"] for d in _k8s(overlay)}
+    assert {"StatefulSet", "Deployment", "Job", "PodDisruptionBudget", "PersistentVolumeClaim"} <= kinds
+
+
+@EACH_OVERLAY
+def test_every_role_has_probes_on_a_route_it_serves_and_every_container_its_resources(overlay: str) -> None:
+    env = _config(_k8s(overlay))
+    for role, workload in _workloads(overlay).items():
+        [c] = workload["spec"]["template"]["spec"]["containers"]
+        # Requests and limits of CPU and memory, the limit at least the request.
+        for what in ("cpu", "memory"):
+            request, limit = c["resources"]["requests"][what], c["resources"]["limits"][what]
+            assert _quantity(request) <= _quantity(limit), (role, what)
+        if workload["kind"] == "Job":
+            continue  # runs to its end: nothing to probe
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        probes = {k: c[k] for k in ("startupProbe", "readinessProbe", "livenessProbe") if k in c}
+        assert {"readinessProbe", "livenessProbe"} <= set(probes), role
+        if role == "broker":
+            args = build_parser().parse_args(c["args"])
+            assert all(p["tcpSocket"]["port"] == "kafka" for p in probes.values())
+            assert ports["kafka"] == args.port
+            continue
+        argv = _shard_argv(c["args"][0], 0) if role == "shard" else list(c["args"])
+        s = _settings(argv, env)
+        # The routes each role serves: a shard /healthz, the API /healthz and
+        # /readyz on its port, a worker nothing but /metrics on its metrics port.
+        served: set[tuple[str, int]]
+        if isinstance(s, WorkerSettings):
+            served = {("/metrics", s.metrics_port)}
+        elif isinstance(s, ApiSettings):
+            served = {("/healthz", s.port), ("/readyz", s.port)}
+        else:
+            served = {("/healthz", s.port)}
+        for kind, probe in probes.items():
+            assert (probe["httpGet"]["path"], ports[probe["httpGet"]["port"]]) in served, (role, kind)
+        if role == "worker":
+            assert s.metrics_host == "0.0.0.0"  # the kubelet reaches it
+
+
+@EACH_OVERLAY
+def test_shards_are_sized_for_their_row_cap_from_the_measured_figures(overlay: str) -> None:
+    """Memory: the row cap at the table's peak bytes a row (bench_index),
+    plus a process of the library (bench_lifecycle: peak RSS less its
+    table), under the request; while restoring, the loaded arrays (an lr
+    row's 32 bytes, bench_export) too, under the limit. The startup probe
+    waits at least three times the restore at the measured rate."""
+    docs = _k8s(overlay)
+    shards = next(d for d in docs if d["kind"] == "StatefulSet")
+    [c] = shards["spec"]["template"]["spec"]["containers"]
+    max_rows = _settings(_shard_argv(c["args"][0], 0), _config(docs)).max_rows
+    assert max_rows > 0, "the shards' memory is sized from a row cap"
+    per_row = _measured("bench_index", "table_peak_traced_bytes_per_feature")
+    process = _measured("bench_lifecycle", "none_peak_rss_mb") * 2**20 - _measured(
+        "bench_lifecycle", "none_table_bytes"
+    )
+    steady = max_rows * per_row + process
+    restoring = steady + max_rows * _measured("bench_export", "lr_raw_bytes_per_row")
+    assert steady <= _quantity(c["resources"]["requests"]["memory"]) < 2 * steady
+    assert restoring <= _quantity(c["resources"]["limits"]["memory"])
+    startup = c["startupProbe"]
+    waits_s = startup["failureThreshold"] * startup["periodSeconds"]
+    assert waits_s >= 3 * max_rows / RESTORE_ROWS_PER_S, (overlay, waits_s)
+    assert startup["httpGet"]["path"] == "/healthz"
+
+
+@EACH_OVERLAY
+def test_disruption_budgets_and_shard_anti_affinity(overlay: str) -> None:
+    docs = _k8s(overlay)
+    budgets = [d["spec"] for d in docs if d["kind"] == "PodDisruptionBudget"]
+    workloads = _workloads(overlay)
+
+    def budgets_of(role: str) -> list[dict[str, Any]]:
+        labels = workloads[role]["spec"]["template"]["metadata"]["labels"]
+        return [b for b in budgets if b["selector"]["matchLabels"].items() <= labels.items()]
+
+    [shard_budget] = budgets_of("shard")
+    assert shard_budget["maxUnavailable"] == 1 and "minAvailable" not in shard_budget
+    # An API with one replica and minAvailable 1 would block every drain.
+    api_budgets = budgets_of("api")
+    if workloads["api"]["spec"]["replicas"] > 1:
+        assert [b.get("minAvailable") for b in api_budgets] == [1]
+    else:
+        assert not api_budgets
+    shard_pod = workloads["shard"]["spec"]["template"]
+    anti = shard_pod["spec"]["affinity"]["podAntiAffinity"]
+    if overlay == "production":
+        [term] = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert "preferredDuringSchedulingIgnoredDuringExecution" not in anti
+    else:
+        [preferred] = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        term = preferred["podAffinityTerm"]
+        assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= shard_pod["metadata"]["labels"].items()
+
+
+def _topics(argv: list[str]) -> dict[str, int]:
+    """The NAME:PARTITIONS a ``ctrps topics create`` or ``ctrps broker`` line asks for."""
+    from app.commands.topics import parse_topics
+
+    args = build_parser().parse_args(argv)
+    assert args.command in ("topics", "broker"), argv
+    return parse_topics(args.topic)
+
+
+@EACH_OVERLAY
+def test_the_topics_job_creates_what_the_workers_read_with_a_partition_each(overlay: str) -> None:
+    docs = _k8s(overlay)
+    workloads = _workloads(overlay)
+    worker = workloads["worker"]
+    [wc] = worker["spec"]["template"]["spec"]["containers"]
+    s = _settings(list(wc["args"]), _config(docs))
+    assert isinstance(s, WorkerSettings)
+    job = workloads["topics"]["spec"]["template"]["spec"]
+    [jc] = job["containers"]
+    topics = _topics(list(jc["args"]))
+    assert set(topics) == {s.topic, s.dlq}
+    assert topics[s.topic] >= worker["spec"]["replicas"], "a worker without a partition idles"
+    # The Job reaches the Kafka the workers read, with the same settings.
+    assert jc["envFrom"] == wc["envFrom"]
+    if overlay == "one-machine":  # the broker creates the same topics as it starts
+        [bc] = workloads["broker"]["spec"]["template"]["spec"]["containers"]
+        assert _topics(list(bc["args"])) == topics
+        args = build_parser().parse_args(bc["args"])
+        bootstrap = _config(docs)["CTRPS_KAFKA_BOOTSTRAP"]
+        assert bootstrap == f"{args.advertised_host}:{args.port}"
+        service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == args.advertised_host)
+        assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    # The compose file's topics service asks the same of its workers.
+    compose = _compose()["services"]
+    compose_topics = _topics(list(compose["topics"]["command"]))
+    assert set(compose_topics) == {s.topic, s.dlq}
+    assert compose_topics[s.topic] >= compose["worker"]["deploy"]["replicas"]
+
+
+def test_production_takes_kafka_from_the_operators_configmap() -> None:
+    """No broker address in the base or the production overlay: the workers
+    and the Job read it from ConfigMap ctrps-kafka, which the operator
+    creates (not optional: without it the pods do not start)."""
+    for path in (DEPLOY / "k8s" / "base").rglob("*.yaml"):
+        assert not re.search(r"^\s*CTRPS_KAFKA_BOOTSTRAP\s*:", path.read_text(), flags=re.M), path
+    docs = _k8s("production")
+    assert not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("ctrps-kafka")]
+    assert "CTRPS_KAFKA_BOOTSTRAP" not in _rendered("overlays/production")
+    for role in ("worker", "topics"):
+        [c] = _pods("production")[role]["containers"]
+        assert {"configMapRef": {"name": "ctrps-kafka"}} in c["envFrom"], role
+
+
+@EACH_OVERLAY
+def test_the_exports_volume_is_only_in_its_component(overlay: str) -> None:
+    """The base names no volume for the exports; the component mounts its
+    claim where the shards write and restore (--exports-dir)."""
+    base = _k8s("", path="base")
+    assert not [d for d in base if d["kind"] == "PersistentVolumeClaim"]
+    base_shards = next(d for d in base if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    assert "exports" not in {v["name"] for v in base_shards["volumes"]}
+    docs = _k8s(overlay)
+    shards = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    [c] = shards["containers"]
+    claim = {v["name"]: v for v in shards["volumes"]}["exports"]["persistentVolumeClaim"]["claimName"]
+    [pvc] = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert pvc["metadata"]["name"] == claim and pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["exports"] == _settings(_shard_argv(c["args"][0], 0), _config(docs)).exports_dir
+    # Only the shards mount it.
+    for role, pod in _pods(overlay).items():
+        assert ("exports" in {v["name"] for v in pod.get("volumes", [])}) == (role == "shard"), role
