@@ -17,15 +17,14 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
-from consumers.broker import create_topics, topic_partitions, wait_for_metadata
+from consumers.broker import BrokerError, create_topics, topic_partitions, wait_for_metadata
 
 from ..config.declared import SettingsError
-from ..failures import ExpectedFailure
 from ..logs import log_event
 from .kafka_flags import add_kafka_security_flags, kafka_security_from
 from .parsers import Subcommands, add_command, subcommands
 
-__all__ = ["add_topics_parser", "parse_topics", "run_topics", "TooFewPartitions"]
+__all__ = ["add_topics_parser", "parse_topics", "run_topics"]
 
 log = logging.getLogger("ctrps.topics")
 
@@ -52,10 +51,6 @@ examples:
 Exit codes: 0 done; 1 no answer from the broker within --timeout, or a
 topic with fewer partitions than asked; 2 a usage error.
 """
-
-
-class TooFewPartitions(ExpectedFailure):
-    """A topic exists with fewer partitions than asked (exit 1)."""
 
 
 def parse_topics(specs: Sequence[str]) -> dict[str, int]:
@@ -102,7 +97,8 @@ async def run_topics(args: argparse.Namespace, env: Mapping[str, str] = os.envir
     have = await topic_partitions(bootstrap, list(wanted), security)
     short = {name: have.get(name, 0) for name, n in wanted.items() if have.get(name, 0) < n}
     if short:
-        raise TooFewPartitions(
+        # The broker is configured otherwise than asked: BrokerError, exit 1.
+        raise BrokerError(
             "; ".join(f"topic {name} has {have_n} partition(s), {wanted[name]} asked" for name, have_n in short.items())
             + ": add partitions with Kafka's tools (kafka-topics --alter --partitions N)"
         )
