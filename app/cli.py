@@ -52,6 +52,7 @@ Run the embedded Kafka-protocol broker on 127.0.0.1 and create topics.
 example:
   ctrps broker --port 9092 --topic clicks:4 --topic clicks.dlq:1
   # then: CTRPS_KAFKA_BOOTSTRAP=127.0.0.1:9092 ...
+  ctrps broker --host 0.0.0.0 --advertised-host ctrps-broker --port 9092   # in a pod
 
 Runs the embedded Tansu broker (memory only) until Ctrl-C or SIGTERM. It
 keeps every record it is sent (no retention): it grows by about 0.7-0.9 KB
@@ -179,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .commands.kafka_flags import add_kafka_security_flags
     from .commands.model import add_model_parser
     from .commands.produce import add_produce_parser
+    from .commands.topics import add_topics_parser
     from .config.broker import BrokerSettings
     from .config.cluster import ClusterSettings
     from .config.declared import add_flags
@@ -226,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(sub)
     add_model_parser(sub)
     add_dlq_parser(sub)
+    add_topics_parser(sub)
 
     token = add_command(sub, "token", _TOKEN)
     token.add_argument("--scope", required=True, choices=("read", "train", "admin"), help="the token's scope")
@@ -262,18 +265,6 @@ def _add_logging_flags(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, LogSettings, skip=("log_format",) if has_format else ())
 
 
-def _parse_topics(specs: Sequence[str]) -> dict[str, int]:
-    from .config.declared import SettingsError
-
-    topics: dict[str, int] = {}
-    for spec in specs:
-        name, _, parts = spec.partition(":")
-        if not name or not parts.isdigit() or int(parts) < 1:
-            raise SettingsError(f"topic {spec!r} is not NAME:PARTITIONS")
-        topics[name] = int(parts)
-    return topics
-
-
 def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, Any, None]]]:
     """The log format and the coroutine of a long-running role, from its flags.
 
@@ -307,7 +298,9 @@ def _role(args: argparse.Namespace) -> tuple[str, Callable[[], Coroutine[Any, An
         api_security = SecuritySettings.from_args(args)
         return api.log_format, lambda: run_serve(api, security=api_security)
     if args.command == "broker":
-        topics = _parse_topics(args.topic or ["clicks:4", "clicks.dlq:1"])
+        from .commands.topics import parse_topics
+
+        topics = parse_topics(args.topic or ["clicks:4", "clicks.dlq:1"])
         broker = BrokerSettings.from_args(args)
         from .roles.broker import run_broker
 
@@ -358,6 +351,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     from .commands.export import run_export
     from .commands.model import run_model
     from .commands.produce import run_produce
+    from .commands.topics import run_topics
 
     if args.command == "produce":
         return int(uvloop.run(run_produce(args)))
@@ -367,6 +361,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return int(uvloop.run(run_model(args)))
     if args.command == "dlq":
         return int(uvloop.run(run_dlq(args)))
+    if args.command == "topics":
+        return int(uvloop.run(run_topics(args)))
     if args.command == "token":
         return _print_token(args)
     if args.command in ("demo", "cluster"):

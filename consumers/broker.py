@@ -31,7 +31,15 @@ from .broker_memory import warn_memory_only
 from .kafka_security import KafkaSecurity, check_access
 from .lifetime import ending_with_parent
 
-__all__ = ["EmbeddedBroker", "BrokerError", "broker_listening", "create_topics", "free_port", "wait_for_metadata"]
+__all__ = [
+    "EmbeddedBroker",
+    "BrokerError",
+    "broker_listening",
+    "create_topics",
+    "free_port",
+    "topic_partitions",
+    "wait_for_metadata",
+]
 
 
 class BrokerError(RuntimeError):
@@ -185,6 +193,19 @@ async def create_topics(bootstrap: str, topics: dict[str, int], security: KafkaS
         await admin.close()
 
 
+async def topic_partitions(
+    bootstrap: str, names: list[str], security: KafkaSecurity = KafkaSecurity()
+) -> dict[str, int]:
+    """The partition count of each of `names` that exists (absent ones left out)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000, **security.client_kwargs())
+    await admin.start()
+    try:
+        described = await admin.describe_topics(names)
+    finally:
+        await admin.close()
+    return {t["topic"]: len(t["partitions"]) for t in described if t["error_code"] == 0}
+
+
 @dataclass(frozen=True)
 class _Proc:
     popen: subprocess.Popen[bytes]
@@ -192,15 +213,19 @@ class _Proc:
 
 
 class EmbeddedBroker:
-    """A Tansu broker process on 127.0.0.1.
+    """A Tansu broker process, on 127.0.0.1 unless told `host`.
 
     ``async with EmbeddedBroker() as broker: broker.bootstrap`` — started on a
     free port (or `port`), ready when entered, stopped on exit. `stop` is
-    idempotent.
+    idempotent. Clients are told to reconnect to `advertised_host` (default
+    `host`): a broker listening on 0.0.0.0 in a pod names its Service.
     """
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1", start_timeout_s: float = 20.0):
+    def __init__(
+        self, port: int = 0, host: str = "127.0.0.1", start_timeout_s: float = 20.0, advertised_host: str = ""
+    ):
         self.host = host
+        self.advertised_host = advertised_host or host
         self._want_port = port
         self._start_timeout_s = start_timeout_s
         self._proc: _Proc | None = None
@@ -209,10 +234,10 @@ class EmbeddedBroker:
 
     @property
     def bootstrap(self) -> str:
-        """``host:port`` for Kafka clients."""
+        """``advertised_host:port`` for Kafka clients."""
         if self._proc is None:
             raise BrokerError("the broker is not running")
-        return f"{self.host}:{self._proc.port}"
+        return f"{self.advertised_host}:{self._proc.port}"
 
     @property
     def pid(self) -> int:
@@ -233,6 +258,7 @@ class EmbeddedBroker:
                 "listens there; pick another port, 0 picks a free one, or stop it)"
             )
         url = f"tcp://{self.host}:{port}"
+        advertised = f"tcp://{self.advertised_host}:{port}"
         self.cluster_id = f"ctrps-{secrets.token_hex(8)}"
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
         popen = subprocess.Popen(
@@ -242,7 +268,7 @@ class EmbeddedBroker:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                advertised,
                 "--storage-engine",
                 "memory://tansu/",
                 # A fresh id per start: a restarted memory broker holds other

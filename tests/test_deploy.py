@@ -1,7 +1,8 @@
 """`deploy/`: the Dockerfile, docker-compose file and Kubernetes manifests.
 
 No container engine runs here, so the files are checked against the code
-they configure: every ctrps command line parses with the real CLI and its
+they configure (the Kubernetes objects as ``kubectl kustomize`` renders each
+overlay of deploy/k8s/overlays/, every check on each overlay): every ctrps command line parses with the real CLI and its
 settings build from the environment the file gives it; every ``CTRPS_*``
 variable named is one the code reads; shard ids, URLs and ports agree with
 each other and with the Services; and the compose file's shard and API
@@ -65,11 +66,35 @@ def _compose() -> dict[str, Any]:
     return doc
 
 
-def _k8s() -> list[dict[str, Any]]:
-    docs: list[dict[str, Any]] = []
-    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
-        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
-    return docs
+OVERLAYS = ("one-machine", "production")
+KUBECTL = shutil.which("kubectl")
+EACH_OVERLAY = pytest.mark.parametrize("overlay", OVERLAYS)
+
+
+@functools.cache
+def _rendered(path: str) -> str:
+    """``kubectl kustomize deploy/k8s/<path>``'s output (the test skipped without kubectl)."""
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed: the manifests are what `kubectl kustomize` renders")
+    out = subprocess.run(
+        [KUBECTL, "kustomize", str(DEPLOY / "k8s" / path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _k8s(overlay: str, path: str = "overlays/{}") -> list[dict[str, Any]]:
+    """The objects of an overlay (or, with `path`, of deploy/k8s/<path>) as rendered."""
+    return [d for d in yaml.safe_load_all(_rendered(path.format(overlay))) if d]
+
+
+def _config(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """What every ctrps pod's environment gets: ConfigMap ctrps, and Kafka's
+    ConfigMap ctrps-kafka — rendered (one-machine: its own broker) or, where
+    the operator creates it (production), an address as it would give."""
+    maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
+    kafka = next((v for k, v in maps.items() if k.startswith("ctrps-kafka")), None)
+    return {**maps["ctrps"], **(kafka if kafka is not None else {"CTRPS_KAFKA_BOOTSTRAP": "kafka.kafka:9092"})}
 
 
 def _ctrps_services() -> dict[str, dict[str, Any]]:
@@ -149,10 +174,11 @@ def _shard_argv(shell: str, ordinal: int) -> list[str]:
     return argv[2:]
 
 
-def test_k8s_manifests_configure_a_consistent_cluster() -> None:
-    docs = _k8s()
+@EACH_OVERLAY
+def test_k8s_manifests_configure_a_consistent_cluster(overlay: str) -> None:
+    docs = _k8s(overlay)
     by_kind: dict[tuple[str, str], dict[str, Any]] = {(d["kind"], d["metadata"]["name"]): d for d in docs}
-    env: dict[str, str] = by_kind[("ConfigMap", "ctrps")]["data"]
+    env = _config(docs)
     shards_set = by_kind[("StatefulSet", "ctrps-shard")]
     replicas = shards_set["spec"]["replicas"]
     container = shards_set["spec"]["template"]["spec"]["containers"][0]
@@ -403,12 +429,16 @@ async def _poll(
 COMPONENT = "app.kubernetes.io/component"
 
 
-def _pods() -> dict[str, dict[str, Any]]:
-    """Each workload's pod spec, by its component label (shard, worker, api)."""
+WORKLOADS = ("Deployment", "StatefulSet", "Job")
+
+
+def _pods(overlay: str) -> dict[str, dict[str, Any]]:
+    """Each workload's pod spec, by its component label (shard, worker, api,
+    topics; broker in one-machine)."""
     return {
         d["spec"]["template"]["metadata"]["labels"][COMPONENT]: d["spec"]["template"]["spec"]
-        for d in _k8s()
-        if d["kind"] in ("Deployment", "StatefulSet")
+        for d in _k8s(overlay)
+        if d["kind"] in WORKLOADS
     }
 
 
@@ -452,9 +482,11 @@ def _file_env(pod: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: "/".join(files[e["value"]]) for e in c.get("env", []) if e["name"].endswith("_FILE")}
 
 
-def test_k8s_each_secret_goes_only_to_the_roles_that_use_it() -> None:
-    pods = _pods()
-    assert set(pods) == {"shard", "worker", "api"}
+@EACH_OVERLAY
+def test_k8s_each_secret_goes_only_to_the_roles_that_use_it(overlay: str) -> None:
+    pods = _pods(overlay)
+    # The embedded broker runs in one-machine only.
+    assert set(pods) == {"shard", "worker", "api", "topics"} | ({"broker"} if overlay == "one-machine" else set())
     # The credentials, as files named by CTRPS_*_FILE (never values in the environment).
     assert _file_env(pods["shard"]) == {"CTRPS_CLUSTER_SECRET_FILE": "ctrps-cluster-secret/secret"}
     assert _file_env(pods["worker"]) == {"CTRPS_SHARD_TOKEN_FILE": "ctrps-worker-token/token"}
@@ -472,7 +504,7 @@ def test_k8s_each_secret_goes_only_to_the_roles_that_use_it() -> None:
         "ctrps-api-shard-token": {"api"},
         "ctrps-admin-token": {"api"},
         "ctrps-tls": {"shard", "worker", "api"},
-        "ctrps-kafka": {"worker"},
+        "ctrps-kafka": {"worker", "topics"},
     }
     # TLS: the servers get the certificate, key and CA; the workers only the CA.
     assert readable["shard"]["ctrps-tls"] == readable["api"]["ctrps-tls"] == {"*"}
@@ -487,20 +519,21 @@ def test_k8s_each_secret_goes_only_to_the_roles_that_use_it() -> None:
     for role, pod in pods.items():
         assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"] == 10001, role
         assert pod["automountServiceAccountToken"] is False, role
-    # Whatever the ConfigMap gives every pod holds no credential.
-    config = next(d for d in _k8s() if d["kind"] == "ConfigMap")["data"]
-    assert not [k for k in config if re.search(r"SECRET|TOKEN|KEY", k)]
+    # Whatever the ConfigMaps give every pod holds no credential.
+    for config in (d["data"] for d in _k8s(overlay) if d["kind"] == "ConfigMap"):
+        assert not [k for k in config if re.search(r"SECRET|TOKEN|KEY", k)]
 
 
-def test_k8s_roles_on_0_0_0_0_start_with_their_credentials_and_without_insecure(tmp_path: Path) -> None:
+@EACH_OVERLAY
+def test_k8s_roles_on_0_0_0_0_start_with_their_credentials_and_without_insecure(overlay: str, tmp_path: Path) -> None:
     """The API binds 0.0.0.0 and accepts that only with an admin token; nothing passes --insecure."""
     for path in DEPLOY.rglob("*"):
         if path.is_file():
             assert "--insecure" not in path.read_text() and "CTRPS_INSECURE" not in path.read_text(), path
     files = make_secrets.make(tmp_path / "s")
-    pod = _pods()["api"]
+    pod = _pods(overlay)["api"]
     [c] = pod["containers"]
-    env = {**next(d for d in _k8s() if d["kind"] == "ConfigMap")["data"]}
+    env = _config(_k8s(overlay))
     for key, secret_key in _file_env(pod).items():
         env[key] = str(
             files[
@@ -514,9 +547,11 @@ def test_k8s_roles_on_0_0_0_0_start_with_their_credentials_and_without_insecure(
         _settings(list(c["args"]), {k: v for k, v in env.items() if k != "CTRPS_ADMIN_TOKEN_FILE"}).check_exposed()
 
 
-def test_the_network_policy_lets_only_workers_the_api_and_shards_reach_the_shards() -> None:
-    policies = {d["metadata"]["name"]: d["spec"] for d in _k8s() if d["kind"] == "NetworkPolicy"}
-    shard_labels = next(d for d in _k8s() if d["kind"] == "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+@EACH_OVERLAY
+def test_the_network_policy_lets_only_workers_the_api_and_shards_reach_the_shards(overlay: str) -> None:
+    docs = _k8s(overlay)
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    shard_labels = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["metadata"]["labels"]
     # A default deny for every ctrps pod: no rule, ingress only.
     deny = policies["ctrps-default-deny"]
     assert deny["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "ctrps"}}
@@ -529,7 +564,7 @@ def test_the_network_policy_lets_only_workers_the_api_and_shards_reach_the_shard
     [scrape] = policies["ctrps-metrics"]["ingress"]
     assert scrape["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     assert {p["port"] for p in scrape["ports"]} == {
-        int(a["prometheus.io/port"]) for a in _scrape_annotations().values()
+        int(a["prometheus.io/port"]) for a in _scrape_annotations(overlay).values()
     } - {
         8080  # the API's port is open to everyone already
     }
@@ -537,9 +572,9 @@ def test_the_network_policy_lets_only_workers_the_api_and_shards_reach_the_shard
     allowed = {peer["podSelector"]["matchLabels"][COMPONENT] for peer in rule["from"]}
     assert allowed == {"worker", "api", "shard"}
     assert all(set(peer) == {"podSelector"} for peer in rule["from"])  # no namespace or IP block widens it
-    pods = _pods()
+    pods = _pods(overlay)
     assert {pods[r]["containers"][0]["name"] for r in allowed} == {"worker", "api", "shard"}
-    service = next(d for d in _k8s() if d["kind"] == "Service" and d["metadata"]["name"] == "ctrps-shard")
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "ctrps-shard")
     assert {(p["protocol"], p["port"]) for p in rule["ports"]} == {
         ("TCP", p["targetPort"]) for p in service["spec"]["ports"]
     }
@@ -547,8 +582,8 @@ def test_the_network_policy_lets_only_workers_the_api_and_shards_reach_the_shard
     [api_rule] = policies["ctrps-api"]["ingress"]
     assert "from" not in api_rule and api_rule["ports"] == [{"protocol": "TCP", "port": 8080}]
     # Every pod is under the default deny.
-    for d in _k8s():
-        if d["kind"] in ("Deployment", "StatefulSet"):
+    for d in docs:
+        if d["kind"] in WORKLOADS:
             assert d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "ctrps"
 
 
@@ -566,11 +601,13 @@ def test_compose_gives_each_service_only_its_own_secrets() -> None:
         "api": ({"api_shard_token", "admin_token"}, {"CTRPS_SHARD_TOKEN_FILE": "/run/secrets/api_shard_token",
                                                    "CTRPS_ADMIN_TOKEN_FILE": "/run/secrets/admin_token"}),
         "producer": (set(), {}),
+        "topics": (set(), {}),
     }  # fmt: skip
     assert "secrets/" in (ROOT / ".gitignore").read_text()
 
 
-def test_no_deploy_file_holds_a_literal_credential() -> None:
+@EACH_OVERLAY
+def test_no_deploy_file_holds_a_literal_credential(overlay: str) -> None:
     for path in DEPLOY.rglob("*"):
         if not path.is_file():
             continue
@@ -580,9 +617,9 @@ def test_no_deploy_file_holds_a_literal_credential() -> None:
         for run in re.findall(r"[A-Za-z0-9_-]{24,}", text):
             mixed = re.search(r"[a-z]", run) and re.search(r"[A-Z]", run) and re.search(r"[0-9]", run)
             assert not mixed, (path, run)
-    for d in _k8s():
+    for d in _k8s(overlay):
         assert d["kind"] != "Secret", "Secrets are created by the operator, not shipped"
-        for pod in [d["spec"]["template"]["spec"]] if d["kind"] in ("Deployment", "StatefulSet") else []:
+        for pod in [d["spec"]["template"]["spec"]] if d["kind"] in WORKLOADS else []:
             for c in pod["containers"]:
                 for e in c.get("env", []):
                     assert "valueFrom" in e or e["name"].endswith("_FILE"), e
@@ -622,23 +659,25 @@ def test_make_secrets_writes_private_files_of_derived_tokens(tmp_path: Path) -> 
     assert {n: (d / n).read_text().strip() for n in make_secrets.FILES} == values
 
 
-def _scrape_annotations() -> dict[str, dict[str, str]]:
-    """Each workload's pod annotations, by its component label."""
+def _scrape_annotations(overlay: str) -> dict[str, dict[str, str]]:
+    """Each workload's pod annotations, by its component label (the ones
+    that have any: the broker serves its /metrics on loopback only)."""
     return {
         d["spec"]["template"]["metadata"]["labels"][COMPONENT]: d["spec"]["template"]["metadata"]["annotations"]
-        for d in _k8s()
-        if d["kind"] in ("Deployment", "StatefulSet")
+        for d in _k8s(overlay)
+        if d["kind"] in ("Deployment", "StatefulSet") and "annotations" in d["spec"]["template"]["metadata"]
     }
 
 
-def test_every_role_is_scraped_on_the_port_that_serves_its_metrics() -> None:
+@EACH_OVERLAY
+def test_every_role_is_scraped_on_the_port_that_serves_its_metrics(overlay: str) -> None:
     """Each pod template's Prometheus annotations name the port its role
     serves ``/metrics`` on (the worker's --metrics-port, on every interface),
     a container port; deploy/monitoring/prometheus.yml scrapes the compose
     services on theirs."""
-    env: dict[str, str] = next(d for d in _k8s() if d["kind"] == "ConfigMap")["data"]
-    pods = _pods()
-    for role, wanted in _scrape_annotations().items():
+    env = _config(_k8s(overlay))
+    pods = _pods(overlay)
+    for role, wanted in _scrape_annotations(overlay).items():
         container = pods[role]["containers"][0]
         args = _shard_argv(container["args"][0], 0) if role == "shard" else list(container["args"])
         s = _settings(args, env)
@@ -651,7 +690,7 @@ def test_every_role_is_scraped_on_the_port_that_serves_its_metrics() -> None:
             "prometheus.io/path": "/metrics",
         }
         assert port in {p["containerPort"] for p in container["ports"]}, role
-    assert set(_scrape_annotations()) == {"shard", "worker", "api"}
+    assert set(_scrape_annotations(overlay)) == {"shard", "worker", "api"}
 
     scrape = yaml.safe_load((DEPLOY / "monitoring" / "prometheus.yml").read_text())["scrape_configs"]
     jobs = {j["job_name"]: j for j in scrape}
@@ -664,3 +703,216 @@ def test_every_role_is_scraped_on_the_port_that_serves_its_metrics() -> None:
         "0.0.0.0",
         [{"names": ["worker"], "type": "A", "port": worker.metrics_port}],
     )
+
+
+# -- what an operator expects of the overlays ----------------------------------------------
+
+RESULTS = ROOT / "bench" / "results"
+# The restore rate docs/measurements.md quotes ("Exports and restores": 10M
+# rows, 2 shards → 3, checked): the slower of the measured figures.
+RESTORE_ROWS_PER_S = 2.4e6
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "m": 1e-3, "": 1}
+
+
+def _quantity(text: str | int) -> float:
+    """A Kubernetes quantity (``512Mi``, ``4Gi``, ``500m``, ``2``) as a number."""
+    number, unit = re.fullmatch(r"([0-9.]+)([KMG]i|m)?", str(text)).groups()  # type: ignore[union-attr]
+    return float(number) * _UNITS[unit or ""]
+
+
+def _measured(bench: str, key: str) -> float:
+    result: dict[str, Any] = orjson.loads((RESULTS / f"{bench}.quick.json").read_bytes())["result"]
+    return float(result[key])
+
+
+def _workloads(overlay: str) -> dict[str, dict[str, Any]]:
+    return {d["spec"]["template"]["metadata"]["labels"][COMPONENT]: d for d in _k8s(overlay) if d["kind"] in WORKLOADS}
+
+
+def _validator() -> str:
+    """The ``kubernetes-validate`` script of this environment (a dev dependency)."""
+    found = shutil.which("kubernetes-validate", path=str(Path(sys.executable).parent)) or shutil.which(
+        "kubernetes-validate"
+    )
+    assert found, "kubernetes-validate is not installed: pip install -e '.[dev]'"
+    return found
+
+
+@EACH_OVERLAY
+def test_each_overlay_renders_objects_kubernetes_accepts(overlay: str, tmp_path: Path) -> None:
+    """Every object against the Kubernetes schemas, unknown fields refused."""
+    rendered = tmp_path / f"{overlay}.yaml"
+    rendered.write_text(_rendered(f"overlays/{overlay}"))
+    out = subprocess.run(
+        [_validator(), "--strict", "--quiet", str(rendered)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    kinds = {d["kind"] for d in _k8s(overlay)}
+    assert {"StatefulSet", "Deployment", "Job", "PodDisruptionBudget", "PersistentVolumeClaim"} <= kinds
+
+
+@EACH_OVERLAY
+def test_every_role_has_probes_on_a_route_it_serves_and_every_container_its_resources(overlay: str) -> None:
+    env = _config(_k8s(overlay))
+    for role, workload in _workloads(overlay).items():
+        [c] = workload["spec"]["template"]["spec"]["containers"]
+        # Requests and limits of CPU and memory, the limit at least the request.
+        for what in ("cpu", "memory"):
+            request, limit = c["resources"]["requests"][what], c["resources"]["limits"][what]
+            assert _quantity(request) <= _quantity(limit), (role, what)
+        if workload["kind"] == "Job":
+            continue  # runs to its end: nothing to probe
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        probes = {k: c[k] for k in ("startupProbe", "readinessProbe", "livenessProbe") if k in c}
+        assert {"readinessProbe", "livenessProbe"} <= set(probes), role
+        if role == "broker":
+            args = build_parser().parse_args(c["args"])
+            assert all(p["tcpSocket"]["port"] == "kafka" for p in probes.values())
+            assert ports["kafka"] == args.port
+            continue
+        argv = _shard_argv(c["args"][0], 0) if role == "shard" else list(c["args"])
+        s = _settings(argv, env)
+        # The routes each role serves: a shard /healthz, the API /healthz and
+        # /readyz on its port, a worker nothing but /metrics on its metrics port.
+        served: set[tuple[str, int]]
+        if isinstance(s, WorkerSettings):
+            served = {("/metrics", s.metrics_port)}
+        elif isinstance(s, ApiSettings):
+            served = {("/healthz", s.port), ("/readyz", s.port)}
+        else:
+            served = {("/healthz", s.port)}
+        for kind, probe in probes.items():
+            assert (probe["httpGet"]["path"], ports[probe["httpGet"]["port"]]) in served, (role, kind)
+        if role == "worker":
+            assert s.metrics_host == "0.0.0.0"  # the kubelet reaches it
+
+
+@EACH_OVERLAY
+def test_shards_are_sized_for_their_row_cap_from_the_measured_figures(overlay: str) -> None:
+    """Memory: the row cap at the table's peak bytes a row (bench_index),
+    plus a process of the library (bench_lifecycle: peak RSS less its
+    table), under the request; while restoring, the loaded arrays (an lr
+    row's 32 bytes, bench_export) too, under the limit. The startup probe
+    waits at least three times the restore at the measured rate."""
+    docs = _k8s(overlay)
+    shards = next(d for d in docs if d["kind"] == "StatefulSet")
+    [c] = shards["spec"]["template"]["spec"]["containers"]
+    max_rows = _settings(_shard_argv(c["args"][0], 0), _config(docs)).max_rows
+    assert max_rows > 0, "the shards' memory is sized from a row cap"
+    per_row = _measured("bench_index", "table_peak_traced_bytes_per_feature")
+    process = _measured("bench_lifecycle", "none_peak_rss_mb") * 2**20 - _measured(
+        "bench_lifecycle", "none_table_bytes"
+    )
+    steady = max_rows * per_row + process
+    restoring = steady + max_rows * _measured("bench_export", "lr_raw_bytes_per_row")
+    assert steady <= _quantity(c["resources"]["requests"]["memory"]) < 2 * steady
+    assert restoring <= _quantity(c["resources"]["limits"]["memory"])
+    startup = c["startupProbe"]
+    waits_s = startup["failureThreshold"] * startup["periodSeconds"]
+    assert waits_s >= 3 * max_rows / RESTORE_ROWS_PER_S, (overlay, waits_s)
+    assert startup["httpGet"]["path"] == "/healthz"
+
+
+@EACH_OVERLAY
+def test_disruption_budgets_and_shard_anti_affinity(overlay: str) -> None:
+    docs = _k8s(overlay)
+    budgets = [d["spec"] for d in docs if d["kind"] == "PodDisruptionBudget"]
+    workloads = _workloads(overlay)
+
+    def budgets_of(role: str) -> list[dict[str, Any]]:
+        labels = workloads[role]["spec"]["template"]["metadata"]["labels"]
+        return [b for b in budgets if b["selector"]["matchLabels"].items() <= labels.items()]
+
+    [shard_budget] = budgets_of("shard")
+    assert shard_budget["maxUnavailable"] == 1 and "minAvailable" not in shard_budget
+    # An API with one replica and minAvailable 1 would block every drain.
+    api_budgets = budgets_of("api")
+    if workloads["api"]["spec"]["replicas"] > 1:
+        assert [b.get("minAvailable") for b in api_budgets] == [1]
+    else:
+        assert not api_budgets
+    shard_pod = workloads["shard"]["spec"]["template"]
+    anti = shard_pod["spec"]["affinity"]["podAntiAffinity"]
+    if overlay == "production":
+        [term] = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert "preferredDuringSchedulingIgnoredDuringExecution" not in anti
+    else:
+        [preferred] = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        term = preferred["podAffinityTerm"]
+        assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= shard_pod["metadata"]["labels"].items()
+
+
+def _topics(argv: list[str]) -> dict[str, int]:
+    """The NAME:PARTITIONS a ``ctrps topics create`` or ``ctrps broker`` line asks for."""
+    from app.commands.topics import parse_topics
+
+    args = build_parser().parse_args(argv)
+    assert args.command in ("topics", "broker"), argv
+    return parse_topics(args.topic)
+
+
+@EACH_OVERLAY
+def test_the_topics_job_creates_what_the_workers_read_with_a_partition_each(overlay: str) -> None:
+    docs = _k8s(overlay)
+    workloads = _workloads(overlay)
+    worker = workloads["worker"]
+    [wc] = worker["spec"]["template"]["spec"]["containers"]
+    s = _settings(list(wc["args"]), _config(docs))
+    assert isinstance(s, WorkerSettings)
+    job = workloads["topics"]["spec"]["template"]["spec"]
+    [jc] = job["containers"]
+    topics = _topics(list(jc["args"]))
+    assert set(topics) == {s.topic, s.dlq}
+    assert topics[s.topic] >= worker["spec"]["replicas"], "a worker without a partition idles"
+    # The Job reaches the Kafka the workers read, with the same settings.
+    assert jc["envFrom"] == wc["envFrom"]
+    if overlay == "one-machine":  # the broker creates the same topics as it starts
+        [bc] = workloads["broker"]["spec"]["template"]["spec"]["containers"]
+        assert _topics(list(bc["args"])) == topics
+        args = build_parser().parse_args(bc["args"])
+        bootstrap = _config(docs)["CTRPS_KAFKA_BOOTSTRAP"]
+        assert bootstrap == f"{args.advertised_host}:{args.port}"
+        service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == args.advertised_host)
+        assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    # The compose file's topics service asks the same of its workers.
+    compose = _compose()["services"]
+    compose_topics = _topics(list(compose["topics"]["command"]))
+    assert set(compose_topics) == {s.topic, s.dlq}
+    assert compose_topics[s.topic] >= compose["worker"]["deploy"]["replicas"]
+
+
+def test_production_takes_kafka_from_the_operators_configmap() -> None:
+    """No broker address in the base or the production overlay: the workers
+    and the Job read it from ConfigMap ctrps-kafka, which the operator
+    creates (not optional: without it the pods do not start)."""
+    for path in (DEPLOY / "k8s" / "base").rglob("*.yaml"):
+        assert not re.search(r"^\s*CTRPS_KAFKA_BOOTSTRAP\s*:", path.read_text(), flags=re.M), path
+    docs = _k8s("production")
+    assert not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("ctrps-kafka")]
+    assert "CTRPS_KAFKA_BOOTSTRAP" not in _rendered("overlays/production")
+    for role in ("worker", "topics"):
+        [c] = _pods("production")[role]["containers"]
+        assert {"configMapRef": {"name": "ctrps-kafka"}} in c["envFrom"], role
+
+
+@EACH_OVERLAY
+def test_the_exports_volume_is_only_in_its_component(overlay: str) -> None:
+    """The base names no volume for the exports; the component mounts its
+    claim where the shards write and restore (--exports-dir)."""
+    base = _k8s("", path="base")
+    assert not [d for d in base if d["kind"] == "PersistentVolumeClaim"]
+    base_shards = next(d for d in base if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    assert "exports" not in {v["name"] for v in base_shards["volumes"]}
+    docs = _k8s(overlay)
+    shards = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    [c] = shards["containers"]
+    claim = {v["name"]: v for v in shards["volumes"]}["exports"]["persistentVolumeClaim"]["claimName"]
+    [pvc] = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert pvc["metadata"]["name"] == claim and pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["exports"] == _settings(_shard_argv(c["args"][0], 0), _config(docs)).exports_dir
+    # Only the shards mount it.
+    for role, pod in _pods(overlay).items():
+        assert ("exports" in {v["name"] for v in pod.get("volumes", [])}) == (role == "shard"), role

@@ -40,12 +40,30 @@ class BrokerSettings:
         metavar="PORT",
     )
 
+    host: str = setting(
+        "127.0.0.1",
+        env="CTRPS_BROKER_HOST",
+        flag="--host",
+        help="address to listen on (0.0.0.0: every interface, as in a container)",
+        metavar="HOST",
+    )
+    advertised_host: str = setting(
+        "",
+        env="CTRPS_BROKER_ADVERTISED_HOST",
+        flag="--advertised-host",
+        help="host name the broker tells clients to connect to (a container's Service name)",
+        shown_default="<host>",
+        metavar="HOST",
+    )
+
     port: int = 0
     """The broker's listen port (its own ``--port`` flag; 0: a free one)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port {self.port} out of range")
+        if self.host in ("0.0.0.0", "::") and not self.advertised_host:
+            raise SettingsError(f"--host {self.host} needs --advertised-host: the name clients can reach it by")
         if self.max_rss_mb < 0:
             raise SettingsError("the broker's memory limit must be >= 0 MB (0: none)")
         if not 0 <= self.metrics_port <= 65535:

@@ -29,7 +29,7 @@ async def run_broker(
     served on ``settings.metrics_port``)."""
     stop = stop or asyncio.Event()
     with stop_on_signals(stop):
-        async with EmbeddedBroker(port=port) as broker:
+        async with EmbeddedBroker(port=port, host=settings.host, advertised_host=settings.advertised_host) as broker:
             await broker.create_topics(topics)
             pid = broker.pid
             memory = BrokerMemory(lambda: pid, settings.max_rss_mb * 2**20)
