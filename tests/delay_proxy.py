@@ -14,16 +14,71 @@ request, and one that keeps several requests in flight makes fewer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 from collections.abc import Sequence
 from types import TracebackType
+from typing import cast
 
 from ps_core.net.client import PSClient
 from ps_core.net.transports import TcpTransport
 
 __all__ = ["DelayProxy", "through"]
 
-_CHUNK = 1 << 16
+
+class _Side(asyncio.Protocol):
+    """One end of a proxied connection: what it receives reaches `peer`
+    `delay_s` later, by a timer (no task per chunk: the proxy's own cost
+    stays small beside what it delays)."""
+
+    def __init__(self, proxy: DelayProxy, way: str) -> None:
+        self.proxy, self.way = proxy, way
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Side | None = None
+        self.early: list[bytes] = []
+        """What arrived before the peer connected (sent on connecting)."""
+        self.line: collections.deque[tuple[float, bytes]] = collections.deque()
+        """What this side is to send, each chunk with the time it is due."""
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
+
+    def data_received(self, data: bytes) -> None:
+        self.proxy._carry(self, data)
+
+    def eof_received(self) -> bool | None:
+        self.proxy._carry(self, b"")
+        return True  # half-closed until the delayed EOF reaches the other end
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proxy._sides.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.close()
+
+    def send_later(self, chunk: bytes, due: float) -> None:
+        """`chunk` (b"": the far end's EOF) out of this side at `due`, after
+        every chunk before it (one timer per side keeps them in order)."""
+        self.line.append((due, chunk))
+        if self.timer is None:
+            self.timer = asyncio.get_running_loop().call_at(due, self._deliver)
+
+    def _deliver(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.timer = None
+        t = self.transport
+        while self.line and self.line[0][0] <= loop.time():
+            _, chunk = self.line.popleft()
+            self.proxy._in_flight -= 1
+            if t is None or t.is_closing():
+                continue
+            if chunk:
+                t.write(chunk)
+            elif t.can_write_eof():
+                t.write_eof()
+        if self.line:
+            self.timer = loop.call_at(self.line[0][0], self._deliver)
 
 
 class DelayProxy:
@@ -40,7 +95,8 @@ class DelayProxy:
         """Chunks carried each way (up: towards the target)."""
         self._in_flight = 0
         self._server: asyncio.Server | None = None
-        self._pumps: set[asyncio.Task[None]] = set()
+        self._sides: set[_Side] = set()
+        self._connecting: set[asyncio.Task[None]] = set()
 
     @property
     def port(self) -> int:
@@ -49,16 +105,20 @@ class DelayProxy:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> DelayProxy:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._accepted, "127.0.0.1", 0)
         return self
 
     async def close(self) -> None:
         """Stop listening and drop every connection."""
         if self._server is not None:
             self._server.close()
-        for t in list(self._pumps):
-            t.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
+        for task in list(self._connecting):
+            task.cancel()
+        await asyncio.gather(*self._connecting, return_exceptions=True)
+        for side in list(self._sides):
+            if side.transport is not None:
+                side.transport.close()
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -68,58 +128,41 @@ class DelayProxy:
     async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
         await self.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._pumps.add(task)
-        try:
-            up_reader, up_writer = await asyncio.open_connection(self.host, self.target_port)
-        except OSError:
-            writer.close()
-            self._pumps.discard(task)
-            return
-        try:
-            await asyncio.gather(self._carry(reader, up_writer, "up"), self._carry(up_reader, writer, "down"))
-        except (OSError, asyncio.IncompleteReadError):
-            pass  # either end went away: so does the other
-        finally:
-            for w in (writer, up_writer):
-                w.close()
-            self._pumps.discard(task)
+    def _accepted(self) -> _Side:
+        client = _Side(self, "up")
+        self._sides.add(client)
+        task = asyncio.get_running_loop().create_task(self._connect(client))
+        self._connecting.add(task)
+        task.add_done_callback(self._connecting.discard)
+        return client
 
-    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, way: str) -> None:
-        """Read chunks as they come; deliver each `delay_s` after it was read."""
+    async def _connect(self, client: _Side) -> None:
+        """Open the target's side of `client`'s connection."""
         loop = asyncio.get_running_loop()
-        line: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-
-        async def deliver() -> None:
-            while True:
-                due, chunk = await line.get()
-                wait = due - loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                if not chunk:  # the sender closed its side
-                    with contextlib.suppress(OSError):
-                        writer.write_eof()
-                    return
-                writer.write(chunk)
-                await writer.drain()
-                self._in_flight -= 1
-
-        delivering = asyncio.create_task(deliver())
         try:
-            while chunk := await reader.read(_CHUNK):
-                if way == "up" and self._in_flight == 0:
-                    self.rounds += 1
-                self._in_flight += 1
-                self.chunks[way] += 1
-                line.put_nowait((loop.time() + self.delay_s, chunk))
-            line.put_nowait((loop.time() + self.delay_s, b""))
-            await delivering
-        finally:
-            delivering.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await delivering
+            _, target = await loop.create_connection(lambda: _Side(self, "down"), self.host, self.target_port)
+        except OSError:
+            if client.transport is not None:
+                client.transport.close()
+            return
+        self._sides.add(target)
+        client.peer, target.peer = target, client
+        due = loop.time() + self.delay_s
+        for chunk in client.early:  # already counted in flight
+            self.chunks["up"] += bool(chunk)
+            target.send_later(chunk, due)
+        client.early.clear()
+
+    def _carry(self, side: _Side, chunk: bytes) -> None:
+        """`chunk` received by `side`, delivered out of its peer `delay_s` later."""
+        if side.way == "up" and chunk and self._in_flight == 0:
+            self.rounds += 1
+        self._in_flight += 1
+        if side.peer is None:  # the target not connected yet
+            side.early.append(chunk)
+            return
+        self.chunks[side.way] += bool(chunk)
+        side.peer.send_later(chunk, asyncio.get_running_loop().time() + self.delay_s)
 
 
 def through(client: PSClient, proxies: Sequence[DelayProxy]) -> PSClient:

@@ -16,6 +16,7 @@ import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 from consumer_side import Consumer, Letters
 from delay_proxy import DelayProxy, through
+from training import window_of
 from waiting import until
 
 from consumers.decode import Decoded, decode_records
@@ -33,20 +34,6 @@ from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec
 from ps_core.store.staleness import BUCKETS
 from ps_core.synthetic import SyntheticStream
-
-
-def _window(values: list[bytes | None]) -> Window:
-    n = len(values)
-    return Window(
-        seq=1,
-        values=values,
-        partitions=[("clicks", 0)],
-        record_partition=np.zeros(n, dtype=np.int32),
-        offsets=np.arange(n, dtype=np.int64),
-        next_offsets={("clicks", 0): n},
-        first_ts_ms=0,
-        last_ts_ms=0,
-    )
 
 
 async def _train(worker: Worker, decoded: Decoded, window: Window) -> Metrics:
@@ -112,7 +99,7 @@ async def test_pipelined_training_matches_pull_then_push(shards: int, kind: str,
     config = WorkerConfig("unused:9092", mini_batch=step, mini_batch_ramp=ramp, decode_processes=0)
     worker = Worker(config, client, control, model)
     decoded = decode_records(values, model.name, 1 << 20)
-    metrics = await _train(worker, decoded, _window(values))
+    metrics = await _train(worker, decoded, window_of(values))
 
     assert metrics.events == len(events)
     assert worker.stats.events_trained == len(events)
@@ -132,7 +119,7 @@ async def test_a_window_of_only_rejected_records_trains_nothing() -> None:
     values: list[bytes | None] = [b"not json", b'{"features": {}}']
     decoded = decode_records(values, worker.model.name, 1 << 20)
     assert decoded.batch.size == 0 and len(decoded.rejected) == 2
-    metrics = await _train(worker, decoded, _window(values))
+    metrics = await _train(worker, decoded, window_of(values))
     assert metrics.events == 0 and worker.stats.events_trained == 0
     assert shard.tables["m_w"].pushes == 0 and shard.tables["m_w"].pulls == 0
 
@@ -172,7 +159,7 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int], ram
 
     whole_worker, whole_client, model = make()
     whole = decode_records(values, model.name, 1 << 20)
-    expected = await _train(whole_worker, whole, _window(values))
+    expected = await _train(whole_worker, whole, window_of(values))
 
     bounds = np.cumsum([0] + sizes)
     parts = [decode_records(values[a:b], model.name, 1 << 20).batch for a, b in zip(bounds[:-1], bounds[1:])]
@@ -188,7 +175,7 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int], ram
         assert got_sizes == [step] * (1000 // step) + [1000 % step]
     else:
         assert got_sizes[:3] == [1, 1, 1] and max(got_sizes) == step
-    metrics = await worker.training.train(_as_pieces(parts), _window(values))
+    metrics = await worker.training.train(_as_pieces(parts), window_of(values))
 
     assert metrics == expected
     keys = model.plan(whole.batch).keys
@@ -246,7 +233,7 @@ async def _windows(worker: Worker, values: list[bytes | None], per_window: int) 
     out = []
     for start in range(0, len(values), per_window):
         part = values[start : start + per_window]
-        out.append(await _train(worker, decode_records(part, worker.model.name, 1 << 20), _window(part)))
+        out.append(await _train(worker, decode_records(part, worker.model.name, 1 << 20), window_of(part)))
     return out
 
 
@@ -342,7 +329,7 @@ async def test_a_push_failing_part_way_fails_the_window_as_one_at_a_time(in_flig
 
     dropping = asyncio.create_task(drop_part_way())
     with pytest.raises(ModelGoneError):
-        await worker._apply(_window(values), chunks)
+        await worker._apply(window_of(values), chunks)
     await dropping
     assert consumer.commits == [] and letters.sent == []
     assert asyncio.all_tasks() <= before  # nothing of the window still running
@@ -364,7 +351,7 @@ async def test_a_far_shard_takes_fewer_round_trips_with_mini_batches_in_flight(s
             async with PSClient.connect(urls) as client, ControlClient.connect(urls) as control:
                 config = WorkerConfig("unused:9092", decode_processes=0, mini_batch=48, mini_batch_ramp=0, in_flight=d)
                 worker = Worker(config, through(client, [proxy]), control, model)
-                metrics = await _train(worker, decode_records(values, model.name, 1 << 20), _window(values))
+                metrics = await _train(worker, decode_records(values, model.name, 1 << 20), window_of(values))
             assert metrics.events == 960 and proxy.chunks["up"] > 0
             rounds[d] = proxy.rounds
     # 20 mini-batches: the RPC's hello, the first pull, then one push-pull
