@@ -36,10 +36,11 @@ import aiohttp
 import orjson
 import uvloop
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
-from running import start_shards, stop_shards, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))  # this tree's code (and tests/), before any of it is imported
+
+from running import start_shards, stop_shards, wait_healthy  # noqa: E402
 
 from app.config.worker import WorkerSettings  # noqa: E402
 from consumers.decode import decode_records  # noqa: E402
