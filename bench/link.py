@@ -7,6 +7,8 @@ bytes holds its direction for ``b / rate`` seconds (serialisation delay, no
 propagation delay). `linked_client` is a `PSClient` whose shard transports
 (the TCP RPC, as ``ctrps worker`` uses) send and receive through one link:
 a worker's link to all shards, as a pod's network interface would be.
+A propagation delay (a far shard) is `tests/delay_proxy.py`'s: a TCP proxy
+the tests use too (`bench_latency.py`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ them into mini-batches, predicts every event before learning from it
 (docs/architecture.md, "Update modes"):
 
 - `AsyncTraining`: pull → predict → gradients → push, each push applied as
-  it arrives; a mini-batch's push and the next one's pull share a request;
+  it arrives; a mini-batch's push and the pull of the one `in_flight`
+  mini-batches later share a request (1: the next one's);
 - `SyncTraining`: the same, but the shards hold each step's gradients until
   every worker of the model inside a window has pushed (its model's
   barrier, `ps_core.checkpoint.barrier`);
@@ -26,6 +27,7 @@ extreme weights to cause one.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -50,7 +52,16 @@ from ps_core.net.client import PSClient, Routed
 
 from .windows import Window
 
-__all__ = ["Training", "AsyncTraining", "SyncTraining", "GeoTraining", "TrainingStats", "mini_batches", "per_table"]
+__all__ = [
+    "Training",
+    "AsyncTraining",
+    "in_flight_cap",
+    "SyncTraining",
+    "GeoTraining",
+    "TrainingStats",
+    "mini_batches",
+    "per_table",
+]
 
 _T = TypeVar("_T")
 log = logging.getLogger("ctrps.worker")
@@ -251,6 +262,16 @@ class Training(ABC):
         window failed part-way, or the shards went back to a cut)."""
 
 
+def in_flight_cap(model: Model) -> int | None:
+    """The most mini-batches an async worker of `model` may have in flight
+    (`AsyncTraining.in_flight`) so that its own pushes stay within the
+    tightest ``max_staleness`` its tables declare: with D in flight, a push is
+    computed from a pull that D - 1 of this worker's pushes follow. None: no
+    table bounds staleness."""
+    bounds = [t.max_staleness for t in model.tables() if t.max_staleness is not None]
+    return min(bounds) + 1 if bounds else None
+
+
 @dataclass(eq=False, kw_only=True)
 class AsyncTraining(Training):
     """Async mode: each push applied as it arrives."""
@@ -258,6 +279,24 @@ class AsyncTraining(Training):
     ramp: int = DEFAULT_RAMP
     """Mini-batches grow from `RAMP_START` events by one per `ramp` events
     this training has learnt, up to `mini_batch` (`MiniBatchRamp`; 0: none)."""
+    in_flight: int = 1
+    """Mini-batches in flight at once (D): mini-batch k+D's pull travels with
+    mini-batch k's push, so D round trips to the shards overlap. 1: each
+    mini-batch waits for the one before it (its pull rides with that push)."""
+    depth: int = field(init=False)
+    """`in_flight` as used: capped by `in_flight_cap` (a warning says so)."""
+
+    def __post_init__(self) -> None:
+        if self.in_flight < 1:
+            raise ValueError(f"in_flight must be >= 1, not {self.in_flight}")
+        cap = in_flight_cap(self.model)
+        self.depth = self.in_flight if cap is None else min(self.in_flight, cap)
+        if cap is not None and self.depth < self.in_flight:
+            log.warning(
+                f"in-flight {self.in_flight} capped to {self.depth}: model {self.model.name} declares "
+                f"max_staleness {cap - 1}, and with N mini-batches in flight this worker's own pushes are N - 1 stale",
+                extra={"fields": {"model": self.model.name, "in_flight": self.in_flight, "depth": self.depth}},
+            )
 
     async def train(self, pieces: AsyncIterator[EventBatch], window: Window) -> Metrics:
         """Mini-batches of pull → predict → gradient → push.
@@ -265,9 +304,9 @@ class AsyncTraining(Training):
         Progressive validation: each event's prediction is made from the
         weights pulled for its mini-batch, before that mini-batch's push, so
         every event is predicted before it is learnt from, by the model as it
-        stands at that moment (not as it stood at the window's start).
+        stands at that moment (not as it stood at the window's start; with
+        `depth` D > 1, missing at most the D - 1 pushes still in flight).
         """
-        names = self.model.table_names
         seen = _Progressive()
 
         def planned(sub: EventBatch) -> _Step:
@@ -276,40 +315,101 @@ class AsyncTraining(Training):
             return _Step(sub, plan, self.client.route(plan.keys), _event_time(sub, window))
 
         batches = self._mini_batches(pieces, self.ramp)
+        if self.depth > 1:
+            await self._overlapped(batches, planned, seen)
+        else:
+            await self._in_turn(batches, planned, seen)
+        self.stats.events_trained += seen.events
+        return seen.metrics()
+
+    async def _pull(self, step: _Step) -> dict[str, F32]:
+        names = self.model.table_names
+        return dict(zip(names, await per_table([self.client.pull(t, step.routed) for t in names])))
+
+    async def _push(self, step: _Step, grads: dict[str, F32], counts: F32) -> None:
+        await per_table(
+            [
+                self.client.push(t, step.routed, grads[t], counts=counts, event_time=step.event_time)
+                for t in self.model.table_names
+            ]
+        )
+
+    async def _push_pull(self, step: _Step, grads: dict[str, F32], counts: F32, pull: _Step) -> dict[str, F32]:
+        """`step`'s push and `pull`'s pull in one request per shard; each
+        shard applies the push before reading the pull."""
+        names = self.model.table_names
+        got = await per_table(
+            [
+                self.client.push_pull(
+                    t, step.routed, grads[t], pull_keys=pull.routed, counts=counts, event_time=step.event_time
+                )
+                for t in names
+            ]
+        )
+        return {t: w for t, (_, w) in zip(names, got)}
+
+    async def _in_turn(
+        self, batches: AsyncIterator[EventBatch], planned: Callable[[EventBatch], _Step], seen: _Progressive
+    ) -> None:
+        """One mini-batch at a time: each waits for the one before it."""
         first = await anext(batches, None)
         if first is None:
-            return seen.metrics()
+            return
         # Planned one mini-batch ahead: the next one's keys go with this push.
         current = planned(first)
-        weights = dict(zip(names, await per_table([self.client.pull(t, current.routed) for t in names])))
+        weights = await self._pull(current)
         while True:
-            sub, plan, routed, event_time = current
-            grads, counts = self._learn(sub, plan, weights, seen)
+            grads, counts = self._learn(current.batch, current.plan, weights, seen)
             nxt = await anext(batches, None)  # may wait for the next chunk's decoding
             if nxt is None:
-                await per_table(
-                    [self.client.push(t, routed, grads[t], counts=counts, event_time=event_time) for t in names]
-                )
+                await self._push(current, grads, counts)
                 break
             # This mini-batch's push and the next one's pull travel in one
             # request per shard; each shard applies the push before reading
             # the pull, so the next mini-batch is predicted by weights that
             # have learnt from this one, as before.
-            current = planned(nxt)
-            got = await per_table(
-                [
-                    self.client.push_pull(
-                        t, routed, grads[t], pull_keys=current.routed, counts=counts, event_time=event_time
-                    )
-                    for t in names
-                ]
-            )
-            weights = {t: w for t, (_, w) in zip(names, got)}
+            following = planned(nxt)
+            weights = await self._push_pull(current, grads, counts, following)
+            current = following
             # In-process shards never suspend: give the fetcher its turn, so
             # the next window arrives while this one trains.
             await asyncio.sleep(0)
-        self.stats.events_trained += seen.events
-        return seen.metrics()
+
+    async def _overlapped(
+        self, batches: AsyncIterator[EventBatch], planned: Callable[[EventBatch], _Step], seen: _Progressive
+    ) -> None:
+        """`depth` mini-batches in flight: the first D pulled at once, then
+        mini-batch k's push carries mini-batch k+D's pull, so the requests of
+        D mini-batches travel while this one trains. The tasks are awaited in
+        mini-batch order, so the first failure raised is the earliest
+        mini-batch's (the rest are cancelled, as `fan_out` does); every push
+        is acknowledged before this returns."""
+        ahead: collections.deque[tuple[_Step, asyncio.Task[dict[str, F32]]]] = collections.deque()
+        acks: list[asyncio.Task[None]] = []
+        try:
+            while len(ahead) < self.depth and (sub := await anext(batches, None)) is not None:
+                step = planned(sub)
+                ahead.append((step, asyncio.create_task(self._pull(step))))
+            while ahead:
+                step, pulling = ahead.popleft()
+                weights = await pulling  # its pull, and the push D mini-batches back acknowledged
+                grads, counts = self._learn(step.batch, step.plan, weights, seen)
+                nxt = await anext(batches, None)
+                if nxt is None:  # the window's last D mini-batches: pushes alone
+                    acks.append(asyncio.create_task(self._push(step, grads, counts)))
+                else:
+                    following = planned(nxt)
+                    ahead.append((following, asyncio.create_task(self._push_pull(step, grads, counts, following))))
+            for ack in acks:
+                await ack
+        finally:
+            # A failure or a cancellation part-way: nothing left running, and
+            # every task's outcome retrieved (only the first failure is raised).
+            tasks = [t for _, t in ahead] + acks
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass(eq=False, kw_only=True)

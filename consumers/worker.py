@@ -102,6 +102,11 @@ class WorkerConfig:
     """Async and geo modes: mini-batches start at `RAMP_START` events and grow by one
     per this many events trained, up to `mini_batch` (0: full from the first;
     `ps_core.model.ramp`)."""
+    in_flight: int = 1
+    """Async mode: mini-batches in flight at once; mini-batch k+D's pull rides
+    with mini-batch k's push, so D round trips to the shards overlap
+    (`consumers.training.AsyncTraining.in_flight`; capped by the model's
+    ``max_staleness``)."""
     max_message_bytes: int = 1 << 20
     """Larger messages are dead-lettered as oversized."""
     decode_processes: int = 1
@@ -152,6 +157,8 @@ class WorkerConfig:
             raise ValueError("window_seconds, window_events and mini_batch must be positive")
         if self.mini_batch_ramp < 0:
             raise ValueError("mini_batch_ramp must be >= 0")
+        if self.in_flight < 1:
+            raise ValueError("in_flight must be >= 1")
         if self.outage_deadline_s < 0 or not self.outage_log_every_s > 0:
             raise ValueError("outage_deadline_s must be >= 0 and outage_log_every_s positive")
         if not self.lag_warn_s >= 0:
@@ -576,7 +583,7 @@ class Worker:
                 scale=lambda: self._geo_scale(),  # looked up per call: a test may set another
                 ramp=c.mini_batch_ramp,
             )
-        return AsyncTraining(*common, ramp=c.mini_batch_ramp)
+        return AsyncTraining(*common, ramp=c.mini_batch_ramp, in_flight=c.in_flight)
 
     @property
     def geo(self) -> GeoCopy | None:

@@ -459,6 +459,20 @@ def test_worker_mini_batch_ramp_flag_and_variable_reach_its_config() -> None:
         WorkerConfig("k:9092", mini_batch_ramp=-1)
 
 
+def test_worker_in_flight_flag_and_variable_reach_its_config() -> None:
+    base = ["worker", "--bootstrap", "k:9092", "--shards", "http://127.0.0.1:7100"]
+    assert worker_config(WorkerSettings.from_args(build_parser().parse_args(base), env={})).in_flight == 1
+    flag = WorkerSettings.from_args(build_parser().parse_args([*base, "--in-flight", "8"]), env={})
+    assert worker_config(flag).in_flight == 8
+    env = WorkerSettings.from_args(build_parser().parse_args(base), env={"CTRPS_IN_FLIGHT": "4"})
+    assert worker_config(env).in_flight == 4
+    for bad in ("0", "1025"):
+        with pytest.raises(SettingsError, match=f"in-flight must be in \\[1, 1024\\], not {bad}"):
+            WorkerSettings.from_args(build_parser().parse_args([*base, "--in-flight", bad]), env={})
+    with pytest.raises(ValueError, match="in_flight must be >= 1"):
+        WorkerConfig("k:9092", in_flight=0)
+
+
 def test_shard_serving_precision_flag() -> None:
     assert ShardSettings.from_args(shard_args("--serving-precision", "int8"), env={}).serving_precision == "int8"
     assert ShardSettings.from_args(shard_args(), env={"CTRPS_SERVING_PRECISION": "f16"}).serving_precision == "f16"

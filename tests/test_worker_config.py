@@ -32,6 +32,7 @@ AWAY = {
     "window_events": 500,
     "mini_batch": 32,
     "mini_batch_ramp": 8,
+    "in_flight": 3,
     "decode_processes": 0,
     "session_timeout_ms": 20_000,
     "mode": "geo",

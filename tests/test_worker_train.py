@@ -1,18 +1,27 @@
 """The worker's training loop (push of one mini-batch and pull of the next in
-one request) against a plain pull → predict → push reference."""
+one request) against a plain pull → predict → push reference; with several
+mini-batches in flight (``--in-flight``), against one at a time, within the
+model's staleness bound, and through a far shard (`delay_proxy`)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 from consumer_side import Consumer, Letters
+from delay_proxy import DelayProxy, through
+from training import window_of
+from waiting import until
 
 from consumers.decode import Decoded, decode_records
-from consumers.training import mini_batches
+from consumers.pipeline import ModelGoneError
+from consumers.training import AsyncTraining, mini_batches
 from consumers.windows import Window, WindowBuilder
 from consumers.worker import Worker, WorkerConfig
 from ps_core.checkpoint.control import ControlClient
@@ -23,21 +32,8 @@ from ps_core.model.models import FactorizationMachine, LogisticRegression, Model
 from ps_core.model.ramp import MiniBatchRamp
 from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec
+from ps_core.store.staleness import BUCKETS
 from ps_core.synthetic import SyntheticStream
-
-
-def _window(values: list[bytes | None]) -> Window:
-    n = len(values)
-    return Window(
-        seq=1,
-        values=values,
-        partitions=[("clicks", 0)],
-        record_partition=np.zeros(n, dtype=np.int32),
-        offsets=np.arange(n, dtype=np.int64),
-        next_offsets={("clicks", 0): n},
-        first_ts_ms=0,
-        last_ts_ms=0,
-    )
 
 
 async def _train(worker: Worker, decoded: Decoded, window: Window) -> Metrics:
@@ -49,16 +45,15 @@ async def _train(worker: Worker, decoded: Decoded, window: Window) -> Metrics:
     return await worker.training.train(one(), window)
 
 
-def _local_worker() -> tuple[Worker, Shard]:
+def _local_worker(in_flight: int = 1, mini_batch: int = 256) -> tuple[Worker, Shard]:
     """A worker of a logistic regression "m", and the one in-process shard
     that holds its tables (no broker: the tests hand the worker windows)."""
     model = LogisticRegression("m")
     shard = Shard(ShardSpec(0, 1))
     for t in model.tables():
         shard.declare(t)
-    worker = Worker(
-        WorkerConfig("unused:9092", decode_processes=0), PSClient.local([shard]), ControlClient.local([shard]), model
-    )
+    config = WorkerConfig("unused:9092", decode_processes=0, in_flight=in_flight, mini_batch=mini_batch)
+    worker = Worker(config, PSClient.local([shard]), ControlClient.local([shard]), model)
     return worker, shard
 
 
@@ -104,7 +99,7 @@ async def test_pipelined_training_matches_pull_then_push(shards: int, kind: str,
     config = WorkerConfig("unused:9092", mini_batch=step, mini_batch_ramp=ramp, decode_processes=0)
     worker = Worker(config, client, control, model)
     decoded = decode_records(values, model.name, 1 << 20)
-    metrics = await _train(worker, decoded, _window(values))
+    metrics = await _train(worker, decoded, window_of(values))
 
     assert metrics.events == len(events)
     assert worker.stats.events_trained == len(events)
@@ -124,7 +119,7 @@ async def test_a_window_of_only_rejected_records_trains_nothing() -> None:
     values: list[bytes | None] = [b"not json", b'{"features": {}}']
     decoded = decode_records(values, worker.model.name, 1 << 20)
     assert decoded.batch.size == 0 and len(decoded.rejected) == 2
-    metrics = await _train(worker, decoded, _window(values))
+    metrics = await _train(worker, decoded, window_of(values))
     assert metrics.events == 0 and worker.stats.events_trained == 0
     assert shard.tables["m_w"].pushes == 0 and shard.tables["m_w"].pulls == 0
 
@@ -164,7 +159,7 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int], ram
 
     whole_worker, whole_client, model = make()
     whole = decode_records(values, model.name, 1 << 20)
-    expected = await _train(whole_worker, whole, _window(values))
+    expected = await _train(whole_worker, whole, window_of(values))
 
     bounds = np.cumsum([0] + sizes)
     parts = [decode_records(values[a:b], model.name, 1 << 20).batch for a, b in zip(bounds[:-1], bounds[1:])]
@@ -180,7 +175,7 @@ async def test_chunks_train_exactly_as_their_concatenation(sizes: list[int], ram
         assert got_sizes == [step] * (1000 // step) + [1000 % step]
     else:
         assert got_sizes[:3] == [1, 1, 1] and max(got_sizes) == step
-    metrics = await worker.training.train(_as_pieces(parts), _window(values))
+    metrics = await worker.training.train(_as_pieces(parts), window_of(values))
 
     assert metrics == expected
     keys = model.plan(whole.batch).keys
@@ -220,3 +215,146 @@ async def test_a_window_trains_only_the_partitions_still_owned() -> None:
     assert [(d.reason, d.partition, d.offset) for d in letters.sent] == [("invalid_json", 0, 5)]
     assert consumer.commits == [{TopicPartition("clicks", 0): 9}]
     assert worker.stats.last is not None and worker.stats.last.events == 8 and worker.stats.last.dlq == 1
+
+
+def _bias_shows(shards: list[Shard], table: str, name: str) -> int:
+    """The bias row's shows, on whichever shard holds it."""
+    bias = np.array([FeatureHasher(name).bias_key], dtype=np.uint64)
+    total = 0
+    for s in shards:
+        t = s.tables[table]
+        row = int(t.index.lookup(bias)[0])
+        total += int(t.shows[row]) if row >= 0 else 0
+    return total
+
+
+async def _windows(worker: Worker, values: list[bytes | None], per_window: int) -> list[Metrics]:
+    """`values` trained as consecutive windows of `per_window` records."""
+    out = []
+    for start in range(0, len(values), per_window):
+        part = values[start : start + per_window]
+        out.append(await _train(worker, decode_records(part, worker.model.name, 1 << 20), window_of(part)))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("in_flight", [2, 4])
+async def test_mini_batches_in_flight_train_every_event_once_and_learn_as_one_at_a_time(
+    serve_shards: Any, in_flight: int
+) -> None:
+    """Over the RPC of 2 shards: D mini-batches in flight train each event
+    once (the bias row shows every event), learn the synthetic stream as well
+    as one at a time, and their own pushes are exactly D - 1 stale."""
+    one, many = LogisticRegression("one"), LogisticRegression("many")
+    shards, urls = await serve_shards(2, (*one.tables(), *many.tables()), rpc=True)
+    values: list[bytes | None] = [orjson.dumps(e) for e in SyntheticStream(seed=11).batch(6000)]
+    metrics = {}
+    for model, d in ((one, 1), (many, in_flight)):
+        async with PSClient.connect(urls) as client, ControlClient.connect(urls) as control:
+            # A ramp, as a fresh model's worker has: D pushes of a big
+            # mini-batch's bias gradient, each computed from the same
+            # weights, would overshoot (docs/guide/worker.md).
+            config = WorkerConfig("unused:9092", decode_processes=0, mini_batch=64, mini_batch_ramp=256, in_flight=d)
+            worker = Worker(config, client, control, model)
+            got = await _windows(worker, values, 2000)
+        assert sum(m.events for m in got) == worker.stats.events_trained == 6000
+        assert _bias_shows(shards, f"{model.name}_w", model.name) == 6000
+        metrics[d] = evaluate_all(got)
+    assert abs(metrics[in_flight][0] - metrics[1][0]) < 0.005  # progressive log loss (about 0.27)
+    assert abs(metrics[in_flight][1] - metrics[1][1]) < 0.01  # progressive AUC
+    stale = [s.tables["many_w"].staleness.stats() for s in shards]
+    assert all(st["unknown"] == 0 and st["down_weighted"] == 0 for st in stale)
+    # Push k is the D - 1 pushes between its pull and it behind (fewer for
+    # a window's first D - 1 and a shard some mini-batch missed): the bucket
+    # of D - 1 is the stalest one used.
+    worst = max(int(b) for st in stale for b, c in st["buckets"].items() if c and b != "+Inf")
+    assert worst == min(b for b in BUCKETS if b >= in_flight - 1)
+    assert 0 < sum(st["sum"] for st in stale) <= (in_flight - 1) * sum(st["count"] for st in stale)
+    one_at_a_time = [s.tables["one_w"].staleness.stats() for s in shards]
+    assert sum(st["sum"] for st in one_at_a_time) == 0
+    # The same mini-batches, each pushed once to each shard it touches.
+    assert sum(st["count"] for st in stale) == sum(st["count"] for st in one_at_a_time)
+
+
+def evaluate_all(windows: list[Metrics]) -> tuple[float, float]:
+    """Mean progressive log loss and AUC over windows (each weighted by its events)."""
+    n = sum(m.events for m in windows)
+    return (
+        sum(m.logloss * m.events for m in windows) / n,
+        sum(m.auc * m.events for m in windows) / n,
+    )
+
+
+@pytest.mark.parametrize(("bound", "depth"), [(0, 1), (1, 2), (3, 4)])
+async def test_in_flight_is_capped_by_the_models_max_staleness(
+    bound: int, depth: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--in-flight 8 on a model declared with max_staleness N runs N + 1 in
+    flight (and says so): no push of the worker's own is staler than N, none
+    down-weighted; at the cap some are exactly N stale."""
+    model = LogisticRegression("m", max_staleness=bound)
+    shards = [Shard(ShardSpec(i, 2), model.tables()) for i in range(2)]
+    config = WorkerConfig("unused:9092", decode_processes=0, mini_batch=32, mini_batch_ramp=0, in_flight=8)
+    with caplog.at_level(logging.WARNING, logger="ctrps.worker"):
+        worker = Worker(config, PSClient.local(shards), ControlClient.local(shards), model)
+    training = worker.training
+    assert isinstance(training, AsyncTraining) and training.depth == depth
+    assert f"in-flight 8 capped to {depth}" in caplog.text and f"max_staleness {bound}" in caplog.text
+    values: list[bytes | None] = [orjson.dumps(e) for e in SyntheticStream(seed=4).batch(1000)]
+    await _windows(worker, values, 500)
+    stale = [s.tables["m_w"].staleness.stats() for s in shards]
+    assert sum(st["down_weighted"] for st in stale) == 0  # the shards' own count of pushes staler than the bound
+    seen = {int(b) for st in stale for b, c in st["buckets"].items() if c and b != "+Inf"}
+    assert max(seen) == min(b for b in BUCKETS if b >= bound)  # some push as stale as allowed
+    assert sum(st["sum"] for st in stale) <= bound * sum(st["count"] for st in stale)
+
+
+@pytest.mark.parametrize("in_flight", [1, 4])
+async def test_a_push_failing_part_way_fails_the_window_as_one_at_a_time(in_flight: int) -> None:
+    """The model's table dropped after some of a window's pushes: the window
+    fails with the error one mini-batch at a time gives (the model is gone),
+    nothing is committed or dead-lettered, and no push is left running."""
+    worker, shard = _local_worker(in_flight=in_flight, mini_batch=50)
+    values: list[bytes | None] = [orjson.dumps(e) for e in SyntheticStream(seed=2).batch(800)]
+    consumer, letters = Consumer({TopicPartition("clicks", 0)}), Letters()
+    worker._consumer, worker._dlq = consumer, letters  # type: ignore[assignment]
+    second: asyncio.Future[Decoded] = asyncio.get_running_loop().create_future()
+    chunks = [(("clicks", 0), 400, worker._decode(values[:400])), (("clicks", 0), 400, second)]
+    before = asyncio.all_tasks()
+
+    async def drop_part_way() -> None:
+        await until(lambda: shard.tables["m_w"].pushes >= 2, what="the window's first pushes")
+        assert shard.drop("m_w")
+        second.set_result(decode_records(values[400:], "m", 1 << 20))
+
+    dropping = asyncio.create_task(drop_part_way())
+    with pytest.raises(ModelGoneError):
+        await worker._apply(window_of(values), chunks)
+    await dropping
+    assert consumer.commits == [] and letters.sent == []
+    assert asyncio.all_tasks() <= before  # nothing of the window still running
+
+
+@pytest.mark.slow
+async def test_a_far_shard_takes_fewer_round_trips_with_mini_batches_in_flight(serve_shards: Any) -> None:
+    """Through a proxy delaying each way by 20 ms: one mini-batch at a time
+    sets out on an idle link once per mini-batch; four in flight keep the
+    link busy and set out on it about a quarter as often, training the same
+    events (counts of round trips, not timings)."""
+    one, many = LogisticRegression("one"), LogisticRegression("many")
+    _, urls = await serve_shards(1, (*one.tables(), *many.tables()), rpc=True)
+    rpc_port = serve_shards.rpc_servers[0].port
+    values: list[bytes | None] = [orjson.dumps(e) for e in SyntheticStream(seed=6).batch(960)]
+    rounds = {}
+    for model, d in ((one, 1), (many, 4)):
+        async with DelayProxy("127.0.0.1", rpc_port, 0.02) as proxy:
+            async with PSClient.connect(urls) as client, ControlClient.connect(urls) as control:
+                config = WorkerConfig("unused:9092", decode_processes=0, mini_batch=48, mini_batch_ramp=0, in_flight=d)
+                worker = Worker(config, through(client, [proxy]), control, model)
+                metrics = await _train(worker, decode_records(values, model.name, 1 << 20), window_of(values))
+            assert metrics.events == 960 and proxy.chunks["up"] > 0
+            rounds[d] = proxy.rounds
+    # 20 mini-batches: the RPC's hello, the first pull, then one push-pull
+    # per mini-batch but the last's push alone.
+    assert rounds[1] >= 21, rounds
+    assert rounds[4] * 2 < rounds[1], rounds

@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from consumers.windows import Window
 from ps_core.model.batch import EventBatch
 from ps_core.model.models import Model, sigmoid
 from ps_core.net.client import PSClient
 
-__all__ = ["train_step"]
+__all__ = ["train_step", "window_of"]
 
 
 async def train_step(client: PSClient, model: Model, batch: EventBatch) -> npt.NDArray[np.float64]:
@@ -25,3 +26,19 @@ async def train_step(client: PSClient, model: Model, batch: EventBatch) -> npt.N
     for t, g in grads.items():
         await client.push(t, routed, g, counts=plan.counts(batch.labels))
     return p
+
+
+def window_of(values: list[bytes | None]) -> Window:
+    """A closed window of `values` as partition 0's records from offset 0
+    (no broker: a test or benchmark hands it to a worker's training)."""
+    n = len(values)
+    return Window(
+        seq=1,
+        values=values,
+        partitions=[("clicks", 0)],
+        record_partition=np.zeros(n, dtype=np.int32),
+        offsets=np.arange(n, dtype=np.int64),
+        next_offsets={("clicks", 0): n},
+        first_ts_ms=0,
+        last_ts_ms=0,
+    )

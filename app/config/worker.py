@@ -79,6 +79,14 @@ class WorkerSettings:
         "trained, up to --mini-batch (a fresh model learns its bias and frequent features as fast as "
         "per-event updates would); 0 starts at --mini-batch",
     )
+    in_flight: int = setting(
+        1,
+        env="CTRPS_IN_FLIGHT",
+        flag="--in-flight",
+        help="async: mini-batches in flight at once (mini-batch k+N's pull travels with mini-batch k's push, so N "
+        "round trips to the shards overlap); raise it when the shards are far (tens of ms); capped at "
+        "--max-staleness + 1, since this worker's own pushes are N-1 stale",
+    )
     model: str = model("model kind")
     model_name: str = model_name("model name: table prefix and feature namespace")
     numeric: str = numeric(
@@ -249,6 +257,8 @@ class WorkerSettings:
             raise SettingsError("window seconds, window events and mini-batch must be positive")
         if self.mini_batch_ramp < 0:
             raise SettingsError("mini-batch ramp must be >= 0 (0: no ramp)")
+        if not 1 <= self.in_flight <= 1024:
+            raise SettingsError(f"in-flight must be in [1, 1024], not {self.in_flight}")
         if self.mode not in MODES:
             raise SettingsError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
         try:
@@ -338,6 +348,7 @@ def worker_config(settings: WorkerSettings, kafka: KafkaSecurity = KafkaSecurity
             "window_events": settings.window_events,
             "mini_batch": settings.mini_batch,
             "mini_batch_ramp": settings.mini_batch_ramp,
+            "in_flight": settings.in_flight,
             "max_message_bytes": _DEFAULT.max_message_bytes,  # no setting: Kafka's own record bound
             "decode_processes": settings.decode_processes,
             "session_timeout_ms": settings.session_timeout_ms,
