@@ -23,7 +23,7 @@ from streams import (
     new_topic,
     produce,
 )
-from test_worker_train import _window
+from training import window_of
 from waiting import until
 
 from app.api.follower import model_from_manifest
@@ -233,7 +233,7 @@ async def _progressive(
             yield b
 
         w = crew[i % workers]
-        results.append(await w.training.train(one(), _window(part)))
+        results.append(await w.training.train(one(), window_of(part)))
     second = results[len(results) // 2 :]
     events = sum(m.events for m in second)
     auc = sum(m.auc * m.events for m in second) / events

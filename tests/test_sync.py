@@ -20,7 +20,7 @@ import orjson
 import pytest
 from streams import applications, assert_applied_once, brisk_worker_config, committed, keyed_event, new_topic, produce
 from test_geo import _progressive
-from test_worker_train import _window
+from training import window_of
 from waiting import until
 
 from app.api.views import ControlView
@@ -172,7 +172,7 @@ async def _train_together(workers: list[Worker], parts: list[list[bytes | None]]
         async def one() -> AsyncIterator[EventBatch]:
             yield batch
 
-        return await w.training.train(one(), _window(values))
+        return await w.training.train(one(), window_of(values))
 
     return list(await asyncio.gather(*(train(w, v) for w, v in zip(workers, parts))))
 
