@@ -1,7 +1,6 @@
 """A real S3-protocol server for tests and studies: moto's server in a
-subprocess on a free loopback port (`moto_server`), and the session fixture
-`s3_endpoint` over it. moto comes with the dev extras; without it the fixture
-skips its users with the reason."""
+subprocess on a free loopback port, with a bucket (`moto_server`; the session
+fixture `s3_endpoint` in conftest.py is one). moto comes with the dev extras."""
 
 from __future__ import annotations
 
@@ -17,22 +16,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from consumers.broker import free_port
 
-__all__ = ["S3Endpoint", "moto_server", "s3_endpoint"]
+__all__ = ["BUCKET", "S3Endpoint", "moto_installed", "moto_server"]
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 REGION = "us-east-1"
+BUCKET = "ctrps-test"
+"""The bucket `moto_server` makes."""
 
 
 @dataclass(frozen=True)
 class S3Endpoint:
-    """Where the server listens and the credentials it takes (moto takes any)."""
+    """Where the server listens, its bucket, and the credentials it takes (moto
+    takes any) as the usual AWS environment variables."""
 
     url: str
+    bucket: str
     env: dict[str, str]
 
     @property
@@ -45,6 +46,7 @@ class S3Endpoint:
 
 
 def moto_installed() -> bool:
+    """Whether moto's server can be started here."""
     try:
         import moto.server  # noqa: F401
     except ImportError:
@@ -55,7 +57,7 @@ def moto_installed() -> bool:
 @contextmanager
 def moto_server(timeout_s: float = START_TIMEOUT_S) -> Iterator[S3Endpoint]:
     """moto's S3 server (``python -m moto.server``) on a free 127.0.0.1 port,
-    ready when this yields; terminated (killed after `STOP_TIMEOUT_S`) after.
+    ready with an empty bucket `BUCKET` when this yields; terminated (killed after `STOP_TIMEOUT_S`) after.
     A subprocess, not moto's threaded server: it does not share the GIL with
     the client it serves, and a stop cannot hang in a thread. `RuntimeError`
     with the server's last output if it is not answering within `timeout_s`."""
@@ -73,7 +75,9 @@ def moto_server(timeout_s: float = START_TIMEOUT_S) -> Iterator[S3Endpoint]:
             )
         try:
             _wait_ready(url, proc, timeout_s, log_path)
-            yield S3Endpoint(url, env)
+            # moto checks no signature: a plain PUT makes the bucket, with no client library
+            urllib.request.urlopen(urllib.request.Request(f"{url}/{BUCKET}", method="PUT"), timeout=10).close()
+            yield S3Endpoint(url, BUCKET, env)
         finally:
             proc.terminate()
             try:
@@ -97,12 +101,3 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float, log_p
             state = f"exited with {proc.returncode}" if proc.poll() is not None else f"not ready in {timeout_s:.0f}s"
             raise RuntimeError(f"moto server at {url} {state}: {tail}")
         time.sleep(0.05)  # polling a starting server, bounded by the deadline
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[S3Endpoint]:
-    """A moto S3 server for the session: its URL and credentials env."""
-    if not moto_installed():
-        pytest.skip("moto is not installed (pip install 'moto[server]', in the dev extras)")
-    with moto_server() as endpoint:
-        yield endpoint

@@ -16,6 +16,9 @@ candidate in its natural asynchronous form:
   multipart upload of 8 MiB parts (the caller's code: it has no transfer
   manager) for the rest; ``get_object`` to read.
 
+The server's ceiling, in the same rounds: ``raw_http``, one unsigned aiohttp
+PUT per file (moto checks no signature; no parts, no checksum) and GETs.
+
 Baseline, in the same rounds: the local-disk copy of the same files (write
 and fsync each, then the directory; read back after dropping them from the
 page cache). Rounds alternate the candidates; the figures are MB/s of file
@@ -40,6 +43,7 @@ import importlib.metadata as md
 import os
 import re
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -59,10 +63,9 @@ from common import bench_mode, bench_parser, print_result, progress_log  # noqa:
 from ps_core.checkpoint.export_files import write_version  # noqa: E402
 from ps_core.checkpoint.manifest import MANIFEST_NAME  # noqa: E402
 from ps_core.hashing import shard_of  # noqa: E402
-from tests.s3_server import S3Endpoint, moto_server  # noqa: E402
+from tests.s3_server import BUCKET, S3Endpoint, moto_server  # noqa: E402
 
 log = progress_log("object_storage")
-BUCKET = "exports"
 PART = 8 << 20
 """aiobotocore's multipart part size (ours to choose: it has no transfer manager)."""
 IN_FLIGHT = 8
@@ -252,11 +255,51 @@ class AiobotocoreClient:
         await self.ctx.__aexit__(None, None, None)
 
 
+class RawHttp:
+    """The server's ceiling, not a candidate: one unsigned aiohttp PUT per file
+    (moto checks no signature), all at once, and GETs; no checksum, no parts."""
+
+    def __init__(self, ep: S3Endpoint) -> None:
+        self.base = f"{ep.url}/{BUCKET}"
+
+    async def start(self) -> None:
+        import aiohttp
+
+        self.http = aiohttp.ClientSession()
+
+    async def _put(self, path: Path, key: str) -> int:
+        # public-read: moto refuses an unsigned GET of a private object
+        async with self.http.put(
+            f"{self.base}/{key}", data=path.read_bytes(), headers={"x-amz-acl": "public-read"}
+        ) as r:
+            return r.status
+
+    async def write(self, files: Sequence[Path], prefix: str) -> None:
+        codes = await asyncio.gather(*(self._put(p, f"{prefix}/{p.name}") for p in files[:-1]))
+        codes.append(await self._put(files[-1], f"{prefix}/{files[-1].name}"))
+        assert set(codes) == {200}, codes
+
+    async def read(self, names: Sequence[str], prefix: str) -> dict[str, bytes]:
+        async def one(name: str) -> bytes:
+            async with self.http.get(f"{self.base}/{prefix}/{name}") as r:
+                r.raise_for_status()
+                return await r.read()
+
+        return dict(zip(names, await asyncio.gather(*(one(n) for n in names))))
+
+    async def put_create(self, key: str, data: bytes) -> bool:
+        raise NotImplementedError("the ceiling is measured for rates only")
+
+    async def close(self) -> None:
+        await self.http.close()
+
+
 CANDIDATES: dict[str, Callable[[S3Endpoint], Client]] = {
     "s3fs": S3fsClient,
     "obstore": ObstoreClient,
     "aiobotocore": AiobotocoreClient,
 }
+CLIENTS: dict[str, Callable[[S3Endpoint], Client]] = {**CANDIDATES, "raw_http": RawHttp}
 
 
 def build_export(root: Path, rows: int, seed: int) -> list[Path]:
@@ -308,7 +351,7 @@ async def s3_round(
     """One candidate's upload and read-back of `files` under `prefix` (client set up untimed):
     wall seconds of each, the client process's CPU seconds of each (all its threads:
     what the library costs the exporter, whatever the server's speed), the bytes read."""
-    client = CANDIDATES[name](ep)
+    client = CLIENTS[name](ep)
     await client.start()
     try:
         t, c = time.perf_counter(), time.process_time()
@@ -384,8 +427,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     args = parser.parse_args(argv)
+    # A stopped run stops its moto server and removes its files too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = 1_000_000 if args.quick else 10_000_000
-    import boto3  # moto's own dependency: the bucket's setup and cleaning, outside the figures
+    import boto3  # moto's own dependency: cleaning the bucket between rounds, outside the figures
 
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="object-storage-") as tmp, moto_server() as ep:
         root = Path(tmp)
@@ -400,10 +445,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             aws_secret_access_key=ep.secret,
             region_name="us-east-1",
         )
-        admin.create_bucket(Bucket=BUCKET)
-        rates: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in ["local", *CANDIDATES]}
-        ratios: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in CANDIDATES}
-        cpu: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in CANDIDATES}
+        rates: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in ["local", *CLIENTS]}
+        ratios: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in CLIENTS}
+        cpu: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in CLIENTS}
 
         def record(name: str, w: float, r: float, got: dict[str, bytes]) -> None:
             assert got.keys() == source.keys() and all(got[k] == source[k] for k in source), f"{name}: bytes differ"
@@ -411,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rates[name]["read"].append(total / r / 1e6)
 
         for rnd in range(args.rounds):
-            order = [*CANDIDATES][rnd % 3 :] + [*CANDIDATES][: rnd % 3]  # each goes first once
+            order = [*CLIENTS][rnd % len(CLIENTS) :] + [*CLIENTS][: rnd % len(CLIENTS)]  # rotated
             w, r, got = local_copy(files, root / f"local-{rnd}")
             record("local", w, r, got)
             del got
@@ -431,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 + "; ".join(
                     f"{n} {rates[n]['write'][-1]:.0f}/{rates[n]['read'][-1]:.0f} MB/s "
                     f"({ratios[n]['write'][-1]:.2f}x/{ratios[n]['read'][-1]:.2f}x)"
-                    for n in CANDIDATES
+                    for n in CLIENTS
                 )
                 + " (write/read, ratio to local)"
             )
@@ -452,13 +496,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     packages = {"s3fs": ["s3fs"], "obstore": ["obstore"], "aiobotocore": ["aiobotocore"]}
     print(f"{total / 1e6:.0f} MB in {len(files)} files, {args.rounds} rounds (MB/s ranges; ratio to local disk):")
     print(f"  local        write {span(rates['local']['write'])}  read {span(rates['local']['read'])}")
-    for n in CANDIDATES:
+    for n in CLIENTS:
         med = statistics.median(ratios[n]["write"])
         print(
             f"  {n:12s} write {span(rates[n]['write'])} ({span(ratios[n]['write'])}x)  "
             f"read {span(rates[n]['read'])} ({span(ratios[n]['read'])}x)  "
             f"client CPU s/GB {span(cpu[n]['write'])}/{span(cpu[n]['read'])}  "
-            f"create-only PUT twice: {conditional_put[n]}  aim met: {med >= AIM}"
+            + (f"create-only PUT twice: {conditional_put[n]}  aim met: {med >= AIM}" if n in CANDIDATES else "")
         )
         result[n] = {
             "write_mb_per_s": rates[n]["write"],
@@ -468,10 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "write_ratio_median": med,
             "client_cpu_s_per_gb_write": cpu[n]["write"],
             "client_cpu_s_per_gb_read": cpu[n]["read"],
-            "conditional_put": conditional_put[n],
-            "footprint": footprint(packages[n]),
-            "notes": NOTES[n],
         }
+        if n in CANDIDATES:
+            result[n] |= {"conditional_put": conditional_put[n], "footprint": footprint(packages[n]), "notes": NOTES[n]}
     return print_result(result, args)
 
 
