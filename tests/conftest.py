@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from s3_server import S3Endpoint, moto_installed, moto_server
 
 from app.logs import KAFKA_LOGGERS
 from consumers.broker import PORT_BAND_VAR, EmbeddedBroker, port_band, wait_for_metadata
@@ -145,3 +146,15 @@ def restore_logging() -> Iterator[None]:
     root.setLevel(level)
     for name, lvl in kafka.items():
         logging.getLogger(name).setLevel(lvl)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[S3Endpoint]:
+    """A real S3-protocol server (moto's, a subprocess on a free loopback port)
+    for the session, with an empty bucket: its URL, bucket and credentials as
+    AWS environment variables. Stopped at the session's end; skips its users
+    where moto is not installed."""
+    if not moto_installed():
+        pytest.skip("moto is not installed (pip install 'moto[server]', in the dev extras)")
+    with moto_server() as endpoint:
+        yield endpoint
