@@ -288,8 +288,9 @@ def bench_write(
 # -- (d) restore -----------------------------------------------------------------------------
 
 
-def bench_restore(root: Path, keys: U64, rng: np.random.Generator) -> dict[str, Any]:
-    """Write a base of `keys` from 2 shards, restore it into 3; and the baseline."""
+def write_base(root: Path, model: str, keys: U64, rng: np.random.Generator) -> Path:
+    """Version 1 of `model` under `root`: a base of `keys`' LR rows cut from 2
+    shards (`filled_table`), as an exporter writes it; its directory."""
     owner = shard_of(keys, 2)
     snapshots = {}
     for s in range(2):
@@ -298,8 +299,12 @@ def bench_restore(root: Path, keys: U64, rng: np.random.Generator) -> dict[str, 
         snapshots[s] = [t.snapshot(None)]
         del t
     gc.collect()
-    write_version(root, "restore", 1, None, snapshots, {"clicks": {0: 1}}, {}, 2)
-    del snapshots
+    return write_version(root, model, 1, None, snapshots, {"clicks": {0: 1}}, {}, 2)
+
+
+def bench_restore(root: Path, keys: U64, rng: np.random.Generator) -> dict[str, Any]:
+    """Write a base of `keys` from 2 shards, restore it into 3; and the baseline."""
+    write_base(root, "restore", keys, rng)
     gc.collect()
     mdir = root / "restore"
     files = sorted((mdir / "0000000001").glob("*.npz"))

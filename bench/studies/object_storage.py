@@ -57,12 +57,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]  # bench/: the shared helpers; the root: tests/
 
-from bench_export import LR, distinct_keys, filled_table  # noqa: E402
+from bench_export import distinct_keys, write_base  # noqa: E402
 from common import bench_mode, bench_parser, print_result, progress_log  # noqa: E402
 
-from ps_core.checkpoint.export_files import write_version  # noqa: E402
 from ps_core.checkpoint.manifest import MANIFEST_NAME  # noqa: E402
-from ps_core.hashing import shard_of  # noqa: E402
 from tests.s3_server import BUCKET, S3Endpoint, moto_server  # noqa: E402
 
 log = progress_log("object_storage")
@@ -305,16 +303,7 @@ CLIENTS: dict[str, Callable[[S3Endpoint], Client]] = {**CANDIDATES, "raw_http": 
 def build_export(root: Path, rows: int, seed: int) -> list[Path]:
     """A base version of `rows` LR rows from 2 shards; its files, manifest last."""
     rng = np.random.default_rng(seed)
-    keys = distinct_keys(rng, rows)
-    owner = shard_of(keys, 2)
-    snapshots = {}
-    for s in range(2):
-        t = filled_table(LR, keys[owner == s], rng)
-        t.mark_exported(0)  # so that this cut is version 1
-        snapshots[s] = [t.snapshot(None)]
-        del t
-    gc.collect()
-    vdir = write_version(root, "m", 1, None, snapshots, {"clicks": {0: 1}}, {}, 2)
+    vdir = write_base(root, "m", distinct_keys(rng, rows), rng)
     files = sorted((p for p in vdir.iterdir() if p.is_file() and p.name != MANIFEST_NAME), key=lambda p: p.name)
     return [*files, vdir / MANIFEST_NAME]
 
