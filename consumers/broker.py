@@ -34,6 +34,7 @@ from .lifetime import ending_with_parent
 __all__ = [
     "EmbeddedBroker",
     "BrokerError",
+    "PortBandError",
     "broker_listening",
     "create_topics",
     "free_port",
@@ -58,6 +59,15 @@ side by side, such as test runners in parallel, each get their own)."""
 _handed_out: set[int] = set()
 
 
+class PortBandError(ValueError):
+    """`PORT_BAND_VAR` is set but is not a band of ports.
+
+    An expected failure, a settings error: the ``ctrps`` command reports it
+    as one line and exits with `exit_code`."""
+
+    exit_code = 2
+
+
 def _ephemeral_ports() -> tuple[int, int]:
     """The kernel's range for the source ports of outgoing connections."""
     try:
@@ -71,7 +81,7 @@ def _ephemeral_ports() -> tuple[int, int]:
 def port_band() -> tuple[int, int] | None:
     """The ports `free_port` draws from, ``[low, high)``: `PORT_BAND_VAR`,
     else the 16,384 below the kernel's ephemeral range; None where that
-    range starts too low to leave room. `ValueError` naming the variable
+    range starts too low to leave room. `PortBandError` naming the variable
     when it is set but not ``LOW-HIGH`` within 1024-65535."""
     spec = os.environ.get(PORT_BAND_VAR)
     if spec:
@@ -81,7 +91,7 @@ def port_band() -> tuple[int, int] | None:
         except ValueError:
             low = high = 0
         if not 1024 <= low < high <= 65536:
-            raise ValueError(f"{PORT_BAND_VAR}={spec!r}: expected LOW-HIGH, two ports from 1024 to 65535")
+            raise PortBandError(f"{PORT_BAND_VAR}={spec!r}: expected LOW-HIGH, two ports from 1024 to 65535")
         return low, high
     ephemeral_low, _ = _ephemeral_ports()
     low = max(1024, ephemeral_low - 16384)

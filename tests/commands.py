@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from consumers.broker import PORT_BAND_VAR
+
 __all__ = ["PROJECT", "assert_help_shows", "clean_env", "ctrps", "ctrps_process", "descendants", "pid_gone"]
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -19,8 +21,10 @@ PROJECT = Path(__file__).resolve().parent.parent
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without CTRPS_* variables, plus `extra` (and
-    PYTHONUNBUFFERED: a child's lines reach its files as it writes them)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
+    PYTHONUNBUFFERED: a child's lines reach its files as it writes them).
+    The test process's own port band stays (`PORT_BAND_VAR`, set per xdist
+    process): a child picks its ports in it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_") or k == PORT_BAND_VAR}
     env.update(extra, PYTHONUNBUFFERED="1")
     return env
 

@@ -7,6 +7,8 @@ import asyncio
 import os
 import signal
 import socket
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -17,12 +19,12 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
-from commands import ctrps, ctrps_process
+from commands import PROJECT, clean_env, ctrps, ctrps_process
 from prometheus_client.parser import text_string_to_metric_families
 from streams import bias_shows, consume_all, keyed_event
 from waiting import until
 
-from consumers.broker import PORT_BAND_VAR, BrokerError, EmbeddedBroker, create_topics, free_port
+from consumers.broker import PORT_BAND_VAR, BrokerError, EmbeddedBroker, PortBandError, create_topics, free_port
 from consumers.broker_memory import BrokerMemory
 from consumers.dlq import DeadLetter, DeadLetterQueue, read_headers
 from consumers.producer import produce
@@ -103,8 +105,23 @@ def test_a_free_port_comes_from_the_band_it_is_given(monkeypatch: pytest.MonkeyP
     assert all(23000 <= free_port() <= 23099 for _ in range(50))
     for bad in ("23000", "x-y", "900-2000", "23099-23000", "23000-70000"):
         monkeypatch.setenv(PORT_BAND_VAR, bad)
-        with pytest.raises(ValueError, match=PORT_BAND_VAR):
+        with pytest.raises(PortBandError, match=PORT_BAND_VAR) as refused:
             free_port()
+        assert refused.value.exit_code == 2  # a settings error: one line, exit 2
+
+
+@pytest.mark.process
+def test_a_malformed_port_band_is_one_line_and_exit_2_from_ctrps() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "broker"],
+        cwd=PROJECT,
+        env=clean_env(**{PORT_BAND_VAR: "abc"}),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and PORT_BAND_VAR in lines[0], done.stderr
 
 
 @pytest.mark.slow
