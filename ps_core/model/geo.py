@@ -103,7 +103,7 @@ class GeoCopy:
     def _resize(self, capacity: int) -> None:
         """Grow every per-row array to `capacity` rows (kept contents)."""
         for name, dim in self.dims.items():
-            width = dim * self.optimizers[name].slots
+            width = self.optimizers[name].width(dim)
             self.rows[name] = _grown(self.rows.get(name), (capacity, width))
             self.base[name] = _grown(self.base.get(name), (capacity, dim))
         self.synced = _grown(self.synced, (capacity,))

@@ -25,9 +25,11 @@ import numpy as np
 import numpy.typing as npt
 
 from ..hashing import U64, distinct
+from ..store.optim import FTRLMixture, make_optimizer
 from ..store.table_config import TableConfig
 from .batch import EventBatch
 from .featurizer import DEFAULT_NUMERIC, FeatureHasher, numeric_feed
+from .mixture import bias_rows, learner_gradients, mixed_logits
 
 __all__ = [
     "Model",
@@ -160,12 +162,38 @@ class Model(ABC):
         self, name: str, optimizer: dict[str, Any] | None, mode: str, max_staleness: int | None, numeric: str
     ) -> TableConfig:
         """Set `name` and `numeric` (checked); the linear table ``<name>_w``
-        (dim 1, bias included) that every model has."""
+        (bias included) that every model has: dim 1, or 2K for a mixture of
+        K learners (`ps_core.model.mixture`)."""
         self.name = name
         self.numeric = _numeric(numeric)
-        return TableConfig(
-            f"{name}_w", 1, dict(optimizer or DEFAULT_LINEAR_OPTIMIZER), mode=mode, max_staleness=max_staleness
-        )
+        spec = dict(optimizer or DEFAULT_LINEAR_OPTIMIZER)
+        rule = make_optimizer(spec)
+        self.mixture = rule if isinstance(rule, FTRLMixture) else None
+        """The linear part's mixture of learners, if its optimizer is one."""
+        dim = 1 if self.mixture is None else 2 * self.mixture.learners
+        return TableConfig(f"{name}_w", dim, spec, mode=mode, max_staleness=max_staleness)
+
+    def _linear_logits(self, table: str, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32]) -> F64:
+        """(n,) the linear part's logits; (n, K), the learners', for a mixture."""
+        w = weights[table].astype(np.float64)
+        if self.mixture is None:
+            return _segment_sum(w[:, 0][plan.inverse] * batch.values, batch.offsets)
+        k = self.mixture.learners
+        return _segment_sum(w[:, :k].take(plan.inverse, axis=0) * batch.values[:, None], batch.offsets)
+
+    def _mixed(self, table: str, z: F64, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32]) -> F64:
+        """(n,) logits from the linear part's `z`: mixed for a mixture."""
+        if self.mixture is None:
+            return z
+        k = self.mixture.learners
+        m = weights[table][:, k:].astype(np.float64).take(bias_rows(batch, plan.inverse), axis=0)
+        return mixed_logits(z, m, self.mixture.cap)
+
+    @staticmethod
+    def _learner_gradients(mixture: FTRLMixture, z: F64, batch: EventBatch, plan: BatchPlan) -> F32:
+        """A mixture's push of its linear table from its learners' logits `z`
+        (n, K): each learner's own gradient and loss (`learner_gradients`)."""
+        return learner_gradients(batch, z, plan.inverse, plan.event_of, plan.keys.size, mixture.cap)
 
 
 class LogisticRegression(Model):
@@ -193,11 +221,14 @@ class LogisticRegression(Model):
         return (self._table,)
 
     def logits(self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32]) -> F64:
-        w = weights[self._table.name][:, 0].astype(np.float64)
-        return _segment_sum(w[plan.inverse] * batch.values, batch.offsets)
+        name = self._table.name
+        return self._mixed(name, self._linear_logits(name, batch, plan, weights), batch, plan, weights)
 
     def gradients(self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32], dlogit: F64) -> dict[str, F32]:
-        return {self._table.name: plan.sum_to_keys(dlogit[plan.event_of] * batch.values)}
+        name, mixture = self._table.name, self.mixture
+        if mixture is None:
+            return {name: plan.sum_to_keys(dlogit[plan.event_of] * batch.values)}
+        return {name: self._learner_gradients(mixture, self._linear_logits(name, batch, plan, weights), batch, plan)}
 
 
 class FactorizationMachine(Model):
@@ -250,23 +281,31 @@ class FactorizationMachine(Model):
         s = _segment_sum(vx, batch.offsets)  # (n, k)
         return x, v, s
 
-    def logits(self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32]) -> F64:
-        w = weights[self._w.name][:, 0].astype(np.float64)
-        linear = _segment_sum(w[plan.inverse] * batch.values, batch.offsets)
-        x, v, s = self._interaction_inputs(batch, plan, weights)
+    def _z(self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32]) -> tuple[F64, tuple[F64, F64, F64]]:
+        """The linear part's logits plus the pairs' (n,), or (n, K) for a
+        mixture's learners, which share the pairs; and the pairs' inputs."""
+        linear = self._linear_logits(self._w.name, batch, plan, weights)
+        x, v, s = inputs = self._interaction_inputs(batch, plan, weights)
         sq = _segment_sum((v * v) * (x * x)[:, None], batch.offsets)
-        out: F64 = linear + 0.5 * (s * s - sq).sum(axis=1)
-        return out
+        pairs = 0.5 * (s * s - sq).sum(axis=1)
+        z: F64 = linear + (pairs if linear.ndim == 1 else pairs[:, None])
+        return z, inputs
+
+    def logits(self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32]) -> F64:
+        return self._mixed(self._w.name, self._z(batch, plan, weights)[0], batch, plan, weights)
 
     def gradients(self, batch: EventBatch, plan: BatchPlan, weights: dict[str, F32], dlogit: F64) -> dict[str, F32]:
-        g_occ = dlogit[plan.event_of]
-        x, v, s = self._interaction_inputs(batch, plan, weights)
-        # d logit / d v_if = x_i * s_f - v_if * x_i^2
+        g_occ, mixture = dlogit[plan.event_of], self.mixture
+        if mixture is None:
+            x, v, s = self._interaction_inputs(batch, plan, weights)
+            linear = plan.sum_to_keys(g_occ * batch.values)
+        else:
+            z, (x, v, s) = self._z(batch, plan, weights)
+            linear = self._learner_gradients(mixture, z, batch, plan)
+        # d logit / d v_if = x_i * s_f - v_if * x_i^2; the embeddings follow
+        # the mixed logit's dlogit (a mixture's learners share them).
         gv = g_occ[:, None] * (x[:, None] * s.take(plan.event_of, axis=0) - v * (x * x)[:, None])
-        return {
-            self._w.name: plan.sum_to_keys(g_occ * batch.values),
-            self._v.name: plan.sum_to_keys(gv),
-        }
+        return {self._w.name: linear, self._v.name: plan.sum_to_keys(gv)}
 
 
 def _numeric(numeric: str) -> str:

@@ -53,7 +53,7 @@ class SparseTable:
         self.config = config
         self.dim = config.dim
         self.optimizer: Optimizer = config.row_rule()
-        self.width = config.dim * self.optimizer.slots
+        self.width = self.optimizer.width(config.dim)
         self.storage = RowStorage(self.width, initial_rows=initial_rows)
         """The key index and the rows (`ps_core.store.storage`)."""
         self.rows_meta = RowMeta(self.storage)

@@ -31,7 +31,7 @@ class TableConfig:
     dim: int = 1
     """Weights per key: 1 for a linear term, k for an FM embedding."""
     optimizer: dict[str, Any] = field(default_factory=lambda: {"name": "ftrl"})
-    """``{"name": "sgd"|"adagrad"|"ftrl", **hyperparameters}``."""
+    """``{"name": "sgd"|"adagrad"|"ftrl"|"coin"|"ftrl_mix", **hyperparameters}``."""
     init_scale: float = 0.0
     """Initial weights are uniform in ``[-init_scale, init_scale)``; 0 starts at zero."""
     seed: int = 0
@@ -64,7 +64,11 @@ class TableConfig:
             raise TableConfigError(f"table {name}: seed must be an integer in [0, 2**63)")
         # Normalise the optimizer spec (defaults filled in) so that two
         # declarations of the same table compare equal however they were written.
-        object.__setattr__(self, "optimizer", make_optimizer(dict(self.optimizer)).spec())
+        optimizer = make_optimizer(dict(self.optimizer))
+        object.__setattr__(self, "optimizer", optimizer.spec())
+        wrong = optimizer.check_dim(self.dim)
+        if wrong:
+            raise TableConfigError(f"table {name}: {wrong}")
         if self.lifecycle is not None and not isinstance(self.lifecycle, Lifecycle):
             raise TableConfigError(f"table {name}: lifecycle must be a Lifecycle")
         if self.lifecycle is not None and self.lifecycle.embed_threshold and self.dim < 2:
