@@ -154,6 +154,10 @@ COIN_EMBEDDINGS = {"name": "coin", "wealth": 0.1, "scale": 1.0}
 linear part (log loss above the constant model's on the synthetic stream)."""
 
 
+MIX = {"name": "ftrl_mix", "alpha_1": 0.02, "alpha_2": 0.2, "l1_2": 2.0}
+"""A mixture of 2 FTRL learners: its linear table of dim 4."""
+
+
 def _constant_logloss(events: list[dict[str, Any]]) -> float:
     """The log loss of the best constant prediction (the stream's click rate)."""
     p = float(np.mean([e["label"] for e in events]))
@@ -186,6 +190,8 @@ def test_an_fm_with_coin_embeddings_learns_them() -> None:
         ("fm", {}),
         pytest.param("lr", {"optimizer": COIN}, id="lr-coin"),
         pytest.param("fm", {"optimizer": COIN, "embedding_optimizer": COIN_EMBEDDINGS}, id="fm-coin"),
+        pytest.param("lr", {"optimizer": MIX}, id="lr-ftrl_mix"),
+        pytest.param("fm", {"optimizer": MIX}, id="fm-ftrl_mix"),
     ],
 )
 def test_a_saved_learner_loads_and_learns_on_as_it_would_have(
@@ -260,6 +266,7 @@ def test_a_saved_model_keeps_its_optimizer_when_the_default_changes(
     [
         pytest.param({}, id="defaults"),
         pytest.param({"optimizer": COIN, "embedding_optimizer": COIN_EMBEDDINGS}, id="coin", marks=pytest.mark.slow),
+        pytest.param({"optimizer": MIX}, id="ftrl_mix", marks=pytest.mark.slow),
     ],
 )
 @pytest.mark.process
