@@ -638,6 +638,14 @@ def test_model_from_manifest_infers_the_kind_from_the_tables(tmp_path: Path) -> 
         model_from_manifest(manifest((TableConfig("lr"), TableConfig("fm_v", 4)), {}))
     with pytest.raises(ValueError, match="not those of a lr model"):
         model_from_manifest(manifest((TableConfig("ctr_w", 2),), {}))
+    # A mixture's linear table (dim 2K) is its linear part, whatever K.
+    for mixed in (LogisticRegression("ctr", optimizer=MIX), FactorizationMachine("ctr", k=4, optimizer=MIX)):
+        got = model_from_manifest(manifest(mixed.tables(), {"name": "ctr"}))
+        assert type(got) is type(mixed) and got.tables() == mixed.tables() and got.mixture is not None
+    # Embeddings of a mixture (a table of 2K passes for one): not a model's.
+    odd = (TableConfig("ctr_w", 1), TableConfig("ctr_v", 6, {"name": "ftrl_mix"}))
+    with pytest.raises(ValueError, match="ctr_v: ftrl_mix mixes the linear table's learners"):
+        model_from_manifest(manifest(odd, {}))
     # An empty directory: the given model.
     assert model_of_exports(tmp_path / "nothing", lr) is lr
 
