@@ -543,6 +543,39 @@ async def test_a_coin_model_is_created_with_its_stakes_and_a_bad_one_refused(mak
     assert sorted(m["name"] for m in (await api.call("GET", "/v1/models"))[1]["models"]) == ["bets", "ctr"]
 
 
+async def test_a_mixture_model_is_created_with_its_learners_and_a_bad_one_refused(
+    make_api: MakeApi, tmp_path: Path
+) -> None:
+    """A linear optimizer ``ftrl_mix`` sizes the linear table 2K (K
+    learners' weights, then their log-weights); a mixture of learners is
+    no embedding optimizer, and learners named wrong are refused naming why."""
+    api = await make_api(admin_token=TOKEN, exports=tmp_path)
+    mix = {"name": "ftrl_mix", "alpha_1": 0.02, "alpha_2": 0.2, "l1_2": 2}
+    status, got = await api.call("POST", "/v1/models", {"name": "mix", "type": "fm", "optimizer": mix}, headers=ADMIN)
+    assert status == 201, got
+    tables = {t["name"]: t for t in got["model"]["tables"]}
+    assert tables["mix_w"]["dim"] == 4 and tables["mix_v"]["dim"] == 8
+    assert tables["mix_w"]["optimizer"] == {
+        "name": "ftrl_mix",
+        **{"alpha_1": 0.02, "l1_1": 0.5, "alpha_2": 0.2, "l1_2": 2.0, "beta": 0.1, "l2": 1.0, "cap": 32.0},
+    }
+    status, got = await api.call("POST", "/v1/models", {"name": "mix3", "optimizer": "ftrl_mix"}, headers=ADMIN)
+    assert status == 201 and got["model"]["tables"][0]["dim"] == 6, got  # the 3 default learners
+    for bad, named in (
+        ({"optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "l1_2": 1}}, "l1_2 without its alpha_i"),
+        ({"optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_3": 0.1}}, "without gaps"),
+        ({"optimizer": {"name": "ftrl_mix", "lr": 0.1}}, "lr"),
+        ({"optimizer": {"name": "ftrl_mix", **{f"alpha_{i}": 0.1 for i in range(1, 8)}}}, "alpha_7"),
+        ({"optimizer": {"name": "ftrl_mix", "alpha_1": -1}}, "$.optimizer.alpha_1"),
+        # An embedding table of 6 would pass for a mixture of 3: refused all the same.
+        ({"type": "fm", "factors": 6, "embedding_optimizer": "ftrl_mix"}, "nope_v: ftrl_mix"),
+        ({"type": "fm", "embedding_optimizer": "ftrl_mix"}, "nope_v: ftrl_mix"),
+    ):
+        status, got = await api.call("POST", "/v1/models", {"name": "nope", **bad}, headers=ADMIN)
+        assert (status, got["error"]) == (400, "bad_request") and named in got["detail"], (bad, got)
+    assert sorted(m["name"] for m in (await api.call("GET", "/v1/models"))[1]["models"]) == ["ctr", "mix", "mix3"]
+
+
 NO_BETA = {"name": "ftrl", "beta": 5e-324, "l2": 0}
 
 

@@ -67,6 +67,43 @@ async def test_a_learner_learns_what_a_worker_learns(kind: str) -> None:
     assert learner.events_learnt == 6000 and got.auc > 0.6  # better than chance after 6,000 events
 
 
+# The pill's loss overflows float32 in the gradients' cast, as it would in a
+# worker (where numpy warns): that is what the worker must catch.
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+async def test_a_mixture_worker_leaves_out_an_untrainable_event_and_its_loss() -> None:
+    """A mixture's learners weigh each event by its weight, losses included
+    (the bias row's log-weights): an event whose loss overflows (weight
+    1000 on a feature a restored model holds near float32's largest) is
+    left out whole, and the model learns as from the other events alone."""
+    model = make_model("lr", "m", optimizer={"name": "ftrl_mix", "alpha_1": 0.02, "alpha_2": 0.2, "l1_2": 2.0})
+    hasher = FeatureHasher("m")
+    good = SyntheticStream(seed=3).batch(100)
+    pill = {"label": 0, "weight": 1000, "keys": [7], "features": {"site": "x"}}
+
+    async def learnt(events: list[dict[str, Any]]) -> tuple[AsyncTraining, Shard]:
+        shard = Shard(tables=model.tables())
+        table = shard.tables["m_w"]
+        huge = table.optimizer.rows_from_weights(np.array([[5e37, 2e38, 0, 0]], dtype=np.float32))
+        table.load_rows(np.array([7], dtype=np.uint64), huge, [0], [0], [0], [0])
+        training = AsyncTraining(PSClient.local([shard]), model, WorkerStats(), 16, ramp=0)
+        batch, errors = hasher.featurize(events)
+        assert not errors
+
+        async def pieces() -> AsyncIterator[EventBatch]:
+            yield batch
+
+        await training.train(pieces(), _NoWindow())  # type: ignore[arg-type]
+        return training, shard
+
+    # In the last mini-batch (of 16 events): the others are the same.
+    (with_pill, shard), (_, alone) = await learnt(good[:98] + [pill] + good[98:]), await learnt(good)
+    assert [i for i, _ in with_pill.untrainable] == [98]
+    keys = model.plan(hasher.featurize(good)[0]).keys
+    got = shard.tables["m_w"].pull(keys)
+    np.testing.assert_array_equal(got, alone.tables["m_w"].pull(keys))
+    assert np.isfinite(got).all() and np.count_nonzero(got[:, 2:].any(axis=1)) == 1  # the bias's log-weights
+
+
 def test_refused_events_are_skipped_and_named() -> None:
     learner = Learner()
     m = learner.learn([{"features": {"a": "x"}, "label": 1}, {"features": {"a": "y"}}, {"label": 0}])
@@ -154,6 +191,10 @@ COIN_EMBEDDINGS = {"name": "coin", "wealth": 0.1, "scale": 1.0}
 linear part (log loss above the constant model's on the synthetic stream)."""
 
 
+MIX = {"name": "ftrl_mix", "alpha_1": 0.02, "alpha_2": 0.2, "l1_2": 2.0}
+"""A mixture of 2 FTRL learners: its linear table of dim 4."""
+
+
 def _constant_logloss(events: list[dict[str, Any]]) -> float:
     """The log loss of the best constant prediction (the stream's click rate)."""
     p = float(np.mean([e["label"] for e in events]))
@@ -186,6 +227,8 @@ def test_an_fm_with_coin_embeddings_learns_them() -> None:
         ("fm", {}),
         pytest.param("lr", {"optimizer": COIN}, id="lr-coin"),
         pytest.param("fm", {"optimizer": COIN, "embedding_optimizer": COIN_EMBEDDINGS}, id="fm-coin"),
+        pytest.param("lr", {"optimizer": MIX}, id="lr-ftrl_mix"),
+        pytest.param("fm", {"optimizer": MIX}, id="fm-ftrl_mix"),
     ],
 )
 def test_a_saved_learner_loads_and_learns_on_as_it_would_have(
@@ -260,6 +303,7 @@ def test_a_saved_model_keeps_its_optimizer_when_the_default_changes(
     [
         pytest.param({}, id="defaults"),
         pytest.param({"optimizer": COIN, "embedding_optimizer": COIN_EMBEDDINGS}, id="coin", marks=pytest.mark.slow),
+        pytest.param({"optimizer": MIX}, id="ftrl_mix", marks=pytest.mark.slow),
     ],
 )
 @pytest.mark.process

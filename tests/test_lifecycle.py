@@ -449,3 +449,20 @@ def test_lazy_embeddings_need_an_embedding_table() -> None:
     shard = Shard(lifecycle=Lifecycle(embed_threshold=1.0), tables=[TableConfig("a_w", 1), TableConfig("a_v", 8)])
     assert shard.tables["a_w"].lifecycle.embed_threshold == 0.0
     assert shard.tables["a_v"].lifecycle.embed_threshold == 1.0 and shard.tables["a_v"].gate is not None
+
+
+def test_a_mixtures_linear_table_is_no_embedding_table() -> None:
+    """A mixture's linear table has dim 2K (its learners' weights and
+    log-weights), not embeddings: the shard's default lazy embeddings leave
+    it alone (gated on itself, it never took a row), and declaring them on
+    it is refused."""
+    mix = {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 0.3}
+    with pytest.raises(TableConfigError, match="lazy embeddings .* need an embedding table"):
+        TableConfig("a_w", 4, mix, lifecycle=Lifecycle(embed_threshold=1.0))
+    shard = Shard(lifecycle=Lifecycle(embed_threshold=1.0), tables=[TableConfig("a_w", 4, mix), TableConfig("a_v", 8)])
+    w = shard.tables["a_w"]
+    assert w.lifecycle.embed_threshold == 0.0 and w.gate is None
+    assert shard.tables["a_v"].gate is not None
+    keys = np.array([5, 6], dtype=np.uint64)
+    w.push(keys, np.ones((2, 4), np.float32), counts=np.ones((2, 2), np.float32))
+    assert live_keys(w) == {5, 6} and (w.pull(keys)[:, :2] < 0).all()

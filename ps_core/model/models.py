@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import TableConfigError
 from ..hashing import U64, distinct
 from ..store.optim import FTRLMixture, make_optimizer
 from ..store.table_config import TableConfig
@@ -260,10 +261,18 @@ class FactorizationMachine(Model):
         `LogisticRegression`."""
         self._w = self._linear(name, optimizer, mode, max_staleness, numeric)
         self.k = k
+        spec = dict(embedding_optimizer or DEFAULT_EMBEDDING_OPTIMIZER)
+        if spec.get("name") == FTRLMixture.name:
+            # Its last K columns would be log-weights, shifted and clipped at
+            # every push, not embeddings (a table of k = 2K passes its dim check).
+            raise TableConfigError(
+                f"table {name}_v: ftrl_mix mixes the linear table's learners; "
+                "the embeddings take sgd, adagrad, ftrl or coin"
+            )
         self._v = TableConfig(
             f"{name}_v",
             k,
-            dict(embedding_optimizer or DEFAULT_EMBEDDING_OPTIMIZER),
+            spec,
             init_scale=init_scale,
             seed=seed,
             mode=mode,

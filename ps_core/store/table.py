@@ -211,7 +211,7 @@ class SparseTable:
     def absent_weights(self, keys: U64) -> F32:
         """What a pull reads for keys without a row: their initial weights,
         or zeros with lazy embeddings (the key has no embedding yet)."""
-        if self.lifecycle.embed_threshold and self.dim > 1:
+        if self.lifecycle.embed_threshold and self.config.embeddings:
             return np.zeros((keys.size, self.dim), dtype=np.float32)
         return self.initial_weights(keys)
 

@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import TableConfigError
 from ..parsing import json_int
 from .lifecycle import NO_LIFECYCLE, Lifecycle
-from .optim import AddDeltas, Optimizer, make_optimizer
+from .optim import AddDeltas, FTRLMixture, Optimizer, make_optimizer
 
 __all__ = ["MODES", "MAX_DIM", "MAX_INIT_SCALE", "TableConfig"]
 
@@ -71,8 +71,11 @@ class TableConfig:
             raise TableConfigError(f"table {name}: {wrong}")
         if self.lifecycle is not None and not isinstance(self.lifecycle, Lifecycle):
             raise TableConfigError(f"table {name}: lifecycle must be a Lifecycle")
-        if self.lifecycle is not None and self.lifecycle.embed_threshold and self.dim < 2:
-            raise TableConfigError(f"table {name}: lazy embeddings (embed_threshold) need dim > 1")
+        if self.lifecycle is not None and self.lifecycle.embed_threshold and not self.embeddings:
+            raise TableConfigError(
+                f"table {name}: lazy embeddings (embed_threshold) need an embedding table "
+                "(dim > 1, no mixture of learners)"
+            )
         if self.lifecycle == NO_LIFECYCLE:
             # The default says nothing: one form of it, so declarations compare equal.
             object.__setattr__(self, "lifecycle", None)
@@ -85,6 +88,12 @@ class TableConfig:
                 raise TableConfigError(f"table {name}: max_staleness must be an integer")
             if not 0 <= self.max_staleness < 2**31:
                 raise TableConfigError(f"table {name}: max_staleness must be in [0, 2**31)")
+
+    @property
+    def embeddings(self) -> bool:
+        """Whether its rows are embeddings, which lazy embeddings gate: dim > 1,
+        and not a mixture's linear table (2K weights: learners' and log-weights)."""
+        return self.dim > 1 and self.optimizer["name"] != FTRLMixture.name
 
     def row_rule(self) -> Optimizer:
         """What the shard applies to a push and how its rows are laid out: the
