@@ -218,7 +218,7 @@ def test_fm_learners_share_the_pairs() -> None:
     w[:, 2:] = 0  # equal log-weights: an even mixture
     v = rng.normal(0, 0.3, size=(plan.keys.size, 2)).astype(np.float32)
     got = model.logits(batch, plan, {"f_w": w, "f_v": v})
-    alone = FactorizationMachine("f", k=2)
+    alone = FactorizationMachine("f", k=2, optimizer={"name": "ftrl"})
     ev = batch.event_of_feature()
     probabilities = []
     for j in range(2):

@@ -162,6 +162,10 @@ SEVEN = {f"alpha_{i}": 0.1 for i in range(1, 8)}
         ({"name": "x", "dim": 2, "optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "lr": 0.1}}, "no hyperparameter lr"),
         ({"name": "x", "dim": 14, "optimizer": {"name": "ftrl_mix", **SEVEN}}, "no hyperparameter alpha_7"),
         ({"name": "x", "dim": 6, "optimizer": {"name": "ftrl_mix", "cap": 0}}, "cap >= 1e-12"),
+        (
+            {"name": "x", "dim": 6, "optimizer": "ftrl_mix", "init_scale": 0.1},
+            "table x: a mixture of learners starts at zero",
+        ),
     ],
 )
 def test_a_mixture_table_of_the_wrong_dim_or_learners_is_refused_naming_why(raw: object, reason: str) -> None:
@@ -245,7 +249,7 @@ REUSE_CONFIGS = [
     TableConfig("t", 3, {"name": "coin", "wealth": 0.5}, init_scale=0.05, seed=4),
     # A mixture: 2K weights (K learners', then their log-weights) from rows of 3K.
     TableConfig("t", 6, {"name": "ftrl_mix"}),
-    TableConfig("t", 4, {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 0.3, "l1_2": 0.0}, init_scale=0.05, seed=4),
+    TableConfig("t", 4, {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 0.3, "l1_2": 0.0}),
 ]
 
 
@@ -267,7 +271,7 @@ def _same_tables(warm: SparseTable, cold: SparseTable, universe: np.ndarray) -> 
 @pytest.mark.parametrize(
     "cfg",
     REUSE_CONFIGS,
-    ids=["ftrl", "ftrl-l1", "adagrad-init", "ftrl-init", "coin", "coin-init", "ftrl_mix", "ftrl_mix-init"],
+    ids=["ftrl", "ftrl-l1", "adagrad-init", "ftrl-init", "coin", "coin-init", "ftrl_mix", "ftrl_mix-2"],
 )
 @pytest.mark.parametrize("seed", range(4))
 def test_a_push_reusing_its_pull_lookup_equals_a_cold_push(cfg: TableConfig, seed: int) -> None:

@@ -73,7 +73,10 @@ def learner_gradients(batch: EventBatch, z: F64, inverse: I64, event_of: I64, ke
     per_occurrence = d.take(event_of, axis=0) * batch.values.astype(np.float64)[:, None]
     bias = bias_rows(batch, inverse)
     out = np.zeros((keys, 2 * k), dtype=np.float32)
-    for j in range(k):  # per learner, not per key
-        out[:, j] = np.bincount(inverse, per_occurrence[:, j], keys)
-        out[:, k + j] = np.bincount(bias, loss[:, j] / cap, keys)
+    # A sum past float32's range becomes infinite, and the caller finds the
+    # events behind it (`consumers.training`): no warning for it here.
+    with np.errstate(over="ignore"):
+        for j in range(k):  # per learner, not per key
+            out[:, j] = np.bincount(inverse, per_occurrence[:, j], keys)
+            out[:, k + j] = np.bincount(bias, loss[:, j] / cap, keys)
     return out

@@ -69,6 +69,9 @@ class TableConfig:
         wrong = optimizer.check_dim(self.dim)
         if wrong:
             raise TableConfigError(f"table {name}: {wrong}")
+        if isinstance(optimizer, FTRLMixture) and self.init_scale:
+            # Random starts would land in the mixture's log-weights too.
+            raise TableConfigError(f"table {name}: a mixture of learners starts at zero (init_scale 0)")
         if self.lifecycle is not None and not isinstance(self.lifecycle, Lifecycle):
             raise TableConfigError(f"table {name}: lifecycle must be a Lifecycle")
         if self.lifecycle is not None and self.lifecycle.embed_threshold and not self.embeddings:
