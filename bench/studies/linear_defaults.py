@@ -39,6 +39,7 @@ from learning import Events, logloss, measure, profile_events, stream_size  # no
 
 from ps_core.model.featurizer import DEFAULT_NUMERIC
 from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER
+from ps_core.store.optim import make_optimizer
 
 log = progress_log("linear_defaults")
 
@@ -125,7 +126,7 @@ def largest_regret(losses: dict[str, dict[str, float]], point: str) -> float:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     points = grid(args)
-    default_opt = dict(DEFAULT_LINEAR_OPTIMIZER)
+    default_opt = make_optimizer(dict(DEFAULT_LINEAR_OPTIMIZER)).spec()  # its hyperparameters spelt out
     default = point_name(default_opt, DEFAULT_NUMERIC)
     points.setdefault(default, (default_opt, DEFAULT_NUMERIC))
     data = half_streams(args)

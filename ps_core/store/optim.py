@@ -373,8 +373,16 @@ class FTRLMixture(Optimizer):
     name = "ftrl_mix"
     slots = 3  # per learner: z, n, m; `width` counts them
     MAX_LEARNERS: ClassVar[int] = 6
-    DEFAULT_LEARNERS: ClassVar[tuple[tuple[float, float], ...]] = ((0.05, 0.5), (0.2, 0.5), (0.35, 5.0))
-    """(alpha, l1) of each learner when none is named."""
+    DEFAULT_LEARNERS: ClassVar[tuple[tuple[float, float], ...]] = (
+        (0.05, 0.5),
+        (0.1, 0.5),
+        (0.2, 0.5),
+        (0.35, 0.5),
+        (0.35, 5.0),
+    )
+    """(alpha, l1) of each learner when none is named: chosen by
+    `bench/studies/linear_defaults.py` on the tuning half of its streams
+    (docs/defaults.md)."""
     DEFAULT_L1: ClassVar[float] = 0.5
 
     def __init__(self, beta: float = 0.1, l2: float = 1.0, cap: float = 32.0, **learners: float) -> None:
