@@ -80,7 +80,7 @@ class ShardSettings:
         (),
         env="CTRPS_TABLES",
         flag="--table",
-        help="declare a table: NAME[,dim=D][,optimizer=ftrl|adagrad|sgd|coin][,init_scale=S][,seed=N][,HYPER=V...]; "
+        help="declare a table: NAME[,dim=D][,optimizer=ftrl|adagrad|sgd|coin|ftrl_mix][,init_scale=S][,seed=N][,HYPER=V...]; "
         "repeatable (CTRPS_TABLES: specs joined by ;); with none, clients declare them",
         repeat=True,
         sep=";",
