@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from training import FTRL
 
 from ps_core.hashing import distinct
 from ps_core.model.featurizer import FeatureHasher
@@ -32,10 +33,6 @@ def _loss(model: Model, batch, plan, weights) -> float:  # type: ignore[no-untyp
     p = sigmoid(model.logits(batch, plan, weights))
     y = batch.labels.astype(np.float64)
     return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).sum())
-
-
-FTRL = {"name": "ftrl", "alpha": 0.2, "beta": 0.1, "l1": 0.5, "l2": 1.0}
-"""One FTRL learner: a linear table of dim 1, the plain model."""
 
 
 def _single(model: Model) -> Model:
