@@ -281,7 +281,7 @@ def test_loading_where_nothing_was_saved_names_the_directory(tmp_path: Path) -> 
     ("made_with", "name", "dim", "width"),
     [
         pytest.param(None, "ftrl_mix", 10, 15, id="mixture"),  # today's: 5 learners, [z, n, m] each
-        pytest.param(FTRL, "ftrl", 1, 2, id="ftrl"),  # the default before  # [z, n]
+        pytest.param(FTRL, "ftrl", 1, 2, id="ftrl"),  # the default before: [z, n]
     ],
 )
 def test_a_saved_model_keeps_its_optimizer_when_the_default_changes(
