@@ -30,6 +30,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from commands import ctrps_process
 from documents import validate
+from training import FTRL
 from waiting import until
 
 import app.api.follower as follower_module
@@ -328,15 +329,15 @@ async def test_a_replica_started_on_a_chain_loads_it_whole(tmp_path: Path, make_
 
 
 MIX = {"name": "ftrl_mix"}
-"""The 3 default FTRL learners: a linear table of 6 weights a key, the bias
-row's last 3 its learners' log-weights, in units of 32 nats (the default
+"""The 5 default FTRL learners: a linear table of 10 weights a key, the bias
+row's last 5 its learners' log-weights, in units of 32 nats (the default
 cap), which share the bias row's int8 exponent."""
 
 
 @pytest.mark.parametrize(
     ("kind", "optimizers"),
-    [("lr", {}), ("fm", {}), ("lr", {"optimizer": MIX}), ("fm", {"optimizer": MIX})],
-    ids=["lr", "fm", "lr-ftrl_mix", "fm-ftrl_mix"],
+    [("lr", {"optimizer": FTRL}), ("fm", {"optimizer": FTRL}), ("lr", {"optimizer": MIX}), ("fm", {"optimizer": MIX})],
+    ids=["lr-ftrl", "fm-ftrl", "lr-ftrl_mix", "fm-ftrl_mix"],
 )
 @pytest.mark.parametrize(("precision", "tolerance", "per_value"), [("f16", 1e-3, 2), ("int8", 1e-2, 1)])
 async def test_a_replica_serves_a_quantized_export_close_to_the_float32_trainer(
@@ -390,7 +391,8 @@ async def test_a_replica_serves_a_quantized_export_close_to_the_float32_trainer(
 
 
 async def test_a_replica_reads_and_holds_weights_only(tmp_path: Path, make_replica: MakeReplica) -> None:
-    # FM: an FTRL linear table and an AdaGrad embedding table, both with state.
+    # FM: a linear table of the default mixture of 5 FTRL learners and an
+    # AdaGrad embedding table, both with state.
     trainer = await trained(tmp_path, "fm")
     for info in list_versions(trainer.model_dir):
         manifest = read_manifest(info.path)
@@ -410,9 +412,12 @@ async def test_a_replica_reads_and_holds_weights_only(tmp_path: Path, make_repli
         assert table.values.dtype == np.float32 and table.values.shape == (len(table), table.dim)
         assert table.memory_bytes() - table.state.directory.nbytes == len(table) * (8 + 4 * table.dim)
         held = trainer.shards[0].tables[name]
-        assert held.width == 2 * held.dim  # the trainers': weights and optimizer state
+        # The trainers' optimizer state: z, n and m per learner (the weights
+        # derived from them); AdaGrad's weight and sum of squares per column.
+        assert held.width == {"ctr_w": 3 * 5, "ctr_v": 2 * held.dim}[name]
     status, info = await replica.call("GET", "/v1/model")
-    assert info["tables"]["ctr_w"]["optimizer"]["name"] == "ftrl"  # as the trainers declared it
+    assert info["tables"]["ctr_w"]["optimizer"]["name"] == "ftrl_mix"  # as the trainers declared it
+    assert info["tables"]["ctr_w"]["dim"] == 10 and shard.tables["ctr_w"].dim == 10
     assert info["tables"]["ctr_v"]["optimizer"]["name"] == "adagrad"
 
 
@@ -643,7 +648,7 @@ def test_model_from_manifest_infers_the_kind_from_the_tables(tmp_path: Path) -> 
         got = model_from_manifest(manifest(mixed.tables(), {"name": "ctr"}))
         assert type(got) is type(mixed) and got.tables() == mixed.tables() and got.mixture is not None
     # Embeddings of a mixture (a table of 2K passes for one): not a model's.
-    odd = (TableConfig("ctr_w", 1), TableConfig("ctr_v", 6, {"name": "ftrl_mix"}))
+    odd = (TableConfig("ctr_w", 1), TableConfig("ctr_v", 10, {"name": "ftrl_mix"}))
     with pytest.raises(ValueError, match="ctr_v: ftrl_mix mixes the linear table's learners"):
         model_from_manifest(manifest(odd, {}))
     # An empty directory: the given model.

@@ -18,6 +18,7 @@ from commands import as_a_user, ctrps_process
 from hypothesis import given
 from hypothesis import strategies as st
 from site_pages import guide_section
+from training import FTRL
 from waiting import until
 
 from consumers.training import AsyncTraining
@@ -276,24 +277,39 @@ def test_loading_where_nothing_was_saved_names_the_directory(tmp_path: Path) -> 
         Learner.load(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("made_with", "name", "dim", "width"),
+    [
+        pytest.param(None, "ftrl_mix", 10, 15, id="mixture"),  # today's: 5 learners, [z, n, m] each
+        pytest.param(FTRL, "ftrl", 1, 2, id="ftrl"),  # the default before: [z, n]
+    ],
+)
 def test_a_saved_model_keeps_its_optimizer_when_the_default_changes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made_with: dict[str, Any] | None, name: str, dim: int, width: int
 ) -> None:
     """A model is stored with its optimizer spelt out: restored after the
-    default linear optimizer changed, it is still the one it was made with."""
-    learner = Learner("fm")  # the defaults of today
-    learner.learn(SyntheticStream(seed=3).batch(500))
+    default linear optimizer changed, it is still the one it was made with
+    (a model of today's default, a mixture, and one of the FTRL default
+    before it, restored under today's)."""
+    with monkeypatch.context() as then:
+        if made_with is not None:
+            then.setattr(models, "DEFAULT_LINEAR_OPTIMIZER", made_with)
+        learner = Learner("fm")  # the defaults of the day
+        learner.learn(SyntheticStream(seed=3).batch(500))
     learner.save(tmp_path)
     spec = ModelSpec.of(learner.model)
     declaration, recipe = orjson.loads(orjson.dumps(spec.to_dict())), spec.recipe()
     before = {t.name: t.optimizer for t in learner.model.tables()}
-    assert before["ctr_w"]["name"] == "ftrl"
-    monkeypatch.setattr(models, "DEFAULT_LINEAR_OPTIMIZER", COIN)
-    monkeypatch.setattr(models, "DEFAULT_EMBEDDING_OPTIMIZER", COIN)
-    assert make_model("fm", "ctr").tables()[0].optimizer["name"] == "coin"  # the patch reaches new models
+    assert before["ctr_w"]["name"] == name and learner.model.tables()[0].dim == dim
+    if made_with is None:
+        monkeypatch.setattr(models, "DEFAULT_LINEAR_OPTIMIZER", COIN)
+        monkeypatch.setattr(models, "DEFAULT_EMBEDDING_OPTIMIZER", COIN)
+    now = make_model("fm", "ctr").tables()[0].optimizer["name"]
+    assert now != name and now == ("coin" if made_with is None else "ftrl_mix")  # new models differ
     loaded = Learner.load(tmp_path)
     assert {t.name: t.optimizer for t in loaded.model.tables()} == before
-    assert loaded.tables["ctr_w"].optimizer.name == "ftrl" and loaded.tables["ctr_w"].width == 2
+    assert loaded.tables["ctr_w"].optimizer.name == name and loaded.tables["ctr_w"].width == width
+    assert _state_by_key(loaded.tables["ctr_w"]) == _state_by_key(learner.tables["ctr_w"])
     assert {t.name: t.optimizer for t in ModelSpec.from_dict(declaration).tables} == before
     assert {t.name: t.optimizer for t in ModelSpec.from_recipe(recipe).tables} == before
 

@@ -106,8 +106,14 @@ def test_a_bad_mixture_is_refused_with_its_reason(spec: dict[str, float], why: s
 
 
 def test_a_mixture_table_has_two_columns_a_learner() -> None:
-    with pytest.raises(TableConfigError, match="table t: a mixture of 3 learners has 6 weights a row, not 1"):
+    with pytest.raises(TableConfigError, match="table t: a mixture of 5 learners has 10 weights a row, not 1"):
         TableConfig("t", 1, {"name": "ftrl_mix"})
+    # The default learners: alpha 0.05, 0.1, 0.2, 0.35 at l1 0.5 and alpha 0.35 at l1 5.
+    assert TableConfig("t", 10, {"name": "ftrl_mix"}).optimizer == {
+        "name": "ftrl_mix",
+        **{"alpha_1": 0.05, "l1_1": 0.5, "alpha_2": 0.1, "l1_2": 0.5, "alpha_3": 0.2, "l1_3": 0.5},
+        **{"alpha_4": 0.35, "l1_4": 0.5, "alpha_5": 0.35, "l1_5": 5.0, "beta": 0.1, "l2": 1.0, "cap": 32.0},
+    }
     spec = TableConfig("t", 4, {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 0.2}).optimizer
     assert spec == {"name": "ftrl_mix", "alpha_1": 0.1, "l1_1": 0.5, "alpha_2": 0.2, "l1_2": 0.5}.copy() | {
         "beta": 0.1,

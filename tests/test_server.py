@@ -735,8 +735,8 @@ async def test_a_mixture_table_is_declared_with_its_learners_and_learns(
     }
     table = shards[0].tables["mx"]
     assert table.width == 2 * 3  # [z, n, m] per learner
-    # The default learners are another mixture (of 3: dim 6): a conflict.
-    status, body = await declare(http, urls[0], {"name": "mx", "dim": 6, "optimizer": "ftrl_mix"})
+    # The default learners are another mixture (of 5: dim 10): a conflict.
+    status, body = await declare(http, urls[0], {"name": "mx", "dim": 10, "optimizer": "ftrl_mix"})
     assert status == 409 and body["error"] == "table_conflict"
     keys = np.array([3, 4], dtype=np.uint64)
     table.push(keys, np.array([[1.0, -2.0, 0.3, 0.1], [0.0, 0.5, 2.5, 0.0]], dtype=np.float32))
@@ -830,12 +830,12 @@ async def test_declare_with_a_different_config_conflicts(serve_shards: Any, http
             r"Expected `float` >= 1e-12 - at `\$.optimizer.wealth`",
         ),
         ({"name": "t", "optimizer": {"name": "coin", "lr": 0.1}}, r"unknown field `lr` - at `\$.optimizer`"),
-        ({"name": "t", "optimizer": "ftrl_mix"}, r"table t: a mixture of 3 learners has 6 weights a row, not 1"),
+        ({"name": "t", "optimizer": "ftrl_mix"}, r"table t: a mixture of 5 learners has 10 weights a row, not 1"),
         (
             {"name": "t", "dim": 6, "optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 0.2}},
             r"a mixture of 2 learners has 4 weights a row, not 6",
         ),
-        ({"name": "t", "dim": 6, "optimizer": {"name": "ftrl_mix", "l1_2": 1}}, r"ftrl_mix: l1_2 without its alpha_i"),
+        ({"name": "t", "dim": 10, "optimizer": {"name": "ftrl_mix", "l1_2": 1}}, r"ftrl_mix: l1_2 without its alpha_i"),
         (
             {"name": "t", "dim": 4, "optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 1, "l1_3": 1}},
             r"ftrl_mix: l1_3 without its alpha_i",

@@ -148,22 +148,22 @@ SEVEN = {f"alpha_{i}": 0.1 for i in range(1, 8)}
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [
-        ({"name": "x", "optimizer": "ftrl_mix"}, "table x: a mixture of 3 learners has 6 weights a row, not 1"),
+        ({"name": "x", "optimizer": "ftrl_mix"}, "table x: a mixture of 5 learners has 10 weights a row, not 1"),
         (
             {"name": "x", "dim": 4, "optimizer": {"name": "ftrl_mix"}},
-            "a mixture of 3 learners has 6 weights a row, not 4",
+            "a mixture of 5 learners has 10 weights a row, not 4",
         ),
         (
             {"name": "x", "dim": 2, "optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "l1_2": 1}},
             "l1_2 without its alpha_i",
         ),
-        ({"name": "x", "dim": 6, "optimizer": {"name": "ftrl_mix", "l1_2": 1}}, "l1_2 without its alpha_i"),
+        ({"name": "x", "dim": 10, "optimizer": {"name": "ftrl_mix", "l1_2": 1}}, "l1_2 without its alpha_i"),
         ({"name": "x", "dim": 4, "optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_3": 0.2}}, "without gaps"),
         ({"name": "x", "dim": 2, "optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "lr": 0.1}}, "no hyperparameter lr"),
         ({"name": "x", "dim": 14, "optimizer": {"name": "ftrl_mix", **SEVEN}}, "no hyperparameter alpha_7"),
-        ({"name": "x", "dim": 6, "optimizer": {"name": "ftrl_mix", "cap": 0}}, "cap >= 1e-12"),
+        ({"name": "x", "dim": 10, "optimizer": {"name": "ftrl_mix", "cap": 0}}, "cap >= 1e-12"),
         (
-            {"name": "x", "dim": 6, "optimizer": "ftrl_mix", "init_scale": 0.1},
+            {"name": "x", "dim": 10, "optimizer": "ftrl_mix", "init_scale": 0.1},
             "table x: a mixture of learners starts at zero",
         ),
     ],
@@ -248,7 +248,7 @@ REUSE_CONFIGS = [
     TableConfig("t", 1, {"name": "coin"}),
     TableConfig("t", 3, {"name": "coin", "wealth": 0.5}, init_scale=0.05, seed=4),
     # A mixture: 2K weights (K learners', then their log-weights) from rows of 3K.
-    TableConfig("t", 6, {"name": "ftrl_mix"}),
+    TableConfig("t", 10, {"name": "ftrl_mix"}),  # its 5 default learners
     TableConfig("t", 4, {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 0.3, "l1_2": 0.0}),
 ]
 
