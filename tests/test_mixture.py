@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from ps_core.errors import TableConfigError
 from ps_core.model.batch import EventBatch
 from ps_core.model.learner import Learner
-from ps_core.model.mixture import mixed_logits
+from ps_core.model.mixture import mixed_logits, pairs_scale
 from ps_core.model.models import FactorizationMachine, LogisticRegression
 from ps_core.store.optim import FTRL, FTRLMixture, make_optimizer
 from ps_core.store.table_config import TableConfig
@@ -232,3 +232,19 @@ def test_fm_learners_share_the_pairs() -> None:
         pairs = alone.logits(batch, plan, {"f_w": np.zeros((plan.keys.size, 1), np.float32), "f_v": v})
         probabilities.append(_sigmoid(lin + pairs))
     np.testing.assert_allclose(_sigmoid(got), np.mean(probabilities, axis=0), rtol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(0, 2**32 - 1))
+def test_the_pairs_move_the_mixture_by_its_learners_slopes(k: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    z = rng.normal(0, 3, size=(25, k))
+    m = rng.uniform(0, 1, size=(25, k))
+    pi = np.exp(-32.0 * m)
+    pi /= pi.sum(axis=1, keepdims=True)
+    s = _sigmoid(z)
+    p = (pi * s).sum(axis=1)
+    got = pairs_scale(z, m, 32.0)
+    np.testing.assert_allclose(got, (pi * s * (1 - s)).sum(axis=1) / (p * (1 - p)), rtol=1e-7)
+    assert ((got >= 0) & (got <= 1)).all()
+    np.testing.assert_allclose(pairs_scale(np.repeat(z[:, :1], k, axis=1), m, 32.0), 1.0, rtol=1e-9)

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from .batch import EventBatch
 
-__all__ = ["mixed_logits", "learner_gradients", "bias_rows"]
+__all__ = ["mixed_logits", "learner_gradients", "bias_rows", "pairs_scale"]
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -48,6 +48,20 @@ def mixed_logits(z: F64, m: F64, cap: float) -> F64:
     log_p = np.logaddexp.reduce(log_pi + _log_sigmoid(z), axis=1)
     log_q = np.logaddexp.reduce(log_pi + _log_sigmoid(-z), axis=1)
     out: F64 = log_p - log_q
+    return out
+
+
+def pairs_scale(z: F64, m: F64, cap: float) -> F64:
+    """(n,) how the mixture's log loss moves with a term every learner's
+    logit shares (an FM's pairs), over its dlogit ``p - y``: ``sum_k pi_k
+    s_k (1 - s_k) / (p (1 - p))`` with ``s_k = sigmoid(z_k)``. It is in
+    [0, 1], and 1 where the learners agree."""
+    log_pi = _log_prior(m, cap)
+    up, down = _log_sigmoid(z), _log_sigmoid(-z)
+    both = np.logaddexp.reduce(log_pi + up + down, axis=1)
+    log_p = np.logaddexp.reduce(log_pi + up, axis=1)
+    log_q = np.logaddexp.reduce(log_pi + down, axis=1)
+    out: F64 = np.exp(np.minimum(both - log_p - log_q, 0.0))
     return out
 
 
