@@ -497,9 +497,15 @@ class FTRLMixture(Optimizer):
         np.subtract(g, sigma, out=sigma)
         z += sigma
         n[...] = n_new
-        m += grads[:, k:]
-        m -= m.min(axis=1, keepdims=True)
-        np.minimum(m, np.float32(1), out=m)
+        # Only the rows whose push carries losses (the bias row, in a
+        # model's push) change their log-weights.
+        losses = grads[:, k:]
+        carried = np.flatnonzero(losses.any(axis=1))
+        if carried.size:
+            got = m[carried] + losses[carried]
+            got -= got.min(axis=1, keepdims=True)
+            np.minimum(got, np.float32(1), out=got)
+            m[carried] = got
 
 
 class AddDeltas(Optimizer):
