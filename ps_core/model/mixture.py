@@ -29,25 +29,33 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 
-def _log_sigmoid(z: F64) -> F64:
-    out: F64 = -np.logaddexp(0.0, -z)
+def _softplus(z: F64) -> F64:
+    """``log(1 + e^z)``, that is ``-log sigmoid(-z)``, finite for every finite z."""
+    out: F64 = np.logaddexp(0.0, z)
+    return out
+
+
+def _lse(x: F64) -> F64:
+    """(n,) ``log sum_k e^x_k`` of each row, by its largest (one exp a value)."""
+    top = x.max(axis=1)
+    out: F64 = top + np.log(np.exp(x - top[:, None]).sum(axis=1))
     return out
 
 
 def _log_prior(m: F64, cap: float) -> F64:
-    """(n, K) log pi of each event's learners, from its bias row's `m`."""
+    """(n, K) log pi of each event's learners, from its bias row's `m`,
+    up to a constant per event (the best learner's 0)."""
     a = -cap * m
-    out: F64 = a - np.logaddexp.reduce(a, axis=1, keepdims=True)
-    return out
+    a -= a.max(axis=1, keepdims=True)
+    return a
 
 
 def mixed_logits(z: F64, m: F64, cap: float) -> F64:
     """(n,) logits of the mixed probabilities of the learners' logits `z`
     (n, K), each event mixed by `m` (n, K), its bias row's log-weights."""
     log_pi = _log_prior(m, cap)
-    log_p = np.logaddexp.reduce(log_pi + _log_sigmoid(z), axis=1)
-    log_q = np.logaddexp.reduce(log_pi + _log_sigmoid(-z), axis=1)
-    out: F64 = log_p - log_q
+    down = log_pi - _softplus(z)  # log pi_k + log sigmoid(-z_k)
+    out: F64 = _lse(down + z) - _lse(down)
     return out
 
 
@@ -57,11 +65,11 @@ def pairs_scale(z: F64, m: F64, cap: float) -> F64:
     s_k (1 - s_k) / (p (1 - p))`` with ``s_k = sigmoid(z_k)``. It is in
     [0, 1], and 1 where the learners agree."""
     log_pi = _log_prior(m, cap)
-    up, down = _log_sigmoid(z), _log_sigmoid(-z)
-    both = np.logaddexp.reduce(log_pi + up + down, axis=1)
-    log_p = np.logaddexp.reduce(log_pi + up, axis=1)
-    log_q = np.logaddexp.reduce(log_pi + down, axis=1)
-    out: F64 = np.exp(np.minimum(both - log_p - log_q, 0.0))
+    down = log_pi - _softplus(z)
+    up = down + z
+    both = _lse(up - _softplus(z))  # log pi_k + log sigmoid(z_k) + log sigmoid(-z_k)
+    # pi unnormalised: both, p and q each carry its sum once.
+    out: F64 = np.exp(np.minimum(both - _lse(up) - _lse(down) + _lse(log_pi), 0.0))
     return out
 
 
@@ -79,18 +87,27 @@ def learner_gradients(batch: EventBatch, z: F64, inverse: I64, event_of: I64, ke
     k = z.shape[1]
     y = batch.labels.astype(np.float64)[:, None]
     wt = batch.weights.astype(np.float64)
-    live = wt != 0
-    # (p_k - y) w per event and learner; 0 for an event of weight 0, even
-    # where its logits are not finite.
-    d = np.where(live[:, None], (0.5 * (1.0 + np.tanh(0.5 * z)) - y) * wt[:, None], 0.0)
-    loss = np.where(live[:, None], -(y * _log_sigmoid(z) + (1.0 - y) * _log_sigmoid(-z)) * wt[:, None], 0.0)
-    per_occurrence = d.take(event_of, axis=0) * batch.values.astype(np.float64)[:, None]
-    bias = bias_rows(batch, inverse)
+    live = (wt != 0)[:, None]
     out = np.zeros((keys, 2 * k), dtype=np.float32)
-    # A sum past float32's range becomes infinite, and the caller finds the
-    # events behind it (`consumers.training`): no warning for it here.
-    with np.errstate(over="ignore"):
-        for j in range(k):  # per learner, not per key
-            out[:, j] = np.bincount(inverse, per_occurrence[:, j], keys)
-            out[:, k + j] = np.bincount(bias, loss[:, j] / cap, keys)
+    # A logit or a sum past float32's range makes the push not finite, and
+    # the caller finds the events behind it (`consumers.training`): no
+    # warning for it here.
+    with np.errstate(over="ignore", invalid="ignore"):
+        soft = _softplus(z)
+        # (p_k - y) w per event and learner, and each learner's log loss
+        # softplus(z) - y z times w; 0 for an event of weight 0, even where
+        # its logits are not finite.
+        d = np.where(live, (np.exp(z - soft) - y) * wt[:, None], 0.0)
+        loss = np.where(live, (soft - y * z) * wt[:, None], 0.0)
+        per_occurrence = d.take(event_of, axis=0)
+        per_occurrence *= batch.values.astype(np.float64)[:, None]
+        # One bincount for every learner: key i's learner j at i K + j.
+        slots = (inverse[:, None] * k + np.arange(k)).ravel()
+        out[:, :k] = np.bincount(slots, per_occurrence.ravel(), keys * k).reshape(keys, k)
+        bias = bias_rows(batch, inverse)
+        if bias.size and (bias == bias[0]).all():  # one model's events: one bias row
+            out[bias[0], k:] = loss.sum(axis=0) / cap
+        else:
+            for j in range(k):  # per learner, not per key
+                out[:, k + j] = np.bincount(bias, loss[:, j] / cap, keys)
     return out

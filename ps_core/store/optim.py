@@ -47,6 +47,7 @@ __all__ = [
     "CoinBetting",
     "AddDeltas",
     "FTRLMixture",
+    "Deriving",
     "make_optimizer",
     "OPTIMIZERS",
     "MIN_POSITIVE",
@@ -460,9 +461,15 @@ class FTRLMixture(Optimizer):
         w /= neg_denom
         return w
 
-    def weights(self, rows: F32, dim: int) -> F32:
+    def derive(self, rows: F32, dim: int) -> tuple[F32, F32]:
+        """The weights (n, 2K) of rows and their learners' sqrt(n) (n, K),
+        which `step` can be given as `FTRL.derive`'s are."""
         z, n, m = self._split(rows)
-        return np.concatenate((self._w(z, np.sqrt(n)), m), axis=1)
+        sqrt_n = np.sqrt(n)
+        return np.concatenate((self._w(z, sqrt_n), m), axis=1), sqrt_n
+
+    def weights(self, rows: F32, dim: int) -> F32:
+        return self.derive(rows, dim)[0]
 
     def rows_from_weights(self, w: F32) -> F32:
         k = self.learners
@@ -482,12 +489,17 @@ class FTRLMixture(Optimizer):
         z[...] = np.where(w[:, :k] == 0, kept, solved)
         m[...] = w[:, k:]
 
-    def step(self, rows: F32, grads: F32) -> None:
+    def step(self, rows: F32, grads: F32, derived: tuple[F32, F32] | None = None) -> None:
+        """`Optimizer.step`; `derived`, if given, must be `derive` of `rows`
+        as they are now (it is read, not changed)."""
         k = self.learners
         z, n, m = self._split(rows)
         g = grads[:, :k]
-        sqrt_n = np.sqrt(n)
-        w = self._w(z, sqrt_n)
+        if derived is None:
+            sqrt_n = np.sqrt(n)
+            w = self._w(z, sqrt_n)
+        else:
+            w, sqrt_n = derived[0][:, :k], derived[1]
         n_new = g * g
         np.add(n, n_new, out=n_new)
         sigma = np.sqrt(n_new)
@@ -523,6 +535,10 @@ class AddDeltas(Optimizer):
     def step(self, rows: F32, grads: F32) -> None:
         rows += grads
 
+
+Deriving = FTRL | FTRLMixture
+"""The optimizers whose step starts from weights it derives from the rows
+(`derive`), which a push right after a pull can take from the pull."""
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {c.name: c for c in (SGD, AdaGrad, FTRL, CoinBetting, FTRLMixture)}
 

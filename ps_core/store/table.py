@@ -31,7 +31,7 @@ from .change_log import DEFAULT_LOG_KEYS, ChangeLog
 from .eviction import EVICTION_STEP_ROWS, Eviction, Evictor
 from .index import KeyIndex
 from .lifecycle import NO_LIFECYCLE, Admission, CountSketch, Lifecycle
-from .optim import FTRL, Optimizer
+from .optim import FTRL, Deriving, FTRLMixture, Optimizer
 from .pull_cache import PulledRows
 from .push import CheckedPush, PushExtras, admitted, checked_push, sum_duplicates
 from .row_meta import RowMeta
@@ -98,8 +98,8 @@ class SparseTable:
         # the pull) start from `zero_state`, whose derivation is a constant;
         # other initial values would have to be derived per key, so then the
         # push derives everything itself.
-        self._derive: FTRL | None = None
-        if isinstance(self.optimizer, FTRL) and self.config.init_scale == 0.0:
+        self._derive: Deriving | None = None
+        if isinstance(self.optimizer, (FTRL, FTRLMixture)) and self.config.init_scale == 0.0:
             self._derive = self.optimizer
             self._zero_derived = self.optimizer.derive(zero_state, self.dim)
 
