@@ -38,11 +38,13 @@ the sample. tracemalloc counts requested bytes, so small objects are
 understated by pymalloc's rounding; the RSS growth of the sample build is
 printed as a cross-check.
 
-(c) A push's optimizer step, coin against FTRL at the same rows: an LR
-table (dim 1) and an embedding table (dim 8) of each, filled with the same
+(c) A push's optimizer step, two tables against each other at the same rows
+(`STEP_PAIRS`): coin against FTRL at an LR's dim (1) and an embedding's (8),
+and LR's default linear table (a mixture of five FTRL learners, dim 10)
+against one FTRL learner's (dim 1). Both are filled with the same
 `STEP_ROWS` keys, then pushes of 100k existing keys (gradients normal(0,
-0.1)) timed alternately, FTRL's and coin's; milliseconds per push (median)
-and the ratio, with each table's allocated bytes per feature. A push is the
+0.1)) are timed alternately; milliseconds per push (median) and the ratio,
+with each table's allocated bytes per feature. A push is the
 whole `SparseTable.push` (lookup, duplicate sum, gather, step, write-back),
 without a pull before it (so FTRL derives its weights itself).
 
@@ -94,7 +96,15 @@ AIM_BYTES_PER_FEATURE = 36.0
 AIM_RATIO_VS_DICT = 1.0 / 3.0
 STEP_ROWS = 1_000_000
 """Rows of each table whose pushes (c) times."""
-STEP_OPTIMIZERS = ("ftrl", "coin")
+STEP_PAIRS: tuple[tuple[tuple[str, int], tuple[str, int]], ...] = (
+    (("ftrl", 1), ("coin", 1)),
+    (("ftrl", 8), ("coin", 8)),
+    (("ftrl", 1), ("ftrl_mix", 10)),
+)
+"""(optimizer, dim) pairs whose pushes are timed against each other: coin
+against FTRL at an LR's and an embedding's dim, and the default linear
+table (a mixture of five FTRL learners: 10 weights from 15 floats a row)
+against one FTRL learner's (1 weight from 2)."""
 
 
 log = progress_log("bench_index")
@@ -513,35 +523,44 @@ def _pusher(table: SparseTable, grads: F32) -> Callable[[U64], object]:
     return lambda keys: table.push(keys, grads, event_time=1.7e9)
 
 
+def _filled(rng: np.random.Generator, keys: U64, name: str, dim: int) -> SparseTable:
+    """A `dim` table of optimizer `name` holding a row for each of `keys`."""
+    table = SparseTable(TableConfig(f"t_{name}_{dim}", dim, {"name": name}, lifecycle=LIFECYCLE))
+    for i in range(0, keys.size, BATCH):
+        chunk = keys[i : i + BATCH]
+        table.push(chunk, rng.normal(0, 0.1, (chunk.size, dim)).astype(np.float32), event_time=1.7e9)
+    return table
+
+
+def ratio_key(first: tuple[str, int], second: tuple[str, int]) -> str:
+    """The result key of `second`'s push time over `first`'s."""
+    if first[1] == second[1]:
+        return f"push_ratio_{second[0]}_over_{first[0]}_dim{first[1]}"
+    return f"push_ratio_{second[0]}_over_{first[0]}"
+
+
 def bench_push_steps(rng: np.random.Generator, keys: U64, batches: int) -> dict[str, Any]:
-    """Per dim (1, 8): ms per push of `BATCH` existing keys for each of
-    `STEP_OPTIMIZERS` at the same rows, pushes alternating; bytes per feature."""
+    """For each pair of `STEP_PAIRS`: ms per push of `BATCH` existing keys
+    to either table at the same rows, pushes alternating; bytes per feature."""
     keys = keys[:STEP_ROWS]
     out: dict[str, Any] = {"step_rows": int(keys.size)}
-    for dim in (1, 8):
-        tables = {}
-        for name in STEP_OPTIMIZERS:
-            table = SparseTable(TableConfig(f"t_{name}", dim, {"name": name}, lifecycle=LIFECYCLE))
-            for i in range(0, keys.size, BATCH):
-                chunk = keys[i : i + BATCH]
-                table.push(chunk, rng.normal(0, 0.1, (chunk.size, dim)).astype(np.float32), event_time=1.7e9)
-            tables[name] = table
+    for first, second in STEP_PAIRS:
+        tables = [_filled(rng, keys, name, dim) for name, dim in (first, second)]
         pushes = [keys[rng.integers(0, keys.size, BATCH)] for _ in range(batches)]
-        grads = rng.normal(0, 0.1, (BATCH, dim)).astype(np.float32)
-        a, b = (_pusher(tables[n], grads) for n in STEP_OPTIMIZERS)
-        t_first, t_second = time_alternating(a, pushes, b, pushes)
-        for name, times in zip(STEP_OPTIMIZERS, (t_first, t_second)):
-            out[f"push_ms_{name}_dim{dim}"] = statistics.median(times) * 1e3
-            out[f"bytes_per_feature_{name}_dim{dim}"] = tables[name].memory_bytes() / keys.size
-        ratio = statistics.median(t_second) / statistics.median(t_first)
-        out[f"push_ratio_{STEP_OPTIMIZERS[1]}_over_{STEP_OPTIMIZERS[0]}_dim{dim}"] = ratio
+        a, b = (_pusher(t, rng.normal(0, 0.1, (BATCH, t.dim)).astype(np.float32)) for t in tables)
+        times = time_alternating(a, pushes, b, pushes)
+        for (name, dim), table, took in zip((first, second), tables, times):
+            out[f"push_ms_{name}_dim{dim}"] = statistics.median(took) * 1e3
+            out[f"bytes_per_feature_{name}_dim{dim}"] = table.memory_bytes() / keys.size
+        ratio = statistics.median(times[1]) / statistics.median(times[0])
+        out[ratio_key(first, second)] = ratio
         log(
-            f"push of {BATCH:,} keys at {keys.size:,} rows, dim {dim}: "
+            f"push of {BATCH:,} keys at {keys.size:,} rows: "
             + ", ".join(
-                f"{n} {out[f'push_ms_{n}_dim{dim}']:.1f} ms ({out[f'bytes_per_feature_{n}_dim{dim}']:.1f} B/feature)"
-                for n in STEP_OPTIMIZERS
+                f"{n} dim {d} {out[f'push_ms_{n}_dim{d}']:.1f} ms ({out[f'bytes_per_feature_{n}_dim{d}']:.1f} B/feature)"
+                for n, d in (first, second)
             )
-            + f"; {STEP_OPTIMIZERS[1]} {ratio:.2f}x"
+            + f"; {second[0]} {ratio:.2f}x"
         )
         del tables, a, b
         gc.collect()
@@ -664,14 +683,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"rows {dict_index_bpf:.1f}: {result['ratio_vs_dict_index_numpy_rows']:.2f}x "
         f"(aims <= {AIM_BYTES_PER_FEATURE:.0f} B and <= 1/3)"
     )
-    for dim in (1, 8):
-        a, b = STEP_OPTIMIZERS
+    for (a, da), (b, db) in STEP_PAIRS:
         print(
-            f"  push dim {dim}     {a} {result[f'push_ms_{a}_dim{dim}']:.1f} ms, {b} "
-            f"{result[f'push_ms_{b}_dim{dim}']:.1f} ms per {BATCH:,} keys: {b} "
-            f"{result[f'push_ratio_{b}_over_{a}_dim{dim}']:.2f}x; {a} "
-            f"{result[f'bytes_per_feature_{a}_dim{dim}']:.1f} B/feature, {b} "
-            f"{result[f'bytes_per_feature_{b}_dim{dim}']:.1f} (at {result['step_rows']:,} rows)"
+            f"  push           {a} dim {da} {result[f'push_ms_{a}_dim{da}']:.1f} ms, {b} dim {db} "
+            f"{result[f'push_ms_{b}_dim{db}']:.1f} ms per {BATCH:,} keys: {b} "
+            f"{result[ratio_key((a, da), (b, db))]:.2f}x; {a} "
+            f"{result[f'bytes_per_feature_{a}_dim{da}']:.1f} B/feature, {b} "
+            f"{result[f'bytes_per_feature_{b}_dim{db}']:.1f} (at {result['step_rows']:,} rows)"
         )
     if sample < n:
         print(f"  (dict memory extrapolated per feature from a {sample:,}-key sample)")

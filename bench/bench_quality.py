@@ -6,13 +6,15 @@ validation).
 Learners:
 
 - ``ctrps_lr`` and ``ctrps_fm``: ``ps_core.Learner``, the worker's own async
-  training step (hashing, mini-batches of 256, FTRL / the FM's defaults,
+  training step (hashing, mini-batches of 256, the linear part's mixture of
+  FTRL learners and the FM's AdaGrad embeddings, its defaults,
   numeric features as ``sign(x) log1p(|x|)``, the default) in this process:
   the same training code as a worker, without Kafka or shards;
   ``ctrps_lr_raw`` and ``ctrps_fm_raw``: the same with numeric features fed
   as sent (``--numeric raw``), the sweep that chose the default;
   ``ctrps_lr_coin``: LR with coin betting at its defaults, the optimizer
-  without a learning rate.
+  without a learning rate; ``ctrps_lr_ftrl``: LR with one FTRL learner
+  (the former default) where the default is a mixture of five.
 - ``vw``: Vowpal Wabbit through its Python API (``--loss_function logistic
   --link logistic -b 22``, its default adaptive, normalized updates), one
   example at a time; categoricals as ``name=value`` tokens, numbers as
@@ -86,6 +88,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             a["fm_logloss_le_lr"] = r["ctrps_fm"]["logloss"] <= r["ctrps_lr"]["logloss"]
         if "ctrps_lr_coin" in r and "ctrps_lr" in r:
             a["lr_coin_logloss_ratio_vs_lr"] = r["ctrps_lr_coin"]["logloss"] / r["ctrps_lr"]["logloss"]
+        if "ctrps_lr_ftrl" in r and "ctrps_lr" in r:
+            # The mixture of learners against one of them: what it gains, what it costs.
+            a["lr_logloss_ratio_vs_one_ftrl"] = r["ctrps_lr"]["logloss"] / r["ctrps_lr_ftrl"]["logloss"]
+            a["lr_events_per_s_ratio_vs_one_ftrl"] = r["ctrps_lr"]["events_per_s"] / r["ctrps_lr_ftrl"]["events_per_s"]
         if "ctrps_lr_raw" in r and "ctrps_lr" in r:
             # The default numeric handling against the other: the sweep's verdict.
             a["lr_default_numeric_logloss_ratio_vs_raw"] = r["ctrps_lr"]["logloss"] / r["ctrps_lr_raw"]["logloss"]

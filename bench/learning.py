@@ -113,12 +113,16 @@ def run_river(kind: str, events: Events) -> tuple[np.ndarray, float]:
     return out, time.perf_counter() - t0
 
 
+ONE_FTRL: dict[str, Any] = {"name": "ftrl", "alpha": 0.2, "beta": 0.1, "l1": 0.5, "l2": 1.0}
+"""One FTRL learner: the linear default until the mixture of learners took its place."""
+
 LEARNERS: dict[str, Callable[[Events], tuple[np.ndarray, float]]] = {
     "ctrps_lr": lambda ev: run_ctrps("lr", ev),
     "ctrps_fm": lambda ev: run_ctrps("fm", ev),
     "ctrps_lr_raw": lambda ev: run_ctrps("lr", ev, "raw"),
     "ctrps_fm_raw": lambda ev: run_ctrps("fm", ev, "raw"),
     "ctrps_lr_coin": lambda ev: run_ctrps("lr", ev, optimizer={"name": "coin"}),
+    "ctrps_lr_ftrl": lambda ev: run_ctrps("lr", ev, optimizer=ONE_FTRL),
     "vw": run_vw,
     "river_lr": lambda ev: run_river("lr", ev),
     "river_fm": lambda ev: run_river("fm", ev),

@@ -141,11 +141,13 @@ def _finite(grads: dict[str, F32]) -> bool:
 
 def _only(sub: EventBatch, plan: BatchPlan, dlogit: F64, keep: npt.NDArray[np.bool_]) -> tuple[EventBatch, F64]:
     """`sub` and its dLoss/dlogit with the events not kept taking no part:
-    their values and dlogit 0 (by `np.where`, so an infinity or NaN of theirs
-    is not multiplied into anything), so each model's gradients are the sum
-    of the kept events' own (a model's gradient is per event, then summed)."""
+    their values, weights and dlogit 0 (by `np.where`, so an infinity or NaN
+    of theirs is not multiplied into anything), so each model's gradients are
+    the sum of the kept events' own (a model's gradient is per event, then
+    summed; a mixture's learners weigh each event by its weight)."""
     values = np.where(keep[plan.event_of], sub.values, np.float32(0))
-    return replace(sub, values=values), np.where(keep, dlogit, 0.0)
+    weights = np.where(keep, sub.weights, np.float32(0))
+    return replace(sub, values=values, weights=weights), np.where(keep, dlogit, 0.0)
 
 
 def _untrainable(model: Model, sub: EventBatch, plan: BatchPlan, weights: dict[str, F32], dlogit: F64) -> I64:

@@ -190,14 +190,26 @@ async def train(client: PSClient, model: Model, events: list[dict[str, Any]], ro
 
 def by_hand(rows: list[dict[str, Any]], model: Model) -> float:
     """A probability from `/v1/weights` rows: LR's sum of w·x, plus FM's
-    pairwise term over the non-bias features."""
+    pairwise term over the non-bias features. A mixture of K learners (the
+    default linear optimizer) has each learner's logit so, its weight the
+    k-th of a row (the pairs shared), and mixes their probabilities,
+    p = sum_k pi_k sigmoid(z_k), by pi_k ∝ exp(-cap m_k), m the bias row's
+    last K columns."""
     w_table, *v_table = model.table_names
     x = np.array([r["value"] for r in rows], dtype=np.float64)
-    logit = sum(r["weights"][w_table][0] * r["value"] for r in rows)
+    w = np.array([r["weights"][w_table] for r in rows], dtype=np.float64)
+    k = 1 if model.mixture is None else model.mixture.learners
+    assert w.shape == (len(rows), 1 if model.mixture is None else 2 * k)
+    z = x @ w[:, :k]  # (K,) the learners' logits
     if v_table:
         v = np.array([r["weights"][v_table[0]] for r in rows[1:]], dtype=np.float64) * x[1:, None]
-        logit += 0.5 * float(((v.sum(axis=0) ** 2) - (v**2).sum(axis=0)).sum())
-    return 1.0 / (1.0 + math.exp(-logit))
+        z += 0.5 * float(((v.sum(axis=0) ** 2) - (v**2).sum(axis=0)).sum())
+    p = 1.0 / (1.0 + np.exp(-z))
+    if model.mixture is None:
+        return float(p[0])
+    a = -model.mixture.cap * w[0, k:]  # rows[0] is the event's bias
+    pi = np.exp(a - a.max())
+    return float(pi @ p / pi.sum())
 
 
 # -- predictions and weights ---------------------------------------------------------
@@ -206,6 +218,7 @@ def by_hand(rows: list[dict[str, Any]], model: Model) -> float:
 @pytest.mark.parametrize("kind", ["lr", "fm"])
 async def test_predict_equals_a_prediction_by_hand_from_weights(make_api: MakeApi, kind: str) -> None:
     api = await make_api(kind)
+    assert api.model.mixture is not None and api.model.mixture.learners == 5  # the default linear optimizer
     rng = np.random.default_rng(11)
     await train(api.client, api.model, synthetic_events(rng, 300))
     probe = synthetic_events(rng, 12) + [{"features": {"site": "never-seen", "price": 1.0}}]
@@ -269,11 +282,15 @@ async def test_weights_name_every_feature_and_flag_absent_ones(make_api: MakeApi
     # Absent features read their initial values: 0 for the linear part, the
     # key's deterministic init for the embeddings.
     w_cfg, v_cfg = api.model.tables()
+    assert w_cfg.dim == 10  # the default mixture: 5 learners' weights, then their 5 log-weights
     for r in rows[7:]:
-        assert r["weights"]["ctr_w"] == [0.0]
+        assert r["weights"]["ctr_w"] == [0.0] * 10
         expect = SparseTable(v_cfg).initial_weights(np.array([r["key"]], dtype=np.uint64))[0]
         assert r["weights"]["ctr_v"] == pytest.approx(expect.tolist(), abs=0)
-    assert any(r["weights"]["ctr_w"] != [0.0] for r in rows[:7])
+    assert any(r["weights"]["ctr_w"][:5] != [0.0] * 5 for r in rows[:7])
+    # The learners' log-weights: the bias row's only (their losses, less the smallest).
+    assert min(rows[0]["weights"]["ctr_w"][5:]) == 0.0 < max(rows[0]["weights"]["ctr_w"][5:])
+    assert all(r["weights"]["ctr_w"][5:] == [0.0] * 5 for r in rows[1:7])
     # Only the bias: an empty features object is a valid event.
     status, only_bias = await api.call("POST", "/v1/weights", {"features": {}})
     assert status == 200 and [r["feature"] for r in only_bias["weights"]] == ["(bias)"]
@@ -543,6 +560,39 @@ async def test_a_coin_model_is_created_with_its_stakes_and_a_bad_one_refused(mak
     assert sorted(m["name"] for m in (await api.call("GET", "/v1/models"))[1]["models"]) == ["bets", "ctr"]
 
 
+async def test_a_mixture_model_is_created_with_its_learners_and_a_bad_one_refused(
+    make_api: MakeApi, tmp_path: Path
+) -> None:
+    """A linear optimizer ``ftrl_mix`` sizes the linear table 2K (K
+    learners' weights, then their log-weights); a mixture of learners is
+    no embedding optimizer, and learners named wrong are refused naming why."""
+    api = await make_api(admin_token=TOKEN, exports=tmp_path)
+    mix = {"name": "ftrl_mix", "alpha_1": 0.02, "alpha_2": 0.2, "l1_2": 2}
+    status, got = await api.call("POST", "/v1/models", {"name": "mix", "type": "fm", "optimizer": mix}, headers=ADMIN)
+    assert status == 201, got
+    tables = {t["name"]: t for t in got["model"]["tables"]}
+    assert tables["mix_w"]["dim"] == 4 and tables["mix_v"]["dim"] == 8
+    assert tables["mix_w"]["optimizer"] == {
+        "name": "ftrl_mix",
+        **{"alpha_1": 0.02, "l1_1": 0.5, "alpha_2": 0.2, "l1_2": 2.0, "beta": 0.1, "l2": 1.0, "cap": 32.0},
+    }
+    status, got = await api.call("POST", "/v1/models", {"name": "mix3", "optimizer": "ftrl_mix"}, headers=ADMIN)
+    assert status == 201 and got["model"]["tables"][0]["dim"] == 10, got  # the 5 default learners
+    for bad, named in (
+        ({"optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "l1_2": 1}}, "l1_2 without its alpha_i"),
+        ({"optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_3": 0.1}}, "without gaps"),
+        ({"optimizer": {"name": "ftrl_mix", "lr": 0.1}}, "lr"),
+        ({"optimizer": {"name": "ftrl_mix", **{f"alpha_{i}": 0.1 for i in range(1, 8)}}}, "alpha_7"),
+        ({"optimizer": {"name": "ftrl_mix", "alpha_1": -1}}, "$.optimizer.alpha_1"),
+        # An embedding table of 10 would pass for the mixture of 5: refused all the same.
+        ({"type": "fm", "factors": 10, "embedding_optimizer": "ftrl_mix"}, "nope_v: ftrl_mix"),
+        ({"type": "fm", "embedding_optimizer": "ftrl_mix"}, "nope_v: ftrl_mix"),
+    ):
+        status, got = await api.call("POST", "/v1/models", {"name": "nope", **bad}, headers=ADMIN)
+        assert (status, got["error"]) == (400, "bad_request") and named in got["detail"], (bad, got)
+    assert sorted(m["name"] for m in (await api.call("GET", "/v1/models"))[1]["models"]) == ["ctr", "mix", "mix3"]
+
+
 NO_BETA = {"name": "ftrl", "beta": 5e-324, "l2": 0}
 
 
@@ -638,7 +688,8 @@ async def test_model_info_and_metrics_report_what_was_trained(make_api: MakeApi)
     assert info["update_mode"] == "async"
     assert {t: info["tables"][t]["features"] for t in features} == features
     assert info["tables"]["ctr_v"]["dim"] == 8 and info["tables"]["ctr_v"]["optimizer"]["name"] == "adagrad"
-    assert info["tables"]["ctr_w"]["optimizer"]["name"] == "ftrl" and info["tables"]["ctr_w"]["declared"]
+    assert info["tables"]["ctr_w"]["optimizer"]["name"] == "ftrl_mix" and info["tables"]["ctr_w"]["declared"]
+    assert info["tables"]["ctr_w"]["dim"] == 10  # the default mixture of 5 learners
     # One trainer, pulling before each push: 3 pushes per table and shard, none stale.
     assert info["tables"]["ctr_v"]["mode"] == "async"
     assert info["tables"]["ctr_v"]["staleness"] == {"pushes": 6, "mean": 0.0, "down_weighted": 0, "max_staleness": None}
@@ -688,7 +739,8 @@ async def test_model_info_and_metrics_report_the_lifecycle(make_api: MakeApi) ->
     api = await make_api()
     lc = Lifecycle(admit="count:2", max_rows=40, low_water=0.5)
     for shard in api.shards:
-        assert shard.configure(TableConfig("ctr_w", 1, dict(api.model.tables()[0].optimizer), lifecycle=lc))
+        linear = api.model.tables()[0]
+        assert shard.configure(TableConfig("ctr_w", linear.dim, dict(linear.optimizer), lifecycle=lc))
     events = synthetic_events(np.random.default_rng(5), 200)
     await train(api.client, api.model, events)
     await train(api.client, api.model, events)

@@ -30,6 +30,7 @@ from app.config.worker import WorkerSettings, worker_config
 from consumers.broker import free_port
 from consumers.worker import WorkerConfig
 from ps_core.checkpoint.control import ControlClient
+from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.net.transports import TcpTransport
@@ -234,6 +235,20 @@ def test_table_spec_declares_a_coin_table() -> None:
         parse_optimizer("wealth=2")
 
 
+def test_table_spec_declares_a_mixture_table() -> None:
+    cfg = parse_table_spec("lr,dim=4,optimizer=ftrl_mix,alpha_1=0.1,alpha_2=0.3,l1_2=2,cap=8")
+    assert cfg.optimizer == {
+        "name": "ftrl_mix",
+        **{"alpha_1": 0.1, "l1_1": 0.5, "alpha_2": 0.3, "l1_2": 2.0, "beta": 0.1, "l2": 1.0, "cap": 8.0},
+    }
+    assert SparseTable(cfg).width == 6  # [z, n, m] per learner
+    got = parse_optimizer("ftrl_mix,alpha_1=0.1,l1_1=2,alpha_2=0.4")
+    assert got == {"name": "ftrl_mix", "alpha_1": 0.1, "l1_1": 2.0, "alpha_2": 0.4}
+    assert make_model("lr", "ctr", optimizer=got).tables()[0].dim == 4  # the model sizes its table: 2K
+    with pytest.raises(ValueError, match="one of sgd, adagrad, ftrl, coin, ftrl_mix"):
+        parse_optimizer("alpha_1=0.1")
+
+
 def test_table_spec_tolerates_spaces_and_empty_parts() -> None:
     assert parse_table_spec(" lr , dim=2 ,, optimizer=sgd ,") == TableConfig("lr", dim=2, optimizer={"name": "sgd"})
 
@@ -256,6 +271,12 @@ def test_table_spec_tolerates_spaces_and_empty_parts() -> None:
         ("lr,optimizer=ftrl,alpha=0", "ftrl needs alpha >= 1e-12"),
         ("lr,optimizer=coin,wealth=-1", "coin needs wealth, lipschitz, scale >= 1e-12"),
         ("lr,optimizer=coin,alpha=0.1", "bad coin hyperparameters"),
+        ("lr,optimizer=ftrl_mix", "a mixture of 5 learners has 10 weights a row, not 1"),
+        ("lr,dim=4,optimizer=ftrl_mix,alpha_1=0.1,alpha_2=0.2,alpha_3=0.3", "a mixture of 3 learners has 6"),
+        ("lr,dim=10,optimizer=ftrl_mix,l1_2=1", "ftrl_mix: l1_2 without its alpha_i"),
+        ("lr,dim=4,optimizer=ftrl_mix,alpha_1=0.1,alpha_3=1", "numbered 1..K without gaps, got alpha_[1, 3]"),
+        ("lr,dim=2,optimizer=ftrl_mix,alpha_1=0.1,lr=1", "ftrl_mix has no hyperparameter lr"),
+        ("lr,dim=14,optimizer=ftrl_mix," + ",".join(f"alpha_{i}=1" for i in range(1, 8)), "no hyperparameter alpha_7"),
         ("bad name", "bad table name"),
     ],
 )

@@ -33,19 +33,28 @@ def ctrps(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_show_prints_a_versions_summary_and_its_largest_weights(tmp_path: Path) -> None:
-    model = LogisticRegression("ctr")
+    model = LogisticRegression("ctr")  # the default: a mixture of 5 learners, dim 10
+    k = model.tables()[0].dim // 2
     shards = [Shard(ShardSpec(i, 2), model.tables()) for i in range(2)]
     client = PSClient.local(shards)
     hasher = FeatureHasher("ctr")
     events = [{"features": {"site": f"s{i % 7}", "price": float(i % 3)}, "label": int(i % 7 == 0)} for i in range(200)]
     batch, _ = hasher.featurize(events)
     keys = np.unique(batch.keys)
-    grads = np.random.default_rng(1).normal(0, 1, keys.size).astype(np.float32)
+    grads = np.zeros((keys.size, 2 * k), np.float32)
+    grads[:, :k] = np.random.default_rng(1).normal(0, 1, keys.size)[:, None]  # each learner the same
+    # The learners' losses on the bias row: its log-weights (up to 1) are no
+    # feature's weight, larger than any learner's here; they are not ranked.
+    bias = hasher.featurize([{"features": {}}], require_label=False)[0].keys[0]
+    grads[keys == bias, k:] = np.arange(k) * 16.0
     await client.push("ctr_w", keys, grads)
     config = {"name": "ctr", "tables": [t.to_dict() for t in model.tables()]}
     snaps = {s.spec.shard_id: [t.snapshot(None) for t in s.tables.values()] for s in shards}
     write_version(tmp_path, "ctr", 1, None, snaps, {"clicks": {0: 200}}, config, 2)
-    await client.push("ctr_w", keys[:3], np.full(3, 50.0, np.float32))  # the 3 largest, in the delta
+    top3 = np.zeros((3, 2 * k), np.float32)
+    top3[:, :k] = 50.0
+    largest = keys[keys != bias][:3]
+    await client.push("ctr_w", largest, top3)  # the 3 largest, in the delta
     snaps = {s.spec.shard_id: [t.snapshot(1) for t in s.tables.values()] for s in shards}
     write_version(tmp_path, "ctr", 2, 1, snaps, {"clicks": {0: 250}}, config, 2, serving_precision="f16")
     names = tmp_path / "sample.jsonl"
@@ -63,7 +72,7 @@ async def test_show_prints_a_versions_summary_and_its_largest_weights(tmp_path: 
     assert len(top) == 4 and [abs(t["weights"][0]) for t in top] == sorted(
         (abs(t["weights"][0]) for t in top), reverse=True
     )
-    assert {t["key"] for t in top[:3]} == set(keys[:3].tolist())  # the delta's 50s
+    assert {t["key"] for t in top[:3]} == set(largest.tolist())  # the delta's 50s, not the bias's log-weights
     for t in top:
         assert abs(t["weights"][0] - model_weights[t["key"]]) <= 2e-3 * max(1.0, abs(model_weights[t["key"]]))
     named = {t["feature"] for t in top if t["feature"] is not None}

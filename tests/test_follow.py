@@ -30,6 +30,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from commands import ctrps_process
 from documents import validate
+from training import FTRL
 from waiting import until
 
 import app.api.follower as follower_module
@@ -92,8 +93,9 @@ class Trainer:
     """What the versions' serving files hold the weights in."""
 
     @classmethod
-    def new(cls, root: Path, kind: str = "lr", num_shards: int = 2) -> Trainer:
-        model = make_model(kind, "ctr")
+    def new(cls, root: Path, kind: str = "lr", num_shards: int = 2, **optimizers: Any) -> Trainer:
+        """`optimizers`: the model's (`make_model`), if not its defaults."""
+        model = make_model(kind, "ctr", **optimizers)
         shards = [Shard(ShardSpec(i, num_shards), model.tables()) for i in range(num_shards)]
         return cls(root, model, shards, PSClient.local(shards))
 
@@ -113,12 +115,17 @@ class Trainer:
             for t, g in grads.items():
                 await self.client.push(t, plan.keys, g, counts=plan.counts(b.labels))
 
-    def evict(self, batch: list[dict[str, Any]]) -> None:
-        """Delete the features of `batch` from every table (an eviction)."""
+    def evict(self, batch: list[dict[str, Any]], *, keep_bias: bool = False) -> None:
+        """Delete the features of `batch` from every table (an eviction);
+        with `keep_bias`, all but the bias (a mixture's keeps its
+        learners' log-weights)."""
         b, _ = self.model.hasher().featurize(batch, require_label=False)
+        gone = np.unique(b.keys)
+        if keep_bias:
+            gone = np.setdiff1d(gone, b.keys[b.offsets[:-1]])
         for shard in self.shards:
             for table in shard.tables.values():
-                table.delete(np.unique(b.keys))
+                table.delete(gone)
 
     async def predict(self, probe: list[dict[str, Any]]) -> F64:
         """What the model predicts from the trainer's shards now."""
@@ -321,16 +328,33 @@ async def test_a_replica_started_on_a_chain_loads_it_whole(tmp_path: Path, make_
     assert (info["follow"]["bases_loaded"], info["follow"]["deltas_applied"]) == (1, 0)
 
 
-@pytest.mark.parametrize("kind", ["lr", "fm"])
+MIX = {"name": "ftrl_mix"}
+"""The 5 default FTRL learners: a linear table of 10 weights a key, the bias
+row's last 5 its learners' log-weights, in units of 32 nats (the default
+cap), which share the bias row's int8 exponent."""
+
+
+@pytest.mark.parametrize(
+    ("kind", "optimizers"),
+    [("lr", {"optimizer": FTRL}), ("fm", {"optimizer": FTRL}), ("lr", {"optimizer": MIX}), ("fm", {"optimizer": MIX})],
+    ids=["lr-ftrl", "fm-ftrl", "lr-ftrl_mix", "fm-ftrl_mix"],
+)
 @pytest.mark.parametrize(("precision", "tolerance", "per_value"), [("f16", 1e-3, 2), ("int8", 1e-2, 1)])
 async def test_a_replica_serves_a_quantized_export_close_to_the_float32_trainer(
-    tmp_path: Path, make_replica: MakeReplica, kind: str, precision: str, tolerance: float, per_value: int
+    tmp_path: Path,
+    make_replica: MakeReplica,
+    kind: str,
+    optimizers: dict[str, Any],
+    precision: str,
+    tolerance: float,
+    per_value: int,
 ) -> None:
     """Stated tolerance: a float16 replica predicts within 0.001 of the
     float32 trainer, an int8 one within 0.01 (absolute, on probabilities),
     through a base and deltas with deletions; it holds 8 bytes of key and
-    `per_value` of weight per value (int8: and one exponent per bucket)."""
-    trainer = Trainer.new(tmp_path, kind)
+    `per_value` of weight per value (int8: and one exponent per bucket).
+    A mixture's too, whose bias row holds its learners' log-weights."""
+    trainer = Trainer.new(tmp_path, kind, **optimizers)
     trainer.precision = precision
     replica = await make_replica(trainer.model_dir, trainer.model)
     rng = np.random.default_rng(3)
@@ -340,13 +364,17 @@ async def test_a_replica_serves_a_quantized_export_close_to_the_float32_trainer(
         if version > 1:
             batch = events(rng, 150, sites=30)
             await trainer.train(batch)
-            trainer.evict(batch[:5])
+            trainer.evict(batch[:5], keep_bias=True)  # a mixture's bias row holds its log-weights
             await trainer.cut()
         assert await replica.follower.poll() is True
         got, model_version = await replica.predict(PROBE)
         assert model_version == version
         gap = np.abs(got - trainer.expected[version])
         assert gap.max() <= tolerance, (version, gap.max())
+        if trainer.model.mixture is not None:  # its learners' log-weights, kept and served
+            b, _ = trainer.model.hasher().featurize(PROBE[:1], require_label=False)
+            bias = (await trainer.client.pull("ctr_w", b.keys[:1]))[0, trainer.model.mixture.learners :]
+            assert np.ptp(bias) > 0.1, bias
         assert gap.max() > 0  # rounded indeed: not the float32 weights
     status, info = await replica.call("GET", "/v1/model")
     assert info["precision"] == precision
@@ -363,7 +391,8 @@ async def test_a_replica_serves_a_quantized_export_close_to_the_float32_trainer(
 
 
 async def test_a_replica_reads_and_holds_weights_only(tmp_path: Path, make_replica: MakeReplica) -> None:
-    # FM: an FTRL linear table and an AdaGrad embedding table, both with state.
+    # FM: a linear table of the default mixture of 5 FTRL learners and an
+    # AdaGrad embedding table, both with state.
     trainer = await trained(tmp_path, "fm")
     for info in list_versions(trainer.model_dir):
         manifest = read_manifest(info.path)
@@ -383,9 +412,12 @@ async def test_a_replica_reads_and_holds_weights_only(tmp_path: Path, make_repli
         assert table.values.dtype == np.float32 and table.values.shape == (len(table), table.dim)
         assert table.memory_bytes() - table.state.directory.nbytes == len(table) * (8 + 4 * table.dim)
         held = trainer.shards[0].tables[name]
-        assert held.width == 2 * held.dim  # the trainers': weights and optimizer state
+        # The trainers' optimizer state: z, n and m per learner (the weights
+        # derived from them); AdaGrad's weight and sum of squares per column.
+        assert held.width == {"ctr_w": 3 * 5, "ctr_v": 2 * held.dim}[name]
     status, info = await replica.call("GET", "/v1/model")
-    assert info["tables"]["ctr_w"]["optimizer"]["name"] == "ftrl"  # as the trainers declared it
+    assert info["tables"]["ctr_w"]["optimizer"]["name"] == "ftrl_mix"  # as the trainers declared it
+    assert info["tables"]["ctr_w"]["dim"] == 10 and shard.tables["ctr_w"].dim == 10
     assert info["tables"]["ctr_v"]["optimizer"]["name"] == "adagrad"
 
 
@@ -611,6 +643,14 @@ def test_model_from_manifest_infers_the_kind_from_the_tables(tmp_path: Path) -> 
         model_from_manifest(manifest((TableConfig("lr"), TableConfig("fm_v", 4)), {}))
     with pytest.raises(ValueError, match="not those of a lr model"):
         model_from_manifest(manifest((TableConfig("ctr_w", 2),), {}))
+    # A mixture's linear table (dim 2K) is its linear part, whatever K.
+    for mixed in (LogisticRegression("ctr", optimizer=MIX), FactorizationMachine("ctr", k=4, optimizer=MIX)):
+        got = model_from_manifest(manifest(mixed.tables(), {"name": "ctr"}))
+        assert type(got) is type(mixed) and got.tables() == mixed.tables() and got.mixture is not None
+    # Embeddings of a mixture (a table of 2K passes for one): not a model's.
+    odd = (TableConfig("ctr_w", 1), TableConfig("ctr_v", 10, {"name": "ftrl_mix"}))
+    with pytest.raises(ValueError, match="ctr_v: ftrl_mix mixes the linear table's learners"):
+        model_from_manifest(manifest(odd, {}))
     # An empty directory: the given model.
     assert model_of_exports(tmp_path / "nothing", lr) is lr
 

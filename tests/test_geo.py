@@ -39,12 +39,13 @@ from ps_core.net.change_feed import ChangeFeed
 from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec
 from ps_core.store.change_log import ChangeLog
-from ps_core.store.optim import FTRL, AdaGrad, CoinBetting
+from ps_core.store.optim import FTRL, AdaGrad, CoinBetting, FTRLMixture, Optimizer
 from ps_core.store.table_config import TableConfig
 from ps_core.synthetic import SyntheticStream
 
 SGD = {"name": "sgd", "lr": 0.1}
 COIN = {"name": "coin", "wealth": 0.1}
+MIX = {"name": "ftrl_mix", "alpha_1": 0.02, "alpha_2": 0.2, "l1_2": 2.0}
 
 
 def _shards(tables: tuple[TableConfig, ...], n: int = 2) -> list[Shard]:
@@ -182,19 +183,27 @@ async def test_rows_the_shards_removed_or_replaced_are_read_again() -> None:
 
 
 @pytest.mark.parametrize(
-    "optimizer", [FTRL(alpha=0.1, l1=0.5), AdaGrad(lr=0.1), CoinBetting(wealth=2.0, lipschitz=0.5)]
+    ("optimizer", "state"),
+    [
+        (FTRL(alpha=0.1, l1=0.5), slice(4, None)),
+        (AdaGrad(lr=0.1), slice(4, None)),
+        (CoinBetting(wealth=2.0, lipschitz=0.5), slice(4, None)),
+        # 2 learners' [z, n, m]: n is the state; m is among its weights.
+        (FTRLMixture(alpha_1=0.1, alpha_2=0.3, l1_2=0.0), slice(2, 4)),
+    ],
+    ids=["ftrl", "adagrad", "coin", "ftrl_mix"],
 )
-def test_setting_weights_keeps_the_optimizer_state(optimizer: FTRL | AdaGrad | CoinBetting) -> None:
+def test_setting_weights_keeps_the_optimizer_state(optimizer: Optimizer, state: slice) -> None:
     rng = np.random.default_rng(2)
     rows = optimizer.rows_from_weights(rng.normal(size=(64, 4)).astype(np.float32))
     for _ in range(5):
         optimizer.step(rows, rng.normal(size=(64, 4)).astype(np.float32))
-    state = rows[:, 4:].copy()
+    kept = rows[:, state].copy()
     w = rng.normal(size=(64, 4)).astype(np.float32)
     w[::7] = 0.0
     optimizer.set_weights(rows, w)
     np.testing.assert_allclose(optimizer.weights(rows, 4), w, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(rows[:, 4:], state)
+    np.testing.assert_array_equal(rows[:, state], kept)
 
 
 async def _progressive(
@@ -249,6 +258,8 @@ async def _progressive(
         ("fm", 0, {}),
         ("lr", 64, {}),
         pytest.param("fm", 64, {"optimizer": COIN, "embedding_optimizer": COIN}, id="fm-coin"),
+        pytest.param("lr", 64, {"optimizer": MIX}, id="lr-ftrl_mix"),
+        pytest.param("fm", 0, {"optimizer": MIX}, id="fm-ftrl_mix"),
     ],
 )
 async def test_one_geo_worker_trains_exactly_as_one_async_worker(

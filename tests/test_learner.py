@@ -18,6 +18,7 @@ from commands import as_a_user, ctrps_process
 from hypothesis import given
 from hypothesis import strategies as st
 from site_pages import guide_section
+from training import FTRL
 from waiting import until
 
 from consumers.training import AsyncTraining
@@ -65,6 +66,43 @@ async def test_a_learner_learns_what_a_worker_learns(kind: str) -> None:
     p = learner.predict(probe)
     assert p.shape == (100,) and ((p > 0) & (p < 1)).all()
     assert learner.events_learnt == 6000 and got.auc > 0.6  # better than chance after 6,000 events
+
+
+# The pill's loss overflows float32 in the gradients' cast, as it would in a
+# worker (where numpy warns): that is what the worker must catch.
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+async def test_a_mixture_worker_leaves_out_an_untrainable_event_and_its_loss() -> None:
+    """A mixture's learners weigh each event by its weight, losses included
+    (the bias row's log-weights): an event whose loss overflows (weight
+    1000 on a feature a restored model holds near float32's largest) is
+    left out whole, and the model learns as from the other events alone."""
+    model = make_model("lr", "m", optimizer={"name": "ftrl_mix", "alpha_1": 0.02, "alpha_2": 0.2, "l1_2": 2.0})
+    hasher = FeatureHasher("m")
+    good = SyntheticStream(seed=3).batch(100)
+    pill = {"label": 0, "weight": 1000, "keys": [7], "features": {"site": "x"}}
+
+    async def learnt(events: list[dict[str, Any]]) -> tuple[AsyncTraining, Shard]:
+        shard = Shard(tables=model.tables())
+        table = shard.tables["m_w"]
+        huge = table.optimizer.rows_from_weights(np.array([[5e37, 2e38, 0, 0]], dtype=np.float32))
+        table.load_rows(np.array([7], dtype=np.uint64), huge, [0], [0], [0], [0])
+        training = AsyncTraining(PSClient.local([shard]), model, WorkerStats(), 16, ramp=0)
+        batch, errors = hasher.featurize(events)
+        assert not errors
+
+        async def pieces() -> AsyncIterator[EventBatch]:
+            yield batch
+
+        await training.train(pieces(), _NoWindow())  # type: ignore[arg-type]
+        return training, shard
+
+    # In the last mini-batch (of 16 events): the others are the same.
+    (with_pill, shard), (_, alone) = await learnt(good[:98] + [pill] + good[98:]), await learnt(good)
+    assert [i for i, _ in with_pill.untrainable] == [98]
+    keys = model.plan(hasher.featurize(good)[0]).keys
+    got = shard.tables["m_w"].pull(keys)
+    np.testing.assert_array_equal(got, alone.tables["m_w"].pull(keys))
+    assert np.isfinite(got).all() and np.count_nonzero(got[:, 2:].any(axis=1)) == 1  # the bias's log-weights
 
 
 def test_refused_events_are_skipped_and_named() -> None:
@@ -154,6 +192,10 @@ COIN_EMBEDDINGS = {"name": "coin", "wealth": 0.1, "scale": 1.0}
 linear part (log loss above the constant model's on the synthetic stream)."""
 
 
+MIX = {"name": "ftrl_mix", "alpha_1": 0.02, "alpha_2": 0.2, "l1_2": 2.0}
+"""A mixture of 2 FTRL learners: its linear table of dim 4."""
+
+
 def _constant_logloss(events: list[dict[str, Any]]) -> float:
     """The log loss of the best constant prediction (the stream's click rate)."""
     p = float(np.mean([e["label"] for e in events]))
@@ -186,6 +228,8 @@ def test_an_fm_with_coin_embeddings_learns_them() -> None:
         ("fm", {}),
         pytest.param("lr", {"optimizer": COIN}, id="lr-coin"),
         pytest.param("fm", {"optimizer": COIN, "embedding_optimizer": COIN_EMBEDDINGS}, id="fm-coin"),
+        pytest.param("lr", {"optimizer": MIX}, id="lr-ftrl_mix"),
+        pytest.param("fm", {"optimizer": MIX}, id="fm-ftrl_mix"),
     ],
 )
 def test_a_saved_learner_loads_and_learns_on_as_it_would_have(
@@ -233,24 +277,39 @@ def test_loading_where_nothing_was_saved_names_the_directory(tmp_path: Path) -> 
         Learner.load(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("made_with", "name", "dim", "width"),
+    [
+        pytest.param(None, "ftrl_mix", 10, 15, id="mixture"),  # today's: 5 learners, [z, n, m] each
+        pytest.param(FTRL, "ftrl", 1, 2, id="ftrl"),  # the default before: [z, n]
+    ],
+)
 def test_a_saved_model_keeps_its_optimizer_when_the_default_changes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made_with: dict[str, Any] | None, name: str, dim: int, width: int
 ) -> None:
     """A model is stored with its optimizer spelt out: restored after the
-    default linear optimizer changed, it is still the one it was made with."""
-    learner = Learner("fm")  # the defaults of today
-    learner.learn(SyntheticStream(seed=3).batch(500))
+    default linear optimizer changed, it is still the one it was made with
+    (a model of today's default, a mixture, and one of the FTRL default
+    before it, restored under today's)."""
+    with monkeypatch.context() as then:
+        if made_with is not None:
+            then.setattr(models, "DEFAULT_LINEAR_OPTIMIZER", made_with)
+        learner = Learner("fm")  # the defaults of the day
+        learner.learn(SyntheticStream(seed=3).batch(500))
     learner.save(tmp_path)
     spec = ModelSpec.of(learner.model)
     declaration, recipe = orjson.loads(orjson.dumps(spec.to_dict())), spec.recipe()
     before = {t.name: t.optimizer for t in learner.model.tables()}
-    assert before["ctr_w"]["name"] == "ftrl"
-    monkeypatch.setattr(models, "DEFAULT_LINEAR_OPTIMIZER", COIN)
-    monkeypatch.setattr(models, "DEFAULT_EMBEDDING_OPTIMIZER", COIN)
-    assert make_model("fm", "ctr").tables()[0].optimizer["name"] == "coin"  # the patch reaches new models
+    assert before["ctr_w"]["name"] == name and learner.model.tables()[0].dim == dim
+    if made_with is None:
+        monkeypatch.setattr(models, "DEFAULT_LINEAR_OPTIMIZER", COIN)
+        monkeypatch.setattr(models, "DEFAULT_EMBEDDING_OPTIMIZER", COIN)
+    now = make_model("fm", "ctr").tables()[0].optimizer["name"]
+    assert now != name and now == ("coin" if made_with is None else "ftrl_mix")  # new models differ
     loaded = Learner.load(tmp_path)
     assert {t.name: t.optimizer for t in loaded.model.tables()} == before
-    assert loaded.tables["ctr_w"].optimizer.name == "ftrl" and loaded.tables["ctr_w"].width == 2
+    assert loaded.tables["ctr_w"].optimizer.name == name and loaded.tables["ctr_w"].width == width
+    assert _state_by_key(loaded.tables["ctr_w"]) == _state_by_key(learner.tables["ctr_w"])
     assert {t.name: t.optimizer for t in ModelSpec.from_dict(declaration).tables} == before
     assert {t.name: t.optimizer for t in ModelSpec.from_recipe(recipe).tables} == before
 
@@ -260,6 +319,7 @@ def test_a_saved_model_keeps_its_optimizer_when_the_default_changes(
     [
         pytest.param({}, id="defaults"),
         pytest.param({"optimizer": COIN, "embedding_optimizer": COIN_EMBEDDINGS}, id="coin", marks=pytest.mark.slow),
+        pytest.param({"optimizer": MIX}, id="ftrl_mix", marks=pytest.mark.slow),
     ],
 )
 @pytest.mark.process

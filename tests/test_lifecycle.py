@@ -252,23 +252,24 @@ def test_rules_run_in_order_and_count_a_row_once() -> None:
 # -- exports, restores and replicas ------------------------------------------------------
 
 
-def lifecycle_rows(shards: list[Shard], name: str) -> dict[int, tuple[float, float, float]]:
-    """Per live key: weight, and shows and clicks as the rules read them."""
-    out: dict[int, tuple[float, float, float]] = {}
+def lifecycle_rows(shards: list[Shard], name: str) -> dict[int, tuple[tuple[float, ...], float, float]]:
+    """Per live key: weights, and shows and clicks as the rules read them."""
+    out: dict[int, tuple[tuple[float, ...], float, float]] = {}
     for shard in shards:
         t = shard.tables[name]
         n = t.index.num_rows
         rows = np.flatnonzero(t.index.row_live[:n])
-        w = t.optimizer.weights(t.data[rows], t.dim)[:, 0]
+        w = t.optimizer.weights(t.data[rows], t.dim).tolist()
         for key, wi, s, c in zip(t.index.row_keys[rows].tolist(), w, t.shows[rows], t.clicks[rows]):
-            out[key] = (float(wi), float(s) * t.count_scale, float(c) * t.count_scale)
+            out[key] = (tuple(wi), float(s) * t.count_scale, float(c) * t.count_scale)
     return out
 
 
 def push_routed(shards: list[Shard], rng: np.random.Generator) -> None:
     """A round of pushes, each key to its shard, with shows and clicks."""
+    dim = shards[0].tables["ctr_w"].dim
     for k in stream(rng, 20, 60, ids=3000):
-        g = rng.normal(size=k.size).astype(np.float32)
+        g = rng.normal(size=(k.size, dim)).astype(np.float32)
         counts = np.stack([rng.integers(1, 4, k.size), rng.integers(0, 2, k.size)], 1).astype(np.float32)
         owner = shard_of(k, len(shards))
         for shard in shards:
@@ -291,7 +292,8 @@ LIFECYCLE = Lifecycle(admit="count:2", decay=0.9, min_score=0.3, max_rows=600, l
 
 
 def test_a_restore_after_evictions_equals_the_live_table(tmp_path: Path) -> None:
-    model = make_model("lr", "ctr")
+    model = make_model("lr", "ctr")  # the default: a linear table of 5 learners' weights and log-weights
+    assert model.tables()[0].dim == 10
     shards = [Shard(ShardSpec(i, 2), model.tables(), lifecycle=LIFECYCLE) for i in range(2)]
     rng = np.random.default_rng(12)
     for _ in range(4):
@@ -326,7 +328,7 @@ async def test_a_replica_following_deltas_with_deletions_equals_the_trainer(tmp_
         # The replica holds the weights (and no counts: it neither learns nor evicts).
         weights = {k: w for k, (w, _, _) in lifecycle_rows(shards, "ctr_w").items()}
         held = replica.tables["ctr_w"]
-        assert dict(zip(held.keys.tolist(), held.weights()[:, 0].tolist())) == weights
+        assert dict(zip(held.keys.tolist(), map(tuple, held.weights().tolist()))) == weights
         assert len(replica.tables["ctr_w"]) <= LIFECYCLE.max_rows
     assert sum(shards[0].tables["ctr_w"].evicted.values()) > 0
 
@@ -449,3 +451,20 @@ def test_lazy_embeddings_need_an_embedding_table() -> None:
     shard = Shard(lifecycle=Lifecycle(embed_threshold=1.0), tables=[TableConfig("a_w", 1), TableConfig("a_v", 8)])
     assert shard.tables["a_w"].lifecycle.embed_threshold == 0.0
     assert shard.tables["a_v"].lifecycle.embed_threshold == 1.0 and shard.tables["a_v"].gate is not None
+
+
+def test_a_mixtures_linear_table_is_no_embedding_table() -> None:
+    """A mixture's linear table has dim 2K (its learners' weights and
+    log-weights), not embeddings: the shard's default lazy embeddings leave
+    it alone (gated on itself, it never took a row), and declaring them on
+    it is refused."""
+    mix = {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 0.3}
+    with pytest.raises(TableConfigError, match="lazy embeddings .* need an embedding table"):
+        TableConfig("a_w", 4, mix, lifecycle=Lifecycle(embed_threshold=1.0))
+    shard = Shard(lifecycle=Lifecycle(embed_threshold=1.0), tables=[TableConfig("a_w", 4, mix), TableConfig("a_v", 8)])
+    w = shard.tables["a_w"]
+    assert w.lifecycle.embed_threshold == 0.0 and w.gate is None
+    assert shard.tables["a_v"].gate is not None
+    keys = np.array([5, 6], dtype=np.uint64)
+    w.push(keys, np.ones((2, 4), np.float32), counts=np.ones((2, 2), np.float32))
+    assert live_keys(w) == {5, 6} and (w.pull(keys)[:, :2] < 0).all()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from training import FTRL
 
 from ps_core.hashing import distinct
 from ps_core.model.featurizer import FeatureHasher
@@ -34,8 +35,30 @@ def _loss(model: Model, batch, plan, weights) -> float:  # type: ignore[no-untyp
     return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).sum())
 
 
-@pytest.mark.parametrize("model", [LogisticRegression("m"), FactorizationMachine("m", k=3)], ids=["lr", "fm"])
+def _single(model: Model) -> Model:
+    """`model` with one FTRL learner: a mixture learner's own model, fed that learner's column."""
+    if isinstance(model, FactorizationMachine):
+        return FactorizationMachine(model.name, k=model.k, optimizer=FTRL)
+    return LogisticRegression(model.name, FTRL)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        LogisticRegression("m", FTRL),
+        FactorizationMachine("m", k=3, optimizer=FTRL),
+        LogisticRegression("m"),
+        FactorizationMachine("m", k=3),
+    ],
+    ids=["lr-ftrl", "fm-ftrl", "lr", "fm"],
+)
 def test_gradients_match_finite_differences(model: Model) -> None:
+    """Every gradient against central differences of the loss it descends:
+    the model's log loss; for a mixture's learner column (the default
+    models) that learner's own log loss, its logit made of its own weights
+    (and an FM's pairs, which the learners share); for an FM mixture's
+    embeddings the mixture's log loss. A mixture's ``m`` columns are no
+    gradient: its learners' losses over `cap` on the bias row."""
     batch, errors = FeatureHasher("m").featurize(EVENTS)
     assert not errors
     plan = model.plan(batch)
@@ -43,30 +66,59 @@ def test_gradients_match_finite_differences(model: Model) -> None:
     weights = {k: v.astype(np.float64) for k, v in weights.items()}  # type: ignore[misc]
     p = sigmoid(model.logits(batch, plan, weights))
     grads = model.gradients(batch, plan, weights, p - batch.labels)
+    linear, mixture = f"{model.name}_w", model.mixture
+    learners = 0 if mixture is None else mixture.learners
+    assert weights[linear].shape[1] == (1 if mixture is None else 2 * learners)
+
+    def loss(table: str, j: int) -> float:
+        if table != linear or mixture is None:
+            return _loss(model, batch, plan, weights)
+        return _loss(_single(model), batch, plan, weights | {linear: weights[linear][:, [j]]})
+
     eps = 1e-5
     for table, w in weights.items():
         for u in range(w.shape[0]):
-            for j in range(w.shape[1]):
+            for j in range(w.shape[1] - (learners if table == linear else 0)):
                 w[u, j] += eps
-                up = _loss(model, batch, plan, weights)
+                up = loss(table, j)
                 w[u, j] -= 2 * eps
-                down = _loss(model, batch, plan, weights)
+                down = loss(table, j)
                 w[u, j] += eps
                 assert grads[table][u, j] == pytest.approx((up - down) / (2 * eps), rel=1e-3, abs=1e-5)
+    if mixture is not None:
+        assert learners == 5  # the default mixture's learners
+        (bias,) = np.unique(plan.inverse[batch.offsets[:-1]])  # every event's first feature, one row
+        for j in range(learners):
+            assert grads[linear][bias, learners + j] == pytest.approx(loss(linear, j) / mixture.cap, rel=1e-5)
+        assert (np.delete(grads[linear][:, learners:], bias, axis=0) == 0).all()
 
 
 def test_fm_logit_by_hand() -> None:
-    model = FactorizationMachine("m", k=2)
     h = FeatureHasher("m")
     batch, _ = h.featurize([{"label": 1, "features": {"a": "x", "n": 2.0}}])
+    x = batch.values.astype(np.float64)
+    model = FactorizationMachine("m", k=2, optimizer=FTRL)
     plan = model.plan(batch)
     weights = _weights(model, plan.keys, 3)
     w = weights["m_w"][plan.inverse, 0]
     v = weights["m_v"][plan.inverse]
-    x = batch.values
     # Occurrence 0 is the bias: linear only. Pairs: only (1, 2).
-    expected = w @ x + float(v[1] @ v[2]) * x[1] * x[2]
-    assert model.logits(batch, plan, weights)[0] == pytest.approx(expected, rel=1e-5)
+    pair = float(v[1] @ v[2]) * x[1] * x[2]
+    assert model.logits(batch, plan, weights)[0] == pytest.approx(w @ x + pair, rel=1e-5)
+    # The default FM: its 5 learners' logits (same pairs) mixed by the bias
+    # row's log-weights m, p = sum_k pi_k sigmoid(z_k), pi_k ∝ exp(-cap m_k).
+    default = FactorizationMachine("m", k=2)
+    assert default.mixture is not None
+    weights = _weights(default, plan.keys, 3)
+    weights["m_w"][:, 5:] = np.random.default_rng(4).uniform(0, 0.1, size=(plan.keys.size, 5))
+    lw = weights["m_w"][plan.inverse].astype(np.float64)
+    v = weights["m_v"][plan.inverse]
+    z = x @ lw[:, :5] + float(v[1] @ v[2]) * x[1] * x[2]
+    pi = np.exp(-default.mixture.cap * lw[0, 5:])  # occurrence 0 is the bias row
+    pi /= pi.sum()
+    assert pi.max() < 0.95  # a mixture, not one learner
+    expected = float(pi @ (1 / (1 + np.exp(-z))))
+    assert sigmoid(default.logits(batch, plan, weights))[0] == pytest.approx(expected, rel=1e-6)
 
 
 def test_lr_learns_with_a_table() -> None:

@@ -44,6 +44,8 @@ from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec
 
 PROJECT = Path(__file__).resolve().parents[1]
+W = 10
+"""The linear table's dim of a model of the default optimizer: 5 FTRL learners' weights, then their log-weights."""
 
 
 def _spec(kind: str, name: str, **kwargs: object) -> ModelSpec:
@@ -115,12 +117,12 @@ async def test_a_cut_writes_each_model_with_its_offsets_and_a_restore_loads_them
     assert [m.name for m in (await control.models()).models] == ["ctr", "ads"]
     # Each table as its declaration's model (`Table`), as a declaration answers.
     assert [(t.name, t.dim, t.mode) for t in (await control.model_info("ads")).tables] == [
-        ("ads_w", 1, "async"),
+        ("ads_w", W, "async"),
         ("ads_v", 4, "async"),
     ]
     keys = np.arange(1, 400, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    await _train(client, "ctr_w", 1, keys[:300], 1)
-    await _train(client, "ads_w", 1, keys[100:], 2)
+    await _train(client, "ctr_w", W, keys[:300], 1)
+    await _train(client, "ads_w", W, keys[100:], 2)
     await _train(client, "ads_v", 4, keys[100:], 3)
     # One topic, two consumer groups: each model's windows commit their own offsets.
     lease = (await control.acquire_lease("w1")).lease_id
@@ -140,7 +142,7 @@ async def test_a_cut_writes_each_model_with_its_offsets_and_a_restore_loads_them
     assert (ctr_m.offsets, ads_m.offsets) == ({"clicks": {0: 10}}, {"clicks": {0: 99}})
     assert ads_m.model_config["type"] == "fm"
 
-    await _train(client, "ads_w", 1, keys[:50], 4)
+    await _train(client, "ads_w", W, keys[:50], 4)
     lease = (await control.acquire_lease("w2")).lease_id
     await control.release_lease(lease, {"clicks": {0: 120}}, model="ads")
     delta = await exporter.cut()
@@ -183,11 +185,11 @@ async def test_a_model_created_later_starts_its_directory_with_a_base(tmp_path: 
     exporter = Exporter(coord, control, tmp_path, "ctr")
     control.serve_exports(exporter)
     await control.create_model(_spec("lr", "ctr").declaration())
-    await _train(client, "ctr_w", 1, np.arange(1, 20, dtype=np.uint64), 1)
+    await _train(client, "ctr_w", W, np.arange(1, 20, dtype=np.uint64), 1)
     assert (await exporter.cut()).kind == "base"
     assert (await exporter.cut()).kind == "delta"
     await control.create_model(_spec("lr", "late").declaration())
-    await _train(client, "late_w", 1, np.arange(1, 5, dtype=np.uint64), 2)
+    await _train(client, "late_w", W, np.arange(1, 5, dtype=np.uint64), 2)
     third = await exporter.cut()
     assert third.kind == "base" and [v.version for v in list_versions(tmp_path / "late")] == [3]
     assert (await exporter.cut()).kind == "delta"

@@ -722,6 +722,35 @@ async def test_a_coin_table_is_declared_with_its_stake_and_learns(
     )
 
 
+async def test_a_mixture_table_is_declared_with_its_learners_and_learns(
+    serve_shards: Any, http: aiohttp.ClientSession
+) -> None:
+    shards, urls = await serve_shards(1)
+    mix = {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 0.5, "l1_2": 0}
+    status, body = await declare(http, urls[0], {"name": "mx", "dim": 4, "optimizer": mix})
+    assert status == 201, body
+    assert body["table"]["optimizer"] == {
+        "name": "ftrl_mix",
+        **{"alpha_1": 0.1, "l1_1": 0.5, "alpha_2": 0.5, "l1_2": 0.0, "beta": 0.1, "l2": 1.0, "cap": 32.0},
+    }
+    table = shards[0].tables["mx"]
+    assert table.width == 2 * 3  # [z, n, m] per learner
+    # The default learners are another mixture (of 5: dim 10): a conflict.
+    status, body = await declare(http, urls[0], {"name": "mx", "dim": 10, "optimizer": "ftrl_mix"})
+    assert status == 409 and body["error"] == "table_conflict"
+    keys = np.array([3, 4], dtype=np.uint64)
+    table.push(keys, np.array([[1.0, -2.0, 0.3, 0.1], [0.0, 0.5, 2.5, 0.0]], dtype=np.float32))
+    # One FTRL step from 0 per learner, z = g and n = g^2, beta 0.1, l2 1:
+    # w = -sign(z) max(|z| - l1, 0) / ((beta + |g|) / alpha + l2); the
+    # log-weights add theirs, less their smallest, at most 1.
+    np.testing.assert_allclose(
+        table.pull(keys),
+        [[-0.5 / (1.1 / 0.1 + 1), 2 / (2.1 / 0.5 + 1), 0.2, 0.0], [0.0, -0.5 / (0.6 / 0.5 + 1), 1.0, 0.0]],
+        rtol=1e-6,
+        atol=1e-7,
+    )
+
+
 async def test_a_declaration_carries_its_lifecycle(serve_shards: Any, http: aiohttp.ClientSession) -> None:
     shards, urls = await serve_shards(1)
     url = urls[0]
@@ -801,6 +830,33 @@ async def test_declare_with_a_different_config_conflicts(serve_shards: Any, http
             r"Expected `float` >= 1e-12 - at `\$.optimizer.wealth`",
         ),
         ({"name": "t", "optimizer": {"name": "coin", "lr": 0.1}}, r"unknown field `lr` - at `\$.optimizer`"),
+        ({"name": "t", "optimizer": "ftrl_mix"}, r"table t: a mixture of 5 learners has 10 weights a row, not 1"),
+        (
+            {"name": "t", "dim": 6, "optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 0.2}},
+            r"a mixture of 2 learners has 4 weights a row, not 6",
+        ),
+        ({"name": "t", "dim": 10, "optimizer": {"name": "ftrl_mix", "l1_2": 1}}, r"ftrl_mix: l1_2 without its alpha_i"),
+        (
+            {"name": "t", "dim": 4, "optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 1, "l1_3": 1}},
+            r"ftrl_mix: l1_3 without its alpha_i",
+        ),
+        (
+            {"name": "t", "dim": 4, "optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_3": 0.2}},
+            r"numbered 1\.\.K without gaps, got alpha_\[1, 3\]",
+        ),
+        (
+            {"name": "t", "dim": 6, "optimizer": {"name": "ftrl_mix", "lr": 0.1}},
+            r"unknown field `lr` - at `\$.optimizer`",
+        ),
+        (
+            {"name": "t", "dim": 14, "optimizer": {"name": "ftrl_mix", **{f"alpha_{i}": 0.1 for i in range(1, 8)}}},
+            r"unknown field `alpha_7` - at `\$.optimizer`",
+        ),
+        (
+            {"name": "t", "dim": 6, "optimizer": {"name": "ftrl_mix", "alpha_2": 0}},
+            r"Expected `float` >= 1e-12 - at `\$.optimizer.alpha_2`",
+        ),
+        ({"name": "t", "dim": 6, "optimizer": {"name": "ftrl_mix", "cap": 0}}, r"at `\$.optimizer.cap`"),
         ({"name": "t", "optimizer": 3}, r"Expected `str \| object`, got `int` - at `\$.optimizer`"),
         ({"name": "t", "shards": 2}, r"unknown field `shards`"),
         ({"dim": 2}, r"missing required field `name`"),

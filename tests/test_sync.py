@@ -178,6 +178,7 @@ async def _train_together(workers: list[Worker], parts: list[list[bytes | None]]
 
 
 COIN = {"name": "coin", "wealth": 0.1}
+MIX = {"name": "ftrl_mix", "alpha_1": 0.02, "alpha_2": 0.2, "l1_2": 2.0}
 
 
 @pytest.mark.parametrize(
@@ -186,6 +187,8 @@ COIN = {"name": "coin", "wealth": 0.1}
         ("lr", {}),
         ("fm", {}),
         pytest.param("fm", {"optimizer": COIN, "embedding_optimizer": COIN}, id="fm-coin"),
+        pytest.param("lr", {"optimizer": MIX}, id="lr-ftrl_mix"),
+        pytest.param("fm", {"optimizer": MIX}, id="fm-ftrl_mix"),
     ],
 )
 async def test_two_workers_train_exactly_as_one_over_their_steps_together(
@@ -224,6 +227,9 @@ async def test_two_workers_train_exactly_as_one_over_their_steps_together(
     for t in model.table_names:
         np.testing.assert_allclose(await got.pull(t, probe), await ref.pull(t, probe), rtol=1e-5, atol=1e-6)
     assert all(t.held_keys == 0 for s in shards for t in s.tables.values())
+    if model.mixture is not None:  # the learners' losses were summed too: on the bias row alone
+        log_weights = (await got.pull(model.table_names[0], probe))[:, model.mixture.learners :]
+        assert np.count_nonzero(log_weights.any(axis=1)) == 1
 
 
 async def test_a_member_that_never_arrives_holds_each_step_no_longer_than_the_deadline(

@@ -142,6 +142,51 @@ def test_bad_declarations_rejected(raw: object) -> None:
         TableConfig.from_dict(raw)
 
 
+SEVEN = {f"alpha_{i}": 0.1 for i in range(1, 8)}
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ({"name": "x", "optimizer": "ftrl_mix"}, "table x: a mixture of 5 learners has 10 weights a row, not 1"),
+        (
+            {"name": "x", "dim": 4, "optimizer": {"name": "ftrl_mix"}},
+            "a mixture of 5 learners has 10 weights a row, not 4",
+        ),
+        (
+            {"name": "x", "dim": 2, "optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "l1_2": 1}},
+            "l1_2 without its alpha_i",
+        ),
+        ({"name": "x", "dim": 10, "optimizer": {"name": "ftrl_mix", "l1_2": 1}}, "l1_2 without its alpha_i"),
+        ({"name": "x", "dim": 4, "optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_3": 0.2}}, "without gaps"),
+        ({"name": "x", "dim": 2, "optimizer": {"name": "ftrl_mix", "alpha_1": 0.1, "lr": 0.1}}, "no hyperparameter lr"),
+        ({"name": "x", "dim": 14, "optimizer": {"name": "ftrl_mix", **SEVEN}}, "no hyperparameter alpha_7"),
+        ({"name": "x", "dim": 10, "optimizer": {"name": "ftrl_mix", "cap": 0}}, "cap >= 1e-12"),
+        (
+            {"name": "x", "dim": 10, "optimizer": "ftrl_mix", "init_scale": 0.1},
+            "table x: a mixture of learners starts at zero",
+        ),
+    ],
+)
+def test_a_mixture_table_of_the_wrong_dim_or_learners_is_refused_naming_why(raw: object, reason: str) -> None:
+    with pytest.raises(TableConfigError) as refused:
+        TableConfig.from_dict(raw)
+    assert reason in refused.value.detail
+
+
+def test_a_mixture_table_holds_three_columns_a_learner() -> None:
+    cfg = TableConfig("x", 4, {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 0.3})
+    assert cfg.optimizer == {
+        "name": "ftrl_mix",
+        **{"alpha_1": 0.1, "l1_1": 0.5, "alpha_2": 0.3, "l1_2": 0.5, "beta": 0.1, "l2": 1.0, "cap": 32.0},
+    }
+    assert TableConfig.from_dict(cfg.to_dict()) == cfg
+    assert SparseTable(cfg).width == 6  # [z, n, m] per learner
+    assert (
+        SparseTable(TableConfig("x", 12, {"name": "ftrl_mix", **{f"alpha_{i}": 0.1 for i in range(1, 7)}})).width == 18
+    )
+
+
 def test_shard_declarations_are_idempotent_and_never_overwrite() -> None:
     shard = Shard()
     assert shard.declare(TableConfig("lr", 1)) is True
@@ -202,6 +247,9 @@ REUSE_CONFIGS = [
     # Coin: weights derived from five blocks, from zero and from random starts.
     TableConfig("t", 1, {"name": "coin"}),
     TableConfig("t", 3, {"name": "coin", "wealth": 0.5}, init_scale=0.05, seed=4),
+    # A mixture: 2K weights (K learners', then their log-weights) from rows of 3K.
+    TableConfig("t", 10, {"name": "ftrl_mix"}),  # its 5 default learners
+    TableConfig("t", 4, {"name": "ftrl_mix", "alpha_1": 0.1, "alpha_2": 0.3, "l1_2": 0.0}),
 ]
 
 
@@ -221,7 +269,9 @@ def _same_tables(warm: SparseTable, cold: SparseTable, universe: np.ndarray) -> 
 
 
 @pytest.mark.parametrize(
-    "cfg", REUSE_CONFIGS, ids=["ftrl", "ftrl-l1", "adagrad-init", "ftrl-init", "coin", "coin-init"]
+    "cfg",
+    REUSE_CONFIGS,
+    ids=["ftrl", "ftrl-l1", "adagrad-init", "ftrl-init", "coin", "coin-init", "ftrl_mix", "ftrl_mix-2"],
 )
 @pytest.mark.parametrize("seed", range(4))
 def test_a_push_reusing_its_pull_lookup_equals_a_cold_push(cfg: TableConfig, seed: int) -> None:

@@ -348,9 +348,9 @@ async def test_shard_and_serve_roles_with_tls_and_a_secret(
             ):
                 for table in model.tables():
                     await training.declare(table)
-                name = model.tables()[0].name
+                name, dim = model.tables()[0].name, model.tables()[0].dim
                 keys = np.arange(1, 400, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-                assert await worker.push(name, keys, np.full(keys.size, -2.0, dtype=np.float32)) > 0
+                assert await worker.push(name, keys, np.full((keys.size, dim), -2.0, dtype=np.float32)) > 0
                 assert all(isinstance(t, TcpTransport) and t.uses_rpc for t in worker.transports)
                 with pytest.raises(AuthError):
                     await training.export_now("base")

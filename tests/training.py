@@ -3,6 +3,8 @@ benchmarks) that train shards without running a worker."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -11,7 +13,12 @@ from ps_core.model.batch import EventBatch
 from ps_core.model.models import Model, sigmoid
 from ps_core.net.client import PSClient
 
-__all__ = ["train_step", "window_of"]
+__all__ = ["FTRL", "train_step", "window_of"]
+
+FTRL: dict[str, Any] = {"name": "ftrl", "alpha": 0.2, "beta": 0.1, "l1": 0.5, "l2": 1.0}
+"""One FTRL learner, a linear table of dim 1: the linear optimizer of new
+models until 2026-12-07 (since, a mixture of 5), for tests of FTRL's own math
+and of models made before."""
 
 
 async def train_step(client: PSClient, model: Model, batch: EventBatch) -> npt.NDArray[np.float64]:

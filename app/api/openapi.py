@@ -24,7 +24,15 @@ from ps_core.net.control_messages import (
     StatusBoardBody,
 )
 from ps_core.net.shard_bodies import Error
-from ps_core.net.shard_openapi import FTRL_RULE, created_response, json_response, ok_response, parameter
+from ps_core.net.shard_openapi import (
+    EMBEDDINGS_NO_MIXTURE,
+    FTRL_RULE,
+    MIXTURE_RULE,
+    created_response,
+    json_response,
+    ok_response,
+    parameter,
+)
 from ps_core.store.board import StatusReport
 
 from .payloads import (
@@ -98,12 +106,14 @@ def _schemas(max_events: int, replica: bool) -> dict[str, Any]:
     # The one rule no field's type states; the hasher refuses its breach as bad_features.
     schemas["Event"]["anyOf"] = schemas["WeightsRequest"]["anyOf"] = FEATURES_OR_KEYS
     schemas["FTRL"]["anyOf"] = FTRL_RULE  # as the shard's document states it
+    schemas["FTRLMixture"].update(MIXTURE_RULE)
     # A staleness bound is for async models only (the mode defaults to async).
     schemas["CreateModelRequest"]["allOf"] = [
         {
             "if": {"required": ["max_staleness"], "properties": {"max_staleness": {"type": "integer"}}},
             "then": {"properties": {"mode": {"const": "async"}}},
-        }
+        },
+        EMBEDDINGS_NO_MIXTURE,
     ]
     return schemas
 

@@ -22,6 +22,7 @@ from ps_core.checkpoint.export_files import latest_chain, load_version, serves_w
 from ps_core.errors import ExportNotFoundError
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.replica import ReplicaTables
+from ps_core.store.optim import FTRLMixture
 
 __all__ = ["show_version"]
 
@@ -30,7 +31,8 @@ _NAMES_LINES = 1000
 
 def show_version(model_dir: Path, version: int, top: int, names_file: Path | None = None) -> dict[str, Any]:
     """The summary of `version` in `model_dir` and its `top` weights by
-    magnitude per table; `ExportNotFoundError` when there is no such version."""
+    magnitude per table (a mixture's by its learners' weights);
+    `ExportNotFoundError` when there is no such version."""
     chain = latest_chain(model_dir, upto=version, verify=True, serving=True)
     if chain[-1].version != version:
         raise ExportNotFoundError(
@@ -46,7 +48,10 @@ def show_version(model_dir: Path, version: int, top: int, names_file: Path | Non
     for name, config in m.tables.items():
         held = tables.tables[name]
         weights = held.weights()
-        norm = np.abs(weights).max(axis=1) if weights.size else np.zeros(0, np.float32)
+        # A mixture's last K columns are its learners' log-weights (the bias
+        # row's, up to 1), no feature's weight: ranked by its learners' only.
+        ranked = config.dim // 2 if config.optimizer["name"] == FTRLMixture.name else config.dim
+        norm = np.abs(weights[:, :ranked]).max(axis=1) if weights.size else np.zeros(0, np.float32)
         best = np.argsort(-norm, kind="stable")[:top]
         out_tables[name] = {
             "dim": config.dim,

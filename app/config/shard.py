@@ -25,14 +25,15 @@ __all__ = ["ShardSettings", "parse_table_spec"]
 
 
 def parse_table_spec(spec: str) -> TableConfig:
-    """``NAME[,dim=D][,optimizer=ftrl|adagrad|sgd|coin][,init_scale=S][,seed=N][,RULE=V...][,HYPER=V...]``.
+    """``NAME[,dim=D][,optimizer=ftrl|adagrad|sgd|coin|ftrl_mix][,init_scale=S][,seed=N][,RULE=V...][,HYPER=V...]``.
 
     A ``RULE`` is a lifecycle key (`ps_core.store.lifecycle.SPEC_KEYS`:
     ``admit``, ``ttl``, ``decay``, ``min_score``, ``max_rows``, ...); any other
     ``key=value`` is a hyperparameter of the optimizer, e.g.
     ``lr,optimizer=ftrl,alpha=0.05,l1=1,admit=count:3,ttl=604800,max_rows=50000000``
     or ``fm_v,dim=8,optimizer=adagrad,lr=0.05,init_scale=0.01`` or
-    ``lr,optimizer=coin,wealth=2``.
+    ``lr,optimizer=coin,wealth=2`` or ``lr,dim=4,optimizer=ftrl_mix,alpha_1=0.02,alpha_2=0.2``
+    (a mixture of K learners has dim 2K).
     """
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     if not parts or "=" in parts[0]:
@@ -79,7 +80,7 @@ class ShardSettings:
         (),
         env="CTRPS_TABLES",
         flag="--table",
-        help="declare a table: NAME[,dim=D][,optimizer=ftrl|adagrad|sgd|coin][,init_scale=S][,seed=N][,HYPER=V...]; "
+        help="declare a table: NAME[,dim=D][,optimizer=ftrl|adagrad|sgd|coin|ftrl_mix][,init_scale=S][,seed=N][,HYPER=V...]; "
         "repeatable (CTRPS_TABLES: specs joined by ;); with none, clients declare them",
         repeat=True,
         sep=";",

@@ -39,6 +39,7 @@ from learning import Events, logloss, measure, profile_events, stream_size  # no
 
 from ps_core.model.featurizer import DEFAULT_NUMERIC
 from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER
+from ps_core.store.optim import make_optimizer
 
 log = progress_log("linear_defaults")
 
@@ -57,6 +58,12 @@ L2S = (0.1, 1.0)
 NUMERICS = (DEFAULT_NUMERIC,)
 COINS = ((1.0, 0.125), (4.0, 0.0625), (4.0, 0.125), (4.0, 0.25), (8.0, 0.125))
 """Coin betting's (wealth, scale) points."""
+MIXTURES: dict[str, tuple[tuple[float, float], ...]] = {
+    "3": ((0.05, 0.5), (0.2, 0.5), (0.35, 5.0)),
+    "4": ((0.05, 0.5), (0.1, 0.5), (0.2, 0.5), (0.35, 5.0)),
+    "5": ((0.05, 0.5), (0.1, 0.5), (0.2, 0.5), (0.35, 0.5), (0.35, 5.0)),
+}
+"""Mixtures of FTRL learners (`ftrl_mix`, beta 0.1, l2 1): each learner's (alpha, l1)."""
 QUICK = {
     "alphas": (0.1, 0.2, 0.35),
     "betas": (0.1,),
@@ -64,6 +71,7 @@ QUICK = {
     "l2s": (1.0,),
     "numerics": (DEFAULT_NUMERIC,),
     "coins": ((4.0, 0.025),),
+    "mixtures": ("3", "5"),
 }
 
 
@@ -71,6 +79,9 @@ def point_name(opt: dict[str, Any], numeric: str) -> str:
     """A grid point's name: ``ftrl:alpha,l1,numeric`` or ``coin:wealth,scale,numeric``."""
     if opt["name"] == "ftrl":
         return f"ftrl:{opt['alpha']:g},{opt['beta']:g},{opt['l1']:g},{opt['l2']:g},{numeric}"
+    if opt["name"] == "ftrl_mix":
+        learners = [f"{opt[f'alpha_{i}']:g}/{opt.get(f'l1_{i}', 0.5):g}" for i in range(1, 7) if f"alpha_{i}" in opt]
+        return f"mix:{'+'.join(learners)},{numeric}"
     return f"coin:{opt['wealth']:g},{opt['scale']:g},{numeric}"
 
 
@@ -84,7 +95,18 @@ def grid(args: argparse.Namespace) -> dict[str, tuple[dict[str, Any], str]]:
         for wealth, scale in args.coins:
             opt = {"name": "coin", "wealth": wealth, "lipschitz": 1.0, "scale": scale}
             points[point_name(opt, numeric)] = (opt, numeric)
+        for mixture in args.mixtures:
+            opt = mixture_spec(MIXTURES[mixture])
+            points[point_name(opt, numeric)] = (opt, numeric)
     return points
+
+
+def mixture_spec(learners: tuple[tuple[float, float], ...]) -> dict[str, Any]:
+    """The `ftrl_mix` optimizer of these (alpha, l1) learners at beta 0.1, l2 1."""
+    opt: dict[str, Any] = {"name": "ftrl_mix", "beta": 0.1, "l2": 1.0}
+    for i, (alpha, l1) in enumerate(learners, start=1):
+        opt[f"alpha_{i}"], opt[f"l1_{i}"] = alpha, l1
+    return opt
 
 
 def half_streams(args: argparse.Namespace) -> dict[str, dict[str, Events]]:
@@ -104,7 +126,7 @@ def largest_regret(losses: dict[str, dict[str, float]], point: str) -> float:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     points = grid(args)
-    default_opt = dict(DEFAULT_LINEAR_OPTIMIZER)
+    default_opt = make_optimizer(dict(DEFAULT_LINEAR_OPTIMIZER)).spec()  # its hyperparameters spelt out
     default = point_name(default_opt, DEFAULT_NUMERIC)
     points.setdefault(default, (default_opt, DEFAULT_NUMERIC))
     data = half_streams(args)
@@ -126,6 +148,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     ftrl_points = [p for p in points if p.startswith("ftrl:")]
     coin_points = [p for p in points if p.startswith("coin:")]
     best_coin = min(coin_points, key=lambda p: regret["tuning"][p]) if coin_points else None
+    mix_points = [p for p in points if p.startswith("mix:")]
     for half in losses:
         log(
             f"{half}: largest regret, best first: "
@@ -152,6 +175,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     report = {"chosen": ratios(chosen), "default": ratios(default)}
     if best_coin is not None:
         report["coin"] = ratios(best_coin)
+    for p in mix_points:
+        report[p] = ratios(p)
     for name, r in report.items():
         worst_ftrl = max(v["vs_best_tuned_ftrl"] for v in r.values())
         worst_vw = max((v["vs_best_of_vw_river"] for v in r.values() if "vs_best_of_vw_river" in v), default=0.0)
@@ -182,12 +207,21 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--l2s", type=float, nargs="+", help="FTRL l2s to try")
     p.add_argument("--numerics", nargs="+", help="numeric feeds to try (raw|log1p[/D])")
     p.add_argument("--coins", nargs="*", help="coin (wealth,scale) points to try, e.g. 4,0.025 (none: FTRL only)")
+    p.add_argument("--mixtures", nargs="*", choices=sorted(MIXTURES), help="mixtures of FTRL learners to try, by size")
     p.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip VW and River")
     args = p.parse_args()
     quick = (
         QUICK
         if args.quick
-        else {"alphas": ALPHAS, "betas": BETAS, "l1s": L1S, "l2s": L2S, "numerics": NUMERICS, "coins": COINS}
+        else {
+            "alphas": ALPHAS,
+            "betas": BETAS,
+            "l1s": L1S,
+            "l2s": L2S,
+            "numerics": NUMERICS,
+            "coins": COINS,
+            "mixtures": tuple(MIXTURES),
+        }
     )
     args.alphas = tuple(args.alphas or quick["alphas"])
     args.l1s = tuple(args.l1s or quick["l1s"])
@@ -196,6 +230,7 @@ def parse_args() -> argparse.Namespace:
     args.numerics = tuple(args.numerics or quick["numerics"])
     coins = quick["coins"] if args.coins is None else [tuple(float(v) for v in c.split(",")) for c in args.coins]
     args.coins = tuple(coins)
+    args.mixtures = tuple(quick["mixtures"] if args.mixtures is None else args.mixtures)
     args.seeds = 1 if args.quick else 2
     args.sizes = (8_000, 20_000) if args.quick else (8_000, 40_000)
     return args

@@ -3,6 +3,7 @@ replica serves and what `ps_core.Learner.load` learns on with."""
 
 from __future__ import annotations
 
+from ..errors import TableConfigError
 from ..model.featurizer import numeric_feed
 from ..model.models import FactorizationMachine, LogisticRegression, Model
 from .manifest import ExportManifest
@@ -43,22 +44,25 @@ def model_from_manifest(manifest: ExportManifest) -> Model:
         numeric_feed(numeric)
     except ValueError as exc:
         raise ValueError(f"version {manifest.version}: model_config: {exc}") from None
-    if v is None:
-        model = LogisticRegression(
-            name, optimizer=w.optimizer, mode=w.mode, max_staleness=w.max_staleness, numeric=numeric
-        )
-    else:
-        model = FactorizationMachine(
-            name,
-            k=v.dim,
-            optimizer=w.optimizer,
-            embedding_optimizer=v.optimizer,
-            init_scale=v.init_scale,
-            seed=v.seed,
-            mode=w.mode,
-            max_staleness=w.max_staleness,
-            numeric=numeric,
-        )
+    try:
+        if v is None:
+            model = LogisticRegression(
+                name, optimizer=w.optimizer, mode=w.mode, max_staleness=w.max_staleness, numeric=numeric
+            )
+        else:
+            model = FactorizationMachine(
+                name,
+                k=v.dim,
+                optimizer=w.optimizer,
+                embedding_optimizer=v.optimizer,
+                init_scale=v.init_scale,
+                seed=v.seed,
+                mode=w.mode,
+                max_staleness=w.max_staleness,
+                numeric=numeric,
+            )
+    except TableConfigError as exc:  # tables no model is built of (an FM's embeddings of ftrl_mix)
+        raise ValueError(f"version {manifest.version}: {exc.detail}") from None
     hint = config.get("model", config.get("kind"))
     kind = "lr" if v is None else "fm"
     if hint is not None and _KINDS.get(str(hint)) != kind:

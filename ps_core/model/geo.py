@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from ..rows import put_rows
 from ..store.index import KeyIndex
-from ..store.optim import FTRL, Optimizer, make_optimizer
+from ..store.optim import FTRL, FTRLMixture, Optimizer, make_optimizer
 from ..store.table_config import TableConfig
 
 __all__ = ["GeoCopy", "Deltas"]
@@ -103,7 +103,7 @@ class GeoCopy:
     def _resize(self, capacity: int) -> None:
         """Grow every per-row array to `capacity` rows (kept contents)."""
         for name, dim in self.dims.items():
-            width = dim * self.optimizers[name].slots
+            width = self.optimizers[name].width(dim)
             self.rows[name] = _grown(self.rows.get(name), (capacity, width))
             self.base[name] = _grown(self.base.get(name), (capacity, dim))
         self.synced = _grown(self.synced, (capacity,))
@@ -175,7 +175,7 @@ class GeoCopy:
         self._gathered = {}
         for name, opt in self.optimizers.items():
             block = self.rows[name].take(rows, axis=0)
-            derived = opt.derive(block, self.dims[name]) if isinstance(opt, FTRL) else None
+            derived = opt.derive(block, self.dims[name]) if isinstance(opt, (FTRL, FTRLMixture)) else None
             w = derived[0].copy() if derived is not None else opt.weights(block, self.dims[name])
             out[name] = np.ascontiguousarray(w)
             self._gathered[name] = (rows, block, derived)
@@ -192,7 +192,7 @@ class GeoCopy:
                 block, derived = kept[1], kept[2]
             else:
                 block, derived = self.rows[name].take(rows, axis=0), None
-            if derived is not None and isinstance(opt, FTRL):
+            if derived is not None and isinstance(opt, (FTRL, FTRLMixture)):
                 opt.step(block, g, derived)
             else:
                 opt.step(block, g)

@@ -119,8 +119,31 @@ class CoinBettingBody(Struct, tag_field="name", tag="coin", forbid_unknown_field
     scale: Positive | UnsetType = UNSET
 
 
-Optimizer = SGDBody | AdaGradBody | FTRLBody | CoinBettingBody
-OptimizerName = Literal["sgd", "adagrad", "ftrl", "coin"]
+class FTRLMixtureBody(Struct, tag_field="name", tag="ftrl_mix", forbid_unknown_fields=True):
+    """A mixture of FTRL learners (ps_core.store.optim.FTRLMixture): learner
+    i's alpha_i and l1_i (numbered from 1 without gaps; naming none takes the
+    default learners), the shared beta and l2, and the cap, in nats, of how
+    far a learner's loss may trail the best one's."""
+
+    alpha_1: Positive | UnsetType = UNSET
+    l1_1: NonNegative | UnsetType = UNSET
+    alpha_2: Positive | UnsetType = UNSET
+    l1_2: NonNegative | UnsetType = UNSET
+    alpha_3: Positive | UnsetType = UNSET
+    l1_3: NonNegative | UnsetType = UNSET
+    alpha_4: Positive | UnsetType = UNSET
+    l1_4: NonNegative | UnsetType = UNSET
+    alpha_5: Positive | UnsetType = UNSET
+    l1_5: NonNegative | UnsetType = UNSET
+    alpha_6: Positive | UnsetType = UNSET
+    l1_6: NonNegative | UnsetType = UNSET
+    beta: NonNegative | UnsetType = UNSET
+    l2: NonNegative | UnsetType = UNSET
+    cap: Positive | UnsetType = UNSET
+
+
+Optimizer = SGDBody | AdaGradBody | FTRLBody | CoinBettingBody | FTRLMixtureBody
+OptimizerName = Literal["sgd", "adagrad", "ftrl", "coin", "ftrl_mix"]
 """An optimizer by name alone (its defaults); `OPTIMIZERS`' keys."""
 TableName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}\Z")]
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from ..bodies import components, ref
 from ..store.board import StatusReport
-from ..store.optim import MIN_POSITIVE
+from ..store.optim import MIN_POSITIVE, FTRLMixture
 from ..store.snapshot import MAX_VERSION
 from .control_messages import (
     Admit,
@@ -111,8 +111,76 @@ FTRL_RULE: list[dict[str, Any]] = [
 beta / alpha + l2, so beta or l2 (each defaulting to 1) must be positive."""
 
 
+_LEARNERS = range(1, FTRLMixture.MAX_LEARNERS + 1)
+MIXTURE_RULE: dict[str, Any] = {
+    "dependentRequired": {
+        **{f"l1_{i}": [f"alpha_{i}"] for i in _LEARNERS},
+        **{f"alpha_{i}": [f"alpha_{i - 1}"] for i in _LEARNERS if i > 1},
+    },
+    "anyOf": FTRL_RULE,
+}
+"""What a mixture's fields do not state: its learners are numbered from 1
+without gaps, an l1_i goes with its alpha_i, and beta or l2 is positive (as FTRL's)."""
+
+
+def _is_mixture(learners: int | None) -> dict[str, Any]:
+    """An optimizer that is a mixture of `learners` (None: of its default learners)."""
+    if learners is None:
+        named = {"not": {"required": ["alpha_1"]}}
+        return {"anyOf": [{"const": FTRLMixture.name}, {"type": "object", **named, **_mixture_named()}]}
+    last: dict[str, Any] = {"not": {"required": [f"alpha_{learners + 1}"]}} if learners < len(_LEARNERS) else {}
+    return {"type": "object", "required": ["name", f"alpha_{learners}"], **_mixture_named(), **last}
+
+
+def _mixture_named() -> dict[str, Any]:
+    return {"properties": {"name": {"const": FTRLMixture.name}}}
+
+
+def mixture_table_rules() -> list[dict[str, Any]]:
+    """A table of a mixture of K learners has dim 2K (10 for the default
+    five), starts at zero and takes no lazy embeddings."""
+    rules: list[dict[str, Any]] = []
+    default = len(FTRLMixture.DEFAULT_LEARNERS)
+    for k in [None, *_LEARNERS]:
+        dim = 2 * (default if k is None else k)
+        rules.append(
+            {
+                "if": {"required": ["optimizer"], "properties": {"optimizer": _is_mixture(k)}},
+                "then": {
+                    "required": ["dim"],
+                    "properties": {
+                        "dim": {"const": dim},
+                        "init_scale": {"const": 0},
+                        "lifecycle": {"properties": {"embed_threshold": {"const": 0}}},
+                    },
+                },
+            }
+        )
+    return rules
+
+
+EMBEDDINGS_NO_MIXTURE: dict[str, Any] = {
+    "if": {"required": ["type", "embedding_optimizer"], "properties": {"type": {"const": "fm"}}},
+    "then": {
+        "properties": {
+            "embedding_optimizer": {
+                "not": {
+                    "anyOf": [
+                        {"const": FTRLMixture.name},
+                        {"type": "object", "properties": {"name": {"const": FTRLMixture.name}}, "required": ["name"]},
+                    ]
+                }
+            }
+        }
+    },
+}
+"""An FM's embeddings are no mixture of learners (its log-weights are the
+linear table's alone)."""
+
+
 def _schemas() -> dict[str, Any]:
     schemas = components(_MODELS)
+    schemas["FTRLMixture"].update(MIXTURE_RULE)
     schemas["Tables"] = {"type": "object", "additionalProperties": ref("Table")}
     # The one rule no field's type states: FTRL divides a fresh row by
     # beta / alpha + l2, so one of them (each defaulting to 1) must be positive.
@@ -121,6 +189,7 @@ def _schemas() -> dict[str, Any]:
     # lazy embeddings need embeddings (dim > 1).
     schemas["ModelDeclaration"]["allOf"] = [
         {"if": {"required": ["max_staleness"]}, "then": {"properties": {"mode": {"const": "async"}}}},
+        EMBEDDINGS_NO_MIXTURE,
     ]
     schemas["TableDeclaration"]["allOf"] = [
         {"if": {"required": ["max_staleness"]}, "then": {"properties": {"mode": {"const": "async"}}}},
@@ -136,6 +205,7 @@ def _schemas() -> dict[str, Any]:
             },
             "then": {"required": ["dim"], "properties": {"dim": {"minimum": 2}}},
         },
+        *mixture_table_rules(),
     ]
     return schemas
 

@@ -85,7 +85,7 @@ class ReadTable:
         self.version = 0
         """The export version the table holds (the replica sets it)."""
         lc = config.lifecycle
-        self._lazy = bool(lc is not None and lc.embed_threshold and self.dim > 1)
+        self._lazy = bool(lc is not None and lc.embed_threshold and config.embeddings)
 
     @property
     def keys(self) -> U64:

@@ -101,9 +101,9 @@ class ShardTables:
 
     def _default_for(self, config: TableConfig) -> Lifecycle | None:
         """The shard's default lifecycle as it applies to `config` (lazy
-        embeddings only for tables of dim > 1)."""
+        embeddings only for embedding tables, `TableConfig.embeddings`)."""
         lc = self.default_lifecycle
-        if lc is not None and lc.embed_threshold and config.dim < 2:
+        if lc is not None and lc.embed_threshold and not config.embeddings:
             return replace(lc, embed_threshold=0.0)
         return lc
 
@@ -111,7 +111,7 @@ class ShardTables:
         """Wire `table`'s lazy-embedding gate to its gating table, looked up at
         each push (it may be declared later, or swapped by a restore)."""
         lc = table.lifecycle
-        if not lc.embed_threshold or table.dim < 2:
+        if not lc.embed_threshold or not table.config.embeddings:
             table.gate = None
             return
         source, threshold, tables = lc.embed_source(table.config.name), lc.embed_threshold, self.by_name

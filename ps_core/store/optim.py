@@ -14,7 +14,14 @@ FTRL       ``[z, n]`` (McMahan 2013)   derived from ``z, n`` on every read
 coin       ``[w0, theta, G, L,         derived: ``w0 + (wealth + reward)
            reward]`` (Orabona & Pál    theta / (L (L + G))``
            2016, KT bettor)
+ftrl_mix   ``[z, n, m]``, K columns    K FTRL weights, then ``m``: the
+           each (K FTRL learners and   mixture's log-weights (each
+           the mixture's losses)       learner's loss, in units of `cap`)
 =========  ==========================  ====================================
+
+Every optimizer but ``ftrl_mix`` holds ``dim * slots`` floats a row; a
+mixture of K learners has weights of width 2K and rows of width 3K
+(`Optimizer.width`).
 
 `step` updates gathered rows in place from the (duplicate-summed) gradients;
 `weights` reads the weight block; `rows_from_weights` builds the state a fresh
@@ -39,6 +46,8 @@ __all__ = [
     "FTRL",
     "CoinBetting",
     "AddDeltas",
+    "FTRLMixture",
+    "Deriving",
     "make_optimizer",
     "OPTIMIZERS",
     "MIN_POSITIVE",
@@ -72,6 +81,14 @@ class Optimizer(ABC):
     def params(self) -> dict[str, float]:
         """Hyperparameters, as given to ``__init__``."""
         return {k: float(v) for k, v in vars(self).items()}
+
+    def width(self, dim: int) -> int:
+        """State floats in a row of a table of `dim` weights."""
+        return dim * self.slots
+
+    def check_dim(self, dim: int) -> str | None:
+        """Why a table of `dim` weights cannot have this optimizer, or None."""
+        return None
 
     def spec(self) -> dict[str, Any]:
         """``{"name": ..., **params}``: enough to rebuild it with `make_optimizer`."""
@@ -335,6 +352,174 @@ class CoinBetting(Optimizer):
         g_sum += abs_g
 
 
+class FTRLMixture(Optimizer):
+    """K FTRL learners side by side, and the mixture's log-weights.
+
+    A row holds ``[z, n, m]``, K columns each: learner k is FTRL-Proximal
+    (`FTRL`) with its own ``alpha_k`` and ``l1_k`` and the shared ``beta``
+    and ``l2``. Its weights are the K learners' weights, then ``m``. ``m``
+    is what the model mixes the learners by (`ps_core.model.mixture`): each
+    learner's progressive log loss, in units of `cap` nats, of which only
+    the model's bias row holds any. A push's last K columns are added to
+    ``m``; then ``m`` is shifted so that its smallest is 0 and clipped at
+    1: a learner `cap` nats behind the best weighs ``e^-cap`` and climbs
+    back as soon as it does better (a drift), and the values stay small
+    enough for float16 and int8.
+
+    Hyperparameters: ``alpha_i`` and ``l1_i`` for the learners i = 1..K
+    (K <= `MAX_LEARNERS`; naming any ``alpha_i`` replaces the default
+    learners, and an ``l1_i`` not given is 0.5), ``beta``, ``l2`` and
+    ``cap``."""
+
+    name = "ftrl_mix"
+    slots = 3  # per learner: z, n, m; `width` counts them
+    MAX_LEARNERS: ClassVar[int] = 6
+    DEFAULT_LEARNERS: ClassVar[tuple[tuple[float, float], ...]] = (
+        (0.05, 0.5),
+        (0.1, 0.5),
+        (0.2, 0.5),
+        (0.35, 0.5),
+        (0.35, 5.0),
+    )
+    """(alpha, l1) of each learner when none is named: chosen by
+    `bench/studies/linear_defaults.py` on the tuning half of its streams
+    (docs/defaults.md)."""
+    DEFAULT_L1: ClassVar[float] = 0.5
+
+    def __init__(self, beta: float = 0.1, l2: float = 1.0, cap: float = 32.0, **learners: float) -> None:
+        self.alphas, self.l1s = self._learners(learners)
+        if beta < 0 or l2 < 0 or cap < MIN_POSITIVE:
+            raise TableConfigError(f"ftrl_mix needs beta, l2 >= 0 and cap >= {MIN_POSITIVE:g}")
+        if beta < MIN_POSITIVE and l2 < MIN_POSITIVE:
+            raise TableConfigError(f"ftrl_mix needs beta or l2 >= {MIN_POSITIVE:g}")
+        self.beta = beta
+        self.l2 = l2
+        self.cap = cap
+        self._check_finite()
+        self._alpha = np.array(self.alphas, dtype=np.float32)
+        self._l1 = np.array(self.l1s, dtype=np.float32)
+
+    @classmethod
+    def _learners(cls, given: dict[str, float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        names = [f"{p}_{i}" for i in range(1, cls.MAX_LEARNERS + 1) for p in ("alpha", "l1")]
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise TableConfigError(
+                f"ftrl_mix has no hyperparameter {', '.join(unknown)}: its learners are alpha_i and l1_i, "
+                f"i = 1..{cls.MAX_LEARNERS}, and it has beta, l2 and cap"
+            )
+        index = sorted(int(k.removeprefix("alpha_")) for k in given if k.startswith("alpha_"))
+        orphans = sorted(k for k in given if k.startswith("l1_") and int(k.removeprefix("l1_")) not in index)
+        if index and orphans:
+            raise TableConfigError(f"ftrl_mix: {', '.join(orphans)} without its alpha_i")
+        if not index:
+            if orphans:
+                raise TableConfigError(f"ftrl_mix: {', '.join(orphans)} without its alpha_i")
+            return tuple(a for a, _ in cls.DEFAULT_LEARNERS), tuple(l1 for _, l1 in cls.DEFAULT_LEARNERS)
+        if index != list(range(1, len(index) + 1)):
+            raise TableConfigError(f"ftrl_mix: its learners are numbered 1..K without gaps, got alpha_{index}")
+        alphas = tuple(float(given[f"alpha_{i}"]) for i in index)
+        l1s = tuple(float(given.get(f"l1_{i}", cls.DEFAULT_L1)) for i in index)
+        if min(alphas) < MIN_POSITIVE or min(l1s) < 0:
+            raise TableConfigError(f"ftrl_mix needs every alpha_i >= {MIN_POSITIVE:g} and every l1_i >= 0")
+        return alphas, l1s
+
+    @property
+    def learners(self) -> int:
+        """K: how many FTRL learners it mixes."""
+        return len(self.alphas)
+
+    def params(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for i, (alpha, l1) in enumerate(zip(self.alphas, self.l1s, strict=True), start=1):
+            out[f"alpha_{i}"] = alpha
+            out[f"l1_{i}"] = l1
+        out.update(beta=float(self.beta), l2=float(self.l2), cap=float(self.cap))
+        return out
+
+    def width(self, dim: int) -> int:
+        return 3 * dim // 2
+
+    def check_dim(self, dim: int) -> str | None:
+        k = self.learners
+        return None if dim == 2 * k else f"a mixture of {k} learners has {2 * k} weights a row, not {dim}"
+
+    def _split(self, rows: F32) -> tuple[F32, F32, F32]:
+        k = self.learners
+        return rows[:, :k], rows[:, k : 2 * k], rows[:, 2 * k : 3 * k]
+
+    def _w(self, z: F32, sqrt_n: F32) -> F32:
+        """FTRL's weights (`FTRL._w`), each column at its learner's alpha and l1."""
+        neg_denom = np.subtract(np.float32(-self.beta), sqrt_n)
+        neg_denom /= self._alpha
+        neg_denom -= np.float32(self.l2)
+        shrunk = np.abs(z)
+        shrunk -= self._l1
+        np.maximum(shrunk, np.float32(0), out=shrunk)
+        w: F32 = np.sign(z)
+        w *= shrunk
+        w /= neg_denom
+        return w
+
+    def derive(self, rows: F32, dim: int) -> tuple[F32, F32]:
+        """The weights (n, 2K) of rows and their learners' sqrt(n) (n, K),
+        which `step` can be given as `FTRL.derive`'s are."""
+        z, n, m = self._split(rows)
+        sqrt_n = np.sqrt(n)
+        return np.concatenate((self._w(z, sqrt_n), m), axis=1), sqrt_n
+
+    def weights(self, rows: F32, dim: int) -> F32:
+        return self.derive(rows, dim)[0]
+
+    def rows_from_weights(self, w: F32) -> F32:
+        k = self.learners
+        out = np.zeros((w.shape[0], 3 * k), dtype=np.float32)
+        denom = np.float32(self.beta) / self._alpha + np.float32(self.l2)
+        out[:, :k] = -w[:, :k] * denom - np.sign(w[:, :k]) * self._l1
+        out[:, 2 * k :] = w[:, k:]
+        return out
+
+    def set_weights(self, rows: F32, w: F32) -> None:
+        # As `FTRL.set_weights`, per learner; the log-weights are taken as they are.
+        k = self.learners
+        z, n, m = self._split(rows)
+        denom = (np.float32(self.beta) + np.sqrt(n)) / self._alpha + np.float32(self.l2)
+        solved = -w[:, :k] * denom - np.sign(w[:, :k]) * self._l1
+        kept = np.clip(z, -self._l1, self._l1)
+        z[...] = np.where(w[:, :k] == 0, kept, solved)
+        m[...] = w[:, k:]
+
+    def step(self, rows: F32, grads: F32, derived: tuple[F32, F32] | None = None) -> None:
+        """`Optimizer.step`; `derived`, if given, must be `derive` of `rows`
+        as they are now (it is read, not changed)."""
+        k = self.learners
+        z, n, m = self._split(rows)
+        g = grads[:, :k]
+        if derived is None:
+            sqrt_n = np.sqrt(n)
+            w = self._w(z, sqrt_n)
+        else:
+            w, sqrt_n = derived[0][:, :k], derived[1]
+        n_new = g * g
+        np.add(n, n_new, out=n_new)
+        sigma = np.sqrt(n_new)
+        sigma -= sqrt_n
+        sigma /= self._alpha
+        sigma *= w
+        np.subtract(g, sigma, out=sigma)
+        z += sigma
+        n[...] = n_new
+        # Only the rows whose push carries losses (the bias row, in a
+        # model's push) change their log-weights.
+        losses = grads[:, k:]
+        carried = np.flatnonzero(losses.any(axis=1))
+        if carried.size:
+            got = m[carried] + losses[carried]
+            got -= got.min(axis=1, keepdims=True)
+            np.minimum(got, np.float32(1), out=got)
+            m[carried] = got
+
+
 class AddDeltas(Optimizer):
     """The shards' rule for a geo model: rows are weights and a push adds
     its values to them (``w += delta``). Workers train with the model's own
@@ -351,7 +536,11 @@ class AddDeltas(Optimizer):
         rows += grads
 
 
-OPTIMIZERS: dict[str, type[Optimizer]] = {c.name: c for c in (SGD, AdaGrad, FTRL, CoinBetting)}
+Deriving = FTRL | FTRLMixture
+"""The optimizers whose step starts from weights it derives from the rows
+(`derive`), which a push right after a pull can take from the pull."""
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {c.name: c for c in (SGD, AdaGrad, FTRL, CoinBetting, FTRLMixture)}
 
 
 def make_optimizer(spec: dict[str, Any]) -> Optimizer:

@@ -97,7 +97,7 @@ class TableSnapshot:
             if a.dtype == np.uint32:  # format 1: whole counts
                 object.__setattr__(self, name, a.astype(np.float32))
         n = self.keys.shape[0] if self.keys.ndim == 1 else -1
-        width = self.config.dim * self.config.row_rule().slots
+        width = self.config.row_rule().width(self.config.dim)
         expect: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {
             "keys": (np.dtype(np.uint64), (n,)),
             "data": (np.dtype(np.float32), (n, width)),

@@ -39,7 +39,7 @@ class RowStorage:
 
     def __init__(self, width: int, *, initial_rows: int = 1024) -> None:
         self.width = width
-        """State words per row (``dim * optimizer.slots``)."""
+        """State words per row (`Optimizer.width` of the dim)."""
         self.index = KeyIndex(initial_slots=max(16, int(initial_rows / 0.6)))
         # A worker pushes the very keys it pulled: its push reuses what the
         # pull found instead of probing and gathering again.

@@ -31,7 +31,7 @@ from .change_log import DEFAULT_LOG_KEYS, ChangeLog
 from .eviction import EVICTION_STEP_ROWS, Eviction, Evictor
 from .index import KeyIndex
 from .lifecycle import NO_LIFECYCLE, Admission, CountSketch, Lifecycle
-from .optim import FTRL, Optimizer
+from .optim import FTRL, Deriving, FTRLMixture, Optimizer
 from .pull_cache import PulledRows
 from .push import CheckedPush, PushExtras, admitted, checked_push, sum_duplicates
 from .row_meta import RowMeta
@@ -53,7 +53,7 @@ class SparseTable:
         self.config = config
         self.dim = config.dim
         self.optimizer: Optimizer = config.row_rule()
-        self.width = config.dim * self.optimizer.slots
+        self.width = self.optimizer.width(config.dim)
         self.storage = RowStorage(self.width, initial_rows=initial_rows)
         """The key index and the rows (`ps_core.store.storage`)."""
         self.rows_meta = RowMeta(self.storage)
@@ -98,8 +98,8 @@ class SparseTable:
         # the pull) start from `zero_state`, whose derivation is a constant;
         # other initial values would have to be derived per key, so then the
         # push derives everything itself.
-        self._derive: FTRL | None = None
-        if isinstance(self.optimizer, FTRL) and self.config.init_scale == 0.0:
+        self._derive: Deriving | None = None
+        if isinstance(self.optimizer, (FTRL, FTRLMixture)) and self.config.init_scale == 0.0:
             self._derive = self.optimizer
             self._zero_derived = self.optimizer.derive(zero_state, self.dim)
 
@@ -211,7 +211,7 @@ class SparseTable:
     def absent_weights(self, keys: U64) -> F32:
         """What a pull reads for keys without a row: their initial weights,
         or zeros with lazy embeddings (the key has no embedding yet)."""
-        if self.lifecycle.embed_threshold and self.dim > 1:
+        if self.lifecycle.embed_threshold and self.config.embeddings:
             return np.zeros((keys.size, self.dim), dtype=np.float32)
         return self.initial_weights(keys)
 

@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import TableConfigError
 from ..parsing import json_int
 from .lifecycle import NO_LIFECYCLE, Lifecycle
-from .optim import AddDeltas, Optimizer, make_optimizer
+from .optim import AddDeltas, FTRLMixture, Optimizer, make_optimizer
 
 __all__ = ["MODES", "MAX_DIM", "MAX_INIT_SCALE", "TableConfig"]
 
@@ -31,7 +31,7 @@ class TableConfig:
     dim: int = 1
     """Weights per key: 1 for a linear term, k for an FM embedding."""
     optimizer: dict[str, Any] = field(default_factory=lambda: {"name": "ftrl"})
-    """``{"name": "sgd"|"adagrad"|"ftrl", **hyperparameters}``."""
+    """``{"name": "sgd"|"adagrad"|"ftrl"|"coin"|"ftrl_mix", **hyperparameters}``."""
     init_scale: float = 0.0
     """Initial weights are uniform in ``[-init_scale, init_scale)``; 0 starts at zero."""
     seed: int = 0
@@ -64,11 +64,21 @@ class TableConfig:
             raise TableConfigError(f"table {name}: seed must be an integer in [0, 2**63)")
         # Normalise the optimizer spec (defaults filled in) so that two
         # declarations of the same table compare equal however they were written.
-        object.__setattr__(self, "optimizer", make_optimizer(dict(self.optimizer)).spec())
+        optimizer = make_optimizer(dict(self.optimizer))
+        object.__setattr__(self, "optimizer", optimizer.spec())
+        wrong = optimizer.check_dim(self.dim)
+        if wrong:
+            raise TableConfigError(f"table {name}: {wrong}")
+        if isinstance(optimizer, FTRLMixture) and self.init_scale:
+            # Random starts would land in the mixture's log-weights too.
+            raise TableConfigError(f"table {name}: a mixture of learners starts at zero (init_scale 0)")
         if self.lifecycle is not None and not isinstance(self.lifecycle, Lifecycle):
             raise TableConfigError(f"table {name}: lifecycle must be a Lifecycle")
-        if self.lifecycle is not None and self.lifecycle.embed_threshold and self.dim < 2:
-            raise TableConfigError(f"table {name}: lazy embeddings (embed_threshold) need dim > 1")
+        if self.lifecycle is not None and self.lifecycle.embed_threshold and not self.embeddings:
+            raise TableConfigError(
+                f"table {name}: lazy embeddings (embed_threshold) need an embedding table "
+                "(dim > 1, no mixture of learners)"
+            )
         if self.lifecycle == NO_LIFECYCLE:
             # The default says nothing: one form of it, so declarations compare equal.
             object.__setattr__(self, "lifecycle", None)
@@ -81,6 +91,12 @@ class TableConfig:
                 raise TableConfigError(f"table {name}: max_staleness must be an integer")
             if not 0 <= self.max_staleness < 2**31:
                 raise TableConfigError(f"table {name}: max_staleness must be in [0, 2**31)")
+
+    @property
+    def embeddings(self) -> bool:
+        """Whether its rows are embeddings, which lazy embeddings gate: dim > 1,
+        and not a mixture's linear table (2K weights: learners' and log-weights)."""
+        return self.dim > 1 and self.optimizer["name"] != FTRLMixture.name
 
     def row_rule(self) -> Optimizer:
         """What the shard applies to a push and how its rows are laid out: the
