@@ -44,6 +44,8 @@ from numpy.lib import format as npy_format
 from ..errors import ExportCorruptError, ExportNotFoundError
 from ..store.snapshot import SnapshotKind, TableSnapshot
 from ..store.table_config import TableConfig
+from .export_store import dir_mode, fsync_dir, local_version_dirs
+from .export_store import make_dir as _make_dir
 from .manifest import (
     MANIFEST_NAME,
     ExportManifest,
@@ -84,24 +86,6 @@ _CHUNK = 1 << 20
 
 DEFAULT_FILE_MODE = 0o600
 """Mode of export files: this user only (their directories: 0700)."""
-
-
-def dir_mode(file_mode: int) -> int:
-    """The mode of directories holding files of `file_mode`: ``x`` wherever ``r``."""
-    return file_mode | ((file_mode & 0o444) >> 2)
-
-
-def _make_dir(path: Path, file_mode: int, *, exist_ok: bool = False) -> None:
-    """Make `path` (and its parents) of exactly `dir_mode(file_mode)`, whatever
-    the umask; an existing one keeps its mode."""
-    mode = dir_mode(file_mode)
-    try:
-        path.mkdir(mode=mode, parents=True)
-    except FileExistsError:
-        if not exist_ok:
-            raise
-        return
-    os.chmod(path, mode)
 
 
 @dataclass(frozen=True)
@@ -200,14 +184,6 @@ def _write_npz(path: Path, arrays: Mapping[str, npt.NDArray[Any]]) -> tuple[int,
         raw.flush()
         os.fsync(raw.fileno())
     return out.size, out.sha256.hexdigest()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_tree(
@@ -368,19 +344,7 @@ def version_dirs(model_dir: Path) -> dict[int, Path]:
     """Version number → directory for every visible version name (hidden
     temporaries and anything not a number are skipped); no manifest is read,
     so a damaged version is listed too (`list_versions` skips those)."""
-    out: dict[int, Path] = {}
-    try:
-        entries = list(os.scandir(model_dir))
-    except FileNotFoundError:
-        return out
-    for e in entries:
-        v = parse_version_dir(e.name)
-        if v is not None and e.is_dir():
-            # Two spellings of one number (e.g. "12" and "0000000012"): keep
-            # the canonical one.
-            if v not in out or e.name == version_dir_name(v):
-                out[v] = Path(e.path)
-    return out
+    return local_version_dirs(Path(model_dir))
 
 
 def version_info(path: Path, manifest: ExportManifest) -> VersionInfo:

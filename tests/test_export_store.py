@@ -1,0 +1,194 @@
+"""Export stores (`ps_core.checkpoint.export_store`): the same behaviour from a
+local directory and from an S3 bucket (moto's server, the `s3_endpoint`
+fixture): a committed version is listed and reads back byte for byte; one
+whose manifest was never written is not listed; a version is written once;
+deleting removes it; bad locations and unreachable or refusing servers fail
+in bounded time with one line naming where and why."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from s3_server import S3Endpoint, moto_server
+
+from consumers.broker import free_port
+from ps_core.checkpoint.export_store import (
+    ExportStore,
+    ExportStoreError,
+    LocalExportStore,
+    S3ExportStore,
+    S3Options,
+    store_for,
+)
+from ps_core.checkpoint.manifest import MANIFEST_NAME
+
+S3 = pytest.param("s3", marks=[pytest.mark.slow, pytest.mark.process])
+MODEL = "ctr"
+BIG = 11 << 20
+"""Past obstore's 10 MB write buffer: a multipart upload."""
+
+
+def s3_env(endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's credentials as the only AWS settings in the environment."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in endpoint.env.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture(params=["local", S3])
+def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ExportStore]:
+    """A store of each kind; the S3 one under a fresh prefix of the session's bucket."""
+    if request.param == "local":
+        yield store_for(tmp_path / "exports")
+        return
+    pytest.importorskip("obstore", reason="obstore is not installed (the s3 extra)")
+    endpoint: S3Endpoint = request.getfixturevalue("s3_endpoint")
+    s3_env(endpoint, monkeypatch)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint.url)
+    yield store_for(f"s3://{endpoint.bucket}/run-{secrets.token_hex(4)}/exports")
+
+
+def upload(store: ExportStore, version: int, files: dict[str, bytes], manifest: bytes | None) -> str | None:
+    """Write a version's files, then its manifest unless None (an upload cut
+    short before it); returns where the version is when committed."""
+    up = store.begin(MODEL, version)
+    for name, data in files.items():
+        with up.open(name) as f:
+            # Two writes: the stream is written piecewise, as the .npz writer does.
+            f.write(data[: len(data) // 2])
+            f.write(memoryview(data)[len(data) // 2 :])
+    return None if manifest is None else up.commit(manifest)
+
+
+def test_a_committed_version_is_listed_and_reads_back_byte_for_byte(store: ExportStore) -> None:
+    files = {"shard-0.t.npz": os.urandom(BIG), "shard-1.t.npz": os.urandom(1000), "empty.npz": b""}
+    assert store.versions(MODEL) == {}
+    where = upload(store, 7, files, b'{"version": 7}')
+    assert store.versions(MODEL) == {7: where}
+    assert where == store.location(MODEL, 7)
+    for name, data in {**files, MANIFEST_NAME: b'{"version": 7}'}.items():
+        assert store.size(MODEL, 7, name) == len(data)
+        assert store.read_bytes(MODEL, 7, name) == data
+        pieces = list(store.iter_bytes(MODEL, 7, name, chunk=1 << 20))
+        assert b"".join(pieces) == data
+    assert len(list(store.iter_bytes(MODEL, 7, "shard-0.t.npz", chunk=1 << 20))) > 1
+    assert store.size(MODEL, 7, "nothing.npz") is None
+    with pytest.raises(FileNotFoundError):
+        store.read_bytes(MODEL, 7, "nothing.npz")
+    assert store.versions("other") == {}
+
+
+def test_a_version_without_its_manifest_is_not_visible(store: ExportStore) -> None:
+    upload(store, 1, {"shard-0.t.npz": b"a" * 100}, b"1")
+    # Cut short after its data files: never listed, and its number is free.
+    upload(store, 2, {"shard-0.t.npz": b"b" * 100}, None)
+    assert set(store.versions(MODEL)) == {1}
+    assert store.size(MODEL, 2, MANIFEST_NAME) is None
+
+    # The manifest write fails: the version stays invisible, and abort clears it.
+    up = store.begin(MODEL, 3)
+    with up.open("shard-0.t.npz") as f:
+        f.write(b"c" * 100)
+    with pytest.raises((TypeError, ExportStoreError)):
+        up.commit(None)  # type: ignore[arg-type]
+    up.abort()
+    assert set(store.versions(MODEL)) == {1}
+    assert store.size(MODEL, 3, "shard-0.t.npz") is None
+
+    # A later complete upload of the same number is what becomes visible.
+    upload(store, 2, {"shard-0.t.npz": b"d" * 10}, b"2")
+    assert set(store.versions(MODEL)) == {1, 2}
+    assert store.read_bytes(MODEL, 2, "shard-0.t.npz") == b"d" * 10
+
+
+def test_a_version_is_written_once(store: ExportStore) -> None:
+    upload(store, 1, {"shard-0.t.npz": b"first"}, b"first manifest")
+    with pytest.raises(FileExistsError, match="version 1 exists"):
+        store.begin(MODEL, 1)
+    # Two writers that both began before either committed: the second's
+    # manifest is refused and the first's stays.
+    a, b = store.begin(MODEL, 2), store.begin(MODEL, 2)
+    a.commit(b"manifest a")
+    with pytest.raises(FileExistsError, match="version 2 exists"):
+        b.commit(b"manifest b")
+    assert store.read_bytes(MODEL, 2, MANIFEST_NAME) == b"manifest a"
+    assert store.read_bytes(MODEL, 1, MANIFEST_NAME) == b"first manifest"
+    assert set(store.versions(MODEL)) == {1, 2}
+
+
+def test_delete_removes_a_version(store: ExportStore) -> None:
+    for v in (1, 2):
+        upload(store, v, {"shard-0.t.npz": os.urandom(100), "shard-1.t.npz": b"x"}, b"m")
+    assert store.delete_version(MODEL, 1) is True
+    assert set(store.versions(MODEL)) == {2}
+    for name in ("shard-0.t.npz", "shard-1.t.npz", MANIFEST_NAME):
+        assert store.size(MODEL, 1, name) is None
+        assert store.size(MODEL, 2, name) is not None
+    assert store.delete_version(MODEL, 1) is False
+    # The number is free again.
+    upload(store, 1, {"shard-0.t.npz": b"again"}, b"m")
+    assert store.read_bytes(MODEL, 1, "shard-0.t.npz") == b"again"
+
+
+def test_locations_pick_their_store_and_other_schemes_fail_in_one_line(tmp_path: Path) -> None:
+    local = store_for(tmp_path)
+    assert isinstance(local, LocalExportStore) and local.root == tmp_path
+    assert isinstance(store_for(str(tmp_path / "x")), LocalExportStore)
+    for bad, why in (("gs://bucket/p", "scheme 'gs' is not supported"), ("file:///tmp/x", "scheme 'file'")):
+        with pytest.raises(ValueError, match=why) as err:
+            store_for(bad)
+        assert "\n" not in str(err.value) and bad in str(err.value)
+    pytest.importorskip("obstore", reason="obstore is not installed (the s3 extra)")
+    s3 = store_for("s3://bucket/a/b/")
+    assert isinstance(s3, S3ExportStore) and (s3.bucket, s3.prefix) == ("bucket", "a/b")
+    assert s3.location(MODEL, 3, "f.npz") == "s3://bucket/a/b/ctr/0000000003/f.npz"
+    with pytest.raises(ValueError, match="needs a bucket"):
+        store_for("s3:///prefix")
+
+
+def test_an_unreachable_server_fails_in_bounded_time_naming_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("obstore", reason="obstore is not installed (the s3 extra)")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    port = free_port()  # nothing listens there
+    opts = S3Options(endpoint=f"http://127.0.0.1:{port}", connect_timeout_s=1, max_retries=2, retry_timeout_s=3)
+    store = S3ExportStore("bkt", "p", opts)
+    for call, key, op in (
+        (lambda: store.versions(MODEL), "s3://bkt/p/ctr/:", "list failed"),
+        (lambda: store.begin(MODEL, 4), "s3://bkt/p/ctr/0000000004/manifest.json:", "head failed"),
+        (lambda: store.read_bytes(MODEL, 4, "a.npz"), "s3://bkt/p/ctr/0000000004/a.npz:", "get failed"),
+    ):
+        started = time.monotonic()
+        with pytest.raises(ExportStoreError) as err:
+            call()
+        assert time.monotonic() - started < 15
+        line = str(err.value)
+        assert "\n" not in line and line.startswith(key) and op in line and "error sending request" in line
+
+
+@pytest.mark.slow
+@pytest.mark.process
+def test_refused_credentials_fail_in_one_line_naming_the_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto checking signatures after the bucket is made: the fixture's keys
+    are not in its records, as a wrong key is not in S3's."""
+    pytest.importorskip("obstore", reason="obstore is not installed (the s3 extra)")
+    pytest.importorskip("moto.server", reason="moto is not installed")
+    with moto_server(server_env={"INITIAL_NO_AUTH_ACTION_COUNT": "1"}) as endpoint:
+        s3_env(endpoint, monkeypatch)
+        store = S3ExportStore(endpoint.bucket, "p", S3Options(endpoint=endpoint.url, retry_timeout_s=5))
+        started = time.monotonic()
+        with pytest.raises(ExportStoreError) as err:
+            store.versions(MODEL)
+        assert time.monotonic() - started < 15
+        line = str(err.value)
+        assert "\n" not in line and line.startswith(f"s3://{endpoint.bucket}/p/ctr/: list failed")
+        assert "403" in line and "InvalidAccessKeyId" in line
+        with pytest.raises(ExportStoreError, match="head failed: PermissionDeniedError"):
+            store.begin(MODEL, 1)
