@@ -13,10 +13,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from s3_server import S3Endpoint, moto_server
 
 from consumers.broker import free_port
+from ps_core.checkpoint.export_files import (
+    load_version,
+    read_manifest,
+    store_manifest,
+    store_versions,
+    verify_version,
+    write_version,
+    write_version_to,
+)
 from ps_core.checkpoint.export_store import (
     ExportStore,
     ExportStoreError,
@@ -26,6 +36,10 @@ from ps_core.checkpoint.export_store import (
     store_for,
 )
 from ps_core.checkpoint.manifest import MANIFEST_NAME
+from ps_core.errors import ExportCorruptError
+from ps_core.store.snapshot import TableSnapshot
+from ps_core.store.table import SparseTable
+from ps_core.store.table_config import TableConfig
 
 S3 = pytest.param("s3", marks=[pytest.mark.slow, pytest.mark.process])
 MODEL = "ctr"
@@ -134,6 +148,61 @@ def test_delete_removes_a_version(store: ExportStore) -> None:
     # The number is free again.
     upload(store, 1, {"shard-0.t.npz": b"again"}, b"m")
     assert store.read_bytes(MODEL, 1, "shard-0.t.npz") == b"again"
+
+
+def snapshots(version: int) -> dict[int, list[TableSnapshot]]:
+    """A base of two tables on two shards, the same on every call."""
+    out: dict[int, list[TableSnapshot]] = {}
+    for shard in (0, 1):
+        tables = [SparseTable(TableConfig("lr", 1)), SparseTable(TableConfig("fm_v", 4))]
+        keys = np.arange(shard, 40_000, 2, dtype=np.uint64)
+        for t in tables:
+            t.push(keys, np.linspace(0, 1, keys.size * t.dim).reshape(keys.size, t.dim))
+        out[shard] = [t.snapshot(None, version=version) for t in tables]
+    return out
+
+
+def test_a_version_written_to_a_store_is_the_local_one_byte_for_byte(store: ExportStore, tmp_path: Path) -> None:
+    """`write_version_to` a store writes the files `write_version` writes on
+    disk; the store's listing and manifest read them back."""
+    snaps = snapshots(3)
+    local = write_version(tmp_path / "reference", MODEL, 3, None, snaps, {"clicks": {0: 9}}, {"name": MODEL}, 2)
+    where = write_version_to(store, MODEL, 3, None, snaps, {"clicks": {0: 9}}, {"name": MODEL}, 2)
+    reference = verify_version(local)
+    listed = store_versions(store, MODEL)
+    assert [w for w, _ in listed] == [where]
+    manifest = store_manifest(store, MODEL, 3)
+    assert listed[0][1] == manifest
+    assert (manifest.files, manifest.serving_files, manifest.offsets) == (
+        reference.files,
+        reference.serving_files,
+        reference.offsets,
+    )
+    for entry in manifest.files + manifest.serving_files:
+        assert store.read_bytes(MODEL, 3, entry.name) == (local / entry.name).read_bytes(), entry.name
+    with pytest.raises(FileExistsError, match="version 3 exists"):
+        write_version_to(store, MODEL, 3, None, snaps, {}, {"name": MODEL}, 2)
+    if isinstance(store, LocalExportStore):
+        assert Path(where) == store.root / MODEL / "0000000003"
+        assert read_manifest(Path(where)) == manifest
+        assert load_version(Path(where)).snapshots.keys() == {0, 1}
+
+
+def test_a_manifest_that_does_not_read_is_not_listed(store: ExportStore) -> None:
+    upload(store, 1, {}, b"not json")
+    upload(store, 2, {}, store_manifest_bytes(store, 1))
+    assert store_versions(store, MODEL) == []
+    with pytest.raises(ExportCorruptError, match="manifest.json"):
+        store_manifest(store, MODEL, 1)
+    with pytest.raises(ExportCorruptError, match="manifest.json: missing"):
+        store_manifest(store, MODEL, 5)
+
+
+def store_manifest_bytes(store: ExportStore, version: int) -> bytes:
+    """A valid manifest of another version than `version` + 1 names."""
+    local = write_version_to(store, "src", version, None, snapshots(version), {}, {"name": "src"}, 2)
+    assert local
+    return store.read_bytes("src", version, MANIFEST_NAME)
 
 
 def test_locations_pick_their_store_and_other_schemes_fail_in_one_line(tmp_path: Path) -> None:

@@ -19,6 +19,11 @@ writer asks for another `file_mode` (directories get an ``x`` wherever the
 files get an ``r``): a version holds the whole model, its optimizer state and
 offsets, which no other local user should read by default.
 
+Writing goes through an `ExportStore` (`ps_core.checkpoint.export_store`):
+`write_version` is `write_version_to` a local directory's; `store_versions`
+and `store_manifest` list and read any store's (an ``s3://`` bucket too).
+The other readers here (chains, files, restore) still take local paths.
+
 Everything here is synchronous file work: the cut itself (`SparseTable.snapshot`)
 is the pause; callers run these functions in a thread after it.
 """
@@ -28,14 +33,12 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import secrets
-import shutil
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,8 +47,16 @@ from numpy.lib import format as npy_format
 from ..errors import ExportCorruptError, ExportNotFoundError
 from ..store.snapshot import SnapshotKind, TableSnapshot
 from ..store.table_config import TableConfig
-from .export_store import dir_mode, fsync_dir, local_version_dirs
-from .export_store import make_dir as _make_dir
+from .export_store import (
+    BinaryWriter,
+    ExportStore,
+    LocalExportStore,
+    LocalUpload,
+    VersionUpload,
+    dir_mode,
+    fsync_dir,
+    local_version_dirs,
+)
 from .manifest import (
     MANIFEST_NAME,
     ExportManifest,
@@ -63,9 +74,12 @@ __all__ = [
     "VersionInfo",
     "LoadedVersion",
     "write_version",
+    "write_version_to",
     "list_versions",
     "version_dirs",
     "read_manifest",
+    "store_manifest",
+    "store_versions",
     "verify_version",
     "iter_version",
     "load_version",
@@ -138,7 +152,7 @@ class _HashingWriter:
     byte is written (and hashed) once, in order.
     """
 
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self, raw: BinaryWriter) -> None:
         self._raw = raw
         self.sha256 = hashlib.sha256()
         self.size = 0
@@ -160,30 +174,61 @@ class _HashingWriter:
         """Nothing: the caller owns the file (zipfile never closes a passed file)."""
 
 
-def _write_npz(path: Path, arrays: Mapping[str, npt.NDArray[Any]]) -> tuple[int, str]:
-    """Write arrays as an uncompressed .npz (what ``np.savez`` writes), fsynced.
+def _write_npz(dest: Path | BinaryWriter, arrays: Mapping[str, npt.NDArray[Any]]) -> tuple[int, str]:
+    """Write arrays as an uncompressed .npz (what ``np.savez`` writes) to a new
+    file, fsynced, or to a store's stream (`VersionUpload.open`, left open:
+    closing it is what makes it durable).
 
     Returns the size and hex SHA-256, computed while writing.
     """
-    with open(path, "xb") as raw:
-        out = _HashingWriter(raw)
-        with zipfile.ZipFile(out, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            for name, arr in arrays.items():
-                a = np.ascontiguousarray(arr)
-                # force_zip64 as np.savez does: members may pass 4 GiB.
-                with zf.open(name + ".npy", "w", force_zip64=True) as member:
-                    # What np.save writes (format 1.0 header, then the raw
-                    # C-order bytes), minus its copy of the data through a
-                    # buffered iterator: slices of one memoryview go straight
-                    # through zipfile's CRC, the SHA-256 and the write, each
-                    # slice small enough to stay in cache across the three.
-                    npy_format.write_array_header_1_0(member, npy_format.header_data_from_array_1_0(a))
-                    raw_bytes = a.reshape(-1).view(np.uint8).data
-                    for i in range(0, raw_bytes.nbytes, _CHUNK):
-                        member.write(raw_bytes[i : i + _CHUNK])
-        raw.flush()
-        os.fsync(raw.fileno())
+    if isinstance(dest, Path):
+        with open(dest, "xb") as f:
+            result = _write_npz(f, arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        return result
+    out = _HashingWriter(dest)
+    with zipfile.ZipFile(out, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, arr in arrays.items():
+            a = np.ascontiguousarray(arr)
+            # force_zip64 as np.savez does: members may pass 4 GiB.
+            with zf.open(name + ".npy", "w", force_zip64=True) as member:
+                # What np.save writes (format 1.0 header, then the raw
+                # C-order bytes), minus its copy of the data through a
+                # buffered iterator: slices of one memoryview go straight
+                # through zipfile's CRC, the SHA-256 and the write, each
+                # slice small enough to stay in cache across the three.
+                npy_format.write_array_header_1_0(member, npy_format.header_data_from_array_1_0(a))
+                raw_bytes = a.reshape(-1).view(np.uint8).data
+                for i in range(0, raw_bytes.nbytes, _CHUNK):
+                    member.write(raw_bytes[i : i + _CHUNK])
+    dest.flush()
     return out.size, out.sha256.hexdigest()
+
+
+def _write_files(
+    upload: VersionUpload, manifest_fields: dict[str, Any], snapshots: Mapping[int, Sequence[TableSnapshot]]
+) -> ExportManifest:
+    """A version's data and serving files, each through `upload`; returns its
+    manifest (not written: the caller commits or seals with it)."""
+    precision = manifest_fields.get("serving_precision", "f32")
+    files: list[ManifestFile] = []
+    serving: list[ManifestFile] = []
+    tables: dict[str, TableConfig] = {}
+    for shard in sorted(snapshots):
+        for snap in snapshots[shard]:
+            name, weights = shard_file_name(shard, snap.table), serving_file_name(shard, snap.table)
+            for target, arrays, entries in (
+                (name, snap.arrays(), files),
+                (weights, serving_arrays(snap, precision), serving),
+            ):
+                with upload.open(target) as raw:
+                    size, digest = _write_npz(raw, arrays)
+                entries.append(ManifestFile(target, shard, snap.table, snap.rows, int(snap.deleted.size), size, digest))
+            tables[snap.table] = snap.config
+    return ExportManifest(
+        tables=dict(sorted(tables.items())), files=tuple(files), serving_files=tuple(serving), **manifest_fields
+    )
 
 
 def write_tree(
@@ -196,39 +241,13 @@ def write_tree(
     then the manifest, everything fsynced); returns it and its manifest. The
     directory is 0700 while it is written; then its files get `file_mode` and
     it gets `dir_mode(file_mode)`, exactly, whatever the umask."""
-    version = int(manifest_fields["version"])
-    precision = manifest_fields.get("serving_precision", "f32")
-    tmp = parent_dir / f".tmp-{version_dir_name(version)}-{secrets.token_hex(4)}"
-    _make_dir(tmp, DEFAULT_FILE_MODE)
+    upload = LocalUpload(parent_dir, int(manifest_fields["version"]), file_mode)
     try:
-        files: list[ManifestFile] = []
-        serving: list[ManifestFile] = []
-        tables: dict[str, TableConfig] = {}
-        for shard in sorted(snapshots):
-            for snap in snapshots[shard]:
-                name, weights = shard_file_name(shard, snap.table), serving_file_name(shard, snap.table)
-                size, digest = _write_npz(tmp / name, snap.arrays())
-                files.append(ManifestFile(name, shard, snap.table, snap.rows, int(snap.deleted.size), size, digest))
-                size, digest = _write_npz(tmp / weights, serving_arrays(snap, precision))
-                serving.append(
-                    ManifestFile(weights, shard, snap.table, snap.rows, int(snap.deleted.size), size, digest)
-                )
-                tables[snap.table] = snap.config
-        manifest = ExportManifest(
-            tables=dict(sorted(tables.items())), files=tuple(files), serving_files=tuple(serving), **manifest_fields
-        )
-        with open(tmp / MANIFEST_NAME, "xb") as f:
-            f.write(manifest.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        for written in tmp.iterdir():
-            os.chmod(written, file_mode)
-        os.chmod(tmp, dir_mode(file_mode))
-        fsync_dir(tmp)
+        manifest = _write_files(upload, manifest_fields, snapshots)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        upload.abort()
         raise
-    return tmp, manifest
+    return upload.seal(manifest.to_json()), manifest
 
 
 def _check_snapshots(
@@ -287,12 +306,42 @@ def write_version(
     (`ps_core.checkpoint.serving_files`). Its files get `file_mode`, its directory
     (and the model's, when this makes it) `dir_mode(file_mode)`.
     """
+    return Path(
+        write_version_to(
+            LocalExportStore(root),
+            model,
+            version,
+            parent,
+            snapshots,
+            offsets,
+            model_config,
+            num_shards,
+            stream=stream,
+            serving_precision=serving_precision,
+            file_mode=file_mode,
+        )
+    )
+
+
+def write_version_to(
+    store: ExportStore,
+    model: str,
+    version: int,
+    parent: int | None,
+    snapshots: Mapping[int, Sequence[TableSnapshot]],
+    offsets: Mapping[str, Mapping[int, int]],
+    model_config: Mapping[str, Any],
+    num_shards: int,
+    *,
+    stream: StreamIdentity | None = None,
+    serving_precision: str = "f32",
+    file_mode: int = DEFAULT_FILE_MODE,
+) -> str:
+    """`write_version` into any `ExportStore` (a local directory, an S3 bucket):
+    the files, then the manifest, which makes the version visible; returns its
+    location. `FileExistsError` if the version exists or appears meanwhile."""
     kind = _check_snapshots(version, parent, snapshots, num_shards)
-    mdir = Path(root) / check_model_name(model)
-    _make_dir(mdir, file_mode, exist_ok=True)
-    final = mdir / version_dir_name(version)
-    if final.exists():
-        raise FileExistsError(f"export version {version} exists: {final}")
+    upload = store.begin(check_model_name(model), version, file_mode=file_mode)
     fields: dict[str, Any] = {
         "model": model,
         "version": version,
@@ -305,16 +354,12 @@ def write_version(
         "stream": stream,
         "serving_precision": serving_precision,
     }
-    tmp, _ = write_tree(mdir, fields, snapshots, file_mode)
     try:
-        # rename(2) would replace an empty directory created meanwhile; the
-        # check above makes that a race between two writers of one version.
-        os.rename(tmp, final)
+        manifest = _write_files(upload, fields, snapshots)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        upload.abort()
         raise
-    fsync_dir(mdir)
-    return final
+    return upload.commit(manifest.to_json())
 
 
 # -- reading ------------------------------------------------------------------------
@@ -327,13 +372,29 @@ def read_manifest(version_dir: Path) -> ExportManifest:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ExportCorruptError(f"{path}: missing", file=str(path), expected="a manifest", actual="missing") from None
-    manifest = ExportManifest.from_json(raw, str(path))
-    expect = parse_version_dir(Path(version_dir).name)
+        raw = None
+    return _checked_manifest(raw, str(path), parse_version_dir(Path(version_dir).name))
+
+
+def store_manifest(store: ExportStore, model: str, version: int) -> ExportManifest:
+    """`read_manifest` of a version in an `ExportStore`."""
+    try:
+        raw: bytes | None = store.read_bytes(model, version, MANIFEST_NAME)
+    except FileNotFoundError:
+        raw = None
+    return _checked_manifest(raw, store.location(model, version, MANIFEST_NAME), version)
+
+
+def _checked_manifest(raw: bytes | None, where: str, expect: int | None) -> ExportManifest:
+    """The manifest in `raw` (None: missing), read from `where`, which must be
+    of version `expect` (when not None)."""
+    if raw is None:
+        raise ExportCorruptError(f"{where}: missing", file=where, expected="a manifest", actual="missing")
+    manifest = ExportManifest.from_json(raw, where)
     if expect is not None and manifest.version != expect:
         raise ExportCorruptError(
-            f"{path}: names version {manifest.version}, its directory {expect}",
-            file=str(path),
+            f"{where}: names version {manifest.version}, its directory {expect}",
+            file=where,
             expected=str(expect),
             actual=str(manifest.version),
         )
@@ -358,13 +419,26 @@ def list_versions(model_dir: Path) -> list[VersionInfo]:
     never listed; neither are numbered directories whose manifest is missing
     or unreadable (`latest_chain` reports those). Files are not checked.
     """
-    out: list[VersionInfo] = []
-    for _, path in sorted(version_dirs(Path(model_dir)).items()):
+    dirs = version_dirs(Path(model_dir))
+    return [version_info(dirs[v], m) for v, m in _readable(dirs, lambda v: read_manifest(dirs[v]))]
+
+
+def store_versions(store: ExportStore, model: str) -> list[tuple[str, ExportManifest]]:
+    """`list_versions` of a model in an `ExportStore`: each visible version's
+    location and manifest, oldest first; unreadable manifests are skipped."""
+    where = store.versions(model)
+    return [(where[v], m) for v, m in _readable(where, lambda v: store_manifest(store, model, v))]
+
+
+def _readable(
+    versions: Mapping[int, object], read: Callable[[int], ExportManifest]
+) -> Iterator[tuple[int, ExportManifest]]:
+    """Each version's manifest, oldest first, skipping those that do not read."""
+    for v in sorted(versions):
         try:
-            out.append(version_info(path, read_manifest(path)))
+            yield v, read(v)
         except ExportCorruptError:
             continue
-    return out
 
 
 def _check_file(version_dir: Path, entry: ManifestFile, verify: bool) -> bytes | None:

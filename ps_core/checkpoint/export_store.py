@@ -44,6 +44,7 @@ __all__ = [
     "ExportStore",
     "ExportStoreError",
     "LocalExportStore",
+    "LocalUpload",
     "S3ExportStore",
     "S3Options",
     "BinaryWriter",
@@ -178,8 +179,8 @@ class _DurableFile(io.BufferedWriter):
                 super().close()
 
 
-class _LocalUpload(VersionUpload):
-    """A hidden ``.tmp-<version>-<random>`` directory of the model's, 0700
+class LocalUpload(VersionUpload):
+    """A local version being written: a hidden ``.tmp-<version>-<random>`` directory of the model's, 0700
     while written; at commit its files get `file_mode`, it gets
     `dir_mode(file_mode)`, everything is fsynced, and one rename shows it."""
 
@@ -260,13 +261,13 @@ class LocalExportStore(ExportStore):
     def _file(self, model: str, version: int, name: str) -> Path:
         return self.model_dir(model) / version_dir_name(version) / name
 
-    def begin(self, model: str, version: int, *, file_mode: int = 0o600) -> _LocalUpload:
+    def begin(self, model: str, version: int, *, file_mode: int = 0o600) -> LocalUpload:
         mdir = self.model_dir(model)
         make_dir(mdir, file_mode, exist_ok=True)
         final = mdir / version_dir_name(version)
         if final.exists():
             raise FileExistsError(f"export version {version} exists: {final}")
-        return _LocalUpload(mdir, version, file_mode)
+        return LocalUpload(mdir, version, file_mode)
 
     def versions(self, model: str) -> dict[int, str]:
         return {v: str(p) for v, p in local_version_dirs(self.model_dir(model)).items()}
