@@ -1,4 +1,4 @@
-"""Export stores (`ps_core.checkpoint.export_store`): the same behaviour from a
+"""Export stores (`ps_core.checkpoint.exportstore`): the same behaviour from a
 local directory and from an S3 bucket (moto's server, the `s3_endpoint`
 fixture): a committed version is listed and reads back byte for byte; one
 whose manifest was never written is not listed; a version is written once;
@@ -27,7 +27,7 @@ from ps_core.checkpoint.export_files import (
     write_version,
     write_version_to,
 )
-from ps_core.checkpoint.export_store import (
+from ps_core.checkpoint.exportstore import (
     ExportStore,
     ExportStoreError,
     LocalExportStore,

@@ -19,7 +19,7 @@ writer asks for another `file_mode` (directories get an ``x`` wherever the
 files get an ``r``): a version holds the whole model, its optimizer state and
 offsets, which no other local user should read by default.
 
-Writing goes through an `ExportStore` (`ps_core.checkpoint.export_store`):
+Writing goes through an `ExportStore` (`ps_core.checkpoint.exportstore`):
 `write_version` is `write_version_to` a local directory's; `store_versions`
 and `store_manifest` list and read any store's (an ``s3://`` bucket too).
 The other readers here (chains, files, restore) still take local paths.
@@ -47,7 +47,7 @@ from numpy.lib import format as npy_format
 from ..errors import ExportCorruptError, ExportNotFoundError
 from ..store.snapshot import SnapshotKind, TableSnapshot
 from ..store.table_config import TableConfig
-from .export_store import (
+from .exportstore import (
     BinaryWriter,
     ExportStore,
     LocalExportStore,
