@@ -7,6 +7,7 @@ in bounded time with one line naming where and why."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import time
@@ -16,9 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from s3_server import S3Endpoint, moto_server
+from test_export import MODEL_CONFIG, TABLES, assert_same_rows, cut, delete, make_shards, push, rows_of
 
 from consumers.broker import free_port
 from ps_core.checkpoint.export_files import (
+    latest_chain,
+    list_versions,
     load_version,
     read_manifest,
     store_manifest,
@@ -33,10 +37,16 @@ from ps_core.checkpoint.exportstore import (
     LocalExportStore,
     S3ExportStore,
     S3Options,
+    StoredModel,
+    StoredVersion,
+    VersionSource,
     store_for,
+    stored_version,
 )
 from ps_core.checkpoint.manifest import MANIFEST_NAME
-from ps_core.errors import ExportCorruptError
+from ps_core.checkpoint.restore import restore_shards
+from ps_core.errors import ExportCorruptError, ExportNotFoundError
+from ps_core.shard import Shard
 from ps_core.store.snapshot import TableSnapshot
 from ps_core.store.table import SparseTable
 from ps_core.store.table_config import TableConfig
@@ -261,3 +271,188 @@ def test_refused_credentials_fail_in_one_line_naming_the_cause(monkeypatch: pyte
         assert "403" in line and "InvalidAccessKeyId" in line
         with pytest.raises(ExportStoreError, match="head failed: PermissionDeniedError"):
             store.begin(MODEL, 1)
+
+
+# -- reading through a store: the readers a restore uses ------------------------------
+
+
+def chain_into(store: ExportStore, reference: Path) -> tuple[list[Shard], dict[int, list[TableSnapshot]]]:
+    """Base 1, delta 2 (updates, deletions, re-inserts), delta 3, of two
+    shards training both tables (FTRL and Adagrad state), written through
+    `store` and, the same cuts, into the local `reference` root; returns the
+    source shards (at open version 4) and the last cut's snapshots."""
+    rng = np.random.default_rng(11)
+    shards = make_shards(2)
+    universe = np.unique(rng.integers(0, 2**64, size=2100, dtype=np.uint64))[:2000]
+    steps: list[tuple[slice, slice | None]] = [(slice(0, 1200), None), (slice(900, 1600), slice(0, 200))]
+    steps.append((slice(1500, 2000), slice(1200, 1250)))
+    for version, (trained, gone) in enumerate(steps, start=1):
+        push(shards, universe[trained], rng, 1_000.0 * version)
+        if gone is not None:
+            delete(shards, universe[gone])
+        parent = None if version == 1 else version - 1
+        snaps = cut(shards, parent)
+        offsets = {"clicks": {0: 10 * version, 1: 11 * version}}
+        write_version_to(store, MODEL, version, parent, snaps, offsets, MODEL_CONFIG, 2)
+        write_version(reference, MODEL, version, parent, snaps, offsets, MODEL_CONFIG, 2)
+    return shards, snaps
+
+
+def overwrite(store: ExportStore, version: int, name: str, data: bytes) -> None:
+    """Replace a stored file's bytes behind the store's back (damage)."""
+    if isinstance(store, LocalExportStore):
+        (store.model_dir(MODEL) / f"{version:010d}" / name).write_bytes(data)
+        return
+    import obstore
+
+    assert isinstance(store, S3ExportStore)
+    obstore.put(store.client, store.key(MODEL, version, name), data)
+
+
+def test_a_stored_version_reads_back_row_for_row(store: ExportStore, tmp_path: Path) -> None:
+    """`load_version` of (store, model, version): every array of every
+    snapshot as written (keys, weights with their optimizer state, metadata,
+    deletions), and its serving files; from a bucket, one GET per file."""
+    _, snaps = chain_into(store, tmp_path / "reference")
+    source = stored_version(store, MODEL, 3)
+    if isinstance(store, S3ExportStore):
+        assert isinstance(source, StoredVersion) and source.where().startswith("s3://")
+    counted = CountingReads(source)
+    loaded = load_version(counted)
+    assert loaded.manifest == verify_version(source) == store_manifest(store, MODEL, 3)
+    for shard, written in snaps.items():
+        got = {s.table: s for s in loaded.snapshots[shard]}
+        for s in written:
+            assert (got[s.table].version, got[s.table].kind, got[s.table].config) == (3, "delta", s.config)
+            for name in TableSnapshot.ARRAYS:
+                a, b = getattr(s, name), getattr(got[s.table], name)
+                assert a.dtype == b.dtype, name
+                np.testing.assert_array_equal(a, b, err_msg=name)
+    files = [f.name for f in loaded.manifest.files]
+    # Every file read whole once (its size and SHA-256 checked on those
+    # bytes). Unverified, a bucket's are still one GET each (no HEAD first);
+    # a local directory's are stat'ed and opened in place, as ever.
+    assert (counted.reads, counted.sizes) == ([MANIFEST_NAME, *files], [])
+    unverified = CountingReads(source)
+    assert load_version(unverified, verify=False).manifest == loaded.manifest
+    if isinstance(store, S3ExportStore):
+        assert (unverified.reads, unverified.sizes) == ([MANIFEST_NAME, *files], [])
+    else:
+        assert (unverified.reads, unverified.sizes) == ([MANIFEST_NAME], files)
+    served = load_version(source, serving=True)
+    reference = load_version(tmp_path / "reference" / MODEL / "0000000003", serving=True)
+    assert served.manifest.tables == reference.manifest.tables
+    for shard, snapshots in reference.snapshots.items():
+        for s, w in zip(served.snapshots[shard], snapshots, strict=True):
+            assert s.table == w.table
+            for name in TableSnapshot.ARRAYS:
+                np.testing.assert_array_equal(getattr(s, name), getattr(w, name), err_msg=name)
+
+
+class CountingReads(VersionSource):
+    """A source that records which of its files are read or sized, reading
+    them from the real one."""
+
+    def __init__(self, inner: VersionSource) -> None:
+        self.inner = inner
+        self.remote = inner.remote
+        self.reads: list[str] = []
+        self.sizes: list[str] = []
+
+    @property
+    def version(self) -> int | None:
+        return self.inner.version
+
+    def where(self, name: str | None = None) -> str:
+        return self.inner.where(name)
+
+    def sibling(self, version: int) -> str:
+        return self.inner.sibling(version)
+
+    def size(self, name: str) -> int | None:
+        self.sizes.append(name)
+        return self.inner.size(name)
+
+    def read(self, name: str) -> bytes:
+        self.reads.append(name)
+        return self.inner.read(name)
+
+    def local(self, name: str) -> Path | None:
+        return self.inner.local(name)
+
+
+def test_the_latest_chain_of_a_store_restores_as_the_local_one(store: ExportStore, tmp_path: Path) -> None:
+    source, _ = chain_into(store, tmp_path / "reference")
+    model = StoredModel(store, MODEL)
+    local = latest_chain(tmp_path / "reference" / MODEL, verify=True)
+    chain = latest_chain(model, verify=True)
+    assert [(c.version, c.kind, c.parent) for c in chain] == [(1, "base", None), (2, "delta", 1), (3, "delta", 2)]
+    # The same files (sizes and SHA-256s) as the local chain of the same cuts.
+    assert [c.manifest.files for c in chain] == [c.manifest.files for c in local]
+    assert [c.location for c in chain] == [store.location(MODEL, v) for v in (1, 2, 3)]
+    assert [i.manifest for i in list_versions(model)] == [c.manifest for c in chain]
+    restored, expected = restore_shards(chain, 3), restore_shards(local, 3)
+    assert restored.offsets == expected.offsets == {"clicks": {0: 30, 1: 33}}
+    for cfg in TABLES:
+        assert_same_rows(rows_of(restored.shards, cfg.name), rows_of(expected.shards, cfg.name))
+        assert_same_rows(rows_of(restored.shards, cfg.name), rows_of(source, cfg.name))
+    older = restore_shards(latest_chain(model, upto=2, verify=True), 1)
+    for cfg in TABLES:
+        assert_same_rows(
+            rows_of(older.shards, cfg.name),
+            rows_of(restore_shards(latest_chain(tmp_path / "reference" / MODEL, upto=2), 1).shards, cfg.name),
+        )
+    if isinstance(store, S3ExportStore):
+        with pytest.raises(ValueError, match="is not a local directory"):
+            _ = chain[0].path
+
+
+def test_a_changed_byte_in_a_stored_file_fails_naming_it_and_both_checksums(store: ExportStore, tmp_path: Path) -> None:
+    chain_into(store, tmp_path / "reference")
+    entry = next(f for f in store_manifest(store, MODEL, 3).files if f.name == "shard-1.lr.npz")
+    raw = bytearray(store.read_bytes(MODEL, 3, entry.name))
+    raw[len(raw) // 2] ^= 0x01
+    overwrite(store, 3, entry.name, bytes(raw))
+    actual = hashlib.sha256(raw).hexdigest()
+    where = store.location(MODEL, 3, entry.name)
+    model = StoredModel(store, MODEL)
+    for attempt in (
+        lambda: verify_version(stored_version(store, MODEL, 3)),
+        lambda: load_version(stored_version(store, MODEL, 3)),
+        lambda: restore_shards(latest_chain(model), 2),
+        lambda: latest_chain(model, verify=True),
+    ):
+        with pytest.raises(ExportCorruptError) as info:
+            attempt()
+        err = info.value
+        assert (err.file, err.expected, err.actual) == (where, entry.sha256, actual)
+        assert err.detail == f"{where}: sha256 {actual}, manifest expects {entry.sha256}"
+    if isinstance(store, S3ExportStore):
+        assert where.startswith(f"{store.url}/{MODEL}/0000000003/")
+    assert [c.version for c in latest_chain(model, verify=True, fallback=True)] == [1, 2]
+    # A missing parent is named where it would be.
+    assert store.delete_version(MODEL, 1)
+    with pytest.raises(ExportCorruptError, match="has parent 1, which is missing") as gone:
+        latest_chain(model, upto=2)
+    assert gone.value.file == store.location(MODEL, 1)
+
+
+def test_an_upload_cut_before_its_manifest_is_invisible_to_readers(store: ExportStore, tmp_path: Path) -> None:
+    """Version 4's data files are all in the store, its manifest never came:
+    no listing and no chain sees it, and the chain ends at 3."""
+    shards, _ = chain_into(store, tmp_path / "reference")
+    model = StoredModel(store, MODEL)
+    push(shards, np.arange(1, 100, dtype=np.uint64), np.random.default_rng(1), 9.0)
+    staged = write_version(tmp_path / "staged", MODEL, 4, 3, cut(shards, 3), {}, MODEL_CONFIG, 2)
+    cut_short = store.begin(MODEL, 4)
+    for entry in read_manifest(staged).files + read_manifest(staged).serving_files:
+        with cut_short.open(entry.name) as f:
+            f.write((staged / entry.name).read_bytes())
+    assert [i.version for i in list_versions(model)] == [1, 2, 3]
+    assert [w for w, _ in store_versions(store, MODEL)] == [store.location(MODEL, v) for v in (1, 2, 3)]
+    assert [c.version for c in latest_chain(model, verify=True)] == [1, 2, 3]
+    assert [c.version for c in latest_chain(model, upto=4)] == [1, 2, 3]
+    with pytest.raises(ExportCorruptError, match="manifest.json: missing"):
+        load_version(stored_version(store, MODEL, 4))
+    with pytest.raises(ExportNotFoundError, match=f"no export version <= 0 in {store.url}"):
+        latest_chain(model, upto=0)

@@ -17,7 +17,9 @@ environment variables; its endpoint from ``AWS_ENDPOINT_URL`` or
 `S3Options.endpoint` (S3-compatible servers); every request has bounded
 timeouts and retries, and a failure is one `ExportStoreError` line naming
 the ``s3://`` location and the cause. `store_for` picks one from a path or
-an ``s3://bucket/prefix`` URL. Synchronous: callers run it in a thread.
+an ``s3://bucket/prefix`` URL. A version is read through its
+`VersionSource` (`stored_version(store, model, version)`; a model's versions
+are a `StoredModel`). Synchronous: callers run it in a thread.
 """
 
 from __future__ import annotations
@@ -27,22 +29,28 @@ from pathlib import Path
 from .base import READ_CHUNK, BinaryWriter, ExportStore, ExportStoreError, VersionUpload
 from .local import LocalExportStore, LocalUpload, dir_mode, fsync_dir, local_version_dirs, make_dir
 from .s3 import S3ExportStore, S3Options
+from .source import DirVersion, StoredModel, StoredVersion, VersionSource, stored_version
 
 __all__ = [
     "READ_CHUNK",
     "BinaryWriter",
+    "DirVersion",
     "ExportStore",
     "ExportStoreError",
     "LocalExportStore",
     "LocalUpload",
     "S3ExportStore",
     "S3Options",
+    "StoredModel",
+    "StoredVersion",
+    "VersionSource",
     "VersionUpload",
     "dir_mode",
     "fsync_dir",
     "local_version_dirs",
     "make_dir",
     "store_for",
+    "stored_version",
 ]
 
 
