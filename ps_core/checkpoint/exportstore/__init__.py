@@ -49,6 +49,7 @@ __all__ = [
     "fsync_dir",
     "local_version_dirs",
     "make_dir",
+    "model_at",
     "store_for",
     "stored_version",
 ]
@@ -67,3 +68,16 @@ def store_for(url_or_path: str | Path, s3: S3Options | None = None) -> ExportSto
     raise ValueError(
         f"exports location {text!r}: scheme {scheme!r} is not supported (a local path or s3://bucket/prefix)"
     )
+
+
+def model_at(url_or_path: str | Path, s3: S3Options | None = None) -> Path | StoredModel:
+    """A model's exports from their location: a local model directory, or
+    ``s3://bucket/prefix/<model>`` as that store's model. `ValueError` (one
+    line) for another scheme or an ``s3://`` URL without a model."""
+    text = str(url_or_path)
+    if "://" not in text:
+        return Path(text)
+    root, _, model = text.rstrip("/").rpartition("/")
+    if not model or root.endswith(":/"):
+        raise ValueError(f"exports location {text!r}: name the model's, s3://bucket/prefix/<model>")
+    return StoredModel(store_for(root, s3), model)
