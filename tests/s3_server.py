@@ -11,7 +11,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,12 +55,16 @@ def moto_installed() -> bool:
 
 
 @contextmanager
-def moto_server(timeout_s: float = START_TIMEOUT_S) -> Iterator[S3Endpoint]:
+def moto_server(
+    timeout_s: float = START_TIMEOUT_S, server_env: Mapping[str, str] | None = None
+) -> Iterator[S3Endpoint]:
     """moto's S3 server (``python -m moto.server``) on a free 127.0.0.1 port,
     ready with an empty bucket `BUCKET` when this yields; terminated (killed after `STOP_TIMEOUT_S`) after.
     A subprocess, not moto's threaded server: it does not share the GIL with
     the client it serves, and a stop cannot hang in a thread. `RuntimeError`
-    with the server's last output if it is not answering within `timeout_s`."""
+    with the server's last output if it is not answering within `timeout_s`.
+    `server_env` adds to the server's environment (moto's settings, e.g.
+    ``INITIAL_NO_AUTH_ACTION_COUNT`` to check credentials)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
@@ -71,7 +75,7 @@ def moto_server(timeout_s: float = START_TIMEOUT_S) -> Iterator[S3Endpoint]:
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **env},
+                env={**os.environ, **env, **(server_env or {})},
             )
         try:
             _wait_ready(url, proc, timeout_s, log_path)

@@ -12,8 +12,11 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from s3_server import S3Endpoint
+from test_export_store import s3_env
 
-from ps_core.checkpoint.export_files import write_version
+from ps_core.checkpoint.export_files import write_version, write_version_to
+from ps_core.checkpoint.exportstore import store_for
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
@@ -88,3 +91,49 @@ def _weights(shard: Shard) -> tuple[np.ndarray, np.ndarray]:
     t = shard.tables["ctr_w"]
     rows = np.flatnonzero(t.index.row_live[: t.index.num_rows])
     return t.index.row_keys[rows], t.optimizer.weights(t.data[rows], 1)[:, 0]
+
+
+async def test_show_reads_a_version_from_a_bucket_as_from_a_directory(
+    tmp_path: Path, s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same cuts written to a directory and to an S3 bucket (moto's
+    server) show the same; the bucket's credentials and endpoint come from
+    the AWS environment only. A version or a model not there, or a location
+    that names no model, is one line."""
+    pytest.importorskip("obstore", reason="obstore is not installed (the s3 extra)")
+    s3_env(s3_endpoint, monkeypatch)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint.url)
+    url = f"s3://{s3_endpoint.bucket}/show-{os.getpid()}-{tmp_path.name}"
+    store = store_for(url)
+    model = LogisticRegression("ctr")
+    shards = [Shard(ShardSpec(i, 2), model.tables()) for i in range(2)]
+    client = PSClient.local(shards)
+    rng = np.random.default_rng(3)
+    config = {"name": "ctr", "tables": [t.to_dict() for t in model.tables()]}
+    dim = model.tables()[0].dim
+    for version, parent in ((1, None), (2, 1)):
+        keys = np.unique(rng.integers(0, 2**64, 400, dtype=np.uint64))
+        await client.push("ctr_w", keys, rng.normal(0, 1, (keys.size, dim)).astype(np.float32))
+        snaps = {s.spec.shard_id: [t.snapshot(parent) for t in s.tables.values()] for s in shards}
+        args = (version, parent, snaps, {"clicks": {0: 100 * version}}, config, 2)
+        write_version(tmp_path, "ctr", *args, serving_precision="f16")
+        write_version_to(store, "ctr", *args, serving_precision="f16")
+
+    local = ctrps("export", "--show", "2", "--dir", str(tmp_path / "ctr"), "--top", "5")
+    remote = ctrps("export", "--show", "2", "--dir", f"{url}/ctr/", "--top", "5")
+    assert local.returncode == 0 and remote.returncode == 0, remote.stderr
+    shown, expected = orjson.loads(remote.stdout), orjson.loads(local.stdout)
+    assert shown["chain"] == [1, 2] and len(shown["tables"]["ctr_w"]["top"]) == 5
+    assert {k: v for k, v in shown.items() if k != "created_at"} == {
+        k: v for k, v in expected.items() if k != "created_at"
+    }
+
+    for argv, code, line in (
+        (("--show", "7", "--dir", f"{url}/ctr"), 1, f"no version 7 in {url}/ctr (the newest at or below it is 2)"),
+        (("--show", "1", "--dir", f"{url}/other"), 1, f"no export version <= 1 in {url}/other"),
+        (("--show", "1", "--dir", f"s3://{s3_endpoint.bucket}"), 2, "name the model's, s3://bucket/prefix/<model>"),
+        (("--show", "1", "--dir", "gs://bucket/ctr"), 2, "scheme 'gs' is not supported"),
+    ):
+        out = ctrps("export", *argv)
+        assert out.returncode == code, out.stderr
+        assert line in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

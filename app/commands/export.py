@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.exportstore import ExportStoreError, model_at
 from ps_core.errors import PSError
 from ps_core.net.auth import Scope
 
@@ -43,6 +44,7 @@ example:
   ctrps export --shard0 http://127.0.0.1:7100 --list --model ads   # another model's
   ctrps export --shard0 http://127.0.0.1:7100 --compact   # fold the newest chain into a base
   ctrps export --show 12 --dir exports/ctr --top 5        # what version 12 holds, from its files
+  ctrps export --show 12 --dir s3://bucket/exports/ctr    # the same from a bucket (AWS_* credentials)
 
 --shard0 falls back to the first URL of CTRPS_SHARDS. The API offers the same
 as POST/GET /v1/exports (POST needs the admin token when one is set).
@@ -68,9 +70,8 @@ def add_export_parser(sub: Subcommands) -> None:
     )
     p.add_argument(
         "--dir",
-        type=Path,
-        help="with --show: the model's exports directory (default: <CTRPS_EXPORTS_DIR or exports>/"
-        "<CTRPS_MODEL_NAME or ctr>)",
+        help="with --show: the model's exports directory or s3://bucket/prefix/<model> (default: "
+        "<CTRPS_EXPORTS_DIR or exports>/<CTRPS_MODEL_NAME or ctr>)",
     )
     p.add_argument("--top", type=int, default=10, help="with --show: weights per table (default 10)")
     p.add_argument(
@@ -110,16 +111,23 @@ async def run_export(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     """``--show VERSION``: the version's summary as JSON on stdout."""
-    model_dir = args.dir or Path(os.environ.get("CTRPS_EXPORTS_DIR") or "exports") / (
-        os.environ.get("CTRPS_MODEL_NAME") or "ctr"
-    )
+    exports = (os.environ.get("CTRPS_EXPORTS_DIR") or "exports").rstrip("/")
+    where = args.dir or f"{exports}/{os.environ.get('CTRPS_MODEL_NAME') or 'ctr'}"
     if args.top < 1:
         log.error("--top must be >= 1", extra={"fields": {"exit_code": 2}})
         return 2
     try:
-        out = show_version(model_dir, args.show, args.top, args.names)
+        model = model_at(where)
+    except (ValueError, ExportStoreError) as exc:  # no local path nor s3://bucket/prefix/<model>, or no obstore
+        log.error(str(exc), extra={"fields": {"exit_code": 2}})
+        return 2
+    try:
+        out = show_version(model, args.show, args.top, args.names)
     except PSError as exc:
         log.error(exc.detail, extra={"fields": {"error": exc.code, "exit_code": 1}})
+        return 1
+    except ExportStoreError as exc:  # the bucket did not answer, or refused
+        log.error(str(exc), extra={"fields": {"exit_code": 1}})
         return 1
     except (OSError, orjson.JSONDecodeError) as exc:  # the --names file
         log.error(f"--names {args.names}: {exc}", extra={"fields": {"exit_code": 2}})

@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 
 from ps_core.checkpoint.export_files import latest_chain, load_version, serves_weights
+from ps_core.checkpoint.exportstore import StoredModel
 from ps_core.errors import ExportNotFoundError
 from ps_core.model.featurizer import FeatureHasher
 from ps_core.replica import ReplicaTables
@@ -29,8 +30,11 @@ __all__ = ["show_version"]
 _NAMES_LINES = 1000
 
 
-def show_version(model_dir: Path, version: int, top: int, names_file: Path | None = None) -> dict[str, Any]:
-    """The summary of `version` in `model_dir` and its `top` weights by
+def show_version(
+    model_dir: Path | StoredModel, version: int, top: int, names_file: Path | None = None
+) -> dict[str, Any]:
+    """The summary of `version` in `model_dir` (a local directory, or a
+    store's model: an ``s3://`` bucket's) and its `top` weights by
     magnitude per table (a mixture's by its learners' weights);
     `ExportNotFoundError` when there is no such version."""
     chain = latest_chain(model_dir, upto=version, verify=True, serving=True)
@@ -42,7 +46,7 @@ def show_version(model_dir: Path, version: int, top: int, names_file: Path | Non
     m = chain[-1].manifest
     tables = ReplicaTables(m.serving_precision if serving else "f32")
     for info in chain:
-        tables.apply(load_version(info.path, verify=False, serving=serving), serving=serving)
+        tables.apply(load_version(info.source, verify=False, serving=serving), serving=serving)
     names = _names(m.model, names_file)
     out_tables: dict[str, Any] = {}
     for name, config in m.tables.items():

@@ -48,7 +48,7 @@ def _check_chain(chain: Sequence[VersionInfo]) -> None:
     if not chain:
         raise ValueError("an empty chain")
     if chain[0].kind != "base":
-        raise ValueError(f"a chain starts with a base, not a {chain[0].kind} ({chain[0].path})")
+        raise ValueError(f"a chain starts with a base, not a {chain[0].kind} ({chain[0].location})")
     for prev, cur in zip(chain, chain[1:]):
         if cur.kind != "delta" or cur.parent != prev.version:
             raise ValueError(f"version {cur.version} ({cur.kind}, parent {cur.parent}) does not follow {prev.version}")
@@ -126,7 +126,7 @@ def restore_into(
             for shard in shards:
                 shard.declare(config)
             declared.add(config.name)
-        for source, snap in manifest_snapshots(info.path, info.manifest, verify, serving):
+        for source, snap in manifest_snapshots(info.source, info.manifest, verify, serving):
             _apply(snap, shards, source, info.manifest.num_shards)
     last = chain[-1]
     for shard in shards:
