@@ -230,6 +230,9 @@ class FollowInfo(Struct, forbid_unknown_fields=True):
     ]
     deltas_applied: Count
     bases_loaded: Count
+    read_failures: Annotated[
+        int, Meta(ge=0, description="Reads that failed: a version refused, or the export store not answering.")
+    ]
     error: Annotated[
         str | None, Meta(description="Why the last poll refused a version (file and checksums), else null.")
     ]
