@@ -22,11 +22,13 @@ import numpy as np
 import orjson
 import pytest
 from commands import ctrps, ctrps_process
+from exposition import samples
 from s3_server import S3Endpoint, moto_server
 from test_export_store import s3_env
 from test_follow import PROBE, MakeReplica, Trainer, events, make_replica, trained, warnings_of
 from waiting import until
 
+from consumers.broker import free_port
 from ps_core.checkpoint.exportstore import ExportStore, S3Options, StoredModel, VersionUpload, store_for
 from ps_core.checkpoint.manifest import MANIFEST_NAME, version_dir_name
 
@@ -126,6 +128,8 @@ async def test_an_unreachable_bucket_is_one_warning_and_the_last_version_keeps_s
         assert await replica.follower.poll() is False
         await replica.serves(trainer, 1)
         assert replica.follower.info()["follow"]["read_failures"] == polls
+        status, text = await replica.call("GET", "/metrics")
+        assert samples(text, "ctrps_replica_read_failures_total") == [({"model": "ctr"}, polls)]
     (record,) = warnings_of(caplog)
     fields: dict[str, Any] = record.fields  # type: ignore[attr-defined]
     assert record.getMessage() == "export store unreachable: serving the last version"
@@ -188,3 +192,47 @@ def test_serve_refuses_a_store_url_it_cannot_follow(argv: tuple[str, ...], line:
     out = ctrps("serve", *argv, "--port", "0")
     assert out.returncode == 2, out.stderr
     assert line in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+async def test_ctrps_serve_starts_on_an_unreachable_bucket_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing listens at the endpoint: the replica starts on the flags'
+    model, is not ready, and reports the outage once while it lasts."""
+    pytest.importorskip("obstore", reason="obstore is not installed (the s3 extra)")
+    for name, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    url = "s3://nowhere/exports/ctr"
+    args = ("serve", "--follow", url, "--port", "0", "--follow-interval", "0.05", "--log-format", "json")
+    async with ctrps_process(*args) as proc:
+        assert proc.stderr is not None
+        seen: list[dict[str, Any]] = []
+
+        async def read_until(msg: str) -> dict[str, Any]:
+            assert proc.stderr is not None
+            while True:
+                line = await asyncio.wait_for(proc.stderr.readline(), timeout=60)
+                assert line, f"ctrps serve exited before {msg!r}: {seen}"
+                seen.append(orjson.loads(line))
+                if seen[-1]["msg"] == msg:
+                    return seen[-1]
+
+        started = await read_until("listening")
+        outage = await read_until("export store unreachable: serving the last version")
+        assert outage["dir"] == url and outage["serving"] is None
+        assert outage["error"].startswith(f"{url}/: list failed") and "error sending request" in outage["error"]
+        async with aiohttp.ClientSession() as http:
+
+            async def failures() -> bool:
+                async with http.get(started["url"] + "/metrics") as resp:
+                    got = samples(await resp.read(), "ctrps_replica_read_failures_total")
+                return bool(got) and got[0][1] >= 3
+
+            await until(failures, 60, what="three failed polls counted", poll_s=0.05)
+            async with http.get(started["url"] + "/readyz") as resp:
+                assert resp.status == 503
+        proc.send_signal(signal.SIGTERM)
+        await read_until("stopped")
+        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+    messages = [line["msg"] for line in seen]
+    assert messages.count("export store unreachable: serving the last version") == 1
+    assert "export store unreachable at start: serving the flags' model" in messages

@@ -161,6 +161,10 @@ def create_app(
         discover=discover if follower is not None else None,
     )
     # The API's own model's, kept under their keys (tests replace the history before start).
+    if follower is not None:
+        api_metrics.watch_replica(
+            lambda: {model.name: follower.read_failures} | {n: f.read_failures for n, f in served.followers.items()}
+        )
     app[PREDICTOR] = served.predictors[model.name]
     app[HISTORY] = served.histories[model.name]
     app[PREDICT_DECODER] = predict_decoder(settings.max_events)
