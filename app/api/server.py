@@ -161,10 +161,6 @@ def create_app(
         discover=discover if follower is not None else None,
     )
     # The API's own model's, kept under their keys (tests replace the history before start).
-    if follower is not None:
-        api_metrics.watch_replica(
-            lambda: {model.name: follower.read_failures} | {n: f.read_failures for n, f in served.followers.items()}
-        )
     app[PREDICTOR] = served.predictors[model.name]
     app[HISTORY] = served.histories[model.name]
     app[PREDICT_DECODER] = predict_decoder(settings.max_events)
@@ -201,7 +197,12 @@ def create_app(
 
 
 async def _follower_ctx(app: web.Application) -> Any:
-    async with app[FOLLOWER]:
+    follower, served, name = app[FOLLOWER], app[SERVED], app[MODEL].name
+    # Every model followed: the API's own and those of --follow-all, found later too.
+    app[METRICS].watch_replica(
+        lambda: {name: follower.read_failures} | {n: f.read_failures for n, f in served.followers.items()}
+    )
+    async with follower:
         yield
 
 
