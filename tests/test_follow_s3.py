@@ -16,6 +16,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -23,7 +24,7 @@ import orjson
 import pytest
 from commands import ctrps, ctrps_process
 from exposition import samples
-from s3_server import S3Endpoint, moto_server
+from s3_server import S3Endpoint
 from test_export_store import s3_env
 from test_follow import PROBE, MakeReplica, Trainer, events, make_replica, trained, warnings_of
 from waiting import until
@@ -109,38 +110,96 @@ async def test_a_version_without_its_manifest_is_never_served(
     await replica.serves(trainer, 2)
 
 
+class Gate:
+    """A TCP forwarder to the S3 server, on a port of its own that the test
+    opens and closes: closed, nothing listens there (connections refused)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = urlsplit(target).port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._open: list[asyncio.StreamWriter] = []
+
+    async def open(self) -> None:
+        self._server = await asyncio.start_server(self._pipe, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._open:  # kept-alive connections too
+            writer.close()
+        self._open.clear()
+        await self._server.wait_closed()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        self._open += [writer, up_writer]
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(1 << 16):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+
+
 async def test_an_unreachable_bucket_is_one_warning_and_the_last_version_keeps_serving(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_replica: MakeReplica, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    bucket: str,
+    s3_endpoint: S3Endpoint,
+    make_replica: MakeReplica,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A server of its own, stopped while the replica follows it."""
-    pytest.importorskip("obstore", reason="obstore is not installed (the s3 extra)")
-    pytest.importorskip("moto.server", reason="moto is not installed")
+    """The replica reaches the server through a `Gate`, closed for a while."""
     trainer = await trained(tmp_path, versions=1)
-    with moto_server() as endpoint:
-        s3_env(endpoint, monkeypatch)
-        store = store_for(f"s3://{endpoint.bucket}/gone", S3Options(**{**vars(QUICK), "endpoint": endpoint.url}))
-        upload(store, trainer, 1)
-        replica = await make_replica(StoredModel(store, trainer.model.name), trainer.model)
+    store = store_for(bucket)
+    upload(store, trainer, 1)
+    gate = Gate(s3_endpoint.url)
+    await gate.open()
+    try:
+        gated = store_for(bucket, S3Options(**{**vars(QUICK), "endpoint": f"http://127.0.0.1:{gate.port}"}))
+        replica = await make_replica(StoredModel(gated, trainer.model.name), trainer.model)
         await replica.serves(trainer, 1)
-    # The server is stopped: every look fails, the replica serves version 1.
-    caplog.set_level(logging.INFO, logger="ctrps.follow")
-    for polls in range(1, 4):
-        assert await replica.follower.poll() is False
-        await replica.serves(trainer, 1)
-        assert replica.follower.info()["follow"]["read_failures"] == polls
-        status, text = await replica.call("GET", "/metrics")
-        assert samples(text, "ctrps_replica_read_failures_total") == [({"model": "ctr"}, polls)]
-    (record,) = warnings_of(caplog)
-    fields: dict[str, Any] = record.fields  # type: ignore[attr-defined]
-    assert record.getMessage() == "export store unreachable: serving the last version"
-    assert fields["dir"] == f"s3://{endpoint.bucket}/gone/ctr" and fields["serving"] == 1
-    assert fields["error"].startswith(f"s3://{endpoint.bucket}/gone/ctr/: list failed")
-    assert "error sending request" in fields["error"] and "\n" not in fields["error"]
-    status, info = await replica.call("GET", "/v1/model")
-    assert status == 200 and "list failed" in info["follow"]["error"]
-    assert (await replica.call("GET", "/readyz"))[0] == 200
-    status, body = await replica.call("GET", "/v1/exports")
-    assert (status, body["error"]) == (503, "no_version") and "does not answer" in body["detail"]
+        await gate.close()
+        # Nothing answers: every look fails, the replica serves version 1.
+        caplog.set_level(logging.INFO, logger="ctrps.follow")
+        for polls in range(1, 4):
+            assert await replica.follower.poll() is False
+            await replica.serves(trainer, 1)
+            assert replica.follower.info()["follow"]["read_failures"] == polls
+            status, text = await replica.call("GET", "/metrics")
+            assert samples(text, "ctrps_replica_read_failures_total") == [({"model": "ctr"}, polls)]
+        (record,) = warnings_of(caplog)
+        fields: dict[str, Any] = record.fields  # type: ignore[attr-defined]
+        assert record.getMessage() == "export store unreachable: serving the last version"
+        assert fields["dir"] == f"{bucket}/ctr" and fields["serving"] == 1
+        assert fields["error"].startswith(f"{bucket}/ctr/: list failed") and "error sending request" in fields["error"]
+        assert "\n" not in fields["error"]
+        status, info = await replica.call("GET", "/v1/model")
+        assert status == 200 and "list failed" in info["follow"]["error"]
+        assert (await replica.call("GET", "/readyz"))[0] == 200
+        status, body = await replica.call("GET", "/v1/exports")
+        assert (status, body["error"]) == (503, "no_version") and "does not answer" in body["detail"]
+
+        # The server answers again: the next version is served, the outage's end logged with its length.
+        await trainer.train(events(np.random.default_rng(14), 150, sites=30))
+        assert await trainer.cut() == 2
+        upload(store, trainer, 2)
+        await gate.open()
+        assert await replica.follower.poll() is True
+        await replica.serves(trainer, 2)
+        (back,) = [r for r in caplog.records if r.getMessage() == "export store reachable again"]
+        assert back.fields["down_s"] > 0 and back.fields["cause"] == fields["error"]  # type: ignore[attr-defined]
+        assert replica.follower.error is None and replica.follower.read_failures == 3
+        assert len(warnings_of(caplog)) == 1
+    finally:
+        await gate.close()
 
 
 async def test_ctrps_serve_follows_a_bucket(tmp_path: Path, bucket: str) -> None:
