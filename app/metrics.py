@@ -118,8 +118,17 @@ class _ClusterCollector(Collector):
     def __init__(self) -> None:
         self.snapshot: ClusterSnapshot | None = None
         self.port: Callable[[], PortStats] | None = None
+        self.replica: Callable[[], Mapping[str, int]] | None = None
 
     def collect(self) -> Iterator[Metric]:
+        if self.replica is not None:
+            yield counter_by(
+                "ctrps_replica_read_failures",
+                "A serving replica's failed reads of its exports (a version refused, or the store not answering), "
+                "by model.",
+                "model",
+                self.replica(),
+            )
         snap = self.snapshot
         own = [] if self.port is None else [("api", "", self.port())]
         if snap is None:
@@ -486,6 +495,11 @@ class ApiMetrics:
         """Expose the API's own port (`ps_core.net.shard_metrics.port_families`,
         role ``api``), read from `stats` at each scrape."""
         self._cluster.port = stats
+
+    def watch_replica(self, read_failures: Callable[[], Mapping[str, int]]) -> None:
+        """Expose a serving replica's failed reads of its exports, by model,
+        read from `read_failures` at each scrape."""
+        self._cluster.replica = read_failures
 
     def predicted(self, model: str, events: int, seconds: float) -> None:
         """Count a successful predict request of `model`."""

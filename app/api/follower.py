@@ -45,6 +45,7 @@ from ps_core.checkpoint.export_files import (
     serves_weights,
     version_dirs,
 )
+from ps_core.checkpoint.exportstore import DirVersion, ExportStoreError, StoredModel, VersionSource
 from ps_core.checkpoint.manifest import ExportManifest
 from ps_core.checkpoint.manifest_model import model_from_manifest
 from ps_core.checkpoint.registry import MODEL_FILE
@@ -74,10 +75,15 @@ _REFUSALS = (PSError, ValueError, OSError)
 _MAX_LOGGED_FAILURES = 1024
 
 
-def model_of_exports(model_dir: Path, default: Model) -> Model:
+Followed = Path | StoredModel
+"""A model's exports a replica follows: a local directory, or a store's model
+(``s3://bucket/prefix/<model>``, `ps_core.checkpoint.exportstore.model_at`)."""
+
+
+def model_of_exports(model_dir: Followed, default: Model) -> Model:
     """The model of the newest version in `model_dir` whose manifest reads
     and names a model; `default` when there is none (the replica then waits
-    for versions of `default`)."""
+    for versions of `default`). `ExportStoreError` if a store does not answer."""
     for info in reversed(list_versions(model_dir)):
         try:
             return model_from_manifest(info.manifest)
@@ -126,13 +132,13 @@ class ReplicaTransport:
 
     shard_id = 0
 
-    def __init__(self, source: Path) -> None:
+    def __init__(self, source: Followed) -> None:
         self.shard = ReplicaTables()
         self.declared: Mapping[str, TableConfig] = {}
         """The served version's tables as the trainers declared them (the
         shard holds their weights only, when the version has serving files)."""
         self.source = source
-        """The export directory followed (named in errors)."""
+        """The exports followed (named in errors)."""
         self.version: int | None = None
         """The export version `shard` holds; None until one is loaded."""
 
@@ -189,17 +195,18 @@ class Follower(BackgroundLoop):
 
     task_name = "ctrps-follower"
 
-    def __init__(self, model_dir: Path | str, model: Model, *, interval_s: float = 1.0) -> None:
+    def __init__(self, model_dir: Path | str | StoredModel, model: Model, *, interval_s: float = 1.0) -> None:
         """`model` is what the replica serves: versions holding another
-        model's tables are refused (see `model_of_exports`). `model_dir` may
-        be an exports root: until a version is served, each poll looks for
-        ``<model.name>/`` in it (`follow_dir`), which may appear later."""
+        model's tables are refused (see `model_of_exports`). A local
+        `model_dir` may be an exports root: until a version is served, each
+        poll looks for ``<model.name>/`` in it (`follow_dir`), which may
+        appear later. A `StoredModel` is that model's versions in a store."""
         if not 0 < interval_s < float("inf"):
             raise ValueError("the poll interval must be a positive number of seconds")
-        self.path = Path(model_dir)
-        """The directory given."""
-        self.model_dir = self.path
-        """The model directory followed: `path`, or its ``<model.name>/``."""
+        self.path: Followed = model_dir if isinstance(model_dir, StoredModel) else Path(model_dir)
+        """The exports given."""
+        self.model_dir: Followed = self.path
+        """The model's exports followed: `path`, or its ``<model.name>/``."""
         self.model = model
         self.interval_s = interval_s
         self.transport = ReplicaTransport(self.model_dir)
@@ -235,6 +242,10 @@ class Follower(BackgroundLoop):
         """Deltas applied to the served shard."""
         self.bases_loaded = 0
         """Chains loaded into a fresh shard and swapped in."""
+        self.read_failures = 0
+        """Reads that failed: a version refused, or the store not answering (one a poll)."""
+        self._outage: tuple[float, str] | None = None
+        """Since when (monotonic) and why the store has not answered, while it does not."""
 
     @property
     def served_version(self) -> int | None:
@@ -273,9 +284,21 @@ class Follower(BackgroundLoop):
                 "last_apply_ms": self.last_apply_ms,
                 "deltas_applied": self.deltas_applied,
                 "bases_loaded": self.bases_loaded,
+                "read_failures": self.read_failures,
                 "error": self.error,
             },
         }
+
+    def versions(self) -> list[VersionInfo]:
+        """The versions followed, oldest first (none while a local directory
+        does not exist); `NoVersionError` (503) when the store does not answer.
+        Blocking: run it in a thread."""
+        if isinstance(self.model_dir, Path):
+            return list_versions(self.model_dir) if self.model_dir.is_dir() else []
+        try:
+            return list_versions(self.model_dir)
+        except ExportStoreError as exc:
+            raise NoVersionError(f"the export store does not answer: {exc}") from None
 
     async def _run(self) -> None:
         while True:
@@ -294,14 +317,19 @@ class Follower(BackgroundLoop):
         async with self._lock:
             before = self.served_version
             self._errors = []
-            if before is None:
+            if before is None and isinstance(self.path, Path):
                 self.model_dir = await asyncio.to_thread(follow_dir, self.path, self.model.name)
                 self.transport.source = self.model_dir
-            dirs = await asyncio.to_thread(version_dirs, self.model_dir)
-            self.newest_version = max(dirs, default=None)
-            served = self.served_version
-            if served is None or await self._apply_new_deltas(dirs, served):
-                await self._reload()
+            try:
+                dirs = await asyncio.to_thread(self._listing)
+                self.newest_version = max(dirs, default=None)
+                served = self.served_version
+                if served is None or await self._apply_new_deltas(dirs, served):
+                    await self._reload()
+            except ExportStoreError as exc:  # the store did not answer: what is served stays
+                self._unreachable(exc)
+            else:
+                self._reachable()
             served = self.served_version
             # A refusal of a version older than the one now served is moot.
             self.error = (
@@ -312,7 +340,13 @@ class Follower(BackgroundLoop):
             self.last_poll_at = time.time()
             return served != before
 
-    async def _apply_new_deltas(self, dirs: Mapping[int, Path], served: int) -> bool:
+    def _listing(self) -> dict[int, VersionSource]:
+        """The visible versions followed (a store's: those with a manifest)."""
+        if isinstance(self.model_dir, StoredModel):
+            return self.model_dir.versions()
+        return {v: DirVersion(p) for v, p in version_dirs(self.model_dir).items()}
+
+    async def _apply_new_deltas(self, dirs: Mapping[int, VersionSource], served: int) -> bool:
         """Apply each delta after version `served`, in order, up to the first
         refused; True when a base or a gap calls for a reload."""
         for version in sorted(v for v in dirs if v > served):
@@ -334,6 +368,8 @@ class Follower(BackgroundLoop):
                 load_ms = (time.perf_counter() - t0) * 1000
                 t1 = time.perf_counter()
                 tables.install(staged)
+            except ExportStoreError:
+                raise  # not the version's fault: the poll reports the store
             except _REFUSALS as exc:
                 self._refuse(version, exc)
                 return await asyncio.to_thread(self._base_after, dirs, version)
@@ -342,7 +378,7 @@ class Follower(BackgroundLoop):
             served = version
         return False
 
-    def _attempt(self, version: int, path: Path, read: Callable[..., _T], *args: Any) -> _T:
+    def _attempt(self, version: int, path: VersionSource, read: Callable[..., _T], *args: Any) -> _T:
         """``read(*args)`` of a version, unless it was refused before and its
         files have not changed since: then that refusal again, without
         reading (a damaged base is not hashed again at every poll). Runs in
@@ -359,7 +395,7 @@ class Follower(BackgroundLoop):
             raise
 
     @staticmethod
-    def _base_after(dirs: Mapping[int, Path], refused: int) -> bool:
+    def _base_after(dirs: Mapping[int, VersionSource], refused: int) -> bool:
         """Whether a base newer than the refused version is there: then the
         replica moves on to it instead of waiting for the refused one."""
         for version in sorted((v for v in dirs if v > refused), reverse=True):
@@ -370,7 +406,7 @@ class Follower(BackgroundLoop):
                 continue
         return False
 
-    def _read_delta(self, path: Path, parent: int) -> LoadedVersion | ExportManifest:
+    def _read_delta(self, path: VersionSource, parent: int) -> LoadedVersion | ExportManifest:
         """The delta at `path`, read and hashed, if it is one of `parent`;
         else its manifest (a base, or a delta of another parent)."""
         manifest = read_manifest(path)
@@ -439,7 +475,9 @@ class Follower(BackgroundLoop):
         applied: ExportManifest | None = None
         for info in chain:
             try:
-                self._attempt(info.version, info.path, self._load_into, tables, info, serving)
+                self._attempt(info.version, info.source, self._load_into, tables, info, serving)
+            except ExportStoreError:
+                raise  # not the version's fault: the poll reports the store
             except _REFUSALS as exc:
                 return tables, applied, (info.version, exc)
             applied = info.manifest
@@ -447,7 +485,7 @@ class Follower(BackgroundLoop):
 
     def _load_into(self, tables: ReplicaTables, info: VersionInfo, serving: bool) -> None:
         self._check_model(info.manifest)
-        tables.apply(load_version(info.path, verify=True, serving=serving), serving=serving)
+        tables.apply(load_version(info.source, verify=True, serving=serving), serving=serving)
 
     def _check_model(self, manifest: ExportManifest) -> None:
         got = model_from_manifest(manifest)
@@ -492,6 +530,7 @@ class Follower(BackgroundLoop):
 
     def _refuse(self, version: int | None, exc: Exception) -> None:
         """A version failed its checks: one warning per distinct failure."""
+        self.read_failures += 1
         detail = exc.detail if isinstance(exc, PSError) else f"{type(exc).__name__}: {exc}"
         self._errors.append((version, detail if version is None else f"version {version}: {detail}"))
         if not self._once(detail):
@@ -502,17 +541,39 @@ class Follower(BackgroundLoop):
         fields["detail"] = detail
         log.warning("export version refused", extra={"fields": fields})
 
+    def _unreachable(self, exc: ExportStoreError) -> None:
+        """The store did not answer this poll: counted, and one warning an
+        outage (its first cause); the served version stays served."""
+        self.read_failures += 1
+        self._errors.append((None, str(exc)))
+        if self._outage is None:
+            self._outage = (time.monotonic(), str(exc))
+            fields = {"dir": str(self.model_dir), "serving": self.served_version, "error": str(exc)}
+            log.warning("export store unreachable: serving the last version", extra={"fields": fields})
+
+    def _reachable(self) -> None:
+        """The store answered a whole poll: an outage ends, with its duration."""
+        if self._outage is not None:
+            since, cause = self._outage
+            self._outage = None
+            down_s = round(time.monotonic() - since, 3)
+            log_event(log, "export store reachable again", dir=str(self.model_dir), down_s=down_s, cause=cause)
+
     def _note(self, message: str) -> None:
         """An expected condition (no export yet, a gap), logged once at INFO."""
         if self._once(message):
             log_event(log, message, dir=str(self.model_dir), serving=self.served_version)
 
 
-def _signature(path: Path) -> tuple[tuple[str, int, int], ...]:
+def _signature(source: VersionSource) -> tuple[tuple[str, int, int], ...]:
     """What changes when a version directory's files are rewritten: each
-    file's name, size and modification time (empty if it cannot be listed)."""
+    file's name, size and modification time (empty if it cannot be listed).
+    A store's version is empty: its manifest is written once, so a version
+    refused there stays refused (a newer base moves the replica past it)."""
+    if not isinstance(source, DirVersion):
+        return ()
     try:
-        entries = list(os.scandir(path))
+        entries = list(os.scandir(source.path))
         return tuple(sorted((e.name, st.st_size, st.st_mtime_ns) for e in entries for st in (e.stat(),)))
     except OSError:
         return ()

@@ -214,7 +214,7 @@ class WorkerSeen(Struct, forbid_unknown_fields=True):
 
 
 class FollowInfo(Struct, forbid_unknown_fields=True):
-    dir: Annotated[str, Meta(description="The model's export directory followed.")]
+    dir: Annotated[str, Meta(description="The model's exports followed: a directory or s3://bucket/prefix/<model>.")]
     interval_s: Annotated[float, Meta(description="Seconds between polls.")]
     base_version: Annotated[int | None, Meta(description="The base of the chain served.")]
     newest_version: Annotated[int | None, Meta(description="The newest version directory seen at the last poll.")]
@@ -230,8 +230,14 @@ class FollowInfo(Struct, forbid_unknown_fields=True):
     ]
     deltas_applied: Count
     bases_loaded: Count
+    read_failures: Annotated[
+        int, Meta(ge=0, description="Reads that failed: a version refused, or the export store not answering.")
+    ]
     error: Annotated[
-        str | None, Meta(description="Why the last poll refused a version (file and checksums), else null.")
+        str | None,
+        Meta(
+            description="Why the last poll refused a version (file and checksums) or the export store did not answer, else null."
+        ),
     ]
 
 

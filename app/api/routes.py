@@ -21,7 +21,6 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ps_core.bodies import check
-from ps_core.checkpoint.export_files import list_versions
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import (
     InvalidRequestError,
@@ -363,7 +362,7 @@ async def list_exports(request: web.Request) -> web.Response:
     if name is not None:
         follower = request.app[SERVED].followers[name]
     # A replica lists the versions it follows; the trainer's last report is not its to know.
-    found = await asyncio.to_thread(list_versions, follower.model_dir) if follower.model_dir.is_dir() else []
+    found = await asyncio.to_thread(follower.versions)
     versions = [v.to_json() for v in found]
     return json_reply({"model": follower.model.name, "versions": versions, "last": None})
 

@@ -197,7 +197,12 @@ def create_app(
 
 
 async def _follower_ctx(app: web.Application) -> Any:
-    async with app[FOLLOWER]:
+    follower, served, name = app[FOLLOWER], app[SERVED], app[MODEL].name
+    # Every model followed: the API's own and those of --follow-all, found later too.
+    app[METRICS].watch_replica(
+        lambda: {name: follower.read_failures} | {n: f.read_failures for n, f in served.followers.items()}
+    )
+    async with follower:
         yield
 
 

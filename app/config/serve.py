@@ -43,7 +43,8 @@ class ApiSettings:
         "",
         env="CTRPS_FOLLOW",
         flag="--follow",
-        help="serve a model's exports as a read-only replica: exports/<model>, or the exports root for its <model-name>/",
+        help="serve a model's exports as a read-only replica: exports/<model>, the exports root for its <model-name>/, "
+        "or s3://bucket/prefix/<model> (AWS_* credentials)",
         metavar="DIR",
         exclusive="source",
         shown_default="(this or --shards)",
@@ -117,8 +118,14 @@ class ApiSettings:
             raise SettingsError("shards and follow are exclusive: serve shard servers or an export directory")
         if self.follow_all and not self.follow:
             raise SettingsError("--follow-all needs --follow: the exports root whose models to serve")
+        if "://" in self.follow:
+            check_follow_url(self.follow, self.follow_all)
         if not 0 < self.follow_interval_s < float("inf"):
             raise SettingsError("follow interval must be a positive number of seconds")
+
+    def follows_store(self) -> bool:
+        """Whether `follow` is a store's URL (``s3://bucket/prefix/<model>``), not a directory."""
+        return "://" in self.follow
 
     def check_exposed(self) -> None:
         """Refuse (`SettingsError`, exit 2) to listen on a non-loopback host
@@ -151,3 +158,16 @@ class ApiSettings:
             insecure=SecuritySettings.from_args(args, env).insecure,
             limits=port_limits_from_env(env, "CTRPS_API"),
         )
+
+
+def check_follow_url(url: str, follow_all: bool) -> None:
+    """A store's URL to follow names one model (``s3://bucket/prefix/<model>``);
+    `SettingsError` (exit 2) otherwise, or with ``--follow-all``."""
+    from ps_core.checkpoint.exportstore import ExportStoreError, model_at
+
+    if follow_all:
+        raise SettingsError(f"--follow-all reads a local exports root; {url} names one model of a bucket")
+    try:
+        model_at(url)
+    except (ValueError, ExportStoreError) as exc:  # another scheme, no model, or no obstore
+        raise SettingsError(str(exc)) from None

@@ -12,6 +12,7 @@ from pathlib import Path
 from consumers.outage import StartupWatch
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export_files import list_versions
+from ps_core.checkpoint.exportstore import ExportStoreError, StoredModel, model_at
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import NoCoordinatorError, PSError, UnknownModelError
 from ps_core.model.models import Model, make_model
@@ -76,6 +77,14 @@ async def run_serve(
     tls = security.client_tls()
     model = make_model(settings.model, settings.model_name, numeric=settings.numeric)
     with stop_on_signals(stop):
+        if settings.follows_store():
+            stored = model_at(settings.follow)
+            assert isinstance(stored, StoredModel)  # the settings checked the URL
+            model = await asyncio.to_thread(_stored_model, stored, model)
+            follower = Follower(stored, model, interval_s=settings.follow_interval_s)
+            async with follower.client as client:
+                await run_api(settings, client, model, stop, follower=follower, ssl_context=served)
+            return
         if settings.follow:
             path = Path(settings.follow)
             exists = StartupWatch(
@@ -116,6 +125,20 @@ async def run_serve(
         ):
             model = await as_declared(control, model)
             await run_api(settings, client, model, stop, control=control, ssl_context=served)
+
+
+def _stored_model(stored: StoredModel, default: Model) -> Model:
+    """`model_of_exports` of a store's model; the flags' model, with one
+    warning, when the store does not answer (the follower then reports the
+    outage at each poll until it does)."""
+    try:
+        return model_of_exports(stored, default)
+    except ExportStoreError as exc:
+        log.warning(
+            "export store unreachable at start: serving the flags' model",
+            extra={"fields": {"follow": str(stored), "model": default.name, "error": str(exc)}},
+        )
+        return default
 
 
 def new_followers(root: Path, settings: ApiSettings, known: Collection[str]) -> dict[str, Follower]:
