@@ -1,7 +1,8 @@
 """The exporter on an S3 bucket (moto's server, the `s3_endpoint` fixture):
 the cuts it writes there read back as the same cuts written to a directory;
 a cut whose upload fails midway leaves no version and the next one is
-written; retention prunes the bucket as it prunes a directory."""
+written; retention prunes the bucket as it prunes a directory; the bucket
+has one owner (``owner.json``) as a directory has."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 from s3_server import S3Endpoint
 from test_export_store import s3_env
@@ -28,10 +30,12 @@ from ps_core.checkpoint.exportstore import (
     S3ExportStore,
     StoredModel,
     VersionUpload,
+    store_for,
 )
 from ps_core.checkpoint.manifest import MANIFEST_NAME
+from ps_core.checkpoint.owner import OWNER_FILE, ExportsOwnedError, claim_exports
 from ps_core.checkpoint.restore import restore_shards
-from ps_core.errors import ExportWriteError
+from ps_core.errors import ExportCorruptError, ExportWriteError
 from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec
 
@@ -202,3 +206,22 @@ async def test_retention_prunes_the_bucket_as_it_prunes_a_directory(tmp_path: Pa
     chain = latest_chain(StoredModel(store, "m"), verify=True)
     assert [v.version for v in chain] == [5, 6]
     assert _state(restore_shards(chain, 2).shards, "m_w", UNIVERSE) == _state(remote.shards, "m_w", UNIVERSE)
+
+
+def test_a_bucket_is_claimed_by_one_owner_until_taken_over(bucket: str) -> None:
+    mine, took = claim_exports(bucket, "cluster-a", "ctrps shard")
+    assert (mine.owner, took) == ("cluster-a", False)
+    store = store_for(bucket)
+    assert isinstance(store, S3ExportStore)
+    assert orjson.loads(store.read_object(OWNER_FILE) or b"null")["owner"] == "cluster-a"
+    again, took = claim_exports(bucket, "cluster-a", "ctrps shard")  # its restart
+    assert (again.since, took) == (mine.since, False)
+    with pytest.raises(ExportsOwnedError) as refused:
+        claim_exports(bucket, "cluster-b", "ctrps shard")
+    assert f"exports {bucket} belongs to 'cluster-a'" in str(refused.value) and "\n" not in str(refused.value)
+    taken, took = claim_exports(bucket, "cluster-b", "ctrps shard", take_over=True)
+    assert (taken.owner, taken.taken_from, took) == ("cluster-b", "cluster-a", True)
+    assert orjson.loads(store.read_object(OWNER_FILE) or b"null")["owner"] == "cluster-b"
+    store.write_object(OWNER_FILE, b"{not json", replace=True)
+    with pytest.raises(ExportCorruptError, match=f"{bucket}/{OWNER_FILE}: not JSON"):
+        claim_exports(bucket, "cluster-b", "ctrps shard")

@@ -239,6 +239,32 @@ class S3ExportStore(ExportStore):
         except Exception as exc:
             self.fail("get", key, exc)
 
+    def read_object(self, key: str) -> bytes | None:
+        """An object of the root (its key under the prefix, e.g. ``owner.json``);
+        None when there is none."""
+        try:
+            return bytes(self._get(key).bytes())
+        except FileNotFoundError:
+            return None
+        except ExportStoreError:
+            raise
+        except Exception as exc:
+            self.fail("get", key, exc)
+
+    def write_object(self, key: str, data: bytes, *, replace: bool) -> bool:
+        """Write an object of the root whole; without `replace` only where there
+        is none (a create-only PUT: False when one is there)."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+        try:
+            obstore.put(self.client, key, data, mode="overwrite" if replace else "create")
+        except (AlreadyExistsError, PreconditionError, FileExistsError):
+            return False
+        except Exception as exc:
+            self.fail("put", key, exc)
+        return True
+
     def delete_version(self, model: str, version: int) -> bool:
         import obstore
 
