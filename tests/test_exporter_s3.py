@@ -35,7 +35,7 @@ from ps_core.checkpoint.exportstore import (
 from ps_core.checkpoint.manifest import MANIFEST_NAME
 from ps_core.checkpoint.owner import OWNER_FILE, ExportsOwnedError, claim_exports
 from ps_core.checkpoint.restore import restore_shards
-from ps_core.errors import ExportCorruptError, ExportWriteError
+from ps_core.errors import ExportCorruptError, ExportWriteError, InvalidRequestError
 from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec
 
@@ -183,10 +183,16 @@ async def test_a_cut_failing_midway_on_the_bucket_leaves_no_version_and_the_next
     assert _keys(real, "m/0000000002/") == []  # the files uploaded before the failure were removed
     assert [v.version for v in list_versions(StoredModel(real, "m"))] == [1]
 
+    # What a crash mid-upload leaves (no abort ran): objects without a manifest.
+    with real.begin("m", 2).open("shard-0.m_w.npz") as leftover:
+        leftover.write(b"half a file")
+    assert _keys(real, "m/0000000002/") == ["m/0000000002/shard-0.m_w.npz"]
+
     exporter.store = real
     nxt = await exporter.cut()
     assert (nxt.version, nxt.kind) == (3, "base")  # version 2 is spent; a base follows a failed write
     assert sorted(real.versions("m")) == [1, 3]
+    assert _keys(real, "m/0000000002/") == []  # retention swept the crash's leftover
     restored = restore_shards(latest_chain(StoredModel(real, "m"), verify=True), 1)
     assert _state(restored.shards, "m_w", UNIVERSE) == _state(run.shards, "m_w", UNIVERSE)
 
@@ -206,6 +212,12 @@ async def test_retention_prunes_the_bucket_as_it_prunes_a_directory(tmp_path: Pa
     chain = latest_chain(StoredModel(store, "m"), verify=True)
     assert [v.version for v in chain] == [5, 6]
     assert _state(restore_shards(chain, 2).shards, "m_w", UNIVERSE) == _state(remote.shards, "m_w", UNIVERSE)
+
+    with pytest.raises(
+        InvalidRequestError, match=r"^compaction of exports on object storage \(s3://.*/m\) is not supported$"
+    ):
+        await remote.exporter.compact()
+    assert sorted(store.versions("m")) == kept
 
 
 def test_a_bucket_is_claimed_by_one_owner_until_taken_over(bucket: str) -> None:

@@ -23,7 +23,7 @@ from .export_files import (
     version_info,
     write_tree,
 )
-from .exportstore import StoredModel
+from .exportstore import S3ExportStore, StoredModel
 from .manifest import (
     version_dir_name,
 )
@@ -139,8 +139,14 @@ def prune_stored(model: StoredModel, keep_bases: int = 2) -> list[int]:
     rule; returns the removed versions. Oldest first, each by
     `ExportStore.delete_version`: its manifest first, so a version half
     deleted is never listed, and an interrupted prune leaves every kept
-    chain whole."""
-    oldest_kept = _oldest_kept(list_versions(model), keep_bases)
+    chain whole. On a bucket the objects of uploads cut short (no
+    manifest) below the newest version go too."""
+    versions = list_versions(model)
+    if versions and isinstance(model.store, S3ExportStore):
+        # The local sweep of stale hidden directories, on a bucket: the
+        # objects of uploads a crash cut short, below the newest version.
+        model.store.drop_unlisted(model.model, versions[-1].version)
+    oldest_kept = _oldest_kept(versions, keep_bases)
     if oldest_kept is None:
         return []
     doomed = sorted(v for v in model.store.versions(model.model) if v < oldest_kept)
