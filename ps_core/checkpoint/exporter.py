@@ -53,13 +53,12 @@ from ..net.control_messages import (
 from .control import ControlClient
 from .coordinator import Coordinator, Cut
 from .cut_failure import CutFailed, DeltaRefused, describe_failure
-from .export_files import DEFAULT_FILE_MODE, VersionInfo
+from .export_files import DEFAULT_FILE_MODE, bucket_of, model_at, remove_version, versions_at, write_model_version
 from .export_report import ExportReport
-from .export_target import bucket_of, model_at, prune_at, remove_version, versions_at, write_model_version
 from .exportstore import StoredModel
 from .manifest import check_model_name, version_dir_name
 from .registry import ModelRegistry, ModelSpec
-from .retention import compact, prune
+from .retention import compact, prune, prune_at
 
 __all__ = ["Exporter"]
 
@@ -139,11 +138,6 @@ class Exporter:
         if self.store is not None:
             raise ValueError(f"exports on {self.store.url} have no local directory")
         return self.root / self.model
-
-    @property
-    def location(self) -> str:
-        """Where the versions go: the root directory or ``s3://`` URL."""
-        return str(self.root) if self.store is None else self.store.url
 
     def _at(self, name: str) -> Path | StoredModel:
         """Model `name`'s versions: its directory, or its model in the bucket."""
@@ -591,7 +585,7 @@ class Exporter:
 
     def versions(self, model: str | None = None) -> list[VersionEntry]:
         """`model`'s versions on disk, oldest first (times in RFC 3339, as orjson writes a datetime)."""
-        found: list[VersionInfo] = versions_at(self.dir_of(model))
+        found = versions_at(self.dir_of(model))
         return [
             VersionEntry(v.version, v.kind, v.parent, v.created_at.isoformat(), v.manifest.rows(), v.manifest.nbytes())
             for v in found

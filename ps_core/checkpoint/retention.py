@@ -29,7 +29,7 @@ from .manifest import (
 )
 from .restore import restore_shards
 
-__all__ = ["compact", "prune", "prune_stored"]
+__all__ = ["compact", "prune", "prune_at", "prune_stored"]
 
 
 def compact(
@@ -151,3 +151,8 @@ def prune_stored(model: StoredModel, keep_bases: int = 2) -> list[int]:
         return []
     doomed = sorted(v for v in model.store.versions(model.model) if v < oldest_kept)
     return [v for v in doomed if model.store.delete_version(model.model, v)]
+
+
+def prune_at(where: Path | StoredModel, keep_bases: int) -> list[int]:
+    """Retention of a model's versions (`prune`, or `prune_stored` in a store)."""
+    return prune_stored(where, keep_bases) if isinstance(where, StoredModel) else prune(where, keep_bases)
