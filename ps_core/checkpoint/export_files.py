@@ -103,6 +103,7 @@ __all__ = [
     # Writing.
     "write_version",
     "write_version_to",
+    "upload_version",
     # An exporter's exports location: a directory or a bucket.
     "bucket_of",
     "model_at",
@@ -306,7 +307,15 @@ def write_version(
     )
 
 
-def write_version_to(
+def write_version_to(store: ExportStore, *args: Any, **kwargs: Any) -> str:
+    """`write_version` into any `ExportStore` (a local directory, an S3 bucket):
+    the files, then the manifest, which makes the version visible; returns its
+    location (`upload_version`, whose arguments it takes, with the manifest).
+    `FileExistsError` if the version exists or appears meanwhile."""
+    return upload_version(store, *args, **kwargs)[0]
+
+
+def upload_version(
     store: ExportStore,
     model: str,
     version: int,
@@ -319,10 +328,11 @@ def write_version_to(
     stream: StreamIdentity | None = None,
     serving_precision: str = "f32",
     file_mode: int = DEFAULT_FILE_MODE,
-) -> str:
-    """`write_version` into any `ExportStore` (a local directory, an S3 bucket):
-    the files, then the manifest, which makes the version visible; returns its
-    location. `FileExistsError` if the version exists or appears meanwhile."""
+) -> tuple[str, ExportManifest]:
+    """Write one version into `store` (`write_version`'s arguments, a store in
+    place of the root): the files, then the manifest, which makes it visible;
+    returns its location and manifest. `FileExistsError` if the version
+    exists or appears meanwhile."""
     kind = _check_snapshots(version, parent, snapshots, num_shards)
     upload = store.begin(check_model_name(model), version, file_mode=file_mode)
     fields: dict[str, Any] = {
@@ -342,7 +352,7 @@ def write_version_to(
     except BaseException:
         upload.abort()
         raise
-    return upload.commit(manifest.to_json())
+    return upload.commit(manifest.to_json()), manifest
 
 
 # -- an exporter's location: a local directory or a store's bucket ---------------------
@@ -395,8 +405,8 @@ def write_model_version(
     if store is None:
         path = write_version(root, model, version, parent, snapshots, *args, **kwargs)
         return str(path), sum(p.stat().st_size for p in path.iterdir())
-    where = write_version_to(store, model, version, parent, snapshots, *args, **kwargs)
-    return where, store_manifest(store, model, version).nbytes()
+    where, manifest = upload_version(store, model, version, parent, snapshots, *args, **kwargs)
+    return where, manifest.nbytes()
 
 
 def remove_version(store: ExportStore | None, model: str, version: int, where: str) -> None:
