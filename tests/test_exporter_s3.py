@@ -19,6 +19,10 @@ from s3_server import S3Endpoint
 from test_export_store import s3_env
 from test_exporter import FM_V, LR, _state, _train
 
+from app.config.cluster import ClusterSettings
+from app.config.declared import SettingsError
+from app.config.demo import DemoSettings
+from app.config.shard import ShardSettings
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.export_files import latest_chain, list_versions
@@ -237,3 +241,14 @@ def test_a_bucket_is_claimed_by_one_owner_until_taken_over(bucket: str) -> None:
     store.write_object(OWNER_FILE, b"{not json", replace=True)
     with pytest.raises(ExportCorruptError, match=f"{bucket}/{OWNER_FILE}: not JSON"):
         claim_exports(bucket, "cluster-b", "ctrps shard")
+
+
+@pytest.mark.parametrize("settings", [ShardSettings, DemoSettings, ClusterSettings])
+def test_the_roles_refuse_an_exports_url_in_one_line_until_they_restore_from_it(settings: type[object]) -> None:
+    with pytest.raises(SettingsError) as refused:
+        settings(exports_dir="s3://bucket/prefix")
+    assert str(refused.value) == (
+        "exports dir 's3://bucket/prefix': exports on object storage are not restored from by ctrps shard, demo "
+        "or cluster yet; give a local directory"
+    )
+    settings(exports_dir="exports")  # a local directory as ever
