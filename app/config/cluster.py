@@ -11,6 +11,7 @@ from .common import bootstrap, check_composition, log_format
 from .declared import SettingsError, load, setting
 from .exports import (
     check_exports,
+    check_exports_dir,
     check_exports_mode,
     export_interval,
     exports_dir,
@@ -91,6 +92,7 @@ class ClusterSettings:
         check_composition(self.duration_s, self.port, self.window_seconds, self.log_format)
         check_exports(self.export_interval_s)
         check_exports_mode(self.exports_mode)
+        check_exports_dir(self.exports_dir)
         if not 0 < self.restart_backoff_s <= self.restart_backoff_max_s < float("inf"):
             raise SettingsError("restart backoff must be > 0 and at most the largest backoff")
         if self.max_restarts < 0 or not 0 < self.restart_window_s < float("inf"):

@@ -11,7 +11,7 @@ from ..security import SecuritySettings, _secret_from
 from .broker import broker_max_rss_mb
 from .common import bootstrap, check_composition, log_format
 from .declared import SettingsError, load, setting
-from .exports import check_exports, check_exports_mode, export_interval, exports_dir, exports_mode
+from .exports import check_exports, check_exports_dir, check_exports_mode, export_interval, exports_dir, exports_mode
 from .worker import window_span
 
 __all__ = ["DemoSettings"]
@@ -50,6 +50,7 @@ class DemoSettings:
         check_composition(self.duration_s, self.port, self.window_seconds, self.log_format)
         check_exports(self.export_interval_s)
         check_exports_mode(self.exports_mode)
+        check_exports_dir(self.exports_dir)
         if not 1 <= self.shards <= 64:
             raise SettingsError(f"shards must be in [1, 64], not {self.shards}")
         if not 0 < self.rate < float("inf"):

@@ -14,6 +14,7 @@ __all__ = [
     "exports_mode",
     "take_over_exports",
     "check_exports",
+    "check_exports_dir",
     "check_exports_mode",
 ]
 
@@ -80,4 +81,16 @@ def check_exports_mode(mode: int) -> None:
         raise SettingsError(
             f"exports mode {mode:04o} must let the owner read and write, with no x, setuid or sticky bit "
             "(0600, 0640, 0644, ...)"
+        )
+
+
+def check_exports_dir(exports: str) -> None:
+    """An exports directory is a local path: the exporter writes to
+    ``s3://`` (`ps_core.checkpoint.exporter`), but the shards' restore, the
+    membership rounds and the directory checks read local directories only,
+    so a URL here is refused rather than half used."""
+    if "://" in exports:
+        raise SettingsError(
+            f"exports dir {exports!r}: exports on object storage are not restored from by ctrps shard, demo or "
+            "cluster yet; give a local directory"
         )

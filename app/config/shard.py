@@ -18,7 +18,14 @@ from ps_core.store.table_config import TableConfig
 
 from .common import FORMATS, check_model_name, check_urls, log_format, model_name, urls
 from .declared import SettingsError, load, setting
-from .exports import check_exports_mode, export_interval, exports_dir, exports_mode, take_over_exports
+from .exports import (
+    check_exports_dir,
+    check_exports_mode,
+    export_interval,
+    exports_dir,
+    exports_mode,
+    take_over_exports,
+)
 from .limits import port_limits_from_env, rpc_limits_from_env
 
 __all__ = ["ShardSettings", "parse_table_spec"]
@@ -199,6 +206,7 @@ class ShardSettings:
         if self.serving_precision not in PRECISIONS:
             raise SettingsError(f"serving precision {self.serving_precision!r} is not one of {', '.join(PRECISIONS)}")
         check_exports_mode(self.exports_mode)
+        check_exports_dir(self.exports_dir)
         if self.max_body_mb < 1:
             raise SettingsError("max body must be at least 1 MiB")
         if not self.stats_interval_s >= 0 or self.stats_interval_s == float("inf"):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import zipfile
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -66,9 +67,11 @@ from .exportstore import (
     ExportStore,
     LocalExportStore,
     LocalUpload,
+    StoredModel,
     VersionUpload,
     dir_mode,
     fsync_dir,
+    store_for,
 )
 from .manifest import (
     ExportManifest,
@@ -100,6 +103,14 @@ __all__ = [
     # Writing.
     "write_version",
     "write_version_to",
+    "upload_version",
+    # An exporter's exports location: a directory or a bucket.
+    "bucket_of",
+    "model_at",
+    "versions_at",
+    "resume_point",
+    "write_model_version",
+    "remove_version",
     "DEFAULT_FILE_MODE",
     "dir_mode",
     "write_tree",
@@ -296,7 +307,15 @@ def write_version(
     )
 
 
-def write_version_to(
+def write_version_to(store: ExportStore, *args: Any, **kwargs: Any) -> str:
+    """`write_version` into any `ExportStore` (a local directory, an S3 bucket):
+    the files, then the manifest, which makes the version visible; returns its
+    location (`upload_version`, whose arguments it takes, with the manifest).
+    `FileExistsError` if the version exists or appears meanwhile."""
+    return upload_version(store, *args, **kwargs)[0]
+
+
+def upload_version(
     store: ExportStore,
     model: str,
     version: int,
@@ -309,10 +328,11 @@ def write_version_to(
     stream: StreamIdentity | None = None,
     serving_precision: str = "f32",
     file_mode: int = DEFAULT_FILE_MODE,
-) -> str:
-    """`write_version` into any `ExportStore` (a local directory, an S3 bucket):
-    the files, then the manifest, which makes the version visible; returns its
-    location. `FileExistsError` if the version exists or appears meanwhile."""
+) -> tuple[str, ExportManifest]:
+    """Write one version into `store` (`write_version`'s arguments, a store in
+    place of the root): the files, then the manifest, which makes it visible;
+    returns its location and manifest. `FileExistsError` if the version
+    exists or appears meanwhile."""
     kind = _check_snapshots(version, parent, snapshots, num_shards)
     upload = store.begin(check_model_name(model), version, file_mode=file_mode)
     fields: dict[str, Any] = {
@@ -332,4 +352,67 @@ def write_version_to(
     except BaseException:
         upload.abort()
         raise
-    return upload.commit(manifest.to_json())
+    return upload.commit(manifest.to_json()), manifest
+
+
+# -- an exporter's location: a local directory or a store's bucket ---------------------
+# A local exports directory is written as it always was (`write_version`); an
+# ``s3://`` one through its store (`write_version_to`: a cut's data files, then
+# its manifest, so a cut cut short is never listed).
+
+
+def bucket_of(root: Path | str) -> ExportStore | None:
+    """The store of an exports location given as a URL (``s3://bucket/prefix``);
+    None for a local path, written as a directory as ever."""
+    return store_for(str(root)) if "://" in str(root) else None
+
+
+def model_at(root: Path, store: ExportStore | None, model: str) -> Path | StoredModel:
+    """Model `model`'s versions: ``<root>/<model>``, or the store's model."""
+    return StoredModel(store, model) if store is not None else root / model
+
+
+def versions_at(where: Path | StoredModel) -> list[VersionInfo]:
+    """`list_versions` of a model, none when its local directory does not exist."""
+    if isinstance(where, Path) and not where.is_dir():
+        return []
+    return list_versions(where)
+
+
+def resume_point(where: Path | StoredModel) -> tuple[int, dict[str, dict[int, int]]]:
+    """The newest version of a model and its offsets ((0, {}) when none):
+    where a coordinator starts so versions never collide."""
+    versions = versions_at(where)
+    if not versions:
+        return 0, {}
+    newest = versions[-1]
+    return newest.version, {t: dict(p) for t, p in newest.manifest.offsets.items()}
+
+
+def write_model_version(
+    root: Path,
+    store: ExportStore | None,
+    model: str,
+    version: int,
+    parent: int | None,
+    snapshots: Mapping[int, Sequence[TableSnapshot]],
+    *args: Any,
+    **kwargs: Any,
+) -> tuple[str, int]:
+    """Write one model's version of a cut (`write_version`'s arguments after
+    the snapshots); returns where it is and its bytes (locally every file's,
+    the manifest's too, as ever; in a store its data and serving files')."""
+    if store is None:
+        path = write_version(root, model, version, parent, snapshots, *args, **kwargs)
+        return str(path), sum(p.stat().st_size for p in path.iterdir())
+    where, manifest = upload_version(store, model, version, parent, snapshots, *args, **kwargs)
+    return where, manifest.nbytes()
+
+
+def remove_version(store: ExportStore | None, model: str, version: int, where: str) -> None:
+    """Remove a version just written (a cut that could not be written whole):
+    its directory, or its objects in the store, the manifest first."""
+    if store is None:
+        shutil.rmtree(where)
+    else:
+        store.delete_version(model, version)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from ..errors import (
     CutAbortedError,
     CutNotJoinedError,
     ExportWriteError,
+    InvalidRequestError,
     ModelConflictError,
     NoCommonVersionError,
     PSError,
@@ -51,13 +51,14 @@ from ..net.control_messages import (
     VersionEntry,
 )
 from .control import ControlClient
-from .coordinator import Coordinator, Cut, Offsets
+from .coordinator import Coordinator, Cut
 from .cut_failure import CutFailed, DeltaRefused, describe_failure
-from .export_files import DEFAULT_FILE_MODE, list_versions, write_version
+from .export_files import DEFAULT_FILE_MODE, bucket_of, model_at, remove_version, versions_at, write_model_version
 from .export_report import ExportReport
+from .exportstore import StoredModel
 from .manifest import check_model_name, version_dir_name
 from .registry import ModelRegistry, ModelSpec
-from .retention import compact, prune
+from .retention import compact, prune, prune_at
 
 __all__ = ["Exporter"]
 
@@ -102,8 +103,17 @@ class Exporter:
         self.client = client
         self.model = check_model_name(model)
         coordinator.set_default(self.model)
-        self.root = Path(root)
-        self.registry = registry if registry is not None else ModelRegistry.load(self.root, self.model)
+        self.store = bucket_of(root)
+        """The bucket versions go to (an ``s3://bucket/prefix`` `root`, each
+        model under ``<prefix>/<model>/``); None: the local directory `root`."""
+        # With a bucket nothing is written under `root` (every path goes
+        # through `_at`); it stays a Path for the local case's callers.
+        self.root = Path(root) if self.store is None else Path()
+        # A bucket's models are those of `registry` (default: the default
+        # model only): model.json records are kept on local disks.
+        if registry is None:
+            registry = ModelRegistry.load(self.root, self.model) if self.store is None else ModelRegistry(None, model)
+        self.registry = registry
         self._registry_changes = self.registry.changes
         self.keep_bases = keep_bases
         self._lock = asyncio.Lock()
@@ -124,25 +134,21 @@ class Exporter:
 
     @property
     def model_dir(self) -> Path:
-        """``<root>/<model>``: the default model's directory."""
+        """``<root>/<model>``: the default model's directory (a local root's)."""
+        if self.store is not None:
+            raise ValueError(f"exports on {self.store.url} have no local directory")
         return self.root / self.model
 
-    def dir_of(self, model: str | None = None) -> Path:
-        """``<root>/<model>`` (None: the default model); `UnknownModelError`
-        for a model the cluster does not hold."""
+    def _at(self, name: str) -> Path | StoredModel:
+        """Model `name`'s versions: its directory, or its model in the bucket."""
+        return model_at(self.root, self.store, name)
+
+    def dir_of(self, model: str | None = None) -> Path | StoredModel:
+        """``<root>/<model>`` or the bucket's model (None: the default model);
+        `UnknownModelError` for a model the cluster does not hold."""
         name = model or self.model
         self.registry.check(name)
-        return self.root / name
-
-    @staticmethod
-    def resume_point(model_dir: Path) -> tuple[int, Offsets]:
-        """The newest version in `model_dir` and its offsets ((0, {}) when none):
-        where a coordinator starts so versions never collide."""
-        versions = list_versions(model_dir) if model_dir.is_dir() else []
-        if not versions:
-            return 0, {}
-        newest = versions[-1]
-        return newest.version, {t: dict(p) for t, p in newest.manifest.offsets.items()}
+        return self._at(name)
 
     async def cut(self, kind: str | None = None) -> ExportReport:
         """Cut, then write; `kind` forces ``base`` or ``delta`` (default: the
@@ -228,8 +234,9 @@ class Exporter:
             # nothing else holds the version: it is spent.
             self.coordinator.spend(cut.version)
             # The directory is what an operator frees or fixes; the file that
-            # failed may be inside the (removed) hidden temporary one.
-            failed_dir = getattr(exc, "model_dir", self.model_dir)
+            # failed may be inside the (removed) hidden temporary one. A
+            # bucket's error names the s3:// key and the cause itself.
+            failed_dir = getattr(exc, "model_dir", self._at(self.model))
             where, failed_file = str(failed_dir), str(exc.filename or "-")
             why = exc.strerror or str(exc)
             detail = f"export version {cut.version} not written to {where}: {why} (at {failed_file})"
@@ -241,13 +248,13 @@ class Exporter:
         pruned: list[int] = []
         for name in written:
             try:
-                pruned = sorted(set(pruned) | set(await asyncio.to_thread(prune, self.root / name, self.keep_bases)))
+                pruned = sorted(set(pruned) | set(await asyncio.to_thread(prune_at, self._at(name), self.keep_bases)))
             except OSError as exc:
                 # the version is written; retention runs again after the next one
                 self._failed(
                     "prune",
                     version=version,
-                    path=str(exc.filename or self.root / name),
+                    path=str(exc.filename or self._at(name)),
                     error=str(exc.strerror or exc),
                 )
         return pruned
@@ -256,8 +263,8 @@ class Exporter:
         self, cut: Cut[int | None], written: dict[str, dict[str, Any]], pruned: list[int], t0: float
     ) -> ExportReport:
         """The export's report (kept as `last`) and its log line."""
-        path = self.model_dir / version_dir_name(cut.version)
-        default = written.get(self.model, {"path": str(path), "rows": 0, "bytes": 0})
+        path = f"{self._at(self.model)}/{version_dir_name(cut.version)}"
+        default = written.get(self.model, {"path": path, "rows": 0, "bytes": 0})
         report = ExportReport(
             version=cut.version,
             kind=cut.kind,
@@ -307,8 +314,9 @@ class Exporter:
                 config["numeric"] = spec.numeric
             offsets, stream = cut.books.get(name, ({}, None))
             try:
-                path = write_version(
+                where, nbytes = write_model_version(
                     self.root,
+                    self.store,
                     name,
                     cut.version,
                     cut.snapshot,
@@ -321,15 +329,15 @@ class Exporter:
                     file_mode=self.file_mode,
                 )
             except OSError as exc:
-                for done in written.values():
+                for done_name, done in written.items():
                     with contextlib.suppress(OSError):
-                        shutil.rmtree(done["path"])
-                exc.model_dir = self.root / name  # type: ignore[attr-defined]
+                        remove_version(self.store, done_name, cut.version, done["path"])
+                exc.model_dir = self._at(name)  # type: ignore[attr-defined]
                 raise
             written[name] = {
-                "path": str(path),
+                "path": where,
                 "rows": sum(s.rows for shard in part.values() for s in shard),
-                "bytes": sum(p.stat().st_size for p in Path(path).iterdir()),
+                "bytes": nbytes,
             }
         return written
 
@@ -430,8 +438,8 @@ class Exporter:
         if self.coordinator.last_version == 0:
             return False
         newest = []
-        for mdir in (self.root / n for n in self.registry.names()):
-            versions = list_versions(mdir) if mdir.is_dir() else []
+        for name in self.registry.names():
+            versions = versions_at(self._at(name))
             if versions:
                 newest.append(versions[-1].version)
         return bool(newest) and all(v == self.coordinator.last_version for v in newest)
@@ -522,12 +530,13 @@ class Exporter:
             dropped = [t for t in spec.table_names if await self.client.drop_table(t)]
             await asyncio.to_thread(self.registry.delete, name)
             self.coordinator.forget(name)
-        mdir = self.root / name
+        mdir = self._at(name)
         log.info(
             "model deleted", extra={"fields": {"model": name, "tables": ",".join(dropped) or "-", "exports": str(mdir)}}
         )
         deleted = msgspec.convert(spec.to_dict(), ModelEntry)
-        return ShardModelDeletedBody(deleted, dropped, str(mdir) if mdir.is_dir() else None)
+        kept = mdir.is_dir() if isinstance(mdir, Path) else bool(mdir.versions())
+        return ShardModelDeletedBody(deleted, dropped, str(mdir) if kept else None)
 
     async def export_json(self, kind: str | None = None) -> ExportReportBody:
         """`cut`, answered as its message (``POST /v1/exports``)."""
@@ -538,6 +547,8 @@ class Exporter:
         version, offsets and rows; deltas after it stay valid), then prune;
         one at a time with cuts, since both rewrite the directory."""
         mdir = self.dir_of(model)
+        if not isinstance(mdir, Path):
+            raise InvalidRequestError(f"compaction of exports on object storage ({mdir}) is not supported")
         async with self._lock:
             t0 = time.perf_counter()
             info = await asyncio.to_thread(compact, mdir, file_mode=self.file_mode)
@@ -558,23 +569,23 @@ class Exporter:
 
     def exports_json(self, model: str | None = None) -> ExportList:
         """`model`'s versions and the last export's report (``GET /v1/exports``)."""
-        mdir = self.dir_of(model)
+        name = model or self.model
+        self.registry.check(name)
         last = self.last.to_dict() if self.last is not None else None
-        if last is not None and mdir.name != self.model:
-            mine = self.last.models.get(mdir.name) if self.last is not None else None
-            last = None if mine is None else {**last, **mine, "offsets": self._offsets_json(mdir.name)}
-        return ExportList(mdir.name, self.versions(mdir.name), msgspec.convert(last, ExportReportBody | None))
+        if last is not None and name != self.model:
+            mine = self.last.models.get(name) if self.last is not None else None
+            last = None if mine is None else {**last, **mine, "offsets": self._offsets_json(name)}
+        return ExportList(name, self.versions(name), msgspec.convert(last, ExportReportBody | None))
 
     def _offsets_json(self, model: str) -> dict[str, dict[str, int]]:
-        versions = list_versions(self.root / model) if (self.root / model).is_dir() else []
+        versions = versions_at(self._at(model))
         if not versions:
             return {}
         return {t: {str(p): o for p, o in ps.items()} for t, ps in versions[-1].manifest.offsets.items()}
 
     def versions(self, model: str | None = None) -> list[VersionEntry]:
         """`model`'s versions on disk, oldest first (times in RFC 3339, as orjson writes a datetime)."""
-        mdir = self.dir_of(model)
-        found = list_versions(mdir) if mdir.is_dir() else []
+        found = versions_at(self.dir_of(model))
         return [
             VersionEntry(v.version, v.kind, v.parent, v.created_at.isoformat(), v.manifest.rows(), v.manifest.nbytes())
             for v in found

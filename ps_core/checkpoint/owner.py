@@ -24,6 +24,7 @@ import contextlib
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +34,7 @@ import orjson
 
 from ..errors import ExportCorruptError, PSError
 from .export_files import DEFAULT_FILE_MODE, dir_mode
+from .exportstore import S3ExportStore, store_for
 from .stream import StreamIdentity
 
 __all__ = [
@@ -110,9 +112,16 @@ def read_owner(root: Path) -> ExportsOwner | None:
     naming the file when it does not read as one."""
     path = Path(root) / OWNER_FILE
     try:
-        raw = orjson.loads(path.read_bytes())
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
+    return _parse(data, str(path))
+
+
+def _parse(data: bytes, path: str) -> ExportsOwner:
+    """An owner record's bytes, read from `path` (`ExportCorruptError` naming it)."""
+    try:
+        raw = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise ExportCorruptError(f"{path}: not JSON ({exc})", file=str(path), expected="JSON", actual="other") from None
     fields = {"owner": str, "by": str, "since": str, "host": str, "pid": int}
@@ -137,7 +146,7 @@ def _write(root: Path, record: ExportsOwner, file_mode: int, *, replace: bool) -
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(orjson.dumps(record.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
+            f.write(_record_bytes(record))
             f.flush()
             os.fsync(f.fileno())
         if replace:
@@ -153,8 +162,22 @@ def _write(root: Path, record: ExportsOwner, file_mode: int, *, replace: bool) -
             os.unlink(tmp)
 
 
+def _record_bytes(record: ExportsOwner) -> bytes:
+    return orjson.dumps(record.to_dict(), option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def _bucket_record(bucket: S3ExportStore) -> Callable[[], ExportsOwner | None]:
+    """The reader of a bucket's owner record (``<prefix>/owner.json``)."""
+
+    def read() -> ExportsOwner | None:
+        data = bucket.read_object(OWNER_FILE)
+        return None if data is None else _parse(data, bucket.url_of(OWNER_FILE))
+
+    return read
+
+
 def claim_exports(
-    root: Path, owner: str, by: str, *, take_over: bool = False, file_mode: int = DEFAULT_FILE_MODE
+    root: Path | str, owner: str, by: str, *, take_over: bool = False, file_mode: int = DEFAULT_FILE_MODE
 ) -> tuple[ExportsOwner, bool]:
     """Make the exports `root` `owner`'s, before anything is restored from
     it or exported into it; returns the record now there, and whether this
@@ -165,30 +188,50 @@ def claim_exports(
     (``by``, ``since`` and ``taken_from`` kept); one of another
     owner raises `ExportsOwnedError` (one line naming both and what to do)
     unless `take_over`, which replaces the record (``taken_from``). Two
-    claims of an unowned root at once: one wins, the other sees its record."""
-    root = Path(root)
-    root.mkdir(mode=dir_mode(file_mode), parents=True, exist_ok=True)
+    claims of an unowned root at once: one wins, the other sees its record.
+    An ``s3://bucket/prefix`` root is claimed the same way through its
+    ``<prefix>/owner.json`` object (a create-only PUT for a new record)."""
+    read: Callable[[], ExportsOwner | None]
+    write: Callable[[ExportsOwner, bool], bool]
+    store = store_for(root) if "://" in str(root) else None
+    if isinstance(store, S3ExportStore):
+        bucket, where = store, f"exports {store.url}"
+        read = _bucket_record(bucket)
+
+        def write(record: ExportsOwner, replace: bool) -> bool:
+            return bucket.write_object(OWNER_FILE, _record_bytes(record), replace=replace)
+    else:
+        local = Path(root)
+        local.mkdir(mode=dir_mode(file_mode), parents=True, exist_ok=True)
+        where = f"exports directory {local}"
+
+        def read() -> ExportsOwner | None:
+            return read_owner(local)
+
+        def write(record: ExportsOwner, replace: bool) -> bool:
+            return _write(local, record, file_mode, replace=replace)
+
     mine = ExportsOwner(owner, by, datetime.now(UTC).isoformat(timespec="seconds"), socket.gethostname(), os.getpid())
     for _ in range(2):  # a record may appear between the read and the write, once
-        held = read_owner(root)
+        held = read()
         if held is not None and held.owner == owner:
             # Its owner again (a restart): the record names the process that runs now.
             again = ExportsOwner(owner, held.by, held.since, mine.host, mine.pid, held.taken_from)
             if again != held:
-                _write(root, again, file_mode, replace=True)
+                write(again, True)
             return again, False
         if held is not None and not take_over:
             raise ExportsOwnedError(
-                f"exports directory {root} belongs to {held.describe()}, not to {owner!r}: "
+                f"{where} belongs to {held.describe()}, not to {owner!r}: "
                 "give this cluster another --exports-dir, or take this one over with --take-over-exports"
             )
         if held is not None:
             record = ExportsOwner(mine.owner, mine.by, mine.since, mine.host, mine.pid, held.owner)
-            _write(root, record, file_mode, replace=True)
+            write(record, True)
             return record, True
-        if _write(root, mine, file_mode, replace=False):
+        if write(mine, False):
             return mine, False
-    raise ExportsOwnedError(f"exports directory {root}: its owner record keeps changing; claimed meanwhile")
+    raise ExportsOwnedError(f"{where}: its owner record keeps changing; claimed meanwhile")
 
 
 def run_exports_dir(parent: Path, prefix: str) -> Path:

@@ -23,12 +23,13 @@ from .export_files import (
     version_info,
     write_tree,
 )
+from .exportstore import S3ExportStore, StoredModel
 from .manifest import (
     version_dir_name,
 )
 from .restore import restore_shards
 
-__all__ = ["compact", "prune"]
+__all__ = ["compact", "prune", "prune_at", "prune_stored"]
 
 
 def compact(
@@ -94,13 +95,10 @@ def prune(model_dir: Path, keep_bases: int = 2, *, stale_after_s: float = 3600.0
     leftovers (interrupted writes, compactions, prunes) older than
     `stale_after_s` are removed too.
     """
-    if keep_bases < 1:
-        raise ValueError("keep_bases must be >= 1")
     mdir = Path(model_dir)
-    bases = sorted(i.version for i in list_versions(mdir) if i.kind == "base")
+    oldest_kept = _oldest_kept(list_versions(mdir), keep_bases)
     removed: list[int] = []
-    if len(bases) > keep_bases:
-        oldest_kept = bases[-keep_bases]
+    if oldest_kept is not None:
         for v, path in sorted(version_dirs(mdir).items()):
             if v >= oldest_kept:
                 continue
@@ -125,3 +123,36 @@ def prune(model_dir: Path, keep_bases: int = 2, *, stale_after_s: float = 3600.0
         except FileNotFoundError:
             pass
     return removed
+
+
+def _oldest_kept(versions: list[VersionInfo], keep_bases: int) -> int | None:
+    """The oldest of the newest `keep_bases` bases, below which versions go;
+    None while there are no more than `keep_bases` bases."""
+    if keep_bases < 1:
+        raise ValueError("keep_bases must be >= 1")
+    bases = sorted(i.version for i in versions if i.kind == "base")
+    return bases[-keep_bases] if len(bases) > keep_bases else None
+
+
+def prune_stored(model: StoredModel, keep_bases: int = 2) -> list[int]:
+    """`prune` of a model's versions in a store (an S3 bucket), by the same
+    rule; returns the removed versions. Oldest first, each by
+    `ExportStore.delete_version`: its manifest first, so a version half
+    deleted is never listed, and an interrupted prune leaves every kept
+    chain whole. On a bucket the objects of uploads cut short (no
+    manifest) below the newest version go too."""
+    versions = list_versions(model)
+    if versions and isinstance(model.store, S3ExportStore):
+        # The local sweep of stale hidden directories, on a bucket: the
+        # objects of uploads a crash cut short, below the newest version.
+        model.store.drop_unlisted(model.model, versions[-1].version)
+    oldest_kept = _oldest_kept(versions, keep_bases)
+    if oldest_kept is None:
+        return []
+    doomed = sorted(v for v in model.store.versions(model.model) if v < oldest_kept)
+    return [v for v in doomed if model.store.delete_version(model.model, v)]
+
+
+def prune_at(where: Path | StoredModel, keep_bases: int) -> list[int]:
+    """Retention of a model's versions (`prune`, or `prune_stored` in a store)."""
+    return prune_stored(where, keep_bases) if isinstance(where, StoredModel) else prune(where, keep_bases)

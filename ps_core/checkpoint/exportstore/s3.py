@@ -239,6 +239,54 @@ class S3ExportStore(ExportStore):
         except Exception as exc:
             self.fail("get", key, exc)
 
+    def drop_unlisted(self, model: str, below: int) -> list[int]:
+        """Remove the objects of versions numbered below `below` that have no
+        manifest (uploads cut short by a crash: the exporter's numbers only
+        grow, so none of them is ever completed); returns those versions."""
+        import obstore
+
+        head = f"{check_model_name(model)}/"
+        by_version: dict[int, list[str]] = {}
+        try:
+            for batch in obstore.list(self.client, head, chunk_size=1000):
+                for meta in batch:
+                    parts = meta["path"][len(head) :].split("/")
+                    v = parse_version_dir(parts[0])
+                    if len(parts) == 2 and v is not None and v < below and parts[0] == version_dir_name(v):
+                        by_version.setdefault(v, []).append(meta["path"])
+            orphans = {v: ks for v, ks in by_version.items() if self.key(model, v, MANIFEST_NAME) not in ks}
+            for keys in orphans.values():
+                obstore.delete(self.client, keys)
+        except Exception as exc:
+            self.fail("delete", head, exc)
+        return sorted(orphans)
+
+    def read_object(self, key: str) -> bytes | None:
+        """An object of the root (its key under the prefix, e.g. ``owner.json``);
+        None when there is none."""
+        try:
+            return bytes(self._get(key).bytes())
+        except FileNotFoundError:
+            return None
+        except ExportStoreError:
+            raise
+        except Exception as exc:
+            self.fail("get", key, exc)
+
+    def write_object(self, key: str, data: bytes, *, replace: bool) -> bool:
+        """Write an object of the root whole; without `replace` only where there
+        is none (a create-only PUT: False when one is there)."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+        try:
+            obstore.put(self.client, key, data, mode="overwrite" if replace else "create")
+        except (AlreadyExistsError, PreconditionError, FileExistsError):
+            return False
+        except Exception as exc:
+            self.fail("put", key, exc)
+        return True
+
     def delete_version(self, model: str, version: int) -> bool:
         import obstore
 
