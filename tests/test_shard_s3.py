@@ -111,6 +111,26 @@ async def test_a_damaged_version_in_the_bucket_is_passed_over_in_one_line(
         assert (_restored(again, i)["version"], _restored(again, i)["chain"]) == (1, "1")
 
 
+async def test_a_shard_restarted_alone_has_the_cluster_reload_the_buckets_version(
+    bucket: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    two = Shards(2, bucket, tmp_path)  # type: ignore[arg-type]
+    served = await _two_cuts(two)
+    async with two.serving(restore=True, deadline_s=5) as (client, control):
+        await _joined(control, two)
+        await _train(client, LR, TRAINED[:500], 9)  # past the cut, on both shards
+        assert not np.array_equal(await client.pull(LR.name, KEYS), served)
+        two.stop(1)
+        two.start(1)  # it loads version 2; shard 0 trained past it: the coordinator has it reload version 2
+        reports = await _joined(control, two)
+        assert [(r.version, r.clean) for r in reports] == [(2, True), (2, True)]
+        np.testing.assert_array_equal(await client.pull(LR.name, KEYS), served)
+    reloaded = [line for line in two.lines(0) if line.get("msg") == "restore" and line.get("by") == "coordinator"]
+    assert [(line["version"], line["chain"]) for line in reloaded] == [(2, "1,2")]
+    assert [line["version"] for line in two.lines(0) if line.get("msg") == "cluster restore"] == [2]
+
+
 def test_a_bucket_that_cannot_be_written_stops_shard_0_in_one_line(
     s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
