@@ -3,7 +3,7 @@
 and every shard restores at start from the bucket's newest loadable
 version, into the shard count it cut with or another one; a damaged version
 there is passed over in one line as on a disk; a bucket that cannot be
-written stops shard 0's start in one line (exit 1)."""
+reached stops a shard's start in one line (exit 1)."""
 
 from __future__ import annotations
 
@@ -131,16 +131,23 @@ async def test_a_shard_restarted_alone_has_the_cluster_reload_the_buckets_versio
     assert [line["version"] for line in two.lines(0) if line.get("msg") == "cluster restore"] == [2]
 
 
-def test_a_bucket_that_cannot_be_written_stops_shard_0_in_one_line(
-    s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("args", "cause"),
+    [
+        (("--model-name", "m"), "cannot be written"),  # shard 0, its exporter's bucket probed at start
+        (("--shard-id", "1", "--num-shards", "2", "--model-name", "m"), "cannot be read"),  # its restore's listing
+    ],
+)
+def test_a_bucket_that_cannot_be_reached_stops_the_shard_in_one_line(
+    s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], cause: str
 ) -> None:
     pytest.importorskip("obstore", reason="obstore is not installed (the s3 extra)")
     s3_env(s3_endpoint, monkeypatch)
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint.url)
     url = f"s3://no-such-bucket-{s3_endpoint.bucket}/exports"
-    done = ctrps("shard", "--port", "0", "--exports-dir", url, "--model-name", "m")
+    done = ctrps("shard", "--port", "0", "--exports-dir", url, *args)
     assert done.returncode == 1, done.stderr
     errors = [line for line in done.stderr.splitlines() if url in line]
-    assert len(errors) == 1 and "cannot be written" in errors[0], done.stderr
+    assert len(errors) == 1 and f"exports {url} {cause}: " in errors[0], done.stderr
     assert "Traceback" not in done.stderr
     assert not (PROJECT / "s3:").exists()

@@ -228,13 +228,13 @@ def _check_exports_dir(settings: ShardSettings) -> None:
     that cannot hold exports fails the start in one line, not every export.
     A bucket is written to once the same way (within the store's timeouts)."""
     if _is_bucket(settings.exports_dir):
-        store = store_for(settings.exports_dir)
-        assert isinstance(store, S3ExportStore)  # the settings admit no other scheme
         try:
-            store.check_writable()
+            store = store_for(settings.exports_dir)
+            if isinstance(store, S3ExportStore):  # the settings admit no other scheme
+                store.check_writable()
         except ExportStoreError as exc:
             raise ExportsDirError(
-                f"exports {store.url} cannot be written: {exc} (--exports-dir; --no-exports for none)"
+                f"exports {settings.exports_dir} cannot be written: {exc} (--exports-dir; --no-exports for none)"
             ) from None
         return
     root = Path(settings.exports_dir)
@@ -257,7 +257,12 @@ async def _restored_shard(settings: ShardSettings) -> tuple[Shard, int, Books]:
     if settings.shard_id == 0 and settings.exports_dir:
         # Before the restore: another cluster's models are neither restored nor pruned.
         await asyncio.to_thread(_claim_exports, settings)
-    shard, newest, books = await asyncio.to_thread(_restore, settings)
+    try:
+        shard, newest, books = await asyncio.to_thread(_restore, settings)
+    except ExportStoreError as exc:  # a bucket's listing or a file's read failed (after its retries)
+        raise ExportsDirError(
+            f"exports {settings.exports_dir} cannot be read: {exc} (--exports-dir; --no-exports for none)"
+        ) from None
     if _joins(settings):
         shard.leave(f"it restored version {shard.state_version} and waits for the coordinator (shard 0) to admit it")
     return shard, newest, books
