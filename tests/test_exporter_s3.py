@@ -243,12 +243,23 @@ def test_a_bucket_is_claimed_by_one_owner_until_taken_over(bucket: str) -> None:
         claim_exports(bucket, "cluster-b", "ctrps shard")
 
 
-@pytest.mark.parametrize("settings", [ShardSettings, DemoSettings, ClusterSettings])
-def test_the_roles_refuse_an_exports_url_in_one_line_until_they_restore_from_it(settings: type[object]) -> None:
+@pytest.mark.parametrize("settings", [DemoSettings, ClusterSettings])
+def test_the_demo_and_cluster_refuse_an_exports_url_in_one_line_until_they_restore_from_it(
+    settings: type[object],
+) -> None:
     with pytest.raises(SettingsError) as refused:
         settings(exports_dir="s3://bucket/prefix")
     assert str(refused.value) == (
-        "exports dir 's3://bucket/prefix': exports on object storage are not restored from by ctrps shard, demo "
+        "exports dir 's3://bucket/prefix': exports on object storage are not restored from by ctrps demo "
         "or cluster yet; give a local directory"
     )
     settings(exports_dir="exports")  # a local directory as ever
+
+
+def test_a_shard_takes_a_bucket_and_refuses_another_url_in_one_line() -> None:
+    assert ShardSettings(exports_dir="s3://bucket/prefix").exports_dir == "s3://bucket/prefix"
+    for url in ("gs://bucket/prefix", "s3:///prefix"):
+        with pytest.raises(SettingsError) as refused:
+            ShardSettings(exports_dir=url)
+        assert str(refused.value) == f"exports dir {url!r}: give a local directory or s3://bucket/prefix"
+    ShardSettings(exports_dir="exports")  # a local directory as ever

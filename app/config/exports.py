@@ -15,6 +15,7 @@ __all__ = [
     "take_over_exports",
     "check_exports",
     "check_exports_dir",
+    "check_exports_location",
     "check_exports_mode",
 ]
 
@@ -85,12 +86,20 @@ def check_exports_mode(mode: int) -> None:
 
 
 def check_exports_dir(exports: str) -> None:
-    """An exports directory is a local path: the exporter writes to
-    ``s3://`` (`ps_core.checkpoint.exporter`), but the shards' restore, the
-    membership rounds and the directory checks read local directories only,
-    so a URL here is refused rather than half used."""
+    """An exports directory of the demo or the cluster is a local path: their
+    restores and directory checks read local directories only, so a URL here
+    is refused rather than half used (`ctrps shard` takes a bucket,
+    `check_exports_location`)."""
     if "://" in exports:
         raise SettingsError(
-            f"exports dir {exports!r}: exports on object storage are not restored from by ctrps shard, demo or "
+            f"exports dir {exports!r}: exports on object storage are not restored from by ctrps demo or "
             "cluster yet; give a local directory"
         )
+
+
+def check_exports_location(exports: str) -> None:
+    """A shard's exports are a local path or ``s3://bucket[/prefix]``: the
+    exporter writes there and every shard restores from there."""
+    scheme, sep, rest = exports.partition("://")
+    if sep and (scheme.lower() != "s3" or not rest.partition("/")[0]):
+        raise SettingsError(f"exports dir {exports!r}: give a local directory or s3://bucket/prefix")

@@ -19,7 +19,7 @@ from ps_core.store.table_config import TableConfig
 from .common import FORMATS, check_model_name, check_urls, log_format, model_name, urls
 from .declared import SettingsError, load, setting
 from .exports import (
-    check_exports_dir,
+    check_exports_location,
     check_exports_mode,
     export_interval,
     exports_dir,
@@ -206,7 +206,7 @@ class ShardSettings:
         if self.serving_precision not in PRECISIONS:
             raise SettingsError(f"serving precision {self.serving_precision!r} is not one of {', '.join(PRECISIONS)}")
         check_exports_mode(self.exports_mode)
-        check_exports_dir(self.exports_dir)
+        check_exports_location(self.exports_dir)
         if self.max_body_mb < 1:
             raise SettingsError("max body must be at least 1 MiB")
         if not self.stats_interval_s >= 0 or self.stats_interval_s == float("inf"):

@@ -16,9 +16,17 @@ from aiohttp import web
 
 from ps_core.checkpoint.control import ControlClient, HttpControl, LocalControl, ShardControl
 from ps_core.checkpoint.coordinator import Coordinator
-from ps_core.checkpoint.export_files import dir_mode, version_dirs
+from ps_core.checkpoint.export_files import dir_mode
 from ps_core.checkpoint.exporter import Exporter
-from ps_core.checkpoint.joining import books_at, newest_loadable, refusal_fields, restore_chains
+from ps_core.checkpoint.exportstore import ExportStoreError, S3ExportStore, StoredModel, store_for
+from ps_core.checkpoint.joining import (
+    ModelAt,
+    books_at,
+    model_versions,
+    newest_loadable,
+    refusal_fields,
+    restore_chains,
+)
 from ps_core.checkpoint.membership import Membership
 from ps_core.checkpoint.owner import HAND_STARTED, claim_exports
 from ps_core.checkpoint.routes import add_coordinator_routes, checkpointed_shard_app
@@ -85,6 +93,20 @@ async def _evict(shard: Shard, interval_s: float) -> None:
 Books = dict[str, tuple[dict[str, dict[int, int]], StreamIdentity | None]]
 
 
+def _is_bucket(exports: str) -> bool:
+    return "://" in exports
+
+
+def _model_at(settings: ShardSettings) -> ModelAt | None:
+    """The model's exports: ``<exports-dir>/<model>``, or the model in the
+    ``s3://bucket/prefix`` bucket; None without exports."""
+    if not settings.exports_dir:
+        return None
+    if _is_bucket(settings.exports_dir):
+        return StoredModel(store_for(settings.exports_dir), settings.model_name)
+    return Path(settings.exports_dir) / settings.model_name
+
+
 def _restore(settings: ShardSettings) -> tuple[Shard, int, Books]:
     """This shard's slice of the newest export every file of which checks
     in every model (or an empty shard), the newest version on disk, and the
@@ -93,18 +115,18 @@ def _restore(settings: ShardSettings) -> tuple[Shard, int, Books]:
     cluster of several shards, whether that fallback stands is the
     coordinator's decision, made for every shard together."""
     spec = ShardSpec(settings.shard_id, settings.num_shards)
-    model_dir = Path(settings.exports_dir) / settings.model_name
-    versions = version_dirs(model_dir) if settings.exports_dir else {}
+    model_dir = _model_at(settings)
+    versions = model_versions(model_dir) if model_dir is not None else {}
     newest = max(versions, default=0)
     shard = Shard(
         spec,
         settings.tables,
         lifecycle=settings.default_lifecycle(),
         change_log_keys=settings.geo_change_log_keys,
-        restore_dir=model_dir if settings.exports_dir else None,
+        restore_dir=model_dir,
         restores_at_start=settings.restore,
     )
-    if settings.restore and versions:
+    if settings.restore and versions and model_dir is not None:
         chains, refusals = newest_loadable(model_dir)
         for exc in refusals:
             log.warning("version refused", extra={"fields": {"shard_id": settings.shard_id, **refusal_fields(exc)}})
@@ -173,7 +195,7 @@ def _claim_exports(settings: ShardSettings) -> None:
     ``--take-over-exports`` was not given."""
     owner = settings.exports_owner or HAND_STARTED
     record, took_over = claim_exports(
-        Path(settings.exports_dir),
+        settings.exports_dir if _is_bucket(settings.exports_dir) else Path(settings.exports_dir),
         owner,
         "ctrps shard",
         take_over=settings.take_over_exports,
@@ -203,7 +225,18 @@ class ExportsDirError(ExpectedFailure):
 def _check_exports_dir(settings: ShardSettings) -> None:
     """The exports directory, where this shard writes versions: made if
     absent (as an export makes it) and written to once, so that a directory
-    that cannot hold exports fails the start in one line, not every export."""
+    that cannot hold exports fails the start in one line, not every export.
+    A bucket is written to once the same way (within the store's timeouts)."""
+    if _is_bucket(settings.exports_dir):
+        try:
+            store = store_for(settings.exports_dir)
+            if isinstance(store, S3ExportStore):  # the settings admit no other scheme
+                store.check_writable()
+        except ExportStoreError as exc:
+            raise ExportsDirError(
+                f"exports {settings.exports_dir} cannot be written: {exc} (--exports-dir; --no-exports for none)"
+            ) from None
+        return
     root = Path(settings.exports_dir)
     try:
         root.mkdir(mode=dir_mode(settings.exports_mode), parents=True, exist_ok=True)
@@ -224,7 +257,12 @@ async def _restored_shard(settings: ShardSettings) -> tuple[Shard, int, Books]:
     if settings.shard_id == 0 and settings.exports_dir:
         # Before the restore: another cluster's models are neither restored nor pruned.
         await asyncio.to_thread(_claim_exports, settings)
-    shard, newest, books = await asyncio.to_thread(_restore, settings)
+    try:
+        shard, newest, books = await asyncio.to_thread(_restore, settings)
+    except ExportStoreError as exc:  # a bucket's listing or a file's read failed (after its retries)
+        raise ExportsDirError(
+            f"exports {settings.exports_dir} cannot be read: {exc} (--exports-dir; --no-exports for none)"
+        ) from None
     if _joins(settings):
         shard.leave(f"it restored version {shard.state_version} and waits for the coordinator (shard 0) to admit it")
     return shard, newest, books
@@ -283,7 +321,7 @@ def _coordination(
     quick = ControlClient([shards[0]] + [peer(i, url, 2.0) for i, url in enumerate(settings.shards) if i > 0])
     slow = ControlClient([shards[0]] + [peer(i, url, 900.0) for i, url in enumerate(settings.shards) if i > 0])
     membership = Membership(
-        coordinator, quick, exporter.model_dir, urls=settings.shards, restore_client=slow, files_lock=exporter.lock
+        coordinator, quick, exporter.dir_of(), urls=settings.shards, restore_client=slow, files_lock=exporter.lock
     )
     shard.add_stats("cluster", membership.stats)
     return client, exporter, membership
@@ -313,7 +351,7 @@ async def _until_stopped(
         log_event(
             log,
             "coordinator",
-            exports=str(exporter.model_dir),
+            exports=str(exporter.dir_of()),
             interval_s=settings.export_interval_s,
             next_version=newest + 1,
         )

@@ -32,6 +32,7 @@ from ..shard import Shard, ShardSpec
 from ..store.lifecycle import Lifecycle
 from ..store.table_config import TableConfig
 from .export_files import latest_chain, read_manifest, version_dirs
+from .exportstore import StoredModel, VersionSource
 from .manifest import parse_version_dir
 from .registry import model_dirs
 from .restore import RestoreResult, restore_into, restore_shards
@@ -50,12 +51,31 @@ __all__ = [
     "restore_version",
     "refusal_fields",
     "books_at",
+    "ModelAt",
+    "model_name",
+    "model_versions",
 ]
+
+ModelAt = Path | StoredModel
+"""A model's exports: its local directory, or its versions in a bucket."""
 
 log = logging.getLogger("ctrps.join")
 
 
-def chain_of(model_dir: Path, version: int) -> list[Any]:
+def model_name(model_dir: ModelAt) -> str:
+    """The model a directory or a stored model holds."""
+    return model_dir.model if isinstance(model_dir, StoredModel) else Path(model_dir).name
+
+
+def model_versions(model_dir: ModelAt) -> Mapping[int, Path | VersionSource]:
+    """Version number → where it is (no manifest read): a local directory's
+    version directories (`version_dirs`), or a bucket's listed versions."""
+    if isinstance(model_dir, StoredModel):
+        return model_dir.versions()
+    return version_dirs(Path(model_dir))
+
+
+def chain_of(model_dir: ModelAt, version: int) -> list[Any]:
     """The chain ending exactly at `version`, every file of every shard
     hashed (`ExportCorruptError` naming the first bad file,
     `ExportNotFoundError` when there is no such version)."""
@@ -65,19 +85,22 @@ def chain_of(model_dir: Path, version: int) -> list[Any]:
     return chain
 
 
-def other_models(model_dir: Path) -> dict[str, Path]:
+def other_models(model_dir: ModelAt) -> dict[str, Path]:
     """The directories of the cluster's other models, beside the default
-    model's `model_dir` (those holding a ``model.json``)."""
+    model's `model_dir` (those holding a ``model.json``); none in a bucket,
+    which holds the default model only (`Exporter`)."""
+    if isinstance(model_dir, StoredModel):
+        return {}
     model_dir = Path(model_dir)
     return {n: d for n, d in model_dirs(model_dir.parent, model_dir.name).items() if n != model_dir.name}
 
 
-def chains_at(model_dir: Path, version: int) -> dict[str, list[Any]]:
+def chains_at(model_dir: ModelAt, version: int) -> dict[str, list[Any]]:
     """Every model's chain ending at `version`: the default model's (in
     `model_dir`) first, then each other model that has a version at or
     below it (a model created later has nothing to load). Raises as
     `chain_of` for the first model that cannot load it."""
-    out = {Path(model_dir).name: chain_of(model_dir, version)}
+    out = {model_name(model_dir): chain_of(model_dir, version)}
     for name, d in other_models(model_dir).items():
         if any(v <= version for v in version_dirs(d)):
             out[name] = chain_of(d, version)
@@ -103,7 +126,7 @@ def books_at(chains: Mapping[str, Sequence[Any]]) -> dict[str, tuple[dict[str, d
     return out
 
 
-def books_of(model_dir: Path, version: int) -> dict[str, tuple[dict[str, dict[int, int]], StreamIdentity | None]]:
+def books_of(model_dir: ModelAt, version: int) -> dict[str, tuple[dict[str, dict[int, int]], StreamIdentity | None]]:
     """Each other model's offsets and stream in its manifest of `version` (no hashing)."""
     out = {}
     for name, d in other_models(model_dir).items():
@@ -127,7 +150,7 @@ def bad_version(exc: ExportCorruptError) -> int | None:
     return None
 
 
-def ancestry(dirs: Mapping[int, Path], version: int) -> set[int] | None:
+def ancestry(dirs: Mapping[int, Path | VersionSource], version: int) -> set[int] | None:
     """The versions of `version`'s chain from their manifests (no hashing);
     None when a manifest is missing or unreadable."""
     out: set[int] = set()
@@ -143,11 +166,12 @@ def ancestry(dirs: Mapping[int, Path], version: int) -> set[int] | None:
     return out
 
 
-def newest_loadable(model_dir: Path) -> tuple[dict[str, list[Any]] | None, list[ExportCorruptError]]:
+def newest_loadable(model_dir: ModelAt) -> tuple[dict[str, list[Any]] | None, list[ExportCorruptError]]:
     """Every model's chain (`chains_at`) at the newest version whose every
-    file checks in every model, and the refusals met on the way (newest
-    first); a version built on a refused one is not hashed again."""
-    dirs = version_dirs(Path(model_dir))
+    file checks in every model (of a local directory or a bucket), and the
+    refusals met on the way (newest first); a version built on a refused
+    one is not hashed again."""
+    dirs = model_versions(model_dir)
     refusals: list[ExportCorruptError] = []
     bad: set[int] = set()
     for v in sorted(dirs, reverse=True):
@@ -158,11 +182,18 @@ def newest_loadable(model_dir: Path) -> tuple[dict[str, list[Any]] | None, list[
             return chains_at(model_dir, v), refusals
         except ExportCorruptError as exc:
             refusals.append(exc)
-            if Path(exc.file).is_relative_to(model_dir):
+            if _within(exc.file, model_dir):
                 bad.add(bad_version(exc) or v)
         except ExportNotFoundError:
             continue  # another model lacks the version (its write failed): an older one
     return None, refusals
+
+
+def _within(file: str, model_dir: ModelAt) -> bool:
+    """Whether a refused file is one of `model_dir`'s (not another model's)."""
+    if isinstance(model_dir, StoredModel):
+        return file.startswith(f"{model_dir}/")
+    return Path(file).is_relative_to(model_dir)
 
 
 def refusal_fields(exc: ExportCorruptError) -> dict[str, str]:
@@ -172,7 +203,7 @@ def refusal_fields(exc: ExportCorruptError) -> dict[str, str]:
 
 def load_shard(
     spec: ShardSpec,
-    model_dir: Path,
+    model_dir: ModelAt,
     version: int,
     tables: Sequence[TableConfig],
     lifecycle: Lifecycle | None = None,
@@ -186,7 +217,7 @@ def load_shard(
     chains = chains_at(model_dir, version)
     shard = restore_chains(chains, spec.num_shards, [spec.shard_id]).shards[0]
     shard.reconfigure(tables, lifecycle)
-    return shard, ",".join(str(v.version) for v in chains[Path(model_dir).name])
+    return shard, ",".join(str(v.version) for v in chains[model_name(model_dir)])
 
 
 async def restore_version(shard: Shard, version: int) -> Restored:

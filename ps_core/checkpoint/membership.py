@@ -36,8 +36,9 @@ from ..errors import ClusterNotReadyError, ExportCorruptError, NoCommonVersionEr
 from ..net.control_messages import MembershipBody, Refused, Restored
 from .control import ControlClient, HttpControl, LocalControl, ShardControl
 from .coordinator import Coordinator
-from .export_files import read_manifest, version_dirs
-from .joining import ancestry, bad_version, books_of, refused_answer, restore_version
+from .export_files import read_manifest
+from .exportstore import StoredModel, VersionSource
+from .joining import ModelAt, ancestry, bad_version, books_of, model_versions, refused_answer, restore_version
 
 __all__ = ["Membership", "agreed_version", "restore_on"]
 
@@ -58,7 +59,11 @@ async def restore_on(shard: ShardControl, version: int) -> Restored:
     raise TypeError(f"cannot restore a {type(shard).__name__}: neither in this process nor a shard server")
 
 
-def _why(reports: Sequence[MembershipBody], dirs: Mapping[int, Path], member: Callable[[MembershipBody], bool]) -> str:
+def _why(
+    reports: Sequence[MembershipBody],
+    dirs: Mapping[int, Path | VersionSource],
+    member: Callable[[MembershipBody], bool],
+) -> str:
     """Why the shards cannot simply be admitted, for the log line."""
     held = ",".join(f"{r.shard_id}:{r.version}{'' if r.clean else '+trained'}" for r in reports)
     versions = {r.version for r in reports}
@@ -73,7 +78,7 @@ def _why(reports: Sequence[MembershipBody], dirs: Mapping[int, Path], member: Ca
     return f"the shards hold version {v}, which is not on disk"
 
 
-def agreed_version(reports: Sequence[MembershipBody], dirs: Mapping[int, Path]) -> int | None:
+def agreed_version(reports: Sequence[MembershipBody], dirs: Mapping[int, Path | VersionSource]) -> int | None:
     """The version every shard may be admitted at as it is: all hold the
     same one, trained nothing since, and it is on disk (or 0, when nothing
     was to be loaded); None when the shards must restore together."""
@@ -139,7 +144,7 @@ class Membership:
         self,
         coordinator: Coordinator,
         client: ControlClient,
-        model_dir: Path | str,
+        model_dir: ModelAt | str,
         *,
         interval_s: float = 1.0,
         wait_log_s: float = 5.0,
@@ -156,7 +161,7 @@ class Membership:
         self.coordinator = coordinator
         self.client = client
         self.restore_client = restore_client or client
-        self.model_dir = Path(model_dir)
+        self.model_dir: ModelAt = model_dir if isinstance(model_dir, StoredModel) else Path(model_dir)
         self.interval_s = interval_s
         self.wait_log_s = wait_log_s
         self.urls = list(urls)
@@ -266,7 +271,10 @@ class Membership:
         """The versions and their files' latest change: a refusal is tried
         again once a damaged file is replaced or a version moved aside."""
         out = []
-        for v, path in sorted(version_dirs(self.model_dir).items()):
+        for v, path in sorted(model_versions(self.model_dir).items()):
+            if not isinstance(path, Path):
+                out.append((v, 0.0))  # a bucket's version is never rewritten in place
+                continue
             try:
                 out.append((v, max([path.stat().st_mtime] + [e.stat().st_mtime for e in path.iterdir()])))
             except OSError:
@@ -286,14 +294,14 @@ class Membership:
     async def _decide(self, reports: list[MembershipBody], key: object) -> None:
         """Admit the shards at the version they agree on, or restore them all
         to the newest version every one can load."""
-        dirs = version_dirs(self.model_dir)
+        dirs = model_versions(self.model_dir)
         agreed = agreed_version(reports, dirs)
         if agreed is not None:
             await self._admit_agreed(agreed, dirs, len(reports))
         else:
             await self._restore_cluster(reports, dirs, key)
 
-    async def _admit_agreed(self, agreed: int, dirs: Mapping[int, Path], shards: int) -> None:
+    async def _admit_agreed(self, agreed: int, dirs: Mapping[int, Path | VersionSource], shards: int) -> None:
         coord = self.coordinator
         if agreed != coord.version:
             manifest = read_manifest(dirs[agreed]) if agreed else None
@@ -307,7 +315,9 @@ class Membership:
             coord.refuse(None)
             log.info("cluster joined", extra={"fields": {"version": agreed, "shards": shards, "epoch": coord.epoch}})
 
-    async def _restore_cluster(self, reports: list[MembershipBody], dirs: Mapping[int, Path], key: object) -> None:
+    async def _restore_cluster(
+        self, reports: list[MembershipBody], dirs: Mapping[int, Path | VersionSource], key: object
+    ) -> None:
         """Every shard loads the newest version all of them can load, older
         ones tried together when one is refused; none: leases refused."""
         why = _why(reports, dirs, self._member)
@@ -376,7 +386,9 @@ class Membership:
         self.coordinator.refuse(err)
         log.error("no common version: leases refused", extra={"fields": {"detail": err.detail}})
 
-    async def _adopt(self, chosen: int, dirs: Mapping[int, Path], chain: str, why: str, refused: Sequence[str]) -> None:
+    async def _adopt(
+        self, chosen: int, dirs: Mapping[int, Path | VersionSource], chain: str, why: str, refused: Sequence[str]
+    ) -> None:
         """Every shard holds `chosen`: the coordinator takes its offsets under a new epoch and admits them."""
         coord = self.coordinator
         manifest = read_manifest(dirs[chosen])

@@ -12,10 +12,13 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ShardNotJoinedError, SnapshotError
 from .spec import ShardSpec
+
+if TYPE_CHECKING:
+    from ..checkpoint.exportstore import StoredModel
 
 __all__ = ["JoinState"]
 
@@ -28,7 +31,7 @@ class JoinState:
         spec: ShardSpec,
         pushes: Callable[[], int],
         *,
-        restore_dir: Path | None = None,
+        restore_dir: Path | StoredModel | None = None,
         restores_at_start: bool = False,
     ) -> None:
         self.spec = spec

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..store.change_log import DEFAULT_LOG_KEYS
 from ..store.lifecycle import Lifecycle
@@ -25,6 +25,9 @@ from .key_sets import KeySets
 from .spec import ShardSpec
 from .status_board import StatusBoard
 from .tables import ShardTables
+
+if TYPE_CHECKING:
+    from ..checkpoint.exportstore import StoredModel
 
 __all__ = ["Shard"]
 
@@ -41,7 +44,7 @@ class Shard:
         max_sources: int = 256,
         lifecycle: Lifecycle | None = None,
         change_log_keys: int = DEFAULT_LOG_KEYS,
-        restore_dir: Path | None = None,
+        restore_dir: Path | StoredModel | None = None,
         restores_at_start: bool = False,
     ) -> None:
         """`dedup_window` push ids are remembered for retry dedup; the status
@@ -113,7 +116,7 @@ class Shard:
         return self.join_state.state_version
 
     @property
-    def restore_dir(self) -> Path | None:
+    def restore_dir(self) -> Path | StoredModel | None:
         """The model's exports directory, where a restore loads from (None: none)."""
         return self.join_state.restore_dir
 
@@ -147,7 +150,7 @@ class Shard:
         """The operator's configuration over restored tables (`ShardTables.reconfigure`)."""
         self._tables.reconfigure(tables, lifecycle)
 
-    def restored(self, version: int, restore_dir: Path | None) -> None:
+    def restored(self, version: int, restore_dir: Path | StoredModel | None) -> None:
         """Record that this shard was started from export `version`, restored
         from `restore_dir`: its state is exactly that version."""
         self.join_state.mark_state(version)

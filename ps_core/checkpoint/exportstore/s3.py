@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -286,6 +287,19 @@ class S3ExportStore(ExportStore):
         except Exception as exc:
             self.fail("put", key, exc)
         return True
+
+    def check_writable(self) -> None:
+        """Write a probe object under the prefix and delete it: a bucket that
+        cannot be reached or written is one `ExportStoreError` (within the
+        store's timeouts) before anything depends on it."""
+        import obstore
+
+        key = f".write-check-{secrets.token_hex(6)}"
+        self.write_object(key, b"", replace=True)
+        try:
+            obstore.delete(self.client, key)
+        except Exception as exc:
+            self.fail("delete", key, exc)
 
     def delete_version(self, model: str, version: int) -> bool:
         import obstore
