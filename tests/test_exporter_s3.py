@@ -38,8 +38,10 @@ from ps_core.checkpoint.exportstore import (
 )
 from ps_core.checkpoint.manifest import MANIFEST_NAME
 from ps_core.checkpoint.owner import OWNER_FILE, ExportsOwnedError, claim_exports
+from ps_core.checkpoint.registry import ModelSpec
 from ps_core.checkpoint.restore import restore_shards
 from ps_core.errors import ExportCorruptError, ExportWriteError, InvalidRequestError
+from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec
 
@@ -263,3 +265,15 @@ def test_a_shard_takes_a_bucket_and_refuses_another_url_in_one_line() -> None:
             ShardSettings(exports_dir=url)
         assert str(refused.value) == f"exports dir {url!r}: give a local directory or s3://bucket/prefix"
     ShardSettings(exports_dir="exports")  # a local directory as ever
+
+
+async def test_a_bucket_keeps_the_default_model_only_and_refuses_another_in_one_line(bucket: str) -> None:
+    """A shard restores a bucket's default model only: a second model would
+    be exported and then lost at a restart, so it is refused, not created."""
+    coord = Coordinator()
+    shards = [Shard(ShardSpec(0, 1), ())]
+    exporter = Exporter(coord, ControlClient.local(shards, coord), bucket, "m")
+    assert await exporter.create_model(ModelSpec.of(make_model("lr", "m")))
+    with pytest.raises(InvalidRequestError, match=r"model 'ads': exports on s3://.* keep the default model 'm' only"):
+        await exporter.create_model(ModelSpec.of(make_model("lr", "ads")))
+    assert sorted(shards[0].tables) == ["m_w"]  # nothing of 'ads' declared

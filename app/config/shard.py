@@ -101,7 +101,8 @@ class ShardSettings:
     log_format: str = log_format()
     shards: tuple[str, ...] = urls("every shard's URL, shard 0 first: shard 0 hosts the coordinator through them")
     exports_dir: str = exports_dir(
-        "where exports are written and restored from; empty: as --no-exports",
+        "where exports are written and restored from: a directory, or s3://bucket/prefix (AWS_* credentials); "
+        "empty: as --no-exports",
         "no exports, coordinator or restore",
         empty=True,
     )

@@ -491,6 +491,13 @@ class Exporter:
         if self.registry.get(spec.name) is not None:
             self.registry.check_new(spec)  # another declaration: ModelConflictError
             return False
+        if self.store is not None and spec.name != self.model:
+            # A bucket's restore at start reads the default model only: a
+            # second model would be exported, then lost at the next restart.
+            raise InvalidRequestError(
+                f"model {spec.name!r}: exports on {self.store.url} keep the default model {self.model!r} only; "
+                "create more models with exports in a directory"
+            )
         async with self._lock:
             self.registry.check_new(spec)
             for config in spec.tables:
