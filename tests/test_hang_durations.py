@@ -172,7 +172,8 @@ async def test_a_cut_aborted_on_a_hung_shard_says_how_long_after_it_began_and_wh
     assert f["lease_wait_s"] >= held_s - 0.1 and f["step_s"] >= DEADLINE_S - 0.1, f
     assert f["not_aborted_on"] == "1" and "did not answer" in f["abort_error"], f
     assert f["lease_wait_s"] + f["step_s"] + f["abort_s"] <= f["after_s"] + 0.2
-    assert took - 0.3 <= f["after_s"] <= took, (f, took)
+    # after_s is rounded to a tenth: up to 0.05 s over the time measured here.
+    assert took - 0.3 <= f["after_s"] <= took + 0.05, (f, took)
     said = str(aborted.value)
     assert "cut 1 aborted on every shard " in said and "s after it began (unreachable: shard 1:" in said, said
     assert float(said.split("every shard ")[1].split("s after")[0]) >= f["after_s"] - 0.1, said

@@ -226,12 +226,13 @@ async def restore_version(shard: Shard, version: int) -> Restored:
     first and stays unjoined until admitted. Answers the version and the
     chain loaded, or no version and the refusal (file, expected, actual,
     detail) when a file of the chain does not check."""
-    if shard.restore_dir is None:
+    at = shard.restore_dir
+    if not isinstance(at, (Path, StoredModel)):
         raise ExportNotFoundError(f"shard {shard.spec.shard_id} has no exports directory to restore from")
     shard.leave("the coordinator is restoring every shard to one export version")
     try:
         fresh, chain = await asyncio.to_thread(
-            load_shard, shard.spec, shard.restore_dir, version, shard.configured_tables, shard.default_lifecycle
+            load_shard, shard.spec, at, version, shard.configured_tables, shard.default_lifecycle
         )
     except ExportCorruptError as exc:
         log.warning(

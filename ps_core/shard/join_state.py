@@ -11,16 +11,17 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import ShardNotJoinedError, SnapshotError
 from .spec import ShardSpec
 
-if TYPE_CHECKING:
-    from ..checkpoint.exportstore import StoredModel
+__all__ = ["JoinState", "RestoreAt"]
 
-__all__ = ["JoinState"]
+RestoreAt = object
+"""Where a shard restores from: None, a model's exports directory (a
+`Path`), or its place in a bucket (`ps_core.checkpoint.exportstore.StoredModel`).
+Opaque to the shard: the checkpoint layer above it reads it (`joining`)."""
 
 
 class JoinState:
@@ -31,7 +32,7 @@ class JoinState:
         spec: ShardSpec,
         pushes: Callable[[], int],
         *,
-        restore_dir: Path | StoredModel | None = None,
+        restore_dir: RestoreAt = None,
         restores_at_start: bool = False,
     ) -> None:
         self.spec = spec

@@ -11,8 +11,7 @@ board (`status_board`). The HTTP server, the RPC (through
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..store.change_log import DEFAULT_LOG_KEYS
 from ..store.lifecycle import Lifecycle
@@ -20,14 +19,11 @@ from ..store.table import SparseTable
 from ..store.table_config import TableConfig
 from .cuts import HeldCuts
 from .handlers import DataHandlers
-from .join_state import JoinState
+from .join_state import JoinState, RestoreAt
 from .key_sets import KeySets
 from .spec import ShardSpec
 from .status_board import StatusBoard
 from .tables import ShardTables
-
-if TYPE_CHECKING:
-    from ..checkpoint.exportstore import StoredModel
 
 __all__ = ["Shard"]
 
@@ -44,7 +40,7 @@ class Shard:
         max_sources: int = 256,
         lifecycle: Lifecycle | None = None,
         change_log_keys: int = DEFAULT_LOG_KEYS,
-        restore_dir: Path | StoredModel | None = None,
+        restore_dir: RestoreAt = None,
         restores_at_start: bool = False,
     ) -> None:
         """`dedup_window` push ids are remembered for retry dedup; the status
@@ -116,7 +112,7 @@ class Shard:
         return self.join_state.state_version
 
     @property
-    def restore_dir(self) -> Path | StoredModel | None:
+    def restore_dir(self) -> RestoreAt:
         """The model's exports directory, where a restore loads from (None: none)."""
         return self.join_state.restore_dir
 
@@ -150,7 +146,7 @@ class Shard:
         """The operator's configuration over restored tables (`ShardTables.reconfigure`)."""
         self._tables.reconfigure(tables, lifecycle)
 
-    def restored(self, version: int, restore_dir: Path | StoredModel | None) -> None:
+    def restored(self, version: int, restore_dir: RestoreAt) -> None:
         """Record that this shard was started from export `version`, restored
         from `restore_dir`: its state is exactly that version."""
         self.join_state.mark_state(version)
