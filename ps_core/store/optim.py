@@ -48,6 +48,7 @@ __all__ = [
     "AddDeltas",
     "FTRLMixture",
     "Deriving",
+    "ftrl_weights",
     "make_optimizer",
     "OPTIMIZERS",
     "MIN_POSITIVE",
@@ -60,6 +61,29 @@ MAX_HYPERPARAMETER = 1e6
 """Largest hyperparameter: the float32 rows stay finite with any of them."""
 
 F32 = npt.NDArray[np.float32]
+
+
+def ftrl_weights(z: F32, sqrt_n: F32, alpha: np.float32 | F32, beta: float, l1: np.float32 | F32, l2: float) -> F32:
+    """FTRL-Proximal's weights from ``z`` and ``sqrt(n)``, a new array;
+    `alpha` and `l1` one float32 for every column, or one per column (a
+    mixture's learners).
+
+    It computes ``sign(z) max(|z| - l1, 0) / -denom`` with the negated
+    denominator ``(-beta - sqrt(n)) / alpha - l2``: IEEE rounding is
+    symmetric in sign, so every intermediate is exactly the negation of the
+    formula's and the result is the same bits, zeros' signs included, one
+    negation fewer.
+    """
+    neg_denom = np.subtract(np.float32(-beta), sqrt_n)
+    neg_denom /= alpha
+    neg_denom -= np.float32(l2)
+    shrunk = np.abs(z)
+    shrunk -= l1
+    np.maximum(shrunk, np.float32(0), out=shrunk)
+    w: F32 = np.sign(z)
+    w *= shrunk
+    w /= neg_denom
+    return w
 
 
 class Optimizer(ABC):
@@ -199,22 +223,8 @@ class FTRL(Optimizer):
         """The weights from z and sqrt(n) (a step computes sqrt(n) once for
         both uses), in place where possible.
 
-        It computes ``sign(z) max(|z| - l1, 0) / -denom`` with the negated
-        denominator ``(-beta - sqrt(n)) / alpha - l2``: IEEE rounding is
-        symmetric in sign, so every intermediate is exactly the negation of
-        the formula's and the result is the same bits, zeros' signs
-        included, one negation fewer.
-        """
-        neg_denom = np.subtract(np.float32(-self.beta), sqrt_n)
-        neg_denom /= np.float32(self.alpha)
-        neg_denom -= np.float32(self.l2)
-        shrunk = np.abs(z)
-        shrunk -= np.float32(self.l1)
-        np.maximum(shrunk, np.float32(0), out=shrunk)
-        w: F32 = np.sign(z)
-        w *= shrunk
-        w /= neg_denom
-        return w
+        See `ftrl_weights`."""
+        return ftrl_weights(z, sqrt_n, np.float32(self.alpha), self.beta, np.float32(self.l1), self.l2)
 
     def derive(self, rows: F32, dim: int) -> tuple[F32, F32]:
         """The weights (n, dim) of rows and their sqrt(n): what `step` derives
@@ -449,17 +459,8 @@ class FTRLMixture(Optimizer):
         return rows[:, :k], rows[:, k : 2 * k], rows[:, 2 * k : 3 * k]
 
     def _w(self, z: F32, sqrt_n: F32) -> F32:
-        """FTRL's weights (`FTRL._w`), each column at its learner's alpha and l1."""
-        neg_denom = np.subtract(np.float32(-self.beta), sqrt_n)
-        neg_denom /= self._alpha
-        neg_denom -= np.float32(self.l2)
-        shrunk = np.abs(z)
-        shrunk -= self._l1
-        np.maximum(shrunk, np.float32(0), out=shrunk)
-        w: F32 = np.sign(z)
-        w *= shrunk
-        w /= neg_denom
-        return w
+        """FTRL's weights (`ftrl_weights`), each column at its learner's alpha and l1."""
+        return ftrl_weights(z, sqrt_n, self._alpha, self.beta, self._l1, self.l2)
 
     def derive(self, rows: F32, dim: int) -> tuple[F32, F32]:
         """The weights (n, 2K) of rows and their learners' sqrt(n) (n, K),
