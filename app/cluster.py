@@ -71,6 +71,7 @@ from consumers.resume import cluster_id
 from ps_core.checkpoint.export_files import list_versions
 from ps_core.checkpoint.owner import claim_exports, run_exports_dir, stream_owner
 from ps_core.checkpoint.stream import StreamIdentity
+from ps_core.waits import cancelled
 
 from .child_credentials import ChildCredentials
 from .commands.kafka_flags import kafka_child_argv, kafka_child_env
@@ -513,9 +514,7 @@ async def run_cluster(
             finally:
                 if timer is not None:
                     timer.cancel()
-                waiting.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await waiting
+                await cancelled(waiting)
                 await sup.stop_all()
                 if cluster.broker_port:
                     # Nothing may outlive the cluster, not even a killed role's broker.

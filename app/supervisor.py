@@ -39,6 +39,7 @@ from typing import BinaryIO
 import orjson
 
 from consumers.lifetime import ending_with_parent
+from ps_core.waits import within
 
 from .logs import log_event
 
@@ -344,7 +345,7 @@ class Supervisor:
         )  # fmt: skip
         child.waiting_restart = True
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(child.stop_requested.wait(), delay)
+            await within(child.stop_requested.wait(), delay)
         if child.spec.before_restart is not None and not child.stopping:
             try:
                 await child.spec.before_restart()
@@ -358,7 +359,7 @@ class Supervisor:
             if child.pump is not None:
                 # The last run's output is copied whole before the new run's.
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(child.pump), 5.0)
+                    await within(asyncio.shield(child.pump), 5.0)
             argv = child.spec.restart_argv() if child.spec.restart_argv else child.spec.argv
             try:
                 process = await self._spawn(child.spec, argv)
@@ -391,7 +392,7 @@ class Supervisor:
                 raise ChildFailed(child.role, f"exited with {child.returncode} before it was ready")
             try:
                 left = max(0.05, deadline - loop.time())
-                if await asyncio.wait_for(check(), timeout=left):
+                if await within(check(), left):
                     log_event(log, "ready", role=child.role, pid=child.pid)
                     return
             except Exception as exc:  # not listening yet, a refused request, ...
@@ -400,7 +401,7 @@ class Supervisor:
                 raise ChildFailed(child.role, f"not ready within {timeout_s:.0f}s")
             # The child's exit wakes this at once; otherwise poll again after the interval.
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(child.exited.wait(), timeout=interval_s)
+                await within(child.exited.wait(), interval_s)
 
     async def wait(self, stop: asyncio.Event) -> None:
         """Return when `stop` is set or a child fails (then `failed` is set)."""
@@ -452,7 +453,7 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 child.process.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(child.exited.wait(), self.grace_s)
+                await within(child.exited.wait(), self.grace_s)
             except TimeoutError:
                 log.warning(
                     "killing a child that ignored SIGTERM",
@@ -469,7 +470,7 @@ class Supervisor:
             # A grandchild that kept the pipe open is gone with its group; the
             # rest of the output is copied, within a bound.
             try:
-                await asyncio.wait_for(child.pump, 5.0)
+                await within(child.pump, 5.0)
             except TimeoutError:
                 pass
         if child.stopped_while_down:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from ps_core.waits import within
+
 from .broker_memory import warn_memory_only
 from .kafka_security import KafkaSecurity, check_access
 from .lifetime import ending_with_parent
@@ -144,7 +146,7 @@ async def broker_listening(bootstrap: str, timeout_s: float = 1.0) -> bool:
         if not sep or not port.isdigit():
             host, port = server.strip(), "9092"  # Kafka's default port, as clients assume
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
+            _, writer = await within(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
         except (TimeoutError, OSError):
             continue
         writer.close()

@@ -24,6 +24,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ps_core.waits import within
+
 __all__ = ["BYTES_PER_EVENT", "BrokerMemory", "resident_bytes", "warn_memory_only"]
 
 log = logging.getLogger("ctrps.broker")
@@ -120,7 +122,7 @@ class BrokerMemory(Collector):
         while not stop.is_set():
             self.check()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.every_s)
+                await within(stop.wait(), self.every_s)
 
     @contextlib.asynccontextmanager
     async def watching(self) -> AsyncIterator[None]:

@@ -22,7 +22,6 @@ client itself reports either as "Unable to bootstrap" and retries it forever.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -34,6 +33,7 @@ from typing import Any
 from aiokafka.errors import KafkaError
 
 from ps_core.net.tls import TlsFiles, client_context
+from ps_core.waits import within
 
 __all__ = [
     "KafkaSecurity",
@@ -234,7 +234,7 @@ async def check_access(bootstrap: str, security: KafkaSecurity, timeout_s: float
     for host, port in _servers(bootstrap):
         where = f"{host}:{port}"
         try:
-            conn = await asyncio.wait_for(
+            conn = await within(
                 create_conn(host, port, client_id="ctrps-check", request_timeout_ms=int(timeout_s * 1000),
                             **security.client_kwargs()),
                 timeout_s,

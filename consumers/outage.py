@@ -33,6 +33,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from ps_core.errors import PSError, ShardUnavailableError
+from ps_core.waits import cancelled, within
 
 from .kafka_security import KafkaSecurity
 
@@ -219,7 +220,7 @@ async def locate_bad_batch(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     try:
-        await asyncio.wait_for(consumer.start(), timeout_s)
+        await within(consumer.start(), timeout_s)
         consumer.assign([tp])
         consumer.seek(tp, start)
         while loop.time() < deadline:
@@ -236,7 +237,7 @@ async def locate_bad_batch(
         return None
     finally:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(consumer.stop(), 5)
+            await within(consumer.stop(), 5)
 
 
 async def undecodable_batch(
@@ -263,7 +264,7 @@ async def undecodable_batch(
     tp = TopicPartition(topic, partition)
     start = committed.get((topic, partition), 0)
     with contextlib.suppress(Exception):
-        start = await asyncio.wait_for(consumer.position(tp), 10)
+        start = await within(consumer.position(tp), 10)
     exact = await locate_bad_batch(bootstrap, topic, partition, start, security=security)
     return UndecodableBatchError(topic, partition, start if exact is None else exact, exact is not None, reason)
 
@@ -337,15 +338,13 @@ class OutageWatch:
             if self.deadline_s > 0:
                 left = max(0.0, self.deadline_s - (time.monotonic() - since))
                 try:
-                    await asyncio.wait_for(probing(), left)
+                    await within(probing(), left)
                 except TimeoutError:
                     raise self.gave_up(what, time.monotonic() - since) from None
             else:
                 await probing()
         finally:
-            tick.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await tick
+            await cancelled(tick)
         waited = time.monotonic() - since
         self.answered(what, waited)
         return waited

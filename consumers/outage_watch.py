@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from ps_core.errors import PSError
+from ps_core.waits import within
 
 from .broker import broker_listening
 from .outage import OutageWatch, began, describe, is_outage, retrying
@@ -125,7 +126,7 @@ class Outages:
             except KafkaError as exc:
                 hold(None)
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(made.stop(), 10)
+                    await within(made.stop(), 10)
                 if not is_outage(exc):
                     raise
                 await self.ride_out(exc, self.probe_broker, since)
@@ -156,7 +157,7 @@ async def stop_client(client: Any) -> None:
     consumer's fetcher raises from `stop` the cancellation of its own fetch
     tasks: swallowed, unless this task itself is being cancelled."""
     try:
-        await asyncio.wait_for(client.stop(), 15)
+        await within(client.stop(), 15)
     except (TimeoutError, KafkaError):
         pass
     except asyncio.CancelledError:

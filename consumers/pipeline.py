@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import time
 from collections import deque
@@ -37,6 +36,7 @@ from ps_core.errors import UnknownTableError
 from ps_core.model.batch import EventBatch
 from ps_core.model.metrics import Metrics
 from ps_core.model.models import Model
+from ps_core.waits import cancelled, within
 
 from .decode import Decoded, Rejected, decode_records
 from .decode_pool import start_decode_pool
@@ -409,9 +409,7 @@ class Pipeline:
             finally:
                 _settle(chunks)  # a window that failed part-way: the failure raised is the training's
                 if renewing is not None:
-                    renewing.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await renewing
+                    await cancelled(renewing)
                 if lease is not None:
                     await self._release(lease, committed, models)
             hooks = self._report(window, trained, time.perf_counter() - t0, models)
@@ -504,7 +502,7 @@ class Pipeline:
         if not offsets:
             return {}
         try:
-            await asyncio.wait_for(self.consumer.commit(offsets), self.commit_timeout_s)
+            await within(self.consumer.commit(offsets), self.commit_timeout_s)
         except (CommitFailedError, IllegalStateError) as exc:
             # The group rebalanced mid-window: the new owner replays it.
             self.stats.failed_commits += 1

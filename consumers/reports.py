@@ -14,6 +14,7 @@ from typing import Any
 from aiokafka.errors import KafkaError
 
 from ps_core.model.metrics import Metrics
+from ps_core.waits import within
 
 from .decode import Rejected
 from .lag_watch import LagWatch, WindowTimes
@@ -191,7 +192,7 @@ class Reports:
                 watch.reset()
             elif known:
                 try:
-                    ends = await asyncio.wait_for(consumer.end_offsets(known), 10)
+                    ends = await within(consumer.end_offsets(known), 10)
                 except (KafkaError, OSError, TimeoutError):
                     continue  # the broker's own watch says when it is away
                 # Tansu 0.6 answers end_offsets with the last batch's base

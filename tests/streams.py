@@ -162,7 +162,7 @@ async def running(worker: Worker, stop_timeout_s: float = 60) -> AsyncIterator[a
         yield task
     finally:
         stop.set()
-        await asyncio.wait_for(task, stop_timeout_s)
+        await _stopped_within([task], stop_timeout_s)
 
 
 @asynccontextmanager
@@ -175,7 +175,33 @@ async def all_running(workers: list[Worker], stop_timeout_s: float = 60) -> Asyn
         yield tasks
     finally:
         stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), stop_timeout_s)
+        await _stopped_within(tasks, stop_timeout_s)
+
+
+async def _stopped_within(tasks: list[asyncio.Task[Any]], timeout_s: float) -> None:
+    """Await the stopped workers' tasks (a failure, if any, is raised). One
+    still running after `timeout_s` fails the test with where every task of
+    the loop was waiting, then is cancelled and awaited, so that it closes
+    its clients before the next test."""
+    done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    if pending:
+        where = "\n".join(_stack_of(t) for t in asyncio.all_tasks() if not t.done())
+        for t in pending:
+            t.cancel()
+        await asyncio.wait(pending, timeout=10)
+        raise AssertionError(f"{len(pending)} worker(s) still running {timeout_s}s after stop; tasks:\n{where}")
+    await asyncio.gather(*tasks)
+
+
+def _stack_of(task: asyncio.Task[Any]) -> str:
+    """Where a suspended task waits: its coroutine's chain of awaits."""
+    lines, coro = [], task.get_coro()
+    while coro is not None and len(lines) < 40:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            lines.append(f"  {frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return f"task {task.get_name()}:\n" + "\n".join(lines)
 
 
 def group_of(config: WorkerConfig, shards: list[Shard], model: Model, members: int = 2) -> list[Worker]:

@@ -33,6 +33,7 @@ from ps_core.model.models import Model, sigmoid
 from ps_core.net.client import PSReader
 from ps_core.net.transports import Pulled
 from ps_core.parsing import exact_ints
+from ps_core.waits import cancelled
 
 from .errors import InvalidEventError, UnknownModelError
 
@@ -117,11 +118,7 @@ class Predictor:
         """Stop the batching task; queued requests are cancelled."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+            await cancelled(task)
         while self._queue:
             self._queue.popleft().future.cancel()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import ssl
@@ -37,6 +36,7 @@ from ps_core.net.rpc import RpcServer, start_rpc_server
 from ps_core.net.server import start_shard_site
 from ps_core.net.tls import HandshakeFailures, watch_handshakes
 from ps_core.shard import Shard, ShardSpec
+from ps_core.waits import cancelled
 
 from ..config.shard import ShardSettings
 from ..failures import ExpectedFailure
@@ -361,9 +361,7 @@ async def _until_stopped(
     finally:
         for task in (reporter, evicting, waiting):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancelled(task)
         if exporting is not None:
             await exporting  # returns once stop is set; an export under way finishes
         if joining is not None:

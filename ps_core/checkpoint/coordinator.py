@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import ClusterNotReadyError, CutInProgressError, InvalidRequestError, LeaseError, PSError
 from ..parsing import json_int, parse_int
+from ..waits import within
 from .barrier import MAX_DEADLINE_S, SyncBarrier
 from .stream import StreamIdentity, stream_mismatch
 
@@ -292,7 +293,7 @@ class Coordinator:
             raise self._refusal
         if not self._open.is_set():
             try:
-                await asyncio.wait_for(self._open.wait(), wait_s)
+                await within(self._open.wait(), wait_s)
             except TimeoutError:
                 raise CutInProgressError(f"no lease within {wait_s:g}s: {self.cut_waits_for()}") from None
             if self._refusal is not None:
@@ -541,7 +542,7 @@ class Coordinator:
                     break
                 soonest = min(l.expires_at for l in self._active.values())
                 try:
-                    await asyncio.wait_for(self._changed.wait(), max(0.0, soonest - now))
+                    await within(self._changed.wait(), max(0.0, soonest - now))
                 except TimeoutError:
                     pass  # the soonest lease has expired: the loop drops it
         return expired

@@ -50,6 +50,7 @@ from ..net.control_messages import (
     ShardModelListBody,
     VersionEntry,
 )
+from ..waits import within
 from .control import ControlClient
 from .coordinator import Coordinator, Cut
 from .cut_failure import CutFailed, DeltaRefused, describe_failure
@@ -214,7 +215,7 @@ class Exporter:
         """Every shard's copies of `cut`; a failed fetch aborts it (`CutAbortedError`)."""
         fetching = time.perf_counter()
         try:
-            return await asyncio.wait_for(self.client.fetch_snapshots(cut.version), self.cut_timeout_s)
+            return await within(self.client.fetch_snapshots(cut.version), self.cut_timeout_s)
         except (PSError, TimeoutError) as exc:
             self.coordinator.spend(cut.version)
             by_shard: dict[int, BaseException] = {int(getattr(exc, "shard_id", -1)): exc}
@@ -346,7 +347,7 @@ class Exporter:
         `cut_timeout_s`; `CutFailed` lists every shard that did not."""
         kind = "base" if parent is None else "delta"
         got = await asyncio.gather(
-            *(asyncio.wait_for(t.take_snapshot(version, parent), self.cut_timeout_s) for t in self.client.shards),
+            *(within(t.take_snapshot(version, parent), self.cut_timeout_s) for t in self.client.shards),
             return_exceptions=True,
         )
         failed: dict[int, BaseException] = {}
@@ -377,7 +378,7 @@ class Exporter:
         first), and a later cut of that number replaces it."""
         step_ended = time.perf_counter()
         got = await asyncio.gather(
-            *(asyncio.wait_for(t.drop_snapshot(failed.version), self.abort_timeout_s) for t in self.client.shards),
+            *(within(t.drop_snapshot(failed.version), self.abort_timeout_s) for t in self.client.shards),
             return_exceptions=True,
         )
         unreached: dict[int, BaseException] = {}
@@ -450,7 +451,7 @@ class Exporter:
         self.interval_s = interval_s
         while not stop.is_set():
             try:
-                await asyncio.wait_for(stop.wait(), interval_s)
+                await within(stop.wait(), interval_s)
                 return
             except TimeoutError:
                 pass

@@ -34,6 +34,7 @@ from typing import Any
 
 from ..errors import ClusterNotReadyError, ExportCorruptError, NoCommonVersionError, PSError, ShardUnavailableError
 from ..net.control_messages import MembershipBody, Refused, Restored
+from ..waits import within
 from .control import ControlClient, HttpControl, LocalControl, ShardControl
 from .coordinator import Coordinator
 from .export_files import read_manifest
@@ -198,7 +199,7 @@ class Membership:
             except Exception:  # a bug: logged with its traceback; leases stay as they were
                 log.exception("membership check failed")
             try:
-                await asyncio.wait_for(stop.wait(), self.interval_s)
+                await within(stop.wait(), self.interval_s)
             except TimeoutError:
                 pass
 
