@@ -992,6 +992,9 @@ def test_production_exports_to_the_operators_bucket_without_a_shared_volume() ->
     assert "s3://" not in rendered
     exports = _shard_exports(docs)
     assert exports.startswith("s3://") and exports == OPERATOR_CONFIGMAPS["ctrps-bucket"]["CTRPS_EXPORTS_DIR"]
+    # Required, as Kafka's: a shard without it would export to its container's disk.
+    [shard] = _pods("production")["shard"]["containers"]
+    assert {"configMapRef": {"name": "ctrps-bucket"}} in shard["envFrom"]
     for role, pod in _pods("production").items():
         [c] = pod["containers"]
         assert ("exports" in {v["name"] for v in pod.get("volumes", [])}) is False, role
