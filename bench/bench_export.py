@@ -15,6 +15,11 @@ What is measured, each next to a baseline measured in the same run:
     floor of any checksummed format). Runs alternate, medians of 5.
 (c) Delta size: file bytes per changed row, against the raw bytes of a row
     (key, state, four uint32 metadata).
+    The same for a base of the default linear table (a new model's,
+    `DEFAULT_LINEAR_OPTIMIZER`: a mixture of five FTRL learners, 15 floats a
+    row): its snapshot's raw bytes per row and its file bytes per row, which
+    a restore holds beside the table while it loads, and the rate of that
+    base's restore (1M rows, into one shard, SHA-256 checked).
 (d) Restore: `restore_shards` of that N-row base written by 2 shards into 3
     fresh shards, SHA-256 checked. Baseline: ``np.load`` of the same files
     (no checks) plus inserting all keys into one fresh `KeyIndex` (the least
@@ -54,6 +59,7 @@ from common import bench_mode, bench_parser, elapsed_s, print_result, progress_l
 from ps_core.checkpoint.export_files import latest_chain, write_version
 from ps_core.checkpoint.restore import restore_shards
 from ps_core.hashing import shard_of
+from ps_core.model.models import LogisticRegression
 from ps_core.store.index import KeyIndex
 from ps_core.store.snapshot import TableSnapshot
 from ps_core.store.table import SparseTable
@@ -74,6 +80,8 @@ AIM_PAUSE_MS = 200.0
 AIM_RESTORE_S = 10.0
 LR = TableConfig("lr", 1, {"name": "ftrl"})
 FM = TableConfig("fm_v", 8, {"name": "adagrad"}, init_scale=0.01)
+DEFAULT_LINEAR = LogisticRegression().tables()[0]
+"""The linear table a model gets when it names no optimizer."""
 
 
 log = progress_log("bench_export")
@@ -285,6 +293,38 @@ def bench_write(
     }
 
 
+def bench_default_base(root: Path, rng: np.random.Generator) -> dict[str, Any]:
+    """A base of CHANGED rows of the default linear table, as its exporter
+    writes it: the snapshot's raw bytes and the files' bytes, per row."""
+    keys = distinct_keys(rng, CHANGED)
+    t = filled_table(DEFAULT_LINEAR, keys, rng)
+    t.mark_exported(0)  # so that this cut is version 1
+    snap = t.snapshot(None)
+    del t
+    raw = snap.nbytes
+    rows = snap.rows
+    write_version(root, "default", 1, None, {0: [snap]}, {"clicks": {0: 1}}, {}, 1)
+    del snap
+    gc.collect()
+    mdir = root / "default"
+    file_bytes = dir_bytes(mdir / "0000000001")
+    restored, dt = timed(lambda: restore_shards(latest_chain(mdir), 1, verify=True))
+    assert len(restored.shards[0].tables[DEFAULT_LINEAR.name]) == rows
+    del restored
+    shutil.rmtree(mdir)
+    log(
+        f"{DEFAULT_LINEAR.name} ({DEFAULT_LINEAR.optimizer['name']}, dim {DEFAULT_LINEAR.dim}): a base of "
+        f"{rows:,} rows, {raw / rows:.1f} raw B/row, {file_bytes / rows:.1f} file B/row; "
+        f"restored (sha256 checked) in {dt:.2f}s = {rows / dt / 1e6:.2f}M rows/s"
+    )
+    return {
+        "default_lr_optimizer": DEFAULT_LINEAR.optimizer["name"],
+        "default_lr_raw_bytes_per_row": raw / rows,
+        "default_lr_base_file_bytes_per_row": file_bytes / rows,
+        "default_lr_restore_rows_per_s": rows / dt,
+    }
+
+
 # -- (d) restore -----------------------------------------------------------------------------
 
 
@@ -383,6 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         w_fm = bench_write(root, "fmdelta", {0: [fm_delta]}, fm_delta.version, fm_delta.parent)
         del fm_table
         gc.collect()
+        default_base = bench_default_base(root, rng)
+        gc.collect()
         e2e = bench_cut(root, n, rng)
         gc.collect()
         restore = bench_restore(root, lr_keys, rng)
@@ -419,6 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fm_delta_bytes_per_changed_row": w_fm["file_bytes"] / fm_delta.rows,
         "fm_raw_bytes_per_row": fm_row_raw,
         "fm_delta_write_mb_per_s": w_fm["write_mb_per_s"],
+        **default_base,
         **e2e,
         "cut_pause_ratio_vs_table_snapshot": e2e["cut_pause_ms"] / lr_pause["pause_ms"],
         **restore,
@@ -456,6 +499,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"  delta size              LR {result['lr_delta_bytes_per_changed_row']:.2f} B/changed row "
         f"(raw {lr_row_raw:.0f}); FM {result['fm_delta_bytes_per_changed_row']:.2f} (raw {fm_row_raw:.0f})"
+    )
+    print(
+        f"  default table base      {result['default_lr_base_file_bytes_per_row']:.2f} B/row in files "
+        f"(raw {result['default_lr_raw_bytes_per_row']:.0f}, {result['default_lr_optimizer']}) vs LR (FTRL) "
+        f"raw {lr_row_raw:.0f}: {result['default_lr_raw_bytes_per_row'] / lr_row_raw:.2f}x; restored at "
+        f"{result['default_lr_restore_rows_per_s'] / 1e6:.2f}M rows/s"
     )
     print(
         f"  restore                 {restore['restore_rows']:,} rows in {restore['restore_s']:.2f}s, 2 -> 3 shards "

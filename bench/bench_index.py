@@ -26,7 +26,10 @@ batch flatters caches).
 and a row cap on: the metadata they read is in every row) filled to N features
 by pushes of 100k keys: ``table.memory_bytes()`` (allocated bytes of index,
 rows and metadata) over the feature count, with the used part and a
-tracemalloc cross-check. Baselines, measured with tracemalloc on a sample of
+tracemalloc cross-check (settled, and the peak while the table grows, which
+sizes a shard's memory). The same for the default linear table (a new
+model's, `DEFAULT_LINEAR_OPTIMIZER`: a mixture of five FTRL learners, dim 10,
+15 floats a row), keys ``default_table_*``, with its ratio to one FTRL's. Baselines, measured with tracemalloc on a sample of
 keys (1M full, 200k quick) and extrapolated per feature:
 
 - dict-of-lists: ``{key: [z, n, updated_at, last_seen, shows, clicks]}``;
@@ -69,13 +72,14 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
 
+from ps_core.model.models import LogisticRegression
 from ps_core.store.index import KeyIndex
 from ps_core.store.lifecycle import Lifecycle
 from ps_core.store.table import SparseTable
@@ -90,6 +94,11 @@ NEW_FRACTION = 0.1
 """Share of new keys in a steady-state get_or_insert batch."""
 LIFECYCLE = Lifecycle(ttl_s=7 * 86400.0, max_rows=100_000_000)
 """The table's rules: TTL and a cap it never reaches (no row is refused)."""
+ONE_FTRL = TableConfig("lr", 1, {"name": "ftrl"}, lifecycle=LIFECYCLE)
+"""An LR table with one FTRL learner (dim 1)."""
+DEFAULT_LINEAR = replace(LogisticRegression().tables()[0], lifecycle=LIFECYCLE)
+"""The linear table a model gets when it names no optimizer
+(`DEFAULT_LINEAR_OPTIMIZER`), under the same rules."""
 AIM_SPEEDUP = 5.0
 AIM_BYTES_PER_FEATURE = 36.0
 """At 10M features, with the lifecycle's metadata (issue 17; 48 before)."""
@@ -460,11 +469,11 @@ def bench_dict_memory(keys: U64, sample: int, seed: int) -> tuple[DictMemory, Di
     return out[0], out[1]
 
 
-def bench_table_memory(rng: np.random.Generator, keys: U64) -> dict[str, Any]:
-    """Fill an LR/FTRL table with `keys` by 100k pushes; report its bytes."""
+def bench_table_memory(rng: np.random.Generator, keys: U64, config: TableConfig = ONE_FTRL) -> dict[str, Any]:
+    """Fill a table of `config` (with eviction rules: the metadata they read
+    is in every row anyway) with `keys` by 100k pushes; report its bytes."""
     n = keys.size
-    # With eviction rules: the metadata they read is in every row anyway.
-    table = SparseTable(TableConfig("lr", 1, {"name": "ftrl"}, lifecycle=LIFECYCLE))
+    table = SparseTable(config)
     gc.collect()
     tracemalloc.start()
     base, _ = tracemalloc.get_traced_memory()
@@ -472,16 +481,17 @@ def bench_table_memory(rng: np.random.Generator, keys: U64) -> dict[str, Any]:
     try:
         for i in range(0, n, BATCH):
             chunk = keys[i : i + BATCH]
-            grads = rng.normal(0, 0.1, (chunk.size, 1)).astype(np.float32)
+            grads = rng.normal(0, 0.1, (chunk.size, table.dim)).astype(np.float32)
             table.push(chunk, grads, event_time=1_700_000_000.0)
         traced, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert len(table) == n, (len(table), n)
     sample = keys[rng.integers(0, n, 1000)]
-    # FTRL's L1 keeps small weights at exactly 0, so check the state instead.
+    # FTRL's L1 keeps small weights at exactly 0, so check the state instead:
+    # every learner's n (a sum of squared gradients) is in some column.
     rows = table.index.lookup(sample)
-    assert (rows >= 0).all() and (table.data[rows, 1] > 0).all(), "every pushed key has n > 0"
+    assert (rows >= 0).all() and (table.data[rows] > 0).any(axis=1).all(), "every pushed key has state"
 
     idx = table.index
     allocated = table.memory_bytes()
@@ -503,7 +513,7 @@ def bench_table_memory(rng: np.random.Generator, keys: U64) -> dict[str, Any]:
         "table_peak_traced_bytes_per_feature": (peak - base) / n,
     }
     log(
-        f"SparseTable lr/ftrl, {n:,} features: {allocated / 2**20:.1f} MiB allocated = "
+        f"SparseTable {config.optimizer['name']} dim {config.dim}, {n:,} features: {allocated / 2**20:.1f} MiB allocated = "
         f"{out['bytes_per_feature']:.1f} B/feature (used {out['used_bytes_per_feature']:.1f}: "
         f"rows {per_row:.0f} B x fill {out['row_fill_ratio']:.2f} + slots "
         f"{out['slot_bytes_per_feature']:.1f} at load {out['slot_load_ratio']:.2f}); "
@@ -612,6 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fig, dict_container_at_n = bench_throughput(rng, keys, sz)
     gc.collect()  # the index and dict of that phase, with their closures, before the memory phases
     mem = bench_table_memory(rng, keys)
+    default_mem = bench_table_memory(rng, keys, DEFAULT_LINEAR)
     steps = bench_push_steps(rng, keys, sz.timed_batches)
 
     n = keys.size
@@ -635,6 +646,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "slot_load_ratio": mem["slot_load_ratio"],
         "table_traced_bytes_per_feature": mem["table_traced_bytes_per_feature"],
         "table_peak_traced_bytes_per_feature": mem["table_peak_traced_bytes_per_feature"],
+        "default_table_optimizer": DEFAULT_LINEAR.optimizer["name"],
+        "default_table_dim": DEFAULT_LINEAR.dim,
+        "default_table_bytes_per_feature": default_mem["bytes_per_feature"],
+        "default_table_traced_bytes_per_feature": default_mem["table_traced_bytes_per_feature"],
+        "default_table_peak_traced_bytes_per_feature": default_mem["table_peak_traced_bytes_per_feature"],
+        "default_table_peak_ratio_vs_one_ftrl": default_mem["table_peak_traced_bytes_per_feature"]
+        / mem["table_peak_traced_bytes_per_feature"],
         "dict_bytes_per_feature": dict_bpf,
         "ratio_vs_dict": bpf / dict_bpf,
         "dict_index_numpy_rows_bytes_per_feature": dict_index_bpf,
@@ -682,6 +700,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"vs dict-of-lists {dict_bpf:.1f}: {result['ratio_vs_dict']:.2f}x; vs dict index + numpy "
         f"rows {dict_index_bpf:.1f}: {result['ratio_vs_dict_index_numpy_rows']:.2f}x "
         f"(aims <= {AIM_BYTES_PER_FEATURE:.0f} B and <= 1/3)"
+    )
+    print(
+        f"  default table  {DEFAULT_LINEAR.optimizer['name']} dim {DEFAULT_LINEAR.dim}: "
+        f"{result['default_table_bytes_per_feature']:.1f} B/feature allocated, tracemalloc "
+        f"{result['default_table_traced_bytes_per_feature']:.1f}, peak while growing "
+        f"{result['default_table_peak_traced_bytes_per_feature']:.1f} vs one FTRL's "
+        f"{result['table_peak_traced_bytes_per_feature']:.1f}: "
+        f"{result['default_table_peak_ratio_vs_one_ftrl']:.2f}x"
     )
     for (a, da), (b, db) in STEP_PAIRS:
         print(

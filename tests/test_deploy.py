@@ -41,7 +41,7 @@ from app.config.serve import ApiSettings
 from app.config.shard import ShardSettings
 from app.config.worker import WorkerSettings
 from consumers.broker import free_port
-from ps_core.model.models import make_model
+from ps_core.model.models import DEFAULT_LINEAR_OPTIMIZER, make_model
 from ps_core.net.auth import Scope, TokenVerifier, bearer, derive_token
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,13 +88,31 @@ def _k8s(overlay: str, path: str = "overlays/{}") -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(_rendered(path.format(overlay))) if d]
 
 
-def _config(docs: list[dict[str, Any]]) -> dict[str, str]:
-    """What every ctrps pod's environment gets: ConfigMap ctrps, and Kafka's
-    ConfigMap ctrps-kafka — rendered (one-machine: its own broker) or, where
-    the operator creates it (production), an address as it would give."""
+# The ConfigMaps the production overlay names and the operator creates
+# (its header comment), with values as an operator gives them.
+OPERATOR_CONFIGMAPS = {
+    "ctrps-kafka": {"CTRPS_KAFKA_BOOTSTRAP": "kafka.kafka:9092"},
+    "ctrps-bucket": {"CTRPS_EXPORTS_DIR": "s3://ctrps-exports/prod", "AWS_REGION": "eu-west-1"},
+}
+
+
+def _env(docs: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
+    """What `container`'s environment holds: the ConfigMaps of its envFrom,
+    rendered (one-machine's Kafka, a component's generated map) or, where
+    the overlay renders none, the operator's (`OPERATOR_CONFIGMAPS`; any
+    other is an error), then its literal env values. Its CTRPS_*_FILE
+    values are left out: `_file_env` holds them to their Secrets."""
     maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
-    kafka = next((v for k, v in maps.items() if k.startswith("ctrps-kafka")), None)
-    return {**maps["ctrps"], **(kafka if kafka is not None else {"CTRPS_KAFKA_BOOTSTRAP": "kafka.kafka:9092"})}
+    env: dict[str, str] = {}
+    for ref in container.get("envFrom", []):
+        if "configMapRef" in ref:
+            name = ref["configMapRef"]["name"]
+            assert name in maps or name in OPERATOR_CONFIGMAPS, f"ConfigMap {name} is neither rendered nor documented"
+            env.update(maps.get(name, OPERATOR_CONFIGMAPS.get(name, {})))
+    env.update(
+        {e["name"]: e["value"] for e in container.get("env", []) if "value" in e and not e["name"].endswith("_FILE")}
+    )
+    return env
 
 
 def _ctrps_services() -> dict[str, dict[str, Any]]:
@@ -178,12 +196,11 @@ def _shard_argv(shell: str, ordinal: int) -> list[str]:
 def test_k8s_manifests_configure_a_consistent_cluster(overlay: str) -> None:
     docs = _k8s(overlay)
     by_kind: dict[tuple[str, str], dict[str, Any]] = {(d["kind"], d["metadata"]["name"]): d for d in docs}
-    env = _config(docs)
     shards_set = by_kind[("StatefulSet", "ctrps-shard")]
     replicas = shards_set["spec"]["replicas"]
     container = shards_set["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["/bin/sh", "-c"]
-    shards = [_settings(_shard_argv(container["args"][0], i), env) for i in range(replicas)]
+    shards = [_settings(_shard_argv(container["args"][0], i), _env(docs, container)) for i in range(replicas)]
     assert [s.shard_id for s in shards] == list(range(replicas))
     assert all(s.num_shards == replicas and s.rpc for s in shards)
 
@@ -203,7 +220,7 @@ def test_k8s_manifests_configure_a_consistent_cluster(overlay: str) -> None:
     ):
         pod = by_kind[(kind, app_name)]["spec"]["template"]["spec"]
         c = pod["containers"][0]
-        s = _settings(list(c["args"]), env)
+        s = _settings(list(c["args"]), _env(docs, c))
         assert isinstance(s, cls) and s.shards == shards[0].shards
         if isinstance(s, WorkerSettings):
             assert pod["terminationGracePeriodSeconds"] >= s.window_seconds
@@ -309,7 +326,7 @@ async def test_compose_shard_and_api_commands_run_on_loopback(tmp_path: Path) ->
             await asyncio.sleep(0.05)  # poll interval
 
     def port_of(event: dict[str, Any]) -> int:
-        port = urlsplit(event["url"]).port
+        port = urlsplit(str(event["url"])).port
         assert port, event
         return port
 
@@ -505,7 +522,18 @@ def test_k8s_each_secret_goes_only_to_the_roles_that_use_it(overlay: str) -> Non
         "ctrps-admin-token": {"api"},
         "ctrps-tls": {"shard", "worker", "api"},
         "ctrps-kafka": {"worker", "topics"},
+        # The bucket's credentials (production: its exports are in a bucket).
+        **({"ctrps-s3": {"shard"}} if overlay == "production" else {}),
     }
+    if overlay == "production":
+        # Key by key as the AWS variables of the same names, each optional
+        # (a web identity instead): never the whole Secret.
+        [shard] = pods["shard"]["containers"]
+        refs = {
+            e["name"]: e["valueFrom"]["secretKeyRef"] for e in shard["env"] if "secretKeyRef" in e.get("valueFrom", {})
+        }
+        assert refs == {k: {"name": "ctrps-s3", "key": k, "optional": True} for k in BUCKET_CREDENTIALS}
+        assert readable["shard"]["ctrps-s3"] == set(BUCKET_CREDENTIALS)
     # TLS: the servers get the certificate, key and CA; the workers only the CA.
     assert readable["shard"]["ctrps-tls"] == readable["api"]["ctrps-tls"] == {"*"}
     assert readable["worker"]["ctrps-tls"] == {"ca.crt"}
@@ -513,7 +541,7 @@ def test_k8s_each_secret_goes_only_to_the_roles_that_use_it(overlay: str) -> Non
     created = {name: key for name, (key, _) in make_secrets.KUBERNETES.items()}
     for got in readable.values():
         for name, keys in got.items():
-            if name not in ("ctrps-tls", "ctrps-kafka"):
+            if name not in ("ctrps-tls", "ctrps-kafka", "ctrps-s3"):
                 assert keys == {created[name]}, (name, keys)
     # Files readable by the image's user only through its group; no API token to the pods.
     for role, pod in pods.items():
@@ -533,7 +561,7 @@ def test_k8s_roles_on_0_0_0_0_start_with_their_credentials_and_without_insecure(
     files = make_secrets.make(tmp_path / "s")
     pod = _pods(overlay)["api"]
     [c] = pod["containers"]
-    env = _config(_k8s(overlay))
+    env = _env(_k8s(overlay), c)
     for key, secret_key in _file_env(pod).items():
         env[key] = str(
             files[
@@ -675,12 +703,11 @@ def test_every_role_is_scraped_on_the_port_that_serves_its_metrics(overlay: str)
     serves ``/metrics`` on (the worker's --metrics-port, on every interface),
     a container port; deploy/monitoring/prometheus.yml scrapes the compose
     services on theirs."""
-    env = _config(_k8s(overlay))
     pods = _pods(overlay)
     for role, wanted in _scrape_annotations(overlay).items():
         container = pods[role]["containers"][0]
         args = _shard_argv(container["args"][0], 0) if role == "shard" else list(container["args"])
-        s = _settings(args, env)
+        s = _settings(args, _env(_k8s(overlay), container))
         port = s.metrics_port if isinstance(s, WorkerSettings) else s.port
         if isinstance(s, WorkerSettings):
             assert s.metrics_host == "0.0.0.0"
@@ -720,9 +747,13 @@ def _quantity(text: str | int) -> float:
     return float(number) * _UNITS[unit or ""]
 
 
-def _measured(bench: str, key: str) -> float:
+def _result(bench: str) -> dict[str, Any]:
     result: dict[str, Any] = orjson.loads((RESULTS / f"{bench}.quick.json").read_bytes())["result"]
-    return float(result[key])
+    return result
+
+
+def _measured(bench: str, key: str) -> float:
+    return float(_result(bench)[key])
 
 
 def _workloads(overlay: str) -> dict[str, dict[str, Any]]:
@@ -748,12 +779,12 @@ def test_each_overlay_renders_objects_kubernetes_accepts(overlay: str, tmp_path:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     kinds = {d["kind"] for d in _k8s(overlay)}
-    assert {"StatefulSet", "Deployment", "Job", "PodDisruptionBudget", "PersistentVolumeClaim"} <= kinds
+    assert {"StatefulSet", "Deployment", "Job", "PodDisruptionBudget"} <= kinds
+    assert {"PersistentVolumeClaim" if overlay == "one-machine" else "ServiceAccount"} <= kinds
 
 
 @EACH_OVERLAY
 def test_every_role_has_probes_on_a_route_it_serves_and_every_container_its_resources(overlay: str) -> None:
-    env = _config(_k8s(overlay))
     for role, workload in _workloads(overlay).items():
         [c] = workload["spec"]["template"]["spec"]["containers"]
         # Requests and limits of CPU and memory, the limit at least the request.
@@ -771,7 +802,7 @@ def test_every_role_has_probes_on_a_route_it_serves_and_every_container_its_reso
             assert ports["kafka"] == args.port
             continue
         argv = _shard_argv(c["args"][0], 0) if role == "shard" else list(c["args"])
-        s = _settings(argv, env)
+        s = _settings(argv, _env(_k8s(overlay), c))
         # The routes each role serves: a shard /healthz, the API /healthz and
         # /readyz on its port, a worker nothing but /metrics on its metrics port.
         served: set[tuple[str, int]]
@@ -789,27 +820,39 @@ def test_every_role_has_probes_on_a_route_it_serves_and_every_container_its_reso
 
 @EACH_OVERLAY
 def test_shards_are_sized_for_their_row_cap_from_the_measured_figures(overlay: str) -> None:
-    """Memory: the row cap at the table's peak bytes a row (bench_index),
-    plus a process of the library (bench_lifecycle: peak RSS less its
-    table), under the request; while restoring, the loaded arrays (an lr
-    row's 32 bytes, bench_export) too, under the limit. The startup probe
-    waits at least three times the restore at the measured rate."""
+    """Memory: the row cap at the default linear table's peak bytes a row
+    (bench_index: a new model's table, a mixture of FTRL learners), plus a
+    process of the library (bench_lifecycle: peak RSS less its table),
+    under the request; while restoring, the loaded arrays (that table's raw
+    bytes a row, bench_export) too, under the limit. The startup probe
+    waits at least three times the restore at the slower of the measured
+    rates (docs/measurements.md's, and bench_export's of the default table)."""
     docs = _k8s(overlay)
     shards = next(d for d in docs if d["kind"] == "StatefulSet")
     [c] = shards["spec"]["template"]["spec"]["containers"]
-    max_rows = _settings(_shard_argv(c["args"][0], 0), _config(docs)).max_rows
+    shard = _settings(_shard_argv(c["args"][0], 0), _env(docs, c))
+    max_rows = shard.max_rows
     assert max_rows > 0, "the shards' memory is sized from a row cap"
-    per_row = _measured("bench_index", "table_peak_traced_bytes_per_feature")
+    # The model the overlay's workers create holds the default linear table
+    # alone: the figures are that table's.
+    [wc] = _pods(overlay)["worker"]["containers"]
+    worker = _settings(list(wc["args"]), _env(docs, wc))
+    model = make_model(worker.model, worker.model_name)
+    measured = (_result("bench_index")["default_table_optimizer"], _result("bench_index")["default_table_dim"])
+    assert measured[0] == DEFAULT_LINEAR_OPTIMIZER["name"] == _result("bench_export")["default_lr_optimizer"]
+    assert [(t.optimizer["name"], t.dim) for t in model.tables()] == [measured]
+    per_row = _measured("bench_index", "default_table_peak_traced_bytes_per_feature")
     process = _measured("bench_lifecycle", "none_peak_rss_mb") * 2**20 - _measured(
         "bench_lifecycle", "none_table_bytes"
     )
     steady = max_rows * per_row + process
-    restoring = steady + max_rows * _measured("bench_export", "lr_raw_bytes_per_row")
+    restoring = steady + max_rows * _measured("bench_export", "default_lr_raw_bytes_per_row")
     assert steady <= _quantity(c["resources"]["requests"]["memory"]) < 2 * steady
     assert restoring <= _quantity(c["resources"]["limits"]["memory"])
     startup = c["startupProbe"]
     waits_s = startup["failureThreshold"] * startup["periodSeconds"]
-    assert waits_s >= 3 * max_rows / RESTORE_ROWS_PER_S, (overlay, waits_s)
+    rate = min(RESTORE_ROWS_PER_S, _measured("bench_export", "default_lr_restore_rows_per_s"))
+    assert waits_s >= 3 * max_rows / rate, (overlay, waits_s)
     assert startup["httpGet"]["path"] == "/healthz"
 
 
@@ -859,7 +902,7 @@ def test_the_topics_job_creates_what_the_workers_read_with_a_partition_each(over
     workloads = _workloads(overlay)
     worker = workloads["worker"]
     [wc] = worker["spec"]["template"]["spec"]["containers"]
-    s = _settings(list(wc["args"]), _config(docs))
+    s = _settings(list(wc["args"]), _env(docs, wc))
     assert isinstance(s, WorkerSettings)
     job = workloads["topics"]["spec"]["template"]["spec"]
     [jc] = job["containers"]
@@ -872,7 +915,7 @@ def test_the_topics_job_creates_what_the_workers_read_with_a_partition_each(over
         [bc] = workloads["broker"]["spec"]["template"]["spec"]["containers"]
         assert _topics(list(bc["args"])) == topics
         args = build_parser().parse_args(bc["args"])
-        bootstrap = _config(docs)["CTRPS_KAFKA_BOOTSTRAP"]
+        bootstrap = _env(docs, wc)["CTRPS_KAFKA_BOOTSTRAP"]
         assert bootstrap == f"{args.advertised_host}:{args.port}"
         service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == args.advertised_host)
         assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
@@ -897,22 +940,71 @@ def test_production_takes_kafka_from_the_operators_configmap() -> None:
         assert {"configMapRef": {"name": "ctrps-kafka"}} in c["envFrom"], role
 
 
-@EACH_OVERLAY
-def test_the_exports_volume_is_only_in_its_component(overlay: str) -> None:
-    """The base names no volume for the exports; the component mounts its
-    claim where the shards write and restore (--exports-dir)."""
+BUCKET_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def _shard_exports(docs: list[dict[str, Any]]) -> str:
+    """Where the rendered shards write and restore their exports (pod 0's settings)."""
+    [c] = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]["containers"]
+    exports: str = _settings(_shard_argv(c["args"][0], 0), _env(docs, c)).exports_dir
+    return exports
+
+
+def test_the_base_names_no_exports_location() -> None:
+    """Neither a volume nor a location in the base: a component gives both."""
     base = _k8s("", path="base")
-    assert not [d for d in base if d["kind"] == "PersistentVolumeClaim"]
-    base_shards = next(d for d in base if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
-    assert "exports" not in {v["name"] for v in base_shards["volumes"]}
-    docs = _k8s(overlay)
+    assert not [d for d in base if d["kind"] in ("PersistentVolumeClaim", "ServiceAccount")]
+    pod = next(d for d in base if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    assert "exports" not in {v["name"] for v in pod["volumes"]}
+    [c] = pod["containers"]
+    assert "--exports-dir" not in _shard_argv(c["args"][0], 0)
+    assert all("CTRPS_EXPORTS_DIR" not in d.get("data", {}) for d in base if d["kind"] == "ConfigMap")
+    assert "serviceAccountName" not in pod
+
+
+def test_one_machine_exports_to_its_claim() -> None:
+    """The exports-volume component: the shards' CTRPS_EXPORTS_DIR is where
+    its ReadWriteMany claim is mounted, in the shards only."""
+    docs = _k8s("one-machine")
     shards = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
     [c] = shards["containers"]
     claim = {v["name"]: v for v in shards["volumes"]}["exports"]["persistentVolumeClaim"]["claimName"]
     [pvc] = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
     assert pvc["metadata"]["name"] == claim and pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
-    assert mounts["exports"] == _settings(_shard_argv(c["args"][0], 0), _config(docs)).exports_dir
-    # Only the shards mount it.
-    for role, pod in _pods(overlay).items():
+    assert mounts["exports"] == _shard_exports(docs) == "/exports"
+    for role, pod in _pods("one-machine").items():
         assert ("exports" in {v["name"] for v in pod.get("volumes", [])}) == (role == "shard"), role
+        [rc] = pod["containers"]
+        assert ("CTRPS_EXPORTS_DIR" in _env(docs, rc)) == (role == "shard"), role
+
+
+def test_production_exports_to_the_operators_bucket_without_a_shared_volume() -> None:
+    """The exports-bucket component: no claim and no ReadWriteMany anywhere;
+    the shards' exports location is the s3:// URL of the operator's
+    ConfigMap ctrps-bucket (not rendered: nothing here names a bucket), with
+    its region, given to the shards only; egress to the bucket is open."""
+    docs = _k8s("production")
+    rendered = _rendered("overlays/production")
+    assert not [d for d in docs if d["kind"] in ("PersistentVolumeClaim", "PersistentVolume")]
+    assert "ReadWriteMany" not in rendered and "persistentVolumeClaim" not in rendered
+    assert not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("ctrps-bucket")]
+    assert "s3://" not in rendered
+    exports = _shard_exports(docs)
+    assert exports.startswith("s3://") and exports == OPERATOR_CONFIGMAPS["ctrps-bucket"]["CTRPS_EXPORTS_DIR"]
+    # Required, as Kafka's: a shard without it would export to its container's disk.
+    [shard] = _pods("production")["shard"]["containers"]
+    assert {"configMapRef": {"name": "ctrps-bucket"}} in shard["envFrom"]
+    for role, pod in _pods("production").items():
+        [c] = pod["containers"]
+        assert ("exports" in {v["name"] for v in pod.get("volumes", [])}) is False, role
+        env = _env(docs, c)
+        assert ("CTRPS_EXPORTS_DIR" in env and "AWS_REGION" in env) == (role == "shard"), role
+    # Workload identity: the shards run as their own ServiceAccount (the one
+    # a role is given to), which mounts no API token; no other pod names one.
+    [account] = [d for d in docs if d["kind"] == "ServiceAccount"]
+    assert account["automountServiceAccountToken"] is False
+    for role, pod in _pods("production").items():
+        assert pod.get("serviceAccountName") == (account["metadata"]["name"] if role == "shard" else None), role
+    # No policy restricts egress: the shards reach the bucket's endpoint.
+    assert all("Egress" not in d["spec"]["policyTypes"] for d in docs if d["kind"] == "NetworkPolicy")
