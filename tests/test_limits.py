@@ -16,11 +16,13 @@ loopback with small limits, and what each port now does about it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import logging
 import struct
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import aiohttp
 import numpy as np
@@ -65,17 +67,31 @@ async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes 
         got += chunk
 
 
-@pytest.fixture
-async def api() -> AsyncIterator[ApiServer]:
+@asynccontextmanager
+async def _api(limits: PortLimits) -> AsyncIterator[ApiServer]:
     shards = [Shard(ShardSpec(0, 1), [LR])]
     client, control = PSClient.local(shards), ControlClient.local(shards)
-    server = ApiServer(ApiSettings(port=0, limits=SMALL), client, make_model("lr"), control=control)
+    server = ApiServer(ApiSettings(port=0, limits=limits), client, make_model("lr"), control=control)
     await server.start()
     try:
         yield server
     finally:
         await server.stop()
         await client.close()
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[ApiServer]:
+    async with _api(SMALL) as server:
+        yield server
+
+
+@pytest.fixture
+async def patient_api() -> AsyncIterator[ApiServer]:
+    """The API under `SMALL`'s limits but a body deadline a busy machine
+    meets: a megabyte over loopback can take longer than 0.3 s there."""
+    async with _api(dataclasses.replace(SMALL, body_timeout_s=30.0)) as server:
+        yield server
 
 
 def _port(server: ApiServer) -> int:
@@ -139,9 +155,10 @@ async def test_a_chunked_body_that_never_comes_gets_408(api: ApiServer) -> None:
     w.close()
 
 
-async def test_a_body_over_the_limit_arriving_after_its_head_gets_a_json_413(api: ApiServer) -> None:
+async def test_a_body_over_the_limit_arriving_after_its_head_gets_a_json_413(patient_api: ApiServer) -> None:
     # A body this size comes in many packets, so the port guard reads it under
     # the body deadline; the refusal must still be the API's JSON error, counted.
+    api = patient_api
     big = b'{"events": [{"features": {"x": "' + b"y" * (api.settings.max_body_bytes + 100_000) + b'"}}]}'
     async with aiohttp.ClientSession() as http:
         post = http.post(api.url + "/v1/predict", data=io.BytesIO(big), headers={"Content-Type": "application/json"})
