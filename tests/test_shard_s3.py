@@ -72,6 +72,10 @@ async def test_shards_on_a_bucket_export_there_and_restart_into_another_shard_co
         assert [r.version for r in reports] == [2, 2, 2]
         await _lease_works(control)
         assert await control.coordinator_offsets() == {"clicks": {0: 200, 1: 20}}
+        # `ctrps export --list`'s call: the bucket's versions, as cut.
+        listed = await control.exports()
+        assert [(v.version, v.kind, v.parent) for v in listed.versions] == [(1, "base", None), (2, "delta", 1)]
+        assert [v.rows for v in listed.versions] == [v.manifest.rows() for v in chain]
         held = [s.tables[LR.name].features for s in await control.stats()]
         # Row for row what the two shards served at the cut, now from three.
         np.testing.assert_array_equal(await client.pull(LR.name, KEYS), served)
