@@ -12,8 +12,9 @@ overwritten), list a model's `versions`, `size` and read a file whole
 written into a hidden ``.tmp-`` directory, fsynced, and renamed into place.
 `S3ExportStore` (obstore, the ``s3`` extra) writes the data files, then the
 manifest with a create-only PUT (``If-None-Match: *``); a version is listed
-once its manifest exists. Its credentials come only from the AWS
-environment variables; its endpoint from ``AWS_ENDPOINT_URL`` or
+once its manifest exists. Its credentials come from the AWS environment
+variables, else the profile in the AWS shared files (`aws_profile`), else
+web identity, container or instance credentials; its endpoint from ``AWS_ENDPOINT_URL`` or
 `S3Options.endpoint` (S3-compatible servers); every request has bounded
 timeouts and retries, and a failure is one `ExportStoreError` line naming
 the ``s3://`` location and the cause. `store_for` picks one from a path or

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..manifest import MANIFEST_NAME, check_model_name, parse_version_dir, version_dir_name
+from .aws_profile import profile_settings
 from .base import READ_CHUNK, BinaryWriter, ExportStore, ExportStoreError, VersionUpload
 
 if TYPE_CHECKING:
@@ -29,13 +30,15 @@ def _one_line(exc: BaseException) -> str:
 @dataclass(frozen=True)
 class S3Options:
     """How to reach an S3-compatible server. Credentials are not here: they
-    come from the AWS environment variables only."""
+    come from the AWS environment, else the profile's shared files
+    (`profile_settings`), else web identity, container or instance
+    credentials."""
 
     endpoint: str | None = None
     """The server's URL (MinIO, a test server); default ``AWS_ENDPOINT_URL``,
     else AWS's own. Plain ``http://`` is allowed for an explicit endpoint."""
     region: str | None = None
-    """Default ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else us-east-1."""
+    """Default ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else the profile's, else us-east-1."""
     connect_timeout_s: float = 5.0
     """Per connection attempt."""
     request_timeout_s: float = 300.0
@@ -144,11 +147,12 @@ class S3ExportStore(ExportStore):
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         endpoint = opts.endpoint or os.environ.get("AWS_ENDPOINT_URL") or None
-        config: dict[str, Any] = {}
+        # The shared files' keys and region, where the environment has none (obstore reads no file).
+        config: dict[str, Any] = profile_settings(os.environ)
         if endpoint:
             config["endpoint"] = endpoint
         region = opts.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        config["region"] = region or "us-east-1"
+        config["region"] = region or config.get("region") or "us-east-1"
         self.client: S3Store = S3Store(
             bucket,
             prefix=self.prefix or None,
