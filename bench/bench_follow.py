@@ -25,6 +25,16 @@ model's directory every ``interval`` seconds behind the real API
   and the follower's load (a fresh shard, then a swap) against ``np.load``
   of the base file, and against ``np.load`` plus one `KeyIndex` insert of
   its keys (the least a load into a table must do).
+- **Memory** (what a replica's pod is sized from): ``ctrps serve --follow``
+  as its own process, following a trainer of the default LR model (its
+  table of the default linear optimizer, a mixture of FTRL learners; the
+  replica reads the serving files, one weight a row): its resident set
+  (``/proc``'s VmRSS) before any version (the process's base), after the
+  base of N rows, after each of a few deltas and after a new base, and its
+  peak (VmHWM) over all of it, when a new base is loaded beside the one
+  served. Bytes a row are those over the base, per row held; the tables'
+  own count (``GET /v1/model``'s ``bytes``) beside them, and the first
+  base's load (the follower's own ``last_load_ms``: read, SHA-256, load).
 
 Run (from the repository root)::
 
@@ -40,8 +50,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
+import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,18 +66,25 @@ import aiohttp
 import numpy as np
 import orjson
 from common import bench_mode, bench_parser, elapsed_s, print_result, progress_log
+from running import stop_shards, wait_healthy
 
 from app.api import ApiServer
 from app.api.follower import Follower, model_of_exports
 from app.config.serve import ApiSettings
+from consumers.broker import free_port
 from ps_core.checkpoint.export_files import write_version
 from ps_core.model.models import make_model
 from ps_core.store.index import KeyIndex
 from ps_core.store.table import SparseTable
 from ps_core.store.table_config import TableConfig
 
+ROOT = Path(__file__).resolve().parent.parent
 MODEL = "bench"
 TABLE = TableConfig(f"{MODEL}_w", 1, {"name": "ftrl"})
+[DEFAULT_TABLE] = make_model("lr", MODEL).tables()
+"""The default LR model's one table (the default linear optimizer's): what
+the memory phase's replica follows."""
+MEMORY_DELTAS = 5
 BATCH = 100_000
 PROBE_EVERY_S = 0.002
 WAIT_FACTOR = 10.0
@@ -79,17 +98,19 @@ log = progress_log("bench_follow")
 # -- the trainer (a child process) -----------------------------------------------------
 
 
-def trainer_main(conn: Connection, root: str, rows: int, seed: int) -> None:
-    """Build the table, write base 1, then obey: ``("delta", m)``, ``("base",)``,
-    ``("stop",)``; each write answers ``(version, t_written, rows, write_ms)``
-    with ``t_written`` on the machine-wide monotonic clock."""
+def trainer_main(conn: Connection, root: str, rows: int, seed: int, table_config: dict[str, Any]) -> None:
+    """Build the table `table_config` declares, write base 1, then obey:
+    ``("delta", m)``, ``("base",)``, ``("stop",)``; each write answers
+    ``(version, t_written, rows, write_ms)`` with ``t_written`` on the
+    machine-wide monotonic clock."""
     rng = np.random.default_rng(seed)
-    table = SparseTable(TABLE, initial_rows=rows * 2)
+    config_of_table = TableConfig.from_dict(table_config)
+    table = SparseTable(config_of_table, initial_rows=rows * 2)
     keys = np.unique(rng.integers(1, 2**63, size=rows + rows // 50, dtype=np.uint64))[:rows]
     for i in range(0, keys.size, BATCH):
         part = keys[i : i + BATCH]
-        table.push(part, rng.normal(size=part.size).astype(np.float32), event_time=1.0)
-    config = {"name": MODEL, "tables": [TABLE.to_dict()]}
+        table.push(part, rng.normal(size=(part.size, table.dim)).astype(np.float32), event_time=1.0)
+    config = {"name": MODEL, "tables": [config_of_table.to_dict()]}
 
     def write(base: bool) -> tuple[int, float, int, float]:
         snap = table.snapshot(None if base else table.last_snapshot)
@@ -110,7 +131,7 @@ def trainer_main(conn: Connection, root: str, rows: int, seed: int) -> None:
             changed = np.unique(np.concatenate([old, new]))
             for i in range(0, changed.size, BATCH):
                 part = changed[i : i + BATCH]
-                table.push(part, rng.normal(size=part.size).astype(np.float32), event_time=2.0)
+                table.push(part, rng.normal(size=(part.size, table.dim)).astype(np.float32), event_time=2.0)
             keys = np.concatenate([keys, new])  # random 63-bit ids: no duplicates to speak of
         conn.send(write(base=cmd[0] == "base"))
 
@@ -174,8 +195,9 @@ async def run_interval(
     """One trainer and one replica polling every `interval_s`: `deltas` deltas, then a base."""
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
-    trainer = ctx.Process(target=trainer_main, args=(theirs, str(root), rows, seed), daemon=True)
+    trainer = ctx.Process(target=trainer_main, args=(theirs, str(root), rows, seed, TABLE.to_dict()), daemon=True)
     trainer.start()
+    theirs.close()  # the trainer's end is its own: its death is an EOFError here, not a hang
     rng = np.random.default_rng(seed + 1)
     model_dir = root / MODEL
     try:
@@ -261,6 +283,113 @@ async def run_interval(
     }
 
 
+def memory_mb(pid: int) -> tuple[float, float]:
+    """A process's resident set now and its peak so far (VmRSS, VmHWM), MiB (Linux's /proc)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            fields[name] = int(value.split()[0]) / 1024  # kB
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+async def served(http: aiohttp.ClientSession, url: str, version: int, timeout_s: float) -> dict[str, Any]:
+    """``GET /v1/model`` of the replica at `url` once it serves `version`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            async with http.get(url + "/v1/model") as resp:
+                if resp.status == 200:
+                    info: dict[str, Any] = orjson.loads(await resp.read())
+                    if info.get("served_version") == version:
+                        return info
+        except aiohttp.ClientError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the replica did not serve version {version} within {timeout_s:.0f} s")
+        await asyncio.sleep(0.02)  # poll interval
+
+
+async def run_memory(root: Path, rows: int, changed: int, seed: int) -> dict[str, Any]:
+    """The memory of ``ctrps serve --follow`` (its own process) following the
+    default LR model: before any version, after a base of `rows`, after
+    `MEMORY_DELTAS` deltas of `changed` rows, after a new base; its peak."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTRPS_")}
+    argv = ["serve", "--follow", str(root), "--model-name", MODEL, "--host", "127.0.0.1", "--port", str(port)]
+    replica = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", *argv, "--follow-interval", "0.2"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    trainer = ctx.Process(
+        target=trainer_main, args=(theirs, str(root), rows, seed, DEFAULT_TABLE.to_dict()), daemon=True
+    )
+    samples: list[tuple[int, float, int, int]] = []  # version, RSS MiB, rows held, tables' bytes
+    try:
+        await wait_healthy([url])
+        async with aiohttp.ClientSession() as http:
+            # The process as it serves, before any version: its routes answered once.
+            for path in ("/healthz", "/readyz", "/metrics", "/v1/model"):
+                async with http.get(url + path) as resp:
+                    await resp.read()
+            base_mb = memory_mb(replica.pid)[0]
+            log(f"memory: replica process {base_mb:.0f} MiB before any version")
+            trainer.start()
+            theirs.close()
+            timeout = 60.0 + rows / 1e5
+
+            async def sample(version: int) -> dict[str, Any]:
+                info = await served(http, url, version, timeout)
+                samples.append((version, memory_mb(replica.pid)[0], int(info["features"]), int(info["bytes"])))
+                return info
+
+            version = (await recv(ours))[0]
+            info = await sample(version)
+            base_load_ms = float(info["follow"]["last_load_ms"])
+            for _ in range(MEMORY_DELTAS):
+                ours.send(("delta", changed))
+                await sample((await recv(ours))[0])
+            ours.send(("base",))
+            await sample((await recv(ours))[0])
+            peak_mb = memory_mb(replica.pid)[1]
+        ours.send(("stop",))
+    finally:
+        stop_shards([replica])
+        if trainer.pid is not None:  # started
+            trainer.join(timeout=30)
+            if trainer.is_alive():
+                trainer.kill()
+    [table] = info["tables"].values()
+    after_base = samples[0]
+    held = max(s[2] for s in samples)
+    per_row = [(mb - base_mb) * 2**20 / n for _, mb, n, _ in samples]
+    log(
+        f"memory: {after_base[2]:,} rows: RSS {after_base[1]:.0f} MiB; peak {peak_mb:.0f} MiB "
+        f"over {len(samples)} versions (a new base of {samples[-1][2]:,} rows last)"
+    )
+    return {
+        "memory_optimizer": table["optimizer"]["name"],
+        "memory_rows": after_base[2],
+        "memory_rows_max": held,
+        "replica_process_base_mb": base_mb,
+        "replica_rss_after_base_mb": after_base[1],
+        "replica_peak_rss_mb": peak_mb,
+        "replica_bytes_per_row": max(per_row),
+        "replica_bytes_per_row_after_base": per_row[0],
+        "replica_peak_bytes_per_row": (peak_mb - base_mb) * 2**20 / held,
+        "replica_table_bytes_per_row": max(b / n for _, _, n, b in samples),
+        # The first base, read, hashed and loaded by the follower (local files, page cache).
+        "replica_base_load_ms": base_load_ms,
+        "replica_base_load_rows_per_s": after_base[2] / (base_load_ms / 1000),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = bench_parser(
         "Benchmark how far a serving replica lags the trainer's exports, against the raw load of the same files.",
@@ -291,8 +420,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
+    root = Path(tempfile.mkdtemp(prefix="bench_follow-memory-", dir=args.dir))
+    try:
+        memory = asyncio.run(run_memory(root, rows, changed, args.seed + len(intervals)))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
     first = runs[0]
-    result: dict[str, Any] = {"mode": mode, "rows": rows, "changed_rows": changed, **first}
+    result: dict[str, Any] = {"mode": mode, "rows": rows, "changed_rows": changed, **first, **memory}
     for run in runs[1:]:
         tag = f"at_{run['poll_interval_ms']:.0f}ms"
         result.update({f"{k}_{tag}": v for k, v in run.items() if k.startswith("replica_lag")})
@@ -320,6 +455,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{run['base_raw_np_load_ms']:.0f} ms: {run['base_load_ratio_vs_raw']:.1f}x; vs np.load + one index "
             f"insert {run['base_np_load_index_ms']:.0f} ms: {run['base_load_ratio_vs_np_load_index']:.2f}x"
         )
+    print(
+        f"  memory of `ctrps serve --follow` (the default LR model, {memory['memory_optimizer']}; "
+        f"{memory['memory_rows']:,} rows, then {MEMORY_DELTAS} deltas and a new base of {memory['memory_rows_max']:,}): "
+        f"process {memory['replica_process_base_mb']:.0f} MiB before any version; "
+        f"{memory['replica_bytes_per_row']:.1f} B/row held (RSS over that, the most of any version; "
+        f"the tables count {memory['replica_table_bytes_per_row']:.1f}), "
+        f"peak {memory['replica_peak_bytes_per_row']:.1f} B/row (a new base beside the served one); "
+        f"its first base loaded in {memory['replica_base_load_ms']:.0f} ms "
+        f"({memory['replica_base_load_rows_per_s'] / 1e6:.2f}M rows/s)"
+    )
     return print_result(result, args)
 
 

@@ -192,6 +192,26 @@ def _shard_argv(shell: str, ordinal: int) -> list[str]:
     return argv[2:]
 
 
+def _expanded(args: list[str], env: dict[str, str]) -> list[str]:
+    """A container's args as the kubelet runs them: each ``$(NAME)`` of its
+    environment replaced by the value (``$$`` is a literal ``$``). A
+    reference left unexpanded (the kubelet would pass it as it is) fails."""
+
+    def one(arg: str) -> str:
+        out = re.sub(
+            r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), arg
+        )
+        assert "$(" not in out, f"{arg}: not in the container's environment"
+        return out
+
+    return [one(a) for a in args]
+
+
+def _argv(docs: list[dict[str, Any]], role: str, c: dict[str, Any]) -> list[str]:
+    """A role's ctrps command line after ``ctrps`` (the shard pod 0's)."""
+    return _shard_argv(c["args"][0], 0) if role == "shard" else _expanded(list(c["args"]), _env(docs, c))
+
+
 @EACH_OVERLAY
 def test_k8s_manifests_configure_a_consistent_cluster(overlay: str) -> None:
     docs = _k8s(overlay)
@@ -231,6 +251,24 @@ def test_k8s_manifests_configure_a_consistent_cluster(overlay: str) -> None:
                 api_service["spec"]["selector"] == by_kind[(kind, app_name)]["spec"]["template"]["metadata"]["labels"]
             )
 
+    # Serving replicas (production: its exports are in a bucket) follow the
+    # bucket's default model, the one the workers train, at the location
+    # the shards export to; they name no shard.
+    replica = by_kind.get(("Deployment", "ctrps-replica"))
+    assert (replica is not None) == (overlay == "production")
+    if replica is not None:
+        [rc] = replica["spec"]["template"]["spec"]["containers"]
+        s = _settings(_argv(docs, "replica", rc), _env(docs, rc))
+        [wc] = by_kind[("Deployment", "ctrps-worker")]["spec"]["template"]["spec"]["containers"]
+        worker = _settings(list(wc["args"]), _env(docs, wc))
+        assert isinstance(s, ApiSettings) and s.follows_store() and not s.shards and not s.follow_all
+        assert s.follow == f"{shards[0].exports_dir}/{worker.model_name}"
+        assert s.follow == f"{OPERATOR_CONFIGMAPS['ctrps-bucket']['CTRPS_EXPORTS_DIR']}/{worker.model_name}"
+        service = by_kind[("Service", "ctrps-replica")]
+        assert service["spec"]["selector"] == replica["spec"]["template"]["metadata"]["labels"]
+        assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(s.port, "http")]
+        assert {p["name"]: p["containerPort"] for p in rc["ports"]} == {"http": s.port}
+
 
 def test_every_ctrps_variable_named_in_deploy_is_read_by_the_code() -> None:
     named = set()
@@ -256,6 +294,20 @@ def test_dockerfile_copies_the_packages_and_runs_the_cli() -> None:
     exposed = {int(p) for p in re.findall(r"^EXPOSE (.+)$", text, flags=re.M)[0].split()}
     settings = _compose_settings()
     assert {settings["shard-0"].port, settings["shard-0"].rpc_port, settings["api"].port} <= exposed
+
+
+def test_the_image_production_runs_holds_the_s3_client() -> None:
+    """The production overlay runs the image as built by default (no
+    ``images`` override), and its shards and replicas read ``s3://``: the
+    Dockerfile's default extras include ``s3`` (obstore)."""
+    production = yaml.safe_load((DEPLOY / "k8s" / "overlays" / "production" / "kustomization.yaml").read_text())
+    assert "images" not in production
+    assert {c["image"] for pod in _pods("production").values() for c in pod["containers"]} == {CTRPS_IMAGE}
+    assert any(_env(_k8s("production"), c).get("CTRPS_EXPORTS_DIR", "").startswith("s3://")
+               for pod in _pods("production").values() for c in pod["containers"])  # fmt: skip
+    [extras] = re.findall(r"^ARG EXTRAS=(\S+)$", (DEPLOY / "Dockerfile").read_text(), flags=re.M)
+    assert "s3" in extras.split(","), extras
+    assert re.search(r"^s3 = \[.*obstore", (ROOT / "pyproject.toml").read_text(), flags=re.M)
 
 
 def _local(argv: list[str], ports: dict[int, int]) -> list[str]:
@@ -502,8 +554,9 @@ def _file_env(pod: dict[str, Any]) -> dict[str, str]:
 @EACH_OVERLAY
 def test_k8s_each_secret_goes_only_to_the_roles_that_use_it(overlay: str) -> None:
     pods = _pods(overlay)
-    # The embedded broker runs in one-machine only.
-    assert set(pods) == {"shard", "worker", "api", "topics"} | ({"broker"} if overlay == "one-machine" else set())
+    # The embedded broker runs in one-machine only, the serving replicas in production only.
+    assert set(pods) == {"shard", "worker", "api", "topics"} | ({"broker"} if overlay == "one-machine" else {"replica"})
+    replicas = {"replica"} if overlay == "production" else set()
     # The credentials, as files named by CTRPS_*_FILE (never values in the environment).
     assert _file_env(pods["shard"]) == {"CTRPS_CLUSTER_SECRET_FILE": "ctrps-cluster-secret/secret"}
     assert _file_env(pods["worker"]) == {"CTRPS_SHARD_TOKEN_FILE": "ctrps-worker-token/token"}
@@ -511,6 +564,9 @@ def test_k8s_each_secret_goes_only_to_the_roles_that_use_it(overlay: str) -> Non
         "CTRPS_SHARD_TOKEN_FILE": "ctrps-api-shard-token/token",
         "CTRPS_ADMIN_TOKEN_FILE": "ctrps-admin-token/token",
     }
+    # A replica calls no shard: its admin token only (on 0.0.0.0 it needs one).
+    for role in replicas:
+        assert _file_env(pods[role]) == {"CTRPS_ADMIN_TOKEN_FILE": "ctrps-admin-token/token"}
     readable = {role: _secrets_of(pod) for role, pod in pods.items()}
     holders = {
         name: {role for role, got in readable.items() if name in got} for got in readable.values() for name in got
@@ -519,23 +575,28 @@ def test_k8s_each_secret_goes_only_to_the_roles_that_use_it(overlay: str) -> Non
         "ctrps-cluster-secret": {"shard"},
         "ctrps-worker-token": {"worker"},
         "ctrps-api-shard-token": {"api"},
-        "ctrps-admin-token": {"api"},
-        "ctrps-tls": {"shard", "worker", "api"},
+        "ctrps-admin-token": {"api"} | replicas,
+        "ctrps-tls": {"shard", "worker", "api"} | replicas,
         "ctrps-kafka": {"worker", "topics"},
-        # The bucket's credentials (production: its exports are in a bucket).
-        **({"ctrps-s3": {"shard"}} if overlay == "production" else {}),
+        # The bucket's credentials (production: its exports are in a bucket,
+        # which the shards write and the replicas read).
+        **({"ctrps-s3": {"shard", "replica"}} if overlay == "production" else {}),
     }
-    if overlay == "production":
+    for role in {"shard"} | replicas if overlay == "production" else ():
         # Key by key as the AWS variables of the same names, each optional
         # (a web identity instead): never the whole Secret.
-        [shard] = pods["shard"]["containers"]
+        [container] = pods[role]["containers"]
         refs = {
-            e["name"]: e["valueFrom"]["secretKeyRef"] for e in shard["env"] if "secretKeyRef" in e.get("valueFrom", {})
+            e["name"]: e["valueFrom"]["secretKeyRef"]
+            for e in container["env"]
+            if "secretKeyRef" in e.get("valueFrom", {})
         }
-        assert refs == {k: {"name": "ctrps-s3", "key": k, "optional": True} for k in BUCKET_CREDENTIALS}
-        assert readable["shard"]["ctrps-s3"] == set(BUCKET_CREDENTIALS)
+        assert refs == {k: {"name": "ctrps-s3", "key": k, "optional": True} for k in BUCKET_CREDENTIALS}, role
+        assert readable[role]["ctrps-s3"] == set(BUCKET_CREDENTIALS), role
     # TLS: the servers get the certificate, key and CA; the workers only the CA.
     assert readable["shard"]["ctrps-tls"] == readable["api"]["ctrps-tls"] == {"*"}
+    for role in replicas:
+        assert readable[role]["ctrps-tls"] == {"*"}
     assert readable["worker"]["ctrps-tls"] == {"ca.crt"}
     # The secret names and keys are those make_secrets.py tells kubectl to create.
     created = {name: key for name, (key, _) in make_secrets.KUBERNETES.items()}
@@ -559,20 +620,27 @@ def test_k8s_roles_on_0_0_0_0_start_with_their_credentials_and_without_insecure(
         if path.is_file():
             assert "--insecure" not in path.read_text() and "CTRPS_INSECURE" not in path.read_text(), path
     files = make_secrets.make(tmp_path / "s")
-    pod = _pods(overlay)["api"]
-    [c] = pod["containers"]
-    env = _env(_k8s(overlay), c)
-    for key, secret_key in _file_env(pod).items():
-        env[key] = str(
-            files[
-                {"ctrps-api-shard-token/token": "api-shard-token", "ctrps-admin-token/token": "admin-token"}[secret_key]
-            ]
-        )
-    settings = _settings(list(c["args"]), env)
-    assert settings.host == "0.0.0.0" and not settings.insecure
-    settings.check_exposed()  # the admin token from its file: it starts
-    with pytest.raises(Exception, match="no credentials"):
-        _settings(list(c["args"]), {k: v for k, v in env.items() if k != "CTRPS_ADMIN_TOKEN_FILE"}).check_exposed()
+    pods = _pods(overlay)
+    # The API, and in production the serving replicas (`ctrps serve` both).
+    assert {"api", "replica"} & set(pods) == {"api"} | ({"replica"} if overlay == "production" else set())
+    for role in {"api", "replica"} & set(pods):
+        pod = pods[role]
+        [c] = pod["containers"]
+        env = _env(_k8s(overlay), c)
+        for key, secret_key in _file_env(pod).items():
+            env[key] = str(
+                files[
+                    {"ctrps-api-shard-token/token": "api-shard-token", "ctrps-admin-token/token": "admin-token"}[
+                        secret_key
+                    ]
+                ]
+            )
+        argv = _argv(_k8s(overlay), role, c)
+        settings = _settings(argv, env)
+        assert settings.host == "0.0.0.0" and not settings.insecure, role
+        settings.check_exposed()  # the admin token from its file: it starts
+        with pytest.raises(Exception, match="no credentials"):
+            _settings(argv, {k: v for k, v in env.items() if k != "CTRPS_ADMIN_TOKEN_FILE"}).check_exposed()
 
 
 @EACH_OVERLAY
@@ -606,9 +674,20 @@ def test_the_network_policy_lets_only_workers_the_api_and_shards_reach_the_shard
     assert {(p["protocol"], p["port"]) for p in rule["ports"]} == {
         ("TCP", p["targetPort"]) for p in service["spec"]["ports"]
     }
-    # The API's port is the one thing open to everyone.
+    # The API's port is open to everyone, and so is a serving replica's
+    # (production): a prediction endpoint as the API; its policy selects it alone.
     [api_rule] = policies["ctrps-api"]["ingress"]
     assert "from" not in api_rule and api_rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    replica = next((d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "ctrps-replica"), None)
+    assert (replica is not None) == (overlay == "production")
+    if replica is not None:
+        labels = replica["spec"]["template"]["metadata"]["labels"]
+        selecting = {n for n, p in policies.items() if p["podSelector"]["matchLabels"].items() <= labels.items()}
+        assert selecting == {"ctrps-default-deny", "ctrps-replica", "ctrps-metrics"}
+        [replica_rule] = policies["ctrps-replica"]["ingress"]
+        [rc] = replica["spec"]["template"]["spec"]["containers"]
+        port = _settings(_argv(docs, "replica", rc), _env(docs, rc)).port
+        assert "from" not in replica_rule and replica_rule["ports"] == [{"protocol": "TCP", "port": port}]
     # Every pod is under the default deny.
     for d in docs:
         if d["kind"] in WORKLOADS:
@@ -706,8 +785,7 @@ def test_every_role_is_scraped_on_the_port_that_serves_its_metrics(overlay: str)
     pods = _pods(overlay)
     for role, wanted in _scrape_annotations(overlay).items():
         container = pods[role]["containers"][0]
-        args = _shard_argv(container["args"][0], 0) if role == "shard" else list(container["args"])
-        s = _settings(args, _env(_k8s(overlay), container))
+        s = _settings(_argv(_k8s(overlay), role, container), _env(_k8s(overlay), container))
         port = s.metrics_port if isinstance(s, WorkerSettings) else s.port
         if isinstance(s, WorkerSettings):
             assert s.metrics_host == "0.0.0.0"
@@ -717,7 +795,9 @@ def test_every_role_is_scraped_on_the_port_that_serves_its_metrics(overlay: str)
             "prometheus.io/path": "/metrics",
         }
         assert port in {p["containerPort"] for p in container["ports"]}, role
-    assert set(_scrape_annotations(overlay)) == {"shard", "worker", "api"}
+    assert set(_scrape_annotations(overlay)) == {"shard", "worker", "api"} | (
+        {"replica"} if overlay == "production" else set()
+    )
 
     scrape = yaml.safe_load((DEPLOY / "monitoring" / "prometheus.yml").read_text())["scrape_configs"]
     jobs = {j["job_name"]: j for j in scrape}
@@ -801,8 +881,7 @@ def test_every_role_has_probes_on_a_route_it_serves_and_every_container_its_reso
             assert all(p["tcpSocket"]["port"] == "kafka" for p in probes.values())
             assert ports["kafka"] == args.port
             continue
-        argv = _shard_argv(c["args"][0], 0) if role == "shard" else list(c["args"])
-        s = _settings(argv, _env(_k8s(overlay), c))
+        s = _settings(_argv(_k8s(overlay), role, c), _env(_k8s(overlay), c))
         # The routes each role serves: a shard /healthz, the API /healthz and
         # /readyz on its port, a worker nothing but /metrics on its metrics port.
         served: set[tuple[str, int]]
@@ -816,6 +895,10 @@ def test_every_role_has_probes_on_a_route_it_serves_and_every_container_its_reso
             assert (probe["httpGet"]["path"], ports[probe["httpGet"]["port"]]) in served, (role, kind)
         if role == "worker":
             assert s.metrics_host == "0.0.0.0"  # the kubelet reaches it
+        if role == "replica":
+            # It listens before it loads: ready once it serves a version.
+            assert probes["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            assert probes["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
 @EACH_OVERLAY
@@ -856,6 +939,40 @@ def test_shards_are_sized_for_their_row_cap_from_the_measured_figures(overlay: s
     assert startup["httpGet"]["path"] == "/healthz"
 
 
+def test_replicas_are_sized_for_the_whole_model_from_the_measured_figures() -> None:
+    """A serving replica holds the whole model: every shard's row cap
+    (CTRPS_MAX_ROWS × the shards) at the bytes a row a replica following the
+    default LR model holds (bench_follow: RSS over the process's base, the
+    most of any version) plus that base, under the request (by less than
+    twice); at its peak (a new base loaded beside the served one) under the
+    limit. It listens before it loads: the rollout waits for it to be ready
+    at least three times the load at the measured rate."""
+    docs = _k8s("production")
+    workloads = _workloads("production")
+    [c] = workloads["shard"]["spec"]["template"]["spec"]["containers"]
+    shard = _settings(_shard_argv(c["args"][0], 0), _env(docs, c))
+    rows = shard.max_rows * shard.num_shards
+    assert shard.max_rows > 0 and shard.num_shards == workloads["shard"]["spec"]["replicas"]
+    # The figures are those of the model the workers create: the default
+    # linear table alone, as the replica measured follows it.
+    [wc] = _pods("production")["worker"]["containers"]
+    worker = _settings(list(wc["args"]), _env(docs, wc))
+    model = make_model(worker.model, worker.model_name)
+    assert [t.optimizer["name"] for t in model.tables()] == [_result("bench_follow")["memory_optimizer"]]
+    assert _result("bench_follow")["memory_optimizer"] == DEFAULT_LINEAR_OPTIMIZER["name"]
+    replica = workloads["replica"]
+    [rc] = replica["spec"]["template"]["spec"]["containers"]
+    process = _measured("bench_follow", "replica_process_base_mb") * 2**20
+    steady = rows * _measured("bench_follow", "replica_bytes_per_row") + process
+    peak = rows * _measured("bench_follow", "replica_peak_bytes_per_row") + process
+    assert steady <= _quantity(rc["resources"]["requests"]["memory"]) < 2 * steady
+    assert peak <= _quantity(rc["resources"]["limits"]["memory"])
+    load_s = rows / _measured("bench_follow", "replica_base_load_rows_per_s")
+    assert replica["spec"]["progressDeadlineSeconds"] >= 3 * load_s
+    # A rollout starts a new replica, and stops an old one once it is ready.
+    assert replica["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
 @EACH_OVERLAY
 def test_disruption_budgets_and_shard_anti_affinity(overlay: str) -> None:
     docs = _k8s(overlay)
@@ -874,6 +991,14 @@ def test_disruption_budgets_and_shard_anti_affinity(overlay: str) -> None:
         assert [b.get("minAvailable") for b in api_budgets] == [1]
     else:
         assert not api_budgets
+    # The same rule for the serving replicas (production).
+    assert ("replica" in workloads) == (overlay == "production")
+    if "replica" in workloads:
+        replica_budgets = budgets_of("replica")
+        if workloads["replica"]["spec"]["replicas"] > 1:
+            assert [b.get("minAvailable") for b in replica_budgets] == [1]
+        else:
+            assert not replica_budgets
     shard_pod = workloads["shard"]["spec"]["template"]
     anti = shard_pod["spec"]["affinity"]["podAntiAffinity"]
     if overlay == "production":
@@ -995,16 +1120,24 @@ def test_production_exports_to_the_operators_bucket_without_a_shared_volume() ->
     # Required, as Kafka's: a shard without it would export to its container's disk.
     [shard] = _pods("production")["shard"]["containers"]
     assert {"configMapRef": {"name": "ctrps-bucket"}} in shard["envFrom"]
+    # The serving replicas read the same bucket (and require it too).
+    [replica] = _pods("production")["replica"]["containers"]
+    assert {"configMapRef": {"name": "ctrps-bucket"}} in replica["envFrom"]
+    readers = {"shard", "replica"}
     for role, pod in _pods("production").items():
         [c] = pod["containers"]
         assert ("exports" in {v["name"] for v in pod.get("volumes", [])}) is False, role
         env = _env(docs, c)
-        assert ("CTRPS_EXPORTS_DIR" in env and "AWS_REGION" in env) == (role == "shard"), role
-    # Workload identity: the shards run as their own ServiceAccount (the one
-    # a role is given to), which mounts no API token; no other pod names one.
-    [account] = [d for d in docs if d["kind"] == "ServiceAccount"]
-    assert account["automountServiceAccountToken"] is False
+        assert ("CTRPS_EXPORTS_DIR" in env and "AWS_REGION" in env) == (role in readers), role
+    # Workload identity: the shards and the replicas each run as their own
+    # ServiceAccount (the one a role is given to: the replicas' may only
+    # read), which mounts no API token; no other pod names one.
+    accounts = {d["metadata"]["labels"][COMPONENT]: d for d in docs if d["kind"] == "ServiceAccount"}
+    assert set(accounts) == readers
+    assert all(a["automountServiceAccountToken"] is False for a in accounts.values())
     for role, pod in _pods("production").items():
-        assert pod.get("serviceAccountName") == (account["metadata"]["name"] if role == "shard" else None), role
+        expected = accounts[role]["metadata"]["name"] if role in readers else None
+        assert pod.get("serviceAccountName") == expected, role
+    assert len({a["metadata"]["name"] for a in accounts.values()}) == len(accounts)
     # No policy restricts egress: the shards reach the bucket's endpoint.
     assert all("Egress" not in d["spec"]["policyTypes"] for d in docs if d["kind"] == "NetworkPolicy")
