@@ -48,6 +48,7 @@ object with the figures.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import multiprocessing as mp
 import os
@@ -71,8 +72,11 @@ from running import stop_shards, wait_healthy
 from app.api import ApiServer
 from app.api.follower import Follower, model_of_exports
 from app.config.serve import ApiSettings
+from app.config.shard import ShardSettings
 from consumers.broker import free_port
-from ps_core.checkpoint.export_files import write_version
+from ps_core.checkpoint.export_files import write_version, write_version_to
+from ps_core.checkpoint.exportstore import ExportStore, StoredModel, store_for
+from ps_core.checkpoint.manifest import MANIFEST_NAME, ExportManifest, version_dir_name
 from ps_core.model.models import make_model
 from ps_core.store.index import KeyIndex
 from ps_core.store.table import SparseTable
@@ -87,6 +91,9 @@ the memory phase's replica follows."""
 MEMORY_DELTAS = 5
 BATCH = 100_000
 PROBE_EVERY_S = 0.002
+DEFAULT_EXPORT_INTERVAL_S: float = ShardSettings.export_interval_s
+"""How often shard 0 cuts an export unless told otherwise: the unit of the
+aim for a replica following a bucket (p99 lag at most two of them)."""
 WAIT_FACTOR = 10.0
 """A version not served within this many intervals (plus 10 s) is a failure."""
 
@@ -99,7 +106,8 @@ log = progress_log("bench_follow")
 
 
 def trainer_main(conn: Connection, root: str, rows: int, seed: int, table_config: dict[str, Any]) -> None:
-    """Build the table `table_config` declares, write base 1, then obey:
+    """Build the table `table_config` declares, write base 1 into `root` (a
+    directory, or ``s3://bucket/prefix``), then obey:
     ``("delta", m)``, ``("base",)``, ``("stop",)``; each write answers
     ``(version, t_written, rows, write_ms)`` with ``t_written`` on the
     machine-wide monotonic clock."""
@@ -112,10 +120,15 @@ def trainer_main(conn: Connection, root: str, rows: int, seed: int, table_config
         table.push(part, rng.normal(size=(part.size, table.dim)).astype(np.float32), event_time=1.0)
     config = {"name": MODEL, "tables": [config_of_table.to_dict()]}
 
+    store = store_for(root) if root.startswith("s3://") else None
+
     def write(base: bool) -> tuple[int, float, int, float]:
         snap = table.snapshot(None if base else table.last_snapshot)
         t0 = time.perf_counter()
-        write_version(Path(root), MODEL, snap.version, snap.parent, {0: [snap]}, {}, config, 1)
+        if store is None:
+            write_version(Path(root), MODEL, snap.version, snap.parent, {0: [snap]}, {}, config, 1)
+        else:  # the files, then the manifest that makes the version visible
+            write_version_to(store, MODEL, snap.version, snap.parent, {0: [snap]}, {}, config, 1)
         t_written = time.monotonic()
         return snap.version, t_written, snap.rows, (time.perf_counter() - t0) * 1000
 
@@ -150,6 +163,20 @@ def raw_load_ms(version_dir: Path, repeats: int = 3, index: bool = False) -> flo
                 arrays = {name: z[name] for name in z.files}
             if index:
                 KeyIndex(initial_slots=int(arrays["keys"].size / 0.6) + 16).get_or_insert(arrays["keys"])
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def raw_fetch_ms(store: ExportStore, version: int, repeats: int = 3) -> float:
+    """Median time of a GET and ``np.load`` of every serving file of a
+    version in a bucket (what a replica reads), no checks."""
+    manifest = ExportManifest.from_json(store.read_bytes(MODEL, version, MANIFEST_NAME))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for f in manifest.serving_files:
+            with np.load(io.BytesIO(store.read_bytes(MODEL, version, f.name))) as z:
+                {name: z[name] for name in z.files}
         times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
 
@@ -190,16 +217,25 @@ async def recv(conn: Connection) -> tuple[int, float, int, float]:
 
 
 async def run_interval(
-    root: Path, interval_s: float, rows: int, changed: int, deltas: int, seed: int
+    root: Path | str, interval_s: float, rows: int, changed: int, deltas: int, seed: int
 ) -> dict[str, Any]:
-    """One trainer and one replica polling every `interval_s`: `deltas` deltas, then a base."""
+    """One trainer and one replica polling every `interval_s`: `deltas` deltas,
+    then a base; the exports in a directory, or in a bucket (``s3://...``)."""
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
     trainer = ctx.Process(target=trainer_main, args=(theirs, str(root), rows, seed, TABLE.to_dict()), daemon=True)
     trainer.start()
     theirs.close()  # the trainer's end is its own: its death is an EOFError here, not a hang
     rng = np.random.default_rng(seed + 1)
-    model_dir = root / MODEL
+    store = store_for(root) if isinstance(root, str) else None
+    model_dir: Path | StoredModel = StoredModel(store, MODEL) if store is not None else Path(root) / MODEL
+
+    def raw(version: int, index: bool = False) -> float:
+        if isinstance(model_dir, Path):
+            return raw_load_ms(model_dir / version_dir_name(version), 3, index)
+        assert store is not None
+        return raw_fetch_ms(store, version)
+
     try:
         base_version, _, _, base_write_ms = await recv(ours)
         log(f"interval {interval_s} s: base {base_version} of {rows:,} rows written in {base_write_ms:.0f} ms")
@@ -223,7 +259,7 @@ async def run_interval(
                     assert follower.last_load_ms is not None and follower.last_apply_ms is not None
                     loads.append(follower.last_load_ms)
                     applies.append(follower.last_apply_ms)
-                    raws.append(await asyncio.to_thread(raw_load_ms, model_dir / f"{version:010d}"))
+                    raws.append(await asyncio.to_thread(raw, version))
                     writes.append(write_ms)
                 log(
                     f"interval {interval_s} s: {deltas} deltas of {delta_rows:,} rows, lag p50 "
@@ -237,9 +273,8 @@ async def run_interval(
                 base_lag = (seen - t_written) * 1000
                 assert follower.last_load_ms is not None and follower.last_apply_ms is not None
                 base_load, base_swap = follower.last_load_ms, follower.last_apply_ms
-                base_dir = model_dir / f"{version:010d}"
-                base_raw = await asyncio.to_thread(raw_load_ms, base_dir)
-                base_indexed = await asyncio.to_thread(raw_load_ms, base_dir, 3, True)
+                base_raw = await asyncio.to_thread(raw, version)
+                base_indexed = await asyncio.to_thread(raw, version, True)
                 log(f"interval {interval_s} s: new base of {rows:,} rows served {base_lag:.0f} ms after its write")
             finally:
                 probe_task.cancel()
@@ -260,6 +295,7 @@ async def run_interval(
         "delta_rows": delta_rows,
         "replica_lag_p50_ms": lag_p50,
         "replica_lag_p90_ms": float(np.percentile(lags, 90)),
+        "replica_lag_p99_ms": float(np.percentile(lags, 99)),
         "replica_lag_max_ms": max(lags),
         "replica_lag_mean_ms": statistics.fmean(lags),
         "replica_lag_over_interval_ratio": statistics.fmean(lags) / (interval_s * 1000),
@@ -280,6 +316,43 @@ async def run_interval(
         "base_np_load_index_ms": base_indexed,
         "base_load_ratio_vs_np_load_index": base_load / base_indexed,
         "probe_requests": probe.requests,
+    }
+
+
+async def run_bucket(on_disk: dict[str, Any], rows: int, changed: int, deltas: int, seed: int) -> dict[str, Any]:
+    """`run_interval` with the exports in a bucket of moto's S3 server (a
+    subprocess on loopback), at the first directory run's poll interval:
+    its lag against that run's, and against the default export interval."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # tests/: the test suite's own starter of the server
+    from tests.s3_server import moto_server
+
+    interval_s = on_disk["poll_interval_ms"] / 1000
+    with moto_server() as endpoint:
+        saved = {k: os.environ.get(k) for k in (*endpoint.env, "AWS_ENDPOINT_URL")}
+        os.environ.update({**endpoint.env, "AWS_ENDPOINT_URL": endpoint.url})  # the trainer inherits them
+        try:
+            run = await run_interval(f"s3://{endpoint.bucket}/bench-follow", interval_s, rows, changed, deltas, seed)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    log(f"bucket: lag p50 {run['replica_lag_p50_ms']:.0f} ms, p99 {run['replica_lag_p99_ms']:.0f} ms")
+    keys = ("poll_interval_ms", "replica_lag_p50_ms", "replica_lag_p90_ms", "replica_lag_p99_ms", "replica_lag_max_ms")
+    return {
+        **{f"bucket_{k}": run[k] for k in keys},
+        "bucket_delta_write_ms": run["delta_write_ms"],
+        "bucket_delta_load_ms": run["delta_load_ms"],
+        "bucket_delta_raw_fetch_ms": run["delta_raw_np_load_ms"],
+        "bucket_base_lag_ms": run["base_lag_ms"],
+        "bucket_base_load_ms": run["base_load_ms"],
+        "bucket_replica_lag_ratio_vs_dir": run["replica_lag_p50_ms"] / on_disk["replica_lag_p50_ms"],
+        "bucket_replica_lag_p99_over_export_interval_ratio": run["replica_lag_p99_ms"]
+        / (DEFAULT_EXPORT_INTERVAL_S * 1000),
+        "aim_bucket_lag_p99_within_two_export_intervals_met": run["replica_lag_p99_ms"]
+        <= 2 * DEFAULT_EXPORT_INTERVAL_S * 1000,
     }
 
 
@@ -420,6 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
+    bucket = asyncio.run(run_bucket(runs[0], rows, changed, deltas, args.seed + len(intervals) + 1))
+
     root = Path(tempfile.mkdtemp(prefix="bench_follow-memory-", dir=args.dir))
     try:
         memory = asyncio.run(run_memory(root, rows, changed, args.seed + len(intervals)))
@@ -427,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
 
     first = runs[0]
-    result: dict[str, Any] = {"mode": mode, "rows": rows, "changed_rows": changed, **first, **memory}
+    result: dict[str, Any] = {"mode": mode, "rows": rows, "changed_rows": changed, **first, **bucket, **memory}
     for run in runs[1:]:
         tag = f"at_{run['poll_interval_ms']:.0f}ms"
         result.update({f"{k}_{tag}": v for k, v in run.items() if k.startswith("replica_lag")})
@@ -455,6 +530,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{run['base_raw_np_load_ms']:.0f} ms: {run['base_load_ratio_vs_raw']:.1f}x; vs np.load + one index "
             f"insert {run['base_np_load_index_ms']:.0f} ms: {run['base_load_ratio_vs_np_load_index']:.2f}x"
         )
+    print(
+        f"  from a bucket (moto's S3 server, loopback), poll every {bucket['bucket_poll_interval_ms']:.0f} ms: lag p50 "
+        f"{bucket['bucket_replica_lag_p50_ms']:.1f} ms, p99 {bucket['bucket_replica_lag_p99_ms']:.1f}, max "
+        f"{bucket['bucket_replica_lag_max_ms']:.1f} ({bucket['bucket_replica_lag_ratio_vs_dir']:.2f}x the directory's "
+        f"p50 in this run); p99 {bucket['bucket_replica_lag_p99_over_export_interval_ratio']:.3f}x the default export "
+        f"interval ({DEFAULT_EXPORT_INTERVAL_S:.0f} s; aim <= 2); a delta's GET + np.load "
+        f"{bucket['bucket_delta_raw_fetch_ms']:.1f} ms; new base served {bucket['bucket_base_lag_ms']:.0f} ms after its write"
+    )
     print(
         f"  memory of `ctrps serve --follow` (the default LR model, {memory['memory_optimizer']}; "
         f"{memory['memory_rows']:,} rows, then {MEMORY_DELTAS} deltas and a new base of {memory['memory_rows_max']:,}): "
