@@ -29,11 +29,13 @@ bridge, and `leftovers` lists any that remain. The kernel needs root and the
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ipaddress
 import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -198,6 +200,13 @@ class Hosts:
         self._closed = True
         atexit.unregister(self.close)
         errors = []
+        # A process still in a namespace (one its starter failed to stop) would
+        # outlive it: every one is this run's, SIGKILLed before the namespace goes.
+        for kind, name in self._made:
+            if kind == "ns":
+                for pid in _run("ip", "netns", "pids", name, check=False).split():
+                    with contextlib.suppress(ProcessLookupError, ValueError):
+                        os.kill(int(pid), signal.SIGKILL)
         for kind, name in reversed(self._made):
             argv = ("ip", "link", "del", name) if kind == "link" else ("ip", "netns", "del", name)
             try:
