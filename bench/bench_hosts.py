@@ -99,6 +99,9 @@ class HostDrill(Drill):
         self.hosts, self.mbit = hosts, mbit
         super().__init__(name, cfg, broker)
         self.predicts: dict[str, list[tuple[float, bool]]] = {"api": [], "replica": []}
+        """Each predict's time (monotonic) and success, by target."""
+        self.predict_errors: dict[str, dict[str, int]] = {"api": {}, "replica": {}}
+        """Failed predicts by target and kind (``http 503``, ``TimeoutError``, ...)."""
         self.predict_task: asyncio.Task[None] | None = None
         self.cut_from_to: tuple[float, float] | None = None
 
@@ -142,31 +145,36 @@ class HostDrill(Drill):
             return r.status == 200
 
     async def _predict_loop(self) -> None:
-        """One event to the API and the replica every `PREDICT_EVERY_S`; each answer's time and success."""
+        """One event to the API and to the replica every `PREDICT_EVERY_S`
+        (or once the last answer came); each answer's time and success."""
         assert self.session is not None
         session = self.session
         event = next(SyntheticStream(seed=7, start_ts=time.time(), events_per_s=1).iter_batches(1, 1))[0]
         event.pop("label", None)
         body = orjson.dumps({"events": [event]})
 
-        async def one(role: str) -> None:
-            t = time.monotonic()
-            try:
-                async with session.post(
-                    self.url(role) + "/v1/predict",
-                    data=body,
-                    headers={"Content-Type": "application/json"},
-                    timeout=aiohttp.ClientTimeout(total=PREDICT_TIMEOUT_S),
-                ) as r:
-                    ok = r.status == 200 and len(orjson.loads(await r.read())["predictions"]) == 1
-            except Exception:
-                ok = False
-            self.predicts[role].append((t, ok))
+        async def loop(role: str) -> None:
+            while True:
+                t = time.monotonic()
+                try:
+                    async with session.post(
+                        self.url(role) + "/v1/predict",
+                        data=body,
+                        headers={"Content-Type": "application/json"},
+                        timeout=aiohttp.ClientTimeout(total=PREDICT_TIMEOUT_S),
+                    ) as r:
+                        got = await r.read()
+                        ok = r.status == 200 and len(orjson.loads(got)["predictions"]) == 1
+                        why = "" if ok else f"http {r.status}"
+                except Exception as exc:
+                    ok, why = False, type(exc).__name__
+                self.predicts[role].append((t, ok))
+                if why:
+                    self.predict_errors[role][why] = self.predict_errors[role].get(why, 0) + 1
+                await asyncio.sleep(max(0.0, t + PREDICT_EVERY_S - time.monotonic()))  # pacing
 
-        while True:
-            t0 = time.monotonic()
-            await asyncio.gather(one("api"), one("replica"))
-            await asyncio.sleep(max(0.0, t0 + PREDICT_EVERY_S - time.monotonic()))  # pacing
+        # One loop each: the API's answers, slow while it is cut off, never hold up the replica's.
+        await asyncio.gather(loop("api"), loop("replica"))
 
     async def stop(self) -> None:
         if self.predict_task is not None:
@@ -182,6 +190,7 @@ class HostDrill(Drill):
         n = r.notes
         n["predicts_api"], n["predicts_replica"] = len(api), len(replica)
         n["predict_errors_replica"] = sum(not ok for _, ok in replica)
+        n["predict_error_kinds"] = self.predict_errors
         if self.cut_from_to is not None:
             # An answer asked for before the cut may fail at its start; the API's
             # own shards may take the resume aim to answer again after it.
