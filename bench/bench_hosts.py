@@ -49,6 +49,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -75,7 +76,8 @@ CODE = {"baseline": "base", "shard_partition": "shard", "worker_limited": "limit
 SHARD_PORT, RPC_PORT, API_PORT = 7100, 7200, 8080
 """Each host is a network namespace of its own: fixed ports never collide."""
 PREDICT_EVERY_S = 0.1
-PREDICT_TIMEOUT_S = 2.0
+PREDICT_TIMEOUT_S = 5.0
+"""Longer than the API's shard deadline (2 s): a failed predict is the API's own answer."""
 
 log = progress_log("bench_hosts")
 """One progress line on stderr."""
@@ -393,4 +395,9 @@ def parser() -> argparse.ArgumentParser:
 if __name__ == "__main__":
     configure_logging("text", logging.WARNING)  # restarts and kills, not every start
     ARGS = parser().parse_args()
-    print_result(uvloop.run(main(ARGS)), ARGS)
+    try:
+        figures_ = uvloop.run(main(ARGS))
+    except (asyncio.CancelledError, KeyboardInterrupt):  # SIGTERM, Ctrl-C: children and hosts are gone
+        log("interrupted: every child stopped, every host removed")
+        sys.exit(130)
+    print_result(figures_, ARGS)

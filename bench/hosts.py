@@ -217,8 +217,8 @@ class Hosts:
         while self.leftovers() and time.monotonic() < deadline:
             time.sleep(0.05)  # the kernel finishes a namespace's links asynchronously
         left = self.leftovers()
-        if left or errors:
-            raise RuntimeError(f"hosts of run {self.run} not removed: {left} {errors}")
+        if left:  # an error about a thing already gone (deleted by hand) does not matter
+            raise RuntimeError(f"hosts of run {self.run} not removed: {left} ({'; '.join(errors)})")
 
     def leftovers(self) -> list[str]:
         """This run's namespaces and links that still exist."""
