@@ -66,14 +66,13 @@ from hosts import Hosts, available
 
 from app.logs import configure_logging
 from app.supervisor import Child, ChildSpec
-from consumers.broker import free_port
 from ps_core.synthetic import SyntheticStream
 
 DRILLS = ("baseline", "shard_partition", "worker_limited", "api_partition", "broker_partition")
 CODE = {"baseline": "base", "shard_partition": "shard", "worker_limited": "limit", "api_partition": "api",
         "broker_partition": "brk"}  # fmt: skip
 """Each drill's prefix of its host names."""
-SHARD_PORT, RPC_PORT, API_PORT = 7100, 7200, 8080
+BROKER_PORT, SHARD_PORT, RPC_PORT, API_PORT = 9092, 7100, 7200, 8080
 """Each host is a network namespace of its own: fixed ports never collide."""
 PREDICT_EVERY_S = 0.1
 PREDICT_TIMEOUT_S = 5.0
@@ -321,7 +320,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             f"rate {cfg.rate:g}/s, session timeout {cfg.session_timeout_ms} ms, outage {cfg.outage_s:g} s"
         )
         broker_out = (workdir / "broker.log").open("wb")
-        broker = Broker(broker_out, hosts.address["broker"], free_port("127.0.0.1"), partial(hosts.cmd, "broker"))
+        broker = Broker(broker_out, hosts.address["broker"], BROKER_PORT, partial(hosts.cmd, "broker"))
 
         def make(name: str) -> Drill:
             return HostDrill(name, cfg, broker, hosts, args.mbit)

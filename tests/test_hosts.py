@@ -146,7 +146,9 @@ def test_nothing_is_left_after_exit() -> None:
     assert h.run not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
 
 
-def test_an_exception_inside_removes_everything() -> None:
+def test_an_exception_inside_removes_everything_and_ends_its_processes() -> None:
     with pytest.raises(KeyboardInterrupt), Hosts(["x"]) as h:
-        raise KeyboardInterrupt  # as Ctrl-C would
+        left = subprocess.Popen(h.cmd("x", ["sleep", "600"]), start_new_session=True)
+        raise KeyboardInterrupt  # as Ctrl-C would, with a process its starter did not stop
     assert h.leftovers() == []
+    assert left.wait(timeout=10) == -signal.SIGKILL
