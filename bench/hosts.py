@@ -79,7 +79,7 @@ def _taken() -> list[ipaddress.IPv4Network]:
 
 
 def free_subnet(rng: random.Random | None = None, tries: int = 200) -> ipaddress.IPv4Network:
-    """A random /24 of 10.64.0.0/10..10.255 overlapping nothing this machine holds."""
+    """A random /24 between 10.64.0.0 and 10.254.255.0 that overlaps no address or route of this machine."""
     rng = rng or random.Random()
     taken = _taken()
     for _ in range(tries):
