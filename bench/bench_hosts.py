@@ -310,10 +310,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     cfg = config(args, workdir)
     parallel = args.quick if args.parallel is None else args.parallel
     results: dict[str, Result] = {}
-    # SIGTERM ends the run as Ctrl-C does: every child stopped, every namespace removed.
-    main_task = asyncio.current_task()
-    assert main_task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     with Hosts(host_names(names)) as hosts:
         log(
             f"drills {','.join(names)} in {workdir}; hosts on {hosts.subnet} (bridge {hosts.bridge}); "
@@ -394,8 +390,16 @@ def parser() -> argparse.ArgumentParser:
 if __name__ == "__main__":
     configure_logging("text", logging.WARNING)  # restarts and kills, not every start
     ARGS = parser().parse_args()
+
+    async def as_script() -> dict[str, Any]:
+        # SIGTERM ends the run as Ctrl-C does: every child stopped, every namespace removed.
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await main(ARGS)
+
     try:
-        figures_ = uvloop.run(main(ARGS))
+        figures_ = uvloop.run(as_script())
     except (asyncio.CancelledError, KeyboardInterrupt):  # SIGTERM, Ctrl-C: children and hosts are gone
         log("interrupted: every child stopped, every host removed")
         sys.exit(130)
