@@ -72,6 +72,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -185,9 +186,14 @@ def said_lost(out: bytes) -> int:
 class Broker:
     """The ``ctrps broker`` process every drill uses; killed and started again by one."""
 
-    def __init__(self, out: BinaryIO) -> None:
-        self.port = free_port(HOST)
-        self.bootstrap = f"{HOST}:{self.port}"
+    def __init__(
+        self, out: BinaryIO, host: str = HOST, port: int = 0, wrap: Callable[[tuple[str, ...]], tuple[str, ...]] = tuple
+    ) -> None:
+        """On `host` (its advertised address too) and `port` (0: a free one);
+        `wrap` makes the command that runs an argv there (bench_hosts: in a namespace)."""
+        self.port = port or free_port(host)
+        self.bootstrap = f"{host}:{self.port}"
+        self.argv = wrap(ctrps("broker", "--host", host, "--port", str(self.port)))
         self.sup = Supervisor(out=out, grace_s=10.0)
         self.child: Child | None = None
 
@@ -198,7 +204,7 @@ class Broker:
         attempt = 0
         while True:
             attempt += 1
-            self.child = await self.sup.start(ChildSpec("broker", ctrps("broker", "--port", str(self.port))))
+            self.child = await self.sup.start(ChildSpec("broker", self.argv))
             try:
                 await self.sup.wait_ready(
                     self.child, lambda: self._answers(), max(1.0, min(20.0, deadline - time.monotonic()))
@@ -255,13 +261,7 @@ class Drill:
         )  # fmt: skip
         self.topic = f"drill-{name}-{uuid.uuid4().hex[:6]}"
         self.exports = self.dir / "exports"
-        ports: list[int] = []
-        while len(ports) < 2 * SHARDS:
-            p = free_port(HOST)
-            if p not in ports:
-                ports.append(p)
-        self.urls = [f"http://{HOST}:{p}" for p in ports[:SHARDS]]
-        self.rpc_ports = ports[SHARDS:]
+        self.urls, self.rpc_ports = self.addresses()
         self.shards: list[Child] = []
         self.worker: Child | None = None
         self.result = Result(name)
@@ -273,6 +273,19 @@ class Drill:
 
     # -- processes ------------------------------------------------------------------
 
+    def addresses(self) -> tuple[list[str], list[int]]:
+        """The shards' URLs and RPC ports: free ports on loopback."""
+        ports: list[int] = []
+        while len(ports) < 2 * SHARDS:
+            p = free_port(HOST)
+            if p not in ports:
+                ports.append(p)
+        return [f"http://{HOST}:{p}" for p in ports[:SHARDS]], ports[SHARDS:]
+
+    def role_argv(self, role: str, argv: tuple[str, ...]) -> tuple[str, ...]:
+        """The command running `role` (``shard-<i>``, ``worker``): `argv` itself here."""
+        return argv
+
     async def start(self) -> None:
         c = self.cfg
         await create_topics(self.broker.bootstrap, {self.topic: PARTITIONS, self.topic + ".dlq": 1})
@@ -280,9 +293,12 @@ class Drill:
         interval = 0.0 if self.name in MANUAL_EXPORTS else c.export_interval_s
         for i, url in enumerate(self.urls):
             extra = ["--shards", ",".join(self.urls), "--export-interval", str(interval)] if i == 0 else []
-            argv = ctrps("shard", "--host", HOST, "--port", url.rsplit(":", 1)[1], "--rpc-port", str(self.rpc_ports[i]),
-                         "--shard-id", str(i), "--num-shards", str(SHARDS), "--stats-interval", "0",
-                         "--exports-dir", str(self.exports), "--model-name", MODEL, *extra)  # fmt: skip
+            host, port = url.split("//", 1)[1].rsplit(":", 1)
+            argv = self.role_argv(f"shard-{i}", ctrps(
+                "shard", "--host", host, "--port", port, "--rpc-port", str(self.rpc_ports[i]),
+                "--shard-id", str(i), "--num-shards", str(SHARDS), "--stats-interval", "0",
+                "--exports-dir", str(self.exports), "--model-name", MODEL, *extra,
+                *(() if host == HOST else ("--insecure",))))  # fmt: skip
             again = partial(self._restart_argv, argv)
             spec = ChildSpec(f"shard-{i}", argv, group="shards", restart=True, restart_argv=again)
             self.shards.append(await self.sup.start(spec))
@@ -300,10 +316,10 @@ class Drill:
         self.worker = await self.sup.start(
             ChildSpec(
                 "worker",
-                ctrps("worker", "--bootstrap", self.broker.bootstrap, "--shards", ",".join(self.urls),
+                self.role_argv("worker", ctrps("worker", "--bootstrap", self.broker.bootstrap, "--shards", ",".join(self.urls),
                       "--topic", self.topic, "--group", f"g-{self.topic}", "--model-name", MODEL,
                       "--window-seconds", str(c.window_s), "--session-timeout-ms", str(c.session_timeout_ms),
-                      "--decode-processes", str(c.decode_processes)),
+                      "--decode-processes", str(c.decode_processes))),
                 restart=True,
             )
         )  # fmt: skip
@@ -681,8 +697,15 @@ async def kafka_rejoin_s(bootstrap: str, session_timeout_ms: int, timeout_s: flo
                 await p.wait()
 
 
-async def run_drill(name: str, cfg: Config, broker: Broker) -> Result:
-    d = Drill(name, cfg, broker)
+async def run_drill(
+    name: str,
+    cfg: Config,
+    broker: Broker,
+    make: Callable[[str], Drill] | None = None,
+    faults: Mapping[str, Callable[[Any], Awaitable[float]]] = DRILLS,
+) -> Result:
+    """Run drill `name` (its fault from `faults`) on a `Drill` (`make(name)` if given)."""
+    d = make(name) if make else Drill(name, cfg, broker)
     t0 = time.monotonic()
     try:
 
@@ -690,7 +713,7 @@ async def run_drill(name: str, cfg: Config, broker: Broker) -> Result:
             await d.start()
             await d.wait_training()
             await asyncio.sleep(cfg.pre_s)  # steady training before the fault
-            t_end = await DRILLS[name](d)
+            t_end = await faults[name](d)
             at_fault_end = d.result.produced
             d.result.resume_s = await d.wait_resumed(t_end)
             if d.result.resume_s is None:
@@ -720,6 +743,19 @@ async def run_drill(name: str, cfg: Config, broker: Broker) -> Result:
         + (f"; error: {r.error}" if r.error else "")
     )
     return r
+
+
+def figures(r: Result, base: Result | None) -> dict[str, Any]:
+    """A drill's figures in the JSON line: counts, ratios to `base` (the baseline), aims, notes."""
+    return {
+        "produced": r.produced, "trained": r.trained, "lost": r.lost, "replayed": r.replayed,
+        "ratio_trained_vs_produced": (r.trained / r.produced) if r.trained is not None and r.produced else None,
+        "resume_s": r.resume_s,
+        "ratio_resume_vs_baseline": (r.resume_s / base.resume_s)
+        if base and base.resume_s and r.resume_s is not None else None,
+        "tracebacks": r.tracebacks, "restarts": r.restarts, "send_failures": r.send_failures,
+        "seconds": round(r.seconds, 1), "aims": r.aims, "passed": all(r.aims.values()), "error": r.error, **r.notes,
+    }  # fmt: skip
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -795,19 +831,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     }
     passed = 0
     for name, r in results.items():
-        ok = all(r.aims.values())
-        passed += ok
-        out[name] = {
-            "produced": r.produced, "trained": r.trained, "lost": r.lost, "replayed": r.replayed,
-            "ratio_trained_vs_produced": (r.trained / r.produced) if r.trained is not None and r.produced else None,
-            "resume_s": r.resume_s,
-            "ratio_resume_vs_baseline": (r.resume_s / base.resume_s)
-            if base and base.resume_s and r.resume_s is not None else None,
-            **({"ratio_resume_vs_kafka_floor": r.resume_s / floor}
-               if name == "worker_sigkill" and floor and r.resume_s is not None else {}),
-            "tracebacks": r.tracebacks, "restarts": r.restarts, "send_failures": r.send_failures,
-            "seconds": round(r.seconds, 1), "aims": r.aims, "passed": ok, "error": r.error, **r.notes,
-        }  # fmt: skip
+        out[name] = figures(r, base)
+        if name == "worker_sigkill" and floor and r.resume_s is not None:
+            out[name]["ratio_resume_vs_kafka_floor"] = r.resume_s / floor
+        passed += out[name]["passed"]
     out["drills_passed"] = passed
     out["drills"] = len(results)
     out["elapsed_s"] = round(elapsed_s(), 1)
