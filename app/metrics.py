@@ -218,7 +218,8 @@ _WORKER_FAMILIES: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
         "counter",
         "ctrps_worker_commits",
         "Offset commits of windows, by outcome (committed; failed: the group rebalanced or the "
-        "commit was not acknowledged in time, and the window is trained again).",
+        "commit was not acknowledged in time, and the window is trained again; failed_late: one "
+        "given up on that failed later in the client).",
         (*_WORKER, "outcome"),
     ),
     ("dead", "counter", "ctrps_dead_letters", "Records dead-lettered, by reason.", (*_WORKER, "reason")),
@@ -324,6 +325,7 @@ def _add_worker(f: Mapping[str, Any], labels: list[str], s: Mapping[str, Any], a
         f["info"].add_metric([*labels, mode], 1.0)
     f["commits"].add_metric([*labels, "committed"], num(s.get("commits")))
     f["commits"].add_metric([*labels, "failed"], num(s.get("failed_commits")))
+    f["commits"].add_metric([*labels, "failed_late"], num(s.get("late_commit_failures")))
     for reason, count in by_key(s.get("dead_letters_by_reason")):
         f["dead"].add_metric([*labels, reason], count)
     by_stale = s.get("stale_offsets")

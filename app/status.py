@@ -115,6 +115,7 @@ def worker_status(
         "dead_letters_by_reason": dict(stats.dead_letters_by_reason),
         "commits": stats.commits,
         "failed_commits": stats.failed_commits,
+        "late_commit_failures": stats.late_commit_failures,
         # {reason: {action: partitions}}: resume offsets not applied as given.
         "stale_offsets": _nested(stats.stale_offsets),
         "outages": stats.outages,

@@ -82,6 +82,8 @@ class WorkerStats:
     rewinds: int = 0
     """Times a restarted coordinator made the worker resume from its offsets."""
     failed_commits: int = 0
+    late_commit_failures: int = 0
+    """Commits given up on that failed later, in the client (`consumers.late_commits`)."""
     stale_offsets: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Partitions whose resume offset failed a check, by (reason, action)."""
     outages: int = 0
@@ -170,6 +172,7 @@ class Reports:
         if beside is not None:
             w = self.stats
             s.commits, s.failed_commits, s.rewinds = w.commits, w.failed_commits, w.rewinds
+            s.late_commit_failures = w.late_commit_failures
             s.outages, s.outage_seconds, s.windows_replayed = w.outages, w.outage_seconds, w.windows_replayed
             s.stale_offsets = Counter(w.stale_offsets)
             log.info("window", extra={"fields": {**report.fields(), "model": beside[0]}})

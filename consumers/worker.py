@@ -55,6 +55,7 @@ from .decode import Decoded
 from .dlq import DeadLetterQueue
 from .kafka_security import KafkaSecurity, check_access
 from .lag_watch import LagWatch
+from .late_commits import late_commits_reported
 from .leases import CoordinatorRestarted, Leases
 from .outage import OutageWatch, UndecodableBatchError, is_outage, undecodable_batch
 from .outage_watch import Outages, Stopped, stop_client
@@ -380,9 +381,11 @@ class Worker:
 
         While it runs, the process's collector makes fewer young-generation
         collections (`consumers.collector`): fetches make thousands of
-        short-lived records at once.
+        short-lived records at once; and a commit given up on that fails
+        later in the client is one line, not a traceback
+        (`consumers.late_commits`).
         """
-        with fewer_collections():
+        with fewer_collections(), late_commits_reported(self.stats):
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:

@@ -358,6 +358,7 @@ REPORTED_AS = {
     "commits": "commits",
     "rewinds": "rewinds",
     "failed_commits": "failed_commits",
+    "late_commit_failures": "late_commit_failures",
     "stale_offsets": "stale_offsets",
     "outages": "outages",
     "outage_seconds": "outage_seconds",

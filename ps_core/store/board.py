@@ -125,6 +125,7 @@ class WorkerStatus(Struct, forbid_unknown_fields=True):
     dead_letters_by_reason: CountsBy | UnsetType = UNSET
     commits: Count | UnsetType = UNSET
     failed_commits: Count | UnsetType = UNSET
+    late_commit_failures: Count | UnsetType = UNSET
     stale_offsets: (
         Annotated[
             ByName[CountsBy],
