@@ -7,7 +7,9 @@
   ``ctrps token --scope train`` prints for that secret;
 - ``api-shard-token``: the admin-scope shard token (the API: its admin routes
   export through shard 0);
-- ``admin-token``: the API's own admin token (for people; unrelated to the secret).
+- ``admin-token``: the API's own admin token (for people; unrelated to the secret);
+- ``replica-admin-token``: the serving replicas' admin token, their own, so
+  that a replica's pod never holds the API's.
 
 The directory is created (mode 0700; an existing one is refused, so nothing
 is overwritten) and every file is mode 0600. docker-compose.yml reads these
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from ps_core.net.auth import Scope, derive_token, new_secret
 
-FILES = ("cluster-secret", "worker-token", "api-shard-token", "admin-token")
+FILES = ("cluster-secret", "worker-token", "api-shard-token", "admin-token", "replica-admin-token")
 
 KUBERNETES = {
     # Secret name: (key, file). Each is mounted only into the pods that use it.
@@ -33,6 +35,7 @@ KUBERNETES = {
     "ctrps-worker-token": ("token", "worker-token"),
     "ctrps-api-shard-token": ("token", "api-shard-token"),
     "ctrps-admin-token": ("token", "admin-token"),
+    "ctrps-replica-admin-token": ("token", "replica-admin-token"),
 }
 
 
@@ -45,6 +48,7 @@ def make(directory: Path) -> dict[str, Path]:
         "worker-token": derive_token(secret, Scope.TRAIN),
         "api-shard-token": derive_token(secret, Scope.ADMIN),
         "admin-token": secrets.token_urlsafe(32),
+        "replica-admin-token": secrets.token_urlsafe(32),
     }
     paths = {}
     for name, value in values.items():

@@ -566,7 +566,7 @@ def test_k8s_each_secret_goes_only_to_the_roles_that_use_it(overlay: str) -> Non
     }
     # A replica calls no shard: its admin token only (on 0.0.0.0 it needs one).
     for role in replicas:
-        assert _file_env(pods[role]) == {"CTRPS_ADMIN_TOKEN_FILE": "ctrps-admin-token/token"}
+        assert _file_env(pods[role]) == {"CTRPS_ADMIN_TOKEN_FILE": "ctrps-replica-admin-token/token"}
     readable = {role: _secrets_of(pod) for role, pod in pods.items()}
     holders = {
         name: {role for role, got in readable.items() if name in got} for got in readable.values() for name in got
@@ -575,7 +575,8 @@ def test_k8s_each_secret_goes_only_to_the_roles_that_use_it(overlay: str) -> Non
         "ctrps-cluster-secret": {"shard"},
         "ctrps-worker-token": {"worker"},
         "ctrps-api-shard-token": {"api"},
-        "ctrps-admin-token": {"api"} | replicas,
+        "ctrps-admin-token": {"api"},
+        **({"ctrps-replica-admin-token": replicas} if replicas else {}),
         "ctrps-tls": {"shard", "worker", "api"} | replicas,
         "ctrps-kafka": {"worker", "topics"},
         # The bucket's credentials (production: its exports are in a bucket,
@@ -620,6 +621,7 @@ def test_k8s_roles_on_0_0_0_0_start_with_their_credentials_and_without_insecure(
         if path.is_file():
             assert "--insecure" not in path.read_text() and "CTRPS_INSECURE" not in path.read_text(), path
     files = make_secrets.make(tmp_path / "s")
+    file_of = {f"{name}/{key}": file for name, (key, file) in make_secrets.KUBERNETES.items()}
     pods = _pods(overlay)
     # The API, and in production the serving replicas (`ctrps serve` both).
     assert {"api", "replica"} & set(pods) == {"api"} | ({"replica"} if overlay == "production" else set())
@@ -628,13 +630,7 @@ def test_k8s_roles_on_0_0_0_0_start_with_their_credentials_and_without_insecure(
         [c] = pod["containers"]
         env = _env(_k8s(overlay), c)
         for key, secret_key in _file_env(pod).items():
-            env[key] = str(
-                files[
-                    {"ctrps-api-shard-token/token": "api-shard-token", "ctrps-admin-token/token": "admin-token"}[
-                        secret_key
-                    ]
-                ]
-            )
+            env[key] = str(files[file_of[secret_key]])
         argv = _argv(_k8s(overlay), role, c)
         settings = _settings(argv, env)
         assert settings.host == "0.0.0.0" and not settings.insecure, role
@@ -697,7 +693,8 @@ def test_the_network_policy_lets_only_workers_the_api_and_shards_reach_the_shard
 def test_compose_gives_each_service_only_its_own_secrets() -> None:
     doc = _compose()
     files = {name: s["file"] for name, s in doc["secrets"].items()}
-    assert sorted(Path(f).name for f in files.values()) == sorted(make_secrets.FILES)
+    # Every file but the serving replicas' token: compose runs no replica.
+    assert sorted(Path(f).name for f in files.values()) == sorted(set(make_secrets.FILES) - {"replica-admin-token"})
     assert all(f.startswith("./secrets/") for f in files.values())
     got = {name: (set(s.get("secrets", [])), {k: v for k, v in s["environment"].items() if k.endswith("_FILE")})
            for name, s in _ctrps_services().items()}  # fmt: skip
@@ -752,7 +749,9 @@ def test_make_secrets_writes_private_files_of_derived_tokens(tmp_path: Path) -> 
     verifier = TokenVerifier(secret)
     assert values["worker-token"] == derive_token(secret, Scope.TRAIN)
     assert verifier.scope_of(values["api-shard-token"]) is Scope.ADMIN
-    assert verifier.scope_of(values["admin-token"]) is None and len(values["admin-token"]) >= 32
+    for admin in ("admin-token", "replica-admin-token"):  # for people, unrelated to the secret
+        assert verifier.scope_of(values[admin]) is None and len(values[admin]) >= 32
+    assert values["admin-token"] != values["replica-admin-token"]
     for value in values.values():
         assert value not in out.stdout  # it prints where, never what
     for name, (key, file) in make_secrets.KUBERNETES.items():
