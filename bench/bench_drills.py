@@ -758,10 +758,11 @@ def figures(r: Result, base: Result | None) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
+def config_of(args: argparse.Namespace, workdir: Path, *, drill_timeout_s: float, decode_processes: int) -> Config:
+    """The drills' settings from the flags both drill benches take (``--quick``,
+    ``--rate``, ``--session-timeout-ms``, ``--outage``)."""
     quick = args.quick
-    workdir = Path(tempfile.mkdtemp(prefix="bench-drills-"))
-    cfg = Config(
+    return Config(
         quick=quick,
         rate=args.rate or (500.0 if quick else 2000.0),
         window_s=1.0,
@@ -771,10 +772,16 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         post_s=2.0 if quick else 10.0,
         export_interval_s=2.0 if quick else 5.0,
         phase_timeout_s=20.0 if quick else 60.0,
-        drill_timeout_s=55.0 if quick else 300.0,
-        decode_processes=args.decode_processes,
+        drill_timeout_s=drill_timeout_s,
+        decode_processes=decode_processes,
         workdir=workdir,
     )
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    quick = args.quick
+    workdir = Path(tempfile.mkdtemp(prefix="bench-drills-"))
+    cfg = config_of(args, workdir, drill_timeout_s=55.0 if quick else 300.0, decode_processes=args.decode_processes)
     names = args.drill or list(DRILLS)
     log(
         f"drills {','.join(names)} in {workdir}; rate {cfg.rate:g}/s, window {cfg.window_s:g} s, "

@@ -60,7 +60,20 @@ from typing import Any
 import aiohttp
 import orjson
 import uvloop
-from bench_drills import BIAS_SHARD, MODEL, SHARDS, TRACEBACK, Broker, Config, Drill, Result, ctrps, figures, run_drill
+from bench_drills import (
+    BIAS_SHARD,
+    MODEL,
+    SHARDS,
+    TRACEBACK,
+    Broker,
+    Config,
+    Drill,
+    Result,
+    config_of,
+    ctrps,
+    figures,
+    run_drill,
+)
 from common import add_record_option, bench_mode, elapsed_s, print_result, progress_log
 from hosts import Hosts, available
 
@@ -282,21 +295,7 @@ FAULTS: dict[str, Callable[[HostDrill], Awaitable[float]]] = {
 
 
 def config(args: argparse.Namespace, workdir: Path) -> Config:
-    quick = args.quick
-    return Config(
-        quick=quick,
-        rate=args.rate or (500.0 if quick else 2000.0),
-        window_s=1.0,
-        session_timeout_ms=args.session_timeout_ms or (6000 if quick else 10_000),
-        outage_s=args.outage if args.outage is not None else (8.0 if quick else 30.0),
-        pre_s=2.0 if quick else 10.0,
-        post_s=2.0 if quick else 10.0,
-        export_interval_s=2.0 if quick else 5.0,
-        phase_timeout_s=20.0 if quick else 60.0,
-        drill_timeout_s=60.0 if quick else 300.0,
-        decode_processes=1,
-        workdir=workdir,
-    )
+    return config_of(args, workdir, drill_timeout_s=60.0 if args.quick else 300.0, decode_processes=1)
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:

@@ -68,10 +68,13 @@ async def test_within_times_out_and_cancels_what_it_waited_for() -> None:
 
 
 async def test_cancelled_raises_the_callers_cancellation_not_the_tasks() -> None:
+    cleaning = asyncio.Event()
+
     async def slow_to_stop() -> None:
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
+            cleaning.set()
             await asyncio.sleep(0.2)  # cleans up first, as a renewing lease or a probe does
             raise
 
@@ -86,7 +89,7 @@ async def test_cancelled_raises_the_callers_cancellation_not_the_tasks() -> None
             await cancelled(helper)
 
     task = asyncio.create_task(caller())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(cleaning.wait(), 5.0)
     task.cancel()  # arrives while the caller waits for its helper to stop
     done, _ = await asyncio.wait({task}, timeout=10.0)
     assert done and task.cancelled() and rounds == 1, rounds
