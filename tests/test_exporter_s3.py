@@ -6,6 +6,7 @@ has one owner (``owner.json``) as a directory has."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 from collections.abc import Iterator
@@ -36,9 +37,10 @@ from ps_core.checkpoint.exportstore import (
     VersionUpload,
     store_for,
 )
+from ps_core.checkpoint.joining import newest_loadable, restore_chains
 from ps_core.checkpoint.manifest import MANIFEST_NAME
 from ps_core.checkpoint.owner import OWNER_FILE, ExportsOwnedError, claim_exports
-from ps_core.checkpoint.registry import ModelSpec
+from ps_core.checkpoint.registry import MODEL_FILE, ModelRegistry, ModelSpec
 from ps_core.checkpoint.restore import restore_shards
 from ps_core.errors import ExportCorruptError, ExportWriteError, InvalidRequestError
 from ps_core.model.models import make_model
@@ -267,13 +269,54 @@ def test_a_shard_takes_a_bucket_and_refuses_another_url_in_one_line() -> None:
     ShardSettings(exports_dir="exports")  # a local directory as ever
 
 
-async def test_a_bucket_keeps_the_default_model_only_and_refuses_another_in_one_line(bucket: str) -> None:
-    """A shard restores a bucket's default model only: a second model would
-    be exported and then lost at a restart, so it is refused, not created."""
+async def test_a_bucket_holds_several_models_and_restores_them_together(bucket: str) -> None:
+    """As a directory does: each model's declaration beside its versions, a
+    restart that finds them, a restore of every model at one version into
+    another shard count, a damaged file of one model that makes the version
+    fall back for all, and a deleted model's declaration kept aside."""
     coord = Coordinator()
-    shards = [Shard(ShardSpec(0, 1), ())]
-    exporter = Exporter(coord, ControlClient.local(shards, coord), bucket, "m")
-    assert await exporter.create_model(ModelSpec.of(make_model("lr", "m")))
-    with pytest.raises(InvalidRequestError, match=r"model 'ads': exports on s3://.* keep the default model 'm' only"):
-        await exporter.create_model(ModelSpec.of(make_model("lr", "ads")))
-    assert sorted(shards[0].tables) == ["m_w"]  # nothing of 'ads' declared
+    shards = [Shard(ShardSpec(i, 2), ()) for i in range(2)]
+    client, control = PSClient.local(shards), ControlClient.local(shards, coord)
+    exporter = Exporter(coord, control, bucket, "m")
+    control.serve_exports(exporter)
+    ads = ModelSpec.of(make_model("fm", "ads", k=4))
+    for spec in (ModelSpec.of(make_model("lr", "m")), ads):
+        assert await exporter.create_model(spec)
+    store = exporter.store
+    assert isinstance(store, S3ExportStore)
+    assert store.object_size(f"ads/{MODEL_FILE}")  # beside the model's versions, not on a local disk
+    w = ads.tables[0]
+    await _train(client, dataclasses.replace(LR, name="m_w", dim=w.dim, optimizer=w.optimizer), UNIVERSE[:300], 1)
+    for table, seed in zip(ads.tables, (2, 3)):
+        await _train(client, table, UNIVERSE[100:], seed)
+    lease = (await control.acquire_lease("w")).lease_id
+    await control.release_lease(lease, {"clicks": {0: 99}}, model="ads")
+    assert (await exporter.cut()).models.keys() == {"m", "ads"}
+    await _train(client, ads.tables[0], UNIVERSE[:50], 4)
+    second = await exporter.cut()
+    assert (second.kind, second.models["ads"]["rows"]) == ("delta", 50)
+
+    # A restart finds both models in the bucket and restores them together.
+    again = ModelRegistry.load(bucket, "m")
+    assert again.names() == ["m", "ads"] and again.get("ads") == ads
+    chains, refusals = newest_loadable(StoredModel(store, "m"))
+    assert chains is not None and not refusals and sorted(chains) == ["ads", "m"]
+    assert chains["ads"][-1].manifest.offsets == {"clicks": {0: 99}}
+    restored = restore_chains(chains, 3, [0, 1, 2])
+    for table in ("m_w", "ads_w", "ads_v"):
+        live = _state(shards, table, UNIVERSE)
+        assert live and _state(restored.shards, table, UNIVERSE) == live
+
+    # A damaged file of one model makes its version unloadable for every model.
+    key = next(k for k in _keys(store, "ads/0000000002/") if k.rpartition("/")[2].startswith("shard-"))
+    store.write_object(key, b"damaged", replace=True)
+    chains, refusals = newest_loadable(StoredModel(store, "m"))
+    assert chains is not None and chains["m"][-1].version == 1 and len(refusals) == 1
+
+    # A broken declaration is logged and skipped; a deleted model's is kept aside.
+    store.write_object(f"broken/{MODEL_FILE}", b"{not json", replace=True)
+    assert ModelRegistry.load(bucket, "m").names() == ["m", "ads"]
+    deleted = await exporter.delete_model("ads")
+    assert deleted.exports == f"{bucket}/ads"  # its versions stay
+    assert store.object_size(f"ads/{MODEL_FILE}") is None and store.object_size(f"ads/{MODEL_FILE}.deleted")
+    assert ModelRegistry.load(bucket, "m").names() == ["m"]

@@ -22,7 +22,9 @@ from test_restore_consistent import KEYS, LR, Shards, _declared, _joined, _lease
 from ps_core.checkpoint.export_files import latest_chain
 from ps_core.checkpoint.exportstore import S3ExportStore, StoredModel, store_for
 from ps_core.checkpoint.owner import HAND_STARTED, OWNER_FILE
+from ps_core.checkpoint.registry import ModelSpec
 from ps_core.checkpoint.restore import restore_shards
+from ps_core.model.models import make_model
 from ps_core.net.client import PSClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
@@ -30,13 +32,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.process]
 TRAINED = KEYS[:2000]
 
 
-async def _two_cuts(shards: Shards) -> np.ndarray:
+ADS = ModelSpec.of(make_model("lr", "ads", optimizer=dict(LR.optimizer)))
+"""A second model of the cluster, created through the control plane."""
+
+
+async def _two_cuts(shards: Shards, *, second_model: bool = False) -> np.ndarray:
     """Shards trained, a base and a delta cut into their exports; what they
-    serve for every key (trained or not) once the delta is cut."""
+    serve for every key (trained or not) once the delta is cut. With
+    `second_model`, `ADS` is created and trained too, on other keys."""
     async with shards.serving(restore=False, deadline_s=2) as (client, control):
         await _declared(control, shards)
+        if second_model:
+            assert (await control.create_model(ADS.declaration())).created
         for step, kind in enumerate(("base", "delta"), start=1):
             await _train(client, LR, TRAINED[(step - 1) * 1000 : step * 1000 + 500], step)
+            if second_model:
+                await _train(client, ADS.tables[0], TRAINED[-300 * step :], 10 + step)
             lease = await control.acquire_lease("w", wait_s=5)
             await control.release_lease(lease.lease_id, {"clicks": {0: 100 * step, 1: 10 * step}})
             assert (await control.export_now(kind)).version == step
@@ -56,7 +67,7 @@ async def test_shards_on_a_bucket_export_there_and_restart_into_another_shard_co
     (tmp_path / "two").mkdir()
     (tmp_path / "three").mkdir()
     two = Shards(2, bucket, tmp_path / "two")  # type: ignore[arg-type]
-    served = await _two_cuts(two)
+    served = await _two_cuts(two, second_model=True)
     store = store_for(bucket)
     assert isinstance(store, S3ExportStore)
     owner = orjson.loads(store.read_object(OWNER_FILE) or b"null")
@@ -65,6 +76,12 @@ async def test_shards_on_a_bucket_export_there_and_restart_into_another_shard_co
     assert [(v.version, v.kind) for v in chain] == [(1, "base"), (2, "delta")]
     exported_rows = sum(len(s.tables[LR.name]) for s in restore_shards(chain, 1).shards)
     assert exported_rows == TRAINED.size
+    # The second model: its declaration and versions beside the first's.
+    assert store.object_size("ads/model.json")
+    ads_chain = latest_chain(StoredModel(store, "ads"), verify=True)
+    assert [v.version for v in ads_chain] == [1, 2]
+    ads_served = await PSClient.local(restore_shards(ads_chain, 1).shards).pull("ads_w", KEYS)
+    assert np.count_nonzero(ads_served) > 0
 
     three = Shards(3, bucket, tmp_path / "three")  # type: ignore[arg-type]
     async with three.serving(restore=True, deadline_s=2) as (client, control):
@@ -79,9 +96,15 @@ async def test_shards_on_a_bucket_export_there_and_restart_into_another_shard_co
         held = [s.tables[LR.name].features for s in await control.stats()]
         # Row for row what the two shards served at the cut, now from three.
         np.testing.assert_array_equal(await client.pull(LR.name, KEYS), served)
+        assert [m.name for m in (await control.models()).models] == ["m", "ads"]
+        np.testing.assert_array_equal(await client.pull("ads_w", KEYS), ads_served)
     restores = [_restored(three, i) for i in range(3)]
     assert [(r["version"], r["chain"], r["shard_id"]) for r in restores] == [(2, "1,2", i) for i in range(3)]
-    assert sum(int(r["rows"]) for r in restores) == exported_rows == sum(held)  # type: ignore[call-overload]
+    assert {r["models"] for r in restores} == {"m,ads"}
+    ads_rows = sum(len(s.tables["ads_w"]) for s in restore_shards(ads_chain, 1).shards)
+    assert ads_rows == 600  # the last 300 and 600 keys trained
+    assert sum(int(r["rows"]) for r in restores) == exported_rows + ads_rows  # type: ignore[call-overload]
+    assert exported_rows == sum(held)
     for i in range(3):
         _no_tracebacks(three, i)
     assert not (PROJECT / "s3:").exists()  # nothing written to a local path named after the URL

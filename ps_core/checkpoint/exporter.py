@@ -110,10 +110,8 @@ class Exporter:
         # With a bucket nothing is written under `root` (every path goes
         # through `_at`); it stays a Path for the local case's callers.
         self.root = Path(root) if self.store is None else Path()
-        # A bucket's models are those of `registry` (default: the default
-        # model only): model.json records are kept on local disks.
         if registry is None:
-            registry = ModelRegistry.load(self.root, self.model) if self.store is None else ModelRegistry(None, model)
+            registry = ModelRegistry.load(self.root if self.store is None else self.store, self.model)
         self.registry = registry
         self._registry_changes = self.registry.changes
         self.keep_bases = keep_bases
@@ -492,13 +490,6 @@ class Exporter:
         if self.registry.get(spec.name) is not None:
             self.registry.check_new(spec)  # another declaration: ModelConflictError
             return False
-        if self.store is not None and spec.name != self.model:
-            # A bucket's restore at start reads the default model only: a
-            # second model would be exported, then lost at the next restart.
-            raise InvalidRequestError(
-                f"model {spec.name!r}: exports on {self.store.url} keep the default model {self.model!r} only; "
-                "create more models with exports in a directory"
-            )
         async with self._lock:
             self.registry.check_new(spec)
             for config in spec.tables:

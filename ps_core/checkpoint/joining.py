@@ -9,9 +9,10 @@ In a cluster restore the coordinator has every shard load one version
 version's offsets (`books_at`).
 
 A cluster of several models (`ps_core.checkpoint.registry`) restores them
-together: a version loads when every model that existed at it loads it (the
-default model's directory holds every version; a model created later than a
-version has nothing to load at it), and the coordinator takes each model's
+together, from a local directory or a bucket alike: a version loads when
+every model that existed at it loads it (the default model's exports hold
+every version; a model created later than a version has nothing to load at
+it), and the coordinator takes each model's
 offsets from its own manifest of that version.
 """
 
@@ -85,14 +86,15 @@ def chain_of(model_dir: ModelAt, version: int) -> list[Any]:
     return chain
 
 
-def other_models(model_dir: ModelAt) -> dict[str, Path]:
-    """The directories of the cluster's other models, beside the default
-    model's `model_dir` (those holding a ``model.json``); none in a bucket,
-    which holds the default model only (`Exporter`)."""
+def other_models(model_dir: ModelAt) -> dict[str, ModelAt]:
+    """The exports of the cluster's other models, beside the default
+    model's `model_dir` (those holding a ``model.json``): directories beside
+    it, or models beside it in its bucket."""
     if isinstance(model_dir, StoredModel):
-        return {}
-    model_dir = Path(model_dir)
-    return {n: d for n, d in model_dirs(model_dir.parent, model_dir.name).items() if n != model_dir.name}
+        found = model_dirs(model_dir.store, model_dir.model)
+    else:
+        found = model_dirs(Path(model_dir).parent, Path(model_dir).name)
+    return {n: d for n, d in found.items() if n != model_name(model_dir)}
 
 
 def chains_at(model_dir: ModelAt, version: int) -> dict[str, list[Any]]:
@@ -102,7 +104,7 @@ def chains_at(model_dir: ModelAt, version: int) -> dict[str, list[Any]]:
     `chain_of` for the first model that cannot load it."""
     out = {model_name(model_dir): chain_of(model_dir, version)}
     for name, d in other_models(model_dir).items():
-        if any(v <= version for v in version_dirs(d)):
+        if any(v <= version for v in model_versions(d)):
             out[name] = chain_of(d, version)
     return out
 
@@ -130,7 +132,7 @@ def books_of(model_dir: ModelAt, version: int) -> dict[str, tuple[dict[str, dict
     """Each other model's offsets and stream in its manifest of `version` (no hashing)."""
     out = {}
     for name, d in other_models(model_dir).items():
-        path = version_dirs(d).get(version)
+        path = model_versions(d).get(version)
         if path is None:
             continue
         try:

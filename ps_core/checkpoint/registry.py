@@ -3,8 +3,9 @@
 A model is its type (``lr`` or ``fm``) and its tables' declarations
 (`TableConfig`: optimizer, hyperparameters, update mode). The coordinator
 keeps the registry; each model's declaration is also written to
-``<exports>/<name>/model.json`` when it is created, so it survives restarts
-and travels with the model's exports. Every table of the cluster belongs to
+``<exports>/<name>/model.json`` when it is created (a local directory's or a
+bucket's, `ps_core.checkpoint.declarations`), so it survives restarts and
+travels with the model's exports. Every table of the cluster belongs to
 one model: the tables a registered model declares are its own, and any other
 table (declared by hand, ``ctrps shard --table``) belongs to the shard's
 default model (``--model-name``), as every table did before there were
@@ -13,9 +14,7 @@ several models.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -31,12 +30,11 @@ from ..model.featurizer import DEFAULT_NUMERIC, numeric_feed
 from ..model.models import Model, make_model, model_of_tables
 from ..net.control_messages import ModelDeclaration, ModelEntry
 from ..store.table_config import TableConfig
+from .declarations import MODEL_FILE, Declarations, declarations_at
+from .exportstore import ExportStore, ExportStoreError, LocalExportStore, StoredModel, store_for
 from .manifest import check_model_name
 
 __all__ = ["MODEL_FILE", "ModelSpec", "ModelRegistry"]
-
-MODEL_FILE = "model.json"
-"""A model's declaration in its exports directory."""
 
 MAX_MODELS = 256
 """Models one cluster holds: each adds its tables to every shard and its
@@ -202,25 +200,22 @@ def _name_and_type(name: object, kind: object) -> tuple[str, str]:
     return name, str(kind)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file and a rename, fsynced."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class ModelRegistry:
     """The cluster's models, kept by the coordinator and in each model's
-    exports directory under `root` (None: in memory only, for a cluster that
-    does not export)."""
+    exports directory under `root`, a local directory or a bucket (None: in
+    memory only, for a cluster that does not export)."""
 
-    def __init__(self, root: Path | str | None, default: str, specs: Iterable[ModelSpec] = ()) -> None:
+    def __init__(self, root: Path | str | ExportStore | None, default: str, specs: Iterable[ModelSpec] = ()) -> None:
         """`default` owns every table no registered model declares; `specs`
         are models known without reading `root` (tests, the demo)."""
-        self.root = Path(root) if root is not None else None
+        if isinstance(root, LocalExportStore):
+            root = root.root
+        elif isinstance(root, str) and "://" in root:
+            root = store_for(root)
+        self.store = root if isinstance(root, ExportStore) else None
+        """The bucket the declarations are in (None: a local `root` or none)."""
+        self.root = Path(root) if root is not None and not isinstance(root, ExportStore) else None
+        self.files: Declarations | None = declarations_at(root) if root is not None else None
         self.default = check_model_name(default)
         self._specs: dict[str, ModelSpec] = {s.name: s for s in specs}
         self.changes = 0
@@ -228,24 +223,29 @@ class ModelRegistry:
         (a new model's directory needs one to start its chain)."""
 
     @classmethod
-    def load(cls, root: Path | str | None, default: str) -> ModelRegistry:
-        """The registry of the exports under `root`: every directory holding
-        a `MODEL_FILE`. One that does not parse is logged and skipped (its
-        files stay; the model is not served until it is created again)."""
+    def load(cls, root: Path | str | ExportStore | None, default: str) -> ModelRegistry:
+        """The registry of the exports under `root` (a directory or a
+        bucket): every model holding a `MODEL_FILE`. One that does not parse
+        is logged and skipped (its files stay; the model is not served until
+        it is created again). A bucket that cannot be listed or read is
+        `ExportStoreError`, as its versions' listing is."""
         registry = cls(root, default)
-        if registry.root is None or not registry.root.is_dir():
+        files = registry.files
+        if files is None:
             return registry
-        for path in sorted(registry.root.glob(f"*/{MODEL_FILE}")):
+        for name in files.names():
             try:
-                spec = ModelSpec.from_dict(orjson.loads(path.read_bytes()))
+                spec = ModelSpec.from_dict(orjson.loads(files.read(name)))
+            except ExportStoreError:
+                raise  # a bucket that did not answer: not a declaration to skip
             except (OSError, orjson.JSONDecodeError, InvalidRequestError) as exc:
                 detail = exc.detail if isinstance(exc, InvalidRequestError) else str(exc)
-                log.warning("model declaration refused", extra={"fields": {"file": str(path), "error": detail}})
+                log.warning("model declaration refused", extra={"fields": {"file": files.where(name), "error": detail}})
                 continue
-            if spec.name != path.parent.name:
+            if spec.name != name:
                 log.warning(
                     "model declaration refused",
-                    extra={"fields": {"file": str(path), "error": f"it declares model {spec.name!r}"}},
+                    extra={"fields": {"file": files.where(name), "error": f"it declares model {spec.name!r}"}},
                 )
                 continue
             registry._specs[spec.name] = spec
@@ -295,10 +295,8 @@ class ModelRegistry:
             return False
         if not spec.created_at:
             spec = replace(spec, created_at=time.time())
-        if self.root is not None:
-            mdir = self.root / spec.name
-            mdir.mkdir(parents=True, exist_ok=True)
-            _write_atomic(mdir / MODEL_FILE, orjson.dumps(spec.to_dict(), option=orjson.OPT_INDENT_2))
+        if self.files is not None:
+            self.files.write(spec.name, orjson.dumps(spec.to_dict(), option=orjson.OPT_INDENT_2))
         self._specs[spec.name] = spec
         self.changes += 1
         return True
@@ -310,10 +308,8 @@ class ModelRegistry:
         spec = self._specs.get(name)
         if spec is None:
             raise UnknownModelError(f"no model {name!r} declared in this cluster")
-        if self.root is not None:
-            path = self.root / name / MODEL_FILE
-            with contextlib.suppress(FileNotFoundError):
-                os.replace(path, path.with_name(MODEL_FILE + ".deleted"))
+        if self.files is not None:
+            self.files.retire(name)
         del self._specs[name]
         self.changes += 1
         return spec
@@ -333,8 +329,11 @@ class ModelRegistry:
             out[self.owner(t)].append(t)
         return out
 
-    def dirs(self) -> dict[str, Path]:
-        """Each model's exports directory (empty without a root)."""
+    def dirs(self) -> dict[str, Path | StoredModel]:
+        """Each model's exports: its directory, or its model in the bucket
+        (empty without a root)."""
+        if self.store is not None:
+            return {n: StoredModel(self.store, n) for n in self.names()}
         if self.root is None:
             return {}
         return {n: self.root / n for n in self.names()}
@@ -348,6 +347,6 @@ def _same_tables(had: tuple[TableConfig, ...], asked: tuple[TableConfig, ...]) -
     return all(t.accepts(by_name[t.name]) for t in had)
 
 
-def model_dirs(root: Path | str, default: str) -> dict[str, Path]:
-    """Each model's exports directory under `root` (`ModelRegistry.load`)."""
+def model_dirs(root: Path | str | ExportStore, default: str) -> dict[str, Path | StoredModel]:
+    """Each model's exports under `root`, a directory or a bucket (`ModelRegistry.load`)."""
     return ModelRegistry.load(root, default).dirs()

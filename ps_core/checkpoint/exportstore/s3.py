@@ -205,16 +205,7 @@ class S3ExportStore(ExportStore):
         return out
 
     def size(self, model: str, version: int, name: str) -> int | None:
-        import obstore
-        from obstore.exceptions import NotFoundError
-
-        key = self.key(model, version, name)
-        try:
-            return int(obstore.head(self.client, key)["size"])
-        except (NotFoundError, FileNotFoundError):
-            return None
-        except Exception as exc:
-            self.fail("head", key, exc)
+        return self.object_size(self.key(model, version, name))
 
     def _get(self, key: str) -> Any:
         import obstore
@@ -291,6 +282,41 @@ class S3ExportStore(ExportStore):
         except Exception as exc:
             self.fail("put", key, exc)
         return True
+
+    def object_size(self, key: str) -> int | None:
+        """An object of the root's size in bytes (its key under the prefix);
+        None when there is none."""
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        try:
+            return int(obstore.head(self.client, key)["size"])
+        except (NotFoundError, FileNotFoundError):
+            return None
+        except Exception as exc:
+            self.fail("head", key, exc)
+
+    def delete_object(self, key: str) -> None:
+        """Delete an object of the root (none there: no change)."""
+        import obstore
+
+        try:
+            obstore.delete(self.client, key)
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            self.fail("delete", key, exc)
+
+    def top_level(self) -> list[str]:
+        """The names directly under the root that hold objects (a model's,
+        say), without their trailing ``/``."""
+        import obstore
+
+        try:
+            found = obstore.list_with_delimiter(self.client, None)
+        except Exception as exc:
+            self.fail("list", "", exc)
+        return sorted(p.rstrip("/").rpartition("/")[2] for p in found["common_prefixes"])
 
     def check_writable(self) -> None:
         """Write a probe object under the prefix and delete it: a bucket that
