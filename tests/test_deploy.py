@@ -251,9 +251,9 @@ def test_k8s_manifests_configure_a_consistent_cluster(overlay: str) -> None:
                 api_service["spec"]["selector"] == by_kind[(kind, app_name)]["spec"]["template"]["metadata"]["labels"]
             )
 
-    # Serving replicas (production: its exports are in a bucket) follow the
-    # bucket's default model, the one the workers train, at the location
-    # the shards export to; they name no shard.
+    # Serving replicas (production: its exports are in a bucket) follow
+    # every model at the location the shards export to, the one the workers
+    # train the default; they name no shard.
     replica = by_kind.get(("Deployment", "ctrps-replica"))
     assert (replica is not None) == (overlay == "production")
     if replica is not None:
@@ -261,9 +261,9 @@ def test_k8s_manifests_configure_a_consistent_cluster(overlay: str) -> None:
         s = _settings(_argv(docs, "replica", rc), _env(docs, rc))
         [wc] = by_kind[("Deployment", "ctrps-worker")]["spec"]["template"]["spec"]["containers"]
         worker = _settings(list(wc["args"]), _env(docs, wc))
-        assert isinstance(s, ApiSettings) and s.follows_store() and not s.shards and not s.follow_all
-        assert s.follow == f"{shards[0].exports_dir}/{worker.model_name}"
-        assert s.follow == f"{OPERATOR_CONFIGMAPS['ctrps-bucket']['CTRPS_EXPORTS_DIR']}/{worker.model_name}"
+        assert isinstance(s, ApiSettings) and s.follows_store() and not s.shards and s.follow_all
+        assert s.follow == shards[0].exports_dir == OPERATOR_CONFIGMAPS["ctrps-bucket"]["CTRPS_EXPORTS_DIR"]
+        assert s.model_name == worker.model_name
         service = by_kind[("Service", "ctrps-replica")]
         assert service["spec"]["selector"] == replica["spec"]["template"]["metadata"]["labels"]
         assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(s.port, "http")]

@@ -165,6 +165,9 @@ class _FailOnFile(ExportStore):
     def iter_bytes(self, model: str, version: int, name: str, chunk: int = 1 << 20) -> Iterator[bytes]:
         return self.real.iter_bytes(model, version, name, chunk)
 
+    def top_level(self) -> list[str]:
+        return self.real.top_level()
+
     def delete_version(self, model: str, version: int) -> bool:
         return self.real.delete_version(model, version)
 

@@ -1,5 +1,6 @@
 """Serving replicas following a model's versions in an S3 bucket (moto's
-server), ``ctrps serve --follow s3://bucket/prefix/<model>``: a trainer's
+server), ``ctrps serve --follow s3://bucket/prefix/<model>`` (or every
+model of ``s3://bucket/prefix`` with ``--follow-all``): a trainer's
 real versions, uploaded through the export store (files, then the manifest),
 are served exactly as the same versions followed from a directory; a version
 whose manifest is not uploaded is never served; a bucket that stops
@@ -30,8 +31,15 @@ from test_follow import PROBE, MakeReplica, Trainer, events, make_replica, train
 from waiting import until
 
 from consumers.broker import free_port
+from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.exportstore import ExportStore, S3Options, StoredModel, VersionUpload, store_for
 from ps_core.checkpoint.manifest import MANIFEST_NAME, version_dir_name
+from ps_core.checkpoint.registry import ModelSpec
+from ps_core.model.models import make_model
+from ps_core.net.client import PSClient
+from ps_core.shard import Shard, ShardSpec
 
 __all__ = ["make_replica"]  # the fixture, used here by name
 
@@ -239,10 +247,99 @@ async def test_ctrps_serve_follows_a_bucket(tmp_path: Path, bucket: str) -> None
         assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
 
 
+async def _lr_and_fm_on(bucket: str, probe: list[dict[str, Any]]) -> tuple[Exporter, PSClient, dict[str, Any]]:
+    """A cluster in process exporting models ``ctr`` (LR) and ``ads`` (FM)
+    to `bucket`, trained and cut once; its exporter, its client, and what its
+    own API predicts of `probe` per model."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from app.api import create_app
+    from app.config.serve import ApiSettings
+
+    coord = Coordinator()
+    shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    client, control = PSClient.local(shards), ControlClient.local(shards, coord)
+    exporter = Exporter(coord, control, bucket, "ctr")
+    control.serve_exports(exporter)
+    ctr, ads = make_model("lr", "ctr"), make_model("fm", "ads", k=4, numeric="log1p")
+    for model in (ctr, ads):
+        await control.create_model(ModelSpec.of(model).declaration())
+        await _learn(client, model, events(np.random.default_rng(5), 200))
+    assert (await exporter.cut()).version == 1
+    want = {}
+    async with TestClient(TestServer(create_app(ApiSettings(), client, ctr, control=control))) as live:
+        for name in ("ctr", "ads"):
+            want[name] = (await (await live.post(f"/v1/models/{name}/predict", json={"events": probe})).json())[
+                "predictions"
+            ]
+    return exporter, client, want
+
+
+async def _learn(client: PSClient, model: Any, batch: list[dict[str, Any]]) -> None:
+    """One step of a worker's training of `model` on `batch`."""
+    featurized, _ = model.hasher().featurize(batch)
+    plan = model.plan(featurized)
+    routed = client.route(plan.keys)
+    w = {t: await client.pull(t, routed) for t in model.table_names}
+    p = 1 / (1 + np.exp(-model.logits(featurized, plan, w)))
+    for t, g in model.gradients(featurized, plan, w, (p - featurized.labels) * featurized.weights).items():
+        await client.push(t, routed, g, counts=plan.counts(featurized.labels))
+
+
+async def test_ctrps_serve_follows_every_model_of_a_bucket(bucket: str) -> None:
+    """``--follow s3://bucket/prefix --follow-all``: each model of the
+    bucket served as the cluster's own API served it at the cut, and a model
+    created later found when a request names it."""
+    probe = [{"features": e["features"]} for e in PROBE[:8]]
+    exporter, client, want = await _lr_and_fm_on(bucket, probe)
+    args = ("--follow", bucket, "--follow-all", "--model-name", "ctr", "--follow-interval", "0.05")
+    async with ctrps_process("serve", *args, "--port", "0", "--log-format", "json") as proc:
+        assert proc.stderr is not None
+        while True:
+            line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
+            assert line, "ctrps serve exited before listening"
+            started = orjson.loads(line)
+            if started["msg"] == "listening":
+                break
+        url = started["url"]
+        async with aiohttp.ClientSession() as http:
+
+            async def predicts(name: str, version: int) -> list[float] | None:
+                async with http.post(f"{url}/v1/models/{name}/predict", data=orjson.dumps({"events": probe})) as r:
+                    body = orjson.loads(await r.read())
+                ok = r.status == 200 and body.get("model_version") == version
+                return list(body["predictions"]) if ok else None
+
+            for name in ("ctr", "ads"):
+                got: list[list[float]] = []
+
+                async def served(name: str = name, got: list[list[float]] = got) -> bool:
+                    got.extend(p for p in [await predicts(name, 1)] if p is not None)
+                    return bool(got)
+
+                await until(served, 30, what=f"the replica serving {name} at version 1", poll_s=0.05)
+                np.testing.assert_allclose(got[0], want[name], rtol=1e-6)
+            async with http.get(f"{url}/v1/models") as r:
+                listed = orjson.loads(await r.read())
+            assert [(m["name"], m["type"]) for m in listed["models"]] == [("ctr", "lr"), ("ads", "fm")]
+
+            late = make_model("lr", "late")
+            assert await exporter.create_model(ModelSpec.of(late))
+            await _learn(client, late, events(np.random.default_rng(6), 100))
+            assert (await exporter.cut()).version == 2
+
+            async def found() -> bool:
+                return await predicts("late", 2) is not None
+
+            await until(found, 30, what="the replica serving the model created after it started", poll_s=0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+
+
 @pytest.mark.parametrize(
     ("argv", "line"),
     [
-        (("--follow", "s3://bkt/exports/ctr", "--follow-all"), "--follow-all reads a local exports root"),
+        (("--follow", "gs://bkt/exports", "--follow-all"), "scheme 'gs' is not supported"),
         (("--follow", "s3://bkt"), "name the model's, s3://bucket/prefix/<model>"),
         (("--follow", "gs://bkt/ctr"), "scheme 'gs' is not supported"),
     ],

@@ -45,8 +45,8 @@ from ps_core.checkpoint.export_files import (
     serves_weights,
     version_dirs,
 )
-from ps_core.checkpoint.exportstore import DirVersion, ExportStoreError, StoredModel, VersionSource
-from ps_core.checkpoint.manifest import ExportManifest
+from ps_core.checkpoint.exportstore import DirVersion, ExportStore, ExportStoreError, StoredModel, VersionSource
+from ps_core.checkpoint.manifest import ExportManifest, is_model_name
 from ps_core.checkpoint.manifest_model import model_from_manifest
 from ps_core.checkpoint.registry import MODEL_FILE
 from ps_core.errors import ExportCorruptError, ExportNotFoundError, PSError
@@ -102,11 +102,18 @@ def follow_dir(path: Path, model_name: str) -> Path:
     return path
 
 
-def followed_models(root: Path, default: str) -> dict[str, Path]:
-    """Every model directory under the exports `root` (``--follow-all``): the
-    default model's first, then each directory holding a ``model.json`` or
-    a version, by name. Hidden directories (a write in progress) are not models."""
-    out = {default: follow_dir(root, default)}
+def followed_models(root: Path | ExportStore, default: str) -> dict[str, Followed]:
+    """Every model under the exports `root` (``--follow-all``): the default
+    model's first, then each directory holding a ``model.json`` or a version,
+    by name. Hidden directories (a write in progress) are not models. Under a
+    bucket's root, each name of its top level that is a model's."""
+    if isinstance(root, ExportStore):
+        stored: dict[str, Followed] = {default: StoredModel(root, default)}
+        for name in root.top_level():
+            if name not in stored and is_model_name(name):
+                stored[name] = StoredModel(root, name)
+        return stored
+    out: dict[str, Followed] = {default: follow_dir(root, default)}
     if not root.is_dir():
         return out
     for d in sorted(root.iterdir(), key=lambda p: p.name):

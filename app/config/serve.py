@@ -44,7 +44,7 @@ class ApiSettings:
         env="CTRPS_FOLLOW",
         flag="--follow",
         help="serve a model's exports as a read-only replica: exports/<model>, the exports root for its <model-name>/, "
-        "or s3://bucket/prefix/<model> (AWS_* credentials)",
+        "or s3://bucket/prefix/<model> (AWS_* credentials; s3://bucket/prefix with --follow-all)",
         metavar="DIR",
         exclusive="source",
         shown_default="(this or --shards)",
@@ -58,7 +58,8 @@ class ApiSettings:
         flag=None,
         off="--follow-all",
         off_value=True,
-        help="with --follow an exports root: serve every model under it, --model-name the default",
+        help="with --follow an exports root (a directory or s3://bucket/prefix): serve every model under it, "
+        "--model-name the default",
     )
     host: str = setting("127.0.0.1", env="CTRPS_API_HOST", flag="--host", help="listen address")
     port: int = setting(8080, env="CTRPS_API_PORT", flag="--port", help="listen port; 0 picks a free one")
@@ -124,7 +125,8 @@ class ApiSettings:
             raise SettingsError("follow interval must be a positive number of seconds")
 
     def follows_store(self) -> bool:
-        """Whether `follow` is a store's URL (``s3://bucket/prefix/<model>``), not a directory."""
+        """Whether `follow` is a store's URL (``s3://bucket/prefix/<model>``, or
+        with `follow_all` its root), not a directory."""
         return "://" in self.follow
 
     def check_exposed(self) -> None:
@@ -161,13 +163,12 @@ class ApiSettings:
 
 
 def check_follow_url(url: str, follow_all: bool) -> None:
-    """A store's URL to follow names one model (``s3://bucket/prefix/<model>``);
-    `SettingsError` (exit 2) otherwise, or with ``--follow-all``."""
-    from ps_core.checkpoint.exportstore import ExportStoreError, model_at
+    """A store's URL to follow names one model (``s3://bucket/prefix/<model>``),
+    or with ``--follow-all`` the exports root (``s3://bucket/prefix``);
+    `SettingsError` (exit 2) otherwise."""
+    from ps_core.checkpoint.exportstore import ExportStoreError, model_at, store_for
 
-    if follow_all:
-        raise SettingsError(f"--follow-all reads a local exports root; {url} names one model of a bucket")
     try:
-        model_at(url)
+        store_for(url) if follow_all else model_at(url)
     except (ValueError, ExportStoreError) as exc:  # another scheme, no model, or no obstore
         raise SettingsError(str(exc)) from None

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
 from collections.abc import Collection
 from pathlib import Path
 
 from consumers.outage import StartupWatch
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.export_files import list_versions
-from ps_core.checkpoint.exportstore import ExportStoreError, StoredModel, model_at
+from ps_core.checkpoint.exportstore import ExportStore, ExportStoreError, StoredModel, model_at, store_for
 from ps_core.checkpoint.registry import ModelSpec
 from ps_core.errors import NoCoordinatorError, PSError, UnknownModelError
 from ps_core.model.models import Model, make_model
@@ -78,12 +79,7 @@ async def run_serve(
     model = make_model(settings.model, settings.model_name, numeric=settings.numeric)
     with stop_on_signals(stop):
         if settings.follows_store():
-            stored = model_at(settings.follow)
-            assert isinstance(stored, StoredModel)  # the settings checked the URL
-            model = await asyncio.to_thread(_stored_model, stored, model)
-            follower = Follower(stored, model, interval_s=settings.follow_interval_s)
-            async with follower.client as client:
-                await run_api(settings, client, model, stop, follower=follower, ssl_context=served)
+            await _serve_store(settings, model, stop, served)
             return
         if settings.follow:
             path = Path(settings.follow)
@@ -127,6 +123,37 @@ async def run_serve(
             await run_api(settings, client, model, stop, control=control, ssl_context=served)
 
 
+async def _serve_store(settings: ApiSettings, model: Model, stop: asyncio.Event, served: ssl.SSLContext | None) -> None:
+    """Serve a model of a bucket (``--follow s3://bucket/prefix/<model>``),
+    or with ``--follow-all`` every model under its root, `model`'s name the
+    default. A bucket that does not answer at start is one warning; the
+    followers report it at each poll until it does."""
+    if settings.follow_all:
+        store = store_for(settings.follow)
+        stored = StoredModel(store, model.name)
+    else:
+        found = model_at(settings.follow)
+        assert isinstance(found, StoredModel)  # the settings checked the URL
+        store, stored = found.store, found
+    model = await asyncio.to_thread(_stored_model, stored, model)
+    follower = Follower(stored, model, interval_s=settings.follow_interval_s)
+    others: dict[str, Follower] = {}
+    discover = None
+    if settings.follow_all:
+        discover = functools.partial(new_followers, store, settings)
+        try:
+            others = await asyncio.to_thread(discover, {model.name})
+        except ExportStoreError as exc:
+            log.warning(
+                "export store unreachable at start: its other models are looked for again when asked",
+                extra={"fields": {"follow": settings.follow, "error": str(exc)}},
+            )
+    async with follower.client as client:
+        await run_api(
+            settings, client, model, stop, follower=follower, followers=others, discover=discover, ssl_context=served
+        )
+
+
 def _stored_model(stored: StoredModel, default: Model) -> Model:
     """`model_of_exports` of a store's model; the flags' model, with one
     warning, when the store does not answer (the follower then reports the
@@ -141,11 +168,11 @@ def _stored_model(stored: StoredModel, default: Model) -> Model:
         return default
 
 
-def new_followers(root: Path, settings: ApiSettings, known: Collection[str]) -> dict[str, Follower]:
-    """A follower for each model directory under the exports `root` whose
-    name is not in `known` and that holds a version (``--follow-all``), its
-    model as its newest manifest declares it (blocking: reads the directory
-    and the manifests)."""
+def new_followers(root: Path | ExportStore, settings: ApiSettings, known: Collection[str]) -> dict[str, Follower]:
+    """A follower for each model under the exports `root` (a directory or a
+    bucket) whose name is not in `known` and that holds a version
+    (``--follow-all``), its model as its newest manifest declares it
+    (blocking: reads the directory or the bucket, and the manifests)."""
     out: dict[str, Follower] = {}
     for name, mdir in followed_models(root, settings.model_name).items():
         # A model is followed from its first version: its manifest says what

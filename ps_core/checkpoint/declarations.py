@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from .exportstore import ExportStore, ExportStoreError, LocalExportStore, S3ExportStore, store_for
-from .manifest import check_model_name
+from .manifest import check_model_name, is_model_name
 
 __all__ = ["MODEL_FILE", "Declarations", "declarations_at"]
 
@@ -56,13 +56,6 @@ class Declarations(ABC):
         return f"{self.url.rstrip('/')}/{model}/{MODEL_FILE}"
 
 
-def _model_name(name: str) -> str | None:
-    try:
-        return check_model_name(name)
-    except ValueError:
-        return None
-
-
 class DirDeclarations(Declarations):
     """Declarations in a local exports directory."""
 
@@ -73,7 +66,7 @@ class DirDeclarations(Declarations):
     def names(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(p.parent.name for p in self.root.glob(f"*/{MODEL_FILE}") if _model_name(p.parent.name))
+        return sorted(p.parent.name for p in self.root.glob(f"*/{MODEL_FILE}") if is_model_name(p.parent.name))
 
     def read(self, model: str) -> bytes:
         return (self.root / model / MODEL_FILE).read_bytes()
@@ -104,9 +97,8 @@ class BucketDeclarations(Declarations):
 
     def names(self) -> list[str]:
         out = []
-        for head in self.store.top_level():
-            name = _model_name(head)
-            if name is not None and self.store.object_size(f"{name}/{MODEL_FILE}") is not None:
+        for name in self.store.top_level():
+            if is_model_name(name) and self.store.object_size(f"{name}/{MODEL_FILE}") is not None:
                 out.append(name)
         return sorted(out)
 

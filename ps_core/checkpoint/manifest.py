@@ -86,6 +86,11 @@ def check_model_name(model: str) -> str:
     return model
 
 
+def is_model_name(name: str) -> bool:
+    """Whether `name` is a model's (`check_model_name` would take it)."""
+    return _MODEL_NAME.fullmatch(name) is not None
+
+
 @dataclass(frozen=True)
 class ManifestFile:
     """One data file of a version: the rows of one table on one shard."""

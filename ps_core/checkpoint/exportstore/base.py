@@ -77,6 +77,11 @@ class ExportStore(ABC):
         larger than memory should hold twice; `FileNotFoundError` if missing."""
 
     @abstractmethod
+    def top_level(self) -> list[str]:
+        """The names directly under the root that hold something (models'
+        names among them), sorted; hidden ones (``.``) left out."""
+
+    @abstractmethod
     def delete_version(self, model: str, version: int) -> bool:
         """Remove a version (its manifest first, so no reader sees it half
         gone); False if it did not exist."""

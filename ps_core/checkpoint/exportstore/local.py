@@ -161,6 +161,12 @@ class LocalExportStore(ExportStore):
             while piece := f.read(chunk):
                 yield piece
 
+    def top_level(self) -> list[str]:
+        try:
+            return sorted(e.name for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith("."))
+        except FileNotFoundError:
+            return []
+
     def delete_version(self, model: str, version: int) -> bool:
         mdir = self.model_dir(model)
         path = local_version_dirs(mdir).get(version)

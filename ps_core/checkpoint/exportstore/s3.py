@@ -308,15 +308,14 @@ class S3ExportStore(ExportStore):
             self.fail("delete", key, exc)
 
     def top_level(self) -> list[str]:
-        """The names directly under the root that hold objects (a model's,
-        say), without their trailing ``/``."""
         import obstore
 
         try:
             found = obstore.list_with_delimiter(self.client, None)
         except Exception as exc:
             self.fail("list", "", exc)
-        return sorted(p.rstrip("/").rpartition("/")[2] for p in found["common_prefixes"])
+        names = (p.rstrip("/").rpartition("/")[2] for p in found["common_prefixes"])
+        return sorted(n for n in names if n and not n.startswith("."))
 
     def check_writable(self) -> None:
         """Write a probe object under the prefix and delete it: a bucket that
