@@ -331,6 +331,7 @@ async def _run(settings: DemoSettings, stop: asyncio.Event, out: TextIO, kafka: 
         else:
             control = await stack.enter_async_context(ControlClient.local(shards))
         client = await stack.enter_async_context(PSClient.local(shards))
+        client.slot_source = control.slot_map
         model = make_model(api_settings.model, api_settings.model_name)
         for table in model.tables():
             await control.declare(table)

@@ -20,12 +20,11 @@ from its first offsets, and past the outage deadline the worker gives up
 before it, naming topic, partition and offset (exit code 1).
 
 `Worker` is a facade over one collaborator per concern, each tested alone:
-`consumers.pipeline` (windows: decoding, applying, committing),
-`consumers.outage_watch` (outages waited out, the broker watched),
-`consumers.leases`, `consumers.resume` (`Resumer`: where partitions resume),
-`consumers.reports` (window reports, stats, the lag watch) and
-`consumers.registration` (the models on the cluster). The worker itself
-builds its Kafka clients and runs the consume loop.
+`consumers.pipeline` (windows decoded, applied, committed), `outage_watch`
+(outages waited out, the broker watched), `leases`, `resume` (where
+partitions resume), `reports` (window reports, stats, the lag watch) and
+`registration` (the models on the cluster). The worker itself builds its
+Kafka clients and runs the consume loop.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ __all__ = [
     "FrameError",
     "InvalidValuesError",
     "WrongShardError",
+    "MovedError",
     "KeySetExpiredError",
     "FrameVersionError",
     "UnknownTableError",
@@ -102,9 +103,14 @@ class PSError(Exception):
         super().__init__(detail)
         self.detail = detail
 
-    def to_body(self) -> dict[str, str]:
+    def to_body(self) -> dict[str, Any]:
         """The JSON error body: ``{"error": code, "detail": reason}``."""
         return {"error": self.code, "detail": self.detail}
+
+    @classmethod
+    def from_body(cls, detail: str, body: dict[str, Any]) -> PSError:
+        """The error a JSON error body of this code reports (`error_from_body`)."""
+        return cls(detail)
 
 
 class InvalidRequestError(PSError, code="bad_request", status=400):
@@ -140,6 +146,26 @@ class KeySetExpiredError(PSError, code="key_set_expired", status=409):
 class WrongShardError(PSError, code="wrong_shard", status=400):
     """Keys were sent to a shard that does not own them: the client and the
     shard disagree on the number of shards. Nothing was applied."""
+
+
+class MovedError(WrongShardError, code="moved", status=421):
+    """Keys of slots the shard does not own at its slot map's `epoch`
+    (`ps_core.slots`): the client's map is older than the shard's, or the
+    shard's is older than the client's. Nothing was applied; a client with
+    an older map refreshes it and sends the keys again."""
+
+    def __init__(self, detail: str, epoch: int = 0) -> None:
+        super().__init__(detail)
+        self.epoch = epoch
+        """The slot map epoch the shard answered at."""
+
+    def to_body(self) -> dict[str, Any]:
+        return {**super().to_body(), "epoch": self.epoch}
+
+    @classmethod
+    def from_body(cls, detail: str, body: dict[str, Any]) -> PSError:
+        epoch = body.get("epoch")
+        return cls(detail, epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0)
 
 
 class UnknownTableError(PSError, code="unknown_table", status=404):
@@ -313,6 +339,7 @@ _BY_CODE: dict[str, type[PSError]] = {
         FrameError,
         InvalidValuesError,
         WrongShardError,
+        MovedError,
         UnknownTableError,
         TableConfigError,
         ModeConflictError,
@@ -347,7 +374,7 @@ def error_from_body(status: int, body: object) -> PSError:
         detail = str(body.get("detail", ""))
         cls = _BY_CODE.get(code)
         if cls is not None:
-            return cls(detail)
+            return cls.from_body(detail, body)
         err = PSError(f"{code or 'http_' + str(status)}: {detail}")
     else:
         err = PSError(f"http {status}: {body!r}")

@@ -925,14 +925,14 @@ async def test_a_shard_down_is_503_naming_it(serve_shards: Any) -> None:
 
 async def test_a_shard_that_refuses_is_502() -> None:
     """A client that disagrees with the shards on their number sends keys to
-    the wrong shard; the shard's 400 is the server's fault, not the caller's."""
+    the wrong shard; the shard's refusal (moved) is the server's fault, not the caller's."""
     model = make_model("lr", "ctr")
     shard = Shard(ShardSpec(0, 2), model.tables())  # shard 0 of 2, reached as if alone
     client, control = PSClient.local([shard]), ControlClient.local([shard])
     async with TestClient(TestServer(create_app(ApiSettings(), client, model, control=control))) as http:
         api = Api(http, client, control, model, [shard], [], openapi_document())
         status, err = await api.call("POST", "/v1/predict", {"events": synthetic_events(np.random.default_rng(0), 10)})
-        assert (status, err["error"]) == (502, "shard_error") and "wrong_shard" in err["detail"]
+        assert (status, err["error"]) == (502, "shard_error") and "moved" in err["detail"]
 
 
 # -- the OpenAPI document -------------------------------------------------------------

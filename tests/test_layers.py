@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = {
     *("ps_core.errors", "ps_core.hashing", "ps_core.parsing", "ps_core.bodies", "ps_core.rows", "ps_core.lazy"),
     "ps_core.waits",
+    "ps_core.slots",
 }
 
 # What each part of the tree may import of the project, by module prefix.

@@ -59,7 +59,7 @@ async def get_json(session: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
 def error_body(content_type: str, raw: bytes) -> dict[str, str]:
     assert content_type == "application/json", raw[:200]
     body: dict[str, str] = orjson.loads(raw)
-    assert set(body) == {"error", "detail"}, body
+    assert set(body) == ({"error", "detail", "epoch"} if body.get("error") == "moved" else {"error", "detail"}), body
     assert isinstance(body["detail"], str) and body["detail"]
     return body
 
@@ -401,14 +401,14 @@ async def test_keys_of_the_other_shard_are_rejected(serve_shards: Any, http: aio
     status, ctype, raw = await post(
         http, urls[0] + "/v1/push", op_encoders.encode_push("lr", mixed, np.ones(5, np.float32))
     )
-    assert status == 400
+    assert status == 421  # Misdirected Request: the keys' slots are another shard's
     body = error_body(ctype, raw)
-    assert body["error"] == "wrong_shard"
-    assert "2 of 5 keys belong to other shards, not shard 0 of 2" in body["detail"]
+    assert (body["error"], body["epoch"]) == ("moved", 1)
+    assert "2 of 5 keys belong to other shards, not shard 0 of 2 at slot map epoch 1" in body["detail"]
     assert f"first: {int(theirs[0])}" in body["detail"]
 
     status, ctype, raw = await post(http, urls[0] + "/v1/pull", op_encoders.encode_pull("lr", mixed))
-    assert status == 400 and error_body(ctype, raw)["error"] == "wrong_shard"
+    assert status == 421 and error_body(ctype, raw)["error"] == "moved"
 
     _, stats_after = await get_json(http, urls[0] + "/v1/stats")
     assert stats_after == stats_before
@@ -453,8 +453,8 @@ async def test_push_pull_with_a_bad_section_on_a_2_shard_server_changes_nothing(
         op_encoders.encode_push_pull("lr", np.concatenate([mine, theirs]), np.ones(6, np.float32), mine, request_id=3),
     ):
         status, ctype, raw = await post(http, urls[0] + "/v1/push_pull", body)
-        assert status == 400, raw
-        assert error_body(ctype, raw)["error"] == "wrong_shard"
+        assert status == 421, raw
+        assert error_body(ctype, raw)["error"] == "moved"
         _, stats_after = await get_json(http, urls[0] + "/v1/stats")
         assert stats_after == stats_before
         assert_same_contents(contents(shards[0]), before)

@@ -74,4 +74,4 @@ class NoVersionError(PSError, code="no_version", status=503, retriable=True):
 class ShardOrderError(PSError, code="wrong_shard_order", status=503, retriable=True):
     """A shard answers from another place than the API's shard list gives
     it (a shard restarted with another id or count): every call would be
-    refused as ``wrong_shard``."""
+    refused as ``moved``."""

@@ -443,7 +443,7 @@ async def readyz(request: web.Request) -> web.Response:
         if down:
             raise ShardUnavailableError("; ".join(r.detail for r in down))
         # A shard restarted with another id or count refuses every call as
-        # wrong_shard: not ready, naming which place holds which shard.
+        # moved: not ready, naming which place holds which shard.
         stats = [r for r in each if isinstance(r, dict)]
         wrong = misplaced(
             [

@@ -119,6 +119,7 @@ async def run_serve(
             PSClient.connect(settings.shards, retry=retry, rpc=settings.use_rpc, token=token, ssl=tls) as client,
             ControlClient.connect(settings.shards, retry=retry, token=token, ssl=tls) as control,
         ):
+            client.slot_source = control.slot_map  # where keys go after a shard answers `moved`
             model = await as_declared(control, model)
             await run_api(settings, client, model, stop, control=control, ssl_context=served)
 

@@ -97,6 +97,7 @@ async def _run_worker(
                 retry=RetryPolicy(deadline_s=max(10.0, settings.sync_deadline_s + 5)),
             ) as control,
         ):
+            client.slot_source = control.slot_map  # where keys go after a shard answers `moved`
             declared = await _as_declared(settings, control, stop)
             if declared is None:
                 log.info("stop asked while waiting for shard 0: nothing trained")

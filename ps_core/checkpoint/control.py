@@ -14,59 +14,41 @@ from __future__ import annotations
 
 import ssl as ssl_
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol, TypedDict, Unpack
+from typing import Protocol, Unpack
 
 import aiohttp
 import msgspec
 
-from ..bodies import check
 from ..errors import (
-    ExportNotFoundError,
     InvalidRequestError,
-    LeaseError,
     NoCoordinatorError,
-    PSError,
     StatusError,
-    TableConfigError,
-    UnknownModelError,
 )
-from ..net import control_calls as calls
 from ..net.client import fan_out
-from ..net.control_calls import ControlCall, Rep, Req, with_model
 from ..net.control_messages import (
-    Admit,
     BoardEntry,
     Compaction,
     ExportList,
     ExportReportBody,
-    ExportRequest,
-    KnownOffsets,
-    LeaseRenewal,
-    LeaseRequest,
     MembershipBody,
     ModelDeclaration,
     ModelEntry,
-    Release,
-    Restore,
-    Restored,
     ShardModelCreatedBody,
     ShardModelDeletedBody,
     ShardModelListBody,
-    SnapshotRequest,
+    SlotMapBody,
     StatusAck,
-    SyncApply,
-    SyncArrive,
-    SyncMember,
 )
-from ..net.endpoint import RetryPolicy, ShardEndpoint, ShardGroup
-from ..net.shard_bodies import Stats, TableDeclaration
-from ..net.snapshot_transfer import snapshots_from_bytes
+from ..net.endpoint import RetryPolicy, ShardGroup
+from ..net.shard_bodies import Stats
 from ..shard import Shard
-from ..store.board import StatusReport, WorkerStatus
+from ..slots import SlotMap
+from ..store.board import WorkerStatus
 from ..store.snapshot import TableSnapshot
 from ..store.table_config import TableConfig
-from .coordinator import Coordinator, Offsets, parse_offsets
-from .stream import StreamIdentity
+from .control_types import ExportService, LeaseGrant, ReleaseFields, ResumePoint
+from .coordinator import Coordinator, Offsets
+from .http_control import HttpControl
 
 __all__ = [
     "ControlClient",
@@ -78,64 +60,6 @@ __all__ = [
     "ReleaseFields",
     "ExportService",
 ]
-
-
-class LeaseGrant(NamedTuple):
-    """A lease granted by the coordinator."""
-
-    lease_id: int
-    """What `release_lease` names."""
-    epoch: str
-    """The coordinator's life (`ps_core.checkpoint.coordinator.Coordinator.epoch`)."""
-
-
-class ResumePoint(NamedTuple):
-    """Where the coordinator says the shards' state ends, and in which stream."""
-
-    offsets: Offsets
-    """Next offset to consume per topic and partition."""
-    stream: StreamIdentity | None
-    """The stream they were read from (None: not known, e.g. an older export)."""
-    restored: int | None = None
-    """The export version the shards' state was loaded from under the
-    coordinator's epoch (0: they started empty; None: not known)."""
-
-
-def _resume_point(got: KnownOffsets) -> ResumePoint:
-    """A ``GET /v1/offsets`` answer as a `ResumePoint` (an older
-    coordinator's, without ``restored``: restored not known)."""
-    stream = None if got.stream is None else StreamIdentity.from_body(got.stream)
-    restored = None if isinstance(got.restored, msgspec.UnsetType) else got.restored
-    return ResumePoint(parse_offsets(got.offsets), stream, restored)
-
-
-class ReleaseFields(TypedDict, total=False):
-    """What a lease's release may say beside its offsets."""
-
-    stream: StreamIdentity | None
-    """Where the offsets were read (cluster, group, topics)."""
-    model: str | None
-    """The model the offsets are of (None: the default model)."""
-    also: Sequence[str]
-    """Models the same window trained, whose offsets these are too."""
-
-
-class ExportService(Protocol):
-    """What shard 0's transport needs of an in-process exporter (`exporter.Exporter`)."""
-
-    async def export_json(self, kind: str | None = None) -> ExportReportBody: ...
-
-    def exports_json(self, model: str | None = None) -> ExportList: ...
-
-    async def compact(self, model: str | None = None) -> Compaction: ...
-
-    def models_json(self) -> ShardModelListBody: ...
-
-    def model_json(self, name: str) -> ModelEntry: ...
-
-    async def create_model_json(self, body: ModelDeclaration) -> ShardModelCreatedBody: ...
-
-    async def delete_model(self, name: str) -> ShardModelDeletedBody: ...
 
 
 class ShardControl(Protocol):
@@ -158,6 +82,8 @@ class ShardControl(Protocol):
     async def drop_snapshot(self, version: int) -> bool: ...
 
     async def membership(self) -> MembershipBody: ...
+
+    async def slot_map(self) -> SlotMapBody: ...
 
     async def admit(self, epoch: str, version: int) -> MembershipBody: ...
 
@@ -232,6 +158,9 @@ class LocalControl:
     async def membership(self) -> MembershipBody:
         return msgspec.convert(self.shard.membership(), MembershipBody)
 
+    async def slot_map(self) -> SlotMapBody:
+        return msgspec.convert(self.shard.slot_map.to_dict(), SlotMapBody)
+
     async def admit(self, epoch: str, version: int) -> MembershipBody:
         self.shard.admit(epoch, version)
         return await self.membership()
@@ -302,135 +231,6 @@ class LocalControl:
 
     async def delete_model(self, name: str) -> ShardModelDeletedBody:
         return await self._exporter().delete_model(name)
-
-    async def close(self) -> None:
-        return None
-
-
-class HttpControl(ShardEndpoint):
-    """A shard server's control routes, JSON over its HTTP port: each call
-    as `ps_core.net.control_calls` declares it."""
-
-    async def _exchange(self, call: ControlCall[Any, Any], body: object, path: str | None) -> tuple[int, bytes]:
-        """`call`'s (status, reply body); on a route of the coordinator's, a
-        404 that names no error of its own is `NoCoordinatorError`."""
-        data = None if body is None else msgspec.json.encode(body)
-        kind = "" if data is None else "application/json"
-        try:
-            return await self.request(call.method, path or call.path, data, kind, answered=call.answered)
-        except PSError as exc:
-            if (
-                call.coordinator
-                and exc.status == 404
-                and not isinstance(exc, (LeaseError, NoCoordinatorError, ExportNotFoundError, UnknownModelError))
-            ):
-                # The route is not there: this shard serves no coordinator.
-                raise NoCoordinatorError(f"shard {self.shard_id} at {self.url} hosts no coordinator") from None
-            raise
-
-    async def _call(self, call: ControlCall[Req, Rep], body: Req | None = None, path: str | None = None) -> Rep:
-        """`call`'s reply, decoded into its model."""
-        _, reply = await self._exchange(call, body, path)
-        return call.read(reply)
-
-    async def declare(self, config: TableConfig) -> bool:
-        body = check(config.to_dict(), TableDeclaration, TableConfigError)
-        status, _ = await self._exchange(calls.DECLARE, body, None)
-        return status == 201
-
-    async def stats(self) -> Stats:
-        return await self._call(calls.STATS)
-
-    async def report_status(self, source: str, status: WorkerStatus) -> StatusAck:
-        # The shard checks the report (`StatusError` naming the field, the source's too).
-        return await self._call(calls.REPORT_STATUS, StatusReport(source, status))
-
-    async def statuses(self) -> list[BoardEntry]:
-        return (await self._call(calls.STATUSES)).statuses
-
-    async def take_snapshot(self, version: int, parent: int | None) -> dict[str, int]:
-        return (await self._call(calls.TAKE_SNAPSHOT, SnapshotRequest(version, parent))).rows
-
-    async def fetch_snapshot(self, version: int) -> list[TableSnapshot]:
-        return snapshots_from_bytes(
-            await self._call(calls.FETCH_SNAPSHOT, path=calls.FETCH_SNAPSHOT.at(version=version))
-        )
-
-    async def drop_snapshot(self, version: int) -> bool:
-        return (await self._call(calls.DROP_SNAPSHOT, path=calls.DROP_SNAPSHOT.at(version=version))).dropped
-
-    async def membership(self) -> MembershipBody:
-        return await self._call(calls.MEMBERSHIP)
-
-    async def admit(self, epoch: str, version: int) -> MembershipBody:
-        return await self._call(calls.ADMIT, Admit(epoch, version))
-
-    async def restore_version(self, version: int) -> Restored:
-        """Have the shard load export `version` from its exports directory
-        (`ps_core.checkpoint.joining.restore_version` on its side)."""
-        return await self._call(calls.RESTORE, Restore(version))
-
-    async def acquire_lease(self, worker: str, wait_s: float, ttl_s: float | None = None) -> LeaseGrant:
-        got = await self._call(calls.ACQUIRE_LEASE, LeaseRequest(worker, wait_s, ttl_s))
-        return LeaseGrant(got.lease_id, got.epoch)
-
-    async def renew_lease(self, lease_id: int) -> bool:
-        return (await self._call(calls.RENEW_LEASE, LeaseRenewal(lease_id))).renewed
-
-    async def release_lease(self, lease_id: int, offsets: Offsets, **named: Unpack[ReleaseFields]) -> bool:
-        stream = named.get("stream")
-        body = Release(
-            lease_id,
-            {t: {str(p): o for p, o in ps.items()} for t, ps in offsets.items()},
-            None if stream is None else stream.to_body(),
-            named.get("model"),
-            list(named.get("also", ())),
-        )
-        return (await self._call(calls.RELEASE_LEASE, body)).released
-
-    async def coordinator_offsets(self, model: str | None = None) -> Offsets:
-        return (await self.coordinator_resume(model)).offsets
-
-    async def sync_join(self, worker: str, model: str | None = None) -> int:
-        return (await self._call(calls.SYNC_JOIN, SyncMember(worker, model))).step
-
-    async def sync_leave(self, worker: str, model: str | None = None) -> int:
-        return (await self._call(calls.SYNC_LEAVE, SyncMember(worker, model))).step
-
-    async def sync_arrive(self, worker: str, deadline_s: float, model: str | None = None) -> int:
-        return (await self._call(calls.SYNC_ARRIVE, SyncArrive(worker, deadline_s, model))).step
-
-    async def sync_apply(self, step: int, tables: Sequence[str] | None = None) -> int:
-        body = SyncApply(step, None if tables is None else list(tables))
-        return (await self._call(calls.SYNC_APPLY, body)).applied
-
-    async def coordinator_resume(self, model: str | None = None) -> ResumePoint:
-        return _resume_point(await self._call(calls.OFFSETS, path=with_model(calls.OFFSETS.path, model)))
-
-    async def export_now(self, kind: str | None) -> ExportReportBody:
-        body = ExportRequest() if kind is None else check({"kind": kind}, ExportRequest, InvalidRequestError)
-        return await self._call(calls.EXPORT_NOW, body)
-
-    async def exports(self, model: str | None = None) -> ExportList:
-        return await self._call(calls.EXPORTS, path=with_model(calls.EXPORTS.path, model))
-
-    async def compact_exports(self, model: str | None = None) -> Compaction:
-        return await self._call(calls.COMPACT, path=with_model(calls.COMPACT.path, model))
-
-    async def drop_table(self, name: str) -> bool:
-        return (await self._call(calls.DROP_TABLE, path=calls.DROP_TABLE.at(name=name))).dropped
-
-    async def models(self) -> ShardModelListBody:
-        return await self._call(calls.MODELS)
-
-    async def model_info(self, name: str) -> ModelEntry:
-        return await self._call(calls.MODEL_INFO, path=calls.MODEL_INFO.at(name=name))
-
-    async def create_model(self, body: ModelDeclaration) -> ShardModelCreatedBody:
-        return await self._call(calls.CREATE_MODEL, body)
-
-    async def delete_model(self, name: str) -> ShardModelDeletedBody:
-        return await self._call(calls.DELETE_MODEL, path=calls.DELETE_MODEL.at(name=name))
 
     async def close(self) -> None:
         return None
@@ -553,6 +353,15 @@ class ControlClient(ShardGroup[ShardControl]):
         """End a lease with the offsets its window committed (and the
         `ReleaseFields`); False if it had expired."""
         return await self.shards[0].release_lease(lease_id, offsets, **named)
+
+    async def slot_map(self) -> SlotMap:
+        """The cluster's slot map, shard 0's (`ps_core.slots`): what a client
+        routes by after a shard answered `moved` (`PSClient.slot_source`)."""
+        body = await self.shards[0].slot_map()
+        try:
+            return SlotMap.from_dict(msgspec.to_builtins(body))
+        except ValueError as exc:
+            raise InvalidRequestError(f"shard 0's slot map: {exc}") from None
 
     async def coordinator_offsets(self, model: str | None = None) -> Offsets:
         """The coordinator's committed offsets of `model`: where its workers resume after a restore."""

@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib import format as npy_format
 
+from ..slots import SlotMap
 from ..store.snapshot import SnapshotKind, TableSnapshot
 from ..store.table_config import TableConfig
 from .export_read import (
@@ -275,6 +276,7 @@ def write_version(
     stream: StreamIdentity | None = None,
     serving_precision: str = "f32",
     file_mode: int = DEFAULT_FILE_MODE,
+    slot_map: SlotMap | None = None,
 ) -> Path:
     """Write one export version and make it visible atomically; returns its directory.
 
@@ -288,7 +290,9 @@ def write_version(
     fsynced). `FileExistsError` if the version exists. Synchronous: run it in
     a thread. Its serving files hold the weights in `serving_precision`
     (`ps_core.checkpoint.serving_files`). Its files get `file_mode`, its directory
-    (and the model's, when this makes it) `dir_mode(file_mode)`.
+    (and the model's, when this makes it) `dir_mode(file_mode)`. `slot_map`
+    is the cluster's at the cut (`ps_core.slots`; None: the even map of
+    `num_shards`, as before there were slots).
     """
     return Path(
         write_version_to(
@@ -303,6 +307,7 @@ def write_version(
             stream=stream,
             serving_precision=serving_precision,
             file_mode=file_mode,
+            slot_map=slot_map,
         )
     )
 
@@ -328,6 +333,7 @@ def upload_version(
     stream: StreamIdentity | None = None,
     serving_precision: str = "f32",
     file_mode: int = DEFAULT_FILE_MODE,
+    slot_map: SlotMap | None = None,
 ) -> tuple[str, ExportManifest]:
     """Write one version into `store` (`write_version`'s arguments, a store in
     place of the root): the files, then the manifest, which makes it visible;
@@ -346,6 +352,7 @@ def upload_version(
         "offsets": {str(t): {int(p): int(o) for p, o in parts.items()} for t, parts in offsets.items()},
         "stream": stream,
         "serving_precision": serving_precision,
+        "slot_map": slot_map,
     }
     try:
         manifest = _write_files(upload, fields, snapshots)

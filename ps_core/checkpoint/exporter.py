@@ -50,6 +50,7 @@ from ..net.control_messages import (
     ShardModelListBody,
     VersionEntry,
 )
+from ..slots import SlotMap
 from ..waits import within
 from .control import ControlClient
 from .coordinator import Coordinator, Cut
@@ -224,8 +225,10 @@ class Exporter:
     async def _write(self, cut: Cut[int | None], snaps: dict[int, list[Any]]) -> dict[str, dict[str, Any]]:
         """Each model's files of `cut` (`_write_models`, in a thread);
         `ExportWriteError` naming the directory if they cannot be written."""
+        # Shard 0's map, the coordinator's: this process's, no request.
+        slot_map = await self.client.slot_map()
         try:
-            return await asyncio.to_thread(self._write_models, cut, snaps)
+            return await asyncio.to_thread(self._write_models, cut, snaps, slot_map)
         except OSError as exc:
             # write_version leaves no partial directory behind (its temporary
             # one is removed), and _write_models removes the models' versions
@@ -292,7 +295,7 @@ class Exporter:
         )
         return report
 
-    def _write_models(self, cut: Any, snaps: dict[int, list[Any]]) -> dict[str, dict[str, Any]]:
+    def _write_models(self, cut: Any, snaps: dict[int, list[Any]], slot_map: SlotMap) -> dict[str, dict[str, Any]]:
         """Write each model's tables of `cut` into its directory; returns per
         model its path, rows and bytes. A model without tables yet writes
         nothing (but the default model). On an `OSError` the versions already written are removed
@@ -326,6 +329,7 @@ class Exporter:
                     stream=stream,
                     serving_precision=self.serving_precision,
                     file_mode=self.file_mode,
+                    slot_map=slot_map,
                 )
             except OSError as exc:
                 for done_name, done in written.items():

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import ExportCorruptError, PSError
+from ..slots import SlotMap
 from ..store.snapshot import SnapshotKind
 from ..store.table_config import TableConfig
 from .stream import StreamIdentity
@@ -39,8 +40,12 @@ __all__ = [
 
 FORMAT = "ctrps-export"
 """The manifest's ``format`` field."""
-FORMAT_VERSION = 2
-"""The layout version this code writes and the newest it reads."""
+FORMAT_VERSION = 3
+"""The newest layout version this code reads, and writes for a cut whose
+slot map is not even. Version 3 adds the slot map; a cut of the even map is
+still written as 2, which a reader of 2 routes exactly as its map says."""
+EVEN_FORMAT_VERSION = 2
+"""What a cut of the even slot map is written as (`FORMAT_VERSION`)."""
 MANIFEST_NAME = "manifest.json"
 """The manifest's file name in a version directory."""
 CHECKSUM_FIELD = "manifest_sha256"
@@ -151,6 +156,14 @@ class ExportManifest:
     serving_precision: str = "f32"
     """What the serving files hold the weights in: ``f32``, ``f16`` or
     ``int8`` (`ps_core.checkpoint.serving_files`); f32 in older manifests."""
+    slot_map: SlotMap | None = None
+    """The cluster's slot map at the cut (`ps_core.slots`): which shard each
+    key's slot was on. None in manifests written before there were slots,
+    whose cuts are the even map of `num_shards` (`cut_slots`)."""
+
+    def cut_slots(self) -> SlotMap:
+        """`slot_map`, or the even map of `num_shards` for an older manifest."""
+        return self.slot_map if self.slot_map is not None else SlotMap.even(self.num_shards)
 
     def rows(self) -> int:
         """Rows over all files."""
@@ -168,7 +181,7 @@ class ExportManifest:
         """The manifest file's bytes (UTF-8 JSON, indented for people)."""
         raw = {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+            "format_version": EVEN_FORMAT_VERSION if self.slot_map is None or self.slot_map.is_even else FORMAT_VERSION,
             "model": self.model,
             "version": self.version,
             "parent": self.parent,
@@ -184,6 +197,8 @@ class ExportManifest:
             "serving_files": [f.to_dict() for f in self.serving_files],
             "serving_precision": self.serving_precision,
         }
+        if self.slot_map is not None:
+            raw["slot_map"] = self.slot_map.to_dict()
         raw[CHECKSUM_FIELD] = manifest_checksum(raw)
         return (json.dumps(raw, indent=2, allow_nan=False) + "\n").encode()
 
@@ -231,6 +246,9 @@ class ExportManifest:
         created = datetime.fromisoformat(str(obj["created_at"]))
         if created.tzinfo is None:
             raise ValueError("created_at without a time zone")
+        slot_map = SlotMap.from_dict(obj["slot_map"]) if obj.get("slot_map") is not None else None
+        if slot_map is not None and slot_map.num_shards != num_shards:
+            raise ValueError(f"a slot map of {slot_map.num_shards} shards in a cut of {num_shards}")
         return cls(
             model=check_model_name(str(obj["model"])),
             version=version,
@@ -247,6 +265,7 @@ class ExportManifest:
             stream=StreamIdentity.from_dict(obj["stream"]) if obj.get("stream") is not None else None,
             serving_files=serving,
             serving_precision=_precision(obj.get("serving_precision", "f32")),
+            slot_map=slot_map,
         )
 
 

@@ -13,7 +13,6 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidValuesError, TableConflictError
-from ..hashing import shard_of
 from ..shard import Shard, ShardSpec
 from ..store.snapshot import TableSnapshot
 from .export_files import (
@@ -55,11 +54,12 @@ def _check_chain(chain: Sequence[VersionInfo]) -> None:
 
 
 def _route(keys: npt.NDArray[np.uint64], shards: Sequence[Shard]) -> list[npt.NDArray[np.intp] | None]:
-    """For each target shard, the positions of its keys (None: all of them)."""
-    num = shards[0].spec.num_shards
-    if num == 1:
+    """For each target shard, the positions of its keys by the shards' slot
+    map (None: all of them)."""
+    slots = shards[0].slot_map
+    if slots.num_shards == 1:
         return [None]
-    owner = shard_of(keys, num)
+    owner = slots.owner_of(keys)
     # One comparison per target: cheaper than sorting by owner for the
     # handful of shards a restore builds, and it serves a subset of shards.
     return [np.flatnonzero(owner == s.spec.shard_id) for s in shards]
@@ -104,9 +104,12 @@ def restore_into(
     """Load a chain (base, then each delta) into shards of any count.
 
     The shards must share one `num_shards` and have distinct ids; they may be
-    any subset of the cluster (a shard server restores its own slice). Keys
-    are re-hashed with `shard_of`; each version's rows are upserted (state and
-    metadata as stored), then its deleted keys removed. Tables are declared
+    any subset of the cluster (a shard server restores its own slice). Into
+    as many shards as the chain's last cut, the shards take its slot map (so
+    each slot is where it was); into another count, their own (the even
+    map of that count). Each key goes to its slot's shard; each version's
+    rows are upserted (state and metadata as stored), then its deleted keys
+    removed. Tables are declared
     from the manifests (a conflicting declaration is a `TableConflictError`).
     Afterwards every table of the chain has ``version = last + 1`` and the
     next delta is taken relative to the last version.
@@ -116,6 +119,10 @@ def restore_into(
         raise ValueError("no shards to restore into")
     if len({s.spec.num_shards for s in shards}) != 1 or len({s.spec.shard_id for s in shards}) != len(shards):
         raise ValueError("shards must share num_shards and have distinct ids")
+    cut = chain[-1].manifest.cut_slots()
+    if cut.num_shards == shards[0].spec.num_shards:
+        for shard in shards:
+            shard.adopt_slot_map(cut)  # the even map of epoch 1 is what they hold already
     declared: set[str] = set()
     for info in chain:
         # The chain's own manifests, not re-read ones: were a version swapped

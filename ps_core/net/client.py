@@ -31,7 +31,7 @@ import asyncio
 import itertools
 import secrets
 import ssl as ssl_
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -39,10 +39,11 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import PSError
+from ..errors import MovedError, PSError
 from ..hashing import U64
 from ..rows import put_rows
 from ..shard import Shard
+from ..slots import SlotMap
 from ..store.change_log import Changes
 from ..store.storage import F32
 from .endpoint import RetryPolicy, ShardGroup
@@ -50,9 +51,17 @@ from .routing import split_by_shard
 from .transports import HttpTransport, LocalTransport, Pulled, Push, ShardReader, ShardTransport, TcpTransport
 from .wire import F32_WIRE, WireFormat, WireStats
 
-__all__ = ["PSReader", "PSClient", "Routed", "fan_out"]
+__all__ = ["PSReader", "PSClient", "Routed", "SlotSource", "fan_out"]
+
+SlotSource = Callable[[], Awaitable[SlotMap]]
+"""Where a client reads the cluster's current slot map (the coordinator's)."""
+
+MAX_REROUTES = 3
+"""Newer slot maps one call takes before a shard's `moved` is raised: a map
+changes by one move at a time, so more means the client reads a stale source."""
 
 T = TypeVar("T", bound=ShardReader)
+T_ = TypeVar("T_")
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,8 @@ class Routed:
     """Per table, the id under which the shards remembered these keys when a
     `PSClient` whose transports keep key sets pulled them: the push that
     follows names the set instead of sending the keys (`ps_core.shard.key_sets`)."""
+    epoch: int = 1
+    """The epoch of the slot map that split them."""
 
 
 class PSReader(ShardGroup[T]):
@@ -88,30 +99,87 @@ class PSReader(ShardGroup[T]):
         super().__init__(transports, session=session)
         self.transports = self._members
         """Shard i's transport at place i."""
+        self.slot_map = SlotMap.even(self.num_shards)
+        """The slot map keys are routed by (`ps_core.slots`): the even map of
+        the shard count until a newer one is given (`use_slot_map`)."""
+        self.slot_source: SlotSource | None = None
+        """Where a newer map is read when a shard answers `moved` (None: the
+        `MovedError` is raised to the caller)."""
+        self.reroutes = 0
+        """Calls sent again by a newer slot map after a shard answered `moved`."""
+
+    def use_slot_map(self, slot_map: SlotMap) -> bool:
+        """Route by `slot_map` from now on if it is newer than the map held
+        (a higher epoch); True when taken. `ValueError` for a map of another
+        shard count than the client's."""
+        if slot_map.num_shards != self.num_shards:
+            raise ValueError(f"a slot map of {slot_map.num_shards} shards for a client of {self.num_shards}")
+        if slot_map.epoch <= self.slot_map.epoch:
+            return False
+        self.slot_map = slot_map
+        return True
+
+    def _current(self, keys: npt.ArrayLike | Routed) -> Routed:
+        """`keys` split by the map held: a route kept from an older map is
+        split again (the shards would refuse some of it, and one in this
+        process would trust it)."""
+        if isinstance(keys, Routed) and keys.epoch == self.slot_map.epoch:
+            return keys
+        return self.route(keys.keys if isinstance(keys, Routed) else keys)
+
+    async def refresh_slots(self, moved: MovedError, tries: int, routed_by: int) -> None:
+        """After a shard answered `moved` to keys split by the map of epoch
+        `routed_by`: route by the newer map held, else take the source's
+        newer map, else raise `moved` (no source, no newer map, or `tries` at
+        `MAX_REROUTES`)."""
+        if tries >= MAX_REROUTES:
+            raise moved
+        if routed_by < self.slot_map.epoch:
+            self.reroutes += 1
+            return  # a route kept from before this client took a newer map
+        if self.slot_source is None:
+            raise moved
+        if not self.use_slot_map(await self.slot_source()):
+            raise moved  # the shard's map is the newer one: it has not been told yet
+        self.reroutes += 1
 
     # -- routing -------------------------------------------------------------
     def route(self, keys: npt.ArrayLike) -> Routed:
         """Split `keys` by shard once, for a pull and a push of the same keys."""
         k = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
-        order, bounds = split_by_shard(k, self.num_shards)
+        order, bounds = split_by_shard(k, self.slot_map)
         parts = [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(self.num_shards)]
-        return Routed(k, order, parts, k if order is None else k[order])
+        return Routed(k, order, parts, k if order is None else k[order], epoch=self.slot_map.epoch)
 
     async def pull(self, table: str, keys: npt.ArrayLike | Routed) -> F32:
         """Weights (n, dim) of `keys` (or a `route` of them), in their order."""
-        r = keys if isinstance(keys, Routed) else self.route(keys)
-        jobs = _pull_jobs(r)
-        results = await fan_out([self.transports[i].pull(table, r.by_shard[p]) for i, p in jobs])
-        return _reassemble(r, results)
+        r = self._current(keys)
+        tries = 0
+        while True:
+            jobs = _pull_jobs(r)
+            try:
+                results = await fan_out([self.transports[i].pull(table, r.by_shard[p]) for i, p in jobs])
+            except MovedError as moved:  # a pull changes nothing: asked again whole, by the newer map
+                await self.refresh_slots(moved, tries, r.epoch)
+                tries, r = tries + 1, self.route(r.keys)
+                continue
+            return _reassemble(r, results)
 
     async def pull_versioned(self, table: str, keys: npt.ArrayLike | Routed, *, presence: bool = False) -> Pulled:
         """Like `pull`, with the table's open version and, with `presence`,
         whether each key has a row (an index lookup on the shard, no insert)."""
-        r = keys if isinstance(keys, Routed) else self.route(keys)
-        jobs = _pull_jobs(r)
-        results: list[Pulled] = await fan_out(
-            [self.transports[i].pull_versioned(table, r.by_shard[p], presence) for i, p in jobs]
-        )
+        r = self._current(keys)
+        tries = 0
+        while True:
+            jobs = _pull_jobs(r)
+            try:
+                results: list[Pulled] = await fan_out(
+                    [self.transports[i].pull_versioned(table, r.by_shard[p], presence) for i, p in jobs]
+                )
+                break
+            except MovedError as moved:
+                await self.refresh_slots(moved, tries, r.epoch)
+                tries, r = tries + 1, self.route(r.keys)
         present = None
         if presence:
             present = _reassemble(r, [x.present for x in results if x.present is not None])
@@ -176,14 +244,17 @@ class PSClient(PSReader[ShardTransport]):
     def local(cls, shards: Sequence[Shard]) -> PSClient:
         """A client over shards in this process.
 
-        Where shard i's spec is ``ShardSpec(i, len(shards))``, the client's
-        routing is the shard's ownership, and the shard does not check it
-        again; a shard placed or counted otherwise checks every key (and
+        Where shard i's spec is ``ShardSpec(i, len(shards))`` and the
+        client's slot map is the shard's, the client's routing is the shard's
+        ownership, and the shard does not check it again; a shard placed or counted otherwise checks every key (and
         refuses those it does not own, as a shard server would)."""
         n = len(shards)
-        return cls(
-            [LocalTransport(s, routed=(s.spec.shard_id, s.spec.num_shards) == (i, n)) for i, s in enumerate(shards)]
-        )
+        transports = [LocalTransport(s) for s in shards]
+        client = cls(transports)
+        for i, (s, t) in enumerate(zip(shards, transports)):
+            if (s.spec.shard_id, s.spec.num_shards) == (i, n):
+                t.routed_by = client
+        return client
 
     async def pull(self, table: str, keys: npt.ArrayLike | Routed, *, for_push: bool = True) -> F32:
         """Weights (n, dim) of `keys` (or a `route` of them), in their order.
@@ -193,12 +264,23 @@ class PSClient(PSReader[ShardTransport]):
         remembered, which that push names instead of sending the keys."""
         if not isinstance(keys, Routed):
             return await super().pull(table, keys)
-        r = keys
-        jobs = _pull_jobs(r)
-        remember = self.new_request_id() if self._key_sets and for_push else 0
-        results: list[Pulled] = await fan_out(
-            [self.transports[i].pull_versioned(table, r.by_shard[p], False, remember) for i, p in jobs]
-        )
+        r = self._current(keys)
+        tries = 0
+        while True:
+            jobs = _pull_jobs(r)
+            remember = self.new_request_id() if self._key_sets and for_push else 0
+            try:
+                results: list[Pulled] = await fan_out(
+                    [self.transports[i].pull_versioned(table, r.by_shard[p], False, remember) for i, p in jobs]
+                )
+                break
+            except MovedError as moved:
+                # Asked again by the newer map; the caller's route is left as
+                # it was, so the push that follows finds the move itself.
+                await self.refresh_slots(moved, tries, r.epoch)
+                tries, r = tries + 1, self.route(r.keys)
+        if r is not keys:
+            return _reassemble(r, [x.weights for x in results])
         _mark_remembered(r, table, remember)
         clocks = [0] * self.num_shards
         for (i, _), x in zip(jobs, results):
@@ -225,19 +307,71 @@ class PSClient(PSReader[ShardTransport]):
         (see `new_request_id`); shards that applied it acknowledge without
         applying twice.
         """
-        r = keys if isinstance(keys, Routed) else self.route(keys)
+        r = self._current(keys)
         k, g, c = _push_arrays(r, grads, counts)
         if k.size == 0:
             return 0
         rid = self.new_request_id() if request_id is None else request_id
         base = r.clocks.get(table) or [0] * self.num_shards
         ref = r.key_sets.pop(table, 0)  # a set is used once
-        coros = [
-            self.transports[i].push(Push(table, k[p], g[p], None if c is None else c[p], event_time, rid, base[i], ref))
-            for i, p in enumerate(r.parts)
-            if p.stop > p.start
-        ]
-        return sum(await fan_out(coros))
+        jobs = [(i, p) for i, p in enumerate(r.parts) if p.stop > p.start]
+        results = await fan_out(
+            [
+                _unless_moved(
+                    self.transports[i].push(
+                        Push(table, k[p], g[p], None if c is None else c[p], event_time, rid, base[i], ref)
+                    )
+                )
+                for i, p in jobs
+            ]
+        )
+        applied = sum(x for x in results if isinstance(x, int))
+        refused = [(p, x) for (_, p), x in zip(jobs, results) if isinstance(x, MovedError)]
+        if refused:
+            applied += await self._push_moved(table, k, g, c, refused, event_time, r.epoch)
+        return applied
+
+    async def _push_moved(
+        self,
+        table: str,
+        k: U64,
+        g: F32,
+        c: F32 | None,
+        refused: list[tuple[slice, MovedError]],
+        event_time: float,
+        routed_by: int,
+    ) -> int:
+        """Push again, by a newer slot map, the parts of a push that shards
+        refused as `moved` (nothing of them was applied). They go under a new
+        request id: the shard that owns them now may have applied its own
+        part of the push under the first one. (A caller that then retries
+        the whole push with the first id may apply them twice: moves, which
+        change maps, are to carry what a slot's pushes were.)"""
+        tries = total = 0
+        while refused:
+            await self.refresh_slots(refused[0][1], tries, routed_by)
+            tries += 1
+            sel = np.concatenate([np.arange(p.start, p.stop) for p, _ in refused])
+            k, g = k[sel], g[sel]
+            c = None if c is None else c[sel]
+            r = self.route(k)
+            routed_by = r.epoch
+            k, g, c = _push_arrays(r, g, c)
+            rid = self.new_request_id()
+            jobs = [(i, p) for i, p in enumerate(r.parts) if p.stop > p.start]
+            results = await fan_out(
+                [
+                    _unless_moved(
+                        self.transports[i].push(
+                            Push(table, k[p], g[p], None if c is None else c[p], event_time, rid, 0, 0)
+                        )
+                    )
+                    for i, p in jobs
+                ]
+            )
+            total += sum(x for x in results if isinstance(x, int))
+            refused = [(p, x) for (_, p), x in zip(jobs, results) if isinstance(x, MovedError)]
+        return total
 
     async def push_pull(
         self,
@@ -263,8 +397,8 @@ class PSClient(PSReader[ShardTransport]):
         request id, as a push's are; like a push, it is not atomic across
         shards: pass the same `request_id` again to retry it whole.
         """
-        pr = push_keys if isinstance(push_keys, Routed) else self.route(push_keys)
-        qr = pull_keys if isinstance(pull_keys, Routed) else self.route(pull_keys)
+        pr = self._current(push_keys)
+        qr = pr if pull_keys is push_keys else self._current(pull_keys)
         for name, r in (("push_keys", pr), ("pull_keys", qr)):
             if len(r.parts) != self.num_shards:
                 raise ValueError(f"{name} were routed for {len(r.parts)} shards, this client has {self.num_shards}")
@@ -292,12 +426,23 @@ class PSClient(PSReader[ShardTransport]):
         ]
         # Pulling the very keys pushed: the same array, which the frame
         # then names by a flag instead of carrying the keys twice.
-        results: list[tuple[int, F32, int]] = await fan_out(
+        answers = await fan_out(
             [
-                self.transports[i].push_pull(push, push.keys if pr is qr else qr.by_shard[qr.parts[i]], remember)
+                _unless_moved(
+                    self.transports[i].push_pull(push, push.keys if pr is qr else qr.by_shard[qr.parts[i]], remember)
+                )
                 for i, push in zip(jobs, pushes)
             ]
         )
+        refused = [(pr.parts[i], x) for i, x in zip(jobs, answers) if isinstance(x, MovedError)]
+        if refused:
+            # The refusing shards applied none of their push: it goes again by
+            # a newer map, then the pull is asked again whole (it sees it).
+            applied = sum(x[0] for x in answers if not isinstance(x, MovedError))
+            pushed = [(p, x) for p, x in refused if p.stop > p.start]
+            applied += await self._push_moved(table, k, g, c, pushed, event_time, pr.epoch)
+            return applied, await self.pull(table, qr.keys)
+        results: list[tuple[int, F32, int]] = [x for x in answers if not isinstance(x, MovedError)]
         clocks = [0] * self.num_shards
         for i, (_, _, clock) in zip(jobs, results):
             clocks[i] = clock
@@ -332,6 +477,15 @@ class PSClient(PSReader[ShardTransport]):
             if isinstance(stats, WireStats):
                 total.add(stats)
         return total
+
+
+async def _unless_moved(call: Awaitable[T_]) -> T_ | MovedError:
+    """`call`'s answer, or the `MovedError` it raised: a shard's refusal of
+    keys it does not own, answered without cancelling the other shards' parts."""
+    try:
+        return await call
+    except MovedError as moved:
+        return moved
 
 
 def _mark_remembered(r: Routed, table: str, set_id: int) -> None:

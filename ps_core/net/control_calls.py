@@ -58,6 +58,7 @@ from .control_messages import (
     ShardModelCreatedBody,
     ShardModelDeletedBody,
     ShardModelListBody,
+    SlotMapBody,
     SnapshotRequest,
     SnapshotRows,
     StatusAck,
@@ -184,6 +185,7 @@ FETCH_SNAPSHOT = ControlCall[None, bytes](
     "fetch_snapshot", "GET", "/v1/snapshots/{version}", _ADMIN, None, bytes, head=False
 )
 DROP_SNAPSHOT = ControlCall[None, Dropped]("drop_snapshot", "DELETE", "/v1/snapshots/{version}", _ADMIN, None, Dropped)
+SLOT_MAP = ControlCall[None, SlotMapBody]("slot_map", "GET", "/v1/slots", _READ, None, SlotMapBody)
 MEMBERSHIP = ControlCall[None, MembershipBody]("membership", "GET", "/v1/membership", _ADMIN, None, MembershipBody)
 ADMIT = ControlCall("admit", "POST", "/v1/membership/admit", _ADMIN, Admit, MembershipBody)
 RESTORE = ControlCall("restore_version", "POST", "/v1/restore", _ADMIN, Restore, Restored)
@@ -240,6 +242,7 @@ CONTROL_CALLS: tuple[ControlCall[Any, Any], ...] = (
     TAKE_SNAPSHOT,
     FETCH_SNAPSHOT,
     DROP_SNAPSHOT,
+    SLOT_MAP,
     MEMBERSHIP,
     ADMIT,
     RESTORE,

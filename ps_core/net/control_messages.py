@@ -40,6 +40,7 @@ from .shard_bodies import (
 )
 
 __all__ = [
+    "SlotMapBody",
     "StatusAck",
     "BoardEntry",
     "StatusBoardBody",
@@ -126,6 +127,18 @@ class MembershipBody(Struct, forbid_unknown_fields=True):
     version: Count
     clean: bool
     restores: bool
+
+
+class SlotMapBody(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A slot map (`ps_core.slots.SlotMap.to_dict`): its epoch, shards and
+    slots, and either ``even`` (slot s on shard s % num_shards) or its owners
+    as runs ``[first_slot, end, shard]``."""
+
+    epoch: Annotated[int, Meta(ge=1, le=MAX_INT)]
+    num_shards: Shards
+    slots: Annotated[int, Meta(ge=1, le=1 << 20)]
+    even: bool = False
+    runs: list[Annotated[list[Annotated[int, Meta(ge=0, le=1 << 20)]], Meta(min_length=3, max_length=3)]] = []
 
 
 class Admit(Struct, forbid_unknown_fields=True):

@@ -318,6 +318,11 @@ async def drop_snapshot(request: web.Request) -> web.Response:
     return json_response(Dropped(request.app[SHARD].drop_snapshot(_version(request))))
 
 
+@calls.SLOT_MAP.route(_ROUTES)
+async def slot_map(request: web.Request) -> web.Response:
+    return json_response(request.app[SHARD].slot_map.to_dict())
+
+
 @calls.MEMBERSHIP.route(_ROUTES)
 async def membership(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].membership())

@@ -76,10 +76,12 @@ NewModelName = Annotated[
 
 
 class Error(Struct, forbid_unknown_fields=True):
-    """Every error: a stable code and a reason."""
+    """Every error: a stable code and a reason; with ``moved``, the epoch of
+    the slot map the shard answered by."""
 
     error: str
     detail: Annotated[str, Meta(min_length=1)]
+    epoch: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
 
 
 # -- tables ------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from .control_messages import (
     ShardModelCreatedBody,
     ShardModelDeletedBody,
     ShardModelListBody,
+    SlotMapBody,
     SnapshotRequest,
     SnapshotRows,
     StatusAck,
@@ -74,6 +75,7 @@ _MODELS = (
     SnapshotRows,
     Dropped,
     MembershipBody,
+    SlotMapBody,
     Admit,
     Restore,
     Restored,
@@ -357,6 +359,9 @@ _PATHS: dict[str, dict[str, Any]] = {
             409,
         ),
         "delete": _op("Drop the copies of a cut (idempotent).", ok_response("Dropped", "Whether they were held."), 400),
+    },
+    "/v1/slots": {
+        "get": _op("The slots this shard owns: its slot map, with the epoch.", ok_response("SlotMap", "Its map."))
     },
     "/v1/membership": {
         "get": _op("What the coordinator admits the shard on.", ok_response("Membership", "This shard."))

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl as ssl_
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
@@ -24,6 +25,7 @@ import numpy.typing as npt
 from ..errors import FrameError, FrameVersionError, KeySetExpiredError, error_from_body
 from ..hashing import U64
 from ..shard import Push, Shard
+from ..slots import SlotMap
 from ..store.change_log import Changes
 from ..store.storage import F32
 from . import codec, op_encoders
@@ -96,32 +98,61 @@ class ShardTransport(ShardReader, Protocol):
         ...
 
 
+class RoutedBy(Protocol):
+    """What splits the keys a `LocalTransport` gets: a client's slot map."""
+
+    @property
+    def slot_map(self) -> SlotMap: ...
+
+
 class LocalTransport:
     """A shard in this process: handlers called directly, no copies or frames."""
 
-    def __init__(self, shard: Shard, *, routed: bool = False) -> None:
-        """`routed`: every key reaching this transport was split by `shard_of`
-        for the shard's own spec (`PSClient.local` sets it when the shards'
-        specs match their places), so the shard skips re-hashing pulled and
-        pushed keys to check that it owns them (~15 us per call)."""
+    def __init__(self, shard: Shard, *, routed_by: RoutedBy | None = None) -> None:
+        """`routed_by`: the client whose slot map splits every key reaching
+        this transport (`PSClient.local` gives it when the shards' specs match
+        their places). While its map is the shard's own (the same epoch), the
+        shard skips re-hashing pulled and pushed keys to check that it owns
+        them (~15 us per call)."""
         self.shard = shard
         self.shard_id = shard.spec.shard_id
-        self.routed = routed
+        self.routed_by = routed_by
         self.key_sets = False  # no frames: pushes carry their keys as they are
 
-    async def pull(self, table: str, keys: U64) -> F32:
-        return self.shard.handle_pull(table, keys, owned=self.routed)[0]
+    @property
+    def routed(self) -> bool:
+        """Whether keys split now are split by the shard's own slot map. Read
+        when a call is made, not when it runs: the client splits keys by its
+        current map just before (`PSClient` splits a route kept from an older
+        map again), and another call may take a newer map meanwhile."""
+        by = self.routed_by
+        return by is not None and by.slot_map.epoch == self.shard.slot_map.epoch
 
-    async def pull_versioned(self, table: str, keys: U64, presence: bool, remember: int = 0) -> Pulled:
-        weights, version = self.shard.handle_pull(table, keys, owned=self.routed)
+    def pull(self, table: str, keys: U64) -> Coroutine[Any, Any, F32]:
+        return self._pull(table, keys, self.routed)
+
+    async def _pull(self, table: str, keys: U64, owned: bool) -> F32:
+        return self.shard.handle_pull(table, keys, owned=owned)[0]
+
+    def pull_versioned(self, table: str, keys: U64, presence: bool, remember: int = 0) -> Coroutine[Any, Any, Pulled]:
+        return self._pull_versioned(table, keys, presence, self.routed)
+
+    async def _pull_versioned(self, table: str, keys: U64, presence: bool, owned: bool) -> Pulled:
+        weights, version = self.shard.handle_pull(table, keys, owned=owned)
         present = self.shard.contains(table, keys) if presence else None
         return Pulled(weights, version, present, self.shard.tables[table].clock)
 
-    async def push(self, push: Push) -> int:
-        return self.shard.handle_push(push, owned=self.routed)[0]
+    def push(self, push: Push) -> Coroutine[Any, Any, int]:
+        return self._push(push, self.routed)
 
-    async def push_pull(self, push: Push, pull_keys: U64, remember: int = 0) -> tuple[int, F32, int]:
-        applied, weights, _ = self.shard.handle_push_pull(push, pull_keys, owned=self.routed)
+    async def _push(self, push: Push, owned: bool) -> int:
+        return self.shard.handle_push(push, owned=owned)[0]
+
+    def push_pull(self, push: Push, pull_keys: U64, remember: int = 0) -> Coroutine[Any, Any, tuple[int, F32, int]]:
+        return self._push_pull(push, pull_keys, self.routed)
+
+    async def _push_pull(self, push: Push, pull_keys: U64, owned: bool) -> tuple[int, F32, int]:
+        applied, weights, _ = self.shard.handle_push_pull(push, pull_keys, owned=owned)
         return applied, weights, self.shard.tables[push.table].clock
 
     async def changes(self, table: str, since: int, incarnation: int, own: U64) -> Changes:

@@ -1,6 +1,6 @@
 """One shard of the parameter server, as pure handlers (no sockets): `Shard`.
 
-A `Shard` owns the slice ``shard_of(key, num_shards) == shard_id`` of every
+A `Shard` owns the keys of the slots its slot map gives it (`ps_core.slots`) in every
 table. It composes its tables (`tables`), its admission to the cluster
 (`join_state`), its data handlers (`handlers`), the export cuts it takes
 part in (`cuts`), the key sets its pulls keep (`key_sets`) and the status
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ..slots import SlotMap
 from ..store.change_log import DEFAULT_LOG_KEYS
 from ..store.lifecycle import Lifecycle
 from ..store.table import SparseTable
@@ -152,6 +153,24 @@ class Shard:
         self.join_state.mark_state(version)
         self.join_state.restores_at_start = True
         self.join_state.restore_dir = restore_dir
+
+    @property
+    def slot_map(self) -> SlotMap:
+        """The slots this shard owns, at the map's epoch (`ps_core.slots`)."""
+        return self._tables.slot_map
+
+    def adopt_slot_map(self, slot_map: SlotMap) -> bool:
+        """Own the slots `slot_map` gives this shard, if it is newer than the
+        map held (a higher epoch); True when taken. A map of another shard
+        count than this shard was started in is `ValueError`."""
+        if slot_map.num_shards != self.spec.num_shards:
+            raise ValueError(
+                f"a slot map of {slot_map.num_shards} shards for shard {self.spec.shard_id} of {self.spec.num_shards}"
+            )
+        if slot_map.epoch <= self._tables.slot_map.epoch:
+            return False
+        self._tables.slot_map = slot_map
+        return True
 
     def replace_state(self, other: Shard, version: int) -> None:
         """Take `other`'s tables (a restore of `version`, built aside) in one

@@ -14,8 +14,8 @@ from dataclasses import replace
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import ModeConflictError, TableConflictError, UnknownTableError, WrongShardError
-from ..hashing import shard_of
+from ..errors import ModeConflictError, MovedError, TableConflictError, UnknownTableError
+from ..slots import SlotMap
 from ..store.change_log import DEFAULT_LOG_KEYS
 from ..store.lifecycle import Lifecycle
 from ..store.table import SparseTable
@@ -44,6 +44,9 @@ class ShardTables:
         """`lifecycle` is that of tables declared without one; `change_log_keys`,
         what each geo table's change log holds at most (`ps_core.store.change_log`)."""
         self.spec = spec
+        self.slot_map = SlotMap.even(spec.num_shards)
+        """The slots this shard owns, at the map's epoch (`ps_core.slots`):
+        the even map of its shard count until the coordinator gives another."""
         self.change_log_keys = change_log_keys
         self.default_lifecycle = lifecycle
         """The lifecycle of tables declared without one (None: `NO_LIFECYCLE`)."""
@@ -155,12 +158,15 @@ class ShardTables:
             ) from None
 
     def check_owned(self, keys: npt.NDArray[np.uint64]) -> None:
-        """`WrongShardError` unless every key of `keys` is this shard's own."""
-        if self.spec.num_shards == 1 or keys.size == 0:
+        """`MovedError` (a `WrongShardError`) unless every key of `keys` is in
+        a slot this shard owns by its slot map."""
+        m = self.slot_map
+        if keys.size == 0 or (m.num_shards == 1 and m.is_even):
             return
-        wrong = shard_of(keys, self.spec.num_shards) != self.spec.shard_id
+        wrong = m.owner_of(keys) != self.spec.shard_id
         if wrong.any():
-            raise WrongShardError(
+            raise MovedError(
                 f"{int(wrong.sum())} of {keys.size} keys belong to other shards, not shard "
-                f"{self.spec.shard_id} of {self.spec.num_shards} (first: {int(keys[wrong][0])})"
+                f"{self.spec.shard_id} of {m.num_shards} at slot map epoch {m.epoch} (first: {int(keys[wrong][0])})",
+                m.epoch,
             )
