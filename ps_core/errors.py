@@ -19,6 +19,7 @@ __all__ = [
     "InvalidValuesError",
     "WrongShardError",
     "MovedError",
+    "MoveRefusedError",
     "KeySetExpiredError",
     "FrameVersionError",
     "UnknownTableError",
@@ -166,6 +167,11 @@ class MovedError(WrongShardError, code="moved", status=421):
     def from_body(cls, detail: str, body: dict[str, Any]) -> PSError:
         epoch = body.get("epoch")
         return cls(detail, epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0)
+
+
+class MoveRefusedError(PSError, code="move_refused", status=409):
+    """A slot move a shard cannot take part in now: a map that is not the
+    next one, slots it does not own, or a sync step open. Nothing changed."""
 
 
 class UnknownTableError(PSError, code="unknown_table", status=404):
@@ -340,6 +346,7 @@ _BY_CODE: dict[str, type[PSError]] = {
         InvalidValuesError,
         WrongShardError,
         MovedError,
+        MoveRefusedError,
         UnknownTableError,
         TableConfigError,
         ModeConflictError,

@@ -55,6 +55,7 @@ class SlotMap:
     owners: tuple[int, ...] = field(repr=False)
     """Slot s's shard, for each slot."""
     _array: npt.NDArray[np.int16] = field(init=False, repr=False, compare=False)
+    _owners: npt.NDArray[np.intp] = field(init=False, repr=False, compare=False)
     _even: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -71,6 +72,8 @@ class SlotMap:
         array.setflags(write=False)
         even = slots % n == 0 and bool((array == np.arange(slots) % n).all())
         object.__setattr__(self, "_array", array)
+        # What `owner_of` gathers from: intp, so the gather is the answer (no conversion).
+        object.__setattr__(self, "_owners", array.astype(np.intp))
         object.__setattr__(self, "_even", even)
 
     @classmethod
@@ -91,15 +94,20 @@ class SlotMap:
 
     def slot_of(self, keys: npt.ArrayLike) -> npt.NDArray[np.intp]:
         """Each key's slot, ``mix64(key) % slots``."""
-        h = mix64(keys)
-        h %= np.uint64(self.slots)
-        return h.astype(np.intp)
+        h = mix64(keys)  # a fresh array: reduced in place
+        slots = self.slots
+        if slots & (slots - 1) == 0:
+            h &= np.uint64(slots - 1)  # the same as %, without a division (4,096 slots: 1-8 shards)
+        else:
+            h %= np.uint64(slots)
+        return h.view(np.intp) if h.dtype.itemsize == np.dtype(np.intp).itemsize else h.astype(np.intp)
 
     def owner_of(self, keys: npt.ArrayLike) -> npt.NDArray[np.intp]:
         """Each key's shard: one vectorised pass, the even map's as ``shard_of``."""
         if self._even:
             return shard_of(keys, self.num_shards)
-        return self._array.take(self.slot_of(keys)).astype(np.intp)
+        out: npt.NDArray[np.intp] = self._owners.take(self.slot_of(keys))
+        return out
 
     def slots_of(self, shard: int) -> npt.NDArray[np.intp]:
         """The slots `shard` owns, ascending."""

@@ -263,7 +263,11 @@ async def test_train_token_pushes_but_cannot_snapshot_or_export_and_admin_can(se
 
 
 def _concrete(path: str) -> str:
-    return path.replace("{version}", "1").replace("{name}", "m_w" if path.startswith("/v1/tables") else "ctr")
+    return (
+        path.replace("{version}", "1")
+        .replace("{epoch}", "1")
+        .replace("{name}", "m_w" if path.startswith("/v1/tables") else "ctr")
+    )
 
 
 @pytest.mark.parametrize(("method", "path"), sorted(ROUTE_SCOPES), ids=lambda v: str(v))

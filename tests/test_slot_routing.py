@@ -2,8 +2,8 @@
 refuses keys of slots it does not own as ``moved`` (421, with its map's
 epoch) and applies none of the call; a client given where the current map
 is (`PSClient.slot_source`) takes the newer map and sends the refused keys
-again, each applied once; a client whose map is the newer one is refused,
-not sent round in circles."""
+again, each applied once; a client whose map is newer than a shard's
+waits a while for the shard to take it, then is refused."""
 
 from __future__ import annotations
 
@@ -102,17 +102,30 @@ async def test_a_client_with_an_older_map_takes_the_newer_one_and_each_key_is_ap
     np.testing.assert_array_equal((await client.pull("lr", KEYS))[:, 0], np.full(KEYS.size, -0.5, np.float32))
 
 
-async def test_a_client_with_the_newer_map_is_refused_not_looped(make_client: MakeClient) -> None:
+async def test_a_destination_that_never_takes_its_slots_is_waited_for_then_refused(make_client: MakeClient) -> None:
     client, control, shards = await make_client(2, (SGD,))
     new, moved_keys = _moved_map()
-    assert client.use_slot_map(new) and not client.use_slot_map(SlotMap.even(2))
-    client.slot_source = control.slot_map  # shard 0 still holds the even map
+    assert shards[0].adopt_slot_map(new)  # shard 0 gave the slots away; shard 1 never took them
+    client.slot_source = control.slot_map
+    client.settle_s = 0.3  # a move's destination takes its slots within milliseconds; this one never does
     with pytest.raises(MovedError) as refused:
         await client.push("lr", moved_keys, np.ones((moved_keys.size, 1), dtype=np.float32))
-    assert refused.value.epoch == 1 and client.reroutes == 0
+    assert refused.value.epoch == 1 and client.slot_map == new and client.settle_waits >= 3
     assert sum(len(s.tables["lr"]) for s in shards) == 0
     with pytest.raises(ValueError, match="a slot map of 3 shards for a client of 2"):
         client.use_slot_map(SlotMap.even(3, epoch=5))
+
+
+async def test_a_client_ahead_of_every_shard_follows_the_cluster_back(make_client: MakeClient) -> None:
+    """A cluster restored from a cut taken before slots moved holds that
+    cut's older map on every shard: its clients go back to it."""
+    client, control, shards = await make_client(2, (SGD,))
+    new, moved_keys = _moved_map()
+    assert client.use_slot_map(new) and not client.use_slot_map(SlotMap.even(2))
+    client.slot_source = control.slot_map  # every shard holds the even map
+    assert await client.push("lr", moved_keys, np.ones((moved_keys.size, 1), dtype=np.float32)) == moved_keys.size
+    assert client.slot_map == SlotMap.even(2) and client.reroutes == 1
+    assert len(shards[0].tables["lr"]) == moved_keys.size  # where the even map puts them
 
 
 async def test_the_slot_map_is_served_and_read_back(make_client: MakeClient) -> None:

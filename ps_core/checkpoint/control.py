@@ -85,6 +85,14 @@ class ShardControl(Protocol):
 
     async def slot_map(self) -> SlotMapBody: ...
 
+    async def adopt_slot_map(self, slot_map: SlotMap) -> bool: ...
+
+    async def hand_off(self, slots: Sequence[int], slot_map: SlotMap) -> list[TableSnapshot]: ...
+
+    async def take_over(self, copies: Sequence[TableSnapshot], slot_map: SlotMap) -> int: ...
+
+    async def release_slots(self, epoch: int) -> bool: ...
+
     async def admit(self, epoch: str, version: int) -> MembershipBody: ...
 
     async def acquire_lease(self, worker: str, wait_s: float, ttl_s: float | None = None) -> LeaseGrant: ...
@@ -160,6 +168,18 @@ class LocalControl:
 
     async def slot_map(self) -> SlotMapBody:
         return msgspec.convert(self.shard.slot_map.to_dict(), SlotMapBody)
+
+    async def adopt_slot_map(self, slot_map: SlotMap) -> bool:
+        return self.shard.slot_moves.adopt(slot_map)
+
+    async def hand_off(self, slots: Sequence[int], slot_map: SlotMap) -> list[TableSnapshot]:
+        return self.shard.slot_moves.hand_off(slots, slot_map)
+
+    async def take_over(self, copies: Sequence[TableSnapshot], slot_map: SlotMap) -> int:
+        return self.shard.slot_moves.take_over(copies, slot_map)
+
+    async def release_slots(self, epoch: int) -> bool:
+        return self.shard.slot_moves.release(epoch) > 0
 
     async def admit(self, epoch: str, version: int) -> MembershipBody:
         self.shard.admit(epoch, version)

@@ -27,6 +27,7 @@ from ..net.control_messages import (
     ExportList,
     ExportReportBody,
     ExportRequest,
+    HandOff,
     LeaseRenewal,
     LeaseRequest,
     MembershipBody,
@@ -47,7 +48,8 @@ from ..net.control_messages import (
 )
 from ..net.endpoint import ShardEndpoint
 from ..net.shard_bodies import Stats, TableDeclaration
-from ..net.snapshot_transfer import snapshots_from_bytes
+from ..net.snapshot_transfer import slot_rows_from_bytes, slot_rows_to_bytes, snapshots_from_bytes
+from ..slots import SlotMap
 from ..store.board import StatusReport, WorkerStatus
 from ..store.snapshot import TableSnapshot
 from ..store.table_config import TableConfig
@@ -64,8 +66,12 @@ class HttpControl(ShardEndpoint):
     async def _exchange(self, call: ControlCall[Any, Any], body: object, path: str | None) -> tuple[int, bytes]:
         """`call`'s (status, reply body); on a route of the coordinator's, a
         404 that names no error of its own is `NoCoordinatorError`."""
-        data = None if body is None else msgspec.json.encode(body)
-        kind = "" if data is None else "application/json"
+        data: bytes | None = None
+        kind = ""
+        if isinstance(body, bytes):  # a binary body (a slot move's rows)
+            data, kind = body, "application/octet-stream"
+        elif body is not None:
+            data, kind = msgspec.json.encode(body), "application/json"
         try:
             return await self.request(call.method, path or call.path, data, kind, answered=call.answered)
         except PSError as exc:
@@ -114,6 +120,22 @@ class HttpControl(ShardEndpoint):
 
     async def slot_map(self) -> SlotMapBody:
         return await self._call(calls.SLOT_MAP)
+
+    async def adopt_slot_map(self, slot_map: SlotMap) -> bool:
+        body = msgspec.convert(slot_map.to_dict(), SlotMapBody)
+        return (await self._call(calls.ADOPT_SLOT_MAP, body)).taken
+
+    async def hand_off(self, slots: Sequence[int], slot_map: SlotMap) -> list[TableSnapshot]:
+        body = HandOff([int(s) for s in slots], msgspec.convert(slot_map.to_dict(), SlotMapBody))
+        copies, _ = slot_rows_from_bytes(await self._call(calls.HAND_OFF, body))
+        return copies
+
+    async def take_over(self, copies: Sequence[TableSnapshot], slot_map: SlotMap) -> int:
+        _, reply = await self._exchange(calls.TAKE_OVER, slot_rows_to_bytes(copies, slot_map), None)
+        return calls.TAKE_OVER.read(reply).rows
+
+    async def release_slots(self, epoch: int) -> bool:
+        return (await self._call(calls.RELEASE_SLOTS, path=calls.RELEASE_SLOTS.at(epoch=epoch))).dropped
 
     async def admit(self, epoch: str, version: int) -> MembershipBody:
         return await self._call(calls.ADMIT, Admit(epoch, version))

@@ -66,9 +66,9 @@ def _route(keys: npt.NDArray[np.uint64], shards: Sequence[Shard]) -> list[npt.ND
 
 
 def _apply(snap: TableSnapshot, shards: Sequence[Shard], source: int, sources: int) -> None:
-    """Upsert a snapshot (written by shard `source` of `sources`) into the
-    shards owning its rows, then delete its deleted keys (a snapshot never
-    has a key in both).
+    """Upsert a snapshot's rows (written by shard `source` of `sources`) into
+    the shards owning them; its deleted keys are `_delete`'s, once every
+    snapshot of the version is upserted.
 
     Into as many shards as wrote it, shard `source` also takes the
     snapshot's count scale and admission-sketch cells, so it reads exactly
@@ -89,13 +89,33 @@ def _apply(snap: TableSnapshot, shards: Sequence[Shard], source: int, sources: i
             table.load_rows(snap.keys, *arrays)
         elif sel.size:
             table.load_rows(snap.keys[sel], *(a[sel] for a in arrays))
-    if snap.deleted.size:
-        for shard, sel in zip(shards, _route(snap.deleted, shards)):
-            table = shard.tables[snap.table]
-            table.delete(snap.deleted if sel is None else snap.deleted[sel])
     for shard in shards:
         if same and shard.spec.shard_id == source:
             shard.tables[snap.table].load_counts(scale, snap.sketch_cells, snap.sketch_values)
+
+
+class _Deletions:
+    """A version's deleted keys, applied after all its rows: a key one shard
+    deleted and another upserted in the same version moved between them (a
+    slot move), and its row stays."""
+
+    def __init__(self) -> None:
+        self._deleted: dict[str, list[npt.NDArray[np.uint64]]] = {}
+        self._upserted: dict[str, list[npt.NDArray[np.uint64]]] = {}
+
+    def note(self, snap: TableSnapshot) -> None:
+        if snap.kind != "delta":
+            return  # a base deletes nothing
+        self._upserted.setdefault(snap.table, []).append(snap.keys)
+        if snap.deleted.size:
+            self._deleted.setdefault(snap.table, []).append(snap.deleted)
+
+    def apply(self, shards: Sequence[Shard]) -> None:
+        for table, parts in self._deleted.items():
+            deleted = np.concatenate(parts)
+            deleted = deleted[~np.isin(deleted, np.concatenate(self._upserted[table]))]
+            for shard, sel in zip(shards, _route(deleted, shards)):
+                shard.tables[table].delete(deleted if sel is None else deleted[sel])
 
 
 def restore_into(
@@ -133,8 +153,11 @@ def restore_into(
             for shard in shards:
                 shard.declare(config)
             declared.add(config.name)
+        deletions = _Deletions()
         for source, snap in manifest_snapshots(info.source, info.manifest, verify, serving):
             _apply(snap, shards, source, info.manifest.num_shards)
+            deletions.note(snap)
+        deletions.apply(shards)
     last = chain[-1]
     for shard in shards:
         for name in declared:
@@ -190,8 +213,11 @@ def apply_version(shards: Sequence[Shard], loaded: LoadedVersion) -> None:
     for shard in shards:
         for config in m.tables.values():
             shard.declare(config)
+    deletions = _Deletions()
     for source, snap in snaps:
         _apply(snap, shards, source, m.num_shards)
+        deletions.note(snap)
+    deletions.apply(shards)
     for shard in shards:
         for name in m.tables:
             shard.tables[name].mark_exported(m.version)

@@ -31,6 +31,7 @@ import asyncio
 import itertools
 import secrets
 import ssl as ssl_
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -51,14 +52,23 @@ from .routing import split_by_shard
 from .transports import HttpTransport, LocalTransport, Pulled, Push, ShardReader, ShardTransport, TcpTransport
 from .wire import F32_WIRE, WireFormat, WireStats
 
-__all__ = ["PSReader", "PSClient", "Routed", "SlotSource", "fan_out"]
+__all__ = ["PSReader", "PSClient", "Routed", "Settling", "SlotSource", "fan_out"]
 
 SlotSource = Callable[[], Awaitable[SlotMap]]
 """Where a client reads the cluster's current slot map (the coordinator's)."""
 
-MAX_REROUTES = 3
-"""Newer slot maps one call takes before a shard's `moved` is raised: a map
-changes by one move at a time, so more means the client reads a stale source."""
+SETTLE_S = 10.0
+"""How long a call waits, after a shard answered `moved`, for the shards'
+maps and its own to agree (a move's steps take milliseconds)."""
+
+
+@dataclass
+class Settling:
+    """One call's waits for the slot maps to settle (`PSReader.refresh_slots`)."""
+
+    deadline: float
+    tries: int = 0
+
 
 T = TypeVar("T", bound=ShardReader)
 T_ = TypeVar("T_")
@@ -107,6 +117,10 @@ class PSReader(ShardGroup[T]):
         `MovedError` is raised to the caller)."""
         self.reroutes = 0
         """Calls sent again by a newer slot map after a shard answered `moved`."""
+        self.settle_waits = 0
+        """Waits for the maps to settle during a move (`refresh_slots`)."""
+        self.settle_s = SETTLE_S
+        """How long one call waits for them, from its first refusal."""
 
     def use_slot_map(self, slot_map: SlotMap) -> bool:
         """Route by `slot_map` from now on if it is newer than the map held
@@ -127,21 +141,35 @@ class PSReader(ShardGroup[T]):
             return keys
         return self.route(keys.keys if isinstance(keys, Routed) else keys)
 
-    async def refresh_slots(self, moved: MovedError, tries: int, routed_by: int) -> None:
+    async def refresh_slots(self, moved: MovedError, settling: Settling, routed_by: int) -> None:
         """After a shard answered `moved` to keys split by the map of epoch
-        `routed_by`: route by the newer map held, else take the source's
-        newer map, else raise `moved` (no source, no newer map, or `tries` at
-        `MAX_REROUTES`)."""
-        if tries >= MAX_REROUTES:
-            raise moved
+        `routed_by`: return when sending them again is worth it, else raise
+        `moved`. A route kept from an older map is split by the map held; a
+        shard with a newer map sends the client to its `slot_source`; a
+        shard with an older one (a move's destination, about to take its
+        slots) or a source behind the shard is waited for, backing off, until
+        `settle_s` from the first refusal. A shard that refuses at the
+        client's own epoch disagrees on something else (its shard count):
+        raised at once, as is any refusal without a `slot_source`."""
         if routed_by < self.slot_map.epoch:
             self.reroutes += 1
             return  # a route kept from before this client took a newer map
-        if self.slot_source is None:
+        if self.slot_source is None or moved.epoch == self.slot_map.epoch:
             raise moved
-        if not self.use_slot_map(await self.slot_source()):
-            raise moved  # the shard's map is the newer one: it has not been told yet
-        self.reroutes += 1
+        source = await self.slot_source()
+        if self.use_slot_map(source) or (moved.epoch < self.slot_map.epoch and source.epoch == moved.epoch):
+            # A newer map; or the cluster went back to an older one (restored
+            # from a cut taken before slots moved), which its shards agree on.
+            self.slot_map = source
+            self.reroutes += 1
+            return
+        # The maps are settling (a move between its steps): wait, then send again.
+        wait = min(0.005 * 2 ** min(settling.tries, 7), 0.5)
+        if time.monotonic() + wait > settling.deadline:
+            raise moved
+        settling.tries += 1
+        self.settle_waits += 1
+        await asyncio.sleep(wait)
 
     # -- routing -------------------------------------------------------------
     def route(self, keys: npt.ArrayLike) -> Routed:
@@ -154,14 +182,14 @@ class PSReader(ShardGroup[T]):
     async def pull(self, table: str, keys: npt.ArrayLike | Routed) -> F32:
         """Weights (n, dim) of `keys` (or a `route` of them), in their order."""
         r = self._current(keys)
-        tries = 0
+        settling = Settling(time.monotonic() + self.settle_s)
         while True:
             jobs = _pull_jobs(r)
             try:
                 results = await fan_out([self.transports[i].pull(table, r.by_shard[p]) for i, p in jobs])
             except MovedError as moved:  # a pull changes nothing: asked again whole, by the newer map
-                await self.refresh_slots(moved, tries, r.epoch)
-                tries, r = tries + 1, self.route(r.keys)
+                await self.refresh_slots(moved, settling, r.epoch)
+                r = self.route(r.keys)
                 continue
             return _reassemble(r, results)
 
@@ -169,7 +197,7 @@ class PSReader(ShardGroup[T]):
         """Like `pull`, with the table's open version and, with `presence`,
         whether each key has a row (an index lookup on the shard, no insert)."""
         r = self._current(keys)
-        tries = 0
+        settling = Settling(time.monotonic() + self.settle_s)
         while True:
             jobs = _pull_jobs(r)
             try:
@@ -178,8 +206,8 @@ class PSReader(ShardGroup[T]):
                 )
                 break
             except MovedError as moved:
-                await self.refresh_slots(moved, tries, r.epoch)
-                tries, r = tries + 1, self.route(r.keys)
+                await self.refresh_slots(moved, settling, r.epoch)
+                r = self.route(r.keys)
         present = None
         if presence:
             present = _reassemble(r, [x.present for x in results if x.present is not None])
@@ -265,7 +293,7 @@ class PSClient(PSReader[ShardTransport]):
         if not isinstance(keys, Routed):
             return await super().pull(table, keys)
         r = self._current(keys)
-        tries = 0
+        settling = Settling(time.monotonic() + self.settle_s)
         while True:
             jobs = _pull_jobs(r)
             remember = self.new_request_id() if self._key_sets and for_push else 0
@@ -277,8 +305,8 @@ class PSClient(PSReader[ShardTransport]):
             except MovedError as moved:
                 # Asked again by the newer map; the caller's route is left as
                 # it was, so the push that follows finds the move itself.
-                await self.refresh_slots(moved, tries, r.epoch)
-                tries, r = tries + 1, self.route(r.keys)
+                await self.refresh_slots(moved, settling, r.epoch)
+                r = self.route(r.keys)
         if r is not keys:
             return _reassemble(r, [x.weights for x in results])
         _mark_remembered(r, table, remember)
@@ -347,10 +375,10 @@ class PSClient(PSReader[ShardTransport]):
         part of the push under the first one. (A caller that then retries
         the whole push with the first id may apply them twice: moves, which
         change maps, are to carry what a slot's pushes were.)"""
-        tries = total = 0
+        total = 0
+        settling = Settling(time.monotonic() + self.settle_s)
         while refused:
-            await self.refresh_slots(refused[0][1], tries, routed_by)
-            tries += 1
+            await self.refresh_slots(refused[0][1], settling, routed_by)
             sel = np.concatenate([np.arange(p.start, p.stop) for p, _ in refused])
             k, g = k[sel], g[sel]
             c = None if c is None else c[sel]

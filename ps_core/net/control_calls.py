@@ -43,6 +43,7 @@ from .control_messages import (
     ExportList,
     ExportReportBody,
     ExportRequest,
+    HandOff,
     KnownOffsets,
     LeaseBody,
     LeaseRenewal,
@@ -59,6 +60,7 @@ from .control_messages import (
     ShardModelDeletedBody,
     ShardModelListBody,
     SlotMapBody,
+    SlotMapTaken,
     SnapshotRequest,
     SnapshotRows,
     StatusAck,
@@ -69,6 +71,7 @@ from .control_messages import (
     SyncMember,
     SyncStep,
     TableDropped,
+    TakenOver,
 )
 from .shard_bodies import Declared, Stats, TableDeclaration
 
@@ -186,6 +189,10 @@ FETCH_SNAPSHOT = ControlCall[None, bytes](
 )
 DROP_SNAPSHOT = ControlCall[None, Dropped]("drop_snapshot", "DELETE", "/v1/snapshots/{version}", _ADMIN, None, Dropped)
 SLOT_MAP = ControlCall[None, SlotMapBody]("slot_map", "GET", "/v1/slots", _READ, None, SlotMapBody)
+ADOPT_SLOT_MAP = ControlCall("adopt_slot_map", "PUT", "/v1/slots", _ADMIN, SlotMapBody, SlotMapTaken)
+HAND_OFF = ControlCall[HandOff, bytes]("hand_off", "POST", "/v1/slots/hand_off", _ADMIN, HandOff, bytes)
+TAKE_OVER = ControlCall[None, TakenOver]("take_over", "POST", "/v1/slots/take_over", _ADMIN, None, TakenOver)
+RELEASE_SLOTS = ControlCall[None, Dropped]("release_slots", "DELETE", "/v1/slots/held/{epoch}", _ADMIN, None, Dropped)
 MEMBERSHIP = ControlCall[None, MembershipBody]("membership", "GET", "/v1/membership", _ADMIN, None, MembershipBody)
 ADMIT = ControlCall("admit", "POST", "/v1/membership/admit", _ADMIN, Admit, MembershipBody)
 RESTORE = ControlCall("restore_version", "POST", "/v1/restore", _ADMIN, Restore, Restored)
@@ -243,6 +250,10 @@ CONTROL_CALLS: tuple[ControlCall[Any, Any], ...] = (
     FETCH_SNAPSHOT,
     DROP_SNAPSHOT,
     SLOT_MAP,
+    ADOPT_SLOT_MAP,
+    HAND_OFF,
+    TAKE_OVER,
+    RELEASE_SLOTS,
     MEMBERSHIP,
     ADMIT,
     RESTORE,

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ..bodies import NUMERIC_PATTERN
+from ..errors import MoveRefusedError
 from ..parsing import MAX_INT
+from ..slots import SlotMap
 from ..store.table_config import MAX_DIM, MAX_INIT_SCALE
 from .shard_bodies import (
     MAX_WAIT_S,
@@ -41,6 +44,10 @@ from .shard_bodies import (
 
 __all__ = [
     "SlotMapBody",
+    "slot_map_of",
+    "HandOff",
+    "TakenOver",
+    "SlotMapTaken",
     "StatusAck",
     "BoardEntry",
     "StatusBoardBody",
@@ -139,6 +146,36 @@ class SlotMapBody(Struct, forbid_unknown_fields=True, omit_defaults=True):
     slots: Annotated[int, Meta(ge=1, le=1 << 20)]
     even: bool = False
     runs: list[Annotated[list[Annotated[int, Meta(ge=0, le=1 << 20)]], Meta(min_length=3, max_length=3)]] = []
+
+
+def slot_map_of(body: SlotMapBody) -> SlotMap:
+    """The map a body names; `MoveRefusedError` (409) for one whose parts do
+    not make a map (runs that miss slots, an owner past the shards): the
+    shard takes no part in a move by it."""
+    try:
+        return SlotMap.from_dict(msgspec.to_builtins(body))
+    except ValueError as exc:
+        raise MoveRefusedError(f"slot map: {exc}") from None
+
+
+class HandOff(Struct, forbid_unknown_fields=True):
+    """Hand off `slots` (this shard's, another's in `slot_map`): their rows,
+    as a slot move's first step (`ps_core.shard.slot_moves`)."""
+
+    slots: Annotated[list[Annotated[int, Meta(ge=0, le=1 << 20)]], Meta(min_length=1, max_length=1 << 16)]
+    slot_map: SlotMapBody
+
+
+class TakenOver(Struct, forbid_unknown_fields=True):
+    """Rows taken over from the shard that handed them off."""
+
+    rows: Count
+
+
+class SlotMapTaken(Struct, forbid_unknown_fields=True):
+    """Whether the shard took the map (False: it held that epoch or a newer one)."""
+
+    taken: bool
 
 
 class Admit(Struct, forbid_unknown_fields=True):

@@ -27,6 +27,12 @@ Routes:
   (``{"version": int}``) has it load that version from its exports
   directory (leaving the cluster until admitted), answering the version
   loaded or the refusal naming a damaged file (`ps_core.checkpoint.joining`);
+- ``GET /v1/slots``: the shard's slot map (`ps_core.slots`); ``PUT
+  /v1/slots`` has it take a newer one; a slot move's steps
+  (`ps_core.shard.slot_moves`): ``POST /v1/slots/hand_off``
+  (``{"slots", "slot_map"}``) answers the slots' rows as one ``.npz`` body,
+  ``POST /v1/slots/take_over`` takes such a body, ``DELETE
+  /v1/slots/held/{epoch}`` drops the copies handed off;
 - ``GET /metrics``: the shard's own figures in Prometheus text
   (`ps_core.net.shard_metrics`: tables' rows, bytes, pushes and pulls, change
   logs, ports, refused credentials; shard 0: exports, membership, sync), the
@@ -88,12 +94,20 @@ from . import codec
 from . import control_calls as calls
 from .auth import Refusals, Scope, TokenVerifier, check, token_from_header
 from .control_calls import CONTROL_CALLS
-from .control_messages import Dropped, SnapshotRows, SyncApplied, TableDropped
+from .control_messages import (
+    Dropped,
+    SlotMapTaken,
+    SnapshotRows,
+    SyncApplied,
+    TableDropped,
+    TakenOver,
+    slot_map_of,
+)
 from .frame_handler import handle_frame
 from .limits import PortGuard, PortLimits, ServedPort, serve_limited
 from .shard_metrics import exposition, shard_families
 from .shard_openapi import shard_document
-from .snapshot_transfer import snapshots_to_bytes
+from .snapshot_transfer import slot_rows_from_bytes, slot_rows_to_bytes, snapshots_to_bytes
 
 __all__ = [
     "create_shard_app",
@@ -321,6 +335,33 @@ async def drop_snapshot(request: web.Request) -> web.Response:
 @calls.SLOT_MAP.route(_ROUTES)
 async def slot_map(request: web.Request) -> web.Response:
     return json_response(request.app[SHARD].slot_map.to_dict())
+
+
+@calls.ADOPT_SLOT_MAP.route(_ROUTES)
+async def adopt_slot_map(request: web.Request) -> web.Response:
+    body = await json_body(request, calls.ADOPT_SLOT_MAP.decoder)
+    return json_response(SlotMapTaken(request.app[SHARD].slot_moves.adopt(slot_map_of(body))))
+
+
+@calls.HAND_OFF.route(_ROUTES)
+async def hand_off(request: web.Request) -> web.Response:
+    body = await json_body(request, calls.HAND_OFF.decoder)
+    shard = request.app[SHARD]
+    new = slot_map_of(body.slot_map)
+    copies = shard.slot_moves.hand_off(body.slots, new)
+    return web.Response(body=slot_rows_to_bytes(copies, new), content_type="application/octet-stream")
+
+
+@calls.TAKE_OVER.route(_ROUTES)
+async def take_over(request: web.Request) -> web.Response:
+    copies, new = slot_rows_from_bytes(await request.read())
+    return json_response(TakenOver(request.app[SHARD].slot_moves.take_over(copies, new)))
+
+
+@calls.RELEASE_SLOTS.route(_ROUTES)
+async def release_slots(request: web.Request) -> web.Response:
+    epoch = parse_int(request.match_info["epoch"], "epoch", maximum=MAX_VERSION)
+    return json_response(Dropped(request.app[SHARD].slot_moves.release(epoch) > 0))
 
 
 @calls.MEMBERSHIP.route(_ROUTES)

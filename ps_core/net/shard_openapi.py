@@ -5,9 +5,10 @@ It documents the routes of `ps_core.net.server` and, on shard 0 with a
 coordinator and exporter, of `ps_core.checkpoint.routes`: tables, stats,
 status, snapshots, membership, restore, leases, offsets, exports. The
 binary frame routes (``/v1/pull``, ``/v1/push``, ``/v1/push_pull``,
-``/v1/changes``) are
-left out: their bodies are `ps_core.net.codec` frames, not JSON, and the codec
-has its own tests. `shard_document` keeps only the paths the app serves.
+``/v1/changes``) are left out: their bodies are `ps_core.net.codec` frames,
+not JSON, and the codec has its own tests; so is ``POST
+/v1/slots/take_over``, whose body is a hand-off's ``.npz`` archive
+(tests/test_slot_moves.py). `shard_document` keeps only the paths the app serves.
 
 The schemas are derived from the bodies' models (`ps_core.net.shard_bodies`,
 `ps_core.net.control_messages`), the ones the routes decode with. The
@@ -31,6 +32,7 @@ from .control_messages import (
     ExportList,
     ExportReportBody,
     ExportRequest,
+    HandOff,
     KnownOffsets,
     LeaseBody,
     LeaseRenewal,
@@ -47,6 +49,7 @@ from .control_messages import (
     ShardModelDeletedBody,
     ShardModelListBody,
     SlotMapBody,
+    SlotMapTaken,
     SnapshotRequest,
     SnapshotRows,
     StatusAck,
@@ -57,6 +60,7 @@ from .control_messages import (
     SyncMember,
     SyncStep,
     TableDropped,
+    TakenOver,
 )
 from .shard_bodies import Declared, Error, ShardHealthBody, Stats, Table, TableDeclaration
 
@@ -76,6 +80,9 @@ _MODELS = (
     Dropped,
     MembershipBody,
     SlotMapBody,
+    SlotMapTaken,
+    HandOff,
+    TakenOver,
     Admit,
     Restore,
     Restored,
@@ -280,6 +287,9 @@ def _op(
     return out
 
 
+_EPOCH_PARAM = parameter(
+    "epoch", "path", "The slot map epoch, in ASCII digits.", {"type": "integer", "minimum": 0, "maximum": MAX_VERSION}
+)
 _VERSION_PARAM = parameter(
     "version", "path", "The cut's version, in ASCII digits.", {"type": "integer", "minimum": 0, "maximum": MAX_VERSION}
 )
@@ -361,7 +371,38 @@ _PATHS: dict[str, dict[str, Any]] = {
         "delete": _op("Drop the copies of a cut (idempotent).", ok_response("Dropped", "Whether they were held."), 400),
     },
     "/v1/slots": {
-        "get": _op("The slots this shard owns: its slot map, with the epoch.", ok_response("SlotMap", "Its map."))
+        "get": _op("The slots this shard owns: its slot map, with the epoch.", ok_response("SlotMap", "Its map.")),
+        "put": _op(
+            "Take a newer slot map that leaves this shard's slots as they are (a move between other shards).",
+            ok_response("SlotMapTaken", "Whether it was newer."),
+            400,
+            409,
+            413,
+            body="SlotMap",
+        ),
+    },
+    "/v1/slots/hand_off": {
+        "post": _op(
+            "A slot move's first step: copy and remove the slots' rows, take the map that gives them away.",
+            {
+                "200": {
+                    "description": "The slots' rows and the map, as one .npz archive.",
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                }
+            },
+            400,
+            409,
+            413,
+            body="HandOff",
+        ),
+    },
+    "/v1/slots/held/{epoch}": {
+        "parameters": [_EPOCH_PARAM],
+        "delete": _op(
+            "Drop the copies handed off at a map epoch (the move is done).",
+            ok_response("Dropped", "Whether any were held."),
+            400,
+        ),
     },
     "/v1/membership": {
         "get": _op("What the coordinator admits the shard on.", ok_response("Membership", "This shard."))

@@ -121,38 +121,46 @@ class LocalTransport:
 
     @property
     def routed(self) -> bool:
-        """Whether keys split now are split by the shard's own slot map. Read
-        when a call is made, not when it runs: the client splits keys by its
-        current map just before (`PSClient` splits a route kept from an older
-        map again), and another call may take a newer map meanwhile."""
+        """Whether keys split now are split by the shard's own slot map."""
         by = self.routed_by
         return by is not None and by.slot_map.epoch == self.shard.slot_map.epoch
 
-    def pull(self, table: str, keys: U64) -> Coroutine[Any, Any, F32]:
-        return self._pull(table, keys, self.routed)
+    def _split_at(self) -> int:
+        """The epoch of the map the keys of a call made now were split by (0:
+        not split by a client of this transport): read when the call is made
+        (the client splits by its current map just before), and compared with
+        the shard's when it runs, since a move may come in between."""
+        by = self.routed_by
+        return 0 if by is None else by.slot_map.epoch
 
-    async def _pull(self, table: str, keys: U64, owned: bool) -> F32:
-        return self.shard.handle_pull(table, keys, owned=owned)[0]
+    def _owned(self, split_at: int) -> bool:
+        return split_at != 0 and split_at == self.shard.slot_map.epoch
+
+    def pull(self, table: str, keys: U64) -> Coroutine[Any, Any, F32]:
+        return self._pull(table, keys, self._split_at())
+
+    async def _pull(self, table: str, keys: U64, split_at: int) -> F32:
+        return self.shard.handle_pull(table, keys, owned=self._owned(split_at))[0]
 
     def pull_versioned(self, table: str, keys: U64, presence: bool, remember: int = 0) -> Coroutine[Any, Any, Pulled]:
-        return self._pull_versioned(table, keys, presence, self.routed)
+        return self._pull_versioned(table, keys, presence, self._split_at())
 
-    async def _pull_versioned(self, table: str, keys: U64, presence: bool, owned: bool) -> Pulled:
-        weights, version = self.shard.handle_pull(table, keys, owned=owned)
+    async def _pull_versioned(self, table: str, keys: U64, presence: bool, split_at: int) -> Pulled:
+        weights, version = self.shard.handle_pull(table, keys, owned=self._owned(split_at))
         present = self.shard.contains(table, keys) if presence else None
         return Pulled(weights, version, present, self.shard.tables[table].clock)
 
     def push(self, push: Push) -> Coroutine[Any, Any, int]:
-        return self._push(push, self.routed)
+        return self._push(push, self._split_at())
 
-    async def _push(self, push: Push, owned: bool) -> int:
-        return self.shard.handle_push(push, owned=owned)[0]
+    async def _push(self, push: Push, split_at: int) -> int:
+        return self.shard.handle_push(push, owned=self._owned(split_at))[0]
 
     def push_pull(self, push: Push, pull_keys: U64, remember: int = 0) -> Coroutine[Any, Any, tuple[int, F32, int]]:
-        return self._push_pull(push, pull_keys, self.routed)
+        return self._push_pull(push, pull_keys, self._split_at())
 
-    async def _push_pull(self, push: Push, pull_keys: U64, owned: bool) -> tuple[int, F32, int]:
-        applied, weights, _ = self.shard.handle_push_pull(push, pull_keys, owned=owned)
+    async def _push_pull(self, push: Push, pull_keys: U64, split_at: int) -> tuple[int, F32, int]:
+        applied, weights, _ = self.shard.handle_push_pull(push, pull_keys, owned=self._owned(split_at))
         return applied, weights, self.shard.tables[push.table].clock
 
     async def changes(self, table: str, since: int, incarnation: int, own: U64) -> Changes:

@@ -22,6 +22,7 @@ from .cuts import HeldCuts
 from .handlers import DataHandlers
 from .join_state import JoinState, RestoreAt
 from .key_sets import KeySets
+from .slot_moves import SlotMoves
 from .spec import ShardSpec
 from .status_board import StatusBoard
 from .tables import ShardTables
@@ -78,6 +79,8 @@ class Shard:
         self.table = self._tables.table
         self.report_status = self.board.report
         self.statuses = self.board.entries
+        self.slot_moves = SlotMoves(spec, self._tables)
+        """Slots handed off to and taken over from other shards (`ps_core.shard.slot_moves`)."""
         self.take_snapshot = self.cuts.take
         self.drop_snapshot = self.cuts.drop
         self.pop_snapshot = self.cuts.pop
@@ -180,6 +183,9 @@ class Shard:
         if other.spec != self.spec:
             raise ValueError(f"a restore of {other.spec} into shard {self.spec}")
         self._tables.adopt(other._tables)
+        # The restored rows sit where the cut's map put them: its map comes
+        # with them, older than the one held if slots moved after the cut.
+        self._tables.slot_map = other.slot_map
         self.cuts.clear()
         self.handlers.forget_pushes()
         self.join_state.mark_state(version)

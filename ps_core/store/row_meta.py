@@ -133,9 +133,17 @@ class RowMeta:
         self._storage.pull_cache.wrote()
 
     def load(
-        self, rows: npt.NDArray[np.int64], last_seen: npt.ArrayLike, shows: npt.ArrayLike, clicks: npt.ArrayLike
+        self,
+        rows: npt.NDArray[np.int64],
+        last_seen: npt.ArrayLike,
+        shows: npt.ArrayLike,
+        clicks: npt.ArrayLike,
+        *,
+        changed: bool = False,
     ) -> None:
-        """Write stored metadata to `rows` (a restore): unflagged, as of a cut."""
+        """Write stored metadata to `rows`: unflagged, as of a cut (a restore),
+        or flagged `changed` (rows moved in, which the next delta carries)."""
         self.last_seen[rows] = last_seen
-        self._storage.meta[rows, 1] = np.asarray(shows).astype(np.float32).view(np.uint32)
+        words = np.asarray(shows).astype(np.float32).view(np.uint32)
+        self._storage.meta[rows, 1] = words | CHANGED if changed else words
         self.clicks[rows] = clicks

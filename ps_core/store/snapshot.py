@@ -10,6 +10,7 @@ which the open `version` moves on. `Cuts.mark_exported` and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -204,6 +205,17 @@ class Cuts:
         n = self._storage.num_rows
         rows = np.flatnonzero(self._storage.index.row_live[:n])
         return self._copy_rows(config, sketch, rows, version, None, _NO_KEYS, base=True)
+
+    def copy_selected(
+        self, config: TableConfig, select: Callable[[U64], npt.NDArray[np.bool_]], version: int
+    ) -> TableSnapshot:
+        """The live rows whose keys `select` picks, as a base labelled
+        `version`, without cutting and without the admission sketch (see
+        `SparseTable.rows_where`)."""
+        n = self._storage.num_rows
+        live = np.flatnonzero(self._storage.index.row_live[:n])
+        rows = live[select(self._storage.index.row_keys[live])]
+        return self._copy_rows(config, None, rows, version, None, _NO_KEYS, base=True)
 
     def _sketch_cells(
         self, sketch: CountSketch | None, parent: int | None

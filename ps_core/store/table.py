@@ -431,6 +431,13 @@ class SparseTable:
         a table restored to `version`)."""
         return self.cuts.base_copy(self.config, self._sketch(), version)
 
+    def rows_where(self, select: Callable[[U64], npt.NDArray[np.bool_]]) -> TableSnapshot:
+        """Copies of the live rows whose keys `select` picks (given every live
+        key, it answers which), as a base labelled with the open version,
+        without cutting: a slot move's hand-off (`ps_core.shard.slot_moves`).
+        No admission sketch: its cells count keys of every slot."""
+        return self.cuts.copy_selected(self.config, select, self.version)
+
     def mark_exported(self, version: int) -> None:
         """Declare the table's content to be export `version`: the open version
         becomes ``version + 1``, the next delta is relative to `version`, and
@@ -451,12 +458,16 @@ class SparseTable:
         last_seen: npt.ArrayLike,
         shows: npt.ArrayLike,
         clicks: npt.ArrayLike,
+        *,
+        changed: bool = False,
     ) -> int:
         """Upsert whole rows as stored (state and metadata); returns how many
         keys were new. Keys must be distinct and data finite; a refused call
         changes nothing. `updated_at` is checked, not kept: a loaded row is
         unchanged since the cut it came from, so a later delta carries it only
         if it changes again (meant for restoring a chain, then `mark_exported`).
+        With `changed`, the rows are flagged changed: the next delta carries
+        them (rows moved in from another shard).
         """
         name = self.config.name
         k, d, meta = checked_rows(name, self.width, keys, data, (updated_at, last_seen, shows, clicks))
@@ -467,5 +478,5 @@ class SparseTable:
         if self.changes is not None:  # rows replaced wholesale: no earlier question holds
             self.changes.reset()
         self.storage.data[rows] = d
-        self.rows_meta.load(rows, meta[1], meta[2], meta[3])
+        self.rows_meta.load(rows, meta[1], meta[2], meta[3], changed=changed)
         return int(new_rows.size)

@@ -1,0 +1,164 @@
+"""Live slot moves (`ps_core.checkpoint.moves`, `ps_core.shard.slot_moves`)
+over every transport: slots move between running shards while a client
+pushes, and every push is applied exactly once on the shard that owns its
+key's slot; the rows arrive as they left; a cut after a move restores every
+row where the map says; a move a shard cannot take part in changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_client import MakeClient, make_client
+
+from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.coordinator import Coordinator
+from ps_core.checkpoint.export_files import latest_chain
+from ps_core.checkpoint.exporter import Exporter
+from ps_core.checkpoint.joining import load_shard
+from ps_core.checkpoint.moves import move_slots
+from ps_core.checkpoint.restore import restore_shards
+from ps_core.errors import MoveRefusedError
+from ps_core.net.client import PSClient
+from ps_core.shard import Shard, ShardSpec
+from ps_core.slots import SlotMap
+from ps_core.store.table_config import TableConfig
+
+__all__ = ["make_client"]  # the fixture, used here by name
+
+SGD = TableConfig("lr", dim=1, optimizer={"name": "sgd", "lr": 0.5})
+KEYS = np.random.default_rng(17).integers(1, 2**64 - 1, size=3000, dtype=np.uint64)
+
+
+def _held(shards: list[Shard]) -> dict[int, tuple[int, float, float]]:
+    """Each key held: its shard, its weight and its shows; a key held twice fails."""
+    out: dict[int, tuple[int, float, float]] = {}
+    for s in shards:
+        t = s.tables["lr"]
+        snap = t.rows_where(lambda keys: np.ones(keys.size, dtype=bool))  # every live row
+        for k, w, shows in zip(snap.keys.tolist(), snap.data[:, 0].tolist(), (snap.shows * t.count_scale).tolist()):
+            assert k not in out, f"key {k} on shards {out[k][0]} and {s.spec.shard_id}"
+            out[k] = (s.spec.shard_id, w, shows)
+    return out
+
+
+async def test_slots_move_while_a_client_pushes_and_every_push_is_applied_once(make_client: MakeClient) -> None:
+    client, control, shards = await make_client(2, (SGD,))
+    client.slot_source = control.slot_map
+    rng = np.random.default_rng(3)
+    pushes = [rng.choice(KEYS, 400, replace=False) for _ in range(60)]
+    counts = np.zeros(KEYS.size)
+    index = {k: i for i, k in enumerate(KEYS.tolist())}
+
+    async def pushing() -> None:
+        for keys in pushes:
+            ones = np.ones((keys.size, 1), dtype=np.float32)
+            await client.push("lr", keys, ones, counts=np.hstack([ones, np.zeros_like(ones)]))
+            counts[[index[k] for k in keys.tolist()]] += 1
+            await asyncio.sleep(0)
+
+    moving = SlotMap.even(2).slots_of(0)[:1024]
+    pusher = asyncio.create_task(pushing())
+    await asyncio.sleep(0)
+    steps = await move_slots(control, moving.tolist(), 1, batch=256)
+    await pusher
+    assert [(s.source, s.to, s.slots) for s in steps] == [(0, 1, 256)] * 4
+    assert [s.epoch for s in steps] == [2, 3, 4, 5]
+    final = await control.slot_map()
+    assert final.epoch == 5 and [s.slot_map for s in shards] == [final, final]
+    assert (np.array(final.owners)[moving] == 1).all() and final.load().tolist() == [2048 - 1024, 2048 + 1024]
+    held = _held(shards)
+    pushed = KEYS[counts > 0]
+    assert sorted(held) == sorted(pushed.tolist())
+    owner = dict(zip(pushed.tolist(), final.owner_of(pushed).tolist()))
+    for k, (shard, w, shows) in held.items():
+        n = counts[index[k]]
+        assert (shard, w, shows) == (owner[k], np.float32(-0.5) * np.float32(n), n), k
+    assert all(not s.slot_moves.held for s in shards)  # the copies dropped once each step was done
+    assert client.reroutes >= 1  # pushes met the moves: refused, then sent by the newer map
+
+
+async def test_moved_rows_arrive_as_they_left(make_client: MakeClient) -> None:
+    client, control, shards = await make_client(2, (SGD,))
+    ones = np.ones((KEYS.size, 1), dtype=np.float32)
+    await client.push("lr", KEYS, ones, counts=np.hstack([ones, ones]), event_time=1_764_681_600.0)
+    before = shards[0].tables["lr"].rows_where(lambda keys: np.ones(keys.size, dtype=bool))
+    slots = SlotMap.even(2).slots_of(0)
+    [step] = await move_slots(control, slots.tolist(), 1, batch=4096)
+    assert (step.rows, step.slots) == (before.rows, 2048) and len(shards[0].tables["lr"]) == 0
+    after = shards[1].tables["lr"]
+    rows = after.index.lookup(before.keys)
+    assert (rows >= 0).all()
+    moved = after.rows_where(lambda keys: np.isin(keys, before.keys))
+    order = np.argsort(moved.keys)
+    want = np.argsort(before.keys)
+    for name in ("keys", "data", "last_seen", "shows", "clicks"):
+        np.testing.assert_array_equal(getattr(moved, name)[order], getattr(before, name)[want], err_msg=name)
+    client.slot_source = control.slot_map
+    np.testing.assert_array_equal((await client.pull("lr", KEYS))[:, 0], np.full(KEYS.size, -0.5, np.float32))
+
+
+async def test_a_move_a_shard_cannot_take_part_in_changes_nothing(make_client: MakeClient) -> None:
+    _, control, shards = await make_client(2, (SGD,))
+    with pytest.raises(MoveRefusedError, match="no shard 2"):
+        await move_slots(control, [0], 2)
+    with pytest.raises(MoveRefusedError, match=r"slots are in \[0, 4096\)"):
+        await move_slots(control, [4096], 1)
+    even = SlotMap.even(2)
+    with pytest.raises(MoveRefusedError, match="only slots it owns"):
+        await control.shards[1].hand_off([0], even.moved({0: 0}))  # slot 0 is shard 0's
+    with pytest.raises(MoveRefusedError, match="not newer"):
+        await control.shards[0].hand_off([0], SlotMap.even(2))
+    with pytest.raises(MoveRefusedError, match="gives or takes slots of shard 1"):
+        await control.shards[1].adopt_slot_map(even.moved({0: 1}))
+    assert [s.slot_map for s in shards] == [even, even]
+    assert await move_slots(control, even.slots_of(1)[:3].tolist(), 1) == []  # already there
+
+
+async def test_a_delta_cut_after_a_move_restores_every_row_where_the_map_says(tmp_path: Path) -> None:
+    shards = [Shard(ShardSpec(i, 2), (SGD,)) for i in range(2)]
+    coord = Coordinator()
+    client, control = PSClient.local(shards), ControlClient.local(shards, coord)
+    client.slot_source = control.slot_map
+    exporter = Exporter(coord, control, tmp_path, "m")
+    ones = np.ones((KEYS.size, 1), dtype=np.float32)
+    await client.push("lr", KEYS, ones, counts=np.hstack([ones, ones]))
+    assert (await exporter.cut()).kind == "base"
+    slots = SlotMap.even(2).slots_of(0)[::2]
+    # Under the exporter's lock, as the coordinator's moves run: no cut sees a slot in flight.
+    await move_slots(control, slots.tolist(), 1, lock=exporter.lock)
+    # And the other way: a delta's deletion on one shard and its row on another, in either order.
+    await move_slots(control, SlotMap.even(2).slots_of(1)[::3].tolist(), 0, lock=exporter.lock)
+    await client.push("lr", KEYS[:100], ones[:100], counts=np.hstack([ones[:100], ones[:100]]))
+    delta = await exporter.cut()
+    assert delta.kind == "delta"
+    chain = latest_chain(tmp_path / "m", verify=True)
+    assert [v.version for v in chain] == [1, 2] and chain[-1].manifest.slot_map == shards[0].slot_map
+    live = _held(shards)
+    same = restore_shards(chain, 2)
+    assert [s.slot_map for s in same.shards] == [shards[0].slot_map] * 2
+    assert _held(same.shards) == live  # every row, on the shard of its slot
+    other = restore_shards(chain, 3)
+    assert {k: v[1:] for k, v in _held(other.shards).items()} == {k: v[1:] for k, v in live.items()}
+
+
+async def test_a_cluster_restored_to_a_cut_before_a_move_takes_that_cuts_map(tmp_path: Path) -> None:
+    shards = [Shard(ShardSpec(i, 2), (SGD,)) for i in range(2)]
+    coord = Coordinator()
+    client, control = PSClient.local(shards), ControlClient.local(shards, coord)
+    exporter = Exporter(coord, control, tmp_path, "m")
+    ones = np.ones((KEYS.size, 1), dtype=np.float32)
+    await client.push("lr", KEYS, ones, counts=np.hstack([ones, ones]))
+    cut = await exporter.cut()
+    at_cut = _held(shards)
+    await move_slots(control, SlotMap.even(2).slots_of(0)[:500].tolist(), 1)  # 2 steps of 256 and 244
+    assert shards[0].slot_map.epoch == 3
+    for shard in shards:  # what the coordinator's cluster restore has each shard do
+        fresh, _ = load_shard(shard.spec, tmp_path / "m", cut.version, (SGD,))
+        shard.replace_state(fresh, cut.version)
+    assert [s.slot_map for s in shards] == [SlotMap.even(2)] * 2 and _held(shards) == at_cut
+    client.slot_source = control.slot_map
+    assert await client.push("lr", KEYS[:50], ones[:50]) == 50  # its client follows the cluster back
+    assert client.slot_map == SlotMap.even(2)
