@@ -180,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .commands.kafka_flags import add_kafka_security_flags
     from .commands.model import add_model_parser
     from .commands.produce import add_produce_parser
+    from .commands.rebalance import add_rebalance_parser
     from .commands.topics import add_topics_parser
     from .config.broker import BrokerSettings
     from .config.cluster import ClusterSettings
@@ -227,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_produce_parser(sub)
     add_export_parser(sub)
     add_model_parser(sub)
+    add_rebalance_parser(sub)
     add_dlq_parser(sub)
     add_topics_parser(sub)
 
@@ -351,6 +353,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     from .commands.export import run_export
     from .commands.model import run_model
     from .commands.produce import run_produce
+    from .commands.rebalance import run_rebalance
     from .commands.topics import run_topics
 
     if args.command == "produce":
@@ -359,6 +362,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return int(uvloop.run(run_export(args)))
     if args.command == "model":
         return int(uvloop.run(run_model(args)))
+    if args.command == "rebalance":
+        return int(uvloop.run(run_rebalance(args)))
     if args.command == "dlq":
         return int(uvloop.run(run_dlq(args)))
     if args.command == "topics":

@@ -898,6 +898,7 @@ VALID_BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/tables"): {"name": "t", "dim": 1},
     # A slot map the shard holds already: taken or refused as not newer, nothing moved.
     ("PUT", "/v1/slots"): {"epoch": 1, "num_shards": 1, "slots": 4096, "even": True},
+    ("POST", "/v1/slots/move"): {"slots": [], "to": 0},
     ("POST", "/v1/slots/hand_off"): {
         "slots": [0],
         "slot_map": {"epoch": 1, "num_shards": 1, "slots": 4096, "even": True},

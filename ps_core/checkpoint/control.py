@@ -12,6 +12,7 @@ exporter cuts; joining admits and restores; ``ctrps export`` asks for cuts.
 
 from __future__ import annotations
 
+import asyncio
 import ssl as ssl_
 from collections.abc import Sequence
 from typing import Protocol, Unpack
@@ -33,10 +34,12 @@ from ..net.control_messages import (
     MembershipBody,
     ModelDeclaration,
     ModelEntry,
+    MoveRequest,
     ShardModelCreatedBody,
     ShardModelDeletedBody,
     ShardModelListBody,
     SlotMapBody,
+    SlotsMoved,
     StatusAck,
 )
 from ..net.endpoint import RetryPolicy, ShardGroup
@@ -93,6 +96,8 @@ class ShardControl(Protocol):
 
     async def release_slots(self, epoch: int) -> bool: ...
 
+    async def move_slots(self, request: MoveRequest) -> SlotsMoved: ...
+
     async def admit(self, epoch: str, version: int) -> MembershipBody: ...
 
     async def acquire_lease(self, worker: str, wait_s: float, ttl_s: float | None = None) -> LeaseGrant: ...
@@ -141,6 +146,8 @@ class LocalControl:
         self.coordinator = coordinator
         self.exporter: ExportService | None = None
         """Set by whoever runs an exporter beside the coordinator (``ctrps demo``)."""
+        self.moves: tuple[ControlClient, asyncio.Lock] | None = None
+        """The client over every shard and the exporter's lock slot moves run with (`serve_exports`)."""
 
     async def declare(self, config: TableConfig) -> bool:
         return self.shard.declare(config)
@@ -180,6 +187,14 @@ class LocalControl:
 
     async def release_slots(self, epoch: int) -> bool:
         return self.shard.slot_moves.release(epoch) > 0
+
+    async def move_slots(self, request: MoveRequest) -> SlotsMoved:
+        from .moves import run_move  # it runs through a ControlClient, this module's: imported when used
+
+        if self.moves is None:
+            raise NoCoordinatorError(f"shard {self.shard_id} runs no exporter, and moves slots under its lock")
+        client, lock = self.moves
+        return await run_move(client, request, lock)
 
     async def admit(self, epoch: str, version: int) -> MembershipBody:
         self.shard.admit(epoch, version)
@@ -321,6 +336,7 @@ class ControlClient(ShardGroup[ShardControl]):
         if not isinstance(first, LocalControl):
             raise ValueError("only an in-process shard 0 serves an in-process exporter")
         first.exporter = exporter
+        first.moves = (self, exporter.lock)
 
     # -- export cuts -----------------------------------------------------------
     async def take_snapshots(self, version: int, parent: int | None) -> list[dict[str, int]]:
@@ -373,6 +389,10 @@ class ControlClient(ShardGroup[ShardControl]):
         """End a lease with the offsets its window committed (and the
         `ReleaseFields`); False if it had expired."""
         return await self.shards[0].release_lease(lease_id, offsets, **named)
+
+    async def move_slots(self, request: MoveRequest) -> SlotsMoved:
+        """Have shard 0's coordinator move slots (``POST /v1/slots/move``)."""
+        return await self.shards[0].move_slots(request)
 
     async def slot_map(self) -> SlotMap:
         """The cluster's slot map, shard 0's (`ps_core.slots`): what a client

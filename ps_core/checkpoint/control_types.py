@@ -5,6 +5,7 @@ of the exporter (`ExportService`)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol, TypedDict
 
@@ -69,6 +70,11 @@ class ReleaseFields(TypedDict, total=False):
 
 class ExportService(Protocol):
     """What shard 0's transport needs of an in-process exporter (`exporter.Exporter`)."""
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held by every cut (and every slot move)."""
+        ...
 
     async def export_json(self, kind: str | None = None) -> ExportReportBody: ...
 

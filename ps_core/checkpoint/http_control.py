@@ -33,6 +33,7 @@ from ..net.control_messages import (
     MembershipBody,
     ModelDeclaration,
     ModelEntry,
+    MoveRequest,
     Release,
     Restore,
     Restored,
@@ -40,6 +41,7 @@ from ..net.control_messages import (
     ShardModelDeletedBody,
     ShardModelListBody,
     SlotMapBody,
+    SlotsMoved,
     SnapshotRequest,
     StatusAck,
     SyncApply,
@@ -133,6 +135,9 @@ class HttpControl(ShardEndpoint):
     async def take_over(self, copies: Sequence[TableSnapshot], slot_map: SlotMap) -> int:
         _, reply = await self._exchange(calls.TAKE_OVER, slot_rows_to_bytes(copies, slot_map), None)
         return calls.TAKE_OVER.read(reply).rows
+
+    async def move_slots(self, request: MoveRequest) -> SlotsMoved:
+        return await self._call(calls.MOVE_SLOTS, request)
 
     async def release_slots(self, epoch: int) -> bool:
         return (await self._call(calls.RELEASE_SLOTS, path=calls.RELEASE_SLOTS.at(epoch=epoch))).dropped

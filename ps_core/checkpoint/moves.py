@@ -28,14 +28,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from ..errors import MoveRefusedError, PSError
 from ..net.client import fan_out
+from ..net.control_messages import MoveRequest, MoveStepBody, SlotMapBody, SlotsMoved
 from ..slots import SlotMap
 from .control import ControlClient
 
-__all__ = ["BATCH", "MoveFailedError", "MoveStep", "move_slots"]
+__all__ = ["BATCH", "MoveFailedError", "MoveStep", "move_slots", "plan_drain", "run_move"]
 
 log = logging.getLogger("ctrps.moves")
 
@@ -123,3 +125,40 @@ async def _step(
         },
     )
     return step, new
+
+
+def plan_drain(slot_map: SlotMap, shard: int) -> dict[int, list[int]]:
+    """Every slot of `shard`, each to the shard holding the fewest slots at
+    that point (ties: the lowest number): the slots' new owners, by owner."""
+    if not 0 <= shard < slot_map.num_shards:
+        raise MoveRefusedError(f"no shard {shard}: the cluster has {slot_map.num_shards}")
+    if slot_map.num_shards == 1:
+        raise MoveRefusedError("the cluster's only shard cannot be drained")
+    load = slot_map.load()
+    load[shard] = np.iinfo(np.int64).max
+    out: dict[int, list[int]] = {}
+    for slot in slot_map.slots_of(shard).tolist():
+        to = int(np.argmin(load))
+        load[to] += 1
+        out.setdefault(to, []).append(slot)
+    return out
+
+
+async def run_move(client: ControlClient, request: MoveRequest, lock: asyncio.Lock | None = None) -> SlotsMoved:
+    """A move as ``POST /v1/slots/move`` asks it (`MoveRequest`): its slots to
+    one shard, or a shard drained; the map after it and its steps."""
+    steps: list[MoveStep] = []
+    if request.to is not None and request.drain is None:
+        steps = await move_slots(client, request.slots, request.to, lock=lock)
+    elif request.drain is not None and request.to is None and not request.slots:
+        async with lock if lock is not None else contextlib.nullcontext():
+            plan = plan_drain(await client.slot_map(), request.drain)
+            for to, slots in sorted(plan.items()):
+                steps += await move_slots(client, slots, to)
+    else:
+        raise MoveRefusedError("a move names slots and a shard to move them to, or a shard to drain")
+    final = await client.slot_map()
+    return SlotsMoved(
+        msgspec.convert(final.to_dict(), SlotMapBody),
+        [MoveStepBody(s.epoch, s.source, s.to, s.slots, s.rows, round(s.paused_ms, 3)) for s in steps],
+    )

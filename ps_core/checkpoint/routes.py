@@ -42,7 +42,11 @@ shard server's whole app.
   (train scope, as table declarations) creates one, declaring its tables on every shard (201; 200 when
   it exists identically; 409 ``model_conflict`` otherwise);
   ``GET /v1/models/{name}``; ``DELETE /v1/models/{name}`` (admin) drops its
-  tables on every shard and forgets its offsets, leaving its exports on disk.
+  tables on every shard and forgets its offsets, leaving its exports on disk;
+- with an exporter, ``POST /v1/slots/move`` (admin): ``{"slots": [...],
+  "to": int}`` or ``{"drain": int}`` moves slots between the running shards
+  under the exporter's lock (`ps_core.checkpoint.moves`), answering the map
+  after it and its steps.
 
 On a shard app given a `TokenVerifier` these routes need tokens like every
 other (`ps_core.net.server.ROUTE_SCOPES`): leases and offsets the train scope,
@@ -68,6 +72,7 @@ from .coordinator import Coordinator, parse_offsets
 from .exporter import Exporter
 from .joining import restore_version
 from .manifest import check_model_name
+from .moves import run_move
 from .stream import StreamIdentity
 
 __all__ = ["checkpointed_shard_app", "add_coordinator_routes", "COORDINATOR", "EXPORTER"]
@@ -171,6 +176,13 @@ async def export_now(request: web.Request) -> web.Response:
     # No body is the exporter's schedule, as {} is.
     kind = decode(calls.EXPORT_NOW.decoder, raw, InvalidRequestError).kind if raw.strip() else None
     return json_response(await request.app[EXPORTER].export_json(kind), status=201)
+
+
+@calls.MOVE_SLOTS.route(_EXPORTED)
+async def move(request: web.Request) -> web.Response:
+    body = await json_body(request, calls.MOVE_SLOTS.decoder)
+    exporter = request.app[EXPORTER]
+    return json_response(await run_move(exporter.client, body, exporter.lock))
 
 
 @calls.EXPORTS.route(_EXPORTED)

@@ -51,6 +51,7 @@ from .control_messages import (
     MembershipBody,
     ModelDeclaration,
     ModelEntry,
+    MoveRequest,
     Release,
     Released,
     Renewed,
@@ -61,6 +62,7 @@ from .control_messages import (
     ShardModelListBody,
     SlotMapBody,
     SlotMapTaken,
+    SlotsMoved,
     SnapshotRequest,
     SnapshotRows,
     StatusAck,
@@ -192,6 +194,7 @@ SLOT_MAP = ControlCall[None, SlotMapBody]("slot_map", "GET", "/v1/slots", _READ,
 ADOPT_SLOT_MAP = ControlCall("adopt_slot_map", "PUT", "/v1/slots", _ADMIN, SlotMapBody, SlotMapTaken)
 HAND_OFF = ControlCall[HandOff, bytes]("hand_off", "POST", "/v1/slots/hand_off", _ADMIN, HandOff, bytes)
 TAKE_OVER = ControlCall[None, TakenOver]("take_over", "POST", "/v1/slots/take_over", _ADMIN, None, TakenOver)
+MOVE_SLOTS = ControlCall("move_slots", "POST", "/v1/slots/move", _ADMIN, MoveRequest, SlotsMoved, coordinator=True)
 RELEASE_SLOTS = ControlCall[None, Dropped]("release_slots", "DELETE", "/v1/slots/held/{epoch}", _ADMIN, None, Dropped)
 MEMBERSHIP = ControlCall[None, MembershipBody]("membership", "GET", "/v1/membership", _ADMIN, None, MembershipBody)
 ADMIT = ControlCall("admit", "POST", "/v1/membership/admit", _ADMIN, Admit, MembershipBody)
@@ -254,6 +257,7 @@ CONTROL_CALLS: tuple[ControlCall[Any, Any], ...] = (
     HAND_OFF,
     TAKE_OVER,
     RELEASE_SLOTS,
+    MOVE_SLOTS,
     MEMBERSHIP,
     ADMIT,
     RESTORE,

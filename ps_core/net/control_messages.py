@@ -44,6 +44,9 @@ from .shard_bodies import (
 
 __all__ = [
     "SlotMapBody",
+    "MoveRequest",
+    "MoveStepBody",
+    "SlotsMoved",
     "slot_map_of",
     "HandOff",
     "TakenOver",
@@ -170,6 +173,33 @@ class TakenOver(Struct, forbid_unknown_fields=True):
     """Rows taken over from the shard that handed them off."""
 
     rows: Count
+
+
+class MoveRequest(Struct, forbid_unknown_fields=True):
+    """Move `slots` to shard `to`, or every slot of shard `drain` to the
+    others (the least loaded first): one of the two (`ps_core.checkpoint.moves`)."""
+
+    slots: Annotated[list[Annotated[int, Meta(ge=0, le=1 << 20)]], Meta(max_length=1 << 20)] = []
+    to: Annotated[int, Meta(ge=0, le=1 << 15)] | None = None
+    drain: Annotated[int, Meta(ge=0, le=1 << 15)] | None = None
+
+
+class MoveStepBody(Struct, forbid_unknown_fields=True):
+    """One step of a move (`ps_core.checkpoint.moves.MoveStep`)."""
+
+    epoch: Annotated[int, Meta(ge=1)]
+    source: Count
+    to: Count
+    slots: Count
+    rows: Count
+    paused_ms: Annotated[float, Meta(ge=0)]
+
+
+class SlotsMoved(Struct, forbid_unknown_fields=True):
+    """The map after a move, and its steps."""
+
+    slot_map: SlotMapBody
+    steps: list[MoveStepBody]
 
 
 class SlotMapTaken(Struct, forbid_unknown_fields=True):

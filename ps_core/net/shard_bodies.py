@@ -278,6 +278,17 @@ class WireStatsBody(Struct, forbid_unknown_fields=True):
     reply_values_clipped: Annotated[Count, Meta(description="Weights clipped to float16's range in replies.")]
 
 
+class SlotStats(Struct, forbid_unknown_fields=True):
+    """The shard's slots (ps_core.slots) and the rows slot moves carried."""
+
+    epoch: Annotated[int, Meta(ge=1, description="The epoch of the shard's slot map.")]
+    owned: Annotated[Count, Meta(description="Slots the shard owns.")]
+    slots: Annotated[int, Meta(ge=1, description="Slots of the cluster.")]
+    rows_in: Annotated[Count, Meta(description="Rows taken over from other shards since start.")]
+    rows_out: Annotated[Count, Meta(description="Rows handed off to other shards since start.")]
+    held: Annotated[Count, Meta(description="Rows handed off and still held (a move in progress).")]
+
+
 class AuthStats(Struct, forbid_unknown_fields=True):
     """Requests refused for their token, by reason (ps_core.net.auth)."""
 
@@ -345,6 +356,7 @@ class Stats(Struct):
     duplicate_pushes: Count
     wire: WireStatsBody
     tables: dict[str, TableStats]
+    slots: SlotStats | UnsetType = UNSET
     auth: AuthStats | UnsetType = UNSET
     exports: ExporterStats | UnsetType = UNSET
     sync: SyncStats | UnsetType = UNSET

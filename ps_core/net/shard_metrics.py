@@ -73,7 +73,7 @@ def shard_families(rows: Sequence[ShardRow], ports: Iterable[PortRow] = ()) -> I
     yield from (table[k] for k in ("features", "max_rows", "size", "pushes", "pulls"))
     yield shard["duplicates"]
     yield from (table[k] for k in ("evicted", "freed", "pause", "admission", "staleness", "down_weighted"))
-    yield from (shard[k] for k in ("refused", "held", "sets_gone", "reply_clipped"))
+    yield from (shard[k] for k in ("refused", "held", "sets_gone", "reply_clipped", "slots", "epoch", "moved"))
     yield from (table[k] for k in ("log_keys", "log_incomplete"))
     yield from port_families([*ports, *(("shard", i, (stats or {}).get("ports")) for i, stats in rows)])
     yield from _shard0_families(next((stats for i, stats in rows if i == "0"), None))
@@ -196,6 +196,15 @@ def _shard_wide_families(rows: Sequence[ShardRow]) -> dict[str, Metric]:
         "Weights clipped to float16's range in float16 replies.",
         labels=["shard"],
     )
+    slots = GaugeMetricFamily(
+        "ctrps_shard_slots", "Slots a shard owns (of the cluster's: ps_core.slots).", labels=["shard"]
+    )
+    epoch = GaugeMetricFamily("ctrps_shard_slot_map_epoch", "The epoch of a shard's slot map.", labels=["shard"])
+    moved = CounterMetricFamily(
+        "ctrps_shard_slot_rows_moved",
+        "Rows slot moves carried, into a shard (in) or out of it (out).",
+        labels=["shard", "direction"],
+    )
     duplicates = CounterMetricFamily(
         "ctrps_shard_duplicate_pushes",
         "Pushes sent again (a retry) that the shard had applied already: acknowledged, not applied twice.",
@@ -213,7 +222,16 @@ def _shard_wide_families(rows: Sequence[ShardRow]) -> dict[str, Metric]:
             reply_clipped.add_metric([i], num(wire.get("reply_values_clipped")))
         if stats is not None and "duplicate_pushes" in stats:
             duplicates.add_metric([i], num(stats["duplicate_pushes"]))
+        owned = (stats or {}).get("slots")
+        if isinstance(owned, dict):
+            slots.add_metric([i], num(owned.get("owned")))
+            epoch.add_metric([i], num(owned.get("epoch")))
+            moved.add_metric([i, "in"], num(owned.get("rows_in")))
+            moved.add_metric([i, "out"], num(owned.get("rows_out")))
     return {
+        "slots": slots,
+        "epoch": epoch,
+        "moved": moved,
         "refused": refused,
         "held": held,
         "sets_gone": sets_gone,

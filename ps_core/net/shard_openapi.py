@@ -40,6 +40,7 @@ from .control_messages import (
     MembershipBody,
     ModelDeclaration,
     ModelEntry,
+    MoveRequest,
     Release,
     Released,
     Renewed,
@@ -50,6 +51,7 @@ from .control_messages import (
     ShardModelListBody,
     SlotMapBody,
     SlotMapTaken,
+    SlotsMoved,
     SnapshotRequest,
     SnapshotRows,
     StatusAck,
@@ -83,6 +85,8 @@ _MODELS = (
     SlotMapTaken,
     HandOff,
     TakenOver,
+    MoveRequest,
+    SlotsMoved,
     Admit,
     Restore,
     Restored,
@@ -255,6 +259,7 @@ _ERRORS = {
     413: "The body is over the limit (too_large).",
     500: "A cut failed and was aborted on every shard (cut_aborted), or an export fails its checks (export_corrupt).",
     503: "Not now: a cut is pausing (cut_in_progress), the cluster is not ready (cluster_not_ready).",
+    502: "A slot move's destination did not take the slots; the source took them back (move_failed).",
     507: "The export could not be written (export_write_failed).",
 }
 
@@ -394,6 +399,18 @@ _PATHS: dict[str, dict[str, Any]] = {
             409,
             413,
             body="HandOff",
+        ),
+    },
+    "/v1/slots/move": {
+        "post": _op(
+            "Move slots between the running shards (shard 0, with an exporter): some slots to one shard, or every "
+            "slot of a shard drained to the others.",
+            ok_response("SlotsMoved", "The map after the move, and its steps."),
+            400,
+            409,
+            413,
+            502,
+            body="MoveRequest",
         ),
     },
     "/v1/slots/held/{epoch}": {

@@ -212,6 +212,7 @@ class Shard:
             "num_shards": self.spec.num_shards,
             "duplicate_pushes": self.handlers.duplicate_pushes,
             "wire": {"key_sets": self.key_sets.stats(), "reply_values_clipped": self._reply_values_clipped},
+            "slots": self.slot_moves.stats(),
             "tables": {
                 name: {
                     "features": len(t),

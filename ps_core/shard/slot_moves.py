@@ -139,6 +139,18 @@ class SlotMoves:
         self._tables.slot_map = new_map
         return True
 
+    def stats(self) -> dict[str, int]:
+        """The shard's slots and the rows moves carried (``slots`` of its stats)."""
+        m = self._tables.slot_map
+        return {
+            "epoch": m.epoch,
+            "owned": int(m.slots_of(self.spec.shard_id).size),
+            "slots": m.slots,
+            "rows_in": self.rows_in,
+            "rows_out": self.rows_out,
+            "held": sum(s.rows for copies in self.held.values() for s in copies),
+        }
+
     def release(self, epoch: int) -> int:
         """Drop the copies handed off at `epoch` (the move is done); the rows dropped."""
         return sum(s.rows for s in self.held.pop(epoch, []))
