@@ -239,7 +239,8 @@ def bias_shows(shards: list[Shard], namespace: str = "m") -> int:
     """Events applied in all, replays included: every event's bias id gets one
     show per application (docs/architecture.md, "Applied-event count")."""
     bias = np.array([FeatureHasher(namespace).bias_key], dtype=np.uint64)
-    table = shards[int(shard_of(bias, len(shards))[0])].tables.get(f"{namespace}_w")
+    # The shard its slot is on (ps_core.slots): slots may have moved.
+    table = shards[int(shards[0].slot_map.owner_of(bias)[0])].tables.get(f"{namespace}_w")
     if table is None:
         return 0
     row = int(table.index.lookup(bias)[0])

@@ -10,9 +10,13 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
+from streams import bias_shows, new_topic, produce, running, worker_config
 from test_client import MakeClient, make_client
+from test_geo import _round as geo_round
 
+from consumers.worker import Worker
 from ps_core.checkpoint.control import ControlClient
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.export_files import latest_chain
@@ -21,10 +25,13 @@ from ps_core.checkpoint.joining import load_shard
 from ps_core.checkpoint.moves import move_slots
 from ps_core.checkpoint.restore import restore_shards
 from ps_core.errors import MoveRefusedError
+from ps_core.model.geo import GeoCopy
+from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec
 from ps_core.slots import SlotMap
 from ps_core.store.table_config import TableConfig
+from ps_core.synthetic import SyntheticStream
 
 __all__ = ["make_client"]  # the fixture, used here by name
 
@@ -162,3 +169,76 @@ async def test_a_cluster_restored_to_a_cut_before_a_move_takes_that_cuts_map(tmp
     client.slot_source = control.slot_map
     assert await client.push("lr", KEYS[:50], ones[:50]) == 50  # its client follows the cluster back
     assert client.slot_map == SlotMap.even(2)
+
+
+async def test_geo_deltas_are_added_exactly_across_moves() -> None:
+    """Geo workers push parameter differences the shards add: across slot
+    moves in between their rounds, the shards end at the sum of them all."""
+    config = TableConfig("w", 2, {"name": "sgd", "lr": 0.1}, init_scale=0.0, mode="geo")
+    shards = [Shard(ShardSpec(i, 2), (config,)) for i in range(2)]
+    client, control = PSClient.local(shards), ControlClient.local(shards)
+    client.slot_source = control.slot_map
+    copies = [GeoCopy([config]), GeoCopy([config])]
+    rng = np.random.default_rng(13)
+    universe = KEYS[:300]
+    total = np.zeros((universe.size, 2))
+    index = {k: i for i, k in enumerate(universe.tolist())}
+    plan = {10: (SlotMap.even(2).slots_of(0)[:700], 1), 25: (SlotMap.even(2).slots_of(1)[:300], 0)}
+    for r in range(40):
+        if r in plan:
+            slots, to = plan[r]
+            await move_slots(control, slots.tolist(), to)
+        keys = np.sort(rng.choice(universe, size=int(rng.integers(1, 80)), replace=False))
+        grads = rng.normal(size=(keys.size, 2)).astype(np.float32)
+        await geo_round(copies[r % 2], client, keys, grads, 0.5)
+        total[[index[k] for k in keys.tolist()]] += grads
+    assert shards[0].slot_map.epoch == 6 and client.reroutes >= 1  # 3 steps of up to 256 slots, then 2
+    np.testing.assert_allclose(await client.pull("w", universe), -0.1 * 0.5 * total, rtol=1e-4, atol=1e-5)
+
+
+async def test_a_sync_step_open_on_the_source_holds_the_move_until_it_closes() -> None:
+    config = TableConfig("s", 1, {"name": "sgd", "lr": 0.5}, mode="sync")
+    shards = [Shard(ShardSpec(i, 2), (config,)) for i in range(2)]
+    client, control = PSClient.local(shards), ControlClient.local(shards)
+    client.slot_source = control.slot_map
+    await client.push("s", KEYS, np.ones((KEYS.size, 1), dtype=np.float32))  # held for the step's close
+    slots = SlotMap.even(2).slots_of(0)[:100].tolist()
+    with pytest.raises(MoveRefusedError, match="hold an open sync step"):
+        await move_slots(control, slots, 1)
+    assert [s.slot_map.epoch for s in shards] == [1, 1]  # nothing changed
+    assert sum(s.apply_step(1) for s in shards) == KEYS.size
+    await move_slots(control, slots, 1)
+    np.testing.assert_array_equal((await client.pull("s", KEYS))[:, 0], np.full(KEYS.size, -0.5, np.float32))
+    assert sum(len(s.tables["s"]) for s in shards) == KEYS.size
+
+
+@pytest.mark.slow
+async def test_a_worker_trains_every_event_once_while_slots_move_back_and_forth(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A worker reads the broker and trains while the bias's slot and a
+    thousand others move from shard to shard: every event applied once."""
+    topic, group = await new_topic(kafka_bootstrap, 2, hex_digits=10)
+    n = 12_000
+    await produce(kafka_bootstrap, topic, [orjson.dumps(e) for e in SyntheticStream(seed=4).batch(n)], 2)
+    coord = Coordinator(lease_ttl_s=30)
+    shards = [Shard(ShardSpec(i, 2)) for i in range(2)]
+    client, control = PSClient.local(shards), ControlClient.local(shards, coord)
+    client.slot_source = control.slot_map
+    exporter = Exporter(coord, control, tmp_path, "m")
+    model = LogisticRegression("m")
+    worker = Worker(worker_config(kafka_bootstrap, topic, group, 1000), client, control, model)
+    bias = np.array([model.hasher().bias_key], dtype=np.uint64)
+    slots = sorted({int(SlotMap.even(2).slot_of(bias)[0]), *range(0, 2000, 2)})
+    moves = 0
+    async with running(worker) as training:
+        async with asyncio.timeout(90):
+            while worker.stats.records < n:
+                assert not training.done(), training
+                owner = int(shards[0].slot_map.owner_of(bias)[0])
+                await move_slots(control, slots, 1 - owner, lock=exporter.lock)
+                moves += 1
+                await asyncio.sleep(0.2)  # the moves' pace: a move every fifth of a second, not a wait-for
+    assert moves >= 2 and worker.stats.records == n
+    assert bias_shows(shards) == n  # every event applied once, wherever the bias's slot was
+    assert client.reroutes >= 1

@@ -97,7 +97,8 @@ class ChangeFeed:
                 self._logged_at = now
                 log.warning(
                     "geo change log answered incomplete: every row of the copy is read again "
-                    "(a shard restarted or was restored, or its --geo-change-log-keys no longer reached back)",
+                    "(a shard restarted, was restored or took slots moved to it, or its --geo-change-log-keys "
+                    "no longer reached back)",
                     extra={"fields": {"incomplete": self.incomplete}},
                 )
             return None
