@@ -14,8 +14,15 @@ has moved, the map is no longer even and each key's shard is one gather more
   network: what differs is the routing alone), keys per second.
 
 The moved map is the even map of 2 shards with one slot given to the other
-shard (epoch 2). Live moves, grow and shrink, and balancing are not built
-yet; this bench measures the slots' steady-state cost only.
+shard (epoch 2).
+
+- **moves during pushes**: a quarter of shard 0's slots move to shard 1
+  (`move_slots`, steps of 256 slots) while a client pulls and pushes without
+  pause: rows moved a second, each step's pause of its slots' keys, and the
+  calls' latency before and during the moves (in one process: a step's copy
+  holds the event loop, as it holds a shard's).
+
+Grow and shrink while running and balancing by load are not built yet.
 
 Run:
     .venv/bin/python bench/bench_elastic.py --quick   # 3 rounds, ~20 s
@@ -34,6 +41,8 @@ from typing import Any
 import numpy as np
 from common import bench_mode, bench_parser, print_result, progress_log
 
+from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.moves import move_slots
 from ps_core.net.client import PSClient
 from ps_core.net.transports import LocalTransport
 from ps_core.shard import Shard, ShardSpec
@@ -84,6 +93,66 @@ async def _round_trip_keys_per_s(slot_map: SlotMap, batches: list[np.ndarray], s
     return n / (time.perf_counter() - t0)
 
 
+async def _moves_during_pushes(batches: list[np.ndarray], rows: int, slots: int) -> dict[str, Any]:
+    """Two shards holding `rows` rows; a client pulls and pushes batches
+    without pause while `slots` of shard 0's slots move to shard 1 (steps of
+    `BATCH` slots, as `ctrps rebalance` runs them). Each call's latency
+    before and during the moves, the moves' rows a second and each step's
+    pause of its slots' keys."""
+    shards = [Shard(ShardSpec(i, SHARDS), (TABLE,)) for i in range(SHARDS)]
+    client, control = PSClient.local(shards), ControlClient.local(shards)
+    client.slot_source = control.slot_map
+    rng = np.random.default_rng(9)
+    held = rng.integers(1, 2**64 - 1, size=rows, dtype=np.uint64)
+    for start in range(0, rows, 100_000):
+        part = held[start : start + 100_000]
+        await client.push("w", part, np.full((part.size, 1), 0.01, dtype=np.float32))
+    grads = np.full((BATCH, 1), 0.01, dtype=np.float32)
+    latencies: dict[str, list[float]] = {"before": [], "during": []}
+    phase = "before"
+    stop = asyncio.Event()
+
+    async def pushing() -> None:
+        while not stop.is_set():
+            for keys in batches:
+                t0 = time.perf_counter()
+                routed = client.route(keys)
+                await client.pull("w", routed)
+                await client.push("w", routed, grads[: keys.size])
+                latencies[phase].append((time.perf_counter() - t0) * 1e3)
+                await asyncio.sleep(0)
+
+    task = asyncio.create_task(pushing())
+    await asyncio.sleep(1.0)  # the latency before: a second of calls
+    phase = "during"
+    t0 = time.perf_counter()
+    steps = await move_slots(control, SlotMap.even(SHARDS).slots_of(0)[:slots].tolist(), 1)
+    seconds = time.perf_counter() - t0
+    stop.set()
+    await task
+    moved = sum(s.rows for s in steps)
+
+    def pct(name: str, q: float) -> float:
+        return round(float(np.percentile(latencies[name], q)), 2)
+
+    return {
+        "rows": rows,
+        "slots_moved": slots,
+        "rows_moved": moved,
+        "steps": len(steps),
+        "move_seconds": round(seconds, 3),
+        "rows_moved_per_s": round(moved / seconds),
+        "step_pause_ms": {
+            "max": round(max(s.paused_ms for s in steps), 2),
+            "mean": round(float(np.mean([s.paused_ms for s in steps])), 2),
+        },
+        "call_p50_ms": {"before": pct("before", 50), "during": pct("during", 50)},
+        "call_p99_ms": {"before": pct("before", 99), "during": pct("during", 99)},
+        "calls": {k: len(v) for k, v in latencies.items()},
+        "reroutes": client.reroutes,
+    }
+
+
 def _figures(runs: dict[str, list[float]]) -> dict[str, Any]:
     even, moved = runs["even"], runs["moved"]
     ratios = [m / e for e, m in zip(even, moved)]
@@ -120,6 +189,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"round {r + 1}: route even {route['even'][-1] / 1e6:.1f}M moved {route['moved'][-1] / 1e6:.1f}M keys/s; "
             f"round trip even {trip['even'][-1] / 1e6:.2f}M moved {trip['moved'][-1] / 1e6:.2f}M keys/s"
         )
+    moving = asyncio.run(_moves_during_pushes(batches, 400_000 if args.quick else 2_000_000, 1024))
+    log(
+        f"moves: {moving['rows_moved']} rows of {moving['slots_moved']} slots in {moving['steps']} steps, "
+        f"{moving['rows_moved_per_s'] / 1e6:.2f}M rows/s, step pause max {moving['step_pause_ms']['max']} ms; "
+        f"call p99 {moving['call_p99_ms']['before']} ms before, {moving['call_p99_ms']['during']} ms during"
+    )
     result: dict[str, Any] = {
         "mode": bench_mode(args.quick),
         "rounds": rounds,
@@ -128,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "batch_keys_mean": round(float(np.mean([b.size for b in batches]))),
         "route": _figures(route),
         "round_trip": _figures(trip),
+        "moves_during_pushes": moving,
     }
     log(
         f"moved/even: route {result['route']['ratio_moved_vs_even']}x "

@@ -50,15 +50,26 @@ async def test_a_shard_drained_while_a_client_pushes_loses_and_repeats_nothing(t
         await _declared(control, shards)
         client.slot_source = control.slot_map
 
+        drain_done = asyncio.Event()
+        sent: list[np.ndarray] = []
+
         async def pushing() -> None:
-            for keys in pushes:
+            # Until the drain is done and a few pushes after it: whatever the
+            # command's start-up takes, pushes meet the moves.
+            after = 0
+            while after < 5:
+                keys = pushes[len(sent) % len(pushes)]
                 grads = np.ones((keys.size, 1), dtype=np.float32)
                 await client.push(LR.name, keys, grads)
                 await PSClient.local([reference]).push(LR.name, keys, grads)
+                sent.append(keys)
+                after += drain_done.is_set()
 
         pusher = asyncio.create_task(pushing())
         drained = await _rebalance("--shard0", shards.urls[0], "--drain", "2")
-        await pusher
+        drain_done.set()
+        async with asyncio.timeout(60):
+            await pusher
         assert drained["slot_map"]["epoch"] > 1 and {s["source"] for s in drained["steps"]} == {2}
         assert sum(s["slots"] for s in drained["steps"]) == SlotMap.even(3).load()[2]
         shown = await _rebalance("--shard0", shards.urls[0], "--show")
@@ -66,7 +77,7 @@ async def test_a_shard_drained_while_a_client_pushes_loses_and_repeats_nothing(t
         assert shown["epoch"] == drained["slot_map"]["epoch"]
         stats = await control.stats()
         assert [s.tables[LR.name].features for s in stats][2] == 0
-        pushed = np.unique(np.concatenate(pushes))
+        pushed = np.unique(np.concatenate(sent))
         assert sum(s.tables[LR.name].features for s in stats) == pushed.size  # each key on one shard
         want = await PSClient.local([reference]).pull(LR.name, pushed)
         np.testing.assert_array_equal(await client.pull(LR.name, pushed), want)  # every push applied once

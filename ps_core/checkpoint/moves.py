@@ -99,7 +99,13 @@ async def _step(
     except PSError as exc:
         back = new.moved(dict.fromkeys(slots, source))
         await shards[source].take_over(copies, back)
-        await fan_out([s.adopt_slot_map(back) for i, s in enumerate(shards) if i not in (source, to)])
+        await shards[source].release_slots(new.epoch)
+        # The others (the destination too, when it answers again) take the map back;
+        # a shard that does not answer keeps the older one, whose owners are the same.
+        for i, s in enumerate(shards):
+            if i != source:
+                with contextlib.suppress(PSError):
+                    await s.adopt_slot_map(back)
         log.warning(
             "slot move failed: the source took its slots back",
             extra={"fields": {"source": source, "to": to, "slots": len(slots), "epoch": back.epoch, "error": str(exc)}},
