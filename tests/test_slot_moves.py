@@ -7,6 +7,7 @@ row where the map says; a move a shard cannot take part in changes nothing."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +19,21 @@ from test_client import MakeClient, make_client
 from test_geo import _round as geo_round
 
 from consumers.worker import Worker
-from ps_core.checkpoint.control import ControlClient
+from ps_core.checkpoint.control import ControlClient, LocalControl
 from ps_core.checkpoint.coordinator import Coordinator
 from ps_core.checkpoint.export_files import latest_chain
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.joining import load_shard
 from ps_core.checkpoint.moves import MoveFailedError, move_slots
 from ps_core.checkpoint.restore import restore_shards
-from ps_core.errors import MoveRefusedError
+from ps_core.errors import MoveRefusedError, ShardUnavailableError
 from ps_core.model.geo import GeoCopy
 from ps_core.model.models import LogisticRegression
 from ps_core.net.client import PSClient
 from ps_core.net.endpoint import RetryPolicy
 from ps_core.shard import Shard, ShardSpec
 from ps_core.slots import SlotMap
+from ps_core.store.snapshot import TableSnapshot
 from ps_core.store.table_config import TableConfig
 from ps_core.synthetic import SyntheticStream
 
@@ -268,3 +270,29 @@ async def test_a_destination_that_does_not_answer_leaves_the_slots_with_their_so
         assert back.epoch == 3 and back.owners == SlotMap.even(2).owners  # the map of before, at a new epoch
         assert shards[1].slot_map.epoch == 1 and not shards[0].slot_moves.held
         assert _held(shards) == before  # every row where it was, as it was
+
+
+class _AnswerLost(LocalControl):
+    """Shard 1 in process whose take-over is applied and whose answer is then
+    lost, as a connection dropped just after the shard answered would: the
+    test double for that failure only."""
+
+    async def take_over(self, copies: Sequence[TableSnapshot], slot_map: SlotMap) -> int:
+        await super().take_over(copies, slot_map)
+        raise ShardUnavailableError("shard 1: connection reset by peer")
+
+
+async def test_a_take_over_whose_answer_is_lost_completes_the_move() -> None:
+    shards = [Shard(ShardSpec(i, 2), (SGD,)) for i in range(2)]
+    control = ControlClient([LocalControl(shards[0]), _AnswerLost(shards[1])])
+    client = PSClient.local(shards)
+    ones = np.ones((KEYS.size, 1), dtype=np.float32)
+    await client.push("lr", KEYS, ones)
+    before = {k: w for k, (_, w, _) in _held(shards).items()}
+    slots = SlotMap.even(2).slots_of(0)[:200].tolist()
+    [step] = await move_slots(control, slots, 1)
+    final = shards[0].slot_map
+    assert step.epoch == final.epoch == shards[1].slot_map.epoch == 2 and not shards[0].slot_moves.held
+    held = _held(shards)  # each key on one shard (two would fail): the destination's, not given back
+    assert {k: w for k, (_, w, _) in held.items()} == before
+    assert {k: s for k, (s, _, _) in held.items()} == dict(zip(KEYS.tolist(), final.owner_of(KEYS).tolist()))

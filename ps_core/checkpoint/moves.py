@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import msgspec
 import numpy as np
@@ -35,6 +36,7 @@ from ..errors import MoveRefusedError, PSError
 from ..net.client import fan_out
 from ..net.control_messages import MoveRequest, MoveStepBody, SlotMapBody, SlotsMoved
 from ..slots import SlotMap
+from ..store.snapshot import TableSnapshot
 from .control import ControlClient
 
 __all__ = ["BATCH", "MoveFailedError", "MoveStep", "move_slots", "plan_drain", "run_move"]
@@ -97,20 +99,14 @@ async def _step(
     try:
         rows = await shards[to].take_over(copies, new)
     except PSError as exc:
-        back = new.moved(dict.fromkeys(slots, source))
-        await shards[source].take_over(copies, back)
-        await shards[source].release_slots(new.epoch)
-        # The others (the destination too, when it answers again) take the map back;
-        # a shard that does not answer keeps the older one, whose owners are the same.
-        for i, s in enumerate(shards):
-            if i != source:
-                with contextlib.suppress(PSError):
-                    await s.adopt_slot_map(back)
+        if not await _took_over(client, to, new):
+            await _give_back(client, copies, new, source, to, slots, exc)
+        # The destination holds the slots at the new map: only its answer was lost.
+        rows = sum(c.rows for c in copies)
         log.warning(
-            "slot move failed: the source took its slots back",
-            extra={"fields": {"source": source, "to": to, "slots": len(slots), "epoch": back.epoch, "error": str(exc)}},
+            "slot move: the destination took the slots, its answer was lost",
+            extra={"fields": {"source": source, "to": to, "slots": len(slots), "epoch": new.epoch, "error": str(exc)}},
         )
-        raise MoveFailedError(f"shard {to} did not take {len(slots)} slots of shard {source}: {exc}") from exc
     paused_ms = (time.perf_counter() - t0) * 1e3
     others = [s.adopt_slot_map(new) for i, s in enumerate(shards) if i not in (source, to, 0)]
     if others:
@@ -168,3 +164,41 @@ async def run_move(client: ControlClient, request: MoveRequest, lock: asyncio.Lo
         msgspec.convert(final.to_dict(), SlotMapBody),
         [MoveStepBody(s.epoch, s.source, s.to, s.slots, s.rows, round(s.paused_ms, 3)) for s in steps],
     )
+
+
+async def _took_over(client: ControlClient, to: int, new: SlotMap) -> bool:
+    """Whether shard `to` holds the map `new` (or a later one): it applied a
+    take-over whose answer was lost. False when it does not answer."""
+    try:
+        got = await client.shards[to].slot_map()
+    except PSError:
+        return False
+    return got.epoch >= new.epoch
+
+
+async def _give_back(
+    client: ControlClient,
+    copies: Sequence[TableSnapshot],
+    new: SlotMap,
+    source: int,
+    to: int,
+    slots: list[int],
+    exc: PSError,
+) -> NoReturn:
+    """The destination did not take `slots`: the source takes them back at
+    the epoch after `new` and drops its copies, the others take that map
+    where they answer (one that does not keeps the older map, whose owners
+    are the same); `MoveFailedError`."""
+    shards = client.shards
+    back = new.moved(dict.fromkeys(slots, source))
+    await shards[source].take_over(copies, back)
+    await shards[source].release_slots(new.epoch)
+    for i, s in enumerate(shards):
+        if i != source:
+            with contextlib.suppress(PSError):
+                await s.adopt_slot_map(back)
+    log.warning(
+        "slot move failed: the source took its slots back",
+        extra={"fields": {"source": source, "to": to, "slots": len(slots), "epoch": back.epoch, "error": str(exc)}},
+    )
+    raise MoveFailedError(f"shard {to} did not take {len(slots)} slots of shard {source}: {exc}") from exc
