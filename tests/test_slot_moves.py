@@ -7,6 +7,7 @@ row where the map says; a move a shard cannot take part in changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -296,3 +297,38 @@ async def test_a_take_over_whose_answer_is_lost_completes_the_move() -> None:
     held = _held(shards)  # each key on one shard (two would fail): the destination's, not given back
     assert {k: w for k, (_, w, _) in held.items()} == before
     assert {k: s for k, (s, _, _) in held.items()} == dict(zip(KEYS.tolist(), final.owner_of(KEYS).tolist()))
+
+
+class _GoneAfterHandOff(LocalControl):
+    """Shard 0 in process that stops answering once it handed its slots off,
+    as a source killed mid-move would: the test double for that failure only."""
+
+    gone = False
+
+    async def hand_off(self, slots: Sequence[int], slot_map: SlotMap) -> list[TableSnapshot]:
+        copies = await super().hand_off(slots, slot_map)
+        self.gone = True
+        return copies
+
+    async def release_slots(self, epoch: int) -> bool:
+        if self.gone:
+            raise ShardUnavailableError("shard 0: connection refused")
+        return await super().release_slots(epoch)
+
+
+async def test_a_source_gone_after_its_hand_off_still_ends_the_move_on_the_destination(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    shards = [Shard(ShardSpec(i, 3), (SGD,)) for i in range(3)]
+    control = ControlClient([_GoneAfterHandOff(shards[0]), LocalControl(shards[1]), LocalControl(shards[2])])
+    client = PSClient.local(shards)
+    ones = np.ones((KEYS.size, 1), dtype=np.float32)
+    await client.push("lr", KEYS, ones)
+    before = {k: w for k, (_, w, _) in _held(shards).items()}
+    moving = SlotMap.even(3).slots_of(0)[:100].tolist()
+    with caplog.at_level(logging.WARNING, logger="ctrps.moves"):
+        [step] = await move_slots(control, moving, 1)
+    assert step.epoch == 2 and [s.slot_map.epoch for s in shards] == [2, 2, 2]
+    assert {k: w for k, (_, w, _) in _held(shards).items()} == before  # the rows came through the coordinator
+    [line] = [r for r in caplog.records if r.name == "ctrps.moves" and r.levelno == logging.WARNING]
+    assert line.getMessage() == "slot move: the source did not drop its copies"
