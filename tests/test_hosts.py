@@ -149,6 +149,22 @@ def test_nothing_is_left_after_exit() -> None:
 def test_an_exception_inside_removes_everything_and_ends_its_processes() -> None:
     with pytest.raises(KeyboardInterrupt), Hosts(["x"]) as h:
         left = subprocess.Popen(h.cmd("x", ["sleep", "600"]), start_new_session=True)
-        raise KeyboardInterrupt  # as Ctrl-C would, with a process its starter did not stop
-    assert h.leftovers() == []
-    assert left.wait(timeout=10) == -signal.SIGKILL
+        # Running in the namespace, as a process its starter did not stop is
+        # (raised at once, `ip netns exec` may not have entered it yet).
+        deadline = time.monotonic() + 10
+        while (
+            str(left.pid)
+            not in subprocess.run(
+                ["ip", "netns", "pids", h.namespace["x"]], capture_output=True, text=True, check=False
+            ).stdout.split()
+        ):
+            assert time.monotonic() < deadline and left.poll() is None, "the process never entered its namespace"
+            time.sleep(0.01)  # poll interval; the deadline bounds it
+        raise KeyboardInterrupt  # as Ctrl-C would
+    try:
+        assert h.leftovers() == []
+        assert left.wait(timeout=10) == -signal.SIGKILL
+    finally:  # a failure here leaves no process behind for the tests after it
+        if left.poll() is None:
+            left.kill()
+            left.wait(10)
