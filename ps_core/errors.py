@@ -20,6 +20,7 @@ __all__ = [
     "WrongShardError",
     "MovedError",
     "MoveRefusedError",
+    "SlotsUnsettledError",
     "KeySetExpiredError",
     "FrameVersionError",
     "UnknownTableError",
@@ -167,6 +168,12 @@ class MovedError(WrongShardError, code="moved", status=421):
     def from_body(cls, detail: str, body: dict[str, Any]) -> PSError:
         epoch = body.get("epoch")
         return cls(detail, epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0)
+
+
+class SlotsUnsettledError(PSError, code="slots_unsettled", status=503, retriable=True):
+    """A shard kept refusing keys as `moved` while the client and the shards
+    held different slot maps, longer than a move's steps take (a move cut
+    short): an outage, waited out and tried again."""
 
 
 class MoveRefusedError(PSError, code="move_refused", status=409):
@@ -347,6 +354,7 @@ _BY_CODE: dict[str, type[PSError]] = {
         WrongShardError,
         MovedError,
         MoveRefusedError,
+        SlotsUnsettledError,
         UnknownTableError,
         TableConfigError,
         ModeConflictError,

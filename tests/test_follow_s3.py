@@ -59,6 +59,17 @@ def bucket(s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch, tmp_path: P
     yield f"s3://{s3_endpoint.bucket}/follow-{os.getpid()}-{tmp_path.name}"
 
 
+async def _listening(proc: asyncio.subprocess.Process) -> dict[str, Any]:
+    """The ``listening`` line of a ``ctrps serve`` started with ``--log-format json``."""
+    assert proc.stderr is not None
+    while True:
+        line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
+        assert line, "ctrps serve exited before listening"
+        started: dict[str, Any] = orjson.loads(line)
+        if started["msg"] == "listening":
+            return started
+
+
 def upload(store: ExportStore, trainer: Trainer, version: int, *, commit: bool = True) -> VersionUpload:
     """The trainer's local version `version`, byte for byte, into `store`:
     its files, then (with `commit`) its manifest, which makes it visible."""
@@ -218,13 +229,7 @@ async def test_ctrps_serve_follows_a_bucket(tmp_path: Path, bucket: str) -> None
     async with ctrps_process(
         "serve", "--follow", url, "--port", "0", "--follow-interval", "0.05", "--log-format", "json"
     ) as proc:
-        assert proc.stderr is not None
-        while True:
-            line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
-            assert line, "ctrps serve exited before listening"
-            started = orjson.loads(line)
-            if started["msg"] == "listening":
-                break
+        started = await _listening(proc)
         assert started["follow"] == url and started["model"] == "ctr"
         async with aiohttp.ClientSession() as http:
             for version in (1, 2):
@@ -294,13 +299,7 @@ async def test_ctrps_serve_follows_every_model_of_a_bucket(bucket: str) -> None:
     exporter, client, want = await _lr_and_fm_on(bucket, probe)
     args = ("--follow", bucket, "--follow-all", "--model-name", "ctr", "--follow-interval", "0.05")
     async with ctrps_process("serve", *args, "--port", "0", "--log-format", "json") as proc:
-        assert proc.stderr is not None
-        while True:
-            line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
-            assert line, "ctrps serve exited before listening"
-            started = orjson.loads(line)
-            if started["msg"] == "listening":
-                break
+        started = await _listening(proc)
         url = started["url"]
         async with aiohttp.ClientSession() as http:
 

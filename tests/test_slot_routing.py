@@ -3,7 +3,7 @@ refuses keys of slots it does not own as ``moved`` (421, with its map's
 epoch) and applies none of the call; a client given where the current map
 is (`PSClient.slot_source`) takes the newer map and sends the refused keys
 again, each applied once; a client whose map is newer than a shard's
-waits a while for the shard to take it, then is refused."""
+waits a while for the shard to take it, then reports an outage."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ps_core.checkpoint.export_files import latest_chain
 from ps_core.checkpoint.exporter import Exporter
 from ps_core.checkpoint.manifest import MANIFEST_NAME
 from ps_core.checkpoint.restore import restore_shards
-from ps_core.errors import MovedError
+from ps_core.errors import MovedError, SlotsUnsettledError
 from ps_core.net.client import PSClient
 from ps_core.shard import Shard, ShardSpec
 from ps_core.slots import SlotMap
@@ -108,10 +108,16 @@ async def test_a_destination_that_never_takes_its_slots_is_waited_for_then_refus
     assert shards[0].adopt_slot_map(new)  # shard 0 gave the slots away; shard 1 never took them
     client.slot_source = control.slot_map
     client.settle_s = 1.0  # a move's destination takes its slots within milliseconds; this one never does
-    with pytest.raises(MovedError) as refused:
+    with pytest.raises(SlotsUnsettledError) as unsettled:
         await client.push("lr", moved_keys, np.ones((moved_keys.size, 1), dtype=np.float32))
-    # It waited (how many times depends on the machine's speed), then gave up.
-    assert refused.value.epoch == 1 and client.slot_map == new and client.settle_waits >= 1
+    # It waited (how many times depends on the machine's speed), then gave up: an outage, retriable.
+    assert unsettled.value.retriable and "did not agree within 1 s" in unsettled.value.detail
+    assert (
+        "refused keys at epoch 1, this client routes by epoch 2 and shard 0 answers epoch 2" in unsettled.value.detail
+    )
+    refused = unsettled.value.__cause__
+    assert isinstance(refused, MovedError) and refused.epoch == 1
+    assert client.slot_map == new and client.settle_waits >= 1
     assert sum(len(s.tables["lr"]) for s in shards) == 0
     with pytest.raises(ValueError, match="a slot map of 3 shards for a client of 2"):
         client.use_slot_map(SlotMap.even(3, epoch=5))

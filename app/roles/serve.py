@@ -90,25 +90,9 @@ async def run_serve(
                 return
             model_dir = await asyncio.to_thread(follow_dir, path, settings.model_name)
             model = await asyncio.to_thread(model_of_exports, model_dir, model)
-            follower = Follower(path, model, interval_s=settings.follow_interval_s)
-            others: dict[str, Follower] = {}
-            discover = None
-            if settings.follow_all:
-                # Every model of the root, each its own follower; models
-                # created later are found when a request names one or lists them.
-                discover = functools.partial(new_followers, path, settings)
-                others = await asyncio.to_thread(discover, {settings.model_name})
-            async with follower.client as client:
-                await run_api(
-                    settings,
-                    client,
-                    model,
-                    stop,
-                    follower=follower,
-                    followers=others,
-                    discover=discover,
-                    ssl_context=served,
-                )
+            await _serve_following(
+                settings, Follower(path, model, interval_s=settings.follow_interval_s), path, stop, served
+            )
             return
         watch = StartupWatch(settings.startup_timeout_s, "--startup-timeout", log)
         if not await unless_stopped(stop, lambda: check_shards(settings.shards, watch, ssl=tls)):
@@ -127,8 +111,8 @@ async def run_serve(
 async def _serve_store(settings: ApiSettings, model: Model, stop: asyncio.Event, served: ssl.SSLContext | None) -> None:
     """Serve a model of a bucket (``--follow s3://bucket/prefix/<model>``),
     or with ``--follow-all`` every model under its root, `model`'s name the
-    default. A bucket that does not answer at start is one warning; the
-    followers report it at each poll until it does."""
+    default (`_serve_following`). A bucket that does not answer at start is
+    one warning; the followers report it at each poll until it does."""
     if settings.follow_all:
         store = store_for(settings.follow)
         stored = StoredModel(store, model.name)
@@ -137,13 +121,29 @@ async def _serve_store(settings: ApiSettings, model: Model, stop: asyncio.Event,
         assert isinstance(found, StoredModel)  # the settings checked the URL
         store, stored = found.store, found
     model = await asyncio.to_thread(_stored_model, stored, model)
-    follower = Follower(stored, model, interval_s=settings.follow_interval_s)
+    await _serve_following(
+        settings, Follower(stored, model, interval_s=settings.follow_interval_s), store, stop, served
+    )
+
+
+async def _serve_following(
+    settings: ApiSettings,
+    follower: Follower,
+    root: Path | ExportStore,
+    stop: asyncio.Event,
+    served: ssl.SSLContext | None,
+) -> None:
+    """The API over `follower`, and with ``--follow-all`` over every other
+    model of the exports `root` (a directory or a bucket), each its own
+    follower; models created later are found when a request names one or
+    lists them. A bucket that does not answer at start is one warning: its
+    other models are looked for again when asked."""
     others: dict[str, Follower] = {}
     discover = None
     if settings.follow_all:
-        discover = functools.partial(new_followers, store, settings)
+        discover = functools.partial(new_followers, root, settings)
         try:
-            others = await asyncio.to_thread(discover, {model.name})
+            others = await asyncio.to_thread(discover, {follower.model.name})
         except ExportStoreError as exc:
             log.warning(
                 "export store unreachable at start: its other models are looked for again when asked",
@@ -151,7 +151,14 @@ async def _serve_store(settings: ApiSettings, model: Model, stop: asyncio.Event,
             )
     async with follower.client as client:
         await run_api(
-            settings, client, model, stop, follower=follower, followers=others, discover=discover, ssl_context=served
+            settings,
+            client,
+            follower.model,
+            stop,
+            follower=follower,
+            followers=others,
+            discover=discover,
+            ssl_context=served,
         )
 
 

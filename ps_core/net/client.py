@@ -40,7 +40,7 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import MovedError, PSError
+from ..errors import MovedError, PSError, SlotsUnsettledError
 from ..hashing import U64
 from ..rows import put_rows
 from ..shard import Shard
@@ -148,7 +148,8 @@ class PSReader(ShardGroup[T]):
         shard with a newer map sends the client to its `slot_source`; a
         shard with an older one (a move's destination, about to take its
         slots) or a source behind the shard is waited for, backing off, until
-        `settle_s` from the first refusal. A shard that refuses at the
+        `settle_s` from the first refusal, then `SlotsUnsettledError` (an
+        outage its caller waits out: a move cut short). A shard that refuses at the
         client's own epoch disagrees on something else (its shard count):
         raised at once, as is any refusal without a `slot_source`."""
         if routed_by < self.slot_map.epoch:
@@ -166,7 +167,11 @@ class PSReader(ShardGroup[T]):
         # The maps are settling (a move between its steps): wait, then send again.
         wait = min(0.005 * 2 ** min(settling.tries, 7), 0.5)
         if time.monotonic() + wait > settling.deadline:
-            raise moved
+            raise SlotsUnsettledError(
+                f"the slot maps did not agree within {self.settle_s:g} s: a shard refused keys at epoch "
+                f"{moved.epoch}, this client routes by epoch {self.slot_map.epoch} and shard 0 answers "
+                f"epoch {source.epoch} ({moved.detail})"
+            ) from moved
         settling.tries += 1
         self.settle_waits += 1
         await asyncio.sleep(wait)
